@@ -1,0 +1,149 @@
+"""cffi (API mode) build of envd's native core: ``envd.native._envd_native``.
+
+setup.py hands this builder to setuptools through ``cffi_modules``, so
+``pip install .`` compiles the C sources with the system compiler.  The cdef
+below declares only what Python calls; struct layouts come from the real
+headers (``...;``), so they cannot drift from the C side.
+"""
+import os
+from pathlib import Path
+
+from cffi import FFI
+
+HERE = Path(__file__).resolve().parent
+SOURCES = ["src/errors.c", "src/rng.c", "src/pool.c", "src/vec.c", "src/builtin_envs.c",
+           "src/npy_f32_trig.c", "src/envs/cartpole.c", "src/envs/pendulum.c",
+           "src/envs/mountain_car.c", "src/envs/mountain_car_continuous.c",
+           "src/envs/acrobot.c"]
+
+# Bit-exactness with numpy needs IEEE arithmetic as written: no fused
+# multiply-add contraction and no fast-math reassociation.
+CFLAGS = ["-std=gnu11", "-O2", "-ffp-contract=off", "-fno-fast-math", "-pthread"]
+
+CDEF = """
+#define ENVD_ABI_VERSION ...
+#define ENVD_OK ...
+#define ENVD_EINVAL ...
+#define ENVD_ENOMEM ...
+#define ENVD_ERANGE ...
+#define ENVD_ENOTFOUND ...
+#define ENVD_EABI ...
+#define ENVD_ESTATE ...
+#define ENVD_ESYS ...
+#define ENVD_EBUSY ...
+#define ENVD_EENV ...
+#define ENVD_MAX_DIMS ...
+#define ENVD_VEC_MAX_ENVS ...
+#define ENVD_POOL_MAX_THREADS ...
+
+typedef enum { ENVD_DTYPE_FLOAT32, ENVD_DTYPE_FLOAT64, ENVD_DTYPE_INT64,
+               ENVD_DTYPE_INT32, ENVD_DTYPE_UINT8, ENVD_DTYPE_BOOL, ... } envd_dtype_t;
+typedef enum { ENVD_SPACE_BOX, ENVD_SPACE_DISCRETE, ... } envd_space_kind_t;
+typedef enum { ENVD_PARAM_FLOAT, ENVD_PARAM_INT, ENVD_PARAM_BOOL, ... } envd_param_type_t;
+typedef enum { ENVD_AUTORESET_NEXT_STEP, ENVD_AUTORESET_SAME_STEP,
+               ENVD_AUTORESET_DISABLED, ... } envd_autoreset_mode_t;
+
+typedef struct envd_space {
+    envd_space_kind_t kind;
+    envd_dtype_t dtype;
+    int32_t ndim;
+    int64_t shape[4];
+    const double *low;
+    const double *high;
+    int64_t n;
+    int64_t start;
+    ...;
+} envd_space_t;
+
+typedef struct envd_param {
+    const char *name;
+    envd_param_type_t type;
+    double default_value;
+    double min_value;
+    double max_value;
+    const char *doc;
+    ...;
+} envd_param_t;
+
+typedef struct envd_env_def {
+    uint32_t abi_version;
+    const char *id;
+    envd_space_t observation_space;
+    envd_space_t action_space;
+    size_t state_size;
+    int32_t num_agents;
+    int32_t max_episode_steps;
+    const envd_param_t *params;
+    int32_t num_params;
+    ...;
+} envd_env_def_t;
+
+const char *envd_strerror(int code);
+uint32_t envd_abi_version(void);
+int envd_env_def_validate(const envd_env_def_t *def);
+int envd_builtin_count(void);
+const envd_env_def_t *envd_builtin_get(int i);
+
+typedef struct envd_pool envd_pool_t;
+int envd_pool_create(envd_pool_t **out, int num_threads, const int *cpus);
+void envd_pool_destroy(envd_pool_t *pool);
+int envd_pool_num_threads(const envd_pool_t *pool);
+int envd_pool_eventfd(const envd_pool_t *pool);
+
+typedef struct envd_vec_buffers {
+    void *observations;
+    const void *actions;
+    float *rewards;
+    bool *terminations;
+    bool *truncations;
+    void *final_observations;
+    double *episode_returns;
+    int64_t *episode_lengths;
+} envd_vec_buffers_t;
+
+typedef struct envd_vec_config {
+    int64_t num_envs;
+    int autoreset_mode;
+    int64_t max_episode_steps;
+    const double *params;
+} envd_vec_config_t;
+
+typedef struct envd_vec_stats {
+    double cost_ns_per_env;
+    int64_t inline_jobs;
+    int64_t pooled_jobs;
+    int64_t last_chunk;
+} envd_vec_stats_t;
+
+typedef struct envd_vec envd_vec_t;
+int envd_vec_create(envd_vec_t **out, const envd_env_def_t *def,
+                    const envd_vec_config_t *config,
+                    const envd_vec_buffers_t *buffers, envd_pool_t *pool);
+void envd_vec_destroy(envd_vec_t *vec);
+int envd_vec_reset(envd_vec_t *vec, const uint64_t *seeds, const bool *mask);
+int envd_vec_step(envd_vec_t *vec);
+int envd_vec_step_submit(envd_vec_t *vec);
+int envd_vec_step_done(const envd_vec_t *vec);
+int envd_vec_step_finish(envd_vec_t *vec);
+int64_t envd_vec_error_index(const envd_vec_t *vec);
+int64_t envd_vec_num_done(const envd_vec_t *vec);
+void envd_vec_set_chunk(envd_vec_t *vec, int64_t chunk);
+void envd_vec_get_stats(const envd_vec_t *vec, envd_vec_stats_t *stats);
+"""
+
+ffibuilder = FFI()
+ffibuilder.cdef(CDEF)
+ffibuilder.set_source(
+    "envd.native._envd_native",
+    '#include "envd.h"\n#include "pool.h"\n#include "vec.h"\n#include "builtin_envs.h"\n',
+    # setuptools wants source paths relative to the project root (the cwd of
+    # the build); this file may be executed from anywhere.
+    sources=[os.path.relpath(HERE / s) for s in SOURCES],
+    include_dirs=[os.path.relpath(HERE / "include"), os.path.relpath(HERE / "src")],
+    extra_compile_args=CFLAGS,
+    extra_link_args=["-pthread"],
+    libraries=["m"],
+)
+
+if __name__ == "__main__":
+    ffibuilder.compile(verbose=True)

@@ -1,0 +1,152 @@
+"""The env registry: ids -> EnvSpec, built from the C definitions.
+
+An EnvSpec mirrors one ``envd_env_def_t`` in Python terms (gymnasium spaces,
+typed parameters) and validates the kwargs of ``make`` against it, so a bad
+call fails in Python with a message that lists what is accepted.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+
+from envd.errors import InvalidArgumentError, UnknownEnvError
+from envd.native._envd_native import ffi, lib
+
+DTYPES = {
+    lib.ENVD_DTYPE_FLOAT32: np.dtype(np.float32),
+    lib.ENVD_DTYPE_FLOAT64: np.dtype(np.float64),
+    lib.ENVD_DTYPE_INT64: np.dtype(np.int64),
+    lib.ENVD_DTYPE_INT32: np.dtype(np.int32),
+    lib.ENVD_DTYPE_UINT8: np.dtype(np.uint8),
+    lib.ENVD_DTYPE_BOOL: np.dtype(np.bool_),
+}
+PARAM_TYPES = {lib.ENVD_PARAM_FLOAT: "float", lib.ENVD_PARAM_INT: "int", lib.ENVD_PARAM_BOOL: "bool"}
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """One construction parameter (kwarg of make) of an env."""
+
+    name: str
+    type: str  # "float", "int" or "bool"
+    default: float | int | bool
+    min_value: float
+    max_value: float
+    doc: str
+
+    def describe(self) -> str:
+        bounds = "" if self.type == "bool" else f" in [{self.min_value:g}, {self.max_value:g}]"
+        return f"{self.name} ({self.type}{bounds}, default {self.default!r})"
+
+    def coerce(self, env_id: str, value: Any) -> float:
+        """The value as the double the C init receives, or InvalidArgumentError."""
+        is_bool = isinstance(value, (bool, np.bool_))
+        is_int = isinstance(value, (int, np.integer)) and not is_bool
+        is_float = isinstance(value, (float, np.floating))
+        ok = {"bool": is_bool, "int": is_int, "float": is_int or is_float}[self.type]
+        if not ok:
+            raise InvalidArgumentError(
+                f"{env_id}: parameter {self.name!r} must be a {self.type}, got "
+                f"{type(value).__name__} {value!r}; expected {self.describe()}")
+        number = float(value)
+        if math.isnan(number) or not self.min_value <= number <= self.max_value:
+            raise InvalidArgumentError(
+                f"{env_id}: parameter {self.name!r}={value!r} is out of range; "
+                f"expected {self.describe()}")
+        return number
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """A registered env: its spaces, default time limit and parameters."""
+
+    id: str
+    observation_space: spaces.Space
+    action_space: spaces.Space
+    max_episode_steps: int | None
+    num_agents: int
+    params: tuple[ParamSpec, ...]
+    definition: Any  # cdata 'const envd_env_def_t *'; kept alive by its library
+
+    def param_values(self, kwargs: dict[str, Any]) -> list[float]:
+        """Validate make's env kwargs; return every parameter in declaration order."""
+        known = {p.name: p for p in self.params}
+        unknown = sorted(set(kwargs) - set(known))
+        if unknown:
+            accepted = ", ".join(p.describe() for p in self.params) or "none"
+            raise InvalidArgumentError(
+                f"{self.id} has no parameter {', '.join(map(repr, unknown))}; "
+                f"its parameters are: {accepted}")
+        return [p.coerce(self.id, kwargs[p.name]) if p.name in kwargs else float(p.default)
+                for p in self.params]
+
+
+def _space(c_space) -> spaces.Space:
+    dtype = DTYPES[c_space.dtype]
+    if c_space.kind == lib.ENVD_SPACE_DISCRETE:
+        return spaces.Discrete(int(c_space.n), start=int(c_space.start))
+    shape = tuple(int(c_space.shape[i]) for i in range(c_space.ndim))
+    numel = int(np.prod(shape, dtype=np.int64))
+    if c_space.low == ffi.NULL or c_space.high == ffi.NULL:
+        low = np.full(shape, -np.inf)
+        high = np.full(shape, np.inf)
+    else:
+        low = np.frombuffer(ffi.buffer(c_space.low, 8 * numel), np.float64).reshape(shape)
+        high = np.frombuffer(ffi.buffer(c_space.high, 8 * numel), np.float64).reshape(shape)
+    return spaces.Box(low.astype(dtype), high.astype(dtype), shape=shape, dtype=dtype)
+
+
+def _param(c_param) -> ParamSpec:
+    kind = PARAM_TYPES[c_param.type]
+    default = {"float": float, "int": int, "bool": bool}[kind](c_param.default_value)
+    doc = ffi.string(c_param.doc).decode() if c_param.doc != ffi.NULL else ""
+    return ParamSpec(ffi.string(c_param.name).decode(), kind, default,
+                     float(c_param.min_value), float(c_param.max_value), doc)
+
+
+def spec_from_definition(definition) -> EnvSpec:
+    """Build the EnvSpec of a validated C env definition."""
+    return EnvSpec(
+        id=ffi.string(definition.id).decode(),
+        observation_space=_space(definition.observation_space),
+        action_space=_space(definition.action_space),
+        max_episode_steps=int(definition.max_episode_steps) or None,
+        num_agents=int(definition.num_agents),
+        params=tuple(_param(definition.params[i]) for i in range(definition.num_params)),
+        definition=definition,
+    )
+
+
+def _builtin_specs() -> dict[str, EnvSpec]:
+    specs = {}
+    for i in range(lib.envd_builtin_count()):
+        definition = lib.envd_builtin_get(i)
+        rc = lib.envd_env_def_validate(definition)
+        if rc != lib.ENVD_OK:  # a broken build, not a user error
+            raise RuntimeError(f"built-in env #{i} is invalid: {ffi.string(lib.envd_strerror(rc))}")
+        spec = spec_from_definition(definition)
+        specs[spec.id] = spec
+    return specs
+
+
+_REGISTRY: dict[str, EnvSpec] = _builtin_specs()
+
+
+def list_envs() -> list[str]:
+    """Ids of every env make() accepts, sorted."""
+    return sorted(_REGISTRY)
+
+
+def get_spec(env_id: str) -> EnvSpec:
+    """The EnvSpec registered under env_id, or UnknownEnvError listing the known ids."""
+    if not isinstance(env_id, str):
+        raise InvalidArgumentError(f"env_id must be a str, got {type(env_id).__name__}")
+    try:
+        return _REGISTRY[env_id]
+    except KeyError:
+        raise UnknownEnvError(
+            f"unknown env id {env_id!r}; known ids: {', '.join(list_envs())}") from None

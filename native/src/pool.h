@@ -1,0 +1,88 @@
+/*
+ * pool.h -- a persistent pthread pool that runs jobs split into chunks.
+ *
+ * A job is "call fn(ctx, begin, end) over [0, n) in chunks of `chunk` items".
+ * Chunks are claimed with an atomic counter, so any thread may run any chunk;
+ * fn must therefore be safe to call concurrently on disjoint ranges.
+ *
+ * Jobs are caller-owned structs (no allocation per job).  A submitted job
+ * must stay alive and untouched until it is complete (envd_job_done() returns
+ * true, or envd_pool_wait() returned).  Several jobs may be in flight at once
+ * (e.g. steps of different daemon sessions); workers serve them in submit
+ * order and move to the next job as soon as every chunk of the current one is
+ * claimed, so jobs overlap.
+ *
+ * Completion is visible three ways: envd_job_done() (a poll),
+ * envd_pool_wait() (blocks; the calling thread helps run the job's chunks),
+ * and, for jobs submitted with ENVD_JOB_NOTIFY, the pool's eventfd, which is
+ * incremented once per completed NOTIFY job (the daemon's event loop watches
+ * it, reads it, then polls envd_job_done() on its in-flight jobs).
+ *
+ * num_threads == 0 is a valid pool: submit runs the job inline on the calling
+ * thread before returning (and still signals the eventfd for NOTIFY jobs).
+ */
+#ifndef ENVD_POOL_H
+#define ENVD_POOL_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#define ENVD_POOL_MAX_THREADS 256
+
+typedef struct envd_pool envd_pool_t;
+typedef void (*envd_task_fn)(void *ctx, int64_t begin, int64_t end);
+
+enum { ENVD_JOB_NOTIFY = 1 };
+
+/* Caller-owned job.  Fields are private to pool.c; zero-initialise it once
+ * (or let envd_pool_submit initialise it) and reuse it for later jobs. */
+typedef struct envd_job {
+    envd_task_fn fn;
+    void *ctx;
+    int64_t n, chunk;
+    int flags;
+    _Atomic int64_t next;   /* next unclaimed item */
+    _Atomic int32_t refs;   /* queue reference + threads working on it */
+    _Atomic uint32_t done;  /* futex word: 1 when complete; 0 while in flight,
+                               2 while in flight with a waiter asleep on it */
+    struct envd_job *queue_next;
+} envd_job_t;
+
+/* Create a pool with num_threads workers (0..ENVD_POOL_MAX_THREADS).
+ * cpus, if not NULL, has num_threads CPU ids: worker i is pinned to cpus[i].
+ * Returns ENVD_OK or ENVD_EINVAL (bad argument or CPU id outside
+ * [0, CPU_SETSIZE)), ENVD_ENOMEM, or ENVD_ESYS (a thread could not be
+ * created or pinned, errno says why; nothing is left running). */
+int envd_pool_create(envd_pool_t **out, int num_threads, const int *cpus);
+
+/* Stop and join every worker, close the eventfd, free the pool.  No job may
+ * be in flight.  NULL is allowed. */
+void envd_pool_destroy(envd_pool_t *pool);
+
+int envd_pool_num_threads(const envd_pool_t *pool);
+
+/* The eventfd (EFD_NONBLOCK) counting completed NOTIFY jobs. */
+int envd_pool_eventfd(const envd_pool_t *pool);
+
+/* Start a job.  0 <= n <= 2^47, chunk >= 1 (a chunk larger than n is
+ * clamped to n).  Returns at once (except with zero workers, where the job
+ * runs inline; a job with n == 0 completes at once).  ENVD_EINVAL on bad
+ * arguments (fn NULL, flags other than ENVD_JOB_NOTIFY), ENVD_EBUSY if this
+ * job struct is still in flight. */
+int envd_pool_submit(envd_pool_t *pool, envd_job_t *job, envd_task_fn fn,
+                     void *ctx, int64_t n, int64_t chunk, int flags);
+
+/* Block until the job is complete; the caller runs chunks meanwhile.
+ * Returns at once for a zeroed job that was never submitted. */
+void envd_pool_wait(envd_pool_t *pool, envd_job_t *job);
+
+/* submit + wait: run fn over [0, n) with the caller helping. */
+int envd_pool_run(envd_pool_t *pool, envd_job_t *job, envd_task_fn fn,
+                  void *ctx, int64_t n, int64_t chunk);
+
+/* Non-zero once the job is complete (acquire ordering: everything the job
+ * wrote is visible to the caller after this returns true).  Zero for a job
+ * that was never submitted. */
+int envd_job_done(const envd_job_t *job);
+
+#endif /* ENVD_POOL_H */

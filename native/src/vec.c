@@ -1,0 +1,412 @@
+/*
+ * vec.c -- N env instances over caller buffers; see vec.h.
+ *
+ * Memory layout: one cache-line aligned block per env holding its slot
+ * (RNG, time limit and episode counters) followed by its state, so a chunk of
+ * envs touches contiguous memory and two chunks never share a cache line.
+ */
+#include "vec.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define CACHE_LINE 64
+
+/* Dispatch policy.  Waking a sleeping worker costs 20-40 us on the machines we
+ * measured (DESIGN.md section 6), so a batch cheaper than INLINE_BELOW_NS runs
+ * on the calling thread.  Chunks carry at least MIN_CHUNK_NS of work (the
+ * atomic claim and a cold cache line stay negligible) and there are about
+ * CHUNKS_PER_THREAD chunks per participating thread, which balances load when
+ * envs differ in cost or a thread is preempted. */
+#define INLINE_BELOW_NS 40000.0
+#define MIN_CHUNK_NS 5000.0
+#define CHUNKS_PER_THREAD 4
+#define COST_EWMA_WEIGHT 0.125
+
+typedef struct env_slot {
+    envd_rng_t rng;
+    double episode_return;
+    int64_t episode_length;
+    int64_t elapsed_steps; /* for the time limit */
+    bool needs_reset;      /* done, and not reset yet */
+} env_slot_t;
+
+struct envd_vec {
+    const envd_env_def_t *def;
+    envd_vec_config_t config;
+    envd_vec_buffers_t buf;
+    envd_pool_t *pool;
+    size_t obs_bytes, action_bytes, stride;
+    unsigned char *blocks; /* num_envs blocks of `stride` bytes */
+    bool was_reset;
+
+    /* The job in flight: written by the caller before dispatch, read by the
+     * threads running chunks; the pool's done handshake orders both. */
+    envd_job_t job;
+    const uint64_t *reset_seeds;
+    const bool *reset_mask;
+    bool submitted_inline;
+    int final_result;
+
+    /* Results accumulated by chunks (any thread). */
+    _Atomic int first_error;
+    _Atomic int64_t error_index;
+    _Atomic int64_t num_done;
+    _Atomic int64_t chunk_ns, chunk_items;
+
+    /* Dispatch state, caller thread only. */
+    int64_t forced_chunk;
+    envd_vec_stats_t stats;
+};
+
+static double now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+}
+
+static env_slot_t *slot_of(const envd_vec_t *vec, int64_t i)
+{
+    return (env_slot_t *)(vec->blocks + (size_t)i * vec->stride);
+}
+
+static void *state_of(const envd_vec_t *vec, int64_t i)
+{
+    return vec->blocks + (size_t)i * vec->stride + sizeof(env_slot_t);
+}
+
+static void record_error(envd_vec_t *vec, int rc, int64_t i)
+{
+    int expected = ENVD_OK;
+    if (atomic_compare_exchange_strong(&vec->first_error, &expected, rc))
+        atomic_store(&vec->error_index, i);
+}
+
+/* ---- per-env work ---------------------------------------------------------- */
+static int reset_env(envd_vec_t *vec, int64_t i, void *obs)
+{
+    env_slot_t *slot = slot_of(vec, i);
+    slot->elapsed_steps = 0;
+    slot->episode_return = 0.0;
+    slot->episode_length = 0;
+    slot->needs_reset = false;
+    return vec->def->reset(state_of(vec, i), &slot->rng, obs);
+}
+
+static void reset_range(void *ctx, int64_t begin, int64_t end)
+{
+    envd_vec_t *vec = ctx;
+    unsigned char *obs = vec->buf.observations;
+    for (int64_t i = begin; i < end; i++) {
+        if (vec->reset_mask && !vec->reset_mask[i])
+            continue;
+        if (vec->reset_seeds)
+            envd_rng_seed(&slot_of(vec, i)->rng, vec->reset_seeds[i]);
+        int rc = reset_env(vec, i, obs + (size_t)i * vec->obs_bytes);
+        vec->buf.terminations[i] = false;
+        vec->buf.truncations[i] = false;
+        if (rc != ENVD_OK)
+            record_error(vec, ENVD_EENV, i);
+    }
+}
+
+/* One env step with time limit, episode statistics and autoreset.  Returns
+ * whether the episode ended. */
+static bool step_env(envd_vec_t *vec, int64_t i)
+{
+    env_slot_t *slot = slot_of(vec, i);
+    const envd_vec_buffers_t *b = &vec->buf;
+    void *obs = (unsigned char *)b->observations + (size_t)i * vec->obs_bytes;
+    double reward = 0.0;
+    bool term = false, trunc = false, done = false;
+    int rc;
+
+    if (slot->needs_reset) {
+        /* NEXT_STEP autoreset (validation rejects this in DISABLED mode): the
+         * action is ignored and the step reports reward 0, not done. */
+        rc = reset_env(vec, i, obs);
+    } else {
+        const void *action = (const unsigned char *)b->actions + (size_t)i * vec->action_bytes;
+        rc = vec->def->step(state_of(vec, i), &slot->rng, action, obs, &reward, &term, &trunc);
+        slot->elapsed_steps++;
+        if (vec->config.max_episode_steps > 0 &&
+            slot->elapsed_steps >= vec->config.max_episode_steps)
+            trunc = true;
+        slot->episode_return += reward;
+        slot->episode_length++;
+        done = term || trunc;
+    }
+    b->rewards[i] = (float)reward;
+    b->terminations[i] = term;
+    b->truncations[i] = trunc;
+    b->episode_returns[i] = done ? slot->episode_return : 0.0;
+    b->episode_lengths[i] = done ? slot->episode_length : 0;
+    if (done) {
+        slot->needs_reset = true;
+        if (vec->config.autoreset_mode == ENVD_AUTORESET_SAME_STEP && rc == ENVD_OK) {
+            memcpy((unsigned char *)b->final_observations + (size_t)i * vec->obs_bytes, obs,
+                   vec->obs_bytes);
+            rc = reset_env(vec, i, obs);
+        }
+    }
+    if (rc != ENVD_OK)
+        record_error(vec, ENVD_EENV, i);
+    return done;
+}
+
+static void step_range(void *ctx, int64_t begin, int64_t end)
+{
+    envd_vec_t *vec = ctx;
+    int64_t done = 0;
+    for (int64_t i = begin; i < end; i++)
+        done += step_env(vec, i);
+    if (done)
+        atomic_fetch_add(&vec->num_done, done);
+}
+
+/* A pooled chunk also measures itself, feeding the cost estimate. */
+static void timed_step_range(void *ctx, int64_t begin, int64_t end)
+{
+    envd_vec_t *vec = ctx;
+    double t0 = now_ns();
+    step_range(ctx, begin, end);
+    atomic_fetch_add_explicit(&vec->chunk_ns, (int64_t)(now_ns() - t0), memory_order_relaxed);
+    atomic_fetch_add_explicit(&vec->chunk_items, end - begin, memory_order_relaxed);
+}
+
+/* ---- dispatch ---------------------------------------------------------------- */
+static void update_cost(envd_vec_t *vec, double ns, int64_t items)
+{
+    if (items <= 0)
+        return;
+    double sample = ns / (double)items;
+    double *cost = &vec->stats.cost_ns_per_env;
+    *cost = *cost == 0.0 ? sample : *cost + COST_EWMA_WEIGHT * (sample - *cost);
+}
+
+/* Chunk size for a pooled step, or 0 to run inline. */
+static int64_t choose_chunk(const envd_vec_t *vec)
+{
+    int threads = vec->pool ? envd_pool_num_threads(vec->pool) : 0;
+    int64_t n = vec->config.num_envs;
+    if (threads == 0)
+        return 0;
+    if (vec->forced_chunk > 0)
+        return vec->forced_chunk;
+    double cost = vec->stats.cost_ns_per_env;
+    if (cost == 0.0 || cost * (double)n < INLINE_BELOW_NS)
+        return 0; /* unmeasured yet, or too cheap to pay for a wake-up */
+    int64_t by_cost = (int64_t)(MIN_CHUNK_NS / cost) + 1;
+    int64_t by_balance = (n + CHUNKS_PER_THREAD * (threads + 1) - 1) /
+                         (CHUNKS_PER_THREAD * (threads + 1));
+    int64_t chunk = by_cost > by_balance ? by_cost : by_balance;
+    return chunk < n ? chunk : n;
+}
+
+static void clear_results(envd_vec_t *vec)
+{
+    atomic_store(&vec->first_error, ENVD_OK);
+    atomic_store(&vec->error_index, -1);
+    atomic_store(&vec->num_done, 0);
+    atomic_store(&vec->chunk_ns, 0);
+    atomic_store(&vec->chunk_items, 0);
+}
+
+/* Run fn over every env, inline or on the pool; blocks. */
+static int run_blocking(envd_vec_t *vec, envd_task_fn fn, int64_t chunk)
+{
+    int64_t n = vec->config.num_envs;
+    if (chunk == 0) {
+        fn(vec, 0, n);
+        vec->stats.inline_jobs++;
+        return ENVD_OK;
+    }
+    vec->stats.pooled_jobs++;
+    vec->stats.last_chunk = chunk;
+    return envd_pool_run(vec->pool, &vec->job, fn, vec, n, chunk);
+}
+
+/* ---- validation ---------------------------------------------------------------- */
+static int validate_step(envd_vec_t *vec)
+{
+    if (!vec->was_reset)
+        return ENVD_ESTATE;
+    const envd_space_t *as = &vec->def->action_space;
+    for (int64_t i = 0; i < vec->config.num_envs; i++) {
+        if (vec->config.autoreset_mode == ENVD_AUTORESET_DISABLED && slot_of(vec, i)->needs_reset) {
+            atomic_store(&vec->error_index, i);
+            return ENVD_ESTATE;
+        }
+        if (as->kind == ENVD_SPACE_DISCRETE) {
+            int64_t a = ((const int64_t *)vec->buf.actions)[i];
+            if (a < as->start || a - as->start >= as->n) {
+                atomic_store(&vec->error_index, i);
+                return ENVD_ERANGE;
+            }
+        }
+    }
+    return ENVD_OK;
+}
+
+/* ---- public API ------------------------------------------------------------------ */
+int envd_vec_step_submit(envd_vec_t *vec)
+{
+    clear_results(vec);
+    int rc = validate_step(vec);
+    if (rc != ENVD_OK)
+        return rc;
+    int64_t chunk = choose_chunk(vec);
+    vec->submitted_inline = chunk == 0;
+    if (chunk == 0) {
+        double t0 = now_ns();
+        step_range(vec, 0, vec->config.num_envs);
+        update_cost(vec, now_ns() - t0, vec->config.num_envs);
+        vec->stats.inline_jobs++;
+        vec->final_result = atomic_load(&vec->first_error);
+        return ENVD_OK;
+    }
+    vec->stats.pooled_jobs++;
+    vec->stats.last_chunk = chunk;
+    return envd_pool_submit(vec->pool, &vec->job, timed_step_range, vec,
+                            vec->config.num_envs, chunk, ENVD_JOB_NOTIFY);
+}
+
+int envd_vec_step_done(const envd_vec_t *vec)
+{
+    return vec->submitted_inline || envd_job_done(&vec->job);
+}
+
+static int finish_pooled(envd_vec_t *vec)
+{
+    update_cost(vec, (double)atomic_load(&vec->chunk_ns), atomic_load(&vec->chunk_items));
+    return atomic_load(&vec->first_error);
+}
+
+int envd_vec_step_finish(envd_vec_t *vec)
+{
+    if (vec->submitted_inline)
+        return vec->final_result;
+    if (!envd_job_done(&vec->job))
+        return ENVD_EBUSY;
+    return finish_pooled(vec);
+}
+
+int envd_vec_step(envd_vec_t *vec)
+{
+    clear_results(vec);
+    int rc = validate_step(vec);
+    if (rc != ENVD_OK)
+        return rc;
+    int64_t chunk = choose_chunk(vec);
+    if (chunk == 0) {
+        double t0 = now_ns();
+        run_blocking(vec, step_range, 0);
+        update_cost(vec, now_ns() - t0, vec->config.num_envs);
+        return atomic_load(&vec->first_error);
+    }
+    rc = run_blocking(vec, timed_step_range, chunk);
+    return rc != ENVD_OK ? rc : finish_pooled(vec);
+}
+
+int envd_vec_reset(envd_vec_t *vec, const uint64_t *seeds, const bool *mask)
+{
+    clear_results(vec);
+    vec->reset_seeds = seeds;
+    vec->reset_mask = mask;
+    int rc = run_blocking(vec, reset_range, choose_chunk(vec));
+    vec->reset_seeds = NULL;
+    vec->reset_mask = NULL;
+    if (rc != ENVD_OK)
+        return rc;
+    rc = atomic_load(&vec->first_error);
+    if (rc == ENVD_OK && mask == NULL)
+        vec->was_reset = true;
+    return rc;
+}
+
+int64_t envd_vec_error_index(const envd_vec_t *vec) { return atomic_load(&vec->error_index); }
+
+int64_t envd_vec_num_done(const envd_vec_t *vec) { return atomic_load(&vec->num_done); }
+
+void envd_vec_set_chunk(envd_vec_t *vec, int64_t chunk) { vec->forced_chunk = chunk > 0 ? chunk : 0; }
+
+void envd_vec_get_stats(const envd_vec_t *vec, envd_vec_stats_t *stats) { *stats = vec->stats; }
+
+/* ---- lifecycle ---------------------------------------------------------------------- */
+static int check_args(const envd_env_def_t *def, const envd_vec_config_t *c,
+                      const envd_vec_buffers_t *b)
+{
+    int rc = envd_env_def_validate(def);
+    if (rc != ENVD_OK)
+        return rc;
+    if (c->num_envs < 1 || c->num_envs > ENVD_VEC_MAX_ENVS || c->max_episode_steps < 0)
+        return ENVD_ERANGE;
+    if (c->autoreset_mode < ENVD_AUTORESET_NEXT_STEP || c->autoreset_mode > ENVD_AUTORESET_DISABLED)
+        return ENVD_EINVAL;
+    if (def->num_params > 0 && c->params == NULL)
+        return ENVD_EINVAL;
+    if (!b->observations || !b->actions || !b->rewards || !b->terminations ||
+        !b->truncations || !b->episode_returns || !b->episode_lengths)
+        return ENVD_EINVAL;
+    if (c->autoreset_mode == ENVD_AUTORESET_SAME_STEP && !b->final_observations)
+        return ENVD_EINVAL;
+    return ENVD_OK;
+}
+
+static size_t space_bytes(const envd_space_t *space)
+{
+    return (size_t)envd_space_numel(space) * envd_dtype_size(space->dtype);
+}
+
+int envd_vec_create(envd_vec_t **out, const envd_env_def_t *def,
+                    const envd_vec_config_t *config,
+                    const envd_vec_buffers_t *buffers, envd_pool_t *pool)
+{
+    *out = NULL;
+    int rc = check_args(def, config, buffers);
+    if (rc != ENVD_OK)
+        return rc;
+    envd_vec_t *vec = calloc(1, sizeof *vec);
+    if (!vec)
+        return ENVD_ENOMEM;
+    vec->def = def;
+    vec->config = *config;
+    vec->buf = *buffers;
+    vec->pool = pool;
+    vec->obs_bytes = space_bytes(&def->observation_space);
+    vec->action_bytes = space_bytes(&def->action_space);
+    size_t block = sizeof(env_slot_t) + def->state_size;
+    vec->stride = (block + CACHE_LINE - 1) / CACHE_LINE * CACHE_LINE;
+    size_t total = vec->stride * (size_t)config->num_envs;
+    vec->blocks = aligned_alloc(CACHE_LINE, total);
+    if (!vec->blocks) {
+        free(vec);
+        return ENVD_ENOMEM;
+    }
+    memset(vec->blocks, 0, total);
+    clear_results(vec);
+    for (int64_t i = 0; i < config->num_envs; i++) {
+        rc = def->init(state_of(vec, i), config->params);
+        if (rc != ENVD_OK) {
+            /* close the envs that did initialise; env i cleaned up after itself */
+            vec->config.num_envs = i;
+            envd_vec_destroy(vec);
+            return ENVD_EENV;
+        }
+    }
+    *out = vec;
+    return ENVD_OK;
+}
+
+void envd_vec_destroy(envd_vec_t *vec)
+{
+    if (!vec)
+        return;
+    if (vec->def->close)
+        for (int64_t i = 0; i < vec->config.num_envs; i++)
+            vec->def->close(state_of(vec, i));
+    free(vec->blocks);
+    free(vec);
+}

@@ -1,0 +1,100 @@
+/*
+ * vec.h -- N instances of one env stepped over caller-provided buffers.
+ *
+ * The vec owns the env states, their RNGs, time limits and episode
+ * statistics; the caller owns every batch buffer (numpy arrays in-process,
+ * a shared-memory segment in the daemon), so results land where the trainer
+ * reads them without a copy.
+ *
+ * Threading: one vec call at a time (a vec is not re-entrant).  Within a call
+ * env i is touched by exactly one thread, whichever claimed the chunk holding
+ * i, so results do not depend on the thread count or the chunking.
+ *
+ * Dispatch: each call either runs inline on the calling thread or is split
+ * into chunks on the pool.  The vec measures its cost per env step and runs
+ * inline whenever the whole batch costs less than waking a thread would; chunk
+ * sizes are derived from the same measurement (see vec.c).
+ */
+#ifndef ENVD_VEC_H
+#define ENVD_VEC_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "envd.h"
+#include "pool.h"
+
+/* Largest num_envs a vec accepts (buffers stay well inside 64-bit sizes and a
+ * host's memory; a daemon applies its own, lower, per-client limit). */
+#define ENVD_VEC_MAX_ENVS (INT64_C(1) << 20)
+
+typedef enum envd_autoreset_mode {
+    ENVD_AUTORESET_NEXT_STEP = 0, /* the step after a done resets, ignoring the action */
+    ENVD_AUTORESET_SAME_STEP = 1, /* reset inside the done step; final obs kept */
+    ENVD_AUTORESET_DISABLED = 2   /* the caller resets done envs (reset with a mask) */
+} envd_autoreset_mode_t;
+
+typedef struct envd_vec_buffers {
+    void *observations;       /* num_envs samples of the observation space */
+    const void *actions;      /* num_envs samples of the action space */
+    float *rewards;           /* num_envs */
+    bool *terminations;       /* num_envs */
+    bool *truncations;        /* num_envs */
+    void *final_observations; /* SAME_STEP: like observations, else may be NULL */
+    double *episode_returns;  /* per env: return of the episode that ended in
+                                 this step, 0 where none ended */
+    int64_t *episode_lengths; /* likewise, its length in steps */
+} envd_vec_buffers_t;
+
+typedef struct envd_vec_config {
+    int64_t num_envs;          /* 1 .. ENVD_VEC_MAX_ENVS */
+    int autoreset_mode;        /* envd_autoreset_mode_t */
+    int64_t max_episode_steps; /* time limit; 0 = none */
+    const double *params;      /* def->num_params validated values */
+} envd_vec_config_t;
+
+typedef struct envd_vec envd_vec_t;
+
+/* pool may be NULL (always serial).  The pool must outlive the vec. */
+int envd_vec_create(envd_vec_t **out, const envd_env_def_t *def,
+                    const envd_vec_config_t *config,
+                    const envd_vec_buffers_t *buffers, envd_pool_t *pool);
+void envd_vec_destroy(envd_vec_t *vec);
+
+/* Reset the envs selected by mask (NULL: all).  seeds, if not NULL, has
+ * num_envs entries and reseeds each selected env's RNG first. */
+int envd_vec_reset(envd_vec_t *vec, const uint64_t *seeds, const bool *mask);
+
+/* Step every env with the actions buffer.  Validates first and steps nothing
+ * on error: ENVD_ESTATE (never reset, or DISABLED and an env is done) or
+ * ENVD_ERANGE (a discrete action out of range); envd_vec_error_index() then
+ * names the env.  ENVD_EENV if an env callback failed. */
+int envd_vec_step(envd_vec_t *vec);
+
+/* The same as envd_vec_step, split for an event loop: submit validates and
+ * starts the step on the pool (NOTIFY job, completion on the pool's eventfd)
+ * or runs it inline when it is cheap; once envd_vec_step_done() is true,
+ * finish returns the step's result.  No other vec call may be made between
+ * submit and finish. */
+int envd_vec_step_submit(envd_vec_t *vec);
+int envd_vec_step_done(const envd_vec_t *vec);
+int envd_vec_step_finish(envd_vec_t *vec);
+
+int64_t envd_vec_error_index(const envd_vec_t *vec);
+/* Envs whose episode ended (terminated or truncated) in the last step. */
+int64_t envd_vec_num_done(const envd_vec_t *vec);
+
+/* Force a chunk size (>= 1: always dispatch to the pool with that chunk, for
+ * tests) or return to adaptive dispatch (0). */
+void envd_vec_set_chunk(envd_vec_t *vec, int64_t chunk);
+
+typedef struct envd_vec_stats {
+    double cost_ns_per_env; /* measured cost of one env step, 0 before any */
+    int64_t inline_jobs;    /* calls run on the calling thread */
+    int64_t pooled_jobs;    /* calls split over the pool */
+    int64_t last_chunk;     /* chunk size of the last pooled call */
+} envd_vec_stats_t;
+
+void envd_vec_get_stats(const envd_vec_t *vec, envd_vec_stats_t *stats);
+
+#endif /* ENVD_VEC_H */

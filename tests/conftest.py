@@ -1,0 +1,19 @@
+"""Shared test helpers."""
+from __future__ import annotations
+
+import numpy as np
+
+# The five built-in envs, each matched against gymnasium bit for bit.
+BUILTIN_ENV_IDS = ["CartPole-v1", "Pendulum-v1", "MountainCar-v0",
+                   "MountainCarContinuous-v0", "Acrobot-v1"]
+
+
+def random_actions(space, num_envs: int, rng: np.random.Generator) -> np.ndarray:
+    """A batch of actions for a single-env space.  Box actions go 50% beyond the
+    bounds, so the envs' clipping is exercised too."""
+    from gymnasium import spaces
+    if isinstance(space, spaces.Discrete):
+        return rng.integers(space.start, space.start + space.n, size=num_envs, dtype=np.int64)
+    low = np.broadcast_to(space.low, space.shape) * 1.5
+    high = np.broadcast_to(space.high, space.shape) * 1.5
+    return rng.uniform(low, high, size=(num_envs, *space.shape)).astype(space.dtype)

@@ -1,0 +1,139 @@
+"""Compile native C files straight from the source tree and drive them with ctypes.
+
+Native unit tests use this instead of the installed extension so that each C
+file is tested on its own, and so that sanitizer builds (-fsanitize=thread or
+address) of the same sources are one flag away.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+NATIVE = ROOT / "native"
+INCLUDE = NATIVE / "include"
+SRC = NATIVE / "src"
+
+# The flags the package build uses (native/build_ffi.py): no FMA contraction, no
+# fast-math, so C arithmetic rounds exactly as numpy's does.
+BASE_FLAGS = ["-O2", "-std=gnu11", "-fPIC", "-ffp-contract=off", "-fno-fast-math",
+              "-Wall", "-Wextra", "-Werror", "-pthread"]
+
+_BUILD_DIR = Path(tempfile.gettempdir()) / f"envd-cbuild-{os.getuid()}"
+
+
+def build(sources: list[str | Path], flags: list[str] = (), shared: bool = True,
+          name: str = "lib") -> Path:
+    """Compile sources (paths relative to native/src or absolute) into a cached
+    shared library or executable and return its path."""
+    paths = [Path(s) if Path(s).is_absolute() else SRC / s for s in sources]
+    key = hashlib.sha256()
+    for p in paths:
+        key.update(str(p).encode())
+        key.update(p.read_bytes())
+    for h in sorted(INCLUDE.glob("*.h")) + sorted(SRC.rglob("*.h")):
+        key.update(h.read_bytes())
+    key.update(" ".join(list(flags) + [str(shared)]).encode())
+    _BUILD_DIR.mkdir(mode=0o700, exist_ok=True)
+    out = _BUILD_DIR / f"{name}-{key.hexdigest()[:16]}{'.so' if shared else ''}"
+    if not out.exists():
+        cmd = ["gcc", *BASE_FLAGS, *flags, f"-I{INCLUDE}", f"-I{SRC}"]
+        if shared:
+            cmd.append("-shared")
+        tmp = out.with_suffix(out.suffix + f".tmp{os.getpid()}")
+        cmd += [str(p) for p in paths] + ["-o", str(tmp), "-lm"]
+        subprocess.run(cmd, check=True, capture_output=False)
+        tmp.rename(out)
+    return out
+
+
+def load(sources: list[str | Path], flags: list[str] = ()) -> ctypes.CDLL:
+    return ctypes.CDLL(str(build(sources, flags)))
+
+
+# ---- ctypes mirror of envd.h's env definition --------------------------------
+MAX_DIMS = 4
+DTYPES = {0: np.float32, 1: np.float64, 2: np.int64, 3: np.int32, 4: np.uint8, 5: np.bool_}
+
+
+class Rng(ctypes.Structure):
+    _fields_ = [("state_hi", ctypes.c_uint64), ("state_lo", ctypes.c_uint64),
+                ("inc_hi", ctypes.c_uint64), ("inc_lo", ctypes.c_uint64)]
+
+
+class Space(ctypes.Structure):
+    _fields_ = [("kind", ctypes.c_int), ("dtype", ctypes.c_int), ("ndim", ctypes.c_int32),
+                ("shape", ctypes.c_int64 * MAX_DIMS),
+                ("low", ctypes.POINTER(ctypes.c_double)), ("high", ctypes.POINTER(ctypes.c_double)),
+                ("n", ctypes.c_int64), ("start", ctypes.c_int64)]
+
+
+class Param(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("type", ctypes.c_int), ("default_value", ctypes.c_double),
+                ("min_value", ctypes.c_double), ("max_value", ctypes.c_double), ("doc", ctypes.c_char_p)]
+
+
+INIT = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_double))
+RESET = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(Rng), ctypes.c_void_p)
+STEP = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(Rng), ctypes.c_void_p,
+                        ctypes.c_void_p, ctypes.POINTER(ctypes.c_double),
+                        ctypes.POINTER(ctypes.c_bool), ctypes.POINTER(ctypes.c_bool))
+CLOSE = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+class EnvDef(ctypes.Structure):
+    _fields_ = [("abi_version", ctypes.c_uint32), ("id", ctypes.c_char_p),
+                ("observation_space", Space), ("action_space", Space),
+                ("state_size", ctypes.c_size_t), ("num_agents", ctypes.c_int32),
+                ("max_episode_steps", ctypes.c_int32),
+                ("params", ctypes.POINTER(Param)), ("num_params", ctypes.c_int32),
+                ("init", INIT), ("reset", RESET), ("step", STEP), ("close", CLOSE)]
+
+
+def _space_shape(space: Space) -> tuple[int, ...]:
+    return tuple(space.shape[i] for i in range(space.ndim))
+
+
+class SingleEnv:
+    """One instance of a C env definition, stepped directly (no vec layer)."""
+
+    def __init__(self, lib: ctypes.CDLL, symbol: str, params: dict[str, float] | None = None):
+        self.lib = lib
+        self.define = EnvDef.in_dll(lib, symbol)
+        d = self.define
+        self.param_names = [d.params[i].name.decode() for i in range(d.num_params)]
+        values = [d.params[i].default_value for i in range(d.num_params)]
+        for k, v in (params or {}).items():
+            values[self.param_names.index(k)] = float(v)
+        self._params = (ctypes.c_double * max(1, len(values)))(*values)
+        self._state = ctypes.create_string_buffer(d.state_size)
+        self.rng = Rng()
+        self.obs = np.zeros(_space_shape(d.observation_space), DTYPES[d.observation_space.dtype])
+        act_dtype = DTYPES[d.action_space.dtype]
+        self.action = np.zeros(_space_shape(d.action_space), act_dtype)
+        rc = d.init(self._state, self._params)
+        assert rc == 0, rc
+        lib.envd_rng_seed.argtypes = [ctypes.POINTER(Rng), ctypes.c_uint64]
+
+    def reset(self, seed: int | None = None) -> np.ndarray:
+        if seed is not None:
+            self.lib.envd_rng_seed(ctypes.byref(self.rng), seed)
+        rc = self.define.reset(self._state, ctypes.byref(self.rng), self.obs.ctypes.data)
+        assert rc == 0, rc
+        return self.obs.copy()
+
+    def step(self, action) -> tuple[np.ndarray, float, bool, bool]:
+        self.action[...] = action
+        reward = ctypes.c_double()
+        term, trunc = ctypes.c_bool(), ctypes.c_bool()
+        rc = self.define.step(self._state, ctypes.byref(self.rng), self.action.ctypes.data,
+                              self.obs.ctypes.data, ctypes.byref(reward),
+                              ctypes.byref(term), ctypes.byref(trunc))
+        assert rc == 0, rc
+        return self.obs.copy(), reward.value, term.value, trunc.value

@@ -1,0 +1,484 @@
+/*
+ * pool_stress.c -- stress test for native/src/pool.c; exits non-zero on any
+ * failure.  Usage: pool_stress [divisor]; loop counts are divided by divisor
+ * (sanitizer builds run slower and pass e.g. 20).
+ *
+ * Task functions write per-item counters and stamps with plain (non-atomic)
+ * stores: within a job each item belongs to one chunk, so under
+ * -fsanitize=thread any missing happens-before edge between a chunk and the
+ * code that reads or reuses its items after the job is reported done shows
+ * up as a data race, and without a sanitizer a late chunk shows up as a count
+ * of 2 or a stale stamp.
+ */
+#define _GNU_SOURCE
+#include "pool.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "envd.h"
+
+#define CHECK(cond, ...)                                                        \
+    do {                                                                        \
+        if (!(cond)) {                                                          \
+            fprintf(stderr, "%s:%d: check failed: %s: ", __FILE__, __LINE__, #cond); \
+            fprintf(stderr, __VA_ARGS__);                                       \
+            fputc('\n', stderr);                                                \
+            exit(1);                                                            \
+        }                                                                       \
+    } while (0)
+
+static int g_div = 1;
+
+static int scaled(int count)
+{
+    return count / g_div > 0 ? count / g_div : 1;
+}
+
+static uint64_t rnd(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Busy-poll envd_job_done (no helping: only workers run the job). */
+static void poll_done(const envd_job_t *job)
+{
+    const double deadline = now_s() + 20.0;
+    while (!envd_job_done(job)) {
+        CHECK(now_s() < deadline, "job not done after 20 s");
+        sched_yield();
+    }
+}
+
+/* ---- recording task ----------------------------------------------------------- */
+typedef struct {
+    int64_t seq, chunk, cap;
+    int32_t *count;
+    int64_t *stamp;
+} rec_t;
+
+static void rec_init(rec_t *r, int64_t cap)
+{
+    r->seq = 0;
+    r->cap = cap;
+    r->count = calloc(cap, sizeof *r->count);
+    r->stamp = calloc(cap, sizeof *r->stamp);
+    CHECK(r->count && r->stamp, "out of memory");
+}
+
+static void rec_free(rec_t *r)
+{
+    free(r->count);
+    free(r->stamp);
+}
+
+static void rec_fn(void *ctx, int64_t begin, int64_t end)
+{
+    rec_t *r = ctx;
+    CHECK(begin >= 0 && begin < end && end - begin <= r->chunk && begin % r->chunk == 0,
+          "bad range [%lld, %lld) chunk %lld", (long long)begin, (long long)end,
+          (long long)r->chunk);
+    for (int64_t i = begin; i < end; i++) {
+        r->count[i]++;
+        r->stamp[i] = r->seq;
+    }
+}
+
+/* Every item of [0, n) ran exactly once for this seq, nothing past n ran;
+ * clears the counters for the next job. */
+static void rec_verify(rec_t *r, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        CHECK(r->count[i] == 1 && r->stamp[i] == r->seq, "seq %lld item %lld: count %d stamp %lld",
+              (long long)r->seq, (long long)i, r->count[i], (long long)r->stamp[i]);
+        r->count[i] = 0;
+    }
+    for (int64_t i = n; i < r->cap; i++)
+        CHECK(r->count[i] == 0, "seq %lld item %lld past n=%lld ran", (long long)r->seq,
+              (long long)i, (long long)n);
+}
+
+static int submit_rec(envd_pool_t *pool, envd_job_t *job, rec_t *r, int64_t n, int64_t chunk,
+                      int flags)
+{
+    r->seq++;
+    r->chunk = chunk < n ? chunk : (n > 0 ? n : 1); /* the pool clamps chunk to n */
+    return envd_pool_submit(pool, job, rec_fn, r, n, chunk, flags);
+}
+
+/* ---- tests ------------------------------------------------------------------------ */
+
+/* Many tiny jobs back to back through one reused job struct.  mode 0: run
+ * (caller helps), 1: submit + poll done (workers only). */
+static void test_tiny_jobs(int threads, int jobs, int mode)
+{
+    envd_pool_t *pool;
+    CHECK(envd_pool_create(&pool, threads, NULL) == ENVD_OK, "create");
+    envd_job_t job = {0};
+    rec_t r;
+    rec_init(&r, 8);
+    uint64_t s = 0x9e3779b97f4a7c15ull + (uint64_t)threads;
+    for (int k = 0; k < jobs; k++) {
+        int64_t n = 1 + rnd(&s) % 8, chunk = 1 + rnd(&s) % 3;
+        CHECK(submit_rec(pool, &job, &r, n, chunk, 0) == ENVD_OK, "submit");
+        if (mode == 0)
+            envd_pool_wait(pool, &job);
+        else
+            poll_done(&job);
+        CHECK(envd_job_done(&job), "done after wait");
+        rec_verify(&r, n);
+    }
+    envd_pool_destroy(pool);
+    rec_free(&r);
+}
+
+/* Three jobs in flight at once, waited in every order; a random subset are
+ * NOTIFY jobs, which the eventfd must count exactly. */
+static void test_in_flight(int threads, int rounds)
+{
+    envd_pool_t *pool;
+    CHECK(envd_pool_create(&pool, threads, NULL) == ENVD_OK, "create");
+    static const int orders[6][3] = {{0, 1, 2}, {0, 2, 1}, {1, 0, 2}, {1, 2, 0}, {2, 0, 1}, {2, 1, 0}};
+    envd_job_t jobs[3] = {{0}};
+    rec_t recs[3];
+    int64_t ns[3];
+    for (int j = 0; j < 3; j++)
+        rec_init(&recs[j], 64);
+    uint64_t s = 0x2545f4914f6cdd1dull, notified = 0;
+    for (int k = 0; k < rounds; k++) {
+        for (int j = 0; j < 3; j++) {
+            ns[j] = 1 + rnd(&s) % 64;
+            int flags = rnd(&s) % 2 ? ENVD_JOB_NOTIFY : 0;
+            notified += flags != 0;
+            CHECK(submit_rec(pool, &jobs[j], &recs[j], ns[j], 1 + rnd(&s) % 8, flags) == ENVD_OK,
+                  "submit");
+        }
+        for (int i = 0; i < 3; i++) {
+            int j = orders[k % 6][i];
+            if (k % 7 == 3)
+                poll_done(&jobs[j]);
+            else
+                envd_pool_wait(pool, &jobs[j]);
+            rec_verify(&recs[j], ns[j]);
+        }
+    }
+    /* Completion is flagged before the eventfd write, so the last writes may
+     * still be on their way: read until the total is reached. */
+    uint64_t total = 0, value;
+    const double deadline = now_s() + 20.0;
+    while (total < notified) {
+        struct pollfd pfd = {.fd = envd_pool_eventfd(pool), .events = POLLIN};
+        CHECK(poll(&pfd, 1, 100) >= 0, "poll: %s", strerror(errno));
+        if (read(pfd.fd, &value, sizeof value) == sizeof value)
+            total += value;
+        CHECK(now_s() < deadline, "eventfd total %llu of %llu", (unsigned long long)total,
+              (unsigned long long)notified);
+    }
+    CHECK(total == notified, "eventfd total %llu != %llu", (unsigned long long)total,
+          (unsigned long long)notified);
+    CHECK(read(envd_pool_eventfd(pool), &value, sizeof value) < 0 && errno == EAGAIN,
+          "eventfd has extra counts");
+    envd_pool_destroy(pool);
+    for (int j = 0; j < 3; j++)
+        rec_free(&recs[j]);
+}
+
+/* Large jobs with many chunks, waited with and without helping. */
+static void test_large(int threads, int64_t n, int reps)
+{
+    envd_pool_t *pool;
+    CHECK(envd_pool_create(&pool, threads, NULL) == ENVD_OK, "create");
+    const int64_t chunks[] = {1, 3, 7, 1000, n, 2 * n};
+    envd_job_t job = {0};
+    rec_t r;
+    rec_init(&r, n);
+    for (int rep = 0; rep < reps; rep++) {
+        for (size_t c = 0; c < sizeof chunks / sizeof chunks[0]; c++) {
+            CHECK(submit_rec(pool, &job, &r, n, chunks[c], 0) == ENVD_OK, "submit");
+            if (rep % 2)
+                poll_done(&job);
+            else
+                envd_pool_wait(pool, &job);
+            rec_verify(&r, n);
+        }
+    }
+    envd_pool_destroy(pool);
+    rec_free(&r);
+}
+
+/* Sessions submitting to one shared pool from their own threads. */
+typedef struct {
+    envd_pool_t *pool;
+    int jobs;
+    uint64_t seed;
+} client_t;
+
+static void *client_main(void *arg)
+{
+    client_t *c = arg;
+    envd_job_t job = {0};
+    rec_t r;
+    rec_init(&r, 16);
+    for (int k = 0; k < c->jobs; k++) {
+        int64_t n = 1 + rnd(&c->seed) % 16;
+        CHECK(submit_rec(c->pool, &job, &r, n, 1 + rnd(&c->seed) % 4, 0) == ENVD_OK, "submit");
+        envd_pool_wait(c->pool, &job);
+        rec_verify(&r, n);
+    }
+    rec_free(&r);
+    return NULL;
+}
+
+static void test_clients(int threads, int clients, int jobs)
+{
+    envd_pool_t *pool;
+    CHECK(envd_pool_create(&pool, threads, NULL) == ENVD_OK, "create");
+    pthread_t tids[8];
+    client_t cs[8];
+    for (int i = 0; i < clients; i++) {
+        cs[i] = (client_t){pool, jobs, 0x1234567ull * (uint64_t)(i + 1)};
+        CHECK(pthread_create(&tids[i], NULL, client_main, &cs[i]) == 0, "pthread_create");
+    }
+    for (int i = 0; i < clients; i++)
+        pthread_join(tids[i], NULL);
+    envd_pool_destroy(pool);
+}
+
+/* A job that blocks its worker until released. */
+typedef struct {
+    _Atomic int started, release;
+} gate_t;
+
+static void gate_fn(void *ctx, int64_t begin, int64_t end)
+{
+    gate_t *g = ctx;
+    (void)begin;
+    (void)end;
+    atomic_store(&g->started, 1);
+    const double deadline = now_s() + 20.0;
+    while (!atomic_load(&g->release))
+        CHECK(now_s() < deadline, "gate never released");
+}
+
+/* EBUSY for an in-flight struct; a second job overtakes a blocked one
+ * (workers move on once a job is fully claimed). */
+static void test_busy_and_overlap(void)
+{
+    envd_pool_t *pool;
+    CHECK(envd_pool_create(&pool, 2, NULL) == ENVD_OK, "create");
+    gate_t gate = {0};
+    envd_job_t blocked = {0}, next = {0};
+    rec_t r;
+    rec_init(&r, 4);
+    CHECK(envd_pool_submit(pool, &blocked, gate_fn, &gate, 1, 1, 0) == ENVD_OK, "submit");
+    CHECK(envd_pool_submit(pool, &blocked, gate_fn, &gate, 1, 1, 0) == ENVD_EBUSY, "EBUSY");
+    while (!atomic_load(&gate.started))
+        sched_yield();
+    CHECK(!envd_job_done(&blocked), "blocked job done");
+    CHECK(submit_rec(pool, &next, &r, 4, 1, 0) == ENVD_OK, "submit second");
+    poll_done(&next); /* only the other worker can run it */
+    rec_verify(&r, 4);
+    CHECK(!envd_job_done(&blocked), "blocked job done");
+    atomic_store(&gate.release, 1);
+    envd_pool_wait(pool, &blocked);
+    CHECK(envd_pool_submit(pool, &blocked, gate_fn, &gate, 1, 1, 0) == ENVD_OK, "resubmit");
+    envd_pool_wait(pool, &blocked);
+    envd_pool_destroy(pool);
+    rec_free(&r);
+}
+
+static uint64_t drain_eventfd(envd_pool_t *pool)
+{
+    uint64_t value = 0;
+    if (read(envd_pool_eventfd(pool), &value, sizeof value) != sizeof value)
+        return 0;
+    return value;
+}
+
+/* num_threads == 0 runs inline; n == 0 completes at once. */
+static void test_inline(void)
+{
+    envd_pool_t *pool;
+    CHECK(envd_pool_create(&pool, 0, NULL) == ENVD_OK, "create");
+    CHECK(envd_pool_num_threads(pool) == 0, "num_threads");
+    envd_job_t job = {0};
+    rec_t r;
+    rec_init(&r, 10);
+    CHECK(submit_rec(pool, &job, &r, 10, 3, ENVD_JOB_NOTIFY) == ENVD_OK, "submit");
+    CHECK(envd_job_done(&job), "inline job not done on return");
+    rec_verify(&r, 10);
+    CHECK(drain_eventfd(pool) == 1, "eventfd");
+    CHECK(submit_rec(pool, &job, &r, 7, 100, 0) == ENVD_OK, "submit");
+    envd_pool_wait(pool, &job);
+    rec_verify(&r, 7);
+    CHECK(drain_eventfd(pool) == 0, "eventfd counted a plain job");
+    r.chunk = 2;
+    r.seq++;
+    CHECK(envd_pool_run(pool, &job, rec_fn, &r, 5, 2) == ENVD_OK, "run");
+    rec_verify(&r, 5);
+    envd_pool_destroy(pool);
+
+    CHECK(envd_pool_create(&pool, 2, NULL) == ENVD_OK, "create");
+    CHECK(submit_rec(pool, &job, &r, 0, 1, ENVD_JOB_NOTIFY) == ENVD_OK, "submit n=0");
+    CHECK(envd_job_done(&job), "n=0 job not done");
+    CHECK(drain_eventfd(pool) == 1, "eventfd n=0");
+    envd_pool_destroy(pool);
+    rec_free(&r);
+}
+
+static void test_bad_args(void)
+{
+    envd_pool_t *pool;
+    envd_job_t job = {0};
+    rec_t r = {0};
+    CHECK(envd_pool_create(NULL, 1, NULL) == ENVD_EINVAL, "NULL out");
+    CHECK(envd_pool_create(&pool, -1, NULL) == ENVD_EINVAL, "-1 threads");
+    CHECK(envd_pool_create(&pool, ENVD_POOL_MAX_THREADS + 1, NULL) == ENVD_EINVAL, "too many");
+    const int bad_cpu[1] = {-1};
+    CHECK(envd_pool_create(&pool, 1, bad_cpu) == ENVD_EINVAL, "cpu -1");
+    CHECK(envd_pool_create(&pool, 1, NULL) == ENVD_OK, "create");
+    envd_pool_wait(pool, &job); /* never submitted: returns at once */
+    CHECK(envd_pool_submit(NULL, &job, rec_fn, &r, 1, 1, 0) == ENVD_EINVAL, "NULL pool");
+    CHECK(envd_pool_submit(pool, NULL, rec_fn, &r, 1, 1, 0) == ENVD_EINVAL, "NULL job");
+    CHECK(envd_pool_submit(pool, &job, NULL, &r, 1, 1, 0) == ENVD_EINVAL, "NULL fn");
+    CHECK(envd_pool_submit(pool, &job, rec_fn, &r, -1, 1, 0) == ENVD_EINVAL, "n < 0");
+    CHECK(envd_pool_submit(pool, &job, rec_fn, &r, 1, 0, 0) == ENVD_EINVAL, "chunk 0");
+    CHECK(envd_pool_submit(pool, &job, rec_fn, &r, 1, 1, 2) == ENVD_EINVAL, "flags");
+    CHECK(envd_pool_submit(pool, &job, rec_fn, &r, INT64_MAX, 1, 0) == ENVD_EINVAL, "huge n");
+    CHECK(envd_pool_run(pool, &job, rec_fn, &r, 1, -5) == ENVD_EINVAL, "run chunk");
+    envd_pool_destroy(pool);
+    envd_pool_destroy(NULL);
+}
+
+static int first_allowed_cpu(void)
+{
+    cpu_set_t set;
+    CHECK(sched_getaffinity(0, sizeof set, &set) == 0, "sched_getaffinity");
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, &set))
+            return c;
+    return -1;
+}
+
+static void cpu_fn(void *ctx, int64_t begin, int64_t end)
+{
+    (void)begin;
+    (void)end;
+    *(int *)ctx = sched_getcpu();
+}
+
+static void test_pinning(void)
+{
+    envd_pool_t *pool;
+    int cpu = first_allowed_cpu(), seen = -1;
+    CHECK(envd_pool_create(&pool, 1, &cpu) == ENVD_OK, "create pinned");
+    envd_job_t job = {0};
+    for (int k = 0; k < 20; k++) {
+        CHECK(envd_pool_submit(pool, &job, cpu_fn, &seen, 1, 1, 0) == ENVD_OK, "submit");
+        poll_done(&job); /* the worker runs it, not this thread */
+        CHECK(seen == cpu, "worker ran on cpu %d, pinned to %d", seen, cpu);
+    }
+    envd_pool_destroy(pool);
+    /* A CPU outside the affinity mask cannot be pinned to: ENVD_ESYS, and
+     * the workers already started are joined (the thread count check in
+     * test_create_destroy runs after this). */
+    cpu_set_t set;
+    CHECK(sched_getaffinity(0, sizeof set, &set) == 0, "sched_getaffinity");
+    int cpus[2] = {cpu, CPU_SETSIZE - 1};
+    if (!CPU_ISSET(cpus[1], &set))
+        CHECK(envd_pool_create(&pool, 2, cpus) == ENVD_ESYS, "pin to absent cpu");
+}
+
+static int count_tasks(void)
+{
+    DIR *d = opendir("/proc/self/task");
+    CHECK(d, "opendir /proc/self/task");
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+/* A joined thread can linger in /proc for a moment after pthread_join. */
+static int tasks_settle(int want)
+{
+    int n = count_tasks();
+    for (int i = 0; i < 200 && n != want; i++) {
+        usleep(10000);
+        n = count_tasks();
+    }
+    return n;
+}
+
+static void test_create_destroy(int iters, int baseline)
+{
+    envd_job_t job = {0};
+    rec_t r;
+    rec_init(&r, 8);
+    for (int i = 0; i < iters; i++) {
+        envd_pool_t *pool;
+        CHECK(envd_pool_create(&pool, i % 5, NULL) == ENVD_OK, "create");
+        if (i % 2) {
+            CHECK(submit_rec(pool, &job, &r, 8, 1 + i % 3, ENVD_JOB_NOTIFY) == ENVD_OK, "submit");
+            envd_pool_wait(pool, &job);
+            rec_verify(&r, 8);
+        }
+        envd_pool_destroy(pool);
+    }
+    rec_free(&r);
+    int n = tasks_settle(baseline);
+    CHECK(n == baseline, "%d threads left, baseline %d", n, baseline);
+}
+
+static void *noop_thread(void *arg)
+{
+    return arg;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1)
+        g_div = atoi(argv[1]) > 0 ? atoi(argv[1]) : 1;
+    /* Start and join one plain thread first: sanitizer runtimes start their
+     * own helper thread on the first pthread_create. */
+    pthread_t warmup;
+    CHECK(pthread_create(&warmup, NULL, noop_thread, NULL) == 0, "pthread_create");
+    pthread_join(warmup, NULL);
+    usleep(20000); /* let the joined thread leave /proc */
+    const int baseline = count_tasks();
+    test_bad_args();
+    test_inline();
+    test_busy_and_overlap();
+    test_pinning();
+    static const int thread_counts[] = {1, 2, 4};
+    for (int t = 0; t < 3; t++) {
+        int threads = thread_counts[t];
+        test_tiny_jobs(threads, scaled(200000), 0);
+        test_tiny_jobs(threads, scaled(20000), 1);
+        test_in_flight(threads, scaled(20000));
+        test_large(threads, 100000 / g_div + 10, 2);
+        test_clients(threads, 3, scaled(20000));
+    }
+    test_create_destroy(scaled(500), baseline);
+    printf("pool_stress: ok\n");
+    return 0;
+}

@@ -1,0 +1,180 @@
+"""Every bad call raises an envd.EnvdError subclass whose message names the
+problem and the valid values, and leaves the env usable."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import envd
+from envd import (EnvdError, EnvStateError, InvalidActionError, InvalidArgumentError,
+                  UnknownEnvError)
+
+
+def still_usable(env):
+    """The env steps normally after the failed call, and matches a fresh env
+    driven with the same seed and actions."""
+    fresh = envd.make(env.envd_spec.id, env.num_envs, seed=17)
+    env.reset(seed=17)
+    fresh.reset()
+    actions = env.action_space.sample()
+    assert env.step(actions)[0].tobytes() == fresh.step(actions)[0].tobytes()
+    fresh.close()
+
+
+def test_unknown_env_id_lists_known_ids():
+    with pytest.raises(UnknownEnvError) as err:
+        envd.make("CartPole-v0", 4)
+    message = str(err.value)
+    assert "'CartPole-v0'" in message
+    for env_id in envd.list_envs():
+        assert env_id in message
+    assert isinstance(err.value, EnvdError) and isinstance(err.value, ValueError)
+
+
+@pytest.mark.parametrize("bad", [(4, 1), (3,), (5,), ()])
+def test_actions_of_wrong_shape(bad):
+    with envd.make("CartPole-v1", 4, seed=0) as env:
+        env.reset()
+        with pytest.raises(InvalidActionError, match=r"shape \(4,\)"):
+            env.step(np.zeros(bad, np.int64))
+        still_usable(env)
+
+
+def test_box_actions_of_wrong_shape():
+    with envd.make("Pendulum-v1", 2, seed=0) as env:
+        env.reset()
+        with pytest.raises(InvalidActionError, match=r"shape \(2, 1\)"):
+            env.step(np.zeros(2, np.float32))
+        still_usable(env)
+
+
+@pytest.mark.parametrize("env_id,dtype", [("CartPole-v1", np.float32),
+                                          ("CartPole-v1", np.float64),
+                                          ("Pendulum-v1", np.float64),
+                                          ("Pendulum-v1", np.int64),
+                                          ("Pendulum-v1", np.complex64)])
+def test_actions_of_wrong_dtype(env_id, dtype):
+    with envd.make(env_id, 3, seed=0) as env:
+        env.reset()
+        actions = np.zeros(env.action_space.shape, dtype)
+        with pytest.raises(InvalidActionError, match="dtype") as err:
+            env.step(actions)
+        assert str(env.single_action_space.dtype) in str(err.value)
+        still_usable(env)
+
+
+def test_compatible_action_dtypes_are_accepted():
+    with envd.make("CartPole-v1", 3, seed=0) as env:
+        env.reset()
+        env.step(np.array([0, 1, 1], np.int32))
+        env.step([1, 0, 1])  # a Python list
+    with envd.make("Pendulum-v1", 2, seed=0) as env:
+        env.reset()
+        env.step([[0.5], [-1.0]])  # Python floats
+        env.step(np.zeros((2, 1), np.float16))  # safe cast to float32
+
+
+@pytest.mark.parametrize("value", [2, -1, 2**40])
+def test_discrete_action_out_of_range(value):
+    with envd.make("CartPole-v1", 5, seed=0) as env:
+        obs = env.reset()[0]  # a view of the env's buffer
+        before = obs.copy()
+        actions = np.zeros(5, np.int64)
+        actions[3] = value
+        with pytest.raises(InvalidActionError, match=r"env 3 is out of range.*0\.\.1"):
+            env.step(actions)
+        assert obs.tobytes() == before.tobytes(), "a rejected step must step no env"
+        still_usable(env)
+
+
+@pytest.mark.parametrize("num_envs", [0, -3, envd.native.MAX_NUM_ENVS + 1])
+def test_num_envs_out_of_range(num_envs):
+    with pytest.raises(InvalidArgumentError, match=r"num_envs.*1 <= num_envs <= 1048576"):
+        envd.make("CartPole-v1", num_envs)
+
+
+@pytest.mark.parametrize("num_envs", [2.0, "8", None, True])
+def test_num_envs_not_an_int(num_envs):
+    with pytest.raises(InvalidArgumentError, match="num_envs must be an int"):
+        envd.make("CartPole-v1", num_envs)
+
+
+def test_unknown_env_kwarg_lists_parameters():
+    with pytest.raises(InvalidArgumentError, match=r"no parameter 'gravity'.*g \(float"):
+        envd.make("Pendulum-v1", 2, gravity=9.81)
+    with pytest.raises(InvalidArgumentError, match="its parameters are: none"):
+        envd.make("Acrobot-v1", 2, book_or_nips="nips")
+
+
+@pytest.mark.parametrize("env_id,kwargs,match", [
+    ("Pendulum-v1", {"g": "9.81"}, "must be a float"),
+    ("Pendulum-v1", {"g": True}, "must be a float"),
+    ("Pendulum-v1", {"g": float("nan")}, "out of range"),
+    ("Pendulum-v1", {"g": -1.0}, "out of range"),
+    ("CartPole-v1", {"sutton_barto_reward": 1}, "must be a bool"),
+    ("MountainCar-v0", {"goal_velocity": [0.1]}, "must be a float"),
+])
+def test_ill_typed_env_kwargs(env_id, kwargs, match):
+    with pytest.raises(InvalidArgumentError, match=match):
+        envd.make(env_id, 2, **kwargs)
+
+
+def test_valid_kwarg_types_are_accepted():
+    with envd.make("Pendulum-v1", 1, g=9) as env:  # an int for a float parameter
+        env.reset(seed=0)
+    with envd.make("CartPole-v1", 1, sutton_barto_reward=np.bool_(True)) as env:
+        env.reset(seed=0)
+
+
+@pytest.mark.parametrize("mode", ["NextStep", "next-step", "", 0, None])
+def test_unknown_autoreset_mode(mode):
+    with pytest.raises(InvalidArgumentError,
+                       match="valid modes: 'next_step', 'same_step', 'disabled'"):
+        envd.make("CartPole-v1", 2, autoreset_mode=mode)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"num_threads": -1}, "num_threads"), ({"num_threads": 10_000}, "num_threads"),
+    ({"max_episode_steps": 0}, "max_episode_steps"), ({"seed": -1}, "seed"),
+    ({"seed": [1, 2]}, "num_envs=3"), ({"seed": 1.5}, "seed"),
+])
+def test_other_bad_make_arguments(kwargs, match):
+    with pytest.raises(InvalidArgumentError, match=match):
+        envd.make("CartPole-v1", 3, **kwargs)
+
+
+def test_bad_reset_arguments():
+    with envd.make("CartPole-v1", 3, seed=0) as env:
+        with pytest.raises(InvalidArgumentError, match="reset_mask"):
+            env.reset(options={"reset_mask": [True, False, True]})
+        with pytest.raises(InvalidArgumentError, match="unsupported reset options"):
+            env.reset(options={"low": -0.1})
+        with pytest.raises(InvalidArgumentError, match="seed"):
+            env.reset(seed="zero")
+        still_usable(env)
+
+
+def test_step_before_reset_and_after_close():
+    env = envd.make("CartPole-v1", 2, seed=0)
+    with pytest.raises(EnvStateError, match="reset"):
+        env.step(np.zeros(2, np.int64))
+    still_usable(env)
+    env.close()
+    env.close()  # idempotent
+    with pytest.raises(EnvStateError, match="closed"):
+        env.step(np.zeros(2, np.int64))
+    with pytest.raises(EnvStateError, match="closed"):
+        env.reset()
+
+
+def test_stepping_a_done_env_in_disabled_mode():
+    with envd.make("CartPole-v1", 2, seed=0, autoreset_mode="disabled") as env:
+        env.reset()
+        done = np.zeros(2, bool)
+        while not done.any():
+            _, _, term, trunc, _ = env.step(np.ones(2, np.int64))
+            done = term | trunc
+        with pytest.raises(EnvStateError, match=r"env \d is done.*reset_mask"):
+            env.step(np.ones(2, np.int64))
+        env.reset(options={"reset_mask": done})
+        env.step(np.ones(2, np.int64))

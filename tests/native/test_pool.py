@@ -1,0 +1,157 @@
+"""The thread pool (native/src/pool.c): the C stress program pool_stress.c run
+plain, under ThreadSanitizer and under AddressSanitizer + UBSan (LeakSanitizer
+included), plus simple API checks through ctypes."""
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import select
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+import cbuild
+
+STRESS = Path(__file__).resolve().parent / "pool_stress.c"
+SANITIZER_REPORTS = ("WARNING: ThreadSanitizer", "ERROR: AddressSanitizer",
+                     "ERROR: LeakSanitizer", "runtime error")
+CODES = {m[0]: int(m[1]) for m in re.findall(r"#define (ENVD_E\w+) \((-\d+)\)",
+                                             (cbuild.INCLUDE / "envd.h").read_text())}
+
+# (flags, loop divisor, environment): the divisors keep each run to a few
+# seconds on a loaded 2-core machine.
+BUILDS = {
+    "plain": ([], 1, {}),
+    "tsan": (["-fsanitize=thread", "-g", "-O1"], 5,
+             {"TSAN_OPTIONS": "halt_on_error=1:second_deadlock_stack=1"}),
+    "asan": (["-fsanitize=address,undefined", "-fno-sanitize-recover=all",
+              "-fno-omit-frame-pointer", "-g", "-O1"], 4,
+             {"ASAN_OPTIONS": "detect_leaks=1:halt_on_error=1",
+              "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1"}),
+}
+
+
+@pytest.mark.parametrize("kind", list(BUILDS))
+def test_pool_stress(kind):
+    flags, divisor, env = BUILDS[kind]
+    exe = cbuild.build(["pool.c", STRESS], flags, shared=False, name=f"pool_stress_{kind}")
+    proc = subprocess.run([str(exe), str(divisor)], env={**os.environ, **env},
+                          capture_output=True, text=True, timeout=180)
+    report = f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-8000:]}"
+    assert proc.returncode == 0, report
+    assert not any(s in proc.stderr for s in SANITIZER_REPORTS), report
+    assert "pool_stress: ok" in proc.stdout, report
+
+
+# ---- ctypes -------------------------------------------------------------------------
+TASK = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
+Job = ctypes.c_int64 * 16  # larger than envd_job_t, 8-byte aligned, zeroed
+
+
+@pytest.fixture(scope="module")
+def lib():
+    lib = cbuild.load(["pool.c"])
+    pool_p = ctypes.POINTER(ctypes.c_void_p)
+    lib.envd_pool_create.argtypes = [pool_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
+    lib.envd_pool_destroy.argtypes = [ctypes.c_void_p]
+    lib.envd_pool_destroy.restype = None
+    lib.envd_pool_num_threads.argtypes = [ctypes.c_void_p]
+    lib.envd_pool_eventfd.argtypes = [ctypes.c_void_p]
+    lib.envd_pool_submit.argtypes = [ctypes.c_void_p, ctypes.c_void_p, TASK, ctypes.c_void_p,
+                                     ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
+    lib.envd_pool_wait.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    lib.envd_pool_wait.restype = None
+    lib.envd_pool_run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, TASK, ctypes.c_void_p,
+                                  ctypes.c_int64, ctypes.c_int64]
+    lib.envd_job_done.argtypes = [ctypes.c_void_p]
+    return lib
+
+
+def make_pool(lib, threads):
+    pool = ctypes.c_void_p()
+    assert lib.envd_pool_create(ctypes.byref(pool), threads, None) == 0
+    return pool
+
+
+def recorder():
+    """A task that records its ranges (list.append is atomic under the GIL)."""
+    ranges = []
+    return ranges, TASK(lambda ctx, begin, end: ranges.append((begin, end)))
+
+
+def read_eventfd_total(fd, want, timeout=10.0):
+    total = 0
+    while total < want and select.select([fd], [], [], timeout)[0]:
+        total += int.from_bytes(os.read(fd, 8), "little")
+    return total
+
+
+def test_bad_arguments(lib):
+    einval = CODES["ENVD_EINVAL"]
+    pool = ctypes.c_void_p()
+    assert lib.envd_pool_create(None, 1, None) == einval
+    assert lib.envd_pool_create(ctypes.byref(pool), -1, None) == einval
+    assert lib.envd_pool_create(ctypes.byref(pool), 257, None) == einval
+    cpus = (ctypes.c_int * 1)(-3)
+    assert lib.envd_pool_create(ctypes.byref(pool), 1, cpus) == einval
+    pool = make_pool(lib, 1)
+    job = Job()
+    _, task = recorder()
+    assert lib.envd_pool_submit(pool, job, task, None, -1, 1, 0) == einval
+    assert lib.envd_pool_submit(pool, job, task, None, 4, 0, 0) == einval
+    assert lib.envd_pool_submit(pool, job, task, None, 4, 1, 8) == einval
+    assert lib.envd_pool_submit(pool, None, task, None, 4, 1, 0) == einval
+    assert lib.envd_pool_submit(None, job, task, None, 4, 1, 0) == einval
+    assert lib.envd_pool_submit(pool, job, TASK(), None, 4, 1, 0) == einval
+    lib.envd_pool_destroy(pool)
+
+
+def test_zero_threads_runs_inline(lib):
+    pool = make_pool(lib, 0)
+    assert lib.envd_pool_num_threads(pool) == 0
+    job = Job()
+    ranges, task = recorder()
+    assert lib.envd_pool_submit(pool, job, task, None, 10, 4, 1) == 0
+    assert lib.envd_job_done(job)
+    assert ranges == [(0, 4), (4, 8), (8, 10)]
+    assert read_eventfd_total(lib.envd_pool_eventfd(pool), 1, timeout=0) == 1
+    lib.envd_pool_destroy(pool)
+
+
+def test_eventfd_counts_notify_jobs(lib):
+    pool = make_pool(lib, 2)
+    jobs = [Job() for _ in range(8)]
+    ranges, task = recorder()
+    for i, job in enumerate(jobs):
+        assert lib.envd_pool_submit(pool, job, task, None, 5, 2, 1 if i % 2 else 0) == 0
+    for job in jobs:
+        lib.envd_pool_wait(pool, job)
+        assert lib.envd_job_done(job)
+    assert sorted(ranges) == sorted([(0, 2), (2, 4), (4, 5)] * 8)
+    fd = lib.envd_pool_eventfd(pool)
+    assert read_eventfd_total(fd, 4) == 4
+    assert not select.select([fd], [], [], 0.05)[0]  # nothing counted for plain jobs
+    lib.envd_pool_destroy(pool)
+
+
+def test_busy_job_is_refused(lib):
+    pool = make_pool(lib, 1)
+    started, release = threading.Event(), threading.Event()
+
+    def blocking(ctx, begin, end):
+        started.set()
+        release.wait(10)
+
+    task = TASK(blocking)
+    job = Job()
+    assert lib.envd_pool_submit(pool, job, task, None, 1, 1, 0) == 0
+    assert started.wait(10)
+    assert lib.envd_pool_submit(pool, job, task, None, 1, 1, 0) == CODES["ENVD_EBUSY"]
+    assert not lib.envd_job_done(job)
+    release.set()
+    lib.envd_pool_wait(pool, job)
+    assert lib.envd_pool_run(pool, job, task, None, 3, 1) == 0
+    lib.envd_pool_destroy(pool)
