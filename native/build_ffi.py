@@ -99,6 +99,8 @@ typedef struct envd_vec_buffers {
     void *final_observations;
     double *episode_returns;
     int64_t *episode_lengths;
+    double *episode_times;
+    bool *dones;
 } envd_vec_buffers_t;
 
 typedef struct envd_vec_config {

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import time
 from typing import Any, Sequence
 
 import numpy as np
@@ -114,7 +113,6 @@ class VecEnv(VectorEnv):
         self.num_threads = num_threads
         self._allocate_buffers()
         self._create_native(params, _AUTORESET_MODES[mode], max_episode_steps, num_threads)
-        self._episode_start = np.full(self.num_envs, time.perf_counter())
 
     # ---- construction ----------------------------------------------------------
     def _allocate_buffers(self) -> None:
@@ -129,6 +127,10 @@ class VecEnv(VectorEnv):
         self._truncations = _aligned_zeros((n,), np.bool_)
         self._episode_returns = _aligned_zeros((n,), np.float64)
         self._episode_lengths = _aligned_zeros((n,), np.int64)
+        self._episode_times = _aligned_zeros((n,), np.float64)
+        self._dones = _aligned_zeros((n,), np.bool_)
+        # the fast path of step() compares against these
+        self._action_dtype, self._action_shape = self._actions.dtype, self._actions.shape
 
     def _create_native(self, params: list[float], mode: int, max_steps: int, threads: int) -> None:
         self._params = ffi.new("double[]", params or [0.0])
@@ -140,6 +142,8 @@ class VecEnv(VectorEnv):
             "final_observations": ffi.NULL if self._final_obs is None else _ptr(self._final_obs),
             "episode_returns": _ptr(self._episode_returns, "double *"),
             "episode_lengths": _ptr(self._episode_lengths, "int64_t *"),
+            "episode_times": _ptr(self._episode_times, "double *"),
+            "dones": _ptr(self._dones, "bool *"),
         })
         config = ffi.new("envd_vec_config_t *", {
             "num_envs": self.num_envs, "autoreset_mode": mode,
@@ -189,9 +193,6 @@ class VecEnv(VectorEnv):
         buffer.  Same-kind casts only: integers for discrete actions, floats
         that numpy casts safely for boxes; Python floats/lists are accepted."""
         buf = self._actions
-        if type(actions) is np.ndarray and actions.dtype == buf.dtype and actions.shape == buf.shape:
-            np.copyto(buf, actions)
-            return
         space = self.single_action_space
         from_python = not isinstance(actions, np.ndarray)
         array = np.asarray(actions)
@@ -219,8 +220,8 @@ class VecEnv(VectorEnv):
             raise InvalidActionError(
                 f"{env_id}: action {int(self._actions[index])} of env {index} is out of range; "
                 f"{space} accepts {space.start}..{space.start + space.n - 1}")
-        if rc == lib.ENVD_ESTATE and index < 0:
-            raise EnvStateError(f"{env_id}: call reset() before step()")
+        if rc == lib.ENVD_ESTATE and not self._dones[index]:
+            raise EnvStateError(f"{env_id}: env {index} was never reset; call reset() before step()")
         if rc == lib.ENVD_ESTATE:
             raise EnvStateError(
                 f"{env_id}: env {index} is done and autoreset_mode is 'disabled'; reset it with "
@@ -229,28 +230,24 @@ class VecEnv(VectorEnv):
             raise NativeError(f"{env_id}: env {index} failed in its step or reset callback", rc)
         self._check(rc, "step")
 
-    def _outputs(self, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
-        return tuple(a.copy() for a in arrays) if self._copy else arrays
-
-    def _episode_info(self, info: dict[str, Any]) -> None:
-        """gymnasium RecordEpisodeStatistics' shape: info["episode"]["r"|"l"|"t"]
-        for envs whose episode ended in this step, with the mask "_episode"."""
-        dones = self._terminations | self._truncations
-        now = time.perf_counter()
-        elapsed = np.where(dones, np.round(now - self._episode_start, 6), 0.0)
-        self._episode_start[dones] = now
+    def _done_info(self) -> dict[str, Any]:
+        """The info of a step in which some episode ended: gymnasium's
+        RecordEpisodeStatistics shape, info["episode"]["r"|"l"|"t"] with the mask
+        info["_episode"] (the native vec fills these), and for SAME_STEP
+        info["final_obs"] (an object array) and info["final_info"]."""
+        dones = self._dones.copy()
+        info: dict[str, Any] = {}
+        if self._final_obs is not None:
+            final = np.full(self.num_envs, None, dtype=object)
+            done_index = np.flatnonzero(dones)
+            for i, obs in zip(done_index, self._final_obs[done_index]):
+                final[i] = obs
+            info["final_obs"], info["_final_obs"] = final, dones
+            info["final_info"], info["_final_info"] = {}, dones.copy()
         info["episode"] = {"r": self._episode_returns.copy(), "l": self._episode_lengths.copy(),
-                           "t": elapsed}
+                           "t": self._episode_times.copy()}
         info["_episode"] = dones
-
-    def _final_obs_info(self, info: dict[str, Any]) -> None:
-        """SAME_STEP: gymnasium's info["final_obs"] (object array) and "final_info"."""
-        dones = self._terminations | self._truncations
-        final = np.full(self.num_envs, None, dtype=object)
-        for i in np.flatnonzero(dones):
-            final[i] = self._final_obs[i].copy()
-        info["final_obs"], info["_final_obs"] = final, dones
-        info["final_info"], info["_final_info"] = {}, dones.copy()
+        return info
 
     # ---- gymnasium API -------------------------------------------------------------
     def reset(self, *, seed: int | Sequence[int] | None = None,
@@ -278,27 +275,26 @@ class VecEnv(VectorEnv):
         self._check(rc, "reset")
         if seeds is not None:
             self._seeded, self._pending_seeds = True, None
-        now = time.perf_counter()
-        if mask is None:
-            self._episode_start[:] = now
-        else:
-            self._episode_start[mask] = now
         return (self._obs.copy() if self._copy else self._obs), {}
 
     def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
         """Step every env; returns (obs, rewards, terminations, truncations, info)."""
-        self._ensure_open()
-        self._convert_actions(actions)
-        rc = lib.envd_vec_step(self._vec)
-        if rc != lib.ENVD_OK:
-            self._raise_step_error(rc)
-        info: dict[str, Any] = {}
-        if lib.envd_vec_num_done(self._vec):
-            if self._final_obs is not None:
-                self._final_obs_info(info)
-            self._episode_info(info)
-        return (*self._outputs(self._obs, self._rewards, self._terminations,
-                               self._truncations), info)
+        # The hot path: keep it to a few attribute lookups and one native call.
+        if self.closed:
+            raise EnvStateError(f"this {self.envd_spec.id} VecEnv is closed")
+        if (actions.__class__ is np.ndarray and actions.dtype == self._action_dtype
+                and actions.shape == self._action_shape):
+            self._actions[...] = actions
+        else:
+            self._convert_actions(actions)
+        num_done = lib.envd_vec_step(self._vec)
+        if num_done < 0:
+            self._raise_step_error(num_done)
+        info = self._done_info() if num_done else {}
+        if self._copy:
+            return (self._obs.copy(), self._rewards.copy(), self._terminations.copy(),
+                    self._truncations.copy(), info)
+        return self._obs, self._rewards, self._terminations, self._truncations, info
 
     def close(self, **kwargs: Any) -> None:
         """Free the envs and the thread pool.  Idempotent."""

@@ -55,7 +55,11 @@ static int validate_space(const envd_space_t *space)
     if (envd_dtype_size(space->dtype) == 0)
         return ENVD_EINVAL;
     if (space->kind == ENVD_SPACE_DISCRETE)
-        return space->dtype == ENVD_DTYPE_INT64 && space->n > 0 ? ENVD_OK : ENVD_EINVAL;
+        /* start + n must not overflow: actions are start .. start + n - 1 */
+        return space->dtype == ENVD_DTYPE_INT64 && space->n > 0 &&
+                       space->start <= INT64_MAX - space->n
+                   ? ENVD_OK
+                   : ENVD_EINVAL;
     if (space->kind != ENVD_SPACE_BOX || space->ndim < 0 || space->ndim > ENVD_MAX_DIMS)
         return ENVD_EINVAL;
     int64_t n = 1;

@@ -7,6 +7,7 @@
  */
 #include "vec.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -29,6 +30,8 @@ typedef struct env_slot {
     double episode_return;
     int64_t episode_length;
     int64_t elapsed_steps; /* for the time limit */
+    double episode_start;  /* CLOCK_MONOTONIC seconds (Python's perf_counter) */
+    bool started;          /* reset at least once */
     bool needs_reset;      /* done, and not reset yet */
 } env_slot_t;
 
@@ -39,7 +42,7 @@ struct envd_vec {
     envd_pool_t *pool;
     size_t obs_bytes, action_bytes, stride;
     unsigned char *blocks; /* num_envs blocks of `stride` bytes */
-    bool was_reset;
+    bool all_started;      /* every env has been reset at least once */
 
     /* The job in flight: written by the caller before dispatch, read by the
      * threads running chunks; the pool's done handshake orders both. */
@@ -67,6 +70,18 @@ static double now_ns(void)
     return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
 }
 
+/* The clock read once per chunk, and only if the chunk needs it. */
+typedef struct lazy_clock {
+    double seconds; /* 0 until read */
+} lazy_clock_t;
+
+static double clock_seconds(lazy_clock_t *clock)
+{
+    if (clock->seconds == 0.0)
+        clock->seconds = now_ns() * 1e-9;
+    return clock->seconds;
+}
+
 static env_slot_t *slot_of(const envd_vec_t *vec, int64_t i)
 {
     return (env_slot_t *)(vec->blocks + (size_t)i * vec->stride);
@@ -85,12 +100,14 @@ static void record_error(envd_vec_t *vec, int rc, int64_t i)
 }
 
 /* ---- per-env work ---------------------------------------------------------- */
-static int reset_env(envd_vec_t *vec, int64_t i, void *obs)
+static int reset_env(envd_vec_t *vec, int64_t i, void *obs, lazy_clock_t *clock)
 {
     env_slot_t *slot = slot_of(vec, i);
     slot->elapsed_steps = 0;
     slot->episode_return = 0.0;
     slot->episode_length = 0;
+    slot->episode_start = clock_seconds(clock);
+    slot->started = true;
     slot->needs_reset = false;
     return vec->def->reset(state_of(vec, i), &slot->rng, obs);
 }
@@ -99,22 +116,40 @@ static void reset_range(void *ctx, int64_t begin, int64_t end)
 {
     envd_vec_t *vec = ctx;
     unsigned char *obs = vec->buf.observations;
+    lazy_clock_t clock = {0};
     for (int64_t i = begin; i < end; i++) {
         if (vec->reset_mask && !vec->reset_mask[i])
             continue;
         if (vec->reset_seeds)
             envd_rng_seed(&slot_of(vec, i)->rng, vec->reset_seeds[i]);
-        int rc = reset_env(vec, i, obs + (size_t)i * vec->obs_bytes);
+        int rc = reset_env(vec, i, obs + (size_t)i * vec->obs_bytes, &clock);
         vec->buf.terminations[i] = false;
         vec->buf.truncations[i] = false;
+        if (vec->buf.dones)
+            vec->buf.dones[i] = false;
         if (rc != ENVD_OK)
             record_error(vec, ENVD_EENV, i);
     }
 }
 
+/* Episode statistics of env i for this step: its return, length and time
+ * if its episode ended, zeros otherwise (gymnasium's np.where(dones, ...)). */
+static void write_episode_stats(envd_vec_t *vec, int64_t i, bool done, lazy_clock_t *clock)
+{
+    const envd_vec_buffers_t *b = &vec->buf;
+    const env_slot_t *slot = slot_of(vec, i);
+    b->episode_returns[i] = done ? slot->episode_return : 0.0;
+    b->episode_lengths[i] = done ? slot->episode_length : 0;
+    if (b->episode_times)
+        b->episode_times[i] =
+            done ? rint((clock_seconds(clock) - slot->episode_start) * 1e6) / 1e6 : 0.0;
+    if (b->dones)
+        b->dones[i] = done;
+}
+
 /* One env step with time limit, episode statistics and autoreset.  Returns
  * whether the episode ended. */
-static bool step_env(envd_vec_t *vec, int64_t i)
+static bool step_env(envd_vec_t *vec, int64_t i, lazy_clock_t *clock)
 {
     env_slot_t *slot = slot_of(vec, i);
     const envd_vec_buffers_t *b = &vec->buf;
@@ -126,7 +161,7 @@ static bool step_env(envd_vec_t *vec, int64_t i)
     if (slot->needs_reset) {
         /* NEXT_STEP autoreset (validation rejects this in DISABLED mode): the
          * action is ignored and the step reports reward 0, not done. */
-        rc = reset_env(vec, i, obs);
+        rc = reset_env(vec, i, obs, clock);
     } else {
         const void *action = (const unsigned char *)b->actions + (size_t)i * vec->action_bytes;
         rc = vec->def->step(state_of(vec, i), &slot->rng, action, obs, &reward, &term, &trunc);
@@ -141,14 +176,13 @@ static bool step_env(envd_vec_t *vec, int64_t i)
     b->rewards[i] = (float)reward;
     b->terminations[i] = term;
     b->truncations[i] = trunc;
-    b->episode_returns[i] = done ? slot->episode_return : 0.0;
-    b->episode_lengths[i] = done ? slot->episode_length : 0;
+    write_episode_stats(vec, i, done, clock);
     if (done) {
         slot->needs_reset = true;
         if (vec->config.autoreset_mode == ENVD_AUTORESET_SAME_STEP && rc == ENVD_OK) {
             memcpy((unsigned char *)b->final_observations + (size_t)i * vec->obs_bytes, obs,
                    vec->obs_bytes);
-            rc = reset_env(vec, i, obs);
+            rc = reset_env(vec, i, obs, clock);
         }
     }
     if (rc != ENVD_OK)
@@ -160,8 +194,9 @@ static void step_range(void *ctx, int64_t begin, int64_t end)
 {
     envd_vec_t *vec = ctx;
     int64_t done = 0;
+    lazy_clock_t clock = {0};
     for (int64_t i = begin; i < end; i++)
-        done += step_env(vec, i);
+        done += step_env(vec, i, &clock);
     if (done)
         atomic_fetch_add(&vec->num_done, done);
 }
@@ -228,23 +263,45 @@ static int run_blocking(envd_vec_t *vec, envd_task_fn fn, int64_t chunk)
     return envd_pool_run(vec->pool, &vec->job, fn, vec, n, chunk);
 }
 
-/* ---- validation ---------------------------------------------------------------- */
-static int validate_step(envd_vec_t *vec)
+/* What a step returns: the first error, else the number of envs done.  The
+ * count saturates at INT_MAX, which num_envs <= ENVD_VEC_MAX_ENVS never reaches. */
+static int step_result(envd_vec_t *vec)
 {
-    if (!vec->was_reset)
+    int rc = atomic_load(&vec->first_error);
+    return rc != ENVD_OK ? rc : (int)atomic_load(&vec->num_done);
+}
+
+/* ---- validation ---------------------------------------------------------------- */
+static int env_startable(const envd_vec_t *vec, int64_t i)
+{
+    const env_slot_t *slot = slot_of(vec, i);
+    if (!slot->started)
+        return ENVD_ESTATE;
+    if (vec->config.autoreset_mode == ENVD_AUTORESET_DISABLED && slot->needs_reset)
         return ENVD_ESTATE;
     const envd_space_t *as = &vec->def->action_space;
-    for (int64_t i = 0; i < vec->config.num_envs; i++) {
-        if (vec->config.autoreset_mode == ENVD_AUTORESET_DISABLED && slot_of(vec, i)->needs_reset) {
+    if (as->kind == ENVD_SPACE_DISCRETE) {
+        int64_t a = ((const int64_t *)vec->buf.actions)[i];
+        /* unsigned difference: no overflow for any start (validated: start + n fits) */
+        if (a < as->start || (uint64_t)a - (uint64_t)as->start >= (uint64_t)as->n)
+            return ENVD_ERANGE;
+    }
+    return ENVD_OK;
+}
+
+/* The whole batch is checked before any env moves, so a refused step leaves
+ * every env as it was.  Only discrete actions, DISABLED mode and envs never
+ * reset need a look at each env. */
+static int validate_step(envd_vec_t *vec)
+{
+    bool per_env = !vec->all_started ||
+                   vec->config.autoreset_mode == ENVD_AUTORESET_DISABLED ||
+                   vec->def->action_space.kind == ENVD_SPACE_DISCRETE;
+    for (int64_t i = 0; per_env && i < vec->config.num_envs; i++) {
+        int rc = env_startable(vec, i);
+        if (rc != ENVD_OK) {
             atomic_store(&vec->error_index, i);
-            return ENVD_ESTATE;
-        }
-        if (as->kind == ENVD_SPACE_DISCRETE) {
-            int64_t a = ((const int64_t *)vec->buf.actions)[i];
-            if (a < as->start || a - as->start >= as->n) {
-                atomic_store(&vec->error_index, i);
-                return ENVD_ERANGE;
-            }
+            return rc;
         }
     }
     return ENVD_OK;
@@ -264,7 +321,7 @@ int envd_vec_step_submit(envd_vec_t *vec)
         step_range(vec, 0, vec->config.num_envs);
         update_cost(vec, now_ns() - t0, vec->config.num_envs);
         vec->stats.inline_jobs++;
-        vec->final_result = atomic_load(&vec->first_error);
+        vec->final_result = step_result(vec);
         return ENVD_OK;
     }
     vec->stats.pooled_jobs++;
@@ -281,7 +338,7 @@ int envd_vec_step_done(const envd_vec_t *vec)
 static int finish_pooled(envd_vec_t *vec)
 {
     update_cost(vec, (double)atomic_load(&vec->chunk_ns), atomic_load(&vec->chunk_items));
-    return atomic_load(&vec->first_error);
+    return step_result(vec);
 }
 
 int envd_vec_step_finish(envd_vec_t *vec)
@@ -304,7 +361,7 @@ int envd_vec_step(envd_vec_t *vec)
         double t0 = now_ns();
         run_blocking(vec, step_range, 0);
         update_cost(vec, now_ns() - t0, vec->config.num_envs);
-        return atomic_load(&vec->first_error);
+        return step_result(vec);
     }
     rc = run_blocking(vec, timed_step_range, chunk);
     return rc != ENVD_OK ? rc : finish_pooled(vec);
@@ -320,10 +377,11 @@ int envd_vec_reset(envd_vec_t *vec, const uint64_t *seeds, const bool *mask)
     vec->reset_mask = NULL;
     if (rc != ENVD_OK)
         return rc;
-    rc = atomic_load(&vec->first_error);
-    if (rc == ENVD_OK && mask == NULL)
-        vec->was_reset = true;
-    return rc;
+    for (int64_t i = 0; !vec->all_started && i < vec->config.num_envs; i++)
+        if (!slot_of(vec, i)->started)
+            return atomic_load(&vec->first_error);
+    vec->all_started = true;
+    return atomic_load(&vec->first_error);
 }
 
 int64_t envd_vec_error_index(const envd_vec_t *vec) { return atomic_load(&vec->error_index); }

@@ -44,6 +44,10 @@ typedef struct envd_vec_buffers {
     double *episode_returns;  /* per env: return of the episode that ended in
                                  this step, 0 where none ended */
     int64_t *episode_lengths; /* likewise, its length in steps */
+    /* Optional (may be NULL): */
+    double *episode_times;    /* likewise, its wall time in seconds, rounded
+                                 to microseconds (gymnasium's "t") */
+    bool *dones;              /* terminations | truncations */
 } envd_vec_buffers_t;
 
 typedef struct envd_vec_config {
@@ -65,16 +69,18 @@ void envd_vec_destroy(envd_vec_t *vec);
  * num_envs entries and reseeds each selected env's RNG first. */
 int envd_vec_reset(envd_vec_t *vec, const uint64_t *seeds, const bool *mask);
 
-/* Step every env with the actions buffer.  Validates first and steps nothing
- * on error: ENVD_ESTATE (never reset, or DISABLED and an env is done) or
- * ENVD_ERANGE (a discrete action out of range); envd_vec_error_index() then
- * names the env.  ENVD_EENV if an env callback failed. */
+/* Step every env with the actions buffer.  Returns the number of envs whose
+ * episode ended (>= 0), or a negative code.  Validates first and steps nothing
+ * on error: ENVD_ESTATE (an env never reset, or DISABLED and an env is done)
+ * or ENVD_ERANGE (a discrete action out of range); envd_vec_error_index()
+ * then names the env.  ENVD_EENV if an env callback failed. */
 int envd_vec_step(envd_vec_t *vec);
 
 /* The same as envd_vec_step, split for an event loop: submit validates and
  * starts the step on the pool (NOTIFY job, completion on the pool's eventfd)
- * or runs it inline when it is cheap; once envd_vec_step_done() is true,
- * finish returns the step's result.  No other vec call may be made between
+ * or runs it inline when it is cheap -- then no eventfd event comes, so check
+ * envd_vec_step_done() right after submit.  Once it is true, finish returns
+ * what envd_vec_step would have.  No other vec call may be made between
  * submit and finish. */
 int envd_vec_step_submit(envd_vec_t *vec);
 int envd_vec_step_done(const envd_vec_t *vec);

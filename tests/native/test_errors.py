@@ -1,0 +1,356 @@
+"""errors.c (the error table, ABI query, dtype sizes, space sizes, definition
+validation) and builtin_envs.c (the table of built-in envs), through ctypes.
+
+The expected codes and constants are read from envd.h, so these tests check
+the library against its header rather than against copies of its numbers."""
+from __future__ import annotations
+
+import ctypes
+import math
+import re
+
+import numpy as np
+import pytest
+
+import cbuild
+from conftest import BUILTIN_ENV_IDS
+
+HEADER = (cbuild.INCLUDE / "envd.h").read_text()
+CODES = {name: int(value) for name, value in
+         re.findall(r"#define (ENVD_(?:OK|E[A-Z]+))\s+\(?(-?\d+)\)?", HEADER)}
+ERROR_MIN = int(re.search(r"#define ENVD_ERROR_MIN\s+\((-\d+)\)", HEADER)[1])
+ABI_VERSION = int(re.search(r"#define ENVD_ABI_VERSION\s+(\d+)u", HEADER)[1])
+DTYPES = {name: int(value) for name, value in re.findall(r"ENVD_DTYPE_(\w+) = (\d+)", HEADER)}
+MAX_DIMS = int(re.search(r"#define ENVD_MAX_DIMS (\d+)", HEADER)[1])
+OK, EINVAL, EABI = CODES["ENVD_OK"], CODES["ENVD_EINVAL"], CODES["ENVD_EABI"]
+
+BOX, DISCRETE = 0, 1
+ELEMENT_SIZES = {"FLOAT32": 4, "FLOAT64": 8, "INT64": 8, "INT32": 4, "UINT8": 1, "BOOL": 1}
+BUILTIN_SYMBOLS = ["envd_builtin_cartpole", "envd_builtin_pendulum", "envd_builtin_mountain_car",
+                   "envd_builtin_mountain_car_continuous", "envd_builtin_acrobot"]
+INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
+
+
+@pytest.fixture(scope="module")
+def lib():
+    sources = (["errors.c", "builtin_envs.c", "rng.c", "npy_f32_trig.c"]
+               + sorted(str(p) for p in (cbuild.SRC / "envs").glob("*.c")))
+    lib = cbuild.load(sources)
+    lib.envd_strerror.argtypes = [ctypes.c_int]
+    lib.envd_strerror.restype = ctypes.c_char_p
+    lib.envd_abi_version.argtypes = []
+    lib.envd_abi_version.restype = ctypes.c_uint32
+    lib.envd_dtype_size.argtypes = [ctypes.c_int]
+    lib.envd_dtype_size.restype = ctypes.c_size_t
+    lib.envd_space_numel.argtypes = [ctypes.POINTER(cbuild.Space)]
+    lib.envd_space_numel.restype = ctypes.c_int64
+    lib.envd_env_def_validate.argtypes = [ctypes.POINTER(cbuild.EnvDef)]
+    lib.envd_env_def_validate.restype = ctypes.c_int
+    lib.envd_builtin_count.argtypes = []
+    lib.envd_builtin_count.restype = ctypes.c_int
+    lib.envd_builtin_get.argtypes = [ctypes.c_int]
+    lib.envd_builtin_get.restype = ctypes.POINTER(cbuild.EnvDef)
+    return lib
+
+
+def builtin(lib, symbol="envd_builtin_cartpole") -> cbuild.EnvDef:
+    """A modifiable copy of a built-in definition (its pointers still point
+    into the library, which stays loaded for the module)."""
+    return cbuild.EnvDef.from_buffer_copy(cbuild.EnvDef.in_dll(lib, symbol))
+
+
+def doubles(*values) -> ctypes.Array:
+    return (ctypes.c_double * len(values))(*values)
+
+
+# ---- the error table --------------------------------------------------------------
+def test_header_codes_form_one_table():
+    errors = {v for k, v in CODES.items() if k != "ENVD_OK"}
+    assert CODES["ENVD_OK"] == 0
+    assert ERROR_MIN == min(errors)
+    assert errors == set(range(ERROR_MIN, 0)), "error codes are not contiguous"
+    assert len(errors) == len(CODES) - 1, "two names share a code"
+
+
+def test_strerror_distinct_for_every_code(lib):
+    messages = [lib.envd_strerror(code) for code in range(ERROR_MIN, 1)]
+    assert all(messages), messages
+    assert len(set(messages)) == len(messages), messages
+    assert b"unknown error code" not in messages
+    assert lib.envd_strerror(OK) == b"success"
+
+
+@pytest.mark.parametrize("code", [1, 2, ERROR_MIN - 1, ERROR_MIN - 100, INT32_MIN, INT32_MAX])
+def test_strerror_unknown_code(lib, code):
+    assert lib.envd_strerror(code) == b"unknown error code"
+
+
+def test_abi_version(lib):
+    assert ABI_VERSION >= 1
+    assert lib.envd_abi_version() == ABI_VERSION
+
+
+# ---- dtypes and spaces --------------------------------------------------------------
+def test_dtype_sizes(lib):
+    assert set(DTYPES) == set(ELEMENT_SIZES), "a dtype was added: extend ELEMENT_SIZES"
+    for name, value in DTYPES.items():
+        assert lib.envd_dtype_size(value) == ELEMENT_SIZES[name], name
+    # The numpy dtypes cbuild maps the same enum values to agree on sizes.
+    for value, np_dtype in cbuild.DTYPES.items():
+        assert lib.envd_dtype_size(value) == np.dtype(np_dtype).itemsize
+
+
+@pytest.mark.parametrize("dtype", [len(DTYPES), 100, -1, INT32_MAX])
+def test_dtype_size_unknown(lib, dtype):
+    assert lib.envd_dtype_size(dtype) == 0
+
+
+def make_space(kind=BOX, dtype=0, shape=(), n=0, start=0, ndim=None, low=None, high=None):
+    space = cbuild.Space(kind=kind, dtype=dtype, ndim=len(shape) if ndim is None else ndim,
+                         n=n, start=start)
+    for i, extent in enumerate(shape):
+        space.shape[i] = extent
+    if low is not None:
+        space.low = ctypes.cast(low, ctypes.POINTER(ctypes.c_double))
+    if high is not None:
+        space.high = ctypes.cast(high, ctypes.POINTER(ctypes.c_double))
+    return space
+
+
+@pytest.mark.parametrize("shape, numel", [((), 1), ((5,), 5), ((2, 3), 6), ((2, 3, 4), 24),
+                                          ((2, 3, 4, 5), 120), ((1, 1, 1, 1), 1),
+                                          ((1 << 20, 1 << 12), 1 << 32)])
+def test_space_numel_box(lib, shape, numel):
+    assert lib.envd_space_numel(make_space(shape=shape)) == numel
+
+
+def test_space_numel_box_uses_only_ndim_entries(lib):
+    space = make_space(shape=(3, 7, 11, 13), ndim=2)
+    assert lib.envd_space_numel(space) == 21
+
+
+def test_space_numel_discrete(lib):
+    # One element whatever n, ndim or shape say.
+    assert lib.envd_space_numel(make_space(kind=DISCRETE, dtype=DTYPES["INT64"], n=7)) == 1
+    space = make_space(kind=DISCRETE, dtype=DTYPES["INT64"], n=3, shape=(4, 5))
+    assert lib.envd_space_numel(space) == 1
+
+
+def test_builtin_spaces_numel(lib):
+    for symbol in BUILTIN_SYMBOLS:
+        d = cbuild.EnvDef.in_dll(lib, symbol)
+        obs = d.observation_space
+        assert lib.envd_space_numel(ctypes.byref(obs)) == math.prod(obs.shape[:obs.ndim])
+
+
+# ---- the built-in table ---------------------------------------------------------------
+def test_builtin_table(lib):
+    assert lib.envd_builtin_count() == 5
+    ids = []
+    for i in range(lib.envd_builtin_count()):
+        d = lib.envd_builtin_get(i)
+        assert d, i
+        ids.append(d.contents.id.decode())
+    assert sorted(ids) == sorted(BUILTIN_ENV_IDS)
+    # The table points at the exported definitions themselves.
+    addresses = {ctypes.addressof(lib.envd_builtin_get(i).contents)
+                 for i in range(lib.envd_builtin_count())}
+    assert addresses == {ctypes.addressof(cbuild.EnvDef.in_dll(lib, s)) for s in BUILTIN_SYMBOLS}
+
+
+@pytest.mark.parametrize("index", [-1, 5, 6, INT32_MIN, INT32_MAX])
+def test_builtin_get_out_of_range(lib, index):
+    assert not lib.envd_builtin_get(index)
+
+
+# ---- envd_env_def_validate ----------------------------------------------------------------
+def validate(lib, d: cbuild.EnvDef) -> int:
+    return lib.envd_env_def_validate(ctypes.byref(d))
+
+
+@pytest.mark.parametrize("symbol", BUILTIN_SYMBOLS)
+def test_validate_accepts_builtins(lib, symbol):
+    assert lib.envd_env_def_validate(ctypes.byref(cbuild.EnvDef.in_dll(lib, symbol))) == OK
+    assert validate(lib, builtin(lib, symbol)) == OK  # the copy is as good as the original
+
+
+def test_validate_null(lib):
+    assert lib.envd_env_def_validate(None) == EINVAL
+
+
+@pytest.mark.parametrize("abi", [0, ABI_VERSION + 1, 2**32 - 1])
+def test_validate_abi_version(lib, abi):
+    d = builtin(lib)
+    d.abi_version = abi
+    assert validate(lib, d) == EABI
+
+
+def test_validate_abi_checked_first(lib):
+    # A definition from another ABI cannot be read field by field, so its
+    # version is the one problem reported.
+    d = builtin(lib)
+    d.abi_version = ABI_VERSION + 1
+    d.id = None
+    d.state_size = 0
+    assert validate(lib, d) == EABI
+
+
+# (field, value, expected code): one field of cartpole changed.
+TOP_LEVEL = [
+    ("id", None, EINVAL),
+    ("id", b"", EINVAL),
+    ("id", b"x", OK),
+    ("state_size", 0, EINVAL),
+    ("state_size", 1, OK),
+    ("num_agents", 0, EINVAL),
+    ("num_agents", 2, EINVAL),
+    ("num_agents", -1, EINVAL),
+    ("max_episode_steps", -1, EINVAL),
+    ("max_episode_steps", INT32_MIN, EINVAL),
+    ("max_episode_steps", 0, OK),
+    ("max_episode_steps", INT32_MAX, OK),
+    ("init", cbuild.INIT(), EINVAL),
+    ("reset", cbuild.RESET(), EINVAL),
+    ("step", cbuild.STEP(), EINVAL),
+    ("close", cbuild.CLOSE(), OK),
+]
+
+
+@pytest.mark.parametrize("field, value, want", TOP_LEVEL,
+                         ids=[f"{f}={v if isinstance(v, (int, bytes, type(None))) else 'NULL'}"
+                              for f, v, _ in TOP_LEVEL])
+def test_validate_top_level(lib, field, value, want):
+    d = builtin(lib)
+    setattr(d, field, value)
+    assert validate(lib, d) == want
+
+
+# ---- spaces: (which space, changes, expected code) ----------------------------------------
+# Changes are applied to a copy of a built-in's space; "low"/"high" are lists
+# turned into double arrays.  Cartpole: Box float32 (4,) obs, Discrete(2)
+# actions.  Pendulum: Box float32 (1,) actions with bounds [-2, 2].
+NAN, INF = math.nan, math.inf
+SPACE_CASES = [
+    ("obs", {"kind": 2}, EINVAL),
+    ("obs", {"kind": -1}, EINVAL),
+    ("obs", {"dtype": len(DTYPES)}, EINVAL),
+    ("obs", {"dtype": -1}, EINVAL),
+    ("obs", {"dtype": DTYPES["FLOAT64"]}, OK),
+    ("obs", {"dtype": DTYPES["UINT8"]}, OK),
+    ("obs", {"ndim": -1}, EINVAL),
+    ("obs", {"ndim": MAX_DIMS + 1}, EINVAL),
+    ("obs", {"ndim": 0}, OK),
+    ("obs", {"shape": [0]}, EINVAL),
+    ("obs", {"shape": [-4]}, EINVAL),
+    ("obs", {"shape": [(1 << 32) + 1], "low": None, "high": None}, EINVAL),
+    ("obs", {"ndim": 2, "shape": [1 << 20, 1 << 20], "low": None, "high": None}, EINVAL),
+    ("obs", {"ndim": 2, "shape": [4, 0]}, EINVAL),
+    ("obs", {"ndim": 2, "shape": [2, 2]}, OK),
+    ("obs", {"ndim": 4, "shape": [1, 2, 1, 2]}, OK),
+    ("obs", {"low": [0, 0, 0, 0], "high": [0, -1, 0, 0]}, EINVAL),
+    ("obs", {"low": [0, 0, 0, 1], "high": [1, 1, 1, 0.5]}, EINVAL),
+    ("obs", {"low": [0, NAN, 0, 0], "high": [1, 1, 1, 1]}, EINVAL),
+    ("obs", {"low": [0, 0, 0, 0], "high": [1, 1, NAN, 1]}, EINVAL),
+    ("obs", {"low": [INF, 0, 0, 0], "high": [1, 1, 1, 1]}, EINVAL),
+    ("obs", {"low": [-INF, 0, 0, 0], "high": [INF, 0, 0, 0]}, OK),
+    ("obs", {"low": [1, 2, 3, 4], "high": [1, 2, 3, 4]}, OK),
+    ("obs", {"low": None, "high": None}, OK),
+    ("act", {"n": 0}, EINVAL),
+    ("act", {"n": -1}, EINVAL),
+    ("act", {"n": 1}, OK),
+    ("act", {"n": 2, "start": -7}, OK),
+    ("act", {"dtype": DTYPES["INT32"]}, EINVAL),
+    ("act", {"dtype": DTYPES["FLOAT32"]}, EINVAL),
+    ("act", {"dtype": DTYPES["UINT8"]}, EINVAL),
+    ("act", {"dtype": len(DTYPES)}, EINVAL),
+    ("act", {"kind": 2}, EINVAL),
+    ("pendulum_act", {"low": [2.0], "high": [-2.0]}, EINVAL),
+    ("pendulum_act", {"low": [NAN], "high": [2.0]}, EINVAL),
+    ("pendulum_act", {"low": [-2.0], "high": [NAN]}, EINVAL),
+    ("pendulum_act", {"dtype": DTYPES["BOOL"]}, OK),
+    ("pendulum_act", {"kind": DISCRETE, "n": 0}, EINVAL),
+    ("pendulum_act", {"kind": DISCRETE, "n": 3}, EINVAL),  # dtype is FLOAT32
+    ("pendulum_act", {"kind": DISCRETE, "dtype": DTYPES["INT64"], "n": 3}, OK),
+]
+
+
+def apply_space_changes(space: cbuild.Space, changes: dict, keep: list):
+    for key, value in changes.items():
+        if key == "shape":
+            for i, extent in enumerate(value):
+                space.shape[i] = extent
+        elif key in ("low", "high"):
+            pointer = ctypes.POINTER(ctypes.c_double)
+            if value is None:
+                setattr(space, key, pointer())
+            else:
+                array = doubles(*value)
+                keep.append(array)  # alive for the call
+                setattr(space, key, ctypes.cast(array, pointer))
+        else:
+            setattr(space, key, value)
+
+
+@pytest.mark.parametrize("which, changes, want", SPACE_CASES,
+                         ids=[f"{w}-{c}" for w, c, _ in SPACE_CASES])
+def test_validate_space(lib, which, changes, want):
+    keep = []
+    if which == "pendulum_act":
+        d = builtin(lib, "envd_builtin_pendulum")
+        space = d.action_space
+    else:
+        d = builtin(lib)
+        space = d.observation_space if which == "obs" else d.action_space
+    apply_space_changes(space, changes, keep)
+    assert validate(lib, d) == want
+
+
+# ---- params ---------------------------------------------------------------------------------
+# One param, changed from a valid FLOAT param (default 0 in [-1, 1]).
+PARAM_CASES = [
+    ({}, OK),
+    ({"name": None}, EINVAL),
+    ({"doc": None}, OK),
+    ({"type": 3}, EINVAL),
+    ({"type": -1}, EINVAL),
+    ({"type": 1}, OK),
+    ({"type": 2}, OK),
+    ({"default_value": -1.5}, EINVAL),
+    ({"default_value": 1.5}, EINVAL),
+    ({"default_value": NAN}, EINVAL),
+    ({"default_value": -1.0}, OK),
+    ({"default_value": 1.0}, OK),
+    ({"min_value": NAN}, EINVAL),
+    ({"max_value": NAN}, EINVAL),
+    ({"min_value": 0.5}, EINVAL),
+    ({"min_value": -INF, "max_value": INF}, OK),
+    ({"min_value": 2.0, "max_value": 1.0, "default_value": 1.5}, EINVAL),
+]
+
+
+@pytest.mark.parametrize("changes, want", PARAM_CASES, ids=[str(c) for c, _ in PARAM_CASES])
+def test_validate_param(lib, changes, want):
+    fields = dict(name=b"p", type=0, default_value=0.0, min_value=-1.0, max_value=1.0,
+                  doc=b"a test param")
+    fields.update(changes)
+    params = (cbuild.Param * 2)(cbuild.Param(name=b"ok", type=0, default_value=0.0,
+                                             min_value=0.0, max_value=1.0, doc=None),
+                                cbuild.Param(**fields))
+    d = builtin(lib)
+    d.params = params
+    d.num_params = 2  # the bad param second, so checking only the first is caught
+    assert validate(lib, d) == want
+
+
+@pytest.mark.parametrize("num_params, null_params, want", [
+    (-1, False, EINVAL),
+    (1, True, EINVAL),
+    (0, True, OK),
+    (0, False, OK),
+])
+def test_validate_param_count(lib, num_params, null_params, want):
+    d = builtin(lib)
+    d.num_params = num_params
+    if null_params:
+        d.params = ctypes.POINTER(cbuild.Param)()
+    assert validate(lib, d) == want

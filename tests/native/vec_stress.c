@@ -1,0 +1,1066 @@
+/*
+ * vec_stress.c -- tests of native/src/vec.c over the built-in envs and two
+ * test-only envs; exits non-zero on any failure.  Usage: vec_stress [divisor];
+ * step and loop counts are divided by divisor (sanitizer builds run slower).
+ *
+ * Checks:
+ *   - determinism: every output buffer after every step is bit-identical to a
+ *     serial run, for pools of 0, 1, 2 and 4 threads, adaptive and forced
+ *     chunk sizes, and the three autoreset modes;
+ *   - the split API (submit / done / finish) gives the results of
+ *     envd_vec_step, also with two vecs in flight on one pool, and the pool's
+ *     eventfd counts exactly the pooled submits;
+ *   - the documented error paths, and that a rejected step changes nothing;
+ *   - env callbacks that fail in init (the instances already initialised are
+ *     closed), reset or step (ENVD_EENV naming the env);
+ *   - create/destroy in a loop (leaks show up under LeakSanitizer).
+ */
+#define _GNU_SOURCE
+#include "vec.h"
+
+#include <errno.h>
+#include <math.h>
+#include <poll.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "builtin_envs.h"
+#include "envd.h"
+#include "pool.h"
+
+#define CHECK(cond, ...)                                                        \
+    do {                                                                        \
+        if (!(cond)) {                                                          \
+            fprintf(stderr, "%s:%d: check failed: %s: ", __FILE__, __LINE__, #cond); \
+            fprintf(stderr, __VA_ARGS__);                                       \
+            fputc('\n', stderr);                                                \
+            exit(1);                                                            \
+        }                                                                       \
+    } while (0)
+
+#define COUNT(a) (sizeof(a) / sizeof((a)[0]))
+
+static int g_div = 1;
+
+static int scaled(int count, int floor)
+{
+    return count / g_div > floor ? count / g_div : floor;
+}
+
+static uint64_t rnd(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+/* A double in [0, 1) from the top 53 bits. */
+static double rnd_unit(uint64_t *s)
+{
+    return (double)(rnd(s) >> 11) * 0x1.0p-53;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* 64-bit FNV-1a over 8-byte words (tail bytes one by one), with a final
+ * avalanche: cheap enough to run over every buffer after every step, even
+ * under ThreadSanitizer. */
+static uint64_t hash_bytes(uint64_t h, const void *data, size_t n)
+{
+    const unsigned char *p = data;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, p + i, 8);
+        h = (h ^ w) * 0x100000001b3ull;
+        h ^= h >> 29;
+    }
+    for (; i < n; i++)
+        h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+static size_t space_bytes(const envd_space_t *space)
+{
+    return (size_t)envd_space_numel(space) * envd_dtype_size(space->dtype);
+}
+
+/* ---- a vec with its buffers and an action generator ---------------------------- */
+typedef struct harness {
+    const envd_env_def_t *def;
+    envd_vec_t *vec;
+    envd_pool_t *pool;
+    int64_t n;
+    size_t obs_bytes, act_bytes;
+    unsigned char *obs, *final_obs, *actions;
+    float *rewards;
+    bool *terms, *truncs, *mask;
+    double *returns;
+    int64_t *lengths;
+    double params[8];
+    envd_vec_buffers_t bufs;
+    envd_vec_config_t cfg;
+    uint64_t act_state;
+} harness_t;
+
+static void *xcalloc(size_t n, size_t size)
+{
+    void *p = calloc(n, size);
+    CHECK(p, "out of memory");
+    return p;
+}
+
+/* Allocates zeroed buffers and fills the config (seed starts the action
+ * generator); does not create the vec.
+ * final_observations is only passed in SAME_STEP mode, so a vec that wrote
+ * it in another mode would crash instead of passing silently. */
+static void harness_init(harness_t *h, const envd_env_def_t *def, int64_t n, int mode,
+                         int64_t time_limit, uint64_t seed)
+{
+    memset(h, 0, sizeof *h);
+    h->def = def;
+    h->n = n;
+    h->obs_bytes = space_bytes(&def->observation_space);
+    h->act_bytes = space_bytes(&def->action_space);
+    h->obs = xcalloc((size_t)n, h->obs_bytes);
+    h->final_obs = mode == ENVD_AUTORESET_SAME_STEP ? xcalloc((size_t)n, h->obs_bytes) : NULL;
+    h->actions = xcalloc((size_t)n, h->act_bytes);
+    h->rewards = xcalloc((size_t)n, sizeof *h->rewards);
+    h->terms = xcalloc((size_t)n, sizeof *h->terms);
+    h->truncs = xcalloc((size_t)n, sizeof *h->truncs);
+    h->mask = xcalloc((size_t)n, sizeof *h->mask);
+    h->returns = xcalloc((size_t)n, sizeof *h->returns);
+    h->lengths = xcalloc((size_t)n, sizeof *h->lengths);
+    CHECK(def->num_params <= (int32_t)COUNT(h->params), "too many params");
+    for (int i = 0; i < def->num_params; i++)
+        h->params[i] = def->params[i].default_value;
+    h->bufs = (envd_vec_buffers_t){
+        .observations = h->obs,
+        .actions = h->actions,
+        .rewards = h->rewards,
+        .terminations = h->terms,
+        .truncations = h->truncs,
+        .final_observations = h->final_obs,
+        .episode_returns = h->returns,
+        .episode_lengths = h->lengths,
+    };
+    h->cfg = (envd_vec_config_t){
+        .num_envs = n, .autoreset_mode = mode, .max_episode_steps = time_limit,
+        .params = h->params};
+    h->act_state = seed | 1; /* xorshift state must be non-zero */
+}
+
+static void harness_free(harness_t *h)
+{
+    envd_vec_destroy(h->vec);
+    free(h->obs);
+    free(h->final_obs);
+    free(h->actions);
+    free(h->rewards);
+    free(h->terms);
+    free(h->truncs);
+    free(h->mask);
+    free(h->returns);
+    free(h->lengths);
+    h->vec = NULL;
+}
+
+static void harness_create(harness_t *h, envd_pool_t *pool, int64_t chunk)
+{
+    h->pool = pool;
+    int rc = envd_vec_create(&h->vec, h->def, &h->cfg, &h->bufs, pool);
+    CHECK(rc == ENVD_OK, "%s: create: %s", h->def->id, envd_strerror(rc));
+    envd_vec_set_chunk(h->vec, chunk);
+}
+
+/* Every env seeded with base + i. */
+static void harness_reset(harness_t *h, uint64_t base)
+{
+    uint64_t *seeds = xcalloc((size_t)h->n, sizeof *seeds);
+    for (int64_t i = 0; i < h->n; i++)
+        seeds[i] = base + (uint64_t)i;
+    int rc = envd_vec_reset(h->vec, seeds, NULL);
+    CHECK(rc == ENVD_OK, "%s: reset: %s", h->def->id, envd_strerror(rc));
+    free(seeds);
+}
+
+/* One envd_vec_step that must succeed. */
+static void step_ok(harness_t *h, const char *what)
+{
+    int rc = envd_vec_step(h->vec);
+    CHECK(rc >= 0, "%s: %s (env %lld)", what, envd_strerror(rc),
+          (long long)envd_vec_error_index(h->vec));
+    CHECK(rc == envd_vec_num_done(h->vec), "%s: returned %d, %lld envs done", what, rc,
+          (long long)envd_vec_num_done(h->vec));
+}
+
+/* Bounds of one box element for the action generator; unbounded sides get
+ * [-1, 1] so the sample stays finite. */
+static void action_bounds(const envd_space_t *as, int64_t k, double *lo, double *hi)
+{
+    *lo = as->low && isfinite(as->low[k]) ? as->low[k] : -1.0;
+    *hi = as->high && isfinite(as->high[k]) ? as->high[k] : 1.0;
+}
+
+/* Discrete: uniform over the n valid actions.  Box: uniform over the bounds
+ * widened by a quarter of their span on each side (1.5x), so the envs'
+ * clipping runs too. */
+static void fill_actions(harness_t *h)
+{
+    const envd_space_t *as = &h->def->action_space;
+    if (as->kind == ENVD_SPACE_DISCRETE) {
+        int64_t *a = (int64_t *)h->actions;
+        for (int64_t i = 0; i < h->n; i++)
+            a[i] = as->start + (int64_t)(rnd(&h->act_state) % (uint64_t)as->n);
+        return;
+    }
+    int64_t numel = envd_space_numel(as);
+    for (int64_t i = 0; i < h->n; i++) {
+        for (int64_t k = 0; k < numel; k++) {
+            double lo, hi;
+            action_bounds(as, k, &lo, &hi);
+            double v = lo - 0.25 * (hi - lo) + 1.5 * (hi - lo) * rnd_unit(&h->act_state);
+            if (as->dtype == ENVD_DTYPE_FLOAT32)
+                ((float *)h->actions)[i * numel + k] = (float)v;
+            else if (as->dtype == ENVD_DTYPE_FLOAT64)
+                ((double *)h->actions)[i * numel + k] = v;
+            else
+                CHECK(0, "%s: box actions of dtype %d are not generated", h->def->id, as->dtype);
+        }
+    }
+}
+
+/* Hash of every output buffer plus num_done. */
+static uint64_t digest(const harness_t *h)
+{
+    uint64_t d = 0xcbf29ce484222325ull;
+    size_t n = (size_t)h->n;
+    d = hash_bytes(d, h->obs, n * h->obs_bytes);
+    d = hash_bytes(d, h->rewards, n * sizeof *h->rewards);
+    d = hash_bytes(d, h->terms, n * sizeof *h->terms);
+    d = hash_bytes(d, h->truncs, n * sizeof *h->truncs);
+    d = hash_bytes(d, h->returns, n * sizeof *h->returns);
+    d = hash_bytes(d, h->lengths, n * sizeof *h->lengths);
+    if (h->final_obs)
+        d = hash_bytes(d, h->final_obs, n * h->obs_bytes);
+    int64_t num_done = envd_vec_num_done(h->vec);
+    return hash_bytes(d, &num_done, sizeof num_done);
+}
+
+/* Invariants of one completed step; in DISABLED mode, resets the envs that
+ * finished (with a mask, so the others keep running).  Returns the digest. */
+static uint64_t after_step(harness_t *h)
+{
+    int64_t done = 0;
+    for (int64_t i = 0; i < h->n; i++) {
+        bool d = h->terms[i] || h->truncs[i];
+        done += d;
+        CHECK(d == (h->lengths[i] > 0), "%s env %lld: done %d but episode length %lld",
+              h->def->id, (long long)i, d, (long long)h->lengths[i]);
+        CHECK(d || h->returns[i] == 0.0, "%s env %lld: return without an episode end",
+              h->def->id, (long long)i);
+        h->mask[i] = d;
+    }
+    CHECK(envd_vec_num_done(h->vec) == done, "%s: num_done %lld, counted %lld", h->def->id,
+          (long long)envd_vec_num_done(h->vec), (long long)done);
+    uint64_t d = digest(h);
+    if (h->cfg.autoreset_mode == ENVD_AUTORESET_DISABLED && done > 0) {
+        int rc = envd_vec_reset(h->vec, NULL, h->mask);
+        CHECK(rc == ENVD_OK, "%s: masked reset: %s", h->def->id, envd_strerror(rc));
+        d = hash_bytes(d, h->obs, (size_t)h->n * h->obs_bytes);
+    }
+    return d;
+}
+
+/* ---- determinism ---------------------------------------------------------------- */
+/* The time limit is short so that every env, including those that rarely
+ * terminate under random actions (MountainCar*, Pendulum never does), ends
+ * episodes several times per run and the autoreset paths run. */
+enum { SEED_BASE = 1000, TIME_LIMIT = 50 };
+
+/* Trajectories with the same num_envs get the same actions, so runs can be
+ * compared step by step. */
+static uint64_t action_seed(int64_t n)
+{
+    return 0x5eed0000ull + (uint64_t)n;
+}
+
+static const char *mode_name(int mode)
+{
+    static const char *names[] = {"next_step", "same_step", "disabled"};
+    return names[mode];
+}
+
+/* One trajectory through envd_vec_step: out[0] digests the reset, out[s]
+ * step s. */
+static void run_trajectory(const envd_env_def_t *def, int64_t n, int mode, envd_pool_t *pool,
+                           int64_t chunk, int steps, uint64_t *out)
+{
+    harness_t h;
+    harness_init(&h, def, n, mode, TIME_LIMIT, action_seed(n));
+    harness_create(&h, pool, chunk);
+    harness_reset(&h, SEED_BASE);
+    out[0] = digest(&h);
+    for (int s = 1; s <= steps; s++) {
+        fill_actions(&h);
+        int rc = envd_vec_step(h.vec);
+        CHECK(rc >= 0, "%s step %d: %s (env %lld)", def->id, s, envd_strerror(rc),
+              (long long)envd_vec_error_index(h.vec));
+        CHECK(rc == envd_vec_num_done(h.vec), "%s step %d: returned %d, %lld envs done",
+              def->id, s, rc, (long long)envd_vec_num_done(h.vec));
+        out[s] = after_step(&h);
+    }
+    envd_vec_stats_t st;
+    envd_vec_get_stats(h.vec, &st);
+    if (pool && envd_pool_num_threads(pool) > 0 && chunk > 0)
+        CHECK(st.pooled_jobs >= steps && st.last_chunk == chunk,
+              "%s: forced chunk %lld not used: pooled_jobs %lld last_chunk %lld", def->id,
+              (long long)chunk, (long long)st.pooled_jobs, (long long)st.last_chunk);
+    harness_free(&h);
+}
+
+static void compare_digests(const uint64_t *want, const uint64_t *got, int steps,
+                            const char *what)
+{
+    for (int s = 0; s <= steps; s++)
+        CHECK(want[s] == got[s], "%s: outputs differ from the serial run at step %d", what, s);
+}
+
+static void test_determinism(envd_pool_t *const *pools, int num_pools, int steps)
+{
+    static const int64_t sizes[] = {1, 7, 64};
+    uint64_t *ref = xcalloc((size_t)steps + 1, sizeof *ref);
+    uint64_t *got = xcalloc((size_t)steps + 1, sizeof *got);
+    for (int e = 0; e < envd_builtin_count(); e++) {
+        const envd_env_def_t *def = envd_builtin_get(e);
+        for (size_t si = 0; si < COUNT(sizes); si++) {
+            int64_t n = sizes[si];
+            const int64_t chunks[] = {0, 1, 3, n};
+            for (int mode = 0; mode < 3; mode++) {
+                run_trajectory(def, n, mode, NULL, 0, steps, ref);
+                for (int p = 0; p < num_pools; p++) {
+                    for (size_t c = 0; c < COUNT(chunks); c++) {
+                        run_trajectory(def, n, mode, pools[p], chunks[c], steps, got);
+                        char what[160];
+                        snprintf(what, sizeof what, "%s n=%lld %s threads=%d chunk=%lld",
+                                 def->id, (long long)n, mode_name(mode),
+                                 envd_pool_num_threads(pools[p]), (long long)chunks[c]);
+                        compare_digests(ref, got, steps, what);
+                    }
+                }
+            }
+        }
+    }
+    free(ref);
+    free(got);
+}
+
+/* Seeds are applied per env: env i of a vec reset with seeds base + i starts
+ * like a one-env vec seeded with base + i, and reseeding after some steps
+ * starts the same episodes again.  (The determinism runs compare vecs with
+ * each other, so they cannot see seeds applied to the wrong envs.) */
+static void test_seeding(envd_pool_t *pool)
+{
+    const int64_t n = 7;
+    for (int e = 0; e < envd_builtin_count(); e++) {
+        const envd_env_def_t *def = envd_builtin_get(e);
+        harness_t h;
+        harness_init(&h, def, n, ENVD_AUTORESET_NEXT_STEP, 0, 8);
+        harness_create(&h, pool, 2);
+        harness_reset(&h, 500);
+        unsigned char *first = xcalloc((size_t)n, h.obs_bytes);
+        memcpy(first, h.obs, (size_t)n * h.obs_bytes);
+        for (int64_t i = 0; i < n; i++) {
+            harness_t one;
+            harness_init(&one, def, 1, ENVD_AUTORESET_NEXT_STEP, 0, 8);
+            harness_create(&one, NULL, 0);
+            harness_reset(&one, 500 + (uint64_t)i);
+            CHECK(memcmp(one.obs, first + (size_t)i * h.obs_bytes, h.obs_bytes) == 0,
+                  "%s: env %lld did not get seed 500 + %lld", def->id, (long long)i, (long long)i);
+            harness_free(&one);
+        }
+        for (int s = 0; s < 5; s++) {
+            fill_actions(&h);
+            step_ok(&h, "seeding");
+        }
+        harness_reset(&h, 500);
+        CHECK(memcmp(first, h.obs, (size_t)n * h.obs_bytes) == 0, "%s: reseeding differs",
+              def->id);
+        free(first);
+        harness_free(&h);
+    }
+}
+
+/* ---- the split API ------------------------------------------------------------- */
+static uint64_t drain_eventfd(int fd)
+{
+    uint64_t value = 0;
+    if (read(fd, &value, sizeof value) != sizeof value) {
+        CHECK(errno == EAGAIN, "read eventfd: %s", strerror(errno));
+        return 0;
+    }
+    return value;
+}
+
+/* Submits on h; returns whether it went to the pool (and so will count on the
+ * eventfd once complete). */
+static bool submit(harness_t *h)
+{
+    envd_vec_stats_t before, after;
+    envd_vec_get_stats(h->vec, &before);
+    int rc = envd_vec_step_submit(h->vec);
+    CHECK(rc == ENVD_OK, "%s: submit: %s", h->def->id, envd_strerror(rc));
+    envd_vec_get_stats(h->vec, &after);
+    return after.pooled_jobs > before.pooled_jobs;
+}
+
+/* Waits for both vecs, by polling envd_vec_step_done or by sleeping on the
+ * eventfd as an event loop does; returns the eventfd counts consumed. */
+static uint64_t wait_both(harness_t *a, harness_t *b, int efd, bool use_eventfd)
+{
+    uint64_t counted = 0;
+    const double deadline = now_s() + 30.0;
+    while (!(envd_vec_step_done(a->vec) && envd_vec_step_done(b->vec))) {
+        CHECK(now_s() < deadline, "split step not done after 30 s");
+        if (use_eventfd) {
+            struct pollfd pfd = {.fd = efd, .events = POLLIN};
+            CHECK(poll(&pfd, 1, 100) >= 0, "poll: %s", strerror(errno));
+            if (pfd.revents & POLLIN)
+                counted += drain_eventfd(efd);
+        } else {
+            sched_yield();
+        }
+    }
+    return counted;
+}
+
+static void finish(harness_t *h)
+{
+    int rc = envd_vec_step_finish(h->vec);
+    CHECK(rc >= 0, "%s: finish: %s (env %lld)", h->def->id, envd_strerror(rc),
+          (long long)envd_vec_error_index(h->vec));
+    CHECK(rc == envd_vec_num_done(h->vec), "%s: finish returned %d, %lld envs done",
+          h->def->id, rc, (long long)envd_vec_num_done(h->vec));
+}
+
+/* Two vecs (different envs and modes) on one pool, stepped in lockstep with
+ * both steps in flight at once, against serial envd_vec_step runs. */
+static void test_split_pair(envd_pool_t *pool, int ea, int eb, int mode_a, int mode_b,
+                            int64_t na, int64_t nb, int64_t chunk, int steps)
+{
+    const envd_env_def_t *da = envd_builtin_get(ea), *db = envd_builtin_get(eb);
+    uint64_t *ref_a = xcalloc((size_t)steps + 1, sizeof(uint64_t));
+    uint64_t *ref_b = xcalloc((size_t)steps + 1, sizeof(uint64_t));
+    run_trajectory(da, na, mode_a, NULL, 0, steps, ref_a);
+    run_trajectory(db, nb, mode_b, NULL, 0, steps, ref_b);
+
+    harness_t a, b;
+    harness_init(&a, da, na, mode_a, TIME_LIMIT, action_seed(na));
+    harness_init(&b, db, nb, mode_b, TIME_LIMIT, action_seed(nb));
+    harness_create(&a, pool, chunk);
+    harness_create(&b, pool, chunk);
+    harness_reset(&a, SEED_BASE);
+    harness_reset(&b, SEED_BASE);
+    CHECK(digest(&a) == ref_a[0] && digest(&b) == ref_b[0], "reset digests differ");
+
+    const int efd = envd_pool_eventfd(pool);
+    while (drain_eventfd(efd))
+        ; /* counts left by earlier tests on this pool */
+    uint64_t expected = 0, counted = 0;
+    for (int s = 1; s <= steps; s++) {
+        fill_actions(&a);
+        fill_actions(&b);
+        expected += submit(&a);
+        expected += submit(&b);
+        counted += wait_both(&a, &b, efd, s % 2 == 0);
+        /* Alternate the finish order: finishing one must not disturb the other. */
+        if (s % 3 == 0) {
+            finish(&b);
+            finish(&a);
+        } else {
+            finish(&a);
+            finish(&b);
+        }
+        char what[160];
+        snprintf(what, sizeof what, "split %s/%s threads=%d chunk=%lld", da->id, db->id,
+                 envd_pool_num_threads(pool), (long long)chunk);
+        CHECK(after_step(&a) == ref_a[s], "%s: vec A differs from envd_vec_step at step %d",
+              what, s);
+        CHECK(after_step(&b) == ref_b[s], "%s: vec B differs from envd_vec_step at step %d",
+              what, s);
+    }
+    /* Completion is flagged before the eventfd write: read until the total is
+     * reached, then nothing more may come. */
+    const double deadline = now_s() + 30.0;
+    while (counted < expected) {
+        struct pollfd pfd = {.fd = efd, .events = POLLIN};
+        CHECK(poll(&pfd, 1, 100) >= 0, "poll: %s", strerror(errno));
+        counted += drain_eventfd(efd);
+        CHECK(now_s() < deadline, "eventfd total %llu of %llu", (unsigned long long)counted,
+              (unsigned long long)expected);
+    }
+    CHECK(counted == expected, "eventfd counted %llu, pooled submits %llu",
+          (unsigned long long)counted, (unsigned long long)expected);
+    CHECK(drain_eventfd(efd) == 0, "eventfd has extra counts");
+    if (envd_pool_num_threads(pool) > 0 && chunk > 0)
+        CHECK(expected == 2 * (uint64_t)steps, "forced chunk: %llu of %d submits pooled",
+              (unsigned long long)expected, 2 * steps);
+    harness_free(&a);
+    harness_free(&b);
+    free(ref_a);
+    free(ref_b);
+}
+
+static void test_split(envd_pool_t *const *pools, int num_pools, int steps)
+{
+    int k = 0;
+    for (int p = 0; p < num_pools; p++) {
+        for (int ea = 0; ea < envd_builtin_count(); ea++, k++) {
+            int eb = (ea + 1 + p) % envd_builtin_count();
+            test_split_pair(pools[p], ea, eb, k % 3, (k + 1) % 3, 7, 64, 1 + k % 3, steps);
+            test_split_pair(pools[p], ea, eb, (k + 2) % 3, k % 3, 64, 7, 0, steps);
+        }
+    }
+}
+
+/* ---- test-only envs -------------------------------------------------------------- */
+/* Failure injection.  Written by the main thread between vec calls and read by
+ * callbacks inside them (the pool's job handshake orders both). */
+static struct {
+    int init_calls, close_calls, bad_closes;
+    int fail_init_at;           /* the init call (0-based) that fails; -1: none */
+    int fail_reset_id;          /* the instance whose reset fails; -1: none */
+    int fail_step_id;           /* the instance whose step fails ... */
+    int64_t fail_step_at;       /* ... at this step of its episode */
+} g_test;
+
+static void test_env_setup(void)
+{
+    memset(&g_test, 0, sizeof g_test);
+    g_test.fail_init_at = g_test.fail_reset_id = g_test.fail_step_id = -1;
+}
+
+enum { MAGIC_LIVE = 0x11fe, MAGIC_FAILED = 0xfa11, MAGIC_CLOSED = 0xc105 };
+
+typedef struct test_state {
+    int magic;
+    int id;        /* the order of its init call */
+    int64_t steps; /* in this episode */
+} test_state_t;
+
+/* init calls come one at a time from the thread calling envd_vec_create, so
+ * the instance number can come from a global counter. */
+static int test_init(void *state, const double *params)
+{
+    (void)params;
+    test_state_t *s = state;
+    CHECK(s->magic == 0 && s->id == 0 && s->steps == 0, "init on non-zeroed state");
+    s->id = g_test.init_calls++;
+    if (s->id == g_test.fail_init_at) {
+        s->magic = MAGIC_FAILED; /* a failed init cleans up after itself */
+        return ENVD_ENOMEM;
+    }
+    s->magic = MAGIC_LIVE;
+    return ENVD_OK;
+}
+
+static void test_close(void *state)
+{
+    test_state_t *s = state;
+    g_test.bad_closes += s->magic != MAGIC_LIVE;
+    s->magic = MAGIC_CLOSED;
+    g_test.close_calls++;
+}
+
+static int test_reset(void *state, envd_rng_t *rng, void *obs)
+{
+    test_state_t *s = state;
+    if (s->id == g_test.fail_reset_id)
+        return ENVD_EINVAL;
+    s->steps = 0;
+    float *o = obs;
+    o[0] = (float)s->id;
+    o[1] = (float)envd_rng_random(rng);
+    return ENVD_OK;
+}
+
+/* Episode lengths differ per instance (3 + id % 5 steps), so done envs are
+ * a varying subset. */
+static int test_step(void *state, envd_rng_t *rng, const void *action, void *obs,
+                     double *reward, bool *terminated, bool *truncated)
+{
+    test_state_t *s = state;
+    CHECK(s->magic == MAGIC_LIVE, "step on instance %d with magic %#x", s->id, s->magic);
+    s->steps++;
+    if (s->id == g_test.fail_step_id && s->steps == g_test.fail_step_at)
+        return ENVD_EINVAL;
+    int64_t a = *(const int64_t *)action;
+    CHECK(a >= -1 && a <= 1, "instance %d got action %lld", s->id, (long long)a);
+    float *o = obs;
+    o[0] = (float)s->id;
+    o[1] = (float)envd_rng_random(rng) + (float)s->steps;
+    *reward = (double)a + 0.5;
+    *terminated = s->steps % (3 + s->id % 5) == 0;
+    *truncated = false;
+    return ENVD_OK;
+}
+
+/* Actions are -1, 0, 1 (start -1), so range checks relative to start run. */
+static const envd_env_def_t test_env = {
+    .abi_version = ENVD_ABI_VERSION,
+    .id = "VecStressTest-v0",
+    .observation_space = {.kind = ENVD_SPACE_BOX, .dtype = ENVD_DTYPE_FLOAT32, .ndim = 1,
+                          .shape = {2}},
+    .action_space = {.kind = ENVD_SPACE_DISCRETE, .dtype = ENVD_DTYPE_INT64, .n = 3, .start = -1},
+    .state_size = sizeof(test_state_t),
+    .num_agents = 1,
+    .max_episode_steps = 0,
+    .init = test_init,
+    .reset = test_reset,
+    .step = test_step,
+    .close = test_close,
+};
+
+/* A step that blocks until released, to observe a step in flight. */
+static _Atomic int g_gate_started, g_gate_release;
+
+static int gate_step(void *state, envd_rng_t *rng, const void *action, void *obs,
+                     double *reward, bool *terminated, bool *truncated)
+{
+    atomic_store(&g_gate_started, 1);
+    const double deadline = now_s() + 30.0;
+    while (!atomic_load(&g_gate_release))
+        CHECK(now_s() < deadline, "gate never released");
+    return test_step(state, rng, action, obs, reward, terminated, truncated);
+}
+
+/* ---- error paths ------------------------------------------------------------------ */
+/* A copy of every output buffer, to check that a rejected call wrote nothing. */
+typedef struct snapshot {
+    unsigned char *data;
+    size_t size;
+} snapshot_t;
+
+static size_t outputs_size(const harness_t *h)
+{
+    size_t n = (size_t)h->n;
+    return n * (2 * h->obs_bytes + sizeof(float) + 2 * sizeof(bool) + sizeof(double) +
+                sizeof(int64_t));
+}
+
+static void outputs_copy(const harness_t *h, unsigned char *dst)
+{
+    size_t n = (size_t)h->n;
+    const struct {
+        const void *p;
+        size_t size;
+    } parts[] = {
+        {h->obs, n * h->obs_bytes},      {h->final_obs, n * h->obs_bytes},
+        {h->rewards, n * sizeof(float)}, {h->terms, n * sizeof(bool)},
+        {h->truncs, n * sizeof(bool)},   {h->returns, n * sizeof(double)},
+        {h->lengths, n * sizeof(int64_t)},
+    };
+    for (size_t i = 0; i < COUNT(parts); i++) {
+        if (parts[i].p)
+            memcpy(dst, parts[i].p, parts[i].size);
+        else
+            memset(dst, 0, parts[i].size);
+        dst += parts[i].size;
+    }
+}
+
+static snapshot_t snapshot(const harness_t *h)
+{
+    snapshot_t s = {xcalloc(1, outputs_size(h)), outputs_size(h)};
+    outputs_copy(h, s.data);
+    return s;
+}
+
+static bool snapshot_same(const harness_t *h, snapshot_t *s)
+{
+    unsigned char *now = xcalloc(1, s->size);
+    outputs_copy(h, now);
+    bool same = memcmp(now, s->data, s->size) == 0;
+    free(now);
+    free(s->data);
+    s->data = NULL;
+    return same;
+}
+
+/* A step that validation rejects, by either entry point: the code, the env
+ * named, and no output written. */
+static void expect_rejected(harness_t *h, int want, int64_t index, const char *what)
+{
+    for (int entry = 0; entry < 2; entry++) {
+        snapshot_t before = snapshot(h);
+        int rc = entry == 0 ? envd_vec_step(h->vec) : envd_vec_step_submit(h->vec);
+        CHECK(rc == want, "%s (%s): got %s, want %s", what, entry ? "submit" : "step",
+              envd_strerror(rc), envd_strerror(want));
+        CHECK(envd_vec_error_index(h->vec) == index, "%s: error index %lld, want %lld", what,
+              (long long)envd_vec_error_index(h->vec), (long long)index);
+        CHECK(snapshot_same(h, &before), "%s: a rejected step wrote outputs", what);
+    }
+}
+
+/* Any non-NULL pointer: a failed create must set *out to NULL. */
+static char not_null_target;
+#define NOT_NULL ((envd_vec_t *)(void *)&not_null_target)
+
+static void test_create_errors(envd_pool_t *pool)
+{
+    harness_t h;
+    harness_init(&h, &envd_builtin_cartpole, 4, ENVD_AUTORESET_SAME_STEP, 0, 1);
+    envd_vec_t *vec = NOT_NULL;
+    struct {
+        int64_t num_envs;
+        int want;
+    } sizes[] = {{0, ENVD_ERANGE}, {-1, ENVD_ERANGE}, {INT64_MIN, ENVD_ERANGE},
+                 {ENVD_VEC_MAX_ENVS + 1, ENVD_ERANGE}, {INT64_MAX, ENVD_ERANGE}};
+    for (size_t i = 0; i < COUNT(sizes); i++) {
+        envd_vec_config_t cfg = h.cfg;
+        cfg.num_envs = sizes[i].num_envs;
+        int rc = envd_vec_create(&vec, h.def, &cfg, &h.bufs, pool);
+        CHECK(rc == sizes[i].want && vec == NULL, "num_envs %lld: %s",
+              (long long)sizes[i].num_envs, envd_strerror(rc));
+        vec = NOT_NULL;
+    }
+
+    /* Each required buffer left out in turn (final_observations is required
+     * in SAME_STEP mode). */
+    for (int i = 0; i < 8; i++) {
+        envd_vec_buffers_t bufs = h.bufs;
+        switch (i) {
+        case 0: bufs.observations = NULL; break;
+        case 1: bufs.actions = NULL; break;
+        case 2: bufs.rewards = NULL; break;
+        case 3: bufs.terminations = NULL; break;
+        case 4: bufs.truncations = NULL; break;
+        case 5: bufs.episode_returns = NULL; break;
+        case 6: bufs.episode_lengths = NULL; break;
+        default: bufs.final_observations = NULL; break;
+        }
+        int rc = envd_vec_create(&vec, h.def, &h.cfg, &bufs, pool);
+        CHECK(rc == ENVD_EINVAL && vec == NULL, "NULL buffer %d: %s", i, envd_strerror(rc));
+        vec = NOT_NULL;
+    }
+
+    struct {
+        int mode;
+        int64_t time_limit;
+        bool null_params;
+        int want;
+    } cfgs[] = {
+        {3, 0, false, ENVD_EINVAL},
+        {-1, 0, false, ENVD_EINVAL},
+        {ENVD_AUTORESET_SAME_STEP, -1, false, ENVD_ERANGE},
+        {ENVD_AUTORESET_SAME_STEP, 0, true, ENVD_EINVAL}, /* cartpole has a param */
+    };
+    for (size_t i = 0; i < COUNT(cfgs); i++) {
+        envd_vec_config_t cfg = h.cfg;
+        cfg.autoreset_mode = cfgs[i].mode;
+        cfg.max_episode_steps = cfgs[i].time_limit;
+        if (cfgs[i].null_params)
+            cfg.params = NULL;
+        int rc = envd_vec_create(&vec, h.def, &cfg, &h.bufs, pool);
+        CHECK(rc == cfgs[i].want && vec == NULL, "config %zu: %s", i, envd_strerror(rc));
+        vec = NOT_NULL;
+    }
+
+    /* An invalid definition is refused with envd_env_def_validate's code. */
+    envd_env_def_t bad = envd_builtin_cartpole;
+    bad.abi_version = ENVD_ABI_VERSION + 1;
+    CHECK(envd_vec_create(&vec, &bad, &h.cfg, &h.bufs, pool) == ENVD_EABI && vec == NULL,
+          "wrong ABI version accepted");
+    bad = envd_builtin_cartpole;
+    bad.step = NULL;
+    vec = NOT_NULL;
+    CHECK(envd_vec_create(&vec, &bad, &h.cfg, &h.bufs, pool) == ENVD_EINVAL && vec == NULL,
+          "definition without step accepted");
+
+    /* final_observations may be NULL outside SAME_STEP. */
+    for (int mode = ENVD_AUTORESET_NEXT_STEP; mode <= ENVD_AUTORESET_DISABLED; mode += 2) {
+        envd_vec_buffers_t bufs = h.bufs;
+        bufs.final_observations = NULL;
+        envd_vec_config_t cfg = h.cfg;
+        cfg.autoreset_mode = mode;
+        int rc = envd_vec_create(&vec, h.def, &cfg, &bufs, pool);
+        CHECK(rc == ENVD_OK && vec != NULL, "mode %d without final_observations: %s", mode,
+              envd_strerror(rc));
+        envd_vec_destroy(vec);
+    }
+    envd_vec_destroy(NULL);
+    harness_free(&h);
+}
+
+static void test_step_before_reset(envd_pool_t *pool)
+{
+    for (int mode = 0; mode < 3; mode++) {
+        harness_t h;
+        harness_init(&h, &envd_builtin_acrobot, 5, mode, 0, 2);
+        harness_create(&h, pool, 2);
+        expect_rejected(&h, ENVD_ESTATE, 0, "step before reset (names env 0)");
+        /* a masked first reset leaves the unmasked envs unstarted */
+        const bool mask[5] = {true, true, false, true, true};
+        CHECK(envd_vec_reset(h.vec, NULL, mask) == ENVD_OK, "masked first reset");
+        expect_rejected(&h, ENVD_ESTATE, 2, "step with env 2 never reset");
+        harness_reset(&h, 7);
+        step_ok(&h, "step after reset");
+        harness_free(&h);
+    }
+}
+
+/* A discrete action out of range anywhere rejects the whole step; after it,
+ * the vec continues exactly like a twin that never saw the bad action. */
+static void test_action_range(envd_pool_t *pool, const envd_env_def_t *def, int64_t chunk)
+{
+    test_env_setup();
+    const envd_space_t *as = &def->action_space;
+    CHECK(as->kind == ENVD_SPACE_DISCRETE, "%s has no discrete actions", def->id);
+    const int64_t n = 9;
+    /* INT64_MAX and INT64_MIN: a naive a - start overflows for start != 0. */
+    const int64_t bad[] = {as->start - 1, as->start + as->n, INT64_MIN, INT64_MAX};
+    const int64_t where[] = {0, n - 1, 4};
+    harness_t h, twin;
+    harness_init(&h, def, n, ENVD_AUTORESET_NEXT_STEP, 0, 3);
+    harness_init(&twin, def, n, ENVD_AUTORESET_NEXT_STEP, 0, 3);
+    harness_create(&h, pool, chunk);
+    g_test.init_calls = 0; /* the test env's instance numbers restart for the twin */
+    harness_create(&twin, NULL, 0);
+    harness_reset(&h, 11);
+    harness_reset(&twin, 11);
+    for (int round = 0; round < 12; round++) {
+        fill_actions(&h);
+        fill_actions(&twin);
+        if (round % 2 == 1) {
+            int64_t k = where[round / 2 % COUNT(where)];
+            int64_t *a = (int64_t *)h.actions;
+            int64_t good = a[k];
+            a[k] = bad[round / 2 % COUNT(bad)];
+            char what[128];
+            snprintf(what, sizeof what, "%s action %lld at env %lld", def->id, (long long)a[k],
+                     (long long)k);
+            expect_rejected(&h, ENVD_ERANGE, k, what);
+            a[k] = good;
+        }
+        step_ok(&h, "step after a rejected one");
+        step_ok(&twin, "twin step");
+        CHECK(digest(&h) == digest(&twin), "%s: a rejected step changed the trajectory (round %d)",
+              def->id, round);
+    }
+    harness_free(&h);
+    harness_free(&twin);
+}
+
+/* DISABLED mode: stepping an env that finished and was not reset is refused;
+ * a masked reset makes it steppable again. */
+static void test_disabled_done(envd_pool_t *pool, int64_t chunk)
+{
+    test_env_setup();
+    const int64_t n = 10;
+    harness_t h;
+    harness_init(&h, &test_env, n, ENVD_AUTORESET_DISABLED, 0, 4);
+    harness_create(&h, pool, chunk);
+    harness_reset(&h, 5);
+    /* Instance i ends its episode after 3 + i % 5 steps: after 3 steps,
+     * instances 0 and 5 are done. */
+    for (int s = 0; s < 3; s++) {
+        fill_actions(&h);
+        step_ok(&h, "disabled step");
+    }
+    for (int64_t i = 0; i < n; i++)
+        CHECK(h.terms[i] == (i % 5 == 0), "env %lld terminated %d after 3 steps", (long long)i,
+              h.terms[i]);
+    expect_rejected(&h, ENVD_ESTATE, 0, "DISABLED step with env 0 done");
+    bool mask[10] = {[0] = true};
+    CHECK(envd_vec_reset(h.vec, NULL, mask) == ENVD_OK, "masked reset");
+    expect_rejected(&h, ENVD_ESTATE, 5, "DISABLED step with env 5 done");
+    mask[0] = false;
+    mask[5] = true;
+    CHECK(envd_vec_reset(h.vec, NULL, mask) == ENVD_OK, "masked reset");
+    step_ok(&h, "step after the done envs were reset");
+    CHECK(h.lengths[0] == 0 && !h.terms[0] && !h.terms[5], "reset envs ended again at once");
+    CHECK(h.terms[1] && h.lengths[1] == 4, "env 1: terminated %d length %lld", h.terms[1],
+          (long long)h.lengths[1]);
+    harness_free(&h);
+    CHECK(g_test.bad_closes == 0 && g_test.close_calls == n, "closes %d, bad %d",
+          g_test.close_calls, g_test.bad_closes);
+}
+
+/* init failing at instance k: ENVD_EENV, and exactly the k instances that
+ * initialised are closed. */
+static void test_init_failure(envd_pool_t *pool)
+{
+    const int64_t n = 8;
+    const int fail_at[] = {0, 1, 5, 7};
+    for (size_t i = 0; i < COUNT(fail_at); i++) {
+        test_env_setup();
+        g_test.fail_init_at = fail_at[i];
+        harness_t h;
+        harness_init(&h, &test_env, n, ENVD_AUTORESET_NEXT_STEP, 0, 5);
+        envd_vec_t *vec = NOT_NULL;
+        int rc = envd_vec_create(&vec, &test_env, &h.cfg, &h.bufs, pool);
+        CHECK(rc == ENVD_EENV && vec == NULL, "init failing at %d: %s", fail_at[i],
+              envd_strerror(rc));
+        CHECK(g_test.init_calls == fail_at[i] + 1, "init called %d times, failed at %d",
+              g_test.init_calls, fail_at[i]);
+        CHECK(g_test.close_calls == fail_at[i] && g_test.bad_closes == 0,
+              "init failed at %d: %d closes, %d on instances not initialised", fail_at[i],
+              g_test.close_calls, g_test.bad_closes);
+        harness_free(&h);
+    }
+}
+
+/* A failing reset or step callback: ENVD_EENV naming the env, serially and on
+ * the pool, through envd_vec_step and the split API. */
+static void test_callback_failure(envd_pool_t *pool, int64_t chunk)
+{
+    const int64_t n = 16;
+    for (int entry = 0; entry < 2; entry++) {
+        test_env_setup();
+        harness_t h;
+        harness_init(&h, &test_env, n, ENVD_AUTORESET_SAME_STEP, 0, 6);
+        harness_create(&h, pool, chunk);
+        g_test.fail_reset_id = 13;
+        int rc = envd_vec_reset(h.vec, NULL, NULL);
+        CHECK(rc == ENVD_EENV && envd_vec_error_index(h.vec) == 13,
+              "failing reset: %s, index %lld", envd_strerror(rc),
+              (long long)envd_vec_error_index(h.vec));
+        g_test.fail_reset_id = -1;
+        harness_reset(&h, 9);
+        g_test.fail_step_id = 11;
+        g_test.fail_step_at = 2; /* instance 11's episodes last 4 steps */
+        fill_actions(&h);
+        step_ok(&h, "step before the failing one");
+        fill_actions(&h);
+        if (entry == 0) {
+            rc = envd_vec_step(h.vec);
+        } else {
+            CHECK(envd_vec_step_submit(h.vec) == ENVD_OK, "submit of the failing step");
+            const double deadline = now_s() + 30.0;
+            while (!envd_vec_step_done(h.vec)) {
+                CHECK(now_s() < deadline, "step not done after 30 s");
+                sched_yield();
+            }
+            rc = envd_vec_step_finish(h.vec);
+        }
+        CHECK(rc == ENVD_EENV && envd_vec_error_index(h.vec) == 11,
+              "failing step (%s): %s, index %lld", entry ? "split" : "step", envd_strerror(rc),
+              (long long)envd_vec_error_index(h.vec));
+        harness_free(&h);
+        CHECK(g_test.close_calls == n && g_test.bad_closes == 0, "closes %d, bad %d",
+              g_test.close_calls, g_test.bad_closes);
+    }
+}
+
+/* A step in flight: not done, finish says ENVD_EBUSY; then it completes. */
+static void test_in_flight(envd_pool_t *pool)
+{
+    test_env_setup();
+    envd_env_def_t gated = test_env;
+    gated.step = gate_step;
+    harness_t h;
+    harness_init(&h, &gated, 3, ENVD_AUTORESET_NEXT_STEP, 0, 7);
+    harness_create(&h, pool, 3); /* one chunk: a worker runs it, not this thread */
+    harness_reset(&h, 1);
+    atomic_store(&g_gate_started, 0);
+    atomic_store(&g_gate_release, 0);
+    fill_actions(&h);
+    CHECK(envd_vec_step_submit(h.vec) == ENVD_OK, "submit");
+    const double deadline = now_s() + 30.0;
+    while (!atomic_load(&g_gate_started))
+        CHECK(now_s() < deadline, "gated step never started");
+    CHECK(!envd_vec_step_done(h.vec), "step done while blocked");
+    CHECK(envd_vec_step_finish(h.vec) == ENVD_EBUSY, "finish of a step in flight");
+    atomic_store(&g_gate_release, 1);
+    while (!envd_vec_step_done(h.vec)) {
+        CHECK(now_s() < deadline, "released step not done");
+        sched_yield();
+    }
+    finish(&h);
+    CHECK(h.rewards[2] == (float)(((int64_t *)h.actions)[2] + 0.5), "reward of the gated step");
+    harness_free(&h);
+}
+
+/* create / reset / step / destroy over many shapes; LeakSanitizer checks that
+ * nothing is left, including after failed creates. */
+static void test_create_destroy(envd_pool_t *const *pools, int num_pools, int iters)
+{
+    uint64_t s = 0x0ddba11ull;
+    for (int i = 0; i < iters; i++) {
+        test_env_setup();
+        int e = (int)(rnd(&s) % (uint64_t)(envd_builtin_count() + 1));
+        const envd_env_def_t *def = e < envd_builtin_count() ? envd_builtin_get(e) : &test_env;
+        int64_t n = 1 + (int64_t)(rnd(&s) % 40);
+        int mode = (int)(rnd(&s) % 3);
+        envd_pool_t *pool = pools[rnd(&s) % (uint64_t)num_pools];
+        harness_t h;
+        harness_init(&h, def, n, mode, 5, rnd(&s));
+        if (def == &test_env && i % 3 == 0) {
+            g_test.fail_init_at = (int)(rnd(&s) % (uint64_t)n);
+            envd_vec_t *vec = NULL;
+            CHECK(envd_vec_create(&vec, def, &h.cfg, &h.bufs, pool) == ENVD_EENV,
+                  "failing init");
+            CHECK(g_test.close_calls == g_test.fail_init_at, "closes after failed init");
+        } else {
+            harness_create(&h, pool, (int64_t)(rnd(&s) % 4));
+            if (i % 2) {
+                harness_reset(&h, (uint64_t)i);
+                for (int k = 0; k < 6; k++) {
+                    fill_actions(&h);
+                    step_ok(&h, "create/destroy loop");
+                    after_step(&h);
+                }
+            }
+        }
+        harness_free(&h);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1)
+        g_div = atoi(argv[1]) > 0 ? atoi(argv[1]) : 1;
+    test_env_setup();
+    static const int thread_counts[] = {0, 1, 2, 4};
+    envd_pool_t *pools[COUNT(thread_counts)];
+    for (size_t i = 0; i < COUNT(thread_counts); i++)
+        CHECK(envd_pool_create(&pools[i], thread_counts[i], NULL) == ENVD_OK, "pool create");
+    const int num_pools = (int)COUNT(pools);
+
+    for (int p = 0; p < num_pools; p++) {
+        envd_pool_t *pool = pools[p];
+        test_create_errors(pool);
+        test_step_before_reset(pool);
+        test_seeding(pool);
+        for (int e = 0; e < envd_builtin_count(); e++)
+            if (envd_builtin_get(e)->action_space.kind == ENVD_SPACE_DISCRETE)
+                test_action_range(pool, envd_builtin_get(e), 1 + p % 3);
+        test_action_range(pool, &test_env, 2);
+        test_disabled_done(pool, 1 + p % 3);
+        test_init_failure(pool);
+        test_callback_failure(pool, 0);
+        test_callback_failure(pool, 3);
+        if (envd_pool_num_threads(pool) > 0)
+            test_in_flight(pool);
+    }
+    test_create_errors(NULL);
+    test_callback_failure(NULL, 0);
+    test_create_destroy(pools, num_pools, scaled(600, 20));
+    test_split(pools, num_pools, scaled(200, 20));
+    test_determinism(pools, num_pools, scaled(300, 40));
+
+    for (int p = 0; p < num_pools; p++)
+        envd_pool_destroy(pools[p]);
+    printf("vec_stress: ok\n");
+    return 0;
+}
