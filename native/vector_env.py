@@ -85,7 +85,8 @@ class VecEnv(VectorEnv):
 
     def __init__(self, spec: EnvSpec, num_envs: int, *, seed: int | Sequence[int] | None,
                  num_threads: int | None, autoreset_mode: str | AutoresetMode,
-                 max_episode_steps: int | None, copy: bool, env_kwargs: dict[str, Any]):
+                 max_episode_steps: int | None, copy: bool, episode_statistics: bool,
+                 pin_cpus: Sequence[int] | None, env_kwargs: dict[str, Any]):
         self._vec = ffi.NULL
         self._pool = ffi.NULL
         self.closed = False
@@ -99,9 +100,11 @@ class VecEnv(VectorEnv):
         if num_threads is None:
             num_threads = default_num_threads()
         num_threads = _check_int("num_threads", num_threads, 0, MAX_THREADS)
+        cpus = self._check_pin_cpus(pin_cpus, num_threads)
         params = spec.param_values(env_kwargs)
         self._pending_seeds = self._seed_list(seed) if seed is not None else None
         self._copy = bool(copy)
+        self._episode_statistics = bool(episode_statistics)
 
         self.metadata = {"autoreset_mode": mode}
         self.render_mode = None
@@ -112,7 +115,7 @@ class VecEnv(VectorEnv):
         self.max_episode_steps = max_episode_steps or None
         self.num_threads = num_threads
         self._allocate_buffers()
-        self._create_native(params, _AUTORESET_MODES[mode], max_episode_steps, num_threads)
+        self._create_native(params, _AUTORESET_MODES[mode], max_episode_steps, num_threads, cpus)
 
     # ---- construction ----------------------------------------------------------
     def _allocate_buffers(self) -> None:
@@ -132,7 +135,20 @@ class VecEnv(VectorEnv):
         # the fast path of step() compares against these
         self._action_dtype, self._action_shape = self._actions.dtype, self._actions.shape
 
-    def _create_native(self, params: list[float], mode: int, max_steps: int, threads: int) -> None:
+    @staticmethod
+    def _check_pin_cpus(pin_cpus: Sequence[int] | None, num_threads: int) -> list[int] | None:
+        if pin_cpus is None:
+            return None
+        usable = sorted(os.sched_getaffinity(0))
+        cpus = list(pin_cpus)
+        if len(cpus) != num_threads or not all(c in usable for c in cpus):
+            raise InvalidArgumentError(
+                f"pin_cpus needs one CPU per worker thread (num_threads={num_threads}), "
+                f"each one this process may use: {usable}; got {pin_cpus!r}")
+        return cpus
+
+    def _create_native(self, params: list[float], mode: int, max_steps: int, threads: int,
+                       cpus: list[int] | None) -> None:
         self._params = ffi.new("double[]", params or [0.0])
         self._buffers = ffi.new("envd_vec_buffers_t *", {
             "observations": _ptr(self._obs), "actions": _ptr(self._actions),
@@ -150,7 +166,8 @@ class VecEnv(VectorEnv):
             "max_episode_steps": max_steps, "params": self._params})
         if threads > 0:
             out = ffi.new("envd_pool_t **")
-            self._check(lib.envd_pool_create(out, threads, ffi.NULL), "creating the thread pool")
+            c_cpus = ffi.NULL if cpus is None else ffi.new("int[]", cpus)
+            self._check(lib.envd_pool_create(out, threads, c_cpus), "creating the thread pool")
             self._pool = out[0]
         out = ffi.new("envd_vec_t **")
         rc = lib.envd_vec_create(out, self.envd_spec.definition, config, self._buffers, self._pool)
@@ -244,9 +261,11 @@ class VecEnv(VectorEnv):
                 final[i] = obs
             info["final_obs"], info["_final_obs"] = final, dones
             info["final_info"], info["_final_info"] = {}, dones.copy()
-        info["episode"] = {"r": self._episode_returns.copy(), "l": self._episode_lengths.copy(),
-                           "t": self._episode_times.copy()}
-        info["_episode"] = dones
+        if self._episode_statistics:
+            info["episode"] = {"r": self._episode_returns.copy(),
+                               "l": self._episode_lengths.copy(),
+                               "t": self._episode_times.copy()}
+            info["_episode"] = dones
         return info
 
     # ---- gymnasium API -------------------------------------------------------------
@@ -343,6 +362,7 @@ class VecEnv(VectorEnv):
 def make(env_id: str, num_envs: int, *, seed: int | Sequence[int] | None = None,
          num_threads: int | None = None, autoreset_mode: str | AutoresetMode = "next_step",
          max_episode_steps: int | None = None, copy: bool = False,
+         episode_statistics: bool = True, pin_cpus: Sequence[int] | None = None,
          **env_kwargs: Any) -> VecEnv:
     """Create num_envs instances of env_id stepped in this process.
 
@@ -354,9 +374,14 @@ def make(env_id: str, num_envs: int, *, seed: int | Sequence[int] | None = None,
     autoreset_mode: "next_step" (default), "same_step" or "disabled", as gymnasium.
     max_episode_steps: time limit (default: the env's registered limit).
     copy:  return copies instead of views of the internal buffers.
+    episode_statistics: report finished episodes in info["episode"] as
+           gymnasium's RecordEpisodeStatistics does; pass False to wrap the env
+           in that wrapper yourself (it refuses an info that has the key).
+    pin_cpus: pin worker thread i to CPU pin_cpus[i] (one CPU per worker).
     env_kwargs: the env's parameters (see envd.native.get_spec(env_id).params).
     """
     spec = get_spec(env_id)
     return VecEnv(spec, num_envs, seed=seed, num_threads=num_threads,
                   autoreset_mode=autoreset_mode, max_episode_steps=max_episode_steps,
-                  copy=copy, env_kwargs=env_kwargs)
+                  copy=copy, episode_statistics=episode_statistics, pin_cpus=pin_cpus,
+                  env_kwargs=env_kwargs)

@@ -55,9 +55,9 @@ static int validate_space(const envd_space_t *space)
     if (envd_dtype_size(space->dtype) == 0)
         return ENVD_EINVAL;
     if (space->kind == ENVD_SPACE_DISCRETE)
-        /* start + n must not overflow: actions are start .. start + n - 1 */
+        /* actions are start .. start + n - 1: the last must fit in int64 */
         return space->dtype == ENVD_DTYPE_INT64 && space->n > 0 &&
-                       space->start <= INT64_MAX - space->n
+                       (space->start <= 0 || space->n - 1 <= INT64_MAX - space->start)
                    ? ENVD_OK
                    : ENVD_EINVAL;
     if (space->kind != ENVD_SPACE_BOX || space->ndim < 0 || space->ndim > ENVD_MAX_DIMS)

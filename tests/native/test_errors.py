@@ -259,6 +259,11 @@ SPACE_CASES = [
     ("act", {"n": -1}, EINVAL),
     ("act", {"n": 1}, OK),
     ("act", {"n": 2, "start": -7}, OK),
+    # actions start .. start + n - 1 must be representable as int64
+    ("act", {"n": 2, "start": 2**63 - 2}, OK),
+    ("act", {"n": 3, "start": 2**63 - 2}, EINVAL),
+    ("act", {"n": 2**62, "start": 2**62}, OK),
+    ("act", {"n": 2**62 + 1, "start": 2**62}, EINVAL),
     ("act", {"dtype": DTYPES["INT32"]}, EINVAL),
     ("act", {"dtype": DTYPES["FLOAT32"]}, EINVAL),
     ("act", {"dtype": DTYPES["UINT8"]}, EINVAL),

@@ -1,0 +1,167 @@
+"""The in-process VecEnv as a gymnasium VectorEnv: views and copies, gymnasium
+wrappers on top, lifecycle (no leaked threads), pinning, env listing."""
+from __future__ import annotations
+
+import gc
+import os
+import threading
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.wrappers.vector import NormalizeObservation, RecordEpisodeStatistics
+
+import envd
+from conftest import BUILTIN_ENV_IDS
+
+
+def task_count() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def test_list_envs_names_the_builtins():
+    assert envd.list_envs() == sorted(BUILTIN_ENV_IDS)
+
+
+def test_is_a_gymnasium_vector_env():
+    with envd.make("Pendulum-v1", 3, seed=0) as env:
+        assert isinstance(env, gym.vector.VectorEnv)
+        assert env.num_envs == 3
+        assert env.metadata["autoreset_mode"] == gym.vector.AutoresetMode.NEXT_STEP
+        obs, info = env.reset()
+        assert obs.shape == (3, 3) and obs.dtype == np.float32 and info == {}
+        assert env.observation_space.contains(obs)
+        obs, rew, term, trunc, info = env.step(env.action_space.sample())
+        assert (rew.dtype, term.dtype, trunc.dtype) == (np.float32, np.bool_, np.bool_)
+
+
+def test_returned_arrays_are_views_overwritten_by_the_next_step():
+    with envd.make("CartPole-v1", 4, seed=0) as env:
+        obs, _ = env.reset()
+        kept = obs.copy()
+        obs2 = env.step(np.ones(4, np.int64))[0]
+        assert obs2 is obs or np.shares_memory(obs, obs2)
+        assert obs.tobytes() != kept.tobytes()
+
+
+def test_copy_option_returns_independent_arrays():
+    with envd.make("CartPole-v1", 4, seed=0, copy=True) as env:
+        obs, _ = env.reset()
+        first = env.step(np.ones(4, np.int64))
+        second = env.step(np.ones(4, np.int64))
+        for a, b in zip(first[:4], second[:4]):
+            assert not np.shares_memory(a, b)
+        assert first[0].tobytes() != second[0].tobytes()
+
+
+def test_episode_statistics_match_gymnasium_wrapper_on_top_of_envd():
+    """gymnasium's own RecordEpisodeStatistics, wrapped around an envd env made
+    with episode_statistics=False, sees the same returns and lengths that a
+    twin envd env reports natively."""
+    num_envs = 16
+    native = envd.make("CartPole-v1", num_envs, seed=4)
+    wrapped = RecordEpisodeStatistics(envd.make("CartPole-v1", num_envs, seed=4,
+                                                episode_statistics=False))
+    native.reset()
+    wrapped.reset()
+    rng = np.random.default_rng(0)
+    episodes = 0
+    for _ in range(400):
+        actions = rng.integers(0, 2, num_envs)
+        *_, ours = native.step(actions)
+        *_, theirs = wrapped.step(actions)
+        assert ("episode" in ours) == ("episode" in theirs)
+        if "episode" in theirs:
+            np.testing.assert_array_equal(ours["_episode"], theirs["_episode"])
+            np.testing.assert_array_equal(ours["episode"]["r"], theirs["episode"]["r"])
+            np.testing.assert_array_equal(ours["episode"]["l"], theirs["episode"]["l"])
+            # wall times agree to within scheduling noise
+            assert np.all(np.abs(ours["episode"]["t"] - theirs["episode"]["t"]) < 1.0)
+            episodes += int(theirs["_episode"].sum())
+    assert episodes > 16
+    native.close()
+    wrapped.close()
+
+
+def test_native_episode_statistics_conflict_with_the_gymnasium_wrapper():
+    """The default (native statistics on) under gymnasium's wrapper fails with
+    gymnasium's own message naming the key, not silently."""
+    wrapped = RecordEpisodeStatistics(envd.make("CartPole-v1", 2, seed=0))
+    wrapped.reset()
+    with pytest.raises(ValueError, match="'episode'"):
+        for _ in range(200):
+            wrapped.step(np.ones(2, np.int64))
+    wrapped.close()
+
+
+def test_other_gymnasium_vector_wrappers_work():
+    env = NormalizeObservation(envd.make("Acrobot-v1", 8, seed=0))
+    env.reset()
+    for _ in range(20):
+        obs, *_ = env.step(env.action_space.sample())
+    assert obs.shape == (8, 6) and np.isfinite(obs).all()
+    env.close()
+
+
+def test_max_episode_steps_one_truncates_every_step():
+    with envd.make("MountainCar-v0", 3, seed=0, max_episode_steps=1) as env:
+        env.reset()
+        for step in range(6):
+            _, rew, term, trunc, info = env.step(np.zeros(3, np.int64))
+            if step % 2 == 0:  # a real step: truncated by the limit
+                assert trunc.all() and info["episode"]["l"].tolist() == [1, 1, 1]
+            else:  # next_step autoreset: reward 0, nothing done
+                assert not trunc.any() and (rew == 0).all() and info == {}
+
+
+def test_threads_are_released_on_close_and_on_garbage_collection():
+    gc.collect()  # envs of earlier tests
+    baseline = task_count()
+    envs = [envd.make("CartPole-v1", 64, num_threads=3) for _ in range(5)]
+    assert task_count() == baseline + 15
+    for env in envs[:3]:
+        env.close()
+    del envs  # the last two are closed by garbage collection
+    gc.collect()
+    assert task_count() == baseline
+
+
+def test_envs_step_concurrently_from_python_threads():
+    """The native step releases the GIL; envs used from different Python
+    threads at once give the same results as alone."""
+    def run(seed, out):
+        with envd.make("Acrobot-v1", 32, seed=seed, num_threads=1) as env:
+            env.reset()
+            actions = np.random.default_rng(seed).integers(0, 3, (200, 32))
+            out[seed] = b"".join(env.step(a)[0].tobytes() for a in actions)
+
+    alone, together = {}, {}
+    for seed in range(3):
+        run(seed, alone)
+    threads = [threading.Thread(target=run, args=(seed, together)) for seed in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert together == alone
+
+
+def test_pinning_workers():
+    cpus = sorted(os.sched_getaffinity(0))
+    with envd.make("CartPole-v1", 256, seed=0, num_threads=1, pin_cpus=cpus[-1:]) as env:
+        env.reset()
+        env.set_chunk_size(16)
+        env.step(np.zeros(256, np.int64))
+    with pytest.raises(envd.InvalidArgumentError, match="pin_cpus"):
+        envd.make("CartPole-v1", 4, num_threads=2, pin_cpus=cpus[:1])
+    with pytest.raises(envd.InvalidArgumentError, match="pin_cpus"):
+        envd.make("CartPole-v1", 4, num_threads=1, pin_cpus=[10_000])
+
+
+def test_cli_lists_envs(capsys):
+    from envd.cli import main
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    for env_id in BUILTIN_ENV_IDS:
+        assert env_id in out
+    assert "g (float" in out
