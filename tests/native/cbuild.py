@@ -57,6 +57,35 @@ def load(sources: list[str | Path], flags: list[str] = ()) -> ctypes.CDLL:
     return ctypes.CDLL(str(build(sources, flags)))
 
 
+# ---- sanitizer runs of the C stress programs ----------------------------------
+SANITIZER_REPORTS = ("WARNING: ThreadSanitizer", "ERROR: AddressSanitizer",
+                     "ERROR: LeakSanitizer", "runtime error")
+# kind -> (compiler flags, environment of the run)
+SANITIZERS = {
+    "plain": ([], {}),
+    "tsan": (["-fsanitize=thread", "-g", "-O1"],
+             {"TSAN_OPTIONS": "halt_on_error=1:second_deadlock_stack=1"}),
+    "asan": (["-fsanitize=address,undefined", "-fno-sanitize-recover=all",
+              "-fno-omit-frame-pointer", "-g", "-O1"],
+             {"ASAN_OPTIONS": "detect_leaks=1:halt_on_error=1",
+              "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1"}),
+}
+
+
+def run_stress(sources: list[str | Path], name: str, kind: str, divisor: int,
+               timeout: float) -> None:
+    """Build a stress program (its main takes a loop divisor) as `kind` and run
+    it: it must exit 0, print "<name>: ok" and trigger no sanitizer report."""
+    flags, env = SANITIZERS[kind]
+    exe = build(sources, flags, shared=False, name=f"{name}_{kind}")
+    proc = subprocess.run([str(exe), str(divisor)], env={**os.environ, **env},
+                          capture_output=True, text=True, timeout=timeout)
+    report = f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-8000:]}"
+    assert proc.returncode == 0, report
+    assert not any(s in proc.stderr for s in SANITIZER_REPORTS), report
+    assert f"{name}: ok" in proc.stdout, report
+
+
 # ---- ctypes mirror of envd.h's env definition --------------------------------
 MAX_DIMS = 4
 DTYPES = {0: np.float32, 1: np.float64, 2: np.int64, 3: np.int32, 4: np.uint8, 5: np.bool_}

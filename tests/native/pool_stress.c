@@ -25,16 +25,7 @@
 #include <unistd.h>
 
 #include "envd.h"
-
-#define CHECK(cond, ...)                                                        \
-    do {                                                                        \
-        if (!(cond)) {                                                          \
-            fprintf(stderr, "%s:%d: check failed: %s: ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                       \
-            fputc('\n', stderr);                                                \
-            exit(1);                                                            \
-        }                                                                       \
-    } while (0)
+#include "stress_check.h"
 
 static int g_div = 1;
 

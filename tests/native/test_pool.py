@@ -7,7 +7,6 @@ import ctypes
 import os
 import re
 import select
-import subprocess
 import threading
 from pathlib import Path
 
@@ -16,34 +15,16 @@ import pytest
 import cbuild
 
 STRESS = Path(__file__).resolve().parent / "pool_stress.c"
-SANITIZER_REPORTS = ("WARNING: ThreadSanitizer", "ERROR: AddressSanitizer",
-                     "ERROR: LeakSanitizer", "runtime error")
 CODES = {m[0]: int(m[1]) for m in re.findall(r"#define (ENVD_E\w+) \((-\d+)\)",
                                              (cbuild.INCLUDE / "envd.h").read_text())}
 
-# (flags, loop divisor, environment): the divisors keep each run to a few
-# seconds on a loaded 2-core machine.
-BUILDS = {
-    "plain": ([], 1, {}),
-    "tsan": (["-fsanitize=thread", "-g", "-O1"], 5,
-             {"TSAN_OPTIONS": "halt_on_error=1:second_deadlock_stack=1"}),
-    "asan": (["-fsanitize=address,undefined", "-fno-sanitize-recover=all",
-              "-fno-omit-frame-pointer", "-g", "-O1"], 4,
-             {"ASAN_OPTIONS": "detect_leaks=1:halt_on_error=1",
-              "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1"}),
-}
+# Loop divisors keep each run to a few seconds on a loaded 2-core machine.
+DIVISORS = {"plain": 1, "tsan": 5, "asan": 4}
 
 
-@pytest.mark.parametrize("kind", list(BUILDS))
+@pytest.mark.parametrize("kind", list(DIVISORS))
 def test_pool_stress(kind):
-    flags, divisor, env = BUILDS[kind]
-    exe = cbuild.build(["pool.c", STRESS], flags, shared=False, name=f"pool_stress_{kind}")
-    proc = subprocess.run([str(exe), str(divisor)], env={**os.environ, **env},
-                          capture_output=True, text=True, timeout=180)
-    report = f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-8000:]}"
-    assert proc.returncode == 0, report
-    assert not any(s in proc.stderr for s in SANITIZER_REPORTS), report
-    assert "pool_stress: ok" in proc.stdout, report
+    cbuild.run_stress(["pool.c", STRESS], "pool_stress", kind, DIVISORS[kind], timeout=180)
 
 
 # ---- ctypes -------------------------------------------------------------------------

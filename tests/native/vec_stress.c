@@ -30,19 +30,8 @@
 
 #include "builtin_envs.h"
 #include "envd.h"
+#include "stress_check.h"
 #include "pool.h"
-
-#define CHECK(cond, ...)                                                        \
-    do {                                                                        \
-        if (!(cond)) {                                                          \
-            fprintf(stderr, "%s:%d: check failed: %s: ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                       \
-            fputc('\n', stderr);                                                \
-            exit(1);                                                            \
-        }                                                                       \
-    } while (0)
-
-#define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
 static int g_div = 1;
 
