@@ -122,6 +122,7 @@ int envd_vec_create(envd_vec_t **out, const envd_env_def_t *def,
                     const envd_vec_config_t *config,
                     const envd_vec_buffers_t *buffers, envd_pool_t *pool);
 void envd_vec_destroy(envd_vec_t *vec);
+void envd_vec_seed(envd_vec_t *vec, const uint64_t *seeds);
 int envd_vec_reset(envd_vec_t *vec, const uint64_t *seeds, const bool *mask);
 int envd_vec_step(envd_vec_t *vec);
 int envd_vec_step_submit(envd_vec_t *vec);

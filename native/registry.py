@@ -52,7 +52,10 @@ class ParamSpec:
             raise InvalidArgumentError(
                 f"{env_id}: parameter {self.name!r} must be a {self.type}, got "
                 f"{type(value).__name__} {value!r}; expected {self.describe()}")
-        number = float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an int beyond double range
+            number = math.inf
         if math.isnan(number) or not self.min_value <= number <= self.max_value:
             raise InvalidArgumentError(
                 f"{env_id}: parameter {self.name!r}={value!r} is out of range; "

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import threading
 from typing import Any, Sequence
 
 import numpy as np
@@ -63,17 +64,24 @@ AUTORESET_MODE_NAMES = {"next_step": AutoresetMode.NEXT_STEP,
 
 
 def _parse_autoreset_mode(mode: str | AutoresetMode) -> AutoresetMode:
-    """"next_step" | "same_step" | "disabled", or a gymnasium AutoresetMode."""
+    """"next_step" | "same_step" | "disabled", or a gymnasium AutoresetMode
+    (or its value, e.g. "NextStep")."""
     if isinstance(mode, AutoresetMode):
         return mode
     if isinstance(mode, str) and mode in AUTORESET_MODE_NAMES:
         return AUTORESET_MODE_NAMES[mode]
+    if isinstance(mode, str) and mode in {m.value for m in AutoresetMode}:
+        return AutoresetMode(mode)
     names = ", ".join(map(repr, AUTORESET_MODE_NAMES))
     raise InvalidArgumentError(f"unknown autoreset_mode {mode!r}; valid modes: {names}")
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
 def _check_int(name: str, value: Any, low: int, high: int) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+    if not _is_int(value):
         raise InvalidArgumentError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     if not low <= value <= high:
         raise InvalidArgumentError(f"{name}={value} is out of range; expected {low} <= {name} <= {high}")
@@ -90,19 +98,23 @@ class VecEnv(VectorEnv):
         self._vec = ffi.NULL
         self._pool = ffi.NULL
         self.closed = False
+        # The native vec takes one call at a time; a second Python thread gets
+        # a clear error instead of corrupting a step in flight.
+        self._lock = threading.Lock()
         self.envd_spec = spec
         self.num_envs = _check_int("num_envs", num_envs, 1, MAX_NUM_ENVS)
         mode = _parse_autoreset_mode(autoreset_mode)
         if max_episode_steps is None:
             max_episode_steps = spec.max_episode_steps or 0
-        else:
-            max_episode_steps = _check_int("max_episode_steps", max_episode_steps, 1, 2**62)
+        else:  # 0: no time limit
+            max_episode_steps = _check_int("max_episode_steps", max_episode_steps, 0, 2**62)
         if num_threads is None:
             num_threads = default_num_threads()
         num_threads = _check_int("num_threads", num_threads, 0, MAX_THREADS)
         cpus = self._check_pin_cpus(pin_cpus, num_threads)
         params = spec.param_values(env_kwargs)
-        self._pending_seeds = self._seed_list(seed) if seed is not None else None
+        # Random base seed for seed=None, drawn as gymnasium would draw one per env.
+        seeds = self._seed_list(secrets.randbelow(2**63) if seed is None else seed)
         self._copy = bool(copy)
         self._episode_statistics = bool(episode_statistics)
 
@@ -116,6 +128,9 @@ class VecEnv(VectorEnv):
         self.num_threads = num_threads
         self._allocate_buffers()
         self._create_native(params, _AUTORESET_MODES[mode], max_episode_steps, num_threads, cpus)
+        # Every env owns its generator from the start, so a first reset (even a
+        # masked one) draws from seed + i, as gymnasium's reset(seed=seed) does.
+        lib.envd_vec_seed(self._vec, _ptr(seeds, "uint64_t *"))
 
     # ---- construction ----------------------------------------------------------
     def _allocate_buffers(self) -> None:
@@ -140,12 +155,13 @@ class VecEnv(VectorEnv):
         if pin_cpus is None:
             return None
         usable = sorted(os.sched_getaffinity(0))
-        cpus = list(pin_cpus)
-        if len(cpus) != num_threads or not all(c in usable for c in cpus):
+        cpus = list(pin_cpus) if isinstance(pin_cpus, (list, tuple, np.ndarray)) else None
+        if (cpus is None or len(cpus) != num_threads
+                or not all(_is_int(c) and c in usable for c in cpus)):
             raise InvalidArgumentError(
                 f"pin_cpus needs one CPU per worker thread (num_threads={num_threads}), "
                 f"each one this process may use: {usable}; got {pin_cpus!r}")
-        return cpus
+        return [int(c) for c in cpus]
 
     def _create_native(self, params: list[float], mode: int, max_steps: int, threads: int,
                        cpus: list[int] | None) -> None:
@@ -172,7 +188,7 @@ class VecEnv(VectorEnv):
         out = ffi.new("envd_vec_t **")
         rc = lib.envd_vec_create(out, self.envd_spec.definition, config, self._buffers, self._pool)
         if rc != lib.ENVD_OK:
-            self.close()
+            self._free_native()
             self._check(rc, f"creating {self.num_envs} {self.envd_spec.id} envs")
         self._vec = out[0]
 
@@ -182,24 +198,19 @@ class VecEnv(VectorEnv):
             reason = ffi.string(lib.envd_strerror(rc)).decode()
             raise NativeError(f"{self.envd_spec.id}: {what} failed: {reason} ({rc})", rc)
 
-    def _ensure_open(self) -> None:
-        if self.closed:
-            raise EnvStateError(f"this {self.envd_spec.id} VecEnv is closed")
-
     def _seed_list(self, seed: int | Sequence[int]) -> np.ndarray:
         """Per-env seeds: env i gets seed + i, or the i-th of an explicit list."""
-        if isinstance(seed, (int, np.integer)) and not isinstance(seed, (bool, np.bool_)):
+        if _is_int(seed):
             seed = int(seed)
             if not 0 <= seed <= _SEED_LIMIT - self.num_envs:
                 raise InvalidArgumentError(
                     f"seed must be a non-negative int with seed + num_envs <= 2**64, got {seed}")
             return np.arange(self.num_envs, dtype=np.uint64) + np.uint64(seed)
-        if isinstance(seed, (list, tuple, np.ndarray)):
+        if isinstance(seed, (list, tuple)) or (isinstance(seed, np.ndarray) and seed.ndim == 1):
             if len(seed) != self.num_envs:
                 raise InvalidArgumentError(
                     f"a list of seeds needs num_envs={self.num_envs} entries, got {len(seed)}")
-            if not all(isinstance(s, (int, np.integer)) and not isinstance(s, (bool, np.bool_))
-                       and 0 <= int(s) < _SEED_LIMIT for s in seed):
+            if not all(_is_int(s) and 0 <= int(s) < _SEED_LIMIT for s in seed):
                 raise InvalidArgumentError("every seed in the list must be an int in [0, 2**64)")
             return np.array([int(s) for s in seed], dtype=np.uint64)
         raise InvalidArgumentError(
@@ -219,6 +230,10 @@ class VecEnv(VectorEnv):
                 f"(num_envs={self.num_envs} x action shape {space.shape}), got {array.shape}")
         if buf.dtype.kind in "iu":
             allowed = array.dtype.kind in "biu"
+            if allowed and array.size and array.dtype.kind == "u" and array.max() > np.iinfo(buf.dtype).max:
+                raise InvalidActionError(
+                    f"{self.envd_spec.id}: action {array.max()} is out of range; "
+                    f"{space} accepts {space.start}..{space.start + space.n - 1}")
         else:
             allowed = np.can_cast(array.dtype, buf.dtype, "safe") or (
                 from_python and array.dtype.kind in "fiu")
@@ -247,6 +262,16 @@ class VecEnv(VectorEnv):
             raise NativeError(f"{env_id}: env {index} failed in its step or reset callback", rc)
         self._check(rc, "step")
 
+    def _acquire(self) -> None:
+        """Take the env for one call, or raise if it is closed or in use."""
+        if not self._lock.acquire(blocking=False):
+            raise EnvStateError(
+                f"this {self.envd_spec.id} VecEnv is being used by another thread; "
+                "a VecEnv takes one call at a time")
+        if self.closed:
+            self._lock.release()
+            raise EnvStateError(f"this {self.envd_spec.id} VecEnv is closed")
+
     def _done_info(self) -> dict[str, Any]:
         """The info of a step in which some episode ended: gymnasium's
         RecordEpisodeStatistics shape, info["episode"]["r"|"l"|"t"] with the mask
@@ -272,7 +297,8 @@ class VecEnv(VectorEnv):
     def reset(self, *, seed: int | Sequence[int] | None = None,
               options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict[str, Any]]:
         """Reset every env (or those in options["reset_mask"]); seed as in make."""
-        self._ensure_open()
+        if options is not None and not isinstance(options, dict):
+            raise InvalidArgumentError(f"options must be a dict or None, got {type(options).__name__}")
         options = dict(options or {})
         mask = options.pop("reset_mask", None)
         if options:
@@ -286,37 +312,48 @@ class VecEnv(VectorEnv):
                     f"options['reset_mask'] must be a bool numpy array of shape "
                     f"({self.num_envs},) with at least one True value")
             mask = np.ascontiguousarray(mask)
-        seeds = self._seed_list(seed) if seed is not None else self._pending_seeds
-        if seeds is None and not getattr(self, "_seeded", False):
-            seeds = self._seed_list(secrets.randbelow(2**63))
-        rc = lib.envd_vec_reset(self._vec, ffi.NULL if seeds is None else _ptr(seeds, "uint64_t *"),
-                                ffi.NULL if mask is None else _ptr(mask, "bool *"))
+        seeds = self._seed_list(seed) if seed is not None else None
+        self._acquire()
+        try:
+            rc = lib.envd_vec_reset(self._vec,
+                                    ffi.NULL if seeds is None else _ptr(seeds, "uint64_t *"),
+                                    ffi.NULL if mask is None else _ptr(mask, "bool *"))
+        finally:
+            self._lock.release()
         self._check(rc, "reset")
-        if seeds is not None:
-            self._seeded, self._pending_seeds = True, None
         return (self._obs.copy() if self._copy else self._obs), {}
 
     def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
         """Step every env; returns (obs, rewards, terminations, truncations, info)."""
         # The hot path: keep it to a few attribute lookups and one native call.
-        if self.closed:
-            raise EnvStateError(f"this {self.envd_spec.id} VecEnv is closed")
-        if (actions.__class__ is np.ndarray and actions.dtype == self._action_dtype
-                and actions.shape == self._action_shape):
-            self._actions[...] = actions
-        else:
-            self._convert_actions(actions)
-        num_done = lib.envd_vec_step(self._vec)
-        if num_done < 0:
-            self._raise_step_error(num_done)
-        info = self._done_info() if num_done else {}
+        self._acquire()
+        try:
+            if (actions.__class__ is np.ndarray and actions.dtype == self._action_dtype
+                    and actions.shape == self._action_shape):
+                self._actions[...] = actions
+            else:
+                self._convert_actions(actions)
+            num_done = lib.envd_vec_step(self._vec)
+            if num_done < 0:
+                self._raise_step_error(num_done)
+            info = self._done_info() if num_done else {}
+        finally:
+            self._lock.release()
         if self._copy:
             return (self._obs.copy(), self._rewards.copy(), self._terminations.copy(),
                     self._truncations.copy(), info)
         return self._obs, self._rewards, self._terminations, self._truncations, info
 
     def close(self, **kwargs: Any) -> None:
-        """Free the envs and the thread pool.  Idempotent."""
+        """Free the envs and the thread pool.  Idempotent; waits for a call in
+        progress on another thread."""
+        lock = getattr(self, "_lock", None)
+        if lock is None:  # __init__ failed before creating anything native
+            return
+        with lock:
+            self._free_native()
+
+    def _free_native(self) -> None:
         if self._vec != ffi.NULL:
             lib.envd_vec_destroy(self._vec)
             self._vec = ffi.NULL
@@ -326,8 +363,7 @@ class VecEnv(VectorEnv):
         self.closed = True
 
     def __del__(self) -> None:
-        if getattr(self, "_vec", None) is not None:
-            self.close()
+        self.close()
 
     def __enter__(self) -> "VecEnv":
         return self
@@ -344,19 +380,25 @@ class VecEnv(VectorEnv):
     def dispatch_stats(self) -> dict[str, float]:
         """How steps were dispatched: measured cost per env step (ns), inline and
         pooled step counts, and the last chunk size."""
-        self._ensure_open()
         stats = ffi.new("envd_vec_stats_t *")
-        lib.envd_vec_get_stats(self._vec, stats)
+        self._acquire()
+        try:
+            lib.envd_vec_get_stats(self._vec, stats)
+        finally:
+            self._lock.release()
         return {"cost_ns_per_env": stats.cost_ns_per_env, "inline_jobs": stats.inline_jobs,
                 "pooled_jobs": stats.pooled_jobs, "last_chunk": stats.last_chunk}
 
     def set_chunk_size(self, chunk: int | None) -> None:
         """Force every step onto the pool with this chunk size (tests, benchmarks);
         None returns to adaptive dispatch."""
-        self._ensure_open()
         if chunk is not None:
             _check_int("chunk", chunk, 1, MAX_NUM_ENVS)
-        lib.envd_vec_set_chunk(self._vec, chunk or 0)
+        self._acquire()
+        try:
+            lib.envd_vec_set_chunk(self._vec, chunk or 0)
+        finally:
+            self._lock.release()
 
 
 def make(env_id: str, num_envs: int, *, seed: int | Sequence[int] | None = None,

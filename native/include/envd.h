@@ -71,6 +71,9 @@ typedef enum envd_space_kind {
 
 #define ENVD_MAX_DIMS 4
 
+/* Largest per-instance state an env may declare (4 GiB). */
+#define ENVD_MAX_STATE_SIZE ((size_t)1 << 32)
+
 typedef struct envd_space {
     envd_space_kind_t kind;
     envd_dtype_t dtype;
@@ -136,7 +139,7 @@ typedef struct envd_env_def {
     const char *id;       /* e.g. "CartPole-v1" */
     envd_space_t observation_space;
     envd_space_t action_space;
-    size_t state_size;         /* bytes of per-instance state, > 0 */
+    size_t state_size;         /* bytes of per-instance state, 1..ENVD_MAX_STATE_SIZE */
     int32_t num_agents;        /* 1 for now; present for multi-agent envs */
     int32_t max_episode_steps; /* default time limit, 0 for none */
     const envd_param_t *params;

@@ -97,6 +97,7 @@ int envd_env_def_validate(const envd_env_def_t *def)
     if (def->abi_version != ENVD_ABI_VERSION)
         return ENVD_EABI;
     if (def->id == NULL || def->id[0] == '\0' || def->state_size == 0 ||
+        def->state_size > ENVD_MAX_STATE_SIZE ||
         def->num_agents != 1 || def->max_episode_steps < 0 ||
         def->init == NULL || def->reset == NULL || def->step == NULL)
         return ENVD_EINVAL;

@@ -33,7 +33,7 @@
  *       done = JOB_DONE and touches only the address of done afterwards (a
  *       futex wake on a recycled address is at worst a spurious wake-up).
  *
- * Wake-up invariants (W1-W3):
+ * Wake-up invariants (W1-W4):
  *   W1  A worker reads pool->gen before looking at the queue and sleeps only
  *       while gen still equals what it read (FUTEX_WAIT checks atomically);
  *       submit links the job before bumping gen.  So a job submitted after

@@ -25,6 +25,9 @@
 #define CHUNKS_PER_THREAD 4
 #define COST_EWMA_WEIGHT 0.125
 
+/* A step submitted with envd_vec_step_submit and not yet finished. */
+typedef enum pending { PENDING_NONE = 0, PENDING_INLINE, PENDING_POOLED } pending_t;
+
 typedef struct env_slot {
     envd_rng_t rng;
     double episode_return;
@@ -49,8 +52,8 @@ struct envd_vec {
     envd_job_t job;
     const uint64_t *reset_seeds;
     const bool *reset_mask;
-    bool submitted_inline;
-    int final_result;
+    pending_t pending;  /* a submitted step not finished yet */
+    int inline_result;  /* PENDING_INLINE: what finish returns */
 
     /* Results accumulated by chunks (any thread). */
     _Atomic int first_error;
@@ -212,16 +215,29 @@ static void timed_step_range(void *ctx, int64_t begin, int64_t end)
 }
 
 /* ---- dispatch ---------------------------------------------------------------- */
+
+/* One sample moves the estimate at most by this factor, so a step that was
+ * preempted (or ran on a cold cache) cannot flip the dispatch on its own. */
+#define COST_SAMPLE_CLAMP 4.0
+
 static void update_cost(envd_vec_t *vec, double ns, int64_t items)
 {
     if (items <= 0)
         return;
     double sample = ns / (double)items;
     double *cost = &vec->stats.cost_ns_per_env;
-    *cost = *cost == 0.0 ? sample : *cost + COST_EWMA_WEIGHT * (sample - *cost);
+    if (*cost == 0.0) {
+        *cost = sample;
+        return;
+    }
+    if (sample > *cost * COST_SAMPLE_CLAMP)
+        sample = *cost * COST_SAMPLE_CLAMP;
+    if (sample < *cost / COST_SAMPLE_CLAMP)
+        sample = *cost / COST_SAMPLE_CLAMP;
+    *cost += COST_EWMA_WEIGHT * (sample - *cost);
 }
 
-/* Chunk size for a pooled step, or 0 to run inline. */
+/* Chunk size for a pooled call, or 0 to run inline. */
 static int64_t choose_chunk(const envd_vec_t *vec)
 {
     int threads = vec->pool ? envd_pool_num_threads(vec->pool) : 0;
@@ -249,22 +265,8 @@ static void clear_results(envd_vec_t *vec)
     atomic_store(&vec->chunk_items, 0);
 }
 
-/* Run fn over every env, inline or on the pool; blocks. */
-static int run_blocking(envd_vec_t *vec, envd_task_fn fn, int64_t chunk)
-{
-    int64_t n = vec->config.num_envs;
-    if (chunk == 0) {
-        fn(vec, 0, n);
-        vec->stats.inline_jobs++;
-        return ENVD_OK;
-    }
-    vec->stats.pooled_jobs++;
-    vec->stats.last_chunk = chunk;
-    return envd_pool_run(vec->pool, &vec->job, fn, vec, n, chunk);
-}
-
-/* What a step returns: the first error, else the number of envs done.  The
- * count saturates at INT_MAX, which num_envs <= ENVD_VEC_MAX_ENVS never reaches. */
+/* What a step returns: the first error, else the number of envs done (an
+ * int: num_envs <= ENVD_VEC_MAX_ENVS). */
 static int step_result(envd_vec_t *vec)
 {
     int rc = atomic_load(&vec->first_error);
@@ -307,72 +309,118 @@ static int validate_step(envd_vec_t *vec)
     return ENVD_OK;
 }
 
-/* ---- public API ------------------------------------------------------------------ */
-int envd_vec_step_submit(envd_vec_t *vec)
+/* ---- steps ------------------------------------------------------------------------- */
+
+/* The front half of every step: refuse while a submitted step is pending (its
+ * chunks may still run, and its results are not collected), validate, choose
+ * the dispatch.  Returns ENVD_OK and the chunk (0: inline) or a code. */
+static int step_begin(envd_vec_t *vec, int64_t *chunk)
 {
+    if (vec->pending != PENDING_NONE)
+        return ENVD_EBUSY;
     clear_results(vec);
     int rc = validate_step(vec);
     if (rc != ENVD_OK)
         return rc;
-    int64_t chunk = choose_chunk(vec);
-    vec->submitted_inline = chunk == 0;
-    if (chunk == 0) {
-        double t0 = now_ns();
-        step_range(vec, 0, vec->config.num_envs);
-        update_cost(vec, now_ns() - t0, vec->config.num_envs);
+    *chunk = choose_chunk(vec);
+    if (*chunk > 0) {
+        vec->stats.pooled_jobs++;
+        vec->stats.last_chunk = *chunk;
+    } else {
         vec->stats.inline_jobs++;
-        vec->final_result = step_result(vec);
-        return ENVD_OK;
     }
-    vec->stats.pooled_jobs++;
-    vec->stats.last_chunk = chunk;
-    return envd_pool_submit(vec->pool, &vec->job, timed_step_range, vec,
-                            vec->config.num_envs, chunk, ENVD_JOB_NOTIFY);
+    return ENVD_OK;
 }
 
-int envd_vec_step_done(const envd_vec_t *vec)
+/* A whole step on the calling thread, timed for the cost estimate. */
+static void step_inline(envd_vec_t *vec)
 {
-    return vec->submitted_inline || envd_job_done(&vec->job);
+    double t0 = now_ns();
+    step_range(vec, 0, vec->config.num_envs);
+    update_cost(vec, now_ns() - t0, vec->config.num_envs);
 }
 
+/* After a pooled step completed: feed the chunks' timing to the estimate. */
 static int finish_pooled(envd_vec_t *vec)
 {
     update_cost(vec, (double)atomic_load(&vec->chunk_ns), atomic_load(&vec->chunk_items));
     return step_result(vec);
 }
 
-int envd_vec_step_finish(envd_vec_t *vec)
-{
-    if (vec->submitted_inline)
-        return vec->final_result;
-    if (!envd_job_done(&vec->job))
-        return ENVD_EBUSY;
-    return finish_pooled(vec);
-}
-
 int envd_vec_step(envd_vec_t *vec)
 {
-    clear_results(vec);
-    int rc = validate_step(vec);
+    int64_t chunk = 0;
+    int rc = step_begin(vec, &chunk);
     if (rc != ENVD_OK)
         return rc;
-    int64_t chunk = choose_chunk(vec);
     if (chunk == 0) {
-        double t0 = now_ns();
-        run_blocking(vec, step_range, 0);
-        update_cost(vec, now_ns() - t0, vec->config.num_envs);
+        step_inline(vec);
         return step_result(vec);
     }
-    rc = run_blocking(vec, timed_step_range, chunk);
+    rc = envd_pool_run(vec->pool, &vec->job, timed_step_range, vec, vec->config.num_envs, chunk);
     return rc != ENVD_OK ? rc : finish_pooled(vec);
+}
+
+int envd_vec_step_submit(envd_vec_t *vec)
+{
+    int64_t chunk = 0;
+    int rc = step_begin(vec, &chunk);
+    if (rc != ENVD_OK)
+        return rc;
+    if (chunk == 0) {
+        step_inline(vec);
+        vec->inline_result = step_result(vec);
+        vec->pending = PENDING_INLINE;
+        return ENVD_OK;
+    }
+    rc = envd_pool_submit(vec->pool, &vec->job, timed_step_range, vec,
+                          vec->config.num_envs, chunk, ENVD_JOB_NOTIFY);
+    if (rc == ENVD_OK)
+        vec->pending = PENDING_POOLED;
+    return rc;
+}
+
+int envd_vec_step_done(const envd_vec_t *vec)
+{
+    return vec->pending != PENDING_POOLED || envd_job_done(&vec->job);
+}
+
+int envd_vec_step_finish(envd_vec_t *vec)
+{
+    switch (vec->pending) {
+    case PENDING_INLINE:
+        vec->pending = PENDING_NONE;
+        return vec->inline_result;
+    case PENDING_POOLED:
+        if (!envd_job_done(&vec->job))
+            return ENVD_EBUSY;
+        vec->pending = PENDING_NONE;
+        return finish_pooled(vec);
+    default:
+        return ENVD_ESTATE; /* nothing was submitted */
+    }
+}
+
+/* ---- resets ------------------------------------------------------------------------ */
+void envd_vec_seed(envd_vec_t *vec, const uint64_t *seeds)
+{
+    for (int64_t i = 0; i < vec->config.num_envs; i++)
+        envd_rng_seed(&slot_of(vec, i)->rng, seeds[i]);
 }
 
 int envd_vec_reset(envd_vec_t *vec, const uint64_t *seeds, const bool *mask)
 {
+    if (vec->pending != PENDING_NONE)
+        return ENVD_EBUSY;
     clear_results(vec);
     vec->reset_seeds = seeds;
     vec->reset_mask = mask;
-    int rc = run_blocking(vec, reset_range, choose_chunk(vec));
+    int64_t chunk = choose_chunk(vec);
+    int rc = ENVD_OK;
+    if (chunk == 0)
+        reset_range(vec, 0, vec->config.num_envs);
+    else
+        rc = envd_pool_run(vec->pool, &vec->job, reset_range, vec, vec->config.num_envs, chunk);
     vec->reset_seeds = NULL;
     vec->reset_mask = NULL;
     if (rc != ENVD_OK)
@@ -384,6 +432,7 @@ int envd_vec_reset(envd_vec_t *vec, const uint64_t *seeds, const bool *mask)
     return atomic_load(&vec->first_error);
 }
 
+/* ---- queries ------------------------------------------------------------------------ */
 int64_t envd_vec_error_index(const envd_vec_t *vec) { return atomic_load(&vec->error_index); }
 
 int64_t envd_vec_num_done(const envd_vec_t *vec) { return atomic_load(&vec->num_done); }
@@ -437,6 +486,8 @@ int envd_vec_create(envd_vec_t **out, const envd_env_def_t *def,
     vec->action_bytes = space_bytes(&def->action_space);
     size_t block = sizeof(env_slot_t) + def->state_size;
     vec->stride = (block + CACHE_LINE - 1) / CACHE_LINE * CACHE_LINE;
+    /* cannot overflow: state_size <= ENVD_MAX_STATE_SIZE (validated) and
+     * num_envs <= ENVD_VEC_MAX_ENVS */
     size_t total = vec->stride * (size_t)config->num_envs;
     vec->blocks = aligned_alloc(CACHE_LINE, total);
     if (!vec->blocks) {
@@ -462,6 +513,9 @@ void envd_vec_destroy(envd_vec_t *vec)
 {
     if (!vec)
         return;
+    /* A submitted step may still run on the pool: its chunks use this memory. */
+    if (vec->pending == PENDING_POOLED)
+        envd_pool_wait(vec->pool, &vec->job);
     if (vec->def->close)
         for (int64_t i = 0; i < vec->config.num_envs; i++)
             vec->def->close(state_of(vec, i));

@@ -6,7 +6,8 @@
  * a shared-memory segment in the daemon), so results land where the trainer
  * reads them without a copy.
  *
- * Threading: one vec call at a time (a vec is not re-entrant).  Within a call
+ * Threading: one vec call at a time (a vec is not re-entrant; callers
+ * serialise, e.g. the Python VecEnv with a lock).  Within a call
  * env i is touched by exactly one thread, whichever claimed the chunk holding
  * i, so results do not depend on the thread count or the chunking.
  *
@@ -65,6 +66,10 @@ int envd_vec_create(envd_vec_t **out, const envd_env_def_t *def,
                     const envd_vec_buffers_t *buffers, envd_pool_t *pool);
 void envd_vec_destroy(envd_vec_t *vec);
 
+/* Seed every env's RNG (seeds has num_envs entries) without resetting it:
+ * the next reset draws from the new streams. */
+void envd_vec_seed(envd_vec_t *vec, const uint64_t *seeds);
+
 /* Reset the envs selected by mask (NULL: all).  seeds, if not NULL, has
  * num_envs entries and reseeds each selected env's RNG first. */
 int envd_vec_reset(envd_vec_t *vec, const uint64_t *seeds, const bool *mask);
@@ -80,8 +85,9 @@ int envd_vec_step(envd_vec_t *vec);
  * starts the step on the pool (NOTIFY job, completion on the pool's eventfd)
  * or runs it inline when it is cheap -- then no eventfd event comes, so check
  * envd_vec_step_done() right after submit.  Once it is true, finish returns
- * what envd_vec_step would have.  No other vec call may be made between
- * submit and finish. */
+ * what envd_vec_step would have.  Until then step, submit and reset return
+ * ENVD_EBUSY, and destroy waits for the step; finish without a submit
+ * returns ENVD_ESTATE. */
 int envd_vec_step_submit(envd_vec_t *vec);
 int envd_vec_step_done(const envd_vec_t *vec);
 int envd_vec_step_finish(envd_vec_t *vec);
@@ -96,9 +102,9 @@ void envd_vec_set_chunk(envd_vec_t *vec, int64_t chunk);
 
 typedef struct envd_vec_stats {
     double cost_ns_per_env; /* measured cost of one env step, 0 before any */
-    int64_t inline_jobs;    /* calls run on the calling thread */
-    int64_t pooled_jobs;    /* calls split over the pool */
-    int64_t last_chunk;     /* chunk size of the last pooled call */
+    int64_t inline_jobs;    /* steps run on the calling thread */
+    int64_t pooled_jobs;    /* steps split over the pool */
+    int64_t last_chunk;     /* chunk size of the last pooled step */
 } envd_vec_stats_t;
 
 void envd_vec_get_stats(const envd_vec_t *vec, envd_vec_stats_t *stats);

@@ -2,6 +2,7 @@
 problem and the valid values, and leaves the env usable."""
 from __future__ import annotations
 
+import gymnasium as gym
 import numpy as np
 import pytest
 
@@ -87,6 +88,14 @@ def test_discrete_action_out_of_range(value):
         still_usable(env)
 
 
+def test_unsigned_actions_beyond_int64_are_out_of_range():
+    with envd.make("CartPole-v1", 2, seed=0) as env:
+        env.reset()
+        with pytest.raises(InvalidActionError, match="9223372036854775808 is out of range"):
+            env.step(np.array([0, 2**63], np.uint64))
+        env.step(np.array([0, 1], np.uint64))
+
+
 @pytest.mark.parametrize("num_envs", [0, -3, envd.native.MAX_NUM_ENVS + 1])
 def test_num_envs_out_of_range(num_envs):
     with pytest.raises(InvalidArgumentError, match=r"num_envs.*1 <= num_envs <= 1048576"):
@@ -111,12 +120,19 @@ def test_unknown_env_kwarg_lists_parameters():
     ("Pendulum-v1", {"g": True}, "must be a float"),
     ("Pendulum-v1", {"g": float("nan")}, "out of range"),
     ("Pendulum-v1", {"g": -1.0}, "out of range"),
+    ("Pendulum-v1", {"g": 10**400}, "out of range"),
     ("CartPole-v1", {"sutton_barto_reward": 1}, "must be a bool"),
     ("MountainCar-v0", {"goal_velocity": [0.1]}, "must be a float"),
 ])
 def test_ill_typed_env_kwargs(env_id, kwargs, match):
     with pytest.raises(InvalidArgumentError, match=match):
         envd.make(env_id, 2, **kwargs)
+
+
+def test_gymnasium_autoreset_mode_values_are_accepted():
+    for mode in ("NextStep", gym.vector.AutoresetMode.SAME_STEP):
+        with envd.make("CartPole-v1", 2, autoreset_mode=mode) as env:
+            assert env.metadata["autoreset_mode"] == gym.vector.AutoresetMode(mode)
 
 
 def test_valid_kwarg_types_are_accepted():
@@ -126,7 +142,7 @@ def test_valid_kwarg_types_are_accepted():
         env.reset(seed=0)
 
 
-@pytest.mark.parametrize("mode", ["NextStep", "next-step", "", 0, None])
+@pytest.mark.parametrize("mode", ["next-step", "NEXT_STEP", "", 0, None])
 def test_unknown_autoreset_mode(mode):
     with pytest.raises(InvalidArgumentError,
                        match="valid modes: 'next_step', 'same_step', 'disabled'"):
@@ -135,8 +151,12 @@ def test_unknown_autoreset_mode(mode):
 
 @pytest.mark.parametrize("kwargs,match", [
     ({"num_threads": -1}, "num_threads"), ({"num_threads": 10_000}, "num_threads"),
-    ({"max_episode_steps": 0}, "max_episode_steps"), ({"seed": -1}, "seed"),
+    ({"max_episode_steps": -1}, "max_episode_steps"), ({"seed": -1}, "seed"),
     ({"seed": [1, 2]}, "num_envs=3"), ({"seed": 1.5}, "seed"),
+    ({"seed": np.array(5)}, "seed"), ({"seed": [1, 2, True]}, "seed"),
+    ({"pin_cpus": 5, "num_threads": 1}, "pin_cpus"),
+    ({"pin_cpus": [0.0], "num_threads": 1}, "pin_cpus"),
+    ({"pin_cpus": [True], "num_threads": 1}, "pin_cpus"),
 ])
 def test_other_bad_make_arguments(kwargs, match):
     with pytest.raises(InvalidArgumentError, match=match):
@@ -151,6 +171,9 @@ def test_bad_reset_arguments():
             env.reset(options={"low": -0.1})
         with pytest.raises(InvalidArgumentError, match="seed"):
             env.reset(seed="zero")
+        for options in ([1], "reset_mask"):
+            with pytest.raises(InvalidArgumentError, match="options must be a dict"):
+                env.reset(options=options)
         still_usable(env)
 
 

@@ -165,3 +165,60 @@ def test_cli_lists_envs(capsys):
     for env_id in BUILTIN_ENV_IDS:
         assert env_id in out
     assert "g (float" in out
+
+
+def test_a_masked_first_reset_seeds_every_env_from_make():
+    """Each env owns its seed + i generator from make on: envs outside the mask
+    of a first reset start, when they are reset later, exactly where a full
+    first reset would have started them (as gymnasium's reset(seed=...))."""
+    ref = gym.make_vec("CartPole-v1", num_envs=3, vectorization_mode="sync")
+    expected = ref.reset(seed=123)[0]
+    with envd.make("CartPole-v1", 3, seed=123) as env:
+        first = env.reset(options={"reset_mask": np.array([True, False, False])})[0].copy()
+        assert first[0].tobytes() == expected[0].tobytes()
+        later = env.reset(options={"reset_mask": np.array([False, True, True])})[0]
+        assert later[1:].tobytes() == expected[1:].tobytes()
+    ref.close()
+
+
+def test_max_episode_steps_zero_means_no_time_limit():
+    with envd.make("Pendulum-v1", 2, seed=0, max_episode_steps=0) as env:
+        assert env.max_episode_steps is None
+        env.reset()
+        for _ in range(450):  # past Pendulum's registered limit of 200
+            _, _, term, trunc, _ = env.step(np.zeros((2, 1), np.float32))
+            assert not (term | trunc).any()
+
+
+def test_a_second_thread_gets_a_clear_error_and_close_waits():
+    """One call at a time: a step racing another thread's step raises
+    EnvStateError; close() from another thread waits for the step in progress
+    instead of freeing memory under it."""
+    env = envd.make("Acrobot-v1", 200_000, seed=0, num_threads=1)
+    env.reset()
+    actions = np.zeros(env.num_envs, np.int64)
+    started, errors = threading.Event(), []
+
+    def stepper():
+        started.set()
+        try:
+            for _ in range(3):
+                env.step(actions)
+        except envd.EnvStateError as exc:  # in use, or closed under us
+            errors.append(exc)
+
+    thread = threading.Thread(target=stepper)
+    thread.start()
+    started.wait(timeout=60)
+    for _ in range(3):
+        try:
+            env.step(actions)
+        except envd.EnvStateError as exc:
+            errors.append(exc)
+    env.close()  # must wait for a step in progress, not free memory under it
+    thread.join(timeout=300)
+    assert not thread.is_alive()
+    for exc in errors:
+        assert "another thread" in str(exc) or "closed" in str(exc)
+    with pytest.raises(envd.EnvStateError, match="closed"):
+        env.step(actions)

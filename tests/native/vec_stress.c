@@ -21,6 +21,7 @@
 #include <errno.h>
 #include <math.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -952,6 +953,18 @@ static void test_callback_failure(envd_pool_t *pool, int64_t chunk)
 }
 
 /* A step in flight: not done, finish says ENVD_EBUSY; then it completes. */
+/* Opens the gate after the main thread has had time to block in destroy. */
+static void *release_gate_later(void *arg)
+{
+    (void)arg;
+    const double deadline = now_s() + 30.0;
+    while (!atomic_load(&g_gate_started) && now_s() < deadline)
+        sched_yield();
+    nanosleep(&(struct timespec){.tv_nsec = 50 * 1000 * 1000}, NULL);
+    atomic_store(&g_gate_release, 1);
+    return NULL;
+}
+
 static void test_in_flight(envd_pool_t *pool)
 {
     test_env_setup();
@@ -970,6 +983,10 @@ static void test_in_flight(envd_pool_t *pool)
         CHECK(now_s() < deadline, "gated step never started");
     CHECK(!envd_vec_step_done(h.vec), "step done while blocked");
     CHECK(envd_vec_step_finish(h.vec) == ENVD_EBUSY, "finish of a step in flight");
+    /* nothing else may run on the vec while its step is pending */
+    CHECK(envd_vec_step(h.vec) == ENVD_EBUSY, "step while a step is pending");
+    CHECK(envd_vec_step_submit(h.vec) == ENVD_EBUSY, "submit while a step is pending");
+    CHECK(envd_vec_reset(h.vec, NULL, NULL) == ENVD_EBUSY, "reset while a step is pending");
     atomic_store(&g_gate_release, 1);
     while (!envd_vec_step_done(h.vec)) {
         CHECK(now_s() < deadline, "released step not done");
@@ -977,7 +994,18 @@ static void test_in_flight(envd_pool_t *pool)
     }
     finish(&h);
     CHECK(h.rewards[2] == (float)(((int64_t *)h.actions)[2] + 0.5), "reward of the gated step");
+    CHECK(envd_vec_step_finish(h.vec) == ENVD_ESTATE, "finish without a submit");
+
+    /* destroy while a step is pending waits for it (ASAN: no use after free) */
+    atomic_store(&g_gate_started, 0);
+    atomic_store(&g_gate_release, 0);
+    fill_actions(&h);
+    CHECK(envd_vec_step_submit(h.vec) == ENVD_OK, "second submit");
+    pthread_t releaser;
+    CHECK(pthread_create(&releaser, NULL, release_gate_later, NULL) == 0, "releaser thread");
     harness_free(&h);
+    CHECK(atomic_load(&g_gate_release), "destroy returned before the pending step ended");
+    pthread_join(releaser, NULL);
 }
 
 /* create / reset / step / destroy over many shapes; LeakSanitizer checks that
