@@ -113,7 +113,7 @@ class VecEnv(VectorEnv):
         num_threads = _check_int("num_threads", num_threads, 0, MAX_THREADS)
         cpus = self._check_pin_cpus(pin_cpus, num_threads)
         params = spec.param_values(env_kwargs)
-        # Random base seed for seed=None, drawn as gymnasium would draw one per env.
+        # seed=None: a random base seed, env i then gets base + i as for an int seed.
         seeds = self._seed_list(secrets.randbelow(2**63) if seed is None else seed)
         self._copy = bool(copy)
         self._episode_statistics = bool(episode_statistics)
