@@ -8,14 +8,19 @@ in the same run, then the ratios the targets are stated in:
   - envd, 1 thread, N=1024  >= 4x gymnasium's numpy vector env
   - envd auto               >= 0.95x the best fixed thread setting, at every N
 
-Machines are noisy: each configuration is measured in several interleaved
-rounds and the best round is kept, so all rows see the same conditions.
+Machines are noisy: each configuration is measured in several rounds, in a
+fresh random order each round and with the garbage collector paused, and the
+best round is kept, so all rows see the same conditions.  Identical
+configurations (auto is threads=1 on a 2-CPU machine) still differ by up to
+~10% between runs on a shared VM; rerun before reading much into 0.9x-1.1x.
 
     python bench/bench_native.py [--env CartPole-v1] [--seconds 0.3] [--rounds 5]
 """
 from __future__ import annotations
 
 import argparse
+import gc
+import random
 import time
 
 import gymnasium as gym
@@ -62,9 +67,15 @@ def measure(env_id: str, seconds: float, rounds: int) -> dict[str, dict[int, flo
         systems = make_systems(env_id, n)
         actions = systems["envd threads=0"].action_space.sample()
         best = {name: 0.0 for name in systems}
+        order = list(systems)
         for _ in range(rounds):
-            for name, env in systems.items():
-                best[name] = max(best[name], steps_per_second(env, actions, seconds))
+            random.shuffle(order)
+            for name in order:
+                gc.disable()
+                try:
+                    best[name] = max(best[name], steps_per_second(systems[name], actions, seconds))
+                finally:
+                    gc.enable()
         for name, env in systems.items():
             table.setdefault(name, {})[n] = best[name]
             env.close()

@@ -264,7 +264,7 @@ class VecEnv(VectorEnv):
 
     def _acquire(self) -> None:
         """Take the env for one call, or raise if it is closed or in use."""
-        if not self._lock.acquire(blocking=False):
+        if not self._lock.acquire(False):  # positional: the hot path
             raise EnvStateError(
                 f"this {self.envd_spec.id} VecEnv is being used by another thread; "
                 "a VecEnv takes one call at a time")
@@ -276,8 +276,10 @@ class VecEnv(VectorEnv):
         """The info of a step in which some episode ended: gymnasium's
         RecordEpisodeStatistics shape, info["episode"]["r"|"l"|"t"] with the mask
         info["_episode"] (the native vec fills these), and for SAME_STEP
-        info["final_obs"] (an object array) and info["final_info"]."""
-        dones = self._dones.copy()
+        info["final_obs"] (an object array) and info["final_info"].  Like the
+        other results, the arrays are views valid until the next step (copies
+        with copy=True); final_obs holds copies."""
+        dones = self._dones.copy() if self._copy else self._dones
         info: dict[str, Any] = {}
         if self._final_obs is not None:
             final = np.full(self.num_envs, None, dtype=object)
@@ -285,11 +287,12 @@ class VecEnv(VectorEnv):
             for i, obs in zip(done_index, self._final_obs[done_index]):
                 final[i] = obs
             info["final_obs"], info["_final_obs"] = final, dones
-            info["final_info"], info["_final_info"] = {}, dones.copy()
+            info["final_info"], info["_final_info"] = {}, dones
         if self._episode_statistics:
-            info["episode"] = {"r": self._episode_returns.copy(),
-                               "l": self._episode_lengths.copy(),
-                               "t": self._episode_times.copy()}
+            stats = (self._episode_returns, self._episode_lengths, self._episode_times)
+            if self._copy:
+                stats = tuple(a.copy() for a in stats)
+            info["episode"] = dict(zip("rlt", stats))
             info["_episode"] = dones
         return info
 

@@ -52,6 +52,25 @@ def test_copy_option_returns_independent_arrays():
         for a, b in zip(first[:4], second[:4]):
             assert not np.shares_memory(a, b)
         assert first[0].tobytes() != second[0].tobytes()
+        infos = []
+        while len(infos) < 2:
+            info = env.step(np.ones(4, np.int64))[4]
+            if info:
+                infos.append(info)
+        for key in "rlt":
+            assert not np.shares_memory(infos[0]["episode"][key], infos[1]["episode"][key])
+        assert not np.shares_memory(infos[0]["_episode"], infos[1]["_episode"])
+
+
+def test_info_arrays_are_views_by_default():
+    with envd.make("CartPole-v1", 4, seed=0) as env:
+        env.reset()
+        infos = []
+        while len(infos) < 2:
+            info = env.step(np.ones(4, np.int64))[4]
+            if info:
+                infos.append(info)
+        assert np.shares_memory(infos[0]["episode"]["r"], infos[1]["episode"]["r"])
 
 
 def test_episode_statistics_match_gymnasium_wrapper_on_top_of_envd():
