@@ -151,8 +151,11 @@ static void write_episode_stats(envd_vec_t *vec, int64_t i, bool done, lazy_cloc
 }
 
 /* One env step with time limit, episode statistics and autoreset.  Returns
- * whether the episode ended. */
-static bool step_env(envd_vec_t *vec, int64_t i, lazy_clock_t *clock)
+ * whether the episode ended.  Forced inline into the chunk loop: gcc keeps it
+ * out of line, and the call costs ~20 instructions per env (7% of a
+ * CartPole step, counted with callgrind). */
+static inline __attribute__((always_inline)) bool step_env(envd_vec_t *vec, int64_t i,
+                                                           lazy_clock_t *clock)
 {
     env_slot_t *slot = slot_of(vec, i);
     const envd_vec_buffers_t *b = &vec->buf;
