@@ -350,21 +350,9 @@ static int finish_pooled(envd_vec_t *vec)
     return step_result(vec);
 }
 
-int envd_vec_step(envd_vec_t *vec)
-{
-    int64_t chunk = 0;
-    int rc = step_begin(vec, &chunk);
-    if (rc != ENVD_OK)
-        return rc;
-    if (chunk == 0) {
-        step_inline(vec);
-        return step_result(vec);
-    }
-    rc = envd_pool_run(vec->pool, &vec->job, timed_step_range, vec, vec->config.num_envs, chunk);
-    return rc != ENVD_OK ? rc : finish_pooled(vec);
-}
-
-int envd_vec_step_submit(envd_vec_t *vec)
+/* Start a step: inline now, or on the pool with the given job flags.  On
+ * success the step is pending until envd_vec_step_finish. */
+static int step_start(envd_vec_t *vec, int job_flags)
 {
     int64_t chunk = 0;
     int rc = step_begin(vec, &chunk);
@@ -377,11 +365,23 @@ int envd_vec_step_submit(envd_vec_t *vec)
         return ENVD_OK;
     }
     rc = envd_pool_submit(vec->pool, &vec->job, timed_step_range, vec,
-                          vec->config.num_envs, chunk, ENVD_JOB_NOTIFY);
+                          vec->config.num_envs, chunk, job_flags);
     if (rc == ENVD_OK)
         vec->pending = PENDING_POOLED;
     return rc;
 }
+
+int envd_vec_step(envd_vec_t *vec)
+{
+    int rc = step_start(vec, 0);
+    if (rc != ENVD_OK)
+        return rc;
+    if (vec->pending == PENDING_POOLED)
+        envd_pool_wait(vec->pool, &vec->job); /* the calling thread runs chunks too */
+    return envd_vec_step_finish(vec);
+}
+
+int envd_vec_step_submit(envd_vec_t *vec) { return step_start(vec, ENVD_JOB_NOTIFY); }
 
 int envd_vec_step_done(const envd_vec_t *vec)
 {
