@@ -1,16 +1,23 @@
-"""envd: vectorised RL environments stepped by a native thread pool.
+"""envd: vectorised RL environments stepped by a native thread pool, in-process or in a daemon.
 
     import envd
-    env = envd.make("CartPole-v1", num_envs=1024, seed=0)   # in-process
+    env = envd.make("CartPole-v1", num_envs=1024, seed=0)               # in-process
+    env = envd.connect().make("CartPole-v1", num_envs=1024, seed=0)     # served by `envd`
     obs, info = env.reset()
     obs, rewards, terminations, truncations, info = env.step(actions)
 """
-from envd.errors import (EnvdError, EnvStateError, InvalidActionError, InvalidArgumentError,
-                         NativeError, UnknownEnvError)
-from envd.native import VecEnv, list_envs, make
-
 __version__ = "0.1.0"
 
-__all__ = ["make", "list_envs", "VecEnv", "EnvdError", "UnknownEnvError",
-           "InvalidArgumentError", "InvalidActionError", "EnvStateError", "NativeError",
-           "__version__"]
+from envd.errors import (ConnectionLostError, DaemonError, EnvdError, EnvdTimeoutError,  # noqa: E402
+                         EnvStateError, InvalidActionError, InvalidArgumentError,
+                         LimitExceededError, NativeError, ProtocolError, SessionExpiredError,
+                         SharedMemoryError, ShuttingDownError, UnknownEnvError,
+                         UnknownSessionError)
+from envd.native import VecEnv, list_envs, make  # noqa: E402
+from envd.client import Client, RemoteVecEnv, connect  # noqa: E402
+
+__all__ = ["make", "list_envs", "VecEnv", "connect", "Client", "RemoteVecEnv",
+           "EnvdError", "UnknownEnvError", "InvalidArgumentError", "InvalidActionError",
+           "EnvStateError", "NativeError", "ProtocolError", "LimitExceededError",
+           "UnknownSessionError", "SessionExpiredError", "DaemonError", "ShuttingDownError",
+           "ConnectionLostError", "EnvdTimeoutError", "SharedMemoryError", "__version__"]

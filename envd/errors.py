@@ -1,8 +1,13 @@
 """The one exception hierarchy of envd.
 
 Every error envd raises on purpose is an ``EnvdError``.  Subclasses also derive
-from the matching builtin (``ValueError``, ``RuntimeError``...) so code written
-against gymnasium's conventions keeps catching them.
+from the matching builtin (``ValueError``, ``RuntimeError``, ``TimeoutError``...)
+so code written against gymnasium's conventions keeps catching them.
+
+Each class carries ``error_code``, the name the daemon puts on the wire for it
+(see envd.protocol.ERROR_CODES): an error raised inside the daemon reaches the
+client as the same class with the same message, so a remote env fails exactly
+as an in-process one would.
 """
 from __future__ import annotations
 
@@ -10,30 +15,102 @@ from __future__ import annotations
 class EnvdError(Exception):
     """Base class of every error raised by envd."""
 
+    error_code = "internal"
+
 
 class UnknownEnvError(EnvdError, ValueError):
     """No env is registered under the requested id."""
+
+    error_code = "unknown_env"
 
 
 class InvalidArgumentError(EnvdError, ValueError):
     """A call got an argument it cannot accept (num_envs, seeds, kwargs, modes...)."""
 
+    error_code = "invalid_argument"
+
 
 class InvalidActionError(EnvdError, ValueError):
     """Actions of the wrong shape or dtype, or a discrete action out of range."""
 
+    error_code = "invalid_action"
+
 
 class EnvStateError(EnvdError, RuntimeError):
-    """The call is not valid in the env's current state (closed, not reset, done)."""
+    """The call is not valid in the env's current state (closed, not reset, done, busy)."""
+
+    error_code = "env_state"
 
 
 class NativeError(EnvdError, RuntimeError):
     """The native core failed unexpectedly; ``code`` is its ENVD_E* error code."""
+
+    error_code = "native"
 
     def __init__(self, message: str, code: int):
         super().__init__(message)
         self.code = code
 
 
+class ProtocolError(EnvdError, ValueError):
+    """A message the other side cannot accept: malformed, unknown type, wrong
+    field types, unsupported protocol version."""
+
+    error_code = "bad_request"
+
+
+class LimitExceededError(EnvdError, RuntimeError):
+    """The daemon refused a request that would exceed one of its limits
+    (sessions, envs per client, message size)."""
+
+    error_code = "limit_exceeded"
+
+
+class UnknownSessionError(EnvdError, LookupError):
+    """The daemon has no session with this id (closed, or never made)."""
+
+    error_code = "unknown_session"
+
+
+class SessionExpiredError(UnknownSessionError):
+    """The daemon freed this session because its client went silent for longer
+    than the lease timeout."""
+
+    error_code = "session_expired"
+
+
+class DaemonError(EnvdError, RuntimeError):
+    """The daemon failed while serving a request (its log has the details)."""
+
+    error_code = "internal"
+
+
+class ShuttingDownError(EnvdError, ConnectionError):
+    """The daemon is draining after SIGTERM/SIGINT and takes no new work."""
+
+    error_code = "shutting_down"
+
+
+class ConnectionLostError(EnvdError, ConnectionError):
+    """No daemon answers at the endpoint, or the connection to it broke."""
+
+    error_code = "connection_lost"
+
+
+class EnvdTimeoutError(EnvdError, TimeoutError):
+    """A blocking call to the daemon got no reply within its timeout."""
+
+    error_code = "timeout"
+
+
+class SharedMemoryError(EnvdError, OSError):
+    """The client cannot attach a session's shared-memory segment (the daemon
+    runs on another host or in another IPC namespace, or the segment is gone)."""
+
+    error_code = "shared_memory"
+
+
 __all__ = ["EnvdError", "UnknownEnvError", "InvalidArgumentError", "InvalidActionError",
-           "EnvStateError", "NativeError"]
+           "EnvStateError", "NativeError", "ProtocolError", "LimitExceededError",
+           "UnknownSessionError", "SessionExpiredError", "DaemonError", "ShuttingDownError",
+           "ConnectionLostError", "EnvdTimeoutError", "SharedMemoryError"]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 # The five built-in envs, each matched against gymnasium bit for bit.
 BUILTIN_ENV_IDS = ["CartPole-v1", "Pendulum-v1", "MountainCar-v0",
@@ -17,3 +18,14 @@ def random_actions(space, num_envs: int, rng: np.random.Generator) -> np.ndarray
     low = np.broadcast_to(space.low, space.shape) * 1.5
     high = np.broadcast_to(space.high, space.shape) * 1.5
     return rng.uniform(low, high, size=(num_envs, *space.shape)).astype(space.dtype)
+
+
+@pytest.fixture
+def daemon(tmp_path):
+    """A real daemon process (2 threads, 10 s lease) on a temporary ipc endpoint
+    for one test; afterwards it must exit 0 on SIGTERM and leave no segment."""
+    from daemon_helpers import DaemonProcess, segments_of
+    with DaemonProcess(tmp_path / "daemon", "--threads", "2", "--lease-timeout", "10") as proc:
+        yield proc
+    assert proc.proc.returncode == 0, proc.log()
+    assert segments_of(proc.pid) == []

@@ -1,0 +1,234 @@
+"""The trainer's connection to a daemon: ``envd.connect()`` returns a Client.
+
+One Client is one DEALER socket with a random routing id (the identity the
+daemon leases sessions to), a monitor that reports a broken connection at
+once, and a heartbeat thread (see heartbeat.py).  Requests are synchronous:
+send, then wait for the reply with the same id, at most ``timeout`` seconds.
+Replies to earlier requests that timed out are recognised by their id and
+dropped.  A Client may be shared by threads; requests are serialised.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import time
+import weakref
+from typing import Any, Sequence
+
+import msgpack
+import numpy as np
+import zmq
+from gymnasium.vector import AutoresetMode
+from zmq.utils.monitor import recv_monitor_message
+
+from envd import __version__, protocol
+from envd.client.heartbeat import Heartbeat
+from envd.client.remote_vector_env import RemoteVecEnv
+from envd.errors import (ConnectionLostError, EnvdTimeoutError, EnvStateError,
+                         InvalidArgumentError, UnknownSessionError)
+from envd.vector_base import autoreset_mode_name, check_int, parse_autoreset_mode
+
+#: The most envs one make may ask for (the native vec's limit).
+MAX_NUM_ENVS = 1 << 20
+
+
+def _wire(name: str, value: Any) -> Any:
+    """value in msgpack's types (numpy scalars and arrays become Python ones)."""
+    if isinstance(value, (np.generic, np.ndarray)):
+        return value.tolist()
+    if isinstance(value, (list, tuple)):
+        return [_wire(name, v) for v in value]
+    if isinstance(value, dict):
+        return {k: _wire(name, v) for k, v in value.items()}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise InvalidArgumentError(f"{name}: a {type(value).__name__} cannot be sent to the daemon")
+
+
+def _check_timeout(timeout: float) -> float:
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < 1e7:
+        raise InvalidArgumentError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    return float(timeout)
+
+
+class Client:
+    """A connection to one envd daemon (see envd.connect)."""
+
+    def __init__(self, endpoint: str | None = None, *, timeout: float = 30.0,
+                 name: str | None = None):
+        self.endpoint = endpoint or protocol.default_endpoint()
+        self.timeout = _check_timeout(timeout)
+        self.closed = False
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._envs: weakref.WeakSet = weakref.WeakSet()
+        self._orphans: list[str] = []  # sessions of envs garbage-collected unclosed
+        self._heartbeat: Heartbeat | None = None
+        self._check_endpoint()
+        self._context = zmq.Context()
+        self._socket = self._context.socket(zmq.DEALER)
+        self.client_id = b"\x01" + os.urandom(15)  # ZeroMQ reserves ids starting with 0
+        self._socket.setsockopt(zmq.ROUTING_ID, self.client_id)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._monitor = self._socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self._poller = zmq.Poller()
+        self._poller.register(self._socket, zmq.POLLIN)
+        self._poller.register(self._monitor, zmq.POLLIN)
+        try:
+            self._socket.connect(self.endpoint)
+            self.server_info = self._request({
+                "type": "hello", "version": protocol.PROTOCOL_VERSION,
+                "client_name": name or f"envd {__version__} pid {os.getpid()}"})
+        except EnvdTimeoutError:
+            self._teardown()
+            raise ConnectionLostError(
+                f"no envd daemon answered at {self.endpoint} within {self.timeout:g} s; "
+                "start one with `envd --threads N`") from None
+        except BaseException:
+            self._teardown()
+            raise
+        self._heartbeat = Heartbeat(self._context, self.endpoint, self.client_id,
+                                    float(self.server_info["heartbeat_interval"]))
+        self._heartbeat.start()
+
+    def _check_endpoint(self) -> None:
+        if not isinstance(self.endpoint, str) or not self.endpoint.startswith(("ipc://", "tcp://")):
+            raise InvalidArgumentError(
+                f"endpoint must be 'ipc:///path' or 'tcp://host:port', got {self.endpoint!r}")
+        path = self.endpoint[len("ipc://"):]
+        if self.endpoint.startswith("ipc://") and not path.startswith("@") and not os.path.exists(path):
+            raise ConnectionLostError(
+                f"no envd daemon at {self.endpoint}: {path} does not exist; start one with "
+                "`envd --threads N` (or set ENVD_ENDPOINT to the daemon's endpoint)")
+
+    # ---- requests -------------------------------------------------------------------
+    def _request(self, header: dict[str, Any], blobs: Sequence[bytes] = (),
+                 timeout: float | None = None) -> dict[str, Any]:
+        """Send one request and return its ok reply; raise the error of an
+        error reply, EnvdTimeoutError, or ConnectionLostError."""
+        with self._lock:
+            if self.closed:
+                raise EnvStateError(f"this client of {self.endpoint} is closed")
+            self._send_orphan_closes()
+            request_id = header["id"] = next(self._ids)
+            if blobs:
+                self._socket.send_multipart([protocol.pack(header), *blobs], copy=False)
+            else:  # the hot path: one small frame, copied (cheaper than zero-copy here)
+                self._socket.send(protocol.pack(header))
+            return self._wait_reply(request_id, header["type"],
+                                    self.timeout if timeout is None else timeout)
+
+    def _wait_reply(self, request_id: int, kind: str, timeout: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise EnvdTimeoutError(
+                    f"no reply to {kind!r} from the daemon at {self.endpoint} within "
+                    f"{timeout:g} s (Client timeout)")
+            events = dict(self._poller.poll(remaining * 1000))
+            if self._monitor in events and \
+                    recv_monitor_message(self._monitor)["event"] == zmq.EVENT_DISCONNECTED:
+                raise ConnectionLostError(
+                    f"lost the connection to the daemon at {self.endpoint} while waiting for "
+                    f"the reply to {kind!r}; the daemon stopped or crashed, and its sessions "
+                    "are gone")
+            if self._socket in events:
+                reply = msgpack.unpackb(self._socket.recv(), raw=False)
+                if reply.get("id") != request_id:
+                    continue  # the late reply of a request that timed out, or an orphan close
+                if reply.get("ok"):
+                    return reply
+                protocol.raise_error(reply)
+
+    def _send_orphan_closes(self) -> None:
+        """Close sessions of envs that were garbage-collected without close()
+        (their __del__ cannot talk to the socket: it may run in any thread)."""
+        while self._orphans:
+            session = self._orphans.pop()
+            self._socket.send(protocol.pack({"type": "close", "id": next(self._ids),
+                                             "session": session}))
+
+    # ---- public API ------------------------------------------------------------------------
+    def make(self, env_id: str, num_envs: int, *, seed: int | Sequence[int] | None = None,
+             autoreset_mode: str | AutoresetMode = "next_step",
+             max_episode_steps: int | None = None, copy: bool = False,
+             episode_statistics: bool = True, **env_kwargs: Any) -> RemoteVecEnv:
+        """Make num_envs instances of env_id in the daemon.  Arguments and the
+        returned VecEnv are those of the in-process envd.make (without the
+        thread options: the daemon's pool steps every session); the arrays the
+        env returns are views of the session's shared memory."""
+        num_envs = check_int("num_envs", num_envs, 1, MAX_NUM_ENVS)
+        mode = parse_autoreset_mode(autoreset_mode)
+        header = {"type": "make", "env_id": env_id, "num_envs": num_envs,
+                  "autoreset_mode": autoreset_mode_name(mode),
+                  "seed": _wire("seed", seed),
+                  "max_episode_steps": _wire("max_episode_steps", max_episode_steps),
+                  "env_kwargs": _wire("env_kwargs", env_kwargs)}
+        reply = self._request(header)
+        try:
+            env = RemoteVecEnv(self, reply, num_envs, mode, copy, episode_statistics)
+        except BaseException:
+            self._close_session(reply["session"])
+            raise
+        self._envs.add(env)
+        return env
+
+    def list_envs(self) -> list[str]:
+        """Ids of every env the daemon can make, sorted."""
+        return [env["id"] for env in self.describe_envs()]
+
+    def describe_envs(self) -> list[dict[str, Any]]:
+        """Every env the daemon can make, with its spaces, time limit and parameters."""
+        return self._request({"type": "list_envs"})["envs"]
+
+    def status(self) -> dict[str, Any]:
+        """The daemon's state: version, pid, threads, clients, sessions, envs, limits."""
+        reply = self._request({"type": "status"})
+        return {k: v for k, v in reply.items() if k not in ("id", "ok")}
+
+    def _close_session(self, session: str) -> None:
+        """Free a session in the daemon; a daemon that is gone has freed it already."""
+        try:
+            self._request({"type": "close", "session": session})
+        except (ConnectionLostError, EnvdTimeoutError, EnvStateError, UnknownSessionError):
+            pass
+
+    def close(self) -> None:
+        """Close every env made through this client, then the connection.  Idempotent."""
+        if self.closed:
+            return
+        for env in list(self._envs):
+            env.close()
+        with self._lock:
+            self.closed = True
+            self._teardown()
+
+    def _teardown(self) -> None:
+        self.closed = True
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+        self._socket.disable_monitor()
+        self._monitor.close(linger=0)
+        self._socket.close(linger=0)
+        self._context.term()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"connected to {self.server_info.get('server')}"
+        return f"envd.Client({self.endpoint!r}, {state})"
+
+
+def connect(endpoint: str | None = None, *, timeout: float = 30.0) -> Client:
+    """Connect to the envd daemon at endpoint ("ipc:///path" or "tcp://host:port";
+    default: ENVD_ENDPOINT, else the default ipc socket).  Every call on the
+    client and its envs raises envd.EnvdTimeoutError after timeout seconds
+    without a reply, and envd.ConnectionLostError at once if the daemon goes away."""
+    return Client(endpoint, timeout=timeout)
+

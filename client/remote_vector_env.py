@@ -1,0 +1,68 @@
+"""The daemon-served vector env: what ``Client.make`` returns.
+
+The same gymnasium VectorEnv as the in-process ``envd.make`` (both are an
+envd.vector_base.BatchedVecEnv): the batch buffers are views of the session's
+shared-memory segment, a step writes the actions there, sends one small
+message and reads the results in place when the reply comes.  Nothing but the
+message header crosses the socket.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from gymnasium.vector import AutoresetMode
+
+from envd import protocol
+from envd.shm import Segment
+from envd.vector_base import BatchedVecEnv
+
+if TYPE_CHECKING:
+    from envd.client.connection import Client
+
+
+class RemoteVecEnv(BatchedVecEnv):
+    """num_envs envs stepped by a daemon's pool (see Client.make)."""
+
+    def __init__(self, client: "Client", reply: dict[str, Any], num_envs: int,
+                 mode: AutoresetMode, copy: bool, episode_statistics: bool):
+        self._client = None
+        self.session = reply["session"]
+        info = client.server_info
+        shm = reply["shm"]
+        segment = Segment.attach(
+            shm["name"], self.session, shm["arrays"], shm["size"],
+            where=f"the daemon at {client.endpoint} (host {info['hostname']}, pid {info['pid']})")
+        super().__init__(reply["env_id"], protocol.space_from_wire(reply["observation_space"]),
+                         protocol.space_from_wire(reply["action_space"]), num_envs, mode, reply["max_episode_steps"], copy, episode_statistics)
+        self._client = client
+        self._segment = segment
+        self._bind_buffers(segment.arrays)
+        self._step_header = {"type": "step", "session": self.session}
+
+    # ---- BatchedVecEnv hooks --------------------------------------------------------
+    def _run_reset(self, with_seeds: bool, with_mask: bool) -> None:
+        self._client._request({"type": "reset", "session": self.session,
+                               "seeds": with_seeds, "mask": with_mask})
+
+    def _run_step(self) -> int:
+        return self._client._request(dict(self._step_header))["num_done"]
+
+    def _release(self) -> None:
+        if self._client is not None and not self.closed:
+            if not self._client.closed:
+                self._client._close_session(self.session)
+        self._client = None
+
+    def __del__(self) -> None:
+        # Garbage collection may run in any thread, even one inside a request
+        # on this client's socket: hand the session to the client to close at
+        # its next request instead of talking to the socket here.
+        client = getattr(self, "_client", None)
+        if client is not None and not self.closed and not client.closed:
+            client._orphans.append(self.session)
+        self.closed = True
+
+    def __repr__(self) -> str:
+        return (f"envd.RemoteVecEnv({self.env_id!r}, num_envs={self.num_envs}, "
+                f"session={self.session[:8]}, endpoint={self._client.endpoint if self._client else None!r}, "
+                f"autoreset_mode={self.metadata['autoreset_mode']})")

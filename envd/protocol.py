@@ -1,0 +1,229 @@
+"""The envd wire protocol: the one definition both the daemon and the client import.
+
+Transport
+---------
+The daemon binds one ZeroMQ ROUTER socket; a client connects a DEALER socket
+whose routing id it picks at random (16 bytes).  Requests and replies are
+multipart messages::
+
+    client -> daemon   [header]            [blob 0] [blob 1] ...
+    daemon sees        [routing id] [header] [blob 0] [blob 1] ...
+    daemon -> client   [routing id] [header] [blob 0] ...   (ROUTER strips the id)
+
+``header`` is one msgpack map (binary and str types kept apart, no ext types).
+``blob i`` are raw array bytes, only where a message says so (e.g. ``step``
+with inline actions); arrays never travel inside msgpack and nothing is
+pickled.  A frame count the message type does not expect is a bad request.
+
+Requests
+--------
+Every request header has ``"type"`` (str) and ``"id"`` (int, chosen by the
+client, echoed in the reply).  ``hello`` must come first on a connection and
+carries ``"version"``; the daemon answers ``unsupported_version`` when it
+does not speak it.  Per type, the fields (``?`` = optional):
+
+    hello      version:int, client_name?:str
+    heartbeat  client?:bin          (keeps that client's lease; default: the sender)
+    list_envs  -
+    status     -
+    make       env_id:str, num_envs:int, seed?:int|[int]|nil, autoreset_mode?:str,
+               max_episode_steps?:int|nil, env_kwargs?:map
+               (seed and max_episode_steps are checked as envd.make checks them)
+    reset      session:str, seeds?:bool, mask?:bool
+               (seeds / mask: read the "reset_seeds" / "reset_mask" arrays of
+               the session's shared memory, written by the client)
+    step       session:str, actions?:{dtype:str, shape:[int]}
+               (actions given: blob 0 holds them, C order, exactly that dtype
+               and shape; else the client wrote the "actions" array in shm)
+    close      session:str
+
+Replies
+-------
+``{"id": <request id>, "ok": true, ...result}`` or
+``{"id": <request id or nil>, "ok": false, "code": <ERROR_CODES key>,
+"message": <str for a human>}`` (plus ``"native_code"`` for code ``native``).
+A reply never carries a traceback.  Results:
+
+    hello      version, server, pid, hostname, lease_timeout, heartbeat_interval,
+               limits: {max_sessions, max_envs_per_client, max_message_bytes}
+    heartbeat  -
+    list_envs  envs: [{id, observation_space, action_space, max_episode_steps, params}]
+    status     see envd.server.daemon.Daemon.status
+    make       session, env_id, shm: {name, size, arrays: {name: [offset, dtype, shape]}},
+               observation_space, action_space, max_episode_steps, autoreset_mode
+    reset      -
+    step       num_done:int   (envs whose episode ended in this step)
+    close      -
+
+Spaces travel as ``{"kind": "box", "dtype", "shape", "low", "high"}`` (bounds
+as nested lists of floats) or ``{"kind": "discrete", "n", "start"}``.
+
+Sessions and leases
+-------------------
+A session (one ``make``) belongs to the connection that made it.  Any request
+from that connection, or a ``heartbeat`` naming it, renews its lease; after
+``lease_timeout`` seconds of silence the daemon frees all its sessions and
+later requests for them get ``session_expired``.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import msgpack
+import numpy as np
+from gymnasium import spaces
+
+from envd import errors
+
+PROTOCOL_VERSION = 1
+
+
+def default_endpoint() -> str:
+    """ENVD_ENDPOINT, else an ipc socket in $XDG_RUNTIME_DIR, else in /tmp/envd-$UID/."""
+    endpoint = os.environ.get("ENVD_ENDPOINT")
+    if endpoint:
+        return endpoint
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    folder = runtime if runtime and os.path.isdir(runtime) else f"/tmp/envd-{os.getuid()}"
+    return f"ipc://{folder}/envd.sock"
+
+
+#: Message types a daemon accepts, each with its fields: name -> (allowed
+#: types, required).  bool is never accepted where int is asked for.
+_INT = (int,)
+_ANY = (object,)  # checked by the handler, whose errors match envd.make's
+_SESSION = {"session": ((str,), True)}
+MESSAGE_FIELDS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
+    "hello": {"version": (_INT, True), "client_name": ((str,), False)},
+    "heartbeat": {"client": ((bytes,), False)},
+    "list_envs": {},
+    "status": {},
+    "make": {"env_id": ((str,), True), "num_envs": (_INT, True),
+             "seed": (_ANY, False), "autoreset_mode": ((str,), False),
+             "max_episode_steps": (_ANY, False), "env_kwargs": ((dict,), False)},
+    "reset": {**_SESSION, "seeds": ((bool,), False), "mask": ((bool,), False)},
+    "step": {**_SESSION, "actions": ((dict,), False)},
+    "close": _SESSION,
+}
+#: Number of blobs after the header each type may carry.
+MAX_BLOBS = {"step": 1}
+
+#: The error-code table: wire code -> the exception the client raises.
+ERROR_CODES: dict[str, type[errors.EnvdError]] = {
+    cls.error_code: cls for cls in (
+        errors.ProtocolError, errors.UnknownEnvError, errors.InvalidArgumentError,
+        errors.InvalidActionError, errors.EnvStateError, errors.NativeError,
+        errors.LimitExceededError, errors.UnknownSessionError, errors.SessionExpiredError,
+        errors.DaemonError, errors.ShuttingDownError)
+}
+ERROR_CODES["unsupported_version"] = errors.ProtocolError
+ERROR_CODES["unknown_type"] = errors.ProtocolError
+
+
+class BadRequest(errors.ProtocolError):
+    """Raised by the daemon's validation; ``code`` picks the wire code."""
+
+    def __init__(self, message: str, code: str = "bad_request"):
+        super().__init__(message)
+        self.error_code = code
+
+
+# ---- encoding -----------------------------------------------------------------------
+def pack(header: dict[str, Any]) -> bytes:
+    return msgpack.packb(header, use_bin_type=True)
+
+
+def unpack(frame: bytes, max_size: int) -> dict[str, Any]:
+    """Decode one header frame; BadRequest unless it is a msgpack map with str keys.
+    max_size bounds every container msgpack may allocate (no memory bombs)."""
+    try:
+        header = msgpack.unpackb(frame, raw=False, strict_map_key=True,
+                                 max_bin_len=max_size, max_str_len=max_size,
+                                 max_array_len=max_size, max_map_len=max_size, max_ext_len=0)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise BadRequest(f"the header frame is not valid msgpack ({type(exc).__name__})") from None
+    if not isinstance(header, dict):
+        raise BadRequest(f"the header must be a msgpack map, got {type(header).__name__}")
+    return header
+
+
+def _type_names(types: tuple[type, ...]) -> str:
+    names = {int: "int", str: "str", bytes: "bin", bool: "bool", list: "array",
+             dict: "map", type(None): "nil", object: "any"}
+    return " or ".join(names[t] for t in types)
+
+
+def validate_request(header: dict[str, Any], num_blobs: int) -> str:
+    """Check the envelope and the fields of a request; return its type."""
+    kind = header.get("type")
+    if not isinstance(kind, str):
+        raise BadRequest("a request needs a 'type' field of type str")
+    request_id = header.get("id")
+    if not isinstance(request_id, int) or isinstance(request_id, bool):
+        raise BadRequest("a request needs an 'id' field of type int")
+    fields = MESSAGE_FIELDS.get(kind)
+    if fields is None:
+        raise BadRequest(f"unknown message type {kind!r}; known types: "
+                         f"{', '.join(MESSAGE_FIELDS)}", "unknown_type")
+    for name, (types, required) in fields.items():
+        if name not in header:
+            if required:
+                raise BadRequest(f"{kind}: missing field {name!r} ({_type_names(types)})")
+            continue
+        value = header[name]
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            raise BadRequest(f"{kind}: field {name!r} must be {_type_names(types)}, "
+                             f"got {type(value).__name__}")
+    extra = sorted(set(header) - set(fields) - {"type", "id"})
+    if extra:
+        raise BadRequest(f"{kind}: unknown fields {extra}")
+    if num_blobs > MAX_BLOBS.get(kind, 0):
+        raise BadRequest(f"{kind}: takes at most {MAX_BLOBS.get(kind, 0)} data frames, "
+                         f"got {num_blobs}")
+    return kind
+
+
+def ok_reply(request_id: int, **result: Any) -> dict[str, Any]:
+    return {"id": request_id, "ok": True, **result}
+
+
+def error_reply(request_id: int | None, exc: errors.EnvdError) -> dict[str, Any]:
+    reply = {"id": request_id, "ok": False, "code": exc.error_code, "message": str(exc)}
+    if isinstance(exc, errors.NativeError):
+        reply["native_code"] = exc.code
+    return reply
+
+
+def raise_error(reply: dict[str, Any]) -> None:
+    """Raise the exception an error reply stands for (the class of its code)."""
+    code = reply.get("code")
+    message = str(reply.get("message", "the daemon gave no message"))
+    cls = ERROR_CODES.get(code, errors.DaemonError)
+    if cls is errors.NativeError:
+        raise errors.NativeError(message, int(reply.get("native_code", -1)))
+    exc = cls(message)
+    if cls is errors.DaemonError and code != "internal":
+        exc.error_code = str(code)  # a code this client does not know: keep it visible
+    raise exc
+
+
+# ---- spaces ---------------------------------------------------------------------------
+def space_to_wire(space: spaces.Space) -> dict[str, Any]:
+    if isinstance(space, spaces.Discrete):
+        return {"kind": "discrete", "n": int(space.n), "start": int(space.start)}
+    if isinstance(space, spaces.Box):
+        return {"kind": "box", "dtype": space.dtype.str, "shape": list(space.shape),
+                "low": space.low.astype(np.float64).tolist(),
+                "high": space.high.astype(np.float64).tolist()}
+    raise TypeError(f"spaces of type {type(space).__name__} have no wire form")
+
+
+def space_from_wire(wire: dict[str, Any]) -> spaces.Space:
+    if wire["kind"] == "discrete":
+        return spaces.Discrete(int(wire["n"]), start=int(wire["start"]))
+    dtype = np.dtype(wire["dtype"])
+    shape = tuple(wire["shape"])
+    low = np.array(wire["low"], np.float64).reshape(shape).astype(dtype)
+    high = np.array(wire["high"], np.float64).reshape(shape).astype(dtype)
+    return spaces.Box(low, high, shape=shape, dtype=dtype)

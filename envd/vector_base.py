@@ -1,0 +1,287 @@
+"""What the in-process and the daemon-served VecEnv share: the gymnasium API.
+
+Both are N envs stepped over one set of batch buffers (numpy arrays in the
+process, or views of a session's shared memory); they differ only in who runs
+a reset or a step: the native core in this process, or the daemon.  Keeping
+argument checks, action conversion, the info dict and the view/copy rules
+here makes the two behave the same by construction.
+
+Lifetime of returned arrays: the observation, reward, termination and
+truncation arrays returned by ``reset``/``step`` (and the arrays in ``info``)
+are views that stay valid until the next call that steps or resets this env,
+which overwrites them in place.  Keep a copy (or pass ``copy=True`` to
+``make``) to hold on to them.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Sequence
+
+import numpy as np
+from gymnasium import spaces
+from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector.utils import batch_space
+
+from envd.errors import EnvStateError, InvalidActionError, InvalidArgumentError
+
+SEED_LIMIT = 2**64
+
+AUTORESET_MODE_NAMES = {"next_step": AutoresetMode.NEXT_STEP,
+                        "same_step": AutoresetMode.SAME_STEP,
+                        "disabled": AutoresetMode.DISABLED}
+
+
+def parse_autoreset_mode(mode: str | AutoresetMode) -> AutoresetMode:
+    """"next_step" | "same_step" | "disabled", or a gymnasium AutoresetMode
+    (or its value, e.g. "NextStep")."""
+    if isinstance(mode, AutoresetMode):
+        return mode
+    if isinstance(mode, str) and mode in AUTORESET_MODE_NAMES:
+        return AUTORESET_MODE_NAMES[mode]
+    if isinstance(mode, str) and mode in {m.value for m in AutoresetMode}:
+        return AutoresetMode(mode)
+    names = ", ".join(map(repr, AUTORESET_MODE_NAMES))
+    raise InvalidArgumentError(f"unknown autoreset_mode {mode!r}; valid modes: {names}")
+
+
+def autoreset_mode_name(mode: AutoresetMode) -> str:
+    return next(name for name, value in AUTORESET_MODE_NAMES.items() if value is mode)
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def check_int(name: str, value: Any, low: int, high: int) -> int:
+    if not is_int(value):
+        raise InvalidArgumentError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if not low <= value <= high:
+        raise InvalidArgumentError(f"{name}={value} is out of range; expected {low} <= {name} <= {high}")
+    return int(value)
+
+
+def seed_list(seed: int | Sequence[int], num_envs: int) -> np.ndarray:
+    """Per-env seeds: env i gets seed + i, or the i-th of an explicit list."""
+    if is_int(seed):
+        seed = int(seed)
+        if not 0 <= seed <= SEED_LIMIT - num_envs:
+            raise InvalidArgumentError(
+                f"seed must be a non-negative int with seed + num_envs <= 2**64, got {seed}")
+        return np.arange(num_envs, dtype=np.uint64) + np.uint64(seed)
+    if isinstance(seed, (list, tuple)) or (isinstance(seed, np.ndarray) and seed.ndim == 1):
+        if len(seed) != num_envs:
+            raise InvalidArgumentError(
+                f"a list of seeds needs num_envs={num_envs} entries, got {len(seed)}")
+        if not all(is_int(s) and 0 <= int(s) < SEED_LIMIT for s in seed):
+            raise InvalidArgumentError("every seed in the list must be an int in [0, 2**64)")
+        return np.array([int(s) for s in seed], dtype=np.uint64)
+    raise InvalidArgumentError(
+        f"seed must be None, an int or a list of num_envs ints, got {type(seed).__name__}")
+
+
+def buffer_layout(observation_space: spaces.Space, action_space: spaces.Space, num_envs: int,
+                  mode: AutoresetMode) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """name -> (shape, dtype) of every batch buffer of a vec, in a fixed order.
+    The native vec reads "actions", "reset_seeds" and "reset_mask" and writes
+    the rest; "final_observations" exists in SAME_STEP mode only."""
+    n = num_envs
+    layout = {
+        "observations": ((n, *observation_space.shape), observation_space.dtype),
+        "actions": ((n, *action_space.shape), action_space.dtype),
+        "rewards": ((n,), np.float32),
+        "terminations": ((n,), np.bool_),
+        "truncations": ((n,), np.bool_),
+        "episode_returns": ((n,), np.float64),
+        "episode_lengths": ((n,), np.int64),
+        "episode_times": ((n,), np.float64),
+        "dones": ((n,), np.bool_),
+        "reset_seeds": ((n,), np.uint64),
+        "reset_mask": ((n,), np.bool_),
+    }
+    if mode is AutoresetMode.SAME_STEP:
+        layout["final_observations"] = layout["observations"]
+    return {name: (shape, np.dtype(dtype)) for name, (shape, dtype) in layout.items()}
+
+
+class BatchedVecEnv(VectorEnv):
+    """A gymnasium VectorEnv over batch buffers; subclasses run the envs.
+
+    Subclasses set ``self._buffers`` (arrays as in buffer_layout) and implement
+    ``_run_reset(with_seeds, with_mask)`` and ``_run_step() -> num_done``
+    (raising envd errors), and ``_release()`` (free everything; idempotent).
+    """
+
+    def __init__(self, env_id: str, observation_space: spaces.Space, action_space: spaces.Space,
+                 num_envs: int, mode: AutoresetMode, max_episode_steps: int | None,
+                 copy: bool, episode_statistics: bool):
+        self.closed = False
+        # One call at a time; a second Python thread gets a clear error instead
+        # of corrupting a step in flight.
+        self._lock = threading.Lock()
+        self.env_id = env_id
+        self.num_envs = num_envs
+        self.metadata = {"autoreset_mode": mode}
+        self.render_mode = None
+        self.single_observation_space = observation_space
+        self.single_action_space = action_space
+        self.observation_space = batch_space(observation_space, num_envs)
+        self.action_space = batch_space(action_space, num_envs)
+        self.max_episode_steps = max_episode_steps or None
+        self._copy = bool(copy)
+        self._episode_statistics = bool(episode_statistics)
+
+    def _bind_buffers(self, buffers: dict[str, np.ndarray]) -> None:
+        self._buffers = buffers
+        self._obs = buffers["observations"]
+        self._actions = buffers["actions"]
+        self._rewards = buffers["rewards"]
+        self._terminations = buffers["terminations"]
+        self._truncations = buffers["truncations"]
+        self._dones = buffers["dones"]
+        self._final_obs = buffers.get("final_observations")
+        # the fast path of step() compares against these
+        self._action_dtype, self._action_shape = self._actions.dtype, self._actions.shape
+
+    # ---- subclass hooks ----------------------------------------------------------------
+    def _run_reset(self, with_seeds: bool, with_mask: bool) -> None:
+        raise NotImplementedError
+
+    def _run_step(self) -> int:
+        raise NotImplementedError
+
+    def _release(self) -> None:
+        raise NotImplementedError
+
+    # ---- helpers -----------------------------------------------------------------------
+    def _convert_actions(self, actions: Any) -> None:
+        """Check actions against the action space and copy them into the
+        actions buffer.  Same-kind casts only: integers for discrete actions,
+        floats that numpy casts safely for boxes; Python floats/lists are accepted."""
+        buf = self._actions
+        space = self.single_action_space
+        from_python = not isinstance(actions, np.ndarray)
+        array = np.asarray(actions)
+        if array.shape != buf.shape:
+            raise InvalidActionError(
+                f"{self.env_id}: actions must have shape {buf.shape} "
+                f"(num_envs={self.num_envs} x action shape {space.shape}), got {array.shape}")
+        if buf.dtype.kind in "iu":
+            allowed = array.dtype.kind in "biu"
+            if allowed and array.size and array.dtype.kind == "u" and array.max() > np.iinfo(buf.dtype).max:
+                raise InvalidActionError(
+                    f"{self.env_id}: action {array.max()} is out of range; "
+                    f"{space} accepts {space.start}..{space.start + space.n - 1}")
+        else:
+            allowed = np.can_cast(array.dtype, buf.dtype, "safe") or (
+                from_python and array.dtype.kind in "fiu")
+        if not allowed:
+            raise InvalidActionError(
+                f"{self.env_id}: actions must have dtype {buf.dtype} "
+                f"(or one that casts to it without loss), got {array.dtype}; "
+                f"convert with actions.astype(np.{buf.dtype})")
+        np.copyto(buf, array, casting="unsafe")
+
+    def _acquire(self) -> None:
+        """Take the env for one call, or raise if it is closed or in use."""
+        if not self._lock.acquire(False):  # positional: the hot path
+            raise EnvStateError(
+                f"this {self.env_id} VecEnv is being used by another thread; "
+                "a VecEnv takes one call at a time")
+        if self.closed:
+            self._lock.release()
+            raise EnvStateError(f"this {self.env_id} VecEnv is closed")
+
+    def _done_info(self) -> dict[str, Any]:
+        """The info of a step in which some episode ended: gymnasium's
+        RecordEpisodeStatistics shape, info["episode"]["r"|"l"|"t"] with the mask
+        info["_episode"] (the vec fills these), and for SAME_STEP
+        info["final_obs"] (an object array) and info["final_info"].  Like the
+        other results, the arrays are views valid until the next step (copies
+        with copy=True); final_obs holds copies."""
+        dones = self._dones.copy() if self._copy else self._dones
+        info: dict[str, Any] = {}
+        if self._final_obs is not None:
+            final = np.full(self.num_envs, None, dtype=object)
+            done_index = np.flatnonzero(dones)
+            for i, obs in zip(done_index, self._final_obs[done_index]):
+                final[i] = obs
+            info["final_obs"], info["_final_obs"] = final, dones
+            info["final_info"], info["_final_info"] = {}, dones
+        if self._episode_statistics:
+            names = ("episode_returns", "episode_lengths", "episode_times")
+            stats = tuple(self._buffers[name] for name in names)
+            if self._copy:
+                stats = tuple(a.copy() for a in stats)
+            info["episode"] = dict(zip("rlt", stats))
+            info["_episode"] = dones
+        return info
+
+    def _reset_mask(self, options: dict[str, Any] | None) -> np.ndarray | None:
+        if options is not None and not isinstance(options, dict):
+            raise InvalidArgumentError(f"options must be a dict or None, got {type(options).__name__}")
+        options = dict(options or {})
+        mask = options.pop("reset_mask", None)
+        if options:
+            raise InvalidArgumentError(
+                f"{self.env_id}: unsupported reset options {sorted(options)}; "
+                "the only option is 'reset_mask'")
+        if mask is not None and not (isinstance(mask, np.ndarray) and mask.dtype == np.bool_
+                                     and mask.shape == (self.num_envs,) and mask.any()):
+            raise InvalidArgumentError(
+                f"options['reset_mask'] must be a bool numpy array of shape "
+                f"({self.num_envs},) with at least one True value")
+        return mask
+
+    # ---- gymnasium API -------------------------------------------------------------
+    def reset(self, *, seed: int | Sequence[int] | None = None,
+              options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+        """Reset every env (or those in options["reset_mask"]); seed as in make."""
+        mask = self._reset_mask(options)
+        seeds = seed_list(seed, self.num_envs) if seed is not None else None
+        self._acquire()
+        try:
+            if seeds is not None:
+                self._buffers["reset_seeds"][...] = seeds
+            if mask is not None:
+                self._buffers["reset_mask"][...] = mask
+            self._run_reset(seeds is not None, mask is not None)
+        finally:
+            self._lock.release()
+        return (self._obs.copy() if self._copy else self._obs), {}
+
+    def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
+        """Step every env; returns (obs, rewards, terminations, truncations, info)."""
+        # The hot path: keep it to a few attribute lookups and one call.
+        self._acquire()
+        try:
+            if (actions.__class__ is np.ndarray and actions.dtype == self._action_dtype
+                    and actions.shape == self._action_shape):
+                self._actions[...] = actions
+            else:
+                self._convert_actions(actions)
+            num_done = self._run_step()
+            info = self._done_info() if num_done else {}
+        finally:
+            self._lock.release()
+        if self._copy:
+            return (self._obs.copy(), self._rewards.copy(), self._terminations.copy(),
+                    self._truncations.copy(), info)
+        return self._obs, self._rewards, self._terminations, self._truncations, info
+
+    def close(self, **kwargs: Any) -> None:
+        """Free the envs.  Idempotent; waits for a call in progress on another thread."""
+        lock = getattr(self, "_lock", None)
+        if lock is None:  # __init__ failed before creating anything
+            return
+        with lock:
+            self._release()
+            self.closed = True
+
+    def __del__(self) -> None:
+        self.close()
+
+    def __enter__(self) -> "BatchedVecEnv":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -1,0 +1,160 @@
+"""NativeVec: one ``envd_vec_t`` over caller-owned buffers, with errors in Python terms.
+
+The in-process VecEnv and the daemon's sessions both drive the native vec
+through this class; they differ only in where the buffers live (numpy arrays
+vs. a shared-memory segment) and whose pool steps them.  Not thread-safe: the
+owner makes one call at a time (the vec is not re-entrant).
+"""
+from __future__ import annotations
+
+import numpy as np
+from gymnasium import spaces
+
+from envd.errors import EnvStateError, InvalidActionError, NativeError
+from envd.native._envd_native import ffi, lib
+from envd.native.registry import EnvSpec
+
+#: The largest num_envs one vec accepts (1,048,576).
+MAX_NUM_ENVS = int(lib.ENVD_VEC_MAX_ENVS)
+MAX_THREADS = int(lib.ENVD_POOL_MAX_THREADS)
+
+
+def ptr(array: np.ndarray, ctype: str = "void *"):
+    return ffi.cast(ctype, array.ctypes.data)
+
+
+def strerror(rc: int) -> str:
+    return ffi.string(lib.envd_strerror(rc)).decode()
+
+
+class NativePool:
+    """A native thread pool (num_threads >= 1); close() joins its workers."""
+
+    def __init__(self, num_threads: int, cpus: list[int] | None = None):
+        out = ffi.new("envd_pool_t **")
+        c_cpus = ffi.NULL if cpus is None else ffi.new("int[]", cpus)
+        rc = lib.envd_pool_create(out, num_threads, c_cpus)
+        if rc != lib.ENVD_OK:
+            raise NativeError(f"creating a pool of {num_threads} threads failed: "
+                              f"{strerror(rc)} ({rc})", rc)
+        self.handle = out[0]
+        self.num_threads = num_threads
+
+    def eventfd(self) -> int:
+        """Readable when a NOTIFY job (a submitted step) completed."""
+        return int(lib.envd_pool_eventfd(self.handle))
+
+    def close(self) -> None:
+        """Stop the workers.  Every vec using the pool must be destroyed first."""
+        if self.handle != ffi.NULL:
+            lib.envd_pool_destroy(self.handle)
+            self.handle = ffi.NULL
+
+
+class NativeVec:
+    """num_envs instances of spec stepped over buffers (see envd.vector_base.buffer_layout)."""
+
+    def __init__(self, spec: EnvSpec, num_envs: int, *, autoreset_mode: int,
+                 max_episode_steps: int, params: list[float], buffers: dict[str, np.ndarray],
+                 pool: NativePool | None):
+        self.spec = spec
+        self.num_envs = num_envs
+        self._buffers = buffers  # keeps the memory alive as long as the vec
+        self._params = ffi.new("double[]", params or [0.0])
+        final = buffers.get("final_observations")
+        self._c_buffers = ffi.new("envd_vec_buffers_t *", {
+            "observations": ptr(buffers["observations"]), "actions": ptr(buffers["actions"]),
+            "rewards": ptr(buffers["rewards"], "float *"),
+            "terminations": ptr(buffers["terminations"], "bool *"),
+            "truncations": ptr(buffers["truncations"], "bool *"),
+            "final_observations": ffi.NULL if final is None else ptr(final),
+            "episode_returns": ptr(buffers["episode_returns"], "double *"),
+            "episode_lengths": ptr(buffers["episode_lengths"], "int64_t *"),
+            "episode_times": ptr(buffers["episode_times"], "double *"),
+            "dones": ptr(buffers["dones"], "bool *"),
+        })
+        self._seeds_ptr = ptr(buffers["reset_seeds"], "uint64_t *")
+        self._mask_ptr = ptr(buffers["reset_mask"], "bool *")
+        config = ffi.new("envd_vec_config_t *", {
+            "num_envs": num_envs, "autoreset_mode": autoreset_mode,
+            "max_episode_steps": max_episode_steps, "params": self._params})
+        out = ffi.new("envd_vec_t **")
+        rc = lib.envd_vec_create(out, spec.definition, config, self._c_buffers,
+                                 ffi.NULL if pool is None else pool.handle)
+        self.check(rc, f"creating {num_envs} {spec.id} envs")
+        self.handle = out[0]
+
+    # ---- calls ------------------------------------------------------------------------------
+    def seed(self) -> None:
+        """Seed every env's generator from the reset_seeds buffer (no reset)."""
+        lib.envd_vec_seed(self.handle, self._seeds_ptr)
+
+    def reset(self, with_seeds: bool, with_mask: bool) -> None:
+        """Reset (the envs in reset_mask, or all), reseeding from reset_seeds first
+        if with_seeds.  Blocks; releases the GIL while it runs."""
+        rc = lib.envd_vec_reset(self.handle, self._seeds_ptr if with_seeds else ffi.NULL,
+                                self._mask_ptr if with_mask else ffi.NULL)
+        self.check(rc, "reset")
+
+    def step(self) -> int:
+        """Step every env; the number of episodes that ended, or an envd error."""
+        num_done = lib.envd_vec_step(self.handle)
+        if num_done < 0:
+            self.raise_step_error(num_done)
+        return num_done
+
+    def step_submit(self) -> None:
+        """Start a step on the pool (or run it inline when cheap); see step_done."""
+        rc = lib.envd_vec_step_submit(self.handle)
+        if rc < 0:
+            self.raise_step_error(rc)
+
+    def step_done(self) -> bool:
+        return bool(lib.envd_vec_step_done(self.handle))
+
+    def step_finish(self) -> int:
+        """Complete a submitted step once step_done(); as step()."""
+        num_done = lib.envd_vec_step_finish(self.handle)
+        if num_done < 0:
+            self.raise_step_error(num_done)
+        return num_done
+
+    def destroy(self) -> None:
+        """Free the envs (waits for a submitted step).  Idempotent."""
+        if getattr(self, "handle", ffi.NULL) != ffi.NULL:
+            lib.envd_vec_destroy(self.handle)
+            self.handle = ffi.NULL
+
+    def set_chunk(self, chunk: int) -> None:
+        lib.envd_vec_set_chunk(self.handle, chunk)
+
+    def stats(self) -> dict[str, float]:
+        stats = ffi.new("envd_vec_stats_t *")
+        lib.envd_vec_get_stats(self.handle, stats)
+        return {"cost_ns_per_env": stats.cost_ns_per_env, "inline_jobs": stats.inline_jobs,
+                "pooled_jobs": stats.pooled_jobs, "last_chunk": stats.last_chunk}
+
+    # ---- errors ------------------------------------------------------------------------------
+    def check(self, rc: int, what: str) -> None:
+        if rc != lib.ENVD_OK:
+            raise NativeError(f"{self.spec.id}: {what} failed: {strerror(rc)} ({rc})", rc)
+
+    def raise_step_error(self, rc: int) -> None:
+        index = int(lib.envd_vec_error_index(self.handle))
+        env_id = self.spec.id
+        if rc == lib.ENVD_ERANGE:
+            space: spaces.Discrete = self.spec.action_space
+            raise InvalidActionError(
+                f"{env_id}: action {int(self._buffers['actions'][index])} of env {index} is out "
+                f"of range; {space} accepts {space.start}..{space.start + space.n - 1}")
+        if rc == lib.ENVD_ESTATE and not self._buffers["dones"][index]:
+            raise EnvStateError(f"{env_id}: env {index} was never reset; call reset() before step()")
+        if rc == lib.ENVD_ESTATE:
+            raise EnvStateError(
+                f"{env_id}: env {index} is done and autoreset_mode is 'disabled'; reset it with "
+                f"reset(options={{'reset_mask': mask}}) before stepping it again")
+        if rc == lib.ENVD_EBUSY:
+            raise EnvStateError(f"{env_id}: a step is already in progress on these envs")
+        if rc == lib.ENVD_EENV:
+            raise NativeError(f"{env_id}: env {index} failed in its step or reset callback", rc)
+        self.check(rc, "step")

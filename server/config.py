@@ -1,0 +1,120 @@
+"""The daemon's one Config, built from the command line and ``ENVD_*`` variables.
+
+Every flag has an environment variable (the flag's name upper-cased, dashes to
+underscores, prefixed with ENVD_); a flag on the command line wins over the
+variable, which wins over the default.  ``--bind`` defaults to ENVD_ENDPOINT,
+the variable clients read, so one setting serves both sides.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+from envd.protocol import default_endpoint
+
+MAX_THREADS = 256
+
+
+def _default_threads() -> int:
+    # One worker per usable CPU: while a step runs, the event loop thread and
+    # libzmq's I/O thread sleep (nothing to do until the pool's eventfd fires),
+    # and unlike envd.make's caller the loop thread never runs chunks itself.
+    # The pool never lets more threads spin than there are CPUs.
+    return len(os.sched_getaffinity(0))
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything the daemon needs to start; see ``envd --help``."""
+
+    threads: int = field(default_factory=_default_threads)
+    bind: tuple[str, ...] = field(default_factory=lambda: (default_endpoint(),))
+    log_level: str = "info"
+    lease_timeout: float = 30.0
+    max_sessions: int = 1024
+    max_envs_per_client: int = 1 << 20
+    max_message_bytes: int = 256 << 20
+    pin_cpus: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.threads <= MAX_THREADS:
+            raise ValueError(f"threads must be in [0, {MAX_THREADS}], got {self.threads}")
+        if not self.bind:
+            raise ValueError("at least one endpoint to bind is needed")
+        for endpoint in self.bind:
+            if not endpoint.startswith(("ipc://", "tcp://")):
+                raise ValueError(f"endpoint {endpoint!r} must start with ipc:// or tcp://")
+        if self.log_level.upper() not in logging.getLevelNamesMapping():
+            raise ValueError(f"unknown log level {self.log_level!r}")
+        if not 0.1 <= self.lease_timeout <= 86400:
+            raise ValueError(f"lease_timeout must be in [0.1, 86400] seconds, got {self.lease_timeout}")
+        for name in ("max_sessions", "max_envs_per_client", "max_message_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.pin_cpus is not None and len(self.pin_cpus) != self.threads:
+            raise ValueError(f"pin_cpus needs one CPU per thread ({self.threads}), "
+                             f"got {list(self.pin_cpus)}")
+
+    @property
+    def heartbeat_interval(self) -> float:
+        """How often clients heartbeat: three chances per lease."""
+        return self.lease_timeout / 3
+
+
+def _cpu_list(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.replace(",", " ").split())
+
+
+def _endpoints(text: str) -> list[str]:
+    return text.replace(",", " ").split()
+
+
+# flag -> (type, help); the defaults come from Config.
+_FLAGS: dict[str, tuple[Callable[[str], object], str]] = {
+    "threads": (int, "native worker threads shared by every session (0 = step on the "
+                     "event loop thread; default: usable CPUs)"),
+    "log_level": (str, "debug, info, warning or error"),
+    "lease_timeout": (float, "seconds of silence after which a client's sessions are freed"),
+    "max_sessions": (int, "sessions (made envs) the daemon holds at once, over all clients"),
+    "max_envs_per_client": (int, "envs one client connection may hold over all its sessions"),
+    "max_message_bytes": (int, "largest message accepted; larger ones drop the connection"),
+    "pin_cpus": (_cpu_list, "comma-separated CPU per worker thread, e.g. 1,2,3"),
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    defaults = Config()
+    parser.add_argument("--bind", action="append", metavar="ENDPOINT",
+                        help="endpoint to serve, repeatable: ipc:///path or tcp://host:port "
+                             f"(env ENVD_BIND, else ENVD_ENDPOINT; default {defaults.bind[0]})")
+    for name, (kind, text) in _FLAGS.items():
+        default = getattr(defaults, name)
+        parser.add_argument("--" + name.replace("_", "-"), type=kind, metavar=name.upper(),
+                            help=f"{text} (env ENVD_{name.upper()}; default {default})")
+
+
+def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Config:
+    """The Config of parsed arguments, with ENVD_* variables filling what the
+    command line left out.  ValueError names the bad flag or variable."""
+    environ = os.environ if environ is None else environ
+    values: dict[str, object] = {}
+    for name, (kind, _) in _FLAGS.items():
+        given = getattr(args, name, None)
+        variable = f"ENVD_{name.upper()}"
+        if given is None and environ.get(variable):
+            try:
+                given = kind(environ[variable])
+            except ValueError:
+                raise ValueError(f"{variable}={environ[variable]!r} is not a valid "
+                                 f"--{name.replace('_', '-')}") from None
+        if given is not None:
+            values[name] = given
+    bind = getattr(args, "bind", None) or _endpoints(environ.get("ENVD_BIND", ""))
+    if bind:
+        values["bind"] = tuple(bind)
+    if values.get("pin_cpus") is not None:
+        values["pin_cpus"] = tuple(values["pin_cpus"])
+    return Config(**values)

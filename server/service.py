@@ -1,0 +1,380 @@
+"""The daemon's request handling: clients, sessions, leases, one handler per message type.
+
+The Service knows nothing of sockets: the daemon hands it each request's
+frames with the sender's identity and gives it a ``send(identity, reply)``
+callable.  Everything here runs on the event loop thread and never blocks on
+env work:
+  - step: submitted to the native pool; its reply goes out when the pool's
+    eventfd says the step finished (on_pool_event), or at once when the vec
+    ran it inline because it was cheap;
+  - make and reset: run on a small executor (cffi releases the GIL), reply
+    from the future's callback;
+  - everything else is bookkeeping and replies at once.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import os
+import secrets
+import socket
+import time
+from concurrent.futures import Executor, Future
+from typing import Any, Callable
+
+from envd import __version__, protocol
+from envd.errors import (DaemonError, EnvdError, EnvStateError, LimitExceededError,
+                         SessionExpiredError, ShuttingDownError, UnknownSessionError)
+from envd.native.native_vec import MAX_NUM_ENVS, NativePool
+from envd.native.registry import get_spec, list_envs
+from envd.native.vector_env import check_max_episode_steps
+from envd.vector_base import check_int, parse_autoreset_mode, seed_list
+from envd.server.config import Config
+from envd.server.sessions import ClientRecord, Session
+
+log = logging.getLogger("envd.server")
+
+Send = Callable[[bytes, dict[str, Any]], None]
+#: How many expired session / client ids the daemon remembers, to answer
+#: "expired" rather than "unknown" (bounded: a long-lived daemon must not grow).
+_EXPIRED_MEMORY = 65536
+#: Requests a draining daemon still serves.
+_DRAIN_ALLOWED = {"close", "heartbeat", "status"}
+
+
+class Service:
+    """Clients, their sessions and the handlers of every message type."""
+
+    def __init__(self, config: Config, pool: NativePool, executor: Executor, send: Send):
+        self.config = config
+        self.pool = pool
+        self.executor = executor
+        self.send = send
+        self.clients: dict[bytes, ClientRecord] = {}
+        self.sessions: dict[str, Session] = {}
+        self.draining = False
+        self.started = time.time()
+        self.env_steps = 0
+        self._pending_steps: dict[Session, tuple[bytes, int]] = {}
+        self._running_ops = 0        # makes and resets on the executor
+        self._unclaimed: set[Session] = set()  # made, but the make's reply not sent yet
+        self._reserved_sessions = 0  # makes in flight count against max_sessions
+        self._expired_sessions: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._expired_clients: collections.OrderedDict[bytes, None] = collections.OrderedDict()
+        self._handlers = {"hello": self._hello, "heartbeat": self._heartbeat,
+                          "list_envs": self._list_envs, "status": self._status,
+                          "make": self._make, "reset": self._reset, "step": self._step,
+                          "close": self._close}
+
+    # ---- dispatch -------------------------------------------------------------------------
+    def handle(self, identity: bytes, frames: list[bytes]) -> None:
+        """Answer one request (frames after the routing id): header, then blobs."""
+        request_id, kind = None, "?"
+        try:
+            if not frames:
+                raise protocol.BadRequest("an empty message has no header frame")
+            header = protocol.unpack(frames[0], self.config.max_message_bytes)
+            if isinstance(header.get("id"), int) and not isinstance(header.get("id"), bool):
+                request_id = header["id"]
+            kind = protocol.validate_request(header, len(frames) - 1)
+            if self.draining and kind not in _DRAIN_ALLOWED:
+                raise ShuttingDownError("the daemon is shutting down and takes no new work")
+            client = self._client_for(identity, kind, header)
+            reply = self._handlers[kind](client, header, frames[1:])
+        except EnvdError as exc:
+            reply = protocol.error_reply(request_id, exc)
+        except Exception:  # a bug: log it here, send no traceback
+            log.exception("internal error while handling a %s request", kind)
+            reply = protocol.error_reply(request_id, DaemonError(
+                f"internal error while handling {kind!r}; the daemon's log has the details"))
+        if reply is not None:
+            self.send(identity, reply)
+
+    def _client_for(self, identity: bytes, kind: str, header: dict[str, Any]) -> ClientRecord | None:
+        if kind == "hello":
+            if header["version"] != protocol.PROTOCOL_VERSION:
+                raise protocol.BadRequest(
+                    f"this daemon speaks protocol version {protocol.PROTOCOL_VERSION}, the "
+                    f"client {header['version']}; install matching envd versions",
+                    "unsupported_version")
+            client = self.clients.get(identity) or ClientRecord(identity)
+            self.clients[identity] = client
+        elif kind == "heartbeat" and "client" in header:
+            client = self.clients.get(header["client"])
+            if client is None:
+                raise (SessionExpiredError("this client's lease expired")
+                       if header["client"] in self._expired_clients
+                       else UnknownSessionError("no client with this id is connected"))
+        else:
+            client = self.clients.get(identity)
+            if client is None and identity in self._expired_clients:
+                # A client whose lease expired comes back: it may make new envs;
+                # requests for its old sessions are answered "session_expired".
+                client = self.clients[identity] = ClientRecord(identity)
+            if client is None:
+                raise protocol.BadRequest(f"send hello before {kind!r}")
+        client.touch()
+        return client
+
+    def _session(self, client: ClientRecord, header: dict[str, Any]) -> Session:
+        session_id = header["session"]
+        session = client.sessions.get(session_id)
+        if session is None and session_id in self._expired_sessions:
+            raise SessionExpiredError(
+                f"session {session_id} expired: its client sent nothing for more than "
+                f"{self.config.lease_timeout:g} s (the lease timeout), so the daemon freed "
+                "its envs; make a new env")
+        if session is None:
+            raise UnknownSessionError(
+                f"no session {session_id!r} on this connection (closed, or made by another client)")
+        if session.busy:
+            raise EnvStateError(f"session {session_id} is busy: a session takes one request at "
+                                "a time and a reset or step is still running")
+        return session
+
+    # ---- handlers --------------------------------------------------------------------------
+    def _hello(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> dict:
+        client.name = header.get("client_name", "")[:200]
+        return protocol.ok_reply(
+            header["id"], version=protocol.PROTOCOL_VERSION, server=f"envd {__version__}",
+            pid=os.getpid(), hostname=socket.gethostname(),
+            lease_timeout=self.config.lease_timeout,
+            heartbeat_interval=self.config.heartbeat_interval, limits=self._limits())
+
+    def _heartbeat(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> dict:
+        return protocol.ok_reply(header["id"])
+
+    def _list_envs(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> dict:
+        envs = []
+        for env_id in list_envs():
+            spec = get_spec(env_id)
+            envs.append({"id": env_id,
+                         "observation_space": protocol.space_to_wire(spec.observation_space),
+                         "action_space": protocol.space_to_wire(spec.action_space),
+                         "max_episode_steps": spec.max_episode_steps,
+                         "params": [{"name": p.name, "type": p.type, "default": p.default,
+                                     "min": p.min_value, "max": p.max_value, "doc": p.doc}
+                                    for p in spec.params]})
+        return protocol.ok_reply(header["id"], envs=envs)
+
+    def _status(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> dict:
+        return protocol.ok_reply(header["id"], **self.status())
+
+    def _make(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> None:
+        spec = get_spec(header["env_id"])
+        num_envs = check_int("num_envs", header["num_envs"], 1, MAX_NUM_ENVS)
+        if len(self.sessions) + self._reserved_sessions >= self.config.max_sessions:
+            raise LimitExceededError(
+                f"the daemon holds its maximum of {self.config.max_sessions} sessions "
+                "(--max-sessions); close envs you no longer use")
+        held = client.num_envs + client.reserved_envs
+        if held + num_envs > self.config.max_envs_per_client:
+            raise LimitExceededError(
+                f"making {num_envs} more envs would give this client {held + num_envs}, over "
+                f"the daemon's limit of {self.config.max_envs_per_client} envs per client "
+                "(--max-envs-per-client)")
+        mode = parse_autoreset_mode(header.get("autoreset_mode", "next_step"))
+        max_steps = check_max_episode_steps(spec, header.get("max_episode_steps"))
+        env_kwargs = header.get("env_kwargs", {})
+        seed = header.get("seed")
+
+        def build() -> Session:  # on the executor: seeds and envs of big makes take time
+            params = spec.param_values(env_kwargs)
+            seeds = seed_list(secrets.randbelow(2**63) if seed is None else seed, num_envs)
+            session = Session(client.identity, spec, num_envs, mode, max_steps, params, seeds,
+                              self.pool)
+            self._unclaimed.add(session)  # set.add is atomic: shutdown frees it if need be
+            return session
+
+        self._reserved_sessions += 1
+        client.reserved_envs += num_envs
+        self._running_ops += 1
+
+        def done(future: Future) -> None:
+            self._running_ops -= 1
+            self._reserved_sessions -= 1
+            client.reserved_envs -= num_envs
+            reply = self._result_reply(header["id"], future)
+            session = future.result() if reply["ok"] else None
+            self._unclaimed.discard(session)
+            if session is not None and (self.draining or self.clients.get(client.identity) is not client):
+                session.free()  # the client expired or the daemon drains meanwhile
+                reply = protocol.error_reply(header["id"], ShuttingDownError(
+                    "the daemon is shutting down") if self.draining else SessionExpiredError(
+                    "the client's lease expired while its env was being made"))
+            elif session is not None:
+                self.sessions[session.id] = client.sessions[session.id] = session
+                reply.update(session.describe())
+                log.info("client %s made session %s: %d x %s", client.identity.hex()[:8],
+                         session.id[:8], num_envs, spec.id)
+            self.send(client.identity, reply)
+            self._check_drained()
+
+        self._submit(build, done)
+        return None
+
+    def _reset(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> None:
+        session = self._session(client, header)
+        with_seeds, with_mask = header.get("seeds", False), header.get("mask", False)
+        if with_mask:
+            session.check_reset_mask()
+        session.busy = True
+        self._running_ops += 1
+
+        def done(future: Future) -> None:
+            self._running_ops -= 1
+            self._operation_ended(session)
+            self.send(client.identity, self._result_reply(header["id"], future))
+            self._check_drained()
+
+        self._submit(lambda: session.native.reset(with_seeds, with_mask), done)
+        return None
+
+    def _step(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> dict | None:
+        session = self._session(client, header)
+        if "actions" in header:
+            if not blobs:
+                raise protocol.BadRequest("step: 'actions' is given but no data frame follows")
+            session.write_actions(header["actions"], blobs[0])
+        elif blobs:
+            raise protocol.BadRequest("step: a data frame needs an 'actions' description")
+        session.native.step_submit()
+        session.segment.bump_step_seq()
+        if session.native.step_done():  # ran inline: no eventfd event comes
+            return self._finish_step(session, header["id"])
+        session.busy = True
+        self._pending_steps[session] = (client.identity, header["id"])
+        return None
+
+    def _close(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> dict:
+        session_id = header["session"]
+        session = client.sessions.get(session_id)
+        if session is None and session_id not in self._expired_sessions:
+            raise UnknownSessionError(f"no session {session_id!r} on this connection")
+        if session is not None:
+            self._drop(session)
+        return protocol.ok_reply(header["id"])
+
+    # ---- completion -------------------------------------------------------------------
+    def on_pool_event(self) -> None:
+        """The pool's eventfd fired: reply to every submitted step that finished."""
+        try:
+            os.read(self.pool.eventfd(), 8)
+        except BlockingIOError:
+            pass
+        for session, (identity, request_id) in list(self._pending_steps.items()):
+            if session.native.step_done():
+                del self._pending_steps[session]
+                reply = self._finish_step(session, request_id)
+                self._operation_ended(session)
+                self.send(identity, reply)
+        self._check_drained()
+
+    def _finish_step(self, session: Session, request_id: int) -> dict:
+        try:
+            num_done = session.native.step_finish()
+        except EnvdError as exc:
+            return protocol.error_reply(request_id, exc)
+        session.segment.bump_done_seq()
+        session.steps += 1
+        self.env_steps += session.num_envs
+        return protocol.ok_reply(request_id, num_done=num_done)
+
+    def _submit(self, fn: Callable[[], Any], done: Callable[[Future], None]) -> None:
+        """Run fn on the executor; done(future) runs on the event loop thread."""
+        asyncio.get_running_loop().run_in_executor(self.executor, fn).add_done_callback(done)
+
+    @staticmethod
+    def _result_reply(request_id: int, future: Future) -> dict:
+        exc = future.exception()
+        if exc is None:
+            return protocol.ok_reply(request_id)
+        if isinstance(exc, EnvdError):
+            return protocol.error_reply(request_id, exc)
+        log.error("internal error in an operation", exc_info=exc)
+        return protocol.error_reply(request_id, DaemonError(
+            "internal error in the daemon; its log has the details"))
+
+    def _operation_ended(self, session: Session) -> None:
+        session.busy = False
+        if session.closing:
+            session.free()
+
+    # ---- sessions and leases ----------------------------------------------------------
+    def _drop(self, session: Session) -> None:
+        """Forget the session; free it now, or when its running operation ends."""
+        self.sessions.pop(session.id, None)
+        owner = self.clients.get(session.owner)
+        if owner is not None:
+            owner.sessions.pop(session.id, None)
+        if session.busy:
+            session.closing = True
+        else:
+            session.free()
+
+    def expire_silent_clients(self) -> None:
+        """Free the sessions of every client silent for longer than the lease."""
+        now = time.monotonic()
+        for client in list(self.clients.values()):
+            if now - client.last_seen <= self.config.lease_timeout:
+                continue
+            if client.sessions:
+                log.info("client %s sent nothing for %.1f s: freeing its %d session(s)",
+                         client.identity.hex()[:8], now - client.last_seen, len(client.sessions))
+            for session in list(client.sessions.values()):
+                self._remember(self._expired_sessions, session.id)
+                self._drop(session)
+            del self.clients[client.identity]
+            self._remember(self._expired_clients, client.identity)
+
+    @staticmethod
+    def _remember(memory: collections.OrderedDict, key: Any) -> None:
+        memory[key] = None
+        while len(memory) > _EXPIRED_MEMORY:
+            memory.popitem(last=False)
+
+    # ---- lifecycle ----------------------------------------------------------------------
+    def start_draining(self) -> None:
+        self.draining = True
+        self._check_drained()
+
+    def _check_drained(self) -> None:
+        if self.draining and self.idle and self.on_drained is not None:
+            self.on_drained()
+
+    on_drained: Callable[[], None] | None = None
+
+    @property
+    def idle(self) -> bool:
+        """No step, reset or make is running."""
+        return not self._pending_steps and self._running_ops == 0
+
+    def free_all(self) -> None:
+        """Free every session at shutdown, once the executor has stopped:
+        freeing a vec waits for its step still in flight, if any."""
+        for session in [*self.sessions.values(), *self._unclaimed]:
+            session.busy = False
+            self._drop(session)
+        self._unclaimed.clear()
+        self._pending_steps.clear()
+
+    def segment_paths(self) -> list[str]:
+        return [s.segment.path for s in self.sessions.values()]
+
+    # ---- status -----------------------------------------------------------------------------
+    def _limits(self) -> dict[str, int]:
+        return {"max_sessions": self.config.max_sessions,
+                "max_envs_per_client": self.config.max_envs_per_client,
+                "max_message_bytes": self.config.max_message_bytes}
+
+    def status(self) -> dict[str, Any]:
+        """What `envd status` prints: version, load and limits."""
+        return {"server": f"envd {__version__}", "pid": os.getpid(),
+                "hostname": socket.gethostname(), "endpoints": list(self.config.bind),
+                "uptime_s": round(time.time() - self.started, 3),
+                "threads": self.pool.num_threads, "clients": len(self.clients),
+                "sessions": len(self.sessions),
+                "envs": sum(s.num_envs for s in self.sessions.values()),
+                "env_steps": self.env_steps, "draining": self.draining,
+                "lease_timeout": self.config.lease_timeout, "limits": self._limits()}

@@ -1,0 +1,117 @@
+"""Sessions (one make: a native vec over one shared-memory segment) and the
+clients that hold them under a lease.
+
+Ownership: the daemon's event loop thread owns every Session and ClientRecord.
+A session runs one operation at a time (``busy``); while it is busy only the
+thread running the operation (a pool worker, or an executor thread for make
+and reset) touches the native vec, and the loop touches nothing but the flags.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from gymnasium.vector import AutoresetMode
+
+from envd import protocol
+from envd.errors import InvalidActionError, InvalidArgumentError
+from envd.native.native_vec import NativePool, NativeVec
+from envd.native.registry import EnvSpec
+from envd.native.vector_env import AUTORESET_MODE_CODES
+from envd.shm import NAME_PREFIX, Segment, plan
+from envd.vector_base import autoreset_mode_name, buffer_layout
+
+
+def segment_prefix(pid: int | None = None) -> str:
+    """Names of the segments of the daemon with this pid start with it."""
+    return f"{NAME_PREFIX}{os.getpid() if pid is None else pid}-"
+
+
+class Session:
+    """num_envs envs of one spec whose buffers live in a shared-memory segment."""
+
+    def __init__(self, owner: bytes, spec: EnvSpec, num_envs: int, mode: AutoresetMode,
+                 max_episode_steps: int, params: list[float], seeds: np.ndarray,
+                 pool: NativePool):
+        self.id = secrets.token_hex(16)
+        self.owner = owner
+        self.spec = spec
+        self.num_envs = num_envs
+        self.mode = mode
+        self.max_episode_steps = max_episode_steps
+        self.busy = False      # an operation is running on the vec
+        self.closing = False   # free as soon as the running operation ends
+        self.steps = 0
+        layout = buffer_layout(spec.observation_space, spec.action_space, num_envs, mode)
+        arrays, size = plan(layout)
+        self.segment = Segment.create(segment_prefix() + self.id, self.id, arrays, size)
+        self._arrays = arrays
+        try:
+            self.buffers = self.segment.arrays
+            self.buffers["reset_seeds"][...] = seeds
+            self.native = NativeVec(spec, num_envs, autoreset_mode=AUTORESET_MODE_CODES[mode],
+                                    max_episode_steps=max_episode_steps, params=params,
+                                    buffers=self.buffers, pool=pool)
+            self.native.seed()
+        except BaseException:
+            self.segment.unlink()
+            raise
+
+    def describe(self) -> dict[str, Any]:
+        """The make reply: where the arrays are and what the env looks like."""
+        return {"session": self.id, "env_id": self.spec.id,
+                "shm": {**self.segment.describe(), "arrays": self._arrays},
+                "observation_space": protocol.space_to_wire(self.spec.observation_space),
+                "action_space": protocol.space_to_wire(self.spec.action_space),
+                "max_episode_steps": self.max_episode_steps or None,
+                "autoreset_mode": autoreset_mode_name(self.mode)}
+
+    def write_actions(self, description: dict[str, Any], blob: bytes) -> None:
+        """Copy inline actions (a data frame) into the actions buffer; they must
+        have exactly the buffer's dtype and shape."""
+        actions = self.buffers["actions"]
+        dtype, shape = description.get("dtype"), description.get("shape")
+        if dtype != actions.dtype.str or shape != list(actions.shape) or set(description) != {"dtype", "shape"}:
+            raise InvalidActionError(
+                f"{self.spec.id}: inline actions must be described as "
+                f"{{dtype: {actions.dtype.str!r}, shape: {list(actions.shape)}}}, got {description!r}")
+        if len(blob) != actions.nbytes:
+            raise InvalidActionError(
+                f"{self.spec.id}: the actions frame must hold {actions.nbytes} bytes "
+                f"({actions.dtype} x {actions.shape}), got {len(blob)}")
+        actions[...] = np.frombuffer(blob, actions.dtype).reshape(actions.shape)
+
+    def check_reset_mask(self) -> None:
+        if not self.buffers["reset_mask"].any():
+            raise InvalidArgumentError("options['reset_mask'] must have at least one True value")
+
+    def free(self) -> None:
+        """Destroy the envs and remove the segment.  Only when not busy."""
+        native = getattr(self, "native", None)
+        if native is not None:
+            native.destroy()
+        self.native = None
+        self.buffers = None
+        self.segment.unlink()
+
+
+@dataclass
+class ClientRecord:
+    """A client connection (its ZeroMQ routing id) and the sessions it leases."""
+
+    identity: bytes
+    name: str = ""
+    last_seen: float = field(default_factory=time.monotonic)
+    sessions: dict[str, Session] = field(default_factory=dict)
+    reserved_envs: int = 0  # envs of makes still running
+
+    @property
+    def num_envs(self) -> int:
+        return sum(s.num_envs for s in self.sessions.values())
+
+    def touch(self) -> None:
+        self.last_seen = time.monotonic()
