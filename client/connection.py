@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import socket
 import threading
 import time
 import weakref
@@ -27,7 +28,7 @@ from envd.client.heartbeat import Heartbeat
 from envd.client.remote_vector_env import RemoteVecEnv
 from envd.errors import (ConnectionLostError, EnvdTimeoutError, EnvStateError,
                          InvalidArgumentError, UnknownSessionError)
-from envd.vector_base import autoreset_mode_name, check_int, parse_autoreset_mode
+from envd.vector_base import autoreset_mode_name, check_int, parse_autoreset_mode, seed_list
 
 #: The most envs one make may ask for (the native vec's limit).
 MAX_NUM_ENVS = 1 << 20
@@ -41,6 +42,9 @@ def _wire(name: str, value: Any) -> Any:
         return [_wire(name, v) for v in value]
     if isinstance(value, dict):
         return {k: _wire(name, v) for k, v in value.items()}
+    if isinstance(value, int) and not isinstance(value, bool) and not -2**63 <= value < 2**64:
+        raise InvalidArgumentError(f"{name}: the int {value} is beyond what the daemon accepts "
+                                   "(-2**63 <= value < 2**64)")
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     raise InvalidArgumentError(f"{name}: a {type(value).__name__} cannot be sent to the daemon")
@@ -60,6 +64,8 @@ class Client:
         self.endpoint = endpoint or protocol.default_endpoint()
         self.timeout = _check_timeout(timeout)
         self.closed = False
+        self._closing = False  # close() is closing the envs: they need not tell the daemon
+        self._lost = False     # the connection broke: the daemon and its sessions are gone
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._envs: weakref.WeakSet = weakref.WeakSet()
@@ -97,10 +103,21 @@ class Client:
             raise InvalidArgumentError(
                 f"endpoint must be 'ipc:///path' or 'tcp://host:port', got {self.endpoint!r}")
         path = self.endpoint[len("ipc://"):]
-        if self.endpoint.startswith("ipc://") and not path.startswith("@") and not os.path.exists(path):
+        if not self.endpoint.startswith("ipc://") or path.startswith("@"):
+            return
+        # Fail at once, not after a timeout, when nothing listens on the socket file.
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(path)
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
+            reason = "does not exist" if isinstance(exc, FileNotFoundError) else "has no listener"
             raise ConnectionLostError(
-                f"no envd daemon at {self.endpoint}: {path} does not exist; start one with "
-                "`envd --threads N` (or set ENVD_ENDPOINT to the daemon's endpoint)")
+                f"no envd daemon at {self.endpoint}: {path} {reason}; start one with "
+                "`envd --threads N` (or set ENVD_ENDPOINT to the daemon's endpoint)") from None
+        except OSError:
+            pass  # e.g. a path too long for AF_UNIX: let ZeroMQ report it
+        finally:
+            probe.close()
 
     # ---- requests -------------------------------------------------------------------
     def _request(self, header: dict[str, Any], blobs: Sequence[bytes] = (),
@@ -110,6 +127,10 @@ class Client:
         with self._lock:
             if self.closed:
                 raise EnvStateError(f"this client of {self.endpoint} is closed")
+            if self._lost:
+                raise ConnectionLostError(
+                    f"the connection to the daemon at {self.endpoint} was lost and its sessions "
+                    "with it; connect again")
             self._send_orphan_closes()
             request_id = header["id"] = next(self._ids)
             if blobs:
@@ -130,6 +151,7 @@ class Client:
             events = dict(self._poller.poll(remaining * 1000))
             if self._monitor in events and \
                     recv_monitor_message(self._monitor)["event"] == zmq.EVENT_DISCONNECTED:
+                self._lost = True
                 raise ConnectionLostError(
                     f"lost the connection to the daemon at {self.endpoint} while waiting for "
                     f"the reply to {kind!r}; the daemon stopped or crashed, and its sessions "
@@ -159,7 +181,13 @@ class Client:
         returned VecEnv are those of the in-process envd.make (without the
         thread options: the daemon's pool steps every session); the arrays the
         env returns are views of the session's shared memory."""
+        # The checks the daemon cannot see as the caller wrote them (types
+        # msgpack would change or cannot carry), with envd.make's messages.
+        if not isinstance(env_id, str):
+            raise InvalidArgumentError(f"env_id must be a str, got {type(env_id).__name__}")
         num_envs = check_int("num_envs", num_envs, 1, MAX_NUM_ENVS)
+        if seed is not None:
+            seed_list(seed, num_envs)
         mode = parse_autoreset_mode(autoreset_mode)
         header = {"type": "make", "env_id": env_id, "num_envs": num_envs,
                   "autoreset_mode": autoreset_mode_name(mode),
@@ -196,13 +224,19 @@ class Client:
             pass
 
     def close(self) -> None:
-        """Close every env made through this client, then the connection.  Idempotent."""
+        """Close every env made through this client, then the connection (one
+        ``bye`` frees all its sessions in the daemon).  Idempotent."""
         if self.closed:
             return
+        self._closing = True
         for env in list(self._envs):
             env.close()
+        if not self._lost:
+            try:
+                self._request({"type": "bye"}, timeout=min(self.timeout, 5.0))
+            except (ConnectionLostError, EnvdTimeoutError, EnvStateError):
+                pass  # the daemon is gone or stuck: the lease frees the sessions
         with self._lock:
-            self.closed = True
             self._teardown()
 
     def _teardown(self) -> None:

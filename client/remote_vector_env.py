@@ -48,9 +48,10 @@ class RemoteVecEnv(BatchedVecEnv):
         return self._client._request(dict(self._step_header))["num_done"]
 
     def _release(self) -> None:
-        if self._client is not None and not self.closed:
-            if not self._client.closed:
-                self._client._close_session(self.session)
+        client = self._client
+        # Client.close frees every session at once with its bye.
+        if client is not None and not self.closed and not (client.closed or client._closing):
+            client._close_session(self.session)
         self._client = None
 
     def __del__(self) -> None:

@@ -36,6 +36,7 @@ does not speak it.  Per type, the fields (``?`` = optional):
                (actions given: blob 0 holds them, C order, exactly that dtype
                and shape; else the client wrote the "actions" array in shm)
     close      session:str
+    bye        -                (the client leaves: free all its sessions now)
 
 Replies
 -------
@@ -54,6 +55,7 @@ A reply never carries a traceback.  Results:
     reset      -
     step       num_done:int   (envs whose episode ended in this step)
     close      -
+    bye        -
 
 Spaces travel as ``{"kind": "box", "dtype", "shape", "low", "high"}`` (bounds
 as nested lists of floats) or ``{"kind": "discrete", "n", "start"}``.
@@ -105,6 +107,7 @@ MESSAGE_FIELDS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     "reset": {**_SESSION, "seeds": ((bool,), False), "mask": ((bool,), False)},
     "step": {**_SESSION, "actions": ((dict,), False)},
     "close": _SESSION,
+    "bye": {},
 }
 #: Number of blobs after the header each type may carry.
 MAX_BLOBS = {"step": 1}
@@ -172,7 +175,8 @@ def validate_request(header: dict[str, Any], num_blobs: int) -> str:
                 raise BadRequest(f"{kind}: missing field {name!r} ({_type_names(types)})")
             continue
         value = header[name]
-        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types
+                                            and types is not _ANY):
             raise BadRequest(f"{kind}: field {name!r} must be {_type_names(types)}, "
                              f"got {type(value).__name__}")
     extra = sorted(set(header) - set(fields) - {"type", "id"})

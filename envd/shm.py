@@ -45,6 +45,11 @@ _STEP_SEQ, _DONE_SEQ = 24, 32
 _SESSION_OFFSET, _SESSION_LEN = 64, 32
 
 
+def segment_prefix(pid: int | None = None) -> str:
+    """Every segment of the daemon with this pid (default: this process) starts so."""
+    return f"{NAME_PREFIX}{os.getpid() if pid is None else pid}-"
+
+
 def plan(layout: dict[str, tuple[tuple[int, ...], np.dtype]]) -> tuple[dict[str, list], int]:
     """Offsets of the arrays after the header page: ({name: [offset, dtype str,
     shape]}, total size in bytes)."""

@@ -29,7 +29,7 @@ from envd import __version__, protocol
 from envd.native.native_vec import NativePool
 from envd.server.config import Config
 from envd.server.service import Service
-from envd.server.stale_segments import remove_stale_segments
+from envd.server.stale_segments import remove_own_segments, remove_stale_segments
 
 log = logging.getLogger("envd.server")
 
@@ -39,11 +39,19 @@ _DRAIN_BATCH = 64
 _LINGER_MS = 2000
 
 
+def ipc_path(endpoint: str) -> str | None:
+    """The socket file of an ipc endpoint; None for tcp and abstract sockets."""
+    path = endpoint[len("ipc://"):]
+    if not endpoint.startswith("ipc://") or path.startswith("@"):
+        return None
+    return path
+
+
 def prepare_ipc_endpoint(endpoint: str) -> None:
     """Create the socket's folder (mode 0700) and refuse to take over an ipc
     path another live daemon serves (libzmq would silently replace its file)."""
-    path = endpoint[len("ipc://"):]
-    if not endpoint.startswith("ipc://") or path.startswith("@"):
+    path = ipc_path(endpoint)
+    if path is None:
         return
     folder = os.path.dirname(path)
     if folder:
@@ -84,10 +92,13 @@ class Daemon:
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.socket.setsockopt(zmq.MAXMSGSIZE, self.config.max_message_bytes)
         self.socket.setsockopt(zmq.LINGER, _LINGER_MS)
+        self._socket_files: list[tuple[str, int]] = []  # (path, inode) of our ipc sockets
         try:
             for endpoint in self.config.bind:
                 prepare_ipc_endpoint(endpoint)
                 self.socket.bind(endpoint)
+                if ipc_path(endpoint):
+                    self._socket_files.append((ipc_path(endpoint), os.stat(ipc_path(endpoint)).st_ino))
         except BaseException:
             self._close_transport()
             self.pool.close()
@@ -142,11 +153,7 @@ class Daemon:
         self._signals += 1
         if self._signals > 1:
             log.warning("second %s: exiting now", signal.Signals(signum).name)
-            for path in self.service.segment_paths():
-                try:
-                    os.unlink(path)
-                except OSError:
-                    pass
+            remove_own_segments()  # also those of makes still running
             os._exit(1)
         log.info("%s: draining (a second signal forces exit)", signal.Signals(signum).name)
         self.service.start_draining()
@@ -171,6 +178,15 @@ class Daemon:
     def _close_transport(self) -> None:
         self.socket.close(linger=_LINGER_MS)
         self.context.term()
+        # libzmq leaves ipc socket files behind; remove ours (the inode check
+        # spares a file a newer daemon has bound since), so clients find no
+        # socket and fail at once instead of waiting for a reply.
+        for path, inode in self._socket_files:
+            try:
+                if os.stat(path).st_ino == inode:
+                    os.unlink(path)
+            except OSError:
+                pass
 
     async def run(self) -> int:
         self.startup()

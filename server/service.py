@@ -40,7 +40,7 @@ Send = Callable[[bytes, dict[str, Any]], None]
 #: "expired" rather than "unknown" (bounded: a long-lived daemon must not grow).
 _EXPIRED_MEMORY = 65536
 #: Requests a draining daemon still serves.
-_DRAIN_ALLOWED = {"close", "heartbeat", "status"}
+_DRAIN_ALLOWED = {"close", "bye", "heartbeat", "status"}
 
 
 class Service:
@@ -65,7 +65,7 @@ class Service:
         self._handlers = {"hello": self._hello, "heartbeat": self._heartbeat,
                           "list_envs": self._list_envs, "status": self._status,
                           "make": self._make, "reset": self._reset, "step": self._step,
-                          "close": self._close}
+                          "close": self._close, "bye": self._bye}
 
     # ---- dispatch -------------------------------------------------------------------------
     def handle(self, identity: bytes, frames: list[bytes]) -> None:
@@ -256,6 +256,12 @@ class Service:
             self._drop(session)
         return protocol.ok_reply(header["id"])
 
+    def _bye(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> dict:
+        for session in list(client.sessions.values()):
+            self._drop(session)
+        del self.clients[client.identity]
+        return protocol.ok_reply(header["id"])
+
     # ---- completion -------------------------------------------------------------------
     def on_pool_event(self) -> None:
         """The pool's eventfd fired: reply to every submitted step that finished."""
@@ -358,9 +364,6 @@ class Service:
             self._drop(session)
         self._unclaimed.clear()
         self._pending_steps.clear()
-
-    def segment_paths(self) -> list[str]:
-        return [s.segment.path for s in self.sessions.values()]
 
     # ---- status -----------------------------------------------------------------------------
     def _limits(self) -> dict[str, int]:

@@ -8,7 +8,6 @@ and reset) touches the native vec, and the loop touches nothing but the flags.
 """
 from __future__ import annotations
 
-import os
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -22,13 +21,8 @@ from envd.errors import InvalidActionError, InvalidArgumentError
 from envd.native.native_vec import NativePool, NativeVec
 from envd.native.registry import EnvSpec
 from envd.native.vector_env import AUTORESET_MODE_CODES
-from envd.shm import NAME_PREFIX, Segment, plan
+from envd.shm import Segment, plan, segment_prefix
 from envd.vector_base import autoreset_mode_name, buffer_layout
-
-
-def segment_prefix(pid: int | None = None) -> str:
-    """Names of the segments of the daemon with this pid start with it."""
-    return f"{NAME_PREFIX}{os.getpid() if pid is None else pid}-"
 
 
 class Session:

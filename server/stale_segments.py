@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 
-from envd.shm import NAME_PREFIX, SHM_DIR
+from envd.shm import NAME_PREFIX, SHM_DIR, segment_prefix
 
 log = logging.getLogger("envd.server")
 
@@ -54,3 +54,15 @@ def remove_stale_segments(shm_dir: str = SHM_DIR) -> list[str]:
         log.info("removed %d segment(s) left behind by dead daemons: %s",
                  len(removed), ", ".join(removed))
     return removed
+
+
+def remove_own_segments(shm_dir: str = SHM_DIR) -> None:
+    """Unlink every segment of this process (a forced exit: no time to free
+    sessions one by one, and some may still be in the making)."""
+    prefix = segment_prefix()
+    for name in os.listdir(shm_dir):
+        if name.startswith(prefix):
+            try:
+                os.unlink(os.path.join(shm_dir, name))
+            except OSError:
+                pass

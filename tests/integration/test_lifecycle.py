@@ -1,0 +1,312 @@
+"""A real daemon's lifecycle: signals and drain, stale segments, one daemon per
+endpoint, `envd status`, and flags from ENVD_* variables."""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+from daemon_helpers import DEADLINE, DaemonProcess, segments_of, wait_until
+
+import envd
+
+
+class Harness:
+    """Daemons, clients and stray files of one test, all cleaned up after it."""
+
+    def __init__(self, tmp_path):
+        self.tmp_path = tmp_path
+        self.daemons: list[DaemonProcess] = []
+        self.clients: list[envd.Client] = []
+        self.files: list[str] = []
+
+    def daemon(self, *args: str, env: dict[str, str] | None = None, folder=None) -> DaemonProcess:
+        proc = DaemonProcess(folder or self.tmp_path / f"daemon{len(self.daemons)}", *args, env=env)
+        self.daemons.append(proc)
+        return proc
+
+    def connect(self, daemon: DaemonProcess, timeout: float = 30.0) -> envd.Client:
+        client = daemon.connect(timeout)
+        self.clients.append(client)
+        return client
+
+    def cleanup(self) -> None:
+        for client in self.clients:
+            # A client whose daemon is gone waits its whole timeout on every
+            # request after the first (see the report): keep closing short.
+            client.timeout = 2.0
+            client.close()
+        for daemon in self.daemons:
+            daemon.stop()
+            for name in segments_of(daemon.pid):
+                os.unlink(f"/dev/shm/{name}")
+        for path in self.files:
+            if os.path.exists(path):
+                os.unlink(path)
+
+
+@pytest.fixture
+def harness(tmp_path):
+    h = Harness(tmp_path)
+    try:
+        yield h
+    finally:
+        h.cleanup()
+
+
+def in_flight(env) -> bool:
+    """A step of this daemon env was submitted and has not finished (the
+    daemon bumps step_seq at submit and done_seq before the reply)."""
+    return env._segment.step_seq > env._segment.done_seq
+
+
+class Stepper(threading.Thread):
+    """Steps env until a step fails; records how many succeeded and the error."""
+
+    def __init__(self, env):
+        super().__init__(daemon=True)
+        self.env = env
+        self.actions = np.zeros(env.num_envs, env.single_action_space.dtype)
+        self.steps = 0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            while True:
+                self.env.step(self.actions)
+                self.steps += 1
+        except BaseException as exc:  # noqa: BLE001 -- checked by the test
+            self.error = exc
+
+    def finish(self) -> None:
+        self.join(DEADLINE)
+        assert not self.is_alive(), "the stepping client still waits"
+
+
+# ---- signals -----------------------------------------------------------------------------
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_signal_frees_every_segment_and_exits_0(harness, signum):
+    daemon = harness.daemon("--threads", "2", "--lease-timeout", "30")
+    first, second = harness.connect(daemon, timeout=5), harness.connect(daemon, timeout=5)
+    envs = [first.make("CartPole-v1", 32, seed=0), first.make("Pendulum-v1", 8, seed=1),
+            second.make("Acrobot-v1", 16, seed=2)]
+    for env in envs:
+        env.reset()
+        env.step(env.action_space.sample())
+    assert len(segments_of(daemon.pid)) == 3
+    daemon.signal(signum)
+    assert daemon.wait() == 0, daemon.log()
+    assert segments_of(daemon.pid) == []
+    assert f"{signal.Signals(signum).name}: draining" in daemon.log()
+
+
+def start_big_step(harness, num_envs: int):
+    """A daemon (one worker thread), a client stepping num_envs Acrobots in a
+    thread, and an observer client; returns once a step is in flight."""
+    daemon = harness.daemon("--threads", "1", "--lease-timeout", "30")
+    client, observer = harness.connect(daemon), harness.connect(daemon)
+    env = client.make("Acrobot-v1", num_envs, seed=0)
+    env.reset()
+    stepper = Stepper(env)
+    stepper.start()
+    wait_until(lambda: in_flight(env) or stepper.error is not None, what="a step in flight")
+    assert stepper.error is None, repr(stepper.error)
+    return daemon, observer, env, stepper
+
+
+def draining_with_step_in_flight(daemon, observer, env, signum) -> tuple[bool, int]:
+    """Signal; whether the daemon is draining while step number seq (the one
+    in flight before the signal) is still in flight, and seq."""
+    seq = env._segment.step_seq
+    daemon.signal(signum)
+    try:  # a request may overtake the signal (both wake the event loop at once)
+        wait_until(lambda: observer.status()["draining"], what="the daemon to drain")
+    except envd.ConnectionLostError:  # the step ended and the drain with it
+        return False, seq
+    return env._segment.done_seq < seq, seq
+
+
+def test_drain_answers_the_step_in_flight_then_refuses_work(harness):
+    # 2**20 Acrobots take most of a second per step on one worker; should a
+    # loaded machine still let the step end before the drain starts, start over.
+    for attempt in range(3):
+        daemon, observer, env, stepper = start_big_step(harness, 1 << 20)
+        caught_in_flight, in_flight_step = draining_with_step_in_flight(
+            daemon, observer, env, signal.SIGTERM)
+        assert daemon.wait() == 0, daemon.log()
+        stepper.finish()
+        assert segments_of(daemon.pid) == []
+        assert isinstance(stepper.error, (envd.ShuttingDownError, envd.ConnectionLostError)), \
+            repr(stepper.error)
+        if caught_in_flight:
+            break
+    else:
+        pytest.fail("could not signal the daemon while a step was in flight in 3 attempts")
+    # The step in flight got its reply; the next one was refused.
+    assert stepper.steps == in_flight_step
+    assert env._segment.done_seq == in_flight_step
+
+
+def test_second_signal_exits_1_at_once_and_frees_every_segment(harness):
+    for attempt in range(3):
+        daemon, observer, env, stepper = start_big_step(harness, 1 << 20)
+        if draining_with_step_in_flight(daemon, observer, env, signal.SIGTERM)[0]:
+            assert in_flight(env)
+            daemon.signal(signal.SIGINT)
+            assert daemon.wait() == 1, daemon.log()
+            break
+        assert daemon.wait() == 0, daemon.log()  # too late: the drain was over
+        stepper.finish()
+    else:
+        pytest.fail("could not signal the daemon while a step was in flight in 3 attempts")
+    assert segments_of(daemon.pid) == []
+    assert "second SIGINT: exiting now" in daemon.log()
+    stepper.finish()
+    assert isinstance(stepper.error, envd.ConnectionLostError), repr(stepper.error)
+    assert in_flight(env)  # the step never finished
+
+
+# ---- stale segments --------------------------------------------------------------------
+def fake_segment(harness, pid: int) -> str:
+    path = f"/dev/shm/envd-{pid}-{secrets.token_hex(16)}"
+    harness.files.append(path)
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    os.write(fd, b"\0" * 4096)
+    os.close(fd)
+    return path
+
+
+def test_startup_removes_segments_of_dead_daemons_only(harness, tmp_path):
+    old = harness.daemon("--threads", "1", "--lease-timeout", "30")
+    client = harness.connect(old)
+    env = client.make("CartPole-v1", 4, seed=0)
+    env.reset()
+    live_daemon_segment = f"/dev/shm/envd-{old.pid}-{env.session}"
+    assert os.path.exists(live_daemon_segment)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    other = subprocess.Popen(["sleep", "600"])  # alive, but not an envd daemon
+    try:
+        of_dead = fake_segment(harness, dead.pid)
+        of_other = fake_segment(harness, other.pid)
+        of_old = fake_segment(harness, old.pid)
+        new = harness.daemon("--threads", "1", "--lease-timeout", "30")
+        assert not os.path.exists(of_dead)
+        # A live pid whose command line does not mention envd was reused by
+        # another program: its segments are stale too (server/stale_segments.py).
+        assert not os.path.exists(of_other)
+        assert os.path.exists(of_old) and os.path.exists(live_daemon_segment)
+        assert "left behind by dead daemons" in new.log()
+    finally:
+        other.kill()
+        other.wait()
+    # The live daemon's session still works.
+    with envd.make("CartPole-v1", 4, seed=0) as local:
+        local.reset()
+        actions = np.array([0, 1, 1, 0])
+        assert env.step(actions)[0].tobytes() == local.step(actions)[0].tobytes()
+
+
+def test_restart_after_sigkill_removes_the_dead_daemons_segments(harness, tmp_path):
+    folder = tmp_path / "same-endpoint"
+    old = harness.daemon("--threads", "1", "--lease-timeout", "30", folder=folder)
+    client = harness.connect(old, timeout=5)
+    envs = [client.make("CartPole-v1", 4, seed=seed) for seed in range(2)]
+    for env in envs:
+        env.reset()
+    old.proc.kill()
+    assert old.wait() == -signal.SIGKILL
+    left = segments_of(old.pid)
+    assert len(left) == 2
+    harness.files.extend(f"/dev/shm/{name}" for name in left)
+    assert os.path.exists(folder / "envd.sock")  # the dead daemon's socket file too
+    new = harness.daemon("--threads", "1", "--lease-timeout", "30", folder=folder)
+    assert segments_of(old.pid) == []
+    for name in left:
+        assert name in new.log()
+    with harness.connect(new) as again:
+        assert again.status()["pid"] == new.pid
+        again.make("CartPole-v1", 4, seed=0).reset()
+
+
+# ---- one daemon per endpoint ----------------------------------------------------------
+def test_second_daemon_on_the_same_endpoint_fails_and_the_first_keeps_serving(harness, tmp_path):
+    first = harness.daemon("--threads", "1", "--lease-timeout", "30")
+    run = subprocess.run([sys.executable, "-m", "envd.cli", "--bind", first.endpoint,
+                          "--threads", "1"], cwd=tmp_path, check=False, capture_output=True,
+                         text=True, timeout=DEADLINE)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert f"another daemon already serves {first.endpoint}" in run.stderr
+    with harness.connect(first) as client, envd.make("MountainCar-v0", 4, seed=7) as local:
+        assert client.status()["pid"] == first.pid
+        env = client.make("MountainCar-v0", 4, seed=7)
+        assert env.reset()[0].tobytes() == local.reset()[0].tobytes()
+        actions = np.array([0, 1, 2, 1])
+        assert env.step(actions)[0].tobytes() == local.step(actions)[0].tobytes()
+    first.signal(signal.SIGTERM)
+    assert first.wait() == 0, first.log()
+
+
+# ---- envd status -------------------------------------------------------------------------
+def envd_status(endpoint: str, cwd, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "envd.cli", "status", "--endpoint", endpoint,
+                           *extra], cwd=cwd, check=False, capture_output=True, text=True,
+                          timeout=DEADLINE)
+
+
+def test_envd_status_prints_the_daemons_json(harness, tmp_path):
+    daemon = harness.daemon("--threads", "2", "--lease-timeout", "30")
+    client = harness.connect(daemon)
+    client.make("CartPole-v1", 5, seed=0)
+    run = envd_status(daemon.endpoint, tmp_path)
+    assert run.returncode == 0, run.stderr
+    status = json.loads(run.stdout)
+    assert status["pid"] == daemon.pid
+    assert status["sessions"] == 1 and status["envs"] == 5 and status["threads"] == 2
+    assert status["endpoints"] == [daemon.endpoint]
+
+
+def test_envd_status_without_a_daemon_exits_1(tmp_path):
+    missing = f"ipc://{tmp_path}/nothing/envd.sock"
+    run = envd_status(missing, tmp_path)
+    assert run.returncode == 1
+    assert run.stdout == ""
+    assert run.stderr.startswith(f"envd status: no envd daemon at {missing}")
+    # A socket file nobody listens on (a crashed daemon's): refused at once.
+    dead = tmp_path / "dead.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.bind(str(dead))
+    run = envd_status(f"ipc://{dead}", tmp_path, "--timeout", "30")
+    assert run.returncode == 1
+    assert f"envd status: no envd daemon at ipc://{dead}" in run.stderr
+    assert "has no listener" in run.stderr
+
+
+# ---- flags from the environment ----------------------------------------------------------
+def test_flags_from_envd_variables_and_the_command_line_wins(harness):
+    variables = {"ENVD_MAX_SESSIONS": "1", "ENVD_LEASE_TIMEOUT": "3", "ENVD_THREADS": "1"}
+    from_env = harness.daemon(env=variables)
+    client = harness.connect(from_env)
+    status = client.status()
+    assert status["limits"]["max_sessions"] == 1
+    assert status["lease_timeout"] == 3.0
+    assert status["threads"] == 1
+    assert client.server_info["heartbeat_interval"] == pytest.approx(1.0)
+    env = client.make("CartPole-v1", 2, seed=0)
+    with pytest.raises(envd.LimitExceededError, match="--max-sessions"):
+        client.make("CartPole-v1", 2, seed=1)
+    env.close()
+
+    flags = harness.daemon("--max-sessions", "5", "--lease-timeout", "7", "--threads", "2",
+                           env=variables)
+    status = harness.connect(flags).status()
+    assert status["limits"]["max_sessions"] == 5
+    assert status["lease_timeout"] == 7.0
+    assert status["threads"] == 2

@@ -1,0 +1,251 @@
+"""The daemon's Config: defaults, flags, ENVD_* variables, validation, and the
+command line's answer to a bad value."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import subprocess
+import sys
+
+import pytest
+
+from envd import protocol
+from envd.server import config as cfg
+from envd.server.config import Config, add_arguments, from_args
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch, tmp_path):
+    """No ENVD_* variable of the machine running the tests leaks in, and the
+    default endpoint is a known one."""
+    for name in list(os.environ):
+        if name.startswith("ENVD_"):
+            monkeypatch.delenv(name)
+    runtime = tmp_path / "runtime"
+    runtime.mkdir()
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    return runtime
+
+
+def parse(argv, environ=None) -> Config:
+    parser = argparse.ArgumentParser(prog="envd")
+    add_arguments(parser)
+    return from_args(parser.parse_args(argv), {} if environ is None else environ)
+
+
+def test_defaults(clean_environment):
+    default = Config()
+    assert default.threads == len(os.sched_getaffinity(0)) >= 1
+    assert default.bind == (f"ipc://{clean_environment}/envd.sock",) == (protocol.default_endpoint(),)
+    assert default.log_level == "info"
+    assert default.lease_timeout == 30.0
+    assert default.heartbeat_interval == 10.0
+    assert default.max_sessions == 1024
+    assert default.max_envs_per_client == 1 << 20
+    assert default.max_message_bytes == 256 << 20
+    assert default.pin_cpus is None
+    assert parse([]) == default  # no flag, no variable: the defaults
+
+
+def test_config_is_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Config().threads = 3  # type: ignore[misc]
+
+
+#: flag argv -> (field, value); each variable below sets the same value.
+FLAGS = [
+    (["--threads", "3"], "threads", 3),
+    (["--threads", "0"], "threads", 0),
+    (["--log-level", "debug"], "log_level", "debug"),
+    (["--log-level", "WARNING"], "log_level", "WARNING"),
+    (["--lease-timeout", "2.5"], "lease_timeout", 2.5),
+    (["--max-sessions", "7"], "max_sessions", 7),
+    (["--max-envs-per-client", "100"], "max_envs_per_client", 100),
+    (["--max-message-bytes", "4096"], "max_message_bytes", 4096),
+]
+
+
+@pytest.mark.parametrize("argv, name, value", FLAGS, ids=[" ".join(a) for a, _, _ in FLAGS])
+def test_every_flag_is_parsed(argv, name, value):
+    config = parse(argv)
+    assert getattr(config, name) == value
+    assert type(getattr(config, name)) is type(value)
+    others = {f.name for f in dataclasses.fields(Config)} - {name}
+    default = Config()
+    for other in others:
+        assert getattr(config, other) == getattr(default, other), other
+
+
+def test_pin_cpus_and_bind_flags():
+    config = parse(["--threads", "2", "--pin-cpus", "0,1", "--bind", "ipc:///tmp/a.sock",
+                    "--bind", "tcp://127.0.0.1:5555"])
+    assert config.pin_cpus == (0, 1)
+    assert config.bind == ("ipc:///tmp/a.sock", "tcp://127.0.0.1:5555")
+    assert parse(["--threads", "3", "--pin-cpus", "1 0 1"]).pin_cpus == (1, 0, 1)
+
+
+@pytest.mark.parametrize("argv, name, value", FLAGS, ids=[" ".join(a) for a, _, _ in FLAGS])
+def test_every_variable_is_used_when_the_flag_is_absent(argv, name, value):
+    variable = "ENVD_" + name.upper()
+    config = parse([], {variable: argv[1]})
+    assert getattr(config, name) == value
+    assert type(getattr(config, name)) is type(value)
+
+
+def test_pin_cpus_and_bind_variables():
+    config = parse([], {"ENVD_THREADS": "2", "ENVD_PIN_CPUS": "1,0",
+                        "ENVD_BIND": "ipc:///tmp/a.sock"})
+    assert (config.threads, config.pin_cpus, config.bind) == (2, (1, 0), ("ipc:///tmp/a.sock",))
+
+
+def test_every_variable_at_once():
+    environ = {"ENVD_THREADS": "1", "ENVD_LOG_LEVEL": "error", "ENVD_LEASE_TIMEOUT": "9",
+               "ENVD_MAX_SESSIONS": "3", "ENVD_MAX_ENVS_PER_CLIENT": "30",
+               "ENVD_MAX_MESSAGE_BYTES": "1000", "ENVD_PIN_CPUS": "0",
+               "ENVD_BIND": "tcp://127.0.0.1:6000"}
+    assert parse([], environ) == Config(threads=1, log_level="error", lease_timeout=9.0,
+                                        max_sessions=3, max_envs_per_client=30,
+                                        max_message_bytes=1000, pin_cpus=(0,),
+                                        bind=("tcp://127.0.0.1:6000",))
+
+
+def test_the_variables_are_read_from_os_environ_by_default(monkeypatch):
+    monkeypatch.setenv("ENVD_MAX_SESSIONS", "11")
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert from_args(parser.parse_args([])).max_sessions == 11
+    assert from_args(parser.parse_args([]), {}).max_sessions == 1024
+
+
+@pytest.mark.parametrize("argv, name, value", FLAGS, ids=[" ".join(a) for a, _, _ in FLAGS])
+def test_the_flag_wins_over_the_variable(argv, name, value):
+    variable = "ENVD_" + name.upper()
+    other = {"threads": "5", "log_level": "error", "lease_timeout": "77",
+             "max_sessions": "99", "max_envs_per_client": "999",
+             "max_message_bytes": "9999"}[name]
+    assert getattr(parse(argv, {variable: other}), name) == value
+    assert getattr(parse([], {variable: other}), name) != value
+
+
+def test_the_bind_flag_wins_over_envd_bind_and_envd_endpoint(monkeypatch):
+    monkeypatch.setenv("ENVD_ENDPOINT", "ipc:///tmp/from-endpoint.sock")
+    config = parse(["--bind", "ipc:///tmp/flag.sock"], {"ENVD_BIND": "ipc:///tmp/var.sock"})
+    assert config.bind == ("ipc:///tmp/flag.sock",)
+    assert parse(["--pin-cpus", "0", "--threads", "1"], {"ENVD_PIN_CPUS": "0,1"}).pin_cpus == (0,)
+
+
+def test_envd_bind_with_several_endpoints():
+    environ = {"ENVD_BIND": "ipc:///tmp/a.sock,tcp://127.0.0.1:5555  ipc:///tmp/b.sock, "}
+    assert parse([], environ).bind == ("ipc:///tmp/a.sock", "tcp://127.0.0.1:5555",
+                                       "ipc:///tmp/b.sock")
+
+
+def test_envd_endpoint_is_the_default_bind(monkeypatch):
+    monkeypatch.setenv("ENVD_ENDPOINT", "tcp://127.0.0.1:7001")
+    assert Config().bind == ("tcp://127.0.0.1:7001",)
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert from_args(parser.parse_args([])).bind == ("tcp://127.0.0.1:7001",)
+    # ENVD_BIND, the daemon's own variable, wins over the clients' one
+    assert parse([], {"ENVD_BIND": "ipc:///tmp/b.sock"}).bind == ("ipc:///tmp/b.sock",)
+
+
+@pytest.mark.xfail(strict=True, reason="bug: from_args ignores ENVD_ENDPOINT in its environ "
+                   "argument (the default bind reads os.environ)")
+def test_envd_endpoint_of_the_environ_argument_is_the_default_bind():
+    assert parse([], {"ENVD_ENDPOINT": "tcp://127.0.0.1:7002"}).bind == ("tcp://127.0.0.1:7002",)
+
+
+def test_empty_variables_count_as_unset():
+    environ = {"ENVD_THREADS": "", "ENVD_BIND": "", "ENVD_LOG_LEVEL": ""}
+    assert parse([], environ) == Config()
+
+
+@pytest.mark.parametrize("argv, environ, words", [
+    (["--threads", "-1"], {}, ["threads", "-1"]),
+    (["--threads", str(cfg.MAX_THREADS + 1)], {}, ["threads"]),
+    ([], {"ENVD_THREADS": "-1"}, ["threads", "-1"]),
+    (["--lease-timeout", "0"], {}, ["lease_timeout"]),
+    (["--lease-timeout", "1e9"], {}, ["lease_timeout"]),
+    ([], {"ENVD_LEASE_TIMEOUT": "nan"}, ["lease_timeout"]),
+    (["--log-level", "loud"], {}, ["log level", "'loud'"]),
+    ([], {"ENVD_LOG_LEVEL": "loud"}, ["log level", "'loud'"]),
+    (["--bind", "/tmp/envd.sock"], {}, ["/tmp/envd.sock", "ipc://", "tcp://"]),
+    ([], {"ENVD_BIND": "ipc:///tmp/a.sock udp://x:1"}, ["udp://x:1", "ipc://"]),
+    (["--threads", "2", "--pin-cpus", "0"], {}, ["pin_cpus", "2"]),
+    (["--threads", "1", "--pin-cpus", "0,1"], {}, ["pin_cpus"]),
+    ([], {"ENVD_THREADS": "1", "ENVD_PIN_CPUS": "0,1"}, ["pin_cpus"]),
+    (["--max-sessions", "0"], {}, ["max_sessions"]),
+    (["--max-envs-per-client", "-5"], {}, ["max_envs_per_client"]),
+    (["--max-message-bytes", "0"], {}, ["max_message_bytes"]),
+    ([], {"ENVD_THREADS": "four"}, ["ENVD_THREADS", "'four'", "--threads"]),
+    ([], {"ENVD_THREADS": "1.5"}, ["ENVD_THREADS", "--threads"]),
+    ([], {"ENVD_LEASE_TIMEOUT": "soon"}, ["ENVD_LEASE_TIMEOUT", "--lease-timeout"]),
+    ([], {"ENVD_MAX_SESSIONS": "many"}, ["ENVD_MAX_SESSIONS", "--max-sessions"]),
+    ([], {"ENVD_PIN_CPUS": "a,b"}, ["ENVD_PIN_CPUS", "--pin-cpus"]),
+], ids=lambda v: repr(v)[:40] if not isinstance(v, list) or v else "-")
+def test_invalid_values_raise_a_value_error_naming_the_setting(argv, environ, words):
+    with pytest.raises(ValueError) as info:
+        parse(argv, environ)
+    message = str(info.value)
+    for word in words:
+        assert word in message, message
+
+
+def test_the_constructor_validates_too():
+    with pytest.raises(ValueError, match="endpoint"):
+        Config(bind=())
+    with pytest.raises(ValueError, match="threads"):
+        Config(threads=cfg.MAX_THREADS + 1)
+    assert Config(threads=cfg.MAX_THREADS).threads == cfg.MAX_THREADS
+    assert Config(lease_timeout=0.1).lease_timeout == 0.1
+    assert Config(lease_timeout=86400).lease_timeout == 86400
+
+
+@pytest.mark.parametrize("argv", [["--threads", "x"], ["--lease-timeout", "soon"],
+                                  ["--max-sessions", "1.5"], ["--pin-cpus", "a"]])
+def test_argparse_rejects_values_of_the_wrong_type(argv, capsys):
+    with pytest.raises(SystemExit) as info:
+        parse(argv)
+    assert info.value.code == 2
+    assert argv[0] in capsys.readouterr().err
+
+
+def test_help_names_every_variable_and_default():
+    parser = argparse.ArgumentParser(prog="envd")
+    add_arguments(parser)
+    text = parser.format_help()
+    for flag in ("--bind", "--threads", "--log-level", "--lease-timeout", "--max-sessions",
+                 "--max-envs-per-client", "--max-message-bytes", "--pin-cpus"):
+        assert flag in text
+    for variable in ("ENVD_BIND", "ENVD_THREADS", "ENVD_LOG_LEVEL", "ENVD_LEASE_TIMEOUT",
+                     "ENVD_MAX_SESSIONS", "ENVD_MAX_ENVS_PER_CLIENT",
+                     "ENVD_MAX_MESSAGE_BYTES", "ENVD_PIN_CPUS"):
+        assert variable in " ".join(text.split())
+
+
+def _run_cli(tmp_path, *argv, environ=None):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ENVD_")}
+    # if validation ever let these through, the daemon would bind here (and be killed)
+    env["ENVD_BIND"] = f"ipc://{tmp_path}/cli.sock"
+    env.update(environ or {})
+    return subprocess.run([sys.executable, "-m", "envd.cli", *argv], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("argv, environ, words", [
+    (["--threads", "-1"], {}, ["threads must be in", "-1"]),
+    ([], {"ENVD_THREADS": "lots"}, ["ENVD_THREADS", "'lots'"]),
+    (["--lease-timeout", "0"], {}, ["lease_timeout"]),
+    (["--bind", "localhost:5555"], {}, ["localhost:5555", "ipc://"]),
+])
+def test_the_command_line_exits_2_with_a_usage_message(tmp_path, argv, environ, words):
+    done = _run_cli(tmp_path, *argv, environ=environ)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert done.stderr.startswith("usage: envd"), done.stderr
+    assert "envd: error:" in done.stderr
+    for word in words:
+        assert word in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "cli.sock").exists()
