@@ -70,7 +70,7 @@ later requests for them get ``session_expired``.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Mapping
 
 import msgpack
 import numpy as np
@@ -81,12 +81,14 @@ from envd import errors
 PROTOCOL_VERSION = 1
 
 
-def default_endpoint() -> str:
-    """ENVD_ENDPOINT, else an ipc socket in $XDG_RUNTIME_DIR, else in /tmp/envd-$UID/."""
-    endpoint = os.environ.get("ENVD_ENDPOINT")
+def default_endpoint(environ: Mapping[str, str] | None = None) -> str:
+    """ENVD_ENDPOINT, else an ipc socket in $XDG_RUNTIME_DIR, else in /tmp/envd-$UID/
+    (variables from environ, default os.environ)."""
+    environ = os.environ if environ is None else environ
+    endpoint = environ.get("ENVD_ENDPOINT")
     if endpoint:
         return endpoint
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    runtime = environ.get("XDG_RUNTIME_DIR")
     folder = runtime if runtime and os.path.isdir(runtime) else f"/tmp/envd-{os.getuid()}"
     return f"ipc://{folder}/envd.sock"
 
@@ -159,6 +161,8 @@ def _type_names(types: tuple[type, ...]) -> str:
 
 def validate_request(header: dict[str, Any], num_blobs: int) -> str:
     """Check the envelope and the fields of a request; return its type."""
+    if not all(isinstance(key, str) for key in header):
+        raise BadRequest("the header's field names must be str (msgpack str, not bin)")
     kind = header.get("type")
     if not isinstance(kind, str):
         raise BadRequest("a request needs a 'type' field of type str")
@@ -207,8 +211,8 @@ def raise_error(reply: dict[str, Any]) -> None:
     if cls is errors.NativeError:
         raise errors.NativeError(message, int(reply.get("native_code", -1)))
     exc = cls(message)
-    if cls is errors.DaemonError and code != "internal":
-        exc.error_code = str(code)  # a code this client does not know: keep it visible
+    if code != cls.error_code:  # e.g. unknown_type, or a code of a newer daemon
+        exc.error_code = str(code)
     raise exc
 
 

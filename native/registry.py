@@ -78,7 +78,7 @@ class EnvSpec:
     def param_values(self, kwargs: dict[str, Any]) -> list[float]:
         """Validate make's env kwargs; return every parameter in declaration order."""
         known = {p.name: p for p in self.params}
-        unknown = sorted(set(kwargs) - set(known))
+        unknown = sorted(set(kwargs) - set(known), key=str)  # names may be str and bytes
         if unknown:
             accepted = ", ".join(p.describe() for p in self.params) or "none"
             raise InvalidArgumentError(

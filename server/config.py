@@ -41,21 +41,23 @@ class Config:
 
     def __post_init__(self) -> None:
         if not 0 <= self.threads <= MAX_THREADS:
-            raise ValueError(f"threads must be in [0, {MAX_THREADS}], got {self.threads}")
+            raise ValueError(f"--threads (ENVD_THREADS) must be in [0, {MAX_THREADS}], got {self.threads}")
         if not self.bind:
-            raise ValueError("at least one endpoint to bind is needed")
+            raise ValueError("--bind (ENVD_BIND): at least one endpoint is needed")
         for endpoint in self.bind:
             if not endpoint.startswith(("ipc://", "tcp://")):
-                raise ValueError(f"endpoint {endpoint!r} must start with ipc:// or tcp://")
+                raise ValueError(f"--bind (ENVD_BIND): endpoint {endpoint!r} must start with ipc:// or tcp://")
         if self.log_level.upper() not in logging.getLevelNamesMapping():
-            raise ValueError(f"unknown log level {self.log_level!r}")
+            raise ValueError(f"--log-level (ENVD_LOG_LEVEL): unknown level {self.log_level!r}")
         if not 0.1 <= self.lease_timeout <= 86400:
-            raise ValueError(f"lease_timeout must be in [0.1, 86400] seconds, got {self.lease_timeout}")
+            raise ValueError(f"--lease-timeout (ENVD_LEASE_TIMEOUT) must be in [0.1, 86400] seconds, "
+                             f"got {self.lease_timeout}")
         for name in ("max_sessions", "max_envs_per_client", "max_message_bytes"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+                flag = "--" + name.replace("_", "-")
+                raise ValueError(f"{flag} (ENVD_{name.upper()}) must be >= 1, got {getattr(self, name)}")
         if self.pin_cpus is not None and len(self.pin_cpus) != self.threads:
-            raise ValueError(f"pin_cpus needs one CPU per thread ({self.threads}), "
+            raise ValueError(f"--pin-cpus (ENVD_PIN_CPUS) needs one CPU per thread ({self.threads}), "
                              f"got {list(self.pin_cpus)}")
 
     @property
@@ -80,7 +82,8 @@ _FLAGS: dict[str, tuple[Callable[[str], object], str]] = {
     "lease_timeout": (float, "seconds of silence after which a client's sessions are freed"),
     "max_sessions": (int, "sessions (made envs) the daemon holds at once, over all clients"),
     "max_envs_per_client": (int, "envs one client connection may hold over all its sessions"),
-    "max_message_bytes": (int, "largest message accepted; larger ones drop the connection"),
+    "max_message_bytes": (int, "largest message accepted (all frames together); a single "
+                                 "frame over it drops the sender's connection"),
     "pin_cpus": (_cpu_list, "comma-separated CPU per worker thread, e.g. 1,2,3"),
 }
 
@@ -113,8 +116,7 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None
         if given is not None:
             values[name] = given
     bind = getattr(args, "bind", None) or _endpoints(environ.get("ENVD_BIND", ""))
-    if bind:
-        values["bind"] = tuple(bind)
+    values["bind"] = tuple(bind) if bind else (default_endpoint(environ),)
     if values.get("pin_cpus") is not None:
         values["pin_cpus"] = tuple(values["pin_cpus"])
     return Config(**values)

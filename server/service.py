@@ -74,6 +74,11 @@ class Service:
         try:
             if not frames:
                 raise protocol.BadRequest("an empty message has no header frame")
+            size = sum(map(len, frames))
+            if size > self.config.max_message_bytes:
+                raise LimitExceededError(
+                    f"a message of {size} bytes is over the daemon's limit of "
+                    f"{self.config.max_message_bytes} (--max-message-bytes)")
             header = protocol.unpack(frames[0], self.config.max_message_bytes)
             if isinstance(header.get("id"), int) and not isinstance(header.get("id"), bool):
                 request_id = header["id"]
@@ -202,7 +207,7 @@ class Service:
                 session.free()  # the client expired or the daemon drains meanwhile
                 reply = protocol.error_reply(header["id"], ShuttingDownError(
                     "the daemon is shutting down") if self.draining else SessionExpiredError(
-                    "the client's lease expired while its env was being made"))
+                    "the client left (bye) or its lease expired while its env was being made"))
             elif session is not None:
                 self.sessions[session.id] = client.sessions[session.id] = session
                 reply.update(session.describe())

@@ -117,8 +117,8 @@ def _request_id(header: dict | bytes) -> int | None:
     """The id the daemon echoes: the int "id" of a header that is a map, else None."""
     if isinstance(header, bytes):
         try:
-            header = msgpack.unpackb(header, raw=False)
-        except Exception:
+            header = protocol.unpack(header, 1 << 30)  # as the daemon decodes it
+        except protocol.BadRequest:
             return None
     if isinstance(header, dict) and type(header.get("id")) is int:
         return header["id"]
@@ -354,7 +354,7 @@ def test_extra_unknown_fields(victim, raw):
     valid = [{"type": "hello", "version": 1}, {"type": "heartbeat"}, {"type": "list_envs"},
              {"type": "status"}, {"type": "make", "env_id": "CartPole-v1", "num_envs": 1},
              {"type": "reset", "session": session}, {"type": "step", "session": session},
-             {"type": "close", "session": session}]
+             {"type": "close", "session": session}, {"type": "bye"}]
     for header in valid:
         for extra in ({"bogus": 1}, {"Type": "status"}, {"session_id": "x", "zz": None}):
             message = attacker.error({**header, **extra}, "bad_request", "unknown fields")
@@ -373,6 +373,7 @@ def test_too_many_data_frames(victim, raw):
                             ({"type": "make", "env_id": "CartPole-v1", "num_envs": 1}, 0),
                             ({"type": "reset", "session": session}, 0),
                             ({"type": "close", "session": session}, 0),
+                            ({"type": "bye"}, 0),
                             ({"type": "step", "session": session,
                               "actions": {"dtype": "<i8", "shape": [4]}}, 1)]:
         for extra in (1, 5):
@@ -397,7 +398,7 @@ def test_requests_before_hello(victim, raw):
     for header in ({"type": "status"}, {"type": "list_envs"}, {"type": "heartbeat"},
                    {"type": "make", "env_id": "CartPole-v1", "num_envs": 1},
                    {"type": "reset", "session": session}, {"type": "step", "session": session},
-                   {"type": "close", "session": session}):
+                   {"type": "close", "session": session}, {"type": "bye"}):
         attacker.error(header, "bad_request", "hello", repr(header["type"]))
     # a refused hello does not count
     attacker.error({"type": "hello", "version": 2}, "unsupported_version")
@@ -505,8 +506,8 @@ def test_inline_actions_of_the_wrong_shape_or_dtype(victim, raw):
         rng = np.random.default_rng(3)
         for i in range(30):
             actions = rng.integers(0, 2, 4)
-            reply = attacker.ok(*step({"dtype": "<i8", "shape": [4]},
-                                      actions.astype("<i8").tobytes()))
+            header, blobs = step({"dtype": "<i8", "shape": [4]}, actions.astype("<i8").tobytes())
+            reply = attacker.ok(header, *blobs)
             obs, rewards, terms, truncs, _ = local.step(actions)
             assert segment.arrays["observations"].tobytes() == obs.tobytes()
             assert segment.arrays["rewards"].tobytes() == rewards.tobytes()
@@ -576,6 +577,50 @@ def test_stepping_before_reset(victim, raw):
         attacker.ok({"type": "close", "session": session})
 
 
+def test_a_client_that_does_not_wait_for_replies(victim, raw):
+    """Pipelined requests on one session: each gets its reply; a step sent while
+    another runs is refused as busy, and a close while a step runs frees the
+    session once the step is done."""
+    attacker = raw()
+    reply = attacker.make("CartPole-v1", 50_000, seed=0)
+    session = reply["session"]
+    attacker.ok({"type": "reset", "session": session})
+    sent = {}
+    for kind in ("step", "step", "step", "close", "step"):
+        request_id = attacker.next_id()
+        sent[request_id] = kind
+        attacker.send({"type": kind, "id": request_id, "session": session})
+    replies = {}
+    for _ in sent:
+        reply = attacker.recv()
+        replies[reply["id"]] = reply
+    assert set(replies) == set(sent)
+    ids = sorted(sent)
+    assert replies[ids[0]]["ok"] is True  # the first step ran
+    for request_id in ids[1:3]:  # ran after the previous one, or refused as busy
+        reply = replies[request_id]
+        assert reply["ok"] or (reply["code"] == "env_state" and "busy" in reply["message"]), reply
+        if not reply["ok"]:
+            clean_message(reply["message"])
+    assert replies[ids[3]]["ok"] is True  # the close
+    assert replies[ids[4]]["code"] == "unknown_session"  # the step after the close
+    wait_until(lambda: not os.path.exists("/dev/shm/" + attach_name(session, victim)),
+               what="the closed session's segment to be removed")
+
+
+def attach_name(session: str, victim: Victim) -> str:
+    return f"envd-{victim.daemon.pid}-{session}"
+
+
+def test_a_header_with_both_str_and_bin_field_names(victim, raw):
+    raw().error({"type": "status", "x": 1, b"y": 2}, "bad_request", "field names must be str")
+
+
+def test_env_kwargs_with_both_str_and_bin_names(victim, raw):
+    raw().error({"type": "make", "env_id": "CartPole-v1", "num_envs": 1,
+                 "env_kwargs": {"a": 1, b"b": 2}}, "invalid_argument", "'a'")
+
+
 # ---- limits ------------------------------------------------------------------------------------
 
 def test_limits_exceeded(tmp_path):
@@ -627,7 +672,7 @@ def test_limits_exceeded(tmp_path):
 # ---- clients that misbehave at the transport level ---------------------------------------
 
 def test_a_client_that_steps_and_disconnects(tmp_path):
-    proc = start_daemon(tmp_path / "short_lease", "--lease-timeout", "2")
+    proc = start_daemon(tmp_path / "short_lease", "--lease-timeout", "3")
     context = zmq.Context()
     victim = None
     try:
@@ -749,13 +794,27 @@ class Fuzzer:
         ])
         return {**header, "id": r.randint(0, 2**32)}, blobs
 
+    def like(self, old: Any) -> Any:
+        """A random value of the same msgpack type as old (to get past the type checks)."""
+        for _ in range(50):
+            value = self.value()
+            if type(value) is type(old):
+                return value
+        return self.value()
+
     def mutated(self) -> tuple[dict, list[bytes]]:
         r = self.rng
         header, blobs = self.valid()
-        for _ in range(r.randint(1, 3)):
-            op = r.choice(["set", "set", "set", "delete", "type", "id", "blobs"])
-            if op == "set":
-                header[r.choice([*header, *FIELD_NAMES])] = self.value()
+        for _ in range(r.choice([1, 1, 1, 2, 2, 3])):
+            op = r.choice(["same type"] * 4 + ["set"] * 2 + ["new field", "delete", "type",
+                                                            "id", "blobs"])
+            name = r.choice([n for n in header if n not in ("type", "id")] or ["id"])
+            if op == "same type":
+                header[name] = self.like(header.get(name))
+            elif op == "set":
+                header[name] = self.value()
+            elif op == "new field":
+                header[r.choice(FIELD_NAMES)] = self.value()
             elif op == "delete" and header:
                 del header[r.choice(list(header))]
             elif op == "type":

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from envd import protocol
+from envd.protocol import default_endpoint
 from envd.server import config as cfg
 from envd.server.config import Config, add_arguments, from_args
 
@@ -31,7 +32,7 @@ def clean_environment(monkeypatch, tmp_path):
 def parse(argv, environ=None) -> Config:
     parser = argparse.ArgumentParser(prog="envd")
     add_arguments(parser)
-    return from_args(parser.parse_args(argv), {} if environ is None else environ)
+    return from_args(parser.parse_args(argv), dict(os.environ) if environ is None else environ)
 
 
 def test_defaults(clean_environment):
@@ -151,34 +152,32 @@ def test_envd_endpoint_is_the_default_bind(monkeypatch):
     assert parse([], {"ENVD_BIND": "ipc:///tmp/b.sock"}).bind == ("ipc:///tmp/b.sock",)
 
 
-@pytest.mark.xfail(strict=True, reason="bug: from_args ignores ENVD_ENDPOINT in its environ "
-                   "argument (the default bind reads os.environ)")
 def test_envd_endpoint_of_the_environ_argument_is_the_default_bind():
     assert parse([], {"ENVD_ENDPOINT": "tcp://127.0.0.1:7002"}).bind == ("tcp://127.0.0.1:7002",)
 
 
 def test_empty_variables_count_as_unset():
     environ = {"ENVD_THREADS": "", "ENVD_BIND": "", "ENVD_LOG_LEVEL": ""}
-    assert parse([], environ) == Config()
+    assert parse([], environ) == Config(bind=(default_endpoint(environ),))
 
 
 @pytest.mark.parametrize("argv, environ, words", [
-    (["--threads", "-1"], {}, ["threads", "-1"]),
+    (["--threads", "-1"], {}, ["--threads", "-1"]),
     (["--threads", str(cfg.MAX_THREADS + 1)], {}, ["threads"]),
-    ([], {"ENVD_THREADS": "-1"}, ["threads", "-1"]),
-    (["--lease-timeout", "0"], {}, ["lease_timeout"]),
-    (["--lease-timeout", "1e9"], {}, ["lease_timeout"]),
-    ([], {"ENVD_LEASE_TIMEOUT": "nan"}, ["lease_timeout"]),
-    (["--log-level", "loud"], {}, ["log level", "'loud'"]),
-    ([], {"ENVD_LOG_LEVEL": "loud"}, ["log level", "'loud'"]),
+    ([], {"ENVD_THREADS": "-1"}, ["--threads", "-1"]),
+    (["--lease-timeout", "0"], {}, ["--lease-timeout", "ENVD_LEASE_TIMEOUT"]),
+    (["--lease-timeout", "1e9"], {}, ["--lease-timeout", "ENVD_LEASE_TIMEOUT"]),
+    ([], {"ENVD_LEASE_TIMEOUT": "nan"}, ["--lease-timeout", "ENVD_LEASE_TIMEOUT"]),
+    (["--log-level", "loud"], {}, ["--log-level", "'loud'"]),
+    ([], {"ENVD_LOG_LEVEL": "loud"}, ["--log-level", "'loud'"]),
     (["--bind", "/tmp/envd.sock"], {}, ["/tmp/envd.sock", "ipc://", "tcp://"]),
     ([], {"ENVD_BIND": "ipc:///tmp/a.sock udp://x:1"}, ["udp://x:1", "ipc://"]),
-    (["--threads", "2", "--pin-cpus", "0"], {}, ["pin_cpus", "2"]),
-    (["--threads", "1", "--pin-cpus", "0,1"], {}, ["pin_cpus"]),
-    ([], {"ENVD_THREADS": "1", "ENVD_PIN_CPUS": "0,1"}, ["pin_cpus"]),
-    (["--max-sessions", "0"], {}, ["max_sessions"]),
-    (["--max-envs-per-client", "-5"], {}, ["max_envs_per_client"]),
-    (["--max-message-bytes", "0"], {}, ["max_message_bytes"]),
+    (["--threads", "2", "--pin-cpus", "0"], {}, ["--pin-cpus", "2"]),
+    (["--threads", "1", "--pin-cpus", "0,1"], {}, ["--pin-cpus"]),
+    ([], {"ENVD_THREADS": "1", "ENVD_PIN_CPUS": "0,1"}, ["--pin-cpus"]),
+    (["--max-sessions", "0"], {}, ["--max-sessions", "ENVD_MAX_SESSIONS"]),
+    (["--max-envs-per-client", "-5"], {}, ["--max-envs-per-client"]),
+    (["--max-message-bytes", "0"], {}, ["--max-message-bytes"]),
     ([], {"ENVD_THREADS": "four"}, ["ENVD_THREADS", "'four'", "--threads"]),
     ([], {"ENVD_THREADS": "1.5"}, ["ENVD_THREADS", "--threads"]),
     ([], {"ENVD_LEASE_TIMEOUT": "soon"}, ["ENVD_LEASE_TIMEOUT", "--lease-timeout"]),
@@ -235,9 +234,9 @@ def _run_cli(tmp_path, *argv, environ=None):
 
 
 @pytest.mark.parametrize("argv, environ, words", [
-    (["--threads", "-1"], {}, ["threads must be in", "-1"]),
+    (["--threads", "-1"], {}, ["--threads (ENVD_THREADS) must be in", "-1"]),
     ([], {"ENVD_THREADS": "lots"}, ["ENVD_THREADS", "'lots'"]),
-    (["--lease-timeout", "0"], {}, ["lease_timeout"]),
+    (["--lease-timeout", "0"], {}, ["--lease-timeout"]),
     (["--bind", "localhost:5555"], {}, ["localhost:5555", "ipc://"]),
 ])
 def test_the_command_line_exits_2_with_a_usage_message(tmp_path, argv, environ, words):
