@@ -35,6 +35,7 @@ CDEF = """
 #define ENVD_MAX_DIMS ...
 #define ENVD_VEC_MAX_ENVS ...
 #define ENVD_POOL_MAX_THREADS ...
+#define ENVD_JOB_NOTIFY ...
 
 typedef enum { ENVD_DTYPE_FLOAT32, ENVD_DTYPE_FLOAT64, ENVD_DTYPE_INT64,
                ENVD_DTYPE_INT32, ENVD_DTYPE_UINT8, ENVD_DTYPE_BOOL, ... } envd_dtype_t;
@@ -128,6 +129,15 @@ int envd_vec_step(envd_vec_t *vec);
 int envd_vec_step_submit(envd_vec_t *vec);
 int envd_vec_step_done(const envd_vec_t *vec);
 int envd_vec_step_finish(envd_vec_t *vec);
+typedef struct envd_vec_batch envd_vec_batch_t;
+int envd_vec_batch_create(envd_vec_batch_t **out, int64_t capacity);
+void envd_vec_batch_destroy(envd_vec_batch_t *batch);
+int envd_vec_batch_submit(envd_vec_t *vec, envd_vec_batch_t *batch, const int64_t *env_ids,
+                          int64_t count, int flags);
+int envd_vec_batch_done(const envd_vec_batch_t *batch);
+void envd_vec_batch_wait(envd_vec_t *vec, envd_vec_batch_t *batch);
+int envd_vec_batch_finish(envd_vec_t *vec, envd_vec_batch_t *batch);
+int64_t envd_vec_batch_size(const envd_vec_batch_t *batch);
 int64_t envd_vec_error_index(const envd_vec_t *vec);
 int64_t envd_vec_num_done(const envd_vec_t *vec);
 void envd_vec_set_chunk(envd_vec_t *vec, int64_t chunk);

@@ -36,7 +36,30 @@ typedef struct env_slot {
     double episode_start;  /* CLOCK_MONOTONIC seconds (Python's perf_counter) */
     bool started;          /* reset at least once */
     bool needs_reset;      /* done, and not reset yet */
+    bool in_batch;         /* in an async batch in flight (caller thread only) */
 } env_slot_t;
+
+/* One run over envs: the whole vec (ids == NULL: env k is index k) or an
+ * async batch (env k is ids[k]).  Written by the caller before dispatch, read
+ * by the threads running chunks; the pool's done handshake orders both.  The
+ * atomics collect what the chunks report. */
+typedef struct run {
+    envd_vec_t *vec;
+    const int64_t *ids;
+    envd_job_t job;
+    pending_t pending;  /* submitted and not finished yet */
+    int inline_result;  /* PENDING_INLINE: what finish returns */
+    _Atomic int first_error;
+    _Atomic int64_t error_index;
+    _Atomic int64_t num_done;
+    _Atomic int64_t chunk_ns, chunk_items;
+} run_t;
+
+struct envd_vec_batch {
+    run_t run;
+    int64_t capacity;
+    int64_t *ids; /* capacity entries; the first run.job.n are this batch's */
+};
 
 struct envd_vec {
     const envd_env_def_t *def;
@@ -47,21 +70,13 @@ struct envd_vec {
     unsigned char *blocks; /* num_envs blocks of `stride` bytes */
     bool all_started;      /* every env has been reset at least once */
 
-    /* The job in flight: written by the caller before dispatch, read by the
-     * threads running chunks; the pool's done handshake orders both. */
-    envd_job_t job;
+    run_t whole;                /* steps and resets of every env */
     const uint64_t *reset_seeds;
     const bool *reset_mask;
-    pending_t pending;  /* a submitted step not finished yet */
-    int inline_result;  /* PENDING_INLINE: what finish returns */
+    int64_t batches_in_flight;  /* async batches submitted, not finished */
 
-    /* Results accumulated by chunks (any thread). */
-    _Atomic int first_error;
-    _Atomic int64_t error_index;
-    _Atomic int64_t num_done;
-    _Atomic int64_t chunk_ns, chunk_items;
-
-    /* Dispatch state, caller thread only. */
+    /* Caller thread only. */
+    int64_t error_index;        /* the env the last refused or failed call names */
     int64_t forced_chunk;
     envd_vec_stats_t stats;
 };
@@ -95,11 +110,11 @@ static void *state_of(const envd_vec_t *vec, int64_t i)
     return vec->blocks + (size_t)i * vec->stride + sizeof(env_slot_t);
 }
 
-static void record_error(envd_vec_t *vec, int rc, int64_t i)
+static void record_error(run_t *run, int rc, int64_t i)
 {
     int expected = ENVD_OK;
-    if (atomic_compare_exchange_strong(&vec->first_error, &expected, rc))
-        atomic_store(&vec->error_index, i);
+    if (atomic_compare_exchange_strong(&run->first_error, &expected, rc))
+        atomic_store(&run->error_index, i);
 }
 
 /* ---- per-env work ---------------------------------------------------------- */
@@ -117,7 +132,8 @@ static int reset_env(envd_vec_t *vec, int64_t i, void *obs, lazy_clock_t *clock)
 
 static void reset_range(void *ctx, int64_t begin, int64_t end)
 {
-    envd_vec_t *vec = ctx;
+    run_t *run = ctx;
+    envd_vec_t *vec = run->vec;
     unsigned char *obs = vec->buf.observations;
     lazy_clock_t clock = {0};
     for (int64_t i = begin; i < end; i++) {
@@ -131,7 +147,7 @@ static void reset_range(void *ctx, int64_t begin, int64_t end)
         if (vec->buf.dones)
             vec->buf.dones[i] = false;
         if (rc != ENVD_OK)
-            record_error(vec, ENVD_EENV, i);
+            record_error(run, ENVD_EENV, i);
     }
 }
 
@@ -154,8 +170,8 @@ static void write_episode_stats(envd_vec_t *vec, int64_t i, bool done, lazy_cloc
  * whether the episode ended.  Forced inline into the chunk loop: gcc keeps it
  * out of line, and the call costs ~20 instructions per env (7% of a
  * CartPole step, counted with callgrind). */
-static inline __attribute__((always_inline)) bool step_env(envd_vec_t *vec, int64_t i,
-                                                           lazy_clock_t *clock)
+static inline __attribute__((always_inline)) bool step_env(run_t *run, envd_vec_t *vec,
+                                                           int64_t i, lazy_clock_t *clock)
 {
     env_slot_t *slot = slot_of(vec, i);
     const envd_vec_buffers_t *b = &vec->buf;
@@ -192,29 +208,36 @@ static inline __attribute__((always_inline)) bool step_env(envd_vec_t *vec, int6
         }
     }
     if (rc != ENVD_OK)
-        record_error(vec, ENVD_EENV, i);
+        record_error(run, ENVD_EENV, i);
     return done;
 }
 
+/* Items [begin, end) of a run: envs begin..end-1, or those ids of a batch
+ * (two loops, so the whole-vec step keeps its plain one). */
 static void step_range(void *ctx, int64_t begin, int64_t end)
 {
-    envd_vec_t *vec = ctx;
+    run_t *run = ctx;
+    envd_vec_t *vec = run->vec;
     int64_t done = 0;
     lazy_clock_t clock = {0};
-    for (int64_t i = begin; i < end; i++)
-        done += step_env(vec, i, &clock);
+    if (run->ids)
+        for (int64_t k = begin; k < end; k++)
+            done += step_env(run, vec, run->ids[k], &clock);
+    else
+        for (int64_t i = begin; i < end; i++)
+            done += step_env(run, vec, i, &clock);
     if (done)
-        atomic_fetch_add(&vec->num_done, done);
+        atomic_fetch_add(&run->num_done, done);
 }
 
 /* A pooled chunk also measures itself, feeding the cost estimate. */
 static void timed_step_range(void *ctx, int64_t begin, int64_t end)
 {
-    envd_vec_t *vec = ctx;
+    run_t *run = ctx;
     double t0 = now_ns();
     step_range(ctx, begin, end);
-    atomic_fetch_add_explicit(&vec->chunk_ns, (int64_t)(now_ns() - t0), memory_order_relaxed);
-    atomic_fetch_add_explicit(&vec->chunk_items, end - begin, memory_order_relaxed);
+    atomic_fetch_add_explicit(&run->chunk_ns, (int64_t)(now_ns() - t0), memory_order_relaxed);
+    atomic_fetch_add_explicit(&run->chunk_items, end - begin, memory_order_relaxed);
 }
 
 /* ---- dispatch ---------------------------------------------------------------- */
@@ -240,40 +263,47 @@ static void update_cost(envd_vec_t *vec, double ns, int64_t items)
     *cost += COST_EWMA_WEIGHT * (sample - *cost);
 }
 
-/* Chunk size for a pooled call, or 0 to run inline. */
-static int64_t choose_chunk(const envd_vec_t *vec)
+/* Chunk size for a pooled call over n envs, or 0 to run inline.  An
+ * unmeasured vec runs its first step inline to measure it -- except a step
+ * submitted for an event loop (NOTIFY), whose thread must never run an
+ * unknown amount of env work: that one goes to the pool in balanced chunks. */
+static int64_t choose_chunk(const envd_vec_t *vec, int64_t n, int job_flags)
 {
     int threads = vec->pool ? envd_pool_num_threads(vec->pool) : 0;
-    int64_t n = vec->config.num_envs;
     if (threads == 0)
         return 0;
     if (vec->forced_chunk > 0)
         return vec->forced_chunk;
     double cost = vec->stats.cost_ns_per_env;
-    if (cost == 0.0 || cost * (double)n < INLINE_BELOW_NS)
+    bool unmeasured_notify = cost == 0.0 && (job_flags & ENVD_JOB_NOTIFY);
+    if (!unmeasured_notify && (cost == 0.0 || cost * (double)n < INLINE_BELOW_NS))
         return 0; /* unmeasured yet, or too cheap to pay for a wake-up */
-    int64_t by_cost = (int64_t)(MIN_CHUNK_NS / cost) + 1;
+    int64_t by_cost = unmeasured_notify ? 1 : (int64_t)(MIN_CHUNK_NS / cost) + 1;
     int64_t by_balance = (n + CHUNKS_PER_THREAD * (threads + 1) - 1) /
                          (CHUNKS_PER_THREAD * (threads + 1));
     int64_t chunk = by_cost > by_balance ? by_cost : by_balance;
     return chunk < n ? chunk : n;
 }
 
-static void clear_results(envd_vec_t *vec)
+static void clear_results(run_t *run)
 {
-    atomic_store(&vec->first_error, ENVD_OK);
-    atomic_store(&vec->error_index, -1);
-    atomic_store(&vec->num_done, 0);
-    atomic_store(&vec->chunk_ns, 0);
-    atomic_store(&vec->chunk_items, 0);
+    atomic_store(&run->first_error, ENVD_OK);
+    atomic_store(&run->error_index, -1);
+    atomic_store(&run->num_done, 0);
+    atomic_store(&run->chunk_ns, 0);
+    atomic_store(&run->chunk_items, 0);
 }
 
-/* What a step returns: the first error, else the number of envs done (an
- * int: num_envs <= ENVD_VEC_MAX_ENVS). */
-static int step_result(envd_vec_t *vec)
+/* What a step returns: the first error (the vec's error index then names its
+ * env), else the number of envs done (an int: num_envs <= ENVD_VEC_MAX_ENVS). */
+static int run_result(envd_vec_t *vec, run_t *run)
 {
-    int rc = atomic_load(&vec->first_error);
-    return rc != ENVD_OK ? rc : (int)atomic_load(&vec->num_done);
+    int rc = atomic_load(&run->first_error);
+    if (rc != ENVD_OK) {
+        vec->error_index = atomic_load(&run->error_index);
+        return rc;
+    }
+    return (int)atomic_load(&run->num_done);
 }
 
 /* ---- validation ---------------------------------------------------------------- */
@@ -305,7 +335,7 @@ static int validate_step(envd_vec_t *vec)
     for (int64_t i = 0; per_env && i < vec->config.num_envs; i++) {
         int rc = env_startable(vec, i);
         if (rc != ENVD_OK) {
-            atomic_store(&vec->error_index, i);
+            vec->error_index = i;
             return rc;
         }
     }
@@ -317,58 +347,66 @@ static int validate_step(envd_vec_t *vec)
 /* The front half of every step: refuse while a submitted step is pending (its
  * chunks may still run, and its results are not collected), validate, choose
  * the dispatch.  Returns ENVD_OK and the chunk (0: inline) or a code. */
-static int step_begin(envd_vec_t *vec, int64_t *chunk)
+/* Start a validated run of n items: inline now (timed for the cost
+ * estimate), or on the pool with the given job flags.  On success the run is
+ * pending until run_finish. */
+static int run_start(envd_vec_t *vec, run_t *run, int64_t n, int job_flags)
 {
-    if (vec->pending != PENDING_NONE)
-        return ENVD_EBUSY;
-    clear_results(vec);
-    int rc = validate_step(vec);
+    int64_t chunk = choose_chunk(vec, n, job_flags);
+    if (chunk == 0) {
+        vec->stats.inline_jobs++;
+        double t0 = now_ns();
+        step_range(run, 0, n);
+        update_cost(vec, now_ns() - t0, n);
+        run->pending = PENDING_INLINE;
+        return ENVD_OK;
+    }
+    int rc = envd_pool_submit(vec->pool, &run->job, timed_step_range, run, n, chunk, job_flags);
     if (rc != ENVD_OK)
         return rc;
-    *chunk = choose_chunk(vec);
-    if (*chunk > 0) {
-        vec->stats.pooled_jobs++;
-        vec->stats.last_chunk = *chunk;
-    } else {
-        vec->stats.inline_jobs++;
-    }
+    vec->stats.pooled_jobs++;
+    vec->stats.last_chunk = chunk;
+    run->pending = PENDING_POOLED;
     return ENVD_OK;
 }
 
-/* A whole step on the calling thread, timed for the cost estimate. */
-static void step_inline(envd_vec_t *vec)
+static int run_done(const run_t *run)
 {
-    double t0 = now_ns();
-    step_range(vec, 0, vec->config.num_envs);
-    update_cost(vec, now_ns() - t0, vec->config.num_envs);
+    return run->pending != PENDING_POOLED || envd_job_done(&run->job);
 }
 
-/* After a pooled step completed: feed the chunks' timing to the estimate. */
-static int finish_pooled(envd_vec_t *vec)
+/* Collect a completed run: feed a pooled run's chunk timing to the estimate,
+ * return what the step returns. */
+static int run_finish(envd_vec_t *vec, run_t *run)
 {
-    update_cost(vec, (double)atomic_load(&vec->chunk_ns), atomic_load(&vec->chunk_items));
-    return step_result(vec);
+    switch (run->pending) {
+    case PENDING_INLINE:
+        run->pending = PENDING_NONE;
+        return run_result(vec, run);
+    case PENDING_POOLED:
+        if (!envd_job_done(&run->job))
+            return ENVD_EBUSY;
+        run->pending = PENDING_NONE;
+        update_cost(vec, (double)atomic_load(&run->chunk_ns), atomic_load(&run->chunk_items));
+        return run_result(vec, run);
+    default:
+        return ENVD_ESTATE; /* nothing was submitted */
+    }
 }
 
-/* Start a step: inline now, or on the pool with the given job flags.  On
- * success the step is pending until envd_vec_step_finish. */
+/* The front half of every whole-vec step: refuse while a submitted step or a
+ * batch is pending (its chunks may still run, and its results are not
+ * collected), validate, start. */
 static int step_start(envd_vec_t *vec, int job_flags)
 {
-    int64_t chunk = 0;
-    int rc = step_begin(vec, &chunk);
+    if (vec->whole.pending != PENDING_NONE || vec->batches_in_flight > 0)
+        return ENVD_EBUSY;
+    clear_results(&vec->whole);
+    int rc = validate_step(vec);
     if (rc != ENVD_OK)
         return rc;
-    if (chunk == 0) {
-        step_inline(vec);
-        vec->inline_result = step_result(vec);
-        vec->pending = PENDING_INLINE;
-        return ENVD_OK;
-    }
-    rc = envd_pool_submit(vec->pool, &vec->job, timed_step_range, vec,
-                          vec->config.num_envs, chunk, job_flags);
-    if (rc == ENVD_OK)
-        vec->pending = PENDING_POOLED;
-    return rc;
+    vec->whole.ids = NULL;
+    return run_start(vec, &vec->whole, vec->config.num_envs, job_flags);
 }
 
 int envd_vec_step(envd_vec_t *vec)
@@ -376,33 +414,117 @@ int envd_vec_step(envd_vec_t *vec)
     int rc = step_start(vec, 0);
     if (rc != ENVD_OK)
         return rc;
-    if (vec->pending == PENDING_POOLED)
-        envd_pool_wait(vec->pool, &vec->job); /* the calling thread runs chunks too */
-    return envd_vec_step_finish(vec);
+    if (vec->whole.pending == PENDING_POOLED)
+        envd_pool_wait(vec->pool, &vec->whole.job); /* the calling thread runs chunks too */
+    return run_finish(vec, &vec->whole);
 }
 
 int envd_vec_step_submit(envd_vec_t *vec) { return step_start(vec, ENVD_JOB_NOTIFY); }
 
-int envd_vec_step_done(const envd_vec_t *vec)
+int envd_vec_step_done(const envd_vec_t *vec) { return run_done(&vec->whole); }
+
+int envd_vec_step_finish(envd_vec_t *vec) { return run_finish(vec, &vec->whole); }
+
+/* ---- async batches ------------------------------------------------------------------ */
+int envd_vec_batch_create(envd_vec_batch_t **out, int64_t capacity)
 {
-    return vec->pending != PENDING_POOLED || envd_job_done(&vec->job);
+    *out = NULL;
+    if (capacity < 1 || capacity > ENVD_VEC_MAX_ENVS)
+        return ENVD_EINVAL;
+    envd_vec_batch_t *batch = calloc(1, sizeof *batch);
+    if (!batch)
+        return ENVD_ENOMEM;
+    batch->ids = malloc((size_t)capacity * sizeof *batch->ids);
+    if (!batch->ids) {
+        free(batch);
+        return ENVD_ENOMEM;
+    }
+    batch->capacity = capacity;
+    *out = batch;
+    return ENVD_OK;
 }
 
-int envd_vec_step_finish(envd_vec_t *vec)
+void envd_vec_batch_destroy(envd_vec_batch_t *batch)
 {
-    switch (vec->pending) {
-    case PENDING_INLINE:
-        vec->pending = PENDING_NONE;
-        return vec->inline_result;
-    case PENDING_POOLED:
-        if (!envd_job_done(&vec->job))
-            return ENVD_EBUSY;
-        vec->pending = PENDING_NONE;
-        return finish_pooled(vec);
-    default:
-        return ENVD_ESTATE; /* nothing was submitted */
-    }
+    if (!batch)
+        return;
+    free(batch->ids);
+    free(batch);
 }
+
+static void unmark(envd_vec_t *vec, const int64_t *ids, int64_t count)
+{
+    for (int64_t k = 0; k < count; k++)
+        slot_of(vec, ids[k])->in_batch = false;
+}
+
+/* Check a batch's ids and actions and mark its envs in flight, or mark
+ * nothing and return the code (the error index names the env). */
+static int claim_batch(envd_vec_t *vec, const int64_t *ids, int64_t count)
+{
+    for (int64_t k = 0; k < count; k++) {
+        int64_t i = ids[k];
+        int rc = ENVD_OK;
+        if (i < 0 || i >= vec->config.num_envs)
+            rc = ENVD_EINVAL;
+        else if (slot_of(vec, i)->in_batch)
+            rc = ENVD_EBUSY; /* in flight, or twice in this batch */
+        else
+            rc = env_startable(vec, i);
+        if (rc != ENVD_OK) {
+            unmark(vec, ids, k);
+            vec->error_index = i;
+            return rc;
+        }
+        slot_of(vec, i)->in_batch = true;
+    }
+    return ENVD_OK;
+}
+
+int envd_vec_batch_submit(envd_vec_t *vec, envd_vec_batch_t *batch, const int64_t *env_ids,
+                          int64_t count, int flags)
+{
+    if (count < 1 || count > batch->capacity || (flags & ~ENVD_JOB_NOTIFY))
+        return ENVD_EINVAL;
+    if (vec->whole.pending != PENDING_NONE || batch->run.pending != PENDING_NONE)
+        return ENVD_EBUSY;
+    int rc = claim_batch(vec, env_ids, count);
+    if (rc != ENVD_OK)
+        return rc;
+    memcpy(batch->ids, env_ids, (size_t)count * sizeof *env_ids);
+    batch->run.vec = vec;
+    batch->run.ids = batch->ids;
+    clear_results(&batch->run);
+    rc = run_start(vec, &batch->run, count, flags);
+    if (rc != ENVD_OK) {
+        unmark(vec, batch->ids, count);
+        return rc;
+    }
+    vec->batches_in_flight++;
+    return ENVD_OK;
+}
+
+int envd_vec_batch_done(const envd_vec_batch_t *batch) { return run_done(&batch->run); }
+
+void envd_vec_batch_wait(envd_vec_t *vec, envd_vec_batch_t *batch)
+{
+    if (batch->run.pending == PENDING_POOLED)
+        envd_pool_wait(vec->pool, &batch->run.job);
+}
+
+int envd_vec_batch_finish(envd_vec_t *vec, envd_vec_batch_t *batch)
+{
+    if (batch->run.pending == PENDING_NONE || batch->run.vec != vec)
+        return ENVD_ESTATE;
+    int rc = run_finish(vec, &batch->run);
+    if (rc == ENVD_EBUSY && batch->run.pending == PENDING_POOLED)
+        return rc; /* not done yet */
+    unmark(vec, batch->ids, batch->run.job.n ? batch->run.job.n : 0);
+    vec->batches_in_flight--;
+    return rc;
+}
+
+int64_t envd_vec_batch_size(const envd_vec_batch_t *batch) { return batch->run.job.n; }
 
 /* ---- resets ------------------------------------------------------------------------ */
 void envd_vec_seed(envd_vec_t *vec, const uint64_t *seeds)
@@ -413,32 +535,36 @@ void envd_vec_seed(envd_vec_t *vec, const uint64_t *seeds)
 
 int envd_vec_reset(envd_vec_t *vec, const uint64_t *seeds, const bool *mask)
 {
-    if (vec->pending != PENDING_NONE)
+    if (vec->whole.pending != PENDING_NONE || vec->batches_in_flight > 0)
         return ENVD_EBUSY;
-    clear_results(vec);
+    clear_results(&vec->whole);
     vec->reset_seeds = seeds;
     vec->reset_mask = mask;
-    int64_t chunk = choose_chunk(vec);
+    int64_t chunk = choose_chunk(vec, vec->config.num_envs, 0);
     int rc = ENVD_OK;
     if (chunk == 0)
-        reset_range(vec, 0, vec->config.num_envs);
+        reset_range(&vec->whole, 0, vec->config.num_envs);
     else
-        rc = envd_pool_run(vec->pool, &vec->job, reset_range, vec, vec->config.num_envs, chunk);
+        rc = envd_pool_run(vec->pool, &vec->whole.job, reset_range, &vec->whole,
+                           vec->config.num_envs, chunk);
     vec->reset_seeds = NULL;
     vec->reset_mask = NULL;
     if (rc != ENVD_OK)
         return rc;
+    rc = atomic_load(&vec->whole.first_error);
+    if (rc != ENVD_OK)
+        vec->error_index = atomic_load(&vec->whole.error_index);
     for (int64_t i = 0; !vec->all_started && i < vec->config.num_envs; i++)
         if (!slot_of(vec, i)->started)
-            return atomic_load(&vec->first_error);
+            return rc;
     vec->all_started = true;
-    return atomic_load(&vec->first_error);
+    return rc;
 }
 
 /* ---- queries ------------------------------------------------------------------------ */
-int64_t envd_vec_error_index(const envd_vec_t *vec) { return atomic_load(&vec->error_index); }
+int64_t envd_vec_error_index(const envd_vec_t *vec) { return vec->error_index; }
 
-int64_t envd_vec_num_done(const envd_vec_t *vec) { return atomic_load(&vec->num_done); }
+int64_t envd_vec_num_done(const envd_vec_t *vec) { return atomic_load(&vec->whole.num_done); }
 
 void envd_vec_set_chunk(envd_vec_t *vec, int64_t chunk) { vec->forced_chunk = chunk > 0 ? chunk : 0; }
 
@@ -498,7 +624,9 @@ int envd_vec_create(envd_vec_t **out, const envd_env_def_t *def,
         return ENVD_ENOMEM;
     }
     memset(vec->blocks, 0, total);
-    clear_results(vec);
+    vec->whole.vec = vec;
+    vec->error_index = -1;
+    clear_results(&vec->whole);
     for (int64_t i = 0; i < config->num_envs; i++) {
         rc = def->init(state_of(vec, i), config->params);
         if (rc != ENVD_OK) {
@@ -516,9 +644,10 @@ void envd_vec_destroy(envd_vec_t *vec)
 {
     if (!vec)
         return;
-    /* A submitted step may still run on the pool: its chunks use this memory. */
-    if (vec->pending == PENDING_POOLED)
-        envd_pool_wait(vec->pool, &vec->job);
+    /* A submitted step may still run on the pool: its chunks use this memory.
+     * (Batches in flight are the caller's to finish first: it owns them.) */
+    if (vec->whole.pending == PENDING_POOLED)
+        envd_pool_wait(vec->pool, &vec->whole.job);
     if (vec->def->close)
         for (int64_t i = 0; i < vec->config.num_envs; i++)
             vec->def->close(state_of(vec, i));

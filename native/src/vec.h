@@ -92,6 +92,38 @@ int envd_vec_step_submit(envd_vec_t *vec);
 int envd_vec_step_done(const envd_vec_t *vec);
 int envd_vec_step_finish(envd_vec_t *vec);
 
+/* ---- async batches ----
+ * A batch steps a subset of the envs (env_ids) while the caller goes on;
+ * several batches may be in flight at once, on disjoint envs.  Batches are
+ * caller-owned (create once, reuse).  While any batch is in flight,
+ * envd_vec_step, envd_vec_step_submit and envd_vec_reset return ENVD_EBUSY;
+ * the caller finishes every batch before destroying the vec. */
+typedef struct envd_vec_batch envd_vec_batch_t;
+
+/* A batch of up to capacity envs (1 .. ENVD_VEC_MAX_ENVS). */
+int envd_vec_batch_create(envd_vec_batch_t **out, int64_t capacity);
+/* Not while it is in flight.  NULL is allowed. */
+void envd_vec_batch_destroy(envd_vec_batch_t *batch);
+
+/* Validate, then start stepping env_ids[0 .. count) (copied) with their
+ * actions from the actions buffer: on the pool (flags ENVD_JOB_NOTIFY: the
+ * pool's eventfd counts its completion), or inline when cheap.  Nothing starts
+ * on error: ENVD_EINVAL (count outside [1, capacity], an id outside
+ * [0, num_envs)), ENVD_EBUSY (an env already in a batch in flight or twice in
+ * this one, a whole-vec step pending, or this batch in flight), ENVD_ESTATE /
+ * ENVD_ERANGE as envd_vec_step; envd_vec_error_index() names the env. */
+int envd_vec_batch_submit(envd_vec_t *vec, envd_vec_batch_t *batch, const int64_t *env_ids,
+                          int64_t count, int flags);
+int envd_vec_batch_done(const envd_vec_batch_t *batch);
+/* Block until the batch is done; the caller runs its chunks meanwhile. */
+void envd_vec_batch_wait(envd_vec_t *vec, envd_vec_batch_t *batch);
+/* Once done: end the batch (its envs may be sent again) and return the number
+ * of its envs whose episode ended, or ENVD_EENV (error index: the env).
+ * ENVD_EBUSY while not done; ENVD_ESTATE if it is not in flight on vec. */
+int envd_vec_batch_finish(envd_vec_t *vec, envd_vec_batch_t *batch);
+/* Envs in the batch's last submit. */
+int64_t envd_vec_batch_size(const envd_vec_batch_t *batch);
+
 int64_t envd_vec_error_index(const envd_vec_t *vec);
 /* Envs whose episode ended (terminated or truncated) in the last step. */
 int64_t envd_vec_num_done(const envd_vec_t *vec);
