@@ -15,7 +15,7 @@ import socket
 import threading
 import time
 import weakref
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import msgpack
 import numpy as np
@@ -26,8 +26,8 @@ from zmq.utils.monitor import recv_monitor_message
 from envd import __version__, protocol
 from envd.client.heartbeat import Heartbeat
 from envd.client.remote_vector_env import RemoteVecEnv
-from envd.errors import (ConnectionLostError, EnvdTimeoutError, EnvStateError,
-                         InvalidArgumentError, UnknownSessionError)
+from envd.errors import (ConnectionLostError, EnvdError, EnvdTimeoutError, EnvStateError,
+                         InvalidArgumentError, LimitExceededError, UnknownSessionError)
 from envd.vector_base import autoreset_mode_name, check_int, parse_autoreset_mode, seed_list
 
 #: The most envs one make may ask for (the native vec's limit).
@@ -50,6 +50,28 @@ def _wire(name: str, value: Any) -> Any:
     raise InvalidArgumentError(f"{name}: a {type(value).__name__} cannot be sent to the daemon")
 
 
+class _Connection:
+    """The sockets and the heartbeat thread of a Client, released once by
+    Client.close, or by a finalizer when a Client is garbage-collected unclosed
+    (then the daemon frees its sessions when the lease runs out)."""
+
+    def __init__(self, context: zmq.Context, sock: zmq.Socket, monitor: zmq.Socket):
+        self.context, self.socket, self.monitor = context, sock, monitor
+        self.heartbeat: Heartbeat | None = None
+
+    def stop_heartbeat(self) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
+            self.heartbeat = None
+
+    def release(self) -> None:
+        self.stop_heartbeat()
+        self.socket.disable_monitor()
+        self.monitor.close(linger=0)
+        self.socket.close(linger=0)
+        self.context.term()
+
+
 def _check_timeout(timeout: float) -> float:
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < 1e7:
         raise InvalidArgumentError(f"timeout must be a positive number of seconds, got {timeout!r}")
@@ -70,14 +92,18 @@ class Client:
         self._ids = itertools.count(1)
         self._envs: weakref.WeakSet = weakref.WeakSet()
         self._orphans: list[str] = []  # sessions of envs garbage-collected unclosed
-        self._heartbeat: Heartbeat | None = None
+        self._abandoned: set[int] = set()  # ids of makes that timed out
+        self._awaited: dict[int, Callable[[], None]] = {}  # timed-out calls: id -> on reply
+        self.server_info: dict[str, Any] = {}
         self._check_endpoint()
-        self._context = zmq.Context()
-        self._socket = self._context.socket(zmq.DEALER)
+        context = zmq.Context()
+        self._socket = context.socket(zmq.DEALER)
         self.client_id = b"\x01" + os.urandom(15)  # ZeroMQ reserves ids starting with 0
         self._socket.setsockopt(zmq.ROUTING_ID, self.client_id)
         self._socket.setsockopt(zmq.LINGER, 0)
         self._monitor = self._socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self._connection = _Connection(context, self._socket, self._monitor)
+        self._release = weakref.finalize(self, self._connection.release)
         self._poller = zmq.Poller()
         self._poller.register(self._socket, zmq.POLLIN)
         self._poller.register(self._monitor, zmq.POLLIN)
@@ -94,9 +120,9 @@ class Client:
         except BaseException:
             self._teardown()
             raise
-        self._heartbeat = Heartbeat(self._context, self.endpoint, self.client_id,
-                                    float(self.server_info["heartbeat_interval"]))
-        self._heartbeat.start()
+        self._connection.heartbeat = Heartbeat(context, self.endpoint, self.client_id,
+                                               float(self.server_info["heartbeat_interval"]))
+        self._connection.heartbeat.start()
 
     def _check_endpoint(self) -> None:
         if not isinstance(self.endpoint, str) or not self.endpoint.startswith(("ipc://", "tcp://")):
@@ -107,6 +133,7 @@ class Client:
             return
         # Fail at once, not after a timeout, when nothing listens on the socket file.
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        probe.settimeout(self.timeout)  # a stopped daemon's full backlog must not hang us
         try:
             probe.connect(path)
         except (FileNotFoundError, ConnectionRefusedError) as exc:
@@ -133,12 +160,27 @@ class Client:
                     "with it; connect again")
             self._send_orphan_closes()
             request_id = header["id"] = next(self._ids)
+            packed = protocol.pack(header)
+            self._check_size(len(packed) + sum(map(len, blobs)), header["type"])
             if blobs:
-                self._socket.send_multipart([protocol.pack(header), *blobs], copy=False)
+                self._socket.send_multipart([packed, *blobs], copy=False)
             else:  # the hot path: one small frame, copied (cheaper than zero-copy here)
-                self._socket.send(protocol.pack(header))
-            return self._wait_reply(request_id, header["type"],
-                                    self.timeout if timeout is None else timeout)
+                self._socket.send(packed)
+            try:
+                return self._wait_reply(request_id, header["type"],
+                                        self.timeout if timeout is None else timeout)
+            except EnvdTimeoutError:
+                if header["type"] == "make":  # its late reply names a session to close
+                    self._abandoned.add(request_id)
+                raise
+
+    def _check_size(self, size: int, kind: str) -> None:
+        """Refuse what the daemon would drop the connection for."""
+        limit = self.server_info.get("limits", {}).get("max_message_bytes")
+        if limit is not None and size > limit:
+            raise LimitExceededError(
+                f"a {kind!r} message of {size} bytes is over the daemon's limit of {limit} "
+                "(--max-message-bytes)")
 
     def _wait_reply(self, request_id: int, kind: str, timeout: float) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
@@ -152,6 +194,7 @@ class Client:
             if self._monitor in events and \
                     recv_monitor_message(self._monitor)["event"] == zmq.EVENT_DISCONNECTED:
                 self._lost = True
+                self._connection.stop_heartbeat()  # the lease goes with the sessions
                 raise ConnectionLostError(
                     f"lost the connection to the daemon at {self.endpoint} while waiting for "
                     f"the reply to {kind!r}; the daemon stopped or crashed, and its sessions "
@@ -159,11 +202,33 @@ class Client:
             if self._socket in events:
                 reply = msgpack.unpackb(self._socket.recv(), raw=False)
                 if reply.get("id") != request_id:
-                    continue  # the late reply of a request that timed out, or an orphan close
+                    self._late_reply(reply)
+                    continue
                 if reply.get("ok"):
                     return reply
                 protocol.raise_error(reply)
 
+    def _late_reply(self, reply: dict[str, Any]) -> None:
+        """A reply to a request that timed out, or to an orphan close.  A late
+        make still made a session, which nobody will use: close it.  A late
+        step or reset frees its env's buffers."""
+        request_id = reply.get("id")
+        if request_id in self._abandoned:
+            self._abandoned.discard(request_id)
+            if reply.get("ok") and isinstance(reply.get("session"), str):
+                self._orphans.append(reply["session"])
+        callback = self._awaited.pop(request_id, None)
+        if callback is not None:
+            callback()
+
+    def _await_late_reply(self, request_id: int, callback: Callable[[], None]) -> None:
+        self._awaited[request_id] = callback
+
+    def _read_late_replies(self) -> None:
+        """Handle the replies that arrived for requests that timed out."""
+        with self._lock:
+            while not self.closed and self._socket.poll(0):
+                self._late_reply(msgpack.unpackb(self._socket.recv(), raw=False))
     def _send_orphan_closes(self) -> None:
         """Close sessions of envs that were garbage-collected without close()
         (their __del__ cannot talk to the socket: it may run in any thread)."""
@@ -229,24 +294,20 @@ class Client:
         if self.closed:
             return
         self._closing = True
-        for env in list(self._envs):
-            env.close()
-        if not self._lost:
-            try:
+        try:
+            for env in list(self._envs):
+                env.close()
+            if not self._lost:
                 self._request({"type": "bye"}, timeout=min(self.timeout, 5.0))
-            except (ConnectionLostError, EnvdTimeoutError, EnvStateError):
-                pass  # the daemon is gone or stuck: the lease frees the sessions
-        with self._lock:
-            self._teardown()
+        except EnvdError:
+            pass  # the daemon is gone, stuck or confused: the lease frees the sessions
+        finally:
+            with self._lock:
+                self._teardown()
 
     def _teardown(self) -> None:
         self.closed = True
-        if self._heartbeat is not None:
-            self._heartbeat.stop()
-        self._socket.disable_monitor()
-        self._monitor.close(linger=0)
-        self._socket.close(linger=0)
-        self._context.term()
+        self._release()
 
     def __enter__(self) -> "Client":
         return self

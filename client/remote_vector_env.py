@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from gymnasium.vector import AutoresetMode
 
 from envd import protocol
+from envd.errors import EnvdTimeoutError, EnvStateError
 from envd.shm import Segment
 from envd.vector_base import BatchedVecEnv
 
@@ -38,14 +39,37 @@ class RemoteVecEnv(BatchedVecEnv):
         self._segment = segment
         self._bind_buffers(segment.arrays)
         self._step_header = {"type": "step", "session": self.session}
+        self._maybe_running = False  # a call timed out and its reply has not come
 
     # ---- BatchedVecEnv hooks --------------------------------------------------------
     def _run_reset(self, with_seeds: bool, with_mask: bool) -> None:
-        self._client._request({"type": "reset", "session": self.session,
-                               "seeds": with_seeds, "mask": with_mask})
+        self._call({"type": "reset", "session": self.session, "seeds": with_seeds,
+                    "mask": with_mask})
 
     def _run_step(self) -> int:
-        return self._client._request(dict(self._step_header))["num_done"]
+        return self._call(dict(self._step_header))["num_done"]
+
+    def _call(self, header: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return self._client._request(header)
+        except EnvdTimeoutError:
+            # The daemon may still run it (or not have read it yet): the
+            # buffers stay off limits until its late reply says it ended.
+            self._maybe_running = True
+            self._client._await_late_reply(header["id"], self._late_reply_came)
+            raise
+
+    def _late_reply_came(self) -> None:
+        self._maybe_running = False
+
+    def _check_buffers_free(self) -> None:
+        if self._maybe_running:
+            self._client._read_late_replies()
+            if self._maybe_running:
+                raise EnvStateError(
+                    f"a call on this {self.env_id} env timed out and the daemon has not "
+                    "answered it yet: it may still use the env's buffers; retry later (or "
+                    "make a new env)")
 
     def _release(self) -> None:
         client = self._client

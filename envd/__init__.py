@@ -8,13 +8,27 @@
 """
 __version__ = "0.1.0"
 
+from envd.client import Client, RemoteVecEnv, connect  # noqa: E402
 from envd.errors import (ConnectionLostError, DaemonError, EnvdError, EnvdTimeoutError,  # noqa: E402
                          EnvStateError, InvalidActionError, InvalidArgumentError,
                          LimitExceededError, NativeError, ProtocolError, SessionExpiredError,
                          SharedMemoryError, ShuttingDownError, UnknownEnvError,
                          UnknownSessionError)
-from envd.native import VecEnv, list_envs, make  # noqa: E402
-from envd.client import Client, RemoteVecEnv, connect  # noqa: E402
+
+#: Loaded on first use, so that a trainer that only talks to a daemon
+#: (envd.connect) never loads the native core.
+_NATIVE = {"make", "list_envs", "VecEnv"}
+
+
+def __getattr__(name: str):
+    if name in _NATIVE:
+        import envd.native
+        return getattr(envd.native, name)
+    if name == "native":
+        import envd.native
+        return envd.native
+    raise AttributeError(f"module 'envd' has no attribute {name!r}")
+
 
 __all__ = ["make", "list_envs", "VecEnv", "connect", "Client", "RemoteVecEnv",
            "EnvdError", "UnknownEnvError", "InvalidArgumentError", "InvalidActionError",

@@ -49,7 +49,7 @@ A reply never carries a traceback.  Results:
                limits: {max_sessions, max_envs_per_client, max_message_bytes}
     heartbeat  -
     list_envs  envs: [{id, observation_space, action_space, max_episode_steps, params}]
-    status     see envd.server.daemon.Daemon.status
+    status     see envd.server.service.Service.status
     make       session, env_id, shm: {name, size, arrays: {name: [offset, dtype, shape]}},
                observation_space, action_space, max_episode_steps, autoreset_mode
     reset      -
@@ -171,7 +171,7 @@ def validate_request(header: dict[str, Any], num_blobs: int) -> str:
         raise BadRequest("a request needs an 'id' field of type int")
     fields = MESSAGE_FIELDS.get(kind)
     if fields is None:
-        raise BadRequest(f"unknown message type {kind!r}; known types: "
+        raise BadRequest(f"unknown message type {kind[:100]!r}; known types: "
                          f"{', '.join(MESSAGE_FIELDS)}", "unknown_type")
     for name, (types, required) in fields.items():
         if name not in header:

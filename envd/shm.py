@@ -1,7 +1,9 @@
 """A session's shared-memory segment: layout, creation (daemon) and attach (client).
 
 One file under /dev/shm per session, created by the daemon with mode 0600 and
-an unguessable name ``envd-<daemon pid>-<128 random bits>``.  Layout::
+an unguessable name ``envd-<daemon pid>-<daemon nonce>-<128 random bits>``
+(see envd.server.stale_segments for how the daemon's liveness is told).
+Layout::
 
     offset 0     header page (HEADER_SIZE bytes)
                    0  magic        8 bytes  b"ENVDSHM1"
@@ -43,11 +45,6 @@ ALIGN = 64
 _HEADER = struct.Struct("<8sIIQ")
 _STEP_SEQ, _DONE_SEQ = 24, 32
 _SESSION_OFFSET, _SESSION_LEN = 64, 32
-
-
-def segment_prefix(pid: int | None = None) -> str:
-    """Every segment of the daemon with this pid (default: this process) starts so."""
-    return f"{NAME_PREFIX}{os.getpid() if pid is None else pid}-"
 
 
 def plan(layout: dict[str, tuple[tuple[int, ...], np.dtype]]) -> tuple[dict[str, list], int]:
@@ -130,6 +127,10 @@ class Segment:
             buf = mmap.mmap(fd, size)
         finally:
             os.close(fd)
+        for key, (offset, dtype, shape) in arrays.items():
+            end = offset + int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+            if offset < HEADER_SIZE or end > size:
+                raise SharedMemoryError(f"the daemon placed array {key!r} outside the segment")
         magic, version, _, _ = _HEADER.unpack_from(buf, 0)
         found = bytes(buf[_SESSION_OFFSET:_SESSION_OFFSET + _SESSION_LEN]).decode(errors="replace")
         if magic != MAGIC or version != LAYOUT_VERSION or found.strip() != session_id:

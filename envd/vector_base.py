@@ -152,6 +152,10 @@ class BatchedVecEnv(VectorEnv):
     def _release(self) -> None:
         raise NotImplementedError
 
+    def _check_buffers_free(self) -> None:
+        """Raise before a call writes its inputs if the buffers may still be in
+        use (a daemon-served env whose last call timed out)."""
+
     # ---- helpers -----------------------------------------------------------------------
     def _convert_actions(self, actions: Any) -> None:
         """Check actions against the action space and copy them into the
@@ -240,6 +244,7 @@ class BatchedVecEnv(VectorEnv):
         seeds = seed_list(seed, self.num_envs) if seed is not None else None
         self._acquire()
         try:
+            self._check_buffers_free()
             if seeds is not None:
                 self._buffers["reset_seeds"][...] = seeds
             if mask is not None:
@@ -254,6 +259,7 @@ class BatchedVecEnv(VectorEnv):
         # The hot path: keep it to a few attribute lookups and one call.
         self._acquire()
         try:
+            self._check_buffers_free()
             if (actions.__class__ is np.ndarray and actions.dtype == self._action_dtype
                     and actions.shape == self._action_shape):
                 self._actions[...] = actions

@@ -36,7 +36,7 @@ class Config:
     lease_timeout: float = 30.0
     max_sessions: int = 1024
     max_envs_per_client: int = 1 << 20
-    max_message_bytes: int = 256 << 20
+    max_message_bytes: int = 64 << 20
     pin_cpus: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:

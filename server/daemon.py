@@ -20,16 +20,18 @@ import logging
 import os
 import signal
 import socket
+import stat
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import zmq
 
 from envd import __version__, protocol
+from envd.protocol import default_endpoint
 from envd.native.native_vec import NativePool
 from envd.server.config import Config
 from envd.server.service import Service
-from envd.server.stale_segments import remove_own_segments, remove_stale_segments
+from envd.server.stale_segments import Instance, remove_stale_segments
 
 log = logging.getLogger("envd.server")
 
@@ -56,18 +58,35 @@ def prepare_ipc_endpoint(endpoint: str) -> None:
     folder = os.path.dirname(path)
     if folder:
         os.makedirs(folder, mode=0o700, exist_ok=True)
-    if not os.path.exists(path):
+        if folder == os.path.dirname(default_endpoint()[len("ipc://"):]):
+            check_private_folder(folder)
+    if not os.path.lexists(path):
         return
+    if not stat.S_ISSOCK(os.lstat(path).st_mode):
+        raise RuntimeError(f"{path} exists and is not a socket; pick another endpoint with --bind")
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(5.0)
     try:
         probe.connect(path)
     except (ConnectionRefusedError, FileNotFoundError):
         os.unlink(path)  # left behind by a daemon that died
         return
+    except OSError:
+        pass  # a live but stuck listener (timeout): not ours to take over
     finally:
         probe.close()
     raise RuntimeError(f"another daemon already serves {endpoint}; stop it or pick another "
                        "endpoint with --bind")
+
+
+def check_private_folder(folder: str) -> None:
+    """The default socket folder must be ours and closed to others (in /tmp,
+    another user could create it first and hand clients their own socket)."""
+    info = os.lstat(folder)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise RuntimeError(f"{folder} must be a directory owned by uid {os.getuid()} with "
+                           f"mode 0700 (it is {oct(info.st_mode & 0o777)}, uid {info.st_uid}); "
+                           "remove it, or pick another endpoint with --bind")
 
 
 class Daemon:
@@ -82,6 +101,7 @@ class Daemon:
     # ---- startup ---------------------------------------------------------------------
     def startup(self) -> None:
         remove_stale_segments()
+        self.instance = Instance()
         self.pool = NativePool(self.config.threads,
                                list(self.config.pin_cpus) if self.config.pin_cpus else None)
         self.executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="envd-op")
@@ -102,8 +122,10 @@ class Daemon:
         except BaseException:
             self._close_transport()
             self.pool.close()
+            self.instance.release()
             raise
-        self.service = Service(self.config, self.pool, self.executor, self._send)
+        self.service = Service(self.config, self.pool, self.executor, self._send,
+                               self.instance.segment_prefix)
         self.service.on_drained = self._stop
         log.info("envd %s serving %s with %d thread(s), pid %d, lease timeout %g s",
                  __version__, " ".join(self.config.bind), self.config.threads, os.getpid(),
@@ -122,9 +144,12 @@ class Daemon:
         await self._stopped
 
     def _lease_timer(self) -> None:
-        self.service.expire_silent_clients()
         interval = min(1.0, self.config.lease_timeout / 4)
         self._lease_handle = self.loop.call_later(interval, self._lease_timer)
+        # Read what is queued first: after a long stall the heartbeats that
+        # prove a client alive may be waiting in the socket.
+        self._drain_socket()
+        self.service.expire_silent_clients()
 
     def _drain_socket(self) -> None:
         self._drain_scheduled = False
@@ -153,7 +178,7 @@ class Daemon:
         self._signals += 1
         if self._signals > 1:
             log.warning("second %s: exiting now", signal.Signals(signum).name)
-            remove_own_segments()  # also those of makes still running
+            self.instance.remove_own_segments()  # also those of makes still running
             os._exit(1)
         log.info("%s: draining (a second signal forces exit)", signal.Signals(signum).name)
         self.service.start_draining()
@@ -173,6 +198,7 @@ class Daemon:
         self.service.free_all()
         self._close_transport()
         self.pool.close()
+        self.instance.release()
         log.info("envd stopped")
 
     def _close_transport(self) -> None:

@@ -25,7 +25,8 @@ from typing import Any, Callable
 
 from envd import __version__, protocol
 from envd.errors import (DaemonError, EnvdError, EnvStateError, LimitExceededError,
-                         SessionExpiredError, ShuttingDownError, UnknownSessionError)
+                         SessionExpiredError, ShuttingDownError, UnknownEnvError,
+                         UnknownSessionError)
 from envd.native.native_vec import MAX_NUM_ENVS, NativePool
 from envd.native.registry import get_spec, list_envs
 from envd.native.vector_env import check_max_episode_steps
@@ -40,14 +41,18 @@ Send = Callable[[bytes, dict[str, Any]], None]
 #: "expired" rather than "unknown" (bounded: a long-lived daemon must not grow).
 _EXPIRED_MEMORY = 65536
 #: Requests a draining daemon still serves.
-_DRAIN_ALLOWED = {"close", "bye", "heartbeat", "status"}
+_DRAIN_ALLOWED = {"hello", "close", "bye", "heartbeat", "status"}
+#: Longest env id / message type echoed back in an error message.
+_ECHO_LIMIT = 100
 
 
 class Service:
     """Clients, their sessions and the handlers of every message type."""
 
-    def __init__(self, config: Config, pool: NativePool, executor: Executor, send: Send):
+    def __init__(self, config: Config, pool: NativePool, executor: Executor, send: Send,
+                 segment_prefix: str):
         self.config = config
+        self.segment_prefix = segment_prefix
         self.pool = pool
         self.executor = executor
         self.send = send
@@ -167,6 +172,10 @@ class Service:
         return protocol.ok_reply(header["id"], **self.status())
 
     def _make(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> None:
+        if len(header["env_id"]) > _ECHO_LIMIT:
+            raise UnknownEnvError(
+                f"unknown env id of {len(header['env_id'])} characters; known ids: "
+                f"{', '.join(list_envs())}")
         spec = get_spec(header["env_id"])
         num_envs = check_int("num_envs", header["num_envs"], 1, MAX_NUM_ENVS)
         if len(self.sessions) + self._reserved_sessions >= self.config.max_sessions:
@@ -187,8 +196,14 @@ class Service:
         def build() -> Session:  # on the executor: seeds and envs of big makes take time
             params = spec.param_values(env_kwargs)
             seeds = seed_list(secrets.randbelow(2**63) if seed is None else seed, num_envs)
-            session = Session(client.identity, spec, num_envs, mode, max_steps, params, seeds,
-                              self.pool)
+            try:
+                session = Session(client.identity, spec, num_envs, mode, max_steps, params,
+                                  seeds, self.pool, self.segment_prefix)
+            except (OSError, MemoryError) as exc:  # /dev/shm or the heap is full
+                raise LimitExceededError(
+                    f"cannot allocate {num_envs} {spec.id} envs: {exc}; the host's shared "
+                    "memory (/dev/shm; in a container see --shm-size) or memory is exhausted"
+                ) from None
             self._unclaimed.add(session)  # set.add is atomic: shutdown frees it if need be
             return session
 
@@ -225,10 +240,12 @@ class Service:
         if with_mask:
             session.check_reset_mask()
         session.busy = True
+        session.segment.bump_step_seq()  # the counters cover resets too
         self._running_ops += 1
 
         def done(future: Future) -> None:
             self._running_ops -= 1
+            session.segment.bump_done_seq()
             self._operation_ended(session)
             self.send(client.identity, self._result_reply(header["id"], future))
             self._check_drained()
@@ -283,11 +300,11 @@ class Service:
         self._check_drained()
 
     def _finish_step(self, session: Session, request_id: int) -> dict:
+        session.segment.bump_done_seq()  # failed or not, the buffers are free again
         try:
             num_done = session.native.step_finish()
         except EnvdError as exc:
             return protocol.error_reply(request_id, exc)
-        session.segment.bump_done_seq()
         session.steps += 1
         self.env_steps += session.num_envs
         return protocol.ok_reply(request_id, num_done=num_done)

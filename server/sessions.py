@@ -21,7 +21,7 @@ from envd.errors import InvalidActionError, InvalidArgumentError
 from envd.native.native_vec import NativePool, NativeVec
 from envd.native.registry import EnvSpec
 from envd.native.vector_env import AUTORESET_MODE_CODES
-from envd.shm import Segment, plan, segment_prefix
+from envd.shm import Segment, plan
 from envd.vector_base import autoreset_mode_name, buffer_layout
 
 
@@ -30,7 +30,7 @@ class Session:
 
     def __init__(self, owner: bytes, spec: EnvSpec, num_envs: int, mode: AutoresetMode,
                  max_episode_steps: int, params: list[float], seeds: np.ndarray,
-                 pool: NativePool):
+                 pool: NativePool, segment_prefix: str):
         self.id = secrets.token_hex(16)
         self.owner = owner
         self.spec = spec
@@ -42,7 +42,7 @@ class Session:
         self.steps = 0
         layout = buffer_layout(spec.observation_space, spec.action_space, num_envs, mode)
         arrays, size = plan(layout)
-        self.segment = Segment.create(segment_prefix() + self.id, self.id, arrays, size)
+        self.segment = Segment.create(segment_prefix + self.id, self.id, arrays, size)
         self._arrays = arrays
         try:
             self.buffers = self.segment.arrays

@@ -1,68 +1,127 @@
-"""Startup cleanup: segments a dead daemon left in /dev/shm (e.g. after kill -9).
+"""Which shared-memory segments belong to a live daemon, and cleanup of the rest.
 
-A daemon names its segments ``envd-<pid>-<random>`` (see envd.shm), so a
-segment is stale when no envd daemon runs under that pid any more.  A live
-pid whose command line does not mention envd was reused by another program:
-its segments are stale too.  Only our own user's files are touched.
+A daemon instance has a name ``<pid>-<random nonce>``; its segments are
+``/dev/shm/envd-<pid>-<nonce>-<session>`` and it holds an exclusive flock on
+``/dev/shm/.envd-<pid>-<nonce>.lock`` for as long as it lives.  The kernel
+drops the lock when the process dies, however it dies, so a segment is stale
+exactly when its instance's lock file is missing or can be locked.  This
+holds across PID namespaces (containers sharing /dev/shm, a daemon that is
+PID 1 again after a restart), where a pid says nothing.
 """
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
+import secrets
 
-from envd.shm import NAME_PREFIX, SHM_DIR, segment_prefix
+from envd.shm import NAME_PREFIX, SHM_DIR
 
 log = logging.getLogger("envd.server")
 
 
-def _daemon_alive(pid: int) -> bool:
+def _lock_path(instance: str, shm_dir: str) -> str:
+    return os.path.join(shm_dir, f".{NAME_PREFIX}{instance}.lock")
+
+
+class Instance:
+    """This daemon's name and the lock that marks its segments as alive."""
+
+    def __init__(self, shm_dir: str = SHM_DIR):
+        self.name = f"{os.getpid()}-{secrets.token_hex(4)}"
+        self.segment_prefix = f"{NAME_PREFIX}{self.name}-"
+        self.shm_dir = shm_dir
+        self.lock_path = _lock_path(self.name, shm_dir)
+        # Lock a temporary file, then rename it into place: a cleaner never
+        # sees this instance's lock file unlocked.
+        temporary = f"{self.lock_path}.{secrets.token_hex(4)}"
+        self._fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.rename(temporary, self.lock_path)
+
+    def remove_own_segments(self) -> None:
+        """Unlink every segment of this instance (a forced exit: no time to free
+        sessions one by one, and some may still be in the making)."""
+        for name in os.listdir(self.shm_dir):
+            if name.startswith(self.segment_prefix):
+                try:
+                    os.unlink(os.path.join(self.shm_dir, name))
+                except OSError:
+                    pass
+
+    def release(self) -> None:
+        """Remove the lock file (after the segments are gone) and drop the lock."""
+        if self._fd >= 0:
+            try:
+                os.unlink(self.lock_path)
+            except FileNotFoundError:
+                pass
+            os.close(self._fd)
+            self._fd = -1
+
+
+def _instance_of(name: str) -> str | None:
+    """'<pid>-<nonce>' of a segment or lock file name, else None."""
+    if name.startswith("." + NAME_PREFIX) and name.endswith(".lock"):
+        parts = name[len(NAME_PREFIX) + 1:-len(".lock")].split("-")
+        return "-".join(parts) if len(parts) == 2 else None
+    if name.startswith(NAME_PREFIX):
+        parts = name[len(NAME_PREFIX):].split("-")
+        return "-".join(parts[:2]) if len(parts) == 3 else None
+    return None
+
+
+def _alive(instance: str, shm_dir: str) -> tuple[bool, int]:
+    """Whether the instance's daemon holds its lock; a held lock of ours to release."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, another user's: not ours to judge
-        return True
+        fd = os.open(_lock_path(instance, shm_dir), os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False, -1
+    except OSError:  # e.g. another user's lock file: not ours to judge
+        return True, -1
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"envd" in f.read()
-    except OSError:
-        return True
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return True, -1
+    return False, fd
 
 
 def remove_stale_segments(shm_dir: str = SHM_DIR) -> list[str]:
-    """Unlink our user's envd segments whose daemon is gone; return their names."""
-    removed = []
+    """Unlink our user's envd segments (and lock files) of daemons that are
+    gone; return the segment names removed."""
+    removed: list[str] = []
     try:
         names = os.listdir(shm_dir)
     except FileNotFoundError:
         return removed
+    verdicts: dict[str, tuple[bool, int]] = {}
     for name in names:
-        if not name.startswith(NAME_PREFIX):
+        if not name.startswith((NAME_PREFIX, "." + NAME_PREFIX)):
             continue
-        pid_text = name[len(NAME_PREFIX):].split("-", 1)[0]
-        if not pid_text.isdigit() or int(pid_text) == os.getpid() or _daemon_alive(int(pid_text)):
+        instance = _instance_of(name)
+        if instance is None:
+            continue  # not named by a daemon: not ours to remove
+        if instance not in verdicts:
+            verdicts[instance] = _alive(instance, shm_dir)
+        if verdicts[instance][0]:
             continue
         path = os.path.join(shm_dir, name)
         try:
-            if os.lstat(path).st_uid != os.getuid():
-                continue
+            if os.lstat(path).st_uid != os.getuid() or name.startswith("."):
+                continue  # lock files go last, below
             os.unlink(path)
         except FileNotFoundError:
             continue
         removed.append(name)
+    for instance, (alive, fd) in verdicts.items():
+        if not alive and fd >= 0:  # we hold the dead daemon's lock: remove it
+            try:
+                os.unlink(_lock_path(instance, shm_dir))
+            except FileNotFoundError:
+                pass
+            os.close(fd)
     if removed:
         log.info("removed %d segment(s) left behind by dead daemons: %s",
                  len(removed), ", ".join(removed))
     return removed
-
-
-def remove_own_segments(shm_dir: str = SHM_DIR) -> None:
-    """Unlink every segment of this process (a forced exit: no time to free
-    sessions one by one, and some may still be in the making)."""
-    prefix = segment_prefix()
-    for name in os.listdir(shm_dir):
-        if name.startswith(prefix):
-            try:
-                os.unlink(os.path.join(shm_dir, name))
-            except OSError:
-                pass

@@ -1,6 +1,4 @@
 """A first end-to-end check: one client, one env, through a real daemon."""
-import numpy as np
-
 import envd
 
 

@@ -177,7 +177,7 @@ def test_sigkilled_client_loses_its_sessions_and_others_never_notice(harness, tm
 
     wait_until(only_the_stepper_is_left, what="the killed client's sessions to expire")
     assert observer.status()["clients"] == 2  # the observer and the stepper
-    assert segments_of(daemon.pid) == [f"envd-{daemon.pid}-{stepper.remote.session}"]
+    assert segments_of(daemon.pid) == [stepper.remote._segment.name]
     assert "sent nothing for" in daemon.log()
     expired_at = stepper.steps
     wait_until(lambda: stepper.error is not None or stepper.steps >= expired_at + 50,
@@ -249,7 +249,7 @@ def test_silent_client_loses_its_sessions_and_can_start_over(harness):
     env = client.make("CartPole-v1", 8, seed=0)
     env.reset()
     assert len(segments_of(daemon.pid)) == 1
-    client._heartbeat.stop()  # the process is alive but sends nothing any more
+    client._connection.stop_heartbeat()  # the process is alive but sends nothing any more
     wait_until(lambda: segments_of(daemon.pid) == [], what="the silent client's segment to go")
     with pytest.raises(envd.SessionExpiredError, match="lease") as caught:
         env.step(np.zeros(8, np.int64))
@@ -261,7 +261,7 @@ def test_silent_client_loses_its_sessions_and_can_start_over(harness):
         assert again.reset()[0].tobytes() == local.reset()[0].tobytes()
         for action in (0, 1, 1, 0):
             assert_same_step(again, local, np.full(8, action, np.int64))
-    assert segments_of(daemon.pid) == [f"envd-{daemon.pid}-{again.session}"]
+    assert segments_of(daemon.pid) == [again._segment.name]
     again.close()
     env.close()
     assert segments_of(daemon.pid) == []
@@ -276,7 +276,7 @@ def test_idle_heartbeating_client_keeps_its_sessions(harness):
         assert env.reset()[0].tobytes() == local.reset()[0].tobytes()
         rng = np.random.default_rng(0)
         assert_same_step(env, local, rng.uniform(-2, 2, (8, 1)).astype(np.float32))
-        segment = [f"envd-{daemon.pid}-{env.session}"]
+        segment = [env._segment.name]
         idle_until = time.monotonic() + 3.5  # three and a half leases without a request
         while time.monotonic() < idle_until:
             assert segments_of(daemon.pid) == segment, "the idle client lost its session"

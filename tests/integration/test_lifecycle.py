@@ -149,8 +149,9 @@ def test_drain_answers_the_step_in_flight_then_refuses_work(harness):
             break
     else:
         pytest.fail("could not signal the daemon while a step was in flight in 3 attempts")
-    # The step in flight got its reply; the next one was refused.
-    assert stepper.steps == in_flight_step
+    # The step in flight got its reply; the next one was refused.  (The
+    # segment's counters count the env's one reset too.)
+    assert stepper.steps == in_flight_step - 1
     assert env._segment.done_seq == in_flight_step
 
 
@@ -174,8 +175,9 @@ def test_second_signal_exits_1_at_once_and_frees_every_segment(harness):
 
 
 # ---- stale segments --------------------------------------------------------------------
-def fake_segment(harness, pid: int) -> str:
-    path = f"/dev/shm/envd-{pid}-{secrets.token_hex(16)}"
+def fake_segment(harness, instance: str) -> str:
+    """A segment file of the daemon instance '<pid>-<nonce>'."""
+    path = f"/dev/shm/envd-{instance}-{secrets.token_hex(16)}"
     harness.files.append(path)
     fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
     os.write(fd, b"\0" * 4096)
@@ -188,25 +190,25 @@ def test_startup_removes_segments_of_dead_daemons_only(harness, tmp_path):
     client = harness.connect(old)
     env = client.make("CartPole-v1", 4, seed=0)
     env.reset()
-    live_daemon_segment = f"/dev/shm/envd-{old.pid}-{env.session}"
-    assert os.path.exists(live_daemon_segment)
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    other = subprocess.Popen(["sleep", "600"])  # alive, but not an envd daemon
-    try:
-        of_dead = fake_segment(harness, dead.pid)
-        of_other = fake_segment(harness, other.pid)
-        of_old = fake_segment(harness, old.pid)
-        new = harness.daemon("--threads", "1", "--lease-timeout", "30")
-        assert not os.path.exists(of_dead)
-        # A live pid whose command line does not mention envd was reused by
-        # another program: its segments are stale too (server/stale_segments.py).
-        assert not os.path.exists(of_other)
-        assert os.path.exists(of_old) and os.path.exists(live_daemon_segment)
-        assert "left behind by dead daemons" in new.log()
-    finally:
-        other.kill()
-        other.wait()
+    [live_daemon_segment] = [f"/dev/shm/{name}" for name in segments_of(old.pid)]
+    old_instance = live_daemon_segment.split("/")[-1].rsplit("-", 1)[0][len("envd-"):]
+    assert os.path.exists(f"/dev/shm/.envd-{old_instance}.lock")
+    of_old = fake_segment(harness, old_instance)
+    # A daemon that died: no lock file, or a lock file nobody holds.
+    of_no_lock = fake_segment(harness, "999999-0badf00d")
+    unheld_lock = "/dev/shm/.envd-999998-0badf00d.lock"
+    harness.files.append(unheld_lock)
+    open(unheld_lock, "w").close()
+    of_unheld_lock = fake_segment(harness, "999998-0badf00d")
+    not_ours = "/dev/shm/envd-not-a-daemon-name-at-all"  # another naming: left alone
+    harness.files.append(not_ours)
+    open(not_ours, "w").close()
+    new = harness.daemon("--threads", "1", "--lease-timeout", "30")
+    assert not os.path.exists(of_no_lock)
+    assert not os.path.exists(of_unheld_lock) and not os.path.exists(unheld_lock)
+    assert os.path.exists(of_old) and os.path.exists(live_daemon_segment)
+    assert os.path.exists(not_ours)
+    assert "left behind by dead daemons" in new.log()
     # The live daemon's session still works.
     with envd.make("CartPole-v1", 4, seed=0) as local:
         local.reset()

@@ -44,7 +44,7 @@ def test_defaults(clean_environment):
     assert default.heartbeat_interval == 10.0
     assert default.max_sessions == 1024
     assert default.max_envs_per_client == 1 << 20
-    assert default.max_message_bytes == 256 << 20
+    assert default.max_message_bytes == 64 << 20
     assert default.pin_cpus is None
     assert parse([]) == default  # no flag, no variable: the defaults
 
