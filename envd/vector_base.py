@@ -14,6 +14,7 @@ which overwrites them in place.  Keep a copy (or pass ``copy=True`` to
 """
 from __future__ import annotations
 
+import collections
 import threading
 from typing import Any, Sequence
 
@@ -113,7 +114,7 @@ class BatchedVecEnv(VectorEnv):
 
     def __init__(self, env_id: str, observation_space: spaces.Space, action_space: spaces.Space,
                  num_envs: int, mode: AutoresetMode, max_episode_steps: int | None,
-                 copy: bool, episode_statistics: bool):
+                 copy: bool, episode_statistics: bool, batch_size: int | None = None):
         self.closed = False
         # One call at a time; a second Python thread gets a clear error instead
         # of corrupting a step in flight.
@@ -129,6 +130,14 @@ class BatchedVecEnv(VectorEnv):
         self.max_episode_steps = max_episode_steps or None
         self._copy = bool(copy)
         self._episode_statistics = bool(episode_statistics)
+        self.batch_size = num_envs if batch_size is None else batch_size
+        # Async bookkeeping: each env is idle (the trainer has it), in flight
+        # or ready (stepped, waiting for recv); ready envs queue in the order
+        # their batches finished.
+        self._env_state = np.zeros(num_envs, np.int8)
+        self._ready: collections.deque[np.ndarray] = collections.deque()
+        self._num_ready = self._num_in_flight = 0
+        self._recv_count = 0
 
     def _bind_buffers(self, buffers: dict[str, np.ndarray]) -> None:
         self._buffers = buffers
@@ -152,23 +161,34 @@ class BatchedVecEnv(VectorEnv):
     def _release(self) -> None:
         raise NotImplementedError
 
+    def _submit_batch(self, env_ids: np.ndarray) -> None:
+        """Start stepping env_ids (their actions are in the actions buffer)."""
+        raise NotImplementedError
+
+    def _collect_batches(self, wait: bool) -> list[np.ndarray]:
+        """The env ids of sent batches that finished since the last call, in
+        the order they finished; with wait, block until at least one did."""
+        raise NotImplementedError
+
     def _check_buffers_free(self) -> None:
         """Raise before a call writes its inputs if the buffers may still be in
         use (a daemon-served env whose last call timed out)."""
 
     # ---- helpers -----------------------------------------------------------------------
-    def _convert_actions(self, actions: Any) -> None:
-        """Check actions against the action space and copy them into the
-        actions buffer.  Same-kind casts only: integers for discrete actions,
+    def _convert_actions(self, actions: Any, buf: np.ndarray | None = None,
+                         what: str | None = None) -> None:
+        """Check actions against the action space and copy them into buf (the
+        actions buffer).  Same-kind casts only: integers for discrete actions,
         floats that numpy casts safely for boxes; Python floats/lists are accepted."""
-        buf = self._actions
+        buf = self._actions if buf is None else buf
         space = self.single_action_space
         from_python = not isinstance(actions, np.ndarray)
         array = np.asarray(actions)
         if array.shape != buf.shape:
+            what = what or f"num_envs={self.num_envs}"
             raise InvalidActionError(
                 f"{self.env_id}: actions must have shape {buf.shape} "
-                f"(num_envs={self.num_envs} x action shape {space.shape}), got {array.shape}")
+                f"({what} x action shape {space.shape}), got {array.shape}")
         if buf.dtype.kind in "iu":
             allowed = array.dtype.kind in "biu"
             if allowed and array.size and array.dtype.kind == "u" and array.max() > np.iinfo(buf.dtype).max:
@@ -249,6 +269,7 @@ class BatchedVecEnv(VectorEnv):
                 self._buffers["reset_seeds"][...] = seeds
             if mask is not None:
                 self._buffers["reset_mask"][...] = mask
+            self._check_no_async("reset")
             self._run_reset(seeds is not None, mask is not None)
         finally:
             self._lock.release()
@@ -259,6 +280,8 @@ class BatchedVecEnv(VectorEnv):
         # The hot path: keep it to a few attribute lookups and one call.
         self._acquire()
         try:
+            if self._num_in_flight or self._num_ready:
+                self._check_no_async("step")
             self._check_buffers_free()
             if (actions.__class__ is np.ndarray and actions.dtype == self._action_dtype
                     and actions.shape == self._action_shape):
@@ -273,6 +296,175 @@ class BatchedVecEnv(VectorEnv):
             return (self._obs.copy(), self._rewards.copy(), self._terminations.copy(),
                     self._truncations.copy(), info)
         return self._obs, self._rewards, self._terminations, self._truncations, info
+
+    # ---- async mode (EnvPool's names) ---------------------------------------------------
+    # An env is IDLE (the trainer holds it: send it), IN_FLIGHT (being stepped)
+    # or READY (stepped, waiting for recv).  recv returns the first batch_size
+    # ready envs, in the order their sends finished; each env sent comes back
+    # exactly once.
+    _IDLE, _IN_FLIGHT, _READY = 0, 1, 2
+
+    def async_reset(self, *, seed: int | Sequence[int] | None = None) -> None:
+        """Reset every env and mark them all ready: the next recv returns the
+        first batch_size envs' initial observations (in env order).  Only while
+        nothing is in flight."""
+        seeds = seed_list(seed, self.num_envs) if seed is not None else None
+        self._acquire()
+        try:
+            if self._num_in_flight:
+                raise EnvStateError(f"{self.env_id}: {self._num_in_flight} envs are still in "
+                                    "flight; recv them before async_reset")
+            self._check_buffers_free()
+            if seeds is not None:
+                self._buffers["reset_seeds"][...] = seeds
+            self._run_reset(seeds is not None, False)
+            self._rewards[:] = 0  # a fresh episode has earned nothing
+            self._ready.clear()
+            self._ready.append(np.arange(self.num_envs, dtype=np.int64))
+            self._env_state[:] = self._READY
+            self._num_ready = self.num_envs
+            self._dones[:] = False
+        finally:
+            self._lock.release()
+
+    def send(self, actions: Any, env_ids: Any) -> None:
+        """Start stepping the envs env_ids (each idle: received, not sent since)
+        with actions (one row per env id); returns at once."""
+        self._acquire()
+        try:
+            ids = self._check_env_ids(env_ids)
+            rows = np.empty((len(ids), *self._action_shape[1:]), self._action_dtype)
+            self._convert_actions(actions, rows, f"{len(ids)} env ids")
+            self._check_buffers_free()
+            self._actions[ids] = rows
+            self._submit_batch(ids)
+            self._env_state[ids] = self._IN_FLIGHT
+            self._num_in_flight += len(ids)
+        finally:
+            self._lock.release()
+
+    def _check_no_async(self, call: str) -> None:
+        """reset and step act on every env: not while some are in flight or
+        stepped and not received; a reset then forgets the ready ones."""
+        if self._num_in_flight:
+            raise EnvStateError(
+                f"{self.env_id}: {call}() while {self._num_in_flight} envs are in flight "
+                "(send/recv); recv them first")
+        if self._num_ready and call == "step":
+            raise EnvStateError(
+                f"{self.env_id}: step() while {self._num_ready} envs wait for recv "
+                "(after async_reset or send); use recv/send, or reset() to go back to step()")
+        self._ready.clear()
+        self._num_ready = 0
+        self._env_state[:] = self._IDLE
+
+    def _check_env_ids(self, env_ids: Any) -> np.ndarray:
+        ids = np.asarray(env_ids)
+        if ids.ndim != 1 or len(ids) == 0 or (ids.dtype.kind not in "iu"):
+            raise InvalidArgumentError(
+                f"{self.env_id}: env_ids must be a non-empty 1-D array of ints, got "
+                f"{ids.dtype} with shape {ids.shape}")
+        if ids.min() < 0 or ids.max() >= self.num_envs:
+            raise InvalidArgumentError(
+                f"{self.env_id}: env ids must be in [0, {self.num_envs}), got "
+                f"{ids.min() if ids.min() < 0 else ids.max()}")
+        ids = ids.astype(np.int64)
+        if len(np.unique(ids)) != len(ids):
+            raise InvalidArgumentError(f"{self.env_id}: env_ids has repeated ids")
+        busy = ids[self._env_state[ids] != self._IDLE]
+        if len(busy):
+            where = "in flight" if self._env_state[busy[0]] == self._IN_FLIGHT else "ready"
+            raise EnvStateError(
+                f"{self.env_id}: env {busy[0]} is {where}, not received yet; send an env "
+                "only after recv returned it (or async_reset)")
+        return ids
+
+    def recv(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """The first batch_size envs to finish: (obs, rewards, terminations,
+        truncations, info) with info["env_id"] (int32) naming them.  Blocks until
+        that many are ready; raises at once if fewer are in flight or ready.
+        The arrays stay valid until the second recv after this one (two buffers
+        alternate), so the trainer may compute on one batch while the next
+        is stepped; copy=True returns copies."""
+        self._acquire()
+        try:
+            batch = self.batch_size
+            if self._num_ready + self._num_in_flight < batch:
+                raise EnvStateError(
+                    f"{self.env_id}: recv returns {batch} envs but only "
+                    f"{self._num_ready + self._num_in_flight} are in flight or ready; "
+                    "send more first (or async_reset)")
+            self._take_finished(wait=False)
+            while self._num_ready < batch:
+                self._take_finished(wait=True)
+            ids = self._pop_ready(batch)
+            self._env_state[ids] = self._IDLE
+            return self._gather(ids)
+        finally:
+            self._lock.release()
+
+    def _take_finished(self, wait: bool) -> None:
+        for ids in self._collect_batches(wait):
+            self._env_state[ids] = self._READY
+            self._ready.append(ids)
+            self._num_ready += len(ids)
+            self._num_in_flight -= len(ids)
+
+    def _pop_ready(self, count: int) -> np.ndarray:
+        parts = []
+        while count:
+            head = self._ready[0]
+            if len(head) <= count:
+                parts.append(self._ready.popleft())
+            else:
+                parts.append(head[:count])
+                self._ready[0] = head[count:]
+            count -= len(parts[-1])
+        self._num_ready -= sum(map(len, parts))
+        return np.concatenate(parts) if len(parts) > 1 else parts[0]
+
+    def _gather(self, ids: np.ndarray) -> tuple:
+        """Copy the envs' results into the next of two batch buffers."""
+        slots = self._recv_slots()[self._recv_count % 2]
+        self._recv_count += 1
+        names = ["observations", "rewards", "terminations", "truncations", "dones",
+                 "episode_returns", "episode_lengths", "episode_times"]
+        if self._final_obs is not None:
+            names.append("final_observations")
+        for name in names:
+            np.take(self._buffers[name], ids, axis=0, out=slots[name])
+        slots["env_id"][...] = ids
+        out = {name: slots[name].copy() if self._copy else slots[name] for name in slots}
+        info: dict[str, Any] = {"env_id": out["env_id"]}
+        dones = out["dones"]
+        if dones.any():
+            if self._final_obs is not None:
+                final = np.full(len(ids), None, dtype=object)
+                for k in np.flatnonzero(dones):
+                    final[k] = out["final_observations"][k].copy()
+                info["final_obs"], info["_final_obs"] = final, dones
+                info["final_info"], info["_final_info"] = {}, dones
+            if self._episode_statistics:
+                info["episode"] = {"r": out["episode_returns"], "l": out["episode_lengths"],
+                                   "t": out["episode_times"]}
+                info["_episode"] = dones
+        return (out["observations"], out["rewards"], out["terminations"], out["truncations"],
+                info)
+
+    def _recv_slots(self) -> list[dict[str, np.ndarray]]:
+        slots = getattr(self, "_slots", None)
+        if slots is None or len(slots[0]["env_id"]) != self.batch_size:
+            def batch_of(name: str) -> np.ndarray:
+                buf = self._buffers[name]
+                return np.empty((self.batch_size, *buf.shape[1:]), buf.dtype)
+            names = ["observations", "rewards", "terminations", "truncations", "dones",
+                     "episode_returns", "episode_lengths", "episode_times"]
+            if self._final_obs is not None:
+                names.append("final_observations")
+            slots = self._slots = [
+                {**{name: batch_of(name) for name in names},
+                 "env_id": np.empty(self.batch_size, np.int32)} for _ in range(2)]
+        return slots
 
     def close(self, **kwargs: Any) -> None:
         """Free the envs.  Idempotent; waits for a call in progress on another thread."""

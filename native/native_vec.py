@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from gymnasium import spaces
 
-from envd.errors import EnvStateError, InvalidActionError, NativeError
+from envd.errors import EnvStateError, InvalidActionError, InvalidArgumentError, NativeError
 from envd.native._envd_native import ffi, lib
 from envd.native.registry import EnvSpec
 
@@ -119,6 +119,37 @@ class NativeVec:
             self.raise_step_error(num_done)
         return num_done
 
+    # ---- async batches --------------------------------------------------------------------
+    def batch_submit(self, batch: "NativeBatch", env_ids: np.ndarray, notify: bool = False) -> None:
+        """Start stepping env_ids (int64, contiguous) with their actions from the
+        actions buffer; returns at once (or after running them inline when cheap)."""
+        rc = lib.envd_vec_batch_submit(self.handle, batch.handle, ptr(env_ids, "int64_t *"),
+                                       len(env_ids), lib.ENVD_JOB_NOTIFY if notify else 0)
+        if rc != lib.ENVD_OK:
+            index = int(lib.envd_vec_error_index(self.handle))
+            if rc == lib.ENVD_EBUSY and 0 <= index < self.num_envs:
+                raise EnvStateError(f"{self.spec.id}: env {index} is already in flight (or "
+                                    "twice in this send); recv it before sending it again")
+            if rc == lib.ENVD_EINVAL:
+                raise InvalidArgumentError(
+                    f"{self.spec.id}: env id {index} is out of range [0, {self.num_envs})")
+            self.raise_step_error(rc)
+        batch.ids = env_ids
+
+    def batch_done(self, batch: "NativeBatch") -> bool:
+        return bool(lib.envd_vec_batch_done(batch.handle))
+
+    def batch_wait(self, batch: "NativeBatch") -> None:
+        """Block until the batch is done (the calling thread runs its chunks)."""
+        lib.envd_vec_batch_wait(self.handle, batch.handle)
+
+    def batch_finish(self, batch: "NativeBatch") -> int:
+        """End a done batch; the number of its envs whose episode ended."""
+        num_done = lib.envd_vec_batch_finish(self.handle, batch.handle)
+        if num_done < 0:
+            self.raise_step_error(num_done)
+        return num_done
+
     def destroy(self) -> None:
         """Free the envs (waits for a submitted step).  Idempotent."""
         if getattr(self, "handle", ffi.NULL) != ffi.NULL:
@@ -158,3 +189,22 @@ class NativeVec:
         if rc == lib.ENVD_EENV:
             raise NativeError(f"{env_id}: env {index} failed in its step or reset callback", rc)
         self.check(rc, "step")
+
+
+class NativeBatch:
+    """A caller-owned async batch of up to capacity envs (see NativeVec.batch_submit)."""
+
+    def __init__(self, capacity: int):
+        out = ffi.new("envd_vec_batch_t **")
+        rc = lib.envd_vec_batch_create(out, capacity)
+        if rc != lib.ENVD_OK:
+            raise NativeError(f"creating a batch of {capacity} envs failed: {strerror(rc)}", rc)
+        self.handle = out[0]
+        self.capacity = capacity
+        self.ids: np.ndarray | None = None  # the envs of the submit in flight
+
+    def close(self) -> None:
+        """Free the batch; never while it is in flight."""
+        if self.handle != ffi.NULL:
+            lib.envd_vec_batch_destroy(self.handle)
+            self.handle = ffi.NULL

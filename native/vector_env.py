@@ -17,7 +17,7 @@ from gymnasium.vector import AutoresetMode
 
 from envd.errors import InvalidArgumentError
 from envd.native._envd_native import lib
-from envd.native.native_vec import MAX_NUM_ENVS, MAX_THREADS, NativePool, NativeVec
+from envd.native.native_vec import MAX_NUM_ENVS, MAX_THREADS, NativeBatch, NativePool, NativeVec
 from envd.native.registry import EnvSpec, get_spec
 from envd.vector_base import (BatchedVecEnv, buffer_layout, check_int, is_int,
                               parse_autoreset_mode, seed_list)
@@ -60,9 +60,14 @@ class VecEnv(BatchedVecEnv):
     def __init__(self, spec: EnvSpec, num_envs: int, *, seed: int | Sequence[int] | None,
                  num_threads: int | None, autoreset_mode: str | AutoresetMode,
                  max_episode_steps: int | None, copy: bool, episode_statistics: bool,
-                 pin_cpus: Sequence[int] | None, env_kwargs: dict[str, Any]):
+                 pin_cpus: Sequence[int] | None, env_kwargs: dict[str, Any],
+                 batch_size: int | None = None):
         self._native = self._pool = None
+        self._batches_in_flight: list[NativeBatch] = []  # in submit order
+        self._free_batches: list[NativeBatch] = []
         num_envs = check_int("num_envs", num_envs, 1, MAX_NUM_ENVS)
+        if batch_size is not None:
+            batch_size = check_int("batch_size", batch_size, 1, num_envs)
         mode = parse_autoreset_mode(autoreset_mode)
         max_episode_steps = check_max_episode_steps(spec, max_episode_steps)
         if num_threads is None:
@@ -73,7 +78,7 @@ class VecEnv(BatchedVecEnv):
         # seed=None: a random base seed, env i then gets base + i as for an int seed.
         seeds = seed_list(secrets.randbelow(2**63) if seed is None else seed, num_envs)
         super().__init__(spec.id, spec.observation_space, spec.action_space, num_envs, mode,
-                         max_episode_steps, copy, episode_statistics)
+                         max_episode_steps, copy, episode_statistics, batch_size)
         self.envd_spec = spec
         self.num_threads = num_threads
         self._bind_buffers({name: _aligned_zeros(shape, dtype) for name, (shape, dtype)
@@ -113,7 +118,33 @@ class VecEnv(BatchedVecEnv):
     def _run_step(self) -> int:
         return self._native.step()
 
+    def _submit_batch(self, env_ids: np.ndarray) -> None:
+        batch = self._free_batches.pop() if self._free_batches else NativeBatch(self.num_envs)
+        try:
+            self._native.batch_submit(batch, env_ids)
+        except BaseException:
+            self._free_batches.append(batch)
+            raise
+        self._batches_in_flight.append(batch)
+
+    def _collect_batches(self, wait: bool) -> list[np.ndarray]:
+        in_flight = self._batches_in_flight
+        if wait and in_flight and not any(self._native.batch_done(b) for b in in_flight):
+            self._native.batch_wait(in_flight[0])  # the oldest: its chunks are served first
+        finished = [b for b in in_flight if self._native.batch_done(b)]
+        for batch in finished:
+            in_flight.remove(batch)
+            self._free_batches.append(batch)
+            self._native.batch_finish(batch)  # raises if an env failed
+        return [batch.ids for batch in finished]
+
     def _release(self) -> None:
+        for batch in self._batches_in_flight:  # their chunks use the vec's memory
+            self._native.batch_wait(batch)
+            self._native.batch_finish(batch)
+        for batch in self._batches_in_flight + self._free_batches:
+            batch.close()
+        self._batches_in_flight, self._free_batches = [], []
         if self._native is not None:
             self._native.destroy()
             self._native = None
@@ -152,7 +183,7 @@ def make(env_id: str, num_envs: int, *, seed: int | Sequence[int] | None = None,
          num_threads: int | None = None, autoreset_mode: str | AutoresetMode = "next_step",
          max_episode_steps: int | None = None, copy: bool = False,
          episode_statistics: bool = True, pin_cpus: Sequence[int] | None = None,
-         **env_kwargs: Any) -> VecEnv:
+         batch_size: int | None = None, **env_kwargs: Any) -> VecEnv:
     """Create num_envs instances of env_id stepped in this process.
 
     seed:  env i is seeded with seed + i at the first reset (or pass a list of
@@ -167,10 +198,12 @@ def make(env_id: str, num_envs: int, *, seed: int | Sequence[int] | None = None,
            gymnasium's RecordEpisodeStatistics does; pass False to wrap the env
            in that wrapper yourself (it refuses an info that has the key).
     pin_cpus: pin worker thread i to CPU pin_cpus[i] (one CPU per worker).
+    batch_size: envs per recv() in async mode (async_reset/send/recv,
+           EnvPool's names); default num_envs.
     env_kwargs: the env's parameters (see envd.native.get_spec(env_id).params).
     """
     spec = get_spec(env_id)
     return VecEnv(spec, num_envs, seed=seed, num_threads=num_threads,
                   autoreset_mode=autoreset_mode, max_episode_steps=max_episode_steps,
                   copy=copy, episode_statistics=episode_statistics, pin_cpus=pin_cpus,
-                  env_kwargs=env_kwargs)
+                  env_kwargs=env_kwargs, batch_size=batch_size)

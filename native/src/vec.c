@@ -58,7 +58,8 @@ typedef struct run {
 struct envd_vec_batch {
     run_t run;
     int64_t capacity;
-    int64_t *ids; /* capacity entries; the first run.job.n are this batch's */
+    int64_t count; /* envs of the last submit */
+    int64_t *ids;  /* capacity entries; the first count are this batch's */
 };
 
 struct envd_vec {
@@ -492,6 +493,7 @@ int envd_vec_batch_submit(envd_vec_t *vec, envd_vec_batch_t *batch, const int64_
     if (rc != ENVD_OK)
         return rc;
     memcpy(batch->ids, env_ids, (size_t)count * sizeof *env_ids);
+    batch->count = count;
     batch->run.vec = vec;
     batch->run.ids = batch->ids;
     clear_results(&batch->run);
@@ -519,12 +521,12 @@ int envd_vec_batch_finish(envd_vec_t *vec, envd_vec_batch_t *batch)
     int rc = run_finish(vec, &batch->run);
     if (rc == ENVD_EBUSY && batch->run.pending == PENDING_POOLED)
         return rc; /* not done yet */
-    unmark(vec, batch->ids, batch->run.job.n ? batch->run.job.n : 0);
+    unmark(vec, batch->ids, batch->count);
     vec->batches_in_flight--;
     return rc;
 }
 
-int64_t envd_vec_batch_size(const envd_vec_batch_t *batch) { return batch->run.job.n; }
+int64_t envd_vec_batch_size(const envd_vec_batch_t *batch) { return batch->count; }
 
 /* ---- resets ------------------------------------------------------------------------ */
 void envd_vec_seed(envd_vec_t *vec, const uint64_t *seeds)

@@ -1,0 +1,221 @@
+"""Async mode in-process (make(..., batch_size=B), async_reset/send/recv):
+exactly-once and ready-order invariants, per-env trajectories equal to sync
+mode, double-buffered results, and every misuse refused with the env intact."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import envd
+from conftest import BUILTIN_ENV_IDS, random_actions
+
+
+def per_env_actions(space, num_envs: int, steps: int, seed: int) -> np.ndarray:
+    """actions[t, i]: env i's t-th action."""
+    rng = np.random.default_rng(seed)
+    return np.stack([random_actions(space, num_envs, rng) for _ in range(steps)])
+
+
+def sync_trajectories(env_id, num_envs, steps, actions, **kwargs):
+    """Per env, its reset observation and then (obs, reward, term, trunc) per step."""
+    with envd.make(env_id, num_envs, seed=11, num_threads=0, **kwargs) as env:
+        obs, _ = env.reset()
+        runs = [[("reset", obs[i].tobytes())] for i in range(num_envs)]
+        for t in range(steps):
+            obs, rew, term, trunc, info = env.step(actions[t])
+            for i in range(num_envs):
+                final = info["final_obs"][i].tobytes() if info.get("_final_obs", np.zeros(num_envs, bool))[i] else None
+                runs[i].append((obs[i].tobytes(), float(rew[i]), bool(term[i]), bool(trunc[i]), final))
+    return runs
+
+
+def async_trajectories(env_id, num_envs, steps, actions, batch_size, threads, rng, **kwargs):
+    """Drive the env with random send orders and chunking; every env gets its
+    t-th action on its t-th send and stops after `steps` sends."""
+    sent = np.zeros(num_envs, int)
+    runs: list[list] = [[] for _ in range(num_envs)]
+    received = np.zeros(num_envs, int)
+    with envd.make(env_id, num_envs, seed=11, num_threads=threads, batch_size=batch_size,
+                   **kwargs) as env:
+        env.async_reset()
+        idle: list[int] = []
+        outstanding = num_envs  # ready or in flight
+        while outstanding >= batch_size:
+            obs, rew, term, trunc, info = env.recv()
+            ids = info["env_id"]
+            assert ids.dtype == np.int32 and len(ids) == batch_size
+            assert len(np.unique(ids)) == batch_size
+            outstanding -= batch_size
+            for k, i in enumerate(ids):
+                if received[i] == 0:
+                    runs[i].append(("reset", obs[k].tobytes()))
+                else:
+                    final = (info["final_obs"][k].tobytes()
+                             if info.get("_final_obs", np.zeros(batch_size, bool))[k] else None)
+                    runs[i].append((obs[k].tobytes(), float(rew[k]), bool(term[k]),
+                                    bool(trunc[k]), final))
+                received[i] += 1
+                if sent[i] < steps:
+                    idle.append(int(i))
+            rng.shuffle(idle)
+            # send a random part of the idle envs, in 1-3 sends
+            take = idle[:rng.integers(0, len(idle) + 1)] if outstanding >= batch_size else idle
+            idle = idle[len(take):]
+            for part in np.array_split(np.array(take, dtype=np.int64), rng.integers(1, 4)):
+                if len(part):
+                    env.send(actions[sent[part], part], part)
+                    sent[part] += 1
+                    outstanding += len(part)
+            if outstanding < batch_size and idle:
+                part = np.array(idle, dtype=np.int64)
+                env.send(actions[sent[part], part], part)
+                sent[part] += 1
+                outstanding += len(part)
+                idle = []
+    return runs, received
+
+
+@pytest.mark.parametrize("env_id", BUILTIN_ENV_IDS)
+@pytest.mark.parametrize("mode", ["next_step", "same_step", "disabled"])
+def test_per_env_trajectories_equal_sync_mode(env_id, mode):
+    num_envs, steps = 12, 60
+    space = envd.native.get_spec(env_id).action_space
+    actions = per_env_actions(space, num_envs, steps, seed=5)
+    kwargs = {"autoreset_mode": mode}
+    if mode == "disabled":
+        # Without autoreset a done env may not be stepped again: run no
+        # longer than the shortest episode (no time limit; CartPole's pole
+        # falls in 8 steps at the soonest).
+        kwargs["max_episode_steps"] = 0
+        steps = 8 if env_id == "CartPole-v1" else steps
+        actions = actions[:steps]
+    reference = sync_trajectories(env_id, num_envs, steps, actions, **kwargs)
+    rng = np.random.default_rng(hash((env_id, mode)) % 2**32)
+    for batch_size, threads in [(1, 0), (5, 1), (12, 2), (7, 4)]:
+        runs, received = async_trajectories(env_id, num_envs, steps, actions, batch_size,
+                                            threads, rng, **kwargs)
+        for i in range(num_envs):
+            got = runs[i]
+            assert got == reference[i][:len(got)], (env_id, mode, batch_size, threads, i)
+        assert received.min() >= 1
+
+
+def test_exactly_once_and_ready_order():
+    rng = np.random.default_rng(0)
+    num_envs = 64
+    with envd.make("Acrobot-v1", num_envs, seed=0, num_threads=2, batch_size=16) as env:
+        env.async_reset()
+        obs, *_, info = env.recv()
+        assert info["env_id"].tolist() == list(range(16))  # async_reset: env order
+        held = set(info["env_id"].tolist())
+        in_flight_or_ready = set(range(16, num_envs))
+        for _ in range(200):
+            send = rng.permutation(sorted(held))[:rng.integers(1, len(held) + 1)]
+            env.send(np.zeros(len(send), np.int64), send)
+            held -= set(send.tolist())
+            in_flight_or_ready |= set(send.tolist())
+            if len(in_flight_or_ready) >= 16:
+                ids = env.recv()[4]["env_id"].tolist()
+                assert len(set(ids)) == 16 and set(ids) <= in_flight_or_ready
+                in_flight_or_ready -= set(ids)
+                held |= set(ids)
+        # everything sent comes back exactly once
+        while len(in_flight_or_ready) >= 16:
+            ids = env.recv()[4]["env_id"].tolist()
+            assert set(ids) <= in_flight_or_ready
+            in_flight_or_ready -= set(ids)
+
+
+def test_sends_come_back_in_the_order_they_finished():
+    with envd.make("CartPole-v1", 8, seed=0, num_threads=0, batch_size=2) as env:
+        env.async_reset()
+        for _ in range(4):
+            env.recv()
+        for ids in ([6, 1], [3, 0], [7, 2]):  # serial: each send finishes as it is made
+            env.send(np.zeros(2, np.int64), ids)
+        assert [env.recv()[4]["env_id"].tolist() for _ in range(3)] == [[6, 1], [3, 0], [7, 2]]
+
+
+def test_recv_results_live_until_the_second_recv_after():
+    with envd.make("Pendulum-v1", 4, seed=0, batch_size=2) as env:
+        env.async_reset()
+        first = env.recv()
+        kept = first[0].copy()
+        env.send(np.zeros((2, 1), np.float32), first[4]["env_id"])
+        second = env.recv()
+        assert first[0].tobytes() == kept.tobytes()  # untouched by the next recv
+        assert not np.shares_memory(first[0], second[0])
+        env.send(np.zeros((2, 1), np.float32), second[4]["env_id"])
+        third = env.recv()
+        assert np.shares_memory(first[0], third[0])  # two buffers alternate
+    with envd.make("Pendulum-v1", 4, seed=0, batch_size=2, copy=True) as env:
+        env.async_reset()
+        first, second = env.recv(), env.recv()
+        assert not np.shares_memory(first[0], second[0])
+
+
+def test_episode_statistics_reach_recv():
+    def episodes(info) -> list[tuple[float, int]]:
+        if "episode" not in info:
+            return []
+        mask = info["_episode"]
+        return list(zip(info["episode"]["r"][mask].tolist(), info["episode"]["l"][mask].tolist()))
+
+    expected = []
+    with envd.make("CartPole-v1", 4, seed=0) as env:
+        env.reset()
+        for _ in range(300):
+            expected += episodes(env.step(np.ones(4, np.int64))[4])
+    got = []
+    with envd.make("CartPole-v1", 4, seed=0, batch_size=4) as env:
+        env.async_reset()
+        ids = env.recv()[4]["env_id"]
+        for _ in range(300):
+            env.send(np.ones(4, np.int64), ids)
+            obs, rew, term, trunc, info = env.recv()
+            ids = info["env_id"]
+            if "episode" in info:
+                assert ((term | trunc) == info["_episode"]).all()
+            got += episodes(info)
+    assert len(expected) > 50 and sorted(got) == sorted(expected)
+
+
+def test_misuse_is_refused_and_the_env_stays_usable():
+    with envd.make("CartPole-v1", 6, seed=0, batch_size=3) as env:
+        with pytest.raises(envd.EnvStateError, match="only 0 are in flight or ready"):
+            env.recv()  # nothing sent: never blocks
+        env.async_reset()
+        ids = env.recv()[4]["env_id"]
+        with pytest.raises(envd.EnvStateError, match="env 3 is ready"):
+            env.send(np.zeros(1, np.int64), [3])
+        with pytest.raises(envd.InvalidArgumentError, match="out of range|in \\[0, 6\\)"):
+            env.send(np.zeros(1, np.int64), [6])
+        with pytest.raises(envd.InvalidArgumentError, match="repeated"):
+            env.send(np.zeros(2, np.int64), [0, 0])
+        with pytest.raises(envd.InvalidArgumentError, match="1-D array of ints"):
+            env.send(np.zeros(1, np.int64), [0.5])
+        with pytest.raises(envd.InvalidActionError, match="shape"):
+            env.send(np.zeros(2, np.int64), ids)
+        with pytest.raises(envd.InvalidActionError, match="out of range"):
+            env.send(np.array([0, 7, 1]), ids)
+        env.send(np.zeros(3, np.int64), ids)  # nothing above moved anything
+        with pytest.raises(envd.EnvStateError, match="in flight"):
+            env.send(np.zeros(1, np.int64), ids[:1])
+        with pytest.raises(envd.EnvStateError, match="in flight"):
+            env.step(np.zeros(6, np.int64))
+        with pytest.raises(envd.EnvStateError, match="in flight"):
+            env.async_reset()
+        assert len(env.recv()[4]["env_id"]) == 3
+        assert len(env.recv()[4]["env_id"]) == 3
+        with pytest.raises(envd.EnvStateError, match="only 0"):
+            env.recv()
+        env.reset()  # back to sync stepping
+        env.step(np.zeros(6, np.int64))
+
+
+def test_batch_size_is_checked():
+    for bad in (0, 7, 2.0, True):
+        with pytest.raises(envd.InvalidArgumentError, match="batch_size"):
+            envd.make("CartPole-v1", 6, batch_size=bad)
+    with envd.make("CartPole-v1", 6) as env:
+        assert env.batch_size == 6
