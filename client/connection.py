@@ -200,7 +200,7 @@ class Client:
                     f"the reply to {kind!r}; the daemon stopped or crashed, and its sessions "
                     "are gone")
             if self._socket in events:
-                reply = msgpack.unpackb(self._socket.recv(), raw=False)
+                reply = self._recv_reply()
                 if reply.get("id") != request_id:
                     self._late_reply(reply)
                     continue
@@ -228,7 +228,15 @@ class Client:
         """Handle the replies that arrived for requests that timed out."""
         with self._lock:
             while not self.closed and self._socket.poll(0):
-                self._late_reply(msgpack.unpackb(self._socket.recv(), raw=False))
+                self._late_reply(self._recv_reply())
+
+    def _recv_reply(self) -> dict[str, Any]:
+        """One reply: its header, with its data frames (if any) under "_blobs"."""
+        frames = self._socket.recv_multipart()
+        reply = msgpack.unpackb(frames[0], raw=False)
+        if len(frames) > 1:
+            reply["_blobs"] = frames[1:]
+        return reply
     def _send_orphan_closes(self) -> None:
         """Close sessions of envs that were garbage-collected without close()
         (their __del__ cannot talk to the socket: it may run in any thread)."""
@@ -241,7 +249,8 @@ class Client:
     def make(self, env_id: str, num_envs: int, *, seed: int | Sequence[int] | None = None,
              autoreset_mode: str | AutoresetMode = "next_step",
              max_episode_steps: int | None = None, copy: bool = False,
-             episode_statistics: bool = True, **env_kwargs: Any) -> RemoteVecEnv:
+             episode_statistics: bool = True, batch_size: int | None = None,
+             **env_kwargs: Any) -> RemoteVecEnv:
         """Make num_envs instances of env_id in the daemon.  Arguments and the
         returned VecEnv are those of the in-process envd.make (without the
         thread options: the daemon's pool steps every session); the arrays the
@@ -258,7 +267,8 @@ class Client:
                   "autoreset_mode": autoreset_mode_name(mode),
                   "seed": _wire("seed", seed),
                   "max_episode_steps": _wire("max_episode_steps", max_episode_steps),
-                  "env_kwargs": _wire("env_kwargs", env_kwargs)}
+                  "env_kwargs": _wire("env_kwargs", env_kwargs),
+                  "batch_size": _wire("batch_size", batch_size)}
         reply = self._request(header)
         try:
             env = RemoteVecEnv(self, reply, num_envs, mode, copy, episode_statistics)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from envd import protocol
@@ -34,12 +35,15 @@ class RemoteVecEnv(BatchedVecEnv):
             shm["name"], self.session, shm["arrays"], shm["size"],
             where=f"the daemon at {client.endpoint} (host {info['hostname']}, pid {info['pid']})")
         super().__init__(reply["env_id"], protocol.space_from_wire(reply["observation_space"]),
-                         protocol.space_from_wire(reply["action_space"]), num_envs, mode, reply["max_episode_steps"], copy, episode_statistics)
+                         protocol.space_from_wire(reply["action_space"]), num_envs, mode,
+                         reply["max_episode_steps"], copy, episode_statistics,
+                         reply["batch_size"])
         self._client = client
         self._segment = segment
         self._bind_buffers(segment.arrays)
         self._step_header = {"type": "step", "session": self.session}
         self._maybe_running = False  # a call timed out and its reply has not come
+        self._async_lost = False     # a recv timed out: async bookkeeping is lost
 
     # ---- BatchedVecEnv hooks --------------------------------------------------------
     def _run_reset(self, with_seeds: bool, with_mask: bool) -> None:
@@ -49,9 +53,33 @@ class RemoteVecEnv(BatchedVecEnv):
     def _run_step(self) -> int:
         return self._call(dict(self._step_header))["num_done"]
 
-    def _call(self, header: dict[str, Any]) -> dict[str, Any]:
+    def _submit_batch(self, env_ids: np.ndarray) -> None:
+        self._check_async_state()
+        self._call({"type": "send", "session": self.session}, [env_ids.tobytes()])
+
+    def _collect_batches(self, wait: bool) -> list[np.ndarray]:
+        # The daemon knows what finished; asking costs a round trip, so only
+        # when recv needs more envs, and then take every finished one.
+        if not wait:
+            return []
+        self._check_async_state()
         try:
-            return self._client._request(header)
+            reply = self._call({"type": "recv", "session": self.session,
+                                "count": self.batch_size - self._num_ready})
+        except EnvdTimeoutError:
+            self._async_lost = True  # the late reply's ids would be lost to us
+            raise
+        return [np.frombuffer(reply["_blobs"][0], np.int64).copy()]
+
+    def _check_async_state(self) -> None:
+        if self._async_lost:
+            raise EnvStateError(
+                f"a recv on this {self.env_id} env timed out, so which envs finished is "
+                "unknown; close it and make a new env")
+
+    def _call(self, header: dict[str, Any], blobs: list[bytes] = ()) -> dict[str, Any]:
+        try:
+            return self._client._request(header, blobs)
         except EnvdTimeoutError:
             # The daemon may still run it (or not have read it yet): the
             # buffers stay off limits until its late reply says it ended.

@@ -27,14 +27,19 @@ does not speak it.  Per type, the fields (``?`` = optional):
     list_envs  -
     status     -
     make       env_id:str, num_envs:int, seed?:int|[int]|nil, autoreset_mode?:str,
-               max_episode_steps?:int|nil, env_kwargs?:map
-               (seed and max_episode_steps are checked as envd.make checks them)
+               max_episode_steps?:int|nil, env_kwargs?:map, batch_size?:int|nil
+               (checked as envd.make checks them)
     reset      session:str, seeds?:bool, mask?:bool
                (seeds / mask: read the "reset_seeds" / "reset_mask" arrays of
                the session's shared memory, written by the client)
     step       session:str, actions?:{dtype:str, shape:[int]}
                (actions given: blob 0 holds them, C order, exactly that dtype
                and shape; else the client wrote the "actions" array in shm)
+    send       session:str      blob 0: env ids (int64); async mode: start stepping
+                                them with the actions the client wrote in their shm rows
+    recv       session:str, count:int   async mode: answer once at least count sent
+                                envs finished; blob 0: the ids of every finished env not
+                                reported yet (int64), in the order they finished
     close      session:str
     bye        -                (the client leaves: free all its sessions now)
 
@@ -54,6 +59,8 @@ A reply never carries a traceback.  Results:
                observation_space, action_space, max_episode_steps, autoreset_mode
     reset      -
     step       num_done:int   (envs whose episode ended in this step)
+    send       -
+    recv       - (the ids in blob 0; their results are in the shm rows)
     close      -
     bye        -
 
@@ -105,14 +112,17 @@ MESSAGE_FIELDS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     "status": {},
     "make": {"env_id": ((str,), True), "num_envs": (_INT, True),
              "seed": (_ANY, False), "autoreset_mode": ((str,), False),
-             "max_episode_steps": (_ANY, False), "env_kwargs": ((dict,), False)},
+             "max_episode_steps": (_ANY, False), "env_kwargs": ((dict,), False),
+             "batch_size": (_ANY, False)},
     "reset": {**_SESSION, "seeds": ((bool,), False), "mask": ((bool,), False)},
     "step": {**_SESSION, "actions": ((dict,), False)},
+    "send": _SESSION,
+    "recv": {**_SESSION, "count": (_INT, True)},
     "close": _SESSION,
     "bye": {},
 }
 #: Number of blobs after the header each type may carry.
-MAX_BLOBS = {"step": 1}
+MAX_BLOBS = {"step": 1, "send": 1}
 
 #: The error-code table: wire code -> the exception the client raises.
 ERROR_CODES: dict[str, type[errors.EnvdError]] = {
@@ -193,6 +203,7 @@ def validate_request(header: dict[str, Any], num_blobs: int) -> str:
 
 
 def ok_reply(request_id: int, **result: Any) -> dict[str, Any]:
+    """An ok reply; a "_blobs" list in result goes out as data frames."""
     return {"id": request_id, "ok": True, **result}
 
 

@@ -167,8 +167,9 @@ class Daemon:
             self.loop.call_soon(self._drain_socket)
 
     def _send(self, identity: bytes, reply: dict[str, Any]) -> None:
+        blobs = reply.pop("_blobs", ())  # data frames after the header
         try:
-            self.socket.send_multipart([identity, protocol.pack(reply)], zmq.NOBLOCK)
+            self.socket.send_multipart([identity, protocol.pack(reply), *blobs], zmq.NOBLOCK)
         except zmq.ZMQError as exc:  # the client is gone, or reads no replies
             log.debug("dropped a reply to %s: %s", identity.hex()[:8], exc)
         if self.socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:

@@ -23,6 +23,8 @@ import time
 from concurrent.futures import Executor, Future
 from typing import Any, Callable
 
+import numpy as np
+
 from envd import __version__, protocol
 from envd.errors import (DaemonError, EnvdError, EnvStateError, LimitExceededError,
                          SessionExpiredError, ShuttingDownError, UnknownEnvError,
@@ -62,6 +64,7 @@ class Service:
         self.started = time.time()
         self.env_steps = 0
         self._pending_steps: dict[Session, tuple[bytes, int]] = {}
+        self._async_sessions: set[Session] = set()  # with batches in flight
         self._running_ops = 0        # makes and resets on the executor
         self._unclaimed: set[Session] = set()  # made, but the make's reply not sent yet
         self._reserved_sessions = 0  # makes in flight count against max_sessions
@@ -70,6 +73,7 @@ class Service:
         self._handlers = {"hello": self._hello, "heartbeat": self._heartbeat,
                           "list_envs": self._list_envs, "status": self._status,
                           "make": self._make, "reset": self._reset, "step": self._step,
+                          "send": self._send_batch, "recv": self._recv,
                           "close": self._close, "bye": self._bye}
 
     # ---- dispatch -------------------------------------------------------------------------
@@ -188,6 +192,9 @@ class Service:
                 f"making {num_envs} more envs would give this client {held + num_envs}, over "
                 f"the daemon's limit of {self.config.max_envs_per_client} envs per client "
                 "(--max-envs-per-client)")
+        batch_size = header.get("batch_size")
+        if batch_size is not None:
+            batch_size = check_int("batch_size", batch_size, 1, num_envs)
         mode = parse_autoreset_mode(header.get("autoreset_mode", "next_step"))
         max_steps = check_max_episode_steps(spec, header.get("max_episode_steps"))
         env_kwargs = header.get("env_kwargs", {})
@@ -204,6 +211,7 @@ class Service:
                     f"cannot allocate {num_envs} {spec.id} envs: {exc}; the host's shared "
                     "memory (/dev/shm; in a container see --shm-size) or memory is exhausted"
                 ) from None
+            session.batch_size = batch_size or num_envs
             self._unclaimed.add(session)  # set.add is atomic: shutdown frees it if need be
             return session
 
@@ -269,6 +277,34 @@ class Service:
         self._pending_steps[session] = (client.identity, header["id"])
         return None
 
+    def _send_batch(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> dict:
+        session = self._session(client, header)
+        if len(blobs) != 1 or not 8 <= len(blobs[0]) <= 8 * session.num_envs or len(blobs[0]) % 8:
+            raise protocol.BadRequest(
+                f"send: one data frame of 1 to {session.num_envs} env ids (int64) is needed")
+        session.submit(np.frombuffer(blobs[0], np.int64).copy())
+        if session.in_flight:
+            self._async_sessions.add(session)
+        return protocol.ok_reply(header["id"])
+
+    def _recv(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> dict | None:
+        session = self._session(client, header)
+        count = check_int("count", header["count"], 1, session.num_envs)
+        session.collect()
+        pending = session.num_ready + sum(len(b.ids) for b in session.in_flight)
+        if pending < count:
+            raise EnvStateError(f"recv of {count} envs, but only {pending} were sent and not "
+                                "reported yet; send more first")
+        if session.num_ready >= count:
+            return self._recv_reply(session, header["id"])
+        session.busy = True
+        session.recv_waiter = (client.identity, header["id"], count)
+        return None
+
+    def _recv_reply(self, session: Session, request_id: int) -> dict:
+        ids = session.take_ready()
+        return protocol.ok_reply(request_id, _blobs=[ids.tobytes()])
+
     def _close(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> dict:
         session_id = header["session"]
         session = client.sessions.get(session_id)
@@ -297,7 +333,29 @@ class Service:
                 reply = self._finish_step(session, request_id)
                 self._operation_ended(session)
                 self.send(identity, reply)
+        for session in list(self._async_sessions):
+            self._collect_batches(session)
         self._check_drained()
+
+    def _collect_batches(self, session: Session) -> None:
+        """Finished batches of an async session: answer its waiting recv when
+        enough envs are ready; free it when it was closed meanwhile."""
+        error = None
+        try:
+            session.collect()
+        except EnvdError as exc:  # an env failed: the waiting recv reports it
+            error = exc
+        if not session.in_flight:
+            self._async_sessions.discard(session)
+        waiter = session.recv_waiter
+        if waiter is not None and (error is not None or session.num_ready >= waiter[2]):
+            session.recv_waiter = None
+            reply = (protocol.error_reply(waiter[1], error) if error is not None
+                     else self._recv_reply(session, waiter[1]))
+            self._operation_ended(session)
+            self.send(waiter[0], reply)
+        elif session.closing and not session.busy and not session.in_flight:
+            session.free()
 
     def _finish_step(self, session: Session, request_id: int) -> dict:
         session.segment.bump_done_seq()  # failed or not, the buffers are free again
@@ -326,7 +384,7 @@ class Service:
 
     def _operation_ended(self, session: Session) -> None:
         session.busy = False
-        if session.closing:
+        if session.closing and not session.in_flight:
             session.free()
 
     # ---- sessions and leases ----------------------------------------------------------
@@ -336,8 +394,8 @@ class Service:
         owner = self.clients.get(session.owner)
         if owner is not None:
             owner.sessions.pop(session.id, None)
-        if session.busy:
-            session.closing = True
+        if session.busy or session.in_flight:
+            session.closing = True  # freed when its operation or last batch ends
         else:
             session.free()
 
@@ -376,16 +434,18 @@ class Service:
     @property
     def idle(self) -> bool:
         """No step, reset or make is running."""
-        return not self._pending_steps and self._running_ops == 0
+        return not self._pending_steps and self._running_ops == 0 and not self._async_sessions
 
     def free_all(self) -> None:
         """Free every session at shutdown, once the executor has stopped:
         freeing a vec waits for its step still in flight, if any."""
-        for session in [*self.sessions.values(), *self._unclaimed]:
+        for session in [*self.sessions.values(), *self._unclaimed, *self._async_sessions]:
             session.busy = False
-            self._drop(session)
+            self.sessions.pop(session.id, None)
+            session.free()  # waits for batches still in flight
         self._unclaimed.clear()
         self._pending_steps.clear()
+        self._async_sessions.clear()
 
     # ---- status -----------------------------------------------------------------------------
     def _limits(self) -> dict[str, int]:

@@ -17,8 +17,8 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from envd import protocol
-from envd.errors import InvalidActionError, InvalidArgumentError
-from envd.native.native_vec import NativePool, NativeVec
+from envd.errors import EnvdError, InvalidActionError, InvalidArgumentError
+from envd.native.native_vec import NativeBatch, NativePool, NativeVec
 from envd.native.registry import EnvSpec
 from envd.native.vector_env import AUTORESET_MODE_CODES
 from envd.shm import Segment, plan
@@ -37,9 +37,18 @@ class Session:
         self.num_envs = num_envs
         self.mode = mode
         self.max_episode_steps = max_episode_steps
-        self.busy = False      # an operation is running on the vec
+        self.busy = False      # a reset, step or recv is running (or waiting)
         self.closing = False   # free as soon as the running operation ends
         self.steps = 0
+        # Async mode: batches in flight (submit order), spare batches, the
+        # ids of finished envs not reported yet (in finishing order), and a
+        # recv waiting for enough of them: (identity, request id, count).
+        self.batch_size = num_envs
+        self.in_flight: list[NativeBatch] = []
+        self.spare_batches: list[NativeBatch] = []
+        self.ready: list[np.ndarray] = []
+        self.num_ready = 0
+        self.recv_waiter: tuple[bytes, int, int] | None = None
         layout = buffer_layout(spec.observation_space, spec.action_space, num_envs, mode)
         arrays, size = plan(layout)
         self.segment = Segment.create(segment_prefix + self.id, self.id, arrays, size)
@@ -62,6 +71,7 @@ class Session:
                 "observation_space": protocol.space_to_wire(self.spec.observation_space),
                 "action_space": protocol.space_to_wire(self.spec.action_space),
                 "max_episode_steps": self.max_episode_steps or None,
+                "batch_size": self.batch_size,
                 "autoreset_mode": autoreset_mode_name(self.mode)}
 
     def write_actions(self, description: dict[str, Any], blob: bytes) -> None:
@@ -79,14 +89,50 @@ class Session:
                 f"({actions.dtype} x {actions.shape}), got {len(blob)}")
         actions[...] = np.frombuffer(blob, actions.dtype).reshape(actions.shape)
 
+    def submit(self, env_ids: np.ndarray) -> None:
+        """Start stepping env_ids (async send); a batch run inline is ready at once."""
+        batch = self.spare_batches.pop() if self.spare_batches else NativeBatch(self.num_envs)
+        try:
+            self.native.batch_submit(batch, env_ids, notify=True)
+        except BaseException:
+            self.spare_batches.append(batch)
+            raise
+        self.in_flight.append(batch)
+        self.collect()
+
+    def collect(self) -> None:
+        """Move the envs of finished batches to the ready list (raises the
+        error of a batch whose env failed, after releasing it)."""
+        for batch in [b for b in self.in_flight if self.native.batch_done(b)]:
+            self.in_flight.remove(batch)
+            self.spare_batches.append(batch)
+            self.ready.append(batch.ids)
+            self.num_ready += len(batch.ids)
+            self.native.batch_finish(batch)
+
+    def take_ready(self) -> np.ndarray:
+        ids = np.concatenate(self.ready) if self.ready else np.empty(0, np.int64)
+        self.ready, self.num_ready = [], 0
+        return ids
+
     def check_reset_mask(self) -> None:
         if not self.buffers["reset_mask"].any():
             raise InvalidArgumentError("options['reset_mask'] must have at least one True value")
 
     def free(self) -> None:
-        """Destroy the envs and remove the segment.  Only when not busy."""
+        """Destroy the envs and remove the segment.  Only when not busy and no
+        batch is in flight (or at shutdown: then this waits for them)."""
         native = getattr(self, "native", None)
         if native is not None:
+            for batch in self.in_flight:
+                native.batch_wait(batch)
+                try:
+                    native.batch_finish(batch)
+                except EnvdError:
+                    pass  # an env failed: nobody is waiting for its result any more
+            for batch in self.in_flight + self.spare_batches:
+                batch.close()
+            self.in_flight, self.spare_batches = [], []
             native.destroy()
         self.native = None
         self.buffers = None

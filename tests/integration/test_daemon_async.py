@@ -1,0 +1,105 @@
+"""Async mode through the daemon (client.make(..., batch_size=B)): per-env
+trajectories equal to sync mode in-process, exactly once, misuse refused, and
+sessions with batches in flight closed and drained cleanly."""
+from __future__ import annotations
+
+import signal
+
+import numpy as np
+import pytest
+from async_helpers import async_trajectories, per_env_actions, sync_trajectories
+from conftest import BUILTIN_ENV_IDS
+from daemon_helpers import DaemonProcess, segments_of, wait_until
+
+import envd
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    with DaemonProcess(tmp_path_factory.mktemp("async") / "daemon", "--threads", "2",
+                       "--lease-timeout", "10") as daemon, daemon.connect() as client:
+        yield daemon, client
+    assert daemon.proc.returncode == 0, daemon.log()
+    assert segments_of(daemon.pid) == []
+
+
+@pytest.mark.parametrize("env_id", BUILTIN_ENV_IDS)
+@pytest.mark.parametrize("mode", ["next_step", "same_step"])
+def test_per_env_trajectories_equal_sync_mode(served, env_id, mode):
+    _, client = served
+    num_envs, steps = 10, 40
+    space = envd.native.get_spec(env_id).action_space
+    actions = per_env_actions(space, num_envs, steps, seed=7)
+    reference = sync_trajectories(env_id, num_envs, steps, actions, autoreset_mode=mode)
+    rng = np.random.default_rng(3)
+    for batch_size in (1, 4, 10):
+        runs, received = async_trajectories(
+            lambda **kw: client.make(env_id, num_envs, seed=11, **kw),
+            num_envs, steps, actions, batch_size, rng, autoreset_mode=mode)
+        for i in range(num_envs):
+            assert runs[i] == reference[i][:len(runs[i])], (env_id, mode, batch_size, i)
+        assert received.sum() > num_envs * steps // 2
+
+
+def test_exactly_once_with_many_sends_in_flight(served):
+    _, client = served
+    rng = np.random.default_rng(1)
+    with client.make("Acrobot-v1", 256, seed=0, batch_size=64) as env:  # pooled batches
+        env.async_reset()
+        held: set[int] = set()
+        outstanding = set(range(256))
+        for _ in range(40):
+            ids = env.recv()[4]["env_id"].tolist()
+            assert len(set(ids)) == 64 and set(ids) <= outstanding
+            outstanding -= set(ids)
+            held |= set(ids)
+            for part in np.array_split(rng.permutation(sorted(held)), 3):
+                env.send(np.zeros(len(part), np.int64), part)
+                outstanding |= set(part.tolist())
+            held.clear()
+
+
+def test_misuse_is_refused_and_the_env_stays_usable(served):
+    _, client = served
+    with client.make("CartPole-v1", 6, seed=0, batch_size=3) as env, \
+            envd.make("CartPole-v1", 6, seed=0, batch_size=3) as local:
+        for e in (env, local):
+            with pytest.raises(envd.EnvStateError, match="only 0 are in flight or ready"):
+                e.recv()
+            e.async_reset()
+            ids = e.recv()[4]["env_id"]
+            with pytest.raises(envd.EnvStateError, match="env 3 is ready"):
+                e.send(np.zeros(1, np.int64), [3])
+            with pytest.raises(envd.InvalidActionError, match="out of range"):
+                e.send(np.array([0, 7, 1]), ids)
+            e.send(np.zeros(3, np.int64), ids)
+            with pytest.raises(envd.EnvStateError, match="in flight"):
+                e.step(np.zeros(6, np.int64))
+        for _ in range(2):
+            r, l = env.recv(), local.recv()
+            assert r[4]["env_id"].tolist() == l[4]["env_id"].tolist()
+            assert r[0].tobytes() == l[0].tobytes()
+    # the daemon refuses raw misuse too: a recv of more than was sent
+    with client.make("CartPole-v1", 4, seed=0, batch_size=2) as env:
+        with pytest.raises(envd.EnvStateError, match="only 0 were sent"):
+            client._request({"type": "recv", "session": env.session, "count": 2})
+
+
+def test_close_and_drain_with_batches_in_flight(tmp_path):
+    with DaemonProcess(tmp_path / "d", "--threads", "1") as daemon:
+        client = daemon.connect()
+        env = client.make("Acrobot-v1", 1 << 18, seed=0, batch_size=1 << 17)
+        env.async_reset()
+        ids = env.recv()[4]["env_id"]
+        env.send(np.zeros(len(ids), np.int64), ids)  # a big batch, still running
+        env.close()
+        wait_until(lambda: segments_of(daemon.pid) == [], what="the closed session's segment")
+        env = client.make("Acrobot-v1", 1 << 18, seed=0, batch_size=1 << 17)
+        env.async_reset()
+        ids = env.recv()[4]["env_id"]
+        env.send(np.zeros(len(ids), np.int64), ids)
+        daemon.signal(signal.SIGTERM)
+        assert daemon.wait() == 0, daemon.log()
+        assert segments_of(daemon.pid) == []
+        client.timeout = 2.0
+        client.close()
