@@ -67,7 +67,8 @@ int envd_vec_create(envd_vec_t **out, const envd_env_def_t *def,
 void envd_vec_destroy(envd_vec_t *vec);
 
 /* Seed every env's RNG (seeds has num_envs entries) without resetting it:
- * the next reset draws from the new streams. */
+ * the next reset draws from the new streams.  Not while a step or a batch is
+ * in flight (their workers use the RNGs). */
 void envd_vec_seed(envd_vec_t *vec, const uint64_t *seeds);
 
 /* Reset the envs selected by mask (NULL: all).  seeds, if not NULL, has

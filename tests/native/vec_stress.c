@@ -13,6 +13,13 @@
  *   - the documented error paths, and that a rejected step changes nothing;
  *   - env callbacks that fail in init (the instances already initialised are
  *     closed), reset or step (ENVD_EENV naming the env);
+ *   - async batches: random batches (random subsets in random order, several
+ *     in flight, finished in random order, whole-vec steps in between) give
+ *     each env the outputs of a serial envd_vec_step run, for every pool,
+ *     chunk size and autoreset mode; the eventfd counts exactly the pooled
+ *     NOTIFY runs; every documented refusal of a batch submit starts nothing
+ *     (a twin vec that never saw it stays identical) and leaves its envs
+ *     free; a batch blocked in flight, and failing callbacks inside batches;
  *   - create/destroy in a loop (leaks show up under LeakSanitizer).
  */
 #define _GNU_SOURCE
@@ -202,32 +209,35 @@ static void action_bounds(const envd_space_t *as, int64_t k, double *lo, double 
     *hi = as->high && isfinite(as->high[k]) ? as->high[k] : 1.0;
 }
 
-/* Discrete: uniform over the n valid actions.  Box: uniform over the bounds
- * widened by a quarter of their span on each side (1.5x), so the envs'
- * clipping runs too. */
-static void fill_actions(harness_t *h)
+/* Env i's action from the generator state *s.  Discrete: uniform over the n
+ * valid actions.  Box: uniform over the bounds widened by a quarter of their
+ * span on each side (1.5x), so the envs' clipping runs too. */
+static void fill_env_action(harness_t *h, int64_t i, uint64_t *s)
 {
     const envd_space_t *as = &h->def->action_space;
     if (as->kind == ENVD_SPACE_DISCRETE) {
-        int64_t *a = (int64_t *)h->actions;
-        for (int64_t i = 0; i < h->n; i++)
-            a[i] = as->start + (int64_t)(rnd(&h->act_state) % (uint64_t)as->n);
+        ((int64_t *)h->actions)[i] = as->start + (int64_t)(rnd(s) % (uint64_t)as->n);
         return;
     }
     int64_t numel = envd_space_numel(as);
-    for (int64_t i = 0; i < h->n; i++) {
-        for (int64_t k = 0; k < numel; k++) {
-            double lo, hi;
-            action_bounds(as, k, &lo, &hi);
-            double v = lo - 0.25 * (hi - lo) + 1.5 * (hi - lo) * rnd_unit(&h->act_state);
-            if (as->dtype == ENVD_DTYPE_FLOAT32)
-                ((float *)h->actions)[i * numel + k] = (float)v;
-            else if (as->dtype == ENVD_DTYPE_FLOAT64)
-                ((double *)h->actions)[i * numel + k] = v;
-            else
-                CHECK(0, "%s: box actions of dtype %d are not generated", h->def->id, as->dtype);
-        }
+    for (int64_t k = 0; k < numel; k++) {
+        double lo, hi;
+        action_bounds(as, k, &lo, &hi);
+        double v = lo - 0.25 * (hi - lo) + 1.5 * (hi - lo) * rnd_unit(s);
+        if (as->dtype == ENVD_DTYPE_FLOAT32)
+            ((float *)h->actions)[i * numel + k] = (float)v;
+        else if (as->dtype == ENVD_DTYPE_FLOAT64)
+            ((double *)h->actions)[i * numel + k] = v;
+        else
+            CHECK(0, "%s: box actions of dtype %d are not generated", h->def->id, as->dtype);
     }
+}
+
+/* Every env's next action from the harness's generator. */
+static void fill_actions(harness_t *h)
+{
+    for (int64_t i = 0; i < h->n; i++)
+        fill_env_action(h, i, &h->act_state);
 }
 
 /* Hash of every output buffer plus num_done. */
@@ -1008,6 +1018,822 @@ static void test_in_flight(envd_pool_t *pool)
     pthread_join(releaser, NULL);
 }
 
+/* ---- async batches ---------------------------------------------------------------- */
+/* Short episodes, so that every env ends several inside the few steps a batch
+ * run takes and the autoreset paths run inside batches. */
+enum { BATCH_TIME_LIMIT = 8, MAX_BATCHES = 4 };
+
+static uint64_t mix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+/* Env i's t-th action (t from 0): a function of (i, t) and the harness seed
+ * only, so runs that group the env steps differently send the same actions. */
+static void env_action(harness_t *h, int64_t i, int64_t t)
+{
+    uint64_t s = mix64(h->act_state ^ mix64(((uint64_t)i << 32) ^ (uint64_t)t)) | 1;
+    fill_env_action(h, i, &s);
+}
+
+static bool env_done(const harness_t *h, int64_t i)
+{
+    return h->terms[i] || h->truncs[i];
+}
+
+/* Env i's outputs (final obs in SAME_STEP mode included) folded into d. */
+static uint64_t env_hash(const harness_t *h, uint64_t d, int64_t i)
+{
+    d = hash_bytes(d, h->obs + (size_t)i * h->obs_bytes, h->obs_bytes);
+    d = hash_bytes(d, &h->rewards[i], sizeof h->rewards[i]);
+    d = hash_bytes(d, &h->terms[i], sizeof h->terms[i]);
+    d = hash_bytes(d, &h->truncs[i], sizeof h->truncs[i]);
+    d = hash_bytes(d, &h->returns[i], sizeof h->returns[i]);
+    d = hash_bytes(d, &h->lengths[i], sizeof h->lengths[i]);
+    if (h->final_obs)
+        d = hash_bytes(d, h->final_obs + (size_t)i * h->obs_bytes, h->obs_bytes);
+    return d;
+}
+
+/* After env i stepped: the per-step invariants, then its outputs into its
+ * running hash. */
+static uint64_t env_record(const harness_t *h, uint64_t d, int64_t i)
+{
+    bool done = env_done(h, i);
+    CHECK(done == (h->lengths[i] > 0), "%s env %lld: done %d but episode length %lld",
+          h->def->id, (long long)i, done, (long long)h->lengths[i]);
+    CHECK(done || h->returns[i] == 0.0, "%s env %lld: return without an episode end",
+          h->def->id, (long long)i);
+    return env_hash(h, d, i);
+}
+
+/* Resets the envs in h->mask (DISABLED mode: done ones), folds their new
+ * observation into their hash and clears the mask. */
+static void reset_masked(harness_t *h, uint64_t *hashes)
+{
+    int rc = envd_vec_reset(h->vec, NULL, h->mask);
+    CHECK(rc == ENVD_OK, "%s: masked reset: %s", h->def->id, envd_strerror(rc));
+    for (int64_t i = 0; i < h->n; i++) {
+        if (h->mask[i])
+            hashes[i] = hash_bytes(hashes[i], h->obs + (size_t)i * h->obs_bytes, h->obs_bytes);
+        h->mask[i] = false;
+    }
+}
+
+/* The reference: a serial vec stepped `steps` times with envd_vec_step, env
+ * i's t-th step with env_action(i, t); want[i] hashes env i's reset and
+ * outputs after each step (and its masked resets in DISABLED mode). */
+static void batch_reference(const envd_env_def_t *def, int64_t n, int mode, int steps,
+                            uint64_t *want)
+{
+    harness_t h;
+    harness_init(&h, def, n, mode, BATCH_TIME_LIMIT, action_seed(n));
+    harness_create(&h, NULL, 0);
+    harness_reset(&h, SEED_BASE);
+    for (int64_t i = 0; i < n; i++)
+        want[i] = env_hash(&h, 0xcbf29ce484222325ull, i);
+    for (int t = 0; t < steps; t++) {
+        for (int64_t i = 0; i < n; i++)
+            env_action(&h, i, t);
+        step_ok(&h, "batch reference");
+        for (int64_t i = 0; i < n; i++) {
+            want[i] = env_record(&h, want[i], i);
+            h.mask[i] = mode == ENVD_AUTORESET_DISABLED && env_done(&h, i);
+        }
+        reset_masked(&h, want);
+    }
+    harness_free(&h);
+}
+
+/* A vec driven by random batches; h.mask marks DISABLED envs waiting for
+ * their reset (which needs every batch finished). */
+typedef struct async_run {
+    harness_t h;
+    envd_vec_batch_t *batch[MAX_BATCHES];
+    int64_t *ids[MAX_BATCHES]; /* the envs of each batch in flight */
+    int64_t count[MAX_BATCHES];
+    int64_t cap[MAX_BATCHES];
+    bool flying[MAX_BATCHES];
+    int64_t *steps; /* per env: steps finished */
+    bool *busy;     /* per env: in a batch in flight */
+    uint64_t *hashes;
+    bool forced;    /* threads and a forced chunk: every run is pooled */
+    int efd;
+    uint64_t expected, counted; /* pooled NOTIFY runs; eventfd counts read */
+    uint64_t r;
+    char what[160];
+} async_run_t;
+
+static void async_drain(async_run_t *a)
+{
+    if (a->efd >= 0)
+        a->counted += drain_eventfd(a->efd);
+}
+
+/* Submit ids (a scratch array: scribbled over afterwards, the batch keeps a
+ * copy) on batch slot, with each env's next action. */
+static void async_submit(async_run_t *a, int slot, int64_t *ids, int64_t count)
+{
+    for (int64_t k = 0; k < count; k++)
+        env_action(&a->h, ids[k], a->steps[ids[k]]);
+    int flags = rnd(&a->r) % 2 ? ENVD_JOB_NOTIFY : 0;
+    envd_vec_stats_t before, after;
+    envd_vec_get_stats(a->h.vec, &before);
+    int rc = envd_vec_batch_submit(a->h.vec, a->batch[slot], ids, count, flags);
+    CHECK(rc == ENVD_OK, "%s: submit of %lld envs: %s (env %lld)", a->what, (long long)count,
+          envd_strerror(rc), (long long)envd_vec_error_index(a->h.vec));
+    envd_vec_get_stats(a->h.vec, &after);
+    int64_t pooled = after.pooled_jobs - before.pooled_jobs;
+    CHECK(pooled + after.inline_jobs - before.inline_jobs == 1 && pooled >= 0,
+          "%s: a submit counted %lld pooled, %lld inline runs", a->what, (long long)pooled,
+          (long long)(after.inline_jobs - before.inline_jobs));
+    CHECK(!a->forced || pooled == 1, "%s: forced chunk, batch ran inline", a->what);
+    if (flags & ENVD_JOB_NOTIFY)
+        a->expected += (uint64_t)pooled;
+    CHECK(envd_vec_batch_size(a->batch[slot]) == count, "%s: batch size %lld, submitted %lld",
+          a->what, (long long)envd_vec_batch_size(a->batch[slot]), (long long)count);
+    memcpy(a->ids[slot], ids, (size_t)count * sizeof *ids);
+    a->count[slot] = count;
+    a->flying[slot] = true;
+    for (int64_t k = 0; k < count; k++)
+        a->busy[ids[k]] = true;
+    memset(ids, 0xff, (size_t)count * sizeof *ids);
+}
+
+/* Wait for batch slot (polling done, batch_wait, finish until not EBUSY, or
+ * the eventfd), finish it and record its envs. */
+static void async_finish(async_run_t *a, int slot)
+{
+    envd_vec_t *vec = a->h.vec;
+    envd_vec_batch_t *b = a->batch[slot];
+    const double deadline = now_s() + 30.0;
+    int rc = ENVD_EBUSY;
+    switch (rnd(&a->r) % 4) {
+    case 0:
+        while (!envd_vec_batch_done(b)) {
+            CHECK(now_s() < deadline, "%s: batch not done after 30 s", a->what);
+            sched_yield();
+        }
+        break;
+    case 1:
+        envd_vec_batch_wait(vec, b);
+        CHECK(envd_vec_batch_done(b), "%s: batch not done after wait", a->what);
+        break;
+    case 2:
+        rc = envd_vec_batch_finish(vec, b);
+        if (rc == ENVD_EBUSY) {
+            envd_vec_batch_wait(vec, b);
+            rc = envd_vec_batch_finish(vec, b);
+        }
+        break;
+    default:
+        while (!envd_vec_batch_done(b)) {
+            CHECK(now_s() < deadline, "%s: batch not done after 30 s", a->what);
+            if (a->efd >= 0) {
+                struct pollfd pfd = {.fd = a->efd, .events = POLLIN};
+                CHECK(poll(&pfd, 1, 1) >= 0, "poll: %s", strerror(errno));
+                async_drain(a);
+            } else {
+                sched_yield();
+            }
+        }
+        break;
+    }
+    if (rc == ENVD_EBUSY)
+        rc = envd_vec_batch_finish(vec, b);
+    CHECK(rc >= 0, "%s: finish: %s (env %lld)", a->what, envd_strerror(rc),
+          (long long)envd_vec_error_index(vec));
+    int64_t done = 0;
+    for (int64_t k = 0; k < a->count[slot]; k++) {
+        int64_t i = a->ids[slot][k];
+        a->hashes[i] = env_record(&a->h, a->hashes[i], i);
+        a->steps[i]++;
+        a->busy[i] = false;
+        done += env_done(&a->h, i);
+        a->h.mask[i] = a->h.cfg.autoreset_mode == ENVD_AUTORESET_DISABLED && env_done(&a->h, i);
+    }
+    CHECK(rc == done, "%s: finish returned %d, %lld of the batch's envs done", a->what, rc,
+          (long long)done);
+    CHECK(envd_vec_batch_finish(vec, b) == ENVD_ESTATE, "%s: second finish", a->what);
+    a->flying[slot] = false;
+}
+
+/* Every env one step, by envd_vec_step or the split API, between batches. */
+static void async_whole_step(async_run_t *a)
+{
+    envd_vec_t *vec = a->h.vec;
+    for (int64_t i = 0; i < a->h.n; i++)
+        env_action(&a->h, i, a->steps[i]);
+    int rc;
+    if (rnd(&a->r) % 2) {
+        rc = envd_vec_step(vec);
+    } else {
+        envd_vec_stats_t before, after;
+        envd_vec_get_stats(vec, &before);
+        CHECK(envd_vec_step_submit(vec) == ENVD_OK, "%s: step submit", a->what);
+        envd_vec_get_stats(vec, &after);
+        a->expected += (uint64_t)(after.pooled_jobs - before.pooled_jobs);
+        const double deadline = now_s() + 30.0;
+        while (!envd_vec_step_done(vec)) {
+            CHECK(now_s() < deadline, "%s: step not done after 30 s", a->what);
+            sched_yield();
+        }
+        rc = envd_vec_step_finish(vec);
+    }
+    CHECK(rc >= 0 && rc == envd_vec_num_done(vec), "%s: whole step between batches: %s",
+          a->what, rc < 0 ? envd_strerror(rc) : "num_done differs");
+    int64_t done = 0;
+    for (int64_t i = 0; i < a->h.n; i++) {
+        a->hashes[i] = env_record(&a->h, a->hashes[i], i);
+        a->steps[i]++;
+        done += env_done(&a->h, i);
+        a->h.mask[i] = a->h.cfg.autoreset_mode == ENVD_AUTORESET_DISABLED && env_done(&a->h, i);
+    }
+    CHECK(rc == done, "%s: step returned %d, %lld envs done", a->what, rc, (long long)done);
+}
+
+/* Random rounds: submit 1-3 batches on a random subset of the idle envs (in
+ * random order), then finish a random part of the batches in flight in random
+ * order; now and then a whole-vec step while nothing is in flight.  Envs that
+ * have taken `steps` steps are no longer sent.  Each env's hash must equal the
+ * reference's; the eventfd must count exactly the pooled NOTIFY runs. */
+static void async_run(const envd_env_def_t *def, int64_t n, int mode, envd_pool_t *pool,
+                      int64_t chunk, int steps, const uint64_t *want)
+{
+    async_run_t a;
+    memset(&a, 0, sizeof a);
+    const int threads = pool ? envd_pool_num_threads(pool) : 0;
+    snprintf(a.what, sizeof a.what, "batches %s n=%lld %s threads=%d chunk=%lld", def->id,
+             (long long)n, mode_name(mode), threads, (long long)chunk);
+    harness_init(&a.h, def, n, mode, BATCH_TIME_LIMIT, action_seed(n));
+    harness_create(&a.h, pool, chunk);
+    harness_reset(&a.h, SEED_BASE);
+    a.forced = threads > 0 && chunk > 0;
+    a.r = mix64((uint64_t)n * 1000003u + (uint64_t)mode * 101u + (uint64_t)threads * 13u +
+                (uint64_t)chunk * 3u + (pool != NULL)) | 1;
+    a.steps = xcalloc((size_t)n, sizeof *a.steps);
+    a.busy = xcalloc((size_t)n, sizeof *a.busy);
+    a.hashes = xcalloc((size_t)n, sizeof *a.hashes);
+    int64_t *cand = xcalloc((size_t)n, sizeof *cand);
+    for (int64_t i = 0; i < n; i++)
+        a.hashes[i] = env_hash(&a.h, 0xcbf29ce484222325ull, i);
+    for (int s = 0; s < MAX_BATCHES; s++) {
+        /* capacities from 1 (only single-env batches) to n */
+        a.cap[s] = s == 0 ? 1 : s == 1 ? (n + 1) / 2 : n;
+        int rc = envd_vec_batch_create(&a.batch[s], a.cap[s]);
+        CHECK(rc == ENVD_OK, "batch create: %s", envd_strerror(rc));
+        a.ids[s] = xcalloc((size_t)n, sizeof *a.ids[s]);
+    }
+    a.efd = pool ? envd_pool_eventfd(pool) : -1;
+    if (a.efd >= 0)
+        while (drain_eventfd(a.efd))
+            ; /* counts left by earlier tests on this pool */
+
+    for (;;) {
+        int64_t nc = 0;
+        for (int64_t i = 0; i < n; i++)
+            if (!a.busy[i] && !a.h.mask[i] && a.steps[i] < steps)
+                cand[nc++] = i;
+        int flying = 0;
+        for (int s = 0; s < MAX_BATCHES; s++)
+            flying += a.flying[s];
+        if (flying == 0) {
+            bool resets = false;
+            for (int64_t i = 0; i < n; i++)
+                resets |= a.h.mask[i];
+            if (resets) {
+                reset_masked(&a.h, a.hashes);
+                continue;
+            }
+            if (nc == 0)
+                break; /* every env took `steps` steps */
+            if (nc == n && rnd(&a.r) % 6 == 0) {
+                async_whole_step(&a);
+                continue;
+            }
+        }
+        if (nc > 0 && flying < MAX_BATCHES) {
+            for (int64_t k = nc - 1; k > 0; k--) {
+                int64_t j = (int64_t)(rnd(&a.r) % (uint64_t)(k + 1));
+                int64_t t = cand[k];
+                cand[k] = cand[j];
+                cand[j] = t;
+            }
+            int64_t m = 1 + (int64_t)(rnd(&a.r) % (uint64_t)nc), off = 0;
+            int parts = 1 + (int)(rnd(&a.r) % 3);
+            for (int s = 0; s < MAX_BATCHES && off < m && parts > 0; s++) {
+                if (a.flying[s])
+                    continue;
+                int64_t left = m - off;
+                int64_t size = parts == 1 ? left : 1 + (int64_t)(rnd(&a.r) % (uint64_t)left);
+                if (size > a.cap[s])
+                    size = a.cap[s];
+                async_submit(&a, s, cand + off, size);
+                off += size;
+                parts--;
+            }
+        }
+        int order[MAX_BATCHES], num = 0;
+        bool all = rnd(&a.r) % 4 == 0;
+        for (int s = 0; s < MAX_BATCHES; s++)
+            if (a.flying[s] && (all || rnd(&a.r) % 2))
+                order[num++] = s;
+        if (num == 0)
+            for (int s = (int)(rnd(&a.r) % MAX_BATCHES); num == 0; s = (s + 1) % MAX_BATCHES)
+                if (a.flying[s])
+                    order[num++] = s;
+        for (int k = num - 1; k > 0; k--) {
+            int j = (int)(rnd(&a.r) % (uint64_t)(k + 1));
+            int t = order[k];
+            order[k] = order[j];
+            order[j] = t;
+        }
+        for (int k = 0; k < num; k++)
+            async_finish(&a, order[k]);
+        async_drain(&a);
+    }
+
+    for (int64_t i = 0; i < n; i++) {
+        CHECK(a.steps[i] == steps, "%s: env %lld took %lld steps", a.what, (long long)i,
+              (long long)a.steps[i]);
+        CHECK(a.hashes[i] == want[i], "%s: env %lld differs from the envd_vec_step run",
+              a.what, (long long)i);
+    }
+    if (a.efd >= 0) {
+        /* completion is flagged before the eventfd write */
+        const double deadline = now_s() + 30.0;
+        while (a.counted < a.expected) {
+            struct pollfd pfd = {.fd = a.efd, .events = POLLIN};
+            CHECK(poll(&pfd, 1, 100) >= 0, "poll: %s", strerror(errno));
+            async_drain(&a);
+            CHECK(now_s() < deadline, "%s: eventfd total %llu of %llu", a.what,
+                  (unsigned long long)a.counted, (unsigned long long)a.expected);
+        }
+        CHECK(a.counted == a.expected, "%s: eventfd counted %llu, pooled NOTIFY runs %llu",
+              a.what, (unsigned long long)a.counted, (unsigned long long)a.expected);
+        CHECK(drain_eventfd(a.efd) == 0, "%s: eventfd has extra counts", a.what);
+    }
+    for (int s = 0; s < MAX_BATCHES; s++) {
+        envd_vec_batch_destroy(a.batch[s]);
+        free(a.ids[s]);
+    }
+    harness_free(&a.h);
+    free(a.steps);
+    free(a.busy);
+    free(a.hashes);
+    free(cand);
+}
+
+static void test_batches(envd_pool_t *const *pools, int num_pools, int steps)
+{
+    static const int64_t sizes[] = {1, 11};
+    uint64_t *want = xcalloc(11, sizeof *want);
+    for (int e = 0; e < envd_builtin_count(); e++) {
+        const envd_env_def_t *def = envd_builtin_get(e);
+        for (size_t si = 0; si < COUNT(sizes); si++) {
+            int64_t n = sizes[si];
+            for (int mode = 0; mode < 3; mode++) {
+                batch_reference(def, n, mode, steps, want);
+                async_run(def, n, mode, NULL, 0, steps, want);
+                for (int p = 0; p < num_pools; p++) {
+                    static const int64_t chunks[] = {0, 1, 3};
+                    int num_chunks = envd_pool_num_threads(pools[p]) > 0 ? (int)COUNT(chunks) : 1;
+                    for (int c = 0; c < num_chunks; c++)
+                        async_run(def, n, mode, pools[p], chunks[c], steps, want);
+                }
+            }
+        }
+    }
+    free(want);
+}
+
+/* ---- async batches: error paths, in flight, failing callbacks -------------------- */
+/* Hash of the outputs of the envs not marked in skip (NULL: none marked); a
+ * batch in flight may be writing the marked ones. */
+static uint64_t quiet_digest(const harness_t *h, const bool *skip)
+{
+    uint64_t d = 0xcbf29ce484222325ull;
+    for (int64_t i = 0; i < h->n; i++)
+        if (!skip || !skip[i])
+            d = env_hash(h, d, i);
+    return d;
+}
+
+/* A submit that must be refused with `want` and start nothing: no run
+ * counted, no output written, the batch not in flight (if it was idle);
+ * index >= 0: the env envd_vec_error_index must name. */
+static void expect_batch_rejected(harness_t *h, envd_vec_batch_t *b, bool batch_idle,
+                                  const int64_t *ids, int64_t count, int flags, int want,
+                                  int64_t index, const bool *skip, const char *what)
+{
+    uint64_t before = quiet_digest(h, skip);
+    envd_vec_stats_t s0, s1;
+    envd_vec_get_stats(h->vec, &s0);
+    int rc = envd_vec_batch_submit(h->vec, b, ids, count, flags);
+    CHECK(rc == want, "%s: got %s, want %s", what, envd_strerror(rc), envd_strerror(want));
+    if (index >= 0)
+        CHECK(envd_vec_error_index(h->vec) == index, "%s: error index %lld, want %lld", what,
+              (long long)envd_vec_error_index(h->vec), (long long)index);
+    envd_vec_get_stats(h->vec, &s1);
+    CHECK(s1.inline_jobs == s0.inline_jobs && s1.pooled_jobs == s0.pooled_jobs,
+          "%s: a rejected submit ran", what);
+    CHECK(quiet_digest(h, skip) == before, "%s: a rejected submit wrote outputs", what);
+    if (batch_idle)
+        CHECK(envd_vec_batch_finish(h->vec, b) == ENVD_ESTATE,
+              "%s: the rejected batch is in flight", what);
+}
+
+/* Waits for a submitted batch of ids and finishes it: the number of its envs
+ * done must come back. */
+static int batch_wait_finish(harness_t *h, envd_vec_batch_t *b, const int64_t *ids,
+                             int64_t count, const char *what)
+{
+    envd_vec_batch_wait(h->vec, b);
+    CHECK(envd_vec_batch_done(b), "%s: not done after wait", what);
+    int rc = envd_vec_batch_finish(h->vec, b);
+    CHECK(rc >= 0, "%s: finish: %s (env %lld)", what, envd_strerror(rc),
+          (long long)envd_vec_error_index(h->vec));
+    int64_t done = 0;
+    for (int64_t k = 0; k < count; k++)
+        done += env_done(h, ids[k]);
+    CHECK(rc == done, "%s: finish returned %d, %lld envs done", what, rc, (long long)done);
+    return rc;
+}
+
+static int batch_run(harness_t *h, envd_vec_batch_t *b, const int64_t *ids, int64_t count,
+                     int flags, const char *what)
+{
+    int rc = envd_vec_batch_submit(h->vec, b, ids, count, flags);
+    CHECK(rc == ENVD_OK, "%s: submit: %s (env %lld)", what, envd_strerror(rc),
+          (long long)envd_vec_error_index(h->vec));
+    return batch_wait_finish(h, b, ids, count, what);
+}
+
+/* A vec under test and its twin (serial, never sees a rejected call),
+ * stepped with the same per-env action sequences (t: steps taken). */
+typedef struct twin_pair {
+    harness_t h, twin;
+    envd_vec_batch_t *tb; /* the twin's batch, capacity n */
+    int64_t t[8];  /* n <= 8 */
+    bool all[8];   /* skip mask for quiet_digest: every env */
+} twin_pair_t;
+
+static void pair_actions(twin_pair_t *p, const int64_t *ids, int64_t count)
+{
+    for (int64_t k = 0; k < count; k++) {
+        env_action(&p->h, ids[k], p->t[ids[k]]);
+        env_action(&p->twin, ids[k], p->t[ids[k]]);
+    }
+}
+
+static void pair_same(twin_pair_t *p, const char *what)
+{
+    CHECK(digest(&p->h) == digest(&p->twin), "%s: the vec differs from its twin", what);
+}
+
+/* ids already stepped on h (finished): the same on the twin. */
+static void pair_twin_batch(twin_pair_t *p, const int64_t *ids, int64_t count, int rc,
+                            const char *what)
+{
+    CHECK(batch_run(&p->twin, p->tb, ids, count, 0, what) == rc, "%s: twin differs", what);
+    for (int64_t k = 0; k < count; k++)
+        p->t[ids[k]]++;
+}
+
+static void pair_batch(twin_pair_t *p, envd_vec_batch_t *b, const int64_t *ids, int64_t count,
+                       const char *what)
+{
+    pair_actions(p, ids, count);
+    int rc = batch_run(&p->h, b, ids, count, ENVD_JOB_NOTIFY, what);
+    pair_twin_batch(p, ids, count, rc, what);
+    pair_same(p, what);
+}
+
+static void pair_step(twin_pair_t *p, const char *what)
+{
+    static const int64_t every[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    pair_actions(p, every, p->h.n);
+    step_ok(&p->h, what);
+    step_ok(&p->twin, what);
+    for (int64_t i = 0; i < p->h.n; i++)
+        p->t[i]++;
+    pair_same(p, what);
+}
+
+/* DISABLED mode: reset the done envs of both (nothing in flight). */
+static void pair_settle(twin_pair_t *p)
+{
+    if (p->h.cfg.autoreset_mode != ENVD_AUTORESET_DISABLED)
+        return;
+    bool any = false;
+    for (int64_t i = 0; i < p->h.n; i++) {
+        p->h.mask[i] = p->twin.mask[i] = env_done(&p->h, i);
+        any |= p->h.mask[i];
+    }
+    if (!any)
+        return;
+    CHECK(envd_vec_reset(p->h.vec, NULL, p->h.mask) == ENVD_OK, "settle reset");
+    CHECK(envd_vec_reset(p->twin.vec, NULL, p->twin.mask) == ENVD_OK, "settle reset (twin)");
+    pair_same(p, "settle");
+}
+
+/* Whole-vec calls while a batch is in flight: EBUSY, nothing written. */
+static void expect_vec_busy(harness_t *h, const bool *skip, const char *what)
+{
+    uint64_t before = quiet_digest(h, skip);
+    envd_vec_stats_t s0, s1;
+    envd_vec_get_stats(h->vec, &s0);
+    bool mask[8] = {false};
+    for (int64_t i = 0; i < h->n; i++)
+        mask[i] = !skip[i];
+    CHECK(envd_vec_step(h->vec) == ENVD_EBUSY, "%s: step", what);
+    CHECK(envd_vec_step_submit(h->vec) == ENVD_EBUSY, "%s: step_submit", what);
+    CHECK(envd_vec_step_finish(h->vec) == ENVD_ESTATE, "%s: step_finish", what);
+    CHECK(envd_vec_reset(h->vec, NULL, NULL) == ENVD_EBUSY, "%s: reset", what);
+    CHECK(envd_vec_reset(h->vec, NULL, mask) == ENVD_EBUSY, "%s: masked reset", what);
+    envd_vec_get_stats(h->vec, &s1);
+    CHECK(s1.inline_jobs == s0.inline_jobs && s1.pooled_jobs == s0.pooled_jobs,
+          "%s: a refused call ran", what);
+    CHECK(quiet_digest(h, skip) == before, "%s: a refused call wrote outputs", what);
+}
+
+#define IDS(...) ((const int64_t[]){__VA_ARGS__}), (int64_t)COUNT(((const int64_t[]){__VA_ARGS__}))
+
+/* Every documented refusal of envd_vec_batch_submit, with nothing in flight,
+ * with a batch in flight and with a whole-vec step pending; after each the
+ * vec continues exactly like a twin that never saw the refused call, and the
+ * refused envs can be sent. */
+static void test_batch_errors(envd_pool_t *pool, int64_t chunk, int mode)
+{
+    test_env_setup();
+    enum { N = 8, CAP = 5 };
+    const int64_t n = N;
+    twin_pair_t pair, *p = &pair;
+    memset(p, 0, sizeof *p);
+    for (int i = 0; i < N; i++)
+        p->all[i] = true;
+    harness_init(&p->h, &test_env, n, mode, 0, 12);
+    harness_init(&p->twin, &test_env, n, mode, 0, 12);
+    harness_create(&p->h, pool, chunk);
+    g_test.init_calls = 0; /* the test env's instance numbers restart for the twin */
+    harness_create(&p->twin, NULL, 0);
+    harness_t *h = &p->h;
+    envd_vec_batch_t *b0, *b1;
+    CHECK(envd_vec_batch_create(&b0, CAP) == ENVD_OK && envd_vec_batch_create(&b1, CAP) ==
+              ENVD_OK && envd_vec_batch_create(&p->tb, n) == ENVD_OK, "batch create");
+
+    /* capacity outside [1, ENVD_VEC_MAX_ENVS] */
+    const int64_t bad_caps[] = {0, -1, INT64_MIN, ENVD_VEC_MAX_ENVS + 1, INT64_MAX};
+    for (size_t i = 0; i < COUNT(bad_caps); i++) {
+        envd_vec_batch_t *bad = (envd_vec_batch_t *)(void *)&not_null_target;
+        CHECK(envd_vec_batch_create(&bad, bad_caps[i]) == ENVD_EINVAL && bad == NULL,
+              "batch capacity %lld accepted", (long long)bad_caps[i]);
+    }
+    envd_vec_batch_t *big = NULL;
+    CHECK(envd_vec_batch_create(&big, ENVD_VEC_MAX_ENVS) == ENVD_OK && big,
+          "batch of ENVD_VEC_MAX_ENVS");
+    envd_vec_batch_destroy(big);
+    envd_vec_batch_destroy(NULL);
+
+    /* envs never reset: ESTATE naming the env */
+    CHECK(envd_vec_batch_finish(h->vec, b0) == ENVD_ESTATE, "finish without a submit");
+    expect_batch_rejected(h, b0, true, IDS(3), 0, ENVD_ESTATE, 3, NULL, "batch before reset");
+    const bool first[N] = {true, true, true, true, true, false, true, true};
+    CHECK(envd_vec_reset(h->vec, NULL, first) == ENVD_OK, "masked first reset");
+    CHECK(envd_vec_reset(p->twin.vec, NULL, first) == ENVD_OK, "masked first reset (twin)");
+    expect_batch_rejected(h, b0, true, IDS(1, 5, 2), ENVD_JOB_NOTIFY, ENVD_ESTATE, 5, NULL,
+                          "batch with env 5 never reset");
+    pair_batch(p, b0, IDS(2, 1), "the envs of a refused batch");
+    harness_reset(h, 21);
+    harness_reset(&p->twin, 21);
+    pair_same(p, "reset");
+
+    /* bad ids, counts and flags, nothing in flight */
+    const struct {
+        int64_t ids[CAP + 1];
+        int64_t count;
+        int flags, want;
+        const char *what;
+    } cases[] = {
+        {{3, N}, 2, 0, ENVD_EINVAL, "id num_envs"},
+        {{-1}, 1, 0, ENVD_EINVAL, "id -1"},
+        {{INT64_MIN}, 1, ENVD_JOB_NOTIFY, ENVD_EINVAL, "id INT64_MIN"},
+        {{0, INT64_MAX}, 2, 0, ENVD_EINVAL, "id INT64_MAX"},
+        {{2, 2}, 2, 0, ENVD_EBUSY, "id twice"},
+        {{4, 1, 4}, 3, ENVD_JOB_NOTIFY, ENVD_EBUSY, "id twice, apart"},
+        {{0}, 0, 0, ENVD_EINVAL, "count 0"},
+        {{0}, -1, 0, ENVD_EINVAL, "count -1"},
+        {{0, 1, 2, 3, 4, 5}, CAP + 1, 0, ENVD_EINVAL, "count above capacity"},
+        {{0}, 1, 2, ENVD_EINVAL, "flags 2"},
+        {{0}, 1, -1, ENVD_EINVAL, "flags -1"},
+        {{0}, 1, ENVD_JOB_NOTIFY | 4, ENVD_EINVAL, "flags NOTIFY | 4"},
+    };
+    for (size_t c = 0; c < COUNT(cases); c++)
+        expect_batch_rejected(h, b0, true, cases[c].ids, cases[c].count, cases[c].flags,
+                              cases[c].want, -1, NULL, cases[c].what);
+    /* discrete actions out of range (test env: start -1, n 3) */
+    const int64_t bad_actions[] = {-2, 2, INT64_MIN, INT64_MAX};
+    int64_t *act = (int64_t *)h->actions;
+    for (size_t k = 0; k < COUNT(bad_actions); k++) {
+        int64_t good = act[6];
+        act[6] = bad_actions[k];
+        expect_batch_rejected(h, b0, true, IDS(0, 6), 0, ENVD_ERANGE, 6, NULL, "bad action");
+        act[6] = good;
+    }
+    pair_batch(p, b0, IDS(2, 4, 0, 6), "the envs of refused batches");
+    pair_batch(p, b1, IDS(1, 3, 5, 7), "the other envs");
+    pair_settle(p);
+
+    /* a batch in flight (maybe still running: its envs are not looked at) */
+    bool flying[N] = {false};
+    pair_actions(p, IDS(0, 1, 2));
+    CHECK(envd_vec_batch_submit(h->vec, b0, IDS(0, 1, 2), ENVD_JOB_NOTIFY) == ENVD_OK,
+          "submit");
+    flying[0] = flying[1] = flying[2] = true;
+    expect_batch_rejected(h, b1, true, IDS(3, 1), 0, ENVD_EBUSY, -1, flying,
+                          "env in a batch in flight");
+    expect_batch_rejected(h, b1, true, IDS(3, 3), 0, ENVD_EBUSY, -1, flying, "id twice");
+    expect_batch_rejected(h, b0, false, IDS(4), 0, ENVD_EBUSY, -1, flying, "batch in flight");
+    expect_batch_rejected(h, b0, false, IDS(0), ENVD_JOB_NOTIFY, ENVD_EBUSY, -1, flying,
+                          "batch in flight, its own env");
+    expect_batch_rejected(h, b1, true, IDS(4, N), 0, ENVD_EINVAL, -1, flying, "id num_envs");
+    expect_batch_rejected(h, b1, true, IDS(4), 8, ENVD_EINVAL, -1, flying, "flags 8");
+    act[4] = 2;
+    expect_batch_rejected(h, b1, true, IDS(3, 4), 0, ENVD_ERANGE, 4, flying, "bad action");
+    expect_vec_busy(h, flying, "batch in flight");
+    CHECK(envd_vec_batch_finish(p->twin.vec, b0) == ENVD_ESTATE, "finish on another vec");
+    pair_actions(p, IDS(4, 3));
+    CHECK(envd_vec_batch_submit(h->vec, b1, IDS(4, 3), 0) == ENVD_OK,
+          "the envs of refused batches, next to a batch in flight");
+    int rc1 = batch_wait_finish(h, b1, IDS(4, 3), "second batch");
+    int rc0 = batch_wait_finish(h, b0, IDS(0, 1, 2), "first batch");
+    pair_twin_batch(p, IDS(0, 1, 2), rc0, "first batch");
+    pair_twin_batch(p, IDS(4, 3), rc1, "second batch");
+    pair_same(p, "after the refusals in flight");
+    pair_settle(p);
+
+    /* a whole-vec step pending */
+    pair_actions(p, IDS(0, 1, 2, 3, 4, 5, 6, 7));
+    CHECK(envd_vec_step_submit(h->vec) == ENVD_OK, "step submit");
+    expect_batch_rejected(h, b0, true, IDS(0), 0, ENVD_EBUSY, -1, p->all, "whole step pending");
+    const double deadline = now_s() + 30.0;
+    while (!envd_vec_step_done(h->vec)) {
+        CHECK(now_s() < deadline, "step not done after 30 s");
+        sched_yield();
+    }
+    int rc = envd_vec_step_finish(h->vec);
+    CHECK(rc >= 0 && rc == envd_vec_step(p->twin.vec), "split step vs twin");
+    for (int i = 0; i < N; i++)
+        p->t[i]++;
+    pair_same(p, "whole step after a refused batch");
+    pair_settle(p);
+
+    /* batches and whole-vec steps interleaved */
+    for (int round = 0; round < 3; round++) {
+        pair_batch(p, b0, IDS(5, 6, 7), "batch before a step");
+        pair_batch(p, b1, IDS(0), "batch before a step");
+        pair_settle(p);
+        pair_step(p, "step between batches");
+        pair_settle(p);
+        pair_batch(p, b1, IDS(1, 2, 3, 4), "batch after a step");
+        pair_settle(p);
+    }
+
+    /* DISABLED: an env done and not reset is refused until a masked reset */
+    if (mode == ENVD_AUTORESET_DISABLED) {
+        int64_t d = -1;
+        for (int s = 0; s < 10 && d < 0; s++) {
+            pair_step(p, "step to an episode end");
+            for (int64_t i = 0; i < n && d < 0; i++)
+                if (env_done(h, i))
+                    d = i;
+        }
+        CHECK(d >= 0, "no episode ended in 10 steps");
+        int64_t other = -1;
+        for (int64_t i = 0; i < n && other < 0; i++)
+            if (!env_done(h, i))
+                other = i;
+        CHECK(other >= 0, "every env done");
+        const int64_t ids[2] = {other, d};
+        expect_batch_rejected(h, b0, true, ids, 2, 0, ENVD_ESTATE, d, NULL,
+                              "DISABLED batch with a done env");
+        pair_settle(p);
+        pair_batch(p, b0, ids, 2, "the done env after its reset");
+    }
+
+    envd_vec_batch_destroy(b0);
+    envd_vec_batch_destroy(b1);
+    envd_vec_batch_destroy(p->tb);
+    harness_free(&p->h);
+    harness_free(&p->twin);
+    CHECK(g_test.close_calls == 2 * n && g_test.bad_closes == 0, "closes %d, bad %d",
+          g_test.close_calls, g_test.bad_closes);
+}
+
+/* A batch blocked in an env step: not done, finish says EBUSY and keeps its
+ * envs; whole-vec calls are refused; a second batch on other envs can be sent
+ * meanwhile; once released both complete. */
+static void test_batch_in_flight(envd_pool_t *pool)
+{
+    test_env_setup();
+    envd_env_def_t gated = test_env;
+    gated.step = gate_step;
+    harness_t h;
+    harness_init(&h, &gated, 4, ENVD_AUTORESET_NEXT_STEP, 0, 7);
+    harness_create(&h, pool, 2); /* one chunk per batch: a worker runs it */
+    harness_reset(&h, 1);
+    envd_vec_batch_t *b0, *b1;
+    CHECK(envd_vec_batch_create(&b0, 2) == ENVD_OK && envd_vec_batch_create(&b1, 4) == ENVD_OK,
+          "batch create");
+    atomic_store(&g_gate_started, 0);
+    atomic_store(&g_gate_release, 0);
+    fill_actions(&h);
+    CHECK(envd_vec_batch_submit(h.vec, b0, IDS(0, 1), ENVD_JOB_NOTIFY) == ENVD_OK, "submit");
+    const double deadline = now_s() + 30.0;
+    while (!atomic_load(&g_gate_started))
+        CHECK(now_s() < deadline, "gated batch never started");
+    CHECK(!envd_vec_batch_done(b0), "batch done while blocked");
+    CHECK(envd_vec_batch_finish(h.vec, b0) == ENVD_EBUSY, "finish of a batch in flight");
+    CHECK(!envd_vec_batch_done(b0), "batch done while blocked");
+    const bool flying[4] = {true, true, false, false};
+    /* the EBUSY finish did not release the envs or the batch */
+    expect_batch_rejected(&h, b1, true, IDS(2, 1), 0, ENVD_EBUSY, -1, flying,
+                          "env of a batch not finished");
+    expect_batch_rejected(&h, b0, false, IDS(2), 0, ENVD_EBUSY, -1, flying,
+                          "batch not finished");
+    expect_vec_busy(&h, flying, "batch blocked");
+    CHECK(envd_vec_batch_submit(h.vec, b1, IDS(3, 2), 0) == ENVD_OK, "second batch");
+    atomic_store(&g_gate_release, 1);
+    batch_wait_finish(&h, b1, IDS(3, 2), "second batch");
+    while (!envd_vec_batch_done(b0)) {
+        CHECK(now_s() < deadline, "released batch not done");
+        sched_yield();
+    }
+    batch_wait_finish(&h, b0, IDS(0, 1), "released batch");
+    for (int i = 0; i < 4; i++)
+        CHECK(h.rewards[i] == (float)(((int64_t *)h.actions)[i] + 0.5), "reward of env %d", i);
+    step_ok(&h, "step after the batches");
+    envd_vec_batch_destroy(b0);
+    envd_vec_batch_destroy(b1);
+    harness_free(&h);
+}
+
+/* A failing env callback inside a batch, next to another batch in flight:
+ * finish returns ENVD_EENV naming the env, and the envs are released. */
+static void test_batch_callback_failure(envd_pool_t *pool, int64_t chunk)
+{
+    const int64_t n = 16;
+    envd_vec_batch_t *b0, *b1;
+    CHECK(envd_vec_batch_create(&b0, 4) == ENVD_OK && envd_vec_batch_create(&b1, 4) == ENVD_OK,
+          "batch create");
+    for (int entry = 0; entry < 2; entry++) {
+        /* entry 0: a failing step; entry 1: a failing SAME_STEP autoreset */
+        test_env_setup();
+        harness_t h;
+        harness_init(&h, &test_env, n, entry ? ENVD_AUTORESET_SAME_STEP : ENVD_AUTORESET_NEXT_STEP,
+                     0, 6);
+        harness_create(&h, pool, chunk);
+        harness_reset(&h, 9);
+        int64_t bad = entry ? 6 : 11;
+        if (entry)
+            g_test.fail_reset_id = 6; /* instance 6's episodes last 4 steps */
+        else {
+            g_test.fail_step_id = 11; /* instance 11: fails at its episode's step 2 */
+            g_test.fail_step_at = 2;
+        }
+        const int steps_to_fail = entry ? 4 : 2;
+        int rc = ENVD_OK;
+        for (int s = 1; s <= steps_to_fail; s++) {
+            fill_actions(&h);
+            CHECK(envd_vec_batch_submit(h.vec, b0, IDS(3, bad, 7), ENVD_JOB_NOTIFY) == ENVD_OK,
+                  "submit %d", s);
+            CHECK(envd_vec_batch_submit(h.vec, b1, IDS(4, 5), 0) == ENVD_OK, "submit %d", s);
+            batch_wait_finish(&h, b1, IDS(4, 5), "batch next to the failing one");
+            envd_vec_batch_wait(h.vec, b0);
+            rc = envd_vec_batch_finish(h.vec, b0);
+            if (s < steps_to_fail)
+                CHECK(rc >= 0, "step %d before the failing one: %s", s, envd_strerror(rc));
+        }
+        CHECK(rc == ENVD_EENV && envd_vec_error_index(h.vec) == bad,
+              "failing batch (%s): %s, index %lld", entry ? "reset" : "step",
+              envd_strerror(rc), (long long)envd_vec_error_index(h.vec));
+        CHECK(envd_vec_batch_finish(h.vec, b0) == ENVD_ESTATE, "finish after the failure");
+        g_test.fail_reset_id = g_test.fail_step_id = -1;
+        fill_actions(&h);
+        batch_run(&h, b0, IDS(bad, 7, 3), 0, "the envs of the failed batch");
+        fill_actions(&h);
+        step_ok(&h, "step after the failed batch");
+        harness_free(&h);
+        CHECK(g_test.close_calls == n && g_test.bad_closes == 0, "closes %d, bad %d",
+              g_test.close_calls, g_test.bad_closes);
+    }
+    envd_vec_batch_destroy(b0);
+    envd_vec_batch_destroy(b1);
+}
+
 /* create / reset / step / destroy over many shapes; LeakSanitizer checks that
  * nothing is left, including after failed creates. */
 static void test_create_destroy(envd_pool_t *const *pools, int num_pools, int iters)
@@ -1069,12 +1895,22 @@ int main(int argc, char **argv)
         test_callback_failure(pool, 3);
         if (envd_pool_num_threads(pool) > 0)
             test_in_flight(pool);
+        for (int mode = 0; mode < 3; mode++)
+            test_batch_errors(pool, (mode + p) % 4, mode);
+        test_batch_callback_failure(pool, 0);
+        test_batch_callback_failure(pool, 2);
+        if (envd_pool_num_threads(pool) > 0)
+            test_batch_in_flight(pool);
     }
     test_create_errors(NULL);
     test_callback_failure(NULL, 0);
+    for (int mode = 0; mode < 3; mode++)
+        test_batch_errors(NULL, 0, mode);
+    test_batch_callback_failure(NULL, 0);
     test_create_destroy(pools, num_pools, scaled(600, 20));
     test_split(pools, num_pools, scaled(200, 20));
     test_determinism(pools, num_pools, scaled(300, 40));
+    test_batches(pools, num_pools, scaled(60, 16));
 
     for (int p = 0; p < num_pools; p++)
         envd_pool_destroy(pools[p]);
