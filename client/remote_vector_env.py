@@ -64,8 +64,8 @@ class RemoteVecEnv(BatchedVecEnv):
             return []
         self._check_async_state()
         try:
-            reply = self._call({"type": "recv", "session": self.session,
-                                "count": self.batch_size - self._num_ready})
+            count = max(1, min(self.batch_size - self._num_ready, self._num_in_flight))
+            reply = self._call({"type": "recv", "session": self.session, "count": count})
         except EnvdTimeoutError:
             self._async_lost = True  # the late reply's ids would be lost to us
             raise
