@@ -267,8 +267,9 @@ class Client:
                   "autoreset_mode": autoreset_mode_name(mode),
                   "seed": _wire("seed", seed),
                   "max_episode_steps": _wire("max_episode_steps", max_episode_steps),
-                  "env_kwargs": _wire("env_kwargs", env_kwargs),
-                  "batch_size": _wire("batch_size", batch_size)}
+                  "env_kwargs": _wire("env_kwargs", env_kwargs)}
+        if batch_size is not None:  # absent unless asked: a daemon without async mode still makes
+            header["batch_size"] = _wire("batch_size", batch_size)
         reply = self._request(header)
         try:
             env = RemoteVecEnv(self, reply, num_envs, mode, copy, episode_statistics)

@@ -37,7 +37,7 @@ class RemoteVecEnv(BatchedVecEnv):
         super().__init__(reply["env_id"], protocol.space_from_wire(reply["observation_space"]),
                          protocol.space_from_wire(reply["action_space"]), num_envs, mode,
                          reply["max_episode_steps"], copy, episode_statistics,
-                         reply["batch_size"])
+                         reply.get("batch_size"))
         self._client = client
         self._segment = segment
         self._bind_buffers(segment.arrays)
@@ -55,7 +55,11 @@ class RemoteVecEnv(BatchedVecEnv):
 
     def _submit_batch(self, env_ids: np.ndarray) -> None:
         self._check_async_state()
-        self._call({"type": "send", "session": self.session}, [env_ids.tobytes()])
+        try:
+            self._call({"type": "send", "session": self.session}, [env_ids.tobytes()])
+        except EnvdTimeoutError:
+            self._async_lost = True  # the daemon may step them anyway: we cannot tell
+            raise
 
     def _collect_batches(self, wait: bool) -> list[np.ndarray]:
         # The daemon knows what finished; asking costs a round trip, so only
@@ -74,8 +78,8 @@ class RemoteVecEnv(BatchedVecEnv):
     def _check_async_state(self) -> None:
         if self._async_lost:
             raise EnvStateError(
-                f"a recv on this {self.env_id} env timed out, so which envs finished is "
-                "unknown; close it and make a new env")
+                f"a send or recv on this {self.env_id} env timed out, so which envs are in "
+                "flight is unknown; close it and make a new env")
 
     def _call(self, header: dict[str, Any], blobs: list[bytes] = ()) -> dict[str, Any]:
         try:

@@ -340,6 +340,7 @@ class BatchedVecEnv(VectorEnv):
             self._submit_batch(ids)
             self._env_state[ids] = self._IN_FLIGHT
             self._num_in_flight += len(ids)
+            self._take_finished(wait=False)  # notice early finishers: ready order
         finally:
             self._lock.release()
 
@@ -384,7 +385,7 @@ class BatchedVecEnv(VectorEnv):
         return ids
 
     def recv(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-        """The first batch_size envs to finish: (obs, rewards, terminations,
+        """The first batch_size envs found finished: (obs, rewards, terminations,
         truncations, info) with info["env_id"] (int32) naming them.  Blocks until
         that many are ready; raises at once if fewer are in flight or ready.
         The arrays stay valid until the second recv after this one (two buffers
@@ -392,6 +393,7 @@ class BatchedVecEnv(VectorEnv):
         is stepped; copy=True returns copies."""
         self._acquire()
         try:
+            self._check_buffers_free()
             batch = self.batch_size
             if self._num_ready + self._num_in_flight < batch:
                 raise EnvStateError(

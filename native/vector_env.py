@@ -119,7 +119,10 @@ class VecEnv(BatchedVecEnv):
         return self._native.step()
 
     def _submit_batch(self, env_ids: np.ndarray) -> None:
-        batch = self._free_batches.pop() if self._free_batches else NativeBatch(self.num_envs)
+        fits = [b for b in self._free_batches if b.capacity >= len(env_ids)]
+        batch = fits[0] if fits else NativeBatch(len(env_ids))
+        if fits:
+            self._free_batches.remove(batch)
         try:
             self._native.batch_submit(batch, env_ids)
         except BaseException:

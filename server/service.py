@@ -244,6 +244,7 @@ class Service:
 
     def _reset(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> None:
         session = self._session(client, header)
+        self._check_no_async(session, "reset")
         with_seeds, with_mask = header.get("seeds", False), header.get("mask", False)
         if with_mask:
             session.check_reset_mask()
@@ -263,6 +264,7 @@ class Service:
 
     def _step(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> dict | None:
         session = self._session(client, header)
+        self._check_no_async(session, "step")
         if "actions" in header:
             if not blobs:
                 raise protocol.BadRequest("step: 'actions' is given but no data frame follows")
@@ -277,12 +279,20 @@ class Service:
         self._pending_steps[session] = (client.identity, header["id"])
         return None
 
+    @staticmethod
+    def _check_no_async(session: Session, call: str) -> None:
+        if session.in_flight or session.num_ready:
+            raise EnvStateError(f"{call} while envs sent with send are in flight or not "
+                                "received yet; recv them first")
+
     def _send_batch(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> dict:
         session = self._session(client, header)
         if len(blobs) != 1 or not 8 <= len(blobs[0]) <= 8 * session.num_envs or len(blobs[0]) % 8:
             raise protocol.BadRequest(
                 f"send: one data frame of 1 to {session.num_envs} env ids (int64) is needed")
+        steps_before = session.num_ready
         session.submit(np.frombuffer(blobs[0], np.int64).copy())
+        self.env_steps += session.num_ready - steps_before
         if session.in_flight:
             self._async_sessions.add(session)
         return protocol.ok_reply(header["id"])
@@ -290,7 +300,7 @@ class Service:
     def _recv(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> dict | None:
         session = self._session(client, header)
         count = check_int("count", header["count"], 1, session.num_envs)
-        session.collect()
+        self.env_steps += session.collect()
         pending = session.num_ready + sum(len(b.ids) for b in session.in_flight)
         if pending < count:
             raise EnvStateError(f"recv of {count} envs, but only {pending} were sent and not "
@@ -342,7 +352,7 @@ class Service:
         enough envs are ready; free it when it was closed meanwhile."""
         error = None
         try:
-            session.collect()
+            self.env_steps += session.collect()
         except EnvdError as exc:  # an env failed: the waiting recv reports it
             error = exc
         if not session.in_flight:

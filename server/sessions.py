@@ -91,7 +91,10 @@ class Session:
 
     def submit(self, env_ids: np.ndarray) -> None:
         """Start stepping env_ids (async send); a batch run inline is ready at once."""
-        batch = self.spare_batches.pop() if self.spare_batches else NativeBatch(self.num_envs)
+        fits = [b for b in self.spare_batches if b.capacity >= len(env_ids)]
+        batch = fits[0] if fits else NativeBatch(len(env_ids))
+        if fits:
+            self.spare_batches.remove(batch)
         try:
             self.native.batch_submit(batch, env_ids, notify=True)
         except BaseException:
@@ -100,15 +103,24 @@ class Session:
         self.in_flight.append(batch)
         self.collect()
 
-    def collect(self) -> None:
-        """Move the envs of finished batches to the ready list (raises the
-        error of a batch whose env failed, after releasing it)."""
-        for batch in [b for b in self.in_flight if self.native.batch_done(b)]:
-            self.in_flight.remove(batch)
+    def collect(self) -> int:
+        """Move the envs of finished batches to the ready list; how many.  The
+        error of a batch whose env failed is raised once every finished batch
+        is collected."""
+        finished = [b for b in self.in_flight if self.native.batch_done(b)]
+        self.in_flight = [b for b in self.in_flight if b not in finished]
+        error = None
+        for batch in finished:
             self.spare_batches.append(batch)
             self.ready.append(batch.ids)
             self.num_ready += len(batch.ids)
-            self.native.batch_finish(batch)
+            try:
+                self.native.batch_finish(batch)
+            except EnvdError as exc:
+                error = error or exc
+        if error is not None:
+            raise error
+        return sum(len(b.ids) for b in finished)
 
     def take_ready(self) -> np.ndarray:
         ids = np.concatenate(self.ready) if self.ready else np.empty(0, np.int64)

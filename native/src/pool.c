@@ -2,8 +2,9 @@
  * pool.c -- a persistent pthread pool that runs jobs split into chunks.
  *
  * Shape (see pool.h for the API):
- *   - A pool owns num_threads workers, a FIFO queue of jobs that still have
- *     unclaimed chunks, a 32-bit generation word that every submit bumps (the
+ *   - A pool owns num_threads workers, a queue (in submit order) of jobs that
+ *     still have unclaimed chunks, served least-claimed first (see
+ *     pool_take_job), a 32-bit generation word that every submit bumps (the
  *     futex the idle workers sleep on) and an eventfd for NOTIFY jobs.
  *   - Threads claim chunks with atomic_fetch_add on job->next; any thread may
  *     run any chunk, including the thread blocked in envd_pool_wait().
@@ -203,8 +204,11 @@ static int job_exhausted(const envd_job_t *job)
 }
 
 /* Claim and run chunks until none is left, then drop the caller's reference
- * (J4: every chunk claimed here has finished by then). */
-static void job_run_chunks(envd_pool_t *pool, envd_job_t *job)
+ * (J4: every chunk claimed here has finished by then).  A worker (leave_on_submit)
+ * also stops after a chunk when a job was submitted since it took this one
+ * (gen moved past `taken`), and goes back to pool_take_job: so a small job
+ * submitted behind a large one waits for a chunk, not for the whole job. */
+static void job_run_chunks(envd_pool_t *pool, envd_job_t *job, int leave_on_submit, uint32_t taken)
 {
     const int64_t n = job->n, chunk = job->chunk;
     for (;;) {
@@ -215,19 +219,33 @@ static void job_run_chunks(envd_pool_t *pool, envd_job_t *job)
             break;
         }
         job->fn(job->ctx, begin, begin + chunk < n ? begin + chunk : n);
+        /* Leave only while chunks remain unclaimed: then whoever claims the
+         * last one goes on to the claim past n that unlinks the job (J3). */
+        if (leave_on_submit && atomic_load_explicit(&pool->gen, memory_order_relaxed) != taken &&
+            atomic_load_explicit(&job->next, memory_order_relaxed) < n)
+            break; /* the job stays linked (J1) and takeable (next < n) */
     }
     job_unref(pool, job);
 }
 
 /* ---- workers ----------------------------------------------------------------- */
 
-/* J2: the first queued job with unclaimed chunks, with a reference taken. */
+/* J2: the queued job with unclaimed chunks that has been served least (fewest
+ * items claimed; the oldest among equals), with a reference taken.  Jobs
+ * therefore share the workers chunk by chunk, and a session's small step is
+ * not starved by another's large one. */
 static envd_job_t *pool_take_job(envd_pool_t *pool)
 {
     pthread_mutex_lock(&pool->lock);
-    envd_job_t *job = pool->head;
-    while (job && job_exhausted(job))
-        job = job->queue_next;
+    envd_job_t *job = NULL;
+    int64_t least = INT64_MAX;
+    for (envd_job_t *j = pool->head; j; j = j->queue_next) {
+        int64_t claimed = atomic_load_explicit(&j->next, memory_order_relaxed);
+        if (claimed < j->n && claimed < least) {
+            job = j;
+            least = claimed;
+        }
+    }
     if (job)
         atomic_fetch_add_explicit(&job->refs, 1, memory_order_relaxed);
     pthread_mutex_unlock(&pool->lock);
@@ -263,7 +281,7 @@ static void *worker_main(void *arg)
         uint32_t seen = atomic_load(&pool->gen);
         envd_job_t *job = pool_take_job(pool);
         if (job) {
-            job_run_chunks(pool, job);
+            job_run_chunks(pool, job, 1, seen);
             continue; /* W3 */
         }
         if (atomic_load(&pool->shutdown))
@@ -470,7 +488,7 @@ void envd_pool_wait(envd_pool_t *pool, envd_job_t *job)
     if (!pool || !job || !job->fn)
         return;
     if (job_try_ref(job))
-        job_run_chunks(pool, job);
+        job_run_chunks(pool, job, 0, 0);
     job_wait_done(job);
 }
 

@@ -8,9 +8,10 @@
  * Jobs are caller-owned structs (no allocation per job).  A submitted job
  * must stay alive and untouched until it is complete (envd_job_done() returns
  * true, or envd_pool_wait() returned).  Several jobs may be in flight at once
- * (e.g. steps of different daemon sessions); workers serve them in submit
- * order and move to the next job as soon as every chunk of the current one is
- * claimed, so jobs overlap.
+ * (e.g. steps of different daemon sessions); they share the workers chunk by
+ * chunk: a worker always takes the job served least so far (fewest items
+ * claimed), and after each chunk moves on if a job was submitted meanwhile,
+ * so a small job never waits for the whole of a large one.
  *
  * Completion is visible three ways: envd_job_done() (a poll),
  * envd_pool_wait() (blocks; the calling thread helps run the job's chunks),

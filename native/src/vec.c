@@ -265,10 +265,10 @@ static void update_cost(envd_vec_t *vec, double ns, int64_t items)
 }
 
 /* Chunk size for a pooled call over n envs, or 0 to run inline.  An
- * unmeasured vec runs its first step inline to measure it -- except a step
- * submitted for an event loop (NOTIFY), whose thread must never run an
- * unknown amount of env work: that one goes to the pool in balanced chunks. */
-static int64_t choose_chunk(const envd_vec_t *vec, int64_t n, int job_flags)
+ * unmeasured vec runs its first step inline to measure it -- except when the
+ * caller must not run an unknown amount of env work (off_caller: a step for an
+ * event loop, an async batch): that one goes to the pool in balanced chunks. */
+static int64_t choose_chunk(const envd_vec_t *vec, int64_t n, bool off_caller)
 {
     int threads = vec->pool ? envd_pool_num_threads(vec->pool) : 0;
     if (threads == 0)
@@ -276,7 +276,7 @@ static int64_t choose_chunk(const envd_vec_t *vec, int64_t n, int job_flags)
     if (vec->forced_chunk > 0)
         return vec->forced_chunk;
     double cost = vec->stats.cost_ns_per_env;
-    bool unmeasured_notify = cost == 0.0 && (job_flags & ENVD_JOB_NOTIFY);
+    bool unmeasured_notify = cost == 0.0 && off_caller;
     if (!unmeasured_notify && (cost == 0.0 || cost * (double)n < INLINE_BELOW_NS))
         return 0; /* unmeasured yet, or too cheap to pay for a wake-up */
     int64_t by_cost = unmeasured_notify ? 1 : (int64_t)(MIN_CHUNK_NS / cost) + 1;
@@ -353,7 +353,7 @@ static int validate_step(envd_vec_t *vec)
  * pending until run_finish. */
 static int run_start(envd_vec_t *vec, run_t *run, int64_t n, int job_flags)
 {
-    int64_t chunk = choose_chunk(vec, n, job_flags);
+    int64_t chunk = choose_chunk(vec, n, (job_flags & ENVD_JOB_NOTIFY) || run->ids != NULL);
     if (chunk == 0) {
         vec->stats.inline_jobs++;
         double t0 = now_ns();
@@ -542,7 +542,7 @@ int envd_vec_reset(envd_vec_t *vec, const uint64_t *seeds, const bool *mask)
     clear_results(&vec->whole);
     vec->reset_seeds = seeds;
     vec->reset_mask = mask;
-    int64_t chunk = choose_chunk(vec, vec->config.num_envs, 0);
+    int64_t chunk = choose_chunk(vec, vec->config.num_envs, false);
     int rc = ENVD_OK;
     if (chunk == 0)
         reset_range(&vec->whole, 0, vec->config.num_envs);

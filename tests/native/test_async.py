@@ -136,9 +136,9 @@ def test_misuse_is_refused_and_the_env_stays_usable():
         with pytest.raises(envd.InvalidActionError, match="out of range"):
             env.send(np.array([0, 7, 1]), ids)
         env.send(np.zeros(3, np.int64), ids)  # nothing above moved anything
-        with pytest.raises(envd.EnvStateError, match="in flight"):
+        with pytest.raises(envd.EnvStateError, match="is in flight|is ready"):
             env.send(np.zeros(1, np.int64), ids[:1])
-        with pytest.raises(envd.EnvStateError, match="in flight"):
+        with pytest.raises(envd.EnvStateError, match="in flight|wait for recv"):
             env.step(np.zeros(6, np.int64))
         assert len(env.recv()[4]["env_id"]) == 3
         assert len(env.recv()[4]["env_id"]) == 3
