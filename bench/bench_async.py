@@ -55,13 +55,17 @@ def async_rate(env, actions: np.ndarray, learn_per_env: float, seconds: float) -
     """EnvPool-style loop: recv B, send them straight back, learn on them."""
     env.async_reset()
     batch = len(actions)
+    outstanding_batches = 2  # N = 2 B: every env is ready or in flight
     steps, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
         info = env.recv()[4]
         env.send(actions, info["env_id"])
         busy(learn_per_env * batch)
         steps += batch
-    return steps / (time.perf_counter() - start)
+    rate = steps / (time.perf_counter() - start)
+    for _ in range(outstanding_batches):  # receive what is in flight: EnvPool's
+        env.recv()                       # async_reset crashes with sends pending
+    return rate
 
 
 def env_step_time(env, actions: np.ndarray) -> float:
