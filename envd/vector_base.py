@@ -139,6 +139,7 @@ class BatchedVecEnv(VectorEnv):
         self._ready: collections.deque[np.ndarray] = collections.deque()
         self._num_ready = self._num_in_flight = 0
         self._recv_count = 0
+        self._batch_error: Exception | None = None  # an env failed in a finished send
 
     def _bind_buffers(self, buffers: dict[str, np.ndarray]) -> None:
         self._buffers = buffers
@@ -410,11 +411,19 @@ class BatchedVecEnv(VectorEnv):
             self._lock.release()
 
     def _take_finished(self, wait: bool) -> None:
-        for ids in self._collect_batches(wait):
+        finished = self._collect_batches(wait)
+        if wait and not finished and self._batch_error is None:
+            # cannot happen unless the bookkeeping is broken: never spin on it
+            raise EnvStateError(f"{self.env_id}: {self._num_in_flight} envs counted in flight "
+                                "but no send is running; close the env")
+        for ids in finished:
             self._env_state[ids] = self._READY
             self._ready.append(ids)
             self._num_ready += len(ids)
             self._num_in_flight -= len(ids)
+        error, self._batch_error = self._batch_error, None
+        if error is not None:  # the envs are ready; their failed results are in the rows
+            raise error
 
     def _pop_ready(self, count: int) -> np.ndarray:
         parts = []

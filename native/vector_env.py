@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-from envd.errors import InvalidArgumentError
+from envd.errors import EnvdError, InvalidArgumentError
 from envd.native._envd_native import lib
 from envd.native.native_vec import MAX_NUM_ENVS, MAX_THREADS, NativeBatch, NativePool, NativeVec
 from envd.native.registry import EnvSpec, get_spec
@@ -135,16 +135,24 @@ class VecEnv(BatchedVecEnv):
         if wait and in_flight and not any(self._native.batch_done(b) for b in in_flight):
             self._native.batch_wait(in_flight[0])  # the oldest: its chunks are served first
         finished = [b for b in in_flight if self._native.batch_done(b)]
+        error = None
         for batch in finished:
             in_flight.remove(batch)
             self._free_batches.append(batch)
-            self._native.batch_finish(batch)  # raises if an env failed
+            try:
+                self._native.batch_finish(batch)
+            except EnvdError as exc:  # an env callback failed: report it once all
+                error = error or exc  # finished envs are accounted for
+        self._batch_error = self._batch_error or error
         return [batch.ids for batch in finished]
 
     def _release(self) -> None:
         for batch in self._batches_in_flight:  # their chunks use the vec's memory
             self._native.batch_wait(batch)
-            self._native.batch_finish(batch)
+            try:
+                self._native.batch_finish(batch)
+            except EnvdError:
+                pass  # an env failed; nobody waits for the result any more
         for batch in self._batches_in_flight + self._free_batches:
             batch.close()
         self._batches_in_flight, self._free_batches = [], []
