@@ -42,7 +42,6 @@ class RemoteVecEnv(BatchedVecEnv):
         self._segment = segment
         self._bind_buffers(segment.arrays)
         self._step_header = {"type": "step", "session": self.session}
-        self._maybe_running = False  # a call timed out and its reply has not come
         self._async_lost = False     # a recv timed out: async bookkeeping is lost
 
     # ---- BatchedVecEnv hooks --------------------------------------------------------
@@ -95,13 +94,12 @@ class RemoteVecEnv(BatchedVecEnv):
         self._maybe_running = False
 
     def _check_buffers_free(self) -> None:
+        self._client._read_late_replies()
         if self._maybe_running:
-            self._client._read_late_replies()
-            if self._maybe_running:
-                raise EnvStateError(
-                    f"a call on this {self.env_id} env timed out and the daemon has not "
-                    "answered it yet: it may still use the env's buffers; retry later (or "
-                    "make a new env)")
+            raise EnvStateError(
+                f"a call on this {self.env_id} env timed out and the daemon has not "
+                "answered it yet: it may still use the env's buffers; retry later (or "
+                "make a new env)")
 
     def _release(self) -> None:
         client = self._client

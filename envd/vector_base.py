@@ -140,6 +140,7 @@ class BatchedVecEnv(VectorEnv):
         self._num_ready = self._num_in_flight = 0
         self._recv_count = 0
         self._batch_error: Exception | None = None  # an env failed in a finished send
+        self._maybe_running = False  # a call timed out: the buffers may be in use
 
     def _bind_buffers(self, buffers: dict[str, np.ndarray]) -> None:
         self._buffers = buffers
@@ -174,7 +175,8 @@ class BatchedVecEnv(VectorEnv):
 
     def _check_buffers_free(self) -> None:
         """Raise before a call writes its inputs if the buffers may still be in
-        use (a daemon-served env whose last call timed out)."""
+        use; called only while _maybe_running (a daemon-served env whose last
+        call timed out) so the step path pays one attribute test."""
 
     # ---- helpers -----------------------------------------------------------------------
     def _convert_actions(self, actions: Any, buf: np.ndarray | None = None,
@@ -217,27 +219,32 @@ class BatchedVecEnv(VectorEnv):
             self._lock.release()
             raise EnvStateError(f"this {self.env_id} VecEnv is closed")
 
+    _EPISODE_STATS = ("episode_returns", "episode_lengths", "episode_times")
+
     def _done_info(self) -> dict[str, Any]:
-        """The info of a step in which some episode ended: gymnasium's
-        RecordEpisodeStatistics shape, info["episode"]["r"|"l"|"t"] with the mask
-        info["_episode"] (the vec fills these), and for SAME_STEP
-        info["final_obs"] (an object array) and info["final_info"].  Like the
-        other results, the arrays are views valid until the next step (copies
-        with copy=True); final_obs holds copies."""
+        """The info of a step in which some episode ended (see _episode_info).
+        Like the other results, its arrays are views valid until the next step
+        (copies with copy=True)."""
         dones = self._dones.copy() if self._copy else self._dones
+        stats = tuple(self._buffers[name] for name in self._EPISODE_STATS)
+        if self._copy and self._episode_statistics:
+            stats = tuple(a.copy() for a in stats)
+        return self._episode_info(dones, self._final_obs, stats)
+
+    def _episode_info(self, dones: np.ndarray, final_rows: np.ndarray | None,
+                      stats: tuple[np.ndarray, ...]) -> dict[str, Any]:
+        """gymnasium's RecordEpisodeStatistics shape, info["episode"]["r"|"l"|"t"]
+        (stats) with the mask info["_episode"] (dones), and for SAME_STEP
+        info["final_obs"] (an object array of copies of final_rows) and
+        info["final_info"]."""
         info: dict[str, Any] = {}
-        if self._final_obs is not None:
-            final = np.full(self.num_envs, None, dtype=object)
-            done_index = np.flatnonzero(dones)
-            for i, obs in zip(done_index, self._final_obs[done_index]):
-                final[i] = obs
+        if final_rows is not None:
+            final = np.full(len(dones), None, dtype=object)
+            for k in np.flatnonzero(dones):
+                final[k] = final_rows[k].copy()
             info["final_obs"], info["_final_obs"] = final, dones
             info["final_info"], info["_final_info"] = {}, dones
         if self._episode_statistics:
-            names = ("episode_returns", "episode_lengths", "episode_times")
-            stats = tuple(self._buffers[name] for name in names)
-            if self._copy:
-                stats = tuple(a.copy() for a in stats)
             info["episode"] = dict(zip("rlt", stats))
             info["_episode"] = dones
         return info
@@ -266,7 +273,8 @@ class BatchedVecEnv(VectorEnv):
         seeds = seed_list(seed, self.num_envs) if seed is not None else None
         self._acquire()
         try:
-            self._check_buffers_free()
+            if self._maybe_running:
+                self._check_buffers_free()
             if seeds is not None:
                 self._buffers["reset_seeds"][...] = seeds
             if mask is not None:
@@ -284,7 +292,8 @@ class BatchedVecEnv(VectorEnv):
         try:
             if self._num_in_flight or self._num_ready:
                 self._check_no_async("step")
-            self._check_buffers_free()
+            if self._maybe_running:
+                self._check_buffers_free()
             if (actions.__class__ is np.ndarray and actions.dtype == self._action_dtype
                     and actions.shape == self._action_shape):
                 self._actions[...] = actions
@@ -315,7 +324,8 @@ class BatchedVecEnv(VectorEnv):
         try:
             while self._num_in_flight:
                 self._take_finished(wait=True)
-            self._check_buffers_free()
+            if self._maybe_running:
+                self._check_buffers_free()
             if seeds is not None:
                 self._buffers["reset_seeds"][...] = seeds
             self._run_reset(seeds is not None, False)
@@ -336,7 +346,8 @@ class BatchedVecEnv(VectorEnv):
             ids = self._check_env_ids(env_ids)
             rows = np.empty((len(ids), *self._action_shape[1:]), self._action_dtype)
             self._convert_actions(actions, rows, f"{len(ids)} env ids")
-            self._check_buffers_free()
+            if self._maybe_running:
+                self._check_buffers_free()
             self._actions[ids] = rows
             self._submit_batch(ids)
             self._env_state[ids] = self._IN_FLIGHT
@@ -394,7 +405,8 @@ class BatchedVecEnv(VectorEnv):
         is stepped; copy=True returns copies."""
         self._acquire()
         try:
-            self._check_buffers_free()
+            if self._maybe_running:
+                self._check_buffers_free()
             batch = self.batch_size
             if self._num_ready + self._num_in_flight < batch:
                 raise EnvStateError(
@@ -442,42 +454,29 @@ class BatchedVecEnv(VectorEnv):
         """Copy the envs' results into the next of two batch buffers."""
         slots = self._recv_slots()[self._recv_count % 2]
         self._recv_count += 1
-        names = ["observations", "rewards", "terminations", "truncations", "dones",
-                 "episode_returns", "episode_lengths", "episode_times"]
-        if self._final_obs is not None:
-            names.append("final_observations")
-        for name in names:
-            np.take(self._buffers[name], ids, axis=0, out=slots[name])
+        for name in slots:
+            if name != "env_id":
+                np.take(self._buffers[name], ids, axis=0, out=slots[name])
         slots["env_id"][...] = ids
         out = {name: slots[name].copy() if self._copy else slots[name] for name in slots}
         info: dict[str, Any] = {"env_id": out["env_id"]}
-        dones = out["dones"]
-        if dones.any():
-            if self._final_obs is not None:
-                final = np.full(len(ids), None, dtype=object)
-                for k in np.flatnonzero(dones):
-                    final[k] = out["final_observations"][k].copy()
-                info["final_obs"], info["_final_obs"] = final, dones
-                info["final_info"], info["_final_info"] = {}, dones
-            if self._episode_statistics:
-                info["episode"] = {"r": out["episode_returns"], "l": out["episode_lengths"],
-                                   "t": out["episode_times"]}
-                info["_episode"] = dones
+        if out["dones"].any():
+            info.update(self._episode_info(out["dones"], out.get("final_observations"),
+                                           tuple(out[name] for name in self._EPISODE_STATS)))
         return (out["observations"], out["rewards"], out["terminations"], out["truncations"],
                 info)
 
     def _recv_slots(self) -> list[dict[str, np.ndarray]]:
+        """Two sets of batch_size-row buffers recv alternates between."""
         slots = getattr(self, "_slots", None)
-        if slots is None or len(slots[0]["env_id"]) != self.batch_size:
-            def batch_of(name: str) -> np.ndarray:
-                buf = self._buffers[name]
-                return np.empty((self.batch_size, *buf.shape[1:]), buf.dtype)
+        if slots is None:
             names = ["observations", "rewards", "terminations", "truncations", "dones",
-                     "episode_returns", "episode_lengths", "episode_times"]
+                     *self._EPISODE_STATS]
             if self._final_obs is not None:
                 names.append("final_observations")
             slots = self._slots = [
-                {**{name: batch_of(name) for name in names},
+                {**{name: np.empty((self.batch_size, *self._buffers[name].shape[1:]),
+                                   self._buffers[name].dtype) for name in names},
                  "env_id": np.empty(self.batch_size, np.int32)} for _ in range(2)]
         return slots
 

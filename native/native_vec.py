@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 from gymnasium import spaces
 
-from envd.errors import EnvStateError, InvalidActionError, InvalidArgumentError, NativeError
+from envd.errors import (EnvdError, EnvStateError, InvalidActionError, InvalidArgumentError,
+                         NativeError)
 from envd.native._envd_native import ffi, lib
 from envd.native.registry import EnvSpec
 
@@ -208,3 +209,67 @@ class NativeBatch:
         if self.handle != ffi.NULL:
             lib.envd_vec_batch_destroy(self.handle)
             self.handle = ffi.NULL
+
+
+class AsyncBatches:
+    """The async batches of one NativeVec: those in flight (in submit order)
+    and spares kept for reuse.  Used the same way by the in-process VecEnv and
+    by the daemon's sessions; one caller thread at a time."""
+
+    def __init__(self, vec: NativeVec):
+        self.vec = vec
+        self.in_flight: list[NativeBatch] = []
+        self._spares: list[NativeBatch] = []
+
+    def __bool__(self) -> bool:
+        return bool(self.in_flight)
+
+    def num_envs(self) -> int:
+        """Envs in the batches in flight."""
+        return sum(len(batch.ids) for batch in self.in_flight)
+
+    def submit(self, env_ids: np.ndarray, notify: bool = False) -> None:
+        """Start stepping env_ids (their actions are in the actions buffer)."""
+        fits = [b for b in self._spares if b.capacity >= len(env_ids)]
+        batch = fits[0] if fits else NativeBatch(len(env_ids))
+        if fits:
+            self._spares.remove(batch)
+        try:
+            self.vec.batch_submit(batch, env_ids, notify)
+        except BaseException:
+            self._spares.append(batch)
+            raise
+        self.in_flight.append(batch)
+
+    def wait_oldest(self) -> None:
+        """Block until some batch is done (the oldest's chunks are served first)."""
+        if self.in_flight and not any(self.vec.batch_done(b) for b in self.in_flight):
+            self.vec.batch_wait(self.in_flight[0])
+
+    def collect(self) -> tuple[list[np.ndarray], EnvdError | None]:
+        """End the finished batches: their env ids (submit order) and the first
+        error of an env that failed in one (every finished batch is ended first,
+        so no env is lost to the error)."""
+        finished = [b for b in self.in_flight if self.vec.batch_done(b)]
+        self.in_flight = [b for b in self.in_flight if b not in finished]
+        error = None
+        for batch in finished:
+            self._spares.append(batch)
+            try:
+                self.vec.batch_finish(batch)
+            except EnvdError as exc:
+                error = error or exc
+        return [batch.ids for batch in finished], error
+
+    def close(self) -> None:
+        """Wait for the batches in flight (their chunks use the vec's memory),
+        drop their results, free every batch.  Before the vec is destroyed."""
+        for batch in self.in_flight:
+            self.vec.batch_wait(batch)
+            try:
+                self.vec.batch_finish(batch)
+            except EnvdError:
+                pass  # an env failed; nobody waits for the result any more
+        for batch in self.in_flight + self._spares:
+            batch.close()
+        self.in_flight, self._spares = [], []

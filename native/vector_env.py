@@ -15,9 +15,10 @@ from typing import Any, Sequence
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-from envd.errors import EnvdError, InvalidArgumentError
+from envd.errors import InvalidArgumentError
 from envd.native._envd_native import lib
-from envd.native.native_vec import MAX_NUM_ENVS, MAX_THREADS, NativeBatch, NativePool, NativeVec
+from envd.native.native_vec import (MAX_NUM_ENVS, MAX_THREADS, AsyncBatches, NativePool,
+                                   NativeVec)
 from envd.native.registry import EnvSpec, get_spec
 from envd.vector_base import (BatchedVecEnv, buffer_layout, check_int, is_int,
                               parse_autoreset_mode, seed_list)
@@ -62,9 +63,7 @@ class VecEnv(BatchedVecEnv):
                  max_episode_steps: int | None, copy: bool, episode_statistics: bool,
                  pin_cpus: Sequence[int] | None, env_kwargs: dict[str, Any],
                  batch_size: int | None = None):
-        self._native = self._pool = None
-        self._batches_in_flight: list[NativeBatch] = []  # in submit order
-        self._free_batches: list[NativeBatch] = []
+        self._native = self._pool = self._batches = None
         num_envs = check_int("num_envs", num_envs, 1, MAX_NUM_ENVS)
         if batch_size is not None:
             batch_size = check_int("batch_size", batch_size, 1, num_envs)
@@ -90,6 +89,7 @@ class VecEnv(BatchedVecEnv):
             self._native = NativeVec(spec, num_envs, autoreset_mode=AUTORESET_MODE_CODES[mode],
                                      max_episode_steps=max_episode_steps, params=params,
                                      buffers=self._buffers, pool=self._pool)
+            self._batches = AsyncBatches(self._native)
         except BaseException:
             self.close()
             raise
@@ -119,43 +119,19 @@ class VecEnv(BatchedVecEnv):
         return self._native.step()
 
     def _submit_batch(self, env_ids: np.ndarray) -> None:
-        fits = [b for b in self._free_batches if b.capacity >= len(env_ids)]
-        batch = fits[0] if fits else NativeBatch(len(env_ids))
-        if fits:
-            self._free_batches.remove(batch)
-        try:
-            self._native.batch_submit(batch, env_ids)
-        except BaseException:
-            self._free_batches.append(batch)
-            raise
-        self._batches_in_flight.append(batch)
+        self._batches.submit(env_ids)
 
     def _collect_batches(self, wait: bool) -> list[np.ndarray]:
-        in_flight = self._batches_in_flight
-        if wait and in_flight and not any(self._native.batch_done(b) for b in in_flight):
-            self._native.batch_wait(in_flight[0])  # the oldest: its chunks are served first
-        finished = [b for b in in_flight if self._native.batch_done(b)]
-        error = None
-        for batch in finished:
-            in_flight.remove(batch)
-            self._free_batches.append(batch)
-            try:
-                self._native.batch_finish(batch)
-            except EnvdError as exc:  # an env callback failed: report it once all
-                error = error or exc  # finished envs are accounted for
-        self._batch_error = self._batch_error or error
-        return [batch.ids for batch in finished]
+        if wait:
+            self._batches.wait_oldest()
+        finished, error = self._batches.collect()
+        self._batch_error = self._batch_error or error  # raised once the ids are counted
+        return finished
 
     def _release(self) -> None:
-        for batch in self._batches_in_flight:  # their chunks use the vec's memory
-            self._native.batch_wait(batch)
-            try:
-                self._native.batch_finish(batch)
-            except EnvdError:
-                pass  # an env failed; nobody waits for the result any more
-        for batch in self._batches_in_flight + self._free_batches:
-            batch.close()
-        self._batches_in_flight, self._free_batches = [], []
+        if self._batches is not None:
+            self._batches.close()
+            self._batches = None
         if self._native is not None:
             self._native.destroy()
             self._native = None

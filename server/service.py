@@ -281,7 +281,7 @@ class Service:
 
     @staticmethod
     def _check_no_async(session: Session, call: str) -> None:
-        if session.in_flight or session.num_ready:
+        if session.batches or session.num_ready:
             raise EnvStateError(f"{call} while envs sent with send are in flight or not "
                                 "received yet; recv them first")
 
@@ -293,7 +293,7 @@ class Service:
         steps_before = session.num_ready
         session.submit(np.frombuffer(blobs[0], np.int64).copy())
         self.env_steps += session.num_ready - steps_before
-        if session.in_flight:
+        if session.batches:
             self._async_sessions.add(session)
         return protocol.ok_reply(header["id"])
 
@@ -301,7 +301,7 @@ class Service:
         session = self._session(client, header)
         count = check_int("count", header["count"], 1, session.num_envs)
         self.env_steps += session.collect()
-        pending = session.num_ready + sum(len(b.ids) for b in session.in_flight)
+        pending = session.num_ready + session.batches.num_envs()
         if pending < count:
             raise EnvStateError(f"recv of {count} envs, but only {pending} were sent and not "
                                 "reported yet; send more first")
@@ -355,7 +355,7 @@ class Service:
             self.env_steps += session.collect()
         except EnvdError as exc:  # an env failed: the waiting recv reports it
             error = exc
-        if not session.in_flight:
+        if not session.batches:
             self._async_sessions.discard(session)
         waiter = session.recv_waiter
         if waiter is not None and (error is not None or session.num_ready >= waiter[2]):
@@ -364,7 +364,7 @@ class Service:
                      else self._recv_reply(session, waiter[1]))
             self._operation_ended(session)
             self.send(waiter[0], reply)
-        elif session.closing and not session.busy and not session.in_flight:
+        elif session.closing and not session.busy and not session.batches:
             session.free()
 
     def _finish_step(self, session: Session, request_id: int) -> dict:
@@ -394,7 +394,7 @@ class Service:
 
     def _operation_ended(self, session: Session) -> None:
         session.busy = False
-        if session.closing and not session.in_flight:
+        if session.closing and not session.batches:
             session.free()
 
     # ---- sessions and leases ----------------------------------------------------------
@@ -404,7 +404,7 @@ class Service:
         owner = self.clients.get(session.owner)
         if owner is not None:
             owner.sessions.pop(session.id, None)
-        if session.busy or session.in_flight:
+        if session.busy or session.batches:
             session.closing = True  # freed when its operation or last batch ends
         else:
             session.free()

@@ -17,8 +17,8 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from envd import protocol
-from envd.errors import EnvdError, InvalidActionError, InvalidArgumentError
-from envd.native.native_vec import NativeBatch, NativePool, NativeVec
+from envd.errors import InvalidActionError, InvalidArgumentError
+from envd.native.native_vec import AsyncBatches, NativePool, NativeVec
 from envd.native.registry import EnvSpec
 from envd.native.vector_env import AUTORESET_MODE_CODES
 from envd.shm import Segment, plan
@@ -40,12 +40,10 @@ class Session:
         self.busy = False      # a reset, step or recv is running (or waiting)
         self.closing = False   # free as soon as the running operation ends
         self.steps = 0
-        # Async mode: batches in flight (submit order), spare batches, the
-        # ids of finished envs not reported yet (in finishing order), and a
-        # recv waiting for enough of them: (identity, request id, count).
+        # Async mode: the ids of finished envs not reported yet (in the order
+        # they were found finished), and a recv waiting for enough of them:
+        # (identity, request id, count).  The batches live in self.batches.
         self.batch_size = num_envs
-        self.in_flight: list[NativeBatch] = []
-        self.spare_batches: list[NativeBatch] = []
         self.ready: list[np.ndarray] = []
         self.num_ready = 0
         self.recv_waiter: tuple[bytes, int, int] | None = None
@@ -60,6 +58,7 @@ class Session:
                                     max_episode_steps=max_episode_steps, params=params,
                                     buffers=self.buffers, pool=pool)
             self.native.seed()
+            self.batches = AsyncBatches(self.native)
         except BaseException:
             self.segment.unlink()
             raise
@@ -91,36 +90,19 @@ class Session:
 
     def submit(self, env_ids: np.ndarray) -> None:
         """Start stepping env_ids (async send); a batch run inline is ready at once."""
-        fits = [b for b in self.spare_batches if b.capacity >= len(env_ids)]
-        batch = fits[0] if fits else NativeBatch(len(env_ids))
-        if fits:
-            self.spare_batches.remove(batch)
-        try:
-            self.native.batch_submit(batch, env_ids, notify=True)
-        except BaseException:
-            self.spare_batches.append(batch)
-            raise
-        self.in_flight.append(batch)
+        self.batches.submit(env_ids, notify=True)
         self.collect()
 
     def collect(self) -> int:
         """Move the envs of finished batches to the ready list; how many.  The
-        error of a batch whose env failed is raised once every finished batch
-        is collected."""
-        finished = [b for b in self.in_flight if self.native.batch_done(b)]
-        self.in_flight = [b for b in self.in_flight if b not in finished]
-        error = None
-        for batch in finished:
-            self.spare_batches.append(batch)
-            self.ready.append(batch.ids)
-            self.num_ready += len(batch.ids)
-            try:
-                self.native.batch_finish(batch)
-            except EnvdError as exc:
-                error = error or exc
+        error of an env that failed is raised once they all are there."""
+        finished, error = self.batches.collect()
+        self.ready.extend(finished)
+        count = sum(map(len, finished))
+        self.num_ready += count
         if error is not None:
             raise error
-        return sum(len(b.ids) for b in finished)
+        return count
 
     def take_ready(self) -> np.ndarray:
         ids = np.concatenate(self.ready) if self.ready else np.empty(0, np.int64)
@@ -136,15 +118,7 @@ class Session:
         batch is in flight (or at shutdown: then this waits for them)."""
         native = getattr(self, "native", None)
         if native is not None:
-            for batch in self.in_flight:
-                native.batch_wait(batch)
-                try:
-                    native.batch_finish(batch)
-                except EnvdError:
-                    pass  # an env failed: nobody is waiting for its result any more
-            for batch in self.in_flight + self.spare_batches:
-                batch.close()
-            self.in_flight, self.spare_batches = [], []
+            self.batches.close()
             native.destroy()
         self.native = None
         self.buffers = None
