@@ -17,7 +17,10 @@
  *     exit or print.
  *
  * Everything here is ABI: a plugin built against ENVD_ABI_VERSION N is only
- * loaded by a host whose envd_abi_version() is N.
+ * loaded by a host whose envd_abi_version() is N.  A plugin links against
+ * nothing of envd: what an env calls at run time (the RNG draws) is static
+ * inline in this header, so a plugin builds with one line:
+ *     cc -shared -fPIC -O2 -I "$(python -m envd.native --include)" myenv.c -o libmyenv.so
  */
 #ifndef ENVD_H
 #define ENVD_H
@@ -30,7 +33,7 @@
 extern "C" {
 #endif
 
-#define ENVD_ABI_VERSION 1u
+#define ENVD_ABI_VERSION 2u
 
 /* ---- error codes: 0 or a negative code from this one table ------------- */
 #define ENVD_OK 0
@@ -113,14 +116,50 @@ typedef struct envd_rng {
     uint64_t inc_hi, inc_lo;
 } envd_rng_t;
 
-/* Seed like numpy.random.Generator(PCG64(SeedSequence(seed))). */
+/* Seed like numpy.random.Generator(PCG64(SeedSequence(seed))).  The host
+ * seeds; envs only draw. */
 void envd_rng_seed(envd_rng_t *rng, uint64_t seed);
+
 /* Next raw 64-bit output, as PCG64.random_raw(). */
-uint64_t envd_rng_next_u64(envd_rng_t *rng);
+static inline uint64_t envd_rng_next_u64(envd_rng_t *rng)
+{
+    /* one step of the 128-bit LCG, then the XSL-RR output function */
+    const unsigned __int128 mult =
+        ((unsigned __int128)2549297995355413924ULL << 64) | 4865540595714422341ULL;
+    unsigned __int128 s =
+        (((unsigned __int128)rng->state_hi << 64) | rng->state_lo) * mult +
+        (((unsigned __int128)rng->inc_hi << 64) | rng->inc_lo);
+    rng->state_hi = (uint64_t)(s >> 64);
+    rng->state_lo = (uint64_t)s;
+    uint64_t x = rng->state_hi ^ rng->state_lo;
+    unsigned rot = (unsigned)(rng->state_hi >> 58);
+    return (x >> rot) | (x << ((64u - rot) & 63u));
+}
+
 /* A double in [0, 1), as Generator.random(). */
-double envd_rng_random(envd_rng_t *rng);
+static inline double envd_rng_random(envd_rng_t *rng)
+{
+    return (double)(envd_rng_next_u64(rng) >> 11) * (1.0 / 9007199254740992.0);
+}
+
 /* A double in [low, high), as Generator.uniform(low, high). */
-double envd_rng_uniform(envd_rng_t *rng, double low, double high);
+static inline double envd_rng_uniform(envd_rng_t *rng, double low, double high)
+{
+    return low + (high - low) * envd_rng_random(rng);
+}
+
+/* ---- extra per-env outputs: the env's own info entries -------------------- */
+/* An env may publish fixed-shape arrays (e.g. an action mask) that the host
+ * returns in the info dict under their names, after every reset and step. */
+#define ENVD_MAX_INFO_FIELDS 8
+
+typedef struct envd_info_field {
+    const char *name;             /* the info key, e.g. "action_mask" */
+    envd_dtype_t dtype;
+    int32_t ndim;                 /* 0..ENVD_MAX_DIMS */
+    int64_t shape[ENVD_MAX_DIMS]; /* the first ndim entries are used */
+    const char *doc;
+} envd_info_field_t;
 
 /* ---- the env definition --------------------------------------------------- */
 /*
@@ -133,6 +172,11 @@ double envd_rng_uniform(envd_rng_t *rng, double low, double high);
  *        terminated/truncated flags.  Time limits are applied by the host; an
  *        env only sets *truncated for reasons of its own.
  * close: release anything init acquired (may be NULL).
+ * write_info: (only with num_info_fields > 0) write the info fields of the
+ *        current state: fields[k] points to this env's slot of info_fields[k]
+ *        (its dtype and shape).  The host calls it after every reset and
+ *        every step, including the reset of an autoreset, so the info always
+ *        describes the state of the observation returned with it.
  */
 typedef struct envd_env_def {
     uint32_t abi_version; /* must be ENVD_ABI_VERSION */
@@ -149,10 +193,35 @@ typedef struct envd_env_def {
     int (*step)(void *state, envd_rng_t *rng, const void *action, void *obs,
                 double *reward, bool *terminated, bool *truncated);
     void (*close)(void *state);
+    const envd_info_field_t *info_fields; /* num_info_fields entries, or NULL */
+    int32_t num_info_fields;              /* 0..ENVD_MAX_INFO_FIELDS */
+    int (*write_info)(const void *state, void *const *fields);
 } envd_env_def_t;
 
 /* Check a definition for consistency; ENVD_OK or the first problem found. */
 int envd_env_def_validate(const envd_env_def_t *def);
+/* The first problem of a definition in words ("observation_space: shape[1]
+ * must be > 0"), or NULL when it is valid.  A static string. */
+const char *envd_env_def_problem(const envd_env_def_t *def);
+
+/* ---- plugins ---------------------------------------------------------------
+ * A plugin is a shared library exporting one function, ENVD_PLUGIN_SYMBOL:
+ *
+ *     const envd_plugin_t *envd_plugin(void);
+ *
+ * returning a static table of its env definitions.  The host checks
+ * abi_version before reading anything else (this first field keeps its place
+ * in every ABI version), then validates every definition; a plugin is loaded
+ * whole or not at all.  A loaded plugin is never unloaded. */
+#define ENVD_PLUGIN_SYMBOL "envd_plugin"
+
+typedef struct envd_plugin {
+    uint32_t abi_version;              /* ENVD_ABI_VERSION at the plugin's build */
+    int32_t num_envs;                  /* >= 1 */
+    const envd_env_def_t *const *envs; /* num_envs definitions */
+} envd_plugin_t;
+
+typedef const envd_plugin_t *(*envd_plugin_fn)(void);
 
 #ifdef __cplusplus
 }

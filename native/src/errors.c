@@ -2,6 +2,7 @@
  * errors.c -- the error table, ABI query, and checks on the types of envd.h.
  */
 #include <math.h>
+#include <string.h>
 
 #include "envd.h"
 
@@ -50,61 +51,117 @@ int64_t envd_space_numel(const envd_space_t *space)
 /* Refuse element counts whose byte size could overflow buffer arithmetic. */
 #define MAX_SPACE_NUMEL (INT64_C(1) << 32)
 
-static int validate_space(const envd_space_t *space)
+/* Each check returns NULL or a static description of the first problem; the
+ * text names the field so that a plugin author knows what to fix. */
+/* The same message, prefixed with the space it is about (literals concatenate). */
+#define SPACE_PROBLEM(msg) (is_obs ? "observation_space: " msg : "action_space: " msg)
+
+static const char *space_problem(const envd_space_t *space, int is_obs)
 {
     if (envd_dtype_size(space->dtype) == 0)
-        return ENVD_EINVAL;
-    if (space->kind == ENVD_SPACE_DISCRETE)
+        return SPACE_PROBLEM("unknown dtype");
+    if (space->kind == ENVD_SPACE_DISCRETE) {
+        if (space->dtype != ENVD_DTYPE_INT64)
+            return SPACE_PROBLEM("a discrete space must have dtype INT64");
         /* actions are start .. start + n - 1: the last must fit in int64 */
-        return space->dtype == ENVD_DTYPE_INT64 && space->n > 0 &&
-                       (space->start <= 0 || space->n - 1 <= INT64_MAX - space->start)
-                   ? ENVD_OK
-                   : ENVD_EINVAL;
-    if (space->kind != ENVD_SPACE_BOX || space->ndim < 0 || space->ndim > ENVD_MAX_DIMS)
-        return ENVD_EINVAL;
+        if (space->n <= 0 || (space->start > 0 && space->n - 1 > INT64_MAX - space->start))
+            return SPACE_PROBLEM("a discrete space needs n >= 1 and start + n - 1 within int64");
+        return NULL;
+    }
+    if (space->kind != ENVD_SPACE_BOX)
+        return SPACE_PROBLEM("kind must be BOX or DISCRETE");
+    if (space->ndim < 0 || space->ndim > ENVD_MAX_DIMS)
+        return SPACE_PROBLEM("ndim must be in 0..4");
     int64_t n = 1;
     for (int i = 0; i < space->ndim; i++) {
         if (space->shape[i] <= 0 || space->shape[i] > MAX_SPACE_NUMEL)
-            return ENVD_EINVAL;
+            return SPACE_PROBLEM("every shape entry must be in 1..2^32");
         n *= space->shape[i];
         if (n > MAX_SPACE_NUMEL)
-            return ENVD_EINVAL;
+            return SPACE_PROBLEM("more than 2^32 elements");
     }
     for (int64_t i = 0; space->low && space->high && i < n; i++)
         if (isnan(space->low[i]) || isnan(space->high[i]) || space->low[i] > space->high[i])
-            return ENVD_EINVAL;
-    return ENVD_OK;
+            return SPACE_PROBLEM("a bound is NaN or low > high");
+    return NULL;
 }
 
-static int validate_params(const envd_env_def_t *def)
+static const char *params_problem(const envd_env_def_t *def)
 {
     if (def->num_params < 0 || (def->num_params > 0 && def->params == NULL))
-        return ENVD_EINVAL;
+        return "params: num_params < 0, or params is NULL with num_params > 0";
     for (int i = 0; i < def->num_params; i++) {
         const envd_param_t *p = &def->params[i];
-        if (p->name == NULL || p->type < ENVD_PARAM_FLOAT || p->type > ENVD_PARAM_BOOL)
-            return ENVD_EINVAL;
+        if (p->name == NULL || p->name[0] == '\0')
+            return "params: a parameter has no name";
+        if (p->type < ENVD_PARAM_FLOAT || p->type > ENVD_PARAM_BOOL)
+            return "params: a parameter's type is not FLOAT, INT or BOOL";
         if (!(p->min_value <= p->default_value && p->default_value <= p->max_value))
-            return ENVD_EINVAL;
+            return "params: a parameter's default is NaN or outside [min_value, max_value]";
     }
-    return ENVD_OK;
+    return NULL;
+}
+
+static const char *info_fields_problem(const envd_env_def_t *def)
+{
+    if (def->num_info_fields == 0)
+        return NULL;
+    if (def->num_info_fields < 0 || def->num_info_fields > ENVD_MAX_INFO_FIELDS)
+        return "info_fields: num_info_fields must be in 0..8";
+    if (def->info_fields == NULL || def->write_info == NULL)
+        return "info_fields: num_info_fields > 0 needs info_fields and write_info";
+    for (int k = 0; k < def->num_info_fields; k++) {
+        const envd_info_field_t *f = &def->info_fields[k];
+        if (f->name == NULL || f->name[0] == '\0')
+            return "info_fields: a field has no name";
+        if (envd_dtype_size(f->dtype) == 0)
+            return "info_fields: a field has an unknown dtype";
+        if (f->ndim < 0 || f->ndim > ENVD_MAX_DIMS)
+            return "info_fields: a field's ndim must be in 0..4";
+        int64_t n = 1;
+        for (int i = 0; i < f->ndim; i++) {
+            if (f->shape[i] <= 0 || f->shape[i] > MAX_SPACE_NUMEL)
+                return "info_fields: every shape entry must be in 1..2^32";
+            n *= f->shape[i];
+            if (n > MAX_SPACE_NUMEL)
+                return "info_fields: a field has more than 2^32 elements";
+        }
+        for (int j = 0; j < k; j++)
+            if (strcmp(def->info_fields[j].name, f->name) == 0)
+                return "info_fields: two fields share a name";
+    }
+    return NULL;
+}
+
+const char *envd_env_def_problem(const envd_env_def_t *def)
+{
+    if (def == NULL)
+        return "the definition is NULL";
+    if (def->abi_version != ENVD_ABI_VERSION)
+        return "abi_version differs from the host's ENVD_ABI_VERSION";
+    if (def->id == NULL || def->id[0] == '\0')
+        return "id is NULL or empty";
+    if (def->state_size == 0 || def->state_size > ENVD_MAX_STATE_SIZE)
+        return "state_size must be in 1..ENVD_MAX_STATE_SIZE";
+    if (def->num_agents != 1)
+        return "num_agents must be 1";
+    if (def->max_episode_steps < 0)
+        return "max_episode_steps must be >= 0";
+    if (def->init == NULL || def->reset == NULL || def->step == NULL)
+        return "init, reset and step must not be NULL";
+    const char *problem = space_problem(&def->observation_space, 1);
+    if (problem == NULL)
+        problem = space_problem(&def->action_space, 0);
+    if (problem == NULL)
+        problem = params_problem(def);
+    if (problem == NULL)
+        problem = info_fields_problem(def);
+    return problem;
 }
 
 int envd_env_def_validate(const envd_env_def_t *def)
 {
-    if (def == NULL)
-        return ENVD_EINVAL;
-    if (def->abi_version != ENVD_ABI_VERSION)
+    if (def != NULL && def->abi_version != ENVD_ABI_VERSION)
         return ENVD_EABI;
-    if (def->id == NULL || def->id[0] == '\0' || def->state_size == 0 ||
-        def->state_size > ENVD_MAX_STATE_SIZE ||
-        def->num_agents != 1 || def->max_episode_steps < 0 ||
-        def->init == NULL || def->reset == NULL || def->step == NULL)
-        return ENVD_EINVAL;
-    int rc = validate_space(&def->observation_space);
-    if (rc == ENVD_OK)
-        rc = validate_space(&def->action_space);
-    if (rc == ENVD_OK)
-        rc = validate_params(def);
-    return rc;
+    return envd_env_def_problem(def) == NULL ? ENVD_OK : ENVD_EINVAL;
 }

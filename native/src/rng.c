@@ -8,7 +8,8 @@
  *   2. PCG64 takes words 0,1 as the 128-bit initial state and 2,3 as the
  *      128-bit stream selector (pcg64_set_seed -> pcg_setseq_128_srandom_r).
  *   3. random() is (next64 >> 11) * 2^-53; uniform(lo, hi) is
- *      lo + (hi - lo) * random().
+ *      lo + (hi - lo) * random().  The draws are static inline in envd.h
+ *      (plugins call them without linking envd); only seeding lives here.
  * The constants below are the published ones of SeedSequence (numpy's
  * bit_generator) and of PCG's 128-bit LCG multiplier.
  */
@@ -103,22 +104,4 @@ void envd_rng_seed(envd_rng_t *rng, uint64_t seed)
     rng->state_hi = (uint64_t)(s >> 64);
     rng->state_lo = (uint64_t)s;
     pcg_step(rng);
-}
-
-uint64_t envd_rng_next_u64(envd_rng_t *rng)
-{
-    pcg_step(rng);
-    uint64_t x = rng->state_hi ^ rng->state_lo;
-    unsigned rot = (unsigned)(rng->state_hi >> 58);
-    return (x >> rot) | (x << ((64u - rot) & 63u));
-}
-
-double envd_rng_random(envd_rng_t *rng)
-{
-    return (double)(envd_rng_next_u64(rng) >> 11) * (1.0 / 9007199254740992.0);
-}
-
-double envd_rng_uniform(envd_rng_t *rng, double low, double high)
-{
-    return low + (high - low) * envd_rng_random(rng);
 }

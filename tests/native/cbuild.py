@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import re
 import subprocess
 import tempfile
 from pathlib import Path
@@ -19,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 NATIVE = ROOT / "native"
 INCLUDE = NATIVE / "include"
 SRC = NATIVE / "src"
+ABI_VERSION = int(re.search(r"#define ENVD_ABI_VERSION\s+(\d+)u", (INCLUDE / "envd.h").read_text())[1])
 
 # The flags the package build uses (native/build_ffi.py): no FMA contraction, no
 # fast-math, so C arithmetic rounds exactly as numpy's does.
@@ -114,6 +116,12 @@ STEP = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(Rng), ctyp
                         ctypes.c_void_p, ctypes.POINTER(ctypes.c_double),
                         ctypes.POINTER(ctypes.c_bool), ctypes.POINTER(ctypes.c_bool))
 CLOSE = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+WRITE_INFO = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p))
+
+
+class InfoField(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("dtype", ctypes.c_int), ("ndim", ctypes.c_int32),
+                ("shape", ctypes.c_int64 * MAX_DIMS), ("doc", ctypes.c_char_p)]
 
 
 class EnvDef(ctypes.Structure):
@@ -122,7 +130,9 @@ class EnvDef(ctypes.Structure):
                 ("state_size", ctypes.c_size_t), ("num_agents", ctypes.c_int32),
                 ("max_episode_steps", ctypes.c_int32),
                 ("params", ctypes.POINTER(Param)), ("num_params", ctypes.c_int32),
-                ("init", INIT), ("reset", RESET), ("step", STEP), ("close", CLOSE)]
+                ("init", INIT), ("reset", RESET), ("step", STEP), ("close", CLOSE),
+                ("info_fields", ctypes.POINTER(InfoField)), ("num_info_fields", ctypes.c_int32),
+                ("write_info", WRITE_INFO)]
 
 
 def _space_shape(space: Space) -> tuple[int, ...]:

@@ -28,7 +28,7 @@ def make_pair(lib, seed):
 def test_definition(lib):
     d = cbuild.EnvDef.in_dll(lib, "envd_builtin_acrobot")
     ref = gym.make("Acrobot-v1")
-    assert d.abi_version == 1
+    assert d.abi_version == cbuild.ABI_VERSION
     assert d.id == b"Acrobot-v1"
     assert d.num_agents == 1
     assert d.max_episode_steps == ref.spec.max_episode_steps == 500

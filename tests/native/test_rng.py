@@ -15,7 +15,10 @@ SEEDS = [0, 1, 2, 123, 2**31 - 1, 2**32 - 1, 2**32, 2**40 + 5, 2**63, 2**64 - 1]
 
 @pytest.fixture(scope="module")
 def lib():
-    lib = cbuild.load(["rng.c"])
+    lib = cbuild.load(["rng.c", cbuild.ROOT / "tests/native/rng_draws.c"])
+    # the draws are static inline in envd.h; rng_draws.c exports them
+    for name in ("next_u64", "random", "uniform"):
+        setattr(lib, f"envd_rng_{name}", getattr(lib, f"test_rng_{name}"))
     lib.envd_rng_seed.argtypes = [ctypes.POINTER(cbuild.Rng), ctypes.c_uint64]
     lib.envd_rng_next_u64.argtypes = [ctypes.POINTER(cbuild.Rng)]
     lib.envd_rng_next_u64.restype = ctypes.c_uint64
