@@ -12,12 +12,12 @@ from envd.client import Client, RemoteVecEnv, connect  # noqa: E402
 from envd.errors import (ConnectionLostError, DaemonError, EnvdError, EnvdTimeoutError,  # noqa: E402
                          EnvStateError, InvalidActionError, InvalidArgumentError,
                          LimitExceededError, NativeError, ProtocolError, SessionExpiredError,
-                         SharedMemoryError, ShuttingDownError, UnknownEnvError,
-                         UnknownSessionError)
+                         PluginError, SharedMemoryError, ShuttingDownError,
+                         UnknownEnvError, UnknownSessionError)
 
 #: Loaded on first use, so that a trainer that only talks to a daemon
 #: (envd.connect) never loads the native core.
-_NATIVE = {"make", "list_envs", "VecEnv"}
+_NATIVE = {"make", "list_envs", "load_plugin", "VecEnv"}
 
 
 def __getattr__(name: str):
@@ -30,8 +30,8 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'envd' has no attribute {name!r}")
 
 
-__all__ = ["make", "list_envs", "VecEnv", "connect", "Client", "RemoteVecEnv",
+__all__ = ["make", "list_envs", "load_plugin", "VecEnv", "connect", "Client", "RemoteVecEnv",
            "EnvdError", "UnknownEnvError", "InvalidArgumentError", "InvalidActionError",
            "EnvStateError", "NativeError", "ProtocolError", "LimitExceededError",
            "UnknownSessionError", "SessionExpiredError", "DaemonError", "ShuttingDownError",
-           "ConnectionLostError", "EnvdTimeoutError", "SharedMemoryError", "__version__"]
+           "ConnectionLostError", "EnvdTimeoutError", "SharedMemoryError", "PluginError", "__version__"]

@@ -110,7 +110,15 @@ class SharedMemoryError(EnvdError, OSError):
     error_code = "shared_memory"
 
 
+class PluginError(EnvdError, ImportError):
+    """A plugin library cannot be loaded: not found, no entry symbol, another
+    ABI version, an invalid env definition or an env id already registered.
+    Nothing of the plugin is registered."""
+
+    error_code = "plugin"
+
+
 __all__ = ["EnvdError", "UnknownEnvError", "InvalidArgumentError", "InvalidActionError",
            "EnvStateError", "NativeError", "ProtocolError", "LimitExceededError",
            "UnknownSessionError", "SessionExpiredError", "DaemonError", "ShuttingDownError",
-           "ConnectionLostError", "EnvdTimeoutError", "SharedMemoryError"]
+           "ConnectionLostError", "EnvdTimeoutError", "SharedMemoryError", "PluginError"]

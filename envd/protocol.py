@@ -53,7 +53,8 @@ A reply never carries a traceback.  Results:
     hello      version, server, pid, hostname, lease_timeout, heartbeat_interval,
                limits: {max_sessions, max_envs_per_client, max_message_bytes}
     heartbeat  -
-    list_envs  envs: [{id, observation_space, action_space, max_episode_steps, params}]
+    list_envs  envs: [{id, observation_space, action_space, max_episode_steps, params,
+                       info_fields: [{name, dtype, shape, doc}], origin}]
     status     see envd.server.service.Service.status
     make       session, env_id, shm: {name, size, arrays: {name: [offset, dtype, shape]}},
                observation_space, action_space, max_episode_steps, autoreset_mode

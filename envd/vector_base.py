@@ -80,11 +80,19 @@ def seed_list(seed: int | Sequence[int], num_envs: int) -> np.ndarray:
         f"seed must be None, an int or a list of num_envs ints, got {type(seed).__name__}")
 
 
+#: Buffers named INFO_PREFIX + name hold the env's own info fields (e.g.
+#: "info.action_mask"); they appear in every reset/step/recv info under name.
+INFO_PREFIX = "info."
+
+
 def buffer_layout(observation_space: spaces.Space, action_space: spaces.Space, num_envs: int,
-                  mode: AutoresetMode) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+                  mode: AutoresetMode, info_fields: Sequence[Any] = ()
+                  ) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
     """name -> (shape, dtype) of every batch buffer of a vec, in a fixed order.
     The native vec reads "actions", "reset_seeds" and "reset_mask" and writes
-    the rest; "final_observations" exists in SAME_STEP mode only."""
+    the rest; "final_observations" exists in SAME_STEP mode only; info_fields
+    (objects with name, shape and dtype, as EnvSpec.info_fields) add one
+    buffer each."""
     n = num_envs
     layout = {
         "observations": ((n, *observation_space.shape), observation_space.dtype),
@@ -101,6 +109,8 @@ def buffer_layout(observation_space: spaces.Space, action_space: spaces.Space, n
     }
     if mode is AutoresetMode.SAME_STEP:
         layout["final_observations"] = layout["observations"]
+    for field in info_fields:
+        layout[INFO_PREFIX + field.name] = ((n, *field.shape), field.dtype)
     return {name: (shape, np.dtype(dtype)) for name, (shape, dtype) in layout.items()}
 
 
@@ -151,6 +161,9 @@ class BatchedVecEnv(VectorEnv):
         self._truncations = buffers["truncations"]
         self._dones = buffers["dones"]
         self._final_obs = buffers.get("final_observations")
+        # the env's own info fields: info key -> buffer
+        self._env_info = {name[len(INFO_PREFIX):]: array for name, array in buffers.items()
+                          if name.startswith(INFO_PREFIX)}
         # the fast path of step() compares against these
         self._action_dtype, self._action_shape = self._actions.dtype, self._actions.shape
 
@@ -231,6 +244,12 @@ class BatchedVecEnv(VectorEnv):
             stats = tuple(a.copy() for a in stats)
         return self._episode_info(dones, self._final_obs, stats)
 
+    def _env_info_now(self) -> dict[str, np.ndarray]:
+        """The env's info fields after a reset or step: views, or copies with copy=True."""
+        if self._copy:
+            return {name: array.copy() for name, array in self._env_info.items()}
+        return dict(self._env_info)
+
     def _episode_info(self, dones: np.ndarray, final_rows: np.ndarray | None,
                       stats: tuple[np.ndarray, ...]) -> dict[str, Any]:
         """gymnasium's RecordEpisodeStatistics shape, info["episode"]["r"|"l"|"t"]
@@ -281,9 +300,10 @@ class BatchedVecEnv(VectorEnv):
                 self._buffers["reset_mask"][...] = mask
             self._check_no_async("reset")
             self._run_reset(seeds is not None, mask is not None)
+            info = self._env_info_now() if self._env_info else {}
         finally:
             self._lock.release()
-        return (self._obs.copy() if self._copy else self._obs), {}
+        return (self._obs.copy() if self._copy else self._obs), info
 
     def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
         """Step every env; returns (obs, rewards, terminations, truncations, info)."""
@@ -301,6 +321,8 @@ class BatchedVecEnv(VectorEnv):
                 self._convert_actions(actions)
             num_done = self._run_step()
             info = self._done_info() if num_done else {}
+            if self._env_info:
+                info.update(self._env_info_now())
         finally:
             self._lock.release()
         if self._copy:
@@ -460,6 +482,8 @@ class BatchedVecEnv(VectorEnv):
         slots["env_id"][...] = ids
         out = {name: slots[name].copy() if self._copy else slots[name] for name in slots}
         info: dict[str, Any] = {"env_id": out["env_id"]}
+        for name in self._env_info:
+            info[name] = out[INFO_PREFIX + name]
         if out["dones"].any():
             info.update(self._episode_info(out["dones"], out.get("final_observations"),
                                            tuple(out[name] for name in self._EPISODE_STATS)))
@@ -474,6 +498,7 @@ class BatchedVecEnv(VectorEnv):
                      *self._EPISODE_STATS]
             if self._final_obs is not None:
                 names.append("final_observations")
+            names += [INFO_PREFIX + name for name in self._env_info]
             slots = self._slots = [
                 {**{name: np.empty((self.batch_size, *self._buffers[name].shape[1:]),
                                    self._buffers[name].dtype) for name in names},

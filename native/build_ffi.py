@@ -14,7 +14,7 @@ HERE = Path(__file__).resolve().parent
 SOURCES = ["src/errors.c", "src/rng.c", "src/pool.c", "src/vec.c", "src/builtin_envs.c",
            "src/npy_f32_trig.c", "src/envs/cartpole.c", "src/envs/pendulum.c",
            "src/envs/mountain_car.c", "src/envs/mountain_car_continuous.c",
-           "src/envs/acrobot.c"]
+           "src/envs/acrobot.c", "src/plugin.c"]
 
 # Bit-exactness with numpy needs IEEE arithmetic as written: no fused
 # multiply-add contraction and no fast-math reassociation.
@@ -33,6 +33,7 @@ CDEF = """
 #define ENVD_EBUSY ...
 #define ENVD_EENV ...
 #define ENVD_MAX_DIMS ...
+#define ENVD_MAX_INFO_FIELDS ...
 #define ENVD_VEC_MAX_ENVS ...
 #define ENVD_POOL_MAX_THREADS ...
 #define ENVD_JOB_NOTIFY ...
@@ -66,6 +67,15 @@ typedef struct envd_param {
     ...;
 } envd_param_t;
 
+typedef struct envd_info_field {
+    const char *name;
+    envd_dtype_t dtype;
+    int32_t ndim;
+    int64_t shape[4];
+    const char *doc;
+    ...;
+} envd_info_field_t;
+
 typedef struct envd_env_def {
     uint32_t abi_version;
     const char *id;
@@ -76,12 +86,23 @@ typedef struct envd_env_def {
     int32_t max_episode_steps;
     const envd_param_t *params;
     int32_t num_params;
+    const envd_info_field_t *info_fields;
+    int32_t num_info_fields;
     ...;
 } envd_env_def_t;
+
+typedef struct envd_plugin {
+    uint32_t abi_version;
+    int32_t num_envs;
+    const envd_env_def_t *const *envs;
+    ...;
+} envd_plugin_t;
 
 const char *envd_strerror(int code);
 uint32_t envd_abi_version(void);
 int envd_env_def_validate(const envd_env_def_t *def);
+const char *envd_env_def_problem(const envd_env_def_t *def);
+int envd_plugin_open(const char *path, const envd_plugin_t **out, char *error, size_t error_size);
 int envd_builtin_count(void);
 const envd_env_def_t *envd_builtin_get(int i);
 
@@ -102,6 +123,7 @@ typedef struct envd_vec_buffers {
     int64_t *episode_lengths;
     double *episode_times;
     bool *dones;
+    void *info_fields[8];
 } envd_vec_buffers_t;
 
 typedef struct envd_vec_config {
@@ -148,14 +170,15 @@ ffibuilder = FFI()
 ffibuilder.cdef(CDEF)
 ffibuilder.set_source(
     "envd.native._envd_native",
-    '#include "envd.h"\n#include "pool.h"\n#include "vec.h"\n#include "builtin_envs.h"\n',
+    '#include "envd.h"\n#include "pool.h"\n#include "vec.h"\n#include "builtin_envs.h"\n'
+    '#include "plugin.h"\n',
     # setuptools wants source paths relative to the project root (the cwd of
     # the build); this file may be executed from anywhere.
     sources=[os.path.relpath(HERE / s) for s in SOURCES],
     include_dirs=[os.path.relpath(HERE / "include"), os.path.relpath(HERE / "src")],
     extra_compile_args=CFLAGS,
     extra_link_args=["-pthread"],
-    libraries=["m"],
+    libraries=["m", "dl"],
 )
 
 if __name__ == "__main__":

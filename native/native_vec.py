@@ -14,6 +14,7 @@ from envd.errors import (EnvdError, EnvStateError, InvalidActionError, InvalidAr
                          NativeError)
 from envd.native._envd_native import ffi, lib
 from envd.native.registry import EnvSpec
+from envd.vector_base import INFO_PREFIX
 
 #: The largest num_envs one vec accepts (1,048,576).
 MAX_NUM_ENVS = int(lib.ENVD_VEC_MAX_ENVS)
@@ -73,6 +74,7 @@ class NativeVec:
             "episode_lengths": ptr(buffers["episode_lengths"], "int64_t *"),
             "episode_times": ptr(buffers["episode_times"], "double *"),
             "dones": ptr(buffers["dones"], "bool *"),
+            "info_fields": [ptr(buffers[INFO_PREFIX + field.name]) for field in spec.info_fields],
         })
         self._seeds_ptr = ptr(buffers["reset_seeds"], "uint64_t *")
         self._mask_ptr = ptr(buffers["reset_mask"], "bool *")
@@ -188,7 +190,7 @@ class NativeVec:
         if rc == lib.ENVD_EBUSY:
             raise EnvStateError(f"{env_id}: a step is already in progress on these envs")
         if rc == lib.ENVD_EENV:
-            raise NativeError(f"{env_id}: env {index} failed in its step or reset callback", rc)
+            raise NativeError(f"{env_id}: env {index} failed in its reset, step or write_info callback", rc)
         self.check(rc, "step")
 
 

@@ -1,19 +1,23 @@
 """The env registry: ids -> EnvSpec, built from the C definitions.
 
 An EnvSpec mirrors one ``envd_env_def_t`` in Python terms (gymnasium spaces,
-typed parameters) and validates the kwargs of ``make`` against it, so a bad
-call fails in Python with a message that lists what is accepted.
+typed parameters, info fields) and validates the kwargs of ``make`` against
+it, so a bad call fails in Python with a message that lists what is accepted.
+The registry holds the built-ins and the envs of every plugin loaded with
+``load_plugin``; it is per process, and a plugin's envs stay for its life.
 """
 from __future__ import annotations
 
 import math
+import os
+import threading
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from gymnasium import spaces
 
-from envd.errors import InvalidArgumentError, UnknownEnvError
+from envd.errors import InvalidArgumentError, PluginError, UnknownEnvError
 from envd.native._envd_native import ffi, lib
 
 DTYPES = {
@@ -64,6 +68,16 @@ class ParamSpec:
 
 
 @dataclass(frozen=True)
+class InfoFieldSpec:
+    """An array the env publishes in info[name] after every reset and step."""
+
+    name: str
+    shape: tuple[int, ...]  # per env
+    dtype: np.dtype
+    doc: str
+
+
+@dataclass(frozen=True)
 class EnvSpec:
     """A registered env: its spaces, default time limit and parameters."""
 
@@ -73,7 +87,9 @@ class EnvSpec:
     max_episode_steps: int | None
     num_agents: int
     params: tuple[ParamSpec, ...]
+    info_fields: tuple[InfoFieldSpec, ...]
     definition: Any  # cdata 'const envd_env_def_t *'; kept alive by its library
+    origin: str  # "builtin" or the path of the plugin that defined it
 
     def param_values(self, kwargs: dict[str, Any]) -> list[float]:
         """Validate make's env kwargs; return every parameter in declaration order."""
@@ -111,7 +127,14 @@ def _param(c_param) -> ParamSpec:
                      float(c_param.min_value), float(c_param.max_value), doc)
 
 
-def spec_from_definition(definition) -> EnvSpec:
+def _info_field(c_field) -> InfoFieldSpec:
+    doc = ffi.string(c_field.doc).decode() if c_field.doc != ffi.NULL else ""
+    return InfoFieldSpec(ffi.string(c_field.name).decode(),
+                         tuple(int(c_field.shape[i]) for i in range(c_field.ndim)),
+                         DTYPES[c_field.dtype], doc)
+
+
+def spec_from_definition(definition, origin: str = "builtin") -> EnvSpec:
     """Build the EnvSpec of a validated C env definition."""
     return EnvSpec(
         id=ffi.string(definition.id).decode(),
@@ -120,7 +143,10 @@ def spec_from_definition(definition) -> EnvSpec:
         max_episode_steps=int(definition.max_episode_steps) or None,
         num_agents=int(definition.num_agents),
         params=tuple(_param(definition.params[i]) for i in range(definition.num_params)),
+        info_fields=tuple(_info_field(definition.info_fields[i])
+                          for i in range(definition.num_info_fields)),
         definition=definition,
+        origin=origin,
     )
 
 
@@ -137,6 +163,48 @@ def _builtin_specs() -> dict[str, EnvSpec]:
 
 
 _REGISTRY: dict[str, EnvSpec] = _builtin_specs()
+# Plugins loaded so far, by file identity (st_dev, st_ino) -> their env ids:
+# loading the same file again (any path to it) is a no-op.
+_PLUGINS: dict[tuple[int, int], list[str]] = {}
+_PLUGIN_LOCK = threading.Lock()
+_ERROR_BYTES = 512
+
+
+def load_plugin(path: str | os.PathLike) -> list[str]:
+    """Load the envs of a plugin library (see "plugins" in envd.h) into this
+    process's registry and return their ids.  All or nothing: a missing file,
+    a missing entry symbol, another ABI version, an invalid definition or an
+    id already registered raises PluginError naming the problem and registers
+    nothing.  Loading a plugin again returns its ids without reloading it."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise PluginError(f"a plugin path must be a str or path, got {type(path).__name__}")
+    path = os.path.abspath(os.fspath(path))
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise PluginError(f"plugin {path}: {e.strerror}") from None
+    with _PLUGIN_LOCK:
+        key = (st.st_dev, st.st_ino)
+        if key in _PLUGINS:
+            return list(_PLUGINS[key])
+        out = ffi.new("const envd_plugin_t **")
+        error = ffi.new("char[]", _ERROR_BYTES)
+        rc = lib.envd_plugin_open(path.encode(), out, error, _ERROR_BYTES)
+        if rc != lib.ENVD_OK:
+            raise PluginError(f"plugin {path}: {ffi.string(error).decode(errors='replace')}")
+        table = out[0]
+        specs = [spec_from_definition(table.envs[i], origin=path) for i in range(table.num_envs)]
+        ids = [spec.id for spec in specs]
+        # The library stays loaded (see plugin.h); only its envs are refused.
+        for env_id in ids:
+            if ids.count(env_id) > 1:
+                raise PluginError(f"plugin {path}: it defines env id {env_id!r} twice")
+            if env_id in _REGISTRY:
+                raise PluginError(f"plugin {path}: env id {env_id!r} is already registered "
+                                  f"(by {_REGISTRY[env_id].origin}); ids must be unique")
+        _REGISTRY.update((spec.id, spec) for spec in specs)
+        _PLUGINS[key] = ids
+        return list(ids)
 
 
 def list_envs() -> list[str]:

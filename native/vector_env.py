@@ -19,7 +19,7 @@ from envd.errors import InvalidArgumentError
 from envd.native._envd_native import lib
 from envd.native.native_vec import (MAX_NUM_ENVS, MAX_THREADS, AsyncBatches, NativePool,
                                    NativeVec)
-from envd.native.registry import EnvSpec, get_spec
+from envd.native.registry import EnvSpec, get_spec, load_plugin
 from envd.vector_base import (BatchedVecEnv, buffer_layout, check_int, is_int,
                               parse_autoreset_mode, seed_list)
 
@@ -82,7 +82,7 @@ class VecEnv(BatchedVecEnv):
         self.num_threads = num_threads
         self._bind_buffers({name: _aligned_zeros(shape, dtype) for name, (shape, dtype)
                             in buffer_layout(spec.observation_space, spec.action_space,
-                                             num_envs, mode).items()})
+                                             num_envs, mode, spec.info_fields).items()})
         try:
             if num_threads > 0:
                 self._pool = NativePool(num_threads, cpus)
@@ -170,7 +170,8 @@ def make(env_id: str, num_envs: int, *, seed: int | Sequence[int] | None = None,
          num_threads: int | None = None, autoreset_mode: str | AutoresetMode = "next_step",
          max_episode_steps: int | None = None, copy: bool = False,
          episode_statistics: bool = True, pin_cpus: Sequence[int] | None = None,
-         batch_size: int | None = None, **env_kwargs: Any) -> VecEnv:
+         batch_size: int | None = None, plugin: str | os.PathLike | None = None,
+         **env_kwargs: Any) -> VecEnv:
     """Create num_envs instances of env_id stepped in this process.
 
     seed:  env i is seeded with seed + i at the first reset (or pass a list of
@@ -187,8 +188,12 @@ def make(env_id: str, num_envs: int, *, seed: int | Sequence[int] | None = None,
     pin_cpus: pin worker thread i to CPU pin_cpus[i] (one CPU per worker).
     batch_size: envs per recv() in async mode (async_reset/send/recv,
            EnvPool's names); default num_envs.
+    plugin: load this plugin library first (envd.load_plugin), for an env id
+           it defines.
     env_kwargs: the env's parameters (see envd.native.get_spec(env_id).params).
     """
+    if plugin is not None:
+        load_plugin(plugin)
     spec = get_spec(env_id)
     return VecEnv(spec, num_envs, seed=seed, num_threads=num_threads,
                   autoreset_mode=autoreset_mode, max_episode_steps=max_episode_steps,

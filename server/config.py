@@ -38,6 +38,7 @@ class Config:
     max_envs_per_client: int = 1 << 20
     max_message_bytes: int = 64 << 20
     pin_cpus: tuple[int, ...] | None = None
+    plugins: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not 0 <= self.threads <= MAX_THREADS:
@@ -93,6 +94,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bind", action="append", metavar="ENDPOINT",
                         help="endpoint to serve, repeatable: ipc:///path or tcp://host:port "
                              f"(env ENVD_BIND, else ENVD_ENDPOINT; default {defaults.bind[0]})")
+    parser.add_argument("--plugin", action="append", metavar="PATH", dest="plugins",
+                        help="env plugin library to load at startup, repeatable (env "
+                             "ENVD_PLUGINS, paths separated by ':'); one that fails to "
+                             "load is logged and skipped, see `envd status`")
     for name, (kind, text) in _FLAGS.items():
         default = getattr(defaults, name)
         parser.add_argument("--" + name.replace("_", "-"), type=kind, metavar=name.upper(),
@@ -117,6 +122,8 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None
             values[name] = given
     bind = getattr(args, "bind", None) or _endpoints(environ.get("ENVD_BIND", ""))
     values["bind"] = tuple(bind) if bind else (default_endpoint(environ),)
+    plugins = getattr(args, "plugins", None) or environ.get("ENVD_PLUGINS", "").split(os.pathsep)
+    values["plugins"] = tuple(path for path in plugins if path)
     if values.get("pin_cpus") is not None:
         values["pin_cpus"] = tuple(values["pin_cpus"])
     return Config(**values)

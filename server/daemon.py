@@ -30,6 +30,7 @@ from envd import __version__, protocol
 from envd.protocol import default_endpoint
 from envd.native.native_vec import NativePool
 from envd.server.config import Config
+from envd.server.plugins import load_plugins
 from envd.server.service import Service
 from envd.server.stale_segments import Instance, remove_stale_segments
 
@@ -101,6 +102,7 @@ class Daemon:
     # ---- startup ---------------------------------------------------------------------
     def startup(self) -> None:
         remove_stale_segments()
+        plugins = load_plugins(self.config.plugins)  # before serving: clients see every env
         self.instance = Instance()
         self.pool = NativePool(self.config.threads,
                                list(self.config.pin_cpus) if self.config.pin_cpus else None)
@@ -125,7 +127,7 @@ class Daemon:
             self.instance.release()
             raise
         self.service = Service(self.config, self.pool, self.executor, self._send,
-                               self.instance.segment_prefix)
+                               self.instance.segment_prefix, plugins=plugins)
         self.service.on_drained = self._stop
         log.info("envd %s serving %s with %d thread(s), pid %d, lease timeout %g s",
                  __version__, " ".join(self.config.bind), self.config.threads, os.getpid(),

@@ -52,8 +52,9 @@ class Service:
     """Clients, their sessions and the handlers of every message type."""
 
     def __init__(self, config: Config, pool: NativePool, executor: Executor, send: Send,
-                 segment_prefix: str):
+                 segment_prefix: str, plugins: list[dict[str, Any]] | None = None):
         self.config = config
+        self.plugins = list(plugins or ())  # what load_plugins reported, for status
         self.segment_prefix = segment_prefix
         self.pool = pool
         self.executor = executor
@@ -169,7 +170,11 @@ class Service:
                          "max_episode_steps": spec.max_episode_steps,
                          "params": [{"name": p.name, "type": p.type, "default": p.default,
                                      "min": p.min_value, "max": p.max_value, "doc": p.doc}
-                                    for p in spec.params]})
+                                    for p in spec.params],
+                         "info_fields": [{"name": f.name, "dtype": f.dtype.name,
+                                          "shape": list(f.shape), "doc": f.doc}
+                                         for f in spec.info_fields],
+                         "origin": spec.origin})
         return protocol.ok_reply(header["id"], envs=envs)
 
     def _status(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> dict:
@@ -472,4 +477,5 @@ class Service:
                 "sessions": len(self.sessions),
                 "envs": sum(s.num_envs for s in self.sessions.values()),
                 "env_steps": self.env_steps, "draining": self.draining,
-                "lease_timeout": self.config.lease_timeout, "limits": self._limits()}
+                "lease_timeout": self.config.lease_timeout, "limits": self._limits(),
+                "plugins": self.plugins}

@@ -47,7 +47,8 @@ class Session:
         self.ready: list[np.ndarray] = []
         self.num_ready = 0
         self.recv_waiter: tuple[bytes, int, int] | None = None
-        layout = buffer_layout(spec.observation_space, spec.action_space, num_envs, mode)
+        layout = buffer_layout(spec.observation_space, spec.action_space, num_envs, mode,
+                               spec.info_fields)
         arrays, size = plan(layout)
         self.segment = Segment.create(segment_prefix + self.id, self.id, arrays, size)
         self._arrays = arrays

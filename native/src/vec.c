@@ -68,6 +68,7 @@ struct envd_vec {
     envd_vec_buffers_t buf;
     envd_pool_t *pool;
     size_t obs_bytes, action_bytes, stride;
+    size_t info_bytes[ENVD_MAX_INFO_FIELDS]; /* one env's slot of each info field */
     unsigned char *blocks; /* num_envs blocks of `stride` bytes */
     bool all_started;      /* every env has been reset at least once */
 
@@ -119,6 +120,19 @@ static void record_error(run_t *run, int rc, int64_t i)
 }
 
 /* ---- per-env work ---------------------------------------------------------- */
+/* The env's info fields of env i, written into its slot of each field buffer.
+ * Envs without info fields pay one predictable branch. */
+static int write_info(const envd_vec_t *vec, int64_t i)
+{
+    int num_fields = vec->def->num_info_fields;
+    if (num_fields == 0)
+        return ENVD_OK;
+    void *fields[ENVD_MAX_INFO_FIELDS];
+    for (int k = 0; k < num_fields; k++)
+        fields[k] = (unsigned char *)vec->buf.info_fields[k] + (size_t)i * vec->info_bytes[k];
+    return vec->def->write_info(state_of(vec, i), fields);
+}
+
 static int reset_env(envd_vec_t *vec, int64_t i, void *obs, lazy_clock_t *clock)
 {
     env_slot_t *slot = slot_of(vec, i);
@@ -128,7 +142,8 @@ static int reset_env(envd_vec_t *vec, int64_t i, void *obs, lazy_clock_t *clock)
     slot->episode_start = clock_seconds(clock);
     slot->started = true;
     slot->needs_reset = false;
-    return vec->def->reset(state_of(vec, i), &slot->rng, obs);
+    int rc = vec->def->reset(state_of(vec, i), &slot->rng, obs);
+    return rc == ENVD_OK ? write_info(vec, i) : rc;
 }
 
 static void reset_range(void *ctx, int64_t begin, int64_t end)
@@ -188,6 +203,8 @@ static inline __attribute__((always_inline)) bool step_env(run_t *run, envd_vec_
     } else {
         const void *action = (const unsigned char *)b->actions + (size_t)i * vec->action_bytes;
         rc = vec->def->step(state_of(vec, i), &slot->rng, action, obs, &reward, &term, &trunc);
+        if (rc == ENVD_OK)
+            rc = write_info(vec, i);
         slot->elapsed_steps++;
         if (vec->config.max_episode_steps > 0 &&
             slot->elapsed_steps >= vec->config.max_episode_steps)
@@ -590,6 +607,9 @@ static int check_args(const envd_env_def_t *def, const envd_vec_config_t *c,
         return ENVD_EINVAL;
     if (c->autoreset_mode == ENVD_AUTORESET_SAME_STEP && !b->final_observations)
         return ENVD_EINVAL;
+    for (int k = 0; k < def->num_info_fields; k++)
+        if (!b->info_fields[k])
+            return ENVD_EINVAL;
     return ENVD_OK;
 }
 
@@ -615,6 +635,13 @@ int envd_vec_create(envd_vec_t **out, const envd_env_def_t *def,
     vec->pool = pool;
     vec->obs_bytes = space_bytes(&def->observation_space);
     vec->action_bytes = space_bytes(&def->action_space);
+    for (int k = 0; k < def->num_info_fields; k++) {
+        const envd_info_field_t *f = &def->info_fields[k];
+        size_t n = 1;
+        for (int d = 0; d < f->ndim; d++)
+            n *= (size_t)f->shape[d];
+        vec->info_bytes[k] = n * envd_dtype_size(f->dtype);
+    }
     size_t block = sizeof(env_slot_t) + def->state_size;
     vec->stride = (block + CACHE_LINE - 1) / CACHE_LINE * CACHE_LINE;
     /* cannot overflow: state_size <= ENVD_MAX_STATE_SIZE (validated) and

@@ -49,6 +49,10 @@ typedef struct envd_vec_buffers {
     double *episode_times;    /* likewise, its wall time in seconds, rounded
                                  to microseconds (gymnasium's "t") */
     bool *dones;              /* terminations | truncations */
+    /* The env's info fields (def->info_fields), num_envs slots each; required
+     * for the first def->num_info_fields entries.  Written after every reset
+     * and step, so they describe the state of the observation beside them. */
+    void *info_fields[ENVD_MAX_INFO_FIELDS];
 } envd_vec_buffers_t;
 
 typedef struct envd_vec_config {

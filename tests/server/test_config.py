@@ -46,6 +46,7 @@ def test_defaults(clean_environment):
     assert default.max_envs_per_client == 1 << 20
     assert default.max_message_bytes == 64 << 20
     assert default.pin_cpus is None
+    assert default.plugins == ()
     assert parse([]) == default  # no flag, no variable: the defaults
 
 
@@ -98,6 +99,13 @@ def test_pin_cpus_and_bind_variables():
     config = parse([], {"ENVD_THREADS": "2", "ENVD_PIN_CPUS": "1,0",
                         "ENVD_BIND": "ipc:///tmp/a.sock"})
     assert (config.threads, config.pin_cpus, config.bind) == (2, (1, 0), ("ipc:///tmp/a.sock",))
+
+
+def test_plugins_flag_and_variable():
+    assert parse(["--plugin", "/a.so", "--plugin", "b.so"], {}).plugins == ("/a.so", "b.so")
+    assert parse([], {"ENVD_PLUGINS": "/a.so::/b c.so:"}).plugins == ("/a.so", "/b c.so")
+    # the command line wins over the variable
+    assert parse(["--plugin", "/x.so"], {"ENVD_PLUGINS": "/a.so"}).plugins == ("/x.so",)
 
 
 def test_every_variable_at_once():

@@ -1,0 +1,32 @@
+"""Loading the daemon's ``--plugin`` libraries.
+
+A plugin that fails to load (missing file, another ABI version, an invalid
+definition, a duplicate env id) is logged and skipped: the daemon serves the
+built-ins and the other plugins, and ``envd status`` lists what failed and why,
+so one broken library never takes a shared daemon down.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Iterable
+
+from envd.errors import PluginError
+from envd.native.registry import load_plugin
+
+log = logging.getLogger("envd.server")
+
+
+def load_plugins(paths: Iterable[str]) -> list[dict[str, Any]]:
+    """Load each plugin in order; one entry per path for `envd status`:
+    {"path", "envs": [ids]} or {"path", "error": message}."""
+    report = []
+    for path in paths:
+        try:
+            ids = load_plugin(path)
+        except PluginError as e:
+            log.error("%s; serving without it", e)
+            report.append({"path": path, "error": str(e)})
+        else:
+            log.info("plugin %s: %s", path, ", ".join(ids))
+            report.append({"path": path, "envs": ids})
+    return report

@@ -1,0 +1,120 @@
+/*
+ * plugin_variants.c -- broken plugins for test_plugins.py, one per -D flag:
+ *   NO_ENTRY      exports no envd_plugin symbol
+ *   NULL_TABLE    envd_plugin() returns NULL
+ *   OTHER_ABI     the table says ABI version 999
+ *   NO_ENVS       the table has num_envs 0
+ *   ZERO_STATE    the env declares state_size 0
+ *   DUPLICATE     the table holds the same id twice
+ *   UNDEFINED     calls a function no library defines (dlopen must fail)
+ *   ENV_ID=...    the env's id (default "TestPlugin-v0")
+ *   INFO_FAILS    write_info fails once the env has stepped 3 times
+ * Without flags it is a valid one-env plugin: obs = [steps so far], reward 1.
+ */
+#include <envd.h>
+
+#ifndef ENV_ID
+#define ENV_ID "TestPlugin-v0"
+#endif
+
+typedef struct counter {
+    int64_t steps;
+} counter_t;
+
+#ifdef UNDEFINED
+int envd_test_no_such_function(void);
+#endif
+
+static int counter_init(void *state, const double *params)
+{
+    (void)state;
+    (void)params;
+    return ENVD_OK;
+}
+
+static int counter_reset(void *state, envd_rng_t *rng, void *obs)
+{
+    (void)rng;
+    counter_t *s = state;
+    s->steps = 0;
+    *(float *)obs = 0.0f;
+    return ENVD_OK;
+}
+
+static int counter_step(void *state, envd_rng_t *rng, const void *action, void *obs,
+                        double *reward, bool *terminated, bool *truncated)
+{
+    (void)rng;
+    (void)action;
+    (void)terminated;
+    (void)truncated;
+    counter_t *s = state;
+    s->steps++;
+#ifdef UNDEFINED
+    s->steps += envd_test_no_such_function();
+#endif
+    *(float *)obs = (float)s->steps;
+    *reward = 1.0;
+    return ENVD_OK;
+}
+
+static const envd_info_field_t info_fields[] = {
+    {"steps", ENVD_DTYPE_INT32, 0, {0}, "steps since reset"},
+};
+
+static int counter_write_info(const void *state, void *const *fields)
+{
+    const counter_t *s = state;
+#ifdef INFO_FAILS
+    if (s->steps >= 3)
+        return ENVD_EINVAL;
+#endif
+    *(int32_t *)fields[0] = (int32_t)s->steps;
+    return ENVD_OK;
+}
+
+static const envd_env_def_t counter = {
+    .abi_version = ENVD_ABI_VERSION,
+    .id = ENV_ID,
+    .observation_space = {.kind = ENVD_SPACE_BOX, .dtype = ENVD_DTYPE_FLOAT32, .ndim = 1,
+                          .shape = {1}},
+    .action_space = {.kind = ENVD_SPACE_DISCRETE, .dtype = ENVD_DTYPE_INT64, .n = 2},
+#ifdef ZERO_STATE
+    .state_size = 0,
+#else
+    .state_size = sizeof(counter_t),
+#endif
+    .num_agents = 1,
+    .init = counter_init,
+    .reset = counter_reset,
+    .step = counter_step,
+    .info_fields = info_fields,
+    .num_info_fields = 1,
+    .write_info = counter_write_info,
+};
+
+#ifdef DUPLICATE
+static const envd_env_def_t *const envs[] = {&counter, &counter};
+#else
+static const envd_env_def_t *const envs[] = {&counter};
+#endif
+
+#ifdef OTHER_ABI
+const envd_plugin_t test_plugin_table = {999, 1, envs};
+#elif defined(NO_ENVS)
+const envd_plugin_t test_plugin_table = {ENVD_ABI_VERSION, 0, envs};
+#else
+const envd_plugin_t test_plugin_table = {ENVD_ABI_VERSION, (int32_t)(sizeof envs / sizeof envs[0]),
+                                     envs};
+#endif
+
+#ifndef NO_ENTRY
+const envd_plugin_t *envd_plugin(void)
+{
+#ifdef NULL_TABLE
+    return NULL;
+#else
+    return &test_plugin_table;
+#endif
+}
+#endif

@@ -1,0 +1,185 @@
+"""Plugin checks, and an independent Python reference of the example plugin.
+
+Loading a plugin changes the process's env registry for good, and other tests
+compare that registry with the built-ins; so test_plugins.py runs each
+in-process check here in a fresh interpreter (run_check), while the daemon
+tests use the reference directly.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE_SOURCE = ROOT / "examples" / "plugins" / "guess_number.c"
+VARIANTS_SOURCE = ROOT / "tests" / "native" / "plugin_variants.c"
+# The build line documented in examples/plugins/guess_number.c and docs/writing-envs.md.
+BUILD_LINE = 'cc -shared -fPIC -O2 -I "$({python} -m envd.native --include)" {source} -o {out}'
+
+
+def build_plugin(source: Path, out: Path, *defines: str) -> Path:
+    """Compile a plugin with the documented one-line build (plus -D defines)."""
+    line = BUILD_LINE.format(python=sys.executable, source=source, out=out)
+    line += "".join(f" '-D{d}'" for d in defines) + " -Wall -Wextra -Werror"
+    proc = subprocess.run(["bash", "-c", line], capture_output=True, text=True)
+    assert proc.returncode == 0, f"{line}\n{proc.stderr}"
+    return out
+
+
+def run_check(name: str, *args: str, timeout: float = 120) -> None:
+    """Run plugin_checks.<name>(*args) in a fresh interpreter; fail with its output."""
+    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+            f"import plugin_checks; plugin_checks.{name}(*sys.argv[1:])")
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                          timeout=timeout, cwd="/")
+    assert proc.returncode == 0, f"{name}{args} failed:\n{proc.stdout}\n{proc.stderr}"
+
+
+class GuessNumber:
+    """GuessNumber-v0 written from its description in guess_number.c."""
+
+    RANGE = 100
+    TIME_LIMIT = 20
+
+    def __init__(self, seed: int, penalty: float):
+        self.rng = np.random.default_rng(seed)
+        self.penalty = penalty
+        self.needs_reset = False
+
+    def reset(self) -> tuple[float, list[int]]:
+        self.target = int(self.rng.random() * self.RANGE)
+        self.low, self.high, self.steps = 0, self.RANGE - 1, 0
+        self.needs_reset = False
+        return 0.0, [self.low, self.high]
+
+    def step(self, guess: int) -> tuple[float, float, bool, bool, list[int]]:
+        """One step of the vec semantics (next_step autoreset, time limit 20)."""
+        if self.needs_reset:
+            obs, bounds = self.reset()
+            return obs, 0.0, False, False, bounds
+        self.steps += 1
+        if guess == self.target:
+            obs, reward, term = 0.0, 1.0, True
+            self.low = self.high = guess
+        else:
+            obs, reward, term = (-1.0 if self.target < guess else 1.0), -self.penalty, False
+            if self.target < guess:
+                self.high = min(self.high, guess - 1)
+            else:
+                self.low = max(self.low, guess + 1)
+        trunc = self.steps >= self.TIME_LIMIT
+        self.needs_reset = term or trunc
+        return obs, reward, term, trunc, [self.low, self.high]
+
+
+def guesses(refs: list[GuessNumber], rng: np.random.Generator) -> np.ndarray:
+    """Half the envs bisect their interval (so episodes end by success), the
+    other half guess at random (so some run into the time limit)."""
+    bisect = np.array([(r.low + r.high) // 2 for r in refs])
+    random = rng.integers(0, GuessNumber.RANGE, len(refs))
+    return np.where(np.arange(len(refs)) % 2 == 0, bisect, random).astype(np.int64)
+
+
+def check_against_reference(env, seed: int, penalty: float, steps: int = 120) -> int:
+    """Step env (a fresh GuessNumber-v0 VecEnv made with seed and penalty)
+    beside the reference; return the number of episodes that ended."""
+    refs = [GuessNumber(seed + i, penalty) for i in range(env.num_envs)]
+    obs, info = env.reset()
+    first = [r.reset() for r in refs]
+    assert obs[:, 0].tolist() == [o for o, _ in first]
+    assert info["bounds"].tolist() == [b for _, b in first]
+    rng = np.random.default_rng(seed)
+    ended = 0
+    for _ in range(steps):
+        actions = guesses(refs, rng)
+        obs, rewards, terms, truncs, info = env.step(actions)
+        expected = [r.step(int(a)) for r, a in zip(refs, actions)]
+        assert obs[:, 0].tolist() == [e[0] for e in expected]
+        assert rewards.tolist() == [float(np.float32(e[1])) for e in expected]
+        assert terms.tolist() == [e[2] for e in expected]
+        assert truncs.tolist() == [e[3] for e in expected]
+        assert info["bounds"].tolist() == [e[4] for e in expected]
+        ended += int((terms | truncs).sum())
+    return ended
+
+
+# ---- checks run by test_plugins.py in a fresh interpreter ---------------------------
+def example_matches_reference(library: str) -> None:
+    import envd
+    for threads in (0, 2):
+        with envd.make("GuessNumber-v0", 16, seed=7, num_threads=threads, plugin=library,
+                       penalty=0.25) as env:
+            ended = check_against_reference(env, 7, 0.25)
+            assert ended > 16, ended  # episodes ended by success and by the time limit
+
+
+def example_async_has_info(library: str) -> None:
+    """recv returns each batch's own rows of the info field."""
+    import envd
+    envd.load_plugin(library)
+    with envd.make("GuessNumber-v0", 8, seed=1, batch_size=4) as env:
+        refs = [GuessNumber(1 + i, 0.0) for i in range(8)]
+        expected = {i: refs[i].reset()[1] for i in range(8)}
+        env.async_reset()
+        for _ in range(30):
+            obs, rewards, terms, truncs, info = env.recv()
+            ids = info["env_id"]
+            assert info["bounds"].shape == (4, 2)
+            assert info["bounds"].tolist() == [expected[i] for i in ids]
+            actions = guesses([refs[i] for i in ids], np.random.default_rng(0))
+            for i, a in zip(ids, actions):
+                expected[i] = refs[i].step(int(a))[4]
+            env.send(actions, ids)
+
+
+def loading_is_idempotent(library: str, link: str) -> None:
+    import envd
+    before = envd.list_envs()
+    assert envd.load_plugin(library) == ["GuessNumber-v0"]
+    assert envd.load_plugin(library) == ["GuessNumber-v0"]
+    assert envd.load_plugin(link) == ["GuessNumber-v0"]  # another path, the same file
+    assert envd.list_envs() == sorted([*before, "GuessNumber-v0"])
+    spec = envd.native.get_spec("GuessNumber-v0")
+    assert spec.origin == os.path.abspath(library)
+    assert [(f.name, f.shape, f.dtype.name) for f in spec.info_fields] == [("bounds", (2,), "int64")]
+    assert [p.name for p in spec.params] == ["penalty"]
+
+
+def refused(library: str, expected: str, good_library: str) -> None:
+    """Loading library raises PluginError containing expected and registers
+    nothing; the process then still loads a good plugin and steps it."""
+    import envd
+    before = envd.list_envs()
+    try:
+        envd.load_plugin(library)
+    except envd.PluginError as e:
+        assert expected in str(e), f"{expected!r} not in {str(e)!r}"
+        assert library in str(e)
+    else:
+        raise AssertionError(f"{library} was loaded")
+    assert envd.list_envs() == before
+    with envd.make("GuessNumber-v0", 2, seed=0, plugin=good_library) as env:
+        env.reset()
+        env.step(np.zeros(2, np.int64))
+
+
+def failing_info_is_reported(library: str) -> None:
+    import envd
+    envd.load_plugin(library)
+    with envd.make("TestPlugin-v0", 4, seed=0) as env:
+        _, info = env.reset()
+        assert info["steps"].tolist() == [0, 0, 0, 0] and info["steps"].dtype == np.int32
+        for k in (1, 2):
+            assert env.step(np.zeros(4, np.int64))[4]["steps"].tolist() == [k] * 4
+        try:
+            env.step(np.zeros(4, np.int64))
+        except envd.NativeError as e:
+            assert "write_info" in str(e), str(e)
+        else:
+            raise AssertionError("a failing write_info was not reported")
+        env.reset()  # the env stays usable
+        assert env.step(np.zeros(4, np.int64))[4]["steps"].tolist() == [1] * 4
