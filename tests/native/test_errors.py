@@ -46,6 +46,8 @@ def lib():
     lib.envd_space_numel.restype = ctypes.c_int64
     lib.envd_env_def_validate.argtypes = [ctypes.POINTER(cbuild.EnvDef)]
     lib.envd_env_def_validate.restype = ctypes.c_int
+    lib.envd_env_def_problem.argtypes = [ctypes.POINTER(cbuild.EnvDef)]
+    lib.envd_env_def_problem.restype = ctypes.c_char_p
     lib.envd_builtin_count.argtypes = []
     lib.envd_builtin_count.restype = ctypes.c_int
     lib.envd_builtin_get.argtypes = [ctypes.c_int]
@@ -359,3 +361,98 @@ def test_validate_param_count(lib, num_params, null_params, want):
     if null_params:
         d.params = ctypes.POINTER(cbuild.Param)()
     assert validate(lib, d) == want
+
+
+# ---- info fields and envd_env_def_problem ---------------------------------------------
+WRITE_INFO = cbuild.WRITE_INFO(lambda state, fields: OK)
+
+
+def with_info_fields(lib, fields: list[dict], write_info=WRITE_INFO, count=None):
+    """Cartpole with info fields built from dicts of InfoField members."""
+    d = builtin(lib)
+    array = (cbuild.InfoField * max(1, len(fields)))()
+    for slot, field in zip(array, fields):
+        for key, value in field.items():
+            if key == "shape":
+                for i, extent in enumerate(value):
+                    slot.shape[i] = extent
+            else:
+                setattr(slot, key, value)
+    d.info_fields = ctypes.cast(array, ctypes.POINTER(cbuild.InfoField))
+    d.num_info_fields = len(fields) if count is None else count
+    d.write_info = write_info
+    d._keep = array
+    return d
+
+
+MASK = {"name": b"action_mask", "dtype": DTYPES["UINT8"], "ndim": 1, "shape": [7]}
+INFO_CASES = [
+    # (fields, num_info_fields override, write_info, expected problem or None)
+    ([MASK], None, WRITE_INFO, None),
+    ([MASK, {**MASK, "name": b"other", "ndim": 0}], None, WRITE_INFO, None),
+    ([MASK] * 8, None, WRITE_INFO, "two fields share a name"),
+    ([{**MASK, "name": f"f{k}".encode()} for k in range(9)], None, WRITE_INFO,
+     "num_info_fields must be in 0..8"),
+    ([MASK], -1, WRITE_INFO, "num_info_fields must be in 0..8"),
+    ([MASK], None, cbuild.WRITE_INFO(), "needs info_fields and write_info"),
+    ([{**MASK, "name": None}], None, WRITE_INFO, "a field has no name"),
+    ([{**MASK, "name": b""}], None, WRITE_INFO, "a field has no name"),
+    ([{**MASK, "dtype": 99}], None, WRITE_INFO, "unknown dtype"),
+    ([{**MASK, "ndim": 5}], None, WRITE_INFO, "ndim must be in 0..4"),
+    ([{**MASK, "shape": [0]}], None, WRITE_INFO, "every shape entry must be in 1..2^32"),
+    ([{**MASK, "ndim": 2, "shape": [1 << 20, 1 << 13]}], None, WRITE_INFO, "more than 2^32"),
+]
+
+
+@pytest.mark.parametrize("fields, count, write_info, problem", INFO_CASES,
+                         ids=[p or "ok-" + str(len(f)) for f, _, _, p in INFO_CASES])
+def test_info_fields_validation(lib, fields, count, write_info, problem):
+    d = with_info_fields(lib, fields, write_info, count)
+    text = lib.envd_env_def_problem(ctypes.byref(d))
+    if problem is None:
+        assert text is None and validate(lib, d) == OK
+    else:
+        assert text.decode().startswith("info_fields: ") and problem in text.decode()
+        assert validate(lib, d) == EINVAL
+
+
+def test_no_info_fields_needs_no_callback(lib):
+    d = builtin(lib)
+    assert d.num_info_fields == 0 and not d.info_fields and not d.write_info
+    assert lib.envd_env_def_problem(ctypes.byref(d)) is None
+
+
+@pytest.mark.parametrize("field, value, problem", [
+    ("id", None, "id is NULL or empty"),
+    ("state_size", 0, "state_size"),
+    ("num_agents", 2, "num_agents must be 1"),
+    ("max_episode_steps", -1, "max_episode_steps must be >= 0"),
+    ("step", cbuild.STEP(), "init, reset and step must not be NULL"),
+    ("abi_version", ABI_VERSION + 1, "abi_version differs"),
+])
+def test_problem_names_the_field(lib, field, value, problem):
+    d = builtin(lib)
+    setattr(d, field, value)
+    assert problem in lib.envd_env_def_problem(ctypes.byref(d)).decode()
+
+
+@pytest.mark.parametrize("which, changes, prefix", [
+    ("obs", {"ndim": 5}, "observation_space: ndim"),
+    ("act", {"n": 0}, "action_space: a discrete space needs n >= 1"),
+    ("act", {"dtype": DTYPES["INT32"]}, "action_space: a discrete space must have dtype INT64"),
+    ("obs", {"low": [0, 0, 0, 1], "high": [1, 1, 1, 0]}, "observation_space: a bound is NaN"),
+])
+def test_problem_names_the_space(lib, which, changes, prefix):
+    d = builtin(lib)
+    keep = []
+    apply_space_changes(d.observation_space if which == "obs" else d.action_space, changes, keep)
+    assert lib.envd_env_def_problem(ctypes.byref(d)).decode().startswith(prefix)
+
+
+def test_problem_of_null_and_of_a_bad_parameter(lib):
+    assert lib.envd_env_def_problem(None) == b"the definition is NULL"
+    d = builtin(lib)
+    param = cbuild.Param(name=b"p", type=0, default_value=5.0, min_value=0.0, max_value=1.0)
+    d.params = ctypes.pointer(param)
+    d.num_params = 1
+    assert b"default is NaN or outside" in lib.envd_env_def_problem(ctypes.byref(d))
