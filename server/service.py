@@ -295,9 +295,10 @@ class Service:
         if len(blobs) != 1 or not 8 <= len(blobs[0]) <= 8 * session.num_envs or len(blobs[0]) % 8:
             raise protocol.BadRequest(
                 f"send: one data frame of 1 to {session.num_envs} env ids (int64) is needed")
-        steps_before = session.num_ready
-        session.submit(np.frombuffer(blobs[0], np.int64).copy())
-        self.env_steps += session.num_ready - steps_before
+        # Validation errors raise before anything is stepped; an env failing
+        # in this batch (run inline) is reported by the next recv, which the
+        # client makes for these envs anyway: the send itself succeeded.
+        self.env_steps += session.submit(np.frombuffer(blobs[0], np.int64).copy())
         if session.batches:
             self._async_sessions.add(session)
         return protocol.ok_reply(header["id"])
@@ -306,6 +307,9 @@ class Service:
         session = self._session(client, header)
         count = check_int("count", header["count"], 1, session.num_envs)
         self.env_steps += session.collect()
+        error = session.take_batch_error()
+        if error is not None:  # its envs stay ready: the next recv returns them
+            raise error
         pending = session.num_ready + session.batches.num_envs()
         if pending < count:
             raise EnvStateError(f"recv of {count} envs, but only {pending} were sent and not "
@@ -355,16 +359,13 @@ class Service:
     def _collect_batches(self, session: Session) -> None:
         """Finished batches of an async session: answer its waiting recv when
         enough envs are ready; free it when it was closed meanwhile."""
-        error = None
-        try:
-            self.env_steps += session.collect()
-        except EnvdError as exc:  # an env failed: the waiting recv reports it
-            error = exc
+        self.env_steps += session.collect()
         if not session.batches:
             self._async_sessions.discard(session)
         waiter = session.recv_waiter
-        if waiter is not None and (error is not None or session.num_ready >= waiter[2]):
+        if waiter is not None and (session.batch_error or session.num_ready >= waiter[2]):
             session.recv_waiter = None
+            error = session.take_batch_error()  # an env failed: the waiting recv reports it
             reply = (protocol.error_reply(waiter[1], error) if error is not None
                      else self._recv_reply(session, waiter[1]))
             self._operation_ended(session)

@@ -47,6 +47,9 @@ class Session:
         self.ready: list[np.ndarray] = []
         self.num_ready = 0
         self.recv_waiter: tuple[bytes, int, int] | None = None
+        # The first failure of an env in a finished batch, reported by the next
+        # recv (its envs are in self.ready, so the recv after it returns them).
+        self.batch_error: EnvdError | None = None
         layout = buffer_layout(spec.observation_space, spec.action_space, num_envs, mode,
                                spec.info_fields)
         arrays, size = plan(layout)
@@ -89,21 +92,26 @@ class Session:
                 f"({actions.dtype} x {actions.shape}), got {len(blob)}")
         actions[...] = np.frombuffer(blob, actions.dtype).reshape(actions.shape)
 
-    def submit(self, env_ids: np.ndarray) -> None:
-        """Start stepping env_ids (async send); a batch run inline is ready at once."""
+    def submit(self, env_ids: np.ndarray) -> int:
+        """Start stepping env_ids (async send); a batch run inline is ready at
+        once.  Returns how many envs became ready (see collect)."""
         self.batches.submit(env_ids, notify=True)
-        self.collect()
+        return self.collect()
 
     def collect(self) -> int:
-        """Move the envs of finished batches to the ready list; how many.  The
-        error of an env that failed is raised once they all are there."""
+        """Move the envs of finished batches to the ready list; how many.  An
+        env's failure never loses an id: the envs go to the ready list all the
+        same and the failure waits in batch_error for the next recv."""
         finished, error = self.batches.collect()
         self.ready.extend(finished)
         count = sum(map(len, finished))
         self.num_ready += count
-        if error is not None:
-            raise error
+        self.batch_error = self.batch_error or error
         return count
+
+    def take_batch_error(self) -> EnvdError | None:
+        error, self.batch_error = self.batch_error, None
+        return error
 
     def take_ready(self) -> np.ndarray:
         ids = np.concatenate(self.ready) if self.ready else np.empty(0, np.int64)

@@ -183,3 +183,49 @@ def failing_info_is_reported(library: str) -> None:
             raise AssertionError("a failing write_info was not reported")
         env.reset()  # the env stays usable
         assert env.step(np.zeros(4, np.int64))[4]["steps"].tolist() == [1] * 4
+
+
+def async_failure_loses_no_env(library: str) -> None:
+    import envd
+    envd.load_plugin(library)
+    with envd.make("TestPlugin-v0", 6, seed=0, batch_size=2, num_threads=2) as env:
+        check_async_failure(env)
+
+
+def check_async_failure(env) -> None:
+    """env: TestPlugin-v0 of plugin_variants.c built with INFO_FAILS, 6 envs,
+    batch_size 2.  An env failing inside an async batch (write_info fails from
+    its third step on) raises NativeError from the send or recv that notices
+    it, and every env is still returned exactly once per send."""
+    import envd
+    sent = np.zeros(6, np.int64)
+    received = np.zeros(6, np.int64)
+    env.async_reset()
+    sent += 1  # the reset counts as one send of every env
+    errors = []
+    for _ in range(40):
+        try:
+            _, _, _, _, info = env.recv()
+        except envd.NativeError as e:
+            errors.append(str(e))
+            continue
+        ids = info["env_id"]
+        received[ids] += 1
+        try:
+            env.send(np.zeros(len(ids), np.int64), ids)
+        except envd.NativeError as e:  # an inline batch fails at once
+            errors.append(str(e))
+        sent[ids] += 1
+    while True:  # drain what is in flight or ready
+        try:
+            _, _, _, _, info = env.recv()
+        except envd.NativeError as e:
+            errors.append(str(e))
+            continue
+        except envd.EnvStateError:
+            break  # nothing left
+        received[info["env_id"]] += 1
+    assert received.tolist() == sent.tolist(), (sent, received)
+    assert errors and all("write_info callback" in e for e in errors), errors
+    env.reset()  # back to sync mode: the env is usable
+    env.step(np.zeros(6, np.int64))

@@ -8,20 +8,22 @@ import pytest
 
 from daemon_helpers import DaemonProcess, segments_of
 from plugin_checks import (EXAMPLE_SOURCE, VARIANTS_SOURCE, GuessNumber, build_plugin,
-                           check_against_reference, guesses)
+                           check_against_reference, check_async_failure, guesses)
 
 
 @pytest.fixture(scope="module")
 def plugins(tmp_path_factory):
     folder = tmp_path_factory.mktemp("plugins")
     return {"good": build_plugin(EXAMPLE_SOURCE, folder / "libguess_number.so"),
-            "other_abi": build_plugin(VARIANTS_SOURCE, folder / "libother_abi.so", "OTHER_ABI")}
+            "other_abi": build_plugin(VARIANTS_SOURCE, folder / "libother_abi.so", "OTHER_ABI"),
+            "info_fails": build_plugin(VARIANTS_SOURCE, folder / "libinfo_fails.so", "INFO_FAILS")}
 
 
 @pytest.fixture
 def daemon_with_plugins(tmp_path, plugins):
     with DaemonProcess(tmp_path / "d", "--threads", "2", "--plugin", str(plugins["good"]),
-                       "--plugin", str(plugins["other_abi"])) as proc:
+                       "--plugin", str(plugins["other_abi"]),
+                       "--plugin", str(plugins["info_fails"])) as proc:
         yield proc
     assert proc.proc.returncode == 0, proc.log()
     assert segments_of(proc.pid) == []
@@ -68,3 +70,12 @@ def test_plugins_from_environment_variable(tmp_path, plugins):
         with proc.connect() as client:
             assert "GuessNumber-v0" in client.list_envs()
     assert proc.proc.returncode == 0, proc.log()
+
+
+def test_env_failing_inside_async_batches_through_the_daemon(daemon_with_plugins):
+    with daemon_with_plugins.connect() as client:
+        with client.make("TestPlugin-v0", 6, seed=0, batch_size=2) as env:
+            check_async_failure(env)
+        with client.make("CartPole-v1", 4, seed=0) as bystander:  # the daemon is fine
+            bystander.reset()
+            bystander.step(np.zeros(4, np.int64))

@@ -91,3 +91,8 @@ def test_reference_is_not_trivial():
         if term:
             break
     assert term and reward == 1.0 and bounds[0] == bounds[1] == ref.target
+
+
+def test_env_failing_inside_async_batches_loses_no_env(tmp_path):
+    library = build_plugin(VARIANTS_SOURCE, tmp_path / "libinfo_fails.so", "INFO_FAILS")
+    run_check("async_failure_loses_no_env", str(library))
