@@ -83,6 +83,9 @@ def seed_list(seed: int | Sequence[int], num_envs: int) -> np.ndarray:
 #: Buffers named INFO_PREFIX + name hold the env's own info fields (e.g.
 #: "info.action_mask"); they appear in every reset/step/recv info under name.
 INFO_PREFIX = "info."
+#: Info keys envd itself sets; an env's info field may not use them, nor any
+#: name starting with "_" (gymnasium's mask keys).
+RESERVED_INFO_KEYS = frozenset({"env_id", "episode", "final_obs", "final_info"})
 
 
 def buffer_layout(observation_space: spaces.Space, action_space: spaces.Space, num_envs: int,

@@ -18,6 +18,7 @@ import numpy as np
 from gymnasium import spaces
 
 from envd.errors import InvalidArgumentError, PluginError, UnknownEnvError
+from envd.vector_base import RESERVED_INFO_KEYS
 from envd.native._envd_native import ffi, lib
 
 DTYPES = {
@@ -196,12 +197,23 @@ def load_plugin(path: str | os.PathLike) -> list[str]:
         specs = [spec_from_definition(table.envs[i], origin=path) for i in range(table.num_envs)]
         ids = [spec.id for spec in specs]
         # The library stays loaded (see plugin.h); only its envs are refused.
-        for env_id in ids:
-            if ids.count(env_id) > 1:
-                raise PluginError(f"plugin {path}: it defines env id {env_id!r} twice")
-            if env_id in _REGISTRY:
-                raise PluginError(f"plugin {path}: env id {env_id!r} is already registered "
-                                  f"(by {_REGISTRY[env_id].origin}); ids must be unique")
+        for spec in specs:
+            if ids.count(spec.id) > 1:
+                raise PluginError(f"plugin {path}: it defines env id {spec.id!r} twice")
+            if spec.id in _REGISTRY:
+                origin = _REGISTRY[spec.id].origin
+                why = ("an earlier build of this file is loaded; loaded plugins are never "
+                       "unloaded, so load a rebuilt plugin in a new process"
+                       if origin == path else "ids must be unique")
+                raise PluginError(f"plugin {path}: env id {spec.id!r} is already registered "
+                                  f"(by {origin}); {why}")
+            reserved = [f.name for f in spec.info_fields
+                        if f.name in RESERVED_INFO_KEYS or f.name.startswith("_")]
+            if reserved:
+                raise PluginError(
+                    f"plugin {path}: env {spec.id!r} names an info field {reserved[0]!r}, "
+                    f"which envd's own info uses (reserved: {', '.join(sorted(RESERVED_INFO_KEYS))} "
+                    "and names starting with '_')")
         _REGISTRY.update((spec.id, spec) for spec in specs)
         _PLUGINS[key] = ids
         return list(ids)

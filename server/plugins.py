@@ -8,6 +8,7 @@ so one broken library never takes a shared daemon down.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any, Iterable
 
 from envd.errors import PluginError
@@ -20,7 +21,7 @@ def load_plugins(paths: Iterable[str]) -> list[dict[str, Any]]:
     """Load each plugin in order; one entry per path for `envd status`:
     {"path", "envs": [ids]} or {"path", "error": message}."""
     report = []
-    for path in paths:
+    for path in map(os.path.abspath, paths):
         try:
             ids = load_plugin(path)
         except PluginError as e:

@@ -229,3 +229,16 @@ def check_async_failure(env) -> None:
     assert errors and all("write_info callback" in e for e in errors), errors
     env.reset()  # back to sync mode: the env is usable
     env.step(np.zeros(6, np.int64))
+
+
+def rebuilt_plugin_needs_new_process(library: str, rebuilt: str) -> None:
+    import envd
+    envd.load_plugin(library)
+    os.replace(rebuilt, library)  # a rebuild: a new file at the same path
+    try:
+        envd.load_plugin(library)
+    except envd.PluginError as e:
+        assert "an earlier build of this file is loaded" in str(e), str(e)
+        assert "new process" in str(e), str(e)
+    else:
+        raise AssertionError("a rebuilt plugin was loaded over the old one")

@@ -183,7 +183,8 @@ typedef struct envd_env_def {
     const char *id;       /* e.g. "CartPole-v1" */
     envd_space_t observation_space;
     envd_space_t action_space;
-    size_t state_size;         /* bytes of per-instance state, 1..ENVD_MAX_STATE_SIZE */
+    size_t state_size;         /* bytes of per-instance state, 1..ENVD_MAX_STATE_SIZE;
+                                  zeroed and aligned for any type (max_align_t) */
     int32_t num_agents;        /* 1 for now; present for multi-agent envs */
     int32_t max_episode_steps; /* default time limit, 0 for none */
     const envd_param_t *params;
@@ -200,8 +201,9 @@ typedef struct envd_env_def {
 
 /* Check a definition for consistency; ENVD_OK or the first problem found. */
 int envd_env_def_validate(const envd_env_def_t *def);
-/* The first problem of a definition in words ("observation_space: shape[1]
- * must be > 0"), or NULL when it is valid.  A static string. */
+/* The first problem of a definition in words ("observation_space: every
+ * shape entry must be in 1..2^32"), or NULL when it is valid.  A static
+ * string. */
 const char *envd_env_def_problem(const envd_env_def_t *def);
 
 /* ---- plugins ---------------------------------------------------------------

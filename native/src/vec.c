@@ -8,6 +8,7 @@
 #include "vec.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -15,7 +16,7 @@
 #define CACHE_LINE 64
 
 /* Dispatch policy.  Waking a sleeping worker costs 20-40 us on the machines we
- * measured (DESIGN.md section 6), so a batch cheaper than INLINE_BELOW_NS runs
+ * measured (see docs/architecture.md), so a batch cheaper than INLINE_BELOW_NS runs
  * on the calling thread.  Chunks carry at least MIN_CHUNK_NS of work (the
  * atomic claim and a cold cache line stay negligible) and there are about
  * CHUNKS_PER_THREAD chunks per participating thread, which balances load when
@@ -28,8 +29,11 @@
 /* A step submitted with envd_vec_step_submit and not yet finished. */
 typedef enum pending { PENDING_NONE = 0, PENDING_INLINE, PENDING_POOLED } pending_t;
 
+/* An env's block is its slot, then its state.  The slot's alignment makes its
+ * size a multiple of max_align_t's, so the state (blocks are cache-line
+ * aligned) is aligned for any type an env may keep in it (envd.h promises). */
 typedef struct env_slot {
-    envd_rng_t rng;
+    _Alignas(max_align_t) envd_rng_t rng;
     double episode_return;
     int64_t episode_length;
     int64_t elapsed_steps; /* for the time limit */
@@ -38,6 +42,7 @@ typedef struct env_slot {
     bool needs_reset;      /* done, and not reset yet */
     bool in_batch;         /* in an async batch in flight (caller thread only) */
 } env_slot_t;
+_Static_assert(sizeof(env_slot_t) % _Alignof(max_align_t) == 0, "state must stay aligned");
 
 /* One run over envs: the whole vec (ids == NULL: env k is index k) or an
  * async batch (env k is ids[k]).  Written by the caller before dispatch, read

@@ -62,6 +62,10 @@ def assert_same_array(a, b, what):
 
 def assert_same_info(ri, li, where):
     assert ri.keys() == li.keys(), f"info keys differ {where}: {sorted(ri)} vs {sorted(li)}"
+    env_fields = set(li) - {"episode", "_episode", "final_obs", "_final_obs", "final_info",
+                            "_final_info"}
+    for name in env_fields:  # the env's own info fields (e.g. ConnectFour's action_mask)
+        assert_same_array(ri[name], li[name], f"info[{name!r}] {where}")
     if "episode" in li:
         assert ri["episode"].keys() == li["episode"].keys() == {"r", "l", "t"}
         # t is wall time; r and l are bit-equal.  Only ended episodes are meaningful.
@@ -108,7 +112,7 @@ def run_steps(remote, local, steps, rng, where="", reset_done=False):
             r_obs, r_info = remote.reset(options={"reset_mask": mask})
             l_obs, l_info = local.reset(options={"reset_mask": mask})
             assert_same_array(r_obs, l_obs, f"masked reset obs {where} step {step}")
-            assert r_info == l_info == {}
+            assert_same_info(r_info, l_info, f"masked reset {where} step {step}")
     return episodes
 
 
@@ -127,9 +131,11 @@ def assert_same_error(call, client, exc_type):
 
 # ---- trajectories -------------------------------------------------------------------------
 #: Time limits short enough for every env to end episodes within STEPS
-#: (None: the registered limit; CartPole terminates early under random actions).
+#: (None: the registered limit; CartPole, Snake and ConnectFour end early under
+#: random actions).
 TIME_LIMITS = {"CartPole-v1": None, "Pendulum-v1": 60, "MountainCar-v0": 70,
-               "MountainCarContinuous-v0": 80, "Acrobot-v1": 90}
+               "MountainCarContinuous-v0": 80, "Acrobot-v1": 90, "Snake-v0": None,
+               "ConnectFour-v0": None}
 STEPS = 240
 
 
@@ -144,7 +150,7 @@ def test_trajectories_bit_identical_to_in_process(client, env_id, mode):
         r_obs, r_info = remote.reset()
         l_obs, l_info = local.reset()
         assert_same_array(r_obs, l_obs, "first reset")
-        assert r_info == l_info == {}
+        assert_same_info(r_info, l_info, "first reset")
         rng = np.random.default_rng(seed)
         episodes = run_steps(remote, local, STEPS, rng, f"{env_id} {mode}",
                              reset_done=mode == "disabled")

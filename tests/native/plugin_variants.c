@@ -9,12 +9,16 @@
  *   UNDEFINED     calls a function no library defines (dlopen must fail)
  *   ENV_ID=...    the env's id (default "TestPlugin-v0")
  *   INFO_FAILS    write_info fails once the env has stepped 3 times
+ *   INFO_NAME=... the info field's name (default "steps")
  * Without flags it is a valid one-env plugin: obs = [steps so far], reward 1.
  */
 #include <envd.h>
 
 #ifndef ENV_ID
 #define ENV_ID "TestPlugin-v0"
+#endif
+#ifndef INFO_NAME
+#define INFO_NAME "steps"
 #endif
 
 typedef struct counter {
@@ -59,7 +63,7 @@ static int counter_step(void *state, envd_rng_t *rng, const void *action, void *
 }
 
 static const envd_info_field_t info_fields[] = {
-    {"steps", ENVD_DTYPE_INT32, 0, {0}, "steps since reset"},
+    {INFO_NAME, ENVD_DTYPE_INT32, 0, {0}, "steps since reset"},
 };
 
 static int counter_write_info(const void *state, void *const *fields)

@@ -11,6 +11,13 @@ from async_helpers import async_trajectories, per_env_actions, sync_trajectories
 from conftest import BUILTIN_ENV_IDS
 
 
+# Steps no episode can end within, whatever the actions: CartPole's pole falls
+# in 8 steps at the soonest; Snake starts 6 cells from every wall and is too
+# short to bite itself; ConnectFour's agent connects four on its 4th move at
+# the soonest.
+SAFE_STEPS = {"CartPole-v1": 8, "Snake-v0": 5, "ConnectFour-v0": 3}
+
+
 @pytest.mark.parametrize("env_id", BUILTIN_ENV_IDS)
 @pytest.mark.parametrize("mode", ["next_step", "same_step", "disabled"])
 def test_per_env_trajectories_equal_sync_mode(env_id, mode):
@@ -20,10 +27,9 @@ def test_per_env_trajectories_equal_sync_mode(env_id, mode):
     kwargs = {"autoreset_mode": mode}
     if mode == "disabled":
         # Without autoreset a done env may not be stepped again: run no
-        # longer than the shortest episode (no time limit; CartPole's pole
-        # falls in 8 steps at the soonest).
+        # longer than the shortest episode (no time limit).
         kwargs["max_episode_steps"] = 0
-        steps = 8 if env_id == "CartPole-v1" else steps
+        steps = min(steps, SAFE_STEPS.get(env_id, steps))
         actions = actions[:steps]
     reference = sync_trajectories(env_id, num_envs, steps, actions, **kwargs)
     rng = np.random.default_rng(hash((env_id, mode)) % 2**32)

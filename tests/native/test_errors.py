@@ -29,9 +29,6 @@ ELEMENT_SIZES = {"FLOAT32": 4, "FLOAT64": 8, "INT64": 8, "INT32": 4, "UINT8": 1,
 BUILTIN_SYMBOLS = ["envd_builtin_cartpole", "envd_builtin_pendulum", "envd_builtin_mountain_car",
                    "envd_builtin_mountain_car_continuous", "envd_builtin_acrobot",
                    "envd_builtin_snake"]
-# Built-ins that gymnasium does not have (conftest's BUILTIN_ENV_IDS lists the
-# gymnasium ones, which the equivalence tests compare against).
-EXTRA_BUILTIN_IDS = ["Snake-v0"]
 INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
 
 
@@ -157,7 +154,7 @@ def test_builtin_table(lib):
         d = lib.envd_builtin_get(i)
         assert d, i
         ids.append(d.contents.id.decode())
-    assert sorted(ids) == sorted(BUILTIN_ENV_IDS + EXTRA_BUILTIN_IDS)
+    assert sorted(ids) == sorted(BUILTIN_ENV_IDS)
     # The table points at the exported definitions themselves.
     addresses = {ctypes.addressof(lib.envd_builtin_get(i).contents)
                  for i in range(lib.envd_builtin_count())}

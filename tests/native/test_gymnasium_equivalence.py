@@ -10,7 +10,7 @@ import pytest
 from gymnasium.wrappers.vector import RecordEpisodeStatistics
 
 import envd
-from conftest import BUILTIN_ENV_IDS, random_actions
+from conftest import GYMNASIUM_ENV_IDS, random_actions
 
 STEPS = 2000
 
@@ -32,7 +32,7 @@ def assert_same_step(step, ours, ref):
 
 @pytest.mark.parametrize("num_envs", [1, 7, 64])
 @pytest.mark.parametrize("seed", [0, 1, 123])
-@pytest.mark.parametrize("env_id", BUILTIN_ENV_IDS)
+@pytest.mark.parametrize("env_id", GYMNASIUM_ENV_IDS)
 def test_matches_gymnasium_sync_vector_env(env_id, seed, num_envs):
     ref = RecordEpisodeStatistics(gym.make_vec(env_id, num_envs=num_envs,
                                                vectorization_mode="sync"))
@@ -137,7 +137,7 @@ def test_env_kwargs_and_time_limit_match_gymnasium(env_id, kwargs, gym_kwargs):
     ref.close()
 
 
-@pytest.mark.parametrize("env_id", BUILTIN_ENV_IDS)
+@pytest.mark.parametrize("env_id", GYMNASIUM_ENV_IDS)
 def test_spaces_and_time_limits_match_gymnasium(env_id):
     ref = gym.make(env_id)
     spec = envd.native.get_spec(env_id)

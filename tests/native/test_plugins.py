@@ -63,6 +63,8 @@ BROKEN = {
     "UNDEFINED": (("UNDEFINED",), "undefined symbol: envd_test_no_such_function"),
     "BUILTIN_ID": (('ENV_ID="CartPole-v1"',), "'CartPole-v1' is already registered (by builtin)"),
     "not_a_library": ((), "cannot load it"),
+    "RESERVED_INFO": (('INFO_NAME="episode"',), "names an info field 'episode', which envd's own"),
+    "UNDERSCORE_INFO": (('INFO_NAME="_steps"',), "names starting with '_'"),
 }
 
 
@@ -96,3 +98,10 @@ def test_reference_is_not_trivial():
 def test_env_failing_inside_async_batches_loses_no_env(tmp_path):
     library = build_plugin(VARIANTS_SOURCE, tmp_path / "libinfo_fails.so", "INFO_FAILS")
     run_check("async_failure_loses_no_env", str(library))
+
+
+def test_a_rebuilt_plugin_is_refused_with_a_clear_reason(example, tmp_path):
+    first = tmp_path / "libguess.so"
+    first.write_bytes(example.read_bytes())
+    rebuilt = build_plugin(EXAMPLE_SOURCE, tmp_path / "rebuilt.so")
+    run_check("rebuilt_plugin_needs_new_process", str(first), str(rebuilt))
