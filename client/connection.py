@@ -93,7 +93,8 @@ class Client:
         self._envs: weakref.WeakSet = weakref.WeakSet()
         self._orphans: list[str] = []  # sessions of envs garbage-collected unclosed
         self._abandoned: set[int] = set()  # ids of makes that timed out
-        self._awaited: dict[int, Callable[[], None]] = {}  # timed-out calls: id -> on reply
+        # requests nobody waits for (timed-out calls, posted sends): id -> on reply
+        self._awaited: dict[int, Callable[[dict[str, Any]], None]] = {}
         self.server_info: dict[str, Any] = {}
         self._check_endpoint()
         context = zmq.Context()
@@ -158,14 +159,7 @@ class Client:
                 raise ConnectionLostError(
                     f"the connection to the daemon at {self.endpoint} was lost and its sessions "
                     "with it; connect again")
-            self._send_orphan_closes()
-            request_id = header["id"] = next(self._ids)
-            packed = protocol.pack(header)
-            self._check_size(len(packed) + sum(map(len, blobs)), header["type"])
-            if blobs:
-                self._socket.send_multipart([packed, *blobs], copy=False)
-            else:  # the hot path: one small frame, copied (cheaper than zero-copy here)
-                self._socket.send(packed)
+            request_id = self._send_request(header, blobs)
             try:
                 return self._wait_reply(request_id, header["type"],
                                         self.timeout if timeout is None else timeout)
@@ -173,6 +167,32 @@ class Client:
                 if header["type"] == "make":  # its late reply names a session to close
                     self._abandoned.add(request_id)
                 raise
+
+    def _post(self, header: dict[str, Any], blobs: Sequence[bytes],
+              on_reply: Callable[[dict[str, Any]], None]) -> None:
+        """Send one request without waiting for its reply: on_reply(reply)
+        runs when the reply is read, at the latest while waiting for the reply
+        of a later request (the daemon answers one connection in order)."""
+        with self._lock:
+            if self.closed:
+                raise EnvStateError(f"this client of {self.endpoint} is closed")
+            if self._lost:
+                raise ConnectionLostError(
+                    f"the connection to the daemon at {self.endpoint} was lost and its sessions "
+                    "with it; connect again")
+            self._awaited[self._send_request(header, blobs)] = on_reply
+
+    def _send_request(self, header: dict[str, Any], blobs: Sequence[bytes]) -> int:
+        """Put one request on the socket (lock held); its id."""
+        self._send_orphan_closes()
+        request_id = header["id"] = next(self._ids)
+        packed = protocol.pack(header)
+        self._check_size(len(packed) + sum(map(len, blobs)), header["type"])
+        if blobs:
+            self._socket.send_multipart([packed, *blobs], copy=False)
+        else:  # the hot path: one small frame, copied (cheaper than zero-copy here)
+            self._socket.send(packed)
+        return request_id
 
     def _check_size(self, size: int, kind: str) -> None:
         """Refuse what the daemon would drop the connection for."""
@@ -219,9 +239,10 @@ class Client:
                 self._orphans.append(reply["session"])
         callback = self._awaited.pop(request_id, None)
         if callback is not None:
-            callback()
+            callback(reply)
 
-    def _await_late_reply(self, request_id: int, callback: Callable[[], None]) -> None:
+    def _await_late_reply(self, request_id: int,
+                          callback: Callable[[dict[str, Any]], None]) -> None:
         self._awaited[request_id] = callback
 
     def _read_late_replies(self) -> None:

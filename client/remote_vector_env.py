@@ -11,12 +11,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
 from envd import protocol
-from envd.errors import EnvdTimeoutError, EnvStateError
+from envd.errors import EnvdError, EnvdTimeoutError, EnvStateError
 from envd.shm import Segment
-from envd.vector_base import BatchedVecEnv
+from envd.vector_base import BatchedVecEnv, action_out_of_range
 
 if TYPE_CHECKING:
     from envd.client.connection import Client
@@ -43,6 +44,7 @@ class RemoteVecEnv(BatchedVecEnv):
         self._bind_buffers(segment.arrays)
         self._step_header = {"type": "step", "session": self.session}
         self._async_lost = False     # a recv timed out: async bookkeeping is lost
+        self._refused_sends: list[tuple[np.ndarray, dict[str, Any]]] = []  # (ids, error reply)
 
     # ---- BatchedVecEnv hooks --------------------------------------------------------
     def _run_reset(self, with_seeds: bool, with_mask: bool) -> None:
@@ -53,12 +55,25 @@ class RemoteVecEnv(BatchedVecEnv):
         return self._call(dict(self._step_header))["num_done"]
 
     def _submit_batch(self, env_ids: np.ndarray) -> None:
+        # Posted: send returns without a round trip (the trainer goes on while
+        # the daemon steps).  The daemon refuses a send only before stepping
+        # any of it (an env failing later is reported by recv), and answers in
+        # order, so its reply is known by the time the next recv's reply is.
         self._check_async_state()
-        try:
-            self._call({"type": "send", "session": self.session}, [env_ids.tobytes()])
-        except EnvdTimeoutError:
-            self._async_lost = True  # the daemon may step them anyway: we cannot tell
-            raise
+        space = self.single_action_space
+        if isinstance(space, spaces.Discrete):  # as the daemon would, but at send
+            rows = self._actions[env_ids]
+            bad = np.flatnonzero((rows < space.start) | (rows >= space.start + space.n))
+            if len(bad):
+                raise action_out_of_range(self.env_id, space, int(rows[bad[0]]),
+                                          int(env_ids[bad[0]]))
+
+        def on_reply(reply: dict[str, Any]) -> None:
+            if not reply.get("ok"):
+                self._refused_sends.append((env_ids, reply))
+
+        self._client._post({"type": "send", "session": self.session}, [env_ids.tobytes()],
+                           on_reply)
 
     def _collect_batches(self, wait: bool) -> list[np.ndarray]:
         # The daemon knows what finished; asking costs a round trip, so only
@@ -72,7 +87,23 @@ class RemoteVecEnv(BatchedVecEnv):
         except EnvdTimeoutError:
             self._async_lost = True  # the late reply's ids would be lost to us
             raise
+        except EnvdError:
+            refusal = self._take_back_refused_sends()
+            if refusal is not None:
+                raise refusal  # the cause: the recv failed for want of those envs
+            raise
+        # recv's envs are ready all the same; the refusal is raised after
+        self._batch_error = self._batch_error or self._take_back_refused_sends()
         return [np.frombuffer(reply["_blobs"][0], np.int64).copy()]
+
+    def _take_back_refused_sends(self) -> EnvdError | None:
+        """Envs of sends the daemon refused were never stepped: idle again.
+        Returns the first refusal (it names what was wrong), or None."""
+        refused, self._refused_sends = self._refused_sends, []
+        for env_ids, _ in refused:
+            self._env_state[env_ids] = self._IDLE
+            self._num_in_flight -= len(env_ids)
+        return protocol.error_from_reply(refused[0][1]) if refused else None
 
     def _check_async_state(self) -> None:
         if self._async_lost:
@@ -90,7 +121,7 @@ class RemoteVecEnv(BatchedVecEnv):
             self._client._await_late_reply(header["id"], self._late_reply_came)
             raise
 
-    def _late_reply_came(self) -> None:
+    def _late_reply_came(self, reply: dict[str, Any]) -> None:
         self._maybe_running = False
 
     def _check_buffers_free(self) -> None:

@@ -215,17 +215,22 @@ def error_reply(request_id: int | None, exc: errors.EnvdError) -> dict[str, Any]
     return reply
 
 
-def raise_error(reply: dict[str, Any]) -> None:
-    """Raise the exception an error reply stands for (the class of its code)."""
+def error_from_reply(reply: dict[str, Any]) -> errors.EnvdError:
+    """The exception an error reply stands for (the class of its code)."""
     code = reply.get("code")
     message = str(reply.get("message", "the daemon gave no message"))
     cls = ERROR_CODES.get(code, errors.DaemonError)
     if cls is errors.NativeError:
-        raise errors.NativeError(message, int(reply.get("native_code", -1)))
+        return errors.NativeError(message, int(reply.get("native_code", -1)))
     exc = cls(message)
     if code != cls.error_code:  # e.g. unknown_type, or a code of a newer daemon
         exc.error_code = str(code)
-    raise exc
+    return exc
+
+
+def raise_error(reply: dict[str, Any]) -> None:
+    """Raise the exception an error reply stands for."""
+    raise error_from_reply(reply)
 
 
 # ---- spaces ---------------------------------------------------------------------------

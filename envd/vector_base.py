@@ -88,6 +88,15 @@ INFO_PREFIX = "info."
 RESERVED_INFO_KEYS = frozenset({"env_id", "episode", "final_obs", "final_info"})
 
 
+def action_out_of_range(env_id: str, space: spaces.Discrete, action: int,
+                        index: int) -> InvalidActionError:
+    """The error of a discrete action outside its space (one message for the
+    in-process env and the client, which checks before it posts a send)."""
+    return InvalidActionError(
+        f"{env_id}: action {action} of env {index} is out of range; "
+        f"{space} accepts {space.start}..{space.start + space.n - 1}")
+
+
 def buffer_layout(observation_space: spaces.Space, action_space: spaces.Space, num_envs: int,
                   mode: AutoresetMode, info_fields: Sequence[Any] = ()
                   ) -> dict[str, tuple[tuple[int, ...], np.dtype]]:

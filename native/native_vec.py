@@ -8,13 +8,12 @@ owner makes one call at a time (the vec is not re-entrant).
 from __future__ import annotations
 
 import numpy as np
-from gymnasium import spaces
 
-from envd.errors import (EnvdError, EnvStateError, InvalidActionError, InvalidArgumentError,
+from envd.errors import (EnvdError, EnvStateError, InvalidArgumentError,
                          NativeError)
 from envd.native._envd_native import ffi, lib
 from envd.native.registry import EnvSpec
-from envd.vector_base import INFO_PREFIX
+from envd.vector_base import INFO_PREFIX, action_out_of_range
 
 #: The largest num_envs one vec accepts (1,048,576).
 MAX_NUM_ENVS = int(lib.ENVD_VEC_MAX_ENVS)
@@ -177,10 +176,8 @@ class NativeVec:
         index = int(lib.envd_vec_error_index(self.handle))
         env_id = self.spec.id
         if rc == lib.ENVD_ERANGE:
-            space: spaces.Discrete = self.spec.action_space
-            raise InvalidActionError(
-                f"{env_id}: action {int(self._buffers['actions'][index])} of env {index} is out "
-                f"of range; {space} accepts {space.start}..{space.start + space.n - 1}")
+            raise action_out_of_range(env_id, self.spec.action_space,
+                                      int(self._buffers["actions"][index]), index)
         if rc == lib.ENVD_ESTATE and not self._buffers["dones"][index]:
             raise EnvStateError(f"{env_id}: env {index} was never reset; call reset() before step()")
         if rc == lib.ENVD_ESTATE:

@@ -17,7 +17,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from envd import protocol
-from envd.errors import InvalidActionError, InvalidArgumentError
+from envd.errors import EnvdError, InvalidActionError, InvalidArgumentError
 from envd.native.native_vec import AsyncBatches, NativePool, NativeVec
 from envd.native.registry import EnvSpec
 from envd.native.vector_env import AUTORESET_MODE_CODES
