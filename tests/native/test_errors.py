@@ -27,7 +27,10 @@ OK, EINVAL, EABI = CODES["ENVD_OK"], CODES["ENVD_EINVAL"], CODES["ENVD_EABI"]
 BOX, DISCRETE = 0, 1
 ELEMENT_SIZES = {"FLOAT32": 4, "FLOAT64": 8, "INT64": 8, "INT32": 4, "UINT8": 1, "BOOL": 1}
 BUILTIN_SYMBOLS = ["envd_builtin_cartpole", "envd_builtin_pendulum", "envd_builtin_mountain_car",
-                   "envd_builtin_mountain_car_continuous", "envd_builtin_acrobot"]
+                   "envd_builtin_mountain_car_continuous", "envd_builtin_acrobot",
+                   "envd_builtin_connect_four"]
+# Built-ins with no gymnasium counterpart (so not in conftest's BUILTIN_ENV_IDS).
+NON_GYMNASIUM_IDS = ["ConnectFour-v0"]
 INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
 
 
@@ -145,20 +148,21 @@ def test_builtin_spaces_numel(lib):
 
 # ---- the built-in table ---------------------------------------------------------------
 def test_builtin_table(lib):
-    assert lib.envd_builtin_count() == 5
+    assert lib.envd_builtin_count() == len(BUILTIN_SYMBOLS)
     ids = []
     for i in range(lib.envd_builtin_count()):
         d = lib.envd_builtin_get(i)
         assert d, i
         ids.append(d.contents.id.decode())
-    assert sorted(ids) == sorted(BUILTIN_ENV_IDS)
+    assert sorted(ids) == sorted(BUILTIN_ENV_IDS + NON_GYMNASIUM_IDS)
     # The table points at the exported definitions themselves.
     addresses = {ctypes.addressof(lib.envd_builtin_get(i).contents)
                  for i in range(lib.envd_builtin_count())}
     assert addresses == {ctypes.addressof(cbuild.EnvDef.in_dll(lib, s)) for s in BUILTIN_SYMBOLS}
 
 
-@pytest.mark.parametrize("index", [-1, 5, 6, INT32_MIN, INT32_MAX])
+@pytest.mark.parametrize("index", [-1, len(BUILTIN_SYMBOLS), len(BUILTIN_SYMBOLS) + 1,
+                                   INT32_MIN, INT32_MAX])
 def test_builtin_get_out_of_range(lib, index):
     assert not lib.envd_builtin_get(index)
 
