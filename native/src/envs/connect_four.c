@@ -11,8 +11,9 @@
  *   - the column is full (illegal move): reward -1, terminated, board unchanged
  *     (PettingZoo's TerminateIllegalWrapper, illegal_reward=-1);
  *   - else the agent's piece drops; four in a row: +1, terminated; else a full
- *     board: 0, terminated; else the opponent moves; four in a row: -1,
- *     terminated; else a full board: 0, terminated; else 0.
+ *     board: 0, terminated (cannot happen: the agent makes the odd plies);
+ *     else the opponent moves; four in a row: -1, terminated; else a full
+ *     board (a draw): 0, terminated; else 0.
  *   - truncated is never set; there is no default time limit (a game has at
  *     most 21 agent moves).  A step after the game ended (autoreset disabled)
  *     changes nothing and returns reward 0, terminated.
@@ -43,6 +44,10 @@
  *   just for the best: each root move is searched with the window
  *   (best - 1, +inf), so a move scoring >= best is exact and one scoring
  *   < best only proves it (integer scores).
+ *
+ * Cost of a step on a 2-core x86 machine (envd.make, 1024 envs, serial,
+ * legal random moves in the first ten agent moves): about 6 us at depth 4,
+ * 20 us at depth 5 (the default), 45 us at depth 6; roughly x2.5 per ply.
  *
  * Board representation: one bitboard per player, bit (7 * col + row) with
  * row 0 the BOTTOM row; row 6 of each column is an always-empty sentinel, so
