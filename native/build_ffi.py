@@ -14,7 +14,8 @@ HERE = Path(__file__).resolve().parent
 SOURCES = ["src/errors.c", "src/rng.c", "src/pool.c", "src/vec.c", "src/builtin_envs.c",
            "src/npy_f32_trig.c", "src/envs/cartpole.c", "src/envs/pendulum.c",
            "src/envs/mountain_car.c", "src/envs/mountain_car_continuous.c",
-           "src/envs/acrobot.c", "src/envs/snake.c", "src/plugin.c"]
+           "src/envs/acrobot.c", "src/envs/snake.c", "src/envs/connect_four.c",
+           "src/plugin.c"]
 
 # Bit-exactness with numpy needs IEEE arithmetic as written: no fused
 # multiply-add contraction and no fast-math reassociation.

@@ -9,7 +9,7 @@ GYMNASIUM_ENV_IDS = ["CartPole-v1", "Pendulum-v1", "MountainCar-v0",
                      "MountainCarContinuous-v0", "Acrobot-v1"]
 # Every built-in env: the others are checked against their own independent
 # references (tests/native/test_snake.py, test_connect_four.py).
-BUILTIN_ENV_IDS = GYMNASIUM_ENV_IDS + ["Snake-v0"]
+BUILTIN_ENV_IDS = GYMNASIUM_ENV_IDS + ["Snake-v0", "ConnectFour-v0"]
 
 
 def random_actions(space, num_envs: int, rng: np.random.Generator) -> np.ndarray:

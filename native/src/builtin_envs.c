@@ -12,6 +12,7 @@ static const envd_env_def_t *const builtins[] = {
     &envd_builtin_mountain_car_continuous,
     &envd_builtin_acrobot,
     &envd_builtin_snake,
+    &envd_builtin_connect_four,
 };
 
 int envd_builtin_count(void) { return (int)(sizeof builtins / sizeof builtins[0]); }

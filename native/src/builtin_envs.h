@@ -12,6 +12,7 @@ extern const envd_env_def_t envd_builtin_mountain_car;
 extern const envd_env_def_t envd_builtin_mountain_car_continuous;
 extern const envd_env_def_t envd_builtin_acrobot;
 extern const envd_env_def_t envd_builtin_snake;
+extern const envd_env_def_t envd_builtin_connect_four;
 
 /* Number of built-in envs, and the i-th one (NULL when out of range). */
 int envd_builtin_count(void);

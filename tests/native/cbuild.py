@@ -176,3 +176,31 @@ class SingleEnv:
                               ctypes.byref(term), ctypes.byref(trunc))
         assert rc == 0, rc
         return self.obs.copy(), reward.value, term.value, trunc.value
+
+    def info(self) -> dict[str, np.ndarray]:
+        """The env's info fields for the current state, through its write_info."""
+        d = self.define
+        fields = {}
+        for k in range(d.num_info_fields):
+            f = d.info_fields[k]
+            fields[f.name.decode()] = np.zeros(tuple(f.shape[i] for i in range(f.ndim)),
+                                               DTYPES[f.dtype])
+        if not fields:
+            return fields
+        ptrs = (ctypes.c_void_p * len(fields))(*(a.ctypes.data for a in fields.values()))
+        rc = d.write_info(self._state, ptrs)
+        assert rc == 0, rc
+        return fields
+
+    def snapshot(self) -> tuple[bytes, tuple[int, int, int, int]]:
+        """A copy of the state block and the RNG, for restore()."""
+        r = self.rng
+        return self._state.raw, (r.state_hi, r.state_lo, r.inc_hi, r.inc_lo)
+
+    def restore(self, snap: tuple[bytes, tuple[int, int, int, int]]) -> None:
+        state, (self.rng.state_hi, self.rng.state_lo, self.rng.inc_hi, self.rng.inc_lo) = snap
+        ctypes.memmove(self._state, state, len(state))
+
+    def seed_rng(self, seed: int) -> None:
+        """Reseed the RNG without resetting the env."""
+        self.lib.envd_rng_seed(ctypes.byref(self.rng), seed)

@@ -28,7 +28,7 @@ BOX, DISCRETE = 0, 1
 ELEMENT_SIZES = {"FLOAT32": 4, "FLOAT64": 8, "INT64": 8, "INT32": 4, "UINT8": 1, "BOOL": 1}
 BUILTIN_SYMBOLS = ["envd_builtin_cartpole", "envd_builtin_pendulum", "envd_builtin_mountain_car",
                    "envd_builtin_mountain_car_continuous", "envd_builtin_acrobot",
-                   "envd_builtin_snake"]
+                   "envd_builtin_snake", "envd_builtin_connect_four"]
 INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
 
 
