@@ -2,9 +2,8 @@
 
 - The rules: PettingZoo's connect_four_v3 (with its TerminateIllegalWrapper),
   replaying the agent's moves as player_0 and the built-in opponent's moves
-  (read from our observation) as player_1.  Skipped without pettingzoo
-  (not among envd's test dependencies); pygame, which it imports for
-  rendering, is not needed.
+  (read from our observation) as player_1.  pettingzoo is a test
+  dependency; pygame, which it imports for rendering, is not needed.
 - The opponent: a plain Python negamax of the value function documented at the
   top of connect_four.c (no pruning, no shortcuts), and numpy's
   default_rng(seed) for the tie-break (envd's RNG reproduces it bit for bit):
@@ -197,7 +196,6 @@ def import_pettingzoo_connect_four():
     """connect_four_v3's module (env() adds TerminateIllegalWrapper).  It imports
     pygame at module level, for rendering only; without pygame, import it
     against a stand-in module that is removed again."""
-    pytest.importorskip("pettingzoo")
     try:
         import pygame  # noqa: F401
     except ImportError:
@@ -476,6 +474,29 @@ def test_action_mask(lib):
             assert np.array_equal(mask, want), (obs, mask)
             full_seen += int((mask == 0).sum())
     assert full_seen > 50
+
+
+def legal_columns(obs: np.ndarray) -> np.ndarray:
+    """Per env, 1 where the top cell of the column is empty (from the planes)."""
+    return ((obs[:, 0, :, 0] == 0) & (obs[:, 0, :, 1] == 0)).astype(np.uint8)
+
+
+def test_action_mask_in_info_of_make_step_and_recv():
+    """The host publishes write_info's mask as info["action_mask"], one row per
+    env, after reset, every step (autoresets included) and every recv."""
+    rng = np.random.default_rng(2)
+    with envd.make(ENV_ID, 16, seed=3, num_threads=2, depth=1) as env:
+        obs, info = env.reset()
+        assert info["action_mask"].shape == (16, COLS) and info["action_mask"].all()
+        for _ in range(60):
+            obs, _, _, _, info = env.step(rng.integers(0, COLS, 16))
+            assert np.array_equal(info["action_mask"], legal_columns(obs))
+    with envd.make(ENV_ID, 16, seed=3, num_threads=2, depth=1, batch_size=8) as env:
+        env.async_reset()
+        for _ in range(60):
+            obs, _, _, _, info = env.recv()
+            assert np.array_equal(info["action_mask"], legal_columns(obs))
+            env.send(rng.integers(0, COLS, 8), info["env_id"])
 
 
 # ---- 5. the depth parameter through make ---------------------------------------------------
