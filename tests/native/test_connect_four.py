@@ -476,7 +476,7 @@ def test_action_mask(lib):
     assert full_seen > 50
 
 
-def legal_columns(obs: np.ndarray) -> np.ndarray:
+def batch_mask(obs: np.ndarray) -> np.ndarray:
     """Per env, 1 where the top cell of the column is empty (from the planes)."""
     return ((obs[:, 0, :, 0] == 0) & (obs[:, 0, :, 1] == 0)).astype(np.uint8)
 
@@ -490,12 +490,12 @@ def test_action_mask_in_info_of_make_step_and_recv():
         assert info["action_mask"].shape == (16, COLS) and info["action_mask"].all()
         for _ in range(60):
             obs, _, _, _, info = env.step(rng.integers(0, COLS, 16))
-            assert np.array_equal(info["action_mask"], legal_columns(obs))
+            assert np.array_equal(info["action_mask"], batch_mask(obs))
     with envd.make(ENV_ID, 16, seed=3, num_threads=2, depth=1, batch_size=8) as env:
         env.async_reset()
         for _ in range(60):
             obs, _, _, _, info = env.recv()
-            assert np.array_equal(info["action_mask"], legal_columns(obs))
+            assert np.array_equal(info["action_mask"], batch_mask(obs))
             env.send(rng.integers(0, COLS, 8), info["env_id"])
 
 
