@@ -104,11 +104,21 @@ typedef struct harness {
     bool *terms, *truncs, *mask;
     double *returns;
     int64_t *lengths;
+    unsigned char *info[ENVD_MAX_INFO_FIELDS]; /* the env's info fields */
+    size_t info_bytes;                         /* all of them, per env */
     double params[8];
     envd_vec_buffers_t bufs;
     envd_vec_config_t cfg;
     uint64_t act_state;
 } harness_t;
+
+static size_t info_field_bytes(const envd_info_field_t *f)
+{
+    size_t bytes = envd_dtype_size(f->dtype);
+    for (int d = 0; d < f->ndim; d++)
+        bytes *= (size_t)f->shape[d];
+    return bytes;
+}
 
 static void *xcalloc(size_t n, size_t size)
 {
@@ -138,6 +148,11 @@ static void harness_init(harness_t *h, const envd_env_def_t *def, int64_t n, int
     h->mask = xcalloc((size_t)n, sizeof *h->mask);
     h->returns = xcalloc((size_t)n, sizeof *h->returns);
     h->lengths = xcalloc((size_t)n, sizeof *h->lengths);
+    for (int k = 0; k < def->num_info_fields; k++) {
+        size_t bytes = info_field_bytes(&def->info_fields[k]);
+        h->info[k] = xcalloc((size_t)n, bytes);
+        h->info_bytes += bytes;
+    }
     CHECK(def->num_params <= (int32_t)COUNT(h->params), "too many params");
     for (int i = 0; i < def->num_params; i++)
         h->params[i] = def->params[i].default_value;
@@ -151,6 +166,8 @@ static void harness_init(harness_t *h, const envd_env_def_t *def, int64_t n, int
         .episode_returns = h->returns,
         .episode_lengths = h->lengths,
     };
+    for (int k = 0; k < def->num_info_fields; k++)
+        h->bufs.info_fields[k] = h->info[k];
     h->cfg = (envd_vec_config_t){
         .num_envs = n, .autoreset_mode = mode, .max_episode_steps = time_limit,
         .params = h->params};
@@ -169,6 +186,8 @@ static void harness_free(harness_t *h)
     free(h->mask);
     free(h->returns);
     free(h->lengths);
+    for (int k = 0; k < ENVD_MAX_INFO_FIELDS; k++)
+        free(h->info[k]);
     h->vec = NULL;
 }
 
@@ -253,6 +272,8 @@ static uint64_t digest(const harness_t *h)
     d = hash_bytes(d, h->lengths, n * sizeof *h->lengths);
     if (h->final_obs)
         d = hash_bytes(d, h->final_obs, n * h->obs_bytes);
+    for (int k = 0; k < h->def->num_info_fields; k++)
+        d = hash_bytes(d, h->info[k], n * info_field_bytes(&h->def->info_fields[k]));
     int64_t num_done = envd_vec_num_done(h->vec);
     return hash_bytes(d, &num_done, sizeof num_done);
 }
@@ -655,7 +676,7 @@ static size_t outputs_size(const harness_t *h)
 {
     size_t n = (size_t)h->n;
     return n * (2 * h->obs_bytes + sizeof(float) + 2 * sizeof(bool) + sizeof(double) +
-                sizeof(int64_t));
+                sizeof(int64_t) + h->info_bytes);
 }
 
 static void outputs_copy(const harness_t *h, unsigned char *dst)
@@ -676,6 +697,11 @@ static void outputs_copy(const harness_t *h, unsigned char *dst)
         else
             memset(dst, 0, parts[i].size);
         dst += parts[i].size;
+    }
+    for (int k = 0; k < h->def->num_info_fields; k++) {
+        size_t size = n * info_field_bytes(&h->def->info_fields[k]);
+        memcpy(dst, h->info[k], size);
+        dst += size;
     }
 }
 
@@ -800,6 +826,17 @@ static void test_create_errors(envd_pool_t *pool)
     }
     envd_vec_destroy(NULL);
     harness_free(&h);
+
+    /* An env with info fields needs a buffer for each. */
+    harness_t c4;
+    harness_init(&c4, &envd_builtin_connect_four, 4, ENVD_AUTORESET_NEXT_STEP, 0, 1);
+    CHECK(envd_builtin_connect_four.num_info_fields == 1, "ConnectFour has one info field");
+    envd_vec_buffers_t bufs = c4.bufs;
+    bufs.info_fields[0] = NULL;
+    vec = NOT_NULL;
+    CHECK(envd_vec_create(&vec, c4.def, &c4.cfg, &bufs, pool) == ENVD_EINVAL && vec == NULL,
+          "a missing info field buffer was accepted");
+    harness_free(&c4);
 }
 
 static void test_step_before_reset(envd_pool_t *pool)
