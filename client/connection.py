@@ -245,11 +245,14 @@ class Client:
                           callback: Callable[[dict[str, Any]], None]) -> None:
         self._awaited[request_id] = callback
 
-    def _read_late_replies(self) -> None:
-        """Handle the replies that arrived for requests that timed out."""
+    def _read_late_replies(self, wait: float = 0.0) -> None:
+        """Handle the replies that arrived for requests nobody waits for
+        (timed out, or posted); wait up to `wait` seconds for the first."""
         with self._lock:
-            while not self.closed and self._socket.poll(0):
+            timeout_ms = wait * 1000
+            while not self.closed and self._socket.poll(timeout_ms):
                 self._late_reply(self._recv_reply())
+                timeout_ms = 0
 
     def _recv_reply(self) -> dict[str, Any]:
         """One reply: its header, with its data frames (if any) under "_blobs"."""

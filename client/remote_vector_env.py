@@ -8,6 +8,7 @@ message header crosses the socket.
 """
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -15,7 +16,7 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
 from envd import protocol
-from envd.errors import EnvdError, EnvdTimeoutError, EnvStateError
+from envd.errors import EnvdTimeoutError, EnvStateError
 from envd.shm import Segment
 from envd.vector_base import BatchedVecEnv, action_out_of_range
 
@@ -45,6 +46,10 @@ class RemoteVecEnv(BatchedVecEnv):
         self._step_header = {"type": "step", "session": self.session}
         self._async_lost = False     # a recv timed out: async bookkeeping is lost
         self._refused_sends: list[tuple[np.ndarray, dict[str, Any]]] = []  # (ids, error reply)
+        self._sends_unanswered = 0  # posted sends whose reply was not read yet
+        space = self.single_action_space
+        self._discrete = ((space.start, space.start + space.n)
+                          if isinstance(space, spaces.Discrete) else None)
 
     # ---- BatchedVecEnv hooks --------------------------------------------------------
     def _run_reset(self, with_seeds: bool, with_mask: bool) -> None:
@@ -54,26 +59,31 @@ class RemoteVecEnv(BatchedVecEnv):
     def _run_step(self) -> int:
         return self._call(dict(self._step_header))["num_done"]
 
+    def _check_send_rows(self, rows: np.ndarray, env_ids: np.ndarray) -> None:
+        # The daemon would refuse an out-of-range action only after send has
+        # returned (sends are posted): check here, with the in-process message.
+        if self._discrete is not None and len(rows):
+            start, stop = self._discrete
+            if rows.min() < start or rows.max() >= stop:
+                k = int(np.flatnonzero((rows < start) | (rows >= stop))[0])
+                raise action_out_of_range(self.env_id, self.single_action_space,
+                                          int(rows[k]), int(env_ids[k]))
+
     def _submit_batch(self, env_ids: np.ndarray) -> None:
         # Posted: send returns without a round trip (the trainer goes on while
         # the daemon steps).  The daemon refuses a send only before stepping
-        # any of it (an env failing later is reported by recv), and answers in
-        # order, so its reply is known by the time the next recv's reply is.
+        # any of it (an env failing later is reported by recv), and answers a
+        # send at once, so its reply is in before the reply of the next recv.
         self._check_async_state()
-        space = self.single_action_space
-        if isinstance(space, spaces.Discrete):  # as the daemon would, but at send
-            rows = self._actions[env_ids]
-            bad = np.flatnonzero((rows < space.start) | (rows >= space.start + space.n))
-            if len(bad):
-                raise action_out_of_range(self.env_id, space, int(rows[bad[0]]),
-                                          int(env_ids[bad[0]]))
 
         def on_reply(reply: dict[str, Any]) -> None:
+            self._sends_unanswered -= 1
             if not reply.get("ok"):
                 self._refused_sends.append((env_ids, reply))
 
         self._client._post({"type": "send", "session": self.session}, [env_ids.tobytes()],
                            on_reply)
+        self._sends_unanswered += 1
 
     def _collect_batches(self, wait: bool) -> list[np.ndarray]:
         # The daemon knows what finished; asking costs a round trip, so only
@@ -81,29 +91,39 @@ class RemoteVecEnv(BatchedVecEnv):
         if not wait:
             return []
         self._check_async_state()
+        self._settle_sends(poll=False)  # (this recv's wait reads the replies in order)
+        if not self._num_in_flight:  # every env in flight was refused
+            return []
         try:
             count = max(1, min(self.batch_size - self._num_ready, self._num_in_flight))
             reply = self._call({"type": "recv", "session": self.session, "count": count})
         except EnvdTimeoutError:
             self._async_lost = True  # the late reply's ids would be lost to us
             raise
-        except EnvdError:
-            refusal = self._take_back_refused_sends()
-            if refusal is not None:
-                raise refusal  # the cause: the recv failed for want of those envs
-            raise
-        # recv's envs are ready all the same; the refusal is raised after
-        self._batch_error = self._batch_error or self._take_back_refused_sends()
+        except EnvStateError:
+            if not self._refused_sends:
+                raise
+            # the daemon missed envs whose send it refused (their replies came
+            # first): take them back; the refusal is raised instead
+            self._settle_sends(poll=False)
+            return []
+        self._settle_sends(poll=False)
         return [np.frombuffer(reply["_blobs"][0], np.int64).copy()]
 
-    def _take_back_refused_sends(self) -> EnvdError | None:
-        """Envs of sends the daemon refused were never stepped: idle again.
-        Returns the first refusal (it names what was wrong), or None."""
+    def _settle_sends(self, poll: bool = True) -> None:
+        # poll: first read the replies of the sends posted so far (the daemon
+        # answers a send at once; a daemon that stopped answering is waited
+        # for no longer than the client's timeout, then its refusals are unknown)
+        deadline = time.monotonic() + self._client.timeout
+        while poll and self._sends_unanswered and time.monotonic() < deadline:
+            self._client._read_late_replies(wait=0.05)
+        if not self._refused_sends:
+            return
         refused, self._refused_sends = self._refused_sends, []
-        for env_ids, _ in refused:
+        for env_ids, _ in refused:  # never stepped: idle again
             self._env_state[env_ids] = self._IDLE
             self._num_in_flight -= len(env_ids)
-        return protocol.error_from_reply(refused[0][1]) if refused else None
+        self._batch_error = self._batch_error or protocol.error_from_reply(refused[0][1])
 
     def _check_async_state(self) -> None:
         if self._async_lost:

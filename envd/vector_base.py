@@ -198,6 +198,15 @@ class BatchedVecEnv(VectorEnv):
         the order they finished; with wait, block until at least one did."""
         raise NotImplementedError
 
+    def _settle_sends(self) -> None:
+        """Account for sends refused after they returned (a daemon-served env
+        posts its sends): their envs are idle again and the refusal waits in
+        _batch_error.  In-process, send refuses at once: nothing to do."""
+
+    def _check_send_rows(self, rows: np.ndarray, env_ids: np.ndarray) -> None:
+        """Refuse a send's actions before they are written (the in-process vec
+        validates them itself, at submit)."""
+
     def _check_buffers_free(self) -> None:
         """Raise before a call writes its inputs if the buffers may still be in
         use; called only while _maybe_running (a daemon-served env whose last
@@ -356,8 +365,10 @@ class BatchedVecEnv(VectorEnv):
         seeds = seed_list(seed, self.num_envs) if seed is not None else None
         self._acquire()
         try:
+            self._settle_sends()
             while self._num_in_flight:
-                self._take_finished(wait=True)
+                self._take_finished(wait=True, report=False)
+            self._batch_error = None  # dropped with the results it belongs to
             if self._maybe_running:
                 self._check_buffers_free()
             if seeds is not None:
@@ -382,17 +393,22 @@ class BatchedVecEnv(VectorEnv):
             self._convert_actions(actions, rows, f"{len(ids)} env ids")
             if self._maybe_running:
                 self._check_buffers_free()
+            self._check_send_rows(rows, ids)
             self._actions[ids] = rows
             self._submit_batch(ids)
             self._env_state[ids] = self._IN_FLIGHT
             self._num_in_flight += len(ids)
-            self._take_finished(wait=False)  # notice early finishers: ready order
+            # notice early finishers (ready order); an env that failed in a
+            # send is reported by recv, in-process as through the daemon
+            self._take_finished(wait=False, report=False)
         finally:
             self._lock.release()
 
     def _check_no_async(self, call: str) -> None:
         """reset and step act on every env: not while some are in flight or
-        stepped and not received; a reset then forgets the ready ones."""
+        stepped and not received; a reset then forgets the ready ones (and a
+        failure of theirs not reported yet)."""
+        self._settle_sends()
         if self._num_in_flight:
             raise EnvStateError(
                 f"{self.env_id}: {call}() while {self._num_in_flight} envs are in flight "
@@ -404,6 +420,7 @@ class BatchedVecEnv(VectorEnv):
         self._ready.clear()
         self._num_ready = 0
         self._env_state[:] = self._IDLE
+        self._batch_error = None
 
     def _check_env_ids(self, env_ids: Any) -> np.ndarray:
         ids = np.asarray(env_ids)
@@ -443,6 +460,10 @@ class BatchedVecEnv(VectorEnv):
                 self._check_buffers_free()
             batch = self.batch_size
             if self._num_ready + self._num_in_flight < batch:
+                self._settle_sends()  # a refused send explains it better
+                if self._batch_error is not None:
+                    error, self._batch_error = self._batch_error, None
+                    raise error
                 raise EnvStateError(
                     f"{self.env_id}: recv returns {batch} envs but only "
                     f"{self._num_ready + self._num_in_flight} are in flight or ready; "
@@ -456,7 +477,7 @@ class BatchedVecEnv(VectorEnv):
         finally:
             self._lock.release()
 
-    def _take_finished(self, wait: bool) -> None:
+    def _take_finished(self, wait: bool, report: bool = True) -> None:
         finished = self._collect_batches(wait)
         if wait and not finished and self._batch_error is None:
             # cannot happen unless the bookkeeping is broken: never spin on it
@@ -467,8 +488,9 @@ class BatchedVecEnv(VectorEnv):
             self._ready.append(ids)
             self._num_ready += len(ids)
             self._num_in_flight -= len(ids)
-        error, self._batch_error = self._batch_error, None
-        if error is not None:  # the envs are ready; their failed results are in the rows
+        if report and self._batch_error is not None:
+            # the envs are ready; their failed results are in the rows
+            error, self._batch_error = self._batch_error, None
             raise error
 
     def _pop_ready(self, count: int) -> np.ndarray:

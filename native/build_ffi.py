@@ -103,7 +103,9 @@ const char *envd_strerror(int code);
 uint32_t envd_abi_version(void);
 int envd_env_def_validate(const envd_env_def_t *def);
 const char *envd_env_def_problem(const envd_env_def_t *def);
-int envd_plugin_open(const char *path, const envd_plugin_t **out, char *error, size_t error_size);
+int envd_plugin_open(const char *path, const envd_plugin_t **out, void **handle, char *error,
+                     size_t error_size);
+void envd_plugin_unload(void *handle);
 int envd_builtin_count(void);
 const envd_env_def_t *envd_builtin_get(int i);
 

@@ -18,7 +18,6 @@ import numpy as np
 from gymnasium import spaces
 
 from envd.errors import InvalidArgumentError, PluginError, UnknownEnvError
-from envd.vector_base import RESERVED_INFO_KEYS
 from envd.native._envd_native import ffi, lib
 
 DTYPES = {
@@ -105,6 +104,15 @@ class EnvSpec:
                 for p in self.params]
 
 
+def _unbounded(dtype: np.dtype) -> tuple[float, float]:
+    """The bounds of a Box without bounds (NULL low/high): its dtype's range."""
+    if dtype.kind == "f":
+        return -np.inf, np.inf
+    if dtype.kind == "b":
+        return 0, 1
+    return np.iinfo(dtype).min, np.iinfo(dtype).max
+
+
 def _space(c_space) -> spaces.Space:
     dtype = DTYPES[c_space.dtype]
     if c_space.kind == lib.ENVD_SPACE_DISCRETE:
@@ -112,9 +120,8 @@ def _space(c_space) -> spaces.Space:
     shape = tuple(int(c_space.shape[i]) for i in range(c_space.ndim))
     numel = int(np.prod(shape, dtype=np.int64))
     if c_space.low == ffi.NULL or c_space.high == ffi.NULL:
-        low = np.full(shape, -np.inf)
-        high = np.full(shape, np.inf)
-    else:
+        low, high = (np.full(shape, bound, dtype) for bound in _unbounded(dtype))
+    else:  # C checked that integer bounds fit their dtype: the casts are exact
         low = np.frombuffer(ffi.buffer(c_space.low, 8 * numel), np.float64).reshape(shape)
         high = np.frombuffer(ffi.buffer(c_space.high, 8 * numel), np.float64).reshape(shape)
     return spaces.Box(low.astype(dtype), high.astype(dtype), shape=shape, dtype=dtype)
@@ -171,6 +178,27 @@ _PLUGIN_LOCK = threading.Lock()
 _ERROR_BYTES = 512
 
 
+def _plugin_specs(path: str, table) -> list[EnvSpec]:
+    """The specs of a plugin's table, or PluginError: its ids must be new and
+    distinct, and its strings must be text."""
+    try:
+        specs = [spec_from_definition(table.envs[i], origin=path) for i in range(table.num_envs)]
+    except (UnicodeDecodeError, ValueError) as e:  # bytes that are not UTF-8, a bad space
+        raise PluginError(f"plugin {path}: an env definition cannot be read: {e}") from None
+    ids = [spec.id for spec in specs]
+    for env_id in ids:
+        if ids.count(env_id) > 1:
+            raise PluginError(f"plugin {path}: it defines env id {env_id!r} twice")
+        if env_id in _REGISTRY:
+            origin = _REGISTRY[env_id].origin
+            why = ("an earlier build of this file is loaded; loaded plugins are never "
+                   "unloaded, so load a rebuilt plugin in a new process"
+                   if origin == path else "ids must be unique")
+            raise PluginError(f"plugin {path}: env id {env_id!r} is already registered "
+                              f"(by {origin}); {why}")
+    return specs
+
+
 def load_plugin(path: str | os.PathLike) -> list[str]:
     """Load the envs of a plugin library (see "plugins" in envd.h) into this
     process's registry and return their ids.  All or nothing: a missing file,
@@ -189,32 +217,18 @@ def load_plugin(path: str | os.PathLike) -> list[str]:
         if key in _PLUGINS:
             return list(_PLUGINS[key])
         out = ffi.new("const envd_plugin_t **")
+        handle = ffi.new("void **")
         error = ffi.new("char[]", _ERROR_BYTES)
-        rc = lib.envd_plugin_open(path.encode(), out, error, _ERROR_BYTES)
+        rc = lib.envd_plugin_open(path.encode(), out, handle, error, _ERROR_BYTES)
         if rc != lib.ENVD_OK:
             raise PluginError(f"plugin {path}: {ffi.string(error).decode(errors='replace')}")
-        table = out[0]
-        specs = [spec_from_definition(table.envs[i], origin=path) for i in range(table.num_envs)]
+        try:
+            specs = _plugin_specs(path, out[0])
+        except BaseException:
+            lib.envd_plugin_unload(handle[0])  # nothing uses it yet: a rebuild can load
+            raise
         ids = [spec.id for spec in specs]
-        # The library stays loaded (see plugin.h); only its envs are refused.
-        for spec in specs:
-            if ids.count(spec.id) > 1:
-                raise PluginError(f"plugin {path}: it defines env id {spec.id!r} twice")
-            if spec.id in _REGISTRY:
-                origin = _REGISTRY[spec.id].origin
-                why = ("an earlier build of this file is loaded; loaded plugins are never "
-                       "unloaded, so load a rebuilt plugin in a new process"
-                       if origin == path else "ids must be unique")
-                raise PluginError(f"plugin {path}: env id {spec.id!r} is already registered "
-                                  f"(by {origin}); {why}")
-            reserved = [f.name for f in spec.info_fields
-                        if f.name in RESERVED_INFO_KEYS or f.name.startswith("_")]
-            if reserved:
-                raise PluginError(
-                    f"plugin {path}: env {spec.id!r} names an info field {reserved[0]!r}, "
-                    f"which envd's own info uses (reserved: {', '.join(sorted(RESERVED_INFO_KEYS))} "
-                    "and names starting with '_')")
-        _REGISTRY.update((spec.id, spec) for spec in specs)
+        _REGISTRY.update(zip(ids, specs))
         _PLUGINS[key] = ids
         return list(ids)
 

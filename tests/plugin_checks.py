@@ -25,7 +25,8 @@ def build_plugin(source: Path, out: Path, *defines: str) -> Path:
     """Compile a plugin with the documented one-line build (plus -D defines)."""
     line = BUILD_LINE.format(python=sys.executable, source=source, out=out)
     line += "".join(f" '-D{d}'" for d in defines) + " -Wall -Wextra -Werror"
-    proc = subprocess.run(["bash", "-c", line], capture_output=True, text=True)
+    # from "/": a checkout's envd/ folder in the cwd would shadow the package
+    proc = subprocess.run(["bash", "-c", line], capture_output=True, text=True, cwd="/")
     assert proc.returncode == 0, f"{line}\n{proc.stderr}"
     return out
 
@@ -242,3 +243,20 @@ def rebuilt_plugin_needs_new_process(library: str, rebuilt: str) -> None:
         assert "new process" in str(e), str(e)
     else:
         raise AssertionError("a rebuilt plugin was loaded over the old one")
+
+
+def refused_then_fixed_loads(library: str, fixed: str) -> None:
+    """A plugin refused by the registry (its id is taken) is unloaded again,
+    so a corrected build at the same path loads in the same process."""
+    import envd
+    try:
+        envd.load_plugin(library)
+    except envd.PluginError as e:
+        assert "already registered (by builtin)" in str(e), str(e)
+    else:
+        raise AssertionError("a plugin redefining CartPole-v1 was loaded")
+    os.replace(fixed, library)
+    assert envd.load_plugin(library) == ["TestPlugin-v0"]
+    with envd.make("TestPlugin-v0", 2, seed=0) as env:
+        env.reset()
+        assert env.step(np.zeros(2, np.int64))[0][:, 0].tolist() == [1.0, 1.0]

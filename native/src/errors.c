@@ -53,6 +53,40 @@ int64_t envd_space_numel(const envd_space_t *space)
 
 /* Each check returns NULL or a static description of the first problem; the
  * text names the field so that a plugin author knows what to fix. */
+
+typedef enum { SHAPE_OK, SHAPE_NDIM, SHAPE_ENTRY, SHAPE_NUMEL } shape_check_t;
+
+/* ndim in 0..ENVD_MAX_DIMS, every entry >= 1, at most MAX_SPACE_NUMEL
+ * elements in all (then *numel is their count). */
+static shape_check_t check_shape(int32_t ndim, const int64_t *shape, int64_t *numel)
+{
+    if (ndim < 0 || ndim > ENVD_MAX_DIMS)
+        return SHAPE_NDIM;
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] <= 0 || shape[i] > MAX_SPACE_NUMEL)
+            return SHAPE_ENTRY;
+        n *= shape[i];
+        if (n > MAX_SPACE_NUMEL)
+            return SHAPE_NUMEL;
+    }
+    *numel = n;
+    return SHAPE_OK;
+}
+
+/* Whether v is a value of an integer (or bool) dtype: finite and in range,
+ * so that the Python side can build the gymnasium Box without wrapping. */
+static bool fits_integer_dtype(envd_dtype_t dtype, double v)
+{
+    switch (dtype) {
+    case ENVD_DTYPE_INT64: return v >= -9223372036854775808.0 && v < 9223372036854775808.0;
+    case ENVD_DTYPE_INT32: return v >= -2147483648.0 && v <= 2147483647.0;
+    case ENVD_DTYPE_UINT8: return v >= 0.0 && v <= 255.0;
+    case ENVD_DTYPE_BOOL: return v >= 0.0 && v <= 1.0;
+    default: return true; /* floating dtypes take any bound, infinities included */
+    }
+}
+
 /* The same message, prefixed with the space it is about (literals concatenate). */
 #define SPACE_PROBLEM(msg) (is_obs ? "observation_space: " msg : "action_space: " msg)
 
@@ -70,19 +104,20 @@ static const char *space_problem(const envd_space_t *space, int is_obs)
     }
     if (space->kind != ENVD_SPACE_BOX)
         return SPACE_PROBLEM("kind must be BOX or DISCRETE");
-    if (space->ndim < 0 || space->ndim > ENVD_MAX_DIMS)
-        return SPACE_PROBLEM("ndim must be in 0..4");
-    int64_t n = 1;
-    for (int i = 0; i < space->ndim; i++) {
-        if (space->shape[i] <= 0 || space->shape[i] > MAX_SPACE_NUMEL)
-            return SPACE_PROBLEM("every shape entry must be in 1..2^32");
-        n *= space->shape[i];
-        if (n > MAX_SPACE_NUMEL)
-            return SPACE_PROBLEM("more than 2^32 elements");
+    int64_t n = 0;
+    switch (check_shape(space->ndim, space->shape, &n)) {
+    case SHAPE_NDIM: return SPACE_PROBLEM("ndim must be in 0..4");
+    case SHAPE_ENTRY: return SPACE_PROBLEM("every shape entry must be in 1..2^32");
+    case SHAPE_NUMEL: return SPACE_PROBLEM("more than 2^32 elements");
+    case SHAPE_OK: break;
     }
-    for (int64_t i = 0; space->low && space->high && i < n; i++)
+    for (int64_t i = 0; space->low && space->high && i < n; i++) {
         if (isnan(space->low[i]) || isnan(space->high[i]) || space->low[i] > space->high[i])
             return SPACE_PROBLEM("a bound is NaN or low > high");
+        if (!fits_integer_dtype(space->dtype, space->low[i]) ||
+            !fits_integer_dtype(space->dtype, space->high[i]))
+            return SPACE_PROBLEM("a bound is outside the range of its integer dtype");
+    }
     return NULL;
 }
 
@@ -102,6 +137,18 @@ static const char *params_problem(const envd_env_def_t *def)
     return NULL;
 }
 
+/* Keys envd itself puts in info (envd.vector_base), and gymnasium's "_" masks. */
+static bool is_reserved_info_name(const char *name)
+{
+    static const char *const reserved[] = {"env_id", "episode", "final_obs", "final_info"};
+    if (name[0] == '_')
+        return true;
+    for (size_t i = 0; i < sizeof reserved / sizeof reserved[0]; i++)
+        if (strcmp(name, reserved[i]) == 0)
+            return true;
+    return false;
+}
+
 static const char *info_fields_problem(const envd_env_def_t *def)
 {
     if (def->num_info_fields == 0)
@@ -114,17 +161,17 @@ static const char *info_fields_problem(const envd_env_def_t *def)
         const envd_info_field_t *f = &def->info_fields[k];
         if (f->name == NULL || f->name[0] == '\0')
             return "info_fields: a field has no name";
+        if (is_reserved_info_name(f->name))
+            return "info_fields: a field name is reserved (env_id, episode, final_obs, "
+                   "final_info, and names starting with '_' are envd's own info keys)";
         if (envd_dtype_size(f->dtype) == 0)
             return "info_fields: a field has an unknown dtype";
-        if (f->ndim < 0 || f->ndim > ENVD_MAX_DIMS)
-            return "info_fields: a field's ndim must be in 0..4";
-        int64_t n = 1;
-        for (int i = 0; i < f->ndim; i++) {
-            if (f->shape[i] <= 0 || f->shape[i] > MAX_SPACE_NUMEL)
-                return "info_fields: every shape entry must be in 1..2^32";
-            n *= f->shape[i];
-            if (n > MAX_SPACE_NUMEL)
-                return "info_fields: a field has more than 2^32 elements";
+        int64_t n = 0;
+        switch (check_shape(f->ndim, f->shape, &n)) {
+        case SHAPE_NDIM: return "info_fields: a field's ndim must be in 0..4";
+        case SHAPE_ENTRY: return "info_fields: every shape entry must be in 1..2^32";
+        case SHAPE_NUMEL: return "info_fields: a field has more than 2^32 elements";
+        case SHAPE_OK: break;
         }
         for (int j = 0; j < k; j++)
             if (strcmp(def->info_fields[j].name, f->name) == 0)

@@ -2,7 +2,8 @@
  * plugin.c -- open a plugin shared library and check its env table.
  *
  * Invariants: a library is only kept open when its whole table is valid, and
- * then never closed -- vecs point into its definitions and code.  The ABI
+ * once the host has registered its envs it is never closed -- vecs point
+ * into its definitions and code.  The ABI
  * version is read before anything else because envd_plugin_t's first field
  * keeps its place in every ABI version, while the rest may change.
  */
@@ -11,9 +12,11 @@
 
 #include "plugin.h"
 
-int envd_plugin_open(const char *path, const envd_plugin_t **out, char *error, size_t size)
+int envd_plugin_open(const char *path, const envd_plugin_t **out, void **handle_out, char *error,
+                     size_t size)
 {
     *out = NULL;
+    *handle_out = NULL;
     /* RTLD_LOCAL: plugins cannot see each other's symbols (two plugins may
      * both define a helper called step); RTLD_NOW: an unresolved symbol
      * fails here, not in the middle of a step. */
@@ -59,5 +62,12 @@ int envd_plugin_open(const char *path, const envd_plugin_t **out, char *error, s
         return rc;
     }
     *out = table;
+    *handle_out = handle;
     return ENVD_OK;
+}
+
+void envd_plugin_unload(void *handle)
+{
+    if (handle)
+        dlclose(handle);
 }

@@ -103,3 +103,74 @@ def test_close_and_drain_with_batches_in_flight(tmp_path):
         assert segments_of(daemon.pid) == []
         client.timeout = 2.0
         client.close()
+
+
+def test_drain_answers_a_waiting_recv_then_refuses_new_async_work(tmp_path):
+    """SIGTERM while a recv waits for a big batch: the batch finishes and the
+    recv gets its envs; new async work then fails with a clear error."""
+    with DaemonProcess(tmp_path / "d", "--threads", "1") as daemon, \
+            daemon.connect(timeout=60) as client:
+        env = client.make("Acrobot-v1", 1 << 18, seed=0, batch_size=1 << 17)
+        env.async_reset()
+        ids = env.recv()[4]["env_id"]
+        env.send(np.zeros(len(ids), np.int64), ids)  # a big batch, still stepping
+        env.recv()  # the other half, ready since the reset
+        # A raw recv for the big batch, posted; the daemon answers one
+        # connection in order, so once status is answered the recv waits.
+        replies: list[dict] = []
+        request = {"type": "recv", "session": env.session, "count": len(ids)}
+        client._post(request, (), replies.append)
+        client.status()
+        daemon.signal(signal.SIGTERM)
+
+        def answered() -> bool:
+            client._read_late_replies()
+            return bool(replies)
+        wait_until(answered, what="the answer to the waiting recv")
+        assert replies[0]["ok"], replies[0]
+        got = np.frombuffer(replies[0]["_blobs"][0], np.int64)
+        assert sorted(got.tolist()) == sorted(ids.tolist())
+        with pytest.raises((envd.ShuttingDownError, envd.ConnectionLostError)):
+            client._request(dict(request, count=1))  # nothing new while draining
+        assert daemon.wait() == 0, daemon.log()
+        assert segments_of(daemon.pid) == []
+        client.timeout = 2.0
+
+
+def test_a_send_the_daemon_refuses_is_reported_by_the_next_recv(served):
+    """Sending a done env in 'disabled' mode: in-process send raises; through
+    the daemon the send is posted, so the next recv raises the same error, the
+    refused env is idle again (sendable), and no env is lost or doubled."""
+    _, client = served
+    kwargs = dict(seed=0, batch_size=2, autoreset_mode="disabled", max_episode_steps=0)
+    with client.make("CartPole-v1", 4, **kwargs) as remote, \
+            envd.make("CartPole-v1", 4, **kwargs) as local:
+        messages = []
+        for env in (remote, local):
+            env.async_reset()
+            done_id, received, sent = None, np.zeros(4, int), np.ones(4, int)
+            while done_id is None:  # push the poles over until one falls
+                _, _, terms, _, info = env.recv()
+                received[info["env_id"]] += 1
+                if terms.any():
+                    done_id = int(info["env_id"][np.flatnonzero(terms)[0]])
+                live = info["env_id"][~terms]
+                if len(live):
+                    env.send(np.zeros(len(live), np.int64), live)
+                    sent[live] += 1
+            with pytest.raises(envd.EnvStateError, match="is done and autoreset_mode") as error:
+                env.send(np.zeros(1, np.int64), [done_id])
+                env.recv()  # the daemon's refusal comes with the next recv
+            messages.append(str(error.value))
+            while (sent - received).sum() >= 2:  # every accepted send comes back once
+                _, _, _, _, info = env.recv()
+                received[info["env_id"]] += 1
+            assert (sent - received).sum() == 0, (sent, received)  # (seed 0: no odd env out)
+            # the refused env is idle again: sendable (and refused again)
+            # rather than "already in flight"; alone in flight, it is below
+            # batch_size, and recv says why
+            with pytest.raises(envd.EnvStateError, match="is done and autoreset_mode"):
+                env.send(np.zeros(1, np.int64), [done_id])
+                env.recv()
+            env.reset()  # nothing in flight: back to sync mode
+        assert messages[0] == messages[1]

@@ -240,7 +240,18 @@ SPACE_CASES = [
     ("obs", {"dtype": len(DTYPES)}, EINVAL),
     ("obs", {"dtype": -1}, EINVAL),
     ("obs", {"dtype": DTYPES["FLOAT64"]}, OK),
-    ("obs", {"dtype": DTYPES["UINT8"]}, OK),
+    # integer bounds must be values of the dtype (cartpole's are +-4.8, +-inf)
+    ("obs", {"dtype": DTYPES["UINT8"]}, EINVAL),
+    ("obs", {"dtype": DTYPES["UINT8"], "low": [0, 0, 0, 0], "high": [255, 1, 2, 3]}, OK),
+    ("obs", {"dtype": DTYPES["UINT8"], "low": [0, 0, 0, 0], "high": [256, 1, 2, 3]}, EINVAL),
+    ("obs", {"dtype": DTYPES["UINT8"], "low": [-1, 0, 0, 0], "high": [1, 1, 2, 3]}, EINVAL),
+    ("obs", {"dtype": DTYPES["UINT8"], "low": None, "high": None}, OK),
+    ("obs", {"dtype": DTYPES["INT32"], "low": [-2**31, 0, 0, 0], "high": [2**31 - 1, 1, 1, 1]}, OK),
+    ("obs", {"dtype": DTYPES["INT32"], "low": [0, 0, 0, 0], "high": [2**31, 1, 1, 1]}, EINVAL),
+    ("obs", {"dtype": DTYPES["INT64"], "low": [-2**63, 0, 0, 0], "high": [1, 1, 1, 1]}, OK),
+    ("obs", {"dtype": DTYPES["INT64"], "low": [0, 0, 0, 0], "high": [2**63, 1, 1, 1]}, EINVAL),
+    ("obs", {"dtype": DTYPES["INT64"], "low": [-INF, 0, 0, 0], "high": [1, 1, 1, 1]}, EINVAL),
+    ("obs", {"dtype": DTYPES["BOOL"], "low": [0, 0, 0, 0], "high": [1, 1, 1, 2]}, EINVAL),
     ("obs", {"ndim": -1}, EINVAL),
     ("obs", {"ndim": MAX_DIMS + 1}, EINVAL),
     ("obs", {"ndim": 0}, OK),
@@ -276,7 +287,8 @@ SPACE_CASES = [
     ("pendulum_act", {"low": [2.0], "high": [-2.0]}, EINVAL),
     ("pendulum_act", {"low": [NAN], "high": [2.0]}, EINVAL),
     ("pendulum_act", {"low": [-2.0], "high": [NAN]}, EINVAL),
-    ("pendulum_act", {"dtype": DTYPES["BOOL"]}, OK),
+    ("pendulum_act", {"dtype": DTYPES["BOOL"]}, EINVAL),  # bounds -2, 2 are not bools
+    ("pendulum_act", {"dtype": DTYPES["BOOL"], "low": [0.0], "high": [1.0]}, OK),
     ("pendulum_act", {"kind": DISCRETE, "n": 0}, EINVAL),
     ("pendulum_act", {"kind": DISCRETE, "n": 3}, EINVAL),  # dtype is FLOAT32
     ("pendulum_act", {"kind": DISCRETE, "dtype": DTYPES["INT64"], "n": 3}, OK),
@@ -403,6 +415,11 @@ INFO_CASES = [
     ([{**MASK, "ndim": 5}], None, WRITE_INFO, "ndim must be in 0..4"),
     ([{**MASK, "shape": [0]}], None, WRITE_INFO, "every shape entry must be in 1..2^32"),
     ([{**MASK, "ndim": 2, "shape": [1 << 20, 1 << 13]}], None, WRITE_INFO, "more than 2^32"),
+    ([{**MASK, "name": b"episode"}], None, WRITE_INFO, "a field name is reserved"),
+    ([{**MASK, "name": b"env_id"}], None, WRITE_INFO, "a field name is reserved"),
+    ([{**MASK, "name": b"_action_mask"}], None, WRITE_INFO, "a field name is reserved"),
+    ([{**MASK, "name": b"final_obs"}], None, WRITE_INFO, "a field name is reserved"),
+    ([{**MASK, "name": b"episodes"}], None, WRITE_INFO, None),
 ]
 
 

@@ -63,8 +63,8 @@ BROKEN = {
     "UNDEFINED": (("UNDEFINED",), "undefined symbol: envd_test_no_such_function"),
     "BUILTIN_ID": (('ENV_ID="CartPole-v1"',), "'CartPole-v1' is already registered (by builtin)"),
     "not_a_library": ((), "cannot load it"),
-    "RESERVED_INFO": (('INFO_NAME="episode"',), "names an info field 'episode', which envd's own"),
-    "UNDERSCORE_INFO": (('INFO_NAME="_steps"',), "names starting with '_'"),
+    "RESERVED_INFO": (('INFO_NAME="episode"',), "is invalid: info_fields: a field name is reserved"),
+    "UNDERSCORE_INFO": (('INFO_NAME="_steps"',), "names starting with '_' are envd's own"),
 }
 
 
@@ -105,3 +105,9 @@ def test_a_rebuilt_plugin_is_refused_with_a_clear_reason(example, tmp_path):
     first.write_bytes(example.read_bytes())
     rebuilt = build_plugin(EXAMPLE_SOURCE, tmp_path / "rebuilt.so")
     run_check("rebuilt_plugin_needs_new_process", str(first), str(rebuilt))
+
+
+def test_a_refused_plugin_is_unloaded_so_its_fix_loads(tmp_path):
+    library = build_plugin(VARIANTS_SOURCE, tmp_path / "libfix.so", 'ENV_ID="CartPole-v1"')
+    fixed = build_plugin(VARIANTS_SOURCE, tmp_path / "fixed.so")
+    run_check("refused_then_fixed_loads", str(library), str(fixed))
