@@ -171,8 +171,9 @@ class Client:
     def _post(self, header: dict[str, Any], blobs: Sequence[bytes],
               on_reply: Callable[[dict[str, Any]], None]) -> None:
         """Send one request without waiting for its reply: on_reply(reply)
-        runs when the reply is read, at the latest while waiting for the reply
-        of a later request (the daemon answers one connection in order)."""
+        runs when the reply is read.  For a request the daemon answers at once
+        (send), that is at the latest while waiting for the reply of the next
+        request: the daemon reads a connection's requests in order."""
         with self._lock:
             if self.closed:
                 raise EnvStateError(f"this client of {self.endpoint} is closed")

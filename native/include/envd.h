@@ -48,6 +48,11 @@ extern "C" {
 #define ENVD_EENV (-9)      /* an env callback reported a failure */
 #define ENVD_ERROR_MIN (-9) /* the most negative code in the table */
 
+/* Functions declared without "static inline" in this header (envd_strerror,
+ * envd_abi_version, envd_dtype_size, envd_space_numel, envd_rng_seed,
+ * envd_env_def_validate, envd_env_def_problem) live in the host: a plugin
+ * cannot call them (it links nothing of envd, so dlopen would fail). */
+
 /* A static, human-readable description of an ENVD_* code. */
 const char *envd_strerror(int code);
 
@@ -120,12 +125,16 @@ typedef struct envd_rng {
  * seeds; envs only draw. */
 void envd_rng_seed(envd_rng_t *rng, uint64_t seed);
 
+/* PCG's 128-bit LCG multiplier (the published constant), high and low halves. */
+#define ENVD_PCG_MULT_HI 2549297995355413924ULL
+#define ENVD_PCG_MULT_LO 4865540595714422341ULL
+
 /* Next raw 64-bit output, as PCG64.random_raw(). */
 static inline uint64_t envd_rng_next_u64(envd_rng_t *rng)
 {
     /* one step of the 128-bit LCG, then the XSL-RR output function */
     const unsigned __int128 mult =
-        ((unsigned __int128)2549297995355413924ULL << 64) | 4865540595714422341ULL;
+        ((unsigned __int128)ENVD_PCG_MULT_HI << 64) | ENVD_PCG_MULT_LO;
     unsigned __int128 s =
         (((unsigned __int128)rng->state_hi << 64) | rng->state_lo) * mult +
         (((unsigned __int128)rng->inc_hi << 64) | rng->inc_lo);

@@ -76,8 +76,7 @@ static void seed_sequence_state(uint64_t seed, uint64_t out[4])
 }
 
 /* ---- PCG64 (XSL-RR 128/64) -------------------------------------------------- */
-static const u128 PCG_MULT =
-    ((u128)2549297995355413924ULL << 64) | 4865540595714422341ULL;
+static const u128 PCG_MULT = ((u128)ENVD_PCG_MULT_HI << 64) | ENVD_PCG_MULT_LO;
 
 static u128 load(uint64_t hi, uint64_t lo) { return ((u128)hi << 64) | lo; }
 

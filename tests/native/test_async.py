@@ -12,10 +12,10 @@ from conftest import BUILTIN_ENV_IDS
 
 
 # Steps no episode can end within, whatever the actions: CartPole's pole falls
-# in 8 steps at the soonest; Snake starts 6 cells from every wall and is too
-# short to bite itself; ConnectFour's agent connects four on its 4th move at
-# the soonest.
-SAFE_STEPS = {"CartPole-v1": 8, "Snake-v0": 5, "ConnectFour-v0": 3}
+# in 8 steps at the soonest; Snake's head starts 5 cells from the nearest wall,
+# but after two quick foods it can bite its body on its 3rd move; ConnectFour's
+# agent connects four on its 4th move at the soonest.
+SAFE_STEPS = {"CartPole-v1": 8, "Snake-v0": 2, "ConnectFour-v0": 3}
 
 
 @pytest.mark.parametrize("env_id", BUILTIN_ENV_IDS)

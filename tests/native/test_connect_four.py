@@ -485,18 +485,22 @@ def test_action_mask_in_info_of_make_step_and_recv():
     """The host publishes write_info's mask as info["action_mask"], one row per
     env, after reset, every step (autoresets included) and every recv."""
     rng = np.random.default_rng(2)
+    full_columns = 0
     with envd.make(ENV_ID, 16, seed=3, num_threads=2, depth=1) as env:
         obs, info = env.reset()
         assert info["action_mask"].shape == (16, COLS) and info["action_mask"].all()
         for _ in range(60):
             obs, _, _, _, info = env.step(rng.integers(0, COLS, 16))
             assert np.array_equal(info["action_mask"], batch_mask(obs))
+            full_columns += int((info["action_mask"] == 0).sum())
     with envd.make(ENV_ID, 16, seed=3, num_threads=2, depth=1, batch_size=8) as env:
         env.async_reset()
         for _ in range(60):
             obs, _, _, _, info = env.recv()
             assert np.array_equal(info["action_mask"], batch_mask(obs))
+            full_columns += int((info["action_mask"] == 0).sum())
             env.send(rng.integers(0, COLS, 8), info["env_id"])
+    assert full_columns > 20  # the masks were not all ones
 
 
 # ---- 5. the depth parameter through make ---------------------------------------------------
