@@ -111,3 +111,13 @@ def test_a_refused_plugin_is_unloaded_so_its_fix_loads(tmp_path):
     library = build_plugin(VARIANTS_SOURCE, tmp_path / "libfix.so", 'ENV_ID="CartPole-v1"')
     fixed = build_plugin(VARIANTS_SOURCE, tmp_path / "fixed.so")
     run_check("refused_then_fixed_loads", str(library), str(fixed))
+
+
+def test_envd_list_shows_the_envs_of_plugin_flags(example, tmp_path):
+    broken = build_plugin(VARIANTS_SOURCE, tmp_path / "libother_abi.so", "OTHER_ABI")
+    proc = subprocess.run([sys.executable, "-m", "envd.cli", "--plugin", str(example),
+                           "--plugin", str(broken), "list"],
+                          capture_output=True, text=True, cwd="/")
+    assert "GuessNumber-v0" in proc.stdout and "penalty (float" in proc.stdout
+    assert "CartPole-v1" in proc.stdout
+    assert proc.returncode == 1 and "built for envd ABI 999" in proc.stderr
