@@ -26,6 +26,25 @@ def _default_threads() -> int:
     return len(os.sched_getaffinity(0))
 
 
+#: --max-shm-bytes when /dev/shm cannot be measured.
+FALLBACK_SHM_BYTES = 8 << 30
+
+
+def _default_shm_bytes() -> int:
+    # Half of /dev/shm's size.  Segments are allocated up front (fallocate), so
+    # this bounds the memory the daemon's sessions commit; the other half stays
+    # for the rest of the host (DataLoader workers, NCCL, other daemons), which
+    # would otherwise be the first to fail when clients fill /dev/shm.  It
+    # follows the machine: a container's 64 MiB /dev/shm gets 32 MiB, a host's
+    # default tmpfs (half the RAM) a quarter of the RAM.
+    try:
+        info = os.statvfs("/dev/shm")
+    except OSError:
+        return FALLBACK_SHM_BYTES
+    return max(1, info.f_blocks * info.f_frsize // 2)
+
+
+
 @dataclass(frozen=True)
 class Config:
     """Everything the daemon needs to start; see ``envd --help``."""
@@ -37,6 +56,16 @@ class Config:
     max_sessions: int = 1024
     max_envs_per_client: int = 1 << 20
     max_message_bytes: int = 64 << 20
+    # Resource limits, each refused with LimitExceededError naming the flag:
+    #   max_sessions_per_client: sessions one client connection holds at once;
+    #   max_shm_bytes: all sessions' shared-memory segments together, checked
+    #     before a make creates its segment (default: half of /dev/shm, above);
+    #   max_requests_per_second: per client connection, a token bucket with a
+    #     burst of max(rate, 100); 0 = unlimited.  heartbeat, close and bye are
+    #     never throttled, so a throttled client can always leave.
+    max_sessions_per_client: int = 256
+    max_shm_bytes: int = field(default_factory=_default_shm_bytes)
+    max_requests_per_second: int = 100_000
     pin_cpus: tuple[int, ...] | None = None
     plugins: tuple[str, ...] = ()
 
@@ -53,13 +82,22 @@ class Config:
         if not 0.1 <= self.lease_timeout <= 86400:
             raise ValueError(f"--lease-timeout (ENVD_LEASE_TIMEOUT) must be in [0.1, 86400] seconds, "
                              f"got {self.lease_timeout}")
-        for name in ("max_sessions", "max_envs_per_client", "max_message_bytes"):
-            if getattr(self, name) < 1:
+        for name in ("max_sessions", "max_envs_per_client", "max_message_bytes",
+                     "max_sessions_per_client", "max_shm_bytes", "max_requests_per_second"):
+            lowest = 0 if name == "max_requests_per_second" else 1  # 0: unlimited
+            if getattr(self, name) < lowest:
                 flag = "--" + name.replace("_", "-")
-                raise ValueError(f"{flag} (ENVD_{name.upper()}) must be >= 1, got {getattr(self, name)}")
+                raise ValueError(f"{flag} (ENVD_{name.upper()}) must be >= {lowest}, "
+                                 f"got {getattr(self, name)}")
         if self.pin_cpus is not None and len(self.pin_cpus) != self.threads:
             raise ValueError(f"--pin-cpus (ENVD_PIN_CPUS) needs one CPU per thread ({self.threads}), "
                              f"got {list(self.pin_cpus)}")
+
+    @property
+    def request_burst(self) -> int:
+        """Requests a client may send at once before --max-requests-per-second
+        throttles it (the token bucket's size); 0 when unlimited."""
+        return max(self.max_requests_per_second, 100) if self.max_requests_per_second else 0
 
     @property
     def heartbeat_interval(self) -> float:
@@ -85,6 +123,12 @@ _FLAGS: dict[str, tuple[Callable[[str], object], str]] = {
     "max_envs_per_client": (int, "envs one client connection may hold over all its sessions"),
     "max_message_bytes": (int, "largest message accepted (all frames together); a single "
                                  "frame over it drops the sender's connection"),
+    "max_sessions_per_client": (int, "sessions one client connection may hold at once"),
+    "max_shm_bytes": (int, "bytes of shared memory all sessions' segments may take together; "
+                           "the default is half of /dev/shm's size"),
+    "max_requests_per_second": (int, "requests one client connection may send per second, "
+                                     "with bursts of max(this, 100); heartbeat, close and bye "
+                                     "are never throttled (0 = unlimited)"),
     "pin_cpus": (_cpu_list, "comma-separated CPU per worker thread, e.g. 1,2,3"),
 }
 

@@ -34,7 +34,7 @@ from envd.native.registry import get_spec, list_envs
 from envd.native.vector_env import check_max_episode_steps
 from envd.vector_base import check_int, parse_autoreset_mode, seed_list
 from envd.server.config import Config
-from envd.server.sessions import ClientRecord, Session
+from envd.server.sessions import ClientRecord, Session, segment_plan
 
 log = logging.getLogger("envd.server")
 
@@ -46,6 +46,9 @@ _EXPIRED_MEMORY = 65536
 _DRAIN_ALLOWED = {"hello", "close", "bye", "heartbeat", "status"}
 #: Longest env id / message type echoed back in an error message.
 _ECHO_LIMIT = 100
+#: Requests --max-requests-per-second never refuses: a throttled client can
+#: always keep its lease and leave.
+_NEVER_THROTTLED = frozenset({"heartbeat", "close", "bye"})
 
 
 class Service:
@@ -69,6 +72,10 @@ class Service:
         self._running_ops = 0        # makes and resets on the executor
         self._unclaimed: set[Session] = set()  # made, but the make's reply not sent yet
         self._reserved_sessions = 0  # makes in flight count against max_sessions
+        self._shm_in_use = 0         # bytes of the segments of sessions not freed yet
+        self._reserved_shm = 0       # bytes of the segments of makes in flight
+        self._rate = config.max_requests_per_second  # 0: unlimited
+        self._burst = config.request_burst
         self._expired_sessions: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._expired_clients: collections.OrderedDict[bytes, None] = collections.OrderedDict()
         self._handlers = {"hello": self._hello, "heartbeat": self._heartbeat,
@@ -96,6 +103,9 @@ class Service:
             if self.draining and kind not in _DRAIN_ALLOWED:
                 raise ShuttingDownError("the daemon is shutting down and takes no new work")
             client = self._client_for(identity, kind, header)
+            if (self._rate and kind not in _NEVER_THROTTLED
+                    and not client.take_token(self._rate, self._burst)):
+                raise self._throttled(client, kind)
             reply = self._handlers[kind](client, header, frames[1:])
         except EnvdError as exc:
             reply = protocol.error_reply(request_id, exc)
@@ -106,7 +116,16 @@ class Service:
         if reply is not None:
             self.send(identity, reply)
 
-    def _client_for(self, identity: bytes, kind: str, header: dict[str, Any]) -> ClientRecord | None:
+    def _throttled(self, client: ClientRecord, kind: str) -> LimitExceededError:
+        wait_ms = max(1, round(1000 * client.token_wait(self._rate)))
+        return LimitExceededError(
+            f"this client sends requests faster than the daemon's limit of {self._rate} per "
+            f"second (--max-requests-per-second {self._rate}, bursts of {self._burst}); this "
+            f"{kind} request was refused and not executed. Back off: retry in {wait_ms} ms or "
+            f"later and send at most {self._rate} requests per second (heartbeat, close and "
+            "bye are never throttled)")
+
+    def _client_for(self, identity: bytes, kind: str, header: dict[str, Any]) -> ClientRecord:
         if kind == "hello":
             if header["version"] != protocol.PROTOCOL_VERSION:
                 raise protocol.BadRequest(
@@ -191,6 +210,12 @@ class Service:
             raise LimitExceededError(
                 f"the daemon holds its maximum of {self.config.max_sessions} sessions "
                 "(--max-sessions); close envs you no longer use")
+        held_sessions = len(client.sessions) + client.reserved_sessions
+        if held_sessions >= self.config.max_sessions_per_client:
+            raise LimitExceededError(
+                f"this client holds {held_sessions} sessions, the daemon's maximum of "
+                f"{self.config.max_sessions_per_client} sessions per client "
+                "(--max-sessions-per-client); close envs you no longer use")
         held = client.num_envs + client.reserved_envs
         if held + num_envs > self.config.max_envs_per_client:
             raise LimitExceededError(
@@ -202,6 +227,15 @@ class Service:
             batch_size = check_int("batch_size", batch_size, 1, num_envs)
         mode = parse_autoreset_mode(header.get("autoreset_mode", "next_step"))
         max_steps = check_max_episode_steps(spec, header.get("max_episode_steps"))
+        segment_bytes = segment_plan(spec, num_envs, mode)[1]  # refused before it exists
+        in_use = self.shm_bytes
+        if in_use + segment_bytes > self.config.max_shm_bytes:
+            raise LimitExceededError(
+                f"making {num_envs} {spec.id} envs needs a shared-memory segment of "
+                f"{segment_bytes} bytes; with the {in_use} bytes the daemon's sessions hold "
+                f"that is {in_use + segment_bytes}, over its limit of "
+                f"{self.config.max_shm_bytes} bytes (--max-shm-bytes); close envs you no "
+                "longer use or make fewer")
         env_kwargs = header.get("env_kwargs", {})
         seed = header.get("seed")
 
@@ -221,18 +255,24 @@ class Service:
             return session
 
         self._reserved_sessions += 1
+        client.reserved_sessions += 1
         client.reserved_envs += num_envs
+        self._reserved_shm += segment_bytes
         self._running_ops += 1
 
         def done(future: Future) -> None:
             self._running_ops -= 1
             self._reserved_sessions -= 1
+            client.reserved_sessions -= 1
             client.reserved_envs -= num_envs
+            self._reserved_shm -= segment_bytes
             reply = self._result_reply(header["id"], future)
             session = future.result() if reply["ok"] else None
             self._unclaimed.discard(session)
+            if session is not None:
+                self._shm_in_use += session.segment_bytes
             if session is not None and (self.draining or self.clients.get(client.identity) is not client):
-                session.free()  # the client expired or the daemon drains meanwhile
+                self._free(session)  # the client expired or the daemon drains meanwhile
                 reply = protocol.error_reply(header["id"], ShuttingDownError(
                     "the daemon is shutting down") if self.draining else SessionExpiredError(
                     "the client left (bye) or its lease expired while its env was being made"))
@@ -371,7 +411,7 @@ class Service:
             self._operation_ended(session)
             self.send(waiter[0], reply)
         elif session.closing and not session.busy and not session.batches:
-            session.free()
+            self._free(session)
 
     def _finish_step(self, session: Session, request_id: int) -> dict:
         session.segment.bump_done_seq()  # failed or not, the buffers are free again
@@ -401,7 +441,7 @@ class Service:
     def _operation_ended(self, session: Session) -> None:
         session.busy = False
         if session.closing and not session.batches:
-            session.free()
+            self._free(session)
 
     # ---- sessions and leases ----------------------------------------------------------
     def _drop(self, session: Session) -> None:
@@ -413,7 +453,13 @@ class Service:
         if session.busy or session.batches:
             session.closing = True  # freed when its operation or last batch ends
         else:
-            session.free()
+            self._free(session)
+
+    def _free(self, session: Session) -> None:
+        """Free a session (once) and give its segment's bytes back."""
+        session.free()
+        self._shm_in_use -= session.segment_bytes
+        session.segment_bytes = 0  # counted once even if freed again
 
     def expire_silent_clients(self) -> None:
         """Free the sessions of every client silent for longer than the lease."""
@@ -467,7 +513,16 @@ class Service:
     def _limits(self) -> dict[str, int]:
         return {"max_sessions": self.config.max_sessions,
                 "max_envs_per_client": self.config.max_envs_per_client,
-                "max_message_bytes": self.config.max_message_bytes}
+                "max_message_bytes": self.config.max_message_bytes,
+                "max_sessions_per_client": self.config.max_sessions_per_client,
+                "max_shm_bytes": self.config.max_shm_bytes,
+                "max_requests_per_second": self.config.max_requests_per_second,
+                "request_burst": self.config.request_burst}
+
+    @property
+    def shm_bytes(self) -> int:
+        """Bytes of shared memory the sessions hold, makes in flight included."""
+        return self._shm_in_use + self._reserved_shm
 
     def status(self) -> dict[str, Any]:
         """What `envd status` prints: version, load and limits."""
@@ -477,6 +532,7 @@ class Service:
                 "threads": self.pool.num_threads, "clients": len(self.clients),
                 "sessions": len(self.sessions),
                 "envs": sum(s.num_envs for s in self.sessions.values()),
+                "shm_bytes": self.shm_bytes,
                 "env_steps": self.env_steps, "draining": self.draining,
                 "lease_timeout": self.config.lease_timeout, "limits": self._limits(),
                 "plugins": self.plugins}

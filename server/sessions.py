@@ -25,6 +25,14 @@ from envd.shm import Segment, plan
 from envd.vector_base import autoreset_mode_name, buffer_layout
 
 
+def segment_plan(spec: EnvSpec, num_envs: int, mode: AutoresetMode) -> tuple[dict[str, list], int]:
+    """Where a session's arrays lie in its segment, and the segment's size in
+    bytes: what Session creates, asked before creating it (--max-shm-bytes)."""
+    layout = buffer_layout(spec.observation_space, spec.action_space, num_envs, mode,
+                           spec.info_fields)
+    return plan(layout)
+
+
 class Session:
     """num_envs envs of one spec whose buffers live in a shared-memory segment."""
 
@@ -50,9 +58,8 @@ class Session:
         # The first failure of an env in a finished batch, reported by the next
         # recv (its envs are in self.ready, so the recv after it returns them).
         self.batch_error: EnvdError | None = None
-        layout = buffer_layout(spec.observation_space, spec.action_space, num_envs, mode,
-                               spec.info_fields)
-        arrays, size = plan(layout)
+        arrays, size = segment_plan(spec, num_envs, mode)
+        self.segment_bytes = size  # what --max-shm-bytes counts
         self.segment = Segment.create(segment_prefix + self.id, self.id, arrays, size)
         self._arrays = arrays
         try:
@@ -143,6 +150,11 @@ class ClientRecord:
     last_seen: float = field(default_factory=time.monotonic)
     sessions: dict[str, Session] = field(default_factory=dict)
     reserved_envs: int = 0  # envs of makes still running
+    reserved_sessions: int = 0  # makes still running
+    # --max-requests-per-second: a token bucket, full (capped at the burst on
+    # first use) when the client arrives; refilled on each request.
+    tokens: float = float("inf")
+    refilled: float = field(default_factory=time.monotonic)
 
     @property
     def num_envs(self) -> int:
@@ -150,3 +162,21 @@ class ClientRecord:
 
     def touch(self) -> None:
         self.last_seen = time.monotonic()
+
+    def take_token(self, rate: int, burst: int) -> bool:
+        """One request's token; False (nothing taken) when the bucket is empty.
+        Called right after touch(): last_seen is now."""
+        now = self.last_seen
+        tokens = self.tokens + (now - self.refilled) * rate
+        self.refilled = now
+        if tokens > burst:
+            tokens = burst
+        if tokens < 1.0:
+            self.tokens = tokens
+            return False
+        self.tokens = tokens - 1.0
+        return True
+
+    def token_wait(self, rate: int) -> float:
+        """Seconds until the bucket holds the next request's token."""
+        return max(0.0, 1.0 - self.tokens) / rate

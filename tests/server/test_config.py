@@ -45,6 +45,11 @@ def test_defaults(clean_environment):
     assert default.max_sessions == 1024
     assert default.max_envs_per_client == 1 << 20
     assert default.max_message_bytes == 64 << 20
+    assert default.max_sessions_per_client == 256
+    shm = os.statvfs("/dev/shm")
+    assert default.max_shm_bytes == shm.f_blocks * shm.f_frsize // 2 > 0
+    assert default.max_requests_per_second == 100_000
+    assert default.request_burst == 100_000
     assert default.pin_cpus is None
     assert default.plugins == ()
     assert parse([]) == default  # no flag, no variable: the defaults
@@ -65,6 +70,10 @@ FLAGS = [
     (["--max-sessions", "7"], "max_sessions", 7),
     (["--max-envs-per-client", "100"], "max_envs_per_client", 100),
     (["--max-message-bytes", "4096"], "max_message_bytes", 4096),
+    (["--max-sessions-per-client", "3"], "max_sessions_per_client", 3),
+    (["--max-shm-bytes", "1048576"], "max_shm_bytes", 1 << 20),
+    (["--max-requests-per-second", "20"], "max_requests_per_second", 20),
+    (["--max-requests-per-second", "0"], "max_requests_per_second", 0),
 ]
 
 
@@ -112,11 +121,14 @@ def test_every_variable_at_once():
     environ = {"ENVD_THREADS": "1", "ENVD_LOG_LEVEL": "error", "ENVD_LEASE_TIMEOUT": "9",
                "ENVD_MAX_SESSIONS": "3", "ENVD_MAX_ENVS_PER_CLIENT": "30",
                "ENVD_MAX_MESSAGE_BYTES": "1000", "ENVD_PIN_CPUS": "0",
-               "ENVD_BIND": "tcp://127.0.0.1:6000"}
+               "ENVD_BIND": "tcp://127.0.0.1:6000", "ENVD_MAX_SESSIONS_PER_CLIENT": "2",
+               "ENVD_MAX_SHM_BYTES": "65536", "ENVD_MAX_REQUESTS_PER_SECOND": "500"}
     assert parse([], environ) == Config(threads=1, log_level="error", lease_timeout=9.0,
                                         max_sessions=3, max_envs_per_client=30,
                                         max_message_bytes=1000, pin_cpus=(0,),
-                                        bind=("tcp://127.0.0.1:6000",))
+                                        bind=("tcp://127.0.0.1:6000",),
+                                        max_sessions_per_client=2, max_shm_bytes=65536,
+                                        max_requests_per_second=500)
 
 
 def test_the_variables_are_read_from_os_environ_by_default(monkeypatch):
@@ -132,7 +144,8 @@ def test_the_flag_wins_over_the_variable(argv, name, value):
     variable = "ENVD_" + name.upper()
     other = {"threads": "5", "log_level": "error", "lease_timeout": "77",
              "max_sessions": "99", "max_envs_per_client": "999",
-             "max_message_bytes": "9999"}[name]
+             "max_message_bytes": "9999", "max_sessions_per_client": "9",
+             "max_shm_bytes": "99999", "max_requests_per_second": "7"}[name]
     assert getattr(parse(argv, {variable: other}), name) == value
     assert getattr(parse([], {variable: other}), name) != value
 
@@ -186,6 +199,18 @@ def test_empty_variables_count_as_unset():
     (["--max-sessions", "0"], {}, ["--max-sessions", "ENVD_MAX_SESSIONS"]),
     (["--max-envs-per-client", "-5"], {}, ["--max-envs-per-client"]),
     (["--max-message-bytes", "0"], {}, ["--max-message-bytes"]),
+    (["--max-sessions-per-client", "0"], {},
+     ["--max-sessions-per-client", "ENVD_MAX_SESSIONS_PER_CLIENT", ">= 1", "0"]),
+    ([], {"ENVD_MAX_SESSIONS_PER_CLIENT": "-2"}, ["--max-sessions-per-client", "-2"]),
+    (["--max-shm-bytes", "0"], {}, ["--max-shm-bytes", "ENVD_MAX_SHM_BYTES", ">= 1"]),
+    ([], {"ENVD_MAX_SHM_BYTES": "-1"}, ["--max-shm-bytes", "-1"]),
+    ([], {"ENVD_MAX_SHM_BYTES": "8G"}, ["ENVD_MAX_SHM_BYTES", "'8G'", "--max-shm-bytes"]),
+    (["--max-requests-per-second", "-1"], {},
+     ["--max-requests-per-second", "ENVD_MAX_REQUESTS_PER_SECOND", ">= 0", "-1"]),
+    ([], {"ENVD_MAX_REQUESTS_PER_SECOND": "fast"},
+     ["ENVD_MAX_REQUESTS_PER_SECOND", "'fast'", "--max-requests-per-second"]),
+    ([], {"ENVD_MAX_REQUESTS_PER_SECOND": "2.5"},
+     ["ENVD_MAX_REQUESTS_PER_SECOND", "--max-requests-per-second"]),
     ([], {"ENVD_THREADS": "four"}, ["ENVD_THREADS", "'four'", "--threads"]),
     ([], {"ENVD_THREADS": "1.5"}, ["ENVD_THREADS", "--threads"]),
     ([], {"ENVD_LEASE_TIMEOUT": "soon"}, ["ENVD_LEASE_TIMEOUT", "--lease-timeout"]),
@@ -210,8 +235,28 @@ def test_the_constructor_validates_too():
     assert Config(lease_timeout=86400).lease_timeout == 86400
 
 
+def test_the_request_burst_follows_the_rate():
+    assert Config(max_requests_per_second=0).request_burst == 0  # unlimited
+    assert Config(max_requests_per_second=1).request_burst == 100
+    assert Config(max_requests_per_second=20).request_burst == 100
+    assert Config(max_requests_per_second=100).request_burst == 100
+    assert Config(max_requests_per_second=5000).request_burst == 5000
+
+
+def test_the_shm_default_falls_back_when_dev_shm_cannot_be_measured(monkeypatch):
+    def fail(path):
+        raise FileNotFoundError(path)
+    monkeypatch.setattr(cfg.os, "statvfs", fail)
+    assert Config().max_shm_bytes == cfg.FALLBACK_SHM_BYTES == 8 << 30
+    assert parse([]).max_shm_bytes == 8 << 30
+    assert parse(["--max-shm-bytes", "4096"]).max_shm_bytes == 4096
+
+
 @pytest.mark.parametrize("argv", [["--threads", "x"], ["--lease-timeout", "soon"],
-                                  ["--max-sessions", "1.5"], ["--pin-cpus", "a"]])
+                                  ["--max-sessions", "1.5"], ["--pin-cpus", "a"],
+                                  ["--max-shm-bytes", "1G"],
+                                  ["--max-requests-per-second", "1e3"],
+                                  ["--max-sessions-per-client", "some"]])
 def test_argparse_rejects_values_of_the_wrong_type(argv, capsys):
     with pytest.raises(SystemExit) as info:
         parse(argv)
@@ -224,11 +269,13 @@ def test_help_names_every_variable_and_default():
     add_arguments(parser)
     text = parser.format_help()
     for flag in ("--bind", "--threads", "--log-level", "--lease-timeout", "--max-sessions",
-                 "--max-envs-per-client", "--max-message-bytes", "--pin-cpus"):
+                 "--max-envs-per-client", "--max-message-bytes", "--pin-cpus",
+                 "--max-sessions-per-client", "--max-shm-bytes", "--max-requests-per-second"):
         assert flag in text
     for variable in ("ENVD_BIND", "ENVD_THREADS", "ENVD_LOG_LEVEL", "ENVD_LEASE_TIMEOUT",
                      "ENVD_MAX_SESSIONS", "ENVD_MAX_ENVS_PER_CLIENT",
-                     "ENVD_MAX_MESSAGE_BYTES", "ENVD_PIN_CPUS"):
+                     "ENVD_MAX_MESSAGE_BYTES", "ENVD_PIN_CPUS", "ENVD_MAX_SESSIONS_PER_CLIENT",
+                     "ENVD_MAX_SHM_BYTES", "ENVD_MAX_REQUESTS_PER_SECOND"):
         assert variable in " ".join(text.split())
 
 
@@ -246,6 +293,8 @@ def _run_cli(tmp_path, *argv, environ=None):
     ([], {"ENVD_THREADS": "lots"}, ["ENVD_THREADS", "'lots'"]),
     (["--lease-timeout", "0"], {}, ["--lease-timeout"]),
     (["--bind", "localhost:5555"], {}, ["localhost:5555", "ipc://"]),
+    (["--max-requests-per-second", "-5"], {}, ["--max-requests-per-second", ">= 0", "-5"]),
+    ([], {"ENVD_MAX_SHM_BYTES": "0"}, ["--max-shm-bytes (ENVD_MAX_SHM_BYTES) must be >= 1"]),
 ])
 def test_the_command_line_exits_2_with_a_usage_message(tmp_path, argv, environ, words):
     done = _run_cli(tmp_path, *argv, environ=environ)
