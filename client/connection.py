@@ -142,6 +142,11 @@ class Client:
             raise ConnectionLostError(
                 f"no envd daemon at {self.endpoint}: {path} {reason}; start one with "
                 "`envd --threads N` (or set ENVD_ENDPOINT to the daemon's endpoint)") from None
+        except PermissionError:
+            raise ConnectionLostError(
+                f"permission denied connecting to {path}: the daemon at {self.endpoint} "
+                f"belongs to another user (this process runs as uid {os.getuid()}); start "
+                "your own daemon, or use one whose socket folder lets you in") from None
         except OSError:
             pass  # e.g. a path too long for AF_UNIX: let ZeroMQ report it
         finally:
