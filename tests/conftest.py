@@ -32,3 +32,14 @@ def daemon(tmp_path):
         yield proc
     assert proc.proc.returncode == 0, proc.log()
     assert segments_of(proc.pid) == []
+
+
+@pytest.fixture
+def harness(tmp_path):
+    """Daemons, clients, processes and files of one test, cleaned up after it."""
+    from daemon_helpers import Harness
+    h = Harness(tmp_path)
+    try:
+        yield h
+    finally:
+        h.cleanup()

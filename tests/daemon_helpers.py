@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
+
 import envd
 
 #: Deadline of every wait in the integration tests (seconds).
@@ -94,3 +96,104 @@ class DaemonProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+class Bystander:
+    """A well-behaved client with envs made before an attack (or before limits
+    are hit), and in-process twins to compare every step with."""
+
+    ENVS = (("CartPole-v1", 8, 11), ("Pendulum-v1", 4, 12))
+
+    def __init__(self, daemon: DaemonProcess, envs=ENVS):
+        self.daemon = daemon
+        self.rng = np.random.default_rng(2024)
+        self.client = daemon.connect()
+        self.pairs = []
+        try:
+            for env_id, num_envs, seed in envs:
+                local = envd.make(env_id, num_envs, seed=seed)
+                self.pairs.append((self.client.make(env_id, num_envs, seed=seed), local))
+            for remote, local in self.pairs:
+                assert remote.reset()[0].tobytes() == local.reset()[0].tobytes()
+            self.step_and_compare(3)
+        except BaseException:
+            self.close()
+            raise
+
+    def step_and_compare(self, steps: int) -> None:
+        for _ in range(steps):
+            for remote, local in self.pairs:
+                space = local.single_action_space
+                if hasattr(space, "n"):
+                    actions = self.rng.integers(0, space.n, size=local.num_envs)
+                else:
+                    actions = self.rng.uniform(-3, 3, (local.num_envs, *space.shape)).astype(space.dtype)
+                for a, b in zip(remote.step(actions)[:4], local.step(actions)[:4]):
+                    assert a.dtype == b.dtype and a.shape == b.shape
+                    assert a.tobytes() == b.tobytes()
+
+    def check(self) -> None:
+        """The daemon survived and still serves this client correctly."""
+        assert self.daemon.proc.poll() is None, self.daemon.log()
+        self.step_and_compare(20)
+        status = self.client.status()
+        assert status["pid"] == self.daemon.pid and status["sessions"] >= len(self.pairs)
+
+    def close(self) -> None:
+        for remote, local in self.pairs:
+            local.close()
+        self.client.close()
+
+
+class Harness:
+    """Daemons, clients, processes and stray files of one test, all cleaned
+    up after it (see the `harness` fixture in conftest.py)."""
+
+    def __init__(self, tmp_path: Path):
+        self.tmp_path = tmp_path
+        self.daemons: list[DaemonProcess] = []
+        self.clients: list[envd.Client] = []
+        self.procs: list = []  # subprocess.Popen or multiprocessing.Process
+        self.files: list[str] = []
+
+    def daemon(self, *args: str, env: dict[str, str] | None = None,
+               folder: Path | None = None) -> DaemonProcess:
+        proc = DaemonProcess(folder or self.tmp_path / f"daemon{len(self.daemons)}", *args, env=env)
+        self.daemons.append(proc)
+        return proc
+
+    def connect(self, daemon: DaemonProcess, timeout: float = 30.0) -> envd.Client:
+        client = daemon.connect(timeout)
+        self.clients.append(client)
+        return client
+
+    def popen(self, *args, **kwargs) -> subprocess.Popen:
+        proc = subprocess.Popen(*args, **kwargs)
+        self.procs.append(proc)
+        return proc
+
+    def cleanup(self) -> None:
+        for proc in self.procs:
+            if isinstance(proc, subprocess.Popen):
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGCONT)  # a test may have stopped it
+                    proc.kill()
+                proc.wait()
+            elif proc.is_alive():
+                proc.kill()
+                proc.join(DEADLINE)
+        for daemon in self.daemons:
+            if daemon.proc.poll() is None:
+                daemon.proc.send_signal(signal.SIGCONT)  # a test may have stopped it
+        for client in self.clients:
+            # A client whose daemon is gone waits its whole timeout on every
+            # request after the first: keep closing short.
+            client.timeout = 2.0
+            client.close()
+        for daemon in self.daemons:
+            daemon.stop()
+            for name in segments_of(daemon.pid):
+                os.unlink(f"/dev/shm/{name}")
+        for path in self.files:
+            if os.path.exists(path):
+                os.unlink(path)

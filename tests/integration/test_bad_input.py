@@ -21,7 +21,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 import envd
-from daemon_helpers import DEADLINE, DaemonProcess, segments_of, wait_until
+from daemon_helpers import DEADLINE, Bystander, DaemonProcess, segments_of, wait_until
 from envd import protocol
 from envd.shm import Segment
 
@@ -52,55 +52,9 @@ def served(tmp_path_factory):
         stop_daemon(proc)
 
 
-class Victim:
-    """A well-behaved client with envs made before an attack, and in-process twins."""
-
-    ENVS = (("CartPole-v1", 8, 11), ("Pendulum-v1", 4, 12))
-
-    def __init__(self, daemon: DaemonProcess, envs=ENVS):
-        self.daemon = daemon
-        self.rng = np.random.default_rng(2024)
-        self.client = daemon.connect()
-        self.pairs = []
-        try:
-            for env_id, num_envs, seed in envs:
-                local = envd.make(env_id, num_envs, seed=seed)
-                self.pairs.append((self.client.make(env_id, num_envs, seed=seed), local))
-            for remote, local in self.pairs:
-                assert remote.reset()[0].tobytes() == local.reset()[0].tobytes()
-            self.step_and_compare(3)
-        except BaseException:
-            self.close()
-            raise
-
-    def step_and_compare(self, steps: int) -> None:
-        for _ in range(steps):
-            for remote, local in self.pairs:
-                space = local.single_action_space
-                if hasattr(space, "n"):
-                    actions = self.rng.integers(0, space.n, size=local.num_envs)
-                else:
-                    actions = self.rng.uniform(-3, 3, (local.num_envs, *space.shape)).astype(space.dtype)
-                for a, b in zip(remote.step(actions)[:4], local.step(actions)[:4]):
-                    assert a.dtype == b.dtype and a.shape == b.shape
-                    assert a.tobytes() == b.tobytes()
-
-    def check(self) -> None:
-        """The daemon survived and still serves this client correctly."""
-        assert self.daemon.proc.poll() is None, self.daemon.log()
-        self.step_and_compare(20)
-        status = self.client.status()
-        assert status["pid"] == self.daemon.pid and status["sessions"] >= len(self.pairs)
-
-    def close(self) -> None:
-        for remote, local in self.pairs:
-            local.close()
-        self.client.close()
-
-
 @pytest.fixture
 def victim(served):
-    v = Victim(served)
+    v = Bystander(served)
     try:
         yield v
         v.check()
@@ -626,7 +580,7 @@ def test_limits_exceeded(tmp_path):
     attacker = Raw(context, proc.endpoint)
     victim = None
     try:
-        victim = Victim(proc, envs=(("CartPole-v1", 8, 3),))
+        victim = Bystander(proc, envs=(("CartPole-v1", 8, 3),))
         attacker.hello()
         limits = attacker.ok({"type": "status"})["limits"]
         assert (limits["max_sessions"], limits["max_envs_per_client"]) == (2, 100)
@@ -673,7 +627,7 @@ def test_a_client_that_steps_and_disconnects(tmp_path):
     context = zmq.Context()
     victim = None
     try:
-        victim = Victim(proc, envs=(("CartPole-v1", 8, 4),))
+        victim = Bystander(proc, envs=(("CartPole-v1", 8, 4),))
         for num_envs in (4, 100_000):  # a step run inline, and one likely run on the pool
             before = victim.client.status()["env_steps"]
             attacker_context = zmq.Context()

@@ -4,7 +4,6 @@ daemon's /dev/shm."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -18,58 +17,6 @@ import pytest
 from daemon_helpers import DEADLINE, DaemonProcess, segments_of, wait_until
 
 import envd
-
-
-class Harness:
-    """Daemons, clients and subprocesses of one test, all cleaned up after it."""
-
-    def __init__(self, tmp_path):
-        self.tmp_path = tmp_path
-        self.daemons: list[DaemonProcess] = []
-        self.clients: list[envd.Client] = []
-        self.procs: list[subprocess.Popen] = []
-
-    def daemon(self, *args: str, env: dict[str, str] | None = None) -> DaemonProcess:
-        proc = DaemonProcess(self.tmp_path / f"daemon{len(self.daemons)}", *args, env=env)
-        self.daemons.append(proc)
-        return proc
-
-    def connect(self, daemon: DaemonProcess, timeout: float = 30.0) -> envd.Client:
-        client = daemon.connect(timeout)
-        self.clients.append(client)
-        return client
-
-    def popen(self, *args, **kwargs) -> subprocess.Popen:
-        proc = subprocess.Popen(*args, **kwargs)
-        self.procs.append(proc)
-        return proc
-
-    def cleanup(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
-        for daemon in self.daemons:
-            if daemon.proc.poll() is None:
-                daemon.proc.send_signal(signal.SIGCONT)  # a test may have stopped it
-        for client in self.clients:
-            # A client whose daemon is gone waits its whole timeout on every
-            # request after the first (see the report): keep closing short.
-            client.timeout = 2.0
-            client.close()
-        for daemon in self.daemons:
-            daemon.stop()
-            for name in segments_of(daemon.pid):
-                os.unlink(f"/dev/shm/{name}")
-
-
-@pytest.fixture
-def harness(tmp_path):
-    h = Harness(tmp_path)
-    try:
-        yield h
-    finally:
-        h.cleanup()
 
 
 def assert_same_step(remote, local, actions) -> None:

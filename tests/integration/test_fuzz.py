@@ -46,7 +46,8 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 import fuzz_helpers as fh
 from daemon_helpers import DEADLINE, segments_of, wait_until
 from envd import protocol
-from test_bad_input import Victim, start_daemon, stop_daemon
+from daemon_helpers import Bystander
+from test_bad_input import start_daemon, stop_daemon
 
 #: --max-message-bytes of the fuzzed daemon: small, so frames over it are cheap.
 LIMIT = 256 << 10
@@ -145,7 +146,7 @@ class Conn:
 
 
 class Fuzzer:
-    def __init__(self, daemon, victim: Victim):
+    def __init__(self, daemon, victim: Bystander):
         self.daemon, self.victim = daemon, victim
         self.context = zmq.Context()
         self.readers = [Conn(self.context, daemon.endpoint, f"reader {i}", True)
@@ -528,7 +529,7 @@ def test_fuzz_the_protocol(tmp_path):
                           "--max-envs-per-client", "256", "--lease-timeout", "60")
     victim = fuzzer = None
     try:
-        victim = Victim(daemon)
+        victim = Bystander(daemon)
         assert victim.client.status()["lease_timeout"] == 60  # no fuzzer's lease expires
         pid = daemon.pid
         before_warm_up = daemon_counts(pid)

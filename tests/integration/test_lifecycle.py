@@ -13,52 +13,9 @@ import threading
 
 import numpy as np
 import pytest
-from daemon_helpers import DEADLINE, DaemonProcess, segments_of, wait_until
+from daemon_helpers import DEADLINE, segments_of, wait_until
 
 import envd
-
-
-class Harness:
-    """Daemons, clients and stray files of one test, all cleaned up after it."""
-
-    def __init__(self, tmp_path):
-        self.tmp_path = tmp_path
-        self.daemons: list[DaemonProcess] = []
-        self.clients: list[envd.Client] = []
-        self.files: list[str] = []
-
-    def daemon(self, *args: str, env: dict[str, str] | None = None, folder=None) -> DaemonProcess:
-        proc = DaemonProcess(folder or self.tmp_path / f"daemon{len(self.daemons)}", *args, env=env)
-        self.daemons.append(proc)
-        return proc
-
-    def connect(self, daemon: DaemonProcess, timeout: float = 30.0) -> envd.Client:
-        client = daemon.connect(timeout)
-        self.clients.append(client)
-        return client
-
-    def cleanup(self) -> None:
-        for client in self.clients:
-            # A client whose daemon is gone waits its whole timeout on every
-            # request after the first (see the report): keep closing short.
-            client.timeout = 2.0
-            client.close()
-        for daemon in self.daemons:
-            daemon.stop()
-            for name in segments_of(daemon.pid):
-                os.unlink(f"/dev/shm/{name}")
-        for path in self.files:
-            if os.path.exists(path):
-                os.unlink(path)
-
-
-@pytest.fixture
-def harness(tmp_path):
-    h = Harness(tmp_path)
-    try:
-        yield h
-    finally:
-        h.cleanup()
 
 
 def in_flight(env) -> bool:

@@ -20,7 +20,7 @@ import zmq
 from gymnasium.vector import AutoresetMode
 
 import envd
-from daemon_helpers import DEADLINE, DaemonProcess, segments_of, wait_until
+from daemon_helpers import DEADLINE, Bystander, DaemonProcess, segments_of, wait_until
 from envd import protocol
 from envd.native.registry import get_spec
 from envd.server.config import Config
@@ -105,50 +105,6 @@ def refused(reply: dict, *words: str) -> str:
     for word in words:
         assert word in message, reply
     return message
-
-
-class Bystander:
-    """A well-behaved client with envs made before the limits are hit, and
-    in-process twins to compare every step with."""
-
-    def __init__(self, daemon: DaemonProcess, envs=(("CartPole-v1", 8, 11), ("Pendulum-v1", 4, 12))):
-        self.daemon = daemon
-        self.rng = np.random.default_rng(7)
-        self.client = daemon.connect()
-        self.pairs = []
-        try:
-            for env_id, num_envs, seed in envs:
-                local = envd.make(env_id, num_envs, seed=seed)
-                self.pairs.append((self.client.make(env_id, num_envs, seed=seed), local))
-            for remote, local in self.pairs:
-                assert remote.reset()[0].tobytes() == local.reset()[0].tobytes()
-            self.step_and_compare(3)
-        except BaseException:
-            self.close()
-            raise
-
-    def step_and_compare(self, steps: int) -> None:
-        for _ in range(steps):
-            for remote, local in self.pairs:
-                space = local.single_action_space
-                if hasattr(space, "n"):
-                    actions = self.rng.integers(0, space.n, size=local.num_envs)
-                else:
-                    actions = self.rng.uniform(-3, 3, (local.num_envs, *space.shape)).astype(space.dtype)
-                for a, b in zip(remote.step(actions)[:4], local.step(actions)[:4]):
-                    assert a.dtype == b.dtype and a.shape == b.shape
-                    assert a.tobytes() == b.tobytes()
-
-    def check(self) -> None:
-        """The daemon survived and still serves this client correctly."""
-        assert self.daemon.proc.poll() is None, self.daemon.log()
-        self.step_and_compare(10)
-        assert self.client.status()["pid"] == self.daemon.pid
-
-    def close(self) -> None:
-        for _, local in self.pairs:
-            local.close()
-        self.client.close()
 
 
 # ---- defaults ----------------------------------------------------------------------------
