@@ -158,12 +158,6 @@ class Client:
         """Send one request and return its ok reply; raise the error of an
         error reply, EnvdTimeoutError, or ConnectionLostError."""
         with self._lock:
-            if self.closed:
-                raise EnvStateError(f"this client of {self.endpoint} is closed")
-            if self._lost:
-                raise ConnectionLostError(
-                    f"the connection to the daemon at {self.endpoint} was lost and its sessions "
-                    "with it; connect again")
             request_id = self._send_request(header, blobs)
             try:
                 return self._wait_reply(request_id, header["type"],
@@ -180,16 +174,16 @@ class Client:
         (send), that is at the latest while waiting for the reply of the next
         request: the daemon reads a connection's requests in order."""
         with self._lock:
-            if self.closed:
-                raise EnvStateError(f"this client of {self.endpoint} is closed")
-            if self._lost:
-                raise ConnectionLostError(
-                    f"the connection to the daemon at {self.endpoint} was lost and its sessions "
-                    "with it; connect again")
             self._awaited[self._send_request(header, blobs)] = on_reply
 
     def _send_request(self, header: dict[str, Any], blobs: Sequence[bytes]) -> int:
         """Put one request on the socket (lock held); its id."""
+        if self.closed:
+            raise EnvStateError(f"this client of {self.endpoint} is closed")
+        if self._lost:
+            raise ConnectionLostError(
+                f"the connection to the daemon at {self.endpoint} was lost and its sessions "
+                "with it; connect again")
         self._send_orphan_closes()
         request_id = header["id"] = next(self._ids)
         packed = protocol.pack(header)

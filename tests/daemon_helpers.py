@@ -98,6 +98,18 @@ class DaemonProcess:
         self.stop()
 
 
+def start_daemon(folder: Path, *args: str) -> DaemonProcess:
+    """A daemon with 2 threads and a 10 s lease (tests add flags in args)."""
+    return DaemonProcess(folder, "--threads", "2", "--lease-timeout", "10", *args)
+
+
+def stop_daemon(proc: DaemonProcess) -> None:
+    """Stop it: it must exit 0 and leave no segment."""
+    code = proc.stop()
+    assert code == 0, proc.log()
+    assert segments_of(proc.pid) == [], proc.log()
+
+
 class Bystander:
     """A well-behaved client with envs made before an attack (or before limits
     are hit), and in-process twins to compare every step with."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 import os
 import random
-from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -21,7 +20,8 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 import envd
-from daemon_helpers import DEADLINE, Bystander, DaemonProcess, segments_of, wait_until
+from daemon_helpers import (DEADLINE, Bystander, segments_of, start_daemon,
+                            stop_daemon, wait_until)
 from envd import protocol
 from envd.shm import Segment
 
@@ -30,16 +30,6 @@ KNOWN_TYPES = ["hello", "heartbeat", "list_envs", "status", "make", "reset", "st
 
 
 # ---- fixtures and helpers ---------------------------------------------------------------
-
-def start_daemon(folder: Path, *args: str) -> DaemonProcess:
-    return DaemonProcess(folder, "--threads", "2", "--lease-timeout", "10", *args)
-
-
-def stop_daemon(proc: DaemonProcess) -> None:
-    code = proc.stop()
-    assert code == 0, proc.log()
-    assert segments_of(proc.pid) == [], proc.log()
-
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):

@@ -44,10 +44,8 @@ import zmq
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 
 import fuzz_helpers as fh
-from daemon_helpers import DEADLINE, segments_of, wait_until
 from envd import protocol
-from daemon_helpers import Bystander
-from test_bad_input import start_daemon, stop_daemon
+from daemon_helpers import DEADLINE, Bystander, segments_of, start_daemon, stop_daemon, wait_until
 
 #: --max-message-bytes of the fuzzed daemon: small, so frames over it are cheap.
 LIMIT = 256 << 10

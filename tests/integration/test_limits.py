@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 
 import msgpack
 import numpy as np
@@ -20,21 +19,12 @@ import zmq
 from gymnasium.vector import AutoresetMode
 
 import envd
-from daemon_helpers import DEADLINE, Bystander, DaemonProcess, segments_of, wait_until
+from daemon_helpers import (DEADLINE, Bystander, segments_of, start_daemon,
+                            stop_daemon, wait_until)
 from envd import protocol
 from envd.native.registry import get_spec
 from envd.server.config import Config
 from envd.server.sessions import segment_plan
-
-
-def start_daemon(folder: Path, *args: str) -> DaemonProcess:
-    return DaemonProcess(folder, "--threads", "2", "--lease-timeout", "10", *args)
-
-
-def stop_daemon(proc: DaemonProcess) -> None:
-    code = proc.stop()
-    assert code == 0, proc.log()
-    assert segments_of(proc.pid) == [], proc.log()
 
 
 def segment_bytes(env_id: str, num_envs: int, mode: str = "next_step") -> int:
