@@ -83,9 +83,8 @@ def seed_list(seed: int | Sequence[int], num_envs: int) -> np.ndarray:
 #: Buffers named INFO_PREFIX + name hold the env's own info fields (e.g.
 #: "info.action_mask"); they appear in every reset/step/recv info under name.
 INFO_PREFIX = "info."
-#: Info keys envd itself sets; an env's info field may not use them, nor any
-#: name starting with "_" (gymnasium's mask keys).
-RESERVED_INFO_KEYS = frozenset({"env_id", "episode", "final_obs", "final_info"})
+#: envd's own info keys (env_id, episode, final_obs, final_info, and "_" masks)
+#: are refused as field names by the C validation (errors.c).
 
 
 def action_out_of_range(env_id: str, space: spaces.Discrete, action: int,
