@@ -420,6 +420,7 @@ class Service:
         except EnvdError as exc:
             return protocol.error_reply(request_id, exc)
         session.steps += 1
+        session.env_steps += session.num_envs
         self.env_steps += session.num_envs
         return protocol.ok_reply(request_id, num_done=num_done)
 
@@ -535,4 +536,12 @@ class Service:
                 "shm_bytes": self.shm_bytes,
                 "env_steps": self.env_steps, "draining": self.draining,
                 "lease_timeout": self.config.lease_timeout, "limits": self._limits(),
-                "plugins": self.plugins}
+                "plugins": self.plugins, "session_table": self._session_table()}
+
+    def _session_table(self) -> list[dict[str, Any]]:
+        """One row per open session, for `envd status` (env steps per second
+        are averages over the session's life)."""
+        now = time.monotonic()
+        return [{"session": s.id[:8], "env_id": s.spec.id, "num_envs": s.num_envs,
+                 "batch_size": s.batch_size, "env_steps": s.env_steps,
+                 "age_s": round(now - s.created, 3)} for s in self.sessions.values()]

@@ -47,7 +47,9 @@ class Session:
         self.max_episode_steps = max_episode_steps
         self.busy = False      # a reset, step or recv is running (or waiting)
         self.closing = False   # free as soon as the running operation ends
-        self.steps = 0
+        self.steps = 0         # sync step calls
+        self.env_steps = 0     # env steps, sync and async (for status)
+        self.created = time.monotonic()
         # Async mode: the ids of finished envs not reported yet (in the order
         # they were found finished), and a recv waiting for enough of them:
         # (identity, request id, count).  The batches live in self.batches.
@@ -113,6 +115,7 @@ class Session:
         self.ready.extend(finished)
         count = sum(map(len, finished))
         self.num_ready += count
+        self.env_steps += count
         self.batch_error = self.batch_error or error
         return count
 

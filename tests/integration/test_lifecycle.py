@@ -223,13 +223,42 @@ def envd_status(endpoint: str, cwd, *extra: str) -> subprocess.CompletedProcess:
 def test_envd_status_prints_the_daemons_json(harness, tmp_path):
     daemon = harness.daemon("--threads", "2", "--lease-timeout", "30")
     client = harness.connect(daemon)
-    client.make("CartPole-v1", 5, seed=0)
-    run = envd_status(daemon.endpoint, tmp_path)
+    env = client.make("CartPole-v1", 5, seed=0)
+    env.reset()
+    for _ in range(3):
+        env.step(np.zeros(5, np.int64))
+    run = envd_status(daemon.endpoint, tmp_path, "--json")
     assert run.returncode == 0, run.stderr
     status = json.loads(run.stdout)
     assert status["pid"] == daemon.pid
     assert status["sessions"] == 1 and status["envs"] == 5 and status["threads"] == 2
     assert status["endpoints"] == [daemon.endpoint]
+    [row] = status["session_table"]
+    assert row["session"] == env.session[:8] and row["env_id"] == "CartPole-v1"
+    assert row["num_envs"] == row["batch_size"] == 5 and row["env_steps"] == 15
+
+
+def test_envd_status_prints_a_table(harness, tmp_path):
+    daemon = harness.daemon("--threads", "2", "--lease-timeout", "30")
+    client = harness.connect(daemon)
+    sync = client.make("CartPole-v1", 5, seed=0)
+    sync.reset()
+    sync.step(np.zeros(5, np.int64))
+    batched = client.make("Acrobot-v1", 8, seed=0, batch_size=4)
+    batched.async_reset()
+    ids = batched.recv()[4]["env_id"]
+    batched.send(np.zeros(4, np.int64), ids)
+    batched.recv()
+    run = envd_status(daemon.endpoint, tmp_path)
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert lines[0].startswith("envd ") and f"pid {daemon.pid}" in lines[0]
+    assert "threads 2" in lines[0] and "sessions 2" in lines[0] and "envs 13" in lines[0]
+    assert lines[1].startswith("env steps 9 ")  # 5 sync + 4 async env steps
+    header = next(i for i, line in enumerate(lines) if line.startswith("SESSION"))
+    rows = {line.split()[1]: line.split() for line in lines[header + 1:]}
+    assert rows["CartPole-v1"][:4] == [sync.session[:8], "CartPole-v1", "5", "5"]
+    assert rows["Acrobot-v1"][:4] == [batched.session[:8], "Acrobot-v1", "8", "4"]
 
 
 def test_envd_status_without_a_daemon_exits_1(tmp_path):
