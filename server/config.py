@@ -68,6 +68,10 @@ class Config:
     max_requests_per_second: int = 100_000
     pin_cpus: tuple[int, ...] | None = None
     plugins: tuple[str, ...] = ()
+    # Prometheus metrics over HTTP (docs/metrics.md): off unless a port is
+    # given (None or 0 = off); on loopback unless metrics_bind says otherwise.
+    metrics_port: int | None = None
+    metrics_bind: str = "127.0.0.1"
 
     def __post_init__(self) -> None:
         if not 0 <= self.threads <= MAX_THREADS:
@@ -89,6 +93,11 @@ class Config:
                 flag = "--" + name.replace("_", "-")
                 raise ValueError(f"{flag} (ENVD_{name.upper()}) must be >= {lowest}, "
                                  f"got {getattr(self, name)}")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ValueError(f"--metrics-port (ENVD_METRICS_PORT) must be in [0, 65535] "
+                             f"(0 = off), got {self.metrics_port}")
+        if not self.metrics_bind.strip():
+            raise ValueError("--metrics-bind (ENVD_METRICS_BIND) must name a host or address")
         if self.pin_cpus is not None and len(self.pin_cpus) != self.threads:
             raise ValueError(f"--pin-cpus (ENVD_PIN_CPUS) needs one CPU per thread ({self.threads}), "
                              f"got {list(self.pin_cpus)}")
@@ -130,6 +139,11 @@ _FLAGS: dict[str, tuple[Callable[[str], object], str]] = {
                                      "with bursts of max(this, 100); heartbeat, close and bye "
                                      "are never throttled (0 = unlimited)"),
     "pin_cpus": (_cpu_list, "comma-separated CPU per worker thread, e.g. 1,2,3"),
+    "metrics_port": (int, "serve Prometheus metrics over HTTP at /metrics on this port "
+                          "(None or 0 = off; needs prometheus-client, pip install "
+                          "'envd[metrics]'; see docs/metrics.md)"),
+    "metrics_bind": (str, "address the metrics port listens on; anything but loopback "
+                          "exposes the daemon's metrics to the network"),
 }
 
 

@@ -98,9 +98,26 @@ class Daemon:
         self.exit_status = 0
         self._signals = 0
         self._drain_scheduled = False
+        self.metrics = None  # envd.server.metrics.Metrics with --metrics-port
 
     # ---- startup ---------------------------------------------------------------------
     def startup(self) -> None:
+        if self.config.metrics_port:  # first: a taken port refuses to start, with nothing to undo
+            try:
+                from envd.server.metrics import Metrics
+            except ImportError as exc:
+                raise RuntimeError(f"--metrics-port needs prometheus-client ({exc}); install "
+                                   "it with pip install 'envd[metrics]'") from None
+            self.metrics = Metrics(self.config.threads)
+            self.metrics.serve(self.config.metrics_port, self.config.metrics_bind)
+        try:
+            self._startup()
+        except BaseException:
+            if self.metrics is not None:
+                self.metrics.close()
+            raise
+
+    def _startup(self) -> None:
         remove_stale_segments()
         plugins = load_plugins(self.config.plugins)  # before serving: clients see every env
         self.instance = Instance()
@@ -127,7 +144,8 @@ class Daemon:
             self.instance.release()
             raise
         self.service = Service(self.config, self.pool, self.executor, self._send,
-                               self.instance.segment_prefix, plugins=plugins)
+                               self.instance.segment_prefix, plugins=plugins,
+                               step_latency=self.metrics.observe_step if self.metrics else None)
         self.service.on_drained = self._stop
         log.info("envd %s serving %s with %d thread(s), pid %d, lease timeout %g s",
                  __version__, " ".join(self.config.bind), self.config.threads, os.getpid(),
@@ -137,6 +155,8 @@ class Daemon:
     async def serve(self) -> None:
         self.loop = asyncio.get_running_loop()
         self._stopped = self.loop.create_future()
+        if self.metrics is not None:
+            self.metrics.attach(self.service, self.loop)
         self.loop.add_reader(self.socket.getsockopt(zmq.FD), self._drain_socket)
         self.loop.add_reader(self.pool.eventfd(), self.service.on_pool_event)
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -170,6 +190,8 @@ class Daemon:
 
     def _send(self, identity: bytes, reply: dict[str, Any]) -> None:
         blobs = reply.pop("_blobs", ())  # data frames after the header
+        if self.metrics is not None and reply.get("ok") is False:
+            self.metrics.count_error(reply.get("code"))
         try:
             self.socket.send_multipart([identity, protocol.pack(reply), *blobs], zmq.NOBLOCK)
         except zmq.ZMQError as exc:  # the client is gone, or reads no replies
@@ -192,6 +214,8 @@ class Daemon:
 
     # ---- shutdown ---------------------------------------------------------------------------
     def shutdown(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()  # first: no scrape waits on a loop that no longer runs
         loop = getattr(self, "loop", None)
         if loop is not None:
             self._lease_handle.cancel()

@@ -55,7 +55,8 @@ class Service:
     """Clients, their sessions and the handlers of every message type."""
 
     def __init__(self, config: Config, pool: NativePool, executor: Executor, send: Send,
-                 segment_prefix: str, plugins: list[dict[str, Any]] | None = None):
+                 segment_prefix: str, plugins: list[dict[str, Any]] | None = None,
+                 step_latency: Callable[[float], None] | None = None):
         self.config = config
         self.plugins = list(plugins or ())  # what load_plugins reported, for status
         self.segment_prefix = segment_prefix
@@ -67,7 +68,15 @@ class Service:
         self.draining = False
         self.started = time.time()
         self.env_steps = 0
-        self._pending_steps: dict[Session, tuple[bytes, int]] = {}
+        # For the metrics (server/metrics.py reads them at scrape time):
+        self.env_steps_by_env: collections.Counter[str] = collections.Counter()
+        self.closed_session_jobs = [0, 0]  # inline, pooled step jobs of closed sessions
+        self.lease_expiries = 0            # clients whose lease expired
+        self.lease_expired_sessions = 0    # sessions freed by those expiries
+        # seconds from a sync step's submit to its reply (a no-op without metrics)
+        self._step_latency = step_latency or (lambda seconds: None)
+        # session -> (identity, request id, submit time) of its step on the pool
+        self._pending_steps: dict[Session, tuple[bytes, int, float]] = {}
         self._async_sessions: set[Session] = set()  # with batches in flight
         self._running_ops = 0        # makes and resets on the executor
         self._unclaimed: set[Session] = set()  # made, but the make's reply not sent yet
@@ -316,12 +325,15 @@ class Service:
             session.write_actions(header["actions"], blobs[0])
         elif blobs:
             raise protocol.BadRequest("step: a data frame needs an 'actions' description")
+        started = time.perf_counter()
         session.native.step_submit()
         session.segment.bump_step_seq()
         if session.native.step_done():  # ran inline: no eventfd event comes
-            return self._finish_step(session, header["id"])
+            reply = self._finish_step(session, header["id"])
+            self._step_latency(time.perf_counter() - started)
+            return reply
         session.busy = True
-        self._pending_steps[session] = (client.identity, header["id"])
+        self._pending_steps[session] = (client.identity, header["id"], started)
         return None
 
     @staticmethod
@@ -338,7 +350,7 @@ class Service:
         # Validation errors raise before anything is stepped; an env failing
         # in this batch (run inline) is reported by the next recv, which the
         # client makes for these envs anyway: the send itself succeeded.
-        self.env_steps += session.submit(np.frombuffer(blobs[0], np.int64).copy())
+        self._count_steps(session, session.submit(np.frombuffer(blobs[0], np.int64).copy()))
         if session.batches:
             self._async_sessions.add(session)
         return protocol.ok_reply(header["id"])
@@ -346,7 +358,7 @@ class Service:
     def _recv(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> dict | None:
         session = self._session(client, header)
         count = check_int("count", header["count"], 1, session.num_envs)
-        self.env_steps += session.collect()
+        self._count_steps(session, session.collect())
         error = session.take_batch_error()
         if error is not None:  # its envs stay ready: the next recv returns them
             raise error
@@ -386,12 +398,13 @@ class Service:
             os.read(self.pool.eventfd(), 8)
         except BlockingIOError:
             pass
-        for session, (identity, request_id) in list(self._pending_steps.items()):
+        for session, (identity, request_id, started) in list(self._pending_steps.items()):
             if session.native.step_done():
                 del self._pending_steps[session]
                 reply = self._finish_step(session, request_id)
                 self._operation_ended(session)
                 self.send(identity, reply)
+                self._step_latency(time.perf_counter() - started)
         for session in list(self._async_sessions):
             self._collect_batches(session)
         self._check_drained()
@@ -399,7 +412,7 @@ class Service:
     def _collect_batches(self, session: Session) -> None:
         """Finished batches of an async session: answer its waiting recv when
         enough envs are ready; free it when it was closed meanwhile."""
-        self.env_steps += session.collect()
+        self._count_steps(session, session.collect())
         if not session.batches:
             self._async_sessions.discard(session)
         waiter = session.recv_waiter
@@ -421,8 +434,12 @@ class Service:
             return protocol.error_reply(request_id, exc)
         session.steps += 1
         session.env_steps += session.num_envs
-        self.env_steps += session.num_envs
+        self._count_steps(session, session.num_envs)
         return protocol.ok_reply(request_id, num_done=num_done)
+
+    def _count_steps(self, session: Session, count: int) -> None:
+        self.env_steps += count
+        self.env_steps_by_env[session.spec.id] += count
 
     def _submit(self, fn: Callable[[], Any], done: Callable[[Future], None]) -> None:
         """Run fn on the executor; done(future) runs on the event loop thread."""
@@ -447,6 +464,10 @@ class Service:
     # ---- sessions and leases ----------------------------------------------------------
     def _drop(self, session: Session) -> None:
         """Forget the session; free it now, or when its running operation ends."""
+        if session.native is not None:  # no step job starts after this: count them now
+            stats = session.native.stats()
+            self.closed_session_jobs[0] += stats["inline_jobs"]
+            self.closed_session_jobs[1] += stats["pooled_jobs"]
         self.sessions.pop(session.id, None)
         owner = self.clients.get(session.owner)
         if owner is not None:
@@ -471,6 +492,8 @@ class Service:
             if client.sessions:
                 log.info("client %s sent nothing for %.1f s: freeing its %d session(s)",
                          client.identity.hex()[:8], now - client.last_seen, len(client.sessions))
+            self.lease_expiries += 1
+            self.lease_expired_sessions += len(client.sessions)
             for session in list(client.sessions.values()):
                 self._remember(self._expired_sessions, session.id)
                 self._drop(session)
@@ -519,6 +542,11 @@ class Service:
                 "max_shm_bytes": self.config.max_shm_bytes,
                 "max_requests_per_second": self.config.max_requests_per_second,
                 "request_burst": self.config.request_burst}
+
+    @property
+    def sessions_stepping(self) -> int:
+        """Sessions with a sync step or async batches on the pool now."""
+        return len(self._pending_steps) + len(self._async_sessions)
 
     @property
     def shm_bytes(self) -> int:

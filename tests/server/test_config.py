@@ -52,6 +52,8 @@ def test_defaults(clean_environment):
     assert default.request_burst == 100_000
     assert default.pin_cpus is None
     assert default.plugins == ()
+    assert default.metrics_port is None  # no metrics server unless asked
+    assert default.metrics_bind == "127.0.0.1"  # and then on loopback only
     assert parse([]) == default  # no flag, no variable: the defaults
 
 
@@ -74,6 +76,9 @@ FLAGS = [
     (["--max-shm-bytes", "1048576"], "max_shm_bytes", 1 << 20),
     (["--max-requests-per-second", "20"], "max_requests_per_second", 20),
     (["--max-requests-per-second", "0"], "max_requests_per_second", 0),
+    (["--metrics-port", "9187"], "metrics_port", 9187),
+    (["--metrics-port", "0"], "metrics_port", 0),
+    (["--metrics-bind", "0.0.0.0"], "metrics_bind", "0.0.0.0"),
 ]
 
 
@@ -145,7 +150,8 @@ def test_the_flag_wins_over_the_variable(argv, name, value):
     other = {"threads": "5", "log_level": "error", "lease_timeout": "77",
              "max_sessions": "99", "max_envs_per_client": "999",
              "max_message_bytes": "9999", "max_sessions_per_client": "9",
-             "max_shm_bytes": "99999", "max_requests_per_second": "7"}[name]
+             "max_shm_bytes": "99999", "max_requests_per_second": "7",
+             "metrics_port": "9999", "metrics_bind": "::1"}[name]
     assert getattr(parse(argv, {variable: other}), name) == value
     assert getattr(parse([], {variable: other}), name) != value
 
@@ -175,6 +181,15 @@ def test_envd_endpoint_is_the_default_bind(monkeypatch):
 
 def test_envd_endpoint_of_the_environ_argument_is_the_default_bind():
     assert parse([], {"ENVD_ENDPOINT": "tcp://127.0.0.1:7002"}).bind == ("tcp://127.0.0.1:7002",)
+
+
+def test_metrics_flags_and_variables():
+    assert parse(["--metrics-port", "9187"], {}).metrics_port == 9187
+    config = parse([], {"ENVD_METRICS_PORT": "9188", "ENVD_METRICS_BIND": "::1"})
+    assert (config.metrics_port, config.metrics_bind) == (9188, "::1")
+    assert parse(["--metrics-port", "9187"], {"ENVD_METRICS_PORT": "9188"}).metrics_port == 9187
+    assert parse([], {"ENVD_METRICS_PORT": ""}).metrics_port is None  # empty: unset, off
+    assert Config(metrics_port=65535).metrics_port == 65535
 
 
 def test_empty_variables_count_as_unset():
@@ -216,6 +231,10 @@ def test_empty_variables_count_as_unset():
     ([], {"ENVD_LEASE_TIMEOUT": "soon"}, ["ENVD_LEASE_TIMEOUT", "--lease-timeout"]),
     ([], {"ENVD_MAX_SESSIONS": "many"}, ["ENVD_MAX_SESSIONS", "--max-sessions"]),
     ([], {"ENVD_PIN_CPUS": "a,b"}, ["ENVD_PIN_CPUS", "--pin-cpus"]),
+    (["--metrics-port", "-1"], {}, ["--metrics-port", "ENVD_METRICS_PORT", "-1"]),
+    (["--metrics-port", "65536"], {}, ["--metrics-port", "65535", "65536"]),
+    ([], {"ENVD_METRICS_PORT": "http"}, ["ENVD_METRICS_PORT", "'http'", "--metrics-port"]),
+    (["--metrics-bind", " "], {}, ["--metrics-bind", "ENVD_METRICS_BIND"]),
 ], ids=lambda v: repr(v)[:40] if not isinstance(v, list) or v else "-")
 def test_invalid_values_raise_a_value_error_naming_the_setting(argv, environ, words):
     with pytest.raises(ValueError) as info:
@@ -270,12 +289,14 @@ def test_help_names_every_variable_and_default():
     text = parser.format_help()
     for flag in ("--bind", "--threads", "--log-level", "--lease-timeout", "--max-sessions",
                  "--max-envs-per-client", "--max-message-bytes", "--pin-cpus",
-                 "--max-sessions-per-client", "--max-shm-bytes", "--max-requests-per-second"):
+                 "--max-sessions-per-client", "--max-shm-bytes", "--max-requests-per-second",
+                 "--metrics-port", "--metrics-bind"):
         assert flag in text
     for variable in ("ENVD_BIND", "ENVD_THREADS", "ENVD_LOG_LEVEL", "ENVD_LEASE_TIMEOUT",
                      "ENVD_MAX_SESSIONS", "ENVD_MAX_ENVS_PER_CLIENT",
                      "ENVD_MAX_MESSAGE_BYTES", "ENVD_PIN_CPUS", "ENVD_MAX_SESSIONS_PER_CLIENT",
-                     "ENVD_MAX_SHM_BYTES", "ENVD_MAX_REQUESTS_PER_SECOND"):
+                     "ENVD_MAX_SHM_BYTES", "ENVD_MAX_REQUESTS_PER_SECOND",
+                     "ENVD_METRICS_PORT", "ENVD_METRICS_BIND"):
         assert variable in " ".join(text.split())
 
 
@@ -295,6 +316,7 @@ def _run_cli(tmp_path, *argv, environ=None):
     (["--bind", "localhost:5555"], {}, ["localhost:5555", "ipc://"]),
     (["--max-requests-per-second", "-5"], {}, ["--max-requests-per-second", ">= 0", "-5"]),
     ([], {"ENVD_MAX_SHM_BYTES": "0"}, ["--max-shm-bytes (ENVD_MAX_SHM_BYTES) must be >= 1"]),
+    (["--metrics-port", "70000"], {}, ["--metrics-port (ENVD_METRICS_PORT) must be in"]),
 ])
 def test_the_command_line_exits_2_with_a_usage_message(tmp_path, argv, environ, words):
     done = _run_cli(tmp_path, *argv, environ=environ)
