@@ -52,6 +52,7 @@ class Config:
     threads: int = field(default_factory=_default_threads)
     bind: tuple[str, ...] = field(default_factory=lambda: (default_endpoint(),))
     log_level: str = "info"
+    log_format: str = "text"  # or "json": one object per line, for machines
     lease_timeout: float = 30.0
     max_sessions: int = 1024
     max_envs_per_client: int = 1 << 20
@@ -81,6 +82,9 @@ class Config:
         for endpoint in self.bind:
             if not endpoint.startswith(("ipc://", "tcp://")):
                 raise ValueError(f"--bind (ENVD_BIND): endpoint {endpoint!r} must start with ipc:// or tcp://")
+        if self.log_format not in ("text", "json"):
+            raise ValueError(f"--log-format (ENVD_LOG_FORMAT) must be text or json, got "
+                             f"{self.log_format!r}")
         if self.log_level.upper() not in logging.getLevelNamesMapping():
             raise ValueError(f"--log-level (ENVD_LOG_LEVEL): unknown level {self.log_level!r}")
         if not 0.1 <= self.lease_timeout <= 86400:
@@ -127,6 +131,7 @@ _FLAGS: dict[str, tuple[Callable[[str], object], str]] = {
     "threads": (int, "native worker threads shared by every session (0 = step on the "
                      "event loop thread; default: usable CPUs)"),
     "log_level": (str, "debug, info, warning or error"),
+    "log_format": (str, "text (one line per event) or json (one object per line)"),
     "lease_timeout": (float, "seconds of silence after which a client's sessions are freed"),
     "max_sessions": (int, "sessions (made envs) the daemon holds at once, over all clients"),
     "max_envs_per_client": (int, "envs one client connection may hold over all its sessions"),

@@ -29,6 +29,7 @@ import zmq
 from envd import __version__, protocol
 from envd.protocol import default_endpoint
 from envd.native.native_vec import NativePool
+from envd.server import logs
 from envd.server.config import Config
 from envd.server.plugins import load_plugins
 from envd.server.service import Service
@@ -190,8 +191,12 @@ class Daemon:
 
     def _send(self, identity: bytes, reply: dict[str, Any]) -> None:
         blobs = reply.pop("_blobs", ())  # data frames after the header
-        if self.metrics is not None and reply.get("ok") is False:
-            self.metrics.count_error(reply.get("code"))
+        if reply.get("ok") is False:  # every error reply, whichever handler made it
+            if self.metrics is not None:
+                self.metrics.count_error(reply.get("code"))
+            log.info("error reply: %s", reply.get("message"), extra={
+                "event": "error_reply", "client": identity.hex()[:8],
+                "request_id": reply.get("id"), "code": reply.get("code")})
         try:
             self.socket.send_multipart([identity, protocol.pack(reply), *blobs], zmq.NOBLOCK)
         except zmq.ZMQError as exc:  # the client is gone, or reads no replies
@@ -261,8 +266,7 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 
 def run_daemon(config: Config) -> int:
     """Run a daemon until it is drained by a signal; its exit status."""
-    logging.basicConfig(level=config.log_level.upper(),
-                        format="%(asctime)s envd[%(process)d] %(levelname)s %(message)s")
+    logs.configure(config.log_level, config.log_format)
     loop = new_event_loop()
     asyncio.set_event_loop(loop)
     try:

@@ -288,8 +288,10 @@ class Service:
             elif session is not None:
                 self.sessions[session.id] = client.sessions[session.id] = session
                 reply.update(session.describe())
-                log.info("client %s made session %s: %d x %s", client.identity.hex()[:8],
-                         session.id[:8], num_envs, spec.id)
+                log.info("session opened: %d x %s", num_envs, spec.id, extra={
+                    "event": "session_open", "client": client.identity.hex()[:8],
+                    "request_id": header["id"], "session": session.id[:8],
+                    "env_id": spec.id, "num_envs": num_envs})
             self.send(client.identity, reply)
             self._check_drained()
 
@@ -462,8 +464,12 @@ class Service:
             self._free(session)
 
     # ---- sessions and leases ----------------------------------------------------------
-    def _drop(self, session: Session) -> None:
+    def _drop(self, session: Session, why: str = "closed") -> None:
         """Forget the session; free it now, or when its running operation ends."""
+        log.info("session %s", why, extra={
+            "event": "session_close" if why == "closed" else "session_expire",
+            "client": session.owner.hex()[:8], "session": session.id[:8],
+            "env_id": session.spec.id, "env_steps": session.env_steps})
         if session.native is not None:  # no step job starts after this: count them now
             stats = session.native.stats()
             self.closed_session_jobs[0] += stats["inline_jobs"]
@@ -490,13 +496,14 @@ class Service:
             if now - client.last_seen <= self.config.lease_timeout:
                 continue
             if client.sessions:
-                log.info("client %s sent nothing for %.1f s: freeing its %d session(s)",
-                         client.identity.hex()[:8], now - client.last_seen, len(client.sessions))
+                log.info("lease expired after %.1f s of silence: freeing %d session(s)",
+                         now - client.last_seen, len(client.sessions), extra={
+                             "event": "lease_expired", "client": client.identity.hex()[:8]})
             self.lease_expiries += 1
             self.lease_expired_sessions += len(client.sessions)
             for session in list(client.sessions.values()):
                 self._remember(self._expired_sessions, session.id)
-                self._drop(session)
+                self._drop(session, "expired (lease)")
             del self.clients[client.identity]
             self._remember(self._expired_clients, client.identity)
 

@@ -298,3 +298,40 @@ def test_flags_from_envd_variables_and_the_command_line_wins(harness):
     assert status["limits"]["max_sessions"] == 5
     assert status["lease_timeout"] == 7.0
     assert status["threads"] == 2
+
+
+# ---- logs -----------------------------------------------------------------------------------
+def test_json_logs_one_object_per_event_and_none_per_step(harness):
+    daemon = harness.daemon("--threads", "1", "--lease-timeout", "30", "--log-format", "json")
+    client = harness.connect(daemon)
+    env = client.make("CartPole-v1", 4, seed=0)
+    env.reset()
+    for _ in range(50):
+        env.step(np.zeros(4, np.int64))
+    with pytest.raises(envd.InvalidActionError):
+        env.step(np.full(4, 7, np.int64))
+    env.close()
+    daemon.signal(signal.SIGTERM)
+    assert daemon.wait() == 0, daemon.log()
+    entries = [json.loads(line) for line in daemon.log().splitlines() if line.startswith("{")]
+    assert entries and all({"time", "level", "logger", "pid", "message"} <= set(e) for e in entries)
+    assert len(entries) < 20, entries  # a handful of events, not one line per step
+    events = {e.get("event"): e for e in entries}
+    me = client.client_id.hex()[:8]
+    opened, closed, error = events["session_open"], events["session_close"], events["error_reply"]
+    assert opened["client"] == closed["client"] == error["client"] == me
+    assert opened["session"] == closed["session"] == env.session[:8]
+    assert (opened["env_id"], opened["num_envs"]) == ("CartPole-v1", 4)
+    assert closed["env_steps"] == 4 * 50
+    assert error["code"] == "invalid_action" and isinstance(error["request_id"], int)
+    assert "out of range" in error["message"] and error["level"] == "info"
+
+
+def test_text_logs_carry_the_event_fields(harness):
+    daemon = harness.daemon("--threads", "1", "--lease-timeout", "30")
+    client = harness.connect(daemon)
+    client.make("Pendulum-v1", 2, seed=0).close()
+    daemon.signal(signal.SIGTERM)
+    assert daemon.wait() == 0, daemon.log()
+    opened = next(line for line in daemon.log().splitlines() if "event=session_open" in line)
+    assert "INFO session opened: 2 x Pendulum-v1" in opened and "env_id=Pendulum-v1" in opened

@@ -40,6 +40,7 @@ def test_defaults(clean_environment):
     assert default.threads == len(os.sched_getaffinity(0)) >= 1
     assert default.bind == (f"ipc://{clean_environment}/envd.sock",) == (protocol.default_endpoint(),)
     assert default.log_level == "info"
+    assert default.log_format == "text"
     assert default.lease_timeout == 30.0
     assert default.heartbeat_interval == 10.0
     assert default.max_sessions == 1024
@@ -68,6 +69,7 @@ FLAGS = [
     (["--threads", "0"], "threads", 0),
     (["--log-level", "debug"], "log_level", "debug"),
     (["--log-level", "WARNING"], "log_level", "WARNING"),
+    (["--log-format", "json"], "log_format", "json"),
     (["--lease-timeout", "2.5"], "lease_timeout", 2.5),
     (["--max-sessions", "7"], "max_sessions", 7),
     (["--max-envs-per-client", "100"], "max_envs_per_client", 100),
@@ -151,7 +153,7 @@ def test_the_flag_wins_over_the_variable(argv, name, value):
              "max_sessions": "99", "max_envs_per_client": "999",
              "max_message_bytes": "9999", "max_sessions_per_client": "9",
              "max_shm_bytes": "99999", "max_requests_per_second": "7",
-             "metrics_port": "9999", "metrics_bind": "::1"}[name]
+             "metrics_port": "9999", "metrics_bind": "::1", "log_format": "text"}[name]
     assert getattr(parse(argv, {variable: other}), name) == value
     assert getattr(parse([], {variable: other}), name) != value
 
@@ -206,6 +208,7 @@ def test_empty_variables_count_as_unset():
     ([], {"ENVD_LEASE_TIMEOUT": "nan"}, ["--lease-timeout", "ENVD_LEASE_TIMEOUT"]),
     (["--log-level", "loud"], {}, ["--log-level", "'loud'"]),
     ([], {"ENVD_LOG_LEVEL": "loud"}, ["--log-level", "'loud'"]),
+    (["--log-format", "xml"], {}, ["--log-format", "ENVD_LOG_FORMAT", "'xml'"]),
     (["--bind", "/tmp/envd.sock"], {}, ["/tmp/envd.sock", "ipc://", "tcp://"]),
     ([], {"ENVD_BIND": "ipc:///tmp/a.sock udp://x:1"}, ["udp://x:1", "ipc://"]),
     (["--threads", "2", "--pin-cpus", "0"], {}, ["--pin-cpus", "2"]),
