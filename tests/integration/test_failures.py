@@ -125,7 +125,7 @@ def test_sigkilled_client_loses_its_sessions_and_others_never_notice(harness, tm
     wait_until(only_the_stepper_is_left, what="the killed client's sessions to expire")
     assert observer.status()["clients"] == 2  # the observer and the stepper
     assert segments_of(daemon.pid) == [stepper.remote._segment.name]
-    assert "sent nothing for" in daemon.log()
+    assert "event=lease_expired" in daemon.log()
     expired_at = stepper.steps
     wait_until(lambda: stepper.error is not None or stepper.steps >= expired_at + 50,
                what="the concurrent client to keep stepping after the expiry")
