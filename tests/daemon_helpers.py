@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -209,3 +210,60 @@ class Harness:
         for path in self.files:
             if os.path.exists(path):
                 os.unlink(path)
+
+
+def in_bounds_actions(space, num_envs: int, rng: np.random.Generator) -> np.ndarray:
+    """A batch of actions inside the space (conftest.random_actions also
+    goes beyond Box bounds)."""
+    from gymnasium import spaces
+    if isinstance(space, spaces.Discrete):
+        return rng.integers(space.start, space.start + space.n, size=num_envs, dtype=np.int64)
+    return rng.uniform(space.low, space.high, size=(num_envs, *space.shape)).astype(space.dtype)
+
+
+def same_results(got, want) -> bool:
+    """Two step results are equal: arrays bit for bit, the same info keys,
+    and the same episode returns and lengths (their times are wall clock)."""
+    if not all(a.tobytes() == b.tobytes() for a, b in zip(got[:4], want[:4])):
+        return False
+    if sorted(got[4]) != sorted(want[4]):
+        return False
+    if "episode" in want[4]:
+        return all(got[4]["episode"][k].tobytes() == want[4]["episode"][k].tobytes()
+                   for k in ("r", "l"))
+    return True
+
+
+class TwinStepper(threading.Thread):
+    """Steps a daemon env and an in-process twin (same id, seed, actions) in
+    lockstep until halted; remembers the first mismatch or error."""
+
+    def __init__(self, client: envd.Client, env_id: str, num_envs: int, seed: int, **kwargs):
+        super().__init__(daemon=True)
+        self.remote = client.make(env_id, num_envs, seed=seed, **kwargs)
+        self.local = envd.make(env_id, num_envs, seed=seed, num_threads=0, **kwargs)
+        self.rng = np.random.default_rng(seed)
+        self.steps = 0
+        self.error: BaseException | None = None
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        try:
+            if self.remote.reset()[0].tobytes() != self.local.reset()[0].tobytes():
+                raise AssertionError("reset differs from the twin")
+            space = self.remote.single_action_space
+            while not self.halt.is_set():
+                actions = in_bounds_actions(space, self.remote.num_envs, self.rng)
+                if not same_results(self.remote.step(actions), self.local.step(actions)):
+                    raise AssertionError(f"step {self.steps + 1} differs from the twin")
+                self.steps += 1
+        except BaseException as exc:  # noqa: BLE001 -- reported by finish()
+            self.error = exc
+
+    def finish(self, expect_error: bool = False) -> None:
+        self.halt.set()
+        self.join(DEADLINE)
+        assert not self.is_alive(), "the stepping thread hangs"
+        self.local.close()
+        if self.error is not None and not expect_error:
+            raise AssertionError(f"the stepping client noticed: {self.error!r}") from self.error

@@ -20,18 +20,12 @@ import traceback
 import numpy as np
 
 import envd
+from daemon_helpers import in_bounds_actions
 
 #: Phases a trainer reports in its slot of the progress array.
 STARTED, CONNECTED, MADE, STEPPING, FAILED = 1, 2, 3, 4, -1
 #: Env ids whose observations are large: fewer envs per session.
 _BIG_OBSERVATIONS = {"Snake-v0", "ConnectFour-v0"}
-
-
-def random_actions(space, num_envs: int, rng: np.random.Generator) -> np.ndarray:
-    from gymnasium import spaces
-    if isinstance(space, spaces.Discrete):
-        return rng.integers(space.start, space.start + space.n, size=num_envs, dtype=np.int64)
-    return rng.uniform(space.low, space.high, size=(num_envs, *space.shape)).astype(space.dtype)
 
 
 def noop() -> None:
@@ -67,9 +61,9 @@ def trainer(endpoint: str, index: int, seed: int, env_ids: list[str], progress, 
             for env in envs:
                 if env.batch_size < env.num_envs:
                     ids = env.recv()[4]["env_id"]
-                    env.send(random_actions(env.single_action_space, len(ids), rng), ids)
+                    env.send(in_bounds_actions(env.single_action_space, len(ids), rng), ids)
                 else:
-                    env.step(random_actions(env.single_action_space, env.num_envs, rng))
+                    env.step(in_bounds_actions(env.single_action_space, env.num_envs, rng))
             steps += 1
             progress[2 * index + 1] = steps
             time.sleep(float(rng.uniform(0, 0.004)))  # the trainer's own work: the CPU is shared

@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 import pytest
-from daemon_helpers import DEADLINE, DaemonProcess, segments_of, wait_until
+from daemon_helpers import DEADLINE, DaemonProcess, TwinStepper, segments_of, wait_until
 
 import envd
 
@@ -43,38 +43,6 @@ def assert_stops_cleanly(daemon: DaemonProcess) -> None:
     assert segments_of(daemon.pid) == []
 
 
-class TwinStepper(threading.Thread):
-    """Steps a daemon env and its in-process twin in lockstep, comparing every
-    step bit for bit, until stopped; keeps the first exception."""
-
-    def __init__(self, client: envd.Client, num_envs: int = 16, seed: int = 3):
-        super().__init__(daemon=True)
-        self.remote = client.make("CartPole-v1", num_envs, seed=seed)
-        self.local = envd.make("CartPole-v1", num_envs, seed=seed)
-        self.rng = np.random.default_rng(seed)
-        self.steps = 0
-        self.error: BaseException | None = None
-        self.halt = threading.Event()
-
-    def run(self) -> None:
-        try:
-            assert self.remote.reset()[0].tobytes() == self.local.reset()[0].tobytes()
-            while not self.halt.is_set():
-                actions = self.rng.integers(0, 2, self.remote.num_envs, dtype=np.int64)
-                assert_same_step(self.remote, self.local, actions)
-                self.steps += 1
-        except BaseException as exc:  # noqa: BLE001 -- reported by finish()
-            self.error = exc
-
-    def finish(self) -> None:
-        self.halt.set()
-        self.join(DEADLINE)
-        assert not self.is_alive(), "the stepping thread hangs"
-        self.local.close()
-        if self.error is not None:
-            raise AssertionError(f"the concurrent client noticed: {self.error!r}") from self.error
-
-
 # ---- a client killed with SIGKILL -------------------------------------------------------
 STEPPING_CLIENT = textwrap.dedent("""
     import sys
@@ -98,7 +66,7 @@ STEPPING_CLIENT = textwrap.dedent("""
 def test_sigkilled_client_loses_its_sessions_and_others_never_notice(harness, tmp_path):
     daemon = harness.daemon("--threads", "2", "--lease-timeout", "2")
     observer = harness.connect(daemon)
-    stepper = TwinStepper(harness.connect(daemon))
+    stepper = TwinStepper(harness.connect(daemon), "CartPole-v1", 16, seed=3)
     stepper.start()
     script = tmp_path / "stepping_client.py"
     script.write_text(STEPPING_CLIENT)

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from daemon_helpers import DEADLINE, DaemonProcess, segments_of, wait_until
+from daemon_helpers import (DEADLINE, DaemonProcess, TwinStepper, in_bounds_actions, segments_of, wait_until)
 
 import envd
 
@@ -44,52 +44,6 @@ import fault_client
 
 
 # ---- helpers ---------------------------------------------------------------------------------
-def same_results(got, want) -> bool:
-    if not all(a.tobytes() == b.tobytes() for a, b in zip(got[:4], want[:4])):
-        return False
-    if sorted(got[4]) != sorted(want[4]):
-        return False
-    if "episode" in want[4]:
-        return all(got[4]["episode"][k].tobytes() == want[4]["episode"][k].tobytes()
-                   for k in ("r", "l"))
-    return True
-
-
-class TwinStepper(threading.Thread):
-    """Steps a daemon env and an in-process twin (same id, seed, actions) in
-    lockstep until halted; remembers the first mismatch or error."""
-
-    def __init__(self, client: envd.Client, env_id: str, num_envs: int, seed: int, **kwargs):
-        super().__init__(daemon=True)
-        self.remote = client.make(env_id, num_envs, seed=seed, **kwargs)
-        self.local = envd.make(env_id, num_envs, seed=seed, num_threads=0, **kwargs)
-        self.rng = np.random.default_rng(seed)
-        self.steps = 0
-        self.error: BaseException | None = None
-        self.halt = threading.Event()
-
-    def run(self) -> None:
-        try:
-            if self.remote.reset()[0].tobytes() != self.local.reset()[0].tobytes():
-                raise AssertionError("reset differs from the twin")
-            space = self.remote.single_action_space
-            while not self.halt.is_set():
-                actions = fault_client.random_actions(space, self.remote.num_envs, self.rng)
-                if not same_results(self.remote.step(actions), self.local.step(actions)):
-                    raise AssertionError(f"step {self.steps + 1} differs from the twin")
-                self.steps += 1
-        except BaseException as exc:  # noqa: BLE001 -- reported by finish()
-            self.error = exc
-
-    def finish(self, expect_error: bool = False) -> None:
-        self.halt.set()
-        self.join(DEADLINE)
-        assert not self.is_alive(), "the stepping thread hangs"
-        self.local.close()
-        if self.error is not None and not expect_error:
-            raise AssertionError(f"the stepping client noticed: {self.error!r}") from self.error
-
-
 class Looper(threading.Thread):
     """Calls body() until it raises; keeps the count, the error and when it came."""
 
@@ -425,7 +379,7 @@ def test_sigterm_under_heavy_sync_and_async_stepping_drains_and_exits_0(harness)
 
         def recv_send(env=env, space=space, rng=rng):
             ids = env.recv()[4]["env_id"]
-            env.send(fault_client.random_actions(space, len(ids), rng), ids)
+            env.send(in_bounds_actions(space, len(ids), rng), ids)
 
         async_envs.append(env)
         loopers.append(Looper(recv_send))
