@@ -858,19 +858,21 @@ class Faults(threading.Thread):
 
     def spawn(self, kind: str):
         seed = self.rng.randrange(2**32)
-        out = open(self.folder / f"victim-{kind}-{seed}.out", "w+b")  # noqa: SIM115 - the child's stdout
-        child = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--victim", kind, "--endpoint",
-             self.endpoint, "--seed", str(seed)],
-            cwd=self.folder, stdout=out, stderr=subprocess.STDOUT)
+        out = self.folder / f"victim-{kind}-{seed}.out"
+        # The child gets its own append-mode descriptor and the parent reads the path
+        # afresh: a shared descriptor shares its offset, and a parent seek(0) would make
+        # the child's next line overwrite the file's start.
+        with open(out, "ab") as stdout:
+            child = subprocess.Popen(
+                [sys.executable, os.path.abspath(__file__), "--victim", kind, "--endpoint",
+                 self.endpoint, "--seed", str(seed)],
+                cwd=self.folder, stdout=stdout, stderr=subprocess.STDOUT)
         self.children.append(child)
         return child, out
 
     @staticmethod
-    def lines(out) -> list[str]:
-        out.flush()
-        out.seek(0)
-        return out.read().decode(errors="replace").splitlines()
+    def lines(out: Path) -> list[str]:
+        return out.read_bytes().decode(errors="replace").splitlines()
 
     def wait_stepping(self, child, out, kind) -> list[str] | None:
         """The victim's segments once it steps, or None (reported) if it died."""
@@ -1121,7 +1123,7 @@ def main(argv=None) -> int:
         deadline = soak_start + args.seconds
         workers = []
         for i in range(args.clients):
-            out = open(folder / f"worker-{i}.out", "w+b")  # noqa: SIM115 - the child's stdout
+            out = open(folder / f"worker-{i}.out", "a+b")  # noqa: SIM115 - the child's stdout (append: see spawn)
             workers.append((subprocess.Popen(
                 [sys.executable, os.path.abspath(__file__), "--worker", str(i), "--endpoint", endpoint,
                  "--seconds", str(args.seconds), "--seed", str(seed * 1000 + i)],

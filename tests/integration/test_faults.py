@@ -422,7 +422,7 @@ def test_sigterm_under_heavy_sync_and_async_stepping_drains_and_exits_0(harness)
 def test_client_frozen_with_sigstop_past_its_lease(harness, tmp_path):
     daemon = harness.daemon("--threads", "1", "--lease-timeout", "2")
     observer = harness.connect(daemon)
-    with open(tmp_path / "frozen.err", "w+") as err:
+    with open(tmp_path / "frozen.err", "a+") as err:  # append: the child writes at the end whatever our offset
         proc = subprocess.Popen([sys.executable, str(TESTS / "fault_client.py"), "frozen",
                                  daemon.endpoint], cwd=tmp_path, stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=err, text=True)

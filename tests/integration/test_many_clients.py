@@ -208,7 +208,7 @@ def test_four_client_processes_each_get_what_they_would_alone(daemon, references
         with daemon.connect() as observer, contextlib.ExitStack() as stack:
             before = observer.status()
             for index in range(n):
-                log = stack.enter_context(open(tmp_path / f"client-{index}.log", "w+"))
+                log = stack.enter_context(open(tmp_path / f"client-{index}.log", "a+"))
                 logs.append(log)
                 procs.append(subprocess.Popen(
                     [sys.executable, os.path.abspath(__file__), daemon.endpoint, str(index)],
