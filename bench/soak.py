@@ -20,7 +20,8 @@ What runs:
     a random seed, autoreset mode, time limit and env kwargs, copy or views,
     sync mode (``step``, with reseeding resets and, in ``disabled`` mode,
     masked resets) or async mode (random ``batch_size``, random send orders and
-    chunking).  Every result is compared bit for bit with an in-process
+    chunking), over shared memory or (a third of the sessions) the inline
+    transport a trainer on another host uses.  Every result is compared bit for bit with an in-process
     ``envd.make`` twin stepped with the same actions: observations, rewards,
     terminations, truncations, the env's own info fields (ConnectFour's
     ``action_mask``), episode statistics r/l and their mask, final
@@ -248,6 +249,12 @@ def random_make(env_id: str, rng: np.random.Generator, async_mode: bool, min_env
     return num_envs, kwargs
 
 
+def random_transport(rng: np.random.Generator) -> str:
+    """Shared memory mostly; the inline transport (arrays in the messages, as
+    for a trainer on another host) for a third of the sessions."""
+    return "inline" if rng.random() < 1 / 3 else "shm"
+
+
 def step_cost(env_id: str, kwargs: dict) -> float:
     """Relative cost of one env step (budget of a round)."""
     if env_id == "ConnectFour-v0":
@@ -260,8 +267,9 @@ def sync_round(client, rng, stats: Stats, deadline: float, budget: float) -> Non
     env_id = str(rng.choice(envd.list_envs()))
     num_envs, kwargs = random_make(env_id, rng, async_mode=False)
     steps = int(np.clip(budget / (num_envs * step_cost(env_id, kwargs)), 8, 200))
-    where = f"sync {env_id} n={num_envs} {kwargs}"
-    remote = client.make(env_id, num_envs, **kwargs)
+    transport = random_transport(rng)
+    where = f"sync {env_id} n={num_envs} {transport} {kwargs}"
+    remote = client.make(env_id, num_envs, transport=transport, **kwargs)
     try:
         with envd.make(env_id, num_envs, num_threads=0, **kwargs) as local:
             r, l = remote.reset(), local.reset()
@@ -451,13 +459,14 @@ def async_round(client, rng, stats: Stats, deadline: float, budget: float, fault
     factor = 2 if kwargs["autoreset_mode"] == "same_step" else 1
     steps = int(np.clip(budget / (num_envs * step_cost(env_id, kwargs)), 4, 60))
     steps = max(2, min(steps, ASYNC_TWIN_BYTES // (factor * num_envs * max(obs_bytes, 1)) - 1))
-    where = f"async {env_id} n={num_envs} batch={batch_size} {kwargs}"
+    transport = random_transport(rng)
+    where = f"async {env_id} n={num_envs} batch={batch_size} {transport} {kwargs}"
     # env i's t-th send carries actions[t, i]; one spare row for the fault's last sends
     actions = np.stack([random_actions(space, num_envs, rng) for _ in range(steps + 1)])
     twin = SyncTwin(env_id, num_envs, kwargs, actions[:steps])
     sent = np.zeros(num_envs, np.int64)
     received = np.zeros(num_envs, np.int64)
-    remote = client.make(env_id, num_envs, batch_size=batch_size, **kwargs)
+    remote = client.make(env_id, num_envs, batch_size=batch_size, transport=transport, **kwargs)
     try:
         remote.async_reset()
         idle: list[int] = []

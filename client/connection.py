@@ -1,11 +1,12 @@
 """The trainer's connection to a daemon: ``envd.connect()`` returns a Client.
 
 One Client is one DEALER socket with a random routing id (the identity the
-daemon leases sessions to), a monitor that reports a broken connection at
-once, and a heartbeat thread (see heartbeat.py).  Requests are synchronous:
-send, then wait for the reply with the same id, at most ``timeout`` seconds.
-Replies to earlier requests that timed out are recognised by their id and
-dropped.  A Client may be shared by threads; requests are serialised.
+daemon leases sessions to), a monitor that reports a broken connection or a
+failed CURVE handshake at once, and a heartbeat thread (see heartbeat.py).
+Requests are synchronous: send, then wait for the reply with the same id, at
+most ``timeout`` seconds.  Replies to earlier requests that timed out are
+recognised by their id and dropped.  A Client may be shared by threads;
+requests are serialised.
 """
 from __future__ import annotations
 
@@ -23,15 +24,58 @@ import zmq
 from gymnasium.vector import AutoresetMode
 from zmq.utils.monitor import recv_monitor_message
 
-from envd import __version__, protocol
+from envd import __version__, keys, protocol
 from envd.client.heartbeat import Heartbeat
 from envd.client.remote_vector_env import RemoteVecEnv
-from envd.errors import (ConnectionLostError, EnvdError, EnvdTimeoutError, EnvStateError,
-                         InvalidArgumentError, LimitExceededError, UnknownSessionError)
+from envd.errors import (AuthenticationError, ConnectionLostError, EnvdError, EnvdTimeoutError,
+                         EnvStateError, InvalidArgumentError, LimitExceededError,
+                         UnknownSessionError)
 from envd.vector_base import autoreset_mode_name, check_int, parse_autoreset_mode, seed_list
 
 #: The most envs one make may ask for (the native vec's limit).
 MAX_NUM_ENVS = 1 << 20
+
+#: What the client's monitor reports: a broken connection, and the ways a
+#: handshake fails (which events each CURVE mistake gives: see _handshake_error).
+_MONITOR_EVENTS = (zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+                   | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+
+
+def _curve_options(endpoint: str, server_key: Any, client_key: Any) -> dict[int, bytes]:
+    """The CURVE socket options for endpoint: empty without keys and for ipc
+    endpoints (the daemon serves those without CURVE; keys are ignored there).
+    A tcp endpoint with keys needs both: the daemon admits only the client
+    keys it lists, so a made-up pair would never get in."""
+    names = {"server_key": "server_key", "client_key": "client_key"}
+    if server_key is None and os.environ.get("ENVD_SERVER_KEY"):
+        server_key, names["server_key"] = os.environ["ENVD_SERVER_KEY"], "ENVD_SERVER_KEY"
+    if client_key is None and os.environ.get("ENVD_CLIENT_KEY"):
+        client_key, names["client_key"] = os.environ["ENVD_CLIENT_KEY"], "ENVD_CLIENT_KEY"
+    if not endpoint.startswith("tcp://") or (server_key is None and client_key is None):
+        return {}
+    if server_key is None or client_key is None:
+        given, missing = (("server_key", "client_key") if client_key is None
+                          else ("client_key", "server_key"))
+        raise InvalidArgumentError(
+            f"CURVE needs both keys, got {names[given]} without {missing} (or ENVD_"
+            f"{missing.upper()}): server_key is the daemon's public .key file (or its 40-"
+            "character text), client_key this client's .key_secret file, whose .key must be "
+            "in the daemon's --curve-allowed-clients directory; create a pair with "
+            "`envd keygen`")
+    if not isinstance(server_key, (str, bytes, os.PathLike)):
+        raise InvalidArgumentError("server_key must be a path (str or os.PathLike) or the "
+                                   "daemon's 40-character Z85 public key (str or bytes), got "
+                                   f"a {type(server_key).__name__}")
+    if not isinstance(client_key, (str, os.PathLike)):
+        raise InvalidArgumentError("client_key must be the path (str or os.PathLike) of this "
+                                   f"client's .key_secret file, got a {type(client_key).__name__}")
+    try:
+        server = keys.load_public_key(server_key, names["server_key"])
+        pair = keys.load_key_pair(client_key, names["client_key"])
+    except keys.KeyFileError as exc:
+        raise InvalidArgumentError(str(exc)) from None
+    return {zmq.CURVE_SERVERKEY: server, zmq.CURVE_PUBLICKEY: pair.public,
+            zmq.CURVE_SECRETKEY: pair.secret}
 
 
 def _wire(name: str, value: Any) -> Any:
@@ -72,6 +116,40 @@ class _Connection:
         self.context.term()
 
 
+#: The start of a ZMTP 3 greeting: signature and major version.  A libzmq
+#: peer answers it with its whole greeting, which names its mechanism.
+_ZMTP3_GREETING_START = b"\xff" + b"\x00" * 8 + b"\x7f" + b"\x03"
+
+
+def _daemon_mechanism(endpoint: str, timeout: float) -> bytes | None:
+    """The security mechanism (b"CURVE", b"NULL") the ZeroMQ socket at a tcp
+    endpoint announces in its ZMTP greeting; None when it cannot be told.
+
+    Sending the greeting's first 11 bytes only, then hanging up, keeps the
+    daemon from seeing a mechanism to refuse: it sends its full 64-byte
+    greeting (mechanism at bytes 12-31) and then just sees a peer leave."""
+    if not endpoint.startswith("tcp://"):
+        return None  # ipc: no CURVE, and nothing to probe
+    address = endpoint[len("tcp://"):].rpartition(";")[2]  # tcp://source;host:port
+    host, _, port = address.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout) as probe:
+            probe.sendall(_ZMTP3_GREETING_START)
+            greeting = b""
+            while len(greeting) < 64:
+                chunk = probe.recv(64 - len(greeting))
+                if not chunk:
+                    break
+                greeting += chunk
+    except (OSError, ValueError):
+        return None
+    if len(greeting) < 32 or greeting[0] != 0xFF or greeting[10] < 3:
+        return None
+    return greeting[12:32].rstrip(b"\x00")
+
+
 def _check_timeout(timeout: float) -> float:
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < 1e7:
         raise InvalidArgumentError(f"timeout must be a positive number of seconds, got {timeout!r}")
@@ -82,7 +160,8 @@ class Client:
     """A connection to one envd daemon (see envd.connect)."""
 
     def __init__(self, endpoint: str | None = None, *, timeout: float = 30.0,
-                 name: str | None = None):
+                 name: str | None = None, server_key: str | bytes | os.PathLike | None = None,
+                 client_key: str | os.PathLike | None = None):
         self.endpoint = endpoint or protocol.default_endpoint()
         self.timeout = _check_timeout(timeout)
         self.closed = False
@@ -97,12 +176,15 @@ class Client:
         self._awaited: dict[int, Callable[[dict[str, Any]], None]] = {}
         self.server_info: dict[str, Any] = {}
         self._check_endpoint()
+        self._curve = _curve_options(self.endpoint, server_key, client_key)
         context = zmq.Context()
         self._socket = context.socket(zmq.DEALER)
         self.client_id = b"\x01" + os.urandom(15)  # ZeroMQ reserves ids starting with 0
         self._socket.setsockopt(zmq.ROUTING_ID, self.client_id)
         self._socket.setsockopt(zmq.LINGER, 0)
-        self._monitor = self._socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        for option, value in self._curve.items():
+            self._socket.setsockopt(option, value)
+        self._monitor = self._socket.get_monitor_socket(_MONITOR_EVENTS)
         self._connection = _Connection(context, self._socket, self._monitor)
         self._release = weakref.finalize(self, self._connection.release)
         self._poller = zmq.Poller()
@@ -122,7 +204,8 @@ class Client:
             self._teardown()
             raise
         self._connection.heartbeat = Heartbeat(context, self.endpoint, self.client_id,
-                                               float(self.server_info["heartbeat_interval"]))
+                                               float(self.server_info["heartbeat_interval"]),
+                                               socket_options=self._curve)
         self._connection.heartbeat.start()
 
     def _check_endpoint(self) -> None:
@@ -211,14 +294,19 @@ class Client:
                     f"no reply to {kind!r} from the daemon at {self.endpoint} within "
                     f"{timeout:g} s (Client timeout)")
             events = dict(self._poller.poll(remaining * 1000))
-            if self._monitor in events and \
-                    recv_monitor_message(self._monitor)["event"] == zmq.EVENT_DISCONNECTED:
+            event = recv_monitor_message(self._monitor) if self._monitor in events else None
+            if event is not None and event["event"] == zmq.EVENT_DISCONNECTED:
                 self._lost = True
                 self._connection.stop_heartbeat()  # the lease goes with the sessions
                 raise ConnectionLostError(
                     f"lost the connection to the daemon at {self.endpoint} while waiting for "
                     f"the reply to {kind!r}; the daemon stopped or crashed, and its sessions "
                     "are gone")
+            failure = self._handshake_error(event) if event is not None else None
+            if failure is not None:
+                self._lost = True
+                self._connection.stop_heartbeat()
+                raise failure
             if self._socket in events:
                 reply = self._recv_reply()
                 if reply.get("id") != request_id:
@@ -227,6 +315,63 @@ class Client:
                 if reply.get("ok"):
                     return reply
                 protocol.raise_error(reply)
+
+    def _handshake_error(self, event: dict[str, Any]) -> AuthenticationError | None:
+        """The error of a failed handshake the monitor reported, or None for an
+        event that says nothing about keys.  What a client sees with libzmq 4.3:
+          - its key is not in --curve-allowed-clients: HANDSHAKE_FAILED_AUTH
+            (the ZAP handler's status 400), and libzmq gives up;
+          - a wrong server key: HANDSHAKE_FAILED_NO_DETAIL (the daemon cannot
+            decrypt the HELLO and hangs up: EPIPE), again at every retry;
+          - CURVE on one side only: HANDSHAKE_FAILED_PROTOCOL with
+            ZMTP_MECHANISM_MISMATCH, but as often NO_DETAIL first (the daemon
+            hangs up before its greeting reaches the client), and sometimes
+            only NO_DETAILs for several retries.
+        So AUTH and the mismatch are answers, while a NO_DETAIL is ambiguous:
+        then _daemon_mechanism asks the daemon whether it speaks CURVE.  Each
+        event comes before the DISCONNECTED of the same attempt: raising at
+        the first makes the rejection fast."""
+        kind, value = event["event"], event["value"]
+        if kind not in (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
+                        zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
+            return None
+        if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            mechanism = b"CURVE" if self._curve else b"NULL"
+        elif value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+            mechanism = b"NULL" if self._curve else b"CURVE"
+        else:
+            mechanism = _daemon_mechanism(self.endpoint, min(self.timeout, 5.0))
+        where = f"the daemon at {self.endpoint}"
+        if not self._curve:
+            if mechanism == b"CURVE":
+                return AuthenticationError(
+                    f"{where} requires CURVE authentication: pass server_key= (the daemon's "
+                    "public .key file) and client_key= (this client's .key_secret file, whose "
+                    ".key must be in the daemon's --curve-allowed-clients directory) to "
+                    "envd.connect, or set ENVD_SERVER_KEY and ENVD_CLIENT_KEY (`envd status "
+                    "--server-key --client-key`); create a pair with `envd keygen`")
+            if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                return AuthenticationError(f"{where} refused this client (ZAP status {value})")
+            return None  # a connection that broke during the handshake: libzmq retries
+        if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            public = self._curve[zmq.CURVE_PUBLICKEY].decode()
+            return AuthenticationError(
+                f"{where} refused this client's CURVE key {public} (status {value}): that "
+                "public key must be in a .key file in the daemon's --curve-allowed-clients "
+                "directory (copy this client's .key file there and restart the daemon), and "
+                "client_key (ENVD_CLIENT_KEY) must be this client's .key_secret file")
+        if mechanism == b"NULL":
+            return AuthenticationError(
+                f"{where} does not use CURVE (it runs without --curve-secret-key), but this "
+                "client gave keys: connect without server_key/client_key (unset "
+                "ENVD_SERVER_KEY and ENVD_CLIENT_KEY), or restart the daemon with keys")
+        check = ("check that server_key (ENVD_SERVER_KEY) is the daemon's public key: the "
+                 ".key file `envd keygen` wrote next to the daemon's --curve-secret-key file")
+        if mechanism == b"CURVE":
+            return AuthenticationError(f"{where} uses CURVE but hung up during the handshake, "
+                                       f"as it does for a wrong server key; {check}")
+        return AuthenticationError(f"the CURVE handshake with {where} failed; {check}, and "
+                                   "that the daemon runs with --curve-secret-key")
 
     def _late_reply(self, reply: dict[str, Any]) -> None:
         """A reply to a request that timed out, or to an orphan close.  A late
@@ -255,11 +400,16 @@ class Client:
                 timeout_ms = 0
 
     def _recv_reply(self) -> dict[str, Any]:
-        """One reply: its header, with its data frames (if any) under "_blobs"."""
-        frames = self._socket.recv_multipart()
-        reply = msgpack.unpackb(frames[0], raw=False)
-        if len(frames) > 1:
-            reply["_blobs"] = frames[1:]
+        """One reply: its header, with its data frames (if any) under "_blobs"
+        as memoryviews of the received frames (not copied: the inline
+        transport's arrays can be large)."""
+        header = self._socket.recv()
+        blobs = []
+        while self._socket.getsockopt(zmq.RCVMORE):  # all of them, whatever the header holds
+            blobs.append(self._socket.recv(copy=False).buffer)
+        reply = msgpack.unpackb(header, raw=False)
+        if blobs:
+            reply["_blobs"] = blobs
         return reply
     def _send_orphan_closes(self) -> None:
         """Close sessions of envs that were garbage-collected without close()
@@ -274,15 +424,27 @@ class Client:
              autoreset_mode: str | AutoresetMode = "next_step",
              max_episode_steps: int | None = None, copy: bool = False,
              episode_statistics: bool = True, batch_size: int | None = None,
-             **env_kwargs: Any) -> RemoteVecEnv:
+             transport: str | None = None, **env_kwargs: Any) -> RemoteVecEnv:
         """Make num_envs instances of env_id in the daemon.  Arguments and the
         returned VecEnv are those of the in-process envd.make (without the
-        thread options: the daemon's pool steps every session); the arrays the
-        env returns are views of the session's shared memory."""
+        thread options: the daemon's pool steps every session).
+
+        transport (default: ENVD_TRANSPORT, else "auto") says how the arrays
+        travel: "shm" maps the session's shared memory (the daemon on this
+        host, same IPC namespace and user; the arrays the env returns are
+        views of it), "inline" sends them over the socket as data frames, and
+        "auto" tries shm and falls back to inline when this process cannot
+        map the segment.  ``env.transport`` says which one was taken."""
         # The checks the daemon cannot see as the caller wrote them (types
         # msgpack would change or cannot carry), with envd.make's messages.
         if not isinstance(env_id, str):
             raise InvalidArgumentError(f"env_id must be a str, got {type(env_id).__name__}")
+        if transport is None:
+            transport = os.environ.get("ENVD_TRANSPORT") or "auto"
+        if transport not in protocol.TRANSPORTS:
+            raise InvalidArgumentError(
+                f"transport must be one of {', '.join(protocol.TRANSPORTS)} (or ENVD_TRANSPORT "
+                f"unset), got {transport!r}")
         num_envs = check_int("num_envs", num_envs, 1, MAX_NUM_ENVS)
         if seed is not None:
             seed_list(seed, num_envs)
@@ -296,7 +458,7 @@ class Client:
             header["batch_size"] = _wire("batch_size", batch_size)
         reply = self._request(header)
         try:
-            env = RemoteVecEnv(self, reply, num_envs, mode, copy, episode_statistics)
+            env = RemoteVecEnv(self, reply, num_envs, mode, copy, episode_statistics, transport)
         except BaseException:
             self._close_session(reply["session"])
             raise
@@ -355,10 +517,19 @@ class Client:
         return f"envd.Client({self.endpoint!r}, {state})"
 
 
-def connect(endpoint: str | None = None, *, timeout: float = 30.0) -> Client:
+def connect(endpoint: str | None = None, *, timeout: float = 30.0,
+            server_key: str | bytes | os.PathLike | None = None,
+            client_key: str | os.PathLike | None = None) -> Client:
     """Connect to the envd daemon at endpoint ("ipc:///path" or "tcp://host:port";
     default: ENVD_ENDPOINT, else the default ipc socket).  Every call on the
     client and its envs raises envd.EnvdTimeoutError after timeout seconds
-    without a reply, and envd.ConnectionLostError at once if the daemon goes away."""
-    return Client(endpoint, timeout=timeout)
+    without a reply, and envd.ConnectionLostError at once if the daemon goes away.
+
+    A daemon with CURVE keys (SECURITY.md) admits tcp clients that give both
+    server_key, the daemon's public ``.key`` file or its 40-character Z85
+    text, and client_key, this client's ``.key_secret`` file whose ``.key``
+    is in the daemon's --curve-allowed-clients directory (defaults:
+    ENVD_SERVER_KEY, ENVD_CLIENT_KEY).  Keys are ignored for ipc endpoints.
+    A rejected handshake raises envd.AuthenticationError at once."""
+    return Client(endpoint, timeout=timeout, server_key=server_key, client_key=client_key)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+from typing import Any, Mapping
 
 import zmq
 
@@ -20,18 +21,23 @@ from envd import protocol
 class Heartbeat(threading.Thread):
     """Sends ``heartbeat{client}`` to endpoint every interval seconds until stop()."""
 
-    def __init__(self, context: zmq.Context, endpoint: str, client_id: bytes, interval: float):
+    def __init__(self, context: zmq.Context, endpoint: str, client_id: bytes, interval: float,
+                 socket_options: Mapping[int, Any] | None = None):
         super().__init__(name="envd-heartbeat", daemon=True)
         self._context = context
         self._endpoint = endpoint
         self._client_id = client_id
         self._interval = interval
+        # Those of the client's main socket that the daemon checks (CURVE keys).
+        self._socket_options = dict(socket_options or {})
         self._stop_event = threading.Event()
 
     def run(self) -> None:
         sock = self._context.socket(zmq.DEALER)
         try:
             sock.setsockopt(zmq.LINGER, 0)
+            for option, value in self._socket_options.items():
+                sock.setsockopt(option, value)
             sock.connect(self._endpoint)
             for request_id in itertools.count():
                 try:

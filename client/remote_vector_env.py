@@ -1,10 +1,17 @@
 """The daemon-served vector env: what ``Client.make`` returns.
 
 The same gymnasium VectorEnv as the in-process ``envd.make`` (both are an
-envd.vector_base.BatchedVecEnv): the batch buffers are views of the session's
-shared-memory segment, a step writes the actions there, sends one small
-message and reads the results in place when the reply comes.  Nothing but the
-message header crosses the socket.
+envd.vector_base.BatchedVecEnv), over one of two transports, picked at make:
+  - shm: the batch buffers are views of the session's shared-memory segment;
+    a step writes the actions there, sends one small message and reads the
+    results in place when the reply comes.  Nothing but the message header
+    crosses the socket.
+  - inline, where this process cannot map the segment (another host, IPC
+    namespace or user): the buffers are private memory with the segment's
+    layout; requests carry the inputs (actions, reset seeds and mask) and
+    replies the outputs as extra frames (envd.protocol, "Inline transport").
+Both leave the same bytes in the same buffers, so everything above the
+transport (BatchedVecEnv) is shared and results are bit-identical.
 """
 from __future__ import annotations
 
@@ -16,7 +23,7 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
 from envd import protocol
-from envd.errors import EnvdTimeoutError, EnvStateError
+from envd.errors import EnvdTimeoutError, EnvStateError, ProtocolError, SharedMemoryError
 from envd.shm import Segment
 from envd.vector_base import BatchedVecEnv, action_out_of_range
 
@@ -28,14 +35,11 @@ class RemoteVecEnv(BatchedVecEnv):
     """num_envs envs stepped by a daemon's pool (see Client.make)."""
 
     def __init__(self, client: "Client", reply: dict[str, Any], num_envs: int,
-                 mode: AutoresetMode, copy: bool, episode_statistics: bool):
+                 mode: AutoresetMode, copy: bool, episode_statistics: bool,
+                 transport: str = "auto"):
         self._client = None
         self.session = reply["session"]
-        info = client.server_info
-        shm = reply["shm"]
-        segment = Segment.attach(
-            shm["name"], self.session, shm["arrays"], shm["size"],
-            where=f"the daemon at {client.endpoint} (host {info['hostname']}, pid {info['pid']})")
+        segment, self.transport = self._buffers_for(client, reply, transport)
         super().__init__(reply["env_id"], protocol.space_from_wire(reply["observation_space"]),
                          protocol.space_from_wire(reply["action_space"]), num_envs, mode,
                          reply["max_episode_steps"], copy, episode_statistics,
@@ -50,14 +54,77 @@ class RemoteVecEnv(BatchedVecEnv):
         space = self.single_action_space
         self._discrete = ((space.start, space.start + space.n)
                           if isinstance(space, spaces.Discrete) else None)
+        self._inline = self.transport == "inline"
+        self._outputs = protocol.output_arrays(segment.arrays)
+        if self._inline:
+            actions = segment.arrays["actions"]
+            self._step_header.update(
+                inline=True, actions={"dtype": actions.dtype.str, "shape": list(actions.shape)})
+
+    @staticmethod
+    def _buffers_for(client: "Client", reply: dict[str, Any],
+                     transport: str) -> tuple[Segment, str]:
+        """The session's buffers and the transport they need: the daemon's
+        segment if this process can map it (asked for or auto), else private
+        memory with its layout (inline asked for, or auto and mapping failed)."""
+        shm = reply["shm"]
+        if transport != "inline":
+            info = client.server_info
+            try:
+                return Segment.attach(
+                    shm["name"], reply["session"], shm["arrays"], shm["size"],
+                    where=f"the daemon at {client.endpoint} (host {info['hostname']}, "
+                          f"pid {info['pid']})"), "shm"
+            except SharedMemoryError as exc:
+                if transport == "shm":
+                    raise SharedMemoryError(f"{exc}; make with transport='auto' (or "
+                                            "'inline') to send the arrays over the socket "
+                                            "instead") from None
+        return Segment.private(shm["name"], shm["arrays"], shm["size"]), "inline"
+
+    # ---- the inline transport --------------------------------------------------------
+    @staticmethod
+    def _frame(array: np.ndarray) -> memoryview:
+        """An array as one data frame (its bytes, C order, not copied)."""
+        return memoryview(np.ascontiguousarray(array)).cast("B")
+
+    def _read_outputs(self, reply: dict[str, Any], blobs: list, rows: np.ndarray | None) -> None:
+        """Copy an inline reply's output arrays into the buffers: whole, or
+        the given rows (a recv's envs, in the order of the blobs' rows)."""
+        if reply.get("arrays") != self._outputs or len(blobs) != len(self._outputs):
+            raise ProtocolError(
+                f"the daemon's inline reply carries arrays {reply.get('arrays')!r} in "
+                f"{len(blobs)} frame(s); expected {self._outputs}")
+        for name, blob in zip(self._outputs, blobs):
+            target = self._buffers[name]
+            count = len(target) if rows is None else len(rows)
+            if len(blob) != count * target[0].nbytes:
+                raise ProtocolError(f"the daemon's inline {name!r} frame holds {len(blob)} "
+                                    f"bytes, expected {count * target[0].nbytes}")
+            values = np.frombuffer(blob, target.dtype).reshape(count, *target.shape[1:])
+            if rows is None:
+                target[...] = values
+            else:
+                target[rows] = values
 
     # ---- BatchedVecEnv hooks --------------------------------------------------------
     def _run_reset(self, with_seeds: bool, with_mask: bool) -> None:
-        self._call({"type": "reset", "session": self.session, "seeds": with_seeds,
-                    "mask": with_mask})
+        header = {"type": "reset", "session": self.session, "seeds": with_seeds,
+                  "mask": with_mask}
+        if not self._inline:
+            self._call(header)
+            return
+        inputs = [self._frame(self._buffers[name]) for name, given in
+                  (("reset_seeds", with_seeds), ("reset_mask", with_mask)) if given]
+        reply = self._call({**header, "inline": True}, inputs)
+        self._read_outputs(reply, reply.get("_blobs", []), None)
 
     def _run_step(self) -> int:
-        return self._call(dict(self._step_header))["num_done"]
+        if not self._inline:
+            return self._call(dict(self._step_header))["num_done"]
+        reply = self._call(dict(self._step_header), [self._frame(self._actions)])
+        self._read_outputs(reply, reply.get("_blobs", []), None)
+        return reply["num_done"]
 
     def _check_send_rows(self, rows: np.ndarray, env_ids: np.ndarray) -> None:
         # The daemon would refuse an out-of-range action only after send has
@@ -81,8 +148,11 @@ class RemoteVecEnv(BatchedVecEnv):
             if not reply.get("ok"):
                 self._refused_sends.append((env_ids, reply))
 
-        self._client._post({"type": "send", "session": self.session}, [env_ids.tobytes()],
-                           on_reply)
+        header, blobs = {"type": "send", "session": self.session}, [env_ids.tobytes()]
+        if self._inline:
+            header["inline"] = True
+            blobs.append(self._frame(self._actions[env_ids]))
+        self._client._post(header, blobs, on_reply)
         self._sends_unanswered += 1
 
     def _collect_batches(self, wait: bool) -> list[np.ndarray]:
@@ -96,7 +166,8 @@ class RemoteVecEnv(BatchedVecEnv):
             return []
         try:
             count = max(1, min(self.batch_size - self._num_ready, self._num_in_flight))
-            reply = self._call({"type": "recv", "session": self.session, "count": count})
+            header = {"type": "recv", "session": self.session, "count": count}
+            reply = self._call({**header, "inline": True} if self._inline else header)
         except EnvdTimeoutError:
             self._async_lost = True  # the late reply's ids would be lost to us
             raise
@@ -108,7 +179,10 @@ class RemoteVecEnv(BatchedVecEnv):
             self._settle_sends(poll=False)
             return []
         self._settle_sends(poll=False)
-        return [np.frombuffer(reply["_blobs"][0], np.int64).copy()]
+        ids = np.frombuffer(reply["_blobs"][0], np.int64).copy()
+        if self._inline:
+            self._read_outputs(reply, reply["_blobs"][1:], ids)
+        return [ids]
 
     def _settle_sends(self, poll: bool = True) -> None:
         # poll: first read the replies of the sends posted so far (the daemon
@@ -171,4 +245,5 @@ class RemoteVecEnv(BatchedVecEnv):
     def __repr__(self) -> str:
         return (f"envd.RemoteVecEnv({self.env_id!r}, num_envs={self.num_envs}, "
                 f"session={self.session[:8]}, endpoint={self._client.endpoint if self._client else None!r}, "
+                f"transport={self.transport!r}, "
                 f"autoreset_mode={self.metadata['autoreset_mode']})")

@@ -8,12 +8,12 @@
 """
 __version__ = "0.1.0"
 
-from envd.client import Client, RemoteVecEnv, connect  # noqa: E402
+from envd.client import Client, MultiClient, MultiVecEnv, RemoteVecEnv, connect  # noqa: E402
 from envd.errors import (ConnectionLostError, DaemonError, EnvdError, EnvdTimeoutError,  # noqa: E402
                          EnvStateError, InvalidActionError, InvalidArgumentError,
                          LimitExceededError, NativeError, ProtocolError, SessionExpiredError,
                          PluginError, SharedMemoryError, ShuttingDownError,
-                         UnknownEnvError, UnknownSessionError)
+                         UnknownEnvError, UnknownSessionError, AuthenticationError)
 
 #: Loaded on first use, so that a trainer that only talks to a daemon
 #: (envd.connect) never loads the native core.
@@ -31,7 +31,9 @@ def __getattr__(name: str):
 
 
 __all__ = ["make", "list_envs", "load_plugin", "VecEnv", "connect", "Client", "RemoteVecEnv",
+           "MultiClient", "MultiVecEnv",
            "EnvdError", "UnknownEnvError", "InvalidArgumentError", "InvalidActionError",
            "EnvStateError", "NativeError", "ProtocolError", "LimitExceededError",
            "UnknownSessionError", "SessionExpiredError", "DaemonError", "ShuttingDownError",
-           "ConnectionLostError", "EnvdTimeoutError", "SharedMemoryError", "PluginError", "__version__"]
+           "ConnectionLostError", "AuthenticationError", "EnvdTimeoutError", "SharedMemoryError",
+           "PluginError", "__version__"]

@@ -3,13 +3,18 @@
     envd --threads 8          start the daemon (flags: envd --help)
     envd list                 env ids envd.make and the daemon accept (with the
                               daemon's --plugin flags: their envs too)
-    envd status [--endpoint] [--json]  ask a running daemon how it is doing
+    envd status [--endpoint] [--json] [--server-key FILE --client-key FILE]
+                              ask a running daemon how it is doing
+    envd keygen [--out DIR] [--name NAME]
+                              write a CURVE key pair (DIR/NAME.key, DIR/NAME.key_secret)
 """
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+
+import zmq
 
 import envd
 
@@ -30,11 +35,39 @@ def _list(plugins: tuple[str, ...]) -> int:
     return status
 
 
-def _status(endpoint: str | None, timeout: float, as_json: bool) -> int:
+def _keygen(out: str, name: str) -> int:
+    """Write a key pair and say how to use it; exit 1 (nothing written) when a
+    file of the pair exists."""
+    from envd import keys
+
+    try:
+        public, secret = keys.generate(out, name)
+    except (keys.KeyFileError, OSError) as exc:
+        print(f"envd keygen: {exc}", file=sys.stderr)
+        return 1
+    print(f"wrote {public} (public key, mode 0600: hand it to the other side)\n"
+          f"wrote {secret} (secret key, mode 0600: keep it private, on this host only)\n"
+          "\n"
+          "For the daemon (tcp endpoints then admit only listed clients):\n"
+          f"  envd --bind tcp://0.0.0.0:5555 --curve-secret-key {secret} "
+          "--curve-allowed-clients CLIENT_KEYS_DIR\n"
+          f"  and give {public} to the clients (their server_key).\n"
+          "For a client:\n"
+          f"  copy {public} into the daemon's --curve-allowed-clients directory and restart it;\n"
+          '  envd.connect("tcp://HOST:5555", server_key="DAEMON.key", '
+          f'client_key="{secret}")\n'
+          f"  (or ENVD_SERVER_KEY=DAEMON.key ENVD_CLIENT_KEY={secret}; "
+          "`envd status --server-key --client-key` too)")
+    return 0
+
+
+def _status(endpoint: str | None, timeout: float, as_json: bool,
+            server_key: str | None = None, client_key: str | None = None) -> int:
     """Exit 0 with the daemon's status, 1 when it does not answer in time
     (usable as a container health check)."""
     try:
-        with envd.connect(endpoint, timeout=timeout) as client:
+        with envd.connect(endpoint, timeout=timeout, server_key=server_key,
+                          client_key=client_key) as client:
             status = client.status()
     except envd.EnvdError as exc:
         print(f"envd status: {exc}", file=sys.stderr)
@@ -67,10 +100,11 @@ def status_table(status: dict) -> str:
         f"clients {status['clients']}  sessions {status['sessions']}  envs {status['envs']}",
         f"env steps {_count(status['env_steps'])} ({_count(status['env_steps'] / uptime)}/s "
         f"on average)  shared memory {_count(status.get('shm_bytes', 0))}B"
+        + ("  tcp: CURVE" if status.get("curve") else "")
         + ("  DRAINING" if status.get("draining") else ""),
     ]
     failed = [p for p in status.get("plugins", []) if "error" in p]
-    lines += [f"plugin {p['path']}: {p['error']}" for p in failed]
+    lines += [p["error"] for p in failed]  # each error names its plugin's path
     rows = status.get("session_table", [])
     if rows:
         lines.append("")
@@ -92,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         "learning. Without a command, run the daemon.")
     parser.add_argument("--version", action="version", version=f"envd {envd.__version__}")
     server_config.add_arguments(parser)
-    sub = parser.add_subparsers(dest="command", metavar="{list,status}")
+    sub = parser.add_subparsers(dest="command", metavar="{list,status,keygen}")
     sub.add_parser("list", help="list the env ids envd.make and the daemon accept (and those "
                    "of the --plugin libraries given before the command)")
     status = sub.add_parser("status", help="print a running daemon's status (exit 1 if it "
@@ -101,9 +135,25 @@ def main(argv: list[str] | None = None) -> int:
                         "else the default ipc socket)")
     status.add_argument("--timeout", type=float, default=5.0, help="seconds to wait (default 5)")
     status.add_argument("--json", action="store_true", help="print the status as JSON")
+    status.add_argument("--server-key", metavar="FILE", help="a CURVE daemon's public .key "
+                        "file or its 40-character text (default: ENVD_SERVER_KEY; tcp only)")
+    status.add_argument("--client-key", metavar="FILE", help="this client's .key_secret file, "
+                        "whose .key is in the daemon's --curve-allowed-clients directory "
+                        "(default: ENVD_CLIENT_KEY; tcp only)")
+    keygen = sub.add_parser("keygen", help="write a CURVE key pair: NAME.key (public) and "
+                            "NAME.key_secret (secret), both mode 0600; never overwrites")
+    keygen.add_argument("--out", metavar="DIR", default=".",
+                        help="directory to write to, created with mode 0700 (default .)")
+    keygen.add_argument("--name", default="envd", help="file name of the pair (default envd)")
     args = parser.parse_args(argv)
     if args.command == "status":
-        return _status(args.endpoint, args.timeout, args.json)
+        return _status(args.endpoint, args.timeout, args.json, args.server_key, args.client_key)
+    if args.command == "keygen":
+        return _keygen(args.out, args.name)
+    if args.command == "list":
+        # list binds nothing: a non-loopback ENVD_ENDPOINT (a trainer host's
+        # remote daemon) must not stop it for want of CURVE keys.
+        args.insecure = True
     try:
         config = server_config.from_args(args)
     except ValueError as exc:
@@ -112,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         return _list(config.plugins)
     try:
         return run_daemon(config)
-    except (RuntimeError, OSError, envd.EnvdError) as exc:  # e.g. the endpoint is taken
+    except (RuntimeError, OSError, zmq.ZMQError, envd.EnvdError) as exc:  # e.g. the endpoint is taken
         print(f"envd: cannot start: {exc}", file=sys.stderr)
         return 1
 

@@ -97,6 +97,15 @@ class ConnectionLostError(EnvdError, ConnectionError):
     error_code = "connection_lost"
 
 
+class AuthenticationError(EnvdError, ConnectionError):
+    """The CURVE handshake with a daemon's tcp endpoint failed: this client's
+    public key is not in the daemon's --curve-allowed-clients directory, the
+    server key is not the daemon's, or one side uses CURVE and the other does
+    not.  Raised by the client; never sent on the wire."""
+
+    error_code = "authentication"
+
+
 class EnvdTimeoutError(EnvdError, TimeoutError):
     """A blocking call to the daemon got no reply within its timeout."""
 
@@ -121,4 +130,5 @@ class PluginError(EnvdError, ImportError):
 __all__ = ["EnvdError", "UnknownEnvError", "InvalidArgumentError", "InvalidActionError",
            "EnvStateError", "NativeError", "ProtocolError", "LimitExceededError",
            "UnknownSessionError", "SessionExpiredError", "DaemonError", "ShuttingDownError",
-           "ConnectionLostError", "EnvdTimeoutError", "SharedMemoryError", "PluginError"]
+           "ConnectionLostError", "AuthenticationError", "EnvdTimeoutError", "SharedMemoryError",
+           "PluginError"]

@@ -29,17 +29,35 @@ does not speak it.  Per type, the fields (``?`` = optional):
     make       env_id:str, num_envs:int, seed?:int|[int]|nil, autoreset_mode?:str,
                max_episode_steps?:int|nil, env_kwargs?:map, batch_size?:int|nil
                (checked as envd.make checks them)
-    reset      session:str, seeds?:bool, mask?:bool
+    reset      session:str, seeds?:bool, mask?:bool, inline?:bool
                (seeds / mask: read the "reset_seeds" / "reset_mask" arrays of
-               the session's shared memory, written by the client)
-    step       session:str, actions?:{dtype:str, shape:[int]}
+               the session's shared memory, written by the client; inline:
+               blob 0 / 1 hold them instead, the whole arrays)
+    step       session:str, actions?:{dtype:str, shape:[int]}, inline?:bool
                (actions given: blob 0 holds them, C order, exactly that dtype
                and shape; else the client wrote the "actions" array in shm)
-    send       session:str      blob 0: env ids (int64); async mode: start stepping
-                                them with the actions the client wrote in their shm rows
-    recv       session:str, count:int   async mode: answer once at least count sent
-                                envs finished; blob 0: the ids of every finished env not
-                                reported yet (int64), in the order they finished
+    send       session:str, inline?:bool   blob 0: env ids (int64); async mode:
+                                start stepping them with the actions the client wrote
+                                in their shm rows (inline: blob 1 holds those rows, in
+                                the order of the ids)
+    recv       session:str, count:int, inline?:bool   async mode: answer once at least
+                                count sent envs finished; blob 0: the ids of every
+                                finished env not reported yet (int64), in the order
+                                they finished
+
+Inline transport (remote sessions)
+----------------------------------
+A client that cannot map the session's segment (another host, another IPC
+namespace, another user: found at make time by trying) sets ``inline: true``
+on reset, step, send and recv.  It sends what it would have written to shared
+memory as blobs (above), and the reply carries what it would have read there:
+``arrays: [name, ...]`` names the output arrays (every array of the make
+reply's layout but the inputs "actions", "reset_seeds" and "reset_mask", in
+layout order) and one blob follows per name, C order, the layout's dtype:
+the whole arrays after reset and step, the rows of the reported envs (in the
+order of the ids in blob 0) after recv.  The daemon's buffers stay a segment
+either way, so both transports run the very same native code on the same
+memory: results are bit-identical.
     close      session:str
     bye        -                (the client leaves: free all its sessions now)
 
@@ -60,10 +78,11 @@ A reply never carries a traceback.  Results:
     status     see envd.server.service.Service.status
     make       session, env_id, shm: {name, size, arrays: {name: [offset, dtype, shape]}},
                observation_space, action_space, max_episode_steps, autoreset_mode
-    reset      -
-    step       num_done:int   (envs whose episode ended in this step)
+    reset      - (inline: arrays + blobs)
+    step       num_done:int   (envs whose episode ended in this step; inline: arrays + blobs)
     send       -
-    recv       - (the ids in blob 0; their results are in the shm rows)
+    recv       - (the ids in blob 0; their results are in the shm rows; inline: arrays +
+                 blobs after blob 0)
     close      -
     bye        -
 
@@ -117,15 +136,27 @@ MESSAGE_FIELDS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
              "seed": (_ANY, False), "autoreset_mode": ((str,), False),
              "max_episode_steps": (_ANY, False), "env_kwargs": ((dict,), False),
              "batch_size": (_ANY, False)},
-    "reset": {**_SESSION, "seeds": ((bool,), False), "mask": ((bool,), False)},
-    "step": {**_SESSION, "actions": ((dict,), False)},
-    "send": _SESSION,
-    "recv": {**_SESSION, "count": (_INT, True)},
+    "reset": {**_SESSION, "seeds": ((bool,), False), "mask": ((bool,), False),
+              "inline": ((bool,), False)},
+    "step": {**_SESSION, "actions": ((dict,), False), "inline": ((bool,), False)},
+    "send": {**_SESSION, "inline": ((bool,), False)},
+    "recv": {**_SESSION, "count": (_INT, True), "inline": ((bool,), False)},
     "close": _SESSION,
     "bye": {},
 }
 #: Number of blobs after the header each type may carry.
-MAX_BLOBS = {"step": 1, "send": 1}
+MAX_BLOBS = {"reset": 2, "step": 1, "send": 2}
+#: The arrays of a session's layout the client writes (the rest the daemon
+#: writes); the inline transport sends these in requests, the others in replies.
+INPUT_ARRAYS = ("actions", "reset_seeds", "reset_mask")
+#: Values of make's transport option (Client.make): auto tries shared memory
+#: and falls back to inline.
+TRANSPORTS = ("auto", "shm", "inline")
+
+
+def output_arrays(layout: Mapping[str, Any]) -> list[str]:
+    """The names of a layout's output arrays, in layout order."""
+    return [name for name in layout if name not in INPUT_ARRAYS]
 
 #: The error-code table: wire code -> the exception the client raises.
 ERROR_CODES: dict[str, type[errors.EnvdError]] = {

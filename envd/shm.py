@@ -59,6 +59,14 @@ def plan(layout: dict[str, tuple[tuple[int, ...], np.dtype]]) -> tuple[dict[str,
     return arrays, -(-offset // ALIGN) * ALIGN
 
 
+def _check_layout(arrays: dict[str, list], size: int) -> None:
+    """Every array of a layout the daemon sent lies after the header and within size."""
+    for key, (offset, dtype, shape) in arrays.items():
+        end = offset + int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        if offset < HEADER_SIZE or end > size:
+            raise SharedMemoryError(f"the daemon placed array {key!r} outside the segment")
+
+
 class Segment:
     """One mapped segment and numpy views of its arrays (``arrays[name]``)."""
 
@@ -127,10 +135,7 @@ class Segment:
             buf = mmap.mmap(fd, size)
         finally:
             os.close(fd)
-        for key, (offset, dtype, shape) in arrays.items():
-            end = offset + int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-            if offset < HEADER_SIZE or end > size:
-                raise SharedMemoryError(f"the daemon placed array {key!r} outside the segment")
+        _check_layout(arrays, size)
         magic, version, _, _ = _HEADER.unpack_from(buf, 0)
         found = bytes(buf[_SESSION_OFFSET:_SESSION_OFFSET + _SESSION_LEN]).decode(errors="replace")
         if magic != MAGIC or version != LAYOUT_VERSION or found.strip() != session_id:
@@ -138,6 +143,16 @@ class Segment:
                 f"{path} is not the segment of session {session_id} (layout {version}); "
                 f"{where} and this process see different /dev/shm")
         return cls(name, buf, arrays)
+
+    @classmethod
+    def private(cls, name: str, arrays: dict[str, list], size: int) -> "Segment":
+        """Private memory laid out like the daemon's segment ``name``: the
+        buffers of a session this process cannot map (the inline transport
+        copies the arrays between them and the messages)."""
+        _check_layout(arrays, size)
+        segment = cls(name, mmap.mmap(-1, size), arrays)
+        segment.path = None  # nothing under /dev/shm is ours
+        return segment
 
     # ---- sequence counters ------------------------------------------------------------
     @property

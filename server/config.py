@@ -8,11 +8,14 @@ the variable clients read, so one setting serves both sides.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import os
+import socket
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
+from envd import keys
 from envd.protocol import default_endpoint
 
 MAX_THREADS = 256
@@ -44,6 +47,35 @@ def _default_shm_bytes() -> int:
     return max(1, info.f_blocks * info.f_frsize // 2)
 
 
+def tcp_host(endpoint: str) -> str | None:
+    """The host part of a tcp:// endpoint ("*", an address, an interface or a
+    host name, without IPv6 brackets); None for other transports."""
+    if not endpoint.startswith("tcp://"):
+        return None
+    host = endpoint[len("tcp://"):].rpartition(":")[0]
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether a daemon bound to host can only be reached from this machine:
+    127.0.0.0/8, ::1, localhost, the loopback interface, or a name all of whose
+    addresses are loopback.  Anything else ("*", 0.0.0.0, an unknown or
+    unresolvable name) counts as reachable from the network."""
+    if host in ("localhost", "lo"):  # "lo": ZeroMQ binds interface names too
+        return True
+    try:
+        return ipaddress.ip_address(host.partition("%")[0]).is_loopback
+    except ValueError:
+        pass  # not an address: a host name, an interface name or "*"
+    if host == "*" or not host:
+        return False
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
+    except (OSError, UnicodeError):
+        return False
+    return bool(addresses) and all(
+        ipaddress.ip_address(a.partition("%")[0]).is_loopback for a in addresses)
+
 
 @dataclass(frozen=True)
 class Config:
@@ -73,6 +105,14 @@ class Config:
     # given (None or 0 = off); on loopback unless metrics_bind says otherwise.
     metrics_port: int | None = None
     metrics_bind: str = "127.0.0.1"
+    # CURVE authentication of the tcp endpoints (SECURITY.md): the daemon's
+    # .key_secret file and the directory of the public .key files of the
+    # clients it admits; both or neither.  ipc endpoints never use CURVE (their
+    # socket folder is mode 0700).  A tcp endpoint on anything but loopback
+    # needs them, unless insecure says to serve it unauthenticated.
+    curve_secret_key: str | None = None
+    curve_allowed_clients: str | None = None
+    insecure: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.threads <= MAX_THREADS:
@@ -105,6 +145,61 @@ class Config:
         if self.pin_cpus is not None and len(self.pin_cpus) != self.threads:
             raise ValueError(f"--pin-cpus (ENVD_PIN_CPUS) needs one CPU per thread ({self.threads}), "
                              f"got {list(self.pin_cpus)}")
+        self._check_curve()
+
+    def _check_curve(self) -> None:
+        """The CURVE flags come as a pair whose files load, and no tcp endpoint
+        reachable from the network goes unauthenticated unless --insecure."""
+        if (self.curve_secret_key is None) != (self.curve_allowed_clients is None):
+            given, missing = (("--curve-secret-key", "--curve-allowed-clients")
+                              if self.curve_allowed_clients is None
+                              else ("--curve-allowed-clients", "--curve-secret-key"))
+            raise ValueError(
+                f"{given} ({_variable(given)}) needs {missing} ({_variable(missing)}) too: "
+                "CURVE takes the daemon's .key_secret file (--curve-secret-key) and the "
+                "directory of the public .key files of the clients it admits "
+                "(--curve-allowed-clients); create keys with `envd keygen`")
+        if self.curve:
+            try:  # read now, so that a bad file stops the daemon before it starts anything
+                self.curve_keys()
+                self.allowed_client_keys()
+            except keys.KeyFileError as exc:
+                raise ValueError(str(exc)) from None
+            return
+        if self.insecure:
+            return
+        for endpoint in self.bind:
+            host = tcp_host(endpoint)
+            if host is not None and not is_loopback_host(host):
+                raise ValueError(
+                    f"--bind (ENVD_BIND) {endpoint} can be reached from the network, and "
+                    "without CURVE keys anyone who reaches it may use the daemon: give it "
+                    "keys (`envd keygen`, then --curve-secret-key FILE and "
+                    "--curve-allowed-clients DIR), bind tcp://127.0.0.1:PORT, or pass "
+                    "--insecure (ENVD_INSECURE=1) to serve it unauthenticated on a network "
+                    "you trust")
+
+    @property
+    def curve(self) -> bool:
+        """Whether tcp endpoints are served with CURVE authentication."""
+        return self.curve_secret_key is not None
+
+    def curve_keys(self) -> keys.KeyPair:
+        """The daemon's key pair (--curve-secret-key); KeyFileError if unusable."""
+        assert self.curve_secret_key is not None
+        return keys.load_key_pair(self.curve_secret_key, "--curve-secret-key")
+
+    def allowed_client_keys(self) -> list[bytes]:
+        """The public keys --curve-allowed-clients admits; KeyFileError if none."""
+        assert self.curve_allowed_clients is not None
+        return keys.load_allowed_clients(self.curve_allowed_clients, "--curve-allowed-clients")
+
+    def insecure_endpoints(self) -> list[str]:
+        """The tcp endpoints served without authentication although they can be
+        reached from the network (only with --insecure)."""
+        if self.curve:
+            return []
+        return [e for e in self.bind if (h := tcp_host(e)) is not None and not is_loopback_host(h)]
 
     @property
     def request_burst(self) -> int:
@@ -124,6 +219,20 @@ def _cpu_list(text: str) -> tuple[int, ...]:
 
 def _endpoints(text: str) -> list[str]:
     return text.replace(",", " ").split()
+
+
+def _variable(flag: str) -> str:
+    """--curve-secret-key -> ENVD_CURVE_SECRET_KEY."""
+    return "ENVD_" + flag[2:].replace("-", "_").upper()
+
+
+def _boolean(variable: str, text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{variable}={text!r} is not a valid boolean (1/true/yes or 0/false/no)")
 
 
 # flag -> (type, help); the defaults come from Config.
@@ -149,11 +258,18 @@ _FLAGS: dict[str, tuple[Callable[[str], object], str]] = {
                           "'envd[metrics]'; see docs/metrics.md)"),
     "metrics_bind": (str, "address the metrics port listens on; anything but loopback "
                           "exposes the daemon's metrics to the network"),
+    "curve_secret_key": (str, "the daemon's CURVE .key_secret file (from `envd keygen`, mode "
+                              "0600): tcp endpoints then admit only clients whose key is in "
+                              "--curve-allowed-clients; ipc endpoints stay as they are"),
+    "curve_allowed_clients": (str, "directory of the public .key files of the clients a CURVE "
+                                   "daemon admits (read at startup)"),
 }
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    defaults = Config()
+    # For the help texts only: insecure, so that a client's non-loopback
+    # ENVD_ENDPOINT (the default bind) does not stop `envd status` or --help.
+    defaults = Config(insecure=True)
     parser.add_argument("--bind", action="append", metavar="ENDPOINT",
                         help="endpoint to serve, repeatable: ipc:///path or tcp://host:port "
                              f"(env ENVD_BIND, else ENVD_ENDPOINT; default {defaults.bind[0]})")
@@ -165,6 +281,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default = getattr(defaults, name)
         parser.add_argument("--" + name.replace("_", "-"), type=kind, metavar=name.upper(),
                             help=f"{text} (env ENVD_{name.upper()}; default {default})")
+    parser.add_argument("--insecure", action="store_true", default=None,
+                        help="allow tcp endpoints reachable from the network without CURVE "
+                             "keys: anyone who reaches them may use the daemon (env "
+                             "ENVD_INSECURE=1)")
 
 
 def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Config:
@@ -189,4 +309,8 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None
     values["plugins"] = tuple(path for path in plugins if path)
     if values.get("pin_cpus") is not None:
         values["pin_cpus"] = tuple(values["pin_cpus"])
+    insecure = getattr(args, "insecure", None)
+    if insecure is None:
+        insecure = _boolean("ENVD_INSECURE", environ.get("ENVD_INSECURE", ""))
+    values["insecure"] = insecure
     return Config(**values)

@@ -1,11 +1,20 @@
-"""The daemon: startup -> serve -> shutdown around one ROUTER socket and one pool.
+"""The daemon: startup -> serve -> shutdown around its ROUTER sockets and one pool.
 
-Event loop (asyncio on uvloop; plain asyncio when uvloop is missing) with two
-readers and no busy polling:
-  - the ROUTER socket's ZMQ_FD.  It is edge-triggered: it signals when the
+One ROUTER socket serves every endpoint, except with CURVE keys
+(--curve-secret-key): then the tcp endpoints get a second ROUTER socket, a
+CURVE server whose clients a ZAP handler (pyzmq's ThreadAuthenticator) checks
+against --curve-allowed-clients, and the ipc endpoints stay on a plain one
+(their socket folder is mode 0700; a health check runs `envd status` there
+without keys).  Service sees one stream of (routing id, frames) either way:
+the daemon remembers which socket each routing id spoke on and sends its
+replies there.
+
+Event loop (asyncio on uvloop; plain asyncio when uvloop is missing) with one
+reader per socket and one for the pool, and no busy polling:
+  - each ROUTER socket's ZMQ_FD.  It is edge-triggered: it signals when the
     socket's state may have changed, so the reader drains every queued
-    message, and after each send the daemon checks ZMQ_EVENTS again (a send
-    can consume the edge of a message that arrived meanwhile);
+    message, and after each send the daemon checks that socket's ZMQ_EVENTS
+    again (a send can consume the edge of a message that arrived meanwhile);
   - the pool's eventfd, readable when a submitted step finished.
 
 Signals: the first SIGTERM or SIGINT drains (new work is refused, running
@@ -27,6 +36,7 @@ from typing import Any
 import zmq
 
 from envd import __version__, protocol
+from envd.keys import KeyFileError, writable_by_others
 from envd.protocol import default_endpoint
 from envd.native.native_vec import NativePool
 from envd.server import logs
@@ -60,7 +70,12 @@ def prepare_ipc_endpoint(endpoint: str) -> None:
     folder = os.path.dirname(path)
     if folder:
         os.makedirs(folder, mode=0o700, exist_ok=True)
-        if folder == os.path.dirname(default_endpoint()[len("ipc://"):]):
+        # Only envd's own default folder (in $XDG_RUNTIME_DIR or /tmp, where
+        # another user could have made it first) must be private; a folder
+        # named by --bind or ENVD_ENDPOINT is the operator's choice (e.g. a
+        # Kubernetes emptyDir shared with the trainer, created 0777).
+        builtin = default_endpoint({**os.environ, "ENVD_ENDPOINT": ""})
+        if folder == os.path.dirname(builtin[len("ipc://"):]):
             check_private_folder(folder)
     if not os.path.lexists(path):
         return
@@ -98,7 +113,13 @@ class Daemon:
         self.config = config
         self.exit_status = 0
         self._signals = 0
-        self._drain_scheduled = False
+        self.sockets: list[zmq.Socket] = []
+        self._drain_scheduled: list[bool] = []  # per socket
+        # With more than one socket: routing id -> index of the socket it
+        # speaks on (None: one socket, nothing to look up).  See _route.
+        self._routes: dict[bytes, int] | None = None
+        self._misrouted: set[bytes] = set()  # routing ids warned about since the last prune
+        self._authenticator = None  # zmq.auth.thread.ThreadAuthenticator with CURVE
         self.metrics = None  # envd.server.metrics.Metrics with --metrics-port
 
     # ---- startup ---------------------------------------------------------------------
@@ -126,24 +147,24 @@ class Daemon:
                                list(self.config.pin_cpus) if self.config.pin_cpus else None)
         self.executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="envd-op")
         self.context = zmq.Context()
-        self.socket = self.context.socket(zmq.ROUTER)
-        # Replies to a client that vanished raise EHOSTUNREACH instead of
-        # vanishing silently; oversized messages drop their sender.
-        self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self.socket.setsockopt(zmq.MAXMSGSIZE, self.config.max_message_bytes)
-        self.socket.setsockopt(zmq.LINGER, _LINGER_MS)
         self._socket_files: list[tuple[str, int]] = []  # (path, inode) of our ipc sockets
         try:
-            for endpoint in self.config.bind:
-                prepare_ipc_endpoint(endpoint)
-                self.socket.bind(endpoint)
-                if ipc_path(endpoint):
-                    self._socket_files.append((ipc_path(endpoint), os.stat(ipc_path(endpoint)).st_ino))
+            for endpoints, curve in self._socket_plan():
+                sock = self._router(curve)
+                for endpoint in endpoints:
+                    prepare_ipc_endpoint(endpoint)
+                    sock.bind(endpoint)
+                    path = ipc_path(endpoint)
+                    if path:
+                        self._socket_files.append((path, os.stat(path).st_ino))
         except BaseException:
             self._close_transport()
             self.pool.close()
             self.instance.release()
             raise
+        self._drain_scheduled = [False] * len(self.sockets)
+        if len(self.sockets) > 1:
+            self._routes = {}
         self.service = Service(self.config, self.pool, self.executor, self._send,
                                self.instance.segment_prefix, plugins=plugins,
                                step_latency=self.metrics.observe_step if self.metrics else None)
@@ -151,6 +172,82 @@ class Daemon:
         log.info("envd %s serving %s with %d thread(s), pid %d, lease timeout %g s",
                  __version__, " ".join(self.config.bind), self.config.threads, os.getpid(),
                  self.config.lease_timeout)
+        for endpoint in self.config.insecure_endpoints():
+            log.warning("--insecure: %s is served without authentication; anyone who can "
+                        "reach it may make envs and use this host's CPUs and memory (give "
+                        "the daemon CURVE keys instead, see `envd keygen`)", endpoint)
+
+    def _socket_plan(self) -> list[tuple[list[str], bool]]:
+        """(endpoints, CURVE?) of each ROUTER socket to open: one plain socket
+        for everything, or with CURVE keys the ipc endpoints on a plain one and
+        the tcp endpoints on a CURVE one."""
+        if not self.config.curve:
+            return [(list(self.config.bind), False)]
+        tcp = [e for e in self.config.bind if e.startswith("tcp://")]
+        ipc = [e for e in self.config.bind if not e.startswith("tcp://")]
+        if not tcp:
+            log.warning("--curve-secret-key has no effect: no --bind endpoint is tcp "
+                        "(ipc endpoints never use CURVE)")
+        return [(endpoints, curve) for endpoints, curve in ((ipc, False), (tcp, True)) if endpoints]
+
+    def _router(self, curve: bool) -> zmq.Socket:
+        """A new ROUTER socket in self.sockets with the daemon's options; with
+        curve, a CURVE server whose clients the ZAP handler checks."""
+        sock = self.context.socket(zmq.ROUTER)
+        self.sockets.append(sock)
+        # Replies to a client that vanished raise EHOSTUNREACH instead of
+        # vanishing silently; oversized messages drop their sender.
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        sock.setsockopt(zmq.MAXMSGSIZE, self.config.max_message_bytes)
+        sock.setsockopt(zmq.LINGER, _LINGER_MS)
+        if curve:
+            self._start_authenticator()
+            try:
+                pair = self.config.curve_keys()
+            except KeyFileError as exc:  # the config read it; it changed since
+                raise RuntimeError(str(exc)) from None
+            sock.setsockopt(zmq.CURVE_SERVER, 1)
+            sock.setsockopt(zmq.CURVE_SECRETKEY, pair.secret)
+            sock.setsockopt(zmq.CURVE_PUBLICKEY, pair.public)
+            # Without a ZAP handler libzmq admits every CURVE client.  The
+            # authenticator runs before the first bind; and in case it ever
+            # stopped answering, a socket with a ZAP domain that enforces it
+            # refuses clients instead.  "*" is the domain configure_curve
+            # answers for.
+            sock.setsockopt(zmq.ZAP_DOMAIN, b"*")
+            try:
+                sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
+            except (zmq.ZMQError, AttributeError):  # a libzmq without the draft option
+                pass
+        return sock
+
+    def _start_authenticator(self) -> None:
+        """pyzmq's ZAP handler thread, admitting the keys of --curve-allowed-clients."""
+        from zmq.auth.thread import ThreadAuthenticator
+
+        allowed = self.config.curve_allowed_clients
+        assert allowed is not None
+        # The authenticator logs every denied key at debug level (--log-level debug).
+        self._authenticator = ThreadAuthenticator(self.context,
+                                                  log=logging.getLogger("envd.server.auth"))
+        self._authenticator.start()
+        self._authenticator.configure_curve(domain="*", location=allowed)
+        count = len(self._authenticator.certs.get("*", {}))
+        if not count:  # the config checked the folder; it changed since
+            raise RuntimeError(f"--curve-allowed-clients {allowed} holds no readable *.key "
+                               "file; copy the clients' public .key files there")
+        for path in (allowed, *self._key_files(allowed)):
+            if writable_by_others(path):
+                log.warning("--curve-allowed-clients: %s is writable by other users, who can "
+                            "make the daemon admit their own keys; run chmod go-w %s",
+                            path, path)
+        log.info("tcp endpoints use CURVE: %d client key(s) admitted from %s (restart the "
+                 "daemon after changing them)", count, allowed)
+
+    @staticmethod
+    def _key_files(folder: str) -> list[str]:
+        return [os.path.join(folder, name) for name in sorted(os.listdir(folder))
+                if name.endswith(".key")]
 
     # ---- serve --------------------------------------------------------------------------
     async def serve(self) -> None:
@@ -158,36 +255,73 @@ class Daemon:
         self._stopped = self.loop.create_future()
         if self.metrics is not None:
             self.metrics.attach(self.service, self.loop)
-        self.loop.add_reader(self.socket.getsockopt(zmq.FD), self._drain_socket)
+        for index, sock in enumerate(self.sockets):
+            self.loop.add_reader(sock.getsockopt(zmq.FD), self._drain_socket, index)
         self.loop.add_reader(self.pool.eventfd(), self.service.on_pool_event)
         for signum in (signal.SIGTERM, signal.SIGINT):
             self.loop.add_signal_handler(signum, self._on_signal, signum)
         self._lease_timer()
-        self._schedule_drain()  # messages may have queued before the reader existed
+        for index in range(len(self.sockets)):  # messages may have queued before the readers
+            self._schedule_drain(index)
         await self._stopped
 
     def _lease_timer(self) -> None:
         interval = min(1.0, self.config.lease_timeout / 4)
         self._lease_handle = self.loop.call_later(interval, self._lease_timer)
         # Read what is queued first: after a long stall the heartbeats that
-        # prove a client alive may be waiting in the socket.
-        self._drain_socket()
+        # prove a client alive may be waiting in the sockets.
+        for index in range(len(self.sockets)):
+            self._drain_socket(index)
         self.service.expire_silent_clients()
+        self._prune_routes()
 
-    def _drain_socket(self) -> None:
-        self._drain_scheduled = False
+    def _drain_socket(self, index: int = 0) -> None:
+        self._drain_scheduled[index] = False
+        sock = self.sockets[index]
         for _ in range(_DRAIN_BATCH):
             try:
-                frames = self.socket.recv_multipart(zmq.NOBLOCK)
+                frames = sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            self.service.handle(frames[0], frames[1:])
-        self._schedule_drain()  # more may be queued: let other callbacks run first
+            if self._routes is None or self._route(frames[0], index):
+                self.service.handle(frames[0], frames[1:])
+        self._schedule_drain(index)  # more may be queued: let other callbacks run first
 
-    def _schedule_drain(self) -> None:
-        if not self._drain_scheduled:
-            self._drain_scheduled = True
-            self.loop.call_soon(self._drain_socket)
+    def _schedule_drain(self, index: int = 0) -> None:
+        if not self._drain_scheduled[index]:
+            self._drain_scheduled[index] = True
+            self.loop.call_soon(self._drain_socket, index)
+
+    def _route(self, identity: bytes, index: int) -> bool:
+        """Remember that identity speaks on socket index; False (drop the
+        message) when it already speaks on the other socket.  Routing ids are
+        unique within one ROUTER socket only, and Service leases sessions to
+        them: a CURVE client sending an ipc client's id (or the reverse) must
+        not reach that client's sessions.  Service's heartbeats name the client
+        by its routing id, which is why the ids Service sees are the peers'
+        own rather than ids with a socket prefix."""
+        owner = self._routes.setdefault(identity, index)  # type: ignore[union-attr]
+        if owner == index:
+            return True
+        if identity not in self._misrouted:
+            self._misrouted.add(identity)
+            log.warning("dropped messages of routing id %s on the %s socket: the id is in use "
+                        "on the %s socket", identity.hex()[:8], self._kind(index),
+                        self._kind(owner))
+        return False
+
+    def _kind(self, index: int) -> str:
+        return "CURVE (tcp)" if self.config.curve and index == len(self.sockets) - 1 else "plain"
+
+    def _prune_routes(self) -> None:
+        """Forget the routing ids of peers that are not Service's clients (gone,
+        expired, or heartbeat sockets, which never say hello): their replies
+        are sent while their request is handled, and a peer that speaks again
+        is routed again."""
+        if self._routes is not None:
+            clients = self.service.clients
+            self._routes = {i: s for i, s in self._routes.items() if i in clients}
+            self._misrouted.clear()
 
     def _send(self, identity: bytes, reply: dict[str, Any]) -> None:
         blobs = reply.pop("_blobs", ())  # data frames after the header
@@ -197,12 +331,21 @@ class Daemon:
             log.info("error reply: %s", reply.get("message"), extra={
                 "event": "error_reply", "client": identity.hex()[:8],
                 "request_id": reply.get("id"), "code": reply.get("code")})
+        index = 0 if self._routes is None else self._routes.get(identity)
+        if index is None:  # forgotten by _prune_routes: the client is gone
+            log.debug("dropped a reply to %s: no longer connected", identity.hex()[:8])
+            return
+        sock = self.sockets[index]
         try:
-            self.socket.send_multipart([identity, protocol.pack(reply), *blobs], zmq.NOBLOCK)
+            # Copied into the messages: a zero-copy send would have pyzmq free
+            # the frames through a garbage-collector thread and context of its
+            # own, started at the first big reply; a copy costs less than the
+            # network the inline arrays then cross.
+            sock.send_multipart([identity, protocol.pack(reply), *blobs], zmq.NOBLOCK)
         except zmq.ZMQError as exc:  # the client is gone, or reads no replies
             log.debug("dropped a reply to %s: %s", identity.hex()[:8], exc)
-        if self.socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-            self._schedule_drain()
+        if sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            self._schedule_drain(index)
 
     def _on_signal(self, signum: int) -> None:
         self._signals += 1
@@ -224,7 +367,8 @@ class Daemon:
         loop = getattr(self, "loop", None)
         if loop is not None:
             self._lease_handle.cancel()
-            loop.remove_reader(self.socket.getsockopt(zmq.FD))
+            for sock in self.sockets:
+                loop.remove_reader(sock.getsockopt(zmq.FD))
             loop.remove_reader(self.pool.eventfd())
         self.executor.shutdown(wait=True)
         self.service.free_all()
@@ -234,7 +378,13 @@ class Daemon:
         log.info("envd stopped")
 
     def _close_transport(self) -> None:
-        self.socket.close(linger=_LINGER_MS)
+        for sock in self.sockets:
+            sock.close(linger=_LINGER_MS)
+        if self._authenticator is not None:
+            # After the sockets (no handshake waits for it any more) and before
+            # term(), which would wait for the authenticator's own sockets.
+            self._authenticator.stop()
+            self._authenticator = None
         self.context.term()
         # libzmq leaves ipc socket files behind; remove ours (the inode check
         # spares a file a newer daemon has bound since), so clients find no

@@ -75,7 +75,7 @@ class Service:
         self.lease_expired_sessions = 0    # sessions freed by those expiries
         # seconds from a sync step's submit to its reply (a no-op without metrics)
         self._step_latency = step_latency or (lambda seconds: None)
-        # session -> (identity, request id, submit time) of its step on the pool
+        # session -> (identity, request id, submit time, inline) of its step on the pool
         self._pending_steps: dict[Session, tuple[bytes, int, float]] = {}
         self._async_sessions: set[Session] = set()  # with batches in flight
         self._running_ops = 0        # makes and resets on the executor
@@ -302,6 +302,17 @@ class Service:
         session = self._session(client, header)
         self._check_no_async(session, "reset")
         with_seeds, with_mask = header.get("seeds", False), header.get("mask", False)
+        inline = header.get("inline", False)
+        if inline:  # the inputs come as blobs: seeds first, then the mask
+            if len(blobs) != with_seeds + with_mask:
+                raise protocol.BadRequest(
+                    f"inline reset: {with_seeds + with_mask} data frame(s) are needed "
+                    f"(seeds: {with_seeds}, mask: {with_mask}), got {len(blobs)}")
+            for name, blob in zip([n for n, given in (("reset_seeds", with_seeds),
+                                                      ("reset_mask", with_mask)) if given], blobs):
+                session.read_input(name, blob)
+        elif blobs:
+            raise protocol.BadRequest("reset: data frames are only taken with inline: true")
         if with_mask:
             session.check_reset_mask()
         session.busy = True
@@ -311,8 +322,11 @@ class Service:
         def done(future: Future) -> None:
             self._running_ops -= 1
             session.segment.bump_done_seq()
+            reply = self._result_reply(header["id"], future)
+            if inline and reply["ok"] and session.buffers is not None:
+                reply.update(session.outputs())
             self._operation_ended(session)
-            self.send(client.identity, self._result_reply(header["id"], future))
+            self.send(client.identity, reply)
             self._check_drained()
 
         self._submit(lambda: session.native.reset(with_seeds, with_mask), done)
@@ -327,15 +341,19 @@ class Service:
             session.write_actions(header["actions"], blobs[0])
         elif blobs:
             raise protocol.BadRequest("step: a data frame needs an 'actions' description")
+        inline = header.get("inline", False)
+        if inline and "actions" not in header:
+            raise protocol.BadRequest("inline step: the actions must come as a data frame "
+                                      "with an 'actions' description")
         started = time.perf_counter()
         session.native.step_submit()
         session.segment.bump_step_seq()
         if session.native.step_done():  # ran inline: no eventfd event comes
-            reply = self._finish_step(session, header["id"])
+            reply = self._finish_step(session, header["id"], inline)
             self._step_latency(time.perf_counter() - started)
             return reply
         session.busy = True
-        self._pending_steps[session] = (client.identity, header["id"], started)
+        self._pending_steps[session] = (client.identity, header["id"], started, inline)
         return None
 
     @staticmethod
@@ -346,13 +364,19 @@ class Service:
 
     def _send_batch(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> dict:
         session = self._session(client, header)
-        if len(blobs) != 1 or not 8 <= len(blobs[0]) <= 8 * session.num_envs or len(blobs[0]) % 8:
+        inline = header.get("inline", False)
+        if (len(blobs) != 1 + inline or not 8 <= len(blobs[0]) <= 8 * session.num_envs
+                or len(blobs[0]) % 8):
             raise protocol.BadRequest(
-                f"send: one data frame of 1 to {session.num_envs} env ids (int64) is needed")
+                f"send: one data frame of 1 to {session.num_envs} env ids (int64) is needed"
+                + (", then one of their actions (inline)" if inline else ""))
+        env_ids = np.frombuffer(blobs[0], np.int64).copy()
+        if inline:
+            session.write_action_rows(env_ids, blobs[1])
         # Validation errors raise before anything is stepped; an env failing
         # in this batch (run inline) is reported by the next recv, which the
         # client makes for these envs anyway: the send itself succeeded.
-        self._count_steps(session, session.submit(np.frombuffer(blobs[0], np.int64).copy()))
+        self._count_steps(session, session.submit(env_ids))
         if session.batches:
             self._async_sessions.add(session)
         return protocol.ok_reply(header["id"])
@@ -368,15 +392,21 @@ class Service:
         if pending < count:
             raise EnvStateError(f"recv of {count} envs, but only {pending} were sent and not "
                                 "reported yet; send more first")
+        inline = header.get("inline", False)
         if session.num_ready >= count:
-            return self._recv_reply(session, header["id"])
+            return self._recv_reply(session, header["id"], inline)
         session.busy = True
-        session.recv_waiter = (client.identity, header["id"], count)
+        session.recv_waiter = (client.identity, header["id"], count, inline)
         return None
 
-    def _recv_reply(self, session: Session, request_id: int) -> dict:
+    @staticmethod
+    def _recv_reply(session: Session, request_id: int, inline: bool) -> dict:
         ids = session.take_ready()
-        return protocol.ok_reply(request_id, _blobs=[ids.tobytes()])
+        if not inline:
+            return protocol.ok_reply(request_id, _blobs=[ids.tobytes()])
+        outputs = session.outputs(ids)
+        return protocol.ok_reply(request_id, arrays=outputs["arrays"],
+                                 _blobs=[ids.tobytes(), *outputs["_blobs"]])
 
     def _close(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> dict:
         session_id = header["session"]
@@ -400,10 +430,10 @@ class Service:
             os.read(self.pool.eventfd(), 8)
         except BlockingIOError:
             pass
-        for session, (identity, request_id, started) in list(self._pending_steps.items()):
+        for session, (identity, request_id, started, inline) in list(self._pending_steps.items()):
             if session.native.step_done():
                 del self._pending_steps[session]
-                reply = self._finish_step(session, request_id)
+                reply = self._finish_step(session, request_id, inline)
                 self._operation_ended(session)
                 self.send(identity, reply)
                 self._step_latency(time.perf_counter() - started)
@@ -422,13 +452,13 @@ class Service:
             session.recv_waiter = None
             error = session.take_batch_error()  # an env failed: the waiting recv reports it
             reply = (protocol.error_reply(waiter[1], error) if error is not None
-                     else self._recv_reply(session, waiter[1]))
+                     else self._recv_reply(session, waiter[1], waiter[3]))
             self._operation_ended(session)
             self.send(waiter[0], reply)
         elif session.closing and not session.busy and not session.batches:
             self._free(session)
 
-    def _finish_step(self, session: Session, request_id: int) -> dict:
+    def _finish_step(self, session: Session, request_id: int, inline: bool) -> dict:
         session.segment.bump_done_seq()  # failed or not, the buffers are free again
         try:
             num_done = session.native.step_finish()
@@ -437,7 +467,10 @@ class Service:
         session.steps += 1
         session.env_steps += session.num_envs
         self._count_steps(session, session.num_envs)
-        return protocol.ok_reply(request_id, num_done=num_done)
+        reply = protocol.ok_reply(request_id, num_done=num_done)
+        if inline:
+            reply.update(session.outputs())
+        return reply
 
     def _count_steps(self, session: Session, count: int) -> None:
         self.env_steps += count
@@ -564,6 +597,7 @@ class Service:
         """What `envd status` prints: version, load and limits."""
         return {"server": f"envd {__version__}", "pid": os.getpid(),
                 "hostname": socket.gethostname(), "endpoints": list(self.config.bind),
+                "curve": self.config.curve,  # tcp endpoints authenticate clients
                 "uptime_s": round(time.time() - self.started, 3),
                 "threads": self.pool.num_threads, "clients": len(self.clients),
                 "sessions": len(self.sessions),

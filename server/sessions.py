@@ -52,11 +52,11 @@ class Session:
         self.created = time.monotonic()
         # Async mode: the ids of finished envs not reported yet (in the order
         # they were found finished), and a recv waiting for enough of them:
-        # (identity, request id, count).  The batches live in self.batches.
+        # (identity, request id, count, inline).  The batches live in self.batches.
         self.batch_size = num_envs
         self.ready: list[np.ndarray] = []
         self.num_ready = 0
-        self.recv_waiter: tuple[bytes, int, int] | None = None
+        self.recv_waiter: tuple[bytes, int, int, bool] | None = None  # (..., inline)
         # The first failure of an env in a finished batch, reported by the next
         # recv (its envs are in self.ready, so the recv after it returns them).
         self.batch_error: EnvdError | None = None
@@ -100,6 +100,46 @@ class Session:
                 f"{self.spec.id}: the actions frame must hold {actions.nbytes} bytes "
                 f"({actions.dtype} x {actions.shape}), got {len(blob)}")
         actions[...] = np.frombuffer(blob, actions.dtype).reshape(actions.shape)
+
+    def read_input(self, name: str, blob: bytes) -> None:
+        """Copy a whole input array sent inline (reset's seeds or mask) into
+        its buffer: exactly the buffer's size in bytes."""
+        target = self.buffers[name]
+        if len(blob) != target.nbytes:
+            raise protocol.BadRequest(
+                f"inline {name} must be {target.nbytes} bytes ({target.dtype} x "
+                f"{target.shape}), got {len(blob)}")
+        target[...] = np.frombuffer(blob, target.dtype).reshape(target.shape)
+
+    def write_action_rows(self, env_ids: np.ndarray, blob: bytes) -> None:
+        """Copy the actions of an inline send into the rows of env_ids.  Rows
+        of envs still on the pool are never written (a worker reads them):
+        with such an id, or one out of range, nothing is written and submit
+        refuses the send with its usual error."""
+        actions = self.buffers["actions"]
+        row_bytes = actions[0].nbytes if self.num_envs else 0
+        if len(blob) != len(env_ids) * row_bytes:
+            raise InvalidActionError(
+                f"{self.spec.id}: an inline send of {len(env_ids)} envs needs "
+                f"{len(env_ids) * row_bytes} bytes of actions ({actions.dtype} x "
+                f"{actions.shape[1:]} per env), got {len(blob)}")
+        if env_ids.min() < 0 or env_ids.max() >= self.num_envs:
+            return
+        if self.batches and np.isin(env_ids, np.concatenate(
+                [batch.ids for batch in self.batches.in_flight])).any():
+            return
+        actions[env_ids] = np.frombuffer(blob, actions.dtype).reshape(-1, *actions.shape[1:])
+
+    def outputs(self, rows: np.ndarray | None = None) -> dict[str, Any]:
+        """The inline reply's fields: the output arrays' names and, as blobs,
+        the whole arrays (rows None: views, copied once into the message when
+        it is sent) or the given rows of each."""
+        names = protocol.output_arrays(self.buffers)
+        if rows is None:
+            blobs = [memoryview(self.buffers[name]).cast("B") for name in names]
+        else:
+            blobs = [np.take(self.buffers[name], rows, axis=0) for name in names]
+        return {"arrays": names, "_blobs": blobs}
 
     def submit(self, env_ids: np.ndarray) -> int:
         """Start stepping env_ids (async send); a batch run inline is ready at

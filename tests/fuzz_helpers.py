@@ -229,19 +229,30 @@ def _request(kind: str, ref: st.SearchStrategy) -> st.SearchStrategy:
              "max_episode_steps": st.one_of(st.none(), st.integers(1, 50)),
              "env_kwargs": st.just({}), "batch_size": st.one_of(st.none(), st.integers(1, 4))}),
             no_blobs)
+    fills = st.sampled_from([0, 0, 0, 1, 0xff, 0x7f])
     if kind == "reset":
-        return st.tuples(header({"session": ref}, {"seeds": st.booleans(), "mask": st.booleans()}),
-                         no_blobs)
+        # inline resets take their seeds and mask as frames (a Blob has the
+        # actions' size: for Discrete envs, that of the seeds)
+        return st.one_of(
+            st.tuples(header({"session": ref}, {"seeds": st.booleans(), "mask": st.booleans(),
+                                                "inline": st.booleans()}), no_blobs),
+            st.builds(lambda r, fill: ({"type": "reset", "session": r, "seeds": True,
+                                        "inline": True}, (Blob(r, 0, fill),)), ref, fills))
     if kind == "step":
         return st.one_of(
             st.tuples(header({"session": ref}), no_blobs),
-            st.builds(lambda r, fill: ({"type": "step", "session": r, "actions": Desc(r)},
-                                       (Blob(r, 0, fill),)),
-                      ref, st.sampled_from([0, 0, 0, 1, 0xff, 0x7f])))
+            st.builds(lambda r, fill, inline: ({"type": "step", "session": r, "actions": Desc(r),
+                                                "inline": inline}, (Blob(r, 0, fill),)),
+                      ref, fills, st.booleans()))
     if kind == "send":
-        return st.tuples(header({"session": ref}), st.tuples(ENV_IDS_BLOB))
+        return st.one_of(
+            st.tuples(header({"session": ref}), st.tuples(ENV_IDS_BLOB)),
+            st.builds(lambda r, ids, fill, delta: ({"type": "send", "session": r, "inline": True},
+                                                   (ids, Blob(r, delta, fill))),
+                      ref, ENV_IDS_BLOB, fills, st.sampled_from([0, 0, -8, 8])))
     if kind == "recv":
-        return st.tuples(header({"session": ref, "count": st.integers(1, 8)}), no_blobs)
+        return st.tuples(header({"session": ref, "count": st.integers(1, 8)},
+                                {"inline": st.booleans()}), no_blobs)
     if kind == "close":
         return st.tuples(header({"session": ref}), no_blobs)
     raise AssertionError(kind)

@@ -11,7 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 CLIENT_SIDE = [*sorted((ROOT / "client").glob("*.py")),
                *(ROOT / "envd" / name for name in ("protocol.py", "shm.py", "vector_base.py",
-                                                   "errors.py"))]
+                                                   "errors.py", "keys.py"))]
 SERVER_SIDE = sorted((ROOT / "server").glob("*.py"))
 
 

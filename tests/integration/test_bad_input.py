@@ -315,7 +315,7 @@ def test_too_many_data_frames(victim, raw):
     for header, allowed in [({"type": "hello", "version": 1}, 0), ({"type": "status"}, 0),
                             ({"type": "heartbeat"}, 0), ({"type": "list_envs"}, 0),
                             ({"type": "make", "env_id": "CartPole-v1", "num_envs": 1}, 0),
-                            ({"type": "reset", "session": session}, 0),
+                            ({"type": "reset", "session": session, "inline": True}, 2),
                             ({"type": "close", "session": session}, 0),
                             ({"type": "bye"}, 0),
                             ({"type": "step", "session": session,
@@ -329,6 +329,9 @@ def test_too_many_data_frames(victim, raw):
                    blobs=[bytes(32)])
     attacker.error({"type": "step", "session": session,
                     "actions": {"dtype": "<i8", "shape": [4]}}, "bad_request", "data frame")
+    # data frames a reset takes only with inline (its seeds and mask)
+    attacker.error({"type": "reset", "session": session, "mask": True}, "bad_request",
+                   "only taken with inline", blobs=[bytes(1)])
     assert attacker.ok({"type": "status"})["sessions"] >= 3  # the session is still there
     attacker.ok({"type": "step", "session": session})
     attacker.ok({"type": "close", "session": session})

@@ -3,6 +3,7 @@ trajectories equal to sync mode in-process, exactly once, misuse refused, and
 sessions with batches in flight closed and drained cleanly."""
 from __future__ import annotations
 
+import functools
 import signal
 
 import numpy as np
@@ -14,10 +15,13 @@ from daemon_helpers import DaemonProcess, segments_of, wait_until
 import envd
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
+@pytest.fixture(scope="module", params=["shm", "inline"])
+def served(tmp_path_factory, request):
+    """A daemon and a client whose makes take one transport: every async test
+    runs over shared memory and over the inline transport."""
     with DaemonProcess(tmp_path_factory.mktemp("async") / "daemon", "--threads", "2",
                        "--lease-timeout", "10") as daemon, daemon.connect() as client:
+        client.make = functools.partial(client.make, transport=request.param)
         yield daemon, client
     assert daemon.proc.returncode == 0, daemon.log()
     assert segments_of(daemon.pid) == []

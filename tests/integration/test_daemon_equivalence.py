@@ -6,6 +6,7 @@ env kwargs and time limits; it has the same spaces, the same view/copy rules
 and fails with the same errors (class and message)."""
 from __future__ import annotations
 
+import functools
 import mmap
 
 import numpy as np
@@ -36,9 +37,13 @@ def daemon(tmp_path_factory):
     assert segments_of(proc.pid) == []
 
 
-@pytest.fixture(scope="module")
-def client(daemon):
+@pytest.fixture(scope="module", params=["shm", "inline"])
+def client(daemon, request):
+    """A client whose makes take one transport: every test runs over shared
+    memory and over the inline transport (arrays in the messages), which must
+    be indistinguishable."""
     with daemon.connect() as c:
+        c.make = functools.partial(c.make, transport=request.param)
         yield c
 
 

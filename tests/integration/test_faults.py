@@ -635,13 +635,25 @@ def test_default_folder_open_to_others_is_refused(tmp_path, mode, owner):
 
 def test_explicit_bind_folder_is_the_users_choice(tmp_path):
     """Only the default folder is checked: --bind into an existing 0755 folder
-    starts (the user chose it); a folder --bind must create is made 0700."""
+    starts (the user chose it), so does ENVD_ENDPOINT into a 0777 one; a
+    folder --bind must create is made 0700."""
     shared = tmp_path / "shared"
     shared.mkdir()
     os.chmod(shared, 0o755)
     with DaemonProcess(shared, "--threads", "1", "--lease-timeout", "30") as daemon:
         assert stat.S_IMODE(os.lstat(shared).st_mode) == 0o755
     assert daemon.proc.returncode == 0
+    # so is a folder ENVD_ENDPOINT names (the daemon binds it by default):
+    # e.g. a container's shared socket volume, world-writable
+    os.chmod(shared, 0o777)
+    endpoint = f"ipc://{shared}/envd.sock"
+    proc = start_default_daemon(tmp_path, clean_environ(ENVD_ENDPOINT=endpoint))
+    try:
+        connect_when_up(proc, endpoint).close()
+        assert stat.S_IMODE(os.lstat(shared).st_mode) == 0o777
+    finally:
+        if proc.poll() is None:
+            stop_default_daemon(proc)
     created = tmp_path / "new" / "deeper"
     proc = popen_with_umask(0, [sys.executable, "-m", "envd.cli", "--threads", "1", "--bind",
                                 f"ipc://{created}/envd.sock"], cwd=tmp_path, env=clean_environ())

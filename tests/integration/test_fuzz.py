@@ -373,7 +373,11 @@ class Fuzzer:
             header = None  # a silent connection's fuzzed request: not tracked
         self.replies[(ok, reply.get("code"))] += 1
         if ok:
-            if len(frames) > 2 or (len(frames) == 2 and len(frames[1]) % 8):
+            # data frames: a recv's env ids, and inline arrays (one per name in "arrays")
+            arrays = reply.get("arrays", [])
+            allowed = 1 + len(arrays) if isinstance(arrays, list) else -1
+            if len(frames) - 1 > allowed or (len(frames) >= 2 and not arrays
+                                             and len(frames[1]) % 8):
                 self.problem(conn, request_id, f"an ok reply with {len(frames) - 1} data frames",
                              reply)
         else:
@@ -497,12 +501,25 @@ class Fuzzer:
         self.context.term()
 
 
-def settle(value, good, what: str) -> None:
-    """Wait until good(value()); on a timeout, say what value() is then."""
+def open_files(pid: int) -> list[str]:
+    """What the process's file descriptors point to (for failure messages)."""
+    targets = []
+    for fd in sorted(os.listdir(f"/proc/{pid}/fd"), key=int):
+        try:
+            targets.append(f"{fd}->{os.readlink(f'/proc/{pid}/fd/{fd}')}")
+        except OSError:
+            pass
+    return targets
+
+
+def settle(value, good, what: str, pid: int | None = None) -> None:
+    """Wait until good(value()); on a timeout, say what value() is then (and
+    what the daemon's descriptors are, given its pid)."""
     try:
         wait_until(lambda: good(value()), what=what)
     except AssertionError as exc:
-        raise AssertionError(f"{exc}: it is {value()}") from None
+        files = f"; its files: {open_files(pid)}" if pid is not None else ""
+        raise AssertionError(f"{exc}: it is {value()}{files}") from None
 
 
 def fuzz(fuzzer: Fuzzer, examples: int) -> None:
@@ -539,7 +556,7 @@ def test_fuzz_the_protocol(tmp_path):
         fuzzer.leave()
         settle(lambda: {name: daemon_counts(pid)[name] for name in ("fds", "segments", "mappings")},
                lambda now: now == {name: before_warm_up[name] for name in now},
-               f"the warm-up's connections and sessions to go: {before_warm_up}")
+               f"the warm-up's connections and sessions to go: {before_warm_up}", pid)
         baseline, baseline_rss = daemon_counts(pid), rss_bytes(pid)
         assert len(baseline["segments"]) == len(victim.pairs)
 
@@ -575,7 +592,7 @@ def test_fuzz_the_protocol(tmp_path):
                    what="the fuzzers' client records to go")
         for name in ("fds", "threads", "segments", "mappings"):
             settle(lambda: daemon_counts(pid)[name], lambda now: now == baseline[name],
-                   f"the daemon's {name} to return to {baseline[name]}")
+                   f"the daemon's {name} to return to {baseline[name]}", pid)
         settle(lambda: rss_bytes(pid) >> 20, lambda now: now < (baseline_rss + RSS_SLACK) >> 20,
                f"the daemon's RSS to return within {RSS_SLACK >> 20} MiB of "
                f"{baseline_rss >> 20} MiB")

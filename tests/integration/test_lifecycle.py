@@ -213,6 +213,19 @@ def test_second_daemon_on_the_same_endpoint_fails_and_the_first_keeps_serving(ha
     assert first.wait() == 0, first.log()
 
 
+def test_a_taken_tcp_port_is_reported_in_one_line(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        run = subprocess.run([sys.executable, "-m", "envd.cli", "--bind",
+                              f"tcp://127.0.0.1:{port}", "--threads", "0"], cwd=tmp_path,
+                             check=False, capture_output=True, text=True, timeout=DEADLINE)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert run.stderr.startswith("envd: cannot start: ") and "in use" in run.stderr, run.stderr
+    assert "Traceback" not in run.stderr
+
+
 # ---- envd status -------------------------------------------------------------------------
 def envd_status(endpoint: str, cwd, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "envd.cli", "status", "--endpoint", endpoint,

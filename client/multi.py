@@ -1,0 +1,462 @@
+"""One VecEnv over many daemons: ``envd.connect([endpoint, ...]).make(...)``.
+
+A MultiClient holds one Client per daemon.  Its ``make`` spreads num_envs
+over the daemons in proportion to their worker threads and returns a
+MultiVecEnv: one gymnasium VectorEnv whose env i lives on some daemon as a
+shard (a RemoteVecEnv of consecutive envs) but behaves exactly as env i of
+``envd.make(env_id, num_envs, seed=seed)``: it gets seed + i, and its
+observations, rewards, terminations, truncations and info are bit-identical
+however many daemons serve the envs.
+
+How that holds by construction: a MultiVecEnv is itself a BatchedVecEnv over
+batch buffers of num_envs rows in this process.  A step checks the actions
+(with global env indices, so errors read as the single env's), sends every
+shard its slice of the actions (all shards at once, from a small persistent
+thread pool with one worker per daemon but one; pyzmq releases the GIL while
+it waits), and copies each shard's batch buffers into its rows.  The info dict
+is then built from the merged buffers by the same code as for one env, so it
+is the single env's info (arrays along axis 0 in env order, ``episode`` and
+``_episode``, ``final_obs``/``final_info`` and their masks, the env's own
+info fields) without a merge of dicts that could drift from it.
+
+Async mode (send/recv) is refused over several daemons: recv must return the
+first batch_size envs to finish over all daemons, exactly once each, which a
+shard's recv (a fixed batch of that shard's envs, blocking) cannot give.
+Make the env on one daemon for async mode.
+"""
+from __future__ import annotations
+
+import secrets
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Sequence
+
+import numpy as np
+from gymnasium import spaces
+from gymnasium.vector import AutoresetMode
+
+from envd import protocol
+from envd.client import connection
+from envd.client.discovery import is_dns_url, resolve
+from envd.client.remote_vector_env import RemoteVecEnv
+from envd.errors import (ConnectionLostError, EnvdError, EnvStateError, InvalidActionError,
+                         InvalidArgumentError, NativeError)
+from envd.vector_base import (BatchedVecEnv, action_out_of_range, autoreset_mode_name,
+                              check_int, parse_autoreset_mode, seed_list)
+
+
+
+def split_envs(weights: Sequence[int], num_envs: int) -> list[int]:
+    """How many of num_envs envs each daemon gets, in proportion to weights
+    (their worker threads; a weight below 1 counts as 1).
+
+    Largest-remainder rounding (ties: the heavier daemon, then the earlier
+    one); every daemon gets at least one env when num_envs >= len(weights)
+    (taken from the daemon with the most, the earlier among equals), else
+    one env each goes to the num_envs heaviest daemons (earlier among equals).
+    Deterministic: the same weights always give the same split."""
+    weights = [max(1, int(w)) for w in weights]
+    n = len(weights)
+    if n == 0:
+        raise InvalidArgumentError("no daemon to spread envs over")
+    if num_envs < n:
+        chosen = set(sorted(range(n), key=lambda i: (-weights[i], i))[:num_envs])
+        return [1 if i in chosen else 0 for i in range(n)]
+    total = sum(weights)
+    counts = [num_envs * w // total for w in weights]
+    remainders = [num_envs * w % total for w in weights]
+    left = num_envs - sum(counts)
+    for i in sorted(range(n), key=lambda i: (-remainders[i], -weights[i], i))[:left]:
+        counts[i] += 1
+    for i in range(n):
+        if counts[i] == 0:  # a light daemon among heavy ones: it still gets one
+            donor = max(range(n), key=lambda j: (counts[j], -j))
+            counts[donor] -= 1
+            counts[i] = 1
+    return counts
+
+
+def _run_all(call: Callable[[int], Any], indices: Sequence[int],
+             executor: ThreadPoolExecutor | None) -> list[tuple[int, Any, BaseException | None]]:
+    """call(i) for every i at once: the first on this thread, the others on
+    the executor; waits for all of them (so none runs on after this returns)
+    and returns (i, result, error) in the order of indices."""
+    indices = list(indices)
+    here = indices[:1] if executor is not None else indices
+    futures = [(i, executor.submit(call, i)) for i in indices[1:]] if executor is not None else []
+    outcomes = []
+    for i in here:
+        try:
+            outcomes.append((i, call(i), None))
+        except BaseException as exc:  # noqa: BLE001 -- reported after the others finish
+            outcomes.append((i, None, exc))
+    for i, future in futures:
+        try:
+            outcomes.append((i, future.result(), None))
+        except BaseException as exc:  # noqa: BLE001
+            outcomes.append((i, None, exc))
+    return outcomes
+
+
+def _naming(exc: BaseException, endpoint: str, where: str = "") -> BaseException:
+    """exc, or the same envd error with a message that names the daemon's
+    endpoint (a trainer driving many daemons must know which one failed).
+    A refused argument is refused alike by every daemon and by envd.make: it
+    keeps envd.make's message."""
+    if (not isinstance(exc, EnvdError) or endpoint in str(exc)
+            or isinstance(exc, (InvalidArgumentError, InvalidActionError))):
+        return exc
+    message = f"{exc} (the daemon at {endpoint}{where})"
+    try:
+        named = (NativeError(message, exc.code) if isinstance(exc, NativeError)
+                 else type(exc)(message))
+    except Exception:  # noqa: BLE001 -- a subclass with another signature: keep it as it is
+        return exc
+    named.error_code = exc.error_code
+    return named
+
+
+def _raise_first(outcomes: list[tuple[int, Any, BaseException | None]],
+                 endpoints: Sequence[str], where: Callable[[int], str] = lambda i: "") -> None:
+    for i, _, error in outcomes:
+        if error is not None:
+            named = _naming(error, endpoints[i], where(i))
+            if named is error:
+                raise error
+            raise named from error
+
+
+class MultiClient:
+    """Connections to several envd daemons used as one (see envd.connect).
+
+    ``clients`` and ``endpoints`` list them in connection order; ``make``
+    returns a MultiVecEnv spread over all of them."""
+
+    def __init__(self, endpoints: Sequence[str], **connect_kwargs: Any):
+        """Connect to every endpoint (``dns+tcp://NAME:PORT`` entries stand
+        for every address NAME resolves to); connect_kwargs (timeout, ...)
+        go to each envd.connect."""
+        self.closed = False
+        self.clients: tuple[connection.Client, ...] = ()
+        self._envs: weakref.WeakSet = weakref.WeakSet()
+        if isinstance(endpoints, str) or not isinstance(endpoints, (list, tuple)):
+            raise InvalidArgumentError(
+                f"endpoints must be a list of endpoint strings, got {type(endpoints).__name__}")
+        expanded: list[str] = []
+        for endpoint in endpoints:
+            if not isinstance(endpoint, str):
+                raise InvalidArgumentError(
+                    f"every endpoint must be a str ('ipc:///path', 'tcp://host:port' or "
+                    f"'dns+tcp://name:port'), got {endpoint!r}")
+            expanded.extend(resolve(endpoint) if is_dns_url(endpoint) else [endpoint])
+        if not expanded:
+            raise InvalidArgumentError(
+                "envd.connect needs at least one endpoint, got an empty list")
+        self.endpoints = tuple(expanded)
+        # One worker per daemon but one (the calling thread serves the first):
+        # connects, status and makes wait on every daemon at once.
+        self._executor = (ThreadPoolExecutor(len(expanded) - 1, "envd-multiclient")
+                          if len(expanded) > 1 else None)
+        outcomes = self._run(lambda i: connection.connect(self.endpoints[i], **connect_kwargs))
+        clients = [client for _, client, error in outcomes if error is None]
+        if len(clients) < len(outcomes):
+            for client in clients:
+                client.close()
+            self._shutdown()
+            self.closed = True
+            _raise_first(outcomes, self.endpoints)
+        self.clients = tuple(clients)
+
+    def _run(self, call: Callable[[int], Any]) -> list[tuple[int, Any, BaseException | None]]:
+        return _run_all(call, range(len(self.endpoints)), self._executor)
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise EnvStateError(f"this MultiClient of {len(self.endpoints)} daemons is closed")
+
+    def status(self) -> list[dict[str, Any]]:
+        """Every daemon's status (see Client.status), in the order of ``endpoints``."""
+        self._check_open()
+        outcomes = self._run(lambda i: self.clients[i].status())
+        _raise_first(outcomes, self.endpoints)
+        return [status for _, status, _ in outcomes]
+
+    def make(self, env_id: str, num_envs: int, *, seed: int | Sequence[int] | None = None,
+             autoreset_mode: str | AutoresetMode = "next_step",
+             max_episode_steps: int | None = None, copy: bool = False,
+             episode_statistics: bool = True, batch_size: int | None = None,
+             **env_kwargs: Any) -> "MultiVecEnv":
+        """num_envs envs of env_id spread over the daemons in proportion to
+        their threads (see split_envs); arguments as Client.make (env_kwargs
+        and other keywords go to every daemon's make).  Env i gets seed + i
+        (or the i-th seed of a list) wherever it runs, so the env behaves as
+        ``envd.make(env_id, num_envs, seed=seed, ...)`` bit for bit.
+
+        Async mode (batch_size < num_envs) needs a single daemon:
+        InvalidArgumentError here (see the module docstring)."""
+        self._check_open()
+        if not isinstance(env_id, str):
+            raise InvalidArgumentError(f"env_id must be a str, got {type(env_id).__name__}")
+        num_envs = check_int("num_envs", num_envs, 1, connection.MAX_NUM_ENVS)
+        # seed=None: one random base seed for all daemons, env i then gets
+        # base + i as in envd.make (each daemon drawing its own would not).
+        seeds = seed_list(secrets.randbelow(2**63) if seed is None else seed, num_envs)
+        mode = parse_autoreset_mode(autoreset_mode)
+        if batch_size is not None:
+            batch_size = check_int("batch_size", batch_size, 1, num_envs)
+            if batch_size < num_envs:
+                raise InvalidArgumentError(
+                    f"batch_size={batch_size} < num_envs={num_envs} asks for async mode "
+                    "(send/recv), which needs a single daemon; this client has "
+                    f"{len(self.clients)}. Use step(), or make the env on one daemon: "
+                    f"envd.connect({self.endpoints[0]!r}).make(...)")
+        weights = [max(1, int(status["threads"])) for status in self.status()]
+        counts = split_envs(weights, num_envs)
+        env = MultiVecEnv(self, counts, env_id, seeds, mode, copy, episode_statistics,
+                          {"autoreset_mode": autoreset_mode_name(mode),
+                           "max_episode_steps": max_episode_steps,
+                           "episode_statistics": episode_statistics, **env_kwargs})
+        self._envs.add(env)
+        return env
+
+    def _shutdown(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+    def close(self) -> None:
+        """Close every env made through this client, then every connection.  Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            for env in list(self._envs):
+                env.close()
+            self._run(lambda i: self.clients[i].close())  # each swallows a dead daemon's errors
+        finally:
+            self._shutdown()
+
+    def __enter__(self) -> "MultiClient":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "connected"
+        return f"envd.MultiClient({list(self.endpoints)!r}, {state})"
+
+
+class MultiVecEnv(BatchedVecEnv):
+    """num_envs envs spread over several daemons, used as one gymnasium
+    VectorEnv (see MultiClient.make and the module docstring).
+
+    ``shards`` are the per-daemon RemoteVecEnvs (do not step them yourself),
+    ``shard_slices[k]`` the envs shard k holds and ``shard_endpoints[k]`` its
+    daemon.  Results are views of this env's own buffers, valid until the next
+    step or reset (copies with copy=True), as for any envd VecEnv."""
+
+    def __init__(self, multi: MultiClient, counts: Sequence[int], env_id: str,
+                 seeds: np.ndarray, mode: AutoresetMode, copy: bool, episode_statistics: bool,
+                 make_kwargs: dict[str, Any]):
+        self._shards: tuple[RemoteVecEnv, ...] = ()
+        self._executor: ThreadPoolExecutor | None = None
+        plan = []  # (client, endpoint, slice) of every daemon with envs, in env order
+        start = 0
+        for client, endpoint, count in zip(multi.clients, multi.endpoints, counts):
+            if count:
+                plan.append((client, endpoint, slice(start, start + count)))
+                start += count
+        num_envs = start
+        endpoints = [endpoint for _, endpoint, _ in plan]
+        executor = (ThreadPoolExecutor(len(plan) - 1, "envd-multivecenv")
+                    if len(plan) > 1 else None)
+
+        def make_shard(k: int) -> RemoteVecEnv:
+            client, _, rows = plan[k]
+            return client.make(env_id, rows.stop - rows.start, seed=seeds[rows], copy=False,
+                               **make_kwargs)
+
+        outcomes = _run_all(make_shard, range(len(plan)), executor)
+        shards = [shard for _, shard, error in outcomes if error is None]
+        try:
+            _raise_first(outcomes, endpoints)
+            self._check_alike(shards, endpoints)
+        except BaseException:
+            for shard in shards:
+                shard.close()
+            if executor is not None:
+                executor.shutdown(wait=True)
+            raise
+        first = shards[0]
+        super().__init__(first.env_id, first.single_observation_space, first.single_action_space,
+                         num_envs, mode, first.max_episode_steps, copy, episode_statistics)
+        self._shards = tuple(shards)
+        self._executor = executor
+        self.shard_slices = tuple(rows for _, _, rows in plan)
+        self.shard_endpoints = tuple(endpoints)
+        self._bind_buffers({name: np.zeros((num_envs, *array.shape[1:]), array.dtype)
+                            for name, array in first._buffers.items()})
+        # what the envs write; the inputs (written by the trainer) are never copied back
+        self._outputs = protocol.output_arrays(first._buffers)
+        # What the native vec checks per env before it steps any (see
+        # validate_step in vec.c), checked here over all envs so that a
+        # refused step names the global env index and steps no shard.
+        self._started = np.zeros(num_envs, np.bool_)
+        self._all_started = False
+        space = self.single_action_space
+        self._discrete = ((space.start, space.start + space.n)
+                          if isinstance(space, spaces.Discrete) else None)
+        self._lost: tuple[int, BaseException] | None = None  # (shard, error): a daemon is gone
+
+    @staticmethod
+    def _check_alike(shards: list[RemoteVecEnv], endpoints: list[str]) -> None:
+        """Every daemon must have made the same env (same envd version and plugins)."""
+        first = shards[0]
+        layout = {name: (a.dtype, a.shape[1:]) for name, a in first._buffers.items()}
+        for shard, endpoint in zip(shards[1:], endpoints[1:]):
+            theirs = {name: (a.dtype, a.shape[1:]) for name, a in shard._buffers.items()}
+            if (shard.single_observation_space != first.single_observation_space
+                    or shard.single_action_space != first.single_action_space
+                    or shard.max_episode_steps != first.max_episode_steps or theirs != layout):
+                raise InvalidArgumentError(
+                    f"{first.env_id} differs between the daemons at {endpoints[0]} and "
+                    f"{endpoint} (spaces {first.single_observation_space}, "
+                    f"{first.single_action_space} vs {shard.single_observation_space}, "
+                    f"{shard.single_action_space}; time limit {first.max_episode_steps} vs "
+                    f"{shard.max_episode_steps}); every daemon must run the same envd "
+                    "version and plugins")
+
+    @property
+    def shards(self) -> tuple[RemoteVecEnv, ...]:
+        return self._shards
+
+    # ---- BatchedVecEnv hooks --------------------------------------------------------
+    def _run_reset(self, with_seeds: bool, with_mask: bool) -> None:
+        self._check_not_lost()
+        mask = self._buffers["reset_mask"] if with_mask else None
+        seeds = self._buffers["reset_seeds"] if with_seeds else None
+
+        def reset_shard(k: int) -> None:
+            rows = self.shard_slices[k]
+            options = None if mask is None else {"reset_mask": mask[rows].copy()}
+            self._shards[k].reset(seed=None if seeds is None else seeds[rows], options=options)
+            self._copy_results(k)
+            if mask is None:
+                self._started[rows] = True
+            else:
+                self._started[rows] |= mask[rows]
+
+        # a masked reset leaves shards without a masked env alone (a shard's
+        # reset needs at least one True in its mask)
+        todo = [k for k, rows in enumerate(self.shard_slices) if mask is None or mask[rows].any()]
+        self._dispatch(reset_shard, todo)
+        self._all_started = bool(self._started.all())
+
+    def _run_step(self) -> int:
+        self._check_not_lost()
+        self._validate_step()
+        self._dispatch(self._step_shard, range(len(self._shards)))
+        return int(np.count_nonzero(self._dones))
+
+    def _step_shard(self, k: int) -> None:
+        self._shards[k].step(self._actions[self.shard_slices[k]])
+        self._copy_results(k)
+
+    def _copy_results(self, k: int) -> None:
+        """Shard k's results (every buffer the envs write) into its rows.
+        Read through the shard's buffer dict each time: that dict, not the
+        arrays it held at make, is the shard's contract."""
+        rows = self.shard_slices[k]
+        theirs = self._shards[k]._buffers
+        for name in self._outputs:
+            np.copyto(self._buffers[name][rows], theirs[name])
+
+    def _dispatch(self, call: Callable[[int], None], shards: Sequence[int]) -> None:
+        """call(k) for every shard k at once; the first error (in env order)
+        is raised, naming its daemon, once every shard's call has returned."""
+        outcomes = _run_all(call, list(shards), self._executor)
+        for k, _, error in outcomes:
+            if isinstance(error, ConnectionLostError) and self._lost is None:
+                self._lost = (k, error)
+        _raise_first(outcomes, self.shard_endpoints, self._rows_text)
+
+    def _rows_text(self, k: int) -> str:
+        rows = self.shard_slices[k]
+        return f", serving envs {rows.start}..{rows.stop - 1}"
+
+    def _check_not_lost(self) -> None:
+        if self._lost is not None:
+            k, error = self._lost
+            raise ConnectionLostError(
+                f"{self.env_id}: the daemon at {self.shard_endpoints[k]}{self._rows_text(k)} "
+                f"of this MultiVecEnv is gone ({error}); close this env and make a new one")
+
+    def _validate_step(self) -> None:
+        """Refuse the step as the single env would, before any shard steps:
+        the first env (in global order) never reset, done in disabled mode,
+        or given a discrete action out of range."""
+        disabled = self.metadata["autoreset_mode"] is AutoresetMode.DISABLED
+        if self._all_started and not disabled and self._discrete is None:
+            return
+        bad = ~self._started
+        if disabled:
+            bad |= self._dones
+        if self._discrete is not None:
+            start, stop = self._discrete
+            bad |= (self._actions < start) | (self._actions >= stop)
+        if not bad.any():
+            return
+        i = int(np.argmax(bad))
+        if self._started[i] and not (disabled and self._dones[i]):
+            raise action_out_of_range(self.env_id, self.single_action_space,
+                                      int(self._actions[i]), i)
+        if not self._dones[i]:
+            raise EnvStateError(
+                f"{self.env_id}: env {i} was never reset; call reset() before step()")
+        raise EnvStateError(
+            f"{self.env_id}: env {i} is done and autoreset_mode is 'disabled'; reset it with "
+            f"reset(options={{'reset_mask': mask}}) before stepping it again")
+
+    # ---- no async mode over several daemons ---------------------------------------------
+    def _no_async(self, call: str) -> EnvStateError:
+        return EnvStateError(
+            f"{self.env_id}: {call}() is async mode, which a MultiVecEnv (envs on "
+            f"{len(self._shards)} daemons) does not have; use reset()/step(), or make the env "
+            "on a single daemon with envd.connect(endpoint).make(..., batch_size=B)")
+
+    def async_reset(self, *, seed: int | Sequence[int] | None = None) -> None:
+        raise self._no_async("async_reset")
+
+    def send(self, actions: Any, env_ids: Any) -> None:
+        raise self._no_async("send")
+
+    def recv(self) -> tuple:
+        raise self._no_async("recv")
+
+    # ---- lifetime ------------------------------------------------------------------------
+    def _release(self) -> None:
+        shards, self._shards = self._shards, ()
+        executor, self._executor = self._executor, None
+        try:
+            # at once: a daemon that stopped answering costs one timeout, not one per shard
+            _run_all(lambda k: shards[k].close(), range(len(shards)), executor)
+        finally:
+            if executor is not None:
+                executor.shutdown(wait=True)
+
+    def __del__(self) -> None:
+        # Garbage collection may run in any thread, even a worker of this
+        # env's executor: do not talk to sockets or join threads here.  Each
+        # shard hands its session to its client when it is collected.
+        executor = getattr(self, "_executor", None)
+        if executor is not None:
+            executor.shutdown(wait=False)
+        self.closed = True
+
+    def __repr__(self) -> str:
+        shards = ", ".join(f"{endpoint}: {rows.stop - rows.start}"
+                           for endpoint, rows in zip(getattr(self, "shard_endpoints", ()),
+                                                     getattr(self, "shard_slices", ())))
+        return (f"envd.MultiVecEnv({self.env_id!r}, num_envs={self.num_envs}, "
+                f"autoreset_mode={self.metadata['autoreset_mode']}, shards={{{shards}}})")
