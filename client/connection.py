@@ -182,7 +182,10 @@ class Client:
         self.client_id = b"\x01" + os.urandom(15)  # ZeroMQ reserves ids starting with 0
         self._socket.setsockopt(zmq.ROUTING_ID, self.client_id)
         self._socket.setsockopt(zmq.LINGER, 0)
-        for option, value in self._curve.items():
+        # IPV6: tcp endpoints may name IPv6 addresses (dns+tcp:// resolves AAAA
+        # records too); IPv4 addresses work as before.
+        self._socket_options = {zmq.IPV6: 1, **self._curve}
+        for option, value in self._socket_options.items():
             self._socket.setsockopt(option, value)
         self._monitor = self._socket.get_monitor_socket(_MONITOR_EVENTS)
         self._connection = _Connection(context, self._socket, self._monitor)
@@ -205,7 +208,7 @@ class Client:
             raise
         self._connection.heartbeat = Heartbeat(context, self.endpoint, self.client_id,
                                                float(self.server_info["heartbeat_interval"]),
-                                               socket_options=self._curve)
+                                               socket_options=self._socket_options)
         self._connection.heartbeat.start()
 
     def _check_endpoint(self) -> None:

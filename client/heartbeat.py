@@ -28,7 +28,7 @@ class Heartbeat(threading.Thread):
         self._endpoint = endpoint
         self._client_id = client_id
         self._interval = interval
-        # Those of the client's main socket that the daemon checks (CURVE keys).
+        # Those of the client's main socket the connection needs (CURVE keys, IPV6).
         self._socket_options = dict(socket_options or {})
         self._stop_event = threading.Event()
 

@@ -200,6 +200,7 @@ class Daemon:
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         sock.setsockopt(zmq.MAXMSGSIZE, self.config.max_message_bytes)
         sock.setsockopt(zmq.LINGER, _LINGER_MS)
+        sock.setsockopt(zmq.IPV6, 1)  # tcp://[::1]:P and [::]:P bind; IPv4 as before
         if curve:
             self._start_authenticator()
             try:

@@ -546,3 +546,36 @@ def test_dns_localhost_for_real(harness):
                 envd.make("CartPole-v1", 3, seed=2, num_threads=0) as local:
             assert_same_result(env.reset(), local.reset(), "reset")
             assert env.metadata["autoreset_mode"] is AutoresetMode.NEXT_STEP
+
+
+def test_ipv4_and_ipv6_addresses_of_one_name(harness, monkeypatch):
+    """A name with an A and an AAAA record (dual-stack Service): one daemon on
+    127.0.0.1, one on [::1]; both serve one VecEnv."""
+    try:
+        port = free_port_on("127.0.0.1")
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", port))
+    except OSError as exc:
+        pytest.skip(f"no IPv6 loopback here: {exc}")
+    daemons = [harness.daemon("--threads", "1", "--bind", endpoint)
+               for endpoint in (f"tcp://127.0.0.1:{port}", f"tcp://[::1]:{port}")]
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host, *args, **kwargs):
+        if host == "envd-dual.test.svc":
+            return [(socket.AF_INET6, socket.SOCK_STREAM, socket.IPPROTO_TCP, "",
+                     ("::1", port, 0, 0)),
+                    (socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "",
+                     ("127.0.0.1", port))]
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    with envd.connect(f"dns+tcp://envd-dual.test.svc:{port}", timeout=10) as multi:
+        assert multi.endpoints == (f"tcp://127.0.0.1:{port}", f"tcp://[::1]:{port}")
+        assert [s["pid"] for s in multi.status()] == [d.pid for d in daemons]
+        with multi.make("CartPole-v1", 4, seed=5) as env, \
+                envd.make("CartPole-v1", 4, seed=5, num_threads=0) as local:
+            assert_same_result(env.reset(), local.reset(), "reset")
+            for step in range(20):
+                actions = np.arange(4) % 2
+                assert_same_result(env.step(actions), local.step(actions), f"step {step}")
