@@ -167,8 +167,9 @@ def check_private(path: str | os.PathLike, what: str) -> None:
     if mode & 0o077:
         raise KeyFileError(
             f"{what} {path} holds a secret key but has mode {mode:04o}: other users can read "
-            f"or change it; run `chmod 600 {path}` (a Kubernetes secret volume needs "
-            "defaultMode 0400 or 0600)")
+            f"or change it; run `chmod 600 {path}` (from a Kubernetes Secret, copy the "
+            "key with umask 077 in an init container running as this uid: see "
+            "docs/deployment.md)")
 
 
 def load_key_pair(path: str | os.PathLike, what: str) -> KeyPair:
