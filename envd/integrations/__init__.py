@@ -1,0 +1,6 @@
+"""Adapters exposing envd's vector envs to other RL libraries.
+
+Each lives in its own module and imports its library only when that module is
+imported (``import envd`` never does): ``envd.integrations.sb3`` for
+Stable-Baselines3 (``pip install 'envd[sb3]'``).
+"""

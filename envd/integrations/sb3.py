@@ -1,0 +1,215 @@
+"""envd's vector envs as a Stable-Baselines3 ``VecEnv`` (``pip install 'envd[sb3]'``).
+
+    import envd
+    from stable_baselines3 import PPO
+    from envd.integrations.sb3 import EnvdVecEnv
+
+    with envd.connect() as client:
+        venv = EnvdVecEnv.make("CartPole-v1", num_envs=8, seed=0, client=client)
+        PPO("MlpPolicy", venv).learn(100_000)    # ep_rew_mean comes from envd's statistics
+
+``EnvdVecEnv.make(..., client=None)`` steps the envs in-process (``envd.make``);
+``EnvdVecEnv(env)`` wraps a VecEnv you made yourself, in-process or daemon-served,
+with ``autoreset_mode="same_step"``.
+
+Why ``same_step``: SB3's VecEnv contract (what ``DummyVecEnv`` does) is that the
+step which ends an episode already returns the *next* episode's first
+observation, with the last one in ``infos[i]["terminal_observation"]``.  That is
+exactly envd's ``same_step`` mode (the env resets inside the done step, in
+native code, and puts the final observation in ``info["final_obs"]``).  envd's
+default ``next_step`` mode returns the final observation and resets one step
+later, ignoring that step's action and paying 0: under SB3 every episode end
+would add a phantom transition to the rollout buffer and the first action of
+each episode would be taken on the previous episode's last observation.
+Emulating ``same_step`` over ``next_step`` or ``disabled`` would cost an extra
+round trip to the daemon per done step, so the adapter refuses those modes.
+
+Per step, ``step_wait`` returns ``(obs, rewards, dones, infos)`` as SB3 wants:
+``dones = terminated | truncated``; ``infos[i]["TimeLimit.truncated"] = truncated
+and not terminated`` in every info (as DummyVecEnv); for an env whose episode
+ended, ``infos[i]["terminal_observation"]`` and, as SB3's ``Monitor`` would write
+it, ``infos[i]["episode"] = {"r": return, "l": length, "t": seconds}`` taken from
+envd's episode statistics (so SB3's logger reports ``rollout/ep_rew_mean``
+without a Monitor wrapper; make the env with ``episode_statistics=True``, the
+default).  The env's own info fields (e.g. ConnectFour-v0's ``action_mask``) are
+split into the per-env dicts; on a done step they describe the new episode's
+first state (envd has reset the env already), unlike DummyVecEnv where they
+describe the final state.  Arrays returned are copies (envd's own are views of
+its buffers, overwritten by the next step; SB3's replay buffers keep them).
+
+What a native env has no counterpart for: ``set_attr`` and ``env_method`` raise
+``NotImplementedError`` (env parameters are fixed at make: pass them as
+``make``'s keyword arguments); ``get_attr`` answers ``render_mode`` (None),
+``observation_space``, ``action_space``, ``env_id`` and ``max_episode_steps``
+(the same for every env of the batch) and raises ``AttributeError`` otherwise;
+``env_is_wrapped`` is False for every wrapper (there are no gymnasium.Env
+objects to wrap; SB3's ``evaluate_policy`` then counts raw rewards, which are the
+episode returns here: pass ``warn=False`` to silence its Monitor warning);
+``render`` and ``get_images`` raise ``NotImplementedError``.  ``set_options``
+is not supported: ``reset`` raises if options were set.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+from gymnasium.vector import AutoresetMode, VectorEnv
+
+try:
+    from stable_baselines3.common.vec_env import VecEnv
+    from stable_baselines3.common.vec_env.base_vec_env import VecEnvIndices, VecEnvStepReturn
+except ImportError as exc:  # pragma: no cover -- depends on the installation
+    raise ImportError("envd.integrations.sb3 needs Stable-Baselines3: "
+                      "pip install 'envd[sb3]'") from exc
+
+__all__ = ["EnvdVecEnv"]
+
+#: Keys envd puts in info itself; the adapter translates them (the rest are the
+#: env's own per-env fields, split row by row).
+_ENVD_INFO_KEYS = frozenset({"final_obs", "final_info", "episode", "env_id"})
+
+
+class EnvdVecEnv(VecEnv):
+    """An envd VecEnv (in-process or daemon-served) as an SB3 VecEnv; see the
+    module docstring for the conventions.  Closing it closes the envd env
+    (not the client it came from)."""
+
+    def __init__(self, venv: VectorEnv):
+        mode = venv.metadata.get("autoreset_mode")
+        if mode != AutoresetMode.SAME_STEP:
+            raise ValueError(
+                f"EnvdVecEnv needs an env made with autoreset_mode='same_step' (got {mode}): "
+                "SB3 expects the step that ends an episode to return the next episode's "
+                "first observation; use EnvdVecEnv.make(...) or pass "
+                "autoreset_mode='same_step' to make")
+        if getattr(venv, "batch_size", venv.num_envs) != venv.num_envs:
+            raise ValueError("EnvdVecEnv steps every env each step: make the env without "
+                             "batch_size (async mode)")
+        self.venv = venv
+        self._action_space = venv.single_action_space
+        self._action_shape = (venv.num_envs, *self._action_space.shape)
+        self._actions: np.ndarray | None = None
+        super().__init__(venv.num_envs, venv.single_observation_space, venv.single_action_space)
+
+    @classmethod
+    def make(cls, env_id: str, num_envs: int, *, client: Any = None,
+             seed: int | Sequence[int] | None = None, **kwargs: Any) -> "EnvdVecEnv":
+        """Make num_envs envs of env_id in autoreset mode ``same_step``: served by
+        ``client`` (an ``envd.Client``), or in this process when client is None
+        (``envd.make``; kwargs may then include num_threads).  Other kwargs go to
+        make (max_episode_steps, env parameters, ...)."""
+        if kwargs.pop("autoreset_mode", "same_step") not in ("same_step", AutoresetMode.SAME_STEP):
+            raise ValueError("EnvdVecEnv.make always uses autoreset_mode='same_step'")
+        if client is None:
+            import envd
+            venv = envd.make(env_id, num_envs, seed=seed, autoreset_mode="same_step", **kwargs)
+        else:
+            venv = client.make(env_id, num_envs, seed=seed, autoreset_mode="same_step", **kwargs)
+        try:
+            return cls(venv)
+        except BaseException:
+            venv.close()
+            raise
+
+    # ---- stepping ------------------------------------------------------------------
+    def reset(self) -> np.ndarray:
+        """Reset every env; seeds set by ``seed()`` apply to this reset only."""
+        if any(self._options):
+            raise NotImplementedError("envd's envs take no reset options (set_options)")
+        seeds = None if any(s is None for s in self._seeds) else [int(s) for s in self._seeds]
+        obs, info = self.venv.reset(seed=seeds)
+        self.reset_infos = self._split_info(info)
+        self._reset_seeds()
+        self._reset_options()
+        return np.array(obs)
+
+    def step_async(self, actions: np.ndarray) -> None:
+        actions = np.asarray(actions)
+        if isinstance(self._action_space, spaces.Discrete):
+            # SB3 passes int64 (any integer dtype works); a float action is a bug upstream.
+            if not np.issubdtype(actions.dtype, np.integer):
+                raise TypeError(f"Discrete actions must be integers, got {actions.dtype}")
+            actions = actions.reshape(self._action_shape)
+        else:
+            actions = actions.reshape(self._action_shape).astype(self._action_space.dtype,
+                                                                 copy=False)
+        self._actions = actions
+
+    def step_wait(self) -> VecEnvStepReturn:
+        if self._actions is None:
+            raise RuntimeError("step_wait() without step_async()")
+        actions, self._actions = self._actions, None
+        obs, rewards, terminated, truncated, info = self.venv.step(actions)
+        dones = terminated | truncated
+        infos = self._split_info(info)
+        time_limit = truncated & ~terminated
+        for i, info_i in enumerate(infos):
+            info_i["TimeLimit.truncated"] = bool(time_limit[i])
+        if dones.any():
+            final_obs = info["final_obs"]  # object array of copies, set where done
+            episode = info.get("episode")
+            ended = info.get("_episode")
+            for i in np.flatnonzero(dones):
+                infos[i]["terminal_observation"] = final_obs[i]
+                if episode is not None and ended[i]:
+                    infos[i]["episode"] = {"r": float(episode["r"][i]), "l": int(episode["l"][i]),
+                                           "t": float(episode["t"][i])}
+        return np.array(obs), np.array(rewards), dones, infos
+
+    def _split_info(self, info: dict[str, Any]) -> list[dict[str, Any]]:
+        """The env's own info fields (arrays with one row per env, optionally
+        masked by "_" + key), one dict per env."""
+        infos: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
+        for key, value in info.items():
+            if key.startswith("_") or key in _ENVD_INFO_KEYS:
+                continue
+            if not (isinstance(value, np.ndarray) and value.shape[:1] == (self.num_envs,)):
+                continue
+            mask = info.get("_" + key)
+            for i in range(self.num_envs):
+                if mask is None or mask[i]:
+                    infos[i][key] = np.array(value[i])
+        return infos
+
+    def close(self) -> None:
+        self.venv.close()
+
+    # ---- what SB3's VecEnv also asks for ---------------------------------------------
+    def get_attr(self, attr_name: str, indices: VecEnvIndices = None) -> list[Any]:
+        """render_mode, observation_space, action_space, env_id or
+        max_episode_steps of each env (the same for all); AttributeError else."""
+        values = {"render_mode": lambda: None,
+                  "observation_space": lambda: self.venv.single_observation_space,
+                  "action_space": lambda: self.venv.single_action_space,
+                  "env_id": lambda: self.venv.env_id,
+                  "max_episode_steps": lambda: self.venv.max_episode_steps}
+        if attr_name not in values:
+            raise AttributeError(
+                f"envd's envs run in native code and have no attribute {attr_name!r} "
+                f"(EnvdVecEnv.get_attr knows {', '.join(sorted(values))})")
+        value = values[attr_name]()
+        return [value for _ in self._get_indices(indices)]
+
+    def set_attr(self, attr_name: str, value: Any, indices: VecEnvIndices = None) -> None:
+        raise NotImplementedError(
+            f"envd's envs run in native code: cannot set {attr_name!r}; pass env "
+            "parameters as keyword arguments to make")
+
+    def env_method(self, method_name: str, *method_args: Any, indices: VecEnvIndices = None,
+                   **method_kwargs: Any) -> list[Any]:
+        raise NotImplementedError(
+            f"envd's envs run in native code and have no per-env method {method_name!r}")
+
+    def env_is_wrapped(self, wrapper_class: type[gym.Wrapper],
+                       indices: VecEnvIndices = None) -> list[bool]:
+        """False: there are no gymnasium.Env objects to wrap (the episode
+        statistics Monitor would add come from envd itself)."""
+        return [False for _ in self._get_indices(indices)]
+
+    def get_images(self) -> Sequence[np.ndarray | None]:
+        raise NotImplementedError("envd's envs do not render")
+
+    def render(self, mode: str | None = None) -> np.ndarray | None:
+        raise NotImplementedError("envd's envs do not render")
