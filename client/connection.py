@@ -25,11 +25,12 @@ from gymnasium.vector import AutoresetMode
 from zmq.utils.monitor import recv_monitor_message
 
 from envd import __version__, keys, protocol
+from envd.client import doorbell
 from envd.client.heartbeat import Heartbeat
 from envd.client.remote_vector_env import RemoteVecEnv
 from envd.errors import (AuthenticationError, ConnectionLostError, EnvdError, EnvdTimeoutError,
                          EnvStateError, InvalidArgumentError, LimitExceededError,
-                         UnknownSessionError)
+                         ProtocolError, UnknownSessionError)
 from envd.vector_base import autoreset_mode_name, check_int, parse_autoreset_mode, seed_list
 
 #: The most envs one make may ask for (the native vec's limit).
@@ -319,6 +320,23 @@ class Client:
                     return reply
                 protocol.raise_error(reply)
 
+    def _check_alive(self) -> None:
+        """Raise ConnectionLostError if the monitor reported the daemon gone,
+        without waiting (for callers that wait elsewhere: the fast path).  A
+        request in progress on another thread reads the monitor itself."""
+        if not self._lost and self._lock.acquire(blocking=False):
+            try:
+                while not self.closed and self._monitor.poll(0):
+                    if recv_monitor_message(self._monitor)["event"] == zmq.EVENT_DISCONNECTED:
+                        self._lost = True
+                        self._connection.stop_heartbeat()
+            finally:
+                self._lock.release()
+        if self._lost:
+            raise ConnectionLostError(
+                f"lost the connection to the daemon at {self.endpoint} while waiting for a "
+                "fast-path step; the daemon stopped or crashed, and its sessions are gone")
+
     def _handshake_error(self, event: dict[str, Any]) -> AuthenticationError | None:
         """The error of a failed handshake the monitor reported, or None for an
         event that says nothing about keys.  What a client sees with libzmq 4.3:
@@ -427,7 +445,8 @@ class Client:
              autoreset_mode: str | AutoresetMode = "next_step",
              max_episode_steps: int | None = None, copy: bool = False,
              episode_statistics: bool = True, batch_size: int | None = None,
-             transport: str | None = None, **env_kwargs: Any) -> RemoteVecEnv:
+             transport: str | None = None, fast_path: bool | None = None,
+             **env_kwargs: Any) -> RemoteVecEnv:
         """Make num_envs instances of env_id in the daemon.  Arguments and the
         returned VecEnv are those of the in-process envd.make (without the
         thread options: the daemon's pool steps every session).
@@ -437,7 +456,13 @@ class Client:
         host, same IPC namespace and user; the arrays the env returns are
         views of it), "inline" sends them over the socket as data frames, and
         "auto" tries shm and falls back to inline when this process cannot
-        map the segment.  ``env.transport`` says which one was taken."""
+        map the segment.  ``env.transport`` says which one was taken.
+
+        fast_path: steps bypass the socket (a doorbell in shared memory served
+        by a native thread of the daemon; sync sessions over shm on x86-64
+        Linux).  None (default): taken when the daemon offers it, unless
+        ENVD_FAST_PATH=0; True: required (InvalidArgumentError or the daemon's
+        refusal otherwise); False: never.  ``env.fast_path`` says which."""
         # The checks the daemon cannot see as the caller wrote them (types
         # msgpack would change or cannot carry), with envd.make's messages.
         if not isinstance(env_id, str):
@@ -466,7 +491,34 @@ class Client:
             self._close_session(reply["session"])
             raise
         self._envs.add(env)
+        if fast_path is None:
+            fast_path = None if os.environ.get("ENVD_FAST_PATH", "1") != "0" else False
+        if fast_path is not False:
+            try:
+                self._start_fast_path(env, required=fast_path is True)
+            except BaseException:
+                env.close()
+                raise
         return env
+
+    def _start_fast_path(self, env: RemoteVecEnv, required: bool) -> None:
+        """Ask the daemon to serve env's steps from its doorbell; without it
+        (and not required) the env steps over the socket."""
+        reason = doorbell.unavailable()
+        if env.transport != "shm":
+            reason = "the fast path needs the session's shared memory (transport 'shm')"
+        elif env.batch_size != env.num_envs:
+            reason = "the fast path serves sync steps (batch_size == num_envs)"
+        if reason is None:
+            try:
+                reply = self._request({"type": "fast", "session": env.session})
+            except (InvalidArgumentError, LimitExceededError, ProtocolError) as exc:
+                reason = str(exc)  # an older daemon does not know "fast": ProtocolError
+            else:
+                env._enable_fast_path(reply)
+                return
+        if required:
+            raise InvalidArgumentError(f"fast_path=True: {reason}")
 
     def list_envs(self) -> list[str]:
         """Ids of every env the daemon can make, sorted."""

@@ -23,9 +23,11 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
 from envd import protocol
-from envd.errors import EnvdTimeoutError, EnvStateError, ProtocolError, SharedMemoryError
+from envd.client.doorbell import SHUTTING_DOWN, Doorbell
+from envd.errors import (EnvdTimeoutError, EnvStateError, ProtocolError, SharedMemoryError,
+                         ShuttingDownError)
 from envd.shm import Segment
-from envd.vector_base import BatchedVecEnv, action_out_of_range
+from envd.vector_base import BatchedVecEnv, action_out_of_range, step_error
 
 if TYPE_CHECKING:
     from envd.client.connection import Client
@@ -55,6 +57,8 @@ class RemoteVecEnv(BatchedVecEnv):
         self._discrete = ((space.start, space.start + space.n)
                           if isinstance(space, spaces.Discrete) else None)
         self._inline = self.transport == "inline"
+        self.fast_path = False  # steps through the doorbell (Client.make's fast_path)
+        self._doorbell: Doorbell | None = None
         self._outputs = protocol.output_arrays(segment.arrays)
         if self._inline:
             actions = segment.arrays["actions"]
@@ -119,7 +123,61 @@ class RemoteVecEnv(BatchedVecEnv):
         reply = self._call({**header, "inline": True}, inputs)
         self._read_outputs(reply, reply.get("_blobs", []), None)
 
+    def _enable_fast_path(self, reply: dict[str, Any]) -> None:
+        """The daemon serves this session's steps from its doorbell now."""
+        self._doorbell = Doorbell(self._segment.memory, int(reply["doorbell"]["offset"]))
+        self.fast_path = True
+
+    def _leave_fast_path(self) -> None:
+        """Async calls (async_reset, send) go over the socket, which the
+        daemon refuses while the doorbell serves the session: stop it first."""
+        if self._doorbell is not None:
+            self._acquire()
+            try:
+                if self._maybe_running:
+                    self._check_buffers_free()
+                self._call({"type": "fast", "session": self.session, "enable": False})
+                self._doorbell, self.fast_path = None, False
+            finally:
+                self._lock.release()
+
+    def async_reset(self, *, seed: Any = None) -> None:
+        self._leave_fast_path()
+        super().async_reset(seed=seed)
+
+    def send(self, actions: Any, env_ids: Any) -> None:
+        self._leave_fast_path()
+        super().send(actions, env_ids)
+
+    def _fast_step(self) -> int:
+        """A step through the doorbell: no message, the daemon's native thread
+        answers in shared memory."""
+        bell = self._doorbell
+        if not bell.closed:
+            bell.ring()
+            try:
+                answer = bell.wait(time.monotonic() + self._client.timeout,
+                                   self._client._check_alive)
+            except TimeoutError:
+                self._maybe_running = True  # until the answer comes: see _check_buffers_free
+                raise EnvdTimeoutError(
+                    f"no answer to a fast-path step from the daemon at {self._client.endpoint} "
+                    f"within {self._client.timeout:g} s (Client timeout)") from None
+            if answer is not None:
+                status, num_done, index = answer
+                if status == 0:
+                    return num_done
+                if status == SHUTTING_DOWN:
+                    raise ShuttingDownError("the daemon is shutting down and takes no new work")
+                raise step_error(self.env_id, self.single_action_space, status, index,
+                                 self._buffers)
+        # The daemon stopped serving the doorbell (the session was closed, or
+        # expired, or the daemon stops): the socket says which.
+        return self._call(dict(self._step_header))["num_done"]
+
     def _run_step(self) -> int:
+        if self._doorbell is not None:
+            return self._fast_step()
         if not self._inline:
             return self._call(dict(self._step_header))["num_done"]
         reply = self._call(dict(self._step_header), [self._frame(self._actions)])
@@ -220,6 +278,8 @@ class RemoteVecEnv(BatchedVecEnv):
 
     def _check_buffers_free(self) -> None:
         self._client._read_late_replies()
+        if self._maybe_running and self._doorbell is not None and self._doorbell.answered:
+            self._maybe_running = False  # the late fast-path step has ended
         if self._maybe_running:
             raise EnvStateError(
                 f"a call on this {self.env_id} env timed out and the daemon has not "
@@ -245,5 +305,5 @@ class RemoteVecEnv(BatchedVecEnv):
     def __repr__(self) -> str:
         return (f"envd.RemoteVecEnv({self.env_id!r}, num_envs={self.num_envs}, "
                 f"session={self.session[:8]}, endpoint={self._client.endpoint if self._client else None!r}, "
-                f"transport={self.transport!r}, "
+                f"transport={self.transport!r}, fast_path={self.fast_path}, "
                 f"autoreset_mode={self.metadata['autoreset_mode']})")

@@ -7,6 +7,8 @@
                               ask a running daemon how it is doing
     envd keygen [--out DIR] [--name NAME]
                               write a CURVE key pair (DIR/NAME.key, DIR/NAME.key_secret)
+    envd bench [--quick] [--out DIR] [--seconds S] [--rounds R] [--sizes N ...]
+                              the performance comparison on this machine (envd.benchmark)
 """
 from __future__ import annotations
 
@@ -76,6 +78,33 @@ def _status(endpoint: str | None, timeout: float, as_json: bool,
     return 0
 
 
+def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from envd import benchmark
+
+    if args.seconds is not None and args.seconds <= 0:
+        parser.error("envd bench: --seconds must be > 0")
+    if args.rounds is not None and args.rounds < 1:
+        parser.error("envd bench: --rounds must be >= 1")
+    if args.bench_threads is not None and args.bench_threads < 1:
+        parser.error("envd bench: --threads must be >= 1")
+    try:
+        sizes = benchmark.parse_sizes(args.sizes) if args.sizes else None
+    except ValueError as exc:
+        parser.error(f"envd bench: {exc}")
+    options = {"seconds": args.seconds, "rounds": args.rounds, "sizes": sizes,
+               "threads": args.bench_threads, "out": args.out,
+               "progress": not args.no_progress}
+    if args.quick:
+        settings = benchmark.Settings.quick(**options)
+    else:
+        settings = benchmark.Settings(**{k: v for k, v in options.items() if v is not None})
+    try:
+        return benchmark.main(settings)
+    except KeyboardInterrupt:
+        print("envd bench: interrupted", file=sys.stderr)
+        return 130
+
+
 def _count(n: float) -> str:
     """1234567 -> '1.23M'."""
     for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
@@ -126,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         "learning. Without a command, run the daemon.")
     parser.add_argument("--version", action="version", version=f"envd {envd.__version__}")
     server_config.add_arguments(parser)
-    sub = parser.add_subparsers(dest="command", metavar="{list,status,keygen}")
+    sub = parser.add_subparsers(dest="command", metavar="{list,status,keygen,bench}")
     sub.add_parser("list", help="list the env ids envd.make and the daemon accept (and those "
                    "of the --plugin libraries given before the command)")
     status = sub.add_parser("status", help="print a running daemon's status (exit 1 if it "
@@ -145,11 +174,30 @@ def main(argv: list[str] | None = None) -> int:
     keygen.add_argument("--out", metavar="DIR", default=".",
                         help="directory to write to, created with mode 0700 (default .)")
     keygen.add_argument("--name", default="envd", help="file name of the pair (default envd)")
+    bench = sub.add_parser("bench", help="measure envd (in-process, daemon socket path, fast "
+                           "path) against EnvPool and gymnasium on this machine: table, "
+                           "targets, plot")
+    bench.add_argument("--quick", action="store_true",
+                       help="short measurements: the whole run takes under a minute")
+    bench.add_argument("--out", metavar="DIR", help="directory for results.json, results.csv, "
+                       "report.txt and steps_per_second.png (default ./envd-bench-<timestamp>)")
+    bench.add_argument("--seconds", type=float, metavar="S",
+                       help="seconds per measurement (default 0.25; --quick 0.03)")
+    bench.add_argument("--rounds", type=int, metavar="R",
+                       help="rounds per configuration, best kept (default 5; --quick 2)")
+    bench.add_argument("--sizes", type=int, nargs="+", metavar="N",
+                       help="num_envs values (default 1 64 1024 4096)")
+    bench.add_argument("--threads", type=int, metavar="T", dest="bench_threads",
+                       help="threads of the benchmark's 'auto' daemon (default: usable CPUs)")
+    bench.add_argument("--no-progress", action="store_true",
+                       help="no progress bar (it is shown only when stderr is a terminal)")
     args = parser.parse_args(argv)
     if args.command == "status":
         return _status(args.endpoint, args.timeout, args.json, args.server_key, args.client_key)
     if args.command == "keygen":
         return _keygen(args.out, args.name)
+    if args.command == "bench":
+        return _bench(parser, args)
     if args.command == "list":
         # list binds nothing: a non-loopback ENVD_ENDPOINT (a trainer host's
         # remote daemon) must not stop it for want of CURVE keys.

@@ -60,6 +60,12 @@ either way, so both transports run the very same native code on the same
 memory: results are bit-identical.
     close      session:str
     bye        -                (the client leaves: free all its sessions now)
+    fast       session:str, enable?:bool   serve this sync session's steps from the
+                                doorbell in its shared-memory header from now on (the
+                                same-host fast path, docs/architecture.md); step, send
+                                and recv over the socket are refused meanwhile.
+                                enable: false stops it (the client does before async
+                                calls)
 
 Replies
 -------
@@ -85,6 +91,7 @@ A reply never carries a traceback.  Results:
                  blobs after blob 0)
     close      -
     bye        -
+    fast       doorbell: {offset}   (where the doorbell lies in the header page)
 
 Spaces travel as ``{"kind": "box", "dtype", "shape", "low", "high"}`` (bounds
 as nested lists of floats) or ``{"kind": "discrete", "n", "start"}``.
@@ -143,12 +150,16 @@ MESSAGE_FIELDS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     "recv": {**_SESSION, "count": (_INT, True), "inline": ((bool,), False)},
     "close": _SESSION,
     "bye": {},
+    "fast": {**_SESSION, "enable": ((bool,), False)},
 }
 #: Number of blobs after the header each type may carry.
 MAX_BLOBS = {"reset": 2, "step": 1, "send": 2}
 #: The arrays of a session's layout the client writes (the rest the daemon
 #: writes); the inline transport sends these in requests, the others in replies.
 INPUT_ARRAYS = ("actions", "reset_seeds", "reset_mask")
+#: Where the fast path's doorbell lies in a session's header page (its
+#: fields: envd.shm.Doorbell; the daemon's side: native/src/fast.h).
+DOORBELL_OFFSET = 128
 #: Values of make's transport option (Client.make): auto tries shared memory
 #: and falls back to inline.
 TRANSPORTS = ("auto", "shm", "inline")

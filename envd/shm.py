@@ -169,5 +169,10 @@ class Segment:
     def bump_done_seq(self) -> None:
         self._counters[1] += 1
 
+    @property
+    def memory(self) -> mmap.mmap:
+        """The whole mapping (header page and arrays)."""
+        return self._mmap
+
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "size": self.size}

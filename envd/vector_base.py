@@ -23,7 +23,8 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from envd.errors import EnvStateError, InvalidActionError, InvalidArgumentError
+from envd.errors import (EnvdError, EnvStateError, InvalidActionError, InvalidArgumentError,
+                         NativeError)
 
 SEED_LIMIT = 2**64
 
@@ -94,6 +95,33 @@ def action_out_of_range(env_id: str, space: spaces.Discrete, action: int,
     return InvalidActionError(
         f"{env_id}: action {action} of env {index} is out of range; "
         f"{space} accepts {space.start}..{space.start + space.n - 1}")
+
+
+#: envd.h's error codes a step can return (native/include/envd.h; a test
+#: checks them against the native library): the client, which never loads
+#: native code, maps the fast path's status with them.
+NATIVE_CODES = {"EINVAL": -1, "ERANGE": -3, "ESTATE": -6, "EBUSY": -8, "EENV": -9}
+
+
+def step_error(env_id: str, action_space: spaces.Space, code: int, index: int,
+               buffers: dict[str, np.ndarray]) -> EnvdError:
+    """The error of a step the native vec refused (code, a negative envd.h
+    code, naming env index), with the in-process env's message wherever it
+    ran: in-process, in the daemon, or through the fast path."""
+    if code == NATIVE_CODES["ERANGE"]:
+        return action_out_of_range(env_id, action_space, int(buffers["actions"][index]), index)
+    if code == NATIVE_CODES["ESTATE"] and not buffers["dones"][index]:
+        return EnvStateError(f"{env_id}: env {index} was never reset; call reset() before step()")
+    if code == NATIVE_CODES["ESTATE"]:
+        return EnvStateError(
+            f"{env_id}: env {index} is done and autoreset_mode is 'disabled'; reset it with "
+            f"reset(options={{'reset_mask': mask}}) before stepping it again")
+    if code == NATIVE_CODES["EBUSY"]:
+        return EnvStateError(f"{env_id}: a step is already in progress on these envs")
+    if code == NATIVE_CODES["EENV"]:
+        return NativeError(f"{env_id}: env {index} failed in its reset, step or write_info "
+                           "callback", code)
+    return NativeError(f"{env_id}: step failed with envd error {code}", code)
 
 
 def buffer_layout(observation_space: spaces.Space, action_space: spaces.Space, num_envs: int,

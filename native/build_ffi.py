@@ -15,7 +15,7 @@ SOURCES = ["src/errors.c", "src/rng.c", "src/pool.c", "src/vec.c", "src/builtin_
            "src/npy_f32_trig.c", "src/envs/cartpole.c", "src/envs/pendulum.c",
            "src/envs/mountain_car.c", "src/envs/mountain_car_continuous.c",
            "src/envs/acrobot.c", "src/envs/snake.c", "src/envs/connect_four.c",
-           "src/plugin.c"]
+           "src/plugin.c", "src/fast.c"]
 
 # Bit-exactness with numpy needs IEEE arithmetic as written: no fused
 # multiply-add contraction and no fast-math reassociation.
@@ -167,6 +167,20 @@ int64_t envd_vec_error_index(const envd_vec_t *vec);
 int64_t envd_vec_num_done(const envd_vec_t *vec);
 void envd_vec_set_chunk(envd_vec_t *vec, int64_t chunk);
 void envd_vec_get_stats(const envd_vec_t *vec, envd_vec_stats_t *stats);
+
+#define ENVD_FAST_OFFSET 128
+#define ENVD_FAST_STEP 1
+#define ENVD_FAST_SHUTTING_DOWN -1000
+typedef struct envd_fast envd_fast_t;
+typedef struct envd_fast_header envd_fast_header_t;
+int envd_fast_start(envd_fast_t **out, envd_vec_t *vec, envd_fast_header_t *header,
+                    int64_t spin_ns);
+int64_t envd_fast_stop(envd_fast_t *fast);
+void envd_fast_lock(envd_fast_t *fast);
+void envd_fast_unlock(envd_fast_t *fast);
+void envd_fast_drain(envd_fast_t *fast);
+int64_t envd_fast_served(const envd_fast_t *fast);
+void envd_fast_set_max_spinners(int max_spinners);
 """
 
 ffibuilder = FFI()
@@ -174,7 +188,7 @@ ffibuilder.cdef(CDEF)
 ffibuilder.set_source(
     "envd.native._envd_native",
     '#include "envd.h"\n#include "pool.h"\n#include "vec.h"\n#include "builtin_envs.h"\n'
-    '#include "plugin.h"\n',
+    '#include "plugin.h"\n#include "fast.h"\n',
     # setuptools wants source paths relative to the project root (the cwd of
     # the build); this file may be executed from anywhere.
     sources=[os.path.relpath(HERE / s) for s in SOURCES],

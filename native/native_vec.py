@@ -13,7 +13,7 @@ from envd.errors import (EnvdError, EnvStateError, InvalidArgumentError,
                          NativeError)
 from envd.native._envd_native import ffi, lib
 from envd.native.registry import EnvSpec
-from envd.vector_base import INFO_PREFIX, action_out_of_range
+from envd.vector_base import INFO_PREFIX, step_error
 
 #: The largest num_envs one vec accepts (1,048,576).
 MAX_NUM_ENVS = int(lib.ENVD_VEC_MAX_ENVS)
@@ -174,20 +174,8 @@ class NativeVec:
 
     def raise_step_error(self, rc: int) -> None:
         index = int(lib.envd_vec_error_index(self.handle))
-        env_id = self.spec.id
-        if rc == lib.ENVD_ERANGE:
-            raise action_out_of_range(env_id, self.spec.action_space,
-                                      int(self._buffers["actions"][index]), index)
-        if rc == lib.ENVD_ESTATE and not self._buffers["dones"][index]:
-            raise EnvStateError(f"{env_id}: env {index} was never reset; call reset() before step()")
-        if rc == lib.ENVD_ESTATE:
-            raise EnvStateError(
-                f"{env_id}: env {index} is done and autoreset_mode is 'disabled'; reset it with "
-                f"reset(options={{'reset_mask': mask}}) before stepping it again")
-        if rc == lib.ENVD_EBUSY:
-            raise EnvStateError(f"{env_id}: a step is already in progress on these envs")
-        if rc == lib.ENVD_EENV:
-            raise NativeError(f"{env_id}: env {index} failed in its reset, step or write_info callback", rc)
+        if rc in (lib.ENVD_ERANGE, lib.ENVD_ESTATE, lib.ENVD_EBUSY, lib.ENVD_EENV):
+            raise step_error(self.spec.id, self.spec.action_space, rc, index, self._buffers)
         self.check(rc, "step")
 
 
@@ -272,3 +260,45 @@ class AsyncBatches:
         for batch in self.in_flight + self._spares:
             batch.close()
         self.in_flight, self._spares = [], []
+
+
+class NativeFast:
+    """The fast path's server thread for one vec (native/src/fast.h): it
+    serves the steps rung at the doorbell in the header page of ``segment``
+    (a writable buffer: the session's shared-memory mapping)."""
+
+    def __init__(self, vec: NativeVec, segment, spin_ns: int):
+        self._memory = ffi.from_buffer(segment)  # keeps the mapping referenced
+        header = ffi.cast("envd_fast_header_t *", self._memory + lib.ENVD_FAST_OFFSET)
+        out = ffi.new("envd_fast_t **")
+        vec.check(lib.envd_fast_start(out, vec.handle, header, spin_ns), "starting the fast path")
+        self.handle = out[0]
+
+    def lock(self) -> None:
+        """Wait for the request being served, then hold requests off."""
+        lib.envd_fast_lock(self.handle)
+
+    def unlock(self) -> None:
+        lib.envd_fast_unlock(self.handle)
+
+    def drain(self) -> None:
+        """Answer every later request with 'shutting down'."""
+        lib.envd_fast_drain(self.handle)
+
+    def served(self) -> int:
+        """Requests served so far (all of them, once stopped)."""
+        if self.handle == ffi.NULL:
+            return self._served
+        return int(lib.envd_fast_served(self.handle))
+
+    def stop(self) -> None:
+        """Stop the thread (after the request it serves) and mark the
+        doorbell closed.  Idempotent."""
+        if getattr(self, "handle", ffi.NULL) != ffi.NULL:
+            self._served = int(lib.envd_fast_stop(self.handle))
+            self.handle = ffi.NULL
+
+
+def set_fast_spinners(count: int) -> None:
+    """How many fast-path threads of this process may spin at once."""
+    lib.envd_fast_set_max_spinners(count)

@@ -105,6 +105,12 @@ class Config:
     # given (None or 0 = off); on loopback unless metrics_bind says otherwise.
     metrics_port: int | None = None
     metrics_bind: str = "127.0.0.1"
+    # The same-host fast path (docs/architecture.md): sessions whose steps a
+    # native thread serves from a doorbell in shared memory, at most this
+    # many at once (0 = off; each holds one thread), and how long such a
+    # thread spins for the next request before it sleeps.
+    fast_path_sessions: int = 64
+    fast_path_spin_us: int = 50
     # CURVE authentication of the tcp endpoints (SECURITY.md): the daemon's
     # .key_secret file and the directory of the public .key files of the
     # clients it admits; both or neither.  ipc endpoints never use CURVE (their
@@ -140,6 +146,12 @@ class Config:
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ValueError(f"--metrics-port (ENVD_METRICS_PORT) must be in [0, 65535] "
                              f"(0 = off), got {self.metrics_port}")
+        if not 0 <= self.fast_path_sessions <= 4096:
+            raise ValueError(f"--fast-path-sessions (ENVD_FAST_PATH_SESSIONS) must be in "
+                             f"[0, 4096] (0 = off), got {self.fast_path_sessions}")
+        if not 0 <= self.fast_path_spin_us <= 100_000:
+            raise ValueError(f"--fast-path-spin-us (ENVD_FAST_PATH_SPIN_US) must be in "
+                             f"[0, 100000], got {self.fast_path_spin_us}")
         if not self.metrics_bind.strip():
             raise ValueError("--metrics-bind (ENVD_METRICS_BIND) must name a host or address")
         if self.pin_cpus is not None and len(self.pin_cpus) != self.threads:
@@ -258,6 +270,11 @@ _FLAGS: dict[str, tuple[Callable[[str], object], str]] = {
                           "'envd[metrics]'; see docs/metrics.md)"),
     "metrics_bind": (str, "address the metrics port listens on; anything but loopback "
                           "exposes the daemon's metrics to the network"),
+    "fast_path_sessions": (int, "sessions whose steps a native thread serves from a doorbell "
+                                "in shared memory, without a socket round trip (same-host "
+                                "clients ask for it at make); each holds a thread (0 = off)"),
+    "fast_path_spin_us": (int, "microseconds a fast-path thread spins for the next step "
+                               "before it sleeps (spinning threads never outnumber the CPUs)"),
     "curve_secret_key": (str, "the daemon's CURVE .key_secret file (from `envd keygen`, mode "
                               "0600): tcp endpoints then admit only clients whose key is in "
                               "--curve-allowed-clients; ipc endpoints stay as they are"),

@@ -38,7 +38,7 @@ import zmq
 from envd import __version__, protocol
 from envd.keys import KeyFileError, writable_by_others
 from envd.protocol import default_endpoint
-from envd.native.native_vec import NativePool
+from envd.native.native_vec import NativePool, set_fast_spinners
 from envd.server import logs
 from envd.server.config import Config
 from envd.server.plugins import load_plugins
@@ -145,6 +145,9 @@ class Daemon:
         self.instance = Instance()
         self.pool = NativePool(self.config.threads,
                                list(self.config.pin_cpus) if self.config.pin_cpus else None)
+        # One fast-path thread may spin at a time: the pool lets its workers
+        # spin on all CPUs but one, so spinners never outnumber the CPUs.
+        set_fast_spinners(1 if len(os.sched_getaffinity(0)) > 1 else 0)
         self.executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="envd-op")
         self.context = zmq.Context()
         self._socket_files: list[tuple[str, int]] = []  # (path, inode) of our ipc sockets
@@ -273,6 +276,7 @@ class Daemon:
         # prove a client alive may be waiting in the sockets.
         for index in range(len(self.sockets)):
             self._drain_socket(index)
+        self.service.collect_fast_steps()
         self.service.expire_silent_clients()
         self._prune_routes()
 

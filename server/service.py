@@ -26,7 +26,8 @@ from typing import Any, Callable
 import numpy as np
 
 from envd import __version__, protocol
-from envd.errors import (DaemonError, EnvdError, EnvStateError, LimitExceededError,
+from envd.errors import (DaemonError, EnvdError, EnvStateError, InvalidArgumentError,
+                         LimitExceededError,
                          SessionExpiredError, ShuttingDownError, UnknownEnvError,
                          UnknownSessionError)
 from envd.native.native_vec import MAX_NUM_ENVS, NativePool
@@ -82,6 +83,7 @@ class Service:
         self._unclaimed: set[Session] = set()  # made, but the make's reply not sent yet
         self._reserved_sessions = 0  # makes in flight count against max_sessions
         self._shm_in_use = 0         # bytes of the segments of sessions not freed yet
+        self._fast_sessions = 0      # sessions with a fast-path thread
         self._reserved_shm = 0       # bytes of the segments of makes in flight
         self._rate = config.max_requests_per_second  # 0: unlimited
         self._burst = config.request_burst
@@ -90,7 +92,7 @@ class Service:
         self._handlers = {"hello": self._hello, "heartbeat": self._heartbeat,
                           "list_envs": self._list_envs, "status": self._status,
                           "make": self._make, "reset": self._reset, "step": self._step,
-                          "send": self._send_batch, "recv": self._recv,
+                          "send": self._send_batch, "recv": self._recv, "fast": self._fast,
                           "close": self._close, "bye": self._bye}
 
     # ---- dispatch -------------------------------------------------------------------------
@@ -329,11 +331,12 @@ class Service:
             self.send(client.identity, reply)
             self._check_drained()
 
-        self._submit(lambda: session.native.reset(with_seeds, with_mask), done)
+        self._submit(lambda: session.reset(with_seeds, with_mask), done)
         return None
 
     def _step(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> dict | None:
         session = self._session(client, header)
+        self._check_not_fast(session, "step")
         self._check_no_async(session, "step")
         if "actions" in header:
             if not blobs:
@@ -357,6 +360,45 @@ class Service:
         return None
 
     @staticmethod
+    def _check_not_fast(session: Session, call: str) -> None:
+        # The fast path's thread steps the vec whenever the doorbell rings: a
+        # step of the event loop beside it would race it.
+        if session.fast is not None:
+            raise EnvStateError(f"{call} over the socket on session {session.id}, whose steps "
+                                "the fast path serves (its doorbell in shared memory)")
+
+    def _fast(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> dict:
+        """Serve the session's steps from the doorbell in its header page."""
+        session = self._session(client, header)
+        if not header.get("enable", True):
+            if session.fast is not None:
+                self._stop_fast(session)
+            return protocol.ok_reply(header["id"])
+        if session.fast is None:
+            if session.batch_size != session.num_envs:
+                raise InvalidArgumentError(
+                    "the fast path serves sync steps; an async session (batch_size < "
+                    "num_envs) sends and receives over the socket")
+            if self._fast_sessions >= self.config.fast_path_sessions:
+                raise LimitExceededError(
+                    f"the daemon serves its maximum of {self.config.fast_path_sessions} "
+                    "fast-path sessions (--fast-path-sessions); this session steps over "
+                    "the socket")
+            self._check_no_async(session, "the fast path")
+            session.start_fast(self.config.fast_path_spin_us * 1000)
+            self._fast_sessions += 1
+            if self.draining:
+                session.fast.drain()
+        return protocol.ok_reply(header["id"], doorbell={"offset": protocol.DOORBELL_OFFSET})
+
+    def collect_fast_steps(self) -> None:
+        """Count the env steps the fast-path threads served since last time
+        (for status and metrics, at most a lease tick late)."""
+        for session in self.sessions.values():
+            if session.fast is not None:
+                self._count_steps(session, session.new_fast_steps())
+
+    @staticmethod
     def _check_no_async(session: Session, call: str) -> None:
         if session.batches or session.num_ready:
             raise EnvStateError(f"{call} while envs sent with send are in flight or not "
@@ -364,6 +406,7 @@ class Service:
 
     def _send_batch(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> dict:
         session = self._session(client, header)
+        self._check_not_fast(session, "send")
         inline = header.get("inline", False)
         if (len(blobs) != 1 + inline or not 8 <= len(blobs[0]) <= 8 * session.num_envs
                 or len(blobs[0]) % 8):
@@ -383,6 +426,7 @@ class Service:
 
     def _recv(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> dict | None:
         session = self._session(client, header)
+        self._check_not_fast(session, "recv")
         count = check_int("count", header["count"], 1, session.num_envs)
         self._count_steps(session, session.collect())
         error = session.take_batch_error()
@@ -516,8 +560,17 @@ class Service:
         else:
             self._free(session)
 
+    def _stop_fast(self, session: Session) -> None:
+        """Stop a session's fast path (after the step it serves) and count its steps."""
+        session.fast.stop()
+        self._count_steps(session, session.new_fast_steps())
+        self._fast_sessions -= 1
+        session.fast = None
+
     def _free(self, session: Session) -> None:
         """Free a session (once) and give its segment's bytes back."""
+        if session.fast is not None:  # first: its thread steps the vec
+            self._stop_fast(session)
         session.free()
         self._shm_in_use -= session.segment_bytes
         session.segment_bytes = 0  # counted once even if freed again
@@ -549,6 +602,9 @@ class Service:
     # ---- lifecycle ----------------------------------------------------------------------
     def start_draining(self) -> None:
         self.draining = True
+        for session in self.sessions.values():
+            if session.fast is not None:
+                session.fast.drain()
         self._check_drained()
 
     def _check_drained(self) -> None:

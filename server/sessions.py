@@ -18,7 +18,7 @@ from gymnasium.vector import AutoresetMode
 
 from envd import protocol
 from envd.errors import EnvdError, InvalidActionError, InvalidArgumentError
-from envd.native.native_vec import AsyncBatches, NativePool, NativeVec
+from envd.native.native_vec import AsyncBatches, NativeFast, NativePool, NativeVec
 from envd.native.registry import EnvSpec
 from envd.native.vector_env import AUTORESET_MODE_CODES
 from envd.shm import Segment, plan
@@ -60,6 +60,10 @@ class Session:
         # The first failure of an env in a finished batch, reported by the next
         # recv (its envs are in self.ready, so the recv after it returns them).
         self.batch_error: EnvdError | None = None
+        # The fast path's server thread, once the client asked for it; its
+        # steps are counted by the thread (fast_steps_counted: folded in so far).
+        self.fast: NativeFast | None = None
+        self.fast_steps_counted = 0
         arrays, size = segment_plan(spec, num_envs, mode)
         self.segment_bytes = size  # what --max-shm-bytes counts
         self.segment = Segment.create(segment_prefix + self.id, self.id, arrays, size)
@@ -172,9 +176,34 @@ class Session:
         if not self.buffers["reset_mask"].any():
             raise InvalidArgumentError("options['reset_mask'] must have at least one True value")
 
+    def start_fast(self, spin_ns: int) -> None:
+        """Serve this session's steps from the doorbell in its header page."""
+        self.fast = NativeFast(self.native, self.segment.memory, spin_ns)
+
+    def new_fast_steps(self) -> int:
+        """Env steps the fast path served since the last call."""
+        if self.fast is None:
+            return 0
+        served = self.fast.served() * self.num_envs
+        new, self.fast_steps_counted = served - self.fast_steps_counted, served
+        return new
+
+    def reset(self, with_seeds: bool, with_mask: bool) -> None:
+        """Reset on the executor; a fast-path request rung meanwhile waits."""
+        if self.fast is None:
+            self.native.reset(with_seeds, with_mask)
+            return
+        self.fast.lock()
+        try:
+            self.native.reset(with_seeds, with_mask)
+        finally:
+            self.fast.unlock()
+
     def free(self) -> None:
         """Destroy the envs and remove the segment.  Only when not busy and no
         batch is in flight (or at shutdown: then this waits for them)."""
+        if self.fast is not None:  # first: it steps the vec (after its request)
+            self.fast.stop()  # (the Service stopped it already, counting its steps)
         native = getattr(self, "native", None)
         if native is not None:
             self.batches.close()

@@ -1,0 +1,127 @@
+"""The trainer's side of the same-host fast path: ring a session's doorbell
+in shared memory and wait for the daemon's native thread to answer, without a
+socket round trip.  The daemon's side, and the doorbell's layout, are in
+native/src/fast.h; this module needs only numpy and ctypes (for the futex
+system call), never envd's native code.
+
+A step: the actions are already in shared memory; write req_kind, then
+req_seq + 1 (x86-64 keeps stores in program order, so the daemon, reading
+req_seq with acquire, sees the actions and the kind), then FUTEX_WAKE req_seq
+(always: a system call is a full barrier, so the daemon cannot fall asleep
+unseen between our store and its check).  Then wait until done_seq equals
+our req_seq: spin briefly where the step is expected to be short (a cross-CPU
+wake-up costs 20-40 us), else sleep on done_seq's futex with client_waiting
+set, in slices, so that a daemon that died (the socket's monitor says so) or
+a timeout is noticed.
+"""
+from __future__ import annotations
+
+import ctypes
+import mmap
+import platform
+import time
+from typing import Callable
+
+import numpy as np
+
+_SYS_FUTEX = 202  # x86-64
+_FUTEX_WAIT, _FUTEX_WAKE = 0, 1
+STEP = 1
+#: status of a request the daemon refused because it drains
+SHUTTING_DOWN = -1000
+#: longest sleep on the futex before the client checks the connection
+_SLICE_S = 0.02
+#: spin only while answers come sooner than this (a pooled step of many envs
+#: takes longer: the client's CPU is better left to the daemon's workers)
+_SPIN_LIMIT_S = 100e-6
+#: the longest spin
+_SPIN_MAX_S = 150e-6
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+def unavailable() -> str | None:
+    """Why this process cannot use the fast path, or None."""
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+        return (f"the fast path needs Linux on x86-64 (its doorbell relies on x86's store "
+                f"order), not {platform.system()} {platform.machine()}")
+    return None
+
+
+class Doorbell:
+    """One session's doorbell in its mapped segment ``memory`` at ``offset``."""
+
+    def __init__(self, memory: mmap.mmap, offset: int):
+        self._client = np.frombuffer(memory, np.uint32, 3, offset)  # req_seq, req_kind, waiting
+        self._done = np.frombuffer(memory, np.uint32, 1, offset + 64)
+        self._status = np.frombuffer(memory, np.int32, 1, offset + 68)
+        self._result = np.frombuffer(memory, np.int64, 2, offset + 72)  # result, error index
+        self._closed = np.frombuffer(memory, np.uint32, 1, offset + 88)
+        self._req_addr = self._client.ctypes.data
+        self._done_addr = self._done.ctypes.data
+        self.seq = int(self._client[0])  # the last request rung
+        self._expected = 0.0  # running estimate of how long an answer takes
+        libc = ctypes.CDLL(None, use_errno=True)
+        self._syscall = libc.syscall
+        self._syscall.restype = ctypes.c_long
+        self._syscall.argtypes = [ctypes.c_long, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint,
+                                  ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint]
+        self._timespec = _Timespec()
+        self._timespec_ref = ctypes.byref(self._timespec)
+
+    @property
+    def closed(self) -> bool:
+        """The daemon stopped serving this doorbell (closed or expired session)."""
+        return bool(self._closed[0])
+
+    @property
+    def answered(self) -> bool:
+        """The last request rung has its answer."""
+        return int(self._done[0]) == self.seq
+
+    def ring(self, kind: int = STEP) -> None:
+        self.seq = (self.seq + 1) & 0xFFFFFFFF
+        self._client[1] = kind
+        self._client[0] = self.seq
+        self._syscall(_SYS_FUTEX, self._req_addr, _FUTEX_WAKE, 1, None, None, 0)
+
+    def wait(self, deadline: float, check_alive: Callable[[], None]) -> tuple[int, int, int] | None:
+        """(status, result, error index) of the last request; None if the
+        daemon closed the doorbell without answering it; raises what
+        check_alive raises; TimeoutError after deadline (time.monotonic)."""
+        start = time.perf_counter()
+        if self._expected < _SPIN_LIMIT_S:
+            spin_until = start + min(2 * self._expected + 20e-6, _SPIN_MAX_S)
+            while time.perf_counter() < spin_until:
+                if self.answered:
+                    return self._answer(start)
+        while not self.answered:
+            if self.closed:
+                return self._answer(start) if self.answered else None
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError
+            self._sleep(min(_SLICE_S, remaining))
+            if not self.answered:
+                check_alive()
+        return self._answer(start)
+
+    def _sleep(self, seconds: float) -> None:
+        """Sleep on done_seq while it is not our answer (or seconds pass)."""
+        self._client[2] = 1  # client_waiting, before the kernel compares done_seq
+        try:
+            current = int(self._done[0])
+            if current != self.seq:
+                self._timespec.tv_sec = int(seconds)
+                self._timespec.tv_nsec = int((seconds - int(seconds)) * 1e9)
+                self._syscall(_SYS_FUTEX, self._done_addr, _FUTEX_WAIT, current,
+                              self._timespec_ref, None, 0)
+        finally:
+            self._client[2] = 0
+
+    def _answer(self, start: float) -> tuple[int, int, int]:
+        took = time.perf_counter() - start
+        self._expected += (took - self._expected) * 0.25
+        return int(self._status[0]), int(self._result[0]), int(self._result[1])

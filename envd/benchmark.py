@@ -1,0 +1,914 @@
+"""``envd bench``: the whole performance comparison on this machine, in one command.
+
+Starts two private daemons (ipc endpoints in a temporary directory; threads 1
+and auto, auto being ``--threads``, default the usable CPUs), then measures
+CartPole-v1 env steps per second for N in ``--sizes`` (default 1, 64, 1024,
+4096) for:
+
+  - envd in-process (``envd.make(env, N, num_threads=T)``), T = 1 and auto
+  - envd through the daemon, socket path (``client.make(env, N, fast_path=False)``)
+  - envd fast path (``client.make(env, N, fast_path=True)``); while the client
+    has no ``fast_path`` option, or the daemon does not offer it, the row says
+    why it is n/a
+  - EnvPool sync and async (batch_size N/2, its own recv/send loop), in-process,
+    when envpool imports (``pip install 'envd[bench]'``)
+  - gymnasium's numpy vector env (``vectorization_mode="vector_entry_point"``)
+  - gymnasium's AsyncVectorEnv (one process per env: N <= 64 only)
+
+plus the round-trip latency of one step at N=1 (p50/p99), a sweep of
+in-process thread counts 0..CPUs for CartPole-v1 and Acrobot-v1, and four
+client processes of 1024 envs stepping at once through one daemon versus one
+client of 4096.  It prints the table, ratios and PASS/FAIL target lines, and
+writes results.json, results.csv, report.txt and steps_per_second.png
+(matplotlib, also in the ``bench`` extra) into the output directory.
+
+Machines are noisy: every configuration of one N is measured in several short
+rounds, in a fresh random order each round with the garbage collector paused,
+and the best round is kept.
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import gc
+import inspect
+import json
+import multiprocessing
+import os
+import platform
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+
+import envd
+
+ENV_ID = "CartPole-v1"
+SIZES = (1, 64, 1024, 4096)
+SWEEP_ENVS = ("CartPole-v1", "Acrobot-v1")
+ASYNC_VECTOR_MAX = 64  # gymnasium's AsyncVectorEnv: one process per env
+SCALING_CLIENTS, SCALING_ENVS = 4, 1024
+
+#: (system, threads) rows of the main table, in print order; threads "-" where none apply.
+ROWS = [("envd in-process", "1"), ("envd in-process", "auto"),
+        ("envd daemon socket", "1"), ("envd daemon socket", "auto"),
+        ("envd fast path", "1"), ("envd fast path", "auto"),
+        ("EnvPool sync", "1"), ("EnvPool sync", "auto"),
+        ("EnvPool async", "1"), ("EnvPool async", "auto"),
+        ("gymnasium numpy vector", "-"), ("gymnasium AsyncVectorEnv", "-")]
+
+
+@dataclasses.dataclass
+class Settings:
+    seconds: float = 0.25          # per measurement
+    rounds: int = 5
+    sizes: tuple[int, ...] = SIZES
+    threads: int | None = None     # the auto daemon's --threads (None: usable CPUs)
+    out: str | None = None         # None: ./envd-bench-<timestamp>
+    progress: bool = True
+    latency_steps: int = 4000      # timed steps per latency row, over all rounds
+    scaling_seconds: float = 1.0   # per scaling round
+
+    @classmethod
+    def quick(cls, **overrides: Any) -> Settings:
+        """Settings that finish in well under a minute on a 2-core machine."""
+        values = dict(seconds=0.03, rounds=2, latency_steps=400, scaling_seconds=0.2)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+
+class Unavailable(Exception):
+    """A configuration that cannot be measured here; the message says why."""
+
+
+class NotApplicable(Exception):
+    """A configuration that does not exist at this N (printed as '-')."""
+
+
+# ---- progress -----------------------------------------------------------------------------
+class Progress:
+    """A one-line text bar on a terminal: ``[#####.....] 12/48 label``.
+    Silent unless enabled and the stream is a tty."""
+
+    WIDTH = 30
+
+    def __init__(self, total: int, stream: TextIO | None = None, enabled: bool = True):
+        self.stream = sys.stderr if stream is None else stream
+        self.enabled = enabled and _isatty(self.stream)
+        self.total, self.done, self._shown = max(total, 1), 0, 0
+
+    def show(self, label: str) -> None:
+        if not self.enabled:
+            return
+        filled = min(self.WIDTH, self.WIDTH * self.done // self.total)
+        line = f"\r[{'#' * filled}{'.' * (self.WIDTH - filled)}] {self.done}/{self.total} {label}"
+        self.stream.write(line.ljust(self._shown))
+        self.stream.flush()
+        self._shown = len(line)
+
+    def advance(self, count: int = 1) -> None:
+        self.done = min(self.total, self.done + count)
+
+    def close(self) -> None:
+        if self.enabled and self._shown:
+            self.stream.write("\r" + " " * self._shown + "\r")
+            self.stream.flush()
+            self._shown = 0
+
+
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+# ---- the machine --------------------------------------------------------------------------
+def usable_cpus() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+def machine_info() -> dict[str, Any]:
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    versions = {"envd": envd.__version__, "python": platform.python_version(),
+                "numpy": np.__version__}
+    for name in ("gymnasium", "envpool", "matplotlib"):
+        try:
+            versions[name] = __import__(name).__version__
+        except Exception:  # noqa: BLE001  (missing, or broken on import)
+            versions[name] = None
+    return {"cpu": model, "cores": os.cpu_count(), "usable_cpus": usable_cpus(),
+            "load_average": [round(x, 2) for x in os.getloadavg()],
+            "platform": platform.platform(), "hostname": platform.node(),
+            "versions": versions, "time": time.strftime("%Y-%m-%d %H:%M:%S %z")}
+
+
+# ---- measuring ----------------------------------------------------------------------------
+def steps_per_second(step: Callable[[], object], num_envs: int, seconds: float) -> float:
+    """Env steps per second of step() (num_envs env steps a call) over about `seconds`."""
+    step()  # warm up (and let adaptive dispatch measure itself)
+    calls, start = 0, time.perf_counter()
+    deadline = start + seconds
+    while True:
+        for _ in range(8):
+            step()
+        calls += 8
+        now = time.perf_counter()
+        if now >= deadline:
+            return calls * num_envs / (now - start)
+
+
+class SyncRun:
+    """Measures env.step(actions) of a (vector) env it owns."""
+
+    def __init__(self, env: Any, num_envs: int, dtype: Any = None):
+        self.env, self.num_envs = env, num_envs
+        space = env.action_space
+        self.actions = np.asarray(space.sample(), dtype=dtype or space.dtype)
+        if _is_envpool(env):
+            env.reset()  # seeded at make
+        else:
+            env.reset(seed=0)
+
+    def rate(self, seconds: float) -> float:
+        actions = self.actions
+        step = self.env.step
+        return steps_per_second(lambda: step(actions), self.num_envs, seconds)
+
+    def call_times(self, count: int) -> np.ndarray:
+        """Seconds of each of `count` step calls."""
+        samples = np.empty(count)
+        step, actions, clock = self.env.step, self.actions, time.perf_counter
+        for i in range(count):
+            start = clock()
+            step(actions)
+            samples[i] = clock() - start
+        return samples
+
+    def close(self) -> None:
+        self.env.close()
+
+
+class EnvPoolAsyncRun:
+    """EnvPool's async loop (batch_size N/2): recv a batch, send it straight back."""
+
+    def __init__(self, env: Any, num_envs: int):
+        self.env, self.batch = env, num_envs // 2
+        self.actions = np.zeros(self.batch, dtype=env.action_space.dtype)
+
+    def rate(self, seconds: float) -> float:
+        env, actions = self.env, self.actions
+        env.async_reset()
+        steps, start = 0, time.perf_counter()
+        deadline = start + seconds
+        while True:
+            for _ in range(8):
+                env.send(actions, env.recv()[4]["env_id"])
+            steps += 8 * self.batch
+            now = time.perf_counter()
+            if now >= deadline:
+                break
+        # Receive what is in flight (N = 2 B: two batches); EnvPool's
+        # async_reset crashes with sends pending, and no stepping may go on
+        # in the background of the next measurement.
+        env.recv()
+        env.recv()
+        return steps / (now - start)
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def _is_envpool(env: Any) -> bool:
+    return type(env).__module__.startswith("envpool")
+
+
+def _envpool_make(env_id: str, n: int, batch_size: int, threads: str) -> Any:
+    try:
+        import envpool
+    except Exception as exc:  # noqa: BLE001  (ImportError, or a broken build)
+        raise Unavailable(f"envpool not installed (pip install 'envd[bench]'): {exc}") from None
+    count = 1 if threads == "1" else min(usable_cpus(), batch_size)
+    return envpool.make(env_id, env_type="gymnasium", num_envs=n, batch_size=batch_size,
+                        num_threads=count)
+
+
+def _supports_fast_path(client: Any) -> bool:
+    try:
+        return "fast_path" in inspect.signature(type(client).make).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def remote_env(client: Any, env_id: str, n: int, fast_path: bool) -> Any:
+    """client.make through the socket path (fast_path False) or the fast path
+    (True); Unavailable when the fast path is asked for and not served."""
+    if not _supports_fast_path(client):
+        if fast_path:
+            raise Unavailable("fast path not available: Client.make has no fast_path option")
+        return client.make(env_id, n, seed=0)
+    try:
+        env = client.make(env_id, n, seed=0, fast_path=fast_path)
+    except (TypeError, envd.EnvdError) as exc:
+        if fast_path:
+            raise Unavailable(f"fast path not available: {exc}") from None
+        raise
+    taken = getattr(env, "fast_path", None)
+    if taken is None or bool(taken) != fast_path:
+        env.close()
+        what = "has no fast_path attribute" if taken is None else f"has fast_path={taken}"
+        if fast_path:
+            raise Unavailable(f"fast path not available: the env {what}")
+        raise RuntimeError(f"client.make(fast_path=False) returned an env that {what}")
+    return env
+
+
+def _gym_async(env_id: str, n: int) -> Any:
+    import functools
+
+    import gymnasium as gym
+    # forkserver: the children fork from a clean server that imported
+    # gymnasium once (fast to start, unlike spawn; safe, unlike forking this
+    # process with its zmq and pool threads).
+    return gym.vector.AsyncVectorEnv([functools.partial(gym.make, env_id)] * n,
+                                     context="forkserver")
+
+
+class Bench:
+    """One run of the suite; holds what it started and releases it in close()."""
+
+    def __init__(self, settings: Settings, out: TextIO | None = None):
+        self.settings = settings
+        self.out = sys.stdout if out is None else out
+        self.cpus = usable_cpus()
+        self.auto_threads = settings.threads if settings.threads is not None else self.cpus
+        self.inprocess_auto = envd.native.vector_env.default_num_threads()
+        self.fixed_threads = _sweep_threads(self.cpus)
+        self.daemons: dict[str, tuple[subprocess.Popen, str]] = {}
+        self.clients: dict[str, Any] = {}
+        self.folder: tempfile.TemporaryDirectory | None = None
+        self.progress = Progress(0, enabled=False)
+        self.results: dict[str, Any] = {}
+
+    # -- lifecycle
+    def start_daemons(self) -> None:
+        self.folder = tempfile.TemporaryDirectory(prefix="envd-bench-")
+        procs = {}
+        for label, count in (("1", 1), ("auto", self.auto_threads)):
+            endpoint = f"ipc://{self.folder.name}/envd-{label}.sock"
+            args = [sys.executable, "-m", "envd.cli", "--bind", endpoint,
+                    "--log-level", "warning", "--threads", str(count)]
+            procs[label] = (subprocess.Popen(args, cwd=self.folder.name,
+                                             stdin=subprocess.DEVNULL), endpoint)
+            self.daemons[label] = procs[label]
+        deadline = time.monotonic() + 90
+        for label, (proc, endpoint) in procs.items():
+            while label not in self.clients:
+                try:
+                    self.clients[label] = envd.connect(endpoint, timeout=5)
+                except envd.EnvdError:
+                    if proc.poll() is not None or time.monotonic() > deadline:
+                        raise RuntimeError(f"the daemon at {endpoint} did not start "
+                                           f"(exit status {proc.poll()})") from None
+                    time.sleep(0.05)
+
+    def close(self) -> None:
+        for client in self.clients.values():
+            try:
+                client.close()
+            except Exception:  # noqa: BLE001  (closing what a failed run left)
+                pass
+        self.clients.clear()
+        for proc, _ in self.daemons.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc, _ in self.daemons.values():
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.daemons.clear()
+        if self.folder is not None:
+            self.folder.cleanup()
+            self.folder = None
+        self.progress.close()
+
+    # -- what is measured
+    def configs(self, env_id: str, n: int) -> dict[tuple[str, str], Callable[[], Any]]:
+        """(system, threads) -> a factory of the run object, for one env and N."""
+        found: dict[tuple[str, str], Callable[[], Any]] = {}
+        for threads in [*map(str, self.fixed_threads), "auto"]:
+            count = None if threads == "auto" else int(threads)
+            found[("envd in-process", threads)] = (
+                lambda count=count: SyncRun(envd.make(env_id, n, seed=0, num_threads=count), n))
+        if env_id != ENV_ID:
+            return found  # the other envs: the thread sweep only
+        for threads in ("1", "auto"):
+            found[("envd daemon socket", threads)] = (
+                lambda t=threads: SyncRun(remote_env(self.clients[t], env_id, n, False), n))
+            found[("envd fast path", threads)] = (
+                lambda t=threads: SyncRun(remote_env(self.clients[t], env_id, n, True), n))
+            found[("EnvPool sync", threads)] = (
+                lambda t=threads: SyncRun(_envpool_make(env_id, n, n, t), n))
+            found[("EnvPool async", threads)] = lambda t=threads: _envpool_async(env_id, n, t)
+        found[("gymnasium numpy vector", "-")] = lambda: _gym_vector(env_id, n)
+        found[("gymnasium AsyncVectorEnv", "-")] = lambda: _gym_async_run(env_id, n)
+        return found
+
+    def measure_group(self, env_id: str, n: int) -> dict[tuple[str, str], float | str]:
+        """Every configuration of one env and N: best env steps/s of the rounds,
+        or the reason it was not measured ('n/a: ...' or '-: ...')."""
+        s = self.settings
+        factories = self.configs(env_id, n)
+        runs: dict[tuple[str, str], Any] = {}
+        results: dict[tuple[str, str], float | str] = {}
+        try:
+            for key, factory in factories.items():
+                self.progress.show(f"{env_id} N={n} starting {key[0]}")
+                try:
+                    runs[key] = factory()
+                except Unavailable as exc:
+                    results[key] = f"n/a: {exc}"
+                except NotApplicable as exc:
+                    results[key] = f"-: {exc}"
+            self.progress.advance(s.rounds * (len(factories) - len(runs)))
+            best = dict.fromkeys(runs, 0.0)
+            order = list(runs)
+            for round_index in range(s.rounds):
+                random.shuffle(order)
+                for key in order:
+                    self.progress.show(f"{env_id} N={n} {_label(key)} "
+                                       f"(round {round_index + 1}/{s.rounds})")
+                    gc.disable()
+                    try:
+                        best[key] = max(best[key], runs[key].rate(s.seconds))
+                    finally:
+                        gc.enable()
+                    self.progress.advance()
+            results.update(best)
+        finally:
+            for run in runs.values():
+                run.close()
+        return results
+
+    def measure_latency(self) -> dict[str, dict[str, float] | str]:
+        """Round trip of one step at N=1 (us, p50/p99): through the auto
+        daemon's socket path and fast path, and per call in-process."""
+        s = self.settings
+        factories = {
+            "envd daemon socket": lambda: SyncRun(remote_env(self.clients["auto"], ENV_ID, 1, False), 1),
+            "envd fast path": lambda: SyncRun(remote_env(self.clients["auto"], ENV_ID, 1, True), 1),
+            "envd in-process": lambda: SyncRun(envd.make(ENV_ID, 1, seed=0), 1),
+            "EnvPool sync": lambda: SyncRun(_envpool_make(ENV_ID, 1, 1, "1"), 1),
+        }
+        runs, samples, results = {}, {}, {}
+        per_round = max(10, s.latency_steps // s.rounds)
+        try:
+            for name, factory in factories.items():
+                try:
+                    runs[name] = factory()
+                    samples[name] = []
+                except Unavailable as exc:
+                    results[name] = f"n/a: {exc}"
+            self.progress.advance(s.rounds * (len(factories) - len(runs)))
+            order = list(runs)
+            for round_index in range(s.rounds):
+                random.shuffle(order)
+                for name in order:
+                    self.progress.show(f"latency N=1 {name} (round {round_index + 1}/{s.rounds})")
+                    runs[name].call_times(10)  # warm up
+                    gc.disable()
+                    try:
+                        samples[name].append(runs[name].call_times(per_round))
+                    finally:
+                        gc.enable()
+                    self.progress.advance()
+        finally:
+            for run in runs.values():
+                run.close()
+        for name, parts in samples.items():
+            times = np.concatenate(parts) * 1e6
+            results[name] = {"p50": float(np.percentile(times, 50)),
+                             "p99": float(np.percentile(times, 99)), "count": int(times.size)}
+        return results
+
+    def measure_scaling(self) -> dict[str, Any]:
+        """4 client processes of 1024 envs stepping at once through the auto
+        daemon, against one client process of 4096: aggregate env steps/s."""
+        s = self.settings
+        endpoint = self.daemons["auto"][1]
+        context = multiprocessing.get_context("forkserver")
+        groups = {"1x4096": [SCALING_CLIENTS * SCALING_ENVS], f"{SCALING_CLIENTS}x{SCALING_ENVS}":
+                  [SCALING_ENVS] * SCALING_CLIENTS}
+        workers: dict[str, list[tuple[Any, Any]]] = {name: [] for name in groups}
+        self.progress.show("scaling: starting client processes")
+        try:
+            for name, sizes in groups.items():
+                for n in sizes:
+                    parent, child = context.Pipe()
+                    proc = context.Process(target=scaling_client, args=(endpoint, ENV_ID, n, child),
+                                           daemon=True)
+                    proc.start()
+                    child.close()
+                    workers[name].append((proc, parent))
+            fast_path = {}
+            for name, members in workers.items():
+                for proc, conn in members:
+                    if not conn.poll(120):
+                        raise RuntimeError("a scaling client process did not start")
+                    reply = conn.recv()
+                    if isinstance(reply, str):
+                        raise RuntimeError(f"a scaling client process failed: {reply}")
+                    fast_path[name] = reply
+            best = dict.fromkeys(groups, 0.0)
+            order = list(groups)
+            for round_index in range(s.rounds):
+                random.shuffle(order)
+                for name in order:
+                    self.progress.show(f"scaling {name} (round {round_index + 1}/{s.rounds})")
+                    start = time.monotonic() + 0.05  # CLOCK_MONOTONIC: one clock for all processes
+                    for _, conn in workers[name]:
+                        conn.send((start, start + s.scaling_seconds))
+                    replies = [conn.recv() for _, conn in workers[name]]
+                    steps = sum(r[0] for r in replies)
+                    end = max(r[1] for r in replies)
+                    best[name] = max(best[name], steps / (end - start))
+                    self.progress.advance()
+        finally:
+            for members in workers.values():
+                for proc, conn in members:
+                    try:
+                        conn.send(None)
+                    except (OSError, ValueError):
+                        pass
+            for members in workers.values():
+                for proc, conn in members:
+                    proc.join(30)
+                    if proc.is_alive():
+                        proc.kill()
+                        proc.join()
+                    conn.close()
+        return {"steps_per_second": best, "fast_path": fast_path}
+
+    # -- the whole run
+    def run(self) -> dict[str, Any]:
+        s = self.settings
+        machine = machine_info()
+        print(_machine_text(machine, self), file=self.out, flush=True)
+        multiprocessing.get_context("forkserver").set_forkserver_preload(["envd", "gymnasium"])
+        groups = [(ENV_ID, n) for n in s.sizes] + [(e, n) for e in SWEEP_ENVS if e != ENV_ID
+                                                   for n in s.sizes]
+        total = sum(len(self.configs(env_id, n)) for env_id, n in groups) * s.rounds
+        total += 4 * s.rounds + 2 * s.rounds  # latency rows, scaling groups
+        self.progress = Progress(total, enabled=s.progress)
+        self.progress.show("starting the daemons")
+        self.start_daemons()
+        groups_done: dict[str, dict[int, dict[tuple[str, str], float | str]]] = {}
+        for env_id, n in groups:
+            groups_done.setdefault(env_id, {})[n] = self.measure_group(env_id, n)
+        latency = self.measure_latency()
+        scaling = self.measure_scaling()
+        self.close()
+        machine["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
+        self.results = assemble(machine, self, groups_done, latency, scaling)
+        return self.results
+
+
+def _envpool_async(env_id: str, n: int, threads: str) -> EnvPoolAsyncRun:
+    if n < 2:
+        raise NotApplicable("async batch_size N/2 needs N >= 2")
+    return EnvPoolAsyncRun(_envpool_make(env_id, n, n // 2, threads), n)
+
+
+def _gym_vector(env_id: str, n: int) -> SyncRun:
+    import gymnasium as gym
+    try:
+        env = gym.make_vec(env_id, num_envs=n, vectorization_mode="vector_entry_point")
+    except Exception as exc:  # noqa: BLE001  (an env without a numpy vector version)
+        raise Unavailable(f"gymnasium has no vector_entry_point for {env_id}: {exc}") from None
+    return SyncRun(env, n)
+
+
+def _gym_async_run(env_id: str, n: int) -> SyncRun:
+    if n > ASYNC_VECTOR_MAX:
+        raise NotApplicable(f"one process per env: N <= {ASYNC_VECTOR_MAX} only")
+    return SyncRun(_gym_async(env_id, n), n)
+
+
+def _sweep_threads(cpus: int) -> list[int]:
+    """Fixed thread counts of the sweep: 0..CPUs (on big machines 0, 1, 2, 3,
+    then powers of two, CPUs - 1 and CPUs)."""
+    if cpus <= 8:
+        return list(range(cpus + 1))
+    counts = {0, 1, 2, 3, cpus - 1, cpus}
+    counts.update(1 << k for k in range(2, cpus.bit_length()))
+    return sorted(c for c in counts if c <= cpus)
+
+
+def _label(key: tuple[str, str]) -> str:
+    return key[0] if key[1] == "-" else f"{key[0]} T={key[1]}"
+
+
+def scaling_client(endpoint: str, env_id: str, n: int, conn: Any) -> None:
+    """A client process of the scaling check: make n envs, report whether the
+    fast path was taken, then for each (start, end) from the parent step from
+    start (a time.monotonic value) until end and reply (steps, end time)."""
+    try:
+        client = envd.connect(endpoint, timeout=30)
+        env = client.make(env_id, n, seed=0)
+        env.reset(seed=0)
+        actions = np.asarray(env.action_space.sample())
+    except Exception as exc:  # noqa: BLE001  (reported to the parent, which raises)
+        conn.send(f"{type(exc).__name__}: {exc}")
+        return
+    conn.send(bool(getattr(env, "fast_path", False)))
+    try:
+        while (window := conn.recv()) is not None:
+            start, end = window
+            env.step(actions)
+            while time.monotonic() < start:
+                pass
+            steps, now = 0, time.monotonic()
+            gc.disable()
+            while now < end:
+                env.step(actions)
+                steps += n
+                now = time.monotonic()
+            gc.enable()
+            conn.send((steps, now))
+    except EOFError:
+        pass
+    finally:
+        env.close()
+        client.close()
+
+
+# ---- results ------------------------------------------------------------------------------
+def assemble(machine: dict[str, Any], bench: Bench, groups: dict, latency: dict,
+             scaling: dict) -> dict[str, Any]:
+    s = bench.settings
+    main = groups[ENV_ID]
+    rows = []
+    for system, threads in ROWS:
+        cells = {n: main[n].get((system, threads), "-: not measured") for n in s.sizes}
+        rows.append({"system": system, "threads": threads, "cells": cells})
+    sweep = {}
+    for env_id in SWEEP_ENVS:
+        sweep[env_id] = {t: {n: groups[env_id][n][("envd in-process", t)] for n in s.sizes}
+                         for t in [*map(str, bench.fixed_threads), "auto"]}
+    results = {
+        "machine": machine,
+        "settings": dataclasses.asdict(s),
+        "threads": {"auto_daemon": bench.auto_threads, "auto_in_process": bench.inprocess_auto,
+                    "auto_envpool": f"min({bench.cpus}, batch_size)",
+                    "sweep_fixed": bench.fixed_threads},
+        "env_id": ENV_ID,
+        "sizes": list(s.sizes),
+        "table": rows,
+        "latency_us": latency,
+        "thread_sweep": sweep,
+        "scaling": scaling,
+    }
+    results["targets"] = targets(results)
+    return results
+
+
+def _value(cell: Any) -> float | None:
+    return cell if isinstance(cell, float) else None
+
+
+def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
+    """The performance targets, each PASS, FAIL or N/A with its numbers:
+    {target, status, value, op, limit, detail}."""
+    found = []
+
+    def add(name: str, value: float | None, op: str, limit: float, detail: str) -> None:
+        if value is None:
+            status = "N/A"
+        else:
+            status = "PASS" if (value <= limit if op == "<=" else value >= limit) else "FAIL"
+        found.append({"target": name, "status": status, "value": value, "op": op,
+                      "limit": limit, "detail": detail})
+
+    def cell(system: str, threads: str, n: int) -> float | None:
+        for row in r["table"]:
+            if row["system"] == system and row["threads"] == threads:
+                return _value(row["cells"].get(n))
+        return None
+
+    def why(value: Any, default: str = "not measured") -> str:
+        return value[5:] if isinstance(value, str) and value.startswith("n/a: ") else default
+
+    lat = r["latency_us"]
+    fast, pool = lat.get("envd fast path"), lat.get("EnvPool sync")
+    fast_p50 = fast["p50"] if isinstance(fast, dict) else None
+    pool_p50 = pool["p50"] if isinstance(pool, dict) else None
+    add("N=1 fast path round trip p50 <= 15 us", fast_p50, "<=", 15.0,
+        f"p50 {fast_p50:.1f} us" if fast_p50 is not None else why(fast))
+    ratio = fast_p50 / pool_p50 if fast_p50 is not None and pool_p50 else None
+    add("N=1 fast path round trip p50 <= 0.5x EnvPool in-process per call", ratio, "<=", 0.5,
+        f"{fast_p50:.1f} us / {pool_p50:.1f} us = {ratio:.2f}x" if ratio is not None
+        else why(fast, "") or why(pool))
+
+    def daemon_best(n: int) -> tuple[float | None, str]:
+        options = [(cell(name, "auto", n), name) for name in ("envd daemon socket", "envd fast path")]
+        options = [o for o in options if o[0] is not None]
+        return max(options) if options else (None, "")
+
+    sizes = r["sizes"]
+    name = "N=4096 daemon (best of socket/fast path, T=auto) >= 0.9x envd in-process (T=auto)"
+    best, which = daemon_best(4096)
+    inproc = cell("envd in-process", "auto", 4096)
+    ratio = best / inproc if best and inproc else None
+    add(name, ratio, ">=", 0.9, f"{which} {_rate(best)} / {_rate(inproc)} = {ratio:.2f}x"
+        if ratio is not None else ("N=4096 not in --sizes" if 4096 not in sizes else "not measured"))
+    name = "N=1024 daemon (best of socket/fast path, T=auto) >= 5x EnvPool sync (best T)"
+    best, which = daemon_best(1024)
+    pools = [v for v in (cell("EnvPool sync", t, 1024) for t in ("1", "auto")) if v]
+    pool_best = max(pools) if pools else None
+    ratio = best / pool_best if best and pool_best else None
+    if ratio is not None:
+        detail = f"{which} {_rate(best)} / {_rate(pool_best)} = {ratio:.2f}x"
+    elif 1024 not in sizes:
+        detail = "N=1024 not in --sizes"
+    else:
+        detail = why(next((row["cells"][1024] for row in r["table"]
+                           if row["system"] == "EnvPool sync"), None))
+    add(name, ratio, ">=", 5.0, detail)
+    for env_id, by_threads in r["thread_sweep"].items():
+        for n in sizes:
+            fixed = {t: _value(row[n]) for t, row in by_threads.items() if t != "auto"}
+            fixed = {t: v for t, v in fixed.items() if v}
+            auto = _value(by_threads["auto"][n])
+            name = f"{env_id} N={n}: auto threads >= 0.95x the best fixed count (in-process)"
+            if not fixed or not auto:
+                add(name, None, ">=", 0.95, "not measured")
+                continue
+            t_best = max(fixed, key=fixed.get)
+            ratio = auto / fixed[t_best]
+            add(name, ratio, ">=", 0.95,
+                f"auto {_rate(auto)} / threads={t_best} {_rate(fixed[t_best])} = {ratio:.2f}x")
+    rates = r["scaling"]["steps_per_second"]
+    many, one = f"{SCALING_CLIENTS}x{SCALING_ENVS}", f"1x{SCALING_CLIENTS * SCALING_ENVS}"
+    ratio = rates[many] / rates[one] if rates.get(one) else None
+    add(f"{SCALING_CLIENTS} clients x {SCALING_ENVS} envs at once (aggregate) >= 0.8x one "
+        f"client x {SCALING_CLIENTS * SCALING_ENVS}", ratio, ">=", 0.8,
+        f"{_rate(rates[many])} / {_rate(rates[one])} = {ratio:.2f}x" if ratio is not None
+        else "not measured")
+    return found
+
+
+def _rate(x: float | None) -> str:
+    """1234567.0 -> '1.23M'."""
+    if x is None:
+        return "n/a"
+    for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if x >= size:
+            return f"{x / size:.3g}{unit}"
+    return f"{x:.3g}"
+
+
+def _machine_text(m: dict[str, Any], bench: Bench) -> str:
+    v = m["versions"]
+    peers = ", ".join(f"{k} {v[k] or 'not installed'}" for k in ("gymnasium", "envpool", "matplotlib"))
+    load = " ".join(f"{x:.2f}" for x in m["load_average"])
+    return (f"envd bench  {m['time']}  host {m['hostname']}\n"
+            f"CPU: {m['cpu']}, {m['cores']} cores ({m['usable_cpus']} usable), "
+            f"load average {load}\n"
+            f"envd {v['envd']}, Python {v['python']}, numpy {v['numpy']}, {peers}\n"
+            f"threads: auto = daemon --threads {bench.auto_threads}; in-process num_threads=None "
+            f"({bench.inprocess_auto} worker(s) + the caller); EnvPool num_threads=min("
+            f"{bench.cpus}, batch_size)\n"
+            f"each configuration: best of {bench.settings.rounds} rounds of "
+            f"{bench.settings.seconds:g} s, random order, gc paused")
+
+
+def _cell_text(cell: Any) -> str:
+    if isinstance(cell, float):
+        return _rate(cell)
+    return "n/a" if str(cell).startswith("n/a") else "-"
+
+
+def report(r: dict[str, Any]) -> str:
+    """The printed report: table, latency, thread sweep, scaling, ratios, targets."""
+    sizes = r["sizes"]
+    t = r["threads"]
+    lines = [f"\n{r['env_id']}: env steps per second (best of rounds)",
+             f"{'system':<26}{'threads':>8}" + "".join(f"{'N=' + str(n):>10}" for n in sizes)]
+    notes = {}
+    for row in r["table"]:
+        threads = row["threads"]
+        if threads == "auto":
+            threads = {"envd in-process": f"auto({t['auto_in_process']})",
+                       "envd daemon socket": f"auto({t['auto_daemon']})",
+                       "envd fast path": f"auto({t['auto_daemon']})"}.get(row["system"], "auto")
+        head = f"{row['system']:<26}{threads:>8}"
+        cells = list(row["cells"].values())
+        reasons = {c for c in cells if isinstance(c, str) and c.startswith("n/a")}
+        if reasons and all(isinstance(c, str) and c.startswith("n/a") for c in cells) \
+                and len(reasons) == 1:
+            lines.append(f"{head}  n/a ({reasons.pop()[5:]})")
+            continue
+        lines.append(head + "".join(f"{_cell_text(c):>10}" for c in cells))
+        for c in cells:
+            if isinstance(c, str):
+                notes.setdefault(row["system"], c)
+    for system, note in notes.items():
+        lines.append(f"  {system}: {note}")
+    lines.append("\nround trip of one step at N=1 (us)")
+    for name, value in r["latency_us"].items():
+        if isinstance(value, dict):
+            lines.append(f"  {name:<22} p50 {value['p50']:8.1f}   p99 {value['p99']:8.1f}")
+        else:
+            lines.append(f"  {name:<22} n/a ({value[5:]})")
+    lines.append("\nthread sweep, envd in-process: env steps per second")
+    for env_id, by_threads in r["thread_sweep"].items():
+        lines.append(f"{env_id:<14}{'threads':>8}" + "".join(f"{'N=' + str(n):>10}" for n in sizes))
+        for threads, row in by_threads.items():
+            label = f"auto({t['auto_in_process']})" if threads == "auto" else threads
+            lines.append(f"{'':<14}{label:>8}" + "".join(f"{_cell_text(row[n]):>10}" for n in sizes))
+    sc = r["scaling"]
+    lines.append("\nclients stepping at once through one daemon (T=auto): aggregate env steps/s")
+    for name, rate in sc["steps_per_second"].items():
+        path = "fast path" if sc["fast_path"].get(name) else "socket path"
+        lines.append(f"  {name:<10} {_rate(rate):>8}  ({path})")
+    lines.append("\nratios (T=auto)")
+    rows = {(row["system"], row["threads"]): row["cells"] for row in r["table"]}
+    inproc = rows[("envd in-process", "auto")]
+    for system in ("envd daemon socket", "envd fast path"):
+        for base, base_cells in (("envd in-process", inproc),
+                                 ("EnvPool sync", rows[("EnvPool sync", "auto")])):
+            ratios = [_ratio(rows[(system, "auto")][n], base_cells[n]) for n in sizes]
+            lines.append(f"  {system + ' / ' + base:<44}"
+                         + "".join(f"{x:>10}" for x in ratios))
+    lines.append("\ntargets")
+    for target in r["targets"]:
+        lines.append(f"  {target['status']:<4}  {target['target']}: {target['detail']}")
+    return "\n".join(lines)
+
+
+def _ratio(a: Any, b: Any) -> str:
+    return f"{a / b:.2f}x" if isinstance(a, float) and isinstance(b, float) and b else "-"
+
+
+def write_csv(r: dict[str, Any], path: Path) -> None:
+    with open(path, "w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(["section", "env_id", "system", "threads", "num_envs",
+                      "steps_per_second", "note"])
+        for row in r["table"]:
+            for n, c in row["cells"].items():
+                out.writerow(["table", r["env_id"], row["system"], row["threads"], n,
+                              c if isinstance(c, float) else "", "" if isinstance(c, float) else c])
+        for env_id, by_threads in r["thread_sweep"].items():
+            for threads, cells in by_threads.items():
+                for n, c in cells.items():
+                    out.writerow(["thread_sweep", env_id, "envd in-process", threads, n,
+                                  c if isinstance(c, float) else "",
+                                  "" if isinstance(c, float) else c])
+        for name, rate in r["scaling"]["steps_per_second"].items():
+            clients, n = name.split("x")
+            out.writerow(["scaling", r["env_id"], f"envd daemon, {clients} client(s)", "auto",
+                          n, rate, "aggregate"])
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def plot(r: dict[str, Any], path: Path) -> str | None:
+    """Steps/s against N (log-log), one line per row; the reason when it cannot."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception as exc:  # noqa: BLE001
+        return f"matplotlib not installed (pip install 'envd[bench]'): {exc}"
+    fig, ax = plt.subplots(figsize=(9, 6))
+    for row in r["table"]:
+        points = [(n, c) for n, c in row["cells"].items() if isinstance(c, float)]
+        if not points:
+            continue
+        label = row["system"] if row["threads"] == "-" else f"{row['system']}, T={row['threads']}"
+        style = "-" if row["system"].startswith("envd") else "--"
+        ax.plot(*zip(*points), style, marker="o", label=label)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("num_envs (N)")
+    ax.set_ylabel("env steps per second")
+    m = r["machine"]
+    ax.set_title(f"{r['env_id']} on {m['cpu']} ({m['usable_cpus']} CPUs), {m['time'][:16]}",
+                 fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return None
+
+
+def write_outputs(r: dict[str, Any], text: str, out: Path) -> list[str]:
+    """results.json, results.csv, report.txt and steps_per_second.png; returns notes."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(_jsonable(r), indent=2) + "\n")
+    write_csv(r, out / "results.csv")
+    (out / "report.txt").write_text(text + "\n")
+    problem = plot(r, out / "steps_per_second.png")
+    return [f"no plot: {problem}"] if problem else []
+
+
+def default_out() -> str:
+    return f"envd-bench-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def main(settings: Settings, stdout: TextIO | None = None) -> int:
+    """Run the suite, print the report, write the files; exit status 0 (the
+    targets are reported, not enforced)."""
+    stdout = sys.stdout if stdout is None else stdout
+    bench = Bench(settings, stdout)
+    try:
+        results = bench.run()
+    finally:
+        bench.close()
+    text = report(results)
+    print(text, file=stdout)
+    out = Path(settings.out or default_out())
+    for note in write_outputs(results, text, out):
+        print(note, file=stdout)
+    print(f"\nwrote {out}/results.json, results.csv, report.txt"
+          + ("" if not (out / "steps_per_second.png").exists() else ", steps_per_second.png"),
+          file=stdout)
+    return 0
+
+
+def parse_sizes(values: Iterable[int]) -> tuple[int, ...]:
+    sizes = tuple(sorted(set(values)))
+    if not sizes or sizes[0] < 1:
+        raise ValueError("--sizes must be positive env counts")
+    return sizes
+
+
+__all__ = ["Settings", "main", "Bench", "Progress", "report", "targets"]
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main(Settings()))

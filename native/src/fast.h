@@ -1,0 +1,94 @@
+/*
+ * fast.h -- the same-host fast path: a session's steps requested through a
+ * doorbell in its shared-memory header and served by a native thread of the
+ * daemon, with no socket round trip and no Python on the way.
+ *
+ * The doorbell (envd_fast_header_t) lies in the session's header page.  The
+ * client (another process, pure Python) writes the actions in shared memory,
+ * writes req_kind, increments req_seq and wakes req_seq's futex; the server
+ * thread (one per fast session) runs the request on the vec -- exactly
+ * envd_vec_step, so results are those of every other path -- writes status
+ * and result, sets done_seq = req_seq and wakes done_seq's futex when the
+ * client said it sleeps there.  The futexes are shared (not FUTEX_PRIVATE):
+ * the words live in a MAP_SHARED segment of two processes.
+ *
+ * Ordering (x86-64, where the client enables the fast path): the client's
+ * stores (actions, then req_kind, then req_seq) become visible in order and
+ * the server reads req_seq with acquire before anything else; the server
+ * publishes done_seq with release after every result.  The client wakes the
+ * server with FUTEX_WAKE after every request (a syscall, hence a full
+ * barrier), so no flag read can race with the server falling asleep.
+ *
+ * Spinning: a server thread spins on req_seq for up to spin_ns after each
+ * request before it sleeps, but only while it holds one of the process-wide
+ * spin slots (envd_fast_set_max_spinners; the pool's workers keep the rest of
+ * the CPUs), so spinners never outnumber the CPUs.
+ *
+ * Lock: the server holds the fast session's mutex while it serves a request;
+ * the daemon takes it (envd_fast_lock) around everything else that touches the
+ * vec (reset, destroy), so a request rung at any time never runs concurrently
+ * with them.  Draining: requests after envd_fast_drain are answered with
+ * status ENVD_FAST_SHUTTING_DOWN without running.
+ */
+#ifndef ENVD_FAST_H
+#define ENVD_FAST_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "vec.h"
+
+/* Where the doorbell lies in the segment's header page (envd/shm.py mirrors
+ * these offsets); the client's and the server's words on separate lines. */
+#define ENVD_FAST_OFFSET 128
+
+enum { ENVD_FAST_STEP = 1 };                  /* req_kind */
+enum { ENVD_FAST_SHUTTING_DOWN = -1000 };     /* status: the daemon drains */
+
+typedef struct envd_fast_header {
+    /* written by the client */
+    _Atomic uint32_t req_seq;        /* futex: +1 per request */
+    _Atomic uint32_t req_kind;       /* ENVD_FAST_STEP */
+    _Atomic uint32_t client_waiting; /* 1 while the client sleeps on done_seq */
+    uint32_t client_pad[13];
+    /* written by the server */
+    _Atomic uint32_t done_seq;       /* futex: req_seq of the last request answered */
+    _Atomic int32_t status;          /* ENVD_OK, a negative ENVD_E* code, or
+                                        ENVD_FAST_SHUTTING_DOWN */
+    _Atomic int64_t result;          /* step: envs whose episode ended */
+    _Atomic int64_t error_index;     /* the env an error names, else -1 */
+    _Atomic uint32_t closed;         /* 1 once the server thread stopped for good
+                                        (session closed, expired or freed): a
+                                        request rung now is never answered here */
+} envd_fast_header_t;
+
+typedef struct envd_fast envd_fast_t;
+
+/* Start serving vec's steps from the doorbell at header (zeroed or left by an
+ * earlier fast session of the same segment: serving starts after the request
+ * already counted).  spin_ns: how long the thread spins after a request.
+ * ENVD_OK, ENVD_EINVAL, ENVD_ENOMEM or ENVD_ESYS (no thread). */
+int envd_fast_start(envd_fast_t **out, envd_vec_t *vec, envd_fast_header_t *header,
+                    int64_t spin_ns);
+
+/* Stop the thread (after the request it serves, if any), mark the doorbell
+ * closed (waking a client that waits) and free; returns the requests served
+ * in all (0 for NULL).  The vec and the header must stay valid until this
+ * returns. */
+int64_t envd_fast_stop(envd_fast_t *fast);
+
+/* Hold off the server thread: it finishes the request it serves, then waits;
+ * requests rung meanwhile are served after envd_fast_unlock. */
+void envd_fast_lock(envd_fast_t *fast);
+void envd_fast_unlock(envd_fast_t *fast);
+
+/* From now on answer every request with ENVD_FAST_SHUTTING_DOWN. */
+void envd_fast_drain(envd_fast_t *fast);
+
+/* Requests served (answered ENVD_OK) so far. */
+int64_t envd_fast_served(const envd_fast_t *fast);
+
+/* How many server threads of this process may spin at once (>= 0; default 1). */
+void envd_fast_set_max_spinners(int max_spinners);
+
+#endif /* ENVD_FAST_H */

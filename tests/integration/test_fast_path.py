@@ -1,0 +1,296 @@
+"""The same-host fast path: sync steps rung at a doorbell in the session's
+shared memory and served by a native thread of the daemon.
+
+Bit-identity over every env and mode is also covered by the equivalence and
+faults tests, whose shared-memory sessions take the fast path by default;
+here: when it is taken, that its errors and counters are those of the other
+paths, and that crashes, freezes, drains, timeouts and closes on either side
+end with the documented error instead of a hang."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+from conftest import BUILTIN_ENV_IDS, random_actions
+from daemon_helpers import DEADLINE, segments_of, wait_until
+
+import envd
+
+MODES = ["next_step", "same_step", "disabled"]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    from daemon_helpers import DaemonProcess
+    with DaemonProcess(tmp_path_factory.mktemp("fast") / "daemon", "--threads", "2",
+                       "--lease-timeout", "10") as daemon, daemon.connect() as client:
+        yield daemon, client
+    assert daemon.proc.returncode == 0, daemon.log()
+    assert segments_of(daemon.pid) == []
+
+
+def assert_same(a, b, what):
+    assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes(), what
+
+
+# ---- when it is taken ---------------------------------------------------------------------
+def test_taken_by_default_for_sync_shared_memory_sessions(served):
+    _, client = served
+    with client.make("CartPole-v1", 4, seed=0) as env:
+        assert env.fast_path and env.transport == "shm"
+        assert "fast_path=True" in repr(env)
+    with client.make("CartPole-v1", 4, seed=0, fast_path=False) as env:
+        assert not env.fast_path
+    with client.make("CartPole-v1", 4, seed=0, batch_size=2) as env:
+        assert not env.fast_path  # async sessions send and receive over the socket
+    with client.make("CartPole-v1", 4, seed=0, transport="inline") as env:
+        assert not env.fast_path
+
+
+def test_required_but_impossible_says_why_and_leaves_no_session(served):
+    _, client = served
+    before = client.status()["sessions"]
+    with pytest.raises(envd.InvalidArgumentError, match="fast_path=True: the fast path serves sync"):
+        client.make("CartPole-v1", 4, batch_size=2, fast_path=True)
+    with pytest.raises(envd.InvalidArgumentError, match="fast_path=True: .*shared memory"):
+        client.make("CartPole-v1", 4, transport="inline", fast_path=True)
+    wait_until(lambda: client.status()["sessions"] == before, what="the sessions to be closed")
+
+
+def test_envd_fast_path_variable_and_the_daemon_flag(harness, monkeypatch):
+    daemon = harness.daemon("--threads", "1", "--fast-path-sessions", "1")
+    client = harness.connect(daemon)
+    first = client.make("CartPole-v1", 2, seed=0)
+    assert first.fast_path
+    second = client.make("CartPole-v1", 2, seed=0)  # over the daemon's limit: the socket
+    assert not second.fast_path
+    with pytest.raises(envd.InvalidArgumentError, match="--fast-path-sessions"):
+        client.make("CartPole-v1", 2, fast_path=True)
+    first.close()
+    assert client.make("CartPole-v1", 2, seed=0).fast_path  # the slot is free again
+    monkeypatch.setenv("ENVD_FAST_PATH", "0")
+    assert not client.make("Pendulum-v1", 2, seed=0).fast_path
+
+
+# ---- the same results and errors as in-process -----------------------------------------------
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("env_id", BUILTIN_ENV_IDS)
+def test_trajectories_bit_identical_to_in_process(served, env_id, mode):
+    _, client = served
+    rng = np.random.default_rng(5)
+    with client.make(env_id, 9, seed=7, autoreset_mode=mode, max_episode_steps=30) as remote, \
+            envd.make(env_id, 9, seed=7, autoreset_mode=mode, max_episode_steps=30,
+                      num_threads=0) as local:
+        assert remote.fast_path
+        assert_same(remote.reset()[0], local.reset()[0], "reset")
+        for t in range(80):
+            actions = random_actions(local.single_action_space, 9, rng)
+            r, q = remote.step(actions), local.step(actions)
+            for name, a, b in zip(("obs", "rewards", "terminations", "truncations"), r, q):
+                assert_same(a, b, f"{env_id} {mode} step {t} {name}")
+            if mode == "disabled" and (q[2] | q[3]).any():
+                mask = q[2] | q[3]
+                assert_same(remote.reset(options={"reset_mask": mask})[0],
+                            local.reset(options={"reset_mask": mask})[0], "masked reset")
+            if t == 40:  # a reseed in between (over the socket, with the doorbell held)
+                assert_same(remote.reset(seed=3)[0], local.reset(seed=3)[0], "reseed")
+
+
+def test_errors_match_in_process(served):
+    _, client = served
+    cases = [
+        (dict(), lambda e: e.step(np.array([0, 2, 1])), envd.InvalidActionError),  # out of range
+        (dict(), None, envd.EnvStateError),  # never reset
+        (dict(autoreset_mode="disabled", max_episode_steps=1),
+         lambda e: e.step(np.zeros(3, np.int64)), envd.EnvStateError),  # done, disabled
+    ]
+    for kwargs, first, error in cases:
+        with client.make("CartPole-v1", 3, seed=1, **kwargs) as remote, \
+                envd.make("CartPole-v1", 3, seed=1, **kwargs) as local:
+            messages = []
+            for env in (remote, local):
+                if first is not None:
+                    env.reset()
+                    if error is envd.EnvStateError:
+                        first(env)  # the episode ends: the next step is refused
+                with pytest.raises(error) as caught:
+                    (first or (lambda e: e.step(np.zeros(3, np.int64))))(env)
+                messages.append(str(caught.value))
+            assert messages[0] == messages[1]
+            if first is not None:  # the env stays usable
+                remote.reset(seed=2), local.reset(seed=2)
+                assert_same(remote.step(np.ones(3, np.int64))[0], local.step(np.ones(3, np.int64))[0],
+                            "after the error")
+
+
+def test_a_socket_step_on_a_fast_session_is_refused(served):
+    _, client = served
+    with client.make("CartPole-v1", 2, seed=0) as env:
+        env.reset()
+        with pytest.raises(envd.EnvStateError, match="the fast path serves"):
+            client._request({"type": "step", "session": env.session})
+        env.step(np.zeros(2, np.int64))  # still served
+
+
+def test_status_counts_fast_path_steps(served):
+    _, client = served
+    before = client.status()["env_steps"]
+    with client.make("Acrobot-v1", 5, seed=0) as env:
+        env.reset()
+        for _ in range(20):
+            env.step(np.zeros(5, np.int64))
+        wait_until(lambda: client.status()["env_steps"] - before == 100,
+                   what="the 100 env steps to be counted")
+    assert client.status()["env_steps"] - before == 100  # closed: counted once
+
+
+# ---- failures on either side --------------------------------------------------------------
+SLOW = dict(env_id="ConnectFour-v0", num_envs=256, depth=8)  # ~0.1 s per step on one thread
+
+
+def slow_env(client, **kwargs):
+    env = client.make(SLOW["env_id"], SLOW["num_envs"], seed=0, depth=SLOW["depth"], **kwargs)
+    env.reset()
+    return env
+
+
+def test_daemon_killed_mid_step_raises_connection_lost_at_once(harness):
+    daemon = harness.daemon("--threads", "1")
+    client = harness.connect(daemon, timeout=60)
+    env = slow_env(client)
+    assert env.fast_path
+    actions = np.arange(SLOW["num_envs"]) % 7
+    env.step(actions)
+    started = time.monotonic()
+    killer = subprocess.Popen(["sh", "-c", f"sleep 0.03; kill -9 {daemon.pid}"])
+    with pytest.raises(envd.ConnectionLostError, match="fast-path step"):
+        for _ in range(100):  # a step in flight when the daemon dies
+            env.step(actions)
+    killer.wait()
+    assert time.monotonic() - started < 30  # not the 60 s timeout
+
+
+TRAINER = textwrap.dedent("""
+    import sys, numpy as np, envd
+    client = envd.connect(sys.argv[1], timeout=60)
+    env = client.make("ConnectFour-v0", 256, seed=0, depth=8)
+    env.reset()
+    print("ready", env.fast_path, flush=True)
+    while True:
+        env.step(np.arange(256) % 7)
+""")
+
+
+def test_trainer_killed_mid_step_wedges_nothing(harness, tmp_path):
+    daemon = harness.daemon("--threads", "1", "--lease-timeout", "2")
+    bystander = harness.connect(daemon)
+    script = tmp_path / "trainer.py"
+    script.write_text(TRAINER)
+    trainer = subprocess.Popen([sys.executable, str(script), daemon.endpoint],
+                               stdout=subprocess.PIPE, text=True)
+    harness.procs.append(trainer)
+    assert trainer.stdout.readline().split() == ["ready", "True"]
+    time.sleep(0.3)  # mid-step
+    trainer.kill()
+    trainer.wait()
+    # its session goes with the lease; the daemon's pool and threads keep serving
+    wait_until(lambda: bystander.status()["sessions"] == 0, what="the killed trainer's session")
+    with bystander.make("CartPole-v1", 4, seed=0) as env, \
+            envd.make("CartPole-v1", 4, seed=0) as local:
+        assert env.fast_path
+        assert_same(env.reset()[0], local.reset()[0], "reset")
+        for _ in range(50):
+            assert_same(env.step(np.ones(4, np.int64))[0], local.step(np.ones(4, np.int64))[0],
+                        "step")
+    assert segments_of(daemon.pid) == []
+
+
+FROZEN = textwrap.dedent("""
+    import sys, numpy as np, envd
+    client = envd.connect(sys.argv[1], timeout=30)
+    env = client.make("CartPole-v1", 4, seed=0)
+    env.reset()
+    env.step(np.zeros(4, np.int64))
+    print("ready", env.fast_path, flush=True)
+    sys.stdin.readline()  # SIGSTOPped here, past the lease, then SIGCONTed
+    try:
+        env.step(np.zeros(4, np.int64))
+    except envd.SessionExpiredError as exc:
+        print("expired", type(exc).__name__, flush=True)
+    else:
+        print("stepped", flush=True)
+""")
+
+
+def test_a_client_frozen_past_its_lease_gets_session_expired(harness, tmp_path):
+    daemon = harness.daemon("--threads", "1", "--lease-timeout", "1")
+    observer = harness.connect(daemon)
+    script = tmp_path / "frozen.py"
+    script.write_text(FROZEN)
+    proc = subprocess.Popen([sys.executable, str(script), daemon.endpoint],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    harness.procs.append(proc)
+    assert proc.stdout.readline().split() == ["ready", "True"]
+    proc.send_signal(signal.SIGSTOP)
+    wait_until(lambda: observer.status()["sessions"] == 0, what="the lease to expire")
+    proc.send_signal(signal.SIGCONT)
+    out, _ = proc.communicate("go\n", timeout=DEADLINE)
+    assert out.split() == ["expired", "SessionExpiredError"], out
+
+
+def test_sigterm_mid_step_answers_it_then_refuses(harness):
+    daemon = harness.daemon("--threads", "1")
+    client = harness.connect(daemon, timeout=60)
+    env = slow_env(client)
+    actions = np.arange(SLOW["num_envs"]) % 7
+    env.step(actions)
+    killer = subprocess.Popen(["sh", "-c", f"sleep 0.03; kill -TERM {daemon.pid}"])
+    outcomes = []
+    for _ in range(100):
+        try:
+            env.step(actions)
+            outcomes.append("ok")
+        except (envd.ShuttingDownError, envd.ConnectionLostError) as exc:
+            outcomes.append(type(exc).__name__)
+            break
+    killer.wait()
+    assert outcomes[-1] in ("ShuttingDownError", "ConnectionLostError"), outcomes
+    assert daemon.wait() == 0, daemon.log()
+    assert segments_of(daemon.pid) == []
+
+
+def test_a_timeout_keeps_the_buffers_off_limits_until_the_answer(harness):
+    daemon = harness.daemon("--threads", "1")
+    client = harness.connect(daemon, timeout=0.02)
+    env = client.make(SLOW["env_id"], SLOW["num_envs"], seed=0, depth=SLOW["depth"])
+    env.reset()
+    with pytest.raises(envd.EnvdTimeoutError, match="fast-path step"):
+        env.step(np.arange(SLOW["num_envs"]) % 7)
+    with pytest.raises(envd.EnvStateError, match="timed out"):
+        env.step(np.zeros(SLOW["num_envs"], np.int64))  # the daemon still steps the buffers
+    wait_until(lambda: env._doorbell.answered, what="the late answer")
+    client.timeout = 60
+    env.step(np.zeros(SLOW["num_envs"], np.int64))  # usable again
+
+
+def test_close_stops_the_thread_and_a_later_step_says_closed(served):
+    daemon, client = served
+
+    def threads() -> int:
+        return len(os.listdir(f"/proc/{daemon.pid}/task"))
+
+    before = threads()
+    env = client.make("CartPole-v1", 2, seed=0)
+    env.reset()
+    assert threads() == before + 1  # the session's fast-path thread
+    bell = env._doorbell
+    client._request({"type": "close", "session": env.session})  # behind the env's back
+    assert bell.closed and threads() == before
+    with pytest.raises(envd.UnknownSessionError):
+        env.step(np.zeros(2, np.int64))
