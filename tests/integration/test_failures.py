@@ -231,17 +231,22 @@ OTHER_SHM_CLIENT = textwrap.dedent("""
     result = {"shm_entries": len(os.listdir("/dev/shm"))}
     with envd.connect(sys.argv[1], timeout=30) as client:
         try:
-            client.make("CartPole-v1", 4, seed=0)
+            client.make("CartPole-v1", 4, seed=0, transport="shm")
             result["error"] = None
         except envd.EnvdError as exc:
             result["error"] = type(exc).__name__
             result["message"] = str(exc)
         result["sessions_after"] = client.status()["sessions"]
+        with client.make("CartPole-v1", 4, seed=0) as env:  # auto: the arrays travel inline
+            result["auto"] = env.transport
+            result["obs"] = env.reset()[0].tobytes().hex()
     print(json.dumps(result))
 """)
 
 
 def test_client_without_the_daemons_shm_gets_shared_memory_error(harness, tmp_path):
+    """transport="shm" from a client with its own /dev/shm: a clear error and no
+    session left; the default (auto) falls back to the inline transport."""
     probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
                             "mount -t tmpfs tmpfs /dev/shm"],
                            check=False, capture_output=True, text=True)
@@ -264,6 +269,9 @@ def test_client_without_the_daemons_shm_gets_shared_memory_error(harness, tmp_pa
     assert "another host or in another IPC namespace" in result["message"]
     assert f"pid {daemon.pid}" in result["message"]
     assert result["sessions_after"] == 0  # the client closed the session it could not use
+    assert result["auto"] == "inline"
+    with envd.make("CartPole-v1", 4, seed=0) as local:
+        assert result["obs"] == local.reset()[0].tobytes().hex()
     assert observer.status()["sessions"] == 0
     assert segments_of(daemon.pid) == []
     assert_stops_cleanly(daemon)
