@@ -51,8 +51,10 @@ def non_loopback_address() -> str | None:
 
 
 def keygen(out: Path, name: str) -> tuple[Path, Path]:
+    # cwd: not the checkout, whose envd/ folder would shadow the installed package
     done = subprocess.run([sys.executable, "-m", "envd.cli", "keygen", "--out", str(out),
-                           "--name", name], capture_output=True, text=True, timeout=120)
+                           "--name", name], capture_output=True, text=True, timeout=120,
+                          cwd=out.parent)
     assert done.returncode == 0, done.stderr
     return out / f"{name}.key", out / f"{name}.key_secret"
 

@@ -8,7 +8,6 @@ fails: a daemon with its own /dev/shm, as on another host), what a forced
 transport does, and what the daemon does with malformed inline requests."""
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import subprocess
@@ -252,8 +251,7 @@ def test_a_client_process_on_another_ipc_namespace_sees_the_same(daemon, tmp_pat
     command = ("mount -t tmpfs envd-test /dev/shm && exec "
                f"{sys.executable} {script} {daemon.endpoint}")
     out = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", command],
-                         capture_output=True, text=True, timeout=DEADLINE,
-                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+                         capture_output=True, text=True, timeout=DEADLINE, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     transport, obs_hex = out.stdout.split()
     assert transport == "inline"
