@@ -396,7 +396,13 @@ class Service:
         (for status and metrics, at most a lease tick late)."""
         for session in self.sessions.values():
             if session.fast is not None:
-                self._count_steps(session, session.new_fast_steps())
+                self._count_fast_steps(session)
+
+    def _count_fast_steps(self, session: Session) -> None:
+        new = session.new_fast_steps()
+        session.env_steps += new
+        session.steps += new // session.num_envs
+        self._count_steps(session, new)
 
     @staticmethod
     def _check_no_async(session: Session, call: str) -> None:
@@ -563,7 +569,7 @@ class Service:
     def _stop_fast(self, session: Session) -> None:
         """Stop a session's fast path (after the step it serves) and count its steps."""
         session.fast.stop()
-        self._count_steps(session, session.new_fast_steps())
+        self._count_fast_steps(session)
         self._fast_sessions -= 1
         session.fast = None
 
@@ -651,6 +657,7 @@ class Service:
 
     def status(self) -> dict[str, Any]:
         """What `envd status` prints: version, load and limits."""
+        self.collect_fast_steps()  # the fast path's steps, up to now
         return {"server": f"envd {__version__}", "pid": os.getpid(),
                 "hostname": socket.gethostname(), "endpoints": list(self.config.bind),
                 "curve": self.config.curve,  # tcp endpoints authenticate clients

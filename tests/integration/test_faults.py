@@ -248,7 +248,9 @@ def test_hundred_sigkilled_trainers_are_reclaimed_and_the_bystander_never_notice
 LOST = (envd.ConnectionLostError, envd.SessionExpiredError, envd.UnknownSessionError)
 
 
-def test_daemon_sigkilled_and_restarted_under_connected_clients(harness, tmp_path):
+def test_daemon_sigkilled_and_restarted_under_connected_clients(harness, tmp_path, monkeypatch):
+    # Socket path only: it watches steps in flight in the daemon's event loop.
+    monkeypatch.setenv("ENVD_FAST_PATH", "0")
     folder = tmp_path / "same-endpoint"
     old = harness.daemon("--threads", "2", "--lease-timeout", "30", folder=folder)
     timeout = 20.0
@@ -359,7 +361,9 @@ def test_daemon_sigkilled_and_restarted_under_connected_clients(harness, tmp_pat
 
 
 # ---- 3. SIGTERM under heavy stepping -----------------------------------------------------
-def test_sigterm_under_heavy_sync_and_async_stepping_drains_and_exits_0(harness):
+def test_sigterm_under_heavy_sync_and_async_stepping_drains_and_exits_0(harness, monkeypatch):
+    # Socket path only: it watches steps in flight in the daemon's event loop.
+    monkeypatch.setenv("ENVD_FAST_PATH", "0")
     daemon = harness.daemon("--threads", "2", "--lease-timeout", "30")
     refused = (envd.ShuttingDownError, envd.ConnectionLostError)
     sync_envs, async_envs, loopers = [], [], []

@@ -90,7 +90,9 @@ def draining_with_step_in_flight(daemon, observer, env, signum) -> tuple[bool, i
     return env._segment.done_seq < seq, seq
 
 
-def test_drain_answers_the_step_in_flight_then_refuses_work(harness):
+def test_drain_answers_the_step_in_flight_then_refuses_work(harness, monkeypatch):
+    # Socket path only: it watches a step in flight in the daemon's event loop.
+    monkeypatch.setenv("ENVD_FAST_PATH", "0")
     # 2**20 Acrobots take most of a second per step on one worker; should a
     # loaded machine still let the step end before the drain starts, start over.
     for attempt in range(3):
@@ -112,7 +114,9 @@ def test_drain_answers_the_step_in_flight_then_refuses_work(harness):
     assert env._segment.done_seq == in_flight_step
 
 
-def test_second_signal_exits_1_at_once_and_frees_every_segment(harness):
+def test_second_signal_exits_1_at_once_and_frees_every_segment(harness, monkeypatch):
+    # Socket path only: it watches a step in flight in the daemon's event loop.
+    monkeypatch.setenv("ENVD_FAST_PATH", "0")
     for attempt in range(3):
         daemon, observer, env, stepper = start_big_step(harness, 1 << 20)
         if draining_with_step_in_flight(daemon, observer, env, signal.SIGTERM)[0]:
@@ -314,7 +318,9 @@ def test_flags_from_envd_variables_and_the_command_line_wins(harness):
 
 
 # ---- logs -----------------------------------------------------------------------------------
-def test_json_logs_one_object_per_event_and_none_per_step(harness):
+def test_json_logs_one_object_per_event_and_none_per_step(harness, monkeypatch):
+    # Socket path only: it checks the error reply's log line (fast-path errors are raised in the trainer, not logged).
+    monkeypatch.setenv("ENVD_FAST_PATH", "0")
     daemon = harness.daemon("--threads", "1", "--lease-timeout", "30", "--log-format", "json")
     client = harness.connect(daemon)
     env = client.make("CartPole-v1", 4, seed=0)

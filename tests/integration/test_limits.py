@@ -271,7 +271,9 @@ def test_max_shm_bytes(tmp_path):
 
 # ---- --max-requests-per-second -----------------------------------------------------------
 
-def test_max_requests_per_second(tmp_path):
+def test_max_requests_per_second(tmp_path, monkeypatch):
+    # Socket path only: the limit throttles requests over the socket, which fast-path steps never use.
+    monkeypatch.setenv("ENVD_FAST_PATH", "0")
     rate, burst = 20, 100
     proc = start_daemon(tmp_path / "rate", "--max-requests-per-second", str(rate))
     context = zmq.Context()
