@@ -177,6 +177,7 @@ int envd_fast_start(envd_fast_t **out, envd_vec_t *vec, envd_fast_header_t *head
                     int64_t spin_ns);
 int64_t envd_fast_stop(envd_fast_t *fast);
 void envd_fast_lock(envd_fast_t *fast);
+int envd_fast_trylock(envd_fast_t *fast);
 void envd_fast_unlock(envd_fast_t *fast);
 void envd_fast_drain(envd_fast_t *fast);
 int64_t envd_fast_served(const envd_fast_t *fast);

@@ -278,6 +278,10 @@ class NativeFast:
         """Wait for the request being served, then hold requests off."""
         lib.envd_fast_lock(self.handle)
 
+    def try_lock(self) -> bool:
+        """lock() if no request is being served now (never blocks)."""
+        return bool(lib.envd_fast_trylock(self.handle))
+
     def unlock(self) -> None:
         lib.envd_fast_unlock(self.handle)
 

@@ -126,7 +126,7 @@ def read_service(service: "Service") -> dict[str, Any]:
     envs = 0
     for session in service.sessions.values():
         envs += session.num_envs
-        stats = session.native.stats()
+        stats = session.job_stats()
         inline += stats["inline_jobs"]
         pooled += stats["pooled_jobs"]
     return {"env_steps": service.env_steps, "env_steps_by_env": dict(service.env_steps_by_env),

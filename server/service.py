@@ -553,6 +553,8 @@ class Service:
             "event": "session_close" if why == "closed" else "session_expire",
             "client": session.owner.hex()[:8], "session": session.id[:8],
             "env_id": session.spec.id, "env_steps": session.env_steps})
+        if session.fast is not None:  # first: its thread steps the vec
+            self._stop_fast(session)
         if session.native is not None:  # no step job starts after this: count them now
             stats = session.native.stats()
             self.closed_session_jobs[0] += stats["inline_jobs"]

@@ -188,6 +188,19 @@ class Session:
         new, self.fast_steps_counted = served - self.fast_steps_counted, served
         return new
 
+    def job_stats(self) -> dict[str, float]:
+        """The vec's dispatch statistics; while the fast path's thread steps
+        the vec (reading them then would race it), those read last time: they
+        lag, they never go back."""
+        if self.fast is None:
+            return self.native.stats()
+        if self.fast.try_lock():
+            try:
+                self._last_stats = self.native.stats()
+            finally:
+                self.fast.unlock()
+        return getattr(self, "_last_stats", {"inline_jobs": 0, "pooled_jobs": 0})
+
     def reset(self, with_seeds: bool, with_mask: bool) -> None:
         """Reset on the executor; a fast-path request rung meanwhile waits."""
         if self.fast is None:

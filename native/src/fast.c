@@ -31,7 +31,7 @@ _Static_assert(offsetof(envd_fast_header_t, error_index) == 80, "doorbell layout
 _Static_assert(offsetof(envd_fast_header_t, closed) == 88, "doorbell layout");
 
 /* A sleeping server wakes this often to notice envd_fast_stop even if no
- * client rings (stop also rings, so this is a safety net only). */
+ * client rings (stop also wakes it, repeatedly: a safety net only). */
 #define SLEEP_SLICE_NS 200000000LL
 #define SPIN_CHECK_EVERY 64
 
@@ -42,6 +42,7 @@ struct envd_fast {
     pthread_t thread;
     pthread_mutex_t lock;   /* held while a request runs on the vec */
     _Atomic int stop;
+    _Atomic int exited;     /* set by the server thread as it leaves serve() */
     _Atomic int draining;
     _Atomic int64_t served;
     uint32_t last;          /* server thread only */
@@ -170,6 +171,7 @@ static void *serve(void *arg)
         pthread_mutex_unlock(&fast->lock);
         fast->last = seq;
     }
+    atomic_store(&fast->exited, 1);
     return NULL;
 }
 
@@ -205,7 +207,17 @@ int64_t envd_fast_stop(envd_fast_t *fast)
     if (fast == NULL)
         return 0;
     atomic_store(&fast->stop, 1);
-    futex_wake(&fast->header->req_seq);
+    /* One wake is not enough: the server may have read stop == 0 just before
+     * its FUTEX_WAIT on req_seq, and stop leaves req_seq (the word the kernel
+     * compares) unchanged, so that wait would sleep a whole SLEEP_SLICE_NS
+     * (tests/native/fast_stress.c: about 1 stop in 10 issued right after an
+     * answer took 200 ms).  Wake until the thread has left its loop. */
+    for (long pause_ns = 20000;; pause_ns = pause_ns < 1000000 ? 2 * pause_ns : pause_ns) {
+        futex_wake(&fast->header->req_seq);
+        if (atomic_load(&fast->exited))
+            break;
+        nanosleep(&(struct timespec){0, pause_ns}, NULL);
+    }
     pthread_join(fast->thread, NULL);
     /* The client reads closed after waking on done_seq (or before ringing):
      * it then asks the daemon over the socket, which says why. */
@@ -220,6 +232,11 @@ int64_t envd_fast_stop(envd_fast_t *fast)
 void envd_fast_lock(envd_fast_t *fast)
 {
     pthread_mutex_lock(&fast->lock);
+}
+
+int envd_fast_trylock(envd_fast_t *fast)
+{
+    return pthread_mutex_trylock(&fast->lock) == 0;
 }
 
 void envd_fast_unlock(envd_fast_t *fast)

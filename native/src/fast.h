@@ -80,6 +80,9 @@ int64_t envd_fast_stop(envd_fast_t *fast);
 /* Hold off the server thread: it finishes the request it serves, then waits;
  * requests rung meanwhile are served after envd_fast_unlock. */
 void envd_fast_lock(envd_fast_t *fast);
+/* envd_fast_lock if the server is not serving a request now: 1, else 0
+ * (for callers that must not block, e.g. an event loop reading statistics). */
+int envd_fast_trylock(envd_fast_t *fast);
 void envd_fast_unlock(envd_fast_t *fast);
 
 /* From now on answer every request with ENVD_FAST_SHUTTING_DOWN. */
