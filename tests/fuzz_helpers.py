@@ -255,13 +255,15 @@ def _request(kind: str, ref: st.SearchStrategy) -> st.SearchStrategy:
                                 {"inline": st.booleans()}), no_blobs)
     if kind == "close":
         return st.tuples(header({"session": ref}), no_blobs)
+    if kind == "fast":  # the fast path on and off (socket steps are refused while on)
+        return st.tuples(header({"session": ref}, {"enable": st.booleans()}), no_blobs)
     raise AssertionError(kind)
 
 
 #: How often each request type is drawn: mostly the session requests; a bye
 #: (which frees all the sender's sessions) seldom.
 REQUEST_WEIGHTS = {"hello": 2, "heartbeat": 2, "list_envs": 1, "status": 2, "make": 4, "reset": 5,
-                   "step": 10, "send": 6, "recv": 6, "close": 2, "bye": 1}
+                   "step": 10, "send": 6, "recv": 6, "close": 2, "bye": 1, "fast": 2}
 
 
 def requests(whose: str | None = None) -> st.SearchStrategy:
@@ -270,7 +272,7 @@ def requests(whose: str | None = None) -> st.SearchStrategy:
                        for _ in range(weight)))
 
 
-SESSION_TYPES = ["reset", "step", "send", "recv", "close"]
+SESSION_TYPES = ["reset", "step", "send", "recv", "close", "fast"]
 FOREIGN_REQUESTS = st.one_of(
     *(_request(kind, refs("other")) for kind in SESSION_TYPES),
     st.just(({"type": "heartbeat", "client": PEER}, ())))
