@@ -74,7 +74,8 @@ int envd_fast_start(envd_fast_t **out, envd_vec_t *vec, envd_fast_header_t *head
 /* Stop the thread (after the request it serves, if any), mark the doorbell
  * closed (waking a client that waits) and free; returns the requests served
  * in all (0 for NULL).  The vec and the header must stay valid until this
- * returns. */
+ * returns, and no other thread may hold envd_fast_lock (it destroys the
+ * mutex). */
 int64_t envd_fast_stop(envd_fast_t *fast);
 
 /* Hold off the server thread: it finishes the request it serves, then waits;

@@ -1,0 +1,1458 @@
+/*
+ * fast_stress.c -- tests of native/src/fast.c (the same-host fast path's
+ * server thread); exits non-zero on any failure.  Usage: fast_stress
+ * [divisor]; request and loop counts are divided by divisor (sanitizer builds
+ * run slower).
+ *
+ * The trainer is played by threads of this process that use the doorbell
+ * exactly as client/doorbell.py does: write req_kind, then req_seq + 1, then
+ * FUTEX_WAKE req_seq; wait for done_seq == seq by spinning, by sleeping on
+ * done_seq's futex (client_waiting = 1, in slices, checking closed), or both.
+ * The header lies in a MAP_SHARED page at ENVD_FAST_OFFSET, as in the daemon,
+ * so the shared (not private) futexes are the ones exercised.
+ *
+ * Checks:
+ *   - results: for pools of 0, 1 and 2 threads, CartPole, Acrobot and
+ *     ConnectFour, N in {1, 7, 256}, two autoreset modes: after every answer
+ *     every output buffer is bit-identical to a twin vec stepped serially with
+ *     the same actions, status is ENVD_OK, result and envd_fast_served are
+ *     what envd_vec_step returned / counted; the client spins, sleeps or
+ *     both, with pauses shorter and longer than the server's spin, under
+ *     max_spinners 0, 1 and 2; a client asleep on done_seq is woken by its
+ *     answer (it sleeps in 1 s slices here: none may run out after the
+ *     answer came);
+ *   - errors: an out-of-range discrete action (ENVD_ERANGE, error_index names
+ *     the env), an unknown req_kind (ENVD_EINVAL), a never-reset vec and a
+ *     done env in DISABLED mode (ENVD_ESTATE); nothing is stepped (the twin
+ *     that never saw the request stays identical) and served does not count;
+ *   - lock: a locker thread takes envd_fast_lock, resets the vec, unlocks,
+ *     at random times while the client rings: no env step runs while it holds
+ *     the lock (the vec's env is CartPole wrapped by a step that checks a flag
+ *     the locker sets), done_seq does not move inside the locked region, and
+ *     a twin that replays resets and steps in the order the lock imposed
+ *     (the locker logs done_seq with each reset) stays bit-identical; a
+ *     request rung while the lock is held is answered only after unlock;
+ *     envd_fast_trylock takes the lock of an idle server and fails while
+ *     the lock is held or a request is in service;
+ *   - drain: after envd_fast_drain every request (any kind) answers
+ *     ENVD_FAST_SHUTTING_DOWN and steps nothing;
+ *   - stop: with nothing pending (served count returned, closed == 1,
+ *     done_seq unchanged); during a request in service (it is answered and
+ *     counted); with a request rung after stop began while a client sleeps on
+ *     done_seq (never answered; the sleeper is woken by stop's wake and sees
+ *     closed); right after an answer, as the server heads for its sleep;
+ *     stop/start cycles on one header (LeakSanitizer sees leaks),
+ *     each start serving only requests rung after it, across the 2^32 wrap of
+ *     the sequence numbers, and every stop returns promptly;
+ *   - spinners: two sessions whose servers spin for 20 s after a request,
+ *     each server thread's CPU measured against a busy reference thread:
+ *     with max_spinners 0 (or negative) neither spins, yet both answer; with
+ *     1 exactly one spins; with 2 both do (the measurement works).
+ */
+#define _GNU_SOURCE
+#include "fast.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "builtin_envs.h"
+#include "envd.h"
+#include "pool.h"
+#include "stress_check.h"
+#include "vec.h"
+
+static int g_div = 1;
+
+static int scaled(int count, int floor)
+{
+    return count / g_div > floor ? count / g_div : floor;
+}
+
+static uint64_t rnd(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void sleep_us(int64_t us)
+{
+    struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+}
+
+static void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#else
+    atomic_signal_fence(memory_order_seq_cst);
+#endif
+}
+
+static void *xcalloc(size_t n, size_t size)
+{
+    void *p = calloc(n, size);
+    CHECK(p, "out of memory");
+    return p;
+}
+
+static pid_t thread_id(void)
+{
+    return (pid_t)syscall(SYS_gettid);
+}
+
+/* ---- futexes, as the Python client calls them (shared, not PRIVATE) ------------ */
+/* Returns 0 when woken, else errno (EAGAIN: the word differed; ETIMEDOUT). */
+static int futex_wait(_Atomic uint32_t *word, uint32_t value, int64_t timeout_ns)
+{
+    struct timespec ts = {timeout_ns / 1000000000LL, timeout_ns % 1000000000LL};
+    long rc = syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT, value, &ts, NULL, 0);
+    return rc == 0 ? 0 : errno;
+}
+
+static void futex_wake(_Atomic uint32_t *word, int count)
+{
+    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, count, NULL, NULL, 0);
+}
+
+/* The system call thread tid is blocked in (its first argument in *arg0), -1
+ * when it runs, -2 when /proc does not say (then callers fall back to a
+ * pause). */
+static long blocked_in(pid_t tid, unsigned long *arg0)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/self/task/%d/syscall", (int)tid);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return -2;
+    char *got = fgets(line, sizeof line, f);
+    fclose(f);
+    if (got == NULL)
+        return -2;
+    if (strncmp(line, "running", 7) == 0)
+        return -1;
+    long nr;
+    *arg0 = 0;
+    if (sscanf(line, "%ld 0x%lx", &nr, arg0) < 1)
+        return -2;
+    return nr;
+}
+
+/* Is the thread asleep in futex(2) on addr? */
+static bool sleeps_on(long nr, unsigned long arg0, const void *addr)
+{
+    return nr == SYS_futex && arg0 == (unsigned long)(uintptr_t)addr;
+}
+
+/* Is the thread in envd_fast_stop asleep past its store of the stop flag: in
+ * a sleep, or in a futex wait that is not one on the doorbell's words (the
+ * join)?  Before that store it makes no blocking call. */
+static bool stopping(long nr, unsigned long arg0, const envd_fast_header_t *h)
+{
+    if (nr == SYS_nanosleep || nr == SYS_clock_nanosleep)
+        return true;
+    return nr == SYS_futex && !sleeps_on(nr, arg0, &h->req_seq) &&
+           !sleeps_on(nr, arg0, &h->done_seq);
+}
+
+/* Waits until thread tid is asleep on the doorbell word addr (or, for addr
+ * NULL, stopping() on h) in three reads a millisecond apart.  Returns false
+ * when /proc cannot tell (after a generous pause instead). */
+static bool wait_asleep(pid_t tid, const void *addr, const envd_fast_header_t *h)
+{
+    const double deadline = now_s() + 30.0;
+    for (int streak = 0; streak < 3;) {
+        unsigned long arg0;
+        long nr = blocked_in(tid, &arg0);
+        if (nr == -2) {
+            sleep_us(200000);
+            return false;
+        }
+        bool asleep = addr ? sleeps_on(nr, arg0, addr) : stopping(nr, arg0, h);
+        streak = asleep ? streak + 1 : 0;
+        CHECK(now_s() < deadline, "thread %d never fell asleep (syscall %ld)", (int)tid, nr);
+        sleep_us(1000);
+    }
+    return true;
+}
+
+typedef struct harness harness_t;
+typedef struct doorbell doorbell_t;
+static int list_tasks_once(pid_t *out, int cap);
+
+/* ---- the doorbell and its client ------------------------------------------------ */
+struct doorbell {
+    unsigned char *page; /* MAP_SHARED, as the session's segment */
+    envd_fast_header_t *h;
+    uint32_t seq;        /* the last request rung */
+};
+
+static void doorbell_map(doorbell_t *d)
+{
+    d->page = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    CHECK(d->page != MAP_FAILED, "mmap: %s", strerror(errno));
+    d->h = (envd_fast_header_t *)(d->page + ENVD_FAST_OFFSET);
+    d->seq = atomic_load(&d->h->req_seq);
+}
+
+static void doorbell_unmap(doorbell_t *d)
+{
+    munmap(d->page, 4096);
+    d->page = NULL;
+    d->h = NULL;
+}
+
+static void ring(doorbell_t *d, uint32_t kind)
+{
+    d->seq++;
+    atomic_store(&d->h->req_kind, kind);
+    atomic_store(&d->h->req_seq, d->seq);
+    futex_wake(&d->h->req_seq, 1);
+}
+
+static bool is_answered(const doorbell_t *d)
+{
+    return atomic_load_explicit(&d->h->done_seq, memory_order_acquire) == d->seq;
+}
+
+enum { WAIT_SPIN, WAIT_SLEEP, WAIT_MIXED };
+static const char *wait_names[] = {"spin", "sleep", "mixed"};
+#define SLICE_NS 20000000LL /* the Python client's slice */
+/* A slice no step here comes near: a sleep that runs to its end although the
+ * answer came meanwhile is a wake-up the server owed (g_late_wakes). */
+#define LONG_SLICE_NS 1000000000LL
+static _Atomic int g_late_wakes;
+
+typedef struct answer {
+    bool answered;
+    int32_t status;
+    int64_t result, index;
+} answer_t;
+
+/* The client's wait for the last request: spin (WAIT_SPIN: only; WAIT_MIXED:
+ * for up to 150 us), then sleep on done_seq in slices while it is not ours,
+ * with client_waiting set, until it is answered or the doorbell is closed. */
+static answer_t wait_answer(doorbell_t *d, int mode, int64_t slice_ns)
+{
+    const double start = now_s(), deadline = start + 30.0;
+    if (mode != WAIT_SLEEP) {
+        const double spin_until = mode == WAIT_SPIN ? deadline : start + 150e-6;
+        unsigned i = 0;
+        while (!is_answered(d) && !atomic_load(&d->h->closed) && now_s() < spin_until) {
+            cpu_relax();
+            if (++i % 256 == 0)
+                sched_yield(); /* a loaded 2-core box: let the server run */
+        }
+    }
+    while (!is_answered(d)) {
+        if (atomic_load(&d->h->closed))
+            break;
+        CHECK(now_s() < deadline, "request %u: no answer after 30 s (%s wait)", d->seq,
+              wait_names[mode]);
+        atomic_store(&d->h->client_waiting, 1);
+        uint32_t current = atomic_load(&d->h->done_seq);
+        if (current != d->seq && futex_wait(&d->h->done_seq, current, slice_ns) == ETIMEDOUT &&
+            is_answered(d))
+            atomic_fetch_add(&g_late_wakes, 1);
+        atomic_store(&d->h->client_waiting, 0);
+    }
+    answer_t a = {.answered = is_answered(d), .status = 0, .result = 0, .index = 0};
+    if (a.answered) {
+        a.status = atomic_load_explicit(&d->h->status, memory_order_relaxed);
+        a.result = atomic_load_explicit(&d->h->result, memory_order_relaxed);
+        a.index = atomic_load_explicit(&d->h->error_index, memory_order_relaxed);
+    }
+    return a;
+}
+
+static int64_t g_slice_ns = SLICE_NS; /* the slice of request()'s waits */
+
+static answer_t request(doorbell_t *d, uint32_t kind, int mode)
+{
+    ring(d, kind);
+    answer_t a = wait_answer(d, mode, g_slice_ns);
+    CHECK(a.answered, "request %u: doorbell closed without an answer", d->seq);
+    CHECK(g_slice_ns != LONG_SLICE_NS || atomic_load(&g_late_wakes) == 0,
+          "request %u: a sleeping client was not woken by its answer", d->seq);
+    return a;
+}
+
+/* ---- a vec with its buffers ------------------------------------------------------- */
+struct harness {
+    const envd_env_def_t *def;
+    envd_vec_t *vec;
+    int64_t n;
+    size_t obs_bytes, act_bytes;
+    unsigned char *obs, *final_obs, *actions;
+    float *rewards;
+    bool *terms, *truncs, *mask;
+    double *returns;
+    int64_t *lengths;
+    unsigned char *info[ENVD_MAX_INFO_FIELDS];
+    double params[8];
+    envd_vec_buffers_t bufs;
+    envd_vec_config_t cfg;
+};
+
+static size_t space_bytes(const envd_space_t *space)
+{
+    return (size_t)envd_space_numel(space) * envd_dtype_size(space->dtype);
+}
+
+static size_t info_field_bytes(const envd_info_field_t *f)
+{
+    size_t bytes = envd_dtype_size(f->dtype);
+    for (int d = 0; d < f->ndim; d++)
+        bytes *= (size_t)f->shape[d];
+    return bytes;
+}
+
+enum { TIME_LIMIT = 50 };
+
+/* Buffers, config and the vec (pool may be NULL; chunk 0 is adaptive). */
+static void harness_init(harness_t *h, const envd_env_def_t *def, int64_t n, int mode,
+                         envd_pool_t *pool, int64_t chunk)
+{
+    memset(h, 0, sizeof *h);
+    h->def = def;
+    h->n = n;
+    h->obs_bytes = space_bytes(&def->observation_space);
+    h->act_bytes = space_bytes(&def->action_space);
+    h->obs = xcalloc((size_t)n, h->obs_bytes);
+    h->final_obs = mode == ENVD_AUTORESET_SAME_STEP ? xcalloc((size_t)n, h->obs_bytes) : NULL;
+    h->actions = xcalloc((size_t)n, h->act_bytes);
+    h->rewards = xcalloc((size_t)n, sizeof *h->rewards);
+    h->terms = xcalloc((size_t)n, sizeof *h->terms);
+    h->truncs = xcalloc((size_t)n, sizeof *h->truncs);
+    h->mask = xcalloc((size_t)n, sizeof *h->mask);
+    h->returns = xcalloc((size_t)n, sizeof *h->returns);
+    h->lengths = xcalloc((size_t)n, sizeof *h->lengths);
+    for (int k = 0; k < def->num_info_fields; k++)
+        h->info[k] = xcalloc((size_t)n, info_field_bytes(&def->info_fields[k]));
+    CHECK(def->num_params <= (int32_t)COUNT(h->params), "too many params");
+    for (int i = 0; i < def->num_params; i++)
+        h->params[i] = def->params[i].default_value;
+    h->bufs = (envd_vec_buffers_t){
+        .observations = h->obs,
+        .actions = h->actions,
+        .rewards = h->rewards,
+        .terminations = h->terms,
+        .truncations = h->truncs,
+        .final_observations = h->final_obs,
+        .episode_returns = h->returns,
+        .episode_lengths = h->lengths,
+    };
+    for (int k = 0; k < def->num_info_fields; k++)
+        h->bufs.info_fields[k] = h->info[k];
+    h->cfg = (envd_vec_config_t){
+        .num_envs = n, .autoreset_mode = mode, .max_episode_steps = TIME_LIMIT,
+        .params = h->params};
+    int rc = envd_vec_create(&h->vec, def, &h->cfg, &h->bufs, pool);
+    CHECK(rc == ENVD_OK, "%s: create: %s", def->id, envd_strerror(rc));
+    envd_vec_set_chunk(h->vec, chunk);
+}
+
+static void harness_free(harness_t *h)
+{
+    envd_vec_destroy(h->vec);
+    free(h->obs);
+    free(h->final_obs);
+    free(h->actions);
+    free(h->rewards);
+    free(h->terms);
+    free(h->truncs);
+    free(h->mask);
+    free(h->returns);
+    free(h->lengths);
+    for (int k = 0; k < ENVD_MAX_INFO_FIELDS; k++)
+        free(h->info[k]);
+    h->vec = NULL;
+}
+
+/* Every env seeded with base + i (mask NULL: all). */
+static void harness_reset(harness_t *h, uint64_t base, const bool *mask)
+{
+    uint64_t *seeds = xcalloc((size_t)h->n, sizeof *seeds);
+    for (int64_t i = 0; i < h->n; i++)
+        seeds[i] = base + (uint64_t)i;
+    int rc = envd_vec_reset(h->vec, seeds, mask);
+    CHECK(rc == ENVD_OK, "%s: reset: %s", h->def->id, envd_strerror(rc));
+    free(seeds);
+}
+
+/* Valid random actions (discrete spaces only: the envs used here). */
+static void fill_actions(harness_t *h, uint64_t *s)
+{
+    const envd_space_t *as = &h->def->action_space;
+    CHECK(as->kind == ENVD_SPACE_DISCRETE, "%s: only discrete actions here", h->def->id);
+    for (int64_t i = 0; i < h->n; i++)
+        ((int64_t *)h->actions)[i] = as->start + (int64_t)(rnd(s) % (uint64_t)as->n);
+}
+
+static void copy_actions(harness_t *to, const harness_t *from)
+{
+    memcpy(to->actions, from->actions, (size_t)from->n * from->act_bytes);
+}
+
+/* Every output buffer bit-identical. */
+static bool same_buffers(const harness_t *a, const harness_t *b)
+{
+    size_t n = (size_t)a->n;
+    if (memcmp(a->obs, b->obs, n * a->obs_bytes) || memcmp(a->rewards, b->rewards, n * 4) ||
+        memcmp(a->terms, b->terms, n) || memcmp(a->truncs, b->truncs, n) ||
+        memcmp(a->returns, b->returns, n * 8) || memcmp(a->lengths, b->lengths, n * 8))
+        return false;
+    if (a->final_obs && memcmp(a->final_obs, b->final_obs, n * a->obs_bytes))
+        return false;
+    for (int k = 0; k < a->def->num_info_fields; k++)
+        if (memcmp(a->info[k], b->info[k], n * info_field_bytes(&a->def->info_fields[k])))
+            return false;
+    return true;
+}
+
+/* ... and num_done, after a step that ran (a refused step leaves the buffers
+ * but not the count: envd_vec_num_done is about the last step). */
+static bool same_outputs(const harness_t *a, const harness_t *b)
+{
+    return same_buffers(a, b) && envd_vec_num_done(a->vec) == envd_vec_num_done(b->vec);
+}
+
+static envd_fast_t *fast_start(harness_t *h, doorbell_t *d, int64_t spin_ns)
+{
+    envd_fast_t *f = NULL;
+    int rc = envd_fast_start(&f, h->vec, d->h, spin_ns);
+    CHECK(rc == ENVD_OK && f != NULL, "envd_fast_start: %s", envd_strerror(rc));
+    CHECK(atomic_load(&d->h->closed) == 0, "closed after start");
+    CHECK(atomic_load(&d->h->done_seq) == atomic_load(&d->h->req_seq),
+          "start: done_seq %u, req_seq %u", atomic_load(&d->h->done_seq),
+          atomic_load(&d->h->req_seq));
+    return f;
+}
+
+/* Stops and checks the closed doorbell: served count, closed, done_seq left
+ * at the last answer. */
+static void fast_stop(envd_fast_t *f, doorbell_t *d, int64_t want_served)
+{
+    uint32_t done = atomic_load(&d->h->done_seq);
+    int64_t served = envd_fast_stop(f);
+    CHECK(served == want_served, "stop returned %lld served, want %lld", (long long)served,
+          (long long)want_served);
+    CHECK(atomic_load(&d->h->closed) == 1, "not closed after stop");
+    CHECK(atomic_load(&d->h->done_seq) == done, "stop moved done_seq %u -> %u", done,
+          atomic_load(&d->h->done_seq));
+}
+
+/* A request that must run one step: the twin steps with the same actions,
+ * the answer carries its num_done and every buffer matches. */
+static void step_checked(harness_t *h, harness_t *twin, envd_fast_t *f, doorbell_t *d,
+                         int mode, int64_t *ok, const char *what)
+{
+    copy_actions(twin, h);
+    answer_t a = request(d, ENVD_FAST_STEP, mode);
+    int rc = envd_vec_step(twin->vec);
+    CHECK(rc >= 0, "%s: twin step: %s", what, envd_strerror(rc));
+    CHECK(a.status == ENVD_OK && a.result == rc && a.index == -1,
+          "%s: request %u: status %d result %lld index %lld, twin returned %d", what, d->seq,
+          a.status, (long long)a.result, (long long)a.index, rc);
+    CHECK(same_outputs(h, twin), "%s: request %u: outputs differ from the twin", what, d->seq);
+    ++*ok;
+    CHECK(envd_fast_served(f) == *ok, "%s: served %lld, want %lld", what,
+          (long long)envd_fast_served(f), (long long)*ok);
+}
+
+/* A request the server must refuse: the status and index, and nothing
+ * stepped (the twin, not stepped, still matches). */
+static void step_refused(harness_t *h, harness_t *twin, envd_fast_t *f, doorbell_t *d,
+                         uint32_t kind, int mode, int want, int64_t index, int64_t ok,
+                         const char *what)
+{
+    answer_t a = request(d, kind, mode);
+    CHECK(a.status == want && a.index == index && a.result == 0,
+          "%s: status %d (want %d) index %lld (want %lld) result %lld", what, a.status, want,
+          (long long)a.index, (long long)index, (long long)a.result);
+    CHECK(same_buffers(h, twin), "%s: a refused request wrote outputs", what);
+    CHECK(envd_fast_served(f) == ok, "%s: served %lld, want %lld", what,
+          (long long)envd_fast_served(f), (long long)ok);
+}
+
+static const envd_env_def_t *const g_envs[] = {
+    &envd_builtin_cartpole, &envd_builtin_acrobot, &envd_builtin_connect_four};
+
+/* ---- 1. results ----------------------------------------------------------------- */
+static void test_results(envd_pool_t *const *pools, int num_pools, int requests)
+{
+    static const int64_t sizes[] = {1, 7, 256};
+    /* Pauses between requests, in us: none, shorter and longer than the spin. */
+    static const int64_t pauses[] = {0, 0, 5, 30, 200, 1000};
+    uint64_t s = 0x5eedfa57ull;
+    int config = 0;
+    g_slice_ns = LONG_SLICE_NS;
+    atomic_store(&g_late_wakes, 0);
+    for (int p = 0; p < num_pools; p++) {
+        for (size_t e = 0; e < COUNT(g_envs); e++) {
+            for (size_t si = 0; si < COUNT(sizes); si++, config++) {
+                /* A Latin square: per pool, every (max_spinners, wait) pair
+                 * once, and every size and env with each spinner setting and
+                 * each wait. */
+                const int max_spinners = (int)(si + e + (size_t)p) % 3;
+                const int policy = (int)(si + 2 * e + (size_t)p) % 3; /* spin, sleep, random */
+                const int mode = config % 2 ? ENVD_AUTORESET_SAME_STEP : ENVD_AUTORESET_NEXT_STEP;
+                const int64_t chunk = config % 4 == 1 ? 3 : 0;  /* pooled or adaptive */
+                const int64_t spin_ns = config % 5 == 0 ? 0 : 100000;
+                envd_fast_set_max_spinners(max_spinners);
+                char what[160];
+                snprintf(what, sizeof what, "%s n=%lld threads=%d spinners=%d wait=%s",
+                         g_envs[e]->id, (long long)sizes[si], envd_pool_num_threads(pools[p]),
+                         max_spinners, policy == 2 ? "random" : wait_names[policy]);
+                harness_t h, twin;
+                harness_init(&h, g_envs[e], sizes[si], mode, pools[p], chunk);
+                harness_init(&twin, g_envs[e], sizes[si], mode, NULL, 0);
+                harness_reset(&h, 100 + (uint64_t)config, NULL);
+                harness_reset(&twin, 100 + (uint64_t)config, NULL);
+                doorbell_t d;
+                doorbell_map(&d);
+                envd_fast_t *f = fast_start(&h, &d, spin_ns);
+                int64_t ok = 0;
+                for (int r = 0; r < requests; r++) {
+                    fill_actions(&h, &s);
+                    int wait = policy == 2 ? (int)(rnd(&s) % 3) : policy;
+                    step_checked(&h, &twin, f, &d, wait, &ok, what);
+                    int64_t pause = pauses[rnd(&s) % COUNT(pauses)];
+                    if (pause)
+                        sleep_us(pause);
+                }
+                fast_stop(f, &d, ok);
+                CHECK(d.seq == (uint32_t)requests, "%s: %u requests rung", what, d.seq);
+                doorbell_unmap(&d);
+                harness_free(&h);
+                harness_free(&twin);
+            }
+        }
+    }
+    envd_fast_set_max_spinners(1);
+    g_slice_ns = SLICE_NS;
+    CHECK(atomic_load(&g_late_wakes) == 0, "%d sleeping clients were not woken by their answer",
+          atomic_load(&g_late_wakes));
+}
+
+/* ---- 2. errors ------------------------------------------------------------------- */
+static void test_errors(envd_pool_t *pool, int chunk)
+{
+    uint64_t s = 0xe770ull + (uint64_t)chunk;
+    for (size_t e = 0; e < COUNT(g_envs); e++) {
+        const envd_env_def_t *def = g_envs[e];
+        const envd_space_t *as = &def->action_space;
+        const int64_t n = 9;
+        harness_t h, twin;
+        harness_init(&h, def, n, ENVD_AUTORESET_NEXT_STEP, pool, chunk);
+        harness_init(&twin, def, n, ENVD_AUTORESET_NEXT_STEP, NULL, 0);
+        doorbell_t d;
+        doorbell_map(&d);
+        envd_fast_t *f = fast_start(&h, &d, 20000);
+        int64_t ok = 0;
+
+        /* Never reset: ESTATE naming env 0, for every wait. */
+        for (int w = 0; w < 3; w++)
+            step_refused(&h, &twin, f, &d, ENVD_FAST_STEP, w, ENVD_ESTATE, 0, ok,
+                         "step before reset");
+        /* A reset under the lock (as the daemon does), then steps. */
+        envd_fast_lock(f);
+        harness_reset(&h, 7, NULL);
+        envd_fast_unlock(f);
+        harness_reset(&twin, 7, NULL);
+        const int64_t bad[] = {as->start - 1, as->start + as->n, INT64_MIN, INT64_MAX};
+        const int64_t where[] = {0, n - 1, 4};
+        const uint32_t bad_kinds[] = {0, 2, 77, UINT32_MAX};
+        for (int round = 0; round < 12; round++) {
+            fill_actions(&h, &s);
+            int64_t k = where[round % COUNT(where)];
+            int64_t *a = (int64_t *)h.actions;
+            int64_t good = a[k];
+            a[k] = bad[round % COUNT(bad)];
+            char what[128];
+            snprintf(what, sizeof what, "%s: action %lld at env %lld", def->id, (long long)a[k],
+                     (long long)k);
+            step_refused(&h, &twin, f, &d, ENVD_FAST_STEP, round % 3, ENVD_ERANGE, k, ok, what);
+            a[k] = good;
+            snprintf(what, sizeof what, "%s: req_kind %u", def->id, bad_kinds[round % 4]);
+            step_refused(&h, &twin, f, &d, bad_kinds[round % 4], (round + 1) % 3, ENVD_EINVAL,
+                         -1, ok, what);
+            step_checked(&h, &twin, f, &d, (round + 2) % 3, &ok, "step after refusals");
+        }
+        fast_stop(f, &d, ok);
+        doorbell_unmap(&d);
+        harness_free(&h);
+        harness_free(&twin);
+    }
+
+    /* DISABLED mode: the step after an episode ended is refused (ESTATE naming
+     * the first done env) until the daemon resets it under the lock. */
+    harness_t h, twin;
+    harness_init(&h, &envd_builtin_cartpole, 16, ENVD_AUTORESET_DISABLED, pool, chunk);
+    harness_init(&twin, &envd_builtin_cartpole, 16, ENVD_AUTORESET_DISABLED, NULL, 0);
+    harness_reset(&h, 40, NULL);
+    harness_reset(&twin, 40, NULL);
+    doorbell_t d;
+    doorbell_map(&d);
+    envd_fast_t *f = fast_start(&h, &d, 20000);
+    int64_t ok = 0;
+    int refusals = 0;
+    for (int r = 0; r < 200 && refusals < 4; r++) {
+        fill_actions(&h, &s);
+        step_checked(&h, &twin, f, &d, r % 3, &ok, "disabled mode");
+        if (envd_vec_num_done(twin.vec) == 0)
+            continue;
+        int64_t first = 0;
+        while (!(twin.terms[first] || twin.truncs[first]))
+            first++;
+        step_refused(&h, &twin, f, &d, ENVD_FAST_STEP, r % 3, ENVD_ESTATE, first, ok,
+                     "step with a done env in DISABLED mode");
+        CHECK(envd_vec_step(twin.vec) == ENVD_ESTATE && envd_vec_error_index(twin.vec) == first,
+              "the twin disagrees");
+        refusals++;
+        for (int64_t i = 0; i < twin.n; i++)
+            twin.mask[i] = twin.terms[i] || twin.truncs[i];
+        envd_fast_lock(f);
+        harness_reset(&h, 1000 + (uint64_t)r, twin.mask);
+        envd_fast_unlock(f);
+        harness_reset(&twin, 1000 + (uint64_t)r, twin.mask);
+        CHECK(same_outputs(&h, &twin), "masked reset differs");
+    }
+    CHECK(refusals == 4, "only %d episodes ended in 200 steps", refusals);
+    fast_stop(f, &d, ok);
+    doorbell_unmap(&d);
+    harness_free(&h);
+    harness_free(&twin);
+}
+
+/* ---- 3. lock ------------------------------------------------------------------- */
+/* CartPole whose step checks that the locker does not hold the lock. */
+static _Atomic int g_locked;
+static envd_env_def_t g_guarded;
+
+static int guarded_step(void *state, envd_rng_t *rng, const void *action, void *obs,
+                        double *reward, bool *terminated, bool *truncated)
+{
+    CHECK(!atomic_load(&g_locked), "an env step ran while envd_fast_lock was held");
+    return envd_builtin_cartpole.step(state, rng, action, obs, reward, terminated, truncated);
+}
+
+typedef struct lock_run {
+    harness_t h, twin;
+    doorbell_t d;
+    envd_fast_t *f;
+    _Atomic int client_done;
+    /* Resets in lock order, each with done_seq as seen inside the lock (so
+     * after that request and before the next).  Written by the locker and
+     * read by the client, both inside envd_fast_lock. */
+    struct { uint32_t after; uint64_t seed; } log[4096];
+    int logged, applied;
+    int locks;
+} lock_run_t;
+
+static void *locker_main(void *arg)
+{
+    lock_run_t *L = arg;
+    uint64_t s = 0x10cull;
+    while (!atomic_load(&L->client_done)) {
+        sleep_us((int64_t)(rnd(&s) % 300));
+        envd_fast_lock(L->f);
+        atomic_store(&g_locked, 1);
+        uint32_t done = atomic_load(&L->d.h->done_seq);
+        if (L->logged < (int)COUNT(L->log) && rnd(&s) % 2) {
+            uint64_t seed = rnd(&s) % 100000;
+            harness_reset(&L->h, seed, NULL);
+            L->log[L->logged].after = done;
+            L->log[L->logged].seed = seed;
+            L->logged++;
+        }
+        if (rnd(&s) % 3 == 0)
+            sleep_us((int64_t)(rnd(&s) % 500)); /* hold it while the client rings */
+        CHECK(atomic_load(&L->d.h->done_seq) == done,
+              "a request was answered while envd_fast_lock was held (%u -> %u)", done,
+              atomic_load(&L->d.h->done_seq));
+        L->locks++;
+        atomic_store(&g_locked, 0);
+        envd_fast_unlock(L->f);
+    }
+    return NULL;
+}
+
+/* Applies the logged resets that came after request `after` (in order). */
+static void replay_resets(lock_run_t *L, uint32_t after)
+{
+    while (L->applied < L->logged && L->log[L->applied].after == after) {
+        harness_reset(&L->twin, L->log[L->applied].seed, NULL);
+        L->applied++;
+    }
+}
+
+static void test_lock(envd_pool_t *pool, int requests)
+{
+    g_guarded = envd_builtin_cartpole;
+    g_guarded.step = guarded_step;
+    lock_run_t *L = xcalloc(1, sizeof *L);
+    harness_init(&L->h, &g_guarded, 33, ENVD_AUTORESET_NEXT_STEP, pool, 4);
+    harness_init(&L->twin, &envd_builtin_cartpole, 33, ENVD_AUTORESET_NEXT_STEP, NULL, 0);
+    harness_reset(&L->h, 5, NULL);
+    harness_reset(&L->twin, 5, NULL);
+    doorbell_map(&L->d);
+    L->f = fast_start(&L->h, &L->d, 50000);
+    uint64_t s = 0xc11eull;
+    g_slice_ns = LONG_SLICE_NS;
+    atomic_store(&g_late_wakes, 0);
+    int64_t ok = 0;
+
+    /* A request rung while the lock is held (by envd_fast_lock or a
+     * successful envd_fast_trylock) waits for the unlock; trylock fails
+     * while it is held. */
+    for (int r = 0; r < 6; r++) {
+        fill_actions(&L->h, &s);
+        copy_actions(&L->twin, &L->h);
+        if (r % 2) {
+            envd_fast_lock(L->f);
+        } else {
+            /* The server publishes an answer just before it unlocks. */
+            const double deadline = now_s() + 10.0;
+            while (!envd_fast_trylock(L->f)) {
+                CHECK(now_s() < deadline, "envd_fast_trylock fails on an idle server");
+                sched_yield();
+            }
+        }
+        CHECK(envd_fast_trylock(L->f) == 0, "envd_fast_trylock succeeded while locked");
+        atomic_store(&g_locked, 1);
+        ring(&L->d, ENVD_FAST_STEP);
+        sleep_us(r % 2 ? 2000 : 200);
+        CHECK(!is_answered(&L->d), "a request was answered while envd_fast_lock was held");
+        atomic_store(&g_locked, 0);
+        envd_fast_unlock(L->f);
+        answer_t a = wait_answer(&L->d, r % 3, LONG_SLICE_NS);
+        int rc = envd_vec_step(L->twin.vec);
+        CHECK(a.answered && a.status == ENVD_OK && a.result == rc, "held request: status %d",
+              a.status);
+        CHECK(same_outputs(&L->h, &L->twin), "held request: outputs differ");
+        ok++;
+    }
+
+    /* The locker resets at random times while the client rings. */
+    pthread_t locker;
+    CHECK(pthread_create(&locker, NULL, locker_main, L) == 0, "pthread_create");
+    for (int r = 0; r < requests; r++) {
+        fill_actions(&L->h, &s);
+        copy_actions(&L->twin, &L->h);
+        const uint32_t seq = L->d.seq + 1;
+        answer_t a = request(&L->d, ENVD_FAST_STEP, (int)(rnd(&s) % 3));
+        CHECK(a.status == ENVD_OK, "request %u: status %d", seq, a.status);
+        ok++;
+        envd_fast_lock(L->f);
+        CHECK(atomic_load(&L->d.h->done_seq) == seq, "done_seq moved");
+        replay_resets(L, seq - 1); /* the resets between the previous request and this one */
+        int rc = envd_vec_step(L->twin.vec);
+        CHECK(rc == a.result, "request %u: result %lld, twin %d", seq, (long long)a.result, rc);
+        replay_resets(L, seq);     /* and those since this one */
+        CHECK(L->applied == L->logged, "request %u: a reset logged out of order", seq);
+        CHECK(same_outputs(&L->h, &L->twin), "request %u: outputs differ from the twin", seq);
+        envd_fast_unlock(L->f);
+        if (rnd(&s) % 4 == 0)
+            sleep_us((int64_t)(rnd(&s) % 200));
+    }
+    atomic_store(&L->client_done, 1);
+    pthread_join(locker, NULL);
+    CHECK(L->logged > 0 && L->locks > L->logged, "the locker hardly ran: %d locks, %d resets",
+          L->locks, L->logged);
+    g_slice_ns = SLICE_NS;
+    CHECK(atomic_load(&g_late_wakes) == 0, "%d sleeping clients were not woken by their answer",
+          atomic_load(&g_late_wakes));
+    printf("fast_stress: lock, %d threads: %d requests, %d locks, %d resets\n",
+           pool ? envd_pool_num_threads(pool) : 0, requests, L->locks, L->logged);
+    fast_stop(L->f, &L->d, ok);
+    doorbell_unmap(&L->d);
+    harness_free(&L->h);
+    harness_free(&L->twin);
+    free(L);
+}
+
+/* ---- 4. drain -------------------------------------------------------------------- */
+static void test_drain(envd_pool_t *pool)
+{
+    uint64_t s = 0xd4a1ull;
+    harness_t h, twin;
+    harness_init(&h, &envd_builtin_acrobot, 7, ENVD_AUTORESET_NEXT_STEP, pool, 2);
+    harness_init(&twin, &envd_builtin_acrobot, 7, ENVD_AUTORESET_NEXT_STEP, NULL, 0);
+    harness_reset(&h, 3, NULL);
+    harness_reset(&twin, 3, NULL);
+    doorbell_t d;
+    doorbell_map(&d);
+    envd_fast_t *f = fast_start(&h, &d, 20000);
+    int64_t ok = 0;
+    for (int r = 0; r < 5; r++) {
+        fill_actions(&h, &s);
+        step_checked(&h, &twin, f, &d, r % 3, &ok, "before drain");
+    }
+    envd_fast_drain(f);
+    for (int r = 0; r < 9; r++) {
+        fill_actions(&h, &s);
+        if (r == 4)
+            ((int64_t *)h.actions)[2] = 99; /* drained before validated */
+        step_refused(&h, &twin, f, &d, r % 3 == 2 ? 5 : ENVD_FAST_STEP, r % 3,
+                     ENVD_FAST_SHUTTING_DOWN, -1, ok, "after drain");
+    }
+    fast_stop(f, &d, ok);
+    doorbell_unmap(&d);
+    harness_free(&h);
+    harness_free(&twin);
+}
+
+/* ---- 5. stop ------------------------------------------------------------------- */
+/* CartPole whose step can be held, to stop the server in the middle of one. */
+static _Atomic int g_gate_armed, g_gate_started, g_gate_release;
+static envd_env_def_t g_gated;
+
+static int gated_step(void *state, envd_rng_t *rng, const void *action, void *obs,
+                      double *reward, bool *terminated, bool *truncated)
+{
+    if (atomic_load(&g_gate_armed)) {
+        atomic_store(&g_gate_started, 1);
+        const double deadline = now_s() + 30.0;
+        while (!atomic_load(&g_gate_release)) {
+            CHECK(now_s() < deadline, "gate never released");
+            sched_yield();
+        }
+    }
+    return envd_builtin_cartpole.step(state, rng, action, obs, reward, terminated, truncated);
+}
+
+static void gate_reset(void)
+{
+    atomic_store(&g_gate_armed, 0);
+    atomic_store(&g_gate_started, 0);
+    atomic_store(&g_gate_release, 0);
+}
+
+static void gate_wait_started(void)
+{
+    const double deadline = now_s() + 30.0;
+    while (!atomic_load(&g_gate_started)) {
+        CHECK(now_s() < deadline, "the gated step never started");
+        sleep_us(100);
+    }
+}
+
+typedef struct stopper {
+    envd_fast_t *f;
+    _Atomic pid_t tid;
+    int64_t served;
+    double took;
+} stopper_t;
+
+static void *stopper_main(void *arg)
+{
+    stopper_t *st = arg;
+    atomic_store(&st->tid, thread_id());
+    double t0 = now_s();
+    st->served = envd_fast_stop(st->f);
+    st->took = now_s() - t0;
+    return NULL;
+}
+
+static pid_t wait_tid(_Atomic pid_t *tid)
+{
+    while (atomic_load(tid) == 0)
+        sched_yield();
+    return atomic_load(tid);
+}
+
+/* A client thread that rings one request (after stop began) and sleeps on
+ * done_seq for it.  raw: one FUTEX_WAIT of up to 10 s with client_waiting
+ * left 0, so that only stop's unconditional wake of done_seq (not the answer
+ * to the earlier request) can end it; else the Python client's wait. */
+typedef struct sleeper {
+    doorbell_t *d;
+    bool raw;
+    _Atomic pid_t tid;
+    uint32_t seen_done;
+    int futex_rc;
+    answer_t a;
+    bool closed;
+} sleeper_t;
+
+static void *sleeper_main(void *arg)
+{
+    sleeper_t *sl = arg;
+    doorbell_t *d = sl->d;
+    ring(d, ENVD_FAST_STEP);
+    if (sl->raw) {
+        uint32_t current = atomic_load(&d->h->done_seq);
+        atomic_store(&sl->tid, thread_id());
+        sl->futex_rc = futex_wait(&d->h->done_seq, current, 10000000000LL);
+        sl->a.answered = is_answered(d);
+    } else {
+        atomic_store(&sl->tid, thread_id());
+        sl->a = wait_answer(d, WAIT_SLEEP, SLICE_NS);
+    }
+    sl->seen_done = atomic_load(&d->h->done_seq);
+    sl->closed = atomic_load(&d->h->closed);
+    return NULL;
+}
+
+/* Stop while a request is in service; a second request is rung once stop has
+ * begun (the stopper thread is asleep in envd_fast_stop, past its store of
+ * the stop flag), by a client that then sleeps on done_seq: the first is
+ * answered and counted, the second never, and the sleeper is woken by the
+ * close.  Returns false when /proc could not confirm the order (then only the
+ * loose checks ran). */
+static bool stop_during_request(bool raw)
+{
+    g_gated = envd_builtin_cartpole;
+    g_gated.step = gated_step;
+    gate_reset();
+    harness_t h, twin;
+    harness_init(&h, &g_gated, 1, ENVD_AUTORESET_NEXT_STEP, NULL, 0);
+    harness_init(&twin, &envd_builtin_cartpole, 1, ENVD_AUTORESET_NEXT_STEP, NULL, 0);
+    harness_reset(&h, 9, NULL);
+    harness_reset(&twin, 9, NULL);
+    doorbell_t d;
+    doorbell_map(&d);
+    envd_fast_t *f = fast_start(&h, &d, 10000);
+    int64_t ok = 0;
+    step_checked(&h, &twin, f, &d, WAIT_SLEEP, &ok, "before the gated request");
+
+    atomic_store(&g_gate_armed, 1);
+    ring(&d, ENVD_FAST_STEP);
+    const uint32_t first = d.seq;
+    gate_wait_started();
+    CHECK(envd_fast_trylock(f) == 0, "envd_fast_trylock succeeded during a request");
+
+    stopper_t st = {.f = f};
+    pthread_t stopper, sleeper_thread;
+    CHECK(pthread_create(&stopper, NULL, stopper_main, &st) == 0, "pthread_create");
+    bool sure = wait_asleep(wait_tid(&st.tid), NULL, d.h);
+    CHECK(atomic_load(&d.h->closed) == 0, "closed before the request in service ended");
+
+    sleeper_t sl = {.d = &d, .raw = raw};
+    CHECK(pthread_create(&sleeper_thread, NULL, sleeper_main, &sl) == 0, "pthread_create");
+    sure &= wait_asleep(wait_tid(&sl.tid), &d.h->done_seq, d.h);
+    atomic_store(&g_gate_release, 1);
+    pthread_join(stopper, NULL);
+    pthread_join(sleeper_thread, NULL);
+    gate_reset();
+
+    /* The request in service was answered (and counted) before the stop. */
+    CHECK(st.served == ok + 1 || (!sure && st.served == ok + 2),
+          "stop during a request: served %lld, want %lld", (long long)st.served,
+          (long long)ok + 1);
+    CHECK(atomic_load(&d.h->closed) == 1, "not closed");
+    CHECK(d.seq == first + 1, "sleeper did not ring");
+    if (sure) {
+        CHECK(atomic_load(&d.h->done_seq) == first && sl.seen_done == first,
+              "done_seq %u (sleeper saw %u), want %u: a request rung after stop began was "
+              "answered", atomic_load(&d.h->done_seq), sl.seen_done, first);
+        CHECK(!sl.a.answered && sl.closed, "the sleeper did not see the close");
+        if (raw)
+            CHECK(sl.futex_rc == 0, "the sleeper on done_seq was not woken by the close (%s)",
+                  strerror(sl.futex_rc));
+    } else {
+        CHECK(sl.closed || sl.a.answered, "the sleeper saw neither an answer nor the close");
+    }
+    copy_actions(&twin, &h);
+    CHECK(envd_vec_step(twin.vec) >= 0, "twin");
+    if (st.served == ok + 1)
+        CHECK(same_outputs(&h, &twin), "the request in service ran differently");
+    doorbell_unmap(&d);
+    harness_free(&h);
+    harness_free(&twin);
+    return sure;
+}
+
+/* Stops over 100 ms allowed in n: a badly loaded machine delays a stop now
+ * and then, not in 1 of 25; the lost wake-up that fast.c had (a stop waited
+ * out the server's 200 ms sleep slice) showed in about 1 in 10 stops issued
+ * right after an answer. */
+#define SLOW_STOPS_ALLOWED(n) (2 + (n) / 25)
+
+/* Start/stop cycles on one header, serving one of three vecs (one per pool)
+ * in turn: each session starts idle (done_seq == req_seq), serves only what is
+ * rung after its start, and every stop is prompt.  The header starts as one
+ * left by an earlier session with a request counted but never answered, and
+ * the sequence numbers wrap within the run. */
+static void test_cycles(envd_pool_t *const *pools, int num_pools, int cycles)
+{
+    uint64_t s = 0xc7c1e5ull;
+    const int nv = num_pools < 3 ? num_pools : 3;
+    harness_t h[3], twin[3];
+    int64_t served[3] = {0, 0, 0};
+    for (int p = 0; p < nv; p++) {
+        harness_init(&h[p], &envd_builtin_cartpole, 8, ENVD_AUTORESET_NEXT_STEP, pools[p], p);
+        harness_init(&twin[p], &envd_builtin_cartpole, 8, ENVD_AUTORESET_NEXT_STEP, NULL, 0);
+        harness_reset(&h[p], 77 + (uint64_t)p, NULL);
+        harness_reset(&twin[p], 77 + (uint64_t)p, NULL);
+    }
+    doorbell_t d;
+    doorbell_map(&d);
+    const uint32_t start_seq = UINT32_MAX - 40;
+    atomic_store(&d.h->req_kind, ENVD_FAST_STEP);
+    atomic_store(&d.h->req_seq, start_seq);
+    atomic_store(&d.h->done_seq, start_seq - 1);
+    atomic_store(&d.h->closed, 1);
+    d.seq = start_seq;
+    double worst = 0.0;
+    int slow = 0;
+    for (int c = 0; c < cycles; c++) {
+        envd_fast_set_max_spinners((int)(rnd(&s) % 3));
+        const int p = (int)(rnd(&s) % (uint64_t)nv);
+        const uint32_t before = atomic_load(&d.h->req_seq);
+        envd_fast_t *f = fast_start(&h[p], &d, c % 4 == 0 ? 0 : 30000);
+        CHECK(before == d.seq, "req_seq");
+        const int requests = (int)(rnd(&s) % 4);
+        if (c % 3 == 0) {
+            /* The request counted before this start is not served. */
+            sleep_us(300);
+            CHECK(envd_fast_served(f) == 0 && same_outputs(&h[p], &twin[p]),
+                  "cycle %d: a request rung before start was served", c);
+        }
+        int64_t ok = 0;
+        for (int r = 0; r < requests; r++) {
+            fill_actions(&h[p], &s);
+            step_checked(&h[p], &twin[p], f, &d, (int)(rnd(&s) % 3), &ok, "start/stop cycle");
+        }
+        if (rnd(&s) % 3 == 0)
+            sleep_us((int64_t)(rnd(&s) % 400)); /* the server spins or sleeps when stopped */
+        const double t0 = now_s();
+        fast_stop(f, &d, ok);
+        const double took = now_s() - t0;
+        worst = took > worst ? took : worst;
+        slow += took > 0.1;
+        served[p] += ok;
+        if (c % 5 == 4) {
+            /* A request rung on the closed doorbell: the next start skips it. */
+            ring(&d, ENVD_FAST_STEP);
+            CHECK(!wait_answer(&d, WAIT_SPIN, SLICE_NS).answered, "closed doorbell answered");
+        }
+    }
+    printf("fast_stress: %d start/stop cycles (%lld %lld %lld requests), slowest stop %.1f ms, "
+           "%d over 100 ms\n", cycles, (long long)served[0], (long long)served[1],
+           (long long)served[2], worst * 1e3, slow);
+    /* With no request in service a stop waits only for the server to notice
+     * (stop wakes req_seq's futex): slow stops are a badly loaded machine's,
+     * rare, or a lost wake-up's. */
+    CHECK(slow <= SLOW_STOPS_ALLOWED(cycles), "%d of %d stops took over 100 ms (slowest "
+          "%.1f ms): a lost wake-up", slow, cycles, worst * 1e3);
+    CHECK(d.seq < start_seq, "the sequence numbers did not wrap (%u)", d.seq);
+    envd_fast_set_max_spinners(1);
+    doorbell_unmap(&d);
+    for (int p = 0; p < nv; p++) {
+        harness_free(&h[p]);
+        harness_free(&twin[p]);
+    }
+}
+
+/* Stops issued right after an answer, while the server (no spin slot) is on
+ * its way to sleep on req_seq.  A wake of req_seq that comes between the
+ * server's last look at its stop flag and its FUTEX_WAIT is lost (stop does
+ * not change req_seq), and fast.c then waited out the server's 200 ms sleep
+ * slice, about once in ten here.  An observer thread looks for exactly that
+ * state instead of timing it: the thread in envd_fast_stop asleep (past its
+ * store of the flag) while a thread sleeps on req_seq -- only the server does
+ * -- in three looks 2 ms apart.  A server that looked at its flag after the
+ * store does not sleep on req_seq again, and one that missed the wake must be
+ * woken again at once; a loaded machine delays both threads but cannot make
+ * them sleep so. */
+static struct {
+    _Atomic int in_stop;     /* main is in envd_fast_stop number stop_id */
+    _Atomic int stop_id;
+    _Atomic int quit;
+    pid_t stopper;
+    const envd_fast_header_t *h;
+    _Atomic int lost;        /* stops seen in that state */
+    _Atomic int looks;       /* looks at /proc */
+} g_obs;
+
+/* Is some task of this process asleep on addr? */
+static bool someone_sleeps_on(const void *addr)
+{
+    pid_t tasks[256];
+    int n = list_tasks_once(tasks, (int)COUNT(tasks));
+    for (int i = 0; i < n; i++) {
+        unsigned long a0;
+        const long nr = blocked_in(tasks[i], &a0); /* before a0 is read */
+        if (sleeps_on(nr, a0, addr))
+            return true;
+    }
+    return false;
+}
+
+static void *observer_main(void *arg)
+{
+    (void)arg;
+    int streak = 0, streak_stop = -1;
+    while (!atomic_load(&g_obs.quit)) {
+        sleep_us(2000);
+        const int id = atomic_load(&g_obs.stop_id);
+        if (!atomic_load(&g_obs.in_stop)) {
+            streak = 0;
+            continue;
+        }
+        unsigned long m0;
+        const long nr = blocked_in(g_obs.stopper, &m0); /* before m0 is read */
+        const bool lost = stopping(nr, m0, g_obs.h) && someone_sleeps_on(&g_obs.h->req_seq);
+        atomic_fetch_add(&g_obs.looks, 1);
+        /* Three looks within one stop: a stop that missed the server only
+         * for a moment (and wakes it again) is no lost wake-up. */
+        if (id != streak_stop || atomic_load(&g_obs.stop_id) != id ||
+            !atomic_load(&g_obs.in_stop))
+            streak = 0;
+        streak_stop = id;
+        streak = lost ? streak + 1 : 0;
+        if (streak == 3)
+            atomic_fetch_add(&g_obs.lost, 1);
+    }
+    return NULL;
+}
+
+static void stop_after_answer(int iterations)
+{
+    envd_fast_set_max_spinners(0);
+    harness_t h;
+    harness_init(&h, &envd_builtin_cartpole, 1, ENVD_AUTORESET_NEXT_STEP, NULL, 0);
+    harness_reset(&h, 4, NULL);
+    doorbell_t d;
+    doorbell_map(&d);
+    g_obs.h = d.h;
+    g_obs.stopper = thread_id();
+    atomic_store(&g_obs.lost, 0);
+    atomic_store(&g_obs.looks, 0);
+    atomic_store(&g_obs.quit, 0);
+    pid_t probe[4];
+    const bool can_look = list_tasks_once(probe, 4) > 0 &&
+                          blocked_in(thread_id(), (unsigned long[1]){0}) != -2;
+    pthread_t observer;
+    CHECK(pthread_create(&observer, NULL, observer_main, NULL) == 0, "pthread_create");
+    int slow = 0, i = 0;
+    double worst = 0.0;
+    for (; i < iterations && atomic_load(&g_obs.lost) == 0; i++) {
+        envd_fast_t *f = fast_start(&h, &d, 0);
+        answer_t a = request(&d, ENVD_FAST_STEP, i % 2 ? WAIT_SPIN : WAIT_MIXED);
+        CHECK(a.status == ENVD_OK, "status %d", a.status);
+        /* The window is a few hundred ns wide: issue the stop at a sweep of
+         * delays after the answer, so that some land in it. */
+        for (int k = 0; k < i % 32; k++)
+            cpu_relax();
+        const double t0 = now_s();
+        atomic_store_explicit(&g_obs.stop_id, i, memory_order_relaxed);
+        atomic_store_explicit(&g_obs.in_stop, 1, memory_order_relaxed);
+        fast_stop(f, &d, 1);
+        atomic_store_explicit(&g_obs.in_stop, 0, memory_order_relaxed);
+        const double took = now_s() - t0;
+        worst = took > worst ? took : worst;
+        slow += took > 0.1;
+    }
+    atomic_store(&g_obs.quit, 1);
+    pthread_join(observer, NULL);
+    printf("fast_stress: %d stops right after an answer, %d over 100 ms (slowest %.1f ms), %d "
+           "looks at /proc\n", i, slow, worst * 1e3, atomic_load(&g_obs.looks));
+    CHECK(atomic_load(&g_obs.lost) == 0, "stop %d: the server slept on req_seq although stop "
+          "had begun and its caller slept: a lost wake-up (slowest stop %.1f ms)", i,
+          worst * 1e3);
+    if (!can_look) /* /proc cannot tell: times only */
+        CHECK(slow <= SLOW_STOPS_ALLOWED(i), "%d of %d stops right after an answer took over "
+              "100 ms (slowest %.1f ms): a lost wake-up", slow, i, worst * 1e3);
+    envd_fast_set_max_spinners(1);
+    doorbell_unmap(&d);
+    harness_free(&h);
+}
+
+static void test_stop(envd_pool_t *const *pools, int num_pools)
+{
+    /* Nothing pending: served count, closed, done_seq unchanged; and the
+     * closed doorbell answers nothing (a request rung now stays unanswered). */
+    for (int p = 0; p < num_pools; p++) {
+        uint64_t s = 0x570ull + (uint64_t)p;
+        harness_t h, twin;
+        harness_init(&h, &envd_builtin_acrobot, 7, ENVD_AUTORESET_NEXT_STEP, pools[p], 0);
+        harness_init(&twin, &envd_builtin_acrobot, 7, ENVD_AUTORESET_NEXT_STEP, NULL, 0);
+        harness_reset(&h, 1, NULL);
+        harness_reset(&twin, 1, NULL);
+        doorbell_t d;
+        doorbell_map(&d);
+        envd_fast_t *f = fast_start(&h, &d, 20000);
+        int64_t ok = 0;
+        for (int r = 0; r < 4 + p; r++) {
+            fill_actions(&h, &s);
+            step_checked(&h, &twin, f, &d, r % 3, &ok, "before stop");
+        }
+        step_refused(&h, &twin, f, &d, 3, WAIT_SLEEP, ENVD_EINVAL, -1, ok, "not counted");
+        sleep_us(p * 1000); /* stop a spinning and a sleeping server */
+        fast_stop(f, &d, ok);
+        CHECK(atomic_load(&d.h->done_seq) == d.seq, "done_seq");
+        ring(&d, ENVD_FAST_STEP);
+        answer_t a = wait_answer(&d, WAIT_MIXED, SLICE_NS);
+        CHECK(!a.answered, "a closed doorbell answered");
+        CHECK(same_outputs(&h, &twin), "a closed doorbell stepped the vec");
+        doorbell_unmap(&d);
+        harness_free(&h);
+        harness_free(&twin);
+    }
+    CHECK(envd_fast_stop(NULL) == 0, "stop(NULL)");
+
+    int sure = 0;
+    for (int i = 0; i < 6; i++)
+        sure += stop_during_request(i % 2 == 0);
+    CHECK(sure == 0 || sure == 6, "/proc answered only sometimes");
+    if (!sure)
+        printf("fast_stress: /proc/self/task/*/syscall unreadable: stop-order checks loose\n");
+}
+
+/* ---- 6. spinners ------------------------------------------------------------------ */
+/* Spinning is measured per server thread, as its CPU time while this thread
+ * sleeps, relative to a reference thread that spins all along: about the same
+ * share (ratio near 1) when it spins, 0 when it sleeps, however loaded the
+ * machine.  A server thread is the task that envd_fast_start adds (the vecs
+ * here have no pool); its CPU clock is the kernel's per-thread clock id (as
+ * pthread_getcpuclockid builds it). */
+static _Atomic int g_ref_stop;
+
+static void *reference_spin(void *arg)
+{
+    (void)arg;
+    while (!atomic_load_explicit(&g_ref_stop, memory_order_relaxed))
+        cpu_relax();
+    return NULL;
+}
+
+static double clock_s(clockid_t clock)
+{
+    struct timespec ts;
+    CHECK(clock_gettime(clock, &ts) == 0, "clock_gettime(%d): %s", (int)clock, strerror(errno));
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static clockid_t thread_clock(pid_t tid)
+{
+    return (clockid_t)((~(unsigned)tid << 3) | 6); /* CPUCLOCK_SCHED | PERTHREAD */
+}
+
+/* The tasks of this process, or -1 when /proc does not list them. */
+static int list_tasks_once(pid_t *out, int cap)
+{
+    DIR *dir = opendir("/proc/self/task");
+    if (dir == NULL)
+        return -1;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(dir)) != NULL;)
+        if (e->d_name[0] != '.' && n < cap)
+            out[n++] = (pid_t)atoi(e->d_name);
+    closedir(dir);
+    return n;
+}
+
+static bool has_task(const pid_t *tasks, int n, pid_t tid)
+{
+    for (int i = 0; i < n; i++)
+        if (tasks[i] == tid)
+            return true;
+    return false;
+}
+
+/* A listing that two reads in a row agree on: a thread joined a moment ago
+ * may still be listed, and one that leaves during a read can make the read
+ * skip a live one. */
+static int list_tasks(pid_t *out, int cap)
+{
+    pid_t again[256];
+    int n = list_tasks_once(out, cap);
+    for (int tries = 0; n >= 0 && tries < 1000; tries++) {
+        sleep_us(1000);
+        int m = list_tasks_once(again, (int)COUNT(again));
+        bool same = m == n;
+        for (int i = 0; same && i < n; i++)
+            same = has_task(again, m, out[i]);
+        if (same)
+            return n;
+        n = list_tasks_once(out, cap);
+    }
+    return -1;
+}
+
+/* The task envd_fast_start added, or 0 when it cannot be told. */
+static pid_t start_server(envd_fast_t **f, harness_t *h, doorbell_t *d, int64_t spin_ns)
+{
+    pid_t before[256], after[256];
+    int nb = list_tasks(before, 256);
+    *f = fast_start(h, d, spin_ns);
+    int na = list_tasks(after, 256);
+    if (nb < 0 || na != nb + 1)
+        return 0;
+    pid_t added = 0;
+    for (int i = 0; i < na; i++)
+        if (!has_task(before, nb, after[i]))
+            added = after[i];
+    for (int i = 0; i < nb; i++)
+        if (!has_task(after, na, before[i]))
+            return 0; /* a task left meanwhile: not sure which one is new */
+    return added;
+}
+
+/* Each server's CPU over a window, relative to the reference thread's;
+ * returns the reference's CPU seconds (and the window's in *window). */
+static double spin_ratios(const pid_t *tids, int n, double *ratio, double *window)
+{
+    atomic_store(&g_ref_stop, 0);
+    pthread_t ref;
+    clockid_t ref_clock;
+    double start[4];
+    for (int k = 0; k < n; k++)
+        start[k] = clock_s(thread_clock(tids[k]));
+    CHECK(pthread_create(&ref, NULL, reference_spin, NULL) == 0, "pthread_create");
+    CHECK(pthread_getcpuclockid(ref, &ref_clock) == 0, "pthread_getcpuclockid");
+    const double t0 = now_s();
+    double ref_cpu;
+    do {
+        sleep_us(20000);
+        ref_cpu = clock_s(ref_clock);
+    } while ((now_s() - t0 < 0.2 || ref_cpu < 0.03) && now_s() - t0 < 5.0);
+    for (int k = 0; k < n; k++)
+        ratio[k] = (clock_s(thread_clock(tids[k])) - start[k]) / ref_cpu;
+    *window = now_s() - t0;
+    atomic_store(&g_ref_stop, 1);
+    pthread_join(ref, NULL);
+    CHECK(ref_cpu > 0.005, "the reference thread hardly ran (%.4f s)", ref_cpu);
+    return ref_cpu;
+}
+
+static void test_spinners(void)
+{
+    const int64_t long_spin = 20LL * 1000000000LL; /* far longer than any window */
+    harness_t h[2];
+    doorbell_t d[2];
+    for (int k = 0; k < 2; k++) {
+        harness_init(&h[k], &envd_builtin_cartpole, 3, ENVD_AUTORESET_NEXT_STEP, NULL, 0);
+        harness_reset(&h[k], 3, NULL);
+        doorbell_map(&d[k]);
+    }
+    const int settings[] = {0, -5, 1, 2};
+    const int want[] = {0, 0, 1, 2};
+    int measured = 0;
+    for (size_t i = 0; i < COUNT(settings); i++) {
+        envd_fast_set_max_spinners(settings[i]);
+        envd_fast_t *f[2];
+        pid_t tids[2];
+        for (int k = 0; k < 2; k++)
+            tids[k] = start_server(&f[k], &h[k], &d[k], long_spin);
+        for (int r = 0; r < 3; r++)
+            for (int k = 0; k < 2; k++) {
+                answer_t a = request(&d[k], ENVD_FAST_STEP, r % 3);
+                CHECK(a.status == ENVD_OK, "spinners %d: status %d", settings[i], a.status);
+            }
+        /* Both servers have answered and would spin for 20 s if allowed. */
+        if (tids[0] != 0 && tids[1] != 0) {
+            /* More spinners than allowed in any window fails; fewer is
+             * measured again (a thread can be starved for a window on a
+             * badly loaded machine). */
+            measured++;
+            bool seen[2] = {false, false};
+            for (int w = 0; w < 3 && seen[0] + seen[1] < want[i]; w++) {
+                double ratio[2], window;
+                const double ref_cpu = spin_ratios(tids, 2, ratio, &window);
+                const int spinning = (ratio[0] > 0.05) + (ratio[1] > 0.05);
+                printf("fast_stress: max_spinners %d: servers' CPU %.2f %.2f of a spinning "
+                       "thread's\n", settings[i], ratio[0], ratio[1]);
+                CHECK(spinning <= want[i], "max_spinners %d: %d servers spin (CPU %.2f %.2f of "
+                      "a spinning thread's %.3f s in %.3f s; tasks %d %d)", settings[i],
+                      spinning, ratio[0], ratio[1], ref_cpu, window, (int)tids[0],
+                      (int)tids[1]);
+                for (int k = 0; k < 2; k++)
+                    seen[k] |= ratio[k] > 0.05;
+            }
+            CHECK(seen[0] + seen[1] == want[i], "max_spinners %d: %d servers spin, want %d",
+                  settings[i], seen[0] + seen[1], want[i]);
+        }
+        const double t0 = now_s();
+        for (int k = 0; k < 2; k++)
+            fast_stop(f[k], &d[k], 3);
+        CHECK(now_s() - t0 < 5.0, "stopping spinning servers took %.1f s", now_s() - t0);
+    }
+    if (measured < (int)COUNT(settings))
+        printf("fast_stress: spinning measured in %d of %d rounds (/proc/self/task)\n",
+               measured, (int)COUNT(settings));
+    envd_fast_set_max_spinners(1);
+    for (int k = 0; k < 2; k++) {
+        doorbell_unmap(&d[k]);
+        harness_free(&h[k]);
+    }
+}
+
+static void test_bad_arguments(void)
+{
+    harness_t h;
+    harness_init(&h, &envd_builtin_cartpole, 1, ENVD_AUTORESET_NEXT_STEP, NULL, 0);
+    doorbell_t d;
+    doorbell_map(&d);
+    envd_fast_t *f = NULL;
+    CHECK(envd_fast_start(NULL, h.vec, d.h, 0) == ENVD_EINVAL, "out NULL");
+    CHECK(envd_fast_start(&f, NULL, d.h, 0) == ENVD_EINVAL && f == NULL, "vec NULL");
+    CHECK(envd_fast_start(&f, h.vec, NULL, 0) == ENVD_EINVAL && f == NULL, "header NULL");
+    CHECK(envd_fast_start(&f, h.vec, d.h, -1) == ENVD_EINVAL && f == NULL, "spin_ns < 0");
+    doorbell_unmap(&d);
+    harness_free(&h);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1)
+        g_div = atoi(argv[1]) > 0 ? atoi(argv[1]) : 1;
+    static const int thread_counts[] = {0, 1, 2};
+    envd_pool_t *pools[COUNT(thread_counts)];
+    for (size_t i = 0; i < COUNT(thread_counts); i++)
+        CHECK(envd_pool_create(&pools[i], thread_counts[i], NULL) == ENVD_OK, "pool create");
+    const int num_pools = (int)COUNT(pools);
+    setvbuf(stdout, NULL, _IOLBF, 0);
+
+    double t = now_s();
+    test_bad_arguments();
+    test_spinners();
+    printf("fast_stress: spinners %.2f s\n", now_s() - t);
+    t = now_s();
+    for (int p = 0; p < num_pools; p++) {
+        test_errors(pools[p], p);
+        test_drain(pools[p]);
+    }
+    printf("fast_stress: errors, drain %.2f s\n", now_s() - t);
+    t = now_s();
+    test_stop(pools, num_pools);
+    stop_after_answer(scaled(1500, 200));
+    test_cycles(pools, num_pools, scaled(400, 60));
+    printf("fast_stress: stop %.2f s\n", now_s() - t);
+    t = now_s();
+    for (int p = 0; p < num_pools; p++)
+        test_lock(pools[p], scaled(400, 60));
+    printf("fast_stress: lock %.2f s\n", now_s() - t);
+    t = now_s();
+    test_results(pools, num_pools, scaled(40, 8));
+    printf("fast_stress: results %.2f s\n", now_s() - t);
+
+    for (int p = 0; p < num_pools; p++)
+        envd_pool_destroy(pools[p]);
+    printf("fast_stress: ok\n");
+    return 0;
+}

@@ -1,0 +1,27 @@
+"""The fast path's server thread (native/src/fast.c): the C program
+fast_stress.c, in which client threads ring the doorbell as client/doorbell.py
+does and check results against twin vecs stepped serially, the error answers,
+envd_fast_lock and envd_fast_trylock, drain, stop (idle, during a request,
+with a request rung after stop began, right after an answer -- where a lost
+wake-up showed -- and start/stop cycles) and the process-wide spinner bound, run
+plain, under ThreadSanitizer and under AddressSanitizer + UBSan (LeakSanitizer
+included)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import cbuild
+
+STRESS = Path(__file__).resolve().parent / "fast_stress.c"
+SOURCES = (["fast.c", "vec.c", "pool.c", "rng.c", "errors.c", "builtin_envs.c", "npy_f32_trig.c"]
+           + sorted(str(p) for p in (cbuild.SRC / "envs").glob("*.c")) + [STRESS])
+# Loop divisors keep each run within seconds (plain) or tens of seconds
+# (sanitizers) on a loaded 2-core machine; TSAN is the slowest per step.
+DIVISORS = {"plain": 1, "tsan": 2, "asan": 1}
+
+
+@pytest.mark.parametrize("kind", list(DIVISORS))
+def test_fast_stress(kind):
+    cbuild.run_stress(SOURCES, "fast_stress", kind, DIVISORS[kind], timeout=300)
