@@ -29,6 +29,7 @@ and the best round is kept.
 from __future__ import annotations
 
 import csv
+import ctypes
 import dataclasses
 import gc
 import inspect
@@ -42,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TextIO
@@ -67,8 +69,8 @@ ROWS = [("envd in-process", "1"), ("envd in-process", "auto"),
 
 @dataclasses.dataclass
 class Settings:
-    seconds: float = 0.25          # per measurement
-    rounds: int = 5
+    seconds: float = 0.3           # per measurement (the default run takes ~3 min on 2 cores)
+    rounds: int = 7
     sizes: tuple[int, ...] = SIZES
     threads: int | None = None     # the auto daemon's --threads (None: usable CPUs)
     out: str | None = None         # None: ./envd-bench-<timestamp>
@@ -79,7 +81,7 @@ class Settings:
     @classmethod
     def quick(cls, **overrides: Any) -> Settings:
         """Settings that finish in well under a minute on a 2-core machine."""
-        values = dict(seconds=0.03, rounds=2, latency_steps=400, scaling_seconds=0.2)
+        values = {"seconds": 0.03, "rounds": 2, "latency_steps": 400, "scaling_seconds": 0.2}
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
 
@@ -161,28 +163,34 @@ def machine_info() -> dict[str, Any]:
 # ---- measuring ----------------------------------------------------------------------------
 def steps_per_second(step: Callable[[], object], num_envs: int, seconds: float) -> float:
     """Env steps per second of step() (num_envs env steps a call) over about `seconds`."""
+    start = time.perf_counter()
     step()  # warm up (and let adaptive dispatch measure itself)
+    # Read the clock every 8 calls, or every call when calls are slow (so
+    # that e.g. AsyncVectorEnv at N=64 does not overrun the time much).
+    batch = 8 if time.perf_counter() - start < 1e-3 else 1
     calls, start = 0, time.perf_counter()
     deadline = start + seconds
     while True:
-        for _ in range(8):
+        for _ in range(batch):
             step()
-        calls += 8
+        calls += batch
         now = time.perf_counter()
         if now >= deadline:
             return calls * num_envs / (now - start)
 
 
 class SyncRun:
-    """Measures env.step(actions) of a (vector) env it owns."""
+    """Measures env.step(actions) of a (vector) env it owns: a gymnasium
+    VectorEnv (batched action space), or EnvPool's (envpool=True: its
+    action_space is one env's, and it is seeded at make)."""
 
-    def __init__(self, env: Any, num_envs: int, dtype: Any = None):
+    def __init__(self, env: Any, num_envs: int, envpool: bool = False):
         self.env, self.num_envs = env, num_envs
-        space = env.action_space
-        self.actions = np.asarray(space.sample(), dtype=dtype or space.dtype)
-        if _is_envpool(env):
-            env.reset()  # seeded at make
+        if envpool:
+            self.actions = _batch_of_actions(env.action_space, num_envs)
+            env.reset()
         else:
+            self.actions = np.asarray(env.action_space.sample())
             env.reset(seed=0)
 
     def rate(self, seconds: float) -> float:
@@ -209,7 +217,7 @@ class EnvPoolAsyncRun:
 
     def __init__(self, env: Any, num_envs: int):
         self.env, self.batch = env, num_envs // 2
-        self.actions = np.zeros(self.batch, dtype=env.action_space.dtype)
+        self.actions = _batch_of_actions(env.action_space, self.batch)
 
     def rate(self, seconds: float) -> float:
         env, actions = self.env, self.actions
@@ -234,8 +242,12 @@ class EnvPoolAsyncRun:
         self.env.close()
 
 
-def _is_envpool(env: Any) -> bool:
-    return type(env).__module__.startswith("envpool")
+def _batch_of_actions(space: Any, n: int) -> np.ndarray:
+    """n random actions of one env's space (Discrete or Box)."""
+    rng = np.random.default_rng(0)
+    if hasattr(space, "n"):
+        return (space.start + rng.integers(0, space.n, n)).astype(space.dtype)
+    return rng.uniform(space.low, space.high, (n, *space.shape)).astype(space.dtype)
 
 
 def _envpool_make(env_id: str, n: int, batch_size: int, threads: str) -> Any:
@@ -307,14 +319,19 @@ class Bench:
 
     # -- lifecycle
     def start_daemons(self) -> None:
-        self.folder = tempfile.TemporaryDirectory(prefix="envd-bench-")
+        self.folder = tempfile.TemporaryDirectory(prefix="envd-bench-suite-")
         procs = {}
         for label, count in (("1", 1), ("auto", self.auto_threads)):
             endpoint = f"ipc://{self.folder.name}/envd-{label}.sock"
             args = [sys.executable, "-m", "envd.cli", "--bind", endpoint,
                     "--log-level", "warning", "--threads", str(count)]
-            procs[label] = (subprocess.Popen(args, cwd=self.folder.name,
-                                             stdin=subprocess.DEVNULL), endpoint)
+            # The daemons are the benchmark's own: no ENVD_* setting of the
+            # caller's (a metrics port, pinned CPUs, a bind address) applies.
+            environ = {k: v for k, v in os.environ.items() if not k.startswith("ENVD_")}
+            # preexec_fn: this runs before any client (and its threads) exists.
+            procs[label] = (subprocess.Popen(
+                args, cwd=self.folder.name, stdin=subprocess.DEVNULL, env=environ,
+                preexec_fn=_die_with_parent), endpoint)  # noqa: PLW1509
             self.daemons[label] = procs[label]
         deadline = time.monotonic() + 90
         for label, (proc, endpoint) in procs.items():
@@ -331,7 +348,7 @@ class Bench:
         for client in self.clients.values():
             try:
                 client.close()
-            except Exception:  # noqa: BLE001  (closing what a failed run left)
+            except Exception:  # noqa: BLE001, S110  (closing what a failed run left: best effort)
                 pass
         self.clients.clear()
         for proc, _ in self.daemons.values():
@@ -365,7 +382,7 @@ class Bench:
             found[("envd fast path", threads)] = (
                 lambda t=threads: SyncRun(remote_env(self.clients[t], env_id, n, True), n))
             found[("EnvPool sync", threads)] = (
-                lambda t=threads: SyncRun(_envpool_make(env_id, n, n, t), n))
+                lambda t=threads: SyncRun(_envpool_make(env_id, n, n, t), n, envpool=True))
             found[("EnvPool async", threads)] = lambda t=threads: _envpool_async(env_id, n, t)
         found[("gymnasium numpy vector", "-")] = lambda: _gym_vector(env_id, n)
         found[("gymnasium AsyncVectorEnv", "-")] = lambda: _gym_async_run(env_id, n)
@@ -380,13 +397,18 @@ class Bench:
         results: dict[tuple[str, str], float | str] = {}
         try:
             for key, factory in factories.items():
-                self.progress.show(f"{env_id} N={n} starting {key[0]}")
+                self.progress.show(f"{env_id} N={n} starting {_label(key)}")
                 try:
                     runs[key] = factory()
                 except Unavailable as exc:
                     results[key] = f"n/a: {exc}"
                 except NotApplicable as exc:
                     results[key] = f"-: {exc}"
+                except Exception as exc:
+                    if key[0] in ("envd in-process", "envd daemon socket"):
+                        raise  # envd itself failing is not a benchmark result
+                    # a peer, or the fast path, that cannot run here: say why, go on
+                    results[key] = f"n/a: {type(exc).__name__}: {exc}"
             self.progress.advance(s.rounds * (len(factories) - len(runs)))
             best = dict.fromkeys(runs, 0.0)
             order = list(runs)
@@ -411,11 +433,12 @@ class Bench:
         """Round trip of one step at N=1 (us, p50/p99): through the auto
         daemon's socket path and fast path, and per call in-process."""
         s = self.settings
+        client = self.clients["auto"]
         factories = {
-            "envd daemon socket": lambda: SyncRun(remote_env(self.clients["auto"], ENV_ID, 1, False), 1),
-            "envd fast path": lambda: SyncRun(remote_env(self.clients["auto"], ENV_ID, 1, True), 1),
+            "envd daemon socket": lambda: SyncRun(remote_env(client, ENV_ID, 1, False), 1),
+            "envd fast path": lambda: SyncRun(remote_env(client, ENV_ID, 1, True), 1),
             "envd in-process": lambda: SyncRun(envd.make(ENV_ID, 1, seed=0), 1),
-            "EnvPool sync": lambda: SyncRun(_envpool_make(ENV_ID, 1, 1, "1"), 1),
+            "EnvPool sync": lambda: SyncRun(_envpool_make(ENV_ID, 1, 1, "1"), 1, envpool=True),
         }
         runs, samples, results = {}, {}, {}
         per_round = max(10, s.latency_steps // s.rounds)
@@ -472,10 +495,10 @@ class Bench:
                 for proc, conn in members:
                     if not conn.poll(120):
                         raise RuntimeError("a scaling client process did not start")
-                    reply = conn.recv()
-                    if isinstance(reply, str):
-                        raise RuntimeError(f"a scaling client process failed: {reply}")
-                    fast_path[name] = reply
+                    kind, value = conn.recv()
+                    if kind == "error":
+                        raise RuntimeError(f"a scaling client process failed: {value}")
+                    fast_path[name] = value
             best = dict.fromkeys(groups, 0.0)
             order = list(groups)
             for round_index in range(s.rounds):
@@ -530,6 +553,24 @@ class Bench:
         return self.results
 
 
+def _prctl() -> Callable[..., int] | None:
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux
+        return None
+
+
+_PRCTL = _prctl()
+
+
+def _die_with_parent() -> None:
+    """In the daemon's child before exec: SIGTERM it when this process dies
+    (Linux's PR_SET_PDEATHSIG), so that a crashed run leaves no daemon behind.
+    Only a call into libc looked up beforehand: no import, no allocation."""
+    if _PRCTL is not None:
+        _PRCTL(1, int(signal.SIGTERM))  # 1: PR_SET_PDEATHSIG
+
+
 def _envpool_async(env_id: str, n: int, threads: str) -> EnvPoolAsyncRun:
     if n < 2:
         raise NotApplicable("async batch_size N/2 needs N >= 2")
@@ -566,23 +607,25 @@ def _label(key: tuple[str, str]) -> str:
 
 
 def scaling_client(endpoint: str, env_id: str, n: int, conn: Any) -> None:
-    """A client process of the scaling check: make n envs, report whether the
-    fast path was taken, then for each (start, end) from the parent step from
-    start (a time.monotonic value) until end and reply (steps, end time)."""
+    """A client process of the scaling check: make n envs, report ("ready",
+    whether the fast path was taken) or ("error", why), then for each (start,
+    end) from the parent step from start (a time.monotonic value) until end
+    and reply (steps, end time); None from the parent ends it."""
     try:
         client = envd.connect(endpoint, timeout=30)
         env = client.make(env_id, n, seed=0)
         env.reset(seed=0)
         actions = np.asarray(env.action_space.sample())
     except Exception as exc:  # noqa: BLE001  (reported to the parent, which raises)
-        conn.send(f"{type(exc).__name__}: {exc}")
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
         return
-    conn.send(bool(getattr(env, "fast_path", False)))
+    conn.send(("ready", bool(getattr(env, "fast_path", False))))
     try:
         while (window := conn.recv()) is not None:
             start, end = window
             env.step(actions)
-            while time.monotonic() < start:
+            time.sleep(max(0.0, start - time.monotonic() - 0.002))
+            while time.monotonic() < start:  # the last 2 ms spinning: start on time
                 pass
             steps, now = 0, time.monotonic()
             gc.disable()
@@ -667,7 +710,8 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
         else why(fast, "") or why(pool))
 
     def daemon_best(n: int) -> tuple[float | None, str]:
-        options = [(cell(name, "auto", n), name) for name in ("envd daemon socket", "envd fast path")]
+        options = [(cell(name, "auto", n), name)
+                   for name in ("envd daemon socket", "envd fast path")]
         options = [o for o in options if o[0] is not None]
         return max(options) if options else (None, "")
 
@@ -676,8 +720,11 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
     best, which = daemon_best(4096)
     inproc = cell("envd in-process", "auto", 4096)
     ratio = best / inproc if best and inproc else None
-    add(name, ratio, ">=", 0.9, f"{which} {_rate(best)} / {_rate(inproc)} = {ratio:.2f}x"
-        if ratio is not None else ("N=4096 not in --sizes" if 4096 not in sizes else "not measured"))
+    if ratio is not None:
+        detail = f"{which} {_rate(best)} / {_rate(inproc)} = {ratio:.2f}x"
+    else:
+        detail = "N=4096 not in --sizes" if 4096 not in sizes else "not measured"
+    add(name, ratio, ">=", 0.9, detail)
     name = "N=1024 daemon (best of socket/fast path, T=auto) >= 5x EnvPool sync (best T)"
     best, which = daemon_best(1024)
     pools = [v for v in (cell("EnvPool sync", t, 1024) for t in ("1", "auto")) if v]
@@ -726,7 +773,8 @@ def _rate(x: float | None) -> str:
 
 def _machine_text(m: dict[str, Any], bench: Bench) -> str:
     v = m["versions"]
-    peers = ", ".join(f"{k} {v[k] or 'not installed'}" for k in ("gymnasium", "envpool", "matplotlib"))
+    peers = ", ".join(f"{k} {v[k] or 'not installed'}"
+                      for k in ("gymnasium", "envpool", "matplotlib"))
     load = " ".join(f"{x:.2f}" for x in m["load_average"])
     return (f"envd bench  {m['time']}  host {m['hostname']}\n"
             f"CPU: {m['cpu']}, {m['cores']} cores ({m['usable_cpus']} usable), "
@@ -766,11 +814,13 @@ def report(r: dict[str, Any]) -> str:
             lines.append(f"{head}  n/a ({reasons.pop()[5:]})")
             continue
         lines.append(head + "".join(f"{_cell_text(c):>10}" for c in cells))
-        for c in cells:
+        for n, c in row["cells"].items():
             if isinstance(c, str):
-                notes.setdefault(row["system"], c)
-    for system, note in notes.items():
-        lines.append(f"  {system}: {note}")
+                ns = notes.setdefault((row["system"], c), [])
+                ns.extend([n] if n not in ns else [])
+    for (system, note), ns in notes.items():
+        mark, reason = note.split(": ", 1) if ": " in note else ("-", note)
+        lines.append(f"  {mark:<3} {system} at N={','.join(map(str, ns))}: {reason}")
     lines.append("\nround trip of one step at N=1 (us)")
     for name, value in r["latency_us"].items():
         if isinstance(value, dict):
@@ -782,7 +832,8 @@ def report(r: dict[str, Any]) -> str:
         lines.append(f"{env_id:<14}{'threads':>8}" + "".join(f"{'N=' + str(n):>10}" for n in sizes))
         for threads, row in by_threads.items():
             label = f"auto({t['auto_in_process']})" if threads == "auto" else threads
-            lines.append(f"{'':<14}{label:>8}" + "".join(f"{_cell_text(row[n]):>10}" for n in sizes))
+            lines.append(f"{'':<14}{label:>8}"
+                         + "".join(f"{_cell_text(row[n]):>10}" for n in sizes))
     sc = r["scaling"]
     lines.append("\nclients stepping at once through one daemon (T=auto): aggregate env steps/s")
     for name, rate in sc["steps_per_second"].items():
@@ -844,23 +895,29 @@ def plot(r: dict[str, Any], path: Path) -> str | None:
         import matplotlib.pyplot as plt
     except Exception as exc:  # noqa: BLE001
         return f"matplotlib not installed (pip install 'envd[bench]'): {exc}"
-    fig, ax = plt.subplots(figsize=(9, 6))
+    fig, ax = plt.subplots(figsize=(10, 6))
+    systems = list(dict.fromkeys(row["system"] for row in r["table"]))
+    colors = plt.get_cmap("tab10")
     for row in r["table"]:
         points = [(n, c) for n, c in row["cells"].items() if isinstance(c, float)]
         if not points:
             continue
         label = row["system"] if row["threads"] == "-" else f"{row['system']}, T={row['threads']}"
-        style = "-" if row["system"].startswith("envd") else "--"
-        ax.plot(*zip(*points), style, marker="o", label=label)
+        # a colour per system; threads=1 dashed, auto (or none) solid
+        ax.plot(*zip(*points), "--" if row["threads"] == "1" else "-",
+                marker="o" if row["system"].startswith("envd") else "s",
+                color=colors(systems.index(row["system"]) % 10), label=label)
     ax.set_xscale("log")
     ax.set_yscale("log")
+    ax.set_xticks(r["sizes"], [str(n) for n in r["sizes"]])
+    ax.minorticks_off()
     ax.set_xlabel("num_envs (N)")
     ax.set_ylabel("env steps per second")
     m = r["machine"]
     ax.set_title(f"{r['env_id']} on {m['cpu']} ({m['usable_cpus']} CPUs), {m['time'][:16]}",
                  fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -887,7 +944,10 @@ def main(settings: Settings, stdout: TextIO | None = None) -> int:
     stdout = sys.stdout if stdout is None else stdout
     bench = Bench(settings, stdout)
     try:
-        results = bench.run()
+        with warnings.catch_warnings():
+            # EnvPool's spaces make gymnasium warn about float64 bounds cast to float32.
+            warnings.filterwarnings("ignore", message=".*precision lowered by casting")
+            results = bench.run()
     finally:
         bench.close()
     text = report(results)
@@ -908,7 +968,8 @@ def parse_sizes(values: Iterable[int]) -> tuple[int, ...]:
     return sizes
 
 
-__all__ = ["Settings", "main", "Bench", "Progress", "report", "targets"]
+__all__ = ["Bench", "Progress", "Settings", "main", "report", "targets"]
 
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main(Settings()))
+if __name__ == "__main__":  # python -m envd.benchmark [options]: envd bench [options]
+    from envd.cli import main as cli_main
+    sys.exit(cli_main(["bench", *sys.argv[1:]]))

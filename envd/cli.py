@@ -182,9 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--out", metavar="DIR", help="directory for results.json, results.csv, "
                        "report.txt and steps_per_second.png (default ./envd-bench-<timestamp>)")
     bench.add_argument("--seconds", type=float, metavar="S",
-                       help="seconds per measurement (default 0.25; --quick 0.03)")
+                       help="seconds per measurement (default 0.3; --quick 0.03)")
     bench.add_argument("--rounds", type=int, metavar="R",
-                       help="rounds per configuration, best kept (default 5; --quick 2)")
+                       help="rounds per configuration, best kept (default 7; --quick 2)")
     bench.add_argument("--sizes", type=int, nargs="+", metavar="N",
                        help="num_envs values (default 1 64 1024 4096)")
     bench.add_argument("--threads", type=int, metavar="T", dest="bench_threads",
