@@ -267,6 +267,7 @@ class Client:
         """Put one request on the socket (lock held); its id."""
         if self.closed:
             raise EnvStateError(f"this client of {self.endpoint} is closed")
+        self._read_monitor()
         if self._lost:
             raise ConnectionLostError(
                 f"the connection to the daemon at {self.endpoint} was lost and its sessions "
@@ -298,10 +299,22 @@ class Client:
                     f"no reply to {kind!r} from the daemon at {self.endpoint} within "
                     f"{timeout:g} s (Client timeout)")
             events = dict(self._poller.poll(remaining * 1000))
+            if self._socket in events:
+                # First: a daemon that answered and then exited (a drain) sends
+                # the reply before the disconnect; both may be ready at once.
+                reply = self._recv_reply()
+                if reply.get("id") != request_id:
+                    self._late_reply(reply)
+                    continue
+                if reply.get("ok"):
+                    return reply
+                protocol.raise_error(reply)
             event = recv_monitor_message(self._monitor) if self._monitor in events else None
             if event is not None and event["event"] == zmq.EVENT_DISCONNECTED:
                 self._lost = True
                 self._connection.stop_heartbeat()  # the lease goes with the sessions
+                if self._socket.poll(0):
+                    continue  # what it sent before it went is still ours to read
                 raise ConnectionLostError(
                     f"lost the connection to the daemon at {self.endpoint} while waiting for "
                     f"the reply to {kind!r}; the daemon stopped or crashed, and its sessions "
@@ -311,14 +324,22 @@ class Client:
                 self._lost = True
                 self._connection.stop_heartbeat()
                 raise failure
-            if self._socket in events:
-                reply = self._recv_reply()
-                if reply.get("id") != request_id:
-                    self._late_reply(reply)
-                    continue
-                if reply.get("ok"):
-                    return reply
-                protocol.raise_error(reply)
+
+    def _read_monitor(self) -> None:
+        """Take in what the monitor reported since the last request (lock
+        held): a disconnect means the daemon is gone (a new one at the same
+        endpoint would otherwise get this request); a failed handshake raises."""
+        while self._monitor.poll(0):
+            event = recv_monitor_message(self._monitor)
+            if event["event"] == zmq.EVENT_DISCONNECTED:
+                self._lost = True
+                self._connection.stop_heartbeat()
+                continue
+            failure = self._handshake_error(event)
+            if failure is not None:
+                self._lost = True
+                self._connection.stop_heartbeat()
+                raise failure
 
     def _check_alive(self) -> None:
         """Raise ConnectionLostError if the monitor reported the daemon gone,
