@@ -347,10 +347,8 @@ class Client:
         request in progress on another thread reads the monitor itself."""
         if not self._lost and self._lock.acquire(blocking=False):
             try:
-                while not self.closed and self._monitor.poll(0):
-                    if recv_monitor_message(self._monitor)["event"] == zmq.EVENT_DISCONNECTED:
-                        self._lost = True
-                        self._connection.stop_heartbeat()
+                if not self.closed:
+                    self._read_monitor()
             finally:
                 self._lock.release()
         if self._lost:

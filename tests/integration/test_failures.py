@@ -127,11 +127,16 @@ def test_stopped_daemon_makes_the_client_time_out(harness):
     assert_stops_cleanly(daemon)
 
 
-def test_daemon_killed_while_the_client_waits(harness):
+@pytest.mark.parametrize("fast_path", [False, True], ids=["socket", "fast path"])
+def test_daemon_killed_while_the_client_waits(harness, fast_path):
     daemon = harness.daemon("--threads", "1", "--lease-timeout", "30")
     client = harness.connect(daemon, timeout=30)
-    env = client.make("CartPole-v1", 4, seed=0)
+    env = client.make("CartPole-v1", 4, seed=0, fast_path=fast_path)
     env.reset()
+
+    def waiting() -> bool:  # the step was sent (rung) and waits for its answer
+        return not env._doorbell.answered if fast_path else client._lock.locked()
+
     outcome: dict[str, object] = {}
 
     def step() -> None:
@@ -146,7 +151,7 @@ def test_daemon_killed_while_the_client_waits(harness):
     waiter = threading.Thread(target=step, daemon=True)
     start = time.monotonic()
     waiter.start()
-    wait_until(client._lock.locked, what="the step request to be waiting for its reply")
+    wait_until(waiting, what="the step request to be waiting for its reply")
     daemon.proc.kill()
     killed = time.monotonic()
     daemon.wait()
