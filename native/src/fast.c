@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "envd.h"
+#include "spin.h"
 
 _Static_assert(offsetof(envd_fast_header_t, req_seq) == 0, "doorbell layout");
 _Static_assert(offsetof(envd_fast_header_t, req_kind) == 4, "doorbell layout");
@@ -56,24 +57,6 @@ void envd_fast_set_max_spinners(int max_spinners)
     atomic_store(&g_max_spinners, max_spinners < 0 ? 0 : max_spinners);
 }
 
-static void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield" ::: "memory");
-#else
-    atomic_signal_fence(memory_order_seq_cst);
-#endif
-}
-
-static int64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
 static void futex_wait(_Atomic uint32_t *word, uint32_t value, int64_t timeout_ns)
 {
     struct timespec ts = {timeout_ns / 1000000000LL, timeout_ns % 1000000000LL};
@@ -104,16 +87,16 @@ static uint32_t next_request(envd_fast_t *fast)
     if (seq != fast->last)
         return seq;
     if (take_spin_slot()) {
-        const int64_t deadline = now_ns() + fast->spin_ns;
+        const int64_t deadline = envd_now_ns() + fast->spin_ns;
         do {
             for (int i = 0; i < SPIN_CHECK_EVERY; i++) {
                 seq = atomic_load_explicit(req, memory_order_acquire);
                 if (seq != fast->last || atomic_load_explicit(&fast->stop, memory_order_relaxed))
                     break;
-                cpu_relax();
+                envd_cpu_relax();
             }
         } while (seq == fast->last && !atomic_load_explicit(&fast->stop, memory_order_relaxed)
-                 && now_ns() < deadline);
+                 && envd_now_ns() < deadline);
         atomic_fetch_sub_explicit(&g_spinners, 1, memory_order_relaxed);
         if (seq != fast->last)
             return seq;

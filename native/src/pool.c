@@ -68,6 +68,7 @@
 #include <unistd.h>
 
 #include "envd.h"
+#include "spin.h"
 
 /* n is capped so that job->next cannot overflow: each thread that holds a
  * reference makes at most one claim past n (J3 and the next < n checks
@@ -99,17 +100,6 @@ struct envd_pool {
 };
 
 /* ---- small helpers --------------------------------------------------------- */
-static void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield" ::: "memory");
-#else
-    atomic_signal_fence(memory_order_seq_cst);
-#endif
-}
-
 /* Returns on a wake, a signal, or at once if *word != expected; callers
  * re-check their condition in every case. */
 static void futex_wait(_Atomic uint32_t *word, uint32_t expected)
@@ -122,24 +112,17 @@ static void futex_wake(_Atomic uint32_t *word, int count)
     syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE_PRIVATE, count, NULL, NULL, 0);
 }
 
-static int64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
 /* Spin for up to SPIN_NS while *word == value; non-zero if it changed. */
 static int spin_while_equal(_Atomic uint32_t *word, uint32_t value)
 {
-    const int64_t deadline = now_ns() + SPIN_NS;
+    const int64_t deadline = envd_now_ns() + SPIN_NS;
     for (;;) {
         for (int i = 0; i < SPIN_CHECK_EVERY; i++) {
             if (atomic_load_explicit(word, memory_order_acquire) != value)
                 return 1;
-            cpu_relax();
+            envd_cpu_relax();
         }
-        if (now_ns() >= deadline)
+        if (envd_now_ns() >= deadline)
             return 0;
     }
 }

@@ -1,0 +1,31 @@
+/*
+ * spin.h -- what spinning threads share (the pool's workers, the fast path's
+ * server threads): a CPU hint for busy-wait loops and a monotonic clock.
+ */
+#ifndef ENVD_SPIN_H
+#define ENVD_SPIN_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+#include <time.h>
+
+/* Tell the CPU this is a spin-wait (frees the sibling hyper-thread, saves power). */
+static inline void envd_cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield" ::: "memory");
+#else
+    atomic_signal_fence(memory_order_seq_cst);
+#endif
+}
+
+static inline int64_t envd_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+#endif /* ENVD_SPIN_H */
