@@ -954,7 +954,7 @@ def main(settings: Settings, stdout: TextIO | None = None) -> int:
     print(text, file=stdout)
     out = Path(settings.out or default_out())
     for note in write_outputs(results, text, out):
-        print(note, file=stdout)
+        print(f"\n{note}", file=stdout)  # apart from the target lines above
     print(f"\nwrote {out}/results.json, results.csv, report.txt"
           + ("" if not (out / "steps_per_second.png").exists() else ", steps_per_second.png"),
           file=stdout)
