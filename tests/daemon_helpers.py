@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -41,14 +41,17 @@ def segments_of(pid: int) -> list[str]:
 class DaemonProcess:
     """An `envd` daemon subprocess serving ipc://<folder>/envd.sock."""
 
-    def __init__(self, folder: Path, *args: str, env: dict[str, str] | None = None):
+    def __init__(self, folder: Path, *args: str, env: dict[str, str] | None = None,
+                 prefix: Sequence[str] = ()):
+        """prefix: a command that execs the daemon's argv (e.g. unshare ...
+        sh -c '... && exec "$0" "$@"'), so that the pid is still the daemon's."""
         folder.mkdir(parents=True, exist_ok=True)
         self.folder = folder
         self.endpoint = f"ipc://{folder}/envd.sock"
         self.log_path = folder / "envd.log"
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "envd.cli", "--bind", self.endpoint, *args],
+            [*prefix, sys.executable, "-m", "envd.cli", "--bind", self.endpoint, *args],
             cwd=folder, stdout=self._log, stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})})
         self.pid = self.proc.pid

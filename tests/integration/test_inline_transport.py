@@ -9,7 +9,6 @@ transport does, and what the daemon does with malformed inline requests."""
 from __future__ import annotations
 
 import shutil
-import signal
 import subprocess
 import sys
 
@@ -29,46 +28,11 @@ def daemon(tmp_path_factory):
     assert segments_of(proc.pid) == []
 
 
-class PrivateShmDaemon:
-    """A daemon in its own mount namespace with its own empty /dev/shm: this
-    host's processes cannot see its segments, as if it ran on another host
-    (only the ipc socket, in a shared folder, connects them)."""
-
-    def __init__(self, folder):
-        folder.mkdir(parents=True, exist_ok=True)
-        self.endpoint = f"ipc://{folder}/envd.sock"
-        self.log_path = folder / "envd.log"
-        script = ("mount -t tmpfs -o size=64m,mode=1777 envd-test /dev/shm && exec "
-                  f"{sys.executable} -m envd.cli --threads 1 --bind {self.endpoint}")
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
-                cwd=folder, stdout=log, stderr=subprocess.STDOUT)
-
-        def answers():
-            if self.proc.poll() is not None:
-                raise AssertionError(f"exited with {self.proc.returncode}: "
-                                     f"{self.log_path.read_text()}")
-            try:
-                with envd.connect(self.endpoint, timeout=2):
-                    return True
-            except (envd.ConnectionLostError, envd.EnvdTimeoutError):
-                return False
-        try:
-            wait_until(answers, what="the private-/dev/shm daemon to answer")
-        except BaseException:
-            self.stop()
-            raise
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(DEADLINE)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+#: Runs a daemon in its own mount namespace with its own empty /dev/shm: this
+#: host's processes cannot see its segments, as if it ran on another host
+#: (only the ipc socket, in a shared folder, connects them).
+PRIVATE_SHM = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+               'mount -t tmpfs -o size=64m,mode=1777 envd-test /dev/shm && exec "$0" "$@"']
 
 
 def _can_unshare_mount() -> str | None:
@@ -87,11 +51,10 @@ def remote_daemon(tmp_path_factory):
     reason = _can_unshare_mount()
     if reason is not None:
         pytest.skip(f"{reason} (needs root or user namespaces)")
-    daemon = PrivateShmDaemon(tmp_path_factory.mktemp("private-shm"))
-    try:
+    with DaemonProcess(tmp_path_factory.mktemp("private-shm"), "--threads", "1",
+                       prefix=PRIVATE_SHM) as daemon:
         yield daemon
-    finally:
-        assert daemon.stop() == 0, daemon.log_path.read_text()
+    assert daemon.proc.returncode == 0, daemon.log()
 
 
 def _steps_match_in_process(remote, env_id, num_envs, seed, steps=60):
