@@ -38,6 +38,12 @@ def segments_of(pid: int) -> list[str]:
     return sorted(n for n in os.listdir("/dev/shm") if n.startswith(f"envd-{pid}-"))
 
 
+def process_state(pid: int) -> str:
+    """The state letter of /proc/<pid>/stat (R, S, T for stopped, Z...)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
 class DaemonProcess:
     """An `envd` daemon subprocess serving ipc://<folder>/envd.sock."""
 
@@ -78,7 +84,12 @@ class DaemonProcess:
         return self.log_path.read_text(errors="replace")
 
     def signal(self, signum: int) -> None:
+        """Send signum; for SIGSTOP, return once the daemon is stopped (the
+        signal lands asynchronously, and a fast-path step is answered within
+        microseconds: a test that means "stopped" must not race it)."""
         self.proc.send_signal(signum)
+        if signum == signal.SIGSTOP:
+            wait_until(lambda: process_state(self.pid) == "T", what="the daemon to stop")
 
     def wait(self, timeout: float = DEADLINE) -> int:
         return self.proc.wait(timeout)

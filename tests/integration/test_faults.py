@@ -33,7 +33,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from daemon_helpers import (DEADLINE, DaemonProcess, TwinStepper, in_bounds_actions, segments_of, wait_until)
+from daemon_helpers import (DEADLINE, DaemonProcess, TwinStepper, in_bounds_actions, process_state,
+                            segments_of, wait_until)
 
 import envd
 
@@ -86,11 +87,6 @@ def shm_mappings(pid: int) -> int:
 
 def lock_files_of(pid: int) -> list[str]:
     return sorted(n for n in os.listdir("/dev/shm") if n.startswith(f".envd-{pid}-"))
-
-
-def process_state(pid: int) -> str:
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0]
 
 
 def warm_up(daemon: DaemonProcess, clients: int = 4, rounds: int = 3) -> None:
