@@ -27,14 +27,8 @@ def assert_same_step(remote, local, actions) -> None:
 
 
 def stop_process(daemon: DaemonProcess) -> None:
-    """SIGSTOP the daemon and wait until it is stopped."""
+    """SIGSTOP the daemon (DaemonProcess.signal waits until it is stopped)."""
     daemon.signal(signal.SIGSTOP)
-
-    def stopped() -> bool:
-        with open(f"/proc/{daemon.pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "T"
-
-    wait_until(stopped, what="the daemon to stop")
 
 
 def assert_stops_cleanly(daemon: DaemonProcess) -> None:

@@ -443,7 +443,7 @@ def test_a_daemon_that_stops_answering_is_named(harness):
     try:
         env = multi.make("Acrobot-v1", 4, seed=1)
         env.reset()
-        first.proc.send_signal(signal.SIGSTOP)
+        first.signal(signal.SIGSTOP)  # (returns once it is stopped)
         try:
             with pytest.raises(envd.EnvdTimeoutError) as info:
                 env.step(np.zeros(4, np.int64))
