@@ -354,7 +354,7 @@ class Client:
         if self._lost:
             raise ConnectionLostError(
                 f"lost the connection to the daemon at {self.endpoint} while waiting for a "
-                "fast-path step; the daemon stopped or crashed, and its sessions are gone")
+                "fast-path request; the daemon stopped or crashed, and its sessions are gone")
 
     def _handshake_error(self, event: dict[str, Any]) -> AuthenticationError | None:
         """The error of a failed handshake the monitor reported, or None for an
@@ -477,9 +477,9 @@ class Client:
         "auto" tries shm and falls back to inline when this process cannot
         map the segment.  ``env.transport`` says which one was taken.
 
-        fast_path: steps bypass the socket (a doorbell in shared memory served
-        by a native thread of the daemon; sync sessions over shm on x86-64
-        Linux).  None (default): taken when the daemon offers it, unless
+        fast_path: steps, sends and recvs bypass the socket (a doorbell in
+        shared memory served by a native thread of the daemon; sessions over
+        shm on x86-64 Linux).  None (default): taken when the daemon offers it, unless
         ENVD_FAST_PATH=0; True: required (InvalidArgumentError or the daemon's
         refusal otherwise); False: never.  ``env.fast_path`` says which."""
         # The checks the daemon cannot see as the caller wrote them (types
@@ -521,13 +521,11 @@ class Client:
         return env
 
     def _start_fast_path(self, env: RemoteVecEnv, required: bool) -> None:
-        """Ask the daemon to serve env's steps from its doorbell; without it
-        (and not required) the env steps over the socket."""
+        """Ask the daemon to serve env's steps, sends and recvs from its
+        doorbell; without it (and not required) they go over the socket."""
         reason = doorbell.unavailable()
         if env.transport != "shm":
             reason = "the fast path needs the session's shared memory (transport 'shm')"
-        elif env.batch_size != env.num_envs:
-            reason = "the fast path serves sync steps (batch_size == num_envs)"
         if reason is None:
             try:
                 reply = self._request({"type": "fast", "session": env.session})

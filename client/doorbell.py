@@ -4,9 +4,10 @@ socket round trip.  The daemon's side, and the doorbell's layout, are in
 native/src/fast.h; this module needs only numpy and ctypes (for the futex
 system call), never envd's native code.
 
-A step: the actions are already in shared memory; write req_kind, then
-req_seq + 1 (x86-64 keeps stores in program order, so the daemon, reading
-req_seq with acquire, sees the actions and the kind), then FUTEX_WAKE req_seq
+A request (a step, a send or a recv): its inputs (actions, env ids) are
+already in shared memory; write req_count and req_kind, then req_seq + 1
+(x86-64 keeps stores in program order, so the daemon, reading req_seq with
+acquire, sees the inputs, the count and the kind), then FUTEX_WAKE req_seq
 (always: a system call is a full barrier, so the daemon cannot fall asleep
 unseen between our store and its check).  Then wait until done_seq equals
 our req_seq: spin briefly where the step is expected to be short (a cross-CPU
@@ -26,7 +27,7 @@ import numpy as np
 
 _SYS_FUTEX = 202  # x86-64
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1
-STEP = 1
+STEP, SEND, RECV = 1, 2, 3
 #: status of a request the daemon refused because it drains
 SHUTTING_DOWN = -1000
 #: longest sleep on the futex before the client checks the connection
@@ -54,7 +55,8 @@ class Doorbell:
     """One session's doorbell in its mapped segment ``memory`` at ``offset``."""
 
     def __init__(self, memory: mmap.mmap, offset: int):
-        self._client = np.frombuffer(memory, np.uint32, 3, offset)  # req_seq, req_kind, waiting
+        # req_seq, req_kind, client_waiting, req_count
+        self._client = np.frombuffer(memory, np.uint32, 4, offset)
         self._done = np.frombuffer(memory, np.uint32, 1, offset + 64)
         self._status = np.frombuffer(memory, np.int32, 1, offset + 68)
         self._result = np.frombuffer(memory, np.int64, 2, offset + 72)  # result, error index
@@ -62,7 +64,10 @@ class Doorbell:
         self._req_addr = self._client.ctypes.data
         self._done_addr = self._done.ctypes.data
         self.seq = int(self._client[0])  # the last request rung
-        self._expected = 0.0  # running estimate of how long an answer takes
+        # running estimate of how long an answer takes, per request kind
+        # (a send is answered at once, a recv when its envs are stepped)
+        self._expected = {STEP: 0.0, SEND: 0.0, RECV: 0.0}
+        self._kind = STEP
         libc = ctypes.CDLL(None, use_errno=True)
         self._syscall = libc.syscall
         self._syscall.restype = ctypes.c_long
@@ -81,8 +86,12 @@ class Doorbell:
         """The last request rung has its answer."""
         return int(self._done[0]) == self.seq
 
-    def ring(self, kind: int = STEP) -> None:
+    def ring(self, kind: int = STEP, count: int = 0) -> None:
+        """Request kind (STEP, SEND or RECV; count: the env ids sent, or the
+        envs a recv wants) once its inputs are in shared memory."""
         self.seq = (self.seq + 1) & 0xFFFFFFFF
+        self._kind = kind
+        self._client[3] = count
         self._client[1] = kind
         self._client[0] = self.seq
         self._syscall(_SYS_FUTEX, self._req_addr, _FUTEX_WAKE, 1, None, None, 0)
@@ -92,8 +101,9 @@ class Doorbell:
         daemon closed the doorbell without answering it; raises what
         check_alive raises; TimeoutError after deadline (time.monotonic)."""
         start = time.perf_counter()
-        if self._expected < _SPIN_LIMIT_S:
-            spin_until = start + min(2 * self._expected + 20e-6, _SPIN_MAX_S)
+        expected = self._expected[self._kind]
+        if expected < _SPIN_LIMIT_S:
+            spin_until = start + min(2 * expected + 20e-6, _SPIN_MAX_S)
             while time.perf_counter() < spin_until:
                 if self.answered:
                     return self._answer(start)
@@ -123,5 +133,5 @@ class Doorbell:
 
     def _answer(self, start: float) -> tuple[int, int, int]:
         took = time.perf_counter() - start
-        self._expected += (took - self._expected) * 0.25
+        self._expected[self._kind] += (took - self._expected[self._kind]) * 0.25
         return int(self._status[0]), int(self._result[0]), int(self._result[1])

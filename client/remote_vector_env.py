@@ -23,11 +23,12 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
 from envd import protocol
-from envd.client.doorbell import SHUTTING_DOWN, Doorbell
+from envd.client.doorbell import RECV, SEND, SHUTTING_DOWN, STEP, Doorbell
 from envd.errors import (EnvdTimeoutError, EnvStateError, ProtocolError, SharedMemoryError,
                          ShuttingDownError)
 from envd.shm import Segment
-from envd.vector_base import BatchedVecEnv, action_out_of_range, step_error
+from envd.vector_base import (NATIVE_CODES, BatchedVecEnv, action_out_of_range, send_error,
+                              step_error)
 
 if TYPE_CHECKING:
     from envd.client.connection import Client
@@ -57,8 +58,8 @@ class RemoteVecEnv(BatchedVecEnv):
         self._discrete = ((space.start, space.start + space.n)
                           if isinstance(space, spaces.Discrete) else None)
         self._inline = self.transport == "inline"
-        self.fast_path = False  # steps through the doorbell (Client.make's fast_path)
-        self._doorbell: Doorbell | None = None
+        self.fast_path = False  # steps, sends and recvs through the doorbell
+        self._doorbell: Doorbell | None = None  # (Client.make's fast_path)
         self._outputs = protocol.output_arrays(segment.arrays)
         if self._inline:
             actions = segment.arrays["actions"]
@@ -124,60 +125,87 @@ class RemoteVecEnv(BatchedVecEnv):
         self._read_outputs(reply, reply.get("_blobs", []), None)
 
     def _enable_fast_path(self, reply: dict[str, Any]) -> None:
-        """The daemon serves this session's steps from its doorbell now."""
+        """The daemon serves this session's steps, sends and recvs from its
+        doorbell now."""
         self._doorbell = Doorbell(self._segment.memory, int(reply["doorbell"]["offset"]))
+        self._doorbell_ids = self._buffers["doorbell_ids"]
         self.fast_path = True
 
-    def _leave_fast_path(self) -> None:
-        """Async calls (async_reset, send) go over the socket, which the
-        daemon refuses while the doorbell serves the session: stop it first."""
-        if self._doorbell is not None:
-            self._acquire()
-            try:
-                if self._maybe_running:
-                    self._check_buffers_free()
-                self._call({"type": "fast", "session": self.session, "enable": False})
-                self._doorbell, self.fast_path = None, False
-            finally:
-                self._lock.release()
-
-    def async_reset(self, *, seed: Any = None) -> None:
-        self._leave_fast_path()
-        super().async_reset(seed=seed)
-
-    def send(self, actions: Any, env_ids: Any) -> None:
-        self._leave_fast_path()
-        super().send(actions, env_ids)
-
-    def _fast_step(self) -> int:
-        """A step through the doorbell: no message, the daemon's native thread
-        answers in shared memory."""
+    def _ring(self, kind: int, count: int, what: str) -> tuple[int, int] | None:
+        """A request through the doorbell (its inputs are in shared memory):
+        no message, the daemon's native thread answers there.  (result, error
+        index) with the status, raising ShuttingDownError for the daemon's
+        refusal; None once the daemon stopped serving the doorbell (the
+        session was closed or expired, or the daemon stops): the caller then
+        asks over the socket, which says which."""
         bell = self._doorbell
-        if not bell.closed:
-            bell.ring()
-            try:
-                answer = bell.wait(time.monotonic() + self._client.timeout,
-                                   self._client._check_alive)
-            except TimeoutError:
-                self._maybe_running = True  # until the answer comes: see _check_buffers_free
-                raise EnvdTimeoutError(
-                    f"no answer to a fast-path step from the daemon at {self._client.endpoint} "
-                    f"within {self._client.timeout:g} s (Client timeout)") from None
-            if answer is not None:
-                status, num_done, index = answer
-                if status == 0:
-                    return num_done
-                if status == SHUTTING_DOWN:
-                    raise ShuttingDownError("the daemon is shutting down and takes no new work")
-                raise step_error(self.env_id, self.single_action_space, status, index,
-                                 self._buffers)
-        # The daemon stopped serving the doorbell (the session was closed, or
-        # expired, or the daemon stops): the socket says which.
-        return self._call(dict(self._step_header))["num_done"]
+        if bell.closed:
+            self._doorbell, self.fast_path = None, False
+            return None
+        bell.ring(kind, count)
+        try:
+            answer = bell.wait(time.monotonic() + self._client.timeout, self._client._check_alive)
+        except TimeoutError:
+            self._maybe_running = True  # until the answer comes: see _check_buffers_free
+            self._async_lost = kind != STEP  # the envs of a late send or recv are lost to us
+            raise EnvdTimeoutError(
+                f"no answer to a fast-path {what} from the daemon at {self._client.endpoint} "
+                f"within {self._client.timeout:g} s (Client timeout)") from None
+        if answer is None:
+            return self._ring(kind, count, what)  # closed meanwhile: drops the doorbell
+        status, result, index = answer
+        if status == SHUTTING_DOWN:
+            raise ShuttingDownError("the daemon is shutting down and takes no new work")
+        return status, result, index
+
+    def _fast_step(self) -> int | None:
+        """A step through the doorbell: the number of episodes that ended;
+        None when the doorbell is closed."""
+        answer = self._ring(STEP, 0, "step")
+        if answer is None:
+            return None
+        status, num_done, index = answer
+        if status != 0:
+            raise step_error(self.env_id, self.single_action_space, status, index, self._buffers)
+        return num_done
+
+    def _fast_send(self, env_ids: np.ndarray) -> bool:
+        """A send through the doorbell, answered once the daemon started it
+        (its refusal is raised here, as in-process); False when the doorbell
+        is closed."""
+        self._doorbell_ids[:len(env_ids)] = env_ids
+        answer = self._ring(SEND, len(env_ids), "send")
+        if answer is None:
+            return False
+        status, _, index = answer
+        if status != 0:
+            raise send_error(self.env_id, self.single_action_space, self.num_envs, status, index,
+                             self._buffers)
+        return True
+
+    def _fast_recv(self, count: int) -> list[np.ndarray] | None:
+        """Every env found finished once count are (their ids), through the
+        doorbell; None when the doorbell is closed.  An env that failed in a
+        batch goes to _batch_error (raised as in-process); the daemon keeps
+        that batch's envs ready for the next recv."""
+        answer = self._ring(RECV, count, "recv")
+        if answer is None:
+            return None
+        status, num_ready, index = answer
+        if status == NATIVE_CODES["EENV"]:
+            self._batch_error = self._batch_error or step_error(
+                self.env_id, self.single_action_space, status, index, self._buffers)
+            return []
+        if status != 0:
+            raise EnvStateError(f"recv of {count} envs, but fewer were sent and not reported "
+                                f"yet; send more first (status {status})")
+        return [self._doorbell_ids[:num_ready].copy()]
 
     def _run_step(self) -> int:
         if self._doorbell is not None:
-            return self._fast_step()
+            num_done = self._fast_step()
+            if num_done is not None:
+                return num_done
         if not self._inline:
             return self._call(dict(self._step_header))["num_done"]
         reply = self._call(dict(self._step_header), [self._frame(self._actions)])
@@ -195,11 +223,16 @@ class RemoteVecEnv(BatchedVecEnv):
                                           int(rows[k]), int(env_ids[k]))
 
     def _submit_batch(self, env_ids: np.ndarray) -> None:
-        # Posted: send returns without a round trip (the trainer goes on while
-        # the daemon steps).  The daemon refuses a send only before stepping
-        # any of it (an env failing later is reported by recv), and answers a
-        # send at once, so its reply is in before the reply of the next recv.
+        # Through the doorbell: answered as soon as the daemon started the
+        # batch (microseconds), so a refusal is raised here, as in-process.
         self._check_async_state()
+        if self._doorbell is not None and self._fast_send(env_ids):
+            return
+        # Over the socket, posted: send returns without a round trip (the
+        # trainer goes on while the daemon steps).  The daemon refuses a send
+        # only before stepping any of it (an env failing later is reported by
+        # recv), and answers a send at once, so its reply is in before the
+        # reply of the next recv.
 
         def on_reply(reply: dict[str, Any]) -> None:
             self._sends_unanswered -= 1
@@ -222,8 +255,12 @@ class RemoteVecEnv(BatchedVecEnv):
         self._settle_sends(poll=False)  # (this recv's wait reads the replies in order)
         if not self._num_in_flight:  # every env in flight was refused
             return []
+        count = max(1, min(self.batch_size - self._num_ready, self._num_in_flight))
+        if self._doorbell is not None:
+            finished = self._fast_recv(count)
+            if finished is not None:
+                return finished
         try:
-            count = max(1, min(self.batch_size - self._num_ready, self._num_in_flight))
             header = {"type": "recv", "session": self.session, "count": count}
             reply = self._call({**header, "inline": True} if self._inline else header)
         except EnvdTimeoutError:

@@ -157,6 +157,9 @@ MAX_BLOBS = {"reset": 2, "step": 1, "send": 2}
 #: The arrays of a session's layout the client writes (the rest the daemon
 #: writes); the inline transport sends these in requests, the others in replies.
 INPUT_ARRAYS = ("actions", "reset_seeds", "reset_mask")
+#: Arrays of a session's layout that only the fast path uses (the env ids of
+#: its sends and recvs): neither input nor output of the inline transport.
+DOORBELL_ARRAYS = ("doorbell_ids",)
 #: Where the fast path's doorbell lies in a session's header page (its
 #: fields: envd.shm.Doorbell; the daemon's side: native/src/fast.h).
 DOORBELL_OFFSET = 128
@@ -167,7 +170,7 @@ TRANSPORTS = ("auto", "shm", "inline")
 
 def output_arrays(layout: Mapping[str, Any]) -> list[str]:
     """The names of a layout's output arrays, in layout order."""
-    return [name for name in layout if name not in INPUT_ARRAYS]
+    return [name for name in layout if name not in INPUT_ARRAYS + DOORBELL_ARRAYS]
 
 #: The error-code table: wire code -> the exception the client raises.
 ERROR_CODES: dict[str, type[errors.EnvdError]] = {

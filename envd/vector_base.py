@@ -124,6 +124,21 @@ def step_error(env_id: str, action_space: spaces.Space, code: int, index: int,
     return NativeError(f"{env_id}: step failed with envd error {code}", code)
 
 
+def send_error(env_id: str, action_space: spaces.Space, num_envs: int, code: int, index: int,
+               buffers: dict[str, np.ndarray]) -> EnvdError:
+    """The error of a send (an async batch) the native vec refused: as
+    step_error, plus the env-id checks of the batch (one message in-process
+    and through the fast path)."""
+    if code == NATIVE_CODES["EBUSY"] and 0 <= index < num_envs:
+        return EnvStateError(f"{env_id}: env {index} is already in flight (or twice in this "
+                             "send); recv it before sending it again")
+    if code == NATIVE_CODES["EINVAL"] and index >= 0:
+        return InvalidArgumentError(f"{env_id}: env id {index} is out of range [0, {num_envs})")
+    if code == NATIVE_CODES["EINVAL"]:
+        return InvalidArgumentError(f"{env_id}: a send takes 1 to {num_envs} env ids")
+    return step_error(env_id, action_space, code, index, buffers)
+
+
 def buffer_layout(observation_space: spaces.Space, action_space: spaces.Space, num_envs: int,
                   mode: AutoresetMode, info_fields: Sequence[Any] = ()
                   ) -> dict[str, tuple[tuple[int, ...], np.dtype]]:

@@ -15,7 +15,7 @@ SOURCES = ["src/errors.c", "src/rng.c", "src/pool.c", "src/vec.c", "src/builtin_
            "src/npy_f32_trig.c", "src/envs/cartpole.c", "src/envs/pendulum.c",
            "src/envs/mountain_car.c", "src/envs/mountain_car_continuous.c",
            "src/envs/acrobot.c", "src/envs/snake.c", "src/envs/connect_four.c",
-           "src/plugin.c", "src/fast.c"]
+           "src/plugin.c", "src/batch_queue.c", "src/fast.c"]
 
 # Bit-exactness with numpy needs IEEE arithmetic as written: no fused
 # multiply-add contraction and no fast-math reassociation.
@@ -170,17 +170,21 @@ void envd_vec_get_stats(const envd_vec_t *vec, envd_vec_stats_t *stats);
 
 #define ENVD_FAST_OFFSET 128
 #define ENVD_FAST_STEP 1
+#define ENVD_FAST_SEND 2
+#define ENVD_FAST_RECV 3
 #define ENVD_FAST_SHUTTING_DOWN -1000
 typedef struct envd_fast envd_fast_t;
 typedef struct envd_fast_header envd_fast_header_t;
-int envd_fast_start(envd_fast_t **out, envd_vec_t *vec, envd_fast_header_t *header,
-                    int64_t spin_ns);
-int64_t envd_fast_stop(envd_fast_t *fast);
+int envd_fast_start(envd_fast_t **out, envd_vec_t *vec, int64_t num_envs,
+                    envd_fast_header_t *header, int64_t *ids, int64_t spin_ns);
+int64_t envd_fast_stop(envd_fast_t *fast, int64_t *batch_envs);
 void envd_fast_lock(envd_fast_t *fast);
 int envd_fast_trylock(envd_fast_t *fast);
 void envd_fast_unlock(envd_fast_t *fast);
 void envd_fast_drain(envd_fast_t *fast);
 int64_t envd_fast_served(const envd_fast_t *fast);
+int64_t envd_fast_batch_envs(const envd_fast_t *fast);
+int64_t envd_fast_pending(const envd_fast_t *fast);
 void envd_fast_set_max_spinners(int max_spinners);
 """
 

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from envd.errors import (EnvdError, EnvStateError, InvalidArgumentError,
-                         NativeError)
+from envd.errors import EnvdError, NativeError
 from envd.native._envd_native import ffi, lib
 from envd.native.registry import EnvSpec
-from envd.vector_base import INFO_PREFIX, step_error
+from envd.vector_base import INFO_PREFIX, send_error, step_error
 
 #: The largest num_envs one vec accepts (1,048,576).
 MAX_NUM_ENVS = int(lib.ENVD_VEC_MAX_ENVS)
@@ -129,13 +128,8 @@ class NativeVec:
                                        len(env_ids), lib.ENVD_JOB_NOTIFY if notify else 0)
         if rc != lib.ENVD_OK:
             index = int(lib.envd_vec_error_index(self.handle))
-            if rc == lib.ENVD_EBUSY and 0 <= index < self.num_envs:
-                raise EnvStateError(f"{self.spec.id}: env {index} is already in flight (or "
-                                    "twice in this send); recv it before sending it again")
-            if rc == lib.ENVD_EINVAL:
-                raise InvalidArgumentError(
-                    f"{self.spec.id}: env id {index} is out of range [0, {self.num_envs})")
-            self.raise_step_error(rc)
+            raise send_error(self.spec.id, self.spec.action_space, self.num_envs, rc, index,
+                             self._buffers)
         batch.ids = env_ids
 
     def batch_done(self, batch: "NativeBatch") -> bool:
@@ -264,15 +258,20 @@ class AsyncBatches:
 
 class NativeFast:
     """The fast path's server thread for one vec (native/src/fast.h): it
-    serves the steps rung at the doorbell in the header page of ``segment``
-    (a writable buffer: the session's shared-memory mapping)."""
+    serves the steps, sends and recvs rung at the doorbell in the header page
+    of ``segment`` (a writable buffer: the session's shared-memory mapping);
+    sends and recvs pass env ids through ``ids`` (int64, num_envs, a view of
+    the same segment)."""
 
-    def __init__(self, vec: NativeVec, segment, spin_ns: int):
+    def __init__(self, vec: NativeVec, segment, ids: np.ndarray, spin_ns: int):
         self._memory = ffi.from_buffer(segment)  # keeps the mapping referenced
+        self._ids = ids
         header = ffi.cast("envd_fast_header_t *", self._memory + lib.ENVD_FAST_OFFSET)
         out = ffi.new("envd_fast_t **")
-        vec.check(lib.envd_fast_start(out, vec.handle, header, spin_ns), "starting the fast path")
+        vec.check(lib.envd_fast_start(out, vec.handle, vec.num_envs, header,
+                                      ptr(ids, "int64_t *"), spin_ns), "starting the fast path")
         self.handle = out[0]
+        self._final = (0, 0)  # (steps, batch envs) once stopped
 
     def lock(self) -> None:
         """Wait for the request being served, then hold requests off."""
@@ -285,21 +284,27 @@ class NativeFast:
     def unlock(self) -> None:
         lib.envd_fast_unlock(self.handle)
 
+    def pending(self) -> int:
+        """Envs sent through the doorbell and not received yet (hold the lock)."""
+        return int(lib.envd_fast_pending(self.handle))
+
     def drain(self) -> None:
         """Answer every later request with 'shutting down'."""
         lib.envd_fast_drain(self.handle)
 
-    def served(self) -> int:
-        """Requests served so far (all of them, once stopped)."""
+    def served(self) -> tuple[int, int]:
+        """(steps, envs of sends received) served so far (all, once stopped)."""
         if self.handle == ffi.NULL:
-            return self._served
-        return int(lib.envd_fast_served(self.handle))
+            return self._final
+        return int(lib.envd_fast_served(self.handle)), int(lib.envd_fast_batch_envs(self.handle))
 
     def stop(self) -> None:
-        """Stop the thread (after the request it serves) and mark the
-        doorbell closed.  Idempotent."""
+        """Stop the thread (after the request it serves), drop the envs sent
+        and not received, and mark the doorbell closed.  Idempotent."""
         if getattr(self, "handle", ffi.NULL) != ffi.NULL:
-            self._served = int(lib.envd_fast_stop(self.handle))
+            batch_envs = ffi.new("int64_t *")
+            steps = int(lib.envd_fast_stop(self.handle, batch_envs))
+            self._final = (steps, int(batch_envs[0]))
             self.handle = ffi.NULL
 
 

@@ -26,8 +26,7 @@ from typing import Any, Callable
 import numpy as np
 
 from envd import __version__, protocol
-from envd.errors import (DaemonError, EnvdError, EnvStateError, InvalidArgumentError,
-                         LimitExceededError,
+from envd.errors import (DaemonError, EnvdError, EnvStateError, LimitExceededError,
                          SessionExpiredError, ShuttingDownError, UnknownEnvError,
                          UnknownSessionError)
 from envd.native.native_vec import MAX_NUM_ENVS, NativePool
@@ -35,7 +34,7 @@ from envd.native.registry import get_spec, list_envs
 from envd.native.vector_env import check_max_episode_steps
 from envd.vector_base import check_int, parse_autoreset_mode, seed_list
 from envd.server.config import Config
-from envd.server.sessions import ClientRecord, Session, segment_plan
+from envd.server.sessions import ClientRecord, Session, async_in_flight, segment_plan
 
 log = logging.getLogger("envd.server")
 
@@ -368,17 +367,19 @@ class Service:
                                 "the fast path serves (its doorbell in shared memory)")
 
     def _fast(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> dict:
-        """Serve the session's steps from the doorbell in its header page."""
+        """Serve the session's steps, sends and recvs from the doorbell in its
+        header page."""
         session = self._session(client, header)
         if not header.get("enable", True):
             if session.fast is not None:
+                session.fast.lock()
+                try:
+                    session.check_no_fast_async("turning the fast path off")
+                finally:
+                    session.fast.unlock()
                 self._stop_fast(session)
             return protocol.ok_reply(header["id"])
         if session.fast is None:
-            if session.batch_size != session.num_envs:
-                raise InvalidArgumentError(
-                    "the fast path serves sync steps; an async session (batch_size < "
-                    "num_envs) sends and receives over the socket")
             if self._fast_sessions >= self.config.fast_path_sessions:
                 raise LimitExceededError(
                     f"the daemon serves its maximum of {self.config.fast_path_sessions} "
@@ -399,16 +400,15 @@ class Service:
                 self._count_fast_steps(session)
 
     def _count_fast_steps(self, session: Session) -> None:
-        new = session.new_fast_steps()
-        session.env_steps += new
-        session.steps += new // session.num_envs
-        self._count_steps(session, new)
+        steps, env_steps = session.new_fast_steps()
+        session.steps += steps
+        session.env_steps += env_steps
+        self._count_steps(session, env_steps)
 
     @staticmethod
     def _check_no_async(session: Session, call: str) -> None:
         if session.batches or session.num_ready:
-            raise EnvStateError(f"{call} while envs sent with send are in flight or not "
-                                "received yet; recv them first")
+            raise async_in_flight(call)
 
     def _send_batch(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> dict:
         session = self._session(client, header)
@@ -549,12 +549,12 @@ class Service:
     # ---- sessions and leases ----------------------------------------------------------
     def _drop(self, session: Session, why: str = "closed") -> None:
         """Forget the session; free it now, or when its running operation ends."""
+        if session.fast is not None:  # first: its thread steps the vec (and counts)
+            self._stop_fast(session)
         log.info("session %s", why, extra={
             "event": "session_close" if why == "closed" else "session_expire",
             "client": session.owner.hex()[:8], "session": session.id[:8],
             "env_id": session.spec.id, "env_steps": session.env_steps})
-        if session.fast is not None:  # first: its thread steps the vec
-            self._stop_fast(session)
         if session.native is not None:  # no step job starts after this: count them now
             stats = session.native.stats()
             self.closed_session_jobs[0] += stats["inline_jobs"]

@@ -17,7 +17,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from envd import protocol
-from envd.errors import EnvdError, InvalidActionError, InvalidArgumentError
+from envd.errors import EnvdError, EnvStateError, InvalidActionError, InvalidArgumentError
 from envd.native.native_vec import AsyncBatches, NativeFast, NativePool, NativeVec
 from envd.native.registry import EnvSpec
 from envd.native.vector_env import AUTORESET_MODE_CODES
@@ -30,7 +30,14 @@ def segment_plan(spec: EnvSpec, num_envs: int, mode: AutoresetMode) -> tuple[dic
     bytes: what Session creates, asked before creating it (--max-shm-bytes)."""
     layout = buffer_layout(spec.observation_space, spec.action_space, num_envs, mode,
                            spec.info_fields)
+    layout["doorbell_ids"] = ((num_envs,), np.dtype(np.int64))  # protocol.DOORBELL_ARRAYS
     return plan(layout)
+
+
+def async_in_flight(call: str) -> EnvStateError:
+    """The refusal of a whole-vec call while async envs are out."""
+    return EnvStateError(f"{call} while envs sent with send are in flight or not received "
+                         "yet; recv them first")
 
 
 class Session:
@@ -61,9 +68,10 @@ class Session:
         # recv (its envs are in self.ready, so the recv after it returns them).
         self.batch_error: EnvdError | None = None
         # The fast path's server thread, once the client asked for it; its
-        # steps are counted by the thread (fast_steps_counted: folded in so far).
+        # steps are counted by the thread (fast_counted: (steps, batch envs)
+        # folded in so far).
         self.fast: NativeFast | None = None
-        self.fast_steps_counted = 0
+        self.fast_counted = (0, 0)
         arrays, size = segment_plan(spec, num_envs, mode)
         self.segment_bytes = size  # what --max-shm-bytes counts
         self.segment = Segment.create(segment_prefix + self.id, self.id, arrays, size)
@@ -177,16 +185,20 @@ class Session:
             raise InvalidArgumentError("options['reset_mask'] must have at least one True value")
 
     def start_fast(self, spin_ns: int) -> None:
-        """Serve this session's steps from the doorbell in its header page."""
-        self.fast = NativeFast(self.native, self.segment.memory, spin_ns)
+        """Serve this session's steps, sends and recvs from the doorbell in its
+        header page."""
+        self.fast = NativeFast(self.native, self.segment.memory, self.buffers["doorbell_ids"],
+                               spin_ns)
+        self.fast_counted = (0, 0)
 
-    def new_fast_steps(self) -> int:
-        """Env steps the fast path served since the last call."""
+    def new_fast_steps(self) -> tuple[int, int]:
+        """(steps, env steps) the fast path served since the last call."""
         if self.fast is None:
-            return 0
-        served = self.fast.served() * self.num_envs
-        new, self.fast_steps_counted = served - self.fast_steps_counted, served
-        return new
+            return 0, 0
+        served = self.fast.served()
+        steps, batch_envs = (now - before for now, before in zip(served, self.fast_counted))
+        self.fast_counted = served
+        return steps, steps * self.num_envs + batch_envs
 
     def job_stats(self) -> dict[str, float]:
         """The vec's dispatch statistics; while the fast path's thread steps
@@ -208,9 +220,17 @@ class Session:
             return
         self.fast.lock()
         try:
+            self.check_no_fast_async("reset")
             self.native.reset(with_seeds, with_mask)
         finally:
             self.fast.unlock()
+
+    def check_no_fast_async(self, call: str) -> None:
+        """Refuse call while envs sent through the doorbell are in flight or
+        not received (the client's books would no longer match the daemon's).
+        Holding the fast path's lock."""
+        if self.fast.pending():
+            raise async_in_flight(call)
 
     def free(self) -> None:
         """Destroy the envs and remove the segment.  Only when not busy and no

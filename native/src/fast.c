@@ -4,7 +4,8 @@
  * Thread ownership: the server thread reads the client's words and writes
  * the server's; it touches the vec only while holding fast->lock, as every
  * other user of the vec in the daemon does through envd_fast_lock.
- * fast->last (the request last answered) belongs to the server thread.
+ * fast->last (the request last answered) and fast->queue (the async books)
+ * belong to the server thread while it runs, and to whoever holds the lock.
  */
 #define _GNU_SOURCE
 #include "fast.h"
@@ -19,12 +20,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "batch_queue.h"
 #include "envd.h"
 #include "spin.h"
 
 _Static_assert(offsetof(envd_fast_header_t, req_seq) == 0, "doorbell layout");
 _Static_assert(offsetof(envd_fast_header_t, req_kind) == 4, "doorbell layout");
 _Static_assert(offsetof(envd_fast_header_t, client_waiting) == 8, "doorbell layout");
+_Static_assert(offsetof(envd_fast_header_t, req_count) == 12, "doorbell layout");
 _Static_assert(offsetof(envd_fast_header_t, done_seq) == 64, "doorbell layout");
 _Static_assert(offsetof(envd_fast_header_t, status) == 68, "doorbell layout");
 _Static_assert(offsetof(envd_fast_header_t, result) == 72, "doorbell layout");
@@ -38,7 +41,10 @@ _Static_assert(offsetof(envd_fast_header_t, closed) == 88, "doorbell layout");
 
 struct envd_fast {
     envd_vec_t *vec;
+    int64_t num_envs;
     envd_fast_header_t *header;
+    int64_t *ids;                /* SEND's and RECV's env ids (in the segment) */
+    envd_batch_queue_t *queue;   /* the envs sent and not received yet */
     int64_t spin_ns;
     pthread_t thread;
     pthread_mutex_t lock;   /* held while a request runs on the vec */
@@ -46,11 +52,20 @@ struct envd_fast {
     _Atomic int exited;     /* set by the server thread as it leaves serve() */
     _Atomic int draining;
     _Atomic int64_t served;
+    _Atomic int64_t batch_envs;  /* envd_batch_queue_finished, for other threads */
     uint32_t last;          /* server thread only */
 };
 
 static _Atomic int g_spinners;        /* server threads spinning now */
 static _Atomic int g_max_spinners = 1;
+/* Server threads serving a request now, and how many of them leave no CPU
+ * to spin on: each one's request runs on a CPU (or, pooled, on several), so
+ * once they hold all CPUs but one -- at least one, on a machine of two --
+ * a thread that spun would only slow them (four sessions of 1024 CartPoles
+ * stepping at once on 2 CPUs: spinning took 12% of the machine in a
+ * profile).  Spinning pays when one trainer steps back to back. */
+static _Atomic int g_serving;
+static _Atomic int g_busy_limit = 1;
 
 void envd_fast_set_max_spinners(int max_spinners)
 {
@@ -68,6 +83,13 @@ static void futex_wake(_Atomic uint32_t *word)
     syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
 
+/* Others serve enough requests to need every CPU but this one. */
+static int cpus_busy(void)
+{
+    return atomic_load_explicit(&g_serving, memory_order_relaxed) >=
+           atomic_load_explicit(&g_busy_limit, memory_order_relaxed);
+}
+
 static int take_spin_slot(void)
 {
     int s = atomic_load_explicit(&g_spinners, memory_order_relaxed);
@@ -79,14 +101,15 @@ static int take_spin_slot(void)
     return 0;
 }
 
-/* The next request's seq (!= fast->last), or fast->last when stopping. */
-static uint32_t next_request(envd_fast_t *fast)
+/* The next request's seq (!= fast->last), or fast->last when stopping;
+ * spinning first if may_spin and a spin slot is free. */
+static uint32_t next_request(envd_fast_t *fast, int may_spin)
 {
     _Atomic uint32_t *req = &fast->header->req_seq;
     uint32_t seq = atomic_load_explicit(req, memory_order_acquire);
     if (seq != fast->last)
         return seq;
-    if (take_spin_slot()) {
+    if (may_spin && take_spin_slot()) {
         const int64_t deadline = envd_now_ns() + fast->spin_ns;
         do {
             for (int i = 0; i < SPIN_CHECK_EVERY; i++) {
@@ -112,25 +135,55 @@ static uint32_t next_request(envd_fast_t *fast)
     return fast->last;
 }
 
-static void answer(envd_fast_t *fast, uint32_t seq)
+/* Run a request: its status; its result and error index through the pointers. */
+static int32_t run(envd_fast_t *fast, uint32_t kind, int64_t *result, int64_t *index)
+{
+    const int64_t count = atomic_load_explicit(&fast->header->req_count, memory_order_relaxed);
+    int64_t rc;
+    switch (kind) {
+    case ENVD_FAST_STEP:
+        rc = envd_vec_step(fast->vec);
+        if (rc >= 0)
+            atomic_fetch_add_explicit(&fast->served, 1, memory_order_relaxed);
+        else if (rc != ENVD_EBUSY)  /* (EBUSY names no env) */
+            *index = envd_vec_error_index(fast->vec);
+        break;
+    case ENVD_FAST_SEND:
+        if (count < 1 || count > fast->num_envs)
+            return ENVD_EINVAL;  /* (the queue's check, without an env to name) */
+        rc = envd_batch_queue_submit(fast->queue, fast->ids, count);
+        if (rc < 0)
+            *index = envd_vec_error_index(fast->vec);
+        break;
+    case ENVD_FAST_RECV:
+        rc = envd_batch_queue_take(fast->queue, count, fast->ids, index);
+        atomic_store_explicit(&fast->batch_envs, envd_batch_queue_finished(fast->queue),
+                              memory_order_relaxed);
+        break;
+    default:
+        return ENVD_EINVAL;
+    }
+    if (rc < 0)
+        return (int32_t)rc;
+    *result = rc;
+    return ENVD_OK;
+}
+
+/* Run the request seq and answer it; whether to spin for the next one,
+ * decided before the answer is published (once the client sees it, it may
+ * ring another session's doorbell at once: that one's request must not count
+ * against this decision, whose point is requests that run meanwhile). */
+static int answer(envd_fast_t *fast, uint32_t seq)
 {
     envd_fast_header_t *h = fast->header;
-    int32_t status = ENVD_OK;
+    int32_t status = ENVD_FAST_SHUTTING_DOWN;
     int64_t result = 0, index = -1;
-    if (atomic_load(&fast->draining)) {
-        status = ENVD_FAST_SHUTTING_DOWN;
-    } else if (atomic_load_explicit(&h->req_kind, memory_order_relaxed) != ENVD_FAST_STEP) {
-        status = ENVD_EINVAL;
-    } else {
-        int rc = envd_vec_step(fast->vec);
-        if (rc >= 0) {
-            result = rc;
-            atomic_fetch_add_explicit(&fast->served, 1, memory_order_relaxed);
-        } else {
-            status = rc;
-            index = envd_vec_error_index(fast->vec);
-        }
-    }
+    atomic_fetch_add_explicit(&g_serving, 1, memory_order_relaxed);
+    if (!atomic_load(&fast->draining))
+        status = run(fast, atomic_load_explicit(&h->req_kind, memory_order_relaxed), &result,
+                     &index);
+    atomic_fetch_sub_explicit(&g_serving, 1, memory_order_relaxed);
+    const int may_spin = !cpus_busy();
     atomic_store_explicit(&h->status, status, memory_order_relaxed);
     atomic_store_explicit(&h->result, result, memory_order_relaxed);
     atomic_store_explicit(&h->error_index, index, memory_order_relaxed);
@@ -140,17 +193,18 @@ static void answer(envd_fast_t *fast, uint32_t seq)
     atomic_store(&h->done_seq, seq);
     if (atomic_load(&h->client_waiting))
         futex_wake(&h->done_seq);
+    return may_spin;
 }
 
 static void *serve(void *arg)
 {
     envd_fast_t *fast = arg;
-    for (;;) {
-        uint32_t seq = next_request(fast);
+    for (int may_spin = 1;;) {
+        uint32_t seq = next_request(fast, may_spin);
         if (atomic_load(&fast->stop))
             break;
         pthread_mutex_lock(&fast->lock);
-        answer(fast, seq);
+        may_spin = answer(fast, seq);
         pthread_mutex_unlock(&fast->lock);
         fast->last = seq;
     }
@@ -158,16 +212,25 @@ static void *serve(void *arg)
     return NULL;
 }
 
-int envd_fast_start(envd_fast_t **out, envd_vec_t *vec, envd_fast_header_t *header,
-                    int64_t spin_ns)
+int envd_fast_start(envd_fast_t **out, envd_vec_t *vec, int64_t num_envs,
+                    envd_fast_header_t *header, int64_t *ids, int64_t spin_ns)
 {
-    if (out == NULL || vec == NULL || header == NULL || spin_ns < 0)
+    if (out == NULL || vec == NULL || header == NULL || ids == NULL || spin_ns < 0)
         return ENVD_EINVAL;
     envd_fast_t *fast = calloc(1, sizeof *fast);
     if (fast == NULL)
         return ENVD_ENOMEM;
+    int rc = envd_batch_queue_create(&fast->queue, vec, num_envs);
+    if (rc != ENVD_OK) {
+        free(fast);
+        return rc;
+    }
+    const int cpus = envd_usable_cpus();
+    atomic_store_explicit(&g_busy_limit, cpus > 2 ? cpus - 1 : 1, memory_order_relaxed);
     fast->vec = vec;
+    fast->num_envs = num_envs;
     fast->header = header;
+    fast->ids = ids;
     fast->spin_ns = spin_ns;
     /* Requests counted before this start are not ours to answer. */
     fast->last = atomic_load(&header->req_seq);
@@ -177,6 +240,7 @@ int envd_fast_start(envd_fast_t **out, envd_vec_t *vec, envd_fast_header_t *head
     int err = pthread_create(&fast->thread, NULL, serve, fast);
     if (err != 0) {
         pthread_mutex_destroy(&fast->lock);
+        envd_batch_queue_destroy(fast->queue);
         free(fast);
         errno = err;
         return ENVD_ESYS;
@@ -185,7 +249,7 @@ int envd_fast_start(envd_fast_t **out, envd_vec_t *vec, envd_fast_header_t *head
     return ENVD_OK;
 }
 
-int64_t envd_fast_stop(envd_fast_t *fast)
+int64_t envd_fast_stop(envd_fast_t *fast, int64_t *batch_envs)
 {
     if (fast == NULL)
         return 0;
@@ -202,6 +266,10 @@ int64_t envd_fast_stop(envd_fast_t *fast)
         nanosleep(&(struct timespec){0, pause_ns}, NULL);
     }
     pthread_join(fast->thread, NULL);
+    if (batch_envs != NULL)
+        *batch_envs = envd_batch_queue_finished(fast->queue);
+    envd_batch_queue_destroy(fast->queue);  /* before closed: the client may
+                                               then reset or close the vec */
     /* The client reads closed after waking on done_seq (or before ringing):
      * it then asks the daemon over the socket, which says why. */
     atomic_store(&fast->header->closed, 1);
@@ -235,4 +303,14 @@ void envd_fast_drain(envd_fast_t *fast)
 int64_t envd_fast_served(const envd_fast_t *fast)
 {
     return atomic_load_explicit(&((envd_fast_t *)fast)->served, memory_order_relaxed);
+}
+
+int64_t envd_fast_batch_envs(const envd_fast_t *fast)
+{
+    return atomic_load_explicit(&((envd_fast_t *)fast)->batch_envs, memory_order_relaxed);
+}
+
+int64_t envd_fast_pending(const envd_fast_t *fast)
+{
+    return envd_batch_queue_pending(fast->queue);
 }

@@ -4,13 +4,26 @@
  * daemon, with no socket round trip and no Python on the way.
  *
  * The doorbell (envd_fast_header_t) lies in the session's header page.  The
- * client (another process, pure Python) writes the actions in shared memory,
- * writes req_kind, increments req_seq and wakes req_seq's futex; the server
- * thread (one per fast session) runs the request on the vec -- exactly
- * envd_vec_step, so results are those of every other path -- writes status
- * and result, sets done_seq = req_seq and wakes done_seq's futex when the
- * client said it sleeps there.  The futexes are shared (not FUTEX_PRIVATE):
- * the words live in a MAP_SHARED segment of two processes.
+ * client (another process, pure Python) writes the request's inputs in shared
+ * memory, writes req_count and req_kind, increments req_seq and wakes
+ * req_seq's futex; the server thread (one per fast session) runs the request
+ * on the vec -- exactly envd_vec_step or envd_vec_batch_submit, so results are
+ * those of every other path -- writes status and result, sets done_seq =
+ * req_seq and wakes done_seq's futex when the client said it sleeps there.
+ * The futexes are shared (not FUTEX_PRIVATE): the words live in a MAP_SHARED
+ * segment of two processes.
+ *
+ * Requests (req_kind):
+ *   STEP  step every env with the actions buffer; result: envs whose episode
+ *         ended.
+ *   SEND  start stepping the req_count env ids in the ids array (with their
+ *         rows of the actions buffer) and answer at once; result 0.
+ *   RECV  wait until req_count envs sent are finished, write every finished
+ *         id to the ids array; result: how many (>= req_count).  An env that
+ *         failed in a batch makes RECV answer its error; the batch's envs are
+ *         returned by the next RECV.
+ * The async books (batch_queue.h) live in the server thread: while the fast
+ * path serves a session, its sends and recvs go through the doorbell only.
  *
  * Ordering (x86-64, where the client enables the fast path): the client's
  * stores (actions, then req_kind, then req_seq) become visible in order and
@@ -22,7 +35,9 @@
  * Spinning: a server thread spins on req_seq for up to spin_ns after each
  * request before it sleeps, but only while it holds one of the process-wide
  * spin slots (envd_fast_set_max_spinners; the pool's workers keep the rest of
- * the CPUs), so spinners never outnumber the CPUs.
+ * the CPUs), so spinners never outnumber the CPUs -- and only when, as it
+ * answers, fewer other server threads run requests than all CPUs but one
+ * (several trainers stepping at once on a small machine need the CPUs).
  *
  * Lock: the server holds the fast session's mutex while it serves a request;
  * the daemon takes it (envd_fast_lock) around everything else that touches the
@@ -42,20 +57,21 @@
  * these offsets); the client's and the server's words on separate lines. */
 #define ENVD_FAST_OFFSET 128
 
-enum { ENVD_FAST_STEP = 1 };                  /* req_kind */
+enum { ENVD_FAST_STEP = 1, ENVD_FAST_SEND = 2, ENVD_FAST_RECV = 3 };  /* req_kind */
 enum { ENVD_FAST_SHUTTING_DOWN = -1000 };     /* status: the daemon drains */
 
 typedef struct envd_fast_header {
     /* written by the client */
     _Atomic uint32_t req_seq;        /* futex: +1 per request */
-    _Atomic uint32_t req_kind;       /* ENVD_FAST_STEP */
+    _Atomic uint32_t req_kind;       /* ENVD_FAST_STEP, _SEND or _RECV */
     _Atomic uint32_t client_waiting; /* 1 while the client sleeps on done_seq */
-    uint32_t client_pad[13];
+    _Atomic uint32_t req_count;      /* SEND: ids sent; RECV: envs wanted */
+    uint32_t client_pad[12];
     /* written by the server */
     _Atomic uint32_t done_seq;       /* futex: req_seq of the last request answered */
     _Atomic int32_t status;          /* ENVD_OK, a negative ENVD_E* code, or
                                         ENVD_FAST_SHUTTING_DOWN */
-    _Atomic int64_t result;          /* step: envs whose episode ended */
+    _Atomic int64_t result;          /* see the requests above */
     _Atomic int64_t error_index;     /* the env an error names, else -1 */
     _Atomic uint32_t closed;         /* 1 once the server thread stopped for good
                                         (session closed, expired or freed): a
@@ -64,19 +80,21 @@ typedef struct envd_fast_header {
 
 typedef struct envd_fast envd_fast_t;
 
-/* Start serving vec's steps from the doorbell at header (zeroed or left by an
- * earlier fast session of the same segment: serving starts after the request
- * already counted).  spin_ns: how long the thread spins after a request.
- * ENVD_OK, ENVD_EINVAL, ENVD_ENOMEM or ENVD_ESYS (no thread). */
-int envd_fast_start(envd_fast_t **out, envd_vec_t *vec, envd_fast_header_t *header,
-                    int64_t spin_ns);
+/* Start serving vec's requests from the doorbell at header (zeroed or left by
+ * an earlier fast session of the same segment: serving starts after the
+ * request already counted).  ids: the array of num_envs env ids that SEND and
+ * RECV use (in the segment).  spin_ns: how long the thread spins after a
+ * request.  ENVD_OK, ENVD_EINVAL, ENVD_ENOMEM or ENVD_ESYS (no thread). */
+int envd_fast_start(envd_fast_t **out, envd_vec_t *vec, int64_t num_envs,
+                    envd_fast_header_t *header, int64_t *ids, int64_t spin_ns);
 
-/* Stop the thread (after the request it serves, if any), mark the doorbell
- * closed (waking a client that waits) and free; returns the requests served
- * in all (0 for NULL).  The vec and the header must stay valid until this
- * returns, and no other thread may hold envd_fast_lock (it destroys the
- * mutex). */
-int64_t envd_fast_stop(envd_fast_t *fast);
+/* Stop the thread (after the request it serves, if any), wait for the envs
+ * sent and drop their results, mark the doorbell closed (waking a client that
+ * waits) and free; returns the steps served in all (0 for NULL) and, if
+ * batch_envs is not NULL, stores there envd_fast_batch_envs's last count.
+ * The vec and the header must stay valid until this returns, and no other
+ * thread may hold envd_fast_lock (it destroys the mutex). */
+int64_t envd_fast_stop(envd_fast_t *fast, int64_t *batch_envs);
 
 /* Hold off the server thread: it finishes the request it serves, then waits;
  * requests rung meanwhile are served after envd_fast_unlock. */
@@ -89,8 +107,14 @@ void envd_fast_unlock(envd_fast_t *fast);
 /* From now on answer every request with ENVD_FAST_SHUTTING_DOWN. */
 void envd_fast_drain(envd_fast_t *fast);
 
-/* Requests served (answered ENVD_OK) so far. */
+/* STEP requests served (answered ENVD_OK) so far. */
 int64_t envd_fast_served(const envd_fast_t *fast);
+
+/* Envs that SEND started and RECV found finished so far. */
+int64_t envd_fast_batch_envs(const envd_fast_t *fast);
+
+/* Envs sent and not yet returned by RECV; call holding envd_fast_lock. */
+int64_t envd_fast_pending(const envd_fast_t *fast);
 
 /* How many server threads of this process may spin at once (>= 0; default 1). */
 void envd_fast_set_max_spinners(int max_spinners);

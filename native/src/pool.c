@@ -89,6 +89,7 @@ struct envd_pool {
     int num_threads;
     int num_started;  /* workers actually created (create's error path) */
     int max_spinners; /* idle workers allowed to spin at once */
+    int cpus;         /* CPUs this process may run on, at create */
     int efd;
     pthread_t *threads;
     pthread_mutex_t lock;
@@ -96,6 +97,7 @@ struct envd_pool {
     _Atomic uint32_t gen;    /* futex word: bumped by each submit / destroy */
     _Atomic int sleepers;    /* workers in (or about to enter) FUTEX_WAIT */
     _Atomic int spinners;    /* workers spinning on gen */
+    _Atomic int in_flight;   /* jobs submitted and not complete (a hint for callers) */
     _Atomic int shutdown;
 };
 
@@ -129,21 +131,14 @@ static int spin_while_equal(_Atomic uint32_t *word, uint32_t value)
 
 /* CPUs this process may run on (the affinity mask, which containers
  * narrow), falling back to the online count. */
-static int usable_cpus(void)
-{
-    cpu_set_t set;
-    if (sched_getaffinity(0, sizeof set, &set) == 0)
-        return CPU_COUNT(&set);
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n > 0 ? (int)n : 1;
-}
-
 /* ---- job lifetime ------------------------------------------------------------ */
 
 /* J5: runs once per job, on the thread that dropped the last reference. */
 static void job_complete(envd_pool_t *pool, envd_job_t *job)
 {
     const int notify = job->flags & ENVD_JOB_NOTIFY;
+    /* Before done: a caller that saw its job done never counts it. */
+    atomic_fetch_sub_explicit(&pool->in_flight, 1, memory_order_relaxed);
     uint32_t old = atomic_exchange_explicit(&job->done, JOB_DONE, memory_order_acq_rel);
     if (old == JOB_WAITING)
         futex_wake(&job->done, INT_MAX);
@@ -339,7 +334,8 @@ int envd_pool_create(envd_pool_t **out, int num_threads, const int *cpus)
     pool->num_threads = num_threads;
     /* The submitting thread keeps one CPU busy; more spinners than the
      * remaining CPUs would only steal time from the threads doing work. */
-    pool->max_spinners = usable_cpus() - 1;
+    pool->cpus = envd_usable_cpus();
+    pool->max_spinners = pool->cpus - 1;
     if (pool->max_spinners < 0)
         pool->max_spinners = 0;
     pool->threads = calloc(num_threads > 0 ? (size_t)num_threads : 1, sizeof *pool->threads);
@@ -428,6 +424,7 @@ int envd_pool_submit(envd_pool_t *pool, envd_job_t *job, envd_task_fn fn,
     atomic_store_explicit(&job->next, 0, memory_order_relaxed);
     atomic_store_explicit(&job->refs, 1, memory_order_relaxed);
     atomic_store_explicit(&job->done, JOB_RUNNING, memory_order_relaxed);
+    atomic_fetch_add_explicit(&pool->in_flight, 1, memory_order_relaxed);
     if (pool->num_threads == 0 || n == 0)
         job_run_inline(pool, job);
     else
@@ -482,6 +479,17 @@ int envd_pool_run(envd_pool_t *pool, envd_job_t *job, envd_task_fn fn,
     if (rc == ENVD_OK)
         envd_pool_wait(pool, job);
     return rc;
+}
+
+int envd_pool_jobs_in_flight(const envd_pool_t *pool)
+{
+    return atomic_load_explicit(&((envd_pool_t *)pool)->in_flight, memory_order_relaxed);
+}
+
+int envd_pool_saturated(const envd_pool_t *pool)
+{
+    const int limit = pool->cpus > 2 ? pool->cpus - 1 : 1;
+    return envd_pool_jobs_in_flight(pool) >= limit;
 }
 
 int envd_job_done(const envd_job_t *job)

@@ -81,6 +81,17 @@ void envd_pool_wait(envd_pool_t *pool, envd_job_t *job);
 int envd_pool_run(envd_pool_t *pool, envd_job_t *job, envd_task_fn fn,
                   void *ctx, int64_t n, int64_t chunk);
 
+/* Jobs submitted and not complete yet, by any thread: a snapshot (it may
+ * change at once), for dispatch decisions only. */
+int envd_pool_jobs_in_flight(const envd_pool_t *pool);
+
+/* Whether the jobs in flight already keep this process's CPUs busy: at least
+ * one, and at least all CPUs but one (each blocking job's caller runs chunks
+ * on a CPU of its own, next to the workers).  A caller that would wait for a
+ * new job had then better run it itself: splitting it buys no parallelism,
+ * only wake-ups and chunks preempted midway.  A snapshot, like the above. */
+int envd_pool_saturated(const envd_pool_t *pool);
+
 /* Non-zero once the job is complete (acquire ordering: everything the job
  * wrote is visible to the caller after this returns true).  Zero for a job
  * that was never submitted. */

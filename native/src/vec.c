@@ -289,14 +289,20 @@ static void update_cost(envd_vec_t *vec, double ns, int64_t items)
 /* Chunk size for a pooled call over n envs, or 0 to run inline.  An
  * unmeasured vec runs its first step inline to measure it -- except when the
  * caller must not run an unknown amount of env work (off_caller: a step for an
- * event loop, an async batch): that one goes to the pool in balanced chunks. */
-static int64_t choose_chunk(const envd_vec_t *vec, int64_t n, bool off_caller)
+ * event loop, an async batch): that one goes to the pool in balanced chunks.
+ * A blocking step (envd_vec_step: the caller waits, and helps) also runs
+ * inline while the pool is saturated by other jobs (envd_pool_saturated:
+ * e.g. several daemon sessions stepping at once on a small machine; see
+ * docs/architecture.md, "Dispatch").  Results never depend on the dispatch. */
+static int64_t choose_chunk(const envd_vec_t *vec, int64_t n, bool off_caller, bool blocking)
 {
     int threads = vec->pool ? envd_pool_num_threads(vec->pool) : 0;
     if (threads == 0)
         return 0;
     if (vec->forced_chunk > 0)
         return vec->forced_chunk;
+    if (blocking && envd_pool_saturated(vec->pool))
+        return 0;
     double cost = vec->stats.cost_ns_per_env;
     bool unmeasured_notify = cost == 0.0 && off_caller;
     if (!unmeasured_notify && (cost == 0.0 || cost * (double)n < INLINE_BELOW_NS))
@@ -375,7 +381,9 @@ static int validate_step(envd_vec_t *vec)
  * pending until run_finish. */
 static int run_start(envd_vec_t *vec, run_t *run, int64_t n, int job_flags)
 {
-    int64_t chunk = choose_chunk(vec, n, (job_flags & ENVD_JOB_NOTIFY) || run->ids != NULL);
+    const bool batch = run->ids != NULL;
+    int64_t chunk = choose_chunk(vec, n, (job_flags & ENVD_JOB_NOTIFY) || batch,
+                                 job_flags == 0 && !batch);
     if (chunk == 0) {
         vec->stats.inline_jobs++;
         double t0 = now_ns();
@@ -564,7 +572,7 @@ int envd_vec_reset(envd_vec_t *vec, const uint64_t *seeds, const bool *mask)
     clear_results(&vec->whole);
     vec->reset_seeds = seeds;
     vec->reset_mask = mask;
-    int64_t chunk = choose_chunk(vec, vec->config.num_envs, false);
+    int64_t chunk = choose_chunk(vec, vec->config.num_envs, false, false);
     int rc = ENVD_OK;
     if (chunk == 0)
         reset_range(&vec->whole, 0, vec->config.num_envs);

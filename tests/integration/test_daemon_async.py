@@ -83,8 +83,9 @@ def test_misuse_is_refused_and_the_env_stays_usable(served):
             r, l = env.recv(), local.recv()
             assert r[4]["env_id"].tolist() == l[4]["env_id"].tolist()
             assert r[0].tobytes() == l[0].tobytes()
-    # the daemon refuses raw misuse too: a recv of more than was sent
-    with client.make("CartPole-v1", 4, seed=0, batch_size=2) as env:
+    # the daemon refuses raw misuse too: a recv of more than was sent (over
+    # the socket: the fast path's recv is covered in test_fast_path)
+    with client.make("CartPole-v1", 4, seed=0, batch_size=2, fast_path=False) as env:
         with pytest.raises(envd.EnvStateError, match="only 0 were sent"):
             client._request({"type": "recv", "session": env.session, "count": 2})
 
@@ -111,10 +112,11 @@ def test_close_and_drain_with_batches_in_flight(tmp_path):
 
 def test_drain_answers_a_waiting_recv_then_refuses_new_async_work(tmp_path):
     """SIGTERM while a recv waits for a big batch: the batch finishes and the
-    recv gets its envs; new async work then fails with a clear error."""
+    recv gets its envs; new async work then fails with a clear error.  Over
+    the socket (raw requests); the fast path's twin is in test_fast_path."""
     with DaemonProcess(tmp_path / "d", "--threads", "1") as daemon, \
             daemon.connect(timeout=60) as client:
-        env = client.make("Acrobot-v1", 1 << 18, seed=0, batch_size=1 << 17)
+        env = client.make("Acrobot-v1", 1 << 18, seed=0, batch_size=1 << 17, fast_path=False)
         env.async_reset()
         ids = env.recv()[4]["env_id"]
         env.send(np.zeros(len(ids), np.int64), ids)  # a big batch, still stepping

@@ -1,5 +1,5 @@
-"""The same-host fast path: sync steps rung at a doorbell in the session's
-shared memory and served by a native thread of the daemon.
+"""The same-host fast path: steps, sends and recvs rung at a doorbell in the
+session's shared memory and served by a native thread of the daemon.
 
 Bit-identity over every env and mode is also covered by the equivalence and
 faults tests, whose shared-memory sessions take the fast path by default;
@@ -40,7 +40,7 @@ def assert_same(a, b, what):
 
 
 # ---- when it is taken ---------------------------------------------------------------------
-def test_taken_by_default_for_sync_shared_memory_sessions(served):
+def test_taken_by_default_for_shared_memory_sessions(served):
     _, client = served
     with client.make("CartPole-v1", 4, seed=0) as env:
         assert env.fast_path and env.transport == "shm"
@@ -48,7 +48,7 @@ def test_taken_by_default_for_sync_shared_memory_sessions(served):
     with client.make("CartPole-v1", 4, seed=0, fast_path=False) as env:
         assert not env.fast_path
     with client.make("CartPole-v1", 4, seed=0, batch_size=2) as env:
-        assert not env.fast_path  # async sessions send and receive over the socket
+        assert env.fast_path  # sends and recvs too
     with client.make("CartPole-v1", 4, seed=0, transport="inline") as env:
         assert not env.fast_path
 
@@ -56,8 +56,6 @@ def test_taken_by_default_for_sync_shared_memory_sessions(served):
 def test_required_but_impossible_says_why_and_leaves_no_session(served):
     _, client = served
     before = client.status()["sessions"]
-    with pytest.raises(envd.InvalidArgumentError, match="fast_path=True: the fast path serves sync"):
-        client.make("CartPole-v1", 4, batch_size=2, fast_path=True)
     with pytest.raises(envd.InvalidArgumentError, match="fast_path=True: .*shared memory"):
         client.make("CartPole-v1", 4, transport="inline", fast_path=True)
     wait_until(lambda: client.status()["sessions"] == before, what="the sessions to be closed")
@@ -150,6 +148,123 @@ def test_status_counts_fast_path_steps(served):
     assert client.status()["env_steps"] - before == 100  # closed: counted once
 
 
+# ---- sends and recvs ----------------------------------------------------------------------
+def async_trajectories(env, rounds: int, mode: str) -> dict[int, list]:
+    """EnvPool's loop (recv a batch, send it back) for rounds steps per env;
+    each env's action at its k-th step comes from a table, so the trajectory
+    of every env (obs, reward, flags) does not depend on the order in which
+    envs come back (which depends on the threads)."""
+    n, space = env.num_envs, env.single_action_space
+    table = [random_actions(space, n, np.random.default_rng(k)) for k in range(rounds)]
+    steps = np.zeros(n, np.int64)
+    trajectories: dict[int, list] = {i: [] for i in range(n)}
+    env.async_reset(seed=7)
+    out = n  # envs in flight or ready
+    while out >= env.batch_size:
+        obs, rewards, terms, truncs, info = env.recv()
+        ids = info["env_id"]
+        out -= len(ids)
+        for j, i in enumerate(ids.tolist()):
+            trajectories[i].append((obs[j].tobytes(), float(rewards[j]), bool(terms[j]),
+                                    bool(truncs[j])))
+        keep = steps[ids] < rounds
+        if mode == "disabled":  # a done env may not be sent until reset
+            keep &= ~(terms | truncs)
+        send = ids[keep]
+        if len(send):
+            env.send(np.stack([table[k][i] for i, k in zip(send, steps[send])]), send)
+            steps[send] += 1
+            out += len(send)
+    return trajectories
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1", "Snake-v0"])
+def test_async_trajectories_match_in_process_without_the_socket(served, env_id, mode):
+    _, client = served
+    kwargs = dict(seed=7, batch_size=4, autoreset_mode=mode, max_episode_steps=25)
+    with client.make(env_id, 12, **kwargs) as remote, \
+            envd.make(env_id, 12, num_threads=0, **kwargs) as local:
+        assert remote.fast_path
+        socket_calls = []
+        real_request, real_post = client._request, client._post
+        client._request = lambda header, *a, **k: (socket_calls.append(header["type"]),
+                                                   real_request(header, *a, **k))[1]
+        client._post = lambda header, *a, **k: (socket_calls.append(header["type"]),
+                                                real_post(header, *a, **k))[1]
+        try:
+            got = async_trajectories(remote, 40, mode)
+        finally:
+            client._request, client._post = real_request, real_post
+        assert socket_calls == ["reset"]  # async_reset; every send and recv rang the doorbell
+        want = async_trajectories(local, 40, mode)
+        for i in range(12):
+            assert got[i] == want[i], f"{env_id} {mode} env {i}"
+
+
+def test_async_refusals_match_in_process_and_are_raised_by_send(served):
+    """Sending a done env in 'disabled' mode: the daemon's fast path refuses
+    it at once, so send raises as in-process does (over the socket, sends are
+    posted and a later recv reports it); the env stays usable."""
+    _, client = served
+    kwargs = dict(seed=0, batch_size=2, autoreset_mode="disabled", max_episode_steps=1)
+    with client.make("CartPole-v1", 4, **kwargs) as remote, \
+            envd.make("CartPole-v1", 4, **kwargs) as local:
+        assert remote.fast_path
+        messages = []
+        for env in (remote, local):
+            env.async_reset()
+            ids = env.recv()[4]["env_id"]
+            env.send(np.zeros(2, np.int64), ids)  # their episodes end (time limit 1)
+            env.recv()
+            done = env.recv()[4]["env_id"]
+            with pytest.raises(envd.EnvStateError) as caught:
+                env.send(np.zeros(1, np.int64), done[:1])
+            messages.append(str(caught.value))
+            env.reset(options={"reset_mask": np.ones(4, bool)})  # usable: reset, then step
+            env.step(np.zeros(4, np.int64))
+        assert messages[0] == messages[1]
+        assert "is done and autoreset_mode is 'disabled'" in messages[0]
+
+
+def test_async_books_stay_with_the_doorbell(served):
+    """While envs sent through the doorbell are out, the daemon refuses what
+    would desynchronize its books: socket sends and recvs, a reset, turning
+    the fast path off.  Once they are received, all is allowed again."""
+    _, client = served
+    with client.make("CartPole-v1", 4, seed=0, batch_size=2) as env:
+        env.async_reset()
+        ids = env.recv()[4]["env_id"]
+        env.send(np.zeros(2, np.int64), ids)
+        for request in ({"type": "send", "session": env.session},
+                        {"type": "recv", "session": env.session, "count": 1}):
+            with pytest.raises(envd.EnvStateError, match="the fast path serves"):
+                client._request(request, [ids.tobytes()] if request["type"] == "send" else ())
+        for request in ({"type": "reset", "session": env.session, "seeds": False, "mask": False},
+                        {"type": "fast", "session": env.session, "enable": False}):
+            with pytest.raises(envd.EnvStateError, match="recv them first"):
+                client._request(request)
+        env.recv(), env.recv()  # everything back
+        assert env.reset()[0].shape == (4, 4)
+        client._request({"type": "fast", "session": env.session, "enable": False})
+
+
+def test_status_counts_async_env_steps(served):
+    _, client = served
+    before = client.status()["env_steps"]
+    with client.make("Acrobot-v1", 6, seed=0, batch_size=3) as env:
+        env.async_reset()
+        sent = 0
+        for _ in range(10):
+            ids = env.recv()[4]["env_id"]
+            env.send(np.zeros(3, np.int64), ids)
+            sent += 3
+        env.recv(), env.recv()  # everything sent is back
+        wait_until(lambda: client.status()["env_steps"] - before == sent,
+                   what=f"the {sent} env steps to be counted")
+    assert client.status()["env_steps"] - before == sent  # closed: counted once
+
+
 # ---- failures on either side --------------------------------------------------------------
 SLOW = dict(env_id="ConnectFour-v0", num_envs=256, depth=8)  # ~0.1 s per step on one thread
 
@@ -169,7 +284,7 @@ def test_daemon_killed_mid_step_raises_connection_lost_at_once(harness):
     env.step(actions)
     started = time.monotonic()
     killer = subprocess.Popen(["sh", "-c", f"sleep 0.03; kill -9 {daemon.pid}"])
-    with pytest.raises(envd.ConnectionLostError, match="fast-path step"):
+    with pytest.raises(envd.ConnectionLostError, match="fast-path request"):
         for _ in range(100):  # a step in flight when the daemon dies
             env.step(actions)
     killer.wait()

@@ -5,8 +5,8 @@
  * run slower).
  *
  * The trainer is played by threads of this process that use the doorbell
- * exactly as client/doorbell.py does: write req_kind, then req_seq + 1, then
- * FUTEX_WAKE req_seq; wait for done_seq == seq by spinning, by sleeping on
+ * exactly as client/doorbell.py does: write req_count and req_kind, then
+ * req_seq + 1, then FUTEX_WAKE req_seq; wait for done_seq == seq by spinning, by sleeping on
  * done_seq's futex (client_waiting = 1, in slices, checking closed), or both.
  * The header lies in a MAP_SHARED page at ENVD_FAST_OFFSET, as in the daemon,
  * so the shared (not private) futexes are the ones exercised.
@@ -47,7 +47,41 @@
  *   - spinners: two sessions whose servers spin for 20 s after a request,
  *     each server thread's CPU measured against a busy reference thread:
  *     with max_spinners 0 (or negative) neither spins, yet both answer; with
- *     1 exactly one spins; with 2 both do (the measurement works).
+ *     1 exactly one spins; with 2 both do (the measurement works);
+ *   - async (SEND, RECV): for pools of 0, 1 and 2 threads, CartPole, Acrobot
+ *     and ConnectFour, N in {7, 64, 256}, two autoreset modes, the client
+ *     keeps a random number of batches in flight: it SENDs random subsets of
+ *     the idle envs with random actions and RECVs random counts (<= envs out),
+ *     with a whole-vec STEP now and then when nothing is out, waiting by
+ *     spinning, sleeping or both.  Each SEND answers OK, result 0; after each
+ *     RECV: status OK, result in [count, envs out], every id returned was
+ *     sent and not returned before, whole batches come back, each contiguous
+ *     in its send order (with no pool thread every batch runs inline at SEND:
+ *     then every env out comes back, batches in submit order), and every
+ *     returned env's output rows (obs, reward, flags, episode return and
+ *     length, final obs, info fields) are bit-identical to a twin vec that
+ *     ran the same batches serially at send time; at the end every env sent
+ *     came back once, envd_fast_pending is 0, the whole buffers match, and
+ *     envd_fast_batch_envs and stop's *batch_envs equal the envs received;
+ *   - async errors: SEND and RECV counts outside [1, num_envs] (EINVAL,
+ *     index -1), an id out of range (EINVAL naming it), an env twice in one
+ *     SEND or already in flight (EBUSY naming it), an action out of range
+ *     (ERANGE naming the env), a never-reset env and a done env in DISABLED
+ *     mode (ESTATE naming it), a RECV of more than is out (ESTATE, index -1):
+ *     nothing starts or is taken (envd_fast_pending unchanged, no idle env's
+ *     rows written) and the refused envs can be sent next; a STEP with envs
+ *     in flight is EBUSY, steps nothing and is not counted; an env whose
+ *     step callback fails makes a RECV that waits for its batch answer
+ *     ENVD_EENV naming it, with its batch's envs kept (pending unchanged),
+ *     and the next RECV returns them; the failed env can be sent again;
+ *   - async stop: with batches in flight, with ready ids not received (after
+ *     an env failed), and with a batch held running in a pool thread (stop
+ *     waits for it: the doorbell is not closed before it ends): stop returns
+ *     promptly, served 0, closed == 1, *batch_envs == envd_fast_batch_envs
+ *     (== the envs RECV found, where it is deterministic), no leak; the vec
+ *     then steps whole, and a new session sends the envs that were in
+ *     flight; drain: SEND, RECV and STEP answer ENVD_FAST_SHUTTING_DOWN and
+ *     start or take nothing.
  */
 #define _GNU_SOURCE
 #include "fast.h"
@@ -223,12 +257,20 @@ static void doorbell_unmap(doorbell_t *d)
     d->h = NULL;
 }
 
-static void ring(doorbell_t *d, uint32_t kind)
+/* Rings request kind with req_count count (SEND: the ids written to the ids
+ * array; RECV: the envs wanted), written before req_kind as the client does. */
+static void ring_count(doorbell_t *d, uint32_t kind, uint32_t count)
 {
     d->seq++;
+    atomic_store(&d->h->req_count, count);
     atomic_store(&d->h->req_kind, kind);
     atomic_store(&d->h->req_seq, d->seq);
     futex_wake(&d->h->req_seq, 1);
+}
+
+static void ring(doorbell_t *d, uint32_t kind)
+{
+    ring_count(d, kind, 0);
 }
 
 static bool is_answered(const doorbell_t *d)
@@ -288,14 +330,19 @@ static answer_t wait_answer(doorbell_t *d, int mode, int64_t slice_ns)
 
 static int64_t g_slice_ns = SLICE_NS; /* the slice of request()'s waits */
 
-static answer_t request(doorbell_t *d, uint32_t kind, int mode)
+static answer_t request_count(doorbell_t *d, uint32_t kind, uint32_t count, int mode)
 {
-    ring(d, kind);
+    ring_count(d, kind, count);
     answer_t a = wait_answer(d, mode, g_slice_ns);
     CHECK(a.answered, "request %u: doorbell closed without an answer", d->seq);
     CHECK(g_slice_ns != LONG_SLICE_NS || atomic_load(&g_late_wakes) == 0,
           "request %u: a sleeping client was not woken by its answer", d->seq);
     return a;
+}
+
+static answer_t request(doorbell_t *d, uint32_t kind, int mode)
+{
+    return request_count(d, kind, 0, mode);
 }
 
 /* ---- a vec with its buffers ------------------------------------------------------- */
@@ -309,6 +356,7 @@ struct harness {
     bool *terms, *truncs, *mask;
     double *returns;
     int64_t *lengths;
+    int64_t *ids;        /* the doorbell's env ids (SEND, RECV) */
     unsigned char *info[ENVD_MAX_INFO_FIELDS];
     double params[8];
     envd_vec_buffers_t bufs;
@@ -348,6 +396,7 @@ static void harness_init(harness_t *h, const envd_env_def_t *def, int64_t n, int
     h->mask = xcalloc((size_t)n, sizeof *h->mask);
     h->returns = xcalloc((size_t)n, sizeof *h->returns);
     h->lengths = xcalloc((size_t)n, sizeof *h->lengths);
+    h->ids = xcalloc((size_t)n, sizeof *h->ids);
     for (int k = 0; k < def->num_info_fields; k++)
         h->info[k] = xcalloc((size_t)n, info_field_bytes(&def->info_fields[k]));
     CHECK(def->num_params <= (int32_t)COUNT(h->params), "too many params");
@@ -385,6 +434,7 @@ static void harness_free(harness_t *h)
     free(h->mask);
     free(h->returns);
     free(h->lengths);
+    free(h->ids);
     for (int k = 0; k < ENVD_MAX_INFO_FIELDS; k++)
         free(h->info[k]);
     h->vec = NULL;
@@ -441,7 +491,7 @@ static bool same_outputs(const harness_t *a, const harness_t *b)
 static envd_fast_t *fast_start(harness_t *h, doorbell_t *d, int64_t spin_ns)
 {
     envd_fast_t *f = NULL;
-    int rc = envd_fast_start(&f, h->vec, d->h, spin_ns);
+    int rc = envd_fast_start(&f, h->vec, h->n, d->h, h->ids, spin_ns);
     CHECK(rc == ENVD_OK && f != NULL, "envd_fast_start: %s", envd_strerror(rc));
     CHECK(atomic_load(&d->h->closed) == 0, "closed after start");
     CHECK(atomic_load(&d->h->done_seq) == atomic_load(&d->h->req_seq),
@@ -455,7 +505,7 @@ static envd_fast_t *fast_start(harness_t *h, doorbell_t *d, int64_t spin_ns)
 static void fast_stop(envd_fast_t *f, doorbell_t *d, int64_t want_served)
 {
     uint32_t done = atomic_load(&d->h->done_seq);
-    int64_t served = envd_fast_stop(f);
+    int64_t served = envd_fast_stop(f, NULL);
     CHECK(served == want_served, "stop returned %lld served, want %lld", (long long)served,
           (long long)want_served);
     CHECK(atomic_load(&d->h->closed) == 1, "not closed after stop");
@@ -583,7 +633,7 @@ static void test_errors(envd_pool_t *pool, int chunk)
         harness_reset(&twin, 7, NULL);
         const int64_t bad[] = {as->start - 1, as->start + as->n, INT64_MIN, INT64_MAX};
         const int64_t where[] = {0, n - 1, 4};
-        const uint32_t bad_kinds[] = {0, 2, 77, UINT32_MAX};
+        const uint32_t bad_kinds[] = {0, 4, 77, UINT32_MAX};
         for (int round = 0; round < 12; round++) {
             fill_actions(&h, &s);
             int64_t k = where[round % COUNT(where)];
@@ -871,7 +921,7 @@ static void *stopper_main(void *arg)
     stopper_t *st = arg;
     atomic_store(&st->tid, thread_id());
     double t0 = now_s();
-    st->served = envd_fast_stop(st->f);
+    st->served = envd_fast_stop(st->f, NULL);
     st->took = now_s() - t0;
     return NULL;
 }
@@ -1201,7 +1251,7 @@ static void test_stop(envd_pool_t *const *pools, int num_pools)
             fill_actions(&h, &s);
             step_checked(&h, &twin, f, &d, r % 3, &ok, "before stop");
         }
-        step_refused(&h, &twin, f, &d, 3, WAIT_SLEEP, ENVD_EINVAL, -1, ok, "not counted");
+        step_refused(&h, &twin, f, &d, 4, WAIT_SLEEP, ENVD_EINVAL, -1, ok, "not counted");
         sleep_us(p * 1000); /* stop a spinning and a sleeping server */
         fast_stop(f, &d, ok);
         CHECK(atomic_load(&d.h->done_seq) == d.seq, "done_seq");
@@ -1213,7 +1263,7 @@ static void test_stop(envd_pool_t *const *pools, int num_pools)
         harness_free(&h);
         harness_free(&twin);
     }
-    CHECK(envd_fast_stop(NULL) == 0, "stop(NULL)");
+    CHECK(envd_fast_stop(NULL, NULL) == 0, "stop(NULL)");
 
     int sure = 0;
     for (int i = 0; i < 6; i++)
@@ -1402,6 +1452,663 @@ static void test_spinners(void)
     }
 }
 
+/* ---- 7. async: SEND and RECV ------------------------------------------------------ */
+/* Env i's output rows bit-identical: observation, reward, flags, episode
+ * return and length, final observation where kept, info fields. */
+static bool same_row(const harness_t *a, const harness_t *b, int64_t i)
+{
+    const size_t u = (size_t)i, ob = a->obs_bytes;
+    if (memcmp(a->obs + u * ob, b->obs + u * ob, ob) ||
+        memcmp(&a->rewards[i], &b->rewards[i], sizeof *a->rewards) ||
+        memcmp(&a->terms[i], &b->terms[i], 1) || memcmp(&a->truncs[i], &b->truncs[i], 1) ||
+        memcmp(&a->returns[i], &b->returns[i], sizeof *a->returns) ||
+        memcmp(&a->lengths[i], &b->lengths[i], sizeof *a->lengths))
+        return false;
+    if (a->final_obs && memcmp(a->final_obs + u * ob, b->final_obs + u * ob, ob))
+        return false;
+    for (int k = 0; k < a->def->num_info_fields; k++) {
+        const size_t fb = info_field_bytes(&a->def->info_fields[k]);
+        if (memcmp(a->info[k] + u * fb, b->info[k] + u * fb, fb))
+            return false;
+    }
+    return true;
+}
+
+/* Random valid actions in h's rows of envs ids[0 .. k). */
+static void fill_rows(harness_t *h, const int64_t *ids, int64_t k, uint64_t *s)
+{
+    const envd_space_t *as = &h->def->action_space;
+    for (int64_t j = 0; j < k; j++)
+        ((int64_t *)h->actions)[ids[j]] = as->start + (int64_t)(rnd(s) % (uint64_t)as->n);
+}
+
+/* The twin runs a batch at once (serially): envs ids[0 .. k) with the
+ * actions h's rows hold. */
+static void twin_batch(harness_t *twin, envd_vec_batch_t *tb, const harness_t *h,
+                       const int64_t *ids, int64_t k, const char *what)
+{
+    for (int64_t j = 0; j < k; j++)
+        memcpy(twin->actions + (size_t)ids[j] * h->act_bytes,
+               h->actions + (size_t)ids[j] * h->act_bytes, h->act_bytes);
+    int rc = envd_vec_batch_submit(twin->vec, tb, ids, k, 0);
+    CHECK(rc == ENVD_OK, "%s: twin batch submit: %s", what, envd_strerror(rc));
+    envd_vec_batch_wait(twin->vec, tb);
+    rc = envd_vec_batch_finish(twin->vec, tb);
+    CHECK(rc >= 0, "%s: twin batch: %s", what, envd_strerror(rc));
+}
+
+/* The client's books: each env idle or in one batch sent and not received. */
+typedef struct books {
+    int64_t n;
+    int64_t *batch_of;   /* the serial of the env's batch, -1 when idle */
+    int64_t *pos;        /* its place in that batch's send order */
+    int64_t *size;       /* that batch's size */
+    int64_t *scratch;
+    int64_t out, batches_out, serial, sent, received;
+} books_t;
+
+static void books_init(books_t *b, int64_t n)
+{
+    memset(b, 0, sizeof *b);
+    b->n = n;
+    b->batch_of = xcalloc((size_t)n, sizeof *b->batch_of);
+    b->pos = xcalloc((size_t)n, sizeof *b->pos);
+    b->size = xcalloc((size_t)n, sizeof *b->size);
+    b->scratch = xcalloc((size_t)n, sizeof *b->scratch);
+    for (int64_t i = 0; i < n; i++)
+        b->batch_of[i] = -1;
+}
+
+static void books_free(books_t *b)
+{
+    free(b->batch_of);
+    free(b->pos);
+    free(b->size);
+    free(b->scratch);
+}
+
+/* k random idle envs, in random order, into ids. */
+static void pick_idle(books_t *b, int64_t *ids, int64_t k, uint64_t *s)
+{
+    int64_t m = 0;
+    for (int64_t i = 0; i < b->n; i++)
+        if (b->batch_of[i] < 0)
+            b->scratch[m++] = i;
+    CHECK(k >= 1 && k <= m, "pick %lld of %lld idle", (long long)k, (long long)m);
+    for (int64_t j = 0; j < k; j++) {
+        int64_t r = j + (int64_t)(rnd(s) % (uint64_t)(m - j));
+        int64_t t = b->scratch[j];
+        b->scratch[j] = b->scratch[r];
+        b->scratch[r] = t;
+        ids[j] = b->scratch[j];
+    }
+}
+
+static void books_send(books_t *b, const int64_t *ids, int64_t k)
+{
+    for (int64_t j = 0; j < k; j++) {
+        b->batch_of[ids[j]] = b->serial;
+        b->pos[ids[j]] = j;
+        b->size[ids[j]] = k;
+    }
+    b->serial++;
+    b->batches_out++;
+    b->out += k;
+    b->sent += k;
+}
+
+/* The ids a RECV returned: every one sent and not returned before, whole
+ * batches, each contiguous and in its send order; in_order: batches in
+ * submit order. */
+static void books_recv(books_t *b, const int64_t *ids, int64_t got, bool in_order,
+                       const char *what)
+{
+    int64_t prev = -1;
+    for (int64_t j = 0; j < got;) {
+        const int64_t first = ids[j];
+        CHECK(first >= 0 && first < b->n, "%s: recv returned env id %lld", what,
+              (long long)first);
+        const int64_t serial = b->batch_of[first], k = b->size[first];
+        CHECK(serial >= 0, "%s: recv returned env %lld, not in flight (never sent, or "
+              "returned before)", what, (long long)first);
+        CHECK(b->pos[first] == 0, "%s: a batch comes back from env %lld, its #%lld", what,
+              (long long)first, (long long)b->pos[first]);
+        CHECK(j + k <= got, "%s: batch %lld (%lld envs) cut at the end (%lld of %lld)", what,
+              (long long)serial, (long long)k, (long long)(got - j), (long long)got);
+        CHECK(!in_order || serial > prev, "%s: batch %lld came back after batch %lld", what,
+              (long long)serial, (long long)prev);
+        for (int64_t m = 0; m < k; m++) {
+            const int64_t id = ids[j + m];
+            CHECK(id >= 0 && id < b->n && b->batch_of[id] == serial && b->pos[id] == m,
+                  "%s: batch %lld: #%lld is env %lld (its batch %lld, #%lld): not contiguous "
+                  "in send order", what, (long long)serial, (long long)m, (long long)id,
+                  (long long)(id >= 0 && id < b->n ? b->batch_of[id] : -2),
+                  (long long)(id >= 0 && id < b->n ? b->pos[id] : -2));
+            b->batch_of[id] = -1;
+        }
+        prev = serial;
+        j += k;
+        b->batches_out--;
+    }
+    b->out -= got;
+    b->received += got;
+}
+
+/* A SEND of ids[0 .. k) (already in h->ids, actions in h's rows) that must
+ * start: the twin runs the batch now. */
+static void send_checked(harness_t *h, harness_t *twin, envd_vec_batch_t *tb, doorbell_t *d,
+                         books_t *b, int64_t k, int wait, const char *what)
+{
+    twin_batch(twin, tb, h, h->ids, k, what);
+    books_send(b, h->ids, k);
+    answer_t a = request_count(d, ENVD_FAST_SEND, (uint32_t)k, wait);
+    CHECK(a.status == ENVD_OK && a.result == 0 && a.index == -1,
+          "%s: send of %lld: status %d result %lld index %lld", what, (long long)k, a.status,
+          (long long)a.result, (long long)a.index);
+}
+
+/* A RECV of count that must succeed: its ids pass books_recv and every env
+ * returned has the twin's rows (skip: an env not compared, or -1).  exact:
+ * every env in flight is finished (no pool threads: batches run inline at
+ * SEND), so all of them come back, in submit order. */
+static int64_t recv_checked(harness_t *h, const harness_t *twin, doorbell_t *d, books_t *b,
+                            int64_t count, int wait, bool exact, int64_t skip,
+                            const char *what)
+{
+    const int64_t out = b->out;
+    answer_t a = request_count(d, ENVD_FAST_RECV, (uint32_t)count, wait);
+    CHECK(a.status == ENVD_OK && a.index == -1 && a.result >= count && a.result <= out,
+          "%s: recv %lld of %lld out: status %d result %lld index %lld", what,
+          (long long)count, (long long)out, a.status, (long long)a.result, (long long)a.index);
+    CHECK(!exact || a.result == out, "%s: recv %lld: %lld of %lld finished envs returned", what,
+          (long long)count, (long long)a.result, (long long)out);
+    books_recv(b, h->ids, a.result, exact, what);
+    for (int64_t j = 0; j < a.result; j++)
+        CHECK(h->ids[j] == skip || same_row(h, twin, h->ids[j]),
+              "%s: env %lld's outputs differ from the twin's", what, (long long)h->ids[j]);
+    return a.result;
+}
+
+/* 7a. Random SENDs and RECVs, a random number of batches in flight. */
+static void async_results(envd_pool_t *const *pools, int num_pools, int requests)
+{
+    static const int64_t sizes[] = {7, 64, 256};
+    static const int64_t pauses[] = {0, 0, 0, 5, 30, 200};
+    uint64_t s = 0xa5e17ull;
+    int config = 0;
+    int64_t sends = 0, recvs = 0, envs = 0;
+    g_slice_ns = LONG_SLICE_NS;
+    atomic_store(&g_late_wakes, 0);
+    for (int p = 0; p < num_pools; p++) {
+        const bool exact = envd_pool_num_threads(pools[p]) == 0;
+        for (size_t e = 0; e < COUNT(g_envs); e++) {
+            for (size_t si = 0; si < COUNT(sizes); si++, config++) {
+                const int max_spinners = (int)(si + e + (size_t)p) % 3;
+                const int policy = (int)(si + 2 * e + (size_t)p) % 3; /* spin, sleep, random */
+                const int mode = config % 2 ? ENVD_AUTORESET_SAME_STEP : ENVD_AUTORESET_NEXT_STEP;
+                const int64_t chunk = config % 4 == 1 ? 3 : 0; /* pooled or adaptive */
+                const int64_t spin_ns = config % 5 == 0 ? 0 : 100000;
+                const int64_t n = sizes[si];
+                envd_fast_set_max_spinners(max_spinners);
+                char what[160];
+                snprintf(what, sizeof what, "async %s n=%lld threads=%d spinners=%d wait=%s",
+                         g_envs[e]->id, (long long)n, envd_pool_num_threads(pools[p]),
+                         max_spinners, policy == 2 ? "random" : wait_names[policy]);
+                harness_t h, twin;
+                harness_init(&h, g_envs[e], n, mode, pools[p], chunk);
+                harness_init(&twin, g_envs[e], n, mode, NULL, 0);
+                harness_reset(&h, 300 + (uint64_t)config, NULL);
+                harness_reset(&twin, 300 + (uint64_t)config, NULL);
+                envd_vec_batch_t *tb;
+                CHECK(envd_vec_batch_create(&tb, n) == ENVD_OK, "batch create");
+                books_t b;
+                books_init(&b, n);
+                doorbell_t d;
+                doorbell_map(&d);
+                envd_fast_t *f = fast_start(&h, &d, spin_ns);
+                int64_t steps = 0;
+                for (int r = 0; r < requests; r++) {
+                    const int wait = policy == 2 ? (int)(rnd(&s) % 3) : policy;
+                    const int64_t idle = n - b.out, target = 1 + (int64_t)(rnd(&s) % 4);
+                    if (b.out == 0 && rnd(&s) % 6 == 0) {
+                        /* A whole-vec STEP between async rounds. */
+                        fill_actions(&h, &s);
+                        step_checked(&h, &twin, f, &d, wait, &steps, what);
+                    } else if (idle > 0 && (b.out == 0 || b.batches_out < target)) {
+                        const int64_t most = rnd(&s) % 2 ? idle : (idle < 8 ? idle : 8);
+                        const int64_t k = 1 + (int64_t)(rnd(&s) % (uint64_t)most);
+                        pick_idle(&b, h.ids, k, &s);
+                        fill_rows(&h, h.ids, k, &s);
+                        send_checked(&h, &twin, tb, &d, &b, k, wait, what);
+                        sends++;
+                    } else {
+                        const int64_t count = 1 + (int64_t)(rnd(&s) % (uint64_t)b.out);
+                        envs += recv_checked(&h, &twin, &d, &b, count, wait, exact, -1, what);
+                        recvs++;
+                    }
+                    const int64_t pause = pauses[rnd(&s) % COUNT(pauses)];
+                    if (pause)
+                        sleep_us(pause);
+                }
+                while (b.out > 0) {
+                    envs += recv_checked(&h, &twin, &d, &b, b.out, (int)(rnd(&s) % 3), exact,
+                                         -1, what);
+                    recvs++;
+                }
+                CHECK(b.batches_out == 0 && b.received == b.sent, "%s: sent %lld, received %lld",
+                      what, (long long)b.sent, (long long)b.received);
+                CHECK(envd_fast_batch_envs(f) == b.received, "%s: batch_envs %lld, received %lld",
+                      what, (long long)envd_fast_batch_envs(f), (long long)b.received);
+                envd_fast_lock(f);
+                CHECK(envd_fast_pending(f) == 0, "%s: pending %lld after every recv", what,
+                      (long long)envd_fast_pending(f));
+                CHECK(same_buffers(&h, &twin), "%s: buffers differ from the twin's", what);
+                envd_fast_unlock(f);
+                int64_t batch_envs = -1;
+                const int64_t served = envd_fast_stop(f, &batch_envs);
+                CHECK(served == steps && batch_envs == b.received,
+                      "%s: stop: served %lld (want %lld), batch_envs %lld (want %lld)", what,
+                      (long long)served, (long long)steps, (long long)batch_envs,
+                      (long long)b.received);
+                CHECK(atomic_load(&d.h->closed) == 1, "%s: not closed after stop", what);
+                doorbell_unmap(&d);
+                books_free(&b);
+                envd_vec_batch_destroy(tb);
+                harness_free(&h);
+                harness_free(&twin);
+            }
+        }
+    }
+    envd_fast_set_max_spinners(1);
+    g_slice_ns = SLICE_NS;
+    CHECK(atomic_load(&g_late_wakes) == 0, "%d sleeping clients were not woken by their answer",
+          atomic_load(&g_late_wakes));
+    printf("fast_stress: async: %lld sends, %lld recvs, %lld envs\n", (long long)sends,
+           (long long)recvs, (long long)envs);
+}
+
+/* CartPole whose step fails for the env whose observation row is g_fail_obs
+ * (the vec passes env i its row of the observation buffer). */
+static _Atomic uintptr_t g_fail_obs;
+static envd_env_def_t g_failing;
+
+static int failing_step(void *state, envd_rng_t *rng, const void *action, void *obs,
+                        double *reward, bool *terminated, bool *truncated)
+{
+    if ((uintptr_t)obs == atomic_load(&g_fail_obs))
+        return ENVD_EENV;
+    return envd_builtin_cartpole.step(state, rng, action, obs, reward, terminated, truncated);
+}
+
+/* A request that must be refused with status want naming env index: nothing
+ * started (pending unchanged) and no idle env's rows written. */
+static void async_refused(harness_t *h, const harness_t *twin, envd_fast_t *f, doorbell_t *d,
+                          const books_t *b, uint32_t kind, uint32_t count, int wait, int want,
+                          int64_t index, const char *what)
+{
+    answer_t a = request_count(d, kind, count, wait);
+    CHECK(a.status == want && a.result == 0 && (index == INT64_MIN || a.index == index),
+          "%s: status %d (want %d) index %lld (want %lld) result %lld", what, a.status, want,
+          (long long)a.index, (long long)index, (long long)a.result);
+    envd_fast_lock(f);
+    CHECK(envd_fast_pending(f) == b->out, "%s: pending %lld, want %lld", what,
+          (long long)envd_fast_pending(f), (long long)b->out);
+    envd_fast_unlock(f);
+    for (int64_t i = 0; i < h->n; i++)
+        CHECK(b->batch_of[i] >= 0 || same_row(h, twin, i), "%s: idle env %lld was stepped", what,
+              (long long)i);
+}
+
+/* Writes ids into h->ids; returns how many. */
+static int64_t set_ids(harness_t *h, const int64_t *ids, int64_t k)
+{
+    memcpy(h->ids, ids, (size_t)k * sizeof *ids);
+    return k;
+}
+
+/* 7b. The refusals of SEND, RECV and STEP, and an env that fails. */
+static void async_errors(envd_pool_t *pool, int64_t chunk)
+{
+    uint64_t s = 0xe5e9dull + (uint64_t)chunk;
+    const bool exact = envd_pool_num_threads(pool) == 0;
+    const int64_t n = 9;
+    g_failing = envd_builtin_cartpole;
+    g_failing.step = failing_step;
+    atomic_store(&g_fail_obs, 0);
+    harness_t h, twin;
+    harness_init(&h, &g_failing, n, ENVD_AUTORESET_NEXT_STEP, pool, chunk);
+    harness_init(&twin, &envd_builtin_cartpole, n, ENVD_AUTORESET_NEXT_STEP, NULL, 0);
+    envd_vec_batch_t *tb;
+    CHECK(envd_vec_batch_create(&tb, n) == ENVD_OK, "batch create");
+    books_t b;
+    books_init(&b, n);
+    doorbell_t d;
+    doorbell_map(&d);
+    envd_fast_t *f = fast_start(&h, &d, 20000);
+    int64_t steps = 0;
+    int w = 0;
+    char what[160];
+#define NEXT_WAIT (w++ % 3)
+
+    /* Never reset: ESTATE naming the env. */
+    set_ids(&h, (const int64_t[]){3, 4}, 2);
+    async_refused(&h, &twin, f, &d, &b, ENVD_FAST_SEND, 2, NEXT_WAIT, ENVD_ESTATE, 3,
+                  "send before reset");
+    envd_fast_lock(f);
+    harness_reset(&h, 11, NULL);
+    envd_fast_unlock(f);
+    harness_reset(&twin, 11, NULL);
+
+    for (int round = 0; round < 3; round++) {
+        snprintf(what, sizeof what, "async errors, %d threads, round %d",
+                 envd_pool_num_threads(pool), round);
+        /* Counts outside [1, num_envs]: EINVAL, index -1. */
+        const uint32_t bad_counts[] = {0, (uint32_t)n + 1, UINT32_MAX};
+        for (size_t c = 0; c < COUNT(bad_counts); c++) {
+            set_ids(&h, (const int64_t[]){0, 1, 2, 3, 4, 5, 6, 7, 8}, n);
+            async_refused(&h, &twin, f, &d, &b, ENVD_FAST_SEND, bad_counts[c], NEXT_WAIT,
+                          ENVD_EINVAL, -1, "send count out of range");
+            async_refused(&h, &twin, f, &d, &b, ENVD_FAST_RECV, bad_counts[c], NEXT_WAIT,
+                          ENVD_EINVAL, -1, "recv count out of range");
+        }
+        /* An id out of range: EINVAL naming it (also after valid ids). */
+        set_ids(&h, (const int64_t[]){1, 5, n}, 3);
+        async_refused(&h, &twin, f, &d, &b, ENVD_FAST_SEND, 3, NEXT_WAIT, ENVD_EINVAL, n,
+                      "send of id n");
+        set_ids(&h, (const int64_t[]){INT64_MIN}, 1);
+        async_refused(&h, &twin, f, &d, &b, ENVD_FAST_SEND, 1, NEXT_WAIT, ENVD_EINVAL,
+                      INT64_MIN, "send of id INT64_MIN");
+        /* An env twice in one send: EBUSY naming it. */
+        set_ids(&h, (const int64_t[]){4, 2, 4}, 3);
+        async_refused(&h, &twin, f, &d, &b, ENVD_FAST_SEND, 3, NEXT_WAIT, ENVD_EBUSY, 4,
+                      "send of env 4 twice");
+        /* A RECV with nothing in flight: ESTATE, index -1. */
+        async_refused(&h, &twin, f, &d, &b, ENVD_FAST_RECV, 1, NEXT_WAIT, ENVD_ESTATE, -1,
+                      "recv with nothing sent");
+
+        /* Batch A in flight. */
+        fill_actions(&h, &s);
+        send_checked(&h, &twin, tb, &d, &b, set_ids(&h, (const int64_t[]){2, 0, 1}, 3),
+                     NEXT_WAIT, what);
+        /* An env already in flight: EBUSY naming it. */
+        set_ids(&h, (const int64_t[]){3, 1}, 2);
+        async_refused(&h, &twin, f, &d, &b, ENVD_FAST_SEND, 2, NEXT_WAIT, ENVD_EBUSY, 1,
+                      "send of an env in flight");
+        /* An action out of range: ERANGE naming the env. */
+        const envd_space_t *as = &h.def->action_space;
+        ((int64_t *)h.actions)[7] = round % 2 ? as->start + as->n : as->start - 1;
+        set_ids(&h, (const int64_t[]){6, 7}, 2);
+        async_refused(&h, &twin, f, &d, &b, ENVD_FAST_SEND, 2, NEXT_WAIT, ENVD_ERANGE, 7,
+                      "send with an action out of range");
+        ((int64_t *)h.actions)[7] = as->start;
+        /* STEP with envs in flight: EBUSY, nothing stepped, not counted. */
+        fill_rows(&h, (const int64_t[]){3, 4, 5, 6, 7, 8}, 6, &s);
+        async_refused(&h, &twin, f, &d, &b, ENVD_FAST_STEP, 0, NEXT_WAIT, ENVD_EBUSY, INT64_MIN,
+                      "step with envs in flight");
+        CHECK(envd_fast_served(f) == steps, "%s: a refused step was counted", what);
+        /* A RECV of more than in flight or ready: ESTATE, nothing taken. */
+        async_refused(&h, &twin, f, &d, &b, ENVD_FAST_RECV, 4, NEXT_WAIT, ENVD_ESTATE, -1,
+                      "recv of more than sent");
+        /* The refused envs are idle: sending them works. */
+        send_checked(&h, &twin, tb, &d, &b, set_ids(&h, (const int64_t[]){7, 6, 3}, 3),
+                     NEXT_WAIT, what);
+        fill_rows(&h, (const int64_t[]){4, 5, 8}, 3, &s);
+        send_checked(&h, &twin, tb, &d, &b, set_ids(&h, (const int64_t[]){8, 4}, 2),
+                     NEXT_WAIT, what);
+        recv_checked(&h, &twin, &d, &b, 5, NEXT_WAIT, false, -1, what);
+        if (b.out)
+            recv_checked(&h, &twin, &d, &b, b.out, NEXT_WAIT, exact, -1, what);
+
+        /* An env callback fails in batch B: RECV answers ENVD_EENV naming it,
+         * then the next RECV returns B's envs (and the others finished). */
+        const int64_t bad = 5 + round % 2;
+        atomic_store(&g_fail_obs, (uintptr_t)(h.obs + (size_t)bad * h.obs_bytes));
+        fill_actions(&h, &s);
+        send_checked(&h, &twin, tb, &d, &b, set_ids(&h, (const int64_t[]){0, 1}, 2),
+                     NEXT_WAIT, what);
+        send_checked(&h, &twin, tb, &d, &b, set_ids(&h, (const int64_t[]){7, bad, 2}, 3),
+                     NEXT_WAIT, what);
+        send_checked(&h, &twin, tb, &d, &b, set_ids(&h, (const int64_t[]){8}, 1), NEXT_WAIT,
+                     what);
+        /* Wanting all 6, the server must find B finished before it answers. */
+        answer_t a = request_count(&d, ENVD_FAST_RECV, 6, NEXT_WAIT);
+        CHECK(a.status == ENVD_EENV && a.index == bad && a.result == 0,
+              "%s: recv over a failed env: status %d index %lld result %lld", what, a.status,
+              (long long)a.index, (long long)a.result);
+        envd_fast_lock(f);
+        CHECK(envd_fast_pending(f) == 6, "%s: pending %lld after the failure", what,
+              (long long)envd_fast_pending(f));
+        envd_fast_unlock(f);
+        atomic_store(&g_fail_obs, 0);
+        /* The next RECV returns the failed batch (count 3: at least B's). */
+        const int64_t got = recv_checked(&h, &twin, &d, &b, 3, NEXT_WAIT, exact, bad, what);
+        bool had_bad = false;
+        for (int64_t j = 0; j < got; j++)
+            had_bad |= h.ids[j] == bad;
+        CHECK(had_bad, "%s: the recv after the failure did not return env %lld", what,
+              (long long)bad);
+        if (b.out)
+            recv_checked(&h, &twin, &d, &b, b.out, NEXT_WAIT, exact, bad, what);
+        /* The failed env is idle: it can be sent again.  (Its state is the
+         * wrapper's now: the twin catches up by a masked reset of both.) */
+        fill_rows(&h, (const int64_t[]){bad}, 1, &s);
+        answer_t sa = request_count(&d, ENVD_FAST_SEND, set_ids(&h, (const int64_t[]){bad}, 1),
+                                    NEXT_WAIT);
+        CHECK(sa.status == ENVD_OK, "%s: send of the failed env: %d", what, sa.status);
+        answer_t ra = request_count(&d, ENVD_FAST_RECV, 1, NEXT_WAIT);
+        CHECK(ra.status == ENVD_OK && ra.result == 1 && h.ids[0] == bad,
+              "%s: recv of the failed env: status %d result %lld", what, ra.status,
+              (long long)ra.result);
+        for (int64_t i = 0; i < n; i++)
+            h.mask[i] = twin.mask[i] = i == bad;
+        envd_fast_lock(f);
+        harness_reset(&h, 500 + (uint64_t)round, h.mask);
+        envd_fast_unlock(f);
+        harness_reset(&twin, 500 + (uint64_t)round, twin.mask);
+        /* With nothing in flight, STEP works again. */
+        fill_actions(&h, &s);
+        step_checked(&h, &twin, f, &d, NEXT_WAIT, &steps, what);
+    }
+    CHECK(envd_fast_batch_envs(f) == b.received + 3, "batch_envs %lld, want %lld",
+          (long long)envd_fast_batch_envs(f), (long long)b.received + 3);
+    int64_t batch_envs = -1;
+    CHECK(envd_fast_stop(f, &batch_envs) == steps && batch_envs == b.received + 3,
+          "stop: batch_envs %lld", (long long)batch_envs);
+    doorbell_unmap(&d);
+
+    /* DISABLED mode: a SEND of a done env is ESTATE naming it, until the
+     * daemon resets it under the lock. */
+    harness_t hd, td;
+    harness_init(&hd, &envd_builtin_cartpole, 4, ENVD_AUTORESET_DISABLED, pool, chunk);
+    harness_init(&td, &envd_builtin_cartpole, 4, ENVD_AUTORESET_DISABLED, NULL, 0);
+    harness_reset(&hd, 41, NULL);
+    harness_reset(&td, 41, NULL);
+    books_t bd;
+    books_init(&bd, 4);
+    doorbell_map(&d);
+    f = fast_start(&hd, &d, 20000);
+    int refusals = 0;
+    for (int r = 0; r < 300 && refusals < 2; r++) {
+        const int64_t k = 1 + r % 2;
+        set_ids(&hd, (const int64_t[]){k}, 1);
+        fill_rows(&hd, hd.ids, 1, &s);
+        send_checked(&hd, &td, tb, &d, &bd, 1, NEXT_WAIT, "disabled mode");
+        recv_checked(&hd, &td, &d, &bd, 1, NEXT_WAIT, true, -1, "disabled mode");
+        if (!(td.terms[k] || td.truncs[k]))
+            continue;
+        set_ids(&hd, (const int64_t[]){0, k}, 2);
+        async_refused(&hd, &td, f, &d, &bd, ENVD_FAST_SEND, 2, NEXT_WAIT, ENVD_ESTATE, k,
+                      "send of a done env in DISABLED mode");
+        for (int64_t i = 0; i < 4; i++)
+            hd.mask[i] = td.mask[i] = i == k;
+        envd_fast_lock(f);
+        harness_reset(&hd, 900 + (uint64_t)r, hd.mask);
+        envd_fast_unlock(f);
+        harness_reset(&td, 900 + (uint64_t)r, td.mask);
+        refusals++;
+    }
+    CHECK(refusals == 2, "only %d episodes ended in DISABLED mode", refusals);
+    CHECK(envd_fast_stop(f, NULL) == 0, "stop");
+#undef NEXT_WAIT
+    doorbell_unmap(&d);
+    books_free(&bd);
+    harness_free(&hd);
+    harness_free(&td);
+    books_free(&b);
+    envd_vec_batch_destroy(tb);
+    harness_free(&h);
+    harness_free(&twin);
+}
+
+typedef struct releaser {
+    const envd_fast_header_t *h;
+    int64_t delay_us;
+    _Atomic int closed_early;
+} releaser_t;
+
+/* Releases the gate after a delay, noting whether the doorbell was already
+ * closed (stop must wait for the batch that the gate holds). */
+static void *releaser_main(void *arg)
+{
+    releaser_t *rl = arg;
+    sleep_us(rl->delay_us);
+    atomic_store(&rl->closed_early, (int)atomic_load(&rl->h->closed));
+    atomic_store(&g_gate_release, 1);
+    return NULL;
+}
+
+/* 7c. Stop with batches in flight, with ready ids not received, and with a
+ * batch still running (held by the gate); drain. */
+static void async_stop(envd_pool_t *const *pools, int num_pools)
+{
+    uint64_t s = 0x5705ull;
+    g_failing = envd_builtin_cartpole;
+    g_failing.step = failing_step;
+    g_gated = envd_builtin_cartpole;
+    g_gated.step = gated_step;
+    for (int p = 0; p < num_pools; p++) {
+        const int threads = envd_pool_num_threads(pools[p]);
+        for (int variant = 0; variant < 3; variant++) {
+            /* 0: batches in flight; 1: and ready ids after an env failed;
+             * 2: a batch held running by the gate (a pool thread runs it). */
+            if (variant == 2 && threads == 0)
+                continue;
+            const envd_env_def_t *def = variant == 2 ? (const envd_env_def_t *)&g_gated
+                                                     : &g_failing;
+            harness_t h;
+            harness_init(&h, def, 12, ENVD_AUTORESET_SAME_STEP, pools[p], variant == 2 ? 1 : 0);
+            harness_reset(&h, 60 + (uint64_t)p, NULL);
+            doorbell_t d;
+            doorbell_map(&d);
+            envd_fast_t *f = fast_start(&h, &d, 20000);
+            int64_t found = 0; /* envs RECV found finished (a lower bound with threads) */
+            for (int r = 0; r < 2; r++) {
+                fill_actions(&h, &s);
+                answer_t a = request_count(&d, ENVD_FAST_SEND,
+                                           set_ids(&h, (const int64_t[]){r, 4 + r}, 2), r % 3);
+                CHECK(a.status == ENVD_OK, "send: %d", a.status);
+                a = request_count(&d, ENVD_FAST_RECV, 2, (r + 1) % 3);
+                CHECK(a.status == ENVD_OK && a.result == 2, "recv: %d", a.status);
+                found += 2;
+            }
+            fill_actions(&h, &s);
+            answer_t a = request_count(&d, ENVD_FAST_SEND,
+                                       set_ids(&h, (const int64_t[]){3, 2, 9}, 3), WAIT_MIXED);
+            CHECK(a.status == ENVD_OK, "send: %d", a.status);
+            if (variant == 1) {
+                atomic_store(&g_fail_obs, (uintptr_t)(h.obs + 7 * h.obs_bytes));
+                a = request_count(&d, ENVD_FAST_SEND,
+                                  set_ids(&h, (const int64_t[]){7, 8}, 2), WAIT_SPIN);
+                CHECK(a.status == ENVD_OK, "send: %d", a.status);
+                a = request_count(&d, ENVD_FAST_RECV, 5, WAIT_SLEEP);
+                CHECK(a.status == ENVD_EENV && a.index == 7, "recv: status %d index %lld",
+                      a.status, (long long)a.index);
+                atomic_store(&g_fail_obs, 0);
+                found += threads == 0 ? 5 : 2; /* inline: both batches found at once */
+            }
+            releaser_t rl = {.h = d.h, .delay_us = 30000};
+            pthread_t releaser;
+            if (variant == 2) {
+                gate_reset();
+                atomic_store(&g_gate_armed, 1);
+                a = request_count(&d, ENVD_FAST_SEND,
+                                  set_ids(&h, (const int64_t[]){10, 11, 6}, 3), WAIT_MIXED);
+                CHECK(a.status == ENVD_OK, "send: %d", a.status);
+                gate_wait_started();
+                CHECK(pthread_create(&releaser, NULL, releaser_main, &rl) == 0, "pthread_create");
+            }
+            envd_fast_lock(f);
+            const int64_t pending = envd_fast_pending(f);
+            envd_fast_unlock(f);
+            const int64_t want_pending[] = {3, 5, 6};
+            CHECK(pending == want_pending[variant], "pending %lld before stop, want %lld",
+                  (long long)pending, (long long)want_pending[variant]);
+            const int64_t before = envd_fast_batch_envs(f);
+            CHECK(threads == 0 ? before == found : before >= found,
+                  "batch_envs %lld, want %s%lld", (long long)before, threads ? ">= " : "",
+                  (long long)found);
+            const double t0 = now_s();
+            int64_t batch_envs = -1;
+            const int64_t served = envd_fast_stop(f, &batch_envs);
+            const double took = now_s() - t0;
+            if (variant == 2) {
+                pthread_join(releaser, NULL);
+                gate_reset();
+                CHECK(!atomic_load(&rl.closed_early),
+                      "stop closed the doorbell before the batch in flight ended (%.1f ms)",
+                      took * 1e3);
+            }
+            CHECK(served == 0 && batch_envs == before, "stop: served %lld, batch_envs %lld "
+                  "(want %lld)", (long long)served, (long long)batch_envs, (long long)before);
+            CHECK(atomic_load(&d.h->closed) == 1, "not closed after stop");
+            CHECK(took < 5.0 + (variant == 2) * rl.delay_us * 1e-6, "stop took %.1f ms",
+                  took * 1e3);
+            /* The batches were ended: the vec steps whole again, and a new
+             * session sends the envs that were in flight. */
+            fill_actions(&h, &s);
+            CHECK(envd_vec_step(h.vec) >= 0, "the vec is busy after stop");
+            f = fast_start(&h, &d, 0);
+            a = request_count(&d, ENVD_FAST_SEND,
+                              set_ids(&h, (const int64_t[]){3, 2, 9, 7, 8, 10, 11, 6}, 8),
+                              WAIT_MIXED);
+            CHECK(a.status == ENVD_OK, "send after restart: %d index %lld", a.status,
+                  (long long)a.index);
+            a = request_count(&d, ENVD_FAST_RECV, 8, WAIT_MIXED);
+            CHECK(a.status == ENVD_OK && a.result == 8, "recv after restart: %d", a.status);
+
+            /* Drain with a batch in flight: SEND, RECV and STEP answer
+             * SHUTTING_DOWN; nothing starts, nothing is taken. */
+            a = request_count(&d, ENVD_FAST_SEND, set_ids(&h, (const int64_t[]){5, 1}, 2),
+                              WAIT_SPIN);
+            CHECK(a.status == ENVD_OK, "send: %d", a.status);
+            envd_fast_drain(f);
+            const uint32_t kinds[] = {ENVD_FAST_SEND, ENVD_FAST_RECV, ENVD_FAST_STEP,
+                                      ENVD_FAST_RECV, ENVD_FAST_SEND};
+            for (size_t k = 0; k < COUNT(kinds); k++) {
+                set_ids(&h, (const int64_t[]){0, 4}, 2);
+                a = request_count(&d, kinds[k], k % 2 ? 1 : 2, (int)k % 3);
+                CHECK(a.status == ENVD_FAST_SHUTTING_DOWN && a.result == 0 && a.index == -1,
+                      "drained request %u: status %d", kinds[k], a.status);
+            }
+            envd_fast_lock(f);
+            CHECK(envd_fast_pending(f) == 2, "drained: pending %lld", (long long)envd_fast_pending(f));
+            envd_fast_unlock(f);
+            CHECK(envd_fast_stop(f, &batch_envs) == 0 && batch_envs == 8,
+                  "stop after drain: batch_envs %lld", (long long)batch_envs);
+            doorbell_unmap(&d);
+            harness_free(&h);
+        }
+    }
+}
+
+static void test_async(envd_pool_t *const *pools, int num_pools, int requests)
+{
+    for (int p = 0; p < num_pools; p++)
+        async_errors(pools[p], p == 2 ? 2 : 0);
+    async_stop(pools, num_pools);
+    async_results(pools, num_pools, requests);
+}
+
 static void test_bad_arguments(void)
 {
     harness_t h;
@@ -1409,10 +2116,15 @@ static void test_bad_arguments(void)
     doorbell_t d;
     doorbell_map(&d);
     envd_fast_t *f = NULL;
-    CHECK(envd_fast_start(NULL, h.vec, d.h, 0) == ENVD_EINVAL, "out NULL");
-    CHECK(envd_fast_start(&f, NULL, d.h, 0) == ENVD_EINVAL && f == NULL, "vec NULL");
-    CHECK(envd_fast_start(&f, h.vec, NULL, 0) == ENVD_EINVAL && f == NULL, "header NULL");
-    CHECK(envd_fast_start(&f, h.vec, d.h, -1) == ENVD_EINVAL && f == NULL, "spin_ns < 0");
+    CHECK(envd_fast_start(NULL, h.vec, 1, d.h, h.ids, 0) == ENVD_EINVAL, "out NULL");
+    CHECK(envd_fast_start(&f, NULL, 1, d.h, h.ids, 0) == ENVD_EINVAL && f == NULL, "vec NULL");
+    CHECK(envd_fast_start(&f, h.vec, 1, NULL, h.ids, 0) == ENVD_EINVAL && f == NULL,
+          "header NULL");
+    CHECK(envd_fast_start(&f, h.vec, 1, d.h, NULL, 0) == ENVD_EINVAL && f == NULL, "ids NULL");
+    CHECK(envd_fast_start(&f, h.vec, 0, d.h, h.ids, 0) == ENVD_EINVAL && f == NULL,
+          "num_envs 0");
+    CHECK(envd_fast_start(&f, h.vec, 1, d.h, h.ids, -1) == ENVD_EINVAL && f == NULL,
+          "spin_ns < 0");
     doorbell_unmap(&d);
     harness_free(&h);
 }
@@ -1450,6 +2162,9 @@ int main(int argc, char **argv)
     t = now_s();
     test_results(pools, num_pools, scaled(40, 8));
     printf("fast_stress: results %.2f s\n", now_s() - t);
+    t = now_s();
+    test_async(pools, num_pools, scaled(60, 16));
+    printf("fast_stress: async %.2f s\n", now_s() - t);
 
     for (int p = 0; p < num_pools; p++)
         envd_pool_destroy(pools[p]);

@@ -279,17 +279,29 @@ static void test_busy_and_overlap(void)
     envd_job_t blocked = {0}, next = {0};
     rec_t r;
     rec_init(&r, 4);
+    /* envd_pool_saturated: at least max(1, CPUs - 1) jobs in flight. */
+    cpu_set_t set;
+    const int cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+    const int limit = cpus > 2 ? cpus - 1 : 1;
+    CHECK(envd_pool_jobs_in_flight(pool) == 0 && !envd_pool_saturated(pool), "idle pool busy");
     CHECK(envd_pool_submit(pool, &blocked, gate_fn, &gate, 1, 1, 0) == ENVD_OK, "submit");
     CHECK(envd_pool_submit(pool, &blocked, gate_fn, &gate, 1, 1, 0) == ENVD_EBUSY, "EBUSY");
+    CHECK(envd_pool_jobs_in_flight(pool) == 1, "in flight %d, want 1 (a refused submit "
+          "counted?)", envd_pool_jobs_in_flight(pool));
+    CHECK(envd_pool_saturated(pool) == (1 >= limit), "saturated with 1 job, %d CPUs", cpus);
     while (!atomic_load(&gate.started))
         sched_yield();
     CHECK(!envd_job_done(&blocked), "blocked job done");
     CHECK(submit_rec(pool, &next, &r, 4, 1, 0) == ENVD_OK, "submit second");
     poll_done(&next); /* only the other worker can run it */
     rec_verify(&r, 4);
+    CHECK(envd_pool_jobs_in_flight(pool) == 1, "in flight %d after the second job ended",
+          envd_pool_jobs_in_flight(pool));
     CHECK(!envd_job_done(&blocked), "blocked job done");
     atomic_store(&gate.release, 1);
     envd_pool_wait(pool, &blocked);
+    CHECK(envd_pool_jobs_in_flight(pool) == 0 && !envd_pool_saturated(pool),
+          "in flight %d after every job ended", envd_pool_jobs_in_flight(pool));
     CHECK(envd_pool_submit(pool, &blocked, gate_fn, &gate, 1, 1, 0) == ENVD_OK, "resubmit");
     envd_pool_wait(pool, &blocked);
     envd_pool_destroy(pool);

@@ -93,3 +93,41 @@ def test_errors_name_the_env():
             vec.step()
     finally:
         vec.destroy()
+
+
+def test_a_blocking_step_runs_inline_while_the_pool_is_saturated():
+    """Other vecs' jobs keep every CPU but one busy (envd_pool_saturated): a
+    blocking step then runs on its caller, though it would be split on an
+    idle pool (several daemon sessions stepping at once on a small machine)."""
+    import os
+    pool = NativePool(2)
+    cpus = len(os.sched_getaffinity(0))
+    busy = [native_cartpole(1 << 17, pool)[0] for _ in range(max(1, cpus - 1))]
+    vec, _ = native_cartpole(1 << 13, pool)
+    try:
+        for v in busy + [vec]:
+            v.reset(False, False)
+        vec.step()  # measures itself (inline)
+        before = vec.stats()
+        vec.step()  # an idle pool: split
+        assert vec.stats()["pooled_jobs"] == before["pooled_jobs"] + 1
+        checked = 0
+        for _ in range(20):
+            for v in busy:
+                v.set_chunk(64)  # many small chunks: the job stays in flight a while
+                v.step_submit()
+            before = vec.stats()
+            vec.step()
+            if not any(v.step_done() for v in busy):  # saturated throughout the step
+                checked += 1
+                assert vec.stats()["inline_jobs"] == before["inline_jobs"] + 1
+                assert vec.stats()["pooled_jobs"] == before["pooled_jobs"]
+            for v in busy:
+                while not v.step_done():
+                    pass
+                v.step_finish()
+        assert checked > 0, "the busy jobs always ended before the step: make them longer"
+    finally:
+        for v in busy + [vec]:
+            v.destroy()
+        pool.close()
