@@ -226,7 +226,9 @@ class RemoteVecEnv(BatchedVecEnv):
         # Through the doorbell: answered as soon as the daemon started the
         # batch (microseconds), so a refusal is raised here, as in-process.
         self._check_async_state()
-        if self._doorbell is not None and self._fast_send(env_ids):
+        if self._doorbell is not None:
+            if not self._fast_send(env_ids):  # closed: the socket says why, at once
+                self._call({"type": "send", "session": self.session}, [env_ids.tobytes()])
             return
         # Over the socket, posted: send returns without a round trip (the
         # trainer goes on while the daemon steps).  The daemon refuses a send

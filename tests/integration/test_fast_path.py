@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import numpy as np
@@ -21,6 +22,7 @@ from conftest import BUILTIN_ENV_IDS, random_actions
 from daemon_helpers import DEADLINE, segments_of, wait_until
 
 import envd
+from envd.client.doorbell import RECV
 
 MODES = ["next_step", "same_step", "disabled"]
 
@@ -275,6 +277,76 @@ def slow_env(client, **kwargs):
     return env
 
 
+def slow_async_env(client):
+    """A slow env in async mode, all envs ready (async_reset)."""
+    env = client.make(SLOW["env_id"], SLOW["num_envs"], seed=0, depth=SLOW["depth"],
+                      batch_size=SLOW["num_envs"] // 2)
+    env.async_reset()
+    return env
+
+
+def test_daemon_killed_mid_recv_raises_connection_lost_at_once(harness):
+    daemon = harness.daemon("--threads", "1")
+    client = harness.connect(daemon, timeout=60)
+    env = slow_async_env(client)
+    assert env.fast_path
+    env.recv(), env.recv()
+    started = time.monotonic()
+    killer = subprocess.Popen(["sh", "-c", f"sleep 0.03; kill -9 {daemon.pid}"])
+    with pytest.raises(envd.ConnectionLostError, match="fast-path request"):
+        for _ in range(100):  # a recv waiting for its batch when the daemon dies
+            ids = np.arange(SLOW["num_envs"] // 2)
+            env.send(ids % 7, ids)
+            env.recv()
+            env.send(ids % 7, ids + SLOW["num_envs"] // 2)
+            env.recv()
+    killer.wait()
+    assert time.monotonic() - started < 30  # not the 60 s timeout
+
+
+def test_a_recv_timeout_says_so_and_the_env_refuses_async_calls_after_it(harness):
+    daemon = harness.daemon("--threads", "1")
+    client = harness.connect(daemon, timeout=60)
+    env = slow_async_env(client)
+    ids = env.recv()[4]["env_id"]
+    env.recv()
+    env.send(ids % 7, ids)
+    client.timeout = 0.02
+    with pytest.raises(envd.EnvdTimeoutError, match="fast-path recv"):
+        env.recv()  # the batch steps for about 50 ms
+    client.timeout = 60
+    with pytest.raises(envd.EnvStateError, match="timed out"):
+        env.recv()
+    wait_until(lambda: env._doorbell.answered, what="the late answer")
+    env.close()  # its session goes, the daemon serves on
+    with client.make("CartPole-v1", 4, seed=0, batch_size=2) as fresh:
+        fresh.async_reset()
+        assert len(fresh.recv()[4]["env_id"]) == 2
+
+
+def test_sigterm_while_a_recv_waits_answers_it_then_refuses(harness):
+    """A recv waiting for its batch when the daemon drains gets its envs;
+    new async work then fails with a clear error, and the daemon exits 0."""
+    daemon = harness.daemon("--threads", "1")
+    client = harness.connect(daemon, timeout=60)
+    env = slow_async_env(client)
+    ids = env.recv()[4]["env_id"]
+    env.recv()
+    env.send(ids % 7, ids)  # about 50 ms of stepping
+    bell, got = env._doorbell, []
+    receiver = threading.Thread(target=lambda: got.append(env.recv()[4]["env_id"].copy()))
+    receiver.start()
+    wait_until(lambda: got or (bell._kind == RECV and not bell.answered),
+               what="the recv to ring")
+    daemon.signal(signal.SIGTERM)
+    receiver.join(DEADLINE)
+    assert got and sorted(got[0].tolist()) == sorted(ids.tolist())
+    with pytest.raises((envd.ShuttingDownError, envd.ConnectionLostError)):
+        env.send(ids % 7, ids)
+    assert daemon.wait() == 0, daemon.log()
+    assert segments_of(daemon.pid) == []
+
+
 def test_daemon_killed_mid_step_raises_connection_lost_at_once(harness):
     daemon = harness.daemon("--threads", "1")
     client = harness.connect(daemon, timeout=60)
@@ -294,20 +366,28 @@ def test_daemon_killed_mid_step_raises_connection_lost_at_once(harness):
 TRAINER = textwrap.dedent("""
     import sys, numpy as np, envd
     client = envd.connect(sys.argv[1], timeout=60)
-    env = client.make("ConnectFour-v0", 256, seed=0, depth=8)
-    env.reset()
+    if sys.argv[2] == "sync":
+        env = client.make("ConnectFour-v0", 256, seed=0, depth=8)
+        env.reset()
+        print("ready", env.fast_path, flush=True)
+        while True:
+            env.step(np.arange(256) % 7)
+    env = client.make("ConnectFour-v0", 256, seed=0, depth=8, batch_size=128)
+    env.async_reset()
     print("ready", env.fast_path, flush=True)
-    while True:
-        env.step(np.arange(256) % 7)
+    while True:  # a send, and a recv waiting for it
+        ids = env.recv()[4]["env_id"]
+        env.send(ids % 7, ids)
 """)
 
 
-def test_trainer_killed_mid_step_wedges_nothing(harness, tmp_path):
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_trainer_killed_mid_step_wedges_nothing(harness, tmp_path, mode):
     daemon = harness.daemon("--threads", "1", "--lease-timeout", "2")
     bystander = harness.connect(daemon)
     script = tmp_path / "trainer.py"
     script.write_text(TRAINER)
-    trainer = subprocess.Popen([sys.executable, str(script), daemon.endpoint],
+    trainer = subprocess.Popen([sys.executable, str(script), daemon.endpoint, mode],
                                stdout=subprocess.PIPE, text=True)
     harness.procs.append(trainer)
     assert trainer.stdout.readline().split() == ["ready", "True"]
