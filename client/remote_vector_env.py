@@ -131,10 +131,10 @@ class RemoteVecEnv(BatchedVecEnv):
         self._doorbell_ids = self._buffers["doorbell_ids"]
         self.fast_path = True
 
-    def _ring(self, kind: int, count: int, what: str) -> tuple[int, int] | None:
+    def _ring(self, kind: int, count: int, what: str) -> tuple[int, int, int] | None:
         """A request through the doorbell (its inputs are in shared memory):
-        no message, the daemon's native thread answers there.  (result, error
-        index) with the status, raising ShuttingDownError for the daemon's
+        no message, the daemon's native thread answers there.  Its (status,
+        result, error index), raising ShuttingDownError for the daemon's
         refusal; None once the daemon stopped serving the doorbell (the
         session was closed or expired, or the daemon stops): the caller then
         asks over the socket, which says which."""

@@ -200,6 +200,8 @@ class AsyncBatches:
     def __init__(self, vec: NativeVec):
         self.vec = vec
         self.in_flight: list[NativeBatch] = []
+        # at most 2 * num_envs ids in all (sends of ever larger batches would
+        # otherwise keep every size ever sent)
         self._spares: list[NativeBatch] = []
 
     def __bool__(self) -> bool:
@@ -218,9 +220,15 @@ class AsyncBatches:
         try:
             self.vec.batch_submit(batch, env_ids, notify)
         except BaseException:
-            self._spares.append(batch)
+            self._keep_spare(batch)
             raise
         self.in_flight.append(batch)
+
+    def _keep_spare(self, batch: NativeBatch) -> None:
+        if sum(b.capacity for b in self._spares) + batch.capacity > 2 * self.vec.num_envs:
+            batch.close()
+        else:
+            self._spares.append(batch)
 
     def wait_oldest(self) -> None:
         """Block until some batch is done (the oldest's chunks are served first)."""
@@ -235,11 +243,11 @@ class AsyncBatches:
         self.in_flight = [b for b in self.in_flight if b not in finished]
         error = None
         for batch in finished:
-            self._spares.append(batch)
             try:
                 self.vec.batch_finish(batch)
             except EnvdError as exc:
                 error = error or exc
+            self._keep_spare(batch)  # (ended: it may be freed)
         return [batch.ids for batch in finished], error
 
     def close(self) -> None:

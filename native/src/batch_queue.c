@@ -5,7 +5,9 @@
  * tail (submit order); every id appears at most once in those entries and in
  * ready[0 .. num_ready); in_flight + num_ready <= num_envs.  An entry owns its
  * batch and a private copy of its ids; finished entries go to the spares and
- * are reused by later submits that fit.
+ * are reused by later submits that fit.  The spares hold at most 2 * num_envs
+ * ids in all (sends of ever larger batches would otherwise keep every size
+ * ever sent).
  */
 #include "batch_queue.h"
 
@@ -27,6 +29,7 @@ struct envd_batch_queue {
     int64_t num_envs;
     entry_t *head, *tail;  /* in flight, oldest first */
     entry_t *spares;
+    int64_t spare_capacity;  /* ids the spares hold, <= 2 * num_envs */
     int64_t in_flight;
     int64_t *ready;        /* num_envs entries */
     int64_t num_ready;
@@ -86,6 +89,7 @@ static entry_t *entry_for(envd_batch_queue_t *q, int64_t count)
             entry_t *e = *link;
             *link = e->next;
             e->next = NULL;
+            q->spare_capacity -= e->capacity;
             return e;
         }
     }
@@ -104,6 +108,12 @@ static entry_t *entry_for(envd_batch_queue_t *q, int64_t count)
 
 static void to_spares(envd_batch_queue_t *q, entry_t *e)
 {
+    e->next = NULL;
+    if (q->spare_capacity + e->capacity > 2 * q->num_envs) {
+        free_entries(e);
+        return;
+    }
+    q->spare_capacity += e->capacity;
     e->next = q->spares;
     q->spares = e;
 }

@@ -163,3 +163,18 @@ def test_batch_size_is_checked():
             envd.make("CartPole-v1", 6, batch_size=bad)
     with envd.make("CartPole-v1", 6) as env:
         assert env.batch_size == 6
+
+
+def test_spare_batches_stay_bounded():
+    """Finished batches are kept for reuse, but sends of ever larger batches
+    do not keep one of every size: at most 2 * num_envs ids in all."""
+    n = 64
+    with envd.make("CartPole-v1", n, seed=0, batch_size=1, num_threads=1) as env:
+        env.async_reset()
+        ids = np.array([env.recv()[4]["env_id"][0] for _ in range(n)])
+        for k in range(1, n + 1):
+            env.send(np.zeros(k, np.int64), ids[:k])
+            back = sorted(int(env.recv()[4]["env_id"][0]) for _ in range(k))
+            assert back == sorted(ids[:k].tolist())
+        spares = env._batches._spares
+        assert spares and sum(batch.capacity for batch in spares) <= 2 * n
