@@ -8,8 +8,8 @@ default the learner sleeps (a GPU-bound learner leaves the CPUs to the envs);
 win much: the envs lose the CPU the sync step used while the learner waited.
 Sync:  step(all N), then learn on N.   Async: recv B, send them back, learn
 on B while the other half is being stepped.  Measured for CartPole-v1 and
-Acrobot-v1 at N=4096, in-process and through a daemon (started here), and
-EnvPool's async mode when the optional `bench` extra is installed.
+Acrobot-v1 at N=4096, in-process and through a daemon (started here; its
+fast path and its socket path), and EnvPool's async mode when the optional `bench` extra is installed.
 Target: async >= 1.5x sync when T matches the env time.
 
     python bench/bench_async.py [--num-envs 4096] [--seconds 1.0] [--rounds 3]
@@ -121,7 +121,11 @@ def measure(env_id: str, n: int, client: envd.Client, seconds: float, rounds: in
     cpus = len(os.sched_getaffinity(0))
     pairs = {"in-process": (envd.make(env_id, n, seed=0),
                             envd.make(env_id, n, seed=0, batch_size=n // 2, num_threads=cpus)),
-             "daemon": (client.make(env_id, n, seed=0), client.make(env_id, n, seed=0, batch_size=n // 2))}
+             "daemon, fast path": (client.make(env_id, n, seed=0),
+                                   client.make(env_id, n, seed=0, batch_size=n // 2)),
+             "daemon, socket": (client.make(env_id, n, seed=0, fast_path=False),
+                                client.make(env_id, n, seed=0, batch_size=n // 2,
+                                            fast_path=False))}
     pool = envpool_pair(env_id, n)
     if pool is not None:
         pairs["EnvPool"] = tuple(EnvPoolAdapter(e) for e in pool)
@@ -178,10 +182,10 @@ def main() -> None:
     for env_id, rows in results.items():
         learn = rows.pop("_learn")
         print(f"\n{env_id}  (T = {learn * 1e9:.0f} ns per env step)")
-        print(f"{'system':<12}{'sync':>12}{'async':>12}{'async/sync':>12}")
+        print(f"{'system':<20}{'sync':>12}{'async':>12}{'async/sync':>12}")
         for name, (sync, asyn) in rows.items():
             target = "  (target >= 1.5x)" if name != "EnvPool" else ""
-            print(f"{name:<12}{sync / 1e6:>11.3f}M{asyn / 1e6:>11.3f}M{asyn / sync:>11.2f}x{target}")
+            print(f"{name:<20}{sync / 1e6:>11.3f}M{asyn / 1e6:>11.3f}M{asyn / sync:>11.2f}x{target}")
 
 
 if __name__ == "__main__":

@@ -184,6 +184,7 @@ void envd_fast_unlock(envd_fast_t *fast);
 void envd_fast_drain(envd_fast_t *fast);
 int64_t envd_fast_served(const envd_fast_t *fast);
 int64_t envd_fast_batch_envs(const envd_fast_t *fast);
+void envd_fast_collect(envd_fast_t *fast);
 int64_t envd_fast_pending(const envd_fast_t *fast);
 void envd_fast_set_max_spinners(int max_spinners);
 """

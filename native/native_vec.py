@@ -301,9 +301,12 @@ class NativeFast:
         lib.envd_fast_drain(self.handle)
 
     def served(self) -> tuple[int, int]:
-        """(steps, envs of sends received) served so far (all, once stopped)."""
+        """(steps, envs of sends found finished) served so far (all, once
+        stopped); finished batches are collected first unless the thread
+        serves a request now."""
         if self.handle == ffi.NULL:
             return self._final
+        lib.envd_fast_collect(self.handle)
         return int(lib.envd_fast_served(self.handle)), int(lib.envd_fast_batch_envs(self.handle))
 
     def stop(self) -> None:

@@ -141,8 +141,8 @@ int envd_batch_queue_submit(envd_batch_queue_t *q, const int64_t *env_ids, int64
     return ENVD_OK;
 }
 
-/* End the finished batches, in submit order: their ids become ready. */
-static void collect(envd_batch_queue_t *q)
+/* In submit order. */
+void envd_batch_queue_collect(envd_batch_queue_t *q)
 {
     entry_t **link = &q->head, *last = NULL;
     while (*link != NULL) {
@@ -182,7 +182,7 @@ int64_t envd_batch_queue_take(envd_batch_queue_t *q, int64_t count, int64_t *out
     if (out == NULL || count < 1 || count > q->num_envs)
         return ENVD_EINVAL;
     for (;;) {
-        collect(q);
+        envd_batch_queue_collect(q);
         if (q->error != 0) {
             int rc = q->error;
             *error_index = q->error_index;

@@ -45,6 +45,10 @@ int envd_batch_queue_submit(envd_batch_queue_t *queue, const int64_t *env_ids, i
 int64_t envd_batch_queue_take(envd_batch_queue_t *queue, int64_t count, int64_t *out,
                               int64_t *error_index);
 
+/* End the batches that finished (without waiting): their envs become ready
+ * (and count as finished), a failure waits for the next take. */
+void envd_batch_queue_collect(envd_batch_queue_t *queue);
+
 /* Envs in flight or ready (0: the vec may be reset or stepped whole). */
 int64_t envd_batch_queue_pending(const envd_batch_queue_t *queue);
 

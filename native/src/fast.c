@@ -238,6 +238,8 @@ int envd_fast_start(envd_fast_t **out, envd_vec_t *vec, int64_t num_envs,
     atomic_store(&header->closed, 0);
     pthread_mutex_init(&fast->lock, NULL);
     int err = pthread_create(&fast->thread, NULL, serve, fast);
+    if (err == 0)  /* named before start returns: for top -H, ps -L and tests */
+        pthread_setname_np(fast->thread, "envd-fast");
     if (err != 0) {
         pthread_mutex_destroy(&fast->lock);
         envd_batch_queue_destroy(fast->queue);
@@ -308,6 +310,16 @@ int64_t envd_fast_served(const envd_fast_t *fast)
 int64_t envd_fast_batch_envs(const envd_fast_t *fast)
 {
     return atomic_load_explicit(&((envd_fast_t *)fast)->batch_envs, memory_order_relaxed);
+}
+
+void envd_fast_collect(envd_fast_t *fast)
+{
+    if (pthread_mutex_trylock(&fast->lock) != 0)
+        return;
+    envd_batch_queue_collect(fast->queue);
+    atomic_store_explicit(&fast->batch_envs, envd_batch_queue_finished(fast->queue),
+                          memory_order_relaxed);
+    pthread_mutex_unlock(&fast->lock);
 }
 
 int64_t envd_fast_pending(const envd_fast_t *fast)

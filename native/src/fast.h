@@ -110,8 +110,14 @@ void envd_fast_drain(envd_fast_t *fast);
 /* STEP requests served (answered ENVD_OK) so far. */
 int64_t envd_fast_served(const envd_fast_t *fast);
 
-/* Envs that SEND started and RECV found finished so far. */
+/* Envs that SEND started and were found finished (by RECV or
+ * envd_fast_collect) so far. */
 int64_t envd_fast_batch_envs(const envd_fast_t *fast);
+
+/* Unless the server thread is serving a request now (then it does so
+ * itself), end the batches that finished, so that envd_fast_batch_envs counts
+ * them before a RECV asks (a daemon's statistics); never blocks. */
+void envd_fast_collect(envd_fast_t *fast);
 
 /* Envs sent and not yet returned by RECV; call holding envd_fast_lock. */
 int64_t envd_fast_pending(const envd_fast_t *fast);

@@ -22,7 +22,6 @@ from conftest import BUILTIN_ENV_IDS, random_actions
 from daemon_helpers import DEADLINE, segments_of, wait_until
 
 import envd
-from envd.client.doorbell import RECV
 
 MODES = ["next_step", "same_step", "disabled"]
 
@@ -285,6 +284,22 @@ def slow_async_env(client):
     return env
 
 
+def fast_threads(pid: int) -> list[int]:
+    """The daemon's fast-path server threads (named envd-fast)."""
+    tids = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/comm") as comm:
+            if comm.read().strip() == "envd-fast":
+                tids.append(int(tid))
+    return tids
+
+
+def cpu_ns(pid: int, tid: int) -> int:
+    """The time thread tid of process pid has run on a CPU, in ns."""
+    with open(f"/proc/{pid}/task/{tid}/schedstat") as stat:
+        return int(stat.read().split()[0])
+
+
 def test_daemon_killed_mid_recv_raises_connection_lost_at_once(harness):
     daemon = harness.daemon("--threads", "1")
     client = harness.connect(daemon, timeout=60)
@@ -332,12 +347,16 @@ def test_sigterm_while_a_recv_waits_answers_it_then_refuses(harness):
     env = slow_async_env(client)
     ids = env.recv()[4]["env_id"]
     env.recv()
+    [server] = fast_threads(daemon.pid)
     env.send(ids % 7, ids)  # about 50 ms of stepping
-    bell, got = env._doorbell, []
+    got: list = []
+    before = cpu_ns(daemon.pid, server)
     receiver = threading.Thread(target=lambda: got.append(env.recv()[4]["env_id"].copy()))
     receiver.start()
-    wait_until(lambda: got or (bell._kind == RECV and not bell.answered),
-               what="the recv to ring")
+    # Serving the recv, the thread runs the batch's chunks: once it has run
+    # for 2 ms (far more than a spin), the recv is in service, not just rung.
+    wait_until(lambda: got or cpu_ns(daemon.pid, server) - before > 2e6,
+               what="the fast-path thread to serve the recv")
     daemon.signal(signal.SIGTERM)
     receiver.join(DEADLINE)
     assert got and sorted(got[0].tolist()) == sorted(ids.tolist())
@@ -476,16 +495,13 @@ def test_a_timeout_keeps_the_buffers_off_limits_until_the_answer(harness):
 
 def test_close_stops_the_thread_and_a_later_step_says_closed(served):
     daemon, client = served
-
-    def threads() -> int:
-        return len(os.listdir(f"/proc/{daemon.pid}/task"))
-
-    before = threads()
+    before = fast_threads(daemon.pid)
     env = client.make("CartPole-v1", 2, seed=0)
     env.reset()
-    assert threads() == before + 1  # the session's fast-path thread
+    [added] = set(fast_threads(daemon.pid)) - set(before)  # the session's thread
     bell = env._doorbell
     client._request({"type": "close", "session": env.session})  # behind the env's back
-    assert bell.closed and threads() == before
+    assert bell.closed and fast_threads(daemon.pid) == before  # stopped and joined
+    assert not os.path.exists(f"/proc/{daemon.pid}/task/{added}")
     with pytest.raises(envd.UnknownSessionError):
         env.step(np.zeros(2, np.int64))

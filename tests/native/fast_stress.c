@@ -53,7 +53,8 @@
  *     keeps a random number of batches in flight: it SENDs random subsets of
  *     the idle envs with random actions and RECVs random counts (<= envs out),
  *     with a whole-vec STEP now and then when nothing is out, waiting by
- *     spinning, sleeping or both.  Each SEND answers OK, result 0; after each
+ *     spinning, sleeping or both, and calls envd_fast_collect (as a daemon's
+ *     statistics do, from another thread) between requests.  Each SEND answers OK, result 0; after each
  *     RECV: status OK, result in [count, envs out], every id returned was
  *     sent and not returned before, whole batches come back, each contiguous
  *     in its send order (with no pool thread every batch runs inline at SEND:
@@ -1689,6 +1690,8 @@ static void async_results(envd_pool_t *const *pools, int num_pools, int requests
                     const int64_t pause = pauses[rnd(&s) % COUNT(pauses)];
                     if (pause)
                         sleep_us(pause);
+                    if (rnd(&s) % 4 == 0)
+                        envd_fast_collect(f); /* as a daemon's statistics do */
                 }
                 while (b.out > 0) {
                     envs += recv_checked(&h, &twin, &d, &b, b.out, (int)(rnd(&s) % 3), exact,
