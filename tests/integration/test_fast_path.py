@@ -360,6 +360,13 @@ def test_sigterm_while_a_recv_waits_answers_it_then_refuses(harness):
     daemon.signal(signal.SIGTERM)
     receiver.join(DEADLINE)
     assert got and sorted(got[0].tolist()) == sorted(ids.tolist())
+
+    def draining() -> bool:  # the signal lands asynchronously: wait for the drain
+        try:
+            return client.status()["draining"]
+        except envd.ConnectionLostError:
+            return True
+    wait_until(draining, what="the daemon to drain")
     with pytest.raises((envd.ShuttingDownError, envd.ConnectionLostError)):
         env.send(ids % 7, ids)
     assert daemon.wait() == 0, daemon.log()
