@@ -401,6 +401,9 @@ static void pool_enqueue(envd_pool_t *pool, envd_job_t *job)
     int sleepers = atomic_load(&pool->sleepers);
     if (sleepers > 0) {
         int64_t want = job_num_chunks(job) - atomic_load(&pool->spinners);
+        const int helpers = pool->cpus > 2 ? pool->cpus - 1 : 1;
+        if ((job->flags & ENVD_JOB_HELPED) && want > helpers)
+            want = helpers;
         if (want > 0)
             futex_wake(&pool->gen, want < sleepers ? (int)want : sleepers);
     }
@@ -410,7 +413,7 @@ int envd_pool_submit(envd_pool_t *pool, envd_job_t *job, envd_task_fn fn,
                      void *ctx, int64_t n, int64_t chunk, int flags)
 {
     if (!pool || !job || !fn || n < 0 || n > POOL_MAX_ITEMS || chunk < 1 ||
-        (flags & ~ENVD_JOB_NOTIFY))
+        (flags & ~(ENVD_JOB_NOTIFY | ENVD_JOB_HELPED)))
         return ENVD_EINVAL;
     /* fn == NULL marks a struct that was never submitted (zeroed). */
     if (job->fn && atomic_load_explicit(&job->done, memory_order_acquire) != JOB_DONE)
@@ -475,7 +478,7 @@ void envd_pool_wait(envd_pool_t *pool, envd_job_t *job)
 int envd_pool_run(envd_pool_t *pool, envd_job_t *job, envd_task_fn fn,
                   void *ctx, int64_t n, int64_t chunk)
 {
-    int rc = envd_pool_submit(pool, job, fn, ctx, n, chunk, 0);
+    int rc = envd_pool_submit(pool, job, fn, ctx, n, chunk, ENVD_JOB_HELPED);
     if (rc == ENVD_OK)
         envd_pool_wait(pool, job);
     return rc;

@@ -33,7 +33,11 @@
 typedef struct envd_pool envd_pool_t;
 typedef void (*envd_task_fn)(void *ctx, int64_t begin, int64_t end);
 
-enum { ENVD_JOB_NOTIFY = 1 };
+/* NOTIFY: count the job's completion on the eventfd.  HELPED: the submitter
+ * runs chunks too (envd_pool_wait right after, as envd_pool_run does): wake
+ * at most max(1, CPUs - 1) workers, so that the workers and the helping
+ * caller do not outnumber the CPUs (which only preempts chunks midway). */
+enum { ENVD_JOB_NOTIFY = 1, ENVD_JOB_HELPED = 2 };
 
 /* Caller-owned job.  Fields are private to pool.c; zero-initialise it once
  * (or let envd_pool_submit initialise it) and reuse it for later jobs. */
@@ -68,7 +72,7 @@ int envd_pool_eventfd(const envd_pool_t *pool);
 /* Start a job.  0 <= n <= 2^47, chunk >= 1 (a chunk larger than n is
  * clamped to n).  Returns at once (except with zero workers, where the job
  * runs inline; a job with n == 0 completes at once).  ENVD_EINVAL on bad
- * arguments (fn NULL, flags other than ENVD_JOB_NOTIFY), ENVD_EBUSY if this
+ * arguments (fn NULL, flags other than NOTIFY and HELPED), ENVD_EBUSY if this
  * job struct is still in flight. */
 int envd_pool_submit(envd_pool_t *pool, envd_job_t *job, envd_task_fn fn,
                      void *ctx, int64_t n, int64_t chunk, int flags);

@@ -392,7 +392,10 @@ static int run_start(envd_vec_t *vec, run_t *run, int64_t n, int job_flags)
         run->pending = PENDING_INLINE;
         return ENVD_OK;
     }
-    int rc = envd_pool_submit(vec->pool, &run->job, timed_step_range, run, n, chunk, job_flags);
+    /* A blocking step's caller waits in envd_pool_wait and runs chunks too. */
+    const int helped = job_flags == 0 && !batch ? ENVD_JOB_HELPED : 0;
+    int rc = envd_pool_submit(vec->pool, &run->job, timed_step_range, run, n, chunk,
+                              job_flags | helped);
     if (rc != ENVD_OK)
         return rc;
     vec->stats.pooled_jobs++;
