@@ -104,52 +104,15 @@
 #include "builtin_envs.h"
 #include "envd.h"
 #include "pool.h"
-#include "stress_check.h"
+#include "spin.h"
+#include "stress_util.h"
 #include "vec.h"
-
-static int g_div = 1;
-
-static int scaled(int count, int floor)
-{
-    return count / g_div > floor ? count / g_div : floor;
-}
-
-static uint64_t rnd(uint64_t *s)
-{
-    *s ^= *s << 13;
-    *s ^= *s >> 7;
-    *s ^= *s << 17;
-    return *s;
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static void sleep_us(int64_t us)
 {
     struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
         ;
-}
-
-static void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#else
-    atomic_signal_fence(memory_order_seq_cst);
-#endif
-}
-
-static void *xcalloc(size_t n, size_t size)
-{
-    void *p = calloc(n, size);
-    CHECK(p, "out of memory");
-    return p;
 }
 
 static pid_t thread_id(void)
@@ -303,7 +266,7 @@ static answer_t wait_answer(doorbell_t *d, int mode, int64_t slice_ns)
         const double spin_until = mode == WAIT_SPIN ? deadline : start + 150e-6;
         unsigned i = 0;
         while (!is_answered(d) && !atomic_load(&d->h->closed) && now_s() < spin_until) {
-            cpu_relax();
+            envd_cpu_relax();
             if (++i % 256 == 0)
                 sched_yield(); /* a loaded 2-core box: let the server run */
         }
@@ -453,6 +416,17 @@ static void harness_reset(harness_t *h, uint64_t base, const bool *mask)
 }
 
 /* Valid random actions (discrete spaces only: the envs used here). */
+/* h on pool (chunk 0: adaptive) and its twin, serial, over the same env,
+ * both reset with seeds base + i: the twin replays what h is asked. */
+static void twins_init(harness_t *h, harness_t *twin, const envd_env_def_t *def, int64_t n,
+                       int mode, envd_pool_t *pool, int64_t chunk, uint64_t base)
+{
+    harness_init(h, def, n, mode, pool, chunk);
+    harness_init(twin, def, n, mode, NULL, 0);
+    harness_reset(h, base, NULL);
+    harness_reset(twin, base, NULL);
+}
+
 static void fill_actions(harness_t *h, uint64_t *s)
 {
     const envd_space_t *as = &h->def->action_space;
@@ -577,10 +551,8 @@ static void test_results(envd_pool_t *const *pools, int num_pools, int requests)
                          g_envs[e]->id, (long long)sizes[si], envd_pool_num_threads(pools[p]),
                          max_spinners, policy == 2 ? "random" : wait_names[policy]);
                 harness_t h, twin;
-                harness_init(&h, g_envs[e], sizes[si], mode, pools[p], chunk);
-                harness_init(&twin, g_envs[e], sizes[si], mode, NULL, 0);
-                harness_reset(&h, 100 + (uint64_t)config, NULL);
-                harness_reset(&twin, 100 + (uint64_t)config, NULL);
+                twins_init(&h, &twin, g_envs[e], sizes[si], mode, pools[p], chunk,
+                           100 + (uint64_t)config);
                 doorbell_t d;
                 doorbell_map(&d);
                 envd_fast_t *f = fast_start(&h, &d, spin_ns);
@@ -660,10 +632,8 @@ static void test_errors(envd_pool_t *pool, int chunk)
     /* DISABLED mode: the step after an episode ended is refused (ESTATE naming
      * the first done env) until the daemon resets it under the lock. */
     harness_t h, twin;
-    harness_init(&h, &envd_builtin_cartpole, 16, ENVD_AUTORESET_DISABLED, pool, chunk);
-    harness_init(&twin, &envd_builtin_cartpole, 16, ENVD_AUTORESET_DISABLED, NULL, 0);
-    harness_reset(&h, 40, NULL);
-    harness_reset(&twin, 40, NULL);
+    twins_init(&h, &twin, &envd_builtin_cartpole, 16, ENVD_AUTORESET_DISABLED, pool, chunk,
+               40);
     doorbell_t d;
     doorbell_map(&d);
     envd_fast_t *f = fast_start(&h, &d, 20000);
@@ -849,10 +819,8 @@ static void test_drain(envd_pool_t *pool)
 {
     uint64_t s = 0xd4a1ull;
     harness_t h, twin;
-    harness_init(&h, &envd_builtin_acrobot, 7, ENVD_AUTORESET_NEXT_STEP, pool, 2);
-    harness_init(&twin, &envd_builtin_acrobot, 7, ENVD_AUTORESET_NEXT_STEP, NULL, 0);
-    harness_reset(&h, 3, NULL);
-    harness_reset(&twin, 3, NULL);
+    twins_init(&h, &twin, &envd_builtin_acrobot, 7, ENVD_AUTORESET_NEXT_STEP, pool, 2,
+               3);
     doorbell_t d;
     doorbell_map(&d);
     envd_fast_t *f = fast_start(&h, &d, 20000);
@@ -1054,10 +1022,8 @@ static void test_cycles(envd_pool_t *const *pools, int num_pools, int cycles)
     harness_t h[3], twin[3];
     int64_t served[3] = {0, 0, 0};
     for (int p = 0; p < nv; p++) {
-        harness_init(&h[p], &envd_builtin_cartpole, 8, ENVD_AUTORESET_NEXT_STEP, pools[p], p);
-        harness_init(&twin[p], &envd_builtin_cartpole, 8, ENVD_AUTORESET_NEXT_STEP, NULL, 0);
-        harness_reset(&h[p], 77 + (uint64_t)p, NULL);
-        harness_reset(&twin[p], 77 + (uint64_t)p, NULL);
+        twins_init(&h[p], &twin[p], &envd_builtin_cartpole, 8, ENVD_AUTORESET_NEXT_STEP,
+                   pools[p], p, 77 + (uint64_t)p);
     }
     doorbell_t d;
     doorbell_map(&d);
@@ -1208,7 +1174,7 @@ static void stop_after_answer(int iterations)
         /* The window is a few hundred ns wide: issue the stop at a sweep of
          * delays after the answer, so that some land in it. */
         for (int k = 0; k < i % 32; k++)
-            cpu_relax();
+            envd_cpu_relax();
         const double t0 = now_s();
         atomic_store_explicit(&g_obs.stop_id, i, memory_order_relaxed);
         atomic_store_explicit(&g_obs.in_stop, 1, memory_order_relaxed);
@@ -1240,10 +1206,8 @@ static void test_stop(envd_pool_t *const *pools, int num_pools)
     for (int p = 0; p < num_pools; p++) {
         uint64_t s = 0x570ull + (uint64_t)p;
         harness_t h, twin;
-        harness_init(&h, &envd_builtin_acrobot, 7, ENVD_AUTORESET_NEXT_STEP, pools[p], 0);
-        harness_init(&twin, &envd_builtin_acrobot, 7, ENVD_AUTORESET_NEXT_STEP, NULL, 0);
-        harness_reset(&h, 1, NULL);
-        harness_reset(&twin, 1, NULL);
+        twins_init(&h, &twin, &envd_builtin_acrobot, 7, ENVD_AUTORESET_NEXT_STEP, pools[p], 0,
+                   1);
         doorbell_t d;
         doorbell_map(&d);
         envd_fast_t *f = fast_start(&h, &d, 20000);
@@ -1287,7 +1251,7 @@ static void *reference_spin(void *arg)
 {
     (void)arg;
     while (!atomic_load_explicit(&g_ref_stop, memory_order_relaxed))
-        cpu_relax();
+        envd_cpu_relax();
     return NULL;
 }
 
@@ -1656,10 +1620,8 @@ static void async_results(envd_pool_t *const *pools, int num_pools, int requests
                          g_envs[e]->id, (long long)n, envd_pool_num_threads(pools[p]),
                          max_spinners, policy == 2 ? "random" : wait_names[policy]);
                 harness_t h, twin;
-                harness_init(&h, g_envs[e], n, mode, pools[p], chunk);
-                harness_init(&twin, g_envs[e], n, mode, NULL, 0);
-                harness_reset(&h, 300 + (uint64_t)config, NULL);
-                harness_reset(&twin, 300 + (uint64_t)config, NULL);
+                twins_init(&h, &twin, g_envs[e], n, mode, pools[p], chunk,
+                           300 + (uint64_t)config);
                 envd_vec_batch_t *tb;
                 CHECK(envd_vec_batch_create(&tb, n) == ENVD_OK, "batch create");
                 books_t b;
@@ -1922,10 +1884,8 @@ static void async_errors(envd_pool_t *pool, int64_t chunk)
     /* DISABLED mode: a SEND of a done env is ESTATE naming it, until the
      * daemon resets it under the lock. */
     harness_t hd, td;
-    harness_init(&hd, &envd_builtin_cartpole, 4, ENVD_AUTORESET_DISABLED, pool, chunk);
-    harness_init(&td, &envd_builtin_cartpole, 4, ENVD_AUTORESET_DISABLED, NULL, 0);
-    harness_reset(&hd, 41, NULL);
-    harness_reset(&td, 41, NULL);
+    twins_init(&hd, &td, &envd_builtin_cartpole, 4, ENVD_AUTORESET_DISABLED, pool, chunk,
+               41);
     books_t bd;
     books_init(&bd, 4);
     doorbell_map(&d);

@@ -38,35 +38,13 @@
 
 #include "builtin_envs.h"
 #include "envd.h"
-#include "stress_check.h"
+#include "stress_util.h"
 #include "pool.h"
-
-static int g_div = 1;
-
-static int scaled(int count, int floor)
-{
-    return count / g_div > floor ? count / g_div : floor;
-}
-
-static uint64_t rnd(uint64_t *s)
-{
-    *s ^= *s << 13;
-    *s ^= *s >> 7;
-    *s ^= *s << 17;
-    return *s;
-}
 
 /* A double in [0, 1) from the top 53 bits. */
 static double rnd_unit(uint64_t *s)
 {
     return (double)(rnd(s) >> 11) * 0x1.0p-53;
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 /* 64-bit FNV-1a over 8-byte words (tail bytes one by one), with a final
@@ -118,13 +96,6 @@ static size_t info_field_bytes(const envd_info_field_t *f)
     for (int d = 0; d < f->ndim; d++)
         bytes *= (size_t)f->shape[d];
     return bytes;
-}
-
-static void *xcalloc(size_t n, size_t size)
-{
-    void *p = calloc(n, size);
-    CHECK(p, "out of memory");
-    return p;
 }
 
 /* Allocates zeroed buffers and fills the config (seed starts the action
