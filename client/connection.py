@@ -390,6 +390,12 @@ class Client:
                     ".key must be in the daemon's --curve-allowed-clients directory) to "
                     "envd.connect, or set ENVD_SERVER_KEY and ENVD_CLIENT_KEY (`envd status "
                     "--server-key --client-key`); create a pair with `envd keygen`")
+            if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH and self.endpoint.startswith("ipc://"):
+                return AuthenticationError(
+                    f"{where} refused this process's user (uid {os.geteuid()}; ZAP status "
+                    f"{value}): it admits only the uids of its --ipc-allowed-uids (by default "
+                    "its own user and root); run the trainer as the daemon's user, or start "
+                    "the daemon with --ipc-allowed-uids listing this uid")
             if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
                 return AuthenticationError(f"{where} refused this client (ZAP status {value})")
             return None  # a connection that broke during the handshake: libzmq retries

@@ -119,6 +119,11 @@ class Config:
     curve_secret_key: str | None = None
     curve_allowed_clients: str | None = None
     insecure: bool = False
+    # Who may connect to the ipc endpoints, checked by the peer's kernel
+    # credentials before libzmq accepts a message from it (server/peer_auth.py):
+    # comma-separated uids, "self" (the daemon's uid), "root", or "any" (whoever
+    # the socket folder's permissions let in).
+    ipc_allowed_uids: str = "self,root"
 
     def __post_init__(self) -> None:
         if not 0 <= self.threads <= MAX_THREADS:
@@ -157,7 +162,28 @@ class Config:
         if self.pin_cpus is not None and len(self.pin_cpus) != self.threads:
             raise ValueError(f"--pin-cpus (ENVD_PIN_CPUS) needs one CPU per thread ({self.threads}), "
                              f"got {list(self.pin_cpus)}")
+        self.ipc_uids()  # raises ValueError on a bad list
         self._check_curve()
+
+    def ipc_uids(self) -> frozenset[int] | None:
+        """The uids --ipc-allowed-uids admits on ipc endpoints; None for "any"."""
+        uids: set[int] = set()
+        for word in self.ipc_allowed_uids.replace(",", " ").split():
+            if word == "any":
+                return None
+            if word == "self":
+                uids.add(os.geteuid())
+            elif word == "root":
+                uids.add(0)
+            elif word.isdigit():
+                uids.add(int(word))
+            else:
+                raise ValueError(f"--ipc-allowed-uids (ENVD_IPC_ALLOWED_UIDS): {word!r} is not "
+                                 "a uid, self, root or any")
+        if not uids:
+            raise ValueError("--ipc-allowed-uids (ENVD_IPC_ALLOWED_UIDS) names no uid; give "
+                             "self, root, uids, or any")
+        return frozenset(uids)
 
     def _check_curve(self) -> None:
         """The CURVE flags come as a pair whose files load, and no tcp endpoint
@@ -280,6 +306,10 @@ _FLAGS: dict[str, tuple[Callable[[str], object], str]] = {
                               "--curve-allowed-clients; ipc endpoints stay as they are"),
     "curve_allowed_clients": (str, "directory of the public .key files of the clients a CURVE "
                                    "daemon admits (read at startup)"),
+    "ipc_allowed_uids": (str, "users whose processes may connect to the ipc endpoints, checked "
+                              "by their kernel credentials before a message is accepted: "
+                              "comma-separated uids, self (the daemon's uid), root, or any "
+                              "(whoever the socket folder lets in)"),
 }
 
 

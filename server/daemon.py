@@ -41,6 +41,7 @@ from envd.protocol import default_endpoint
 from envd.native.native_vec import NativePool, set_fast_spinners
 from envd.server import logs
 from envd.server.config import Config
+from envd.server.peer_auth import CURVE_DOMAIN, IPC_DOMAIN, PeerAuthenticator
 from envd.server.plugins import load_plugins
 from envd.server.service import Service
 from envd.server.stale_segments import Instance, remove_stale_segments
@@ -119,7 +120,7 @@ class Daemon:
         # speaks on (None: one socket, nothing to look up).  See _route.
         self._routes: dict[bytes, int] | None = None
         self._misrouted: set[bytes] = set()  # routing ids warned about since the last prune
-        self._authenticator = None  # zmq.auth.thread.ThreadAuthenticator with CURVE
+        self._authenticator = None  # peer_auth.PeerAuthenticator, with ipc or CURVE endpoints
         self.metrics = None  # envd.server.metrics.Metrics with --metrics-port
 
     # ---- startup ---------------------------------------------------------------------
@@ -154,7 +155,12 @@ class Daemon:
         try:
             for endpoints, curve in self._socket_plan():
                 sock = self._router(curve)
-                for endpoint in endpoints:
+                # tcp first: ZAP_DOMAIN applies to the binds after it, and only
+                # ipc peers carry credentials for the uid check (peer_auth.py).
+                for endpoint in sorted(endpoints, key=lambda e: e.startswith("ipc://")):
+                    if endpoint.startswith("ipc://"):
+                        self._start_authenticator()
+                        sock.setsockopt(zmq.ZAP_DOMAIN, IPC_DOMAIN)
                     prepare_ipc_endpoint(endpoint)
                     sock.bind(endpoint)
                     path = ipc_path(endpoint)
@@ -206,6 +212,7 @@ class Daemon:
         sock.setsockopt(zmq.IPV6, 1)  # tcp://[::1]:P and [::]:P bind; IPv4 as before
         if curve:
             self._start_authenticator()
+            self._admit_curve_keys()
             try:
                 pair = self.config.curve_keys()
             except KeyFileError as exc:  # the config read it; it changed since
@@ -218,7 +225,7 @@ class Daemon:
             # stopped answering, a socket with a ZAP domain that enforces it
             # refuses clients instead.  "*" is the domain configure_curve
             # answers for.
-            sock.setsockopt(zmq.ZAP_DOMAIN, b"*")
+            sock.setsockopt(zmq.ZAP_DOMAIN, CURVE_DOMAIN)
             try:
                 sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
             except (zmq.ZMQError, AttributeError):  # a libzmq without the draft option
@@ -226,16 +233,22 @@ class Daemon:
         return sock
 
     def _start_authenticator(self) -> None:
-        """pyzmq's ZAP handler thread, admitting the keys of --curve-allowed-clients."""
-        from zmq.auth.thread import ThreadAuthenticator
+        """The ZAP handler thread (server/peer_auth.py), once: it checks the uid
+        of ipc peers and the keys of CURVE clients before libzmq accepts a
+        message from them."""
+        if self._authenticator is None:
+            uids = self.config.ipc_uids()
+            self._authenticator = PeerAuthenticator(self.context, uids)
+            self._authenticator.start()
+            log.info("ipc endpoints admit %s (--ipc-allowed-uids)",
+                     "any uid the socket folder lets in" if uids is None
+                     else "uid(s) " + ",".join(map(str, sorted(uids))))
 
+    def _admit_curve_keys(self) -> None:
+        """Let the ZAP handler admit the keys of --curve-allowed-clients."""
         allowed = self.config.curve_allowed_clients
-        assert allowed is not None
-        # The authenticator logs every denied key at debug level (--log-level debug).
-        self._authenticator = ThreadAuthenticator(self.context,
-                                                  log=logging.getLogger("envd.server.auth"))
-        self._authenticator.start()
-        self._authenticator.configure_curve(domain="*", location=allowed)
+        assert allowed is not None and self._authenticator is not None
+        self._authenticator.configure_curve(domain=CURVE_DOMAIN.decode(), location=allowed)
         count = len(self._authenticator.certs.get("*", {}))
         if not count:  # the config checked the folder; it changed since
             raise RuntimeError(f"--curve-allowed-clients {allowed} holds no readable *.key "
