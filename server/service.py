@@ -314,8 +314,7 @@ class Service:
                 session.read_input(name, blob)
         elif blobs:
             raise protocol.BadRequest("reset: data frames are only taken with inline: true")
-        if with_mask:
-            session.check_reset_mask()
+        # (a mask selecting no env is refused by the vec, on its private copy)
         session.busy = True
         session.segment.bump_step_seq()  # the counters cover resets too
         self._running_ops += 1

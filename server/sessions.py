@@ -17,7 +17,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from envd import protocol
-from envd.errors import EnvdError, EnvStateError, InvalidActionError, InvalidArgumentError
+from envd.errors import EnvdError, EnvStateError, InvalidActionError
 from envd.native.native_vec import AsyncBatches, NativeFast, NativePool, NativeVec
 from envd.native.registry import EnvSpec
 from envd.native.vector_env import AUTORESET_MODE_CODES
@@ -179,10 +179,6 @@ class Session:
         ids = np.concatenate(self.ready) if self.ready else np.empty(0, np.int64)
         self.ready, self.num_ready = [], 0
         return ids
-
-    def check_reset_mask(self) -> None:
-        if not self.buffers["reset_mask"].any():
-            raise InvalidArgumentError("options['reset_mask'] must have at least one True value")
 
     def start_fast(self, spin_ns: int) -> None:
         """Serve this session's steps, sends and recvs from the doorbell in its
