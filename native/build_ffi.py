@@ -165,6 +165,7 @@ int envd_vec_batch_finish(envd_vec_t *vec, envd_vec_batch_t *batch);
 int64_t envd_vec_batch_size(const envd_vec_batch_t *batch);
 int64_t envd_vec_error_index(const envd_vec_t *vec);
 const void *envd_vec_checked_actions(const envd_vec_t *vec);
+int64_t envd_vec_reset_count(const envd_vec_t *vec);
 uint64_t envd_vec_memory_bytes(const envd_env_def_t *def, int64_t num_envs);
 uint64_t envd_vec_batch_memory_bytes(int64_t capacity);
 uint64_t envd_batch_queue_max_bytes(int64_t num_envs);

@@ -101,9 +101,12 @@ class NativeVec:
         if with_seeds.  Blocks; releases the GIL while it runs."""
         rc = lib.envd_vec_reset(self.handle, self._seeds_ptr if with_seeds else ffi.NULL,
                                 self._mask_ptr if with_mask else ffi.NULL)
-        if rc == lib.ENVD_EINVAL and with_mask:  # checked on the vec's copy of the mask
-            raise InvalidArgumentError("options['reset_mask'] must have at least one True value")
         self.check(rc, "reset")
+        # Checked on the vec's copy of the mask (the buffer may be shared memory
+        # a client rewrites); an empty mask reset nothing, so refusing it now
+        # is refusing it before.
+        if with_mask and lib.envd_vec_reset_count(self.handle) == 0:
+            raise InvalidArgumentError("options['reset_mask'] must have at least one True value")
 
     def step(self) -> int:
         """Step every env; the number of episodes that ended, or an envd error."""

@@ -96,6 +96,7 @@ struct envd_vec {
     const uint64_t *reset_seeds;
     const bool *reset_mask;
     int64_t batches_in_flight;  /* async batches submitted, not finished */
+    int64_t reset_count;        /* envs the last reset selected */
 
     /* Caller thread only. */
     int64_t error_index;        /* the env the last refused or failed call names */
@@ -606,16 +607,16 @@ void envd_vec_seed(envd_vec_t *vec, const uint64_t *seeds)
 
 /* Copy a reset's mask into the private copy, each entry read once as a byte
  * (any non-zero byte selects: a client may write a bool that is neither 0
- * nor 1); whether it selects any env. */
-static bool copy_mask(envd_vec_t *vec, const bool *mask)
+ * nor 1); how many envs it selects. */
+static int64_t copy_mask(envd_vec_t *vec, const bool *mask)
 {
     const unsigned char *bytes = (const unsigned char *)mask;
-    bool any = false;
+    int64_t selected = 0;
     for (int64_t i = 0; i < vec->config.num_envs; i++) {
         vec->mask[i] = bytes[i] != 0;
-        any |= vec->mask[i];
+        selected += vec->mask[i];
     }
-    return any;
+    return selected;
 }
 
 int envd_vec_reset(envd_vec_t *vec, const uint64_t *seeds, const bool *mask)
@@ -623,8 +624,7 @@ int envd_vec_reset(envd_vec_t *vec, const uint64_t *seeds, const bool *mask)
     if (vec->whole.pending != PENDING_NONE || vec->batches_in_flight > 0)
         return ENVD_EBUSY;
     /* The inputs are copied once, then only the copies are read. */
-    if (mask && !copy_mask(vec, mask))
-        return ENVD_EINVAL; /* selects no env */
+    vec->reset_count = mask ? copy_mask(vec, mask) : vec->config.num_envs;
     if (seeds)
         memcpy(vec->seeds, seeds, (size_t)vec->config.num_envs * sizeof *seeds);
     clear_results(&vec->whole);
@@ -655,6 +655,8 @@ int envd_vec_reset(envd_vec_t *vec, const uint64_t *seeds, const bool *mask)
 int64_t envd_vec_error_index(const envd_vec_t *vec) { return vec->error_index; }
 
 const void *envd_vec_checked_actions(const envd_vec_t *vec) { return vec->actions; }
+
+int64_t envd_vec_reset_count(const envd_vec_t *vec) { return vec->reset_count; }
 
 int64_t envd_vec_num_done(const envd_vec_t *vec) { return atomic_load(&vec->whole.num_done); }
 

@@ -92,9 +92,11 @@ void envd_vec_seed(envd_vec_t *vec, const uint64_t *seeds);
 
 /* Reset the envs selected by mask (NULL: all; any non-zero byte selects).
  * seeds, if not NULL, has num_envs entries and reseeds each selected env's
- * RNG first.  Both are copied before they are read (see "Inputs" above):
- * ENVD_EINVAL, with nothing reset, if the mask's copy selects no env. */
+ * RNG first.  Both are copied before they are read (see "Inputs" above). */
 int envd_vec_reset(envd_vec_t *vec, const uint64_t *seeds, const bool *mask);
+/* How many envs the last envd_vec_reset selected (its copy of the mask):
+ * a caller that refuses an empty mask checks this, not its buffer. */
+int64_t envd_vec_reset_count(const envd_vec_t *vec);
 
 /* Step every env with the actions buffer.  Returns the number of envs whose
  * episode ended (>= 0), or a negative code.  Validates first and steps nothing
