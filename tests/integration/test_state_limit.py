@@ -110,3 +110,11 @@ def test_max_state_bytes(tmp_path):
         context.term()
         stop_daemon(proc)
 
+
+
+def test_envd_status_shows_the_state_in_use():
+    from envd.cli import status_table
+    table = status_table({"server": "envd x", "pid": 1, "hostname": "h", "uptime_s": 2.0,
+                          "threads": 2, "clients": 1, "sessions": 1, "envs": 1000,
+                          "env_steps": 0, "shm_bytes": 4096, "state_bytes": 2_834_000})
+    assert "shared memory 4.1kB  env state 2.83MB" in table, table
