@@ -128,7 +128,8 @@ def status_table(status: dict) -> str:
         f"up {_duration(uptime)}  threads {status['threads']}  "
         f"clients {status['clients']}  sessions {status['sessions']}  envs {status['envs']}",
         f"env steps {_count(status['env_steps'])} ({_count(status['env_steps'] / uptime)}/s "
-        f"on average)  shared memory {_count(status.get('shm_bytes', 0))}B"
+        f"on average)  shared memory {_count(status.get('shm_bytes', 0))}B  "
+        f"env state {_count(status.get('state_bytes', 0))}B"
         + ("  tcp: CURVE" if status.get("curve") else "")
         + ("  DRAINING" if status.get("draining") else ""),
     ]

@@ -76,8 +76,8 @@ A reply never carries a traceback.  Results:
 
     hello      version, server, pid, hostname, lease_timeout, heartbeat_interval,
                limits: {max_sessions, max_envs_per_client, max_message_bytes,
-                        max_sessions_per_client, max_shm_bytes, max_requests_per_second,
-                        request_burst}   (0 rate and burst: unthrottled)
+                        max_sessions_per_client, max_shm_bytes, max_state_bytes,
+                        max_requests_per_second, request_burst}   (0 rate and burst: unthrottled)
     heartbeat  -
     list_envs  envs: [{id, observation_space, action_space, max_episode_steps, params,
                        info_fields: [{name, dtype, shape, doc}], origin}]

@@ -164,6 +164,11 @@ void envd_vec_batch_wait(envd_vec_t *vec, envd_vec_batch_t *batch);
 int envd_vec_batch_finish(envd_vec_t *vec, envd_vec_batch_t *batch);
 int64_t envd_vec_batch_size(const envd_vec_batch_t *batch);
 int64_t envd_vec_error_index(const envd_vec_t *vec);
+const void *envd_vec_checked_actions(const envd_vec_t *vec);
+int64_t envd_vec_reset_count(const envd_vec_t *vec);
+uint64_t envd_vec_memory_bytes(const envd_env_def_t *def, int64_t num_envs);
+uint64_t envd_vec_batch_memory_bytes(int64_t capacity);
+uint64_t envd_batch_queue_max_bytes(int64_t num_envs);
 int64_t envd_vec_num_done(const envd_vec_t *vec);
 void envd_vec_set_chunk(envd_vec_t *vec, int64_t chunk);
 void envd_vec_get_stats(const envd_vec_t *vec, envd_vec_stats_t *stats);
@@ -194,7 +199,7 @@ ffibuilder.cdef(CDEF)
 ffibuilder.set_source(
     "envd.native._envd_native",
     '#include "envd.h"\n#include "pool.h"\n#include "vec.h"\n#include "builtin_envs.h"\n'
-    '#include "plugin.h"\n#include "fast.h"\n',
+    '#include "plugin.h"\n#include "fast.h"\n#include "batch_queue.h"\n',
     # setuptools wants source paths relative to the project root (the cwd of
     # the build); this file may be executed from anywhere.
     sources=[os.path.relpath(HERE / s) for s in SOURCES],

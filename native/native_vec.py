@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from envd.errors import EnvdError, NativeError
+from envd.errors import EnvdError, InvalidArgumentError, NativeError
 from envd.native._envd_native import ffi, lib
 from envd.native.registry import EnvSpec
 from envd.vector_base import INFO_PREFIX, send_error, step_error
@@ -84,6 +84,12 @@ class NativeVec:
                                  ffi.NULL if pool is None else pool.handle)
         self.check(rc, f"creating {num_envs} {spec.id} envs")
         self.handle = out[0]
+        # The vec's private copy of the actions it checked (the buffer may be
+        # shared memory a client rewrites): errors name the action it refused.
+        actions = buffers["actions"]
+        self._checked = {**buffers, "actions": np.frombuffer(
+            ffi.buffer(lib.envd_vec_checked_actions(self.handle), actions.nbytes),
+            actions.dtype).reshape(actions.shape)}
 
     # ---- calls ------------------------------------------------------------------------------
     def seed(self) -> None:
@@ -96,6 +102,11 @@ class NativeVec:
         rc = lib.envd_vec_reset(self.handle, self._seeds_ptr if with_seeds else ffi.NULL,
                                 self._mask_ptr if with_mask else ffi.NULL)
         self.check(rc, "reset")
+        # Checked on the vec's copy of the mask (the buffer may be shared memory
+        # a client rewrites); an empty mask reset nothing, so refusing it now
+        # is refusing it before.
+        if with_mask and lib.envd_vec_reset_count(self.handle) == 0:
+            raise InvalidArgumentError("options['reset_mask'] must have at least one True value")
 
     def step(self) -> int:
         """Step every env; the number of episodes that ended, or an envd error."""
@@ -129,7 +140,7 @@ class NativeVec:
         if rc != lib.ENVD_OK:
             index = int(lib.envd_vec_error_index(self.handle))
             raise send_error(self.spec.id, self.spec.action_space, self.num_envs, rc, index,
-                             self._buffers)
+                             self._checked)
         batch.ids = env_ids
 
     def batch_done(self, batch: "NativeBatch") -> bool:
@@ -169,7 +180,7 @@ class NativeVec:
     def raise_step_error(self, rc: int) -> None:
         index = int(lib.envd_vec_error_index(self.handle))
         if rc in (lib.ENVD_ERANGE, lib.ENVD_ESTATE, lib.ENVD_EBUSY, lib.ENVD_EENV):
-            raise step_error(self.spec.id, self.spec.action_space, rc, index, self._buffers)
+            raise step_error(self.spec.id, self.spec.action_space, rc, index, self._checked)
         self.check(rc, "step")
 
 
@@ -213,7 +224,8 @@ class AsyncBatches:
 
     def submit(self, env_ids: np.ndarray, notify: bool = False) -> None:
         """Start stepping env_ids (their actions are in the actions buffer)."""
-        fits = [b for b in self._spares if b.capacity >= len(env_ids)]
+        # (at most twice the size: the batches in flight hold <= 2 * num_envs ids)
+        fits = [b for b in self._spares if len(env_ids) <= b.capacity <= 2 * len(env_ids)]
         batch = fits[0] if fits else NativeBatch(len(env_ids))
         if fits:
             self._spares.remove(batch)

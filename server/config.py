@@ -47,6 +47,37 @@ def _default_shm_bytes() -> int:
     return max(1, info.f_blocks * info.f_frsize // 2)
 
 
+#: --max-state-bytes when the machine's memory cannot be measured.
+FALLBACK_STATE_BYTES = 8 << 30
+
+
+def _memory_bytes() -> int | None:
+    """The memory this process may use: physical RAM, or the cgroup's limit
+    (a container's) when that is lower; None when neither can be read."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (OSError, ValueError):
+        total = None
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text.isdigit() and (total is None or int(text) < total):
+            total = int(text)
+    return total
+
+
+def _default_state_bytes() -> int:
+    # A quarter of the memory the daemon may use (RAM, or a container's
+    # cgroup limit): with --max-shm-bytes' default (half of /dev/shm, itself
+    # half the RAM on a default host) the sessions' memory stays under half
+    # of the machine's, leaving the rest to the trainers beside the daemon.
+    memory = _memory_bytes()
+    return FALLBACK_STATE_BYTES if memory is None else max(1, memory // 4)
+
+
 def tcp_host(endpoint: str) -> str | None:
     """The host part of a tcp:// endpoint ("*", an address, an interface or a
     host name, without IPv6 brackets); None for other transports."""
@@ -93,11 +124,16 @@ class Config:
     #   max_sessions_per_client: sessions one client connection holds at once;
     #   max_shm_bytes: all sessions' shared-memory segments together, checked
     #     before a make creates its segment (default: half of /dev/shm, above);
+    #   max_state_bytes: all sessions' heap -- env states (num_envs *
+    #     state_size, with their slots), the vec's private input copies and
+    #     the bound of the async books -- checked before a make allocates
+    #     anything (default: a quarter of the memory, above);
     #   max_requests_per_second: per client connection, a token bucket with a
     #     burst of max(rate, 100); 0 = unlimited.  heartbeat, close and bye are
     #     never throttled, so a throttled client can always leave.
     max_sessions_per_client: int = 256
     max_shm_bytes: int = field(default_factory=_default_shm_bytes)
+    max_state_bytes: int = field(default_factory=_default_state_bytes)
     max_requests_per_second: int = 100_000
     pin_cpus: tuple[int, ...] | None = None
     plugins: tuple[str, ...] = ()
@@ -142,7 +178,8 @@ class Config:
             raise ValueError(f"--lease-timeout (ENVD_LEASE_TIMEOUT) must be in [0.1, 86400] seconds, "
                              f"got {self.lease_timeout}")
         for name in ("max_sessions", "max_envs_per_client", "max_message_bytes",
-                     "max_sessions_per_client", "max_shm_bytes", "max_requests_per_second"):
+                     "max_sessions_per_client", "max_shm_bytes", "max_state_bytes",
+                     "max_requests_per_second"):
             lowest = 0 if name == "max_requests_per_second" else 1  # 0: unlimited
             if getattr(self, name) < lowest:
                 flag = "--" + name.replace("_", "-")
@@ -287,6 +324,10 @@ _FLAGS: dict[str, tuple[Callable[[str], object], str]] = {
     "max_sessions_per_client": (int, "sessions one client connection may hold at once"),
     "max_shm_bytes": (int, "bytes of shared memory all sessions' segments may take together; "
                            "the default is half of /dev/shm's size"),
+    "max_state_bytes": (int, "bytes of heap all sessions' env state may take together: "
+                             "num_envs * (state_size + per-env bookkeeping) per session, "
+                             "counted at make; the default is a quarter of the memory "
+                             "(RAM, or the container's limit)"),
     "max_requests_per_second": (int, "requests one client connection may send per second, "
                                      "with bursts of max(this, 100); heartbeat, close and bye "
                                      "are never throttled (0 = unlimited)"),

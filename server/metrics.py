@@ -131,7 +131,8 @@ def read_service(service: "Service") -> dict[str, Any]:
         pooled += stats["pooled_jobs"]
     return {"env_steps": service.env_steps, "env_steps_by_env": dict(service.env_steps_by_env),
             "sessions": len(service.sessions), "envs": envs, "clients": len(service.clients),
-            "shm_bytes": service.shm_bytes, "inline_jobs": inline, "pooled_jobs": pooled,
+            "shm_bytes": service.shm_bytes, "state_bytes": service.state_bytes,
+            "inline_jobs": inline, "pooled_jobs": pooled,
             "sessions_stepping": service.sessions_stepping,
             "lease_expiries": service.lease_expiries,
             "lease_expired_sessions": service.lease_expired_sessions,
@@ -167,6 +168,8 @@ class _ServiceCollector:
                 ("envd_clients", "clients", "Client connections known (said hello, lease not expired)"),
                 ("envd_shm_bytes", "shm_bytes", "Bytes of shared memory the sessions' segments "
                                                 "hold, makes in flight included"),
+                ("envd_state_bytes", "state_bytes", "Bytes of env state (heap) the sessions "
+                                                    "hold at most, makes in flight included"),
                 ("envd_sessions_stepping", "sessions_stepping",
                  "Sessions with a sync step or async batches running on the pool"),
                 ("envd_draining", "draining", "1 while the daemon drains after SIGTERM/SIGINT")):

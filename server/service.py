@@ -34,7 +34,8 @@ from envd.native.registry import get_spec, list_envs
 from envd.native.vector_env import check_max_episode_steps
 from envd.vector_base import check_int, parse_autoreset_mode, seed_list
 from envd.server.config import Config
-from envd.server.sessions import ClientRecord, Session, async_in_flight, segment_plan
+from envd.server.sessions import (ClientRecord, Session, async_in_flight, segment_plan,
+                                  state_plan)
 
 log = logging.getLogger("envd.server")
 
@@ -84,6 +85,8 @@ class Service:
         self._shm_in_use = 0         # bytes of the segments of sessions not freed yet
         self._fast_sessions = 0      # sessions with a fast-path thread
         self._reserved_shm = 0       # bytes of the segments of makes in flight
+        self._state_in_use = 0       # heap bytes (state_plan) of sessions not freed yet
+        self._reserved_state = 0     # heap bytes of makes in flight
         self._rate = config.max_requests_per_second  # 0: unlimited
         self._burst = config.request_burst
         self._expired_sessions: collections.OrderedDict[str, None] = collections.OrderedDict()
@@ -246,6 +249,17 @@ class Service:
                 f"that is {in_use + segment_bytes}, over its limit of "
                 f"{self.config.max_shm_bytes} bytes (--max-shm-bytes); close envs you no "
                 "longer use or make fewer")
+        state_bytes = state_plan(spec, num_envs)  # refused before anything is allocated
+        in_use = self.state_bytes
+        if in_use + state_bytes > self.config.max_state_bytes:
+            over = in_use + state_bytes - self.config.max_state_bytes
+            raise LimitExceededError(
+                f"making {num_envs} {spec.id} envs needs {state_bytes} bytes of env state "
+                f"(state_size {spec.definition.state_size} bytes per env, plus per-env "
+                f"bookkeeping); with the {in_use} bytes the daemon's sessions hold that is "
+                f"{in_use + state_bytes}, {over} bytes over its limit of "
+                f"{self.config.max_state_bytes} bytes (--max-state-bytes); close envs you no "
+                "longer use or make fewer")
         env_kwargs = header.get("env_kwargs", {})
         seed = header.get("seed")
 
@@ -268,6 +282,7 @@ class Service:
         client.reserved_sessions += 1
         client.reserved_envs += num_envs
         self._reserved_shm += segment_bytes
+        self._reserved_state += state_bytes
         self._running_ops += 1
 
         def done(future: Future) -> None:
@@ -276,11 +291,13 @@ class Service:
             client.reserved_sessions -= 1
             client.reserved_envs -= num_envs
             self._reserved_shm -= segment_bytes
+            self._reserved_state -= state_bytes
             reply = self._result_reply(header["id"], future)
             session = future.result() if reply["ok"] else None
             self._unclaimed.discard(session)
             if session is not None:
                 self._shm_in_use += session.segment_bytes
+                self._state_in_use += session.state_bytes
             if session is not None and (self.draining or self.clients.get(client.identity) is not client):
                 self._free(session)  # the client expired or the daemon drains meanwhile
                 reply = protocol.error_reply(header["id"], ShuttingDownError(
@@ -314,8 +331,7 @@ class Service:
                 session.read_input(name, blob)
         elif blobs:
             raise protocol.BadRequest("reset: data frames are only taken with inline: true")
-        if with_mask:
-            session.check_reset_mask()
+        # (a mask selecting no env is refused by the vec, on its private copy)
         session.busy = True
         session.segment.bump_step_seq()  # the counters cover resets too
         self._running_ops += 1
@@ -581,7 +597,8 @@ class Service:
             self._stop_fast(session)
         session.free()
         self._shm_in_use -= session.segment_bytes
-        session.segment_bytes = 0  # counted once even if freed again
+        self._state_in_use -= session.state_bytes
+        session.segment_bytes = session.state_bytes = 0  # counted once even if freed again
 
     def expire_silent_clients(self) -> None:
         """Free the sessions of every client silent for longer than the lease."""
@@ -644,6 +661,7 @@ class Service:
                 "max_message_bytes": self.config.max_message_bytes,
                 "max_sessions_per_client": self.config.max_sessions_per_client,
                 "max_shm_bytes": self.config.max_shm_bytes,
+                "max_state_bytes": self.config.max_state_bytes,
                 "max_requests_per_second": self.config.max_requests_per_second,
                 "request_burst": self.config.request_burst}
 
@@ -657,6 +675,12 @@ class Service:
         """Bytes of shared memory the sessions hold, makes in flight included."""
         return self._shm_in_use + self._reserved_shm
 
+    @property
+    def state_bytes(self) -> int:
+        """Heap bytes the sessions' env state holds at most (state_plan),
+        makes in flight included."""
+        return self._state_in_use + self._reserved_state
+
     def status(self) -> dict[str, Any]:
         """What `envd status` prints: version, load and limits."""
         self.collect_fast_steps()  # the fast path's steps, up to now
@@ -667,7 +691,7 @@ class Service:
                 "threads": self.pool.num_threads, "clients": len(self.clients),
                 "sessions": len(self.sessions),
                 "envs": sum(s.num_envs for s in self.sessions.values()),
-                "shm_bytes": self.shm_bytes,
+                "shm_bytes": self.shm_bytes, "state_bytes": self.state_bytes,
                 "env_steps": self.env_steps, "draining": self.draining,
                 "lease_timeout": self.config.lease_timeout, "limits": self._limits(),
                 "plugins": self.plugins, "session_table": self._session_table()}

@@ -200,6 +200,9 @@ TROUBLESHOOTING_PHRASES = [
     "the client left (bye) or its lease expired while its env was being made",
     # shared memory (server/service.py, envd/shm.py, client/remote_vector_env.py)
     "bytes (--max-shm-bytes); close envs you no longer use or make fewer",
+    "bytes over its limit of",
+    "bytes (--max-state-bytes); close envs you no longer use or make fewer",
+    "bytes of env state (state_size",
     "the host's shared memory (/dev/shm; in a container see --shm-size) or memory is exhausted",
     "no such segment here.",
     "shared-memory sessions need the daemon on this host, sharing /dev/shm",

@@ -5,9 +5,12 @@
  * tail (submit order); every id appears at most once in those entries and in
  * ready[0 .. num_ready); in_flight + num_ready <= num_envs.  An entry owns its
  * batch and a private copy of its ids; finished entries go to the spares and
- * are reused by later submits that fit.  The spares hold at most 2 * num_envs
- * ids in all (sends of ever larger batches would otherwise keep every size
- * ever sent).
+ * are reused by later submits that fit: capacity in [count, 2 * count], so
+ * the entries in flight hold at most 2 * num_envs ids.  The spares hold at
+ * most 2 * num_envs ids in all (sends of ever larger batches would otherwise
+ * keep every size ever sent).  Hence envd_batch_queue_max_bytes: at most
+ * num_envs entries in flight (each holds an env) and 2 * num_envs spares
+ * (each holds room for one), 4 * num_envs ids of capacity in all.
  */
 #include "batch_queue.h"
 
@@ -85,7 +88,7 @@ void envd_batch_queue_destroy(envd_batch_queue_t *q)
 static entry_t *entry_for(envd_batch_queue_t *q, int64_t count)
 {
     for (entry_t **link = &q->spares; *link != NULL; link = &(*link)->next) {
-        if ((*link)->capacity >= count) {
+        if ((*link)->capacity >= count && (*link)->capacity <= 2 * count) {
             entry_t *e = *link;
             *link = e->next;
             e->next = NULL;
@@ -200,6 +203,15 @@ int64_t envd_batch_queue_take(envd_batch_queue_t *q, int64_t count, int64_t *out
         if (!any_done(q))
             envd_vec_batch_wait(q->vec, q->head->batch);
     }
+}
+
+uint64_t envd_batch_queue_max_bytes(int64_t num_envs)
+{
+    const uint64_t n = num_envs > 0 ? (uint64_t)num_envs : 0;
+    const uint64_t per_entry = sizeof(entry_t) + envd_vec_batch_memory_bytes(0);
+    /* ready ids; 3n entries; 4n ids of capacity, each in the entry and its batch */
+    return sizeof(envd_batch_queue_t) + n * sizeof(int64_t) + 3 * n * per_entry +
+           4 * n * 2 * sizeof(int64_t);
 }
 
 int64_t envd_batch_queue_pending(const envd_batch_queue_t *q)

@@ -49,6 +49,11 @@ int64_t envd_batch_queue_take(envd_batch_queue_t *queue, int64_t count, int64_t 
  * (and count as finished), a failure waits for the next take. */
 void envd_batch_queue_collect(envd_batch_queue_t *queue);
 
+/* The most bytes a queue of num_envs envs allocates at once, whatever is
+ * sent (allocator overhead aside): what a daemon counts against
+ * --max-state-bytes for a session's fast-path async books. */
+uint64_t envd_batch_queue_max_bytes(int64_t num_envs);
+
 /* Envs in flight or ready (0: the vec may be reset or stepped whole). */
 int64_t envd_batch_queue_pending(const envd_batch_queue_t *queue);
 

@@ -4,6 +4,14 @@
  * Memory layout: one cache-line aligned block per env holding its slot
  * (RNG, time limit and episode counters) followed by its state, so a chunk of
  * envs touches contiguous memory and two chunks never share a cache line.
+ *
+ * Trust boundary: the caller's input buffers (actions, reset seeds and mask)
+ * may be shared memory another process writes at any moment (a daemon's
+ * session segment).  Every call copies the inputs it will act on into the
+ * vec's private copies first, checks the copies and runs from them; nothing
+ * reads an input buffer twice.  So the range check of a discrete action holds
+ * for the action the env's step callback receives (a pointer into the
+ * private copy), whatever the other process writes meanwhile.
  */
 #include "vec.h"
 
@@ -77,10 +85,18 @@ struct envd_vec {
     unsigned char *blocks; /* num_envs blocks of `stride` bytes */
     bool all_started;      /* every env has been reset at least once */
 
+    /* Private copies of the inputs (see "Trust boundary" above), num_envs
+     * entries each.  A row of actions is written by the caller thread only
+     * while its env is in no run in flight, and read by the run's chunks. */
+    unsigned char *actions;
+    uint64_t *seeds;
+    bool *mask;
+
     run_t whole;                /* steps and resets of every env */
     const uint64_t *reset_seeds;
     const bool *reset_mask;
     int64_t batches_in_flight;  /* async batches submitted, not finished */
+    int64_t reset_count;        /* envs the last reset selected */
 
     /* Caller thread only. */
     int64_t error_index;        /* the env the last refused or failed call names */
@@ -206,7 +222,7 @@ static inline __attribute__((always_inline)) bool step_env(run_t *run, envd_vec_
          * action is ignored and the step reports reward 0, not done. */
         rc = reset_env(vec, i, obs, clock);
     } else {
-        const void *action = (const unsigned char *)b->actions + (size_t)i * vec->action_bytes;
+        const void *action = vec->actions + (size_t)i * vec->action_bytes; /* the checked copy */
         rc = vec->def->step(state_of(vec, i), &slot->rng, action, obs, &reward, &term, &trunc);
         if (rc == ENVD_OK)
             rc = write_info(vec, i);
@@ -345,7 +361,7 @@ static int env_startable(const envd_vec_t *vec, int64_t i)
         return ENVD_ESTATE;
     const envd_space_t *as = &vec->def->action_space;
     if (as->kind == ENVD_SPACE_DISCRETE) {
-        int64_t a = ((const int64_t *)vec->buf.actions)[i];
+        int64_t a = ((const int64_t *)vec->actions)[i]; /* the private copy */
         /* unsigned difference: no overflow for any start (validated: start + n fits) */
         if (a < as->start || (uint64_t)a - (uint64_t)as->start >= (uint64_t)as->n)
             return ENVD_ERANGE;
@@ -435,6 +451,8 @@ static int step_start(envd_vec_t *vec, int job_flags)
 {
     if (vec->whole.pending != PENDING_NONE || vec->batches_in_flight > 0)
         return ENVD_EBUSY;
+    /* No run is in flight: no chunk reads the private copy while it changes. */
+    memcpy(vec->actions, vec->buf.actions, (size_t)vec->config.num_envs * vec->action_bytes);
     clear_results(&vec->whole);
     int rc = validate_step(vec);
     if (rc != ENVD_OK)
@@ -478,6 +496,11 @@ int envd_vec_batch_create(envd_vec_batch_t **out, int64_t capacity)
     return ENVD_OK;
 }
 
+uint64_t envd_vec_batch_memory_bytes(int64_t capacity)
+{
+    return sizeof(envd_vec_batch_t) + (uint64_t)(capacity > 0 ? capacity : 0) * sizeof(int64_t);
+}
+
 void envd_vec_batch_destroy(envd_vec_batch_t *batch)
 {
     if (!batch)
@@ -492,25 +515,38 @@ static void unmark(envd_vec_t *vec, const int64_t *ids, int64_t count)
         slot_of(vec, ids[k])->in_batch = false;
 }
 
-/* Check a batch's ids and actions and mark its envs in flight, or mark
- * nothing and return the code (the error index names the env). */
+/* Check a batch's ids (the vec's private copy) and mark its envs in flight;
+ * then copy their actions into the private copy (only now: until an env is
+ * marked, a batch in flight may be reading its row) and check those.  On
+ * error nothing stays marked and the error index names the env. */
 static int claim_batch(envd_vec_t *vec, const int64_t *ids, int64_t count)
 {
-    for (int64_t k = 0; k < count; k++) {
+    int rc = ENVD_OK;
+    int64_t k = 0;
+    for (; k < count; k++) {
         int64_t i = ids[k];
-        int rc = ENVD_OK;
         if (i < 0 || i >= vec->config.num_envs)
             rc = ENVD_EINVAL;
         else if (slot_of(vec, i)->in_batch)
             rc = ENVD_EBUSY; /* in flight, or twice in this batch */
-        else
-            rc = env_startable(vec, i);
         if (rc != ENVD_OK) {
             unmark(vec, ids, k);
             vec->error_index = i;
             return rc;
         }
         slot_of(vec, i)->in_batch = true;
+    }
+    const size_t row = vec->action_bytes;
+    for (k = 0; k < count; k++)
+        memcpy(vec->actions + (size_t)ids[k] * row,
+               (const unsigned char *)vec->buf.actions + (size_t)ids[k] * row, row);
+    for (k = 0; k < count; k++) {
+        rc = env_startable(vec, ids[k]);
+        if (rc != ENVD_OK) {
+            unmark(vec, ids, count);
+            vec->error_index = ids[k];
+            return rc;
+        }
     }
     return ENVD_OK;
 }
@@ -522,10 +558,11 @@ int envd_vec_batch_submit(envd_vec_t *vec, envd_vec_batch_t *batch, const int64_
         return ENVD_EINVAL;
     if (vec->whole.pending != PENDING_NONE || batch->run.pending != PENDING_NONE)
         return ENVD_EBUSY;
-    int rc = claim_batch(vec, env_ids, count);
+    /* Copied before anything reads them: env_ids may lie in shared memory. */
+    memcpy(batch->ids, env_ids, (size_t)count * sizeof *env_ids);
+    int rc = claim_batch(vec, batch->ids, count);
     if (rc != ENVD_OK)
         return rc;
-    memcpy(batch->ids, env_ids, (size_t)count * sizeof *env_ids);
     batch->count = count;
     batch->run.vec = vec;
     batch->run.ids = batch->ids;
@@ -568,13 +605,31 @@ void envd_vec_seed(envd_vec_t *vec, const uint64_t *seeds)
         envd_rng_seed(&slot_of(vec, i)->rng, seeds[i]);
 }
 
+/* Copy a reset's mask into the private copy, each entry read once as a byte
+ * (any non-zero byte selects: a client may write a bool that is neither 0
+ * nor 1); how many envs it selects. */
+static int64_t copy_mask(envd_vec_t *vec, const bool *mask)
+{
+    const unsigned char *bytes = (const unsigned char *)mask;
+    int64_t selected = 0;
+    for (int64_t i = 0; i < vec->config.num_envs; i++) {
+        vec->mask[i] = bytes[i] != 0;
+        selected += vec->mask[i];
+    }
+    return selected;
+}
+
 int envd_vec_reset(envd_vec_t *vec, const uint64_t *seeds, const bool *mask)
 {
     if (vec->whole.pending != PENDING_NONE || vec->batches_in_flight > 0)
         return ENVD_EBUSY;
+    /* The inputs are copied once, then only the copies are read. */
+    vec->reset_count = mask ? copy_mask(vec, mask) : vec->config.num_envs;
+    if (seeds)
+        memcpy(vec->seeds, seeds, (size_t)vec->config.num_envs * sizeof *seeds);
     clear_results(&vec->whole);
-    vec->reset_seeds = seeds;
-    vec->reset_mask = mask;
+    vec->reset_seeds = seeds ? vec->seeds : NULL;
+    vec->reset_mask = mask ? vec->mask : NULL;
     int64_t chunk = choose_chunk(vec, vec->config.num_envs, false, false);
     int rc = ENVD_OK;
     if (chunk == 0)
@@ -598,6 +653,10 @@ int envd_vec_reset(envd_vec_t *vec, const uint64_t *seeds, const bool *mask)
 
 /* ---- queries ------------------------------------------------------------------------ */
 int64_t envd_vec_error_index(const envd_vec_t *vec) { return vec->error_index; }
+
+const void *envd_vec_checked_actions(const envd_vec_t *vec) { return vec->actions; }
+
+int64_t envd_vec_reset_count(const envd_vec_t *vec) { return vec->reset_count; }
 
 int64_t envd_vec_num_done(const envd_vec_t *vec) { return atomic_load(&vec->whole.num_done); }
 
@@ -634,6 +693,41 @@ static size_t space_bytes(const envd_space_t *space)
     return (size_t)envd_space_numel(space) * envd_dtype_size(space->dtype);
 }
 
+/* The bytes of one env's block: its slot and state, cache-line aligned. */
+static size_t stride_of(const envd_env_def_t *def)
+{
+    size_t block = sizeof(env_slot_t) + def->state_size;
+    return (block + CACHE_LINE - 1) / CACHE_LINE * CACHE_LINE;
+}
+
+/* a * b + c, or UINT64_MAX where that does not fit. */
+static uint64_t mul_add(uint64_t a, uint64_t b, uint64_t c)
+{
+    uint64_t r;
+    if (__builtin_mul_overflow(a, b, &r) || __builtin_add_overflow(r, c, &r))
+        return UINT64_MAX;
+    return r;
+}
+
+uint64_t envd_vec_memory_bytes(const envd_env_def_t *def, int64_t num_envs)
+{
+    if (envd_env_def_validate(def) != ENVD_OK || num_envs < 1)
+        return UINT64_MAX;
+    /* per env: its block, then the private copies of its action, seed and mask */
+    uint64_t action = mul_add((uint64_t)envd_space_numel(&def->action_space),
+                              envd_dtype_size(def->action_space.dtype), 0);
+    uint64_t per_env = mul_add(1, action, stride_of(def) + sizeof(uint64_t) + sizeof(bool));
+    return mul_add(per_env, (uint64_t)num_envs, sizeof(envd_vec_t));
+}
+
+static void free_buffers(envd_vec_t *vec)
+{
+    free(vec->blocks);
+    free(vec->actions);
+    free(vec->seeds);
+    free(vec->mask);
+}
+
 int envd_vec_create(envd_vec_t **out, const envd_env_def_t *def,
                     const envd_vec_config_t *config,
                     const envd_vec_buffers_t *buffers, envd_pool_t *pool)
@@ -642,6 +736,8 @@ int envd_vec_create(envd_vec_t **out, const envd_env_def_t *def,
     int rc = check_args(def, config, buffers);
     if (rc != ENVD_OK)
         return rc;
+    if (envd_vec_memory_bytes(def, config->num_envs) > SIZE_MAX / 2)
+        return ENVD_ENOMEM; /* (sizes below cannot overflow then) */
     envd_vec_t *vec = calloc(1, sizeof *vec);
     if (!vec)
         return ENVD_ENOMEM;
@@ -658,13 +754,15 @@ int envd_vec_create(envd_vec_t **out, const envd_env_def_t *def,
             n *= (size_t)f->shape[d];
         vec->info_bytes[k] = n * envd_dtype_size(f->dtype);
     }
-    size_t block = sizeof(env_slot_t) + def->state_size;
-    vec->stride = (block + CACHE_LINE - 1) / CACHE_LINE * CACHE_LINE;
-    /* cannot overflow: state_size <= ENVD_MAX_STATE_SIZE (validated) and
-     * num_envs <= ENVD_VEC_MAX_ENVS */
-    size_t total = vec->stride * (size_t)config->num_envs;
+    vec->stride = stride_of(def);
+    const size_t n = (size_t)config->num_envs;
+    size_t total = vec->stride * n;
     vec->blocks = aligned_alloc(CACHE_LINE, total);
-    if (!vec->blocks) {
+    vec->actions = malloc(n * vec->action_bytes);
+    vec->seeds = malloc(n * sizeof *vec->seeds);
+    vec->mask = malloc(n * sizeof *vec->mask);
+    if (!vec->blocks || !vec->actions || !vec->seeds || !vec->mask) {
+        free_buffers(vec);
         free(vec);
         return ENVD_ENOMEM;
     }
@@ -696,6 +794,6 @@ void envd_vec_destroy(envd_vec_t *vec)
     if (vec->def->close)
         for (int64_t i = 0; i < vec->config.num_envs; i++)
             vec->def->close(state_of(vec, i));
-    free(vec->blocks);
+    free_buffers(vec);
     free(vec);
 }

@@ -64,6 +64,21 @@ typedef struct envd_vec_config {
 
 typedef struct envd_vec envd_vec_t;
 
+/* Inputs: the caller's actions buffer and a reset's seeds and mask may be
+ * memory another process writes while the vec runs (a daemon's shared-memory
+ * segment).  Each call copies the inputs it acts on into memory of the vec
+ * (envd_vec_step: every action; envd_vec_batch_submit: the env ids, then
+ * their actions; envd_vec_reset: seeds and mask) before it checks them, and
+ * runs from the copies: an env's step callback gets a pointer into the vec's
+ * copy of the actions, never into the caller's buffer, so a range check made
+ * holds for the action the env sees. */
+
+/* Bytes the vec of num_envs envs of def allocates (env states and slots,
+ * the private input copies, the vec itself): what a daemon counts against
+ * --max-state-bytes before it creates one.  UINT64_MAX if def is invalid
+ * or the size does not fit 64 bits. */
+uint64_t envd_vec_memory_bytes(const envd_env_def_t *def, int64_t num_envs);
+
 /* pool may be NULL (always serial).  The pool must outlive the vec. */
 int envd_vec_create(envd_vec_t **out, const envd_env_def_t *def,
                     const envd_vec_config_t *config,
@@ -75,9 +90,13 @@ void envd_vec_destroy(envd_vec_t *vec);
  * in flight (their workers use the RNGs). */
 void envd_vec_seed(envd_vec_t *vec, const uint64_t *seeds);
 
-/* Reset the envs selected by mask (NULL: all).  seeds, if not NULL, has
- * num_envs entries and reseeds each selected env's RNG first. */
+/* Reset the envs selected by mask (NULL: all; any non-zero byte selects).
+ * seeds, if not NULL, has num_envs entries and reseeds each selected env's
+ * RNG first.  Both are copied before they are read (see "Inputs" above). */
 int envd_vec_reset(envd_vec_t *vec, const uint64_t *seeds, const bool *mask);
+/* How many envs the last envd_vec_reset selected (its copy of the mask):
+ * a caller that refuses an empty mask checks this, not its buffer. */
+int64_t envd_vec_reset_count(const envd_vec_t *vec);
 
 /* Step every env with the actions buffer.  Returns the number of envs whose
  * episode ended (>= 0), or a negative code.  Validates first and steps nothing
@@ -107,6 +126,8 @@ typedef struct envd_vec_batch envd_vec_batch_t;
 
 /* A batch of up to capacity envs (1 .. ENVD_VEC_MAX_ENVS). */
 int envd_vec_batch_create(envd_vec_batch_t **out, int64_t capacity);
+/* Bytes a batch of capacity envs allocates. */
+uint64_t envd_vec_batch_memory_bytes(int64_t capacity);
 /* Not while it is in flight.  NULL is allowed. */
 void envd_vec_batch_destroy(envd_vec_batch_t *batch);
 
@@ -130,6 +151,10 @@ int envd_vec_batch_finish(envd_vec_t *vec, envd_vec_batch_t *batch);
 int64_t envd_vec_batch_size(const envd_vec_batch_t *batch);
 
 int64_t envd_vec_error_index(const envd_vec_t *vec);
+/* The vec's copy of the actions the last step or send checked (num_envs
+ * samples; a send's rows only): for error messages that name the refused
+ * action as the vec saw it. */
+const void *envd_vec_checked_actions(const envd_vec_t *vec);
 /* Envs whose episode ended (terminated or truncated) in the last step. */
 int64_t envd_vec_num_done(const envd_vec_t *vec);
 

@@ -70,6 +70,7 @@ def test_the_counters_move_as_stepping_happens(metered, monkeypatch):
         assert value(opened, "envd_envs") == 12
         assert value(opened, "envd_clients") == 1
         assert value(opened, "envd_shm_bytes") > 0
+        assert value(opened, "envd_state_bytes") > 0
         cartpole.reset()
         pendulum.reset()
         for _ in range(5):
@@ -106,6 +107,7 @@ def test_the_counters_move_as_stepping_happens(metered, monkeypatch):
         closed = scrape(port)
         assert value(closed, "envd_sessions") == value(closed, "envd_envs") == 0
         assert value(closed, "envd_shm_bytes") == 0
+        assert value(closed, "envd_state_bytes") == 0
         # counters never go back: the jobs of closed sessions stay counted
         assert value(closed, "envd_inline_jobs_total") >= value(stepped, "envd_inline_jobs_total")
         assert value(closed, "envd_pooled_jobs_total") >= value(stepped, "envd_pooled_jobs_total")

@@ -10,6 +10,7 @@
  *   ENV_ID=...    the env's id (default "TestPlugin-v0")
  *   INFO_FAILS    write_info fails once the env has stepped 3 times
  *   INFO_NAME=... the info field's name (default "steps")
+ *   STATE_SIZE=.. the env's state_size in bytes (default: its counter's size)
  * Without flags it is a valid one-env plugin: obs = [steps so far], reward 1.
  */
 #include <envd.h>
@@ -85,6 +86,8 @@ static const envd_env_def_t counter = {
     .action_space = {.kind = ENVD_SPACE_DISCRETE, .dtype = ENVD_DTYPE_INT64, .n = 2},
 #ifdef ZERO_STATE
     .state_size = 0,
+#elif defined(STATE_SIZE)
+    .state_size = STATE_SIZE,
 #else
     .state_size = sizeof(counter_t),
 #endif

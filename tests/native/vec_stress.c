@@ -869,6 +869,151 @@ static void test_action_range(envd_pool_t *pool, const envd_env_def_t *def, int6
     harness_free(&twin);
 }
 
+/* ---- copy, then check -------------------------------------------------------------
+ * The caller's input buffers may be shared memory another process rewrites at
+ * any moment (vec.h, "Inputs").  FlipTest-v0's callbacks play that process,
+ * deterministically: before they read anything, they rewrite every input of
+ * every env in the caller's buffers (actions to 99, out of range; the reset
+ * mask to all false; the seeds to others), with relaxed atomics (workers of a
+ * pooled call write the same words).  A vec that acts on its private copies
+ * hands each env what the caller had written when the call started. */
+static struct {
+    int64_t *actions;  /* the caller's buffers, rewritten by the callbacks */
+    bool *mask;
+    uint64_t *seeds;
+    int64_t n;
+    int64_t seen[64];  /* per instance: the action its last step received */
+    int resets[64];    /* per instance: reset calls */
+    float first_draw[64]; /* per instance: its RNG's first draw at its last reset */
+} g_flip;
+
+static void flip_inputs(void)
+{
+    for (int64_t i = 0; i < g_flip.n; i++) {
+        __atomic_store_n(&g_flip.actions[i], 99, __ATOMIC_RELAXED);
+        if (g_flip.mask)
+            __atomic_store_n(&g_flip.mask[i], false, __ATOMIC_RELAXED);
+        if (g_flip.seeds)
+            __atomic_store_n(&g_flip.seeds[i], 777, __ATOMIC_RELAXED);
+    }
+}
+
+static int flip_reset(void *state, envd_rng_t *rng, void *obs)
+{
+    flip_inputs();
+    test_state_t *s = state;
+    g_flip.resets[s->id]++;
+    g_flip.first_draw[s->id] = (float)envd_rng_random(rng);
+    ((float *)obs)[0] = (float)s->id;
+    ((float *)obs)[1] = g_flip.first_draw[s->id];
+    return ENVD_OK;
+}
+
+static int flip_step(void *state, envd_rng_t *rng, const void *action, void *obs,
+                     double *reward, bool *terminated, bool *truncated)
+{
+    (void)rng;
+    flip_inputs();
+    test_state_t *s = state;
+    g_flip.seen[s->id] = *(const volatile int64_t *)action;
+    ((float *)obs)[0] = (float)s->id;
+    *reward = 0.0;
+    *terminated = *truncated = false;
+    return ENVD_OK;
+}
+
+static const envd_env_def_t flip_env = {
+    .abi_version = ENVD_ABI_VERSION,
+    .id = "FlipTest-v0",
+    .observation_space = {.kind = ENVD_SPACE_BOX, .dtype = ENVD_DTYPE_FLOAT32, .ndim = 1,
+                          .shape = {2}},
+    .action_space = {.kind = ENVD_SPACE_DISCRETE, .dtype = ENVD_DTYPE_INT64, .n = 3},
+    .state_size = sizeof(test_state_t),
+    .num_agents = 1,
+    .init = test_init,
+    .reset = flip_reset,
+    .step = flip_step,
+    .close = test_close,
+};
+
+static void test_inputs_copied(envd_pool_t *pool, int64_t chunk)
+{
+    test_env_setup();
+    enum { N = 12 };
+    harness_t h;
+    harness_init(&h, &flip_env, N, ENVD_AUTORESET_NEXT_STEP, 0, 21);
+    harness_create(&h, pool, chunk);
+    memset(&g_flip, 0, sizeof g_flip);
+    uint64_t seeds[N];
+    g_flip.actions = (int64_t *)h.actions;
+    g_flip.n = N;
+    g_flip.mask = h.mask;
+    g_flip.seeds = seeds;
+    /* a masked, seeded reset: exactly the envs selected when it started, with
+     * the seeds given then */
+    for (int i = 0; i < N; i++) {
+        seeds[i] = 1000 + (uint64_t)i;
+        h.mask[i] = true;
+    }
+    CHECK(envd_vec_reset(h.vec, seeds, h.mask) == ENVD_OK, "flip: first reset");
+    for (int round = 0; round < 6; round++) {
+        for (int i = 0; i < N; i++) {
+            h.mask[i] = (i + round) % 3 != 0;
+            seeds[i] = 5000 + 100 * (uint64_t)round + (uint64_t)i;
+        }
+        bool want[N];
+        memcpy(want, h.mask, sizeof want);
+        int before[N];
+        memcpy(before, g_flip.resets, sizeof before);
+        CHECK(envd_vec_reset(h.vec, seeds, h.mask) == ENVD_OK, "flip: masked reset");
+        for (int i = 0; i < N; i++) {
+            CHECK(g_flip.resets[i] - before[i] == (want[i] ? 1 : 0),
+                  "flip: env %d reset %d times, mask said %d (round %d)", i,
+                  g_flip.resets[i] - before[i], want[i], round);
+            envd_rng_t ref;
+            envd_rng_seed(&ref, 5000 + 100 * (uint64_t)round + (uint64_t)i);
+            CHECK(!want[i] || g_flip.first_draw[i] == (float)envd_rng_random(&ref),
+                  "flip: env %d reset from a seed written after the call started", i);
+        }
+        /* a whole-vec step: every env gets the action written before the call */
+        int64_t *a = (int64_t *)h.actions;
+        for (int i = 0; i < N; i++)
+            a[i] = (i + round) % 3;
+        step_ok(&h, "flip: step");
+        for (int i = 0; i < N; i++)
+            CHECK(g_flip.seen[i] == (i + round) % 3, "flip: env %d stepped with %lld, not %d",
+                  i, (long long)g_flip.seen[i], (i + round) % 3);
+        /* a batch: its envs get their actions as they were at submit */
+        envd_vec_batch_t *b;
+        CHECK(envd_vec_batch_create(&b, N) == ENVD_OK, "flip: batch create");
+        const int64_t ids[] = {7, 2, 11, 0};
+        for (int i = 0; i < N; i++)
+            a[i] = (2 * i + round) % 3;
+        CHECK(envd_vec_batch_submit(h.vec, b, ids, 4, 0) == ENVD_OK, "flip: batch submit");
+        envd_vec_batch_wait(h.vec, b);
+        CHECK(envd_vec_batch_finish(h.vec, b) >= 0, "flip: batch finish");
+        for (int k = 0; k < 4; k++)
+            CHECK(g_flip.seen[ids[k]] == (2 * ids[k] + round) % 3,
+                  "flip: batch env %lld stepped with %lld", (long long)ids[k],
+                  (long long)g_flip.seen[ids[k]]);
+        envd_vec_batch_destroy(b);
+    }
+    /* the count of selected envs is the copy's: a callback's rewrite of the
+     * mask to all false does not change it (nor does a byte neither 0 nor 1) */
+    memset(h.mask, 0, N);
+    ((unsigned char *)h.mask)[3] = 2;
+    h.mask[5] = true;
+    CHECK(envd_vec_reset(h.vec, NULL, h.mask) == ENVD_OK, "flip: last reset");
+    CHECK(envd_vec_reset_count(h.vec) == 2, "flip: reset count %lld, not 2",
+          (long long)envd_vec_reset_count(h.vec));
+    memset(h.mask, 0, N);
+    CHECK(envd_vec_reset(h.vec, NULL, h.mask) == ENVD_OK && envd_vec_reset_count(h.vec) == 0,
+          "flip: empty mask");
+    g_flip.actions = NULL;
+    g_flip.n = 0;
+    harness_free(&h);
+}
+
 /* DISABLED mode: stepping an env that finished and was not reset is refused;
  * a masked reset makes it steppable again. */
 static void test_disabled_done(envd_pool_t *pool, int64_t chunk)
@@ -1897,6 +2042,7 @@ int main(int argc, char **argv)
             if (envd_builtin_get(e)->action_space.kind == ENVD_SPACE_DISCRETE)
                 test_action_range(pool, envd_builtin_get(e), 1 + p % 3);
         test_action_range(pool, &test_env, 2);
+        test_inputs_copied(pool, 1 + p % 3);
         test_disabled_done(pool, 1 + p % 3);
         test_init_failure(pool);
         test_callback_failure(pool, 0);
@@ -1912,6 +2058,7 @@ int main(int argc, char **argv)
     }
     test_create_errors(NULL);
     test_callback_failure(NULL, 0);
+    test_inputs_copied(NULL, 0);
     for (int mode = 0; mode < 3; mode++)
         test_batch_errors(NULL, 0, mode);
     test_batch_callback_failure(NULL, 0);

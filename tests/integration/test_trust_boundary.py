@@ -1,0 +1,99 @@
+"""Copy, then check (docs/architecture.md, "Trust boundary"): the daemon acts
+on the private copy of what it checked, never on the segment a client can
+rewrite between the check and the use.
+
+The ActionFlip-v0 test plugin (tests/native/action_flipper.c) rewrites every
+action in the session's segment to 99 (out of Discrete(3)) inside its step
+callback, before it reads its own action argument, and returns that action as
+its observation: a host stepping from the segment hands it 99, one stepping
+from its checked copy the action the trainer sent.  Deterministic, over the
+socket step, the socket send, the fast-path step and the fast-path send."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from daemon_helpers import DaemonProcess, segments_of
+from gymnasium.vector import AutoresetMode
+from plugin_checks import build_plugin
+
+import envd
+from envd.shm import plan
+from envd.vector_base import buffer_layout
+
+FLIPPER_SOURCE = Path(__file__).resolve().parents[1] / "native" / "action_flipper.c"
+NUM_ENVS = 6
+
+
+def actions_offset(num_envs: int) -> int:
+    """Where the daemon puts ActionFlip-v0's actions array in the segment."""
+    layout = buffer_layout(gym.spaces.Box(-np.inf, np.inf, (1,), np.float32),
+                           gym.spaces.Discrete(3), num_envs, AutoresetMode.NEXT_STEP)
+    return plan(layout)[0]["actions"][0]
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("flip")
+    plugin = build_plugin(FLIPPER_SOURCE, folder / "libaction_flipper.so")
+    with DaemonProcess(folder / "d", "--threads", "1", "--plugin", str(plugin)) as proc:
+        yield proc
+    assert proc.proc.returncode == 0, proc.log()
+    assert segments_of(proc.pid) == []
+
+
+def make_flipper(client: envd.Client, **kwargs) -> envd.VectorEnv:
+    env = client.make("ActionFlip-v0", NUM_ENVS, seed=0, actions_offset=actions_offset(NUM_ENVS),
+                      rows=NUM_ENVS, **kwargs)
+    assert env.transport == "shm"
+    # the offset the test gave the plugin is where the daemon put the actions
+    # (else the plugin would flip nothing and the test prove nothing)
+    base = np.frombuffer(env._segment.memory, np.uint8).ctypes.data
+    assert env._segment.arrays["actions"].ctypes.data - base == actions_offset(NUM_ENVS)
+    return env
+
+
+@pytest.mark.parametrize("fast_path", [False, True], ids=["socket", "fast_path"])
+def test_step_acts_on_the_checked_copy(daemon, fast_path):
+    with daemon.connect() as client, make_flipper(client, fast_path=fast_path) as env:
+        assert env.fast_path == fast_path
+        env.reset()
+        for round_ in range(4):
+            actions = (np.arange(NUM_ENVS) + round_) % 3
+            obs = env.step(actions)[0]
+            assert obs[:, 0].tolist() == actions.tolist(), \
+                f"the env saw {obs[:, 0].tolist()}, the trainer sent {actions.tolist()}"
+            # the plugin did rewrite the segment: the copy is what protected the env
+            assert (env._segment.arrays["actions"] == 99).all()
+        # a step with a bad action is still refused, with the action the daemon checked
+        bad = np.zeros(NUM_ENVS, np.int64)
+        bad[2] = 7
+        with pytest.raises(envd.InvalidActionError, match=r"7.*env 2|env 2.*7"):
+            env.step(bad)
+
+
+@pytest.mark.parametrize("fast_path", [False, True], ids=["socket", "fast_path"])
+def test_send_acts_on_the_checked_copy(daemon, fast_path):
+    # One batch in flight at a time (batch_size = num_envs): the plugin's
+    # flips inside a batch must not land on actions written for the next
+    # send before the daemon copies them (then the daemon would rightly
+    # refuse the 99 it checked: a hostile writer, not what this test is about).
+    rng = np.random.default_rng(0)
+    with daemon.connect() as client, make_flipper(client, fast_path=fast_path) as env:
+        assert env.fast_path == fast_path
+        env.async_reset()
+        sent: dict[int, int] = {}  # env id -> the action last sent to it
+        for round_ in range(5):
+            obs, _, _, _, info = env.recv()
+            ids = [int(i) for i in info["env_id"]]
+            assert sorted(ids) == list(range(NUM_ENVS))
+            for i, action in zip(ids, obs[:, 0].tolist()):  # -1: just reset
+                assert action == sent.get(i, -1), f"env {i} saw {action}, was sent {sent.get(i)}"
+            if sent:  # the plugin did rewrite the segment: the copy protected the envs
+                assert (env._segment.arrays["actions"] == 99).all()
+            order = rng.permutation(NUM_ENVS)  # the ids' order in the send varies
+            sent = {int(i): int(rng.integers(3)) for i in order}
+            env.send(np.array(list(sent.values()), np.int64), order)
+        env.recv()  # nothing left in flight before close
