@@ -30,7 +30,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -83,16 +83,20 @@ class Segment:
 
     # ---- daemon side ---------------------------------------------------------------
     @classmethod
-    def create(cls, name: str, session_id: str, arrays: dict[str, list], size: int) -> "Segment":
+    def create(cls, name: str, session_id: str, arrays: dict[str, list], size: int,
+               mapper: Callable[[int, int], Any] = mmap.mmap) -> "Segment":
         """Create and map the file (mode 0600, never an existing one) and write
         the header.  The pages are allocated up front, so a full /dev/shm is an
-        OSError now rather than a SIGBUS in a worker thread later."""
+        OSError now rather than a SIGBUS in a worker thread later.  mapper(fd,
+        size) maps it: the daemon passes envd.native.segment_guard.map_segment,
+        whose mapping survives the client truncating the file (which it can do
+        at any moment, from the moment the name exists)."""
         path = os.path.join(SHM_DIR, name)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             os.fchmod(fd, 0o600)
             os.posix_fallocate(fd, 0, size)
-            buf = mmap.mmap(fd, size)
+            buf = mapper(fd, size)
         except BaseException:
             os.unlink(path)
             raise
@@ -170,8 +174,9 @@ class Segment:
         self._counters[1] += 1
 
     @property
-    def memory(self) -> mmap.mmap:
-        """The whole mapping (header page and arrays)."""
+    def memory(self) -> Any:
+        """The whole mapping (header page and arrays): an mmap, or the
+        daemon's guarded buffer."""
         return self._mmap
 
     def describe(self) -> dict[str, Any]:
