@@ -590,10 +590,9 @@ class Service:
                     "session dropped", session.id[:8], session.segment.path, extra={
                         "event": "segment_revoked", "client": session.owner.hex()[:8],
                         "session": session.id[:8], "env_id": session.spec.id})
-        fast = session.fast is not None
+        if session.fast is not None:  # its client waits on the doorbell in its own
+            session.mark_doorbell_closed()  # mapping of the file (removed by _drop)
         self._drop(session, "closed (segment truncated)")
-        if fast:  # its client waits on the doorbell in its own mapping of the file
-            session.mark_doorbell_closed()
 
     def _revoked_error(self, session_id: str) -> SharedMemoryError:
         return SharedMemoryError(
