@@ -34,7 +34,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from envd.errors import SharedMemoryError
+from envd.errors import SharedMemoryError, UntrustedSegmentError
+from envd.ownership import untrusted_reason
 
 SHM_DIR = "/dev/shm"
 NAME_PREFIX = "envd-"
@@ -118,7 +119,8 @@ class Segment:
     def attach(cls, name: str, session_id: str, arrays: dict[str, list], size: int,
                where: str) -> "Segment":
         """Map the daemon's segment; SharedMemoryError (naming ``where``, the
-        daemon) when this process cannot see it."""
+        daemon) when this process cannot see it, UntrustedSegmentError when
+        it belongs to another user (not root) or others may write it."""
         if "/" in name or not name.startswith(NAME_PREFIX):
             raise SharedMemoryError(f"the daemon sent an invalid segment name {name!r}")
         path = os.path.join(SHM_DIR, name)
@@ -134,7 +136,15 @@ class Segment:
                 f"cannot attach the session's shared memory {path}: permission denied; "
                 f"{where} runs as another user (segments are mode 0600)") from None
         try:
-            if os.fstat(fd).st_size < size:
+            info = os.fstat(fd)  # of the file opened: no race with a rename
+            why = untrusted_reason(info, is_dir=False)
+            if why is not None:
+                raise UntrustedSegmentError(
+                    f"refusing to map the session's shared memory {path}: {why}. Segments "
+                    f"carry your observations and actions: {where} must run as your user "
+                    "(or root) and nothing else may write them; check the owner and mode "
+                    f"with `ls -l {path}` and who runs the daemon")
+            if info.st_size < size:
                 raise SharedMemoryError(f"{path} is smaller than the daemon announced")
             buf = mmap.mmap(fd, size)
         finally:

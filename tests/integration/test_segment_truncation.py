@@ -24,7 +24,9 @@ import zmq
 
 from daemon_helpers import (DEADLINE, Bystander, segments_of, start_daemon, stop_daemon,
                             wait_until)
+from envd import protocol
 from envd.client.doorbell import RECV, SEND, STEP, Doorbell
+from envd.errors import SharedMemoryError
 from envd.shm import HEADER_SIZE, SHM_DIR, Segment
 from test_bad_input import Raw
 
@@ -72,6 +74,7 @@ def expect_truncated(sock: Raw, header: dict, *blobs: bytes) -> None:
     reply = sock.ask(header, *blobs)
     assert reply["ok"] is False and reply["code"] == "shared_memory", reply
     assert "truncated" in reply["message"] and "make a new env" in reply["message"], reply
+    assert isinstance(protocol.error_from_reply(reply), SharedMemoryError)
 
 
 def check_gone(served, sock: Raw, made: dict) -> None:
