@@ -47,7 +47,13 @@ def test_default_folder_planted_by_another_user_is_refused(tmp_path):
     os.chmod(folder, 0o777)
     os.chown(folder, ATTACKER, ATTACKER)
     try:
-        with DaemonProcess(folder, "--threads", "1", prefix=as_attacker) as attacker:
+        # Under umask 0 its socket file is 0777: anyone may connect to it.
+        umask = os.umask(0)
+        try:
+            attacker = DaemonProcess(folder, "--threads", "1", prefix=as_attacker)
+        finally:
+            os.umask(umask)
+        with attacker:
             out = subprocess.run([*as_victim, sys.executable, "-c", VICTIM], cwd="/",
                                  env=clean_environ(), capture_output=True, text=True,
                                  timeout=DEADLINE, check=False)
