@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 import zmq
 
-from daemon_helpers import (DEADLINE, Bystander, segments_of, start_daemon, stop_daemon,
-                            wait_until)
+from daemon_helpers import (DEADLINE, Bystander, DaemonProcess, segments_of, start_daemon,
+                            stop_daemon, wait_until)
 from envd import protocol
 from envd.client.doorbell import RECV, SEND, STEP, Doorbell
 from envd.errors import SharedMemoryError
@@ -184,3 +184,24 @@ def test_truncated_fast_session_closed_on_the_lease_tick(served, bystander, offe
         wait_until(lambda: client.status()["sessions"] == len(bystander.pairs),
                    what="the revoked session to be closed")
     check_gone(served, offender, made)
+
+
+def test_with_pythons_faulthandler_enabled(tmp_path):
+    """PYTHONFAULTHANDLER=1 installs faulthandler's SIGBUS handler before the
+    guard's: the guard, installed last, still takes the segment's faults (and
+    would pass others on to faulthandler)."""
+    daemon = DaemonProcess(tmp_path / "daemon", "--threads", "2",
+                           env={"PYTHONFAULTHANDLER": "1"})
+    context = zmq.Context()
+    sock = Raw(context, daemon.endpoint)
+    try:
+        sock.hello()
+        made = sock.make("CartPole-v1", NUM_ENVS, seed=7)
+        truncate(made, 0)
+        expect_truncated(sock, {"type": "reset", "session": made["session"]})
+        assert daemon.proc.poll() is None, daemon.log()
+        assert "Fatal Python error" not in daemon.log()
+    finally:
+        sock.close()
+        context.term()
+        stop_daemon(daemon)
