@@ -479,7 +479,8 @@ class Service:
     def _close(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> dict:
         session_id = header["session"]
         session = client.sessions.get(session_id)
-        if session is None and session_id not in self._expired_sessions:
+        if (session is None and session_id not in self._expired_sessions
+                and session_id not in self._revoked_sessions):  # closed already: fine
             raise UnknownSessionError(f"no session {session_id!r} on this connection")
         if session is not None:
             self._drop(session)

@@ -77,14 +77,16 @@ def expect_truncated(sock: Raw, header: dict, *blobs: bytes) -> None:
     assert isinstance(protocol.error_from_reply(reply), SharedMemoryError)
 
 
-def check_gone(served, sock: Raw, made: dict) -> None:
-    """The session is closed (every later request says why), its segment removed."""
+def check_gone(served, offender: Raw, made: dict) -> None:
+    """The session is closed (every later request says why, a close is
+    fine), its segment removed."""
     session = made["session"]
-    expect_truncated(sock, {"type": "step", "session": session})
+    expect_truncated(offender, {"type": "step", "session": session})
     wait_until(lambda: made["shm"]["name"] not in segments_of(served.pid),
                what="the revoked segment to be removed")
     assert served.proc.poll() is None, served.log()
     assert "truncated its shared-memory segment" in served.log()
+    offender.ok({"type": "close", "session": session})  # what env.close() sends
 
 
 NUM_ENVS = 4096
@@ -114,6 +116,27 @@ def test_truncated_then_socket_request(served, bystander, offender, request_kind
         expect_truncated(offender, {"type": "step", "session": session, "inline": True,
                                     "actions": {"dtype": actions.dtype.str, "shape": [NUM_ENVS]}},
                          actions.tobytes())
+    bystander.step_and_compare(5)
+    check_gone(served, offender, made)
+
+
+@pytest.mark.parametrize("inline", [False, True])
+def test_truncated_then_socket_send_and_recv(served, bystander, offender, inline):
+    half = NUM_ENVS // 2
+    made = offender.make("CartPole-v1", NUM_ENVS, seed=8, batch_size=half)
+    session = made["session"]
+    offender.ok({"type": "reset", "session": session})
+    truncate(made, 0)
+    ids = np.arange(half, dtype=np.int64)
+    send = offender.ask({"type": "send", "session": session, "inline": inline}, ids.tobytes(),
+                        *([np.zeros(half, np.int64).tobytes()] if inline else []))
+    # The send may be refused at once (inline: its actions are written into
+    # the segment), else the recv says so.
+    if send["ok"]:
+        expect_truncated(offender, {"type": "recv", "session": session, "count": half,
+                                    "inline": inline})
+    else:
+        assert send["code"] == "shared_memory", send
     bystander.step_and_compare(5)
     check_gone(served, offender, made)
 
