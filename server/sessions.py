@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import stat
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -108,15 +109,17 @@ class Session:
         the segment's file (if the truncation left that page), so that it
         stops waiting and asks over the socket, which says why.  Mapped
         through the guard too: the client may truncate it again meanwhile."""
-        try:
-            fd = os.open(self.segment.path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:  # the name may be anything of the client's by now: no symlink, no wait
+            fd = os.open(self.segment.path,
+                         os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError:
             return
         try:
-            if os.fstat(fd).st_size < HEADER_SIZE:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode) or info.st_size < HEADER_SIZE:
                 return
             page = segment_guard.map_segment(fd, HEADER_SIZE)
-        except OSError:
+        except (OSError, EnvdError):  # (the guard's table full: the client times out)
             return
         finally:
             os.close(fd)
