@@ -24,13 +24,13 @@ import zmq
 from gymnasium.vector import AutoresetMode
 from zmq.utils.monitor import recv_monitor_message
 
-from envd import __version__, keys, protocol
+from envd import __version__, keys, ownership, protocol
 from envd.client import doorbell
 from envd.client.heartbeat import Heartbeat
 from envd.client.remote_vector_env import RemoteVecEnv
 from envd.errors import (AuthenticationError, ConnectionLostError, EnvdError, EnvdTimeoutError,
                          EnvStateError, InvalidArgumentError, LimitExceededError,
-                         ProtocolError, UnknownSessionError)
+                         ProtocolError, UnknownSessionError, UntrustedPathError)
 from envd.vector_base import autoreset_mode_name, check_int, parse_autoreset_mode, seed_list
 
 #: The most envs one make may ask for (the native vec's limit).
@@ -219,6 +219,7 @@ class Client:
         path = self.endpoint[len("ipc://"):]
         if not self.endpoint.startswith("ipc://") or path.startswith("@"):
             return
+        _check_default_folder(self.endpoint, os.path.dirname(path))
         # Fail at once, not after a timeout, when nothing listens on the socket file.
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         probe.settimeout(self.timeout)  # a stopped daemon's full backlog must not hang us
@@ -593,6 +594,29 @@ class Client:
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"connected to {self.server_info.get('server')}"
         return f"envd.Client({self.endpoint!r}, {state})"
+
+
+def _check_default_folder(endpoint: str, folder: str) -> None:
+    """Refuse envd's default socket folder ($XDG_RUNTIME_DIR, else
+    /tmp/envd-$UID) when another user owns it or may write it: in /tmp anyone
+    could have created it first and put their daemon's socket in it, to read
+    our observations and feed us theirs.  Other folders (an explicit ipc://
+    endpoint or ENVD_ENDPOINT, e.g. a volume shared with a container) are the
+    caller's choice and not checked, as the daemon does (server/daemon.py)."""
+    builtin = protocol.default_endpoint({**os.environ, "ENVD_ENDPOINT": ""})
+    if os.path.normpath(folder) != os.path.normpath(os.path.dirname(builtin[len("ipc://"):])):
+        return
+    try:
+        info = os.lstat(folder)
+    except FileNotFoundError:
+        return  # no daemon there: the probe says so
+    why = ownership.untrusted_reason(info, is_dir=True)
+    if why is not None:
+        raise UntrustedPathError(
+            f"refusing to connect to {endpoint}: envd's default socket folder {folder} is not "
+            f"safe: {why}. Another user may have created it to serve you their daemon. Check "
+            f"it with `ls -ld {folder}`; if it is not yours, remove it (the daemon creates it "
+            "with mode 0700) or connect to an explicit endpoint")
 
 
 def connect(endpoint: str | None = None, *, timeout: float = 30.0,

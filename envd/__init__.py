@@ -13,7 +13,8 @@ from envd.errors import (ConnectionLostError, DaemonError, EnvdError, EnvdTimeou
                          EnvStateError, InvalidActionError, InvalidArgumentError,
                          LimitExceededError, NativeError, ProtocolError, SessionExpiredError,
                          PluginError, SharedMemoryError, ShuttingDownError,
-                         UnknownEnvError, UnknownSessionError, AuthenticationError)
+                         UnknownEnvError, UnknownSessionError, AuthenticationError,
+                         UntrustedPathError, UntrustedSegmentError)
 
 #: Loaded on first use, so that a trainer that only talks to a daemon
 #: (envd.connect) never loads the native core.

@@ -119,6 +119,24 @@ class SharedMemoryError(EnvdError, OSError):
     error_code = "shared_memory"
 
 
+class UntrustedPathError(EnvdError, PermissionError):
+    """The client refused a file another user could have planted or may
+    change: the default socket folder (``$XDG_RUNTIME_DIR`` or
+    ``/tmp/envd-$UID``) or a session's shared-memory segment owned by neither
+    this process's user nor root, or writable by group or others.  Raised by
+    the client; never sent on the wire."""
+
+    error_code = "untrusted_path"
+
+
+class UntrustedSegmentError(UntrustedPathError, SharedMemoryError):
+    """A session's segment failed the ownership check (see
+    UntrustedPathError); a SharedMemoryError too, so ``transport="auto"``
+    sends the arrays over the socket instead, and ``"shm"`` raises it."""
+
+    error_code = "untrusted_path"
+
+
 class PluginError(EnvdError, ImportError):
     """A plugin library cannot be loaded: not found, no entry symbol, another
     ABI version, an invalid env definition or an env id already registered.
@@ -131,4 +149,4 @@ __all__ = ["EnvdError", "UnknownEnvError", "InvalidArgumentError", "InvalidActio
            "EnvStateError", "NativeError", "ProtocolError", "LimitExceededError",
            "UnknownSessionError", "SessionExpiredError", "DaemonError", "ShuttingDownError",
            "ConnectionLostError", "AuthenticationError", "EnvdTimeoutError", "SharedMemoryError",
-           "PluginError"]
+           "PluginError", "UntrustedPathError", "UntrustedSegmentError"]

@@ -178,7 +178,7 @@ ERROR_CODES: dict[str, type[errors.EnvdError]] = {
         errors.ProtocolError, errors.UnknownEnvError, errors.InvalidArgumentError,
         errors.InvalidActionError, errors.EnvStateError, errors.NativeError,
         errors.LimitExceededError, errors.UnknownSessionError, errors.SessionExpiredError,
-        errors.DaemonError, errors.ShuttingDownError)
+        errors.DaemonError, errors.ShuttingDownError, errors.SharedMemoryError)
 }
 ERROR_CODES["unsupported_version"] = errors.ProtocolError
 ERROR_CODES["unknown_type"] = errors.ProtocolError

@@ -30,11 +30,12 @@ from __future__ import annotations
 import mmap
 import os
 import struct
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
-from envd.errors import SharedMemoryError
+from envd.errors import SharedMemoryError, UntrustedSegmentError
+from envd.ownership import untrusted_reason
 
 SHM_DIR = "/dev/shm"
 NAME_PREFIX = "envd-"
@@ -83,16 +84,20 @@ class Segment:
 
     # ---- daemon side ---------------------------------------------------------------
     @classmethod
-    def create(cls, name: str, session_id: str, arrays: dict[str, list], size: int) -> "Segment":
+    def create(cls, name: str, session_id: str, arrays: dict[str, list], size: int,
+               mapper: Callable[[int, int], Any] = mmap.mmap) -> "Segment":
         """Create and map the file (mode 0600, never an existing one) and write
         the header.  The pages are allocated up front, so a full /dev/shm is an
-        OSError now rather than a SIGBUS in a worker thread later."""
+        OSError now rather than a SIGBUS in a worker thread later.  mapper(fd,
+        size) maps it: the daemon passes envd.native.segment_guard.map_segment,
+        whose mapping survives the client truncating the file (which it can do
+        at any moment, from the moment the name exists)."""
         path = os.path.join(SHM_DIR, name)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             os.fchmod(fd, 0o600)
             os.posix_fallocate(fd, 0, size)
-            buf = mmap.mmap(fd, size)
+            buf = mapper(fd, size)
         except BaseException:
             os.unlink(path)
             raise
@@ -114,7 +119,8 @@ class Segment:
     def attach(cls, name: str, session_id: str, arrays: dict[str, list], size: int,
                where: str) -> "Segment":
         """Map the daemon's segment; SharedMemoryError (naming ``where``, the
-        daemon) when this process cannot see it."""
+        daemon) when this process cannot see it, UntrustedSegmentError when
+        it belongs to another user (not root) or others may write it."""
         if "/" in name or not name.startswith(NAME_PREFIX):
             raise SharedMemoryError(f"the daemon sent an invalid segment name {name!r}")
         path = os.path.join(SHM_DIR, name)
@@ -130,7 +136,15 @@ class Segment:
                 f"cannot attach the session's shared memory {path}: permission denied; "
                 f"{where} runs as another user (segments are mode 0600)") from None
         try:
-            if os.fstat(fd).st_size < size:
+            info = os.fstat(fd)  # of the file opened: no race with a rename
+            why = untrusted_reason(info, is_dir=False)
+            if why is not None:
+                raise UntrustedSegmentError(
+                    f"refusing to map the session's shared memory {path}: {why}. Segments "
+                    f"carry your observations and actions: {where} must run as your user "
+                    "(or root) and nothing else may write them; check the owner and mode "
+                    f"with `ls -l {path}` and who runs the daemon")
+            if info.st_size < size:
                 raise SharedMemoryError(f"{path} is smaller than the daemon announced")
             buf = mmap.mmap(fd, size)
         finally:
@@ -170,8 +184,9 @@ class Segment:
         self._counters[1] += 1
 
     @property
-    def memory(self) -> mmap.mmap:
-        """The whole mapping (header page and arrays)."""
+    def memory(self) -> Any:
+        """The whole mapping (header page and arrays): an mmap, or the
+        daemon's guarded buffer."""
         return self._mmap
 
     def describe(self) -> dict[str, Any]:

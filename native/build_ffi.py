@@ -15,7 +15,7 @@ SOURCES = ["src/errors.c", "src/rng.c", "src/pool.c", "src/vec.c", "src/builtin_
            "src/npy_f32_trig.c", "src/envs/cartpole.c", "src/envs/pendulum.c",
            "src/envs/mountain_car.c", "src/envs/mountain_car_continuous.c",
            "src/envs/acrobot.c", "src/envs/snake.c", "src/envs/connect_four.c",
-           "src/plugin.c", "src/batch_queue.c", "src/fast.c"]
+           "src/plugin.c", "src/batch_queue.c", "src/fast.c", "src/segment_guard.c"]
 
 # Bit-exactness with numpy needs IEEE arithmetic as written: no fused
 # multiply-add contraction and no fast-math reassociation.
@@ -192,6 +192,13 @@ int64_t envd_fast_batch_envs(const envd_fast_t *fast);
 void envd_fast_collect(envd_fast_t *fast);
 int64_t envd_fast_pending(const envd_fast_t *fast);
 void envd_fast_set_max_spinners(int max_spinners);
+
+#define ENVD_SEGMENT_GUARD_SLOTS ...
+int envd_segment_guard_install(void);
+int envd_segment_map(int fd, size_t size, void **out);
+int envd_segment_unmap(void *addr);
+int envd_segment_revoked(const void *addr);
+int64_t envd_segment_revocations(void);
 """
 
 ffibuilder = FFI()
@@ -199,7 +206,7 @@ ffibuilder.cdef(CDEF)
 ffibuilder.set_source(
     "envd.native._envd_native",
     '#include "envd.h"\n#include "pool.h"\n#include "vec.h"\n#include "builtin_envs.h"\n'
-    '#include "plugin.h"\n#include "fast.h"\n#include "batch_queue.h"\n',
+    '#include "plugin.h"\n#include "fast.h"\n#include "batch_queue.h"\n#include "segment_guard.h"\n',
     # setuptools wants source paths relative to the project root (the cwd of
     # the build); this file may be executed from anywhere.
     sources=[os.path.relpath(HERE / s) for s in SOURCES],

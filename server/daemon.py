@@ -38,6 +38,7 @@ import zmq
 from envd import __version__, protocol
 from envd.keys import KeyFileError, writable_by_others
 from envd.protocol import default_endpoint
+from envd.native import segment_guard
 from envd.native.native_vec import NativePool, set_fast_spinners
 from envd.server import logs
 from envd.server.config import Config
@@ -141,6 +142,9 @@ class Daemon:
             raise
 
     def _startup(self) -> None:
+        # Before any segment exists: a client truncating its segment must not
+        # kill the daemon with SIGBUS (native/src/segment_guard.h).
+        segment_guard.install()
         remove_stale_segments()
         plugins = load_plugins(self.config.plugins)  # before serving: clients see every env
         self.instance = Instance()
@@ -290,6 +294,7 @@ class Daemon:
         for index in range(len(self.sockets)):
             self._drain_socket(index)
         self.service.collect_fast_steps()
+        self.service.close_revoked_sessions()
         self.service.expire_silent_clients()
         self._prune_routes()
 

@@ -27,8 +27,9 @@ import numpy as np
 
 from envd import __version__, protocol
 from envd.errors import (DaemonError, EnvdError, EnvStateError, LimitExceededError,
-                         SessionExpiredError, ShuttingDownError, UnknownEnvError,
-                         UnknownSessionError)
+                         SessionExpiredError, SharedMemoryError, ShuttingDownError,
+                         UnknownEnvError, UnknownSessionError)
+from envd.native import segment_guard
 from envd.native.native_vec import MAX_NUM_ENVS, NativePool
 from envd.native.registry import get_spec, list_envs
 from envd.native.vector_env import check_max_episode_steps
@@ -91,6 +92,11 @@ class Service:
         self._burst = config.request_burst
         self._expired_sessions: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._expired_clients: collections.OrderedDict[bytes, None] = collections.OrderedDict()
+        # Sessions closed because a client truncated their segment (answered
+        # with that reason, not "unknown"), and the guard's revocation count
+        # when the sessions were last looked at.
+        self._revoked_sessions: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._revocations_seen = segment_guard.revocations()
         self._handlers = {"hello": self._hello, "heartbeat": self._heartbeat,
                           "list_envs": self._list_envs, "status": self._status,
                           "make": self._make, "reset": self._reset, "step": self._step,
@@ -166,6 +172,9 @@ class Service:
 
     def _session(self, client: ClientRecord, header: dict[str, Any]) -> Session:
         session_id = header["session"]
+        self.close_revoked_sessions()
+        if session_id in self._revoked_sessions:
+            raise self._revoked_error(session_id)
         session = client.sessions.get(session_id)
         if session is None and session_id in self._expired_sessions:
             raise SessionExpiredError(
@@ -303,6 +312,12 @@ class Service:
                 reply = protocol.error_reply(header["id"], ShuttingDownError(
                     "the daemon is shutting down") if self.draining else SessionExpiredError(
                     "the client left (bye) or its lease expired while its env was being made"))
+            elif session is not None and session.revoked:
+                self._free(session)  # truncated before its client even knew its name
+                reply = protocol.error_reply(header["id"], SharedMemoryError(
+                    f"making {num_envs} {spec.id} envs failed: a process truncated the new "
+                    f"session's shared-memory segment {session.segment.path} while the daemon "
+                    "set it up; nothing may resize a session's segment"))
             elif session is not None:
                 self.sessions[session.id] = client.sessions[session.id] = session
                 reply.update(session.describe())
@@ -340,6 +355,8 @@ class Service:
             self._running_ops -= 1
             session.segment.bump_done_seq()
             reply = self._result_reply(header["id"], future)
+            if session.revoked:
+                reply = self._revoked_reply(session, header["id"])
             if inline and reply["ok"] and session.buffers is not None:
                 reply.update(session.outputs())
             self._operation_ended(session)
@@ -465,8 +482,9 @@ class Service:
         session.recv_waiter = (client.identity, header["id"], count, inline)
         return None
 
-    @staticmethod
-    def _recv_reply(session: Session, request_id: int, inline: bool) -> dict:
+    def _recv_reply(self, session: Session, request_id: int, inline: bool) -> dict:
+        if session.revoked:
+            return self._revoked_reply(session, request_id)
         ids = session.take_ready()
         if not inline:
             return protocol.ok_reply(request_id, _blobs=[ids.tobytes()])
@@ -477,7 +495,8 @@ class Service:
     def _close(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> dict:
         session_id = header["session"]
         session = client.sessions.get(session_id)
-        if session is None and session_id not in self._expired_sessions:
+        if (session is None and session_id not in self._expired_sessions
+                and session_id not in self._revoked_sessions):  # closed already: fine
             raise UnknownSessionError(f"no session {session_id!r} on this connection")
         if session is not None:
             self._drop(session)
@@ -533,6 +552,8 @@ class Service:
         session.steps += 1
         session.env_steps += session.num_envs
         self._count_steps(session, session.num_envs)
+        if session.revoked:  # its results went to zero pages
+            return self._revoked_reply(session, request_id)
         reply = protocol.ok_reply(request_id, num_done=num_done)
         if inline:
             reply.update(session.outputs())
@@ -561,6 +582,44 @@ class Service:
         session.busy = False
         if session.closing and not session.batches:
             self._free(session)
+
+    # ---- revoked segments ---------------------------------------------------------------
+    def close_revoked_sessions(self) -> None:
+        """Close every session whose segment a client truncated (the guard
+        revoked the daemon's mapping) since the last look.  Cheap when none
+        was: called before each session request and on each lease tick (for
+        fast-path sessions, whose requests never reach the loop)."""
+        count = segment_guard.revocations()
+        if count == self._revocations_seen:
+            return
+        self._revocations_seen = count
+        for session in list(self.sessions.values()):
+            if session.revoked:
+                self._revoke(session)
+
+    def _revoke(self, session: Session) -> None:
+        """Close a session whose segment was truncated (once)."""
+        if self.sessions.get(session.id) is not session:
+            return
+        self._remember(self._revoked_sessions, session.id)
+        log.warning("session %s closed: a process truncated its shared-memory segment %s; "
+                    "the daemon's mapping was replaced by private memory (no SIGBUS) and the "
+                    "session dropped", session.id[:8], session.segment.path, extra={
+                        "event": "segment_revoked", "client": session.owner.hex()[:8],
+                        "session": session.id[:8], "env_id": session.spec.id})
+        if session.fast is not None:  # its client waits on the doorbell in its own
+            session.mark_doorbell_closed()  # mapping of the file (removed by _drop)
+        self._drop(session, "closed (segment truncated)")
+
+    def _revoked_error(self, session_id: str) -> SharedMemoryError:
+        return SharedMemoryError(
+            f"session {session_id} was closed: a process truncated (ftruncate) its "
+            "shared-memory segment while the daemon used it, so its results are lost. Nothing "
+            "may resize a session's segment under /dev/shm; make a new env")
+
+    def _revoked_reply(self, session: Session, request_id: int) -> dict:
+        self._revoke(session)
+        return protocol.error_reply(request_id, self._revoked_error(session.id))
 
     # ---- sessions and leases ----------------------------------------------------------
     def _drop(self, session: Session, why: str = "closed") -> None:

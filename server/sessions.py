@@ -8,7 +8,9 @@ and reset) touches the native vec, and the loop touches nothing but the flags.
 """
 from __future__ import annotations
 
+import os
 import secrets
+import stat
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,12 +20,17 @@ from gymnasium.vector import AutoresetMode
 
 from envd import protocol
 from envd.errors import EnvdError, EnvStateError, InvalidActionError
+from envd.native import segment_guard
 from envd.native._envd_native import lib
 from envd.native.native_vec import AsyncBatches, NativeFast, NativePool, NativeVec
 from envd.native.registry import EnvSpec
 from envd.native.vector_env import AUTORESET_MODE_CODES
-from envd.shm import Segment, plan
+from envd.shm import HEADER_SIZE, Segment, plan
 from envd.vector_base import autoreset_mode_name, buffer_layout
+
+
+#: Offset of the doorbell's ``closed`` word in it (native/src/fast.h).
+_DOORBELL_CLOSED = 88
 
 
 def segment_plan(spec: EnvSpec, num_envs: int, mode: AutoresetMode) -> tuple[dict[str, list], int]:
@@ -98,7 +105,8 @@ class Session:
         arrays, size = segment_plan(spec, num_envs, mode)
         self.segment_bytes = size  # what --max-shm-bytes counts
         self.state_bytes = state_plan(spec, num_envs)  # what --max-state-bytes counts
-        self.segment = Segment.create(segment_prefix + self.id, self.id, arrays, size)
+        self.segment = Segment.create(segment_prefix + self.id, self.id, arrays, size,
+                                      mapper=segment_guard.map_segment)
         self._arrays = arrays
         try:
             self.buffers = self.segment.arrays
@@ -111,6 +119,36 @@ class Session:
         except BaseException:
             self.segment.unlink()
             raise
+
+    @property
+    def revoked(self) -> bool:
+        """The client truncated this session's segment: the daemon's mapping
+        is private zero pages now (envd.native.segment_guard), the client
+        sees none of its results, and the session must be closed."""
+        return segment_guard.revoked(self.segment.memory)
+
+    def mark_doorbell_closed(self) -> None:
+        """Tell a fast-path client waiting on its doorbell that the session is
+        closed, through its own mapping: set ``closed`` in the header page of
+        the segment's file (if the truncation left that page), so that it
+        stops waiting and asks over the socket, which says why.  Mapped
+        through the guard too: the client may truncate it again meanwhile."""
+        try:  # the name may be anything of the client's by now: no symlink, no wait
+            fd = os.open(self.segment.path,
+                         os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            return
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode) or info.st_size < HEADER_SIZE:
+                return
+            page = segment_guard.map_segment(fd, HEADER_SIZE)
+        except (OSError, EnvdError):  # (the guard's table full: the client times out)
+            return
+        finally:
+            os.close(fd)
+        closed = np.frombuffer(page, np.uint32, 1, protocol.DOORBELL_OFFSET + _DOORBELL_CLOSED)
+        closed[0] = 1
 
     def describe(self) -> dict[str, Any]:
         """The make reply: where the arrays are and what the env looks like."""

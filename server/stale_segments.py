@@ -14,6 +14,7 @@ import fcntl
 import logging
 import os
 import secrets
+import stat
 
 from envd.shm import NAME_PREFIX, SHM_DIR
 
@@ -71,13 +72,46 @@ def _instance_of(name: str) -> str | None:
     return None
 
 
-def _alive(instance: str, shm_dir: str) -> tuple[bool, int]:
-    """Whether the instance's daemon holds its lock; a held lock of ours to release."""
+def _not_ours(path: str) -> str | None:
+    """Why the sweep must leave the entry at path alone (None: it is a regular
+    file of this daemon's user, not a symlink: lstat never follows one)."""
     try:
-        fd = os.open(_lock_path(instance, shm_dir), os.O_RDWR | os.O_CLOEXEC)
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return "gone"
+    return _why_not_ours(st)
+
+
+def _why_not_ours(st: os.stat_result) -> str | None:
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file"
+    if st.st_uid != os.geteuid():
+        return f"owned by uid {st.st_uid}, not this daemon's {os.geteuid()}"
+    return None
+
+
+def _alive(instance: str, shm_dir: str, skipped: list[str]) -> tuple[bool, int]:
+    """Whether the instance's daemon holds its lock (or the lock is not ours
+    to judge: then its segments are left alone too); a held lock of ours to
+    release."""
+    path = _lock_path(instance, shm_dir)
+    why = _not_ours(path)
+    if why == "gone":
+        return False, -1
+    if why is not None:  # e.g. another user's, perhaps planted to stop us
+        skipped.append(f"{os.path.basename(path)} ({why})")
+        return True, -1
+    try:  # O_NOFOLLOW, then fstat: the file checked is the file opened
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return False, -1
-    except OSError:  # e.g. another user's lock file: not ours to judge
+    except OSError as exc:
+        skipped.append(f"{os.path.basename(path)} ({exc.strerror})")
+        return True, -1
+    why = _why_not_ours(os.fstat(fd))
+    if why is not None:  # swapped after the lstat
+        os.close(fd)
+        skipped.append(f"{os.path.basename(path)} ({why})")
         return True, -1
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -87,10 +121,30 @@ def _alive(instance: str, shm_dir: str) -> tuple[bool, int]:
     return False, fd
 
 
+def _unlink(path: str, skipped: list[str]) -> bool:
+    """Remove a stale entry of ours; whether it was removed."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:  # e.g. EPERM: /dev/shm is sticky
+        skipped.append(f"{os.path.basename(path)} ({exc.strerror})")
+        return False
+    return True
+
+
+#: Skipped entries named in the startup warning (the rest are counted).
+_NAMED_SKIPS = 20
+
+
 def remove_stale_segments(shm_dir: str = SHM_DIR) -> list[str]:
     """Unlink our user's envd segments (and lock files) of daemons that are
-    gone; return the segment names removed."""
+    gone; return the segment names removed.  Entries that only look like
+    envd's -- another user's, a symlink, one we cannot remove -- are left in
+    place and named in one warning: anyone can create files in /dev/shm, and
+    such a file must never stop the daemon from starting."""
     removed: list[str] = []
+    skipped: list[str] = []
     try:
         names = os.listdir(shm_dir)
     except FileNotFoundError:
@@ -103,25 +157,28 @@ def remove_stale_segments(shm_dir: str = SHM_DIR) -> list[str]:
         if instance is None:
             continue  # not named by a daemon: not ours to remove
         if instance not in verdicts:
-            verdicts[instance] = _alive(instance, shm_dir)
-        if verdicts[instance][0]:
-            continue
+            verdicts[instance] = _alive(instance, shm_dir, skipped)
+        if verdicts[instance][0] or name.startswith("."):
+            continue  # alive, or a lock file: those go last, below
         path = os.path.join(shm_dir, name)
-        try:
-            if os.lstat(path).st_uid != os.getuid() or name.startswith("."):
-                continue  # lock files go last, below
-            os.unlink(path)
-        except FileNotFoundError:
+        why = _not_ours(path)
+        if why is not None:
+            if why != "gone":
+                skipped.append(f"{name} ({why})")
             continue
-        removed.append(name)
+        if _unlink(path, skipped):
+            removed.append(name)
     for instance, (alive, fd) in verdicts.items():
         if not alive and fd >= 0:  # we hold the dead daemon's lock: remove it
-            try:
-                os.unlink(_lock_path(instance, shm_dir))
-            except FileNotFoundError:
-                pass
+            _unlink(_lock_path(instance, shm_dir), skipped)
             os.close(fd)
     if removed:
         log.info("removed %d segment(s) left behind by dead daemons: %s",
                  len(removed), ", ".join(removed))
+    if skipped:
+        more = len(skipped) - _NAMED_SKIPS
+        log.warning("left %d entr%s in %s that look like envd's but are not this daemon's to "
+                    "remove (another user's, not a regular file, or not removable): %s%s",
+                    len(skipped), "y" if len(skipped) == 1 else "ies", shm_dir,
+                    ", ".join(skipped[:_NAMED_SKIPS]), f" and {more} more" if more > 0 else "")
     return removed

@@ -209,6 +209,23 @@ TROUBLESHOOTING_PHRASES = [
     "runs as another user (segments are mode 0600)",
     "to send the arrays over the socket instead",
     "see different /dev/shm",
+    "its shared-memory segment while the daemon used it, so its results are lost. Nothing "
+    "may resize a session's segment under /dev/shm; make a new env",
+    "the daemon's mapping was replaced by private memory (no SIGBUS) and the session dropped",
+    "while the daemon set it up; nothing may resize a session's segment",
+    "refusing to map the session's shared memory",
+    "lets other users write it",
+    "must run as your user (or root) and nothing else may write them; check the owner and mode "
+    "with `ls -l ",
+    # the client's trust in its default folder (client/connection.py, envd/ownership.py)
+    "is not safe: ",
+    "Another user may have created it to serve you their daemon. Check it with `ls -ld ",
+    "; if it is not yours, remove it (the daemon creates it with mode 0700) or connect to an "
+    "explicit endpoint",
+    "it is not a directory (a symlink or another kind of file)",
+    # the stale-segment sweep (server/stale_segments.py)
+    "that look like envd's but are not this daemon's to remove (another user's, not a regular "
+    "file, or not removable): ",
     # the daemon's folder and endpoints (server/daemon.py)
     "must be a directory owned by uid",
     "remove it, or pick another endpoint with --bind",

@@ -298,11 +298,18 @@ static int pin_thread(pthread_t thread, int cpu)
 }
 
 /* Workers block every signal (they inherit the creator's mask), so signals
- * meant for the daemon are delivered to its own threads. */
+ * meant for the daemon are delivered to its own threads -- except the ones a
+ * fault raises in the faulting thread: a blocked SIGBUS is fatal whatever the
+ * handler, and segment_guard.c's handler must run when a worker touches a
+ * segment its client truncated. */
 static int pool_start_workers(envd_pool_t *pool, const int *cpus)
 {
     sigset_t all, old;
     sigfillset(&all);
+    sigdelset(&all, SIGBUS);
+    sigdelset(&all, SIGSEGV);
+    sigdelset(&all, SIGFPE);
+    sigdelset(&all, SIGILL);
     pthread_sigmask(SIG_SETMASK, &all, &old);
     int rc = ENVD_OK;
     for (int i = 0; i < pool->num_threads && rc == ENVD_OK; i++) {
