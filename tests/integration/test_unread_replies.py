@@ -99,6 +99,8 @@ def attack_and_check(daemon: DaemonProcess, deaf: Deaf, attack) -> None:
         wait_until(settled, what="the offender to be dropped")
         time.sleep(1.0)  # what the daemon still had in hand
         peak = max(peak, rss_bytes(daemon.pid))
+        print(f"daemon RSS: baseline {baseline / MiB:.1f} MiB, peak {peak / MiB:.1f} MiB, "
+              f"bound {bound / MiB:.1f} MiB")
         assert peak <= bound, (f"daemon RSS grew from {baseline / MiB:.1f} MiB to "
                                f"{peak / MiB:.1f} MiB, over the bound of {bound / MiB:.1f}")
         assert DROPPED_LINE in daemon.log()
