@@ -138,11 +138,16 @@ from envd import errors
 #: 2: replies over SMALL_REPLY_BYTES carry "token", requests may carry "ack".
 PROTOCOL_VERSION = 2
 #: A reply larger than this (all frames) carries a token the client acks;
-#: smaller ones are bounded by their count (REPLY_QUEUE) instead.
-SMALL_REPLY_BYTES = 16 << 10
-#: Messages the daemon's ROUTER queues per peer (its ZMQ_SNDHWM); a peer that
-#: leaves more unread in the daemon is dropped.
-REPLY_QUEUE = 64
+#: smaller ones (every error: MAX_ERROR_MESSAGE) are bounded by their count
+#: (REPLY_QUEUE) instead.
+SMALL_REPLY_BYTES = 4 << 10
+#: Messages the daemon's ROUTER queues per peer (its ZMQ_SNDHWM, libzmq's
+#: default made explicit); a peer that leaves more unread in the daemon is
+#: dropped.  Not smaller: the event loop answers a burst of pipelined
+#: requests faster than libzmq's I/O thread (which the loaded CPUs may not
+#: run for milliseconds) empties the queue, and a queue of 64 overflowed so
+#: for clients that read every reply.
+REPLY_QUEUE = 1000
 #: Requests the official client posts without reading their replies (its
 #: window for async sends); well under REPLY_QUEUE.
 POSTED_WINDOW = 32

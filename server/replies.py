@@ -116,7 +116,10 @@ class ReplyBooks:
                     f"{MAX_UNREAD_LARGE_REPLIES} replies; this request was refused and not "
                     "run. Read your replies and acknowledge them (the 'ack' field, "
                     "docs/protocol.md); envd's client does")
-        if self.total >= self.max_total:
+        # The total refuses only connections that hold unread replies
+        # themselves: one that reads and acknowledges everything still runs
+        # its requests (a large reply of it may be withheld, see admit).
+        if ledger is not None and self.total >= self.max_total:
             return (f"the daemon holds {self.total} bytes of replies its clients have not "
                     f"read, at or over its limit of {self.max_total} (--max-reply-bytes); "
                     "this request was refused and not run; retry later")
