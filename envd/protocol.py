@@ -151,8 +151,8 @@ REPLY_QUEUE = 1000
 #: Requests the official client posts without reading their replies (its
 #: window for async sends); well under REPLY_QUEUE.
 POSTED_WINDOW = 32
-#: Longest error message the daemon sends (longer ones are cut): every error
-#: reply stays under SMALL_REPLY_BYTES.
+#: Longest error message the daemon sends, in UTF-8 bytes (longer ones are
+#: cut): every error reply stays under SMALL_REPLY_BYTES.
 MAX_ERROR_MESSAGE = 2000
 
 
@@ -299,8 +299,9 @@ def ok_reply(request_id: int, **result: Any) -> dict[str, Any]:
 
 def error_reply(request_id: int | None, exc: errors.EnvdError) -> dict[str, Any]:
     message = str(exc)
-    if len(message) > MAX_ERROR_MESSAGE:  # e.g. a list of a hostile header's field names
-        message = message[:MAX_ERROR_MESSAGE - 3] + "..."
+    encoded = message.encode("utf-8", "replace")
+    if len(encoded) > MAX_ERROR_MESSAGE:  # e.g. a hostile header's field names, echoed
+        message = encoded[:MAX_ERROR_MESSAGE - 3].decode("utf-8", "ignore") + "..."
     reply = {"id": request_id, "ok": False, "code": exc.error_code, "message": message}
     if isinstance(exc, errors.NativeError):
         reply["native_code"] = exc.code

@@ -55,6 +55,11 @@ _ECHO_LIMIT = 100
 _NEVER_THROTTLED = frozenset({"heartbeat", "close", "bye"})
 
 
+def _without_blobs(reply: dict[str, Any]) -> dict[str, Any]:
+    """A reply's header fields (its data frames go after the header)."""
+    return {k: v for k, v in reply.items() if k != "_blobs"}
+
+
 class Service:
     """Clients, their sessions and the handlers of every message type."""
 
@@ -154,7 +159,7 @@ class Service:
         connection or the daemon is over its budget; a client whose queue is
         full (it reads no replies) is dropped."""
         blobs = reply.get("_blobs", ())
-        header = protocol.pack({k: v for k, v in reply.items() if k != "_blobs"})
+        header = protocol.pack(_without_blobs(reply) if blobs else reply)
         size = len(header) + sum(b.nbytes if hasattr(b, "nbytes") else len(b) for b in blobs)
         if not is_small(size):
             token = (self.replies.admit(identity, size) if identity in self.clients else
@@ -170,7 +175,7 @@ class Service:
                 header = protocol.pack(reply)
             else:
                 reply = {**reply, "token": token}
-                header = protocol.pack({k: v for k, v in reply.items() if k != "_blobs"})
+                header = protocol.pack(_without_blobs(reply))
         reply["_header"] = header
         if not self._transmit(identity, reply) and identity in self.clients:
             self.drop_unreadable(self.clients[identity])

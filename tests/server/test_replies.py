@@ -61,5 +61,7 @@ def test_a_dropped_connection_is_forgotten_and_remembered():
 
 def test_small_replies_need_no_receipt():
     assert is_small(protocol.SMALL_REPLY_BYTES) and not is_small(protocol.SMALL_REPLY_BYTES + 1)
-    long = protocol.error_reply(1, protocol.BadRequest("x" * 100_000))
-    assert len(protocol.pack(long)) < protocol.SMALL_REPLY_BYTES
+    for text in ("x" * 100_000, "\u2603" * 100_000):  # cut by bytes, not characters
+        long = protocol.error_reply(1, protocol.BadRequest(text))
+        assert len(protocol.pack(long)) < protocol.SMALL_REPLY_BYTES
+        assert long["message"].endswith("...")
