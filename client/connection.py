@@ -7,6 +7,12 @@ Requests are synchronous: send, then wait for the reply with the same id, at
 most ``timeout`` seconds.  Replies to earlier requests that timed out are
 recognised by their id and dropped.  A Client may be shared by threads;
 requests are serialised.
+
+Unread replies (docs/protocol.md): every request acknowledges ("ack") the
+token of the last large reply read, so the daemon's books of unread replies
+stay empty, and posted requests (async sends) are flow-controlled: at most
+protocol.POSTED_WINDOW of them wait for their replies; the next one first
+reads replies until there is room.
 """
 from __future__ import annotations
 
@@ -175,6 +181,8 @@ class Client:
         self._abandoned: set[int] = set()  # ids of makes that timed out
         # requests nobody waits for (timed-out calls, posted sends): id -> on reply
         self._awaited: dict[int, Callable[[dict[str, Any]], None]] = {}
+        self._posted: set[int] = set()  # ids of posted requests whose replies are unread
+        self._ack: int | None = None    # token of the last large reply read
         self.server_info: dict[str, Any] = {}
         self._check_endpoint()
         self._curve = _curve_options(self.endpoint, server_key, client_key)
@@ -262,7 +270,32 @@ class Client:
         (send), that is at the latest while waiting for the reply of the next
         request: the daemon reads a connection's requests in order."""
         with self._lock:
-            self._awaited[self._send_request(header, blobs)] = on_reply
+            self._make_room(header["type"])
+            request_id = self._send_request(header, blobs)
+            self._awaited[request_id] = on_reply
+            self._posted.add(request_id)
+
+    def _make_room(self, kind: str) -> None:
+        """Read replies until fewer than POSTED_WINDOW posted requests wait
+        for theirs (lock held): the daemon queues only so many replies for a
+        client that does not read them, and drops it beyond."""
+        deadline = time.monotonic() + self.timeout
+        while len(self._posted) >= protocol.POSTED_WINDOW:
+            self._read_monitor()
+            remaining = deadline - time.monotonic()
+            if self._socket.poll(max(0.0, min(remaining, 0.1)) * 1000):
+                self._late_reply(self._recv_reply())
+                continue
+            if self._lost:
+                raise ConnectionLostError(
+                    f"lost the connection to the daemon at {self.endpoint} with "
+                    f"{len(self._posted)} posted requests unanswered; the daemon stopped or "
+                    "crashed, and its sessions are gone")
+            if remaining <= 0:
+                raise EnvdTimeoutError(
+                    f"{len(self._posted)} posted requests to the daemon at {self.endpoint} "
+                    f"got no reply within {self.timeout:g} s (Client timeout), so this "
+                    f"{kind!r} was not sent: the daemon is stuck or overloaded")
 
     def _send_request(self, header: dict[str, Any], blobs: Sequence[bytes]) -> int:
         """Put one request on the socket (lock held); its id."""
@@ -275,6 +308,8 @@ class Client:
                 "with it; connect again")
         self._send_orphan_closes()
         request_id = header["id"] = next(self._ids)
+        if self._ack is not None:
+            header["ack"] = self._ack
         packed = protocol.pack(header)
         self._check_size(len(packed) + sum(map(len, blobs)), header["type"])
         if blobs:
@@ -298,7 +333,8 @@ class Client:
             if remaining <= 0:
                 raise EnvdTimeoutError(
                     f"no reply to {kind!r} from the daemon at {self.endpoint} within "
-                    f"{timeout:g} s (Client timeout)")
+                    f"{timeout:g} s (Client timeout): the daemon is stuck or overloaded, or "
+                    "never got the request")
             events = dict(self._poller.poll(remaining * 1000))
             if self._socket in events:
                 # First: a daemon that answered and then exited (a drain) sends
@@ -429,6 +465,7 @@ class Client:
             self._abandoned.discard(request_id)
             if reply.get("ok") and isinstance(reply.get("session"), str):
                 self._orphans.append(reply["session"])
+        self._posted.discard(request_id)
         callback = self._awaited.pop(request_id, None)
         if callback is not None:
             callback(reply)
@@ -455,16 +492,25 @@ class Client:
         while self._socket.getsockopt(zmq.RCVMORE):  # all of them, whatever the header holds
             blobs.append(self._socket.recv(copy=False).buffer)
         reply = msgpack.unpackb(header, raw=False)
+        if isinstance(reply.get("token"), int):  # a large reply: acknowledged from now on
+            self._ack = reply["token"]
+        if reply.get("code") == "connection_lost":  # the daemon dropped this connection
+            self._lost = True
+            self._connection.stop_heartbeat()
         if blobs:
             reply["_blobs"] = blobs
         return reply
     def _send_orphan_closes(self) -> None:
         """Close sessions of envs that were garbage-collected without close()
         (their __del__ cannot talk to the socket: it may run in any thread)."""
-        while self._orphans:
+        while self._orphans and len(self._posted) < protocol.POSTED_WINDOW:
             session = self._orphans.pop()
-            self._socket.send(protocol.pack({"type": "close", "id": next(self._ids),
-                                             "session": session}))
+            request_id = next(self._ids)
+            header = {"type": "close", "id": request_id, "session": session}
+            if self._ack is not None:
+                header["ack"] = self._ack
+            self._socket.send(protocol.pack(header))
+            self._posted.add(request_id)  # its reply is read as a late one
 
     # ---- public API ------------------------------------------------------------------------
     def make(self, env_id: str, num_envs: int, *, seed: int | Sequence[int] | None = None,

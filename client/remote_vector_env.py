@@ -245,7 +245,11 @@ class RemoteVecEnv(BatchedVecEnv):
         if self._inline:
             header["inline"] = True
             blobs.append(self._frame(self._actions[env_ids]))
-        self._client._post(header, blobs, on_reply)
+        try:
+            self._client._post(header, blobs, on_reply)  # waits while the window is full
+        except EnvdTimeoutError:
+            self._async_lost = True  # earlier sends' replies never came: their fate is unknown
+            raise
         self._sends_unanswered += 1
 
     def _collect_batches(self, wait: bool) -> list[np.ndarray]:

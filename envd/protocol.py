@@ -67,6 +67,27 @@ memory: results are bit-identical.
                                 enable: false stops it (the client does before async
                                 calls)
 
+Unread replies: tokens and acks
+-------------------------------
+ZeroMQ never tells the daemon that a peer consumed a reply, so the daemon
+asks for a receipt.  Every reply whose frames add up to more than
+``SMALL_REPLY_BYTES`` carries ``"token"``, a random 64-bit int; the client
+names in every later request (optional ``"ack": int`` field, any request
+type) the token of the last such reply it has read.  Replies arrive in the
+order they were sent, so that acknowledges that reply and every reply before
+it; a token cannot be guessed, so a client cannot acknowledge a reply it has
+not received.  The daemon keeps, per connection, the bytes of the large
+replies not acknowledged yet: over --max-reply-bytes-per-client (or all
+connections' over --max-reply-bytes) a request is refused with
+``limit_exceeded``, and a large reply that would cross the budget is replaced
+by a small ``limit_exceeded`` error (the request ran; its results were not
+sent).  Small replies need no ack: the daemon's ROUTER socket queues at most
+``REPLY_QUEUE`` messages per peer, and a client whose queue is full (it reads
+no replies) is dropped: its sessions are freed and every later request from
+that connection gets ``connection_lost``.  A client therefore reads its
+replies: the official client posts at most ``POSTED_WINDOW`` requests (async
+``send``) without reading their replies.
+
 Replies
 -------
 ``{"id": <request id>, "ok": true, ...result}`` or
@@ -114,7 +135,25 @@ from gymnasium import spaces
 
 from envd import errors
 
-PROTOCOL_VERSION = 1
+#: 2: replies over SMALL_REPLY_BYTES carry "token", requests may carry "ack".
+PROTOCOL_VERSION = 2
+#: A reply larger than this (all frames) carries a token the client acks;
+#: smaller ones (every error: MAX_ERROR_MESSAGE) are bounded by their count
+#: (REPLY_QUEUE) instead.
+SMALL_REPLY_BYTES = 4 << 10
+#: Messages the daemon's ROUTER queues per peer (its ZMQ_SNDHWM, libzmq's
+#: default made explicit); a peer that leaves more unread in the daemon is
+#: dropped.  Not smaller: the event loop answers a burst of pipelined
+#: requests faster than libzmq's I/O thread (which the loaded CPUs may not
+#: run for milliseconds) empties the queue, and a queue of 64 overflowed so
+#: for clients that read every reply.
+REPLY_QUEUE = 1000
+#: Requests the official client posts without reading their replies (its
+#: window for async sends); well under REPLY_QUEUE.
+POSTED_WINDOW = 32
+#: Longest error message the daemon sends, in UTF-8 bytes (longer ones are
+#: cut): every error reply stays under SMALL_REPLY_BYTES.
+MAX_ERROR_MESSAGE = 2000
 
 
 def default_endpoint(environ: Mapping[str, str] | None = None) -> str:
@@ -178,7 +217,8 @@ ERROR_CODES: dict[str, type[errors.EnvdError]] = {
         errors.ProtocolError, errors.UnknownEnvError, errors.InvalidArgumentError,
         errors.InvalidActionError, errors.EnvStateError, errors.NativeError,
         errors.LimitExceededError, errors.UnknownSessionError, errors.SessionExpiredError,
-        errors.DaemonError, errors.ShuttingDownError, errors.SharedMemoryError)
+        errors.DaemonError, errors.ShuttingDownError, errors.SharedMemoryError,
+        errors.ConnectionLostError)
 }
 ERROR_CODES["unsupported_version"] = errors.ProtocolError
 ERROR_CODES["unknown_type"] = errors.ProtocolError
@@ -241,7 +281,10 @@ def validate_request(header: dict[str, Any], num_blobs: int) -> str:
                                             and types is not _ANY):
             raise BadRequest(f"{kind}: field {name!r} must be {_type_names(types)}, "
                              f"got {type(value).__name__}")
-    extra = sorted(set(header) - set(fields) - {"type", "id"})
+    ack = header.get("ack")
+    if "ack" in header and (not isinstance(ack, int) or isinstance(ack, bool)):
+        raise BadRequest(f"{kind}: field 'ack' must be int, got {type(ack).__name__}")
+    extra = sorted(set(header) - set(fields) - {"type", "id", "ack"})
     if extra:
         raise BadRequest(f"{kind}: unknown fields {extra}")
     if num_blobs > MAX_BLOBS.get(kind, 0):
@@ -256,7 +299,11 @@ def ok_reply(request_id: int, **result: Any) -> dict[str, Any]:
 
 
 def error_reply(request_id: int | None, exc: errors.EnvdError) -> dict[str, Any]:
-    reply = {"id": request_id, "ok": False, "code": exc.error_code, "message": str(exc)}
+    message = str(exc)
+    encoded = message.encode("utf-8", "replace")
+    if len(encoded) > MAX_ERROR_MESSAGE:  # e.g. a hostile header's field names, echoed
+        message = encoded[:MAX_ERROR_MESSAGE - 3].decode("utf-8", "ignore") + "..."
+    reply = {"id": request_id, "ok": False, "code": exc.error_code, "message": message}
     if isinstance(exc, errors.NativeError):
         reply["native_code"] = exc.code
     return reply

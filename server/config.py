@@ -135,6 +135,11 @@ class Config:
     max_shm_bytes: int = field(default_factory=_default_shm_bytes)
     max_state_bytes: int = field(default_factory=_default_state_bytes)
     max_requests_per_second: int = 100_000
+    # Replies a client has not read (SECURITY.md, docs/protocol.md): bytes of
+    # large replies not acknowledged, per connection and over all of them
+    # (None: derived from max_message_bytes, see reply_bytes_per_client).
+    max_reply_bytes_per_client: int | None = None
+    max_reply_bytes: int | None = None
     pin_cpus: tuple[int, ...] | None = None
     plugins: tuple[str, ...] = ()
     # Prometheus metrics over HTTP (docs/metrics.md): off unless a port is
@@ -185,6 +190,12 @@ class Config:
                 flag = "--" + name.replace("_", "-")
                 raise ValueError(f"{flag} (ENVD_{name.upper()}) must be >= {lowest}, "
                                  f"got {getattr(self, name)}")
+        for name in ("max_reply_bytes_per_client", "max_reply_bytes"):
+            value = getattr(self, name)
+            if value is not None and value < 1 << 20:
+                flag = "--" + name.replace("_", "-")
+                raise ValueError(f"{flag} (ENVD_{name.upper()}) must be >= 1048576 (1 MiB), "
+                                 f"got {value}")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ValueError(f"--metrics-port (ENVD_METRICS_PORT) must be in [0, 65535] "
                              f"(0 = off), got {self.metrics_port}")
@@ -283,6 +294,23 @@ class Config:
         return max(self.max_requests_per_second, 100) if self.max_requests_per_second else 0
 
     @property
+    def reply_bytes_per_client(self) -> int:
+        """--max-reply-bytes-per-client, by default twice --max-message-bytes:
+        room for a reply as large as the largest request, and as much again
+        (replies may carry a session's whole arrays)."""
+        if self.max_reply_bytes_per_client is not None:
+            return self.max_reply_bytes_per_client
+        return 2 * self.max_message_bytes
+
+    @property
+    def reply_bytes_total(self) -> int:
+        """--max-reply-bytes, by default 8 times --max-message-bytes: four
+        connections at their whole budget at once."""
+        if self.max_reply_bytes is not None:
+            return self.max_reply_bytes
+        return 8 * self.max_message_bytes
+
+    @property
     def heartbeat_interval(self) -> float:
         """How often clients heartbeat: three chances per lease."""
         return self.lease_timeout / 3
@@ -331,6 +359,11 @@ _FLAGS: dict[str, tuple[Callable[[str], object], str]] = {
     "max_requests_per_second": (int, "requests one client connection may send per second, "
                                      "with bursts of max(this, 100); heartbeat, close and bye "
                                      "are never throttled (0 = unlimited)"),
+    "max_reply_bytes_per_client": (int, "bytes of large replies one client connection may "
+                                        "leave unread (not acknowledged) before its requests "
+                                        "are refused (default: 2 x --max-message-bytes)"),
+    "max_reply_bytes": (int, "bytes of large replies all connections together may leave "
+                             "unread (default: 8 x --max-message-bytes)"),
     "pin_cpus": (_cpu_list, "comma-separated CPU per worker thread, e.g. 1,2,3"),
     "metrics_port": (int, "serve Prometheus metrics over HTTP at /metrics on this port "
                           "(None or 0 = off; needs prometheus-client, pip install "

@@ -211,6 +211,10 @@ class Daemon:
         # Replies to a client that vanished raise EHOSTUNREACH instead of
         # vanishing silently; oversized messages drop their sender.
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        # At most REPLY_QUEUE replies queue per peer: with ROUTER_MANDATORY a
+        # send to a full queue raises EAGAIN (instead of dropping the reply
+        # silently), and Service drops that client (server/replies.py).
+        sock.setsockopt(zmq.SNDHWM, protocol.REPLY_QUEUE)
         sock.setsockopt(zmq.MAXMSGSIZE, self.config.max_message_bytes)
         sock.setsockopt(zmq.LINGER, _LINGER_MS)
         sock.setsockopt(zmq.IPV6, 1)  # tcp://[::1]:P and [::]:P bind; IPv4 as before
@@ -346,8 +350,11 @@ class Daemon:
             self._routes = {i: s for i, s in self._routes.items() if i in clients}
             self._misrouted.clear()
 
-    def _send(self, identity: bytes, reply: dict[str, Any]) -> None:
+    def _send(self, identity: bytes, reply: dict[str, Any]) -> bool:
+        """Queue a reply (Service packed its header under "_header"); False
+        when the peer's queue is full: it reads no replies."""
         blobs = reply.pop("_blobs", ())  # data frames after the header
+        header = reply.pop("_header", None) or protocol.pack(reply)
         if reply.get("ok") is False:  # every error reply, whichever handler made it
             if self.metrics is not None:
                 self.metrics.count_error(reply.get("code"))
@@ -357,18 +364,24 @@ class Daemon:
         index = 0 if self._routes is None else self._routes.get(identity)
         if index is None:  # forgotten by _prune_routes: the client is gone
             log.debug("dropped a reply to %s: no longer connected", identity.hex()[:8])
-            return
+            return True
         sock = self.sockets[index]
+        delivered = True
         try:
             # Copied into the messages: a zero-copy send would have pyzmq free
             # the frames through a garbage-collector thread and context of its
             # own, started at the first big reply; a copy costs less than the
             # network the inline arrays then cross.
-            sock.send_multipart([identity, protocol.pack(reply), *blobs], zmq.NOBLOCK)
-        except zmq.ZMQError as exc:  # the client is gone, or reads no replies
-            log.debug("dropped a reply to %s: %s", identity.hex()[:8], exc)
+            sock.send_multipart([identity, header, *blobs], zmq.NOBLOCK)
+        except zmq.Again:  # its queue is full: Service drops it (and logs that)
+            log.debug("reply queue of %s is full: reply %s not sent", identity.hex()[:8],
+                      reply.get("id"))
+            delivered = False
+        except zmq.ZMQError as exc:  # EHOSTUNREACH: the client is gone (its monitor says so)
+            log.info("reply %s to %s lost: %s", reply.get("id"), identity.hex()[:8], exc)
         if sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
             self._schedule_drain(index)
+        return delivered
 
     def _on_signal(self, signum: int) -> None:
         self._signals += 1

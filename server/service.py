@@ -26,21 +26,25 @@ from typing import Any, Callable
 import numpy as np
 
 from envd import __version__, protocol
-from envd.errors import (DaemonError, EnvdError, EnvStateError, LimitExceededError,
-                         SessionExpiredError, SharedMemoryError, ShuttingDownError,
-                         UnknownEnvError, UnknownSessionError)
+from envd.errors import (ConnectionLostError, DaemonError, EnvdError, EnvStateError,
+                         LimitExceededError, SessionExpiredError, SharedMemoryError,
+                         ShuttingDownError, UnknownEnvError, UnknownSessionError)
 from envd.native import segment_guard
 from envd.native.native_vec import MAX_NUM_ENVS, NativePool
 from envd.native.registry import get_spec, list_envs
 from envd.native.vector_env import check_max_episode_steps
 from envd.vector_base import check_int, parse_autoreset_mode, seed_list
 from envd.server.config import Config
+from envd.server.replies import ReplyBooks, is_small
 from envd.server.sessions import (ClientRecord, Session, async_in_flight, segment_plan,
                                   state_plan)
 
 log = logging.getLogger("envd.server")
 
-Send = Callable[[bytes, dict[str, Any]], None]
+#: The daemon's transport: send(identity, reply) puts the reply (its packed
+#: header under "_header", data frames under "_blobs") on the peer's queue;
+#: False when that queue is full (the peer reads no replies).
+Send = Callable[[bytes, dict[str, Any]], bool]
 #: How many expired session / client ids the daemon remembers, to answer
 #: "expired" rather than "unknown" (bounded: a long-lived daemon must not grow).
 _EXPIRED_MEMORY = 65536
@@ -51,6 +55,11 @@ _ECHO_LIMIT = 100
 #: Requests --max-requests-per-second never refuses: a throttled client can
 #: always keep its lease and leave.
 _NEVER_THROTTLED = frozenset({"heartbeat", "close", "bye"})
+
+
+def _without_blobs(reply: dict[str, Any]) -> dict[str, Any]:
+    """A reply's header fields (its data frames go after the header)."""
+    return {k: v for k, v in reply.items() if k != "_blobs"}
 
 
 class Service:
@@ -64,7 +73,9 @@ class Service:
         self.segment_prefix = segment_prefix
         self.pool = pool
         self.executor = executor
-        self.send = send
+        self._transmit = send
+        self.replies = ReplyBooks(config.reply_bytes_per_client, config.reply_bytes_total)
+        self.dropped_clients = 0  # clients dropped for leaving their replies unread
         self.clients: dict[bytes, ClientRecord] = {}
         self.sessions: dict[str, Session] = {}
         self.draining = False
@@ -119,9 +130,14 @@ class Service:
             if isinstance(header.get("id"), int) and not isinstance(header.get("id"), bool):
                 request_id = header["id"]
             kind = protocol.validate_request(header, len(frames) - 1)
+            dropped = self.replies.dropped(identity)
+            if dropped is not None:
+                raise ConnectionLostError(dropped)
             if self.draining and kind not in _DRAIN_ALLOWED:
                 raise ShuttingDownError("the daemon is shutting down and takes no new work")
             client = self._client_for(identity, kind, header)
+            if client.identity == identity:  # not a heartbeat naming another connection
+                self._check_unread_replies(identity, kind, header)
             if (self._rate and kind not in _NEVER_THROTTLED
                     and not client.take_token(self._rate, self._burst)):
                 raise self._throttled(client, kind)
@@ -134,6 +150,64 @@ class Service:
                 f"internal error while handling {kind!r}; the daemon's log has the details"))
         if reply is not None:
             self.send(identity, reply)
+
+    def _check_unread_replies(self, identity: bytes, kind: str, header: dict[str, Any]) -> None:
+        """Take in the request's receipt ("ack"); refuse it while the
+        connection (or the daemon) holds too many bytes of unread replies."""
+        if "ack" in header:
+            self.replies.acknowledge(identity, header["ack"])
+        self.replies.seen(identity)
+        if kind not in _NEVER_THROTTLED:  # a client over its budget can always leave
+            refusal = self.replies.refusal(identity)
+            if refusal is not None:
+                raise LimitExceededError(refusal)
+
+    def send(self, identity: bytes, reply: dict[str, Any]) -> None:
+        """Send one reply, keeping the books of unread replies (server/replies.py):
+        a large reply gets a token, or is replaced by a small error when the
+        connection or the daemon is over its budget; a client whose queue is
+        full (it reads no replies) is dropped."""
+        blobs = reply.get("_blobs", ())
+        header = protocol.pack(_without_blobs(reply) if blobs else reply)
+        size = len(header) + sum(b.nbytes if hasattr(b, "nbytes") else len(b) for b in blobs)
+        if not is_small(size):
+            token = (self.replies.admit(identity, size) if identity in self.clients else
+                     "this connection is no longer a client (bye, lease expired, or dropped)")
+            if isinstance(token, str):
+                log.warning("withheld a reply of %d bytes: %s", size, token, extra={
+                    "event": "reply_withheld", "client": identity.hex()[:8],
+                    "request_id": reply.get("id")})
+                reply = protocol.error_reply(reply.get("id"), LimitExceededError(
+                    f"the request ran, but {token}; its results were not sent. Read and "
+                    "acknowledge your replies (docs/protocol.md), or ask the operator to "
+                    "raise the limit"))
+                header = protocol.pack(reply)
+            else:
+                reply = {**reply, "token": token}
+                header = protocol.pack(_without_blobs(reply))
+        reply["_header"] = header
+        if not self._transmit(identity, reply) and identity in self.clients:
+            self.drop_unreadable(self.clients[identity])
+
+    def drop_unreadable(self, client: ClientRecord) -> None:
+        """Drop a client that reads no replies: its queue in the daemon is
+        full.  Its sessions are freed, its books forgotten, and every later
+        request from its connection gets connection_lost."""
+        log.warning("dropped a client that does not read its replies (%d queued in the "
+                    "daemon, or %d bytes not acknowledged): freeing %d session(s)",
+                    protocol.REPLY_QUEUE, self.replies.unread_bytes(client.identity),
+                    len(client.sessions), extra={"event": "client_dropped",
+                                                 "client": client.identity.hex()[:8]})
+        self.dropped_clients += 1
+        self.replies.drop(client.identity, (
+            "the daemon dropped this connection because it did not read its replies (its "
+            f"queue of {protocol.REPLY_QUEUE} replies was full, or its unread replies were "
+            "not acknowledged for a lease timeout) and freed its sessions; connect again "
+            "and read every reply"))
+        for session in list(client.sessions.values()):
+            self._remember(self._expired_sessions, session.id)
+            self._drop(session, "dropped (replies unread)")
+        self.clients.pop(client.identity, None)
 
     def _throttled(self, client: ClientRecord, kind: str) -> LimitExceededError:
         wait_ms = max(1, round(1000 * client.token_wait(self._rate)))
@@ -676,6 +750,19 @@ class Service:
                 self._drop(session, "expired (lease)")
             del self.clients[client.identity]
             self._remember(self._expired_clients, client.identity)
+        # Unread replies of a connection that is no client any more and silent
+        # for a lease: a peer gone or not reading; its routing id starts no more.
+        for identity in self.replies.stale(self.config.lease_timeout):
+            if identity not in self.clients:
+                log.warning("dropped connection %s: it left %d bytes of replies unread for "
+                            "a lease timeout", identity.hex()[:8],
+                            self.replies.unread_bytes(identity),
+                            extra={"event": "client_dropped", "client": identity.hex()[:8]})
+                self.dropped_clients += 1
+                self.replies.drop(identity, (
+                    "the daemon dropped this connection because it left replies unread "
+                    "(not acknowledged) for a lease timeout; connect again and read every "
+                    "reply"))
 
     @staticmethod
     def _remember(memory: collections.OrderedDict, key: Any) -> None:
@@ -722,7 +809,9 @@ class Service:
                 "max_shm_bytes": self.config.max_shm_bytes,
                 "max_state_bytes": self.config.max_state_bytes,
                 "max_requests_per_second": self.config.max_requests_per_second,
-                "request_burst": self.config.request_burst}
+                "request_burst": self.config.request_burst,
+                "max_reply_bytes_per_client": self.config.reply_bytes_per_client,
+                "max_reply_bytes": self.config.reply_bytes_total}
 
     @property
     def sessions_stepping(self) -> int:
@@ -751,6 +840,8 @@ class Service:
                 "sessions": len(self.sessions),
                 "envs": sum(s.num_envs for s in self.sessions.values()),
                 "shm_bytes": self.shm_bytes, "state_bytes": self.state_bytes,
+                "unread_reply_bytes": self.replies.total,
+                "dropped_clients": self.dropped_clients,
                 "env_steps": self.env_steps, "draining": self.draining,
                 "lease_timeout": self.config.lease_timeout, "limits": self._limits(),
                 "plugins": self.plugins, "session_table": self._session_table()}

@@ -167,7 +167,7 @@ SPECIAL = [
     b"\x82\xa4type\xa6status\xa2id\xd6\xff" + bytes(4),                  # timestamp id
     pack_any({"type": "status", "id": 1, "x": msgpack.ExtType(1, b"e")}),
     pack_any({"type": "status", "id": 1}, bin_type=False),
-    pack_any({"type": "hello", "version": 1}, bin_type=False),
+    pack_any({"type": "hello", "version": protocol.PROTOCOL_VERSION}, bin_type=False),
     pack_any({"type": "status", "id": 1.0}),
     pack_any({"type": "status", "id": 1.0}, single_float=True),
 ]

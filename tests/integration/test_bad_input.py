@@ -295,7 +295,7 @@ def test_wrong_field_types(victim, raw, header, code, words):
 def test_extra_unknown_fields(victim, raw):
     attacker = raw()
     session = attacker.make()["session"]
-    valid = [{"type": "hello", "version": 1}, {"type": "heartbeat"}, {"type": "list_envs"},
+    valid = [{"type": "hello", "version": protocol.PROTOCOL_VERSION}, {"type": "heartbeat"}, {"type": "list_envs"},
              {"type": "status"}, {"type": "make", "env_id": "CartPole-v1", "num_envs": 1},
              {"type": "reset", "session": session}, {"type": "step", "session": session},
              {"type": "close", "session": session}, {"type": "bye"}]
@@ -312,7 +312,7 @@ def test_too_many_data_frames(victim, raw):
     attacker = raw()
     session = attacker.make()["session"]
     attacker.ok({"type": "reset", "session": session})
-    for header, allowed in [({"type": "hello", "version": 1}, 0), ({"type": "status"}, 0),
+    for header, allowed in [({"type": "hello", "version": protocol.PROTOCOL_VERSION}, 0), ({"type": "status"}, 0),
                             ({"type": "heartbeat"}, 0), ({"type": "list_envs"}, 0),
                             ({"type": "make", "env_id": "CartPole-v1", "num_envs": 1}, 0),
                             ({"type": "reset", "session": session, "inline": True}, 2),
@@ -348,7 +348,8 @@ def test_requests_before_hello(victim, raw):
                    {"type": "close", "session": session}, {"type": "bye"}):
         attacker.error(header, "bad_request", "hello", repr(header["type"]))
     # a refused hello does not count
-    attacker.error({"type": "hello", "version": 2}, "unsupported_version")
+    attacker.error({"type": "hello", "version": protocol.PROTOCOL_VERSION + 1},
+                   "unsupported_version")
     attacker.error({"type": "status"}, "bad_request", "hello")
     attacker.hello()
     attacker.ok({"type": "status"})
@@ -356,7 +357,7 @@ def test_requests_before_hello(victim, raw):
     attacker.error({"type": "close", "session": session}, "unknown_session")
 
 
-@pytest.mark.parametrize("version", [0, 2, 99, -1, 2**63 - 1, -2**63, 2**64 - 1])
+@pytest.mark.parametrize("version", [0, 1, 3, 99, -1, 2**63 - 1, -2**63, 2**64 - 1])
 def test_hello_with_an_unsupported_version(victim, raw, version):
     attacker = raw(hello=False)
     message = attacker.error({"type": "hello", "version": version}, "unsupported_version",
@@ -723,7 +724,7 @@ class Fuzzer:
         r = self.rng
         s = self.session
         header, blobs = r.choice([
-            ({"type": "hello", "version": 1, "client_name": "fuzz"}, []),
+            ({"type": "hello", "version": protocol.PROTOCOL_VERSION, "client_name": "fuzz"}, []),
             ({"type": "heartbeat"}, []),
             ({"type": "list_envs"}, []),
             ({"type": "status"}, []),
