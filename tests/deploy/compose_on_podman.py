@@ -115,7 +115,8 @@ class Project:
     """One run of docker-compose.yml's services under a unique name.
 
     services: deploy_files.compose_services(environ), variables applied.
-    image: the tag the services' ``image`` stands for (built by build()).
+    image: the tag that stands for the services' ``image`` (build_image
+    built it under a name of this run, not compose's envd:0.1.0).
     """
 
     #: Keys of a service this translates (see container_args); others fail.
@@ -134,6 +135,7 @@ class Project:
         self.volumes: list[str] = []
         self.pods: list[str] = []
         self.network_created = False
+        self.pause_images: set[str] | None = None  # podman's before our first pod
         self.started: dict[str, str] = {}  # service -> its latest container
 
     # ---- names ------------------------------------------------------------------------
@@ -148,9 +150,10 @@ class Project:
                        pod: str | None = None,
                        entrypoint: list[str] | None = None) -> list[str]:
         """`podman run` flags (before the image) for service, as compose would
-        run it, in a container called name.  ipc replaces the service's ipc key
-        (None: keep it), and so does entrypoint; pod puts the container in that pod instead, which
-        holds the network and IPC namespaces (as a Kubernetes Pod does)."""
+        run it, in a container called name.  ipc and entrypoint, when given,
+        replace the service's.  pod puts the container in that pod, which then
+        holds its network and IPC namespaces and /dev/shm (as a Kubernetes Pod
+        does), in place of the service's network, ipc, shm_size and ports."""
         spec = self.services[service]
         unknown = set(spec) - self.KNOWN_KEYS
         assert not unknown, f"{service}: compose keys {sorted(unknown)} have no podman " \
@@ -227,10 +230,10 @@ class Project:
            pod: str | None = None, extra: Sequence[str] = (), detach: bool = True,
            timeout: float = 300) -> subprocess.CompletedProcess:
         """Start service in a container called name (default: the service's
-        container), once its service_healthy dependencies are healthy, with
-        command in place of the compose command when given and the podman flags extra added.  detach=False
-        runs it to completion (removing the container) and returns the
-        result, whatever the exit status."""
+        container) once its service_healthy dependencies are healthy.
+        command, entrypoint, ipc and pod as in container_args; extra: more
+        podman flags.  detach=False runs it to completion (then removes the
+        container) and returns the result, whatever the exit status."""
         for dependency, condition in (self.services[service].get("depends_on") or {}).items():
             if condition.get("condition") == "service_healthy":
                 self.wait_healthy(self.started.get(dependency, self.container(dependency)))
@@ -270,7 +273,10 @@ class Project:
         return sorted(self.podman("exec", container, "ls", "-A", "/dev/shm").stdout.split())
 
     def create_pod(self, pod: str, *args: str) -> str:
+        """A pod of this project (podman pod create ARGS); its name."""
         name = f"{self.name}-{pod}"
+        if self.pause_images is None:
+            self.pause_images = self._pause_images()
         self.pods.append(name)
         self.podman("pod", "create", "--name", name, *args)
         return name
@@ -295,6 +301,13 @@ class Project:
             self.podman("volume", "rm", "--force", name, check=False)
         if self.network_created:
             self.podman("network", "rm", "--force", self.network, check=False)
+        if self.pause_images is not None:  # podman builds its pods' infra image on first use
+            for image in self._pause_images() - self.pause_images:
+                self.podman("rmi", "--force", image, check=False)
+
+    def _pause_images(self) -> set[str]:
+        return set(self.podman("images", "--format", "{{.Repository}}:{{.Tag}}", "--filter",
+                               "reference=localhost/podman-pause", check=False).stdout.split())
 
 
 def build_image(podman: Podman, services: dict[str, dict], tag: str,

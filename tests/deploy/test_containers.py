@@ -304,3 +304,28 @@ def test_podman_kill_leaves_segments_that_the_restarted_daemon_removes(project):
     env_id, num_envs, steps = DIGEST_RUNS[0]
     got = _digest_in(project, "trainer", env_id, num_envs, steps, pod=pod)
     assert got == {"digest": in_process_digest(env_id, num_envs, steps, 0), "transport": "shm"}
+
+
+def test_compose_daemon_killed_and_started_again_serves_new_trainers_over_shm(project):
+    """As docker-compose.yml wires them, /dev/shm belongs to the daemon's
+    container: a start after a kill gets a fresh one, without the dead
+    daemon's segments.  A trainer that joined the old one keeps it (and its
+    segments, until it exits): docs/deployment.md says to restart trainers
+    with the daemon.  A new trainer gets zero-copy again."""
+    project.up("envd")
+    name = project.container("envd")
+    holder = f"{project.container('trainer')}-holder"
+    _hold_session(project, "trainer", holder)
+    before = _envd_entries(project.shm_listing(holder))
+    assert len(before[0]) == 1, before
+
+    project.podman("kill", name)
+    project.podman("wait", name, timeout=60)
+    project.podman("start", name)
+    project.wait_healthy(name)
+    segments, locks = _envd_entries(project.shm_listing(name))
+    assert segments == [] and len(locks) == 1 and locks != before[1], (segments, locks)
+    assert _envd_entries(project.shm_listing(holder)) == before
+    env_id, num_envs, steps = DIGEST_RUNS[0]
+    got = _digest_in(project, "trainer", env_id, num_envs, steps)
+    assert got == {"digest": in_process_digest(env_id, num_envs, steps, 0), "transport": "shm"}
