@@ -33,7 +33,7 @@ import pytest
 
 import base_image
 from compose_on_podman import Podman, PodmanError, Project, build_image
-from deploy_files import ROOT, compose_services, in_ci
+from deploy_files import ROOT, DockerIgnore, compose_services, in_ci
 from step_digest import in_process_digest
 
 pytestmark = pytest.mark.timeout(1200)
@@ -66,7 +66,10 @@ def _record(what: str, value: str) -> None:
 def podman(tmp_path_factory) -> Podman:
     executable = shutil.which("podman")
     if executable is None:
-        _unavailable("podman is not installed (apt-get install podman runc)")
+        _unavailable("podman is not installed (tests/deploy/install-podman.sh installs it)")
+    if os.geteuid() != 0:
+        _unavailable("needs root: the containers run as uid 10001, and the test hands them key "
+                     "files that uid owns (rootless podman would map it to another host uid)")
     engine = Podman(executable, tmp_path_factory.mktemp("podman"))
     done = engine("info", "--format", "{{.Host.OCIRuntime.Name}}", check=False)
     if done.returncode != 0:
@@ -180,6 +183,27 @@ def _envd_entries(listing: list[str]) -> tuple[list[str], list[str]]:
     """(segments, lock files) of envd daemons in a /dev/shm listing."""
     return ([n for n in listing if SEGMENT.fullmatch(n)],
             [n for n in listing if LOCK.fullmatch(n)])
+
+
+# ---- the build context -----------------------------------------------------------------------
+
+def test_build_context_is_what_dockerignore_lets_through(podman, base, tmp_path):
+    """The files podman sends to a build of this repository are the ones
+    deploy_files.DockerIgnore computes (which the static tests check for
+    keys, virtualenvs and build outputs)."""
+    containerfile = tmp_path / "Containerfile"
+    containerfile.write_text(f"FROM {base}\nCOPY . /context\n"
+                             "RUN cd /context && find . -type f -printf '>%P\\n'\n")
+    iid = tmp_path / "image-id"
+    try:
+        done = podman("build", "--network", "none", "--layers=false", "--file",
+                      str(containerfile), "--iidfile", str(iid), str(ROOT), timeout=300)
+    finally:
+        if iid.exists():
+            podman("rmi", "--force", iid.read_text().strip(), check=False)
+    sent = sorted(line[1:] for line in done.stdout.splitlines() if line.startswith(">"))
+    assert sent == DockerIgnore().context_files()
+    assert not [f for f in sent if re.search(r"(^|/)(\.?venv|build|dist|__pycache__)/|\.key", f)]
 
 
 # ---- the daemon ------------------------------------------------------------------------------

@@ -364,6 +364,8 @@ def test_dockerfile_copies_what_the_wheel_is_built_from():
     for secret in ("deploy/keys/server.key_secret", "deploy/keys/clients/trainer.key",
                    "server.key_secret", "keys/a.key", "native/_envd_native.abi3.so",
                    "native/__pycache__/registry.cpython-311.pyc", ".venv/bin/python",
+                   "native/build/temp.linux-x86_64-cpython-311/x.o", "server/.venv/bin/python",
+                   "client/venv/bin/python", "envd/dist/envd-0.1.0.tar.gz", "build/lib/envd/cli.py",
                    "tests/conftest.py", ".git/config"):
         assert ignore.excluded(secret), f"{secret} would be sent to the builder"
 
