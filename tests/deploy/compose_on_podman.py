@@ -4,9 +4,9 @@ tests/deploy/test_containers.py.
 Why not podman-compose: neither Debian bookworm's podman-compose 1.0.3 nor
 PyPI's 1.6.0 passes a service's ``ipc`` on to podman (checked in their
 sources), so the trainer would silently get an IPC namespace of its own and
-the arrays would travel inline; and podman 4.3 can neither wait for a
-``service_healthy`` dependency nor run health checks on a schedule without
-systemd.  So this module reads the compose file itself (through
+the arrays would travel inline.  With podman 4.3 (bookworm) podman-compose
+also skips ``condition: service_healthy``, and without systemd nothing runs
+health checks on a schedule: this module runs them itself.  So this module reads the compose file itself (through
 deploy_files.compose_services, variables applied) and turns each key into the
 podman flag with the same meaning.  A key it does not know fails loudly: a
 new key in docker-compose.yml must be taught here, never dropped.
@@ -32,10 +32,14 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from deploy_files import COMPOSE_FILE, ROOT, compose_environment, compose_mounts
+from deploy_files import COMPOSE_FILE, compose_environment, compose_mounts
 
-#: podman's nproc default is above what runc may set here; any few thousand will do.
+#: podman's nproc default is above what runc may set on these machines (4096
+#: works, 50000 does not, although the host's limit is 96364); the daemon and
+#: its trainers need a few dozen.
 NPROC_LIMIT = 4096
+#: nofile where the host has no limit (podman's own default).
+NOFILE_UNLIMITED = 1048576
 #: Seconds a container gets to pass its health check: the compose file's
 #: start_period plus a margin for a loaded 2-core machine.
 HEALTHY_WITHIN = 120.0
@@ -49,9 +53,9 @@ def host_settings() -> str:
     """containers.conf text: runc where it is installed, cgroupfs without
     systemd, and ulimits no higher than this process's (podman's defaults
     are higher, and raising a limit inside the container is refused)."""
-    nofile_soft, nofile_hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    nofile, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     nproc_soft, _ = resource.getrlimit(resource.RLIMIT_NPROC)
-    nofile = nofile_soft if nofile_soft != resource.RLIM_INFINITY else nofile_hard
+    nofile = NOFILE_UNLIMITED if nofile == resource.RLIM_INFINITY else nofile
     nproc = NPROC_LIMIT if nproc_soft == resource.RLIM_INFINITY else min(nproc_soft, NPROC_LIMIT)
     lines = ["[containers]",
              f'default_ulimits = ["nofile={nofile}:{nofile}", "nproc={nproc}:{nproc}"]',

@@ -4,9 +4,9 @@ took.  tests/deploy/test_containers.py runs it in a trainer container against
 the daemon container, and imports it for the same digest in-process: equal
 digests mean bit-identical results.
 
-    python step_digest.py --env-id CartPole-v1 --num-envs 64 --steps 200      # via ENVD_ENDPOINT
-    python step_digest.py ... --in-process                                   # envd.make
-    python step_digest.py ... --hold                                         # then keep the session
+    python step_digest.py --env-id CartPole-v1 --num-envs 64 --steps 200   # via ENVD_ENDPOINT
+    python step_digest.py ... --in-process                                # envd.make
+    python step_digest.py ... --hold                                      # keep the session
 
 With ``--hold`` the session stays open after the line is printed, until the
 process is killed or the daemon goes away: the segment it maps is then still in

@@ -11,12 +11,15 @@ services of docker-compose.yml wired as the file wires them
   know is refused.
 - `podman stop` drains: exit 0, no segment left in the shared /dev/shm.
 - `podman kill` leaves segments behind in a /dev/shm that outlives the daemon
-  (a pod, as deploy/k8s/sidecar's); the restarted daemon removes them.
+  (a pod, as deploy/k8s/sidecar's); the restarted daemon removes them.  As
+  compose wires it, a start after a kill gets a fresh /dev/shm instead.
+- The build context podman sends is what .dockerignore's emulation in
+  deploy_files.py (which test_deploy_files.py relies on) says.
 
-Needs podman (and the right to run containers) and a base image: the image
-ENVD_CONTAINER_BASE names (.ci/run builds one with base_image.py), else a base
-built here with debootstrap.  Without them the tests are skipped, saying why;
-with CI set they fail instead.  ENVD_CONTAINER_TIMINGS=FILE appends each
+Needs root, podman and a base image: the image ENVD_CONTAINER_BASE names
+(.ci/run builds one with install-podman.sh), else a base built here with
+debootstrap.  Without them the tests are skipped, saying why; with CI set
+they fail instead.  ENVD_CONTAINER_TIMINGS=FILE appends each
 step's seconds and the image size to FILE.
 """
 from __future__ import annotations
@@ -32,7 +35,7 @@ from pathlib import Path
 import pytest
 
 import base_image
-from compose_on_podman import Podman, PodmanError, Project, build_image
+from compose_on_podman import Podman, Project, build_image
 from deploy_files import ROOT, DockerIgnore, compose_services, in_ci
 from step_digest import in_process_digest
 
@@ -40,8 +43,9 @@ pytestmark = pytest.mark.timeout(1200)
 
 #: The image's user (deploy/Dockerfile, docker-compose.yml).
 ENVD_UID = 10001
-#: Where the trainer containers find step_digest.py.
+#: Where the trainer containers find step_digest.py, and the mount that puts it there.
 DIGEST_SCRIPT = "/opt/envd-test/step_digest.py"
+DIGEST_MOUNT = ["--volume", f"{ROOT / 'tests' / 'deploy' / 'step_digest.py'}:{DIGEST_SCRIPT}:ro"]
 #: (env id, envs, steps): discrete and continuous actions, episodes that end.
 DIGEST_RUNS = [("CartPole-v1", 64, 300), ("Pendulum-v1", 16, 250)]
 SEGMENT = re.compile(r"envd-\d+-[0-9a-f]+-\w+")
@@ -87,12 +91,13 @@ def base(podman):
             "python tests/deploy/base_image.py NAME)"
         yield given
         return
-    if shutil.which("debootstrap") is None or os.geteuid() != 0:
+    if shutil.which("debootstrap") is None:
         _unavailable("no base image: set ENVD_CONTAINER_BASE to one (python:3.11-slim where "
-                     "a registry is reachable), or run as root with debootstrap installed")
+                     "a registry is reachable), or install debootstrap to build one")
     name = f"localhost/envd-test-base-{secrets.token_hex(4)}:bookworm"
     try:
-        _record("base image (debootstrap + import)", f"{base_image.build(name, podman.executable):.0f} s")
+        seconds = base_image.build(name, podman.executable)
+        _record("base image (debootstrap + import)", f"{seconds:.0f} s")
         yield name
     finally:
         podman("rmi", "--force", name, check=False)
@@ -155,8 +160,7 @@ def _digest_in(stack: Project, service: str, env_id: str, num_envs: int, steps: 
                     entrypoint=["python", DIGEST_SCRIPT],
                     command=["--env-id", env_id, "--num-envs", str(num_envs),
                              "--steps", str(steps)],
-                    extra=["--volume", f"{ROOT / 'tests/deploy/step_digest.py'}:{DIGEST_SCRIPT}:ro"],
-                    detach=False, **up_kwargs)
+                    extra=DIGEST_MOUNT, detach=False, **up_kwargs)
     assert done.returncode == 0, done.stdout + done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -165,8 +169,7 @@ def _hold_session(stack: Project, service: str, name: str, **kwargs) -> None:
     """A trainer container that makes a session, steps it and keeps it open."""
     stack.up(service, name=name, entrypoint=["python", DIGEST_SCRIPT],
              command=["--num-envs", "32", "--steps", "10", "--hold"],
-             extra=["--volume", f"{ROOT / 'tests/deploy/step_digest.py'}:{DIGEST_SCRIPT}:ro"],
-             **kwargs)
+             extra=DIGEST_MOUNT, **kwargs)
     deadline = time.monotonic() + 120
     while True:
         lines = [line for line in stack.logs(name).splitlines() if line.startswith("{")]
