@@ -8,7 +8,8 @@ deploy/Dockerfile's default base is python:3.11-slim, pulled from a registry.
 Here none is reachable, so CI builds this stand-in and passes it as
 ``--build-arg PYTHON_IMAGE=NAME``.  What the Dockerfile expects of its base:
 ``python`` is Python 3.11 with venv and pip, headers for the cffi build, and
-apt-get (the builder installs gcc; it is here already, so that is quick).
+apt-get, with which the builder stage installs gcc.  No compiler here, as in
+python:3.11-slim: the runtime stage, on this same base, must have none.
 
 The host's CA bundle (pip's ``cert`` setting, else the system bundle) replaces
 the base's system bundle, which Debian's pip reads: where the package index is
@@ -29,7 +30,7 @@ from pathlib import Path
 SUITE = "bookworm"
 #: What the Dockerfile's stages use from their base (see the module docstring).
 PACKAGES = ("python3", "python3-venv", "python3-dev", "python3-pip", "python-is-python3",
-            "gcc", "libc6-dev", "ca-certificates")
+            "ca-certificates")
 SYSTEM_CA_BUNDLE = "etc/ssl/certs/ca-certificates.crt"
 
 

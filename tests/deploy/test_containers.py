@@ -2,8 +2,9 @@
 services of docker-compose.yml wired as the file wires them
 (compose_on_podman.py says why plain podman commands and not podman-compose).
 
-- The daemon container runs as its non-root user and passes its health check
-  (the compose service's and the image's own).
+- The daemon container runs as its non-root user, without a compiler in the
+  image, and passes its health check (the compose service's and the image's
+  own).
 - A trainer sharing its IPC namespace and socket volume steps over shared
   memory, bit-identical to in-process (step_digest.py); one in another IPC
   namespace gets the inline transport, still bit-identical.
@@ -226,6 +227,10 @@ def test_daemon_container_runs_as_its_user_and_passes_its_health_check(project):
     status = project.podman("exec", name, "envd", "status").stdout
     assert re.match(r"envd \S+ +pid \d+ .* sessions 0", status), status
 
+    # The builder compiled the native core; the image carries no compiler.
+    compilers = project.podman("exec", name, "sh", "-c",
+                               "command -v gcc cc c99 x86_64-linux-gnu-gcc || true").stdout
+    assert compilers.strip() == "", compilers
     # The image's own HEALTHCHECK, as `docker run IMAGE` gets it.
     plain = f"{project.name}-plain"
     project.containers.append(plain)
