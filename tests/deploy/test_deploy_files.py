@@ -772,7 +772,9 @@ def test_deployment_guide_covers_the_files():
     for needed in ("deploy/Dockerfile", "docker-compose.yml", "deploy/k8s/sidecar",
                    "deploy/k8s/fleet", "secrets.template.yaml", "envd keygen",
                    "dns+tcp://envd-fleet.", "--profile tcp", "shm_size", "ipc: shareable",
-                   "kubectl rollout restart"):
+                   "kubectl rollout restart", "podman build --format docker",
+                   "podman healthcheck run", "--ipc container:envd", "default_ulimits",
+                   "PYTHON_IMAGE", "tests/deploy/base_image.py"):
         assert needed in guide, needed
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert "docs/deployment.md" in readme
