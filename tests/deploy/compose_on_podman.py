@@ -157,7 +157,8 @@ class Project:
         run it, in a container called name.  ipc and entrypoint, when given,
         replace the service's.  pod puts the container in that pod, which then
         holds its network and IPC namespaces and /dev/shm (as a Kubernetes Pod
-        does), in place of the service's network, ipc, shm_size and ports."""
+        does), in place of the service's network, ipc, shm_size and ports.
+        Creates the project's named volumes the service mounts, on first use."""
         spec = self.services[service]
         unknown = set(spec) - self.KNOWN_KEYS
         assert not unknown, f"{service}: compose keys {sorted(unknown)} have no podman " \
@@ -182,7 +183,8 @@ class Project:
         ipc = spec.get("ipc") if ipc is None else ipc
         if ipc and not pod:
             if ipc.startswith("service:"):
-                ipc = "container:" + self.container(ipc.split(":", 1)[1])
+                joined = ipc.split(":", 1)[1]
+                ipc = "container:" + self.started.get(joined, self.container(joined))
             args += ["--ipc", ipc]
         if "shm_size" in spec and not pod:
             args += ["--shm-size", _shm_size(spec["shm_size"])]

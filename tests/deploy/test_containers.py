@@ -8,8 +8,8 @@ services of docker-compose.yml wired as the file wires them
 - A trainer sharing its IPC namespace and socket volume steps over shared
   memory, bit-identical to in-process (step_digest.py); one in another IPC
   namespace gets the inline transport, still bit-identical.
-- The tcp profile: CURVE between two containers, and a key the daemon does not
-  know is refused.
+- The tcp profile: CURVE between two containers and through the published
+  port from this host; a key the daemon does not know is refused.
 - `podman stop` drains: exit 0, no segment left in the shared /dev/shm.
 - `podman kill` leaves segments behind in a /dev/shm that outlives the daemon
   (a pod, as deploy/k8s/sidecar's); the restarted daemon removes them.  As
@@ -36,8 +36,10 @@ from pathlib import Path
 import pytest
 
 import base_image
+import envd
 from compose_on_podman import Podman, Project, build_image
 from deploy_files import ROOT, DockerIgnore, compose_services, in_ci
+import step_digest
 from step_digest import in_process_digest
 
 pytestmark = pytest.mark.timeout(1200)
@@ -275,6 +277,17 @@ def test_tcp_profile_serves_curve_between_two_containers(project, keys_dir):
     got = _digest_in(project, "trainer-tcp", env_id, num_envs, steps)
     assert got == {"digest": in_process_digest(env_id, num_envs, steps, 0),
                    "transport": "inline"}
+
+    # The published port: this host steps through it with the trainer's keys
+    # (inline: the host's /dev/shm is not the container's).
+    published = project.podman("port", project.container("envd-tcp"), "5555/tcp").stdout.split()
+    assert published and published[0].startswith("127.0.0.1:"), published
+    with envd.connect(f"tcp://{published[0]}", timeout=30.0,
+                      server_key=str(keys_dir / "server.key"),
+                      client_key=str(keys_dir / "trainer.key_secret")) as client, \
+            client.make(env_id, num_envs=num_envs, seed=0) as env:
+        assert env.transport == "inline"
+        assert step_digest.digest(env, steps, 0) == got["digest"]
 
     # A key pair the daemon does not admit fails the handshake.
     stranger = project.up(
