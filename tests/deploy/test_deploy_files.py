@@ -364,6 +364,8 @@ def test_dockerfile_copies_what_the_wheel_is_built_from():
     for secret in ("deploy/keys/server.key_secret", "deploy/keys/clients/trainer.key",
                    "server.key_secret", "keys/a.key", "native/_envd_native.abi3.so",
                    "native/__pycache__/registry.cpython-311.pyc", ".venv/bin/python",
+                   "native/build/temp.linux-x86_64-cpython-311/x.o", "server/.venv/bin/python",
+                   "client/venv/bin/python", "envd/dist/envd-0.1.0.tar.gz", "build/lib/envd/cli.py",
                    "tests/conftest.py", ".git/config"):
         assert ignore.excluded(secret), f"{secret} would be sent to the builder"
 
@@ -770,7 +772,9 @@ def test_deployment_guide_covers_the_files():
     for needed in ("deploy/Dockerfile", "docker-compose.yml", "deploy/k8s/sidecar",
                    "deploy/k8s/fleet", "secrets.template.yaml", "envd keygen",
                    "dns+tcp://envd-fleet.", "--profile tcp", "shm_size", "ipc: shareable",
-                   "kubectl rollout restart"):
+                   "kubectl rollout restart", "podman build --format docker",
+                   "podman healthcheck run", "--ipc container:envd", "default_ulimits",
+                   "PYTHON_IMAGE", "tests/deploy/base_image.py"):
         assert needed in guide, needed
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert "docs/deployment.md" in readme
