@@ -1,7 +1,7 @@
 """The ``envd`` command line.
 
     envd --threads 8          start the daemon (flags: envd --help)
-    envd list                 env ids envd.make and the daemon accept (with the
+    envd list [--json]        env ids envd.make and the daemon accept (with the
                               daemon's --plugin flags: their envs too)
     envd status [--endpoint] [--json] [--server-key FILE --client-key FILE]
                               ask a running daemon how it is doing
@@ -9,19 +9,37 @@
                               write a CURVE key pair (DIR/NAME.key, DIR/NAME.key_secret)
     envd bench [--quick] [--out DIR] [--seconds S] [--rounds R] [--sizes N ...]
                               the performance comparison on this machine (envd.benchmark)
+
+``python -m envd`` runs the same (envd/__main__.py).  Output cut short by its
+reader (``envd status --json | head``) ends the command quietly, as Unix tools
+do: exit status 141 (128 + SIGPIPE), no traceback.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
+import signal
 import sys
+import textwrap
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
 
 import zmq
 
 import envd
 
 
-def _list(plugins: tuple[str, ...]) -> int:
+#: Width of `envd list`'s lines.
+LIST_WIDTH = 100
+#: Box bounds are spelled out element by element up to this many elements.
+_BOUNDS_SHOWN = 8
+
+
+def _list(plugins: tuple[str, ...], as_json: bool = False) -> int:
     status = 0
     for path in plugins:
         try:
@@ -29,12 +47,106 @@ def _list(plugins: tuple[str, ...]) -> int:
         except envd.PluginError as exc:
             print(f"envd list: {exc}", file=sys.stderr)
             status = 1
-    for env_id in envd.list_envs():
-        spec = envd.native.get_spec(env_id)
-        params = ", ".join(p.describe() for p in spec.params) or "-"
-        print(f"{env_id:<28} obs {spec.observation_space}  action {spec.action_space}  "
-              f"max_episode_steps={spec.max_episode_steps}  params: {params}")
+    specs = [envd.native.get_spec(env_id) for env_id in envd.list_envs()]
+    if as_json:
+        print(json.dumps([env_description(spec) for spec in specs], indent=2, allow_nan=False))
+    else:
+        print("\n\n".join("\n".join(env_lines(spec)) for spec in specs))
     return status
+
+
+def _json_number(value: float | int | bool) -> float | int | bool | None:
+    """A bound or default as JSON has it: null for an infinite bound (unbounded)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _bounds(array: np.ndarray) -> Any:
+    """A Box's low or high: one number when every element has it, else the
+    nested list; ints for integer dtypes; null where unbounded."""
+    values = array.astype(np.float64) if array.dtype.kind == "f" else array.astype(np.int64)
+    if values.size and (values == values.flat[0]).all():
+        return _json_number(values.flat[0].item())
+    nested = values.tolist()
+
+    def clean(item: Any) -> Any:
+        return [clean(x) for x in item] if isinstance(item, list) else _json_number(item)
+    return clean(nested)
+
+
+def space_description(space: spaces.Space) -> dict[str, Any]:
+    """A space as JSON: {"type": "Discrete", "n", "start"} or {"type": "Box",
+    "dtype", "shape", "low", "high"} (see `_bounds`)."""
+    if isinstance(space, spaces.Discrete):
+        return {"type": "Discrete", "n": int(space.n), "start": int(space.start)}
+    assert isinstance(space, spaces.Box)
+    return {"type": "Box", "dtype": space.dtype.name, "shape": list(space.shape),
+            "low": _bounds(space.low), "high": _bounds(space.high)}
+
+
+def env_description(spec) -> dict[str, Any]:
+    """What `envd list --json` prints about one env (an envd.native.EnvSpec)."""
+    builtin = spec.origin == "builtin"
+    return {
+        "id": spec.id,
+        "source": "builtin" if builtin else "plugin",
+        "plugin": None if builtin else spec.origin,
+        "observation_space": space_description(spec.observation_space),
+        "action_space": space_description(spec.action_space),
+        "max_episode_steps": spec.max_episode_steps,
+        "num_agents": spec.num_agents,
+        "params": [{"name": p.name, "type": p.type, "default": p.default,
+                    "min": _json_number(p.min_value), "max": _json_number(p.max_value),
+                    "doc": p.doc} for p in spec.params],
+        "info_fields": [{"name": f.name, "dtype": f.dtype.name, "shape": list(f.shape),
+                         "doc": f.doc} for f in spec.info_fields],
+    }
+
+
+def _number(value: float) -> str:
+    return f"{value:.6g}"
+
+
+def _space_text(space: spaces.Space) -> list[str]:
+    """Discrete(2); Box(uint8, shape (84, 84)) in [0, 255]; or a small Box
+    with its bounds element by element on two more lines (a large one with
+    differing bounds points to --json)."""
+    if not isinstance(space, spaces.Box):
+        return [str(space)]
+    head = f"Box({space.dtype.name}, shape {space.shape})"
+    low, high = _bounds(space.low), _bounds(space.high)
+    if not isinstance(low, list) and not isinstance(high, list):
+        return [f"{head} in [{_number(space.low.flat[0])}, {_number(space.high.flat[0])}]"]
+    if space.low.size > _BOUNDS_SHOWN:
+        return [f"{head}, bounds differ per element (envd list --json)"]
+    return [head] + [f"{name:<5}[{' '.join(_number(x) for x in bound.flat)}]"
+                     for name, bound in (("low", space.low), ("high", space.high))]
+
+
+def env_lines(spec) -> list[str]:
+    """`envd list`'s lines about one env, none wider than LIST_WIDTH: a heading
+    (id, source, time limit), then labelled lines: the plugin's path, the
+    spaces, each parameter and info field, wrapped under their label."""
+    source = "built-in" if spec.origin == "builtin" else "plugin"
+    limit = spec.max_episode_steps if spec.max_episode_steps is not None else "none"
+    agents = f", {spec.num_agents} agents per env" if spec.num_agents > 1 else ""
+    rows = [] if spec.origin == "builtin" else [("plugin", spec.origin)]
+    for label, space in (("observation", spec.observation_space), ("action", spec.action_space)):
+        first, *more = _space_text(space)
+        rows += [(label, first)] + [("", line) for line in more]  # bounds under their space
+    rows += [("parameter", p.describe() + (f": {p.doc}" if p.doc else "")) for p in spec.params]
+    rows += [("info", f"{f.name}: {f.dtype.name} {f.shape} per env"
+              + (f": {f.doc}" if f.doc else "")) for f in spec.info_fields]
+    # Words break at spaces only, never at the hyphens of ids and paths; a
+    # word longer than a line (a long plugin path) is cut where the line ends.
+    lines = textwrap.wrap(f"{spec.id}  {source}, max_episode_steps {limit}{agents}",
+                          LIST_WIDTH, subsequent_indent="    ", break_on_hyphens=False)
+    label_width = max(len(label) for label, _ in rows) + 4
+    for label, text in rows:
+        lines += textwrap.wrap(text, LIST_WIDTH, initial_indent=f"  {label:<{label_width - 2}}",
+                               subsequent_indent=" " * label_width, break_on_hyphens=False)
+    return lines
 
 
 def _keygen(out: str, name: str) -> int:
@@ -148,6 +260,23 @@ def status_table(status: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run `envd ARGV`; its exit status."""
+    try:
+        try:
+            return _main(argv)
+        finally:  # buffered output meets a closed pipe here at the latest
+            sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader left (`envd status --json | head`): stop quietly, as a
+        # Unix tool killed by SIGPIPE does.  stdout goes to /dev/null so that
+        # the interpreter's own flush at exit finds nothing to fail on.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 128 + signal.SIGPIPE
+
+
+def _main(argv: list[str] | None) -> int:
     from envd.server import config as server_config  # the daemon's flags
     from envd.server.daemon import run_daemon
 
@@ -157,8 +286,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--version", action="version", version=f"envd {envd.__version__}")
     server_config.add_arguments(parser)
     sub = parser.add_subparsers(dest="command", metavar="{list,status,keygen,bench}")
-    sub.add_parser("list", help="list the env ids envd.make and the daemon accept (and those "
-                   "of the --plugin libraries given before the command)")
+    listing = sub.add_parser("list", help="list the env ids envd.make and the daemon accept "
+                             "(and those of the --plugin libraries given before the command)")
+    listing.add_argument("--json", action="store_true", help="print them as JSON: a list of "
+                         "{id, source, plugin, observation_space, action_space, "
+                         "max_episode_steps, num_agents, params, info_fields}")
     status = sub.add_parser("status", help="print a running daemon's status (exit 1 if it "
                             "does not answer within the timeout)")
     status.add_argument("--endpoint", help="the daemon's endpoint (default: ENVD_ENDPOINT, "
@@ -208,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     if args.command == "list":
-        return _list(config.plugins)
+        return _list(config.plugins, args.json)
     try:
         return run_daemon(config)
     except (RuntimeError, OSError, zmq.ZMQError, envd.EnvdError) as exc:  # e.g. the endpoint is taken

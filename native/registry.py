@@ -8,11 +8,12 @@ The registry holds the built-ins and the envs of every plugin loaded with
 """
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 from gymnasium import spaces
@@ -91,17 +92,47 @@ class EnvSpec:
     definition: Any  # cdata 'const envd_env_def_t *'; kept alive by its library
     origin: str  # "builtin" or the path of the plugin that defined it
 
-    def param_values(self, kwargs: dict[str, Any]) -> list[float]:
-        """Validate make's env kwargs; return every parameter in declaration order."""
+    def param_values(self, kwargs: dict[str, Any], arguments: Iterable[str] = ()) -> list[float]:
+        """Validate make's env kwargs; return every parameter in declaration order.
+
+        arguments: the names of make's own keyword arguments (seed...), which a
+        mistyped one lands among the env kwargs as: an unknown name close to
+        a parameter or to one of these gets a "did you mean" in the error."""
         known = {p.name: p for p in self.params}
         unknown = sorted(set(kwargs) - set(known), key=str)  # names may be str and bytes
         if unknown:
             accepted = ", ".join(p.describe() for p in self.params) or "none"
+            named = ", ".join(repr(name) + self._hint(name, arguments) for name in unknown)
             raise InvalidArgumentError(
-                f"{self.id} has no parameter {', '.join(map(repr, unknown))}; "
-                f"its parameters are: {accepted}")
+                f"{self.id} has no parameter {named}; its parameters are: {accepted}")
         return [p.coerce(self.id, kwargs[p.name]) if p.name in kwargs else float(p.default)
                 for p in self.params]
+
+    def _hint(self, name: Any, arguments: Iterable[str]) -> str:
+        """' (did you mean ...?)' for a mistyped kwarg name, else ''."""
+        params = [p.name for p in self.params]
+        choices = params + [a for a in arguments if a not in params]
+        close = did_you_mean(name, choices) if isinstance(name, str) else []
+        if not close:
+            return ""
+        spelled = [repr(c) if c in params else f"make's argument {c!r}" for c in close]
+        return f" (did you mean {' or '.join(spelled)}?)"
+
+
+#: Names longer than this get no suggestion (a mistyped name is short; the
+#: daemon must not spend time matching whatever a client sends).
+_SUGGEST_MAX_CHARS = 100
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> list[str]:
+    """The choices close to a mistyped word, best first (at most three;
+    difflib's similarity, ignoring case, so "cartpole-v1" finds "CartPole-v1")."""
+    if len(word) > _SUGGEST_MAX_CHARS:
+        return []
+    folded: dict[str, str] = {}
+    for choice in choices:
+        folded.setdefault(choice.lower(), choice)
+    return [folded[match] for match in difflib.get_close_matches(word.lower(), folded, n=3)]
 
 
 def _unbounded(dtype: np.dtype) -> tuple[float, float]:
@@ -239,11 +270,14 @@ def list_envs() -> list[str]:
 
 
 def get_spec(env_id: str) -> EnvSpec:
-    """The EnvSpec registered under env_id, or UnknownEnvError listing the known ids."""
+    """The EnvSpec registered under env_id, or UnknownEnvError listing the known
+    ids (and the closest ones first, when env_id looks like a typo of them)."""
     if not isinstance(env_id, str):
         raise InvalidArgumentError(f"env_id must be a str, got {type(env_id).__name__}")
     try:
         return _REGISTRY[env_id]
     except KeyError:
+        close = did_you_mean(env_id, _REGISTRY)
+        hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
         raise UnknownEnvError(
-            f"unknown env id {env_id!r}; known ids: {', '.join(list_envs())}") from None
+            f"unknown env id {env_id!r}{hint}; known ids: {', '.join(list_envs())}") from None

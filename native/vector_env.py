@@ -8,6 +8,7 @@ daemon-served VecEnv).
 """
 from __future__ import annotations
 
+import inspect
 import os
 import secrets
 from typing import Any, Sequence
@@ -73,7 +74,7 @@ class VecEnv(BatchedVecEnv):
             num_threads = default_num_threads()
         num_threads = check_int("num_threads", num_threads, 0, MAX_THREADS)
         cpus = self._check_pin_cpus(pin_cpus, num_threads)
-        params = spec.param_values(env_kwargs)
+        params = spec.param_values(env_kwargs, MAKE_ARGUMENTS)
         # seed=None: a random base seed, env i then gets base + i as for an int seed.
         seeds = seed_list(secrets.randbelow(2**63) if seed is None else seed, num_envs)
         super().__init__(spec.id, spec.observation_space, spec.action_space, num_envs, mode,
@@ -199,3 +200,9 @@ def make(env_id: str, num_envs: int, *, seed: int | Sequence[int] | None = None,
                   autoreset_mode=autoreset_mode, max_episode_steps=max_episode_steps,
                   copy=copy, episode_statistics=episode_statistics, pin_cpus=pin_cpus,
                   env_kwargs=env_kwargs, batch_size=batch_size)
+
+
+#: make's own keyword arguments: a mistyped one (sed=0) lands among the env
+#: kwargs, whose error then suggests the argument it resembles.
+MAKE_ARGUMENTS = tuple(name for name, p in inspect.signature(make).parameters.items()
+                       if p.kind is inspect.Parameter.KEYWORD_ONLY)

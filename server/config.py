@@ -341,7 +341,7 @@ def _boolean(variable: str, text: str) -> bool:
 # flag -> (type, help); the defaults come from Config.
 _FLAGS: dict[str, tuple[Callable[[str], object], str]] = {
     "threads": (int, "native worker threads shared by every session (0 = step on the "
-                     "event loop thread; default: usable CPUs)"),
+                     "event loop thread)"),
     "log_level": (str, "debug, info, warning or error"),
     "log_format": (str, "text (one line per event) or json (one object per line)"),
     "lease_timeout": (float, "seconds of silence after which a client's sessions are freed"),
@@ -400,6 +400,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "load is logged and skipped, see `envd status`")
     for name, (kind, text) in _FLAGS.items():
         default = getattr(defaults, name)
+        if name == "threads":  # the machine's value, said with where it comes from
+            default = f"the number of usable CPUs, here {default}"
         parser.add_argument("--" + name.replace("_", "-"), type=kind, metavar=name.upper(),
                             help=f"{text} (env ENVD_{name.upper()}; default {default})")
     parser.add_argument("--insecure", action="store_true", default=None,

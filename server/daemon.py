@@ -450,9 +450,21 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
     return uvloop.new_event_loop()
 
 
+def note_threads_over_cpus(config: Config) -> None:
+    """Log one line when --threads exceeds the CPUs this process may run on:
+    threads beyond them cannot step at the same time (and the pool lets at
+    most one spin per CPU), so they add context switches, not speed."""
+    cpus = len(os.sched_getaffinity(0))
+    if config.threads > cpus:
+        log.warning("--threads %d is more than the %d CPU(s) this daemon may run on: at most "
+                    "%d threads step at once (--threads %d, the default, uses them all)",
+                    config.threads, cpus, cpus, cpus)
+
+
 def run_daemon(config: Config) -> int:
     """Run a daemon until it is drained by a signal; its exit status."""
     logs.configure(config.log_level, config.log_format)
+    note_threads_over_cpus(config)
     loop = new_event_loop()
     asyncio.set_event_loop(loop)
     try:

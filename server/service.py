@@ -52,6 +52,9 @@ _EXPIRED_MEMORY = 65536
 _DRAIN_ALLOWED = {"hello", "close", "bye", "heartbeat", "status"}
 #: Longest env id / message type echoed back in an error message.
 _ECHO_LIMIT = 100
+#: A make request's fields besides the env kwargs: a kwarg close to one of
+#: them (sed=0) is suggested as that argument in the error.
+_MAKE_ARGUMENTS = tuple(f for f in protocol.MESSAGE_FIELDS["make"] if f != "env_kwargs")
 #: Requests --max-requests-per-second never refuses: a throttled client can
 #: always keep its lease and leave.
 _NEVER_THROTTLED = frozenset({"heartbeat", "close", "bye"})
@@ -347,7 +350,7 @@ class Service:
         seed = header.get("seed")
 
         def build() -> Session:  # on the executor: seeds and envs of big makes take time
-            params = spec.param_values(env_kwargs)
+            params = spec.param_values(env_kwargs, _MAKE_ARGUMENTS)
             seeds = seed_list(secrets.randbelow(2**63) if seed is None else seed, num_envs)
             try:
                 session = Session(client.identity, spec, num_envs, mode, max_steps, params,

@@ -32,6 +32,48 @@ def test_unknown_env_id_lists_known_ids():
     assert isinstance(err.value, EnvdError) and isinstance(err.value, ValueError)
 
 
+@pytest.mark.parametrize("typo,meant", [("CartPole-v0", "CartPole-v1"),
+                                         ("cartpole-v1", "CartPole-v1"),
+                                         ("Pendulum", "Pendulum-v1"),
+                                         ("MountainCarContinous-v0", "MountainCarContinuous-v0")])
+def test_a_mistyped_env_id_gets_a_did_you_mean(typo, meant):
+    with pytest.raises(UnknownEnvError) as err:
+        envd.make(typo, 2)
+    message = str(err.value)
+    assert message.startswith(f"unknown env id {typo!r} (did you mean {meant!r}")
+    assert "; known ids: Acrobot-v1, CartPole-v1" in message  # the whole list still follows
+
+
+def test_an_env_id_like_none_gets_no_suggestion():
+    with pytest.raises(UnknownEnvError) as err:
+        envd.make("Zebra", 2)
+    assert "did you mean" not in str(err.value)
+    assert str(err.value).startswith("unknown env id 'Zebra'; known ids: ")
+
+
+@pytest.mark.parametrize("env_id,kwargs,hint", [
+    ("Pendulum-v1", {"gg": 9.81}, "'gg' (did you mean 'g'?)"),
+    ("CartPole-v1", {"sutton_barto": True},
+     "'sutton_barto' (did you mean 'sutton_barto_reward'?)"),
+    ("ConnectFour-v0", {"Depth": 2}, "'Depth' (did you mean 'depth'?)"),
+    # make's own arguments, mistyped, land among the env kwargs
+    ("CartPole-v1", {"sed": 0}, "'sed' (did you mean make's argument 'seed'?)"),
+    ("Acrobot-v1", {"num_thread": 1}, "'num_thread' (did you mean make's argument 'num_threads'?)"),
+    ("Pendulum-v1", {"autoreset": "same_step"},
+     "'autoreset' (did you mean make's argument 'autoreset_mode'?)"),
+])
+def test_a_mistyped_kwarg_gets_a_did_you_mean(env_id, kwargs, hint):
+    with pytest.raises(InvalidArgumentError) as err:
+        envd.make(env_id, 2, **kwargs)
+    assert f"{env_id} has no parameter {hint}; its parameters are: " in str(err.value)
+
+
+def test_only_the_mistyped_kwargs_get_suggestions():
+    with pytest.raises(InvalidArgumentError) as err:
+        envd.make("Pendulum-v1", 2, gravity=9.81, g2=1.0)
+    assert "has no parameter 'g2' (did you mean 'g'?), 'gravity'; its parameters" in str(err.value)
+
+
 @pytest.mark.parametrize("bad", [(4, 1), (3,), (5,), ()])
 def test_actions_of_wrong_shape(bad):
     with envd.make("CartPole-v1", 4, seed=0) as env:
