@@ -268,10 +268,16 @@ TROUBLESHOOTING_PHRASES = [
     "rebuild it against this envd's envd.h (python -m envd.native --include)",
     "is already registered",
     "unknown env id",
+    # mistyped ids and kwargs (native/registry.py)
+    " (did you mean ",
+    "make's argument ",
+    "; its parameters are: ",
     # startup (server/config.py, envd/cli.py, server/daemon.py)
     " is not a valid --",
     "is not a valid boolean (1/true/yes or 0/false/no)",
     "needs one CPU per thread",
+    "CPU(s) this daemon may run on: at most ",
+    "threads step at once (--threads ",
     "must start with ipc:// or tcp://",
     "pick another port with --metrics-port",
     "install it with pip install 'envd[metrics]'",
@@ -298,3 +304,20 @@ def test_quoted_messages_occur_in_the_code_and_the_page(phrase, source_literals)
 def test_the_pages_are_linked_from_the_readme():
     readme = (ROOT / "README.md").read_text()
     assert "docs/configuration.md" in readme and "docs/troubleshooting.md" in readme
+
+
+def test_the_readme_command_summary_names_every_flag(monkeypatch):
+    """The README's command summary (the first bash block under "### The
+    daemon") names every flag of `envd --help` and of each subcommand."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("### The daemon", 1)[1]
+    summary = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
+    main_help = _help(monkeypatch)
+    helps = {"envd": main_help}
+    helps.update({f"envd {c}": _help(monkeypatch, c) for c in _subcommands(main_help)})
+    missing = {name: sorted({f for f in _FLAG.findall(text) if not _mentions(summary, f)})
+               for name, text in helps.items()}
+    missing = {name: flags for name, flags in missing.items() if flags}
+    assert not missing, f"flags missing from README.md's command summary: {missing}"
+    for command in _subcommands(main_help):
+        assert re.search(rf"^envd (\[.*\]\S* )?{command}\b", summary, re.M), command
