@@ -23,14 +23,16 @@ import os
 import signal
 import sys
 import textwrap
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import zmq
 from gymnasium import spaces
 
-import zmq
-
 import envd
+
+if TYPE_CHECKING:
+    from envd.native.registry import EnvSpec
 
 
 #: Width of `envd list`'s lines.
@@ -40,6 +42,7 @@ _BOUNDS_SHOWN = 8
 
 
 def _list(plugins: tuple[str, ...], as_json: bool = False) -> int:
+    """Print every env (after loading plugins); exit 1 when a plugin fails."""
     status = 0
     for path in plugins:
         try:
@@ -85,7 +88,7 @@ def space_description(space: spaces.Space) -> dict[str, Any]:
             "low": _bounds(space.low), "high": _bounds(space.high)}
 
 
-def env_description(spec) -> dict[str, Any]:
+def env_description(spec: EnvSpec) -> dict[str, Any]:
     """What `envd list --json` prints about one env (an envd.native.EnvSpec)."""
     builtin = spec.origin == "builtin"
     return {
@@ -124,7 +127,7 @@ def _space_text(space: spaces.Space) -> list[str]:
                      for name, bound in (("low", space.low), ("high", space.high))]
 
 
-def env_lines(spec) -> list[str]:
+def env_lines(spec: EnvSpec) -> list[str]:
     """`envd list`'s lines about one env, none wider than LIST_WIDTH: a heading
     (id, source, time limit), then labelled lines: the plugin's path, the
     spaces, each parameter and info field, wrapped under their label."""
