@@ -102,7 +102,8 @@ class EnvSpec:
         unknown = sorted(set(kwargs) - set(known), key=str)  # names may be str and bytes
         if unknown:
             accepted = ", ".join(p.describe() for p in self.params) or "none"
-            named = ", ".join(repr(name) + self._hint(name, arguments) for name in unknown)
+            named = ", ".join(repr(name) + (self._hint(name, arguments) if i < _SUGGESTED_NAMES
+                                             else "") for i, name in enumerate(unknown))
             raise InvalidArgumentError(
                 f"{self.id} has no parameter {named}; its parameters are: {accepted}")
         return [p.coerce(self.id, kwargs[p.name]) if p.name in kwargs else float(p.default)
@@ -119,9 +120,11 @@ class EnvSpec:
         return f" (did you mean {' or '.join(spelled)}?)"
 
 
-#: Names longer than this get no suggestion (a mistyped name is short; the
-#: daemon must not spend time matching whatever a client sends).
+#: Names longer than this get no suggestion, and only the first few unknown
+#: kwargs get one: a mistyped name is short and comes alone, and the daemon
+#: must not spend time matching whatever a client sends.
 _SUGGEST_MAX_CHARS = 100
+_SUGGESTED_NAMES = 8
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> list[str]:
