@@ -21,7 +21,7 @@ importing module and then looking id up, so ``"envd:CartPole-v1"`` would be
 gymnasium's CartPole; envd wraps gymnasium's lookup (``_find_spec``) so that an
 id with the module prefix ``envd:`` and no namespace means ``envd/<id>``:
 ``"envd:CartPole-v1"`` is envd's CartPole, and ``"envd:Nope-v0"`` fails with
-gymnasium's "no registered env" error for ``envd/Nope-v0``.  Nothing else goes
+gymnasium's error that ``Nope`` does not exist in namespace envd.  Nothing else goes
 through the wrapper differently.  One case cannot be routed: when envd is not
 imported yet, gymnasium imports it in the middle of its lookup and then looks
 up the bare id, which is gymnasium's own; ``import envd`` notices that it is

@@ -3,7 +3,7 @@
 envd steps envs in batches; a single env is a batch of one with
 ``autoreset_mode="disabled"``: as for any gymnasium.Env, the caller resets
 after an episode ends (stepping a finished episode raises envd.EnvStateError
-instead of gymnasium's undefined behaviour).  ``reset(seed=s)`` seeds it as
+saying so, instead of gymnasium's undefined behaviour).  ``reset(seed=s)`` seeds it as
 gymnasium seeds its own env (env 0 of a batch seeded with s), so its episodes
 equal gymnasium's bit for bit for the built-in classic-control envs.
 
@@ -24,7 +24,7 @@ import gymnasium
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-from envd.errors import InvalidArgumentError
+from envd.errors import EnvStateError, InvalidArgumentError
 from envd.vector_base import BatchedVecEnv
 
 
@@ -44,6 +44,7 @@ class EnvdEnv(gymnasium.Env):
         self.action_space = venv.single_action_space
         self.render_mode = None
         self._action_shape = (1, *self.action_space.shape)
+        self._episode_over = False  # step() refuses until reset()
 
     @classmethod
     def make(cls, env_id: str, *, endpoint: Any = None, **kwargs: Any) -> "EnvdEnv":
@@ -71,14 +72,19 @@ class EnvdEnv(gymnasium.Env):
             raise InvalidArgumentError(f"{self.venv.env_id}: a single env takes no reset "
                                        f"options, got {sorted(options)}")
         obs, info = self.venv.reset(seed=seed)
+        self._episode_over = False
         return obs[0].copy(), self._first_row(info)
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         """One step: (obs, reward, terminated, truncated, info)."""
+        if self._episode_over:
+            raise EnvStateError(f"{self.venv.env_id}: the episode has ended (terminated or "
+                                "truncated); call reset() before stepping again")
         actions = np.asarray(action)
         if actions.shape == self.action_space.shape:
             actions = actions.reshape(self._action_shape)  # else the vec's shape error
         obs, rewards, terminations, truncations, info = self.venv.step(actions)
+        self._episode_over = bool(terminations[0] or truncations[0])
         return (obs[0].copy(), float(rewards[0]), bool(terminations[0]), bool(truncations[0]),
                 self._first_row(info))
 
