@@ -92,7 +92,7 @@ INFO_PREFIX = "info."
 #: RecordEpisodeStatistics wrapper, which refuses an info that already has
 #: its key "episode", works on a default env.  episode_statistics="episode"
 #: puts them under gymnasium's key instead (code written for that shape).
-ENVD_EPISODE_KEY = "envd_episode"
+DEFAULT_EPISODE_KEY = "envd_episode"
 #: Info keys envd writes itself: an episode statistics key cannot be one.
 RESERVED_INFO_KEYS = frozenset({"env_id", "final_obs", "final_info"})
 
@@ -101,12 +101,12 @@ def episode_statistics_key(value: bool | str) -> str | None:
     """The info key of make's episode_statistics: True -> "envd_episode",
     False -> None (no statistics), a str -> that key (e.g. "episode")."""
     if value is True or value is False or isinstance(value, np.bool_):
-        return ENVD_EPISODE_KEY if value else None
+        return DEFAULT_EPISODE_KEY if value else None
     if (isinstance(value, str) and value.isidentifier() and not value.startswith("_")
             and value not in RESERVED_INFO_KEYS):
         return value
     raise InvalidArgumentError(
-        f"episode_statistics must be True (info[{ENVD_EPISODE_KEY!r}]), False (none) or an "
+        f"episode_statistics must be True (info[{DEFAULT_EPISODE_KEY!r}]), False (none) or an "
         f"info key such as 'episode' (an identifier not starting with '_', not one of "
         f"{sorted(RESERVED_INFO_KEYS)}), got {value!r}")
 
