@@ -132,3 +132,21 @@ def test_record_episode_statistics_same_step_autoreset():
             episodes += int(done.sum())
     assert episodes > NUM_ENVS
     env.close()
+
+
+def test_bad_episode_statistics_keys_through_the_daemon(daemon):
+    """A bad key is refused by the client before the daemon makes anything; a
+    key that is one of the env's info fields is refused once the env's fields
+    are known, and the session made for it is freed: nothing stays behind."""
+    client = daemon.connect()
+    with pytest.raises(envd.InvalidArgumentError, match="episode_statistics must be"):
+        client.make("CartPole-v1", 2, episode_statistics="_envd_episode")
+    with pytest.raises(envd.InvalidArgumentError, match="info field 'action_mask'"):
+        client.make("ConnectFour-v0", 2, episode_statistics="action_mask")
+    status = client.status()
+    assert status["sessions"] == 0 and status["envs"] == 0
+    with open("/proc/self/maps") as maps:
+        assert not any("/dev/shm/envd-" in line for line in maps)
+    with client.make("ConnectFour-v0", 2, seed=0, episode_statistics="stats") as env:
+        assert env.episode_statistics_key == "stats"
+    client.close()
