@@ -80,7 +80,7 @@ import envd
 from envd import protocol
 
 MODES = ("next_step", "same_step", "disabled")
-ENV_INFO_EXCLUDED = {"episode", "_episode", "final_obs", "_final_obs", "final_info", "_final_info"}
+ENV_INFO_EXCLUDED = {"envd_episode", "_envd_episode", "final_obs", "_final_obs", "final_info", "_final_info"}
 SHM = "/dev/shm"
 #: Each mismatch/error message kept in the report is cut to this many characters.
 DETAIL_CHARS = 600
@@ -189,13 +189,13 @@ def diff_info(ri: dict, li: dict, where: str, problems: list[str]) -> None:
         return
     for name in set(li) - ENV_INFO_EXCLUDED:
         diff_array(ri[name], li[name], f"info[{name!r}]", problems)
-    if "episode" in li:
-        if not (ri["episode"].keys() == li["episode"].keys() == {"r", "l", "t"}):
-            problems.append(f"episode keys {sorted(ri['episode'])}")
+    if "envd_episode" in li:
+        if not (ri["envd_episode"].keys() == li["envd_episode"].keys() == {"r", "l", "t"}):
+            problems.append(f"episode keys {sorted(ri['envd_episode'])}")
         else:
             for key in "rl":  # t is wall time
-                diff_array(ri["episode"][key], li["episode"][key], f"episode[{key!r}]", problems)
-        diff_array(ri["_episode"], li["_episode"], "_episode", problems)
+                diff_array(ri["envd_episode"][key], li["envd_episode"][key], f"episode[{key!r}]", problems)
+        diff_array(ri["_envd_episode"], li["_envd_episode"], "_envd_episode", problems)
     if "final_obs" in li:
         diff_array(ri["_final_obs"], li["_final_obs"], "_final_obs", problems)
         diff_array(ri["_final_info"], li["_final_info"], "_final_info", problems)
@@ -371,13 +371,13 @@ class SyncTwin:
                 for k in self.env_fields:
                     self.info[k][t] = info[k]
                 done = term | trunc
-                if "episode" in info:
+                if "envd_episode" in info:
                     if self.ep_dtypes is None:
-                        self.ep_dtypes = (info["episode"]["r"].dtype, info["episode"]["l"].dtype)
+                        self.ep_dtypes = (info["envd_episode"]["r"].dtype, info["envd_episode"]["l"].dtype)
                         self.ep_r = self.ep_r.astype(self.ep_dtypes[0])
                         self.ep_l = self.ep_l.astype(self.ep_dtypes[1])
-                    self.ep_r[t][done] = info["episode"]["r"][done]
-                    self.ep_l[t][done] = info["episode"]["l"][done]
+                    self.ep_r[t][done] = info["envd_episode"]["r"][done]
+                    self.ep_l[t][done] = info["envd_episode"]["l"][done]
                 if self.same_step and done.any():
                     for i in np.flatnonzero(done):
                         self.final[t, i] = info["final_obs"][i]
@@ -419,17 +419,17 @@ def verify_recv(result, twin: SyncTwin, k: np.ndarray, ids: np.ndarray, statisti
             rows(f"info[{name!r}]", info[name], twin.info[name][k, ids])
     done = twin.dones[k, ids]
     if done.any() and statistics:
-        if "episode" not in info:
-            problems.append(f"no info['episode'] though envs {ids[done][:6].tolist()} ended")
+        if "envd_episode" not in info:
+            problems.append(f"no info['envd_episode'] though envs {ids[done][:6].tolist()} ended")
         else:
-            diff_array(info["_episode"], done, "_episode", problems)
+            diff_array(info["_envd_episode"], done, "_envd_episode", problems)
             if twin.ep_dtypes is not None:
-                rows("episode['r']", info["episode"]["r"], twin.ep_r[k, ids], done)
-                rows("episode['l']", info["episode"]["l"], twin.ep_l[k, ids], done)
-    elif not done.any() and ("episode" in info or "final_obs" in info):
-        problems.append("info['episode'] or final_obs in a batch where no episode ended")
-    if done.any() and not statistics and "episode" in info:
-        problems.append("info['episode'] with episode_statistics=False")
+                rows("episode['r']", info["envd_episode"]["r"], twin.ep_r[k, ids], done)
+                rows("episode['l']", info["envd_episode"]["l"], twin.ep_l[k, ids], done)
+    elif not done.any() and ("envd_episode" in info or "final_obs" in info):
+        problems.append("info['envd_episode'] or final_obs in a batch where no episode ended")
+    if done.any() and not statistics and "envd_episode" in info:
+        problems.append("info['envd_episode'] with episode_statistics=False")
     if twin.same_step and done.any():
         if "final_obs" not in info:
             problems.append("no final_obs though episodes ended (same_step)")

@@ -37,7 +37,8 @@ from envd.client.remote_vector_env import RemoteVecEnv
 from envd.errors import (AuthenticationError, ConnectionLostError, EnvdError, EnvdTimeoutError,
                          EnvStateError, InvalidArgumentError, LimitExceededError,
                          ProtocolError, UnknownSessionError, UntrustedPathError)
-from envd.vector_base import autoreset_mode_name, check_int, parse_autoreset_mode, seed_list
+from envd.vector_base import (autoreset_mode_name, check_int, episode_statistics_key,
+                              parse_autoreset_mode, seed_list)
 
 #: The most envs one make may ask for (the native vec's limit).
 MAX_NUM_ENVS = 1 << 20
@@ -516,7 +517,7 @@ class Client:
     def make(self, env_id: str, num_envs: int, *, seed: int | Sequence[int] | None = None,
              autoreset_mode: str | AutoresetMode = "next_step",
              max_episode_steps: int | None = None, copy: bool = False,
-             episode_statistics: bool = True, batch_size: int | None = None,
+             episode_statistics: bool | str = True, batch_size: int | None = None,
              transport: str | None = None, fast_path: bool | None = None,
              **env_kwargs: Any) -> RemoteVecEnv:
         """Make num_envs instances of env_id in the daemon.  Arguments and the
@@ -546,6 +547,7 @@ class Client:
                 f"transport must be one of {', '.join(protocol.TRANSPORTS)} (or ENVD_TRANSPORT "
                 f"unset), got {transport!r}")
         num_envs = check_int("num_envs", num_envs, 1, MAX_NUM_ENVS)
+        episode_statistics_key(episode_statistics)  # refused before the daemon makes anything
         if seed is not None:
             seed_list(seed, num_envs)
         mode = parse_autoreset_mode(autoreset_mode)
@@ -612,8 +614,9 @@ class Client:
 
     def close(self) -> None:
         """Close every env made through this client, then the connection (one
-        ``bye`` frees all its sessions in the daemon).  Idempotent."""
-        if self.closed:
+        ``bye`` frees all its sessions in the daemon).  Idempotent, and a
+        no-op while it runs (an env that owns this client closes it back)."""
+        if self.closed or self._closing:
             return
         self._closing = True
         try:

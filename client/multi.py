@@ -15,8 +15,8 @@ shard its slice of the actions (all shards at once, from a small persistent
 thread pool with one worker per daemon but one; pyzmq releases the GIL while
 it waits), and copies each shard's batch buffers into its rows.  The info dict
 is then built from the merged buffers by the same code as for one env, so it
-is the single env's info (arrays along axis 0 in env order, ``episode`` and
-``_episode``, ``final_obs``/``final_info`` and their masks, the env's own
+is the single env's info (arrays along axis 0 in env order, the episode
+statistics, ``final_obs``/``final_info`` and their masks, the env's own
 info fields) without a merge of dicts that could drift from it.
 
 Async mode (send/recv) is refused over several daemons: recv must return the
@@ -42,7 +42,7 @@ from envd.client.remote_vector_env import RemoteVecEnv
 from envd.errors import (ConnectionLostError, EnvdError, EnvStateError, InvalidActionError,
                          InvalidArgumentError, NativeError)
 from envd.vector_base import (BatchedVecEnv, action_out_of_range, autoreset_mode_name,
-                              check_int, parse_autoreset_mode, seed_list)
+                              check_int, episode_statistics_key, parse_autoreset_mode, seed_list)
 
 
 
@@ -184,7 +184,7 @@ class MultiClient:
     def make(self, env_id: str, num_envs: int, *, seed: int | Sequence[int] | None = None,
              autoreset_mode: str | AutoresetMode = "next_step",
              max_episode_steps: int | None = None, copy: bool = False,
-             episode_statistics: bool = True, batch_size: int | None = None,
+             episode_statistics: bool | str = True, batch_size: int | None = None,
              **env_kwargs: Any) -> "MultiVecEnv":
         """num_envs envs of env_id spread over the daemons in proportion to
         their threads (see split_envs); arguments as Client.make (env_kwargs
@@ -198,6 +198,7 @@ class MultiClient:
         if not isinstance(env_id, str):
             raise InvalidArgumentError(f"env_id must be a str, got {type(env_id).__name__}")
         num_envs = check_int("num_envs", num_envs, 1, connection.MAX_NUM_ENVS)
+        episode_statistics_key(episode_statistics)  # refused before any daemon makes anything
         # seed=None: one random base seed for all daemons, env i then gets
         # base + i as in envd.make (each daemon drawing its own would not).
         seeds = seed_list(secrets.randbelow(2**63) if seed is None else seed, num_envs)
@@ -257,7 +258,7 @@ class MultiVecEnv(BatchedVecEnv):
     step or reset (copies with copy=True), as for any envd VecEnv."""
 
     def __init__(self, multi: MultiClient, counts: Sequence[int], env_id: str,
-                 seeds: np.ndarray, mode: AutoresetMode, copy: bool, episode_statistics: bool,
+                 seeds: np.ndarray, mode: AutoresetMode, copy: bool, episode_statistics: bool | str,
                  make_kwargs: dict[str, Any]):
         self._shards: tuple[RemoteVecEnv, ...] = ()
         self._executor: ThreadPoolExecutor | None = None

@@ -38,7 +38,7 @@ class RemoteVecEnv(BatchedVecEnv):
     """num_envs envs stepped by a daemon's pool (see Client.make)."""
 
     def __init__(self, client: "Client", reply: dict[str, Any], num_envs: int,
-                 mode: AutoresetMode, copy: bool, episode_statistics: bool,
+                 mode: AutoresetMode, copy: bool, episode_statistics: bool | str,
                  transport: str = "auto"):
         self._client = None
         self.session = reply["session"]

@@ -38,3 +38,9 @@ __all__ = ["make", "list_envs", "load_plugin", "VecEnv", "connect", "Client", "R
            "UnknownSessionError", "SessionExpiredError", "DaemonError", "ShuttingDownError",
            "ConnectionLostError", "AuthenticationError", "EnvdTimeoutError", "SharedMemoryError",
            "PluginError", "__version__"]
+
+# gymnasium.make_vec("envd/<id>") and gymnasium.make("envd/<id>"): register
+# envd's ids with gymnasium (no native code loaded; see envd.gymnasium_registry).
+from envd import gymnasium_registry as _gymnasium_registry  # noqa: E402
+
+_gymnasium_registry.install()

@@ -87,6 +87,29 @@ INFO_PREFIX = "info."
 #: envd's own info keys (env_id, episode, final_obs, final_info, and "_" masks)
 #: are refused as field names by the C validation (errors.c).
 
+#: Where envd reports finished episodes by default (make's
+#: episode_statistics=True): a key of its own, so that gymnasium's
+#: RecordEpisodeStatistics wrapper, which refuses an info that already has
+#: its key "episode", works on a default env.  episode_statistics="episode"
+#: puts them under gymnasium's key instead (code written for that shape).
+DEFAULT_EPISODE_KEY = "envd_episode"
+#: Info keys envd writes itself: an episode statistics key cannot be one.
+RESERVED_INFO_KEYS = frozenset({"env_id", "final_obs", "final_info"})
+
+
+def episode_statistics_key(value: bool | str) -> str | None:
+    """The info key of make's episode_statistics: True -> "envd_episode",
+    False -> None (no statistics), a str -> that key (e.g. "episode")."""
+    if value is True or value is False or isinstance(value, np.bool_):
+        return DEFAULT_EPISODE_KEY if value else None
+    if (isinstance(value, str) and value.isidentifier() and not value.startswith("_")
+            and value not in RESERVED_INFO_KEYS):
+        return value
+    raise InvalidArgumentError(
+        f"episode_statistics must be True (info[{DEFAULT_EPISODE_KEY!r}]), False (none) or an "
+        f"info key such as 'episode' (an identifier not starting with '_', not one of "
+        f"{sorted(RESERVED_INFO_KEYS)}), got {value!r}")
+
 
 def action_out_of_range(env_id: str, space: spaces.Discrete, action: int,
                         index: int) -> InvalidActionError:
@@ -178,8 +201,11 @@ class BatchedVecEnv(VectorEnv):
 
     def __init__(self, env_id: str, observation_space: spaces.Space, action_space: spaces.Space,
                  num_envs: int, mode: AutoresetMode, max_episode_steps: int | None,
-                 copy: bool, episode_statistics: bool, batch_size: int | None = None):
+                 copy: bool, episode_statistics: bool | str, batch_size: int | None = None):
         self.closed = False
+        #: the info key of envd's episode statistics, None when they are off
+        #: (see episode_statistics_key); checked first so a bad value fails early
+        self.episode_statistics_key = episode_statistics_key(episode_statistics)
         # One call at a time; a second Python thread gets a clear error instead
         # of corrupting a step in flight.
         self._lock = threading.Lock()
@@ -193,7 +219,7 @@ class BatchedVecEnv(VectorEnv):
         self.action_space = batch_space(action_space, num_envs)
         self.max_episode_steps = max_episode_steps or None
         self._copy = bool(copy)
-        self._episode_statistics = bool(episode_statistics)
+        self._episode_statistics = self.episode_statistics_key is not None
         self.batch_size = num_envs if batch_size is None else batch_size
         # Async bookkeeping: each env is idle (the trainer has it), in flight
         # or ready (stepped, waiting for recv); ready envs queue in the order
@@ -205,6 +231,7 @@ class BatchedVecEnv(VectorEnv):
         self._recv_count = 0
         self._batch_error: Exception | None = None  # an env failed in a finished send
         self._maybe_running = False  # a call timed out: the buffers may be in use
+        self._owned: list[Any] = []  # closed after this env (close_along)
 
     def _bind_buffers(self, buffers: dict[str, np.ndarray]) -> None:
         self._buffers = buffers
@@ -218,6 +245,10 @@ class BatchedVecEnv(VectorEnv):
         # the env's own info fields: info key -> buffer
         self._env_info = {name[len(INFO_PREFIX):]: array for name, array in buffers.items()
                           if name.startswith(INFO_PREFIX)}
+        if self.episode_statistics_key in self._env_info:
+            raise InvalidArgumentError(
+                f"{self.env_id} has an info field {self.episode_statistics_key!r}: pick "
+                "another episode_statistics key")
         # the fast path of step() compares against these
         self._action_dtype, self._action_shape = self._actions.dtype, self._actions.shape
 
@@ -315,8 +346,9 @@ class BatchedVecEnv(VectorEnv):
 
     def _episode_info(self, dones: np.ndarray, final_rows: np.ndarray | None,
                       stats: tuple[np.ndarray, ...]) -> dict[str, Any]:
-        """gymnasium's RecordEpisodeStatistics shape, info["episode"]["r"|"l"|"t"]
-        (stats) with the mask info["_episode"] (dones), and for SAME_STEP
+        """gymnasium's RecordEpisodeStatistics shape, info[key]["r"|"l"|"t"]
+        (stats) with the mask info["_" + key] (dones), key being
+        episode_statistics_key ("envd_episode" by default), and for SAME_STEP
         info["final_obs"] (an object array of copies of final_rows) and
         info["final_info"]."""
         info: dict[str, Any] = {}
@@ -327,8 +359,9 @@ class BatchedVecEnv(VectorEnv):
             info["final_obs"], info["_final_obs"] = final, dones
             info["final_info"], info["_final_info"] = {}, dones
         if self._episode_statistics:
-            info["episode"] = dict(zip("rlt", stats))
-            info["_episode"] = dones
+            key = self.episode_statistics_key
+            info[key] = dict(zip("rlt", stats))
+            info["_" + key] = dones
         return info
 
     def _reset_mask(self, options: dict[str, Any] | None) -> np.ndarray | None:
@@ -589,6 +622,17 @@ class BatchedVecEnv(VectorEnv):
         with lock:
             self._release()
             self.closed = True
+        # taken before closing them: an owned client closes this env back
+        owned, self._owned = self._owned, []
+        for resource in owned:
+            resource.close()
+
+    def close_along(self, resource: Any) -> None:
+        """Close resource (anything with close(), e.g. the envd.Client this
+        env was made through) when this env closes: for an env whose maker
+        opened the connection for it (gymnasium.make_vec("envd/...",
+        endpoint=...)), so that closing the env leaks nothing."""
+        self._owned.append(resource)
 
     def __del__(self) -> None:
         self.close()

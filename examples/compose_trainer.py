@@ -65,10 +65,10 @@ def main(argv: list[str] | None = None) -> int:
             actions = (rng.integers(0, space.n, size=env.num_envs) + space.start
                        if discrete else env.action_space.sample())
             _, _, _, _, info = env.step(actions)
-            if "episode" in info:
-                done = info["_episode"]
+            if "envd_episode" in info:
+                done = info["_envd_episode"]
                 episodes += int(done.sum())
-                returns += float(info["episode"]["r"][done].sum())
+                returns += float(info["envd_episode"]["r"][done].sum())
         elapsed = time.perf_counter() - start
         transport = getattr(env, "transport", "?")
     rate = args.steps * args.num_envs / elapsed

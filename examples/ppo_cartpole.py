@@ -17,8 +17,8 @@ autoreset mode: the step that ends an episode already returns the next
 episode's first observation, so each stored transition belongs to one episode,
 and the final observation (``info["final_obs"]``) bootstraps the value of an
 episode cut by the time limit (truncated, not terminated).  Episode returns
-come from envd's own episode statistics (``info["episode"]["r"]`` under the
-mask ``info["_episode"]``).
+come from envd's own episode statistics (``info["envd_episode"]["r"]`` under the
+mask ``info["_envd_episode"]``).
 
 "Solved" means: the mean return of the last 20 finished episodes is at least
 475 (``--target``).  Training stops as soon as that holds; the last line says
@@ -168,8 +168,8 @@ def train(env: VectorEnv, cfg: Config, log: Callable[[str], None] = print) -> Re
                     final = torch.tensor(np.stack(info["final_obs"][cut]))
                     with torch.no_grad():
                         reward[cut] += cfg.gamma * agent.value(final)
-                ended = info["_episode"]
-                for r in info["episode"]["r"][ended]:
+                ended = info["_envd_episode"]
+                for r in info["envd_episode"]["r"][ended]:
                     recent.append(float(r))
                 episodes += int(ended.sum())
             rewards[t] = reward

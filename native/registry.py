@@ -238,7 +238,9 @@ def load_plugin(path: str | os.PathLike) -> list[str]:
     process's registry and return their ids.  All or nothing: a missing file,
     a missing entry symbol, another ABI version, an invalid definition or an
     id already registered raises PluginError naming the problem and registers
-    nothing.  Loading a plugin again returns its ids without reloading it."""
+    nothing.  Loading a plugin again returns its ids without reloading it.
+    The ids are also registered with gymnasium as ``envd/<id>``
+    (envd.gymnasium_registry.register_env_ids)."""
     if not isinstance(path, (str, os.PathLike)):
         raise PluginError(f"a plugin path must be a str or path, got {type(path).__name__}")
     path = os.path.abspath(os.fspath(path))
@@ -264,7 +266,10 @@ def load_plugin(path: str | os.PathLike) -> list[str]:
         ids = [spec.id for spec in specs]
         _REGISTRY.update(zip(ids, specs))
         _PLUGINS[key] = ids
-        return list(ids)
+    # gymnasium.make_vec("envd/<id>") for the plugin's envs too
+    from envd.gymnasium_registry import register_env_ids
+    register_env_ids(ids)
+    return list(ids)
 
 
 def list_envs() -> list[str]:

@@ -21,8 +21,8 @@ from envd.native._envd_native import lib
 from envd.native.native_vec import (MAX_NUM_ENVS, MAX_THREADS, AsyncBatches, NativePool,
                                    NativeVec)
 from envd.native.registry import EnvSpec, get_spec, load_plugin
-from envd.vector_base import (BatchedVecEnv, buffer_layout, check_int, is_int,
-                              parse_autoreset_mode, seed_list)
+from envd.vector_base import (BatchedVecEnv, buffer_layout, check_int, episode_statistics_key,
+                              is_int, parse_autoreset_mode, seed_list)
 
 _CACHE_LINE = 64
 
@@ -61,7 +61,7 @@ class VecEnv(BatchedVecEnv):
 
     def __init__(self, spec: EnvSpec, num_envs: int, *, seed: int | Sequence[int] | None,
                  num_threads: int | None, autoreset_mode: str | AutoresetMode,
-                 max_episode_steps: int | None, copy: bool, episode_statistics: bool,
+                 max_episode_steps: int | None, copy: bool, episode_statistics: bool | str,
                  pin_cpus: Sequence[int] | None, env_kwargs: dict[str, Any],
                  batch_size: int | None = None):
         self._native = self._pool = self._batches = None
@@ -170,7 +170,7 @@ class VecEnv(BatchedVecEnv):
 def make(env_id: str, num_envs: int, *, seed: int | Sequence[int] | None = None,
          num_threads: int | None = None, autoreset_mode: str | AutoresetMode = "next_step",
          max_episode_steps: int | None = None, copy: bool = False,
-         episode_statistics: bool = True, pin_cpus: Sequence[int] | None = None,
+         episode_statistics: bool | str = True, pin_cpus: Sequence[int] | None = None,
          batch_size: int | None = None, plugin: str | os.PathLike | None = None,
          **env_kwargs: Any) -> VecEnv:
     """Create num_envs instances of env_id stepped in this process.
@@ -183,9 +183,12 @@ def make(env_id: str, num_envs: int, *, seed: int | Sequence[int] | None = None,
     autoreset_mode: "next_step" (default), "same_step" or "disabled", as gymnasium.
     max_episode_steps: time limit (default: the env's registered limit).
     copy:  return copies instead of views of the internal buffers.
-    episode_statistics: report finished episodes in info["episode"] as
-           gymnasium's RecordEpisodeStatistics does; pass False to wrap the env
-           in that wrapper yourself (it refuses an info that has the key).
+    episode_statistics: report finished episodes in the shape of gymnasium's
+           RecordEpisodeStatistics (info[key]["r"|"l"|"t"], mask info["_" + key]):
+           True puts them under key "envd_episode", so that the wrapper itself
+           (which writes info["episode"]) works on top; a str names the key
+           ("episode" for code that reads gymnasium's key without the
+           wrapper); False reports none.
     pin_cpus: pin worker thread i to CPU pin_cpus[i] (one CPU per worker).
     batch_size: envs per recv() in async mode (async_reset/send/recv,
            EnvPool's names); default num_envs.
@@ -193,6 +196,7 @@ def make(env_id: str, num_envs: int, *, seed: int | Sequence[int] | None = None,
            it defines.
     env_kwargs: the env's parameters (see envd.native.get_spec(env_id).params).
     """
+    episode_statistics_key(episode_statistics)  # a bad value fails before any work
     if plugin is not None:
         load_plugin(plugin)
     spec = get_spec(env_id)

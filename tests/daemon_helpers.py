@@ -242,8 +242,8 @@ def same_results(got, want) -> bool:
         return False
     if sorted(got[4]) != sorted(want[4]):
         return False
-    if "episode" in want[4]:
-        return all(got[4]["episode"][k].tobytes() == want[4]["episode"][k].tobytes()
+    if "envd_episode" in want[4]:
+        return all(got[4]["envd_episode"][k].tobytes() == want[4]["envd_episode"][k].tobytes()
                    for k in ("r", "l"))
     return True
 

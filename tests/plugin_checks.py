@@ -260,3 +260,16 @@ def refused_then_fixed_loads(library: str, fixed: str) -> None:
     with envd.make("TestPlugin-v0", 2, seed=0) as env:
         env.reset()
         assert env.step(np.zeros(2, np.int64))[0][:, 0].tolist() == [1.0, 1.0]
+
+
+def gymnasium_ids_of_plugin(library: str) -> None:
+    """A plugin's ids join gymnasium's registry (envd/<id>) when it is loaded,
+    and gymnasium.make_vec then makes its envs."""
+    import gymnasium
+    import envd
+    assert "envd/GuessNumber-v0" not in gymnasium.registry
+    assert envd.load_plugin(library) == ["GuessNumber-v0"]
+    assert "envd/GuessNumber-v0" in gymnasium.registry
+    with gymnasium.make_vec("envd/GuessNumber-v0", num_envs=8, seed=7, penalty=0.25) as env:
+        assert isinstance(env, envd.VecEnv)
+        assert check_against_reference(env, 7, 0.25) > 8

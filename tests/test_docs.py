@@ -261,6 +261,13 @@ TROUBLESHOOTING_PHRASES = [
     "and freed its sessions; connect again and read every reply",
     "dropped a client that does not read its replies",
     "got no reply within",
+    # gymnasium (envd/vector_base.py, envd/gymnasium_registry.py, envd/single_env.py)
+    "episode_statistics must be True (info[",
+    "]), False (none) or an info key such as 'episode' (an identifier not starting with '_', "
+    "not one of ",
+    ": pick another episode_statistics key",
+    "would give gymnasium's own ",
+    "truncated); call reset() before stepping again",
     # plugins (server/plugins.py, native/registry.py, native/src/plugin.c)
     "; serving without it",
     '(see "plugins" in envd.h)',

@@ -30,8 +30,17 @@ and not terminated`` in every info (as DummyVecEnv); for an env whose episode
 ended, ``infos[i]["terminal_observation"]`` and, as SB3's ``Monitor`` would write
 it, ``infos[i]["episode"] = {"r": return, "l": length, "t": seconds}`` taken from
 envd's episode statistics (so SB3's logger reports ``rollout/ep_rew_mean``
-without a Monitor wrapper; make the env with ``episode_statistics=True``, the
-default).  The env's own info fields (e.g. ConnectFour-v0's ``action_mask``) are
+without a Monitor wrapper; make the env with episode statistics on, the
+default, under any key: the adapter reads ``venv.episode_statistics_key``).
+
+Image observations: SB3's ``CnnPolicy`` wants a 3-D uint8 image in [0, 255],
+channels first or last.  An env whose observation is a 2-D uint8 image in
+[0, 255] (``Snake-v0``: 84x84) is presented with a channel axis, by default
+first: ``(1, 84, 84)``, the layout SB3's CNN (PyTorch) consumes directly, so
+SB3 adds no ``VecTransposeImage``; ``image_layout="channels_last"`` gives
+``(84, 84, 1)`` (gymnasium's and Atari's layout; SB3 then transposes it), and
+``image_layout=None`` keeps the env's own shape.  The axis is a reshape of the
+same bytes: no transpose, no extra copy.  The env's own info fields (e.g. ConnectFour-v0's ``action_mask``) are
 split into the per-env dicts; on a done step they describe the new episode's
 first state (envd has reset the env already), unlike DummyVecEnv where they
 describe the final state.  Arrays returned are copies (envd's own are views of
@@ -68,7 +77,28 @@ __all__ = ["EnvdVecEnv"]
 
 #: Keys envd puts in info itself; the adapter translates them (the rest are the
 #: env's own per-env fields, split row by row).
-_ENVD_INFO_KEYS = frozenset({"final_obs", "final_info", "episode", "env_id"})
+_ENVD_INFO_KEYS = frozenset({"final_obs", "final_info", "env_id"})
+
+#: image_layout values: where the channel axis of a 2-D image observation goes.
+IMAGE_LAYOUTS = ("channels_first", "channels_last", None)
+
+
+def is_2d_image_space(space: spaces.Space) -> bool:
+    """A 2-D uint8 Box bounded by [0, 255]: an image without a channel axis,
+    which SB3's is_image_space refuses (it wants 3-D)."""
+    return (isinstance(space, spaces.Box) and space.dtype == np.uint8 and len(space.shape) == 2
+            and bool(np.all(space.low == 0)) and bool(np.all(space.high == 255)))
+
+
+def image_observation_space(space: spaces.Space, layout: str | None) -> spaces.Space:
+    """space as the adapter presents it: a channel axis added to a 2-D image
+    (see the module docstring), anything else unchanged."""
+    if layout not in IMAGE_LAYOUTS:
+        raise ValueError(f"image_layout must be one of {IMAGE_LAYOUTS}, got {layout!r}")
+    if layout is None or not is_2d_image_space(space):
+        return space
+    shape = (1, *space.shape) if layout == "channels_first" else (*space.shape, 1)
+    return spaces.Box(0, 255, shape, np.uint8)
 
 
 class EnvdVecEnv(VecEnv):
@@ -76,7 +106,7 @@ class EnvdVecEnv(VecEnv):
     module docstring for the conventions.  Closing it closes the envd env
     (not the client it came from)."""
 
-    def __init__(self, venv: VectorEnv):
+    def __init__(self, venv: VectorEnv, image_layout: str | None = "channels_first"):
         mode = venv.metadata.get("autoreset_mode")
         if mode != AutoresetMode.SAME_STEP:
             raise ValueError(
@@ -91,15 +121,21 @@ class EnvdVecEnv(VecEnv):
         self._action_space = venv.single_action_space
         self._action_shape = (venv.num_envs, *self._action_space.shape)
         self._actions: np.ndarray | None = None
-        super().__init__(venv.num_envs, venv.single_observation_space, venv.single_action_space)
+        observation_space = image_observation_space(venv.single_observation_space, image_layout)
+        # (num_envs, *shape): the envs' observations as SB3 gets them
+        self._obs_shape = (venv.num_envs, *observation_space.shape)
+        self._episode_key = getattr(venv, "episode_statistics_key", "episode")
+        super().__init__(venv.num_envs, observation_space, venv.single_action_space)
 
     @classmethod
     def make(cls, env_id: str, num_envs: int, *, client: Any = None,
-             seed: int | Sequence[int] | None = None, **kwargs: Any) -> "EnvdVecEnv":
+             seed: int | Sequence[int] | None = None,
+             image_layout: str | None = "channels_first", **kwargs: Any) -> "EnvdVecEnv":
         """Make num_envs envs of env_id in autoreset mode ``same_step``: served by
         ``client`` (an ``envd.Client``), or in this process when client is None
-        (``envd.make``; kwargs may then include num_threads).  Other kwargs go to
-        make (max_episode_steps, env parameters, ...)."""
+        (``envd.make``; kwargs may then include num_threads).  image_layout as
+        the class (see the module docstring).  Other kwargs go to make
+        (max_episode_steps, env parameters, ...)."""
         if kwargs.pop("autoreset_mode", "same_step") not in ("same_step", AutoresetMode.SAME_STEP):
             raise ValueError("EnvdVecEnv.make always uses autoreset_mode='same_step'")
         if client is None:
@@ -108,7 +144,7 @@ class EnvdVecEnv(VecEnv):
         else:
             venv = client.make(env_id, num_envs, seed=seed, autoreset_mode="same_step", **kwargs)
         try:
-            return cls(venv)
+            return cls(venv, image_layout)
         except BaseException:
             venv.close()
             raise
@@ -123,7 +159,7 @@ class EnvdVecEnv(VecEnv):
         self.reset_infos = self._split_info(info)
         self._reset_seeds()
         self._reset_options()
-        return np.array(obs)
+        return np.array(obs).reshape(self._obs_shape)
 
     def step_async(self, actions: np.ndarray) -> None:
         actions = np.asarray(actions)
@@ -149,21 +185,21 @@ class EnvdVecEnv(VecEnv):
             info_i["TimeLimit.truncated"] = bool(time_limit[i])
         if dones.any():
             final_obs = info["final_obs"]  # object array of copies, set where done
-            episode = info.get("episode")
-            ended = info.get("_episode")
+            episode = info.get(self._episode_key) if self._episode_key else None
+            ended = info.get("_" + self._episode_key) if self._episode_key else None
             for i in np.flatnonzero(dones):
-                infos[i]["terminal_observation"] = final_obs[i]
+                infos[i]["terminal_observation"] = final_obs[i].reshape(self._obs_shape[1:])
                 if episode is not None and ended[i]:
                     infos[i]["episode"] = {"r": float(episode["r"][i]), "l": int(episode["l"][i]),
                                            "t": float(episode["t"][i])}
-        return np.array(obs), np.array(rewards), dones, infos
+        return np.array(obs).reshape(self._obs_shape), np.array(rewards), dones, infos
 
     def _split_info(self, info: dict[str, Any]) -> list[dict[str, Any]]:
         """The env's own info fields (arrays with one row per env, optionally
         masked by "_" + key), one dict per env."""
         infos: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
         for key, value in info.items():
-            if key.startswith("_") or key in _ENVD_INFO_KEYS:
+            if key.startswith("_") or key in _ENVD_INFO_KEYS or key == self._episode_key:
                 continue
             if not (isinstance(value, np.ndarray) and value.shape[:1] == (self.num_envs,)):
                 continue
@@ -181,7 +217,7 @@ class EnvdVecEnv(VecEnv):
         """render_mode, observation_space, action_space, env_id or
         max_episode_steps of each env (the same for all); AttributeError else."""
         values = {"render_mode": lambda: None,
-                  "observation_space": lambda: self.venv.single_observation_space,
+                  "observation_space": lambda: self.observation_space,
                   "action_space": lambda: self.venv.single_action_space,
                   "env_id": lambda: self.venv.env_id,
                   "max_episode_steps": lambda: self.venv.max_episode_steps}

@@ -67,16 +67,16 @@ def assert_same_array(a, b, what):
 
 def assert_same_info(ri, li, where):
     assert ri.keys() == li.keys(), f"info keys differ {where}: {sorted(ri)} vs {sorted(li)}"
-    env_fields = set(li) - {"episode", "_episode", "final_obs", "_final_obs", "final_info",
+    env_fields = set(li) - {"envd_episode", "_envd_episode", "final_obs", "_final_obs", "final_info",
                             "_final_info"}
     for name in env_fields:  # the env's own info fields (e.g. ConnectFour's action_mask)
         assert_same_array(ri[name], li[name], f"info[{name!r}] {where}")
-    if "episode" in li:
-        assert ri["episode"].keys() == li["episode"].keys() == {"r", "l", "t"}
+    if "envd_episode" in li:
+        assert ri["envd_episode"].keys() == li["envd_episode"].keys() == {"r", "l", "t"}
         # t is wall time; r and l are bit-equal.  Only ended episodes are meaningful.
         for key in "rl":
-            assert_same_array(ri["episode"][key], li["episode"][key], f"episode[{key!r}] {where}")
-        assert_same_array(ri["_episode"], li["_episode"], f"_episode {where}")
+            assert_same_array(ri["envd_episode"][key], li["envd_episode"][key], f"episode[{key!r}] {where}")
+        assert_same_array(ri["_envd_episode"], li["_envd_episode"], f"_episode {where}")
     if "final_obs" in li:
         assert_same_array(ri["_final_obs"], li["_final_obs"], f"_final_obs {where}")
         assert_same_array(ri["_final_info"], li["_final_info"], f"_final_info {where}")
@@ -95,8 +95,8 @@ def assert_same_step(remote_result, local_result, where):
         assert_same_array(a, b, f"{name} {where}")
     assert_same_info(remote_result[4], local_result[4], where)
     done = local_result[2] | local_result[3]
-    if "episode" in local_result[4]:
-        np.testing.assert_array_equal(local_result[4]["_episode"], done)
+    if "envd_episode" in local_result[4]:
+        np.testing.assert_array_equal(local_result[4]["_envd_episode"], done)
     else:
         assert not done.any(), where
 
@@ -281,7 +281,7 @@ def test_max_episode_steps_override(client, mode):
                 assert not result[3].any(), step
             else:
                 assert result[3].all()
-        assert result[4]["episode"]["l"].tolist() == [limit] * 3
+        assert result[4]["envd_episode"]["l"].tolist() == [limit] * 3
         if mode == "disabled":
             mask = np.ones(3, bool)
             assert_same_array(remote.reset(options={"reset_mask": mask})[0],
@@ -309,7 +309,7 @@ def test_episode_statistics_off(client):
             actions = random_actions(local.single_action_space, 4, rng)
             result = remote.step(actions)
             expected = local.step(actions)
-            assert "episode" not in result[4] and "_episode" not in result[4]
+            assert "envd_episode" not in result[4] and "_envd_episode" not in result[4]
             for a, b in zip(result[:4], expected[:4]):
                 assert_same_array(a, b, f"step {step}")
             assert_same_info(result[4], expected[4], f"step {step}")
@@ -351,15 +351,15 @@ def test_default_results_are_views_overwritten_by_the_next_step(client, daemon):
             obs0, _ = env.reset()
             first = env.step(np.ones(4, np.int64))
             snapshot = [a.copy() for a in first[:4]]
-            episode_r = first[4]["episode"]["r"]
+            episode_r = first[4]["envd_episode"]["r"]
             second = env.step(np.zeros(4, np.int64))
             for a, b in zip(first[:4], second[:4]):
                 assert a is b and np.shares_memory(a, b)
             assert np.shares_memory(obs0, first[0])
             # the first step's arrays now hold the second step's results
             assert first[0].tobytes() == second[0].tobytes() != snapshot[0].tobytes()
-            assert np.shares_memory(episode_r, second[4]["episode"]["r"])
-            assert np.shares_memory(first[4]["_episode"], second[4]["_episode"])
+            assert np.shares_memory(episode_r, second[4]["envd_episode"]["r"])
+            assert np.shares_memory(first[4]["_envd_episode"], second[4]["_envd_episode"])
         # the remote arrays are views of the session's shared-memory mapping
         base = remote.step(np.zeros(4, np.int64))[0]
         while isinstance(base, np.ndarray):
@@ -377,7 +377,7 @@ def test_copy_true_results_do_not_share_memory(client):
             obs0, _ = env.reset()
             first = env.step(np.ones(4, np.int64))
             snapshot = [a.copy() for a in first[:4]]
-            info_snapshot = first[4]["episode"]["r"].copy(), first[4]["episode"]["l"].copy()
+            info_snapshot = first[4]["envd_episode"]["r"].copy(), first[4]["envd_episode"]["l"].copy()
             second = env.step(np.zeros(4, np.int64))
             assert not np.shares_memory(obs0, first[0])
             for a, b, old in zip(first[:4], second[:4], snapshot):
@@ -385,10 +385,10 @@ def test_copy_true_results_do_not_share_memory(client):
                 assert a.tobytes() == old.tobytes()  # kept
             assert first[0].tobytes() != second[0].tobytes()
             for key in "rlt":
-                assert not np.shares_memory(first[4]["episode"][key], second[4]["episode"][key])
-            assert not np.shares_memory(first[4]["_episode"], second[4]["_episode"])
-            assert first[4]["episode"]["r"].tobytes() == info_snapshot[0].tobytes()
-            assert first[4]["episode"]["l"].tobytes() == info_snapshot[1].tobytes()
+                assert not np.shares_memory(first[4]["envd_episode"][key], second[4]["envd_episode"][key])
+            assert not np.shares_memory(first[4]["_envd_episode"], second[4]["_envd_episode"])
+            assert first[4]["envd_episode"]["r"].tobytes() == info_snapshot[0].tobytes()
+            assert first[4]["envd_episode"]["l"].tobytes() == info_snapshot[1].tobytes()
             for a, b in zip(first[4]["final_obs"], second[4]["final_obs"]):
                 assert not np.shares_memory(a, b)
         # and the copies are bit-identical between remote and in-process

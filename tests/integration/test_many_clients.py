@@ -65,8 +65,8 @@ class Trajectory:
         for array in (obs, rew, term, trunc):
             self.digest.update(array.tobytes())
         self.digest.update(repr(sorted(info)).encode())
-        if "episode" in info:
-            for array in (info["episode"]["r"], info["episode"]["l"], info["_episode"]):
+        if "envd_episode" in info:
+            for array in (info["envd_episode"]["r"], info["envd_episode"]["l"], info["_envd_episode"]):
                 self.digest.update(array.tobytes())
         if "final_obs" in info:
             for final in info["final_obs"]:

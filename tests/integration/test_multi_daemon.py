@@ -82,7 +82,7 @@ def assert_same_value(a, b, where):
         assert isinstance(a, dict), f"{where}: {type(a).__name__} instead of a dict"
         assert a.keys() == b.keys(), f"{where}: keys {sorted(a)} vs {sorted(b)}"
         for key in b:
-            if key == "t" and where.endswith("['episode']"):
+            if key == "t" and where.endswith("['envd_episode']"):
                 # episode times are wall clock: only their layout must agree
                 assert a[key].dtype == b[key].dtype and a[key].shape == b[key].shape, where
             else:
@@ -222,7 +222,7 @@ def test_results_are_views_and_copy_true_copies(multis):
         second = env.step(np.zeros(4, np.int64))
         for a, b, old in zip(first[:4], second[:4], snapshot):
             assert not np.shares_memory(a, b) and a.tobytes() == old.tobytes()
-        assert not np.shares_memory(first[4]["episode"]["r"], second[4]["episode"]["r"])
+        assert not np.shares_memory(first[4]["envd_episode"]["r"], second[4]["envd_episode"]["r"])
 
 
 @pytest.mark.parametrize("env_id", BUILTIN_ENV_IDS)

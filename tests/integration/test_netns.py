@@ -180,10 +180,10 @@ def test_one_trainer_two_hosts(hosts):
                                       got[:4], want[:4]):
                     assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), f"{name} step {step}"
                 assert got[4].keys() == want[4].keys(), step
-                if "episode" in want[4]:
+                if "envd_episode" in want[4]:
                     for key in "rl":
-                        assert got[4]["episode"][key].tobytes() == \
-                            want[4]["episode"][key].tobytes(), step
+                        assert got[4]["envd_episode"][key].tobytes() == \
+                            want[4]["envd_episode"][key].tobytes(), step
                 episodes += int((want[2] | want[3]).sum())
             assert episodes >= 6
             # the second host's daemon dies: the next step names it

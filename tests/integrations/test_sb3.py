@@ -143,6 +143,79 @@ def test_ppo_learns_through_a_daemon(harness):
     venv.close()
 
 
+def test_cnn_policy_trains_on_snake_through_the_adapter():
+    """Snake-v0's 84x84 uint8 frames reach SB3 as (1, 84, 84) images (channels
+    first), so CnnPolicy (NatureCNN) takes them without reshaping or a
+    VecTransposeImage, and PPO runs its updates."""
+    from stable_baselines3.common.preprocessing import is_image_space, is_image_space_channels_first
+    venv = EnvdVecEnv.make("Snake-v0", 2, seed=0, num_threads=0)
+    assert venv.observation_space == gym.spaces.Box(0, 255, (1, 84, 84), np.uint8)
+    assert is_image_space(venv.observation_space)
+    assert is_image_space_channels_first(venv.observation_space)
+    obs = venv.reset()
+    assert obs.shape == (2, 1, 84, 84) and obs.dtype == np.uint8
+    model = PPO("CnnPolicy", venv, n_steps=16, batch_size=16, n_epochs=1, seed=0,
+                device="cpu", verbose=0)
+    assert model.get_env() is venv  # no VecTransposeImage: channels are first already
+    model.learn(total_timesteps=2 * 16 * 3)
+    assert model.num_timesteps == 96
+    assert model._n_updates == 3
+    venv.close()
+
+
+def test_snake_frames_keep_their_bytes_in_either_layout():
+    """The channel axis is a reshape: the frames SB3 gets are the env's own
+    bytes, in both layouts; terminal observations get the axis too; and
+    image_layout=None keeps the env's (84, 84)."""
+    rng = np.random.default_rng(0)
+    for layout, shape in (("channels_first", (1, 84, 84)), ("channels_last", (84, 84, 1)),
+                          (None, (84, 84))):
+        venv = EnvdVecEnv.make("Snake-v0", 3, seed=1, image_layout=layout, max_episode_steps=5)
+        twin = envd.make("Snake-v0", 3, seed=1, autoreset_mode="same_step",
+                         max_episode_steps=5)
+        assert venv.observation_space.shape == shape
+        assert venv.reset().tobytes() == twin.reset()[0].tobytes()
+        ended = 0
+        for _ in range(12):
+            actions = rng.integers(0, 4, 3)
+            obs, _, dones, infos = venv.step(actions)
+            want = twin.step(actions)
+            assert obs.shape == (3, *shape) and obs.tobytes() == want[0].tobytes()
+            for i in np.flatnonzero(dones):
+                final = infos[i]["terminal_observation"]
+                assert final.shape == shape
+                assert final.tobytes() == want[4]["final_obs"][i].tobytes()
+                ended += 1
+        assert ended >= 3  # every env ends within 5 steps
+        venv.close()
+        twin.close()
+    with pytest.raises(ValueError, match="image_layout"):
+        EnvdVecEnv.make("Snake-v0", 1, image_layout="sideways")
+
+
+def test_episode_statistics_under_any_key_reach_sb3():
+    """The adapter reads envd's statistics under the env's own key (the default
+    "envd_episode", or e.g. gymnasium's "episode"), and passes none when off."""
+    for statistics in (True, "episode", "stats"):
+        venv = EnvdVecEnv.make("CartPole-v1", 2, seed=0, max_episode_steps=3,
+                               episode_statistics=statistics)
+        venv.reset()
+        for _ in range(3):
+            _, _, dones, infos = venv.step(np.ones(2, dtype=np.int64))
+        assert dones.all()
+        assert all(info["episode"]["l"] == 3 and info["episode"]["r"] == 3.0 for info in infos)
+        assert all(set(info) == {"episode", "terminal_observation", "TimeLimit.truncated"}
+                   for info in infos)
+        venv.close()
+    venv = EnvdVecEnv.make("CartPole-v1", 2, seed=0, max_episode_steps=3,
+                           episode_statistics=False)
+    venv.reset()
+    for _ in range(3):
+        _, _, dones, infos = venv.step(np.ones(2, dtype=np.int64))
+    assert dones.all() and not any("episode" in info for info in infos)
+    venv.close()
+
+
 def test_importing_envd_does_not_import_sb3():
     code = ("import sys, envd, envd.integrations; "
             "assert 'stable_baselines3' not in sys.modules and 'torch' not in sys.modules")

@@ -99,10 +99,10 @@ def test_recv_results_live_until_the_second_recv_after():
 
 def test_episode_statistics_reach_recv():
     def episodes(info) -> list[tuple[float, int]]:
-        if "episode" not in info:
+        if "envd_episode" not in info:
             return []
-        mask = info["_episode"]
-        return list(zip(info["episode"]["r"][mask].tolist(), info["episode"]["l"][mask].tolist()))
+        mask = info["_envd_episode"]
+        return list(zip(info["envd_episode"]["r"][mask].tolist(), info["envd_episode"]["l"][mask].tolist()))
 
     expected = []
     with envd.make("CartPole-v1", 4, seed=0) as env:
@@ -117,8 +117,8 @@ def test_episode_statistics_reach_recv():
             env.send(np.ones(4, np.int64), ids)
             obs, rew, term, trunc, info = env.recv()
             ids = info["env_id"]
-            if "episode" in info:
-                assert ((term | trunc) == info["_episode"]).all()
+            if "envd_episode" in info:
+                assert ((term | trunc) == info["_envd_episode"]).all()
             got += episodes(info)
     assert len(expected) > 50 and sorted(got) == sorted(expected)
 

@@ -28,9 +28,9 @@ def trajectory_digest(env_id, num_threads, chunk, autoreset_mode="next_step"):
                                                                   NUM_ENVS, rng))
             for array in (obs, rew, term, trunc):
                 digest.update(array.tobytes())
-            if "episode" in info:
-                digest.update(info["episode"]["r"].tobytes())
-                digest.update(info["episode"]["l"].tobytes())
+            if "envd_episode" in info:
+                digest.update(info["envd_episode"]["r"].tobytes())
+                digest.update(info["envd_episode"]["l"].tobytes())
         stats = env.dispatch_stats()
         if chunk is not None and num_threads > 0:
             assert stats["pooled_jobs"] >= STEPS and stats["last_chunk"] == chunk

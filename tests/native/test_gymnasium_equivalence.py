@@ -23,11 +23,12 @@ def assert_same_step(step, ours, ref):
     np.testing.assert_array_equal(r1, r2.astype(np.float32), err_msg=f"rewards, step {step}")
     np.testing.assert_array_equal(te1, te2, err_msg=f"terminations, step {step}")
     np.testing.assert_array_equal(tr1, tr2, err_msg=f"truncations, step {step}")
-    assert ("episode" in i1) == ("episode" in i2), f"episode info presence, step {step}"
+    # envd's statistics (info["envd_episode"] by default) against gymnasium's wrapper's
+    assert ("envd_episode" in i1) == ("episode" in i2), f"episode info presence, step {step}"
     if "episode" in i2:
-        np.testing.assert_array_equal(i1["_episode"], i2["_episode"])
-        np.testing.assert_array_equal(i1["episode"]["l"], i2["episode"]["l"])
-        np.testing.assert_array_equal(i1["episode"]["r"], i2["episode"]["r"])
+        np.testing.assert_array_equal(i1["_envd_episode"], i2["_episode"])
+        np.testing.assert_array_equal(i1["envd_episode"]["l"], i2["episode"]["l"])
+        np.testing.assert_array_equal(i1["envd_episode"]["r"], i2["episode"]["r"])
 
 
 @pytest.mark.parametrize("num_envs", [1, 7, 64])

@@ -58,8 +58,9 @@ def test_copy_option_returns_independent_arrays():
             if info:
                 infos.append(info)
         for key in "rlt":
-            assert not np.shares_memory(infos[0]["episode"][key], infos[1]["episode"][key])
-        assert not np.shares_memory(infos[0]["_episode"], infos[1]["_episode"])
+            assert not np.shares_memory(infos[0]["envd_episode"][key],
+                                        infos[1]["envd_episode"][key])
+        assert not np.shares_memory(infos[0]["_envd_episode"], infos[1]["_envd_episode"])
 
 
 def test_info_arrays_are_views_by_default():
@@ -70,47 +71,62 @@ def test_info_arrays_are_views_by_default():
             info = env.step(np.ones(4, np.int64))[4]
             if info:
                 infos.append(info)
-        assert np.shares_memory(infos[0]["episode"]["r"], infos[1]["episode"]["r"])
+        assert np.shares_memory(infos[0]["envd_episode"]["r"], infos[1]["envd_episode"]["r"])
 
 
 def test_episode_statistics_match_gymnasium_wrapper_on_top_of_envd():
-    """gymnasium's own RecordEpisodeStatistics, wrapped around an envd env made
-    with episode_statistics=False, sees the same returns and lengths that a
-    twin envd env reports natively."""
+    """gymnasium's own RecordEpisodeStatistics, wrapped around a default envd
+    env, works (envd's statistics are under info["envd_episode"], the wrapper's
+    under info["episode"]) and both report the same returns and lengths."""
     num_envs = 16
-    native = envd.make("CartPole-v1", num_envs, seed=4)
-    wrapped = RecordEpisodeStatistics(envd.make("CartPole-v1", num_envs, seed=4,
-                                                episode_statistics=False))
-    native.reset()
+    wrapped = RecordEpisodeStatistics(envd.make("CartPole-v1", num_envs, seed=4))
     wrapped.reset()
     rng = np.random.default_rng(0)
     episodes = 0
     for _ in range(400):
-        actions = rng.integers(0, 2, num_envs)
-        *_, ours = native.step(actions)
-        *_, theirs = wrapped.step(actions)
-        assert ("episode" in ours) == ("episode" in theirs)
-        if "episode" in theirs:
-            np.testing.assert_array_equal(ours["_episode"], theirs["_episode"])
-            np.testing.assert_array_equal(ours["episode"]["r"], theirs["episode"]["r"])
-            np.testing.assert_array_equal(ours["episode"]["l"], theirs["episode"]["l"])
+        *_, info = wrapped.step(rng.integers(0, 2, num_envs))
+        assert ("envd_episode" in info) == ("episode" in info)
+        if "episode" in info:
+            ours, theirs = info["envd_episode"], info["episode"]
+            np.testing.assert_array_equal(info["_envd_episode"], info["_episode"])
+            np.testing.assert_array_equal(ours["r"], theirs["r"])
+            np.testing.assert_array_equal(ours["l"], theirs["l"])
             # wall times agree to within scheduling noise
-            assert np.all(np.abs(ours["episode"]["t"] - theirs["episode"]["t"]) < 1.0)
-            episodes += int(theirs["_episode"].sum())
+            assert np.all(np.abs(ours["t"] - theirs["t"]) < 1.0)
+            episodes += int(info["_episode"].sum())
     assert episodes > 16
-    native.close()
     wrapped.close()
 
 
-def test_native_episode_statistics_conflict_with_the_gymnasium_wrapper():
-    """The default (native statistics on) under gymnasium's wrapper fails with
-    gymnasium's own message naming the key, not silently."""
-    wrapped = RecordEpisodeStatistics(envd.make("CartPole-v1", 2, seed=0))
+def test_episode_statistics_under_gymnasium_key_conflict_with_the_wrapper():
+    """episode_statistics="episode" (gymnasium's key, for code that reads it
+    without the wrapper) fills info["episode"] itself, so gymnasium's wrapper
+    on top fails with gymnasium's own message naming the key, not silently."""
+    with envd.make("CartPole-v1", 2, seed=0, episode_statistics="episode") as env:
+        env.reset()
+        for _ in range(200):
+            *_, info = env.step(np.ones(2, np.int64))
+            if info:
+                break
+        assert set(info) == {"episode", "_episode"} and info["episode"].keys() == {"r", "l", "t"}
+    wrapped = RecordEpisodeStatistics(envd.make("CartPole-v1", 2, seed=0,
+                                                episode_statistics="episode"))
     wrapped.reset()
     with pytest.raises(ValueError, match="'episode'"):
         for _ in range(200):
             wrapped.step(np.ones(2, np.int64))
     wrapped.close()
+
+
+@pytest.mark.parametrize("value", ["", "_episode", "env_id", "final_obs", "not an id", 1, None])
+def test_bad_episode_statistics_key_is_refused(value):
+    with pytest.raises(envd.InvalidArgumentError, match="episode_statistics must be"):
+        envd.make("CartPole-v1", 2, episode_statistics=value)
+
+
+def test_episode_statistics_key_cannot_hide_an_env_info_field():
+    with pytest.raises(envd.InvalidArgumentError, match="info field 'action_mask'"):
+        envd.make("ConnectFour-v0", 2, episode_statistics="action_mask")
 
 
 def test_other_gymnasium_vector_wrappers_work():
@@ -128,7 +144,7 @@ def test_max_episode_steps_one_truncates_every_step():
         for step in range(6):
             _, rew, term, trunc, info = env.step(np.zeros(3, np.int64))
             if step % 2 == 0:  # a real step: truncated by the limit
-                assert trunc.all() and info["episode"]["l"].tolist() == [1, 1, 1]
+                assert trunc.all() and info["envd_episode"]["l"].tolist() == [1, 1, 1]
             else:  # next_step autoreset: reward 0, nothing done
                 assert not trunc.any() and (rew == 0).all() and info == {}
 

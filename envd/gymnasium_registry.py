@@ -1,0 +1,163 @@
+"""envd's envs in gymnasium's registry, under the namespace ``envd/``.
+
+    import envd, gymnasium
+    env = gymnasium.make_vec("envd/CartPole-v1", num_envs=1024, seed=0)   # envd.make(...)
+    env = gymnasium.make_vec("envd/CartPole-v1", num_envs=1024, seed=0,
+                             endpoint="default")          # envd.connect().make(...)
+    env = gymnasium.make("envd/CartPole-v1")               # one env, a gymnasium.Env
+
+How: gymnasium 1.x has no plugin entry points any more (``load_plugin_envs``
+and the ``gymnasium.envs`` group were removed in 1.0), so ``import envd``
+registers the built-in ids here (``register_env_ids``), and
+``envd.load_plugin`` registers a plugin's ids when it loads them.  Each id
+gets a ``vector_entry_point`` (``make_vector_env``: make_vec returns envd's
+own VecEnv, not a SyncVectorEnv of single envs) and an ``entry_point``
+(``make_env``: a single env, ``envd.single_env.EnvdEnv``).  Time limits are
+envd's own (registered ``max_episode_steps=None``: gymnasium adds no
+TimeLimit); make_vec's ``max_episode_steps=`` goes to envd.
+
+gymnasium's own ids are untouched.  gymnasium resolves ``"module:id"`` by
+importing module and then looking id up, so ``"envd:CartPole-v1"`` would be
+gymnasium's CartPole; envd wraps gymnasium's lookup (``_find_spec``) so that an
+id with the module prefix ``envd:`` and no namespace means ``envd/<id>``:
+``"envd:CartPole-v1"`` is envd's CartPole, and ``"envd:Nope-v0"`` fails with
+gymnasium's error that ``Nope`` does not exist in namespace envd.  Nothing else goes
+through the wrapper differently.  One case cannot be routed: when envd is not
+imported yet, gymnasium imports it in the middle of its lookup and then looks
+up the bare id, which is gymnasium's own; ``import envd`` notices that it is
+imported by that lookup and raises a gymnasium error saying to write
+``envd/<id>`` (or to call again, envd being imported by then), instead of
+letting gymnasium's env through silently.
+"""
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Any, Iterable
+
+import gymnasium
+from gymnasium.envs import registration as _gym_registration
+from gymnasium.vector import VectorEnv
+
+#: The namespace of envd's ids in gymnasium's registry.
+NAMESPACE = "envd"
+#: The ids of envd's built-in envs, registered at ``import envd`` without
+#: loading the native core (a trainer that only talks to a daemon never loads
+#: it); tests/integrations/test_gymnasium_registry.py checks the list against
+#: envd.list_envs().
+BUILTIN_ENV_IDS = ("Acrobot-v1", "CartPole-v1", "ConnectFour-v0", "MountainCar-v0",
+                   "MountainCarContinuous-v0", "Pendulum-v1", "Snake-v0")
+#: The spec kwarg naming the envd id (gymnasium passes spec kwargs to the entry points).
+_ID_KWARG = "envd_id"
+
+
+def _open(endpoint: Any) -> tuple[Any, bool]:
+    """(client, owned): endpoint None -> in-process (no client); "default" ->
+    envd.connect() (ENVD_ENDPOINT, else the default ipc socket); a str or list
+    -> envd.connect(endpoint); an object with make() (an envd.Client or
+    MultiClient you opened) -> itself, not owned (you close it)."""
+    if endpoint is None:
+        return None, False
+    if hasattr(endpoint, "make"):
+        return endpoint, False
+    from envd.client import connect
+    return connect(None if endpoint == "default" else endpoint), True
+
+
+def make_vector_env(num_envs: int = 1, *, envd_id: str, endpoint: Any = None,
+                    **kwargs: Any) -> VectorEnv:
+    """gymnasium.make_vec's entry point: ``envd.make(envd_id, num_envs, **kwargs)``,
+    or with ``endpoint`` the daemon-served env ``connect(endpoint).make(...)``
+    (see _open); a connection opened here closes with the env."""
+    client, owned = _open(endpoint)
+    if client is None:
+        import envd.native
+        return envd.native.make(envd_id, num_envs, **kwargs)
+    try:
+        env = client.make(envd_id, num_envs, **kwargs)
+    except BaseException:
+        if owned:
+            client.close()
+        raise
+    if owned:
+        env.close_along(client)
+    return env
+
+
+def make_env(*, envd_id: str, endpoint: Any = None, **kwargs: Any) -> gymnasium.Env:
+    """gymnasium.make's entry point: one env (envd.single_env.EnvdEnv) over a
+    vector env of one, in-process or daemon-served as make_vector_env."""
+    from envd.single_env import EnvdEnv
+    return EnvdEnv.make(envd_id, endpoint=endpoint, **kwargs)
+
+
+def gymnasium_id(env_id: str) -> str:
+    """envd's id as registered in gymnasium: ``envd/<env_id>``."""
+    return f"{NAMESPACE}/{env_id}"
+
+
+def register_env_ids(env_ids: Iterable[str]) -> list[str]:
+    """Register ``envd/<id>`` for each id (idempotent) and return the gymnasium
+    ids registered.  envd.load_plugin calls it for a plugin's ids; call it
+    yourself for an env only a daemon knows (one it loaded with --plugin).
+    Ids gymnasium cannot parse (its ``name-vN`` grammar) are skipped: make
+    them with envd.make / Client.make."""
+    registered = []
+    for env_id in env_ids:
+        full_id = gymnasium_id(env_id)
+        try:
+            _gym_registration.parse_env_id(full_id)
+        except gymnasium.error.Error:
+            continue
+        if full_id not in _gym_registration.registry:
+            gymnasium.register(id=full_id, entry_point=f"{__name__}:make_env",
+                               vector_entry_point=f"{__name__}:make_vector_env",
+                               max_episode_steps=None, kwargs={_ID_KWARG: env_id})
+        registered.append(full_id)
+    return registered
+
+
+def _envd_prefix_means_namespace(find_spec):
+    """Wrap gymnasium's _find_spec: "envd:<id>" without a namespace -> "envd:envd/<id>"."""
+    @functools.wraps(find_spec)
+    def find_spec_envd(env_id, *args, **kwargs):
+        if isinstance(env_id, str) and env_id.startswith(NAMESPACE + ":") \
+                and "/" not in env_id[len(NAMESPACE) + 1:]:
+            env_id = f"{NAMESPACE}:{gymnasium_id(env_id[len(NAMESPACE) + 1:])}"
+        return find_spec(env_id, *args, **kwargs)
+    find_spec_envd.envd_wrapped = True  # type: ignore[attr-defined]
+    return find_spec_envd
+
+
+def _unrouted_lookup(find_spec) -> str | None:
+    """The bare id of a gymnasium lookup "envd:<id>" that is importing envd
+    right now (the unwrapped find_spec, called before envd was imported), or None."""
+    code = getattr(find_spec, "__code__", None)
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is code:
+            name = frame.f_locals.get("env_name")
+            if frame.f_locals.get("module") == NAMESPACE and isinstance(name, str) \
+                    and "/" not in name:
+                return name
+            return None
+        frame = frame.f_back
+    return None
+
+
+def install() -> None:
+    """What ``import envd`` does: register the built-ins and route "envd:<id>"
+    to envd's ids.  Idempotent.  Raises gymnasium.error.Error when envd is
+    imported by a lookup of "envd:<id>" that cannot be routed (see the module
+    docstring)."""
+    register_env_ids(BUILTIN_ENV_IDS)
+    find_spec = getattr(_gym_registration, "_find_spec", None)
+    if find_spec is None or getattr(find_spec, "envd_wrapped", False):
+        return
+    _gym_registration._find_spec = _envd_prefix_means_namespace(find_spec)
+    name = _unrouted_lookup(find_spec)
+    if name is not None:
+        raise gymnasium.error.Error(
+            f"'envd:{name}' would give gymnasium's own {name!r}: gymnasium imported envd "
+            f"after choosing what to look up. Write 'envd/{name}' (after `import envd`), "
+            f"or call again: envd is imported now and 'envd:{name}' means 'envd/{name}'")

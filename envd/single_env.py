@@ -1,0 +1,109 @@
+"""One envd env as a ``gymnasium.Env``: what ``gymnasium.make("envd/<id>")`` returns.
+
+envd steps envs in batches; a single env is a batch of one with
+``autoreset_mode="disabled"``: as for any gymnasium.Env, the caller resets
+after an episode ends (stepping a finished episode raises envd.EnvStateError
+saying so, instead of gymnasium's undefined behaviour).  ``reset(seed=s)`` seeds it as
+gymnasium seeds its own env (env 0 of a batch seeded with s), so its episodes
+equal gymnasium's bit for bit for the built-in classic-control envs.
+
+Results are copies (a gymnasium.Env's caller may keep them); the reward is a
+Python float, terminated and truncated Python bools.  The info holds the env's
+own info fields (one row each) and, on the step that ends an episode, envd's
+episode statistics as plain numbers under the env's statistics key
+(``info["envd_episode"] = {"r": ..., "l": ..., "t": ...}`` by default), so
+gymnasium's RecordEpisodeStatistics wrapper works on top.  This is for
+libraries and checks that want a gymnasium.Env; for speed, step many envs with
+``gymnasium.make_vec`` / ``envd.make``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium
+import numpy as np
+from gymnasium.vector import AutoresetMode
+
+from envd.errors import EnvStateError, InvalidArgumentError
+from envd.vector_base import BatchedVecEnv
+
+
+class EnvdEnv(gymnasium.Env):
+    """A gymnasium.Env over an envd vector env of one env (see the module docstring)."""
+
+    metadata: dict[str, Any] = {"render_modes": []}
+
+    def __init__(self, venv: BatchedVecEnv):
+        if venv.num_envs != 1 or venv.metadata.get("autoreset_mode") != AutoresetMode.DISABLED:
+            raise InvalidArgumentError(
+                "EnvdEnv wraps a vector env of num_envs=1 made with autoreset_mode='disabled' "
+                f"(got num_envs={venv.num_envs}, {venv.metadata.get('autoreset_mode')}); "
+                "use EnvdEnv.make(env_id)")
+        self.venv = venv
+        self.observation_space = venv.single_observation_space
+        self.action_space = venv.single_action_space
+        self.render_mode = None
+        self._action_shape = (1, *self.action_space.shape)
+        self._episode_over = False  # step() refuses until reset()
+
+    @classmethod
+    def make(cls, env_id: str, *, endpoint: Any = None, **kwargs: Any) -> "EnvdEnv":
+        """One env of env_id, in this process (endpoint None) or served by a
+        daemon (endpoint as envd.gymnasium_registry.make_vector_env); kwargs go
+        to envd.make / Client.make (seed, max_episode_steps, env parameters...)."""
+        for fixed in ("num_envs", "autoreset_mode", "batch_size"):
+            if fixed in kwargs:
+                raise InvalidArgumentError(
+                    f"a single envd env fixes {fixed}; use gymnasium.make_vec for a batch")
+        from envd.gymnasium_registry import make_vector_env
+        venv = make_vector_env(1, envd_id=env_id, endpoint=endpoint,
+                               autoreset_mode="disabled", **kwargs)
+        try:
+            return cls(venv)
+        except BaseException:
+            venv.close()
+            raise
+
+    def reset(self, *, seed: int | None = None,
+              options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        """Start an episode; seed as gymnasium's (None continues the env's generator)."""
+        super().reset(seed=seed)
+        if options:
+            raise InvalidArgumentError(f"{self.venv.env_id}: a single env takes no reset "
+                                       f"options, got {sorted(options)}")
+        obs, info = self.venv.reset(seed=seed)
+        self._episode_over = False
+        return obs[0].copy(), self._first_row(info)
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        """One step: (obs, reward, terminated, truncated, info)."""
+        if self._episode_over:
+            raise EnvStateError(f"{self.venv.env_id}: the episode has ended (terminated or "
+                                "truncated); call reset() before stepping again")
+        actions = np.asarray(action)
+        if actions.shape == self.action_space.shape:
+            actions = actions.reshape(self._action_shape)  # else the vec's shape error
+        obs, rewards, terminations, truncations, info = self.venv.step(actions)
+        self._episode_over = bool(terminations[0] or truncations[0])
+        return (obs[0].copy(), float(rewards[0]), bool(terminations[0]), bool(truncations[0]),
+                self._first_row(info))
+
+    @staticmethod
+    def _first_row(info: dict[str, Any]) -> dict[str, Any]:
+        """The vector info of a batch of one, as one env's: arrays -> their row,
+        dicts of arrays (episode statistics) -> plain numbers; masks dropped."""
+        row: dict[str, Any] = {}
+        for key, value in info.items():
+            if key.startswith("_"):
+                continue
+            if isinstance(value, dict):
+                row[key] = {k: v[0].item() for k, v in value.items()}
+            elif isinstance(value, np.ndarray):
+                row[key] = value[0].copy()
+        return row
+
+    def close(self) -> None:
+        self.venv.close()
+
+    def __repr__(self) -> str:
+        return f"envd.EnvdEnv({self.venv!r})"
