@@ -1,0 +1,203 @@
+"""The daemon's file-descriptor budget and its books of peer connections.
+
+Why: every ZeroMQ connection the daemon accepts holds one file descriptor in
+libzmq's I/O thread, and libzmq handles running out badly: its ipc listener
+asserts (SIGABRT, every session lost) when accept() fails with EMFILE, and its
+tcp listener retries the failing accept in a busy loop.  So the daemon never
+lets libzmq get near the limit:
+
+  - at startup the soft RLIMIT_NOFILE is raised to the hard limit;
+  - ``fd_reserve(limit)`` fds are never used for connections or sessions: they
+    cover the daemon's own fds (libzmq's mailboxes, the pool, logs, metrics,
+    plugins) and a burst of connections accepted faster than the daemon sheds
+    them;
+  - at most ``--max-connections`` peer connections are kept (default: half of
+    what the reserve leaves).  A socket monitor reports each accepted
+    connection with its fd; one over the cap is shut down at once
+    (shutdown(2), never close(2): the fd stays libzmq's, which sees the peer
+    hang up, closes it and reports it disconnected);
+  - a connection that has not said hello (or heartbeat for a connected client)
+    within ``--hello-timeout`` seconds is shut down the same way;
+  - a make is refused (limit_exceeded) when the fds left after the reserve and
+    the unused connection slots cannot take one more session.
+
+Sessions are bound to the connection that said hello: libzmq reads no message
+of a second peer that claims a routing id in use, and once that connection
+closes, Connections drops the messages of any later peer claiming its routing
+id while the daemon still holds the client's sessions.
+
+Everything here runs on the event loop thread; the daemon feeds it the
+monitor events and the source fd of every message (ZMQ_SRCFD).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import resource
+import socket
+import time
+from dataclasses import dataclass, field
+
+log = logging.getLogger("envd.server")
+
+#: Fds one session holds while it is open (measured: one for sync, async and
+#: fast-path sessions alike).
+FDS_PER_SESSION = 1
+#: The smallest reserve: the daemon's own fds with one client, measured, are
+#: about 25; the rest absorbs a burst of connections before they are shed.
+MIN_FD_RESERVE = 64
+
+
+def raise_fd_limit() -> int:
+    """Raise the soft RLIMIT_NOFILE to the hard limit; the soft limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:  # the kernel caps it anyway: fs.nr_open
+        try:
+            with open("/proc/sys/fs/nr_open") as f:
+                hard = int(f.read())
+        except (OSError, ValueError):
+            hard = 1 << 20
+    if soft == resource.RLIM_INFINITY or soft >= hard:
+        return soft if soft != resource.RLIM_INFINITY else hard
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError) as exc:
+        log.warning("could not raise the open-file limit from %d to %d: %s", soft, hard, exc)
+        return soft
+    return hard
+
+
+def fd_reserve(limit: int) -> int:
+    """Fds kept free of connections and sessions: an eighth of the limit, at
+    least MIN_FD_RESERVE."""
+    return max(MIN_FD_RESERVE, limit // 8)
+
+
+def default_max_connections(limit: int) -> int:
+    """--max-connections when not given: half of what the reserve leaves (the
+    other half is for sessions)."""
+    return max(1, (limit - fd_reserve(limit)) // 2)
+
+
+def open_fds() -> int:
+    """How many fds this process holds now."""
+    return len(os.listdir("/proc/self/fd"))
+
+
+def shut_down(fd: int) -> None:
+    """Make libzmq drop the connection on fd: shutdown(2) without closing the
+    fd, which stays libzmq's (it sees the hang-up, closes it and reports
+    DISCONNECTED).  An fd that is gone already (or reused by something that
+    is not a socket) only raises OSError, which is ignored."""
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError:
+        return
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    finally:
+        sock.detach()  # not ours to close
+
+
+@dataclass
+class Peer:
+    """One accepted connection."""
+
+    fd: int
+    accepted: float  # time.monotonic()
+    admitted: bool = False  # said hello, or heartbeat for a connected client
+    shed: bool = False      # over the cap or past the hello timeout: being dropped
+    identities: set[bytes] = field(default_factory=set)  # routing ids bound to it
+
+
+class Connections:
+    """Accepted connections by fd: the cap, the hello timeout, and which
+    connection each routing id is bound to."""
+
+    def __init__(self, max_connections: int, hello_timeout: float):
+        self.max_connections = max_connections
+        self.hello_timeout = hello_timeout
+        self.peers: dict[int, Peer] = {}
+        self._bound: dict[bytes, int] = {}   # routing id -> fd of its connection
+        self._orphaned: set[bytes] = set()   # routing ids whose connection closed
+        self.refused = 0   # connections shed over the cap (for status and logs)
+        self.reaped = 0    # connections shed past the hello timeout
+
+    @property
+    def live(self) -> int:
+        """Connections held and not being shed."""
+        return sum(1 for p in self.peers.values() if not p.shed)
+
+    def accepted(self, fd: int) -> None:
+        """The monitor reported a new connection on fd: keep it, or shed it
+        when the daemon holds --max-connections already."""
+        self.disconnected(fd)  # a reused fd number: its old connection is gone
+        peer = self.peers[fd] = Peer(fd, time.monotonic())
+        if self.live > self.max_connections:
+            peer.shed = True
+            self.refused += 1
+            if self.refused == 1 or self.refused % 1000 == 0:
+                log.warning("refused a connection: the daemon holds its maximum of %d "
+                            "(--max-connections); %d refused so far", self.max_connections,
+                            self.refused, extra={"event": "connection_refused"})
+            shut_down(fd)
+
+    def disconnected(self, fd: int) -> None:
+        """The monitor reported fd's connection closed: forget it, and orphan
+        the routing ids bound to it."""
+        peer = self.peers.pop(fd, None)
+        if peer is None:
+            return
+        for identity in peer.identities:
+            if self._bound.get(identity) == fd:
+                del self._bound[identity]
+                self._orphaned.add(identity)
+
+    def message(self, fd: int, identity: bytes) -> bool:
+        """A message of routing id identity came in on fd (-1: unknown).  False
+        (drop it) when identity belongs to another connection: one that is
+        still open, or one that closed while the daemon holds its sessions."""
+        if identity in self._orphaned:
+            return False
+        bound = self._bound.get(identity)
+        if bound is not None:
+            return bound == fd
+        peer = self.peers.get(fd)
+        if peer is not None:  # unknown fds (-1) bind nothing
+            self._bound[identity] = fd
+            peer.identities.add(identity)
+        return True
+
+    def admit(self, fd: int) -> None:
+        """fd's peer said hello (or heartbeat for a connected client): it stays
+        past the hello timeout."""
+        peer = self.peers.get(fd)
+        if peer is not None:
+            peer.admitted = True
+
+    def admitted(self, fd: int) -> bool:
+        peer = self.peers.get(fd)
+        return peer is None or peer.admitted
+
+    def reap(self) -> None:
+        """Shed the connections that did not say hello within the timeout."""
+        now = time.monotonic()
+        for peer in self.peers.values():
+            if not peer.admitted and not peer.shed and now - peer.accepted > self.hello_timeout:
+                peer.shed = True
+                self.reaped += 1
+                log.info("dropped a connection that said no hello within %g s "
+                         "(--hello-timeout)", self.hello_timeout,
+                         extra={"event": "connection_reaped"})
+                shut_down(peer.fd)
+
+    def forget_orphans(self, clients) -> None:
+        """Routing ids of closed connections whose client the daemon no longer
+        holds (expired or gone) may be used again by a new connection."""
+        self._orphaned = {i for i in self._orphaned if i in clients}
+
+    def free_slots(self) -> int:
+        """Connection slots not in use: fds a make must leave for them."""
+        return max(0, self.max_connections - len(self.peers))
