@@ -233,6 +233,9 @@ TROUBLESHOOTING_PHRASES = [
     "envs per client (--max-envs-per-client)",
     "(--max-message-bytes)",
     "request was refused and not executed. Back off: retry in",
+    # file descriptors and connections (server/daemon.py, client/connection.py)
+    "close envs you no longer use, or raise the daemon's limit (ulimit -n)",
+    "it holds its maximum of connections (--max-connections) or is stopping",
     # plugins (server/plugins.py, native/registry.py, native/src/plugin.c)
     "; serving without it",
     '(see "plugins" in envd.h)',
