@@ -122,27 +122,23 @@ class Connections:
         self.peers: dict[int, Peer] = {}
         self._bound: dict[bytes, int] = {}   # routing id -> fd of its connection
         self._orphaned: set[bytes] = set()   # routing ids whose connection closed
-        self.refused = 0   # connections shed over the cap (for status and logs)
+        self.live = 0      # peers held and not being shed
+        self.refused = 0   # connections shed over the cap (for the log)
         self.reaped = 0    # connections shed past the hello timeout
-
-    @property
-    def live(self) -> int:
-        """Connections held and not being shed."""
-        return sum(1 for p in self.peers.values() if not p.shed)
 
     def accepted(self, fd: int) -> None:
         """The monitor reported a new connection on fd: keep it, or shed it
         when the daemon holds --max-connections already."""
         self.disconnected(fd)  # a reused fd number: its old connection is gone
         peer = self.peers[fd] = Peer(fd, time.monotonic())
+        self.live += 1
         if self.live > self.max_connections:
-            peer.shed = True
+            self._shed(peer)
             self.refused += 1
             if self.refused == 1 or self.refused % 1000 == 0:
                 log.warning("refused a connection: the daemon holds its maximum of %d "
                             "(--max-connections); %d refused so far", self.max_connections,
                             self.refused, extra={"event": "connection_refused"})
-            shut_down(fd)
 
     def disconnected(self, fd: int) -> None:
         """The monitor reported fd's connection closed: forget it, and orphan
@@ -150,6 +146,8 @@ class Connections:
         peer = self.peers.pop(fd, None)
         if peer is None:
             return
+        if not peer.shed:
+            self.live -= 1
         for identity in peer.identities:
             if self._bound.get(identity) == fd:
                 del self._bound[identity]
@@ -157,14 +155,17 @@ class Connections:
 
     def message(self, fd: int, identity: bytes) -> bool:
         """A message of routing id identity came in on fd (-1: unknown).  False
-        (drop it) when identity belongs to another connection: one that is
-        still open, or one that closed while the daemon holds its sessions."""
+        (drop it) when fd's connection is being dropped, or when identity
+        belongs to another connection: one that is still open, or one that
+        closed while the daemon holds its sessions."""
         if identity in self._orphaned:
             return False
         bound = self._bound.get(identity)
         if bound is not None:
             return bound == fd
         peer = self.peers.get(fd)
+        if peer is not None and peer.shed:
+            return False  # being dropped: it makes no client
         if peer is not None:  # unknown fds (-1) bind nothing
             self._bound[identity] = fd
             peer.identities.add(identity)
@@ -186,12 +187,17 @@ class Connections:
         now = time.monotonic()
         for peer in self.peers.values():
             if not peer.admitted and not peer.shed and now - peer.accepted > self.hello_timeout:
-                peer.shed = True
+                self._shed(peer)
                 self.reaped += 1
                 log.info("dropped a connection that said no hello within %g s "
                          "(--hello-timeout)", self.hello_timeout,
                          extra={"event": "connection_reaped"})
-                shut_down(peer.fd)
+
+    def _shed(self, peer: Peer) -> None:
+        """Drop a connection; it stays in the books until libzmq reports it closed."""
+        peer.shed = True
+        self.live -= 1
+        shut_down(peer.fd)
 
     def forget_orphans(self, clients) -> None:
         """Routing ids of closed connections whose client the daemon no longer

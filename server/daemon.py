@@ -354,11 +354,8 @@ class Daemon:
         """Take in every connection event the monitors queued (their fds are
         edge-triggered like the sockets')."""
         for monitor in self.monitors:
-            while True:
-                try:
-                    event, endpoint = monitor.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
+            while not monitor.closed and monitor.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                event, endpoint = monitor.recv_multipart()
                 kind, fd = int.from_bytes(event[:2], "little"), int.from_bytes(event[2:6], "little")
                 if kind == zmq.EVENT_ACCEPTED:
                     self.connections.accepted(fd)
@@ -367,6 +364,8 @@ class Daemon:
 
     def _drain_socket(self, index: int = 0) -> None:
         self._drain_scheduled[index] = False
+        if self.sockets[index].closed:  # a drain scheduled before shutdown closed it
+            return
         self._drain_monitors()  # first: the accept of a message's connection is known
         for _ in range(_DRAIN_BATCH):
             if not self._read_one(index):
