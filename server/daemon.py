@@ -162,9 +162,6 @@ class Daemon:
         self.fd_limit = raise_fd_limit()
         self._fd_reserve = fd_reserve(self.fd_limit)
         self.connections = Connections(self._max_connections(), self.config.hello_timeout)
-        log.info("open-file limit %d: at most %d connections (--max-connections), %d fds "
-                 "reserved for the daemon itself", self.fd_limit,
-                 self.connections.max_connections, self._fd_reserve)
         remove_stale_segments()
         plugins = load_plugins(self.config.plugins)  # before serving: clients see every env
         self.instance = Instance()
@@ -201,6 +198,9 @@ class Daemon:
         log.info("envd %s serving %s with %d thread(s), pid %d, lease timeout %g s",
                  __version__, " ".join(self.config.bind), self.config.threads, os.getpid(),
                  self.config.lease_timeout)
+        log.info("open-file limit %d: at most %d connections (--max-connections), %d fds "
+                 "reserved for the daemon itself", self.fd_limit,
+                 self.connections.max_connections, self._fd_reserve)
         for endpoint in self.config.insecure_endpoints():
             log.warning("--insecure: %s is served without authentication; anyone who can "
                         "reach it may make envs and use this host's CPUs and memory (give "
@@ -383,14 +383,17 @@ class Daemon:
         while sock.getsockopt(zmq.RCVMORE):
             frames.append(sock.recv())
         identity, fd = frames[0], first.get(zmq.SRCFD)
+        if fd >= 0 and fd not in self.connections.peers:
+            self._drain_monitors()  # its ACCEPTED may have come in since the last look
+        if self._routes is not None and not self._route(identity, index):
+            return True
         if not self.connections.message(fd, identity):
             log.warning("dropped a message of routing id %s: that id belongs to another "
                         "connection", identity.hex()[:8])
             return True
-        if self._routes is None or self._route(identity, index):
-            self.service.handle(identity, frames[1:])
-            if not self.connections.admitted(fd) and self._says_hello(identity, frames):
-                self.connections.admit(fd)
+        self.service.handle(identity, frames[1:])
+        if not self.connections.admitted(fd) and self._says_hello(identity, frames):
+            self.connections.admit(fd)
         return True
 
     def _says_hello(self, identity: bytes, frames: list[bytes]) -> bool:
