@@ -15,8 +15,7 @@ reader per socket and one for the pool, and no busy polling:
     socket's state may have changed, so the reader drains every queued
     message, and after each send the daemon checks that socket's ZMQ_EVENTS
     again (a send can consume the edge of a message that arrived meanwhile);
-  - the pool's eventfd, readable when a submitted step finished.
-
+  - the pool's eventfd, readable when a submitted step finished;
   - each ROUTER socket's monitor (accepted and closed connections with their
     fds), read before the socket's messages: see server/connections.py for
     the connection cap, the hello timeout and the binding of routing ids to
