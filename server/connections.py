@@ -26,8 +26,11 @@ of a second peer that claims a routing id in use, and once that connection
 closes, Connections drops the messages of any later peer claiming its routing
 id while the daemon still holds the client's sessions.
 
-Everything here runs on the event loop thread; the daemon feeds it the
-monitor events and the source fd of every message (ZMQ_SRCFD).
+Threads: the daemon's connection thread (envd-conn) feeds Connections the
+monitor events as they come, so a connection over the cap is shed within
+microseconds of its accept, not when the event loop next gets round to it;
+the event loop thread feeds it the source fd of every message (ZMQ_SRCFD)
+and reaps.  One lock guards the books; shut_down runs under it (a syscall).
 """
 from __future__ import annotations
 
@@ -35,6 +38,7 @@ import logging
 import os
 import resource
 import socket
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -45,7 +49,7 @@ log = logging.getLogger("envd.server")
 FDS_PER_SESSION = 1
 #: The smallest reserve: the daemon's own fds with one client, measured, are
 #: about 25; the rest absorbs a burst of connections before they are shed.
-MIN_FD_RESERVE = 64
+MIN_FD_RESERVE = 128
 
 
 def raise_fd_limit() -> int:
@@ -68,9 +72,10 @@ def raise_fd_limit() -> int:
 
 
 def fd_reserve(limit: int) -> int:
-    """Fds kept free of connections and sessions: an eighth of the limit, at
-    least MIN_FD_RESERVE."""
-    return max(MIN_FD_RESERVE, limit // 8)
+    """Fds kept free of connections and sessions: a quarter of the limit, at
+    least MIN_FD_RESERVE (fds not opened cost nothing; a burst of accepts
+    that outruns the shedding on a loaded host must find them)."""
+    return max(MIN_FD_RESERVE, limit // 4)
 
 
 def default_max_connections(limit: int) -> int:
@@ -126,6 +131,8 @@ class Connections:
         self.peers: dict[int, Peer] = {}
         self._bound: dict[bytes, int] = {}   # routing id -> fd of its connection
         self._orphaned: set[bytes] = set()   # routing ids whose connection closed
+        self.lock = threading.Lock()  # the connection thread and the event loop
+        self._early: set[int] = set()  # fds admitted before their ACCEPTED came in
         self.live = 0      # peers held and not being shed
         self.refused = 0   # connections shed over the cap (for the log)
         self.reaped = 0    # connections shed past the hello timeout
@@ -133,20 +140,30 @@ class Connections:
     def accepted(self, fd: int) -> None:
         """The monitor reported a new connection on fd: keep it, or shed it
         when the daemon holds --max-connections already."""
-        self.disconnected(fd)  # a reused fd number: its old connection is gone
-        peer = self.peers[fd] = Peer(fd, time.monotonic())
-        self.live += 1
-        if self.live > self.max_connections:
+        with self.lock:
+            self._disconnected(fd)  # a reused fd number: its old connection is gone
+            peer = self.peers[fd] = Peer(fd, time.monotonic())
+            if fd in self._early:
+                self._early.discard(fd)
+                peer.admitted = True
+            self.live += 1
+            if self.live <= self.max_connections:
+                return
             self._shed(peer)
             self.refused += 1
-            if self.refused == 1 or self.refused % 1000 == 0:
-                log.warning("refused a connection: the daemon holds its maximum of %d "
-                            "(--max-connections); %d refused so far", self.max_connections,
-                            self.refused, extra={"event": "connection_refused"})
+            refused = self.refused
+        if refused == 1 or refused % 1000 == 0:
+            log.warning("refused a connection: the daemon holds its maximum of %d "
+                        "(--max-connections); %d refused so far", self.max_connections,
+                        refused, extra={"event": "connection_refused"})
 
     def disconnected(self, fd: int) -> None:
         """The monitor reported fd's connection closed: forget it, and orphan
         the routing ids bound to it."""
+        with self.lock:
+            self._disconnected(fd)
+
+    def _disconnected(self, fd: int) -> None:
         peer = self.peers.pop(fd, None)
         if peer is None:
             return
@@ -162,6 +179,10 @@ class Connections:
         (drop it) when fd's connection is being dropped, or when identity
         belongs to another connection: one that is still open, or one that
         closed while the daemon holds its sessions."""
+        with self.lock:
+            return self._message(fd, identity)
+
+    def _message(self, fd: int, identity: bytes) -> bool:
         if identity in self._orphaned:
             return False
         bound = self._bound.get(identity)
@@ -177,28 +198,37 @@ class Connections:
 
     def admit(self, fd: int) -> None:
         """fd's peer said hello (or heartbeat for a connected client): it stays
-        past the hello timeout."""
-        peer = self.peers.get(fd)
-        if peer is not None:
-            peer.admitted = True
+        past the hello timeout.  An fd whose ACCEPTED has not come in yet is
+        admitted when it does."""
+        with self.lock:
+            peer = self.peers.get(fd)
+            if peer is not None:
+                peer.admitted = True
+            elif fd >= 0 and len(self._early) < 4096:  # bounded: a stale entry only spares one peer
+                self._early.add(fd)
 
     def admitted(self, fd: int) -> bool:
-        peer = self.peers.get(fd)
-        return peer is None or peer.admitted
+        with self.lock:
+            peer = self.peers.get(fd)
+            return fd < 0 or (peer is not None and peer.admitted) or fd in self._early
 
     def reap(self) -> None:
         """Shed the connections that did not say hello within the timeout."""
         now = time.monotonic()
-        for peer in self.peers.values():
-            if not peer.admitted and not peer.shed and now - peer.accepted > self.hello_timeout:
+        with self.lock:
+            late = [p for p in self.peers.values()
+                    if not p.admitted and not p.shed and now - p.accepted > self.hello_timeout]
+            for peer in late:
                 self._shed(peer)
-                self.reaped += 1
-                log.info("dropped a connection that said no hello within %g s "
-                         "(--hello-timeout)", self.hello_timeout,
-                         extra={"event": "connection_reaped"})
+            self.reaped += len(late)
+        for _ in late:
+            log.info("dropped a connection that said no hello within %g s "
+                     "(--hello-timeout)", self.hello_timeout,
+                     extra={"event": "connection_reaped"})
 
     def _shed(self, peer: Peer) -> None:
-        """Drop a connection; it stays in the books until libzmq reports it closed."""
+        """Drop a connection (lock held); it stays in the books until libzmq
+        reports it closed."""
         peer.shed = True
         self.live -= 1
         shut_down(peer.fd)
@@ -206,8 +236,10 @@ class Connections:
     def forget_orphans(self, clients) -> None:
         """Routing ids of closed connections whose client the daemon no longer
         holds (expired or gone) may be used again by a new connection."""
-        self._orphaned = {i for i in self._orphaned if i in clients}
+        with self.lock:
+            self._orphaned = {i for i in self._orphaned if i in clients}
 
     def free_slots(self) -> int:
         """Connection slots not in use: fds a make must leave for them."""
-        return max(0, self.max_connections - len(self.peers))
+        with self.lock:
+            return max(0, self.max_connections - len(self.peers))

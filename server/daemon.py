@@ -16,10 +16,10 @@ reader per socket and one for the pool, and no busy polling:
     message, and after each send the daemon checks that socket's ZMQ_EVENTS
     again (a send can consume the edge of a message that arrived meanwhile);
   - the pool's eventfd, readable when a submitted step finished;
-  - each ROUTER socket's monitor (accepted and closed connections with their
-    fds), read before the socket's messages: see server/connections.py for
-    the connection cap, the hello timeout and the binding of routing ids to
-    connections.
+and beside the loop, the connection thread (envd-conn) reads each ROUTER
+socket's monitor (accepted and closed connections with their fds) the moment
+an event comes: see server/connections.py for the connection cap, the hello
+timeout and the binding of routing ids to connections.
 
 Signals: the first SIGTERM or SIGINT drains (new work is refused, running
 steps/resets/makes finish and get their replies, every segment is freed,
@@ -37,6 +37,7 @@ import os
 import signal
 import socket
 import stat
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -66,8 +67,10 @@ _LINGER_MS = 2000
 #: sockets (at most), and how long a socket must stay quiet to be done.
 _QUEUED_READ_S = 2.0
 _QUEUED_QUIET_MS = 50
-#: What the connection monitors report (server/connections.py).
+#: What the connection monitors report (server/connections.py), and how
+#: often the connection thread looks whether it should stop.
 _MONITOR_EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
+_MONITOR_POLL_MS = 100
 
 
 def ipc_path(endpoint: str) -> str | None:
@@ -131,7 +134,9 @@ class Daemon:
         self.exit_status = 0
         self._signals = 0
         self.sockets: list[zmq.Socket] = []
-        self.monitors: list[zmq.Socket] = []  # one per socket, same index
+        self.monitors: list[zmq.Socket] = []  # one per socket; the connection thread's
+        self._watcher: threading.Thread | None = None
+        self._stop_watching = threading.Event()
         self._drain_scheduled: list[bool] = []  # per socket
         # With more than one socket: routing id -> index of the socket it
         # speaks on (None: one socket, nothing to look up).  See _route.
@@ -324,8 +329,10 @@ class Daemon:
         self._stopped = self.loop.create_future()
         if self.metrics is not None:
             self.metrics.attach(self.service, self.loop)
+        self._watcher = threading.Thread(target=self._watch_connections, name="envd-conn",
+                                         daemon=True)
+        self._watcher.start()
         for index, sock in enumerate(self.sockets):
-            self.loop.add_reader(self.monitors[index].getsockopt(zmq.FD), self._drain_monitors)
             self.loop.add_reader(sock.getsockopt(zmq.FD), self._drain_socket, index)
         self.loop.add_reader(self.pool.eventfd(), self.service.on_pool_event)
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -345,27 +352,37 @@ class Daemon:
         self.service.collect_fast_steps()
         self.service.expire_silent_clients()
         self._prune_routes()
-        self._drain_monitors()
         self.connections.reap()
         self.connections.forget_orphans(self.service.clients)
 
-    def _drain_monitors(self) -> None:
-        """Take in every connection event the monitors queued (their fds are
-        edge-triggered like the sockets')."""
+    def _watch_connections(self) -> None:
+        """The connection thread: hand every monitor event to Connections as
+        it comes (a flood of connections is shed as fast as libzmq accepts
+        it), until shutdown; then close the monitors, which it owns."""
+        poller = zmq.Poller()
         for monitor in self.monitors:
-            while not monitor.closed and monitor.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-                event, endpoint = monitor.recv_multipart()
-                kind, fd = int.from_bytes(event[:2], "little"), int.from_bytes(event[2:6], "little")
-                if kind == zmq.EVENT_ACCEPTED:
-                    self.connections.accepted(fd)
-                elif kind == zmq.EVENT_DISCONNECTED:
-                    self.connections.disconnected(fd)
+            poller.register(monitor, zmq.POLLIN)
+        try:
+            while not self._stop_watching.is_set():
+                for monitor, _ in poller.poll(_MONITOR_POLL_MS):
+                    while monitor.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                        event = monitor.recv_multipart()[0]
+                        kind = int.from_bytes(event[:2], "little")
+                        fd = int.from_bytes(event[2:6], "little")
+                        if kind == zmq.EVENT_ACCEPTED:
+                            self.connections.accepted(fd)
+                        elif kind == zmq.EVENT_DISCONNECTED:
+                            self.connections.disconnected(fd)
+        except Exception:  # a bug: the cap no longer holds, say so loudly
+            log.exception("the connection thread stopped")
+        finally:
+            for monitor in self.monitors:
+                monitor.close(linger=0)
 
     def _drain_socket(self, index: int = 0) -> None:
         self._drain_scheduled[index] = False
         if self.sockets[index].closed:  # a drain scheduled before shutdown closed it
             return
-        self._drain_monitors()  # first: the accept of a message's connection is known
         for _ in range(_DRAIN_BATCH):
             if not self._read_one(index):
                 return
@@ -382,8 +399,6 @@ class Daemon:
         while sock.getsockopt(zmq.RCVMORE):
             frames.append(sock.recv())
         identity, fd = frames[0], first.get(zmq.SRCFD)
-        if fd >= 0 and fd not in self.connections.peers:
-            self._drain_monitors()  # its ACCEPTED may have come in since the last look
         if self._routes is not None and not self._route(identity, index):
             return True
         if not self.connections.message(fd, identity):
@@ -486,9 +501,8 @@ class Daemon:
         loop = getattr(self, "loop", None)
         if loop is not None:
             self._lease_handle.cancel()
-            for sock, monitor in zip(self.sockets, self.monitors):
+            for sock in self.sockets:
                 loop.remove_reader(sock.getsockopt(zmq.FD))
-                loop.remove_reader(monitor.getsockopt(zmq.FD))
             loop.remove_reader(self.pool.eventfd())
             self._answer_queued()
         self.executor.shutdown(wait=True)
@@ -513,7 +527,6 @@ class Daemon:
             ready = dict(poller.poll(_QUEUED_QUIET_MS))
             if not ready:
                 break
-            self._drain_monitors()
             for index, sock in enumerate(self.sockets):
                 while sock in ready and self._read_one(index):
                     answered += 1
@@ -521,8 +534,12 @@ class Daemon:
             log.info("answered %d request(s) queued during the drain", answered)
 
     def _close_transport(self) -> None:
-        for monitor in self.monitors:
-            monitor.close(linger=0)
+        self._stop_watching.set()
+        if self._watcher is not None:
+            self._watcher.join()
+        else:  # never served: the monitors are still the main thread's
+            for monitor in self.monitors:
+                monitor.close(linger=0)
         for sock in self.sockets:
             sock.close(linger=_LINGER_MS)
         if self._authenticator is not None:

@@ -12,9 +12,9 @@ from envd.server.connections import Connections
 
 
 def test_the_budget_follows_the_open_file_limit():
-    assert connections.fd_reserve(128) == 64 and connections.fd_reserve(20000) == 2500
-    assert connections.default_max_connections(1024) == (1024 - 128) // 2
-    assert connections.default_max_connections(64) == 1  # never zero
+    assert connections.fd_reserve(200) == 128 and connections.fd_reserve(20000) == 5000
+    assert connections.default_max_connections(1024) == (1024 - 256) // 2
+    assert connections.default_max_connections(100) == 1  # never zero
 
 
 def test_the_soft_limit_is_raised_to_the_hard_limit():
