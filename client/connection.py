@@ -280,6 +280,8 @@ class Client:
         if self.closed:
             raise EnvStateError(f"this client of {self.endpoint} is closed")
         self._read_monitor()
+        if self._lost and header["type"] == "hello":
+            raise self._closed_before_hello()
         if self._lost:
             raise ConnectionLostError(
                 f"the connection to the daemon at {self.endpoint} was lost and its sessions "
@@ -293,6 +295,14 @@ class Client:
         else:  # the hot path: one small frame, copied (cheaper than zero-copy here)
             self._socket.send(packed)
         return request_id
+
+    def _closed_before_hello(self) -> ConnectionLostError:
+        """The daemon hung up before hello was answered: at its connection
+        cap (it drops new connections at once), or stopping."""
+        return ConnectionLostError(
+            f"the daemon at {self.endpoint} closed the connection before it answered hello: "
+            "it holds its maximum of connections (--max-connections) or is stopping; try "
+            "again later")
 
     def _check_size(self, size: int, kind: str) -> None:
         """Refuse what the daemon would drop the connection for."""
@@ -328,10 +338,7 @@ class Client:
                 if self._socket.poll(0):
                     continue  # what it sent before it went is still ours to read
                 if kind == "hello":
-                    raise ConnectionLostError(
-                        f"the daemon at {self.endpoint} closed the connection before it "
-                        "answered hello: it holds its maximum of connections (--max-"
-                        "connections) or is stopping; try again later")
+                    raise self._closed_before_hello()
                 raise ConnectionLostError(
                     f"lost the connection to the daemon at {self.endpoint} while waiting for "
                     f"the reply to {kind!r}; the daemon stopped or crashed, and its sessions "
