@@ -110,12 +110,21 @@ def shut_down(fd: int) -> None:
         sock.detach()  # not ours to close
 
 
+def _inode(fd: int) -> int:
+    """The inode of the socket on fd (unique while it is open), -1 if none."""
+    try:
+        return os.fstat(fd).st_ino
+    except OSError:
+        return -1
+
+
 @dataclass
 class Peer:
     """One accepted connection."""
 
     fd: int
     accepted: float  # time.monotonic()
+    inode: int       # the socket's inode when accepted: tells a reused fd number apart
     admitted: bool = False  # said hello, or heartbeat for a connected client
     shed: bool = False      # over the cap or past the hello timeout: being dropped
     identities: set[bytes] = field(default_factory=set)  # routing ids bound to it
@@ -142,7 +151,7 @@ class Connections:
         when the daemon holds --max-connections already."""
         with self.lock:
             self._disconnected(fd)  # a reused fd number: its old connection is gone
-            peer = self.peers[fd] = Peer(fd, time.monotonic())
+            peer = self.peers[fd] = Peer(fd, time.monotonic(), _inode(fd))
             if fd in self._early:
                 self._early.discard(fd)
                 peer.admitted = True
@@ -228,10 +237,13 @@ class Connections:
 
     def _shed(self, peer: Peer) -> None:
         """Drop a connection (lock held); it stays in the books until libzmq
-        reports it closed."""
+        reports it closed.  Only if its fd is still that connection's socket:
+        libzmq may have closed it, and the number gone to a new connection,
+        before the monitor's event says so."""
         peer.shed = True
         self.live -= 1
-        shut_down(peer.fd)
+        if _inode(peer.fd) == peer.inode != -1:
+            shut_down(peer.fd)
 
     def forget_orphans(self, clients) -> None:
         """Routing ids of closed connections whose client the daemon no longer
