@@ -139,7 +139,10 @@ class Connections:
         self.hello_timeout = hello_timeout
         self.peers: dict[int, Peer] = {}
         self._bound: dict[bytes, int] = {}   # routing id -> fd of its connection
-        self._orphaned: set[bytes] = set()   # routing ids whose connection closed
+        # routing ids whose connection closed -> its fd number (-1 once reused):
+        # what that connection sent before it closed is still read and run
+        self._orphaned: dict[bytes, int] = {}
+        self._orphans_by_fd: dict[int, set[bytes]] = {}
         self.lock = threading.Lock()  # the connection thread and the event loop
         self._early: set[int] = set()  # fds admitted before their ACCEPTED came in
         self.live = 0      # peers held and not being shed
@@ -151,6 +154,9 @@ class Connections:
         when the daemon holds --max-connections already."""
         with self.lock:
             self._disconnected(fd)  # a reused fd number: its old connection is gone
+            for identity in self._orphans_by_fd.pop(fd, ()):
+                if self._orphaned.get(identity) == fd:  # its leftovers: no longer told apart
+                    self._orphaned[identity] = -1
             peer = self.peers[fd] = Peer(fd, time.monotonic(), _inode(fd))
             if fd in self._early:
                 self._early.discard(fd)
@@ -181,19 +187,22 @@ class Connections:
         for identity in peer.identities:
             if self._bound.get(identity) == fd:
                 del self._bound[identity]
-                self._orphaned.add(identity)
+                self._orphaned[identity] = fd
+                self._orphans_by_fd.setdefault(fd, set()).add(identity)
 
     def message(self, fd: int, identity: bytes) -> bool:
         """A message of routing id identity came in on fd (-1: unknown).  False
         (drop it) when fd's connection is being dropped, or when identity
         belongs to another connection: one that is still open, or one that
-        closed while the daemon holds its sessions."""
+        closed while the daemon holds its sessions (what that connection sent
+        before it closed is still read: it reached the daemon)."""
         with self.lock:
             return self._message(fd, identity)
 
     def _message(self, fd: int, identity: bytes) -> bool:
-        if identity in self._orphaned:
-            return False
+        orphaned_fd = self._orphaned.get(identity)
+        if orphaned_fd is not None:  # only what the closed connection itself sent
+            return orphaned_fd == fd >= 0
         bound = self._bound.get(identity)
         if bound is not None:
             return bound == fd
@@ -249,7 +258,9 @@ class Connections:
         """Routing ids of closed connections whose client the daemon no longer
         holds (expired or gone) may be used again by a new connection."""
         with self.lock:
-            self._orphaned = {i for i in self._orphaned if i in clients}
+            self._orphaned = {i: fd for i, fd in self._orphaned.items() if i in clients}
+            self._orphans_by_fd = {fd: kept for fd, ids in self._orphans_by_fd.items()
+                                   if (kept := {i for i in ids if i in self._orphaned})}
 
     def free_slots(self) -> int:
         """Connection slots not in use: fds a make must leave for them."""

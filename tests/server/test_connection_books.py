@@ -82,8 +82,11 @@ def test_a_routing_id_stays_bound_to_its_connection():
     assert books.message(7, b"\x01owner")
     assert not books.message(8, b"\x01owner")      # another connection claiming it
     books.disconnected(7)
+    assert books.message(7, b"\x01owner")          # sent before it closed: still run
     books.accepted(9)
     assert not books.message(9, b"\x01owner")      # closed, its client still held
+    books.accepted(7)                               # fd 7 reused: leftovers no longer told apart
+    assert not books.message(7, b"\x01owner")
     books.forget_orphans(clients={b"\x01owner"})
     assert not books.message(9, b"\x01owner")
     books.forget_orphans(clients={})               # its sessions expired: free again
