@@ -144,7 +144,8 @@ class Connections:
         self._orphaned: dict[bytes, int] = {}
         self._orphans_by_fd: dict[int, set[bytes]] = {}
         self.lock = threading.Lock()  # the connection thread and the event loop
-        self._early: set[int] = set()  # fds admitted before their ACCEPTED came in
+        # fd -> socket inode of connections admitted before their ACCEPTED came in
+        self._early: dict[int, int] = {}
         self.live = 0      # peers held and not being shed
         self.refused = 0   # connections shed over the cap (for the log)
         self.reaped = 0    # connections shed past the hello timeout
@@ -158,8 +159,7 @@ class Connections:
                 if self._orphaned.get(identity) == fd:  # its leftovers: no longer told apart
                     self._orphaned[identity] = -1
             peer = self.peers[fd] = Peer(fd, time.monotonic(), _inode(fd))
-            if fd in self._early:
-                self._early.discard(fd)
+            if self._early.pop(fd, None) == peer.inode != -1:
                 peer.admitted = True
             self.live += 1
             if self.live <= self.max_connections:
@@ -206,29 +206,39 @@ class Connections:
         bound = self._bound.get(identity)
         if bound is not None:
             return bound == fd
-        peer = self.peers.get(fd)
+        peer = self._current(fd)
         if peer is not None and peer.shed:
             return False  # being dropped: it makes no client
-        if peer is not None:  # unknown fds (-1) bind nothing
+        if peer is not None:  # unknown fds (-1, or not reported yet) bind nothing
             self._bound[identity] = fd
             peer.identities.add(identity)
         return True
+
+    def _current(self, fd: int) -> Peer | None:
+        """The books' peer on fd, if it is the connection on fd now (lock
+        held): a message may come in before the monitor events that say the
+        fd's old connection closed and a new one took its number."""
+        peer = self.peers.get(fd)
+        if peer is not None and peer.inode != _inode(fd):
+            return None
+        return peer
 
     def admit(self, fd: int) -> None:
         """fd's peer said hello (or heartbeat for a connected client): it stays
         past the hello timeout.  An fd whose ACCEPTED has not come in yet is
         admitted when it does."""
         with self.lock:
-            peer = self.peers.get(fd)
+            peer = self._current(fd)
             if peer is not None:
                 peer.admitted = True
             elif fd >= 0 and len(self._early) < 4096:  # bounded: a stale entry only spares one peer
-                self._early.add(fd)
+                self._early[fd] = _inode(fd)
 
     def admitted(self, fd: int) -> bool:
+        """Whether the connection on fd is admitted (an unknown fd, -1, is)."""
         with self.lock:
-            peer = self.peers.get(fd)
-            return fd < 0 or (peer is not None and peer.admitted) or fd in self._early
+            peer = self._current(fd)
+            return fd < 0 or (peer is not None and peer.admitted)
 
     def reap(self) -> None:
         """Shed the connections that did not say hello within the timeout."""
