@@ -129,6 +129,10 @@ class _Connection:
 _ZMTP3_GREETING_START = b"\xff" + b"\x00" * 8 + b"\x7f" + b"\x03"
 
 
+#: How long the probe waits to see whether the daemon hangs up on it.
+_PROBE_HANG_UP_S = 0.5
+
+
 def _daemon_mechanism(endpoint: str, timeout: float) -> bytes | None:
     """The security mechanism (b"CURVE", b"NULL") the ZeroMQ socket at a tcp
     endpoint announces in its ZMTP greeting; None when it cannot be told.
@@ -151,6 +155,14 @@ def _daemon_mechanism(endpoint: str, timeout: float) -> bytes | None:
                 if not chunk:
                     break
                 greeting += chunk
+            # A daemon at its --max-connections greets, then hangs up on
+            # every new connection: that says nothing about keys.
+            probe.settimeout(_PROBE_HANG_UP_S)
+            try:
+                if probe.recv(1) == b"":
+                    return None
+            except socket.timeout:
+                pass
     except (OSError, ValueError):
         return None
     if len(greeting) < 32 or greeting[0] != 0xFF or greeting[10] < 3:
@@ -303,6 +315,8 @@ class Client:
         if self.closed:
             raise EnvStateError(f"this client of {self.endpoint} is closed")
         self._read_monitor()
+        if self._lost and header["type"] == "hello":
+            raise self._closed_before_hello()
         if self._lost:
             raise ConnectionLostError(
                 f"the connection to the daemon at {self.endpoint} was lost and its sessions "
@@ -318,6 +332,14 @@ class Client:
         else:  # the hot path: one small frame, copied (cheaper than zero-copy here)
             self._socket.send(packed)
         return request_id
+
+    def _closed_before_hello(self) -> ConnectionLostError:
+        """The daemon hung up before hello was answered: at its connection
+        cap (it drops new connections at once), or stopping."""
+        return ConnectionLostError(
+            f"the daemon at {self.endpoint} closed the connection before it answered hello: "
+            "it holds its maximum of connections (--max-connections) or is stopping; try "
+            "again later")
 
     def _check_size(self, size: int, kind: str) -> None:
         """Refuse what the daemon would drop the connection for."""
@@ -353,6 +375,8 @@ class Client:
                 self._connection.stop_heartbeat()  # the lease goes with the sessions
                 if self._socket.poll(0):
                     continue  # what it sent before it went is still ours to read
+                if kind == "hello":
+                    raise self._closed_before_hello()
                 raise ConnectionLostError(
                     f"lost the connection to the daemon at {self.endpoint} while waiting for "
                     f"the reply to {kind!r}; the daemon stopped or crashed, and its sessions "
@@ -404,7 +428,10 @@ class Client:
           - CURVE on one side only: HANDSHAKE_FAILED_PROTOCOL with
             ZMTP_MECHANISM_MISMATCH, but as often NO_DETAIL first (the daemon
             hangs up before its greeting reaches the client), and sometimes
-            only NO_DETAILs for several retries.
+            only NO_DETAILs for several retries;
+          - a daemon at its --max-connections: NO_DETAIL, and no greeting for
+            the probe either (it hangs up on every new connection until a
+            slot frees): not a key problem, so libzmq retries.
         So AUTH and the mismatch are answers, while a NO_DETAIL is ambiguous:
         then _daemon_mechanism asks the daemon whether it speaks CURVE.  Each
         event comes before the DISCONNECTED of the same attempt: raising at
@@ -419,6 +446,11 @@ class Client:
             mechanism = b"NULL" if self._curve else b"CURVE"
         else:
             mechanism = _daemon_mechanism(self.endpoint, min(self.timeout, 5.0))
+            if mechanism is None:
+                # No greeting at all: the daemon hung up at once, as it does
+                # for a connection over its --max-connections; libzmq
+                # retries, and the request's timeout bounds the wait.
+                return None
         where = f"the daemon at {self.endpoint}"
         if not self._curve:
             if mechanism == b"CURVE":

@@ -140,6 +140,12 @@ class Config:
     # (None: derived from max_message_bytes, see reply_bytes_per_client).
     max_reply_bytes_per_client: int | None = None
     max_reply_bytes: int | None = None
+    # File descriptors (SECURITY.md, server/connections.py): peer connections
+    # held at once (None: derived from the open-file limit at startup), and
+    # how long a new connection has to complete its handshake and say hello
+    # before the daemon drops it.
+    max_connections: int | None = None
+    hello_timeout: float = 10.0
     pin_cpus: tuple[int, ...] | None = None
     plugins: tuple[str, ...] = ()
     # Prometheus metrics over HTTP (docs/metrics.md): off unless a port is
@@ -196,6 +202,12 @@ class Config:
                 flag = "--" + name.replace("_", "-")
                 raise ValueError(f"{flag} (ENVD_{name.upper()}) must be >= 1048576 (1 MiB), "
                                  f"got {value}")
+        if self.max_connections is not None and self.max_connections < 1:
+            raise ValueError(f"--max-connections (ENVD_MAX_CONNECTIONS) must be >= 1, got "
+                             f"{self.max_connections}")
+        if not 0.1 <= self.hello_timeout <= 3600:
+            raise ValueError(f"--hello-timeout (ENVD_HELLO_TIMEOUT) must be in [0.1, 3600] "
+                             f"seconds, got {self.hello_timeout}")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ValueError(f"--metrics-port (ENVD_METRICS_PORT) must be in [0, 65535] "
                              f"(0 = off), got {self.metrics_port}")
@@ -364,6 +376,12 @@ _FLAGS: dict[str, tuple[Callable[[str], object], str]] = {
                                         "are refused (default: 2 x --max-message-bytes)"),
     "max_reply_bytes": (int, "bytes of large replies all connections together may leave "
                              "unread (default: 8 x --max-message-bytes)"),
+    "max_connections": (int, "peer connections the daemon holds at once; one over it is "
+                             "dropped at once (None: derived from the open-file limit, "
+                             "see SECURITY.md)"),
+    "hello_timeout": (float, "seconds a new connection has to complete its handshake and "
+                             "send hello (or a heartbeat for a connected client) before the "
+                             "daemon drops it"),
     "pin_cpus": (_cpu_list, "comma-separated CPU per worker thread, e.g. 1,2,3"),
     "metrics_port": (int, "serve Prometheus metrics over HTTP at /metrics on this port "
                           "(None or 0 = off; needs prometheus-client, pip install "

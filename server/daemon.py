@@ -15,12 +15,19 @@ reader per socket and one for the pool, and no busy polling:
     socket's state may have changed, so the reader drains every queued
     message, and after each send the daemon checks that socket's ZMQ_EVENTS
     again (a send can consume the edge of a message that arrived meanwhile);
-  - the pool's eventfd, readable when a submitted step finished.
+  - the pool's eventfd, readable when a submitted step finished;
+and beside the loop, the connection thread (envd-conn) reads each ROUTER
+socket's monitor (accepted and closed connections with their fds) the moment
+an event comes: see server/connections.py for the connection cap, the hello
+timeout and the binding of routing ids to connections.
 
 Signals: the first SIGTERM or SIGINT drains (new work is refused, running
 steps/resets/makes finish and get their replies, every segment is freed,
 exit status 0); a second one unlinks the segments and exits at once with
-status 1.  At startup, segments of dead daemons are removed.
+status 1.  Once drained, the daemon still reads what is queued on its sockets
+and answers each request (shutting_down for new work) before it closes them:
+every request that reaches it gets exactly one reply.  At startup, the
+open-file limit is raised and segments of dead daemons are removed.
 """
 from __future__ import annotations
 
@@ -30,18 +37,23 @@ import os
 import signal
 import socket
 import stat
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import zmq
 
 from envd import __version__, protocol
+from envd.errors import LimitExceededError
 from envd.keys import KeyFileError, writable_by_others
 from envd.protocol import default_endpoint
 from envd.native import segment_guard
 from envd.native.native_vec import NativePool, set_fast_spinners
 from envd.server import logs
 from envd.server.config import Config
+from envd.server.connections import (FDS_PER_MAKE, Connections, default_max_connections,
+                                     fd_reserve, open_fds, raise_fd_limit)
 from envd.server.peer_auth import CURVE_DOMAIN, IPC_DOMAIN, PeerAuthenticator
 from envd.server.plugins import load_plugins
 from envd.server.service import Service
@@ -53,6 +65,14 @@ log = logging.getLogger("envd.server")
 _DRAIN_BATCH = 64
 #: How long shutdown waits to flush the last replies.
 _LINGER_MS = 2000
+#: After the drain: how long the daemon reads requests still queued on its
+#: sockets (at most), and how long a socket must stay quiet to be done.
+_QUEUED_READ_S = 2.0
+_QUEUED_QUIET_MS = 50
+#: What the connection monitors report (server/connections.py), and how
+#: often the connection thread looks whether it should stop.
+_MONITOR_EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
+_MONITOR_POLL_MS = 100
 
 
 def ipc_path(endpoint: str) -> str | None:
@@ -116,6 +136,9 @@ class Daemon:
         self.exit_status = 0
         self._signals = 0
         self.sockets: list[zmq.Socket] = []
+        self.monitors: list[zmq.Socket] = []  # one per socket; the connection thread's
+        self._watcher: threading.Thread | None = None
+        self._stop_watching = threading.Event()
         self._drain_scheduled: list[bool] = []  # per socket
         # With more than one socket: routing id -> index of the socket it
         # speaks on (None: one socket, nothing to look up).  See _route.
@@ -145,6 +168,9 @@ class Daemon:
         # Before any segment exists: a client truncating its segment must not
         # kill the daemon with SIGBUS (native/src/segment_guard.h).
         segment_guard.install()
+        self.fd_limit = raise_fd_limit()
+        self._fd_reserve = fd_reserve(self.fd_limit)
+        self.connections = Connections(self._max_connections(), self.config.hello_timeout)
         remove_stale_segments()
         plugins = load_plugins(self.config.plugins)  # before serving: clients see every env
         self.instance = Instance()
@@ -182,13 +208,42 @@ class Daemon:
                                self.instance.segment_prefix, plugins=plugins,
                                step_latency=self.metrics.observe_step if self.metrics else None)
         self.service.on_drained = self._stop
+        self.service.fd_check = self._check_fds
         log.info("envd %s serving %s with %d thread(s), pid %d, lease timeout %g s",
                  __version__, " ".join(self.config.bind), self.config.threads, os.getpid(),
                  self.config.lease_timeout)
+        log.info("open-file limit %d: at most %d connections (--max-connections), %d fds "
+                 "reserved for the daemon itself", self.fd_limit,
+                 self.connections.max_connections, self._fd_reserve)
         for endpoint in self.config.insecure_endpoints():
             log.warning("--insecure: %s is served without authentication; anyone who can "
                         "reach it may make envs and use this host's CPUs and memory (give "
                         "the daemon CURVE keys instead, see `envd keygen`)", endpoint)
+
+    def _max_connections(self) -> int:
+        """--max-connections, or its default from the open-file limit; never
+        more than the fds the reserve leaves."""
+        most = max(1, self.fd_limit - fd_reserve(self.fd_limit))
+        wanted = self.config.max_connections or default_max_connections(self.fd_limit)
+        if wanted > most:
+            log.warning("--max-connections %d is more than the open-file limit %d allows "
+                        "(%d are reserved for the daemon itself): using %d", wanted,
+                        self.fd_limit, fd_reserve(self.fd_limit), most)
+        return min(wanted, most)
+
+    def _check_fds(self, makes_in_flight: int) -> None:
+        """Refuse a make (LimitExceededError) when the fd it needs while in
+        flight would eat into the reserve or the connection slots not in use
+        (sessions hold no fd once made, but plugins and the daemon's own
+        files may have taken some)."""
+        free = (self.fd_limit - self._fd_reserve - self.connections.free_slots()
+                - open_fds() - FDS_PER_MAKE * makes_in_flight)
+        if free < FDS_PER_MAKE:
+            raise LimitExceededError(
+                f"the daemon is short of file descriptors: its open-file limit is "
+                f"{self.fd_limit}, of which {self._fd_reserve} are reserved and "
+                f"{self.connections.max_connections} are for connections (--max-connections); "
+                "close envs you no longer use, or raise the daemon's limit (ulimit -n)")
 
     def _socket_plan(self) -> list[tuple[list[str], bool]]:
         """(endpoints, CURVE?) of each ROUTER socket to open: one plain socket
@@ -208,6 +263,10 @@ class Daemon:
         curve, a CURVE server whose clients the ZAP handler checks."""
         sock = self.context.socket(zmq.ROUTER)
         self.sockets.append(sock)
+        self.monitors.append(self._monitor(sock))
+        # libzmq drops a peer that has not completed its ZMTP (and CURVE)
+        # handshake by then; Connections.reap drops one that says no hello.
+        sock.setsockopt(zmq.HANDSHAKE_IVL, max(1, round(self.config.hello_timeout * 1000)))
         # Replies to a client that vanished raise EHOSTUNREACH instead of
         # vanishing silently; oversized messages drop their sender.
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -239,6 +298,19 @@ class Daemon:
             except (zmq.ZMQError, AttributeError):  # a libzmq without the draft option
                 pass
         return sock
+
+    def _monitor(self, sock: zmq.Socket) -> zmq.Socket:
+        """A monitor of sock's connections, started before it binds (no
+        connection goes unseen).  Its queue has no high-water mark: libzmq
+        drops the events of a full monitor queue, and a connection whose
+        accept went unseen would never be counted or bound."""
+        address = f"inproc://envd-monitor-{len(self.sockets)}"
+        sock.monitor(address, _MONITOR_EVENTS)
+        monitor = self.context.socket(zmq.PAIR)
+        monitor.setsockopt(zmq.RCVHWM, 0)
+        monitor.setsockopt(zmq.LINGER, 0)
+        monitor.connect(address)
+        return monitor
 
     def _start_authenticator(self) -> None:
         """The ZAP handler thread (server/peer_auth.py), once: it checks the uid
@@ -280,6 +352,9 @@ class Daemon:
         self._stopped = self.loop.create_future()
         if self.metrics is not None:
             self.metrics.attach(self.service, self.loop)
+        self._watcher = threading.Thread(target=self._watch_connections, name="envd-conn",
+                                         daemon=True)
+        self._watcher.start()
         for index, sock in enumerate(self.sockets):
             self.loop.add_reader(sock.getsockopt(zmq.FD), self._drain_socket, index)
         self.loop.add_reader(self.pool.eventfd(), self.service.on_pool_event)
@@ -301,18 +376,74 @@ class Daemon:
         self.service.close_revoked_sessions()
         self.service.expire_silent_clients()
         self._prune_routes()
+        self.connections.reap()
+        self.connections.forget_orphans(self.service.clients)
+
+    def _watch_connections(self) -> None:
+        """The connection thread: hand every monitor event to Connections as
+        it comes (a flood of connections is shed as fast as libzmq accepts
+        it), until shutdown; then close the monitors, which it owns."""
+        poller = zmq.Poller()
+        for monitor in self.monitors:
+            poller.register(monitor, zmq.POLLIN)
+        try:
+            while not self._stop_watching.is_set():
+                for monitor, _ in poller.poll(_MONITOR_POLL_MS):
+                    while monitor.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                        event = monitor.recv_multipart()[0]
+                        kind = int.from_bytes(event[:2], "little")
+                        fd = int.from_bytes(event[2:6], "little")
+                        if kind == zmq.EVENT_ACCEPTED:
+                            self.connections.accepted(fd)
+                        elif kind == zmq.EVENT_DISCONNECTED:
+                            self.connections.disconnected(fd)
+        except Exception:  # a bug: the cap no longer holds, say so loudly
+            log.exception("the connection thread stopped")
+        finally:
+            for monitor in self.monitors:
+                monitor.close(linger=0)
 
     def _drain_socket(self, index: int = 0) -> None:
         self._drain_scheduled[index] = False
-        sock = self.sockets[index]
+        if self.sockets[index].closed:  # a drain scheduled before shutdown closed it
+            return
         for _ in range(_DRAIN_BATCH):
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
+            if not self._read_one(index):
                 return
-            if self._routes is None or self._route(frames[0], index):
-                self.service.handle(frames[0], frames[1:])
         self._schedule_drain(index)  # more may be queued: let other callbacks run first
+
+    def _read_one(self, index: int) -> bool:
+        """Read and handle one message of socket index; False when none is queued."""
+        sock = self.sockets[index]
+        try:
+            first = sock.recv(zmq.NOBLOCK, copy=False)  # a Frame: it knows its connection
+        except zmq.Again:
+            return False
+        frames = [first.bytes]
+        while sock.getsockopt(zmq.RCVMORE):
+            frames.append(sock.recv())
+        identity, fd = frames[0], first.get(zmq.SRCFD)
+        if self._routes is not None and not self._route(identity, index):
+            return True
+        if not self.connections.message(fd, identity):
+            log.warning("dropped a message of routing id %s: that id belongs to another "
+                        "connection", identity.hex()[:8])
+            return True
+        self.service.handle(identity, frames[1:])
+        if not self.connections.admitted(fd) and self._says_hello(identity, frames):
+            self.connections.admit(fd)
+        return True
+
+    def _says_hello(self, identity: bytes, frames: list[bytes]) -> bool:
+        """Whether a message (handled already) shows a peer that keeps to the
+        protocol: a client that said hello, or a heartbeat for one."""
+        if identity in self.service.clients:
+            return True
+        try:
+            header = protocol.unpack(frames[1], self.config.max_message_bytes)
+        except (IndexError, protocol.BadRequest):
+            return False
+        return header.get("type") == "heartbeat" and header.get("client") in self.service.clients
 
     def _schedule_drain(self, index: int = 0) -> None:
         if not self._drain_scheduled[index]:
@@ -406,6 +537,7 @@ class Daemon:
             for sock in self.sockets:
                 loop.remove_reader(sock.getsockopt(zmq.FD))
             loop.remove_reader(self.pool.eventfd())
+            self._answer_queued()
         self.executor.shutdown(wait=True)
         self.service.free_all()
         self._close_transport()
@@ -413,7 +545,34 @@ class Daemon:
         self.instance.release()
         log.info("envd stopped")
 
+    def _answer_queued(self) -> None:
+        """Read the requests still queued on the sockets and answer each one
+        (new work gets shutting_down: the service drains), until every socket
+        stayed quiet for _QUEUED_QUIET_MS or _QUEUED_READ_S passed.  A request
+        sent after that finds no daemon: the client sees the connection close."""
+        self.service.draining = True
+        poller = zmq.Poller()
+        for sock in self.sockets:
+            poller.register(sock, zmq.POLLIN)
+        deadline = time.monotonic() + _QUEUED_READ_S
+        answered = 0
+        while time.monotonic() < deadline:
+            ready = dict(poller.poll(_QUEUED_QUIET_MS))
+            if not ready:
+                break
+            for index, sock in enumerate(self.sockets):
+                while sock in ready and self._read_one(index):
+                    answered += 1
+        if answered:
+            log.info("answered %d request(s) queued during the drain", answered)
+
     def _close_transport(self) -> None:
+        self._stop_watching.set()
+        if self._watcher is not None:
+            self._watcher.join()
+        else:  # never served: the monitors are still the main thread's
+            for monitor in self.monitors:
+                monitor.close(linger=0)
         for sock in self.sockets:
             sock.close(linger=_LINGER_MS)
         if self._authenticator is not None:

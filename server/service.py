@@ -346,6 +346,8 @@ class Service:
                 f"{in_use + state_bytes}, {over} bytes over its limit of "
                 f"{self.config.max_state_bytes} bytes (--max-state-bytes); close envs you no "
                 "longer use or make fewer")
+        if self.fd_check is not None:  # the session's fds must not eat the daemon's reserve
+            self.fd_check(self._reserved_sessions)
         env_kwargs = header.get("env_kwargs", {})
         seed = header.get("seed")
 
@@ -786,6 +788,9 @@ class Service:
             self.on_drained()
 
     on_drained: Callable[[], None] | None = None
+    #: Set by the daemon: raises LimitExceededError when the file descriptors
+    #: left cannot take one more session (argument: makes in flight).
+    fd_check: Callable[[int], None] | None = None
 
     @property
     def idle(self) -> bool:

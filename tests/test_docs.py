@@ -268,6 +268,9 @@ TROUBLESHOOTING_PHRASES = [
     ": pick another episode_statistics key",
     "would give gymnasium's own ",
     "truncated); call reset() before stepping again",
+    # file descriptors and connections (server/daemon.py, client/connection.py)
+    "close envs you no longer use, or raise the daemon's limit (ulimit -n)",
+    "it holds its maximum of connections (--max-connections) or is stopping",
     # plugins (server/plugins.py, native/registry.py, native/src/plugin.c)
     "; serving without it",
     '(see "plugins" in envd.h)',

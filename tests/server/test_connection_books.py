@@ -1,0 +1,113 @@
+"""The books of server/connections.py without a daemon: the fd budget, the
+connection cap, the hello timeout and the binding of routing ids."""
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+
+from envd.server import connections
+from envd.server.connections import Connections
+
+
+def test_the_budget_follows_the_open_file_limit():
+    assert connections.fd_reserve(200) == 128 and connections.fd_reserve(20000) == 5000
+    assert connections.default_max_connections(1024) == (1024 - 256) // 2
+    assert connections.default_max_connections(100) == 1  # never zero
+
+
+def test_the_soft_limit_is_raised_to_the_hard_limit():
+    code = ("import resource; from envd.server.connections import raise_fd_limit; "
+            "print(raise_fd_limit(), *resource.getrlimit(resource.RLIMIT_NOFILE))")
+    done = subprocess.run(["prlimit", "--nofile=100:250", sys.executable, "-c", code],
+                          capture_output=True, text=True, timeout=120, cwd="/")
+    assert done.stdout.split() == ["250", "250", "250"], done.stderr
+
+
+def pair() -> tuple[socket.socket, socket.socket]:
+    ours, theirs = socket.socketpair()
+    theirs.settimeout(10)
+    return ours, theirs
+
+
+def test_a_connection_over_the_cap_is_shut_down_not_closed():
+    books = Connections(max_connections=2, hello_timeout=60)
+    sockets = [pair() for _ in range(3)]
+    try:
+        for ours, _ in sockets:
+            books.accepted(ours.fileno())
+        assert books.live == 2 and books.refused == 1
+        ours, theirs = sockets[2]
+        assert theirs.recv(1) == b""       # the peer sees the hang-up...
+        assert ours.fileno() >= 0          # ...and the fd is still open (libzmq's to close)
+        assert not books.message(ours.fileno(), b"\x01shed")  # a shed peer makes no client
+        assert sockets[0][0].send(b"x") == 1  # the others are untouched
+        books.disconnected(sockets[0][0].fileno())
+        assert books.live == 1 and books.free_slots() == 0  # the shed one still holds its fd
+        books.disconnected(ours.fileno())
+        assert books.free_slots() == 1
+    finally:
+        for ours, theirs in sockets:
+            ours.close()
+            theirs.close()
+
+
+def test_a_connection_that_says_no_hello_is_reaped():
+    books = Connections(max_connections=10, hello_timeout=0.1)
+    (quiet, quiet_peer), (greeted, greeted_peer) = pair(), pair()
+    try:
+        books.accepted(quiet.fileno())
+        books.accepted(greeted.fileno())
+        books.admit(greeted.fileno())
+        time.sleep(0.2)
+        books.reap()
+        assert quiet_peer.recv(1) == b"" and books.reaped == 1
+        greeted_peer.settimeout(0.2)
+        try:
+            greeted_peer.recv(1)
+            raise AssertionError("the greeted connection was shut down")
+        except socket.timeout:
+            pass
+    finally:
+        for sock in (quiet, quiet_peer, greeted, greeted_peer):
+            sock.close()
+
+
+def test_a_routing_id_stays_bound_to_its_connection():
+    books = Connections(max_connections=10, hello_timeout=60)
+    books.accepted(7)
+    books.accepted(8)
+    assert books.message(7, b"\x01owner")
+    assert books.message(7, b"\x01owner")
+    assert not books.message(8, b"\x01owner")      # another connection claiming it
+    books.disconnected(7)
+    assert books.message(7, b"\x01owner")          # sent before it closed: still run
+    books.accepted(9)
+    assert not books.message(9, b"\x01owner")      # closed, its client still held
+    books.accepted(7)                               # fd 7 reused: leftovers no longer told apart
+    assert not books.message(7, b"\x01owner")
+    books.forget_orphans(clients={b"\x01owner"})
+    assert not books.message(9, b"\x01owner")
+    books.forget_orphans(clients={})               # its sessions expired: free again
+    assert books.message(9, b"\x01owner")
+    assert books.message(-1, b"\x01unknown")       # no fd known: nothing to bind
+
+
+def test_a_make_that_would_eat_into_the_reserve_is_refused(monkeypatch):
+    """Daemon._check_fds: the fds in use, plus one per make in flight, plus
+    the free connection slots, must leave the reserve free."""
+    import pytest
+
+    from envd.errors import LimitExceededError
+    from envd.server import daemon as daemon_module
+    from envd.server.config import Config
+
+    daemon = daemon_module.Daemon(Config(threads=0))
+    daemon.fd_limit, daemon._fd_reserve = 200, 128
+    daemon.connections = Connections(max_connections=8, hello_timeout=60)
+    monkeypatch.setattr(daemon_module, "open_fds", lambda: 200 - 128 - 8 - 1)
+    daemon._check_fds(0)  # exactly one fd left for this make
+    with pytest.raises(LimitExceededError, match="short of file descriptors") as caught:
+        daemon._check_fds(1)  # another make in flight takes it
+    assert "--max-connections" in str(caught.value) and "ulimit -n" in str(caught.value)
