@@ -367,7 +367,7 @@ _FLAGS: dict[str, tuple[Callable[[str], object], str]] = {
     "pin_cpus": (_cpu_list, "comma-separated CPU per worker thread, e.g. 1,2,3"),
     "metrics_port": (int, "serve Prometheus metrics over HTTP at /metrics on this port "
                           "(None or 0 = off; needs prometheus-client, pip install "
-                          "'envd[metrics]'; see docs/metrics.md)"),
+                          "'envd-rl[metrics]'; see docs/metrics.md)"),
     "metrics_bind": (str, "address the metrics port listens on; anything but loopback "
                           "exposes the daemon's metrics to the network"),
     "fast_path_sessions": (int, "sessions whose steps a native thread serves from a doorbell "
