@@ -48,6 +48,7 @@ def test_wheel_carries_the_package_the_native_core_and_py_typed(wheel: Path):
     assert "envd/native/include/envd.h" in names  # plugins compile against the installed header
     assert any(re.fullmatch(r"envd/native/_envd_native\..*\.so", n) for n in names), \
         "no compiled native core in the wheel"
+    assert not [n for n in names if n.endswith(".c")], "C sources belong in the sdist only"
     for package in ("envd", "envd/client", "envd/server", "envd/native", "envd/integrations"):
         assert f"{package}/__init__.py" in names, f"{package} missing"
     assert re.search(r"^envd = envd\.cli:main$", entry_points, re.M), entry_points
