@@ -65,6 +65,6 @@ def test_wheel_installs_and_runs_without_a_compiler(wheel: Path):
                           timeout=880, check=False)
     output = done.stdout + done.stderr
     assert done.returncode == 0, f"wheel_smoke.sh failed ({done.returncode}):\n{output}"
-    for step in ("no compiler on PATH", "in-process step ok", "daemon up",
+    for step in ("no compiler on PATH", "in-process step ok", "envd.h installed", "daemon up",
                  "client step through the daemon ok", "wheel_smoke: ok"):
         assert step in done.stdout, f"{step!r} missing from the smoke test's output:\n{output}"

@@ -76,6 +76,11 @@ with envd.make("CartPole-v1", num_envs=8, seed=0) as env:
 print(f"wheel_smoke: in-process step ok (envd {envd.__version__} from {envd.__file__})")
 PY
 
+# Plugin authors compile against the installed header (docs/writing-envs.md).
+include_dir="$(run python -m envd.native --include)"
+[ -f "$include_dir/envd.h" ] || { echo "wheel_smoke: no envd.h in $include_dir" >&2; exit 1; }
+echo "wheel_smoke: envd.h installed in $include_dir"
+
 endpoint="ipc://$workdir/envd.sock"
 # Not through run(): $! must be the daemon itself (env execs it), not a subshell.
 "${clean_env[@]}" envd --bind "$endpoint" --threads 2 >"$workdir/daemon.log" 2>&1 &
