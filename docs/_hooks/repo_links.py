@@ -14,8 +14,6 @@ import posixpath
 import re
 from pathlib import Path
 
-from mkdocs.structure.files import File, Files
-
 ROOT = Path(__file__).resolve().parents[2]
 #: Repository files published as pages: repository path -> path in the site.
 EXTRA_PAGES = {"README.md": "readme.md", "SECURITY.md": "security.md",
@@ -29,7 +27,10 @@ _LINK = re.compile(r"\]\(([^)\s]+)((?:\s+\"[^\"]*\")?)\)")
 _EXTERNAL = re.compile(r"^(?:[a-zA-Z][a-zA-Z0-9+.-]*:|#|/)")
 
 
-def on_files(files: Files, config) -> Files:
+def on_files(files, config):
+    # Imported here: the link logic below is tested without mkdocs installed
+    # (tests/packaging/test_docs_site_links.py).
+    from mkdocs.structure.files import File
     for repo_path, site_path in EXTRA_PAGES.items():
         files.append(File.generated(config, site_path, abs_src_path=str(ROOT / repo_path)))
     return files
