@@ -177,7 +177,9 @@ class Config:
         if self.log_format not in ("text", "json"):
             raise ValueError(f"--log-format (ENVD_LOG_FORMAT) must be text or json, got "
                              f"{self.log_format!r}")
-        if self.log_level.upper() not in logging.getLevelNamesMapping():
+        # getLevelName maps a level's name to its number (an int) on every
+        # Python the project supports; getLevelNamesMapping is 3.11+ only.
+        if not isinstance(logging.getLevelName(self.log_level.upper()), int):
             raise ValueError(f"--log-level (ENVD_LOG_LEVEL): unknown level {self.log_level!r}")
         if not 0.1 <= self.lease_timeout <= 86400:
             raise ValueError(f"--lease-timeout (ENVD_LEASE_TIMEOUT) must be in [0.1, 86400] seconds, "
