@@ -11,7 +11,7 @@ CartPole-v1 env steps per second for N in ``--sizes`` (default 1, 64, 1024,
     has no ``fast_path`` option, or the daemon does not offer it, the row says
     why it is n/a
   - EnvPool sync and async (batch_size N/2, its own recv/send loop), in-process,
-    when envpool imports (``pip install 'envd[bench]'``)
+    when envpool imports (``pip install 'envd-rl[bench]'``)
   - gymnasium's numpy vector env (``vectorization_mode="vector_entry_point"``)
   - gymnasium's AsyncVectorEnv (one process per env: N <= 64 only)
 
@@ -254,7 +254,7 @@ def _envpool_make(env_id: str, n: int, batch_size: int, threads: str) -> Any:
     try:
         import envpool
     except Exception as exc:  # noqa: BLE001  (ImportError, or a broken build)
-        raise Unavailable(f"envpool not installed (pip install 'envd[bench]'): {exc}") from None
+        raise Unavailable(f"envpool not installed (pip install 'envd-rl[bench]'): {exc}") from None
     count = 1 if threads == "1" else min(usable_cpus(), batch_size)
     return envpool.make(env_id, env_type="gymnasium", num_envs=n, batch_size=batch_size,
                         num_threads=count)
@@ -894,7 +894,7 @@ def plot(r: dict[str, Any], path: Path) -> str | None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except Exception as exc:  # noqa: BLE001
-        return f"matplotlib not installed (pip install 'envd[bench]'): {exc}"
+        return f"matplotlib not installed (pip install 'envd-rl[bench]'): {exc}"
     fig, ax = plt.subplots(figsize=(10, 6))
     systems = list(dict.fromkeys(row["system"] for row in r["table"]))
     colors = plt.get_cmap("tab10")

@@ -184,7 +184,7 @@ def make(env_id: str, num_envs: int, *, seed: int | Sequence[int] | None = None,
     max_episode_steps: time limit (default: the env's registered limit).
     copy:  return copies instead of views of the internal buffers.
     episode_statistics: report finished episodes in the shape of gymnasium's
-           RecordEpisodeStatistics (info[key]["r"|"l"|"t"], mask info["_" + key]):
+           RecordEpisodeStatistics (``info[key]["r"|"l"|"t"]``, mask ``info["_" + key]``):
            True puts them under key "envd_episode", so that the wrapper itself
            (which writes info["episode"]) works on top; a str names the key
            ("episode" for code that reads gymnasium's key without the

@@ -183,7 +183,9 @@ class Config:
         if self.log_format not in ("text", "json"):
             raise ValueError(f"--log-format (ENVD_LOG_FORMAT) must be text or json, got "
                              f"{self.log_format!r}")
-        if self.log_level.upper() not in logging.getLevelNamesMapping():
+        # getLevelName maps a level's name to its number (an int) on every
+        # Python the project supports; getLevelNamesMapping is 3.11+ only.
+        if not isinstance(logging.getLevelName(self.log_level.upper()), int):
             raise ValueError(f"--log-level (ENVD_LOG_LEVEL): unknown level {self.log_level!r}")
         if not 0.1 <= self.lease_timeout <= 86400:
             raise ValueError(f"--lease-timeout (ENVD_LEASE_TIMEOUT) must be in [0.1, 86400] seconds, "
@@ -385,7 +387,7 @@ _FLAGS: dict[str, tuple[Callable[[str], object], str]] = {
     "pin_cpus": (_cpu_list, "comma-separated CPU per worker thread, e.g. 1,2,3"),
     "metrics_port": (int, "serve Prometheus metrics over HTTP at /metrics on this port "
                           "(None or 0 = off; needs prometheus-client, pip install "
-                          "'envd[metrics]'; see docs/metrics.md)"),
+                          "'envd-rl[metrics]'; see docs/metrics.md)"),
     "metrics_bind": (str, "address the metrics port listens on; anything but loopback "
                           "exposes the daemon's metrics to the network"),
     "fast_path_sessions": (int, "sessions whose steps a native thread serves from a doorbell "

@@ -154,7 +154,7 @@ class Daemon:
                 from envd.server.metrics import Metrics
             except ImportError as exc:
                 raise RuntimeError(f"--metrics-port needs prometheus-client ({exc}); install "
-                                   "it with pip install 'envd[metrics]'") from None
+                                   "it with pip install 'envd-rl[metrics]'") from None
             self.metrics = Metrics(self.config.threads)
             self.metrics.serve(self.config.metrics_port, self.config.metrics_bind)
         try:

@@ -11,7 +11,7 @@ path pays almost nothing:
     freed and never sees a dict changing size.
 
 See docs/metrics.md for every metric.  prometheus-client is an optional
-dependency (``pip install 'envd[metrics]'``); this module is imported only
+dependency (``pip install 'envd-rl[metrics]'``); this module is imported only
 when --metrics-port is set.
 """
 from __future__ import annotations

@@ -290,7 +290,7 @@ TROUBLESHOOTING_PHRASES = [
     "threads step at once (--threads ",
     "must start with ipc:// or tcp://",
     "pick another port with --metrics-port",
-    "install it with pip install 'envd[metrics]'",
+    "install it with pip install 'envd-rl[metrics]'",
     "envd: cannot start: ",
     "envd status: ",
     "envd list: ",

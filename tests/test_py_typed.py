@@ -13,6 +13,6 @@ def test_installed_package_has_py_typed():
     marker = importlib.resources.files("envd") / "py.typed"
     assert marker.is_file(), f"no py.typed next to {envd.__file__}"
     # the installed distribution lists it (pip installed it; not just a checkout's file)
-    files = importlib.metadata.distribution("envd").files or []
+    files = importlib.metadata.distribution("envd-rl").files or []
     assert any(Path(str(f)).as_posix() == "envd/py.typed" for f in files), \
         "py.typed is not in the installed distribution's RECORD"

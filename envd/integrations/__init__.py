@@ -2,5 +2,5 @@
 
 Each lives in its own module and imports its library only when that module is
 imported (``import envd`` never does): ``envd.integrations.sb3`` for
-Stable-Baselines3 (``pip install 'envd[sb3]'``).
+Stable-Baselines3 (``pip install 'envd-rl[sb3]'``).
 """

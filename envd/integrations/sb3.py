@@ -1,4 +1,4 @@
-"""envd's vector envs as a Stable-Baselines3 ``VecEnv`` (``pip install 'envd[sb3]'``).
+"""envd's vector envs as a Stable-Baselines3 ``VecEnv`` (``pip install 'envd-rl[sb3]'``).
 
     import envd
     from stable_baselines3 import PPO
@@ -71,7 +71,7 @@ try:
     from stable_baselines3.common.vec_env.base_vec_env import VecEnvIndices, VecEnvStepReturn
 except ImportError as exc:  # pragma: no cover -- depends on the installation
     raise ImportError("envd.integrations.sb3 needs Stable-Baselines3: "
-                      "pip install 'envd[sb3]'") from exc
+                      "pip install 'envd-rl[sb3]'") from exc
 
 __all__ = ["EnvdVecEnv"]
 

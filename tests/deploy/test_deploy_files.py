@@ -396,7 +396,7 @@ def test_build_context_builds_the_wheel(tmp_path):
     done = run_tool([sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir",
                      str(wheels), str(src)], timeout=600, env=_clean_env())
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    (wheel,) = wheels.glob("envd-*.whl")
+    (wheel,) = wheels.glob("envd_rl-*.whl")  # the distribution envd-rl
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
         entry_points = next(archive.read(n).decode() for n in names

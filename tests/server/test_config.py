@@ -330,3 +330,16 @@ def test_the_command_line_exits_2_with_a_usage_message(tmp_path, argv, environ, 
         assert word in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "cli.sock").exists()
+
+
+def test_log_level_checked_without_python_3_11s_level_mapping(monkeypatch):
+    """requires-python is >= 3.10 and the wheel is tagged cp310-abi3: the level
+    check must not need logging.getLevelNamesMapping (new in 3.11).  Found by
+    tests/packaging/wheel_smoke.sh on Python 3.10."""
+    import logging
+    monkeypatch.delattr(logging, "getLevelNamesMapping", raising=False)
+    for level in ("debug", "INFO", "Warning", "error", "critical"):
+        assert Config(log_level=level).log_level == level
+    for bad in ("loud", "5", "", "Level 5"):
+        with pytest.raises(ValueError, match="unknown level"):
+            Config(log_level=bad)
