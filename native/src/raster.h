@@ -1,0 +1,44 @@
+/*
+ * raster.h -- a small software rasterizer for the built-in envs' render
+ * callbacks: filled polygons, circles and lines on an RGB frame.
+ *
+ * Coordinates are pixels, sampled at integer positions (pixel (x, y) is
+ * covered when the point (x, y) is inside the shape), as pygame.gfxdraw does
+ * with the integer coordinates gymnasium's classic-control renderers pass it.
+ * With flip_y the y axis points up (y = 0 is the bottom row): gymnasium draws
+ * that way and flips the surface at the end.  No anti-aliasing.
+ *
+ * Part of the host, not of envd.h: a plugin draws its own frames (it may copy
+ * this file; it depends on nothing else).
+ */
+#ifndef ENVD_RASTER_H
+#define ENVD_RASTER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef struct envd_color {
+    uint8_t r, g, b;
+} envd_color_t;
+
+typedef struct envd_raster {
+    uint8_t *rgb;          /* height rows of width pixels of 3 bytes */
+    int32_t width, height; /* >= 1 */
+    bool flip_y;           /* y grows upwards */
+} envd_raster_t;
+
+/* Most vertices of one polygon (every built-in draws quads and triangles). */
+#define ENVD_RASTER_MAX_VERTICES 16
+
+void envd_raster_fill(envd_raster_t *r, envd_color_t color);
+/* A filled polygon of n (3..ENVD_RASTER_MAX_VERTICES) vertices xy[2k], xy[2k+1],
+ * convex or not (even-odd rule); other n draw nothing. */
+void envd_raster_polygon(envd_raster_t *r, const double *xy, int n, envd_color_t color);
+/* A filled disc of the given radius (>= 0) around (cx, cy). */
+void envd_raster_circle(envd_raster_t *r, double cx, double cy, double radius,
+                        envd_color_t color);
+/* A one-pixel-wide line from (x0, y0) to (x1, y1), both ends included. */
+void envd_raster_line(envd_raster_t *r, double x0, double y0, double x1, double y1,
+                      envd_color_t color);
+
+#endif /* ENVD_RASTER_H */
