@@ -14,6 +14,7 @@
 #ifndef ENVD_RASTER_H
 #define ENVD_RASTER_H
 
+#include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -29,6 +30,27 @@ typedef struct envd_raster {
 
 /* Most vertices of one polygon (every built-in draws quads and triangles). */
 #define ENVD_RASTER_MAX_VERTICES 16
+
+/* (x, y) turned counter-clockwise by angle, as pygame's Vector2.rotate_rad. */
+static inline void envd_raster_rotate(double x, double y, double angle, double *ox, double *oy)
+{
+    double c = cos(angle), s = sin(angle);
+    *ox = x * c - y * s;
+    *oy = x * s + y * c;
+}
+
+/* The quad l..r x b..t turned by angle, then moved by (dx, dy): xy gets 8
+ * numbers in the corner order gymnasium uses ((l,b), (l,t), (r,t), (r,b)). */
+static inline void envd_raster_box(double l, double r, double b, double t, double angle,
+                                   double dx, double dy, double xy[8])
+{
+    const double corners[8] = {l, b, l, t, r, t, r, b};
+    for (int k = 0; k < 4; k++) {
+        envd_raster_rotate(corners[2 * k], corners[2 * k + 1], angle, &xy[2 * k], &xy[2 * k + 1]);
+        xy[2 * k] += dx;
+        xy[2 * k + 1] += dy;
+    }
+}
 
 void envd_raster_fill(envd_raster_t *r, envd_color_t color);
 /* A filled polygon of n (3..ENVD_RASTER_MAX_VERTICES) vertices xy[2k], xy[2k+1],

@@ -104,13 +104,6 @@ static int cartpole_step(void *state, envd_rng_t *rng, const void *action, void 
 #define SCREEN_WIDTH 600
 #define SCREEN_HEIGHT 400
 
-static void rotate(double x, double y, double angle, double *ox, double *oy)
-{
-    /* pygame.math.Vector2.rotate_rad: counter-clockwise by angle */
-    *ox = x * cos(angle) - y * sin(angle);
-    *oy = x * sin(angle) + y * cos(angle);
-}
-
 static int cartpole_render(const void *state, uint8_t *rgb)
 {
     const cartpole_t *s = state;
@@ -126,14 +119,9 @@ static int cartpole_render(const void *state, uint8_t *rgb)
                       rt + cartx, t + carty, rt + cartx, b + carty};
     envd_raster_polygon(&r, cart, 4, (envd_color_t){0, 0, 0});
 
-    l = -polewidth / 2, rt = polewidth / 2, t = polelen - polewidth / 2, b = -polewidth / 2;
-    const double corners[8] = {l, b, l, t, rt, t, rt, b};
     double pole[8];
-    for (int k = 0; k < 4; k++) {
-        rotate(corners[2 * k], corners[2 * k + 1], -s->theta, &pole[2 * k], &pole[2 * k + 1]);
-        pole[2 * k] += cartx;
-        pole[2 * k + 1] += carty + axleoffset;
-    }
+    envd_raster_box(-polewidth / 2, polewidth / 2, -polewidth / 2, polelen - polewidth / 2,
+                    -s->theta, cartx, carty + axleoffset, pole);
     envd_raster_polygon(&r, pole, 4, (envd_color_t){202, 152, 101});
     /* gymnasium truncates the axle's centre and radius to integers */
     envd_raster_circle(&r, (double)(int64_t)cartx, (double)(int64_t)(carty + axleoffset),
