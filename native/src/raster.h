@@ -3,7 +3,8 @@
  * callbacks: filled polygons, circles and lines on an RGB frame.
  *
  * Coordinates are pixels, sampled at integer positions (pixel (x, y) is
- * covered when the point (x, y) is inside the shape), as pygame.gfxdraw does
+ * covered when the point (x, y) is inside the shape or on its boundary, up to
+ * rounding), as pygame.gfxdraw does
  * with the integer coordinates gymnasium's classic-control renderers pass it.
  * With flip_y the y axis points up (y = 0 is the bottom row): gymnasium draws
  * that way and flips the surface at the end.  No anti-aliasing.
