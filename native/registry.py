@@ -110,7 +110,7 @@ class EnvSpec:
                 "make it with render_mode=None")
         raise InvalidArgumentError(
             f"{self.id}: render_mode must be None or {' or '.join(map(repr, self.render_modes))}, "
-            f"got {render_mode!r}")
+            f"got {render_mode!r:.100}")
 
     def param_values(self, kwargs: dict[str, Any], arguments: Iterable[str] = ()) -> list[float]:
         """Validate make's env kwargs; return every parameter in declaration order.

@@ -175,3 +175,90 @@ def test_record_video_writes_a_playable_video(tmp_path):
     assert videos == ["rl-video-episode-0.mp4"], os.listdir(folder)
     # one frame at the reset and one per step of the episode
     assert video_frames(str(folder / videos[0])) == steps + 1
+
+
+# ---- through the daemon ------------------------------------------------------------------
+def rollout_frames(env, steps: int = 5) -> list[np.ndarray]:
+    """Frames after a seeded reset and each of a few fixed steps."""
+    env.reset(seed=5)
+    frames = [np.stack(env.render())]
+    for t in range(steps):
+        env.step(np.full(env.num_envs, t % 2, np.int64))
+        frames.append(np.stack(env.render()))
+    return frames
+
+
+@pytest.mark.parametrize("transport, fast_path", [("shm", True), ("shm", False),
+                                                  ("inline", False)])
+def test_daemon_frames_equal_in_process_frames(daemon, transport, fast_path):
+    """The daemon draws with the same native code: its frames are the
+    in-process env's, byte for byte, over every transport."""
+    local = envd.make("CartPole-v1", 3, seed=5, render_mode="rgb_array")
+    expected = rollout_frames(local)
+    local.close()
+    with daemon.connect() as client:
+        env = client.make("CartPole-v1", 3, seed=5, render_mode="rgb_array",
+                          transport=transport, fast_path=fast_path)
+        assert env.transport == transport and env.fast_path == fast_path
+        assert env.render_mode == "rgb_array" and env.metadata["render_fps"] == 50
+        got = rollout_frames(env)
+        for a, b in zip(got, expected):
+            np.testing.assert_array_equal(a, b)
+        env.close()
+
+
+def test_daemon_render_errors_leave_the_session_usable(daemon):
+    with daemon.connect() as client:
+        with pytest.raises(envd.InvalidArgumentError, match="render_mode must be None or"):
+            client.make("CartPole-v1", 2, render_mode="human")
+        with pytest.raises(envd.InvalidArgumentError, match="render_mode must be None or"):
+            client.make("CartPole-v1", 2, render_mode="x" * 10_000)
+        plain = client.make("CartPole-v1", 2, seed=0)
+        with pytest.raises(envd.EnvStateError, match="render_mode='rgb_array'"):
+            plain.render()
+        env = client.make("Acrobot-v1", 2, seed=0, render_mode="rgb_array", batch_size=1)
+        with pytest.raises(envd.EnvStateError, match="has not been reset"):
+            env.render()
+        env.async_reset(seed=0)
+        *_, info = env.recv()
+        env.send(np.zeros(1, np.int64), info["env_id"])
+        with pytest.raises(envd.EnvStateError, match="recv"):
+            env.render()
+        env.recv()
+        env.recv()
+        assert [f.shape for f in env.render()] == [(500, 500, 3)] * 2
+        plain.reset(seed=0)
+        plain.step(np.zeros(2, np.int64))
+
+
+def test_daemon_refuses_a_render_over_its_message_limit(tmp_path):
+    """A reply carries all the frames: more bytes than --max-message-bytes
+    is refused by name before anything is drawn, and the session goes on."""
+    from daemon_helpers import DaemonProcess
+    limit = 2_000_000  # two 720,000-byte CartPole frames fit, three do not
+    with DaemonProcess(tmp_path / "small", "--max-message-bytes", str(limit)) as daemon, \
+            daemon.connect() as client:
+        fits = client.make("CartPole-v1", 2, seed=0, render_mode="rgb_array")
+        fits.reset(seed=0)
+        assert len(fits.render()) == 2
+        over = client.make("CartPole-v1", 3, seed=0, render_mode="rgb_array")
+        over.reset(seed=0)
+        with pytest.raises(envd.LimitExceededError,
+                           match=r"2160000 bytes of frames .*--max-message-bytes.* at most 2 envs"):
+            over.render()
+        over.step(np.zeros(3, np.int64))
+        assert len(fits.render()) == 2
+
+
+def test_record_video_through_the_daemon(daemon, tmp_path):
+    pytest.importorskip("moviepy")
+    folder = tmp_path / "videos"
+    with daemon.connect() as client:
+        env = client.make("MountainCar-v0", 2, seed=0, render_mode="rgb_array",
+                          max_episode_steps=20)
+        env = wrappers.RecordVideo(env, str(folder), episode_trigger=lambda e: e == 0)
+        env.reset(seed=0)
+        for _ in range(21):  # 20 steps end episode 0 (time limit); the next autoresets
+            env.step(np.full(2, 2, np.int64))
+        env.close()
+    assert video_frames(str(folder / "rl-video-episode-0.mp4")) == 21
