@@ -29,6 +29,8 @@ static void span(envd_raster_t *r, int64_t row, double x0, double x1, envd_color
     if (row < 0 || row >= r->height || !(x0 <= x1))
         return;
     double lo = fmax(ceil(x0), 0.0), hi = fmin(floor(x1), (double)r->width - 1);
+    if (!(lo <= hi)) /* off the frame: lo may be +inf, not an integer to convert */
+        return;
     for (int64_t x = (int64_t)lo; (double)x <= hi; x++)
         put(r, x, row, c);
 }
@@ -60,6 +62,8 @@ void envd_raster_polygon(envd_raster_t *r, const double *xy, int n, envd_color_t
         return;
     top = fmax(ceil(top), 0.0);
     bottom = fmin(floor(bottom), (double)r->height - 1);
+    if (!(top <= bottom)) /* off the frame (converting top could overflow) */
+        return;
     for (int64_t row = (int64_t)top; (double)row <= bottom; row++) {
         /* Crossings of the row with each edge, half-open in y so a vertex on
          * the row counts once; an edge lying on the row adds both ends. */
@@ -91,6 +95,8 @@ void envd_raster_circle(envd_raster_t *r, double cx, double cy, double radius,
     double crow = row_of(r, cy);
     double top = fmax(ceil(crow - radius), 0.0);
     double bottom = fmin(floor(crow + radius), (double)r->height - 1);
+    if (!(top <= bottom))
+        return;
     for (int64_t row = (int64_t)top; (double)row <= bottom; row++) {
         double dy = (double)row - crow;
         double half = sqrt(fmax(radius * radius - dy * dy, 0.0));
@@ -111,6 +117,8 @@ void envd_raster_line(envd_raster_t *r, double x0, double y0, double x1, double 
     int64_t n = (int64_t)ceil(steps);
     for (int64_t k = 0; k <= n; k++) {
         double t = n == 0 ? 0.0 : (double)k / (double)n;
-        put(r, (int64_t)lround(x0 + t * dx), (int64_t)lround(r0 + t * dy), color);
+        double x = x0 + t * dx, row = r0 + t * dy;
+        if (x > -1.0 && x < (double)r->width && row > -1.0 && row < (double)r->height)
+            put(r, (int64_t)lround(x), (int64_t)lround(row), color); /* in range: defined */
     }
 }

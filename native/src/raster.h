@@ -32,6 +32,16 @@ typedef struct envd_raster {
 /* Most vertices of one polygon (every built-in draws quads and triangles). */
 #define ENVD_RASTER_MAX_VERTICES 16
 
+/* Python's int(x) of a pixel coordinate (gymnasium truncates circle centres),
+ * kept within +-1e9 so that the conversion is defined whatever the state:
+ * NaN and infinities land far outside any frame and draw nothing. */
+static inline double envd_raster_trunc(double x)
+{
+    if (!(x > -1e9)) /* NaN too */
+        return -1e9;
+    return x > 1e9 ? 1e9 : trunc(x);
+}
+
 /* (x, y) turned counter-clockwise by angle, as pygame's Vector2.rotate_rad. */
 static inline void envd_raster_rotate(double x, double y, double angle, double *ox, double *oy)
 {

@@ -118,8 +118,11 @@ def test_shapes_outside_the_frame_are_clipped(lib):
     c = Canvas(lib, 8, 6)
     c.polygon([-100, -50, 300, -40, 200, 400])
     c.circle(-1e6, 3, 1e3)
-    c.circle(4, 3, 1e9, BLUE)
     c.line(-1e300, 0, 1e300, 1e300)
+    c.line(-1.7e308, 2, 1.7e308, 2)  # the difference overflows to inf
+    c.polygon([float("inf"), 1, float("inf"), 4, 3, 4])
+    assert c.pixels().any()
+    c.circle(4, 3, 1e9, BLUE)
     assert c.pixels(BLUE).all()  # the huge disc covered everything, drawn last
 
 
@@ -131,3 +134,36 @@ def test_degenerate_input_draws_nothing(lib):
     c.circle(2, 2, -1)
     c.line(0, 0, float("inf"), 3)
     assert not c.rgb.any()
+
+
+# ---- the classic-control render functions on any state ------------------------------
+CLASSIC_SYMBOLS = {"envd_builtin_cartpole": 4, "envd_builtin_pendulum": 2,
+                   "envd_builtin_mountain_car": 2, "envd_builtin_mountain_car_continuous": 2,
+                   "envd_builtin_acrobot": 4}  # -> leading float64 state entries
+
+
+@pytest.fixture(scope="module")
+def envs_ubsan():
+    """The classic envs built with UBSan, float-cast-overflow included, aborting
+    on the first report: a float-to-int conversion of a NaN or huge coordinate
+    stops the run (and a loop over such a span would hang: the test timeout)."""
+    sources = ["rng.c", "raster.c", "npy_f32_trig.c", "envs/cartpole.c", "envs/pendulum.c",
+               "envs/mountain_car.c", "envs/mountain_car_continuous.c", "envs/acrobot.c"]
+    return cbuild.load(sources, ["-fsanitize=undefined,float-cast-overflow", "-fno-sanitize-recover=all", "-g"])
+
+
+@pytest.mark.parametrize("symbol", sorted(CLASSIC_SYMBOLS))
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -1e300, 1e18, 12345.678])
+def test_classic_frames_of_extreme_states(envs_ubsan, symbol, value):
+    """States no episode reaches from a reset (a cart stepped far past its
+    termination with the time limit off, a diverged value) still draw a
+    frame: the render callbacks clip and never convert NaN or huge floats to
+    integers."""
+    env = cbuild.SingleEnv(envs_ubsan, symbol)
+    env.reset(seed=0)
+    d = env.define
+    frame = np.full((d.render_height, d.render_width, 3), 17, np.uint8)
+    state = np.frombuffer(env._state, np.float64, CLASSIC_SYMBOLS[symbol])
+    state[...] = value
+    assert d.render(env._state, frame.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))) == 0
+    assert not (frame == 17).all(axis=2).any()  # every pixel written (background at least)

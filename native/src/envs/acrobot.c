@@ -218,7 +218,8 @@ static int acrobot_render(const void *state, uint8_t *rgb)
         double x = xs[k] + offset, y = ys[k] + offset, link[8];
         envd_raster_box(0, lengths[k], -0.1 * scale, 0.1 * scale, thetas[k], x, y, link);
         envd_raster_polygon(&r, link, 4, (envd_color_t){0, 204, 204});
-        envd_raster_circle(&r, (int)x, (int)y, (int)(0.1 * scale), (envd_color_t){204, 204, 0});
+        envd_raster_circle(&r, envd_raster_trunc(x), envd_raster_trunc(y), (int)(0.1 * scale),
+                           (envd_color_t){204, 204, 0});
     }
     return ENVD_OK;
 }

@@ -124,7 +124,7 @@ static int cartpole_render(const void *state, uint8_t *rgb)
                     -s->theta, cartx, carty + axleoffset, pole);
     envd_raster_polygon(&r, pole, 4, (envd_color_t){202, 152, 101});
     /* gymnasium truncates the axle's centre and radius to integers */
-    envd_raster_circle(&r, (double)(int64_t)cartx, (double)(int64_t)(carty + axleoffset),
+    envd_raster_circle(&r, envd_raster_trunc(cartx), envd_raster_trunc(carty + axleoffset),
                        (double)(int)(polewidth / 2), (envd_color_t){129, 132, 203});
     envd_raster_line(&r, 0, carty, SCREEN_WIDTH, carty, (envd_color_t){0, 0, 0});
     return ENVD_OK;

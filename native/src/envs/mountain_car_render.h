@@ -43,7 +43,8 @@ static inline void mountain_car_draw(uint8_t *rgb, double pos, double goal_posit
     for (int side = 1; side >= -1; side -= 2) {
         double wx, wy;
         envd_raster_rotate(side * carwidth / 4, 0, angle, &wx, &wy);
-        envd_raster_circle(&r, (int)(wx + cx), (int)(wy + cy), (int)(carheight / 2.5),
+        envd_raster_circle(&r, envd_raster_trunc(wx + cx), envd_raster_trunc(wy + cy),
+                           (int)(carheight / 2.5),
                            (envd_color_t){128, 128, 128});
     }
     const int flagx = (int)((goal_position - MC_MIN_POSITION) * scale);

@@ -140,7 +140,8 @@ static int pendulum_render(const void *state, uint8_t *rgb)
     envd_raster_circle(&r, offset, offset, (int)(rod_width / 2), red);
     double ex, ey;
     envd_raster_rotate(rod_length, 0, s->th + M_PI / 2, &ex, &ey);
-    envd_raster_circle(&r, (int)(ex + offset), (int)(ey + offset), (int)(rod_width / 2), red);
+    envd_raster_circle(&r, envd_raster_trunc(ex + offset), envd_raster_trunc(ey + offset),
+                       (int)(rod_width / 2), red);
     envd_raster_circle(&r, offset, offset, (int)(0.05 * scale), (envd_color_t){0, 0, 0});
     return ENVD_OK;
 }
