@@ -551,7 +551,7 @@ class Client:
              max_episode_steps: int | None = None, copy: bool = False,
              episode_statistics: bool | str = True, batch_size: int | None = None,
              transport: str | None = None, fast_path: bool | None = None,
-             **env_kwargs: Any) -> RemoteVecEnv:
+             render_mode: str | None = None, **env_kwargs: Any) -> RemoteVecEnv:
         """Make num_envs instances of env_id in the daemon.  Arguments and the
         returned VecEnv are those of the in-process envd.make (without the
         thread options: the daemon's pool steps every session).
@@ -567,7 +567,12 @@ class Client:
         shared memory served by a native thread of the daemon; sessions over
         shm on x86-64 Linux).  None (default): taken when the daemon offers it, unless
         ENVD_FAST_PATH=0; True: required (InvalidArgumentError or the daemon's
-        refusal otherwise); False: never.  ``env.fast_path`` says which."""
+        refusal otherwise); False: never.  ``env.fast_path`` says which.
+
+        render_mode: None, or "rgb_array" for an env that renders: render()
+        then asks the daemon for every env's frame (drawn in its native core;
+        they come back in the reply, so their bytes must fit the daemon's
+        --max-message-bytes)."""
         # The checks the daemon cannot see as the caller wrote them (types
         # msgpack would change or cannot carry), with envd.make's messages.
         if not isinstance(env_id, str):
@@ -590,6 +595,8 @@ class Client:
                   "env_kwargs": _wire("env_kwargs", env_kwargs)}
         if batch_size is not None:  # absent unless asked: a daemon without async mode still makes
             header["batch_size"] = _wire("batch_size", batch_size)
+        if render_mode is not None:  # likewise for a daemon without rendering
+            header["render_mode"] = _wire("render_mode", render_mode)
         reply = self._request(header)
         try:
             env = RemoteVecEnv(self, reply, num_envs, mode, copy, episode_statistics, transport)

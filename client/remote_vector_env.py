@@ -15,6 +15,7 @@ transport (BatchedVecEnv) is shared and results are bit-identical.
 """
 from __future__ import annotations
 
+import math
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -46,7 +47,8 @@ class RemoteVecEnv(BatchedVecEnv):
         super().__init__(reply["env_id"], protocol.space_from_wire(reply["observation_space"]),
                          protocol.space_from_wire(reply["action_space"]), num_envs, mode,
                          reply["max_episode_steps"], copy, episode_statistics,
-                         reply.get("batch_size"))
+                         reply.get("batch_size"), reply.get("render_mode"),
+                         reply.get("render_fps"))
         self._client = client
         self._segment = segment
         self._bind_buffers(segment.arrays)
@@ -123,6 +125,16 @@ class RemoteVecEnv(BatchedVecEnv):
                   (("reset_seeds", with_seeds), ("reset_mask", with_mask)) if given]
         reply = self._call({**header, "inline": True}, inputs)
         self._read_outputs(reply, reply.get("_blobs", []), None)
+
+    def _render_frames(self) -> np.ndarray:
+        reply = self._call({"type": "render", "session": self.session})
+        blobs = reply.get("_blobs", [])
+        shape = tuple(reply.get("frames", {}).get("shape", ()))
+        if (len(shape) != 4 or shape[0] != self.num_envs or shape[3] != 3 or len(blobs) != 1
+                or len(blobs[0]) != math.prod(shape)):
+            raise ProtocolError(f"the daemon's render reply holds frames of shape {shape!r} in "
+                                f"{len(blobs)} frame(s); expected {self.num_envs} RGB frames")
+        return np.frombuffer(blobs[0], np.uint8).reshape(shape).copy()
 
     def _enable_fast_path(self, reply: dict[str, Any]) -> None:
         """The daemon serves this session's steps, sends and recvs from its

@@ -104,6 +104,8 @@ def env_description(spec: EnvSpec) -> dict[str, Any]:
                     "doc": p.doc} for p in spec.params],
         "info_fields": [{"name": f.name, "dtype": f.dtype.name, "shape": list(f.shape),
                          "doc": f.doc} for f in spec.info_fields],
+        "render": ({"modes": spec.render_modes, "shape": list(spec.render_shape),
+                    "fps": spec.render_fps} if spec.render_shape else None),
     }
 
 
@@ -141,6 +143,9 @@ def env_lines(spec: EnvSpec) -> list[str]:
     rows += [("parameter", p.describe() + (f": {p.doc}" if p.doc else "")) for p in spec.params]
     rows += [("info", f"{f.name}: {f.dtype.name} {f.shape} per env"
               + (f": {f.doc}" if f.doc else "")) for f in spec.info_fields]
+    if spec.render_shape:
+        rows.append(("render", f"rgb_array, frames {spec.render_shape} uint8 at "
+                               f"{spec.render_fps} fps"))
     # Words break at spaces only, never at the hyphens of ids and paths; a
     # word longer than a line (a long plugin path) is cut where the line ends.
     lines = textwrap.wrap(f"{spec.id}  {source}, max_episode_steps {limit}{agents}",
@@ -293,7 +298,7 @@ def _main(argv: list[str] | None) -> int:
                              "(and those of the --plugin libraries given before the command)")
     listing.add_argument("--json", action="store_true", help="print them as JSON: a list of "
                          "{id, source, plugin, observation_space, action_space, "
-                         "max_episode_steps, num_agents, params, info_fields}")
+                         "max_episode_steps, num_agents, params, info_fields, render}")
     status = sub.add_parser("status", help="print a running daemon's status (exit 1 if it "
                             "does not answer within the timeout)")
     status.add_argument("--endpoint", help="the daemon's endpoint (default: ENVD_ENDPOINT, "

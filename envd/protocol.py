@@ -29,8 +29,8 @@ does not speak it.  Per type, the fields (``?`` = optional):
     list_envs  -
     status     -
     make       env_id:str, num_envs:int, seed?:int|[int]|nil, autoreset_mode?:str,
-               max_episode_steps?:int|nil, env_kwargs?:map, batch_size?:int|nil
-               (checked as envd.make checks them)
+               max_episode_steps?:int|nil, env_kwargs?:map, batch_size?:int|nil,
+               render_mode?:str|nil   (checked as envd.make checks them)
     reset      session:str, seeds?:bool, mask?:bool, inline?:bool
                (seeds / mask: read the "reset_seeds" / "reset_mask" arrays of
                the session's shared memory, written by the client; inline:
@@ -60,6 +60,9 @@ the whole arrays after reset and step, the rows of the reported envs (in the
 order of the ids in blob 0) after recv.  The daemon's buffers stay a segment
 either way, so both transports run the very same native code on the same
 memory: results are bit-identical.
+    render     session:str      (a session made with render_mode "rgb_array", no send in
+                                flight: draw every env's frame; refused with
+                                limit_exceeded when the frames are over --max-message-bytes)
     close      session:str
     bye        -                (the client leaves: free all its sessions now)
     fast       session:str, enable?:bool   serve this sync session's steps from the
@@ -106,12 +109,15 @@ A reply never carries a traceback.  Results:
                        info_fields: [{name, dtype, shape, doc}], origin}]
     status     see envd.server.service.Service.status
     make       session, env_id, shm: {name, size, arrays: {name: [offset, dtype, shape]}},
-               observation_space, action_space, max_episode_steps, autoreset_mode
+               observation_space, action_space, max_episode_steps, autoreset_mode,
+               render_mode, render_fps (nil without a render mode)
     reset      - (inline: arrays + blobs)
     step       num_done:int   (envs whose episode ended in this step; inline: arrays + blobs)
     send       -
     recv       - (the ids in blob 0; their results are in the shm rows; inline: arrays +
                  blobs after blob 0)
+    render     frames: {dtype: "uint8", shape: [num_envs, height, width, 3]};
+               blob 0: the frames, C order (a large reply: it carries a token)
     close      -
     bye        -
     fast       doorbell: {offset}   (where the doorbell lies in the header page)
@@ -183,12 +189,13 @@ MESSAGE_FIELDS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     "make": {"env_id": ((str,), True), "num_envs": (_INT, True),
              "seed": (_ANY, False), "autoreset_mode": ((str,), False),
              "max_episode_steps": (_ANY, False), "env_kwargs": ((dict,), False),
-             "batch_size": (_ANY, False)},
+             "batch_size": (_ANY, False), "render_mode": (_ANY, False)},
     "reset": {**_SESSION, "seeds": ((bool,), False), "mask": ((bool,), False),
               "inline": ((bool,), False)},
     "step": {**_SESSION, "actions": ((dict,), False), "inline": ((bool,), False)},
     "send": {**_SESSION, "inline": ((bool,), False)},
     "recv": {**_SESSION, "count": (_INT, True), "inline": ((bool,), False)},
+    "render": _SESSION,
     "close": _SESSION,
     "bye": {},
     "fast": {**_SESSION, "enable": ((bool,), False)},

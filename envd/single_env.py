@@ -42,7 +42,9 @@ class EnvdEnv(gymnasium.Env):
         self.venv = venv
         self.observation_space = venv.single_observation_space
         self.action_space = venv.single_action_space
-        self.render_mode = None
+        self.render_mode = venv.render_mode
+        self.metadata = {key: venv.metadata[key] for key in ("render_modes", "render_fps")
+                         if key in venv.metadata}
         self._action_shape = (1, *self.action_space.shape)
         self._episode_over = False  # step() refuses until reset()
 
@@ -101,6 +103,10 @@ class EnvdEnv(gymnasium.Env):
             elif isinstance(value, np.ndarray):
                 row[key] = value[0].copy()
         return row
+
+    def render(self) -> np.ndarray:
+        """The env's frame, (height, width, 3) uint8 (needs render_mode="rgb_array")."""
+        return self.venv.render()[0]
 
     def close(self) -> None:
         self.venv.close()

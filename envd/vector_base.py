@@ -201,7 +201,8 @@ class BatchedVecEnv(VectorEnv):
 
     def __init__(self, env_id: str, observation_space: spaces.Space, action_space: spaces.Space,
                  num_envs: int, mode: AutoresetMode, max_episode_steps: int | None,
-                 copy: bool, episode_statistics: bool | str, batch_size: int | None = None):
+                 copy: bool, episode_statistics: bool | str, batch_size: int | None = None,
+                 render_mode: str | None = None, render_fps: int | None = None):
         self.closed = False
         #: the info key of envd's episode statistics, None when they are off
         #: (see episode_statistics_key); checked first so a bad value fails early
@@ -211,8 +212,12 @@ class BatchedVecEnv(VectorEnv):
         self._lock = threading.Lock()
         self.env_id = env_id
         self.num_envs = num_envs
-        self.metadata = {"autoreset_mode": mode}
-        self.render_mode = None
+        self.metadata = {"autoreset_mode": mode,
+                         "render_modes": [] if render_mode is None else [render_mode]}
+        if render_fps is not None:
+            self.metadata["render_fps"] = render_fps
+        #: None or "rgb_array" (checked by the subclass against the env's spec)
+        self.render_mode = render_mode
         self.single_observation_space = observation_space
         self.single_action_space = action_space
         self.observation_space = batch_space(observation_space, num_envs)
@@ -269,6 +274,11 @@ class BatchedVecEnv(VectorEnv):
     def _collect_batches(self, wait: bool) -> list[np.ndarray]:
         """The env ids of sent batches that finished since the last call, in
         the order they finished; with wait, block until at least one did."""
+        raise NotImplementedError
+
+    def _render_frames(self) -> np.ndarray:
+        """A new (num_envs, height, width, 3) uint8 array of every env's frame
+        (called with the env acquired, only when render_mode is "rgb_array")."""
         raise NotImplementedError
 
     def _settle_sends(self) -> None:
@@ -613,6 +623,25 @@ class BatchedVecEnv(VectorEnv):
                                    self._buffers[name].dtype) for name in names},
                  "env_id": np.empty(self.batch_size, np.int32)} for _ in range(2)]
         return slots
+
+    def render(self) -> tuple[np.ndarray, ...]:
+        """One rgb_array frame per env, as gymnasium's vector envs return them: a
+        tuple of num_envs (height, width, 3) uint8 arrays, drawn from the envs'
+        current states.  Each call returns new arrays (a recorder may keep
+        them).  Needs render_mode="rgb_array" at make and no send in flight."""
+        if self.render_mode is None:
+            raise EnvStateError(
+                f"this {self.env_id} VecEnv was made without a render mode; make it with "
+                "render_mode='rgb_array' to render")
+        self._acquire()
+        try:
+            if self._num_in_flight:
+                raise EnvStateError(f"{self.env_id}: render() while sends are in flight; "
+                                    "recv() them first")
+            frames = self._render_frames()
+        finally:
+            self._lock.release()
+        return tuple(frames)
 
     def close(self, **kwargs: Any) -> None:
         """Free the envs.  Idempotent; waits for a call in progress on another thread."""

@@ -15,7 +15,7 @@ SOURCES = ["src/errors.c", "src/rng.c", "src/pool.c", "src/vec.c", "src/builtin_
            "src/npy_f32_trig.c", "src/envs/cartpole.c", "src/envs/pendulum.c",
            "src/envs/mountain_car.c", "src/envs/mountain_car_continuous.c",
            "src/envs/acrobot.c", "src/envs/snake.c", "src/envs/connect_four.c",
-           "src/plugin.c", "src/batch_queue.c", "src/fast.c", "src/segment_guard.c"]
+           "src/plugin.c", "src/batch_queue.c", "src/fast.c", "src/segment_guard.c", "src/raster.c"]
 
 # Bit-exactness with numpy needs IEEE arithmetic as written: no fused
 # multiply-add contraction and no fast-math reassociation.
@@ -23,6 +23,7 @@ CFLAGS = ["-std=gnu11", "-O2", "-ffp-contract=off", "-fno-fast-math", "-pthread"
 
 CDEF = """
 #define ENVD_ABI_VERSION ...
+#define ENVD_ABI_VERSION_MIN ...
 #define ENVD_OK ...
 #define ENVD_EINVAL ...
 #define ENVD_ENOMEM ...
@@ -102,6 +103,8 @@ typedef struct envd_plugin {
 const char *envd_strerror(int code);
 uint32_t envd_abi_version(void);
 int envd_env_def_validate(const envd_env_def_t *def);
+bool envd_env_def_render_info(const envd_env_def_t *def, int32_t *width, int32_t *height,
+                              int32_t *fps);
 const char *envd_env_def_problem(const envd_env_def_t *def);
 int envd_plugin_open(const char *path, const envd_plugin_t **out, void **handle, char *error,
                      size_t error_size);
@@ -163,6 +166,8 @@ int envd_vec_batch_done(const envd_vec_batch_t *batch);
 void envd_vec_batch_wait(envd_vec_t *vec, envd_vec_batch_t *batch);
 int envd_vec_batch_finish(envd_vec_t *vec, envd_vec_batch_t *batch);
 int64_t envd_vec_batch_size(const envd_vec_batch_t *batch);
+uint64_t envd_vec_frame_bytes(const envd_vec_t *vec);
+int envd_vec_render(envd_vec_t *vec, int64_t index, uint8_t *rgb);
 int64_t envd_vec_error_index(const envd_vec_t *vec);
 const void *envd_vec_checked_actions(const envd_vec_t *vec);
 int64_t envd_vec_reset_count(const envd_vec_t *vec);

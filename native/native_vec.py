@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from envd.errors import EnvdError, InvalidArgumentError, NativeError
+from envd.errors import EnvdError, EnvStateError, InvalidArgumentError, NativeError
 from envd.native._envd_native import ffi, lib
 from envd.native.registry import EnvSpec
 from envd.vector_base import INFO_PREFIX, send_error, step_error
@@ -156,6 +156,24 @@ class NativeVec:
         if num_done < 0:
             self.raise_step_error(num_done)
         return num_done
+
+    # ---- rendering ------------------------------------------------------------------------
+    def render(self, out: np.ndarray) -> None:
+        """Draw every env's current state into out, (num_envs,) + spec.render_shape
+        uint8, C-contiguous.  Blocks; not while a step or batch is in flight."""
+        frame_bytes = int(lib.envd_vec_frame_bytes(self.handle))
+        if (out.dtype != np.uint8 or not out.flags.c_contiguous
+                or out.nbytes != frame_bytes * self.num_envs or frame_bytes == 0):
+            raise InvalidArgumentError(
+                f"rendering {self.spec.id}: a frame buffer of shape "
+                f"{(self.num_envs,) + (self.spec.render_shape or ())} uint8 is needed")
+        base = out.ctypes.data
+        for i in range(self.num_envs):
+            rc = lib.envd_vec_render(self.handle, i, ffi.cast("uint8_t *", base + i * frame_bytes))
+            if rc == lib.ENVD_ESTATE:
+                raise EnvStateError(f"{self.spec.id}: env {i} has not been reset; "
+                                    "call reset() before render()")
+            self.check(rc, f"rendering env {i}")
 
     def destroy(self) -> None:
         """Free the envs (waits for a submitted step).  Idempotent."""

@@ -91,6 +91,26 @@ class EnvSpec:
     info_fields: tuple[InfoFieldSpec, ...]
     definition: Any  # cdata 'const envd_env_def_t *'; kept alive by its library
     origin: str  # "builtin" or the path of the plugin that defined it
+    #: (height, width, 3) of its rgb_array frames, None when it does not render
+    render_shape: tuple[int, int, int] | None = None
+    render_fps: int | None = None
+
+    @property
+    def render_modes(self) -> list[str]:
+        """The render modes it supports (gymnasium's metadata["render_modes"])."""
+        return ["rgb_array"] if self.render_shape else []
+
+    def check_render_mode(self, render_mode: Any) -> str | None:
+        """render_mode as make accepts it: None or "rgb_array" for an env that renders."""
+        if render_mode is None or (render_mode == "rgb_array" and self.render_shape):
+            return render_mode
+        if render_mode == "rgb_array":
+            raise InvalidArgumentError(
+                f"{self.id} does not render (its definition has no render callback): "
+                "make it with render_mode=None")
+        raise InvalidArgumentError(
+            f"{self.id}: render_mode must be None or {' or '.join(map(repr, self.render_modes))}, "
+            f"got {render_mode!r:.100}")
 
     def param_values(self, kwargs: dict[str, Any], arguments: Iterable[str] = ()) -> list[float]:
         """Validate make's env kwargs; return every parameter in declaration order.
@@ -176,8 +196,18 @@ def _info_field(c_field) -> InfoFieldSpec:
                          DTYPES[c_field.dtype], doc)
 
 
+def _render_info(definition) -> tuple[tuple[int, int, int] | None, int | None]:
+    """(frame shape, fps) of a definition that renders, else (None, None).  Asked
+    of C, which reads the ABI 3 fields only from ABI 3 definitions."""
+    size = ffi.new("int32_t[3]")
+    if not lib.envd_env_def_render_info(definition, size, size + 1, size + 2):
+        return None, None
+    return (int(size[1]), int(size[0]), 3), int(size[2])
+
+
 def spec_from_definition(definition, origin: str = "builtin") -> EnvSpec:
     """Build the EnvSpec of a validated C env definition."""
+    render_shape, render_fps = _render_info(definition)
     return EnvSpec(
         id=ffi.string(definition.id).decode(),
         observation_space=_space(definition.observation_space),
@@ -189,6 +219,8 @@ def spec_from_definition(definition, origin: str = "builtin") -> EnvSpec:
                           for i in range(definition.num_info_fields)),
         definition=definition,
         origin=origin,
+        render_shape=render_shape,
+        render_fps=render_fps,
     )
 
 

@@ -63,7 +63,7 @@ class VecEnv(BatchedVecEnv):
                  num_threads: int | None, autoreset_mode: str | AutoresetMode,
                  max_episode_steps: int | None, copy: bool, episode_statistics: bool | str,
                  pin_cpus: Sequence[int] | None, env_kwargs: dict[str, Any],
-                 batch_size: int | None = None):
+                 batch_size: int | None = None, render_mode: str | None = None):
         self._native = self._pool = self._batches = None
         num_envs = check_int("num_envs", num_envs, 1, MAX_NUM_ENVS)
         if batch_size is not None:
@@ -75,10 +75,12 @@ class VecEnv(BatchedVecEnv):
         num_threads = check_int("num_threads", num_threads, 0, MAX_THREADS)
         cpus = self._check_pin_cpus(pin_cpus, num_threads)
         params = spec.param_values(env_kwargs, MAKE_ARGUMENTS)
+        render_mode = spec.check_render_mode(render_mode)
         # seed=None: a random base seed, env i then gets base + i as for an int seed.
         seeds = seed_list(secrets.randbelow(2**63) if seed is None else seed, num_envs)
         super().__init__(spec.id, spec.observation_space, spec.action_space, num_envs, mode,
-                         max_episode_steps, copy, episode_statistics, batch_size)
+                         max_episode_steps, copy, episode_statistics, batch_size,
+                         render_mode, spec.render_fps)
         self.envd_spec = spec
         self.num_threads = num_threads
         self._bind_buffers({name: _aligned_zeros(shape, dtype) for name, (shape, dtype)
@@ -129,6 +131,11 @@ class VecEnv(BatchedVecEnv):
         self._batch_error = self._batch_error or error  # raised once the ids are counted
         return finished
 
+    def _render_frames(self) -> np.ndarray:
+        frames = np.empty((self.num_envs,) + self.envd_spec.render_shape, np.uint8)
+        self._native.render(frames)
+        return frames
+
     def _release(self) -> None:
         if self._batches is not None:
             self._batches.close()
@@ -172,7 +179,7 @@ def make(env_id: str, num_envs: int, *, seed: int | Sequence[int] | None = None,
          max_episode_steps: int | None = None, copy: bool = False,
          episode_statistics: bool | str = True, pin_cpus: Sequence[int] | None = None,
          batch_size: int | None = None, plugin: str | os.PathLike | None = None,
-         **env_kwargs: Any) -> VecEnv:
+         render_mode: str | None = None, **env_kwargs: Any) -> VecEnv:
     """Create num_envs instances of env_id stepped in this process.
 
     seed:  env i is seeded with seed + i at the first reset (or pass a list of
@@ -194,6 +201,8 @@ def make(env_id: str, num_envs: int, *, seed: int | Sequence[int] | None = None,
            EnvPool's names); default num_envs.
     plugin: load this plugin library first (envd.load_plugin), for an env id
            it defines.
+    render_mode: None, or "rgb_array" for an env that renders: then render()
+           returns one (height, width, 3) uint8 frame per env, drawn in C.
     env_kwargs: the env's parameters (see envd.native.get_spec(env_id).params).
     """
     episode_statistics_key(episode_statistics)  # a bad value fails before any work
@@ -203,7 +212,7 @@ def make(env_id: str, num_envs: int, *, seed: int | Sequence[int] | None = None,
     return VecEnv(spec, num_envs, seed=seed, num_threads=num_threads,
                   autoreset_mode=autoreset_mode, max_episode_steps=max_episode_steps,
                   copy=copy, episode_statistics=episode_statistics, pin_cpus=pin_cpus,
-                  env_kwargs=env_kwargs, batch_size=batch_size)
+                  env_kwargs=env_kwargs, batch_size=batch_size, render_mode=render_mode)
 
 
 #: make's own keyword arguments: a mistyped one (sed=0) lands among the env

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import math
 import os
 import secrets
 import socket
@@ -115,7 +116,7 @@ class Service:
                           "list_envs": self._list_envs, "status": self._status,
                           "make": self._make, "reset": self._reset, "step": self._step,
                           "send": self._send_batch, "recv": self._recv, "fast": self._fast,
-                          "close": self._close, "bye": self._bye}
+                          "render": self._render, "close": self._close, "bye": self._bye}
 
     # ---- dispatch -------------------------------------------------------------------------
     def handle(self, identity: bytes, frames: list[bytes]) -> None:
@@ -348,6 +349,7 @@ class Service:
                 "longer use or make fewer")
         if self.fd_check is not None:  # the session's fds must not eat the daemon's reserve
             self.fd_check(self._reserved_sessions)
+        render_mode = spec.check_render_mode(header.get("render_mode"))
         env_kwargs = header.get("env_kwargs", {})
         seed = header.get("seed")
 
@@ -363,6 +365,7 @@ class Service:
                     "memory (/dev/shm; in a container see --shm-size) or memory is exhausted"
                 ) from None
             session.batch_size = batch_size or num_envs
+            session.render_mode = render_mode
             self._unclaimed.add(session)  # set.add is atomic: shutdown frees it if need be
             return session
 
@@ -468,6 +471,45 @@ class Service:
             return reply
         session.busy = True
         self._pending_steps[session] = (client.identity, header["id"], started, inline)
+        return None
+
+    def _render(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> None:
+        """Draw every env's frame on the executor; the reply carries them in one
+        data frame, so a render of more bytes than --max-message-bytes is refused
+        before anything is drawn (and the reply counts against the unread-reply
+        budgets like any large reply)."""
+        session = self._session(client, header)
+        self._check_no_async(session, "render")
+        if session.render_mode is None:
+            raise EnvStateError(
+                f"session {session.id} ({session.spec.id}) was made without a render mode; "
+                "make it with render_mode='rgb_array' to render")
+        shape = (session.num_envs,) + session.spec.render_shape
+        size = math.prod(shape)
+        if size > self.config.max_message_bytes:
+            height, width, _ = session.spec.render_shape
+            raise LimitExceededError(
+                f"rendering {session.num_envs} {session.spec.id} envs makes {size} bytes of "
+                f"frames ({height}x{width}x3 each), over the daemon's message limit of "
+                f"{self.config.max_message_bytes} bytes (--max-message-bytes); render a "
+                f"session of at most {self.config.max_message_bytes // (size // shape[0])} "
+                "envs, or ask the operator to raise the limit")
+        session.busy = True
+        self._running_ops += 1
+
+        def done(future: Future) -> None:
+            self._running_ops -= 1
+            reply = self._result_reply(header["id"], future)
+            if session.revoked:
+                reply = self._revoked_reply(session, header["id"])
+            elif reply["ok"]:
+                reply.update(frames={"dtype": "uint8", "shape": list(shape)},
+                             _blobs=[memoryview(future.result()).cast("B")])
+            self._operation_ended(session)
+            self.send(client.identity, reply)
+            self._check_drained()
+
+        self._submit(session.render, done)
         return None
 
     @staticmethod

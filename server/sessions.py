@@ -91,6 +91,7 @@ class Session:
         # they were found finished), and a recv waiting for enough of them:
         # (identity, request id, count, inline).  The batches live in self.batches.
         self.batch_size = num_envs
+        self.render_mode: str | None = None  # make's render_mode, checked against the spec
         self.ready: list[np.ndarray] = []
         self.num_ready = 0
         self.recv_waiter: tuple[bytes, int, int, bool] | None = None  # (..., inline)
@@ -158,7 +159,9 @@ class Session:
                 "action_space": protocol.space_to_wire(self.spec.action_space),
                 "max_episode_steps": self.max_episode_steps or None,
                 "batch_size": self.batch_size,
-                "autoreset_mode": autoreset_mode_name(self.mode)}
+                "autoreset_mode": autoreset_mode_name(self.mode),
+                "render_mode": self.render_mode,
+                "render_fps": self.spec.render_fps if self.render_mode else None}
 
     def write_actions(self, description: dict[str, Any], blob: bytes) -> None:
         """Copy inline actions (a data frame) into the actions buffer; they must
@@ -282,6 +285,22 @@ class Session:
             self.native.reset(with_seeds, with_mask)
         finally:
             self.fast.unlock()
+
+    def render(self) -> np.ndarray:
+        """Every env's frame, (num_envs, height, width, 3) uint8, drawn on the
+        executor into private memory (a render request's reply carries it); a
+        fast-path request rung meanwhile waits."""
+        frames = np.empty((self.num_envs,) + self.spec.render_shape, np.uint8)
+        if self.fast is None:
+            self.native.render(frames)
+            return frames
+        self.fast.lock()
+        try:
+            self.check_no_fast_async("render")
+            self.native.render(frames)
+        finally:
+            self.fast.unlock()
+        return frames
 
     def check_no_fast_async(self, call: str) -> None:
         """Refuse call while envs sent through the doorbell are in flight or

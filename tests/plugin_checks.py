@@ -273,3 +273,36 @@ def gymnasium_ids_of_plugin(library: str) -> None:
     with gymnasium.make_vec("envd/GuessNumber-v0", num_envs=8, seed=7, penalty=0.25) as env:
         assert isinstance(env, envd.VecEnv)
         assert check_against_reference(env, 7, 0.25) > 8
+
+
+def abi_2_loads_without_rendering(library: str) -> None:
+    import envd
+    from envd.native import get_spec
+    assert envd.load_plugin(library) == ["TestPlugin-v0"]
+    spec = get_spec("TestPlugin-v0")
+    assert spec.render_shape is None and spec.render_modes == []
+    with envd.make("TestPlugin-v0", 2, seed=0) as env:
+        env.reset()
+        assert env.step(np.zeros(2, np.int64))[0][:, 0].tolist() == [1.0, 1.0]
+        assert env.render_mode is None and env.metadata["render_modes"] == []
+    try:
+        envd.make("TestPlugin-v0", 2, render_mode="rgb_array")
+    except envd.InvalidArgumentError as e:
+        assert "TestPlugin-v0 does not render" in str(e), str(e)
+    else:
+        raise AssertionError("an ABI 2 env was made with render_mode='rgb_array'")
+
+
+def plugin_renders(library: str) -> None:
+    import envd
+    envd.load_plugin(library)
+    with envd.make("TestPlugin-v0", 3, seed=0, render_mode="rgb_array") as env:
+        assert env.metadata["render_fps"] == 5
+        env.reset()
+        env.step(np.zeros(3, np.int64))
+        env.step(np.zeros(3, np.int64))
+        frames = env.render()
+        assert isinstance(frames, tuple) and len(frames) == 3
+        for frame in frames:
+            assert frame.shape == (2, 4, 3) and frame.dtype == np.uint8
+            assert (frame == np.array([2, 2, 3], np.uint8)).all()

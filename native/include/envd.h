@@ -16,8 +16,10 @@
  *   - Callbacks return ENVD_OK or a negative ENVD_E* code; they never abort,
  *     exit or print.
  *
- * Everything here is ABI: a plugin built against ENVD_ABI_VERSION N is only
- * loaded by a host whose envd_abi_version() is N.  A plugin links against
+ * Everything here is ABI: a plugin built against ENVD_ABI_VERSION N is loaded
+ * by a host whose envd_abi_version() is N, and by later hosts as long as N is
+ * at least their ENVD_ABI_VERSION_MIN (ABI 3 only appended the render fields
+ * to envd_env_def_t, which a host never reads from an ABI 2 definition).  A plugin links against
  * nothing of envd: what an env calls at run time (the RNG draws) is static
  * inline in this header, so a plugin builds with one line:
  *     cc -shared -fPIC -O2 -I "$(python -m envd.native --include)" myenv.c -o libmyenv.so
@@ -33,7 +35,9 @@
 extern "C" {
 #endif
 
-#define ENVD_ABI_VERSION 2u
+#define ENVD_ABI_VERSION 3u
+/* The oldest ABI this host still loads (see "the env definition" below). */
+#define ENVD_ABI_VERSION_MIN 2u
 
 /* ---- error codes: 0 or a negative code from this one table ------------- */
 #define ENVD_OK 0
@@ -186,6 +190,16 @@ typedef struct envd_info_field {
  *        (its dtype and shape).  The host calls it after every reset and
  *        every step, including the reset of an autoreset, so the info always
  *        describes the state of the observation returned with it.
+ * render: (ABI 3; may be NULL: the env does not render, and asking for
+ *        render_mode="rgb_array" is refused) draw the current state as an
+ *        RGB image into rgb: render_height rows of render_width pixels of 3
+ *        bytes (R, G, B), row-major, top row first -- the layout of
+ *        gymnasium's rgb_array frames.  Write every pixel.  Called on a state
+ *        that has been reset, never while the instance steps.
+ *
+ * ABI 2 definitions end before render_width: a host reads the render fields
+ * only from a definition whose abi_version is 3 or more, so ABI 2 plugins keep
+ * loading (their envs do not render).
  */
 typedef struct envd_env_def {
     uint32_t abi_version; /* must be ENVD_ABI_VERSION */
@@ -206,7 +220,22 @@ typedef struct envd_env_def {
     const envd_info_field_t *info_fields; /* num_info_fields entries, or NULL */
     int32_t num_info_fields;              /* 0..ENVD_MAX_INFO_FIELDS */
     int (*write_info)(const void *state, void *const *fields);
+    /* ---- since ABI 3 ---- */
+    int32_t render_width;  /* frame size in pixels, 1..ENVD_MAX_RENDER_SIDE */
+    int32_t render_height; /*   (both 0 when render is NULL) */
+    int32_t render_fps;    /* gymnasium's metadata["render_fps"], >= 1 */
+    int (*render)(const void *state, uint8_t *rgb);
 } envd_env_def_t;
+
+/* Largest render_width and render_height. */
+#define ENVD_MAX_RENDER_SIDE 4096
+
+/* Whether def renders (abi_version >= 3 and render != NULL); when it does and
+ * the pointers are not NULL, its frame width, height and fps.  The one place
+ * the host reads the ABI 3 fields, so an ABI 2 definition is never read past
+ * its end.  A host function, like envd_env_def_validate. */
+bool envd_env_def_render_info(const envd_env_def_t *def, int32_t *width, int32_t *height,
+                              int32_t *fps);
 
 /* Check a definition for consistency; ENVD_OK or the first problem found. */
 int envd_env_def_validate(const envd_env_def_t *def);

@@ -180,12 +180,51 @@ static const char *info_fields_problem(const envd_env_def_t *def)
     return NULL;
 }
 
+/* Whether the host can read a definition of this ABI at all. */
+static bool abi_loadable(uint32_t abi)
+{
+    return abi >= ENVD_ABI_VERSION_MIN && abi <= ENVD_ABI_VERSION;
+}
+
+bool envd_env_def_render_info(const envd_env_def_t *def, int32_t *width, int32_t *height,
+                              int32_t *fps)
+{
+    /* ABI 2 definitions end before render_width: never read past them. */
+    if (def == NULL || def->abi_version < 3 || !abi_loadable(def->abi_version) ||
+        def->render == NULL)
+        return false;
+    if (width)
+        *width = def->render_width;
+    if (height)
+        *height = def->render_height;
+    if (fps)
+        *fps = def->render_fps;
+    return true;
+}
+
+static const char *render_problem(const envd_env_def_t *def)
+{
+    if (def->abi_version < 3)
+        return NULL;
+    if (def->render == NULL)
+        return def->render_width == 0 && def->render_height == 0
+                   ? NULL
+                   : "render: render_width/height are set but render is NULL";
+    if (def->render_width < 1 || def->render_width > ENVD_MAX_RENDER_SIDE ||
+        def->render_height < 1 || def->render_height > ENVD_MAX_RENDER_SIDE)
+        return "render: render_width and render_height must be in 1..ENVD_MAX_RENDER_SIDE";
+    if (def->render_fps < 1)
+        return "render: render_fps must be >= 1";
+    return NULL;
+}
+
 const char *envd_env_def_problem(const envd_env_def_t *def)
 {
     if (def == NULL)
         return "the definition is NULL";
-    if (def->abi_version != ENVD_ABI_VERSION)
-        return "abi_version differs from the host's ENVD_ABI_VERSION";
+    if (!abi_loadable(def->abi_version))
+        return "abi_version differs from every ABI this host loads "
+               "(ENVD_ABI_VERSION_MIN..ENVD_ABI_VERSION)";
     if (def->id == NULL || def->id[0] == '\0')
         return "id is NULL or empty";
     if (def->state_size == 0 || def->state_size > ENVD_MAX_STATE_SIZE)
@@ -203,12 +242,14 @@ const char *envd_env_def_problem(const envd_env_def_t *def)
         problem = params_problem(def);
     if (problem == NULL)
         problem = info_fields_problem(def);
+    if (problem == NULL)
+        problem = render_problem(def);
     return problem;
 }
 
 int envd_env_def_validate(const envd_env_def_t *def)
 {
-    if (def != NULL && def->abi_version != ENVD_ABI_VERSION)
+    if (def != NULL && !abi_loadable(def->abi_version))
         return ENVD_EABI;
     return envd_env_def_problem(def) == NULL ? ENVD_OK : ENVD_EINVAL;
 }

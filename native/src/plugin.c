@@ -5,7 +5,9 @@
  * once the host has registered its envs it is never closed -- vecs point
  * into its definitions and code.  The ABI
  * version is read before anything else because envd_plugin_t's first field
- * keeps its place in every ABI version, while the rest may change.
+ * keeps its place in every ABI version, while the rest may change.  Tables of
+ * ABI ENVD_ABI_VERSION_MIN..ENVD_ABI_VERSION load; each definition is then
+ * read as its own abi_version says (see envd_env_def_render_info).
  */
 #include <dlfcn.h>
 #include <stdio.h>
@@ -36,11 +38,13 @@ int envd_plugin_open(const char *path, const envd_plugin_t **out, void **handle_
         rc = ENVD_ENOTFOUND;
     } else if (table == NULL) {
         snprintf(error, size, "%s() returned NULL", ENVD_PLUGIN_SYMBOL);
-    } else if (table->abi_version != ENVD_ABI_VERSION) {
+    } else if (table->abi_version < ENVD_ABI_VERSION_MIN ||
+               table->abi_version > ENVD_ABI_VERSION) {
         snprintf(error, size,
-                 "it was built for envd ABI %u but this envd has ABI %u; rebuild it against "
-                 "this envd's envd.h (python -m envd.native --include)",
-                 (unsigned)table->abi_version, (unsigned)ENVD_ABI_VERSION);
+                 "it was built for envd ABI %u but this envd has ABI %u (and loads ABI %u..%u); "
+                 "rebuild it against this envd's envd.h (python -m envd.native --include)",
+                 (unsigned)table->abi_version, (unsigned)ENVD_ABI_VERSION,
+                 (unsigned)ENVD_ABI_VERSION_MIN, (unsigned)ENVD_ABI_VERSION);
         rc = ENVD_EABI;
     } else if (table->num_envs < 1 || table->envs == NULL) {
         snprintf(error, size, "%s() returned a table without envs (num_envs %d)",
@@ -53,7 +57,7 @@ int envd_plugin_open(const char *path, const envd_plugin_t **out, void **handle_
             if (problem != NULL) {
                 snprintf(error, size, "env #%d (%s) is invalid: %s", (int)i,
                          def && def->id ? def->id : "no id", problem);
-                rc = def && def->abi_version != ENVD_ABI_VERSION ? ENVD_EABI : ENVD_EINVAL;
+                rc = envd_env_def_validate(def) == ENVD_EABI ? ENVD_EABI : ENVD_EINVAL;
             }
         }
     }

@@ -651,6 +651,32 @@ int envd_vec_reset(envd_vec_t *vec, const uint64_t *seeds, const bool *mask)
     return rc;
 }
 
+/* ---- rendering ---------------------------------------------------------------------- */
+uint64_t envd_vec_frame_bytes(const envd_vec_t *vec)
+{
+    int32_t width = 0, height = 0;
+    if (!envd_env_def_render_info(vec->def, &width, &height, NULL))
+        return 0;
+    return (uint64_t)width * (uint64_t)height * 3u;
+}
+
+/* Rendering reads env states on the calling thread, so nothing may step them
+ * meanwhile: no whole-vec step pending and no batch in flight. */
+int envd_vec_render(envd_vec_t *vec, int64_t index, uint8_t *rgb)
+{
+    if (envd_vec_frame_bytes(vec) == 0 || rgb == NULL)
+        return ENVD_EINVAL;
+    if (index < 0 || index >= vec->config.num_envs)
+        return ENVD_ERANGE;
+    if (vec->whole.pending != PENDING_NONE || vec->batches_in_flight > 0)
+        return ENVD_EBUSY;
+    if (!slot_of(vec, index)->started)
+        return ENVD_ESTATE;
+    vec->error_index = index;
+    int rc = vec->def->render(state_of(vec, index), rgb);
+    return rc == ENVD_OK ? ENVD_OK : ENVD_EENV;
+}
+
 /* ---- queries ------------------------------------------------------------------------ */
 int64_t envd_vec_error_index(const envd_vec_t *vec) { return vec->error_index; }
 

@@ -150,6 +150,16 @@ int envd_vec_batch_finish(envd_vec_t *vec, envd_vec_batch_t *batch);
 /* Envs in the batch's last submit. */
 int64_t envd_vec_batch_size(const envd_vec_batch_t *batch);
 
+/* ---- rendering ----
+ * Bytes of one env's frame (render_height x render_width x 3), 0 when the env
+ * does not render (see envd_env_def_render_info). */
+uint64_t envd_vec_frame_bytes(const envd_vec_t *vec);
+/* Draw env index's current state into rgb (envd_vec_frame_bytes bytes), on
+ * the calling thread.  ENVD_EINVAL (the env does not render), ENVD_ERANGE (no
+ * such env), ENVD_EBUSY (a step or a batch is in flight), ENVD_ESTATE (the env
+ * was never reset), ENVD_EENV (its render callback failed). */
+int envd_vec_render(envd_vec_t *vec, int64_t index, uint8_t *rgb);
+
 int64_t envd_vec_error_index(const envd_vec_t *vec);
 /* The vec's copy of the actions the last step or send checked (num_envs
  * samples; a send's rows only): for error messages that name the refused

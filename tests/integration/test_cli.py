@@ -90,6 +90,11 @@ def _check_description(described: dict, spec, plugin_path: str | None = None) ->
         assert p["doc"] == param.doc
     assert [(f["name"], f["dtype"], tuple(f["shape"])) for f in described["info_fields"]] == \
         [(f.name, f.dtype.name, f.shape) for f in spec.info_fields]
+    if spec.render_shape is None:
+        assert described["render"] is None
+    else:
+        assert described["render"] == {"modes": ["rgb_array"], "shape": list(spec.render_shape),
+                                       "fps": spec.render_fps}
 
 
 def test_list_json_parses_and_matches_list_envs(tmp_path):
@@ -104,6 +109,8 @@ def test_list_json_parses_and_matches_list_envs(tmp_path):
     assert by_id["CartPole-v1"]["observation_space"]["low"][1] is None
     assert by_id["Snake-v0"]["observation_space"]["low"] == 0
     assert by_id["Pendulum-v1"]["params"][0]["default"] == 10.0
+    assert by_id["Acrobot-v1"]["render"] == {"modes": ["rgb_array"], "shape": [500, 500, 3],
+                                             "fps": 15}
 
 
 def test_list_json_names_the_plugin_of_its_envs(tmp_path, plugin):
@@ -113,6 +120,7 @@ def test_list_json_names_the_plugin_of_its_envs(tmp_path, plugin):
     guess = described["GuessNumber-v0"]
     assert guess["source"] == "plugin" and guess["plugin"] == str(plugin)
     assert [p["name"] for p in guess["params"]] == ["penalty"]
+    assert guess["render"] is None  # its definition has no render callback
     assert described["CartPole-v1"]["source"] == "builtin"
 
 
@@ -131,6 +139,7 @@ def test_list_lines_fit_100_columns_and_name_everything(tmp_path, plugin):
     assert "low [-4.8 -inf -0.418879 -inf] high [4.8 inf 0.418879 inf]" in text  # CartPole
     assert "Box(uint8, shape (84, 84)) in [0, 255]" in text  # Snake
     assert "info action_mask: uint8 (7,) per env" in text  # ConnectFour
+    assert "render rgb_array, frames (400, 600, 3) uint8 at 50 fps" in text  # CartPole
     assert "GuessNumber-v0 plugin, max_episode_steps 20" in text
     # the path on its own line, cut only where it is too long for one
     assert f"\n  plugin       {plugin}\n" in re.sub(r"\n {15}", "", proc.stdout)

@@ -116,6 +116,22 @@ def test_sync_steps_and_resets_of_every_builtin_env(sanitized):
     assert_no_report(daemon)
 
 
+def test_render_every_builtin_env(sanitized):
+    """Frames drawn by the daemon's native core (raster.c, each env's render
+    function) on its executor, beside the fast path's thread of the session."""
+    _, daemon = sanitized
+    rng = np.random.default_rng(1)
+    with daemon.connect(timeout=DEADLINE) as client:
+        for env_id in sorted({run[0] for run in SYNC_RUNS}):
+            with client.make(env_id, 2, seed=4, render_mode="rgb_array") as env:
+                env.reset()
+                for _ in range(3):
+                    env.step(random_actions(env.single_action_space, 2, rng))
+                    frames = env.render()
+                    assert len(frames) == 2 and frames[0].ndim == 3
+    assert_no_report(daemon)
+
+
 def test_async_batches_in_flight(sanitized):
     _, daemon = sanitized
     rng = np.random.default_rng(1)

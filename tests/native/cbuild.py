@@ -117,6 +117,7 @@ STEP = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(Rng), ctyp
                         ctypes.POINTER(ctypes.c_bool), ctypes.POINTER(ctypes.c_bool))
 CLOSE = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 WRITE_INFO = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p))
+RENDER = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint8))
 
 
 class InfoField(ctypes.Structure):
@@ -132,7 +133,10 @@ class EnvDef(ctypes.Structure):
                 ("params", ctypes.POINTER(Param)), ("num_params", ctypes.c_int32),
                 ("init", INIT), ("reset", RESET), ("step", STEP), ("close", CLOSE),
                 ("info_fields", ctypes.POINTER(InfoField)), ("num_info_fields", ctypes.c_int32),
-                ("write_info", WRITE_INFO)]
+                ("write_info", WRITE_INFO),
+                # since ABI 3
+                ("render_width", ctypes.c_int32), ("render_height", ctypes.c_int32),
+                ("render_fps", ctypes.c_int32), ("render", RENDER)]
 
 
 def _space_shape(space: Space) -> tuple[int, ...]:

@@ -11,6 +11,11 @@
  *   INFO_FAILS    write_info fails once the env has stepped 3 times
  *   INFO_NAME=... the info field's name (default "steps")
  *   STATE_SIZE=.. the env's state_size in bytes (default: its counter's size)
+ *   RENDERS       renders a 4x2 frame whose every pixel is (steps, 2, 3)
+ *   BAD_RENDER    a render callback with render_width 0
+ *   ABI_2         the table and the env say ABI 2 (before rendering), with
+ *                 render fields set that a host must not read: an ABI 2
+ *                 definition ends before them
  * Without flags it is a valid one-env plugin: obs = [steps so far], reward 1.
  */
 #include <envd.h>
@@ -63,6 +68,19 @@ static int counter_step(void *state, envd_rng_t *rng, const void *action, void *
     return ENVD_OK;
 }
 
+#if defined(RENDERS) || defined(BAD_RENDER) || defined(ABI_2)
+static int counter_render(const void *state, uint8_t *rgb)
+{
+    const counter_t *s = state;
+    for (int k = 0; k < 4 * 2; k++) {
+        rgb[3 * k] = (uint8_t)s->steps;
+        rgb[3 * k + 1] = 2;
+        rgb[3 * k + 2] = 3;
+    }
+    return ENVD_OK;
+}
+#endif
+
 static const envd_info_field_t info_fields[] = {
     {INFO_NAME, ENVD_DTYPE_INT32, 0, {0}, "steps since reset"},
 };
@@ -79,7 +97,11 @@ static int counter_write_info(const void *state, void *const *fields)
 }
 
 static const envd_env_def_t counter = {
+#ifdef ABI_2
+    .abi_version = 2,
+#else
     .abi_version = ENVD_ABI_VERSION,
+#endif
     .id = ENV_ID,
     .observation_space = {.kind = ENVD_SPACE_BOX, .dtype = ENVD_DTYPE_FLOAT32, .ndim = 1,
                           .shape = {1}},
@@ -98,6 +120,16 @@ static const envd_env_def_t counter = {
     .info_fields = info_fields,
     .num_info_fields = 1,
     .write_info = counter_write_info,
+#if defined(RENDERS) || defined(ABI_2)
+    .render_width = 4,
+    .render_height = 2,
+    .render_fps = 5,
+    .render = counter_render,
+#elif defined(BAD_RENDER)
+    .render_height = 2,
+    .render_fps = 5,
+    .render = counter_render,
+#endif
 };
 
 #ifdef DUPLICATE
@@ -108,6 +140,8 @@ static const envd_env_def_t *const envs[] = {&counter};
 
 #ifdef OTHER_ABI
 const envd_plugin_t test_plugin_table = {999, 1, envs};
+#elif defined(ABI_2)
+const envd_plugin_t test_plugin_table = {2, 1, envs};
 #elif defined(NO_ENVS)
 const envd_plugin_t test_plugin_table = {ENVD_ABI_VERSION, 0, envs};
 #else

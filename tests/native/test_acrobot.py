@@ -12,7 +12,7 @@ STEPS = 10_000
 
 @pytest.fixture(scope="module")
 def lib():
-    return cbuild.load(["rng.c", "npy_f32_trig.c", "envs/acrobot.c"])
+    return cbuild.load(["rng.c", "raster.c", "npy_f32_trig.c", "envs/acrobot.c"])
 
 
 def make_pair(lib, seed):

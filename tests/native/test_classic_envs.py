@@ -22,7 +22,7 @@ import pytest
 
 import cbuild
 
-SOURCES = ["rng.c", "envs/pendulum.c", "envs/mountain_car.c",
+SOURCES = ["rng.c", "raster.c", "envs/pendulum.c", "envs/mountain_car.c",
            "envs/mountain_car_continuous.c"]
 ENVS = {  # key: (gymnasium id, C symbol)
     "pendulum": ("Pendulum-v1", "envd_builtin_pendulum"),

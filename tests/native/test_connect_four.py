@@ -36,7 +36,7 @@ PZ_MODULE = "pettingzoo.classic.connect_four.connect_four"
 
 @pytest.fixture(scope="module")
 def lib():
-    return cbuild.load(["rng.c", "envs/connect_four.c"])
+    return cbuild.load(["rng.c", "raster.c", "envs/connect_four.c"])
 
 
 def make_single(lib, depth=None):

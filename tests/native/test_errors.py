@@ -34,7 +34,7 @@ INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
 
 @pytest.fixture(scope="module")
 def lib():
-    sources = (["errors.c", "builtin_envs.c", "rng.c", "npy_f32_trig.c"]
+    sources = (["errors.c", "builtin_envs.c", "rng.c", "npy_f32_trig.c", "raster.c"]
                + sorted(str(p) for p in (cbuild.SRC / "envs").glob("*.c")))
     lib = cbuild.load(sources)
     lib.envd_strerror.argtypes = [ctypes.c_int]
@@ -475,3 +475,69 @@ def test_problem_of_null_and_of_a_bad_parameter(lib):
     d.params = ctypes.pointer(param)
     d.num_params = 1
     assert b"default is NaN or outside" in lib.envd_env_def_problem(ctypes.byref(d))
+
+
+# ---- rendering (ABI 3) --------------------------------------------------------------
+ABI_VERSION_MIN = int(re.search(r"#define ENVD_ABI_VERSION_MIN\s+(\d+)u", HEADER)[1])
+FRAMES = {"envd_builtin_cartpole": (600, 400, 50), "envd_builtin_pendulum": (500, 500, 30),
+          "envd_builtin_mountain_car": (600, 400, 30),
+          "envd_builtin_mountain_car_continuous": (600, 400, 30),
+          "envd_builtin_acrobot": (500, 500, 15), "envd_builtin_snake": (240, 240, 15),
+          "envd_builtin_connect_four": (560, 480, 2)}
+
+
+def render_info(lib, d: cbuild.EnvDef) -> tuple[int, int, int] | None:
+    lib.envd_env_def_render_info.restype = ctypes.c_bool
+    size = (ctypes.c_int32 * 3)()
+    if not lib.envd_env_def_render_info(ctypes.byref(d), ctypes.byref(size, 0),
+                                        ctypes.byref(size, 4), ctypes.byref(size, 8)):
+        return None
+    return tuple(size)
+
+
+def test_every_builtin_renders():
+    assert sorted(FRAMES) == sorted(BUILTIN_SYMBOLS)
+
+
+@pytest.mark.parametrize("symbol", sorted(FRAMES))
+def test_render_info_of_builtins(lib, symbol):
+    assert render_info(lib, cbuild.EnvDef.in_dll(lib, symbol)) == FRAMES[symbol]
+
+
+def test_abi_2_definitions_load_and_their_render_fields_are_never_read(lib):
+    """An ABI 2 definition ends before render_width: whatever bytes follow it
+    are neither validated nor used."""
+    assert ABI_VERSION == 3 and ABI_VERSION_MIN == 2
+    d = builtin(lib)
+    d.abi_version = 2
+    d.render_width, d.render_height, d.render_fps = -7, 99999, -1  # invalid if read
+    assert validate(lib, d) == OK and lib.envd_env_def_problem(ctypes.byref(d)) is None
+    assert render_info(lib, d) is None
+
+
+def test_abi_below_the_oldest_loadable_is_refused(lib):
+    d = builtin(lib)
+    d.abi_version = ABI_VERSION_MIN - 1
+    assert validate(lib, d) == EABI
+
+
+def test_no_render_callback_means_no_rendering(lib):
+    d = builtin(lib)
+    d.render_width = d.render_height = d.render_fps = 0
+    d.render = cbuild.RENDER()
+    assert validate(lib, d) == OK and render_info(lib, d) is None
+
+
+@pytest.mark.parametrize("changes, problem", [
+    ({"render_width": 0}, "render_width and render_height must be in 1..ENVD_MAX_RENDER_SIDE"),
+    ({"render_height": 4097}, "render_width and render_height must be in 1.."),
+    ({"render_width": -1}, "render_width and render_height must be in 1.."),
+    ({"render_fps": 0}, "render: render_fps must be >= 1"),
+    ({"render": cbuild.RENDER()}, "render_width/height are set but render is NULL"),
+])
+def test_render_problems_name_the_field(lib, changes, problem):
+    d = builtin(lib)
+    for field, value in changes.items():
+        setattr(d, field, value)
+    assert problem in lib.envd_env_def_problem(ctypes.byref(d)).decode()
+    assert validate(lib, d) == EINVAL

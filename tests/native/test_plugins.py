@@ -65,6 +65,7 @@ BROKEN = {
     "not_a_library": ((), "cannot load it"),
     "RESERVED_INFO": (('INFO_NAME="episode"',), "is invalid: info_fields: a field name is reserved"),
     "UNDERSCORE_INFO": (('INFO_NAME="_steps"',), "names starting with '_' are envd's own"),
+    "BAD_RENDER": (("BAD_RENDER",), "is invalid: render: render_width and render_height"),
 }
 
 
@@ -121,3 +122,16 @@ def test_envd_list_shows_the_envs_of_plugin_flags(example, tmp_path):
     assert "GuessNumber-v0" in proc.stdout and "penalty (float" in proc.stdout
     assert "CartPole-v1" in proc.stdout
     assert proc.returncode == 1 and "built for envd ABI 999" in proc.stderr
+
+
+def test_abi_2_plugin_loads_and_does_not_render(tmp_path):
+    """ABI 3 only appended the render fields: an ABI 2 plugin still loads and
+    steps, its render fields are never read, and asking it for frames is a
+    clear error naming the env."""
+    library = build_plugin(VARIANTS_SOURCE, tmp_path / "libabi2.so", "ABI_2")
+    run_check("abi_2_loads_without_rendering", str(library))
+
+
+def test_plugin_render_callback_draws_the_frames(tmp_path):
+    library = build_plugin(VARIANTS_SOURCE, tmp_path / "librenders.so", "RENDERS")
+    run_check("plugin_renders", str(library))

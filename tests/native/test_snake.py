@@ -250,7 +250,7 @@ def test_thread_count_independent():
 # ---- edge cases, one instance driven directly ---------------------------------------
 @pytest.fixture(scope="module")
 def lib():
-    return cbuild.load(["rng.c", "envs/snake.c"])
+    return cbuild.load(["rng.c", "raster.c", "envs/snake.c"])
 
 
 def pair(lib, seed):

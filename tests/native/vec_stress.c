@@ -623,6 +623,15 @@ static const envd_env_def_t test_env = {
     .close = test_close,
 };
 
+/* A 1x1 frame: the instance's step count in red. */
+static int test_render_frame(const void *state, uint8_t *rgb)
+{
+    const test_state_t *s = state;
+    rgb[0] = (uint8_t)s->steps;
+    rgb[1] = rgb[2] = 7;
+    return ENVD_OK;
+}
+
 /* A step that blocks until released, to observe a step in flight. */
 static _Atomic int g_gate_started, g_gate_release;
 
@@ -1133,6 +1142,8 @@ static void test_in_flight(envd_pool_t *pool)
     test_env_setup();
     envd_env_def_t gated = test_env;
     gated.step = gate_step;
+    gated.render_width = gated.render_height = gated.render_fps = 1;
+    gated.render = test_render_frame;
     harness_t h;
     harness_init(&h, &gated, 3, ENVD_AUTORESET_NEXT_STEP, 0, 7);
     harness_create(&h, pool, 3); /* one chunk: a worker runs it, not this thread */
@@ -1150,6 +1161,8 @@ static void test_in_flight(envd_pool_t *pool)
     CHECK(envd_vec_step(h.vec) == ENVD_EBUSY, "step while a step is pending");
     CHECK(envd_vec_step_submit(h.vec) == ENVD_EBUSY, "submit while a step is pending");
     CHECK(envd_vec_reset(h.vec, NULL, NULL) == ENVD_EBUSY, "reset while a step is pending");
+    uint8_t pixel[3] = {0};
+    CHECK(envd_vec_render(h.vec, 0, pixel) == ENVD_EBUSY, "render while a step is pending");
     atomic_store(&g_gate_release, 1);
     while (!envd_vec_step_done(h.vec)) {
         CHECK(now_s() < deadline, "released step not done");
@@ -1158,6 +1171,7 @@ static void test_in_flight(envd_pool_t *pool)
     finish(&h);
     CHECK(h.rewards[2] == (float)(((int64_t *)h.actions)[2] + 0.5), "reward of the gated step");
     CHECK(envd_vec_step_finish(h.vec) == ENVD_ESTATE, "finish without a submit");
+    CHECK(envd_vec_render(h.vec, 2, pixel) == ENVD_OK && pixel[1] == 7, "render after finish");
 
     /* destroy while a step is pending waits for it (ASAN: no use after free) */
     atomic_store(&g_gate_started, 0);
@@ -1169,6 +1183,55 @@ static void test_in_flight(envd_pool_t *pool)
     harness_free(&h);
     CHECK(atomic_load(&g_gate_release), "destroy returned before the pending step ended");
     pthread_join(releaser, NULL);
+}
+
+/* ---- rendering --------------------------------------------------------------------- */
+/* Every built-in draws exactly its frame (ASAN: frames are heap blocks of
+ * exactly envd_vec_frame_bytes, so a pixel out of bounds is caught), the
+ * frame follows the state, and the refusals come before any drawing. */
+static void test_render(envd_pool_t *pool)
+{
+    for (int e = 0; e < envd_builtin_count(); e++) {
+        const envd_env_def_t *def = envd_builtin_get(e);
+        harness_t h;
+        harness_init(&h, def, 3, ENVD_AUTORESET_NEXT_STEP, 0, 11);
+        harness_create(&h, pool, 0);
+        const size_t bytes = (size_t)envd_vec_frame_bytes(h.vec);
+        int32_t width = 0, height = 0;
+        CHECK(envd_env_def_render_info(def, &width, &height, NULL) &&
+              bytes == (size_t)width * (size_t)height * 3, "%s: frame bytes", def->id);
+        uint8_t *before = xcalloc(1, bytes), *after = xcalloc(1, bytes);
+        CHECK(envd_vec_render(h.vec, 0, before) == ENVD_ESTATE, "%s: render before reset",
+              def->id);
+        harness_reset(&h, 5);
+        CHECK(envd_vec_render(h.vec, -1, before) == ENVD_ERANGE, "%s: index -1", def->id);
+        CHECK(envd_vec_render(h.vec, 3, before) == ENVD_ERANGE, "%s: index n", def->id);
+        CHECK(envd_vec_render(h.vec, 0, NULL) == ENVD_EINVAL, "%s: NULL frame", def->id);
+        CHECK(envd_vec_render(h.vec, 1, before) == ENVD_OK, "%s: render", def->id);
+        bool drawn = false;
+        for (size_t k = 3; k < bytes && !drawn; k++)
+            drawn = before[k] != before[k % 3];
+        CHECK(drawn, "%s: the frame is one colour", def->id);
+        for (int t = 0; t < 40; t++) { /* enough for a mountain car to move pixels */
+            fill_actions(&h);
+            step_ok(&h, def->id);
+        }
+        CHECK(envd_vec_render(h.vec, 1, after) == ENVD_OK, "%s: render after steps", def->id);
+        CHECK(memcmp(before, after, bytes) != 0, "%s: the frame did not follow the state",
+              def->id);
+        free(before);
+        free(after);
+        harness_free(&h);
+    }
+    harness_t h; /* an env without a render callback draws nothing */
+    harness_init(&h, &test_env, 2, ENVD_AUTORESET_NEXT_STEP, 0, 3);
+    harness_create(&h, pool, 0);
+    harness_reset(&h, 1);
+    uint8_t pixel[3] = {1, 2, 3};
+    CHECK(envd_vec_frame_bytes(h.vec) == 0, "test env: frame bytes");
+    CHECK(envd_vec_render(h.vec, 0, pixel) == ENVD_EINVAL && pixel[0] == 1,
+          "test env: render without a callback");
+    harness_free(&h);
 }
 
 /* ---- async batches ---------------------------------------------------------------- */
@@ -2042,6 +2105,7 @@ int main(int argc, char **argv)
             if (envd_builtin_get(e)->action_space.kind == ENVD_SPACE_DISCRETE)
                 test_action_range(pool, envd_builtin_get(e), 1 + p % 3);
         test_action_range(pool, &test_env, 2);
+        test_render(pool);
         test_inputs_copied(pool, 1 + p % 3);
         test_disabled_done(pool, 1 + p % 3);
         test_init_failure(pool);

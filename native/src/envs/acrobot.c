@@ -18,6 +18,7 @@
 
 #include "envd.h"
 #include "npy_f32_trig.h"
+#include "raster.h"
 
 typedef struct acrobot {
     /* theta1, theta2, dtheta1, dtheta2; float32 values after reset. */
@@ -26,6 +27,7 @@ typedef struct acrobot {
 
 #define DT 0.2
 #define LINK_LENGTH_1 1.0
+#define LINK_LENGTH_2 1.0 /* only the frame uses it */
 #define LINK_MASS_1 1.0
 #define LINK_MASS_2 1.0
 #define LINK_COM_POS_1 0.5
@@ -195,6 +197,33 @@ static int acrobot_step(void *state, envd_rng_t *rng, const void *action, void *
     return ENVD_OK;
 }
 
+/* gymnasium's AcrobotEnv.render geometry (500x500, y up). */
+#define SCREEN_DIM 500
+
+static int acrobot_render(const void *state, uint8_t *rgb)
+{
+    const double *s = ((const acrobot_t *)state)->s;
+    envd_raster_t r = {rgb, SCREEN_DIM, SCREEN_DIM, true};
+    const double bound = LINK_LENGTH_1 + LINK_LENGTH_2 + 0.2;
+    const double scale = SCREEN_DIM / (bound * 2), offset = SCREEN_DIM / 2.0;
+    envd_raster_fill(&r, (envd_color_t){255, 255, 255});
+    envd_raster_line(&r, -2.2 * scale + offset, 1 * scale + offset, 2.2 * scale + offset,
+                     1 * scale + offset, (envd_color_t){0, 0, 0});
+    /* joints at the origin and at the end of link 1; gymnasium swaps x and y */
+    const double xs[2] = {0, LINK_LENGTH_1 * sin(s[0]) * scale};
+    const double ys[2] = {0, -LINK_LENGTH_1 * cos(s[0]) * scale};
+    const double thetas[2] = {s[0] - M_PI / 2, s[0] + s[1] - M_PI / 2};
+    const double lengths[2] = {LINK_LENGTH_1 * scale, LINK_LENGTH_2 * scale};
+    for (int k = 0; k < 2; k++) {
+        double x = xs[k] + offset, y = ys[k] + offset, link[8];
+        envd_raster_box(0, lengths[k], -0.1 * scale, 0.1 * scale, thetas[k], x, y, link);
+        envd_raster_polygon(&r, link, 4, (envd_color_t){0, 204, 204});
+        envd_raster_circle(&r, envd_raster_trunc(x), envd_raster_trunc(y), (int)(0.1 * scale),
+                           (envd_color_t){204, 204, 0});
+    }
+    return ENVD_OK;
+}
+
 const envd_env_def_t envd_builtin_acrobot = {
     .abi_version = ENVD_ABI_VERSION,
     .id = "Acrobot-v1",
@@ -209,4 +238,8 @@ const envd_env_def_t envd_builtin_acrobot = {
     .init = acrobot_init,
     .reset = acrobot_reset,
     .step = acrobot_step,
+    .render_width = SCREEN_DIM,
+    .render_height = SCREEN_DIM,
+    .render_fps = 15,
+    .render = acrobot_render,
 };

@@ -9,6 +9,7 @@
 #include <math.h>
 
 #include "envd.h"
+#include "raster.h"
 
 typedef struct cartpole {
     double x, x_dot, theta, theta_dot;
@@ -98,6 +99,37 @@ static int cartpole_step(void *state, envd_rng_t *rng, const void *action, void 
     return ENVD_OK;
 }
 
+/* gymnasium's CartPoleEnv.render geometry: a 600x400 frame, the cart's top at
+ * y = 100 (y up), pole 10 px wide; colours as gymnasium's. */
+#define SCREEN_WIDTH 600
+#define SCREEN_HEIGHT 400
+
+static int cartpole_render(const void *state, uint8_t *rgb)
+{
+    const cartpole_t *s = state;
+    envd_raster_t r = {rgb, SCREEN_WIDTH, SCREEN_HEIGHT, true};
+    const double scale = SCREEN_WIDTH / (X_THRESHOLD * 2);
+    const double polewidth = 10.0, polelen = scale * (2 * LENGTH);
+    const double cartwidth = 50.0, cartheight = 30.0, axleoffset = cartheight / 4.0;
+    const double cartx = s->x * scale + SCREEN_WIDTH / 2.0, carty = 100;
+    envd_raster_fill(&r, (envd_color_t){255, 255, 255});
+
+    double l = -cartwidth / 2, rt = cartwidth / 2, t = cartheight / 2, b = -cartheight / 2;
+    double cart[8] = {l + cartx, b + carty, l + cartx, t + carty,
+                      rt + cartx, t + carty, rt + cartx, b + carty};
+    envd_raster_polygon(&r, cart, 4, (envd_color_t){0, 0, 0});
+
+    double pole[8];
+    envd_raster_box(-polewidth / 2, polewidth / 2, -polewidth / 2, polelen - polewidth / 2,
+                    -s->theta, cartx, carty + axleoffset, pole);
+    envd_raster_polygon(&r, pole, 4, (envd_color_t){202, 152, 101});
+    /* gymnasium truncates the axle's centre and radius to integers */
+    envd_raster_circle(&r, envd_raster_trunc(cartx), envd_raster_trunc(carty + axleoffset),
+                       (double)(int)(polewidth / 2), (envd_color_t){129, 132, 203});
+    envd_raster_line(&r, 0, carty, SCREEN_WIDTH, carty, (envd_color_t){0, 0, 0});
+    return ENVD_OK;
+}
+
 const envd_env_def_t envd_builtin_cartpole = {
     .abi_version = ENVD_ABI_VERSION,
     .id = "CartPole-v1",
@@ -112,4 +144,8 @@ const envd_env_def_t envd_builtin_cartpole = {
     .init = cartpole_init,
     .reset = cartpole_reset,
     .step = cartpole_step,
+    .render_width = SCREEN_WIDTH,
+    .render_height = SCREEN_HEIGHT,
+    .render_fps = 50,
+    .render = cartpole_render,
 };

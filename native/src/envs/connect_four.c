@@ -54,6 +54,7 @@
  * shifts by 1 (vertical), 7 (horizontal), 6 and 8 (diagonals) never wrap.
  */
 #include "envd.h"
+#include "raster.h"
 
 #define ROWS 6
 #define COLS 7
@@ -276,6 +277,28 @@ static int c4_write_info(const void *state, void *const *fields)
     return ENVD_OK;
 }
 
+/* The frame (render_mode="rgb_array"): a blue board of 80 px cells, bottom
+ * row at the bottom; the agent's discs red, the opponent's yellow. */
+#define FRAME_CELL_PX 80
+
+static int c4_render(const void *state, uint8_t *rgb)
+{
+    const connect_four_t *s = state;
+    envd_raster_t r = {rgb, COLS * FRAME_CELL_PX, ROWS * FRAME_CELL_PX, true};
+    envd_raster_fill(&r, (envd_color_t){30, 70, 200});
+    for (int c = 0; c < COLS; c++)
+        for (int row = 0; row < ROWS; row++) {
+            uint64_t bit = 1ULL << (c * H1 + row);
+            envd_color_t color = s->agent & bit ? (envd_color_t){220, 40, 40}
+                                 : s->opp & bit ? (envd_color_t){240, 220, 40}
+                                                : (envd_color_t){255, 255, 255};
+            envd_raster_circle(&r, c * FRAME_CELL_PX + FRAME_CELL_PX / 2,
+                               row * FRAME_CELL_PX + FRAME_CELL_PX / 2,
+                               FRAME_CELL_PX * 0.4, color);
+        }
+    return ENVD_OK;
+}
+
 const envd_env_def_t envd_builtin_connect_four = {
     .abi_version = ENVD_ABI_VERSION,
     .id = "ConnectFour-v0",
@@ -290,6 +313,10 @@ const envd_env_def_t envd_builtin_connect_four = {
     .init = c4_init,
     .reset = c4_reset,
     .step = c4_step,
+    .render_width = COLS * FRAME_CELL_PX,
+    .render_height = ROWS * FRAME_CELL_PX,
+    .render_fps = 2,
+    .render = c4_render,
     .info_fields = info_fields,
     .num_info_fields = 1,
     .write_info = c4_write_info,

@@ -9,6 +9,7 @@
 #include <math.h>
 
 #include "envd.h"
+#include "mountain_car_render.h"
 
 typedef struct mountain_car {
     double position, velocity; /* first, in this order: tests write them directly */
@@ -83,6 +84,12 @@ static int mountain_car_step(void *state, envd_rng_t *rng, const void *action, v
     return ENVD_OK;
 }
 
+static int mountain_car_render(const void *state, uint8_t *rgb)
+{
+    mountain_car_draw(rgb, ((const mountain_car_t *)state)->position, GOAL_POSITION);
+    return ENVD_OK;
+}
+
 const envd_env_def_t envd_builtin_mountain_car = {
     .abi_version = ENVD_ABI_VERSION,
     .id = "MountainCar-v0",
@@ -97,4 +104,8 @@ const envd_env_def_t envd_builtin_mountain_car = {
     .init = mountain_car_init,
     .reset = mountain_car_reset,
     .step = mountain_car_step,
+    .render_width = MC_SCREEN_WIDTH,
+    .render_height = MC_SCREEN_HEIGHT,
+    .render_fps = 30,
+    .render = mountain_car_render,
 };

@@ -19,6 +19,7 @@
 #include <math.h>
 
 #include "envd.h"
+#include "mountain_car_render.h"
 
 typedef struct mountain_car_continuous {
     double position, velocity; /* first, in this order: tests write them directly */
@@ -186,6 +187,12 @@ static int mcc_step(void *state, envd_rng_t *rng, const void *action, void *obs,
     return ENVD_OK;
 }
 
+static int mcc_render(const void *state, uint8_t *rgb)
+{
+    mountain_car_draw(rgb, ((const mountain_car_continuous_t *)state)->position, GOAL_POSITION);
+    return ENVD_OK;
+}
+
 const envd_env_def_t envd_builtin_mountain_car_continuous = {
     .abi_version = ENVD_ABI_VERSION,
     .id = "MountainCarContinuous-v0",
@@ -201,4 +208,8 @@ const envd_env_def_t envd_builtin_mountain_car_continuous = {
     .init = mcc_init,
     .reset = mcc_reset,
     .step = mcc_step,
+    .render_width = MC_SCREEN_WIDTH,
+    .render_height = MC_SCREEN_HEIGHT,
+    .render_fps = 30,
+    .render = mcc_render,
 };

@@ -15,6 +15,7 @@
 #include <math.h>
 
 #include "envd.h"
+#include "raster.h"
 
 typedef struct pendulum {
     double th, thdot; /* first, in this order: tests write them directly */
@@ -118,6 +119,33 @@ static int pendulum_step(void *state, envd_rng_t *rng, const void *action, void 
     return ENVD_OK;
 }
 
+/* gymnasium's PendulumEnv.render geometry (500x500, y up).  gymnasium also
+ * draws an arrow image scaled by the last torque; envd leaves it out (the
+ * rod and joints show the state). */
+#define SCREEN_DIM 500
+
+static int pendulum_render(const void *state, uint8_t *rgb)
+{
+    const pendulum_t *s = state;
+    envd_raster_t r = {rgb, SCREEN_DIM, SCREEN_DIM, true};
+    const double scale = SCREEN_DIM / (2.2 * 2);
+    const int offset = SCREEN_DIM / 2;
+    const double rod_length = 1 * scale, rod_width = 0.2 * scale;
+    const envd_color_t red = {204, 77, 77};
+    envd_raster_fill(&r, (envd_color_t){255, 255, 255});
+    double rod[8];
+    envd_raster_box(0, rod_length, -rod_width / 2, rod_width / 2, s->th + M_PI / 2, offset,
+                    offset, rod);
+    envd_raster_polygon(&r, rod, 4, red);
+    envd_raster_circle(&r, offset, offset, (int)(rod_width / 2), red);
+    double ex, ey;
+    envd_raster_rotate(rod_length, 0, s->th + M_PI / 2, &ex, &ey);
+    envd_raster_circle(&r, envd_raster_trunc(ex + offset), envd_raster_trunc(ey + offset),
+                       (int)(rod_width / 2), red);
+    envd_raster_circle(&r, offset, offset, (int)(0.05 * scale), (envd_color_t){0, 0, 0});
+    return ENVD_OK;
+}
+
 const envd_env_def_t envd_builtin_pendulum = {
     .abi_version = ENVD_ABI_VERSION,
     .id = "Pendulum-v1",
@@ -133,4 +161,8 @@ const envd_env_def_t envd_builtin_pendulum = {
     .init = pendulum_init,
     .reset = pendulum_reset,
     .step = pendulum_step,
+    .render_width = SCREEN_DIM,
+    .render_height = SCREEN_DIM,
+    .render_fps = 30,
+    .render = pendulum_render,
 };

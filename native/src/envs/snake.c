@@ -50,6 +50,7 @@
 #include <string.h>
 
 #include "envd.h"
+#include "raster.h"
 
 #define GRID 12
 #define CELLS (GRID * GRID)
@@ -185,6 +186,31 @@ static int snake_step(void *state, envd_rng_t *rng, const void *action, void *ob
     return ENVD_OK;
 }
 
+/* The frame (render_mode="rgb_array"): the grid at 20 px per cell, in colour:
+ * empty black, food red, body green, head light green. */
+#define FRAME_CELL_PX 20
+#define FRAME_SIDE (GRID * FRAME_CELL_PX)
+
+static int snake_render(const void *state, uint8_t *rgb)
+{
+    const snake_t *s = state;
+    envd_raster_t r = {rgb, FRAME_SIDE, FRAME_SIDE, false};
+    for (int cell = 0; cell < CELLS; cell++) {
+        envd_color_t color = {0, 0, 0};
+        switch (s->grid[cell]) {
+        case PX_FOOD: color = (envd_color_t){220, 40, 40}; break;
+        case PX_BODY: color = (envd_color_t){40, 160, 60}; break;
+        case PX_HEAD: color = (envd_color_t){150, 240, 120}; break;
+        default: break;
+        }
+        double x0 = (cell % GRID) * FRAME_CELL_PX, y0 = (cell / GRID) * FRAME_CELL_PX;
+        double x1 = x0 + FRAME_CELL_PX - 1, y1 = y0 + FRAME_CELL_PX - 1;
+        const double quad[8] = {x0, y0, x1, y0, x1, y1, x0, y1};
+        envd_raster_polygon(&r, quad, 4, color);
+    }
+    return ENVD_OK;
+}
+
 const envd_env_def_t envd_builtin_snake = {
     .abi_version = ENVD_ABI_VERSION,
     .id = "Snake-v0",
@@ -199,4 +225,8 @@ const envd_env_def_t envd_builtin_snake = {
     .init = snake_init,
     .reset = snake_reset,
     .step = snake_step,
+    .render_width = FRAME_SIDE,
+    .render_height = FRAME_SIDE,
+    .render_fps = 15,
+    .render = snake_render,
 };
