@@ -199,6 +199,11 @@ class MultiClient:
             raise InvalidArgumentError(f"env_id must be a str, got {type(env_id).__name__}")
         num_envs = check_int("num_envs", num_envs, 1, connection.MAX_NUM_ENVS)
         episode_statistics_key(episode_statistics)  # refused before any daemon makes anything
+        if env_kwargs.get("render_mode") is not None:
+            raise InvalidArgumentError(
+                "render_mode is not served across several daemons: make the env to record "
+                f"on one daemon, e.g. envd.connect({self.endpoints[0]!r}).make(..., "
+                "render_mode='rgb_array')")
         # seed=None: one random base seed for all daemons, env i then gets
         # base + i as in envd.make (each daemon drawing its own would not).
         seeds = seed_list(secrets.randbelow(2**63) if seed is None else seed, num_envs)

@@ -14,8 +14,9 @@ an admitted peer gets that far.
   folder whose permissions are looser than they should be does not let other
   users in.  An address without credentials is refused: there is then no way
   to tell who is asking.
-- plain tcp endpoints (loopback, or ``--insecure``) are bound with
-  ``PLAIN_TCP_DOMAIN`` and admitted as before: nothing identifies their peers.
+- plain tcp endpoints (loopback, or ``--insecure``) are bound before any ZAP
+  domain is set (a listener copies the socket's options when it binds), so
+  libzmq asks no ZAP handler about them: nothing identifies their peers.
 - CURVE tcp endpoints use the domain ``"*"``, whose keys pyzmq's
   Authenticator checks (``configure_curve``).
 """
@@ -28,7 +29,6 @@ import time
 from zmq.auth.thread import ThreadAuthenticator
 
 IPC_DOMAIN = b"envd-ipc"
-PLAIN_TCP_DOMAIN = b"envd-tcp"
 CURVE_DOMAIN = b"*"
 
 log = logging.getLogger("envd.server")

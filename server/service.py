@@ -300,6 +300,7 @@ class Service:
         return protocol.ok_reply(header["id"], **self.status())
 
     def _make(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> None:
+        self.close_revoked_sessions()  # a truncated session must not count against the limits
         if len(header["env_id"]) > _ECHO_LIMIT:
             raise UnknownEnvError(
                 f"unknown env id of {len(header['env_id'])} characters; known ids: "
@@ -745,16 +746,10 @@ class Service:
     # ---- sessions and leases ----------------------------------------------------------
     def _drop(self, session: Session, why: str = "closed") -> None:
         """Forget the session; free it now, or when its running operation ends."""
-        if session.fast is not None:  # first: its thread steps the vec (and counts)
-            self._stop_fast(session)
         log.info("session %s", why, extra={
             "event": "session_close" if why == "closed" else "session_expire",
             "client": session.owner.hex()[:8], "session": session.id[:8],
             "env_id": session.spec.id, "env_steps": session.env_steps})
-        if session.native is not None:  # no step job starts after this: count them now
-            stats = session.native.stats()
-            self.closed_session_jobs[0] += stats["inline_jobs"]
-            self.closed_session_jobs[1] += stats["pooled_jobs"]
         self.sessions.pop(session.id, None)
         owner = self.clients.get(session.owner)
         if owner is not None:
@@ -772,9 +767,16 @@ class Service:
         session.fast = None
 
     def _free(self, session: Session) -> None:
-        """Free a session (once) and give its segment's bytes back."""
-        if session.fast is not None:  # first: its thread steps the vec
+        """Free a session (once) and give its segment's bytes back.  Its fast
+        path is stopped here, not at _drop: an operation on the executor
+        (reset, render) holds the fast path's lock until it ends, and
+        stopping it under that operation would destroy the lock it holds."""
+        if session.fast is not None:  # first: its thread steps the vec (and counts)
             self._stop_fast(session)
+        if session.native is not None:  # no step job starts after this: count them now
+            stats = session.native.stats()
+            self.closed_session_jobs[0] += stats["inline_jobs"]
+            self.closed_session_jobs[1] += stats["pooled_jobs"]
         session.free()
         self._shm_in_use -= session.segment_bytes
         self._state_in_use -= session.state_bytes
@@ -800,7 +802,9 @@ class Service:
         # Unread replies of a connection that is no client any more and silent
         # for a lease: a peer gone or not reading; its routing id starts no more.
         for identity in self.replies.stale(self.config.lease_timeout):
-            if identity not in self.clients:
+            # A client whose lease expired keeps its books (a new hello does
+            # not empty them) and, coming back, hears session_expired.
+            if identity not in self.clients and identity not in self._expired_clients:
                 log.warning("dropped connection %s: it left %d bytes of replies unread for "
                             "a lease timeout", identity.hex()[:8],
                             self.replies.unread_bytes(identity),

@@ -276,30 +276,32 @@ class Session:
 
     def reset(self, with_seeds: bool, with_mask: bool) -> None:
         """Reset on the executor; a fast-path request rung meanwhile waits."""
-        if self.fast is None:
+        fast = self.fast  # the Service stops it only once this operation has ended
+        if fast is None:
             self.native.reset(with_seeds, with_mask)
             return
-        self.fast.lock()
+        fast.lock()
         try:
             self.check_no_fast_async("reset")
             self.native.reset(with_seeds, with_mask)
         finally:
-            self.fast.unlock()
+            fast.unlock()
 
     def render(self) -> np.ndarray:
         """Every env's frame, (num_envs, height, width, 3) uint8, drawn on the
         executor into private memory (a render request's reply carries it); a
         fast-path request rung meanwhile waits."""
         frames = np.empty((self.num_envs,) + self.spec.render_shape, np.uint8)
-        if self.fast is None:
+        fast = self.fast  # the Service stops it only once this operation has ended
+        if fast is None:
             self.native.render(frames)
             return frames
-        self.fast.lock()
+        fast.lock()
         try:
             self.check_no_fast_async("render")
             self.native.render(frames)
         finally:
-            self.fast.unlock()
+            fast.unlock()
         return frames
 
     def check_no_fast_async(self, call: str) -> None:

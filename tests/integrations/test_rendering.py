@@ -262,3 +262,61 @@ def test_record_video_through_the_daemon(daemon, tmp_path):
             env.step(np.full(2, 2, np.int64))
         env.close()
     assert video_frames(str(folder / "rl-video-episode-0.mp4")) == 21
+
+
+def test_a_close_pipelined_behind_a_render_waits_for_it(daemon):
+    """A close right behind a render of a fast-path session (a raw client
+    pipelines them): the render runs on the executor holding the fast path's
+    lock, so the fast path must be stopped only once the render has ended.
+    Each render is answered (frames, or a clear error), never an internal
+    error, and the daemon serves on."""
+    import zmq
+
+    from envd import protocol
+
+    context = zmq.Context()
+    sock = context.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(daemon.endpoint)
+    ids = iter(range(1, 1 << 30))
+
+    def ask(header: dict) -> dict:
+        sock.send(protocol.pack({**header, "id": next(ids)}))
+        assert sock.poll(60_000), f"no reply to {header}"
+        return protocol.unpack(sock.recv_multipart()[0], 1 << 30)
+
+    try:
+        assert ask({"type": "hello", "version": protocol.PROTOCOL_VERSION})["ok"]
+        for _ in range(20):
+            made = ask({"type": "make", "env_id": "CartPole-v1", "num_envs": 32, "seed": 0,
+                        "render_mode": "rgb_array"})
+            assert made["ok"], made
+            session = made["session"]
+            assert ask({"type": "reset", "session": session})["ok"]
+            assert ask({"type": "fast", "session": session})["ok"]
+            render_id, close_id = next(ids), next(ids)
+            sock.send(protocol.pack({"type": "render", "session": session, "id": render_id}))
+            sock.send(protocol.pack({"type": "close", "session": session, "id": close_id}))
+            replies = {}
+            while len(replies) < 2:
+                assert sock.poll(60_000), "a pipelined request got no reply"
+                frames = sock.recv_multipart()
+                reply = protocol.unpack(frames[0], 1 << 30)
+                replies[reply["id"]] = reply
+            assert replies[close_id]["ok"], replies[close_id]
+            render = replies[render_id]
+            assert render["ok"] or render["code"] != "internal", render
+        assert daemon.proc.poll() is None
+        assert "internal error" not in daemon.log(), daemon.log()[-3000:]
+    finally:
+        sock.close(0)
+        context.term()
+    with daemon.connect() as client, client.make("CartPole-v1", 2, seed=0) as env:
+        env.reset()
+
+
+def test_render_mode_across_several_daemons_is_refused_clearly(daemon):
+    with envd.connect([daemon.endpoint, daemon.endpoint]) as client:
+        with pytest.raises(envd.InvalidArgumentError, match="render_mode is not served"):
+            client.make("CartPole-v1", 4, seed=0, render_mode="rgb_array")
+        assert client.status()[0]["sessions"] == 0
