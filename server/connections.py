@@ -165,7 +165,14 @@ class Connections:
             self.live += 1
             if self.live <= self.max_connections:
                 return
-            self._shed(peer)
+            # Over the cap.  A connection that said hello before its accept
+            # was reported is a client already: shed one that has said
+            # nothing instead (a flood's), which keeps the cap all the same.
+            victim = peer
+            if peer.admitted:
+                victim = next((p for p in self.peers.values() if not p.admitted and not p.shed),
+                              peer)
+            self._shed(victim)
             self.refused += 1
             refused = self.refused
         if refused == 1 or refused % 1000 == 0:

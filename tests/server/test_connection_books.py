@@ -53,6 +53,25 @@ def test_a_connection_over_the_cap_is_shut_down_not_closed():
             theirs.close()
 
 
+def test_a_client_that_said_hello_before_its_accept_was_reported_is_kept():
+    """The monitor reports accepts asynchronously: a client's hello can come
+    first.  At the cap, the connection shed is one that has said nothing."""
+    books = Connections(max_connections=1, hello_timeout=60)
+    silent, client = pair(), pair()
+    try:
+        books.accepted(silent[0].fileno())
+        books.admit(client[0].fileno())       # its hello, before its ACCEPTED
+        books.accepted(client[0].fileno())
+        assert books.live == 1 and books.refused == 1
+        assert silent[1].recv(1) == b""       # the silent one was hung up on
+        assert books.admitted(client[0].fileno())
+        assert client[0].send(b"x") == 1      # the client's connection is untouched
+    finally:
+        for ours, theirs in (silent, client):
+            ours.close()
+            theirs.close()
+
+
 def test_a_connection_that_says_no_hello_is_reaped():
     books = Connections(max_connections=10, hello_timeout=0.1)
     (quiet, quiet_peer), (greeted, greeted_peer) = pair(), pair()
