@@ -21,10 +21,13 @@ lets libzmq get near the limit:
   - a make is refused (limit_exceeded) when the fds left after the reserve and
     the unused connection slots cannot take one more session.
 
-Sessions are bound to the connection that said hello: libzmq reads no message
-of a second peer that claims a routing id in use, and once that connection
-closes, Connections drops the messages of any later peer claiming its routing
-id while the daemon still holds the client's sessions.
+Sessions are leased to the routing id that said hello.  libzmq reads no
+message of a second peer that claims a routing id in use, and the official
+client's routing ids are 128 random bits nobody else learns.  Connections
+also binds each routing id to its fd, but only counts a mismatch
+(``mismatched``): the monitor reports accepts and closes late, so on a busy
+daemon the books may pin an id to an fd number a newer connection has taken,
+and dropping on that basis once lost a real client's requests.
 
 Threads: the daemon's connection thread (envd-conn) feeds Connections the
 monitor events as they come, so a connection over the cap is shed within
@@ -150,6 +153,7 @@ class Connections:
         self.live = 0      # peers held and not being shed
         self.refused = 0   # connections shed over the cap (for the log)
         self.reaped = 0    # connections shed past the hello timeout
+        self.mismatched = 0  # messages whose routing id the books bound to another fd
 
     def accepted(self, fd: int) -> None:
         """The monitor reported a new connection on fd: keep it, or shed it
@@ -199,21 +203,30 @@ class Connections:
                 self._orphans_by_fd.setdefault(fd, set()).add(identity)
 
     def message(self, fd: int, identity: bytes) -> bool:
-        """A message of routing id identity came in on fd (-1: unknown).  False
-        (drop it) when fd's connection is being dropped, or when identity
-        belongs to another connection: one that is still open, or one that
-        closed while the daemon holds its sessions (what that connection sent
-        before it closed is still read: it reached the daemon)."""
+        """A message of routing id identity came in on fd (-1: unknown): bind
+        the id to fd's connection.  False (drop it) only when fd's connection
+        is being shed."""
         with self.lock:
             return self._message(fd, identity)
 
     def _message(self, fd: int, identity: bytes) -> bool:
+        # A routing id bound to another connection (or to one that closed) is
+        # only logged, never dropped: the monitor reports accepts and closes
+        # late, and by then a busy daemon's fd numbers may belong to newer
+        # connections, so a mismatch can be the books' error rather than a
+        # thief's.  What keeps sessions safe is the routing id itself: 128
+        # random bits only its client knows, which libzmq's ROUTER refuses to
+        # a second peer while the first is connected (SECURITY.md).
         orphaned_fd = self._orphaned.get(identity)
-        if orphaned_fd is not None:  # only what the closed connection itself sent
-            return orphaned_fd == fd >= 0
+        if orphaned_fd is not None:
+            if orphaned_fd != fd:
+                self.mismatched += 1
+            return True
         bound = self._bound.get(identity)
         if bound is not None:
-            return bound == fd
+            if bound != fd:
+                self.mismatched += 1
+            return True
         peer = self._current(fd)
         if peer is not None and peer.shed:
             return False  # being dropped: it makes no client

@@ -426,9 +426,7 @@ class Daemon:
         if self._routes is not None and not self._route(identity, index):
             return True
         if not self.connections.message(fd, identity):
-            log.warning("dropped a message of routing id %s: that id belongs to another "
-                        "connection", identity.hex()[:8])
-            return True
+            return True  # its connection is being shed: it makes no client
         self.service.handle(identity, frames[1:])
         if not self.connections.admitted(fd) and self._says_hello(identity, frames):
             self.connections.admit(fd)
