@@ -38,6 +38,37 @@ def segments_of(pid: int) -> list[str]:
     return sorted(n for n in os.listdir("/dev/shm") if n.startswith(f"envd-{pid}-"))
 
 
+def status_bytes(pid: int, field: str) -> int:
+    """A memory field of /proc/<pid>/status (VmRSS, VmHWM...), in bytes."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) << 10
+    raise AssertionError(f"no {field} in /proc/{pid}/status")
+
+
+def rss_bytes(pid: int) -> int:
+    """The process's resident memory now, in bytes."""
+    return status_bytes(pid, "VmRSS")
+
+
+def peak_rss(pid: int) -> int:
+    """The process's peak resident memory (VmHWM), in bytes."""
+    return status_bytes(pid, "VmHWM")
+
+
+def skip_unless_envd_runs_as(setpriv: Sequence[str]) -> None:
+    """Skip (saying why) when the user setpriv switches to cannot import envd
+    from this interpreter (e.g. a virtualenv in a private folder; .ci/run
+    makes its own readable, so CI runs these tests)."""
+    import pytest
+    done = subprocess.run([*setpriv, sys.executable, "-c", "import envd.cli"], cwd="/",
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        pytest.skip(f"another user cannot run {sys.executable} with envd: "
+                    f"{done.stderr.strip()[-200:]}")
+
+
 def process_state(pid: int) -> str:
     """The state letter of /proc/<pid>/stat (R, S, T for stopped, Z...)."""
     with open(f"/proc/{pid}/stat") as f:

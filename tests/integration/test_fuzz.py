@@ -45,7 +45,8 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 
 import fuzz_helpers as fh
 from envd import protocol
-from daemon_helpers import DEADLINE, Bystander, segments_of, start_daemon, stop_daemon, wait_until
+from daemon_helpers import (DEADLINE, Bystander, rss_bytes, segments_of, start_daemon,
+                            stop_daemon, wait_until)
 
 #: --max-message-bytes of the fuzzed daemon: small, so frames over it are cheap.
 LIMIT = 256 << 10
@@ -84,14 +85,6 @@ FAKE_SESSIONS = [SessionInfo("0" * 32, "<i8", (4,)), SessionInfo("", "<f4", (2, 
 READER_MAKES = [{"env_id": "CartPole-v1", "num_envs": 4},
                 {"env_id": "Pendulum-v1", "num_envs": 2, "seed": 3},
                 {"env_id": "CartPole-v1", "num_envs": 8, "batch_size": 4, "seed": [1] * 8}]
-
-
-def rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
 
 
 def shm_mappings(pid: int) -> int:

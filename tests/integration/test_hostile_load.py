@@ -25,10 +25,11 @@ import time
 import numpy as np
 
 from envd import protocol
-from daemon_helpers import DEADLINE, Bystander, DaemonProcess, segments_of, wait_until
+from daemon_helpers import (DEADLINE, Bystander, DaemonProcess, peak_rss, segments_of,
+                            wait_until)
 from test_connections import FdWatch, flood
 from test_peer_bounds import open_folder  # noqa: F401 -- a fixture
-from test_peer_bounds import as_user, other_uid, other_user_attack, peak_rss
+from test_peer_bounds import as_user, other_uid, other_user_attack
 from test_unread_replies import DROPPED_LINE, Deaf
 
 MiB = 1 << 20

@@ -25,7 +25,8 @@ from pathlib import Path
 import pytest
 
 import envd
-from daemon_helpers import DEADLINE, Bystander, DaemonProcess, stop_daemon, wait_until
+from daemon_helpers import (DEADLINE, Bystander, DaemonProcess, peak_rss, stop_daemon,
+                            wait_until)
 from test_curve import free_port, keygen
 
 #: What the attacker tries to push in one multi-frame message (the daemon's
@@ -37,15 +38,6 @@ MAX_MESSAGE_BYTES = 8 << 20
 #: 256 MiB pushed, far above what a refused handshake costs (kernel buffers
 #: are not in RSS).
 GROWTH_BOUND = 48 << 20
-
-
-def peak_rss(pid: int) -> int:
-    """The process's peak resident memory (VmHWM), in bytes."""
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) << 10
-    raise AssertionError(f"no VmHWM in /proc/{pid}/status")
 
 
 def zmtp_null_stream(frames: int, frame_bytes: int):

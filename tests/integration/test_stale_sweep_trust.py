@@ -12,13 +12,11 @@ import os
 import secrets
 import shutil
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from daemon_helpers import DaemonProcess, segments_of
+from daemon_helpers import DaemonProcess, segments_of, skip_unless_envd_runs_as
 
 #: Owner of the planted files: another user (nobody).
 PLANTER = 65534
@@ -95,11 +93,7 @@ def test_a_daemon_of_another_user_starts_despite_a_planted_lock(tmp_path, plante
         pytest.fail("this test needs root and setpriv to run the daemon as another user")
     uid = 61000 + secrets.randbelow(900)
     setpriv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
-    can_import = subprocess.run([*setpriv, sys.executable, "-c", "import envd.cli"], cwd="/",
-                                capture_output=True, text=True, check=False)
-    if can_import.returncode != 0:
-        pytest.skip(f"another user cannot run {sys.executable} with envd: "
-                    f"{can_import.stderr.strip()[-200:]}")
+    skip_unless_envd_runs_as(setpriv)
     planted(f".envd-{instance()}.lock")
     folder = Path(f"/tmp/envd-sweep-{uid}-{secrets.token_hex(4)}")
     folder.mkdir(mode=0o700)

@@ -15,7 +15,7 @@ import msgpack
 import numpy as np
 import pytest
 import zmq
-from daemon_helpers import DEADLINE, Bystander, DaemonProcess, wait_until
+from daemon_helpers import DEADLINE, Bystander, DaemonProcess, rss_bytes, wait_until
 
 from envd import protocol
 
@@ -28,14 +28,6 @@ MESSAGE_BYTES = 4 * MiB
 #: allocator slack.
 SLACK = 32 * MiB
 DROPPED_LINE = "dropped a client that does not read its replies"
-
-
-def rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
 
 
 class Deaf:

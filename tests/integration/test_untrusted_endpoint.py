@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon_helpers import DEADLINE, DaemonProcess
+from daemon_helpers import DEADLINE, DaemonProcess, skip_unless_envd_runs_as
 from test_faults import clean_environ, unused_uid
 
 ATTACKER = 65534
@@ -37,11 +37,7 @@ def test_default_folder_planted_by_another_user_is_refused(tmp_path):
     victim = unused_uid()
     as_victim = ["setpriv", f"--reuid={victim}", f"--regid={victim}", "--clear-groups"]
     as_attacker = ["setpriv", f"--reuid={ATTACKER}", f"--regid={ATTACKER}", "--clear-groups"]
-    can_import = subprocess.run([*as_victim, sys.executable, "-c", "import envd.cli"], cwd="/",
-                                capture_output=True, text=True, check=False)
-    if can_import.returncode != 0:
-        pytest.skip(f"another user cannot run {sys.executable} with envd: "
-                    f"{can_import.stderr.strip()[-200:]}")
+    skip_unless_envd_runs_as(as_victim)
     folder = Path(f"/tmp/envd-{victim}")  # the victim's fallback folder, made first
     folder.mkdir(mode=0o777)
     os.chmod(folder, 0o777)
