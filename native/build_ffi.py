@@ -17,7 +17,6 @@ import hashlib
 import os
 import shlex
 import subprocess
-import sys
 import sysconfig
 import tempfile
 from pathlib import Path

@@ -16,9 +16,7 @@ import cbuild
 from conftest import BUILTIN_ENV_IDS
 
 HEADER = (cbuild.INCLUDE / "envd.h").read_text()
-# the rows X(name, value, "message") of ENVD_ERRNO_MAP
-CODES = {name: int(value) for name, value in
-         re.findall(r"X\((ENVD_(?:OK|E[A-Z]+)), (-?\d+), \"[^\"]+\"\)", HEADER)}
+CODES = cbuild.ERROR_CODES
 ERROR_MIN = int(re.search(r"#define ENVD_ERROR_MIN\s+\((-\d+)\)", HEADER)[1])
 ABI_VERSION = int(re.search(r"#define ENVD_ABI_VERSION\s+(\d+)u", HEADER)[1])
 DTYPES = {name: int(value) for name, value in re.findall(r"ENVD_DTYPE_(\w+) = (\d+)", HEADER)}
