@@ -2,14 +2,14 @@
 
 - docs/configuration.md names every ``--flag`` of ``envd --help`` and of each
   subcommand's ``--help``, and every ``ENVD_*`` variable the package reads
-  (found by grepping envd/, client/, server/ and native/ ``.py`` files, plus
+  (found by grepping src/envd/, client/, server/ and native/ ``.py`` files, plus
   the variable of every daemon flag); each daemon flag's table row names its
   variable and, where the default is a constant, that default.
 - docs/troubleshooting.md quotes error messages verbatim: each phrase in
   TROUBLESHOOTING_PHRASES must occur both in the page and in a string literal
   of the source, so rewording an error (or the page) fails here.
 
-No daemon is started; the help texts come from envd.cli.main in-process.
+No daemon is started; the help texts come from envd.tools.cli.main in-process.
 """
 from __future__ import annotations
 
@@ -22,14 +22,14 @@ from pathlib import Path
 
 import pytest
 
-from envd import cli
+from envd.tools import cli
 from envd.server import config as server_config
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGURATION = ROOT / "docs" / "configuration.md"
 TROUBLESHOOTING = ROOT / "docs" / "troubleshooting.md"
 #: The package's source folders (import names envd, envd.client, envd.server, envd.native).
-PACKAGE_DIRS = ("envd", "client", "server", "native")
+PACKAGE_DIRS = ("src/envd", "client", "server", "native")
 
 #: An ENVD_ name: not part of a longer identifier (_ENVD_INFO_KEYS), not a
 #: pattern such as "ENVD_E*".
@@ -290,7 +290,7 @@ TROUBLESHOOTING_PHRASES = [
     " (did you mean ",
     "make's argument ",
     "; its parameters are: ",
-    # startup (server/config.py, envd/cli.py, server/daemon.py)
+    # startup (server/config.py, src/envd/tools/cli.py, server/daemon.py)
     " is not a valid --",
     "is not a valid boolean (1/true/yes or 0/false/no)",
     "needs one CPU per thread",

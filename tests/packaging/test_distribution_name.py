@@ -73,5 +73,5 @@ def test_extras_are_named_with_the_distribution_somewhere():
 def test_installed_distribution_provides_the_envd_command_and_package():
     dist = importlib.metadata.distribution(_distribution_name())
     scripts = {ep.name: ep.value for ep in dist.entry_points if ep.group == "console_scripts"}
-    assert scripts == {"envd": "envd.cli:main"}
+    assert scripts == {"envd": "envd.tools.cli:main"}
     assert any(Path(str(f)).as_posix() == "envd/__init__.py" for f in dist.files or [])
