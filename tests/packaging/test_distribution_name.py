@@ -12,7 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
 #: Folders and top-level files users read or run (not build outputs or virtualenvs).
-SCANNED = ("README.md", "SECURITY.md", "mkdocs.yml", "docker-compose.yml", "docs", "envd",
+SCANNED = ("README.md", "SECURITY.md", "mkdocs.yml", "docker-compose.yml", "docs", "src",
            "client", "server", "native", "tests", "deploy", "examples", "bench", ".ci")
 SUFFIXES = {".py", ".md", ".yml", ".yaml", ".toml", ".txt", ".sh", ".c", ".h", ".cfg", ""}
 
