@@ -25,7 +25,7 @@ def build_plugin(source: Path, out: Path, *defines: str) -> Path:
     """Compile a plugin with the documented one-line build (plus -D defines)."""
     line = BUILD_LINE.format(python=sys.executable, source=source, out=out)
     line += "".join(f" '-D{d}'" for d in defines) + " -Wall -Wextra -Werror"
-    # from "/": a checkout's envd/ folder in the cwd would shadow the package
+    # from "/", as a plugin author's build runs: anywhere but the checkout
     proc = subprocess.run(["bash", "-c", line], capture_output=True, text=True, cwd="/")
     assert proc.returncode == 0, f"{line}\n{proc.stderr}"
     return out
