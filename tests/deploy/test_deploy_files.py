@@ -402,7 +402,7 @@ def test_build_context_builds_the_wheel(tmp_path):
     for module in ("envd/tools/cli.py", "envd/tools/bench.py", "envd/client/__init__.py",
                    "envd/server/daemon.py"):
         assert module in names
-    assert re.search(r"^envd = envd\.cli:main$", entry_points, re.MULTILINE), entry_points
+    assert re.search(r"^envd = envd\.tools\.cli:main$", entry_points, re.MULTILINE), entry_points
 
 
 # ---- docker-compose.yml ---------------------------------------------------------------------

@@ -43,7 +43,7 @@ def _scanned_files() -> list[Path]:
 
 def test_distribution_name_is_not_the_taken_one():
     assert _distribution_name() == "envd-rl"
-    assert re.search(r'^envd = "envd\.cli:main"$', PYPROJECT, re.M), "the command must stay envd"
+    assert re.search(r'^envd = "envd\.tools\.cli:main"$', PYPROJECT, re.M), "the command must stay envd"
 
 
 def test_no_message_or_doc_names_an_extra_of_the_wrong_distribution():
