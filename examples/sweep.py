@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         if endpoint is None:
             endpoint = f"ipc://{workdir}/envd.sock"
             log = open(Path(workdir) / "envd.log", "ab")
-            # cwd: a checkout's envd/ folder must not shadow the installed package.
+            # cwd: the sweep's work folder, beside its socket and log.
             daemon = subprocess.Popen([*envd_command(), "--threads", str(args.daemon_threads),
                                        "--bind", endpoint], cwd=workdir, stdout=log,
                                       stderr=subprocess.STDOUT)
