@@ -57,7 +57,7 @@ def steps_per_second(env, actions: np.ndarray, seconds: float) -> float:
 
 def start_daemon(folder: str, threads: int | None) -> tuple[subprocess.Popen, str]:
     endpoint = f"ipc://{folder}/envd.sock"
-    args = [sys.executable, "-m", "envd.cli", "--bind", endpoint, "--log-level", "warning"]
+    args = [sys.executable, "-m", "envd", "--bind", endpoint, "--log-level", "warning"]
     if threads is not None:
         args += ["--threads", str(threads)]
     proc = subprocess.Popen(args, cwd=folder)

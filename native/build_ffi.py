@@ -1,5 +1,5 @@
 """cffi (API mode) build of envd's native core: ``envd.native._envd_native``,
-and of the facts the Python side shares with it: ``envd/_native_facts.py``.
+and of the facts the Python side shares with it: ``envd._native_facts``.
 
 setup.py hands this builder to setuptools through ``cffi_modules``, so
 ``pip install .`` compiles the C sources with the system compiler.  The cdef
@@ -7,7 +7,7 @@ below declares only what Python calls; struct layouts come from the real
 headers (``...;``), so they cannot drift from the C side.
 
 When setuptools runs this file (and when it runs as a script), it first
-writes envd/_native_facts.py (see write_facts): the error table, limits, the
+writes envd._native_facts (see write_facts): the error table, limits, the
 doorbell's layout and the built-in env ids, printed by a small C program
 (src/print_facts.c) compiled against the same headers, so that the Python
 modules that mirror them (envd.errors, envd.protocol, envd.client.doorbell...)

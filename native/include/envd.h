@@ -43,7 +43,7 @@ extern "C" {
 /*
  * X(name, value, message) for every code, in libuv's UV_ERRNO_MAP style: this
  * table generates the enum below, envd_strerror's messages (errors.c) and the
- * Python mirror of the codes (envd/_native_facts.py, written by
+ * Python mirror of the codes (the module envd._native_facts, written by
  * native/build_ffi.py at build time), so a code is added in one place.  The
  * values are ABI: never renumber one; add new codes below ENVD_ERROR_MIN and
  * move ENVD_ERROR_MIN to the new most negative value.

@@ -6,7 +6,7 @@
  * native/src/envs/ exports.  It declares the definitions below and fills the
  * table of builtin_envs.c, whose order is envd_builtin_get's; the build
  * compiles every C file of native/src/envs/ and writes the ids into the Python
- * facts (envd/_native_facts.py, BUILTIN_ENV_IDS), so a new built-in env is
+ * facts (envd._native_facts.BUILTIN_ENV_IDS), so a new built-in env is
  * its C file plus its line here.
  */
 #ifndef ENVD_BUILTIN_ENVS_H

@@ -1,7 +1,7 @@
 /*
  * print_facts.c -- a program run at build time, not part of the library: it
  * prints the facts that the Python side shares with the C core, for
- * native/build_ffi.py to write into envd/_native_facts.py (so the client,
+ * native/build_ffi.py to write into the module envd._native_facts (so the client,
  * which never loads native code, still reads them from one source).  The
  * compiler computes every value -- the X-macro tables of envd.h and
  * builtin_envs.h, the macros, offsetof and sizeof of the doorbell -- so

@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-from envd import benchmark, cli
+from envd.tools import bench as benchmark
+from envd.tools import cli
 
 SIZES = [1, 64]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -25,7 +26,7 @@ def run(tmp_path_factory):
     """`envd bench --quick` with stderr a pipe (not a terminal)."""
     out = tmp_path_factory.mktemp("bench") / "results"
     proc = subprocess.run(
-        [sys.executable, "-m", "envd.cli", "bench", "--quick", "--out", str(out),
+        [sys.executable, "-m", "envd", "bench", "--quick", "--out", str(out),
          "--sizes", *map(str, SIZES)],
         check=False, capture_output=True, text=True, timeout=300, cwd=out.parent)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -323,7 +323,7 @@ class Bench:
         procs = {}
         for label, count in (("1", 1), ("auto", self.auto_threads)):
             endpoint = f"ipc://{self.folder.name}/envd-{label}.sock"
-            args = [sys.executable, "-m", "envd.cli", "--bind", endpoint,
+            args = [sys.executable, "-m", "envd", "--bind", endpoint,
                     "--log-level", "warning", "--threads", str(count)]
             # The daemons are the benchmark's own: no ENVD_* setting of the
             # caller's (a metrics port, pinned CPUs, a bind address) applies.
@@ -969,7 +969,3 @@ def parse_sizes(values: Iterable[int]) -> tuple[int, ...]:
 
 
 __all__ = ["Bench", "Progress", "Settings", "main", "report", "targets"]
-
-if __name__ == "__main__":  # python -m envd.benchmark [options]: envd bench [options]
-    from envd.cli import main as cli_main
-    sys.exit(cli_main(["bench", *sys.argv[1:]]))

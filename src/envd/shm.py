@@ -19,9 +19,12 @@ Layout::
                  order of envd.vector_base.buffer_layout; where each one lies is
                  sent to the client in the make reply (name -> offset, dtype, shape).
 
-The sequence counters count the steps and resets the daemon ran for the
-socket's requests (a trainer or a debugger can read how far a session got);
-the fast path keeps its own sequence words in the doorbell.
+The sequence counters count the socket path's steps and resets: step_seq is
+bumped when the daemon submits one, done_seq before its reply, so step_seq >
+done_seq while one is in flight (the fault tests read them to see it).  The
+same-host fast path does not use them: its doorbell lies further in the
+header page (DOORBELL_OFFSET, generated from native/src/fast.h's
+ENVD_FAST_OFFSET; its fields: envd.client.doorbell).
 
 Attaching maps the file with mmap directly rather than through
 multiprocessing.shared_memory, whose resource tracker would unlink the

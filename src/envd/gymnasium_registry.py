@@ -46,7 +46,7 @@ NAMESPACE = "envd"
 #: The ids of envd's built-in envs, registered at ``import envd`` without
 #: loading the native core (a trainer that only talks to a daemon never loads
 #: it): generated from builtin_envs.h's list at build time;
-#: tests/integrations/test_gymnasium.py checks them against envd.list_envs().
+#: tests/ecosystem/test_gymnasium.py checks them against envd.list_envs().
 BUILTIN_ENV_IDS = tuple(sorted(_native_facts.BUILTIN_ENV_IDS))
 #: The spec kwarg naming the envd id (gymnasium passes spec kwargs to the entry points).
 _ID_KWARG = "envd_id"

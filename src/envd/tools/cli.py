@@ -8,9 +8,9 @@
     envd keygen [--out DIR] [--name NAME]
                               write a CURVE key pair (DIR/NAME.key, DIR/NAME.key_secret)
     envd bench [--quick] [--out DIR] [--seconds S] [--rounds R] [--sizes N ...]
-                              the performance comparison on this machine (envd.benchmark)
+                              the performance comparison on this machine (envd.tools.bench)
 
-``python -m envd`` runs the same (envd/__main__.py).  Output cut short by its
+``python -m envd`` runs the same (src/envd/__main__.py).  Output cut short by its
 reader (``envd status --json | head``) ends the command quietly, as Unix tools
 do: exit status 141 (128 + SIGPIPE), no traceback.
 """
@@ -199,7 +199,7 @@ def _status(endpoint: str | None, timeout: float, as_json: bool,
 
 
 def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from envd import benchmark
+    from envd.tools import bench as benchmark
 
     if args.seconds is not None and args.seconds <= 0:
         parser.error("envd bench: --seconds must be > 0")
