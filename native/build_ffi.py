@@ -302,7 +302,8 @@ def print_facts() -> list[list[str]]:
 
 def facts_source(lines: list[list[str]], digest: str) -> str:
     """The text of the facts module, from print_facts' lines."""
-    out = [FACTS_DOC, f"# inputs sha256: {digest}", ""]
+    out = [FACTS_DOC, f"# inputs sha256: {digest}", "",
+           "# The integer constants of the headers, without their ENVD_ prefix."]
     errors, fields, env_ids = [], [], []
     for kind, name, *values in lines:
         if kind == "const":  # ENVD_VEC_MAX_ENVS -> VEC_MAX_ENVS
@@ -315,7 +316,8 @@ def facts_source(lines: list[list[str]], digest: str) -> str:
             env_ids.append(f"    {name!r},")
         else:
             raise ValueError(f"print_facts printed an unknown kind of fact: {kind!r}")
-    out += ["", "#: ENVD_ERRNO_MAP of envd.h, in table order: name -> (code, envd_strerror's message)",
+    out += ["", "#: ENVD_ERRNO_MAP of envd.h, in table order:",
+            "#: name -> (code, envd_strerror's message)",
             "ERRORS = {", *errors, "}",
             "#: envd_fast_header_t (the doorbell, at FAST_OFFSET of the header page):",
             "#: field -> (byte offset, size in bytes)",
@@ -340,8 +342,8 @@ def write_facts(root: Path) -> Path:
 
 
 # setuptools (cffi_modules) executes this file as "__cffi__", in the project
-# root; tests/sanitized_build.py imports it under another name and only needs
-# the cdef and the sources.
+# root; tests/support/sanitized_build.py and tests/native/test_facts.py import
+# it under other names, which writes nothing.
 if __name__ in ("__cffi__", "__main__"):
     write_facts(HERE.parent)
 

@@ -1,5 +1,6 @@
 /*
- * errors.c -- the error messages (from envd.h's ENVD_ERRNO_MAP), ABI query, and checks on the types of envd.h.
+ * errors.c -- the error messages (from envd.h's ENVD_ERRNO_MAP), ABI query, and
+ * checks on the types of envd.h.
  */
 #include <math.h>
 #include <string.h>
