@@ -253,7 +253,7 @@ def targets(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         peer = async_ratios(entry, "EnvPool", "sleep")
         for system, where in (("envd in-process", "in-process"), ("envd daemon", "daemon")):
             mine = async_ratios(entry, system, "sleep")
-            add(f"{env_id} sleep learner, envd {where}: async >= {limit:g}x sync", mine, limit,
+            add(f"{env_id} sleep learner, envd {where}: async >= {limit:.1f}x sync", mine, limit,
                 ratio_text(mine) if mine else entry["missing"].get(system, "not measured"))
             if peer:
                 ahead = paired_ratios(mine, peer) if mine else None
