@@ -11,6 +11,7 @@ import io
 import json
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -312,6 +313,7 @@ def test_the_learner_comparison_measures_round_by_round(monkeypatch):
     class FakePair:
         def __init__(self, system):
             self.system = system
+            self.sync_env, self.async_env = SimpleNamespace(fast_path=True), SimpleNamespace()
 
         def sync_step_seconds(self):
             return 0.001
@@ -337,6 +339,7 @@ def test_the_learner_comparison_measures_round_by_round(monkeypatch):
     assert len(set(measured[:per_round])) == per_round == len(set(measured[per_round:]))
     assert entry["learner_seconds_per_env"] == 0.001 / 64
     assert entry["rounds"]["envd daemon"]["busy"]["async"] == [120.0, 120.0]
+    assert entry["daemon_path"] == {"sync": "fast path", "async": "unknown"}
     assert sum(c[1] == "closed" for c in calls) == len(systems)
     found = {t["target"]: t for t in bench_learner.targets({"Acrobot-v1": entry})}
     mine = found["Acrobot-v1 sleep learner, envd in-process: async >= 1.6x sync"]

@@ -90,7 +90,7 @@ class Settings:
     def quick(cls, **overrides: Any) -> Settings:
         """Settings that finish in about a minute on a 2-core machine."""
         values = {"seconds": 0.03, "rounds": 2, "latency_steps": 400, "scaling_seconds": 0.2,
-                  "learner_envs": 256, "learner_seconds": 0.05}
+                  "learner_envs": 1024, "learner_seconds": 0.05}
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
 

@@ -201,6 +201,9 @@ def measure_env(env_id: str, n: int, client: Any, rounds: int, seconds: float,
     rounds: {system: {learner: {mode: [env steps/s per round]}}}, missing:
     {system: why}}."""
     pairs, missing = make_pairs(env_id, n, client)
+    daemon = pairs.get("envd daemon")
+    daemon_path = {mode: _path_of(env) for mode, env in
+                   (("sync", daemon.sync_env), ("async", daemon.async_env))} if daemon else {}
     try:
         per_env = pairs["envd in-process"].sync_step_seconds() / n
         keys = [(system, learner, mode) for system in pairs for learner in LEARNERS
@@ -227,7 +230,13 @@ def measure_env(env_id: str, n: int, client: Any, rounds: int, seconds: float,
     for (system, learner, mode), rates in values.items():
         table.setdefault(system, {}).setdefault(learner, {})[mode] = rates
     return {"num_envs": n, "batch_size": n // 2, "learner_seconds_per_env": per_env,
-            "rounds": table, "missing": missing}
+            "rounds": table, "missing": missing, "daemon_path": daemon_path}
+
+
+def _path_of(env: Any) -> str:
+    """Which path a daemon-served env steps on (its fast_path attribute)."""
+    taken = getattr(env, "fast_path", None)
+    return "unknown" if taken is None else ("fast path" if taken else "socket path")
 
 
 def async_ratios(entry: dict[str, Any], system: str, learner: str) -> list[float] | None:
@@ -272,8 +281,11 @@ def report_lines(results: dict[str, dict[str, Any]]) -> list[str]:
     env steps/s and their ratio (median ± half the min-max range of rounds)."""
     lines = []
     for env_id, entry in results.items():
+        paths = entry.get("daemon_path") or {}
+        daemon = (f"; daemon: sync on the {paths['sync']}, async on the {paths['async']}"
+                  if paths else "")
         lines.append(f"\n{env_id}: N={entry['num_envs']}, batch {entry['batch_size']}, learner "
-                     f"T = {entry['learner_seconds_per_env'] * 1e9:.0f} ns per env step")
+                     f"T = {entry['learner_seconds_per_env'] * 1e9:.0f} ns per env step{daemon}")
         lines.append(f"  {'system':<18}{'learner':>8}{'sync':>14}{'async':>14}"
                      f"{'async/sync':>16}")
         for system in SYSTEMS:

@@ -337,7 +337,7 @@ def _main(argv: list[str] | None) -> int:
                        help="threads of the benchmark's 'auto' daemon (default: usable CPUs)")
     bench.add_argument("--learner-envs", type=int, metavar="N",
                        help="N of the async-with-learner comparison, batch N/2 (even; "
-                       "default 4096; --quick 256)")
+                       "default 4096; --quick 1024)")
     bench.add_argument("--no-progress", action="store_true",
                        help="no progress bar (it is shown only when stderr is a terminal)")
     args = parser.parse_args(argv)
