@@ -264,7 +264,8 @@ def test_rounds_interleave_the_systems():
     assert values == {k: [ord(k), 10.0 + ord(k), 20.0 + ord(k)] for k in "ABC"}
     # shuffled: a different order inside each round, still one of each per round
     calls.clear()
-    bench_rounds.interleaved_rounds(["A", "B", "C"], 4, lambda key, r: calls.append((r, key)) or 1.0,
+    bench_rounds.interleaved_rounds(["A", "B", "C"], 4,
+                                    lambda key, r: calls.append((r, key)) or 1.0,
                                     shuffle=lambda order: order.reverse())
     assert calls == [(r, k) for r in range(4) for k in ("CBA" if r % 2 == 0 else "ABC")]
     with pytest.raises(ValueError):

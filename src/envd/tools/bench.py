@@ -851,8 +851,7 @@ def load_text(machine: dict[str, Any]) -> str:
     if not load:
         return "machine load: not measured (no Linux /proc)"
     if load["reasons"]:
-        return ("WARNING: the machine was loaded while the benchmark ran ("
-                + "; ".join(load["reasons"]) + "): rerun before reading much into the figures")
+        return bench_load.warning_text(load["reasons"])
     return (f"machine load: quiet (other processes {100 * load['other_fraction']:.0f}%, "
             f"steal {100 * load['steal_fraction']:.0f}% of {load['cpus']} usable CPU(s); "
             f"load average {load['load_before']:.2f} before, {load['load_after']:.2f} after)")

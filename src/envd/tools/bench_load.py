@@ -62,14 +62,17 @@ class LoadReport:
 
     def warning(self) -> str | None:
         """The line the report prints, or None on a quiet machine."""
-        if not self.reasons:
-            return None
-        return ("WARNING: the machine was loaded while the benchmark ran ("
-                + "; ".join(self.reasons) + "): rerun before reading much into the figures")
+        return warning_text(self.reasons) if self.reasons else None
 
     def as_dict(self) -> dict[str, object]:
         return {**dataclasses.asdict(self), "reasons": list(self.reasons),
                 "loaded": self.loaded}
+
+
+def warning_text(reasons: Iterable[str]) -> str:
+    """The warning line for a loaded run."""
+    return ("WARNING: the machine was loaded while the benchmark ran ("
+            + "; ".join(reasons) + "): rerun before reading much into the figures")
 
 
 def assess(before: CpuSample, after: CpuSample, cpus: int,
