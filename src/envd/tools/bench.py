@@ -572,7 +572,7 @@ class Bench:
         before = bench_load.sample()
         self.progress.show("starting the daemons")
         self.start_daemons()
-        groups_done: dict[str, dict[int, dict[tuple[str, str], float | str]]] = {}
+        groups_done: dict[str, dict[int, dict[tuple[str, str], list[float] | str]]] = {}
         for env_id, n in groups:
             groups_done.setdefault(env_id, {})[n] = self.measure_group(env_id, n)
         latency = self.measure_latency()
