@@ -293,9 +293,16 @@ def print_facts() -> list[list[str]]:
     compiler = shlex.split(os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc")
     with tempfile.TemporaryDirectory(prefix="envd-facts-") as tmp:
         program = os.path.join(tmp, "print_facts")
-        subprocess.run([*compiler, *CFLAGS, "-O0", f"-I{HERE / 'include'}", f"-I{HERE / 'src'}",
-                        str(HERE / "src/print_facts.c"), *(str(HERE / s) for s in SOURCES),
-                        "-o", program, "-lm", "-ldl", "-pthread"], check=True)
+        try:
+            subprocess.run([*compiler, *CFLAGS, "-O0", f"-I{HERE / 'include'}",
+                            f"-I{HERE / 'src'}", str(HERE / "src/print_facts.c"),
+                            *(str(HERE / s) for s in SOURCES),
+                            "-o", program, "-lm", "-ldl", "-pthread"], check=True)
+        except (OSError, subprocess.CalledProcessError) as exc:
+            raise RuntimeError(
+                f"envd's build could not compile src/print_facts.c with {compiler[0]!r}: "
+                f"{exc} (installing from source needs a C compiler, e.g. gcc, or set CC)"
+            ) from None
         output = subprocess.run([program], check=True, capture_output=True, text=True).stdout
     return [line.split("\t") for line in output.splitlines()]
 
