@@ -179,7 +179,8 @@ def test_the_installed_module_is_what_the_build_writes_from_this_checkout():
     (if not, the package was built from other headers: reinstall)."""
     build_ffi = load_build_ffi()
     text = build_ffi.facts_source(build_ffi.print_facts(), build_ffi._inputs_digest())
-    assert Path(facts.__file__).read_text() == text
+    assert Path(facts.__file__).read_text() == text, \
+        "the installed envd._native_facts was built from other sources: reinstall (pip install .)"
 
 
 def test_the_module_goes_into_the_envd_package_folder_setuptools_maps():
