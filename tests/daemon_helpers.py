@@ -87,7 +87,8 @@ def all_threads_stopped(pid: int) -> bool:
                 states.append(f.read().rsplit(")", 1)[1].split()[0])
         except FileNotFoundError:  # a thread that exited meanwhile
             continue
-    return bool(states) and all(state == "T" for state in states)
+    # (a thread on its way out, Z or X, runs nothing either)
+    return "T" in states and all(state in "TtZX" for state in states)
 
 
 class DaemonProcess:

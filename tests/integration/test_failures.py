@@ -185,16 +185,19 @@ def test_silent_client_loses_its_sessions_and_can_start_over(harness):
 
 
 def test_idle_heartbeating_client_keeps_its_sessions(harness):
-    daemon = harness.daemon("--threads", "1", "--lease-timeout", "1")
+    # A 3 s lease: heartbeats every second, so only a heartbeat 2 s late
+    # (not a loaded machine's scheduling delay) could lose the session.
+    lease = 3.0
+    daemon = harness.daemon("--threads", "1", "--lease-timeout", str(lease))
     client = harness.connect(daemon)
-    assert client.server_info["heartbeat_interval"] == pytest.approx(1 / 3)
+    assert client.server_info["heartbeat_interval"] == pytest.approx(lease / 3)
     with envd.make("Pendulum-v1", 8, seed=2) as local:
         env = client.make("Pendulum-v1", 8, seed=2)
         assert env.reset()[0].tobytes() == local.reset()[0].tobytes()
         rng = np.random.default_rng(0)
         assert_same_step(env, local, rng.uniform(-2, 2, (8, 1)).astype(np.float32))
         segment = [env._segment.name]
-        idle_until = time.monotonic() + 3.5  # three and a half leases without a request
+        idle_until = time.monotonic() + 2.5 * lease  # two and a half leases without a request
         while time.monotonic() < idle_until:
             assert segments_of(daemon.pid) == segment, "the idle client lost its session"
             time.sleep(0.05)
