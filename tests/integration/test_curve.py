@@ -18,7 +18,7 @@ import zmq
 import zmq.auth
 
 import envd
-from daemon_helpers import DEADLINE, wait_until
+from support.daemon import DEADLINE, wait_until
 
 #: The client timeout of the rejection tests.  A rejection must come at once:
 #: before this timeout, the one bound that tells an answer from a wait for
@@ -51,7 +51,7 @@ def non_loopback_address() -> str | None:
 
 def keygen(out: Path, name: str) -> tuple[Path, Path]:
     # cwd: not the checkout, whose envd/ folder would shadow the installed package
-    done = subprocess.run([sys.executable, "-m", "envd.cli", "keygen", "--out", str(out),
+    done = subprocess.run([sys.executable, "-m", "envd", "keygen", "--out", str(out),
                            "--name", name], capture_output=True, text=True, timeout=120,
                           cwd=out.parent)
     assert done.returncode == 0, done.stderr
@@ -62,7 +62,7 @@ def run_cli(cwd: Path, *argv: str, environ: dict[str, str] | None = None,
             timeout: float = 120) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ENVD_")}
     env.update(environ or {})
-    return subprocess.run([sys.executable, "-m", "envd.cli", *argv], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-m", "envd", *argv], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import envd
-from async_helpers import async_trajectories, per_env_actions, sync_trajectories
+from support.async_steps import async_trajectories, per_env_actions, sync_trajectories
 from conftest import BUILTIN_ENV_IDS
 
 

@@ -209,7 +209,7 @@ INPUT_ARRAYS = ("actions", "reset_seeds", "reset_mask")
 #: its sends and recvs): neither input nor output of the inline transport.
 DOORBELL_ARRAYS = ("doorbell_ids",)
 #: Where the fast path's doorbell lies in a session's header page (its
-#: fields: envd.shm.Doorbell; the daemon's side: native/src/fast.h).
+#: fields: envd.client.doorbell.Doorbell; the daemon's side: native/src/fast.h).
 DOORBELL_OFFSET = 128
 #: Values of make's transport option (Client.make): auto tries shared memory
 #: and falls back to inline.

@@ -17,8 +17,12 @@ Layout::
                  order of envd.vector_base.buffer_layout; where each one lies is
                  sent to the client in the make reply (name -> offset, dtype, shape).
 
-The sequence counters are there for a later same-host fast path (a doorbell
-word woken with a futex) that needs no socket round trip.
+The sequence counters count the socket path's steps and resets: step_seq is
+bumped when the daemon submits one, done_seq before its reply, so step_seq >
+done_seq while one is in flight (the fault tests read them to see it).  The
+same-host fast path does not use them: its doorbell lies further in the
+header page (envd.protocol.DOORBELL_OFFSET; its fields: envd.client.doorbell,
+the daemon's side native/src/fast.h).
 
 Attaching maps the file with mmap directly rather than through
 multiprocessing.shared_memory, whose resource tracker would unlink the

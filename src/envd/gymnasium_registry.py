@@ -43,7 +43,7 @@ from gymnasium.vector import VectorEnv
 NAMESPACE = "envd"
 #: The ids of envd's built-in envs, registered at ``import envd`` without
 #: loading the native core (a trainer that only talks to a daemon never loads
-#: it); tests/integrations/test_gymnasium_registry.py checks the list against
+#: it); tests/ecosystem/test_gymnasium.py checks the list against
 #: envd.list_envs().
 BUILTIN_ENV_IDS = ("Acrobot-v1", "CartPole-v1", "ConnectFour-v0", "MountainCar-v0",
                    "MountainCarContinuous-v0", "Pendulum-v1", "Snake-v0")
