@@ -311,10 +311,12 @@ def sized_slow_async_env(client, batch_s: float = 0.5):
     takes about batch_s seconds here: sized from a batch of SLOW timed on
     this machine, so that what a test catches in flight is in flight
     whatever the machine's speed.  (A busy machine made the measured batch
-    longer, so the sized one shorter: at worst batch_s / the slowdown.)"""
+    longer, so the sized one shorter: at worst batch_s / the slowdown; and
+    at most 2**17 envs, some 20 MiB of segment, which any machine steps
+    in far more than the milliseconds the tests need.)"""
     with slow_async_env(client) as probe:
         scale = math.ceil(batch_s / batch_seconds(probe))
-    return slow_async_env(client, min(SLOW["num_envs"] * scale, 1 << 20))
+    return slow_async_env(client, min(SLOW["num_envs"] * scale, 1 << 17))
 
 
 def fast_threads(pid: int) -> list[int]:
