@@ -524,7 +524,7 @@ def inject_async_fault(client, remote, fault, stats: Stats, where, idle, actions
     if idle:  # something more in flight
         part = np.array(idle, dtype=np.int64)
         remote.send(actions[sent[part], part], part)
-    in_flight = remote._stepper.num_in_flight  # (its books: the stepper's)
+    in_flight = remote._num_in_flight
     segment = remote._segment.name
     if fault == "client_closed_in_flight":
         endpoint, timeout = client.endpoint, client.timeout

@@ -253,36 +253,6 @@ class MultiClient:
         return f"envd.MultiClient({list(self.endpoints)!r}, {state})"
 
 
-class _ShardsStepper:
-    """A MultiVecEnv's stepper (envd.stepping): its reset and step hooks,
-    which call every shard; no async mode (its shards keep their own books).
-    Transitional, like RemoteVecEnv's, until the transports are steppers."""
-
-    def __init__(self, env: "MultiVecEnv"):
-        self.env = env
-
-    def reset(self, with_seeds: bool, with_mask: bool) -> None:
-        self.env._run_reset(with_seeds, with_mask)
-
-    def step(self) -> int:
-        return self.env._run_step()
-
-    def async_reset(self, with_seeds: bool) -> None:
-        raise self.env._no_async("async_reset")
-
-    def send(self, env_ids: np.ndarray) -> None:
-        raise self.env._no_async("send")
-
-    def recv(self, count: int) -> np.ndarray:
-        raise self.env._no_async("recv")
-
-    def render(self, out: np.ndarray) -> None:
-        raise EnvStateError(f"{self.env.env_id}: a MultiVecEnv does not render")
-
-    def close(self) -> None:
-        pass  # the env's _release closes the shards
-
-
 class MultiVecEnv(BatchedVecEnv):
     """num_envs envs spread over several daemons, used as one gymnasium
     VectorEnv (see MultiClient.make and the module docstring).
@@ -329,7 +299,6 @@ class MultiVecEnv(BatchedVecEnv):
                          num_envs, mode, first.max_episode_steps, copy, episode_statistics)
         self._shards = tuple(shards)
         self._executor = executor
-        self._stepper = _ShardsStepper(self)
         self.shard_slices = tuple(rows for _, _, rows in plan)
         self.shard_endpoints = tuple(endpoints)
         self._bind_buffers({name: np.zeros((num_envs, *array.shape[1:]), array.dtype)
