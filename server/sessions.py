@@ -2,9 +2,10 @@
 clients that hold them under a lease.
 
 Ownership: the daemon's event loop thread owns every Session and ClientRecord.
-A session runs one operation at a time (``busy``); while it is busy only the
-thread running the operation (a pool worker, or an executor thread for make
-and reset) touches the native vec, and the loop touches nothing but the flags.
+A session runs one operation at a time (its lifecycle, server/lifecycle.py,
+is BUSY meanwhile); while it is busy only the thread running the operation (a
+pool worker, or an executor thread for make, reset and render) touches the
+native vec, and the loop touches nothing but the lifecycle.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import secrets
 import stat
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from gymnasium.vector import AutoresetMode
@@ -27,6 +28,7 @@ from envd.native.registry import EnvSpec
 from envd.native.vector_env import AUTORESET_MODE_CODES
 from envd.shm import HEADER_SIZE, Segment, plan
 from envd.vector_base import autoreset_mode_name, buffer_layout
+from envd.server.lifecycle import Lifecycle
 
 
 #: Offset of the doorbell's ``closed`` word in it (native/src/fast.h).
@@ -75,26 +77,25 @@ class Session:
 
     def __init__(self, owner: bytes, spec: EnvSpec, num_envs: int, mode: AutoresetMode,
                  max_episode_steps: int, params: list[float], seeds: np.ndarray,
-                 pool: NativePool, segment_prefix: str):
+                 pool: NativePool | None, segment_prefix: str,
+                 on_free: Callable[[Session, bool], None] | None = None):
+        """on_free(session, orderly): what the daemon does when the session's
+        lifecycle frees it (its own books), before the envs are destroyed."""
         self.id = secrets.token_hex(16)
         self.owner = owner
         self.spec = spec
         self.num_envs = num_envs
         self.mode = mode
         self.max_episode_steps = max_episode_steps
-        self.busy = False      # a reset, step or recv is running (or waiting)
-        self.closing = False   # free as soon as the running operation ends
         self.steps = 0         # sync step calls
         self.env_steps = 0     # env steps, sync and async (for status)
         self.created = time.monotonic()
         # Async mode: the ids of finished envs not reported yet (in the order
-        # they were found finished), and a recv waiting for enough of them:
-        # (identity, request id, count, inline).  The batches live in self.batches.
+        # they were found finished).  The batches live in self.batches.
         self.batch_size = num_envs
         self.render_mode: str | None = None  # make's render_mode, checked against the spec
         self.ready: list[np.ndarray] = []
         self.num_ready = 0
-        self.recv_waiter: tuple[bytes, int, int, bool] | None = None  # (..., inline)
         # The first failure of an env in a finished batch, reported by the next
         # recv (its envs are in self.ready, so the recv after it returns them).
         self.batch_error: EnvdError | None = None
@@ -120,6 +121,14 @@ class Session:
         except BaseException:
             self.segment.unlink()
             raise
+        self.life = Lifecycle(self.id, free=self._freed_by_lifecycle,
+                              outstanding=lambda: bool(self.batches))
+        self._on_free = on_free
+
+    def _freed_by_lifecycle(self, orderly: bool) -> None:
+        if self._on_free is not None:
+            self._on_free(self, orderly)
+        self.free()
 
     @property
     def revoked(self) -> bool:
@@ -189,10 +198,11 @@ class Session:
         target[...] = np.frombuffer(blob, target.dtype).reshape(target.shape)
 
     def write_action_rows(self, env_ids: np.ndarray, blob: bytes) -> None:
-        """Copy the actions of an inline send into the rows of env_ids.  Rows
-        of envs still on the pool are never written (a worker reads them):
-        with such an id, or one out of range, nothing is written and submit
-        refuses the send with its usual error."""
+        """Copy the actions of an inline send into the rows of env_ids.  With
+        an id out of range nothing is written and send refuses it with its
+        usual error.  A row of an env still in flight may be written: the vec
+        stepping it reads its private copy, taken when the env was sent (the
+        segment is client-writable anyway), and send refuses that env."""
         actions = self.buffers["actions"]
         row_bytes = actions[0].nbytes if self.num_envs else 0
         if len(blob) != len(env_ids) * row_bytes:
@@ -201,9 +211,6 @@ class Session:
                 f"{len(env_ids) * row_bytes} bytes of actions ({actions.dtype} x "
                 f"{actions.shape[1:]} per env), got {len(blob)}")
         if env_ids.min() < 0 or env_ids.max() >= self.num_envs:
-            return
-        if self.batches and np.isin(env_ids, np.concatenate(
-                [batch.ids for batch in self.batches.in_flight])).any():
             return
         actions[env_ids] = np.frombuffer(blob, actions.dtype).reshape(-1, *actions.shape[1:])
 
@@ -218,32 +225,53 @@ class Session:
             blobs = [np.take(self.buffers[name], rows, axis=0) for name in names]
         return {"arrays": names, "_blobs": blobs}
 
-    def submit(self, env_ids: np.ndarray) -> int:
-        """Start stepping env_ids (async send); a batch run inline is ready at
-        once.  Returns how many envs became ready (see collect)."""
-        self.batches.submit(env_ids, notify=True)
-        return self.collect()
+    # ---- stepping (the calls of NativeSession) ---------------------------------------------
+    def step_submit(self) -> bool:
+        """Start a step on the pool (notifying the pool's eventfd when it
+        ends); True when the vec ran it inline and it is done now."""
+        self.native.step_submit()
+        return self.native.step_done()
 
-    def collect(self) -> int:
-        """Move the envs of finished batches to the ready list; how many.  An
-        env's failure never loses an id: the envs go to the ready list all the
-        same and the failure waits in batch_error for the next recv."""
+    def send(self, env_ids: np.ndarray) -> None:
+        """Start stepping env_ids (their actions are in the actions buffer);
+        the pool's eventfd fires when the batch ends.  A batch run inline is
+        ready at once."""
+        self.batches.submit(env_ids, notify=True)
+        self._collect()
+
+    def try_recv(self, count: int) -> np.ndarray | None:
+        """The count oldest ready env ids (the rest stay ready), or None while
+        fewer are ready.  Raises the first failure of an env in a finished
+        batch (its envs stay ready: the next recv returns them), and
+        EnvStateError when fewer than count envs were sent and not received."""
+        self._collect()
+        error, self.batch_error = self.batch_error, None
+        if error is not None:
+            raise error
+        pending = self.num_ready + self.batches.num_envs()
+        if pending < count:
+            raise EnvStateError(f"recv of {count} envs, but only {pending} were sent and not "
+                                "reported yet; send more first")
+        if self.num_ready < count:
+            return None
+        ready = np.concatenate(self.ready)
+        self.ready = [ready[count:]] if len(ready) > count else []
+        self.num_ready -= count
+        return ready[:count]
+
+    def counts(self) -> tuple[int, int]:
+        """(envs in flight, envs ready and not received)."""
+        self._collect()
+        return self.batches.num_envs(), self.num_ready
+
+    def _collect(self) -> None:
+        """Move the envs of finished batches to the ready list.  An env's
+        failure never loses an id: the envs go to the ready list all the same
+        and the failure waits in batch_error for the next recv."""
         finished, error = self.batches.collect()
         self.ready.extend(finished)
-        count = sum(map(len, finished))
-        self.num_ready += count
-        self.env_steps += count
+        self.num_ready += sum(map(len, finished))
         self.batch_error = self.batch_error or error
-        return count
-
-    def take_batch_error(self) -> EnvdError | None:
-        error, self.batch_error = self.batch_error, None
-        return error
-
-    def take_ready(self) -> np.ndarray:
-        ids = np.concatenate(self.ready) if self.ready else np.empty(0, np.int64)
-        self.ready, self.num_ready = [], 0
-        return ids
 
     def start_fast(self, spin_ns: int) -> None:
         """Serve this session's steps, sends and recvs from the doorbell in its
