@@ -295,11 +295,11 @@ class Service:
         self._check_drained()
 
     def collect_fast_steps(self) -> None:
-        """Count the env steps the fast-path threads served since last time
-        (for status and metrics, at most a lease tick late)."""
+        """Count the env steps the sessions served since last time (for status
+        and metrics): the doorbell's and async envs found finished are counted
+        here, at most a lease tick late; socket steps and recvs as they end."""
         for session in self.sessions.values():
-            if session.fast is not None:
-                self.stepping.count_fast_steps(session)
+            self.stepping.count_steps(session)
 
     # ---- revoked segments ---------------------------------------------------------------
     def close_revoked_sessions(self) -> None:
@@ -325,7 +325,7 @@ class Service:
                     "session dropped", session.id[:8], session.segment.path, extra={
                         "event": "segment_revoked", "client": session.owner.hex()[:8],
                         "session": session.id[:8], "env_id": session.spec.id})
-        if session.fast is not None:  # its client waits on the doorbell in its own
+        if session.fast:  # its client waits on the doorbell in its own
             session.mark_doorbell_closed()  # mapping of the file (removed by drop)
         self.drop(session, "closed (segment truncated)")
 
@@ -366,9 +366,10 @@ class Service:
         the executor (reset, render) holds the fast path's lock until it ends,
         and stopping it under that operation would destroy the lock it holds."""
         self._alive.discard(session)
-        if session.fast is not None:  # first: its thread steps the vec (and counts)
+        if session.fast:  # first: its thread steps the vec
             self.stepping.stop_fast(session)
         if orderly and session.native is not None:  # no step job starts after this
+            self.stepping.count_steps(session)
             stats = session.native.stats()
             self.closed_session_jobs[0] += stats["inline_jobs"]
             self.closed_session_jobs[1] += stats["pooled_jobs"]
@@ -417,8 +418,8 @@ class Service:
     def start_draining(self) -> None:
         self.draining = True
         for session in self.sessions.values():
-            if session.fast is not None:
-                session.fast.drain()
+            if session.fast:
+                session.native.drain()
         self._check_drained()
 
     def _check_drained(self) -> None:

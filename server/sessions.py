@@ -23,7 +23,8 @@ from envd import protocol
 from envd.errors import EnvdError, EnvStateError, InvalidActionError
 from envd.native import segment_guard
 from envd.native._envd_native import lib
-from envd.native.native_vec import AsyncBatches, NativeFast, NativePool, NativeVec
+from envd.native.native_session import NativeSession
+from envd.native.native_vec import NativePool
 from envd.native.registry import EnvSpec
 from envd.native.vector_env import AUTORESET_MODE_CODES
 from envd.shm import HEADER_SIZE, Segment, plan
@@ -44,7 +45,7 @@ def segment_plan(spec: EnvSpec, num_envs: int, mode: AutoresetMode) -> tuple[dic
     return plan(layout)
 
 
-#: What one NativeBatch of the socket path's async books costs in Python
+#: What one NativeBatch of the session's async books costs in Python
 #: objects beyond its native memory: the object, its __dict__, its cffi handle
 #: and a one-id ids array (270 bytes measured with tracemalloc on CPython
 #: 3.11, numpy 2; rounded up for the list slots and allocator overhead).
@@ -55,13 +56,14 @@ def state_plan(spec: EnvSpec, num_envs: int) -> int:
     """The most heap bytes a session of num_envs envs of spec holds (what
     --max-state-bytes counts, asked before the make allocates anything): the
     native vec (env states and slots, the private copies of its inputs; see
-    envd_vec_memory_bytes), the fast path's async books at their bound, and
-    the socket path's (AsyncBatches): at most num_envs batches in flight and
-    spares of 2 * num_envs ids, i.e. 3 * num_envs batches holding 4 * num_envs
-    ids, each id also in an ids array of the books."""
+    envd_vec_memory_bytes), the doorbell's async books at their bound, and
+    the session's (NativeSession's batches: at most num_envs batches in
+    flight and spares of 2 * num_envs ids, i.e. 3 * num_envs batches holding
+    4 * num_envs ids, each id also in an ids array of the books, and one
+    state byte per env)."""
     n = num_envs
     socket_books = (3 * n * (PY_BATCH_BYTES + lib.envd_vec_batch_memory_bytes(0))
-                    + 4 * n * 8 + 2 * n * 8)
+                    + 4 * n * 8 + 2 * n * 8 + n)
     return (int(lib.envd_vec_memory_bytes(spec.definition, n))
             + int(lib.envd_batch_queue_max_bytes(n)) + socket_books)
 
@@ -73,7 +75,9 @@ def async_in_flight(call: str) -> EnvStateError:
 
 
 class Session:
-    """num_envs envs of one spec whose buffers live in a shared-memory segment."""
+    """num_envs envs of one spec whose buffers live in a shared-memory segment,
+    stepped by one NativeSession (which keeps the async books: env states,
+    ready ids, a failed batch's error) for the socket path and the doorbell."""
 
     def __init__(self, owner: bytes, spec: EnvSpec, num_envs: int, mode: AutoresetMode,
                  max_episode_steps: int, params: list[float], seeds: np.ndarray,
@@ -87,23 +91,16 @@ class Session:
         self.num_envs = num_envs
         self.mode = mode
         self.max_episode_steps = max_episode_steps
-        self.steps = 0         # sync step calls
-        self.env_steps = 0     # env steps, sync and async (for status)
+        self.steps = 0         # whole steps, by every path (for status)
+        self.env_steps = 0     # env steps, sync and async, by every path (for status)
         self.created = time.monotonic()
-        # Async mode: the ids of finished envs not reported yet (in the order
-        # they were found finished).  The batches live in self.batches.
         self.batch_size = num_envs
         self.render_mode: str | None = None  # make's render_mode, checked against the spec
-        self.ready: list[np.ndarray] = []
-        self.num_ready = 0
-        # The first failure of an env in a finished batch, reported by the next
-        # recv (its envs are in self.ready, so the recv after it returns them).
-        self.batch_error: EnvdError | None = None
-        # The fast path's server thread, once the client asked for it; its
-        # steps are counted by the thread (fast_counted: (steps, batch envs)
-        # folded in so far).
-        self.fast: NativeFast | None = None
-        self.fast_counted = (0, 0)
+        # Whether the session's doorbell is served (the fast path); what the
+        # session had served when its steps were last counted.
+        self.fast = False
+        self._counted = (0, 0)
+        self._last_stats = {"inline_jobs": 0, "pooled_jobs": 0}
         arrays, size = segment_plan(spec, num_envs, mode)
         self.segment_bytes = size  # what --max-shm-bytes counts
         self.state_bytes = state_plan(spec, num_envs)  # what --max-state-bytes counts
@@ -113,22 +110,28 @@ class Session:
         try:
             self.buffers = self.segment.arrays
             self.buffers["reset_seeds"][...] = seeds
-            self.native = NativeVec(spec, num_envs, autoreset_mode=AUTORESET_MODE_CODES[mode],
-                                    max_episode_steps=max_episode_steps, params=params,
-                                    buffers=self.buffers, pool=pool)
+            self.native: NativeSession | None = NativeSession(
+                spec, num_envs, autoreset_mode=AUTORESET_MODE_CODES[mode],
+                max_episode_steps=max_episode_steps, params=params, buffers=self.buffers,
+                pool=pool)
             self.native.seed()
-            self.batches = AsyncBatches(self.native)
         except BaseException:
             self.segment.unlink()
             raise
         self.life = Lifecycle(self.id, free=self._freed_by_lifecycle,
-                              outstanding=lambda: bool(self.batches))
+                              outstanding=self.batches_in_flight)
         self._on_free = on_free
 
     def _freed_by_lifecycle(self, orderly: bool) -> None:
         if self._on_free is not None:
             self._on_free(self, orderly)
         self.free()
+
+    def batches_in_flight(self) -> bool:
+        """Envs sent over the socket are still on the pool (a closing session
+        waits for them: freeing would block the event loop until they end).
+        The doorbell's are not counted: its stop drops them."""
+        return not self.fast and self.native.counts()[0] > 0
 
     @property
     def revoked(self) -> bool:
@@ -225,129 +228,55 @@ class Session:
             blobs = [np.take(self.buffers[name], rows, axis=0) for name in names]
         return {"arrays": names, "_blobs": blobs}
 
-    # ---- stepping (the calls of NativeSession) ---------------------------------------------
-    def step_submit(self) -> bool:
-        """Start a step on the pool (notifying the pool's eventfd when it
-        ends); True when the vec ran it inline and it is done now."""
-        self.native.step_submit()
-        return self.native.step_done()
-
-    def send(self, env_ids: np.ndarray) -> None:
-        """Start stepping env_ids (their actions are in the actions buffer);
-        the pool's eventfd fires when the batch ends.  A batch run inline is
-        ready at once."""
-        self.batches.submit(env_ids, notify=True)
-        self._collect()
-
-    def try_recv(self, count: int) -> np.ndarray | None:
-        """The count oldest ready env ids (the rest stay ready), or None while
-        fewer are ready.  Raises the first failure of an env in a finished
-        batch (its envs stay ready: the next recv returns them), and
-        EnvStateError when fewer than count envs were sent and not received."""
-        self._collect()
-        error, self.batch_error = self.batch_error, None
-        if error is not None:
-            raise error
-        pending = self.num_ready + self.batches.num_envs()
-        if pending < count:
-            raise EnvStateError(f"recv of {count} envs, but only {pending} were sent and not "
-                                "reported yet; send more first")
-        if self.num_ready < count:
-            return None
-        ready = np.concatenate(self.ready)
-        self.ready = [ready[count:]] if len(ready) > count else []
-        self.num_ready -= count
-        return ready[:count]
-
-    def counts(self) -> tuple[int, int]:
-        """(envs in flight, envs ready and not received)."""
-        self._collect()
-        return self.batches.num_envs(), self.num_ready
-
-    def _collect(self) -> None:
-        """Move the envs of finished batches to the ready list.  An env's
-        failure never loses an id: the envs go to the ready list all the same
-        and the failure waits in batch_error for the next recv."""
-        finished, error = self.batches.collect()
-        self.ready.extend(finished)
-        self.num_ready += sum(map(len, finished))
-        self.batch_error = self.batch_error or error
-
+    # ---- the fast path, counting, executor operations -------------------------------------
     def start_fast(self, spin_ns: int) -> None:
         """Serve this session's steps, sends and recvs from the doorbell in its
         header page."""
-        self.fast = NativeFast(self.native, self.segment.memory, self.buffers["doorbell_ids"],
-                               spin_ns)
-        self.fast_counted = (0, 0)
+        self.native.start_doorbell(self.segment.memory, self.buffers["doorbell_ids"], spin_ns)
+        self.fast = True
 
-    def new_fast_steps(self) -> tuple[int, int]:
-        """(steps, env steps) the fast path served since the last call."""
-        if self.fast is None:
-            return 0, 0
-        served = self.fast.served()
-        steps, batch_envs = (now - before for now, before in zip(served, self.fast_counted))
-        self.fast_counted = served
+    def stop_fast(self) -> None:
+        """Stop serving the doorbell (after the request it serves); the envs
+        sent through it and not received are dropped."""
+        self.native.stop_doorbell()
+        self.fast = False
+
+    def new_steps(self) -> tuple[int, int]:
+        """(steps, env steps) the session served by every path (socket and
+        doorbell) since the last call.  Never blocks."""
+        served = self.native.served()
+        steps, batch_envs = (now - before for now, before in zip(served, self._counted))
+        self._counted = served
         return steps, steps * self.num_envs + batch_envs
 
     def job_stats(self) -> dict[str, float]:
-        """The vec's dispatch statistics; while the fast path's thread steps
-        the vec (reading them then would race it), those read last time: they
-        lag, they never go back."""
-        if self.fast is None:
-            return self.native.stats()
-        if self.fast.try_lock():
+        """The vec's dispatch statistics; while the doorbell's thread steps
+        the vec (reading them then would wait for it), those read last time:
+        they lag, they never go back."""
+        if self.native.try_lock():
             try:
                 self._last_stats = self.native.stats()
             finally:
-                self.fast.unlock()
-        return getattr(self, "_last_stats", {"inline_jobs": 0, "pooled_jobs": 0})
+                self.native.unlock()
+        return self._last_stats
 
     def reset(self, with_seeds: bool, with_mask: bool) -> None:
-        """Reset on the executor; a fast-path request rung meanwhile waits."""
-        fast = self.fast  # the Service stops it only once this operation has ended
-        if fast is None:
-            self.native.reset(with_seeds, with_mask)
-            return
-        fast.lock()
-        try:
-            self.check_no_fast_async("reset")
-            self.native.reset(with_seeds, with_mask)
-        finally:
-            fast.unlock()
+        """Reset on the executor (the session's lock holds the doorbell off)."""
+        self.native.reset(with_seeds, with_mask)
 
     def render(self) -> np.ndarray:
         """Every env's frame, (num_envs, height, width, 3) uint8, drawn on the
-        executor into private memory (a render request's reply carries it); a
-        fast-path request rung meanwhile waits."""
+        executor into private memory (a render request's reply carries it)."""
         frames = np.empty((self.num_envs,) + self.spec.render_shape, np.uint8)
-        fast = self.fast  # the Service stops it only once this operation has ended
-        if fast is None:
-            self.native.render(frames)
-            return frames
-        fast.lock()
-        try:
-            self.check_no_fast_async("render")
-            self.native.render(frames)
-        finally:
-            fast.unlock()
+        self.native.render(frames)
         return frames
-
-    def check_no_fast_async(self, call: str) -> None:
-        """Refuse call while envs sent through the doorbell are in flight or
-        not received (the client's books would no longer match the daemon's).
-        Holding the fast path's lock."""
-        if self.fast.pending():
-            raise async_in_flight(call)
 
     def free(self) -> None:
         """Destroy the envs and remove the segment.  Only when not busy and no
         batch is in flight (or at shutdown: then this waits for them)."""
-        if self.fast is not None:  # first: it steps the vec (after its request)
-            self.fast.stop()  # (the Service stopped it already, counting its steps)
         native = getattr(self, "native", None)
         if native is not None:
-            self.batches.close()
-            native.destroy()
+            native.close()  # stops the doorbell first, waits for what is in flight
         self.native = None
         self.buffers = None
         self.segment.unlink()

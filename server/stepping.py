@@ -2,8 +2,10 @@
 of the requests that wait on the pool.
 
 Each handler checks the request, writes its inputs into the session's buffers
-and makes one call to the session's stepping object; nothing here keeps
-per-env state (the session does).  What waits is kept here, one entry per
+and makes one call to the session's NativeSession (envd.native.native_session),
+which keeps the async books and refuses what they do not allow (a step while
+envs are in flight or ready, a send of an env not idle, ...); nothing here
+keeps per-env state.  What waits is kept here, one entry per
 session at most (a session takes one request at a time, server/lifecycle.py):
   - a sync step submitted to the pool, answered when the pool's eventfd says
     it finished (on_pool_event), or at once when the vec ran it inline;
@@ -83,7 +85,6 @@ class SteppingHandlers:
     # ---- reset and render (on the executor) ---------------------------------------------------
     def reset(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> None:
         session = self.service.session_for(client, header)
-        self._check_no_async(session, "reset")
         with_seeds, with_mask = header.get("seeds", False), header.get("mask", False)
         inline = header.get("inline", False)
         if inline:  # the inputs come as blobs: seeds first, then the mask
@@ -96,7 +97,8 @@ class SteppingHandlers:
                 session.read_input(name, blob)
         elif blobs:
             raise protocol.BadRequest("reset: data frames are only taken with inline: true")
-        # (a mask selecting no env is refused by the vec, on its private copy)
+        # (a mask selecting no env is refused by the vec, on its private copy;
+        # envs in flight by the session)
         session.life.begin("reset")
         session.segment.bump_step_seq()  # the counters cover resets too
 
@@ -119,7 +121,6 @@ class SteppingHandlers:
         before anything is drawn (and the reply counts against the unread-reply
         budgets like any large reply)."""
         session = self.service.session_for(client, header)
-        self._check_no_async(session, "render")
         if session.render_mode is None:
             raise EnvStateError(
                 f"session {session.id} ({session.spec.id}) was made without a render mode; "
@@ -153,7 +154,6 @@ class SteppingHandlers:
     def step(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> dict | None:
         session = self.service.session_for(client, header)
         self._check_not_fast(session, "step")
-        self._check_no_async(session, "step")
         if "actions" in header:
             if not blobs:
                 raise protocol.BadRequest("step: 'actions' is given but no data frame follows")
@@ -165,7 +165,7 @@ class SteppingHandlers:
             raise protocol.BadRequest("inline step: the actions must come as a data frame "
                                       "with an 'actions' description")
         started = time.perf_counter()
-        finished = session.step_submit()
+        finished = session.native.step_submit()  # refused while envs are in flight or ready
         session.segment.bump_step_seq()
         if finished:  # ran inline: no eventfd event comes
             reply = self._finish_step(session, header["id"], inline)
@@ -181,9 +181,7 @@ class SteppingHandlers:
             num_done = session.native.step_finish()
         except EnvdError as exc:
             return protocol.error_reply(request_id, exc)
-        session.steps += 1
-        session.env_steps += session.num_envs
-        self.service.count_steps(session, session.num_envs)
+        self.count_steps(session)
         if session.revoked:  # its results went to zero pages
             return self.service.revoked_reply(session, request_id)
         reply = protocol.ok_reply(request_id, num_done=num_done)
@@ -207,9 +205,8 @@ class SteppingHandlers:
         # Validation errors raise before anything is stepped; an env failing
         # in this batch (run inline) is reported by the next recv, which the
         # client makes for these envs anyway: the send itself succeeded.
-        session.send(env_ids)
-        if session.counts()[0]:
-            self._async_sessions.add(session)
+        session.native.send(env_ids, notify=True)
+        self._track_batches(session)
         return protocol.ok_reply(header["id"])
 
     def recv(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> dict | None:
@@ -217,8 +214,9 @@ class SteppingHandlers:
         self._check_not_fast(session, "recv")
         count = check_int("count", header["count"], 1, session.num_envs)
         inline = header.get("inline", False)
-        ids = session.try_recv(count)  # raises a batch's env failure, or too few sent
+        ids = session.native.try_recv(count)  # raises a batch's env failure, or too few sent
         if ids is not None:
+            self._track_batches(session)
             return self._recv_reply(session, header["id"], inline, ids)
         session.life.begin("recv")
         self._parked_recvs[session] = ParkedRecv(client.identity, header["id"], count, inline)
@@ -228,7 +226,7 @@ class SteppingHandlers:
     def _retry_recv(self, session: Session, parked: ParkedRecv) -> None:
         """Answer a parked recv if enough envs are ready now (or a batch failed)."""
         try:
-            ids = session.try_recv(parked.count)
+            ids = session.native.try_recv(parked.count)
         except EnvdError as exc:  # an env failed: the waiting recv reports it
             reply = protocol.error_reply(parked.request_id, exc)
         else:
@@ -243,8 +241,7 @@ class SteppingHandlers:
                     ids: np.ndarray) -> dict:
         if session.revoked:  # their results went to zero pages
             return self.service.revoked_reply(session, request_id)
-        session.env_steps += len(ids)
-        self.service.count_steps(session, len(ids))
+        self.count_steps(session)
         if not inline:
             return protocol.ok_reply(request_id, _blobs=[ids.tobytes()])
         outputs = session.outputs(ids)
@@ -266,9 +263,17 @@ class SteppingHandlers:
             parked = self._parked_recvs.get(session)
             if parked is not None:
                 self._retry_recv(session, parked)
-            if session.life.freed or not session.counts()[0]:
+            if session.life.freed or not session.native.counts()[0]:
                 self._async_sessions.discard(session)
             session.life.settle()
+
+    def _track_batches(self, session: Session) -> None:
+        """Keep the session among those with batches in flight while it has
+        some (on_pool_event looks at those only)."""
+        if session.native.counts()[0]:
+            self._async_sessions.add(session)
+        else:
+            self._async_sessions.discard(session)
 
     # ---- the fast path ------------------------------------------------------------------------
     def fast(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> dict:
@@ -276,38 +281,33 @@ class SteppingHandlers:
         header page (or stop doing so: enable false)."""
         session = self.service.session_for(client, header)
         if not header.get("enable", True):
-            if session.fast is not None:
-                session.fast.lock()
-                try:
-                    session.check_no_fast_async("turning the fast path off")
-                finally:
-                    session.fast.unlock()
+            if session.fast:
+                if any(session.native.counts()):  # (waits for the request it serves)
+                    raise async_in_flight("turning the fast path off")
                 self.stop_fast(session)
             return protocol.ok_reply(header["id"])
-        if session.fast is None:
+        if not session.fast:
             if self.fast_sessions >= self.config.fast_path_sessions:
                 raise LimitExceededError(
                     f"the daemon serves its maximum of {self.config.fast_path_sessions} "
                     "fast-path sessions (--fast-path-sessions); this session steps over "
                     "the socket")
-            self._check_no_async(session, "the fast path")
-            session.start_fast(self.config.fast_path_spin_us * 1000)
+            session.start_fast(self.config.fast_path_spin_us * 1000)  # refused if envs are out
             self.fast_sessions += 1
             if self.service.draining:
-                session.fast.drain()
+                session.native.drain()
         return protocol.ok_reply(header["id"], doorbell={"offset": protocol.DOORBELL_OFFSET})
 
     def stop_fast(self, session: Session) -> None:
         """Stop a session's fast path (after the request it serves) and count its steps."""
-        session.fast.stop()
-        self.count_fast_steps(session)
+        session.stop_fast()
+        self.count_steps(session)
         self.fast_sessions -= 1
-        session.fast = None
 
-    def count_fast_steps(self, session: Session) -> None:
-        """Fold the steps the session's fast-path thread served since last time
-        into the counters."""
-        steps, env_steps = session.new_fast_steps()
+    def count_steps(self, session: Session) -> None:
+        """Fold the steps the session served since last time, by every path
+        (a socket step or recv, the doorbell), into the counters."""
+        steps, env_steps = session.new_steps()
         session.steps += steps
         session.env_steps += env_steps
         self.service.count_steps(session, env_steps)
@@ -317,11 +317,6 @@ class SteppingHandlers:
     def _check_not_fast(session: Session, call: str) -> None:
         # The fast path's thread steps the vec whenever the doorbell rings: a
         # step of the event loop beside it would race it.
-        if session.fast is not None:
+        if session.fast:
             raise EnvStateError(f"{call} over the socket on session {session.id}, whose steps "
                                 "the fast path serves (its doorbell in shared memory)")
-
-    @staticmethod
-    def _check_no_async(session: Session, call: str) -> None:
-        if any(session.counts()):
-            raise async_in_flight(call)

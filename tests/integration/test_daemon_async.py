@@ -86,7 +86,7 @@ def test_misuse_is_refused_and_the_env_stays_usable(served):
     # the daemon refuses raw misuse too: a recv of more than was sent (over
     # the socket: the fast path's recv is covered in test_fast_path)
     with client.make("CartPole-v1", 4, seed=0, batch_size=2, fast_path=False) as env:
-        with pytest.raises(envd.EnvStateError, match="only 0 were sent"):
+        with pytest.raises(envd.EnvStateError, match="only 0 are in flight or ready"):
             client._request({"type": "recv", "session": env.session, "count": 2})
 
 
