@@ -422,3 +422,26 @@ def test_bye_frees_every_session_of_the_client_only(harness):
     reply = h.call(ALICE, "status")
     assert "send hello before" in reply["message"]
     h.assert_each_request_answered_once()
+
+
+def test_a_segment_truncated_during_a_reset_closes_the_session_when_the_reset_ends(harness):
+    """The reset writes into a segment a client truncated meanwhile: the guard
+    gives the daemon private zero pages (no SIGBUS), the reply says why, the
+    session closes through its lifecycle (BUSY -> CLOSING -> FREED) and the
+    other client's session goes on."""
+    h = harness()
+    h.hello(ALICE)
+    h.hello(BOB)
+    session, other = h.make(ALICE), h.make(BOB)
+    reset = h.request(ALICE, "reset", session=session.id)
+    with open(session.segment.path, "r+b") as segment:
+        os.ftruncate(segment.fileno(), 0)
+    h.run_jobs()
+    reply = h.reply(ALICE, reset)
+    assert not reply["ok"] and "truncated" in reply["message"], reply
+    assert session.life.state is State.FREED and session.id not in h.service.sessions
+    reply = h.call(ALICE, "step", session=session.id)
+    assert "truncated" in reply["message"]  # told why, not "unknown session"
+    assert h.call(BOB, "reset", session=other.id)["ok"]
+    assert h.service.books.shm_in_use == other.segment_bytes
+    h.assert_each_request_answered_once()
