@@ -45,27 +45,16 @@ def segment_plan(spec: EnvSpec, num_envs: int, mode: AutoresetMode) -> tuple[dic
     return plan(layout)
 
 
-#: What one NativeBatch of the session's async books costs in Python
-#: objects beyond its native memory: the object, its __dict__, its cffi handle
-#: and a one-id ids array (270 bytes measured with tracemalloc on CPython
-#: 3.11, numpy 2; rounded up for the list slots and allocator overhead).
-PY_BATCH_BYTES = 512
-
-
 def state_plan(spec: EnvSpec, num_envs: int) -> int:
     """The most heap bytes a session of num_envs envs of spec holds (what
     --max-state-bytes counts, asked before the make allocates anything): the
     native vec (env states and slots, the private copies of its inputs; see
-    envd_vec_memory_bytes), the doorbell's async books at their bound, and
-    the session's (NativeSession's batches: at most num_envs batches in
-    flight and spares of 2 * num_envs ids, i.e. 3 * num_envs batches holding
-    4 * num_envs ids, each id also in an ids array of the books, and one
-    state byte per env)."""
+    envd_vec_memory_bytes) and the native session's async books at their
+    bound (envd_session_books_max_bytes), which every path shares (the
+    daemon keeps no books of its own)."""
     n = num_envs
-    socket_books = (3 * n * (PY_BATCH_BYTES + lib.envd_vec_batch_memory_bytes(0))
-                    + 4 * n * 8 + 2 * n * 8 + n)
     return (int(lib.envd_vec_memory_bytes(spec.definition, n))
-            + int(lib.envd_batch_queue_max_bytes(n)) + socket_books)
+            + int(lib.envd_session_books_max_bytes(n)))
 
 
 def async_in_flight(call: str) -> EnvStateError:
