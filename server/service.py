@@ -342,7 +342,7 @@ class Service:
 
     # ---- sessions and leases ----------------------------------------------------------
     def made(self, session: Session) -> None:
-        """A make built session (called on the executor thread: set.add is
+        """A make built this session (called on the executor thread: set.add is
         atomic): shutdown frees it even if its make is never answered."""
         self._alive.add(session)
 
