@@ -2,7 +2,7 @@
 
 Every wait polls with a generous deadline (a loaded 2-core machine may be slow;
 a fast one does not wait longer).  A daemon runs on a temporary ipc endpoint,
-from a temporary working directory (so the checkout's envd/ folder never
+from a temporary working directory (so that no file of the test's cwd ever
 shadows the installed package), and logs to a file the failing test prints.
 """
 from __future__ import annotations
@@ -62,7 +62,7 @@ def skip_unless_envd_runs_as(setpriv: Sequence[str]) -> None:
     from this interpreter (e.g. a virtualenv in a private folder; .ci/run
     makes its own readable, so CI runs these tests)."""
     import pytest
-    done = subprocess.run([*setpriv, sys.executable, "-c", "import envd.cli"], cwd="/",
+    done = subprocess.run([*setpriv, sys.executable, "-c", "import envd.tools.cli"], cwd="/",
                           capture_output=True, text=True, check=False)
     if done.returncode != 0:
         pytest.skip(f"another user cannot run {sys.executable} with envd: "
@@ -73,6 +73,22 @@ def process_state(pid: int) -> str:
     """The state letter of /proc/<pid>/stat (R, S, T for stopped, Z...)."""
     with open(f"/proc/{pid}/stat") as f:
         return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def all_threads_stopped(pid: int) -> bool:
+    """Every thread of process pid is stopped (state T).  The main thread's
+    state alone says too little: a group stop reaches each thread in turn,
+    and a thread running on another CPU (the fast-path server, a pool
+    worker) may still answer a request until its own stop lands."""
+    states = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                states.append(f.read().rsplit(")", 1)[1].split()[0])
+        except FileNotFoundError:  # a thread that exited meanwhile
+            continue
+    # (a thread on its way out, Z or X, runs nothing either)
+    return "T" in states and all(state in "TtZX" for state in states)
 
 
 class DaemonProcess:
@@ -88,7 +104,7 @@ class DaemonProcess:
         self.log_path = folder / "envd.log"
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [*prefix, sys.executable, "-m", "envd.cli", "--bind", self.endpoint, *args],
+            [*prefix, sys.executable, "-m", "envd", "--bind", self.endpoint, *args],
             cwd=folder, stdout=self._log, stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})})
         self.pid = self.proc.pid
@@ -115,12 +131,13 @@ class DaemonProcess:
         return self.log_path.read_text(errors="replace")
 
     def signal(self, signum: int) -> None:
-        """Send signum; for SIGSTOP, return once the daemon is stopped (the
-        signal lands asynchronously, and a fast-path step is answered within
-        microseconds: a test that means "stopped" must not race it)."""
+        """Send signum; for SIGSTOP, return once every thread of the daemon
+        is stopped (the signal lands asynchronously, thread by thread, and a
+        fast-path request is answered within microseconds: a test that means
+        "stopped" must not race it)."""
         self.proc.send_signal(signum)
         if signum == signal.SIGSTOP:
-            wait_until(lambda: process_state(self.pid) == "T", what="the daemon to stop")
+            wait_until(lambda: all_threads_stopped(self.pid), what="every daemon thread to stop")
 
     def wait(self, timeout: float = DEADLINE) -> int:
         return self.proc.wait(timeout)
