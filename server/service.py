@@ -299,7 +299,7 @@ class Service:
         and metrics): the doorbell's and async envs found finished are counted
         here, at most a lease tick late; socket steps and recvs as they end."""
         for session in self.sessions.values():
-            self.stepping.count_steps(session)
+            self.stepping.count_steps(session, collect=True)
 
     # ---- revoked segments ---------------------------------------------------------------
     def close_revoked_sessions(self) -> None:

@@ -230,9 +230,17 @@ class Session:
         self.native.stop_doorbell()
         self.fast = False
 
-    def new_steps(self) -> tuple[int, int]:
+    def new_steps(self, collect: bool = False) -> tuple[int, int]:
         """(steps, env steps) the session served by every path (socket and
-        doorbell) since the last call.  Never blocks."""
+        doorbell) since the last call.  collect: count the async envs of
+        batches that finished but nobody collected yet too (unless the
+        session's lock is held now: the doorbell serves a request, or a reset
+        runs; they are counted next time).  Never blocks."""
+        if collect and self.native.try_lock():
+            try:
+                self.native.counts()  # collects finished batches
+            finally:
+                self.native.unlock()
         served = self.native.served()
         steps, batch_envs = (now - before for now, before in zip(served, self._counted))
         self._counted = served

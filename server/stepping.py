@@ -304,10 +304,11 @@ class SteppingHandlers:
         self.count_steps(session)
         self.fast_sessions -= 1
 
-    def count_steps(self, session: Session) -> None:
+    def count_steps(self, session: Session, collect: bool = False) -> None:
         """Fold the steps the session served since last time, by every path
-        (a socket step or recv, the doorbell), into the counters."""
-        steps, env_steps = session.new_steps()
+        (a socket step or recv, the doorbell), into the counters (collect:
+        see Session.new_steps)."""
+        steps, env_steps = session.new_steps(collect)
         session.steps += steps
         session.env_steps += env_steps
         self.service.count_steps(session, env_steps)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
+import select
 import time
 from concurrent.futures import Executor, Future
 from typing import Any, Callable
@@ -445,3 +446,26 @@ def test_a_segment_truncated_during_a_reset_closes_the_session_when_the_reset_en
     assert h.call(BOB, "reset", session=other.id)["ok"]
     assert h.service.books.shm_in_use == other.segment_bytes
     h.assert_each_request_answered_once()
+
+
+def test_status_counts_envs_of_batches_that_finished_but_were_not_collected(harness):
+    """A batch that finished while nobody looked (no recv, no pool event
+    handled yet) is counted by status all the same: status collects first."""
+    h = harness(threads=2)
+    h.hello(ALICE)
+    session = h.make(ALICE, "ConnectFour-v0", 64, batch_size=64, env_kwargs={"depth": 4})
+    assert h.call(ALICE, "reset", session=session.id)["ok"]
+    session.native.set_chunk(1)
+    before = h.service.env_steps
+    deadline = time.monotonic() + DEADLINE
+    while True:  # until a send leaves its batch on the pool
+        if select.select([h.pool.eventfd()], [], [], 0)[0]:
+            os.read(h.pool.eventfd(), 8)  # an earlier batch's event: not this one's
+        assert h.ask(ALICE, "send", ids_frame(*range(64)), session=session.id)["ok"]
+        if session.native.counts()[0]:
+            break
+        assert h.ask(ALICE, "recv", session=session.id, count=64)["ok"]
+        before = h.service.env_steps
+        assert time.monotonic() < deadline, "every batch finished before the send returned"
+    assert select.select([h.pool.eventfd()], [], [], DEADLINE)[0], "the batch never finished"
+    assert h.in_loop(h.service.status)["env_steps"] - before == 64
