@@ -24,9 +24,10 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
 from envd import protocol
+from envd.client import doorbell
 from envd.client.doorbell import RECV, SEND, SHUTTING_DOWN, STEP, Doorbell
-from envd.errors import (EnvdTimeoutError, EnvStateError, ProtocolError, SharedMemoryError,
-                         ShuttingDownError)
+from envd.errors import (EnvdTimeoutError, EnvStateError, InvalidArgumentError,
+                         LimitExceededError, ProtocolError, SharedMemoryError, ShuttingDownError)
 from envd.shm import Segment
 from envd.vector_base import (NATIVE_CODES, BatchedVecEnv, action_out_of_range, send_error,
                               step_error)
@@ -40,7 +41,7 @@ class RemoteVecEnv(BatchedVecEnv):
 
     def __init__(self, client: "Client", reply: dict[str, Any], num_envs: int,
                  mode: AutoresetMode, copy: bool, episode_statistics: bool | str,
-                 transport: str = "auto"):
+                 transport: str = "auto", fast_path: bool | None = None):
         self._client = None
         self.session = reply["session"]
         segment, self.transport = self._buffers_for(client, reply, transport)
@@ -67,6 +68,12 @@ class RemoteVecEnv(BatchedVecEnv):
             actions = segment.arrays["actions"]
             self._step_header.update(
                 inline=True, actions={"dtype": actions.dtype.str, "shape": list(actions.shape)})
+        if fast_path is not False:
+            try:
+                self._start_fast_path(required=fast_path is True)
+            except BaseException:
+                self._client = None  # Client.make closes the session
+                raise
 
     @staticmethod
     def _buffers_for(client: "Client", reply: dict[str, Any],
@@ -87,6 +94,9 @@ class RemoteVecEnv(BatchedVecEnv):
                     raise SharedMemoryError(f"{exc}; make with transport='auto' (or "
                                             "'inline') to send the arrays over the socket "
                                             "instead") from None
+                if not client.capabilities.inline:
+                    raise SharedMemoryError(f"{exc}; and the daemon does not serve the inline "
+                                            "transport (its hello's capabilities)") from None
         return Segment.private(shm["name"], shm["arrays"], shm["size"]), "inline"
 
     # ---- the inline transport --------------------------------------------------------
@@ -136,12 +146,28 @@ class RemoteVecEnv(BatchedVecEnv):
                                 f"{len(blobs)} frame(s); expected {self.num_envs} RGB frames")
         return np.frombuffer(blobs[0], np.uint8).reshape(shape).copy()
 
-    def _enable_fast_path(self, reply: dict[str, Any]) -> None:
-        """The daemon serves this session's steps, sends and recvs from its
-        doorbell now."""
-        self._doorbell = Doorbell(self._segment.memory, int(reply["doorbell"]["offset"]))
-        self._doorbell_ids = self._buffers["doorbell_ids"]
-        self.fast_path = True
+    def _start_fast_path(self, required: bool) -> None:
+        """Ask the daemon to serve this session's steps, sends and recvs from
+        its doorbell, if its capabilities say it can; without it (and not
+        required) they go over the socket."""
+        reason = doorbell.unavailable()
+        if not self._client.capabilities.fast_path:
+            reason = (f"the daemon at {self._client.endpoint} does not offer the fast path "
+                      "(its hello's capabilities; --fast-path-sessions 0, or an older daemon)")
+        if self.transport != "shm":
+            reason = "the fast path needs the session's shared memory (transport 'shm')"
+        if reason is None:
+            try:
+                reply = self._client.fast(self.session)
+            except (InvalidArgumentError, LimitExceededError) as exc:
+                reason = str(exc)  # e.g. the daemon serves its --fast-path-sessions already
+            else:
+                self._doorbell = Doorbell(self._segment.memory, int(reply["doorbell"]["offset"]))
+                self._doorbell_ids = self._buffers["doorbell_ids"]
+                self.fast_path = True
+                return
+        if required:
+            raise InvalidArgumentError(f"fast_path=True: {reason}")
 
     def _ring(self, kind: int, count: int, what: str) -> tuple[int, int, int] | None:
         """A request through the doorbell (its inputs are in shared memory):
@@ -156,7 +182,7 @@ class RemoteVecEnv(BatchedVecEnv):
             return None
         bell.ring(kind, count)
         try:
-            answer = bell.wait(time.monotonic() + self._client.timeout, self._client._check_alive)
+            answer = bell.wait(time.monotonic() + self._client.timeout, self._client.channel.check_alive)
         except TimeoutError:
             self._maybe_running = True  # until the answer comes: see _check_buffers_free
             self._async_lost = kind != STEP  # the envs of a late send or recv are lost to us
@@ -258,7 +284,7 @@ class RemoteVecEnv(BatchedVecEnv):
             header["inline"] = True
             blobs.append(self._frame(self._actions[env_ids]))
         try:
-            self._client._post(header, blobs, on_reply)  # waits while the window is full
+            self._client.channel.post(header, blobs, on_reply)  # waits while the window is full
         except EnvdTimeoutError:
             self._async_lost = True  # earlier sends' replies never came: their fate is unknown
             raise
@@ -303,7 +329,7 @@ class RemoteVecEnv(BatchedVecEnv):
         # for no longer than the client's timeout, then its refusals are unknown)
         deadline = time.monotonic() + self._client.timeout
         while poll and self._sends_unanswered and time.monotonic() < deadline:
-            self._client._read_late_replies(wait=0.05)
+            self._client.channel.read_late_replies(wait=0.05)
         if not self._refused_sends:
             return
         refused, self._refused_sends = self._refused_sends, []
@@ -320,19 +346,19 @@ class RemoteVecEnv(BatchedVecEnv):
 
     def _call(self, header: dict[str, Any], blobs: list[bytes] = ()) -> dict[str, Any]:
         try:
-            return self._client._request(header, blobs)
+            # A request that times out may still run in the daemon (or not
+            # have been read yet): the buffers stay off limits until its late
+            # reply says it ended.
+            return self._client.channel.request(header, blobs, late=self._late_reply_came)
         except EnvdTimeoutError:
-            # The daemon may still run it (or not have read it yet): the
-            # buffers stay off limits until its late reply says it ended.
             self._maybe_running = True
-            self._client._await_late_reply(header["id"], self._late_reply_came)
             raise
 
     def _late_reply_came(self, reply: dict[str, Any]) -> None:
         self._maybe_running = False
 
     def _check_buffers_free(self) -> None:
-        self._client._read_late_replies()
+        self._client.channel.read_late_replies()
         if self._maybe_running and self._doorbell is not None and self._doorbell.answered:
             self._maybe_running = False  # the late fast-path step has ended
         if self._maybe_running:
@@ -344,8 +370,8 @@ class RemoteVecEnv(BatchedVecEnv):
     def _release(self) -> None:
         client = self._client
         # Client.close frees every session at once with its bye.
-        if client is not None and not self.closed and not (client.closed or client._closing):
-            client._close_session(self.session)
+        if client is not None and not self.closed:
+            client.close_session(self.session)
         self._client = None
 
     def __del__(self) -> None:
@@ -353,8 +379,8 @@ class RemoteVecEnv(BatchedVecEnv):
         # on this client's socket: hand the session to the client to close at
         # its next request instead of talking to the socket here.
         client = getattr(self, "_client", None)
-        if client is not None and not self.closed and not client.closed:
-            client._orphans.append(self.session)
+        if client is not None and not self.closed:
+            client.close_session_later(self.session)
         self.closed = True
 
     def __repr__(self) -> str:
