@@ -15,6 +15,7 @@ transport (BatchedVecEnv) is shared and results are bit-identical.
 """
 from __future__ import annotations
 
+import collections
 import math
 import time
 from typing import TYPE_CHECKING, Any
@@ -29,11 +30,127 @@ from envd.client.doorbell import RECV, SEND, SHUTTING_DOWN, STEP, Doorbell
 from envd.errors import (EnvdTimeoutError, EnvStateError, InvalidArgumentError,
                          LimitExceededError, ProtocolError, SharedMemoryError, ShuttingDownError)
 from envd.shm import Segment
-from envd.vector_base import (NATIVE_CODES, BatchedVecEnv, action_out_of_range, send_error,
-                              step_error)
+from envd.vector_base import (NATIVE_CODES, BatchedVecEnv, action_out_of_range,
+                              in_flight_error, not_idle_error, ready_error, recv_short_error,
+                              send_error, step_error)
 
 if TYPE_CHECKING:
     from envd.client.connection import Client
+
+_IDLE, _IN_FLIGHT, _READY = 0, 1, 2
+
+
+class _HookStepper:
+    """The async books of a RemoteVecEnv over its transport hooks
+    (_run_reset, _run_step, _submit_batch, _collect_batches, _settle_sends):
+    a stepper (envd.stepping) until the transports become steppers of their
+    own.  Each env is IDLE, IN_FLIGHT or READY; ready ids queue in the order
+    their batches were found finished; batch_error is an env's failure in a
+    finished send, or a refused send, waiting for the next recv."""
+
+    def __init__(self, env: "RemoteVecEnv"):
+        self.env = env
+        self.state = np.zeros(env.num_envs, np.int8)
+        self.ready: collections.deque[np.ndarray] = collections.deque()
+        self.num_ready = self.num_in_flight = 0
+        self.batch_error: Exception | None = None
+
+    def _check_idle(self, call: str) -> None:
+        """reset and step act on every env: not while some are in flight or
+        stepped and not received; a reset then forgets the ready ones (and a
+        failure of theirs not reported yet)."""
+        self.env._settle_sends()
+        if self.num_in_flight:
+            raise in_flight_error(self.env.env_id, call, self.num_in_flight)
+        if self.num_ready and call == "step":
+            raise ready_error(self.env.env_id, self.num_ready)
+        self.ready.clear()
+        self.num_ready = 0
+        self.state[:] = _IDLE
+        self.batch_error = None
+
+    def reset(self, with_seeds: bool, with_mask: bool) -> None:
+        self._check_idle("reset")
+        self.env._run_reset(with_seeds, with_mask)
+
+    def step(self) -> int:
+        if self.num_in_flight or self.num_ready:
+            self._check_idle("step")
+        return self.env._run_step()
+
+    def async_reset(self, with_seeds: bool) -> None:
+        self.env._settle_sends()
+        while self.num_in_flight:
+            self._take_finished(wait=True, report=False)
+        self.batch_error = None  # dropped with the results it belongs to
+        self.env._run_reset(with_seeds, False)
+        self.ready.clear()
+        self.ready.append(np.arange(self.env.num_envs, dtype=np.int64))
+        self.state[:] = _READY
+        self.num_ready = self.env.num_envs
+
+    def send(self, env_ids: np.ndarray) -> None:
+        busy = env_ids[self.state[env_ids] != _IDLE]
+        if len(busy):
+            raise not_idle_error(self.env.env_id, int(busy[0]),
+                                 self.state[busy[0]] == _IN_FLIGHT)
+        self.env._submit_batch(env_ids)
+        self.state[env_ids] = _IN_FLIGHT
+        self.num_in_flight += len(env_ids)
+        # notice early finishers (ready order); an env that failed in a
+        # send is reported by recv, in-process as through the daemon
+        self._take_finished(wait=False, report=False)
+
+    def recv(self, count: int) -> np.ndarray:
+        if self.num_ready + self.num_in_flight < count:
+            self.env._settle_sends()  # a refused send explains it better
+            if self.batch_error is not None:
+                error, self.batch_error = self.batch_error, None
+                raise error
+            raise recv_short_error(self.env.env_id, count, self.num_ready + self.num_in_flight)
+        self._take_finished(wait=False)
+        while self.num_ready < count:
+            self._take_finished(wait=True)
+        ids = self._pop_ready(count)
+        self.state[ids] = _IDLE
+        return ids
+
+    def render(self, out: np.ndarray) -> None:
+        if self.num_in_flight:
+            raise in_flight_error(self.env.env_id, "render", self.num_in_flight)
+        out[...] = self.env._render_reply()
+
+    def close(self) -> None:
+        pass  # the env's _release closes the session
+
+    def _take_finished(self, wait: bool, report: bool = True) -> None:
+        finished = self.env._collect_batches(wait)
+        if wait and not finished and self.batch_error is None:
+            # cannot happen unless the bookkeeping is broken: never spin on it
+            raise EnvStateError(f"{self.env.env_id}: {self.num_in_flight} envs counted in "
+                                "flight but no send is running; close the env")
+        for ids in finished:
+            self.state[ids] = _READY
+            self.ready.append(ids)
+            self.num_ready += len(ids)
+            self.num_in_flight -= len(ids)
+        if report and self.batch_error is not None:
+            # the envs are ready; their failed results are in the rows
+            error, self.batch_error = self.batch_error, None
+            raise error
+
+    def _pop_ready(self, count: int) -> np.ndarray:
+        parts = []
+        while count:
+            head = self.ready[0]
+            if len(head) <= count:
+                parts.append(self.ready.popleft())
+            else:
+                parts.append(head[:count])
+                self.ready[0] = head[count:]
+            count -= len(parts[-1])
+        self.num_ready -= sum(map(len, parts))
+        return np.concatenate(parts) if len(parts) > 1 else parts[0]
 
 
 class RemoteVecEnv(BatchedVecEnv):
@@ -53,6 +170,7 @@ class RemoteVecEnv(BatchedVecEnv):
         self._client = client
         self._segment = segment
         self._bind_buffers(segment.arrays)
+        self._stepper = _HookStepper(self)
         self._step_header = {"type": "step", "session": self.session}
         self._async_lost = False     # a recv timed out: async bookkeeping is lost
         self._refused_sends: list[tuple[np.ndarray, dict[str, Any]]] = []  # (ids, error reply)
@@ -137,6 +255,12 @@ class RemoteVecEnv(BatchedVecEnv):
         self._read_outputs(reply, reply.get("_blobs", []), None)
 
     def _render_frames(self) -> np.ndarray:
+        # (the frame shape comes with the reply: no buffer to hand the stepper)
+        if self._stepper.num_in_flight:
+            raise in_flight_error(self.env_id, "render", self._stepper.num_in_flight)
+        return self._render_reply()
+
+    def _render_reply(self) -> np.ndarray:
         reply = self._call({"type": "render", "session": self.session})
         blobs = reply.get("_blobs", [])
         shape = tuple(reply.get("frames", {}).get("shape", ()))
@@ -224,14 +348,15 @@ class RemoteVecEnv(BatchedVecEnv):
     def _fast_recv(self, count: int) -> list[np.ndarray] | None:
         """Every env found finished once count are (their ids), through the
         doorbell; None when the doorbell is closed.  An env that failed in a
-        batch goes to _batch_error (raised as in-process); the daemon keeps
+        batch goes to the books' batch_error (raised as in-process); the daemon keeps
         that batch's envs ready for the next recv."""
         answer = self._ring(RECV, count, "recv")
         if answer is None:
             return None
         status, num_ready, index = answer
         if status == NATIVE_CODES["EENV"]:
-            self._batch_error = self._batch_error or step_error(
+            books = self._stepper
+            books.batch_error = books.batch_error or step_error(
                 self.env_id, self.single_action_space, status, index, self._buffers)
             return []
         if status != 0:
@@ -297,9 +422,10 @@ class RemoteVecEnv(BatchedVecEnv):
             return []
         self._check_async_state()
         self._settle_sends(poll=False)  # (this recv's wait reads the replies in order)
-        if not self._num_in_flight:  # every env in flight was refused
+        books = self._stepper
+        if not books.num_in_flight:  # every env in flight was refused
             return []
-        count = max(1, min(self.batch_size - self._num_ready, self._num_in_flight))
+        count = max(1, min(self.batch_size - books.num_ready, books.num_in_flight))
         if self._doorbell is not None:
             finished = self._fast_recv(count)
             if finished is not None:
@@ -333,10 +459,11 @@ class RemoteVecEnv(BatchedVecEnv):
         if not self._refused_sends:
             return
         refused, self._refused_sends = self._refused_sends, []
+        books = self._stepper
         for env_ids, _ in refused:  # never stepped: idle again
-            self._env_state[env_ids] = self._IDLE
-            self._num_in_flight -= len(env_ids)
-        self._batch_error = self._batch_error or protocol.error_from_reply(refused[0][1])
+            books.state[env_ids] = _IDLE
+            books.num_in_flight -= len(env_ids)
+        books.batch_error = books.batch_error or protocol.error_from_reply(refused[0][1])
 
     def _check_async_state(self) -> None:
         if self._async_lost:

@@ -14,7 +14,6 @@ which overwrites them in place.  Keep a copy (or pass ``copy=True`` to
 """
 from __future__ import annotations
 
-import collections
 import threading
 from typing import Any, Sequence
 
@@ -25,6 +24,7 @@ from gymnasium.vector.utils import batch_space
 
 from envd.errors import (EnvdError, EnvStateError, InvalidActionError, InvalidArgumentError,
                          NativeError)
+from envd.stepping import Stepper
 
 SEED_LIMIT = 2**64
 
@@ -162,6 +162,36 @@ def send_error(env_id: str, action_space: spaces.Space, num_envs: int, code: int
     return step_error(env_id, action_space, code, index, buffers)
 
 
+def in_flight_error(env_id: str, call: str, num_in_flight: int) -> EnvStateError:
+    """The refusal of reset(), step() or render() while envs sent are in flight."""
+    if call == "render":
+        return EnvStateError(f"{env_id}: render() while sends are in flight; recv() them first")
+    return EnvStateError(f"{env_id}: {call}() while {num_in_flight} envs are in flight "
+                         "(send/recv); recv them first")
+
+
+def ready_error(env_id: str, num_ready: int) -> EnvStateError:
+    """The refusal of step() while envs wait for recv."""
+    return EnvStateError(
+        f"{env_id}: step() while {num_ready} envs wait for recv "
+        "(after async_reset or send); use recv/send, or reset() to go back to step()")
+
+
+def not_idle_error(env_id: str, index: int, in_flight: bool) -> EnvStateError:
+    """The refusal of a send naming an env that is in flight or ready."""
+    where = "in flight" if in_flight else "ready"
+    return EnvStateError(
+        f"{env_id}: env {index} is {where}, not received yet; send an env "
+        "only after recv returned it (or async_reset)")
+
+
+def recv_short_error(env_id: str, count: int, pending: int) -> EnvStateError:
+    """The refusal of a recv of count envs when only pending are in flight or ready."""
+    return EnvStateError(
+        f"{env_id}: recv returns {count} envs but only {pending} are in flight or ready; "
+        "send more first (or async_reset)")
+
+
 def buffer_layout(observation_space: spaces.Space, action_space: spaces.Space, num_envs: int,
                   mode: AutoresetMode, info_fields: Sequence[Any] = ()
                   ) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
@@ -192,11 +222,14 @@ def buffer_layout(observation_space: spaces.Space, action_space: spaces.Space, n
 
 
 class BatchedVecEnv(VectorEnv):
-    """A gymnasium VectorEnv over batch buffers; subclasses run the envs.
+    """A gymnasium VectorEnv over batch buffers, stepped through a Stepper.
 
-    Subclasses set ``self._buffers`` (arrays as in buffer_layout) and implement
-    ``_run_reset(with_seeds, with_mask)`` and ``_run_step() -> num_done``
-    (raising envd errors), and ``_release()`` (free everything; idempotent).
+    Subclasses bind the buffers (``_bind_buffers``, arrays as in
+    buffer_layout), set ``self._stepper`` (envd.stepping.Stepper: it runs the
+    envs and keeps the async books) and implement ``_render_frames()`` and
+    ``_release()`` (free everything; idempotent).  This class keeps no async
+    books: it checks what needs no state, writes the inputs, calls the
+    stepper and gathers the outputs and infos.
     """
 
     def __init__(self, env_id: str, observation_space: spaces.Space, action_space: spaces.Space,
@@ -226,15 +259,9 @@ class BatchedVecEnv(VectorEnv):
         self._copy = bool(copy)
         self._episode_statistics = self.episode_statistics_key is not None
         self.batch_size = num_envs if batch_size is None else batch_size
-        # Async bookkeeping: each env is idle (the trainer has it), in flight
-        # or ready (stepped, waiting for recv); ready envs queue in the order
-        # their batches finished.
-        self._env_state = np.zeros(num_envs, np.int8)
+        self._stepper: Stepper | None = None  # set by the subclass
         self._id_stamp = np.zeros(num_envs, np.int64)  # scratch of _check_env_ids
-        self._ready: collections.deque[np.ndarray] = collections.deque()
-        self._num_ready = self._num_in_flight = 0
         self._recv_count = 0
-        self._batch_error: Exception | None = None  # an env failed in a finished send
         self._maybe_running = False  # a call timed out: the buffers may be in use
         self._owned: list[Any] = []  # closed after this env (close_along)
 
@@ -258,33 +285,14 @@ class BatchedVecEnv(VectorEnv):
         self._action_dtype, self._action_shape = self._actions.dtype, self._actions.shape
 
     # ---- subclass hooks ----------------------------------------------------------------
-    def _run_reset(self, with_seeds: bool, with_mask: bool) -> None:
-        raise NotImplementedError
-
-    def _run_step(self) -> int:
-        raise NotImplementedError
-
     def _release(self) -> None:
-        raise NotImplementedError
-
-    def _submit_batch(self, env_ids: np.ndarray) -> None:
-        """Start stepping env_ids (their actions are in the actions buffer)."""
-        raise NotImplementedError
-
-    def _collect_batches(self, wait: bool) -> list[np.ndarray]:
-        """The env ids of sent batches that finished since the last call, in
-        the order they finished; with wait, block until at least one did."""
         raise NotImplementedError
 
     def _render_frames(self) -> np.ndarray:
         """A new (num_envs, height, width, 3) uint8 array of every env's frame
-        (called with the env acquired, only when render_mode is "rgb_array")."""
+        (called with the env acquired, only when render_mode is "rgb_array";
+        through the stepper's render, which refuses while envs are in flight)."""
         raise NotImplementedError
-
-    def _settle_sends(self) -> None:
-        """Account for sends refused after they returned (a daemon-served env
-        posts its sends): their envs are idle again and the refusal waits in
-        _batch_error.  In-process, send refuses at once: nothing to do."""
 
     def _check_send_rows(self, rows: np.ndarray, env_ids: np.ndarray) -> None:
         """Refuse a send's actions before they are written (the in-process vec
@@ -404,8 +412,7 @@ class BatchedVecEnv(VectorEnv):
                 self._buffers["reset_seeds"][...] = seeds
             if mask is not None:
                 self._buffers["reset_mask"][...] = mask
-            self._check_no_async("reset")
-            self._run_reset(seeds is not None, mask is not None)
+            self._stepper.reset(seeds is not None, mask is not None)
             info = self._env_info_now() if self._env_info else {}
         finally:
             self._lock.release()
@@ -416,8 +423,6 @@ class BatchedVecEnv(VectorEnv):
         # The hot path: keep it to a few attribute lookups and one call.
         self._acquire()
         try:
-            if self._num_in_flight or self._num_ready:
-                self._check_no_async("step")
             if self._maybe_running:
                 self._check_buffers_free()
             if (actions.__class__ is np.ndarray and actions.dtype == self._action_dtype
@@ -425,7 +430,7 @@ class BatchedVecEnv(VectorEnv):
                 self._actions[...] = actions
             else:
                 self._convert_actions(actions)
-            num_done = self._run_step()
+            num_done = self._stepper.step()
             info = self._done_info() if num_done else {}
             if self._env_info:
                 info.update(self._env_info_now())
@@ -440,8 +445,7 @@ class BatchedVecEnv(VectorEnv):
     # An env is IDLE (the trainer holds it: send it), IN_FLIGHT (being stepped)
     # or READY (stepped, waiting for recv).  recv returns the first batch_size
     # ready envs, in the order their sends finished; each env sent comes back
-    # exactly once.
-    _IDLE, _IN_FLIGHT, _READY = 0, 1, 2
+    # exactly once.  The stepper keeps these books (envd.stepping).
 
     def async_reset(self, *, seed: int | Sequence[int] | None = None) -> None:
         """Reset every env and mark them all ready: the next recv returns the
@@ -450,20 +454,12 @@ class BatchedVecEnv(VectorEnv):
         seeds = seed_list(seed, self.num_envs) if seed is not None else None
         self._acquire()
         try:
-            self._settle_sends()
-            while self._num_in_flight:
-                self._take_finished(wait=True, report=False)
-            self._batch_error = None  # dropped with the results it belongs to
             if self._maybe_running:
                 self._check_buffers_free()
             if seeds is not None:
                 self._buffers["reset_seeds"][...] = seeds
-            self._run_reset(seeds is not None, False)
+            self._stepper.async_reset(seeds is not None)
             self._rewards[:] = 0  # a fresh episode has earned nothing
-            self._ready.clear()
-            self._ready.append(np.arange(self.num_envs, dtype=np.int64))
-            self._env_state[:] = self._READY
-            self._num_ready = self.num_envs
             self._dones[:] = False
         finally:
             self._lock.release()
@@ -479,33 +475,12 @@ class BatchedVecEnv(VectorEnv):
             if self._maybe_running:
                 self._check_buffers_free()
             self._check_send_rows(rows, ids)
+            # (the stepper refuses an env not idle before it reads any row;
+            # the vec steps from its own copy of the rows it accepted)
             self._actions[ids] = rows
-            self._submit_batch(ids)
-            self._env_state[ids] = self._IN_FLIGHT
-            self._num_in_flight += len(ids)
-            # notice early finishers (ready order); an env that failed in a
-            # send is reported by recv, in-process as through the daemon
-            self._take_finished(wait=False, report=False)
+            self._stepper.send(ids)
         finally:
             self._lock.release()
-
-    def _check_no_async(self, call: str) -> None:
-        """reset and step act on every env: not while some are in flight or
-        stepped and not received; a reset then forgets the ready ones (and a
-        failure of theirs not reported yet)."""
-        self._settle_sends()
-        if self._num_in_flight:
-            raise EnvStateError(
-                f"{self.env_id}: {call}() while {self._num_in_flight} envs are in flight "
-                "(send/recv); recv them first")
-        if self._num_ready and call == "step":
-            raise EnvStateError(
-                f"{self.env_id}: step() while {self._num_ready} envs wait for recv "
-                "(after async_reset or send); use recv/send, or reset() to go back to step()")
-        self._ready.clear()
-        self._num_ready = 0
-        self._env_state[:] = self._IDLE
-        self._batch_error = None
 
     def _check_env_ids(self, env_ids: Any) -> np.ndarray:
         ids = np.asarray(env_ids)
@@ -524,12 +499,6 @@ class BatchedVecEnv(VectorEnv):
         self._id_stamp[ids] = positions
         if (self._id_stamp[ids] != positions).any():
             raise InvalidArgumentError(f"{self.env_id}: env_ids has repeated ids")
-        busy = ids[self._env_state[ids] != self._IDLE]
-        if len(busy):
-            where = "in flight" if self._env_state[busy[0]] == self._IN_FLIGHT else "ready"
-            raise EnvStateError(
-                f"{self.env_id}: env {busy[0]} is {where}, not received yet; send an env "
-                "only after recv returned it (or async_reset)")
         return ids
 
     def recv(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
@@ -543,53 +512,10 @@ class BatchedVecEnv(VectorEnv):
         try:
             if self._maybe_running:
                 self._check_buffers_free()
-            batch = self.batch_size
-            if self._num_ready + self._num_in_flight < batch:
-                self._settle_sends()  # a refused send explains it better
-                if self._batch_error is not None:
-                    error, self._batch_error = self._batch_error, None
-                    raise error
-                raise EnvStateError(
-                    f"{self.env_id}: recv returns {batch} envs but only "
-                    f"{self._num_ready + self._num_in_flight} are in flight or ready; "
-                    "send more first (or async_reset)")
-            self._take_finished(wait=False)
-            while self._num_ready < batch:
-                self._take_finished(wait=True)
-            ids = self._pop_ready(batch)
-            self._env_state[ids] = self._IDLE
+            ids = self._stepper.recv(self.batch_size)
             return self._gather(ids)
         finally:
             self._lock.release()
-
-    def _take_finished(self, wait: bool, report: bool = True) -> None:
-        finished = self._collect_batches(wait)
-        if wait and not finished and self._batch_error is None:
-            # cannot happen unless the bookkeeping is broken: never spin on it
-            raise EnvStateError(f"{self.env_id}: {self._num_in_flight} envs counted in flight "
-                                "but no send is running; close the env")
-        for ids in finished:
-            self._env_state[ids] = self._READY
-            self._ready.append(ids)
-            self._num_ready += len(ids)
-            self._num_in_flight -= len(ids)
-        if report and self._batch_error is not None:
-            # the envs are ready; their failed results are in the rows
-            error, self._batch_error = self._batch_error, None
-            raise error
-
-    def _pop_ready(self, count: int) -> np.ndarray:
-        parts = []
-        while count:
-            head = self._ready[0]
-            if len(head) <= count:
-                parts.append(self._ready.popleft())
-            else:
-                parts.append(head[:count])
-                self._ready[0] = head[count:]
-            count -= len(parts[-1])
-        self._num_ready -= sum(map(len, parts))
-        return np.concatenate(parts) if len(parts) > 1 else parts[0]
 
     def _gather(self, ids: np.ndarray) -> tuple:
         """Copy the envs' results into the next of two batch buffers."""
@@ -635,9 +561,6 @@ class BatchedVecEnv(VectorEnv):
                 "render_mode='rgb_array' to render")
         self._acquire()
         try:
-            if self._num_in_flight:
-                raise EnvStateError(f"{self.env_id}: render() while sends are in flight; "
-                                    "recv() them first")
             frames = self._render_frames()
         finally:
             self._lock.release()

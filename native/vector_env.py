@@ -1,7 +1,8 @@
 """The in-process vector env: ``envd.make(...)``.
 
-A ``VecEnv`` owns one native vec (N env instances) and, unless it runs
-serially, one native thread pool.  Batch buffers are numpy arrays the vec
+A ``VecEnv`` owns one native session (N env instances, their async books;
+envd.native.native_session) and, unless it runs serially, one native thread
+pool.  The session is its stepper (envd.stepping).  Batch buffers are numpy arrays the vec
 writes into directly; ``step`` and ``reset`` return views of them (see
 envd.vector_base for their lifetime and the API shared with the
 daemon-served VecEnv).
@@ -18,8 +19,8 @@ from gymnasium.vector import AutoresetMode
 
 from envd.errors import InvalidArgumentError
 from envd.native._envd_native import lib
-from envd.native.native_vec import (MAX_NUM_ENVS, MAX_THREADS, AsyncBatches, NativePool,
-                                   NativeVec)
+from envd.native.native_session import NativeSession
+from envd.native.native_vec import MAX_NUM_ENVS, MAX_THREADS, NativePool
 from envd.native.registry import EnvSpec, get_spec, load_plugin
 from envd.vector_base import (BatchedVecEnv, buffer_layout, check_int, episode_statistics_key,
                               is_int, parse_autoreset_mode, seed_list)
@@ -64,7 +65,7 @@ class VecEnv(BatchedVecEnv):
                  max_episode_steps: int | None, copy: bool, episode_statistics: bool | str,
                  pin_cpus: Sequence[int] | None, env_kwargs: dict[str, Any],
                  batch_size: int | None = None, render_mode: str | None = None):
-        self._native = self._pool = self._batches = None
+        self._native = self._pool = None
         num_envs = check_int("num_envs", num_envs, 1, MAX_NUM_ENVS)
         if batch_size is not None:
             batch_size = check_int("batch_size", batch_size, 1, num_envs)
@@ -89,10 +90,11 @@ class VecEnv(BatchedVecEnv):
         try:
             if num_threads > 0:
                 self._pool = NativePool(num_threads, cpus)
-            self._native = NativeVec(spec, num_envs, autoreset_mode=AUTORESET_MODE_CODES[mode],
-                                     max_episode_steps=max_episode_steps, params=params,
-                                     buffers=self._buffers, pool=self._pool)
-            self._batches = AsyncBatches(self._native)
+            self._native = NativeSession(
+                spec, num_envs, autoreset_mode=AUTORESET_MODE_CODES[mode],
+                max_episode_steps=max_episode_steps, params=params, buffers=self._buffers,
+                pool=self._pool)
+            self._stepper = self._native
         except BaseException:
             self.close()
             raise
@@ -115,34 +117,15 @@ class VecEnv(BatchedVecEnv):
         return [int(c) for c in cpus]
 
     # ---- BatchedVecEnv hooks --------------------------------------------------------
-    def _run_reset(self, with_seeds: bool, with_mask: bool) -> None:
-        self._native.reset(with_seeds, with_mask)
-
-    def _run_step(self) -> int:
-        return self._native.step()
-
-    def _submit_batch(self, env_ids: np.ndarray) -> None:
-        self._batches.submit(env_ids)
-
-    def _collect_batches(self, wait: bool) -> list[np.ndarray]:
-        if wait:
-            self._batches.wait_oldest()
-        finished, error = self._batches.collect()
-        self._batch_error = self._batch_error or error  # raised once the ids are counted
-        return finished
-
     def _render_frames(self) -> np.ndarray:
         frames = np.empty((self.num_envs,) + self.envd_spec.render_shape, np.uint8)
         self._native.render(frames)
         return frames
 
     def _release(self) -> None:
-        if self._batches is not None:
-            self._batches.close()
-            self._batches = None
         if self._native is not None:
-            self._native.destroy()
-            self._native = None
+            self._native.close()
+            self._native = self._stepper = None
         if self._pool is not None:
             self._pool.close()
             self._pool = None

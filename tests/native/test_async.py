@@ -176,5 +176,5 @@ def test_spare_batches_stay_bounded():
             env.send(np.zeros(k, np.int64), ids[:k])
             back = sorted(int(env.recv()[4]["env_id"][0]) for _ in range(k))
             assert back == sorted(ids[:k].tolist())
-        spares = env._batches._spares
+        spares = env._native._batches._spares
         assert spares and sum(batch.capacity for batch in spares) <= 2 * n

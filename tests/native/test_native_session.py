@@ -1,0 +1,279 @@
+"""native/native_session.py: the native session's books (what every path --
+in-process, the daemon's socket handlers, the doorbell -- relies on): recv
+returns exactly count ids in ready order, every env sent comes back exactly
+once, refusals name the env and its state, async_reset drops what is in
+flight, and the doorbell is held off by lock()."""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+from gymnasium.vector import AutoresetMode
+
+import envd
+from envd.errors import EnvStateError, InvalidArgumentError
+from envd.native._envd_native import lib
+from envd.native.native_session import NativeSession
+from envd.native.native_vec import NativePool
+from envd.native.vector_env import AUTORESET_MODE_CODES
+from envd.stepping import Stepper
+from envd.vector_base import buffer_layout
+
+
+def make_session(num_envs: int, pool: NativePool | None,
+                 env_id: str = "CartPole-v1") -> tuple[NativeSession, dict]:
+    spec = envd.native.get_spec(env_id)
+    mode = AutoresetMode.NEXT_STEP
+    buffers = {name: np.zeros(shape, dtype) for name, (shape, dtype)
+               in buffer_layout(spec.observation_space, spec.action_space, num_envs, mode,
+                                spec.info_fields).items()}
+    buffers["reset_seeds"][...] = np.arange(num_envs, dtype=np.uint64)
+    session = NativeSession(spec, num_envs, autoreset_mode=AUTORESET_MODE_CODES[mode],
+                            max_episode_steps=500, params=spec.param_values({}, ()),
+                            buffers=buffers, pool=pool)
+    session.seed()
+    return session, buffers
+
+
+@pytest.fixture(params=[0, 1], ids=["serial", "pool"])
+def session(request):
+    pool = NativePool(request.param) if request.param else None
+    session, buffers = make_session(16, pool)
+    session.buffers = buffers
+    yield session
+    session.close()
+    if pool is not None:
+        pool.close()
+
+
+def test_it_is_a_stepper(session):
+    assert isinstance(session, Stepper)
+
+
+def test_recv_returns_exactly_count_ids_in_ready_order(session):
+    session.async_reset(False)
+    assert session.counts() == (0, 16)
+    first = session.recv(5)
+    assert first.dtype == np.int64 and first.tolist() == [0, 1, 2, 3, 4]
+    assert session.counts() == (0, 11)
+    assert session.recv(11).tolist() == list(range(5, 16))
+    assert session.counts() == (0, 0)
+
+
+def test_every_env_sent_comes_back_exactly_once(session):
+    rng = np.random.default_rng(0)
+    session.async_reset(False)
+    held = list(session.recv(16))
+    back: list[int] = []
+    for _ in range(200):
+        if held and rng.random() < 0.6:
+            k = int(rng.integers(1, len(held) + 1))
+            chosen = rng.choice(len(held), k, replace=False)
+            ids = np.array([held[i] for i in chosen], np.int64)
+            held = [e for i, e in enumerate(held) if i not in set(chosen)]
+            session.send(ids)
+            back.extend(ids.tolist())
+        in_flight, ready = session.counts()
+        assert in_flight + ready + len(held) == 16
+        if in_flight + ready:
+            count = int(rng.integers(1, in_flight + ready + 1))
+            got = session.recv(count)
+            assert len(got) == count
+            held.extend(got.tolist())
+    assert sorted(held + [e for e in range(16) if e not in held]) == list(range(16))
+    assert len(set(held)) == len(held)
+
+
+def test_try_recv_takes_exactly_count_and_refuses_more_than_are_out(session):
+    session.async_reset(False)
+    assert session.try_recv(10).tolist() == list(range(10))
+    assert session.counts() == (0, 6)
+    with pytest.raises(EnvStateError, match="recv returns 7 envs but only 6"):
+        session.try_recv(7)
+    assert session.try_recv(6).tolist() == list(range(10, 16))
+
+
+def test_try_recv_returns_none_until_enough_are_ready():
+    pool = NativePool(1)
+    session, buffers = make_session(256, pool, "Acrobot-v1")
+    try:
+        session.set_chunk(64)  # every batch on the pool
+        session.async_reset(False)
+        session.send(session.recv(256))
+        nones = 0
+        while (got := session.try_recv(256)) is None:
+            nones += 1
+            time.sleep(0.0005)
+        assert sorted(got.tolist()) == list(range(256))
+        assert session.counts() == (0, 0)
+    finally:
+        session.close()
+        pool.close()
+
+
+def test_send_refuses_an_env_not_idle_naming_it_and_its_state(session):
+    session.async_reset(False)
+    with pytest.raises(EnvStateError, match="env 3 is ready, not received yet"):
+        session.send(np.array([3], np.int64))
+    ids = session.recv(16)
+    session.send(ids[:4])
+    in_flight, ready = session.counts()
+    if in_flight:  # (a cheap batch may have finished already: then it is ready)
+        with pytest.raises(EnvStateError, match="env 1 is (in flight|ready)"):
+            session.send(np.array([5, 1], np.int64))
+    else:
+        with pytest.raises(EnvStateError, match="env 1 is ready"):
+            session.send(np.array([5, 1], np.int64))
+    assert session.counts()[0] + session.counts()[1] == 4  # env 5 was not sent
+    with pytest.raises(InvalidArgumentError, match="out of range"):
+        session.send(np.array([16], np.int64))
+    with pytest.raises(EnvStateError, match="twice"):
+        session.send(np.array([6, 6], np.int64))
+    assert sorted(session.recv(4).tolist()) == [0, 1, 2, 3]
+
+
+def test_step_and_reset_refuse_while_envs_are_out(session):
+    session.async_reset(False)
+    with pytest.raises(EnvStateError, match=r"step\(\) while 16 envs wait for recv"):
+        session.step()
+    with pytest.raises(EnvStateError, match=r"step\(\) while 16 envs wait for recv"):
+        session.step_submit()
+    ids = session.recv(16)
+    session.buffers["actions"][:] = 1
+    session.send(ids[:3])
+    # wait until they are ready, then refuse step for the ready ones
+    while session.counts()[0]:
+        time.sleep(0.001)
+    with pytest.raises(EnvStateError, match="3 envs wait for recv"):
+        session.step()
+    # reset forgets the ready ones and goes back to step()
+    session.reset(False, False)
+    assert session.counts() == (0, 0)
+    assert session.step() >= 0
+
+
+def test_reset_refuses_while_envs_are_in_flight():
+    pool = NativePool(1)
+    session, buffers = make_session(64, pool, "Acrobot-v1")
+    try:
+        session.async_reset(False)
+        session.send(session.recv(64))
+        in_flight, _ = session.counts()
+        if in_flight:  # (pooled: the first batch of a vec goes to the pool)
+            with pytest.raises(EnvStateError, match=r"reset\(\) while \d+ envs are in flight"):
+                session.reset(False, False)
+            with pytest.raises(EnvStateError, match=r"render\(\) while sends are in flight"):
+                session.render(np.zeros(1, np.uint8))
+        assert len(session.recv(64)) == 64
+    finally:
+        session.close()
+        pool.close()
+
+
+def test_async_reset_drops_results_in_flight_and_readies_every_env_in_order():
+    pool = NativePool(1)
+    session, buffers = make_session(64, pool, "Acrobot-v1")
+    try:
+        session.async_reset(False)
+        session.send(session.recv(64)[::-1].copy())
+        session.async_reset(False)
+        assert session.counts() == (0, 64)
+        assert session.recv(64).tolist() == list(range(64))
+    finally:
+        session.close()
+        pool.close()
+
+
+def test_recv_count_is_checked(session):
+    session.async_reset(False)
+    for bad in (0, 17):
+        with pytest.raises(InvalidArgumentError, match="1 to 16"):
+            session.recv(bad)
+
+
+def test_results_equal_the_in_process_env():
+    """The session steps what envd.make steps (the same vec underneath)."""
+    session, buffers = make_session(8, None)
+    try:
+        with envd.make("CartPole-v1", 8, seed=0, num_threads=0) as env:
+            obs, _ = env.reset()
+            session.reset(False, False)
+            np.testing.assert_array_equal(buffers["observations"], obs)
+            rng = np.random.default_rng(1)
+            for _ in range(100):
+                actions = rng.integers(0, 2, 8)
+                buffers["actions"][:] = actions
+                num_done = session.step()
+                obs, rew, term, trunc, _ = env.step(actions)
+                np.testing.assert_array_equal(buffers["observations"], obs)
+                assert num_done == int((term | trunc).sum())
+    finally:
+        session.close()
+
+
+def test_served_counts_steps_and_async_env_steps(session):
+    session.reset(False, False)
+    session.step()
+    assert session.step_submit() in (True, False)
+    while not session.step_done():
+        pass
+    session.step_finish()
+    session.async_reset(False)
+    ids = session.recv(16)
+    session.send(ids[:5])
+    session.recv(5)
+    assert session.served() == (2, 5)
+
+
+def test_close_is_idempotent_and_refuses_later_calls(session):
+    session.close()
+    session.close()
+    with pytest.raises(EnvStateError, match="closed"):
+        session.step()
+
+
+def test_lock_is_reentrant_for_its_holder_and_holds_others_off(session):
+    session.reset(False, False)
+    session.lock()
+    try:
+        session.step()  # the holder may call the session
+        results = []
+        other = threading.Thread(target=lambda: results.append(session.try_lock()))
+        other.start()
+        other.join()
+        assert results == [False]
+    finally:
+        session.unlock()
+    assert session.try_lock()
+    session.unlock()
+
+
+def test_the_doorbell_is_held_off_while_the_lock_is_held():
+    """A step rung at the doorbell while a caller holds the lock is served
+    only after unlock (and served counts it)."""
+    session, buffers = make_session(4, None)
+    segment = bytearray(4096)
+    header = np.frombuffer(segment, np.uint32, 32, lib.ENVD_FAST_OFFSET)
+    ids = np.zeros(4, np.int64)
+    try:
+        session.reset(False, False)
+        session.start_doorbell(segment, ids, 0)
+        session.lock()
+        header[1] = lib.ENVD_FAST_STEP  # req_kind
+        header[0] += 1                  # req_seq (the server wakes within its sleep slice)
+        time.sleep(0.3)
+        assert header[16] == 0          # done_seq: not served while locked
+        session.unlock()
+        deadline = time.monotonic() + 30
+        while header[16] != 1 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert header[16] == 1 and session.served()[0] == 1
+        session.stop_doorbell()
+        assert header[22] == 1          # closed
+        assert session.served() == (1, 0)
+        session.stop_doorbell()         # idempotent
+        session.step()                  # the session steps directly again
+    finally:
+        session.close()
