@@ -64,15 +64,15 @@ class Client:
                  name: str | None = None, server_key: str | bytes | os.PathLike | None = None,
                  client_key: str | os.PathLike | None = None):
         self.endpoint = endpoint or protocol.default_endpoint()
-        self.timeout = _check_timeout(timeout)
+        timeout = _check_timeout(timeout)
         self.closed = False
         #: close() is closing the envs: they need not tell the daemon
         self.closing = False
         self._envs: weakref.WeakSet = weakref.WeakSet()
         self.server_info: dict[str, Any] = {}
-        endpoints.check_endpoint(self.endpoint, self.timeout)
+        endpoints.check_endpoint(self.endpoint, timeout)
         curve = security.curve_options(self.endpoint, server_key, client_key)
-        self.channel = Channel(self.endpoint, self.timeout, curve)
+        self.channel = Channel(self.endpoint, timeout, curve)
         try:
             self.server_info = self._hello(name or f"envd {__version__} pid {os.getpid()}")
             self.capabilities = Capabilities.from_hello(self.server_info)
@@ -86,6 +86,15 @@ class Client:
             raise
         self.channel.max_message_bytes = self.capabilities.limits.get("max_message_bytes")
         self.channel.start_heartbeat(float(self.server_info["heartbeat_interval"]))
+
+    @property
+    def timeout(self) -> float:
+        """Seconds every call waits for the daemon before EnvdTimeoutError (settable)."""
+        return self.channel.timeout
+
+    @timeout.setter
+    def timeout(self, value: float) -> None:
+        self.channel.timeout = _check_timeout(value)
 
     @property
     def client_id(self) -> bytes:

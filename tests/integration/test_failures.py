@@ -129,7 +129,7 @@ def test_daemon_killed_while_the_client_waits(harness, fast_path):
     env.reset()
 
     def waiting() -> bool:  # the step was sent (rung) and waits for its answer
-        return not env._doorbell.answered if fast_path else client.channel.busy
+        return not env._stepper.doorbell.answered if fast_path else client.channel.busy
 
     outcome: dict[str, object] = {}
 

@@ -338,7 +338,7 @@ def test_a_recv_timeout_says_so_and_the_env_refuses_async_calls_after_it(harness
     client.timeout = 60
     with pytest.raises(envd.EnvStateError, match="timed out"):
         env.recv()
-    wait_until(lambda: env._doorbell.answered, what="the late answer")
+    wait_until(lambda: env._stepper.doorbell.answered, what="the late answer")
     env.close()  # its session goes, the daemon serves on
     with client.make("CartPole-v1", 4, seed=0, batch_size=2) as fresh:
         fresh.async_reset()
@@ -501,7 +501,7 @@ def test_a_timeout_keeps_the_buffers_off_limits_until_the_answer(harness):
         env.step(np.arange(SLOW["num_envs"]) % 7)
     with pytest.raises(envd.EnvStateError, match="timed out"):
         env.step(np.zeros(SLOW["num_envs"], np.int64))  # the daemon still steps the buffers
-    wait_until(lambda: env._doorbell.answered, what="the late answer")
+    wait_until(lambda: env._stepper.doorbell.answered, what="the late answer")
     client.timeout = 60
     env.step(np.zeros(SLOW["num_envs"], np.int64))  # usable again
 
@@ -512,7 +512,7 @@ def test_close_stops_the_thread_and_a_later_step_says_closed(served):
     env = client.make("CartPole-v1", 2, seed=0)
     env.reset()
     [added] = set(fast_threads(daemon.pid)) - set(before)  # the session's thread
-    bell = env._doorbell
+    bell = env._stepper.doorbell
     client.channel.request({"type": "close", "session": env.session})  # behind the env's back
     assert bell.closed and fast_threads(daemon.pid) == before  # stopped and joined
     assert not os.path.exists(f"/proc/{daemon.pid}/task/{added}")
