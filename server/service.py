@@ -270,19 +270,14 @@ class Service:
     # ---- handlers --------------------------------------------------------------------------
     def _hello(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> dict:
         client.name = header.get("client_name", "")[:200]
-        # What this daemon serves, so that the client never finds out by
-        # trying (docs/protocol.md, "Capabilities"); limits also stay at the
-        # top level for clients older than capabilities.
-        from envd.native._envd_native import lib  # the ABI of the core this daemon runs
-        capabilities = {"protocol": protocol.PROTOCOL_VERSION, "abi": int(lib.envd_abi_version()),
-                        "fast_path": self.config.fast_path_sessions > 0, "async": True,
-                        "inline": True, "render": True, "limits": self._limits()}
+        # limits also stay at the top level for clients older than capabilities
+        from envd.server.capabilities import hello_capabilities
         return protocol.ok_reply(
             header["id"], version=protocol.PROTOCOL_VERSION, server=f"envd {__version__}",
             pid=os.getpid(), hostname=socket.gethostname(),
             lease_timeout=self.config.lease_timeout,
             heartbeat_interval=self.config.heartbeat_interval, limits=self._limits(),
-            capabilities=capabilities)
+            capabilities=hello_capabilities(self.config, self._limits()))
 
     def _heartbeat(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> dict:
         return protocol.ok_reply(header["id"])
