@@ -15,7 +15,7 @@ SOURCES = ["src/errors.c", "src/rng.c", "src/pool.c", "src/vec.c", "src/builtin_
            "src/npy_f32_trig.c", "src/envs/cartpole.c", "src/envs/pendulum.c",
            "src/envs/mountain_car.c", "src/envs/mountain_car_continuous.c",
            "src/envs/acrobot.c", "src/envs/snake.c", "src/envs/connect_four.c",
-           "src/plugin.c", "src/batch_queue.c", "src/fast.c", "src/segment_guard.c", "src/raster.c"]
+           "src/plugin.c", "src/backend_pool.c", "src/session.c", "src/fast.c", "src/segment_guard.c", "src/raster.c"]
 
 # Bit-exactness with numpy needs IEEE arithmetic as written: no fused
 # multiply-add contraction and no fast-math reassociation.
@@ -173,7 +173,6 @@ const void *envd_vec_checked_actions(const envd_vec_t *vec);
 int64_t envd_vec_reset_count(const envd_vec_t *vec);
 uint64_t envd_vec_memory_bytes(const envd_env_def_t *def, int64_t num_envs);
 uint64_t envd_vec_batch_memory_bytes(int64_t capacity);
-uint64_t envd_batch_queue_max_bytes(int64_t num_envs);
 int64_t envd_vec_num_done(const envd_vec_t *vec);
 void envd_vec_set_chunk(envd_vec_t *vec, int64_t chunk);
 void envd_vec_get_stats(const envd_vec_t *vec, envd_vec_stats_t *stats);
@@ -183,20 +182,50 @@ void envd_vec_get_stats(const envd_vec_t *vec, envd_vec_stats_t *stats);
 #define ENVD_FAST_SEND 2
 #define ENVD_FAST_RECV 3
 #define ENVD_FAST_SHUTTING_DOWN -1000
-typedef struct envd_fast envd_fast_t;
 typedef struct envd_fast_header envd_fast_header_t;
-int envd_fast_start(envd_fast_t **out, envd_vec_t *vec, int64_t num_envs,
-                    envd_fast_header_t *header, int64_t *ids, int64_t spin_ns);
-int64_t envd_fast_stop(envd_fast_t *fast, int64_t *batch_envs);
-void envd_fast_lock(envd_fast_t *fast);
-int envd_fast_trylock(envd_fast_t *fast);
-void envd_fast_unlock(envd_fast_t *fast);
-void envd_fast_drain(envd_fast_t *fast);
-int64_t envd_fast_served(const envd_fast_t *fast);
-int64_t envd_fast_batch_envs(const envd_fast_t *fast);
-void envd_fast_collect(envd_fast_t *fast);
-int64_t envd_fast_pending(const envd_fast_t *fast);
 void envd_fast_set_max_spinners(int max_spinners);
+
+typedef struct envd_backend envd_backend_t;
+int envd_backend_pool_create(envd_backend_t **out, const envd_env_def_t *def,
+                             const envd_vec_config_t *config,
+                             const envd_vec_buffers_t *buffers, envd_pool_t *pool);
+#define ENVD_ENV_IDLE 0
+#define ENVD_ENV_IN_FLIGHT 1
+#define ENVD_ENV_READY 2
+typedef struct envd_session envd_session_t;
+int envd_session_create(envd_session_t **out, envd_backend_t *backend);
+void envd_session_destroy(envd_session_t *session);
+int64_t envd_session_num_envs(const envd_session_t *session);
+void envd_session_lock(envd_session_t *session);
+int envd_session_trylock(envd_session_t *session);
+void envd_session_unlock(envd_session_t *session);
+void envd_session_seed(envd_session_t *session, const uint64_t *seeds);
+int envd_session_reset(envd_session_t *session, const uint64_t *seeds, const bool *mask);
+int64_t envd_session_reset_count(envd_session_t *session);
+int envd_session_step(envd_session_t *session);
+int envd_session_step_submit(envd_session_t *session);
+int envd_session_step_done(envd_session_t *session);
+int envd_session_step_finish(envd_session_t *session);
+int envd_session_async_reset(envd_session_t *session, const uint64_t *seeds);
+int envd_session_send(envd_session_t *session, const int64_t *ids, int64_t count, int flags);
+int64_t envd_session_recv(envd_session_t *session, int64_t min_count, int64_t max_count,
+                          int64_t *out, int wait);
+void envd_session_counts(envd_session_t *session, int64_t *in_flight, int64_t *ready);
+int envd_session_env_state(envd_session_t *session, int64_t index);
+int envd_session_render(envd_session_t *session, uint8_t *out);
+uint64_t envd_session_frame_bytes(envd_session_t *session);
+void envd_session_set_chunk(envd_session_t *session, int64_t chunk);
+void envd_session_stats(envd_session_t *session, envd_vec_stats_t *stats);
+int64_t envd_session_error_index(const envd_session_t *session);
+const void *envd_session_checked_actions(const envd_session_t *session);
+int64_t envd_session_steps(const envd_session_t *session);
+int64_t envd_session_async_env_steps(const envd_session_t *session);
+int64_t envd_session_spare_capacity(envd_session_t *session);
+uint64_t envd_session_books_max_bytes(int64_t num_envs);
+int envd_session_start_doorbell(envd_session_t *session, envd_fast_header_t *header,
+                                int64_t *ids, int64_t spin_ns);
+void envd_session_stop_doorbell(envd_session_t *session);
+void envd_session_drain(envd_session_t *session);
 
 #define ENVD_SEGMENT_GUARD_SLOTS ...
 int envd_segment_guard_install(void);
@@ -211,7 +240,7 @@ ffibuilder.cdef(CDEF)
 ffibuilder.set_source(
     "envd.native._envd_native",
     '#include "envd.h"\n#include "pool.h"\n#include "vec.h"\n#include "builtin_envs.h"\n'
-    '#include "plugin.h"\n#include "fast.h"\n#include "batch_queue.h"\n#include "segment_guard.h"\n',
+    '#include "plugin.h"\n#include "fast.h"\n#include "session.h"\n#include "segment_guard.h"\n',
     # setuptools wants source paths relative to the project root (the cwd of
     # the build); this file may be executed from anywhere.
     sources=[os.path.relpath(HERE / s) for s in SOURCES],

@@ -22,7 +22,8 @@ from envd import protocol
 from envd.errors import EnvdError, EnvStateError, InvalidActionError
 from envd.native import segment_guard
 from envd.native._envd_native import lib
-from envd.native.native_vec import AsyncBatches, NativeFast, NativePool, NativeVec
+from envd.native.native_session import NativeSession
+from envd.native.native_vec import NativePool
 from envd.native.registry import EnvSpec
 from envd.native.vector_env import AUTORESET_MODE_CODES
 from envd.shm import HEADER_SIZE, Segment, plan
@@ -42,26 +43,58 @@ def segment_plan(spec: EnvSpec, num_envs: int, mode: AutoresetMode) -> tuple[dic
     return plan(layout)
 
 
-#: What one NativeBatch of the socket path's async books costs in Python
-#: objects beyond its native memory: the object, its __dict__, its cffi handle
-#: and a one-id ids array (270 bytes measured with tracemalloc on CPython
-#: 3.11, numpy 2; rounded up for the list slots and allocator overhead).
-PY_BATCH_BYTES = 512
-
-
 def state_plan(spec: EnvSpec, num_envs: int) -> int:
     """The most heap bytes a session of num_envs envs of spec holds (what
     --max-state-bytes counts, asked before the make allocates anything): the
     native vec (env states and slots, the private copies of its inputs; see
-    envd_vec_memory_bytes), the fast path's async books at their bound, and
-    the socket path's (AsyncBatches): at most num_envs batches in flight and
-    spares of 2 * num_envs ids, i.e. 3 * num_envs batches holding 4 * num_envs
-    ids, each id also in an ids array of the books."""
+    envd_vec_memory_bytes) and the native session's async books at their
+    bound (envd_session_books_max_bytes), which every path shares; plus the
+    socket path's ready ids here (at most num_envs, in arrays)."""
     n = num_envs
-    socket_books = (3 * n * (PY_BATCH_BYTES + lib.envd_vec_batch_memory_bytes(0))
-                    + 4 * n * 8 + 2 * n * 8)
     return (int(lib.envd_vec_memory_bytes(spec.definition, n))
-            + int(lib.envd_batch_queue_max_bytes(n)) + socket_books)
+            + int(lib.envd_session_books_max_bytes(n)) + 2 * n * 8)
+
+
+class _SocketBatches:
+    """The socket path's view of the native session's books, in the shape
+    the Service uses (transitional: the daemon's own ready list goes away
+    when its stepping handlers call NativeSession directly).  Every finished
+    env of a socket send is moved to the Session's ready list by collect;
+    in_flight marks the envs of socket sends not collected yet (inline sends
+    must not write their action rows; envs sent through the doorbell are the
+    doorbell's)."""
+
+    def __init__(self, native: NativeSession):
+        self.native = native
+        self.in_flight = np.zeros(native.num_envs, np.bool_)
+        self.count = 0
+
+    def __bool__(self) -> bool:
+        return self.count > 0
+
+    def num_envs(self) -> int:
+        return self.count
+
+    def submit(self, env_ids: np.ndarray, notify: bool) -> None:
+        self.native.send(env_ids, notify)
+        self.in_flight[env_ids] = True
+        self.count += len(env_ids)
+
+    def collect(self) -> tuple[list[np.ndarray], EnvdError | None]:
+        if not self.count:
+            return [], None
+        ready = self.native.counts()[1]
+        if not ready:
+            return [], None
+        error = None
+        try:
+            ids = self.native.try_recv(ready)
+        except EnvdError as exc:  # a failed env: its batch stays ready, taken now
+            error = exc
+            ids = self.native.try_recv(ready)
+        self.in_flight[ids] = False
+        self.count -= len(ids)
+        return [ids], error
 
 
 def async_in_flight(call: str) -> EnvStateError:
@@ -101,7 +134,7 @@ class Session:
         # The fast path's server thread, once the client asked for it; its
         # steps are counted by the thread (fast_counted: (steps, batch envs)
         # folded in so far).
-        self.fast: NativeFast | None = None
+        self.fast: _Doorbell | None = None
         self.fast_counted = (0, 0)
         arrays, size = segment_plan(spec, num_envs, mode)
         self.segment_bytes = size  # what --max-shm-bytes counts
@@ -112,11 +145,12 @@ class Session:
         try:
             self.buffers = self.segment.arrays
             self.buffers["reset_seeds"][...] = seeds
-            self.native = NativeVec(spec, num_envs, autoreset_mode=AUTORESET_MODE_CODES[mode],
-                                    max_episode_steps=max_episode_steps, params=params,
-                                    buffers=self.buffers, pool=pool)
+            self.native = NativeSession(spec, num_envs,
+                                        autoreset_mode=AUTORESET_MODE_CODES[mode],
+                                        max_episode_steps=max_episode_steps, params=params,
+                                        buffers=self.buffers, pool=pool)
             self.native.seed()
-            self.batches = AsyncBatches(self.native)
+            self.batches = _SocketBatches(self.native)
         except BaseException:
             self.segment.unlink()
             raise
@@ -202,8 +236,7 @@ class Session:
                 f"{actions.shape[1:]} per env), got {len(blob)}")
         if env_ids.min() < 0 or env_ids.max() >= self.num_envs:
             return
-        if self.batches and np.isin(env_ids, np.concatenate(
-                [batch.ids for batch in self.batches.in_flight])).any():
+        if self.batches.in_flight[env_ids].any():
             return
         actions[env_ids] = np.frombuffer(blob, actions.dtype).reshape(-1, *actions.shape[1:])
 
@@ -248,15 +281,15 @@ class Session:
     def start_fast(self, spin_ns: int) -> None:
         """Serve this session's steps, sends and recvs from the doorbell in its
         header page."""
-        self.fast = NativeFast(self.native, self.segment.memory, self.buffers["doorbell_ids"],
-                               spin_ns)
-        self.fast_counted = (0, 0)
+        self.native.start_doorbell(self.segment.memory, self.buffers["doorbell_ids"], spin_ns)
+        self.fast = _Doorbell(self.native)
+        self.fast_counted = self.native.served()  # (the session counts every path)
 
     def new_fast_steps(self) -> tuple[int, int]:
         """(steps, env steps) the fast path served since the last call."""
         if self.fast is None:
             return 0, 0
-        served = self.fast.served()
+        served = self.native.served()
         steps, batch_envs = (now - before for now, before in zip(served, self.fast_counted))
         self.fast_counted = served
         return steps, steps * self.num_envs + batch_envs
@@ -318,11 +351,37 @@ class Session:
             self.fast.stop()  # (the Service stopped it already, counting its steps)
         native = getattr(self, "native", None)
         if native is not None:
-            self.batches.close()
-            native.destroy()
+            native.close()  # waits for batches in flight
         self.native = None
         self.buffers = None
         self.segment.unlink()
+
+
+class _Doorbell:
+    """The doorbell of a Session's native session, in the shape the Service
+    uses (transitional, as _SocketBatches)."""
+
+    def __init__(self, native: NativeSession):
+        self.native = native
+
+    def lock(self) -> None:
+        self.native.lock()
+
+    def try_lock(self) -> bool:
+        return self.native.try_lock()
+
+    def unlock(self) -> None:
+        self.native.unlock()
+
+    def pending(self) -> int:
+        """Envs sent through the doorbell and not received yet."""
+        return sum(self.native.counts())
+
+    def drain(self) -> None:
+        self.native.drain()
+
+    def stop(self) -> None:
+        self.native.stop_doorbell()
 
 
 @dataclass

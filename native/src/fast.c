@@ -2,10 +2,11 @@
  * fast.c -- the fast path's server thread (see fast.h for the protocol).
  *
  * Thread ownership: the server thread reads the client's words and writes
- * the server's; it touches the vec only while holding fast->lock, as every
- * other user of the vec in the daemon does through envd_fast_lock.
- * fast->last (the request last answered) and fast->queue (the async books)
- * belong to the server thread while it runs, and to whoever holds the lock.
+ * the server's; it serves a request holding the session's mutex and calling
+ * the session's functions, as every other caller of the session does.
+ * fast->last (the request last answered) belongs to the server thread.  Once
+ * stop is set the thread never takes the mutex again (it waits for it in
+ * slices, checking stop), so a stopper may hold the session's lock.
  */
 #define _GNU_SOURCE
 #include "fast.h"
@@ -20,8 +21,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "batch_queue.h"
 #include "envd.h"
+#include "session.h"
 #include "spin.h"
 
 _Static_assert(offsetof(envd_fast_header_t, req_seq) == 0, "doorbell layout");
@@ -38,21 +39,21 @@ _Static_assert(offsetof(envd_fast_header_t, closed) == 88, "doorbell layout");
  * client rings (stop also wakes it, repeatedly: a safety net only). */
 #define SLEEP_SLICE_NS 200000000LL
 #define SPIN_CHECK_EVERY 64
+/* How often a server waiting for the session's mutex checks stop. */
+#define LOCK_SLICE_NS 1000000LL
 
 struct envd_fast {
-    envd_vec_t *vec;
+    envd_session_t *session;
     int64_t num_envs;
     envd_fast_header_t *header;
     int64_t *ids;                /* SEND's and RECV's env ids (in the segment) */
-    envd_batch_queue_t *queue;   /* the envs sent and not received yet */
     int64_t spin_ns;
+    int64_t async_base;          /* the session's async env steps at start */
     pthread_t thread;
-    pthread_mutex_t lock;   /* held while a request runs on the vec */
     _Atomic int stop;
     _Atomic int exited;     /* set by the server thread as it leaves serve() */
     _Atomic int draining;
     _Atomic int64_t served;
-    _Atomic int64_t batch_envs;  /* envd_batch_queue_finished, for other threads */
     uint32_t last;          /* server thread only */
 };
 
@@ -142,23 +143,25 @@ static int32_t run(envd_fast_t *fast, uint32_t kind, int64_t *result, int64_t *i
     int64_t rc;
     switch (kind) {
     case ENVD_FAST_STEP:
-        rc = envd_vec_step(fast->vec);
+        rc = envd_session_step(fast->session);
         if (rc >= 0)
             atomic_fetch_add_explicit(&fast->served, 1, memory_order_relaxed);
         else if (rc != ENVD_EBUSY)  /* (EBUSY names no env) */
-            *index = envd_vec_error_index(fast->vec);
+            *index = envd_session_error_index(fast->session);
         break;
     case ENVD_FAST_SEND:
         if (count < 1 || count > fast->num_envs)
-            return ENVD_EINVAL;  /* (the queue's check, without an env to name) */
-        rc = envd_batch_queue_submit(fast->queue, fast->ids, count);
+            return ENVD_EINVAL;  /* (the session's check, without an env to name) */
+        rc = envd_session_send(fast->session, fast->ids, count, 0);
         if (rc < 0)
-            *index = envd_vec_error_index(fast->vec);
+            *index = envd_session_error_index(fast->session);
         break;
     case ENVD_FAST_RECV:
-        rc = envd_batch_queue_take(fast->queue, count, fast->ids, index);
-        atomic_store_explicit(&fast->batch_envs, envd_batch_queue_finished(fast->queue),
-                              memory_order_relaxed);
+        if (count < 1 || count > fast->num_envs)
+            return ENVD_EINVAL;
+        rc = envd_session_recv(fast->session, count, fast->num_envs, fast->ids, 1);
+        if (rc < 0)
+            *index = envd_session_error_index(fast->session);
         break;
     default:
         return ENVD_EINVAL;
@@ -196,39 +199,48 @@ static int answer(envd_fast_t *fast, uint32_t seq)
     return may_spin;
 }
 
+/* Take the session's lock, or give up once stop is set (0). */
+static int lock_unless_stopped(envd_fast_t *fast)
+{
+    if (envd_session_trylock(fast->session))
+        return 1;
+    for (long pause_ns = 1000; !atomic_load(&fast->stop);) {
+        if (envd_session_trylock(fast->session))
+            return 1;
+        nanosleep(&(struct timespec){0, pause_ns}, NULL);
+        pause_ns = pause_ns < LOCK_SLICE_NS ? 2 * pause_ns : LOCK_SLICE_NS;
+    }
+    return 0;
+}
+
 static void *serve(void *arg)
 {
     envd_fast_t *fast = arg;
     for (int may_spin = 1;;) {
         uint32_t seq = next_request(fast, may_spin);
-        if (atomic_load(&fast->stop))
+        if (atomic_load(&fast->stop) || !lock_unless_stopped(fast))
             break;
-        pthread_mutex_lock(&fast->lock);
         may_spin = answer(fast, seq);
-        pthread_mutex_unlock(&fast->lock);
+        envd_session_unlock(fast->session);
         fast->last = seq;
     }
     atomic_store(&fast->exited, 1);
     return NULL;
 }
 
-int envd_fast_start(envd_fast_t **out, envd_vec_t *vec, int64_t num_envs,
-                    envd_fast_header_t *header, int64_t *ids, int64_t spin_ns)
+int envd_fast_start(envd_fast_t **out, envd_session_t *session, envd_fast_header_t *header,
+                    int64_t *ids, int64_t spin_ns)
 {
-    if (out == NULL || vec == NULL || header == NULL || ids == NULL || spin_ns < 0)
+    if (out == NULL || session == NULL || header == NULL || ids == NULL || spin_ns < 0)
         return ENVD_EINVAL;
     envd_fast_t *fast = calloc(1, sizeof *fast);
     if (fast == NULL)
         return ENVD_ENOMEM;
-    int rc = envd_batch_queue_create(&fast->queue, vec, num_envs);
-    if (rc != ENVD_OK) {
-        free(fast);
-        return rc;
-    }
     const int cpus = envd_usable_cpus();
     atomic_store_explicit(&g_busy_limit, cpus > 2 ? cpus - 1 : 1, memory_order_relaxed);
-    fast->vec = vec;
-    fast->num_envs = num_envs;
+    fast->session = session;
+    fast->num_envs = envd_session_num_envs(session);
+    fast->async_base = envd_session_async_env_steps(session);
     fast->header = header;
     fast->ids = ids;
     fast->spin_ns = spin_ns;
@@ -236,13 +248,10 @@ int envd_fast_start(envd_fast_t **out, envd_vec_t *vec, int64_t num_envs,
     fast->last = atomic_load(&header->req_seq);
     atomic_store(&header->done_seq, fast->last);
     atomic_store(&header->closed, 0);
-    pthread_mutex_init(&fast->lock, NULL);
     int err = pthread_create(&fast->thread, NULL, serve, fast);
     if (err == 0)  /* named before start returns: for top -H, ps -L and tests */
         pthread_setname_np(fast->thread, "envd-fast");
     if (err != 0) {
-        pthread_mutex_destroy(&fast->lock);
-        envd_batch_queue_destroy(fast->queue);
         free(fast);
         errno = err;
         return ENVD_ESYS;
@@ -269,32 +278,31 @@ int64_t envd_fast_stop(envd_fast_t *fast, int64_t *batch_envs)
     }
     pthread_join(fast->thread, NULL);
     if (batch_envs != NULL)
-        *batch_envs = envd_batch_queue_finished(fast->queue);
-    envd_batch_queue_destroy(fast->queue);  /* before closed: the client may
-                                               then reset or close the vec */
+        *batch_envs = envd_fast_batch_envs(fast);
+    envd_session_drop_async(fast->session);  /* before closed: the client may
+                                                then reset or close the session */
     /* The client reads closed after waking on done_seq (or before ringing):
      * it then asks the daemon over the socket, which says why. */
     atomic_store(&fast->header->closed, 1);
     futex_wake(&fast->header->done_seq);
     int64_t served = atomic_load(&fast->served);
-    pthread_mutex_destroy(&fast->lock);
     free(fast);
     return served;
 }
 
 void envd_fast_lock(envd_fast_t *fast)
 {
-    pthread_mutex_lock(&fast->lock);
+    envd_session_lock(fast->session);
 }
 
 int envd_fast_trylock(envd_fast_t *fast)
 {
-    return pthread_mutex_trylock(&fast->lock) == 0;
+    return envd_session_trylock(fast->session);
 }
 
 void envd_fast_unlock(envd_fast_t *fast)
 {
-    pthread_mutex_unlock(&fast->lock);
+    envd_session_unlock(fast->session);
 }
 
 void envd_fast_drain(envd_fast_t *fast)
@@ -309,20 +317,20 @@ int64_t envd_fast_served(const envd_fast_t *fast)
 
 int64_t envd_fast_batch_envs(const envd_fast_t *fast)
 {
-    return atomic_load_explicit(&((envd_fast_t *)fast)->batch_envs, memory_order_relaxed);
+    return envd_session_async_env_steps(fast->session) - fast->async_base;
 }
 
 void envd_fast_collect(envd_fast_t *fast)
 {
-    if (pthread_mutex_trylock(&fast->lock) != 0)
+    if (!envd_session_trylock(fast->session))
         return;
-    envd_batch_queue_collect(fast->queue);
-    atomic_store_explicit(&fast->batch_envs, envd_batch_queue_finished(fast->queue),
-                          memory_order_relaxed);
-    pthread_mutex_unlock(&fast->lock);
+    envd_session_counts(fast->session, NULL, NULL);
+    envd_session_unlock(fast->session);
 }
 
 int64_t envd_fast_pending(const envd_fast_t *fast)
 {
-    return envd_batch_queue_pending(fast->queue);
+    int64_t in_flight = 0, ready = 0;
+    envd_session_counts(fast->session, &in_flight, &ready);
+    return in_flight + ready;
 }

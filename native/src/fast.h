@@ -7,8 +7,9 @@
  * client (another process, pure Python) writes the request's inputs in shared
  * memory, writes req_count and req_kind, increments req_seq and wakes
  * req_seq's futex; the server thread (one per fast session) runs the request
- * on the vec -- exactly envd_vec_step or envd_vec_batch_submit, so results are
- * those of every other path -- writes status and result, sets done_seq =
+ * through the session's own functions (session.h: envd_session_step, _send,
+ * _recv), so results and books are those of every other path -- writes
+ * status and result, sets done_seq =
  * req_seq and wakes done_seq's futex when the client said it sleeps there.
  * The futexes are shared (not FUTEX_PRIVATE): the words live in a MAP_SHARED
  * segment of two processes.
@@ -18,12 +19,12 @@
  *         ended.
  *   SEND  start stepping the req_count env ids in the ids array (with their
  *         rows of the actions buffer) and answer at once; result 0.
- *   RECV  wait until req_count envs sent are finished, write every finished
- *         id to the ids array; result: how many (>= req_count).  An env that
- *         failed in a batch makes RECV answer its error; the batch's envs are
- *         returned by the next RECV.
- * The async books (batch_queue.h) live in the server thread: while the fast
- * path serves a session, its sends and recvs go through the doorbell only.
+ *   RECV  wait until req_count envs sent are ready, write every ready id
+ *         (oldest first) to the ids array; result: how many (>= req_count).
+ *         An env that failed in a batch makes RECV answer its error; the
+ *         batch's envs are returned by the next RECV.
+ * The async books are the session's (session.h), shared with every other
+ * caller of the session.
  *
  * Ordering (x86-64, where the client enables the fast path): the client's
  * stores (actions, then req_kind, then req_seq) become visible in order and
@@ -39,9 +40,9 @@
  * answers, fewer other server threads run requests than all CPUs but one
  * (several trainers stepping at once on a small machine need the CPUs).
  *
- * Lock: the server holds the fast session's mutex while it serves a request;
- * the daemon takes it (envd_fast_lock) around everything else that touches the
- * vec (reset, destroy), so a request rung at any time never runs concurrently
+ * Lock: the server holds the session's mutex while it serves a request;
+ * every other caller of the session takes it too (envd_fast_lock is
+ * envd_session_lock), so a request rung at any time never runs concurrently
  * with them.  Draining: requests after envd_fast_drain are answered with
  * status ENVD_FAST_SHUTTING_DOWN without running.
  */
@@ -52,6 +53,8 @@
 #include <stdint.h>
 
 #include "vec.h"
+
+typedef struct envd_session envd_session_t; /* session.h */
 
 /* Where the doorbell lies in the segment's header page (envd/shm.py mirrors
  * these offsets); the client's and the server's words on separate lines. */
@@ -80,20 +83,21 @@ typedef struct envd_fast_header {
 
 typedef struct envd_fast envd_fast_t;
 
-/* Start serving vec's requests from the doorbell at header (zeroed or left by
- * an earlier fast session of the same segment: serving starts after the
- * request already counted).  ids: the array of num_envs env ids that SEND and
- * RECV use (in the segment).  spin_ns: how long the thread spins after a
- * request.  ENVD_OK, ENVD_EINVAL, ENVD_ENOMEM or ENVD_ESYS (no thread). */
-int envd_fast_start(envd_fast_t **out, envd_vec_t *vec, int64_t num_envs,
-                    envd_fast_header_t *header, int64_t *ids, int64_t spin_ns);
+/* Start serving session's requests from the doorbell at header (zeroed or
+ * left by an earlier fast session of the same segment: serving starts after
+ * the request already counted).  ids: the array of the session's num_envs env
+ * ids that SEND and RECV use (in the segment).  spin_ns: how long the thread
+ * spins after a request.  ENVD_OK, ENVD_EINVAL, ENVD_ENOMEM or ENVD_ESYS (no
+ * thread).  The session's envd_session_start_doorbell calls this. */
+int envd_fast_start(envd_fast_t **out, envd_session_t *session, envd_fast_header_t *header,
+                    int64_t *ids, int64_t spin_ns);
 
-/* Stop the thread (after the request it serves, if any), wait for the envs
- * sent and drop their results, mark the doorbell closed (waking a client that
- * waits) and free; returns the steps served in all (0 for NULL) and, if
- * batch_envs is not NULL, stores there envd_fast_batch_envs's last count.
- * The vec and the header must stay valid until this returns, and no other
- * thread may hold envd_fast_lock (it destroys the mutex). */
+/* Stop the thread (after the request it serves, if any), drop the envs in
+ * flight (waiting for them) or ready in the session, mark the doorbell closed
+ * (waking a client that waits) and free; returns the steps served in all (0
+ * for NULL) and, if batch_envs is not NULL, stores there envd_fast_batch_envs's
+ * last count.  The session and the header must stay valid until this
+ * returns; the caller may hold the session's lock. */
 int64_t envd_fast_stop(envd_fast_t *fast, int64_t *batch_envs);
 
 /* Hold off the server thread: it finishes the request it serves, then waits;
@@ -110,8 +114,8 @@ void envd_fast_drain(envd_fast_t *fast);
 /* STEP requests served (answered ENVD_OK) so far. */
 int64_t envd_fast_served(const envd_fast_t *fast);
 
-/* Envs that SEND started and were found finished (by RECV or
- * envd_fast_collect) so far. */
+/* Envs of the session's batches found finished (by RECV, envd_fast_collect
+ * or any other caller of the session) since this doorbell started. */
 int64_t envd_fast_batch_envs(const envd_fast_t *fast);
 
 /* Unless the server thread is serving a request now (then it does so
@@ -119,7 +123,7 @@ int64_t envd_fast_batch_envs(const envd_fast_t *fast);
  * them before a RECV asks (a daemon's statistics); never blocks. */
 void envd_fast_collect(envd_fast_t *fast);
 
-/* Envs sent and not yet returned by RECV; call holding envd_fast_lock. */
+/* Envs of the session in flight or ready (not yet received). */
 int64_t envd_fast_pending(const envd_fast_t *fast);
 
 /* How many server threads of this process may spin at once (>= 0; default 1). */

@@ -33,7 +33,7 @@ def test_state_plan_counts_the_state_and_the_books():
     state_size = int(spec.definition.state_size)
     vec = int(lib.envd_vec_memory_bytes(spec.definition, 1000))
     assert vec >= 1000 * (state_size + 8 + 8 + 1)  # state, action, seed, mask copies
-    assert state_plan(spec, 1000) >= vec + int(lib.envd_batch_queue_max_bytes(1000))
+    assert state_plan(spec, 1000) >= vec + int(lib.envd_session_books_max_bytes(1000))
     # linear in num_envs: per-env costs only, plus fixed headers
     assert state_plan(spec, 2001) - state_plan(spec, 2000) == \
         state_plan(spec, 1001) - state_plan(spec, 1000)

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import envd
+from envd.native._envd_native import lib
 from async_helpers import async_trajectories, per_env_actions, sync_trajectories
 from conftest import BUILTIN_ENV_IDS
 
@@ -176,5 +177,5 @@ def test_spare_batches_stay_bounded():
             env.send(np.zeros(k, np.int64), ids[:k])
             back = sorted(int(env.recv()[4]["env_id"][0]) for _ in range(k))
             assert back == sorted(ids[:k].tolist())
-        spares = env._native._batches._spares
-        assert spares and sum(batch.capacity for batch in spares) <= 2 * n
+        spare_ids = lib.envd_session_spare_capacity(env._native.handle)
+        assert 0 < spare_ids <= 2 * n

@@ -1,4 +1,5 @@
-"""The fast path's server thread (native/src/fast.c): the C program
+"""The fast path's server thread (native/src/fast.c), serving a native session
+(session.c): the C program
 fast_stress.c, in which client threads ring the doorbell as client/doorbell.py
 does and check results against twin vecs stepped serially, the error answers,
 envd_fast_lock and envd_fast_trylock, drain, stop (idle, during a request,
@@ -15,7 +16,7 @@ import pytest
 import cbuild
 
 STRESS = Path(__file__).resolve().parent / "fast_stress.c"
-SOURCES = (["fast.c", "batch_queue.c", "vec.c", "pool.c", "rng.c", "errors.c", "builtin_envs.c", "npy_f32_trig.c", "raster.c"]
+SOURCES = (["fast.c", "session.c", "backend_pool.c", "vec.c", "pool.c", "rng.c", "errors.c", "builtin_envs.c", "npy_f32_trig.c", "raster.c"]
            + sorted(str(p) for p in (cbuild.SRC / "envs").glob("*.c")) + [STRESS])
 # Loop divisors keep each run within seconds (plain) or tens of seconds
 # (sanitizers) on a loaded 2-core machine; TSAN is the slowest per step.

@@ -1,0 +1,566 @@
+/*
+ * session.c -- a native session: the async books over one backend, and its
+ * doorbell (see session.h for the rules and threading).
+ *
+ * Invariants (under the mutex): in_flight is the sum of the counts of the
+ * batches from head to tail (submit order); state[i] is IN_FLIGHT for exactly
+ * their ids, READY for exactly the num_ready ids of the ready ring (from
+ * ready_head, in the order found finished), IDLE otherwise.  A batch entry
+ * owns a backend batch and a private copy of its ids; finished entries go to
+ * the spares and are reused by later sends that fit (capacity in
+ * [count, 2 * count]), so the entries in flight hold at most 2 * num_envs ids,
+ * and the spares hold at most 2 * num_envs ids in all (sends of ever larger
+ * batches would otherwise keep every size ever sent).  Hence
+ * envd_session_books_max_bytes: at most num_envs entries in flight (each
+ * holds an env) and 2 * num_envs spares, 4 * num_envs ids of capacity in all.
+ */
+#define _GNU_SOURCE
+#include "session.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "envd.h"
+
+typedef struct entry {
+    envd_backend_batch_t *batch;
+    int64_t capacity;
+    int64_t count;     /* ids of the send in flight */
+    int64_t *ids;      /* capacity entries, private */
+    struct entry *next;
+} entry_t;
+
+struct envd_session {
+    envd_backend_t *backend;
+    int64_t num_envs;
+    pthread_mutex_t mutex;   /* recursive; guards everything below but the atomics */
+    int8_t *state;           /* num_envs: ENVD_ENV_* */
+    entry_t *head, *tail;    /* in flight, oldest first */
+    entry_t *spares;
+    int64_t spare_capacity;  /* ids the spares hold, <= 2 * num_envs */
+    int64_t in_flight;
+    int64_t *ready;          /* ring of num_envs ids */
+    int64_t ready_head, num_ready;
+    int error;               /* the first failure found, not reported yet */
+    int64_t error_index_kept;
+    int64_t error_index;     /* of the last refusal or failure */
+    envd_fast_t *doorbell;
+    _Atomic int64_t steps;
+    _Atomic int64_t async_env_steps;
+};
+
+/* ---- creation ------------------------------------------------------------------------ */
+int envd_session_create(envd_session_t **out, envd_backend_t *backend)
+{
+    if (out == NULL || backend == NULL || backend->num_envs < 1 ||
+        backend->num_envs > ENVD_VEC_MAX_ENVS) {
+        envd_backend_destroy(backend);
+        return ENVD_EINVAL;
+    }
+    const int64_t n = backend->num_envs;
+    envd_session_t *s = calloc(1, sizeof *s);
+    int8_t *state = calloc((size_t)n, sizeof *state);
+    int64_t *ready = malloc((size_t)n * sizeof *ready);
+    pthread_mutexattr_t attr;
+    if (s == NULL || state == NULL || ready == NULL || pthread_mutexattr_init(&attr) != 0) {
+        free(s);
+        free(state);
+        free(ready);
+        envd_backend_destroy(backend);
+        return ENVD_ENOMEM;
+    }
+    pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_RECURSIVE);
+    pthread_mutex_init(&s->mutex, &attr);
+    pthread_mutexattr_destroy(&attr);
+    s->backend = backend;
+    s->num_envs = n;
+    s->state = state;
+    s->ready = ready;
+    s->error_index = -1;
+    *out = s;
+    return ENVD_OK;
+}
+
+static void free_entries(envd_session_t *s, entry_t *e)
+{
+    while (e != NULL) {
+        entry_t *next = e->next;
+        s->backend->ops->batch_destroy(s->backend->impl, e->batch);
+        free(e->ids);
+        free(e);
+        e = next;
+    }
+}
+
+void envd_session_destroy(envd_session_t *s)
+{
+    if (s == NULL)
+        return;
+    envd_session_stop_doorbell(s);
+    envd_session_drop_async(s);
+    free_entries(s, s->spares);
+    envd_backend_destroy(s->backend);
+    pthread_mutex_destroy(&s->mutex);
+    free(s->state);
+    free(s->ready);
+    free(s);
+}
+
+int64_t envd_session_num_envs(const envd_session_t *s) { return s->num_envs; }
+
+void envd_session_lock(envd_session_t *s) { pthread_mutex_lock(&s->mutex); }
+int envd_session_trylock(envd_session_t *s) { return pthread_mutex_trylock(&s->mutex) == 0; }
+void envd_session_unlock(envd_session_t *s) { pthread_mutex_unlock(&s->mutex); }
+
+/* ---- the books ----------------------------------------------------------------------- */
+/* A spare that holds count ids, or a new entry. */
+static entry_t *entry_for(envd_session_t *s, int64_t count)
+{
+    for (entry_t **link = &s->spares; *link != NULL; link = &(*link)->next) {
+        if ((*link)->capacity >= count && (*link)->capacity <= 2 * count) {
+            entry_t *e = *link;
+            *link = e->next;
+            e->next = NULL;
+            s->spare_capacity -= e->capacity;
+            return e;
+        }
+    }
+    entry_t *e = calloc(1, sizeof *e);
+    if (e == NULL)
+        return NULL;
+    e->ids = malloc((size_t)count * sizeof *e->ids);
+    if (e->ids == NULL ||
+        s->backend->ops->batch_create(s->backend->impl, &e->batch, count) != ENVD_OK) {
+        free(e->ids);
+        free(e);
+        return NULL;
+    }
+    e->capacity = count;
+    return e;
+}
+
+static void to_spares(envd_session_t *s, entry_t *e)
+{
+    e->next = NULL;
+    if (s->spare_capacity + e->capacity > 2 * s->num_envs) {
+        free_entries(s, e);
+        return;
+    }
+    s->spare_capacity += e->capacity;
+    e->next = s->spares;
+    s->spares = e;
+}
+
+static void push_ready(envd_session_t *s, const int64_t *ids, int64_t count)
+{
+    for (int64_t k = 0; k < count; k++) {
+        s->ready[(s->ready_head + s->num_ready) % s->num_envs] = ids[k];
+        s->num_ready++;
+        s->state[ids[k]] = ENVD_ENV_READY;
+    }
+}
+
+/* End the batches that finished, in submit order: their envs become ready,
+ * the first failure is kept. */
+static void collect(envd_session_t *s)
+{
+    const envd_backend_ops_t *ops = s->backend->ops;
+    entry_t **link = &s->head, *last = NULL;
+    while (*link != NULL) {
+        entry_t *e = *link;
+        if (!ops->batch_done(e->batch)) {
+            last = e;
+            link = &e->next;
+            continue;
+        }
+        *link = e->next;
+        int rc = ops->batch_finish(s->backend->impl, e->batch);
+        if (rc < 0 && s->error == 0) {
+            s->error = rc;
+            s->error_index_kept = ops->error_index(s->backend->impl);
+        }
+        push_ready(s, e->ids, e->count);
+        s->in_flight -= e->count;
+        atomic_fetch_add_explicit(&s->async_env_steps, e->count, memory_order_relaxed);
+        to_spares(s, e);
+    }
+    s->tail = last;
+}
+
+static int any_done(const envd_session_t *s)
+{
+    for (const entry_t *e = s->head; e != NULL; e = e->next)
+        if (s->backend->ops->batch_done(e->batch))
+            return 1;
+    return 0;
+}
+
+void envd_session_drop_async(envd_session_t *s)
+{
+    pthread_mutex_lock(&s->mutex);
+    const envd_backend_ops_t *ops = s->backend->ops;
+    while (s->head != NULL) {
+        entry_t *e = s->head;
+        ops->batch_wait(s->backend->impl, e->batch);
+        (void)ops->batch_finish(s->backend->impl, e->batch); /* nobody waits for it */
+        s->head = e->next;
+        to_spares(s, e);
+    }
+    s->tail = NULL;
+    s->in_flight = 0;
+    s->ready_head = s->num_ready = 0;
+    s->error = 0;
+    memset(s->state, ENVD_ENV_IDLE, (size_t)s->num_envs);
+    pthread_mutex_unlock(&s->mutex);
+}
+
+/* ENVD_OK when no env is in flight (and, unless ready_ok, none ready), else
+ * ENVD_EBUSY (as the vec answers a whole-vec call beside a batch). */
+static int check_idle(envd_session_t *s, int ready_ok)
+{
+    s->error_index = -1;
+    if (s->head != NULL)
+        collect(s);
+    if (s->in_flight > 0)
+        return ENVD_EBUSY;
+    if (s->num_ready > 0 && !ready_ok)
+        return ENVD_EBUSY;
+    return ENVD_OK;
+}
+
+static void forget_ready(envd_session_t *s)
+{
+    for (int64_t k = 0; k < s->num_ready; k++)
+        s->state[s->ready[(s->ready_head + k) % s->num_envs]] = ENVD_ENV_IDLE;
+    s->ready_head = s->num_ready = 0;
+    s->error = 0;
+}
+
+/* ---- whole-vec calls ----------------------------------------------------------------- */
+void envd_session_seed(envd_session_t *s, const uint64_t *seeds)
+{
+    pthread_mutex_lock(&s->mutex);
+    s->backend->ops->seed(s->backend->impl, seeds);
+    pthread_mutex_unlock(&s->mutex);
+}
+
+int envd_session_reset(envd_session_t *s, const uint64_t *seeds, const bool *mask)
+{
+    pthread_mutex_lock(&s->mutex);
+    int rc = check_idle(s, 1);
+    if (rc == ENVD_OK) {
+        forget_ready(s);
+        rc = s->backend->ops->reset(s->backend->impl, seeds, mask);
+    }
+    pthread_mutex_unlock(&s->mutex);
+    return rc;
+}
+
+int64_t envd_session_reset_count(envd_session_t *s)
+{
+    pthread_mutex_lock(&s->mutex);
+    int64_t count = s->backend->ops->reset_count(s->backend->impl);
+    pthread_mutex_unlock(&s->mutex);
+    return count;
+}
+
+static int finish_step(envd_session_t *s, int rc)
+{
+    if (rc >= 0)
+        atomic_fetch_add_explicit(&s->steps, 1, memory_order_relaxed);
+    else
+        s->error_index = s->backend->ops->error_index(s->backend->impl);
+    return rc;
+}
+
+int envd_session_step(envd_session_t *s)
+{
+    pthread_mutex_lock(&s->mutex);
+    int rc = check_idle(s, 0);
+    if (rc == ENVD_OK)
+        rc = finish_step(s, s->backend->ops->step(s->backend->impl));
+    pthread_mutex_unlock(&s->mutex);
+    return rc;
+}
+
+int envd_session_step_submit(envd_session_t *s)
+{
+    pthread_mutex_lock(&s->mutex);
+    int rc = check_idle(s, 0);
+    if (rc == ENVD_OK) {
+        rc = s->backend->ops->step_submit(s->backend->impl);
+        if (rc < 0)
+            s->error_index = s->backend->ops->error_index(s->backend->impl);
+    }
+    pthread_mutex_unlock(&s->mutex);
+    return rc;
+}
+
+int envd_session_step_done(envd_session_t *s)
+{
+    pthread_mutex_lock(&s->mutex);
+    int done = s->backend->ops->step_done(s->backend->impl);
+    pthread_mutex_unlock(&s->mutex);
+    return done;
+}
+
+int envd_session_step_finish(envd_session_t *s)
+{
+    pthread_mutex_lock(&s->mutex);
+    int rc = finish_step(s, s->backend->ops->step_finish(s->backend->impl));
+    pthread_mutex_unlock(&s->mutex);
+    return rc;
+}
+
+/* ---- async --------------------------------------------------------------------------- */
+int envd_session_async_reset(envd_session_t *s, const uint64_t *seeds)
+{
+    pthread_mutex_lock(&s->mutex);
+    envd_session_drop_async(s);
+    s->error_index = -1;
+    int rc = s->backend->ops->reset(s->backend->impl, seeds, NULL);
+    if (rc == ENVD_OK) {
+        for (int64_t i = 0; i < s->num_envs; i++)
+            s->ready[i] = i;
+        s->num_ready = s->num_envs;
+        memset(s->state, ENVD_ENV_READY, (size_t)s->num_envs);
+    }
+    pthread_mutex_unlock(&s->mutex);
+    return rc;
+}
+
+/* Range and state of the private copy of a send's ids, in their order (the
+ * first bad id is named); repeats are the backend's to refuse. */
+static int check_send(envd_session_t *s, const int64_t *ids, int64_t count)
+{
+    for (int64_t k = 0; k < count; k++) {
+        const int64_t i = ids[k];
+        s->error_index = i;
+        if (i < 0 || i >= s->num_envs)
+            return ENVD_EINVAL;
+        if (s->state[i] != ENVD_ENV_IDLE)
+            return ENVD_EBUSY;
+    }
+    s->error_index = -1;
+    return ENVD_OK;
+}
+
+int envd_session_send(envd_session_t *s, const int64_t *ids, int64_t count, int flags)
+{
+    pthread_mutex_lock(&s->mutex);
+    s->error_index = -1;
+    int rc = ENVD_EINVAL;
+    if (ids == NULL || count < 1 || count > s->num_envs)
+        goto out;
+    entry_t *e = entry_for(s, count);
+    rc = ENVD_ENOMEM;
+    if (e == NULL)
+        goto out;
+    memcpy(e->ids, ids, (size_t)count * sizeof *e->ids);
+    rc = check_send(s, e->ids, count);
+    if (rc == ENVD_OK)
+        rc = s->backend->ops->batch_submit(s->backend->impl, e->batch, e->ids, count, flags);
+    if (rc != ENVD_OK) {
+        if (s->error_index == -1)
+            s->error_index = s->backend->ops->error_index(s->backend->impl);
+        to_spares(s, e);
+        goto out;
+    }
+    e->count = count;
+    if (s->tail == NULL)
+        s->head = e;
+    else
+        s->tail->next = e;
+    s->tail = e;
+    s->in_flight += count;
+    for (int64_t k = 0; k < count; k++)
+        s->state[e->ids[k]] = ENVD_ENV_IN_FLIGHT;
+    collect(s); /* early finishers (inline batches) keep the ready order */
+out:
+    pthread_mutex_unlock(&s->mutex);
+    return rc;
+}
+
+static int64_t take_ready(envd_session_t *s, int64_t max_count, int64_t *out)
+{
+    const int64_t n = s->num_ready < max_count ? s->num_ready : max_count;
+    for (int64_t k = 0; k < n; k++) {
+        const int64_t i = s->ready[(s->ready_head + k) % s->num_envs];
+        out[k] = i;
+        s->state[i] = ENVD_ENV_IDLE;
+    }
+    s->ready_head = (s->ready_head + n) % s->num_envs;
+    s->num_ready -= n;
+    return n;
+}
+
+/* The kept failure, reported once (its envs stay ready). */
+static int take_error(envd_session_t *s)
+{
+    const int rc = s->error;
+    s->error_index = s->error_index_kept;
+    s->error = 0;
+    return rc;
+}
+
+int64_t envd_session_recv(envd_session_t *s, int64_t min_count, int64_t max_count,
+                          int64_t *out, int wait)
+{
+    pthread_mutex_lock(&s->mutex);
+    s->error_index = -1;
+    int64_t rc;
+    if (out == NULL || min_count < 1 || min_count > s->num_envs || max_count < min_count) {
+        rc = ENVD_EINVAL;
+        goto out;
+    }
+    for (;;) {
+        collect(s);
+        if (s->error != 0) {
+            rc = take_error(s);
+            goto out;
+        }
+        if (s->num_ready + s->in_flight < min_count) {
+            rc = ENVD_ESTATE;
+            goto out;
+        }
+        if (s->num_ready >= min_count) {
+            rc = take_ready(s, max_count, out);
+            goto out;
+        }
+        if (!wait) {
+            rc = 0;
+            goto out;
+        }
+        if (!any_done(s))
+            s->backend->ops->batch_wait(s->backend->impl, s->head->batch);
+    }
+out:
+    pthread_mutex_unlock(&s->mutex);
+    return rc;
+}
+
+void envd_session_counts(envd_session_t *s, int64_t *in_flight, int64_t *ready)
+{
+    pthread_mutex_lock(&s->mutex);
+    if (s->head != NULL)
+        collect(s);
+    if (in_flight != NULL)
+        *in_flight = s->in_flight;
+    if (ready != NULL)
+        *ready = s->num_ready;
+    pthread_mutex_unlock(&s->mutex);
+}
+
+int envd_session_env_state(envd_session_t *s, int64_t index)
+{
+    if (index < 0 || index >= s->num_envs)
+        return ENVD_EINVAL;
+    pthread_mutex_lock(&s->mutex);
+    int state = s->state[index];
+    pthread_mutex_unlock(&s->mutex);
+    return state;
+}
+
+/* ---- other --------------------------------------------------------------------------- */
+int envd_session_render(envd_session_t *s, uint8_t *out)
+{
+    pthread_mutex_lock(&s->mutex);
+    const envd_backend_ops_t *ops = s->backend->ops;
+    int rc = check_idle(s, 1);
+    const uint64_t frame = ops->frame_bytes(s->backend->impl);
+    if (rc == ENVD_OK && (frame == 0 || out == NULL))
+        rc = ENVD_EINVAL;
+    for (int64_t i = 0; rc == ENVD_OK && i < s->num_envs; i++) {
+        rc = ops->render(s->backend->impl, i, out + (uint64_t)i * frame);
+        if (rc != ENVD_OK)
+            s->error_index = i;
+    }
+    pthread_mutex_unlock(&s->mutex);
+    return rc;
+}
+
+uint64_t envd_session_frame_bytes(envd_session_t *s)
+{
+    return s->backend->ops->frame_bytes(s->backend->impl);
+}
+
+void envd_session_set_chunk(envd_session_t *s, int64_t chunk)
+{
+    pthread_mutex_lock(&s->mutex);
+    s->backend->ops->set_chunk(s->backend->impl, chunk);
+    pthread_mutex_unlock(&s->mutex);
+}
+
+void envd_session_stats(envd_session_t *s, envd_vec_stats_t *stats)
+{
+    pthread_mutex_lock(&s->mutex);
+    s->backend->ops->stats(s->backend->impl, stats);
+    pthread_mutex_unlock(&s->mutex);
+}
+
+int64_t envd_session_error_index(const envd_session_t *s) { return s->error_index; }
+
+const void *envd_session_checked_actions(const envd_session_t *s)
+{
+    return s->backend->ops->checked_actions(s->backend->impl);
+}
+
+int64_t envd_session_steps(const envd_session_t *s)
+{
+    return atomic_load_explicit(&((envd_session_t *)s)->steps, memory_order_relaxed);
+}
+
+int64_t envd_session_async_env_steps(const envd_session_t *s)
+{
+    return atomic_load_explicit(&((envd_session_t *)s)->async_env_steps, memory_order_relaxed);
+}
+
+int64_t envd_session_spare_capacity(envd_session_t *s)
+{
+    pthread_mutex_lock(&s->mutex);
+    const int64_t capacity = s->spare_capacity;
+    pthread_mutex_unlock(&s->mutex);
+    return capacity;
+}
+
+uint64_t envd_session_books_max_bytes(int64_t num_envs)
+{
+    const uint64_t n = num_envs > 0 ? (uint64_t)num_envs : 0;
+    const uint64_t per_entry = sizeof(entry_t) + envd_backend_batch_bytes(0);
+    /* state and ready ring; 3n entries; 4n ids of capacity, each in the
+     * entry and its batch */
+    return sizeof(envd_session_t) + n * (sizeof(int8_t) + sizeof(int64_t)) + 3 * n * per_entry +
+           4 * n * 2 * sizeof(int64_t);
+}
+
+/* ---- the doorbell -------------------------------------------------------------------- */
+int envd_session_start_doorbell(envd_session_t *s, envd_fast_header_t *header, int64_t *ids,
+                                int64_t spin_ns)
+{
+    pthread_mutex_lock(&s->mutex);
+    int rc = ENVD_EBUSY;
+    if (s->doorbell == NULL)
+        rc = envd_fast_start(&s->doorbell, s, header, ids, spin_ns);
+    pthread_mutex_unlock(&s->mutex);
+    return rc;
+}
+
+void envd_session_stop_doorbell(envd_session_t *s)
+{
+    /* Not under the mutex: the doorbell thread may be waiting for it (stop
+     * waits for that thread).  The doorbell pointer belongs to the callers
+     * of start and stop, which do not race (session.h). */
+    envd_fast_t *doorbell = s->doorbell;
+    if (doorbell == NULL)
+        return;
+    s->doorbell = NULL;
+    envd_fast_stop(doorbell, NULL);
+}
+
+void envd_session_drain(envd_session_t *s)
+{
+    if (s->doorbell != NULL)
+        envd_fast_drain(s->doorbell);
+}

@@ -1,0 +1,144 @@
+/*
+ * session.h -- a native session: one stepping backend (backend.h), the async
+ * books of its envs, and the optional doorbell server (fast.h), serving every
+ * caller: the in-process VecEnv, the daemon's socket handlers and the
+ * doorbell's thread all step the envs through these functions, so every path
+ * keeps the same books by construction.
+ *
+ * Books (EnvPool's async rules): each env is IDLE (the caller holds it),
+ * IN_FLIGHT (in a batch being stepped) or READY (its batch finished, its id
+ * not received yet).  READY ids form a FIFO in the order their batches were
+ * found finished (batches are checked in submit order).  The first failure of
+ * an env in a finished batch is kept for the next recv, which returns it;
+ * that batch's envs are ready all the same (the recv after returns them).
+ * Invariant: in_flight + ready <= num_envs, each env in exactly one state.
+ *
+ * Refusals (nothing changes; envd_session_error_index names the env or -1):
+ *   send   ENVD_EINVAL (count outside [1, num_envs], an id out of range:
+ *          named), ENVD_EBUSY (an env not IDLE: named; envd_session_env_state
+ *          tells in flight from ready; or twice in this send), and the
+ *          backend's refusals of the actions (ENVD_ERANGE, ENVD_ESTATE);
+ *   step, step_submit, reset, render
+ *          ENVD_EBUSY while envs are in flight (-1); step and step_submit
+ *          also while envs are ready (-1: envd_session_counts tells which);
+ *          reset forgets the ready ones (and a failure not reported yet);
+ *   recv   ENVD_EINVAL (count outside [1, num_envs]), ENVD_ESTATE (fewer
+ *          than count in flight or ready, -1), or the kept failure.
+ * async_reset waits for the envs in flight, drops their results (and a kept
+ * failure), resets every env and makes them all READY in env order.
+ *
+ * Threading: one recursive mutex per session.  Every function below takes it
+ * (except the counters marked lock-free), so any thread may call them; the
+ * doorbell thread holds it while it serves a request.  envd_session_lock
+ * holds it for a caller's own work (the doorbell waits), and the holder may
+ * call the session meanwhile.  Blocking calls (step, reset, recv with wait,
+ * async_reset) hold it while they wait: a caller that must never block (an
+ * event loop) uses envd_session_trylock first, or the non-waiting calls.
+ *
+ * Ownership: the session owns its backend (destroyed with it) and its
+ * doorbell; the caller owns the buffers, the doorbell's header and ids.
+ */
+#ifndef ENVD_SESSION_H
+#define ENVD_SESSION_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "fast.h"
+
+typedef struct envd_session envd_session_t;
+
+enum { ENVD_ENV_IDLE = 0, ENVD_ENV_IN_FLIGHT = 1, ENVD_ENV_READY = 2 };
+
+/* A session over backend (taken over: destroyed with the session, also when
+ * this fails).  ENVD_OK, ENVD_EINVAL or ENVD_ENOMEM. */
+int envd_session_create(envd_session_t **out, envd_backend_t *backend);
+
+/* Stop the doorbell, wait for the batches in flight (their work uses the
+ * buffers), drop their results, free the books and the backend.  NULL is
+ * allowed.  No other thread may use the session meanwhile or after. */
+void envd_session_destroy(envd_session_t *session);
+
+int64_t envd_session_num_envs(const envd_session_t *session);
+
+void envd_session_lock(envd_session_t *session);
+int envd_session_trylock(envd_session_t *session); /* 1: taken, 0: held elsewhere */
+void envd_session_unlock(envd_session_t *session);
+
+/* ---- whole-vec calls ---- */
+void envd_session_seed(envd_session_t *session, const uint64_t *seeds);
+int envd_session_reset(envd_session_t *session, const uint64_t *seeds, const bool *mask);
+int64_t envd_session_reset_count(envd_session_t *session);
+int envd_session_step(envd_session_t *session);
+int envd_session_step_submit(envd_session_t *session);
+int envd_session_step_done(envd_session_t *session);
+int envd_session_step_finish(envd_session_t *session);
+
+/* ---- async ---- */
+int envd_session_async_reset(envd_session_t *session, const uint64_t *seeds);
+
+/* Start stepping ids[0 .. count) (copied before anything reads them: they may
+ * lie in memory another process writes) with their rows of the actions
+ * buffer; flags: ENVD_JOB_NOTIFY (the pool's eventfd fires when the batch
+ * ends).  Finished batches are collected before it returns. */
+int envd_session_send(envd_session_t *session, const int64_t *ids, int64_t count, int flags);
+
+/* Receive at least min_count and at most max_count of the oldest ready ids
+ * into out: how many (>= min_count), or 0 if wait is 0 and fewer than
+ * min_count are ready, or a refusal (above).  With wait, the calling thread
+ * runs the oldest batch's work until enough are ready. */
+int64_t envd_session_recv(envd_session_t *session, int64_t min_count, int64_t max_count,
+                          int64_t *out, int wait);
+
+/* End the batches that finished, without waiting (their envs become ready);
+ * then *in_flight and *ready (either may be NULL). */
+void envd_session_counts(envd_session_t *session, int64_t *in_flight, int64_t *ready);
+
+/* An env's state (ENVD_ENV_*), or ENVD_EINVAL for an index out of range. */
+int envd_session_env_state(envd_session_t *session, int64_t index);
+
+/* ---- other ---- */
+/* Draw every env's frame into out (num_envs * frame_bytes bytes, env order). */
+int envd_session_render(envd_session_t *session, uint8_t *out);
+uint64_t envd_session_frame_bytes(envd_session_t *session);
+void envd_session_set_chunk(envd_session_t *session, int64_t chunk);
+void envd_session_stats(envd_session_t *session, envd_vec_stats_t *stats);
+/* The env the last refusal or failure names (-1: none).  Lock-free: read it
+ * right after the failed call, on the same thread. */
+int64_t envd_session_error_index(const envd_session_t *session);
+/* The backend's copy of the actions the last step or send checked. */
+const void *envd_session_checked_actions(const envd_session_t *session);
+
+/* Whole steps (any path) and envs of batches found finished (any path) so
+ * far.  Lock-free. */
+int64_t envd_session_steps(const envd_session_t *session);
+int64_t envd_session_async_env_steps(const envd_session_t *session);
+
+/* Ids of capacity the reusable finished batches hold (<= 2 * num_envs,
+ * however the sizes of sends vary). */
+int64_t envd_session_spare_capacity(envd_session_t *session);
+
+/* The most bytes the books of a session of num_envs envs allocate at once,
+ * whatever is sent (allocator overhead aside): what a daemon counts against
+ * --max-state-bytes beside the backend's own bytes. */
+uint64_t envd_session_books_max_bytes(int64_t num_envs);
+
+/* ---- the doorbell (fast.h) ---- */
+/* Serve the requests rung at header (ids: the doorbell's num_envs env ids)
+ * from a thread of the session.  ENVD_EBUSY if one serves already, else as
+ * envd_fast_start. */
+int envd_session_start_doorbell(envd_session_t *session, envd_fast_header_t *header,
+                                int64_t *ids, int64_t spin_ns);
+/* Stop it (after the request it serves), drop the envs in flight or ready,
+ * mark the doorbell closed.  No-op without one.  The caller may hold the
+ * session's lock. */
+void envd_session_stop_doorbell(envd_session_t *session);
+/* From now on the doorbell answers every request with "shutting down". */
+void envd_session_drain(envd_session_t *session);
+
+/* Drop every env in flight (waiting for its batch) or ready, and a kept
+ * failure: every env is IDLE after it. */
+void envd_session_drop_async(envd_session_t *session);
+
+#endif /* ENVD_SESSION_H */
