@@ -56,9 +56,10 @@ class OldDaemon(threading.Thread):
     ``capabilities``, and it answers ``fast`` (which it does not know) with
     bad_request, as such daemons did.  It records every request type."""
 
-    def __init__(self, folder):
+    def __init__(self, folder, capabilities: dict | None = None):
         super().__init__(daemon=True)
         self.endpoint = f"ipc://{folder}/old.sock"
+        self.capabilities = capabilities  # None: an old daemon's hello, without them
         self.requests: list[str] = []
         self.segments: list[Segment] = []
         self._context = zmq.Context()
@@ -84,10 +85,11 @@ class OldDaemon(threading.Thread):
     def _answer(self, request: dict) -> dict:
         kind, request_id = request["type"], request.get("id")
         if kind == "hello":
+            extra = {} if self.capabilities is None else {"capabilities": self.capabilities}
             return protocol.ok_reply(
                 request_id, version=protocol.PROTOCOL_VERSION, server="envd 0.old",
                 pid=os.getpid(), hostname=socket.gethostname(), lease_timeout=30.0,
-                heartbeat_interval=1.0, limits={"max_message_bytes": 1 << 20})
+                heartbeat_interval=1.0, limits={"max_message_bytes": 1 << 20}, **extra)
         if kind == "make":
             return self._make(request)
         if kind in ("heartbeat", "close", "bye"):
@@ -140,3 +142,22 @@ def test_an_old_daemon_without_capabilities_gets_the_fallback_and_no_trial(old_d
     # the client never tried "fast" to find out what the daemon serves
     assert "fast" not in old_daemon.requests, old_daemon.requests
     assert old_daemon.requests.count("make") == 2
+
+
+def test_what_the_daemon_does_not_serve_is_refused_before_any_make(tmp_path):
+    daemon = OldDaemon(tmp_path, {"protocol": protocol.PROTOCOL_VERSION, "abi": 3,
+                                  "fast_path": False, "async": False, "inline": False,
+                                  "render": False, "limits": {"max_message_bytes": 1 << 20}})
+    daemon.start()
+    try:
+        with envd.connect(daemon.endpoint, timeout=10) as client:
+            for kwargs, what in ((dict(batch_size=1), "async mode"),
+                                 (dict(render_mode="rgb_array"), "rendering"),
+                                 (dict(transport="inline"), "the inline transport")):
+                with pytest.raises(envd.InvalidArgumentError, match=f"does not serve {what}"):
+                    client.make("CartPole-v1", 2, seed=0, **kwargs)
+            with client.make("CartPole-v1", 2, seed=0, batch_size=2) as env:  # sync: served
+                assert env.transport == "shm" and not env.fast_path
+    finally:
+        daemon.stop()
+    assert daemon.requests.count("make") == 1 and "fast" not in daemon.requests
