@@ -22,6 +22,7 @@ from envd.native.native_vec import MAX_NUM_ENVS
 from envd.native.registry import get_spec, list_envs
 from envd.native.vector_env import check_max_episode_steps
 from envd.vector_base import check_int, parse_autoreset_mode, seed_list
+from envd.server.capabilities import hello_capabilities
 from envd.server.sessions import ClientRecord, Session
 
 if TYPE_CHECKING:
@@ -55,7 +56,10 @@ class ControlHandlers:
             header["id"], version=protocol.PROTOCOL_VERSION, server=f"envd {__version__}",
             pid=os.getpid(), hostname=socket.gethostname(),
             lease_timeout=self.config.lease_timeout,
-            heartbeat_interval=self.config.heartbeat_interval, limits=self.service.limits())
+            heartbeat_interval=self.config.heartbeat_interval,
+            # limits also stay at the top level for clients older than capabilities
+            limits=self.service.limits(),
+            capabilities=hello_capabilities(self.config, self.service.limits()))
 
     def heartbeat(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> dict:
         return protocol.ok_reply(header["id"])
