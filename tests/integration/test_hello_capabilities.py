@@ -12,7 +12,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import zmq
-from daemon_helpers import DaemonProcess
+from support.daemon import DaemonProcess
 
 import envd
 from envd import protocol
