@@ -14,7 +14,9 @@ returns exactly ``count`` ids and keeps the rest ready.  ``send`` refuses an
 env that is not IDLE (EnvStateError naming the env and whether it is in
 flight or ready), a repeated id or an id out of range (InvalidArgumentError);
 ``step`` refuses while envs are in flight or ready, ``reset`` while envs are
-in flight (it forgets the ready ones), ``render`` while envs are in flight;
+in flight (it forgets the ready ones), ``render`` while envs are in flight
+or ready (whether a batch sent has finished depends on the threads; that
+every env was received does not);
 ``async_reset`` waits for the envs in flight, drops their results, resets
 every env and makes them all READY in env order.
 
@@ -89,8 +91,8 @@ class NativeSession:
         if lib.envd_session_error_index(self.handle) != -1:
             return None
         in_flight, ready = self.counts()
-        if rc == lib.ENVD_EBUSY and in_flight:
-            return in_flight_error(self.spec.id, call, in_flight)
+        if rc == lib.ENVD_EBUSY and (in_flight or (ready and call == "render")):
+            return in_flight_error(self.spec.id, call, in_flight or ready)
         if rc == lib.ENVD_EBUSY and ready and call == "step":
             return ready_error(self.spec.id, ready)
         return None
@@ -266,12 +268,12 @@ class NativeSession:
     def render(self, out: np.ndarray) -> None:
         """Draw every env's current state into out ((num_envs,) +
         spec.render_shape uint8, C-contiguous).  Refused while envs are in
-        flight.  Blocks."""
+        flight or ready (not received yet).  Blocks."""
         handle = self._live()
         frame_bytes = int(lib.envd_session_frame_bytes(handle))
-        in_flight, _ = self.counts()
-        if in_flight:
-            raise in_flight_error(self.spec.id, "render", in_flight)
+        in_flight, ready = self.counts()
+        if in_flight or ready:
+            raise in_flight_error(self.spec.id, "render", in_flight + ready)
         if (out.dtype != np.uint8 or not out.flags.c_contiguous
                 or out.nbytes != frame_bytes * self.num_envs or frame_bytes == 0):
             raise InvalidArgumentError(
