@@ -233,6 +233,46 @@ def test_daemon_frames_equal_in_process_frames(daemon, transport, fast_path):
         env.close()
 
 
+def render_answers(env) -> list[str]:
+    """Whether render() draws ("ok") or is refused ("refused") after an async
+    reset, a send, and each of the two recvs that take every env back."""
+    answers = []
+
+    def render() -> None:
+        try:
+            env.render()
+            answers.append("ok")
+        except envd.EnvStateError:
+            answers.append("refused")
+
+    env.async_reset(seed=0)
+    render()
+    *_, info = env.recv()
+    env.send(np.ones(2, np.int64), info["env_id"])
+    render()
+    env.recv()
+    render()
+    env.recv()
+    render()
+    return answers
+
+
+@pytest.mark.parametrize("transport, fast_path", [("shm", True), ("shm", False),
+                                                  ("inline", False)])
+def test_daemon_render_refuses_what_in_process_refuses(daemon, transport, fast_path):
+    """Every env received before a render, over every transport as in-process
+    (the client's books know what was received; a daemon-served env drew
+    right after an async reset before)."""
+    with envd.make("CartPole-v1", 4, seed=0, batch_size=2, render_mode="rgb_array",
+                   num_threads=0) as local:
+        expected = render_answers(local)
+    assert expected == ["refused", "refused", "refused", "ok"]
+    with daemon.connect() as client, \
+            client.make("CartPole-v1", 4, seed=0, batch_size=2, render_mode="rgb_array",
+                        transport=transport, fast_path=fast_path) as env:
+        assert render_answers(env) == expected
+
+
 def test_daemon_render_errors_leave_the_session_usable(daemon):
     with daemon.connect() as client:
         with pytest.raises(envd.InvalidArgumentError, match="render_mode must be None or"):
