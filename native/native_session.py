@@ -91,11 +91,14 @@ class NativeSession:
         if lib.envd_session_error_index(self.handle) != -1:
             return None
         in_flight, ready = self.counts()
-        if rc == lib.ENVD_EBUSY and (in_flight or (ready and call == "render")):
-            return in_flight_error(self.spec.id, call, in_flight or ready)
-        if rc == lib.ENVD_EBUSY and ready and call == "step":
+        if rc != lib.ENVD_EBUSY or not (in_flight or ready):
+            return None
+        if call == "step" and not in_flight:
             return ready_error(self.spec.id, ready)
-        return None
+        # Counted after the refusal: envs in flight then may be ready now (their
+        # batch finished meanwhile), so a reset refused for envs in flight may
+        # find none; it was refused all the same.
+        return in_flight_error(self.spec.id, call, in_flight or ready)
 
     def _step_error(self, rc: int, call: str = "step") -> Exception:
         refusal = self._refusal(rc, call)
