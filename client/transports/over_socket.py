@@ -97,9 +97,12 @@ class SocketStepper:
 
     def frames(self) -> np.ndarray:
         """A new (num_envs, height, width, 3) uint8 array of every env's frame
-        (their shape comes with the reply)."""
-        if self.books.num_in_flight:
-            raise in_flight_error(self.env_id, "render", self.books.num_in_flight)
+        (their shape comes with the reply).  Refused while envs are in flight
+        or ready (not received), as in-process: which of the two a sent env
+        is depends on the threads; that it was not received does not."""
+        if self.books.active:
+            raise in_flight_error(self.env_id, "render",
+                                  self.books.num_in_flight + self.books.num_ready)
         reply = self._call({"type": "render", "session": self.session})
         blobs = reply.get("_blobs", [])
         shape = tuple(reply.get("frames", {}).get("shape", ()))
