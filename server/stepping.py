@@ -109,7 +109,7 @@ class SteppingHandlers:
         def done(future: Future) -> None:
             session.segment.bump_done_seq()
             reply = self.service.result_reply(header["id"], future)
-            if is_async:  # its batches were dropped: none in flight now
+            if is_async and not session.life.freed:  # its batches were dropped
                 self._track_batches(session)
             if session.revoked:
                 reply = self.service.revoked_reply(session, header["id"])
