@@ -1,5 +1,5 @@
-"""The stepping handlers (reset, step, send, recv, fast, render) and the books
-of the requests that wait on the pool.
+"""The stepping handlers (reset, async reset, step, send, recv, fast, render)
+and the books of the requests that wait on the pool.
 
 Each handler checks the request, writes its inputs into the session's buffers
 and makes one call to the session's NativeSession (envd.native.native_session),
@@ -12,7 +12,8 @@ session at most (a session takes one request at a time, server/lifecycle.py):
   - a recv parked until enough sent envs are ready, retried on each pool event;
   - the sessions with async batches in flight (a closing one is freed once
     they settle).
-Reset and render run on the Service's executor and reply from its callback.
+Reset (and async reset, which waits for the batches in flight) and render
+run on the Service's executor and reply from its callback.
 All of it runs on the event loop thread.
 """
 from __future__ import annotations
@@ -86,7 +87,10 @@ class SteppingHandlers:
     def reset(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> None:
         session = self.service.session_for(client, header)
         with_seeds, with_mask = header.get("seeds", False), header.get("mask", False)
-        inline = header.get("inline", False)
+        inline, is_async = header.get("inline", False), header.get("async", False)
+        if is_async and with_mask:
+            raise protocol.BadRequest("reset: an async reset resets every env; it takes no "
+                                      "mask")
         if inline:  # the inputs come as blobs: seeds first, then the mask
             if len(blobs) != with_seeds + with_mask:
                 raise protocol.BadRequest(
@@ -98,21 +102,26 @@ class SteppingHandlers:
         elif blobs:
             raise protocol.BadRequest("reset: data frames are only taken with inline: true")
         # (a mask selecting no env is refused by the vec, on its private copy;
-        # envs in flight by the session)
-        session.life.begin("reset")
+        # envs in flight by the session; an async reset waits for them)
+        session.life.begin("async_reset" if is_async else "reset")
         session.segment.bump_step_seq()  # the counters cover resets too
 
         def done(future: Future) -> None:
             session.segment.bump_done_seq()
             reply = self.service.result_reply(header["id"], future)
+            if is_async and not session.life.freed:  # its batches were dropped
+                self._track_batches(session)
             if session.revoked:
                 reply = self.service.revoked_reply(session, header["id"])
-            elif inline and reply["ok"]:
+            elif inline and reply["ok"] and not is_async:  # (recv carries an async reset's rows)
                 reply.update(session.outputs())
             session.life.end()
             self.service.send(client.identity, reply)
 
-        self.service.submit(lambda: session.reset(with_seeds, with_mask), done)
+        if is_async:
+            self.service.submit(lambda: session.native.async_reset(with_seeds), done)
+        else:
+            self.service.submit(lambda: session.reset(with_seeds, with_mask), done)
         return None
 
     def render(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> None:
@@ -260,6 +269,10 @@ class SteppingHandlers:
                 self.service.send(pending.identity, reply)
                 self.service.step_latency(time.perf_counter() - pending.started)
         for session in list(self._async_sessions):
+            if session.life.operation == "async_reset":
+                # it holds the session's lock on the executor while it waits for
+                # these batches (counts() would block the loop); its reply updates
+                continue
             parked = self._parked_recvs.get(session)
             if parked is not None:
                 self._retry_recv(session, parked)

@@ -291,6 +291,35 @@ def test_async_books_stay_with_the_doorbell(served):
         client.channel.request({"type": "fast", "session": env.session, "enable": False})
 
 
+def test_a_doorbell_recv_takes_exactly_count_and_the_session_keeps_the_rest(served):
+    """The client keeps no books: a recv through the doorbell takes exactly
+    batch_size ids, the rest stay ready in the daemon's session (so turning
+    the fast path off is refused until they are received), and the session's
+    refusals come back through the doorbell with the in-process messages."""
+    _, client = served
+    with client.make("CartPole-v1", 6, seed=0, batch_size=2) as env, \
+            envd.make("CartPole-v1", 6, seed=0, batch_size=2) as local:
+        assert env.fast_path
+        for e in (env, local):
+            e.async_reset()
+            assert e.recv()[4]["env_id"].tolist() == [0, 1]
+            with pytest.raises(envd.EnvStateError, match="step\\(\\) while 4 envs wait for recv"):
+                e.step(np.zeros(6, np.int64))
+            with pytest.raises(envd.EnvStateError, match="env 2 is ready, not received yet"):
+                e.send(np.zeros(1, np.int64), [2])
+        with pytest.raises(envd.EnvStateError, match="recv them first"):
+            client.channel.request({"type": "fast", "session": env.session, "enable": False})
+        for e in (env, local):
+            e.send(np.zeros(2, np.int64), [0, 1])
+            with pytest.raises(envd.EnvStateError, match="env 1 is (in flight|ready)"):
+                e.send(np.zeros(1, np.int64), [1])
+            got = [e.recv()[4]["env_id"].tolist() for _ in range(3)]
+            assert got[:2] == [[2, 3], [4, 5]] and sorted(got[2]) == [0, 1]
+            with pytest.raises(envd.EnvStateError, match="only 0 are in flight or ready"):
+                e.recv()
+        client.channel.request({"type": "fast", "session": env.session, "enable": False})
+
+
 def test_status_counts_async_env_steps(served):
     _, client = served
     before = client.status()["env_steps"]
