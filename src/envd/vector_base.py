@@ -161,9 +161,12 @@ def send_error(env_id: str, action_space: spaces.Space, num_envs: int, code: int
 
 
 def in_flight_error(env_id: str, call: str, num_in_flight: int) -> EnvStateError:
-    """The refusal of reset(), step() or render() while envs sent are in flight."""
+    """The refusal of reset(), step() or render() while envs sent are in flight
+    (render: or ready, not received yet; see NativeSession.render)."""
     if call == "render":
-        return EnvStateError(f"{env_id}: render() while sends are in flight; recv() them first")
+        return EnvStateError(f"{env_id}: render() while envs are in flight or not received yet "
+                             "(send/async_reset); recv() them first (or reset() once none is in "
+                             "flight)")
     return EnvStateError(f"{env_id}: {call}() while {num_in_flight} envs are in flight "
                          "(send/recv); recv them first")
 

@@ -1,0 +1,202 @@
+"""The shm transport: a daemon's session stepped over the socket, its arrays
+in the session's shared-memory segment, mapped here.
+
+A step writes the actions into the segment, sends one small message and
+finds the results in place when the reply comes: nothing but the message
+header crosses the socket.  The async books are the daemon's native session's
+(the client keeps none): it refuses a step, reset or render while envs are
+out, a send of an env not idle, a recv of more than are out, and answers a
+recv with exactly count ids; ``reset`` with ``async: true`` is async_reset.
+
+A send is posted (no round trip: the trainer goes on while the daemon
+steps).  The daemon refuses a send only before stepping any of it and
+answers a send at once, so its reply is in before the reply of the next
+request.  A refusal is raised by the first call that starts after its reply
+was read (a send, recv, step or render; a reset or async_reset forgets it, as
+it forgets a failed batch); a call whose request went out before the reply
+was read returns its result, and the call after it raises the refusal --
+except a recv the daemon refuses for want of envs, which the refusal
+explains better.  Routing those replies is the only async state kept here.
+The inline transport (inline.py) and the doorbell (doorbell_stepper.py) are
+this stepper with other encodings.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+from gymnasium import spaces
+
+from envd import protocol
+from envd.client.channel import Channel
+from envd.errors import EnvdError, EnvdTimeoutError, EnvStateError, ProtocolError
+
+
+class SocketStepper:
+    """An envd.stepping.Stepper for one daemon session, over its channel."""
+
+    #: the transport's name (RemoteVecEnv.transport)
+    transport = "shm"
+
+    def __init__(self, channel: Channel, session: str, env_id: str,
+                 action_space: spaces.Space, num_envs: int, buffers: dict[str, np.ndarray]):
+        self.channel = channel
+        self.session = session
+        self.env_id = env_id
+        self.action_space = action_space
+        self.num_envs = num_envs
+        self.buffers = buffers
+        #: a request timed out: the daemon may still use the buffers until
+        #: its late reply (or the doorbell's late answer) says it ended
+        self.maybe_running = False
+        #: a send or recv timed out: which envs are in flight is unknown
+        self.async_lost = False
+        #: posted sends whose reply was not read yet
+        self.sends_unanswered = 0
+        #: the first refusal of a posted send, read but not raised yet
+        self._refusal: EnvdError | None = None
+        self._step_header = {"type": "step", "session": session}
+
+    @property
+    def fast_path(self) -> bool:
+        """Steps, sends and recvs go through a doorbell (doorbell_stepper.py)."""
+        return False
+
+    # ---- the Stepper protocol ---------------------------------------------------------
+    def reset(self, with_seeds: bool, with_mask: bool) -> None:
+        self._reset(with_seeds, with_mask)
+        self._refusal = None  # (read by now: its reply came before the reset's)
+
+    def async_reset(self, with_seeds: bool) -> None:
+        request, blobs = self._request_reset(with_seeds, False)
+        self._call({**request, "async": True}, blobs)  # (no outputs: recv carries the rows)
+        self._refusal = None
+
+    def step(self) -> int:
+        self._raise_refusal()
+        return self._step()
+
+    def send(self, env_ids: np.ndarray) -> None:
+        self._check_async_state()
+        self._raise_refusal()
+        self._send(env_ids)
+
+    def recv(self, count: int) -> np.ndarray:
+        self._check_async_state()
+        self._raise_refusal()
+        return self._recv(count)
+
+    def render(self, out: np.ndarray) -> None:
+        out[...] = self.frames()
+
+    def frames(self) -> np.ndarray:
+        """A new (num_envs, height, width, 3) uint8 array of every env's frame
+        (their shape comes with the reply).  The daemon's session refuses it
+        while envs are in flight or ready (not received), as in-process."""
+        self._raise_refusal()
+        reply = self._call({"type": "render", "session": self.session})
+        blobs = reply.get("_blobs", [])
+        shape = tuple(reply.get("frames", {}).get("shape", ()))
+        if (len(shape) != 4 or shape[0] != self.num_envs or shape[3] != 3 or len(blobs) != 1
+                or len(blobs[0]) != math.prod(shape)):
+            raise ProtocolError(f"the daemon's render reply holds frames of shape {shape!r} in "
+                                f"{len(blobs)} frame(s); expected {self.num_envs} RGB frames")
+        return np.frombuffer(blobs[0], np.uint8).reshape(shape).copy()
+
+    def close(self) -> None:
+        """Nothing to free: the env closes the session, the mapping goes with it."""
+
+    def check_buffers_free(self) -> None:
+        """Raise while a call that timed out may still use the buffers."""
+        self.channel.read_late_replies()
+        if self.maybe_running:
+            raise EnvStateError(
+                f"a call on this {self.env_id} env timed out and the daemon has not "
+                "answered it yet: it may still use the env's buffers; retry later (or "
+                "make a new env)")
+
+    # ---- the wire: what a transport changes --------------------------------------------
+    def _request_reset(self, with_seeds: bool, with_mask: bool) -> tuple[dict, Sequence]:
+        return {"type": "reset", "session": self.session, "seeds": with_seeds,
+                "mask": with_mask}, ()
+
+    def _request_step(self) -> tuple[dict, Sequence]:
+        return dict(self._step_header), ()
+
+    def _request_send(self, env_ids: np.ndarray) -> tuple[dict, Sequence]:
+        return {"type": "send", "session": self.session}, [env_ids.tobytes()]
+
+    def _request_recv(self, count: int) -> tuple[dict, Sequence]:
+        return {"type": "recv", "session": self.session, "count": count}, ()
+
+    def _take_outputs(self, reply: dict[str, Any], blobs: list, rows: np.ndarray | None) -> None:
+        """The outputs a reply carries (none here: they are in shared memory)."""
+
+    # ---- requests -----------------------------------------------------------------------
+    def _reset(self, with_seeds: bool, with_mask: bool) -> None:
+        reply = self._call(*self._request_reset(with_seeds, with_mask))
+        self._take_outputs(reply, reply.get("_blobs", []), None)
+
+    def _step(self) -> int:
+        reply = self._call(*self._request_step())
+        self._take_outputs(reply, reply.get("_blobs", []), None)
+        return reply["num_done"]
+
+    def _send(self, env_ids: np.ndarray) -> None:
+        """Post the send: returns without a round trip."""
+
+        def on_reply(reply: dict[str, Any]) -> None:
+            self.sends_unanswered -= 1
+            if not reply.get("ok") and self._refusal is None:
+                self._refusal = protocol.error_from_reply(reply)
+
+        header, blobs = self._request_send(env_ids)
+        try:
+            self.channel.post(header, blobs, on_reply)  # waits while the window is full
+        except EnvdTimeoutError:
+            self.async_lost = True  # earlier sends' replies never came: their fate is unknown
+            raise
+        self.sends_unanswered += 1
+
+    def _recv(self, count: int) -> np.ndarray:
+        """The daemon's recv: exactly count ids, the oldest ready."""
+        try:
+            reply = self._call(*self._request_recv(count))
+        except EnvdTimeoutError:
+            self.async_lost = True  # the late reply's ids would be lost to us
+            raise
+        except EnvStateError:
+            self._raise_refusal()  # too few out because a send was refused: say why
+            raise
+        ids = np.frombuffer(reply["_blobs"][0], np.int64).copy()
+        if len(ids) != count:
+            raise ProtocolError(f"the daemon's recv reply holds {len(ids)} env ids, "
+                                f"{count} were asked for")
+        self._take_outputs(reply, reply["_blobs"][1:], ids)
+        return ids
+
+    def _raise_refusal(self) -> None:
+        """Raise (once) the refusal of a posted send whose reply was read,
+        reading the replies that came already (never waiting for one)."""
+        if self.sends_unanswered:
+            self.channel.read_late_replies()
+        if self._refusal is not None:
+            refusal, self._refusal = self._refusal, None
+            raise refusal
+
+    def _check_async_state(self) -> None:
+        if self.async_lost:
+            raise EnvStateError(
+                f"a send or recv on this {self.env_id} env timed out, so which envs are in "
+                "flight is unknown; close it and make a new env")
+
+    def _call(self, header: dict[str, Any], blobs: Sequence = ()) -> dict[str, Any]:
+        try:
+            return self.channel.request(header, blobs, late=self._late_reply_came)
+        except EnvdTimeoutError:
+            self.maybe_running = True
+            raise
+
+    def _late_reply_came(self, reply: dict[str, Any]) -> None:
+        self.maybe_running = False
