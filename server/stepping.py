@@ -300,12 +300,19 @@ class SteppingHandlers:
                 self.stop_fast(session)
             return protocol.ok_reply(header["id"])
         if not session.fast:
+            # Envs sent over the socket are the event loop's to collect: were
+            # the doorbell to serve them, a close would free the session on
+            # the loop at once and wait there for their batch (and each pool
+            # event would wait for the doorbell's lock).  No doorbell thread
+            # exists yet and a busy session was refused, so this never blocks.
+            if any(session.native.counts()):
+                raise async_in_flight("turning the fast path on")
             if self.fast_sessions >= self.config.fast_path_sessions:
                 raise LimitExceededError(
                     f"the daemon serves its maximum of {self.config.fast_path_sessions} "
                     "fast-path sessions (--fast-path-sessions); this session steps over "
                     "the socket")
-            session.start_fast(self.config.fast_path_spin_us * 1000)  # refused if envs are out
+            session.start_fast(self.config.fast_path_spin_us * 1000)
             self.fast_sessions += 1
             if self.service.draining:
                 session.native.drain()

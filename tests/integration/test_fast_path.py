@@ -291,6 +291,23 @@ def test_async_books_stay_with_the_doorbell(served):
         client.channel.request({"type": "fast", "session": env.session, "enable": False})
 
 
+def test_the_fast_path_is_not_turned_on_over_envs_sent_through_the_socket(served):
+    """Envs sent over the socket are collected by the daemon's event loop: a
+    doorbell turned on over them would make a close free the session at once,
+    on the loop, waiting there for their batch.  So it is refused until they
+    are received, and allowed after."""
+    _, client = served
+    with client.make("CartPole-v1", 4, seed=0, batch_size=2, fast_path=False) as env:
+        env.async_reset()
+        ids = env.recv()[4]["env_id"]
+        env.send(np.zeros(2, np.int64), ids)
+        with pytest.raises(envd.EnvStateError, match="turning the fast path on"):
+            client.channel.request({"type": "fast", "session": env.session})
+        env.recv(), env.recv()  # everything back
+        reply = client.channel.request({"type": "fast", "session": env.session})
+        assert reply["doorbell"]["offset"] > 0
+
+
 def test_a_doorbell_recv_takes_exactly_count_and_the_session_keeps_the_rest(served):
     """The client keeps no books: a recv through the doorbell takes exactly
     batch_size ids, the rest stay ready in the daemon's session (so turning
