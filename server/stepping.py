@@ -30,6 +30,10 @@ from envd.errors import EnvdError, EnvStateError, LimitExceededError
 from envd.vector_base import check_int
 from envd.server.sessions import ClientRecord, Session, async_in_flight
 
+#: Operations that run on the executor holding the session's lock (the event
+#: loop must not wait for that lock: it would stall every client meanwhile).
+_ON_THE_EXECUTOR = frozenset({"reset", "async_reset", "render"})
+
 if TYPE_CHECKING:
     from envd.server.service import Service
 
@@ -109,8 +113,8 @@ class SteppingHandlers:
         def done(future: Future) -> None:
             session.segment.bump_done_seq()
             reply = self.service.result_reply(header["id"], future)
-            if is_async and not session.life.freed:  # its batches were dropped
-                self._track_batches(session)
+            if not session.life.freed:  # (an async reset's batches were dropped;
+                self._track_batches(session)  # pool events skipped it meanwhile)
             if session.revoked:
                 reply = self.service.revoked_reply(session, header["id"])
             elif inline and reply["ok"] and not is_async:  # (recv carries an async reset's rows)
@@ -153,6 +157,8 @@ class SteppingHandlers:
             elif reply["ok"]:
                 reply.update(frames={"dtype": "uint8", "shape": list(shape)},
                              _blobs=[memoryview(future.result()).cast("B")])
+            if not session.life.freed:  # (pool events skipped it meanwhile)
+                self._track_batches(session)
             session.life.end()
             self.service.send(client.identity, reply)
 
@@ -269,9 +275,10 @@ class SteppingHandlers:
                 self.service.send(pending.identity, reply)
                 self.service.step_latency(time.perf_counter() - pending.started)
         for session in list(self._async_sessions):
-            if session.life.operation == "async_reset":
-                # it holds the session's lock on the executor while it waits for
-                # these batches (counts() would block the loop); its reply updates
+            if session.life.operation in _ON_THE_EXECUTOR:
+                # it holds the session's lock on the executor (an async reset
+                # while it waits for these batches; a reset or render while it
+                # runs), so counts() would block the loop; its reply re-tracks
                 continue
             parked = self._parked_recvs.get(session)
             if parked is not None:
