@@ -16,9 +16,10 @@ Ratios printed, with the targets of the daemon issue:
   - daemon / in-process at N=4096   >= 0.7x
   - daemon / EnvPool at N=1024      >= 5x
 
-Machines are noisy: every configuration is measured in several rounds, in a
-fresh random order each round with the garbage collector paused, and the best
-round is kept.
+Machines are noisy: the systems of one N are measured round by round (each
+once per round, in a shuffled order, the garbage collector paused); figures
+are medians over rounds with half their min-max range (±), ratios are taken
+round by round (envd.tools.bench_rounds, as `envd bench` does).
 
     python bench/bench_daemon.py [--env CartPole-v1] [--seconds 0.3] [--rounds 5] [--threads T]
 """
@@ -27,7 +28,6 @@ from __future__ import annotations
 import argparse
 import gc
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -37,6 +37,7 @@ import time
 import numpy as np
 
 import envd
+from envd.tools.bench_rounds import interleaved_rounds, paired_ratios, ratio_text, spread_text
 
 SIZES = [1, 64, 1024, 4096]
 
@@ -57,7 +58,7 @@ def steps_per_second(env, actions: np.ndarray, seconds: float) -> float:
 
 def start_daemon(folder: str, threads: int | None) -> tuple[subprocess.Popen, str]:
     endpoint = f"ipc://{folder}/envd.sock"
-    args = [sys.executable, "-m", "envd.cli", "--bind", endpoint, "--log-level", "warning"]
+    args = [sys.executable, "-m", "envd", "--bind", endpoint, "--log-level", "warning"]
     if threads is not None:
         args += ["--threads", str(threads)]
     proc = subprocess.Popen(args, cwd=folder)
@@ -83,8 +84,10 @@ def make_envpool(env_id: str, n: int):
                         num_threads=min(cpus, n))
 
 
-def measure(client: envd.Client, env_id: str, seconds: float, rounds: int) -> dict[str, dict[int, float]]:
-    table: dict[str, dict[int, float]] = {}
+def measure(client: envd.Client, env_id: str, seconds: float,
+            rounds: int) -> dict[str, dict[int, list[float]]]:
+    """{system: {N: env steps/s of each round}}."""
+    table: dict[str, dict[int, list[float]]] = {}
     for n in SIZES:
         systems = {"daemon": client.make(env_id, n, seed=0), "in-process": envd.make(env_id, n, seed=0)}
         pool = make_envpool(env_id, n)
@@ -95,18 +98,17 @@ def measure(client: envd.Client, env_id: str, seconds: float, rounds: int) -> di
         actions = {name: sample.astype(env.action_space.dtype) for name, env in systems.items()}
         for env in systems.values():
             env.reset()
-        best = dict.fromkeys(systems, 0.0)
-        order = list(systems)
-        for _ in range(rounds):
-            random.shuffle(order)
-            for name in order:
-                gc.disable()
-                try:
-                    best[name] = max(best[name], steps_per_second(systems[name], actions[name], seconds))
-                finally:
-                    gc.enable()
+
+        def one(name: str, round_index: int) -> float:
+            gc.disable()
+            try:
+                return steps_per_second(systems[name], actions[name], seconds)
+            finally:
+                gc.enable()
+
+        by_round = interleaved_rounds(list(systems), rounds, one)
         for name, env in systems.items():
-            table.setdefault(name, {})[n] = best[name]
+            table.setdefault(name, {})[n] = by_round[name]
             env.close()
         print(f"  measured N={n}", flush=True)
     return table
@@ -129,22 +131,22 @@ def latency(client: envd.Client, env_id: str, count: int) -> tuple[float, float]
     return float(np.percentile(samples, 50) * 1e6), float(np.percentile(samples, 99) * 1e6)
 
 
-def report(env_id: str, table: dict[str, dict[int, float]], p50: float, p99: float) -> None:
-    print(f"\n{env_id}: env steps per second (best of rounds)")
-    print(f"{'system':<14}" + "".join(f"{'N=' + str(n):>12}" for n in SIZES))
+def report(env_id: str, table: dict[str, dict[int, list[float]]], p50: float, p99: float) -> None:
+    print(f"\n{env_id}: env steps per second (median of rounds, ± half their range)")
+    print(f"{'system':<14}" + "".join(f"{'N=' + str(n):>14}" for n in SIZES))
     for name, row in table.items():
-        print(f"{name:<14}" + "".join(f"{row[n] / 1e6:>11.3f}M" for n in SIZES))
+        print(f"{name:<14}" + "".join(f"{spread_text(row[n]):>14}" for n in SIZES))
     print(f"\nround trip through the daemon at N=1: p50 {p50:.0f} us, p99 {p99:.0f} us")
     print("\nratios")
     for n in SIZES:
-        ratio = table["daemon"][n] / table["in-process"][n]
+        ratio = ratio_text(paired_ratios(table["daemon"][n], table["in-process"][n]))
         target = "  (target >= 0.7x)" if n == 4096 else ""
-        print(f"  daemon / in-process at N={n:<5}: {ratio:6.2f}x{target}")
+        print(f"  daemon / in-process at N={n:<5}: {ratio:>12}{target}")
     if "EnvPool sync" in table:
         for n in SIZES:
-            ratio = table["daemon"][n] / table["EnvPool sync"][n]
+            ratio = ratio_text(paired_ratios(table["daemon"][n], table["EnvPool sync"][n]))
             target = "  (target >= 5x)" if n == 1024 else ""
-            print(f"  daemon / EnvPool sync at N={n:<5}: {ratio:6.2f}x{target}")
+            print(f"  daemon / EnvPool sync at N={n:<5}: {ratio:>12}{target}")
     else:
         print("  EnvPool not installed (pip install '.[bench]'): no EnvPool column")
 

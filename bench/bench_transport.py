@@ -255,7 +255,7 @@ def main() -> None:
         stack.callback(shutil.rmtree, folder, True)
         stack.callback(lambda: [stop(p) for p in procs])
         stack.callback(lambda: [c.close() for c in clients])
-        daemon = [sys.executable, "-m", "envd.cli", "--log-level", "warning", *threads]
+        daemon = [sys.executable, "-m", "envd", "--log-level", "warning", *threads]
         procs.append(start([*daemon, "--bind", ipc, "--bind", tcp], log))
         wait_answers(ipc, procs[0], "the local daemon")
         paths = {}

@@ -959,7 +959,7 @@ def start_daemon(folder: Path, threads: int, lease: float) -> tuple[subprocess.P
     log = folder / "envd.log"
     with open(log, "ab") as out:  # the daemon keeps its own copy of the descriptor
         proc = subprocess.Popen(
-            [sys.executable, "-m", "envd.cli", "--bind", endpoint, "--threads", str(threads),
+            [sys.executable, "-m", "envd", "--bind", endpoint, "--threads", str(threads),
              "--lease-timeout", str(lease), "--log-level", "warning"],
             cwd=folder, stdout=out, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60

@@ -1,10 +1,10 @@
-"""The whole comparison in one run: the same as `envd bench` (see envd/benchmark.py).
+"""The whole comparison in one run: the same as `envd bench` (see src/envd/tools/bench.py).
 
     python bench/suite.py [--quick] [--out DIR] [--seconds S] [--rounds R] [--sizes N ...]
 """
 import sys
 
-from envd.cli import main
+from envd.tools.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(["bench", *sys.argv[1:]]))

@@ -30,7 +30,7 @@ import zmq
 from gymnasium.vector import AutoresetMode
 from zmq.utils.monitor import recv_monitor_message
 
-from envd import __version__, keys, ownership, protocol
+from envd import __version__, _native_facts, keys, ownership, protocol
 from envd.client import doorbell
 from envd.client.heartbeat import Heartbeat
 from envd.client.remote_vector_env import RemoteVecEnv
@@ -40,8 +40,8 @@ from envd.errors import (AuthenticationError, ConnectionLostError, EnvdError, En
 from envd.vector_base import (autoreset_mode_name, check_int, episode_statistics_key,
                               parse_autoreset_mode, seed_list)
 
-#: The most envs one make may ask for (the native vec's limit).
-MAX_NUM_ENVS = 1 << 20
+#: The most envs one make may ask for (the native vec's limit, ENVD_VEC_MAX_ENVS).
+MAX_NUM_ENVS = _native_facts.VEC_MAX_ENVS
 
 #: What the client's monitor reports: a broken connection, and the ways a
 #: handshake fails (which events each CURVE mistake gives: see _handshake_error).

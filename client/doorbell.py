@@ -25,11 +25,16 @@ from typing import Callable
 
 import numpy as np
 
+from envd import _native_facts
+
 _SYS_FUTEX = 202  # x86-64
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1
-STEP, SEND, RECV = 1, 2, 3
-#: status of a request the daemon refused because it drains
-SHUTTING_DOWN = -1000
+#: the request kinds (req_kind), and the status of a request the daemon
+#: refused because it drains: native/src/fast.h's, generated into envd._native_facts
+STEP, SEND, RECV = _native_facts.FAST_STEP, _native_facts.FAST_SEND, _native_facts.FAST_RECV
+SHUTTING_DOWN = _native_facts.FAST_SHUTTING_DOWN
+#: envd_fast_header_t's fields: name -> (byte offset, size)
+_FIELDS = _native_facts.FAST_HEADER_FIELDS
 #: longest sleep on the futex before the client checks the connection
 _SLICE_S = 0.02
 #: spin only while answers come sooner than this (a pooled step of many envs
@@ -55,15 +60,23 @@ class Doorbell:
     """One session's doorbell in its mapped segment ``memory`` at ``offset``."""
 
     def __init__(self, memory: mmap.mmap, offset: int):
-        # req_seq, req_kind, client_waiting, req_count
-        self._client = np.frombuffer(memory, np.uint32, 4, offset)
-        self._done = np.frombuffer(memory, np.uint32, 1, offset + 64)
-        self._status = np.frombuffer(memory, np.int32, 1, offset + 68)
-        self._result = np.frombuffer(memory, np.int64, 2, offset + 72)  # result, error index
-        self._closed = np.frombuffer(memory, np.uint32, 1, offset + 88)
-        self._req_addr = self._client.ctypes.data
+        def word(name: str, dtype: type) -> np.ndarray:
+            field_offset, size = _FIELDS[name]
+            assert np.dtype(dtype).itemsize == size, name
+            return np.frombuffer(memory, dtype, 1, offset + field_offset)
+
+        self._req_seq = word("req_seq", np.uint32)
+        self._req_kind = word("req_kind", np.uint32)
+        self._client_waiting = word("client_waiting", np.uint32)
+        self._req_count = word("req_count", np.uint32)
+        self._done = word("done_seq", np.uint32)
+        self._status = word("status", np.int32)
+        self._result = word("result", np.int64)
+        self._error_index = word("error_index", np.int64)
+        self._closed = word("closed", np.uint32)
+        self._req_addr = self._req_seq.ctypes.data
         self._done_addr = self._done.ctypes.data
-        self.seq = int(self._client[0])  # the last request rung
+        self.seq = int(self._req_seq[0])  # the last request rung
         # running estimate of how long an answer takes, per request kind
         # (a send is answered at once, a recv when its envs are stepped)
         self._expected = {STEP: 0.0, SEND: 0.0, RECV: 0.0}
@@ -91,9 +104,9 @@ class Doorbell:
         envs a recv wants) once its inputs are in shared memory."""
         self.seq = (self.seq + 1) & 0xFFFFFFFF
         self._kind = kind
-        self._client[3] = count
-        self._client[1] = kind
-        self._client[0] = self.seq
+        self._req_count[0] = count
+        self._req_kind[0] = kind
+        self._req_seq[0] = self.seq
         self._syscall(_SYS_FUTEX, self._req_addr, _FUTEX_WAKE, 1, None, None, 0)
 
     def wait(self, deadline: float, check_alive: Callable[[], None]) -> tuple[int, int, int] | None:
@@ -120,7 +133,7 @@ class Doorbell:
 
     def _sleep(self, seconds: float) -> None:
         """Sleep on done_seq while it is not our answer (or seconds pass)."""
-        self._client[2] = 1  # client_waiting, before the kernel compares done_seq
+        self._client_waiting[0] = 1  # before the kernel compares done_seq
         try:
             current = int(self._done[0])
             if current != self.seq:
@@ -129,9 +142,9 @@ class Doorbell:
                 self._syscall(_SYS_FUTEX, self._done_addr, _FUTEX_WAIT, current,
                               self._timespec_ref, None, 0)
         finally:
-            self._client[2] = 0
+            self._client_waiting[0] = 0
 
     def _answer(self, start: float) -> tuple[int, int, int]:
         took = time.perf_counter() - start
         self._expected[self._kind] += (took - self._expected[self._kind]) * 0.25
-        return int(self._status[0]), int(self._result[0]), int(self._result[1])
+        return int(self._status[0]), int(self._result[0]), int(self._error_index[0])

@@ -76,9 +76,9 @@ def trainer(k: int, endpoint: str, seed: int, lr: float, num_envs: int, total_st
 
 
 def envd_command() -> list[str]:
-    """The envd console script next to this Python, else `python -m envd.cli`."""
+    """The envd console script next to this Python, else `python -m envd`."""
     script = shutil.which("envd", path=os.path.dirname(sys.executable))
-    return [script] if script else [sys.executable, "-m", "envd.cli"]
+    return [script] if script else [sys.executable, "-m", "envd"]
 
 
 def wait_for_daemon(endpoint: str, proc: subprocess.Popen | None) -> None:
@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         if endpoint is None:
             endpoint = f"ipc://{workdir}/envd.sock"
             log = open(Path(workdir) / "envd.log", "ab")
-            # cwd: a checkout's envd/ folder must not shadow the installed package.
+            # cwd: the sweep's work folder, beside its socket and log.
             daemon = subprocess.Popen([*envd_command(), "--threads", str(args.daemon_threads),
                                        "--bind", endpoint], cwd=workdir, stdout=log,
                                       stderr=subprocess.STDOUT)

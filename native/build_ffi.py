@@ -1,21 +1,35 @@
-"""cffi (API mode) build of envd's native core: ``envd.native._envd_native``.
+"""cffi (API mode) build of envd's native core: ``envd.native._envd_native``,
+and of the facts the Python side shares with it: ``envd._native_facts``.
 
 setup.py hands this builder to setuptools through ``cffi_modules``, so
 ``pip install .`` compiles the C sources with the system compiler.  The cdef
 below declares only what Python calls; struct layouts come from the real
 headers (``...;``), so they cannot drift from the C side.
+
+When setuptools runs this file (and when it runs as a script), it first
+writes envd._native_facts (see write_facts): the error table, limits, the
+doorbell's layout and the built-in env ids, printed by a small C program
+(src/print_facts.c) compiled against the same headers, so that the Python
+modules that mirror them (envd.errors, envd.protocol, envd.client.doorbell...)
+import them from one generated source without loading native code.
 """
+import hashlib
 import os
+import shlex
+import subprocess
+import sysconfig
+import tempfile
 from pathlib import Path
 
 from cffi import FFI
 
 HERE = Path(__file__).resolve().parent
+# Every file of src/envs/ is a built-in env (listed once, in src/builtin_envs.h).
+ENV_SOURCES = sorted(f"src/envs/{p.name}" for p in (HERE / "src" / "envs").glob("*.c"))
 SOURCES = ["src/errors.c", "src/rng.c", "src/pool.c", "src/vec.c", "src/builtin_envs.c",
-           "src/npy_f32_trig.c", "src/envs/cartpole.c", "src/envs/pendulum.c",
-           "src/envs/mountain_car.c", "src/envs/mountain_car_continuous.c",
-           "src/envs/acrobot.c", "src/envs/snake.c", "src/envs/connect_four.c",
-           "src/plugin.c", "src/backend_pool.c", "src/session.c", "src/fast.c", "src/segment_guard.c", "src/raster.c"]
+           "src/npy_f32_trig.c", *ENV_SOURCES,
+           "src/plugin.c", "src/backend_pool.c", "src/session.c", "src/fast.c",
+           "src/segment_guard.c", "src/raster.c"]
 
 # Bit-exactness with numpy needs IEEE arithmetic as written: no fused
 # multiply-add contraction and no fast-math reassociation.
@@ -34,6 +48,7 @@ CDEF = """
 #define ENVD_ESYS ...
 #define ENVD_EBUSY ...
 #define ENVD_EENV ...
+#define ENVD_ERROR_MIN ...
 #define ENVD_MAX_DIMS ...
 #define ENVD_MAX_INFO_FIELDS ...
 #define ENVD_VEC_MAX_ENVS ...
@@ -177,11 +192,11 @@ int64_t envd_vec_num_done(const envd_vec_t *vec);
 void envd_vec_set_chunk(envd_vec_t *vec, int64_t chunk);
 void envd_vec_get_stats(const envd_vec_t *vec, envd_vec_stats_t *stats);
 
-#define ENVD_FAST_OFFSET 128
-#define ENVD_FAST_STEP 1
-#define ENVD_FAST_SEND 2
-#define ENVD_FAST_RECV 3
-#define ENVD_FAST_SHUTTING_DOWN -1000
+#define ENVD_FAST_OFFSET ...
+#define ENVD_FAST_STEP ...
+#define ENVD_FAST_SEND ...
+#define ENVD_FAST_RECV ...
+#define ENVD_FAST_SHUTTING_DOWN ...
 typedef struct envd_fast_header envd_fast_header_t;
 void envd_fast_set_max_spinners(int max_spinners);
 
@@ -249,6 +264,114 @@ ffibuilder.set_source(
     extra_link_args=["-pthread"],
     libraries=["m", "dl"],
 )
+
+
+# ---- the generated Python facts -----------------------------------------------------
+FACTS_MODULE = "_native_facts.py"
+FACTS_DOC = '''"""Facts of envd's native core for its Python side: the error table, limits,
+the doorbell's layout in a session's segment and the built-in env ids.
+
+GENERATED at build time by native/build_ffi.py (write_facts) from what
+native/src/print_facts.c, compiled against envd.h, builtin_envs.h, fast.h,
+pool.h and vec.h, prints: do not edit, change the C headers and reinstall.
+Pure Python, so the client imports it without loading native code;
+tests/native/test_facts.py checks it against the compiled library.
+"""
+'''
+
+
+def package_dir(package: str, root: Path) -> Path:
+    """The folder of ``package`` in the source tree at root, as setuptools maps
+    it (pyproject.toml's package-dir or packages.find): the folder build_py
+    copies into the wheel and an editable install imports from."""
+    from setuptools.dist import Distribution
+    cwd = os.getcwd()
+    try:  # setuptools reads pyproject.toml from the current directory
+        os.chdir(root)
+        dist = Distribution()
+        dist.parse_config_files()
+        build_py = dist.get_command_obj("build_py")
+        build_py.ensure_finalized()
+        return root / build_py.get_package_dir(package)
+    finally:
+        os.chdir(cwd)
+
+
+def _inputs_digest() -> str:
+    """A digest of everything the facts are computed from."""
+    digest = hashlib.sha256()
+    for path in sorted(HERE.glob("include/*.h")) + sorted(HERE.glob("src/**/*.[ch]")):
+        digest.update(str(path.relative_to(HERE)).encode() + b"\0" + path.read_bytes())
+    digest.update(Path(__file__).read_bytes())
+    return digest.hexdigest()
+
+
+def print_facts() -> list[list[str]]:
+    """Compile src/print_facts.c with the library's sources and run it: its
+    lines, split at tabs."""
+    compiler = shlex.split(os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc")
+    with tempfile.TemporaryDirectory(prefix="envd-facts-") as tmp:
+        program = os.path.join(tmp, "print_facts")
+        try:
+            subprocess.run([*compiler, *CFLAGS, "-O0", f"-I{HERE / 'include'}",
+                            f"-I{HERE / 'src'}", str(HERE / "src/print_facts.c"),
+                            *(str(HERE / s) for s in SOURCES),
+                            "-o", program, "-lm", "-ldl", "-pthread"], check=True)
+        except (OSError, subprocess.CalledProcessError) as exc:
+            raise RuntimeError(
+                f"envd's build could not compile src/print_facts.c with {compiler[0]!r}: "
+                f"{exc} (installing from source needs a C compiler, e.g. gcc, or set CC)"
+            ) from None
+        output = subprocess.run([program], check=True, capture_output=True, text=True).stdout
+    return [line.split("\t") for line in output.splitlines()]
+
+
+def facts_source(lines: list[list[str]], digest: str) -> str:
+    """The text of the facts module, from print_facts' lines."""
+    out = [FACTS_DOC, f"# inputs sha256: {digest}", "",
+           "# The integer constants of the headers, without their ENVD_ prefix."]
+    errors, fields, env_ids = [], [], []
+    for kind, name, *values in lines:
+        if kind == "const":  # ENVD_VEC_MAX_ENVS -> VEC_MAX_ENVS
+            out.append(f"{name.removeprefix('ENVD_')} = {int(values[0])}")
+        elif kind == "error":
+            errors.append(f"    {name!r}: ({int(values[0])}, {values[1]!r}),")
+        elif kind == "field":
+            fields.append(f"    {name!r}: ({int(values[0])}, {int(values[1])}),")
+        elif kind == "env":
+            env_ids.append(f"    {name!r},")
+        else:
+            raise ValueError(f"print_facts printed an unknown kind of fact: {kind!r}")
+    out += ["", "#: ENVD_ERRNO_MAP of envd.h, in table order:",
+            "#: name -> (code, envd_strerror's message)",
+            "ERRORS = {", *errors, "}",
+            "#: envd_fast_header_t (the doorbell, at FAST_OFFSET of the header page):",
+            "#: field -> (byte offset, size in bytes)",
+            "FAST_HEADER_FIELDS = {", *fields, "}",
+            "#: ENVD_BUILTIN_ENVS of builtin_envs.h: the built-in env ids, in table order",
+            "BUILTIN_ENV_IDS = (", *env_ids, ")", ""]
+    return "\n".join(out)
+
+
+def write_facts(root: Path) -> Path:
+    """Write the facts module into the envd package's folder of the source tree
+    at root (unless it is up to date) and return its path."""
+    path = package_dir("envd", root) / FACTS_MODULE
+    digest = _inputs_digest()
+    if path.exists() and f"# inputs sha256: {digest}\n" in path.read_text():
+        return path
+    text = facts_source(print_facts(), digest)
+    staged = path.with_name(f".{FACTS_MODULE}.{os.getpid()}")
+    staged.write_text(text)
+    os.replace(staged, path)
+    return path
+
+
+# setuptools (cffi_modules) executes this file as "__cffi__", in the project
+# root; tests/support/sanitized_build.py and tests/native/test_facts.py import
+# it under other names, which writes nothing.
+if __name__ in ("__cffi__", "__main__"):
+    write_facts(HERE.parent)
 
 if __name__ == "__main__":
     ffibuilder.compile(verbose=True)

@@ -15,10 +15,11 @@ import socket
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-from envd import keys
+from envd import _native_facts, keys
 from envd.protocol import default_endpoint
 
-MAX_THREADS = 256
+#: The native pool's limit (ENVD_POOL_MAX_THREADS).
+MAX_THREADS = _native_facts.POOL_MAX_THREADS
 
 
 def _default_threads() -> int:

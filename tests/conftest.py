@@ -27,7 +27,7 @@ def random_actions(space, num_envs: int, rng: np.random.Generator) -> np.ndarray
 def daemon(tmp_path):
     """A real daemon process (2 threads, 10 s lease) on a temporary ipc endpoint
     for one test; afterwards it must exit 0 on SIGTERM and leave no segment."""
-    from daemon_helpers import DaemonProcess, segments_of
+    from support.daemon import DaemonProcess, segments_of
     with DaemonProcess(tmp_path / "daemon", "--threads", "2", "--lease-timeout", "10") as proc:
         yield proc
     assert proc.proc.returncode == 0, proc.log()
@@ -37,7 +37,7 @@ def daemon(tmp_path):
 @pytest.fixture
 def harness(tmp_path):
     """Daemons, clients, processes and files of one test, cleaned up after it."""
-    from daemon_helpers import Harness
+    from support.daemon import Harness
     h = Harness(tmp_path)
     try:
         yield h

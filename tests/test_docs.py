@@ -2,14 +2,14 @@
 
 - docs/configuration.md names every ``--flag`` of ``envd --help`` and of each
   subcommand's ``--help``, and every ``ENVD_*`` variable the package reads
-  (found by grepping envd/, client/, server/ and native/ ``.py`` files, plus
+  (found by grepping src/envd/, client/, server/ and native/ ``.py`` files, plus
   the variable of every daemon flag); each daemon flag's table row names its
   variable and, where the default is a constant, that default.
 - docs/troubleshooting.md quotes error messages verbatim: each phrase in
   TROUBLESHOOTING_PHRASES must occur both in the page and in a string literal
   of the source, so rewording an error (or the page) fails here.
 
-No daemon is started; the help texts come from envd.cli.main in-process.
+No daemon is started; the help texts come from envd.tools.cli.main in-process.
 """
 from __future__ import annotations
 
@@ -22,14 +22,14 @@ from pathlib import Path
 
 import pytest
 
-from envd import cli
+from envd.tools import cli
 from envd.server import config as server_config
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGURATION = ROOT / "docs" / "configuration.md"
 TROUBLESHOOTING = ROOT / "docs" / "troubleshooting.md"
 #: The package's source folders (import names envd, envd.client, envd.server, envd.native).
-PACKAGE_DIRS = ("envd", "client", "server", "native")
+PACKAGE_DIRS = ("src/envd", "client", "server", "native")
 
 #: An ENVD_ name: not part of a longer identifier (_ENVD_INFO_KEYS), not a
 #: pattern such as "ENVD_E*".
@@ -198,7 +198,7 @@ TROUBLESHOOTING_PHRASES = [
     # leases (server/service.py)
     "(the lease timeout), so the daemon freed its envs; make a new env",
     "the client left (bye) or its lease expired while its env was being made",
-    # shared memory (server/service.py, envd/shm.py, client/remote_vector_env.py)
+    # shared memory (server/service.py, src/envd/shm.py, client/remote_vector_env.py)
     "bytes (--max-shm-bytes); close envs you no longer use or make fewer",
     "bytes over its limit of",
     "bytes (--max-state-bytes); close envs you no longer use or make fewer",
@@ -217,7 +217,7 @@ TROUBLESHOOTING_PHRASES = [
     "lets other users write it",
     "must run as your user (or root) and nothing else may write them; check the owner and mode "
     "with `ls -l ",
-    # the client's trust in its default folder (client/connection.py, envd/ownership.py)
+    # the client's trust in its default folder (client/connection.py, src/envd/ownership.py)
     "is not safe: ",
     "Another user may have created it to serve you their daemon. Check it with `ls -ld ",
     "; if it is not yours, remove it (the daemon creates it with mode 0700) or connect to an "
@@ -231,7 +231,7 @@ TROUBLESHOOTING_PHRASES = [
     "remove it, or pick another endpoint with --bind",
     "another daemon already serves",
     "exists and is not a socket; pick another endpoint with --bind",
-    # CURVE (client/connection.py, envd/keys.py, server/config.py, server/daemon.py)
+    # CURVE (client/connection.py, src/envd/keys.py, server/config.py, server/daemon.py)
     "requires CURVE authentication: pass server_key= (the daemon's public .key file)",
     "uses CURVE but hung up during the handshake, as it does for a wrong server key",
     "that public key must be in a .key file in the daemon's --curve-allowed-clients directory",
@@ -258,7 +258,7 @@ TROUBLESHOOTING_PHRASES = [
     "(--max-reply-bytes-per-client)",
     "its results were not sent",
     "the daemon dropped this connection because it did not read its replies",
-    # rendering (native/registry.py, envd/vector_base.py, native/native_vec.py, server/service.py)
+    # rendering (native/registry.py, src/envd/vector_base.py, native/native_vec.py, server/service.py)
     "does not render (its definition has no render callback): make it with render_mode=None",
     "render_mode must be None or",
     "was made without a render mode; make it with render_mode='rgb_array' to render",
@@ -269,7 +269,7 @@ TROUBLESHOOTING_PHRASES = [
     "and freed its sessions; connect again and read every reply",
     "dropped a client that does not read its replies",
     "got no reply within",
-    # gymnasium (envd/vector_base.py, envd/gymnasium_registry.py, envd/single_env.py)
+    # gymnasium (src/envd/vector_base.py, src/envd/gymnasium_registry.py, src/envd/single_env.py)
     "episode_statistics must be True (info[",
     "]), False (none) or an info key such as 'episode' (an identifier not starting with '_', "
     "not one of ",
@@ -290,7 +290,7 @@ TROUBLESHOOTING_PHRASES = [
     " (did you mean ",
     "make's argument ",
     "; its parameters are: ",
-    # startup (server/config.py, envd/cli.py, server/daemon.py)
+    # startup (server/config.py, src/envd/tools/cli.py, server/daemon.py)
     " is not a valid --",
     "is not a valid boolean (1/true/yes or 0/false/no)",
     "needs one CPU per thread",

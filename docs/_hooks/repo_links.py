@@ -2,7 +2,7 @@
 
 The site is built from docs/, whose pages are read on GitHub too and link to
 files outside docs/ (``../SECURITY.md``, ``../README.md#benchmarks``,
-``../envd/protocol.py``).  This hook adds README.md, SECURITY.md and
+``../src/envd/protocol.py``).  This hook adds README.md, SECURITY.md and
 examples/README.md to the site as pages, and rewrites each page's links by
 where they point in the repository: to a page of the site, or, for a module of
 the package, to that module in the API reference (docs/api.md).  Any other link
@@ -18,8 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 #: Repository files published as pages: repository path -> path in the site.
 EXTRA_PAGES = {"README.md": "readme.md", "SECURITY.md": "security.md",
                "examples/README.md": "examples.md"}
-#: Top-level folders of the package and their import names (pyproject.toml's package-dir).
-PACKAGE_DIRS = {"envd": "envd", "client": "envd.client", "server": "envd.server",
+#: Folders of the package and their import names (pyproject.toml's package-dir).
+PACKAGE_DIRS = {"src/envd": "envd", "client": "envd.client", "server": "envd.server",
                 "native": "envd.native"}
 API_PAGE = "api.md"
 #: An inline Markdown link's target: ](target) or ](target "title").
@@ -50,9 +50,9 @@ def _site_target(resolved: str) -> tuple[str, str | None] | None:
         return resolved[len("docs/"):], None
     if resolved in EXTRA_PAGES:
         return EXTRA_PAGES[resolved], None
-    parts = resolved.split("/")
-    if resolved.endswith(".py") and parts[0] in PACKAGE_DIRS:
-        module = PACKAGE_DIRS[parts[0]].split(".") + parts[1:]
+    folder = next((f for f in PACKAGE_DIRS if resolved.startswith(f + "/")), None)
+    if resolved.endswith(".py") and folder is not None:
+        module = PACKAGE_DIRS[folder].split(".") + resolved[len(folder) + 1:].split("/")
         module[-1] = module[-1][:-len(".py")]
         if module[-1] == "__init__":
             module.pop()

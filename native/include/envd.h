@@ -40,16 +40,38 @@ extern "C" {
 #define ENVD_ABI_VERSION_MIN 2u
 
 /* ---- error codes: 0 or a negative code from this one table ------------- */
-#define ENVD_OK 0
-#define ENVD_EINVAL (-1)    /* an argument is invalid */
-#define ENVD_ENOMEM (-2)    /* out of memory */
-#define ENVD_ERANGE (-3)    /* a value is out of its allowed range */
-#define ENVD_ENOTFOUND (-4) /* no such env id */
-#define ENVD_EABI (-5)      /* ABI version mismatch */
-#define ENVD_ESTATE (-6)    /* call not valid in the current state */
-#define ENVD_ESYS (-7)      /* a system call failed (see errno) */
-#define ENVD_EBUSY (-8)     /* resource busy (e.g. a job still running) */
-#define ENVD_EENV (-9)      /* an env callback reported a failure */
+/*
+ * X(name, value, message) for every code, in libuv's UV_ERRNO_MAP style: this
+ * table generates the enum below, envd_strerror's messages (errors.c) and the
+ * Python mirror of the codes (the module envd._native_facts, written by
+ * native/build_ffi.py at build time), so a code is added in one place.  The
+ * values are ABI: never renumber one; add new codes below ENVD_ERROR_MIN and
+ * move ENVD_ERROR_MIN to the new most negative value.
+ */
+#define ENVD_ERRNO_MAP(X)                                                      \
+    X(ENVD_OK, 0, "success")                                                   \
+    X(ENVD_EINVAL, -1, "invalid argument")                                     \
+    X(ENVD_ENOMEM, -2, "out of memory")                                        \
+    X(ENVD_ERANGE, -3, "value out of range")                                   \
+    X(ENVD_ENOTFOUND, -4, "no such environment")                               \
+    X(ENVD_EABI, -5, "ABI version mismatch")                                   \
+    X(ENVD_ESTATE, -6, "call not valid in the current state")                  \
+    X(ENVD_ESYS, -7, "system call failed")                                     \
+    X(ENVD_EBUSY, -8, "resource busy")                                         \
+    X(ENVD_EENV, -9, "environment callback failed")
+
+/* ENVD_EINVAL: an argument is invalid; ENVD_ENOMEM: out of memory;
+ * ENVD_ERANGE: a value is out of its allowed range; ENVD_ENOTFOUND: no such
+ * env id; ENVD_EABI: ABI version mismatch; ENVD_ESTATE: the call is not valid
+ * in the current state; ENVD_ESYS: a system call failed (see errno);
+ * ENVD_EBUSY: a resource is busy (e.g. a job still running); ENVD_EENV: an env
+ * callback reported a failure.  Enum constants are ints in C, so functions
+ * keep returning int. */
+typedef enum envd_error {
+#define ENVD_ERROR_ENUM_ENTRY(name, value, message) name = (value),
+    ENVD_ERRNO_MAP(ENVD_ERROR_ENUM_ENTRY)
+#undef ENVD_ERROR_ENUM_ENTRY
+} envd_error_t;
 #define ENVD_ERROR_MIN (-9) /* the most negative code in the table */
 
 /* Functions declared without "static inline" in this header (envd_strerror,

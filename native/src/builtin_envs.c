@@ -1,18 +1,14 @@
 /*
- * builtin_envs.c -- the table of built-in envs.  Lookup by id and plugin
- * registration live in Python (envd.native.registry), which owns the
- * namespace of env ids.
+ * builtin_envs.c -- the table of built-in envs, in the order of
+ * ENVD_BUILTIN_ENVS (builtin_envs.h).  Lookup by id and plugin registration
+ * live in Python (envd.native.registry), which owns the namespace of env ids.
  */
 #include "builtin_envs.h"
 
 static const envd_env_def_t *const builtins[] = {
-    &envd_builtin_cartpole,
-    &envd_builtin_pendulum,
-    &envd_builtin_mountain_car,
-    &envd_builtin_mountain_car_continuous,
-    &envd_builtin_acrobot,
-    &envd_builtin_snake,
-    &envd_builtin_connect_four,
+#define ENVD_BUILTIN_ENTRY(name) &envd_builtin_##name,
+    ENVD_BUILTIN_ENVS(ENVD_BUILTIN_ENTRY)
+#undef ENVD_BUILTIN_ENTRY
 };
 
 int envd_builtin_count(void) { return (int)(sizeof builtins / sizeof builtins[0]); }

@@ -1,24 +1,31 @@
 /*
- * errors.c -- the error table, ABI query, and checks on the types of envd.h.
+ * errors.c -- the error messages (from envd.h's ENVD_ERRNO_MAP), ABI query, and
+ * checks on the types of envd.h.
  */
 #include <math.h>
 #include <string.h>
 
 #include "envd.h"
 
+/* The table of envd.h is the only list of codes: it must cover 0 down to
+ * ENVD_ERROR_MIN, each value once (the switch below refuses to compile with a
+ * value twice; these checks catch a gap or a value outside the range). */
+#define ENVD_ERROR_IN_RANGE(name, value, message)                                     \
+    _Static_assert((value) <= 0 && (value) >= ENVD_ERROR_MIN,                     \
+                   #name " lies outside ENVD_ERROR_MIN..0");
+ENVD_ERRNO_MAP(ENVD_ERROR_IN_RANGE)
+#undef ENVD_ERROR_IN_RANGE
+#define ENVD_ERROR_COUNT_ONE(name, value, message) +1
+_Static_assert(0 ENVD_ERRNO_MAP(ENVD_ERROR_COUNT_ONE) == 1 - ENVD_ERROR_MIN,
+               "the error codes do not cover every value of ENVD_ERROR_MIN..0");
+#undef ENVD_ERROR_COUNT_ONE
+
 const char *envd_strerror(int code)
 {
     switch (code) {
-    case ENVD_OK: return "success";
-    case ENVD_EINVAL: return "invalid argument";
-    case ENVD_ENOMEM: return "out of memory";
-    case ENVD_ERANGE: return "value out of range";
-    case ENVD_ENOTFOUND: return "no such environment";
-    case ENVD_EABI: return "ABI version mismatch";
-    case ENVD_ESTATE: return "call not valid in the current state";
-    case ENVD_ESYS: return "system call failed";
-    case ENVD_EBUSY: return "resource busy";
-    case ENVD_EENV: return "environment callback failed";
+#define ENVD_ERROR_MESSAGE(name, value, message) case name: return message;
+        ENVD_ERRNO_MAP(ENVD_ERROR_MESSAGE)
+#undef ENVD_ERROR_MESSAGE
     default: return "unknown error code";
     }
 }

@@ -75,8 +75,8 @@
  * before taking a reference), each of at most chunk <= n items. */
 #define POOL_MAX_ITEMS (INT64_C(1) << 47)
 
-/* How long an idle thread spins before it sleeps.  A cross-CPU wake-up costs
- * 20-40 us on the target machines, so a 20 us spin catches back-to-back jobs
+/* How long an idle thread spins before it sleeps: about the cost of a
+ * cross-CPU wake-up (docs/benchmarks.md), so a spin catches back-to-back jobs
  * without burning a meaningful share of a CPU when none come. */
 #define SPIN_NS 20000
 #define SPIN_CHECK_EVERY 64 /* pause iterations between clock reads */
@@ -129,8 +129,6 @@ static int spin_while_equal(_Atomic uint32_t *word, uint32_t value)
     }
 }
 
-/* CPUs this process may run on (the affinity mask, which containers
- * narrow), falling back to the online count. */
 /* ---- job lifetime ------------------------------------------------------------ */
 
 /* J5: runs once per job, on the thread that dropped the last reference. */

@@ -31,7 +31,8 @@ static inline int64_t envd_now_ns(void)
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-/* CPUs this process may run on (its affinity mask), at least 1. */
+/* CPUs this process may run on (its affinity mask, which containers narrow),
+ * falling back to the online count; at least 1. */
 static inline int envd_usable_cpus(void)
 {
     cpu_set_t set;

@@ -23,9 +23,8 @@
 
 #define CACHE_LINE 64
 
-/* Dispatch policy.  Waking a sleeping worker costs 20-40 us on the machines we
- * measured (see docs/architecture.md), so a batch cheaper than INLINE_BELOW_NS runs
- * on the calling thread.  Chunks carry at least MIN_CHUNK_NS of work (the
+/* Dispatch policy.  A batch cheaper than INLINE_BELOW_NS, about what waking a
+ * sleeping worker costs (docs/benchmarks.md), runs on the calling thread.  Chunks carry at least MIN_CHUNK_NS of work (the
  * atomic claim and a cold cache line stay negligible) and there are about
  * CHUNKS_PER_THREAD chunks per participating thread, which balances load when
  * envs differ in cost or a thread is preempted. */
@@ -205,8 +204,8 @@ static void write_episode_stats(envd_vec_t *vec, int64_t i, bool done, lazy_cloc
 
 /* One env step with time limit, episode statistics and autoreset.  Returns
  * whether the episode ended.  Forced inline into the chunk loop: gcc keeps it
- * out of line, and the call costs ~20 instructions per env (7% of a
- * CartPole step, counted with callgrind). */
+ * out of line, and the call is a measurable share of a cheap env's step
+ * (docs/benchmarks.md). */
 static inline __attribute__((always_inline)) bool step_env(run_t *run, envd_vec_t *vec,
                                                            int64_t i, lazy_clock_t *clock)
 {

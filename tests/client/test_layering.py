@@ -1,6 +1,9 @@
 """Imports point downward: the client and the modules it shares with the
 daemon never import native code or the daemon (a trainer host needs numpy,
-pyzmq, msgpack and gymnasium only), and the daemon never imports the client."""
+pyzmq, msgpack and gymnasium only), the daemon never imports the client, and
+the package's ground floor (src/envd/*.py but its front doors) imports nothing
+above it: not the tools (envd.tools: the CLI, the bench), the daemon, the
+client or the native core."""
 from __future__ import annotations
 
 import ast
@@ -10,7 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 CLIENT_SIDE = [*sorted((ROOT / "client").glob("*.py")),
-               *(ROOT / "envd" / name for name in ("protocol.py", "shm.py", "vector_base.py",
+               *(ROOT / "src" / "envd" / name for name in ("protocol.py", "shm.py", "vector_base.py",
                                                    "errors.py", "keys.py"))]
 SERVER_SIDE = sorted((ROOT / "server").glob("*.py"))
 
@@ -36,3 +39,48 @@ def test_client_side_imports_no_native_code_and_no_daemon(path):
 def test_daemon_does_not_import_the_client(path):
     bad = {m for m in imported_modules(path) if m.startswith("envd.client")}
     assert not bad, f"{path.name} imports {sorted(bad)}"
+
+
+#: The package's front doors: envd.make / envd.connect (__init__.py), `python -m
+#: envd` (__main__.py) and the gymnasium adapters, which reach into the layers
+#: above by design.  Every other module of src/envd/ is the ground floor.
+FRONT_DOORS = {"__init__.py", "__main__.py", "gymnasium_registry.py", "single_env.py"}
+GROUND_FLOOR = sorted(p for p in (ROOT / "src" / "envd").glob("*.py") if p.name not in FRONT_DOORS)
+ABOVE_THE_GROUND_FLOOR = ("envd.tools", "envd.server", "envd.client", "envd.native",
+                          "envd.integrations", "envd.gymnasium_registry", "envd.single_env")
+
+
+def test_the_ground_floor_is_what_the_client_shares():
+    names = {p.name for p in GROUND_FLOOR}
+    assert {"errors.py", "protocol.py", "shm.py", "vector_base.py", "keys.py"} <= names, names
+    assert not {"cli.py", "benchmark.py", "bench.py"} & names, "tools belong in envd/tools/"
+
+
+@pytest.mark.parametrize("path", GROUND_FLOOR, ids=lambda p: str(p.relative_to(ROOT)))
+def test_ground_floor_imports_nothing_above_it(path):
+    bad = {m for m in imported_modules(path) if m.startswith(ABOVE_THE_GROUND_FLOOR)}
+    assert not bad, f"{path.name} imports {sorted(bad)}"
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "src" / "envd" / "tools").glob("*.py")),
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_bench_and_the_cli_import_no_circle(path):
+    """The bench (bench.py and its parts, bench_*.py) never imports the CLI;
+    the CLI imports the bench only inside `envd bench`'s handler, never at
+    module level."""
+    if path.name == "bench.py" or path.name.startswith("bench_"):
+        assert not {m for m in imported_modules(path) if m.startswith("envd.tools.cli")}
+    else:
+        top_level = {node.module for node in ast.parse(path.read_text()).body
+                     if isinstance(node, ast.ImportFrom) and node.module}
+        assert not {m for m in top_level if m.startswith("envd.tools")}, top_level
+
+
+def test_nothing_below_the_tools_imports_them():
+    below = [*GROUND_FLOOR, *(ROOT / "src" / "envd" / "integrations").glob("*.py"),
+             *(ROOT / d / name for d in ("client", "server", "native")
+               for name in sorted(p.name for p in (ROOT / d).glob("*.py")))]
+    bad = {str(p.relative_to(ROOT)): sorted(m for m in imported_modules(p)
+                                              if m.startswith("envd.tools"))
+           for p in below}
+    assert not {k: v for k, v in bad.items() if v}, bad

@@ -69,8 +69,7 @@ def _clean_env() -> dict[str, str]:
 # ---- envd itself: what it accepts ------------------------------------------------------------
 
 def _envd_help(*args: str) -> str:
-    """The installed `envd`'s help (not `python -m envd.cli`: from the
-    repository root that would import the checkout's envd/ folder)."""
+    """The installed `envd` command's help, as the deploy files run it."""
     beside = Path(sys.executable).with_name("envd")
     envd_script = str(beside) if beside.exists() else shutil.which("envd")
     assert envd_script, "the envd command is not installed"
@@ -94,9 +93,7 @@ def client_variables() -> set[str]:
     import envd.client
     names: set[str] = set()
     for folder in (Path(envd.__file__).parent, Path(envd.client.__file__).parent):
-        for source in folder.glob("*.py"):
-            if source.name == "cli.py":
-                continue
+        for source in folder.glob("*.py"):  # not envd/tools/: the CLI names the daemon's too
             names |= set(re.findall(r"[\"'](ENVD_[A-Z0-9_]+)[\"']", source.read_text()))
     return names
 
@@ -365,7 +362,7 @@ def test_dockerfile_copies_what_the_wheel_is_built_from():
                    "server.key_secret", "keys/a.key", "native/_envd_native.abi3.so",
                    "native/__pycache__/registry.cpython-311.pyc", ".venv/bin/python",
                    "native/build/temp.linux-x86_64-cpython-311/x.o", "server/.venv/bin/python",
-                   "client/venv/bin/python", "envd/dist/envd-0.1.0.tar.gz", "build/lib/envd/cli.py",
+                   "client/venv/bin/python", "src/dist/envd-0.1.0.tar.gz", "build/lib/envd/tools/cli.py",
                    "tests/conftest.py", ".git/config"):
         assert ignore.excluded(secret), f"{secret} would be sent to the builder"
 
@@ -402,9 +399,10 @@ def test_build_context_builds_the_wheel(tmp_path):
         entry_points = next(archive.read(n).decode() for n in names
                             if n.endswith(".dist-info/entry_points.txt"))
     assert any(re.fullmatch(r"envd/native/_envd_native.*\.so", n) for n in names), names
-    for module in ("envd/cli.py", "envd/client/__init__.py", "envd/server/daemon.py"):
+    for module in ("envd/tools/cli.py", "envd/tools/bench.py", "envd/client/__init__.py",
+                   "envd/server/daemon.py"):
         assert module in names
-    assert re.search(r"^envd = envd\.cli:main$", entry_points, re.MULTILINE), entry_points
+    assert re.search(r"^envd = envd\.tools\.cli:main$", entry_points, re.MULTILINE), entry_points
 
 
 # ---- docker-compose.yml ---------------------------------------------------------------------

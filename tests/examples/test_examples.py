@@ -14,7 +14,7 @@ TIMEOUT = 300  # a loaded 2-core machine imports torch slowly
 
 
 def run_example(name: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    # cwd: not the checkout, whose envd/ folder would shadow the installed package.
+    # cwd: a folder of the test's own, where an example may write its outputs.
     return subprocess.run([sys.executable, str(EXAMPLES / name), *args], cwd=cwd,
                           capture_output=True, text=True, timeout=TIMEOUT)
 

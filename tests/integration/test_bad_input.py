@@ -20,7 +20,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 import envd
-from daemon_helpers import (DEADLINE, Bystander, segments_of, start_daemon,
+from support.daemon import (DEADLINE, Bystander, segments_of, start_daemon,
                             stop_daemon, wait_until)
 from envd import protocol
 from envd.shm import Segment

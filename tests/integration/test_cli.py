@@ -1,4 +1,4 @@
-"""The `envd` command line as a user meets it (envd/cli.py, envd/__main__.py):
+"""The `envd` command line as a user meets it (src/envd/tools/cli.py, src/envd/__main__.py):
 `envd list` and `envd list --json`, `python -m envd`, output into a closed
 pipe, the --threads help and note, and "did you mean" through a daemon.
 
@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 
 import envd
-from envd import cli
-from daemon_helpers import DEADLINE, DaemonProcess, wait_until
-from plugin_checks import EXAMPLE_SOURCE, build_plugin
+from envd.tools import cli
+from support.daemon import DEADLINE, DaemonProcess, wait_until
+from support.plugin_checks import EXAMPLE_SOURCE, build_plugin
 
 
 def _env() -> dict[str, str]:

@@ -12,7 +12,7 @@ import threading
 
 import numpy as np
 import pytest
-from daemon_helpers import DEADLINE, DaemonProcess, segments_of, wait_until
+from support.daemon import DEADLINE, DaemonProcess, segments_of, wait_until
 
 import envd
 
@@ -109,7 +109,7 @@ def test_a_message_over_the_limit_is_refused_by_the_client(tmp_path):
 def test_the_daemon_refuses_to_bind_over_a_file_that_is_not_a_socket(tmp_path):
     precious = tmp_path / "precious.txt"
     precious.write_text("keep me")
-    run = subprocess.run([sys.executable, "-m", "envd.cli", "--bind", f"ipc://{precious}"],
+    run = subprocess.run([sys.executable, "-m", "envd", "--bind", f"ipc://{precious}"],
                          cwd=tmp_path, capture_output=True, text=True, timeout=DEADLINE)
     assert run.returncode == 1
     assert "is not a socket" in run.stderr

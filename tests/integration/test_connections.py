@@ -24,7 +24,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 import envd
 from envd import protocol
-from daemon_helpers import DEADLINE, Bystander, DaemonProcess, TwinStepper, wait_until
+from support.daemon import DEADLINE, Bystander, DaemonProcess, TwinStepper, wait_until
 from test_curve import free_port, keys  # noqa: F401 -- keys is a fixture
 
 #: The open-file limit of the flooded daemons, and how many connections flood them.

@@ -18,7 +18,7 @@ import zmq
 import zmq.auth
 
 import envd
-from daemon_helpers import DEADLINE, wait_until
+from support.daemon import DEADLINE, wait_until
 
 #: A rejection must come at once; this bound only absorbs a loaded machine.
 FAST = 10.0
@@ -52,7 +52,7 @@ def non_loopback_address() -> str | None:
 
 def keygen(out: Path, name: str) -> tuple[Path, Path]:
     # cwd: not the checkout, whose envd/ folder would shadow the installed package
-    done = subprocess.run([sys.executable, "-m", "envd.cli", "keygen", "--out", str(out),
+    done = subprocess.run([sys.executable, "-m", "envd", "keygen", "--out", str(out),
                            "--name", name], capture_output=True, text=True, timeout=120,
                           cwd=out.parent)
     assert done.returncode == 0, done.stderr
@@ -63,7 +63,7 @@ def run_cli(cwd: Path, *argv: str, environ: dict[str, str] | None = None,
             timeout: float = 120) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ENVD_")}
     env.update(environ or {})
-    return subprocess.run([sys.executable, "-m", "envd.cli", *argv], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-m", "envd", *argv], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 

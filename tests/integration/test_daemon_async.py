@@ -8,9 +8,9 @@ import signal
 
 import numpy as np
 import pytest
-from async_helpers import async_trajectories, per_env_actions, sync_trajectories
+from support.async_steps import async_trajectories, per_env_actions, sync_trajectories
 from conftest import BUILTIN_ENV_IDS
-from daemon_helpers import DaemonProcess, segments_of, wait_until
+from support.daemon import DaemonProcess, segments_of, wait_until
 
 import envd
 

@@ -12,7 +12,7 @@ import mmap
 import numpy as np
 import pytest
 from conftest import BUILTIN_ENV_IDS, random_actions
-from daemon_helpers import DaemonProcess, segments_of, wait_until
+from support.daemon import DaemonProcess, segments_of, wait_until
 from gymnasium.vector import AutoresetMode
 
 import envd

@@ -13,7 +13,7 @@ import zmq
 
 import envd
 from envd import protocol
-from daemon_helpers import DEADLINE, wait_until
+from support.daemon import DEADLINE, wait_until
 
 #: Requests queued while the daemon is stopped, answered across the drain.
 QUEUED = 1000

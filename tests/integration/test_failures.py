@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 import pytest
-from daemon_helpers import DEADLINE, DaemonProcess, TwinStepper, segments_of, wait_until
+from support.daemon import DEADLINE, DaemonProcess, TwinStepper, segments_of, wait_until
 
 import envd
 

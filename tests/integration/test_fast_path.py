@@ -19,7 +19,7 @@ import time
 import numpy as np
 import pytest
 from conftest import BUILTIN_ENV_IDS, random_actions
-from daemon_helpers import DEADLINE, segments_of, wait_until
+from support.daemon import DEADLINE, segments_of, wait_until
 
 import envd
 
@@ -28,7 +28,7 @@ MODES = ["next_step", "same_step", "disabled"]
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    from daemon_helpers import DaemonProcess
+    from support.daemon import DaemonProcess
     with DaemonProcess(tmp_path_factory.mktemp("fast") / "daemon", "--threads", "2",
                        "--lease-timeout", "10") as daemon, daemon.connect() as client:
         yield daemon, client

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from daemon_helpers import (DEADLINE, DaemonProcess, TwinStepper, in_bounds_actions, process_state,
+from support.daemon import (DEADLINE, DaemonProcess, TwinStepper, in_bounds_actions, process_state,
                             segments_of, wait_until)
 
 import envd
@@ -41,7 +41,7 @@ import envd
 TESTS = Path(__file__).resolve().parents[1]
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
-import fault_client
+from support import fault_client
 
 
 # ---- helpers ---------------------------------------------------------------------------------
@@ -430,7 +430,7 @@ def test_client_frozen_with_sigstop_past_its_lease(harness, tmp_path):
     daemon = harness.daemon("--threads", "1", "--lease-timeout", "2")
     observer = harness.connect(daemon)
     with open(tmp_path / "frozen.err", "a+") as err:  # append: the child writes at the end whatever our offset
-        proc = subprocess.Popen([sys.executable, str(TESTS / "fault_client.py"), "frozen",
+        proc = subprocess.Popen([sys.executable, str(TESTS / "support" / "fault_client.py"), "frozen",
                                  daemon.endpoint], cwd=tmp_path, stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=err, text=True)
         harness.procs.append(proc)
@@ -482,7 +482,7 @@ def start_default_daemon(cwd: Path, environ: dict[str, str], *, umask: int = 0,
     if user is not None:
         prefix = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups"]
     return popen_with_umask(
-        umask, [*prefix, sys.executable, "-m", "envd.cli", "--threads", "1", "--lease-timeout", "30"],
+        umask, [*prefix, sys.executable, "-m", "envd", "--threads", "1", "--lease-timeout", "30"],
         cwd=cwd, env=environ)
 
 
@@ -583,7 +583,7 @@ def test_fallback_folder_is_created_0700_and_segments_belong_to_the_daemons_user
     uid = unused_uid()
     can_import = subprocess.run(
         ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", sys.executable,
-         "-c", "import envd.cli"], cwd="/", capture_output=True, text=True, check=False)
+         "-c", "import envd.tools.cli"], cwd="/", capture_output=True, text=True, check=False)
     if can_import.returncode != 0:  # e.g. a virtualenv inside a 0700 home or mktemp folder
         pytest.skip(f"another user cannot run {sys.executable} with envd (the environment "
                     "is private to this user); .ci/run makes its virtualenv readable so CI "
@@ -662,7 +662,7 @@ def test_explicit_bind_folder_is_the_users_choice(tmp_path):
         if proc.poll() is None:
             stop_default_daemon(proc)
     created = tmp_path / "new" / "deeper"
-    proc = popen_with_umask(0, [sys.executable, "-m", "envd.cli", "--threads", "1", "--bind",
+    proc = popen_with_umask(0, [sys.executable, "-m", "envd", "--threads", "1", "--bind",
                                 f"ipc://{created}/envd.sock"], cwd=tmp_path, env=clean_environ())
     try:
         connect_when_up(proc, f"ipc://{created}/envd.sock").close()

@@ -1,7 +1,7 @@
 """A protocol fuzzer against a live daemon: at least 100,000 generated messages a run.
 
 Hypothesis (derandomized, so every run sends the same messages) draws a
-corpus per example; tests/fuzz_helpers.py expands it into a batch of BATCH
+corpus per example; tests/support/fuzz.py expands it into a batch of BATCH
 messages of every kind (random bytes, msgpack of random objects, hostile
 msgpack, well-formed requests sent out of order, mutated, corrupted or with
 wrong data frames, requests naming the bystander's sessions, replays, frames
@@ -43,9 +43,9 @@ import numpy as np
 import zmq
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 
-import fuzz_helpers as fh
+from support import fuzz as fh
 from envd import protocol
-from daemon_helpers import (DEADLINE, Bystander, rss_bytes, segments_of, start_daemon,
+from support.daemon import (DEADLINE, Bystander, rss_bytes, segments_of, start_daemon,
                             stop_daemon, wait_until)
 
 #: --max-message-bytes of the fuzzed daemon: small, so frames over it are cheap.

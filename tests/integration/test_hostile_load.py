@@ -25,7 +25,7 @@ import time
 import numpy as np
 
 from envd import protocol
-from daemon_helpers import (DEADLINE, Bystander, DaemonProcess, peak_rss, segments_of,
+from support.daemon import (DEADLINE, Bystander, DaemonProcess, peak_rss, segments_of,
                             wait_until)
 from test_connections import FdWatch, flood
 from test_peer_bounds import open_folder  # noqa: F401 -- a fixture

@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 from conftest import random_actions
-from daemon_helpers import DEADLINE, DaemonProcess, segments_of, wait_until
+from support.daemon import DEADLINE, DaemonProcess, segments_of, wait_until
 
 import envd
 

@@ -13,7 +13,7 @@ import threading
 
 import numpy as np
 import pytest
-from daemon_helpers import DEADLINE, segments_of, wait_until
+from support.daemon import DEADLINE, segments_of, wait_until
 
 import envd
 
@@ -202,7 +202,7 @@ def test_restart_after_sigkill_removes_the_dead_daemons_segments(harness, tmp_pa
 # ---- one daemon per endpoint ----------------------------------------------------------
 def test_second_daemon_on_the_same_endpoint_fails_and_the_first_keeps_serving(harness, tmp_path):
     first = harness.daemon("--threads", "1", "--lease-timeout", "30")
-    run = subprocess.run([sys.executable, "-m", "envd.cli", "--bind", first.endpoint,
+    run = subprocess.run([sys.executable, "-m", "envd", "--bind", first.endpoint,
                           "--threads", "1"], cwd=tmp_path, check=False, capture_output=True,
                          text=True, timeout=DEADLINE)
     assert run.returncode == 1, run.stdout + run.stderr
@@ -222,7 +222,7 @@ def test_a_taken_tcp_port_is_reported_in_one_line(tmp_path):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        run = subprocess.run([sys.executable, "-m", "envd.cli", "--bind",
+        run = subprocess.run([sys.executable, "-m", "envd", "--bind",
                               f"tcp://127.0.0.1:{port}", "--threads", "0"], cwd=tmp_path,
                              check=False, capture_output=True, text=True, timeout=DEADLINE)
     assert run.returncode == 1, run.stdout + run.stderr
@@ -232,7 +232,7 @@ def test_a_taken_tcp_port_is_reported_in_one_line(tmp_path):
 
 # ---- envd status -------------------------------------------------------------------------
 def envd_status(endpoint: str, cwd, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "envd.cli", "status", "--endpoint", endpoint,
+    return subprocess.run([sys.executable, "-m", "envd", "status", "--endpoint", endpoint,
                            *extra], cwd=cwd, check=False, capture_output=True, text=True,
                           timeout=DEADLINE)
 

@@ -19,7 +19,7 @@ import zmq
 from gymnasium.vector import AutoresetMode
 
 import envd
-from daemon_helpers import (DEADLINE, Bystander, segments_of, start_daemon,
+from support.daemon import (DEADLINE, Bystander, segments_of, start_daemon,
                             stop_daemon, wait_until)
 from envd import protocol
 from envd.native.registry import get_spec

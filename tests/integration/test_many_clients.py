@@ -18,13 +18,13 @@ import threading
 import time
 from pathlib import Path
 
-if __name__ == "__main__":  # a worker process: find conftest and daemon_helpers
+if __name__ == "__main__":  # a worker process: find conftest and support/
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 import pytest
 from conftest import random_actions
-from daemon_helpers import DEADLINE, DaemonProcess, segments_of, wait_until
+from support.daemon import DEADLINE, DaemonProcess, segments_of, wait_until
 
 import envd
 

@@ -10,7 +10,7 @@ import urllib.request
 import numpy as np
 import pytest
 import zmq
-from daemon_helpers import DaemonProcess, stop_daemon, wait_until
+from support.daemon import DaemonProcess, stop_daemon, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
 import envd
@@ -147,7 +147,7 @@ def test_a_taken_port_refuses_to_start(tmp_path):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        done = subprocess.run([sys.executable, "-m", "envd.cli", "--bind",
+        done = subprocess.run([sys.executable, "-m", "envd", "--bind",
                                f"ipc://{tmp_path}/envd.sock", "--metrics-port", str(port)],
                               cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1, (done.stdout, done.stderr)

@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pytest
 from conftest import BUILTIN_ENV_IDS
-from daemon_helpers import DaemonProcess, in_bounds_actions, segments_of, wait_until
+from support.daemon import DaemonProcess, in_bounds_actions, segments_of, wait_until
 from gymnasium.vector import AutoresetMode, VectorEnv
 
 import envd

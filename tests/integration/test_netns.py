@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 import pytest
-from daemon_helpers import DEADLINE, in_bounds_actions, segments_of, wait_until
+from support.daemon import DEADLINE, in_bounds_actions, segments_of, wait_until
 
 import envd
 
@@ -93,7 +93,7 @@ class Host:
         and sh all exec, so the Popen's pid is the daemon's."""
         folder.mkdir(parents=True, exist_ok=True)
         self.log_path = folder / "envd.log"
-        daemon = shlex.join([sys.executable, "-m", "envd.cli", "--threads", "1",
+        daemon = shlex.join([sys.executable, "-m", "envd", "--threads", "1",
                              "--lease-timeout", "10", "--bind", self.endpoint, "--insecure"])
         with open(self.log_path, "ab") as log:
             self.daemon = subprocess.Popen(

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 import envd
-from daemon_helpers import (DEADLINE, Bystander, DaemonProcess, peak_rss, stop_daemon,
+from support.daemon import (DEADLINE, Bystander, DaemonProcess, peak_rss, stop_daemon,
                             wait_until)
 from test_curve import free_port, keygen
 
@@ -184,7 +184,7 @@ def test_ipc_allowed_uids_admits_the_uids_it_lists(open_folder):
 
 
 def test_a_bad_ipc_allowed_uids_stops_startup(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "envd.cli", "--bind",
+    done = subprocess.run([sys.executable, "-m", "envd", "--bind",
                            f"ipc://{tmp_path}/envd.sock", "--ipc-allowed-uids", "self,bob"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=DEADLINE)
     assert done.returncode != 0

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import envd
-from daemon_helpers import DEADLINE, segments_of, wait_until
+from support.daemon import DEADLINE, segments_of, wait_until
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

@@ -1,4 +1,4 @@
-"""The daemon on a sanitizer build of its native core (tests/sanitized_build.py):
+"""The daemon on a sanitizer build of its native core (tests/support/sanitized_build.py):
 AddressSanitizer (+UBSan) and ThreadSanitizer runs of the real daemon under a
 representative workload -- sync steps on a 2-thread pool, async batches in
 flight, resets, sessions closed and expired with batches in flight, a killed
@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import random_actions
-from daemon_helpers import DEADLINE, DaemonProcess, segments_of, wait_until
-from plugin_checks import BUILD_LINE, EXAMPLE_SOURCE, check_against_reference
-from sanitized_build import SANITIZERS, reports_in, runtime, sanitized_env
+from support.daemon import DEADLINE, DaemonProcess, segments_of, wait_until
+from support.plugin_checks import BUILD_LINE, EXAMPLE_SOURCE, check_against_reference
+from support.sanitized_build import SANITIZERS, reports_in, runtime, sanitized_env
 
 import envd
 

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import zmq
 
-from daemon_helpers import (DEADLINE, Bystander, DaemonProcess, segments_of, start_daemon,
+from support.daemon import (DEADLINE, Bystander, DaemonProcess, segments_of, start_daemon,
                             stop_daemon, wait_until)
 from envd import protocol
 from envd.client.doorbell import RECV, SEND, STEP, Doorbell

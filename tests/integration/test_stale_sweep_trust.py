@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon_helpers import DaemonProcess, segments_of, skip_unless_envd_runs_as
+from support.daemon import DaemonProcess, segments_of, skip_unless_envd_runs_as
 
 #: Owner of the planted files: another user (nobody).
 PLANTER = 65534

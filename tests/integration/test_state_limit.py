@@ -12,13 +12,13 @@ import zmq
 import pytest
 
 import envd
-from daemon_helpers import Bystander, segments_of, start_daemon, stop_daemon, wait_until
+from support.daemon import Bystander, segments_of, start_daemon, stop_daemon, wait_until
 from envd.native._envd_native import lib
 from envd.native.registry import get_spec
 from envd.server import config as config_module
 from envd.server.config import Config, from_args
 from envd.server.sessions import state_plan
-from plugin_checks import VARIANTS_SOURCE, build_plugin
+from support.plugin_checks import VARIANTS_SOURCE, build_plugin
 from test_limits import Raw, refused
 
 BIG_STATE = 16 << 20  # the BigState-v0 plugin's state_size: 16 MiB per env
@@ -113,7 +113,7 @@ def test_max_state_bytes(tmp_path):
 
 
 def test_envd_status_shows_the_state_in_use():
-    from envd.cli import status_table
+    from envd.tools.cli import status_table
     table = status_table({"server": "envd x", "pid": 1, "hostname": "h", "uptime_s": 2.0,
                           "threads": 2, "clients": 1, "sessions": 1, "envs": 1000,
                           "env_steps": 0, "shm_bytes": 4096, "state_bytes": 2_834_000})

@@ -15,9 +15,9 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import pytest
-from daemon_helpers import DaemonProcess, segments_of
+from support.daemon import DaemonProcess, segments_of
 from gymnasium.vector import AutoresetMode
-from plugin_checks import build_plugin
+from support.plugin_checks import build_plugin
 
 import envd
 from envd.shm import plan

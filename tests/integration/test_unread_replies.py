@@ -15,7 +15,7 @@ import msgpack
 import numpy as np
 import pytest
 import zmq
-from daemon_helpers import DEADLINE, Bystander, DaemonProcess, rss_bytes, wait_until
+from support.daemon import DEADLINE, Bystander, DaemonProcess, rss_bytes, wait_until
 
 from envd import protocol
 

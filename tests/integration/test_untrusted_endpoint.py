@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon_helpers import DEADLINE, DaemonProcess, skip_unless_envd_runs_as
+from support.daemon import DEADLINE, DaemonProcess, skip_unless_envd_runs_as
 from test_faults import clean_environ, unused_uid
 
 ATTACKER = 65534

@@ -21,6 +21,10 @@ NATIVE = ROOT / "native"
 INCLUDE = NATIVE / "include"
 SRC = NATIVE / "src"
 ABI_VERSION = int(re.search(r"#define ENVD_ABI_VERSION\s+(\d+)u", (INCLUDE / "envd.h").read_text())[1])
+#: envd.h's error codes, name -> value: the rows X(ENVD_<name>, value, "message")
+#: of its one table, ENVD_ERRNO_MAP (read from the header, not copied).
+ERROR_CODES = {name: int(value) for name, value in re.findall(
+    r'^\s+X\((ENVD_(?:OK|E[A-Z]+)), (-?\d+), "[^"]+"\)', (INCLUDE / "envd.h").read_text(), re.M)}
 
 # The flags the package build uses (native/build_ffi.py): no FMA contraction, no
 # fast-math, so C arithmetic rounds exactly as numpy's does.

@@ -8,7 +8,7 @@ import pytest
 
 import envd
 from envd.native._envd_native import lib
-from async_helpers import async_trajectories, per_env_actions, sync_trajectories
+from support.async_steps import async_trajectories, per_env_actions, sync_trajectories
 from conftest import BUILTIN_ENV_IDS
 
 

@@ -16,8 +16,7 @@ import cbuild
 from conftest import BUILTIN_ENV_IDS
 
 HEADER = (cbuild.INCLUDE / "envd.h").read_text()
-CODES = {name: int(value) for name, value in
-         re.findall(r"#define (ENVD_(?:OK|E[A-Z]+))\s+\(?(-?\d+)\)?", HEADER)}
+CODES = cbuild.ERROR_CODES
 ERROR_MIN = int(re.search(r"#define ENVD_ERROR_MIN\s+\((-\d+)\)", HEADER)[1])
 ABI_VERSION = int(re.search(r"#define ENVD_ABI_VERSION\s+(\d+)u", HEADER)[1])
 DTYPES = {name: int(value) for name, value in re.findall(r"ENVD_DTYPE_(\w+) = (\d+)", HEADER)}
@@ -26,9 +25,9 @@ OK, EINVAL, EABI = CODES["ENVD_OK"], CODES["ENVD_EINVAL"], CODES["ENVD_EABI"]
 
 BOX, DISCRETE = 0, 1
 ELEMENT_SIZES = {"FLOAT32": 4, "FLOAT64": 8, "INT64": 8, "INT32": 4, "UINT8": 1, "BOOL": 1}
-BUILTIN_SYMBOLS = ["envd_builtin_cartpole", "envd_builtin_pendulum", "envd_builtin_mountain_car",
-                   "envd_builtin_mountain_car_continuous", "envd_builtin_acrobot",
-                   "envd_builtin_snake", "envd_builtin_connect_four"]
+# the rows X(name) of ENVD_BUILTIN_ENVS (builtin_envs.h), the one list of built-ins
+BUILTIN_SYMBOLS = ["envd_builtin_" + name for name in re.findall(
+    r"^\s+X\((\w+)\)", (cbuild.SRC / "builtin_envs.h").read_text(), re.M)]
 INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
 
 

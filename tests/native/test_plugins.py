@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-import plugin_checks
-from plugin_checks import EXAMPLE_SOURCE, VARIANTS_SOURCE, build_plugin, run_check
+from support import plugin_checks
+from support.plugin_checks import EXAMPLE_SOURCE, VARIANTS_SOURCE, build_plugin, run_check
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +116,7 @@ def test_a_refused_plugin_is_unloaded_so_its_fix_loads(tmp_path):
 
 def test_envd_list_shows_the_envs_of_plugin_flags(example, tmp_path):
     broken = build_plugin(VARIANTS_SOURCE, tmp_path / "libother_abi.so", "OTHER_ABI")
-    proc = subprocess.run([sys.executable, "-m", "envd.cli", "--plugin", str(example),
+    proc = subprocess.run([sys.executable, "-m", "envd", "--plugin", str(example),
                            "--plugin", str(broken), "list"],
                           capture_output=True, text=True, cwd="/")
     assert "GuessNumber-v0" in proc.stdout and "penalty (float" in proc.stdout

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import re
 import select
 import threading
 from pathlib import Path
@@ -15,8 +14,7 @@ import pytest
 import cbuild
 
 STRESS = Path(__file__).resolve().parent / "pool_stress.c"
-CODES = {m[0]: int(m[1]) for m in re.findall(r"#define (ENVD_E\w+) \((-\d+)\)",
-                                             (cbuild.INCLUDE / "envd.h").read_text())}
+CODES = cbuild.ERROR_CODES
 
 # Loop divisors keep each run to a few seconds on a loaded 2-core machine.
 DIVISORS = {"plain": 1, "tsan": 5, "asan": 4}

@@ -19,7 +19,6 @@ ignores the action and reports reward 0, not terminated, not truncated.
 from __future__ import annotations
 
 import ctypes
-import re
 
 import numpy as np
 import pytest
@@ -31,9 +30,7 @@ G = 12          # grid cells per side
 PX = 7          # pixels per cell
 MOVES = [(-1, 0), (0, 1), (1, 0), (0, -1)]  # up, right, down, left
 EMPTY, FOOD, BODY, HEAD = 0, 64, 128, 255
-_HEADER = (cbuild.INCLUDE / "envd.h").read_text()
-EINVAL, ESTATE = (int(re.search(rf"#define ENVD_{name}\s+\((-\d+)\)", _HEADER)[1])
-                  for name in ("EINVAL", "ESTATE"))
+EINVAL, ESTATE = cbuild.ERROR_CODES["ENVD_EINVAL"], cbuild.ERROR_CODES["ENVD_ESTATE"]
 
 
 class RefSnake:

@@ -194,7 +194,7 @@ def test_pinning_workers():
 
 
 def test_cli_lists_envs(capsys):
-    from envd.cli import main
+    from envd.tools.cli import main
     assert main(["list"]) == 0
     out = capsys.readouterr().out
     for env_id in BUILTIN_ENV_IDS:

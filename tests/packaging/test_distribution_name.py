@@ -12,7 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
 #: Folders and top-level files users read or run (not build outputs or virtualenvs).
-SCANNED = ("README.md", "SECURITY.md", "mkdocs.yml", "docker-compose.yml", "docs", "envd",
+SCANNED = ("README.md", "SECURITY.md", "mkdocs.yml", "docker-compose.yml", "docs", "src",
            "client", "server", "native", "tests", "deploy", "examples", "bench", ".ci")
 SUFFIXES = {".py", ".md", ".yml", ".yaml", ".toml", ".txt", ".sh", ".c", ".h", ".cfg", ""}
 
@@ -43,7 +43,7 @@ def _scanned_files() -> list[Path]:
 
 def test_distribution_name_is_not_the_taken_one():
     assert _distribution_name() == "envd-rl"
-    assert re.search(r'^envd = "envd\.cli:main"$', PYPROJECT, re.M), "the command must stay envd"
+    assert re.search(r'^envd = "envd\.tools\.cli:main"$', PYPROJECT, re.M), "the command must stay envd"
 
 
 def test_no_message_or_doc_names_an_extra_of_the_wrong_distribution():
@@ -73,5 +73,5 @@ def test_extras_are_named_with_the_distribution_somewhere():
 def test_installed_distribution_provides_the_envd_command_and_package():
     dist = importlib.metadata.distribution(_distribution_name())
     scripts = {ep.name: ep.value for ep in dist.entry_points if ep.group == "console_scripts"}
-    assert scripts == {"envd": "envd.cli:main"}
+    assert scripts == {"envd": "envd.tools.cli:main"}
     assert any(Path(str(f)).as_posix() == "envd/__init__.py" for f in dist.files or [])

@@ -23,7 +23,8 @@ def hook():
 @pytest.mark.parametrize("page, target, expected", [
     ("configuration.md", "../SECURITY.md#curve-authentication-tcp", "security.md#curve-authentication-tcp"),
     ("troubleshooting.md", "../README.md#benchmarks", "readme.md#benchmarks"),
-    ("protocol.md", "../envd/protocol.py", "api.md#envd.protocol"),
+    ("protocol.md", "../src/envd/protocol.py", "api.md#envd.protocol"),
+    ("architecture.md", "../src/envd/tools/cli.py", "api.md#envd.tools.cli"),
     ("architecture.md", "../client/connection.py", "api.md#envd.client.connection"),
     ("architecture.md", "../native/__init__.py", "api.md#envd.native"),
     ("metrics.md", "configuration.md#metrics", "configuration.md#metrics"),

@@ -46,12 +46,15 @@ def test_wheel_carries_the_package_the_native_core_and_py_typed(wheel: Path):
     assert re.search(rf"^Version: {re.escape(envd.__version__)}$", metadata, re.M)
     assert "envd/py.typed" in names
     assert "envd/native/include/envd.h" in names  # plugins compile against the installed header
+    # the facts generated from the C headers at build time (native/build_ffi.py), git-ignored
+    assert "envd/_native_facts.py" in names, "the wheel lacks the generated envd/_native_facts.py"
     assert any(re.fullmatch(r"envd/native/_envd_native\..*\.so", n) for n in names), \
         "no compiled native core in the wheel"
     assert not [n for n in names if n.endswith(".c")], "C sources belong in the sdist only"
-    for package in ("envd", "envd/client", "envd/server", "envd/native", "envd/integrations"):
+    for package in ("envd", "envd/client", "envd/server", "envd/native", "envd/integrations",
+                    "envd/tools"):
         assert f"{package}/__init__.py" in names, f"{package} missing"
-    assert re.search(r"^envd = envd\.cli:main$", entry_points, re.M), entry_points
+    assert re.search(r"^envd = envd\.tools\.cli:main$", entry_points, re.M), entry_points
     tags = re.findall(r"^Tag: (\S+)$", wheel_info, re.M)
     assert tags and all(not t.endswith("-any") for t in tags), f"not a binary wheel: {tags}"
     if ON_CI:  # CI repairs the wheel with auditwheel

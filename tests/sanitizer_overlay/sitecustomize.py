@@ -1,5 +1,5 @@
 """Loaded at interpreter start when this folder is on PYTHONPATH (see
-tests/sanitized_build.py): answer the import of envd.native._envd_native with
+tests/support/sanitized_build.py): answer the import of envd.native._envd_native with
 the extension file named by ENVD_NATIVE_OVERRIDE (a sanitizer build); every
 other import is left to the normal finders."""
 import importlib.machinery

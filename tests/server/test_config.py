@@ -308,7 +308,7 @@ def _run_cli(tmp_path, *argv, environ=None):
     # if validation ever let these through, the daemon would bind here (and be killed)
     env["ENVD_BIND"] = f"ipc://{tmp_path}/cli.sock"
     env.update(environ or {})
-    return subprocess.run([sys.executable, "-m", "envd.cli", *argv], cwd=tmp_path, env=env,
+    return subprocess.run([sys.executable, "-m", "envd", *argv], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=120)
 
 

@@ -270,10 +270,10 @@ def test_a_clients_remote_endpoint_variable_does_not_break_the_command_line(monk
 def test_envd_list_and_status_work_with_a_remote_endpoint_variable(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("ENVD_")}
     env["ENVD_ENDPOINT"] = "tcp://192.0.2.99:5555"  # TEST-NET-1: nothing answers there
-    listed = subprocess.run([sys.executable, "-m", "envd.cli", "list"], cwd=tmp_path, env=env,
+    listed = subprocess.run([sys.executable, "-m", "envd", "list"], cwd=tmp_path, env=env,
                             capture_output=True, text=True, timeout=120)
     assert listed.returncode == 0 and "CartPole-v1" in listed.stdout, listed.stderr
-    status = subprocess.run([sys.executable, "-m", "envd.cli", "status", "--timeout", "0.5"],
+    status = subprocess.run([sys.executable, "-m", "envd", "status", "--timeout", "0.5"],
                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert status.returncode == 1 and "no envd daemon answered" in status.stderr
     assert "Traceback" not in status.stderr

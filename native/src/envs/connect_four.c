@@ -45,9 +45,8 @@
  *   (best - 1, +inf), so a move scoring >= best is exact and one scoring
  *   < best only proves it (integer scores).
  *
- * Cost of a step on a 2-core x86 machine (envd.make, 1024 envs, serial,
- * legal random moves in the first ten agent moves): about 6 us at depth 4,
- * 20 us at depth 5 (the default), 45 us at depth 6; roughly x2.5 per ply.
+ * A step's cost grows about geometrically with the depth (figures per depth:
+ * docs/benchmarks.md).
  *
  * Board representation: one bitboard per player, bit (7 * col + row) with
  * row 0 the BOTTOM row; row 6 of each column is an always-empty sentinel, so

@@ -13,12 +13,18 @@ Layout::
                   24  step_seq     u64      steps started (the daemon bumps it at submit)
                   32  done_seq     u64      steps completed (bumped before the reply)
                   64  session id   32 bytes ASCII hex
+                 128  the fast path's doorbell (DOORBELL_OFFSET: ENVD_FAST_OFFSET,
+                      envd_fast_header_t of native/src/fast.h; envd.client.doorbell)
     HEADER_SIZE  the batch arrays, each starting on a 64-byte cache line, in the
                  order of envd.vector_base.buffer_layout; where each one lies is
                  sent to the client in the make reply (name -> offset, dtype, shape).
 
-The sequence counters are there for a later same-host fast path (a doorbell
-word woken with a futex) that needs no socket round trip.
+The sequence counters count the socket path's steps and resets: step_seq is
+bumped when the daemon submits one, done_seq before its reply, so step_seq >
+done_seq while one is in flight (the fault tests read them to see it).  The
+same-host fast path does not use them: its doorbell lies further in the
+header page (DOORBELL_OFFSET, generated from native/src/fast.h's
+ENVD_FAST_OFFSET; its fields: envd.client.doorbell).
 
 Attaching maps the file with mmap directly rather than through
 multiprocessing.shared_memory, whose resource tracker would unlink the
@@ -34,6 +40,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from envd import _native_facts
 from envd.errors import SharedMemoryError, UntrustedSegmentError
 from envd.ownership import untrusted_reason
 
@@ -46,6 +53,10 @@ ALIGN = 64
 _HEADER = struct.Struct("<8sIIQ")
 _STEP_SEQ, _DONE_SEQ = 24, 32
 _SESSION_OFFSET, _SESSION_LEN = 64, 32
+#: Where the doorbell lies in the header page (generated from native/src/fast.h;
+#: tests/native/test_facts.py checks that it fits between the session id and
+#: the arrays).
+DOORBELL_OFFSET = _native_facts.FAST_OFFSET
 
 
 def plan(layout: dict[str, tuple[tuple[int, ...], np.dtype]]) -> tuple[dict[str, list], int]:

@@ -234,7 +234,7 @@ def test_daemon_render_errors_leave_the_session_usable(daemon):
 def test_daemon_refuses_a_render_over_its_message_limit(tmp_path):
     """A reply carries all the frames: more bytes than --max-message-bytes
     is refused by name before anything is drawn, and the session goes on."""
-    from daemon_helpers import DaemonProcess
+    from support.daemon import DaemonProcess
     limit = 2_000_000  # two 720,000-byte CartPole frames fit, three do not
     with DaemonProcess(tmp_path / "small", "--max-message-bytes", str(limit)) as daemon, \
             daemon.connect() as client:

@@ -1,5 +1,5 @@
-"""Unit tests of the wire protocol (envd/protocol.py) and the shared-memory
-layout (envd/shm.py), without a daemon."""
+"""Unit tests of the wire protocol (src/envd/protocol.py) and the shared-memory
+layout (src/envd/shm.py), without a daemon."""
 from __future__ import annotations
 
 import os

@@ -2,7 +2,7 @@
 
 Every wait polls with a generous deadline (a loaded 2-core machine may be slow;
 a fast one does not wait longer).  A daemon runs on a temporary ipc endpoint,
-from a temporary working directory (so the checkout's envd/ folder never
+from a temporary working directory (so that no file of the test's cwd ever
 shadows the installed package), and logs to a file the failing test prints.
 """
 from __future__ import annotations
@@ -62,7 +62,7 @@ def skip_unless_envd_runs_as(setpriv: Sequence[str]) -> None:
     from this interpreter (e.g. a virtualenv in a private folder; .ci/run
     makes its own readable, so CI runs these tests)."""
     import pytest
-    done = subprocess.run([*setpriv, sys.executable, "-c", "import envd.cli"], cwd="/",
+    done = subprocess.run([*setpriv, sys.executable, "-c", "import envd.tools.cli"], cwd="/",
                           capture_output=True, text=True, check=False)
     if done.returncode != 0:
         pytest.skip(f"another user cannot run {sys.executable} with envd: "
@@ -88,7 +88,7 @@ class DaemonProcess:
         self.log_path = folder / "envd.log"
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [*prefix, sys.executable, "-m", "envd.cli", "--bind", self.endpoint, *args],
+            [*prefix, sys.executable, "-m", "envd", "--bind", self.endpoint, *args],
             cwd=folder, stdout=self._log, stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})})
         self.pid = self.proc.pid

@@ -5,7 +5,7 @@
   hundred trainers each paying it would take the test well over a minute on
   a loaded 2-core machine).  Each trainer connects on its own, makes 1-2 envs
   of random built-in ids, sync or async, and steps them until it is SIGKILLed.
-- ``python fault_client.py frozen ENDPOINT``: the client of the SIGSTOP test;
+- ``python tests/support/fault_client.py frozen ENDPOINT``: the client of the SIGSTOP test;
   it makes envs, says "ready", waits for "go" on stdin, and prints as JSON
   what its next calls raised.
 """
@@ -17,10 +17,15 @@ import sys
 import time
 import traceback
 
+from pathlib import Path
+
+if __name__ == "__main__":  # run as a script: tests/ on sys.path, for `support`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import numpy as np
 
 import envd
-from daemon_helpers import in_bounds_actions
+from support.daemon import in_bounds_actions
 
 #: Phases a trainer reports in its slot of the progress array.
 STARTED, CONNECTED, MADE, STEPPING, FAILED = 1, 2, 3, 4, -1

@@ -17,7 +17,7 @@ To run on it, a Python process needs:
   every other module (envd, numpy, zmq, uvloop) imports as usual.
 
 sanitized_env(kind) returns that environment for a subprocess (e.g.
-tests/daemon_helpers.DaemonProcess(..., env=sanitized_env("asan"))).
+tests/support/daemon.DaemonProcess(..., env=sanitized_env("asan"))).
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NATIVE = ROOT / "native"
 MODULE = "envd.native._envd_native"
 
@@ -39,7 +39,7 @@ SANITIZER_REPORTS = ("WARNING: ThreadSanitizer", "ERROR: AddressSanitizer",
                      "ERROR: LeakSanitizer", "runtime error:", "ThreadSanitizer: ",
                      "AddressSanitizer: ", "UndefinedBehaviorSanitizer")
 
-SUPPRESSIONS = Path(__file__).resolve().parent / "sanitizer_suppressions"
+SUPPRESSIONS = ROOT / "tests" / "sanitizer_suppressions"
 
 # kind -> (extra compile flags, extra link flags, runtime library, environment)
 SANITIZERS = {
@@ -59,7 +59,7 @@ SANITIZERS = {
 }
 
 _BUILD_DIR = Path(tempfile.gettempdir()) / f"envd-sanitized-{os.getuid()}"
-OVERLAY = Path(__file__).resolve().parent / "sanitizer_overlay"
+OVERLAY = ROOT / "tests" / "sanitizer_overlay"
 
 
 def _build_ffi():
@@ -135,7 +135,7 @@ def reports_in(text: str) -> list[str]:
     return [line for line in text.splitlines() if any(s in line for s in SANITIZER_REPORTS)]
 
 
-if __name__ == "__main__":  # python tests/sanitized_build.py asan|tsan: build, print env
+if __name__ == "__main__":  # python tests/support/sanitized_build.py asan|tsan: build, print env
     for kind in sys.argv[1:] or ["asan", "tsan"]:
         print(kind, build(kind))
         for k, v in sanitized_env(kind).items():

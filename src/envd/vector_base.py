@@ -22,8 +22,8 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from envd.errors import (EnvdError, EnvStateError, InvalidActionError, InvalidArgumentError,
-                         NativeError)
+from envd.errors import (NATIVE_CODES, EnvdError, EnvStateError, InvalidActionError,
+                         InvalidArgumentError, NativeError, native_strerror)
 from envd.stepping import Stepper
 
 SEED_LIMIT = 2**64
@@ -120,10 +120,8 @@ def action_out_of_range(env_id: str, space: spaces.Discrete, action: int,
         f"{space} accepts {space.start}..{space.start + space.n - 1}")
 
 
-#: envd.h's error codes a step can return (native/include/envd.h; a test
-#: checks them against the native library): the client, which never loads
-#: native code, maps the fast path's status with them.
-NATIVE_CODES = {"EINVAL": -1, "ERANGE": -3, "ESTATE": -6, "EBUSY": -8, "EENV": -9}
+# NATIVE_CODES (envd.errors; generated from envd.h's table, so the client,
+# which never loads native code, has them) maps the fast path's statuses too.
 
 
 def step_error(env_id: str, action_space: spaces.Space, code: int, index: int,
@@ -144,7 +142,7 @@ def step_error(env_id: str, action_space: spaces.Space, code: int, index: int,
     if code == NATIVE_CODES["EENV"]:
         return NativeError(f"{env_id}: env {index} failed in its reset, step or write_info "
                            "callback", code)
-    return NativeError(f"{env_id}: step failed with envd error {code}", code)
+    return NativeError(f"{env_id}: step failed: {native_strerror(code)}", code)
 
 
 def send_error(env_id: str, action_space: spaces.Space, num_envs: int, code: int, index: int,

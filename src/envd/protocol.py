@@ -141,7 +141,7 @@ import msgpack
 import numpy as np
 from gymnasium import spaces
 
-from envd import errors
+from envd import _native_facts, errors
 
 #: 2: replies over SMALL_REPLY_BYTES carry "token", requests may carry "ack".
 PROTOCOL_VERSION = 2
@@ -208,9 +208,10 @@ INPUT_ARRAYS = ("actions", "reset_seeds", "reset_mask")
 #: Arrays of a session's layout that only the fast path uses (the env ids of
 #: its sends and recvs): neither input nor output of the inline transport.
 DOORBELL_ARRAYS = ("doorbell_ids",)
-#: Where the fast path's doorbell lies in a session's header page (its
-#: fields: envd.shm.Doorbell; the daemon's side: native/src/fast.h).
-DOORBELL_OFFSET = 128
+#: Where the fast path's doorbell lies in a session's header page
+#: (ENVD_FAST_OFFSET of native/src/fast.h, which defines its fields; the
+#: client's side: envd.client.doorbell.Doorbell).
+DOORBELL_OFFSET = _native_facts.FAST_OFFSET
 #: Values of make's transport option (Client.make): auto tries shared memory
 #: and falls back to inline.
 TRANSPORTS = ("auto", "shm", "inline")

@@ -8,8 +8,27 @@ Each class carries ``error_code``, the name the daemon puts on the wire for it
 (see envd.protocol.ERROR_CODES): an error raised inside the daemon reaches the
 client as the same class with the same message, so a remote env fails exactly
 as an in-process one would.
+
+The native core's own codes (``NativeError.code``, the fast path's statuses)
+come from envd.h's one table (ENVD_ERRNO_MAP), generated into
+envd._native_facts at build time: ``NATIVE_CODES`` and ``native_strerror``
+name them without loading native code.
 """
 from __future__ import annotations
+
+from envd import _native_facts
+
+#: envd.h's error codes by name without ``ENVD_``: {"OK": 0, "EINVAL": -1, ...}.
+NATIVE_CODES: dict[str, int] = {name.removeprefix("ENVD_"): code
+                                for name, (code, _) in _native_facts.ERRORS.items()}
+_NATIVE_MESSAGES = {code: f"{message} ({name})"
+                    for name, (code, message) in _native_facts.ERRORS.items()}
+
+
+def native_strerror(code: int) -> str:
+    """envd_strerror's message for a native error code, with the code's name
+    (e.g. "resource busy (ENVD_EBUSY)"), without loading the native core."""
+    return _NATIVE_MESSAGES.get(code, f"unknown error code ({code})")
 
 
 class EnvdError(Exception):

@@ -39,14 +39,15 @@ import gymnasium
 from gymnasium.envs import registration as _gym_registration
 from gymnasium.vector import VectorEnv
 
+from envd import _native_facts
+
 #: The namespace of envd's ids in gymnasium's registry.
 NAMESPACE = "envd"
 #: The ids of envd's built-in envs, registered at ``import envd`` without
 #: loading the native core (a trainer that only talks to a daemon never loads
-#: it); tests/integrations/test_gymnasium_registry.py checks the list against
-#: envd.list_envs().
-BUILTIN_ENV_IDS = ("Acrobot-v1", "CartPole-v1", "ConnectFour-v0", "MountainCar-v0",
-                   "MountainCarContinuous-v0", "Pendulum-v1", "Snake-v0")
+#: it): generated from builtin_envs.h's list at build time;
+#: tests/ecosystem/test_gymnasium.py checks them against envd.list_envs().
+BUILTIN_ENV_IDS = tuple(sorted(_native_facts.BUILTIN_ENV_IDS))
 #: The spec kwarg naming the envd id (gymnasium passes spec kwargs to the entry points).
 _ID_KWARG = "envd_id"
 

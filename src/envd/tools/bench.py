@@ -16,15 +16,19 @@ CartPole-v1 env steps per second for N in ``--sizes`` (default 1, 64, 1024,
   - gymnasium's AsyncVectorEnv (one process per env: N <= 64 only)
 
 plus the round-trip latency of one step at N=1 (p50/p99), a sweep of
-in-process thread counts 0..CPUs for CartPole-v1 and Acrobot-v1, and four
+in-process thread counts 0..CPUs for CartPole-v1 and Acrobot-v1, four
 client processes of 1024 envs stepping at once through one daemon versus one
-client of 4096.  It prints the table, ratios and PASS/FAIL target lines, and
-writes results.json, results.csv, report.txt and steps_per_second.png
-(matplotlib, also in the ``bench`` extra) into the output directory.
+client of 4096, and the async-with-learner comparison (bench_learner.py).  It
+prints the table, ratios and PASS/FAIL/NOT JUDGED target lines, and writes
+results.json, results.csv, report.txt and steps_per_second.png (matplotlib,
+also in the ``bench`` extra) into the output directory.
 
-Machines are noisy: every configuration of one N is measured in several short
-rounds, in a fresh random order each round with the garbage collector paused,
-and the best round is kept.
+Machines are noisy (bench_rounds.py, bench_load.py): the configurations
+compared are measured round by round (every configuration once per round, in
+a shuffled order, the garbage collector paused), the report gives each
+one's median and spread over rounds, a target whose spread is wider than its
+margin is NOT JUDGED, and the run is flagged when other processes loaded the
+machine meanwhile.
 """
 from __future__ import annotations
 
@@ -37,7 +41,6 @@ import json
 import multiprocessing
 import os
 import platform
-import random
 import signal
 import subprocess
 import sys
@@ -51,6 +54,9 @@ from typing import Any, TextIO
 import numpy as np
 
 import envd
+from envd.tools import bench_learner, bench_load
+from envd.tools.bench_rounds import (NOT_AVAILABLE, interleaved_rounds, judge, paired_ratios,
+                                     rate_text, ratio_text, spread, spread_text)
 
 ENV_ID = "CartPole-v1"
 SIZES = (1, 64, 1024, 4096)
@@ -77,11 +83,14 @@ class Settings:
     progress: bool = True
     latency_steps: int = 4000      # timed steps per latency row, over all rounds
     scaling_seconds: float = 1.0   # per scaling round
+    learner_envs: int = 4096       # N of the async-with-learner comparison (batch N/2)
+    learner_seconds: float = 0.5   # per learner measurement (a ConnectFour sync step: ~40 ms)
 
     @classmethod
     def quick(cls, **overrides: Any) -> Settings:
-        """Settings that finish in well under a minute on a 2-core machine."""
-        values = {"seconds": 0.03, "rounds": 2, "latency_steps": 400, "scaling_seconds": 0.2}
+        """Settings that finish in about a minute on a 2-core machine."""
+        values = {"seconds": 0.03, "rounds": 2, "latency_steps": 400, "scaling_seconds": 0.2,
+                  "learner_envs": 1024, "learner_seconds": 0.05}
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
 
@@ -323,7 +332,7 @@ class Bench:
         procs = {}
         for label, count in (("1", 1), ("auto", self.auto_threads)):
             endpoint = f"ipc://{self.folder.name}/envd-{label}.sock"
-            args = [sys.executable, "-m", "envd.cli", "--bind", endpoint,
+            args = [sys.executable, "-m", "envd", "--bind", endpoint,
                     "--log-level", "warning", "--threads", str(count)]
             # The daemons are the benchmark's own: no ENVD_* setting of the
             # caller's (a metrics port, pinned CPUs, a bind address) applies.
@@ -388,13 +397,14 @@ class Bench:
         found[("gymnasium AsyncVectorEnv", "-")] = lambda: _gym_async_run(env_id, n)
         return found
 
-    def measure_group(self, env_id: str, n: int) -> dict[tuple[str, str], float | str]:
-        """Every configuration of one env and N: best env steps/s of the rounds,
-        or the reason it was not measured ('n/a: ...' or '-: ...')."""
+    def measure_group(self, env_id: str, n: int) -> dict[tuple[str, str], list[float] | str]:
+        """Every configuration of one env and N: env steps/s of each round
+        (rounds interleaved), or the reason it was not measured ('n/a: ...' or
+        '-: ...')."""
         s = self.settings
         factories = self.configs(env_id, n)
         runs: dict[tuple[str, str], Any] = {}
-        results: dict[tuple[str, str], float | str] = {}
+        results: dict[tuple[str, str], list[float] | str] = {}
         try:
             for key, factory in factories.items():
                 self.progress.show(f"{env_id} N={n} starting {_label(key)}")
@@ -410,20 +420,18 @@ class Bench:
                     # a peer, or the fast path, that cannot run here: say why, go on
                     results[key] = f"n/a: {type(exc).__name__}: {exc}"
             self.progress.advance(s.rounds * (len(factories) - len(runs)))
-            best = dict.fromkeys(runs, 0.0)
-            order = list(runs)
-            for round_index in range(s.rounds):
-                random.shuffle(order)
-                for key in order:
-                    self.progress.show(f"{env_id} N={n} {_label(key)} "
-                                       f"(round {round_index + 1}/{s.rounds})")
-                    gc.disable()
-                    try:
-                        best[key] = max(best[key], runs[key].rate(s.seconds))
-                    finally:
-                        gc.enable()
+
+            def measure(key: tuple[str, str], round_index: int) -> float:
+                self.progress.show(f"{env_id} N={n} {_label(key)} "
+                                   f"(round {round_index + 1}/{s.rounds})")
+                gc.disable()
+                try:
+                    return runs[key].rate(s.seconds)
+                finally:
+                    gc.enable()
                     self.progress.advance()
-            results.update(best)
+
+            results.update(interleaved_rounds(list(runs), s.rounds, measure))
         finally:
             for run in runs.values():
                 run.close()
@@ -440,35 +448,39 @@ class Bench:
             "envd in-process": lambda: SyncRun(envd.make(ENV_ID, 1, seed=0), 1),
             "EnvPool sync": lambda: SyncRun(_envpool_make(ENV_ID, 1, 1, "1"), 1, envpool=True),
         }
-        runs, samples, results = {}, {}, {}
+        runs: dict[str, SyncRun] = {}
+        results: dict[str, dict[str, Any] | str] = {}
         per_round = max(10, s.latency_steps // s.rounds)
         try:
             for name, factory in factories.items():
                 try:
                     runs[name] = factory()
-                    samples[name] = []
                 except Unavailable as exc:
                     results[name] = f"n/a: {exc}"
             self.progress.advance(s.rounds * (len(factories) - len(runs)))
-            order = list(runs)
-            for round_index in range(s.rounds):
-                random.shuffle(order)
-                for name in order:
-                    self.progress.show(f"latency N=1 {name} (round {round_index + 1}/{s.rounds})")
-                    runs[name].call_times(10)  # warm up
-                    gc.disable()
-                    try:
-                        samples[name].append(runs[name].call_times(per_round))
-                    finally:
-                        gc.enable()
+            samples: dict[str, list[np.ndarray]] = {name: [] for name in runs}
+
+            def measure(name: str, round_index: int) -> float:
+                self.progress.show(f"latency N=1 {name} (round {round_index + 1}/{s.rounds})")
+                runs[name].call_times(10)  # warm up
+                gc.disable()
+                try:
+                    samples[name].append(runs[name].call_times(per_round) * 1e6)
+                finally:
+                    gc.enable()
                     self.progress.advance()
+                return float(np.percentile(samples[name][-1], 50))
+
+            p50_rounds = interleaved_rounds(list(runs), s.rounds, measure)
         finally:
             for run in runs.values():
                 run.close()
         for name, parts in samples.items():
-            times = np.concatenate(parts) * 1e6
+            times = np.concatenate(parts)
             results[name] = {"p50": float(np.percentile(times, 50)),
-                             "p99": float(np.percentile(times, 99)), "count": int(times.size)}
+                             "p99": float(np.percentile(times, 99)), "count": int(times.size),
+                             "p50_rounds": p50_rounds[name],
+                             "p99_rounds": [float(np.percentile(p, 99)) for p in parts]}
         return results
 
     def measure_scaling(self) -> dict[str, Any]:
@@ -499,20 +511,19 @@ class Bench:
                     if kind == "error":
                         raise RuntimeError(f"a scaling client process failed: {value}")
                     fast_path[name] = value
-            best = dict.fromkeys(groups, 0.0)
-            order = list(groups)
-            for round_index in range(s.rounds):
-                random.shuffle(order)
-                for name in order:
-                    self.progress.show(f"scaling {name} (round {round_index + 1}/{s.rounds})")
-                    start = time.monotonic() + 0.05  # CLOCK_MONOTONIC: one clock for all processes
-                    for _, conn in workers[name]:
-                        conn.send((start, start + s.scaling_seconds))
-                    replies = [conn.recv() for _, conn in workers[name]]
-                    steps = sum(r[0] for r in replies)
-                    end = max(r[1] for r in replies)
-                    best[name] = max(best[name], steps / (end - start))
-                    self.progress.advance()
+
+            def measure(name: str, round_index: int) -> float:
+                self.progress.show(f"scaling {name} (round {round_index + 1}/{s.rounds})")
+                start = time.monotonic() + 0.05  # CLOCK_MONOTONIC: one clock for all processes
+                for _, conn in workers[name]:
+                    conn.send((start, start + s.scaling_seconds))
+                replies = [conn.recv() for _, conn in workers[name]]
+                steps = sum(r[0] for r in replies)
+                end = max(r[1] for r in replies)
+                self.progress.advance()
+                return steps / (end - start)
+
+            rounds = interleaved_rounds(list(groups), s.rounds, measure)
         finally:
             for members in workers.values():
                 for proc, conn in members:
@@ -527,7 +538,24 @@ class Bench:
                         proc.kill()
                         proc.join()
                     conn.close()
-        return {"steps_per_second": best, "fast_path": fast_path}
+        return {"steps_per_second": {name: spread(v).median for name, v in rounds.items()},
+                "rounds": rounds, "fast_path": fast_path}
+
+    def measure_learner(self) -> dict[str, Any]:
+        """The async-with-learner comparison (bench_learner.py) through the
+        auto daemon and in-process."""
+        s = self.settings
+        results = {}
+        for env_id in bench_learner.LEARNER_ENVS:
+            self.progress.show(f"learner {env_id}: starting")
+            results[env_id] = bench_learner.measure_env(
+                env_id, s.learner_envs, self.clients["auto"], s.rounds, s.learner_seconds,
+                on_measure=self._learner_progress)
+        return results
+
+    def _learner_progress(self, label: str) -> None:
+        self.progress.show(f"learner {label}")
+        self.progress.advance()
 
     # -- the whole run
     def run(self) -> dict[str, Any]:
@@ -539,17 +567,23 @@ class Bench:
                                                    for n in s.sizes]
         total = sum(len(self.configs(env_id, n)) for env_id, n in groups) * s.rounds
         total += 4 * s.rounds + 2 * s.rounds  # latency rows, scaling groups
+        total += len(bench_learner.LEARNER_ENVS) * len(bench_learner.SYSTEMS) * 4 * s.rounds
         self.progress = Progress(total, enabled=s.progress)
+        before = bench_load.sample()
         self.progress.show("starting the daemons")
         self.start_daemons()
-        groups_done: dict[str, dict[int, dict[tuple[str, str], float | str]]] = {}
+        groups_done: dict[str, dict[int, dict[tuple[str, str], list[float] | str]]] = {}
         for env_id, n in groups:
             groups_done.setdefault(env_id, {})[n] = self.measure_group(env_id, n)
         latency = self.measure_latency()
         scaling = self.measure_scaling()
-        self.close()
+        learner = self.measure_learner()
+        self.close()  # the daemons exit and are reaped: their CPU time is ours
+        after = bench_load.sample()
         machine["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
-        self.results = assemble(machine, self, groups_done, latency, scaling)
+        machine["load"] = (bench_load.assess(before, after, self.cpus).as_dict()
+                           if before and after else None)
+        self.results = assemble(machine, self, groups_done, latency, scaling, learner)
         return self.results
 
 
@@ -643,18 +677,31 @@ def scaling_client(endpoint: str, env_id: str, n: int, conn: Any) -> None:
 
 
 # ---- results ------------------------------------------------------------------------------
+def _median_or_reason(cell: list[float] | str) -> float | str:
+    return cell if isinstance(cell, str) else spread(cell).median
+
+
 def assemble(machine: dict[str, Any], bench: Bench, groups: dict, latency: dict,
-             scaling: dict) -> dict[str, Any]:
+             scaling: dict, learner: dict | None = None) -> dict[str, Any]:
+    """The results: each cell the median of its rounds (or why it is not
+    measured), with every round's value next to it."""
     s = bench.settings
     main = groups[ENV_ID]
     rows = []
     for system, threads in ROWS:
-        cells = {n: main[n].get((system, threads), "-: not measured") for n in s.sizes}
-        rows.append({"system": system, "threads": threads, "cells": cells})
-    sweep = {}
+        measured = {n: main[n].get((system, threads), "-: not measured") for n in s.sizes}
+        rows.append({"system": system, "threads": threads,
+                     "cells": {n: _median_or_reason(c) for n, c in measured.items()},
+                     "rounds": {n: c for n, c in measured.items() if isinstance(c, list)}})
+    sweep, sweep_rounds = {}, {}
     for env_id in SWEEP_ENVS:
-        sweep[env_id] = {t: {n: groups[env_id][n][("envd in-process", t)] for n in s.sizes}
-                         for t in [*map(str, bench.fixed_threads), "auto"]}
+        keys = [*map(str, bench.fixed_threads), "auto"]
+        measured = {t: {n: groups[env_id][n][("envd in-process", t)] for n in s.sizes}
+                    for t in keys}
+        sweep[env_id] = {t: {n: _median_or_reason(c) for n, c in cells.items()}
+                         for t, cells in measured.items()}
+        sweep_rounds[env_id] = {t: {n: c for n, c in cells.items() if isinstance(c, list)}
+                                for t, cells in measured.items()}
     results = {
         "machine": machine,
         "settings": dataclasses.asdict(s),
@@ -666,33 +713,30 @@ def assemble(machine: dict[str, Any], bench: Bench, groups: dict, latency: dict,
         "table": rows,
         "latency_us": latency,
         "thread_sweep": sweep,
+        "thread_sweep_rounds": sweep_rounds,
         "scaling": scaling,
+        "learner": bench_learner.summary(learner) if learner else {},
     }
     results["targets"] = targets(results)
     return results
 
 
-def _value(cell: Any) -> float | None:
-    return cell if isinstance(cell, float) else None
-
-
 def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
-    """The performance targets, each PASS, FAIL or N/A with its numbers:
-    {target, status, value, op, limit, detail}."""
+    """The performance targets, each judged over the rounds
+    (bench_rounds.judge: PASS, FAIL, NOT JUDGED when the spread is wider than
+    the margin, N/A when not measured), with its numbers: {target, status,
+    value (median), spread (half the min-max range), margin, op, limit, detail}.
+    A ratio of two configurations is taken round by round."""
     found = []
 
-    def add(name: str, value: float | None, op: str, limit: float, detail: str) -> None:
-        if value is None:
-            status = "N/A"
-        else:
-            status = "PASS" if (value <= limit if op == "<=" else value >= limit) else "FAIL"
-        found.append({"target": name, "status": status, "value": value, "op": op,
-                      "limit": limit, "detail": detail})
+    def add(name: str, values: list[float] | None, op: str, limit: float, detail: str) -> None:
+        found.append({"target": name, **judge(values, op, limit), "op": op, "limit": limit,
+                      "detail": detail})
 
-    def cell(system: str, threads: str, n: int) -> float | None:
+    def rounds(system: str, threads: str, n: int) -> list[float] | None:
         for row in r["table"]:
             if row["system"] == system and row["threads"] == threads:
-                return _value(row["cells"].get(n))
+                return row.get("rounds", {}).get(n) or None
         return None
 
     def why(value: Any, default: str = "not measured") -> str:
@@ -700,75 +744,74 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
 
     lat = r["latency_us"]
     fast, pool = lat.get("envd fast path"), lat.get("EnvPool sync")
-    fast_p50 = fast["p50"] if isinstance(fast, dict) else None
-    pool_p50 = pool["p50"] if isinstance(pool, dict) else None
+    fast_p50 = fast["p50_rounds"] if isinstance(fast, dict) else None
+    pool_p50 = pool["p50_rounds"] if isinstance(pool, dict) else None
     add("N=1 fast path round trip p50 <= 15 us", fast_p50, "<=", 15.0,
-        f"p50 {fast_p50:.1f} us" if fast_p50 is not None else why(fast))
-    ratio = fast_p50 / pool_p50 if fast_p50 is not None and pool_p50 else None
+        f"p50 {spread_text(fast_p50, _us)}" if fast_p50 else why(fast))
+    ratio = paired_ratios(fast_p50, pool_p50) if fast_p50 and pool_p50 else None
     add("N=1 fast path round trip p50 <= 0.5x EnvPool in-process per call", ratio, "<=", 0.5,
-        f"{fast_p50:.1f} us / {pool_p50:.1f} us = {ratio:.2f}x" if ratio is not None
-        else why(fast, "") or why(pool))
+        f"{spread_text(fast_p50, _us)} / {spread_text(pool_p50, _us)} = {ratio_text(ratio)}"
+        if ratio else why(fast, "") or why(pool))
 
-    def daemon_best(n: int) -> tuple[float | None, str]:
-        options = [(cell(name, "auto", n), name)
-                   for name in ("envd daemon socket", "envd fast path")]
-        options = [o for o in options if o[0] is not None]
-        return max(options) if options else (None, "")
+    def daemon_best(n: int) -> tuple[list[float] | None, str]:
+        """The daemon path with the higher median at n, and its rounds."""
+        options = [(spread(v).median, name, v) for name in ("envd daemon socket", "envd fast path")
+                   if (v := rounds(name, "auto", n))]
+        if not options:
+            return None, ""
+        _, which, values = max(options)
+        return values, which
 
     sizes = r["sizes"]
     name = "N=4096 daemon (best of socket/fast path, T=auto) >= 0.9x envd in-process (T=auto)"
     best, which = daemon_best(4096)
-    inproc = cell("envd in-process", "auto", 4096)
-    ratio = best / inproc if best and inproc else None
-    if ratio is not None:
-        detail = f"{which} {_rate(best)} / {_rate(inproc)} = {ratio:.2f}x"
+    inproc = rounds("envd in-process", "auto", 4096)
+    ratio = paired_ratios(best, inproc) if best and inproc else None
+    if ratio:
+        detail = f"{which} {spread_text(best)} / {spread_text(inproc)} = {ratio_text(ratio)}"
     else:
         detail = "N=4096 not in --sizes" if 4096 not in sizes else "not measured"
     add(name, ratio, ">=", 0.9, detail)
     name = "N=1024 daemon (best of socket/fast path, T=auto) >= 5x EnvPool sync (best T)"
     best, which = daemon_best(1024)
-    pools = [v for v in (cell("EnvPool sync", t, 1024) for t in ("1", "auto")) if v]
-    pool_best = max(pools) if pools else None
-    ratio = best / pool_best if best and pool_best else None
-    if ratio is not None:
-        detail = f"{which} {_rate(best)} / {_rate(pool_best)} = {ratio:.2f}x"
+    pools = [v for v in (rounds("EnvPool sync", t, 1024) for t in ("1", "auto")) if v]
+    pool_best = max(pools, key=lambda v: spread(v).median) if pools else None
+    ratio = paired_ratios(best, pool_best) if best and pool_best else None
+    if ratio:
+        detail = f"{which} {spread_text(best)} / {spread_text(pool_best)} = {ratio_text(ratio)}"
     elif 1024 not in sizes:
         detail = "N=1024 not in --sizes"
     else:
         detail = why(next((row["cells"][1024] for row in r["table"]
                            if row["system"] == "EnvPool sync"), None))
     add(name, ratio, ">=", 5.0, detail)
-    for env_id, by_threads in r["thread_sweep"].items():
+    for env_id, by_threads in r["thread_sweep_rounds"].items():
         for n in sizes:
-            fixed = {t: _value(row[n]) for t, row in by_threads.items() if t != "auto"}
+            fixed = {t: cells.get(n) for t, cells in by_threads.items() if t != "auto"}
             fixed = {t: v for t, v in fixed.items() if v}
-            auto = _value(by_threads["auto"][n])
+            auto = by_threads.get("auto", {}).get(n)
             name = f"{env_id} N={n}: auto threads >= 0.95x the best fixed count (in-process)"
             if not fixed or not auto:
                 add(name, None, ">=", 0.95, "not measured")
                 continue
-            t_best = max(fixed, key=fixed.get)
-            ratio = auto / fixed[t_best]
-            add(name, ratio, ">=", 0.95,
-                f"auto {_rate(auto)} / threads={t_best} {_rate(fixed[t_best])} = {ratio:.2f}x")
-    rates = r["scaling"]["steps_per_second"]
+            t_best = max(fixed, key=lambda t: spread(fixed[t]).median)
+            ratio = paired_ratios(auto, fixed[t_best])
+            add(name, ratio, ">=", 0.95, f"auto {spread_text(auto)} / threads={t_best} "
+                f"{spread_text(fixed[t_best])} = {ratio_text(ratio)}")
+    by_group = r["scaling"].get("rounds", {})
     many, one = f"{SCALING_CLIENTS}x{SCALING_ENVS}", f"1x{SCALING_CLIENTS * SCALING_ENVS}"
-    ratio = rates[many] / rates[one] if rates.get(one) else None
+    ratio = paired_ratios(by_group[many], by_group[one]) \
+        if by_group.get(many) and by_group.get(one) else None
     add(f"{SCALING_CLIENTS} clients x {SCALING_ENVS} envs at once (aggregate) >= 0.8x one "
         f"client x {SCALING_CLIENTS * SCALING_ENVS}", ratio, ">=", 0.8,
-        f"{_rate(rates[many])} / {_rate(rates[one])} = {ratio:.2f}x" if ratio is not None
-        else "not measured")
+        f"{spread_text(by_group[many])} / {spread_text(by_group[one])} = {ratio_text(ratio)}"
+        if ratio else "not measured")
+    found.extend(bench_learner.targets(r.get("learner", {})))
     return found
 
 
-def _rate(x: float | None) -> str:
-    """1234567.0 -> '1.23M'."""
-    if x is None:
-        return "n/a"
-    for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if x >= size:
-            return f"{x / size:.3g}{unit}"
-    return f"{x:.3g}"
+def _us(x: float) -> str:
+    return f"{x:.1f} us"
 
 
 def _machine_text(m: dict[str, Any], bench: Bench) -> str:
@@ -783,22 +826,44 @@ def _machine_text(m: dict[str, Any], bench: Bench) -> str:
             f"threads: auto = daemon --threads {bench.auto_threads}; in-process num_threads=None "
             f"({bench.inprocess_auto} worker(s) + the caller); EnvPool num_threads=min("
             f"{bench.cpus}, batch_size)\n"
-            f"each configuration: best of {bench.settings.rounds} rounds of "
-            f"{bench.settings.seconds:g} s, random order, gc paused")
+            f"each configuration: {bench.settings.rounds} rounds of {bench.settings.seconds:g} s, "
+            f"interleaved (every configuration compared once per round, shuffled), gc paused;\n"
+            f"figures are medians over rounds, '±' half the min-max range over rounds "
+            f"(relative to the median for rates)")
 
 
-def _cell_text(cell: Any) -> str:
+def _cell_text(cell: Any, values: list[float] | None = None) -> str:
+    """A table cell: '24.1M ±3%' from its rounds, the bare median without
+    them, else 'n/a' or '-'."""
+    if values:
+        return spread_text(values)
     if isinstance(cell, float):
-        return _rate(cell)
+        return rate_text(cell)
     return "n/a" if str(cell).startswith("n/a") else "-"
+
+
+CELL = 13  # width of a table column: '24.1M ±120%' fits
+
+
+def load_text(machine: dict[str, Any]) -> str:
+    """The load line: the warning, or the figures of a quiet machine."""
+    load = machine.get("load")
+    if not load:
+        return "machine load: not measured (no Linux /proc)"
+    if load["reasons"]:
+        return bench_load.warning_text(load["reasons"])
+    return (f"machine load: quiet (other processes {100 * load['other_fraction']:.0f}%, "
+            f"steal {100 * load['steal_fraction']:.0f}% of {load['cpus']} usable CPU(s); "
+            f"load average {load['load_before']:.2f} before, {load['load_after']:.2f} after)")
 
 
 def report(r: dict[str, Any]) -> str:
     """The printed report: table, latency, thread sweep, scaling, ratios, targets."""
     sizes = r["sizes"]
     t = r["threads"]
-    lines = [f"\n{r['env_id']}: env steps per second (best of rounds)",
-             f"{'system':<26}{'threads':>8}" + "".join(f"{'N=' + str(n):>10}" for n in sizes)]
+    lines = [f"\n{load_text(r['machine'])}" if "machine" in r else "",
+             f"\n{r['env_id']}: env steps per second (median of rounds, ± half their range)",
+             f"{'system':<26}{'threads':>8}" + "".join(f"{'N=' + str(n):>{CELL}}" for n in sizes)]
     notes = {}
     for row in r["table"]:
         threads = row["threads"]
@@ -813,7 +878,9 @@ def report(r: dict[str, Any]) -> str:
                 and len(reasons) == 1:
             lines.append(f"{head}  n/a ({reasons.pop()[5:]})")
             continue
-        lines.append(head + "".join(f"{_cell_text(c):>10}" for c in cells))
+        by_round = row.get("rounds", {})
+        lines.append(head + "".join(f"{_cell_text(c, by_round.get(n)):>{CELL}}"
+                                    for n, c in row["cells"].items()))
         for n, c in row["cells"].items():
             if isinstance(c, str):
                 ns = notes.setdefault((row["system"], c), [])
@@ -824,59 +891,97 @@ def report(r: dict[str, Any]) -> str:
     lines.append("\nround trip of one step at N=1 (us)")
     for name, value in r["latency_us"].items():
         if isinstance(value, dict):
-            lines.append(f"  {name:<22} p50 {value['p50']:8.1f}   p99 {value['p99']:8.1f}")
+            p50 = spread(value["p50_rounds"]) if value.get("p50_rounds") else None
+            each = (f"   (per round: p50 {p50.low:.1f}-{p50.high:.1f})" if p50 else "")
+            lines.append(f"  {name:<22} p50 {value['p50']:8.1f}   p99 {value['p99']:8.1f}{each}")
         else:
             lines.append(f"  {name:<22} n/a ({value[5:]})")
     lines.append("\nthread sweep, envd in-process: env steps per second")
     for env_id, by_threads in r["thread_sweep"].items():
-        lines.append(f"{env_id:<14}{'threads':>8}" + "".join(f"{'N=' + str(n):>10}" for n in sizes))
+        lines.append(f"{env_id:<14}{'threads':>8}"
+                     + "".join(f"{'N=' + str(n):>{CELL}}" for n in sizes))
+        by_round = r.get("thread_sweep_rounds", {}).get(env_id, {})
         for threads, row in by_threads.items():
             label = f"auto({t['auto_in_process']})" if threads == "auto" else threads
-            lines.append(f"{'':<14}{label:>8}"
-                         + "".join(f"{_cell_text(row[n]):>10}" for n in sizes))
+            lines.append(f"{'':<14}{label:>8}" + "".join(
+                f"{_cell_text(row[n], by_round.get(threads, {}).get(n)):>{CELL}}"
+                for n in sizes))
     sc = r["scaling"]
     lines.append("\nclients stepping at once through one daemon (T=auto): aggregate env steps/s")
     for name, rate in sc["steps_per_second"].items():
         path = "fast path" if sc["fast_path"].get(name) else "socket path"
-        lines.append(f"  {name:<10} {_rate(rate):>8}  ({path})")
-    lines.append("\nratios (T=auto)")
-    rows = {(row["system"], row["threads"]): row["cells"] for row in r["table"]}
+        values = sc.get("rounds", {}).get(name)
+        lines.append(f"  {name:<10} {_cell_text(rate, values):>{CELL}}  ({path})")
+    lines.append("\nratios (T=auto; median of per-round ratios ± half their range)")
+    rows = {(row["system"], row["threads"]): row.get("rounds", {}) for row in r["table"]}
     inproc = rows[("envd in-process", "auto")]
     for system in ("envd daemon socket", "envd fast path"):
-        for base, base_cells in (("envd in-process", inproc),
-                                 ("EnvPool sync", rows[("EnvPool sync", "auto")])):
-            ratios = [_ratio(rows[(system, "auto")][n], base_cells[n]) for n in sizes]
+        for base, base_rounds in (("envd in-process", inproc),
+                                  ("EnvPool sync", rows[("EnvPool sync", "auto")])):
+            ratios = [_ratio(rows[(system, "auto")].get(n), base_rounds.get(n)) for n in sizes]
             lines.append(f"  {system + ' / ' + base:<44}"
-                         + "".join(f"{x:>10}" for x in ratios))
-    lines.append("\ntargets")
+                         + "".join(f"{x:>{CELL}}" for x in ratios))
+    if r.get("learner"):
+        lines.append("\nasync with a learner: env steps per second, sync (step N, learn N) and "
+                     "async (recv B, send B, learn B);\nthe learner takes T per env step learnt "
+                     "on, T = one envd in-process sync step / N; sleep: time.sleep, busy: a CPU "
+                     "loop")
+        lines.extend(bench_learner.report_lines(r["learner"]))
+    lines.append("\ntargets (PASS/FAIL; NOT JUDGED: the spread over rounds is wider than the "
+                 "margin to the target)")
     for target in r["targets"]:
-        lines.append(f"  {target['status']:<4}  {target['target']}: {target['detail']}")
-    return "\n".join(lines)
+        lines.append(f"  {target['status']:<10}  {target['target']}: {target['detail']}")
+    if "machine" in r and (r["machine"].get("load") or {}).get("reasons"):
+        lines.append(f"\n{load_text(r['machine'])}")  # again, next to the verdicts
+    return "\n".join(line for line in lines if line != "")
 
 
-def _ratio(a: Any, b: Any) -> str:
-    return f"{a / b:.2f}x" if isinstance(a, float) and isinstance(b, float) and b else "-"
+def _ratio(a: list[float] | None, b: list[float] | None) -> str:
+    """Per-round ratio text of two configurations' rounds, '-' without both."""
+    ratios = paired_ratios(a, b) if a and b else None
+    return ratio_text(ratios) if ratios else "-"
 
 
 def write_csv(r: dict[str, Any], path: Path) -> None:
+    """One line per measured configuration: the median and the min-max of its
+    rounds, or why it was not measured (note)."""
+    def spread_cells(values: list[float] | None) -> list[Any]:
+        if not values:
+            return ["", "", "", ""]
+        s = spread(values)
+        return [s.median, s.low, s.high, s.rounds]
+
     with open(path, "w", newline="") as f:
         out = csv.writer(f)
         out.writerow(["section", "env_id", "system", "threads", "num_envs",
-                      "steps_per_second", "note"])
+                      "steps_per_second", "min", "max", "rounds", "note"])
         for row in r["table"]:
             for n, c in row["cells"].items():
                 out.writerow(["table", r["env_id"], row["system"], row["threads"], n,
-                              c if isinstance(c, float) else "", "" if isinstance(c, float) else c])
+                              *spread_cells(row.get("rounds", {}).get(n)),
+                              "" if isinstance(c, float) else c])
         for env_id, by_threads in r["thread_sweep"].items():
+            by_round = r.get("thread_sweep_rounds", {}).get(env_id, {})
             for threads, cells in by_threads.items():
                 for n, c in cells.items():
                     out.writerow(["thread_sweep", env_id, "envd in-process", threads, n,
-                                  c if isinstance(c, float) else "",
+                                  *spread_cells(by_round.get(threads, {}).get(n)),
                                   "" if isinstance(c, float) else c])
-        for name, rate in r["scaling"]["steps_per_second"].items():
+        for name in r["scaling"]["steps_per_second"]:
             clients, n = name.split("x")
             out.writerow(["scaling", r["env_id"], f"envd daemon, {clients} client(s)", "auto",
-                          n, rate, "aggregate"])
+                          n, *spread_cells(r["scaling"].get("rounds", {}).get(name)),
+                          "aggregate"])
+        for env_id, entry in r.get("learner", {}).items():
+            for system, learners in entry["rounds"].items():
+                for learner, modes in learners.items():
+                    for mode, values in modes.items():
+                        out.writerow(["learner", env_id, system, f"{mode}, {learner} learner",
+                                      entry["num_envs"], *spread_cells(values),
+                                      f"batch {entry['batch_size']}"])
+            for system, why in entry["missing"].items():
+                out.writerow(["learner", env_id, system, "", entry["num_envs"],
+                              "", "", "", "", f"n/a: {why}"])
 
 
 def _jsonable(value: Any) -> Any:
@@ -969,7 +1074,3 @@ def parse_sizes(values: Iterable[int]) -> tuple[int, ...]:
 
 
 __all__ = ["Bench", "Progress", "Settings", "main", "report", "targets"]
-
-if __name__ == "__main__":  # python -m envd.benchmark [options]: envd bench [options]
-    from envd.cli import main as cli_main
-    sys.exit(cli_main(["bench", *sys.argv[1:]]))

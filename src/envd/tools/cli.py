@@ -8,9 +8,10 @@
     envd keygen [--out DIR] [--name NAME]
                               write a CURVE key pair (DIR/NAME.key, DIR/NAME.key_secret)
     envd bench [--quick] [--out DIR] [--seconds S] [--rounds R] [--sizes N ...]
-                              the performance comparison on this machine (envd.benchmark)
+               [--learner-envs N]
+                              the performance comparison on this machine (envd.tools.bench)
 
-``python -m envd`` runs the same (envd/__main__.py).  Output cut short by its
+``python -m envd`` runs the same (src/envd/__main__.py).  Output cut short by its
 reader (``envd status --json | head``) ends the command quietly, as Unix tools
 do: exit status 141 (128 + SIGPIPE), no traceback.
 """
@@ -199,7 +200,7 @@ def _status(endpoint: str | None, timeout: float, as_json: bool,
 
 
 def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from envd import benchmark
+    from envd.tools import bench as benchmark
 
     if args.seconds is not None and args.seconds <= 0:
         parser.error("envd bench: --seconds must be > 0")
@@ -207,12 +208,15 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         parser.error("envd bench: --rounds must be >= 1")
     if args.bench_threads is not None and args.bench_threads < 1:
         parser.error("envd bench: --threads must be >= 1")
+    if args.learner_envs is not None and (args.learner_envs < 2 or args.learner_envs % 2):
+        parser.error("envd bench: --learner-envs must be even and >= 2 (batch N/2)")
     try:
         sizes = benchmark.parse_sizes(args.sizes) if args.sizes else None
     except ValueError as exc:
         parser.error(f"envd bench: {exc}")
     options = {"seconds": args.seconds, "rounds": args.rounds, "sizes": sizes,
                "threads": args.bench_threads, "out": args.out,
+               "learner_envs": args.learner_envs,
                "progress": not args.no_progress}
     if args.quick:
         settings = benchmark.Settings.quick(**options)
@@ -325,11 +329,15 @@ def _main(argv: list[str] | None) -> int:
     bench.add_argument("--seconds", type=float, metavar="S",
                        help="seconds per measurement (default 0.3; --quick 0.03)")
     bench.add_argument("--rounds", type=int, metavar="R",
-                       help="rounds per configuration, best kept (default 7; --quick 2)")
+                       help="rounds per configuration, interleaved; the median and spread "
+                       "are reported (default 7; --quick 2)")
     bench.add_argument("--sizes", type=int, nargs="+", metavar="N",
                        help="num_envs values (default 1 64 1024 4096)")
     bench.add_argument("--threads", type=int, metavar="T", dest="bench_threads",
                        help="threads of the benchmark's 'auto' daemon (default: usable CPUs)")
+    bench.add_argument("--learner-envs", type=int, metavar="N",
+                       help="N of the async-with-learner comparison, batch N/2 (even; "
+                       "default 4096; --quick 1024)")
     bench.add_argument("--no-progress", action="store_true",
                        help="no progress bar (it is shown only when stderr is a terminal)")
     args = parser.parse_args(argv)

@@ -15,7 +15,7 @@ from gymnasium.utils.env_checker import check_env
 
 import envd
 from conftest import random_actions
-from daemon_helpers import in_bounds_actions, wait_until
+from support.daemon import in_bounds_actions, wait_until
 from envd.gymnasium_registry import BUILTIN_ENV_IDS
 from envd.single_env import EnvdEnv
 
@@ -272,6 +272,6 @@ def test_single_env_through_the_daemon(daemon):
 
 
 def test_plugin_ids_are_registered_when_loaded(tmp_path):
-    from plugin_checks import EXAMPLE_SOURCE, build_plugin, run_check
+    from support.plugin_checks import EXAMPLE_SOURCE, build_plugin, run_check
     library = build_plugin(EXAMPLE_SOURCE, tmp_path / "libguess_number.so")
     run_check("gymnasium_ids_of_plugin", str(library))

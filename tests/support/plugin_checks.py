@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE_SOURCE = ROOT / "examples" / "plugins" / "guess_number.c"
 VARIANTS_SOURCE = ROOT / "tests" / "native" / "plugin_variants.c"
 # The build line documented in examples/plugins/guess_number.c and docs/writing-envs.md.
@@ -25,7 +25,7 @@ def build_plugin(source: Path, out: Path, *defines: str) -> Path:
     """Compile a plugin with the documented one-line build (plus -D defines)."""
     line = BUILD_LINE.format(python=sys.executable, source=source, out=out)
     line += "".join(f" '-D{d}'" for d in defines) + " -Wall -Wextra -Werror"
-    # from "/": a checkout's envd/ folder in the cwd would shadow the package
+    # from "/", as a plugin author's build runs: anywhere but the checkout
     proc = subprocess.run(["bash", "-c", line], capture_output=True, text=True, cwd="/")
     assert proc.returncode == 0, f"{line}\n{proc.stderr}"
     return out
@@ -33,8 +33,8 @@ def build_plugin(source: Path, out: Path, *defines: str) -> Path:
 
 def run_check(name: str, *args: str, timeout: float = 120) -> None:
     """Run plugin_checks.<name>(*args) in a fresh interpreter; fail with its output."""
-    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
-            f"import plugin_checks; plugin_checks.{name}(*sys.argv[1:])")
+    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parents[1])!r}); "
+            f"from support import plugin_checks; plugin_checks.{name}(*sys.argv[1:])")
     proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
                           timeout=timeout, cwd="/")
     assert proc.returncode == 0, f"{name}{args} failed:\n{proc.stdout}\n{proc.stderr}"

@@ -1,0 +1,135 @@
+"""Two installs of envd side by side: is a change faster or slower?
+
+Runs the same workloads with two Python interpreters (e.g. the virtualenv of
+main and the one of a branch), alternating them round by round (A, B, A, B,
+...) so that both see the same machine, and prints per-workload medians and
+the B/A ratio of each round (median and range).  Each interpreter has its own
+daemon, started at the beginning and idle while the other one measures.
+
+    python bench/ab_installs.py /path/to/venv-a/bin/python /path/to/venv-b/bin/python \
+        [--rounds 7] [--seconds 0.5]
+
+Workloads (N = 4096 unless said): in-process sync steps of CartPole-v1 and
+Acrobot-v1; in-process async CartPole-v1 (batch 2048, send/recv); the
+daemon's fast path and socket path, CartPole-v1 sync; the daemon's async
+CartPole-v1 (batch 2048).  Public API only, so any two versions compare.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# Run inside each interpreter: measures every workload once, prints JSON.
+WORKER = r"""
+import json, sys, time
+import numpy as np
+import envd
+
+endpoint, seconds = sys.argv[1], float(sys.argv[2])
+
+def rate(call, envs_per_call):
+    call()  # warm up
+    calls, start = 0, time.perf_counter()
+    while True:
+        for _ in range(8):
+            call()
+        calls += 8
+        now = time.perf_counter()
+        if now - start >= seconds:
+            return calls * envs_per_call / (now - start)
+
+def sync(env):
+    actions = np.zeros(env.action_space.shape, env.action_space.dtype)
+    env.reset(seed=0)
+    return rate(lambda: env.step(actions), env.num_envs)
+
+def asynchronous(env, batch):
+    env.async_reset(seed=0)
+    actions = np.zeros((batch,) + env.single_action_space.shape, env.single_action_space.dtype)
+    def once():
+        obs, rew, term, trunc, info = env.recv()
+        env.send(actions, info["env_id"])
+    return rate(once, batch)
+
+out = {}
+with envd.make("CartPole-v1", 4096, seed=0) as env:
+    out["in-process CartPole sync"] = sync(env)
+with envd.make("Acrobot-v1", 4096, seed=0) as env:
+    out["in-process Acrobot sync"] = sync(env)
+with envd.make("CartPole-v1", 4096, seed=0, batch_size=2048) as env:
+    out["in-process CartPole async"] = asynchronous(env, 2048)
+with envd.connect(endpoint) as client:
+    with client.make("CartPole-v1", 4096, seed=0) as env:
+        out["daemon CartPole sync (default path)"] = sync(env)
+    with client.make("CartPole-v1", 4096, seed=0, fast_path=False) as env:
+        out["daemon CartPole sync (socket)"] = sync(env)
+    with client.make("CartPole-v1", 4096, seed=0, batch_size=2048) as env:
+        out["daemon CartPole async"] = asynchronous(env, 2048)
+print(json.dumps(out))
+"""
+
+
+def start_daemon(python: str, folder: Path) -> tuple[subprocess.Popen, str]:
+    endpoint = f"ipc://{folder}/envd.sock"
+    proc = subprocess.Popen([python, "-m", "envd", "--threads", "2", "--bind", endpoint],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            cwd=folder)
+    deadline = time.monotonic() + 60
+    while not (folder / "envd.sock").exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"the daemon of {python} did not start")
+        time.sleep(0.05)
+    return proc, endpoint
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("python_a")
+    parser.add_argument("python_b")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--seconds", type=float, default=0.5)
+    args = parser.parse_args()
+    pythons = {"A": args.python_a, "B": args.python_b}
+    results: dict[str, list[dict[str, float]]] = {"A": [], "B": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        daemons = {}
+        try:
+            for name, python in pythons.items():
+                folder = Path(tmp) / name
+                folder.mkdir()
+                daemons[name] = start_daemon(python, folder)
+            for round_index in range(args.rounds):
+                order = ["A", "B"] if round_index % 2 == 0 else ["B", "A"]
+                for name in order:
+                    run = subprocess.run(
+                        [pythons[name], "-c", WORKER, daemons[name][1], str(args.seconds)],
+                        capture_output=True, text=True, cwd=tmp, check=True)
+                    results[name].append(json.loads(run.stdout))
+                print(f"round {round_index + 1}/{args.rounds} done", file=sys.stderr)
+        finally:
+            for proc, _ in daemons.values():
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=60)
+    print(f"A = {args.python_a}\nB = {args.python_b}\n"
+          f"{args.rounds} rounds, alternating; env steps per second, median over rounds; "
+          f"load average at the end {os.getloadavg()[0]:.2f} on "
+          f"{len(os.sched_getaffinity(0))} CPUs")
+    print(f"{'workload':40} {'A':>10} {'B':>10} {'B/A median':>11} {'B/A range':>14}")
+    for key in results["A"][0]:
+        a = [r[key] for r in results["A"]]
+        b = [r[key] for r in results["B"]]
+        ratios = [y / x for x, y in zip(a, b)]
+        print(f"{key:40} {statistics.median(a) / 1e6:9.2f}M {statistics.median(b) / 1e6:9.2f}M "
+              f"{statistics.median(ratios):10.2f}x {min(ratios):6.2f}-{max(ratios):.2f}x")
+
+
+if __name__ == "__main__":
+    main()

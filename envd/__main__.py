@@ -1,7 +1,0 @@
-"""``python -m envd``: the ``envd`` command (envd.cli), for when the console
-script is not on PATH (e.g. a virtualenv that is not activated)."""
-import sys
-
-from envd.cli import main
-
-sys.exit(main())
