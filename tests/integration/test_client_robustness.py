@@ -19,8 +19,11 @@ import envd
 
 @pytest.fixture
 def stoppable(tmp_path):
-    """A daemon the test may SIGSTOP; continued and stopped cleanly afterwards."""
-    proc = DaemonProcess(tmp_path / "daemon", "--threads", "1", "--lease-timeout", "2")
+    """A daemon the test may SIGSTOP; continued and stopped cleanly afterwards.
+    Its lease (30 s) outlasts any stop of these tests, however slow the
+    machine: a stopped daemon hears no heartbeat, and a short lease could
+    expire the client as soon as it is continued."""
+    proc = DaemonProcess(tmp_path / "daemon", "--threads", "1", "--lease-timeout", "30")
     try:
         yield proc
     finally:
@@ -30,14 +33,17 @@ def stoppable(tmp_path):
 
 
 def test_a_timed_out_step_keeps_the_buffers_until_the_daemon_finished_it(stoppable):
-    with stoppable.connect(timeout=1) as client, envd.make("CartPole-v1", 8, seed=3) as local:
+    with stoppable.connect(timeout=DEADLINE) as client, \
+            envd.make("CartPole-v1", 8, seed=3) as local:
         remote = client.make("CartPole-v1", 8, seed=3)
         remote.reset()
         local.reset()
         requested = np.array([0, 1, 1, 0, 1, 0, 0, 1])
         stoppable.signal(signal.SIGSTOP)
+        client.timeout = 1.0  # short only while the daemon cannot answer
         with pytest.raises(envd.EnvdTimeoutError):
             remote.step(requested)
+        client.timeout = DEADLINE
         # The daemon may still run that step: a new call must not touch the
         # actions it reads, and says why.
         with pytest.raises(envd.EnvStateError, match="timed out and the daemon has not answered"):
@@ -62,10 +68,12 @@ def test_a_timed_out_step_keeps_the_buffers_until_the_daemon_finished_it(stoppab
 
 
 def test_a_timed_out_make_is_closed_when_its_late_reply_comes(stoppable):
-    with stoppable.connect(timeout=1) as client:
+    with stoppable.connect(timeout=DEADLINE) as client:
         stoppable.signal(signal.SIGSTOP)
+        client.timeout = 1.0  # short only while the daemon cannot answer
         with pytest.raises(envd.EnvdTimeoutError):
             client.make("CartPole-v1", 4, seed=0)
+        client.timeout = DEADLINE
         stoppable.signal(signal.SIGCONT)
         # The daemon made the session after all; the client closes it with
         # its next requests instead of holding it against its limits.
@@ -83,21 +91,23 @@ def heartbeat_threads() -> int:
     return sum(t.name == "envd-heartbeat" for t in threading.enumerate())
 
 
-def test_an_unclosed_client_stops_heartbeating_when_collected(stoppable):
-    before = heartbeat_threads()
-    env = envd.connect(stoppable.endpoint, timeout=5).make("CartPole-v1", 4, seed=0)
-    env.reset()
-    assert heartbeat_threads() == before + 1
-    del env
-    gc.collect()
-    wait_until(lambda: heartbeat_threads() == before, what="the heartbeat thread to stop")
-    # Nobody keeps the lease alive: the daemon frees the session (2 s lease).
-    wait_until(lambda: segments_of(stoppable.pid) == [], what="the session to expire")
+def test_an_unclosed_client_stops_heartbeating_when_collected(tmp_path):
+    with DaemonProcess(tmp_path / "daemon", "--threads", "1", "--lease-timeout", "2") as daemon:
+        before = heartbeat_threads()
+        env = envd.connect(daemon.endpoint, timeout=DEADLINE).make("CartPole-v1", 4, seed=0)
+        env.reset()
+        assert heartbeat_threads() == before + 1
+        del env
+        gc.collect()
+        wait_until(lambda: heartbeat_threads() == before, what="the heartbeat thread to stop")
+        # Nobody keeps the lease alive: the daemon frees the session (2 s lease).
+        wait_until(lambda: segments_of(daemon.pid) == [], what="the session to expire")
+    assert daemon.proc.returncode == 0, daemon.log()
 
 
 def test_a_message_over_the_limit_is_refused_by_the_client(tmp_path):
     with DaemonProcess(tmp_path / "small", "--max-message-bytes", "2000") as daemon, \
-            daemon.connect(timeout=5) as client:
+            daemon.connect(timeout=DEADLINE) as client:
         with pytest.raises(envd.LimitExceededError, match="--max-message-bytes"):
             client.make("CartPole-v1", 1000, seed=list(range(1000)))
         env = client.make("CartPole-v1", 4, seed=0)  # the connection is fine

@@ -179,12 +179,14 @@ def test_a_connection_that_says_no_hello_is_dropped(harness):
         quiet.setsockopt(zmq.RECONNECT_IVL, 60_000)  # one connection, not a retry loop
         quiet.connect(daemon.endpoint)
         events = []
-        end = time.monotonic() + 20  # well below libzmq's own 30 s handshake interval
+        end = time.monotonic() + DEADLINE
         while zmq.EVENT_DISCONNECTED not in events and time.monotonic() < end:
             if monitor.poll(100):
                 events.append(recv_monitor_message(monitor)["event"])
         assert events[:1] == [zmq.EVENT_HANDSHAKE_SUCCEEDED], events
         assert zmq.EVENT_DISCONNECTED in events, "the silent connection was never dropped"
+        # The daemon dropped it, not libzmq (whose handshake interval ended
+        # with the handshake): its log says so, whatever the time it took.
         wait_until(lambda: "said no hello" in daemon.log(), what="the reaping's log line")
         time.sleep(1.5)  # past the timeout: the bystander said hello and stays
         bystander.check()

@@ -13,7 +13,7 @@ import zmq
 
 import envd
 from envd import protocol
-from support.daemon import DEADLINE, wait_until
+from support.daemon import DEADLINE
 
 #: Requests queued while the daemon is stopped, answered across the drain.
 QUEUED = 1000
@@ -49,9 +49,21 @@ def test_requests_queued_as_the_drain_ends_each_get_one_reply(harness):
             except envd.EnvdError as exc:
                 outcome["error"] = exc
 
+        # The signals go once the official client has sent its request (an
+        # event: a loaded machine may start the asker thread late, and a
+        # request sent after the daemon exited is not one it must answer).
+        sent = threading.Event()
+        send_request = official._send_request
+
+        def send_and_tell(*args, **kwargs):
+            try:
+                return send_request(*args, **kwargs)
+            finally:
+                sent.set()
+        official._send_request = send_and_tell
         asker = threading.Thread(target=ask)
         asker.start()
-        wait_until(lambda: raw.getsockopt(zmq.EVENTS) & zmq.POLLOUT, what="the raw sends")
+        assert sent.wait(DEADLINE), "the official client never sent its request"
         daemon.proc.send_signal(signal.SIGTERM)
         daemon.proc.send_signal(signal.SIGCONT)
         replies: dict[int, list[dict]] = {}

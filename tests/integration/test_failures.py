@@ -100,11 +100,12 @@ def test_sigkilled_client_loses_its_sessions_and_others_never_notice(harness, tm
 # ---- a daemon that cannot answer, or dies ------------------------------------------------
 def test_stopped_daemon_makes_the_client_time_out(harness):
     daemon = harness.daemon("--threads", "1", "--lease-timeout", "30")
-    client = harness.connect(daemon, timeout=2)
+    client = harness.connect(daemon, timeout=DEADLINE)  # make and reset: however slow
     env = client.make("CartPole-v1", 4, seed=0)
     env.reset()
     stop_process(daemon)
     try:
+        client.timeout = 2.0  # only while the daemon cannot answer
         start = time.monotonic()
         with pytest.raises(envd.EnvdTimeoutError, match="within 2 s") as caught:
             env.step(np.zeros(4, np.int64))
@@ -112,6 +113,8 @@ def test_stopped_daemon_makes_the_client_time_out(harness):
     finally:
         daemon.signal(signal.SIGCONT)
     assert isinstance(caught.value, TimeoutError)
+    # Not before the timeout; after it, by no more than a loaded machine's
+    # scheduling delay (generous: five times the timeout).
     assert 1.9 <= elapsed < 2 + 10
     # The late reply to the step is recognised and dropped: the next request
     # gets its own reply.
@@ -124,7 +127,7 @@ def test_stopped_daemon_makes_the_client_time_out(harness):
 @pytest.mark.parametrize("fast_path", [False, True], ids=["socket", "fast path"])
 def test_daemon_killed_while_the_client_waits(harness, fast_path):
     daemon = harness.daemon("--threads", "1", "--lease-timeout", "30")
-    client = harness.connect(daemon, timeout=30)
+    client = harness.connect(daemon, timeout=DEADLINE)
     env = client.make("CartPole-v1", 4, seed=0, fast_path=fast_path)
     env.reset()
 
@@ -147,13 +150,13 @@ def test_daemon_killed_while_the_client_waits(harness, fast_path):
     waiter.start()
     wait_until(waiting, what="the step request to be waiting for its reply")
     daemon.proc.kill()
-    killed = time.monotonic()
     daemon.wait()
     waiter.join(DEADLINE)
     assert not waiter.is_alive(), "the client still waits for a dead daemon"
     assert isinstance(outcome["result"], (envd.ConnectionLostError, envd.EnvdTimeoutError)), outcome
-    assert outcome["at"] - start < 15, "the client noticed the dead daemon only at its timeout"
-    assert outcome["at"] - killed < 15
+    # Noticed before its timeout: the one bound that tells noticing from
+    # timing out, whatever the machine's speed.
+    assert outcome["at"] - start < client.timeout, "noticed the dead daemon only at the timeout"
 
 
 # ---- leases ------------------------------------------------------------------------------
@@ -182,16 +185,19 @@ def test_silent_client_loses_its_sessions_and_can_start_over(harness):
 
 
 def test_idle_heartbeating_client_keeps_its_sessions(harness):
-    daemon = harness.daemon("--threads", "1", "--lease-timeout", "1")
+    # A 3 s lease: heartbeats every second, so only a heartbeat 2 s late
+    # (not a loaded machine's scheduling delay) could lose the session.
+    lease = 3.0
+    daemon = harness.daemon("--threads", "1", "--lease-timeout", str(lease))
     client = harness.connect(daemon)
-    assert client.server_info["heartbeat_interval"] == pytest.approx(1 / 3)
+    assert client.server_info["heartbeat_interval"] == pytest.approx(lease / 3)
     with envd.make("Pendulum-v1", 8, seed=2) as local:
         env = client.make("Pendulum-v1", 8, seed=2)
         assert env.reset()[0].tobytes() == local.reset()[0].tobytes()
         rng = np.random.default_rng(0)
         assert_same_step(env, local, rng.uniform(-2, 2, (8, 1)).astype(np.float32))
         segment = [env._segment.name]
-        idle_until = time.monotonic() + 3.5  # three and a half leases without a request
+        idle_until = time.monotonic() + 2.5 * lease  # two and a half leases without a request
         while time.monotonic() < idle_until:
             assert segments_of(daemon.pid) == segment, "the idle client lost its session"
             time.sleep(0.05)
@@ -207,8 +213,8 @@ def test_idle_heartbeating_client_keeps_its_sessions(harness):
 def test_connect_to_a_missing_socket_fails_at_once():
     start = time.monotonic()
     with pytest.raises(envd.ConnectionLostError, match="start one with `envd") as caught:
-        envd.connect("ipc:///nonexistent/path.sock", timeout=1)
-    assert time.monotonic() - start < 1
+        envd.connect("ipc:///nonexistent/path.sock", timeout=30)
+    assert time.monotonic() - start < 30  # at once, not after the timeout
     assert "/nonexistent/path.sock" in str(caught.value)
 
 
@@ -220,7 +226,7 @@ def test_connect_to_a_socket_nobody_listens_on(tmp_path):
     start = time.monotonic()
     with pytest.raises(envd.ConnectionLostError, match="has no listener; start one with `envd"):
         envd.connect(f"ipc://{path}", timeout=30)
-    assert time.monotonic() - start < 10  # at once, not after the 30 s timeout
+    assert time.monotonic() - start < 30  # at once, not after the 30 s timeout
 
 
 # ---- a client that cannot see the daemon's /dev/shm --------------------------------------

@@ -8,6 +8,7 @@ paths, and that crashes, freezes, drains, timeouts and closes on either side
 end with the documented error instead of a hang."""
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -267,7 +268,10 @@ def test_status_counts_async_env_steps(served):
 
 
 # ---- failures on either side --------------------------------------------------------------
-SLOW = dict(env_id="ConnectFour-v0", num_envs=256, depth=8)  # ~0.1 s per step on one thread
+#: An env whose steps take long enough to be caught in flight (how long
+#: depends on the machine: a test that needs a length measures it, see
+#: sized_slow_async_env).
+SLOW = dict(env_id="ConnectFour-v0", num_envs=256, depth=8)
 
 
 def slow_env(client, **kwargs):
@@ -276,12 +280,43 @@ def slow_env(client, **kwargs):
     return env
 
 
-def slow_async_env(client):
-    """A slow env in async mode, all envs ready (async_reset)."""
-    env = client.make(SLOW["env_id"], SLOW["num_envs"], seed=0, depth=SLOW["depth"],
-                      batch_size=SLOW["num_envs"] // 2)
+def slow_async_env(client, num_envs: int = SLOW["num_envs"]):
+    """A slow env in async mode (batches of half its envs), all envs ready
+    (async_reset)."""
+    env = client.make(SLOW["env_id"], num_envs, seed=0, depth=SLOW["depth"],
+                      batch_size=num_envs // 2)
     env.async_reset()
     return env
+
+
+def batch_seconds(env) -> float:
+    """The shortest of three wall times of one batch (half the envs, sent
+    and received) of async env env, all of whose envs are ready: a
+    measurement of this machine now, which load can only lengthen.  Leaves
+    every env received (idle)."""
+    half = env.num_envs // 2
+    ids = env.recv()[4]["env_id"].copy()
+    env.recv()
+    took = []
+    for _ in range(3):
+        started = time.perf_counter()
+        env.send(ids % 7, ids)
+        assert len(env.recv()[4]["env_id"]) == half
+        took.append(time.perf_counter() - started)
+    return min(took)
+
+
+def sized_slow_async_env(client, batch_s: float = 0.5):
+    """A slow async env (all envs ready) with so many envs that one batch
+    takes about batch_s seconds here: sized from a batch of SLOW timed on
+    this machine, so that what a test catches in flight is in flight
+    whatever the machine's speed.  (A busy machine made the measured batch
+    longer, so the sized one shorter: at worst batch_s / the slowdown; and
+    at most 2**17 envs, some 20 MiB of segment, which any machine steps
+    in far more than the milliseconds the tests need.)"""
+    with slow_async_env(client) as probe:
+        scale = math.ceil(batch_s / batch_seconds(probe))
+    return slow_async_env(client, min(SLOW["num_envs"] * scale, 1 << 17))
 
 
 def fast_threads(pid: int) -> list[int]:
@@ -309,14 +344,17 @@ def test_daemon_killed_mid_recv_raises_connection_lost_at_once(harness):
     started = time.monotonic()
     killer = subprocess.Popen(["sh", "-c", f"sleep 0.03; kill -9 {daemon.pid}"])
     with pytest.raises(envd.ConnectionLostError, match="fast-path request"):
-        for _ in range(100):  # a recv waiting for its batch when the daemon dies
+        # Until the kill lands, however long the killer takes to start: a
+        # recv waiting for its batch when the daemon dies (batches are most
+        # of each round's time).
+        while time.monotonic() - started < DEADLINE:
             ids = np.arange(SLOW["num_envs"] // 2)
             env.send(ids % 7, ids)
             env.recv()
             env.send(ids % 7, ids + SLOW["num_envs"] // 2)
             env.recv()
     killer.wait()
-    assert time.monotonic() - started < 30  # not the 60 s timeout
+    # (a ConnectionLostError, not the EnvdTimeoutError of the 60 s timeout)
 
 
 def test_a_recv_timeout_says_so_and_the_env_refuses_async_calls_after_it(harness):
@@ -350,11 +388,11 @@ def test_sigterm_while_a_recv_waits_answers_it_then_refuses(harness):
     new async work then fails with a clear error, and the daemon exits 0."""
     daemon = harness.daemon("--threads", "1")
     client = harness.connect(daemon, timeout=60)
-    env = slow_async_env(client)
+    env = sized_slow_async_env(client)  # a batch of half a second or more here
     ids = env.recv()[4]["env_id"]
     env.recv()
     [server] = fast_threads(daemon.pid)
-    env.send(ids % 7, ids)  # about 50 ms of stepping
+    env.send(ids % 7, ids)
     got: list = []
     before = cpu_ns(daemon.pid, server)
     receiver = threading.Thread(target=lambda: got.append(env.recv()[4]["env_id"].copy()))
@@ -363,6 +401,7 @@ def test_sigterm_while_a_recv_waits_answers_it_then_refuses(harness):
     # for 2 ms (far more than a spin), the recv is in service, not just rung.
     wait_until(lambda: got or cpu_ns(daemon.pid, server) - before > 2e6,
                what="the fast-path thread to serve the recv")
+    assert not got, "the batch ended before the SIGTERM: the test did not catch a recv waiting"
     daemon.signal(signal.SIGTERM)
     receiver.join(DEADLINE)
     assert got and sorted(got[0].tolist()) == sorted(ids.tolist())
@@ -389,10 +428,11 @@ def test_daemon_killed_mid_step_raises_connection_lost_at_once(harness):
     started = time.monotonic()
     killer = subprocess.Popen(["sh", "-c", f"sleep 0.03; kill -9 {daemon.pid}"])
     with pytest.raises(envd.ConnectionLostError, match="fast-path request"):
-        for _ in range(100):  # a step in flight when the daemon dies
+        # until the kill lands: a step in flight when the daemon dies
+        while time.monotonic() - started < DEADLINE:
             env.step(actions)
     killer.wait()
-    assert time.monotonic() - started < 30  # not the 60 s timeout
+    # (a ConnectionLostError, not the EnvdTimeoutError of the 60 s timeout)
 
 
 TRAINER = textwrap.dedent("""
@@ -423,7 +463,9 @@ def test_trainer_killed_mid_step_wedges_nothing(harness, tmp_path, mode):
                                stdout=subprocess.PIPE, text=True)
     harness.procs.append(trainer)
     assert trainer.stdout.readline().split() == ["ready", "True"]
-    time.sleep(0.3)  # mid-step
+    # Killed in its stepping loop, once the daemon has served it two steps'
+    # worth (steps of ConnectFour are most of the loop's time: mid-step)
+    wait_until(lambda: bystander.status()["env_steps"] >= 2 * 256, what="the trainer to step")
     trainer.kill()
     trainer.wait()
     # its session goes with the lease; the daemon's pool and threads keep serving
@@ -479,7 +521,8 @@ def test_sigterm_mid_step_answers_it_then_refuses(harness):
     env.step(actions)
     killer = subprocess.Popen(["sh", "-c", f"sleep 0.03; kill -TERM {daemon.pid}"])
     outcomes = []
-    for _ in range(100):
+    started = time.monotonic()
+    while time.monotonic() - started < DEADLINE:  # until the drain refuses, however late it lands
         try:
             env.step(actions)
             outcomes.append("ok")
@@ -494,15 +537,23 @@ def test_sigterm_mid_step_answers_it_then_refuses(harness):
 
 def test_a_timeout_keeps_the_buffers_off_limits_until_the_answer(harness):
     daemon = harness.daemon("--threads", "1")
-    client = harness.connect(daemon, timeout=0.02)
+    client = harness.connect(daemon, timeout=60)
     env = client.make(SLOW["env_id"], SLOW["num_envs"], seed=0, depth=SLOW["depth"])
     env.reset()
-    with pytest.raises(envd.EnvdTimeoutError, match="fast-path step"):
-        env.step(np.arange(SLOW["num_envs"]) % 7)
-    with pytest.raises(envd.EnvStateError, match="timed out"):
-        env.step(np.zeros(SLOW["num_envs"], np.int64))  # the daemon still steps the buffers
+    # Stopped, the daemon answers the step only once continued: the timeout
+    # does not depend on how long a step takes on this machine.
+    daemon.signal(signal.SIGSTOP)
+    try:
+        client.timeout = 0.2
+        with pytest.raises(envd.EnvdTimeoutError, match="fast-path step"):
+            env.step(np.arange(SLOW["num_envs"]) % 7)
+        client.timeout = 60
+        with pytest.raises(envd.EnvStateError, match="timed out"):
+            env.step(np.zeros(SLOW["num_envs"], np.int64))  # the daemon will step the buffers
+        assert not env._doorbell.answered
+    finally:
+        daemon.signal(signal.SIGCONT)
     wait_until(lambda: env._doorbell.answered, what="the late answer")
-    client.timeout = 60
     env.step(np.zeros(SLOW["num_envs"], np.int64))  # usable again
 
 

@@ -22,6 +22,7 @@ import json
 import multiprocessing
 import os
 import random
+import re
 import shutil
 import signal
 import stat
@@ -33,8 +34,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support.daemon import (DEADLINE, DaemonProcess, TwinStepper, in_bounds_actions, process_state,
-                            segments_of, wait_until)
+from support.daemon import (DEADLINE, DaemonProcess, TwinStepper, all_threads_stopped,
+                            in_bounds_actions, segments_of, wait_until)
 
 import envd
 
@@ -282,15 +283,16 @@ def test_daemon_sigkilled_and_restarted_under_connected_clients(harness, tmp_pat
     left = segments_of(old.pid)
     assert len(left) == 4
 
-    # The stepping client learns at once, not at its timeout.
+    # The stepping client learns at once, not at its timeout (the bound
+    # that tells the two apart, whatever the machine's speed).
     stepper.finish()
     assert isinstance(stepper.error, envd.ConnectionLostError), repr(stepper.error)
-    assert stepper.error_at - killed < timeout / 2
+    assert stepper.error_at - killed < timeout
     # A call while no daemon runs: told at once too.
     start = time.monotonic()
     with pytest.raises(envd.ConnectionLostError):
         down_env.step(np.zeros(4, np.int64))
-    assert time.monotonic() - start < timeout / 2
+    assert time.monotonic() - start < timeout
 
     new = harness.daemon("--threads", "2", "--lease-timeout", "30", folder=folder)
     assert new.endpoint == old.endpoint
@@ -298,7 +300,10 @@ def test_daemon_sigkilled_and_restarted_under_connected_clients(harness, tmp_pat
     assert lock_files_of(old.pid) == []
     for name in left:
         assert name in new.log()
-    time.sleep(0.5)  # let the old clients' sockets reconnect to the new daemon
+    # Give the old clients' sockets a moment to reconnect to the new daemon
+    # (pacing only: reconnected or not, each call below must fail with a
+    # LOST error, which is what is checked).
+    time.sleep(0.5)
 
     # The clients that did not call while the daemon was down: their next
     # call fails clearly (never a timeout, never a hang), and so does every
@@ -317,7 +322,7 @@ def test_daemon_sigkilled_and_restarted_under_connected_clients(harness, tmp_pat
         except envd.EnvdError as exc:
             outcomes[name] = exc
         elapsed = time.monotonic() - start
-        assert elapsed < timeout / 2, f"{name}: {elapsed:.1f} s for {outcomes[name]!r}"
+        assert elapsed < timeout, f"{name}: {elapsed:.1f} s for {outcomes[name]!r}"
     for name, outcome in outcomes.items():
         assert isinstance(outcome, LOST), f"{name}: {outcome!r}"
     print("\nafter the restart: " + ", ".join(f"{name}: {type(outcome).__name__}"
@@ -326,6 +331,7 @@ def test_daemon_sigkilled_and_restarted_under_connected_clients(harness, tmp_pat
     for client in (idle_client, stepping_client, async_client, down_client):
         start = time.monotonic()
         client.close()
+        # (a close waits for its bye's reply at most 5 s: under that, it did not wait)
         assert time.monotonic() - start < 5, "closing a client of the dead daemon waits"
 
     # Each may connect again and make its envs anew on the new daemon.
@@ -440,14 +446,17 @@ def test_client_frozen_with_sigstop_past_its_lease(harness, tmp_path):
         assert observer.status()["sessions"] == 2
         assert len(segments_of(daemon.pid)) == 2
         proc.send_signal(signal.SIGSTOP)
-        wait_until(lambda: process_state(proc.pid) == "T", what="the client to stop")
-        frozen_at = time.monotonic()
+        wait_until(lambda: all_threads_stopped(proc.pid), what="the client to stop")
         wait_until(lambda: observer.status()["sessions"] == 0 and segments_of(daemon.pid) == [],
                    what="the frozen client's sessions to expire")
-        # Not before the lease ran out (counted from the last heartbeat, up to
-        # a heartbeat interval of 2/3 s before the stop).
-        assert time.monotonic() - frozen_at >= 1.0
+        # Not before the lease ran out, counted from the last message the
+        # daemon had from the client (its log says how long the silence was;
+        # the time since the stop would depend on when the last heartbeat,
+        # delayed or not by a loaded machine, came before it).
         assert "event=lease_expired" in daemon.log()
+        silences = [float(s) for s in re.findall(r"lease expired after ([0-9.]+) s of silence",
+                                                 daemon.log())]
+        assert silences and min(silences) >= 2.0, silences
         time.sleep(1)  # well past the lease
         proc.send_signal(signal.SIGCONT)
         out, _ = proc.communicate("go\n", timeout=DEADLINE)
@@ -567,7 +576,7 @@ OTHER_USER_CLIENT = """
 import sys, time, envd
 start = time.monotonic()
 try:
-    envd.connect(sys.argv[1], timeout=5)
+    envd.connect(sys.argv[1], timeout=30)
     print("connected")
 except envd.EnvdError as exc:
     print(type(exc).__name__, round(time.monotonic() - start, 1), exc)
@@ -610,7 +619,7 @@ def test_fallback_folder_is_created_0700_and_segments_belong_to_the_daemons_user
             assert other.returncode == 0, other.stderr
             assert other.stdout.startswith("ConnectionLostError"), other.stdout
             assert "permission denied" in other.stdout, other.stdout  # says why, at once
-            assert float(other.stdout.split()[1]) < 5, other.stdout  # not after the timeout
+            assert float(other.stdout.split()[1]) < 30, other.stdout  # not after the timeout
             print(f"\nanother user connecting: {other.stdout.strip()}")
     finally:
         if proc.poll() is None:

@@ -142,6 +142,9 @@ def test_a_combined_attack_stays_within_the_documented_bounds(open_folder):
         wait_until(lambda: DROPPED_LINE in daemon.log(), what="the deaf client to be dropped")
         wait_until(lambda: "refused a connection" in daemon.log(),
                    what="the connection cap's log line")
+        # the bystander stepped under the attacks (however slowly it was scheduled)
+        wait_until(lambda: stepper.steps > 0 or stepper.error is not None,
+                   what="the bystander to step")
         steps = stepper.finish()
         highest_fds = fds.stop()
         peak = peak_rss(daemon.pid)

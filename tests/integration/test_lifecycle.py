@@ -51,7 +51,7 @@ class Stepper(threading.Thread):
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_signal_frees_every_segment_and_exits_0(harness, signum):
     daemon = harness.daemon("--threads", "2", "--lease-timeout", "30")
-    first, second = harness.connect(daemon, timeout=5), harness.connect(daemon, timeout=5)
+    first, second = (harness.connect(daemon, timeout=DEADLINE) for _ in range(2))
     envs = [first.make("CartPole-v1", 32, seed=0), first.make("Pendulum-v1", 8, seed=1),
             second.make("Acrobot-v1", 16, seed=2)]
     for env in envs:
@@ -180,7 +180,7 @@ def test_startup_removes_segments_of_dead_daemons_only(harness, tmp_path):
 def test_restart_after_sigkill_removes_the_dead_daemons_segments(harness, tmp_path):
     folder = tmp_path / "same-endpoint"
     old = harness.daemon("--threads", "1", "--lease-timeout", "30", folder=folder)
-    client = harness.connect(old, timeout=5)
+    client = harness.connect(old, timeout=DEADLINE)
     envs = [client.make("CartPole-v1", 4, seed=seed) for seed in range(2)]
     for env in envs:
         env.reset()

@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pytest
 from conftest import BUILTIN_ENV_IDS
-from support.daemon import DaemonProcess, in_bounds_actions, segments_of, wait_until
+from support.daemon import DEADLINE, DaemonProcess, in_bounds_actions, segments_of, wait_until
 from gymnasium.vector import AutoresetMode, VectorEnv
 
 import envd
@@ -439,17 +439,21 @@ def test_a_killed_daemon_is_named_and_the_rest_closes_cleanly(harness):
 def test_a_daemon_that_stops_answering_is_named(harness):
     threads_before = envd_threads()
     first, second = harness.daemon("--threads", "1"), harness.daemon("--threads", "1")
-    multi = envd.connect([first.endpoint, second.endpoint], timeout=2)
+    multi = envd.connect([first.endpoint, second.endpoint], timeout=DEADLINE)
     try:
         env = multi.make("Acrobot-v1", 4, seed=1)
         env.reset()
         first.signal(signal.SIGSTOP)  # (returns once it is stopped)
+        for client in multi.clients:  # short only while a daemon cannot answer
+            client.timeout = 2.0
         try:
             with pytest.raises(envd.EnvdTimeoutError) as info:
                 env.step(np.zeros(4, np.int64))
             assert first.endpoint in str(info.value) and second.endpoint not in str(info.value)
         finally:
             first.proc.send_signal(signal.SIGCONT)
+        for client in multi.clients:
+            client.timeout = DEADLINE
         env.close()
     finally:
         multi.close()

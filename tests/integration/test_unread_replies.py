@@ -191,7 +191,7 @@ def test_thousands_of_posted_sends_lose_no_reply(daemon, transport):
     """Defect 3: 4096 posted sends over the socket, then async_reset: every
     send's reply is read (none dropped by a full queue), nothing waits out
     the timeout."""
-    timeout = 30.0
+    timeout = DEADLINE
     with daemon.connect(timeout=timeout) as client, \
             client.make("CartPole-v1", 4096, seed=0, batch_size=4096, transport=transport,
                         fast_path=False) as env:
@@ -203,7 +203,9 @@ def test_thousands_of_posted_sends_lose_no_reply(daemon, transport):
             env.send(np.zeros(1, np.int64), [int(i)])
         env.async_reset()  # reads every send's reply, then resets
         elapsed = time.monotonic() - started
-        assert elapsed < timeout / 2, f"4096 sends and a reset took {elapsed:.1f} s"
+        # A send whose reply was waited for until the timeout would alone
+        # take the timeout: under it, none was (whatever the machine's speed).
+        assert elapsed < timeout, f"4096 sends and a reset took {elapsed:.1f} s"
         assert env._sends_unanswered == 0 and not env._async_lost
         assert len(env.recv()[4]["env_id"]) == 4096
         assert client.status()["dropped_clients"] == 0

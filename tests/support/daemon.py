@@ -75,6 +75,22 @@ def process_state(pid: int) -> str:
         return f.read().rsplit(")", 1)[1].split()[0]
 
 
+def all_threads_stopped(pid: int) -> bool:
+    """Every thread of process pid is stopped (state T).  The main thread's
+    state alone says too little: a group stop reaches each thread in turn,
+    and a thread running on another CPU (the fast-path server, a pool
+    worker) may still answer a request until its own stop lands."""
+    states = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                states.append(f.read().rsplit(")", 1)[1].split()[0])
+        except FileNotFoundError:  # a thread that exited meanwhile
+            continue
+    # (a thread on its way out, Z or X, runs nothing either)
+    return "T" in states and all(state in "TtZX" for state in states)
+
+
 class DaemonProcess:
     """An `envd` daemon subprocess serving ipc://<folder>/envd.sock."""
 
@@ -115,12 +131,13 @@ class DaemonProcess:
         return self.log_path.read_text(errors="replace")
 
     def signal(self, signum: int) -> None:
-        """Send signum; for SIGSTOP, return once the daemon is stopped (the
-        signal lands asynchronously, and a fast-path step is answered within
-        microseconds: a test that means "stopped" must not race it)."""
+        """Send signum; for SIGSTOP, return once every thread of the daemon
+        is stopped (the signal lands asynchronously, thread by thread, and a
+        fast-path request is answered within microseconds: a test that means
+        "stopped" must not race it)."""
         self.proc.send_signal(signum)
         if signum == signal.SIGSTOP:
-            wait_until(lambda: process_state(self.pid) == "T", what="the daemon to stop")
+            wait_until(lambda: all_threads_stopped(self.pid), what="every daemon thread to stop")
 
     def wait(self, timeout: float = DEADLINE) -> int:
         return self.proc.wait(timeout)
