@@ -1,0 +1,183 @@
+"""The worker side of a hosted session: a slice of Python envs stepped over
+the shared segment (native/hosted_segment.py), gymnasium's SyncVectorEnv
+loop with envd's books.
+
+``EnvSlice.run_pending`` steps every env of its slice whose request word
+differs from its ack (backend_workers.h), reading its action from the
+parent's checked copy and writing observation, reward, flags and episode
+statistics in place, then acks it.  It runs in a worker process
+(``serve``, woken through the futex words of its control block) or, with
+num_workers=0, in the caller itself (the backend's inline callback).
+
+Semantics (as the native vec, envd/native/src/vec.c, and gymnasium's
+SyncVectorEnv): NEXT_STEP resets an env the step after its episode ended
+(reward 0, not done, action ignored); SAME_STEP resets inside the done
+step, the final observation in final_observations; DISABLED refuses to
+step a done env (ENVD_ESTATE) until a masked reset.  A step before the
+first reset is refused (ENVD_ESTATE).  Episode statistics as
+RecordEpisodeStatistics: return, length and time (s, rounded to us) of an
+episode in the step it ends, zeros elsewhere.  An exception in reset or
+step marks the env ENVD_EENV and leaves "ExcType: message" in the worker's
+control block.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import gymnasium
+import numpy as np
+from gymnasium.vector import AutoresetMode
+
+from envd.errors import NATIVE_CODES
+from envd.native._envd_native import lib
+from envd.native.hosted_segment import Segment
+
+EENV, ESTATE = NATIVE_CODES["EENV"], NATIVE_CODES["ESTATE"]
+
+#: A worker spins this long for its next request before it sleeps on the futex.
+WORKER_SPIN_NS = 50_000
+
+
+def env_maker(env: str | Callable[[], gymnasium.Env], max_episode_steps: int | None,
+              env_kwargs: dict[str, Any]) -> Callable[[], gymnasium.Env]:
+    """A function making one env: gymnasium.make(env id) (with the id's time
+    limit, or max_episode_steps), or the creator callable's env (wrapped in a
+    TimeLimit when max_episode_steps is given)."""
+    if isinstance(env, str):
+        kwargs = dict(env_kwargs)
+        if max_episode_steps is not None:
+            kwargs["max_episode_steps"] = max_episode_steps
+        return lambda: gymnasium.make(env, **kwargs)
+
+    def make() -> gymnasium.Env:
+        made = env()
+        if not isinstance(made, gymnasium.Env):
+            raise TypeError(f"the env creator returned {type(made).__name__}, not a gymnasium.Env")
+        if max_episode_steps is not None:
+            made = gymnasium.wrappers.TimeLimit(made, max_episode_steps)
+        return made
+    return make
+
+
+class EnvSlice:
+    """Envs [begin, end) of a hosted session over segment (worker: its
+    control block's index, where messages go)."""
+
+    def __init__(self, make_env: Callable[[], gymnasium.Env], begin: int, end: int,
+                 segment: Segment, worker: int, autoreset_mode: AutoresetMode):
+        self.begin, self.end, self.worker, self.mode = begin, end, worker, autoreset_mode
+        self.segment = segment
+        a = segment.arrays
+        self._kind, self._req, self._ack, self._status = a["kind"], a["req"], a["ack"], a["status"]
+        self._seeds, self._seed_pending = a["seeds"], a["seed_pending"]
+        self._actions = a["checked_actions"]
+        self._obs, self._final_obs = a["observations"], a.get("final_observations")
+        self._rewards, self._terms, self._truncs = a["rewards"], a["terminations"], a["truncations"]
+        self._dones = a["dones"]
+        self._returns, self._lengths = a["episode_returns"], a["episode_lengths"]
+        self._times = a["episode_times"]
+        self._discrete = self._actions.ndim == 1
+        n = end - begin
+        self._started = np.zeros(n, bool)
+        self._needs_reset = np.zeros(n, bool)  # its episode ended (autoreset pending)
+        self._ep_return = np.zeros(n, np.float64)
+        self._ep_length = np.zeros(n, np.int64)
+        self._ep_start = np.zeros(n, np.float64)
+        self.envs: list[gymnasium.Env] = []
+        try:
+            for _ in range(n):
+                self.envs.append(make_env())
+        except BaseException:
+            self.close()
+            raise
+
+    def run_pending(self) -> None:
+        """Run every requested env of the slice, acking each."""
+        b, e = self.begin, self.end
+        for k in np.flatnonzero(self._req[b:e] != self._ack[b:e]):
+            i = b + int(k)
+            try:
+                self._run(i, int(k))
+            except Exception as exc:  # the env's own code: reported, never fatal
+                self._status[i] = EENV
+                self._report(i, f"{type(exc).__name__}: {exc}")
+            self._ack[i] = self._req[i]
+
+    def _report(self, i: int, text: str) -> None:
+        # Keep the message of the oldest failure still standing (the parent
+        # reports the first failed env of a call).
+        previous, _ = self.segment.message(self.worker)
+        if previous < 0 or previous == i or self._status[previous] == 0 or previous > i:
+            self.segment.write_message(self.worker, i, text)
+
+    def _begin_episode(self, k: int) -> None:
+        self._started[k] = True
+        self._needs_reset[k] = False
+        self._ep_return[k] = 0.0
+        self._ep_length[k] = 0
+        self._ep_start[k] = time.perf_counter()
+
+    def _run(self, i: int, k: int) -> None:
+        env = self.envs[k]
+        if self._kind[i] == lib.ENVD_HOSTED_RESET:
+            seed = None
+            if self._seed_pending[i]:
+                seed, self._seed_pending[i] = int(self._seeds[i]), 0
+            obs, _ = env.reset(seed=seed)
+            self._obs[i] = obs
+            self._begin_episode(k)
+            self._terms[i] = self._truncs[i] = self._dones[i] = False
+            return
+        if not self._started[k]:
+            self._status[i] = ESTATE
+            self._dones[i] = False  # "never reset"
+            return
+        if self._needs_reset[k]:
+            if self.mode is AutoresetMode.DISABLED:
+                self._status[i] = ESTATE  # dones[i] stays True: "done, reset it"
+                return
+            obs, _ = env.reset()
+            self._begin_episode(k)
+            reward, term, trunc = 0.0, False, False
+        else:
+            action = self._actions[i]
+            obs, reward, term, trunc, _ = env.step(action if self._discrete else action.copy())
+            self._ep_return[k] += float(reward)
+            self._ep_length[k] += 1
+        done = bool(term or trunc)
+        self._rewards[i], self._terms[i], self._truncs[i], self._dones[i] = reward, term, trunc, done
+        if done:
+            self._returns[i], self._lengths[i] = self._ep_return[k], self._ep_length[k]
+            self._times[i] = round(time.perf_counter() - self._ep_start[k], 6)
+            self._needs_reset[k] = True
+            if self.mode is AutoresetMode.SAME_STEP:
+                self._final_obs[i] = obs
+                obs, _ = env.reset()
+                self._begin_episode(k)
+        else:
+            self._returns[i] = self._lengths[i] = self._times[i] = 0
+        self._obs[i] = obs
+
+    def close(self) -> None:
+        """Close the envs (errors in an env's close are ignored: it is going)."""
+        envs, self.envs = self.envs, []
+        for env in envs:
+            try:
+                env.close()
+            except Exception:
+                pass
+
+
+def serve(env_slice: EnvSlice) -> None:
+    """A worker's loop: wait for requests (GIL released, futex), run them,
+    publish; until the parent sets exit."""
+    ctl = env_slice.segment.ctl(env_slice.worker)
+    seen = 0
+    while True:
+        seq = lib.envd_worker_wait(ctl, seen, WORKER_SPIN_NS)
+        if seq == seen:
+            return
+        seen = seq
+        env_slice.run_pending()
+        lib.envd_worker_done(ctl)
