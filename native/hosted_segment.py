@@ -63,7 +63,8 @@ def segment_layout(num_envs: int, num_workers: int,
 class Segment:
     """A mapping of a hosted session's segment: numpy views of every array
     (``arrays``) and the workers' control blocks (``ctl(w)``).  The mapping
-    lives as long as any view of it (views a VecEnv returned stay valid)."""
+    lives as long as any view of it (views a VecEnv returned stay valid, and
+    the env's own, until it is garbage)."""
 
     def __init__(self, fd: int, layout: Layout, size: int):
         self.layout, self.size = layout, size
@@ -102,12 +103,12 @@ class Segment:
         ctl.error_env = env_index
 
     def close(self) -> None:
-        """Drop this object's views; unmap now if nothing else holds one."""
+        """Drop this object's hold on the mapping.  The mapping itself (and the
+        descriptor Python's mmap keeps) goes with the last numpy view of it:
+        numpy arrays keep the mmap object as their base without holding its
+        buffer, so unmapping it now would leave the caller's views dangling."""
         self.arrays = {}
         if self._base is not None:
             ffi.release(self._base)
             self._base = None
-        try:
-            self._map.close()
-        except BufferError:  # a caller still holds views: unmapped with the last one
-            pass
+        self._map = None

@@ -165,19 +165,26 @@ class HostedSession(NativeSession):
             return self._env_error(int(lib.envd_session_error_index(self.handle)))
         return super()._step_error(rc, call)
 
-    def _convert_env_failure(self, call, *args) -> None:
+    def _convert_env_failure(self, call, *args, backend_index: bool = False) -> Any:
+        """call(*args), its ENVD_EENV NativeError turned into an EnvError."""
         try:
-            call(*args)
+            return call(*args)
         except NativeError as exc:
             if exc.code != lib.ENVD_EENV or isinstance(exc, EnvError):
                 raise
-            raise self._env_error(int(lib.envd_session_error_index(self.handle))) from None
+            # (the session records no env for a failed reset: the backend does)
+            index = (lib.envd_backend_workers_error_index(self._backend) if backend_index
+                     else lib.envd_session_error_index(self.handle))
+            raise self._env_error(int(index)) from None
 
     def reset(self, with_seeds: bool, with_mask: bool) -> None:
-        self._convert_env_failure(super().reset, with_seeds, with_mask)
+        self._convert_env_failure(super().reset, with_seeds, with_mask, backend_index=True)
 
     def async_reset(self, with_seeds: bool) -> None:
-        self._convert_env_failure(super().async_reset, with_seeds)
+        self._convert_env_failure(super().async_reset, with_seeds, backend_index=True)
+
+    def _recv(self, count: int, wait: bool) -> np.ndarray | None:
+        return self._convert_env_failure(super()._recv, count, wait)
 
     def render(self, out: np.ndarray) -> None:
         raise InvalidArgumentError(f"{self.spec.id}: hosted Python envs do not render yet")
@@ -231,6 +238,9 @@ class HostedSession(NativeSession):
         if getattr(self, "_slice", None) is not None:
             self._slice.close()
             self._slice = None
+        # (the handle is a reference cycle the collector does not see through)
+        self._handle_ref = self._config = None
+        self._buffers, self._checked = {}, {}
         segment = getattr(self, "segment", None)
         if segment is not None:
             self.segment = None

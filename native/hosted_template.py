@@ -13,6 +13,10 @@ private socketpair, the segment's memfd passed with SCM_RIGHTS.  Both ends
 are processes of the same user that trust each other; env creators travel
 as cloudpickle (a lambda works).
 
+    Every request carries the parent's sys.path (added to the template's,
+    as multiprocessing's forkserver does), so an env creator pickled by
+    reference (my_envs.MyEnv) imports in the template.
+
     describe(maker)  -> spaces and the env's time limit, and the measured
                         cost of one step (for the default worker count)
     spawn(maker, segment fd, layout, worker, begin, end, autoreset mode)
@@ -90,7 +94,7 @@ def _describe(spec: tuple) -> dict[str, Any]:
     env = _maker(spec)()
     try:
         limit = env.spec.max_episode_steps if env.spec is not None else None
-        env.reset(seed=0)
+        env.reset()  # (unseeded: the env's own seeding is the workers')
         env.action_space.seed(0)
         steps, start = 0, time.perf_counter()
         while steps < 64 and time.perf_counter() - start < 0.05:
@@ -141,6 +145,9 @@ def _serve_template(sock: socket.socket) -> None:
         except EOFError:
             return
         try:
+            # The parent's import path, as multiprocessing's forkserver passes
+            # it: a creator pickled by reference (my_envs.MyEnv) imports here.
+            sys.path.extend(p for p in request.get("sys_path", ()) if p not in sys.path)
             if request["op"] == "describe":
                 _send(sock, {"ok": _describe(request["spec"])})
             elif request["op"] == "spawn":
@@ -197,6 +204,7 @@ class Template:
 
     def request(self, message: dict[str, Any], fds: tuple[int, ...] = ()) -> Any:
         """One request and its reply; RuntimeError with the template's message."""
+        message = {**message, "sys_path": list(sys.path)}
         with self._lock:
             _send(self._sock, message, fds)
             reply, _ = _recv(self._sock)

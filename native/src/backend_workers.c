@@ -422,6 +422,11 @@ int64_t envd_backend_workers_dead(const envd_backend_t *backend)
     return ((const workers_backend_t *)backend)->dead;
 }
 
+int64_t envd_backend_workers_error_index(const envd_backend_t *backend)
+{
+    return ((const workers_backend_t *)backend)->error_index;
+}
+
 /* ---- the worker side ---- */
 
 uint32_t envd_worker_wait(envd_worker_ctl_t *ctl, uint32_t seen, int64_t spin_ns)

@@ -81,6 +81,10 @@ int envd_backend_workers_create(envd_backend_t **out, const envd_workers_config_
  * refuses every later call with ENVD_EENV once a worker died. */
 int64_t envd_backend_workers_dead(const envd_backend_t *backend);
 
+/* The env the backend's last failure named (-1: none): a reset's too, which
+ * the session does not record. */
+int64_t envd_backend_workers_error_index(const envd_backend_t *backend);
+
 /* ---- the worker side (called from the worker's Python loop, GIL released) ---- */
 /* Wait until ctl->cmd_seq differs from seen (spin spin_ns, then sleep) and
  * return it; returns seen unchanged only when ctl->exit is set. */
