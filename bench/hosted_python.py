@@ -1,0 +1,60 @@
+"""Hosted Python envs against gymnasium's SyncVectorEnv, side by side in one run.
+
+    python bench/hosted_python.py [--env Acrobot-v1] [--num-envs 16] [--rounds 3]
+
+Each round steps every contender for --seconds with random (pre-drawn)
+actions, in turn (rounds interleave the contenders), and prints steps/s per contender and round: gymnasium
+SyncVectorEnv, then envd.make("py:<id>") with num_workers 0, 1, 2 and the
+default.  A measurement, not a test: run it on a quiet machine.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import gymnasium as gym
+import numpy as np
+
+import envd
+
+
+def rate(env, actions: np.ndarray, seconds: float) -> float:
+    env.reset(seed=0)
+    steps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        env.step(actions[steps % len(actions)])
+        steps += 1
+    return steps * env.num_envs / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--env", default="Acrobot-v1")
+    parser.add_argument("--num-envs", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=2.0)
+    args = parser.parse_args()
+    n = args.num_envs
+    contenders = {"gymnasium sync": gym.make_vec(args.env, n, vectorization_mode="sync")}
+    for workers in (0, 1, 2):
+        contenders[f"envd workers={workers}"] = envd.make("py:" + args.env, n,
+                                                          num_workers=workers)
+    default = envd.make("py:" + args.env, n)
+    contenders[f"envd default ({default.num_workers})"] = default
+    space = contenders["gymnasium sync"].action_space
+    space.seed(0)
+    actions = np.stack([space.sample() for _ in range(256)])
+    rates: dict[str, list[float]] = {name: [] for name in contenders}
+    for _ in range(args.rounds):  # interleaved: a load change hits every contender
+        for name, env in contenders.items():
+            rates[name].append(rate(env, actions, args.seconds))
+    print(f"{args.env}, N={n}: env steps/s per round (median last)")
+    for name, values in rates.items():
+        print(f"  {name:24s} " + "  ".join(f"{r:10,.0f}" for r in values)
+              + f"   | {np.median(values):10,.0f}")
+    for env in contenders.values():
+        env.close()
+
+
+if __name__ == "__main__":
+    main()
