@@ -142,8 +142,9 @@ class NativeSession:
     def step(self) -> int:
         """Step every env; the number of episodes that ended.  Refused while
         envs are in flight or ready."""
-        num_done = lib.envd_session_step(self._live())
+        num_done = lib.envd_session_step(self.handle)  # (the hot path: NULL once closed)
         if num_done < 0:
+            self._live()
             raise self._step_error(num_done)
         return num_done
 

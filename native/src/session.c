@@ -277,6 +277,8 @@ static int finish_step(envd_session_t *s, int rc)
 
 int envd_session_step(envd_session_t *s)
 {
+    if (s == NULL)  /* (a closed Python wrapper's handle: refused, not a crash) */
+        return ENVD_EINVAL;
     pthread_mutex_lock(&s->mutex);
     int rc = check_idle(s, 0);
     if (rc == ENVD_OK)

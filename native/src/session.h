@@ -70,7 +70,7 @@ void envd_session_unlock(envd_session_t *session);
 void envd_session_seed(envd_session_t *session, const uint64_t *seeds);
 int envd_session_reset(envd_session_t *session, const uint64_t *seeds, const bool *mask);
 int64_t envd_session_reset_count(envd_session_t *session);
-int envd_session_step(envd_session_t *session);
+int envd_session_step(envd_session_t *session); /* NULL: ENVD_EINVAL */
 int envd_session_step_submit(envd_session_t *session);
 int envd_session_step_done(envd_session_t *session);
 int envd_session_step_finish(envd_session_t *session);
