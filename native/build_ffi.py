@@ -270,6 +270,7 @@ typedef struct envd_workers_config {
     int64_t discrete_start;
     const bool *dones;
     int64_t spin_ns;
+    int autoreset_mode;
     int (*run_inline)(void *ctx);
     void *inline_ctx;
 } envd_workers_config_t;

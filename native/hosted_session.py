@@ -34,6 +34,11 @@ PARENT_SPIN_NS = 50_000
 CLOSE_GRACE_SECONDS = 5.0
 
 
+AUTORESET_CODES = {AutoresetMode.NEXT_STEP: lib.ENVD_AUTORESET_NEXT_STEP,
+                   AutoresetMode.SAME_STEP: lib.ENVD_AUTORESET_SAME_STEP,
+                   AutoresetMode.DISABLED: lib.ENVD_AUTORESET_DISABLED}
+
+
 @dataclasses.dataclass
 class HostedSpec:
     """What the session needs to know of a hosted env (NativeSession reads
@@ -50,10 +55,11 @@ def slice_bounds(num_envs: int, num_workers: int, worker: int) -> tuple[int, int
     return worker * num_envs // num_workers, (worker + 1) * num_envs // num_workers
 
 
-@ffi.def_extern()
+@ffi.def_extern(error=lib.ENVD_EENV)
 def envd_hosted_run_inline(ctx: Any) -> int:
     """The backend's inline callback (num_workers=0): step the requested envs
-    on the calling thread (env exceptions are caught per env)."""
+    on the calling thread (env exceptions are caught per env; anything else
+    fails the call)."""
     ffi.from_handle(ctx)._slice.run_pending()
     return lib.ENVD_OK
 
@@ -66,6 +72,7 @@ class HostedSession(NativeSession):
                  autoreset_mode: AutoresetMode, maker: tuple, segment: Segment, fd: int,
                  template: Template | None):
         self.spec, self.num_envs, self.num_workers = spec, num_envs, num_workers
+        self.autoreset_mode = autoreset_mode
         self.handle = self._backend = ffi.NULL
         self.segment = segment
         self.pids: list[int] = []
@@ -134,6 +141,7 @@ class HostedSession(NativeSession):
             "discrete_n": int(space.n) if discrete else 0,
             "discrete_start": int(space.start) if discrete else 0,
             "dones": ptr(a["dones"], "bool *"), "spin_ns": PARENT_SPIN_NS,
+            "autoreset_mode": AUTORESET_CODES[self.autoreset_mode],
             "run_inline": lib.envd_hosted_run_inline if self.num_workers == 0 else ffi.NULL,
             "inline_ctx": self._handle_ref})
         backend = ffi.new("envd_backend_t **")

@@ -30,6 +30,10 @@ typedef struct workers_backend {
     int *pidfds;        /* private copy */
     int64_t *worker_of; /* env -> worker */
     bool *mask;         /* private copy of the last reset's mask */
+    /* The books a step is checked against before anything is asked (so that
+     * a refused step changes nothing, as the pool vec's): */
+    bool *started;      /* reset at least once */
+    bool *ended;        /* its episode ended in its last step (not reset since) */
     int64_t reset_count;
     int64_t error_index;
     int64_t dead;       /* a worker that died, -1 */
@@ -146,23 +150,45 @@ static void wait_envs(workers_backend_t *b, const int64_t *ids, int64_t count)
 }
 
 /* After a wait: ENVD_EENV naming the first failed env of ids (or the first
- * env of a dead worker), else the number of envs of ids whose episode ended. */
+ * env of a dead worker), else the number of envs of ids whose episode ended.
+ * Keeps the books of every env of ids either way. */
 static int finish_envs(workers_backend_t *b, const int64_t *ids, int64_t count, bool steps)
 {
+    int done = 0, rc = ENVD_OK;
+    for (int64_t k = 0; k < count; k++) {
+        int64_t i = ids ? ids[k] : k;
+        if (steps) {
+            b->ended[i] = b->cfg.dones[i];
+        } else if (b->mask[i]) {
+            b->started[i] = b->cfg.status[i] == 0;
+            b->ended[i] = false;
+        }
+        if (b->cfg.status[i] != 0 && rc == ENVD_OK) {
+            b->error_index = i;
+            rc = b->cfg.status[i];
+        }
+        done += steps && b->cfg.dones[i];
+    }
     if (b->dead >= 0) {
         b->error_index = slice_begin(b, b->dead);
         return ENVD_EENV;
     }
-    int done = 0;
+    return rc != ENVD_OK ? rc : done;
+}
+
+/* Refuse (ENVD_ESTATE, naming it) the first env of ids that may not step:
+ * never reset, or done in DISABLED mode. */
+static int check_steppable(workers_backend_t *b, const int64_t *ids, int64_t count)
+{
     for (int64_t k = 0; k < count; k++) {
         int64_t i = ids ? ids[k] : k;
-        if (b->cfg.status[i] != 0) {
+        if (!b->started[i] ||
+            (b->cfg.autoreset_mode == ENVD_AUTORESET_DISABLED && b->ended[i])) {
             b->error_index = i;
-            return b->cfg.status[i];
+            return ENVD_ESTATE;
         }
-        done += steps && b->cfg.dones[i];
     }
-    return done;
+    return ENVD_OK;
 }
 
 /* Copy and check the actions of ids (NULL: all) into the segment. */
@@ -191,7 +217,9 @@ static int submit_steps(workers_backend_t *b, const int64_t *ids, int64_t count)
     b->error_index = -1;
     if (b->dead >= 0)
         return finish_envs(b, NULL, 0, false);
-    int rc = copy_actions(b, ids, count);
+    int rc = check_steppable(b, ids, count);
+    if (rc == ENVD_OK)
+        rc = copy_actions(b, ids, count);
     if (rc != ENVD_OK)
         return rc;
     bool touched[b->cfg.num_workers + 1];
@@ -245,7 +273,7 @@ static int reset(void *impl, const uint64_t *seeds, const bool *mask)
     for (int64_t i = 0; i < n; i++)
         if (!b->mask[i])
             b->cfg.status[i] = 0;
-    rc = finish_envs(b, NULL, n, false);
+    rc = finish_envs(b, NULL, n, false); /* (its books: the masked envs only) */
     return rc < 0 ? rc : ENVD_OK;
 }
 
@@ -370,6 +398,8 @@ static void destroy(envd_backend_t *backend)
     free(b->pidfds);
     free(b->worker_of);
     free(b->mask);
+    free(b->started);
+    free(b->ended);
     free(b);
 }
 
@@ -398,8 +428,12 @@ int envd_backend_workers_create(envd_backend_t **out, const envd_workers_config_
     b->pidfds = malloc((size_t)(workers + 1) * sizeof *b->pidfds);
     b->worker_of = malloc((size_t)n * sizeof *b->worker_of);
     b->mask = malloc((size_t)n * sizeof *b->mask);
-    if (b->pidfds == NULL || b->worker_of == NULL || b->mask == NULL) {
-        free(b->pidfds), free(b->worker_of), free(b->mask), free(b);
+    b->started = calloc((size_t)n, sizeof *b->started);
+    b->ended = calloc((size_t)n, sizeof *b->ended);
+    if (b->pidfds == NULL || b->worker_of == NULL || b->mask == NULL || b->started == NULL ||
+        b->ended == NULL) {
+        free(b->pidfds), free(b->worker_of), free(b->mask), free(b->started), free(b->ended);
+        free(b);
         return ENVD_ENOMEM;
     }
     b->cfg = *config;

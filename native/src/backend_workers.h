@@ -69,6 +69,7 @@ typedef struct envd_workers_config {
     int64_t discrete_start;
     const bool *dones;         /* the dones buffer the workers write */
     int64_t spin_ns;           /* the parent's spin before it sleeps */
+    int autoreset_mode;        /* envd_autoreset_mode_t: DISABLED refuses a done env */
     int (*run_inline)(void *ctx);  /* inline mode: step the requested envs */
     void *inline_ctx;
 } envd_workers_config_t;

@@ -110,3 +110,25 @@ def test_bad_arguments():
         envd.make("py:CartPole-v1", 2, num_threads=1)
     with pytest.raises(envd.InvalidArgumentError, match="num_workers"):
         envd.make("py:CartPole-v1", 2, num_workers=3)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_refused_steps_change_nothing(num_workers):
+    """A step before the first reset, and a step of a done env in 'disabled'
+    mode, are refused before any env steps (as for built-in envs)."""
+    with envd.make("py:CartPole-v1", 3, num_workers=num_workers,
+                   autoreset_mode="disabled") as env:
+        with pytest.raises(envd.EnvStateError, match="env 0 was never reset"):
+            env.step(np.zeros(3, np.int64))
+        obs, _ = env.reset(seed=0)
+        done = np.zeros(3, bool)
+        while not done.any():
+            obs, _, term, trunc, _ = env.step(np.ones(3, np.int64))
+            done = term | trunc
+        before = obs.copy()
+        first = int(np.flatnonzero(done)[0])
+        with pytest.raises(envd.EnvStateError, match=f"env {first} is done"):
+            env.step(np.ones(3, np.int64))
+        assert np.array_equal(env.step.__self__._obs, before)  # nothing stepped
+        env.reset(options={"reset_mask": done})
+        env.step(np.ones(3, np.int64))
