@@ -25,12 +25,10 @@ from envd.native.hosted_segment import Segment, segment_layout
 from envd.native.hosted_session import HostedSession, HostedSpec
 from envd.native.hosted_template import _describe, template
 from envd.native.native_vec import MAX_NUM_ENVS
+from envd.native.vector_env import PYTHON_PREFIX
 from envd.vector_base import (BatchedVecEnv, buffer_layout, check_int, episode_statistics_key,
                               parse_autoreset_mode, seed_list)
 
-#: The prefix of a gymnasium id hosted in Python ("py:CartPole-v1"): never
-#: confused with envd's built-in C env of the same gymnasium id.
-PYTHON_PREFIX = "py:"
 
 #: num_workers=None picks workers when a step of all envs costs at least
 #: this long on one CPU: waking workers and waiting for them costs tens of

@@ -25,6 +25,7 @@ as cloudpickle (a lambda works).
 """
 from __future__ import annotations
 
+import atexit
 import ctypes
 import os
 import pickle
@@ -236,12 +237,14 @@ def template() -> Template:
         if _template is None:
             _template = Template()
             _template._owner = os.getpid()
+            atexit.register(shutdown)  # reaped at exit (it would die with us anyway)
         return _template
 
 
 def shutdown() -> None:
     """End this process's template (tests; at exit it dies with the process)."""
     global _template
+    atexit.unregister(shutdown)
     with _template_lock:
         if _template is not None and _template._owner == os.getpid():
             _template.close()

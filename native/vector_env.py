@@ -19,7 +19,6 @@ from gymnasium.vector import AutoresetMode
 
 from envd.errors import InvalidArgumentError
 from envd.native._envd_native import lib
-from envd.native.hosted_env import PYTHON_PREFIX, make_python
 from envd.native.native_session import NativeSession
 from envd.native.native_vec import MAX_NUM_ENVS, MAX_THREADS, NativePool
 from envd.native.registry import EnvSpec, get_spec, load_plugin
@@ -27,6 +26,11 @@ from envd.vector_base import (BatchedVecEnv, buffer_layout, check_int, episode_s
                               is_int, parse_autoreset_mode, seed_list)
 
 _CACHE_LINE = 64
+
+#: The prefix of a hosted Python env's id ("py:CartPole-v1", gymnasium's
+#: Python env), never confused with the built-in C env of the same id
+#: (envd.native.hosted_env, imported on first use).
+PYTHON_PREFIX = "py:"
 
 AUTORESET_MODE_CODES = {
     AutoresetMode.NEXT_STEP: lib.ENVD_AUTORESET_NEXT_STEP,
@@ -204,6 +208,7 @@ def make(env_id: str | Callable[[], Any], num_envs: int, *,
         if given:
             raise InvalidArgumentError(f"{', '.join(given)}: for built-in envs only; a hosted "
                                        "Python env takes num_workers")
+        from envd.native.hosted_env import make_python
         return make_python(env_id, num_envs, num_workers=num_workers, seed=seed,
                            autoreset_mode=autoreset_mode, max_episode_steps=max_episode_steps,
                            copy=copy, episode_statistics=episode_statistics,
