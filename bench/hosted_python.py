@@ -1,6 +1,7 @@
 """Hosted Python envs against gymnasium's SyncVectorEnv, side by side in one run.
 
     python bench/hosted_python.py [--env Acrobot-v1] [--num-envs 16] [--rounds 3]
+    python bench/hosted_python.py --overhead    # the per-step round trip, a no-op env
 
 Each round steps every contender for --seconds with random (pre-drawn)
 actions, in turn (rounds interleave the contenders), and prints steps/s per contender and round: gymnasium
@@ -27,13 +28,46 @@ def rate(env, actions: np.ndarray, seconds: float) -> float:
     return steps * env.num_envs / (time.perf_counter() - start)
 
 
+class NoopEnv(gym.Env):
+    """An env whose step costs nothing: what remains is envd's round trip."""
+    observation_space = gym.spaces.Box(0, 1, (4,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        return np.zeros(4, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(4, np.float32), 0.0, False, False, {}
+
+
+def overhead(rounds: int, steps: int = 3000) -> None:
+    print("no-op env, N=2: us per step (rounds)")
+    envs = {w: envd.make(NoopEnv, 2, num_workers=w) for w in (0, 1, 2)}
+    times: dict[int, list[float]] = {w: [] for w in envs}
+    actions = np.zeros(2, np.int64)
+    for _ in range(rounds):
+        for w, env in envs.items():
+            env.reset(seed=0)
+            start = time.perf_counter()
+            for _ in range(steps):
+                env.step(actions)
+            times[w].append((time.perf_counter() - start) / steps * 1e6)
+    for w, env in envs.items():
+        print(f"  num_workers={w}  " + "  ".join(f"{t:7.1f}" for t in times[w]))
+        env.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--env", default="Acrobot-v1")
     parser.add_argument("--num-envs", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument("--overhead", action="store_true",
+                        help="measure the round trip of a no-op env instead")
     args = parser.parse_args()
+    if args.overhead:
+        return overhead(args.rounds)
     n = args.num_envs
     contenders = {"gymnasium sync": gym.make_vec(args.env, n, vectorization_mode="sync")}
     for workers in (0, 1, 2):

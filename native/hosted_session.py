@@ -24,12 +24,10 @@ from envd.errors import EnvError, InvalidArgumentError, NativeError
 from envd.native._envd_native import ffi, lib
 from envd.native.hosted_segment import WORKER_FAILED, WORKER_READY, Segment
 from envd.native.hosted_template import Template, _maker
-from envd.native.hosted_worker import EnvSlice
+from envd.native.hosted_worker import EnvSlice, spin_ns
 from envd.native.native_session import NativeSession
 from envd.native.native_vec import ptr
 
-#: The parent spins this long for a step's results before it sleeps.
-PARENT_SPIN_NS = 50_000
 #: close() waits this long for envs in flight, then for workers to exit, before SIGKILL.
 CLOSE_GRACE_SECONDS = 5.0
 
@@ -100,7 +98,7 @@ class HostedSession(NativeSession):
             pid = template.request(
                 {"op": "spawn", "spec": maker, "layout": self.segment.layout,
                  "size": self.segment.size, "worker": w, "begin": begin, "end": end,
-                 "autoreset_mode": mode}, (fd,))
+                 "autoreset_mode": mode, "spin_ns": spin_ns(self.num_workers)}, (fd,))
             self.pids.append(pid)
             try:
                 self._pidfds.append(os.pidfd_open(pid))
@@ -140,7 +138,7 @@ class HostedSession(NativeSession):
             "action_bytes": a["actions"][0].nbytes,
             "discrete_n": int(space.n) if discrete else 0,
             "discrete_start": int(space.start) if discrete else 0,
-            "dones": ptr(a["dones"], "bool *"), "spin_ns": PARENT_SPIN_NS,
+            "dones": ptr(a["dones"], "bool *"), "spin_ns": spin_ns(self.num_workers),
             "autoreset_mode": AUTORESET_CODES[self.autoreset_mode],
             "run_inline": lib.envd_hosted_run_inline if self.num_workers == 0 else ffi.NULL,
             "inline_ctx": self._handle_ref})

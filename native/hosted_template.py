@@ -131,7 +131,7 @@ def _worker(sock: socket.socket, request: dict[str, Any], fd: int, template_pid:
             state[w] = WORKER_FAILED
             raise
         state[w] = WORKER_READY
-        serve(env_slice)
+        serve(env_slice, request["spin_ns"])
         env_slice.close()
         status = 0
     finally:

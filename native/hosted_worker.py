@@ -22,6 +22,7 @@ control block.
 """
 from __future__ import annotations
 
+import os
 import time
 from typing import Any, Callable
 
@@ -35,8 +36,19 @@ from envd.native.hosted_segment import Segment
 
 EENV, ESTATE = NATIVE_CODES["EENV"], NATIVE_CODES["ESTATE"]
 
-#: A worker spins this long for its next request before it sleeps on the futex.
-WORKER_SPIN_NS = 50_000
+#: How long the parent and the workers spin for each other before they sleep
+#: on the futex, when there is a CPU for every spinner (spin_ns()).  Short:
+#: on a busy 2-CPU machine a no-op env's step with 1 worker took 108 us with
+#: a 50 us spin (a preempted spinner wastes its partner's slice) and 12 us
+#: with 1 us, against 11.6 us with none (docs/python-envs.md, "Workers").
+SPIN_NS = 1_000
+
+
+def spin_ns(num_workers: int) -> int:
+    """The spin of a session's parent and workers: SPIN_NS while the workers
+    and the parent fit the usable CPUs, else 0 (more spinners than CPUs
+    would take the CPU from the process that has work: DESIGN.md section 6)."""
+    return SPIN_NS if num_workers + 1 <= len(os.sched_getaffinity(0)) else 0
 
 
 def env_maker(env: str | Callable[[], gymnasium.Env], max_episode_steps: int | None,
@@ -169,13 +181,13 @@ class EnvSlice:
                 pass
 
 
-def serve(env_slice: EnvSlice) -> None:
-    """A worker's loop: wait for requests (GIL released, futex), run them,
-    publish; until the parent sets exit."""
+def serve(env_slice: EnvSlice, spin: int) -> None:
+    """A worker's loop: wait for requests (spin ns, then sleep on the futex,
+    GIL released), run them, publish; until the parent sets exit."""
     ctl = env_slice.segment.ctl(env_slice.worker)
     seen = 0
     while True:
-        seq = lib.envd_worker_wait(ctl, seen, WORKER_SPIN_NS)
+        seq = lib.envd_worker_wait(ctl, seen, spin)
         if seq == seen:
             return
         seen = seq
