@@ -198,7 +198,18 @@ void envd_vec_get_stats(const envd_vec_t *vec, envd_vec_stats_t *stats);
 #define ENVD_FAST_SEND ...
 #define ENVD_FAST_RECV ...
 #define ENVD_FAST_SHUTTING_DOWN ...
-typedef struct envd_fast_header envd_fast_header_t;
+typedef struct envd_fast_header {
+    uint32_t req_seq;
+    uint32_t req_kind;
+    uint32_t client_waiting;
+    uint32_t req_count;
+    uint32_t done_seq;
+    int32_t status;
+    int64_t result;
+    int64_t error_index;
+    uint32_t closed;
+    ...;
+} envd_fast_header_t;
 void envd_fast_set_max_spinners(int max_spinners);
 
 typedef struct envd_backend envd_backend_t;
