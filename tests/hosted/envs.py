@@ -96,3 +96,11 @@ def wait_until(condition, deadline_s: float = 60.0) -> bool:
 
 def open_fds() -> set[str]:
     return set(os.listdir("/proc/self/fd"))
+
+
+class HangingEnv(FailingEnv):
+    """A FailingEnv whose failure is to hang (sleep for an hour)."""
+
+    def _maybe_fail(self) -> None:
+        if self.seed_ == self.fail_seed and self.t == self.at_step:
+            time.sleep(3600)

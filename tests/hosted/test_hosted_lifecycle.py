@@ -76,3 +76,21 @@ def test_views_outlive_close():
     snapshot = obs.copy()
     env.close()
     assert np.array_equal(obs, snapshot)
+
+
+def test_close_kills_a_hung_worker(monkeypatch):
+    """An env that hangs in a step in flight cannot hang close: after the
+    grace period its worker is killed, and nothing is left."""
+    from envd.native import hosted_session
+    from envs import HangingEnv
+    monkeypatch.setattr(hosted_session, "CLOSE_GRACE_SECONDS", 0.5)
+    env = envd.make(lambda: HangingEnv(0, at_step=1), 2, num_workers=2, batch_size=1)
+    pids = env.worker_pids
+    env.async_reset(seed=0)
+    for _ in range(2):
+        env.recv()
+    env.send(np.zeros(1, np.int64), np.array([1]))
+    assert env.recv()[4]["env_id"].tolist() == [1]
+    env.send(np.zeros(1, np.int64), np.array([0]))  # hangs in worker 0
+    env.close()
+    assert wait_until(lambda: not any(alive(p) for p in pids))
