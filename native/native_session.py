@@ -257,8 +257,13 @@ class NativeSession:
 
     def served(self) -> tuple[int, int]:
         """(whole steps, async env steps found finished) so far, by every path:
-        direct calls and the doorbell.  Never blocks."""
+        direct calls and the doorbell.  Finished batches are collected first
+        unless another thread holds the session's lock (the doorbell serving
+        a request, which then collects them itself).  Never blocks."""
         handle = self._live()
+        if lib.envd_session_trylock(handle):
+            lib.envd_session_counts(handle, ffi.NULL, ffi.NULL)
+            lib.envd_session_unlock(handle)
         return (int(lib.envd_session_steps(handle)),
                 int(lib.envd_session_async_env_steps(handle)))
 
@@ -266,12 +271,12 @@ class NativeSession:
     def render(self, out: np.ndarray) -> None:
         """Draw every env's current state into out ((num_envs,) +
         spec.render_shape uint8, C-contiguous).  Refused while envs are in
-        flight.  Blocks."""
+        flight or ready (not received).  Blocks."""
         handle = self._live()
         frame_bytes = int(lib.envd_session_frame_bytes(handle))
-        in_flight, _ = self.counts()
-        if in_flight:
-            raise in_flight_error(self.spec.id, "render", in_flight)
+        in_flight, ready = self.counts()
+        if in_flight or ready:  # (results the trainer has not received: as the daemon)
+            raise in_flight_error(self.spec.id, "render", in_flight + ready)
         if (out.dtype != np.uint8 or not out.flags.c_contiguous
                 or out.nbytes != frame_bytes * self.num_envs or frame_bytes == 0):
             raise InvalidArgumentError(

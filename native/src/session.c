@@ -470,7 +470,7 @@ int envd_session_render(envd_session_t *s, uint8_t *out)
 {
     pthread_mutex_lock(&s->mutex);
     const envd_backend_ops_t *ops = s->backend->ops;
-    int rc = check_idle(s, 1);
+    int rc = check_idle(s, 0);
     const uint64_t frame = ops->frame_bytes(s->backend->impl);
     if (rc == ENVD_OK && (frame == 0 || out == NULL))
         rc = ENVD_EINVAL;

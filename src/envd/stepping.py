@@ -58,7 +58,7 @@ class Stepper(Protocol):
 
     def render(self, out: np.ndarray) -> None:
         """Draw every env's frame into out ((num_envs, h, w, 3) uint8).
-        Refused while envs are in flight."""
+        Refused while envs are in flight or ready (not received)."""
 
     def close(self) -> None:
         """Wait for what is in flight, free everything.  Idempotent."""

@@ -289,7 +289,7 @@ class BatchedVecEnv(VectorEnv):
     def _render_frames(self) -> np.ndarray:
         """A new (num_envs, height, width, 3) uint8 array of every env's frame
         (called with the env acquired, only when render_mode is "rgb_array";
-        through the stepper's render, which refuses while envs are in flight)."""
+        through the stepper's render, which refuses while envs are out)."""
         raise NotImplementedError
 
     def _check_send_rows(self, rows: np.ndarray, env_ids: np.ndarray) -> None:
@@ -552,7 +552,8 @@ class BatchedVecEnv(VectorEnv):
         """One rgb_array frame per env, as gymnasium's vector envs return them: a
         tuple of num_envs (height, width, 3) uint8 arrays, drawn from the envs'
         current states.  Each call returns new arrays (a recorder may keep
-        them).  Needs render_mode="rgb_array" at make and no send in flight."""
+        them).  Needs render_mode="rgb_array" at make and no env sent and
+        not received yet."""
         if self.render_mode is None:
             raise EnvStateError(
                 f"this {self.env_id} VecEnv was made without a render mode; make it with "

@@ -20,8 +20,8 @@
  *     naming it (envd_session_env_state tells which), of an id out of range
  *     ENVD_EINVAL naming it, of count 0 ENVD_EINVAL (-1), of an env twice
  *     ENVD_EBUSY naming it (still idle); step, step_submit, reset and render
- *     are ENVD_EBUSY (-1) while envs are in flight, step also while envs are
- *     ready; a recv of more than is out is ENVD_ESTATE (-1), of 0 envs
+ *     are ENVD_EBUSY (-1) while envs are in flight, step and render also
+ *     while envs are ready; a recv of more than is out is ENVD_ESTATE (-1), of 0 envs
  *     ENVD_EINVAL; a non-waiting recv of more than is ready returns 0; none
  *     of these changes the books; a reset with envs ready forgets them;
  *   - a failing env: the recv that finds its batch answers ENVD_EENV naming
@@ -366,6 +366,7 @@ static void test_refusals(envd_pool_t *pool1)
         sched_yield();
     } while (in_flight > 0);
     CHECK(envd_session_step(s) == ENVD_EBUSY, "step with an env ready");
+    CHECK(envd_session_render(s, frame) == ENVD_EBUSY, "render with an env ready");
     CHECK(envd_session_reset(s, NULL, NULL) == ENVD_OK, "reset with an env ready");
     expect_counts(s, 0, 0, "the reset forgot it");
     CHECK(envd_session_env_state(s, 7) == ENVD_ENV_IDLE, "env 7 idle after the reset");
