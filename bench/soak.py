@@ -512,19 +512,22 @@ def async_round(client, rng, stats: Stats, deadline: float, budget: float, fault
                 outstanding += len(part)
                 idle = []
         if fault is not None:
-            return inject_async_fault(client, remote, fault, stats, where, idle, actions, sent)
+            return inject_async_fault(client, remote, fault, stats, where, idle, actions, sent,
+                                      outstanding)
         return client
     finally:
         remote.close()
 
 
-def inject_async_fault(client, remote, fault, stats: Stats, where, idle, actions, sent):
+def inject_async_fault(client, remote, fault, stats: Stats, where, idle, actions, sent,
+                       outstanding: int):
     """Close the env, or its client, with sends in flight: the segment is gone when
     close returns, later calls raise EnvStateError, the client (or a new one) goes on."""
     if idle:  # something more in flight
         part = np.array(idle, dtype=np.int64)
         remote.send(actions[sent[part], part], part)
-    in_flight = remote._num_in_flight
+        outstanding += len(part)
+    in_flight = outstanding  # sent and not received: in flight or ready
     segment = remote._segment.name
     if fault == "client_closed_in_flight":
         endpoint, timeout = client.endpoint, client.timeout

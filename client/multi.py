@@ -253,6 +253,37 @@ class MultiClient:
         return f"envd.MultiClient({list(self.endpoints)!r}, {state})"
 
 
+class _ShardsStepper:
+    """The stepper (envd.stepping.Stepper) of a MultiVecEnv: a reset or a
+    step goes to every shard at once (MultiVecEnv._run_reset, _run_step);
+    async mode and rendering are refused (see the module docstring).  It
+    holds its env weakly, so a dropped env is freed without a cycle."""
+
+    def __init__(self, env: "MultiVecEnv"):
+        self._env = weakref.proxy(env)
+
+    def reset(self, with_seeds: bool, with_mask: bool) -> None:
+        self._env._run_reset(with_seeds, with_mask)
+
+    def step(self) -> int:
+        return self._env._run_step()
+
+    def async_reset(self, with_seeds: bool) -> None:
+        raise self._env._no_async("async_reset")
+
+    def send(self, env_ids: np.ndarray) -> None:
+        raise self._env._no_async("send")
+
+    def recv(self, count: int) -> np.ndarray:
+        raise self._env._no_async("recv")
+
+    def render(self, out: np.ndarray) -> None:
+        raise EnvStateError("a MultiVecEnv does not render: make the env to record on one daemon")
+
+    def close(self) -> None:
+        """Nothing of its own: the env closes its shards."""
+
+
 class MultiVecEnv(BatchedVecEnv):
     """num_envs envs spread over several daemons, used as one gymnasium
     VectorEnv (see MultiClient.make and the module docstring).
@@ -302,9 +333,9 @@ class MultiVecEnv(BatchedVecEnv):
         self.shard_slices = tuple(rows for _, _, rows in plan)
         self.shard_endpoints = tuple(endpoints)
         self._bind_buffers({name: np.zeros((num_envs, *array.shape[1:]), array.dtype)
-                            for name, array in first._buffers.items()})
+                            for name, array in first.buffers.items()})
         # what the envs write; the inputs (written by the trainer) are never copied back
-        self._outputs = protocol.output_arrays(first._buffers)
+        self._outputs = protocol.output_arrays(first.buffers)
         # What the native vec checks per env before it steps any (see
         # validate_step in vec.c), checked here over all envs so that a
         # refused step names the global env index and steps no shard.
@@ -314,14 +345,15 @@ class MultiVecEnv(BatchedVecEnv):
         self._discrete = ((space.start, space.start + space.n)
                           if isinstance(space, spaces.Discrete) else None)
         self._lost: tuple[int, BaseException] | None = None  # (shard, error): a daemon is gone
+        self._stepper = _ShardsStepper(self)
 
     @staticmethod
     def _check_alike(shards: list[RemoteVecEnv], endpoints: list[str]) -> None:
         """Every daemon must have made the same env (same envd version and plugins)."""
         first = shards[0]
-        layout = {name: (a.dtype, a.shape[1:]) for name, a in first._buffers.items()}
+        layout = {name: (a.dtype, a.shape[1:]) for name, a in first.buffers.items()}
         for shard, endpoint in zip(shards[1:], endpoints[1:]):
-            theirs = {name: (a.dtype, a.shape[1:]) for name, a in shard._buffers.items()}
+            theirs = {name: (a.dtype, a.shape[1:]) for name, a in shard.buffers.items()}
             if (shard.single_observation_space != first.single_observation_space
                     or shard.single_action_space != first.single_action_space
                     or shard.max_episode_steps != first.max_episode_steps or theirs != layout):
@@ -374,7 +406,7 @@ class MultiVecEnv(BatchedVecEnv):
         Read through the shard's buffer dict each time: that dict, not the
         arrays it held at make, is the shard's contract."""
         rows = self.shard_slices[k]
-        theirs = self._shards[k]._buffers
+        theirs = self._shards[k].buffers
         for name in self._outputs:
             np.copyto(self._buffers[name][rows], theirs[name])
 

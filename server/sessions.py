@@ -2,9 +2,10 @@
 clients that hold them under a lease.
 
 Ownership: the daemon's event loop thread owns every Session and ClientRecord.
-A session runs one operation at a time (``busy``); while it is busy only the
-thread running the operation (a pool worker, or an executor thread for make
-and reset) touches the native vec, and the loop touches nothing but the flags.
+A session runs one operation at a time (its lifecycle, server/lifecycle.py,
+is BUSY meanwhile); while it is busy only the thread running the operation (a
+pool worker, or an executor thread for make, reset and render) touches the
+native vec, and the loop touches nothing but the lifecycle.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import secrets
 import stat
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from gymnasium.vector import AutoresetMode
@@ -28,6 +29,7 @@ from envd.native.registry import EnvSpec
 from envd.native.vector_env import AUTORESET_MODE_CODES
 from envd.shm import HEADER_SIZE, Segment, plan
 from envd.vector_base import autoreset_mode_name, buffer_layout
+from envd.server.lifecycle import Lifecycle
 
 
 #: Offset of the doorbell's ``closed`` word in it (native/src/fast.h).
@@ -48,53 +50,11 @@ def state_plan(spec: EnvSpec, num_envs: int) -> int:
     --max-state-bytes counts, asked before the make allocates anything): the
     native vec (env states and slots, the private copies of its inputs; see
     envd_vec_memory_bytes) and the native session's async books at their
-    bound (envd_session_books_max_bytes), which every path shares; plus the
-    socket path's ready ids here (at most num_envs, in arrays)."""
+    bound (envd_session_books_max_bytes), which every path shares (the
+    daemon keeps no books of its own)."""
     n = num_envs
     return (int(lib.envd_vec_memory_bytes(spec.definition, n))
-            + int(lib.envd_session_books_max_bytes(n)) + 2 * n * 8)
-
-
-class _SocketBatches:
-    """The socket path's view of the native session's books, in the shape
-    the Service uses (transitional: the daemon's own ready list goes away
-    when its stepping handlers call NativeSession directly).  Every finished
-    env of a socket send is moved to the Session's ready list by collect;
-    in_flight marks the envs of socket sends not collected yet (inline sends
-    must not write their action rows; envs sent through the doorbell are the
-    doorbell's)."""
-
-    def __init__(self, native: NativeSession):
-        self.native = native
-        self.in_flight = np.zeros(native.num_envs, np.bool_)
-        self.count = 0
-
-    def __bool__(self) -> bool:
-        return self.count > 0
-
-    def num_envs(self) -> int:
-        return self.count
-
-    def submit(self, env_ids: np.ndarray, notify: bool) -> None:
-        self.native.send(env_ids, notify)
-        self.in_flight[env_ids] = True
-        self.count += len(env_ids)
-
-    def collect(self) -> tuple[list[np.ndarray], EnvdError | None]:
-        if not self.count:
-            return [], None
-        ready = self.native.counts()[1]
-        if not ready:
-            return [], None
-        error = None
-        try:
-            ids = self.native.try_recv(ready)
-        except EnvdError as exc:  # a failed env: its batch stays ready, taken now
-            error = exc
-            ids = self.native.try_recv(ready)
-        self.in_flight[ids] = False
-        self.count -= len(ids)
-        return [ids], error
+            + int(lib.envd_session_books_max_bytes(n)))
 
 
 def async_in_flight(call: str) -> EnvStateError:
@@ -104,38 +64,32 @@ def async_in_flight(call: str) -> EnvStateError:
 
 
 class Session:
-    """num_envs envs of one spec whose buffers live in a shared-memory segment."""
+    """num_envs envs of one spec whose buffers live in a shared-memory segment,
+    stepped by one NativeSession (which keeps the async books: env states,
+    ready ids, a failed batch's error) for the socket path and the doorbell."""
 
     def __init__(self, owner: bytes, spec: EnvSpec, num_envs: int, mode: AutoresetMode,
                  max_episode_steps: int, params: list[float], seeds: np.ndarray,
-                 pool: NativePool, segment_prefix: str):
+                 pool: NativePool | None, segment_prefix: str,
+                 on_free: Callable[[Session, bool], None] | None = None):
+        """on_free(session, orderly): what the daemon does when the session's
+        lifecycle frees it (its own books), before the envs are destroyed."""
         self.id = secrets.token_hex(16)
         self.owner = owner
         self.spec = spec
         self.num_envs = num_envs
         self.mode = mode
         self.max_episode_steps = max_episode_steps
-        self.busy = False      # a reset, step or recv is running (or waiting)
-        self.closing = False   # free as soon as the running operation ends
-        self.steps = 0         # sync step calls
-        self.env_steps = 0     # env steps, sync and async (for status)
+        self.steps = 0         # whole steps, by every path (for status)
+        self.env_steps = 0     # env steps, sync and async, by every path (for status)
         self.created = time.monotonic()
-        # Async mode: the ids of finished envs not reported yet (in the order
-        # they were found finished), and a recv waiting for enough of them:
-        # (identity, request id, count, inline).  The batches live in self.batches.
         self.batch_size = num_envs
         self.render_mode: str | None = None  # make's render_mode, checked against the spec
-        self.ready: list[np.ndarray] = []
-        self.num_ready = 0
-        self.recv_waiter: tuple[bytes, int, int, bool] | None = None  # (..., inline)
-        # The first failure of an env in a finished batch, reported by the next
-        # recv (its envs are in self.ready, so the recv after it returns them).
-        self.batch_error: EnvdError | None = None
-        # The fast path's server thread, once the client asked for it; its
-        # steps are counted by the thread (fast_counted: (steps, batch envs)
-        # folded in so far).
-        self.fast: _Doorbell | None = None
-        self.fast_counted = (0, 0)
+        # Whether the session's doorbell is served (the fast path); what the
+        # session had served when its steps were last counted.
+        self.fast = False
+        self._counted = (0, 0)
+        self._last_stats = {"inline_jobs": 0, "pooled_jobs": 0}
         arrays, size = segment_plan(spec, num_envs, mode)
         self.segment_bytes = size  # what --max-shm-bytes counts
         self.state_bytes = state_plan(spec, num_envs)  # what --max-state-bytes counts
@@ -145,15 +99,28 @@ class Session:
         try:
             self.buffers = self.segment.arrays
             self.buffers["reset_seeds"][...] = seeds
-            self.native = NativeSession(spec, num_envs,
-                                        autoreset_mode=AUTORESET_MODE_CODES[mode],
-                                        max_episode_steps=max_episode_steps, params=params,
-                                        buffers=self.buffers, pool=pool)
+            self.native: NativeSession | None = NativeSession(
+                spec, num_envs, autoreset_mode=AUTORESET_MODE_CODES[mode],
+                max_episode_steps=max_episode_steps, params=params, buffers=self.buffers,
+                pool=pool)
             self.native.seed()
-            self.batches = _SocketBatches(self.native)
         except BaseException:
             self.segment.unlink()
             raise
+        self.life = Lifecycle(self.id, free=self._freed_by_lifecycle,
+                              outstanding=self.batches_in_flight)
+        self._on_free = on_free
+
+    def _freed_by_lifecycle(self, orderly: bool) -> None:
+        if self._on_free is not None:
+            self._on_free(self, orderly)
+        self.free()
+
+    def batches_in_flight(self) -> bool:
+        """Envs sent over the socket are still on the pool (a closing session
+        waits for them: freeing would block the event loop until they end).
+        The doorbell's are not counted: its stop drops them."""
+        return not self.fast and self.native.counts()[0] > 0
 
     @property
     def revoked(self) -> bool:
@@ -223,10 +190,11 @@ class Session:
         target[...] = np.frombuffer(blob, target.dtype).reshape(target.shape)
 
     def write_action_rows(self, env_ids: np.ndarray, blob: bytes) -> None:
-        """Copy the actions of an inline send into the rows of env_ids.  Rows
-        of envs still on the pool are never written (a worker reads them):
-        with such an id, or one out of range, nothing is written and submit
-        refuses the send with its usual error."""
+        """Copy the actions of an inline send into the rows of env_ids.  With
+        an id out of range nothing is written and send refuses it with its
+        usual error.  A row of an env still in flight may be written: the vec
+        stepping it reads its private copy, taken when the env was sent (the
+        segment is client-writable anyway), and send refuses that env."""
         actions = self.buffers["actions"]
         row_bytes = actions[0].nbytes if self.num_envs else 0
         if len(blob) != len(env_ids) * row_bytes:
@@ -235,8 +203,6 @@ class Session:
                 f"{len(env_ids) * row_bytes} bytes of actions ({actions.dtype} x "
                 f"{actions.shape[1:]} per env), got {len(blob)}")
         if env_ids.min() < 0 or env_ids.max() >= self.num_envs:
-            return
-        if self.batches.in_flight[env_ids].any():
             return
         actions[env_ids] = np.frombuffer(blob, actions.dtype).reshape(-1, *actions.shape[1:])
 
@@ -251,137 +217,66 @@ class Session:
             blobs = [np.take(self.buffers[name], rows, axis=0) for name in names]
         return {"arrays": names, "_blobs": blobs}
 
-    def submit(self, env_ids: np.ndarray) -> int:
-        """Start stepping env_ids (async send); a batch run inline is ready at
-        once.  Returns how many envs became ready (see collect)."""
-        self.batches.submit(env_ids, notify=True)
-        return self.collect()
-
-    def collect(self) -> int:
-        """Move the envs of finished batches to the ready list; how many.  An
-        env's failure never loses an id: the envs go to the ready list all the
-        same and the failure waits in batch_error for the next recv."""
-        finished, error = self.batches.collect()
-        self.ready.extend(finished)
-        count = sum(map(len, finished))
-        self.num_ready += count
-        self.env_steps += count
-        self.batch_error = self.batch_error or error
-        return count
-
-    def take_batch_error(self) -> EnvdError | None:
-        error, self.batch_error = self.batch_error, None
-        return error
-
-    def take_ready(self) -> np.ndarray:
-        ids = np.concatenate(self.ready) if self.ready else np.empty(0, np.int64)
-        self.ready, self.num_ready = [], 0
-        return ids
-
+    # ---- the fast path, counting, executor operations -------------------------------------
     def start_fast(self, spin_ns: int) -> None:
         """Serve this session's steps, sends and recvs from the doorbell in its
         header page."""
         self.native.start_doorbell(self.segment.memory, self.buffers["doorbell_ids"], spin_ns)
-        self.fast = _Doorbell(self.native)
-        self.fast_counted = self.native.served()  # (the session counts every path)
+        self.fast = True
 
-    def new_fast_steps(self) -> tuple[int, int]:
-        """(steps, env steps) the fast path served since the last call."""
-        if self.fast is None:
-            return 0, 0
+    def stop_fast(self) -> None:
+        """Stop serving the doorbell (after the request it serves); the envs
+        sent through it and not received are dropped."""
+        self.native.stop_doorbell()
+        self.fast = False
+
+    def new_steps(self, collect: bool = False) -> tuple[int, int]:
+        """(steps, env steps) the session served by every path (socket and
+        doorbell) since the last call.  collect: count the async envs of
+        batches that finished but nobody collected yet too (unless the
+        session's lock is held now: the doorbell serves a request, or a reset
+        runs; they are counted next time).  Never blocks."""
+        if collect and self.native.try_lock():
+            try:
+                self.native.counts()  # collects finished batches
+            finally:
+                self.native.unlock()
         served = self.native.served()
-        steps, batch_envs = (now - before for now, before in zip(served, self.fast_counted))
-        self.fast_counted = served
+        steps, batch_envs = (now - before for now, before in zip(served, self._counted))
+        self._counted = served
         return steps, steps * self.num_envs + batch_envs
 
     def job_stats(self) -> dict[str, float]:
-        """The vec's dispatch statistics; while the fast path's thread steps
-        the vec (reading them then would race it), those read last time: they
-        lag, they never go back."""
-        if self.fast is None:
-            return self.native.stats()
-        if self.fast.try_lock():
+        """The vec's dispatch statistics; while the doorbell's thread steps
+        the vec (reading them then would wait for it), those read last time:
+        they lag, they never go back."""
+        if self.native.try_lock():
             try:
                 self._last_stats = self.native.stats()
             finally:
-                self.fast.unlock()
-        return getattr(self, "_last_stats", {"inline_jobs": 0, "pooled_jobs": 0})
+                self.native.unlock()
+        return self._last_stats
 
     def reset(self, with_seeds: bool, with_mask: bool) -> None:
-        """Reset on the executor; a fast-path request rung meanwhile waits."""
-        fast = self.fast  # the Service stops it only once this operation has ended
-        if fast is None:
-            self.native.reset(with_seeds, with_mask)
-            return
-        fast.lock()
-        try:
-            self.check_no_fast_async("reset")
-            self.native.reset(with_seeds, with_mask)
-        finally:
-            fast.unlock()
+        """Reset on the executor (the session's lock holds the doorbell off)."""
+        self.native.reset(with_seeds, with_mask)
 
     def render(self) -> np.ndarray:
         """Every env's frame, (num_envs, height, width, 3) uint8, drawn on the
-        executor into private memory (a render request's reply carries it); a
-        fast-path request rung meanwhile waits."""
+        executor into private memory (a render request's reply carries it)."""
         frames = np.empty((self.num_envs,) + self.spec.render_shape, np.uint8)
-        fast = self.fast  # the Service stops it only once this operation has ended
-        if fast is None:
-            self.native.render(frames)
-            return frames
-        fast.lock()
-        try:
-            self.check_no_fast_async("render")
-            self.native.render(frames)
-        finally:
-            fast.unlock()
+        self.native.render(frames)
         return frames
-
-    def check_no_fast_async(self, call: str) -> None:
-        """Refuse call while envs sent through the doorbell are in flight or
-        not received (the client's books would no longer match the daemon's).
-        Holding the fast path's lock."""
-        if self.fast.pending():
-            raise async_in_flight(call)
 
     def free(self) -> None:
         """Destroy the envs and remove the segment.  Only when not busy and no
         batch is in flight (or at shutdown: then this waits for them)."""
-        if self.fast is not None:  # first: it steps the vec (after its request)
-            self.fast.stop()  # (the Service stopped it already, counting its steps)
         native = getattr(self, "native", None)
         if native is not None:
-            native.close()  # waits for batches in flight
+            native.close()  # stops the doorbell first, waits for what is in flight
         self.native = None
         self.buffers = None
         self.segment.unlink()
-
-
-class _Doorbell:
-    """The doorbell of a Session's native session, in the shape the Service
-    uses (transitional, as _SocketBatches)."""
-
-    def __init__(self, native: NativeSession):
-        self.native = native
-
-    def lock(self) -> None:
-        self.native.lock()
-
-    def try_lock(self) -> bool:
-        return self.native.try_lock()
-
-    def unlock(self) -> None:
-        self.native.unlock()
-
-    def pending(self) -> int:
-        """Envs sent through the doorbell and not received yet."""
-        return sum(self.native.counts())
-
-    def drain(self) -> None:
-        self.native.drain()
-
-    def stop(self) -> None:
-        self.native.stop_doorbell()
 
 
 @dataclass

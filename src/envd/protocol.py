@@ -104,6 +104,10 @@ A reply never carries a traceback.  Results:
                limits: {max_sessions, max_envs_per_client, max_message_bytes,
                         max_sessions_per_client, max_shm_bytes, max_state_bytes,
                         max_requests_per_second, request_burst}   (0 rate and burst: unthrottled)
+               capabilities: {protocol:int, abi:int, fast_path:bool, async:bool,
+                              inline:bool, render:bool, limits}   (what the daemon
+                              serves; a client reads it instead of trying requests:
+                              docs/protocol.md, "Capabilities")
     heartbeat  -
     list_envs  envs: [{id, observation_space, action_space, max_episode_steps, params,
                        info_fields: [{name, dtype, shape, doc}], origin}]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-CLIENT_SIDE = [*sorted((ROOT / "client").glob("*.py")),
+CLIENT_SIDE = [*sorted((ROOT / "client").rglob("*.py")),
                *(ROOT / "src" / "envd" / name for name in ("protocol.py", "shm.py", "vector_base.py",
                                                    "errors.py", "keys.py"))]
 SERVER_SIDE = sorted((ROOT / "server").glob("*.py"))

@@ -79,7 +79,7 @@ def test_a_timed_out_make_is_closed_when_its_late_reply_comes(stoppable):
         # its next requests instead of holding it against its limits.
         def late_reply_read() -> bool:
             client.status()  # reads what arrives before its own reply
-            return not client._abandoned
+            return not client.channel.unanswered
         wait_until(late_reply_read, what="the make's late reply")
         wait_until(lambda: client.status()["sessions"] == 0 and segments_of(stoppable.pid) == [],
                    what="the late session to close")

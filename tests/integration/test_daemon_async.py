@@ -86,8 +86,8 @@ def test_misuse_is_refused_and_the_env_stays_usable(served):
     # the daemon refuses raw misuse too: a recv of more than was sent (over
     # the socket: the fast path's recv is covered in test_fast_path)
     with client.make("CartPole-v1", 4, seed=0, batch_size=2, fast_path=False) as env:
-        with pytest.raises(envd.EnvStateError, match="only 0 were sent"):
-            client._request({"type": "recv", "session": env.session, "count": 2})
+        with pytest.raises(envd.EnvStateError, match="only 0 are in flight or ready"):
+            client.channel.request({"type": "recv", "session": env.session, "count": 2})
 
 
 def test_close_and_drain_with_batches_in_flight(tmp_path):
@@ -125,19 +125,19 @@ def test_drain_answers_a_waiting_recv_then_refuses_new_async_work(tmp_path):
         # connection in order, so once status is answered the recv waits.
         replies: list[dict] = []
         request = {"type": "recv", "session": env.session, "count": len(ids)}
-        client._post(request, (), replies.append)
+        client.channel.post(request, (), replies.append)
         client.status()
         daemon.signal(signal.SIGTERM)
 
         def answered() -> bool:
-            client._read_late_replies()
+            client.channel.read_late_replies()
             return bool(replies)
         wait_until(answered, what="the answer to the waiting recv")
         assert replies[0]["ok"], replies[0]
         got = np.frombuffer(replies[0]["_blobs"][0], np.int64)
         assert sorted(got.tolist()) == sorted(ids.tolist())
         with pytest.raises((envd.ShuttingDownError, envd.ConnectionLostError)):
-            client._request(dict(request, count=1))  # nothing new while draining
+            client.channel.request(dict(request, count=1))  # nothing new while draining
         assert daemon.wait() == 0, daemon.log()
         assert segments_of(daemon.pid) == []
         client.timeout = 2.0

@@ -552,4 +552,4 @@ def test_closed_env_raises_env_state_error(client, daemon):
         assert messages[0] == messages[1] == "this Pendulum-v1 VecEnv is closed"
     # the daemon freed the session: its id is unknown now
     with pytest.raises(envd.UnknownSessionError):
-        client._request({"type": "step", "session": session})
+        client.channel.request({"type": "step", "session": session})

@@ -132,7 +132,7 @@ def test_daemon_killed_while_the_client_waits(harness, fast_path):
     env.reset()
 
     def waiting() -> bool:  # the step was sent (rung) and waits for its answer
-        return not env._doorbell.answered if fast_path else client._lock.locked()
+        return not env._stepper.doorbell.answered if fast_path else client.channel.busy
 
     outcome: dict[str, object] = {}
 
@@ -166,7 +166,7 @@ def test_silent_client_loses_its_sessions_and_can_start_over(harness):
     env = client.make("CartPole-v1", 8, seed=0)
     env.reset()
     assert len(segments_of(daemon.pid)) == 1
-    client._connection.stop_heartbeat()  # the process is alive but sends nothing any more
+    client.channel.stop_heartbeat()  # the process is alive but sends nothing any more
     wait_until(lambda: segments_of(daemon.pid) == [], what="the silent client's segment to go")
     with pytest.raises(envd.SessionExpiredError, match="lease") as caught:
         env.step(np.zeros(8, np.int64))

@@ -134,7 +134,7 @@ def test_a_socket_step_on_a_fast_session_is_refused(served):
     with client.make("CartPole-v1", 2, seed=0) as env:
         env.reset()
         with pytest.raises(envd.EnvStateError, match="the fast path serves"):
-            client._request({"type": "step", "session": env.session})
+            client.channel.request({"type": "step", "session": env.session})
         env.step(np.zeros(2, np.int64))  # still served
 
 
@@ -189,15 +189,15 @@ def test_async_trajectories_match_in_process_without_the_socket(served, env_id, 
             envd.make(env_id, 12, num_threads=0, **kwargs) as local:
         assert remote.fast_path
         socket_calls = []
-        real_request, real_post = client._request, client._post
-        client._request = lambda header, *a, **k: (socket_calls.append(header["type"]),
-                                                   real_request(header, *a, **k))[1]
-        client._post = lambda header, *a, **k: (socket_calls.append(header["type"]),
-                                                real_post(header, *a, **k))[1]
+        real_request, real_post = client.channel.request, client.channel.post
+        client.channel.request = lambda header, *a, **k: (socket_calls.append(header["type"]),
+                                                          real_request(header, *a, **k))[1]
+        client.channel.post = lambda header, *a, **k: (socket_calls.append(header["type"]),
+                                                       real_post(header, *a, **k))[1]
         try:
             got = async_trajectories(remote, 40, mode)
         finally:
-            client._request, client._post = real_request, real_post
+            client.channel.request, client.channel.post = real_request, real_post
         assert socket_calls == ["reset"]  # async_reset; every send and recv rang the doorbell
         want = async_trajectories(local, 40, mode)
         for i in range(12):
@@ -230,9 +230,11 @@ def test_async_refusals_match_in_process_and_are_raised_by_send(served):
 
 
 def test_async_books_stay_with_the_doorbell(served):
-    """While envs sent through the doorbell are out, the daemon refuses what
-    would desynchronize its books: socket sends and recvs, a reset, turning
-    the fast path off.  Once they are received, all is allowed again."""
+    """While envs sent through the doorbell are out, the daemon refuses socket
+    sends and recvs (the doorbell serves them) and turning the fast path off.
+    Once they are received, all is allowed again.  (A reset follows the
+    session's one rule, as in-process: refused while envs are in flight, and
+    it forgets ready ones; test_daemon_async covers it.)"""
     _, client = served
     with client.make("CartPole-v1", 4, seed=0, batch_size=2) as env:
         env.async_reset()
@@ -241,14 +243,12 @@ def test_async_books_stay_with_the_doorbell(served):
         for request in ({"type": "send", "session": env.session},
                         {"type": "recv", "session": env.session, "count": 1}):
             with pytest.raises(envd.EnvStateError, match="the fast path serves"):
-                client._request(request, [ids.tobytes()] if request["type"] == "send" else ())
-        for request in ({"type": "reset", "session": env.session, "seeds": False, "mask": False},
-                        {"type": "fast", "session": env.session, "enable": False}):
-            with pytest.raises(envd.EnvStateError, match="recv them first"):
-                client._request(request)
+                client.channel.request(request, [ids.tobytes()] if request["type"] == "send" else ())
+        with pytest.raises(envd.EnvStateError, match="recv them first"):
+            client.channel.request({"type": "fast", "session": env.session, "enable": False})
         env.recv(), env.recv()  # everything back
         assert env.reset()[0].shape == (4, 4)
-        client._request({"type": "fast", "session": env.session, "enable": False})
+        client.channel.request({"type": "fast", "session": env.session, "enable": False})
 
 
 def test_status_counts_async_env_steps(served):
@@ -376,7 +376,7 @@ def test_a_recv_timeout_says_so_and_the_env_refuses_async_calls_after_it(harness
     client.timeout = 60
     with pytest.raises(envd.EnvStateError, match="timed out"):
         env.recv()
-    wait_until(lambda: env._doorbell.answered, what="the late answer")
+    wait_until(lambda: env._stepper.doorbell.answered, what="the late answer")
     env.close()  # its session goes, the daemon serves on
     with client.make("CartPole-v1", 4, seed=0, batch_size=2) as fresh:
         fresh.async_reset()
@@ -550,10 +550,10 @@ def test_a_timeout_keeps_the_buffers_off_limits_until_the_answer(harness):
         client.timeout = 60
         with pytest.raises(envd.EnvStateError, match="timed out"):
             env.step(np.zeros(SLOW["num_envs"], np.int64))  # the daemon will step the buffers
-        assert not env._doorbell.answered
+        assert not env._stepper.doorbell.answered
     finally:
         daemon.signal(signal.SIGCONT)
-    wait_until(lambda: env._doorbell.answered, what="the late answer")
+    wait_until(lambda: env._stepper.doorbell.answered, what="the late answer")
     env.step(np.zeros(SLOW["num_envs"], np.int64))  # usable again
 
 
@@ -563,8 +563,8 @@ def test_close_stops_the_thread_and_a_later_step_says_closed(served):
     env = client.make("CartPole-v1", 2, seed=0)
     env.reset()
     [added] = set(fast_threads(daemon.pid)) - set(before)  # the session's thread
-    bell = env._doorbell
-    client._request({"type": "close", "session": env.session})  # behind the env's back
+    bell = env._stepper.doorbell
+    client.channel.request({"type": "close", "session": env.session})  # behind the env's back
     assert bell.closed and fast_threads(daemon.pid) == before  # stopped and joined
     assert not os.path.exists(f"/proc/{daemon.pid}/task/{added}")
     with pytest.raises(envd.UnknownSessionError):

@@ -113,7 +113,7 @@ def test_forced_shm_out_of_reach_says_why_and_leaves_no_session(remote_daemon):
 
 # ---- malformed inline requests -----------------------------------------------------------
 def _raw(client, header, blobs=()):
-    return client._request(header, [memoryview(np.ascontiguousarray(b)).cast("B")
+    return client.channel.request(header, [memoryview(np.ascontiguousarray(b)).cast("B")
                                     if isinstance(b, np.ndarray) else b for b in blobs])
 
 
@@ -162,7 +162,7 @@ def test_an_inline_send_never_writes_the_rows_of_envs_in_flight(daemon):
             _raw(client, send, [ids, np.full(n, 6, np.int64)])
         with pytest.raises(envd.InvalidActionError, match=f"needs {8 * n} bytes"):
             _raw(client, send, [ids, np.zeros(3, np.int64)])
-        reply = client._request({"type": "recv", "session": env.session, "count": n,
+        reply = client.channel.request({"type": "recv", "session": env.session, "count": n,
                                  "inline": True})
         got = np.frombuffer(reply["_blobs"][0], np.int64)
         obs = np.frombuffer(reply["_blobs"][1 + reply["arrays"].index("observations")],

@@ -260,9 +260,9 @@ def test_clients_do_not_see_each_others_sessions(daemon):
                         {"type": "reset", "session": env_a.session},
                         {"type": "close", "session": env_a.session}):
             with pytest.raises(envd.UnknownSessionError):
-                b._request(request)
+                b.channel.request(request)
         with pytest.raises(envd.UnknownSessionError):
-            a._request({"type": "step", "session": env_b.session})
+            a.channel.request({"type": "step", "session": env_b.session})
         # B's attempts did not step, reset or close A's envs
         rng = np.random.default_rng(0)
         for step in range(30):
@@ -273,7 +273,7 @@ def test_clients_do_not_see_each_others_sessions(daemon):
             env_b.step(np.zeros(4, np.int64))
         # a session id that never existed
         with pytest.raises(envd.UnknownSessionError):
-            a._request({"type": "step", "session": "0" * 32})
+            a.channel.request({"type": "step", "session": "0" * 32})
 
 
 # ---- status counts ------------------------------------------------------------------------

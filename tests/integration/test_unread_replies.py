@@ -206,7 +206,7 @@ def test_thousands_of_posted_sends_lose_no_reply(daemon, transport):
         # A send whose reply was waited for until the timeout would alone
         # take the timeout: under it, none was (whatever the machine's speed).
         assert elapsed < timeout, f"4096 sends and a reset took {elapsed:.1f} s"
-        assert env._sends_unanswered == 0 and not env._async_lost
+        assert env._stepper.sends_unanswered == 0 and not env._stepper.async_lost
         assert len(env.recv()[4]["env_id"]) == 4096
         assert client.status()["dropped_clients"] == 0
     assert DROPPED_LINE not in daemon.log()

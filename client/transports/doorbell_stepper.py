@@ -1,0 +1,111 @@
+"""The same-host fast path: steps, sends and recvs through a doorbell in the
+session's segment, answered by the daemon's native thread without a message
+(envd.client.doorbell rings it).
+
+Resets and renders still go over the socket (they run on the daemon's
+executor).  Once the daemon stops serving the doorbell (the session was
+closed or expired, or the daemon stops) every call goes over the socket,
+whose reply says which.  A send through the doorbell is answered as soon as
+the daemon started the batch (microseconds), so its refusal is raised by the
+send itself, as in-process.
+"""
+from __future__ import annotations
+
+import mmap
+import time
+from typing import Any
+
+import numpy as np
+
+from envd.client.doorbell import RECV, SEND, SHUTTING_DOWN, STEP, Doorbell
+from envd.client.transports.over_socket import SocketStepper
+from envd.errors import EnvdTimeoutError, EnvStateError, ShuttingDownError
+from envd.vector_base import NATIVE_CODES, send_error, step_error
+
+
+class DoorbellStepper(SocketStepper):
+    """SocketStepper whose steps, sends and recvs ring the doorbell at
+    ``offset`` in the mapped segment ``memory``."""
+
+    def __init__(self, *args: Any, memory: mmap.mmap, offset: int, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        #: None once the daemon closed it (then the socket serves)
+        self.doorbell: Doorbell | None = Doorbell(memory, offset)
+        self._ids = self.buffers["doorbell_ids"]
+
+    @property
+    def fast_path(self) -> bool:
+        return self.doorbell is not None
+
+    def check_buffers_free(self) -> None:
+        if self.maybe_running and self.doorbell is not None and self.doorbell.answered:
+            self.maybe_running = False  # the late fast-path step has ended
+        super().check_buffers_free()
+
+    def _step(self) -> int:
+        if self.doorbell is not None:
+            answer = self._ring(STEP, 0, "step")
+            if answer is not None:
+                status, num_done, index = answer
+                if status != 0:
+                    raise step_error(self.env_id, self.action_space, status, index, self.buffers)
+                return num_done
+        return super()._step()
+
+    def _send(self, env_ids: np.ndarray) -> None:
+        if self.doorbell is None:
+            super()._send(env_ids)
+            return
+        self._ids[:len(env_ids)] = env_ids
+        answer = self._ring(SEND, len(env_ids), "send")
+        if answer is None:  # closed: the socket says why, at once
+            self._call({"type": "send", "session": self.session}, [env_ids.tobytes()])
+            return
+        status, _, index = answer
+        if status != 0:
+            raise send_error(self.env_id, self.action_space, self.num_envs, status, index,
+                             self.buffers)
+
+    def _recv_finished(self, count: int) -> list[np.ndarray]:
+        """Every env found finished once count are.  An env that failed in a
+        batch becomes the books' error (raised as in-process); the daemon
+        keeps that batch's envs ready for the next recv."""
+        if self.doorbell is None:
+            return super()._recv_finished(count)
+        answer = self._ring(RECV, count, "recv")
+        if answer is None:
+            return super()._recv_finished(count)
+        status, num_ready, index = answer
+        if status == NATIVE_CODES["EENV"]:
+            self.books.error = self.books.error or step_error(
+                self.env_id, self.action_space, status, index, self.buffers)
+            return []
+        if status != 0:
+            raise EnvStateError(f"recv of {count} envs, but fewer were sent and not reported "
+                                f"yet; send more first (status {status})")
+        return [self._ids[:num_ready].copy()]
+
+    def _ring(self, kind: int, count: int, what: str) -> tuple[int, int, int] | None:
+        """A request through the doorbell (its inputs are in shared memory):
+        its (status, result, error index), raising ShuttingDownError for the
+        daemon's refusal; None once the daemon stopped serving the doorbell
+        (the caller then asks over the socket, which says why)."""
+        bell = self.doorbell
+        if bell.closed:
+            self.doorbell = None
+            return None
+        bell.ring(kind, count)
+        try:
+            answer = bell.wait(time.monotonic() + self.channel.timeout, self.channel.check_alive)
+        except TimeoutError:
+            self.maybe_running = True  # until the answer comes: see check_buffers_free
+            self.async_lost = kind != STEP  # the envs of a late send or recv are lost to us
+            raise EnvdTimeoutError(
+                f"no answer to a fast-path {what} from the daemon at {self.channel.endpoint} "
+                f"within {self.channel.timeout:g} s (Client timeout)") from None
+        if answer is None:
+            return self._ring(kind, count, what)  # closed meanwhile: drops the doorbell
+        status, result, index = answer
+        if status == SHUTTING_DOWN:
+            raise ShuttingDownError("the daemon is shutting down and takes no new work")
+        return status, result, index

@@ -1,0 +1,22 @@
+"""What this daemon serves, as its ``hello`` reply advertises it.
+
+Clients decide from these once, at connect, instead of trying requests and
+reading refusals (docs/protocol.md, "Capabilities"; the client's side is
+client/capabilities.py).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from envd import protocol
+from envd.native._envd_native import lib
+from envd.server.config import Config
+
+
+def hello_capabilities(config: Config, limits: dict[str, int]) -> dict[str, Any]:
+    """The ``capabilities`` map of the hello reply: protocol and native ABI
+    versions, the features served (the fast path unless --fast-path-sessions
+    is 0), and the limits (as the reply's top-level ``limits``)."""
+    return {"protocol": protocol.PROTOCOL_VERSION, "abi": int(lib.envd_abi_version()),
+            "fast_path": config.fast_path_sessions > 0, "async": True, "inline": True,
+            "render": True, "limits": limits}

@@ -1,0 +1,180 @@
+"""The control handlers: hello, heartbeat, list_envs, status, make, close, bye.
+
+None of them steps an env.  ``make`` is the one that takes time: it reserves
+what the session will hold (server/reservation.py), builds the session on the
+Service's executor, and from the executor's callback either opens it (the
+reply names it) or discards it (the client left or the daemon drains
+meanwhile, or its segment was truncated).  The rest answer at once.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
+
+from envd import __version__, protocol
+from envd.errors import (LimitExceededError, SessionExpiredError, SharedMemoryError,
+                         ShuttingDownError, UnknownEnvError, UnknownSessionError)
+from envd.native.native_vec import MAX_NUM_ENVS
+from envd.native.registry import get_spec, list_envs
+from envd.native.vector_env import check_max_episode_steps
+from envd.vector_base import check_int, parse_autoreset_mode, seed_list
+from envd.server.capabilities import hello_capabilities
+from envd.server.sessions import ClientRecord, Session
+
+if TYPE_CHECKING:
+    from envd.server.reservation import Reservation
+    from envd.server.service import Service
+    from envd.server.stepping import Handler
+
+log = logging.getLogger("envd.server")
+
+#: Longest env id echoed back in an error message.
+_ECHO_LIMIT = 100
+#: A make request's fields besides the env kwargs: a kwarg close to one of
+#: them (sed=0) is suggested as that argument in the error.
+_MAKE_ARGUMENTS = tuple(f for f in protocol.MESSAGE_FIELDS["make"] if f != "env_kwargs")
+
+
+class ControlHandlers:
+    """hello, heartbeat, list_envs, status, make, close and bye for one Service."""
+
+    def __init__(self, service: Service):
+        self.service = service
+        self.config = service.config
+
+    def handlers(self) -> dict[str, Handler]:
+        return {"hello": self.hello, "heartbeat": self.heartbeat, "list_envs": self.list_envs,
+                "status": self.status, "make": self.make, "close": self.close, "bye": self.bye}
+
+    def hello(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> dict:
+        client.name = header.get("client_name", "")[:200]
+        return protocol.ok_reply(
+            header["id"], version=protocol.PROTOCOL_VERSION, server=f"envd {__version__}",
+            pid=os.getpid(), hostname=socket.gethostname(),
+            lease_timeout=self.config.lease_timeout,
+            heartbeat_interval=self.config.heartbeat_interval,
+            # limits also stay at the top level for clients older than capabilities
+            limits=self.service.limits(),
+            capabilities=hello_capabilities(self.config, self.service.limits()))
+
+    def heartbeat(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> dict:
+        return protocol.ok_reply(header["id"])
+
+    def list_envs(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> dict:
+        envs = []
+        for env_id in list_envs():
+            spec = get_spec(env_id)
+            envs.append({"id": env_id,
+                         "observation_space": protocol.space_to_wire(spec.observation_space),
+                         "action_space": protocol.space_to_wire(spec.action_space),
+                         "max_episode_steps": spec.max_episode_steps,
+                         "params": [{"name": p.name, "type": p.type, "default": p.default,
+                                     "min": p.min_value, "max": p.max_value, "doc": p.doc}
+                                    for p in spec.params],
+                         "info_fields": [{"name": f.name, "dtype": f.dtype.name,
+                                          "shape": list(f.shape), "doc": f.doc}
+                                         for f in spec.info_fields],
+                         "origin": spec.origin})
+        return protocol.ok_reply(header["id"], envs=envs)
+
+    def status(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> dict:
+        return protocol.ok_reply(header["id"], **self.service.status())
+
+    # ---- make ---------------------------------------------------------------------------------
+    def make(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> None:
+        service = self.service
+        service.close_revoked_sessions()  # a truncated session must not count against the limits
+        if len(header["env_id"]) > _ECHO_LIMIT:
+            raise UnknownEnvError(
+                f"unknown env id of {len(header['env_id'])} characters; known ids: "
+                f"{', '.join(list_envs())}")
+        spec = get_spec(header["env_id"])
+        num_envs = check_int("num_envs", header["num_envs"], 1, MAX_NUM_ENVS)
+        batch_size = header.get("batch_size")
+        if batch_size is not None:
+            batch_size = check_int("batch_size", batch_size, 1, num_envs)
+        mode = parse_autoreset_mode(header.get("autoreset_mode", "next_step"))
+        max_steps = check_max_episode_steps(spec, header.get("max_episode_steps"))
+        render_mode = spec.check_render_mode(header.get("render_mode"))
+        env_kwargs = header.get("env_kwargs", {})
+        seed = header.get("seed")
+        reservation = service.books.reserve(client, spec, num_envs, mode, len(service.sessions),
+                                            service.fd_check)
+
+        def build() -> Session:  # on the executor: seeds and envs of big makes take time
+            params = spec.param_values(env_kwargs, _MAKE_ARGUMENTS)
+            seeds = seed_list(secrets.randbelow(2**63) if seed is None else seed, num_envs)
+            try:
+                session = Session(client.identity, spec, num_envs, mode, max_steps, params,
+                                  seeds, service.pool, service.segment_prefix,
+                                  on_free=service.on_session_freed)
+            except (OSError, MemoryError) as exc:  # /dev/shm or the heap is full
+                raise LimitExceededError(
+                    f"cannot allocate {num_envs} {spec.id} envs: {exc}; the host's shared "
+                    "memory (/dev/shm; in a container see --shm-size) or memory is exhausted"
+                ) from None
+            session.batch_size = batch_size or num_envs
+            session.render_mode = render_mode
+            service.made(session)  # (from this thread: shutdown frees it if need be)
+            return session
+
+        def done(future: Future) -> None:
+            with reservation:  # released exactly once, whatever happens here
+                reply = service.result_reply(header["id"], future)
+                if reply["ok"]:
+                    reply = self._open(client, future.result(), reservation, reply)
+            service.send(client.identity, reply)
+
+        try:
+            service.submit(build, done)  # from here done releases the reservation
+        except BaseException:
+            reservation.release()
+            raise
+        return None
+
+    def _open(self, client: ClientRecord, session: Session, reservation: Reservation,
+              reply: dict) -> dict:
+        """The make's session was built: open it (its id goes in the reply), or
+        discard it when it may not be used."""
+        service = self.service
+        reservation.claim(session)
+        request_id = reply["id"]
+        if service.draining or service.clients.get(client.identity) is not client:
+            session.life.discard()  # the client expired or the daemon drains meanwhile
+            return protocol.error_reply(request_id, ShuttingDownError(
+                "the daemon is shutting down") if service.draining else SessionExpiredError(
+                "the client left (bye) or its lease expired while its env was being made"))
+        if session.revoked:
+            session.life.discard()  # truncated before its client even knew its name
+            return protocol.error_reply(request_id, SharedMemoryError(
+                f"making {session.num_envs} {session.spec.id} envs failed: a process truncated "
+                f"the new session's shared-memory segment {session.segment.path} while the "
+                "daemon set it up; nothing may resize a session's segment"))
+        session.life.open()
+        service.sessions[session.id] = client.sessions[session.id] = session
+        reply.update(session.describe())
+        log.info("session opened: %d x %s", session.num_envs, session.spec.id, extra={
+            "event": "session_open", "client": client.identity.hex()[:8],
+            "request_id": request_id, "session": session.id[:8],
+            "env_id": session.spec.id, "num_envs": session.num_envs})
+        return reply
+
+    # ---- close and bye ------------------------------------------------------------------------
+    def close(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> dict:
+        session_id = header["session"]
+        session = client.sessions.get(session_id)
+        if session is None and not self.service.ended_by_daemon(session_id):  # closed: fine
+            raise UnknownSessionError(f"no session {session_id!r} on this connection")
+        if session is not None:
+            self.service.drop(session)
+        return protocol.ok_reply(header["id"])
+
+    def bye(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> dict:
+        for session in list(client.sessions.values()):
+            self.service.drop(session)
+        del self.service.clients[client.identity]
+        return protocol.ok_reply(header["id"])

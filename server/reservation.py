@@ -1,0 +1,152 @@
+"""Limit accounting of a make: every check in one place, released exactly once.
+
+A make runs on the executor, so what it will hold (a session slot, the
+client's sessions and envs, the segment's bytes, the env state's bytes, file
+descriptors) must count against the limits from the moment it is accepted,
+or two makes in flight would both pass checks that only one fits under.
+``ResourceBooks.reserve`` makes every check and returns a ``Reservation`` that
+holds those amounts; the make's completion releases it exactly once, either
+turning the made session's bytes into bytes in use (``claim``) or giving
+everything back (``release``, also what leaving a ``with`` block by an
+exception does).  ``give_back`` returns a freed session's bytes, once.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+from gymnasium.vector import AutoresetMode
+
+from envd.errors import LimitExceededError
+from envd.native.registry import EnvSpec
+from envd.server.config import Config
+from envd.server.sessions import ClientRecord, segment_plan, state_plan
+
+if TYPE_CHECKING:
+    from envd.server.sessions import Session
+
+
+class ResourceBooks:
+    """What the daemon's sessions hold until they are freed, and what the
+    makes in flight reserved.  Owned by the event loop thread."""
+
+    def __init__(self, config: Config):
+        self.config = config
+        self.reserved_sessions = 0  # makes in flight
+        self.reserved_shm = 0       # bytes of the segments of makes in flight
+        self.reserved_state = 0     # heap bytes (state_plan) of makes in flight
+        self.shm_in_use = 0         # bytes of the segments of sessions not freed yet
+        self.state_in_use = 0       # heap bytes of sessions not freed yet
+        self._held: set[Session] = set()  # sessions whose bytes count as in use
+
+    @property
+    def shm_bytes(self) -> int:
+        """Bytes of shared memory the sessions hold, makes in flight included."""
+        return self.shm_in_use + self.reserved_shm
+
+    @property
+    def state_bytes(self) -> int:
+        """Heap bytes the sessions' env state holds at most, makes in flight included."""
+        return self.state_in_use + self.reserved_state
+
+    def reserve(self, client: ClientRecord, spec: EnvSpec, num_envs: int, mode: AutoresetMode,
+                open_sessions: int,
+                fd_check: Callable[[int], None] | None = None) -> Reservation:
+        """Check that a make of num_envs envs of spec fits under every limit
+        (open_sessions: sessions in the books now) and reserve what it will
+        hold; raises LimitExceededError naming the limit and the flag."""
+        config = self.config
+        if open_sessions + self.reserved_sessions >= config.max_sessions:
+            raise LimitExceededError(
+                f"the daemon holds its maximum of {config.max_sessions} sessions "
+                "(--max-sessions); close envs you no longer use")
+        held_sessions = len(client.sessions) + client.reserved_sessions
+        if held_sessions >= config.max_sessions_per_client:
+            raise LimitExceededError(
+                f"this client holds {held_sessions} sessions, the daemon's maximum of "
+                f"{config.max_sessions_per_client} sessions per client "
+                "(--max-sessions-per-client); close envs you no longer use")
+        held = client.num_envs + client.reserved_envs
+        if held + num_envs > config.max_envs_per_client:
+            raise LimitExceededError(
+                f"making {num_envs} more envs would give this client {held + num_envs}, over "
+                f"the daemon's limit of {config.max_envs_per_client} envs per client "
+                "(--max-envs-per-client)")
+        segment_bytes = segment_plan(spec, num_envs, mode)[1]  # refused before it exists
+        in_use = self.shm_bytes
+        if in_use + segment_bytes > config.max_shm_bytes:
+            raise LimitExceededError(
+                f"making {num_envs} {spec.id} envs needs a shared-memory segment of "
+                f"{segment_bytes} bytes; with the {in_use} bytes the daemon's sessions hold "
+                f"that is {in_use + segment_bytes}, over its limit of "
+                f"{config.max_shm_bytes} bytes (--max-shm-bytes); close envs you no "
+                "longer use or make fewer")
+        state_bytes = state_plan(spec, num_envs)  # refused before anything is allocated
+        in_use = self.state_bytes
+        if in_use + state_bytes > config.max_state_bytes:
+            over = in_use + state_bytes - config.max_state_bytes
+            raise LimitExceededError(
+                f"making {num_envs} {spec.id} envs needs {state_bytes} bytes of env state "
+                f"(state_size {spec.definition.state_size} bytes per env, plus per-env "
+                f"bookkeeping); with the {in_use} bytes the daemon's sessions hold that is "
+                f"{in_use + state_bytes}, {over} bytes over its limit of "
+                f"{config.max_state_bytes} bytes (--max-state-bytes); close envs you no "
+                "longer use or make fewer")
+        if fd_check is not None:  # the session's fds must not eat the daemon's reserve
+            fd_check(self.reserved_sessions)
+        return Reservation(self, client, num_envs, segment_bytes, state_bytes)
+
+    def give_back(self, session: Session) -> None:
+        """A freed session's bytes no longer count (once; nothing if its make
+        never claimed them)."""
+        if session in self._held:
+            self._held.discard(session)
+            self.shm_in_use -= session.segment_bytes
+            self.state_in_use -= session.state_bytes
+
+    def _hold(self, session: Session) -> None:
+        if session not in self._held:
+            self._held.add(session)
+            self.shm_in_use += session.segment_bytes
+            self.state_in_use += session.state_bytes
+
+
+class Reservation:
+    """What one accepted make holds until its session exists or it failed.
+    Made by ResourceBooks.reserve; ends exactly once, by claim or release."""
+
+    def __init__(self, books: ResourceBooks, client: ClientRecord, num_envs: int,
+                 segment_bytes: int, state_bytes: int):
+        self.books, self.client = books, client
+        self.num_envs = num_envs
+        self.segment_bytes, self.state_bytes = segment_bytes, state_bytes
+        self.released = False
+        books.reserved_sessions += 1
+        books.reserved_shm += segment_bytes
+        books.reserved_state += state_bytes
+        client.reserved_sessions += 1
+        client.reserved_envs += num_envs
+
+    def release(self) -> None:
+        """Give everything reserved back.  A second call is a bug: it raises."""
+        if self.released:
+            raise RuntimeError("a make's reservation was released twice")
+        self.released = True
+        books, client = self.books, self.client
+        books.reserved_sessions -= 1
+        books.reserved_shm -= self.segment_bytes
+        books.reserved_state -= self.state_bytes
+        client.reserved_sessions -= 1
+        client.reserved_envs -= self.num_envs
+
+    def claim(self, session: Session) -> None:
+        """The make succeeded: release the reservation and count the
+        session's bytes as in use until ResourceBooks.give_back."""
+        self.release()
+        self.books._hold(session)
+
+    def __enter__(self) -> Reservation:
+        return self
+
+    def __exit__(self, exc_type, exc, traceback) -> None:
+        if not self.released:  # an exception left the block before claim
+            self.release()

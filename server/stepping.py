@@ -1,0 +1,323 @@
+"""The stepping handlers (reset, step, send, recv, fast, render) and the books
+of the requests that wait on the pool.
+
+Each handler checks the request, writes its inputs into the session's buffers
+and makes one call to the session's NativeSession (envd.native.native_session),
+which keeps the async books and refuses what they do not allow (a step while
+envs are in flight or ready, a send of an env not idle, ...); nothing here
+keeps per-env state.  What waits is kept here, one entry per
+session at most (a session takes one request at a time, server/lifecycle.py):
+  - a sync step submitted to the pool, answered when the pool's eventfd says
+    it finished (on_pool_event), or at once when the vec ran it inline;
+  - a recv parked until enough sent envs are ready, retried on each pool event;
+  - the sessions with async batches in flight (a closing one is freed once
+    they settle).
+Reset and render run on the Service's executor and reply from its callback.
+All of it runs on the event loop thread.
+"""
+from __future__ import annotations
+
+import math
+import time
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+
+import numpy as np
+
+from envd import protocol
+from envd.errors import EnvdError, EnvStateError, LimitExceededError
+from envd.vector_base import check_int
+from envd.server.sessions import ClientRecord, Session, async_in_flight
+
+if TYPE_CHECKING:
+    from envd.server.service import Service
+
+Handler = Callable[[ClientRecord, dict[str, Any], list[bytes]], "dict | None"]
+
+
+class PendingStep(NamedTuple):
+    """A sync step on the pool, answered when it finishes."""
+    identity: bytes
+    request_id: int
+    started: float  # perf_counter at submit (the step latency metric)
+    inline: bool    # the reply carries the outputs as data frames
+
+
+class ParkedRecv(NamedTuple):
+    """A recv waiting for count sent envs to be ready."""
+    identity: bytes
+    request_id: int
+    count: int
+    inline: bool
+
+
+class SteppingHandlers:
+    """reset, step, send, recv, fast and render for one Service."""
+
+    def __init__(self, service: Service):
+        self.service = service
+        self.config = service.config
+        self._pending_steps: dict[Session, PendingStep] = {}
+        self._parked_recvs: dict[Session, ParkedRecv] = {}
+        self._async_sessions: set[Session] = set()  # with batches in flight
+        self.fast_sessions = 0  # sessions whose doorbell a fast-path thread serves
+
+    def handlers(self) -> dict[str, Handler]:
+        return {"reset": self.reset, "step": self.step, "send": self.send,
+                "recv": self.recv, "fast": self.fast, "render": self.render}
+
+    @property
+    def idle(self) -> bool:
+        """No step or async batch is on the pool for a socket request."""
+        return not self._pending_steps and not self._async_sessions
+
+    @property
+    def sessions_stepping(self) -> int:
+        """Sessions with a sync step or async batches on the pool now."""
+        return len(self._pending_steps) + len(self._async_sessions)
+
+    def forget_all(self) -> None:
+        """At shutdown, once every session was freed: nothing waits any more."""
+        self._pending_steps.clear()
+        self._parked_recvs.clear()
+        self._async_sessions.clear()
+
+    # ---- reset and render (on the executor) ---------------------------------------------------
+    def reset(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> None:
+        session = self.service.session_for(client, header)
+        with_seeds, with_mask = header.get("seeds", False), header.get("mask", False)
+        inline = header.get("inline", False)
+        if inline:  # the inputs come as blobs: seeds first, then the mask
+            if len(blobs) != with_seeds + with_mask:
+                raise protocol.BadRequest(
+                    f"inline reset: {with_seeds + with_mask} data frame(s) are needed "
+                    f"(seeds: {with_seeds}, mask: {with_mask}), got {len(blobs)}")
+            for name, blob in zip([n for n, given in (("reset_seeds", with_seeds),
+                                                      ("reset_mask", with_mask)) if given], blobs):
+                session.read_input(name, blob)
+        elif blobs:
+            raise protocol.BadRequest("reset: data frames are only taken with inline: true")
+        # (a mask selecting no env is refused by the vec, on its private copy;
+        # envs in flight by the session)
+        session.life.begin("reset")
+        session.segment.bump_step_seq()  # the counters cover resets too
+
+        def done(future: Future) -> None:
+            session.segment.bump_done_seq()
+            reply = self.service.result_reply(header["id"], future)
+            if session.revoked:
+                reply = self.service.revoked_reply(session, header["id"])
+            elif inline and reply["ok"]:
+                reply.update(session.outputs())
+            session.life.end()
+            self.service.send(client.identity, reply)
+
+        self.service.submit(lambda: session.reset(with_seeds, with_mask), done)
+        return None
+
+    def render(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> None:
+        """Draw every env's frame on the executor; the reply carries them in one
+        data frame, so a render of more bytes than --max-message-bytes is refused
+        before anything is drawn (and the reply counts against the unread-reply
+        budgets like any large reply)."""
+        session = self.service.session_for(client, header)
+        if session.render_mode is None:
+            raise EnvStateError(
+                f"session {session.id} ({session.spec.id}) was made without a render mode; "
+                "make it with render_mode='rgb_array' to render")
+        shape = (session.num_envs,) + session.spec.render_shape
+        size = math.prod(shape)
+        limit = self.config.max_message_bytes
+        if size > limit:
+            height, width, _ = session.spec.render_shape
+            raise LimitExceededError(
+                f"rendering {session.num_envs} {session.spec.id} envs makes {size} bytes of "
+                f"frames ({height}x{width}x3 each), over the daemon's message limit of "
+                f"{limit} bytes (--max-message-bytes); render a session of at most "
+                f"{limit // (size // shape[0])} envs, or ask the operator to raise the limit")
+        session.life.begin("render")
+
+        def done(future: Future) -> None:
+            reply = self.service.result_reply(header["id"], future)
+            if session.revoked:
+                reply = self.service.revoked_reply(session, header["id"])
+            elif reply["ok"]:
+                reply.update(frames={"dtype": "uint8", "shape": list(shape)},
+                             _blobs=[memoryview(future.result()).cast("B")])
+            session.life.end()
+            self.service.send(client.identity, reply)
+
+        self.service.submit(session.render, done)
+        return None
+
+    # ---- sync step (on the pool) --------------------------------------------------------------
+    def step(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> dict | None:
+        session = self.service.session_for(client, header)
+        self._check_not_fast(session, "step")
+        if "actions" in header:
+            if not blobs:
+                raise protocol.BadRequest("step: 'actions' is given but no data frame follows")
+            session.write_actions(header["actions"], blobs[0])
+        elif blobs:
+            raise protocol.BadRequest("step: a data frame needs an 'actions' description")
+        inline = header.get("inline", False)
+        if inline and "actions" not in header:
+            raise protocol.BadRequest("inline step: the actions must come as a data frame "
+                                      "with an 'actions' description")
+        started = time.perf_counter()
+        finished = session.native.step_submit()  # refused while envs are in flight or ready
+        session.segment.bump_step_seq()
+        if finished:  # ran inline: no eventfd event comes
+            reply = self._finish_step(session, header["id"], inline)
+            self.service.step_latency(time.perf_counter() - started)
+            return reply
+        session.life.begin("step")
+        self._pending_steps[session] = PendingStep(client.identity, header["id"], started, inline)
+        return None
+
+    def _finish_step(self, session: Session, request_id: int, inline: bool) -> dict:
+        session.segment.bump_done_seq()  # failed or not, the buffers are free again
+        try:
+            num_done = session.native.step_finish()
+        except EnvdError as exc:
+            return protocol.error_reply(request_id, exc)
+        self.count_steps(session)
+        if session.revoked:  # its results went to zero pages
+            return self.service.revoked_reply(session, request_id)
+        reply = protocol.ok_reply(request_id, num_done=num_done)
+        if inline:
+            reply.update(session.outputs())
+        return reply
+
+    # ---- async send and recv ------------------------------------------------------------------
+    def send(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> dict:
+        session = self.service.session_for(client, header)
+        self._check_not_fast(session, "send")
+        inline = header.get("inline", False)
+        if (len(blobs) != 1 + inline or not 8 <= len(blobs[0]) <= 8 * session.num_envs
+                or len(blobs[0]) % 8):
+            raise protocol.BadRequest(
+                f"send: one data frame of 1 to {session.num_envs} env ids (int64) is needed"
+                + (", then one of their actions (inline)" if inline else ""))
+        env_ids = np.frombuffer(blobs[0], np.int64).copy()
+        if inline:
+            session.write_action_rows(env_ids, blobs[1])
+        # Validation errors raise before anything is stepped; an env failing
+        # in this batch (run inline) is reported by the next recv, which the
+        # client makes for these envs anyway: the send itself succeeded.
+        session.native.send(env_ids, notify=True)
+        self._track_batches(session)
+        return protocol.ok_reply(header["id"])
+
+    def recv(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> dict | None:
+        session = self.service.session_for(client, header)
+        self._check_not_fast(session, "recv")
+        count = check_int("count", header["count"], 1, session.num_envs)
+        inline = header.get("inline", False)
+        ids = session.native.try_recv(count)  # raises a batch's env failure, or too few sent
+        if ids is not None:
+            self._track_batches(session)
+            return self._recv_reply(session, header["id"], inline, ids)
+        session.life.begin("recv")
+        self._parked_recvs[session] = ParkedRecv(client.identity, header["id"], count, inline)
+        self._async_sessions.add(session)  # (it is: fewer are ready than were sent)
+        return None
+
+    def _retry_recv(self, session: Session, parked: ParkedRecv) -> None:
+        """Answer a parked recv if enough envs are ready now (or a batch failed)."""
+        try:
+            ids = session.native.try_recv(parked.count)
+        except EnvdError as exc:  # an env failed: the waiting recv reports it
+            reply = protocol.error_reply(parked.request_id, exc)
+        else:
+            if ids is None:
+                return
+            reply = self._recv_reply(session, parked.request_id, parked.inline, ids)
+        del self._parked_recvs[session]
+        session.life.end()
+        self.service.send(parked.identity, reply)
+
+    def _recv_reply(self, session: Session, request_id: int, inline: bool,
+                    ids: np.ndarray) -> dict:
+        if session.revoked:  # their results went to zero pages
+            return self.service.revoked_reply(session, request_id)
+        self.count_steps(session)
+        if not inline:
+            return protocol.ok_reply(request_id, _blobs=[ids.tobytes()])
+        outputs = session.outputs(ids)
+        return protocol.ok_reply(request_id, arrays=outputs["arrays"],
+                                 _blobs=[ids.tobytes(), *outputs["_blobs"]])
+
+    # ---- completion ---------------------------------------------------------------------------
+    def on_pool_event(self) -> None:
+        """Answer every submitted step that finished and every parked recv
+        that can be; free closing sessions whose batches settled."""
+        for session, pending in list(self._pending_steps.items()):
+            if session.native.step_done():
+                del self._pending_steps[session]
+                reply = self._finish_step(session, pending.request_id, pending.inline)
+                session.life.end()
+                self.service.send(pending.identity, reply)
+                self.service.step_latency(time.perf_counter() - pending.started)
+        for session in list(self._async_sessions):
+            parked = self._parked_recvs.get(session)
+            if parked is not None:
+                self._retry_recv(session, parked)
+            if session.life.freed or not session.native.counts()[0]:
+                self._async_sessions.discard(session)
+            session.life.settle()
+
+    def _track_batches(self, session: Session) -> None:
+        """Keep the session among those with batches in flight while it has
+        some (on_pool_event looks at those only)."""
+        if session.native.counts()[0]:
+            self._async_sessions.add(session)
+        else:
+            self._async_sessions.discard(session)
+
+    # ---- the fast path ------------------------------------------------------------------------
+    def fast(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> dict:
+        """Serve the session's steps, sends and recvs from the doorbell in its
+        header page (or stop doing so: enable false)."""
+        session = self.service.session_for(client, header)
+        if not header.get("enable", True):
+            if session.fast:
+                if any(session.native.counts()):  # (waits for the request it serves)
+                    raise async_in_flight("turning the fast path off")
+                self.stop_fast(session)
+            return protocol.ok_reply(header["id"])
+        if not session.fast:
+            if self.fast_sessions >= self.config.fast_path_sessions:
+                raise LimitExceededError(
+                    f"the daemon serves its maximum of {self.config.fast_path_sessions} "
+                    "fast-path sessions (--fast-path-sessions); this session steps over "
+                    "the socket")
+            session.start_fast(self.config.fast_path_spin_us * 1000)  # refused if envs are out
+            self.fast_sessions += 1
+            if self.service.draining:
+                session.native.drain()
+        return protocol.ok_reply(header["id"], doorbell={"offset": protocol.DOORBELL_OFFSET})
+
+    def stop_fast(self, session: Session) -> None:
+        """Stop a session's fast path (after the request it serves) and count its steps."""
+        session.stop_fast()
+        self.count_steps(session)
+        self.fast_sessions -= 1
+
+    def count_steps(self, session: Session, collect: bool = False) -> None:
+        """Fold the steps the session served since last time, by every path
+        (a socket step or recv, the doorbell), into the counters (collect:
+        see Session.new_steps)."""
+        steps, env_steps = session.new_steps(collect)
+        session.steps += steps
+        session.env_steps += env_steps
+        self.service.count_steps(session, env_steps)
+
+    # ---- checks -------------------------------------------------------------------------------
+    @staticmethod
+    def _check_not_fast(session: Session, call: str) -> None:
+        # The fast path's thread steps the vec whenever the doorbell rings: a
+        # step of the event loop beside it would race it.
+        if session.fast:
+            raise EnvStateError(f"{call} over the socket on session {session.id}, whose steps "
+                                "the fast path serves (its doorbell in shared memory)")

@@ -1,0 +1,48 @@
+"""Reading a daemon's capabilities from its hello reply (client/capabilities.py)."""
+from __future__ import annotations
+
+import pytest
+
+from envd import protocol
+from envd.client.capabilities import Capabilities
+from envd.errors import ProtocolError
+
+LIMITS = {"max_message_bytes": 1 << 20, "max_sessions": 8}
+
+
+def hello(**capabilities):
+    wire = {"protocol": protocol.PROTOCOL_VERSION, "abi": 3, "fast_path": True, "async": True,
+            "inline": True, "render": False, "limits": LIMITS, **capabilities}
+    return {"ok": True, "version": protocol.PROTOCOL_VERSION, "limits": {"max_sessions": 1},
+            "capabilities": wire}
+
+
+def test_advertised_capabilities_are_read_as_given():
+    caps = Capabilities.from_hello(hello())
+    assert caps.advertised
+    assert (caps.protocol, caps.abi) == (protocol.PROTOCOL_VERSION, 3)
+    assert (caps.fast_path, caps.async_mode, caps.inline, caps.render) == (True, True, True, False)
+    assert caps.limits == LIMITS  # the capabilities' limits, not the top-level ones
+
+
+def test_a_hello_without_capabilities_gets_the_documented_fallback():
+    old = {"ok": True, "version": 2, "limits": LIMITS}
+    caps = Capabilities.from_hello(old)
+    assert not caps.advertised
+    assert not caps.fast_path  # never tried on such a daemon
+    assert caps.async_mode and caps.inline and caps.render
+    assert caps.limits == LIMITS and caps.protocol == 2 and caps.abi is None
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"capabilities": []}, "of type list"),
+    (hello(fast_path=1), "'fast_path' as 1"),
+    (hello(**{"async": None}), "'async' as None"),
+    (hello(protocol="2"), "protocol '2'"),
+    (hello(abi=True), "abi True"),
+    (hello(limits={"max_sessions": "many"}), "limits"),
+    (hello(limits=[1]), "limits"),
+])
+def test_malformed_capabilities_are_a_protocol_error(bad, match):
+    with pytest.raises(ProtocolError, match=match):
+        Capabilities.from_hello(bad)
