@@ -143,7 +143,10 @@ def make_python(env: str | Callable[[], gymnasium.Env], num_envs: int, *,
     if isinstance(env, str):
         env_id = env.removeprefix(PYTHON_PREFIX)
         try:
-            gymnasium.spec(env_id)
+            # ("module:Id" ids import their module where the env is made: the
+            # template, or this process with num_workers=0, as gymnasium.make does)
+            if ":" not in env_id:
+                gymnasium.spec(env_id)
         except gymnasium.error.Error as exc:
             raise UnknownEnvError(f"{PYTHON_PREFIX}{env_id}: gymnasium knows no such env "
                                   f"({exc})") from None

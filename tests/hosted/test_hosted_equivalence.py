@@ -122,3 +122,12 @@ def test_default_worker_count_rule(monkeypatch):
         env.step(np.zeros(2, np.int64))
     finally:
         env.close()
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_module_prefixed_id(num_workers):
+    """"py:module:Id" imports the module where the env is made, as gymnasium.make."""
+    with envd.make("py:gymnasium.envs.classic_control:CartPole-v1", 2, seed=0,
+                   num_workers=num_workers) as env, \
+            envd.make("py:CartPole-v1", 2, seed=0, num_workers=num_workers) as plain:
+        assert np.array_equal(env.reset()[0], plain.reset()[0])
