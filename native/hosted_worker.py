@@ -141,6 +141,7 @@ class EnvSlice:
                 buffer[rows] = column
         rows = slice(b + int(pending[0]), b + int(pending[-1]) + 1) \
             if len(pending) == pending[-1] - pending[0] + 1 else ids
+        lib.envd_worker_fence()  # the outputs before the acks (backend_workers.h)
         self._ack[rows] = self._req[rows]
 
     def _report(self, i: int, text: str) -> None:

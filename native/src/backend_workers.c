@@ -34,6 +34,7 @@ typedef struct workers_backend {
      * a refused step changes nothing, as the pool vec's): */
     bool *started;      /* reset at least once */
     bool *ended;        /* its episode ended in its last step (not reset since) */
+    bool *touched;      /* scratch: the workers a call asks something of */
     int64_t reset_count;
     int64_t error_index;
     int64_t dead;       /* a worker that died, -1 */
@@ -128,24 +129,34 @@ static int64_t first_pending(workers_backend_t *b, const int64_t *ids, int64_t c
     return -1;
 }
 
-/* Block until every env of ids is acked or its worker died. */
+/* Block until every env of ids is acked or a worker it waits for died.
+ * Acked envs stay acked while the caller waits, so one pass over ids does;
+ * a worker's pidfd is polled only after a futex wait came back without the
+ * env's ack (a wake-up or the ENVD_HOSTED_POLL_MS timeout). */
 static void wait_envs(workers_backend_t *b, const int64_t *ids, int64_t count)
 {
     if (b->cfg.num_workers == 0)
         return;
     double spin_until = now_ns() + (double)b->cfg.spin_ns;
-    int64_t i;
-    while ((i = first_pending(b, ids, count)) >= 0) {
+    for (int64_t k = 0; k < count;) {
+        int64_t i = ids ? ids[k] : k;
+        if (acked(b, i)) {
+            k++;
+            continue;
+        }
         if (now_ns() < spin_until) {
             cpu_relax();
             continue;
         }
-        envd_worker_ctl_t *ctl = &b->cfg.ctl[b->worker_of[i]];
+        int64_t w = b->worker_of[i];
+        envd_worker_ctl_t *ctl = &b->cfg.ctl[w];
         uint32_t seen = atomic_load(&ctl->done_seq);
         atomic_store(&ctl->parent_sleeping, 1);
         if (!acked(b, i))
             futex_wait(&ctl->done_seq, seen, ENVD_HOSTED_POLL_MS);
         atomic_store(&ctl->parent_sleeping, 0);
+        if (!acked(b, i) && worker_dead(b, w))
+            return; /* its envs fail at finish */
     }
 }
 
@@ -222,8 +233,8 @@ static int submit_steps(workers_backend_t *b, const int64_t *ids, int64_t count)
         rc = copy_actions(b, ids, count);
     if (rc != ENVD_OK)
         return rc;
-    bool touched[b->cfg.num_workers + 1];
-    memset(touched, 0, sizeof touched);
+    bool *touched = b->touched;
+    memset(touched, 0, (size_t)(b->cfg.num_workers + 1) * sizeof *touched);
     for (int64_t k = 0; k < count; k++) {
         int64_t i = ids ? ids[k] : k;
         request(b, i, ENVD_HOSTED_STEP);
@@ -250,8 +261,8 @@ static int reset(void *impl, const uint64_t *seeds, const bool *mask)
         return finish_envs(b, NULL, 0, false);
     for (int64_t i = 0; i < n; i++)
         b->mask[i] = mask == NULL || mask[i]; /* the private copy, then only it */
-    bool touched[b->cfg.num_workers + 1];
-    memset(touched, 0, sizeof touched);
+    bool *touched = b->touched;
+    memset(touched, 0, (size_t)(b->cfg.num_workers + 1) * sizeof *touched);
     b->reset_count = 0;
     for (int64_t i = 0; i < n; i++) {
         if (!b->mask[i])
@@ -400,6 +411,7 @@ static void destroy(envd_backend_t *backend)
     free(b->mask);
     free(b->started);
     free(b->ended);
+    free(b->touched);
     free(b);
 }
 
@@ -430,10 +442,11 @@ int envd_backend_workers_create(envd_backend_t **out, const envd_workers_config_
     b->mask = malloc((size_t)n * sizeof *b->mask);
     b->started = calloc((size_t)n, sizeof *b->started);
     b->ended = calloc((size_t)n, sizeof *b->ended);
+    b->touched = calloc((size_t)(workers + 1), sizeof *b->touched);
     if (b->pidfds == NULL || b->worker_of == NULL || b->mask == NULL || b->started == NULL ||
-        b->ended == NULL) {
+        b->ended == NULL || b->touched == NULL) {
         free(b->pidfds), free(b->worker_of), free(b->mask), free(b->started), free(b->ended);
-        free(b);
+        free(b->touched), free(b);
         return ENVD_ENOMEM;
     }
     b->cfg = *config;
@@ -481,6 +494,11 @@ uint32_t envd_worker_wait(envd_worker_ctl_t *ctl, uint32_t seen, int64_t spin_ns
             futex_wait(&ctl->cmd_seq, seen, 1000);
         atomic_store(&ctl->worker_sleeping, 0);
     }
+}
+
+void envd_worker_fence(void)
+{
+    atomic_thread_fence(memory_order_release);
 }
 
 void envd_worker_done(envd_worker_ctl_t *ctl)

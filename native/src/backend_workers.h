@@ -90,6 +90,10 @@ int64_t envd_backend_workers_error_index(const envd_backend_t *backend);
 /* Wait until ctl->cmd_seq differs from seen (spin spin_ns, then sleep) and
  * return it; returns seen unchanged only when ctl->exit is set. */
 uint32_t envd_worker_wait(envd_worker_ctl_t *ctl, uint32_t seen, int64_t spin_ns);
+/* A release fence: the worker calls it between writing an env's outputs and
+ * writing its ack (plain numpy stores), so that the parent's acquire load of
+ * the ack sees the outputs on any CPU (x86 orders stores anyway). */
+void envd_worker_fence(void);
 /* Publish the acks written so far and wake the parent if it sleeps. */
 void envd_worker_done(envd_worker_ctl_t *ctl);
 
