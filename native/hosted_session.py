@@ -68,7 +68,10 @@ class HostedSession(NativeSession):
 
     def __init__(self, spec: HostedSpec, num_envs: int, *, num_workers: int,
                  autoreset_mode: AutoresetMode, maker: tuple, segment: Segment, fd: int,
-                 template: Template | None):
+                 template: Template | None, notify_fd: int = -1):
+        """notify_fd: the daemon pool's eventfd, given to the workers, which
+        write it when a step_submit or a send(notify=True) is done (-1: the
+        caller waits itself, in-process)."""
         self.spec, self.num_envs, self.num_workers = spec, num_envs, num_workers
         self.autoreset_mode = autoreset_mode
         self.handle = self._backend = ffi.NULL
@@ -85,20 +88,23 @@ class HostedSession(NativeSession):
             if num_workers == 0:
                 self._slice = EnvSlice(_maker(maker), 0, num_envs, segment, 0, autoreset_mode)
             else:
-                self._spawn(template, maker, fd, autoreset_mode)
+                self._spawn(template, maker, fd, autoreset_mode, notify_fd)
             self._create_backend()
         except BaseException:
             self.close()
             raise
 
     # ---- setup ---------------------------------------------------------------------
-    def _spawn(self, template: Template, maker: tuple, fd: int, mode: AutoresetMode) -> None:
+    def _spawn(self, template: Template, maker: tuple, fd: int, mode: AutoresetMode,
+               notify_fd: int) -> None:
+        self._notify = notify_fd >= 0
         for w in range(self.num_workers):
             begin, end = slice_bounds(self.num_envs, self.num_workers, w)
             pid = template.request(
                 {"op": "spawn", "spec": maker, "layout": self.segment.layout,
                  "size": self.segment.size, "worker": w, "begin": begin, "end": end,
-                 "autoreset_mode": mode, "spin_ns": spin_ns(self.num_workers)}, (fd,))
+                 "autoreset_mode": mode, "spin_ns": spin_ns(self.num_workers)},
+                (fd, notify_fd) if notify_fd >= 0 else (fd,))
             self.pids.append(pid)
             try:
                 self._pidfds.append(os.pidfd_open(pid))
@@ -141,7 +147,7 @@ class HostedSession(NativeSession):
             "dones": ptr(a["dones"], "bool *"), "spin_ns": spin_ns(self.num_workers),
             "autoreset_mode": AUTORESET_CODES[self.autoreset_mode],
             "run_inline": lib.envd_hosted_run_inline if self.num_workers == 0 else ffi.NULL,
-            "inline_ctx": self._handle_ref})
+            "inline_ctx": self._handle_ref, "notify": getattr(self, "_notify", False)})
         backend = ffi.new("envd_backend_t **")
         self._check(lib.envd_backend_workers_create(backend, self._config),
                     "creating the hosted backend")

@@ -19,13 +19,17 @@ as cloudpickle (a lambda works).
 
     describe(maker)  -> spaces and the env's time limit, and the measured
                         cost of one step (for the default worker count)
-    spawn(maker, segment fd, layout, worker, begin, end, autoreset mode)
+    spawn(maker, segment fd[, notify eventfd], layout, worker, begin, end,
+          autoreset mode)
                      -> the worker's pid; the worker maps the segment,
                         makes its envs, sets its worker_state and serves
+                        (writing the eventfd when the parent asks)
+    import(modules)  -> None: the daemon's --import modules, imported once
 """
 from __future__ import annotations
 
 import atexit
+import importlib
 import ctypes
 import os
 import pickle
@@ -110,8 +114,10 @@ def _describe(spec: tuple) -> dict[str, Any]:
         env.close()
 
 
-def _worker(sock: socket.socket, request: dict[str, Any], fd: int, template_pid: int) -> None:
-    """The forked worker: never returns."""
+def _worker(sock: socket.socket, request: dict[str, Any], fds: list[int],
+            template_pid: int) -> None:
+    """The forked worker: never returns.  fds: the segment's memfd, then
+    (a daemon's workers) the pool's eventfd to notify."""
     from envd.native.hosted_segment import WORKER_FAILED, WORKER_READY, Segment
     from envd.native.hosted_worker import EnvSlice, serve
     status = 1
@@ -119,6 +125,7 @@ def _worker(sock: socket.socket, request: dict[str, Any], fd: int, template_pid:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the env's own subprocesses
         _die_with_parent(template_pid)
         sock.close()
+        fd, notify_fd = fds[0], (fds[1] if len(fds) > 1 else -1)
         segment = Segment(fd, request["layout"], request["size"])
         os.close(fd)
         w = request["worker"]
@@ -131,7 +138,7 @@ def _worker(sock: socket.socket, request: dict[str, Any], fd: int, template_pid:
             state[w] = WORKER_FAILED
             raise
         state[w] = WORKER_READY
-        serve(env_slice, request["spin_ns"])
+        serve(env_slice, request["spin_ns"], notify_fd)
         env_slice.close()
         status = 0
     finally:
@@ -149,13 +156,18 @@ def _serve_template(sock: socket.socket) -> None:
             # The parent's import path, as multiprocessing's forkserver passes
             # it: a creator pickled by reference (my_envs.MyEnv) imports here.
             sys.path.extend(p for p in request.get("sys_path", ()) if p not in sys.path)
-            if request["op"] == "describe":
+            if request["op"] == "import":
+                for module in request["modules"]:
+                    importlib.import_module(module)
+                _send(sock, {"ok": None})
+            elif request["op"] == "describe":
                 _send(sock, {"ok": _describe(request["spec"])})
             elif request["op"] == "spawn":
                 pid = os.fork()
                 if pid == 0:
-                    _worker(sock, request, fds[0], os.getppid())
-                os.close(fds[0])
+                    _worker(sock, request, fds, os.getppid())
+                for fd in fds:
+                    os.close(fd)
                 _send(sock, {"ok": pid})
             else:
                 _send(sock, {"error": f"unknown request {request['op']!r}"})

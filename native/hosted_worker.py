@@ -209,9 +209,11 @@ class EnvSlice:
                 pass
 
 
-def serve(env_slice: EnvSlice, spin: int) -> None:
+def serve(env_slice: EnvSlice, spin: int, notify_fd: int = -1) -> None:
     """A worker's loop: wait for requests (spin ns, then sleep on the futex,
-    GIL released), run them, publish; until the parent sets exit."""
+    GIL released), run them, publish; until the parent sets exit.
+    notify_fd: the daemon pool's eventfd, written after the acks when the
+    parent asked for it (ENVD_JOB_NOTIFY; -1: never asked)."""
     ctl = env_slice.segment.ctl(env_slice.worker)
     seen = 0
     while True:
@@ -219,5 +221,9 @@ def serve(env_slice: EnvSlice, spin: int) -> None:
         if seq == seen:
             return
         seen = seq
+        # (taken before the requests are run: one posted later wakes us again)
+        notify = notify_fd >= 0 and lib.envd_worker_take_notify(ctl)
         env_slice.run_pending()
         lib.envd_worker_done(ctl)
+        if notify:
+            os.eventfd_write(notify_fd, 1)

@@ -31,6 +31,7 @@ from envd.native.native_vec import NativePool
 from envd.server.config import Config
 from envd.server.control import ControlHandlers
 from envd.server.replies import ReplyBooks, is_small
+from envd.server.hosted import HostedCatalog
 from envd.server.reservation import ResourceBooks
 from envd.server.sessions import ClientRecord, Session
 from envd.server.stepping import SteppingHandlers
@@ -61,8 +62,10 @@ class Service:
 
     def __init__(self, config: Config, pool: NativePool | None, executor: Executor, send: Send,
                  segment_prefix: str, plugins: list[dict[str, Any]] | None = None,
-                 step_latency: Callable[[float], None] | None = None):
+                 step_latency: Callable[[float], None] | None = None,
+                 hosted: HostedCatalog | None = None):
         self.config = config
+        self.hosted = hosted or HostedCatalog()  # the Python envs the operator allowed
         self.plugins = list(plugins or ())  # what load_plugins reported, for status
         self.segment_prefix = segment_prefix
         self.pool = pool

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "envd.h"
+#include "pool.h" /* ENVD_JOB_NOTIFY */
 
 struct envd_backend_batch {
     struct workers_backend *backend; /* (batch_done gets only the batch) */
@@ -168,8 +169,11 @@ static int finish_envs(workers_backend_t *b, const int64_t *ids, int64_t count, 
     int done = 0, rc = ENVD_OK;
     for (int64_t k = 0; k < count; k++) {
         int64_t i = ids ? ids[k] : k;
+        /* One read of the dones buffer per env: it lies in the segment, so
+         * the books and the count take the same private copy. */
+        const bool ended = steps && *(const volatile bool *)&b->cfg.dones[i];
         if (steps) {
-            b->ended[i] = b->cfg.dones[i];
+            b->ended[i] = ended;
         } else if (b->mask[i]) {
             b->started[i] = b->cfg.status[i] == 0;
             b->ended[i] = false;
@@ -178,7 +182,7 @@ static int finish_envs(workers_backend_t *b, const int64_t *ids, int64_t count, 
             b->error_index = i;
             rc = b->cfg.status[i];
         }
-        done += steps && b->cfg.dones[i];
+        done += ended;
     }
     if (b->dead >= 0) {
         b->error_index = slice_begin(b, b->dead);
@@ -222,8 +226,9 @@ static int copy_actions(workers_backend_t *b, const int64_t *ids, int64_t count)
     return ENVD_OK;
 }
 
-/* Post a step of ids (NULL: all) and wake their workers. */
-static int submit_steps(workers_backend_t *b, const int64_t *ids, int64_t count)
+/* Post a step of ids (NULL: all) and wake their workers; notify: they write
+ * the notify eventfd once done. */
+static int submit_steps(workers_backend_t *b, const int64_t *ids, int64_t count, bool notify)
 {
     b->error_index = -1;
     if (b->dead >= 0)
@@ -240,6 +245,10 @@ static int submit_steps(workers_backend_t *b, const int64_t *ids, int64_t count)
         request(b, i, ENVD_HOSTED_STEP);
         touched[b->worker_of[i]] = true;
     }
+    if (notify) /* before wake's cmd_seq bump: the worker takes it when it wakes */
+        for (int64_t w = 0; w < b->cfg.num_workers; w++)
+            if (touched[w])
+                atomic_store(&b->cfg.ctl[w].notify, 1);
     return wake(b, touched);
 }
 
@@ -293,7 +302,7 @@ static int64_t reset_count(const void *impl) { return ((const workers_backend_t 
 static int step_submit(void *impl)
 {
     workers_backend_t *b = impl;
-    int rc = submit_steps(b, NULL, b->cfg.num_envs);
+    int rc = submit_steps(b, NULL, b->cfg.num_envs, b->cfg.notify);
     b->step_pending = rc == ENVD_OK;
     return rc;
 }
@@ -340,8 +349,10 @@ static int batch_submit(void *impl, envd_backend_batch_t *batch, const int64_t *
                         int64_t count, int flags)
 {
     workers_backend_t *b = impl;
-    /* ENVD_JOB_NOTIFY (the pool's eventfd) is the daemon's: not served yet. */
-    if (flags != 0 || count < 1 || count > batch->capacity)
+    /* ENVD_JOB_NOTIFY: the workers write the daemon pool's eventfd when done,
+     * which only workers given it at spawn (cfg.notify) can. */
+    if ((flags & ~ENVD_JOB_NOTIFY) != 0 || ((flags & ENVD_JOB_NOTIFY) && !b->cfg.notify) ||
+        count < 1 || count > batch->capacity)
         return ENVD_EINVAL;
     memcpy(batch->ids, ids, (size_t)count * sizeof *ids);
     for (int64_t k = 0; k < count; k++)
@@ -350,7 +361,7 @@ static int batch_submit(void *impl, envd_backend_batch_t *batch, const int64_t *
             return ENVD_EINVAL;
         }
     batch->count = count;
-    return submit_steps(b, batch->ids, count);
+    return submit_steps(b, batch->ids, count, (flags & ENVD_JOB_NOTIFY) != 0);
 }
 
 static int batch_done(const envd_backend_batch_t *batch)
@@ -499,6 +510,11 @@ uint32_t envd_worker_wait(envd_worker_ctl_t *ctl, uint32_t seen, int64_t spin_ns
 void envd_worker_fence(void)
 {
     atomic_thread_fence(memory_order_release);
+}
+
+int envd_worker_take_notify(envd_worker_ctl_t *ctl)
+{
+    return atomic_exchange(&ctl->notify, 0) != 0;
 }
 
 void envd_worker_done(envd_worker_ctl_t *ctl)

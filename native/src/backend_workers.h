@@ -44,7 +44,8 @@ typedef struct envd_worker_ctl {
     _Atomic uint32_t cmd_seq;         /* parent: bumped after new requests */
     _Atomic uint32_t worker_sleeping; /* worker: in FUTEX_WAIT on cmd_seq */
     _Atomic uint32_t exit;            /* parent: leave the loop */
-    uint32_t pad0;
+    _Atomic uint32_t notify;          /* parent: write the notify eventfd after the
+                                       * acks of this wake's requests (ENVD_JOB_NOTIFY) */
     _Atomic uint32_t done_seq __attribute__((aligned(64))); /* worker: bumped after acks */
     _Atomic uint32_t parent_sleeping; /* parent: in FUTEX_WAIT on done_seq */
     int64_t error_env;                /* worker: env of the message below, -1 none */
@@ -72,6 +73,8 @@ typedef struct envd_workers_config {
     int autoreset_mode;        /* envd_autoreset_mode_t: DISABLED refuses a done env */
     int (*run_inline)(void *ctx);  /* inline mode: step the requested envs */
     void *inline_ctx;
+    bool notify;               /* the workers hold the daemon pool's eventfd: step_submit
+                                * and ENVD_JOB_NOTIFY batches ask them to write it */
 } envd_workers_config_t;
 
 /* A backend over the segment config describes (copied; the segment must
@@ -96,5 +99,10 @@ uint32_t envd_worker_wait(envd_worker_ctl_t *ctl, uint32_t seen, int64_t spin_ns
 void envd_worker_fence(void);
 /* Publish the acks written so far and wake the parent if it sleeps. */
 void envd_worker_done(envd_worker_ctl_t *ctl);
+/* Whether the parent asked for the notify eventfd since the last call (and
+ * clear the request).  The worker calls it when it wakes, before it runs the
+ * requests, and writes the eventfd after envd_worker_done if it was asked: a
+ * request posted after the call bumps cmd_seq again, so it is never lost. */
+int envd_worker_take_notify(envd_worker_ctl_t *ctl);
 
 #endif /* ENVD_BACKEND_WORKERS_H */

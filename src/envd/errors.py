@@ -76,8 +76,10 @@ class EnvError(NativeError):
     step (the message names the env index, the exception type and its
     message), or the worker process hosting it died.  ``code`` is ENVD_EENV;
     ``env_index`` the env (-1: none).  A NativeError, so code catching the
-    native core's env failures catches these too (and over the wire, until
-    the daemon hosts Python envs, it travels as one)."""
+    native core's env failures catches these too; over the wire its code is
+    ``env_error`` (with ``native_code`` and ``env_index``)."""
+
+    error_code = "env_error"
 
     def __init__(self, message: str, code: int, env_index: int = -1):
         super().__init__(message, code)

@@ -193,7 +193,8 @@ MESSAGE_FIELDS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     "make": {"env_id": ((str,), True), "num_envs": (_INT, True),
              "seed": (_ANY, False), "autoreset_mode": ((str,), False),
              "max_episode_steps": (_ANY, False), "env_kwargs": ((dict,), False),
-             "batch_size": (_ANY, False), "render_mode": (_ANY, False)},
+             "batch_size": (_ANY, False), "render_mode": (_ANY, False),
+             "num_workers": (_ANY, False)},
     "reset": {**_SESSION, "seeds": ((bool,), False), "mask": ((bool,), False),
               "inline": ((bool,), False)},
     "step": {**_SESSION, "actions": ((dict,), False), "inline": ((bool,), False)},
@@ -232,7 +233,7 @@ ERROR_CODES: dict[str, type[errors.EnvdError]] = {
         errors.InvalidActionError, errors.EnvStateError, errors.NativeError,
         errors.LimitExceededError, errors.UnknownSessionError, errors.SessionExpiredError,
         errors.DaemonError, errors.ShuttingDownError, errors.SharedMemoryError,
-        errors.ConnectionLostError)
+        errors.ConnectionLostError, errors.EnvError)
 }
 ERROR_CODES["unsupported_version"] = errors.ProtocolError
 ERROR_CODES["unknown_type"] = errors.ProtocolError
@@ -320,6 +321,8 @@ def error_reply(request_id: int | None, exc: errors.EnvdError) -> dict[str, Any]
     reply = {"id": request_id, "ok": False, "code": exc.error_code, "message": message}
     if isinstance(exc, errors.NativeError):
         reply["native_code"] = exc.code
+    if isinstance(exc, errors.EnvError):
+        reply["env_index"] = exc.env_index
     return reply
 
 
@@ -330,6 +333,10 @@ def error_from_reply(reply: dict[str, Any]) -> errors.EnvdError:
     cls = ERROR_CODES.get(code, errors.DaemonError)
     if cls is errors.NativeError:
         return errors.NativeError(message, int(reply.get("native_code", -1)))
+    if cls is errors.EnvError:
+        index = reply.get("env_index", -1)
+        return errors.EnvError(message, int(reply.get("native_code", -1)),
+                               index if type(index) is int else -1)
     exc = cls(message)
     if code != cls.error_code:  # e.g. unknown_type, or a code of a newer daemon
         exc.error_code = str(code)
