@@ -229,6 +229,8 @@ class ControlHandlers:
                 f"the new session's shared-memory segment {session.segment.path} while the "
                 "daemon set it up; nothing may resize a session's segment"))
         session.life.open()
+        if isinstance(session, HostedServerSession) and service.fd_watch is not None:
+            session.watch_workers(*service.fd_watch, service.on_pool_event)
         service.sessions[session.id] = client.sessions[session.id] = session
         reply.update(session.describe())
         log.info("session opened: %d x %s", session.num_envs, session.spec.id, extra={

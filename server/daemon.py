@@ -363,6 +363,7 @@ class Daemon:
         for index, sock in enumerate(self.sockets):
             self.loop.add_reader(sock.getsockopt(zmq.FD), self._drain_socket, index)
         self.loop.add_reader(self.pool.eventfd(), self.service.on_pool_event)
+        self.service.fd_watch = (self.loop.add_reader, self.loop.remove_reader)
         for signum in (signal.SIGTERM, signal.SIGINT):
             self.loop.add_signal_handler(signum, self._on_signal, signum)
         self._lease_timer()

@@ -325,6 +325,32 @@ class HostedServerSession(Session):
                               outstanding=self.batches_in_flight)
         self._on_free = on_free
 
+    def watch_workers(self, add: Callable[[int, Callable[[], None]], None],
+                      remove: Callable[[int], None], on_exit: Callable[[], None]) -> None:
+        """Call on_exit (the pool-event handler: the step or recv waiting for
+        a dead worker's envs is answered with its EnvError) when a worker
+        exits, through the event loop's readers add/remove on its pidfd (a
+        reader of an exited worker is removed at once: it stays readable)."""
+        self._remove_reader = remove
+        self._watched = [fd for fd in self.native.hosted._pidfds if fd >= 0]
+
+        def exited(fd: int) -> None:
+            self._unwatch(fd)
+            on_exit()
+        for fd in self._watched:
+            add(fd, exited, fd)
+
+    def _unwatch(self, fd: int) -> None:
+        if fd in self._watched:
+            self._watched.remove(fd)
+            self._remove_reader(fd)
+
+    def free(self) -> None:
+        """Stop watching the workers (their pidfds close), then free as any session."""
+        for fd in list(getattr(self, "_watched", ())):
+            self._unwatch(fd)
+        super().free()
+
     @property
     def worker_pids(self) -> list[int]:
         """The session's worker processes (empty once freed)."""

@@ -433,6 +433,10 @@ class Service:
     #: Set by the daemon: raises LimitExceededError when the file descriptors
     #: left cannot take one more session (argument: makes in flight).
     fd_check: Callable[[int], None] | None = None
+    #: (add, remove) of the event loop's readers, set by the daemon: a hosted
+    #: session's worker pidfds are watched, so that a worker's death answers
+    #: the step or recv that waits for it (no eventfd comes from a dead worker).
+    fd_watch: tuple[Callable[[int, Callable[[], None]], None], Callable[[int], None]] | None = None
 
     @property
     def idle(self) -> bool:

@@ -1,0 +1,8 @@
+"""Ids of the failing test envs (envs.py) for a daemon's --import: the daemon
+serves only registered ids its operator allowed, never a creator."""
+import gymnasium
+
+gymnasium.register("envd-test/Raising-v0", entry_point="envs:FailingEnv",
+                   kwargs={"fail_seed": 2, "at_step": 3, "how": "raise"})
+gymnasium.register("envd-test/Exiting-v0", entry_point="envs:FailingEnv",
+                   kwargs={"fail_seed": 1, "at_step": 2, "how": "exit"})

@@ -1,0 +1,254 @@
+"""Hosted Python envs served by a daemon (--python-env, --import): the same
+trajectories as gymnasium's SyncVectorEnv over both transports, sync and
+async; only the ids the operator allowed; env failures as envd.EnvError with
+the daemon and its other sessions intact; and no process left behind when the
+daemon is stopped (SIGTERM) or killed (SIGKILL) with hosted sessions open."""
+from __future__ import annotations
+
+import functools
+import os
+import signal
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from conftest import random_actions
+from envs import alive, children, wait_until
+from support.daemon import DaemonProcess, segments_of
+
+import envd
+
+HERE = Path(__file__).parent
+ALLOWED = ("CartPole-v1", "Acrobot-v1", "Pendulum-v1", "envd-test/Raising-v0",
+           "envd-test/Exiting-v0")
+FLAGS = ("--threads", "1", "--lease-timeout", "20", "--import", "daemon_envs",
+         *(arg for env_id in ALLOWED for arg in ("--python-env", env_id)))
+ENV = {"PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
+NUM_ENVS, STEPS = 5, 40
+
+
+def start(folder: Path, *extra: str) -> DaemonProcess:
+    return DaemonProcess(folder, *FLAGS, *extra, env=ENV)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process under pid (its template and the workers)."""
+    out, todo = [], [pid]
+    while todo:
+        for child in children(todo.pop()):
+            if alive(child):
+                out.append(child)
+                todo.append(child)
+    return out
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    proc = start(tmp_path_factory.mktemp("hosted") / "daemon")
+    try:
+        yield proc
+        with proc.connect() as probe:
+            wait_until(lambda: probe.status()["sessions"] == 0)
+            assert probe.status()["sessions"] == 0
+    finally:
+        pid, code = proc.pid, proc.stop()
+    assert code == 0, proc.log()
+    assert segments_of(pid) == []
+
+
+@pytest.fixture(scope="module", params=["shm", "inline"])
+def client(daemon, request):
+    with daemon.connect() as c:
+        c.make = functools.partial(c.make, transport=request.param)
+        yield c
+
+
+def assert_same(ours, theirs, what):
+    assert np.array_equal(ours, np.asarray(theirs, dtype=ours.dtype)), (what, ours, theirs)
+
+
+@pytest.mark.parametrize("env_id,num_workers,mode",
+                         [("CartPole-v1", w, "next_step") for w in (1, 2, 3)]
+                         + [("CartPole-v1", 2, m) for m in ("same_step", "disabled")]
+                         + [("Acrobot-v1", w, "next_step") for w in (1, 3)]
+                         + [("Pendulum-v1", w, "next_step") for w in (1, 2)])
+def test_equal_to_sync_vector_env(client, env_id, num_workers, mode):
+    modes = {"next_step": gym.vector.AutoresetMode.NEXT_STEP,
+             "same_step": gym.vector.AutoresetMode.SAME_STEP,
+             "disabled": gym.vector.AutoresetMode.DISABLED}
+    ref = gym.make_vec(env_id, NUM_ENVS, vectorization_mode="sync", max_episode_steps=15,
+                       vector_kwargs={"autoreset_mode": modes[mode]})
+    env = client.make("py:" + env_id, NUM_ENVS, seed=7, num_workers=num_workers,
+                      autoreset_mode=mode, max_episode_steps=15)
+    try:
+        assert env.single_observation_space == ref.single_observation_space
+        assert env.single_action_space == ref.single_action_space
+        obs, _ = env.reset()
+        assert_same(obs, ref.reset(seed=7)[0], "reset")
+        rng, done = np.random.default_rng(3), np.zeros(NUM_ENVS, bool)
+        for t in range(STEPS):
+            if mode == "disabled" and done.any():
+                assert_same(env.reset(options={"reset_mask": done.copy()})[0],
+                            ref.reset(options={"reset_mask": done.copy()})[0], "masked reset")
+            actions = random_actions(env.single_action_space, NUM_ENVS, rng)
+            ours, theirs = env.step(actions), ref.step(actions)
+            for what, a, b in zip(("obs", "rew", "term", "trunc"), ours[:4], theirs[:4]):
+                assert_same(a, b, f"{what} at step {t}")
+            if mode == "same_step" and "final_obs" in theirs[4]:
+                mask = theirs[4]["_final_obs"]
+                assert np.array_equal(ours[4]["_final_obs"], mask)
+                assert_same(np.stack(ours[4]["final_obs"][mask]),
+                            np.stack(theirs[4]["final_obs"][mask]), "final_obs")
+            done = ours[2] | ours[3]
+    finally:
+        env.close()
+        ref.close()
+
+
+def test_async_send_recv_matches_each_env_stepped_alone(client):
+    """batch_size < num_envs: each env's trajectory (its actions a function of
+    the env and its step count) equals the same env in a SyncVectorEnv."""
+    num_envs, batch, rounds = 6, 2, 30
+    env = client.make("py:CartPole-v1", num_envs, seed=11, num_workers=2, batch_size=batch)
+    seen = {i: [] for i in range(num_envs)}
+    try:
+        env.async_reset()
+        for _ in range(rounds):
+            obs, _, _, _, info = env.recv()
+            ids = info["env_id"]
+            for row, i in zip(obs, ids):
+                seen[int(i)].append(row.copy())
+            env.send(np.array([(int(i) + len(seen[int(i)])) % 2 for i in ids]), ids)
+        env.recv()  # the last batch sent
+    finally:
+        env.close()
+    ref = gym.make_vec("CartPole-v1", num_envs, vectorization_mode="sync")
+    expected = {i: [] for i in range(num_envs)}
+    obs, _ = ref.reset(seed=11)
+    for k in range(1, max(map(len, seen.values())) + 1):
+        for i in range(num_envs):
+            expected[i].append(obs[i].copy())
+        obs = ref.step(np.array([(i + k) % 2 for i in range(num_envs)]))[0]
+    assert sum(map(len, seen.values())) == rounds * batch
+    for i in range(num_envs):
+        for k, row in enumerate(seen[i]):
+            assert np.array_equal(row, expected[i][k]), (i, k)
+
+
+def test_only_the_allowed_ids_and_arguments(client):
+    with pytest.raises(envd.UnknownEnvError, match="py:CartPole-v1"):
+        client.make("py:MountainCar-v0", 2)
+    with pytest.raises(envd.UnknownEnvError, match="does not host"):
+        client.make("py:os:system", 2)  # a module path: never imported
+    with pytest.raises(envd.InvalidArgumentError, match="num_workers"):
+        client.make("py:CartPole-v1", 2, num_workers=0)
+    with pytest.raises(envd.InvalidArgumentError, match="num_workers"):
+        client.make("py:CartPole-v1", 2, num_workers=3)
+    with pytest.raises(envd.InvalidArgumentError, match="env kwargs"):
+        client.make("py:Pendulum-v1", 2, g=3.0)
+    with pytest.raises(envd.InvalidArgumentError, match="num_workers"):
+        client.make("CartPole-v1", 2, num_workers=1)  # the C env: the daemon's pool
+    with client.make("py:CartPole-v1", 2) as env:  # still serving
+        assert env.reset(seed=0)[0].shape == (2, 4)
+
+
+def test_raising_env_is_an_env_error_and_the_rest_goes_on(client):
+    good = client.make("py:CartPole-v1", 3, seed=0, num_workers=1)
+    bad = client.make("py:envd-test/Raising-v0", 4, seed=0, num_workers=2)
+    try:
+        good.reset()
+        bad.reset()
+        actions = np.zeros(4, np.int64)
+        for _ in range(2):
+            bad.step(actions)
+        with pytest.raises(envd.EnvError, match="env 2 raised ValueError: boom at step 3") as info:
+            bad.step(actions)
+        assert info.value.env_index == 2
+        obs = bad.reset()[0]  # the session says what to do: reset the env, go on
+        assert obs.shape == (4, 2)
+        assert good.step(np.ones(3, np.int64))[0].shape == (3, 4)
+    finally:
+        bad.close()
+        good.close()
+
+
+def test_worker_that_exits_fails_the_call_not_the_daemon(client):
+    good = client.make("py:Acrobot-v1", 2, seed=0, num_workers=1)
+    bad = client.make("py:envd-test/Exiting-v0", 4, seed=0, num_workers=2)
+    try:
+        good.reset()
+        bad.reset()
+        bad.step(np.zeros(4, np.int64))
+        with pytest.raises(envd.EnvError, match="died"):
+            bad.step(np.zeros(4, np.int64))
+        with pytest.raises(envd.EnvError, match="died"):
+            bad.step(np.zeros(4, np.int64))
+        assert good.step(np.zeros(2, np.int64))[0].shape == (2, 6)
+    finally:
+        bad.close()
+        good.close()
+
+
+def test_max_workers_limit(tmp_path):
+    proc = start(tmp_path / "d", "--max-workers", "3")
+    try:
+        with proc.connect() as c:
+            first = c.make("py:CartPole-v1", 4, num_workers=2)
+            with pytest.raises(envd.LimitExceededError, match="--max-workers"):
+                c.make("py:CartPole-v1", 4, num_workers=2)
+            first.close()
+            c.make("py:CartPole-v1", 4, num_workers=3).close()  # freed workers count no more
+    finally:
+        assert proc.stop() == 0, proc.log()
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL", "lease"])
+def test_no_process_left_after_the_daemon_ends(tmp_path, how):
+    extra = ("--lease-timeout", "1") if how == "lease" else ()
+    proc = start(tmp_path / "d", *extra)
+    try:
+        c = proc.connect()
+        envs = [c.make("py:CartPole-v1", 4, num_workers=2),
+                c.make("py:Acrobot-v1", 3, num_workers=3, batch_size=1)]
+        envs[0].reset(seed=1)
+        envs[1].async_reset()
+        tree = descendants(proc.pid)
+        assert len(tree) == 1 + 2 + 3, tree  # the template and the workers
+        if how == "lease":  # the client goes silent: its sessions' workers go
+            c.channel.close() if hasattr(c, "channel") else None
+            assert wait_until(lambda: len(descendants(proc.pid)) == 1, 60), descendants(proc.pid)
+            return
+        os.kill(proc.pid, getattr(signal, how))
+        proc.proc.wait(60)
+        assert wait_until(lambda: not any(map(alive, tree)), 30), [p for p in tree if alive(p)]
+        if how == "SIGTERM":
+            assert proc.proc.returncode == 0, proc.log()
+    finally:
+        proc.stop()
+
+
+def test_worker_killed_from_outside(tmp_path):
+    """SIGKILL of one worker (the OOM killer's way): the pending call raises
+    envd.EnvError within the call, the daemon's other sessions go on, and
+    closing the session reaps its other workers."""
+    proc = start(tmp_path / "d")
+    try:
+        with proc.connect() as c:
+            other = c.make("py:CartPole-v1", 2, seed=0, num_workers=1)
+            other.reset()
+            before = set(descendants(proc.pid))
+            env = c.make("py:Acrobot-v1", 4, seed=0, num_workers=2)
+            workers = sorted(set(descendants(proc.pid)) - before)
+            assert len(workers) == 2, workers
+            env.reset()
+            os.kill(workers[1], signal.SIGKILL)
+            with pytest.raises(envd.EnvError, match=r"worker 1 \(pid \d+, envs 2\.\.3\) died"):
+                for _ in range(1000):  # (a step may finish before the kill lands)
+                    env.step(np.zeros(4, np.int64))
+            assert other.step(np.zeros(2, np.int64))[0].shape == (2, 4)
+            env.close()
+            assert wait_until(lambda: not any(map(alive, workers)), 30)
+            other.close()
+    finally:
+        assert proc.stop() == 0, proc.log()
