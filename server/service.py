@@ -462,7 +462,8 @@ class Service:
                 "max_requests_per_second": self.config.max_requests_per_second,
                 "request_burst": self.config.request_burst,
                 "max_reply_bytes_per_client": self.config.reply_bytes_per_client,
-                "max_reply_bytes": self.config.reply_bytes_total}
+                "max_reply_bytes": self.config.reply_bytes_total,
+                "max_workers": self.config.max_workers}
 
     @property
     def sessions_stepping(self) -> int:
@@ -490,6 +491,9 @@ class Service:
                 "threads": self.pool.num_threads, "clients": len(self.clients),
                 "sessions": len(self.sessions),
                 "envs": sum(s.num_envs for s in self.sessions.values()),
+                # worker processes of hosted Python envs (--max-workers)
+                "workers": self.books.workers_in_use + self.books.reserved_workers,
+                "python_envs": self.hosted.ids(),
                 "shm_bytes": self.shm_bytes, "state_bytes": self.state_bytes,
                 "unread_reply_bytes": self.replies.total,
                 "dropped_clients": self.dropped_clients,
@@ -503,4 +507,5 @@ class Service:
         now = time.monotonic()
         return [{"session": s.id[:8], "env_id": s.spec.id, "num_envs": s.num_envs,
                  "batch_size": s.batch_size, "env_steps": s.env_steps,
+                 "workers": getattr(s, "num_workers", 0),
                  "age_s": round(now - s.created, 3)} for s in self.sessions.values()]

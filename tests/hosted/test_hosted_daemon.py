@@ -195,6 +195,10 @@ def test_max_workers_limit(tmp_path):
     try:
         with proc.connect() as c:
             first = c.make("py:CartPole-v1", 4, num_workers=2)
+            status = c.status()
+            assert status["workers"] == 2 and status["limits"]["max_workers"] == 3
+            assert [row["workers"] for row in status["session_table"]] == [2]
+            assert "py:CartPole-v1" in status["python_envs"]
             with pytest.raises(envd.LimitExceededError, match="--max-workers"):
                 c.make("py:CartPole-v1", 4, num_workers=2)
             first.close()
