@@ -19,6 +19,7 @@ workers write the pool's eventfd when a step or a batch is done
 """
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import os
@@ -37,7 +38,7 @@ from envd.native import segment_guard
 from envd.native._envd_native import lib
 from envd.native.hosted_env import check_space, default_num_workers
 from envd.native.hosted_segment import Segment as PrivateSegment, segment_layout
-from envd.native.hosted_session import HostedSession, HostedSpec
+from envd.native.hosted_session import CLOSE_GRACE_SECONDS, HostedSession, HostedSpec
 from envd.native.hosted_template import Template, template
 from envd.native.vector_env import PYTHON_PREFIX
 from envd.shm import Segment
@@ -344,6 +345,19 @@ class HostedServerSession(Session):
         if fd in self._watched:
             self._watched.remove(fd)
             self._remove_reader(fd)
+
+    def reclaim_later(self) -> None:
+        """Closed while a call runs or batches are in flight (CLOSING): if
+        that has not ended after CLOSE_GRACE_SECONDS (an env that hangs),
+        SIGKILL the workers; their pidfds wake the event loop, the call ends
+        with an EnvError nobody reads, and the session is freed."""
+        def kill() -> None:
+            if not self.life.freed and self.native is not None:
+                log.warning("session %s (%s): a closed session's call still runs after "
+                            "%g s; killing its workers", self.id[:8], self.spec.id,
+                            CLOSE_GRACE_SECONDS)
+                self.native.hosted._kill_workers()
+        asyncio.get_running_loop().call_later(CLOSE_GRACE_SECONDS, kill)
 
     def free(self) -> None:
         """Stop watching the workers (their pidfds close), then free as any session."""

@@ -361,6 +361,8 @@ class Service:
         if owner is not None:
             owner.sessions.pop(session.id, None)
         session.life.close()
+        if not session.life.freed and hasattr(session, "reclaim_later"):
+            session.reclaim_later()  # a hosted env may hang: its workers go after a grace
 
     def on_session_freed(self, session: Session, orderly: bool) -> None:
         """The session's lifecycle frees it (exactly once): its fast path is

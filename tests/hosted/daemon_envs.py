@@ -4,5 +4,7 @@ import gymnasium
 
 gymnasium.register("envd-test/Raising-v0", entry_point="envs:FailingEnv",
                    kwargs={"fail_seed": 2, "at_step": 3, "how": "raise"})
+gymnasium.register("envd-test/Hanging-v0", entry_point="envs:HangingEnv",
+                   kwargs={"fail_seed": 0, "at_step": 2})
 gymnasium.register("envd-test/Exiting-v0", entry_point="envs:FailingEnv",
                    kwargs={"fail_seed": 1, "at_step": 2, "how": "exit"})

@@ -21,7 +21,7 @@ import envd
 
 HERE = Path(__file__).parent
 ALLOWED = ("CartPole-v1", "Acrobot-v1", "Pendulum-v1", "envd-test/Raising-v0",
-           "envd-test/Exiting-v0")
+           "envd-test/Exiting-v0", "envd-test/Hanging-v0")
 FLAGS = ("--threads", "1", "--lease-timeout", "20", "--import", "daemon_envs",
          *(arg for env_id in ALLOWED for arg in ("--python-env", env_id)))
 ENV = {"PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
@@ -253,6 +253,32 @@ def test_worker_killed_from_outside(tmp_path):
             assert other.step(np.zeros(2, np.int64))[0].shape == (2, 4)
             env.close()
             assert wait_until(lambda: not any(map(alive, workers)), 30)
+            other.close()
+    finally:
+        assert proc.stop() == 0, proc.log()
+
+
+def test_hanging_env_is_bounded_by_the_timeout_and_reclaimed_at_close(tmp_path):
+    """A step that hangs raises EnvdTimeoutError after the client's timeout;
+    closing the env kills its workers after the grace period (the daemon's
+    loop never waits for them) and the daemon serves its other sessions."""
+    proc = start(tmp_path / "d")
+    try:
+        with proc.connect() as c, proc.connect(timeout=3) as impatient:
+            other = c.make("py:CartPole-v1", 2, seed=0, num_workers=1)
+            other.reset()
+            before = set(descendants(proc.pid))
+            env = impatient.make("py:envd-test/Hanging-v0", 2, seed=0, num_workers=1)
+            workers = sorted(set(descendants(proc.pid)) - before)
+            env.reset()
+            env.step(np.zeros(2, np.int64))
+            with pytest.raises(envd.EnvdTimeoutError):
+                env.step(np.zeros(2, np.int64))  # env 0's second step sleeps an hour
+            assert other.step(np.zeros(2, np.int64))[0].shape == (2, 4)  # not blocked
+            env.close()
+            assert wait_until(lambda: not any(map(alive, workers)), 60), workers
+            assert wait_until(lambda: c.status()["sessions"] == 1, 60)
+            assert other.step(np.zeros(2, np.int64))[0].shape == (2, 4)
             other.close()
     finally:
         assert proc.stop() == 0, proc.log()
