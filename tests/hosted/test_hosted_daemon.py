@@ -282,3 +282,26 @@ def test_hanging_env_is_bounded_by_the_timeout_and_reclaimed_at_close(tmp_path):
             other.close()
     finally:
         assert proc.stop() == 0, proc.log()
+
+
+def test_readme_hosted_quick_start_runs_as_written(tmp_path):
+    """README's Quick start: the hosted-env daemon command and trainer, as written."""
+    import re
+    import subprocess
+    import sys
+    readme = (HERE.parents[1] / "README.md").read_text()
+    section = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    command = next(c for c in re.findall(r"```bash\n(.*?)\n```", section, re.S)
+                   if "--python-env" in c).split()
+    code = next(c for c in re.findall(r"```python\n(.*?)```", section, re.S) if "py:" in c)
+    assert command[0] == "envd"
+    proc = DaemonProcess(tmp_path / "d", *command[1:])
+    try:
+        (tmp_path / "trainer.py").write_text(code)
+        trainer = subprocess.run([sys.executable, "trainer.py"], cwd=tmp_path,
+                                 env={**os.environ, "ENVD_ENDPOINT": proc.endpoint},
+                                 capture_output=True, text=True, timeout=300)
+        assert trainer.returncode == 0, trainer.stderr
+        assert trainer.stdout.strip() == "(16, 6) float32"
+    finally:
+        assert proc.stop() == 0, proc.log()
