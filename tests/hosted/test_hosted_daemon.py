@@ -305,3 +305,32 @@ def test_readme_hosted_quick_start_runs_as_written(tmp_path):
         assert trainer.stdout.strip() == "(16, 6) float32"
     finally:
         assert proc.stop() == 0, proc.log()
+
+
+def test_metrics_show_workers_per_session(tmp_path):
+    import socket
+    import urllib.request
+    pytest.importorskip("prometheus_client")
+    from prometheus_client.parser import text_string_to_metric_families
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = start(tmp_path / "d", "--metrics-port", str(port))
+
+    def scrape() -> dict:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
+            text = r.read().decode()
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for family in text_string_to_metric_families(text) for s in family.samples}
+    try:
+        with proc.connect() as c:
+            env = c.make("py:CartPole-v1", 4, num_workers=2)
+            samples = scrape()
+            assert samples[("envd_workers", ())] == 2
+            rows = {k: v for k, v in samples.items() if k[0] == "envd_session_workers"}
+            assert list(rows.values()) == [2]
+            assert dict(next(iter(rows))[1])["env_id"] == "py:CartPole-v1"
+            env.close()
+            assert wait_until(lambda: scrape()[("envd_workers", ())] == 0, 60)
+    finally:
+        assert proc.stop() == 0, proc.log()
