@@ -94,7 +94,8 @@ class HostedCatalog:
 
     def __init__(self, python_envs: tuple[str, ...] = (), imports: tuple[str, ...] = ()):
         self.specs: dict[str, HostedEnvSpec] = {}
-        self.template: Template | None = None
+        self.imports = imports
+        self._template: Template | None = None
         if not python_envs:
             if imports:
                 log.warning("--import %s without --python-env: nothing to serve from it",
@@ -102,12 +103,10 @@ class HostedCatalog:
             return
         # Started from the thread that runs startup (the daemon's main thread):
         # the template dies with that thread (PR_SET_PDEATHSIG).
-        self.template = template()
-        if imports:
-            try:
-                self.template.request({"op": "import", "modules": list(imports)})
-            except RuntimeError as exc:
-                raise ValueError(f"--import (ENVD_IMPORTS): {exc}") from None
+        try:
+            self.template
+        except RuntimeError as exc:
+            raise ValueError(f"--import (ENVD_IMPORTS): {exc}") from None
         for gym_id in python_envs:
             self.specs[PYTHON_PREFIX + gym_id] = self._describe(gym_id.removeprefix(PYTHON_PREFIX))
         log.info("hosted Python envs: %s", ", ".join(self.specs))
@@ -129,6 +128,17 @@ class HostedCatalog:
                              described["action_space"], described["max_episode_steps"],
                              described["step_seconds"])
 
+    @property
+    def template(self) -> Template:
+        """The daemon's template, with the --import modules imported (started
+        again, from the calling thread, if it died: e.g. the OOM killer)."""
+        current = template()
+        if current is not self._template:
+            if self.imports:
+                current.request({"op": "import", "modules": list(self.imports)})
+            self._template = current
+        return current
+
     def ids(self) -> list[str]:
         return sorted(self.specs)
 
@@ -144,10 +154,10 @@ class HostedCatalog:
 
     def close(self) -> None:
         """End the template (the workers of closed sessions are gone already)."""
-        if self.template is not None:
+        if self._template is not None:
             from envd.native.hosted_template import shutdown
             shutdown()
-            self.template = None
+            self._template = None
 
 
 class HostedNative:

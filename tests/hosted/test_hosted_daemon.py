@@ -334,3 +334,20 @@ def test_metrics_show_workers_per_session(tmp_path):
             assert wait_until(lambda: scrape()[("envd_workers", ())] == 0, 60)
     finally:
         assert proc.stop() == 0, proc.log()
+
+
+def test_a_dead_template_is_started_again(tmp_path):
+    """The template killed (the OOM killer's choice): the next make starts a
+    new one, with the --import modules imported again."""
+    proc = start(tmp_path / "d")
+    try:
+        (template,) = [p for p in children(proc.pid) if alive(p)]
+        os.kill(template, signal.SIGKILL)
+        assert wait_until(lambda: not alive(template), 30)
+        with proc.connect() as c:
+            with c.make("py:envd-test/Raising-v0", 2, seed=5, num_workers=1) as env:
+                assert env.reset()[0].shape == (2, 2)
+            with c.make("py:CartPole-v1", 2, num_workers=1) as env:
+                assert env.reset()[0].shape == (2, 4)
+    finally:
+        assert proc.stop() == 0, proc.log()
