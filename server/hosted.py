@@ -27,7 +27,6 @@ import secrets
 import time
 from typing import Any, Callable
 
-import gymnasium
 import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
