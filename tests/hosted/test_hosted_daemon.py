@@ -351,3 +351,18 @@ def test_a_dead_template_is_started_again(tmp_path):
                 assert env.reset()[0].shape == (2, 4)
     finally:
         assert proc.stop() == 0, proc.log()
+
+
+def test_worker_death_answers_a_parked_recv(client):
+    """Async mode: a recv waiting for envs of a worker that exits gets
+    envd.EnvError (the worker's pidfd wakes the daemon), not a timeout."""
+    env = client.make("py:envd-test/Exiting-v0", 4, seed=0, num_workers=2, batch_size=4)
+    try:
+        env.async_reset()
+        env.recv()
+        with pytest.raises(envd.EnvError, match="died"):
+            for _ in range(3):  # env 1 (worker 0) exits in its second step
+                env.send(np.zeros(4, np.int64), np.arange(4))
+                env.recv()
+    finally:
+        env.close()
