@@ -220,7 +220,7 @@ def test_no_process_left_after_the_daemon_ends(tmp_path, how):
         tree = descendants(proc.pid)
         assert len(tree) == 1 + 2 + 3, tree  # the template and the workers
         if how == "lease":  # the client goes silent: its sessions' workers go
-            c.channel.close() if hasattr(c, "channel") else None
+            c.channel.close()  # no bye, no heartbeat: silence
             assert wait_until(lambda: len(descendants(proc.pid)) == 1, 60), descendants(proc.pid)
             return
         os.kill(proc.pid, getattr(signal, how))
