@@ -12,7 +12,9 @@ daemon, started at the beginning and idle while the other one measures.
 Workloads (N = 4096 unless said): in-process sync steps of CartPole-v1 and
 Acrobot-v1; in-process async CartPole-v1 (batch 2048, send/recv); the
 daemon's fast path and socket path, CartPole-v1 sync; the daemon's async
-CartPole-v1 (batch 2048).  Public API only, so any two versions compare.
+CartPole-v1 (batch 2048), and with 64 envs in batches of 32 over the socket
+and through the doorbell (the per-call cost).  Public API only, so any two
+versions compare.
 """
 from __future__ import annotations
 
@@ -73,6 +75,15 @@ with envd.connect(endpoint) as client:
         out["daemon CartPole sync (socket)"] = sync(env)
     with client.make("CartPole-v1", 4096, seed=0, batch_size=2048) as env:
         out["daemon CartPole async"] = asynchronous(env, 2048)
+    # small batches: the per-call cost of the async path (a posted send and a
+    # recv over the socket, or two doorbell rings) dominates
+    with client.make("CartPole-v1", 64, seed=0, batch_size=32, fast_path=False) as env:
+        out["daemon CartPole async B=32 (socket)"] = asynchronous(env, 32)
+    with client.make("CartPole-v1", 1) as probe:
+        fast = probe.fast_path  # (where the daemon offers it and this host can)
+    if fast:
+        with client.make("CartPole-v1", 64, seed=0, batch_size=32, fast_path=True) as env:
+            out["daemon CartPole async B=32 (doorbell)"] = asynchronous(env, 32)
 print(json.dumps(out))
 """
 

@@ -10,6 +10,10 @@ in the same run, then the ratios the targets are stated in:
   - envd auto               >= 1.7x serial (threads=0) for a CPU-heavy env on
                                2 cores: --env ConnectFour-v0 --sizes 256 4096
 
+Any built-in env takes --env; e.g. Snake-v0's serial cost per env step is
+1e9 / (its threads=0 steps per second): --env Snake-v0 --sizes 1024 (a
+speed, so measured here and not asserted by a unit test).
+
 Machines are noisy: each configuration is measured in several rounds, in a
 fresh random order each round and with the garbage collector paused, and the
 best round is kept, so all rows see the same conditions.  Identical

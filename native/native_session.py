@@ -14,7 +14,9 @@ returns exactly ``count`` ids and keeps the rest ready.  ``send`` refuses an
 env that is not IDLE (EnvStateError naming the env and whether it is in
 flight or ready), a repeated id or an id out of range (InvalidArgumentError);
 ``step`` refuses while envs are in flight or ready, ``reset`` while envs are
-in flight (it forgets the ready ones), ``render`` while envs are in flight;
+in flight (it forgets the ready ones), ``render`` while envs are in flight
+or ready (whether a batch sent has finished depends on the threads; that
+every env was received does not);
 ``async_reset`` waits for the envs in flight, drops their results, resets
 every env and makes them all READY in env order.
 
@@ -89,11 +91,14 @@ class NativeSession:
         if lib.envd_session_error_index(self.handle) != -1:
             return None
         in_flight, ready = self.counts()
-        if rc == lib.ENVD_EBUSY and in_flight:
-            return in_flight_error(self.spec.id, call, in_flight)
-        if rc == lib.ENVD_EBUSY and ready and call == "step":
+        if rc != lib.ENVD_EBUSY or not (in_flight or ready):
+            return None
+        if call == "step" and not in_flight:
             return ready_error(self.spec.id, ready)
-        return None
+        # Counted after the refusal: envs in flight then may be ready now (their
+        # batch finished meanwhile), so a reset refused for envs in flight may
+        # find none; it was refused all the same.
+        return in_flight_error(self.spec.id, call, in_flight or ready)
 
     def _step_error(self, rc: int, call: str = "step") -> Exception:
         refusal = self._refusal(rc, call)
@@ -271,11 +276,11 @@ class NativeSession:
     def render(self, out: np.ndarray) -> None:
         """Draw every env's current state into out ((num_envs,) +
         spec.render_shape uint8, C-contiguous).  Refused while envs are in
-        flight or ready (not received).  Blocks."""
+        flight or ready (not received yet).  Blocks."""
         handle = self._live()
         frame_bytes = int(lib.envd_session_frame_bytes(handle))
         in_flight, ready = self.counts()
-        if in_flight or ready:  # (results the trainer has not received: as the daemon)
+        if in_flight or ready:
             raise in_flight_error(self.spec.id, "render", in_flight + ready)
         if (out.dtype != np.uint8 or not out.flags.c_contiguous
                 or out.nbytes != frame_bytes * self.num_envs or frame_bytes == 0):

@@ -1,5 +1,5 @@
-"""The stepping handlers (reset, step, send, recv, fast, render) and the books
-of the requests that wait on the pool.
+"""The stepping handlers (reset, async reset, step, send, recv, fast, render)
+and the books of the requests that wait on the pool.
 
 Each handler checks the request, writes its inputs into the session's buffers
 and makes one call to the session's NativeSession (envd.native.native_session),
@@ -12,7 +12,8 @@ session at most (a session takes one request at a time, server/lifecycle.py):
   - a recv parked until enough sent envs are ready, retried on each pool event;
   - the sessions with async batches in flight (a closing one is freed once
     they settle).
-Reset and render run on the Service's executor and reply from its callback.
+Reset (and async reset, which waits for the batches in flight) and render
+run on the Service's executor and reply from its callback.
 All of it runs on the event loop thread.
 """
 from __future__ import annotations
@@ -28,6 +29,10 @@ from envd import protocol
 from envd.errors import EnvdError, EnvStateError, LimitExceededError
 from envd.vector_base import check_int
 from envd.server.sessions import ClientRecord, Session, async_in_flight
+
+#: Operations that run on the executor holding the session's lock (the event
+#: loop must not wait for that lock: it would stall every client meanwhile).
+_ON_THE_EXECUTOR = frozenset({"reset", "async_reset", "render"})
 
 if TYPE_CHECKING:
     from envd.server.service import Service
@@ -86,7 +91,10 @@ class SteppingHandlers:
     def reset(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> None:
         session = self.service.session_for(client, header)
         with_seeds, with_mask = header.get("seeds", False), header.get("mask", False)
-        inline = header.get("inline", False)
+        inline, is_async = header.get("inline", False), header.get("async", False)
+        if is_async and with_mask:
+            raise protocol.BadRequest("reset: an async reset resets every env; it takes no "
+                                      "mask")
         if inline:  # the inputs come as blobs: seeds first, then the mask
             if len(blobs) != with_seeds + with_mask:
                 raise protocol.BadRequest(
@@ -98,21 +106,26 @@ class SteppingHandlers:
         elif blobs:
             raise protocol.BadRequest("reset: data frames are only taken with inline: true")
         # (a mask selecting no env is refused by the vec, on its private copy;
-        # envs in flight by the session)
-        session.life.begin("reset")
+        # envs in flight by the session; an async reset waits for them)
+        session.life.begin("async_reset" if is_async else "reset")
         session.segment.bump_step_seq()  # the counters cover resets too
 
         def done(future: Future) -> None:
             session.segment.bump_done_seq()
             reply = self.service.result_reply(header["id"], future)
+            if not session.life.freed:  # (an async reset's batches were dropped;
+                self._track_batches(session)  # pool events skipped it meanwhile)
             if session.revoked:
                 reply = self.service.revoked_reply(session, header["id"])
-            elif inline and reply["ok"]:
+            elif inline and reply["ok"] and not is_async:  # (recv carries an async reset's rows)
                 reply.update(session.outputs())
             session.life.end()
             self.service.send(client.identity, reply)
 
-        self.service.submit(lambda: session.reset(with_seeds, with_mask), done)
+        if is_async:
+            self.service.submit(lambda: session.native.async_reset(with_seeds), done)
+        else:
+            self.service.submit(lambda: session.reset(with_seeds, with_mask), done)
         return None
 
     def render(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> None:
@@ -144,6 +157,8 @@ class SteppingHandlers:
             elif reply["ok"]:
                 reply.update(frames={"dtype": "uint8", "shape": list(shape)},
                              _blobs=[memoryview(future.result()).cast("B")])
+            if not session.life.freed:  # (pool events skipped it meanwhile)
+                self._track_batches(session)
             session.life.end()
             self.service.send(client.identity, reply)
 
@@ -260,6 +275,11 @@ class SteppingHandlers:
                 self.service.send(pending.identity, reply)
                 self.service.step_latency(time.perf_counter() - pending.started)
         for session in list(self._async_sessions):
+            if session.life.operation in _ON_THE_EXECUTOR:
+                # it holds the session's lock on the executor (an async reset
+                # while it waits for these batches; a reset or render while it
+                # runs), so counts() would block the loop; its reply re-tracks
+                continue
             parked = self._parked_recvs.get(session)
             if parked is not None:
                 self._retry_recv(session, parked)
@@ -287,12 +307,19 @@ class SteppingHandlers:
                 self.stop_fast(session)
             return protocol.ok_reply(header["id"])
         if not session.fast:
+            # Envs sent over the socket are the event loop's to collect: were
+            # the doorbell to serve them, a close would free the session on
+            # the loop at once and wait there for their batch (and each pool
+            # event would wait for the doorbell's lock).  No doorbell thread
+            # exists yet and a busy session was refused, so this never blocks.
+            if any(session.native.counts()):
+                raise async_in_flight("turning the fast path on")
             if self.fast_sessions >= self.config.fast_path_sessions:
                 raise LimitExceededError(
                     f"the daemon serves its maximum of {self.config.fast_path_sessions} "
                     "fast-path sessions (--fast-path-sessions); this session steps over "
                     "the socket")
-            session.start_fast(self.config.fast_path_spin_us * 1000)  # refused if envs are out
+            session.start_fast(self.config.fast_path_spin_us * 1000)
             self.fast_sessions += 1
             if self.service.draining:
                 session.native.drain()

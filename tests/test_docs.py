@@ -268,7 +268,7 @@ TROUBLESHOOTING_PHRASES = [
     "render_mode must be None or",
     "was made without a render mode; make it with render_mode='rgb_array' to render",
     "call reset() before render()",
-    "render() while sends are in flight; recv() them first",
+    "render() while envs are in flight or not received yet",
     "bytes of frames (",
     "envs, or ask the operator to raise the limit",
     "and freed its sessions; connect again and read every reply",

@@ -2,12 +2,13 @@
 session's segment, answered by the daemon's native thread without a message
 (envd.client.doorbell rings it).
 
-Resets and renders still go over the socket (they run on the daemon's
-executor).  Once the daemon stops serving the doorbell (the session was
-closed or expired, or the daemon stops) every call goes over the socket,
-whose reply says which.  A send through the doorbell is answered as soon as
-the daemon started the batch (microseconds), so its refusal is raised by the
-send itself, as in-process.
+Resets (async_reset too) and renders still go over the socket (they run on
+the daemon's executor).  Once the daemon stops serving the doorbell (the
+session was closed or expired, or the daemon stops) every call goes over the
+socket, whose reply says which.  A send through the doorbell is answered as
+soon as the daemon started the batch (microseconds), so its refusal (an env
+not idle, ...) is raised by the send itself, as in-process; the books are the
+daemon's native session's, as over the socket.
 """
 from __future__ import annotations
 
@@ -19,8 +20,11 @@ import numpy as np
 
 from envd.client.doorbell import RECV, SEND, SHUTTING_DOWN, STEP, Doorbell
 from envd.client.transports.over_socket import SocketStepper
-from envd.errors import EnvdTimeoutError, EnvStateError, ShuttingDownError
-from envd.vector_base import NATIVE_CODES, send_error, step_error
+from envd.errors import EnvdTimeoutError, ShuttingDownError
+from envd.vector_base import (NATIVE_CODES, in_flight_error, not_idle_error, ready_error,
+                              recv_short_error, send_error, step_error)
+
+_ENV_IDLE, _ENV_IN_FLIGHT = 0, 1  # a refused send's env state (native/src/session.h)
 
 
 class DoorbellStepper(SocketStepper):
@@ -47,6 +51,10 @@ class DoorbellStepper(SocketStepper):
             answer = self._ring(STEP, 0, "step")
             if answer is not None:
                 status, num_done, index = answer
+                if status == NATIVE_CODES["EBUSY"] and index < 0:  # envs out: which (fast.h)
+                    if num_done > 0:
+                        raise in_flight_error(self.env_id, "step", num_done)
+                    raise ready_error(self.env_id, -num_done)
                 if status != 0:
                     raise step_error(self.env_id, self.action_space, status, index, self.buffers)
                 return num_done
@@ -61,29 +69,28 @@ class DoorbellStepper(SocketStepper):
         if answer is None:  # closed: the socket says why, at once
             self._call({"type": "send", "session": self.session}, [env_ids.tobytes()])
             return
-        status, _, index = answer
+        status, state, index = answer
+        if status == NATIVE_CODES["EBUSY"] and 0 <= index < self.num_envs and state != _ENV_IDLE:
+            raise not_idle_error(self.env_id, index, state == _ENV_IN_FLIGHT)
         if status != 0:
             raise send_error(self.env_id, self.action_space, self.num_envs, status, index,
                              self.buffers)
 
-    def _recv_finished(self, count: int) -> list[np.ndarray]:
-        """Every env found finished once count are.  An env that failed in a
-        batch becomes the books' error (raised as in-process); the daemon
-        keeps that batch's envs ready for the next recv."""
+    def _recv(self, count: int) -> np.ndarray:
+        """Exactly count ids, the oldest ready (the daemon's session keeps the
+        rest); an env failed in a batch raises as in-process (its batch's
+        envs stay ready for the next recv)."""
         if self.doorbell is None:
-            return super()._recv_finished(count)
+            return super()._recv(count)
         answer = self._ring(RECV, count, "recv")
         if answer is None:
-            return super()._recv_finished(count)
-        status, num_ready, index = answer
-        if status == NATIVE_CODES["EENV"]:
-            self.books.error = self.books.error or step_error(
-                self.env_id, self.action_space, status, index, self.buffers)
-            return []
+            return super()._recv(count)
+        status, result, index = answer
+        if status == NATIVE_CODES["ESTATE"] and index < 0:
+            raise recv_short_error(self.env_id, count, result)
         if status != 0:
-            raise EnvStateError(f"recv of {count} envs, but fewer were sent and not reported "
-                                f"yet; send more first (status {status})")
-        return [self._ids[:num_ready].copy()]
+            raise step_error(self.env_id, self.action_space, status, index, self.buffers)
+        return self._ids[:count].copy()
 
     def _ring(self, kind: int, count: int, what: str) -> tuple[int, int, int] | None:
         """A request through the doorbell (its inputs are in shared memory):

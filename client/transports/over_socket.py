@@ -3,17 +3,26 @@ in the session's shared-memory segment, mapped here.
 
 A step writes the actions into the segment, sends one small message and
 finds the results in place when the reply comes: nothing but the message
-header crosses the socket.  A send is posted (no round trip: the trainer
-goes on while the daemon steps); the daemon refuses a send only before
-stepping any of it and answers a send at once, so its reply is in before
-the reply of the next request, and a refusal is raised by the next call
-that needs it (recv, reset, step).  The inline transport (inline.py) and the
-doorbell (doorbell_stepper.py) are this stepper with other encodings.
+header crosses the socket.  The async books are the daemon's native session's
+(the client keeps none): it refuses a step, reset or render while envs are
+out, a send of an env not idle, a recv of more than are out, and answers a
+recv with exactly count ids; ``reset`` with ``async: true`` is async_reset.
+
+A send is posted (no round trip: the trainer goes on while the daemon
+steps).  The daemon refuses a send only before stepping any of it and
+answers a send at once, so its reply is in before the reply of the next
+request.  A refusal is raised by the first call that starts after its reply
+was read (a send, recv, step or render; a reset or async_reset forgets it, as
+it forgets a failed batch); a call whose request went out before the reply
+was read returns its result, and the call after it raises the refusal --
+except a recv the daemon refuses for want of envs, which the refusal
+explains better.  Routing those replies is the only async state kept here.
+The inline transport (inline.py) and the doorbell (doorbell_stepper.py) are
+this stepper with other encodings.
 """
 from __future__ import annotations
 
 import math
-import time
 from typing import Any, Sequence
 
 import numpy as np
@@ -21,9 +30,7 @@ from gymnasium import spaces
 
 from envd import protocol
 from envd.client.channel import Channel
-from envd.client.transports.books import AsyncBooks
-from envd.errors import EnvdTimeoutError, EnvStateError, ProtocolError
-from envd.vector_base import in_flight_error
+from envd.errors import EnvdError, EnvdTimeoutError, EnvStateError, ProtocolError
 
 
 class SocketStepper:
@@ -40,7 +47,6 @@ class SocketStepper:
         self.action_space = action_space
         self.num_envs = num_envs
         self.buffers = buffers
-        self.books = AsyncBooks(env_id, num_envs)
         #: a request timed out: the daemon may still use the buffers until
         #: its late reply (or the doorbell's late answer) says it ended
         self.maybe_running = False
@@ -48,7 +54,8 @@ class SocketStepper:
         self.async_lost = False
         #: posted sends whose reply was not read yet
         self.sends_unanswered = 0
-        self._refused: list[tuple[np.ndarray, dict[str, Any]]] = []  # (ids, error reply)
+        #: the first refusal of a posted send, read but not raised yet
+        self._refusal: EnvdError | None = None
         self._step_header = {"type": "step", "session": session}
 
     @property
@@ -58,48 +65,36 @@ class SocketStepper:
 
     # ---- the Stepper protocol ---------------------------------------------------------
     def reset(self, with_seeds: bool, with_mask: bool) -> None:
-        self._settle_sends()
-        self.books.check_idle("reset")
         self._reset(with_seeds, with_mask)
+        self._refusal = None  # (read by now: its reply came before the reset's)
 
     def async_reset(self, with_seeds: bool) -> None:
-        self._settle_sends()
-        while self.books.num_in_flight:  # their results are dropped
-            self._take_finished(self.books.num_in_flight, report=False)
-        self._reset(with_seeds, False)
-        self.books.all_ready()
+        request, blobs = self._request_reset(with_seeds, False)
+        self._call({**request, "async": True}, blobs)  # (no outputs: recv carries the rows)
+        self._refusal = None
 
     def step(self) -> int:
-        if self.books.active:
-            self._settle_sends()
-            self.books.check_idle("step")
+        self._raise_refusal()
         return self._step()
 
     def send(self, env_ids: np.ndarray) -> None:
         self._check_async_state()
-        self.books.check_sendable(env_ids)
+        self._raise_refusal()
         self._send(env_ids)
-        self.books.sent(env_ids)
 
     def recv(self, count: int) -> np.ndarray:
-        books = self.books
-        if books.num_ready + books.num_in_flight < count:
-            self._settle_sends()  # a refused send explains it better
-            books.check_recv(count)
-        if books.error is not None:
-            raise books.take_error()
-        while books.num_ready < count:
-            self._take_finished(count - books.num_ready)
-        return books.pop(count)
+        self._check_async_state()
+        self._raise_refusal()
+        return self._recv(count)
 
     def render(self, out: np.ndarray) -> None:
         out[...] = self.frames()
 
     def frames(self) -> np.ndarray:
         """A new (num_envs, height, width, 3) uint8 array of every env's frame
-        (their shape comes with the reply)."""
-        if self.books.num_in_flight:
-            raise in_flight_error(self.env_id, "render", self.books.num_in_flight)
+        (their shape comes with the reply).  The daemon's session refuses it
+        while envs are in flight or ready (not received), as in-process."""
+        self._raise_refusal()
         reply = self._call({"type": "render", "session": self.session})
         blobs = reply.get("_blobs", [])
         shape = tuple(reply.get("frames", {}).get("shape", ()))
@@ -153,8 +148,8 @@ class SocketStepper:
 
         def on_reply(reply: dict[str, Any]) -> None:
             self.sends_unanswered -= 1
-            if not reply.get("ok"):
-                self._refused.append((env_ids, reply))
+            if not reply.get("ok") and self._refusal is None:
+                self._refusal = protocol.error_from_reply(reply)
 
         header, blobs = self._request_send(env_ids)
         try:
@@ -164,56 +159,31 @@ class SocketStepper:
             raise
         self.sends_unanswered += 1
 
-    def _take_finished(self, wanted: int, report: bool = True) -> None:
-        """Wait for sent envs to finish (about wanted of them) and mark them
-        ready; with report, raise a failure waiting for recv."""
-        books = self.books
-        finished = self._collect(wanted)
-        if not finished and books.error is None:
-            raise books.broken()  # never spin on it
-        for ids in finished:
-            books.finished(ids)
-        if report and books.error is not None:
-            raise books.take_error()  # the envs are ready; their failed results are in the rows
-
-    def _collect(self, wanted: int) -> list[np.ndarray]:
-        self._check_async_state()
-        self._settle_sends(poll=False)  # (this recv's wait reads the replies in order)
-        if not self.books.num_in_flight:  # every env in flight was refused
-            return []
-        return self._recv_finished(max(1, min(wanted, self.books.num_in_flight)))
-
-    def _recv_finished(self, count: int) -> list[np.ndarray]:
-        """Every env found finished once count are (the daemon's recv)."""
+    def _recv(self, count: int) -> np.ndarray:
+        """The daemon's recv: exactly count ids, the oldest ready."""
         try:
             reply = self._call(*self._request_recv(count))
         except EnvdTimeoutError:
             self.async_lost = True  # the late reply's ids would be lost to us
             raise
         except EnvStateError:
-            if not self._refused:
-                raise
-            # the daemon missed envs whose send it refused (their replies came
-            # first): take them back; the refusal is raised instead
-            self._settle_sends(poll=False)
-            return []
-        self._settle_sends(poll=False)
+            self._raise_refusal()  # too few out because a send was refused: say why
+            raise
         ids = np.frombuffer(reply["_blobs"][0], np.int64).copy()
+        if len(ids) != count:
+            raise ProtocolError(f"the daemon's recv reply holds {len(ids)} env ids, "
+                                f"{count} were asked for")
         self._take_outputs(reply, reply["_blobs"][1:], ids)
-        return [ids]
+        return ids
 
-    def _settle_sends(self, poll: bool = True) -> None:
-        """Account for posted sends the daemon refused: their envs are idle
-        again and the first refusal waits for the next recv.  poll: first
-        read the replies of the sends posted so far (the daemon answers a
-        send at once; one that stopped answering is waited for no longer
-        than the channel's timeout, then its refusals are unknown)."""
-        deadline = time.monotonic() + self.channel.timeout
-        while poll and self.sends_unanswered and time.monotonic() < deadline:
-            self.channel.read_late_replies(wait=0.05)
-        refused, self._refused = self._refused, []
-        for env_ids, reply in refused:  # never stepped: idle again
-            self.books.refused(env_ids, protocol.error_from_reply(reply))
+    def _raise_refusal(self) -> None:
+        """Raise (once) the refusal of a posted send whose reply was read,
+        reading the replies that came already (never waiting for one)."""
+        if self.sends_unanswered:
+            self.channel.read_late_replies()
+        if self._refusal is not None:
+            refusal, self._refusal = self._refusal, None
+            raise refusal
 
     def _check_async_state(self) -> None:
         if self.async_lost:

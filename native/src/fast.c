@@ -144,10 +144,15 @@ static int32_t run(envd_fast_t *fast, uint32_t kind, int64_t *result, int64_t *i
     switch (kind) {
     case ENVD_FAST_STEP:
         rc = envd_session_step(fast->session);
-        if (rc >= 0)
+        if (rc >= 0) {
             atomic_fetch_add_explicit(&fast->served, 1, memory_order_relaxed);
-        else if (rc != ENVD_EBUSY)  /* (EBUSY names no env) */
+        } else if (rc != ENVD_EBUSY) {
             *index = envd_session_error_index(fast->session);
+        } else {  /* envs out (no env named): say which, as the other paths do */
+            int64_t in_flight = 0, ready = 0;
+            envd_session_counts(fast->session, &in_flight, &ready);
+            *result = in_flight > 0 ? in_flight : -ready;
+        }
         break;
     case ENVD_FAST_SEND:
         if (count < 1 || count > fast->num_envs)
@@ -155,13 +160,21 @@ static int32_t run(envd_fast_t *fast, uint32_t kind, int64_t *result, int64_t *i
         rc = envd_session_send(fast->session, fast->ids, count, 0);
         if (rc < 0)
             *index = envd_session_error_index(fast->session);
+        if (rc == ENVD_EBUSY && *index >= 0)  /* the client names the env's state */
+            *result = envd_session_env_state(fast->session, *index);
         break;
     case ENVD_FAST_RECV:
         if (count < 1 || count > fast->num_envs)
             return ENVD_EINVAL;
-        rc = envd_session_recv(fast->session, count, fast->num_envs, fast->ids, 1);
+        /* exactly count ids, as every path: the rest stay ready in the session */
+        rc = envd_session_recv(fast->session, count, count, fast->ids, 1);
         if (rc < 0)
             *index = envd_session_error_index(fast->session);
+        if (rc == ENVD_ESTATE && *index < 0) {  /* too few sent: say how many are */
+            int64_t in_flight = 0, ready = 0;
+            envd_session_counts(fast->session, &in_flight, &ready);
+            *result = in_flight + ready;
+        }
         break;
     default:
         return ENVD_EINVAL;

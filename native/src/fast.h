@@ -16,13 +16,18 @@
  *
  * Requests (req_kind):
  *   STEP  step every env with the actions buffer; result: envs whose episode
- *         ended.
+ *         ended.  Refused with ENVD_EBUSY while envs are out (error index
+ *         -1): result is the number in flight, or when none is, minus the
+ *         number ready.
  *   SEND  start stepping the req_count env ids in the ids array (with their
- *         rows of the actions buffer) and answer at once; result 0.
- *   RECV  wait until req_count envs sent are ready, write every ready id
- *         (oldest first) to the ids array; result: how many (>= req_count).
- *         An env that failed in a batch makes RECV answer its error; the
- *         batch's envs are returned by the next RECV.
+ *         rows of the actions buffer) and answer at once; result 0 (refused
+ *         with ENVD_EBUSY for an env not idle: result is its ENVD_ENV_* state).
+ *   RECV  wait until req_count envs sent are ready, write exactly req_count
+ *         ready ids (oldest first) to the ids array; result: req_count (the
+ *         rest stay ready).  Refused with ENVD_ESTATE when fewer are in flight
+ *         or ready (error index -1; result: how many are).  An env that failed
+ *         in a batch makes RECV answer its error; the batch's envs are
+ *         returned by the next RECV.
  * The async books are the session's (session.h), shared with every other
  * caller of the session.
  *

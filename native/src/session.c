@@ -470,6 +470,9 @@ int envd_session_render(envd_session_t *s, uint8_t *out)
 {
     pthread_mutex_lock(&s->mutex);
     const envd_backend_ops_t *ops = s->backend->ops;
+    /* Not while envs are ready either: whether a batch sent has finished by
+     * now depends on the threads, so "in flight" alone would refuse the same
+     * calls at random; ready envs' states are results not received yet. */
     int rc = check_idle(s, 0);
     const uint64_t frame = ops->frame_bytes(s->backend->impl);
     if (rc == ENVD_OK && (frame == 0 || out == NULL))

@@ -21,8 +21,9 @@
  *   step, step_submit, reset, render
  *          ENVD_EBUSY while envs are in flight (-1); step, step_submit and
  *          render also while envs are ready (-1: envd_session_counts tells
- *          which); reset forgets the ready ones (and a failure not reported
- *          yet);
+ *          which; render: whether a batch sent has finished depends on the
+ *          threads, every env received does not); reset forgets the ready
+ *          ones (and a failure not reported yet);
  *   recv   ENVD_EINVAL (count outside [1, num_envs]), ENVD_ESTATE (fewer
  *          than count in flight or ready, -1), or the kept failure.
  * async_reset waits for the envs in flight, drops their results (and a kept

@@ -553,6 +553,9 @@ static int claim_batch(envd_vec_t *vec, const int64_t *ids, int64_t count)
 int envd_vec_batch_submit(envd_vec_t *vec, envd_vec_batch_t *batch, const int64_t *env_ids,
                           int64_t count, int flags)
 {
+    /* A refusal that names no env must not leave an earlier call's index
+     * for the caller to report (claim_batch sets it when an env is named). */
+    vec->error_index = -1;
     if (count < 1 || count > batch->capacity || (flags & ~ENVD_JOB_NOTIFY))
         return ENVD_EINVAL;
     if (vec->whole.pending != PENDING_NONE || batch->run.pending != PENDING_NONE)

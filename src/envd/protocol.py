@@ -31,10 +31,14 @@ does not speak it.  Per type, the fields (``?`` = optional):
     make       env_id:str, num_envs:int, seed?:int|[int]|nil, autoreset_mode?:str,
                max_episode_steps?:int|nil, env_kwargs?:map, batch_size?:int|nil,
                render_mode?:str|nil   (checked as envd.make checks them)
-    reset      session:str, seeds?:bool, mask?:bool, inline?:bool
+    reset      session:str, seeds?:bool, mask?:bool, inline?:bool, async?:bool
                (seeds / mask: read the "reset_seeds" / "reset_mask" arrays of
                the session's shared memory, written by the client; inline:
-               blob 0 / 1 hold them instead, the whole arrays)
+               blob 0 / 1 hold them instead, the whole arrays.  async: true is
+               async_reset: wait for the envs in flight, drop their results,
+               reset every env and make them all ready for recv, in env
+               order; takes no mask, and its inline reply carries no arrays:
+               the recvs that follow carry the rows)
     step       session:str, actions?:{dtype:str, shape:[int]}, inline?:bool
                (actions given: blob 0 holds them, C order, exactly that dtype
                and shape; else the client wrote the "actions" array in shm)
@@ -43,9 +47,8 @@ does not speak it.  Per type, the fields (``?`` = optional):
                                 in their shm rows (inline: blob 1 holds those rows, in
                                 the order of the ids)
     recv       session:str, count:int, inline?:bool   async mode: answer once at least
-                                count sent envs finished; blob 0: the ids of every
-                                finished env not reported yet (int64), in the order
-                                they finished
+                                count sent envs are ready; blob 0: exactly count ids
+                                (int64), the oldest ready (the rest stay ready)
 
 Inline transport (remote sessions)
 ----------------------------------
@@ -196,7 +199,7 @@ MESSAGE_FIELDS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
              "batch_size": (_ANY, False), "render_mode": (_ANY, False),
              "num_workers": (_ANY, False)},
     "reset": {**_SESSION, "seeds": ((bool,), False), "mask": ((bool,), False),
-              "inline": ((bool,), False)},
+              "inline": ((bool,), False), "async": ((bool,), False)},
     "step": {**_SESSION, "actions": ((dict,), False), "inline": ((bool,), False)},
     "send": {**_SESSION, "inline": ((bool,), False)},
     "recv": {**_SESSION, "count": (_INT, True), "inline": ((bool,), False)},

@@ -58,7 +58,8 @@ class Stepper(Protocol):
 
     def render(self, out: np.ndarray) -> None:
         """Draw every env's frame into out ((num_envs, h, w, 3) uint8).
-        Refused while envs are in flight or ready (not received)."""
+        Refused while envs are in flight or ready
+        (not received: whether a sent env finished by now depends on the threads)."""
 
     def close(self) -> None:
         """Wait for what is in flight, free everything.  Idempotent."""

@@ -161,9 +161,12 @@ def send_error(env_id: str, action_space: spaces.Space, num_envs: int, code: int
 
 
 def in_flight_error(env_id: str, call: str, num_in_flight: int) -> EnvStateError:
-    """The refusal of reset(), step() or render() while envs sent are in flight."""
+    """The refusal of reset(), step() or render() while envs sent are in flight
+    (render: or ready, not received yet; see NativeSession.render)."""
     if call == "render":
-        return EnvStateError(f"{env_id}: render() while sends are in flight; recv() them first")
+        return EnvStateError(f"{env_id}: render() while envs are in flight or not received yet "
+                             "(send/async_reset); recv() them first (or reset() once none is in "
+                             "flight)")
     return EnvStateError(f"{env_id}: {call}() while {num_in_flight} envs are in flight "
                          "(send/recv); recv them first")
 
@@ -396,6 +399,16 @@ class BatchedVecEnv(VectorEnv):
                 f"({self.num_envs},) with at least one True value")
         return mask
 
+    def _write_reset_inputs(self, seeds: np.ndarray | None, mask: np.ndarray | None) -> None:
+        """Write a reset's seeds and mask (where given) into their buffers, once
+        the buffers are free (called with the env acquired)."""
+        if self._maybe_running:
+            self._check_buffers_free()
+        if seeds is not None:
+            self._buffers["reset_seeds"][...] = seeds
+        if mask is not None:
+            self._buffers["reset_mask"][...] = mask
+
     # ---- gymnasium API -------------------------------------------------------------
     def reset(self, *, seed: int | Sequence[int] | None = None,
               options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict[str, Any]]:
@@ -404,12 +417,7 @@ class BatchedVecEnv(VectorEnv):
         seeds = seed_list(seed, self.num_envs) if seed is not None else None
         self._acquire()
         try:
-            if self._maybe_running:
-                self._check_buffers_free()
-            if seeds is not None:
-                self._buffers["reset_seeds"][...] = seeds
-            if mask is not None:
-                self._buffers["reset_mask"][...] = mask
+            self._write_reset_inputs(seeds, mask)
             self._stepper.reset(seeds is not None, mask is not None)
             info = self._env_info_now() if self._env_info else {}
         finally:
@@ -452,10 +460,7 @@ class BatchedVecEnv(VectorEnv):
         seeds = seed_list(seed, self.num_envs) if seed is not None else None
         self._acquire()
         try:
-            if self._maybe_running:
-                self._check_buffers_free()
-            if seeds is not None:
-                self._buffers["reset_seeds"][...] = seeds
+            self._write_reset_inputs(seeds, None)
             self._stepper.async_reset(seeds is not None)
             self._rewards[:] = 0  # a fresh episode has earned nothing
             self._dones[:] = False

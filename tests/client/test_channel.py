@@ -84,7 +84,7 @@ class Peer(threading.Thread):
 def peer_with(tmp_path):
     peers, channels = [], []
 
-    def start(answer: Answer, timeout: float = 5.0) -> tuple[Peer, Channel]:
+    def start(answer: Answer, timeout: float = 30.0) -> tuple[Peer, Channel]:
         peer = Peer(tmp_path, answer)
         peer.start()
         channel = Channel(peer.endpoint, timeout, {})
@@ -130,8 +130,8 @@ def test_an_error_reply_raises_its_exception(peer_with):
 
 
 def test_a_posted_reply_reaches_its_callback_and_the_window_bounds_posts(peer_with):
-    peer, channel = peer_with(lambda request: None if request["type"] == "send" else ok(request),
-                              timeout=0.5)
+    peer, channel = peer_with(lambda request: None if request["type"] == "send" else ok(request))
+    channel.timeout = 0.5  # only waited out while the peer holds every reply (an event)
     replies = []
     for _ in range(protocol.POSTED_WINDOW):
         channel.post({"type": "send", "session": "s"}, [b"\0" * 8], replies.append)
@@ -148,8 +148,8 @@ def test_a_posted_reply_reaches_its_callback_and_the_window_bounds_posts(peer_wi
 
 
 def test_a_late_reply_runs_the_timed_out_requests_callback(peer_with):
-    peer, channel = peer_with(lambda request: None if request["type"] == "step" else ok(request),
-                              timeout=0.2)
+    peer, channel = peer_with(lambda request: None if request["type"] == "step" else ok(request))
+    channel.timeout = 0.2  # only waited out while the peer holds the step's reply (an event)
     late = []
     with pytest.raises(EnvdTimeoutError, match="'step'"):
         channel.request({"type": "step", "session": "s"}, late=late.append)

@@ -123,16 +123,42 @@ def test_bad_render_modes_are_refused():
             envd.make("CartPole-v1", 1, render_mode=mode)
 
 
-def test_render_waits_for_no_send():
-    env = envd.make("CartPole-v1", 4, seed=0, batch_size=2, render_mode="rgb_array")
+@pytest.mark.parametrize("num_threads", [0, 1, None])
+def test_render_waits_for_no_send(num_threads):
+    """render() refuses while envs sent (or async-reset) are not received,
+    whether or not their batch has finished by then: with num_threads=0 it
+    has (the send ran inline), with threads it may or may not have, which
+    made the answer depend on the threads (refused 29 times in 30 with the
+    default threads, never with 0)."""
+    env = envd.make("CartPole-v1", 4, seed=0, batch_size=2, render_mode="rgb_array",
+                    num_threads=num_threads)
     env.async_reset(seed=0)
+    with pytest.raises(envd.EnvStateError, match="not received yet"):
+        env.render()  # the async reset's envs wait for recv
     *_, info = env.recv()
     env.send(np.ones(2, np.int64), info["env_id"])
-    with pytest.raises(envd.EnvStateError, match="recv"):
-        env.render()
+    for _ in range(3):
+        with pytest.raises(envd.EnvStateError, match="recv"):
+            env.render()
     env.recv()  # the other two envs of the reset
+    with pytest.raises(envd.EnvStateError, match="recv"):
+        env.render()  # the two sent: in flight or finished, not received
     env.recv()  # the two sent
     assert len(env.render()) == 4
+    env.close()
+
+
+def test_render_after_leftover_ready_envs_needs_a_reset():
+    """Envs that no recv can take (fewer than batch_size) block render until
+    a reset() forgets them, as the message says."""
+    env = envd.make("CartPole-v1", 3, seed=0, batch_size=2, render_mode="rgb_array",
+                    num_threads=0)
+    env.async_reset(seed=0)
+    env.recv()  # one env of the reset is left, ready
+    with pytest.raises(envd.EnvStateError, match=r"reset\(\) once none is in flight"):
+        env.render()
+    env.reset(seed=0)
+    assert len(env.render()) == 3
     env.close()
 
 
@@ -205,6 +231,46 @@ def test_daemon_frames_equal_in_process_frames(daemon, transport, fast_path):
         for a, b in zip(got, expected):
             np.testing.assert_array_equal(a, b)
         env.close()
+
+
+def render_answers(env) -> list[str]:
+    """Whether render() draws ("ok") or is refused ("refused") after an async
+    reset, a send, and each of the two recvs that take every env back."""
+    answers = []
+
+    def render() -> None:
+        try:
+            env.render()
+            answers.append("ok")
+        except envd.EnvStateError:
+            answers.append("refused")
+
+    env.async_reset(seed=0)
+    render()
+    *_, info = env.recv()
+    env.send(np.ones(2, np.int64), info["env_id"])
+    render()
+    env.recv()
+    render()
+    env.recv()
+    render()
+    return answers
+
+
+@pytest.mark.parametrize("transport, fast_path", [("shm", True), ("shm", False),
+                                                  ("inline", False)])
+def test_daemon_render_refuses_what_in_process_refuses(daemon, transport, fast_path):
+    """Every env received before a render, over every transport as in-process
+    (the client's books know what was received; a daemon-served env drew
+    right after an async reset before)."""
+    with envd.make("CartPole-v1", 4, seed=0, batch_size=2, render_mode="rgb_array",
+                   num_threads=0) as local:
+        expected = render_answers(local)
+    assert expected == ["refused", "refused", "refused", "ok"]
+    with daemon.connect() as client, \
+            client.make("CartPole-v1", 4, seed=0, batch_size=2, render_mode="rgb_array",
+                        transport=transport, fast_path=fast_path) as env:
+        assert render_answers(env) == expected
 
 
 def test_daemon_render_errors_leave_the_session_usable(daemon):

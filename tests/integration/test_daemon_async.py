@@ -13,6 +13,7 @@ from conftest import BUILTIN_ENV_IDS
 from support.daemon import DaemonProcess, segments_of, wait_until
 
 import envd
+from envd.errors import ProtocolError
 
 
 @pytest.fixture(scope="module", params=["shm", "inline"])
@@ -74,6 +75,12 @@ def test_misuse_is_refused_and_the_env_stays_usable(served):
             ids = e.recv()[4]["env_id"]
             with pytest.raises(envd.EnvStateError, match="env 3 is ready"):
                 e.send(np.zeros(1, np.int64), [3])
+                if e is env and not env.fast_path:
+                    # over the socket the send is posted and the daemon's session
+                    # refuses it: raised by the next call once its reply is read
+                    # (status's reply comes after it), and nothing changed
+                    client.status()
+                    e.recv()
             with pytest.raises(envd.InvalidActionError, match="out of range"):
                 e.send(np.array([0, 7, 1]), ids)
             e.send(np.zeros(3, np.int64), ids)
@@ -185,3 +192,58 @@ def test_a_send_the_daemon_refuses_is_reported_by_the_next_recv(served):
                 env.recv()
             env.reset()  # nothing in flight: back to sync mode
         assert messages[0] == messages[1]  # the same error, naming each its own env
+
+
+def test_async_reset_over_the_socket_drops_the_envs_in_flight(served):
+    """async_reset is a socket request (reset with async: true) served by the
+    daemon's session: the envs in flight are waited for and dropped, every
+    env comes back once, in env order, with the in-process env's results."""
+    _, client = served
+    kwargs = dict(seed=0, batch_size=3)
+    with client.make("CartPole-v1", 6, fast_path=False, **kwargs) as remote, \
+            envd.make("CartPole-v1", 6, **kwargs) as local:
+        for env in (remote, local):
+            env.async_reset()
+            ids = env.recv()[4]["env_id"]
+            env.send(np.ones(3, np.int64), ids)  # in flight (or ready) at the reset
+            env.async_reset(seed=5)
+        for _ in range(2):
+            r, l = remote.recv(), local.recv()
+            assert r[4]["env_id"].tolist() == l[4]["env_id"].tolist()
+            assert r[0].tobytes() == l[0].tobytes()
+        with pytest.raises(envd.EnvStateError, match="only 0 are in flight or ready"):
+            remote.recv()  # every env was returned once: none is left
+    # the daemon refuses a masked async reset (it resets every env)
+    with client.make("CartPole-v1", 4, seed=0, batch_size=2, fast_path=False) as env:
+        with pytest.raises(ProtocolError, match="takes no mask"):
+            client.channel.request({"type": "reset", "session": env.session, "async": True,
+                                    "mask": True})
+
+
+def test_a_send_refused_over_the_socket_is_raised_by_the_next_call(served):
+    """Over the socket a send is posted and the daemon's session refuses an env
+    that is not idle: the refusal is raised by the first call that starts after
+    its reply was read, and changes nothing; a reset forgets it."""
+    _, client = served
+    with client.make("CartPole-v1", 6, seed=0, batch_size=3, fast_path=False) as env:
+        env.async_reset()
+        first = env.recv()[4]["env_id"].tolist()
+        assert first == [0, 1, 2]
+        env.send(np.zeros(1, np.int64), [4])  # ready, not received: refused
+        client.status()  # its reply comes after the send's: that one is read now
+        with pytest.raises(envd.EnvStateError, match="env 4 is ready, not received yet"):
+            env.step(np.zeros(6, np.int64))
+        assert env.recv()[4]["env_id"].tolist() == [3, 4, 5]  # nothing changed
+        env.send(np.zeros(3, np.int64), [0, 1, 2])
+        env.send(np.zeros(1, np.int64), [1])  # in flight (or ready): refused
+        client.status()
+        with pytest.raises(envd.EnvStateError, match="env 1 is (in flight|ready)"):
+            env.send(np.zeros(3, np.int64), [3, 4, 5])  # raised here, not sent
+        assert sorted(env.recv()[4]["env_id"].tolist()) == [0, 1, 2]
+        with pytest.raises(envd.EnvStateError, match="only 0 are in flight or ready"):
+            env.recv()  # [3, 4, 5] were never sent
+        env.send(np.zeros(1, np.int64), [0])
+        env.send(np.zeros(1, np.int64), [0])  # refused: in flight
+        client.status()
+        env.async_reset()  # forgets the refusal, as a reset forgets a failed batch
+        assert env.recv()[4]["env_id"].tolist() == [0, 1, 2]

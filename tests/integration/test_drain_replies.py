@@ -53,14 +53,14 @@ def test_requests_queued_as_the_drain_ends_each_get_one_reply(harness):
         # event: a loaded machine may start the asker thread late, and a
         # request sent after the daemon exited is not one it must answer).
         sent = threading.Event()
-        send_request = official._send_request
+        send_request = official.channel._send
 
         def send_and_tell(*args, **kwargs):
             try:
                 return send_request(*args, **kwargs)
             finally:
                 sent.set()
-        official._send_request = send_and_tell
+        official.channel._send = send_and_tell
         asker = threading.Thread(target=ask)
         asker.start()
         assert sent.wait(DEADLINE), "the official client never sent its request"

@@ -178,15 +178,18 @@ def test_reset_refuses_while_envs_are_in_flight():
         pool.close()
 
 
+RENDER_REFUSED = r"render\(\) while envs are in flight or not received"
+
+
 def test_render_refuses_while_envs_are_out_as_the_daemon_does(session):
     """In flight or ready: their results have not reached the trainer."""
     frames = np.zeros((16, 400, 600, 3), np.uint8)
     session.async_reset(False)
-    with pytest.raises(EnvStateError, match=r"render\(\) while sends are in flight"):
+    with pytest.raises(EnvStateError, match=RENDER_REFUSED):
         session.render(frames)
     ids = session.recv(16)
     session.send(ids[:3])
-    with pytest.raises(EnvStateError, match=r"render\(\) while sends are in flight"):
+    with pytest.raises(EnvStateError, match=RENDER_REFUSED):
         session.render(frames)
     session.recv(3)
     session.render(frames)

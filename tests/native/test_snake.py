@@ -391,21 +391,3 @@ def test_win_by_filling_the_grid(lib):
     assert ref.food is None and len(ref.body) == G * G
     cells = obs[::PX, ::PX]
     assert (cells == HEAD).sum() == 1 and (cells == BODY).sum() == G * G - 1
-
-
-def test_step_cost():
-    """Not a check: prints the cost of one env step (num_threads=0)."""
-    import time
-    n = 1024
-    env = envd.make("Snake-v0", num_envs=n, seed=0, num_threads=0)
-    try:
-        env.reset()
-        actions = np.random.default_rng(0).integers(0, 4, size=(64, n))
-        t0 = time.perf_counter()
-        for a in actions:
-            env.step(a)
-        per_step = (time.perf_counter() - t0) / (64 * n)
-    finally:
-        env.close()
-    print(f"Snake-v0: {per_step * 1e9:.0f} ns per env step (num_envs={n}, serial)")
-    assert per_step < 1e-4

@@ -38,6 +38,7 @@ WELL_FORMED = [
     ({"type": "make", "id": 5, "env_id": "CartPole-v1", "num_envs": 2, "seed": None}, 0),
     ({"type": "reset", "id": 6, "session": "ab"}, 0),
     ({"type": "reset", "id": 6, "session": "ab", "seeds": True, "mask": False}, 0),
+    ({"type": "reset", "id": 6, "session": "ab", "seeds": True, "async": True}, 1),
     ({"type": "step", "id": 7, "session": "ab"}, 0),
     ({"type": "step", "id": 2**63, "session": "ab", "actions": {"dtype": "<i8", "shape": [2]}}, 1),
     ({"type": "close", "id": 8, "session": "ab"}, 0),

@@ -346,6 +346,35 @@ def test_send_and_recv_return_the_envs_that_were_sent(harness):
     h.assert_each_request_answered_once()
 
 
+def test_an_async_reset_drops_the_envs_in_flight_and_makes_every_env_ready(harness):
+    """reset with async: true is the session's async_reset, on the executor:
+    the batch in flight is waited for and its results dropped, then every
+    env is ready, in env order, exactly once."""
+    h = harness(threads=2)
+    h.hello(ALICE)
+    session = h.make(ALICE, "CartPole-v1", 8, batch_size=4)
+    assert h.call(ALICE, "reset", session=session.id)["ok"]
+    assert h.call(ALICE, "send", ids_frame(5, 1, 6), session=session.id)["ok"]
+    reset = h.request(ALICE, "reset", session=session.id, **{"async": True})
+    assert session.life.operation == "async_reset" and not h.answered(ALICE, reset)
+    h.pool_event()  # (a pool event meanwhile leaves the session to its reset)
+    h.run_jobs()
+    assert h.reply(ALICE, reset)["ok"]
+    assert session.native.counts() == (0, 8)
+    received: list[int] = []
+    for _ in range(2):
+        reply = h.call(ALICE, "recv", session=session.id, count=4)
+        assert reply["ok"], reply
+        received += np.frombuffer(reply["_blobs"][0], np.int64).tolist()
+    assert received == list(range(8))
+    reply = h.call(ALICE, "recv", session=session.id, count=1)
+    assert reply["code"] == "env_state" and "send more first" in reply["message"]
+    reply = h.call(ALICE, "reset", session=session.id, mask=True, **{"async": True})
+    assert reply["code"] == "bad_request" and "takes no mask" in reply["message"]
+    assert h.call(ALICE, "step", session=session.id)["ok"]  # nothing out any more
+    h.assert_each_request_answered_once()
+
+
 def test_a_parked_recv_is_answered_and_a_close_meanwhile_frees_after_it(harness):
     h = harness(threads=2)
     h.hello(ALICE)
@@ -469,3 +498,42 @@ def test_status_counts_envs_of_batches_that_finished_but_were_not_collected(harn
         assert time.monotonic() < deadline, "every batch finished before the send returned"
     assert select.select([h.pool.eventfd()], [], [], DEADLINE)[0], "the batch never finished"
     assert h.in_loop(h.service.status)["env_steps"] - before == 64
+
+
+def test_pool_events_never_wait_for_a_lock_a_reset_on_the_executor_holds(harness):
+    """A batch finished, then a reset started on the executor, which holds the
+    session's lock while it runs: the pool event of that batch must not wait
+    for the lock (the event loop would stall every client for the reset's
+    length).  It skips the session; the reset's reply settles its books."""
+    import threading
+    h = harness(threads=2)
+    h.hello(ALICE)
+    session = h.make(ALICE, "CartPole-v1", 8, batch_size=4)
+    assert h.call(ALICE, "reset", session=session.id)["ok"]
+    assert h.call(ALICE, "send", ids_frame(0, 1, 2, 3), session=session.id)["ok"]
+    stepping = h.service.stepping
+    assert session in stepping._async_sessions  # its batch is the loop's to collect
+    reset = h.request(ALICE, "reset", session=session.id)  # waits on the gated executor
+    held, release = threading.Event(), threading.Event()
+
+    def hold_the_lock() -> None:  # what the reset does on the executor while it runs
+        session.native.lock()
+        held.set()
+        release.wait(4 * DEADLINE)  # (set by the test: longer than its own wait)
+        session.native.unlock()
+
+    holder = threading.Thread(target=hold_the_lock)
+    holder.start()
+    try:
+        assert held.wait(DEADLINE)
+        event = threading.Thread(target=h.pool_event)
+        event.start()
+        event.join(DEADLINE)
+        assert not event.is_alive(), "the pool event waited for the reset's lock"
+    finally:
+        release.set()
+        holder.join(DEADLINE)
+    h.run_jobs()
+    assert h.reply(ALICE, reset)["ok"]
+    assert session not in stepping._async_sessions and stepping.idle
+    h.assert_each_request_answered_once()
