@@ -263,6 +263,13 @@ typedef struct envd_worker_ctl {
     char message[...];
     ...;
 } envd_worker_ctl_t;
+typedef struct envd_action_check {
+    int64_t offset;
+    int64_t low;
+    int64_t high;
+    int32_t size;
+    int32_t is_signed;
+} envd_action_check_t;
 typedef struct envd_workers_config {
     int64_t num_envs;
     int64_t num_workers;
@@ -277,8 +284,8 @@ typedef struct envd_workers_config {
     void *checked_actions;
     const void *actions;
     int64_t action_bytes;
-    int64_t discrete_n;
-    int64_t discrete_start;
+    const envd_action_check_t *action_checks;
+    int64_t num_action_checks;
     const bool *dones;
     int64_t spin_ns;
     int autoreset_mode;

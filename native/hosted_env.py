@@ -20,6 +20,7 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
+from envd import leaves
 from envd.errors import NATIVE_CODES, EnvError, InvalidArgumentError, UnknownEnvError
 from envd.native.hosted_segment import Segment, segment_layout
 from envd.native.hosted_session import HostedSession, HostedSpec
@@ -48,14 +49,28 @@ def default_num_workers(num_envs: int, step_seconds: float) -> int:
     return min(cpus, num_envs)
 
 
+#: Bytes of each env's info slot (make's info_bytes; docs/python-envs.md,
+#: "Infos"): an env's msgpack-encoded info must fit it.
+DEFAULT_INFO_BYTES = 1024
+#: The largest info_bytes a make takes (the segment's size is bounded by the
+#: daemon's --max-shm-bytes and --max-state-bytes too).
+MAX_INFO_BYTES = 1 << 20
+
+
 def check_space(space: spaces.Space, what: str, env_name: str) -> None:
-    """Box (any dtype) and Discrete (any start) are hosted; others are refused."""
-    if isinstance(space, (spaces.Box, spaces.Discrete)):
-        return
-    raise InvalidArgumentError(
-        f"{env_name}: its {what} space is {type(space).__name__} ({space}); hosted Python envs "
-        "support Box and Discrete spaces so far (Dict, Tuple, MultiDiscrete and MultiBinary "
-        "are planned)")
+    """Box (any dtype), Discrete (any start), MultiDiscrete, MultiBinary and
+    Dict/Tuple of them (nested) are hosted; others are refused, naming the
+    space and its path (envd.leaves.check_space)."""
+    leaves.check_space(space, what, env_name)
+
+
+def hosted_buffer_layout(observation_space: spaces.Space, action_space: spaces.Space,
+                         num_envs: int, mode: AutoresetMode, info_bytes: int
+                         ) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """A hosted session's batch buffers: buffer_layout with float64 rewards
+    (as gymnasium's vector envs) and info slots of info_bytes per env."""
+    return buffer_layout(observation_space, action_space, num_envs, mode,
+                         reward_dtype=np.float64, info_bytes=info_bytes)
 
 
 class HostedVecEnv(BatchedVecEnv):
@@ -64,17 +79,17 @@ class HostedVecEnv(BatchedVecEnv):
 
     def __init__(self, spec: HostedSpec, num_envs: int, *, maker: tuple, num_workers: int,
                  seed: int | Sequence[int] | None, autoreset_mode: AutoresetMode,
-                 copy: bool, episode_statistics: bool | str, batch_size: int | None):
+                 copy: bool, episode_statistics: bool | str, batch_size: int | None,
+                 info_bytes: int = DEFAULT_INFO_BYTES):
         self._session = None
         super().__init__(spec.id, spec.observation_space, spec.action_space, num_envs,
                          autoreset_mode, spec.max_episode_steps, copy, episode_statistics,
                          batch_size)
         self.envd_spec = spec
         self.num_workers = num_workers
-        buffers = buffer_layout(spec.observation_space, spec.action_space, num_envs,
-                                autoreset_mode)
-        layout, size = segment_layout(num_envs, num_workers, buffers,
-                                      spec.action_space.shape, spec.action_space.dtype)
+        buffers = hosted_buffer_layout(spec.observation_space, spec.action_space, num_envs,
+                                       autoreset_mode, info_bytes)
+        layout, size = segment_layout(num_envs, num_workers, buffers)
         segment, fd = Segment.create(layout, size)
         try:
             self._bind_buffers({name: segment.arrays[name] for name in buffers})
@@ -117,7 +132,7 @@ def make_python(env: str | Callable[[], gymnasium.Env], num_envs: int, *,
                 autoreset_mode: str | AutoresetMode = "next_step",
                 max_episode_steps: int | None = None, copy: bool = False,
                 episode_statistics: bool | str = True, batch_size: int | None = None,
-                **env_kwargs: Any) -> HostedVecEnv:
+                info_bytes: int = DEFAULT_INFO_BYTES, **env_kwargs: Any) -> HostedVecEnv:
     """num_envs instances of a Python env stepped for this process (see
     docs/python-envs.md).
 
@@ -128,6 +143,8 @@ def make_python(env: str | Callable[[], gymnasium.Env], num_envs: int, *,
     num_workers: worker processes (contiguous slices of the envs); 0 steps
            them in the caller like SyncVectorEnv; None picks 0 when a step
            of every env is cheap (default_num_workers), else one per CPU.
+    info_bytes: the bytes of each env's info slot (its msgpack-encoded
+           info must fit; 0: the envs' infos are not carried).
     The other arguments are envd.make's; max_episode_steps overrides the
     id's time limit (a creator's env gets a TimeLimit when it is given).
     """
@@ -136,6 +153,7 @@ def make_python(env: str | Callable[[], gymnasium.Env], num_envs: int, *,
     if batch_size is not None:
         batch_size = check_int("batch_size", batch_size, 1, num_envs)
     mode = parse_autoreset_mode(autoreset_mode)
+    info_bytes = check_int("info_bytes", info_bytes, 0, MAX_INFO_BYTES)
     if max_episode_steps is not None:
         max_episode_steps = check_int("max_episode_steps", max_episode_steps, 1, 2**62)
     if num_workers is not None:
@@ -177,4 +195,4 @@ def make_python(env: str | Callable[[], gymnasium.Env], num_envs: int, *,
                       max_episode_steps or described["max_episode_steps"])
     return HostedVecEnv(spec, num_envs, maker=maker, num_workers=num_workers, seed=seed,
                         autoreset_mode=mode, copy=copy, episode_statistics=episode_statistics,
-                        batch_size=batch_size)
+                        batch_size=batch_size, info_bytes=info_bytes)

@@ -13,6 +13,7 @@ cache-line aligned, in this order:
                    the parent's checked copy of the actions the workers act on
     observations, actions, rewards, ... (envd.vector_base.buffer_layout)
                    the session's batch buffers: the VecEnv returns views of them
+                   (one per observation leaf; float64 rewards; the info slots)
 
 A memfd has no name, so no segment can be left behind under /dev/shm; the
 memory goes when the last mapping and descriptor of it go.  The parent maps
@@ -40,15 +41,15 @@ Layout = dict[str, tuple[int, tuple[int, ...], str]]  # name -> (offset, shape, 
 
 
 def segment_layout(num_envs: int, num_workers: int,
-                   buffers: dict[str, tuple[tuple[int, ...], np.dtype]],
-                   action_shape: tuple[int, ...], action_dtype: np.dtype) -> tuple[Layout, int]:
+                   buffers: dict[str, tuple[tuple[int, ...], np.dtype]]) -> tuple[Layout, int]:
     """(layout, size in bytes) of the segment of num_envs envs on num_workers
-    workers with these batch buffers (name -> (shape, dtype))."""
+    workers with these batch buffers (name -> (shape, dtype)); the checked
+    actions are rows as the "actions" buffer's (envd.leaves.action_row)."""
     entries: list[tuple[str, tuple[int, ...], np.dtype]] = [
         ("ctl", (max(1, num_workers) * ffi.sizeof("envd_worker_ctl_t"),), np.dtype(np.uint8)),
         ("worker_state", (max(1, num_workers),), np.dtype(np.int32)),
         *((name, (num_envs,), np.dtype(dtype)) for name, dtype in _ENV_WORDS),
-        ("checked_actions", (num_envs, *action_shape), np.dtype(action_dtype)),
+        ("checked_actions", *buffers["actions"]),
         *((name, tuple(shape), np.dtype(dtype)) for name, (shape, dtype) in buffers.items()),
     ]
     layout: Layout = {}

@@ -20,6 +20,7 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
+from envd import leaves
 from envd.errors import EnvError, InvalidArgumentError, NativeError
 from envd.native._envd_native import ffi, lib
 from envd.native.hosted_segment import WORKER_FAILED, WORKER_READY, Segment
@@ -129,8 +130,10 @@ class HostedSession(NativeSession):
 
     def _create_backend(self) -> None:
         a = self._buffers
-        space = self.spec.action_space
-        discrete = isinstance(space, spaces.Discrete)
+        checks = leaves.range_checks(self.spec.action_space)
+        self._checks_c = ffi.new("envd_action_check_t[]", [
+            {"offset": offset, "size": size, "is_signed": signed, "low": low, "high": high}
+            for offset, size, signed, low, high in checks] or 1)
         self._pidfds_c = ffi.new("int[]", self._pidfds or [0])
         self._handle_ref = ffi.new_handle(self)
         self._config = ffi.new("envd_workers_config_t *", {
@@ -142,8 +145,7 @@ class HostedSession(NativeSession):
             "seed_pending": ptr(a["seed_pending"], "uint8_t *"),
             "checked_actions": ptr(a["checked_actions"]), "actions": ptr(a["actions"]),
             "action_bytes": a["actions"][0].nbytes,
-            "discrete_n": int(space.n) if discrete else 0,
-            "discrete_start": int(space.start) if discrete else 0,
+            "action_checks": self._checks_c, "num_action_checks": len(checks),
             "dones": ptr(a["dones"], "bool *"), "spin_ns": spin_ns(self.num_workers),
             "autoreset_mode": AUTORESET_CODES[self.autoreset_mode],
             "run_inline": lib.envd_hosted_run_inline if self.num_workers == 0 else ffi.NULL,
@@ -251,7 +253,7 @@ class HostedSession(NativeSession):
             self._slice.close()
             self._slice = None
         # (the handle is a reference cycle the collector does not see through)
-        self._handle_ref = self._config = None
+        self._handle_ref = self._config = self._checks_c = None
         self._buffers, self._checked = {}, {}
         segment = getattr(self, "segment", None)
         if segment is not None:

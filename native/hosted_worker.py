@@ -19,6 +19,14 @@ RecordEpisodeStatistics: return, length and time (s, rounded to us) of an
 episode in the step it ends, zeros elsewhere.  An exception in reset or
 step marks the env ENVD_EENV and leaves "ExcType: message" in the worker's
 control block.
+
+Spaces and infos (envd.leaves, envd.info_codec): an observation is written
+leaf by leaf into its buffers, an action is read from the checked copy's
+packed row as the env's action space has it (a dict for a Dict...), and
+each env's info after every reset and step goes msgpack-encoded into its
+slot ([info], or [info, final step info] for a SAME_STEP done env; length 0
+when both are empty).  An info that does not fit its slot or holds a type
+msgpack cannot carry fails the env's call like an exception of the env.
 """
 from __future__ import annotations
 
@@ -30,6 +38,7 @@ import gymnasium
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
+from envd import info_codec, leaves
 from envd.errors import NATIVE_CODES
 from envd.native._envd_native import lib
 from envd.native.hosted_segment import Segment
@@ -84,11 +93,11 @@ class EnvSlice:
         self._kind, self._req, self._ack, self._status = a["kind"], a["req"], a["ack"], a["status"]
         self._seeds, self._seed_pending = a["seeds"], a["seed_pending"]
         self._actions = a["checked_actions"]
-        self._obs, self._final_obs = a["observations"], a.get("final_observations")
         self._rewards, self._terms, self._truncs = a["rewards"], a["terminations"], a["truncations"]
         self._dones = a["dones"]
         self._returns, self._lengths = a["episode_returns"], a["episode_lengths"]
         self._times = a["episode_times"]
+        self._slots, self._info_lengths = a.get("infos"), a.get("info_lengths")
         n = end - begin
         # Per env of the slice (Python lists: a list item costs a third of a
         # numpy scalar access, and a cheap env's step is a few microseconds).
@@ -101,9 +110,44 @@ class EnvSlice:
         try:
             for _ in range(n):
                 self.envs.append(make_env())
+            # the spaces as the vector env's: its first env's (SyncVectorEnv's single spaces)
+            self._obs_space = self.envs[0].observation_space if self.envs else None
+            self._action_space = self.envs[0].action_space if self.envs else None
         except BaseException:
             self.close()
             raise
+        self._obs = self._leaf_buffers(a, "observations")
+        self._final_obs = (self._leaf_buffers(a, "final_observations")
+                           if autoreset_mode is AutoresetMode.SAME_STEP else None)
+        self._composite_actions = (self._action_space is not None
+                                   and leaves.is_composite(self._action_space))
+
+    def _leaf_buffers(self, arrays: dict[str, np.ndarray], prefix: str) -> list[np.ndarray]:
+        if self._obs_space is None:
+            return []
+        return [arrays[name] for name in leaves.leaf_names(prefix, self._obs_space)]
+
+    def _write_obs(self, buffers: list[np.ndarray], i: int, obs: Any) -> None:
+        if len(buffers) == 1:
+            buffers[0][i] = obs
+            return
+        for buffer, value in zip(buffers, leaves.flatten(self._obs_space, obs, "observation")):
+            buffer[i] = value
+
+    def _write_info(self, i: int, info: dict, final_info: dict | None = None) -> int:
+        """Encode env i's info (and a SAME_STEP done env's final step info)
+        into its slot; its length (0: nothing to say)."""
+        if self._slots is None or not (info or final_info):
+            return 0
+        try:
+            data = info_codec.encode([info, final_info] if final_info else [info])
+        except TypeError as exc:
+            raise TypeError(f"the info of env {i} holds {exc}") from None
+        if len(data) > self._slots.shape[1]:
+            raise ValueError(f"the info of env {i} is {len(data)} bytes encoded, over its "
+                             f"{self._slots.shape[1]}-byte slot (make's info_bytes)")
+        self._slots[i, :len(data)] = np.frombuffer(data, np.uint8)
+        return len(data)
 
     def run_pending(self) -> None:
         """Run every requested env of the slice, then ack them.  A step's
@@ -117,8 +161,12 @@ class EnvSlice:
         ids = pending + b
         kinds = self._kind[ids].tolist()
         actions = self._actions[ids]  # (a copy: rows stay valid for the env)
+        if self._composite_actions:  # the leaves of each row, as the env's space has them
+            views = leaves.leaf_views(self._action_space, actions)
+            actions = [leaves.unflatten(self._action_space, [view[j] for view in views])
+                       for j in range(len(ids))]
         stepped: list[int] = []
-        results: list[tuple] = []  # (reward, term, trunc, done, return, length, time)
+        results: list[tuple] = []  # (reward, term, trunc, done, return, length, time[, info])
         for j, k in enumerate(pending.tolist()):
             i = b + k
             try:
@@ -137,7 +185,8 @@ class EnvSlice:
             rows = (slice(stepped[0], stepped[-1] + 1)
                     if stepped[-1] - stepped[0] + 1 == len(stepped) else stepped)
             for buffer, column in zip((self._rewards, self._terms, self._truncs, self._dones,
-                                       self._returns, self._lengths, self._times), zip(*results)):
+                                       self._returns, self._lengths, self._times,
+                                       self._info_lengths), zip(*results)):
                 buffer[rows] = column
         rows = slice(b + int(pending[0]), b + int(pending[-1]) + 1) \
             if len(pending) == pending[-1] - pending[0] + 1 else ids
@@ -162,8 +211,10 @@ class EnvSlice:
         seed = None
         if self._seed_pending[i]:
             seed, self._seed_pending[i] = int(self._seeds[i]), 0
-        obs, _ = self.envs[k].reset(seed=seed)
-        self._obs[i] = obs
+        obs, info = self.envs[k].reset(seed=seed)
+        self._write_obs(self._obs, i, obs)
+        if self._info_lengths is not None:
+            self._info_lengths[i] = self._write_info(i, info)
         self._begin_episode(k)
         self._terms[i] = self._truncs[i] = self._dones[i] = False
 
@@ -179,25 +230,29 @@ class EnvSlice:
             if self.mode is AutoresetMode.DISABLED:
                 self._status[i] = ESTATE  # dones[i] stays True: "done, reset it"
                 return None
-            obs, _ = env.reset()
+            obs, info = env.reset()
             self._begin_episode(k)
             reward, term, trunc = 0.0, False, False
         else:
-            obs, reward, term, trunc, _ = env.step(action)
+            obs, reward, term, trunc, info = env.step(action)
             self._ep_return[k] += float(reward)
             self._ep_length[k] += 1
         done = bool(term or trunc)
         stats = (0.0, 0, 0.0)
+        final_info = None
         if done:
             stats = (self._ep_return[k], self._ep_length[k],
                      round(time.perf_counter() - self._ep_start[k], 6))
             self._needs_reset[k] = True
             if self.mode is AutoresetMode.SAME_STEP:
-                self._final_obs[i] = obs
-                obs, _ = env.reset()
+                self._write_obs(self._final_obs, i, obs)
+                final_info = info
+                obs, info = env.reset()
                 self._begin_episode(k)
-        self._obs[i] = obs
-        return (reward, term, trunc, done, *stats)
+        self._write_obs(self._obs, i, obs)
+        if self._info_lengths is None:
+            return (reward, term, trunc, done, *stats)
+        return (reward, term, trunc, done, *stats, self._write_info(i, info, final_info))
 
     def close(self) -> None:
         """Close the envs (errors in an env's close are ignored: it is going)."""

@@ -19,6 +19,7 @@ from envd import __version__, protocol
 from envd.errors import (InvalidArgumentError, LimitExceededError, SessionExpiredError,
                          SharedMemoryError, ShuttingDownError, UnknownEnvError,
                          UnknownSessionError)
+from envd.native.hosted_env import DEFAULT_INFO_BYTES, MAX_INFO_BYTES
 from envd.native.native_vec import MAX_NUM_ENVS
 from envd.native.registry import get_spec, list_envs
 from envd.native.vector_env import PYTHON_PREFIX, check_max_episode_steps
@@ -98,6 +99,10 @@ class ControlHandlers:
         service.close_revoked_sessions()  # a truncated session must not count against the limits
         if header["env_id"].startswith(PYTHON_PREFIX):
             return self._make_hosted(client, header)
+        if header.get("info_bytes") is not None:
+            raise InvalidArgumentError(
+                f"info_bytes is for hosted Python envs ('{PYTHON_PREFIX}<id>'); "
+                f"{header['env_id'][:_ECHO_LIMIT]} reports its infos in fixed fields")
         if header.get("num_workers") is not None:
             raise InvalidArgumentError(
                 f"num_workers is for hosted Python envs ('{PYTHON_PREFIX}<id>'); "
@@ -175,11 +180,15 @@ class ControlHandlers:
             num_workers = spec.default_workers(num_envs)
         # (0 would step the envs on the event loop thread: the daemon never does)
         num_workers = check_int("num_workers", num_workers, 1, num_envs)
+        info_bytes = header.get("info_bytes")
+        info_bytes = check_int("info_bytes", DEFAULT_INFO_BYTES if info_bytes is None
+                               else info_bytes, 0, MAX_INFO_BYTES)
         seed = header.get("seed")
         if seed is not None:
             seed_list(seed, num_envs)  # refused before anything is reserved
         reservation = service.books.reserve(client, spec, num_envs, mode, len(service.sessions),
-                                            service.fd_check, num_workers=num_workers)
+                                            service.fd_check, num_workers=num_workers,
+                                            info_bytes=info_bytes)
 
         def build() -> Session:  # on the executor: forking and making the envs takes time
             seeds = seed_list(secrets.randbelow(2**63) if seed is None else seed, num_envs)
@@ -187,7 +196,7 @@ class ControlHandlers:
                 session = HostedServerSession(
                     client.identity, spec, num_envs, mode, max_steps, seeds, num_workers,
                     service.segment_prefix, service.hosted.template, service.pool.eventfd(),
-                    on_free=service.on_session_freed)
+                    on_free=service.on_session_freed, info_bytes=info_bytes)
             except (OSError, MemoryError) as exc:
                 raise LimitExceededError(
                     f"cannot make {num_envs} {spec.id} envs in {num_workers} workers: {exc}"

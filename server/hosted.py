@@ -35,15 +35,15 @@ from envd import protocol
 from envd.errors import InvalidArgumentError, UnknownEnvError
 from envd.native import segment_guard
 from envd.native._envd_native import lib
-from envd.native.hosted_env import check_space, default_num_workers
+from envd.native.hosted_env import (DEFAULT_INFO_BYTES, check_space, default_num_workers,
+                                    hosted_buffer_layout)
 from envd.native.hosted_segment import Segment as PrivateSegment, segment_layout
 from envd.native.hosted_session import CLOSE_GRACE_SECONDS, HostedSession, HostedSpec
 from envd.native.hosted_template import Template, template
 from envd.native.vector_env import PYTHON_PREFIX
 from envd.shm import Segment
-from envd.vector_base import buffer_layout
 from envd.server.lifecycle import Lifecycle
-from envd.server.sessions import Session, segment_plan
+from envd.server.sessions import Session, plan
 
 log = logging.getLogger("envd.server")
 
@@ -72,19 +72,30 @@ class HostedEnvSpec:
 
 
 def private_plan(spec: HostedEnvSpec, num_envs: int, num_workers: int,
-                 mode: AutoresetMode) -> tuple[dict, int]:
+                 mode: AutoresetMode, info_bytes: int) -> tuple[dict, int]:
     """The layout and size of a hosted session's private segment."""
-    buffers = buffer_layout(spec.observation_space, spec.action_space, num_envs, mode)
-    return segment_layout(num_envs, num_workers, buffers, spec.action_space.shape,
-                          spec.action_space.dtype)
+    buffers = hosted_buffer_layout(spec.observation_space, spec.action_space, num_envs, mode,
+                                   info_bytes)
+    return segment_layout(num_envs, num_workers, buffers)
+
+
+def public_plan(spec: HostedEnvSpec, num_envs: int, mode: AutoresetMode,
+                info_bytes: int) -> tuple[dict[str, list], int]:
+    """Where a hosted session's arrays lie in the client's segment, and its
+    size (what --max-shm-bytes counts): the hosted buffers (one per
+    observation leaf, float64 rewards, the info slots) plus the doorbell ids."""
+    layout = hosted_buffer_layout(spec.observation_space, spec.action_space, num_envs, mode,
+                                  info_bytes)
+    layout["doorbell_ids"] = ((num_envs,), np.dtype(np.int64))  # protocol.DOORBELL_ARRAYS
+    return plan(layout)
 
 
 def hosted_state_plan(spec: HostedEnvSpec, num_envs: int, num_workers: int,
-                      mode: AutoresetMode) -> int:
+                      mode: AutoresetMode, info_bytes: int) -> int:
     """What --max-state-bytes counts for a hosted session: its private
     segment and the native session's books at their bound (the workers' own
     memory is theirs, bounded by --max-workers)."""
-    return (private_plan(spec, num_envs, num_workers, mode)[1]
+    return (private_plan(spec, num_envs, num_workers, mode, info_bytes)[1]
             + int(lib.envd_session_books_max_bytes(num_envs)))
 
 
@@ -283,7 +294,8 @@ class HostedServerSession(Session):
     def __init__(self, owner: bytes, spec: HostedEnvSpec, num_envs: int, mode: AutoresetMode,
                  max_episode_steps: int | None, seeds: np.ndarray, num_workers: int,
                  segment_prefix: str, template: Template, notify_fd: int,
-                 on_free: Callable[[Session, bool], None] | None = None):
+                 on_free: Callable[[Session, bool], None] | None = None,
+                 info_bytes: int = DEFAULT_INFO_BYTES):
         # (Session.__init__ builds a native vec; this sets the same fields.)
         self.id = secrets.token_hex(16)
         self.owner = owner
@@ -300,9 +312,9 @@ class HostedServerSession(Session):
         self.fast = False
         self._counted = (0, 0)
         self._last_stats = {"inline_jobs": 0, "pooled_jobs": 0}
-        arrays, size = segment_plan(spec, num_envs, mode)
+        arrays, size = public_plan(spec, num_envs, mode, info_bytes)
         self.segment_bytes = size
-        self.state_bytes = hosted_state_plan(spec, num_envs, num_workers, mode)
+        self.state_bytes = hosted_state_plan(spec, num_envs, num_workers, mode, info_bytes)
         self.segment = Segment.create(segment_prefix + self.id, self.id, arrays, size,
                                       mapper=segment_guard.map_segment)
         self._arrays = arrays
@@ -310,7 +322,7 @@ class HostedServerSession(Session):
         try:
             self.buffers = self.segment.arrays
             self.buffers["reset_seeds"][...] = seeds
-            layout, private_size = private_plan(spec, num_envs, num_workers, mode)
+            layout, private_size = private_plan(spec, num_envs, num_workers, mode, info_bytes)
             private, fd = PrivateSegment.create(layout, private_size)
             try:
                 hosted = HostedSession(

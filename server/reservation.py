@@ -53,7 +53,7 @@ class ResourceBooks:
     def reserve(self, client: ClientRecord, spec: EnvSpec, num_envs: int, mode: AutoresetMode,
                 open_sessions: int,
                 fd_check: Callable[[int], None] | None = None,
-                num_workers: int = 0) -> Reservation:
+                num_workers: int = 0, info_bytes: int = 0) -> Reservation:
         """Check that a make of num_envs envs of spec fits under every limit
         (open_sessions: sessions in the books now) and reserve what it will
         hold; raises LimitExceededError naming the limit and the flag."""
@@ -81,7 +81,11 @@ class ResourceBooks:
                 f"give the daemon {workers + num_workers}, over its limit of "
                 f"{config.max_workers} (--max-workers); close hosted envs you no longer use "
                 "or ask for fewer workers (num_workers)")
-        segment_bytes = segment_plan(spec, num_envs, mode)[1]  # refused before it exists
+        if spec.definition is None:  # a hosted Python env (server/hosted.py)
+            from envd.server.hosted import public_plan
+            segment_bytes = public_plan(spec, num_envs, mode, info_bytes)[1]
+        else:
+            segment_bytes = segment_plan(spec, num_envs, mode)[1]  # refused before it exists
         in_use = self.shm_bytes
         if in_use + segment_bytes > config.max_shm_bytes:
             raise LimitExceededError(
@@ -92,7 +96,7 @@ class ResourceBooks:
                 "longer use or make fewer")
         if spec.definition is None:  # a hosted Python env (server/hosted.py)
             from envd.server.hosted import hosted_state_plan
-            state_bytes = hosted_state_plan(spec, num_envs, num_workers, mode)
+            state_bytes = hosted_state_plan(spec, num_envs, num_workers, mode, info_bytes)
         else:
             state_bytes = state_plan(spec, num_envs)  # refused before anything is allocated
         in_use = self.state_bytes

@@ -36,6 +36,7 @@ typedef struct workers_backend {
     bool *started;      /* reset at least once */
     bool *ended;        /* its episode ended in its last step (not reset since) */
     bool *touched;      /* scratch: the workers a call asks something of */
+    envd_action_check_t *checks; /* private copy of cfg.action_checks */
     int64_t reset_count;
     int64_t error_index;
     int64_t dead;       /* a worker that died, -1 */
@@ -206,7 +207,33 @@ static int check_steppable(workers_backend_t *b, const int64_t *ids, int64_t cou
     return ENVD_OK;
 }
 
-/* Copy and check the actions of ids (NULL: all) into the segment. */
+/* Does the element check c names lie in its bounds?  (Read from the
+ * private row: an unsigned value above INT64_MAX is out of any bounds.) */
+static bool action_in_range(const unsigned char *row, const envd_action_check_t *c)
+{
+    int64_t v;
+    if (c->size == 1) {
+        v = c->is_signed ? (int64_t)(int8_t)row[c->offset] : (int64_t)row[c->offset];
+    } else if (c->size == 2) {
+        uint16_t u;
+        memcpy(&u, row + c->offset, sizeof u);
+        v = c->is_signed ? (int64_t)(int16_t)u : (int64_t)u;
+    } else if (c->size == 4) {
+        uint32_t u;
+        memcpy(&u, row + c->offset, sizeof u);
+        v = c->is_signed ? (int64_t)(int32_t)u : (int64_t)u;
+    } else {
+        uint64_t u;
+        memcpy(&u, row + c->offset, sizeof u);
+        if (!c->is_signed && u > (uint64_t)INT64_MAX)
+            return false;
+        v = (int64_t)u;
+    }
+    return v >= c->low && v <= c->high;
+}
+
+/* Copy the actions of ids (NULL: all) into the segment, then check the
+ * copies' integer elements (ENVD_ERANGE naming the first env out of range). */
 static int copy_actions(workers_backend_t *b, const int64_t *ids, int64_t count)
 {
     const size_t row = (size_t)b->cfg.action_bytes;
@@ -214,10 +241,8 @@ static int copy_actions(workers_backend_t *b, const int64_t *ids, int64_t count)
         int64_t i = ids ? ids[k] : k;
         unsigned char *dst = (unsigned char *)b->cfg.checked_actions + (size_t)i * row;
         memcpy(dst, (const unsigned char *)b->cfg.actions + (size_t)i * row, row);
-        if (b->cfg.discrete_n > 0) {
-            int64_t a;
-            memcpy(&a, dst, sizeof a);
-            if (a < b->cfg.discrete_start || a - b->cfg.discrete_start >= b->cfg.discrete_n) {
+        for (int64_t c = 0; c < b->cfg.num_action_checks; c++) {
+            if (!action_in_range(dst, &b->checks[c])) {
                 b->error_index = i;
                 return ENVD_ERANGE;
             }
@@ -423,6 +448,7 @@ static void destroy(envd_backend_t *backend)
     free(b->started);
     free(b->ended);
     free(b->touched);
+    free(b->checks);
     free(b);
 }
 
@@ -436,13 +462,30 @@ static const envd_backend_ops_t WORKERS_OPS = {
     .stats = stats, .destroy = destroy,
 };
 
+/* Every check names a whole 1, 2, 4 or 8-byte element inside the row. */
+static bool action_checks_valid(const envd_workers_config_t *config)
+{
+    if (config->num_action_checks < 0 ||
+        (config->num_action_checks > 0 && config->action_checks == NULL))
+        return false;
+    for (int64_t c = 0; c < config->num_action_checks; c++) {
+        const envd_action_check_t *check = &config->action_checks[c];
+        int32_t size = check->size;
+        if ((size != 1 && size != 2 && size != 4 && size != 8) || check->offset < 0 ||
+            check->offset > config->action_bytes - size || check->low > check->high)
+            return false;
+    }
+    return true;
+}
+
 int envd_backend_workers_create(envd_backend_t **out, const envd_workers_config_t *config)
 {
     if (out == NULL || config == NULL || config->num_envs < 1 ||
         config->num_envs > ENVD_VEC_MAX_ENVS || config->num_workers < 0 ||
         config->num_workers > config->num_envs || config->ctl == NULL ||
         (config->num_workers == 0 && config->run_inline == NULL) ||
-        (config->num_workers > 0 && config->pidfds == NULL) || config->action_bytes < 1)
+        (config->num_workers > 0 && config->pidfds == NULL) || config->action_bytes < 1 ||
+        !action_checks_valid(config))
         return ENVD_EINVAL;
     workers_backend_t *b = calloc(1, sizeof *b);
     const int64_t n = config->num_envs, workers = config->num_workers;
@@ -454,13 +497,18 @@ int envd_backend_workers_create(envd_backend_t **out, const envd_workers_config_
     b->started = calloc((size_t)n, sizeof *b->started);
     b->ended = calloc((size_t)n, sizeof *b->ended);
     b->touched = calloc((size_t)(workers + 1), sizeof *b->touched);
+    b->checks = malloc((size_t)(config->num_action_checks + 1) * sizeof *b->checks);
     if (b->pidfds == NULL || b->worker_of == NULL || b->mask == NULL || b->started == NULL ||
-        b->ended == NULL || b->touched == NULL) {
+        b->ended == NULL || b->touched == NULL || b->checks == NULL) {
         free(b->pidfds), free(b->worker_of), free(b->mask), free(b->started), free(b->ended);
-        free(b->touched), free(b);
+        free(b->touched), free(b->checks), free(b);
         return ENVD_ENOMEM;
     }
     b->cfg = *config;
+    if (config->num_action_checks > 0)
+        memcpy(b->checks, config->action_checks,
+               (size_t)config->num_action_checks * sizeof *b->checks);
+    b->cfg.action_checks = b->checks;
     if (workers > 0)
         memcpy(b->pidfds, config->pidfds, (size_t)workers * sizeof *b->pidfds);
     for (int64_t w = 0; w < (workers ? workers : 1); w++) {

@@ -52,6 +52,18 @@ typedef struct envd_worker_ctl {
     char message[ENVD_HOSTED_MESSAGE_BYTES]; /* worker: "ExcType: text" (UTF-8, NUL) */
 } __attribute__((aligned(64))) envd_worker_ctl_t;
 
+/* One integer element of an action row (a Discrete, MultiDiscrete or
+ * MultiBinary leaf's, envd/leaves.py) that must lie in [low, high]; checked
+ * in the backend's private copy of the row, after the copy.  Box elements
+ * have no check (gymnasium passes them to the env as they are). */
+typedef struct envd_action_check {
+    int64_t offset;    /* bytes into the row */
+    int64_t low;       /* inclusive bounds */
+    int64_t high;
+    int32_t size;      /* 1, 2, 4 or 8 bytes, native byte order */
+    int32_t is_signed;
+} envd_action_check_t;
+
 typedef struct envd_workers_config {
     int64_t num_envs;
     int64_t num_workers;       /* 0: inline, run_inline steps them */
@@ -66,8 +78,8 @@ typedef struct envd_workers_config {
     void *checked_actions;     /* in the segment: the rows the workers act on */
     const void *actions;       /* the caller's actions buffer (num_envs rows) */
     int64_t action_bytes;      /* bytes of one action row */
-    int64_t discrete_n;        /* > 0: actions are int64 in [discrete_start, +n) */
-    int64_t discrete_start;
+    const envd_action_check_t *action_checks; /* the row's integer elements (copied) */
+    int64_t num_action_checks;
     const bool *dones;         /* the dones buffer the workers write */
     int64_t spin_ns;           /* the parent's spin before it sleeps */
     int autoreset_mode;        /* envd_autoreset_mode_t: DISABLED refuses a done env */

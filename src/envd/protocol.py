@@ -129,8 +129,13 @@ A reply never carries a traceback.  Results:
     bye        -
     fast       doorbell: {offset}   (where the doorbell lies in the header page)
 
-Spaces travel as ``{"kind": "box", "dtype", "shape", "low", "high"}`` (bounds
-as nested lists of floats) or ``{"kind": "discrete", "n", "start"}``.
+Spaces travel as msgpack maps (envd.leaves.space_to_wire; docs/protocol.md,
+"Spaces"): ``{"kind": "box", "dtype", "shape", "low", "high"}`` (bounds as
+nested lists in the box's dtype), ``{"kind": "discrete", "n", "start"}``,
+``{"kind": "multi_discrete", "dtype", "nvec", "start"}``,
+``{"kind": "multi_binary", "n": [int]}``, ``{"kind": "dict", "spaces":
+[[key, space], ...]}`` (in the Dict's order) and ``{"kind": "tuple",
+"spaces": [space, ...]}``.
 
 Sessions and leases
 -------------------
@@ -148,7 +153,7 @@ import msgpack
 import numpy as np
 from gymnasium import spaces
 
-from envd import _native_facts, errors
+from envd import _native_facts, errors, leaves
 
 #: 2: replies over SMALL_REPLY_BYTES carry "token", requests may carry "ack".
 PROTOCOL_VERSION = 2
@@ -197,7 +202,7 @@ MESSAGE_FIELDS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
              "seed": (_ANY, False), "autoreset_mode": ((str,), False),
              "max_episode_steps": (_ANY, False), "env_kwargs": ((dict,), False),
              "batch_size": (_ANY, False), "render_mode": (_ANY, False),
-             "num_workers": (_ANY, False)},
+             "num_workers": (_ANY, False), "info_bytes": (_ANY, False)},
     "reset": {**_SESSION, "seeds": ((bool,), False), "mask": ((bool,), False),
               "inline": ((bool,), False), "async": ((bool,), False)},
     "step": {**_SESSION, "actions": ((dict,), False), "inline": ((bool,), False)},
@@ -353,20 +358,10 @@ def raise_error(reply: dict[str, Any]) -> None:
 
 # ---- spaces ---------------------------------------------------------------------------
 def space_to_wire(space: spaces.Space) -> dict[str, Any]:
-    if isinstance(space, spaces.Discrete):
-        return {"kind": "discrete", "n": int(space.n), "start": int(space.start)}
-    if isinstance(space, spaces.Box):
-        return {"kind": "box", "dtype": space.dtype.str, "shape": list(space.shape),
-                "low": space.low.astype(np.float64).tolist(),
-                "high": space.high.astype(np.float64).tolist()}
-    raise TypeError(f"spaces of type {type(space).__name__} have no wire form")
+    """A space's msgpack-able description (envd.leaves.space_to_wire)."""
+    return leaves.space_to_wire(space)
 
 
 def space_from_wire(wire: dict[str, Any]) -> spaces.Space:
-    if wire["kind"] == "discrete":
-        return spaces.Discrete(int(wire["n"]), start=int(wire["start"]))
-    dtype = np.dtype(wire["dtype"])
-    shape = tuple(wire["shape"])
-    low = np.array(wire["low"], np.float64).reshape(shape).astype(dtype)
-    high = np.array(wire["high"], np.float64).reshape(shape).astype(dtype)
-    return spaces.Box(low, high, shape=shape, dtype=dtype)
+    """The space space_to_wire described."""
+    return leaves.space_from_wire(wire)

@@ -50,15 +50,93 @@ def failing_creator(fail_seed: int, at_step: int, how: str = "raise"):
     return lambda: FailingEnv(fail_seed, at_step, how)
 
 
-class MultiDiscreteEnv(gymnasium.Env):
-    observation_space = spaces.Box(0, 1, (1,), np.float32)
-    action_space = spaces.MultiDiscrete([2, 3])
+class UnsupportedSpaceEnv(gymnasium.Env):
+    """A Dict observation with a Text leaf deep inside: refused at make, naming
+    the space and its path."""
+    observation_space = spaces.Dict({"ok": spaces.Box(0, 1, (1,), np.float32),
+                                     "inner": spaces.Tuple((spaces.Discrete(2),
+                                                            spaces.Text(5)))})
+    action_space = spaces.Discrete(2)
 
     def reset(self, *, seed=None, options=None):
-        return np.zeros(1, np.float32), {}
+        return self.observation_space.sample(), {}
 
     def step(self, action):
-        return np.zeros(1, np.float32), 0.0, False, False, {}
+        return self.observation_space.sample(), 0.0, False, False, {}
+
+
+class DictObsEnv(gymnasium.Env):
+    """Dict observations (a float32 Box, a Discrete with a negative start, a
+    MultiBinary and a nested Tuple of a 0-d float64 Box and a Discrete), Tuple
+    actions (Discrete(3, start=-1), MultiBinary(2), a Box), episodes that end
+    at random, and infos on some steps only: plain values, numpy scalars and
+    arrays, strings, a nested dict."""
+    observation_space = spaces.Dict({
+        "pos": spaces.Box(-5, 5, (2,), np.float32),
+        "mode": spaces.Discrete(4, start=-2),
+        "flags": spaces.MultiBinary(3),
+        "inner": spaces.Tuple((spaces.Box(0, 100, (), np.float64), spaces.Discrete(2)))})
+    action_space = spaces.Tuple((spaces.Discrete(3, start=-1), spaces.MultiBinary(2),
+                                 spaces.Box(-1, 1, (2,), np.float32)))
+
+    def _obs(self):
+        return {"pos": self.pos.copy(), "mode": np.int64(self.t % 4 - 2),
+                "flags": (self.np_random.random(3) < 0.5).astype(np.int8),
+                "inner": (np.array(float(self.t), np.float64), np.int64(self.t % 2))}
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.pos = self.np_random.uniform(-1, 1, 2).astype(np.float32)
+        self.t = 0
+        info = {"start": self.pos.copy()} if self.np_random.random() < 0.5 else {}
+        return self._obs(), info
+
+    def step(self, action):
+        move, buttons, push = action
+        self.t += 1
+        self.pos = np.clip(self.pos + 0.5 * push + 0.1 * move, -5, 5).astype(np.float32)
+        reward = float(move) + 0.25 * float(buttons.sum()) + float(self.np_random.normal())
+        terminated = bool(self.np_random.random() < 0.08)
+        info = {}
+        if self.t % 3 == 0:
+            info["t"] = self.t
+            info["energy"] = np.float32(self.pos @ self.pos)
+        if buttons.all():
+            info["combo"] = {"count": int(buttons.sum()), "at": self.pos.copy()}
+        if terminated:
+            info["why"] = "fell"
+        return self._obs(), reward, terminated, False, info
+
+
+class MultiDiscreteActionEnv(gymnasium.Env):
+    """MultiDiscrete actions (with starts, one negative), Tuple observations
+    (a float64 Box, a MultiDiscrete, a Dict of a 2-D MultiBinary), float32
+    rewards (batched as float64, as SyncVectorEnv does) and an info on
+    every other step."""
+    observation_space = spaces.Tuple((
+        spaces.Box(-np.inf, np.inf, (3,), np.float64),
+        spaces.MultiDiscrete([3, 5]),
+        spaces.Dict({"hot": spaces.MultiBinary((2, 2))})))
+    action_space = spaces.MultiDiscrete([3, 4, 2], start=[-1, 0, 5])
+
+    def _obs(self):
+        return (self.state.copy(), np.array([self.t % 3, self.t % 5], np.int64),
+                {"hot": (self.np_random.random((2, 2)) < 0.3).astype(np.int8)})
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.state = self.np_random.normal(size=3)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.t += 1
+        self.state = self.state * 0.9 + np.asarray(action, np.float64)
+        reward = np.float32(-np.abs(self.state).sum() / 10)
+        terminated = bool(np.abs(self.state).max() > 12)
+        info = {"tick": np.int32(self.t), "action": np.asarray(action).copy()} \
+            if self.t % 2 else {}
+        return self._obs(), reward, terminated, False, info
 
 
 def alive(pid: int) -> bool:

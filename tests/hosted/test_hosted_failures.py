@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import envd
-from envs import MultiDiscreteEnv, alive, failing_creator, wait_until
+from envs import UnsupportedSpaceEnv, alive, failing_creator, wait_until
 
 
 @pytest.mark.parametrize("num_workers", [0, 1, 3])
@@ -97,8 +97,9 @@ def test_failing_constructor_is_reported_and_reclaimed():
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_unsupported_space_is_named(num_workers):
-    with pytest.raises(envd.InvalidArgumentError, match="action space is MultiDiscrete"):
-        envd.make(MultiDiscreteEnv, 2, num_workers=num_workers)
+    with pytest.raises(envd.InvalidArgumentError,
+                       match=r"observation space at \['inner'\]\[1\] is Text"):
+        envd.make(UnsupportedSpaceEnv, 2, num_workers=num_workers)
 
 
 def test_bad_arguments():
