@@ -30,7 +30,7 @@ def gymnasium_trajectories(env_id, actions, mode):
         for i in range(NUM_ENVS):
             final = (np.asarray(info["final_obs"][i], np.float32).tobytes()
                      if info.get("_final_obs", np.zeros(NUM_ENVS, bool))[i] else None)
-            runs[i].append((obs[i].tobytes(), float(np.float32(rew[i])), bool(term[i]),
+            runs[i].append((obs[i].tobytes(), float(rew[i]), bool(term[i]),
                             bool(trunc[i]), final))
     ref.close()
     return runs
