@@ -13,15 +13,17 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import pytest
-from conftest import random_actions
+import daemon_envs  # noqa: F401  (registers the fixtures' ids for the reference envs)
 from envs import alive, children, wait_until
+from equivalence import MODES, compare_runs
 from support.daemon import DaemonProcess, segments_of
 
 import envd
 
 HERE = Path(__file__).parent
+FIXTURES = ("envd-test/DictObs-v0", "envd-test/MultiDiscrete-v0")
 ALLOWED = ("CartPole-v1", "Acrobot-v1", "Pendulum-v1", "envd-test/Raising-v0",
-           "envd-test/Exiting-v0", "envd-test/Hanging-v0")
+           "envd-test/Exiting-v0", "envd-test/Hanging-v0", *FIXTURES)
 FLAGS = ("--threads", "1", "--lease-timeout", "20", "--import", "daemon_envs",
          *(arg for env_id in ALLOWED for arg in ("--python-env", env_id)))
 ENV = {"PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
@@ -64,43 +66,23 @@ def client(daemon, request):
         yield c
 
 
-def assert_same(ours, theirs, what):
-    assert np.array_equal(ours, np.asarray(theirs, dtype=ours.dtype)), (what, ours, theirs)
-
-
 @pytest.mark.parametrize("env_id,num_workers,mode",
                          [("CartPole-v1", w, "next_step") for w in (1, 2, 3)]
                          + [("CartPole-v1", 2, m) for m in ("same_step", "disabled")]
                          + [("Acrobot-v1", w, "next_step") for w in (1, 3)]
-                         + [("Pendulum-v1", w, "next_step") for w in (1, 2)])
+                         + [("Pendulum-v1", w, "next_step") for w in (1, 2)]
+                         + [(e, w, "next_step") for e in FIXTURES for w in (1, 3)]
+                         + [(e, 2, "same_step") for e in FIXTURES])
 def test_equal_to_sync_vector_env(client, env_id, num_workers, mode):
-    modes = {"next_step": gym.vector.AutoresetMode.NEXT_STEP,
-             "same_step": gym.vector.AutoresetMode.SAME_STEP,
-             "disabled": gym.vector.AutoresetMode.DISABLED}
+    """Every result (observations of any space, float64 rewards, flags,
+    infos) equals SyncVectorEnv's, over both transports (worker count 0 is
+    the in-process tests': the daemon never steps envs in its own process)."""
     ref = gym.make_vec(env_id, NUM_ENVS, vectorization_mode="sync", max_episode_steps=15,
-                       vector_kwargs={"autoreset_mode": modes[mode]})
+                       vector_kwargs={"autoreset_mode": MODES[mode]})
     env = client.make("py:" + env_id, NUM_ENVS, seed=7, num_workers=num_workers,
-                      autoreset_mode=mode, max_episode_steps=15)
+                      autoreset_mode=mode, max_episode_steps=15, episode_statistics=False)
     try:
-        assert env.single_observation_space == ref.single_observation_space
-        assert env.single_action_space == ref.single_action_space
-        obs, _ = env.reset()
-        assert_same(obs, ref.reset(seed=7)[0], "reset")
-        rng, done = np.random.default_rng(3), np.zeros(NUM_ENVS, bool)
-        for t in range(STEPS):
-            if mode == "disabled" and done.any():
-                assert_same(env.reset(options={"reset_mask": done.copy()})[0],
-                            ref.reset(options={"reset_mask": done.copy()})[0], "masked reset")
-            actions = random_actions(env.single_action_space, NUM_ENVS, rng)
-            ours, theirs = env.step(actions), ref.step(actions)
-            for what, a, b in zip(("obs", "rew", "term", "trunc"), ours[:4], theirs[:4]):
-                assert_same(a, b, f"{what} at step {t}")
-            if mode == "same_step" and "final_obs" in theirs[4]:
-                mask = theirs[4]["_final_obs"]
-                assert np.array_equal(ours[4]["_final_obs"], mask)
-                assert_same(np.stack(ours[4]["final_obs"][mask]),
-                            np.stack(theirs[4]["final_obs"][mask]), "final_obs")
-            done = ours[2] | ours[3]
+        compare_runs(env, ref, mode, STEPS, seed=7, action_seed=3, masked_reset_at=20)
     finally:
         env.close()
         ref.close()
@@ -302,7 +284,7 @@ def test_readme_hosted_quick_start_runs_as_written(tmp_path):
                                  env={**os.environ, "ENVD_ENDPOINT": proc.endpoint},
                                  capture_output=True, text=True, timeout=300)
         assert trainer.returncode == 0, trainer.stderr
-        assert trainer.stdout.strip() == "(16, 6) float32"
+        assert trainer.stdout.strip() == "(16, 6) float64"  # (SyncVectorEnv's rewards)
     finally:
         assert proc.stop() == 0, proc.log()
 
