@@ -330,13 +330,17 @@ def space_from_wire(wire: dict[str, Any], depth: int = 0) -> spaces.Space:
     raise ValueError(f"unknown space kind {kind!r}")
 
 
-def row_of(value: Any, k: int) -> Any:
-    """Env k's value (copied) of a batched value (an array, or a dict/tuple of them)."""
-    if isinstance(value, dict):
-        return {key: row_of(v, k) for key, v in value.items()}
-    if isinstance(value, tuple):
-        return tuple(row_of(v, k) for v in value)
-    return value[k].copy()
+def row_of(space: spaces.Space, value: Any, k: int) -> Any:
+    """Env k's value (copied) of a batched value of space (an array, or a
+    dict/tuple of them), as an env returns it: an array of a Box's shape (0-d
+    for shape ()), a numpy scalar for a Discrete."""
+    if isinstance(space, spaces.Dict):
+        return {key: row_of(sub, value[key], k) for key, sub in space.spaces.items()}
+    if isinstance(space, spaces.Tuple):
+        return tuple(row_of(sub, v, k) for sub, v in zip(space.spaces, value))
+    if isinstance(space, spaces.Discrete):
+        return value[k].copy()
+    return value[k, ...].copy()
 
 
 def copy_value(value: Any) -> Any:

@@ -422,7 +422,7 @@ class BatchedVecEnv(VectorEnv):
         if final_rows is not None:
             final = np.full(len(dones), None, dtype=object)
             for k in np.flatnonzero(dones):
-                final[k] = leaves.row_of(final_rows, k)
+                final[k] = leaves.row_of(self.single_observation_space, final_rows, k)
             info["final_obs"], info["_final_obs"] = final, dones
             info["final_info"], info["_final_info"] = {}, dones
         if self._episode_statistics:

@@ -55,6 +55,9 @@ def assert_same(ours: Any, theirs: Any, what: str) -> None:
             assert_same(a, b, f"{what}[{k}]")
     elif isinstance(theirs, (np.ndarray, np.generic)):
         assert isinstance(ours, (np.ndarray, np.generic)), (what, ours, theirs)
+        # (an array where gymnasium has an array, a numpy scalar where it has one)
+        assert isinstance(ours, np.ndarray) == isinstance(theirs, np.ndarray), \
+            (what, type(ours), type(theirs))
         assert ours.dtype == theirs.dtype, (what, ours.dtype, theirs.dtype)
         assert np.shape(ours) == np.shape(theirs), (what, np.shape(ours), np.shape(theirs))
         assert np.array_equal(ours, theirs, equal_nan=ours.dtype.kind == "f"), \
@@ -98,3 +101,75 @@ def compare_runs(env, ref: gym.vector.VectorEnv, mode: str, steps: int, seed: in
                               ours, theirs):
             assert_same(a, b, f"{what} at step {t}")
         done = ours[2] | ours[3]
+
+
+# ---- async mode: per-env trajectories ----------------------------------------------------
+def _leaf_map(fn, tree: Any) -> Any:
+    if isinstance(tree, dict):
+        return {key: _leaf_map(fn, value) for key, value in tree.items()}
+    if isinstance(tree, tuple):
+        return tuple(_leaf_map(fn, value) for value in tree)
+    return fn(tree)
+
+
+def env_info(info: dict, k: int) -> dict:
+    """Row k's own info out of a merged info dict (the inverse of gymnasium's
+    _add_info): every key whose "_" mask is set at k (envd's env_id aside)."""
+    out = {}
+    for key, value in info.items():
+        if key.startswith("_") or key == "env_id" or not info.get("_" + key, [False] * (k + 1))[k]:
+            continue
+        out[key] = env_info(value, k) if isinstance(value, dict) else value[k]
+    return out
+
+
+def _record(obs: Any, rew, term, trunc, info: dict, k: int) -> tuple:
+    """Row k of a result (compared with assert_same)."""
+    row = _leaf_map(lambda leaf: leaf[k].copy(), obs)
+    return (row, float(rew[k]), bool(term[k]), bool(trunc[k]), env_info(info, k))
+
+
+def per_env_action_batches(space: spaces.Space, num_envs: int, steps: int, seed: int) -> Any:
+    """A tree of (steps, num_envs, ...) arrays: env i's t-th action at [t, i]."""
+    flat = sample_actions(space, steps * num_envs, np.random.default_rng(seed))
+    return _leaf_map(lambda leaf: leaf.reshape(steps, num_envs, *leaf.shape[1:]), flat)
+
+
+def sync_env_runs(ref: gym.vector.VectorEnv, actions: Any, steps: int, seed: int) -> list:
+    """Per env of ref: [reset record, step records...] (gymnasium's own run)."""
+    n = ref.num_envs
+    obs, info = ref.reset(seed=seed)
+    runs = [[_record(obs, np.zeros(n), np.zeros(n, bool), np.zeros(n, bool), info, i)]
+            for i in range(n)]
+    for t in range(steps):
+        obs, rew, term, trunc, info = ref.step(_leaf_map(lambda leaf: leaf[t], actions))
+        for i in range(n):
+            runs[i].append(_record(obs, rew, term, trunc, info, i))
+    return runs
+
+
+def async_env_runs(env, actions: Any, steps: int, rng: np.random.Generator) -> list:
+    """Per env: its records as async_reset/recv/send return them, sending each
+    received env its next action in random orders and chunks."""
+    n, batch = env.num_envs, env.batch_size
+    sent = np.zeros(n, int)
+    runs: list[list] = [[] for _ in range(n)]
+    env.async_reset()
+    outstanding, idle = n, []
+    while outstanding >= batch:
+        obs, rew, term, trunc, info = env.recv()
+        ids = info["env_id"]
+        outstanding -= len(ids)
+        for k, i in enumerate(ids.tolist()):
+            runs[i].append(_record(obs, rew, term, trunc, info, k))
+            if sent[i] < steps:
+                idle.append(i)
+        rng.shuffle(idle)
+        take = idle[:rng.integers(0, len(idle) + 1)] if outstanding >= batch else idle
+        idle = idle[len(take):]
+        for part in np.array_split(np.array(take, dtype=np.int64), rng.integers(1, 3)):
+            if len(part):
+                env.send(_leaf_map(lambda leaf: leaf[sent[part], part], actions), part)
+                sent[part] += 1
+                outstanding += len(part)
+    return runs

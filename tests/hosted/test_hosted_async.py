@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode
 
+import daemon_envs  # noqa: F401  (registers the envd-test/ ids)
 import envd
+from equivalence import MODES, assert_same, async_env_runs, per_env_action_batches, sync_env_runs
 from support.async_steps import async_trajectories, per_env_actions
 
 NUM_ENVS, STEPS, BATCH = 6, 40, 2
@@ -73,3 +75,24 @@ def test_async_refusals_keep_the_env_usable(num_workers):
         for _ in range(2):
             got.update(env.recv()[4]["env_id"].tolist())
         assert got == {0, 1, 2, 3}
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("mode", ["next_step", "same_step"])
+def test_async_dict_spaces_and_infos_equal_sync(mode, num_workers):
+    """Dict observations, Tuple actions and infos (tests/hosted/envs.py's
+    DictObsEnv): each env's records through async_reset/recv/send, in random
+    send orders, equal its records in gymnasium's SyncVectorEnv, infos
+    included (each row's own keys of the merged info)."""
+    env_id = "envd-test/DictObs-v0"
+    ref = gym.make_vec(env_id, NUM_ENVS, vectorization_mode="sync",
+                       vector_kwargs={"autoreset_mode": MODES[mode]})
+    actions = per_env_action_batches(ref.single_action_space, NUM_ENVS, STEPS, seed=4)
+    expected = sync_env_runs(ref, actions, STEPS, seed=11)
+    ref.close()
+    with envd.make("py:daemon_envs:" + env_id, NUM_ENVS, seed=11, num_workers=num_workers,
+                   autoreset_mode=mode, batch_size=BATCH, episode_statistics=False) as env:
+        runs = async_env_runs(env, actions, STEPS, np.random.default_rng(num_workers))
+    assert sum(map(len, runs)) >= NUM_ENVS * STEPS
+    for i in range(NUM_ENVS):
+        assert_same(runs[i], expected[i][:len(runs[i])], f"env {i}")

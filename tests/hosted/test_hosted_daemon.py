@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import daemon_envs  # noqa: F401  (registers the fixtures' ids for the reference envs)
 from envs import alive, children, wait_until
-from equivalence import MODES, compare_runs
+from equivalence import (MODES, assert_same, async_env_runs, compare_runs,
+                         per_env_action_batches, sync_env_runs)
 from support.daemon import DaemonProcess, segments_of
 
 import envd
@@ -116,6 +117,59 @@ def test_async_send_recv_matches_each_env_stepped_alone(client):
     for i in range(num_envs):
         for k, row in enumerate(seen[i]):
             assert np.array_equal(row, expected[i][k]), (i, k)
+
+
+@pytest.mark.parametrize("mode", ["next_step", "same_step"])
+def test_async_dict_spaces_and_infos_equal_sync(client, mode):
+    """Dict observations, Tuple actions and infos through async send/recv:
+    each env's records equal its records in gymnasium's SyncVectorEnv."""
+    env_id, num_envs, steps = "envd-test/DictObs-v0", 6, 30
+    ref = gym.make_vec(env_id, num_envs, vectorization_mode="sync",
+                       vector_kwargs={"autoreset_mode": MODES[mode]})
+    actions = per_env_action_batches(ref.single_action_space, num_envs, steps, seed=4)
+    expected = sync_env_runs(ref, actions, steps, seed=11)
+    ref.close()
+    with client.make("py:" + env_id, num_envs, seed=11, num_workers=2, autoreset_mode=mode,
+                     batch_size=2, episode_statistics=False) as env:
+        runs = async_env_runs(env, actions, steps, np.random.default_rng(1))
+    assert sum(map(len, runs)) >= num_envs * steps
+    for i in range(num_envs):
+        assert_same(runs[i], expected[i][:len(runs[i])], f"env {i}")
+
+
+def test_spaces_infos_and_limits_over_the_wire(client):
+    """The make reply's spaces rebuild the env's (Dict order kept); a leaf out
+    of range is refused naming it, on step (by the daemon) and on send (by
+    the client); an info over its slot is an EnvError naming env and size;
+    info_bytes is refused for the daemon's native envs."""
+    with client.make("py:envd-test/DictObs-v0", 2, seed=0, num_workers=1) as env:
+        ref = gym.make("envd-test/DictObs-v0")
+        assert env.single_observation_space == ref.observation_space
+        assert list(env.single_observation_space) == list(ref.observation_space)
+        assert env.single_action_space == ref.action_space
+        ref.close()
+        env.reset()
+        bad = (np.array([0, 2]), np.zeros((2, 2), np.int8), np.zeros((2, 2), np.float32))
+        with pytest.raises(envd.InvalidActionError, match=r"action\[0\] 2 of env 1"):
+            env.step(bad)
+        env.step((np.array([0, 1]), *bad[1:]))  # the session goes on
+    with client.make("py:envd-test/MultiDiscrete-v0", 4, seed=0, num_workers=1,
+                     batch_size=2) as env:
+        env.async_reset()
+        ids = env.recv()[4]["env_id"]
+        with pytest.raises(envd.InvalidActionError, match=r"action\[2\] 7 of env"):
+            env.send(np.array([[0, 0, 7], [0, 0, 5]]), ids)
+        env.send(np.array([[0, 0, 5], [1, 3, 6]]), ids)
+        env.recv()
+    with client.make("py:envd-test/DictObs-v0", 2, seed=0, num_workers=1,
+                     info_bytes=16) as env:
+        with pytest.raises(envd.EnvError, match=r"info of env \d is \d+ bytes encoded, "
+                                                r"over its 16-byte slot"):
+            env.reset()
+            for _ in range(6):
+                env.step(env.action_space.sample())
+    with pytest.raises(envd.InvalidArgumentError, match="info_bytes is for hosted"):
+        client.make("CartPole-v1", 2, info_bytes=64)
 
 
 def test_only_the_allowed_ids_and_arguments(client):
