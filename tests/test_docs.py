@@ -183,7 +183,8 @@ TROUBLESHOOTING_PHRASES = [
     # hosted Python envs (native/hosted_*.py)
     "died; close this env",
     "making the env failed: ",
-    "hosted Python envs support Box and Discrete spaces so far",
+    "hosted Python envs support Box, Discrete, MultiDiscrete, MultiBinary and Dict/Tuple of them",
+    "-byte slot (make's info_bytes)",
     "num_workers is for Python envs ('",
     # connecting (client/connection.py, client/discovery.py)
     "; start one with `envd --threads N` (or set ENVD_ENDPOINT to the daemon's endpoint)",

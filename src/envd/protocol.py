@@ -30,7 +30,9 @@ does not speak it.  Per type, the fields (``?`` = optional):
     status     -
     make       env_id:str, num_envs:int, seed?:int|[int]|nil, autoreset_mode?:str,
                max_episode_steps?:int|nil, env_kwargs?:map, batch_size?:int|nil,
-               render_mode?:str|nil   (checked as envd.make checks them)
+               render_mode?:str|nil, num_workers?:int|nil, info_bytes?:int|nil
+               (checked as envd.make checks them; num_workers and info_bytes:
+               hosted "py:" ids only)
     reset      session:str, seeds?:bool, mask?:bool, inline?:bool, async?:bool
                (seeds / mask: read the "reset_seeds" / "reset_mask" arrays of
                the session's shared memory, written by the client; inline:
