@@ -131,7 +131,9 @@ class EnvSlice:
         if len(buffers) == 1:
             buffers[0][i] = obs
             return
-        for buffer, value in zip(buffers, leaves.flatten(self._obs_space, obs, "observation")):
+        # (an env whose observation does not match its space: a ValueError of the env)
+        for buffer, value in zip(buffers, leaves.flatten(self._obs_space, obs, "its observation",
+                                                         ValueError)):
             buffer[i] = value
 
     def _write_info(self, i: int, info: dict, final_info: dict | None = None) -> int:

@@ -175,7 +175,8 @@ def make(env_id: str | Callable[[], Any], num_envs: int, *,
     env_id "py:<gymnasium id>" or a callable returning a gymnasium.Env hosts a
     Python env instead (envd.native.hosted_env.make_python, docs/python-envs.md):
     num_workers worker processes step it (0: the caller, like SyncVectorEnv;
-    None: picked from a measured step cost); num_threads, pin_cpus, plugin and
+    None: picked from a measured step cost; info_bytes=, the size of each
+    env's info slot, is passed on); num_threads, pin_cpus, plugin and
     render_mode are for built-in envs.
 
     seed:  env i is seeded with seed + i at the first reset (or pass a list of

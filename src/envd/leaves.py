@@ -170,16 +170,18 @@ def unflatten(space: spaces.Space, values: list[Any]) -> Any:
     return build(space)
 
 
-def flatten(space: spaces.Space, value: Any, what: str = "value") -> list[Any]:
-    """The leaves of a value of space, in leaf order; InvalidActionError if its
-    structure (dict keys, tuple length) does not match the space's."""
+def flatten(space: spaces.Space, value: Any, what: str = "value",
+            error: type[Exception] = InvalidActionError) -> list[Any]:
+    """The leaves of a value of space, in leaf order; error (InvalidActionError:
+    a caller's actions) if its structure (dict keys, tuple length) does not
+    match the space's."""
     out: list[Any] = []
 
     def visit(node: spaces.Space, v: Any, path: Path) -> None:
         if isinstance(node, spaces.Dict):
             if not isinstance(v, dict) or set(v) != set(node.spaces):
                 got = sorted(map(str, v)) if isinstance(v, dict) else type(v).__name__
-                raise InvalidActionError(
+                raise error(
                     f"{what}{path_name(path)} must be a dict with keys "
                     f"{sorted(node.spaces)}, got {got}")
             for key, sub in node.spaces.items():
@@ -187,7 +189,7 @@ def flatten(space: spaces.Space, value: Any, what: str = "value") -> list[Any]:
         elif isinstance(node, spaces.Tuple):
             if not isinstance(v, (tuple, list)) or len(v) != len(node.spaces):
                 got = f"length {len(v)}" if isinstance(v, (tuple, list)) else type(v).__name__
-                raise InvalidActionError(
+                raise error(
                     f"{what}{path_name(path)} must be a tuple of {len(node.spaces)} items, "
                     f"got {got}")
             for k, sub in enumerate(node.spaces):
