@@ -243,6 +243,24 @@ def test_max_workers_limit(tmp_path):
         assert proc.stop() == 0, proc.log()
 
 
+def test_info_slots_count_against_the_shared_memory_limit(tmp_path):
+    """info_bytes grows both segments: a make whose slots are over
+    --max-shm-bytes is refused before anything is made; the daemon goes on."""
+    proc = start(tmp_path / "d", "--max-shm-bytes", str(1 << 20))
+    try:
+        with proc.connect() as c:
+            with pytest.raises(envd.LimitExceededError, match="--max-shm-bytes"):
+                c.make("py:envd-test/DictObs-v0", 4, num_workers=1, info_bytes=1 << 20)
+            with pytest.raises(envd.InvalidArgumentError, match="info_bytes"):
+                c.make("py:envd-test/DictObs-v0", 4, num_workers=1, info_bytes=(1 << 20) + 1)
+            assert c.status()["sessions"] == 0
+            with c.make("py:envd-test/DictObs-v0", 4, num_workers=1, info_bytes=256) as env:
+                assert env.buffers["infos"].shape == (4, 256)
+                env.reset(seed=0)
+    finally:
+        assert proc.stop() == 0, proc.log()
+
+
 @pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL", "lease"])
 def test_no_process_left_after_the_daemon_ends(tmp_path, how):
     extra = ("--lease-timeout", "1") if how == "lease" else ()
