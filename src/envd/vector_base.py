@@ -438,9 +438,9 @@ class BatchedVecEnv(VectorEnv):
         gymnasium's vector envs merge them (VectorEnv._add_info: info[key]
         plus the mask info["_" + key], nested dicts alike); a SAME_STEP done
         env's step info goes under info["final_info"]."""
-        rows = np.flatnonzero(lengths)
-        if not len(rows):
+        if not lengths.any():  # (the common case: a cheap test per step)
             return
+        rows = np.flatnonzero(lengths)
         infos: dict[str, Any] = {}
         finals: dict[str, Any] = {}
         for k in rows.tolist():
