@@ -55,6 +55,7 @@ from envd.server.config import Config
 from envd.server.connections import (FDS_PER_MAKE, Connections, default_max_connections,
                                      fd_reserve, open_fds, raise_fd_limit)
 from envd.server.peer_auth import CURVE_DOMAIN, IPC_DOMAIN, PeerAuthenticator
+from envd.server.hosted import HostedCatalog
 from envd.server.plugins import load_plugins
 from envd.server.service import Service
 from envd.server.stale_segments import Instance, remove_stale_segments
@@ -173,6 +174,9 @@ class Daemon:
         self.connections = Connections(self._max_connections(), self.config.hello_timeout)
         remove_stale_segments()
         plugins = load_plugins(self.config.plugins)  # before serving: clients see every env
+        # The allowed Python envs, described in the template (started from
+        # this thread, which it dies with) before anything is bound.
+        self.hosted = HostedCatalog(self.config.python_envs, self.config.imports)
         self.instance = Instance()
         self.pool = NativePool(self.config.threads,
                                list(self.config.pin_cpus) if self.config.pin_cpus else None)
@@ -206,7 +210,8 @@ class Daemon:
             self._routes = {}
         self.service = Service(self.config, self.pool, self.executor, self._send,
                                self.instance.segment_prefix, plugins=plugins,
-                               step_latency=self.metrics.observe_step if self.metrics else None)
+                               step_latency=self.metrics.observe_step if self.metrics else None,
+                               hosted=self.hosted)
         self.service.on_drained = self._stop
         self.service.fd_check = self._check_fds
         log.info("envd %s serving %s with %d thread(s), pid %d, lease timeout %g s",
@@ -358,6 +363,7 @@ class Daemon:
         for index, sock in enumerate(self.sockets):
             self.loop.add_reader(sock.getsockopt(zmq.FD), self._drain_socket, index)
         self.loop.add_reader(self.pool.eventfd(), self.service.on_pool_event)
+        self.service.fd_watch = (self.loop.add_reader, self.loop.remove_reader)
         for signum in (signal.SIGTERM, signal.SIGINT):
             self.loop.add_signal_handler(signum, self._on_signal, signum)
         self._lease_timer()
@@ -538,6 +544,7 @@ class Daemon:
             self._answer_queued()
         self.executor.shutdown(wait=True)
         self.service.free_all()
+        self.hosted.close()  # (every hosted session's workers are gone by now)
         self._close_transport()
         self.pool.close()
         self.instance.release()

@@ -31,6 +31,7 @@ from envd.native.native_vec import NativePool
 from envd.server.config import Config
 from envd.server.control import ControlHandlers
 from envd.server.replies import ReplyBooks, is_small
+from envd.server.hosted import HostedCatalog
 from envd.server.reservation import ResourceBooks
 from envd.server.sessions import ClientRecord, Session
 from envd.server.stepping import SteppingHandlers
@@ -61,8 +62,10 @@ class Service:
 
     def __init__(self, config: Config, pool: NativePool | None, executor: Executor, send: Send,
                  segment_prefix: str, plugins: list[dict[str, Any]] | None = None,
-                 step_latency: Callable[[float], None] | None = None):
+                 step_latency: Callable[[float], None] | None = None,
+                 hosted: HostedCatalog | None = None):
         self.config = config
+        self.hosted = hosted or HostedCatalog()  # the Python envs the operator allowed
         self.plugins = list(plugins or ())  # what load_plugins reported, for status
         self.segment_prefix = segment_prefix
         self.pool = pool
@@ -358,6 +361,8 @@ class Service:
         if owner is not None:
             owner.sessions.pop(session.id, None)
         session.life.close()
+        if not session.life.freed and hasattr(session, "reclaim_later"):
+            session.reclaim_later()  # a hosted env may hang: its workers go after a grace
 
     def on_session_freed(self, session: Session, orderly: bool) -> None:
         """The session's lifecycle frees it (exactly once): its fast path is
@@ -430,6 +435,10 @@ class Service:
     #: Set by the daemon: raises LimitExceededError when the file descriptors
     #: left cannot take one more session (argument: makes in flight).
     fd_check: Callable[[int], None] | None = None
+    #: (add, remove) of the event loop's readers, set by the daemon: a hosted
+    #: session's worker pidfds are watched, so that a worker's death answers
+    #: the step or recv that waits for it (no eventfd comes from a dead worker).
+    fd_watch: tuple[Callable[[int, Callable[[], None]], None], Callable[[int], None]] | None = None
 
     @property
     def idle(self) -> bool:
@@ -455,7 +464,8 @@ class Service:
                 "max_requests_per_second": self.config.max_requests_per_second,
                 "request_burst": self.config.request_burst,
                 "max_reply_bytes_per_client": self.config.reply_bytes_per_client,
-                "max_reply_bytes": self.config.reply_bytes_total}
+                "max_reply_bytes": self.config.reply_bytes_total,
+                "max_workers": self.config.max_workers}
 
     @property
     def sessions_stepping(self) -> int:
@@ -483,6 +493,9 @@ class Service:
                 "threads": self.pool.num_threads, "clients": len(self.clients),
                 "sessions": len(self.sessions),
                 "envs": sum(s.num_envs for s in self.sessions.values()),
+                # worker processes of hosted Python envs (--max-workers)
+                "workers": self.books.workers_in_use + self.books.reserved_workers,
+                "python_envs": self.hosted.ids(),
                 "shm_bytes": self.shm_bytes, "state_bytes": self.state_bytes,
                 "unread_reply_bytes": self.replies.total,
                 "dropped_clients": self.dropped_clients,
@@ -496,4 +509,5 @@ class Service:
         now = time.monotonic()
         return [{"session": s.id[:8], "env_id": s.spec.id, "num_envs": s.num_envs,
                  "batch_size": s.batch_size, "env_steps": s.env_steps,
+                 "workers": getattr(s, "num_workers", 0),
                  "age_s": round(now - s.created, 3)} for s in self.sessions.values()]

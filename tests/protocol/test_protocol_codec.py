@@ -329,8 +329,19 @@ def test_other_spaces_round_trip(space):
 
 
 def test_spaces_without_a_wire_form():
-    with pytest.raises(TypeError, match="MultiDiscrete"):
-        protocol.space_to_wire(spaces.MultiDiscrete([2, 3]))
+    with pytest.raises(TypeError, match="Text"):
+        protocol.space_to_wire(spaces.Text(5))
+    with pytest.raises(TypeError, match="Sequence"):
+        protocol.space_to_wire(spaces.Dict({"a": spaces.Sequence(spaces.Discrete(2))}))
+
+
+def test_every_hosted_space_has_a_wire_form():
+    space = spaces.Tuple((spaces.MultiDiscrete([2, 3], start=[-1, 0]), spaces.MultiBinary(4),
+                          spaces.Dict({"b": spaces.Box(0, 1, (2,), np.float16),
+                                       "a": spaces.Discrete(3, start=-2)})))
+    wire = protocol.unpack(protocol.pack({"space": protocol.space_to_wire(space)}),
+                           1 << 20)["space"]
+    assert protocol.space_from_wire(wire) == space
 
 
 # ---- default_endpoint -----------------------------------------------------------------

@@ -250,7 +250,8 @@ def status_table(status: dict) -> str:
     lines = [
         f"{status['server']}  pid {status['pid']} on {status['hostname']}  "
         f"up {_duration(uptime)}  threads {status['threads']}  "
-        f"clients {status['clients']}  sessions {status['sessions']}  envs {status['envs']}",
+        f"clients {status['clients']}  sessions {status['sessions']}  envs {status['envs']}"
+        + (f"  workers {status['workers']}" if status.get("workers") else ""),
         f"env steps {_count(status['env_steps'])} ({_count(status['env_steps'] / uptime)}/s "
         f"on average)  shared memory {_count(status.get('shm_bytes', 0))}B  "
         f"env state {_count(status.get('state_bytes', 0))}B"
@@ -263,11 +264,12 @@ def status_table(status: dict) -> str:
     if rows:
         lines.append("")
         lines.append(f"{'SESSION':<10}{'ENV ID':<26}{'NUM_ENVS':>9}{'BATCH':>8}"
-                     f"{'STEPS/S':>10}{'AGE':>9}")
+                     f"{'WORKERS':>8}{'STEPS/S':>10}{'AGE':>9}")
         for row in rows:
             rate = row["env_steps"] / max(row["age_s"], 1e-9)
             lines.append(f"{row['session']:<10}{row['env_id'][:25]:<26}{row['num_envs']:>9}"
-                         f"{row['batch_size']:>8}{_count(rate):>10}{_duration(row['age_s']):>9}")
+                         f"{row['batch_size']:>8}{row.get('workers', 0):>8}{_count(rate):>10}"
+                         f"{_duration(row['age_s']):>9}")
     return "\n".join(lines)
 
 

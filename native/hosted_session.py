@@ -1,0 +1,261 @@
+"""HostedSession: a native session (native/src/session.h) whose backend is
+Python envs in worker processes (native/src/backend_workers.c), or stepped
+inline by the caller with num_workers=0.
+
+The books, the refusals and the async rules are the native session's, so a
+hosted env behaves as a built-in one; this class adds the workers' life
+(spawned from the template, native/hosted_template.py; reclaimed at close)
+and turns an env's failure into ``envd.EnvError``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import select
+import signal
+import time
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+from gymnasium.vector import AutoresetMode
+
+from envd import leaves
+from envd.errors import EnvError, InvalidArgumentError, NativeError
+from envd.native._envd_native import ffi, lib
+from envd.native.hosted_segment import WORKER_FAILED, WORKER_READY, Segment
+from envd.native.hosted_template import Template, _maker
+from envd.native.hosted_worker import EnvSlice, spin_ns
+from envd.native.native_session import NativeSession
+from envd.native.native_vec import ptr
+
+#: close() waits this long for envs in flight, then for workers to exit, before SIGKILL.
+CLOSE_GRACE_SECONDS = 5.0
+
+
+AUTORESET_CODES = {AutoresetMode.NEXT_STEP: lib.ENVD_AUTORESET_NEXT_STEP,
+                   AutoresetMode.SAME_STEP: lib.ENVD_AUTORESET_SAME_STEP,
+                   AutoresetMode.DISABLED: lib.ENVD_AUTORESET_DISABLED}
+
+
+@dataclasses.dataclass
+class HostedSpec:
+    """What the session needs to know of a hosted env (NativeSession reads
+    id, action_space and render_shape)."""
+    id: str
+    observation_space: spaces.Space
+    action_space: spaces.Space
+    max_episode_steps: int | None
+    render_shape: tuple[int, ...] | None = None
+
+
+def slice_bounds(num_envs: int, num_workers: int, worker: int) -> tuple[int, int]:
+    """Envs [begin, end) of worker (contiguous slices, as backend_workers.c)."""
+    return worker * num_envs // num_workers, (worker + 1) * num_envs // num_workers
+
+
+@ffi.def_extern(error=lib.ENVD_EENV)
+def envd_hosted_run_inline(ctx: Any) -> int:
+    """The backend's inline callback (num_workers=0): step the requested envs
+    on the calling thread (env exceptions are caught per env; anything else
+    fails the call)."""
+    ffi.from_handle(ctx)._slice.run_pending()
+    return lib.ENVD_OK
+
+
+class HostedSession(NativeSession):
+    """num_envs Python envs (maker: hosted_template's env description) over
+    segment, in num_workers worker processes forked by template (or inline)."""
+
+    def __init__(self, spec: HostedSpec, num_envs: int, *, num_workers: int,
+                 autoreset_mode: AutoresetMode, maker: tuple, segment: Segment, fd: int,
+                 template: Template | None, notify_fd: int = -1):
+        """notify_fd: the daemon pool's eventfd, given to the workers, which
+        write it when a step_submit or a send(notify=True) is done (-1: the
+        caller waits itself, in-process)."""
+        self.spec, self.num_envs, self.num_workers = spec, num_envs, num_workers
+        self.autoreset_mode = autoreset_mode
+        self.handle = self._backend = ffi.NULL
+        self.segment = segment
+        self.pids: list[int] = []
+        self._pidfds: list[int] = []
+        self._slice: EnvSlice | None = None
+        self._doorbell_refs = None
+        buffers = self._buffers = segment.arrays
+        self._seeds_ptr = ptr(buffers["reset_seeds"], "uint64_t *")
+        self._mask_ptr = ptr(buffers["reset_mask"], "bool *")
+        self._checked = {**buffers, "actions": buffers["checked_actions"]}
+        try:
+            if num_workers == 0:
+                self._slice = EnvSlice(_maker(maker), 0, num_envs, segment, 0, autoreset_mode)
+            else:
+                self._spawn(template, maker, fd, autoreset_mode, notify_fd)
+            self._create_backend()
+        except BaseException:
+            self.close()
+            raise
+
+    # ---- setup ---------------------------------------------------------------------
+    def _spawn(self, template: Template, maker: tuple, fd: int, mode: AutoresetMode,
+               notify_fd: int) -> None:
+        self._notify = notify_fd >= 0
+        for w in range(self.num_workers):
+            begin, end = slice_bounds(self.num_envs, self.num_workers, w)
+            pid = template.request(
+                {"op": "spawn", "spec": maker, "layout": self.segment.layout,
+                 "size": self.segment.size, "worker": w, "begin": begin, "end": end,
+                 "autoreset_mode": mode, "spin_ns": spin_ns(self.num_workers)},
+                (fd, notify_fd) if notify_fd >= 0 else (fd,))
+            self.pids.append(pid)
+            try:
+                self._pidfds.append(os.pidfd_open(pid))
+            except ProcessLookupError:  # gone already: reaped by the template
+                self._pidfds.append(-1)
+        state = self.segment.arrays["worker_state"]
+        while not (state == WORKER_READY).all():  # no deadline: a dead worker ends it
+            for w in range(self.num_workers):
+                if state[w] == WORKER_FAILED:
+                    _, text = self.segment.message(w)
+                    raise EnvError(f"{self.spec.id}: making the envs of worker {w} failed: "
+                                   f"{text}", lib.ENVD_EENV, slice_bounds(
+                                       self.num_envs, self.num_workers, w)[0])
+                if state[w] != WORKER_READY and self._exited(w):
+                    raise EnvError(f"{self.spec.id}: worker {w} (pid {self.pids[w]}) died "
+                                   "while making its envs", lib.ENVD_EENV)
+            time.sleep(0.001)
+
+    def _exited(self, w: int) -> bool:
+        fd = self._pidfds[w]
+        return fd < 0 or bool(select.select([fd], [], [], 0)[0])
+
+    def _create_backend(self) -> None:
+        a = self._buffers
+        checks = leaves.range_checks(self.spec.action_space)
+        self._checks_c = ffi.new("envd_action_check_t[]", [
+            {"offset": offset, "size": size, "is_signed": signed, "low": low, "high": high}
+            for offset, size, signed, low, high in checks] or 1)
+        self._pidfds_c = ffi.new("int[]", self._pidfds or [0])
+        self._handle_ref = ffi.new_handle(self)
+        self._config = ffi.new("envd_workers_config_t *", {
+            "num_envs": self.num_envs, "num_workers": self.num_workers,
+            "ctl": self.segment.ctl(0), "pidfds": self._pidfds_c,
+            "kind": ptr(a["kind"], "uint8_t *"), "req": ptr(a["req"], "uint32_t *"),
+            "ack": ptr(a["ack"], "uint32_t *"), "status": ptr(a["status"], "int32_t *"),
+            "seeds": ptr(a["seeds"], "uint64_t *"),
+            "seed_pending": ptr(a["seed_pending"], "uint8_t *"),
+            "checked_actions": ptr(a["checked_actions"]), "actions": ptr(a["actions"]),
+            "action_bytes": a["actions"][0].nbytes,
+            "action_checks": self._checks_c, "num_action_checks": len(checks),
+            "dones": ptr(a["dones"], "bool *"), "spin_ns": spin_ns(self.num_workers),
+            "autoreset_mode": AUTORESET_CODES[self.autoreset_mode],
+            "run_inline": lib.envd_hosted_run_inline if self.num_workers == 0 else ffi.NULL,
+            "inline_ctx": self._handle_ref, "notify": getattr(self, "_notify", False)})
+        backend = ffi.new("envd_backend_t **")
+        self._check(lib.envd_backend_workers_create(backend, self._config),
+                    "creating the hosted backend")
+        out = ffi.new("envd_session_t **")
+        rc = lib.envd_session_create(out, backend[0])  # (takes the backend over)
+        self._check(rc, "creating the session")
+        self._backend, self.handle = backend[0], out[0]
+
+    # ---- errors ----------------------------------------------------------------------
+    def _env_error(self, index: int) -> EnvError:
+        """The EnvError of a call that failed with ENVD_EENV naming env index."""
+        dead = int(lib.envd_backend_workers_dead(self._backend))
+        if dead >= 0:
+            begin, end = slice_bounds(self.num_envs, self.num_workers, dead)
+            return EnvError(f"{self.spec.id}: worker {dead} (pid {self.pids[dead]}, envs "
+                            f"{begin}..{end - 1}) died; close this env", lib.ENVD_EENV, begin)
+        worker = 0 if self.num_workers == 0 else next(
+            w for w in range(self.num_workers)
+            if slice_bounds(self.num_envs, self.num_workers, w)[1] > index)
+        env, text = self.segment.message(worker)
+        if env != index:
+            text = "an exception (its message was overwritten by a later one)"
+        return EnvError(f"{self.spec.id}: env {index} raised {text}", lib.ENVD_EENV, index)
+
+    def _step_error(self, rc: int, call: str = "step") -> Exception:
+        if rc == lib.ENVD_EENV:
+            return self._env_error(int(lib.envd_session_error_index(self.handle)))
+        return super()._step_error(rc, call)
+
+    def _convert_env_failure(self, call, *args, backend_index: bool = False) -> Any:
+        """call(*args), its ENVD_EENV NativeError turned into an EnvError."""
+        try:
+            return call(*args)
+        except NativeError as exc:
+            if exc.code != lib.ENVD_EENV or isinstance(exc, EnvError):
+                raise
+            # (the session records no env for a failed reset: the backend does)
+            index = (lib.envd_backend_workers_error_index(self._backend) if backend_index
+                     else lib.envd_session_error_index(self.handle))
+            raise self._env_error(int(index)) from None
+
+    def reset(self, with_seeds: bool, with_mask: bool) -> None:
+        self._convert_env_failure(super().reset, with_seeds, with_mask, backend_index=True)
+
+    def async_reset(self, with_seeds: bool) -> None:
+        self._convert_env_failure(super().async_reset, with_seeds, backend_index=True)
+
+    def _recv(self, count: int, wait: bool) -> np.ndarray | None:
+        return self._convert_env_failure(super()._recv, count, wait)
+
+    def render(self, out: np.ndarray) -> None:
+        raise InvalidArgumentError(f"{self.spec.id}: hosted Python envs do not render yet")
+
+    def start_doorbell(self, segment, ids: np.ndarray, spin_ns: int) -> None:
+        raise InvalidArgumentError(f"{self.spec.id}: hosted envs have no doorbell yet")
+
+    # ---- close -----------------------------------------------------------------------
+    def _wait_exited(self, deadline: float) -> bool:
+        while time.monotonic() < deadline:
+            if all(self._exited(w) for w in range(len(self._pidfds))):
+                return True
+            time.sleep(0.002)
+        return False
+
+    def _kill_workers(self) -> None:
+        for fd in self._pidfds:
+            if fd >= 0:
+                try:
+                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+    def close(self) -> None:
+        """Stop the workers (they leave their loop and close their envs;
+        SIGKILL after CLOSE_GRACE_SECONDS, e.g. a hung env), free the
+        session and the segment.  Idempotent; nothing is left: no process,
+        no fd, no mapping (once the caller drops its views)."""
+        handle = getattr(self, "handle", ffi.NULL)
+        if handle == ffi.NULL and getattr(self, "_pidfds", None):
+            self._kill_workers()  # a failed make: nobody will tell them to exit
+        elif handle != ffi.NULL and self._pidfds:
+            # The session's destroy waits for the envs in flight: a hung env
+            # must not hang close.
+            deadline = time.monotonic() + CLOSE_GRACE_SECONDS
+            while self.counts()[0] and time.monotonic() < deadline:
+                time.sleep(0.002)
+            if self.counts()[0]:
+                self._kill_workers()
+        super().close()  # (the backend's destroy tells the workers to exit)
+        pidfds, self._pidfds = getattr(self, "_pidfds", []), []
+        if pidfds:
+            self._pidfds = pidfds
+            if not self._wait_exited(time.monotonic() + CLOSE_GRACE_SECONDS):
+                self._kill_workers()
+                self._wait_exited(float("inf"))
+            self._pidfds = []
+            for fd in pidfds:
+                if fd >= 0:
+                    os.close(fd)
+        if getattr(self, "_slice", None) is not None:
+            self._slice.close()
+            self._slice = None
+        # (the handle is a reference cycle the collector does not see through)
+        self._handle_ref = self._config = self._checks_c = None
+        self._buffers, self._checked = {}, {}
+        segment = getattr(self, "segment", None)
+        if segment is not None:
+            self.segment = None
+            segment.close()

@@ -1,0 +1,395 @@
+"""Hosted Python envs served by the daemon (docs/python-envs.md).
+
+The operator allows them at startup: ``--import MODULE`` (modules whose
+``gymnasium.register`` calls add ids, imported in the daemon's template
+process) and ``--python-env ID`` (the gymnasium ids clients may make, as
+``py:ID``).  ``HostedCatalog`` describes each allowed id once, at startup, in
+the template (the daemon's own Python never imports an env's module); a
+client names an allowed id and never sends code, pickles or env kwargs.
+
+A ``HostedServerSession`` is a Session whose stepping goes through a
+``HostedNative``: a HostedSession (worker processes forked from the template,
+over a private memfd segment only the daemon and its workers map) plus a copy
+of the inputs from the client's segment before each call and of the outputs
+back after it.  The workers' control words and the actions they act on thus
+never lie in memory a client can write (the trust boundary of DESIGN.md
+section 2), at the cost of a copy of a few bytes per env per step.  The
+workers write the pool's eventfd when a step or a batch is done
+(ENVD_JOB_NOTIFY), so the stepping handlers serve hosted sessions as any.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import secrets
+import time
+from typing import Any, Callable
+
+import numpy as np
+from gymnasium import spaces
+from gymnasium.vector import AutoresetMode
+
+from envd import protocol
+from envd.errors import InvalidArgumentError, UnknownEnvError
+from envd.native import segment_guard
+from envd.native._envd_native import lib
+from envd.native.hosted_env import (DEFAULT_INFO_BYTES, check_space, default_num_workers,
+                                    hosted_buffer_layout)
+from envd.native.hosted_segment import Segment as PrivateSegment, segment_layout
+from envd.native.hosted_session import CLOSE_GRACE_SECONDS, HostedSession, HostedSpec
+from envd.native.hosted_template import Template, template
+from envd.native.vector_env import PYTHON_PREFIX
+from envd.shm import Segment
+from envd.server.lifecycle import Lifecycle
+from envd.server.sessions import Session, plan
+
+log = logging.getLogger("envd.server")
+
+
+@dataclasses.dataclass(frozen=True)
+class HostedEnvSpec:
+    """An allowed Python env as the daemon's books see it (the fields of a
+    native EnvSpec they read; a hosted env has no native definition)."""
+    id: str                      # "py:<gymnasium id>"
+    gym_id: str                  # what gymnasium.make takes in the template
+    observation_space: spaces.Space
+    action_space: spaces.Space
+    max_episode_steps: int | None
+    step_seconds: float          # one env's step, measured at startup
+    info_fields: tuple = ()
+    render_shape: tuple[int, ...] | None = None
+    render_fps: float | None = None
+    params: tuple = ()
+    origin: str = "python"
+    definition: Any = None
+
+    def default_workers(self, num_envs: int) -> int:
+        """num_workers=None: the in-process default, but at least one worker
+        (the daemon never steps Python envs on its event loop thread)."""
+        return max(1, default_num_workers(num_envs, self.step_seconds))
+
+
+def private_plan(spec: HostedEnvSpec, num_envs: int, num_workers: int,
+                 mode: AutoresetMode, info_bytes: int) -> tuple[dict, int]:
+    """The layout and size of a hosted session's private segment."""
+    buffers = hosted_buffer_layout(spec.observation_space, spec.action_space, num_envs, mode,
+                                   info_bytes)
+    return segment_layout(num_envs, num_workers, buffers)
+
+
+def public_plan(spec: HostedEnvSpec, num_envs: int, mode: AutoresetMode,
+                info_bytes: int) -> tuple[dict[str, list], int]:
+    """Where a hosted session's arrays lie in the client's segment, and its
+    size (what --max-shm-bytes counts): the hosted buffers (one per
+    observation leaf, float64 rewards, the info slots) plus the doorbell ids."""
+    layout = hosted_buffer_layout(spec.observation_space, spec.action_space, num_envs, mode,
+                                  info_bytes)
+    layout["doorbell_ids"] = ((num_envs,), np.dtype(np.int64))  # protocol.DOORBELL_ARRAYS
+    return plan(layout)
+
+
+def hosted_state_plan(spec: HostedEnvSpec, num_envs: int, num_workers: int,
+                      mode: AutoresetMode, info_bytes: int) -> int:
+    """What --max-state-bytes counts for a hosted session: its private
+    segment and the native session's books at their bound (the workers' own
+    memory is theirs, bounded by --max-workers)."""
+    return (private_plan(spec, num_envs, num_workers, mode, info_bytes)[1]
+            + int(lib.envd_session_books_max_bytes(num_envs)))
+
+
+class HostedCatalog:
+    """The Python envs this daemon's operator allowed, described at startup."""
+
+    def __init__(self, python_envs: tuple[str, ...] = (), imports: tuple[str, ...] = ()):
+        self.specs: dict[str, HostedEnvSpec] = {}
+        self.imports = imports
+        self._template: Template | None = None
+        if not python_envs:
+            if imports:
+                log.warning("--import %s without --python-env: nothing to serve from it",
+                            ", ".join(imports))
+            return
+        # Started from the thread that runs startup (the daemon's main thread):
+        # the template dies with that thread (PR_SET_PDEATHSIG).
+        try:
+            self.template
+        except RuntimeError as exc:
+            raise ValueError(f"--import (ENVD_IMPORTS): {exc}") from None
+        for gym_id in python_envs:
+            self.specs[PYTHON_PREFIX + gym_id] = self._describe(gym_id.removeprefix(PYTHON_PREFIX))
+        log.info("hosted Python envs: %s", ", ".join(self.specs))
+
+    def _describe(self, gym_id: str) -> HostedEnvSpec:
+        name = PYTHON_PREFIX + gym_id
+        try:
+            described = self.template.request(
+                {"op": "describe", "spec": ("id", gym_id, None, {})})
+        except RuntimeError as exc:
+            raise ValueError(f"--python-env {gym_id} (ENVD_PYTHON_ENVS): making the env "
+                             f"failed: {exc}") from None
+        try:
+            for what in ("observation", "action"):
+                check_space(described[f"{what}_space"], what, name)
+        except InvalidArgumentError as exc:
+            raise ValueError(f"--python-env {gym_id}: {exc}") from None
+        return HostedEnvSpec(name, gym_id, described["observation_space"],
+                             described["action_space"], described["max_episode_steps"],
+                             described["step_seconds"])
+
+    @property
+    def template(self) -> Template:
+        """The daemon's template, with the --import modules imported (started
+        again, from the calling thread, if it died: e.g. the OOM killer)."""
+        current = template()
+        if current is not self._template:
+            if self.imports:
+                current.request({"op": "import", "modules": list(self.imports)})
+            self._template = current
+        return current
+
+    def ids(self) -> list[str]:
+        return sorted(self.specs)
+
+    def get(self, env_id: str) -> HostedEnvSpec:
+        """The spec of an allowed id; UnknownEnvError (naming the allowed ones) otherwise."""
+        spec = self.specs.get(env_id)
+        if spec is None:
+            allowed = ", ".join(self.ids()) or "none (the operator passed no --python-env)"
+            raise UnknownEnvError(
+                f"{env_id[:100]}: this daemon does not host that Python env; the ids its "
+                f"operator allowed (--python-env) are: {allowed}")
+        return spec
+
+    def close(self) -> None:
+        """End the template (the workers of closed sessions are gone already)."""
+        if self._template is not None:
+            from envd.native.hosted_template import shutdown
+            shutdown()
+            self._template = None
+
+
+class HostedNative:
+    """What a hosted server session steps through: NativeSession's methods
+    over a HostedSession, copying the inputs from the client's buffers
+    (``public``) into the private ones before each call and the outputs back
+    after it."""
+
+    _INPUTS = ("actions", "reset_seeds", "reset_mask")
+
+    def __init__(self, hosted: HostedSession, public: dict[str, np.ndarray]):
+        self.hosted = hosted
+        self.public = public
+        self.private = hosted.segment.arrays
+        outputs = protocol.output_arrays(public)
+        missing = [name for name in outputs if name not in self.private]
+        if missing:  # a layout mismatch is a bug, not a client's doing
+            raise RuntimeError(f"hosted session: private buffers lack {missing}")
+        self._outputs = outputs
+
+    def _copy_in(self, *names: str, rows: np.ndarray | None = None) -> None:
+        for name in names:
+            if rows is None:
+                self.private[name][...] = self.public[name]
+            else:
+                self.private[name][rows] = self.public[name][rows]
+
+    def _copy_out(self, rows: np.ndarray | None = None) -> None:
+        for name in self._outputs:
+            if rows is None:
+                self.public[name][...] = self.private[name]
+            else:
+                self.public[name][rows] = self.private[name][rows]
+
+    # ---- stepping -----------------------------------------------------------------------
+    def seed(self) -> None:
+        self._copy_in("reset_seeds")
+        self.hosted.seed()
+
+    def reset(self, with_seeds: bool, with_mask: bool) -> None:
+        self._copy_in("reset_seeds", "reset_mask")
+        try:
+            self.hosted.reset(with_seeds, with_mask)
+        finally:
+            self._copy_out()
+
+    def async_reset(self, with_seeds: bool) -> None:
+        self._copy_in("reset_seeds")
+        self.hosted.async_reset(with_seeds)
+
+    def step_submit(self) -> bool:
+        self._copy_in("actions")
+        return self.hosted.step_submit()
+
+    def step_done(self) -> bool:
+        return self.hosted.step_done()
+
+    def step_finish(self) -> int:
+        try:
+            return self.hosted.step_finish()
+        finally:
+            self._copy_out()
+
+    def send(self, env_ids: np.ndarray, notify: bool = False) -> None:
+        ids = np.ascontiguousarray(env_ids, dtype=np.int64)
+        if len(ids) and 0 <= ids.min() and ids.max() < len(self.private["actions"]):
+            self._copy_in("actions", rows=ids)  # (out of range: send refuses it)
+        self.hosted.send(ids, notify)
+
+    def try_recv(self, count: int) -> np.ndarray | None:
+        ids = self.hosted.try_recv(count)
+        if ids is not None:
+            self._copy_out(ids)
+        return ids
+
+    def recv(self, count: int) -> np.ndarray:
+        ids = self.hosted.recv(count)
+        self._copy_out(ids)
+        return ids
+
+    # ---- the rest, as NativeSession -------------------------------------------------------
+    def counts(self) -> tuple[int, int]:
+        return self.hosted.counts()
+
+    def served(self) -> tuple[int, int]:
+        return self.hosted.served()
+
+    def lock(self) -> None:
+        self.hosted.lock()
+
+    def try_lock(self) -> bool:
+        return self.hosted.try_lock()
+
+    def unlock(self) -> None:
+        self.hosted.unlock()
+
+    def stats(self) -> dict[str, float]:
+        return self.hosted.stats()
+
+    def drain(self) -> None:
+        self.hosted.drain()
+
+    def start_doorbell(self, segment, ids: np.ndarray, spin_ns: int) -> None:
+        raise InvalidArgumentError(f"{self.hosted.spec.id}: hosted Python envs have no "
+                                   "fast path yet; they step over the socket")
+
+    def stop_doorbell(self) -> None:
+        pass
+
+    def render(self, out: np.ndarray) -> None:
+        self.hosted.render(out)
+
+    def close(self) -> None:
+        """Stop the workers (SIGKILL after the grace period) and free the
+        private segment; idempotent."""
+        self.hosted.close()
+        self.private = {}
+
+
+class HostedServerSession(Session):
+    """A session of num_envs envs of an allowed Python env in num_workers
+    worker processes (see the module docstring)."""
+
+    def __init__(self, owner: bytes, spec: HostedEnvSpec, num_envs: int, mode: AutoresetMode,
+                 max_episode_steps: int | None, seeds: np.ndarray, num_workers: int,
+                 segment_prefix: str, template: Template, notify_fd: int,
+                 on_free: Callable[[Session, bool], None] | None = None,
+                 info_bytes: int = DEFAULT_INFO_BYTES):
+        # (Session.__init__ builds a native vec; this sets the same fields.)
+        self.id = secrets.token_hex(16)
+        self.owner = owner
+        self.spec = spec
+        self.num_envs = num_envs
+        self.num_workers = num_workers
+        self.mode = mode
+        self.max_episode_steps = max_episode_steps or spec.max_episode_steps or 0
+        self.steps = 0
+        self.env_steps = 0
+        self.created = time.monotonic()
+        self.batch_size = num_envs
+        self.render_mode = None
+        self.fast = False
+        self._counted = (0, 0)
+        self._last_stats = {"inline_jobs": 0, "pooled_jobs": 0}
+        arrays, size = public_plan(spec, num_envs, mode, info_bytes)
+        self.segment_bytes = size
+        self.state_bytes = hosted_state_plan(spec, num_envs, num_workers, mode, info_bytes)
+        self.segment = Segment.create(segment_prefix + self.id, self.id, arrays, size,
+                                      mapper=segment_guard.map_segment)
+        self._arrays = arrays
+        self.native = None
+        try:
+            self.buffers = self.segment.arrays
+            self.buffers["reset_seeds"][...] = seeds
+            layout, private_size = private_plan(spec, num_envs, num_workers, mode, info_bytes)
+            private, fd = PrivateSegment.create(layout, private_size)
+            try:
+                hosted = HostedSession(
+                    HostedSpec(spec.id, spec.observation_space, spec.action_space,
+                               self.max_episode_steps or None),
+                    num_envs, num_workers=num_workers, autoreset_mode=mode,
+                    maker=("id", spec.gym_id, max_episode_steps, {}), segment=private, fd=fd,
+                    template=template, notify_fd=notify_fd)
+            except BaseException:
+                private.close()
+                raise
+            finally:
+                os.close(fd)  # the workers have theirs
+            self.native = HostedNative(hosted, self.buffers)
+            self.native.seed()
+        except BaseException:
+            if self.native is not None:
+                self.native.close()
+            self.segment.unlink()
+            raise
+        self.life = Lifecycle(self.id, free=self._freed_by_lifecycle,
+                              outstanding=self.batches_in_flight)
+        self._on_free = on_free
+
+    def watch_workers(self, add: Callable[[int, Callable[[], None]], None],
+                      remove: Callable[[int], None], on_exit: Callable[[], None]) -> None:
+        """Call on_exit (the pool-event handler: the step or recv waiting for
+        a dead worker's envs is answered with its EnvError) when a worker
+        exits, through the event loop's readers add/remove on its pidfd (a
+        reader of an exited worker is removed at once: it stays readable)."""
+        self._remove_reader = remove
+        self._watched = [fd for fd in self.native.hosted._pidfds if fd >= 0]
+
+        def exited(fd: int) -> None:
+            self._unwatch(fd)
+            on_exit()
+        for fd in self._watched:
+            add(fd, exited, fd)
+
+    def _unwatch(self, fd: int) -> None:
+        if fd in self._watched:
+            self._watched.remove(fd)
+            self._remove_reader(fd)
+
+    def reclaim_later(self) -> None:
+        """Closed while a call runs or batches are in flight (CLOSING): if
+        that has not ended after CLOSE_GRACE_SECONDS (an env that hangs),
+        SIGKILL the workers; their pidfds wake the event loop, the call ends
+        with an EnvError nobody reads, and the session is freed."""
+        def kill() -> None:
+            if not self.life.freed and self.native is not None:
+                log.warning("session %s (%s): a closed session's call still runs after "
+                            "%g s; killing its workers", self.id[:8], self.spec.id,
+                            CLOSE_GRACE_SECONDS)
+                self.native.hosted._kill_workers()
+        asyncio.get_running_loop().call_later(CLOSE_GRACE_SECONDS, kill)
+
+    def free(self) -> None:
+        """Stop watching the workers (their pidfds close), then free as any session."""
+        for fd in list(getattr(self, "_watched", ())):
+            self._unwatch(fd)
+        super().free()
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """The session's worker processes (empty once freed)."""
+        return list(self.native.hosted.pids) if self.native is not None else []
+
+    def render(self) -> np.ndarray:
+        raise InvalidArgumentError(f"{self.spec.id}: hosted Python envs do not render yet")
