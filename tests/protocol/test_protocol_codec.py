@@ -218,6 +218,8 @@ def test_unpack_keeps_str_and_bin_apart():
 def _exception_for(code: str, cls: type, message: str) -> errors.EnvdError:
     if cls is errors.NativeError:
         return cls(message, -7)
+    if cls is errors.EnvError:
+        return cls(message, -7, env_index=5)
     if code != cls.error_code:  # the aliases of ProtocolError
         return protocol.BadRequest(message, code)
     return cls(message)
@@ -241,16 +243,20 @@ def test_error_reply_and_raise_error_round_trip(code):
     message = f"something about {code} went wrong: é ✓"
     reply = protocol.error_reply(41, _exception_for(code, cls, message))
     expected = {"id": 41, "ok": False, "code": code, "message": message}
-    if cls is errors.NativeError:
+    if issubclass(cls, errors.NativeError):
         expected["native_code"] = -7
+    if cls is errors.EnvError:
+        expected["env_index"] = 5
     assert reply == expected
     wire = protocol.unpack(protocol.pack(reply), BIG)  # as the client receives it
     with pytest.raises(errors.EnvdError) as info:
         protocol.raise_error(wire)
     assert type(info.value) is cls
     assert str(info.value) == message
-    if cls is errors.NativeError:
+    if issubclass(cls, errors.NativeError):
         assert info.value.code == -7
+    if cls is errors.EnvError:
+        assert info.value.env_index == 5
     if code == cls.error_code:
         assert info.value.error_code == code
 
