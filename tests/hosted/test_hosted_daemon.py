@@ -57,10 +57,17 @@ def daemon(tmp_path_factory):
     assert segments_of(pid) == []
 
 
-@pytest.fixture(scope="module", params=["shm", "inline"])
+#: how a client's envs step: the doorbell (the fast path), the socket over
+#: shared memory, the socket with the arrays in the messages
+PATHS = {"fast": {"transport": "shm", "fast_path": True},
+         "socket": {"transport": "shm", "fast_path": False},
+         "inline": {"transport": "inline"}}
+
+
+@pytest.fixture(scope="module", params=list(PATHS))
 def client(daemon, request):
     with daemon.connect() as c:
-        c.make = functools.partial(c.make, transport=request.param)
+        c.make = functools.partial(c.make, **PATHS[request.param])
         yield c
 
 
