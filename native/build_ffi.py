@@ -208,6 +208,7 @@ typedef struct envd_fast_header {
     int64_t result;
     int64_t error_index;
     uint32_t closed;
+    char message[...];
     ...;
 } envd_fast_header_t;
 void envd_fast_set_max_spinners(int max_spinners);
