@@ -35,7 +35,6 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
-from envd import protocol
 from envd.errors import InvalidArgumentError, UnknownEnvError
 from envd.native import segment_guard
 from envd.native._envd_native import lib
