@@ -231,25 +231,30 @@ class HostedNative:
 
     def stop_doorbell(self) -> None:
         """Stop serving the doorbell (the event loop calls this when the
-        session is freed or its fast path turned off).  It waits for the
-        request the doorbell serves, which a hung env could hold forever: if
-        the session's lock is still taken after DOORBELL_STOP_WAIT_SECONDS,
-        the workers are killed (the session is going), and the request ends
-        within ENVD_HOSTED_POLL_MS, answered with the dead worker's EnvError."""
+        session is freed or its fast path turned off).  The stop waits for
+        the request the doorbell serves and for the envs sent through it
+        that are still in flight, which a hung env could hold forever: if
+        either still runs after DOORBELL_STOP_WAIT_SECONDS, the workers are
+        killed (the session is going), and the wait ends within
+        ENVD_HOSTED_POLL_MS (the request is answered with the dead worker's
+        EnvError, the batch dropped)."""
         hosted = self.hosted
         deadline = time.monotonic() + DOORBELL_STOP_WAIT_SECONDS
-        while not hosted.try_lock():
-            if time.monotonic() > deadline:
-                log.warning("%s: a fast-path request still runs as its session is freed; "
-                            "killing its workers", hosted.spec.id)
-                hosted._kill_workers()
-                hosted.stop_doorbell()
-                return
+        while True:
+            locked = hosted.try_lock()  # (fails while a request runs)
+            try:
+                busy = not locked or hosted.counts()[0] > 0
+                if not busy or time.monotonic() > deadline:
+                    if busy:
+                        log.warning("%s: a fast-path request or batch still runs as its "
+                                    "session is freed; killing its workers", hosted.spec.id)
+                        hosted._kill_workers()
+                    hosted.stop_doorbell()
+                    return
+            finally:
+                if locked:
+                    hosted.unlock()
             time.sleep(0.001)
-        try:
-            hosted.stop_doorbell()
-        finally:
-            hosted.unlock()
 
     def render(self, out: np.ndarray) -> None:
         self.hosted.render(out)

@@ -98,7 +98,8 @@ def test_env_exception_on_the_fast_path_is_the_socket_paths_env_error(daemon):
             env.close()
 
 
-@pytest.mark.parametrize("how", ["close", "close while a step hangs", "lease expiry"])
+@pytest.mark.parametrize("how", ["close", "close while a step hangs",
+                                 "close while a sent batch hangs", "lease expiry"])
 def test_fast_path_session_leaves_nothing(daemon, how):
     """Close (also while the doorbell's thread waits for a hung env) and
     lease expiry of a hosted session on the fast path: its workers exit, its
@@ -110,12 +111,20 @@ def test_fast_path_session_leaves_nothing(daemon, how):
         segments, fds = segments_of(daemon.pid), open_fds(daemon.pid)
         before = set(descendants(daemon.pid))
         env_id = "py:envd-test/Hanging-v0" if how != "close" else "py:Acrobot-v1"
-        env = victim.make(env_id, 3, seed=0, num_workers=2, fast_path=True)
+        batch = {"batch_size": 3} if "batch" in how else {}
+        env = victim.make(env_id, 3, seed=0, num_workers=2, fast_path=True, **batch)
         workers = new_workers(daemon.pid, before)
         assert len(workers) == 2 and env.fast_path
         assert len(segments_of(daemon.pid)) == len(segments) + 1
-        env.reset()
-        env.step(np.zeros(3, np.int64))
+        if batch:
+            env.async_reset()
+            env.recv()
+            env.send(np.zeros(3, np.int64), np.arange(3))
+            env.recv()
+            env.send(np.zeros(3, np.int64), np.arange(3))  # env 0's second step hangs
+        else:
+            env.reset()
+            env.step(np.zeros(3, np.int64))
         if how == "close":
             env.close()
         elif how == "close while a step hangs":
@@ -124,6 +133,11 @@ def test_fast_path_session_leaves_nothing(daemon, how):
             started = time.monotonic()
             env.close()
             # (the daemon's loop never waited for the hung request)
+            assert other.step(np.ones(2, np.int64))[0].shape == (2, 4)
+            assert time.monotonic() - started < 10
+        elif batch:
+            started = time.monotonic()
+            env.close()
             assert other.step(np.ones(2, np.int64))[0].shape == (2, 4)
             assert time.monotonic() - started < 10
         else:
