@@ -201,19 +201,16 @@ class HostedSession(NativeSession):
 
     # ---- errors ----------------------------------------------------------------------
     def _env_error(self, index: int) -> EnvError:
-        """The EnvError of a call that failed with ENVD_EENV naming env index."""
+        """The EnvError of a call that failed with ENVD_EENV naming env index,
+        in the backend's words (envd_backend_workers_message: the doorbell
+        hands the same words to a fast-path client)."""
         dead = int(lib.envd_backend_workers_dead(self._backend))
         if dead >= 0:
-            begin, end = slice_bounds(self.num_envs, self.num_workers, dead)
-            return EnvError(f"{self.spec.id}: worker {dead} (pid {self.pids[dead]}, envs "
-                            f"{begin}..{end - 1}) died; close this env", lib.ENVD_EENV, begin)
-        worker = 0 if self.num_workers == 0 else next(
-            w for w in range(self.num_workers)
-            if slice_bounds(self.num_envs, self.num_workers, w)[1] > index)
-        env, text = self.segment.message(worker)
-        if env != index:
-            text = "an exception (its message was overwritten by a later one)"
-        return EnvError(f"{self.spec.id}: env {index} raised {text}", lib.ENVD_EENV, index)
+            index = slice_bounds(self.num_envs, self.num_workers, dead)[0]
+        text = ffi.new("char[]", lib.ENVD_HOSTED_MESSAGE_BYTES + 256)
+        lib.envd_backend_workers_message(self._backend, index, text, len(text))
+        return EnvError(f"{self.spec.id}: {ffi.string(text).decode('utf-8', 'replace')}",
+                        lib.ENVD_EENV, index)
 
     def _step_error(self, rc: int, call: str = "step") -> Exception:
         if rc == lib.ENVD_EENV:
