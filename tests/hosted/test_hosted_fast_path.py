@@ -19,6 +19,8 @@ from support.daemon import segments_of
 from test_hosted_daemon import descendants, start
 
 import envd
+from envd.client.doorbell import STEP
+from envd.shm import HEADER_SIZE, SHM_DIR
 
 
 def open_fds(pid: int) -> int:
@@ -146,5 +148,33 @@ def test_fast_path_session_leaves_nothing(daemon, how):
         assert wait_until(lambda: segments_of(daemon.pid) == segments, 60)
         assert wait_until(lambda: open_fds(daemon.pid) <= fds, 60), (open_fds(daemon.pid), fds)
         assert wait_until(lambda: c.status()["sessions"] == 1, 60)
+        assert other.step(np.ones(2, np.int64))[0].shape == (2, 4)
+        other.close()
+
+
+def test_truncated_segment_on_the_fast_path(daemon):
+    """A client that truncates its hosted session's segment (to the header
+    page) and rings the doorbell: the backend's copies of its rows, on the
+    doorbell's thread, fault on the truncated file; the daemon lives (its
+    segment guard), closes the session (its workers and segment go, the
+    doorbell says closed) and serves its other sessions."""
+    with daemon.connect() as c:
+        other = c.make("py:CartPole-v1", 2, seed=0, num_workers=1, fast_path=True)
+        other.reset()
+        before = set(descendants(daemon.pid))
+        env = c.make("py:Acrobot-v1", 64, seed=0, num_workers=2, fast_path=True)
+        workers = new_workers(daemon.pid, before)
+        env.reset()
+        name = env._segment.name
+        with open(os.path.join(SHM_DIR, name), "r+b") as f:
+            os.ftruncate(f.fileno(), HEADER_SIZE)
+        bell = env._stepper.doorbell  # (this process touches the header page only)
+        bell.ring(STEP, 0)
+        answer = bell.wait(time.monotonic() + 60, lambda: None)
+        assert answer is None and bell.closed, answer
+        assert wait_until(lambda: name not in segments_of(daemon.pid), 60)
+        assert wait_until(lambda: not any(map(alive, workers)), 60), workers
+        assert daemon.proc.poll() is None
+        assert "truncated its shared-memory segment" in daemon.log()
         assert other.step(np.ones(2, np.int64))[0].shape == (2, 4)
         other.close()
