@@ -495,8 +495,9 @@ static const envd_backend_ops_t WORKERS_OPS = {
     .batch_create = batch_create, .batch_destroy = batch_destroy,
     .batch_submit = batch_submit, .batch_done = batch_done, .batch_wait = batch_wait,
     .batch_finish = batch_finish, .frame_bytes = frame_bytes, .render = render,
-    .error_index = error_index, .error_message = error_message, .checked_actions = checked_actions, .set_chunk = set_chunk,
-    .stats = stats, .destroy = destroy,
+    .error_index = error_index, .error_message = error_message,
+    .checked_actions = checked_actions, .set_chunk = set_chunk, .stats = stats,
+    .destroy = destroy,
 };
 
 /* A list of count leaves (NULL only when empty), each of rows > 0 bytes. */
@@ -535,8 +536,8 @@ int envd_backend_workers_create(envd_backend_t **out, const envd_workers_config_
     b->touched = calloc((size_t)(workers + 1), sizeof *b->touched);
     if (b->pidfds == NULL || b->pids == NULL || b->leaves == NULL || b->worker_of == NULL ||
         b->mask == NULL || b->started == NULL || b->ended == NULL || b->touched == NULL) {
-        free(b->pidfds), free(b->pids), free(b->leaves), free(b->worker_of), free(b->mask), free(b->started), free(b->ended);
-        free(b->touched), free(b);
+        free(b->pidfds), free(b->pids), free(b->leaves), free(b->worker_of), free(b->mask);
+        free(b->started), free(b->ended), free(b->touched), free(b);
         return ENVD_ENOMEM;
     }
     b->cfg = *config;
