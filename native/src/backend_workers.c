@@ -300,8 +300,12 @@ static int reset(void *impl, const uint64_t *seeds, const bool *mask)
     b->error_index = -1;
     if (b->dead >= 0)
         return finish_envs(b, NULL, 0, false);
+    /* The private copy, then only it.  Each byte read once, as a byte: the
+     * mask may lie in a client's shared memory (any value, rewritten at any
+     * time), and a C bool holding anything but 0 or 1 is undefined. */
+    const volatile unsigned char *bytes = (const volatile unsigned char *)mask;
     for (int64_t i = 0; i < n; i++)
-        b->mask[i] = mask == NULL || mask[i]; /* the private copy, then only it */
+        b->mask[i] = bytes == NULL || bytes[i] != 0;
     bool *touched = b->touched;
     memset(touched, 0, (size_t)(b->cfg.num_workers + 1) * sizeof *touched);
     b->reset_count = 0;

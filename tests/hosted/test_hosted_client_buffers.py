@@ -15,6 +15,7 @@ from gymnasium.vector import AutoresetMode
 
 import envd
 from envd import protocol
+from envd.native._envd_native import lib
 from envd.native.hosted_segment import Segment, segment_layout
 from envd.native.hosted_session import HostedSession, HostedSpec, client_leaves
 from envd.native.hosted_template import template
@@ -122,3 +123,24 @@ def test_a_layout_mismatch_is_refused():
     # the leaves name every array of the client's layout but the reset's inputs
     inputs, outputs = client_leaves(good[1], good[1], NUM_ENVS)
     assert len(inputs) == 1 and len(outputs) == len(protocol.output_arrays(good[1]))
+
+
+def test_a_reset_mask_byte_other_than_0_or_1_selects_its_env():
+    """The mask lies in the client's memory, where a byte may hold any value:
+    the backend reads each as a byte (non-zero selects), never as a C bool
+    (undefined for 2); the reset resets exactly the selected envs."""
+    session, client = make_session(1)
+    try:
+        session.reset(False, False)
+        client["actions"][...] = 1
+        session.step()
+        before = client["observations"].copy()
+        client["reset_mask"].view(np.uint8)[...] = [2, 0, 255, 0]
+        session.reset(False, True)
+        assert int(lib.envd_session_reset_count(session.handle)) == 2
+        for i in (0, 2):
+            assert not np.array_equal(client["observations"][i], before[i]), i
+        for i in (1, 3):
+            assert np.array_equal(client["observations"][i], before[i]), i
+    finally:
+        session.close()
