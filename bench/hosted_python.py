@@ -3,14 +3,16 @@
     python bench/hosted_python.py [--env Acrobot-v1] [--num-envs 16] [--rounds 3]
     python bench/hosted_python.py --overhead    # the per-step round trip, a no-op env
     python bench/hosted_python.py --daemon      # also through a daemon it starts
-                                                # (--python-env <env>), and its N=1
-                                                # round trip (p50, p99)
+                                                # (--python-env <env>), fast path and
+                                                # socket, and their N=1 round trips
+                                                # (p50, p99)
 
 Each round steps every contender for --seconds with random (pre-drawn)
 actions, in turn (rounds interleave the contenders), and prints steps/s per contender and round: gymnasium
 SyncVectorEnv and AsyncVectorEnv(shared_memory=True), then
 envd.make("py:<id>") with num_workers 0, 1, 2 and the default (and with
---daemon, client.make("py:<id>", num_workers=2) over the socket).  A
+--daemon, client.make("py:<id>", num_workers=2) through the fast path and
+over the socket, and their ratio to in-process with 2 workers).  A
 measurement, not a test: run it on a quiet machine.
 """
 from __future__ import annotations
@@ -137,7 +139,10 @@ def measure(args: argparse.Namespace, client) -> None:
     default = envd.make("py:" + args.env, n)
     contenders[f"envd default ({default.num_workers})"] = default
     if client is not None:
-        contenders["envd daemon workers=2"] = client.make("py:" + args.env, n, num_workers=2)
+        contenders["envd daemon workers=2"] = client.make("py:" + args.env, n, num_workers=2,
+                                                          fast_path=True)
+        contenders["envd daemon socket"] = client.make("py:" + args.env, n, num_workers=2,
+                                                       fast_path=False)
     space = contenders["gymnasium sync"].action_space
     space.seed(0)
     actions = np.stack([space.sample() for _ in range(256)])
@@ -149,12 +154,18 @@ def measure(args: argparse.Namespace, client) -> None:
     for name, values in rates.items():
         print(f"  {name:24s} " + "  ".join(f"{r:10,.0f}" for r in values)
               + f"   | {np.median(values):10,.0f}")
+    if client is not None:
+        in_process = np.median(rates["envd workers=2"])
+        for name in ("envd daemon workers=2", "envd daemon socket"):
+            print(f"  {name} / envd workers=2 (in-process): "
+                  f"{np.median(rates[name]) / in_process:.2f}x")
     for env in contenders.values():
         env.close()
     if client is not None:
-        with client.make("py:" + args.env, 1, num_workers=1) as env:
-            p50, p99 = round_trips(env)
-        print(f"  daemon N=1 round trip: p50 {p50:.0f} us, p99 {p99:.0f} us")
+        for path, fast in (("fast path", True), ("socket", False)):
+            with client.make("py:" + args.env, 1, num_workers=1, fast_path=fast) as env:
+                p50, p99 = round_trips(env)
+            print(f"  daemon N=1 round trip ({path}): p50 {p50:.0f} us, p99 {p99:.0f} us")
 
 
 if __name__ == "__main__":

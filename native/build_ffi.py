@@ -208,6 +208,7 @@ typedef struct envd_fast_header {
     int64_t result;
     int64_t error_index;
     uint32_t closed;
+    char message[...];
     ...;
 } envd_fast_header_t;
 void envd_fast_set_max_spinners(int max_spinners);
@@ -244,6 +245,7 @@ uint64_t envd_session_frame_bytes(envd_session_t *session);
 void envd_session_set_chunk(envd_session_t *session, int64_t chunk);
 void envd_session_stats(envd_session_t *session, envd_vec_stats_t *stats);
 int64_t envd_session_error_index(const envd_session_t *session);
+void envd_session_error_message(envd_session_t *session, int64_t index, char *out, size_t size);
 const void *envd_session_checked_actions(const envd_session_t *session);
 int64_t envd_session_steps(const envd_session_t *session);
 int64_t envd_session_async_env_steps(const envd_session_t *session);
@@ -270,6 +272,11 @@ typedef struct envd_action_check {
     int32_t size;
     int32_t is_signed;
 } envd_action_check_t;
+typedef struct envd_workers_leaf {
+    void *segment;
+    void *client;
+    int64_t row_bytes;
+} envd_workers_leaf_t;
 typedef struct envd_workers_config {
     int64_t num_envs;
     int64_t num_workers;
@@ -292,10 +299,17 @@ typedef struct envd_workers_config {
     int (*run_inline)(void *ctx);
     void *inline_ctx;
     bool notify;
+    const int *pids;
+    const envd_workers_leaf_t *inputs;
+    int64_t num_inputs;
+    const envd_workers_leaf_t *outputs;
+    int64_t num_outputs;
 } envd_workers_config_t;
 int envd_backend_workers_create(envd_backend_t **out, const envd_workers_config_t *config);
 int64_t envd_backend_workers_dead(const envd_backend_t *backend);
 int64_t envd_backend_workers_error_index(const envd_backend_t *backend);
+void envd_backend_workers_message(const envd_backend_t *backend, int64_t index, char *out,
+                                  size_t size);
 uint32_t envd_worker_wait(envd_worker_ctl_t *ctl, uint32_t seen, int64_t spin_ns);
 void envd_worker_fence(void);
 void envd_worker_done(envd_worker_ctl_t *ctl);

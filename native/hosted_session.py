@@ -63,16 +63,50 @@ def envd_hosted_run_inline(ctx: Any) -> int:
     return lib.ENVD_OK
 
 
+def client_leaves(segment: dict[str, np.ndarray], client: dict[str, np.ndarray] | None,
+                  num_envs: int) -> tuple[list[tuple], list[tuple]]:
+    """The (segment rows, client rows, row bytes) of every step input
+    (envd.protocol.INPUT_ARRAYS but the reset's seeds and mask, which the
+    backend copies whole) and every output array (envd.protocol.output_arrays)
+    of client's layout, whatever their names: what the backend copies per env
+    row between the segment and the client's buffers.  ([], []) without
+    client buffers.  Every array's first axis is the env's (num_envs rows)."""
+    if client is None:
+        return [], []
+    from envd import protocol  # (the layout's names; no import cycle at module load)
+    step_inputs = [name for name in protocol.INPUT_ARRAYS
+                   if name in client and name not in ("reset_seeds", "reset_mask")]
+    leaves: list[list[tuple]] = [[], []]
+    for side, names in enumerate((step_inputs, protocol.output_arrays(client))):
+        for name in names:
+            mine, theirs = segment.get(name), client[name]
+            if (mine is None or mine.shape != theirs.shape or mine.dtype != theirs.dtype
+                    or mine.ndim < 1 or mine.shape[0] != num_envs
+                    or not (mine.flags.c_contiguous and theirs.flags.c_contiguous)):
+                # a layout mismatch is a bug, not a client's doing
+                raise RuntimeError(f"hosted session: the segment's {name} does not match the "
+                                   "client's")
+            if mine[0].nbytes:  # (an empty row has nothing to copy)
+                leaves[side].append((ptr(mine), ptr(theirs), mine[0].nbytes))
+    return leaves[0], leaves[1]
+
+
 class HostedSession(NativeSession):
     """num_envs Python envs (maker: hosted_template's env description) over
     segment, in num_workers worker processes forked by template (or inline)."""
 
     def __init__(self, spec: HostedSpec, num_envs: int, *, num_workers: int,
                  autoreset_mode: AutoresetMode, maker: tuple, segment: Segment, fd: int,
-                 template: Template | None, notify_fd: int = -1):
+                 template: Template | None, notify_fd: int = -1,
+                 client_buffers: dict[str, np.ndarray] | None = None):
         """notify_fd: the daemon pool's eventfd, given to the workers, which
         write it when a step_submit or a send(notify=True) is done (-1: the
-        caller waits itself, in-process)."""
+        caller waits itself, in-process).  client_buffers: the daemon's
+        session's buffers in the client's shared memory (the same layout
+        as the segment's batch buffers), which the session's callers and
+        its doorbell use; the backend copies the rows of every input and
+        output array between them and the segment itself, in C (see
+        client_leaves).  None: the callers use the segment's own."""
         self.spec, self.num_envs, self.num_workers = spec, num_envs, num_workers
         self.autoreset_mode = autoreset_mode
         self.handle = self._backend = ffi.NULL
@@ -82,8 +116,11 @@ class HostedSession(NativeSession):
         self._slice: EnvSlice | None = None
         self._doorbell_refs = None
         buffers = self._buffers = segment.arrays
-        self._seeds_ptr = ptr(buffers["reset_seeds"], "uint64_t *")
-        self._mask_ptr = ptr(buffers["reset_mask"], "bool *")
+        self._client_buffers = client_buffers
+        # (the backend copies the seeds and the mask privately before it reads them)
+        inputs = client_buffers if client_buffers is not None else buffers
+        self._seeds_ptr = ptr(inputs["reset_seeds"], "uint64_t *")
+        self._mask_ptr = ptr(inputs["reset_mask"], "bool *")
         self._checked = {**buffers, "actions": buffers["checked_actions"]}
         try:
             if num_workers == 0:
@@ -135,6 +172,10 @@ class HostedSession(NativeSession):
             {"offset": offset, "size": size, "is_signed": signed, "low": low, "high": high}
             for offset, size, signed, low, high in checks] or 1)
         self._pidfds_c = ffi.new("int[]", self._pidfds or [0])
+        self._pids_c = ffi.new("int[]", self.pids or [0])
+        inputs, outputs = client_leaves(a, self._client_buffers, self.num_envs)
+        self._leaves = (ffi.new("envd_workers_leaf_t[]", inputs or 1),
+                        ffi.new("envd_workers_leaf_t[]", outputs or 1))
         self._handle_ref = ffi.new_handle(self)
         self._config = ffi.new("envd_workers_config_t *", {
             "num_envs": self.num_envs, "num_workers": self.num_workers,
@@ -149,7 +190,9 @@ class HostedSession(NativeSession):
             "dones": ptr(a["dones"], "bool *"), "spin_ns": spin_ns(self.num_workers),
             "autoreset_mode": AUTORESET_CODES[self.autoreset_mode],
             "run_inline": lib.envd_hosted_run_inline if self.num_workers == 0 else ffi.NULL,
-            "inline_ctx": self._handle_ref, "notify": getattr(self, "_notify", False)})
+            "inline_ctx": self._handle_ref, "notify": getattr(self, "_notify", False),
+            "pids": self._pids_c, "inputs": self._leaves[0], "num_inputs": len(inputs),
+            "outputs": self._leaves[1], "num_outputs": len(outputs)})
         backend = ffi.new("envd_backend_t **")
         self._check(lib.envd_backend_workers_create(backend, self._config),
                     "creating the hosted backend")
@@ -160,19 +203,16 @@ class HostedSession(NativeSession):
 
     # ---- errors ----------------------------------------------------------------------
     def _env_error(self, index: int) -> EnvError:
-        """The EnvError of a call that failed with ENVD_EENV naming env index."""
+        """The EnvError of a call that failed with ENVD_EENV naming env index,
+        in the backend's words (envd_backend_workers_message: the doorbell
+        hands the same words to a fast-path client)."""
         dead = int(lib.envd_backend_workers_dead(self._backend))
         if dead >= 0:
-            begin, end = slice_bounds(self.num_envs, self.num_workers, dead)
-            return EnvError(f"{self.spec.id}: worker {dead} (pid {self.pids[dead]}, envs "
-                            f"{begin}..{end - 1}) died; close this env", lib.ENVD_EENV, begin)
-        worker = 0 if self.num_workers == 0 else next(
-            w for w in range(self.num_workers)
-            if slice_bounds(self.num_envs, self.num_workers, w)[1] > index)
-        env, text = self.segment.message(worker)
-        if env != index:
-            text = "an exception (its message was overwritten by a later one)"
-        return EnvError(f"{self.spec.id}: env {index} raised {text}", lib.ENVD_EENV, index)
+            index = slice_bounds(self.num_envs, self.num_workers, dead)[0]
+        text = ffi.new("char[]", lib.ENVD_HOSTED_MESSAGE_BYTES + 256)
+        lib.envd_backend_workers_message(self._backend, index, text, len(text))
+        return EnvError(f"{self.spec.id}: {ffi.string(text).decode('utf-8', 'replace')}",
+                        lib.ENVD_EENV, index)
 
     def _step_error(self, rc: int, call: str = "step") -> Exception:
         if rc == lib.ENVD_EENV:
@@ -204,7 +244,12 @@ class HostedSession(NativeSession):
         raise InvalidArgumentError(f"{self.spec.id}: hosted Python envs do not render yet")
 
     def start_doorbell(self, segment, ids: np.ndarray, spin_ns: int) -> None:
-        raise InvalidArgumentError(f"{self.spec.id}: hosted envs have no doorbell yet")
+        """As NativeSession's; only with client buffers (the daemon's
+        sessions): the doorbell's segment is the client's."""
+        if self._client_buffers is None:
+            raise InvalidArgumentError(f"{self.spec.id}: an in-process hosted env has no "
+                                       "doorbell")
+        super().start_doorbell(segment, ids, spin_ns)
 
     # ---- close -----------------------------------------------------------------------
     def _wait_exited(self, deadline: float) -> bool:

@@ -9,13 +9,17 @@ client names an allowed id and never sends code, pickles or env kwargs.
 
 A ``HostedServerSession`` is a Session whose stepping goes through a
 ``HostedNative``: a HostedSession (worker processes forked from the template,
-over a private memfd segment only the daemon and its workers map) plus a copy
-of the inputs from the client's segment before each call and of the outputs
-back after it.  The workers' control words and the actions they act on thus
+over a private memfd segment only the daemon and its workers map) made with
+the client's buffers, whose native backend copies the rows of each call's
+inputs from the client's segment into the memfd (before it checks them) and
+the finished envs' outputs back, in C (native/src/backend_workers.h,
+"Leaves").  The workers' control words and the actions they act on thus
 never lie in memory a client can write (the trust boundary of DESIGN.md
 section 2), at the cost of a copy of a few bytes per env per step.  The
-workers write the pool's eventfd when a step or a batch is done
-(ENVD_JOB_NOTIFY), so the stepping handlers serve hosted sessions as any.
+workers write the pool's eventfd when a submitted step or a batch is done
+(ENVD_JOB_NOTIFY), so the stepping handlers serve hosted sessions as any;
+and since the copies are the backend's, the doorbell's thread (the fast
+path, native/src/fast.h) serves them as it serves native sessions.
 """
 from __future__ import annotations
 
@@ -31,7 +35,6 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
-from envd import protocol
 from envd.errors import InvalidArgumentError, UnknownEnvError
 from envd.native import segment_guard
 from envd.native._envd_native import lib
@@ -46,6 +49,10 @@ from envd.server.lifecycle import Lifecycle
 from envd.server.sessions import Session, plan
 
 log = logging.getLogger("envd.server")
+
+#: How long the event loop waits for a fast-path request of a hosted session
+#: being freed before it kills the session's workers (HostedNative.stop_doorbell).
+DOORBELL_STOP_WAIT_SECONDS = 0.05
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,81 +179,41 @@ class HostedCatalog:
 
 class HostedNative:
     """What a hosted server session steps through: NativeSession's methods
-    over a HostedSession, copying the inputs from the client's buffers
-    (``public``) into the private ones before each call and the outputs back
-    after it."""
+    over a HostedSession made with the client's buffers (``public``), whose
+    backend copies the rows of each call's inputs from them into the private
+    segment and its outputs back, in C, on the calling thread (the event
+    loop's, or the doorbell's: the fast path serves hosted sessions too)."""
 
-    _INPUTS = ("actions", "reset_seeds", "reset_mask")
-
-    def __init__(self, hosted: HostedSession, public: dict[str, np.ndarray]):
+    def __init__(self, hosted: HostedSession):
         self.hosted = hosted
-        self.public = public
-        self.private = hosted.segment.arrays
-        outputs = protocol.output_arrays(public)
-        missing = [name for name in outputs if name not in self.private]
-        if missing:  # a layout mismatch is a bug, not a client's doing
-            raise RuntimeError(f"hosted session: private buffers lack {missing}")
-        self._outputs = outputs
-
-    def _copy_in(self, *names: str, rows: np.ndarray | None = None) -> None:
-        for name in names:
-            if rows is None:
-                self.private[name][...] = self.public[name]
-            else:
-                self.private[name][rows] = self.public[name][rows]
-
-    def _copy_out(self, rows: np.ndarray | None = None) -> None:
-        for name in self._outputs:
-            if rows is None:
-                self.public[name][...] = self.private[name]
-            else:
-                self.public[name][rows] = self.private[name][rows]
 
     # ---- stepping -----------------------------------------------------------------------
     def seed(self) -> None:
-        self._copy_in("reset_seeds")
         self.hosted.seed()
 
     def reset(self, with_seeds: bool, with_mask: bool) -> None:
-        self._copy_in("reset_seeds", "reset_mask")
-        try:
-            self.hosted.reset(with_seeds, with_mask)
-        finally:
-            self._copy_out()
+        self.hosted.reset(with_seeds, with_mask)
 
     def async_reset(self, with_seeds: bool) -> None:
-        self._copy_in("reset_seeds")
         self.hosted.async_reset(with_seeds)
 
     def step_submit(self) -> bool:
-        self._copy_in("actions")
         return self.hosted.step_submit()
 
     def step_done(self) -> bool:
         return self.hosted.step_done()
 
     def step_finish(self) -> int:
-        try:
-            return self.hosted.step_finish()
-        finally:
-            self._copy_out()
+        return self.hosted.step_finish()
 
     def send(self, env_ids: np.ndarray, notify: bool = False) -> None:
-        ids = np.ascontiguousarray(env_ids, dtype=np.int64)
-        if len(ids) and 0 <= ids.min() and ids.max() < len(self.private["actions"]):
-            self._copy_in("actions", rows=ids)  # (out of range: send refuses it)
-        self.hosted.send(ids, notify)
+        self.hosted.send(env_ids, notify)
 
     def try_recv(self, count: int) -> np.ndarray | None:
-        ids = self.hosted.try_recv(count)
-        if ids is not None:
-            self._copy_out(ids)
-        return ids
+        return self.hosted.try_recv(count)
 
     def recv(self, count: int) -> np.ndarray:
-        ids = self.hosted.recv(count)
-        self._copy_out(ids)
-        return ids
+        return self.hosted.recv(count)
 
     # ---- the rest, as NativeSession -------------------------------------------------------
     def counts(self) -> tuple[int, int]:
@@ -271,11 +238,34 @@ class HostedNative:
         self.hosted.drain()
 
     def start_doorbell(self, segment, ids: np.ndarray, spin_ns: int) -> None:
-        raise InvalidArgumentError(f"{self.hosted.spec.id}: hosted Python envs have no "
-                                   "fast path yet; they step over the socket")
+        self.hosted.start_doorbell(segment, ids, spin_ns)
 
     def stop_doorbell(self) -> None:
-        pass
+        """Stop serving the doorbell (the event loop calls this when the
+        session is freed or its fast path turned off).  The stop waits for
+        the request the doorbell serves and for the envs sent through it
+        that are still in flight, which a hung env could hold forever: if
+        either still runs after DOORBELL_STOP_WAIT_SECONDS, the workers are
+        killed (the session is going), and the wait ends within
+        ENVD_HOSTED_POLL_MS (the request is answered with the dead worker's
+        EnvError, the batch dropped)."""
+        hosted = self.hosted
+        deadline = time.monotonic() + DOORBELL_STOP_WAIT_SECONDS
+        while True:
+            locked = hosted.try_lock()  # (fails while a request runs)
+            try:
+                busy = not locked or hosted.counts()[0] > 0
+                if not busy or time.monotonic() > deadline:
+                    if busy:
+                        log.warning("%s: a fast-path request or batch still runs as its "
+                                    "session is freed; killing its workers", hosted.spec.id)
+                        hosted._kill_workers()
+                    hosted.stop_doorbell()
+                    return
+            finally:
+                if locked:
+                    hosted.unlock()
+            time.sleep(0.001)
 
     def render(self, out: np.ndarray) -> None:
         self.hosted.render(out)
@@ -284,7 +274,6 @@ class HostedNative:
         """Stop the workers (SIGKILL after the grace period) and free the
         private segment; idempotent."""
         self.hosted.close()
-        self.private = {}
 
 
 class HostedServerSession(Session):
@@ -330,13 +319,13 @@ class HostedServerSession(Session):
                                self.max_episode_steps or None),
                     num_envs, num_workers=num_workers, autoreset_mode=mode,
                     maker=("id", spec.gym_id, max_episode_steps, {}), segment=private, fd=fd,
-                    template=template, notify_fd=notify_fd)
+                    template=template, notify_fd=notify_fd, client_buffers=self.buffers)
             except BaseException:
                 private.close()
                 raise
             finally:
                 os.close(fd)  # the workers have theirs
-            self.native = HostedNative(hosted, self.buffers)
+            self.native = HostedNative(hosted)
             self.native.seed()
         except BaseException:
             if self.native is not None:

@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <linux/futex.h>
 #include <poll.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -29,6 +30,8 @@ typedef struct workers_backend {
     envd_backend_t base;
     envd_workers_config_t cfg;
     int *pidfds;        /* private copy */
+    int *pids;          /* private copy (0: unknown) */
+    envd_workers_leaf_t *leaves; /* private copy: cfg.num_inputs inputs, then outputs */
     int64_t *worker_of; /* env -> worker */
     bool *mask;         /* private copy of the last reset's mask */
     /* The books a step is checked against before anything is asked (so that
@@ -92,6 +95,31 @@ static bool worker_dead(workers_backend_t *b, int64_t w)
         return true;
     }
     return false;
+}
+
+/* Copy env i's row of every input leaf from the client's buffer into the
+ * segment (before anything checks it: the client may rewrite its buffer at
+ * any time, the segment only the daemon writes). */
+static void copy_inputs(const workers_backend_t *b, int64_t i)
+{
+    for (int64_t k = 0; k < b->cfg.num_inputs; k++) {
+        const envd_workers_leaf_t *leaf = &b->leaves[k];
+        const size_t row = (size_t)leaf->row_bytes;
+        memcpy((unsigned char *)leaf->segment + (size_t)i * row,
+               (const unsigned char *)leaf->client + (size_t)i * row, row);
+    }
+}
+
+/* Copy env i's row of every output leaf from the segment into the client's
+ * buffer (i acked: its worker no longer writes it). */
+static void copy_outputs(const workers_backend_t *b, int64_t i)
+{
+    const envd_workers_leaf_t *outputs = b->leaves + b->cfg.num_inputs;
+    for (int64_t k = 0; k < b->cfg.num_outputs; k++) {
+        const size_t row = (size_t)outputs[k].row_bytes;
+        memcpy((unsigned char *)outputs[k].client + (size_t)i * row,
+               (const unsigned char *)outputs[k].segment + (size_t)i * row, row);
+    }
 }
 
 /* Ask env i for kind (the caller has written its inputs). */
@@ -183,6 +211,8 @@ static int finish_envs(workers_backend_t *b, const int64_t *ids, int64_t count, 
             b->error_index = i;
             rc = b->cfg.status[i];
         }
+        if ((steps || b->mask[i]) && acked(b, i))
+            copy_outputs(b, i);
         done += ended;
     }
     if (b->dead >= 0) {
@@ -232,13 +262,15 @@ static bool action_in_range(const unsigned char *row, const envd_action_check_t 
     return v >= c->low && v <= c->high;
 }
 
-/* Copy the actions of ids (NULL: all) into the segment, then check the
- * copies' integer elements (ENVD_ERANGE naming the first env out of range). */
+/* Copy the inputs, then the actions, of ids (NULL: all) into the segment,
+ * then check the copies' integer elements (ENVD_ERANGE naming the first env
+ * out of range). */
 static int copy_actions(workers_backend_t *b, const int64_t *ids, int64_t count)
 {
     const size_t row = (size_t)b->cfg.action_bytes;
     for (int64_t k = 0; k < count; k++) {
         int64_t i = ids ? ids[k] : k;
+        copy_inputs(b, i);
         unsigned char *dst = (unsigned char *)b->cfg.checked_actions + (size_t)i * row;
         memcpy(dst, (const unsigned char *)b->cfg.actions + (size_t)i * row, row);
         for (int64_t c = 0; c < b->cfg.num_action_checks; c++) {
@@ -293,8 +325,12 @@ static int reset(void *impl, const uint64_t *seeds, const bool *mask)
     b->error_index = -1;
     if (b->dead >= 0)
         return finish_envs(b, NULL, 0, false);
+    /* The private copy, then only it.  Each byte read once, as a byte: the
+     * mask may lie in a client's shared memory (any value, rewritten at any
+     * time), and a C bool holding anything but 0 or 1 is undefined. */
+    const volatile unsigned char *bytes = (const volatile unsigned char *)mask;
     for (int64_t i = 0; i < n; i++)
-        b->mask[i] = mask == NULL || mask[i]; /* the private copy, then only it */
+        b->mask[i] = bytes == NULL || bytes[i] != 0;
     bool *touched = b->touched;
     memset(touched, 0, (size_t)(b->cfg.num_workers + 1) * sizeof *touched);
     b->reset_count = 0;
@@ -346,9 +382,13 @@ static int step_finish(void *impl)
     return finish_envs(b, NULL, b->cfg.num_envs, true);
 }
 
+/* A blocking step (the doorbell's, in-process): its caller waits, so the
+ * workers need not write the daemon's eventfd. */
 static int step(void *impl)
 {
-    int rc = step_submit(impl);
+    workers_backend_t *b = impl;
+    int rc = submit_steps(b, NULL, b->cfg.num_envs, false);
+    b->step_pending = rc == ENVD_OK;
     return rc < 0 ? rc : step_finish(impl);
 }
 
@@ -420,6 +460,31 @@ static int render(void *impl, int64_t index, uint8_t *rgb)
 
 static int64_t error_index(const void *impl) { return ((const workers_backend_t *)impl)->error_index; }
 
+static void error_message(const void *impl, int64_t index, char *out, size_t size)
+{
+    const workers_backend_t *b = impl;
+    if (b->dead >= 0) {
+        const int64_t w = b->dead;
+        const int64_t end = (w + 1) * b->cfg.num_envs / b->cfg.num_workers;
+        snprintf(out, size, "worker %lld (pid %d, envs %lld..%lld) died; close this env",
+                 (long long)w, b->pids[w], (long long)slice_begin(b, w), (long long)end - 1);
+        return;
+    }
+    if (index < 0 || index >= b->cfg.num_envs) {
+        snprintf(out, size, "an env failed");
+        return;
+    }
+    /* The message lies in the segment, which only the daemon and its workers
+     * write; bounded all the same (a worker may write it concurrently). */
+    const envd_worker_ctl_t *ctl = &b->cfg.ctl[b->worker_of[index]];
+    char text[ENVD_HOSTED_MESSAGE_BYTES];
+    memcpy(text, ctl->message, sizeof text);
+    text[sizeof text - 1] = '\0';
+    if (ctl->error_env != index)
+        snprintf(text, sizeof text, "an exception (its message was overwritten by a later one)");
+    snprintf(out, size, "env %lld raised %s", (long long)index, text);
+}
+
 static const void *checked_actions(const void *impl)
 {
     return ((const workers_backend_t *)impl)->cfg.checked_actions;
@@ -443,6 +508,8 @@ static void destroy(envd_backend_t *backend)
         futex_wake(&ctl->cmd_seq);
     }
     free(b->pidfds);
+    free(b->pids);
+    free(b->leaves);
     free(b->worker_of);
     free(b->mask);
     free(b->started);
@@ -458,8 +525,9 @@ static const envd_backend_ops_t WORKERS_OPS = {
     .batch_create = batch_create, .batch_destroy = batch_destroy,
     .batch_submit = batch_submit, .batch_done = batch_done, .batch_wait = batch_wait,
     .batch_finish = batch_finish, .frame_bytes = frame_bytes, .render = render,
-    .error_index = error_index, .checked_actions = checked_actions, .set_chunk = set_chunk,
-    .stats = stats, .destroy = destroy,
+    .error_index = error_index, .error_message = error_message,
+    .checked_actions = checked_actions, .set_chunk = set_chunk, .stats = stats,
+    .destroy = destroy,
 };
 
 /* Every check names a whole 1, 2, 4 or 8-byte element inside the row. */
@@ -478,6 +546,17 @@ static bool action_checks_valid(const envd_workers_config_t *config)
     return true;
 }
 
+/* A list of count leaves (NULL only when empty), each of rows > 0 bytes. */
+static bool leaves_valid(const envd_workers_leaf_t *leaves, int64_t count)
+{
+    if (count < 0 || (count > 0 && leaves == NULL))
+        return false;
+    for (int64_t k = 0; k < count; k++)
+        if (leaves[k].segment == NULL || leaves[k].client == NULL || leaves[k].row_bytes < 1)
+            return false;
+    return true;
+}
+
 int envd_backend_workers_create(envd_backend_t **out, const envd_workers_config_t *config)
 {
     if (out == NULL || config == NULL || config->num_envs < 1 ||
@@ -485,23 +564,29 @@ int envd_backend_workers_create(envd_backend_t **out, const envd_workers_config_
         config->num_workers > config->num_envs || config->ctl == NULL ||
         (config->num_workers == 0 && config->run_inline == NULL) ||
         (config->num_workers > 0 && config->pidfds == NULL) || config->action_bytes < 1 ||
-        !action_checks_valid(config))
+        !action_checks_valid(config) ||
+        !leaves_valid(config->inputs, config->num_inputs) ||
+        !leaves_valid(config->outputs, config->num_outputs))
         return ENVD_EINVAL;
     workers_backend_t *b = calloc(1, sizeof *b);
     const int64_t n = config->num_envs, workers = config->num_workers;
     if (b == NULL)
         return ENVD_ENOMEM;
+    const int64_t num_leaves = config->num_inputs + config->num_outputs;
     b->pidfds = malloc((size_t)(workers + 1) * sizeof *b->pidfds);
+    b->pids = calloc((size_t)(workers + 1), sizeof *b->pids);
+    b->leaves = malloc((size_t)(num_leaves + 1) * sizeof *b->leaves);
     b->worker_of = malloc((size_t)n * sizeof *b->worker_of);
     b->mask = malloc((size_t)n * sizeof *b->mask);
     b->started = calloc((size_t)n, sizeof *b->started);
     b->ended = calloc((size_t)n, sizeof *b->ended);
     b->touched = calloc((size_t)(workers + 1), sizeof *b->touched);
     b->checks = malloc((size_t)(config->num_action_checks + 1) * sizeof *b->checks);
-    if (b->pidfds == NULL || b->worker_of == NULL || b->mask == NULL || b->started == NULL ||
-        b->ended == NULL || b->touched == NULL || b->checks == NULL) {
-        free(b->pidfds), free(b->worker_of), free(b->mask), free(b->started), free(b->ended);
-        free(b->touched), free(b->checks), free(b);
+    if (b->pidfds == NULL || b->pids == NULL || b->leaves == NULL || b->worker_of == NULL ||
+        b->mask == NULL || b->started == NULL || b->ended == NULL || b->touched == NULL ||
+        b->checks == NULL) {
+        free(b->pidfds), free(b->pids), free(b->leaves), free(b->worker_of), free(b->mask);
+        free(b->started), free(b->ended), free(b->touched), free(b->checks), free(b);
         return ENVD_ENOMEM;
     }
     b->cfg = *config;
@@ -511,6 +596,13 @@ int envd_backend_workers_create(envd_backend_t **out, const envd_workers_config_
     b->cfg.action_checks = b->checks;
     if (workers > 0)
         memcpy(b->pidfds, config->pidfds, (size_t)workers * sizeof *b->pidfds);
+    if (workers > 0 && config->pids != NULL)
+        memcpy(b->pids, config->pids, (size_t)workers * sizeof *b->pids);
+    if (config->num_inputs > 0)
+        memcpy(b->leaves, config->inputs, (size_t)config->num_inputs * sizeof *b->leaves);
+    if (config->num_outputs > 0)
+        memcpy(b->leaves + config->num_inputs, config->outputs,
+               (size_t)config->num_outputs * sizeof *b->leaves);
     for (int64_t w = 0; w < (workers ? workers : 1); w++) {
         int64_t end = workers ? (w + 1) * n / workers : n;
         for (int64_t i = workers ? slice_begin(b, w) : 0; i < end; i++)
@@ -531,6 +623,12 @@ int64_t envd_backend_workers_dead(const envd_backend_t *backend)
 int64_t envd_backend_workers_error_index(const envd_backend_t *backend)
 {
     return ((const workers_backend_t *)backend)->error_index;
+}
+
+void envd_backend_workers_message(const envd_backend_t *backend, int64_t index, char *out,
+                                  size_t size)
+{
+    error_message(backend->impl, index, out, size);
 }
 
 /* ---- the worker side ---- */

@@ -23,6 +23,16 @@
  *
  * Inline (num_workers == 0): the caller's own run_inline callback steps the
  * requested envs before submit returns (the Python loop of SyncVectorEnv).
+ *
+ * Leaves (the daemon): the segment's batch buffers are private to the daemon
+ * and its workers, and the client reads and writes a copy of them in its own
+ * shared memory.  The backend copies those rows itself, in C, on whatever
+ * thread calls it (the event loop, the doorbell's thread): for each input
+ * leaf the rows of the envs a step or send asks, from the client's buffer
+ * into the segment, BEFORE anything checks them (the client may write its
+ * buffer at any time); for each output leaf the rows of the envs a reset,
+ * step or batch finished (acked), from the segment into the client's buffer.
+ * One entry per array of the layout, whatever its name.
  */
 #ifndef ENVD_BACKEND_WORKERS_H
 #define ENVD_BACKEND_WORKERS_H
@@ -63,6 +73,12 @@ typedef struct envd_action_check {
     int32_t size;      /* 1, 2, 4 or 8 bytes, native byte order */
     int32_t is_signed;
 } envd_action_check_t;
+/* One array of the layout held twice: num_envs rows of row_bytes each. */
+typedef struct envd_workers_leaf {
+    void *segment;             /* the rows in the segment (the workers' side) */
+    void *client;              /* the rows in the client's shared memory */
+    int64_t row_bytes;
+} envd_workers_leaf_t;
 
 typedef struct envd_workers_config {
     int64_t num_envs;
@@ -86,7 +102,14 @@ typedef struct envd_workers_config {
     int (*run_inline)(void *ctx);  /* inline mode: step the requested envs */
     void *inline_ctx;
     bool notify;               /* the workers hold the daemon pool's eventfd: step_submit
-                                * and ENVD_JOB_NOTIFY batches ask them to write it */
+                                * and ENVD_JOB_NOTIFY batches ask them to write it (a
+                                * blocking step, e.g. the doorbell's, never does) */
+    const int *pids;           /* num_workers pids, for messages (copied; NULL: none) */
+    /* Leaves copied per env row (above; copied lists, NULL with 0: none). */
+    const envd_workers_leaf_t *inputs;
+    int64_t num_inputs;
+    const envd_workers_leaf_t *outputs;
+    int64_t num_outputs;
 } envd_workers_config_t;
 
 /* A backend over the segment config describes (copied; the segment must
@@ -100,6 +123,14 @@ int64_t envd_backend_workers_dead(const envd_backend_t *backend);
 /* The env the backend's last failure named (-1: none): a reset's too, which
  * the session does not record. */
 int64_t envd_backend_workers_error_index(const envd_backend_t *backend);
+
+/* What failed env index with ENVD_EENV (NUL-terminated UTF-8 into out, at
+ * most size > 0 bytes): "worker W (pid P, envs A..B) died; close this env"
+ * once a worker died, else "env I raised ExcType: message" (its worker's
+ * last message).  The backend's error_message op: the doorbell hands it to
+ * the client, whose EnvError says what the socket path's says. */
+void envd_backend_workers_message(const envd_backend_t *backend, int64_t index, char *out,
+                                  size_t size);
 
 /* ---- the worker side (called from the worker's Python loop, GIL released) ---- */
 /* Wait until ctl->cmd_seq differs from seen (spin spin_ns, then sleep) and

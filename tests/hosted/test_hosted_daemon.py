@@ -60,17 +60,24 @@ def daemon(tmp_path_factory):
     assert segments_of(pid) == []
 
 
-@pytest.fixture(scope="module", params=["shm", "inline"])
+#: how a client's envs step: the doorbell (the fast path), the socket over
+#: shared memory, the socket with the arrays in the messages
+PATHS = {"fast": {"transport": "shm", "fast_path": True},
+         "socket": {"transport": "shm", "fast_path": False},
+         "inline": {"transport": "inline"}}
+
+
+@pytest.fixture(scope="module", params=list(PATHS))
 def client(daemon, request):
     with daemon.connect() as c:
-        c.make = functools.partial(c.make, transport=request.param)
+        c.make = functools.partial(c.make, **PATHS[request.param])
         yield c
 
 
 @pytest.mark.parametrize("env_id,num_workers,mode",
                          [("CartPole-v1", w, "next_step") for w in (1, 2, 3)]
                          + [("CartPole-v1", 2, m) for m in ("same_step", "disabled")]
-                         + [("Acrobot-v1", w, "next_step") for w in (1, 3)]
+                         + [("Acrobot-v1", w, "next_step") for w in (1, 2, 3)]
                          + [("Pendulum-v1", w, "next_step") for w in (1, 2)]
                          + [(e, w, "next_step") for e in FIXTURES for w in (1, 3)]
                          + [(e, 2, "same_step") for e in FIXTURES])
@@ -420,3 +427,29 @@ def test_worker_death_answers_a_parked_recv(client):
                 env.recv()
     finally:
         env.close()
+
+
+def test_episode_statistics_equal_in_process(client):
+    """Every output array reaches the client, whatever the path: the episode
+    statistics (return and length; the time is wall-clock) equal those of
+    the in-process hosted env, step by step."""
+    ours = client.make("py:CartPole-v1", 3, seed=2, num_workers=2, max_episode_steps=7)
+    local = envd.make("py:CartPole-v1", 3, seed=2, num_workers=1, max_episode_steps=7)
+    try:
+        ours.reset()
+        local.reset()
+        rng, ended = np.random.default_rng(5), 0
+        for t in range(30):
+            actions = rng.integers(0, 2, 3)
+            got, want = ours.step(actions)[4], local.step(actions)[4]
+            assert set(got) == set(want), t
+            if "envd_episode" in want:
+                ended += 1
+                assert np.array_equal(got["_envd_episode"], want["_envd_episode"]), t
+                for field in ("r", "l"):
+                    assert np.array_equal(got["envd_episode"][field],
+                                          want["envd_episode"][field]), (t, field)
+        assert ended >= 3
+    finally:
+        ours.close()
+        local.close()
