@@ -25,7 +25,7 @@ SYMBOLS = {False: "envd_builtin_simple_spread", True: "envd_builtin_simple_sprea
 
 @pytest.fixture(scope="module")
 def lib():
-    return cbuild.load(["rng.c", "envs/simple_spread.c"])
+    return cbuild.load(["rng.c", "raster.c", "envs/simple_spread.c"])
 
 
 class SpreadEnv:
@@ -170,4 +170,36 @@ def test_contact_forces_push_overlapping_agents_apart(lib):
         assert rew.tobytes() == stacked(ref, r_rew).astype(np.float64).tobytes()
     # no action was taken, so any velocity is the contact force's
     assert np.any(obs[:, 0:2] != 0)
+    ref.close()
+
+
+def different_fraction(frame: np.ndarray, reference: np.ndarray, levels: int = 32) -> float:
+    diff = np.abs(frame.astype(np.int16) - reference.astype(np.int16)).max(axis=2)
+    return float(np.mean(diff > levels))
+
+
+def test_frames_look_like_mpe2(lib):
+    """render draws mpe2's picture (discs on white, the camera following the
+    entities) closely, though not bit for bit (pygame rounds its circles its
+    own way); a frame of another state does not pass the same comparison."""
+    env = SpreadEnv(lib, False)
+    d = env.define
+    assert (d.render_width, d.render_height, d.render_fps) == (700, 700, 10)
+    ref = mpe2_spread.parallel_env(N=N, render_mode="rgb_array")
+    ref.reset(seed=3)
+    env.reset(3)
+    frame = np.zeros((700, 700, 3), np.uint8)
+    frames = []
+    for t, action in enumerate([4, 4, 1, 2, 0, 3, 3, 3]):
+        assert d.render(env._state, frame.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))) == 0
+        reference_frame = ref.render()
+        assert reference_frame.shape == frame.shape
+        assert different_fraction(frame, reference_frame) < 0.01, t
+        # something is drawn: agent blue and landmark grey
+        assert np.any(np.all(frame == (70, 70, 170), axis=2))
+        assert np.any(np.all(frame == (50, 50, 50), axis=2))
+        frames.append(frame.copy())
+        ref.step({a: action for a in ref.possible_agents})
+        env.step(np.full(N, action, np.int64))
+    assert different_fraction(frames[0], frames[-1]) > 0.01  # the comparison can fail
     ref.close()

@@ -24,6 +24,7 @@
 #include <math.h>
 
 #include "envd.h"
+#include "raster.h"
 
 #define N_AGENTS 3
 #define N_LANDMARKS 3
@@ -52,6 +53,7 @@ typedef struct simple_spread {
     double local_ratio;
     int64_t max_cycles;
     int64_t steps; /* world steps since reset (mpe2's self.steps) */
+    double original_cam_range; /* render: the camera range at reset */
 } simple_spread_t;
 
 static const envd_param_t params[] = {
@@ -71,6 +73,19 @@ static int spread_init(void *state, const double *p)
     s->local_ratio = p[0];
     s->max_cycles = (int64_t)p[1];
     return ENVD_OK;
+}
+
+/* The render camera's range: the largest |coordinate| of any entity. */
+static double cam_range(const simple_spread_t *s)
+{
+    double range = 0.0;
+    for (int i = 0; i < N_AGENTS; i++)
+        for (int d = 0; d < DIM_P; d++)
+            range = fmax(range, fabs(s->pos[i][d]));
+    for (int l = 0; l < N_LANDMARKS; l++)
+        for (int d = 0; d < DIM_P; d++)
+            range = fmax(range, fabs(s->landmark[l][d]));
+    return range;
 }
 
 /* np.sqrt(np.sum(np.square(a - b))) for 2-vectors. */
@@ -132,6 +147,7 @@ static int spread_reset(void *state, envd_rng_t *rng, void *obs)
         for (int d = 0; d < DIM_P; d++)
             s->landmark[l][d] = envd_rng_uniform(rng, -1.0, 1.0);
     s->steps = 0;
+    s->original_cam_range = cam_range(s);
     write_obs(s, obs);
     return ENVD_OK;
 }
@@ -266,13 +282,54 @@ static int spread_step_continuous(void *state, envd_rng_t *rng, const void *acti
     return finish_step(s, u, obs, reward, terminated, truncated);
 }
 
+/* SimpleEnv.draw (700x700, dynamic_rescaling on): entities are discs with a
+ * one-pixel black border, agents first, then landmarks, on white; the camera
+ * follows the entity farthest from the origin.  Not bit-exact (pygame
+ * rounds its circles its own way); the agents of silent envs write no text. */
+#define SCREEN_SIDE 700
+#define LANDMARK_SIZE 0.05 /* mpe2's Entity default */
+
+static void draw_entity(envd_raster_t *r, const double *p, double range, double radius,
+                        envd_color_t color)
+{
+    /* x = (x / cam_range) * width // 2 * 0.9 + width // 2 (Python floor
+     * division, then the scale), y flipped */
+    double x = floor(p[0] / range * SCREEN_SIDE / 2) * 0.9 + SCREEN_SIDE / 2;
+    double y = floor(-p[1] / range * SCREEN_SIDE / 2) * 0.9 + SCREEN_SIDE / 2;
+    envd_raster_circle(r, envd_raster_trunc(x), envd_raster_trunc(y), radius,
+                       (envd_color_t){0, 0, 0});
+    if (radius > 1)
+        envd_raster_circle(r, envd_raster_trunc(x), envd_raster_trunc(y), radius - 1, color);
+}
+
+static int spread_render(const void *state, uint8_t *rgb)
+{
+    const simple_spread_t *s = state;
+    envd_raster_t r = {rgb, SCREEN_SIDE, SCREEN_SIDE, false};
+    envd_raster_fill(&r, (envd_color_t){255, 255, 255});
+    double range = cam_range(s);
+    if (!(range > 0)) /* every entity at the origin, or NaN: nothing to place */
+        return ENVD_OK;
+    double scaling = 0.9 * s->original_cam_range / range;
+    /* entity.color * 200: agents (0.35, 0.35, 0.85), landmarks 0.25 */
+    for (int i = 0; i < N_AGENTS; i++)
+        draw_entity(&r, s->pos[i], range, AGENT_SIZE * 350 * scaling,
+                    (envd_color_t){70, 70, 170});
+    for (int l = 0; l < N_LANDMARKS; l++)
+        draw_entity(&r, s->landmark[l], range, LANDMARK_SIZE * 350 * scaling,
+                    (envd_color_t){50, 50, 50});
+    return ENVD_OK;
+}
+
 #define SPREAD_COMMON                                                                   \
     .abi_version = ENVD_ABI_VERSION,                                                    \
     .observation_space = {.kind = ENVD_SPACE_BOX, .dtype = ENVD_DTYPE_FLOAT32, .ndim = 1, \
                           .shape = {OBS_DIM}},                                          \
     .state_size = sizeof(simple_spread_t), .num_agents = N_AGENTS,                      \
     .max_episode_steps = 0, /* max_cycles is the env's own truncation */                \
-    .params = params, .num_params = 2, .init = spread_init, .reset = spread_reset
+    .params = params, .num_params = 2, .init = spread_init, .reset = spread_reset,             \
+    .render_width = SCREEN_SIDE, .render_height = SCREEN_SIDE, .render_fps = 10,              \
+    .render = spread_render
 
 const envd_env_def_t envd_builtin_simple_spread = {
     SPREAD_COMMON,
