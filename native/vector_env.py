@@ -80,7 +80,7 @@ class VecEnv(BatchedVecEnv):
             num_threads = default_num_threads()
         num_threads = check_int("num_threads", num_threads, 0, MAX_THREADS)
         cpus = self._check_pin_cpus(pin_cpus, num_threads)
-        params = spec.param_values(env_kwargs, MAKE_ARGUMENTS)
+        params = spec.param_values(env_kwargs, MAKE_ARGUMENTS, num_envs)
         render_mode = spec.check_render_mode(render_mode)
         # seed=None: a random base seed, env i then gets base + i as for an int seed.
         seeds = seed_list(secrets.randbelow(2**63) if seed is None else seed, num_envs)

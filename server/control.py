@@ -125,7 +125,7 @@ class ControlHandlers:
                                             service.fd_check)
 
         def build() -> Session:  # on the executor: seeds and envs of big makes take time
-            params = spec.param_values(env_kwargs, _MAKE_ARGUMENTS)
+            params = spec.param_values(env_kwargs, _MAKE_ARGUMENTS, num_envs)
             seeds = seed_list(secrets.randbelow(2**63) if seed is None else seed, num_envs)
             try:
                 session = Session(client.identity, spec, num_envs, mode, max_steps, params,

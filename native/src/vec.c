@@ -351,6 +351,42 @@ static int run_result(envd_vec_t *vec, run_t *run)
 }
 
 /* ---- validation ---------------------------------------------------------------- */
+/* Whether v is one of start, ..., start + n - 1 (unsigned difference: no
+ * overflow for any start; validated: start + n - 1 fits int64). */
+static inline bool in_discrete_range(int64_t v, int64_t start, int64_t n)
+{
+    return v >= start && (uint64_t)v - (uint64_t)start < (uint64_t)n;
+}
+
+/* ENVD_OK if every element of the action (the private copy) lies in its
+ * space: Discrete, MultiDiscrete (element k in nvec_start[k] .. + nvec[k] - 1),
+ * MultiBinary (0 or 1).  Box actions are passed as given. */
+static int action_in_space(const envd_space_t *as, const void *action)
+{
+    switch (as->kind) {
+    case ENVD_SPACE_DISCRETE:
+        return in_discrete_range(*(const int64_t *)action, as->start, as->n) ? ENVD_OK
+                                                                             : ENVD_ERANGE;
+    case ENVD_SPACE_MULTI_DISCRETE: {
+        const int64_t *a = action;
+        int64_t numel = envd_space_numel(as);
+        for (int64_t k = 0; k < numel; k++)
+            if (!in_discrete_range(a[k], as->nvec_start ? as->nvec_start[k] : 0, as->nvec[k]))
+                return ENVD_ERANGE;
+        return ENVD_OK;
+    }
+    case ENVD_SPACE_MULTI_BINARY: {
+        const int8_t *a = action;
+        int64_t numel = envd_space_numel(as);
+        for (int64_t k = 0; k < numel; k++)
+            if (a[k] != 0 && a[k] != 1)
+                return ENVD_ERANGE;
+        return ENVD_OK;
+    }
+    default: return ENVD_OK;
+    }
+}
+
 static int env_startable(const envd_vec_t *vec, int64_t i)
 {
     const env_slot_t *slot = slot_of(vec, i);
@@ -358,24 +394,18 @@ static int env_startable(const envd_vec_t *vec, int64_t i)
         return ENVD_ESTATE;
     if (vec->config.autoreset_mode == ENVD_AUTORESET_DISABLED && slot->needs_reset)
         return ENVD_ESTATE;
-    const envd_space_t *as = &vec->def->action_space;
-    if (as->kind == ENVD_SPACE_DISCRETE) {
-        int64_t a = ((const int64_t *)vec->actions)[i]; /* the private copy */
-        /* unsigned difference: no overflow for any start (validated: start + n fits) */
-        if (a < as->start || (uint64_t)a - (uint64_t)as->start >= (uint64_t)as->n)
-            return ENVD_ERANGE;
-    }
-    return ENVD_OK;
+    /* the private copy */
+    return action_in_space(&vec->def->action_space, vec->actions + (size_t)i * vec->action_bytes);
 }
 
 /* The whole batch is checked before any env moves, so a refused step leaves
- * every env as it was.  Only discrete actions, DISABLED mode and envs never
- * reset need a look at each env. */
+ * every env as it was.  Only integer actions (every kind but Box), DISABLED
+ * mode and envs never reset need a look at each env. */
 static int validate_step(envd_vec_t *vec)
 {
     bool per_env = !vec->all_started ||
                    vec->config.autoreset_mode == ENVD_AUTORESET_DISABLED ||
-                   vec->def->action_space.kind == ENVD_SPACE_DISCRETE;
+                   vec->def->action_space.kind != ENVD_SPACE_BOX;
     for (int64_t i = 0; per_env && i < vec->config.num_envs; i++) {
         int rc = env_startable(vec, i);
         if (rc != ENVD_OK) {
@@ -799,7 +829,7 @@ int envd_vec_create(envd_vec_t **out, const envd_env_def_t *def,
     vec->error_index = -1;
     clear_results(&vec->whole);
     for (int64_t i = 0; i < config->num_envs; i++) {
-        rc = def->init(state_of(vec, i), config->params);
+        rc = def->init(state_of(vec, i), config->params + (size_t)i * (size_t)def->num_params);
         if (rc != ENVD_OK) {
             /* close the envs that did initialise; env i cleaned up after itself */
             vec->config.num_envs = i;

@@ -59,7 +59,8 @@ typedef struct envd_vec_config {
     int64_t num_envs;          /* 1 .. ENVD_VEC_MAX_ENVS */
     int autoreset_mode;        /* envd_autoreset_mode_t */
     int64_t max_episode_steps; /* time limit; 0 = none */
-    const double *params;      /* def->num_params validated values */
+    const double *params;      /* num_envs * def->num_params validated values:
+                                  env i's at params + i * num_params */
 } envd_vec_config_t;
 
 typedef struct envd_vec envd_vec_t;
