@@ -148,6 +148,7 @@ typedef struct envd_vec_buffers {
     double *episode_times;
     bool *dones;
     void *info_fields[8];
+    bool *agent_mask;
 } envd_vec_buffers_t;
 
 typedef struct envd_vec_config {
