@@ -57,8 +57,10 @@ CDEF = """
 #define ENVD_JOB_NOTIFY ...
 
 typedef enum { ENVD_DTYPE_FLOAT32, ENVD_DTYPE_FLOAT64, ENVD_DTYPE_INT64,
-               ENVD_DTYPE_INT32, ENVD_DTYPE_UINT8, ENVD_DTYPE_BOOL, ... } envd_dtype_t;
-typedef enum { ENVD_SPACE_BOX, ENVD_SPACE_DISCRETE, ... } envd_space_kind_t;
+               ENVD_DTYPE_INT32, ENVD_DTYPE_UINT8, ENVD_DTYPE_BOOL, ENVD_DTYPE_INT8,
+               ... } envd_dtype_t;
+typedef enum { ENVD_SPACE_BOX, ENVD_SPACE_DISCRETE, ENVD_SPACE_MULTI_DISCRETE,
+               ENVD_SPACE_MULTI_BINARY, ... } envd_space_kind_t;
 typedef enum { ENVD_PARAM_FLOAT, ENVD_PARAM_INT, ENVD_PARAM_BOOL, ... } envd_param_type_t;
 typedef enum { ENVD_AUTORESET_NEXT_STEP, ENVD_AUTORESET_SAME_STEP,
                ENVD_AUTORESET_DISABLED, ... } envd_autoreset_mode_t;
@@ -146,6 +148,7 @@ typedef struct envd_vec_buffers {
     double *episode_times;
     bool *dones;
     void *info_fields[8];
+    bool *agent_mask;
 } envd_vec_buffers_t;
 
 typedef struct envd_vec_config {

@@ -100,11 +100,25 @@ class NativeSession:
         # find none; it was refused all the same.
         return in_flight_error(self.spec.id, call, in_flight or ready)
 
+    def _row_of(self, env: int, rc: int) -> int:
+        """The row an error of env names (multi-agent envs; C names envs): the
+        first row of env whose checked action is outside the space for a
+        refused action, else the env's first row."""
+        rows = range(env * self.spec.num_agents, (env + 1) * self.spec.num_agents)
+        if rc == lib.ENVD_ERANGE:
+            actions = self._checked["actions"]
+            for row in rows:
+                if not self.spec.action_space.contains(actions[row]):
+                    return row
+        return rows[0]
+
     def _step_error(self, rc: int, call: str = "step") -> Exception:
         refusal = self._refusal(rc, call)
         if refusal is not None:
             return refusal
         index = int(lib.envd_session_error_index(self.handle))
+        if index >= 0 and self.spec.num_agents > 1:
+            index = self._row_of(index, rc)
         if rc in (lib.ENVD_ERANGE, lib.ENVD_ESTATE, lib.ENVD_EBUSY, lib.ENVD_EENV):
             return step_error(self.spec.id, self.spec.action_space, rc, index, self._checked)
         return NativeError(f"{self.spec.id}: {call} failed: {strerror(rc)} ({rc})", rc)

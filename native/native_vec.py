@@ -67,6 +67,7 @@ def vec_buffers(spec: EnvSpec, buffers: dict[str, np.ndarray]):
         "episode_times": ptr(buffers["episode_times"], "double *"),
         "dones": ptr(buffers["dones"], "bool *"),
         "info_fields": [ptr(buffers[INFO_PREFIX + field.name]) for field in spec.info_fields],
+        "agent_mask": ptr(buffers["agent_mask"], "bool *") if "agent_mask" in buffers else ffi.NULL,
     })
 
 

@@ -28,6 +28,7 @@ DTYPES = {
     lib.ENVD_DTYPE_INT32: np.dtype(np.int32),
     lib.ENVD_DTYPE_UINT8: np.dtype(np.uint8),
     lib.ENVD_DTYPE_BOOL: np.dtype(np.bool_),
+    lib.ENVD_DTYPE_INT8: np.dtype(np.int8),
 }
 PARAM_TYPES = {lib.ENVD_PARAM_FLOAT: "float", lib.ENVD_PARAM_INT: "int", lib.ENVD_PARAM_BOOL: "bool"}
 
@@ -112,12 +113,17 @@ class EnvSpec:
             f"{self.id}: render_mode must be None or {' or '.join(map(repr, self.render_modes))}, "
             f"got {render_mode!r:.100}")
 
-    def param_values(self, kwargs: dict[str, Any], arguments: Iterable[str] = ()) -> list[float]:
-        """Validate make's env kwargs; return every parameter in declaration order.
+    def param_values(self, kwargs: dict[str, Any], arguments: Iterable[str] = (),
+                     num_envs: int = 1) -> list[float]:
+        """Validate make's env kwargs; return every env's parameters: num_envs
+        rows of every parameter in declaration order, flattened (env i's values
+        at [i * len(params), (i + 1) * len(params))), as the C vec takes them.
 
-        arguments: the names of make's own keyword arguments (seed...), which a
-        mistyped one lands among the env kwargs as: an unknown name close to
-        a parameter or to one of these gets a "did you mean" in the error."""
+        A kwarg is a scalar (every env) or a list/tuple/1-d array of num_envs
+        values (one per env), each checked.  arguments: the names of make's own
+        keyword arguments (seed...), which a mistyped one lands among the env
+        kwargs as: an unknown name close to a parameter or to one of these gets
+        a "did you mean" in the error."""
         known = {p.name: p for p in self.params}
         unknown = sorted(set(kwargs) - set(known), key=str)  # names may be str and bytes
         if unknown:
@@ -126,8 +132,33 @@ class EnvSpec:
                                              else "") for i, name in enumerate(unknown))
             raise InvalidArgumentError(
                 f"{self.id} has no parameter {named}; its parameters are: {accepted}")
-        return [p.coerce(self.id, kwargs[p.name]) if p.name in kwargs else float(p.default)
-                for p in self.params]
+        columns = [self._per_env(p, kwargs[p.name], num_envs) if p.name in kwargs
+                   else [float(p.default)] * num_envs for p in self.params]
+        return [column[i] for i in range(num_envs) for column in columns]
+
+    def _per_env(self, param: "ParamSpec", value: Any, num_envs: int) -> list[float]:
+        """num_envs checked doubles of one kwarg: a scalar repeated, or a list
+        of exactly num_envs values (EnvPool issue #309)."""
+        if isinstance(value, np.ndarray) and value.ndim == 0:
+            value = value[()]
+        if not isinstance(value, (list, tuple, np.ndarray)):
+            return [param.coerce(self.id, value)] * num_envs
+        if isinstance(value, np.ndarray) and value.ndim != 1:
+            raise InvalidArgumentError(
+                f"{self.id}: parameter {param.name!r} must be a scalar or a 1-d list of "
+                f"num_envs={num_envs} values, got an array of shape {value.shape}")
+        if len(value) != num_envs:
+            raise InvalidArgumentError(
+                f"{self.id}: parameter {param.name!r} has {len(value)} values but "
+                f"num_envs={num_envs}; give one value per env, or a scalar for all")
+        values = value.tolist() if isinstance(value, np.ndarray) else value
+        checked = []
+        for i, item in enumerate(values):
+            try:
+                checked.append(param.coerce(self.id, item))
+            except InvalidArgumentError as error:
+                raise InvalidArgumentError(f"{error} (env {i} of the list)") from None
+        return checked
 
     def _hint(self, name: Any, arguments: Iterable[str]) -> str:
         """' (did you mean ...?)' for a mistyped kwarg name, else ''."""
@@ -173,12 +204,26 @@ def _space(c_space) -> spaces.Space:
         return spaces.Discrete(int(c_space.n), start=int(c_space.start))
     shape = tuple(int(c_space.shape[i]) for i in range(c_space.ndim))
     numel = int(np.prod(shape, dtype=np.int64))
+    if c_space.kind == lib.ENVD_SPACE_MULTI_BINARY:
+        return spaces.MultiBinary(shape[0] if len(shape) == 1 else list(shape))
+    if c_space.kind == lib.ENVD_SPACE_MULTI_DISCRETE:
+        # nvec and nvec_start share low's and high's storage (envd.h): int64 arrays
+        nvec = _int64s(c_space.low, numel).reshape(shape)
+        start = (np.zeros(shape, np.int64) if c_space.high == ffi.NULL
+                 else _int64s(c_space.high, numel).reshape(shape))
+        return spaces.MultiDiscrete(nvec, dtype=np.int64, start=start)
     if c_space.low == ffi.NULL or c_space.high == ffi.NULL:
         low, high = (np.full(shape, bound, dtype) for bound in _unbounded(dtype))
     else:  # C checked that integer bounds fit their dtype: the casts are exact
         low = np.frombuffer(ffi.buffer(c_space.low, 8 * numel), np.float64).reshape(shape)
         high = np.frombuffer(ffi.buffer(c_space.high, 8 * numel), np.float64).reshape(shape)
     return spaces.Box(low.astype(dtype), high.astype(dtype), shape=shape, dtype=dtype)
+
+
+def _int64s(pointer, count: int) -> np.ndarray:
+    """A copy of count int64 values at a C pointer typed const double *."""
+    return np.frombuffer(ffi.buffer(ffi.cast("const int64_t *", pointer), 8 * count),
+                         np.int64).copy()
 
 
 def _param(c_param) -> ParamSpec:

@@ -72,6 +72,11 @@ class VecEnv(BatchedVecEnv):
                  batch_size: int | None = None, render_mode: str | None = None):
         self._native = self._pool = None
         num_envs = check_int("num_envs", num_envs, 1, MAX_NUM_ENVS)
+        agents = spec.num_agents
+        if agents > 1 and batch_size is not None:
+            raise InvalidArgumentError(
+                f"{spec.id} has {agents} agents per env: async mode (batch_size) of "
+                "multi-agent envs is not supported yet; make it without batch_size")
         if batch_size is not None:
             batch_size = check_int("batch_size", batch_size, 1, num_envs)
         mode = parse_autoreset_mode(autoreset_mode)
@@ -80,18 +85,21 @@ class VecEnv(BatchedVecEnv):
             num_threads = default_num_threads()
         num_threads = check_int("num_threads", num_threads, 0, MAX_THREADS)
         cpus = self._check_pin_cpus(pin_cpus, num_threads)
-        params = spec.param_values(env_kwargs, MAKE_ARGUMENTS)
+        params = spec.param_values(env_kwargs, MAKE_ARGUMENTS, num_envs)
         render_mode = spec.check_render_mode(render_mode)
         # seed=None: a random base seed, env i then gets base + i as for an int seed.
         seeds = seed_list(secrets.randbelow(2**63) if seed is None else seed, num_envs)
-        super().__init__(spec.id, spec.observation_space, spec.action_space, num_envs, mode,
-                         max_episode_steps, copy, episode_statistics, batch_size,
+        # agents are rows: the VectorEnv has num_envs * agents of them (envd.h)
+        super().__init__(spec.id, spec.observation_space, spec.action_space, num_envs * agents,
+                         mode, max_episode_steps, copy, episode_statistics, batch_size,
                          render_mode, spec.render_fps)
+        self.num_agents = agents
         self.envd_spec = spec
         self.num_threads = num_threads
         self._bind_buffers({name: _aligned_zeros(shape, dtype) for name, (shape, dtype)
                             in buffer_layout(spec.observation_space, spec.action_space,
-                                             num_envs, mode, spec.info_fields).items()})
+                                             num_envs * agents, mode, spec.info_fields,
+                                             num_agents=agents).items()})
         try:
             if num_threads > 0:
                 self._pool = NativePool(num_threads, cpus)
@@ -105,7 +113,7 @@ class VecEnv(BatchedVecEnv):
             raise
         # Every env owns its generator from the start, so a first reset (even a
         # masked one) draws from seed + i, as gymnasium's reset(seed=seed) does.
-        self._buffers["reset_seeds"][...] = seeds
+        self._buffers["reset_seeds"][:num_envs] = seeds
         self._native.seed()
 
     @staticmethod

@@ -112,6 +112,10 @@ class ControlHandlers:
                 f"unknown env id of {len(header['env_id'])} characters; known ids: "
                 f"{', '.join(list_envs())}")
         spec = get_spec(header["env_id"])
+        if getattr(spec, "num_agents", 1) > 1:
+            raise InvalidArgumentError(
+                f"{spec.id} has {spec.num_agents} agents per env: the daemon does not serve "
+                "multi-agent envs yet; make it in-process with envd.make")
         num_envs = check_int("num_envs", header["num_envs"], 1, MAX_NUM_ENVS)
         batch_size = header.get("batch_size")
         if batch_size is not None:
@@ -125,7 +129,7 @@ class ControlHandlers:
                                             service.fd_check)
 
         def build() -> Session:  # on the executor: seeds and envs of big makes take time
-            params = spec.param_values(env_kwargs, _MAKE_ARGUMENTS)
+            params = spec.param_values(env_kwargs, _MAKE_ARGUMENTS, num_envs)
             seeds = seed_list(secrets.randbelow(2**63) if seed is None else seed, num_envs)
             try:
                 session = Session(client.identity, spec, num_envs, mode, max_steps, params,

@@ -18,8 +18,12 @@
  *
  * Everything here is ABI: a plugin built against ENVD_ABI_VERSION N is loaded
  * by a host whose envd_abi_version() is N, and by later hosts as long as N is
- * at least their ENVD_ABI_VERSION_MIN (ABI 3 only appended the render fields
- * to envd_env_def_t, which a host never reads from an ABI 2 definition).  A plugin links against
+ * at least their ENVD_ABI_VERSION_MIN.  No version changed a layout: ABI 3
+ * appended the render fields to envd_env_def_t (never read from an ABI 2
+ * definition); ABI 4 added values only (num_agents > 1, the MULTI_DISCRETE
+ * and MULTI_BINARY space kinds, the INT8 dtype, and the nvec/nvec_start
+ * names that share the storage of a space's low/high), which the host accepts
+ * only from a definition whose abi_version is 4 or more.  A plugin links against
  * nothing of envd: what an env calls at run time (the RNG draws) is static
  * inline in this header, so a plugin builds with one line:
  *     cc -shared -fPIC -O2 -I "$(python -m envd.native --include)" myenv.c -o libmyenv.so
@@ -35,7 +39,7 @@
 extern "C" {
 #endif
 
-#define ENVD_ABI_VERSION 3u
+#define ENVD_ABI_VERSION 4u
 /* The oldest ABI this host still loads (see "the env definition" below). */
 #define ENVD_ABI_VERSION_MIN 2u
 
@@ -92,15 +96,18 @@ typedef enum envd_dtype {
     ENVD_DTYPE_INT64 = 2,
     ENVD_DTYPE_INT32 = 3,
     ENVD_DTYPE_UINT8 = 4,
-    ENVD_DTYPE_BOOL = 5
+    ENVD_DTYPE_BOOL = 5,
+    ENVD_DTYPE_INT8 = 6 /* ABI 4: MultiBinary's dtype (gymnasium's np.int8) */
 } envd_dtype_t;
 
 /* Size in bytes of one element of dtype, or 0 for an unknown dtype. */
 size_t envd_dtype_size(envd_dtype_t dtype);
 
 typedef enum envd_space_kind {
-    ENVD_SPACE_BOX = 0,     /* gymnasium.spaces.Box */
-    ENVD_SPACE_DISCRETE = 1 /* gymnasium.spaces.Discrete, dtype INT64, shape () */
+    ENVD_SPACE_BOX = 0,            /* gymnasium.spaces.Box */
+    ENVD_SPACE_DISCRETE = 1,       /* gymnasium.spaces.Discrete, dtype INT64, shape () */
+    ENVD_SPACE_MULTI_DISCRETE = 2, /* ABI 4: gymnasium.spaces.MultiDiscrete, dtype INT64 */
+    ENVD_SPACE_MULTI_BINARY = 3    /* ABI 4: gymnasium.spaces.MultiBinary, dtype INT8 */
 } envd_space_kind_t;
 
 #define ENVD_MAX_DIMS 4
@@ -108,20 +115,45 @@ typedef enum envd_space_kind {
 /* Largest per-instance state an env may declare (4 GiB). */
 #define ENVD_MAX_STATE_SIZE ((size_t)1 << 32)
 
+/* Largest num_agents of a definition (ABI 4). */
+#define ENVD_MAX_AGENTS 4096
+
+/*
+ * A space, as gymnasium's of the same name:
+ *   BOX             dtype any; ndim 0..ENVD_MAX_DIMS, shape; low/high: prod(shape)
+ *                   inclusive bounds each (+-INFINITY allowed), NULL = unbounded.
+ *   DISCRETE        dtype INT64, ndim 0; values start, start+1, ..., start+n-1;
+ *                   one int64_t per sample.
+ *   MULTI_DISCRETE  dtype INT64; ndim 1..ENVD_MAX_DIMS, shape (nvec's shape);
+ *                   nvec: prod(shape) counts >= 1; nvec_start: prod(shape) starts,
+ *                   or NULL for all 0.  Element k is one of nvec_start[k], ...,
+ *                   nvec_start[k] + nvec[k] - 1 (gymnasium's MultiDiscrete(nvec,
+ *                   start=nvec_start)); prod(shape) int64_t per sample.
+ *   MULTI_BINARY    dtype INT8; ndim 1..ENVD_MAX_DIMS, shape (gymnasium's n); each
+ *                   element 0 or 1; prod(shape) int8_t per sample.
+ * nvec and nvec_start share the storage of low and high (anonymous unions: the
+ * layout is the ABI 2 one): set them by name, .nvec = counts.
+ */
 typedef struct envd_space {
     envd_space_kind_t kind;
     envd_dtype_t dtype;
     int32_t ndim;                 /* BOX: 0..ENVD_MAX_DIMS; DISCRETE: 0 */
-    int64_t shape[ENVD_MAX_DIMS]; /* BOX: the first ndim entries are used */
-    /* BOX: prod(shape) bounds each, +-INFINITY allowed; NULL = unbounded. */
-    const double *low;
-    const double *high;
+    int64_t shape[ENVD_MAX_DIMS]; /* BOX, MULTI_*: the first ndim entries are used */
+    union {
+        const double *low;   /* BOX */
+        const int64_t *nvec; /* MULTI_DISCRETE */
+    };
+    union {
+        const double *high;        /* BOX */
+        const int64_t *nvec_start; /* MULTI_DISCRETE; NULL = all 0 */
+    };
     /* DISCRETE: actions are start, start+1, ..., start+n-1. */
     int64_t n;
     int64_t start;
 } envd_space_t;
 
-/* Number of elements of one sample of the space (1 for DISCRETE). */
+/* Number of elements of one sample of the space (1 for DISCRETE, prod(shape)
+ * for the others). */
 int64_t envd_space_numel(const envd_space_t *space);
 
 /* ---- construction parameters (the kwargs of make) ------------------------ */
@@ -199,7 +231,9 @@ typedef struct envd_info_field {
 /* ---- the env definition --------------------------------------------------- */
 /*
  * init:  called once per instance on zeroed state memory, with the validated
- *        parameter values in declaration order (num_params doubles).
+ *        parameter values in declaration order (num_params doubles).  Each
+ *        instance gets its own values: a make kwarg may give one value per
+ *        env (a list of num_envs), a scalar means the same for all.
  * reset: start a new episode, drawing from rng; write one observation (the
  *        observation space's dtype and shape) to obs.
  * step:  apply one action (one sample of the action space; for DISCRETE an
@@ -222,6 +256,32 @@ typedef struct envd_info_field {
  * ABI 2 definitions end before render_width: a host reads the render fields
  * only from a definition whose abi_version is 3 or more, so ABI 2 plugins keep
  * loading (their envs do not render).
+ *
+ * Multi-agent envs (ABI 4: num_agents = A in 1..ENVD_MAX_AGENTS; ABI 2 and 3
+ * definitions must declare 1).  Agents are rows: a vec of N envs has N*A rows
+ * in every array, agent-major within an env (row i*A + a is agent a of env i),
+ * and the trainer sees a gymnasium VectorEnv of N*A rows.  The callbacks keep
+ * their signatures; every per-agent pointer covers the env's A agents:
+ *   reset writes A observations, one after the other (agent 0 first);
+ *   step reads A actions and writes A observations, reward[A],
+ *        terminated[A], truncated[A] (all start 0.0/false);
+ *   write_info: fields[k] points to A slots of info field k (per agent);
+ *   render draws the whole env, once.
+ * An agent is done at the step where its terminated or truncated is set.  On
+ * later steps of the same episode its row is dead: the env still gets an
+ * action there (a checked one; ignore it) and may write anything in its
+ * outputs, the host then overwrites the row with obs all zeros (SuperSuit's
+ * "black death"), reward 0, and the agent's final terminated/truncated flags
+ * again; info["agent_mask"] (bool per row, only when A > 1) is true on live
+ * rows, including the step an agent ends, false on dead ones.  The env's
+ * episode ends when every agent is done: the env ends it for everyone by
+ * setting all flags (its own word), the host's time limit truncates every
+ * live agent; autoreset (next_step, same_step) then resets the whole env.
+ * Episode statistics are per row: the return and live length of each agent,
+ * reported at the step that agent ends.  Seeding is per env, as for A = 1:
+ * env i draws from one stream seeded s + i, shared by its agents in the order
+ * the env's code draws.  Async batches are whole envs: batch_size and
+ * env_ids count envs, a batch of B envs is B*A rows.
  */
 typedef struct envd_env_def {
     uint32_t abi_version; /* must be ENVD_ABI_VERSION */
@@ -230,7 +290,7 @@ typedef struct envd_env_def {
     envd_space_t action_space;
     size_t state_size;         /* bytes of per-instance state, 1..ENVD_MAX_STATE_SIZE;
                                   zeroed and aligned for any type (max_align_t) */
-    int32_t num_agents;        /* 1 for now; present for multi-agent envs */
+    int32_t num_agents;        /* agents per env, 1..ENVD_MAX_AGENTS (ABI 4; before: 1) */
     int32_t max_episode_steps; /* default time limit, 0 for none */
     const envd_param_t *params;
     int32_t num_params;

@@ -41,6 +41,7 @@ size_t envd_dtype_size(envd_dtype_t dtype)
     case ENVD_DTYPE_INT32: return 4;
     case ENVD_DTYPE_UINT8: return 1;
     case ENVD_DTYPE_BOOL: return 1;
+    case ENVD_DTYPE_INT8: return 1;
     default: return 0;
     }
 }
@@ -90,6 +91,7 @@ static bool fits_integer_dtype(envd_dtype_t dtype, double v)
     case ENVD_DTYPE_INT32: return v >= -2147483648.0 && v <= 2147483647.0;
     case ENVD_DTYPE_UINT8: return v >= 0.0 && v <= 255.0;
     case ENVD_DTYPE_BOOL: return v >= 0.0 && v <= 1.0;
+    case ENVD_DTYPE_INT8: return v >= -128.0 && v <= 127.0;
     default: return true; /* floating dtypes take any bound, infinities included */
     }
 }
@@ -97,10 +99,48 @@ static bool fits_integer_dtype(envd_dtype_t dtype, double v)
 /* The same message, prefixed with the space it is about (literals concatenate). */
 #define SPACE_PROBLEM(msg) (is_obs ? "observation_space: " msg : "action_space: " msg)
 
-static const char *space_problem(const envd_space_t *space, int is_obs)
+/* MULTI_DISCRETE: nvec >= 1 everywhere and start + nvec - 1 within int64. */
+static const char *nvec_problem(const envd_space_t *space, int64_t n, int is_obs)
 {
+    if (space->nvec == NULL)
+        return SPACE_PROBLEM("a multi-discrete space needs nvec");
+    for (int64_t k = 0; k < n; k++) {
+        int64_t start = space->nvec_start ? space->nvec_start[k] : 0;
+        if (space->nvec[k] <= 0 || (start > 0 && space->nvec[k] - 1 > INT64_MAX - start))
+            return SPACE_PROBLEM("a multi-discrete space needs every nvec >= 1 and "
+                                 "nvec_start + nvec - 1 within int64");
+    }
+    return NULL;
+}
+
+/* MULTI_DISCRETE and MULTI_BINARY (ABI 4): an integer array space. */
+static const char *multi_space_problem(const envd_space_t *space, int is_obs)
+{
+    if (space->kind == ENVD_SPACE_MULTI_DISCRETE && space->dtype != ENVD_DTYPE_INT64)
+        return SPACE_PROBLEM("a multi-discrete space must have dtype INT64");
+    if (space->kind == ENVD_SPACE_MULTI_BINARY && space->dtype != ENVD_DTYPE_INT8)
+        return SPACE_PROBLEM("a multi-binary space must have dtype INT8");
+    if (space->ndim < 1)
+        return SPACE_PROBLEM("a multi-discrete or multi-binary space needs ndim >= 1");
+    int64_t n = 0;
+    switch (check_shape(space->ndim, space->shape, &n)) {
+    case SHAPE_NDIM: return SPACE_PROBLEM("ndim must be in 0..4");
+    case SHAPE_ENTRY: return SPACE_PROBLEM("every shape entry must be in 1..2^32");
+    case SHAPE_NUMEL: return SPACE_PROBLEM("more than 2^32 elements");
+    case SHAPE_OK: break;
+    }
+    return space->kind == ENVD_SPACE_MULTI_DISCRETE ? nvec_problem(space, n, is_obs) : NULL;
+}
+
+static const char *space_problem(const envd_space_t *space, int is_obs, uint32_t abi)
+{
+    if (abi < 4 && (space->kind > ENVD_SPACE_DISCRETE || space->dtype == ENVD_DTYPE_INT8))
+        return SPACE_PROBLEM("MULTI_DISCRETE, MULTI_BINARY and INT8 need ABI 4; rebuild "
+                             "it against this envd's envd.h (python -m envd.native --include)");
     if (envd_dtype_size(space->dtype) == 0)
         return SPACE_PROBLEM("unknown dtype");
+    if (space->kind == ENVD_SPACE_MULTI_DISCRETE || space->kind == ENVD_SPACE_MULTI_BINARY)
+        return multi_space_problem(space, is_obs);
     if (space->kind == ENVD_SPACE_DISCRETE) {
         if (space->dtype != ENVD_DTYPE_INT64)
             return SPACE_PROBLEM("a discrete space must have dtype INT64");
@@ -110,7 +150,7 @@ static const char *space_problem(const envd_space_t *space, int is_obs)
         return NULL;
     }
     if (space->kind != ENVD_SPACE_BOX)
-        return SPACE_PROBLEM("kind must be BOX or DISCRETE");
+        return SPACE_PROBLEM("kind must be BOX, DISCRETE, MULTI_DISCRETE or MULTI_BINARY");
     int64_t n = 0;
     switch (check_shape(space->ndim, space->shape, &n)) {
     case SHAPE_NDIM: return SPACE_PROBLEM("ndim must be in 0..4");
@@ -147,7 +187,8 @@ static const char *params_problem(const envd_env_def_t *def)
 /* Keys envd itself puts in info (envd.vector_base), and gymnasium's "_" masks. */
 static bool is_reserved_info_name(const char *name)
 {
-    static const char *const reserved[] = {"env_id", "episode", "final_obs", "final_info"};
+    static const char *const reserved[] = {"env_id", "episode", "final_obs", "final_info",
+                                           "agent_mask"};
     if (name[0] == '_')
         return true;
     for (size_t i = 0; i < sizeof reserved / sizeof reserved[0]; i++)
@@ -170,7 +211,8 @@ static const char *info_fields_problem(const envd_env_def_t *def)
             return "info_fields: a field has no name";
         if (is_reserved_info_name(f->name))
             return "info_fields: a field name is reserved (env_id, episode, final_obs, "
-                   "final_info, and names starting with '_' are envd's own info keys)";
+                   "final_info, agent_mask, and names starting with '_' are envd's own "
+                   "info keys)";
         if (envd_dtype_size(f->dtype) == 0)
             return "info_fields: a field has an unknown dtype";
         int64_t n = 0;
@@ -236,15 +278,18 @@ const char *envd_env_def_problem(const envd_env_def_t *def)
         return "id is NULL or empty";
     if (def->state_size == 0 || def->state_size > ENVD_MAX_STATE_SIZE)
         return "state_size must be in 1..ENVD_MAX_STATE_SIZE";
-    if (def->num_agents != 1)
-        return "num_agents must be 1";
+    if (def->abi_version < 4 && def->num_agents != 1)
+        return "num_agents must be 1 in an ABI 2 or 3 definition; rebuild it against this "
+               "envd's envd.h (python -m envd.native --include)";
+    if (def->num_agents < 1 || def->num_agents > ENVD_MAX_AGENTS)
+        return "num_agents must be in 1..ENVD_MAX_AGENTS";
     if (def->max_episode_steps < 0)
         return "max_episode_steps must be >= 0";
     if (def->init == NULL || def->reset == NULL || def->step == NULL)
         return "init, reset and step must not be NULL";
-    const char *problem = space_problem(&def->observation_space, 1);
+    const char *problem = space_problem(&def->observation_space, 1, def->abi_version);
     if (problem == NULL)
-        problem = space_problem(&def->action_space, 0);
+        problem = space_problem(&def->action_space, 0, def->abi_version);
     if (problem == NULL)
         problem = params_problem(def);
     if (problem == NULL)

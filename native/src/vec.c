@@ -51,6 +51,16 @@ typedef struct env_slot {
 } env_slot_t;
 _Static_assert(sizeof(env_slot_t) % _Alignof(max_align_t) == 0, "state must stay aligned");
 
+/* The books of one agent of a multi-agent env (row order), touched only by
+ * the thread stepping its env, like the env's slot. */
+typedef struct agent {
+    double episode_return;
+    int64_t episode_length;
+    bool done;        /* ended earlier in this episode: its row is dead */
+    bool final_term;  /* the flags it ended with, repeated on its dead row */
+    bool final_trunc;
+} agent_t;
+
 /* One run over envs: the whole vec (ids == NULL: env k is index k) or an
  * async batch (env k is ids[k]).  Written by the caller before dispatch, read
  * by the threads running chunks; the pool's done handshake orders both.  The
@@ -79,8 +89,10 @@ struct envd_vec {
     envd_vec_config_t config;
     envd_vec_buffers_t buf;
     envd_pool_t *pool;
-    size_t obs_bytes, action_bytes, stride;
-    size_t info_bytes[ENVD_MAX_INFO_FIELDS]; /* one env's slot of each info field */
+    size_t obs_bytes, action_bytes, stride; /* an env's: all its agents' rows */
+    size_t info_bytes[ENVD_MAX_INFO_FIELDS]; /* one env's slots of each info field */
+    int64_t agents;        /* def->num_agents: rows per env */
+    agent_t *agent_books;  /* agents > 1: num_envs * agents, row order */
     unsigned char *blocks; /* num_envs blocks of `stride` bytes */
     bool all_started;      /* every env has been reset at least once */
 
@@ -162,6 +174,8 @@ static int reset_env(envd_vec_t *vec, int64_t i, void *obs, lazy_clock_t *clock)
     slot->episode_start = clock_seconds(clock);
     slot->started = true;
     slot->needs_reset = false;
+    if (vec->agent_books)
+        memset(vec->agent_books + i * vec->agents, 0, (size_t)vec->agents * sizeof(agent_t));
     int rc = vec->def->reset(state_of(vec, i), &slot->rng, obs);
     return rc == ENVD_OK ? write_info(vec, i) : rc;
 }
@@ -178,10 +192,14 @@ static void reset_range(void *ctx, int64_t begin, int64_t end)
         if (vec->reset_seeds)
             envd_rng_seed(&slot_of(vec, i)->rng, vec->reset_seeds[i]);
         int rc = reset_env(vec, i, obs + (size_t)i * vec->obs_bytes, &clock);
-        vec->buf.terminations[i] = false;
-        vec->buf.truncations[i] = false;
-        if (vec->buf.dones)
-            vec->buf.dones[i] = false;
+        for (int64_t row = i * vec->agents; row < (i + 1) * vec->agents; row++) {
+            vec->buf.terminations[row] = false;
+            vec->buf.truncations[row] = false;
+            if (vec->buf.dones)
+                vec->buf.dones[row] = false;
+            if (vec->agent_books)
+                vec->buf.agent_mask[row] = true;
+        }
         if (rc != ENVD_OK)
             record_error(run, ENVD_EENV, i);
     }
@@ -200,6 +218,123 @@ static void write_episode_stats(envd_vec_t *vec, int64_t i, bool done, lazy_cloc
             done ? rint((clock_seconds(clock) - slot->episode_start) * 1e6) / 1e6 : 0.0;
     if (b->dones)
         b->dones[i] = done;
+}
+
+/* Episode statistics of one agent's row (multi-agent envs): its return and
+ * live length if it ended in this step, zeros otherwise. */
+static void write_agent_stats(envd_vec_t *vec, int64_t row, const agent_t *agent, bool ended,
+                              double episode_start, lazy_clock_t *clock)
+{
+    const envd_vec_buffers_t *b = &vec->buf;
+    b->episode_returns[row] = ended ? agent->episode_return : 0.0;
+    b->episode_lengths[row] = ended ? agent->episode_length : 0;
+    if (b->episode_times)
+        b->episode_times[row] =
+            ended ? rint((clock_seconds(clock) - episode_start) * 1e6) / 1e6 : 0.0;
+    if (b->dones)
+        b->dones[row] = ended;
+}
+
+/* The rows of env i after its env-level outcome: live rows take the step's
+ * results (and end when flagged or at the time limit), dead rows are
+ * overwritten (zero obs, reward 0, their final flags again; envd.h).
+ * Returns the rows that ended in this step; *all_done: every agent is done. */
+static int64_t finish_agent_rows(envd_vec_t *vec, int64_t i, const double *reward,
+                                 const bool *term, const bool *trunc, bool time_limit,
+                                 bool *all_done, lazy_clock_t *clock)
+{
+    const envd_vec_buffers_t *b = &vec->buf;
+    const int64_t A = vec->agents;
+    const size_t one_obs = vec->obs_bytes / (size_t)A;
+    unsigned char *obs = (unsigned char *)b->observations + (size_t)i * vec->obs_bytes;
+    const double episode_start = slot_of(vec, i)->episode_start;
+    int64_t ended_rows = 0;
+    *all_done = true;
+    for (int64_t a = 0; a < A; a++) {
+        const int64_t row = i * A + a;
+        agent_t *agent = &vec->agent_books[row];
+        bool ended = false;
+        if (agent->done) {
+            memset(obs + (size_t)a * one_obs, 0, one_obs);
+            b->rewards[row] = 0.0f;
+            b->terminations[row] = agent->final_term;
+            b->truncations[row] = agent->final_trunc;
+            b->agent_mask[row] = false;
+        } else {
+            const bool t = term[a], u = trunc[a] || time_limit;
+            agent->episode_return += reward[a];
+            agent->episode_length++;
+            b->rewards[row] = (float)reward[a];
+            b->terminations[row] = t;
+            b->truncations[row] = u;
+            b->agent_mask[row] = true;
+            ended = t || u;
+            if (ended) {
+                agent->done = true;
+                agent->final_term = t;
+                agent->final_trunc = u;
+            }
+        }
+        write_agent_stats(vec, row, agent, ended, episode_start, clock);
+        ended_rows += ended;
+        *all_done = *all_done && agent->done;
+    }
+    return ended_rows;
+}
+
+/* step_env for an env of A > 1 agents (rows i*A .. i*A + A - 1).  Returns the
+ * rows whose agent ended in this step. */
+static int64_t step_multi_agent_env(run_t *run, envd_vec_t *vec, int64_t i,
+                                    lazy_clock_t *clock)
+{
+    env_slot_t *slot = slot_of(vec, i);
+    const envd_vec_buffers_t *b = &vec->buf;
+    const int64_t A = vec->agents;
+    void *obs = (unsigned char *)b->observations + (size_t)i * vec->obs_bytes;
+    int rc;
+    if (slot->needs_reset) {
+        /* NEXT_STEP autoreset of the whole env: actions ignored, every row
+         * live again with reward 0, not done */
+        rc = reset_env(vec, i, obs, clock);
+        for (int64_t row = i * A; row < (i + 1) * A; row++) {
+            b->rewards[row] = 0.0f;
+            b->terminations[row] = b->truncations[row] = false;
+            b->agent_mask[row] = true;
+            write_agent_stats(vec, row, &vec->agent_books[row], false, 0.0, clock);
+        }
+        if (rc != ENVD_OK)
+            record_error(run, ENVD_EENV, i);
+        return 0;
+    }
+    /* A <= ENVD_MAX_AGENTS: at most 40 KiB on the stepping thread's stack */
+    double reward[A];
+    bool term[A], trunc[A];
+    memset(reward, 0, sizeof reward);
+    memset(term, 0, sizeof term);
+    memset(trunc, 0, sizeof trunc);
+    const void *action = vec->actions + (size_t)i * vec->action_bytes; /* the checked copy */
+    rc = vec->def->step(state_of(vec, i), &slot->rng, action, obs, reward, term, trunc);
+    if (rc == ENVD_OK)
+        rc = write_info(vec, i);
+    slot->elapsed_steps++;
+    const bool time_limit = vec->config.max_episode_steps > 0 &&
+                            slot->elapsed_steps >= vec->config.max_episode_steps;
+    bool all_done;
+    int64_t ended = finish_agent_rows(vec, i, reward, term, trunc, time_limit, &all_done, clock);
+    if (all_done) {
+        slot->needs_reset = true;
+        if (vec->config.autoreset_mode == ENVD_AUTORESET_SAME_STEP && rc == ENVD_OK) {
+            memcpy((unsigned char *)b->final_observations + (size_t)i * vec->obs_bytes, obs,
+                   vec->obs_bytes);
+            rc = reset_env(vec, i, obs, clock);
+            /* the reset's rows are the next episode's: live */
+            for (int64_t row = i * A; row < (i + 1) * A; row++)
+                b->agent_mask[row] = true;
+        }
+    }
+    if (rc != ENVD_OK)
+        record_error(run, ENVD_EENV, i);
+    return ended;
 }
 
 /* One env step with time limit, episode statistics and autoreset.  Returns
@@ -258,7 +393,10 @@ static void step_range(void *ctx, int64_t begin, int64_t end)
     envd_vec_t *vec = run->vec;
     int64_t done = 0;
     lazy_clock_t clock = {0};
-    if (run->ids)
+    if (vec->agents > 1)
+        for (int64_t k = begin; k < end; k++)
+            done += step_multi_agent_env(run, vec, run->ids ? run->ids[k] : k, &clock);
+    else if (run->ids)
         for (int64_t k = begin; k < end; k++)
             done += step_env(run, vec, run->ids[k], &clock);
     else
@@ -351,6 +489,42 @@ static int run_result(envd_vec_t *vec, run_t *run)
 }
 
 /* ---- validation ---------------------------------------------------------------- */
+/* Whether v is one of start, ..., start + n - 1 (unsigned difference: no
+ * overflow for any start; validated: start + n - 1 fits int64). */
+static inline bool in_discrete_range(int64_t v, int64_t start, int64_t n)
+{
+    return v >= start && (uint64_t)v - (uint64_t)start < (uint64_t)n;
+}
+
+/* ENVD_OK if every element of the action (the private copy) lies in its
+ * space: Discrete, MultiDiscrete (element k in nvec_start[k] .. + nvec[k] - 1),
+ * MultiBinary (0 or 1).  Box actions are passed as given. */
+static int action_in_space(const envd_space_t *as, const void *action)
+{
+    switch (as->kind) {
+    case ENVD_SPACE_DISCRETE:
+        return in_discrete_range(*(const int64_t *)action, as->start, as->n) ? ENVD_OK
+                                                                             : ENVD_ERANGE;
+    case ENVD_SPACE_MULTI_DISCRETE: {
+        const int64_t *a = action;
+        int64_t numel = envd_space_numel(as);
+        for (int64_t k = 0; k < numel; k++)
+            if (!in_discrete_range(a[k], as->nvec_start ? as->nvec_start[k] : 0, as->nvec[k]))
+                return ENVD_ERANGE;
+        return ENVD_OK;
+    }
+    case ENVD_SPACE_MULTI_BINARY: {
+        const int8_t *a = action;
+        int64_t numel = envd_space_numel(as);
+        for (int64_t k = 0; k < numel; k++)
+            if (a[k] != 0 && a[k] != 1)
+                return ENVD_ERANGE;
+        return ENVD_OK;
+    }
+    default: return ENVD_OK;
+    }
+}
+
 static int env_startable(const envd_vec_t *vec, int64_t i)
 {
     const env_slot_t *slot = slot_of(vec, i);
@@ -358,24 +532,25 @@ static int env_startable(const envd_vec_t *vec, int64_t i)
         return ENVD_ESTATE;
     if (vec->config.autoreset_mode == ENVD_AUTORESET_DISABLED && slot->needs_reset)
         return ENVD_ESTATE;
-    const envd_space_t *as = &vec->def->action_space;
-    if (as->kind == ENVD_SPACE_DISCRETE) {
-        int64_t a = ((const int64_t *)vec->actions)[i]; /* the private copy */
-        /* unsigned difference: no overflow for any start (validated: start + n fits) */
-        if (a < as->start || (uint64_t)a - (uint64_t)as->start >= (uint64_t)as->n)
-            return ENVD_ERANGE;
+    /* the private copy: every agent's action, dead rows' included */
+    const size_t one = vec->action_bytes / (size_t)vec->agents;
+    const unsigned char *actions = vec->actions + (size_t)i * vec->action_bytes;
+    for (int64_t a = 0; a < vec->agents; a++) {
+        int rc = action_in_space(&vec->def->action_space, actions + (size_t)a * one);
+        if (rc != ENVD_OK)
+            return rc;
     }
     return ENVD_OK;
 }
 
 /* The whole batch is checked before any env moves, so a refused step leaves
- * every env as it was.  Only discrete actions, DISABLED mode and envs never
- * reset need a look at each env. */
+ * every env as it was.  Only integer actions (every kind but Box), DISABLED
+ * mode and envs never reset need a look at each env. */
 static int validate_step(envd_vec_t *vec)
 {
     bool per_env = !vec->all_started ||
                    vec->config.autoreset_mode == ENVD_AUTORESET_DISABLED ||
-                   vec->def->action_space.kind == ENVD_SPACE_DISCRETE;
+                   vec->def->action_space.kind != ENVD_SPACE_BOX;
     for (int64_t i = 0; per_env && i < vec->config.num_envs; i++) {
         int rc = env_startable(vec, i);
         if (rc != ENVD_OK) {
@@ -710,6 +885,8 @@ static int check_args(const envd_env_def_t *def, const envd_vec_config_t *c,
         return ENVD_EINVAL;
     if (c->autoreset_mode == ENVD_AUTORESET_SAME_STEP && !b->final_observations)
         return ENVD_EINVAL;
+    if (def->num_agents > 1 && !b->agent_mask)
+        return ENVD_EINVAL;
     for (int k = 0; k < def->num_info_fields; k++)
         if (!b->info_fields[k])
             return ENVD_EINVAL;
@@ -744,7 +921,10 @@ uint64_t envd_vec_memory_bytes(const envd_env_def_t *def, int64_t num_envs)
     /* per env: its block, then the private copies of its action, seed and mask */
     uint64_t action = mul_add((uint64_t)envd_space_numel(&def->action_space),
                               envd_dtype_size(def->action_space.dtype), 0);
-    uint64_t per_env = mul_add(1, action, stride_of(def) + sizeof(uint64_t) + sizeof(bool));
+    action = mul_add(action, (uint64_t)def->num_agents, 0);
+    uint64_t agents = def->num_agents > 1 ? (uint64_t)def->num_agents * sizeof(agent_t) : 0;
+    uint64_t per_env =
+        mul_add(1, action, stride_of(def) + sizeof(uint64_t) + sizeof(bool) + agents);
     return mul_add(per_env, (uint64_t)num_envs, sizeof(envd_vec_t));
 }
 
@@ -754,6 +934,7 @@ static void free_buffers(envd_vec_t *vec)
     free(vec->actions);
     free(vec->seeds);
     free(vec->mask);
+    free(vec->agent_books);
 }
 
 int envd_vec_create(envd_vec_t **out, const envd_env_def_t *def,
@@ -773,11 +954,12 @@ int envd_vec_create(envd_vec_t **out, const envd_env_def_t *def,
     vec->config = *config;
     vec->buf = *buffers;
     vec->pool = pool;
-    vec->obs_bytes = space_bytes(&def->observation_space);
-    vec->action_bytes = space_bytes(&def->action_space);
+    vec->agents = def->num_agents;
+    vec->obs_bytes = space_bytes(&def->observation_space) * (size_t)vec->agents;
+    vec->action_bytes = space_bytes(&def->action_space) * (size_t)vec->agents;
     for (int k = 0; k < def->num_info_fields; k++) {
         const envd_info_field_t *f = &def->info_fields[k];
-        size_t n = 1;
+        size_t n = (size_t)vec->agents;
         for (int d = 0; d < f->ndim; d++)
             n *= (size_t)f->shape[d];
         vec->info_bytes[k] = n * envd_dtype_size(f->dtype);
@@ -789,7 +971,10 @@ int envd_vec_create(envd_vec_t **out, const envd_env_def_t *def,
     vec->actions = malloc(n * vec->action_bytes);
     vec->seeds = malloc(n * sizeof *vec->seeds);
     vec->mask = malloc(n * sizeof *vec->mask);
-    if (!vec->blocks || !vec->actions || !vec->seeds || !vec->mask) {
+    if (vec->agents > 1)
+        vec->agent_books = calloc(n * (size_t)vec->agents, sizeof(agent_t));
+    if (!vec->blocks || !vec->actions || !vec->seeds || !vec->mask ||
+        (vec->agents > 1 && !vec->agent_books)) {
         free_buffers(vec);
         free(vec);
         return ENVD_ENOMEM;
@@ -799,7 +984,7 @@ int envd_vec_create(envd_vec_t **out, const envd_env_def_t *def,
     vec->error_index = -1;
     clear_results(&vec->whole);
     for (int64_t i = 0; i < config->num_envs; i++) {
-        rc = def->init(state_of(vec, i), config->params);
+        rc = def->init(state_of(vec, i), config->params + (size_t)i * (size_t)def->num_params);
         if (rc != ENVD_OK) {
             /* close the envs that did initialise; env i cleaned up after itself */
             vec->config.num_envs = i;

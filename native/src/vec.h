@@ -35,10 +35,14 @@ typedef enum envd_autoreset_mode {
     ENVD_AUTORESET_DISABLED = 2   /* the caller resets done envs (reset with a mask) */
 } envd_autoreset_mode_t;
 
+/* Rows: an env of def->num_agents = A agents has A rows in every per-row
+ * buffer, agent-major (row i * A + a is agent a of env i; envd.h "Multi-agent
+ * envs").  "num_envs" below counts rows where a buffer is marked per row;
+ * reset seeds and masks, batch ids and error indices count envs. */
 typedef struct envd_vec_buffers {
-    void *observations;       /* num_envs samples of the observation space */
-    const void *actions;      /* num_envs samples of the action space */
-    float *rewards;           /* num_envs */
+    void *observations;       /* per row: one sample of the observation space */
+    const void *actions;      /* per row: one sample of the action space */
+    float *rewards;           /* num_envs (per row, like every buffer to dones) */
     bool *terminations;       /* num_envs */
     bool *truncations;        /* num_envs */
     void *final_observations; /* SAME_STEP: like observations, else may be NULL */
@@ -48,18 +52,23 @@ typedef struct envd_vec_buffers {
     /* Optional (may be NULL): */
     double *episode_times;    /* likewise, its wall time in seconds, rounded
                                  to microseconds (gymnasium's "t") */
-    bool *dones;              /* terminations | truncations */
+    bool *dones;              /* terminations | truncations; with A > 1: the
+                                 row's agent ended in this step (a dead row
+                                 repeats its flags but is not done again) */
     /* The env's info fields (def->info_fields), num_envs slots each; required
      * for the first def->num_info_fields entries.  Written after every reset
      * and step, so they describe the state of the observation beside them. */
     void *info_fields[ENVD_MAX_INFO_FIELDS];
+    bool *agent_mask; /* per row, required when A > 1 (else unused): the
+                         row's agent is live (envd.h "Multi-agent envs") */
 } envd_vec_buffers_t;
 
 typedef struct envd_vec_config {
     int64_t num_envs;          /* 1 .. ENVD_VEC_MAX_ENVS */
     int autoreset_mode;        /* envd_autoreset_mode_t */
     int64_t max_episode_steps; /* time limit; 0 = none */
-    const double *params;      /* def->num_params validated values */
+    const double *params;      /* num_envs * def->num_params validated values:
+                                  env i's at params + i * num_params */
 } envd_vec_config_t;
 
 typedef struct envd_vec envd_vec_t;

@@ -205,7 +205,7 @@ INFO_SLOTS, INFO_LENGTHS = "infos", "info_lengths"
 
 def buffer_layout(observation_space: spaces.Space, action_space: spaces.Space, num_envs: int,
                   mode: AutoresetMode, info_fields: Sequence[Any] = (),
-                  reward_dtype: Any = np.float32, info_bytes: int = 0
+                  reward_dtype: Any = np.float32, info_bytes: int = 0, num_agents: int = 1
                   ) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
     """name -> (shape, dtype) of every batch buffer of a vec, in a fixed order.
     The native vec reads "actions", "reset_seeds" and "reset_mask" and writes
@@ -214,7 +214,9 @@ def buffer_layout(observation_space: spaces.Space, action_space: spaces.Space, n
     buffer each.  Observations have one buffer per leaf of their space and
     actions one row per env (envd.leaves); hosted envs have float64 rewards
     (as gymnasium's vector envs) and, with info_bytes > 0, info slots of
-    that many bytes per env."""
+    that many bytes per env.  A multi-agent env (num_agents > 1) has num_envs
+    rows (envs x agents) and an "agent_mask" buffer; its reset seeds and mask
+    use the first num_envs / num_agents entries (one per env)."""
     n = num_envs
     action_shape, action_dtype = leaves.action_row(action_space)
     layout = {
@@ -234,6 +236,8 @@ def buffer_layout(observation_space: spaces.Space, action_space: spaces.Space, n
         layout.update(leaves.observation_buffers("final_observations", observation_space, n))
     for field in info_fields:
         layout[INFO_PREFIX + field.name] = ((n, *field.shape), field.dtype)
+    if num_agents > 1:
+        layout["agent_mask"] = ((n,), np.bool_)
     if info_bytes:
         layout[INFO_SLOTS] = ((n, info_bytes), np.uint8)
         layout[INFO_LENGTHS] = ((n,), np.uint32)
@@ -264,6 +268,9 @@ class BatchedVecEnv(VectorEnv):
         self._lock = threading.Lock()
         self.env_id = env_id
         self.num_envs = num_envs
+        #: agents per env: each env is num_agents rows (a subclass sets it
+        #: before binding buffers); num_envs counts rows
+        self.num_agents = 1
         self.metadata = {"autoreset_mode": mode,
                          "render_modes": [] if render_mode is None else [render_mode]}
         if render_fps is not None:
@@ -300,6 +307,7 @@ class BatchedVecEnv(VectorEnv):
         self._terminations = buffers["terminations"]
         self._truncations = buffers["truncations"]
         self._dones = buffers["dones"]
+        self._agent_mask = buffers.get("agent_mask")
         self._final_obs = (self._tree(buffers, "final_observations")
                            if self._final_obs_names[0] in buffers else None)
         # the env's own info fields: info key -> buffer
@@ -405,11 +413,20 @@ class BatchedVecEnv(VectorEnv):
             stats = tuple(a.copy() for a in stats)
         return self._episode_info(dones, self._final_obs, stats)
 
+    @property
+    def num_env_instances(self) -> int:
+        """Envs (num_envs counts rows: num_env_instances * num_agents)."""
+        return self.num_envs // self.num_agents
+
     def _env_info_now(self) -> dict[str, np.ndarray]:
-        """The env's info fields after a reset or step: views, or copies with copy=True."""
+        """The env's info fields after a reset or step (and a multi-agent
+        env's "agent_mask"): views, or copies with copy=True."""
+        info = dict(self._env_info)
+        if self._agent_mask is not None:
+            info["agent_mask"] = self._agent_mask
         if self._copy:
-            return {name: array.copy() for name, array in self._env_info.items()}
-        return dict(self._env_info)
+            return {name: array.copy() for name, array in info.items()}
+        return info
 
     def _episode_info(self, dones: np.ndarray, final_rows: Any,
                       stats: tuple[np.ndarray, ...]) -> dict[str, Any]:
@@ -473,22 +490,26 @@ class BatchedVecEnv(VectorEnv):
         the buffers are free (called with the env acquired)."""
         if self._maybe_running:
             self._check_buffers_free()
+        envs = self.num_env_instances  # a multi-agent env's inputs are per env
         if seeds is not None:
-            self._buffers["reset_seeds"][...] = seeds
+            self._buffers["reset_seeds"][:envs] = seeds
         if mask is not None:
-            self._buffers["reset_mask"][...] = mask
+            # a row selects its whole env (agents reset together)
+            self._buffers["reset_mask"][:envs] = (mask if self.num_agents == 1 else
+                                                  mask.reshape(envs, self.num_agents).any(1))
 
     # ---- gymnasium API -------------------------------------------------------------
     def reset(self, *, seed: int | Sequence[int] | None = None,
               options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict[str, Any]]:
-        """Reset every env (or those in options["reset_mask"]); seed as in make."""
+        """Reset every env (or those in options["reset_mask"]); seed as in make
+        (for a multi-agent env: one seed per env, not per row)."""
         mask = self._reset_mask(options)
-        seeds = seed_list(seed, self.num_envs) if seed is not None else None
+        seeds = seed_list(seed, self.num_env_instances) if seed is not None else None
         self._acquire()
         try:
             self._write_reset_inputs(seeds, mask)
             self._stepper.reset(seeds is not None, mask is not None)
-            info = self._env_info_now() if self._env_info else {}
+            info = self._env_info_now() if self._env_info or self._agent_mask is not None else {}
             if self._info_lengths is not None:
                 lengths = self._info_lengths if mask is None else self._info_lengths * mask
                 self._add_env_infos(info, lengths, self._info_slots)
@@ -510,7 +531,7 @@ class BatchedVecEnv(VectorEnv):
                 self._convert_actions(actions)
             num_done = self._stepper.step()
             info = self._done_info() if num_done else {}
-            if self._env_info:
+            if self._env_info or self._agent_mask is not None:
                 info.update(self._env_info_now())
             if self._info_lengths is not None:
                 self._add_env_infos(info, self._info_lengths, self._info_slots)
@@ -531,7 +552,7 @@ class BatchedVecEnv(VectorEnv):
         """Reset every env and mark them all ready: the next recv returns the
         first batch_size envs' initial observations (in env order).  Envs still
         in flight are waited for first and their results dropped."""
-        seeds = seed_list(seed, self.num_envs) if seed is not None else None
+        seeds = seed_list(seed, self.num_env_instances) if seed is not None else None
         self._acquire()
         try:
             self._write_reset_inputs(seeds, None)

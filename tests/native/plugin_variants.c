@@ -16,6 +16,12 @@
  *   ABI_2         the table and the env say ABI 2 (before rendering), with
  *                 render fields set that a host must not read: an ABI 2
  *                 definition ends before them
+ *   ABI3_AGENTS   the table and the env say ABI 3, with num_agents 2 (multi-agent
+ *                 envs need ABI 4)
+ *   ABI3_MULTI    the table and the env say ABI 3, with a MULTI_BINARY action
+ *                 space (the new kinds need ABI 4)
+ *   AGENTS_ZERO   an ABI 4 env with num_agents 0
+ *   BAD_NVEC      an ABI 4 env with a MULTI_DISCRETE action whose nvec has a 0
  * Without flags it is a valid one-env plugin: obs = [steps so far], reward 1.
  */
 #include <envd.h>
@@ -96,16 +102,30 @@ static int counter_write_info(const void *state, void *const *fields)
     return ENVD_OK;
 }
 
+#ifdef BAD_NVEC
+static const int64_t bad_nvec[] = {3, 0};
+#endif
+
 static const envd_env_def_t counter = {
 #ifdef ABI_2
     .abi_version = 2,
+#elif defined(ABI3_AGENTS) || defined(ABI3_MULTI)
+    .abi_version = 3,
 #else
     .abi_version = ENVD_ABI_VERSION,
 #endif
     .id = ENV_ID,
     .observation_space = {.kind = ENVD_SPACE_BOX, .dtype = ENVD_DTYPE_FLOAT32, .ndim = 1,
                           .shape = {1}},
+#ifdef ABI3_MULTI
+    .action_space = {.kind = ENVD_SPACE_MULTI_BINARY, .dtype = ENVD_DTYPE_INT8, .ndim = 1,
+                     .shape = {2}},
+#elif defined(BAD_NVEC)
+    .action_space = {.kind = ENVD_SPACE_MULTI_DISCRETE, .dtype = ENVD_DTYPE_INT64, .ndim = 1,
+                     .shape = {2}, .nvec = bad_nvec},
+#else
     .action_space = {.kind = ENVD_SPACE_DISCRETE, .dtype = ENVD_DTYPE_INT64, .n = 2},
+#endif
 #ifdef ZERO_STATE
     .state_size = 0,
 #elif defined(STATE_SIZE)
@@ -113,7 +133,13 @@ static const envd_env_def_t counter = {
 #else
     .state_size = sizeof(counter_t),
 #endif
+#ifdef ABI3_AGENTS
+    .num_agents = 2,
+#elif defined(AGENTS_ZERO)
+    .num_agents = 0,
+#else
     .num_agents = 1,
+#endif
     .init = counter_init,
     .reset = counter_reset,
     .step = counter_step,
@@ -142,6 +168,8 @@ static const envd_env_def_t *const envs[] = {&counter};
 const envd_plugin_t test_plugin_table = {999, 1, envs};
 #elif defined(ABI_2)
 const envd_plugin_t test_plugin_table = {2, 1, envs};
+#elif defined(ABI3_AGENTS) || defined(ABI3_MULTI)
+const envd_plugin_t test_plugin_table = {3, 1, envs};
 #elif defined(NO_ENVS)
 const envd_plugin_t test_plugin_table = {ENVD_ABI_VERSION, 0, envs};
 #else

@@ -23,8 +23,9 @@ DTYPES = {name: int(value) for name, value in re.findall(r"ENVD_DTYPE_(\w+) = (\
 MAX_DIMS = int(re.search(r"#define ENVD_MAX_DIMS (\d+)", HEADER)[1])
 OK, EINVAL, EABI = CODES["ENVD_OK"], CODES["ENVD_EINVAL"], CODES["ENVD_EABI"]
 
-BOX, DISCRETE = 0, 1
-ELEMENT_SIZES = {"FLOAT32": 4, "FLOAT64": 8, "INT64": 8, "INT32": 4, "UINT8": 1, "BOOL": 1}
+BOX, DISCRETE, MULTI_DISCRETE, MULTI_BINARY = 0, 1, 2, 3
+ELEMENT_SIZES = {"FLOAT32": 4, "FLOAT64": 8, "INT64": 8, "INT32": 4, "UINT8": 1, "BOOL": 1,
+                 "INT8": 1}
 # the rows X(name) of ENVD_BUILTIN_ENVS (builtin_envs.h), the one list of built-ins
 BUILTIN_SYMBOLS = ["envd_builtin_" + name for name in re.findall(
     r"^\s+X\((\w+)\)", (cbuild.SRC / "builtin_envs.h").read_text(), re.M)]
@@ -206,7 +207,9 @@ TOP_LEVEL = [
     ("state_size", 0, EINVAL),
     ("state_size", 1, OK),
     ("num_agents", 0, EINVAL),
-    ("num_agents", 2, EINVAL),
+    ("num_agents", 2, OK),  # ABI 4: agents as rows
+    ("num_agents", 4096, OK),  # ENVD_MAX_AGENTS
+    ("num_agents", 4097, EINVAL),
     ("num_agents", -1, EINVAL),
     ("max_episode_steps", -1, EINVAL),
     ("max_episode_steps", INT32_MIN, EINVAL),
@@ -234,7 +237,7 @@ def test_validate_top_level(lib, field, value, want):
 # actions.  Pendulum: Box float32 (1,) actions with bounds [-2, 2].
 NAN, INF = math.nan, math.inf
 SPACE_CASES = [
-    ("obs", {"kind": 2}, EINVAL),
+    ("obs", {"kind": 4}, EINVAL),
     ("obs", {"kind": -1}, EINVAL),
     ("obs", {"dtype": len(DTYPES)}, EINVAL),
     ("obs", {"dtype": -1}, EINVAL),
@@ -282,7 +285,24 @@ SPACE_CASES = [
     ("act", {"dtype": DTYPES["FLOAT32"]}, EINVAL),
     ("act", {"dtype": DTYPES["UINT8"]}, EINVAL),
     ("act", {"dtype": len(DTYPES)}, EINVAL),
-    ("act", {"kind": 2}, EINVAL),
+    ("act", {"kind": 4}, EINVAL),
+    # MULTI_DISCRETE (ABI 4): INT64, ndim >= 1, nvec >= 1, start + nvec - 1 within int64
+    ("act", {"kind": MULTI_DISCRETE, "ndim": 1, "shape": [2], "nvec": [3, 1]}, OK),
+    ("act", {"kind": MULTI_DISCRETE, "ndim": 2, "shape": [1, 2], "nvec": [3, 4],
+             "nvec_start": [-5, 2**63 - 4]}, OK),
+    ("act", {"kind": MULTI_DISCRETE, "ndim": 1, "shape": [2], "nvec": [3, 4],
+             "nvec_start": [0, 2**63 - 3]}, EINVAL),
+    ("act", {"kind": MULTI_DISCRETE, "ndim": 1, "shape": [2], "nvec": [3, 0]}, EINVAL),
+    ("act", {"kind": MULTI_DISCRETE, "ndim": 1, "shape": [2], "nvec": [-1, 2]}, EINVAL),
+    ("act", {"kind": MULTI_DISCRETE, "ndim": 1, "shape": [2], "nvec": None}, EINVAL),
+    ("act", {"kind": MULTI_DISCRETE, "ndim": 0, "nvec": [3]}, EINVAL),
+    ("act", {"kind": MULTI_DISCRETE, "ndim": 1, "shape": [1], "nvec": [3],
+             "dtype": DTYPES["INT32"]}, EINVAL),
+    # MULTI_BINARY (ABI 4): INT8, ndim >= 1
+    ("act", {"kind": MULTI_BINARY, "dtype": DTYPES["INT8"], "ndim": 2, "shape": [2, 3]}, OK),
+    ("act", {"kind": MULTI_BINARY, "dtype": DTYPES["INT8"], "ndim": 0}, EINVAL),
+    ("act", {"kind": MULTI_BINARY, "dtype": DTYPES["UINT8"], "ndim": 1, "shape": [2]}, EINVAL),
+    ("obs", {"kind": MULTI_BINARY, "dtype": DTYPES["INT8"], "ndim": 1, "shape": [5]}, OK),
     ("pendulum_act", {"low": [2.0], "high": [-2.0]}, EINVAL),
     ("pendulum_act", {"low": [NAN], "high": [2.0]}, EINVAL),
     ("pendulum_act", {"low": [-2.0], "high": [NAN]}, EINVAL),
@@ -299,6 +319,15 @@ def apply_space_changes(space: cbuild.Space, changes: dict, keep: list):
         if key == "shape":
             for i, extent in enumerate(value):
                 space.shape[i] = extent
+        elif key in ("nvec", "nvec_start"):  # int64 arrays in low's and high's storage
+            field = "low" if key == "nvec" else "high"
+            pointer = ctypes.POINTER(ctypes.c_double)
+            if value is None:
+                setattr(space, field, pointer())
+            else:
+                array = (ctypes.c_int64 * len(value))(*value)
+                keep.append(array)
+                setattr(space, field, ctypes.cast(array, pointer))
         elif key in ("low", "high"):
             pointer = ctypes.POINTER(ctypes.c_double)
             if value is None:
@@ -443,7 +472,7 @@ def test_no_info_fields_needs_no_callback(lib):
 @pytest.mark.parametrize("field, value, problem", [
     ("id", None, "id is NULL or empty"),
     ("state_size", 0, "state_size"),
-    ("num_agents", 2, "num_agents must be 1"),
+    ("num_agents", 0, "num_agents must be in 1..ENVD_MAX_AGENTS"),
     ("max_episode_steps", -1, "max_episode_steps must be >= 0"),
     ("step", cbuild.STEP(), "init, reset and step must not be NULL"),
     ("abi_version", ABI_VERSION + 1, "abi_version differs"),
@@ -506,7 +535,7 @@ def test_render_info_of_builtins(lib, symbol):
 def test_abi_2_definitions_load_and_their_render_fields_are_never_read(lib):
     """An ABI 2 definition ends before render_width: whatever bytes follow it
     are neither validated nor used."""
-    assert ABI_VERSION == 3 and ABI_VERSION_MIN == 2
+    assert ABI_VERSION == 4 and ABI_VERSION_MIN == 2
     d = builtin(lib)
     d.abi_version = 2
     d.render_width, d.render_height, d.render_fps = -7, 99999, -1  # invalid if read
@@ -538,5 +567,31 @@ def test_render_problems_name_the_field(lib, changes, problem):
     d = builtin(lib)
     for field, value in changes.items():
         setattr(d, field, value)
+    assert problem in lib.envd_env_def_problem(ctypes.byref(d)).decode()
+    assert validate(lib, d) == EINVAL
+
+
+@pytest.mark.parametrize("abi", [2, 3])
+@pytest.mark.parametrize("which, changes, problem", [
+    ("top", {"num_agents": 2}, "num_agents must be 1 in an ABI 2 or 3 definition; rebuild"),
+    ("act", {"kind": MULTI_BINARY, "dtype": DTYPES["INT8"], "ndim": 1, "shape": [2]},
+     "action_space: MULTI_DISCRETE, MULTI_BINARY and INT8 need ABI 4; rebuild"),
+    ("obs", {"dtype": DTYPES["INT8"], "low": None, "high": None},
+     "observation_space: MULTI_DISCRETE, MULTI_BINARY and INT8 need ABI 4; rebuild"),
+])
+def test_abi_4_values_are_refused_in_older_definitions(lib, abi, which, changes, problem):
+    """ABI 4 changed no layout, only values an ABI 2 or 3 definition cannot
+    have: a definition of those versions that has them is refused, saying how
+    to rebuild, and is valid with the ABI 4 version."""
+    d = builtin(lib)
+    keep = []
+    if which == "top":
+        for field, value in changes.items():
+            setattr(d, field, value)
+    else:
+        apply_space_changes(d.observation_space if which == "obs" else d.action_space,
+                            changes, keep)
+    assert validate(lib, d) == OK
+    d.abi_version = abi
     assert problem in lib.envd_env_def_problem(ctypes.byref(d)).decode()
     assert validate(lib, d) == EINVAL

@@ -164,7 +164,10 @@ def test_unknown_env_kwarg_lists_parameters():
     ("Pendulum-v1", {"g": -1.0}, "out of range"),
     ("Pendulum-v1", {"g": 10**400}, "out of range"),
     ("CartPole-v1", {"sutton_barto_reward": 1}, "must be a bool"),
-    ("MountainCar-v0", {"goal_velocity": [0.1]}, "must be a float"),
+    ("MountainCar-v0", {"goal_velocity": {"v": 0.1}}, "must be a float"),
+    # a list means one value per env (docs/writing-envs.md): of num_envs values
+    ("MountainCar-v0", {"goal_velocity": [0.1]}, "has 1 values but num_envs=2"),
+    ("MountainCar-v0", {"goal_velocity": [0.1, "x"]}, "must be a float.*env 1 of the list"),
 ])
 def test_ill_typed_env_kwargs(env_id, kwargs, match):
     with pytest.raises(InvalidArgumentError, match=match):

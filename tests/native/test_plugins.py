@@ -66,6 +66,13 @@ BROKEN = {
     "RESERVED_INFO": (('INFO_NAME="episode"',), "is invalid: info_fields: a field name is reserved"),
     "UNDERSCORE_INFO": (('INFO_NAME="_steps"',), "names starting with '_' are envd's own"),
     "BAD_RENDER": (("BAD_RENDER",), "is invalid: render: render_width and render_height"),
+    # ABI 4 added values an older definition cannot have: refused with a rebuild hint
+    "ABI3_AGENTS": (("ABI3_AGENTS",), "num_agents must be 1 in an ABI 2 or 3 definition; "
+                                      "rebuild it against this envd's envd.h"),
+    "ABI3_MULTI": (("ABI3_MULTI",), "action_space: MULTI_DISCRETE, MULTI_BINARY and INT8 "
+                                    "need ABI 4; rebuild it"),
+    "AGENTS_ZERO": (("AGENTS_ZERO",), "num_agents must be in 1..ENVD_MAX_AGENTS"),
+    "BAD_NVEC": (("BAD_NVEC",), "action_space: a multi-discrete space needs every nvec >= 1"),
 }
 
 

@@ -1,0 +1,35 @@
+"""Agents as rows (envd.h ABI 4, num_agents > 1): the Seek-v0 test plugin
+(tests/native/multi_agent.c, 3 agents, MultiDiscrete actions) against its
+plain-Python reference (support/multi_agent_checks.py), in-process.  Each
+check runs in a fresh interpreter: a loaded plugin stays in the registry."""
+from __future__ import annotations
+
+import pytest
+
+from support.multi_agent_checks import SOURCE, run_check
+from support.plugin_checks import build_plugin
+
+
+@pytest.fixture(scope="module")
+def library(tmp_path_factory):
+    return str(build_plugin(SOURCE, tmp_path_factory.mktemp("agents") / "libseek.so"))
+
+
+def test_agents_are_rows_of_the_vector_env(library):
+    run_check("rows_and_spaces", library)
+
+
+def test_matches_reference_for_thread_counts_and_chunks(library):
+    run_check("matches_reference", library)
+
+
+def test_per_env_kwargs_match_separately_made_envs(library):
+    run_check("per_env_speed_matches_separate_envs", library)
+
+
+def test_reset_seeds_and_masks_are_per_env(library):
+    run_check("reset_mask_and_seeds_are_per_env", library)
+
+
+def test_out_of_range_action_names_its_row_and_async_is_refused(library):
+    run_check("out_of_range_action_names_the_row", library)
