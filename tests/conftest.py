@@ -7,9 +7,13 @@ import pytest
 # The built-ins gymnasium has, each matched against gymnasium bit for bit.
 GYMNASIUM_ENV_IDS = ["CartPole-v1", "Pendulum-v1", "MountainCar-v0",
                      "MountainCarContinuous-v0", "Acrobot-v1"]
-# Every built-in env: the others are checked against their own independent
-# references (tests/native/test_snake.py, test_connect_four.py).
+# Every single-agent built-in env: the others are checked against their own
+# independent references (tests/native/test_snake.py, test_connect_four.py).
 BUILTIN_ENV_IDS = GYMNASIUM_ENV_IDS + ["Snake-v0", "ConnectFour-v0"]
+# The multi-agent built-ins (agents as rows), checked against mpe2
+# (tests/native/test_simple_spread.py, test_simple_spread_vec.py); apart
+# because the daemon and async mode do not serve multi-agent envs yet.
+MULTI_AGENT_ENV_IDS = ["simple_spread_v3", "simple_spread_continuous_v3"]
 
 
 def random_actions(space, num_envs: int, rng: np.random.Generator) -> np.ndarray:

@@ -21,7 +21,9 @@
     X(mountain_car_continuous)       \
     X(acrobot)                       \
     X(snake)                         \
-    X(connect_four)
+    X(connect_four)                  \
+    X(simple_spread)                 \
+    X(simple_spread_continuous)
 
 #define ENVD_BUILTIN_DECLARE(name) extern const envd_env_def_t envd_builtin_##name;
 ENVD_BUILTIN_ENVS(ENVD_BUILTIN_DECLARE)

@@ -34,6 +34,13 @@ class EnvdEnv(gymnasium.Env):
     metadata: dict[str, Any] = {"render_modes": []}
 
     def __init__(self, venv: BatchedVecEnv):
+        agents = getattr(venv, "num_agents", 1)
+        if agents > 1:
+            # a gymnasium.Env is one agent; a multi-agent env is only rows of a vector env
+            raise InvalidArgumentError(
+                f"{venv.env_id} is a multi-agent env "
+                f"({agents} agents, one row each): a single gymnasium.Env cannot hold it; "
+                "use envd.make(env_id, num_envs) or gymnasium.make_vec")
         if venv.num_envs != 1 or venv.metadata.get("autoreset_mode") != AutoresetMode.DISABLED:
             raise InvalidArgumentError(
                 "EnvdEnv wraps a vector env of num_envs=1 made with autoreset_mode='disabled' "

@@ -14,7 +14,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import envd
-from conftest import random_actions
+from conftest import MULTI_AGENT_ENV_IDS, random_actions
 from support.daemon import in_bounds_actions, wait_until
 from envd.gymnasium_registry import BUILTIN_ENV_IDS
 from envd.single_env import EnvdEnv
@@ -226,11 +226,21 @@ def test_single_env_equals_gymnasium_env(env_id):
     theirs.close()
 
 
-@pytest.mark.parametrize("env_id", BUILTIN_ENV_IDS)
+@pytest.mark.parametrize("env_id", sorted(set(BUILTIN_ENV_IDS) - set(MULTI_AGENT_ENV_IDS)))
 def test_single_env_passes_gymnasium_env_checker(env_id):
     env = gym.make(f"envd/{env_id}", disable_env_checker=True)
     check_env(env.unwrapped, skip_render_check=True)
     env.close()
+
+
+@pytest.mark.parametrize("env_id", MULTI_AGENT_ENV_IDS)
+def test_single_env_refuses_a_multi_agent_env_clearly(env_id):
+    """gymnasium.make of a multi-agent built-in says to make a vector env (its
+    agents are rows of one) instead of a wrapper error about num_envs."""
+    with pytest.raises(envd.InvalidArgumentError, match="multi-agent env .3 agents.*make_vec"):
+        gym.make(f"envd/{env_id}", disable_env_checker=True)
+    with gym.make_vec(f"envd/{env_id}", num_envs=2) as env:
+        assert env.num_envs == 6
 
 
 def test_single_env_refuses_what_it_cannot_do():

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import cbuild
-from conftest import BUILTIN_ENV_IDS
+from conftest import BUILTIN_ENV_IDS, MULTI_AGENT_ENV_IDS
 
 HEADER = (cbuild.INCLUDE / "envd.h").read_text()
 CODES = cbuild.ERROR_CODES
@@ -154,7 +154,7 @@ def test_builtin_table(lib):
         d = lib.envd_builtin_get(i)
         assert d, i
         ids.append(d.contents.id.decode())
-    assert sorted(ids) == sorted(BUILTIN_ENV_IDS)
+    assert sorted(ids) == sorted(BUILTIN_ENV_IDS + MULTI_AGENT_ENV_IDS)
     # The table points at the exported definitions themselves.
     addresses = {ctypes.addressof(lib.envd_builtin_get(i).contents)
                  for i in range(lib.envd_builtin_count())}
@@ -511,7 +511,9 @@ FRAMES = {"envd_builtin_cartpole": (600, 400, 50), "envd_builtin_pendulum": (500
           "envd_builtin_mountain_car": (600, 400, 30),
           "envd_builtin_mountain_car_continuous": (600, 400, 30),
           "envd_builtin_acrobot": (500, 500, 15), "envd_builtin_snake": (240, 240, 15),
-          "envd_builtin_connect_four": (560, 480, 2)}
+          "envd_builtin_connect_four": (560, 480, 2),
+          "envd_builtin_simple_spread": (700, 700, 10),
+          "envd_builtin_simple_spread_continuous": (700, 700, 10)}
 
 
 def render_info(lib, d: cbuild.EnvDef) -> tuple[int, int, int] | None:

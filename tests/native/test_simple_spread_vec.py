@@ -1,0 +1,132 @@
+"""The built-in simple_spread_v3 through envd (a vec of multi-agent envs, agents
+as rows) against mpe2's parallel API, one reference env per envd env.
+
+envd.make(id, n, seed=s) is n envs of 3 agents: 3n rows, agent-major within an
+env (row 3i + a is agent a of env i), env i seeded s + i.  The reference is n
+``mpe2.simple_spread_v3.parallel_env``s, env i reset with seed s + i.  With
+next_step autoreset (envd's default, gymnasium's), the step after an env's
+episode ends resets that env (reset() without a seed: the env's stream goes
+on), ignores its actions and returns reward 0 and no flags.  Observations are
+bit-equal (float32), rewards equal as float32, terminations and truncations
+equal, whatever the thread count (0, 1, 2).  (The daemon refuses multi-agent
+envs for now; its equivalence test comes with the daemon's support.)
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import envd
+
+mpe2_spread = pytest.importorskip("mpe2.simple_spread_v3", reason="mpe2 is the reference")
+
+N_AGENTS = 3
+IDS = {"simple_spread_v3": False, "simple_spread_continuous_v3": True}
+
+
+def random_rows(rng: np.random.Generator, rows: int, continuous: bool) -> np.ndarray:
+    """Actions for every row; continuous ones go beyond [0, 1] now and then
+    (mpe2's wrapper clips them, and so does the env)."""
+    if not continuous:
+        return rng.integers(0, 5, rows, dtype=np.int64)
+    return (rng.random((rows, 5), dtype=np.float32) * np.float32(1.4) - np.float32(0.2))
+
+
+class Reference:
+    """n mpe2 parallel envs stepped as envd steps its n envs (next_step autoreset)."""
+
+    def __init__(self, num_envs: int, continuous: bool, local_ratio, max_cycles: int):
+        ratios = np.broadcast_to(np.asarray(local_ratio, np.float64), (num_envs,))
+        self.envs = [mpe2_spread.parallel_env(N=N_AGENTS, local_ratio=float(r),
+                                              max_cycles=max_cycles,
+                                              continuous_actions=continuous)
+                     for r in ratios]
+        self.agents = self.envs[0].possible_agents
+        self.ended = np.zeros(num_envs, bool)
+
+    def reset(self, seed: int) -> np.ndarray:
+        self.ended[:] = False
+        return np.concatenate([self._stack(e.reset(seed=seed + i)[0])
+                               for i, e in enumerate(self.envs)])
+
+    def step(self, actions: np.ndarray):
+        obs, rew, term, trunc = [], [], [], []
+        for i, e in enumerate(self.envs):
+            if self.ended[i]:  # next_step autoreset: reset, actions ignored
+                obs.append(self._stack(e.reset()[0]))
+                rew.append(np.zeros(N_AGENTS))
+                term.append(np.zeros(N_AGENTS, bool))
+                trunc.append(np.zeros(N_AGENTS, bool))
+                self.ended[i] = False
+                continue
+            rows = actions[i * N_AGENTS:(i + 1) * N_AGENTS]
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # mpe2's out-of-bounds warnings
+                o, r, te, tr, _ = e.step({a: rows[k] for k, a in enumerate(self.agents)})
+            obs.append(self._stack(o))
+            rew.append(self._stack(r).astype(np.float64))
+            term.append(self._stack(te))
+            trunc.append(self._stack(tr))
+            self.ended[i] = bool(np.all(term[-1] | trunc[-1]))
+        return tuple(np.concatenate(x) for x in (obs, rew, term, trunc))
+
+    def _stack(self, values: dict) -> np.ndarray:
+        return np.array([values[a] for a in self.agents])
+
+    def close(self) -> None:
+        for e in self.envs:
+            e.close()
+
+
+def assert_same(step: int, ours, expected) -> None:
+    obs, rew, term, trunc = ours
+    r_obs, r_rew, r_term, r_trunc = expected
+    assert obs.dtype == np.float32 and obs.shape == r_obs.shape
+    assert obs.tobytes() == r_obs.tobytes(), f"observations differ at step {step}"
+    np.testing.assert_array_equal(rew, r_rew.astype(np.float32), err_msg=f"rewards, step {step}")
+    np.testing.assert_array_equal(term, r_term, err_msg=f"terminations, step {step}")
+    np.testing.assert_array_equal(trunc, r_trunc, err_msg=f"truncations, step {step}")
+
+
+def run_equivalence(env, ref: Reference, seed: int, continuous: bool, steps: int) -> int:
+    """Step env and ref with the same random actions; the number of episodes ended."""
+    obs, info = env.reset(seed=seed)
+    assert obs.tobytes() == ref.reset(seed).tobytes()
+    rng = np.random.default_rng(seed + 1000)
+    ended = 0
+    for step in range(steps):
+        actions = random_rows(rng, env.num_envs, continuous)
+        obs, rew, term, trunc, info = env.step(actions)
+        assert_same(step, (obs, rew, term, trunc), ref.step(actions))
+        assert info["agent_mask"].all()  # the agents of an env end together
+        ended += int(np.sum(trunc)) // N_AGENTS
+    return ended
+
+
+@pytest.mark.parametrize("num_threads", [0, 1, 2])
+@pytest.mark.parametrize("num_envs", [1, 7, 64])
+@pytest.mark.parametrize("env_id", sorted(IDS))
+def test_vec_matches_mpe2(env_id, num_envs, num_threads):
+    continuous, seed, max_cycles = IDS[env_id], 11 + num_envs, 25
+    ref = Reference(num_envs, continuous, 0.5, max_cycles)
+    with envd.make(env_id, num_envs, seed=seed, num_threads=num_threads) as env:
+        assert env.num_envs == num_envs * N_AGENTS
+        assert env.single_observation_space.shape == (6 * N_AGENTS,)
+        ended = run_equivalence(env, ref, seed, continuous, steps=2 * max_cycles + 5)
+    ref.close()
+    assert ended == 2 * num_envs  # two episodes of every env, across an autoreset
+
+
+@pytest.mark.parametrize("env_id", sorted(IDS))
+def test_kwargs_match_mpe2(env_id):
+    """local_ratio and max_cycles reach the env; local_ratio per env (a list)
+    steps like separately made envs."""
+    continuous, num_envs, max_cycles = IDS[env_id], 4, 7
+    ratios = [0.0, 0.3, 0.9, 1.0]
+    ref = Reference(num_envs, continuous, ratios, max_cycles)
+    with envd.make(env_id, num_envs, seed=5, local_ratio=ratios, max_cycles=max_cycles) as env:
+        ended = run_equivalence(env, ref, 5, continuous, steps=3 * (max_cycles + 1))
+    ref.close()
+    assert ended == 3 * num_envs
