@@ -72,6 +72,15 @@ class Reference:
             self.ended[i] = bool(np.all(term[-1] | trunc[-1]))
         return tuple(np.concatenate(x) for x in (obs, rew, term, trunc))
 
+    def step_reset(self) -> np.ndarray:
+        """same_step autoreset: reset the envs whose episode just ended, now."""
+        obs = []
+        for i, e in enumerate(self.envs):
+            assert self.ended[i]
+            obs.append(self._stack(e.reset()[0]))
+        self.ended[:] = False
+        return np.concatenate(obs)
+
     def _stack(self, values: dict) -> np.ndarray:
         return np.array([values[a] for a in self.agents])
 
@@ -130,3 +139,41 @@ def test_kwargs_match_mpe2(env_id):
         ended = run_equivalence(env, ref, 5, continuous, steps=3 * (max_cycles + 1))
     ref.close()
     assert ended == 3 * num_envs
+
+
+@pytest.mark.parametrize("env_id", sorted(IDS))
+def test_episode_statistics_and_same_step_match_mpe2(env_id):
+    """same_step autoreset: the step that ends an episode returns the reset
+    observation and each row's final observation (mpe2's last one) in
+    info["final_obs"]; every row's episode statistics are its agent's return
+    (the sum of the env's float64 rewards, before they are rounded to float32)
+    and length max_cycles."""
+    continuous, num_envs, seed, max_cycles = IDS[env_id], 5, 21, 6
+    ref = Reference(num_envs, continuous, 0.5, max_cycles)
+    with envd.make(env_id, num_envs, seed=seed, max_cycles=max_cycles,
+                   autoreset_mode="same_step") as env:
+        obs, _ = env.reset(seed=seed)
+        assert obs.tobytes() == ref.reset(seed).tobytes()
+        rng = np.random.default_rng(seed)
+        returns = np.zeros(env.num_envs)
+        for step in range(3 * max_cycles):
+            actions = random_rows(rng, env.num_envs, continuous)
+            obs, rew, term, trunc, info = env.step(actions)
+            r_obs, r_rew, r_term, r_trunc = ref.step(actions)
+            returns += r_rew
+            np.testing.assert_array_equal(rew, r_rew.astype(np.float32))
+            np.testing.assert_array_equal(trunc, r_trunc)
+            if step % max_cycles != max_cycles - 1:
+                assert obs.tobytes() == r_obs.tobytes(), step
+                assert "final_obs" not in info and "envd_episode" not in info
+                continue
+            assert trunc.all() and not term.any()
+            assert info["_final_obs"].all()
+            finals = np.stack(info["final_obs"])
+            assert finals.tobytes() == r_obs.tobytes(), step
+            assert obs.tobytes() == ref.step_reset().tobytes(), step  # the reset, same step
+            assert info["_envd_episode"].all()
+            np.testing.assert_array_equal(info["envd_episode"]["l"], max_cycles)
+            np.testing.assert_array_equal(info["envd_episode"]["r"], returns)
+            returns[:] = 0
+    ref.close()
