@@ -36,7 +36,8 @@ import numpy as np
 
 from envd.errors import EnvStateError, InvalidArgumentError, NativeError
 from envd.native._envd_native import ffi, lib
-from envd.native.native_vec import NativePool, ptr, strerror, vec_buffers, vec_config
+from envd.native.native_vec import (NativePool, per_env_params, ptr, strerror, vec_buffers,
+                                   vec_config)
 from envd.native.registry import EnvSpec
 from envd.vector_base import (in_flight_error, not_idle_error, ready_error, recv_short_error,
                               send_error, step_error)
@@ -62,7 +63,8 @@ class NativeSession:
         backend = ffi.new("envd_backend_t **")
         rc = lib.envd_backend_pool_create(
             backend, spec.definition,
-            vec_config(num_envs, autoreset_mode, max_episode_steps, self._params),
+            vec_config(num_envs, autoreset_mode, max_episode_steps, self._params,
+                       per_env_params(spec, num_envs, params)),
             self._c_buffers, ffi.NULL if pool is None else pool.handle)
         self._check(rc, f"creating {num_envs} {spec.id} envs")
         out = ffi.new("envd_session_t **")
