@@ -25,11 +25,13 @@ class Lights:
     """One env of Lights-v0 (switches=False) or Switches-v0 (switches=True)
     under envd's vec: time limit and next_step autoreset included."""
 
-    def __init__(self, seed: int, bonus: float, switches: bool):
+    def __init__(self, seed: int, bonus: float, switches: bool, same_step: bool = False):
         self.rng = np.random.default_rng(seed)  # envd seeds env i with seed + i
         self.bonus = bonus
         self.switches = switches
+        self.same_step = same_step  # autoreset mode same_step, else next_step
         self.needs_reset = False
+        self.final_obs: np.ndarray | None = None  # same_step: of the last step that ended
 
     def _obs(self) -> np.ndarray:
         if self.switches:
@@ -55,6 +57,9 @@ class Lights:
         reward = sum(self.on) + (self.bonus if terminated else 0.0)
         truncated = self.elapsed >= TIME_LIMIT
         self.needs_reset = terminated or truncated
+        if self.needs_reset and self.same_step:
+            self.final_obs = self._obs()
+            return self.reset(), reward, terminated, truncated
         return self._obs(), reward, terminated, truncated
 
 
