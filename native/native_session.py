@@ -119,7 +119,7 @@ class NativeSession:
         if refusal is not None:
             return refusal
         index = int(lib.envd_session_error_index(self.handle))
-        if index >= 0 and self.spec.num_agents > 1:
+        if index >= 0 and getattr(self.spec, "num_agents", 1) > 1:  # (hosted specs: 1)
             index = self._row_of(index, rc)
         if rc in (lib.ENVD_ERANGE, lib.ENVD_ESTATE, lib.ENVD_EBUSY, lib.ENVD_EENV):
             return step_error(self.spec.id, self.spec.action_space, rc, index, self._checked)
