@@ -156,6 +156,7 @@ typedef struct envd_vec_config {
     int autoreset_mode;
     int64_t max_episode_steps;
     const double *params;
+    bool per_env_params;
 } envd_vec_config_t;
 
 typedef struct envd_vec_stats {

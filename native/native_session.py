@@ -36,7 +36,8 @@ import numpy as np
 
 from envd.errors import EnvStateError, InvalidArgumentError, NativeError
 from envd.native._envd_native import ffi, lib
-from envd.native.native_vec import NativePool, ptr, strerror, vec_buffers, vec_config
+from envd.native.native_vec import (NativePool, per_env_params, ptr, strerror, vec_buffers,
+                                   vec_config)
 from envd.native.registry import EnvSpec
 from envd.vector_base import (in_flight_error, not_idle_error, ready_error, recv_short_error,
                               send_error, step_error)
@@ -62,7 +63,8 @@ class NativeSession:
         backend = ffi.new("envd_backend_t **")
         rc = lib.envd_backend_pool_create(
             backend, spec.definition,
-            vec_config(num_envs, autoreset_mode, max_episode_steps, self._params),
+            vec_config(num_envs, autoreset_mode, max_episode_steps, self._params,
+                       per_env_params(spec, num_envs, params)),
             self._c_buffers, ffi.NULL if pool is None else pool.handle)
         self._check(rc, f"creating {num_envs} {spec.id} envs")
         out = ffi.new("envd_session_t **")
@@ -117,7 +119,7 @@ class NativeSession:
         if refusal is not None:
             return refusal
         index = int(lib.envd_session_error_index(self.handle))
-        if index >= 0 and self.spec.num_agents > 1:
+        if index >= 0 and getattr(self.spec, "num_agents", 1) > 1:  # (hosted specs: 1)
             index = self._row_of(index, rc)
         if rc in (lib.ENVD_ERANGE, lib.ENVD_ESTATE, lib.ENVD_EBUSY, lib.ENVD_EENV):
             return step_error(self.spec.id, self.spec.action_space, rc, index, self._checked)

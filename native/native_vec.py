@@ -71,11 +71,26 @@ def vec_buffers(spec: EnvSpec, buffers: dict[str, np.ndarray]):
     })
 
 
-def vec_config(num_envs: int, autoreset_mode: int, max_episode_steps: int, params):
-    """The envd_vec_config_t (params: a cffi double array kept alive by the caller)."""
+def per_env_params(spec: EnvSpec, num_envs: int, params: list[float] | None) -> bool:
+    """Whether params holds a row per env (EnvSpec.param_values) rather than
+    one row for all; any other length is a caller's bug."""
+    count = len(params or [])
+    num_params = len(spec.params)
+    if num_params and count == num_envs * num_params:
+        return True
+    if num_params and count not in (0, num_params):
+        raise ValueError(f"{spec.id}: {count} parameter values for {num_envs} envs of "
+                         f"{num_params} parameters")
+    return False
+
+
+def vec_config(num_envs: int, autoreset_mode: int, max_episode_steps: int, params,
+               per_env: bool = False):
+    """The envd_vec_config_t (params: a cffi double array kept alive by the
+    caller; per_env: it holds a row of values per env)."""
     return ffi.new("envd_vec_config_t *", {
         "num_envs": num_envs, "autoreset_mode": autoreset_mode,
-        "max_episode_steps": max_episode_steps, "params": params})
+        "max_episode_steps": max_episode_steps, "params": params, "per_env_params": per_env})
 
 
 class NativeVec:
@@ -91,7 +106,8 @@ class NativeVec:
         self._c_buffers = vec_buffers(spec, buffers)
         self._seeds_ptr = ptr(buffers["reset_seeds"], "uint64_t *")
         self._mask_ptr = ptr(buffers["reset_mask"], "bool *")
-        config = vec_config(num_envs, autoreset_mode, max_episode_steps, self._params)
+        config = vec_config(num_envs, autoreset_mode, max_episode_steps, self._params,
+                            per_env_params(spec, num_envs, params))
         out = ffi.new("envd_vec_t **")
         rc = lib.envd_vec_create(out, spec.definition, config, self._c_buffers,
                                  ffi.NULL if pool is None else pool.handle)

@@ -984,7 +984,8 @@ int envd_vec_create(envd_vec_t **out, const envd_env_def_t *def,
     vec->error_index = -1;
     clear_results(&vec->whole);
     for (int64_t i = 0; i < config->num_envs; i++) {
-        rc = def->init(state_of(vec, i), config->params + (size_t)i * (size_t)def->num_params);
+        const size_t row = config->per_env_params ? (size_t)i * (size_t)def->num_params : 0;
+        rc = def->init(state_of(vec, i), config->params + row);
         if (rc != ENVD_OK) {
             /* close the envs that did initialise; env i cleaned up after itself */
             vec->config.num_envs = i;

@@ -67,8 +67,10 @@ typedef struct envd_vec_config {
     int64_t num_envs;          /* 1 .. ENVD_VEC_MAX_ENVS */
     int autoreset_mode;        /* envd_autoreset_mode_t */
     int64_t max_episode_steps; /* time limit; 0 = none */
-    const double *params;      /* num_envs * def->num_params validated values:
-                                  env i's at params + i * num_params */
+    const double *params;      /* validated values: def->num_params for every
+                                  env, or with per_env_params num_envs rows of
+                                  them (env i's at params + i * num_params) */
+    bool per_env_params;
 } envd_vec_config_t;
 
 typedef struct envd_vec envd_vec_t;

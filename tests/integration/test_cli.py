@@ -235,3 +235,26 @@ def test_did_you_mean_through_the_daemon(daemon):
         assert "has no parameter 'sed' (did you mean make's argument 'seed'?)" in str(err.value)
         with client.make("CartPole-v1", 2, seed=0) as env:  # the daemon and client go on
             assert env.reset()[0].shape == (2, 4)
+
+
+def test_list_describes_multi_spaces_and_agents(tmp_path):
+    """A plugin with MultiDiscrete/MultiBinary spaces (ABI 4) and one with 3
+    agents per env: `envd list` and `--json` describe them (no traceback)."""
+    from support.multi_agent_checks import SOURCE as SEEK_SOURCE
+    from support.multi_spaces_checks import SOURCE as SPACES_SOURCE
+    from support.plugin_checks import build_plugin
+    spaces_lib = build_plugin(SPACES_SOURCE, tmp_path / "libmulti_spaces.so")
+    seek_lib = build_plugin(SEEK_SOURCE, tmp_path / "libseek.so")
+    flags = ("--plugin", str(spaces_lib), "--plugin", str(seek_lib))
+    proc = run_envd(tmp_path, *flags, "list", "--json")
+    assert proc.returncode == 0, proc.stderr
+    described = {d["id"]: d for d in json.loads(proc.stdout)}
+    assert described["Lights-v0"]["action_space"] == {
+        "type": "MultiDiscrete", "dtype": "int64", "nvec": [4, 3], "start": [0, -1]}
+    assert described["Lights-v0"]["observation_space"] == {"type": "MultiBinary", "shape": [4]}
+    assert described["Switches-v0"]["observation_space"]["nvec"] == [5]
+    assert described["Seek-v0"]["num_agents"] == 3
+    text = run_envd(tmp_path, *flags, "list")
+    assert text.returncode == 0, text.stderr
+    assert "MultiDiscrete([4 3], start=[ 0 -1])" in text.stdout
+    assert "3 agents per env" in text.stdout

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import pytest
 
+from support import multi_spaces_checks
 from support.multi_agent_checks import SOURCE, run_check
 from support.plugin_checks import build_plugin
+from support.sanitized_build import reports_in, sanitized_env
 
 
 @pytest.fixture(scope="module")
@@ -33,3 +35,17 @@ def test_reset_seeds_and_masks_are_per_env(library):
 
 def test_out_of_range_action_names_its_row_and_async_is_refused(library):
     run_check("out_of_range_action_names_the_row", library)
+
+
+@pytest.mark.parametrize("kind", ["asan", "tsan"])
+def test_multi_agent_and_multi_space_steps_under_sanitizers(library, kind, tmp_path):
+    """The vec code that changed (agent rows, element-wise action checks,
+    per-env params) on the ASan+UBSan and TSan builds of the extension, with
+    the pool's threads and chunking: no report, same results."""
+    env = sanitized_env(kind)
+    stderr = run_check("matches_reference", library, env=env, timeout=600)
+    spaces = str(build_plugin(multi_spaces_checks.SOURCE, tmp_path / "libmulti_spaces.so"))
+    for check in ("matches_reference", "out_of_range_actions_are_refused",
+                  "per_env_kwargs_match_separate_envs"):
+        stderr += multi_spaces_checks.run_check(check, spaces, env=env, timeout=600)
+    assert not reports_in(stderr), stderr[-8000:]

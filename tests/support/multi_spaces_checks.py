@@ -8,6 +8,7 @@ output: next_step autoreset and the time limit of 12 are modelled here.
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,11 +25,13 @@ class Lights:
     """One env of Lights-v0 (switches=False) or Switches-v0 (switches=True)
     under envd's vec: time limit and next_step autoreset included."""
 
-    def __init__(self, seed: int, bonus: float, switches: bool):
+    def __init__(self, seed: int, bonus: float, switches: bool, same_step: bool = False):
         self.rng = np.random.default_rng(seed)  # envd seeds env i with seed + i
         self.bonus = bonus
         self.switches = switches
+        self.same_step = same_step  # autoreset mode same_step, else next_step
         self.needs_reset = False
+        self.final_obs: np.ndarray | None = None  # same_step: of the last step that ended
 
     def _obs(self) -> np.ndarray:
         if self.switches:
@@ -54,6 +57,9 @@ class Lights:
         reward = sum(self.on) + (self.bonus if terminated else 0.0)
         truncated = self.elapsed >= TIME_LIMIT
         self.needs_reset = terminated or truncated
+        if self.needs_reset and self.same_step:
+            self.final_obs = self._obs()
+            return self.reset(), reward, terminated, truncated
         return self._obs(), reward, terminated, truncated
 
 
@@ -91,13 +97,17 @@ def compare(env, seed: int, bonus, switches: bool, steps: int = 60) -> int:
     return ended
 
 
-def run_check(name: str, *args: str, timeout: float = 120) -> None:
-    """Run multi_spaces_checks.<name>(*args) in a fresh interpreter."""
+def run_check(name: str, *args: str, timeout: float = 120,
+              env: dict[str, str] | None = None) -> str:
+    """Run multi_spaces_checks.<name>(*args) in a fresh interpreter (env: extra
+    environment variables, e.g. support.sanitized_build.sanitized_env);
+    return its stderr."""
     code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parents[1])!r}); "
             f"from support import multi_spaces_checks; multi_spaces_checks.{name}(*sys.argv[1:])")
     proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
-                          timeout=timeout, cwd="/")
+                          timeout=timeout, cwd="/", env={**os.environ, **(env or {})})
     assert proc.returncode == 0, f"{name}{args} failed:\n{proc.stdout}\n{proc.stderr}"
+    return proc.stderr
 
 
 # ---- checks run in a fresh interpreter ------------------------------------------------

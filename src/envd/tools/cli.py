@@ -80,10 +80,17 @@ def _bounds(array: np.ndarray) -> Any:
 
 
 def space_description(space: spaces.Space) -> dict[str, Any]:
-    """A space as JSON: {"type": "Discrete", "n", "start"} or {"type": "Box",
-    "dtype", "shape", "low", "high"} (see `_bounds`)."""
+    """A space as JSON: {"type": "Discrete", "n", "start"}, {"type": "Box",
+    "dtype", "shape", "low", "high"} (see `_bounds`), {"type": "MultiDiscrete",
+    "dtype", "nvec", "start"} (nested lists of nvec's shape) or {"type":
+    "MultiBinary", "shape"}."""
     if isinstance(space, spaces.Discrete):
         return {"type": "Discrete", "n": int(space.n), "start": int(space.start)}
+    if isinstance(space, spaces.MultiDiscrete):
+        return {"type": "MultiDiscrete", "dtype": space.dtype.name, "nvec": space.nvec.tolist(),
+                "start": space.start.tolist()}
+    if isinstance(space, spaces.MultiBinary):
+        return {"type": "MultiBinary", "shape": list(space.shape)}
     assert isinstance(space, spaces.Box)
     return {"type": "Box", "dtype": space.dtype.name, "shape": list(space.shape),
             "low": _bounds(space.low), "high": _bounds(space.high)}
