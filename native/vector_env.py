@@ -131,7 +131,8 @@ class VecEnv(BatchedVecEnv):
 
     # ---- BatchedVecEnv hooks --------------------------------------------------------
     def _render_frames(self) -> np.ndarray:
-        frames = np.empty((self.num_envs,) + self.envd_spec.render_shape, np.uint8)
+        # one frame per env, not per row: a multi-agent env draws all its agents once
+        frames = np.empty((self.num_env_instances,) + self.envd_spec.render_shape, np.uint8)
         self._native.render(frames)
         return frames
 

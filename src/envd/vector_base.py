@@ -332,7 +332,7 @@ class BatchedVecEnv(VectorEnv):
         raise NotImplementedError
 
     def _render_frames(self) -> np.ndarray:
-        """A new (num_envs, height, width, 3) uint8 array of every env's frame
+        """A new (num_env_instances, height, width, 3) uint8 array of every env's frame
         (called with the env acquired, only when render_mode is "rgb_array";
         through the stepper's render, which refuses while envs are out)."""
         raise NotImplementedError
@@ -655,8 +655,9 @@ class BatchedVecEnv(VectorEnv):
 
     def render(self) -> tuple[np.ndarray, ...]:
         """One rgb_array frame per env, as gymnasium's vector envs return them: a
-        tuple of num_envs (height, width, 3) uint8 arrays, drawn from the envs'
-        current states.  Each call returns new arrays (a recorder may keep
+        tuple of num_env_instances (height, width, 3) uint8 arrays (num_envs for
+        single-agent envs; a multi-agent env draws all its agents in one frame),
+        drawn from the envs' current states.  Each call returns new arrays (a recorder may keep
         them).  Needs render_mode="rgb_array" at make and no env sent and
         not received yet."""
         if self.render_mode is None:
