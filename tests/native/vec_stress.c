@@ -65,6 +65,28 @@ static uint64_t hash_bytes(uint64_t h, const void *data, size_t n)
     return h;
 }
 
+/* The built-ins this harness drives: its buffers hold one row per env, so
+ * only the single-agent ones (num_agents == 1).  The multi-agent built-ins
+ * (simple_spread) are stepped with threads on the ASan+UBSan and TSan builds
+ * by tests/native/test_simple_spread_vec.py, and the vec's agent rows are
+ * stressed by tests/native/test_multi_agent.py. */
+static int builtin_count(void)
+{
+    int count = 0;
+    for (int e = 0; e < envd_builtin_count(); e++)
+        count += envd_builtin_get(e)->num_agents == 1;
+    return count;
+}
+
+/* The i-th single-agent built-in (NULL when out of range). */
+static const envd_env_def_t *builtin_get(int i)
+{
+    for (int e = 0; e < envd_builtin_count(); e++)
+        if (envd_builtin_get(e)->num_agents == 1 && i-- == 0)
+            return envd_builtin_get(e);
+    return NULL;
+}
+
 static size_t space_bytes(const envd_space_t *space)
 {
     return (size_t)envd_space_numel(space) * envd_dtype_size(space->dtype);
@@ -333,8 +355,8 @@ static void test_determinism(envd_pool_t *const *pools, int num_pools, int steps
     static const int64_t sizes[] = {1, 7, 64};
     uint64_t *ref = xcalloc((size_t)steps + 1, sizeof *ref);
     uint64_t *got = xcalloc((size_t)steps + 1, sizeof *got);
-    for (int e = 0; e < envd_builtin_count(); e++) {
-        const envd_env_def_t *def = envd_builtin_get(e);
+    for (int e = 0; e < builtin_count(); e++) {
+        const envd_env_def_t *def = builtin_get(e);
         for (size_t si = 0; si < COUNT(sizes); si++) {
             int64_t n = sizes[si];
             const int64_t chunks[] = {0, 1, 3, n};
@@ -364,8 +386,8 @@ static void test_determinism(envd_pool_t *const *pools, int num_pools, int steps
 static void test_seeding(envd_pool_t *pool)
 {
     const int64_t n = 7;
-    for (int e = 0; e < envd_builtin_count(); e++) {
-        const envd_env_def_t *def = envd_builtin_get(e);
+    for (int e = 0; e < builtin_count(); e++) {
+        const envd_env_def_t *def = builtin_get(e);
         harness_t h;
         harness_init(&h, def, n, ENVD_AUTORESET_NEXT_STEP, 0, 8);
         harness_create(&h, pool, 2);
@@ -450,7 +472,7 @@ static void finish(harness_t *h)
 static void test_split_pair(envd_pool_t *pool, int ea, int eb, int mode_a, int mode_b,
                             int64_t na, int64_t nb, int64_t chunk, int steps)
 {
-    const envd_env_def_t *da = envd_builtin_get(ea), *db = envd_builtin_get(eb);
+    const envd_env_def_t *da = builtin_get(ea), *db = builtin_get(eb);
     uint64_t *ref_a = xcalloc((size_t)steps + 1, sizeof(uint64_t));
     uint64_t *ref_b = xcalloc((size_t)steps + 1, sizeof(uint64_t));
     run_trajectory(da, na, mode_a, NULL, 0, steps, ref_a);
@@ -517,8 +539,8 @@ static void test_split(envd_pool_t *const *pools, int num_pools, int steps)
 {
     int k = 0;
     for (int p = 0; p < num_pools; p++) {
-        for (int ea = 0; ea < envd_builtin_count(); ea++, k++) {
-            int eb = (ea + 1 + p) % envd_builtin_count();
+        for (int ea = 0; ea < builtin_count(); ea++, k++) {
+            int eb = (ea + 1 + p) % builtin_count();
             test_split_pair(pools[p], ea, eb, k % 3, (k + 1) % 3, 7, 64, 1 + k % 3, steps);
             test_split_pair(pools[p], ea, eb, (k + 2) % 3, k % 3, 64, 7, 0, steps);
         }
@@ -1191,8 +1213,8 @@ static void test_in_flight(envd_pool_t *pool)
  * frame follows the state, and the refusals come before any drawing. */
 static void test_render(envd_pool_t *pool)
 {
-    for (int e = 0; e < envd_builtin_count(); e++) {
-        const envd_env_def_t *def = envd_builtin_get(e);
+    for (int e = 0; e < builtin_count(); e++) {
+        const envd_env_def_t *def = builtin_get(e);
         harness_t h;
         harness_init(&h, def, 3, ENVD_AUTORESET_NEXT_STEP, 0, 11);
         harness_create(&h, pool, 0);
@@ -1607,8 +1629,8 @@ static void test_batches(envd_pool_t *const *pools, int num_pools, int steps)
 {
     static const int64_t sizes[] = {1, 11};
     uint64_t *want = xcalloc(11, sizeof *want);
-    for (int e = 0; e < envd_builtin_count(); e++) {
-        const envd_env_def_t *def = envd_builtin_get(e);
+    for (int e = 0; e < builtin_count(); e++) {
+        const envd_env_def_t *def = builtin_get(e);
         for (size_t si = 0; si < COUNT(sizes); si++) {
             int64_t n = sizes[si];
             for (int mode = 0; mode < 3; mode++) {
@@ -2057,8 +2079,8 @@ static void test_create_destroy(envd_pool_t *const *pools, int num_pools, int it
     uint64_t s = 0x0ddba11ull;
     for (int i = 0; i < iters; i++) {
         test_env_setup();
-        int e = (int)(rnd(&s) % (uint64_t)(envd_builtin_count() + 1));
-        const envd_env_def_t *def = e < envd_builtin_count() ? envd_builtin_get(e) : &test_env;
+        int e = (int)(rnd(&s) % (uint64_t)(builtin_count() + 1));
+        const envd_env_def_t *def = e < builtin_count() ? builtin_get(e) : &test_env;
         int64_t n = 1 + (int64_t)(rnd(&s) % 40);
         int mode = (int)(rnd(&s) % 3);
         envd_pool_t *pool = pools[rnd(&s) % (uint64_t)num_pools];
@@ -2101,9 +2123,9 @@ int main(int argc, char **argv)
         test_create_errors(pool);
         test_step_before_reset(pool);
         test_seeding(pool);
-        for (int e = 0; e < envd_builtin_count(); e++)
-            if (envd_builtin_get(e)->action_space.kind == ENVD_SPACE_DISCRETE)
-                test_action_range(pool, envd_builtin_get(e), 1 + p % 3);
+        for (int e = 0; e < builtin_count(); e++)
+            if (builtin_get(e)->action_space.kind == ENVD_SPACE_DISCRETE)
+                test_action_range(pool, builtin_get(e), 1 + p % 3);
         test_action_range(pool, &test_env, 2);
         test_render(pool);
         test_inputs_copied(pool, 1 + p % 3);
