@@ -73,6 +73,11 @@ class VecEnv(BatchedVecEnv):
         self._native = self._pool = None
         num_envs = check_int("num_envs", num_envs, 1, MAX_NUM_ENVS)
         agents = spec.num_agents
+        if num_envs * agents > MAX_NUM_ENVS:
+            raise InvalidArgumentError(
+                f"{spec.id} has {agents} agents per env: {num_envs} envs are "
+                f"{num_envs * agents} rows, more than the {MAX_NUM_ENVS} a vec takes; make "
+                f"at most {MAX_NUM_ENVS // agents} envs")
         if batch_size is not None:  # (counts envs, also of a multi-agent env)
             batch_size = check_int("batch_size", batch_size, 1, num_envs)
         mode = parse_autoreset_mode(autoreset_mode)

@@ -222,6 +222,13 @@ def out_of_range_action_names_the_row(library: str) -> None:
         else:
             raise AssertionError("accepted")
 
+        try:
+            envd.make("Seek-v0", envd.native.MAX_NUM_ENVS // AGENTS + 1)
+        except envd.InvalidArgumentError as error:
+            assert "rows, more than the" in str(error), error
+        else:
+            raise AssertionError("too many rows accepted")
+
 
 def async_matches_reference(library: str) -> None:
     """batch_size counts envs: recv returns whole envs (batch_size * 3 rows,
