@@ -73,11 +73,12 @@ class VecEnv(BatchedVecEnv):
         self._native = self._pool = None
         num_envs = check_int("num_envs", num_envs, 1, MAX_NUM_ENVS)
         agents = spec.num_agents
-        if agents > 1 and batch_size is not None:
+        if num_envs * agents > MAX_NUM_ENVS:
             raise InvalidArgumentError(
-                f"{spec.id} has {agents} agents per env: async mode (batch_size) of "
-                "multi-agent envs is not supported yet; make it without batch_size")
-        if batch_size is not None:
+                f"{spec.id} has {agents} agents per env: {num_envs} envs are "
+                f"{num_envs * agents} rows, more than the {MAX_NUM_ENVS} a vec takes; make "
+                f"at most {MAX_NUM_ENVS // agents} envs")
+        if batch_size is not None:  # (counts envs, also of a multi-agent env)
             batch_size = check_int("batch_size", batch_size, 1, num_envs)
         mode = parse_autoreset_mode(autoreset_mode)
         max_episode_steps = check_max_episode_steps(spec, max_episode_steps)
@@ -94,6 +95,7 @@ class VecEnv(BatchedVecEnv):
                          mode, max_episode_steps, copy, episode_statistics, batch_size,
                          render_mode, spec.render_fps)
         self.num_agents = agents
+        self.batch_size = num_envs if batch_size is None else batch_size  # envs, not rows
         self.envd_spec = spec
         self.num_threads = num_threads
         self._bind_buffers({name: _aligned_zeros(shape, dtype) for name, (shape, dtype)

@@ -281,8 +281,7 @@ typedef struct envd_info_field {
  * reported at the step that agent ends.  Seeding is per env, as for A = 1:
  * env i draws from one stream seeded s + i, shared by its agents in the order
  * the env's code draws.  Async batches are whole envs: batch_size and
- * env_ids count envs, a batch of B envs is B*A rows (a host may refuse async
- * mode for multi-agent envs; this version's Python layer and daemon do).
+ * env_ids count envs, a batch of B envs is B*A rows.
  */
 typedef struct envd_env_def {
     uint32_t abi_version; /* must be ENVD_ABI_VERSION */

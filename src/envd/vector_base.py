@@ -568,27 +568,45 @@ class BatchedVecEnv(VectorEnv):
         self._acquire()
         try:
             ids = self._check_env_ids(env_ids)
-            rows = np.empty((len(ids), *self._action_shape[1:]), self._action_dtype)
-            self._convert_actions(actions, rows, f"{len(ids)} env ids")
+            row_ids = self._rows_of(ids)
+            rows = np.empty((len(row_ids), *self._action_shape[1:]), self._action_dtype)
+            self._convert_actions(actions, rows, f"{len(row_ids)} env ids")
             if self._maybe_running:
                 self._check_buffers_free()
             self._check_send_rows(rows, ids)
             # (the stepper refuses an env not idle before it reads any row;
             # the vec steps from its own copy of the rows it accepted)
-            self._actions[ids] = rows
+            self._actions[row_ids] = rows
             self._stepper.send(ids)
         finally:
             self._lock.release()
 
+    def _rows_of(self, ids: np.ndarray) -> np.ndarray:
+        """The rows of envs ids (a multi-agent env's agents, agent-major)."""
+        if self.num_agents == 1:
+            return ids
+        return (ids[:, None] * self.num_agents + np.arange(self.num_agents)).ravel()
+
     def _check_env_ids(self, env_ids: Any) -> np.ndarray:
+        """The env ids of a send, checked (int64).  A multi-agent env takes
+        them as recv returns them: per row, each env's id num_agents times in
+        a row; the result has one id per env."""
         ids = np.asarray(env_ids)
         if ids.ndim != 1 or len(ids) == 0 or (ids.dtype.kind not in "iu"):
             raise InvalidArgumentError(
                 f"{self.env_id}: env_ids must be a non-empty 1-D array of ints, got "
                 f"{ids.dtype} with shape {ids.shape}")
-        if ids.min() < 0 or ids.max() >= self.num_envs:
+        if self.num_agents > 1:
+            grouped = ids.reshape(-1, self.num_agents) if len(ids) % self.num_agents == 0 else None
+            if grouped is None or (grouped != grouped[:, :1]).any():
+                raise InvalidArgumentError(
+                    f"{self.env_id}: env_ids of a multi-agent env are per row, each env's id "
+                    f"{self.num_agents} times in a row (as recv's info['env_id'])")
+            ids = grouped[:, 0]
+        envs = self.num_env_instances
+        if ids.min() < 0 or ids.max() >= envs:
             raise InvalidArgumentError(
-                f"{self.env_id}: env ids must be in [0, {self.num_envs}), got "
+                f"{self.env_id}: env ids must be in [0, {envs}), got "
                 f"{ids.min() if ids.min() < 0 else ids.max()}")
         ids = ids.astype(np.int64)
         # Repeats, in O(len(ids)) (np.unique sorts or hashes: ~100 ns per id):
@@ -619,12 +637,15 @@ class BatchedVecEnv(VectorEnv):
         """Copy the envs' results into the next of two batch buffers."""
         slots = self._recv_slots()[self._recv_count % 2]
         self._recv_count += 1
+        rows = self._rows_of(ids)
         for name in slots:
             if name != "env_id":
-                np.take(self._buffers[name], ids, axis=0, out=slots[name])
-        slots["env_id"][...] = ids
+                np.take(self._buffers[name], rows, axis=0, out=slots[name])
+        slots["env_id"][...] = rows // self.num_agents  # each row's env
         out = {name: slots[name].copy() if self._copy else slots[name] for name in slots}
         info: dict[str, Any] = {"env_id": out["env_id"]}
+        if self._agent_mask is not None:
+            info["agent_mask"] = out["agent_mask"]
         for name in self._env_info:
             info[name] = out[INFO_PREFIX + name]
         if out["dones"].any():
@@ -647,10 +668,13 @@ class BatchedVecEnv(VectorEnv):
             if self._info_lengths is not None:
                 names += [INFO_SLOTS, INFO_LENGTHS]
             names += [INFO_PREFIX + name for name in self._env_info]
+            if self._agent_mask is not None:
+                names.append("agent_mask")
+            rows = self.batch_size * self.num_agents  # batch_size counts envs
             slots = self._slots = [
-                {**{name: np.empty((self.batch_size, *self._buffers[name].shape[1:]),
+                {**{name: np.empty((rows, *self._buffers[name].shape[1:]),
                                    self._buffers[name].dtype) for name in names},
-                 "env_id": np.empty(self.batch_size, np.int32)} for _ in range(2)]
+                 "env_id": np.empty(rows, np.int32)} for _ in range(2)]
         return slots
 
     def render(self) -> tuple[np.ndarray, ...]:

@@ -27,10 +27,12 @@ FLIPPER_SOURCE = Path(__file__).resolve().parents[1] / "native" / "action_flippe
 NUM_ENVS = 6
 
 
-def actions_offset(num_envs: int) -> int:
-    """Where the daemon puts ActionFlip-v0's actions array in the segment."""
-    layout = buffer_layout(gym.spaces.Box(-np.inf, np.inf, (1,), np.float32),
-                           gym.spaces.Discrete(3), num_envs, AutoresetMode.NEXT_STEP)
+def actions_offset(num_envs: int, multi: bool = False) -> int:
+    """Where the daemon puts ActionFlip-v0's (multi: ActionFlipMulti-v0's)
+    actions array in the segment."""
+    action_space = gym.spaces.MultiDiscrete([3, 3]) if multi else gym.spaces.Discrete(3)
+    layout = buffer_layout(gym.spaces.Box(-np.inf, np.inf, (2 if multi else 1,), np.float32),
+                           action_space, num_envs, AutoresetMode.NEXT_STEP)
     return plan(layout)[0]["actions"][0]
 
 
@@ -38,7 +40,9 @@ def actions_offset(num_envs: int) -> int:
 def daemon(tmp_path_factory):
     folder = tmp_path_factory.mktemp("flip")
     plugin = build_plugin(FLIPPER_SOURCE, folder / "libaction_flipper.so")
-    with DaemonProcess(folder / "d", "--threads", "1", "--plugin", str(plugin)) as proc:
+    multi = build_plugin(FLIPPER_SOURCE, folder / "libaction_flipper_multi.so", "MULTI")
+    with DaemonProcess(folder / "d", "--threads", "1", "--plugin", str(plugin),
+                       "--plugin", str(multi)) as proc:
         yield proc
     assert proc.proc.returncode == 0, proc.log()
     assert segments_of(proc.pid) == []
@@ -97,3 +101,27 @@ def test_send_acts_on_the_checked_copy(daemon, fast_path):
             sent = {int(i): int(rng.integers(3)) for i in order}
             env.send(np.array(list(sent.values()), np.int64), order)
         env.recv()  # nothing left in flight before close
+
+
+@pytest.mark.parametrize("fast_path", [False, True], ids=["socket", "fast_path"])
+def test_multi_discrete_step_acts_on_the_checked_copy(daemon, fast_path):
+    """Every element of a MultiDiscrete action is checked in the daemon's copy
+    and the env reads that copy (ABI 4 spaces)."""
+    with daemon.connect() as client, \
+            client.make("ActionFlipMulti-v0", NUM_ENVS, seed=0, fast_path=fast_path,
+                        actions_offset=actions_offset(NUM_ENVS, multi=True),
+                        rows=NUM_ENVS) as env:
+        base = np.frombuffer(env._segment.memory, np.uint8).ctypes.data
+        assert env._segment.arrays["actions"].ctypes.data - base == \
+            actions_offset(NUM_ENVS, multi=True)
+        env.reset()
+        rng = np.random.default_rng(1)
+        for _ in range(4):
+            actions = rng.integers(0, 3, (NUM_ENVS, 2))
+            obs = env.step(actions)[0]
+            assert obs.tolist() == actions.tolist()
+            assert (env._segment.arrays["actions"] == 99).all()
+        bad = np.zeros((NUM_ENVS, 2), np.int64)
+        bad[4, 1] = 3
+        with pytest.raises(envd.InvalidActionError, match="env 4"):
+            env.step(bad)

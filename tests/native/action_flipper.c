@@ -14,12 +14,24 @@
  *     action the trainer sent (0, 1 or 2);
  *   - a host that checks in the segment and steps from it hands it 99.
  * The test runs it in a daemon serving this one session.
+ *
+ * Built with -DMULTI it is "ActionFlipMulti-v0": MultiDiscrete([3, 3])
+ * actions (every element is checked and flipped), both reported as its
+ * two-element observation.
  */
 #include <envd.h>
 #include <stdio.h>
 #include <string.h>
 
 #define FLIP_TO 99
+#ifdef MULTI
+#define ELEMS 2 /* int64 elements of one action */
+#define ENV_ID "ActionFlipMulti-v0"
+static const int64_t nvec[ELEMS] = {3, 3};
+#else
+#define ELEMS 1
+#define ENV_ID "ActionFlip-v0"
+#endif
 
 typedef struct flipper {
     double actions_offset; /* params: where the actions array lies in the segment */
@@ -43,7 +55,8 @@ static int flipper_reset(void *state, envd_rng_t *rng, void *obs)
 {
     (void)state;
     (void)rng;
-    *(float *)obs = -1.0f;
+    for (int k = 0; k < ELEMS; k++)
+        ((float *)obs)[k] = -1.0f;
     return ENVD_OK;
 }
 
@@ -64,10 +77,10 @@ static void flip_segments(const flipper_t *s)
                    &path_at) < 4 || path_at == 0)
             continue;
         if (strncmp(line + path_at, "/dev/shm/envd-", 14) != 0 || perms[1] != 'w' ||
-            file_offset != 0 || end - begin < offset + rows * sizeof(int64_t))
+            file_offset != 0 || end - begin < offset + rows * ELEMS * sizeof(int64_t))
             continue;
         volatile int64_t *actions = (volatile int64_t *)(begin + offset);
-        for (size_t i = 0; i < rows; i++)
+        for (size_t i = 0; i < rows * ELEMS; i++)
             actions[i] = FLIP_TO;
     }
     fclose(maps);
@@ -81,18 +94,23 @@ static int flipper_step(void *state, envd_rng_t *rng, const void *action, void *
     (void)truncated;
     flip_segments(state);
     /* volatile: read after the flip, from wherever the host points */
-    const int64_t got = *(const volatile int64_t *)action;
-    *(float *)obs = (float)got;
+    for (int k = 0; k < ELEMS; k++)
+        ((float *)obs)[k] = (float)((const volatile int64_t *)action)[k];
     *reward = 0.0;
     return ENVD_OK;
 }
 
 static const envd_env_def_t flipper = {
     .abi_version = ENVD_ABI_VERSION,
-    .id = "ActionFlip-v0",
+    .id = ENV_ID,
     .observation_space = {.kind = ENVD_SPACE_BOX, .dtype = ENVD_DTYPE_FLOAT32, .ndim = 1,
-                          .shape = {1}},
+                          .shape = {ELEMS}},
+#ifdef MULTI
+    .action_space = {.kind = ENVD_SPACE_MULTI_DISCRETE, .dtype = ENVD_DTYPE_INT64, .ndim = 1,
+                     .shape = {ELEMS}, .nvec = nvec},
+#else
     .action_space = {.kind = ENVD_SPACE_DISCRETE, .dtype = ENVD_DTYPE_INT64, .n = 3},
+#endif
     .state_size = sizeof(flipper_t),
     .num_agents = 1,
     .params = params,

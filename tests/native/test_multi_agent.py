@@ -33,8 +33,12 @@ def test_reset_seeds_and_masks_are_per_env(library):
     run_check("reset_mask_and_seeds_are_per_env", library)
 
 
-def test_out_of_range_action_names_its_row_and_async_is_refused(library):
+def test_out_of_range_action_names_its_row(library):
     run_check("out_of_range_action_names_the_row", library)
+
+
+def test_async_send_recv_in_whole_envs(library):
+    run_check("async_matches_reference", library)
 
 
 @pytest.mark.parametrize("kind", ["asan", "tsan"])

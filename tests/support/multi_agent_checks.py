@@ -221,9 +221,50 @@ def out_of_range_action_names_the_row(library: str) -> None:
             assert "of env 5" in str(error), error
         else:
             raise AssertionError("accepted")
+
         try:
-            envd.make("Seek-v0", 2, batch_size=1)
+            envd.make("Seek-v0", envd.native.MAX_NUM_ENVS // AGENTS + 1)
         except envd.InvalidArgumentError as error:
-            assert "async mode (batch_size) of multi-agent envs is not supported yet" in str(error)
+            assert "rows, more than the" in str(error), error
         else:
-            raise AssertionError("batch_size accepted")
+            raise AssertionError("too many rows accepted")
+
+
+def async_matches_reference(library: str) -> None:
+    """batch_size counts envs: recv returns whole envs (batch_size * 3 rows,
+    info["env_id"] each row's env), send takes rows and ids in that form;
+    every row as the reference's."""
+    import envd
+    envd.load_plugin(library)
+    for threads in (0, 2):
+        with envd.make("Seek-v0", 6, seed=9, batch_size=2, num_threads=threads) as env:
+            refs = [Seek(9 + i, 1) for i in range(6)]
+            expected = {i: {"obs": r.reset(), "mask": [True] * AGENTS} for i, r in enumerate(refs)}
+            env.async_reset()
+            rng = np.random.default_rng(3)
+            ended = 0
+            for _ in range(120):
+                obs, rewards, terms, truncs, info = env.recv()
+                row_envs = info["env_id"].tolist()
+                assert len(row_envs) == 2 * AGENTS
+                envs = row_envs[::AGENTS]
+                assert row_envs == [i for i in envs for _ in range(AGENTS)]
+                assert obs.tolist() == [row for i in envs for row in expected[i]["obs"]]
+                assert info["agent_mask"].tolist() == [m for i in envs for m in expected[i]["mask"]]
+                if "reward" in expected[envs[0]]:
+                    assert rewards.tolist() == [float(np.float32(x)) for i in envs
+                                                for x in expected[i]["reward"]]
+                    assert terms.tolist() == [t for i in envs for t in expected[i]["term"]]
+                actions = actions_for(len(row_envs), rng)
+                for k, i in enumerate(envs):
+                    expected[i] = refs[i].step(actions[k * AGENTS:(k + 1) * AGENTS])
+                    ended += sum(expected[i]["ended"])
+                env.send(actions, info["env_id"])
+            assert ended > 20
+            env.recv()
+            try:  # ids not grouped per env
+                env.send(actions_for(6, rng), [0, 1, 0, 1, 0, 1])
+            except envd.InvalidArgumentError as error:
+                assert "each env's id 3 times in a row" in str(error), error
+            else:
+                raise AssertionError("ungrouped ids accepted")
