@@ -435,9 +435,10 @@ class MultiVecEnv(BatchedVecEnv):
         _raise_first(outcomes, self.shard_endpoints, self._rows_text)
 
     def _mark_lost(self, k: int, error: BaseException) -> None:
-        """Shard k's daemon is gone: refuse every later call (the first loss counts)."""
+        """Shard k's daemon is gone: refuse every later call (the first loss
+        counts; kept without its traceback, whose frames would hold the shards)."""
         if self._lost is None:
-            self._lost = (k, error)
+            self._lost = (k, ConnectionLostError(str(error)))
 
     def _check_send_rows(self, rows: np.ndarray, env_ids: np.ndarray) -> None:
         # a posted send's refusal comes late: check discrete ranges here, with
@@ -495,6 +496,8 @@ class MultiVecEnv(BatchedVecEnv):
 
     # ---- lifetime ------------------------------------------------------------------------
     def _release(self) -> None:
+        if self._stepper is not None:
+            self._stepper.close()
         shards, self._shards = self._shards, ()
         executor, self._executor = self._executor, None
         try:

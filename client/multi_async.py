@@ -191,10 +191,14 @@ class ShardsAsyncStepper:
         raise EnvStateError("a MultiVecEnv does not render: make the env to record on one daemon")
 
     def close(self) -> None:
-        """Nothing of its own: the env closes its shards (each daemon answers
-        a recv still waiting once a batch of the closed session finishes; its
-        reply is read as a late one)."""
+        """Let go of the shards (the env closes them; each daemon answers a
+        recv still waiting once a batch of the closed session finishes, and
+        its reply is read as a late one).  Idempotent."""
         self._forget()
+        for sock in self._pollables:
+            self._poller.unregister(sock)
+        self._pollables.clear()
+        self._shards = []  # (their segments' mappings go with the shards)
 
     # ---- books ----------------------------------------------------------------------------
     def _in_flight(self) -> int:
@@ -234,7 +238,9 @@ class ShardsAsyncStepper:
         local = ids - shard.rows.start
         shard.env.buffers["actions"][local] = self._env._actions[ids]
         header, blobs = shard.stepper._request_send(local)  # (shm or inline encoding)
-        self._post(shard, header, blobs, lambda reply: shard.replies.append(("send", ids, reply)))
+        inbox = shard.replies  # (the callback holds the list only: never the shard's
+        # segment, should the daemon die and the channel keep the callback)
+        self._post(shard, header, blobs, lambda reply: inbox.append(("send", ids, reply)))
         self._state[ids] = IN_FLIGHT
         shard.in_flight += len(ids)
 
@@ -243,7 +249,8 @@ class ShardsAsyncStepper:
         shard = self._shards[k]
         header, blobs = shard.stepper._request_recv(shard.in_flight)
         header["min"] = 1
-        self._post(shard, header, blobs, lambda reply: shard.replies.append(("recv", None, reply)))
+        inbox = shard.replies
+        self._post(shard, header, blobs, lambda reply: inbox.append(("recv", None, reply)))
         shard.recv_waiting = True
 
     def _post(self, shard: _Shard, header: dict[str, Any], blobs: Any, on_reply: Any) -> None:
