@@ -129,8 +129,9 @@ def test_the_section_over_two_daemons_has_every_env(run):
     rows = [line for line in section if line[2:16].strip() in bench_multi.MULTI_ENVS]
     assert [line[2:16].strip() for line in rows] == list(bench_multi.MULTI_ENVS), section
     for line in rows:
-        one, two, ratio = line[22:36].strip(), line[36:50].strip(), line[50:].strip()
-        assert is_rate_with_spread(one) and is_rate_with_spread(two), line
+        rates = [line[i:i + 14].strip() for i in (22, 36, 50)]
+        ratio = line[64:].strip()
+        assert all(is_rate_with_spread(rate) for rate in rates), line
         assert "x ±" in ratio, line
     assert "(one daemon: " in "\n".join(section) and "two daemons: socket path" in "\n".join(section)
     results = json.loads((out / "results.json").read_text())
@@ -382,7 +383,9 @@ def test_the_comparison_over_two_daemons_measures_round_by_round(monkeypatch):
 
         def rate(self, seconds):
             calls.append(self.env.system)
-            return 100.0 if self.env.system == "one daemon" else 95.0 - len(calls) % 2
+            if self.env.system == "two daemons":
+                return 95.0 - len(calls) % 2
+            return 100.0
 
         def close(self):
             calls.append(("closed", self.env.system))
@@ -391,30 +394,32 @@ def test_the_comparison_over_two_daemons_measures_round_by_round(monkeypatch):
         def __init__(self, system):
             self.system = system
 
-        def make(self, env_id, num_envs, seed, batch_size):
+        def make(self, env_id, num_envs, seed, batch_size, fast_path=None):
             assert batch_size == num_envs // 2
-            return SimpleNamespace(system=self.system, fast_path=self.system == "one daemon")
+            system = self.system if fast_path is None else "one daemon socket"
+            return SimpleNamespace(system=system, fast_path=system == "one daemon")
 
     monkeypatch.setattr(bench_multi, "AsyncLoop", FakeLoop)
     results = bench_multi.measure(FakeClient("one daemon"), FakeClient("two daemons"), 64,
                                   rounds=3, seconds=0.01, env_ids=("CartPole-v1",))
     measured = [c for c in calls if isinstance(c, str)]
-    assert len(measured) == 6
-    assert all(sorted(measured[i:i + 2]) == list(bench_multi.SYSTEMS) for i in (0, 2, 4))
-    assert sum(isinstance(c, tuple) for c in calls) == 2  # both envs closed
+    assert len(measured) == 9  # every system once per round, rounds interleaved
+    assert all(sorted(measured[i:i + 3]) == sorted(bench_multi.SYSTEMS) for i in (0, 3, 6))
+    assert sum(isinstance(c, tuple) for c in calls) == 3  # every env closed
     entry = results["CartPole-v1"]
     assert entry["num_envs"] == 64 and entry["batch_size"] == 32
-    assert entry["paths"] == {"one daemon": "fast path", "two daemons": "socket path"}
+    assert entry["paths"] == {"one daemon": "fast path", "one daemon socket": "socket path",
+                              "two daemons": "socket path"}
     (target,) = bench_multi.targets(results)
     assert target["status"] == "PASS" and 0.94 <= target["value"] <= 0.95, target
-    slow = {"CartPole-v1": {**entry, "rounds": {"one daemon": [100.0] * 3,
-                                                "two daemons": [50.0] * 3}}}
+    slow = {"CartPole-v1": {**entry, "rounds": {**entry["rounds"], "two daemons": [50.0] * 3}}}
     assert bench_multi.targets(slow)[0]["status"] == "FAIL"
-    noisy = {"CartPole-v1": {**entry, "rounds": {"one daemon": [100.0] * 3,
+    noisy = {"CartPole-v1": {**entry, "rounds": {**entry["rounds"],
                                                  "two daemons": [70.0, 90.0, 110.0]}}}
     assert bench_multi.targets(noisy)[0]["status"] == "NOT JUDGED"
     lines = bench_multi.report_lines(results, 2, 1)
-    assert "one daemon of 2 threads vs two of 1 each" in lines[0]
+    assert "one daemon of 2 threads (its default path, and its socket path) vs two of 1" \
+        in lines[0]
     assert lines[2].split()[:2] == ["CartPole-v1", "64"]
     assert bench_multi.summary(results)["CartPole-v1"]["summary"]["two_over_one"]["median"] > 0
 

@@ -5,9 +5,13 @@ B = N/2, EnvPool's loop: ``recv`` B envs, ``send`` their actions straight
 back) on one daemon of T threads, against ``envd.connect([a, b])`` over two
 daemons of T/2 threads each (N/2 envs on each; client/multi_async.py).  Env
 steps per second for CartPole-v1 (cheap steps: the per-batch messages
-dominate) and Acrobot-v1 (costlier steps), the two systems measured once per
+dominate) and Acrobot-v1 (costlier steps), the systems measured once per
 round, rounds interleaved (bench_rounds.interleaved_rounds); the ratio is
-taken round by round.  Target (issue 20): two daemons >= 0.9x one daemon.
+taken round by round.  Target (issue 20): two daemons >= 0.9x one daemon (on
+its default path: the fast path where offered).  The one daemon's socket path
+is measured too, without a target: the shards of two daemons step over the
+socket (client/multi_async.py), so it tells the cost of the path apart from
+the cost of spreading.
 N and the time per measurement are the learner comparison's (``envd bench
 --learner-envs``, default 4096; bench_learner.py).
 """
@@ -24,7 +28,7 @@ from envd.tools.bench_rounds import (interleaved_rounds, judge, paired_ratios, r
                                      spread, spread_text)
 
 MULTI_ENVS = ("CartPole-v1", "Acrobot-v1")
-SYSTEMS = ("one daemon", "two daemons")
+SYSTEMS = ("one daemon", "one daemon socket", "two daemons")
 #: two daemons / one daemon, same total threads (issue 20)
 TARGET = 0.9
 
@@ -73,17 +77,19 @@ def measure(one: Any, two: Any, num_envs: int, rounds: int, seconds: float,
             env_ids: tuple[str, ...] = MULTI_ENVS,
             on_measure: Callable[[str], None] | None = None) -> dict[str, dict[str, Any]]:
     """Per env: the rounds of each system (``one``: a Client of the daemon of
-    T threads; ``two``: a MultiClient of the two daemons of T/2), N envs,
-    batch N/2: {num_envs, batch_size, rounds: {system: [steps/s per round]},
-    paths: {system: how the shards step}}."""
+    T threads, on its default path and on the socket; ``two``: a MultiClient
+    of the two daemons of T/2), N envs, batch N/2: {num_envs, batch_size,
+    rounds: {system: [steps/s per round]}, paths: {system: how its envs step}}."""
     batch = max(1, num_envs // 2)
     results = {}
     for env_id in env_ids:
         runs: dict[str, AsyncLoop] = {}
         try:
-            for system, client in zip(SYSTEMS, (one, two)):
+            for system, client, options in (("one daemon", one, {}),
+                                            ("one daemon socket", one, {"fast_path": False}),
+                                            ("two daemons", two, {})):
                 runs[system] = AsyncLoop(client.make(env_id, num_envs, seed=0,
-                                                     batch_size=batch))
+                                                     batch_size=batch, **options))
 
             def one_round(system: str, round_index: int, env_id: str = env_id) -> float:
                 if on_measure is not None:
@@ -116,7 +122,7 @@ def _path_of(env: Any) -> str:
 def ratios(entry: dict[str, Any]) -> list[float] | None:
     """Per-round two daemons / one daemon (None: not measured)."""
     by_system = entry.get("rounds", {})
-    if not all(by_system.get(system) for system in SYSTEMS):
+    if not (by_system.get("one daemon") and by_system.get("two daemons")):
         return None
     return paired_ratios(by_system["two daemons"], by_system["one daemon"])
 
@@ -139,13 +145,16 @@ def targets(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
 def report_lines(results: dict[str, dict[str, Any]], threads: int, half: int) -> list[str]:
     """The printed section: per env, each system's env steps/s and the ratio."""
     lines = [f"\nasync over two daemons on this host: N envs, batch N/2, recv then send straight "
-             f"back;\none daemon of {threads} threads vs two of {half} each (N/2 envs on each)",
-             f"  {'env':<14}{'N':>6}{'one daemon':>14}{'two daemons':>14}{'two/one':>16}"]
+             f"back;\none daemon of {threads} threads (its default path, and its socket path) "
+             f"vs two of {half} each (N/2 envs on each)",
+             f"  {'env':<14}{'N':>6}{'one daemon':>14}{'one, socket':>14}{'two daemons':>14}"
+             f"{'two/one':>16}"]
     for env_id, entry in results.items():
         values = ratios(entry)
         by_system = entry["rounds"]
         lines.append(f"  {env_id:<14}{entry['num_envs']:>6}"
                      f"{spread_text(by_system['one daemon']):>14}"
+                     f"{spread_text(by_system['one daemon socket']):>14}"
                      f"{spread_text(by_system['two daemons']):>14}"
                      f"{ratio_text(values) if values else '-':>16}")
         paths = entry.get("paths") or {}
