@@ -143,6 +143,8 @@ class ShardsAsyncStepper:
             self._copy_rows(shard, local)
 
         env._dispatch(reset_shard, range(len(self._shards)))
+        env._started[:] = True  # (a sync step once all are received: as after reset())
+        env._all_started = True
         self._ready.append(np.arange(env.num_envs, dtype=np.int64))
         self._num_ready = env.num_envs
         self._state[:] = READY
@@ -323,13 +325,13 @@ class ShardsAsyncStepper:
             if isinstance(error, (SessionExpiredError, UnknownSessionError,
                                   ConnectionLostError)):
                 raise self._lost(shard, error)
-            # refused for want of envs: a send before it was refused (its
-            # refusal says why, and in_flight was corrected); else an env
-            # failed in a batch: the next recv raises it, the batch's envs
-            # come with the recv waiting there next
-            if not (isinstance(error, EnvStateError) and self._refusal is not None):
-                if self._failure is None:
-                    self._failure = self._named(error, shard)
+            # EnvStateError: refused for want of envs, which only a send
+            # refused before it causes (its refusal says why, raised once,
+            # and in_flight was corrected; a reset may have forgotten it).
+            # Else an env failed in a batch: the next recv raises it, and
+            # the batch's envs come with the recv waiting there next.
+            if not isinstance(error, EnvStateError) and self._failure is None:
+                self._failure = self._named(error, shard)
             return
         blobs = reply.get("_blobs", [])
         local = np.frombuffer(blobs[0], np.int64).copy() if blobs else np.empty(0, np.int64)

@@ -152,6 +152,17 @@ def test_misuse_is_refused_with_the_one_daemon_messages(multi, daemons):
             e.step(np.zeros(6, np.int64))
 
 
+def test_sync_steps_once_every_env_is_received_after_async_reset(multi):
+    with multi.make("CartPole-v1", 6, seed=0, batch_size=3) as env, \
+            envd.make("CartPole-v1", 6, seed=0, batch_size=3) as local:
+        results = []
+        for e in (env, local):
+            e.async_reset()  # (never reset() before)
+            e.recv(), e.recv()
+            results.append(e.step(np.ones(6, np.int64))[0].copy())
+        np.testing.assert_array_equal(results[0], results[1])
+
+
 def test_a_send_the_daemon_refuses_is_raised_by_the_next_call_naming_it(multi, daemons):
     """A done env in disabled mode: the daemon refuses the posted send; the
     next call raises it with the daemon's endpoint, and those envs are idle again."""
@@ -166,6 +177,10 @@ def test_a_send_the_daemon_refuses_is_raised_by_the_next_call_naming_it(multi, d
             env.recv()
         assert daemons[1].endpoint in str(refused.value)
         env.reset(options={"reset_mask": np.array([False, False, True, True])})
+        env.reset(seed=0)  # the recv refused for want of those envs is no failure later
+        env.async_reset()
+        assert sorted(env.recv()[4]["env_id"].tolist() + env.recv()[4]["env_id"].tolist()) \
+            == [0, 1, 2, 3]
 
 
 def test_async_reset_drops_the_envs_in_flight_on_every_daemon(multi):
