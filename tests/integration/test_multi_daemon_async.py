@@ -245,3 +245,22 @@ def test_make_refuses_async_where_a_daemon_does_not_serve_it(multi, monkeypatch)
                         dataclasses.replace(client.capabilities, recv_min=False))
     with pytest.raises(envd.InvalidArgumentError, match="recv_min"):
         multi.make("CartPole-v1", 8, batch_size=4)
+
+
+def test_an_env_failing_inside_batches_on_either_daemon(tmp_path):
+    """TestPlugin-v0 built with INFO_FAILS (write_info fails from an env's
+    third step on) on two daemons: the recv that notices a failure raises
+    NativeError, and every env still comes back exactly once per send."""
+    from support.plugin_checks import VARIANTS_SOURCE, build_plugin, check_async_failure
+    plugin = build_plugin(VARIANTS_SOURCE, tmp_path / "libinfo_fails.so", "INFO_FAILS")
+    daemons = [DaemonProcess(tmp_path / f"d{k}", "--threads", "1", "--plugin", str(plugin))
+               for k in range(2)]
+    try:
+        with envd.connect([d.endpoint for d in daemons], timeout=30) as multi:
+            with multi.make("TestPlugin-v0", 6, seed=0, batch_size=2) as env:
+                assert len(env.shards) == 2
+                check_async_failure(env)
+    finally:
+        codes = [d.stop() for d in daemons]
+    assert codes == [0, 0]
+    assert all(segments_of(d.pid) == [] for d in daemons)
