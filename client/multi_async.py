@@ -137,6 +137,10 @@ class ShardsAsyncStepper:
                 shard.env.buffers["reset_seeds"][...] = seeds[shard.rows]
             # the daemon waits for the batches in flight and drops them
             shard.stepper.async_reset(with_seeds)
+            # every earlier request's reply came before this one's (a daemon
+            # answers a send at once, and no recv waits there now): a refused
+            # send read here must not make envs idle that are ready now
+            shard.replies.clear()
             shard.in_flight = 0
             count = shard.rows.stop - shard.rows.start
             local = shard.stepper.recv(count)  # all of them, in env order

@@ -264,3 +264,24 @@ def test_an_env_failing_inside_batches_on_either_daemon(tmp_path):
         codes = [d.stop() for d in daemons]
     assert codes == [0, 0]
     assert all(segments_of(d.pid) == [] for d in daemons)
+
+
+def test_async_reset_right_after_a_refused_send_keeps_the_books(multi):
+    """A send the daemon refuses (done env, disabled mode) followed at once by
+    async_reset: the refusal's reply, read during the reset, must not make
+    envs idle that the reset made ready (each is still received once)."""
+    with multi.make("CartPole-v1", 4, seed=0, batch_size=2, autoreset_mode="disabled",
+                    max_episode_steps=1) as env:
+        for _ in range(5):
+            env.async_reset()
+            for _ in range(2):
+                env.send(np.zeros(2, np.int64), env.recv()[4]["env_id"])
+            env.recv(), env.recv()  # every env truncated now
+            env.send(np.zeros(2, np.int64), [2, 3])  # refused by daemon 1, reply unread
+            env.async_reset()
+            with pytest.raises(envd.EnvStateError, match="env 2 is ready"):
+                env.send(np.zeros(1, np.int64), [2])
+            got = env.recv()[4]["env_id"].tolist() + env.recv()[4]["env_id"].tolist()
+            assert got == [0, 1, 2, 3]
+            with pytest.raises(envd.EnvStateError, match="only 0 are in flight or ready"):
+                env.recv()
