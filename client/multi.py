@@ -42,6 +42,7 @@ from envd import protocol
 from envd.client import connection
 from envd.client.discovery import is_dns_url, resolve
 from envd.client.multi_async import ShardsAsyncStepper
+from envd.client.multi_doorbell import ShardsDoorbellStepper
 from envd.client.remote_vector_env import RemoteVecEnv
 from envd.errors import (ConnectionLostError, EnvdError, EnvStateError, InvalidActionError,
                          InvalidArgumentError, NativeError)
@@ -320,8 +321,6 @@ class MultiVecEnv(BatchedVecEnv):
                     if len(plan) > 1 else None)
 
         is_async = batch_size is not None and batch_size < num_envs
-        if is_async:  # a recv waits on each daemon while it sends: messages, not the doorbell
-            make_kwargs = {**make_kwargs, "fast_path": False}
 
         def make_shard(k: int) -> RemoteVecEnv:
             client, _, rows = plan[k]
@@ -360,7 +359,19 @@ class MultiVecEnv(BatchedVecEnv):
         self._discrete = ((space.start, space.start + space.n)
                           if isinstance(space, spaces.Discrete) else None)
         self._lost: tuple[int, BaseException] | None = None  # (shard, error): a daemon is gone
-        self._stepper = ShardsAsyncStepper(self) if is_async else _ShardsStepper(self)
+        self._stepper = self._async_stepper() if is_async else _ShardsStepper(self)
+
+    def _async_stepper(self) -> ShardsAsyncStepper:
+        """Through the doorbells where every shard has the fast path, else
+        over the sockets (a shard's doorbell then stops: socket sends and
+        recvs are refused for a session the doorbell serves)."""
+        if all(shard.fast_path for shard in self._shards):
+            return ShardsDoorbellStepper(self)
+        for shard in self._shards:
+            if shard.fast_path:
+                shard._client.fast(shard.session, enable=False)
+                shard._stepper.doorbell = None
+        return ShardsAsyncStepper(self)
 
     @staticmethod
     def _check_alike(shards: list[RemoteVecEnv], endpoints: list[str]) -> None:

@@ -125,7 +125,7 @@ class ShardsAsyncStepper:
         # a daemon refuses a reset while a recv of the session waits: let
         # those recvs be answered (their envs are dropped with the rest)
         deadline = time.monotonic() + self._timeout
-        while any(shard.recv_waiting for shard in self._shards):
+        while self._waiting_anywhere():
             self._wait(deadline, "async_reset")
         self._forget()
         env = self._env
@@ -239,6 +239,10 @@ class ShardsAsyncStepper:
             buffers[name][ids] = theirs[name][local]
 
     # ---- the wire ---------------------------------------------------------------------------
+    def _waiting_anywhere(self) -> bool:
+        """A request waits on some daemon for envs to finish."""
+        return any(shard.recv_waiting for shard in self._shards)
+
     def _post_send(self, k: int, ids: np.ndarray) -> None:
         shard = self._shards[k]
         local = ids - shard.rows.start

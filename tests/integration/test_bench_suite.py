@@ -133,7 +133,7 @@ def test_the_section_over_two_daemons_has_every_env(run):
         ratio = line[64:].strip()
         assert all(is_rate_with_spread(rate) for rate in rates), line
         assert "x ±" in ratio, line
-    assert "(one daemon: " in "\n".join(section) and "two daemons: socket path" in "\n".join(section)
+    assert "(one daemon: " in "\n".join(section) and "; two daemons: " in "\n".join(section)
     results = json.loads((out / "results.json").read_text())
     for env_id in bench_multi.MULTI_ENVS:
         entry = results["multi_async"][env_id]

@@ -97,10 +97,13 @@ def test_exactly_once_with_many_sends_across_daemons(multi):
 
 
 def test_recv_returns_the_daemon_that_finished_first(multi, daemons):
-    """While daemon 0 is stopped its envs cannot finish: recv must return
-    daemon 1's without waiting for daemon 0, then daemon 0's once it runs."""
-    with multi.make("CartPole-v1", 8, seed=0, batch_size=4) as env:
+    """Over the sockets: while daemon 0 is stopped its envs cannot finish:
+    recv must return daemon 1's without waiting for daemon 0, then daemon 0's
+    once it runs.  (The doorbell's sends are answered by the daemon: see the
+    next test.)"""
+    with multi.make("CartPole-v1", 8, seed=0, batch_size=4, fast_path=False) as env:
         assert env.shard_slices == (slice(0, 4), slice(4, 8))
+        assert not any(shard.fast_path for shard in env.shards)
         env.async_reset()
         assert env.recv()[4]["env_id"].tolist() == [0, 1, 2, 3]
         assert env.recv()[4]["env_id"].tolist() == [4, 5, 6, 7]
@@ -163,17 +166,36 @@ def test_sync_steps_once_every_env_is_received_after_async_reset(multi):
         np.testing.assert_array_equal(results[0], results[1])
 
 
-def test_a_send_the_daemon_refuses_is_raised_by_the_next_call_naming_it(multi, daemons):
-    """A done env in disabled mode: the daemon refuses the posted send; the
-    next call raises it with the daemon's endpoint, and those envs are idle again."""
+def test_recv_through_the_doorbells_returns_the_daemon_that_finished_first(multi):
+    """Through the doorbells (shm): a long batch on daemon 0 (1024 envs of
+    ConnectFour-v0 at depth 6: ~45 ms of one thread), then one env sent on
+    daemon 1: recv (batch 1) returns daemon 1's env first, then daemon 0's."""
+    with multi.make("ConnectFour-v0", 2048, seed=0, batch_size=1, depth=6) as env:
+        if not all(shard.fast_path for shard in env.shards):
+            pytest.skip("these shards step over the socket (the inline transport)")
+        env.async_reset()
+        assert [int(env.recv()[4]["env_id"][0]) for _ in range(2048)] == list(range(2048))
+        actions = np.full(1024, 3, np.int64)
+        for _ in range(2):  # (the first: each vec measures its batches)
+            env.send(actions, np.arange(1024))  # ~45 ms
+            env.send(actions[:1], [1024])
+            got = [int(env.recv()[4]["env_id"][0]) for _ in range(1025)]
+            assert sorted(got) == list(range(1025))
+        assert got[0] == 1024, got[:3]  # daemon 1's: it finished first
+
+
+def test_a_send_the_daemon_refuses_is_raised_naming_it(multi, daemons):
+    """A done env in disabled mode: the daemon refuses the send (through the
+    doorbell at once; a posted one over the socket: by the next call), naming
+    the daemon's endpoint, and those envs are idle again."""
     with multi.make("CartPole-v1", 4, seed=0, batch_size=2, autoreset_mode="disabled",
                     max_episode_steps=1) as env:
         env.async_reset()
         for _ in range(2):
             env.send(np.zeros(2, np.int64), env.recv()[4]["env_id"])
         env.recv(), env.recv()  # each env truncated now
-        env.send(np.zeros(2, np.int64), [2, 3])  # daemon 1's
         with pytest.raises(envd.EnvStateError, match="disabled") as refused:
+            env.send(np.zeros(2, np.int64), [2, 3])  # daemon 1's
             env.recv()
         assert daemons[1].endpoint in str(refused.value)
         env.reset(options={"reset_mask": np.array([False, False, True, True])})
@@ -197,20 +219,34 @@ def test_async_reset_drops_the_envs_in_flight_on_every_daemon(multi):
         np.testing.assert_array_equal(np.concatenate([got[0][0], got[1][0]]), obs[:10])
 
 
-def test_a_daemon_killed_while_a_recv_waits_on_it_is_named(tmp_path):
+@pytest.mark.parametrize("doorbell", [False, True])
+def test_a_daemon_killed_while_a_recv_waits_on_it_is_named(tmp_path, doorbell):
     """Daemon 0 stopped with envs in flight, then SIGKILLed while recv waits
     for them: the recv raises ConnectionLostError naming daemon 0, later calls
-    too; close() closes daemon 1's session; nothing is left on either daemon."""
+    too; close() closes daemon 1's session; nothing is left on either daemon.
+    Over the sockets daemon 0 is stopped before the send (it is posted);
+    through the doorbells just after (the daemon answers a send once its
+    batch started: 1024 envs of ConnectFour-v0 at depth 6, ~45 ms of work)."""
     victim = DaemonProcess(tmp_path / "victim", "--threads", "1")
     with DaemonProcess(tmp_path / "survivor", "--threads", "1") as survivor:
         fds_before, threads_before = len(os.listdir("/proc/self/fd")), threading.active_count()
         try:
             with envd.connect([victim.endpoint, survivor.endpoint], timeout=30) as multi:
-                env = multi.make("CartPole-v1", 8, seed=0, batch_size=4)
+                env = multi.make("ConnectFour-v0", 2048, seed=0, batch_size=1024, depth=6,
+                                 fast_path=None if doorbell else False)
+                assert all(shard.fast_path == doorbell for shard in env.shards)
                 env.async_reset()
+                actions = np.full(1024, 3, np.int64)
+                for _ in range(2):  # (the first batches measure their cost: then pooled)
+                    env.recv(), env.recv()
+                    env.send(actions, np.arange(1024))
+                    env.send(actions, np.arange(1024, 2048))
                 env.recv(), env.recv()
-                victim.signal(signal.SIGSTOP)
-                env.send(np.zeros(4, np.int64), [0, 1, 2, 3])  # daemon 0's
+                if not doorbell:
+                    victim.signal(signal.SIGSTOP)
+                env.send(actions, np.arange(1024))  # daemon 0's
+                if doorbell:
+                    victim.signal(signal.SIGSTOP)
                 timer = threading.Timer(0.5, victim.signal, (signal.SIGKILL,))
                 timer.start()
                 with pytest.raises(envd.ConnectionLostError) as lost:
@@ -218,9 +254,9 @@ def test_a_daemon_killed_while_a_recv_waits_on_it_is_named(tmp_path):
                 timer.join()
                 message = str(lost.value)
                 del lost  # (its traceback's frames hold the shards)
-                assert victim.endpoint in message and "envs 0..3" in message
+                assert victim.endpoint in message and "envs 0..1023" in message
                 with pytest.raises(envd.ConnectionLostError, match=victim.endpoint):
-                    env.send(np.zeros(1, np.int64), [4])
+                    env.send(np.zeros(1, np.int64), [1500])
                 with survivor.connect() as probe:
                     assert probe.status()["sessions"] == 1  # left open until close()
                     env.close()
@@ -277,7 +313,10 @@ def test_async_reset_right_after_a_refused_send_keeps_the_books(multi):
             for _ in range(2):
                 env.send(np.zeros(2, np.int64), env.recv()[4]["env_id"])
             env.recv(), env.recv()  # every env truncated now
-            env.send(np.zeros(2, np.int64), [2, 3])  # refused by daemon 1, reply unread
+            try:
+                env.send(np.zeros(2, np.int64), [2, 3])  # refused by daemon 1
+            except envd.EnvStateError:
+                pass  # through the doorbell: at once (over the socket: a reply unread)
             env.async_reset()
             with pytest.raises(envd.EnvStateError, match="env 2 is ready"):
                 env.send(np.zeros(1, np.int64), [2])
