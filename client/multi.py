@@ -20,12 +20,12 @@ statistics, ``final_obs``/``final_info`` and their masks, the env's own
 info fields) without a merge of dicts that could drift from it.
 
 Async mode (``make(..., batch_size=B)`` with B < num_envs) steps through
-client/multi_async.py's ShardsAsyncStepper instead: send posts each daemon its
-part, one recv waits on every daemon with envs in flight, and recv returns
-exactly B envs in the order they were found finished across the daemons (its
-module docstring has the rules).  The shards then step over the socket (a
-recv waiting on a daemon is a message; the doorbell serves one request at a
-time), which each daemon must serve (its hello's ``recv_min`` capability).
+client/multi_async.py's ShardsAsyncStepper instead (over the sockets), or its
+doorbell variant client/multi_doorbell.py where every shard has the fast
+path: send gives each daemon its part, the trainer waits on every daemon
+with envs in flight at once, and recv returns exactly B envs in the order
+they were found finished across the daemons (multi_async.py's docstring has
+the rules).  Each daemon must serve it (its hello's ``recv_min`` capability).
 """
 from __future__ import annotations
 

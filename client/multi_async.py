@@ -21,6 +21,9 @@ the books across them, EnvPool's rules unchanged (envd.stepping):
   each env once.  While fewer are ready it waits on every daemon's socket and
   connection monitor with one zmq.Poller: the trainer's CPU sleeps.
 
+That is the socket wire; client/multi_doorbell.py drives the same books
+through the daemons' doorbells where every shard has the fast path.
+
 Refusals keep the one-daemon rules: a send of an env not idle raises at the
 send (the books are here); a send the daemon refuses (a done env in
 ``disabled`` mode) is raised by the next call, naming the daemon, and its
