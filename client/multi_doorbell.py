@@ -30,7 +30,7 @@ import numpy as np
 from envd.client.doorbell import RECV, SHUTTING_DOWN, wait_any
 from envd.client.multi_async import IN_FLIGHT, READY, ShardsAsyncStepper, _Shard
 from envd.errors import ConnectionLostError, EnvdError, EnvdTimeoutError, ShuttingDownError
-from envd.vector_base import NATIVE_CODES, step_error
+from envd.vector_base import step_error
 
 if TYPE_CHECKING:
     from envd.client.multi import MultiVecEnv
