@@ -65,6 +65,9 @@ class ShardsDoorbellStepper(ShardsAsyncStepper):
             shard.stepper._send(local)  # rings SEND: answered once the batch started
         except ConnectionLostError as exc:
             raise self._lost(shard, exc) from exc
+        except EnvdTimeoutError:
+            self._async_lost = True  # the batch may have started: its envs' fate is unknown
+            raise
         except EnvdError as exc:
             named = self._named(exc, shard)
             if named is exc:
@@ -118,7 +121,7 @@ class ShardsDoorbellStepper(ShardsAsyncStepper):
             raise self._lost(shard, ConnectionLostError(
                 "the daemon stopped serving the session's doorbell (the session was closed "
                 "or expired, or the daemon stops)"))
-        count = min(min(shard.remaining.values()), shard.in_flight)
+        count = min(min(shard.remaining.values(), default=shard.in_flight), shard.in_flight)
         bell.ring(RECV, count)
         shard.rung = count
 
