@@ -144,6 +144,9 @@ def test_the_section_over_two_daemons_has_every_env(run):
     names = [t["target"] for t in results["targets"]]
     assert all(any(name.startswith(f"{env_id} async, two daemons") for name in names)
                for env_id in bench_multi.MULTI_ENVS)
+    csv_lines = (out / "results.csv").read_text().splitlines()
+    rows = [line for line in csv_lines if line.startswith("multi_async,")]
+    assert len(rows) == len(bench_multi.MULTI_ENVS) * len(bench_multi.SYSTEMS), rows
 
 
 def test_the_json_has_numbers_for_envd(run):

@@ -1008,6 +1008,14 @@ def write_csv(r: dict[str, Any], path: Path) -> None:
             for system, why in entry["missing"].items():
                 out.writerow(["learner", env_id, system, "", entry["num_envs"],
                               "", "", "", "", f"n/a: {why}"])
+        threads = r.get("threads", {})
+        for env_id, entry in r.get("multi_async", {}).items():
+            for system, values in entry["rounds"].items():
+                count = (f"2 x {threads.get('half_daemons', '?')}" if system == "two daemons"
+                         else str(threads.get("auto_daemon", "auto")))
+                out.writerow(["multi_async", env_id, system, count, entry["num_envs"],
+                              *spread_cells(values),
+                              f"batch {entry['batch_size']}, {entry['paths'].get(system, '')}"])
 
 
 def _jsonable(value: Any) -> Any:
