@@ -39,6 +39,9 @@ class Capabilities:
     inline: bool
     #: it renders rgb_array frames (make with render_mode)
     render: bool
+    #: recv takes ``min`` and sends are served while a recv waits (async
+    #: mode over several daemons needs it); False when not said (older daemons)
+    recv_min: bool = False
     #: its limits (max_message_bytes, max_sessions, ...: see docs/protocol.md)
     limits: dict[str, int] = field(default_factory=dict)
     #: False: the daemon sent none, these are the fallback's (see the module docstring)
@@ -69,7 +72,11 @@ class Capabilities:
                 isinstance(k, str) and _is_int(v) for k, v in limits.items()):
             raise ProtocolError("the daemon's hello capabilities give limits that are not a "
                                 "map of names to ints")
-        return cls(protocol=version, abi=abi, limits=dict(limits), **flags)
+        recv_min = wire.get("recv_min", False)  # (optional: younger than the others)
+        if not isinstance(recv_min, bool):
+            raise ProtocolError(f"the daemon's hello capabilities give 'recv_min' as "
+                                f"{recv_min!r}; expected true or false")
+        return cls(protocol=version, abi=abi, limits=dict(limits), recv_min=recv_min, **flags)
 
     @classmethod
     def legacy(cls, reply: dict[str, Any]) -> "Capabilities":

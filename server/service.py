@@ -228,9 +228,11 @@ class Service:
         client.touch()
         return client
 
-    def session_for(self, client: ClientRecord, header: dict[str, Any]) -> Session:
+    def session_for(self, client: ClientRecord, header: dict[str, Any],
+                    beside: str | None = None) -> Session:
         """The open session a request names, or the error that says why not
-        (truncated, expired, unknown, busy)."""
+        (truncated, expired, unknown, busy).  beside: an operation this
+        request may run beside (a send beside a parked "recv")."""
         session_id = header["session"]
         self.close_revoked_sessions()
         if session_id in self._revoked_sessions:
@@ -244,7 +246,7 @@ class Service:
         if session is None:
             raise UnknownSessionError(
                 f"no session {session_id!r} on this connection (closed, or made by another client)")
-        if session.life.busy:
+        if session.life.busy and session.life.operation != beside:
             raise EnvStateError(f"session {session_id} is busy: a session takes one request at "
                                 f"a time and a {session.life.operation} is still running")
         return session

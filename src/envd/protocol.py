@@ -46,9 +46,12 @@ does not speak it.  Per type, the fields (``?`` = optional):
                                 start stepping them with the actions the client wrote
                                 in their shm rows (inline: blob 1 holds those rows, in
                                 the order of the ids)
-    recv       session:str, count:int, inline?:bool   async mode: answer once at least
-                                count sent envs are ready; blob 0: exactly count ids
-                                (int64), the oldest ready (the rest stay ready)
+    recv       session:str, count:int, min?:int, inline?:bool   async mode: answer once at
+                                least min (default: count) sent envs are ready; blob 0:
+                                the oldest ready ids (int64), as many as are ready then
+                                but at most count (exactly count without min; the rest
+                                stay ready).  A send of the same session is served while
+                                a recv waits (async over several daemons: client/multi_async.py)
 
 Inline transport (remote sessions)
 ----------------------------------
@@ -201,7 +204,8 @@ MESSAGE_FIELDS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
               "inline": ((bool,), False), "async": ((bool,), False)},
     "step": {**_SESSION, "actions": ((dict,), False), "inline": ((bool,), False)},
     "send": {**_SESSION, "inline": ((bool,), False)},
-    "recv": {**_SESSION, "count": (_INT, True), "inline": ((bool,), False)},
+    "recv": {**_SESSION, "count": (_INT, True), "min": (_INT, False),
+             "inline": ((bool,), False)},
     "render": _SESSION,
     "close": _SESSION,
     "bye": {},

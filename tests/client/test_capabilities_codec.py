@@ -23,6 +23,8 @@ def test_advertised_capabilities_are_read_as_given():
     assert (caps.protocol, caps.abi) == (protocol.PROTOCOL_VERSION, 3)
     assert (caps.fast_path, caps.async_mode, caps.inline, caps.render) == (True, True, True, False)
     assert caps.limits == LIMITS  # the capabilities' limits, not the top-level ones
+    assert not caps.recv_min  # optional (younger than the others): absent reads as false
+    assert Capabilities.from_hello(hello(recv_min=True)).recv_min
 
 
 def test_a_hello_without_capabilities_gets_the_documented_fallback():
@@ -37,6 +39,7 @@ def test_a_hello_without_capabilities_gets_the_documented_fallback():
 @pytest.mark.parametrize("bad, match", [
     ({"capabilities": []}, "of type list"),
     (hello(fast_path=1), "'fast_path' as 1"),
+    (hello(recv_min="yes"), "'recv_min' as 'yes'"),
     (hello(**{"async": None}), "'async' as None"),
     (hello(protocol="2"), "protocol '2'"),
     (hello(abi=True), "abi True"),

@@ -27,9 +27,9 @@ def test_the_hello_advertises_what_the_daemon_serves(daemon):
         wire = client.server_info["capabilities"]
         assert wire == {"protocol": protocol.PROTOCOL_VERSION, "abi": lib.envd_abi_version(),
                         "fast_path": True, "async": True, "inline": True, "render": True,
-                        "limits": client.server_info["limits"]}
+                        "recv_min": True, "limits": client.server_info["limits"]}
         caps = client.capabilities
-        assert caps.advertised and caps.fast_path
+        assert caps.advertised and caps.fast_path and caps.recv_min
         assert caps.limits["max_message_bytes"] == client.status()["limits"]["max_message_bytes"]
 
 

@@ -336,8 +336,8 @@ def _main(argv: list[str] | None) -> int:
     bench.add_argument("--threads", type=int, metavar="T", dest="bench_threads",
                        help="threads of the benchmark's 'auto' daemon (default: usable CPUs)")
     bench.add_argument("--learner-envs", type=int, metavar="N",
-                       help="N of the async-with-learner comparison, batch N/2 (even; "
-                       "default 4096; --quick 1024)")
+                       help="N of the async-with-learner comparison and of async over two "
+                       "daemons, batch N/2 (even; default 4096; --quick 1024)")
     bench.add_argument("--no-progress", action="store_true",
                        help="no progress bar (it is shown only when stderr is a terminal)")
     args = parser.parse_args(argv)
