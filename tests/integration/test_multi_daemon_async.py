@@ -166,13 +166,15 @@ def test_sync_steps_once_every_env_is_received_after_async_reset(multi):
         np.testing.assert_array_equal(results[0], results[1])
 
 
-def test_recv_through_the_doorbells_returns_the_daemon_that_finished_first(multi):
-    """Through the doorbells (shm): a long batch on daemon 0 (1024 envs of
-    ConnectFour-v0 at depth 6: ~45 ms of one thread), then one env sent on
-    daemon 1: recv (batch 1) returns daemon 1's env first, then daemon 0's."""
-    with multi.make("ConnectFour-v0", 2048, seed=0, batch_size=1, depth=6) as env:
-        if not all(shard.fast_path for shard in env.shards):
-            pytest.skip("these shards step over the socket (the inline transport)")
+def test_recv_through_the_doorbells_returns_the_daemon_that_finished_first(daemons):
+    """Through the doorbells (shm only: the inline transport has none): a
+    long batch on daemon 0 (1024 envs of ConnectFour-v0 at depth 6, about a
+    thousand times one env's work), then one env sent on daemon 1: recv
+    (batch 1) returns daemon 1's env first, then daemon 0's."""
+    with envd.connect([d.endpoint for d in daemons], timeout=30) as multi, \
+            multi.make("ConnectFour-v0", 2048, seed=0, batch_size=1, depth=6,
+                       transport="shm") as env:
+        assert all(shard.fast_path for shard in env.shards)
         env.async_reset()
         assert [int(env.recv()[4]["env_id"][0]) for _ in range(2048)] == list(range(2048))
         actions = np.full(1024, 3, np.int64)
