@@ -16,7 +16,8 @@ from envd.server.config import Config
 def hello_capabilities(config: Config, limits: dict[str, int]) -> dict[str, Any]:
     """The ``capabilities`` map of the hello reply: protocol and native ABI
     versions, the features served (the fast path unless --fast-path-sessions
-    is 0), and the limits (as the reply's top-level ``limits``)."""
+    is 0; max_threads: make takes a per-session thread cap), and the limits
+    (as the reply's top-level ``limits``)."""
     return {"protocol": protocol.PROTOCOL_VERSION, "abi": int(lib.envd_abi_version()),
             "fast_path": config.fast_path_sessions > 0, "async": True, "inline": True,
-            "render": True, "limits": limits}
+            "render": True, "max_threads": True, "limits": limits}

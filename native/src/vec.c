@@ -100,6 +100,9 @@ struct envd_vec {
     /* Caller thread only. */
     int64_t error_index;        /* the env the last refused or failed call names */
     int64_t forced_chunk;
+    int max_threads;            /* pool threads a run may use: ENVD_VEC_NO_CAP, 0 (inline), ... */
+    envd_pool_cap_t cap;        /* the cap of every run's job while 1 <= max_threads < pool's */
+    bool capped;
     envd_vec_stats_t stats;
 };
 
@@ -312,6 +315,8 @@ static void update_cost(envd_vec_t *vec, double ns, int64_t items)
 static int64_t choose_chunk(const envd_vec_t *vec, int64_t n, bool off_caller, bool blocking)
 {
     int threads = vec->pool ? envd_pool_num_threads(vec->pool) : 0;
+    if (vec->max_threads != ENVD_VEC_NO_CAP && vec->max_threads < threads)
+        threads = vec->max_threads; /* split for the threads that may run it */
     if (threads == 0)
         return 0;
     if (vec->forced_chunk > 0)
@@ -560,6 +565,8 @@ int envd_vec_batch_submit(envd_vec_t *vec, envd_vec_batch_t *batch, const int64_
         return ENVD_EINVAL;
     if (vec->whole.pending != PENDING_NONE || batch->run.pending != PENDING_NONE)
         return ENVD_EBUSY;
+    /* Not in flight (pending NONE), so the job takes the vec's cap. */
+    envd_job_set_cap(&batch->run.job, vec->capped ? &vec->cap : NULL);
     /* Copied before anything reads them: env_ids may lie in shared memory. */
     memcpy(batch->ids, env_ids, (size_t)count * sizeof *env_ids);
     int rc = claim_batch(vec, batch->ids, count);
@@ -690,6 +697,26 @@ int64_t envd_vec_num_done(const envd_vec_t *vec) { return atomic_load(&vec->whol
 
 void envd_vec_set_chunk(envd_vec_t *vec, int64_t chunk) { vec->forced_chunk = chunk > 0 ? chunk : 0; }
 
+/* The cap is shared by the vec's whole-vec job and its batches' jobs (set at
+ * each batch submit), so it bounds the pool threads on all of them together.
+ * Changed only while no run is in flight: then no worker holds a slot (C2 of
+ * pool.c), and active is 0. */
+int envd_vec_set_max_threads(envd_vec_t *vec, int max_threads)
+{
+    if (max_threads < ENVD_VEC_NO_CAP)
+        return ENVD_EINVAL;
+    if (vec->whole.pending != PENDING_NONE || vec->batches_in_flight > 0)
+        return ENVD_EBUSY;
+    int threads = vec->pool ? envd_pool_num_threads(vec->pool) : 0;
+    vec->max_threads = max_threads;
+    vec->capped = max_threads >= 1 && max_threads < threads;
+    vec->cap.max_workers = vec->capped ? max_threads : 1;
+    atomic_store_explicit(&vec->cap.active, 0, memory_order_relaxed);
+    return envd_job_set_cap(&vec->whole.job, vec->capped ? &vec->cap : NULL);
+}
+
+int envd_vec_max_threads(const envd_vec_t *vec) { return vec->max_threads; }
+
 void envd_vec_get_stats(const envd_vec_t *vec, envd_vec_stats_t *stats) { *stats = vec->stats; }
 
 /* ---- lifecycle ---------------------------------------------------------------------- */
@@ -797,6 +824,7 @@ int envd_vec_create(envd_vec_t **out, const envd_env_def_t *def,
     memset(vec->blocks, 0, total);
     vec->whole.vec = vec;
     vec->error_index = -1;
+    vec->max_threads = ENVD_VEC_NO_CAP;
     clear_results(&vec->whole);
     for (int64_t i = 0; i < config->num_envs; i++) {
         rc = def->init(state_of(vec, i), config->params);
