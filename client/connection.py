@@ -29,7 +29,6 @@ from envd.vector_base import (autoreset_mode_name, check_int, episode_statistics
 
 #: The most envs one make may ask for (the native vec's limit, ENVD_VEC_MAX_ENVS).
 MAX_NUM_ENVS = _native_facts.VEC_MAX_ENVS
-MAX_THREADS = _native_facts.POOL_MAX_THREADS
 
 
 def _wire(name: str, value: Any) -> Any:
@@ -172,8 +171,8 @@ class Client:
             header["batch_size"] = _wire("batch_size", batch_size)
         if render_mode is not None:
             header["render_mode"] = _wire("render_mode", render_mode)
-        if max_threads is not None:  # the daemon checks it against its --threads
-            header["max_threads"] = check_int("max_threads", max_threads, 0, MAX_THREADS)
+        if max_threads is not None:  # the daemon checks the top against its --threads
+            header["max_threads"] = check_int("max_threads", max_threads, 0, 2**31 - 1)
         if fast_path is None:
             fast_path = None if os.environ.get("ENVD_FAST_PATH", "1") != "0" else False
         reply = self.channel.request(header, late=self._late_make)
