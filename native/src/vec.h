@@ -178,7 +178,9 @@ void envd_vec_set_chunk(envd_vec_t *vec, int64_t chunk);
 /* Cap the pool threads that step this vec's envs at once, over its whole-vec
  * steps, resets and async batches together: ENVD_VEC_NO_CAP (the default,
  * any thread of the pool), 0 (every call runs inline on the calling thread:
- * no pool wake-up, a forced chunk ignored) or K >= 1 (runs are split for K
+ * no pool wake-up, a forced chunk ignored -- except a NOTIFY run, whose
+ * caller is an event loop serving others: one not measured yet, or measured
+ * above 1 ms, runs on one pool thread) or K >= 1 (runs are split for K
  * threads and at most K pool threads run them at once; K at or above the
  * pool's size is no cap).  A thread blocked in the call (envd_vec_step's
  * caller, a batch wait) still runs chunks beside them: the cap counts pool

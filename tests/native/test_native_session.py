@@ -356,3 +356,43 @@ def test_results_are_identical_under_every_thread_cap(env_id):
 def test_a_thread_cap_out_of_range_is_refused(bad):
     with pytest.raises(InvalidArgumentError, match="max_threads"):
         make_session(4, None, max_threads=bad)
+
+
+def submitted_step_pooled(session: NativeSession) -> bool:
+    """Submit a step as the daemon's event loop does; whether it went to the pool."""
+    before = session.stats()["pooled_jobs"]
+    finished = session.step_submit()
+    deadline = time.monotonic() + 60
+    while not finished and not session.step_done():
+        assert time.monotonic() < deadline, "a submitted step never finished"
+        time.sleep(0.001)
+    session.step_finish()
+    return session.stats()["pooled_jobs"] > before
+
+
+def test_cap_zero_keeps_costly_runs_off_the_event_loop():
+    """Under a cap of 0 a run for an event loop (step_submit, send with
+    notify) runs inline only when measured cheap (<= 1 ms): one not measured
+    yet, or costlier, goes to one pool thread, so that one session cannot
+    stall the loop serving the others.  Blocking calls stay inline."""
+    pool = NativePool(2)
+    try:
+        cheap, _ = make_session(16, pool, "CartPole-v1", max_threads=0)
+        costly, _ = make_session(4096, pool, "ConnectFour-v0", max_threads=0)  # ~20 us per env
+        try:
+            for session in (cheap, costly):
+                session.reset(False, False)
+            assert submitted_step_pooled(cheap)  # not measured yet
+            assert not any(submitted_step_pooled(cheap) for _ in range(5))
+            for _ in range(3):
+                assert submitted_step_pooled(costly)
+            costly.step()  # blocking: inline whatever it costs
+            assert costly.stats()["cost_ns_per_env"] * 4096 > 1e6
+            pooled = costly.stats()["pooled_jobs"]
+            costly.step()
+            assert costly.stats()["pooled_jobs"] == pooled
+        finally:
+            cheap.close()
+            costly.close()
+    finally:
+        pool.close()
