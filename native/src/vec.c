@@ -107,8 +107,8 @@ struct envd_vec {
     int64_t error_index;        /* the env the last refused or failed call names */
     int64_t forced_chunk;
     int max_threads;            /* pool threads a run may use: ENVD_VEC_NO_CAP, 0 (inline), ... */
-    envd_pool_cap_t cap;        /* the cap of every run's job while 1 <= max_threads < pool's */
-    bool capped;
+    envd_pool_cap_t cap;        /* every run's job is under it while capped */
+    bool capped;                /* a cap below the pool's threads (0 keeps one slot) */
     envd_vec_stats_t stats;
 };
 
@@ -721,11 +721,15 @@ int envd_vec_set_max_threads(envd_vec_t *vec, int max_threads)
     int threads = vec->pool ? envd_pool_num_threads(vec->pool) : 0;
     /* A cap of 0 keeps one slot: for the event loop's costly runs (choose_chunk). */
     const int slots = max_threads > 0 ? max_threads : 1;
-    vec->max_threads = max_threads;
-    vec->capped = max_threads != ENVD_VEC_NO_CAP && slots < threads;
+    const bool capped = max_threads != ENVD_VEC_NO_CAP && slots < threads;
     vec->cap.max_workers = slots;
     atomic_store_explicit(&vec->cap.active, 0, memory_order_relaxed);
-    return envd_job_set_cap(&vec->whole.job, vec->capped ? &vec->cap : NULL);
+    int rc = envd_job_set_cap(&vec->whole.job, capped ? &vec->cap : NULL);
+    if (rc != ENVD_OK)
+        return rc;
+    vec->max_threads = max_threads;
+    vec->capped = capped;
+    return ENVD_OK;
 }
 
 int envd_vec_max_threads(const envd_vec_t *vec) { return vec->max_threads; }
