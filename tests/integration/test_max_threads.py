@@ -54,6 +54,7 @@ def test_sync_results_are_identical_for_every_cap(served, env_id, num_envs, fast
         reference = trajectory(local, 25, seed=9)
     for cap in CAPS:
         with client.make(env_id, num_envs, max_threads=cap, fast_path=fast_path) as env:
+            assert env.max_threads == cap  # as the make reply echoes it
             if fast_path:
                 assert env.fast_path
             assert trajectory(env, 25, seed=9) == reference, f"{env_id} max_threads={cap}"
