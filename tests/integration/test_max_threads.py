@@ -121,3 +121,22 @@ def test_a_cap_out_of_bounds_is_refused_and_harms_nothing(served, bad, message):
         obs, *_ = other.step(np.zeros(16, np.int64))
         assert obs.shape == (16, 4)
     wait_until(lambda: segments_of(daemon.pid) == [], what="the session's segment freed")
+
+
+def test_a_multiclient_passes_the_cap_to_every_daemon(served, tmp_path):
+    """MultiClient.make(max_threads=K): each daemon checks K against its own
+    --threads (the refusal names the daemon), and the capped shards together
+    step exactly as one in-process env."""
+    daemon, _ = served
+    with DaemonProcess(tmp_path / "one", "--threads", "1") as small, \
+            envd.connect([daemon.endpoint, small.endpoint], timeout=30) as multi:
+        with pytest.raises(InvalidArgumentError, match=f"the daemon at {small.endpoint}: its "
+                           r"pool has 1 threads \(--threads\)"):
+            multi.make("Acrobot-v1", 64, max_threads=2)  # over the small daemon's 1 thread
+        with daemon.connect() as probe:
+            assert probe.status()["sessions"] == 0  # refused before any daemon made anything
+        with multi.make("Acrobot-v1", 64, max_threads=1) as env, \
+                envd.make("Acrobot-v1", 64, num_threads=0) as local:
+            assert trajectory(env, 10, seed=4) == trajectory(local, 10, seed=4)
+        with small.connect() as probe:
+            assert probe.status()["sessions"] == 0
