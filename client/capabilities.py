@@ -10,6 +10,10 @@ with the fallback ``Capabilities.legacy``: the features every daemon of
 protocol 2 serves (async mode, the inline transport, rendering) and no fast
 path, which such a daemon cannot be asked for without the trial and error
 this replaces; its limits come from the hello's top-level ``limits``.
+
+Features added later are optional in the map: a daemon that does not name
+one does not serve it (``max_threads``, the per-session thread cap of make:
+a client does not send it to such a daemon, which would ignore the field).
 """
 from __future__ import annotations
 
@@ -21,6 +25,8 @@ from envd.errors import ProtocolError
 #: The boolean features a hello's capabilities name (wire key -> attribute).
 _FEATURES = {"fast_path": "fast_path", "async": "async_mode", "inline": "inline",
              "render": "render"}
+#: Features a daemon may leave out of its capabilities (older daemons): absent is False.
+_OPTIONAL_FEATURES = {"max_threads": "max_threads"}
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,8 @@ class Capabilities:
     #: recv takes ``min`` and sends are served while a recv waits (async
     #: mode over several daemons needs it); False when not said (older daemons)
     recv_min: bool = False
+    #: make takes max_threads, a per-session thread cap (optional: absent is False)
+    max_threads: bool = False
     #: its limits (max_message_bytes, max_sessions, ...: see docs/protocol.md)
     limits: dict[str, int] = field(default_factory=dict)
     #: False: the daemon sent none, these are the fallback's (see the module docstring)
@@ -60,6 +68,12 @@ class Capabilities:
         flags = {}
         for key, name in _FEATURES.items():
             value = wire.get(key)
+            if not isinstance(value, bool):
+                raise ProtocolError(f"the daemon's hello capabilities give {key!r} as "
+                                    f"{value!r}; expected true or false")
+            flags[name] = value
+        for key, name in _OPTIONAL_FEATURES.items():
+            value = wire.get(key, False)
             if not isinstance(value, bool):
                 raise ProtocolError(f"the daemon's hello capabilities give {key!r} as "
                                     f"{value!r}; expected true or false")

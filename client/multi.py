@@ -131,6 +131,23 @@ def _raise_first(outcomes: list[tuple[int, Any, BaseException | None]],
             raise named from error
 
 
+def _check_max_threads(max_threads: Any, statuses: list[dict[str, Any]],
+                       endpoints: Sequence[str]) -> None:
+    """make's max_threads (None: no cap) against every daemon's pool, before
+    any daemon makes anything: the daemons' --threads may differ, so the
+    refusal names the daemon whose pool is too small."""
+    if max_threads is None:
+        return
+    check_int("max_threads", max_threads, 0, 2**31 - 1)
+    smallest = min(int(status["threads"]) for status in statuses)
+    for status, endpoint in zip(statuses, endpoints):
+        if max_threads > status["threads"]:
+            raise InvalidArgumentError(
+                f"max_threads={max_threads} is out of range for the daemon at {endpoint}: its "
+                f"pool has {status['threads']} threads (--threads); the cap applies on every "
+                f"daemon, so 0 <= max_threads <= {smallest}")
+
+
 class MultiClient:
     """Connections to several envd daemons used as one (see envd.connect).
 
@@ -225,7 +242,9 @@ class MultiClient:
                         f"{client.endpoint} does not serve (its hello's capabilities lack "
                         "'recv_min': an older envd); upgrade it, or make the env on one "
                         "daemon")
-        weights = [max(1, int(status["threads"])) for status in self.status()]
+        statuses = self.status()
+        _check_max_threads(env_kwargs.get("max_threads"), statuses, self.endpoints)
+        weights = [max(1, int(status["threads"])) for status in statuses]
         counts = split_envs(weights, num_envs)
         env = MultiVecEnv(self, counts, env_id, seeds, mode, copy, episode_statistics,
                           batch_size,

@@ -43,6 +43,8 @@ class RemoteVecEnv(BatchedVecEnv):
                                                     num_envs)
         #: how the arrays travel: "shm" or "inline" (see Client.make)
         self.transport = self._stepper.transport
+        #: the daemon's cap on the pool threads stepping these envs (None: none; Client.make)
+        self.max_threads: int | None = reply.get("max_threads")
         self._bind_buffers(self._segment.arrays)
         self._client = client
         space = self.single_action_space

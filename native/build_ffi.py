@@ -190,6 +190,9 @@ uint64_t envd_vec_memory_bytes(const envd_env_def_t *def, int64_t num_envs);
 uint64_t envd_vec_batch_memory_bytes(int64_t capacity);
 int64_t envd_vec_num_done(const envd_vec_t *vec);
 void envd_vec_set_chunk(envd_vec_t *vec, int64_t chunk);
+#define ENVD_VEC_NO_CAP ...
+int envd_vec_set_max_threads(envd_vec_t *vec, int max_threads);
+int envd_vec_max_threads(const envd_vec_t *vec);
 void envd_vec_get_stats(const envd_vec_t *vec, envd_vec_stats_t *stats);
 
 #define ENVD_FAST_OFFSET ...
@@ -241,6 +244,7 @@ int envd_session_env_state(envd_session_t *session, int64_t index);
 int envd_session_render(envd_session_t *session, uint8_t *out);
 uint64_t envd_session_frame_bytes(envd_session_t *session);
 void envd_session_set_chunk(envd_session_t *session, int64_t chunk);
+int envd_session_set_max_threads(envd_session_t *session, int max_threads);
 void envd_session_stats(envd_session_t *session, envd_vec_stats_t *stats);
 int64_t envd_session_error_index(const envd_session_t *session);
 const void *envd_session_checked_actions(const envd_session_t *session);

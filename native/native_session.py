@@ -36,7 +36,7 @@ import numpy as np
 
 from envd.errors import EnvStateError, InvalidArgumentError, NativeError
 from envd.native._envd_native import ffi, lib
-from envd.native.native_vec import NativePool, ptr, strerror, vec_buffers, vec_config
+from envd.native.native_vec import MAX_THREADS, NativePool, ptr, strerror, vec_buffers, vec_config
 from envd.native.registry import EnvSpec
 from envd.vector_base import (in_flight_error, not_idle_error, ready_error, recv_short_error,
                               send_error, step_error)
@@ -45,11 +45,16 @@ from envd.vector_base import (in_flight_error, not_idle_error, ready_error, recv
 class NativeSession:
     """num_envs envs of spec over buffers (envd.vector_base.buffer_layout),
     stepped on pool (None: serially on the calling thread).  The pool must
-    outlive the session."""
+    outlive the session.  max_threads caps the pool threads that step these
+    envs at once (None: no cap; 0: every call inline on the thread serving
+    it; see envd_vec_set_max_threads in native/src/vec.h)."""
 
     def __init__(self, spec: EnvSpec, num_envs: int, *, autoreset_mode: int,
                  max_episode_steps: int, params: list[float], buffers: dict[str, np.ndarray],
-                 pool: NativePool | None):
+                 pool: NativePool | None, max_threads: int | None = None):
+        if max_threads is not None and not 0 <= max_threads <= MAX_THREADS:
+            raise InvalidArgumentError(f"max_threads must be None or in [0, {MAX_THREADS}], "
+                                       f"got {max_threads}")
         self.spec = spec
         self.num_envs = num_envs
         self.handle = ffi.NULL
@@ -68,6 +73,10 @@ class NativeSession:
         out = ffi.new("envd_session_t **")
         self._check(lib.envd_session_create(out, backend[0]), "creating the session")
         self.handle = out[0]
+        self.max_threads = max_threads
+        if max_threads is not None:  # nothing is in flight yet: it cannot be busy
+            self._check(lib.envd_session_set_max_threads(self.handle, max_threads),
+                        f"capping the session at {max_threads} threads")
         # The backend's private copy of the actions it checked (the buffer may
         # be shared memory a client rewrites): errors name the action it refused.
         actions = buffers["actions"]

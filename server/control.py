@@ -16,12 +16,13 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from envd import __version__, protocol
-from envd.errors import (LimitExceededError, SessionExpiredError, SharedMemoryError,
-                         ShuttingDownError, UnknownEnvError, UnknownSessionError)
+from envd.errors import (InvalidArgumentError, LimitExceededError, SessionExpiredError,
+                         SharedMemoryError, ShuttingDownError, UnknownEnvError,
+                         UnknownSessionError)
 from envd.native.native_vec import MAX_NUM_ENVS
 from envd.native.registry import get_spec, list_envs
 from envd.native.vector_env import check_max_episode_steps
-from envd.vector_base import check_int, parse_autoreset_mode, seed_list
+from envd.vector_base import check_int, is_int, parse_autoreset_mode, seed_list
 from envd.server.capabilities import hello_capabilities
 from envd.server.sessions import ClientRecord, Session
 
@@ -100,6 +101,7 @@ class ControlHandlers:
         mode = parse_autoreset_mode(header.get("autoreset_mode", "next_step"))
         max_steps = check_max_episode_steps(spec, header.get("max_episode_steps"))
         render_mode = spec.check_render_mode(header.get("render_mode"))
+        max_threads = self._check_max_threads(header.get("max_threads"))
         env_kwargs = header.get("env_kwargs", {})
         seed = header.get("seed")
         reservation = service.books.reserve(client, spec, num_envs, mode, len(service.sessions),
@@ -111,7 +113,8 @@ class ControlHandlers:
             try:
                 session = Session(client.identity, spec, num_envs, mode, max_steps, params,
                                   seeds, service.pool, service.segment_prefix,
-                                  on_free=service.on_session_freed)
+                                  on_free=service.on_session_freed,
+                                  max_threads=max_threads)
             except (OSError, MemoryError) as exc:  # /dev/shm or the heap is full
                 raise LimitExceededError(
                     f"cannot allocate {num_envs} {spec.id} envs: {exc}; the host's shared "
@@ -135,6 +138,22 @@ class ControlHandlers:
             reservation.release()
             raise
         return None
+
+    def _check_max_threads(self, max_threads: Any) -> int | None:
+        """make's max_threads: None (no cap) or an int from 0 to the pool's
+        threads; InvalidArgumentError naming --threads otherwise."""
+        if max_threads is None:
+            return None
+        threads = self.service.pool.num_threads if self.service.pool is not None else 0
+        if not is_int(max_threads):
+            raise InvalidArgumentError(f"max_threads must be an int or None, got "
+                                       f"{type(max_threads).__name__} {max_threads!r}")
+        if not 0 <= max_threads <= threads:
+            raise InvalidArgumentError(
+                f"max_threads={max_threads} is out of range: this daemon's pool has {threads} "
+                f"threads (--threads), so 0 <= max_threads <= {threads} (0: inline on the "
+                "thread serving the call; None: no cap)")
+        return int(max_threads)
 
     def _open(self, client: ClientRecord, session: Session, reservation: Reservation,
               reply: dict) -> dict:

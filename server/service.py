@@ -497,5 +497,6 @@ class Service:
         are averages over the session's life)."""
         now = time.monotonic()
         return [{"session": s.id[:8], "env_id": s.spec.id, "num_envs": s.num_envs,
-                 "batch_size": s.batch_size, "env_steps": s.env_steps,
+                 "batch_size": s.batch_size, "max_threads": s.max_threads,
+                 "env_steps": s.env_steps,
                  "age_s": round(now - s.created, 3)} for s in self.sessions.values()]

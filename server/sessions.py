@@ -71,9 +71,12 @@ class Session:
     def __init__(self, owner: bytes, spec: EnvSpec, num_envs: int, mode: AutoresetMode,
                  max_episode_steps: int, params: list[float], seeds: np.ndarray,
                  pool: NativePool | None, segment_prefix: str,
-                 on_free: Callable[[Session, bool], None] | None = None):
+                 on_free: Callable[[Session, bool], None] | None = None,
+                 max_threads: int | None = None):
         """on_free(session, orderly): what the daemon does when the session's
-        lifecycle frees it (its own books), before the envs are destroyed."""
+        lifecycle frees it (its own books), before the envs are destroyed.
+        max_threads: make's cap on the pool threads stepping these envs at
+        once (None: none; 0: inline on the thread serving each call)."""
         self.id = secrets.token_hex(16)
         self.owner = owner
         self.spec = spec
@@ -84,6 +87,7 @@ class Session:
         self.env_steps = 0     # env steps, sync and async, by every path (for status)
         self.created = time.monotonic()
         self.batch_size = num_envs
+        self.max_threads = max_threads
         self.render_mode: str | None = None  # make's render_mode, checked against the spec
         # Whether the session's doorbell is served (the fast path); what the
         # session had served when its steps were last counted.
@@ -102,7 +106,7 @@ class Session:
             self.native: NativeSession | None = NativeSession(
                 spec, num_envs, autoreset_mode=AUTORESET_MODE_CODES[mode],
                 max_episode_steps=max_episode_steps, params=params, buffers=self.buffers,
-                pool=pool)
+                pool=pool, max_threads=max_threads)
             self.native.seed()
         except BaseException:
             self.segment.unlink()
@@ -159,7 +163,7 @@ class Session:
                 "observation_space": protocol.space_to_wire(self.spec.observation_space),
                 "action_space": protocol.space_to_wire(self.spec.action_space),
                 "max_episode_steps": self.max_episode_steps or None,
-                "batch_size": self.batch_size,
+                "batch_size": self.batch_size, "max_threads": self.max_threads,
                 "autoreset_mode": autoreset_mode_name(self.mode),
                 "render_mode": self.render_mode,
                 "render_fps": self.spec.render_fps if self.render_mode else None}

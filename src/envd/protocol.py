@@ -30,7 +30,13 @@ does not speak it.  Per type, the fields (``?`` = optional):
     status     -
     make       env_id:str, num_envs:int, seed?:int|[int]|nil, autoreset_mode?:str,
                max_episode_steps?:int|nil, env_kwargs?:map, batch_size?:int|nil,
-               render_mode?:str|nil   (checked as envd.make checks them)
+               render_mode?:str|nil, max_threads?:int|nil
+               (checked as envd.make checks them; max_threads: at most that
+               many of the daemon's pool threads step the session's envs at
+               once, 0 = inline on the thread serving the call, nil or absent
+               = no cap; an int in [0, the daemon's --threads], else
+               invalid_argument.  A client sends it only to a daemon whose
+               hello capabilities say max_threads: true)
     reset      session:str, seeds?:bool, mask?:bool, inline?:bool, async?:bool
                (seeds / mask: read the "reset_seeds" / "reset_mask" arrays of
                the session's shared memory, written by the client; inline:
@@ -199,7 +205,8 @@ MESSAGE_FIELDS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     "make": {"env_id": ((str,), True), "num_envs": (_INT, True),
              "seed": (_ANY, False), "autoreset_mode": ((str,), False),
              "max_episode_steps": (_ANY, False), "env_kwargs": ((dict,), False),
-             "batch_size": (_ANY, False), "render_mode": (_ANY, False)},
+             "batch_size": (_ANY, False), "render_mode": (_ANY, False),
+             "max_threads": (_ANY, False)},
     "reset": {**_SESSION, "seeds": ((bool,), False), "mask": ((bool,), False),
               "inline": ((bool,), False), "async": ((bool,), False)},
     "step": {**_SESSION, "actions": ((dict,), False), "inline": ((bool,), False)},

@@ -90,10 +90,11 @@ def test_the_table_has_every_row_and_column(run):
         assert heading in stdout
     target_lines = stdout.split("\ntargets (", 1)[1].split("\n\n", 1)[0].splitlines()[1:]
     # latency (2), daemon vs in-process and EnvPool (2), auto threads (2 envs x N), clients (1),
-    # the learner: per env, in-process and daemon, against its target and against EnvPool
+    # the capped pair (1), the learner: per env, in-process and daemon, against its target
+    # and against EnvPool
     learner = len(bench_learner.LEARNER_ENVS) * 2 * 2
     multi = len(bench_multi.MULTI_ENVS)  # async over two daemons: one per env
-    assert len(target_lines) == 2 + 2 + 2 * len(SIZES) + 1 + learner + multi, target_lines
+    assert len(target_lines) == 2 + 2 + 2 * len(SIZES) + 1 + 1 + learner + multi, target_lines
     statuses = ("PASS", "FAIL", "NOT JUDGED", "N/A")
     assert all(line[2:14].strip() in statuses for line in target_lines), target_lines
     assert "N=4096 not in --sizes" in stdout
@@ -546,3 +547,24 @@ def test_a_fast_path_row_without_a_fast_path_says_why():
     assert all(env.closed for env in made)  # what it made and could not use is closed
     env = benchmark.remote_env(NewClient({"fast_path": True}), "CartPole-v1", 4, True)
     assert env.fast_path and not env.closed
+
+
+def test_the_capped_pair_section_and_its_target(run):
+    """The quick run measures the capped pair: both configurations with a
+    rate per session and a pair total, the ratios, a target line, CSV rows."""
+    proc, out = run
+    section = proc.stdout.split("\na cheap session capped at max_threads=0", 1)[1]
+    section = section.split("\nratios (", 1)[0].splitlines()
+    rows = {line.split(" (max_threads")[0].strip(): line for line in section
+            if "(max_threads=" in line}
+    assert set(rows) == {"capped", "uncapped"}, section
+    for line in rows.values():
+        cells = line.split(")", 1)[1].rsplit("(", 1)[0].split()
+        assert len(cells) == 6 and all(is_rate_with_spread(" ".join(cells[i:i + 2]))
+                                       for i in (0, 2, 4)), line
+    assert any(line.strip().startswith("capped / uncapped") and "x ±" in line
+               for line in section)
+    assert "pair total >= 1.0x uncapped:" in proc.stdout.split("\ntargets (", 1)[1]
+    results = json.loads((out / "results.json").read_text())
+    assert set(results["capped_pair"]["totals"]) == {"capped", "uncapped"}
+    assert "capped_pair" in (out / "results.csv").read_text()

@@ -19,9 +19,10 @@ CartPole-v1 env steps per second for N in ``--sizes`` (default 1, 64, 1024,
 plus the round-trip latency of one step at N=1 (p50/p99), a sweep of
 in-process thread counts 0..CPUs for CartPole-v1 and Acrobot-v1, four
 client processes of 1024 envs stepping at once through one daemon versus one
-client of 4096, the async-with-learner comparison (bench_learner.py) and
-async mode over two daemons of half the threads each versus one daemon
-(bench_multi.py).  It
+client of 4096, a cheap session capped at max_threads=0 next to a CPU-heavy
+one against both uncapped (bench_pair.py), the async-with-learner comparison
+(bench_learner.py) and async mode over two daemons of half the threads each
+versus one daemon (bench_multi.py).  It
 prints the table, ratios and PASS/FAIL/NOT JUDGED target lines, and writes
 results.json, results.csv, report.txt and steps_per_second.png (matplotlib,
 also in the ``bench`` extra) into the output directory.
@@ -57,7 +58,7 @@ from typing import Any, TextIO
 import numpy as np
 
 import envd
-from envd.tools import bench_learner, bench_load, bench_multi
+from envd.tools import bench_learner, bench_load, bench_multi, bench_pair
 from envd.tools.bench_rounds import (NOT_AVAILABLE, interleaved_rounds, judge, paired_ratios,
                                      rate_text, ratio_text, spread, spread_text)
 
@@ -85,7 +86,7 @@ class Settings:
     out: str | None = None         # None: ./envd-bench-<timestamp>
     progress: bool = True
     latency_steps: int = 4000      # timed steps per latency row, over all rounds
-    scaling_seconds: float = 1.0   # per scaling round
+    scaling_seconds: float = 1.0   # per scaling round and capped-pair round
     learner_envs: int = 4096       # N of the async-with-learner comparison (batch N/2)
     learner_seconds: float = 0.5   # per learner measurement (a ConnectFour sync step: ~40 ms)
 
@@ -547,6 +548,18 @@ class Bench:
         return {"steps_per_second": {name: spread(v).median for name, v in rounds.items()},
                 "rounds": rounds, "fast_path": fast_path}
 
+    def measure_pair(self) -> dict[str, Any]:
+        """A cheap session capped at 0 threads next to a CPU-heavy one, against
+        both uncapped (bench_pair.py), through the auto daemon."""
+        s = self.settings
+        self.progress.show("capped pair: starting client processes")
+        return bench_pair.run(self.daemons["auto"][1], s.rounds, s.scaling_seconds,
+                              on_measure=self._pair_progress)
+
+    def _pair_progress(self, label: str) -> None:
+        self.progress.show(f"capped pair {label}")
+        self.progress.advance()
+
     def measure_learner(self) -> dict[str, Any]:
         """The async-with-learner comparison (bench_learner.py) through the
         auto daemon and in-process."""
@@ -584,6 +597,7 @@ class Bench:
                                                    for n in s.sizes]
         total = sum(len(self.configs(env_id, n)) for env_id, n in groups) * s.rounds
         total += 4 * s.rounds + 2 * s.rounds  # latency rows, scaling groups
+        total += len(bench_pair.CONFIGS) * s.rounds
         total += len(bench_learner.LEARNER_ENVS) * len(bench_learner.SYSTEMS) * 4 * s.rounds
         total += len(bench_multi.MULTI_ENVS) * len(bench_multi.SYSTEMS) * s.rounds
         self.progress = Progress(total, enabled=s.progress)
@@ -595,6 +609,7 @@ class Bench:
             groups_done.setdefault(env_id, {})[n] = self.measure_group(env_id, n)
         latency = self.measure_latency()
         scaling = self.measure_scaling()
+        pair = self.measure_pair()
         learner = self.measure_learner()
         multi = self.measure_multi()
         self.close()  # the daemons exit and are reaped: their CPU time is ours
@@ -602,7 +617,8 @@ class Bench:
         machine["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
         machine["load"] = (bench_load.assess(before, after, self.cpus).as_dict()
                            if before and after else None)
-        self.results = assemble(machine, self, groups_done, latency, scaling, learner, multi)
+        self.results = assemble(machine, self, groups_done, latency, scaling, learner, multi,
+                                pair)
         return self.results
 
 
@@ -702,7 +718,7 @@ def _median_or_reason(cell: list[float] | str) -> float | str:
 
 def assemble(machine: dict[str, Any], bench: Bench, groups: dict, latency: dict,
              scaling: dict, learner: dict | None = None,
-             multi: dict | None = None) -> dict[str, Any]:
+             multi: dict | None = None, pair: dict | None = None) -> dict[str, Any]:
     """The results: each cell the median of its rounds (or why it is not
     measured), with every round's value next to it."""
     s = bench.settings
@@ -738,6 +754,7 @@ def assemble(machine: dict[str, Any], bench: Bench, groups: dict, latency: dict,
         "scaling": scaling,
         "learner": bench_learner.summary(learner) if learner else {},
         "multi_async": bench_multi.summary(multi) if multi else {},
+        "capped_pair": bench_pair.summary(pair) if pair else {},
     }
     results["targets"] = targets(results)
     return results
@@ -828,6 +845,7 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
         f"client x {SCALING_CLIENTS * SCALING_ENVS}", ratio, ">=", 0.8,
         f"{spread_text(by_group[many])} / {spread_text(by_group[one])} = {ratio_text(ratio)}"
         if ratio else "not measured")
+    found.extend(bench_pair.targets(r.get("capped_pair", {})))
     found.extend(bench_learner.targets(r.get("learner", {})))
     found.extend(bench_multi.targets(r.get("multi_async", {})))
     return found
@@ -935,6 +953,10 @@ def report(r: dict[str, Any]) -> str:
         path = "fast path" if sc["fast_path"].get(name) else "socket path"
         values = sc.get("rounds", {}).get(name)
         lines.append(f"  {name:<10} {_cell_text(rate, values):>{CELL}}  ({path})")
+    if r.get("capped_pair"):
+        lines.append("\na cheap session capped at max_threads=0 next to a CPU-heavy one, two "
+                     "client processes at once\nthrough one daemon (T=auto): env steps/s")
+        lines.extend(bench_pair.report_lines(r["capped_pair"]))
     lines.append("\nratios (T=auto; median of per-round ratios ± half their range)")
     rows = {(row["system"], row["threads"]): row.get("rounds", {}) for row in r["table"]}
     inproc = rows[("envd in-process", "auto")]
@@ -998,6 +1020,14 @@ def write_csv(r: dict[str, Any], path: Path) -> None:
             out.writerow(["scaling", r["env_id"], f"envd daemon, {clients} client(s)", "auto",
                           n, *spread_cells(r["scaling"].get("rounds", {}).get(name)),
                           "aggregate"])
+        pair = r.get("capped_pair") or {}
+        for config, sessions in pair.get("rounds", {}).items():
+            for session, values in sessions.items():
+                out.writerow(["capped_pair", pair[session]["env_id"], f"envd daemon, {session} "
+                              f"session", config, pair[session]["num_envs"],
+                              *spread_cells(values), "next to the other session"])
+            out.writerow(["capped_pair", "-", "envd daemon, pair total", config, "-",
+                          *spread_cells(pair["totals"].get(config)), "sum of both sessions"])
         for env_id, entry in r.get("learner", {}).items():
             for system, learners in entry["rounds"].items():
                 for learner, modes in learners.items():

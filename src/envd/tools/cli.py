@@ -245,7 +245,8 @@ def _duration(seconds: float) -> str:
 
 def status_table(status: dict) -> str:
     """The human view of a status reply: a summary line, then one row per
-    session (env steps per second averaged over the session's life)."""
+    session (env steps per second averaged over the session's life; THREADS:
+    its make's max_threads, "all" when uncapped)."""
     uptime = max(status["uptime_s"], 1e-9)
     lines = [
         f"{status['server']}  pid {status['pid']} on {status['hostname']}  "
@@ -263,11 +264,14 @@ def status_table(status: dict) -> str:
     if rows:
         lines.append("")
         lines.append(f"{'SESSION':<10}{'ENV ID':<26}{'NUM_ENVS':>9}{'BATCH':>8}"
-                     f"{'STEPS/S':>10}{'AGE':>9}")
+                     f"{'THREADS':>8}{'STEPS/S':>10}{'AGE':>9}")
         for row in rows:
             rate = row["env_steps"] / max(row["age_s"], 1e-9)
+            cap = row.get("max_threads")  # (absent from an older daemon's rows)
+            threads = "all" if cap is None else str(cap)
             lines.append(f"{row['session']:<10}{row['env_id'][:25]:<26}{row['num_envs']:>9}"
-                         f"{row['batch_size']:>8}{_count(rate):>10}{_duration(row['age_s']):>9}")
+                         f"{row['batch_size']:>8}{threads:>8}{_count(rate):>10}"
+                         f"{_duration(row['age_s']):>9}")
     return "\n".join(lines)
 
 
