@@ -179,3 +179,24 @@ def test_spare_batches_stay_bounded():
             assert back == sorted(ids[:k].tolist())
         spare_ids = lib.envd_session_spare_capacity(env._native.handle)
         assert 0 < spare_ids <= 2 * n
+
+
+@pytest.mark.parametrize("threads", [0, 2])
+def test_send_copies_the_actions_it_is_given(threads):
+    """send takes an action array of the exact dtype and shape without
+    converting it; the envs still step with the values it held at the send,
+    whatever the caller writes into it afterwards (before recv)."""
+    num_envs = 8
+    actions = np.array([0, 1, 1, 0, 1, 0, 0, 1], np.int64)
+    with envd.make("CartPole-v1", num_envs, seed=3) as sync_env:
+        sync_env.reset(seed=3)
+        expected = sync_env.step(actions)[0].copy()
+    with envd.make("CartPole-v1", num_envs, seed=3, num_threads=threads,
+                   batch_size=num_envs) as env:
+        env.async_reset(seed=3)
+        ids = env.recv()[4]["env_id"]
+        sent = actions[ids].copy()
+        env.send(sent, ids)
+        sent[:] = 1 - sent  # the caller reuses its array at once
+        obs, _, _, _, info = env.recv()
+        np.testing.assert_array_equal(obs, expected[info["env_id"]])
