@@ -527,22 +527,31 @@ class BatchedVecEnv(VectorEnv):
         finally:
             self._lock.release()
 
+    #: gathered only for a batch in which an episode ended (only then in its info)
+    _ON_DONE = frozenset({*_EPISODE_STATS, "final_observations"})
+
     def _gather(self, ids: np.ndarray) -> tuple:
         """Copy the envs' results into the next of two batch buffers."""
         slots = self._recv_slots()[self._recv_count % 2]
         self._recv_count += 1
+        buffers = self._buffers
         # ids come from the stepper, in range: mode="clip" skips numpy's bounds
         # check, which with out= (mode "raise") copies through a temporary
         # buffer -- about half of a recv's own time for cheap envs.
+        any_done = buffers["dones"].take(ids, out=slots["dones"], mode="clip").any()
+        out: dict[str, np.ndarray] = {}
         for name, rows in slots.items():
-            if name != "env_id":
-                self._buffers[name].take(ids, axis=0, out=rows, mode="clip")
-        slots["env_id"][...] = ids
-        out = {name: slots[name].copy() if self._copy else slots[name] for name in slots}
+            if name == "env_id":
+                rows[...] = ids
+            elif name in self._ON_DONE and not any_done:
+                continue  # (no episode ended: the info has no statistics)
+            elif name != "dones":
+                buffers[name].take(ids, axis=0, out=rows, mode="clip")
+            out[name] = rows.copy() if self._copy else rows
         info: dict[str, Any] = {"env_id": out["env_id"]}
         for name in self._env_info:
             info[name] = out[INFO_PREFIX + name]
-        if out["dones"].any():
+        if any_done:
             info.update(self._episode_info(out["dones"], out.get("final_observations"),
                                            tuple(out[name] for name in self._EPISODE_STATS)))
         return (out["observations"], out["rewards"], out["terminations"], out["truncations"],
