@@ -196,7 +196,7 @@ class NativeSession:
         notify: the pool's eventfd fires when a batch finishes (the daemon)."""
         ids = np.ascontiguousarray(env_ids, dtype=np.int64)
         handle = self._live()
-        rc = lib.envd_session_send(handle, ptr(ids, "int64_t *"), len(ids),
+        rc = lib.envd_session_send(handle, ffi.from_buffer("int64_t[]", ids), len(ids),
                                    lib.ENVD_JOB_NOTIFY if notify else 0)
         if rc == lib.ENVD_OK:
             return
@@ -214,7 +214,9 @@ class NativeSession:
             raise InvalidArgumentError(f"{self.spec.id}: a recv takes 1 to {self.num_envs} "
                                        f"envs, got {count}")
         ids = np.empty(count, np.int64)  # (per call: callers on other threads get their own)
-        got = lib.envd_session_recv(handle, count, count, ptr(ids, "int64_t *"), int(wait))
+        # (from_buffer: a fifth of the cost of ptr's array.ctypes, on every recv)
+        got = lib.envd_session_recv(handle, count, count, ffi.from_buffer("int64_t[]", ids),
+                                    int(wait))
         if got > 0:
             return ids
         if got == 0:

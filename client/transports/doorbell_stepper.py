@@ -90,7 +90,9 @@ class DoorbellStepper(SocketStepper):
             raise recv_short_error(self.env_id, count, result)
         if status != 0:
             raise step_error(self.env_id, self.action_space, status, index, self.buffers)
-        return self._ids[:count].copy()
+        ids = self._ids[:count].copy()
+        self._check_ids_in_range(ids)
+        return ids
 
     def _ring(self, kind: int, count: int, what: str) -> tuple[int, int, int] | None:
         """A request through the doorbell (its inputs are in shared memory):
