@@ -236,5 +236,9 @@ def test_episode_statistics_of_partial_batches(copy):
                 got[int(ids[k])].append((info["envd_episode"]["r"][k],
                                          info["envd_episode"]["l"][k]))
     assert batches_with_end > 5 and batches_without > 5
+    # (Which envs come back is first-finished order: under load a pool thread
+    # holding a batch can be descheduled while the caller steps the others
+    # itself, so an env may return rarely or never; what returns must match.)
+    assert sum(len(episodes) for episodes in got.values()) > 5
     for i in range(num_envs):
-        assert got[i] and got[i] == expected[i][:len(got[i])], i
+        assert got[i] == expected[i][:len(got[i])], i
