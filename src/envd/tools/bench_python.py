@@ -69,24 +69,24 @@ LATENCY_ENV = "CartPole-v1"
 #: next system waits this long so that it does not share the CPUs with them.
 PUFFER_SETTLE_SECONDS = 0.6
 
-ENVD_WORKERS = f"envd in-process, {WORKERS} workers"
-ENVD_SERIAL = "envd in-process, 0 workers"
-ENVD_DEFAULT = "envd in-process, default workers"
-ENVD_DAEMON = f"envd daemon, {WORKERS} workers"
+ROW_WORKERS = f"envd in-process, {WORKERS} workers"
+ROW_SERIAL = "envd in-process, 0 workers"
+ROW_DEFAULT = "envd in-process, default workers"
+ROW_DAEMON = f"envd daemon, {WORKERS} workers"
 CEILING = "parallel ceiling"
 GYM_SYNC = "gymnasium SyncVectorEnv"
 GYM_ASYNC = "gymnasium AsyncVectorEnv"
 PUFFER = "PufferLib Multiprocessing"
 SB3 = "SB3 SubprocVecEnv"
 #: The rows of the table, in print order.
-SYSTEMS = (ENVD_WORKERS, ENVD_SERIAL, ENVD_DEFAULT, ENVD_DAEMON, CEILING, GYM_SYNC, GYM_ASYNC,
+SYSTEMS = (ROW_WORKERS, ROW_SERIAL, ROW_DEFAULT, ROW_DAEMON, CEILING, GYM_SYNC, GYM_ASYNC,
            PUFFER, SB3)
 #: What each row is, for the report and the README.
 DESCRIPTIONS = {
-    ENVD_WORKERS: f'envd.make("py:<id>", N, num_workers={WORKERS})',
-    ENVD_SERIAL: 'envd.make("py:<id>", N, num_workers=0): stepped in the caller',
-    ENVD_DEFAULT: 'envd.make("py:<id>", N): num_workers=None, the default rule',
-    ENVD_DAEMON: f'client.make("py:<id>", N, num_workers={WORKERS}), daemon --python-env <id>',
+    ROW_WORKERS: f'envd.make("py:<id>", N, num_workers={WORKERS})',
+    ROW_SERIAL: 'envd.make("py:<id>", N, num_workers=0): stepped in the caller',
+    ROW_DEFAULT: 'envd.make("py:<id>", N): num_workers=None, the default rule',
+    ROW_DAEMON: f'client.make("py:<id>", N, num_workers={WORKERS}), daemon --python-env <id>',
     CEILING: "2 processes, each a SyncVectorEnv of N/2, stepping at once (summed)",
     GYM_SYNC: 'gymnasium.make_vec(<id>, N, vectorization_mode="sync")',
     GYM_ASYNC: "AsyncVectorEnv(shared_memory=True): one process per env",
@@ -322,11 +322,11 @@ def _envd_default(env_id: str, n: int) -> VectorRun:
 def factories(env_id: str, n: int, client: Any) -> dict[str, Callable[[], Any]]:
     """system -> a factory of its run object, for one env."""
     return {
-        ENVD_WORKERS: lambda: VectorRun(envd.make("py:" + env_id, n, seed=0,
+        ROW_WORKERS: lambda: VectorRun(envd.make("py:" + env_id, n, seed=0,
                                                   num_workers=WORKERS), n),
-        ENVD_SERIAL: lambda: VectorRun(envd.make("py:" + env_id, n, seed=0, num_workers=0), n),
-        ENVD_DEFAULT: lambda: _envd_default(env_id, n),
-        ENVD_DAEMON: lambda: VectorRun(client.make("py:" + env_id, n, seed=0,
+        ROW_SERIAL: lambda: VectorRun(envd.make("py:" + env_id, n, seed=0, num_workers=0), n),
+        ROW_DEFAULT: lambda: _envd_default(env_id, n),
+        ROW_DAEMON: lambda: VectorRun(client.make("py:" + env_id, n, seed=0,
                                                    num_workers=WORKERS), n),
         CEILING: lambda: CeilingRun(env_id, n),
         GYM_SYNC: lambda: _gym_vector(env_id, n, "sync"),
@@ -544,12 +544,12 @@ def assemble(machine: dict[str, Any], s: Settings, envs: dict[str, dict[str, Any
 
 #: (env, system, base, op, limit): "system >= limit x base" on env, ratios round by round.
 TARGETS = (
-    ("Acrobot-v1", ENVD_WORKERS, CEILING, ">=", 0.85),
-    ("Acrobot-v1", ENVD_WORKERS, GYM_ASYNC, ">=", 2.0),
-    ("Acrobot-v1", ENVD_WORKERS, PUFFER, ">=", 1.2),
-    ("Acrobot-v1", ENVD_DAEMON, ENVD_WORKERS, ">=", 0.8),
-    ("CartPole-v1", ENVD_DEFAULT, GYM_SYNC, ">=", 0.95),
-    ("Acrobot-v1", ENVD_DEFAULT, GYM_SYNC, ">=", 0.95),
+    ("Acrobot-v1", ROW_WORKERS, CEILING, ">=", 0.85),
+    ("Acrobot-v1", ROW_WORKERS, GYM_ASYNC, ">=", 2.0),
+    ("Acrobot-v1", ROW_WORKERS, PUFFER, ">=", 1.2),
+    ("Acrobot-v1", ROW_DAEMON, ROW_WORKERS, ">=", 0.8),
+    ("CartPole-v1", ROW_DEFAULT, GYM_SYNC, ">=", 0.95),
+    ("Acrobot-v1", ROW_DEFAULT, GYM_SYNC, ">=", 0.95),
 )
 
 
