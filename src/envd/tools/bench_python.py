@@ -56,8 +56,8 @@ import envd
 from envd.tools import bench_load
 from envd.tools.bench import (Progress, Unavailable, _die_with_parent, _jsonable, load_text,
                               machine_info, steps_per_second, usable_cpus)
-from envd.tools.bench_rounds import (interleaved_rounds, judge, paired_ratios, ratio_text,
-                                     spread, spread_text)
+from envd.tools.bench_rounds import (interleaved_rounds, judge, paired_ratios, rate_text,
+                                     ratio_text, spread, spread_text)
 
 ENVS = ("Acrobot-v1", "CartPole-v1")
 NUM_ENVS = 16
@@ -180,8 +180,12 @@ class PufferRun:
                                          num_envs=num_envs, num_workers=workers,
                                          batch_size=num_envs, overwork=True)
         self.num_envs = num_envs
-        self.actions = fixed_actions(self.env.action_space).astype(np.int32)
-        self.env.reset(seed=0)
+        try:
+            self.actions = fixed_actions(self.env.action_space).astype(np.int32)
+            self.env.reset(seed=0)
+        except BaseException:
+            self.close()
+            raise
         self._settle()
 
     def _settle(self) -> None:
@@ -319,6 +323,16 @@ def _envd_default(env_id: str, n: int) -> VectorRun:
     return VectorRun(env, n, label=f"{env.num_workers} workers")
 
 
+def _daemon_run(client: Any, env_id: str, n: int) -> VectorRun:
+    env = client.make("py:" + env_id, n, seed=0, num_workers=WORKERS)
+    return VectorRun(env, n, label=_path_name(getattr(env, "fast_path", None)))
+
+
+def _path_name(fast_path: bool | None) -> str:
+    """Which way a daemon env's steps go: the report says it."""
+    return {True: "fast path", False: "socket path"}.get(fast_path, "unknown path")
+
+
 def factories(env_id: str, n: int, client: Any) -> dict[str, Callable[[], Any]]:
     """system -> a factory of its run object, for one env."""
     return {
@@ -326,8 +340,7 @@ def factories(env_id: str, n: int, client: Any) -> dict[str, Callable[[], Any]]:
                                                   num_workers=WORKERS), n),
         ROW_SERIAL: lambda: VectorRun(envd.make("py:" + env_id, n, seed=0, num_workers=0), n),
         ROW_DEFAULT: lambda: _envd_default(env_id, n),
-        ROW_DAEMON: lambda: VectorRun(client.make("py:" + env_id, n, seed=0,
-                                                   num_workers=WORKERS), n),
+        ROW_DAEMON: lambda: _daemon_run(client, env_id, n),
         CEILING: lambda: CeilingRun(env_id, n),
         GYM_SYNC: lambda: _gym_vector(env_id, n, "sync"),
         GYM_ASYNC: lambda: _gym_vector(env_id, n, "async"),
@@ -440,10 +453,13 @@ class PythonBench:
             LATENCY_SYSTEMS[1]: lambda: envd.make(env_id, 1, seed=0, num_workers=1),
             LATENCY_SYSTEMS[2]: lambda: envd.make(env_id, 1, seed=0, num_workers=0),
         }
-        runs = {name: VectorRun(make(), 1) for name, make in makers.items()}
+        runs: dict[str, VectorRun] = {}
         per_round = max(10, s.latency_steps // s.rounds)
-        samples: dict[str, list[np.ndarray]] = {name: [] for name in runs}
+        samples: dict[str, list[np.ndarray]] = {name: [] for name in makers}
         try:
+            for name, make in makers.items():
+                runs[name] = VectorRun(make(), 1)
+
             def measure(name: str, round_index: int) -> float:
                 self.progress.show(f"latency N=1 {name} (round {round_index + 1}/{s.rounds})")
                 runs[name].call_times(10)  # warm up
@@ -460,9 +476,7 @@ class PythonBench:
         finally:
             for run in runs.values():
                 run.close()
-        results: dict[str, Any] = {"env_id": env_id,
-                                   "daemon_path": {True: "fast path", False: "socket path"}
-                                   .get(path, "unknown")}
+        results: dict[str, Any] = {"env_id": env_id, "daemon_path": _path_name(path)}
         for name, parts in samples.items():
             times = np.concatenate(parts)
             results[name] = {"p50": float(np.percentile(times, 50)),
@@ -583,10 +597,14 @@ def _cell_text(entry: dict[str, Any], system: str) -> str:
 
 
 def _row_label(r: dict[str, Any], system: str) -> str:
-    """The row's name, with the worker counts the default rule picked."""
-    picked = [f"{env_id}: {r['table'][env_id]['labels'][system]}" for env_id in r["envs"]
-              if system in r["table"][env_id].get("labels", {})]
-    return f"{system} ({'; '.join(picked)})" if picked else system
+    """The row's name, with its note per env (the default rule's pick, the daemon's path)."""
+    picked = {env_id: r["table"][env_id]["labels"][system] for env_id in r["envs"]
+              if system in r["table"][env_id].get("labels", {})}
+    if not picked:
+        return system
+    if len(picked) == len(r["envs"]) and len(set(picked.values())) == 1:
+        return f"{system} ({next(iter(picked.values()))})"
+    return f"{system} ({'; '.join(f'{e}: {label}' for e, label in picked.items())})"
 
 
 COLUMN = 16
@@ -697,6 +715,7 @@ def plot(results_json: Path, path: Path) -> str | None:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        import matplotlib.ticker
     except Exception as exc:  # noqa: BLE001
         return f"matplotlib not installed (pip install 'envd-rl[bench]'): {exc}"
     r = json.loads(Path(results_json).read_text())
@@ -722,11 +741,15 @@ def plot(results_json: Path, path: Path) -> str | None:
         ax.set_yticks(y, systems)
         ax.set_title(f"{env_id}, N={r['num_envs']}", fontsize=10)
         ax.set_xlabel("env steps per second (median; bars: min-max over rounds)")
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(
+            lambda x, _: rate_text(x) if x else "0"))
         ax.grid(True, axis="x", alpha=0.3)
     axes[0][0].invert_yaxis()  # the table's order, top down (once: the y axis is shared)
     m = r["machine"]
+    load = m.get("load") or {}
     fig.suptitle(f"envd bench --python on {m['cpu']} ({m['usable_cpus']} CPUs), "
-                 f"{m['time'][:16]}", fontsize=10)
+                 f"{m['time'][:16]}, load average {m['load_average'][0]:.2f}"
+                 + (" (a loaded machine: rerun)" if load.get("reasons") else ""), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
