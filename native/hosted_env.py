@@ -31,15 +31,17 @@ from envd.vector_base import (BatchedVecEnv, buffer_layout, check_int, episode_s
 
 
 #: num_workers=None picks workers when a step of all envs costs at least
-#: this long on one CPU.  Waking the workers and waiting for the slowest
-#: costs tens of microseconds per step on these machines, and a loaded
-#: machine delays a worker more than the caller; with 2 workers a step of
-#: cost C takes about C/2 + that overhead, so below about twice the
-#: overhead the caller's own loop (num_workers=0, like SyncVectorEnv) is
-#: never slower.  400 us keeps a margin: gymnasium's CartPole-v1 (about
-#: 13 us a step) gets workers from 31 envs on, Acrobot-v1 (about 45 us)
-#: from 9 (docs/benchmarks.md, envd bench --python).
-PARALLEL_MIN_STEP_SECONDS = 400e-6
+#: this long on one CPU (native/step_cost.py measures one env's step, the
+#: env's own work only).  With 2 workers a step of cost C takes about C/2
+#: plus the round trip to the workers, about 20 us on a busy 2-CPU machine
+#: (docs/python-envs.md), so workers pay from about 40 us on; a loaded
+#: machine delays a worker's wake-up more than the caller's own loop
+#: (num_workers=0, like SyncVectorEnv), hence a margin of 5x.  Measured here
+#: (gymnasium 1.x), CartPole-v1 costs about 5 us a step and Acrobot-v1 about
+#: 25 us: 16 CartPoles (80 us) step in the caller, 16 Acrobots (400 us) get
+#: workers, each 2.5x or more away from the limit (docs/benchmarks.md,
+#: envd bench --python).
+PARALLEL_MIN_STEP_SECONDS = 200e-6
 
 
 def default_num_workers(num_envs: int, step_seconds: float, cpus: int | None = None) -> int:

@@ -1,7 +1,7 @@
 """``envd bench --python``: gymnasium's own Python envs hosted by envd, against
 the other ways to step them, side by side in one run.
 
-For Acrobot-v1 (about 45 us a step) and CartPole-v1 (about 13 us), N = 16
+For Acrobot-v1 (a costly step) and CartPole-v1 (a cheap one), N = 16
 envs (``--num-envs``), every system below steps the env with the same
 pre-drawn actions:
 
