@@ -208,6 +208,7 @@ def test_the_ceiling_steps_in_two_processes_and_stops_them():
     try:
         assert len(procs) == 2 and all(proc.is_alive() for proc in procs)
         assert ceiling.rate(0.05) > 0
+        assert ceiling.rate(1e-6) > 0  # a window shorter than a step: still one step each
     finally:
         ceiling.close()
     assert not any(proc.is_alive() for proc in procs)

@@ -124,21 +124,35 @@ def check_num_envs(n: int) -> int:
 
 
 # ---- the systems --------------------------------------------------------------------------
-def fixed_actions(space: Any, seed: int = 0) -> np.ndarray:
-    """One batch of actions of a batched action space, drawn once: every
-    system steps with the same actions, and drawing costs nothing inside the
-    timed loop."""
+def batch_of_actions(space: Any, n: int, seed: int = 0) -> np.ndarray:
+    """n actions of one env's action space, drawn once from a generator
+    seeded with `seed`: every system steps an env with the same actions (env
+    i always gets the i-th), and drawing costs nothing inside the timed
+    loop."""
     space.seed(seed)
-    return np.asarray(space.sample())
+    return np.array([space.sample() for _ in range(n)])
+
+
+def env_actions(env_id: str, n: int) -> np.ndarray:
+    """batch_of_actions of env_id's action space (gymnasium's own env)."""
+    import gymnasium as gym
+    env = gym.make(env_id)
+    try:
+        return batch_of_actions(env.action_space, n)
+    finally:
+        env.close()
 
 
 class VectorRun:
     """Steps a gymnasium-style VectorEnv it owns (envd's, gymnasium's):
-    reset(seed=0), then step(the fixed actions)."""
+    reset(seed=0), then step(actions) (None: batch_of_actions of its single
+    action space)."""
 
-    def __init__(self, env: Any, num_envs: int, label: str | None = None):
+    def __init__(self, env: Any, num_envs: int, actions: np.ndarray | None = None,
+                 label: str | None = None):
         self.env, self.num_envs = env, num_envs
-        self.actions = fixed_actions(env.action_space)
+        self.actions = batch_of_actions(env.single_action_space, num_envs) \
+            if actions is None else actions
         env.reset(seed=0)
         self.label = label  # e.g. the worker count the default rule picked
 
@@ -181,7 +195,8 @@ class PufferRun:
                                          batch_size=num_envs, overwork=True)
         self.num_envs = num_envs
         try:
-            self.actions = fixed_actions(self.env.action_space).astype(np.int32)
+            # (its Discrete actions travel as int32)
+            self.actions = env_actions(env_id, num_envs).astype(np.int32)
             self.env.reset(seed=0)
         except BaseException:
             self.close()
@@ -217,7 +232,7 @@ class SB3Run:
         self.env = SubprocVecEnv([functools.partial(gym.make, env_id)] * num_envs,
                                  start_method="forkserver")
         self.num_envs = num_envs
-        self.actions = np.stack([self.env.action_space.sample() for _ in range(num_envs)])
+        self.actions = env_actions(env_id, num_envs)
         self.env.seed(0)
         self.env.reset()
 
@@ -232,17 +247,21 @@ class SB3Run:
 class CeilingRun:
     """The machine's parallel ceiling: `processes` processes, each stepping a
     gymnasium SyncVectorEnv of num_envs / processes, started on one clock and
-    stepping for the same window; their env steps summed over the window.
-    Nothing is shared between them: no coordination can do better."""
+    stepping until the same end; the sum of their rates, each over the time
+    it stepped (a process that a loaded machine woke late still counts at
+    its own rate, and every process steps at least once).  Nothing is
+    shared between them: no coordination can do better."""
 
     def __init__(self, env_id: str, num_envs: int, processes: int = WORKERS):
         context = multiprocessing.get_context("forkserver")
         self.members: list[tuple[Any, Any]] = []
+        actions = env_actions(env_id, num_envs)
+        share = num_envs // processes
         try:
-            for _ in range(processes):
+            for p in range(processes):
                 parent, child = context.Pipe()
-                proc = context.Process(target=ceiling_process,
-                                       args=(env_id, num_envs // processes, child), daemon=True)
+                proc = context.Process(target=ceiling_process, daemon=True,
+                                       args=(env_id, actions[p * share:(p + 1) * share], child))
                 proc.start()
                 child.close()
                 self.members.append((proc, parent))
@@ -261,7 +280,7 @@ class CeilingRun:
         for _, conn in self.members:
             conn.send((start, start + seconds))
         replies = [conn.recv() for _, conn in self.members]
-        return sum(steps for steps, _ in replies) / (max(end for _, end in replies) - start)
+        return sum(steps / (end - began) for steps, began, end in replies)
 
     def close(self) -> None:
         for proc, conn in self.members:
@@ -276,15 +295,16 @@ class CeilingRun:
         self.members = []
 
 
-def ceiling_process(env_id: str, n: int, conn: Any) -> None:
-    """One process of the ceiling: make a SyncVectorEnv of n, say ("ready",
-    None) or ("error", why), then for each (start, end) from the parent step
-    from start until end (time.monotonic values) and reply (env steps, end
-    time); None ends it."""
+def ceiling_process(env_id: str, actions: np.ndarray, conn: Any) -> None:
+    """One process of the ceiling: make a SyncVectorEnv of len(actions)
+    envs, say ("ready", None) or ("error", why), then for each (start, end)
+    from the parent step from start (or now, if later) until end
+    (time.monotonic values), at least once, and reply (env steps, when it
+    began, when it ended); None ends it."""
+    n = len(actions)
     try:
         import gymnasium as gym
         env = gym.make_vec(env_id, num_envs=n, vectorization_mode="sync")
-        actions = fixed_actions(env.action_space)
         env.reset(seed=0)
     except Exception as exc:  # noqa: BLE001  (reported to the parent, which raises)
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
@@ -297,14 +317,16 @@ def ceiling_process(env_id: str, n: int, conn: Any) -> None:
             time.sleep(max(0.0, start - time.monotonic() - 0.002))
             while time.monotonic() < start:  # the last 2 ms spinning: start on time
                 pass
-            steps, now = 0, time.monotonic()
+            steps, began = 0, time.monotonic()
             gc.disable()
-            while now < end:
+            while True:
                 env.step(actions)
                 steps += n
                 now = time.monotonic()
+                if now >= end:
+                    break
             gc.enable()
-            conn.send((steps, now))
+            conn.send((steps, began, now))
     except EOFError:
         pass
     finally:
@@ -315,17 +337,19 @@ def _gym_vector(env_id: str, n: int, mode: str) -> VectorRun:
     import gymnasium as gym
     kwargs = {"vector_kwargs": {"shared_memory": True, "context": "forkserver"}} \
         if mode == "async" else {}
-    return VectorRun(gym.make_vec(env_id, num_envs=n, vectorization_mode=mode, **kwargs), n)
+    return VectorRun(gym.make_vec(env_id, num_envs=n, vectorization_mode=mode, **kwargs), n,
+                     env_actions(env_id, n))
 
 
 def _envd_default(env_id: str, n: int) -> VectorRun:
     env = envd.make("py:" + env_id, n, seed=0)
-    return VectorRun(env, n, label=f"{env.num_workers} workers")
+    return VectorRun(env, n, env_actions(env_id, n), label=f"{env.num_workers} workers")
 
 
 def _daemon_run(client: Any, env_id: str, n: int) -> VectorRun:
     env = client.make("py:" + env_id, n, seed=0, num_workers=WORKERS)
-    return VectorRun(env, n, label=_path_name(getattr(env, "fast_path", None)))
+    return VectorRun(env, n, env_actions(env_id, n),
+                     label=_path_name(getattr(env, "fast_path", None)))
 
 
 def _path_name(fast_path: bool | None) -> str:
@@ -337,8 +361,9 @@ def factories(env_id: str, n: int, client: Any) -> dict[str, Callable[[], Any]]:
     """system -> a factory of its run object, for one env."""
     return {
         ROW_WORKERS: lambda: VectorRun(envd.make("py:" + env_id, n, seed=0,
-                                                  num_workers=WORKERS), n),
-        ROW_SERIAL: lambda: VectorRun(envd.make("py:" + env_id, n, seed=0, num_workers=0), n),
+                                                  num_workers=WORKERS), n, env_actions(env_id, n)),
+        ROW_SERIAL: lambda: VectorRun(envd.make("py:" + env_id, n, seed=0, num_workers=0), n,
+                                      env_actions(env_id, n)),
         ROW_DEFAULT: lambda: _envd_default(env_id, n),
         ROW_DAEMON: lambda: _daemon_run(client, env_id, n),
         CEILING: lambda: CeilingRun(env_id, n),
