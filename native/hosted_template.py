@@ -39,7 +39,6 @@ import struct
 import subprocess
 import sys
 import threading
-import time
 from typing import Any
 
 import cloudpickle
@@ -96,18 +95,13 @@ def _maker(spec: tuple) -> Any:
 
 def _describe(spec: tuple) -> dict[str, Any]:
     """Make one env, read its spaces and time limit, time a few steps."""
+    from envd.native.step_cost import measure_step_seconds
     env = _maker(spec)()
     try:
         limit = env.spec.max_episode_steps if env.spec is not None else None
         env.reset()  # (unseeded: the env's own seeding is the workers')
         env.action_space.seed(0)
-        steps, start = 0, time.perf_counter()
-        while steps < 64 and time.perf_counter() - start < 0.05:
-            _, _, term, trunc, _ = env.step(env.action_space.sample())
-            steps += 1
-            if term or trunc:
-                env.reset()
-        cost = (time.perf_counter() - start) / max(1, steps)
+        cost = measure_step_seconds(env)
         return {"observation_space": env.observation_space, "action_space": env.action_space,
                 "max_episode_steps": limit, "step_seconds": cost}
     finally:
