@@ -55,7 +55,7 @@ from envd.server.config import Config
 from envd.server.connections import (FDS_PER_MAKE, Connections, default_max_connections,
                                      fd_reserve, open_fds, raise_fd_limit)
 from envd.server.peer_auth import CURVE_DOMAIN, IPC_DOMAIN, PeerAuthenticator
-from envd.server.hosted import HostedCatalog
+from envd.server.hosted import HostedCatalog, WorkerReaper
 from envd.server.plugins import load_plugins
 from envd.server.service import Service
 from envd.server.stale_segments import Instance, remove_stale_segments
@@ -364,6 +364,7 @@ class Daemon:
             self.loop.add_reader(sock.getsockopt(zmq.FD), self._drain_socket, index)
         self.loop.add_reader(self.pool.eventfd(), self.service.on_pool_event)
         self.service.fd_watch = (self.loop.add_reader, self.loop.remove_reader)
+        self.service.reaper = WorkerReaper(self.loop.add_reader, self.loop.remove_reader)
         for signum in (signal.SIGTERM, signal.SIGINT):
             self.loop.add_signal_handler(signum, self._on_signal, signum)
         self._lease_timer()
@@ -544,6 +545,8 @@ class Daemon:
             self._answer_queued()
         self.executor.shutdown(wait=True)
         self.service.free_all()
+        if self.service.reaper is not None:  # workers of closed sessions still exiting
+            self.service.reaper.close()
         self.hosted.close()  # (every hosted session's workers are gone by now)
         self._close_transport()
         self.pool.close()

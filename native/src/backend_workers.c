@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <linux/futex.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -36,9 +37,11 @@ typedef struct workers_backend {
     bool *started;      /* reset at least once */
     bool *ended;        /* its episode ended in its last step (not reset since) */
     bool *touched;      /* scratch: the workers a call asks something of */
+    bool *in_batch;     /* scratch: the envs of the send being checked (all false between calls) */
     int64_t reset_count;
     int64_t error_index;
     int64_t dead;       /* a worker that died, -1 */
+    bool timed_out;     /* a wait ran past cfg.timeout_ms and killed every worker */
     bool step_pending;
 } workers_backend_t;
 
@@ -93,6 +96,13 @@ static bool worker_dead(workers_backend_t *b, int64_t w)
     return false;
 }
 
+/* SIGKILL every worker (through its pidfd: no pid can have been reused). */
+static void kill_workers(workers_backend_t *b)
+{
+    for (int64_t w = 0; w < b->cfg.num_workers; w++)
+        syscall(SYS_pidfd_send_signal, b->pidfds[w], SIGKILL, NULL, 0);
+}
+
 /* Ask env i for kind (the caller has written its inputs). */
 static void request(workers_backend_t *b, int64_t i, uint8_t kind)
 {
@@ -133,12 +143,16 @@ static int64_t first_pending(workers_backend_t *b, const int64_t *ids, int64_t c
 /* Block until every env of ids is acked or a worker it waits for died.
  * Acked envs stay acked while the caller waits, so one pass over ids does;
  * a worker's pidfd is polled only after a futex wait came back without the
- * env's ack (a wake-up or the ENVD_HOSTED_POLL_MS timeout). */
+ * env's ack (a wake-up or the ENVD_HOSTED_POLL_MS timeout).  A wait longer
+ * than cfg.timeout_ms (a hung env) kills every worker, then ends as a dead
+ * worker's does (its pidfd polls readable once the SIGKILL landed). */
 static void wait_envs(workers_backend_t *b, const int64_t *ids, int64_t count)
 {
     if (b->cfg.num_workers == 0)
         return;
-    double spin_until = now_ns() + (double)b->cfg.spin_ns;
+    const double start = now_ns();
+    const double deadline = start + (double)b->cfg.timeout_ms * 1e6;
+    double spin_until = start + (double)b->cfg.spin_ns;
     for (int64_t k = 0; k < count;) {
         int64_t i = ids ? ids[k] : k;
         if (acked(b, i)) {
@@ -158,6 +172,10 @@ static void wait_envs(workers_backend_t *b, const int64_t *ids, int64_t count)
         atomic_store(&ctl->parent_sleeping, 0);
         if (!acked(b, i) && worker_dead(b, w))
             return; /* its envs fail at finish */
+        if (b->cfg.timeout_ms > 0 && !b->timed_out && now_ns() >= deadline) {
+            b->timed_out = true;
+            kill_workers(b);
+        }
     }
 }
 
@@ -217,7 +235,9 @@ static int copy_actions(workers_backend_t *b, const int64_t *ids, int64_t count)
         if (b->cfg.discrete_n > 0) {
             int64_t a;
             memcpy(&a, dst, sizeof a);
-            if (a < b->cfg.discrete_start || a - b->cfg.discrete_start >= b->cfg.discrete_n) {
+            /* (the unsigned difference cannot overflow, whatever the start's sign) */
+            if (a < b->cfg.discrete_start ||
+                (uint64_t)a - (uint64_t)b->cfg.discrete_start >= (uint64_t)b->cfg.discrete_n) {
                 b->error_index = i;
                 return ENVD_ERANGE;
             }
@@ -268,8 +288,11 @@ static int reset(void *impl, const uint64_t *seeds, const bool *mask)
     b->error_index = -1;
     if (b->dead >= 0)
         return finish_envs(b, NULL, 0, false);
+    /* The private copy, then only it; read as bytes (a client wrote them: a
+     * byte other than 0 or 1 read as C bool is undefined), as vec.c's copy_mask. */
+    const unsigned char *mask_bytes = (const unsigned char *)mask;
     for (int64_t i = 0; i < n; i++)
-        b->mask[i] = mask == NULL || mask[i]; /* the private copy, then only it */
+        b->mask[i] = mask_bytes == NULL || mask_bytes[i] != 0;
     bool *touched = b->touched;
     memset(touched, 0, (size_t)(b->cfg.num_workers + 1) * sizeof *touched);
     b->reset_count = 0;
@@ -345,6 +368,26 @@ static void batch_destroy(void *impl, envd_backend_batch_t *batch)
     free(batch);
 }
 
+/* ENVD_EBUSY naming the first env that ids names twice (session.h leaves
+ * repeats to the backend; vec.c refuses them with its in_batch flags too):
+ * one request per env, else the session would count it in flight twice. */
+static int refuse_repeats(workers_backend_t *b, const int64_t *ids, int64_t count)
+{
+    int rc = ENVD_OK;
+    int64_t k = 0;
+    for (; k < count; k++) {
+        if (b->in_batch[ids[k]]) {
+            b->error_index = ids[k];
+            rc = ENVD_EBUSY;
+            break;
+        }
+        b->in_batch[ids[k]] = true;
+    }
+    while (k-- > 0) /* (back to all false: only the flags set above) */
+        b->in_batch[ids[k]] = false;
+    return rc;
+}
+
 static int batch_submit(void *impl, envd_backend_batch_t *batch, const int64_t *ids,
                         int64_t count, int flags)
 {
@@ -360,6 +403,9 @@ static int batch_submit(void *impl, envd_backend_batch_t *batch, const int64_t *
             b->error_index = batch->ids[k];
             return ENVD_EINVAL;
         }
+    int rc = refuse_repeats(b, batch->ids, count);
+    if (rc != ENVD_OK)
+        return rc;
     batch->count = count;
     return submit_steps(b, batch->ids, count, (flags & ENVD_JOB_NOTIFY) != 0);
 }
@@ -423,6 +469,7 @@ static void destroy(envd_backend_t *backend)
     free(b->started);
     free(b->ended);
     free(b->touched);
+    free(b->in_batch);
     free(b);
 }
 
@@ -442,7 +489,8 @@ int envd_backend_workers_create(envd_backend_t **out, const envd_workers_config_
         config->num_envs > ENVD_VEC_MAX_ENVS || config->num_workers < 0 ||
         config->num_workers > config->num_envs || config->ctl == NULL ||
         (config->num_workers == 0 && config->run_inline == NULL) ||
-        (config->num_workers > 0 && config->pidfds == NULL) || config->action_bytes < 1)
+        (config->num_workers > 0 && config->pidfds == NULL) || config->action_bytes < 1 ||
+        config->timeout_ms < 0)
         return ENVD_EINVAL;
     workers_backend_t *b = calloc(1, sizeof *b);
     const int64_t n = config->num_envs, workers = config->num_workers;
@@ -454,10 +502,11 @@ int envd_backend_workers_create(envd_backend_t **out, const envd_workers_config_
     b->started = calloc((size_t)n, sizeof *b->started);
     b->ended = calloc((size_t)n, sizeof *b->ended);
     b->touched = calloc((size_t)(workers + 1), sizeof *b->touched);
+    b->in_batch = calloc((size_t)n, sizeof *b->in_batch);
     if (b->pidfds == NULL || b->worker_of == NULL || b->mask == NULL || b->started == NULL ||
-        b->ended == NULL || b->touched == NULL) {
+        b->ended == NULL || b->touched == NULL || b->in_batch == NULL) {
         free(b->pidfds), free(b->worker_of), free(b->mask), free(b->started), free(b->ended);
-        free(b->touched), free(b);
+        free(b->touched), free(b->in_batch), free(b);
         return ENVD_ENOMEM;
     }
     b->cfg = *config;
@@ -485,6 +534,11 @@ int64_t envd_backend_workers_error_index(const envd_backend_t *backend)
     return ((const workers_backend_t *)backend)->error_index;
 }
 
+int envd_backend_workers_timed_out(const envd_backend_t *backend)
+{
+    return ((const workers_backend_t *)backend)->timed_out;
+}
+
 /* ---- the worker side ---- */
 
 uint32_t envd_worker_wait(envd_worker_ctl_t *ctl, uint32_t seen, int64_t spin_ns)
@@ -510,6 +564,11 @@ uint32_t envd_worker_wait(envd_worker_ctl_t *ctl, uint32_t seen, int64_t spin_ns
 void envd_worker_fence(void)
 {
     atomic_thread_fence(memory_order_release);
+}
+
+void envd_worker_acquire(void)
+{
+    atomic_thread_fence(memory_order_acquire);
 }
 
 int envd_worker_take_notify(envd_worker_ctl_t *ctl)

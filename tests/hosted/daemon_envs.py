@@ -8,3 +8,7 @@ gymnasium.register("envd-test/Hanging-v0", entry_point="envs:HangingEnv",
                    kwargs={"fail_seed": 0, "at_step": 2})
 gymnasium.register("envd-test/Exiting-v0", entry_point="envs:FailingEnv",
                    kwargs={"fail_seed": 1, "at_step": 2, "how": "exit"})
+gymnasium.register("envd-test/HangingReset-v0", entry_point="envs:HangingEnv",
+                   kwargs={"fail_seed": 0, "at_step": 0})
+gymnasium.register("envd-test/HangingMake-v0", entry_point="envs:HangingMakeEnv")
+gymnasium.register("envd-test/SlowClose-v0", entry_point="envs:SlowCloseEnv")
