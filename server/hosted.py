@@ -444,8 +444,19 @@ class HostedServerSession(Session):
         super()._freed_by_lifecycle(orderly)
 
     def busy_or_in_flight(self) -> bool:
-        """A call runs (step, reset, make...) or envs are in flight."""
-        return self.life.busy or (self.native is not None and self.native.counts()[0] > 0)
+        """A call runs (step, reset, make...) or envs are in flight.  Never
+        blocks: a session lock held by someone else (a reset on the
+        executor, a doorbell serving a request) means a call runs."""
+        if self.life.busy:
+            return True
+        if self.native is None:
+            return False
+        if not self.native.try_lock():
+            return True
+        try:
+            return self.native.counts()[0] > 0
+        finally:
+            self.native.unlock()
 
     def free(self) -> None:
         """Stop watching the workers, then free as any session; the workers'

@@ -439,8 +439,9 @@ class Service:
 
     on_drained: Callable[[], None] | None = None
     #: Set by the daemon: raises LimitExceededError when the file descriptors
-    #: left cannot take one more session (argument: makes in flight).
-    fd_check: Callable[[int], None] | None = None
+    #: left cannot take one more session (arguments: makes in flight, the
+    #: workers of the hosted ones, the new make's workers).
+    fd_check: Callable[[int, int, int], None] | None = None
     #: (add, remove) of the event loop's readers, set by the daemon: a hosted
     #: session's worker pidfds are watched, so that a worker's death answers
     #: the step or recv that waits for it (no eventfd comes from a dead worker).

@@ -219,3 +219,11 @@ def test_an_inline_keyboard_interrupt_is_raised_as_it_is():
             env.step(np.zeros(2, np.int64))
     finally:
         env.close()
+
+
+# ---- item 9: --python-env py:ID --------------------------------------------------------
+def test_an_allowed_id_given_with_its_prefix_is_served_under_one_prefix():
+    from envd.server.hosted import HostedCatalog
+    catalog = HostedCatalog(("py:CartPole-v1", "Acrobot-v1"))
+    assert catalog.ids() == ["py:Acrobot-v1", "py:CartPole-v1"]
+    assert catalog.get("py:CartPole-v1").gym_id == "CartPole-v1"
