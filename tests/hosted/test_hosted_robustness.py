@@ -175,6 +175,41 @@ def test_a_worker_whose_parent_holds_no_pidfd_of_it_exits():
         segment.close()
 
 
+def test_a_worker_never_outlives_a_template_that_dies_as_it_forks():
+    """A stand-in template forks a worker (hosted_template._spawn) and exits
+    at once: the worker checks its template by the pid taken before the fork
+    (evaluated after it, getppid would name init if the template was gone),
+    so whichever runs first, it dies too."""
+    import socket
+    space = spaces.Discrete(2)
+    buffers = buffer_layout(spaces.Box(-1, 1, (1,), np.float32), space, 1,
+                            gymnasium.vector.AutoresetMode.NEXT_STEP)
+    layout, size = segment_layout(1, 1, buffers, space.shape, space.dtype)
+    segment, fd = Segment.create(layout, size)
+    read_end, write_end = os.pipe()
+    stand_in = os.fork()
+    if stand_in == 0:  # the stand-in template
+        try:
+            ours, _theirs = socket.socketpair()
+            pid, _start = hosted_template._spawn(ours, {
+                "spec": ("id", "CartPole-v1", None, {}), "layout": layout, "size": size,
+                "worker": 0, "begin": 0, "end": 1, "spin_ns": 0,
+                "autoreset_mode": gymnasium.vector.AutoresetMode.NEXT_STEP}, [fd])
+            os.write(write_end, pid.to_bytes(8, "little"))
+        finally:
+            os._exit(0)
+    try:
+        os.close(write_end)
+        worker = int.from_bytes(os.read(read_end, 8), "little")
+        os.waitpid(stand_in, 0)
+        assert worker > 0
+        assert wait_until(lambda: not alive(worker), 30)
+    finally:
+        os.close(read_end)
+        os.close(fd)
+        segment.close()
+
+
 # ---- item 9: client bytes and Discrete bounds --------------------------------------------
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_discrete_with_a_negative_start_refuses_a_huge_action(num_workers):
