@@ -315,11 +315,6 @@ class WorkerReaper:
             except ProcessLookupError:
                 pass
 
-    @property
-    def waiting(self) -> int:
-        """Workers told to exit and not seen exiting yet."""
-        return len(self._waiting)
-
     def close(self) -> None:
         """At shutdown: SIGKILL what is left, wait for it, close every pidfd."""
         for fd in list(self._waiting):
