@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from envs import alive, children, wait_until
-from support.daemon import DaemonProcess
+from support.daemon import DaemonProcess, segments_of
 
 import envd
 
@@ -49,6 +49,9 @@ def test_a_hung_reset_or_make_ends_after_the_hosted_timeout(tmp_path):
     try:
         with proc.connect(timeout=60) as c:
             (template,) = descendants(proc.pid)
+            fds = lambda: len(os.listdir(f"/proc/{proc.pid}/fd"))  # noqa: E731
+            c.status()
+            baseline = fds()
             hung = [c.make("py:envd-test/HangingReset-v0", 2, seed=0, num_workers=1)
                     for _ in range(2)]
             for env in hung:
@@ -66,8 +69,11 @@ def test_a_hung_reset_or_make_ends_after_the_hosted_timeout(tmp_path):
                 env.close()
             assert wait_until(lambda: descendants(proc.pid) == [template], 60), \
                 descendants(proc.pid)
+            assert wait_until(lambda: fds() <= baseline, 30), (fds(), baseline)  # no pidfd left
     finally:
+        pid = proc.pid
         assert proc.stop() == 0, proc.log()
+    assert segments_of(pid) == []
 
 
 @pytest.mark.parametrize("call", ["step", "send"])
@@ -130,4 +136,6 @@ def test_closing_a_session_whose_workers_do_not_exit_stalls_no_one(tmp_path):
             assert wait_until(lambda: c.status()["sessions"] == 1, 30)
             other.close()
     finally:
+        pid = proc.pid
         assert proc.stop() == 0, proc.log()
+    assert segments_of(pid) == []
