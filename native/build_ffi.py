@@ -304,14 +304,17 @@ typedef struct envd_workers_config {
     int64_t num_inputs;
     const envd_workers_leaf_t *outputs;
     int64_t num_outputs;
+    int64_t timeout_ms;
 } envd_workers_config_t;
 int envd_backend_workers_create(envd_backend_t **out, const envd_workers_config_t *config);
 int64_t envd_backend_workers_dead(const envd_backend_t *backend);
 int64_t envd_backend_workers_error_index(const envd_backend_t *backend);
 void envd_backend_workers_message(const envd_backend_t *backend, int64_t index, char *out,
                                   size_t size);
+int envd_backend_workers_timed_out(const envd_backend_t *backend);
 uint32_t envd_worker_wait(envd_worker_ctl_t *ctl, uint32_t seen, int64_t spin_ns);
 void envd_worker_fence(void);
+void envd_worker_acquire(void);
 void envd_worker_done(envd_worker_ctl_t *ctl);
 int envd_worker_take_notify(envd_worker_ctl_t *ctl);
 extern "Python" int envd_hosted_run_inline(void *ctx);

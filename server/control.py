@@ -196,7 +196,8 @@ class ControlHandlers:
                 session = HostedServerSession(
                     client.identity, spec, num_envs, mode, max_steps, seeds, num_workers,
                     service.segment_prefix, service.hosted.template, service.pool.eventfd(),
-                    on_free=service.on_session_freed, info_bytes=info_bytes)
+                    on_free=service.on_session_freed, info_bytes=info_bytes,
+                    timeout=service.config.hosted_timeout)
             except (OSError, MemoryError) as exc:
                 raise LimitExceededError(
                     f"cannot make {num_envs} {spec.id} envs in {num_workers} workers: {exc}"
@@ -226,6 +227,8 @@ class ControlHandlers:
         service = self.service
         reservation.claim(session)
         request_id = reply["id"]
+        if isinstance(session, HostedServerSession) and service.reaper is not None:
+            session.reap = service.reaper.reap  # (its workers' exit is awaited on the loop)
         if service.draining or service.clients.get(client.identity) is not client:
             session.life.discard()  # the client expired or the daemon drains meanwhile
             return protocol.error_reply(request_id, ShuttingDownError(

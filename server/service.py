@@ -31,7 +31,7 @@ from envd.native.native_vec import NativePool
 from envd.server.config import Config
 from envd.server.control import ControlHandlers
 from envd.server.replies import ReplyBooks, is_small
-from envd.server.hosted import HostedCatalog
+from envd.server.hosted import HostedCatalog, WorkerReaper
 from envd.server.reservation import ResourceBooks
 from envd.server.sessions import ClientRecord, Session
 from envd.server.stepping import SteppingHandlers
@@ -425,6 +425,12 @@ class Service:
         for session in self.sessions.values():
             if session.fast:
                 session.native.drain()
+            # A hosted env's call may hang (a step's, a batch's: the drain
+            # waits for them): its workers are killed after a grace, so a
+            # SIGTERM always ends.  (A reset or make is bounded by
+            # --hosted-timeout; one running now is killed after the grace too.)
+            if hasattr(session, "reclaim_later") and session.busy_or_in_flight():
+                session.reclaim_later("the daemon drains")
         self._check_drained()
 
     def _check_drained(self) -> None:
@@ -433,12 +439,16 @@ class Service:
 
     on_drained: Callable[[], None] | None = None
     #: Set by the daemon: raises LimitExceededError when the file descriptors
-    #: left cannot take one more session (argument: makes in flight).
-    fd_check: Callable[[int], None] | None = None
+    #: left cannot take one more session (arguments: makes in flight, the
+    #: workers of the hosted ones, the new make's workers).
+    fd_check: Callable[[int, int, int], None] | None = None
     #: (add, remove) of the event loop's readers, set by the daemon: a hosted
     #: session's worker pidfds are watched, so that a worker's death answers
     #: the step or recv that waits for it (no eventfd comes from a dead worker).
     fd_watch: tuple[Callable[[int, Callable[[], None]], None], Callable[[int], None]] | None = None
+    #: Set by the daemon with fd_watch: waits on the event loop for the
+    #: workers of freed hosted sessions (server/hosted.py).
+    reaper: WorkerReaper | None = None
 
     @property
     def idle(self) -> bool:
