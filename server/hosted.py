@@ -37,7 +37,7 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
-from envd.errors import InvalidArgumentError, UnknownEnvError
+from envd.errors import EnvStateError, InvalidArgumentError, UnknownEnvError
 from envd.native import segment_guard
 from envd.native._envd_native import lib
 from envd.native.hosted_env import (DEFAULT_INFO_BYTES, check_space, default_num_workers,
@@ -48,7 +48,7 @@ from envd.native.hosted_template import Template, template
 from envd.native.vector_env import PYTHON_PREFIX
 from envd.shm import Segment
 from envd.server.lifecycle import Lifecycle
-from envd.server.sessions import Session, plan
+from envd.server.sessions import EXECUTOR_LOCK_WAIT_SECONDS, Session, async_in_flight, plan
 
 log = logging.getLogger("envd.server")
 
@@ -243,15 +243,17 @@ class HostedNative:
     def start_doorbell(self, segment, ids: np.ndarray, spin_ns: int) -> None:
         self.hosted.start_doorbell(segment, ids, spin_ns)
 
-    def stop_doorbell(self) -> None:
+    def stop_doorbell(self, kill_if_busy: bool = False) -> None:
         """Stop serving the doorbell (the event loop calls this when the
         session is freed or its fast path turned off).  The stop waits for
         the request the doorbell serves and for the envs sent through it
         that are still in flight, which a hung env could hold forever: if
-        either still runs after DOORBELL_STOP_WAIT_SECONDS, the workers are
-        killed (the session is going), and the wait ends within
-        ENVD_HOSTED_POLL_MS (the request is answered with the dead worker's
-        EnvError, the batch dropped)."""
+        either still runs after DOORBELL_STOP_WAIT_SECONDS, then with
+        kill_if_busy (the session is being freed) the workers are killed,
+        and the wait ends within ENVD_HOSTED_POLL_MS (the request is answered
+        with the dead worker's EnvError, the batch dropped); without it (a
+        live session's "fast off") nothing is stopped or killed and
+        EnvStateError says the session is busy."""
         hosted = self.hosted
         deadline = time.monotonic() + DOORBELL_STOP_WAIT_SECONDS
         while True:
@@ -259,6 +261,11 @@ class HostedNative:
             try:
                 busy = not locked or hosted.counts()[0] > 0
                 if not busy or time.monotonic() > deadline:
+                    if busy and not kill_if_busy:
+                        raise EnvStateError(
+                            f"{hosted.spec.id}: stopping the fast path while a request it "
+                            "serves, or a batch sent through it, still runs; retry once "
+                            "it returns (a hung env's: close the session)")
                     if busy:
                         log.warning("%s: a fast-path request or batch still runs as its "
                                     "session is freed; killing its workers", hosted.spec.id)
@@ -421,6 +428,21 @@ class HostedServerSession(Session):
         if fd in self._watched:
             self._watched.remove(fd)
             self._remove_reader(fd)
+
+    def stop_fast(self, freeing: bool = False) -> None:
+        """Stop serving the doorbell: see HostedNative.stop_doorbell (a hosted
+        env's request may hang; its workers are killed only when freeing)."""
+        self.native.stop_doorbell(kill_if_busy=freeing)
+        self.fast = False
+
+    def async_reset(self, with_seeds: bool) -> None:
+        """As Session's, but with the fast path on, refused while envs sent
+        through the doorbell are in flight: the reset would wait for them on
+        the executor, holding the session's lock, as long as a hung env."""
+        with self.locked("async reset", EXECUTOR_LOCK_WAIT_SECONDS):
+            if self.fast and self.native.counts()[0]:
+                raise async_in_flight("async reset of a hosted session on the fast path")
+            self.native.async_reset(with_seeds)
 
     def reclaim_later(self, why: str = "closed") -> None:
         """Closed (CLOSING), or the daemon drains, while a call runs or

@@ -372,7 +372,7 @@ class Service:
         and stopping it under that operation would destroy the lock it holds."""
         self._alive.discard(session)
         if session.fast:  # first: its thread steps the vec
-            self.stepping.stop_fast(session)
+            self.stepping.stop_fast(session, freeing=True)
         if orderly and session.native is not None:  # no step job starts after this
             self.stepping.count_steps(session)
             stats = session.native.stats()

@@ -240,6 +240,17 @@ def buffer_layout(observation_space: spaces.Space, action_space: spaces.Space, n
     return {name: (shape, np.dtype(dtype)) for name, (shape, dtype) in layout.items()}
 
 
+class _InfoMerger:
+    """gymnasium's VectorEnv._add_info (its arrays and masks, nested dicts
+    alike) for results of `rows` rows: gymnasium sizes them by num_envs,
+    which an async recv's batch is not."""
+
+    def __init__(self, rows: int):
+        self.num_envs = rows
+
+    _add_info = VectorEnv._add_info
+
+
 class BatchedVecEnv(VectorEnv):
     """A gymnasium VectorEnv over batch buffers, stepped through a Stepper.
 
@@ -340,25 +351,26 @@ class BatchedVecEnv(VectorEnv):
 
     # ---- helpers -----------------------------------------------------------------------
     def _convert_actions(self, actions: Any, buf: np.ndarray | None = None,
-                         what: str | None = None) -> None:
+                         what: str | None = None, env_ids: np.ndarray | None = None) -> None:
         """Check actions against the action space and copy them into buf (the
         actions buffer, or rows of it).  Same-kind casts only: integers for
         discrete actions, floats that numpy casts safely for boxes; Python
         floats/lists are accepted.  A Dict/Tuple space takes a dict/tuple of
-        batched leaves (as gymnasium's batch_space), each converted alike."""
+        batched leaves (as gymnasium's batch_space), each converted alike.
+        env_ids: the env of each row of buf (a send's), for the errors."""
         buf = self._actions if buf is None else buf
         space = self.single_action_space
         what = what or f"num_envs={self.num_envs}"
         if self._action_leaves is None:
-            self._convert_leaf(actions, buf, space, what, "")
+            self._convert_leaf(actions, buf, space, what, "", env_ids)
             return
         values = leaves.flatten(space, actions, f"{self.env_id}: actions")
         for value, view, (path, leaf) in zip(values, leaves.leaf_views(space, buf),
                                              leaves.leaves(space)):
-            self._convert_leaf(value, view, leaf, what, leaves.path_name(path))
+            self._convert_leaf(value, view, leaf, what, leaves.path_name(path), env_ids)
 
     def _convert_leaf(self, actions: Any, buf: np.ndarray, space: spaces.Space, what: str,
-                      where: str) -> None:
+                      where: str, env_ids: np.ndarray | None = None) -> None:
         from_python = not isinstance(actions, np.ndarray)
         array = np.asarray(actions)
         if array.shape != buf.shape:
@@ -367,12 +379,10 @@ class BatchedVecEnv(VectorEnv):
                 f"({what} x action shape {buf.shape[1:]}), got {array.shape}")
         if buf.dtype.kind in "iu":
             allowed = array.dtype.kind in "biu"
-            if allowed and array.size and array.dtype.kind == "u" and array.max() > np.iinfo(buf.dtype).max:
-                accepts = (f"{space.start}..{space.start + space.n - 1}"
-                           if isinstance(space, spaces.Discrete) else "its bounds")
-                raise InvalidActionError(
-                    f"{self.env_id}: action{where} {array.max()} is out of range; "
-                    f"{space} accepts {accepts}")
+            if allowed and array.size and not np.can_cast(array.dtype, buf.dtype, "safe"):
+                # The cast below wraps what does not fit the leaf's dtype into
+                # (maybe valid) values: 256 into an int8 MultiBinary is 0.
+                self._check_fits(array, buf.dtype, space, where, env_ids)
         else:
             allowed = np.can_cast(array.dtype, buf.dtype, "safe") or (
                 from_python and array.dtype.kind in "fiu")
@@ -382,6 +392,24 @@ class BatchedVecEnv(VectorEnv):
                 f"(or one that casts to it without loss), got {array.dtype}; "
                 f"convert with actions.astype(np.{buf.dtype})")
         np.copyto(buf, array, casting="unsafe")
+
+    def _check_fits(self, array: np.ndarray, dtype: np.dtype, space: spaces.Space,
+                    where: str, env_ids: np.ndarray | None) -> None:
+        """InvalidActionError naming the leaf, the value and its env if an
+        integer of array (rows of envs) does not fit dtype (compared exactly,
+        as Python ints: no uint64/int64 promotion to float)."""
+        limits = np.iinfo(dtype)
+        if array.min() >= limits.min and array.max() <= limits.max:
+            return
+        rows = array.reshape(len(array), -1) if array.ndim else array.reshape(1, 1)
+        row, column = (int(i[0]) for i in np.nonzero((rows < limits.min) | (rows > limits.max)))
+        index = int(env_ids[row]) if env_ids is not None else row
+        bounds = leaves.leaf_bounds(space)
+        low, high = ((int(b.reshape(-1)[column]) for b in bounds) if bounds is not None
+                     else (limits.min, limits.max))
+        raise InvalidActionError(
+            f"{self.env_id}: action{where} {int(rows[row, column])} of env {index} is out of "
+            f"range; {space} accepts {low}..{high}")
 
     def _acquire(self) -> None:
         """Take the env for one call, or raise if it is closed or in use."""
@@ -437,17 +465,20 @@ class BatchedVecEnv(VectorEnv):
         length is not 0, row k being env k of this result) into info, as
         gymnasium's vector envs merge them (VectorEnv._add_info: info[key]
         plus the mask info["_" + key], nested dicts alike); a SAME_STEP done
-        env's step info goes under info["final_info"]."""
+        env's step info goes under info["final_info"].  Every array is as
+        long as the result (len(lengths): num_envs for a step, the batch for
+        a recv, whose row k is env env_id[k]), as the other results are."""
         if not lengths.any():  # (the common case: a cheap test per step)
             return
         rows = np.flatnonzero(lengths)
+        merger = _InfoMerger(len(lengths))
         infos: dict[str, Any] = {}
         finals: dict[str, Any] = {}
         for k in rows.tolist():
             payload = info_codec.decode(slots[k, :int(lengths[k])].tobytes())
-            infos = self._add_info(infos, payload[0], k)
+            infos = merger._add_info(infos, payload[0], k)
             if len(payload) > 1:
-                finals = self._add_info(finals, payload[1], k)
+                finals = merger._add_info(finals, payload[1], k)
         if finals:  # (its mask "_final_info", the dones, is set with final_obs)
             info["final_info"] = finals
         info.update(infos)
@@ -548,7 +579,7 @@ class BatchedVecEnv(VectorEnv):
         try:
             ids = self._check_env_ids(env_ids)
             rows = np.empty((len(ids), *self._action_shape[1:]), self._action_dtype)
-            self._convert_actions(actions, rows, f"{len(ids)} env ids")
+            self._convert_actions(actions, rows, f"{len(ids)} env ids", ids)
             if self._maybe_running:
                 self._check_buffers_free()
             self._check_send_rows(rows, ids)
