@@ -302,9 +302,25 @@ class Template:
         self.pid = self.process.pid
         self._sock = parent_end
         self._lock = threading.Lock()
+        self._gone = False  # an exchange found the socket closed
 
     def alive(self) -> bool:
-        return self.process.poll() is None
+        """Not known dead: not reaped, no exchange failed.  (A SIGKILLed
+        template may look alive here for a while: waitpid cannot reap a
+        process until all its threads have exited; see responds.)"""
+        return not self._gone and self.process.poll() is None
+
+    def responds(self) -> bool:
+        """alive(), and it answers a no-op request: the kernel closes the
+        socket once a killed template has fully exited, so this never
+        returns True for a dead one."""
+        if not self.alive():
+            return False
+        try:
+            self.request({"op": "import", "modules": []})
+        except RuntimeError:
+            return False
+        return True
 
     def request(self, message: dict[str, Any], fds: tuple[int, ...] = ()) -> Any:
         """One request and its reply; RuntimeError with the template's message."""
@@ -328,8 +344,13 @@ class Template:
     def _exchange(self, message: dict[str, Any], fds: tuple[int, ...]) -> tuple[Any, list[int]]:
         message = {**message, "sys_path": list(sys.path)}
         with self._lock:
-            _send(self._sock, message, fds)
-            reply, received = _recv(self._sock)
+            try:
+                _send(self._sock, message, fds)
+                reply, received = _recv(self._sock)
+            except (OSError, EOFError) as exc:  # (killed: the OOM killer, say)
+                self._gone = True
+                raise RuntimeError(f"the hosted-env template process (pid {self.pid}) is "
+                                   f"gone ({exc}); the next make starts a new one") from None
         if "error" in reply:
             for fd in received:
                 os.close(fd)
@@ -383,10 +404,14 @@ def _start_template() -> Template:
 
 def template() -> Template:
     """This process's template, started on first use (and again if it died,
-    or in a child forked from a process that had one)."""
+    or in a child forked from a process that had one).  Its death is
+    checked with a no-op request (Template.responds), not only with
+    waitpid, which lags: a make right after the template was killed would
+    otherwise fail with a broken pipe."""
     global _template
     with _template_lock:
-        if _template is not None and (_template._owner != os.getpid() or not _template.alive()):
+        if _template is not None and (_template._owner != os.getpid()
+                                      or not _template.responds()):
             _template = None
         if _template is None:
             _template = _start_template()
