@@ -276,6 +276,7 @@ typedef struct envd_workers_leaf {
     void *segment;
     void *client;
     int64_t row_bytes;
+    const uint32_t *used;
 } envd_workers_leaf_t;
 typedef struct envd_workers_config {
     int64_t num_envs;

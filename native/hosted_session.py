@@ -28,6 +28,7 @@ from envd.native.hosted_template import Template, _maker
 from envd.native.hosted_worker import EnvSlice, spin_ns
 from envd.native.native_session import NativeSession
 from envd.native.native_vec import ptr
+from envd.vector_base import INFO_LENGTHS, INFO_SLOTS
 
 #: close() waits this long for envs in flight, then for workers to exit, before SIGKILL.
 CLOSE_GRACE_SECONDS = 5.0
@@ -69,6 +70,12 @@ def envd_hosted_run_inline(ctx: Any) -> int:
     return lib.ENVD_OK
 
 
+#: Output arrays of which only a prefix of each row is meaningful -> the
+#: segment's array of each row's length in bytes (uint32): the backend copies
+#: only that prefix (an env's info slot: its msgpack bytes, mostly none).
+USED_BYTES = {INFO_SLOTS: INFO_LENGTHS}
+
+
 def client_leaves(segment: dict[str, np.ndarray], client: dict[str, np.ndarray] | None,
                   num_envs: int) -> tuple[list[tuple], list[tuple]]:
     """The (segment rows, client rows, row bytes) of every step input
@@ -93,7 +100,10 @@ def client_leaves(segment: dict[str, np.ndarray], client: dict[str, np.ndarray] 
                 raise RuntimeError(f"hosted session: the segment's {name} does not match the "
                                    "client's")
             if mine[0].nbytes:  # (an empty row has nothing to copy)
-                leaves[side].append((ptr(mine), ptr(theirs), mine[0].nbytes))
+                used = segment.get(USED_BYTES.get(name, ""))
+                leaves[side].append((ptr(mine), ptr(theirs), mine[0].nbytes,
+                                     ffi.NULL if used is None or side == 0
+                                     else ptr(used, "uint32_t *")))
     return leaves[0], leaves[1]
 
 

@@ -114,14 +114,22 @@ static void copy_inputs(const workers_backend_t *b, int64_t i)
 }
 
 /* Copy env i's row of every output leaf from the segment into the client's
- * buffer (i acked: its worker no longer writes it). */
+ * buffer (i acked: its worker no longer writes it).  A leaf with a used
+ * count (the info slots) copies only that many bytes of its row, read once
+ * from the segment (which only the daemon and its workers write) and
+ * clamped to the row: an empty info costs nothing per step. */
 static void copy_outputs(const workers_backend_t *b, int64_t i)
 {
     const envd_workers_leaf_t *outputs = b->leaves + b->cfg.num_inputs;
     for (int64_t k = 0; k < b->cfg.num_outputs; k++) {
         const size_t row = (size_t)outputs[k].row_bytes;
+        size_t bytes = row;
+        if (outputs[k].used != NULL) {
+            const uint32_t used = ((const volatile uint32_t *)outputs[k].used)[i];
+            bytes = used < row ? (size_t)used : row;
+        }
         memcpy((unsigned char *)outputs[k].client + (size_t)i * row,
-               (const unsigned char *)outputs[k].segment + (size_t)i * row, row);
+               (const unsigned char *)outputs[k].segment + (size_t)i * row, bytes);
     }
 }
 

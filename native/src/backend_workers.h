@@ -78,6 +78,10 @@ typedef struct envd_workers_leaf {
     void *segment;             /* the rows in the segment (the workers' side) */
     void *client;              /* the rows in the client's shared memory */
     int64_t row_bytes;
+    const uint32_t *used;      /* an output's per-env count of the bytes of its row
+                                * that are meaningful (the info slots' lengths), in
+                                * the segment: only min(used[i], row_bytes) bytes of
+                                * row i are copied; NULL: the whole row */
 } envd_workers_leaf_t;
 
 typedef struct envd_workers_config {
