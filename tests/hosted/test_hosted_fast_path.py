@@ -198,8 +198,10 @@ def test_a_hung_fast_path_request_never_stops_the_daemon(daemon):
         hung.start()  # env 0's second step sleeps an hour
         assert wait_until(lambda: c.status()["sessions"] == 1, 60)
         time.sleep(0.5)  # (the doorbell's thread surely serves the step now)
+        refused_from = time.monotonic()
         with pytest.raises(envd.EnvStateError, match="fast path is serving a request"):
             victim.fast(env.session, enable=False)
+        assert time.monotonic() - refused_from < 20  # (at once: the loop never waited)
         for _ in range(3):  # more than the executor's threads
             with pytest.raises(envd.EnvStateError, match="fast path is serving a request"):
                 victim.channel.request({"type": "reset", "session": env.session})
