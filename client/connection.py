@@ -112,6 +112,7 @@ class Client:
              episode_statistics: bool | str = True, batch_size: int | None = None,
              transport: str | None = None, fast_path: bool | None = None,
              render_mode: str | None = None, max_threads: int | None = None,
+             num_workers: int | None = None, info_bytes: int | None = None,
              **env_kwargs: Any) -> RemoteVecEnv:
         """Make num_envs instances of env_id in the daemon.  Arguments and the
         returned VecEnv are those of the in-process envd.make (without
@@ -143,7 +144,16 @@ class Client:
         render_mode: None, or "rgb_array" for an env that renders: render()
         then asks the daemon for every env's frame (drawn in its native core;
         they come back in the reply, so their bytes must fit the daemon's
-        --max-message-bytes)."""
+        --max-message-bytes).
+
+        num_workers: for a hosted Python env ("py:<id>", one the daemon's
+        operator allowed with --python-env), the worker processes its envs are
+        spread over (at least 1; None: the daemon picks, as envd.make does but
+        never 0); refused for the daemon's native envs.
+
+        info_bytes: for a hosted Python env, the bytes of each env's info slot
+        (its msgpack-encoded info must fit; None: the daemon's default, 1024;
+        0: infos are not carried); refused for native envs."""
         # The checks the daemon cannot see as the caller wrote them (types
         # msgpack would change or cannot carry), with envd.make's messages.
         if not isinstance(env_id, str):
@@ -173,6 +183,10 @@ class Client:
             header["render_mode"] = _wire("render_mode", render_mode)
         if max_threads is not None:  # the daemon checks the top against its --threads
             header["max_threads"] = check_int("max_threads", max_threads, 0, 2**31 - 1)
+        if num_workers is not None:
+            header["num_workers"] = _wire("num_workers", num_workers)
+        if info_bytes is not None:
+            header["info_bytes"] = _wire("info_bytes", info_bytes)
         if fast_path is None:
             fast_path = None if os.environ.get("ENVD_FAST_PATH", "1") != "0" else False
         reply = self.channel.request(header, late=self._late_make)

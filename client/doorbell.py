@@ -74,6 +74,8 @@ class Doorbell:
         self._result = word("result", np.int64)
         self._error_index = word("error_index", np.int64)
         self._closed = word("closed", np.uint32)
+        message_offset, message_size = _FIELDS["message"]
+        self._message = np.frombuffer(memory, np.uint8, message_size, offset + message_offset)
         self._req_addr = self._req_seq.ctypes.data
         self._done_addr = self._done.ctypes.data
         self.seq = int(self._req_seq[0])  # the last request rung
@@ -93,6 +95,13 @@ class Doorbell:
     def closed(self) -> bool:
         """The daemon stopped serving this doorbell (closed or expired session)."""
         return bool(self._closed[0])
+
+    def message(self) -> str:
+        """What the last request that failed with ENVD_EENV failed on, as the
+        daemon's backend words it ("" when it said nothing more): read
+        right after its answer (the next failure rewrites it)."""
+        data = self._message.tobytes()
+        return data[:data.find(b"\0") if b"\0" in data else len(data)].decode("utf-8", "replace")
 
     @property
     def answered(self) -> bool:

@@ -16,7 +16,8 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
-from envd import protocol
+from envd import leaves, protocol
+from envd.errors import InvalidActionError
 from envd.client.transports import open_stepper
 from envd.vector_base import BatchedVecEnv, action_out_of_range
 
@@ -50,6 +51,8 @@ class RemoteVecEnv(BatchedVecEnv):
         space = self.single_action_space
         self._discrete = ((space.start, space.start + space.n)
                           if isinstance(space, spaces.Discrete) else None)
+        # (a MultiDiscrete, MultiBinary or Dict/Tuple space with integer leaves)
+        self._range_checked = bool(leaves.range_checks(space))
 
     @property
     def fast_path(self) -> bool:
@@ -84,6 +87,11 @@ class RemoteVecEnv(BatchedVecEnv):
                 k = int(np.flatnonzero((rows < start) | (rows >= stop))[0])
                 raise action_out_of_range(self.env_id, self.single_action_space,
                                           int(rows[k]), int(env_ids[k]))
+        elif self._range_checked and len(rows):
+            k = leaves.first_row_out_of_range(self.single_action_space, rows)
+            if k >= 0:
+                raise InvalidActionError(leaves.action_range_message(
+                    self.env_id, self.single_action_space, rows[k], int(env_ids[k])))
 
     def _render_frames(self) -> np.ndarray:
         return self._stepper.frames()

@@ -28,7 +28,8 @@ HERE = Path(__file__).resolve().parent
 ENV_SOURCES = sorted(f"src/envs/{p.name}" for p in (HERE / "src" / "envs").glob("*.c"))
 SOURCES = ["src/errors.c", "src/rng.c", "src/pool.c", "src/vec.c", "src/builtin_envs.c",
            "src/npy_f32_trig.c", *ENV_SOURCES,
-           "src/plugin.c", "src/backend_pool.c", "src/session.c", "src/fast.c",
+           "src/plugin.c", "src/backend_pool.c", "src/backend_workers.c", "src/session.c",
+           "src/fast.c",
            "src/segment_guard.c", "src/raster.c"]
 
 # Bit-exactness with numpy needs IEEE arithmetic as written: no fused
@@ -210,6 +211,7 @@ typedef struct envd_fast_header {
     int64_t result;
     int64_t error_index;
     uint32_t closed;
+    char message[...];
     ...;
 } envd_fast_header_t;
 void envd_fast_set_max_spinners(int max_spinners);
@@ -247,6 +249,7 @@ void envd_session_set_chunk(envd_session_t *session, int64_t chunk);
 int envd_session_set_max_threads(envd_session_t *session, int max_threads);
 void envd_session_stats(envd_session_t *session, envd_vec_stats_t *stats);
 int64_t envd_session_error_index(const envd_session_t *session);
+void envd_session_error_message(envd_session_t *session, int64_t index, char *out, size_t size);
 const void *envd_session_checked_actions(const envd_session_t *session);
 int64_t envd_session_steps(const envd_session_t *session);
 int64_t envd_session_async_env_steps(const envd_session_t *session);
@@ -256,6 +259,70 @@ int envd_session_start_doorbell(envd_session_t *session, envd_fast_header_t *hea
                                 int64_t *ids, int64_t spin_ns);
 void envd_session_stop_doorbell(envd_session_t *session);
 void envd_session_drain(envd_session_t *session);
+
+/* backend_workers.h: Python envs hosted in worker processes (issue 17) */
+#define ENVD_HOSTED_RESET ...
+#define ENVD_HOSTED_STEP ...
+#define ENVD_HOSTED_MESSAGE_BYTES ...
+typedef struct envd_worker_ctl {
+    int64_t error_env;
+    char message[...];
+    ...;
+} envd_worker_ctl_t;
+typedef struct envd_action_check {
+    int64_t offset;
+    int64_t low;
+    int64_t high;
+    int32_t size;
+    int32_t is_signed;
+} envd_action_check_t;
+typedef struct envd_workers_leaf {
+    void *segment;
+    void *client;
+    int64_t row_bytes;
+    const uint32_t *used;
+} envd_workers_leaf_t;
+typedef struct envd_workers_config {
+    int64_t num_envs;
+    int64_t num_workers;
+    envd_worker_ctl_t *ctl;
+    const int *pidfds;
+    uint8_t *kind;
+    uint32_t *req;
+    uint32_t *ack;
+    int32_t *status;
+    uint64_t *seeds;
+    uint8_t *seed_pending;
+    void *checked_actions;
+    const void *actions;
+    int64_t action_bytes;
+    const envd_action_check_t *action_checks;
+    int64_t num_action_checks;
+    const bool *dones;
+    int64_t spin_ns;
+    int autoreset_mode;
+    int (*run_inline)(void *ctx);
+    void *inline_ctx;
+    bool notify;
+    const int *pids;
+    const envd_workers_leaf_t *inputs;
+    int64_t num_inputs;
+    const envd_workers_leaf_t *outputs;
+    int64_t num_outputs;
+    int64_t timeout_ms;
+} envd_workers_config_t;
+int envd_backend_workers_create(envd_backend_t **out, const envd_workers_config_t *config);
+int64_t envd_backend_workers_dead(const envd_backend_t *backend);
+int64_t envd_backend_workers_error_index(const envd_backend_t *backend);
+void envd_backend_workers_message(const envd_backend_t *backend, int64_t index, char *out,
+                                  size_t size);
+int envd_backend_workers_timed_out(const envd_backend_t *backend);
+uint32_t envd_worker_wait(envd_worker_ctl_t *ctl, uint32_t seen, int64_t spin_ns);
+void envd_worker_fence(void);
+void envd_worker_acquire(void);
+void envd_worker_done(envd_worker_ctl_t *ctl);
+int envd_worker_take_notify(envd_worker_ctl_t *ctl);
+extern "Python" int envd_hosted_run_inline(void *ctx);
 
 #define ENVD_SEGMENT_GUARD_SLOTS ...
 int envd_segment_guard_install(void);
@@ -270,7 +337,8 @@ ffibuilder.cdef(CDEF)
 ffibuilder.set_source(
     "envd.native._envd_native",
     '#include "envd.h"\n#include "pool.h"\n#include "vec.h"\n#include "builtin_envs.h"\n'
-    '#include "plugin.h"\n#include "fast.h"\n#include "session.h"\n#include "segment_guard.h"\n',
+    '#include "plugin.h"\n#include "fast.h"\n#include "session.h"\n#include "segment_guard.h"\n'
+    '#include "backend_workers.h"\n',
     # setuptools wants source paths relative to the project root (the cwd of
     # the build); this file may be executed from anywhere.
     sources=[os.path.relpath(HERE / s) for s in SOURCES],

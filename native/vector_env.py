@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 import os
 import secrets
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 from gymnasium.vector import AutoresetMode
@@ -26,6 +26,11 @@ from envd.vector_base import (BatchedVecEnv, buffer_layout, check_int, episode_s
                               is_int, parse_autoreset_mode, seed_list)
 
 _CACHE_LINE = 64
+
+#: The prefix of a hosted Python env's id ("py:CartPole-v1", gymnasium's
+#: Python env), never confused with the built-in C env of the same id
+#: (envd.native.hosted_env, imported on first use).
+PYTHON_PREFIX = "py:"
 
 AUTORESET_MODE_CODES = {
     AutoresetMode.NEXT_STEP: lib.ENVD_AUTORESET_NEXT_STEP,
@@ -157,13 +162,22 @@ class VecEnv(BatchedVecEnv):
             self._lock.release()
 
 
-def make(env_id: str, num_envs: int, *, seed: int | Sequence[int] | None = None,
+def make(env_id: str | Callable[[], Any], num_envs: int, *,
+         seed: int | Sequence[int] | None = None,
          num_threads: int | None = None, autoreset_mode: str | AutoresetMode = "next_step",
          max_episode_steps: int | None = None, copy: bool = False,
          episode_statistics: bool | str = True, pin_cpus: Sequence[int] | None = None,
          batch_size: int | None = None, plugin: str | os.PathLike | None = None,
-         render_mode: str | None = None, **env_kwargs: Any) -> VecEnv:
+         render_mode: str | None = None, num_workers: int | None = None,
+         **env_kwargs: Any) -> VecEnv:
     """Create num_envs instances of env_id stepped in this process.
+
+    env_id "py:<gymnasium id>" or a callable returning a gymnasium.Env hosts a
+    Python env instead (envd.native.hosted_env.make_python, docs/python-envs.md):
+    num_workers worker processes step it (0: the caller, like SyncVectorEnv;
+    None: picked from a measured step cost; info_bytes=, the size of each
+    env's info slot, is passed on); num_threads, pin_cpus, plugin and
+    render_mode are for built-in envs.
 
     seed:  env i is seeded with seed + i at the first reset (or pass a list of
            num_envs seeds); None draws a random base seed.
@@ -188,6 +202,22 @@ def make(env_id: str, num_envs: int, *, seed: int | Sequence[int] | None = None,
            returns one (height, width, 3) uint8 frame per env, drawn in C.
     env_kwargs: the env's parameters (see envd.native.get_spec(env_id).params).
     """
+    if callable(env_id) or (isinstance(env_id, str) and env_id.startswith(PYTHON_PREFIX)):
+        extras = {"num_threads": num_threads, "pin_cpus": pin_cpus, "plugin": plugin,
+                  "render_mode": render_mode}
+        given = sorted(name for name, value in extras.items() if value is not None)
+        if given:
+            raise InvalidArgumentError(f"{', '.join(given)}: for built-in envs only; a hosted "
+                                       "Python env takes num_workers")
+        from envd.native.hosted_env import make_python
+        return make_python(env_id, num_envs, num_workers=num_workers, seed=seed,
+                           autoreset_mode=autoreset_mode, max_episode_steps=max_episode_steps,
+                           copy=copy, episode_statistics=episode_statistics,
+                           batch_size=batch_size, **env_kwargs)
+    if num_workers is not None:
+        raise InvalidArgumentError(
+            f"num_workers is for Python envs ('{PYTHON_PREFIX}<gymnasium id>' or an env "
+            f"creator); the built-in {env_id!r} takes num_threads")
     episode_statistics_key(episode_statistics)  # a bad value fails before any work
     if plugin is not None:
         load_plugin(plugin)

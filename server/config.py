@@ -149,6 +149,16 @@ class Config:
     hello_timeout: float = 10.0
     pin_cpus: tuple[int, ...] | None = None
     plugins: tuple[str, ...] = ()
+    # Hosted Python envs (docs/python-envs.md): the gymnasium ids clients may
+    # make as "py:<id>" (nothing else: a client never makes the daemon import
+    # anything), the modules imported at startup to register them, and the
+    # worker processes all hosted sessions may hold at once, and the longest
+    # a hosted make or reset may run (it holds one of the daemon's two
+    # operation threads): past it the session's workers are killed.
+    python_envs: tuple[str, ...] = ()
+    imports: tuple[str, ...] = ()
+    max_workers: int = 64
+    hosted_timeout: float = 60.0
     # Prometheus metrics over HTTP (docs/metrics.md): off unless a port is
     # given (None or 0 = off); on loopback unless metrics_bind says otherwise.
     metrics_port: int | None = None
@@ -193,7 +203,7 @@ class Config:
                              f"got {self.lease_timeout}")
         for name in ("max_sessions", "max_envs_per_client", "max_message_bytes",
                      "max_sessions_per_client", "max_shm_bytes", "max_state_bytes",
-                     "max_requests_per_second"):
+                     "max_requests_per_second", "max_workers"):
             lowest = 0 if name == "max_requests_per_second" else 1  # 0: unlimited
             if getattr(self, name) < lowest:
                 flag = "--" + name.replace("_", "-")
@@ -208,6 +218,9 @@ class Config:
         if self.max_connections is not None and self.max_connections < 1:
             raise ValueError(f"--max-connections (ENVD_MAX_CONNECTIONS) must be >= 1, got "
                              f"{self.max_connections}")
+        if not 0.1 <= self.hosted_timeout <= 86400:
+            raise ValueError(f"--hosted-timeout (ENVD_HOSTED_TIMEOUT) must be in [0.1, 86400] "
+                             f"seconds, got {self.hosted_timeout}")
         if not 0.1 <= self.hello_timeout <= 3600:
             raise ValueError(f"--hello-timeout (ENVD_HELLO_TIMEOUT) must be in [0.1, 3600] "
                              f"seconds, got {self.hello_timeout}")
@@ -385,6 +398,11 @@ _FLAGS: dict[str, tuple[Callable[[str], object], str]] = {
     "hello_timeout": (float, "seconds a new connection has to complete its handshake and "
                              "send hello (or a heartbeat for a connected client) before the "
                              "daemon drops it"),
+    "max_workers": (int, "worker processes hosted Python envs (--python-env) may hold at "
+                         "once, over all sessions"),
+    "hosted_timeout": (float, "seconds a hosted Python env's make or reset may run in the "
+                              "daemon (a hung env): past it the session's workers are killed "
+                              "and the call fails with env_error"),
     "pin_cpus": (_cpu_list, "comma-separated CPU per worker thread, e.g. 1,2,3"),
     "metrics_port": (int, "serve Prometheus metrics over HTTP at /metrics on this port "
                           "(None or 0 = off; needs prometheus-client, pip install "
@@ -419,6 +437,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="env plugin library to load at startup, repeatable (env "
                              "ENVD_PLUGINS, paths separated by ':'); one that fails to "
                              "load is logged and skipped, see `envd status`")
+    parser.add_argument("--python-env", action="append", metavar="ID", dest="python_envs",
+                        help="gymnasium env id clients may make as py:ID (a hosted Python "
+                             "env in worker processes), repeatable (env ENVD_PYTHON_ENVS, ids "
+                             "separated by ','); see docs/python-envs.md")
+    parser.add_argument("--import", action="append", metavar="MODULE", dest="imports",
+                        help="Python module to import at startup, whose gymnasium.register "
+                             "calls add ids for --python-env, repeatable (env ENVD_IMPORTS, "
+                             "modules separated by ','); it runs with the daemon's privileges")
     for name, (kind, text) in _FLAGS.items():
         default = getattr(defaults, name)
         if name == "threads":  # the machine's value, said with where it comes from
@@ -451,6 +477,9 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None
     values["bind"] = tuple(bind) if bind else (default_endpoint(environ),)
     plugins = getattr(args, "plugins", None) or environ.get("ENVD_PLUGINS", "").split(os.pathsep)
     values["plugins"] = tuple(path for path in plugins if path)
+    for name in ("python_envs", "imports"):
+        given = getattr(args, name, None) or environ.get(f"ENVD_{name.upper()}", "").split(",")
+        values[name] = tuple(item.strip() for item in given if item.strip())
     if values.get("pin_cpus") is not None:
         values["pin_cpus"] = tuple(values["pin_cpus"])
     insecure = getattr(args, "insecure", None)

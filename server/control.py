@@ -19,11 +19,13 @@ from envd import __version__, protocol
 from envd.errors import (InvalidArgumentError, LimitExceededError, SessionExpiredError,
                          SharedMemoryError, ShuttingDownError, UnknownEnvError,
                          UnknownSessionError)
+from envd.native.hosted_env import DEFAULT_INFO_BYTES, MAX_INFO_BYTES
 from envd.native.native_vec import MAX_NUM_ENVS
 from envd.native.registry import get_spec, list_envs
-from envd.native.vector_env import check_max_episode_steps
+from envd.native.vector_env import PYTHON_PREFIX, check_max_episode_steps
 from envd.vector_base import check_int, is_int, parse_autoreset_mode, seed_list
 from envd.server.capabilities import hello_capabilities
+from envd.server.hosted import HostedServerSession
 from envd.server.sessions import ClientRecord, Session
 
 if TYPE_CHECKING:
@@ -80,6 +82,12 @@ class ControlHandlers:
                                           "shape": list(f.shape), "doc": f.doc}
                                          for f in spec.info_fields],
                          "origin": spec.origin})
+        for spec in map(self.service.hosted.get, self.service.hosted.ids()):
+            envs.append({"id": spec.id,
+                         "observation_space": protocol.space_to_wire(spec.observation_space),
+                         "action_space": protocol.space_to_wire(spec.action_space),
+                         "max_episode_steps": spec.max_episode_steps, "params": [],
+                         "info_fields": [], "origin": spec.origin})
         return protocol.ok_reply(header["id"], envs=envs)
 
     def status(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> dict:
@@ -89,6 +97,16 @@ class ControlHandlers:
     def make(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> None:
         service = self.service
         service.close_revoked_sessions()  # a truncated session must not count against the limits
+        if header["env_id"].startswith(PYTHON_PREFIX):
+            return self._make_hosted(client, header)
+        if header.get("info_bytes") is not None:
+            raise InvalidArgumentError(
+                f"info_bytes is for hosted Python envs ('{PYTHON_PREFIX}<id>'); "
+                f"{header['env_id'][:_ECHO_LIMIT]} reports its infos in fixed fields")
+        if header.get("num_workers") is not None:
+            raise InvalidArgumentError(
+                f"num_workers is for hosted Python envs ('{PYTHON_PREFIX}<id>'); "
+                f"{header['env_id'][:_ECHO_LIMIT]} is stepped by the daemon's thread pool")
         if len(header["env_id"]) > _ECHO_LIMIT:
             raise UnknownEnvError(
                 f"unknown env id of {len(header['env_id'])} characters; known ids: "
@@ -155,6 +173,75 @@ class ControlHandlers:
                 "thread serving the call; None: no cap)")
         return int(max_threads)
 
+    def _make_hosted(self, client: ClientRecord, header: dict[str, Any]) -> None:
+        """make of a Python env the operator allowed (server/hosted.py):
+        num_workers worker processes forked from the daemon's template."""
+        service = self.service
+        spec = service.hosted.get(header["env_id"])
+        num_envs = check_int("num_envs", header["num_envs"], 1, MAX_NUM_ENVS)
+        batch_size = header.get("batch_size")
+        if batch_size is not None:
+            batch_size = check_int("batch_size", batch_size, 1, num_envs)
+        mode = parse_autoreset_mode(header.get("autoreset_mode", "next_step"))
+        max_steps = header.get("max_episode_steps")
+        if max_steps is not None:
+            max_steps = check_int("max_episode_steps", max_steps, 1, 2**62)
+        if header.get("render_mode") is not None:
+            raise InvalidArgumentError(f"{spec.id}: hosted Python envs do not render yet")
+        if header.get("max_threads") is not None:
+            raise InvalidArgumentError(
+                f"{spec.id}: max_threads caps the daemon's pool threads, which do not step "
+                "hosted Python envs: their worker processes do (num_workers)")
+        if header.get("env_kwargs"):
+            raise InvalidArgumentError(
+                f"{spec.id}: a daemon-hosted Python env takes no env kwargs (the operator's "
+                "--python-env id fixes the env; register a variant with gymnasium.register "
+                "in an --import module)")
+        num_workers = header.get("num_workers")
+        if num_workers is None:
+            num_workers = spec.default_workers(num_envs)
+        # (0 would step the envs on the event loop thread: the daemon never does)
+        num_workers = check_int("num_workers", num_workers, 1, num_envs)
+        info_bytes = header.get("info_bytes")
+        info_bytes = check_int("info_bytes", DEFAULT_INFO_BYTES if info_bytes is None
+                               else info_bytes, 0, MAX_INFO_BYTES)
+        seed = header.get("seed")
+        if seed is not None:
+            seed_list(seed, num_envs)  # refused before anything is reserved
+        reservation = service.books.reserve(client, spec, num_envs, mode, len(service.sessions),
+                                            service.fd_check, num_workers=num_workers,
+                                            info_bytes=info_bytes)
+
+        def build() -> Session:  # on the executor: forking and making the envs takes time
+            seeds = seed_list(secrets.randbelow(2**63) if seed is None else seed, num_envs)
+            try:
+                session = HostedServerSession(
+                    client.identity, spec, num_envs, mode, max_steps, seeds, num_workers,
+                    service.segment_prefix, service.hosted.template, service.pool.eventfd(),
+                    on_free=service.on_session_freed, info_bytes=info_bytes,
+                    timeout=service.config.hosted_timeout)
+            except (OSError, MemoryError) as exc:
+                raise LimitExceededError(
+                    f"cannot make {num_envs} {spec.id} envs in {num_workers} workers: {exc}"
+                ) from None
+            session.batch_size = batch_size or num_envs
+            service.made(session)
+            return session
+
+        def done(future: Future) -> None:
+            with reservation:
+                reply = service.result_reply(header["id"], future)
+                if reply["ok"]:
+                    reply = self._open(client, future.result(), reservation, reply)
+            service.send(client.identity, reply)
+
+        try:
+            service.submit(build, done)
+        except BaseException:
+            reservation.release()
+            raise
+        return None
+
     def _open(self, client: ClientRecord, session: Session, reservation: Reservation,
               reply: dict) -> dict:
         """The make's session was built: open it (its id goes in the reply), or
@@ -162,6 +249,8 @@ class ControlHandlers:
         service = self.service
         reservation.claim(session)
         request_id = reply["id"]
+        if isinstance(session, HostedServerSession) and service.reaper is not None:
+            session.reap = service.reaper.reap  # (its workers' exit is awaited on the loop)
         if service.draining or service.clients.get(client.identity) is not client:
             session.life.discard()  # the client expired or the daemon drains meanwhile
             return protocol.error_reply(request_id, ShuttingDownError(
@@ -174,6 +263,8 @@ class ControlHandlers:
                 f"the new session's shared-memory segment {session.segment.path} while the "
                 "daemon set it up; nothing may resize a session's segment"))
         session.life.open()
+        if isinstance(session, HostedServerSession) and service.fd_watch is not None:
+            session.watch_workers(*service.fd_watch, service.on_pool_event)
         service.sessions[session.id] = client.sessions[session.id] = session
         reply.update(session.describe())
         log.info("session opened: %d x %s", session.num_envs, session.spec.id, extra={

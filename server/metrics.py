@@ -124,8 +124,11 @@ def read_service(service: "Service") -> dict[str, Any]:
     service.collect_fast_steps()  # the fast path's steps, up to now
     inline, pooled = service.closed_session_jobs
     envs = 0
+    workers = {}  # hosted sessions: (session id prefix, env id) -> worker processes
     for session in service.sessions.values():
         envs += session.num_envs
+        if getattr(session, "num_workers", 0):
+            workers[(session.id[:8], session.spec.id)] = session.num_workers
         stats = session.job_stats()
         inline += stats["inline_jobs"]
         pooled += stats["pooled_jobs"]
@@ -136,7 +139,9 @@ def read_service(service: "Service") -> dict[str, Any]:
             "sessions_stepping": service.sessions_stepping,
             "lease_expiries": service.lease_expiries,
             "lease_expired_sessions": service.lease_expired_sessions,
-            "draining": service.draining}
+            "draining": service.draining,
+            "workers": service.books.workers_in_use + service.books.reserved_workers,
+            "session_workers": workers}
 
 
 class _ServiceCollector:
@@ -172,8 +177,16 @@ class _ServiceCollector:
                                                     "hold at most, makes in flight included"),
                 ("envd_sessions_stepping", "sessions_stepping",
                  "Sessions with a sync step or async batches running on the pool"),
-                ("envd_draining", "draining", "1 while the daemon drains after SIGTERM/SIGINT")):
+                ("envd_draining", "draining", "1 while the daemon drains after SIGTERM/SIGINT"),
+                ("envd_workers", "workers", "Worker processes of hosted Python envs, makes in "
+                                            "flight included (what --max-workers limits)")):
             yield GaugeMetricFamily(name, text, value=int(state[key]))
+        per_session = GaugeMetricFamily("envd_session_workers", "Worker processes of each "
+                                        "open hosted Python env session",
+                                        labels=["session", "env_id"])
+        for (session, env_id), count in sorted(state["session_workers"].items()):
+            per_session.add_metric([session, env_id], count)
+        yield per_session
         for name, key, text in (
                 ("envd_inline_jobs", "inline_jobs",
                  "Step jobs (sync steps and async batches) run inline on the event loop thread"),

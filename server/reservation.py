@@ -36,6 +36,8 @@ class ResourceBooks:
         self.reserved_state = 0     # heap bytes (state_plan) of makes in flight
         self.shm_in_use = 0         # bytes of the segments of sessions not freed yet
         self.state_in_use = 0       # heap bytes of sessions not freed yet
+        self.reserved_workers = 0   # worker processes of hosted makes in flight
+        self.workers_in_use = 0     # worker processes of hosted sessions not freed yet
         self._held: set[Session] = set()  # sessions whose bytes count as in use
 
     @property
@@ -50,7 +52,8 @@ class ResourceBooks:
 
     def reserve(self, client: ClientRecord, spec: EnvSpec, num_envs: int, mode: AutoresetMode,
                 open_sessions: int,
-                fd_check: Callable[[int], None] | None = None) -> Reservation:
+                fd_check: Callable[[int], None] | None = None,
+                num_workers: int = 0, info_bytes: int = 0) -> Reservation:
         """Check that a make of num_envs envs of spec fits under every limit
         (open_sessions: sessions in the books now) and reserve what it will
         hold; raises LimitExceededError naming the limit and the flag."""
@@ -71,7 +74,18 @@ class ResourceBooks:
                 f"making {num_envs} more envs would give this client {held + num_envs}, over "
                 f"the daemon's limit of {config.max_envs_per_client} envs per client "
                 "(--max-envs-per-client)")
-        segment_bytes = segment_plan(spec, num_envs, mode)[1]  # refused before it exists
+        workers = self.workers_in_use + self.reserved_workers
+        if num_workers and workers + num_workers > config.max_workers:
+            raise LimitExceededError(
+                f"making {num_envs} {spec.id} envs in {num_workers} worker processes would "
+                f"give the daemon {workers + num_workers}, over its limit of "
+                f"{config.max_workers} (--max-workers); close hosted envs you no longer use "
+                "or ask for fewer workers (num_workers)")
+        if spec.definition is None:  # a hosted Python env (server/hosted.py)
+            from envd.server.hosted import public_plan
+            segment_bytes = public_plan(spec, num_envs, mode, info_bytes)[1]
+        else:
+            segment_bytes = segment_plan(spec, num_envs, mode)[1]  # refused before it exists
         in_use = self.shm_bytes
         if in_use + segment_bytes > config.max_shm_bytes:
             raise LimitExceededError(
@@ -80,7 +94,11 @@ class ResourceBooks:
                 f"that is {in_use + segment_bytes}, over its limit of "
                 f"{config.max_shm_bytes} bytes (--max-shm-bytes); close envs you no "
                 "longer use or make fewer")
-        state_bytes = state_plan(spec, num_envs)  # refused before anything is allocated
+        if spec.definition is None:  # a hosted Python env (server/hosted.py)
+            from envd.server.hosted import hosted_state_plan
+            state_bytes = hosted_state_plan(spec, num_envs, num_workers, mode, info_bytes)
+        else:
+            state_bytes = state_plan(spec, num_envs)  # refused before anything is allocated
         in_use = self.state_bytes
         if in_use + state_bytes > config.max_state_bytes:
             over = in_use + state_bytes - config.max_state_bytes
@@ -92,8 +110,8 @@ class ResourceBooks:
                 f"{config.max_state_bytes} bytes (--max-state-bytes); close envs you no "
                 "longer use or make fewer")
         if fd_check is not None:  # the session's fds must not eat the daemon's reserve
-            fd_check(self.reserved_sessions)
-        return Reservation(self, client, num_envs, segment_bytes, state_bytes)
+            fd_check(self.reserved_sessions, self.reserved_workers, num_workers)
+        return Reservation(self, client, num_envs, segment_bytes, state_bytes, num_workers)
 
     def give_back(self, session: Session) -> None:
         """A freed session's bytes no longer count (once; nothing if its make
@@ -102,12 +120,14 @@ class ResourceBooks:
             self._held.discard(session)
             self.shm_in_use -= session.segment_bytes
             self.state_in_use -= session.state_bytes
+            self.workers_in_use -= getattr(session, "num_workers", 0)
 
     def _hold(self, session: Session) -> None:
         if session not in self._held:
             self._held.add(session)
             self.shm_in_use += session.segment_bytes
             self.state_in_use += session.state_bytes
+            self.workers_in_use += getattr(session, "num_workers", 0)
 
 
 class Reservation:
@@ -115,11 +135,13 @@ class Reservation:
     Made by ResourceBooks.reserve; ends exactly once, by claim or release."""
 
     def __init__(self, books: ResourceBooks, client: ClientRecord, num_envs: int,
-                 segment_bytes: int, state_bytes: int):
+                 segment_bytes: int, state_bytes: int, num_workers: int = 0):
         self.books, self.client = books, client
         self.num_envs = num_envs
         self.segment_bytes, self.state_bytes = segment_bytes, state_bytes
+        self.num_workers = num_workers
         self.released = False
+        books.reserved_workers += num_workers
         books.reserved_sessions += 1
         books.reserved_shm += segment_bytes
         books.reserved_state += state_bytes
@@ -135,6 +157,7 @@ class Reservation:
         books.reserved_sessions -= 1
         books.reserved_shm -= self.segment_bytes
         books.reserved_state -= self.state_bytes
+        books.reserved_workers -= self.num_workers
         client.reserved_sessions -= 1
         client.reserved_envs -= self.num_envs
 

@@ -31,6 +31,7 @@ from envd.native.native_vec import NativePool
 from envd.server.config import Config
 from envd.server.control import ControlHandlers
 from envd.server.replies import ReplyBooks, is_small
+from envd.server.hosted import HostedCatalog, WorkerReaper
 from envd.server.reservation import ResourceBooks
 from envd.server.sessions import ClientRecord, Session
 from envd.server.stepping import SteppingHandlers
@@ -61,8 +62,10 @@ class Service:
 
     def __init__(self, config: Config, pool: NativePool | None, executor: Executor, send: Send,
                  segment_prefix: str, plugins: list[dict[str, Any]] | None = None,
-                 step_latency: Callable[[float], None] | None = None):
+                 step_latency: Callable[[float], None] | None = None,
+                 hosted: HostedCatalog | None = None):
         self.config = config
+        self.hosted = hosted or HostedCatalog()  # the Python envs the operator allowed
         self.plugins = list(plugins or ())  # what load_plugins reported, for status
         self.segment_prefix = segment_prefix
         self.pool = pool
@@ -360,6 +363,8 @@ class Service:
         if owner is not None:
             owner.sessions.pop(session.id, None)
         session.life.close()
+        if not session.life.freed and hasattr(session, "reclaim_later"):
+            session.reclaim_later()  # a hosted env may hang: its workers go after a grace
 
     def on_session_freed(self, session: Session, orderly: bool) -> None:
         """The session's lifecycle frees it (exactly once): its fast path is
@@ -369,7 +374,7 @@ class Service:
         and stopping it under that operation would destroy the lock it holds."""
         self._alive.discard(session)
         if session.fast:  # first: its thread steps the vec
-            self.stepping.stop_fast(session)
+            self.stepping.stop_fast(session, freeing=True)
         if orderly and session.native is not None:  # no step job starts after this
             self.stepping.count_steps(session)
             stats = session.native.stats()
@@ -422,6 +427,12 @@ class Service:
         for session in self.sessions.values():
             if session.fast:
                 session.native.drain()
+            # A hosted env's call may hang (a step's, a batch's: the drain
+            # waits for them): its workers are killed after a grace, so a
+            # SIGTERM always ends.  (A reset or make is bounded by
+            # --hosted-timeout; one running now is killed after the grace too.)
+            if hasattr(session, "reclaim_later") and session.busy_or_in_flight():
+                session.reclaim_later("the daemon drains")
         self._check_drained()
 
     def _check_drained(self) -> None:
@@ -430,8 +441,16 @@ class Service:
 
     on_drained: Callable[[], None] | None = None
     #: Set by the daemon: raises LimitExceededError when the file descriptors
-    #: left cannot take one more session (argument: makes in flight).
-    fd_check: Callable[[int], None] | None = None
+    #: left cannot take one more session (arguments: makes in flight, the
+    #: workers of the hosted ones, the new make's workers).
+    fd_check: Callable[[int, int, int], None] | None = None
+    #: (add, remove) of the event loop's readers, set by the daemon: a hosted
+    #: session's worker pidfds are watched, so that a worker's death answers
+    #: the step or recv that waits for it (no eventfd comes from a dead worker).
+    fd_watch: tuple[Callable[[int, Callable[[], None]], None], Callable[[int], None]] | None = None
+    #: Set by the daemon with fd_watch: waits on the event loop for the
+    #: workers of freed hosted sessions (server/hosted.py).
+    reaper: WorkerReaper | None = None
 
     @property
     def idle(self) -> bool:
@@ -457,7 +476,8 @@ class Service:
                 "max_requests_per_second": self.config.max_requests_per_second,
                 "request_burst": self.config.request_burst,
                 "max_reply_bytes_per_client": self.config.reply_bytes_per_client,
-                "max_reply_bytes": self.config.reply_bytes_total}
+                "max_reply_bytes": self.config.reply_bytes_total,
+                "max_workers": self.config.max_workers}
 
     @property
     def sessions_stepping(self) -> int:
@@ -485,6 +505,9 @@ class Service:
                 "threads": self.pool.num_threads, "clients": len(self.clients),
                 "sessions": len(self.sessions),
                 "envs": sum(s.num_envs for s in self.sessions.values()),
+                # worker processes of hosted Python envs (--max-workers)
+                "workers": self.books.workers_in_use + self.books.reserved_workers,
+                "python_envs": self.hosted.ids(),
                 "shm_bytes": self.shm_bytes, "state_bytes": self.state_bytes,
                 "unread_reply_bytes": self.replies.total,
                 "dropped_clients": self.dropped_clients,
@@ -497,6 +520,6 @@ class Service:
         are averages over the session's life)."""
         now = time.monotonic()
         return [{"session": s.id[:8], "env_id": s.spec.id, "num_envs": s.num_envs,
-                 "batch_size": s.batch_size, "max_threads": s.max_threads,
-                 "env_steps": s.env_steps,
+                 "batch_size": s.batch_size, "max_threads": getattr(s, "max_threads", None),
+                 "env_steps": s.env_steps, "workers": getattr(s, "num_workers", 0),
                  "age_s": round(now - s.created, 3)} for s in self.sessions.values()]

@@ -9,6 +9,7 @@ native vec, and the loop touches nothing but the lifecycle.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import stat
@@ -55,6 +56,22 @@ def state_plan(spec: EnvSpec, num_envs: int) -> int:
     n = num_envs
     return (int(lib.envd_vec_memory_bytes(spec.definition, n))
             + int(lib.envd_session_books_max_bytes(n)))
+
+
+#: The longest an operation on the executor (reset, async reset, render)
+#: waits for the session's lock, which the doorbell's thread holds while it
+#: serves a request: a hosted env's step has no bound (it may hang), and two
+#: executor threads blocked on such locks would stop every make, reset and
+#: render of the daemon.  After this it is refused (session_busy).
+EXECUTOR_LOCK_WAIT_SECONDS = 1.0
+
+
+def session_busy(session_id: str, call: str) -> EnvStateError:
+    """The refusal of a call that needs the session's lock while the
+    doorbell's thread holds it (it serves a step, send or recv)."""
+    return EnvStateError(f"{call} on session {session_id}: its fast path is serving a request "
+                         "(a step, send or recv rung at its doorbell) that has not returned; "
+                         "retry once it returns (a hung env's: close the session)")
 
 
 def async_in_flight(call: str) -> EnvStateError:
@@ -228,11 +245,29 @@ class Session:
         self.native.start_doorbell(self.segment.memory, self.buffers["doorbell_ids"], spin_ns)
         self.fast = True
 
-    def stop_fast(self) -> None:
-        """Stop serving the doorbell (after the request it serves); the envs
-        sent through it and not received are dropped."""
+    def stop_fast(self, freeing: bool = False) -> None:
+        """Stop serving the doorbell (after the request it serves: a native
+        env's step always ends); the envs sent through it and not received
+        are dropped.  freeing: the session is being freed (see the hosted
+        session's override, whose requests may hang)."""
         self.native.stop_doorbell()
         self.fast = False
+
+    @contextlib.contextmanager
+    def locked(self, call: str, wait: float = 0.0):
+        """Hold the session's lock for call, waiting at most wait seconds for
+        it (polling: never blocked on it); EnvStateError (session_busy) if
+        it is still held then: the doorbell serves a request.  The event
+        loop passes 0, the executor EXECUTOR_LOCK_WAIT_SECONDS."""
+        deadline = time.monotonic() + wait
+        while not self.native.try_lock():
+            if time.monotonic() >= deadline:
+                raise session_busy(self.id, call)
+            time.sleep(0.001)
+        try:
+            yield
+        finally:
+            self.native.unlock()
 
     def new_steps(self, collect: bool = False) -> tuple[int, int]:
         """(steps, env steps) the session served by every path (socket and
@@ -262,14 +297,24 @@ class Session:
         return self._last_stats
 
     def reset(self, with_seeds: bool, with_mask: bool) -> None:
-        """Reset on the executor (the session's lock holds the doorbell off)."""
-        self.native.reset(with_seeds, with_mask)
+        """Reset on the executor (the session's lock holds the doorbell off;
+        refused if the doorbell still serves a request after
+        EXECUTOR_LOCK_WAIT_SECONDS)."""
+        with self.locked("reset", EXECUTOR_LOCK_WAIT_SECONDS):
+            self.native.reset(with_seeds, with_mask)
+
+    def async_reset(self, with_seeds: bool) -> None:
+        """Async reset on the executor: waits for the envs in flight (a
+        native batch ends), as reset for the lock."""
+        with self.locked("async reset", EXECUTOR_LOCK_WAIT_SECONDS):
+            self.native.async_reset(with_seeds)
 
     def render(self) -> np.ndarray:
         """Every env's frame, (num_envs, height, width, 3) uint8, drawn on the
         executor into private memory (a render request's reply carries it)."""
         frames = np.empty((self.num_envs,) + self.spec.render_shape, np.uint8)
-        self.native.render(frames)
+        with self.locked("render", EXECUTOR_LOCK_WAIT_SECONDS):
+            self.native.render(frames)
         return frames
 
     def free(self) -> None:

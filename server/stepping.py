@@ -126,7 +126,7 @@ class SteppingHandlers:
             self.service.send(client.identity, reply)
 
         if is_async:
-            self.service.submit(lambda: session.native.async_reset(with_seeds), done)
+            self.service.submit(lambda: session.async_reset(with_seeds), done)
         else:
             self.service.submit(lambda: session.reset(with_seeds, with_mask), done)
         return None
@@ -309,8 +309,13 @@ class SteppingHandlers:
 
     def _track_batches(self, session: Session) -> None:
         """Keep the session among those with batches in flight while it has
-        some (on_pool_event looks at those only)."""
-        if session.native.counts()[0]:
+        some (on_pool_event looks at those only).  A fast-path session's
+        batches are its doorbell's (a socket send is refused), and the
+        doorbell's thread may hold its lock as long as a hosted env hangs:
+        its lock is never waited for here, on the event loop."""
+        if session.fast:
+            self._async_sessions.discard(session)
+        elif session.native.counts()[0]:
             self._async_sessions.add(session)
         else:
             self._async_sessions.discard(session)
@@ -322,9 +327,14 @@ class SteppingHandlers:
         session = self.service.session_for(client, header)
         if not header.get("enable", True):
             if session.fast:
-                if any(session.native.counts()):  # (waits for the request it serves)
-                    raise async_in_flight("turning the fast path off")
-                self.stop_fast(session)
+                # Never waits for the lock on the loop: the doorbell's thread
+                # holds it for the whole request it serves, which a hosted
+                # env may hang forever.  Under the lock no request runs and
+                # none starts (a stopped doorbell thread takes it no more).
+                with session.locked("turning the fast path off"):
+                    if any(session.native.counts()):
+                        raise async_in_flight("turning the fast path off")
+                    self.stop_fast(session)
             return protocol.ok_reply(header["id"])
         if not session.fast:
             # Envs sent over the socket are the event loop's to collect: were
@@ -345,9 +355,10 @@ class SteppingHandlers:
                 session.native.drain()
         return protocol.ok_reply(header["id"], doorbell={"offset": protocol.DOORBELL_OFFSET})
 
-    def stop_fast(self, session: Session) -> None:
-        """Stop a session's fast path (after the request it serves) and count its steps."""
-        session.stop_fast()
+    def stop_fast(self, session: Session, freeing: bool = False) -> None:
+        """Stop a session's fast path (after the request it serves) and count
+        its steps.  freeing: the session is being freed (Session.stop_fast)."""
+        session.stop_fast(freeing)
         self.count_steps(session)
         self.fast_sessions -= 1
 

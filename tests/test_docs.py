@@ -180,6 +180,12 @@ def test_the_precedence_and_default_endpoint_are_described():
 #: Phrases of error messages the page quotes, each a piece of one string
 #: literal in the source (never spanning a placeholder).
 TROUBLESHOOTING_PHRASES = [
+    # hosted Python envs (native/hosted_*.py)
+    "died; close this env",
+    "making the env failed: ",
+    "hosted Python envs support Box, Discrete, MultiDiscrete, MultiBinary and Dict/Tuple of them",
+    "-byte slot (make's info_bytes)",
+    "num_workers is for Python envs ('",
     # connecting (client/connection.py, client/discovery.py)
     "; start one with `envd --threads N` (or set ENVD_ENDPOINT to the daemon's endpoint)",
     "has no listener",

@@ -20,7 +20,7 @@ import numpy as np
 
 from envd.client.doorbell import RECV, SEND, SHUTTING_DOWN, STEP, Doorbell
 from envd.client.transports.over_socket import SocketStepper
-from envd.errors import EnvdTimeoutError, ShuttingDownError
+from envd.errors import EnvdTimeoutError, EnvError, ShuttingDownError
 from envd.vector_base import (NATIVE_CODES, in_flight_error, not_idle_error, ready_error,
                               recv_short_error, send_error, step_error)
 
@@ -55,6 +55,7 @@ class DoorbellStepper(SocketStepper):
                     if num_done > 0:
                         raise in_flight_error(self.env_id, "step", num_done)
                     raise ready_error(self.env_id, -num_done)
+                self._raise_env_failure(status, index)
                 if status != 0:
                     raise step_error(self.env_id, self.action_space, status, index, self.buffers)
                 return num_done
@@ -70,6 +71,7 @@ class DoorbellStepper(SocketStepper):
             self._call({"type": "send", "session": self.session}, [env_ids.tobytes()])
             return
         status, state, index = answer
+        self._raise_env_failure(status, index)
         if status == NATIVE_CODES["EBUSY"] and 0 <= index < self.num_envs and state != _ENV_IDLE:
             raise not_idle_error(self.env_id, index, state == _ENV_IN_FLIGHT)
         if status != 0:
@@ -88,11 +90,21 @@ class DoorbellStepper(SocketStepper):
         status, result, index = answer
         if status == NATIVE_CODES["ESTATE"] and index < 0:
             raise recv_short_error(self.env_id, count, result)
+        self._raise_env_failure(status, index)
         if status != 0:
             raise step_error(self.env_id, self.action_space, status, index, self.buffers)
         ids = self._ids[:count].copy()
         self._check_ids_in_range(ids)
         return ids
+
+    def _raise_env_failure(self, status: int, index: int) -> None:
+        """An env's own failure the daemon words (a hosted Python env raised,
+        or its worker died: the doorbell's message) raises the EnvError the
+        socket path raises; without words, step_error's NativeError does."""
+        if status == NATIVE_CODES["EENV"]:
+            message = self.doorbell.message() if self.doorbell is not None else ""
+            if message:
+                raise EnvError(f"{self.env_id}: {message}", status, index)
 
     def _ring(self, kind: int, count: int, what: str) -> tuple[int, int, int] | None:
         """A request through the doorbell (its inputs are in shared memory):

@@ -26,6 +26,7 @@
 #define ENVD_BACKEND_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "vec.h"
@@ -62,6 +63,9 @@ typedef struct envd_backend_ops {
     uint64_t (*frame_bytes)(const void *impl);
     int (*render)(void *impl, int64_t index, uint8_t *rgb);
     int64_t (*error_index)(const void *impl);
+    /* What failed env index with ENVD_EENV, as text (NUL-terminated, at most
+     * size > 0 bytes); NULL: the backend has no more to say than the code. */
+    void (*error_message)(const void *impl, int64_t index, char *out, size_t size);
     /* The backend's copy of the actions the last step or send checked. */
     const void *(*checked_actions)(const void *impl);
     void (*set_chunk)(void *impl, int64_t chunk);

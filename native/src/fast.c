@@ -34,6 +34,9 @@ _Static_assert(offsetof(envd_fast_header_t, status) == 68, "doorbell layout");
 _Static_assert(offsetof(envd_fast_header_t, result) == 72, "doorbell layout");
 _Static_assert(offsetof(envd_fast_header_t, error_index) == 80, "doorbell layout");
 _Static_assert(offsetof(envd_fast_header_t, closed) == 88, "doorbell layout");
+_Static_assert(offsetof(envd_fast_header_t, message) == 96, "doorbell layout");
+_Static_assert(ENVD_FAST_OFFSET + sizeof(envd_fast_header_t) <= 4096,
+               "the doorbell fits the header page (envd/shm.py HEADER_SIZE)");
 
 /* A sleeping server wakes this often to notice envd_fast_stop even if no
  * client rings (stop also wakes it, repeatedly: a safety net only). */
@@ -203,6 +206,8 @@ static int answer(envd_fast_t *fast, uint32_t seq)
     atomic_store_explicit(&h->status, status, memory_order_relaxed);
     atomic_store_explicit(&h->result, result, memory_order_relaxed);
     atomic_store_explicit(&h->error_index, index, memory_order_relaxed);
+    if (status == ENVD_EENV)  /* (published with done_seq below) */
+        envd_session_error_message(fast->session, index, h->message, sizeof h->message);
     /* seq_cst: the store of done_seq is ordered before the load of
      * client_waiting (the client sets that flag, then sleeps only while
      * done_seq is still the old value). */

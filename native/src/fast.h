@@ -22,6 +22,9 @@
  *   SEND  start stepping the req_count env ids in the ids array (with their
  *         rows of the actions buffer) and answer at once; result 0 (refused
  *         with ENVD_EBUSY for an env not idle: result is its ENVD_ENV_* state).
+ * A request failed with ENVD_EENV (an env's own code: a hosted Python env
+ * raised, or its worker died) carries the backend's words for it in message,
+ * written before done_seq.
  *   RECV  wait until req_count envs sent are ready, write exactly req_count
  *         ready ids (oldest first) to the ids array; result: req_count (the
  *         rest stay ready).  Refused with ENVD_ESTATE when fewer are in flight
@@ -67,6 +70,9 @@ typedef struct envd_session envd_session_t; /* session.h */
 
 enum { ENVD_FAST_STEP = 1, ENVD_FAST_SEND = 2, ENVD_FAST_RECV = 3 };  /* req_kind */
 enum { ENVD_FAST_SHUTTING_DOWN = -1000 };     /* status: the daemon drains */
+/* The doorbell's message (a hosted env's exception); it ends well inside the
+ * header page (ENVD_FAST_OFFSET + the header < 4096, envd/shm.py). */
+#define ENVD_FAST_MESSAGE_BYTES 1536
 
 typedef struct envd_fast_header {
     /* written by the client */
@@ -84,6 +90,10 @@ typedef struct envd_fast_header {
     _Atomic uint32_t closed;         /* 1 once the server thread stopped for good
                                         (session closed, expired or freed): a
                                         request rung now is never answered here */
+    uint32_t server_pad;
+    char message[ENVD_FAST_MESSAGE_BYTES]; /* status ENVD_EENV: what failed, as the
+                                        backend words it (UTF-8, NUL-terminated;
+                                        "" when it has nothing more to say) */
 } envd_fast_header_t;
 
 typedef struct envd_fast envd_fast_t;

@@ -515,6 +515,17 @@ void envd_session_stats(envd_session_t *s, envd_vec_stats_t *stats)
 
 int64_t envd_session_error_index(const envd_session_t *s) { return s->error_index; }
 
+void envd_session_error_message(envd_session_t *s, int64_t index, char *out, size_t size)
+{
+    if (size == 0)
+        return;
+    out[0] = '\0';
+    pthread_mutex_lock(&s->mutex);
+    if (s->backend->ops->error_message != NULL)
+        s->backend->ops->error_message(s->backend->impl, index, out, size);
+    pthread_mutex_unlock(&s->mutex);
+}
+
 const void *envd_session_checked_actions(const envd_session_t *s)
 {
     return s->backend->ops->checked_actions(s->backend->impl);

@@ -44,6 +44,7 @@
 #define ENVD_SESSION_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "backend.h"
@@ -114,6 +115,10 @@ void envd_session_stats(envd_session_t *session, envd_vec_stats_t *stats);
 /* The env the last refusal or failure names (-1: none).  Lock-free: read it
  * right after the failed call, on the same thread. */
 int64_t envd_session_error_index(const envd_session_t *session);
+/* What failed env index with ENVD_EENV, as the backend words it
+ * (NUL-terminated, at most size bytes; "" when it has no more to say than the
+ * code: the native pool's envs). */
+void envd_session_error_message(envd_session_t *session, int64_t index, char *out, size_t size);
 /* The backend's copy of the actions the last step or send checked. */
 const void *envd_session_checked_actions(const envd_session_t *session);
 

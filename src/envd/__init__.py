@@ -10,7 +10,7 @@ __version__ = "0.1.0"
 
 from envd.client import Client, MultiClient, MultiVecEnv, RemoteVecEnv, connect  # noqa: E402
 from envd.errors import (ConnectionLostError, DaemonError, EnvdError, EnvdTimeoutError,  # noqa: E402
-                         EnvStateError, InvalidActionError, InvalidArgumentError,
+                         EnvError, EnvStateError, InvalidActionError, InvalidArgumentError,
                          LimitExceededError, NativeError, ProtocolError, SessionExpiredError,
                          PluginError, SharedMemoryError, ShuttingDownError,
                          UnknownEnvError, UnknownSessionError, AuthenticationError,
@@ -34,7 +34,7 @@ def __getattr__(name: str):
 __all__ = ["make", "list_envs", "load_plugin", "VecEnv", "connect", "Client", "RemoteVecEnv",
            "MultiClient", "MultiVecEnv",
            "EnvdError", "UnknownEnvError", "InvalidArgumentError", "InvalidActionError",
-           "EnvStateError", "NativeError", "ProtocolError", "LimitExceededError",
+           "EnvStateError", "EnvError", "NativeError", "ProtocolError", "LimitExceededError",
            "UnknownSessionError", "SessionExpiredError", "DaemonError", "ShuttingDownError",
            "ConnectionLostError", "AuthenticationError", "EnvdTimeoutError", "SharedMemoryError",
            "PluginError", "__version__"]

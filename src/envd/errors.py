@@ -71,6 +71,21 @@ class NativeError(EnvdError, RuntimeError):
         self.code = code
 
 
+class EnvError(NativeError):
+    """An env's own code failed: a hosted Python env raised in its reset or
+    step (the message names the env index, the exception type and its
+    message), or the worker process hosting it died.  ``code`` is ENVD_EENV;
+    ``env_index`` the env (-1: none).  A NativeError, so code catching the
+    native core's env failures catches these too; over the wire its code is
+    ``env_error`` (with ``native_code`` and ``env_index``)."""
+
+    error_code = "env_error"
+
+    def __init__(self, message: str, code: int, env_index: int = -1):
+        super().__init__(message, code)
+        self.env_index = env_index
+
+
 class ProtocolError(EnvdError, ValueError):
     """A message the other side cannot accept: malformed, unknown type, wrong
     field types, unsupported protocol version."""

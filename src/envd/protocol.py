@@ -30,13 +30,15 @@ does not speak it.  Per type, the fields (``?`` = optional):
     status     -
     make       env_id:str, num_envs:int, seed?:int|[int]|nil, autoreset_mode?:str,
                max_episode_steps?:int|nil, env_kwargs?:map, batch_size?:int|nil,
-               render_mode?:str|nil, max_threads?:int|nil
+               render_mode?:str|nil, max_threads?:int|nil, num_workers?:int|nil,
+               info_bytes?:int|nil
                (checked as envd.make checks them; max_threads: at most that
                many of the daemon's pool threads step the session's envs at
                once, 0 = inline on the thread serving the call, nil or absent
                = no cap; an int in [0, the daemon's --threads], else
                invalid_argument.  A client sends it only to a daemon whose
-               hello capabilities say max_threads: true)
+               hello capabilities say max_threads: true.  num_workers and
+               info_bytes: hosted "py:" ids only, which refuse max_threads)
     reset      session:str, seeds?:bool, mask?:bool, inline?:bool, async?:bool
                (seeds / mask: read the "reset_seeds" / "reset_mask" arrays of
                the session's shared memory, written by the client; inline:
@@ -138,8 +140,13 @@ A reply never carries a traceback.  Results:
     bye        -
     fast       doorbell: {offset}   (where the doorbell lies in the header page)
 
-Spaces travel as ``{"kind": "box", "dtype", "shape", "low", "high"}`` (bounds
-as nested lists of floats) or ``{"kind": "discrete", "n", "start"}``.
+Spaces travel as msgpack maps (envd.leaves.space_to_wire; docs/protocol.md,
+"Spaces"): ``{"kind": "box", "dtype", "shape", "low", "high"}`` (bounds as
+nested lists in the box's dtype), ``{"kind": "discrete", "n", "start"}``,
+``{"kind": "multi_discrete", "dtype", "nvec", "start"}``,
+``{"kind": "multi_binary", "n": [int]}``, ``{"kind": "dict", "spaces":
+[[key, space], ...]}`` (in the Dict's order) and ``{"kind": "tuple",
+"spaces": [space, ...]}``.
 
 Sessions and leases
 -------------------
@@ -157,7 +164,7 @@ import msgpack
 import numpy as np
 from gymnasium import spaces
 
-from envd import _native_facts, errors
+from envd import _native_facts, errors, leaves
 
 #: 2: replies over SMALL_REPLY_BYTES carry "token", requests may carry "ack".
 PROTOCOL_VERSION = 2
@@ -206,7 +213,8 @@ MESSAGE_FIELDS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
              "seed": (_ANY, False), "autoreset_mode": ((str,), False),
              "max_episode_steps": (_ANY, False), "env_kwargs": ((dict,), False),
              "batch_size": (_ANY, False), "render_mode": (_ANY, False),
-             "max_threads": (_ANY, False)},
+             "max_threads": (_ANY, False), "num_workers": (_ANY, False),
+             "info_bytes": (_ANY, False)},
     "reset": {**_SESSION, "seeds": ((bool,), False), "mask": ((bool,), False),
               "inline": ((bool,), False), "async": ((bool,), False)},
     "step": {**_SESSION, "actions": ((dict,), False), "inline": ((bool,), False)},
@@ -246,7 +254,7 @@ ERROR_CODES: dict[str, type[errors.EnvdError]] = {
         errors.InvalidActionError, errors.EnvStateError, errors.NativeError,
         errors.LimitExceededError, errors.UnknownSessionError, errors.SessionExpiredError,
         errors.DaemonError, errors.ShuttingDownError, errors.SharedMemoryError,
-        errors.ConnectionLostError)
+        errors.ConnectionLostError, errors.EnvError)
 }
 ERROR_CODES["unsupported_version"] = errors.ProtocolError
 ERROR_CODES["unknown_type"] = errors.ProtocolError
@@ -334,6 +342,8 @@ def error_reply(request_id: int | None, exc: errors.EnvdError) -> dict[str, Any]
     reply = {"id": request_id, "ok": False, "code": exc.error_code, "message": message}
     if isinstance(exc, errors.NativeError):
         reply["native_code"] = exc.code
+    if isinstance(exc, errors.EnvError):
+        reply["env_index"] = exc.env_index
     return reply
 
 
@@ -344,6 +354,10 @@ def error_from_reply(reply: dict[str, Any]) -> errors.EnvdError:
     cls = ERROR_CODES.get(code, errors.DaemonError)
     if cls is errors.NativeError:
         return errors.NativeError(message, int(reply.get("native_code", -1)))
+    if cls is errors.EnvError:
+        index = reply.get("env_index", -1)
+        return errors.EnvError(message, int(reply.get("native_code", -1)),
+                               index if type(index) is int else -1)
     exc = cls(message)
     if code != cls.error_code:  # e.g. unknown_type, or a code of a newer daemon
         exc.error_code = str(code)
@@ -357,20 +371,10 @@ def raise_error(reply: dict[str, Any]) -> None:
 
 # ---- spaces ---------------------------------------------------------------------------
 def space_to_wire(space: spaces.Space) -> dict[str, Any]:
-    if isinstance(space, spaces.Discrete):
-        return {"kind": "discrete", "n": int(space.n), "start": int(space.start)}
-    if isinstance(space, spaces.Box):
-        return {"kind": "box", "dtype": space.dtype.str, "shape": list(space.shape),
-                "low": space.low.astype(np.float64).tolist(),
-                "high": space.high.astype(np.float64).tolist()}
-    raise TypeError(f"spaces of type {type(space).__name__} have no wire form")
+    """A space's msgpack-able description (envd.leaves.space_to_wire)."""
+    return leaves.space_to_wire(space)
 
 
 def space_from_wire(wire: dict[str, Any]) -> spaces.Space:
-    if wire["kind"] == "discrete":
-        return spaces.Discrete(int(wire["n"]), start=int(wire["start"]))
-    dtype = np.dtype(wire["dtype"])
-    shape = tuple(wire["shape"])
-    low = np.array(wire["low"], np.float64).reshape(shape).astype(dtype)
-    high = np.array(wire["high"], np.float64).reshape(shape).astype(dtype)
-    return spaces.Box(low, high, shape=shape, dtype=dtype)
+    """The space space_to_wire described."""
+    return leaves.space_from_wire(wire)

@@ -22,6 +22,7 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
+from envd import info_codec, leaves
 from envd.errors import (NATIVE_CODES, EnvdError, EnvStateError, InvalidActionError,
                          InvalidArgumentError, NativeError, native_strerror)
 from envd.stepping import Stepper
@@ -129,8 +130,11 @@ def step_error(env_id: str, action_space: spaces.Space, code: int, index: int,
     """The error of a step the native vec refused (code, a negative envd.h
     code, naming env index), with the in-process env's message wherever it
     ran: in-process, in the daemon, or through the fast path."""
-    if code == NATIVE_CODES["ERANGE"]:
+    if code == NATIVE_CODES["ERANGE"] and isinstance(action_space, spaces.Discrete):
         return action_out_of_range(env_id, action_space, int(buffers["actions"][index]), index)
+    if code == NATIVE_CODES["ERANGE"]:
+        return InvalidActionError(leaves.action_range_message(
+            env_id, action_space, buffers["actions"][index], index))
     if code == NATIVE_CODES["ESTATE"] and not buffers["dones"][index]:
         return EnvStateError(f"{env_id}: env {index} was never reset; call reset() before step()")
     if code == NATIVE_CODES["ESTATE"]:
@@ -193,19 +197,30 @@ def recv_short_error(env_id: str, count: int, pending: int) -> EnvStateError:
         "send more first (or async_reset)")
 
 
+#: A hosted env's info slots (docs/python-envs.md, "Infos"): env i's info,
+#: msgpack-encoded (envd.info_codec), lies in infos[i, :info_lengths[i]]
+#: (length 0: the env gave no info in its last reset or step).
+INFO_SLOTS, INFO_LENGTHS = "infos", "info_lengths"
+
+
 def buffer_layout(observation_space: spaces.Space, action_space: spaces.Space, num_envs: int,
-                  mode: AutoresetMode, info_fields: Sequence[Any] = ()
+                  mode: AutoresetMode, info_fields: Sequence[Any] = (),
+                  reward_dtype: Any = np.float32, info_bytes: int = 0
                   ) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
     """name -> (shape, dtype) of every batch buffer of a vec, in a fixed order.
     The native vec reads "actions", "reset_seeds" and "reset_mask" and writes
     the rest; "final_observations" exists in SAME_STEP mode only; info_fields
     (objects with name, shape and dtype, as EnvSpec.info_fields) add one
-    buffer each."""
+    buffer each.  Observations have one buffer per leaf of their space and
+    actions one row per env (envd.leaves); hosted envs have float64 rewards
+    (as gymnasium's vector envs) and, with info_bytes > 0, info slots of
+    that many bytes per env."""
     n = num_envs
+    action_shape, action_dtype = leaves.action_row(action_space)
     layout = {
-        "observations": ((n, *observation_space.shape), observation_space.dtype),
-        "actions": ((n, *action_space.shape), action_space.dtype),
-        "rewards": ((n,), np.float32),
+        **leaves.observation_buffers("observations", observation_space, n),
+        "actions": ((n, *action_shape), action_dtype),
+        "rewards": ((n,), reward_dtype),
         "terminations": ((n,), np.bool_),
         "truncations": ((n,), np.bool_),
         "episode_returns": ((n,), np.float64),
@@ -216,10 +231,24 @@ def buffer_layout(observation_space: spaces.Space, action_space: spaces.Space, n
         "reset_mask": ((n,), np.bool_),
     }
     if mode is AutoresetMode.SAME_STEP:
-        layout["final_observations"] = layout["observations"]
+        layout.update(leaves.observation_buffers("final_observations", observation_space, n))
     for field in info_fields:
         layout[INFO_PREFIX + field.name] = ((n, *field.shape), field.dtype)
+    if info_bytes:
+        layout[INFO_SLOTS] = ((n, info_bytes), np.uint8)
+        layout[INFO_LENGTHS] = ((n,), np.uint32)
     return {name: (shape, np.dtype(dtype)) for name, (shape, dtype) in layout.items()}
+
+
+class _InfoMerger:
+    """gymnasium's VectorEnv._add_info (its arrays and masks, nested dicts
+    alike) for results of `rows` rows: gymnasium sizes them by num_envs,
+    which an async recv's batch is not."""
+
+    def __init__(self, rows: int):
+        self.num_envs = rows
+
+    _add_info = VectorEnv._add_info
 
 
 class BatchedVecEnv(VectorEnv):
@@ -269,13 +298,22 @@ class BatchedVecEnv(VectorEnv):
 
     def _bind_buffers(self, buffers: dict[str, np.ndarray]) -> None:
         self._buffers = buffers
-        self._obs = buffers["observations"]
+        space = self.single_observation_space
+        self._obs_names = leaves.leaf_names("observations", space)
+        self._final_obs_names = leaves.leaf_names("final_observations", space)
+        self._obs = self._tree(buffers, "observations")
         self._actions = buffers["actions"]
+        # a Dict/Tuple action space: its leaves, views of the packed rows
+        self._action_leaves = (leaves.leaf_views(self.single_action_space, self._actions)
+                               if leaves.is_composite(self.single_action_space) else None)
+        self._info_slots = buffers.get(INFO_SLOTS)
+        self._info_lengths = buffers.get(INFO_LENGTHS)
         self._rewards = buffers["rewards"]
         self._terminations = buffers["terminations"]
         self._truncations = buffers["truncations"]
         self._dones = buffers["dones"]
-        self._final_obs = buffers.get("final_observations")
+        self._final_obs = (self._tree(buffers, "final_observations")
+                           if self._final_obs_names[0] in buffers else None)
         # the env's own info fields: info key -> buffer
         self._env_info = {name[len(INFO_PREFIX):]: array for name, array in buffers.items()
                           if name.startswith(INFO_PREFIX)}
@@ -285,6 +323,13 @@ class BatchedVecEnv(VectorEnv):
                 "another episode_statistics key")
         # the fast path of step() compares against these
         self._action_dtype, self._action_shape = self._actions.dtype, self._actions.shape
+
+    def _tree(self, arrays: dict[str, np.ndarray], prefix: str) -> Any:
+        """The observation (prefix "observations" or "final_observations") as
+        gymnasium batches its space, from arrays holding its leaves."""
+        space = self.single_observation_space
+        return leaves.unflatten(space, [arrays[name]
+                                        for name in leaves.leaf_names(prefix, space)])
 
     # ---- subclass hooks ----------------------------------------------------------------
     def _release(self) -> None:
@@ -307,34 +352,65 @@ class BatchedVecEnv(VectorEnv):
 
     # ---- helpers -----------------------------------------------------------------------
     def _convert_actions(self, actions: Any, buf: np.ndarray | None = None,
-                         what: str | None = None) -> None:
+                         what: str | None = None, env_ids: np.ndarray | None = None) -> None:
         """Check actions against the action space and copy them into buf (the
-        actions buffer).  Same-kind casts only: integers for discrete actions,
-        floats that numpy casts safely for boxes; Python floats/lists are accepted."""
+        actions buffer, or rows of it).  Same-kind casts only: integers for
+        discrete actions, floats that numpy casts safely for boxes; Python
+        floats/lists are accepted.  A Dict/Tuple space takes a dict/tuple of
+        batched leaves (as gymnasium's batch_space), each converted alike.
+        env_ids: the env of each row of buf (a send's), for the errors."""
         buf = self._actions if buf is None else buf
         space = self.single_action_space
+        what = what or f"num_envs={self.num_envs}"
+        if self._action_leaves is None:
+            self._convert_leaf(actions, buf, space, what, "", env_ids)
+            return
+        values = leaves.flatten(space, actions, f"{self.env_id}: actions")
+        for value, view, (path, leaf) in zip(values, leaves.leaf_views(space, buf),
+                                             leaves.leaves(space)):
+            self._convert_leaf(value, view, leaf, what, leaves.path_name(path), env_ids)
+
+    def _convert_leaf(self, actions: Any, buf: np.ndarray, space: spaces.Space, what: str,
+                      where: str, env_ids: np.ndarray | None = None) -> None:
         from_python = not isinstance(actions, np.ndarray)
         array = np.asarray(actions)
         if array.shape != buf.shape:
-            what = what or f"num_envs={self.num_envs}"
             raise InvalidActionError(
-                f"{self.env_id}: actions must have shape {buf.shape} "
-                f"({what} x action shape {space.shape}), got {array.shape}")
+                f"{self.env_id}: actions{where} must have shape {buf.shape} "
+                f"({what} x action shape {buf.shape[1:]}), got {array.shape}")
         if buf.dtype.kind in "iu":
             allowed = array.dtype.kind in "biu"
-            if allowed and array.size and array.dtype.kind == "u" and array.max() > np.iinfo(buf.dtype).max:
-                raise InvalidActionError(
-                    f"{self.env_id}: action {array.max()} is out of range; "
-                    f"{space} accepts {space.start}..{space.start + space.n - 1}")
+            if allowed and array.size and not np.can_cast(array.dtype, buf.dtype, "safe"):
+                # The cast below wraps what does not fit the leaf's dtype into
+                # (maybe valid) values: 256 into an int8 MultiBinary is 0.
+                self._check_fits(array, buf.dtype, space, where, env_ids)
         else:
             allowed = np.can_cast(array.dtype, buf.dtype, "safe") or (
                 from_python and array.dtype.kind in "fiu")
         if not allowed:
             raise InvalidActionError(
-                f"{self.env_id}: actions must have dtype {buf.dtype} "
+                f"{self.env_id}: actions{where} must have dtype {buf.dtype} "
                 f"(or one that casts to it without loss), got {array.dtype}; "
                 f"convert with actions.astype(np.{buf.dtype})")
         np.copyto(buf, array, casting="unsafe")
+
+    def _check_fits(self, array: np.ndarray, dtype: np.dtype, space: spaces.Space,
+                    where: str, env_ids: np.ndarray | None) -> None:
+        """InvalidActionError naming the leaf, the value and its env if an
+        integer of array (rows of envs) does not fit dtype (compared exactly,
+        as Python ints: no uint64/int64 promotion to float)."""
+        limits = np.iinfo(dtype)
+        if array.min() >= limits.min and array.max() <= limits.max:
+            return
+        rows = array.reshape(len(array), -1) if array.ndim else array.reshape(1, 1)
+        row, column = (int(i[0]) for i in np.nonzero((rows < limits.min) | (rows > limits.max)))
+        index = int(env_ids[row]) if env_ids is not None else row
+        bounds = leaves.leaf_bounds(space)
+        low, high = ((int(b.reshape(-1)[column]) for b in bounds) if bounds is not None
+                     else (limits.min, limits.max))
+        raise InvalidActionError(
+            f"{self.env_id}: action{where} {int(rows[row, column])} of env {index} is out of "
+            f"range; {space} accepts {low}..{high}")
 
     def _acquire(self) -> None:
         """Take the env for one call, or raise if it is closed or in use."""
@@ -364,7 +440,7 @@ class BatchedVecEnv(VectorEnv):
             return {name: array.copy() for name, array in self._env_info.items()}
         return dict(self._env_info)
 
-    def _episode_info(self, dones: np.ndarray, final_rows: np.ndarray | None,
+    def _episode_info(self, dones: np.ndarray, final_rows: Any,
                       stats: tuple[np.ndarray, ...]) -> dict[str, Any]:
         """gymnasium's RecordEpisodeStatistics shape, info[key]["r"|"l"|"t"]
         (stats) with the mask info["_" + key] (dones), key being
@@ -375,7 +451,7 @@ class BatchedVecEnv(VectorEnv):
         if final_rows is not None:
             final = np.full(len(dones), None, dtype=object)
             for k in np.flatnonzero(dones):
-                final[k] = final_rows[k].copy()
+                final[k] = leaves.row_of(self.single_observation_space, final_rows, k)
             info["final_obs"], info["_final_obs"] = final, dones
             info["final_info"], info["_final_info"] = {}, dones
         if self._episode_statistics:
@@ -383,6 +459,30 @@ class BatchedVecEnv(VectorEnv):
             info[key] = dict(zip("rlt", stats))
             info["_" + key] = dones
         return info
+
+    def _add_env_infos(self, info: dict[str, Any], lengths: np.ndarray,
+                       slots: np.ndarray) -> None:
+        """Merge the envs' own infos (hosted envs: the msgpack slots whose
+        length is not 0, row k being env k of this result) into info, as
+        gymnasium's vector envs merge them (VectorEnv._add_info: info[key]
+        plus the mask info["_" + key], nested dicts alike); a SAME_STEP done
+        env's step info goes under info["final_info"].  Every array is as
+        long as the result (len(lengths): num_envs for a step, the batch for
+        a recv, whose row k is env env_id[k]), as the other results are."""
+        if not lengths.any():  # (the common case: a cheap test per step)
+            return
+        rows = np.flatnonzero(lengths)
+        merger = _InfoMerger(len(lengths))
+        infos: dict[str, Any] = {}
+        finals: dict[str, Any] = {}
+        for k in rows.tolist():
+            payload = info_codec.decode(slots[k, :int(lengths[k])].tobytes())
+            infos = merger._add_info(infos, payload[0], k)
+            if len(payload) > 1:
+                finals = merger._add_info(finals, payload[1], k)
+        if finals:  # (its mask "_final_info", the dones, is set with final_obs)
+            info["final_info"] = finals
+        info.update(infos)
 
     def _reset_mask(self, options: dict[str, Any] | None) -> np.ndarray | None:
         if options is not None and not isinstance(options, dict):
@@ -421,9 +521,12 @@ class BatchedVecEnv(VectorEnv):
             self._write_reset_inputs(seeds, mask)
             self._stepper.reset(seeds is not None, mask is not None)
             info = self._env_info_now() if self._env_info else {}
+            if self._info_lengths is not None:
+                lengths = self._info_lengths if mask is None else self._info_lengths * mask
+                self._add_env_infos(info, lengths, self._info_slots)
         finally:
             self._lock.release()
-        return (self._obs.copy() if self._copy else self._obs), info
+        return (leaves.copy_value(self._obs) if self._copy else self._obs), info
 
     def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
         """Step every env; returns (obs, rewards, terminations, truncations, info)."""
@@ -441,10 +544,12 @@ class BatchedVecEnv(VectorEnv):
             info = self._done_info() if num_done else {}
             if self._env_info:
                 info.update(self._env_info_now())
+            if self._info_lengths is not None:
+                self._add_env_infos(info, self._info_lengths, self._info_slots)
         finally:
             self._lock.release()
         if self._copy:
-            return (self._obs.copy(), self._rewards.copy(), self._terminations.copy(),
+            return (leaves.copy_value(self._obs), self._rewards.copy(), self._terminations.copy(),
                     self._truncations.copy(), info)
         return self._obs, self._rewards, self._terminations, self._truncations, info
 
@@ -479,7 +584,7 @@ class BatchedVecEnv(VectorEnv):
                 rows = actions  # the hot path: nothing to convert (copied in below)
             else:
                 rows = np.empty((len(ids), *self._action_shape[1:]), self._action_dtype)
-                self._convert_actions(actions, rows, f"{len(ids)} env ids")
+                self._convert_actions(actions, rows, f"{len(ids)} env ids", ids)
             if self._maybe_running:
                 self._check_buffers_free()
             self._check_send_rows(rows, ids)
@@ -527,7 +632,8 @@ class BatchedVecEnv(VectorEnv):
         finally:
             self._lock.release()
 
-    #: gathered only for a batch in which an episode ended (only then in its info)
+    #: gathered only for a batch in which an episode ended (only then in its
+    #: info; the leaves "final_observations.<k>" of a composite space too)
     _ON_DONE = frozenset({*_EPISODE_STATS, "final_observations"})
 
     def _gather(self, ids: np.ndarray) -> tuple:
@@ -543,7 +649,8 @@ class BatchedVecEnv(VectorEnv):
         for name, rows in slots.items():
             if name == "env_id":
                 rows[...] = ids
-            elif name in self._ON_DONE and not any_done:
+            elif not any_done and (name in self._ON_DONE
+                                   or name.startswith("final_observations.")):
                 continue  # (no episode ended: the info has no statistics)
             elif name != "dones":
                 buffers[name].take(ids, axis=0, out=rows, mode="clip")
@@ -552,19 +659,24 @@ class BatchedVecEnv(VectorEnv):
         for name in self._env_info:
             info[name] = out[INFO_PREFIX + name]
         if any_done:
-            info.update(self._episode_info(out["dones"], out.get("final_observations"),
+            final = self._tree(out, "final_observations") if self._final_obs is not None else None
+            info.update(self._episode_info(out["dones"], final,
                                            tuple(out[name] for name in self._EPISODE_STATS)))
-        return (out["observations"], out["rewards"], out["terminations"], out["truncations"],
+        if self._info_lengths is not None:
+            self._add_env_infos(info, out[INFO_LENGTHS], out[INFO_SLOTS])
+        return (self._tree(out, "observations"), out["rewards"], out["terminations"], out["truncations"],
                 info)
 
     def _recv_slots(self) -> list[dict[str, np.ndarray]]:
         """Two sets of batch_size-row buffers recv alternates between."""
         slots = getattr(self, "_slots", None)
         if slots is None:
-            names = ["observations", "rewards", "terminations", "truncations", "dones",
+            names = [*self._obs_names, "rewards", "terminations", "truncations", "dones",
                      *self._EPISODE_STATS]
             if self._final_obs is not None:
-                names.append("final_observations")
+                names += self._final_obs_names
+            if self._info_lengths is not None:
+                names += [INFO_SLOTS, INFO_LENGTHS]
             names += [INFO_PREFIX + name for name in self._env_info]
             slots = self._slots = [
                 {**{name: np.empty((self.batch_size, *self._buffers[name].shape[1:]),

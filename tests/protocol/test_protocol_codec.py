@@ -218,6 +218,8 @@ def test_unpack_keeps_str_and_bin_apart():
 def _exception_for(code: str, cls: type, message: str) -> errors.EnvdError:
     if cls is errors.NativeError:
         return cls(message, -7)
+    if cls is errors.EnvError:
+        return cls(message, -7, env_index=5)
     if code != cls.error_code:  # the aliases of ProtocolError
         return protocol.BadRequest(message, code)
     return cls(message)
@@ -241,16 +243,20 @@ def test_error_reply_and_raise_error_round_trip(code):
     message = f"something about {code} went wrong: é ✓"
     reply = protocol.error_reply(41, _exception_for(code, cls, message))
     expected = {"id": 41, "ok": False, "code": code, "message": message}
-    if cls is errors.NativeError:
+    if issubclass(cls, errors.NativeError):
         expected["native_code"] = -7
+    if cls is errors.EnvError:
+        expected["env_index"] = 5
     assert reply == expected
     wire = protocol.unpack(protocol.pack(reply), BIG)  # as the client receives it
     with pytest.raises(errors.EnvdError) as info:
         protocol.raise_error(wire)
     assert type(info.value) is cls
     assert str(info.value) == message
-    if cls is errors.NativeError:
+    if issubclass(cls, errors.NativeError):
         assert info.value.code == -7
+    if cls is errors.EnvError:
+        assert info.value.env_index == 5
     if code == cls.error_code:
         assert info.value.error_code == code
 
@@ -329,8 +335,19 @@ def test_other_spaces_round_trip(space):
 
 
 def test_spaces_without_a_wire_form():
-    with pytest.raises(TypeError, match="MultiDiscrete"):
-        protocol.space_to_wire(spaces.MultiDiscrete([2, 3]))
+    with pytest.raises(TypeError, match="Text"):
+        protocol.space_to_wire(spaces.Text(5))
+    with pytest.raises(TypeError, match="Sequence"):
+        protocol.space_to_wire(spaces.Dict({"a": spaces.Sequence(spaces.Discrete(2))}))
+
+
+def test_every_hosted_space_has_a_wire_form():
+    space = spaces.Tuple((spaces.MultiDiscrete([2, 3], start=[-1, 0]), spaces.MultiBinary(4),
+                          spaces.Dict({"b": spaces.Box(0, 1, (2,), np.float16),
+                                       "a": spaces.Discrete(3, start=-2)})))
+    wire = protocol.unpack(protocol.pack({"space": protocol.space_to_wire(space)}),
+                           1 << 20)["space"]
+    assert protocol.space_from_wire(wire) == space
 
 
 # ---- default_endpoint -----------------------------------------------------------------

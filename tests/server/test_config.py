@@ -343,3 +343,17 @@ def test_log_level_checked_without_python_3_11s_level_mapping(monkeypatch):
     for bad in ("loud", "5", "", "Level 5"):
         with pytest.raises(ValueError, match="unknown level"):
             Config(log_level=bad)
+
+
+def test_python_env_import_and_max_workers_flags_and_variables():
+    assert parse([]).python_envs == () and parse([]).imports == ()
+    assert parse([], {"ENVD_PYTHON_ENVS": "CartPole-v1, Acrobot-v1,"}).python_envs == (
+        "CartPole-v1", "Acrobot-v1")
+    assert parse(["--python-env", "Pendulum-v1", "--python-env", "x:Y-v0"],
+                 {"ENVD_PYTHON_ENVS": "CartPole-v1"}).python_envs == ("Pendulum-v1", "x:Y-v0")
+    assert parse([], {"ENVD_IMPORTS": "my_envs,other"}).imports == ("my_envs", "other")
+    assert parse(["--import", "a.b"], {"ENVD_IMPORTS": "c"}).imports == ("a.b",)
+    assert parse(["--max-workers", "3"]).max_workers == 3
+    assert parse([], {"ENVD_MAX_WORKERS": "5"}).max_workers == 5
+    with pytest.raises(ValueError, match="--max-workers"):
+        parse(["--max-workers", "0"])

@@ -1,0 +1,208 @@
+"""Python envs hosted in-process: ``envd.make("py:<gymnasium id>", ...)`` or
+``envd.make(creator, ...)`` (a callable returning a gymnasium.Env).
+
+A ``HostedVecEnv`` is the same VectorEnv as a built-in env's
+(envd.vector_base), stepped through a HostedSession: num_envs instances
+spread over num_workers worker processes (contiguous slices), its buffers in
+one shared-memory segment the workers write in place (native/hosted_*.py,
+native/src/backend_workers.h).  Results equal
+``gymnasium.make_vec(id, num_envs, vectorization_mode="sync")`` for any
+worker count.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Sequence
+
+import cloudpickle
+import gymnasium
+import numpy as np
+from gymnasium import spaces
+from gymnasium.vector import AutoresetMode
+
+from envd import leaves
+from envd.errors import NATIVE_CODES, EnvError, InvalidArgumentError, UnknownEnvError
+from envd.native.hosted_segment import Segment, segment_layout
+from envd.native.hosted_session import HostedSession, HostedSpec
+from envd.native.hosted_template import _describe, template
+from envd.native.native_vec import MAX_NUM_ENVS
+from envd.native.vector_env import PYTHON_PREFIX
+from envd.vector_base import (BatchedVecEnv, buffer_layout, check_int, episode_statistics_key,
+                              parse_autoreset_mode, seed_list)
+
+
+#: num_workers=None picks workers when a step of all envs costs at least
+#: this long on one CPU (native/step_cost.py measures one env's step, the
+#: env's own work only).  With 2 workers a step of cost C takes about C/2
+#: plus the round trip to the workers, about 20 us on a busy 2-CPU machine
+#: (docs/python-envs.md), so workers pay from about 40 us on; a loaded
+#: machine delays a worker's wake-up more than the caller's own loop
+#: (num_workers=0, like SyncVectorEnv), hence a margin of 5x.  Measured here
+#: (gymnasium 1.x), CartPole-v1 costs about 5 us a step and Acrobot-v1 about
+#: 25 us: 16 CartPoles (80 us) step in the caller, 16 Acrobots (400 us) get
+#: workers, each 2.5x or more away from the limit (docs/benchmarks.md,
+#: envd bench --python).
+PARALLEL_MIN_STEP_SECONDS = 200e-6
+
+
+def default_num_workers(num_envs: int, step_seconds: float, cpus: int | None = None) -> int:
+    """The worker count num_workers=None picks for num_envs envs whose step
+    costs step_seconds (native/step_cost.py measures one env when it is
+    described): 0 (step in the caller) when a step of all of them costs
+    under PARALLEL_MIN_STEP_SECONDS, or with one usable CPU (`cpus`, default
+    this process's affinity); else one worker per usable CPU, at most
+    num_envs."""
+    if cpus is None:
+        cpus = len(os.sched_getaffinity(0))
+    if cpus < 2 or num_envs < 2 or num_envs * step_seconds < PARALLEL_MIN_STEP_SECONDS:
+        return 0
+    return min(cpus, num_envs)
+
+
+#: Bytes of each env's info slot (make's info_bytes; docs/python-envs.md,
+#: "Infos"): an env's msgpack-encoded info must fit it.
+DEFAULT_INFO_BYTES = 1024
+#: The largest info_bytes a make takes (the segment's size is bounded by the
+#: daemon's --max-shm-bytes and --max-state-bytes too).
+MAX_INFO_BYTES = 1 << 20
+
+
+def check_space(space: spaces.Space, what: str, env_name: str) -> None:
+    """Box (any dtype), Discrete (any start), MultiDiscrete, MultiBinary and
+    Dict/Tuple of them (nested) are hosted; others are refused, naming the
+    space and its path (envd.leaves.check_space)."""
+    leaves.check_space(space, what, env_name)
+
+
+def hosted_buffer_layout(observation_space: spaces.Space, action_space: spaces.Space,
+                         num_envs: int, mode: AutoresetMode, info_bytes: int
+                         ) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """A hosted session's batch buffers: buffer_layout with float64 rewards
+    (as gymnasium's vector envs) and info slots of info_bytes per env."""
+    return buffer_layout(observation_space, action_space, num_envs, mode,
+                         reward_dtype=np.float64, info_bytes=info_bytes)
+
+
+class HostedVecEnv(BatchedVecEnv):
+    """num_envs instances of a Python env, in worker processes or stepped in
+    the caller (see make_python)."""
+
+    def __init__(self, spec: HostedSpec, num_envs: int, *, maker: tuple, num_workers: int,
+                 seed: int | Sequence[int] | None, autoreset_mode: AutoresetMode,
+                 copy: bool, episode_statistics: bool | str, batch_size: int | None,
+                 info_bytes: int = DEFAULT_INFO_BYTES):
+        self._session = None
+        super().__init__(spec.id, spec.observation_space, spec.action_space, num_envs,
+                         autoreset_mode, spec.max_episode_steps, copy, episode_statistics,
+                         batch_size)
+        self.envd_spec = spec
+        self.num_workers = num_workers
+        buffers = hosted_buffer_layout(spec.observation_space, spec.action_space, num_envs,
+                                       autoreset_mode, info_bytes)
+        layout, size = segment_layout(num_envs, num_workers, buffers)
+        segment, fd = Segment.create(layout, size)
+        try:
+            self._bind_buffers({name: segment.arrays[name] for name in buffers})
+            self._session = HostedSession(
+                spec, num_envs, num_workers=num_workers, autoreset_mode=autoreset_mode,
+                maker=maker, segment=segment, fd=fd,
+                template=template() if num_workers else None)
+        except BaseException:
+            segment.close()
+            raise
+        finally:
+            os.close(fd)  # the workers have theirs
+        self._stepper = self._session
+        seeds = seed_list(np.random.SeedSequence().entropy % 2**63 if seed is None else seed,
+                          num_envs)
+        self._buffers["reset_seeds"][...] = seeds
+        self._session.seed()
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """The worker processes' pids (empty with num_workers=0 or once closed)."""
+        return list(self._session.pids) if self._session is not None else []
+
+    def _render_frames(self) -> np.ndarray:
+        raise InvalidArgumentError(f"{self.env_id}: hosted Python envs do not render yet")
+
+    def _release(self) -> None:
+        if self._session is not None:
+            self._session.close()
+            self._session = self._stepper = None
+
+    def __repr__(self) -> str:
+        return (f"envd.HostedVecEnv({self.env_id!r}, num_envs={self.num_envs}, "
+                f"num_workers={self.num_workers}, "
+                f"autoreset_mode={self.metadata['autoreset_mode']})")
+
+
+def make_python(env: str | Callable[[], gymnasium.Env], num_envs: int, *,
+                num_workers: int | None = None, seed: int | Sequence[int] | None = None,
+                autoreset_mode: str | AutoresetMode = "next_step",
+                max_episode_steps: int | None = None, copy: bool = False,
+                episode_statistics: bool | str = True, batch_size: int | None = None,
+                info_bytes: int = DEFAULT_INFO_BYTES, **env_kwargs: Any) -> HostedVecEnv:
+    """num_envs instances of a Python env stepped for this process (see
+    docs/python-envs.md).
+
+    env:   a gymnasium id ("CartPole-v1", or "py:CartPole-v1" as envd.make
+           takes it), made with gymnasium.make(id, **env_kwargs); or a
+           callable returning a gymnasium.Env (sent to the workers with
+           cloudpickle, so a lambda works).
+    num_workers: worker processes (contiguous slices of the envs); 0 steps
+           them in the caller like SyncVectorEnv; None picks 0 when a step
+           of every env is cheap (default_num_workers), else one per CPU.
+    info_bytes: the bytes of each env's info slot (its msgpack-encoded
+           info must fit; 0: the envs' infos are not carried).
+    The other arguments are envd.make's; max_episode_steps overrides the
+    id's time limit (a creator's env gets a TimeLimit when it is given).
+    """
+    episode_statistics_key(episode_statistics)
+    num_envs = check_int("num_envs", num_envs, 1, MAX_NUM_ENVS)
+    if batch_size is not None:
+        batch_size = check_int("batch_size", batch_size, 1, num_envs)
+    mode = parse_autoreset_mode(autoreset_mode)
+    info_bytes = check_int("info_bytes", info_bytes, 0, MAX_INFO_BYTES)
+    if max_episode_steps is not None:
+        max_episode_steps = check_int("max_episode_steps", max_episode_steps, 1, 2**62)
+    if num_workers is not None:
+        num_workers = check_int("num_workers", num_workers, 0, num_envs)
+    if isinstance(env, str):
+        env_id = env.removeprefix(PYTHON_PREFIX)
+        try:
+            # ("module:Id" ids import their module where the env is made: the
+            # template, or this process with num_workers=0, as gymnasium.make does)
+            if ":" not in env_id:
+                gymnasium.spec(env_id)
+        except gymnasium.error.Error as exc:
+            raise UnknownEnvError(f"{PYTHON_PREFIX}{env_id}: gymnasium knows no such env "
+                                  f"({exc})") from None
+        name, maker = PYTHON_PREFIX + env_id, ("id", env_id, max_episode_steps, env_kwargs)
+    elif callable(env):
+        if env_kwargs:
+            raise InvalidArgumentError(f"env kwargs {sorted(env_kwargs)} are for env ids; "
+                                       "an env creator takes its own arguments")
+        name = PYTHON_PREFIX + getattr(env, "__qualname__", type(env).__name__)
+        maker = ("creator", cloudpickle.dumps(env), max_episode_steps, {})
+    else:
+        raise InvalidArgumentError(f"env must be a gymnasium id or a callable returning a "
+                                   f"gymnasium.Env, got {type(env).__name__}")
+    # The template describes the env (importing its module there, once) unless
+    # it is to run in the caller anyway.
+    try:
+        described = template().request({"op": "describe", "spec": maker}) \
+            if num_workers != 0 else _describe(maker)
+    except Exception as exc:  # the env's own code (the template says "Type: message")
+        text = str(exc) if isinstance(exc, RuntimeError) and num_workers != 0 \
+            else f"{type(exc).__name__}: {exc}"
+        raise EnvError(f"{name}: making the env failed: {text}", NATIVE_CODES["EENV"]) from None
+    for what in ("observation", "action"):
+        check_space(described[f"{what}_space"], what, name)
+    if num_workers is None:
+        num_workers = default_num_workers(num_envs, described["step_seconds"])
+    spec = HostedSpec(name, described["observation_space"], described["action_space"],
+                      max_episode_steps or described["max_episode_steps"])
+    return HostedVecEnv(spec, num_envs, maker=maker, num_workers=num_workers, seed=seed,
+                        autoreset_mode=mode, copy=copy, episode_statistics=episode_statistics,
+                        batch_size=batch_size, info_bytes=info_bytes)

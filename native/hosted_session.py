@@ -1,0 +1,365 @@
+"""HostedSession: a native session (native/src/session.h) whose backend is
+Python envs in worker processes (native/src/backend_workers.c), or stepped
+inline by the caller with num_workers=0.
+
+The books, the refusals and the async rules are the native session's, so a
+hosted env behaves as a built-in one; this class adds the workers' life
+(spawned from the template, native/hosted_template.py; reclaimed at close)
+and turns an env's failure into ``envd.EnvError``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import select
+import signal
+import time
+from typing import Any, Callable
+
+import numpy as np
+from gymnasium import spaces
+from gymnasium.vector import AutoresetMode
+
+from envd import leaves
+from envd.errors import EnvError, InvalidArgumentError, NativeError
+from envd.native._envd_native import ffi, lib
+from envd.native.hosted_segment import WORKER_FAILED, WORKER_READY, Segment
+from envd.native.hosted_template import Template, _maker
+from envd.native.hosted_worker import EnvSlice, spin_ns
+from envd.native.native_session import NativeSession
+from envd.native.native_vec import ptr
+from envd.vector_base import INFO_LENGTHS, INFO_SLOTS
+
+#: close() waits this long for envs in flight, then for workers to exit, before SIGKILL.
+CLOSE_GRACE_SECONDS = 5.0
+
+
+AUTORESET_CODES = {AutoresetMode.NEXT_STEP: lib.ENVD_AUTORESET_NEXT_STEP,
+                   AutoresetMode.SAME_STEP: lib.ENVD_AUTORESET_SAME_STEP,
+                   AutoresetMode.DISABLED: lib.ENVD_AUTORESET_DISABLED}
+
+
+@dataclasses.dataclass
+class HostedSpec:
+    """What the session needs to know of a hosted env (NativeSession reads
+    id, action_space and render_shape)."""
+    id: str
+    observation_space: spaces.Space
+    action_space: spaces.Space
+    max_episode_steps: int | None
+    render_shape: tuple[int, ...] | None = None
+
+
+def slice_bounds(num_envs: int, num_workers: int, worker: int) -> tuple[int, int]:
+    """Envs [begin, end) of worker (contiguous slices, as backend_workers.c)."""
+    return worker * num_envs // num_workers, (worker + 1) * num_envs // num_workers
+
+
+@ffi.def_extern(error=lib.ENVD_EENV)
+def envd_hosted_run_inline(ctx: Any) -> int:
+    """The backend's inline callback (num_workers=0): step the requested envs
+    on the calling thread (env exceptions are caught per env).  Anything else
+    (a KeyboardInterrupt in an env's step, say) fails the call and is raised
+    again in the caller once the C call returned (_env_error)."""
+    session = ffi.from_handle(ctx)
+    try:
+        session._slice.run_pending()
+    except BaseException as exc:
+        session._interrupted = exc
+        return lib.ENVD_EENV
+    return lib.ENVD_OK
+
+
+#: Output arrays of which only a prefix of each row is meaningful -> the
+#: segment's array of each row's length in bytes (uint32): the backend copies
+#: only that prefix (an env's info slot: its msgpack bytes, mostly none).
+USED_BYTES = {INFO_SLOTS: INFO_LENGTHS}
+
+
+def client_leaves(segment: dict[str, np.ndarray], client: dict[str, np.ndarray] | None,
+                  num_envs: int) -> tuple[list[tuple], list[tuple]]:
+    """The (segment rows, client rows, row bytes) of every step input
+    (envd.protocol.INPUT_ARRAYS but the reset's seeds and mask, which the
+    backend copies whole) and every output array (envd.protocol.output_arrays)
+    of client's layout, whatever their names: what the backend copies per env
+    row between the segment and the client's buffers.  ([], []) without
+    client buffers.  Every array's first axis is the env's (num_envs rows)."""
+    if client is None:
+        return [], []
+    from envd import protocol  # (the layout's names; no import cycle at module load)
+    step_inputs = [name for name in protocol.INPUT_ARRAYS
+                   if name in client and name not in ("reset_seeds", "reset_mask")]
+    leaves: list[list[tuple]] = [[], []]
+    for side, names in enumerate((step_inputs, protocol.output_arrays(client))):
+        for name in names:
+            mine, theirs = segment.get(name), client[name]
+            if (mine is None or mine.shape != theirs.shape or mine.dtype != theirs.dtype
+                    or mine.ndim < 1 or mine.shape[0] != num_envs
+                    or not (mine.flags.c_contiguous and theirs.flags.c_contiguous)):
+                # a layout mismatch is a bug, not a client's doing
+                raise RuntimeError(f"hosted session: the segment's {name} does not match the "
+                                   "client's")
+            if mine[0].nbytes:  # (an empty row has nothing to copy)
+                used = segment.get(USED_BYTES.get(name, ""))
+                leaves[side].append((ptr(mine), ptr(theirs), mine[0].nbytes,
+                                     ffi.NULL if used is None or side == 0
+                                     else ptr(used, "uint32_t *")))
+    return leaves[0], leaves[1]
+
+
+class HostedSession(NativeSession):
+    """num_envs Python envs (maker: hosted_template's env description) over
+    segment, in num_workers worker processes forked by template (or inline)."""
+
+    def __init__(self, spec: HostedSpec, num_envs: int, *, num_workers: int,
+                 autoreset_mode: AutoresetMode, maker: tuple, segment: Segment, fd: int,
+                 template: Template | None, notify_fd: int = -1,
+                 client_buffers: dict[str, np.ndarray] | None = None,
+                 timeout: float | None = None):
+        """notify_fd: the daemon pool's eventfd, given to the workers, which
+        write it when a step_submit or a send(notify=True) is done (-1: the
+        caller waits itself, in-process).  client_buffers: the daemon's
+        session's buffers in the client's shared memory (the same layout
+        as the segment's batch buffers), which the session's callers and
+        its doorbell use; the backend copies the rows of every input and
+        output array between them and the segment itself, in C (see
+        client_leaves).  None: the callers use the segment's own.
+        timeout: the longest the workers may take to make their envs, and any
+        call to wait for its envs (a hung env), in seconds; past it every
+        worker is killed and the make or call raises EnvError (None: no
+        bound)."""
+        self.spec, self.num_envs, self.num_workers = spec, num_envs, num_workers
+        self.autoreset_mode = autoreset_mode
+        self.timeout = timeout
+        self._interrupted: BaseException | None = None
+        self.handle = self._backend = ffi.NULL
+        self.segment = segment
+        self.pids: list[int] = []
+        self._pidfds: list[int] = []
+        self._slice: EnvSlice | None = None
+        self._doorbell_refs = None
+        buffers = self._buffers = segment.arrays
+        self._client_buffers = client_buffers
+        # (the backend copies the seeds and the mask privately before it reads them)
+        inputs = client_buffers if client_buffers is not None else buffers
+        self._seeds_ptr = ptr(inputs["reset_seeds"], "uint64_t *")
+        self._mask_ptr = ptr(inputs["reset_mask"], "bool *")
+        self._checked = {**buffers, "actions": buffers["checked_actions"]}
+        try:
+            if num_workers == 0:
+                self._slice = EnvSlice(_maker(maker), 0, num_envs, segment, 0, autoreset_mode)
+            else:
+                self._spawn(template, maker, fd, autoreset_mode, notify_fd)
+            self._create_backend()
+        except BaseException:
+            self.close()
+            raise
+
+    # ---- setup ---------------------------------------------------------------------
+    def _spawn(self, template: Template, maker: tuple, fd: int, mode: AutoresetMode,
+               notify_fd: int) -> None:
+        self._notify = notify_fd >= 0
+        for w in range(self.num_workers):
+            begin, end = slice_bounds(self.num_envs, self.num_workers, w)
+            pid, start = template.spawn(
+                {"spec": maker, "layout": self.segment.layout,
+                 "size": self.segment.size, "worker": w, "begin": begin, "end": end,
+                 "autoreset_mode": mode, "spin_ns": spin_ns(self.num_workers)},
+                (fd, notify_fd) if notify_fd >= 0 else (fd,))
+            try:
+                # The worker waits on its start pipe: it cannot have exited
+                # (and been reaped) yet, so this pidfd is that worker's.  If
+                # this raises, the pipe closes unwritten and the worker exits.
+                self._pidfds.append(os.pidfd_open(pid))
+                self.pids.append(pid)
+                os.write(start, b"\x01")
+            finally:
+                os.close(start)
+        self._wait_ready()
+
+    def _wait_ready(self) -> None:
+        """Until every worker made its envs: EnvError if one failed, died, or
+        (self.timeout) took too long (close() then kills them all)."""
+        deadline = time.monotonic() + (self.timeout or float("inf"))
+        state = self.segment.arrays["worker_state"]
+        while not (state == WORKER_READY).all():
+            if time.monotonic() > deadline:
+                slow = [w for w in range(self.num_workers) if state[w] != WORKER_READY]
+                raise EnvError(f"{self.spec.id}: making the envs of worker(s) {slow} took "
+                               f"longer than {self.timeout:g} s; the workers were killed",
+                               lib.ENVD_EENV)
+            for w in range(self.num_workers):
+                if state[w] == WORKER_FAILED:
+                    _, text = self.segment.message(w)
+                    raise EnvError(f"{self.spec.id}: making the envs of worker {w} failed: "
+                                   f"{text}", lib.ENVD_EENV, slice_bounds(
+                                       self.num_envs, self.num_workers, w)[0])
+                if state[w] != WORKER_READY and self._exited(w):
+                    raise EnvError(f"{self.spec.id}: worker {w} (pid {self.pids[w]}) died "
+                                   "while making its envs", lib.ENVD_EENV)
+            time.sleep(0.001)
+
+    def _exited(self, w: int) -> bool:
+        return bool(select.select([self._pidfds[w]], [], [], 0)[0])
+
+    def _create_backend(self) -> None:
+        a = self._buffers
+        checks = leaves.range_checks(self.spec.action_space)
+        self._checks_c = ffi.new("envd_action_check_t[]", [
+            {"offset": offset, "size": size, "is_signed": signed, "low": low, "high": high}
+            for offset, size, signed, low, high in checks] or 1)
+        self._pidfds_c = ffi.new("int[]", self._pidfds or [0])
+        self._pids_c = ffi.new("int[]", self.pids or [0])
+        inputs, outputs = client_leaves(a, self._client_buffers, self.num_envs)
+        self._leaves = (ffi.new("envd_workers_leaf_t[]", inputs or 1),
+                        ffi.new("envd_workers_leaf_t[]", outputs or 1))
+        self._handle_ref = ffi.new_handle(self)
+        self._config = ffi.new("envd_workers_config_t *", {
+            "num_envs": self.num_envs, "num_workers": self.num_workers,
+            "ctl": self.segment.ctl(0), "pidfds": self._pidfds_c,
+            "kind": ptr(a["kind"], "uint8_t *"), "req": ptr(a["req"], "uint32_t *"),
+            "ack": ptr(a["ack"], "uint32_t *"), "status": ptr(a["status"], "int32_t *"),
+            "seeds": ptr(a["seeds"], "uint64_t *"),
+            "seed_pending": ptr(a["seed_pending"], "uint8_t *"),
+            "checked_actions": ptr(a["checked_actions"]), "actions": ptr(a["actions"]),
+            "action_bytes": a["actions"][0].nbytes,
+            "action_checks": self._checks_c, "num_action_checks": len(checks),
+            "dones": ptr(a["dones"], "bool *"), "spin_ns": spin_ns(self.num_workers),
+            "autoreset_mode": AUTORESET_CODES[self.autoreset_mode],
+            "run_inline": lib.envd_hosted_run_inline if self.num_workers == 0 else ffi.NULL,
+            "inline_ctx": self._handle_ref, "notify": getattr(self, "_notify", False),
+            "pids": self._pids_c, "inputs": self._leaves[0], "num_inputs": len(inputs),
+            "outputs": self._leaves[1], "num_outputs": len(outputs),
+            "timeout_ms": 0 if self.timeout is None else max(1, round(self.timeout * 1000))})
+        backend = ffi.new("envd_backend_t **")
+        self._check(lib.envd_backend_workers_create(backend, self._config),
+                    "creating the hosted backend")
+        out = ffi.new("envd_session_t **")
+        rc = lib.envd_session_create(out, backend[0])  # (takes the backend over)
+        self._check(rc, "creating the session")
+        self._backend, self.handle = backend[0], out[0]
+
+    # ---- errors ----------------------------------------------------------------------
+    def _env_error(self, index: int) -> BaseException:
+        """The EnvError of a call that failed with ENVD_EENV naming env index,
+        in the backend's words (envd_backend_workers_message: the doorbell
+        hands the same words to a fast-path client); or what interrupted an
+        inline call (a KeyboardInterrupt is raised again as it is)."""
+        if self._interrupted is not None:
+            interrupted, self._interrupted = self._interrupted, None
+            return interrupted
+        dead = int(lib.envd_backend_workers_dead(self._backend))
+        if dead >= 0:
+            index = slice_bounds(self.num_envs, self.num_workers, dead)[0]
+        text = ffi.new("char[]", lib.ENVD_HOSTED_MESSAGE_BYTES + 256)
+        lib.envd_backend_workers_message(self._backend, index, text, len(text))
+        return EnvError(f"{self.spec.id}: {ffi.string(text).decode('utf-8', 'replace')}",
+                        lib.ENVD_EENV, index)
+
+    def _step_error(self, rc: int, call: str = "step") -> BaseException:
+        if rc == lib.ENVD_EENV:
+            return self._env_error(int(lib.envd_session_error_index(self.handle)))
+        return super()._step_error(rc, call)
+
+    def _convert_env_failure(self, call, *args, backend_index: bool = False) -> Any:
+        """call(*args), its ENVD_EENV NativeError turned into an EnvError."""
+        try:
+            return call(*args)
+        except NativeError as exc:
+            if exc.code != lib.ENVD_EENV or isinstance(exc, EnvError):
+                raise
+            # (the session records no env for a failed reset: the backend does)
+            index = (lib.envd_backend_workers_error_index(self._backend) if backend_index
+                     else lib.envd_session_error_index(self.handle))
+            raise self._env_error(int(index)) from None
+
+    def reset(self, with_seeds: bool, with_mask: bool) -> None:
+        self._convert_env_failure(super().reset, with_seeds, with_mask, backend_index=True)
+
+    def async_reset(self, with_seeds: bool) -> None:
+        self._convert_env_failure(super().async_reset, with_seeds, backend_index=True)
+
+    def _recv(self, count: int, wait: bool) -> np.ndarray | None:
+        return self._convert_env_failure(super()._recv, count, wait)
+
+    def send(self, env_ids: np.ndarray, notify: bool = False) -> None:
+        try:
+            super().send(env_ids, notify)
+        except Exception:
+            if self._interrupted is not None:  # (inline: what stopped the run)
+                raise self._env_error(-1) from None
+            raise
+
+    def render(self, out: np.ndarray) -> None:
+        raise InvalidArgumentError(f"{self.spec.id}: hosted Python envs do not render yet")
+
+    def start_doorbell(self, segment, ids: np.ndarray, spin_ns: int) -> None:
+        """As NativeSession's; only with client buffers (the daemon's
+        sessions): the doorbell's segment is the client's."""
+        if self._client_buffers is None:
+            raise InvalidArgumentError(f"{self.spec.id}: an in-process hosted env has no "
+                                       "doorbell")
+        super().start_doorbell(segment, ids, spin_ns)
+
+    # ---- close ---------------------------------------------------------------------
+    def _kill_workers(self, pidfds: list[int] | None = None) -> None:
+        """SIGKILL the workers (through their pidfds: no pid reuse)."""
+        for fd in self._pidfds if pidfds is None else pidfds:
+            if fd >= 0:
+                try:
+                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+    def close(self, reap: Callable[[list[int]], None] | None = None) -> None:
+        """Stop the workers (they leave their loop and close their envs;
+        SIGKILL after CLOSE_GRACE_SECONDS, e.g. a hung env), free the
+        session and the segment.  Idempotent; nothing is left: no process,
+        no fd, no mapping (once the caller drops its views).
+
+        reap: the daemon's event loop must not wait for workers: it passes a
+        callable that takes the workers' pidfds (and closes them) and waits
+        for their exit itself (server/hosted.py, WorkerReaper); envs still in
+        flight then get their workers killed at once instead of a grace."""
+        handle = getattr(self, "handle", ffi.NULL)
+        pidfds = getattr(self, "_pidfds", [])
+        if handle == ffi.NULL and pidfds:
+            self._kill_workers()  # a failed make: nobody will tell them to exit
+        elif handle != ffi.NULL and pidfds and self.counts()[0]:
+            # The session's destroy waits for the envs in flight: a hung env
+            # must not hang close.
+            deadline = time.monotonic() + (0 if reap else CLOSE_GRACE_SECONDS)
+            while self.counts()[0] and time.monotonic() < deadline:
+                time.sleep(0.002)
+            if self.counts()[0]:
+                self._kill_workers()
+        super().close()  # (the backend's destroy tells the workers to exit)
+        self._pidfds = []
+        if pidfds and reap is not None:
+            reap(pidfds)
+        elif pidfds:
+            if not _wait_exited(pidfds, time.monotonic() + CLOSE_GRACE_SECONDS):
+                self._kill_workers(pidfds)
+                _wait_exited(pidfds, float("inf"))
+            for fd in pidfds:
+                os.close(fd)
+        if getattr(self, "_slice", None) is not None:
+            self._slice.close()
+            self._slice = None
+        # (the handle is a reference cycle the collector does not see through)
+        self._handle_ref = self._config = self._checks_c = None
+        self._buffers, self._checked = {}, {}
+        segment = getattr(self, "segment", None)
+        if segment is not None:
+            self.segment = None
+            segment.close()
+
+
+def _wait_exited(pidfds: list[int], deadline: float) -> bool:
+    """Until every pidfd polls readable (its process exited), or the deadline."""
+    while True:
+        if all(select.select([fd], [], [], 0)[0] for fd in pidfds):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.002)

@@ -1,0 +1,289 @@
+"""The worker side of a hosted session: a slice of Python envs stepped over
+the shared segment (native/hosted_segment.py), gymnasium's SyncVectorEnv
+loop with envd's books.
+
+``EnvSlice.run_pending`` steps every env of its slice whose request word
+differs from its ack (backend_workers.h), reading its action from the
+parent's checked copy and writing observation, reward, flags and episode
+statistics in place, then acks it.  It runs in a worker process
+(``serve``, woken through the futex words of its control block) or, with
+num_workers=0, in the caller itself (the backend's inline callback).
+
+Semantics (as the native vec, envd/native/src/vec.c, and gymnasium's
+SyncVectorEnv): NEXT_STEP resets an env the step after its episode ended
+(reward 0, not done, action ignored); SAME_STEP resets inside the done
+step, the final observation in final_observations; DISABLED refuses to
+step a done env (ENVD_ESTATE) until a masked reset.  A step before the
+first reset is refused (ENVD_ESTATE).  Episode statistics as
+RecordEpisodeStatistics: return, length and time (s, rounded to us) of an
+episode in the step it ends, zeros elsewhere.  An exception in reset or
+step marks the env ENVD_EENV and leaves "ExcType: message" in the worker's
+control block.
+
+Spaces and infos (envd.leaves, envd.info_codec): an observation is written
+leaf by leaf into its buffers, an action is read from the checked copy's
+packed row as the env's action space has it (a dict for a Dict...), and
+each env's info after every reset and step goes msgpack-encoded into its
+slot ([info], or [info, final step info] for a SAME_STEP done env; length 0
+when both are empty).  An info that does not fit its slot or holds a type
+msgpack cannot carry fails the env's call like an exception of the env.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable
+
+import gymnasium
+import numpy as np
+from gymnasium.vector import AutoresetMode
+
+from envd import info_codec, leaves
+from envd.errors import NATIVE_CODES
+from envd.native._envd_native import lib
+from envd.native.hosted_segment import Segment
+
+EENV, ESTATE = NATIVE_CODES["EENV"], NATIVE_CODES["ESTATE"]
+
+#: How long the parent and the workers spin for each other before they sleep
+#: on the futex, when there is a CPU for every spinner (spin_ns()).  Short:
+#: on a busy 2-CPU machine a no-op env's step with 1 worker took 108 us with
+#: a 50 us spin (a preempted spinner wastes its partner's slice) and 12 us
+#: with 1 us, against 11.6 us with none (docs/python-envs.md, "Workers").
+SPIN_NS = 1_000
+
+
+def spin_ns(num_workers: int) -> int:
+    """The spin of a session's parent and workers: SPIN_NS while the workers
+    and the parent fit the usable CPUs, else 0 (more spinners than CPUs
+    would take the CPU from the process that has work: DESIGN.md section 6)."""
+    return SPIN_NS if num_workers + 1 <= len(os.sched_getaffinity(0)) else 0
+
+
+def env_maker(env: str | Callable[[], gymnasium.Env], max_episode_steps: int | None,
+              env_kwargs: dict[str, Any]) -> Callable[[], gymnasium.Env]:
+    """A function making one env: gymnasium.make(env id) (with the id's time
+    limit, or max_episode_steps), or the creator callable's env (wrapped in a
+    TimeLimit when max_episode_steps is given)."""
+    if isinstance(env, str):
+        kwargs = dict(env_kwargs)
+        if max_episode_steps is not None:
+            kwargs["max_episode_steps"] = max_episode_steps
+        return lambda: gymnasium.make(env, **kwargs)
+
+    def make() -> gymnasium.Env:
+        made = env()
+        if not isinstance(made, gymnasium.Env):
+            raise TypeError(f"the env creator returned {type(made).__name__}, not a gymnasium.Env")
+        if max_episode_steps is not None:
+            made = gymnasium.wrappers.TimeLimit(made, max_episode_steps)
+        return made
+    return make
+
+
+class EnvSlice:
+    """Envs [begin, end) of a hosted session over segment (worker: its
+    control block's index, where messages go)."""
+
+    def __init__(self, make_env: Callable[[], gymnasium.Env], begin: int, end: int,
+                 segment: Segment, worker: int, autoreset_mode: AutoresetMode):
+        self.begin, self.end, self.worker, self.mode = begin, end, worker, autoreset_mode
+        self.segment = segment
+        a = segment.arrays
+        self._kind, self._req, self._ack, self._status = a["kind"], a["req"], a["ack"], a["status"]
+        self._seeds, self._seed_pending = a["seeds"], a["seed_pending"]
+        self._actions = a["checked_actions"]
+        self._rewards, self._terms, self._truncs = a["rewards"], a["terminations"], a["truncations"]
+        self._dones = a["dones"]
+        self._returns, self._lengths = a["episode_returns"], a["episode_lengths"]
+        self._times = a["episode_times"]
+        self._slots, self._info_lengths = a.get("infos"), a.get("info_lengths")
+        n = end - begin
+        # Per env of the slice (Python lists: a list item costs a third of a
+        # numpy scalar access, and a cheap env's step is a few microseconds).
+        self._started = [False] * n
+        self._needs_reset = [False] * n  # its episode ended (autoreset pending)
+        self._ep_return = [0.0] * n
+        self._ep_length = [0] * n
+        self._ep_start = [0.0] * n
+        self.envs: list[gymnasium.Env] = []
+        try:
+            for _ in range(n):
+                self.envs.append(make_env())
+            # the spaces as the vector env's: its first env's (SyncVectorEnv's single spaces)
+            self._obs_space = self.envs[0].observation_space if self.envs else None
+            self._action_space = self.envs[0].action_space if self.envs else None
+        except BaseException:
+            self.close()
+            raise
+        self._obs = self._leaf_buffers(a, "observations")
+        self._final_obs = (self._leaf_buffers(a, "final_observations")
+                           if autoreset_mode is AutoresetMode.SAME_STEP else None)
+        self._composite_actions = (self._action_space is not None
+                                   and leaves.is_composite(self._action_space))
+
+    def _leaf_buffers(self, arrays: dict[str, np.ndarray], prefix: str) -> list[np.ndarray]:
+        if self._obs_space is None:
+            return []
+        return [arrays[name] for name in leaves.leaf_names(prefix, self._obs_space)]
+
+    def _write_obs(self, buffers: list[np.ndarray], i: int, obs: Any) -> None:
+        if len(buffers) == 1:
+            buffers[0][i] = obs
+            return
+        # (an env whose observation does not match its space: a ValueError of the env)
+        for buffer, value in zip(buffers, leaves.flatten(self._obs_space, obs, "its observation",
+                                                         ValueError)):
+            buffer[i] = value
+
+    def _write_info(self, i: int, info: dict, final_info: dict | None = None) -> int:
+        """Encode env i's info (and a SAME_STEP done env's final step info)
+        into its slot; its length (0: nothing to say)."""
+        if self._slots is None or not (info or final_info):
+            return 0
+        try:
+            data = info_codec.encode([info, final_info] if final_info else [info])
+        except TypeError as exc:
+            raise TypeError(f"the info of env {i} holds {exc}") from None
+        if len(data) > self._slots.shape[1]:
+            raise ValueError(f"the info of env {i} is {len(data)} bytes encoded, over its "
+                             f"{self._slots.shape[1]}-byte slot (make's info_bytes)")
+        self._slots[i, :len(data)] = np.frombuffer(data, np.uint8)
+        return len(data)
+
+    def run_pending(self) -> None:
+        """Run every requested env of the slice, then ack them.  A step's
+        outputs are gathered in lists and written with one numpy assignment
+        per buffer (per-env numpy scalar writes cost as much as a cheap
+        env's step)."""
+        b, e = self.begin, self.end
+        pending = np.flatnonzero(self._req[b:e] != self._ack[b:e])
+        if not len(pending):
+            return
+        # The req words above before the inputs below (kind, seeds, actions):
+        # the parent wrote those before its release store of req.
+        lib.envd_worker_acquire()
+        ids = pending + b
+        kinds = self._kind[ids].tolist()
+        actions = self._actions[ids]  # (a copy: rows stay valid for the env)
+        if self._composite_actions:  # the leaves of each row, as the env's space has them
+            views = leaves.leaf_views(self._action_space, actions)
+            actions = [leaves.unflatten(self._action_space, [view[j] for view in views])
+                       for j in range(len(ids))]
+        stepped: list[int] = []
+        results: list[tuple] = []  # (reward, term, trunc, done, return, length, time[, info])
+        for j, k in enumerate(pending.tolist()):
+            i = b + k
+            try:
+                if kinds[j] == lib.ENVD_HOSTED_RESET:
+                    self._reset(i, k)
+                else:
+                    result = self._step(i, k, actions[j])
+                    if result is not None:
+                        stepped.append(i)
+                        results.append(result)
+            except Exception as exc:  # the env's own code: reported, never fatal
+                self._status[i] = EENV
+                self._report(i, f"{type(exc).__name__}: {exc}")
+        if stepped:
+            # (a slice, the whole-step case, assigns several times faster than a list)
+            rows = (slice(stepped[0], stepped[-1] + 1)
+                    if stepped[-1] - stepped[0] + 1 == len(stepped) else stepped)
+            for buffer, column in zip((self._rewards, self._terms, self._truncs, self._dones,
+                                       self._returns, self._lengths, self._times,
+                                       self._info_lengths), zip(*results)):
+                buffer[rows] = column
+        rows = slice(b + int(pending[0]), b + int(pending[-1]) + 1) \
+            if len(pending) == pending[-1] - pending[0] + 1 else ids
+        lib.envd_worker_fence()  # the outputs before the acks (backend_workers.h)
+        self._ack[rows] = self._req[rows]
+
+    def _report(self, i: int, text: str) -> None:
+        # Keep the message of the oldest failure still standing (the parent
+        # reports the first failed env of a call).
+        previous, _ = self.segment.message(self.worker)
+        if previous < 0 or previous == i or self._status[previous] == 0 or previous > i:
+            self.segment.write_message(self.worker, i, text)
+
+    def _begin_episode(self, k: int) -> None:
+        self._started[k] = True
+        self._needs_reset[k] = False
+        self._ep_return[k] = 0.0
+        self._ep_length[k] = 0
+        self._ep_start[k] = time.perf_counter()
+
+    def _reset(self, i: int, k: int) -> None:
+        seed = None
+        if self._seed_pending[i]:
+            seed, self._seed_pending[i] = int(self._seeds[i]), 0
+        obs, info = self.envs[k].reset(seed=seed)
+        self._write_obs(self._obs, i, obs)
+        if self._info_lengths is not None:
+            self._info_lengths[i] = self._write_info(i, info)
+        self._begin_episode(k)
+        self._terms[i] = self._truncs[i] = self._dones[i] = False
+
+    def _step(self, i: int, k: int, action: Any) -> tuple | None:
+        """Step env i (the slice's k-th): its outputs but the observation
+        (written here), or None if it was refused (status set)."""
+        env = self.envs[k]
+        if not self._started[k]:
+            self._status[i] = ESTATE
+            self._dones[i] = False  # "never reset"
+            return None
+        if self._needs_reset[k]:
+            if self.mode is AutoresetMode.DISABLED:
+                self._status[i] = ESTATE  # dones[i] stays True: "done, reset it"
+                return None
+            obs, info = env.reset()
+            self._begin_episode(k)
+            reward, term, trunc = 0.0, False, False
+        else:
+            obs, reward, term, trunc, info = env.step(action)
+            self._ep_return[k] += float(reward)
+            self._ep_length[k] += 1
+        done = bool(term or trunc)
+        stats = (0.0, 0, 0.0)
+        final_info = None
+        if done:
+            stats = (self._ep_return[k], self._ep_length[k],
+                     round(time.perf_counter() - self._ep_start[k], 6))
+            self._needs_reset[k] = True
+            if self.mode is AutoresetMode.SAME_STEP:
+                self._write_obs(self._final_obs, i, obs)
+                final_info = info
+                obs, info = env.reset()
+                self._begin_episode(k)
+        self._write_obs(self._obs, i, obs)
+        if self._info_lengths is None:
+            return (reward, term, trunc, done, *stats)
+        return (reward, term, trunc, done, *stats, self._write_info(i, info, final_info))
+
+    def close(self) -> None:
+        """Close the envs (errors in an env's close are ignored: it is going)."""
+        envs, self.envs = self.envs, []
+        for env in envs:
+            try:
+                env.close()
+            except Exception:
+                pass
+
+
+def serve(env_slice: EnvSlice, spin: int, notify_fd: int = -1) -> None:
+    """A worker's loop: wait for requests (spin ns, then sleep on the futex,
+    GIL released), run them, publish; until the parent sets exit.
+    notify_fd: the daemon pool's eventfd, written after the acks when the
+    parent asked for it (ENVD_JOB_NOTIFY; -1: never asked)."""
+    ctl = env_slice.segment.ctl(env_slice.worker)
+    seen = 0
+    while True:
+        seq = lib.envd_worker_wait(ctl, seen, spin)
+        if seq == seen:
+            return
+        seen = seq
+        # (taken before the requests are run: one posted later wakes us again)
+        notify = notify_fd >= 0 and lib.envd_worker_take_notify(ctl)
+        env_slice.run_pending()
+        lib.envd_worker_done(ctl)
+        if notify:
+            os.eventfd_write(notify_fd, 1)

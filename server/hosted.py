@@ -1,0 +1,503 @@
+"""Hosted Python envs served by the daemon (docs/python-envs.md).
+
+The operator allows them at startup: ``--import MODULE`` (modules whose
+``gymnasium.register`` calls add ids, imported in the daemon's template
+process) and ``--python-env ID`` (the gymnasium ids clients may make, as
+``py:ID``).  ``HostedCatalog`` describes each allowed id once, at startup, in
+the template (the daemon's own Python never imports an env's module); a
+client names an allowed id and never sends code, pickles or env kwargs.
+
+A ``HostedServerSession`` is a Session whose stepping goes through a
+``HostedNative``: a HostedSession (worker processes forked from the template,
+over a private memfd segment only the daemon and its workers map) made with
+the client's buffers, whose native backend copies the rows of each call's
+inputs from the client's segment into the memfd (before it checks them) and
+the finished envs' outputs back, in C (native/src/backend_workers.h,
+"Leaves").  The workers' control words and the actions they act on thus
+never lie in memory a client can write (the trust boundary of DESIGN.md
+section 2), at the cost of a copy of a few bytes per env per step.  The
+workers write the pool's eventfd when a submitted step or a batch is done
+(ENVD_JOB_NOTIFY), so the stepping handlers serve hosted sessions as any;
+and since the copies are the backend's, the doorbell's thread (the fast
+path, native/src/fast.h) serves them as it serves native sessions.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import secrets
+import select
+import signal
+import time
+from typing import Any, Callable
+
+import numpy as np
+from gymnasium import spaces
+from gymnasium.vector import AutoresetMode
+
+from envd.errors import EnvStateError, InvalidArgumentError, UnknownEnvError
+from envd.native import segment_guard
+from envd.native._envd_native import lib
+from envd.native.hosted_env import (DEFAULT_INFO_BYTES, check_space, default_num_workers,
+                                    hosted_buffer_layout)
+from envd.native.hosted_segment import Segment as PrivateSegment, segment_layout
+from envd.native.hosted_session import CLOSE_GRACE_SECONDS, HostedSession, HostedSpec
+from envd.native.hosted_template import Template, template
+from envd.native.vector_env import PYTHON_PREFIX
+from envd.shm import Segment
+from envd.server.lifecycle import Lifecycle
+from envd.server.sessions import EXECUTOR_LOCK_WAIT_SECONDS, Session, async_in_flight, plan
+
+log = logging.getLogger("envd.server")
+
+#: How long the event loop waits for a fast-path request of a hosted session
+#: being freed before it kills the session's workers (HostedNative.stop_doorbell).
+DOORBELL_STOP_WAIT_SECONDS = 0.05
+
+
+@dataclasses.dataclass(frozen=True)
+class HostedEnvSpec:
+    """An allowed Python env as the daemon's books see it (the fields of a
+    native EnvSpec they read; a hosted env has no native definition)."""
+    id: str                      # "py:<gymnasium id>"
+    gym_id: str                  # what gymnasium.make takes in the template
+    observation_space: spaces.Space
+    action_space: spaces.Space
+    max_episode_steps: int | None
+    step_seconds: float          # one env's step, measured at startup
+    info_fields: tuple = ()
+    render_shape: tuple[int, ...] | None = None
+    render_fps: float | None = None
+    params: tuple = ()
+    origin: str = "python"
+    definition: Any = None
+
+    def default_workers(self, num_envs: int) -> int:
+        """num_workers=None: the in-process default, but at least one worker
+        (the daemon never steps Python envs on its event loop thread)."""
+        return max(1, default_num_workers(num_envs, self.step_seconds))
+
+
+def private_plan(spec: HostedEnvSpec, num_envs: int, num_workers: int,
+                 mode: AutoresetMode, info_bytes: int) -> tuple[dict, int]:
+    """The layout and size of a hosted session's private segment."""
+    buffers = hosted_buffer_layout(spec.observation_space, spec.action_space, num_envs, mode,
+                                   info_bytes)
+    return segment_layout(num_envs, num_workers, buffers)
+
+
+def public_plan(spec: HostedEnvSpec, num_envs: int, mode: AutoresetMode,
+                info_bytes: int) -> tuple[dict[str, list], int]:
+    """Where a hosted session's arrays lie in the client's segment, and its
+    size (what --max-shm-bytes counts): the hosted buffers (one per
+    observation leaf, float64 rewards, the info slots) plus the doorbell ids."""
+    layout = hosted_buffer_layout(spec.observation_space, spec.action_space, num_envs, mode,
+                                  info_bytes)
+    layout["doorbell_ids"] = ((num_envs,), np.dtype(np.int64))  # protocol.DOORBELL_ARRAYS
+    return plan(layout)
+
+
+def hosted_state_plan(spec: HostedEnvSpec, num_envs: int, num_workers: int,
+                      mode: AutoresetMode, info_bytes: int) -> int:
+    """What --max-state-bytes counts for a hosted session: its private
+    segment and the native session's books at their bound (the workers' own
+    memory is theirs, bounded by --max-workers)."""
+    return (private_plan(spec, num_envs, num_workers, mode, info_bytes)[1]
+            + int(lib.envd_session_books_max_bytes(num_envs)))
+
+
+class HostedCatalog:
+    """The Python envs this daemon's operator allowed, described at startup."""
+
+    def __init__(self, python_envs: tuple[str, ...] = (), imports: tuple[str, ...] = ()):
+        self.specs: dict[str, HostedEnvSpec] = {}
+        self.imports = imports
+        self._template: Template | None = None
+        if not python_envs:
+            if imports:
+                log.warning("--import %s without --python-env: nothing to serve from it",
+                            ", ".join(imports))
+            return
+        # (started from a thread of its own that lives as long as the daemon:
+        # native/hosted_template.py)
+        try:
+            self.template
+        except RuntimeError as exc:
+            raise ValueError(f"--import (ENVD_IMPORTS): {exc}") from None
+        for gym_id in python_envs:
+            gym_id = gym_id.removeprefix(PYTHON_PREFIX)  # (--python-env py:ID means ID)
+            self.specs[PYTHON_PREFIX + gym_id] = self._describe(gym_id)
+        log.info("hosted Python envs: %s", ", ".join(self.specs))
+
+    def _describe(self, gym_id: str) -> HostedEnvSpec:
+        name = PYTHON_PREFIX + gym_id
+        try:
+            described = self.template.request(
+                {"op": "describe", "spec": ("id", gym_id, None, {})})
+        except RuntimeError as exc:
+            raise ValueError(f"--python-env {gym_id} (ENVD_PYTHON_ENVS): making the env "
+                             f"failed: {exc}") from None
+        try:
+            for what in ("observation", "action"):
+                check_space(described[f"{what}_space"], what, name)
+        except InvalidArgumentError as exc:
+            raise ValueError(f"--python-env {gym_id}: {exc}") from None
+        return HostedEnvSpec(name, gym_id, described["observation_space"],
+                             described["action_space"], described["max_episode_steps"],
+                             described["step_seconds"])
+
+    @property
+    def template(self) -> Template:
+        """The daemon's template, with the --import modules imported (started
+        again if it died: e.g. the OOM killer)."""
+        current = template()
+        if current is not self._template:
+            if self.imports:
+                current.request({"op": "import", "modules": list(self.imports)})
+            self._template = current
+        return current
+
+    def ids(self) -> list[str]:
+        return sorted(self.specs)
+
+    def get(self, env_id: str) -> HostedEnvSpec:
+        """The spec of an allowed id; UnknownEnvError (naming the allowed ones) otherwise."""
+        spec = self.specs.get(env_id)
+        if spec is None:
+            allowed = ", ".join(self.ids()) or "none (the operator passed no --python-env)"
+            raise UnknownEnvError(
+                f"{env_id[:100]}: this daemon does not host that Python env; the ids its "
+                f"operator allowed (--python-env) are: {allowed}")
+        return spec
+
+    def close(self) -> None:
+        """End the template (the workers of closed sessions are gone already)."""
+        if self._template is not None:
+            from envd.native.hosted_template import shutdown
+            shutdown()
+            self._template = None
+
+
+class HostedNative:
+    """What a hosted server session steps through: NativeSession's methods
+    over a HostedSession made with the client's buffers (``public``), whose
+    backend copies the rows of each call's inputs from them into the private
+    segment and its outputs back, in C, on the calling thread (the event
+    loop's, or the doorbell's: the fast path serves hosted sessions too)."""
+
+    def __init__(self, hosted: HostedSession):
+        self.hosted = hosted
+
+    # ---- stepping -----------------------------------------------------------------------
+    def seed(self) -> None:
+        self.hosted.seed()
+
+    def reset(self, with_seeds: bool, with_mask: bool) -> None:
+        self.hosted.reset(with_seeds, with_mask)
+
+    def async_reset(self, with_seeds: bool) -> None:
+        self.hosted.async_reset(with_seeds)
+
+    def step_submit(self) -> bool:
+        return self.hosted.step_submit()
+
+    def step_done(self) -> bool:
+        return self.hosted.step_done()
+
+    def step_finish(self) -> int:
+        return self.hosted.step_finish()
+
+    def send(self, env_ids: np.ndarray, notify: bool = False) -> None:
+        self.hosted.send(env_ids, notify)
+
+    def try_recv(self, count: int) -> np.ndarray | None:
+        return self.hosted.try_recv(count)
+
+    def recv(self, count: int) -> np.ndarray:
+        return self.hosted.recv(count)
+
+    # ---- the rest, as NativeSession -------------------------------------------------------
+    def counts(self) -> tuple[int, int]:
+        return self.hosted.counts()
+
+    def served(self) -> tuple[int, int]:
+        return self.hosted.served()
+
+    def lock(self) -> None:
+        self.hosted.lock()
+
+    def try_lock(self) -> bool:
+        return self.hosted.try_lock()
+
+    def unlock(self) -> None:
+        self.hosted.unlock()
+
+    def stats(self) -> dict[str, float]:
+        return self.hosted.stats()
+
+    def drain(self) -> None:
+        self.hosted.drain()
+
+    def start_doorbell(self, segment, ids: np.ndarray, spin_ns: int) -> None:
+        self.hosted.start_doorbell(segment, ids, spin_ns)
+
+    def stop_doorbell(self, kill_if_busy: bool = False) -> None:
+        """Stop serving the doorbell (the event loop calls this when the
+        session is freed or its fast path turned off).  The stop waits for
+        the request the doorbell serves and for the envs sent through it
+        that are still in flight, which a hung env could hold forever: if
+        either still runs after DOORBELL_STOP_WAIT_SECONDS, then with
+        kill_if_busy (the session is being freed) the workers are killed,
+        and the wait ends within ENVD_HOSTED_POLL_MS (the request is answered
+        with the dead worker's EnvError, the batch dropped); without it (a
+        live session's "fast off") nothing is stopped or killed and
+        EnvStateError says the session is busy."""
+        hosted = self.hosted
+        deadline = time.monotonic() + DOORBELL_STOP_WAIT_SECONDS
+        while True:
+            locked = hosted.try_lock()  # (fails while a request runs)
+            try:
+                busy = not locked or hosted.counts()[0] > 0
+                if not busy or time.monotonic() > deadline:
+                    if busy and not kill_if_busy:
+                        raise EnvStateError(
+                            f"{hosted.spec.id}: stopping the fast path while a request it "
+                            "serves, or a batch sent through it, still runs; retry once "
+                            "it returns (a hung env's: close the session)")
+                    if busy:
+                        log.warning("%s: a fast-path request or batch still runs as its "
+                                    "session is freed; killing its workers", hosted.spec.id)
+                        hosted._kill_workers()
+                    hosted.stop_doorbell()
+                    return
+            finally:
+                if locked:
+                    hosted.unlock()
+            time.sleep(0.001)
+
+    def render(self, out: np.ndarray) -> None:
+        self.hosted.render(out)
+
+    def close(self, reap: Callable[[list[int]], None] | None = None) -> None:
+        """Stop the workers (SIGKILL after the grace period) and free the
+        private segment; idempotent.  reap: see HostedSession.close."""
+        self.hosted.close(reap)
+        self.private = {}
+
+
+class WorkerReaper:
+    """Waits on the event loop for the workers of freed hosted sessions to
+    exit, so that a close never blocks the loop (a worker whose env's close
+    hangs, say): each pidfd gets a reader that closes it once the worker
+    exited, and the workers still alive after CLOSE_GRACE_SECONDS are
+    SIGKILLed.  Owned by the event loop thread."""
+
+    def __init__(self, add: Callable[..., None], remove: Callable[[int], None]):
+        self._add, self._remove = add, remove
+        # pidfds of workers not seen exiting yet -> the reap call that took them
+        # over (a closed pidfd's number is reused by a later reap: its grace
+        # timer must not kill that later session's workers)
+        self._waiting: dict[int, int] = {}
+        self._reaps = 0
+
+    def reap(self, pidfds: list[int]) -> None:
+        """Take pidfds over (the workers were told to exit)."""
+        self._reaps += 1
+        for fd in pidfds:
+            self._waiting[fd] = self._reaps
+            self._add(fd, self._exited, fd)
+        asyncio.get_running_loop().call_later(CLOSE_GRACE_SECONDS, self._kill, list(pidfds),
+                                              self._reaps)
+
+    def _exited(self, fd: int) -> None:
+        if fd in self._waiting:
+            del self._waiting[fd]
+            self._remove(fd)
+            os.close(fd)
+
+    def _kill(self, pidfds: list[int], reap: int) -> None:
+        late = [fd for fd in pidfds if self._waiting.get(fd) == reap]
+        if late:
+            log.warning("%d worker(s) of a closed hosted session still ran %g s after "
+                        "being told to exit (an env's close hangs?); killing them",
+                        len(late), CLOSE_GRACE_SECONDS)
+        for fd in late:
+            try:
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def close(self) -> None:
+        """At shutdown: SIGKILL what is left, wait for it, close every pidfd."""
+        for fd in list(self._waiting):
+            self._remove(fd)
+            try:
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            select.select([fd], [], [])  # (a SIGKILLed process exits promptly)
+            os.close(fd)
+        self._waiting.clear()
+
+
+class HostedServerSession(Session):
+    """A session of num_envs envs of an allowed Python env in num_workers
+    worker processes (see the module docstring)."""
+
+    def __init__(self, owner: bytes, spec: HostedEnvSpec, num_envs: int, mode: AutoresetMode,
+                 max_episode_steps: int | None, seeds: np.ndarray, num_workers: int,
+                 segment_prefix: str, template: Template, notify_fd: int,
+                 on_free: Callable[[Session, bool], None] | None = None,
+                 info_bytes: int = DEFAULT_INFO_BYTES, timeout: float | None = None):
+        """timeout: --hosted-timeout, the longest the make, or a reset, may
+        wait for the workers (HostedSession's timeout)."""
+        # (Session.__init__ builds a native vec; this sets the same fields.)
+        self.id = secrets.token_hex(16)
+        self.owner = owner
+        self.spec = spec
+        self.num_envs = num_envs
+        self.num_workers = num_workers
+        self.mode = mode
+        self.max_episode_steps = max_episode_steps or spec.max_episode_steps or 0
+        self.steps = 0
+        self.env_steps = 0
+        self.created = time.monotonic()
+        self.batch_size = num_envs
+        self.render_mode = None
+        self.fast = False
+        self._counted = (0, 0)
+        self._last_stats = {"inline_jobs": 0, "pooled_jobs": 0}
+        arrays, size = public_plan(spec, num_envs, mode, info_bytes)
+        self.segment_bytes = size
+        self.state_bytes = hosted_state_plan(spec, num_envs, num_workers, mode, info_bytes)
+        self.segment = Segment.create(segment_prefix + self.id, self.id, arrays, size,
+                                      mapper=segment_guard.map_segment)
+        self._arrays = arrays
+        self.native = None
+        try:
+            self.buffers = self.segment.arrays
+            self.buffers["reset_seeds"][...] = seeds
+            layout, private_size = private_plan(spec, num_envs, num_workers, mode, info_bytes)
+            private, fd = PrivateSegment.create(layout, private_size)
+            try:
+                hosted = HostedSession(
+                    HostedSpec(spec.id, spec.observation_space, spec.action_space,
+                               self.max_episode_steps or None),
+                    num_envs, num_workers=num_workers, autoreset_mode=mode,
+                    maker=("id", spec.gym_id, max_episode_steps, {}), segment=private, fd=fd,
+                    template=template, notify_fd=notify_fd, client_buffers=self.buffers,
+                    timeout=timeout)
+            except BaseException:
+                private.close()
+                raise
+            finally:
+                os.close(fd)  # the workers have theirs
+            self.native = HostedNative(hosted)
+            self.native.seed()
+        except BaseException:
+            if self.native is not None:
+                self.native.close()
+            self.segment.unlink()
+            raise
+        self.life = Lifecycle(self.id, free=self._freed_by_lifecycle,
+                              outstanding=self.batches_in_flight)
+        self._on_free = on_free
+        self._reclaim_armed = False
+        #: Set by the daemon (Service.reaper): takes the workers' pidfds at an
+        #: orderly free, so that the event loop never waits for them.
+        self.reap: Callable[[list[int]], None] | None = None
+
+    def watch_workers(self, add: Callable[[int, Callable[[], None]], None],
+                      remove: Callable[[int], None], on_exit: Callable[[], None]) -> None:
+        """Call on_exit (the pool-event handler: the step or recv waiting for
+        a dead worker's envs is answered with its EnvError) when a worker
+        exits, through the event loop's readers add/remove on its pidfd (a
+        reader of an exited worker is removed at once: it stays readable)."""
+        self._remove_reader = remove
+        self._watched = [fd for fd in self.native.hosted._pidfds if fd >= 0]
+
+        def exited(fd: int) -> None:
+            self._unwatch(fd)
+            on_exit()
+        for fd in self._watched:
+            add(fd, exited, fd)
+
+    def _unwatch(self, fd: int) -> None:
+        if fd in self._watched:
+            self._watched.remove(fd)
+            self._remove_reader(fd)
+
+    def stop_fast(self, freeing: bool = False) -> None:
+        """Stop serving the doorbell: see HostedNative.stop_doorbell (a hosted
+        env's request may hang; its workers are killed only when freeing)."""
+        self.native.stop_doorbell(kill_if_busy=freeing)
+        self.fast = False
+
+    def async_reset(self, with_seeds: bool) -> None:
+        """As Session's, but with the fast path on, refused while envs sent
+        through the doorbell are in flight: the reset would wait for them on
+        the executor, holding the session's lock, as long as a hung env."""
+        with self.locked("async reset", EXECUTOR_LOCK_WAIT_SECONDS):
+            if self.fast and self.native.counts()[0]:
+                raise async_in_flight("async reset of a hosted session on the fast path")
+            self.native.async_reset(with_seeds)
+
+    def reclaim_later(self, why: str = "closed") -> None:
+        """Closed (CLOSING), or the daemon drains, while a call runs or
+        batches are in flight: if that has not ended after
+        CLOSE_GRACE_SECONDS (an env that hangs), SIGKILL the workers; their
+        pidfds wake the event loop, the call ends with an EnvError (nobody
+        reads it once closed), and the session is freed or the drain ends.
+        Armed once per session."""
+        if self._reclaim_armed:
+            return
+        self._reclaim_armed = True
+
+        def kill() -> None:
+            if not self.life.freed and self.native is not None and self.busy_or_in_flight():
+                log.warning("session %s (%s): %s, but its call still runs after %g s; "
+                            "killing its workers", self.id[:8], self.spec.id, why,
+                            CLOSE_GRACE_SECONDS)
+                self.native.hosted._kill_workers()
+        asyncio.get_running_loop().call_later(CLOSE_GRACE_SECONDS, kill)
+
+    def _freed_by_lifecycle(self, orderly: bool) -> None:
+        if not orderly:  # at shutdown the loop reaps no more: close waits for them
+            self.reap = None
+        super()._freed_by_lifecycle(orderly)
+
+    def busy_or_in_flight(self) -> bool:
+        """A call runs (step, reset, make...) or envs are in flight.  Never
+        blocks: a session lock held by someone else (a reset on the
+        executor, a doorbell serving a request) means a call runs."""
+        if self.life.busy:
+            return True
+        if self.native is None:
+            return False
+        if not self.native.try_lock():
+            return True
+        try:
+            return self.native.counts()[0] > 0
+        finally:
+            self.native.unlock()
+
+    def free(self) -> None:
+        """Stop watching the workers, then free as any session; the workers'
+        pidfds go to the reaper (the loop waits for no worker), or at
+        shutdown are waited for here."""
+        for fd in list(getattr(self, "_watched", ())):
+            self._unwatch(fd)
+        native = getattr(self, "native", None)
+        if native is not None and self.reap is not None:
+            native.close(self.reap)  # (then super().free's close is a no-op)
+        super().free()
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """The session's worker processes (empty once freed)."""
+        return list(self.native.hosted.pids) if self.native is not None else []
+
+    def render(self) -> np.ndarray:
+        raise InvalidArgumentError(f"{self.spec.id}: hosted Python envs do not render yet")
