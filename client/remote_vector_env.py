@@ -38,7 +38,9 @@ class RemoteVecEnv(BatchedVecEnv):
                          reply["max_episode_steps"], copy, episode_statistics,
                          reply.get("batch_size"), reply.get("render_mode"),
                          reply.get("render_fps"))
-        # (if this raises, Client.make closes the session)
+        # (if this raises, Client.make closes the session; checked before the
+        # segment is mapped, so that a refusal leaves no mapping behind)
+        self._check_episode_statistics_key(reply["shm"]["arrays"])
         self._segment, self._stepper = open_stepper(client, reply, transport, fast_path,
                                                     self.env_id, self.single_action_space,
                                                     num_envs)

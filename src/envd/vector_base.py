@@ -315,14 +315,20 @@ class BatchedVecEnv(VectorEnv):
         self._final_obs = (self._tree(buffers, "final_observations")
                            if self._final_obs_names[0] in buffers else None)
         # the env's own info fields: info key -> buffer
+        self._check_episode_statistics_key(buffers)
         self._env_info = {name[len(INFO_PREFIX):]: array for name, array in buffers.items()
                           if name.startswith(INFO_PREFIX)}
-        if self.episode_statistics_key in self._env_info:
-            raise InvalidArgumentError(
-                f"{self.env_id} has an info field {self.episode_statistics_key!r}: pick "
-                "another episode_statistics key")
         # the fast path of step() compares against these
         self._action_dtype, self._action_shape = self._actions.dtype, self._actions.shape
+
+    def _check_episode_statistics_key(self, buffer_names: Any) -> None:
+        """Refuse an episode_statistics key that is one of the env's own info
+        fields (buffer_names: the names of its buffers, before or after they
+        are mapped)."""
+        key = self.episode_statistics_key
+        if isinstance(key, str) and INFO_PREFIX + key in buffer_names:
+            raise InvalidArgumentError(
+                f"{self.env_id} has an info field {key!r}: pick another episode_statistics key")
 
     def _tree(self, arrays: dict[str, np.ndarray], prefix: str) -> Any:
         """The observation (prefix "observations" or "final_observations") as
