@@ -16,9 +16,9 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from envd import __version__, protocol
-from envd.errors import (InvalidArgumentError, LimitExceededError, SessionExpiredError,
-                         SharedMemoryError, ShuttingDownError, UnknownEnvError,
-                         UnknownSessionError)
+from envd.errors import (DaemonError, InvalidArgumentError, LimitExceededError,
+                         SessionExpiredError, SharedMemoryError, ShuttingDownError,
+                         UnknownEnvError, UnknownSessionError)
 from envd.native.hosted_env import DEFAULT_INFO_BYTES, MAX_INFO_BYTES
 from envd.native.native_vec import MAX_NUM_ENVS
 from envd.native.registry import get_spec, list_envs
@@ -144,11 +144,7 @@ class ControlHandlers:
             return session
 
         def done(future: Future) -> None:
-            with reservation:  # released exactly once, whatever happens here
-                reply = service.result_reply(header["id"], future)
-                if reply["ok"]:
-                    reply = self._open(client, future.result(), reservation, reply)
-            service.send(client.identity, reply)
+            self._made(client, header["id"], reservation, future)
 
         try:
             service.submit(build, done)  # from here done releases the reservation
@@ -229,11 +225,7 @@ class ControlHandlers:
             return session
 
         def done(future: Future) -> None:
-            with reservation:
-                reply = service.result_reply(header["id"], future)
-                if reply["ok"]:
-                    reply = self._open(client, future.result(), reservation, reply)
-            service.send(client.identity, reply)
+            self._made(client, header["id"], reservation, future)
 
         try:
             service.submit(build, done)
@@ -241,6 +233,29 @@ class ControlHandlers:
             reservation.release()
             raise
         return None
+
+    def _made(self, client: ClientRecord, request_id: int, reservation: Reservation,
+              future: Future) -> None:
+        """A make's build ended on the executor: reply exactly once, with its
+        session or its error; the reservation is released exactly once.  A
+        bug while opening the session (an internal error) still answers, and
+        frees the session: the client never learned its id."""
+        service = self.service
+        with reservation:
+            reply = service.result_reply(request_id, future)
+            if reply["ok"]:
+                session = future.result()
+                try:
+                    reply = self._open(client, session, reservation, reply)
+                except Exception:  # noqa: BLE001 -- a bug: answer, leave nothing behind
+                    log.exception("internal error while opening a made session")
+                    reply = protocol.error_reply(request_id, DaemonError(
+                        "internal error in the daemon; its log has the details"))
+                    if service.sessions.get(session.id) is session:
+                        service.drop(session)
+                    elif not session.life.freed:
+                        session.life.shut_down()
+        service.send(client.identity, reply)
 
     def _open(self, client: ClientRecord, session: Session, reservation: Reservation,
               reply: dict) -> dict:

@@ -365,6 +365,7 @@ class HostedServerSession(Session):
         self.env_steps = 0
         self.created = time.monotonic()
         self.batch_size = num_envs
+        self.max_threads = None  # (the workers step hosted envs, not the pool: no cap)
         self.render_mode = None
         self.fast = False
         self._counted = (0, 0)
