@@ -11,24 +11,24 @@ Each round steps every contender for --seconds with random (pre-drawn)
 actions, in turn (rounds interleave the contenders), and prints steps/s per contender and round: gymnasium
 SyncVectorEnv and AsyncVectorEnv(shared_memory=True), then
 envd.make("py:<id>") with num_workers 0, 1, 2 and the default (and with
---daemon, client.make("py:<id>", num_workers=2) through the fast path and
-over the socket, and their ratio to in-process with 2 workers).  A
-measurement, not a test: run it on a quiet machine.
+--daemon, client.make("py:<id>", num_workers=2) through a daemon started as
+``envd bench --python`` starts its own, on the fast path and over the socket,
+and their ratio to in-process with 2 workers).  A measurement, not a test:
+run it on a quiet machine.  ``envd bench --python`` is the whole comparison
+(the parallel ceiling, PufferLib, SB3, targets, spread, plot); this script is
+a quick look at one env and N.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
-import os
-import subprocess
-import sys
-import tempfile
 import time
 
 import gymnasium as gym
 import numpy as np
 
 import envd
+from envd.tools.bench_python import hosting_daemon
 
 
 def rate(env, actions: np.ndarray, seconds: float) -> float:
@@ -69,33 +69,6 @@ def overhead(rounds: int, steps: int = 3000) -> None:
         env.close()
 
 
-@contextlib.contextmanager
-def daemon(env_id: str):
-    """A daemon hosting env_id on a private endpoint: yields a client."""
-    folder = tempfile.mkdtemp(prefix="envd-bench-")
-    endpoint = f"ipc://{folder}/envd.sock"
-    proc = subprocess.Popen([sys.executable, "-m", "envd", "--bind", endpoint, "--threads", "1",
-                             "--python-env", env_id], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                client = envd.connect(endpoint, timeout=2)
-                break
-            except envd.EnvdError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise
-                time.sleep(0.1)
-        with client:
-            yield client
-    finally:
-        proc.terminate()
-        proc.wait(60)
-        with contextlib.suppress(OSError):
-            os.rmdir(folder)
-
-
 def round_trips(env, steps: int = 3000) -> tuple[float, float]:
     """(p50, p99) microseconds of one step of a 1-env env."""
     env.reset(seed=0)
@@ -123,7 +96,7 @@ def main() -> None:
     if args.overhead:
         return overhead(args.rounds)
     with contextlib.ExitStack() as stack:
-        client = stack.enter_context(daemon(args.env)) if args.daemon else None
+        client = stack.enter_context(hosting_daemon((args.env,))) if args.daemon else None
         measure(args, client)
 
 

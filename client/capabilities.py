@@ -10,6 +10,10 @@ with the fallback ``Capabilities.legacy``: the features every daemon of
 protocol 2 serves (async mode, the inline transport, rendering) and no fast
 path, which such a daemon cannot be asked for without the trial and error
 this replaces; its limits come from the hello's top-level ``limits``.
+
+Features added later are optional in the map: a daemon that does not name
+one does not serve it (``max_threads``, the per-session thread cap of make:
+a client does not send it to such a daemon, which would ignore the field).
 """
 from __future__ import annotations
 
@@ -21,6 +25,8 @@ from envd.errors import ProtocolError
 #: The boolean features a hello's capabilities name (wire key -> attribute).
 _FEATURES = {"fast_path": "fast_path", "async": "async_mode", "inline": "inline",
              "render": "render"}
+#: Features a daemon may leave out of its capabilities (older daemons): absent is False.
+_OPTIONAL_FEATURES = {"max_threads": "max_threads"}
 
 
 @dataclass(frozen=True)
@@ -39,6 +45,11 @@ class Capabilities:
     inline: bool
     #: it renders rgb_array frames (make with render_mode)
     render: bool
+    #: recv takes ``min`` and sends are served while a recv waits (async
+    #: mode over several daemons needs it); False when not said (older daemons)
+    recv_min: bool = False
+    #: make takes max_threads, a per-session thread cap (optional: absent is False)
+    max_threads: bool = False
     #: its limits (max_message_bytes, max_sessions, ...: see docs/protocol.md)
     limits: dict[str, int] = field(default_factory=dict)
     #: False: the daemon sent none, these are the fallback's (see the module docstring)
@@ -61,6 +72,12 @@ class Capabilities:
                 raise ProtocolError(f"the daemon's hello capabilities give {key!r} as "
                                     f"{value!r}; expected true or false")
             flags[name] = value
+        for key, name in _OPTIONAL_FEATURES.items():
+            value = wire.get(key, False)
+            if not isinstance(value, bool):
+                raise ProtocolError(f"the daemon's hello capabilities give {key!r} as "
+                                    f"{value!r}; expected true or false")
+            flags[name] = value
         version, abi, limits = wire.get("protocol"), wire.get("abi"), wire.get("limits", {})
         if not _is_int(version) or not (abi is None or _is_int(abi)):
             raise ProtocolError(f"the daemon's hello capabilities give protocol {version!r} "
@@ -69,7 +86,11 @@ class Capabilities:
                 isinstance(k, str) and _is_int(v) for k, v in limits.items()):
             raise ProtocolError("the daemon's hello capabilities give limits that are not a "
                                 "map of names to ints")
-        return cls(protocol=version, abi=abi, limits=dict(limits), **flags)
+        recv_min = wire.get("recv_min", False)  # (optional: younger than the others)
+        if not isinstance(recv_min, bool):
+            raise ProtocolError(f"the daemon's hello capabilities give 'recv_min' as "
+                                f"{recv_min!r}; expected true or false")
+        return cls(protocol=version, abi=abi, limits=dict(limits), recv_min=recv_min, **flags)
 
     @classmethod
     def legacy(cls, reply: dict[str, Any]) -> "Capabilities":

@@ -171,10 +171,19 @@ class Channel:
         (posted ones, and ones that timed out)."""
         return len(self._awaited)
 
-    def check_alive(self) -> None:
+    def pollables(self) -> tuple[zmq.Socket, zmq.Socket]:
+        """The DEALER socket and its monitor, for a caller that waits on
+        several channels at once with one zmq.Poller (async mode over several
+        daemons, client/multi_async.py).  It never reads them itself: once
+        the socket is readable it calls read_late_replies(), once the monitor
+        is, check_alive()."""
+        return self._socket, self._monitor
+
+    def check_alive(self, waiting_for: str = "a fast-path request") -> None:
         """Raise ConnectionLostError if the monitor reported the daemon gone,
-        without waiting (for callers that wait elsewhere: the doorbell).  A
-        request in progress on another thread reads the monitor itself."""
+        without waiting (for callers that wait elsewhere: the doorbell, a
+        poller over several channels).  A request in progress on another
+        thread reads the monitor itself."""
         if not self._lost and self._lock.acquire(blocking=False):
             try:
                 if not self.closed:
@@ -183,8 +192,8 @@ class Channel:
                 self._lock.release()
         if self._lost:
             raise ConnectionLostError(
-                f"lost the connection to the daemon at {self.endpoint} while waiting for a "
-                "fast-path request; the daemon stopped or crashed, and its sessions are gone")
+                f"lost the connection to the daemon at {self.endpoint} while waiting for "
+                f"{waiting_for}; the daemon stopped or crashed, and its sessions are gone")
 
     def start_heartbeat(self, interval: float) -> None:
         """Keep this connection's lease alive from a thread of its own."""

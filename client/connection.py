@@ -111,11 +111,22 @@ class Client:
              max_episode_steps: int | None = None, copy: bool = False,
              episode_statistics: bool | str = True, batch_size: int | None = None,
              transport: str | None = None, fast_path: bool | None = None,
-             render_mode: str | None = None, num_workers: int | None = None,
-             info_bytes: int | None = None, **env_kwargs: Any) -> RemoteVecEnv:
+             render_mode: str | None = None, max_threads: int | None = None,
+             num_workers: int | None = None, info_bytes: int | None = None,
+             **env_kwargs: Any) -> RemoteVecEnv:
         """Make num_envs instances of env_id in the daemon.  Arguments and the
-        returned VecEnv are those of the in-process envd.make (without the
-        thread options: the daemon's pool steps every session).
+        returned VecEnv are those of the in-process envd.make (without
+        num_threads and pin_cpus: the daemon's one pool steps every session).
+
+        max_threads caps how many of the daemon's pool threads step this
+        session's envs at once, as num_threads sizes an in-process env's
+        pool: None (default) lets every thread help; K >= 1 at most K (for
+        envs that run best on a few threads, or to leave the rest to other
+        sessions); 0 steps inline on the daemon thread serving each call, no
+        pool wake-up: the right choice for a cheap env (CartPole) whose
+        batches cost less than waking a thread.  An int from 0 to the
+        daemon's --threads (InvalidArgumentError otherwise, also from a
+        daemon too old to serve it).  Results are the same for any cap.
 
         transport (default: ENVD_TRANSPORT, else "auto") says how the arrays
         travel: "shm" maps the session's shared memory (the daemon on this
@@ -164,11 +175,14 @@ class Client:
                   "max_episode_steps": _wire("max_episode_steps", max_episode_steps),
                   "env_kwargs": _wire("env_kwargs", env_kwargs)}
         self._check_served(batch_size is not None and batch_size != num_envs,
-                           render_mode is not None, transport == "inline")
+                           render_mode is not None, transport == "inline",
+                           max_threads is not None)
         if batch_size is not None:  # absent unless asked (as the protocol allows)
             header["batch_size"] = _wire("batch_size", batch_size)
         if render_mode is not None:
             header["render_mode"] = _wire("render_mode", render_mode)
+        if max_threads is not None:  # the daemon checks the top against its --threads
+            header["max_threads"] = check_int("max_threads", max_threads, 0, 2**31 - 1)
         if num_workers is not None:
             header["num_workers"] = _wire("num_workers", num_workers)
         if info_bytes is not None:
@@ -185,13 +199,16 @@ class Client:
         self._envs.add(env)
         return env
 
-    def _check_served(self, async_mode: bool, render: bool, inline: bool) -> None:
+    def _check_served(self, async_mode: bool, render: bool, inline: bool,
+                      max_threads: bool = False) -> None:
         """Refuse, before the daemon makes anything, what its capabilities
         say it does not serve."""
         caps, where = self.capabilities, f"the daemon at {self.endpoint}"
         for wanted, served, what in ((async_mode, caps.async_mode, "async mode (batch_size)"),
                                      (render, caps.render, "rendering (render_mode)"),
-                                     (inline, caps.inline, "the inline transport")):
+                                     (inline, caps.inline, "the inline transport"),
+                                     (max_threads, caps.max_threads,
+                                      "per-session thread caps (max_threads)")):
             if wanted and not served:
                 raise InvalidArgumentError(
                     f"{where} does not serve {what}: its hello says so (capabilities); "

@@ -153,7 +153,56 @@ class Doorbell:
         finally:
             self._client_waiting[0] = 0
 
+    def answer(self) -> tuple[int, int, int]:
+        """(status, result, error index) of the last request, once answered
+        (for a caller that rang it and waited elsewhere: wait_any)."""
+        return int(self._status[0]), int(self._result[0]), int(self._error_index[0])
+
     def _answer(self, start: float) -> tuple[int, int, int]:
         took = time.perf_counter() - start
         self._expected[self._kind] += (took - self._expected[self._kind]) * 0.25
         return int(self._status[0]), int(self._result[0]), int(self._error_index[0])
+
+
+class _FutexWaitv(ctypes.Structure):
+    _fields_ = [("val", ctypes.c_uint64), ("uaddr", ctypes.c_uint64),
+                ("flags", ctypes.c_uint32), ("reserved", ctypes.c_uint32)]
+
+
+_SYS_FUTEX_WAITV = 449  # x86-64, Linux 5.16+
+_FUTEX2_SIZE_U32 = 0x02  # (shared: the words live in segments mapped by two processes)
+_CLOCK_MONOTONIC = 1
+_libc = ctypes.CDLL(None, use_errno=True)
+_futex_waitv_missing = False
+
+
+def wait_any(bells: list[Doorbell], seconds: float) -> None:
+    """Sleep until one of bells (each rung, maybe answered) has its answer,
+    or about `seconds` pass: one futex_waitv over their done_seq words (the
+    trainer's CPU sleeps; a caller driving several daemons waits on all at
+    once).  Where the kernel lacks futex_waitv, a sleep of at most 1 ms on
+    the first one instead.  Returns without saying which: check answered."""
+    global _futex_waitv_missing
+    for bell in bells:
+        bell._client_waiting[0] = 1  # before done_seq is read: the daemon wakes us then
+    try:
+        waiters = (_FutexWaitv * len(bells))()
+        for i, bell in enumerate(bells):
+            current = int(bell._done[0])
+            if current == bell.seq:
+                return  # answered already
+            waiters[i].val, waiters[i].uaddr = current, bell._done_addr
+            waiters[i].flags = _FUTEX2_SIZE_U32
+        if _futex_waitv_missing:
+            bells[0]._sleep(min(seconds, 1e-3))
+            return
+        deadline = time.clock_gettime(time.CLOCK_MONOTONIC) + seconds
+        timeout = _Timespec(int(deadline), int((deadline - int(deadline)) * 1e9))
+        rc = _libc.syscall(ctypes.c_long(_SYS_FUTEX_WAITV), ctypes.byref(waiters),
+                           ctypes.c_uint(len(bells)), ctypes.c_uint(0), ctypes.byref(timeout),
+                           ctypes.c_int(_CLOCK_MONOTONIC))
+        if rc == -1 and ctypes.get_errno() == 38:  # ENOSYS: an older kernel
+            _futex_waitv_missing = True
+    finally:
+        for bell in bells:
+            bell._client_waiting[0] = 0

@@ -19,10 +19,13 @@ is the single env's info (arrays along axis 0 in env order, the episode
 statistics, ``final_obs``/``final_info`` and their masks, the env's own
 info fields) without a merge of dicts that could drift from it.
 
-Async mode (send/recv) is refused over several daemons: recv must return the
-first batch_size envs to finish over all daemons, exactly once each, which a
-shard's recv (a fixed batch of that shard's envs, blocking) cannot give.
-Make the env on one daemon for async mode.
+Async mode (``make(..., batch_size=B)`` with B < num_envs) steps through
+client/multi_async.py's ShardsAsyncStepper instead (over the sockets), or its
+doorbell variant client/multi_doorbell.py where every shard has the fast
+path: send gives each daemon its part, the trainer waits on every daemon
+with envs in flight at once, and recv returns exactly B envs in the order
+they were found finished across the daemons (multi_async.py's docstring has
+the rules).  Each daemon must serve it (its hello's ``recv_min`` capability).
 """
 from __future__ import annotations
 
@@ -38,6 +41,8 @@ from gymnasium.vector import AutoresetMode
 from envd import protocol
 from envd.client import connection
 from envd.client.discovery import is_dns_url, resolve
+from envd.client.multi_async import ShardsAsyncStepper
+from envd.client.multi_doorbell import ShardsDoorbellStepper
 from envd.client.remote_vector_env import RemoteVecEnv
 from envd.errors import (ConnectionLostError, EnvdError, EnvStateError, InvalidActionError,
                          InvalidArgumentError, NativeError)
@@ -126,6 +131,23 @@ def _raise_first(outcomes: list[tuple[int, Any, BaseException | None]],
             raise named from error
 
 
+def _check_max_threads(max_threads: Any, statuses: list[dict[str, Any]],
+                       endpoints: Sequence[str]) -> None:
+    """make's max_threads (None: no cap) against every daemon's pool, before
+    any daemon makes anything: the daemons' --threads may differ, so the
+    refusal names the daemon whose pool is too small."""
+    if max_threads is None:
+        return
+    check_int("max_threads", max_threads, 0, 2**31 - 1)
+    smallest = min(int(status["threads"]) for status in statuses)
+    for status, endpoint in zip(statuses, endpoints):
+        if max_threads > status["threads"]:
+            raise InvalidArgumentError(
+                f"max_threads={max_threads} is out of range for the daemon at {endpoint}: its "
+                f"pool has {status['threads']} threads (--threads); the cap applies on every "
+                f"daemon, so 0 <= max_threads <= {smallest}")
+
+
 class MultiClient:
     """Connections to several envd daemons used as one (see envd.connect).
 
@@ -192,8 +214,8 @@ class MultiClient:
         (or the i-th seed of a list) wherever it runs, so the env behaves as
         ``envd.make(env_id, num_envs, seed=seed, ...)`` bit for bit.
 
-        Async mode (batch_size < num_envs) needs a single daemon:
-        InvalidArgumentError here (see the module docstring)."""
+        batch_size < num_envs: async mode across the daemons (see
+        client/multi_async.py); every daemon must serve it (recv_min)."""
         self._check_open()
         if not isinstance(env_id, str):
             raise InvalidArgumentError(f"env_id must be a str, got {type(env_id).__name__}")
@@ -210,15 +232,22 @@ class MultiClient:
         mode = parse_autoreset_mode(autoreset_mode)
         if batch_size is not None:
             batch_size = check_int("batch_size", batch_size, 1, num_envs)
-            if batch_size < num_envs:
-                raise InvalidArgumentError(
-                    f"batch_size={batch_size} < num_envs={num_envs} asks for async mode "
-                    "(send/recv), which needs a single daemon; this client has "
-                    f"{len(self.clients)}. Use step(), or make the env on one daemon: "
-                    f"envd.connect({self.endpoints[0]!r}).make(...)")
-        weights = [max(1, int(status["threads"])) for status in self.status()]
+        if batch_size is not None and batch_size < num_envs:
+            for client in self.clients:
+                caps = client.capabilities
+                if not (caps.async_mode and caps.recv_min):
+                    raise InvalidArgumentError(
+                        f"batch_size={batch_size} < num_envs={num_envs} asks for async mode "
+                        f"across {len(self.clients)} daemons, which the daemon at "
+                        f"{client.endpoint} does not serve (its hello's capabilities lack "
+                        "'recv_min': an older envd); upgrade it, or make the env on one "
+                        "daemon")
+        statuses = self.status()
+        _check_max_threads(env_kwargs.get("max_threads"), statuses, self.endpoints)
+        weights = [max(1, int(status["threads"])) for status in statuses]
         counts = split_envs(weights, num_envs)
         env = MultiVecEnv(self, counts, env_id, seeds, mode, copy, episode_statistics,
+                          batch_size,
                           {"autoreset_mode": autoreset_mode_name(mode),
                            "max_episode_steps": max_episode_steps,
                            "episode_statistics": episode_statistics, **env_kwargs})
@@ -254,9 +283,10 @@ class MultiClient:
 
 
 class _ShardsStepper:
-    """The stepper (envd.stepping.Stepper) of a MultiVecEnv: a reset or a
+    """The stepper (envd.stepping.Stepper) of a sync MultiVecEnv: a reset or a
     step goes to every shard at once (MultiVecEnv._run_reset, _run_step);
-    async mode and rendering are refused (see the module docstring).  It
+    async calls (made without batch_size < num_envs) and rendering are
+    refused.  It
     holds its env weakly, so a dropped env is freed without a cycle."""
 
     def __init__(self, env: "MultiVecEnv"):
@@ -295,7 +325,7 @@ class MultiVecEnv(BatchedVecEnv):
 
     def __init__(self, multi: MultiClient, counts: Sequence[int], env_id: str,
                  seeds: np.ndarray, mode: AutoresetMode, copy: bool, episode_statistics: bool | str,
-                 make_kwargs: dict[str, Any]):
+                 batch_size: int | None, make_kwargs: dict[str, Any]):
         self._shards: tuple[RemoteVecEnv, ...] = ()
         self._executor: ThreadPoolExecutor | None = None
         plan = []  # (client, endpoint, slice) of every daemon with envs, in env order
@@ -308,6 +338,8 @@ class MultiVecEnv(BatchedVecEnv):
         endpoints = [endpoint for _, endpoint, _ in plan]
         executor = (ThreadPoolExecutor(len(plan) - 1, "envd-multivecenv")
                     if len(plan) > 1 else None)
+
+        is_async = batch_size is not None and batch_size < num_envs
 
         def make_shard(k: int) -> RemoteVecEnv:
             client, _, rows = plan[k]
@@ -327,7 +359,8 @@ class MultiVecEnv(BatchedVecEnv):
             raise
         first = shards[0]
         super().__init__(first.env_id, first.single_observation_space, first.single_action_space,
-                         num_envs, mode, first.max_episode_steps, copy, episode_statistics)
+                         num_envs, mode, first.max_episode_steps, copy, episode_statistics,
+                         batch_size if is_async else None)
         self._shards = tuple(shards)
         self._executor = executor
         self.shard_slices = tuple(rows for _, _, rows in plan)
@@ -345,7 +378,19 @@ class MultiVecEnv(BatchedVecEnv):
         self._discrete = ((space.start, space.start + space.n)
                           if isinstance(space, spaces.Discrete) else None)
         self._lost: tuple[int, BaseException] | None = None  # (shard, error): a daemon is gone
-        self._stepper = _ShardsStepper(self)
+        self._stepper = self._async_stepper() if is_async else _ShardsStepper(self)
+
+    def _async_stepper(self) -> ShardsAsyncStepper:
+        """Through the doorbells where every shard has the fast path, else
+        over the sockets (a shard's doorbell then stops: socket sends and
+        recvs are refused for a session the doorbell serves)."""
+        if all(shard.fast_path for shard in self._shards):
+            return ShardsDoorbellStepper(self)
+        for shard in self._shards:
+            if shard.fast_path:
+                shard._client.fast(shard.session, enable=False)
+                shard._stepper.doorbell = None
+        return ShardsAsyncStepper(self)
 
     @staticmethod
     def _check_alike(shards: list[RemoteVecEnv], endpoints: list[str]) -> None:
@@ -419,6 +464,22 @@ class MultiVecEnv(BatchedVecEnv):
                 self._lost = (k, error)
         _raise_first(outcomes, self.shard_endpoints, self._rows_text)
 
+    def _mark_lost(self, k: int, error: BaseException) -> None:
+        """Shard k's daemon is gone: refuse every later call (the first loss
+        counts; kept without its traceback, whose frames would hold the shards)."""
+        if self._lost is None:
+            self._lost = (k, ConnectionLostError(str(error)))
+
+    def _check_send_rows(self, rows: np.ndarray, env_ids: np.ndarray) -> None:
+        # a posted send's refusal comes late: check discrete ranges here, with
+        # the single env's message (as RemoteVecEnv does)
+        if self._discrete is not None and len(rows):
+            start, stop = self._discrete
+            if rows.min() < start or rows.max() >= stop:
+                k = int(np.flatnonzero((rows < start) | (rows >= stop))[0])
+                raise action_out_of_range(self.env_id, self.single_action_space,
+                                          int(rows[k]), int(env_ids[k]))
+
     def _rows_text(self, k: int) -> str:
         rows = self.shard_slices[k]
         return f", serving envs {rows.start}..{rows.stop - 1}"
@@ -456,24 +517,17 @@ class MultiVecEnv(BatchedVecEnv):
             f"{self.env_id}: env {i} is done and autoreset_mode is 'disabled'; reset it with "
             f"reset(options={{'reset_mask': mask}}) before stepping it again")
 
-    # ---- no async mode over several daemons ---------------------------------------------
+    # ---- async calls of a sync MultiVecEnv --------------------------------------------------
     def _no_async(self, call: str) -> EnvStateError:
         return EnvStateError(
-            f"{self.env_id}: {call}() is async mode, which a MultiVecEnv (envs on "
-            f"{len(self._shards)} daemons) does not have; use reset()/step(), or make the env "
-            "on a single daemon with envd.connect(endpoint).make(..., batch_size=B)")
-
-    def async_reset(self, *, seed: int | Sequence[int] | None = None) -> None:
-        raise self._no_async("async_reset")
-
-    def send(self, actions: Any, env_ids: Any) -> None:
-        raise self._no_async("send")
-
-    def recv(self) -> tuple:
-        raise self._no_async("recv")
+            f"{self.env_id}: {call}() is async mode; this MultiVecEnv (envs on "
+            f"{len(self._shards)} daemons) was made without it: make it with "
+            "batch_size < num_envs, or use reset()/step()")
 
     # ---- lifetime ------------------------------------------------------------------------
     def _release(self) -> None:
+        if self._stepper is not None:
+            self._stepper.close()
         shards, self._shards = self._shards, ()
         executor, self._executor = self._executor, None
         try:

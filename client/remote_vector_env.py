@@ -38,12 +38,16 @@ class RemoteVecEnv(BatchedVecEnv):
                          reply["max_episode_steps"], copy, episode_statistics,
                          reply.get("batch_size"), reply.get("render_mode"),
                          reply.get("render_fps"))
-        # (if this raises, Client.make closes the session)
+        # (if this raises, Client.make closes the session; checked before the
+        # segment is mapped, so that a refusal leaves no mapping behind)
+        self._check_episode_statistics_key(reply["shm"]["arrays"])
         self._segment, self._stepper = open_stepper(client, reply, transport, fast_path,
                                                     self.env_id, self.single_action_space,
                                                     num_envs)
         #: how the arrays travel: "shm" or "inline" (see Client.make)
         self.transport = self._stepper.transport
+        #: the daemon's cap on the pool threads stepping these envs (None: none; Client.make)
+        self.max_threads: int | None = reply.get("max_threads")
         self._bind_buffers(self._segment.arrays)
         self._client = client
         space = self.single_action_space

@@ -195,6 +195,9 @@ uint64_t envd_vec_memory_bytes(const envd_env_def_t *def, int64_t num_envs);
 uint64_t envd_vec_batch_memory_bytes(int64_t capacity);
 int64_t envd_vec_num_done(const envd_vec_t *vec);
 void envd_vec_set_chunk(envd_vec_t *vec, int64_t chunk);
+#define ENVD_VEC_NO_CAP ...
+int envd_vec_set_max_threads(envd_vec_t *vec, int max_threads);
+int envd_vec_max_threads(const envd_vec_t *vec);
 void envd_vec_get_stats(const envd_vec_t *vec, envd_vec_stats_t *stats);
 
 #define ENVD_FAST_OFFSET ...
@@ -247,6 +250,7 @@ int envd_session_env_state(envd_session_t *session, int64_t index);
 int envd_session_render(envd_session_t *session, uint8_t *out);
 uint64_t envd_session_frame_bytes(envd_session_t *session);
 void envd_session_set_chunk(envd_session_t *session, int64_t chunk);
+int envd_session_set_max_threads(envd_session_t *session, int max_threads);
 void envd_session_stats(envd_session_t *session, envd_vec_stats_t *stats);
 int64_t envd_session_error_index(const envd_session_t *session);
 void envd_session_error_message(envd_session_t *session, int64_t index, char *out, size_t size);
@@ -280,6 +284,7 @@ typedef struct envd_workers_leaf {
     void *segment;
     void *client;
     int64_t row_bytes;
+    const uint32_t *used;
 } envd_workers_leaf_t;
 typedef struct envd_workers_config {
     int64_t num_envs;
@@ -308,14 +313,17 @@ typedef struct envd_workers_config {
     int64_t num_inputs;
     const envd_workers_leaf_t *outputs;
     int64_t num_outputs;
+    int64_t timeout_ms;
 } envd_workers_config_t;
 int envd_backend_workers_create(envd_backend_t **out, const envd_workers_config_t *config);
 int64_t envd_backend_workers_dead(const envd_backend_t *backend);
 int64_t envd_backend_workers_error_index(const envd_backend_t *backend);
 void envd_backend_workers_message(const envd_backend_t *backend, int64_t index, char *out,
                                   size_t size);
+int envd_backend_workers_timed_out(const envd_backend_t *backend);
 uint32_t envd_worker_wait(envd_worker_ctl_t *ctl, uint32_t seen, int64_t spin_ns);
 void envd_worker_fence(void);
+void envd_worker_acquire(void);
 void envd_worker_done(envd_worker_ctl_t *ctl);
 int envd_worker_take_notify(envd_worker_ctl_t *ctl);
 extern "Python" int envd_hosted_run_inline(void *ctx);

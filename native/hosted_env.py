@@ -32,18 +32,28 @@ from envd.vector_base import (BatchedVecEnv, buffer_layout, check_int, episode_s
 
 
 #: num_workers=None picks workers when a step of all envs costs at least
-#: this long on one CPU: waking workers and waiting for them costs tens of
-#: microseconds per step on these machines, so below it the caller's own loop
-#: (num_workers=0, like SyncVectorEnv) is never slower.
-PARALLEL_MIN_STEP_SECONDS = 400e-6
+#: this long on one CPU (native/step_cost.py measures one env's step, the
+#: env's own work only).  With 2 workers a step of cost C takes about C/2
+#: plus the round trip to the workers, about 20 us on a busy 2-CPU machine
+#: (docs/python-envs.md), so workers pay from about 40 us on; a loaded
+#: machine delays a worker's wake-up more than the caller's own loop
+#: (num_workers=0, like SyncVectorEnv), hence a margin of 5x.  Measured here
+#: (gymnasium 1.x), CartPole-v1 costs about 5 us a step and Acrobot-v1 about
+#: 25 us: 16 CartPoles (80 us) step in the caller, 16 Acrobots (400 us) get
+#: workers, each 2.5x or more away from the limit (docs/benchmarks.md,
+#: envd bench --python).
+PARALLEL_MIN_STEP_SECONDS = 200e-6
 
 
-def default_num_workers(num_envs: int, step_seconds: float) -> int:
-    """The worker count num_workers=None picks: 0 (step in the caller) when
-    num_envs steps cost under PARALLEL_MIN_STEP_SECONDS (measured on one env
-    at make) or there is one usable CPU; else one worker per usable CPU, at
-    most num_envs."""
-    cpus = len(os.sched_getaffinity(0))
+def default_num_workers(num_envs: int, step_seconds: float, cpus: int | None = None) -> int:
+    """The worker count num_workers=None picks for num_envs envs whose step
+    costs step_seconds (native/step_cost.py measures one env when it is
+    described): 0 (step in the caller) when a step of all of them costs
+    under PARALLEL_MIN_STEP_SECONDS, or with one usable CPU (`cpus`, default
+    this process's affinity); else one worker per usable CPU, at most
+    num_envs."""
+    if cpus is None:
+        cpus = len(os.sched_getaffinity(0))
     if cpus < 2 or num_envs < 2 or num_envs * step_seconds < PARALLEL_MIN_STEP_SECONDS:
         return 0
     return min(cpus, num_envs)

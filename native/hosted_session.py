@@ -14,7 +14,7 @@ import os
 import select
 import signal
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from gymnasium import spaces
@@ -28,6 +28,7 @@ from envd.native.hosted_template import Template, _maker
 from envd.native.hosted_worker import EnvSlice, spin_ns
 from envd.native.native_session import NativeSession
 from envd.native.native_vec import ptr
+from envd.vector_base import INFO_LENGTHS, INFO_SLOTS
 
 #: close() waits this long for envs in flight, then for workers to exit, before SIGKILL.
 CLOSE_GRACE_SECONDS = 5.0
@@ -57,10 +58,22 @@ def slice_bounds(num_envs: int, num_workers: int, worker: int) -> tuple[int, int
 @ffi.def_extern(error=lib.ENVD_EENV)
 def envd_hosted_run_inline(ctx: Any) -> int:
     """The backend's inline callback (num_workers=0): step the requested envs
-    on the calling thread (env exceptions are caught per env; anything else
-    fails the call)."""
-    ffi.from_handle(ctx)._slice.run_pending()
+    on the calling thread (env exceptions are caught per env).  Anything else
+    (a KeyboardInterrupt in an env's step, say) fails the call and is raised
+    again in the caller once the C call returned (_env_error)."""
+    session = ffi.from_handle(ctx)
+    try:
+        session._slice.run_pending()
+    except BaseException as exc:
+        session._interrupted = exc
+        return lib.ENVD_EENV
     return lib.ENVD_OK
+
+
+#: Output arrays of which only a prefix of each row is meaningful -> the
+#: segment's array of each row's length in bytes (uint32): the backend copies
+#: only that prefix (an env's info slot: its msgpack bytes, mostly none).
+USED_BYTES = {INFO_SLOTS: INFO_LENGTHS}
 
 
 def client_leaves(segment: dict[str, np.ndarray], client: dict[str, np.ndarray] | None,
@@ -87,7 +100,10 @@ def client_leaves(segment: dict[str, np.ndarray], client: dict[str, np.ndarray] 
                 raise RuntimeError(f"hosted session: the segment's {name} does not match the "
                                    "client's")
             if mine[0].nbytes:  # (an empty row has nothing to copy)
-                leaves[side].append((ptr(mine), ptr(theirs), mine[0].nbytes))
+                used = segment.get(USED_BYTES.get(name, ""))
+                leaves[side].append((ptr(mine), ptr(theirs), mine[0].nbytes,
+                                     ffi.NULL if used is None or side == 0
+                                     else ptr(used, "uint32_t *")))
     return leaves[0], leaves[1]
 
 
@@ -98,7 +114,8 @@ class HostedSession(NativeSession):
     def __init__(self, spec: HostedSpec, num_envs: int, *, num_workers: int,
                  autoreset_mode: AutoresetMode, maker: tuple, segment: Segment, fd: int,
                  template: Template | None, notify_fd: int = -1,
-                 client_buffers: dict[str, np.ndarray] | None = None):
+                 client_buffers: dict[str, np.ndarray] | None = None,
+                 timeout: float | None = None):
         """notify_fd: the daemon pool's eventfd, given to the workers, which
         write it when a step_submit or a send(notify=True) is done (-1: the
         caller waits itself, in-process).  client_buffers: the daemon's
@@ -106,9 +123,15 @@ class HostedSession(NativeSession):
         as the segment's batch buffers), which the session's callers and
         its doorbell use; the backend copies the rows of every input and
         output array between them and the segment itself, in C (see
-        client_leaves).  None: the callers use the segment's own."""
+        client_leaves).  None: the callers use the segment's own.
+        timeout: the longest the workers may take to make their envs, and any
+        call to wait for its envs (a hung env), in seconds; past it every
+        worker is killed and the make or call raises EnvError (None: no
+        bound)."""
         self.spec, self.num_envs, self.num_workers = spec, num_envs, num_workers
         self.autoreset_mode = autoreset_mode
+        self.timeout = timeout
+        self._interrupted: BaseException | None = None
         self.handle = self._backend = ffi.NULL
         self.segment = segment
         self.pids: list[int] = []
@@ -138,18 +161,33 @@ class HostedSession(NativeSession):
         self._notify = notify_fd >= 0
         for w in range(self.num_workers):
             begin, end = slice_bounds(self.num_envs, self.num_workers, w)
-            pid = template.request(
-                {"op": "spawn", "spec": maker, "layout": self.segment.layout,
+            pid, start = template.spawn(
+                {"spec": maker, "layout": self.segment.layout,
                  "size": self.segment.size, "worker": w, "begin": begin, "end": end,
                  "autoreset_mode": mode, "spin_ns": spin_ns(self.num_workers)},
                 (fd, notify_fd) if notify_fd >= 0 else (fd,))
-            self.pids.append(pid)
             try:
+                # The worker waits on its start pipe: it cannot have exited
+                # (and been reaped) yet, so this pidfd is that worker's.  If
+                # this raises, the pipe closes unwritten and the worker exits.
                 self._pidfds.append(os.pidfd_open(pid))
-            except ProcessLookupError:  # gone already: reaped by the template
-                self._pidfds.append(-1)
+                self.pids.append(pid)
+                os.write(start, b"\x01")
+            finally:
+                os.close(start)
+        self._wait_ready()
+
+    def _wait_ready(self) -> None:
+        """Until every worker made its envs: EnvError if one failed, died, or
+        (self.timeout) took too long (close() then kills them all)."""
+        deadline = time.monotonic() + (self.timeout or float("inf"))
         state = self.segment.arrays["worker_state"]
-        while not (state == WORKER_READY).all():  # no deadline: a dead worker ends it
+        while not (state == WORKER_READY).all():
+            if time.monotonic() > deadline:
+                slow = [w for w in range(self.num_workers) if state[w] != WORKER_READY]
+                raise EnvError(f"{self.spec.id}: making the envs of worker(s) {slow} took "
+                               f"longer than {self.timeout:g} s; the workers were killed",
+                               lib.ENVD_EENV)
             for w in range(self.num_workers):
                 if state[w] == WORKER_FAILED:
                     _, text = self.segment.message(w)
@@ -162,8 +200,7 @@ class HostedSession(NativeSession):
             time.sleep(0.001)
 
     def _exited(self, w: int) -> bool:
-        fd = self._pidfds[w]
-        return fd < 0 or bool(select.select([fd], [], [], 0)[0])
+        return bool(select.select([self._pidfds[w]], [], [], 0)[0])
 
     def _create_backend(self) -> None:
         a = self._buffers
@@ -192,7 +229,8 @@ class HostedSession(NativeSession):
             "run_inline": lib.envd_hosted_run_inline if self.num_workers == 0 else ffi.NULL,
             "inline_ctx": self._handle_ref, "notify": getattr(self, "_notify", False),
             "pids": self._pids_c, "inputs": self._leaves[0], "num_inputs": len(inputs),
-            "outputs": self._leaves[1], "num_outputs": len(outputs)})
+            "outputs": self._leaves[1], "num_outputs": len(outputs),
+            "timeout_ms": 0 if self.timeout is None else max(1, round(self.timeout * 1000))})
         backend = ffi.new("envd_backend_t **")
         self._check(lib.envd_backend_workers_create(backend, self._config),
                     "creating the hosted backend")
@@ -202,10 +240,14 @@ class HostedSession(NativeSession):
         self._backend, self.handle = backend[0], out[0]
 
     # ---- errors ----------------------------------------------------------------------
-    def _env_error(self, index: int) -> EnvError:
+    def _env_error(self, index: int) -> BaseException:
         """The EnvError of a call that failed with ENVD_EENV naming env index,
         in the backend's words (envd_backend_workers_message: the doorbell
-        hands the same words to a fast-path client)."""
+        hands the same words to a fast-path client); or what interrupted an
+        inline call (a KeyboardInterrupt is raised again as it is)."""
+        if self._interrupted is not None:
+            interrupted, self._interrupted = self._interrupted, None
+            return interrupted
         dead = int(lib.envd_backend_workers_dead(self._backend))
         if dead >= 0:
             index = slice_bounds(self.num_envs, self.num_workers, dead)[0]
@@ -214,7 +256,7 @@ class HostedSession(NativeSession):
         return EnvError(f"{self.spec.id}: {ffi.string(text).decode('utf-8', 'replace')}",
                         lib.ENVD_EENV, index)
 
-    def _step_error(self, rc: int, call: str = "step") -> Exception:
+    def _step_error(self, rc: int, call: str = "step") -> BaseException:
         if rc == lib.ENVD_EENV:
             return self._env_error(int(lib.envd_session_error_index(self.handle)))
         return super()._step_error(rc, call)
@@ -240,6 +282,14 @@ class HostedSession(NativeSession):
     def _recv(self, count: int, wait: bool) -> np.ndarray | None:
         return self._convert_env_failure(super()._recv, count, wait)
 
+    def send(self, env_ids: np.ndarray, notify: bool = False) -> None:
+        try:
+            super().send(env_ids, notify)
+        except Exception:
+            if self._interrupted is not None:  # (inline: what stopped the run)
+                raise self._env_error(-1) from None
+            raise
+
     def render(self, out: np.ndarray) -> None:
         raise InvalidArgumentError(f"{self.spec.id}: hosted Python envs do not render yet")
 
@@ -251,49 +301,48 @@ class HostedSession(NativeSession):
                                        "doorbell")
         super().start_doorbell(segment, ids, spin_ns)
 
-    # ---- close -----------------------------------------------------------------------
-    def _wait_exited(self, deadline: float) -> bool:
-        while time.monotonic() < deadline:
-            if all(self._exited(w) for w in range(len(self._pidfds))):
-                return True
-            time.sleep(0.002)
-        return False
-
-    def _kill_workers(self) -> None:
-        for fd in self._pidfds:
+    # ---- close ---------------------------------------------------------------------
+    def _kill_workers(self, pidfds: list[int] | None = None) -> None:
+        """SIGKILL the workers (through their pidfds: no pid reuse)."""
+        for fd in self._pidfds if pidfds is None else pidfds:
             if fd >= 0:
                 try:
                     signal.pidfd_send_signal(fd, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
 
-    def close(self) -> None:
+    def close(self, reap: Callable[[list[int]], None] | None = None) -> None:
         """Stop the workers (they leave their loop and close their envs;
         SIGKILL after CLOSE_GRACE_SECONDS, e.g. a hung env), free the
         session and the segment.  Idempotent; nothing is left: no process,
-        no fd, no mapping (once the caller drops its views)."""
+        no fd, no mapping (once the caller drops its views).
+
+        reap: the daemon's event loop must not wait for workers: it passes a
+        callable that takes the workers' pidfds (and closes them) and waits
+        for their exit itself (server/hosted.py, WorkerReaper); envs still in
+        flight then get their workers killed at once instead of a grace."""
         handle = getattr(self, "handle", ffi.NULL)
-        if handle == ffi.NULL and getattr(self, "_pidfds", None):
+        pidfds = getattr(self, "_pidfds", [])
+        if handle == ffi.NULL and pidfds:
             self._kill_workers()  # a failed make: nobody will tell them to exit
-        elif handle != ffi.NULL and self._pidfds:
+        elif handle != ffi.NULL and pidfds and self.counts()[0]:
             # The session's destroy waits for the envs in flight: a hung env
             # must not hang close.
-            deadline = time.monotonic() + CLOSE_GRACE_SECONDS
+            deadline = time.monotonic() + (0 if reap else CLOSE_GRACE_SECONDS)
             while self.counts()[0] and time.monotonic() < deadline:
                 time.sleep(0.002)
             if self.counts()[0]:
                 self._kill_workers()
         super().close()  # (the backend's destroy tells the workers to exit)
-        pidfds, self._pidfds = getattr(self, "_pidfds", []), []
-        if pidfds:
-            self._pidfds = pidfds
-            if not self._wait_exited(time.monotonic() + CLOSE_GRACE_SECONDS):
-                self._kill_workers()
-                self._wait_exited(float("inf"))
-            self._pidfds = []
+        self._pidfds = []
+        if pidfds and reap is not None:
+            reap(pidfds)
+        elif pidfds:
+            if not _wait_exited(pidfds, time.monotonic() + CLOSE_GRACE_SECONDS):
+                self._kill_workers(pidfds)
+                _wait_exited(pidfds, float("inf"))
             for fd in pidfds:
-                if fd >= 0:
-                    os.close(fd)
+                os.close(fd)
         if getattr(self, "_slice", None) is not None:
             self._slice.close()
             self._slice = None
@@ -304,3 +353,13 @@ class HostedSession(NativeSession):
         if segment is not None:
             self.segment = None
             segment.close()
+
+
+def _wait_exited(pidfds: list[int], deadline: float) -> bool:
+    """Until every pidfd polls readable (its process exited), or the deadline."""
+    while True:
+        if all(select.select([fd], [], [], 0)[0] for fd in pidfds):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.002)

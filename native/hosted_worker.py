@@ -160,6 +160,9 @@ class EnvSlice:
         pending = np.flatnonzero(self._req[b:e] != self._ack[b:e])
         if not len(pending):
             return
+        # The req words above before the inputs below (kind, seeds, actions):
+        # the parent wrote those before its release store of req.
+        lib.envd_worker_acquire()
         ids = pending + b
         kinds = self._kind[ids].tolist()
         actions = self._actions[ids]  # (a copy: rows stay valid for the env)

@@ -16,7 +16,10 @@ from envd.server.config import Config
 def hello_capabilities(config: Config, limits: dict[str, int]) -> dict[str, Any]:
     """The ``capabilities`` map of the hello reply: protocol and native ABI
     versions, the features served (the fast path unless --fast-path-sessions
-    is 0), and the limits (as the reply's top-level ``limits``)."""
+    is 0), and the limits (as the reply's top-level ``limits``).  recv_min:
+    recv takes ``min`` and a send is served while a recv waits (what async
+    over several daemons needs, client/multi_async.py); max_threads: make
+    takes a per-session thread cap."""
     return {"protocol": protocol.PROTOCOL_VERSION, "abi": int(lib.envd_abi_version()),
             "fast_path": config.fast_path_sessions > 0, "async": True, "inline": True,
-            "render": True, "limits": limits}
+            "render": True, "recv_min": True, "max_threads": True, "limits": limits}

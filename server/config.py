@@ -152,10 +152,13 @@ class Config:
     # Hosted Python envs (docs/python-envs.md): the gymnasium ids clients may
     # make as "py:<id>" (nothing else: a client never makes the daemon import
     # anything), the modules imported at startup to register them, and the
-    # worker processes all hosted sessions may hold at once.
+    # worker processes all hosted sessions may hold at once, and the longest
+    # a hosted make or reset may run (it holds one of the daemon's two
+    # operation threads): past it the session's workers are killed.
     python_envs: tuple[str, ...] = ()
     imports: tuple[str, ...] = ()
     max_workers: int = 64
+    hosted_timeout: float = 60.0
     # Prometheus metrics over HTTP (docs/metrics.md): off unless a port is
     # given (None or 0 = off); on loopback unless metrics_bind says otherwise.
     metrics_port: int | None = None
@@ -215,6 +218,9 @@ class Config:
         if self.max_connections is not None and self.max_connections < 1:
             raise ValueError(f"--max-connections (ENVD_MAX_CONNECTIONS) must be >= 1, got "
                              f"{self.max_connections}")
+        if not 0.1 <= self.hosted_timeout <= 86400:
+            raise ValueError(f"--hosted-timeout (ENVD_HOSTED_TIMEOUT) must be in [0.1, 86400] "
+                             f"seconds, got {self.hosted_timeout}")
         if not 0.1 <= self.hello_timeout <= 3600:
             raise ValueError(f"--hello-timeout (ENVD_HELLO_TIMEOUT) must be in [0.1, 3600] "
                              f"seconds, got {self.hello_timeout}")
@@ -394,6 +400,9 @@ _FLAGS: dict[str, tuple[Callable[[str], object], str]] = {
                              "daemon drops it"),
     "max_workers": (int, "worker processes hosted Python envs (--python-env) may hold at "
                          "once, over all sessions"),
+    "hosted_timeout": (float, "seconds a hosted Python env's make or reset may run in the "
+                              "daemon (a hung env): past it the session's workers are killed "
+                              "and the call fails with env_error"),
     "pin_cpus": (_cpu_list, "comma-separated CPU per worker thread, e.g. 1,2,3"),
     "metrics_port": (int, "serve Prometheus metrics over HTTP at /metrics on this port "
                           "(None or 0 = off; needs prometheus-client, pip install "

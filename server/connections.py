@@ -51,6 +51,17 @@ log = logging.getLogger("envd.server")
 #: mmap.  A made session holds none (the segment guard closes the fd once the
 #: segment is mapped: measured, sync, async and fast-path sessions alike).
 FDS_PER_MAKE = 1
+#: What a hosted make (server/hosted.py) holds besides while in flight: its
+#: private memfd (closed once the workers have it; its mapping holds no fd)
+#: and one worker's start pipe at a time.  Each of its num_workers workers
+#: adds a pidfd, which the session keeps until it is freed.
+FDS_PER_HOSTED_MAKE = 2
+
+
+def make_fds(num_workers: int = 0) -> int:
+    """Fds one make needs: FDS_PER_MAKE, and for a hosted make (num_workers
+    > 0) FDS_PER_HOSTED_MAKE plus a pidfd per worker."""
+    return FDS_PER_MAKE + (FDS_PER_HOSTED_MAKE + num_workers if num_workers else 0)
 #: The smallest reserve: the daemon's own fds with one client, measured, are
 #: about 25; the rest absorbs a burst of connections before they are shed.
 MIN_FD_RESERVE = 128

@@ -16,14 +16,14 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from envd import __version__, protocol
-from envd.errors import (InvalidArgumentError, LimitExceededError, SessionExpiredError,
-                         SharedMemoryError, ShuttingDownError, UnknownEnvError,
-                         UnknownSessionError)
+from envd.errors import (DaemonError, InvalidArgumentError, LimitExceededError,
+                         SessionExpiredError, SharedMemoryError, ShuttingDownError,
+                         UnknownEnvError, UnknownSessionError)
 from envd.native.hosted_env import DEFAULT_INFO_BYTES, MAX_INFO_BYTES
 from envd.native.native_vec import MAX_NUM_ENVS
 from envd.native.registry import get_spec, list_envs
 from envd.native.vector_env import PYTHON_PREFIX, check_max_episode_steps
-from envd.vector_base import check_int, parse_autoreset_mode, seed_list
+from envd.vector_base import check_int, is_int, parse_autoreset_mode, seed_list
 from envd.server.capabilities import hello_capabilities
 from envd.server.hosted import HostedServerSession
 from envd.server.sessions import ClientRecord, Session
@@ -123,6 +123,7 @@ class ControlHandlers:
         mode = parse_autoreset_mode(header.get("autoreset_mode", "next_step"))
         max_steps = check_max_episode_steps(spec, header.get("max_episode_steps"))
         render_mode = spec.check_render_mode(header.get("render_mode"))
+        max_threads = self._check_max_threads(header.get("max_threads"))
         env_kwargs = header.get("env_kwargs", {})
         seed = header.get("seed")
         reservation = service.books.reserve(client, spec, num_envs, mode, len(service.sessions),
@@ -134,7 +135,8 @@ class ControlHandlers:
             try:
                 session = Session(client.identity, spec, num_envs, mode, max_steps, params,
                                   seeds, service.pool, service.segment_prefix,
-                                  on_free=service.on_session_freed)
+                                  on_free=service.on_session_freed,
+                                  max_threads=max_threads)
             except (OSError, MemoryError) as exc:  # /dev/shm or the heap is full
                 raise LimitExceededError(
                     f"cannot allocate {num_envs} {spec.id} envs: {exc}; the host's shared "
@@ -146,11 +148,7 @@ class ControlHandlers:
             return session
 
         def done(future: Future) -> None:
-            with reservation:  # released exactly once, whatever happens here
-                reply = service.result_reply(header["id"], future)
-                if reply["ok"]:
-                    reply = self._open(client, future.result(), reservation, reply)
-            service.send(client.identity, reply)
+            self._made(client, header["id"], reservation, future)
 
         try:
             service.submit(build, done)  # from here done releases the reservation
@@ -158,6 +156,22 @@ class ControlHandlers:
             reservation.release()
             raise
         return None
+
+    def _check_max_threads(self, max_threads: Any) -> int | None:
+        """make's max_threads: None (no cap) or an int from 0 to the pool's
+        threads; InvalidArgumentError naming --threads otherwise."""
+        if max_threads is None:
+            return None
+        threads = self.service.pool.num_threads if self.service.pool is not None else 0
+        if not is_int(max_threads):
+            raise InvalidArgumentError(f"max_threads must be an int or None, got "
+                                       f"{type(max_threads).__name__} {max_threads!r}")
+        if not 0 <= max_threads <= threads:
+            raise InvalidArgumentError(
+                f"max_threads={max_threads} is out of range: this daemon's pool has {threads} "
+                f"threads (--threads), so 0 <= max_threads <= {threads} (0: inline on the "
+                "thread serving the call; None: no cap)")
+        return int(max_threads)
 
     def _make_hosted(self, client: ClientRecord, header: dict[str, Any]) -> None:
         """make of a Python env the operator allowed (server/hosted.py):
@@ -174,6 +188,10 @@ class ControlHandlers:
             max_steps = check_int("max_episode_steps", max_steps, 1, 2**62)
         if header.get("render_mode") is not None:
             raise InvalidArgumentError(f"{spec.id}: hosted Python envs do not render yet")
+        if header.get("max_threads") is not None:
+            raise InvalidArgumentError(
+                f"{spec.id}: max_threads caps the daemon's pool threads, which do not step "
+                "hosted Python envs: their worker processes do (num_workers)")
         if header.get("env_kwargs"):
             raise InvalidArgumentError(
                 f"{spec.id}: a daemon-hosted Python env takes no env kwargs (the operator's "
@@ -200,7 +218,8 @@ class ControlHandlers:
                 session = HostedServerSession(
                     client.identity, spec, num_envs, mode, max_steps, seeds, num_workers,
                     service.segment_prefix, service.hosted.template, service.pool.eventfd(),
-                    on_free=service.on_session_freed, info_bytes=info_bytes)
+                    on_free=service.on_session_freed, info_bytes=info_bytes,
+                    timeout=service.config.hosted_timeout)
             except (OSError, MemoryError) as exc:
                 raise LimitExceededError(
                     f"cannot make {num_envs} {spec.id} envs in {num_workers} workers: {exc}"
@@ -210,11 +229,7 @@ class ControlHandlers:
             return session
 
         def done(future: Future) -> None:
-            with reservation:
-                reply = service.result_reply(header["id"], future)
-                if reply["ok"]:
-                    reply = self._open(client, future.result(), reservation, reply)
-            service.send(client.identity, reply)
+            self._made(client, header["id"], reservation, future)
 
         try:
             service.submit(build, done)
@@ -223,6 +238,29 @@ class ControlHandlers:
             raise
         return None
 
+    def _made(self, client: ClientRecord, request_id: int, reservation: Reservation,
+              future: Future) -> None:
+        """A make's build ended on the executor: reply exactly once, with its
+        session or its error; the reservation is released exactly once.  A
+        bug while opening the session (an internal error) still answers, and
+        frees the session: the client never learned its id."""
+        service = self.service
+        with reservation:
+            reply = service.result_reply(request_id, future)
+            if reply["ok"]:
+                session = future.result()
+                try:
+                    reply = self._open(client, session, reservation, reply)
+                except Exception:  # noqa: BLE001 -- a bug: answer, leave nothing behind
+                    log.exception("internal error while opening a made session")
+                    reply = protocol.error_reply(request_id, DaemonError(
+                        "internal error in the daemon; its log has the details"))
+                    if service.sessions.get(session.id) is session:
+                        service.drop(session)
+                    elif not session.life.freed:
+                        session.life.shut_down()
+        service.send(client.identity, reply)
+
     def _open(self, client: ClientRecord, session: Session, reservation: Reservation,
               reply: dict) -> dict:
         """The make's session was built: open it (its id goes in the reply), or
@@ -230,6 +268,8 @@ class ControlHandlers:
         service = self.service
         reservation.claim(session)
         request_id = reply["id"]
+        if isinstance(session, HostedServerSession) and service.reaper is not None:
+            session.reap = service.reaper.reap  # (its workers' exit is awaited on the loop)
         if service.draining or service.clients.get(client.identity) is not client:
             session.life.discard()  # the client expired or the daemon drains meanwhile
             return protocol.error_reply(request_id, ShuttingDownError(

@@ -52,10 +52,11 @@ from envd.native import segment_guard
 from envd.native.native_vec import NativePool, set_fast_spinners
 from envd.server import logs
 from envd.server.config import Config
-from envd.server.connections import (FDS_PER_MAKE, Connections, default_max_connections,
-                                     fd_reserve, open_fds, raise_fd_limit)
+from envd.server.connections import (FDS_PER_HOSTED_MAKE, FDS_PER_MAKE, Connections,
+                                     default_max_connections, fd_reserve, make_fds, open_fds,
+                                     raise_fd_limit)
 from envd.server.peer_auth import CURVE_DOMAIN, IPC_DOMAIN, PeerAuthenticator
-from envd.server.hosted import HostedCatalog
+from envd.server.hosted import HostedCatalog, WorkerReaper
 from envd.server.plugins import load_plugins
 from envd.server.service import Service
 from envd.server.stale_segments import Instance, remove_stale_segments
@@ -236,14 +237,19 @@ class Daemon:
                         self.fd_limit, fd_reserve(self.fd_limit), most)
         return min(wanted, most)
 
-    def _check_fds(self, makes_in_flight: int) -> None:
-        """Refuse a make (LimitExceededError) when the fd it needs while in
-        flight would eat into the reserve or the connection slots not in use
-        (sessions hold no fd once made, but plugins and the daemon's own
-        files may have taken some)."""
+    def _check_fds(self, makes_in_flight: int, workers_in_flight: int = 0,
+                   num_workers: int = 0) -> None:
+        """Refuse a make (LimitExceededError) when the fds it needs (a hosted
+        make of num_workers workers: connections.make_fds) would eat into the
+        reserve or the connection slots not in use, counting those of the
+        makes in flight (workers_in_flight: the workers of the hosted ones;
+        each has at least one, so FDS_PER_HOSTED_MAKE per worker bounds their
+        extra fds).  Native sessions hold no fd once made; hosted ones hold a
+        pidfd per worker, which open_fds() counts."""
         free = (self.fd_limit - self._fd_reserve - self.connections.free_slots()
-                - open_fds() - FDS_PER_MAKE * makes_in_flight)
-        if free < FDS_PER_MAKE:
+                - open_fds() - FDS_PER_MAKE * makes_in_flight
+                - (FDS_PER_HOSTED_MAKE + 1) * workers_in_flight)
+        if free < make_fds(num_workers):
             raise LimitExceededError(
                 f"the daemon is short of file descriptors: its open-file limit is "
                 f"{self.fd_limit}, of which {self._fd_reserve} are reserved and "
@@ -364,6 +370,7 @@ class Daemon:
             self.loop.add_reader(sock.getsockopt(zmq.FD), self._drain_socket, index)
         self.loop.add_reader(self.pool.eventfd(), self.service.on_pool_event)
         self.service.fd_watch = (self.loop.add_reader, self.loop.remove_reader)
+        self.service.reaper = WorkerReaper(self.loop.add_reader, self.loop.remove_reader)
         for signum in (signal.SIGTERM, signal.SIGINT):
             self.loop.add_signal_handler(signum, self._on_signal, signum)
         self._lease_timer()
@@ -544,6 +551,8 @@ class Daemon:
             self._answer_queued()
         self.executor.shutdown(wait=True)
         self.service.free_all()
+        if self.service.reaper is not None:  # workers of closed sessions still exiting
+            self.service.reaper.close()
         self.hosted.close()  # (every hosted session's workers are gone by now)
         self._close_transport()
         self.pool.close()

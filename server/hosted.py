@@ -28,6 +28,8 @@ import dataclasses
 import logging
 import os
 import secrets
+import select
+import signal
 import time
 from typing import Any, Callable
 
@@ -35,7 +37,7 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
-from envd.errors import InvalidArgumentError, UnknownEnvError
+from envd.errors import EnvStateError, InvalidArgumentError, UnknownEnvError
 from envd.native import segment_guard
 from envd.native._envd_native import lib
 from envd.native.hosted_env import (DEFAULT_INFO_BYTES, check_space, default_num_workers,
@@ -46,7 +48,7 @@ from envd.native.hosted_template import Template, template
 from envd.native.vector_env import PYTHON_PREFIX
 from envd.shm import Segment
 from envd.server.lifecycle import Lifecycle
-from envd.server.sessions import Session, plan
+from envd.server.sessions import EXECUTOR_LOCK_WAIT_SECONDS, Session, async_in_flight, plan
 
 log = logging.getLogger("envd.server")
 
@@ -118,14 +120,15 @@ class HostedCatalog:
                 log.warning("--import %s without --python-env: nothing to serve from it",
                             ", ".join(imports))
             return
-        # Started from the thread that runs startup (the daemon's main thread):
-        # the template dies with that thread (PR_SET_PDEATHSIG).
+        # (started from a thread of its own that lives as long as the daemon:
+        # native/hosted_template.py)
         try:
             self.template
         except RuntimeError as exc:
             raise ValueError(f"--import (ENVD_IMPORTS): {exc}") from None
         for gym_id in python_envs:
-            self.specs[PYTHON_PREFIX + gym_id] = self._describe(gym_id.removeprefix(PYTHON_PREFIX))
+            gym_id = gym_id.removeprefix(PYTHON_PREFIX)  # (--python-env py:ID means ID)
+            self.specs[PYTHON_PREFIX + gym_id] = self._describe(gym_id)
         log.info("hosted Python envs: %s", ", ".join(self.specs))
 
     def _describe(self, gym_id: str) -> HostedEnvSpec:
@@ -148,7 +151,7 @@ class HostedCatalog:
     @property
     def template(self) -> Template:
         """The daemon's template, with the --import modules imported (started
-        again, from the calling thread, if it died: e.g. the OOM killer)."""
+        again if it died: e.g. the OOM killer)."""
         current = template()
         if current is not self._template:
             if self.imports:
@@ -240,15 +243,17 @@ class HostedNative:
     def start_doorbell(self, segment, ids: np.ndarray, spin_ns: int) -> None:
         self.hosted.start_doorbell(segment, ids, spin_ns)
 
-    def stop_doorbell(self) -> None:
+    def stop_doorbell(self, kill_if_busy: bool = False) -> None:
         """Stop serving the doorbell (the event loop calls this when the
         session is freed or its fast path turned off).  The stop waits for
         the request the doorbell serves and for the envs sent through it
         that are still in flight, which a hung env could hold forever: if
-        either still runs after DOORBELL_STOP_WAIT_SECONDS, the workers are
-        killed (the session is going), and the wait ends within
-        ENVD_HOSTED_POLL_MS (the request is answered with the dead worker's
-        EnvError, the batch dropped)."""
+        either still runs after DOORBELL_STOP_WAIT_SECONDS, then with
+        kill_if_busy (the session is being freed) the workers are killed,
+        and the wait ends within ENVD_HOSTED_POLL_MS (the request is answered
+        with the dead worker's EnvError, the batch dropped); without it (a
+        live session's "fast off") nothing is stopped or killed and
+        EnvStateError says the session is busy."""
         hosted = self.hosted
         deadline = time.monotonic() + DOORBELL_STOP_WAIT_SECONDS
         while True:
@@ -256,6 +261,11 @@ class HostedNative:
             try:
                 busy = not locked or hosted.counts()[0] > 0
                 if not busy or time.monotonic() > deadline:
+                    if busy and not kill_if_busy:
+                        raise EnvStateError(
+                            f"{hosted.spec.id}: stopping the fast path while a request it "
+                            "serves, or a batch sent through it, still runs; retry once "
+                            "it returns (a hung env's: close the session)")
                     if busy:
                         log.warning("%s: a fast-path request or batch still runs as its "
                                     "session is freed; killing its workers", hosted.spec.id)
@@ -270,10 +280,66 @@ class HostedNative:
     def render(self, out: np.ndarray) -> None:
         self.hosted.render(out)
 
-    def close(self) -> None:
+    def close(self, reap: Callable[[list[int]], None] | None = None) -> None:
         """Stop the workers (SIGKILL after the grace period) and free the
-        private segment; idempotent."""
-        self.hosted.close()
+        private segment; idempotent.  reap: see HostedSession.close."""
+        self.hosted.close(reap)
+        self.private = {}
+
+
+class WorkerReaper:
+    """Waits on the event loop for the workers of freed hosted sessions to
+    exit, so that a close never blocks the loop (a worker whose env's close
+    hangs, say): each pidfd gets a reader that closes it once the worker
+    exited, and the workers still alive after CLOSE_GRACE_SECONDS are
+    SIGKILLed.  Owned by the event loop thread."""
+
+    def __init__(self, add: Callable[..., None], remove: Callable[[int], None]):
+        self._add, self._remove = add, remove
+        # pidfds of workers not seen exiting yet -> the reap call that took them
+        # over (a closed pidfd's number is reused by a later reap: its grace
+        # timer must not kill that later session's workers)
+        self._waiting: dict[int, int] = {}
+        self._reaps = 0
+
+    def reap(self, pidfds: list[int]) -> None:
+        """Take pidfds over (the workers were told to exit)."""
+        self._reaps += 1
+        for fd in pidfds:
+            self._waiting[fd] = self._reaps
+            self._add(fd, self._exited, fd)
+        asyncio.get_running_loop().call_later(CLOSE_GRACE_SECONDS, self._kill, list(pidfds),
+                                              self._reaps)
+
+    def _exited(self, fd: int) -> None:
+        if fd in self._waiting:
+            del self._waiting[fd]
+            self._remove(fd)
+            os.close(fd)
+
+    def _kill(self, pidfds: list[int], reap: int) -> None:
+        late = [fd for fd in pidfds if self._waiting.get(fd) == reap]
+        if late:
+            log.warning("%d worker(s) of a closed hosted session still ran %g s after "
+                        "being told to exit (an env's close hangs?); killing them",
+                        len(late), CLOSE_GRACE_SECONDS)
+        for fd in late:
+            try:
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def close(self) -> None:
+        """At shutdown: SIGKILL what is left, wait for it, close every pidfd."""
+        for fd in list(self._waiting):
+            self._remove(fd)
+            try:
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            select.select([fd], [], [])  # (a SIGKILLed process exits promptly)
+            os.close(fd)
+        self._waiting.clear()
 
 
 class HostedServerSession(Session):
@@ -284,7 +350,9 @@ class HostedServerSession(Session):
                  max_episode_steps: int | None, seeds: np.ndarray, num_workers: int,
                  segment_prefix: str, template: Template, notify_fd: int,
                  on_free: Callable[[Session, bool], None] | None = None,
-                 info_bytes: int = DEFAULT_INFO_BYTES):
+                 info_bytes: int = DEFAULT_INFO_BYTES, timeout: float | None = None):
+        """timeout: --hosted-timeout, the longest the make, or a reset, may
+        wait for the workers (HostedSession's timeout)."""
         # (Session.__init__ builds a native vec; this sets the same fields.)
         self.id = secrets.token_hex(16)
         self.owner = owner
@@ -297,6 +365,7 @@ class HostedServerSession(Session):
         self.env_steps = 0
         self.created = time.monotonic()
         self.batch_size = num_envs
+        self.max_threads = None  # (the workers step hosted envs, not the pool: no cap)
         self.render_mode = None
         self.fast = False
         self._counted = (0, 0)
@@ -319,7 +388,8 @@ class HostedServerSession(Session):
                                self.max_episode_steps or None),
                     num_envs, num_workers=num_workers, autoreset_mode=mode,
                     maker=("id", spec.gym_id, max_episode_steps, {}), segment=private, fd=fd,
-                    template=template, notify_fd=notify_fd, client_buffers=self.buffers)
+                    template=template, notify_fd=notify_fd, client_buffers=self.buffers,
+                    timeout=timeout)
             except BaseException:
                 private.close()
                 raise
@@ -335,6 +405,10 @@ class HostedServerSession(Session):
         self.life = Lifecycle(self.id, free=self._freed_by_lifecycle,
                               outstanding=self.batches_in_flight)
         self._on_free = on_free
+        self._reclaim_armed = False
+        #: Set by the daemon (Service.reaper): takes the workers' pidfds at an
+        #: orderly free, so that the event loop never waits for them.
+        self.reap: Callable[[list[int]], None] | None = None
 
     def watch_workers(self, add: Callable[[int, Callable[[], None]], None],
                       remove: Callable[[int], None], on_exit: Callable[[], None]) -> None:
@@ -356,23 +430,69 @@ class HostedServerSession(Session):
             self._watched.remove(fd)
             self._remove_reader(fd)
 
-    def reclaim_later(self) -> None:
-        """Closed while a call runs or batches are in flight (CLOSING): if
-        that has not ended after CLOSE_GRACE_SECONDS (an env that hangs),
-        SIGKILL the workers; their pidfds wake the event loop, the call ends
-        with an EnvError nobody reads, and the session is freed."""
+    def stop_fast(self, freeing: bool = False) -> None:
+        """Stop serving the doorbell: see HostedNative.stop_doorbell (a hosted
+        env's request may hang; its workers are killed only when freeing)."""
+        self.native.stop_doorbell(kill_if_busy=freeing)
+        self.fast = False
+
+    def async_reset(self, with_seeds: bool) -> None:
+        """As Session's, but with the fast path on, refused while envs sent
+        through the doorbell are in flight: the reset would wait for them on
+        the executor, holding the session's lock, as long as a hung env."""
+        with self.locked("async reset", EXECUTOR_LOCK_WAIT_SECONDS):
+            if self.fast and self.native.counts()[0]:
+                raise async_in_flight("async reset of a hosted session on the fast path")
+            self.native.async_reset(with_seeds)
+
+    def reclaim_later(self, why: str = "closed") -> None:
+        """Closed (CLOSING), or the daemon drains, while a call runs or
+        batches are in flight: if that has not ended after
+        CLOSE_GRACE_SECONDS (an env that hangs), SIGKILL the workers; their
+        pidfds wake the event loop, the call ends with an EnvError (nobody
+        reads it once closed), and the session is freed or the drain ends.
+        Armed once per session."""
+        if self._reclaim_armed:
+            return
+        self._reclaim_armed = True
+
         def kill() -> None:
-            if not self.life.freed and self.native is not None:
-                log.warning("session %s (%s): a closed session's call still runs after "
-                            "%g s; killing its workers", self.id[:8], self.spec.id,
+            if not self.life.freed and self.native is not None and self.busy_or_in_flight():
+                log.warning("session %s (%s): %s, but its call still runs after %g s; "
+                            "killing its workers", self.id[:8], self.spec.id, why,
                             CLOSE_GRACE_SECONDS)
                 self.native.hosted._kill_workers()
         asyncio.get_running_loop().call_later(CLOSE_GRACE_SECONDS, kill)
 
+    def _freed_by_lifecycle(self, orderly: bool) -> None:
+        if not orderly:  # at shutdown the loop reaps no more: close waits for them
+            self.reap = None
+        super()._freed_by_lifecycle(orderly)
+
+    def busy_or_in_flight(self) -> bool:
+        """A call runs (step, reset, make...) or envs are in flight.  Never
+        blocks: a session lock held by someone else (a reset on the
+        executor, a doorbell serving a request) means a call runs."""
+        if self.life.busy:
+            return True
+        if self.native is None:
+            return False
+        if not self.native.try_lock():
+            return True
+        try:
+            return self.native.counts()[0] > 0
+        finally:
+            self.native.unlock()
+
     def free(self) -> None:
-        """Stop watching the workers (their pidfds close), then free as any session."""
+        """Stop watching the workers, then free as any session; the workers'
+        pidfds go to the reaper (the loop waits for no worker), or at
+        shutdown are waited for here."""
         for fd in list(getattr(self, "_watched", ())):
             self._unwatch(fd)
+        native = getattr(self, "native", None)
+        if native is not None and self.reap is not None:
+            native.close(self.reap)  # (then super().free's close is a no-op)
         super().free()
 
     @property

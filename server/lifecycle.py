@@ -18,7 +18,8 @@
 - MAKING: the make runs on the executor; nobody but the make knows the session.
 - OPEN: in the books, idle: it takes the next request.
 - BUSY: one operation runs (a reset or render on the executor, a sync step on
-  the pool, a recv parked until enough envs finish); other requests are refused.
+  the pool, a recv parked until enough envs finish); other requests are refused,
+  except a send beside a parked recv (async over several daemons).
 - CLOSING: closed, expired or dropped while an operation ran or async batches
   were in flight: out of the books (requests for it are answered as for a
   closed session), freed as soon as the operation ended and the batches

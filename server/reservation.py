@@ -110,7 +110,7 @@ class ResourceBooks:
                 f"{config.max_state_bytes} bytes (--max-state-bytes); close envs you no "
                 "longer use or make fewer")
         if fd_check is not None:  # the session's fds must not eat the daemon's reserve
-            fd_check(self.reserved_sessions)
+            fd_check(self.reserved_sessions, self.reserved_workers, num_workers)
         return Reservation(self, client, num_envs, segment_bytes, state_bytes, num_workers)
 
     def give_back(self, session: Session) -> None:

@@ -31,7 +31,7 @@ from envd.native.native_vec import NativePool
 from envd.server.config import Config
 from envd.server.control import ControlHandlers
 from envd.server.replies import ReplyBooks, is_small
-from envd.server.hosted import HostedCatalog
+from envd.server.hosted import HostedCatalog, WorkerReaper
 from envd.server.reservation import ResourceBooks
 from envd.server.sessions import ClientRecord, Session
 from envd.server.stepping import SteppingHandlers
@@ -231,9 +231,11 @@ class Service:
         client.touch()
         return client
 
-    def session_for(self, client: ClientRecord, header: dict[str, Any]) -> Session:
+    def session_for(self, client: ClientRecord, header: dict[str, Any],
+                    beside: str | None = None) -> Session:
         """The open session a request names, or the error that says why not
-        (truncated, expired, unknown, busy)."""
+        (truncated, expired, unknown, busy).  beside: an operation this
+        request may run beside (a send beside a parked "recv")."""
         session_id = header["session"]
         self.close_revoked_sessions()
         if session_id in self._revoked_sessions:
@@ -247,7 +249,7 @@ class Service:
         if session is None:
             raise UnknownSessionError(
                 f"no session {session_id!r} on this connection (closed, or made by another client)")
-        if session.life.busy:
+        if session.life.busy and session.life.operation != beside:
             raise EnvStateError(f"session {session_id} is busy: a session takes one request at "
                                 f"a time and a {session.life.operation} is still running")
         return session
@@ -372,7 +374,7 @@ class Service:
         and stopping it under that operation would destroy the lock it holds."""
         self._alive.discard(session)
         if session.fast:  # first: its thread steps the vec
-            self.stepping.stop_fast(session)
+            self.stepping.stop_fast(session, freeing=True)
         if orderly and session.native is not None:  # no step job starts after this
             self.stepping.count_steps(session)
             stats = session.native.stats()
@@ -425,6 +427,12 @@ class Service:
         for session in self.sessions.values():
             if session.fast:
                 session.native.drain()
+            # A hosted env's call may hang (a step's, a batch's: the drain
+            # waits for them): its workers are killed after a grace, so a
+            # SIGTERM always ends.  (A reset or make is bounded by
+            # --hosted-timeout; one running now is killed after the grace too.)
+            if hasattr(session, "reclaim_later") and session.busy_or_in_flight():
+                session.reclaim_later("the daemon drains")
         self._check_drained()
 
     def _check_drained(self) -> None:
@@ -433,12 +441,16 @@ class Service:
 
     on_drained: Callable[[], None] | None = None
     #: Set by the daemon: raises LimitExceededError when the file descriptors
-    #: left cannot take one more session (argument: makes in flight).
-    fd_check: Callable[[int], None] | None = None
+    #: left cannot take one more session (arguments: makes in flight, the
+    #: workers of the hosted ones, the new make's workers).
+    fd_check: Callable[[int, int, int], None] | None = None
     #: (add, remove) of the event loop's readers, set by the daemon: a hosted
     #: session's worker pidfds are watched, so that a worker's death answers
     #: the step or recv that waits for it (no eventfd comes from a dead worker).
     fd_watch: tuple[Callable[[int, Callable[[], None]], None], Callable[[int], None]] | None = None
+    #: Set by the daemon with fd_watch: waits on the event loop for the
+    #: workers of freed hosted sessions (server/hosted.py).
+    reaper: WorkerReaper | None = None
 
     @property
     def idle(self) -> bool:
@@ -508,6 +520,6 @@ class Service:
         are averages over the session's life)."""
         now = time.monotonic()
         return [{"session": s.id[:8], "env_id": s.spec.id, "num_envs": s.num_envs,
-                 "batch_size": s.batch_size, "env_steps": s.env_steps,
-                 "workers": getattr(s, "num_workers", 0),
+                 "batch_size": s.batch_size, "max_threads": getattr(s, "max_threads", None),
+                 "env_steps": s.env_steps, "workers": getattr(s, "num_workers", 0),
                  "age_s": round(now - s.created, 3)} for s in self.sessions.values()]

@@ -9,6 +9,7 @@ native vec, and the loop touches nothing but the lifecycle.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import stat
@@ -57,6 +58,22 @@ def state_plan(spec: EnvSpec, num_envs: int) -> int:
             + int(lib.envd_session_books_max_bytes(n)))
 
 
+#: The longest an operation on the executor (reset, async reset, render)
+#: waits for the session's lock, which the doorbell's thread holds while it
+#: serves a request: a hosted env's step has no bound (it may hang), and two
+#: executor threads blocked on such locks would stop every make, reset and
+#: render of the daemon.  After this it is refused (session_busy).
+EXECUTOR_LOCK_WAIT_SECONDS = 1.0
+
+
+def session_busy(session_id: str, call: str) -> EnvStateError:
+    """The refusal of a call that needs the session's lock while the
+    doorbell's thread holds it (it serves a step, send or recv)."""
+    return EnvStateError(f"{call} on session {session_id}: its fast path is serving a request "
+                         "(a step, send or recv rung at its doorbell) that has not returned; "
+                         "retry once it returns (a hung env's: close the session)")
+
+
 def async_in_flight(call: str) -> EnvStateError:
     """The refusal of a whole-vec call while async envs are out."""
     return EnvStateError(f"{call} while envs sent with send are in flight or not received "
@@ -71,9 +88,12 @@ class Session:
     def __init__(self, owner: bytes, spec: EnvSpec, num_envs: int, mode: AutoresetMode,
                  max_episode_steps: int, params: list[float], seeds: np.ndarray,
                  pool: NativePool | None, segment_prefix: str,
-                 on_free: Callable[[Session, bool], None] | None = None):
+                 on_free: Callable[[Session, bool], None] | None = None,
+                 max_threads: int | None = None):
         """on_free(session, orderly): what the daemon does when the session's
-        lifecycle frees it (its own books), before the envs are destroyed."""
+        lifecycle frees it (its own books), before the envs are destroyed.
+        max_threads: make's cap on the pool threads stepping these envs at
+        once (None: none; 0: inline on the thread serving each call)."""
         self.id = secrets.token_hex(16)
         self.owner = owner
         self.spec = spec
@@ -84,6 +104,7 @@ class Session:
         self.env_steps = 0     # env steps, sync and async, by every path (for status)
         self.created = time.monotonic()
         self.batch_size = num_envs
+        self.max_threads = max_threads
         self.render_mode: str | None = None  # make's render_mode, checked against the spec
         # Whether the session's doorbell is served (the fast path); what the
         # session had served when its steps were last counted.
@@ -102,7 +123,7 @@ class Session:
             self.native: NativeSession | None = NativeSession(
                 spec, num_envs, autoreset_mode=AUTORESET_MODE_CODES[mode],
                 max_episode_steps=max_episode_steps, params=params, buffers=self.buffers,
-                pool=pool)
+                pool=pool, max_threads=max_threads)
             self.native.seed()
         except BaseException:
             self.segment.unlink()
@@ -159,7 +180,7 @@ class Session:
                 "observation_space": protocol.space_to_wire(self.spec.observation_space),
                 "action_space": protocol.space_to_wire(self.spec.action_space),
                 "max_episode_steps": self.max_episode_steps or None,
-                "batch_size": self.batch_size,
+                "batch_size": self.batch_size, "max_threads": self.max_threads,
                 "autoreset_mode": autoreset_mode_name(self.mode),
                 "render_mode": self.render_mode,
                 "render_fps": self.spec.render_fps if self.render_mode else None}
@@ -224,11 +245,29 @@ class Session:
         self.native.start_doorbell(self.segment.memory, self.buffers["doorbell_ids"], spin_ns)
         self.fast = True
 
-    def stop_fast(self) -> None:
-        """Stop serving the doorbell (after the request it serves); the envs
-        sent through it and not received are dropped."""
+    def stop_fast(self, freeing: bool = False) -> None:
+        """Stop serving the doorbell (after the request it serves: a native
+        env's step always ends); the envs sent through it and not received
+        are dropped.  freeing: the session is being freed (see the hosted
+        session's override, whose requests may hang)."""
         self.native.stop_doorbell()
         self.fast = False
+
+    @contextlib.contextmanager
+    def locked(self, call: str, wait: float = 0.0):
+        """Hold the session's lock for call, waiting at most wait seconds for
+        it (polling: never blocked on it); EnvStateError (session_busy) if
+        it is still held then: the doorbell serves a request.  The event
+        loop passes 0, the executor EXECUTOR_LOCK_WAIT_SECONDS."""
+        deadline = time.monotonic() + wait
+        while not self.native.try_lock():
+            if time.monotonic() >= deadline:
+                raise session_busy(self.id, call)
+            time.sleep(0.001)
+        try:
+            yield
+        finally:
+            self.native.unlock()
 
     def new_steps(self, collect: bool = False) -> tuple[int, int]:
         """(steps, env steps) the session served by every path (socket and
@@ -258,14 +297,24 @@ class Session:
         return self._last_stats
 
     def reset(self, with_seeds: bool, with_mask: bool) -> None:
-        """Reset on the executor (the session's lock holds the doorbell off)."""
-        self.native.reset(with_seeds, with_mask)
+        """Reset on the executor (the session's lock holds the doorbell off;
+        refused if the doorbell still serves a request after
+        EXECUTOR_LOCK_WAIT_SECONDS)."""
+        with self.locked("reset", EXECUTOR_LOCK_WAIT_SECONDS):
+            self.native.reset(with_seeds, with_mask)
+
+    def async_reset(self, with_seeds: bool) -> None:
+        """Async reset on the executor: waits for the envs in flight (a
+        native batch ends), as reset for the lock."""
+        with self.locked("async reset", EXECUTOR_LOCK_WAIT_SECONDS):
+            self.native.async_reset(with_seeds)
 
     def render(self) -> np.ndarray:
         """Every env's frame, (num_envs, height, width, 3) uint8, drawn on the
         executor into private memory (a render request's reply carries it)."""
         frames = np.empty((self.num_envs,) + self.spec.render_shape, np.uint8)
-        self.native.render(frames)
+        with self.locked("render", EXECUTOR_LOCK_WAIT_SECONDS):
+            self.native.render(frames)
         return frames
 
     def free(self) -> None:

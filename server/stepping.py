@@ -9,7 +9,9 @@ keeps per-env state.  What waits is kept here, one entry per
 session at most (a session takes one request at a time, server/lifecycle.py):
   - a sync step submitted to the pool, answered when the pool's eventfd says
     it finished (on_pool_event), or at once when the vec ran it inline;
-  - a recv parked until enough sent envs are ready, retried on each pool event;
+  - a recv parked until enough sent envs are ready, retried on each pool event
+    (sends of its session are served meanwhile: a client driving several
+    daemons keeps one recv waiting on each while it sends, client/multi_async.py);
   - the sessions with async batches in flight (a closing one is freed once
     they settle).
 Reset (and async reset, which waits for the batches in flight) and render
@@ -49,10 +51,11 @@ class PendingStep(NamedTuple):
 
 
 class ParkedRecv(NamedTuple):
-    """A recv waiting for count sent envs to be ready."""
+    """A recv waiting for least sent envs to be ready (it takes up to count)."""
     identity: bytes
     request_id: int
     count: int
+    least: int
     inline: bool
 
 
@@ -123,7 +126,7 @@ class SteppingHandlers:
             self.service.send(client.identity, reply)
 
         if is_async:
-            self.service.submit(lambda: session.native.async_reset(with_seeds), done)
+            self.service.submit(lambda: session.async_reset(with_seeds), done)
         else:
             self.service.submit(lambda: session.reset(with_seeds, with_mask), done)
         return None
@@ -206,7 +209,9 @@ class SteppingHandlers:
 
     # ---- async send and recv ------------------------------------------------------------------
     def send(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> dict:
-        session = self.service.session_for(client, header)
+        # (served beside a parked recv: the native session's books take the
+        # batch as any other; the recv is retried on the next pool event)
+        session = self.service.session_for(client, header, beside="recv")
         self._check_not_fast(session, "send")
         inline = header.get("inline", False)
         if (len(blobs) != 1 + inline or not 8 <= len(blobs[0]) <= 8 * session.num_envs
@@ -222,26 +227,31 @@ class SteppingHandlers:
         # client makes for these envs anyway: the send itself succeeded.
         session.native.send(env_ids, notify=True)
         self._track_batches(session)
+        parked = self._parked_recvs.get(session)
+        if parked is not None:  # a batch run inline sends no pool event: look now
+            self._retry_recv(session, parked)
         return protocol.ok_reply(header["id"])
 
     def recv(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> dict | None:
         session = self.service.session_for(client, header)
         self._check_not_fast(session, "recv")
         count = check_int("count", header["count"], 1, session.num_envs)
+        least = check_int("min", header.get("min", count), 1, count)
         inline = header.get("inline", False)
-        ids = session.native.try_recv(count)  # raises a batch's env failure, or too few sent
+        ids = self._try_recv(session, count, least)  # raises a batch's env failure, or too few sent
         if ids is not None:
             self._track_batches(session)
             return self._recv_reply(session, header["id"], inline, ids)
         session.life.begin("recv")
-        self._parked_recvs[session] = ParkedRecv(client.identity, header["id"], count, inline)
+        self._parked_recvs[session] = ParkedRecv(client.identity, header["id"], count, least,
+                                                 inline)
         self._async_sessions.add(session)  # (it is: fewer are ready than were sent)
         return None
 
     def _retry_recv(self, session: Session, parked: ParkedRecv) -> None:
         """Answer a parked recv if enough envs are ready now (or a batch failed)."""
         try:
-            ids = session.native.try_recv(parked.count)
+            ids = self._try_recv(session, parked.count, parked.least)
         except EnvdError as exc:  # an env failed: the waiting recv reports it
             reply = protocol.error_reply(parked.request_id, exc)
         else:
@@ -251,6 +261,16 @@ class SteppingHandlers:
         del self._parked_recvs[session]
         session.life.end()
         self.service.send(parked.identity, reply)
+
+    @staticmethod
+    def _try_recv(session: Session, count: int, least: int) -> np.ndarray | None:
+        """The oldest ready ids once at least `least` are ready: all of them
+        up to count (None before; raises as NativeSession.try_recv).  Only
+        this thread takes ready envs, so those counted stay ready for the take."""
+        if least < count:
+            ready = session.native.counts()[1]
+            count = min(count, max(ready, least))
+        return session.native.try_recv(count)
 
     def _recv_reply(self, session: Session, request_id: int, inline: bool,
                     ids: np.ndarray) -> dict:
@@ -289,8 +309,13 @@ class SteppingHandlers:
 
     def _track_batches(self, session: Session) -> None:
         """Keep the session among those with batches in flight while it has
-        some (on_pool_event looks at those only)."""
-        if session.native.counts()[0]:
+        some (on_pool_event looks at those only).  A fast-path session's
+        batches are its doorbell's (a socket send is refused), and the
+        doorbell's thread may hold its lock as long as a hosted env hangs:
+        its lock is never waited for here, on the event loop."""
+        if session.fast:
+            self._async_sessions.discard(session)
+        elif session.native.counts()[0]:
             self._async_sessions.add(session)
         else:
             self._async_sessions.discard(session)
@@ -302,9 +327,14 @@ class SteppingHandlers:
         session = self.service.session_for(client, header)
         if not header.get("enable", True):
             if session.fast:
-                if any(session.native.counts()):  # (waits for the request it serves)
-                    raise async_in_flight("turning the fast path off")
-                self.stop_fast(session)
+                # Never waits for the lock on the loop: the doorbell's thread
+                # holds it for the whole request it serves, which a hosted
+                # env may hang forever.  Under the lock no request runs and
+                # none starts (a stopped doorbell thread takes it no more).
+                with session.locked("turning the fast path off"):
+                    if any(session.native.counts()):
+                        raise async_in_flight("turning the fast path off")
+                    self.stop_fast(session)
             return protocol.ok_reply(header["id"])
         if not session.fast:
             # Envs sent over the socket are the event loop's to collect: were
@@ -325,9 +355,10 @@ class SteppingHandlers:
                 session.native.drain()
         return protocol.ok_reply(header["id"], doorbell={"offset": protocol.DOORBELL_OFFSET})
 
-    def stop_fast(self, session: Session) -> None:
-        """Stop a session's fast path (after the request it serves) and count its steps."""
-        session.stop_fast()
+    def stop_fast(self, session: Session, freeing: bool = False) -> None:
+        """Stop a session's fast path (after the request it serves) and count
+        its steps.  freeing: the session is being freed (Session.stop_fast)."""
+        session.stop_fast(freeing)
         self.count_steps(session)
         self.fast_sessions -= 1
 

@@ -275,6 +275,10 @@ TROUBLESHOOTING_PHRASES = [
     "and freed its sessions; connect again and read every reply",
     "dropped a client that does not read its replies",
     "got no reply within",
+    # per-session thread caps (client/connection.py, server/control.py)
+    "per-session thread caps (max_threads)",
+    "is out of range: this daemon's pool has",
+    "max_threads must be an int",
     # gymnasium (src/envd/vector_base.py, src/envd/gymnasium_registry.py, src/envd/single_env.py)
     "episode_statistics must be True (info[",
     "]), False (none) or an info key such as 'episode' (an identifier not starting with '_', "

@@ -93,7 +93,9 @@ class DoorbellStepper(SocketStepper):
         self._raise_env_failure(status, index)
         if status != 0:
             raise step_error(self.env_id, self.action_space, status, index, self.buffers)
-        return self._ids[:count].copy()
+        ids = self._ids[:count].copy()
+        self._check_ids_in_range(ids)
+        return ids
 
     def _raise_env_failure(self, status: int, index: int) -> None:
         """An env's own failure the daemon words (a hosted Python env raised,

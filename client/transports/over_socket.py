@@ -173,8 +173,16 @@ class SocketStepper:
         if len(ids) != count:
             raise ProtocolError(f"the daemon's recv reply holds {len(ids)} env ids, "
                                 f"{count} were asked for")
+        self._check_ids_in_range(ids)
         self._take_outputs(reply, reply["_blobs"][1:], ids)
         return ids
+
+    def _check_ids_in_range(self, ids: np.ndarray) -> None:
+        """Refuse a recv answer naming an env that does not exist: the gather
+        (BatchedVecEnv._gather) indexes the buffers with these ids unchecked."""
+        if len(ids) and (ids.min() < 0 or ids.max() >= self.num_envs):
+            raise ProtocolError(f"the daemon's recv answer names env ids outside "
+                                f"[0, {self.num_envs}): {ids.min()}..{ids.max()}")
 
     def _raise_refusal(self) -> None:
         """Raise (once) the refusal of a posted send whose reply was read,

@@ -72,6 +72,10 @@ static int render(void *impl, int64_t index, uint8_t *rgb)
 static int64_t error_index(const void *impl) { return envd_vec_error_index(impl); }
 static const void *checked_actions(const void *impl) { return envd_vec_checked_actions(impl); }
 static void set_chunk(void *impl, int64_t chunk) { envd_vec_set_chunk(impl, chunk); }
+static int set_max_threads(void *impl, int max_threads)
+{
+    return envd_vec_set_max_threads(impl, max_threads);
+}
 
 static void stats(const void *impl, envd_vec_stats_t *out) { envd_vec_get_stats(impl, out); }
 
@@ -90,7 +94,7 @@ static const envd_backend_ops_t POOL_OPS = {
     .batch_submit = batch_submit, .batch_done = batch_done, .batch_wait = batch_wait,
     .batch_finish = batch_finish, .frame_bytes = frame_bytes, .render = render,
     .error_index = error_index, .checked_actions = checked_actions, .set_chunk = set_chunk,
-    .stats = stats, .destroy = destroy,
+    .set_max_threads = set_max_threads, .stats = stats, .destroy = destroy,
 };
 
 uint64_t envd_backend_batch_bytes(int64_t capacity)

@@ -10,6 +10,7 @@
 #include <linux/futex.h>
 #include <poll.h>
 #include <stdio.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -40,9 +41,11 @@ typedef struct workers_backend {
     bool *ended;        /* its episode ended in its last step (not reset since) */
     bool *touched;      /* scratch: the workers a call asks something of */
     envd_action_check_t *checks; /* private copy of cfg.action_checks */
+    bool *in_batch;     /* scratch: the envs of the send being checked (all false between calls) */
     int64_t reset_count;
     int64_t error_index;
     int64_t dead;       /* a worker that died, -1 */
+    bool timed_out;     /* a wait ran past cfg.timeout_ms and killed every worker */
     bool step_pending;
 } workers_backend_t;
 
@@ -111,15 +114,30 @@ static void copy_inputs(const workers_backend_t *b, int64_t i)
 }
 
 /* Copy env i's row of every output leaf from the segment into the client's
- * buffer (i acked: its worker no longer writes it). */
+ * buffer (i acked: its worker no longer writes it).  A leaf with a used
+ * count (the info slots) copies only that many bytes of its row, read once
+ * from the segment (which only the daemon and its workers write) and
+ * clamped to the row: an empty info costs nothing per step. */
 static void copy_outputs(const workers_backend_t *b, int64_t i)
 {
     const envd_workers_leaf_t *outputs = b->leaves + b->cfg.num_inputs;
     for (int64_t k = 0; k < b->cfg.num_outputs; k++) {
         const size_t row = (size_t)outputs[k].row_bytes;
+        size_t bytes = row;
+        if (outputs[k].used != NULL) {
+            const uint32_t used = ((const volatile uint32_t *)outputs[k].used)[i];
+            bytes = used < row ? (size_t)used : row;
+        }
         memcpy((unsigned char *)outputs[k].client + (size_t)i * row,
-               (const unsigned char *)outputs[k].segment + (size_t)i * row, row);
+               (const unsigned char *)outputs[k].segment + (size_t)i * row, bytes);
     }
+}
+
+/* SIGKILL every worker (through its pidfd: no pid can have been reused). */
+static void kill_workers(workers_backend_t *b)
+{
+    for (int64_t w = 0; w < b->cfg.num_workers; w++)
+        syscall(SYS_pidfd_send_signal, b->pidfds[w], SIGKILL, NULL, 0);
 }
 
 /* Ask env i for kind (the caller has written its inputs). */
@@ -162,12 +180,16 @@ static int64_t first_pending(workers_backend_t *b, const int64_t *ids, int64_t c
 /* Block until every env of ids is acked or a worker it waits for died.
  * Acked envs stay acked while the caller waits, so one pass over ids does;
  * a worker's pidfd is polled only after a futex wait came back without the
- * env's ack (a wake-up or the ENVD_HOSTED_POLL_MS timeout). */
+ * env's ack (a wake-up or the ENVD_HOSTED_POLL_MS timeout).  A wait longer
+ * than cfg.timeout_ms (a hung env) kills every worker, then ends as a dead
+ * worker's does (its pidfd polls readable once the SIGKILL landed). */
 static void wait_envs(workers_backend_t *b, const int64_t *ids, int64_t count)
 {
     if (b->cfg.num_workers == 0)
         return;
-    double spin_until = now_ns() + (double)b->cfg.spin_ns;
+    const double start = now_ns();
+    const double deadline = start + (double)b->cfg.timeout_ms * 1e6;
+    double spin_until = start + (double)b->cfg.spin_ns;
     for (int64_t k = 0; k < count;) {
         int64_t i = ids ? ids[k] : k;
         if (acked(b, i)) {
@@ -187,6 +209,10 @@ static void wait_envs(workers_backend_t *b, const int64_t *ids, int64_t count)
         atomic_store(&ctl->parent_sleeping, 0);
         if (!acked(b, i) && worker_dead(b, w))
             return; /* its envs fail at finish */
+        if (b->cfg.timeout_ms > 0 && !b->timed_out && now_ns() >= deadline) {
+            b->timed_out = true;
+            kill_workers(b);
+        }
     }
 }
 
@@ -410,6 +436,26 @@ static void batch_destroy(void *impl, envd_backend_batch_t *batch)
     free(batch);
 }
 
+/* ENVD_EBUSY naming the first env that ids names twice (session.h leaves
+ * repeats to the backend; vec.c refuses them with its in_batch flags too):
+ * one request per env, else the session would count it in flight twice. */
+static int refuse_repeats(workers_backend_t *b, const int64_t *ids, int64_t count)
+{
+    int rc = ENVD_OK;
+    int64_t k = 0;
+    for (; k < count; k++) {
+        if (b->in_batch[ids[k]]) {
+            b->error_index = ids[k];
+            rc = ENVD_EBUSY;
+            break;
+        }
+        b->in_batch[ids[k]] = true;
+    }
+    while (k-- > 0) /* (back to all false: only the flags set above) */
+        b->in_batch[ids[k]] = false;
+    return rc;
+}
+
 static int batch_submit(void *impl, envd_backend_batch_t *batch, const int64_t *ids,
                         int64_t count, int flags)
 {
@@ -425,6 +471,9 @@ static int batch_submit(void *impl, envd_backend_batch_t *batch, const int64_t *
             b->error_index = batch->ids[k];
             return ENVD_EINVAL;
         }
+    int rc = refuse_repeats(b, batch->ids, count);
+    if (rc != ENVD_OK)
+        return rc;
     batch->count = count;
     return submit_steps(b, batch->ids, count, (flags & ENVD_JOB_NOTIFY) != 0);
 }
@@ -466,8 +515,14 @@ static void error_message(const void *impl, int64_t index, char *out, size_t siz
     if (b->dead >= 0) {
         const int64_t w = b->dead;
         const int64_t end = (w + 1) * b->cfg.num_envs / b->cfg.num_workers;
-        snprintf(out, size, "worker %lld (pid %d, envs %lld..%lld) died; close this env",
-                 (long long)w, b->pids[w], (long long)slice_begin(b, w), (long long)end - 1);
+        if (b->timed_out)  /* (every worker was killed: w is the first found dead) */
+            snprintf(out, size, "a call waited longer than %g s for its envs (a hung env?): "
+                     "every worker was killed; close this env",
+                     (double)b->cfg.timeout_ms / 1000.0);
+        else
+            snprintf(out, size, "worker %lld (pid %d, envs %lld..%lld) died; close this env",
+                     (long long)w, b->pids[w], (long long)slice_begin(b, w),
+                     (long long)end - 1);
         return;
     }
     if (index < 0 || index >= b->cfg.num_envs) {
@@ -516,6 +571,7 @@ static void destroy(envd_backend_t *backend)
     free(b->ended);
     free(b->touched);
     free(b->checks);
+    free(b->in_batch);
     free(b);
 }
 
@@ -566,7 +622,8 @@ int envd_backend_workers_create(envd_backend_t **out, const envd_workers_config_
         (config->num_workers > 0 && config->pidfds == NULL) || config->action_bytes < 1 ||
         !action_checks_valid(config) ||
         !leaves_valid(config->inputs, config->num_inputs) ||
-        !leaves_valid(config->outputs, config->num_outputs))
+        !leaves_valid(config->outputs, config->num_outputs) ||
+        config->timeout_ms < 0)
         return ENVD_EINVAL;
     workers_backend_t *b = calloc(1, sizeof *b);
     const int64_t n = config->num_envs, workers = config->num_workers;
@@ -582,11 +639,13 @@ int envd_backend_workers_create(envd_backend_t **out, const envd_workers_config_
     b->ended = calloc((size_t)n, sizeof *b->ended);
     b->touched = calloc((size_t)(workers + 1), sizeof *b->touched);
     b->checks = malloc((size_t)(config->num_action_checks + 1) * sizeof *b->checks);
+    b->in_batch = calloc((size_t)n, sizeof *b->in_batch);
     if (b->pidfds == NULL || b->pids == NULL || b->leaves == NULL || b->worker_of == NULL ||
         b->mask == NULL || b->started == NULL || b->ended == NULL || b->touched == NULL ||
-        b->checks == NULL) {
+        b->checks == NULL || b->in_batch == NULL) {
         free(b->pidfds), free(b->pids), free(b->leaves), free(b->worker_of), free(b->mask);
-        free(b->started), free(b->ended), free(b->touched), free(b->checks), free(b);
+        free(b->started), free(b->ended), free(b->touched), free(b->checks), free(b->in_batch);
+        free(b);
         return ENVD_ENOMEM;
     }
     b->cfg = *config;
@@ -631,6 +690,11 @@ void envd_backend_workers_message(const envd_backend_t *backend, int64_t index, 
     error_message(backend->impl, index, out, size);
 }
 
+int envd_backend_workers_timed_out(const envd_backend_t *backend)
+{
+    return ((const workers_backend_t *)backend)->timed_out;
+}
+
 /* ---- the worker side ---- */
 
 uint32_t envd_worker_wait(envd_worker_ctl_t *ctl, uint32_t seen, int64_t spin_ns)
@@ -656,6 +720,11 @@ uint32_t envd_worker_wait(envd_worker_ctl_t *ctl, uint32_t seen, int64_t spin_ns
 void envd_worker_fence(void)
 {
     atomic_thread_fence(memory_order_release);
+}
+
+void envd_worker_acquire(void)
+{
+    atomic_thread_fence(memory_order_acquire);
 }
 
 int envd_worker_take_notify(envd_worker_ctl_t *ctl)

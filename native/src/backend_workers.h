@@ -78,6 +78,10 @@ typedef struct envd_workers_leaf {
     void *segment;             /* the rows in the segment (the workers' side) */
     void *client;              /* the rows in the client's shared memory */
     int64_t row_bytes;
+    const uint32_t *used;      /* an output's per-env count of the bytes of its row
+                                * that are meaningful (the info slots' lengths), in
+                                * the segment: only min(used[i], row_bytes) bytes of
+                                * row i are copied; NULL: the whole row */
 } envd_workers_leaf_t;
 
 typedef struct envd_workers_config {
@@ -110,6 +114,9 @@ typedef struct envd_workers_config {
     int64_t num_inputs;
     const envd_workers_leaf_t *outputs;
     int64_t num_outputs;
+    int64_t timeout_ms;        /* > 0: a call that waits longer than this for its envs
+                                * (a hung env) SIGKILLs every worker and fails as a dead
+                                * worker's (envd_backend_workers_timed_out); 0: no bound */
 } envd_workers_config_t;
 
 /* A backend over the segment config describes (copied; the segment must
@@ -132,6 +139,10 @@ int64_t envd_backend_workers_error_index(const envd_backend_t *backend);
 void envd_backend_workers_message(const envd_backend_t *backend, int64_t index, char *out,
                                   size_t size);
 
+/* Whether a call ran past config->timeout_ms and killed the workers (the
+ * backend then refuses every call, as after a worker's death). */
+int envd_backend_workers_timed_out(const envd_backend_t *backend);
+
 /* ---- the worker side (called from the worker's Python loop, GIL released) ---- */
 /* Wait until ctl->cmd_seq differs from seen (spin spin_ns, then sleep) and
  * return it; returns seen unchanged only when ctl->exit is set. */
@@ -140,6 +151,11 @@ uint32_t envd_worker_wait(envd_worker_ctl_t *ctl, uint32_t seen, int64_t spin_ns
  * writing its ack (plain numpy stores), so that the parent's acquire load of
  * the ack sees the outputs on any CPU (x86 orders stores anyway). */
 void envd_worker_fence(void);
+/* An acquire fence: the worker calls it after it read the req words that
+ * tell it which envs are asked something, before it reads their kind, seeds
+ * and checked actions, so that it acts on the inputs the parent wrote before
+ * its release store of req (x86 orders loads anyway; aarch64 does not). */
+void envd_worker_acquire(void);
 /* Publish the acks written so far and wake the parent if it sleeps. */
 void envd_worker_done(envd_worker_ctl_t *ctl);
 /* Whether the parent asked for the notify eventfd since the last call (and

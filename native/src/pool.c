@@ -51,6 +51,18 @@
  *       found its chunks all claimed).  A worker stops spinning (relaxed
  *       decrement) before it counts itself a sleeper (seq_cst), and submit
  *       loads sleepers before spinners, so no worker is counted as both.
+ *
+ * Cap invariants (C1-C3), for jobs under an envd_pool_cap_t (pool.h):
+ *   C1  A worker takes a slot (cap->active + 1) only in pool_take_job, under
+ *       pool->lock, and only while active < max_workers; releases only lower
+ *       active.  So at most max_workers workers run the cap's jobs at once.
+ *   C2  A worker releases its slot after its last chunk of the job and
+ *       before it drops its reference: the cap belongs to the job's owner,
+ *       which may free it once the job is complete (J5).
+ *   C3  A job skipped because its cap is full has a slot holder, and a slot
+ *       holder goes back to the queue after releasing (W3) before it may
+ *       sleep: a capped job with chunks left is never stranded.  Submit wakes
+ *       at most max_workers workers for a capped job (W4 otherwise).
  */
 #define _GNU_SOURCE
 #include "pool.h"
@@ -180,11 +192,13 @@ static int job_exhausted(const envd_job_t *job)
 }
 
 /* Claim and run chunks until none is left, then drop the caller's reference
- * (J4: every chunk claimed here has finished by then).  A worker (leave_on_submit)
- * also stops after a chunk when a job was submitted since it took this one
- * (gen moved past `taken`), and goes back to pool_take_job: so a small job
- * submitted behind a large one waits for a chunk, not for the whole job. */
-static void job_run_chunks(envd_pool_t *pool, envd_job_t *job, int leave_on_submit, uint32_t taken)
+ * (J4: every chunk claimed here has finished by then).  A pool worker
+ * (is_worker) also stops after a chunk when a job was submitted since it took
+ * this one (gen moved past `taken`), and goes back to pool_take_job: so a
+ * small job submitted behind a large one waits for a chunk, not for the whole
+ * job.  A worker holds a slot of the job's cap, if it has one (C1), and
+ * releases it before its reference (C2); a waiter holds none. */
+static void job_run_chunks(envd_pool_t *pool, envd_job_t *job, int is_worker, uint32_t taken)
 {
     const int64_t n = job->n, chunk = job->chunk;
     for (;;) {
@@ -197,19 +211,29 @@ static void job_run_chunks(envd_pool_t *pool, envd_job_t *job, int leave_on_subm
         job->fn(job->ctx, begin, begin + chunk < n ? begin + chunk : n);
         /* Leave only while chunks remain unclaimed: then whoever claims the
          * last one goes on to the claim past n that unlinks the job (J3). */
-        if (leave_on_submit && atomic_load_explicit(&pool->gen, memory_order_relaxed) != taken &&
+        if (is_worker && atomic_load_explicit(&pool->gen, memory_order_relaxed) != taken &&
             atomic_load_explicit(&job->next, memory_order_relaxed) < n)
             break; /* the job stays linked (J1) and takeable (next < n) */
     }
+    if (is_worker && job->cap)
+        atomic_fetch_sub_explicit(&job->cap->active, 1, memory_order_relaxed);
     job_unref(pool, job);
 }
 
 /* ---- workers ----------------------------------------------------------------- */
 
-/* J2: the queued job with unclaimed chunks that has been served least (fewest
- * items claimed; the oldest among equals), with a reference taken.  Jobs
- * therefore share the workers chunk by chunk, and a session's small step is
- * not starved by another's large one. */
+/* C1: whether a worker may take a slot of the job's cap now (under pool->lock). */
+static int cap_has_room(const envd_job_t *job)
+{
+    return !job->cap ||
+           atomic_load_explicit(&job->cap->active, memory_order_relaxed) < job->cap->max_workers;
+}
+
+/* J2: the queued job with unclaimed chunks and room under its cap that has
+ * been served least (fewest items claimed; the oldest among equals), with a
+ * reference and a slot of its cap taken (C1).  Jobs therefore share the
+ * workers chunk by chunk, and a session's small step is not starved by
+ * another's large one. */
 static envd_job_t *pool_take_job(envd_pool_t *pool)
 {
     pthread_mutex_lock(&pool->lock);
@@ -217,13 +241,16 @@ static envd_job_t *pool_take_job(envd_pool_t *pool)
     int64_t least = INT64_MAX;
     for (envd_job_t *j = pool->head; j; j = j->queue_next) {
         int64_t claimed = atomic_load_explicit(&j->next, memory_order_relaxed);
-        if (claimed < j->n && claimed < least) {
+        if (claimed < j->n && claimed < least && cap_has_room(j)) {
             job = j;
             least = claimed;
         }
     }
-    if (job)
+    if (job) {
         atomic_fetch_add_explicit(&job->refs, 1, memory_order_relaxed);
+        if (job->cap)
+            atomic_fetch_add_explicit(&job->cap->active, 1, memory_order_relaxed);
+    }
     pthread_mutex_unlock(&pool->lock);
     return job;
 }
@@ -409,6 +436,8 @@ static void pool_enqueue(envd_pool_t *pool, envd_job_t *job)
         const int helpers = pool->cpus > 2 ? pool->cpus - 1 : 1;
         if ((job->flags & ENVD_JOB_HELPED) && want > helpers)
             want = helpers;
+        if (job->cap && want > job->cap->max_workers)
+            want = job->cap->max_workers; /* C3: more could not take it */
         if (want > 0)
             futex_wake(&pool->gen, want < sleepers ? (int)want : sleepers);
     }
@@ -437,6 +466,16 @@ int envd_pool_submit(envd_pool_t *pool, envd_job_t *job, envd_task_fn fn,
         job_run_inline(pool, job);
     else
         pool_enqueue(pool, job);
+    return ENVD_OK;
+}
+
+int envd_job_set_cap(envd_job_t *job, envd_pool_cap_t *cap)
+{
+    if (!job || (cap && cap->max_workers < 1))
+        return ENVD_EINVAL;
+    if (job->fn && atomic_load_explicit(&job->done, memory_order_acquire) != JOB_DONE)
+        return ENVD_EBUSY;
+    job->cap = cap;
     return ENVD_OK;
 }
 

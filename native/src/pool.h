@@ -39,6 +39,18 @@ typedef void (*envd_task_fn)(void *ctx, int64_t begin, int64_t end);
  * caller do not outnumber the CPUs (which only preempts chunks midway). */
 enum { ENVD_JOB_NOTIFY = 1, ENVD_JOB_HELPED = 2 };
 
+/* A cap on how many workers may run the chunks of a group of jobs at once
+ * (every job of one daemon session: its step and its async batches).  The
+ * caller owns it, sets max_workers (>= 1) and zeroes active before any job
+ * of the group is submitted, and keeps it alive until each is complete.
+ * Threads that wait for a job (envd_pool_wait) run its chunks too and are
+ * not counted: the cap counts pool threads only.  Fields other than
+ * max_workers are private to pool.c. */
+typedef struct envd_pool_cap {
+    int max_workers;
+    _Atomic int active; /* workers holding a slot (taken under the pool's lock) */
+} envd_pool_cap_t;
+
 /* Caller-owned job.  Fields are private to pool.c; zero-initialise it once
  * (or let envd_pool_submit initialise it) and reuse it for later jobs. */
 typedef struct envd_job {
@@ -51,6 +63,7 @@ typedef struct envd_job {
     _Atomic uint32_t done;  /* futex word: 1 when complete; 0 while in flight,
                                2 while in flight with a waiter asleep on it */
     struct envd_job *queue_next;
+    envd_pool_cap_t *cap;   /* NULL: any number of workers (envd_job_set_cap) */
 } envd_job_t;
 
 /* Create a pool with num_threads workers (0..ENVD_POOL_MAX_THREADS).
@@ -76,6 +89,12 @@ int envd_pool_eventfd(const envd_pool_t *pool);
  * job struct is still in flight. */
 int envd_pool_submit(envd_pool_t *pool, envd_job_t *job, envd_task_fn fn,
                      void *ctx, int64_t n, int64_t chunk, int flags);
+
+/* Put this job (and every later submit of it) under cap, or under none
+ * (NULL).  Not while the job is in flight; ENVD_EINVAL for a cap whose
+ * max_workers is below 1 (a job nobody may run would never complete: a
+ * caller that wants no workers runs the work itself). */
+int envd_job_set_cap(envd_job_t *job, envd_pool_cap_t *cap);
 
 /* Block until the job is complete; the caller runs chunks meanwhile.
  * Returns at once for a zeroed job that was never submitted. */

@@ -498,6 +498,14 @@ void envd_session_set_chunk(envd_session_t *s, int64_t chunk)
     pthread_mutex_unlock(&s->mutex);
 }
 
+int envd_session_set_max_threads(envd_session_t *s, int max_threads)
+{
+    pthread_mutex_lock(&s->mutex);
+    int rc = s->backend->ops->set_max_threads(s->backend->impl, max_threads);
+    pthread_mutex_unlock(&s->mutex);
+    return rc;
+}
+
 void envd_session_stats(envd_session_t *s, envd_vec_stats_t *stats)
 {
     pthread_mutex_lock(&s->mutex);

@@ -106,6 +106,11 @@ int envd_session_env_state(envd_session_t *session, int64_t index);
 int envd_session_render(envd_session_t *session, uint8_t *out);
 uint64_t envd_session_frame_bytes(envd_session_t *session);
 void envd_session_set_chunk(envd_session_t *session, int64_t chunk);
+/* Cap the pool threads that step this session's envs at once (all its
+ * paths: step, reset, send; see envd_vec_set_max_threads): ENVD_VEC_NO_CAP,
+ * 0 (inline on the thread serving the call) or K >= 1.  Set it before the
+ * first step; ENVD_EBUSY while a step or a batch is in flight. */
+int envd_session_set_max_threads(envd_session_t *session, int max_threads);
 void envd_session_stats(envd_session_t *session, envd_vec_stats_t *stats);
 /* The env the last refusal or failure names (-1: none).  Lock-free: read it
  * right after the failed call, on the same thread. */

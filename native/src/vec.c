@@ -33,6 +33,12 @@
 #define CHUNKS_PER_THREAD 4
 #define COST_EWMA_WEIGHT 0.125
 
+/* The most work a run for an event loop (a NOTIFY run: the daemon's socket
+ * path) may do inline under a cap of 0 threads.  The loop serves every other
+ * session meanwhile, so a costlier run, or one not measured yet, goes to one
+ * pool thread instead (see envd_vec_set_max_threads). */
+#define LOOP_INLINE_MAX_NS 1000000.0
+
 /* A step submitted with envd_vec_step_submit and not yet finished. */
 typedef enum pending { PENDING_NONE = 0, PENDING_INLINE, PENDING_POOLED } pending_t;
 
@@ -112,6 +118,9 @@ struct envd_vec {
     /* Caller thread only. */
     int64_t error_index;        /* the env the last refused or failed call names */
     int64_t forced_chunk;
+    int max_threads;            /* pool threads a run may use: ENVD_VEC_NO_CAP, 0 (inline), ... */
+    envd_pool_cap_t cap;        /* every run's job is under it while capped */
+    bool capped;                /* a cap below the pool's threads (0 keeps one slot) */
     envd_vec_stats_t stats;
 };
 
@@ -447,9 +456,16 @@ static void update_cost(envd_vec_t *vec, double ns, int64_t items)
  * inline while the pool is saturated by other jobs (envd_pool_saturated:
  * e.g. several daemon sessions stepping at once on a small machine; see
  * docs/architecture.md, "Dispatch").  Results never depend on the dispatch. */
-static int64_t choose_chunk(const envd_vec_t *vec, int64_t n, bool off_caller, bool blocking)
+static int64_t choose_chunk(const envd_vec_t *vec, int64_t n, bool off_caller, bool blocking,
+                            bool for_loop)
 {
     int threads = vec->pool ? envd_pool_num_threads(vec->pool) : 0;
+    if (vec->max_threads != ENVD_VEC_NO_CAP && vec->max_threads < threads) {
+        threads = vec->max_threads; /* split for the threads that may run it */
+        double cost = vec->stats.cost_ns_per_env;
+        if (threads == 0 && for_loop && (cost == 0.0 || cost * (double)n > LOOP_INLINE_MAX_NS))
+            threads = 1; /* not on the event loop: one pool thread (the cap's one slot) */
+    }
     if (threads == 0)
         return 0;
     if (vec->forced_chunk > 0)
@@ -573,7 +589,7 @@ static int run_start(envd_vec_t *vec, run_t *run, int64_t n, int job_flags)
 {
     const bool batch = run->ids != NULL;
     int64_t chunk = choose_chunk(vec, n, (job_flags & ENVD_JOB_NOTIFY) || batch,
-                                 job_flags == 0 && !batch);
+                                 job_flags == 0 && !batch, job_flags & ENVD_JOB_NOTIFY);
     if (chunk == 0) {
         vec->stats.inline_jobs++;
         double t0 = now_ns();
@@ -735,6 +751,8 @@ int envd_vec_batch_submit(envd_vec_t *vec, envd_vec_batch_t *batch, const int64_
         return ENVD_EINVAL;
     if (vec->whole.pending != PENDING_NONE || batch->run.pending != PENDING_NONE)
         return ENVD_EBUSY;
+    /* Not in flight (pending NONE), so the job takes the vec's cap. */
+    envd_job_set_cap(&batch->run.job, vec->capped ? &vec->cap : NULL);
     /* Copied before anything reads them: env_ids may lie in shared memory. */
     memcpy(batch->ids, env_ids, (size_t)count * sizeof *env_ids);
     int rc = claim_batch(vec, batch->ids, count);
@@ -807,7 +825,7 @@ int envd_vec_reset(envd_vec_t *vec, const uint64_t *seeds, const bool *mask)
     clear_results(&vec->whole);
     vec->reset_seeds = seeds ? vec->seeds : NULL;
     vec->reset_mask = mask ? vec->mask : NULL;
-    int64_t chunk = choose_chunk(vec, vec->config.num_envs, false, false);
+    int64_t chunk = choose_chunk(vec, vec->config.num_envs, false, false, false);
     int rc = ENVD_OK;
     if (chunk == 0)
         reset_range(&vec->whole, 0, vec->config.num_envs);
@@ -864,6 +882,32 @@ int64_t envd_vec_reset_count(const envd_vec_t *vec) { return vec->reset_count; }
 int64_t envd_vec_num_done(const envd_vec_t *vec) { return atomic_load(&vec->whole.num_done); }
 
 void envd_vec_set_chunk(envd_vec_t *vec, int64_t chunk) { vec->forced_chunk = chunk > 0 ? chunk : 0; }
+
+/* The cap is shared by the vec's whole-vec job and its batches' jobs (set at
+ * each batch submit), so it bounds the pool threads on all of them together.
+ * Changed only while no run is in flight: then no worker holds a slot (C2 of
+ * pool.c), and active is 0. */
+int envd_vec_set_max_threads(envd_vec_t *vec, int max_threads)
+{
+    if (max_threads < ENVD_VEC_NO_CAP)
+        return ENVD_EINVAL;
+    if (vec->whole.pending != PENDING_NONE || vec->batches_in_flight > 0)
+        return ENVD_EBUSY;
+    int threads = vec->pool ? envd_pool_num_threads(vec->pool) : 0;
+    /* A cap of 0 keeps one slot: for the event loop's costly runs (choose_chunk). */
+    const int slots = max_threads > 0 ? max_threads : 1;
+    const bool capped = max_threads != ENVD_VEC_NO_CAP && slots < threads;
+    vec->cap.max_workers = slots;
+    atomic_store_explicit(&vec->cap.active, 0, memory_order_relaxed);
+    int rc = envd_job_set_cap(&vec->whole.job, capped ? &vec->cap : NULL);
+    if (rc != ENVD_OK)
+        return rc;
+    vec->max_threads = max_threads;
+    vec->capped = capped;
+    return ENVD_OK;
+}
+
+int envd_vec_max_threads(const envd_vec_t *vec) { return vec->max_threads; }
 
 void envd_vec_get_stats(const envd_vec_t *vec, envd_vec_stats_t *stats) { *stats = vec->stats; }
 
@@ -982,6 +1026,7 @@ int envd_vec_create(envd_vec_t **out, const envd_env_def_t *def,
     memset(vec->blocks, 0, total);
     vec->whole.vec = vec;
     vec->error_index = -1;
+    vec->max_threads = ENVD_VEC_NO_CAP;
     clear_results(&vec->whole);
     for (int64_t i = 0; i < config->num_envs; i++) {
         const size_t row = config->per_env_params ? (size_t)i * (size_t)def->num_params : 0;

@@ -25,6 +25,9 @@
 #include "envd.h"
 #include "pool.h"
 
+/* envd_vec_set_max_threads: no cap, every pool thread may run the vec's work. */
+#define ENVD_VEC_NO_CAP (-1)
+
 /* Largest num_envs a vec accepts (buffers stay well inside 64-bit sizes and a
  * host's memory; a daemon applies its own, lower, per-client limit). */
 #define ENVD_VEC_MAX_ENVS (INT64_C(1) << 20)
@@ -182,6 +185,20 @@ int64_t envd_vec_num_done(const envd_vec_t *vec);
 /* Force a chunk size (>= 1: always dispatch to the pool with that chunk, for
  * tests) or return to adaptive dispatch (0). */
 void envd_vec_set_chunk(envd_vec_t *vec, int64_t chunk);
+
+/* Cap the pool threads that step this vec's envs at once, over its whole-vec
+ * steps, resets and async batches together: ENVD_VEC_NO_CAP (the default,
+ * any thread of the pool), 0 (every call runs inline on the calling thread:
+ * no pool wake-up, a forced chunk ignored -- except a NOTIFY run, whose
+ * caller is an event loop serving others: one not measured yet, or measured
+ * above 1 ms, runs on one pool thread) or K >= 1 (runs are split for K
+ * threads and at most K pool threads run them at once; K at or above the
+ * pool's size is no cap).  A thread blocked in the call (envd_vec_step's
+ * caller, a batch wait) still runs chunks beside them: the cap counts pool
+ * threads.  Results never depend on it.  ENVD_EINVAL below
+ * ENVD_VEC_NO_CAP, ENVD_EBUSY while a step or a batch is in flight. */
+int envd_vec_set_max_threads(envd_vec_t *vec, int max_threads);
+int envd_vec_max_threads(const envd_vec_t *vec);
 
 typedef struct envd_vec_stats {
     double cost_ns_per_env; /* measured cost of one env step, 0 before any */

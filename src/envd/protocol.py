@@ -30,9 +30,15 @@ does not speak it.  Per type, the fields (``?`` = optional):
     status     -
     make       env_id:str, num_envs:int, seed?:int|[int]|nil, autoreset_mode?:str,
                max_episode_steps?:int|nil, env_kwargs?:map, batch_size?:int|nil,
-               render_mode?:str|nil, num_workers?:int|nil, info_bytes?:int|nil
-               (checked as envd.make checks them; num_workers and info_bytes:
-               hosted "py:" ids only)
+               render_mode?:str|nil, max_threads?:int|nil, num_workers?:int|nil,
+               info_bytes?:int|nil
+               (checked as envd.make checks them; max_threads: at most that
+               many of the daemon's pool threads step the session's envs at
+               once, 0 = inline on the thread serving the call, nil or absent
+               = no cap; an int in [0, the daemon's --threads], else
+               invalid_argument.  A client sends it only to a daemon whose
+               hello capabilities say max_threads: true.  num_workers and
+               info_bytes: hosted "py:" ids only, which refuse max_threads)
     reset      session:str, seeds?:bool, mask?:bool, inline?:bool, async?:bool
                (seeds / mask: read the "reset_seeds" / "reset_mask" arrays of
                the session's shared memory, written by the client; inline:
@@ -48,9 +54,12 @@ does not speak it.  Per type, the fields (``?`` = optional):
                                 start stepping them with the actions the client wrote
                                 in their shm rows (inline: blob 1 holds those rows, in
                                 the order of the ids)
-    recv       session:str, count:int, inline?:bool   async mode: answer once at least
-                                count sent envs are ready; blob 0: exactly count ids
-                                (int64), the oldest ready (the rest stay ready)
+    recv       session:str, count:int, min?:int, inline?:bool   async mode: answer once at
+                                least min (default: count) sent envs are ready; blob 0:
+                                the oldest ready ids (int64), as many as are ready then
+                                but at most count (exactly count without min; the rest
+                                stay ready).  A send of the same session is served while
+                                a recv waits (async over several daemons: client/multi_async.py)
 
 Inline transport (remote sessions)
 ----------------------------------
@@ -204,12 +213,14 @@ MESSAGE_FIELDS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
              "seed": (_ANY, False), "autoreset_mode": ((str,), False),
              "max_episode_steps": (_ANY, False), "env_kwargs": ((dict,), False),
              "batch_size": (_ANY, False), "render_mode": (_ANY, False),
-             "num_workers": (_ANY, False), "info_bytes": (_ANY, False)},
+             "max_threads": (_ANY, False), "num_workers": (_ANY, False),
+             "info_bytes": (_ANY, False)},
     "reset": {**_SESSION, "seeds": ((bool,), False), "mask": ((bool,), False),
               "inline": ((bool,), False), "async": ((bool,), False)},
     "step": {**_SESSION, "actions": ((dict,), False), "inline": ((bool,), False)},
     "send": {**_SESSION, "inline": ((bool,), False)},
-    "recv": {**_SESSION, "count": (_INT, True), "inline": ((bool,), False)},
+    "recv": {**_SESSION, "count": (_INT, True), "min": (_INT, False),
+             "inline": ((bool,), False)},
     "render": _SESSION,
     "close": _SESSION,
     "bye": {},

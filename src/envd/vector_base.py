@@ -244,6 +244,17 @@ def buffer_layout(observation_space: spaces.Space, action_space: spaces.Space, n
     return {name: (shape, np.dtype(dtype)) for name, (shape, dtype) in layout.items()}
 
 
+class _InfoMerger:
+    """gymnasium's VectorEnv._add_info (its arrays and masks, nested dicts
+    alike) for results of `rows` rows: gymnasium sizes them by num_envs,
+    which an async recv's batch is not."""
+
+    def __init__(self, rows: int):
+        self.num_envs = rows
+
+    _add_info = VectorEnv._add_info
+
+
 class BatchedVecEnv(VectorEnv):
     """A gymnasium VectorEnv over batch buffers, stepped through a Stepper.
 
@@ -287,6 +298,7 @@ class BatchedVecEnv(VectorEnv):
         self.batch_size = num_envs if batch_size is None else batch_size
         self._stepper: Stepper | None = None  # set by the subclass
         self._id_stamp = np.zeros(num_envs, np.int64)  # scratch of _check_env_ids
+        self._positions = np.arange(num_envs, dtype=np.int64)  # (its 0, 1, 2, ...)
         self._recv_count = 0
         self._maybe_running = False  # a call timed out: the buffers may be in use
         self._owned: list[Any] = []  # closed after this env (close_along)
@@ -311,14 +323,20 @@ class BatchedVecEnv(VectorEnv):
         self._final_obs = (self._tree(buffers, "final_observations")
                            if self._final_obs_names[0] in buffers else None)
         # the env's own info fields: info key -> buffer
+        self._check_episode_statistics_key(buffers)
         self._env_info = {name[len(INFO_PREFIX):]: array for name, array in buffers.items()
                           if name.startswith(INFO_PREFIX)}
-        if self.episode_statistics_key in self._env_info:
-            raise InvalidArgumentError(
-                f"{self.env_id} has an info field {self.episode_statistics_key!r}: pick "
-                "another episode_statistics key")
         # the fast path of step() compares against these
         self._action_dtype, self._action_shape = self._actions.dtype, self._actions.shape
+
+    def _check_episode_statistics_key(self, buffer_names: Any) -> None:
+        """Refuse an episode_statistics key that is one of the env's own info
+        fields (buffer_names: the names of its buffers, before or after they
+        are mapped)."""
+        key = self.episode_statistics_key
+        if isinstance(key, str) and INFO_PREFIX + key in buffer_names:
+            raise InvalidArgumentError(
+                f"{self.env_id} has an info field {key!r}: pick another episode_statistics key")
 
     def _tree(self, arrays: dict[str, np.ndarray], prefix: str) -> Any:
         """The observation (prefix "observations" or "final_observations") as
@@ -348,25 +366,26 @@ class BatchedVecEnv(VectorEnv):
 
     # ---- helpers -----------------------------------------------------------------------
     def _convert_actions(self, actions: Any, buf: np.ndarray | None = None,
-                         what: str | None = None) -> None:
+                         what: str | None = None, env_ids: np.ndarray | None = None) -> None:
         """Check actions against the action space and copy them into buf (the
         actions buffer, or rows of it).  Same-kind casts only: integers for
         discrete actions, floats that numpy casts safely for boxes; Python
         floats/lists are accepted.  A Dict/Tuple space takes a dict/tuple of
-        batched leaves (as gymnasium's batch_space), each converted alike."""
+        batched leaves (as gymnasium's batch_space), each converted alike.
+        env_ids: the env of each row of buf (a send's), for the errors."""
         buf = self._actions if buf is None else buf
         space = self.single_action_space
         what = what or f"num_envs={self.num_envs}"
         if self._action_leaves is None:
-            self._convert_leaf(actions, buf, space, what, "")
+            self._convert_leaf(actions, buf, space, what, "", env_ids)
             return
         values = leaves.flatten(space, actions, f"{self.env_id}: actions")
         for value, view, (path, leaf) in zip(values, leaves.leaf_views(space, buf),
                                              leaves.leaves(space)):
-            self._convert_leaf(value, view, leaf, what, leaves.path_name(path))
+            self._convert_leaf(value, view, leaf, what, leaves.path_name(path), env_ids)
 
     def _convert_leaf(self, actions: Any, buf: np.ndarray, space: spaces.Space, what: str,
-                      where: str) -> None:
+                      where: str, env_ids: np.ndarray | None = None) -> None:
         from_python = not isinstance(actions, np.ndarray)
         array = np.asarray(actions)
         if array.shape != buf.shape:
@@ -375,12 +394,10 @@ class BatchedVecEnv(VectorEnv):
                 f"({what} x action shape {buf.shape[1:]}), got {array.shape}")
         if buf.dtype.kind in "iu":
             allowed = array.dtype.kind in "biu"
-            if allowed and array.size and array.dtype.kind == "u" and array.max() > np.iinfo(buf.dtype).max:
-                accepts = (f"{space.start}..{space.start + space.n - 1}"
-                           if isinstance(space, spaces.Discrete) else "its bounds")
-                raise InvalidActionError(
-                    f"{self.env_id}: action{where} {array.max()} is out of range; "
-                    f"{space} accepts {accepts}")
+            if allowed and array.size and not np.can_cast(array.dtype, buf.dtype, "safe"):
+                # The cast below wraps what does not fit the leaf's dtype into
+                # (maybe valid) values: 256 into an int8 MultiBinary is 0.
+                self._check_fits(array, buf.dtype, space, where, env_ids)
         else:
             allowed = np.can_cast(array.dtype, buf.dtype, "safe") or (
                 from_python and array.dtype.kind in "fiu")
@@ -390,6 +407,24 @@ class BatchedVecEnv(VectorEnv):
                 f"(or one that casts to it without loss), got {array.dtype}; "
                 f"convert with actions.astype(np.{buf.dtype})")
         np.copyto(buf, array, casting="unsafe")
+
+    def _check_fits(self, array: np.ndarray, dtype: np.dtype, space: spaces.Space,
+                    where: str, env_ids: np.ndarray | None) -> None:
+        """InvalidActionError naming the leaf, the value and its env if an
+        integer of array (rows of envs) does not fit dtype (compared exactly,
+        as Python ints: no uint64/int64 promotion to float)."""
+        limits = np.iinfo(dtype)
+        if array.min() >= limits.min and array.max() <= limits.max:
+            return
+        rows = array.reshape(len(array), -1) if array.ndim else array.reshape(1, 1)
+        row, column = (int(i[0]) for i in np.nonzero((rows < limits.min) | (rows > limits.max)))
+        index = int(env_ids[row]) if env_ids is not None else row
+        bounds = leaves.leaf_bounds(space)
+        low, high = ((int(b.reshape(-1)[column]) for b in bounds) if bounds is not None
+                     else (limits.min, limits.max))
+        raise InvalidActionError(
+            f"{self.env_id}: action{where} {int(rows[row, column])} of env {index} is out of "
+            f"range; {space} accepts {low}..{high}")
 
     def _acquire(self) -> None:
         """Take the env for one call, or raise if it is closed or in use."""
@@ -454,17 +489,20 @@ class BatchedVecEnv(VectorEnv):
         length is not 0, row k being env k of this result) into info, as
         gymnasium's vector envs merge them (VectorEnv._add_info: info[key]
         plus the mask info["_" + key], nested dicts alike); a SAME_STEP done
-        env's step info goes under info["final_info"]."""
+        env's step info goes under info["final_info"].  Every array is as
+        long as the result (len(lengths): num_envs for a step, the batch for
+        a recv, whose row k is env env_id[k]), as the other results are."""
         if not lengths.any():  # (the common case: a cheap test per step)
             return
         rows = np.flatnonzero(lengths)
+        merger = _InfoMerger(len(lengths))
         infos: dict[str, Any] = {}
         finals: dict[str, Any] = {}
         for k in rows.tolist():
             payload = info_codec.decode(slots[k, :int(lengths[k])].tobytes())
-            infos = self._add_info(infos, payload[0], k)
+            infos = merger._add_info(infos, payload[0], k)
             if len(payload) > 1:
-                finals = self._add_info(finals, payload[1], k)
+                finals = merger._add_info(finals, payload[1], k)
         if finals:  # (its mask "_final_info", the dones, is set with final_obs)
             info["final_info"] = finals
         info.update(infos)
@@ -569,8 +607,12 @@ class BatchedVecEnv(VectorEnv):
         try:
             ids = self._check_env_ids(env_ids)
             row_ids = self._rows_of(ids)
-            rows = np.empty((len(row_ids), *self._action_shape[1:]), self._action_dtype)
-            self._convert_actions(actions, rows, f"{len(row_ids)} env ids")
+            if (actions.__class__ is np.ndarray and actions.dtype == self._action_dtype
+                    and actions.shape == (len(row_ids), *self._action_shape[1:])):
+                rows = actions  # the hot path: nothing to convert (copied in below)
+            else:
+                rows = np.empty((len(row_ids), *self._action_shape[1:]), self._action_dtype)
+                self._convert_actions(actions, rows, f"{len(row_ids)} env ids", row_ids)
             if self._maybe_running:
                 self._check_buffers_free()
             self._check_send_rows(rows, ids)
@@ -604,16 +646,18 @@ class BatchedVecEnv(VectorEnv):
                     f"{self.num_agents} times in a row (as recv's info['env_id'])")
             ids = grouped[:, 0]
         envs = self.num_env_instances
-        if ids.min() < 0 or ids.max() >= envs:
+        low, high = ids.min(), ids.max()
+        if low < 0 or high >= envs:
             raise InvalidArgumentError(
                 f"{self.env_id}: env ids must be in [0, {envs}), got "
-                f"{ids.min() if ids.min() < 0 else ids.max()}")
-        ids = ids.astype(np.int64)
+                f"{low if low < 0 else high}")
+        ids = ids.astype(np.int64)  # (a copy: the caller may reuse its array)
         # Repeats, in O(len(ids)) (np.unique sorts or hashes: ~100 ns per id):
         # stamp each id's position; a repeated id keeps only its last one.
-        positions = np.arange(len(ids))
+        # (ids are in range now: "clip" skips numpy's buffered bounds check.)
+        positions = self._positions[:len(ids)]
         self._id_stamp[ids] = positions
-        if (self._id_stamp[ids] != positions).any():
+        if (self._id_stamp.take(ids, mode="clip") != positions).any():
             raise InvalidArgumentError(f"{self.env_id}: env_ids has repeated ids")
         return ids
 
@@ -633,22 +677,36 @@ class BatchedVecEnv(VectorEnv):
         finally:
             self._lock.release()
 
+    #: gathered only for a batch in which an episode ended (only then in its
+    #: info; the leaves "final_observations.<k>" of a composite space too)
+    _ON_DONE = frozenset({*_EPISODE_STATS, "final_observations"})
+
     def _gather(self, ids: np.ndarray) -> tuple:
         """Copy the envs' results into the next of two batch buffers."""
         slots = self._recv_slots()[self._recv_count % 2]
         self._recv_count += 1
+        buffers = self._buffers
         rows = self._rows_of(ids)
-        for name in slots:
-            if name != "env_id":
-                np.take(self._buffers[name], rows, axis=0, out=slots[name])
-        slots["env_id"][...] = rows // self.num_agents  # each row's env
-        out = {name: slots[name].copy() if self._copy else slots[name] for name in slots}
+        # rows come from the stepper's ids, in range: mode="clip" skips numpy's
+        # bounds check, which with out= (mode "raise") copies through a
+        # temporary buffer -- about half of a recv's own time for cheap envs.
+        any_done = buffers["dones"].take(rows, out=slots["dones"], mode="clip").any()
+        out: dict[str, np.ndarray] = {}
+        for name, slot in slots.items():
+            if name == "env_id":
+                slot[...] = rows // self.num_agents  # each row's env
+            elif not any_done and (name in self._ON_DONE
+                                   or name.startswith("final_observations.")):
+                continue  # (no episode ended: the info has no statistics)
+            elif name != "dones":
+                buffers[name].take(rows, axis=0, out=slot, mode="clip")
+            out[name] = slot.copy() if self._copy else slot
         info: dict[str, Any] = {"env_id": out["env_id"]}
         if self._agent_mask is not None:
             info["agent_mask"] = out["agent_mask"]
         for name in self._env_info:
             info[name] = out[INFO_PREFIX + name]
-        if out["dones"].any():
+        if any_done:
             final = self._tree(out, "final_observations") if self._final_obs is not None else None
             info.update(self._episode_info(out["dones"], final,
                                            tuple(out[name] for name in self._EPISODE_STATS)))

@@ -23,6 +23,10 @@ def test_advertised_capabilities_are_read_as_given():
     assert (caps.protocol, caps.abi) == (protocol.PROTOCOL_VERSION, 3)
     assert (caps.fast_path, caps.async_mode, caps.inline, caps.render) == (True, True, True, False)
     assert caps.limits == LIMITS  # the capabilities' limits, not the top-level ones
+    assert not caps.recv_min  # optional (younger than the others): absent reads as false
+    assert Capabilities.from_hello(hello(recv_min=True)).recv_min
+    assert not caps.max_threads  # optional: a daemon that does not name it does not serve it
+    assert Capabilities.from_hello(hello(max_threads=True)).max_threads
 
 
 def test_a_hello_without_capabilities_gets_the_documented_fallback():
@@ -31,13 +35,16 @@ def test_a_hello_without_capabilities_gets_the_documented_fallback():
     assert not caps.advertised
     assert not caps.fast_path  # never tried on such a daemon
     assert caps.async_mode and caps.inline and caps.render
+    assert not caps.max_threads  # such a daemon would ignore make's max_threads
     assert caps.limits == LIMITS and caps.protocol == 2 and caps.abi is None
 
 
 @pytest.mark.parametrize("bad, match", [
     ({"capabilities": []}, "of type list"),
     (hello(fast_path=1), "'fast_path' as 1"),
+    (hello(recv_min="yes"), "'recv_min' as 'yes'"),
     (hello(**{"async": None}), "'async' as None"),
+    (hello(max_threads="yes"), "'max_threads' as 'yes'"),
     (hello(protocol="2"), "protocol '2'"),
     (hello(abi=True), "abi True"),
     (hello(limits={"max_sessions": "many"}), "limits"),

@@ -13,3 +13,7 @@ gymnasium.register("envd-test/DictObs-v0", entry_point="envs:DictObsEnv",
                    max_episode_steps=20)
 gymnasium.register("envd-test/MultiDiscrete-v0", entry_point="envs:MultiDiscreteActionEnv",
                    max_episode_steps=30)
+gymnasium.register("envd-test/HangingReset-v0", entry_point="envs:HangingEnv",
+                   kwargs={"fail_seed": 0, "at_step": 0})
+gymnasium.register("envd-test/HangingMake-v0", entry_point="envs:HangingMakeEnv")
+gymnasium.register("envd-test/SlowClose-v0", entry_point="envs:SlowCloseEnv")

@@ -182,3 +182,61 @@ class HangingEnv(FailingEnv):
     def _maybe_fail(self) -> None:
         if self.seed_ == self.fail_seed and self.t == self.at_step:
             time.sleep(3600)
+
+
+class HangingMakeEnv(FailingEnv):
+    """A FailingEnv whose second construction in one process hangs: the
+    daemon describes it (one env, in a child of the template) at startup,
+    and a worker making two of them hangs."""
+
+    made = 0
+
+    def __init__(self):
+        super().__init__(fail_seed=-1, at_step=-1)
+        HangingMakeEnv.made += 1
+        if HangingMakeEnv.made == 2:
+            time.sleep(3600)
+
+
+class SlowCloseEnv(FailingEnv):
+    """A FailingEnv whose close hangs once it was reset with a seed (the
+    daemon's startup description resets it unseeded and closes it): its
+    worker does not exit when told to."""
+
+    def __init__(self):
+        super().__init__(fail_seed=-1, at_step=-1)
+        self.seeded = False
+
+    def reset(self, *, seed=None, options=None):
+        self.seeded = self.seeded or seed is not None
+        return super().reset(seed=seed, options=options)
+
+    def close(self):
+        if self.seeded:
+            time.sleep(3600)
+
+
+class ExitingConstructorEnv(FailingEnv):
+    """Raises SystemExit in its constructor (sys.exit in an env's code)."""
+
+    def __init__(self):
+        raise SystemExit(7)
+
+
+class PidRecordingEnv(FailingEnv):
+    """Appends the pid of each process that constructs it to a file."""
+
+    def __init__(self, path: str):
+        super().__init__(fail_seed=-1, at_step=-1)
+        with open(path, "a") as f:
+            f.write(f"{os.getpid()}\n")
+
+
+class InterruptingEnv(FailingEnv):
+    """Raises KeyboardInterrupt in its step (Ctrl-C while it steps) once it
+    was reset with a seed (make's description steps it unseeded)."""
+
+    def step(self, action):
+        if self.seed_ is not None:
+            raise KeyboardInterrupt
+        return super().step(action)

@@ -112,21 +112,25 @@ def _leaf_map(fn, tree: Any) -> Any:
     return fn(tree)
 
 
-def env_info(info: dict, k: int) -> dict:
-    """Row k's own info out of a merged info dict (the inverse of gymnasium's
-    _add_info): every key whose "_" mask is set at k (envd's env_id aside)."""
+def env_info(info: dict, k: int, rows: int) -> dict:
+    """Row k's own info out of a merged info dict of a result of `rows` rows
+    (the inverse of gymnasium's _add_info): every key whose "_" mask is set
+    at k (envd's env_id aside).  Every array and mask must be rows long (an
+    async recv's: the batch's, row k being env env_id[k])."""
     out = {}
     for key, value in info.items():
+        if not isinstance(value, dict):
+            assert len(value) == rows, (key, len(value), rows)
         if key.startswith("_") or key == "env_id" or not info.get("_" + key, [False] * (k + 1))[k]:
             continue
-        out[key] = env_info(value, k) if isinstance(value, dict) else value[k]
+        out[key] = env_info(value, k, rows) if isinstance(value, dict) else value[k]
     return out
 
 
 def _record(obs: Any, rew, term, trunc, info: dict, k: int) -> tuple:
     """Row k of a result (compared with assert_same)."""
     row = _leaf_map(lambda leaf: leaf[k].copy(), obs)
-    return (row, float(rew[k]), bool(term[k]), bool(trunc[k]), env_info(info, k))
+    return (row, float(rew[k]), bool(term[k]), bool(trunc[k]), env_info(info, k, len(rew)))
 
 
 def per_env_action_batches(space: spaces.Space, num_envs: int, steps: int, seed: int) -> Any:

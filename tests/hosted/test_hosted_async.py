@@ -96,3 +96,32 @@ def test_async_dict_spaces_and_infos_equal_sync(mode, num_workers):
     assert sum(map(len, runs)) >= NUM_ENVS * STEPS
     for i in range(NUM_ENVS):
         assert_same(runs[i], expected[i][:len(runs[i])], f"env {i}")
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_recv_infos_are_batch_sized_and_wide_integers_refused(num_workers):
+    """An async recv's merged env infos are batch_size long, row k being env
+    env_id[k] (as its observations are), not num_envs long; an integer that
+    does not fit a leaf's narrow dtype (MultiBinary: int8) is refused, never
+    wrapped into a valid value."""
+    box = np.zeros((2, 2), np.float32)
+    with envd.make("py:daemon_envs:envd-test/DictObs-v0", 8, seed=3, num_workers=num_workers,
+                   batch_size=2, episode_statistics=False) as env:
+        env.async_reset()
+        seen = 0
+        for _ in range(40):
+            obs, rew, term, trunc, info = env.recv()
+            ids = info["env_id"]
+            assert len(ids) == 2 and len(rew) == 2
+            for key, value in info.items():
+                if not isinstance(value, dict):
+                    assert len(value) == 2, (key, len(value))
+            if "t" in info:
+                seen += 1
+                for k in np.flatnonzero(info["_t"]):
+                    # (DictObsEnv's step info "t" is its env's step count)
+                    assert info["t"][k] >= 1, (info, k)
+            with pytest.raises(envd.InvalidActionError, match=r"action\[1\] 257 of env"):
+                env.send((np.zeros(2, np.int64), np.array([[257, 0], [0, 1]]), box), ids)
+            env.send((np.zeros(2, np.int64), np.array([[1, 0], [0, 1]]), box), ids)
+        assert seen, "no step info came in 40 batches"

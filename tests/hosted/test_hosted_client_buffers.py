@@ -144,3 +144,22 @@ def test_a_reset_mask_byte_other_than_0_or_1_selects_its_env():
             assert np.array_equal(client["observations"][i], before[i]), i
     finally:
         session.close()
+
+
+def test_only_the_used_bytes_of_an_info_slot_are_copied():
+    """An env's info slot is copied only as far as its length (the backend
+    reads it from the private segment): CartPole gives no info, so a step
+    copies none of its slot's bytes into the client's buffer (what the
+    client left there stays; it reads length bytes only), and the lengths
+    themselves are copied."""
+    session, client = make_session(2)
+    try:
+        session.reset(False, False)
+        client["infos"][...] = 0xAA
+        client["info_lengths"][...] = 99
+        client["actions"][...] = 1
+        session.step()
+        assert (client["info_lengths"] == 0).all()
+        assert (client["infos"] == 0xAA).all()
+    finally:
+        session.close()

@@ -179,6 +179,31 @@ def test_spaces_infos_and_limits_over_the_wire(client):
         client.make("CartPole-v1", 2, info_bytes=64)
 
 
+def test_integers_that_do_not_fit_a_narrow_leaf_are_refused(client):
+    """An integer too wide for its leaf's dtype (MultiBinary's int8) is
+    refused naming the leaf, the value and the env, on step and send, by
+    every path; it never wraps into a valid value (256 -> 0)."""
+    box = np.zeros((2, 2), np.float32)
+    with client.make("py:envd-test/DictObs-v0", 2, seed=0, num_workers=1) as env:
+        env.reset()
+        with pytest.raises(envd.InvalidActionError,
+                           match=r"action\[1\] 256 of env 0 is out of range; "
+                                 r"MultiBinary\(2\) accepts 0\.\.1"):
+            env.step((np.zeros(2, np.int64), np.array([[256, 257], [1, 1]]), box))
+        with pytest.raises(envd.InvalidActionError, match=r"action\[1\] -255 of env 1"):
+            env.step((np.zeros(2, np.int64), np.array([[0, 1], [1, -255]]), box))
+        env.step((np.zeros(2, np.int64), np.array([[0, 1], [1, 0]]), box))  # it goes on
+    with client.make("py:envd-test/DictObs-v0", 4, seed=0, num_workers=1,
+                     batch_size=2) as env:
+        env.async_reset()
+        ids = env.recv()[4]["env_id"]
+        with pytest.raises(envd.InvalidActionError,
+                           match=rf"action\[1\] 256 of env {ids[1]} is out of range"):
+            env.send((np.zeros(2, np.int64), np.array([[1, 1], [0, 256]]), box), ids)
+        env.send((np.zeros(2, np.int64), np.array([[1, 1], [0, 1]]), box), ids)
+        env.recv()
+
+
 def test_only_the_allowed_ids_and_arguments(client):
     with pytest.raises(envd.UnknownEnvError, match="py:CartPole-v1"):
         client.make("py:MountainCar-v0", 2)

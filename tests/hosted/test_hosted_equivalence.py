@@ -113,8 +113,8 @@ def test_default_worker_count_rule(monkeypatch):
     num_envs) for a costly one, 0 on one CPU."""
     from envd.native import hosted_env
     monkeypatch.setattr(hosted_env.os, "sched_getaffinity", lambda pid: {0, 1})
-    assert hosted_env.default_num_workers(16, 13e-6) == 0          # CartPole: 208 us
-    assert hosted_env.default_num_workers(16, 50e-6) == 2          # Acrobot: 800 us
+    assert hosted_env.default_num_workers(16, 5e-6) == 0           # CartPole: 80 us
+    assert hosted_env.default_num_workers(16, 25e-6) == 2          # Acrobot: 400 us
     assert hosted_env.default_num_workers(1, 1.0) == 0
     monkeypatch.setattr(hosted_env.os, "sched_getaffinity", lambda pid: {0})
     assert hosted_env.default_num_workers(16, 1.0) == 0

@@ -178,3 +178,57 @@ def test_truncated_segment_on_the_fast_path(daemon):
         assert "truncated its shared-memory segment" in daemon.log()
         assert other.step(np.ones(2, np.int64))[0].shape == (2, 4)
         other.close()
+
+
+def test_a_hung_fast_path_request_never_stops_the_daemon(daemon):
+    """The doorbell's thread holds a hosted session's lock for the whole
+    step it serves, which a hung env never ends: a "fast off" request and
+    socket resets of that session are refused as busy (the event loop and
+    the executor never wait for that lock), the daemon serves its other
+    clients all along, the fast path stays on (no worker killed), and a
+    close still frees the session."""
+    with daemon.connect(timeout=60) as c, daemon.connect(timeout=60) as victim:
+        before = set(descendants(daemon.pid))
+        env = victim.make("py:envd-test/Hanging-v0", 2, seed=0, num_workers=2, fast_path=True)
+        workers = new_workers(daemon.pid, before)
+        env.reset()
+        env.step(np.zeros(2, np.int64))
+        hung = threading.Thread(target=lambda: pytest.raises(
+            envd.EnvdError, env.step, np.zeros(2, np.int64)), daemon=True)
+        hung.start()  # env 0's second step sleeps an hour
+        assert wait_until(lambda: c.status()["sessions"] == 1, 60)
+        time.sleep(0.5)  # (the doorbell's thread surely serves the step now)
+        refused_from = time.monotonic()
+        with pytest.raises(envd.EnvStateError, match="fast path is serving a request"):
+            victim.fast(env.session, enable=False)
+        assert time.monotonic() - refused_from < 20  # (at once: the loop never waited)
+        for _ in range(3):  # more than the executor's threads
+            with pytest.raises(envd.EnvStateError, match="fast path is serving a request"):
+                victim.channel.request({"type": "reset", "session": env.session})
+        started = time.monotonic()
+        assert c.status()["sessions"] == 1
+        other = c.make("py:CartPole-v1", 2, seed=0, num_workers=1)
+        assert other.reset()[0].shape == (2, 4)
+        assert time.monotonic() - started < 30
+        assert all(map(alive, workers)), workers  # "fast off" killed nothing
+        other.close()
+        victim.channel.timeout = 60
+        victim.close_session(env.session)
+        assert wait_until(lambda: not any(map(alive, workers)), 60), workers
+        assert wait_until(lambda: c.status()["sessions"] == 0, 60)
+
+
+def test_fast_off_of_an_idle_hosted_session_keeps_its_workers(daemon):
+    """Turning the fast path off (no request running) stops the doorbell
+    only: the session's workers live on and it steps over the socket."""
+    with daemon.connect() as c:
+        before = set(descendants(daemon.pid))
+        env = c.make("py:CartPole-v1", 2, seed=0, num_workers=2, fast_path=True)
+        workers = new_workers(daemon.pid, before)
+        env.reset()
+        env.step(np.ones(2, np.int64))
+        c.fast(env.session, enable=False)
+        reply = c.channel.request({"type": "reset", "session": env.session})
+        assert reply["ok"]
+        assert all(map(alive, workers)), workers
+        env.close()

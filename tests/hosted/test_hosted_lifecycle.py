@@ -94,3 +94,20 @@ def test_close_kills_a_hung_worker(monkeypatch):
     env.send(np.zeros(1, np.int64), np.array([0]))  # hangs in worker 0
     env.close()
     assert wait_until(lambda: not any(alive(p) for p in pids))
+
+
+def test_a_killed_template_is_replaced_even_before_it_is_reaped(monkeypatch):
+    """waitpid lags a SIGKILL (a process is not reapable until all its
+    threads exited): while the dead template still looks alive to it, the
+    next make must start a new template, not fail on the old one's closed
+    socket (Broken pipe / Connection reset)."""
+    first = hosted_template.template()
+    os.kill(first.pid, signal.SIGKILL)
+    assert wait_until(lambda: not alive(first.pid), 30)
+    # (as if waitpid could not reap it yet: the window the race hits)
+    monkeypatch.setattr(hosted_template.Template, "alive", lambda self: True)
+    with envd.make("py:CartPole-v1", 2, seed=0, num_workers=1) as env:
+        assert env.reset()[0].shape == (2, 4)
+    monkeypatch.undo()
+    assert hosted_template.template() is not first
+    assert not first.alive()

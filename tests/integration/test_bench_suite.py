@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from envd.tools import bench as benchmark
-from envd.tools import bench_learner, bench_load, bench_rounds, cli
+from envd.tools import bench_learner, bench_load, bench_multi, bench_rounds, cli
 
 SIZES = [1, 64]
 LEARNER_ENVS = 8
@@ -90,9 +90,11 @@ def test_the_table_has_every_row_and_column(run):
         assert heading in stdout
     target_lines = stdout.split("\ntargets (", 1)[1].split("\n\n", 1)[0].splitlines()[1:]
     # latency (2), daemon vs in-process and EnvPool (2), auto threads (2 envs x N), clients (1),
-    # the learner: per env, in-process and daemon, against its target and against EnvPool
+    # the capped pair (1), the learner: per env, in-process and daemon, against its target
+    # and against EnvPool
     learner = len(bench_learner.LEARNER_ENVS) * 2 * 2
-    assert len(target_lines) == 2 + 2 + 2 * len(SIZES) + 1 + learner, target_lines
+    multi = len(bench_multi.MULTI_ENVS)  # async over two daemons: one per env
+    assert len(target_lines) == 2 + 2 + 2 * len(SIZES) + 1 + 1 + learner + multi, target_lines
     statuses = ("PASS", "FAIL", "NOT JUDGED", "N/A")
     assert all(line[2:14].strip() in statuses for line in target_lines), target_lines
     assert "N=4096 not in --sizes" in stdout
@@ -119,6 +121,33 @@ def test_the_learner_section_has_every_env_and_system(run):
             assert learner in bench_learner.LEARNERS, line
             assert is_rate_with_spread(sync.strip()) and is_rate_with_spread(asyn.strip()), line
             assert ratio.strip().endswith(tuple("0123456789")) and "x ±" in ratio, line
+
+
+def test_the_section_over_two_daemons_has_every_env(run):
+    proc, out = run
+    section = proc.stdout.split("\nasync over two daemons on this host", 1)[1]
+    section = section.split("\ntargets (", 1)[0].splitlines()
+    rows = [line for line in section if line[2:16].strip() in bench_multi.MULTI_ENVS]
+    assert [line[2:16].strip() for line in rows] == list(bench_multi.MULTI_ENVS), section
+    for line in rows:
+        rates = [line[i:i + 14].strip() for i in (22, 36, 50)]
+        ratio = line[64:].strip()
+        assert all(is_rate_with_spread(rate) for rate in rates), line
+        assert "x ±" in ratio, line
+    assert "(one daemon: " in "\n".join(section) and "; two daemons: " in "\n".join(section)
+    results = json.loads((out / "results.json").read_text())
+    for env_id in bench_multi.MULTI_ENVS:
+        entry = results["multi_async"][env_id]
+        assert entry["num_envs"] == LEARNER_ENVS and entry["batch_size"] == LEARNER_ENVS // 2
+        for system in bench_multi.SYSTEMS:
+            values = entry["rounds"][system]
+            assert len(values) == results["settings"]["rounds"] and min(values) > 0
+    names = [t["target"] for t in results["targets"]]
+    assert all(any(name.startswith(f"{env_id} async, two daemons") for name in names)
+               for env_id in bench_multi.MULTI_ENVS)
+    csv_lines = (out / "results.csv").read_text().splitlines()
+    rows = [line for line in csv_lines if line.startswith("multi_async,")]
+    assert len(rows) == len(bench_multi.MULTI_ENVS) * len(bench_multi.SYSTEMS), rows
 
 
 def test_the_json_has_numbers_for_envd(run):
@@ -349,6 +378,56 @@ def test_the_learner_comparison_measures_round_by_round(monkeypatch):
     assert ahead["status"] == "PASS" and ahead["value"] == 1.25
 
 
+def test_the_comparison_over_two_daemons_measures_round_by_round(monkeypatch):
+    calls = []
+
+    class FakeLoop:
+        def __init__(self, env):
+            self.env = env
+
+        def rate(self, seconds):
+            calls.append(self.env.system)
+            if self.env.system == "two daemons":
+                return 95.0 - len(calls) % 2
+            return 100.0
+
+        def close(self):
+            calls.append(("closed", self.env.system))
+
+    class FakeClient:
+        def __init__(self, system):
+            self.system = system
+
+        def make(self, env_id, num_envs, seed, batch_size, fast_path=None):
+            assert batch_size == num_envs // 2
+            system = self.system if fast_path is None else "one daemon socket"
+            return SimpleNamespace(system=system, fast_path=system == "one daemon")
+
+    monkeypatch.setattr(bench_multi, "AsyncLoop", FakeLoop)
+    results = bench_multi.measure(FakeClient("one daemon"), FakeClient("two daemons"), 64,
+                                  rounds=3, seconds=0.01, env_ids=("CartPole-v1",))
+    measured = [c for c in calls if isinstance(c, str)]
+    assert len(measured) == 9  # every system once per round, rounds interleaved
+    assert all(sorted(measured[i:i + 3]) == sorted(bench_multi.SYSTEMS) for i in (0, 3, 6))
+    assert sum(isinstance(c, tuple) for c in calls) == 3  # every env closed
+    entry = results["CartPole-v1"]
+    assert entry["num_envs"] == 64 and entry["batch_size"] == 32
+    assert entry["paths"] == {"one daemon": "fast path", "one daemon socket": "socket path",
+                              "two daemons": "socket path"}
+    (target,) = bench_multi.targets(results)
+    assert target["status"] == "PASS" and 0.94 <= target["value"] <= 0.95, target
+    slow = {"CartPole-v1": {**entry, "rounds": {**entry["rounds"], "two daemons": [50.0] * 3}}}
+    assert bench_multi.targets(slow)[0]["status"] == "FAIL"
+    noisy = {"CartPole-v1": {**entry, "rounds": {**entry["rounds"],
+                                                 "two daemons": [70.0, 90.0, 110.0]}}}
+    assert bench_multi.targets(noisy)[0]["status"] == "NOT JUDGED"
+    lines = bench_multi.report_lines(results, 2, 1)
+    assert "one daemon of 2 threads (its default path, and its socket path) vs two of 1" \
+        in lines[0]
+    assert lines[2].split()[:2] == ["CartPole-v1", "64"]
+    assert bench_multi.summary(results)["CartPole-v1"]["summary"]["two_over_one"]["median"] > 0
+
+
 def test_spread_and_not_judged():
     s = bench_rounds.spread([3.0, 1.0, 2.0, 10.0])
     assert (s.median, s.low, s.high, s.rounds) == (2.5, 1.0, 10.0, 4)
@@ -468,3 +547,24 @@ def test_a_fast_path_row_without_a_fast_path_says_why():
     assert all(env.closed for env in made)  # what it made and could not use is closed
     env = benchmark.remote_env(NewClient({"fast_path": True}), "CartPole-v1", 4, True)
     assert env.fast_path and not env.closed
+
+
+def test_the_capped_pair_section_and_its_target(run):
+    """The quick run measures the capped pair: both configurations with a
+    rate per session and a pair total, the ratios, a target line, CSV rows."""
+    proc, out = run
+    section = proc.stdout.split("\na cheap session capped at max_threads=0", 1)[1]
+    section = section.split("\nratios (", 1)[0].splitlines()
+    rows = {line.split(" (max_threads")[0].strip(): line for line in section
+            if "(max_threads=" in line}
+    assert set(rows) == {"capped", "uncapped"}, section
+    for line in rows.values():
+        cells = line.split(")", 1)[1].rsplit("(", 1)[0].split()
+        assert len(cells) == 6 and all(is_rate_with_spread(" ".join(cells[i:i + 2]))
+                                       for i in (0, 2, 4)), line
+    assert any(line.strip().startswith("capped / uncapped") and "x ±" in line
+               for line in section)
+    assert "pair total >= 1.0x uncapped:" in proc.stdout.split("\ntargets (", 1)[1]
+    results = json.loads((out / "results.json").read_text())
+    assert set(results["capped_pair"]["totals"]) == {"capped", "uncapped"}
+    assert "capped_pair" in (out / "results.csv").read_text()

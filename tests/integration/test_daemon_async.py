@@ -247,3 +247,54 @@ def test_a_send_refused_over_the_socket_is_raised_by_the_next_call(served):
         client.status()
         env.async_reset()  # forgets the refusal, as a reset forgets a failed batch
         assert env.recv()[4]["env_id"].tolist() == [0, 1, 2]
+
+
+def test_recv_min_and_a_send_served_beside_a_waiting_recv(tmp_path):
+    """recv {count, min} (capability recv_min, what async over several
+    daemons needs): answered once min envs are ready, with those ready up to
+    count; while it waits, a send of the same session is served (the send's
+    reply comes before the recv's) instead of being refused as busy."""
+    with DaemonProcess(tmp_path / "daemon", "--threads", "1") as daemon, \
+            daemon.connect() as client:
+        assert client.capabilities.recv_min
+        # ~45 us per step at depth 6: a batch of 512 keeps the one worker ~20 ms
+        env = client.make("ConnectFour-v0", 1024, seed=0, batch_size=512, fast_path=False,
+                          depth=6)
+        channel, session = client.channel, env.session
+
+        def recv(count, least=None):
+            header = {"type": "recv", "session": session, "count": count}
+            if least is not None:
+                header["min"] = least
+            return np.frombuffer(channel.request(header)["_blobs"][0], np.int64)
+
+        env.async_reset()
+        assert recv(600, 1).tolist() == list(range(600))  # all ready: up to count
+        assert recv(424).tolist() == list(range(600, 1024))  # no min: exactly count
+        env.buffers["actions"][:] = 3
+        channel.post({"type": "send", "session": session},
+                     [np.arange(1024, dtype=np.int64).tobytes()], lambda reply: None)
+        recv(1024)  # (the vec has measured its cost by now: the batches below are pooled)
+        with pytest.raises(envd.InvalidArgumentError, match="min"):
+            recv(2, 3)
+        replies = []
+
+        def post(header, blobs=()):
+            channel.post({**header, "session": session}, list(blobs),
+                         lambda reply, kind=header["type"]: replies.append((kind, reply)))
+
+        post({"type": "send"}, [np.arange(512, dtype=np.int64).tobytes()])
+        post({"type": "recv", "count": 1024, "min": 1})
+        post({"type": "send"}, [np.arange(512, 1024, dtype=np.int64).tobytes()])
+        wait_until(lambda: channel.read_late_replies(0.05) or len(replies) == 3,
+                   what="three replies")
+        assert [kind for kind, _ in replies] == ["send", "send", "recv"], replies
+        assert all(reply["ok"] for _, reply in replies), replies
+        got = set(np.frombuffer(replies[2][1]["_blobs"][0], np.int64).tolist())
+        # answered once a batch finished: whole batches (whichever came first)
+        batches = [set(range(512)), set(range(512, 1024))]
+        assert got in batches or got == batches[0] | batches[1], sorted(got)
+        rest = 1024 - len(got)
+        if rest:
+            assert set(recv(rest, rest).tolist()) == set(range(1024)) - got
+        env.close()

@@ -27,9 +27,10 @@ def test_the_hello_advertises_what_the_daemon_serves(daemon):
         wire = client.server_info["capabilities"]
         assert wire == {"protocol": protocol.PROTOCOL_VERSION, "abi": lib.envd_abi_version(),
                         "fast_path": True, "async": True, "inline": True, "render": True,
+                        "recv_min": True, "max_threads": True,
                         "limits": client.server_info["limits"]}
         caps = client.capabilities
-        assert caps.advertised and caps.fast_path
+        assert caps.advertised and caps.fast_path and caps.recv_min and caps.max_threads
         assert caps.limits["max_message_bytes"] == client.status()["limits"]["max_message_bytes"]
 
 
@@ -138,6 +139,10 @@ def test_an_old_daemon_without_capabilities_gets_the_fallback_and_no_trial(old_d
         assert not env.fast_path and env.transport == "shm"
         with pytest.raises(envd.InvalidArgumentError, match="does not offer the fast path"):
             client.make("CartPole-v1", 2, seed=0, fast_path=True)
+        # such a daemon would ignore the field and step on its whole pool: refused here
+        with pytest.raises(envd.InvalidArgumentError,
+                           match=r"does not serve per-session thread caps \(max_threads\)"):
+            client.make("CartPole-v1", 2, seed=0, max_threads=0)
         env.close()
     # the client never tried "fast" to find out what the daemon serves
     assert "fast" not in old_daemon.requests, old_daemon.requests
@@ -153,7 +158,8 @@ def test_what_the_daemon_does_not_serve_is_refused_before_any_make(tmp_path):
         with envd.connect(daemon.endpoint, timeout=10) as client:
             for kwargs, what in ((dict(batch_size=1), "async mode"),
                                  (dict(render_mode="rgb_array"), "rendering"),
-                                 (dict(transport="inline"), "the inline transport")):
+                                 (dict(transport="inline"), "the inline transport"),
+                                 (dict(max_threads=1), "per-session thread caps")):
                 with pytest.raises(envd.InvalidArgumentError, match=f"does not serve {what}"):
                     client.make("CartPole-v1", 2, seed=0, **kwargs)
             with client.make("CartPole-v1", 2, seed=0, batch_size=2) as env:  # sync: served

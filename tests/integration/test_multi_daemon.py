@@ -353,9 +353,8 @@ def test_reset_errors_and_closed_env_match(multis):
     assert multi.shards == ()
 
 
-def test_async_mode_is_refused_over_several_daemons(multis):
-    with pytest.raises(envd.InvalidArgumentError, match="single daemon"):
-        multis[2].make("CartPole-v1", 8, batch_size=4)
+def test_async_calls_of_a_sync_multivecenv_are_refused(multis):
+    # (async mode over several daemons: tests/integration/test_multi_daemon_async.py)
     with pytest.raises(envd.InvalidArgumentError, match="batch_size"):
         multis[2].make("CartPole-v1", 8, batch_size=9)
     with multis[2].make("CartPole-v1", 8, batch_size=8) as env:  # = num_envs: plain steps

@@ -153,6 +153,46 @@ def test_async_batches_in_flight(sanitized):
     assert_no_report(daemon)
 
 
+def test_capped_sessions_stepping_at_once(sanitized):
+    """Sessions under thread caps of 0 and 1 (and one uncapped) on the
+    2-thread pool, stepped by three threads at once, sync and async, over
+    the fast path and the socket: the cap's slots (pool.c C1-C3) and the
+    inline runs race with each other's workers; results match in-process."""
+    _, daemon = sanitized
+    errors = []
+
+    def drive(client, cap, fast_path, seed):
+        try:
+            with client.make("Acrobot-v1", 2048, seed=seed, max_threads=cap,
+                             fast_path=fast_path) as env, \
+                    envd.make("Acrobot-v1", 2048, seed=seed, num_threads=0) as twin:
+                rng = np.random.default_rng(seed)
+                assert env.reset()[0].tobytes() == twin.reset()[0].tobytes()
+                for _ in range(8):
+                    actions = random_actions(env.single_action_space, 2048, rng)
+                    assert env.step(actions)[0].tobytes() == twin.step(actions)[0].tobytes()
+            with client.make("ConnectFour-v0", 64, seed=seed, batch_size=16, max_threads=cap,
+                             fast_path=fast_path) as env:
+                env.async_reset()
+                for _ in range(12):
+                    ids = env.recv()[4]["env_id"]
+                    for part in np.array_split(ids, 2):
+                        env.send(np.zeros(len(part), np.int64), part)
+        except BaseException as exc:  # noqa: BLE001  (re-raised by the test's thread)
+            errors.append(exc)
+
+    with daemon.connect(timeout=DEADLINE) as a, daemon.connect(timeout=DEADLINE) as b, \
+            daemon.connect(timeout=DEADLINE) as c:
+        threads = [threading.Thread(target=drive, args=args) for args in
+                   ((a, 0, True, 1), (b, 1, False, 2), (c, None, True, 3))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(DEADLINE)
+    assert not errors, errors
+    assert_no_report(daemon)
+
+
 def test_close_with_batches_in_flight(sanitized):
     _, daemon = sanitized
     with daemon.connect(timeout=DEADLINE) as client:

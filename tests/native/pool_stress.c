@@ -194,6 +194,81 @@ static void test_in_flight(int threads, int rounds)
         rec_free(&recs[j]);
 }
 
+/* ---- capped jobs ---------------------------------------------------------------- */
+/* A recording task that also counts how many threads run chunks of any job
+ * under one cap at the same moment, keeping the highest count seen. */
+typedef struct {
+    rec_t rec;
+    _Atomic int *running, *most;
+} capped_t;
+
+static void capped_fn(void *ctx, int64_t begin, int64_t end)
+{
+    capped_t *c = ctx;
+    int now = atomic_fetch_add(c->running, 1) + 1;
+    int most = atomic_load(c->most);
+    while (now > most && !atomic_compare_exchange_weak(c->most, &most, now))
+        ;
+    for (volatile int spin = 0; spin < 200; spin++) /* widen the window for overlaps */
+        ;
+    rec_fn(&c->rec, begin, end);
+    atomic_fetch_sub(c->running, 1);
+}
+
+/* Three jobs under one cap of max_workers and one uncapped job in flight at
+ * once on a pool of `threads`.  Polled rounds (no thread helps): at most
+ * max_workers threads ever run the capped jobs' chunks at once (C1).  Waited
+ * rounds: the one helping waiter comes on top (it holds no slot).  Every job
+ * completes, every item once (C3: no capped job is stranded), and the cap
+ * is free again after each round (C2). */
+static void test_capped(int threads, int max_workers, int rounds)
+{
+    envd_pool_t *pool;
+    CHECK(envd_pool_create(&pool, threads, NULL) == ENVD_OK, "create");
+    envd_pool_cap_t cap = {.max_workers = max_workers};
+    _Atomic int running = 0, most = 0;
+    envd_job_t jobs[4] = {{0}};
+    capped_t tasks[4];
+    int64_t ns[4];
+    for (int j = 0; j < 4; j++) {
+        rec_init(&tasks[j].rec, 256);
+        tasks[j].running = &running;
+        tasks[j].most = &most;
+        CHECK(envd_job_set_cap(&jobs[j], j < 3 ? &cap : NULL) == ENVD_OK, "set_cap");
+    }
+    _Atomic int other_running = 0, other_most = 0; /* the uncapped job counts apart */
+    tasks[3].running = &other_running;
+    tasks[3].most = &other_most;
+    uint64_t s = 0x51ed2701a3b4c5d6ull + (uint64_t)(threads * 8 + max_workers);
+    for (int k = 0; k < rounds; k++) {
+        const int helped = k % 4 == 3;
+        atomic_store(&most, 0);
+        for (int j = 0; j < 4; j++) {
+            ns[j] = 1 + rnd(&s) % 256;
+            tasks[j].rec.seq++;
+            int64_t chunk = 1 + rnd(&s) % 16;
+            tasks[j].rec.chunk = chunk < ns[j] ? chunk : ns[j];
+            CHECK(envd_pool_submit(pool, &jobs[j], capped_fn, &tasks[j], ns[j], chunk,
+                                   rnd(&s) % 2 ? ENVD_JOB_NOTIFY : 0) == ENVD_OK, "submit");
+        }
+        for (int j = 0; j < 4; j++) {
+            if (helped)
+                envd_pool_wait(pool, &jobs[j]);
+            else
+                poll_done(&jobs[j]);
+            rec_verify(&tasks[j].rec, ns[j]);
+        }
+        CHECK(atomic_load(&most) <= max_workers + helped,
+              "%d threads ran capped jobs at once under a cap of %d (helped %d)",
+              atomic_load(&most), max_workers, helped);
+        CHECK(atomic_load(&cap.active) == 0, "cap still holds %d slots after the round",
+              atomic_load(&cap.active));
+    }
+    envd_pool_destroy(pool);
+    for (int j = 0; j < 4; j++)
+        rec_free(&tasks[j].rec);
+}
+
 /* Large jobs with many chunks, waited with and without helping. */
 static void test_large(int threads, int64_t n, int reps)
 {
@@ -369,6 +444,9 @@ static void test_bad_args(void)
     CHECK(envd_pool_submit(pool, &job, rec_fn, &r, 1, 1, 4) == ENVD_EINVAL, "flags");
     CHECK(envd_pool_submit(pool, &job, rec_fn, &r, INT64_MAX, 1, 0) == ENVD_EINVAL, "huge n");
     CHECK(envd_pool_run(pool, &job, rec_fn, &r, 1, -5) == ENVD_EINVAL, "run chunk");
+    envd_pool_cap_t no_workers = {.max_workers = 0};
+    CHECK(envd_job_set_cap(&job, &no_workers) == ENVD_EINVAL, "cap of 0 workers");
+    CHECK(envd_job_set_cap(NULL, NULL) == ENVD_EINVAL, "NULL job cap");
     envd_pool_destroy(pool);
     envd_pool_destroy(NULL);
 }
@@ -482,6 +560,8 @@ int main(int argc, char **argv)
         test_in_flight(threads, scaled(20000));
         test_large(threads, 100000 / g_div + 10, 2);
         test_clients(threads, 3, scaled(20000));
+        for (int cap = 1; cap < threads; cap++)
+            test_capped(threads, cap, scaled(4000));
     }
     test_create_destroy(scaled(500), baseline);
     printf("pool_stress: ok\n");

@@ -14,7 +14,8 @@
  *     recvs return the ids in exactly the order they were sent (the FIFO);
  *     counts() always adds up; the reusable batches never hold more than
  *     2 * N ids; every env received has the rows of a twin session stepped
- *     serially with the same batches (bit-identical);
+ *     serially with the same batches (bit-identical); the same on the
+ *     2-thread pool under thread caps of 0 and 1 (envd_session_set_max_threads);
  *   - refusals, with a batch held in flight on a pool thread by a gated env
  *     (deterministic): a send of an env in flight or ready is ENVD_EBUSY
  *     naming it (envd_session_env_state tells which), of an id out of range
@@ -75,6 +76,9 @@ typedef struct harness {
     envd_session_t *s;
 } harness_t;
 
+/* The thread cap harness_init applies to sessions on a pool (ENVD_VEC_NO_CAP: none). */
+static int g_max_threads = ENVD_VEC_NO_CAP;
+
 static void harness_init(harness_t *h, const envd_env_def_t *def, int64_t n, envd_pool_t *pool,
                          int64_t chunk)
 {
@@ -103,6 +107,9 @@ static void harness_init(harness_t *h, const envd_env_def_t *def, int64_t n, env
     rc = envd_session_create(&h->s, backend);
     CHECK(rc == ENVD_OK, "session: %s", envd_strerror(rc));
     envd_session_set_chunk(h->s, chunk);
+    if (pool)
+        CHECK(envd_session_set_max_threads(h->s, g_max_threads) == ENVD_OK, "cap %d",
+              g_max_threads);
     uint64_t *seeds = xcalloc((size_t)n, sizeof *seeds);
     for (int64_t i = 0; i < n; i++)
         seeds[i] = 1000 + (uint64_t)i;
@@ -520,6 +527,11 @@ int main(int argc, char **argv)
         for (size_t k = 0; k < COUNT(sizes); k++)
             test_books(pools[p], thread_counts[p], sizes[k], scaled(3000, 300),
                        0x9e3779b97f4a7c15ull + p * 31 + k);
+    for (g_max_threads = 0; g_max_threads <= 1; g_max_threads++) /* (NOTIFY sends may pool) */
+        for (size_t k = 0; k < COUNT(sizes); k++)
+            test_books(pools[2], thread_counts[2], sizes[k], scaled(1000, 100),
+                       0x5eed5eedull + (uint64_t)g_max_threads * 31 + k);
+    g_max_threads = ENVD_VEC_NO_CAP;
     printf("session_stress: books %.2f s\n", now_s() - t);
     t = now_s();
     test_refusals(pools[1]);

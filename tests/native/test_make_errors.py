@@ -133,7 +133,7 @@ def test_discrete_action_out_of_range(value):
 def test_unsigned_actions_beyond_int64_are_out_of_range():
     with envd.make("CartPole-v1", 2, seed=0) as env:
         env.reset()
-        with pytest.raises(InvalidActionError, match="9223372036854775808 is out of range"):
+        with pytest.raises(InvalidActionError, match="action 9223372036854775808 of env 1 is out of range"):
             env.step(np.array([0, 2**63], np.uint64))
         env.step(np.array([0, 1], np.uint64))
 

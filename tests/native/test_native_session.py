@@ -22,8 +22,8 @@ from envd.stepping import Stepper
 from envd.vector_base import buffer_layout
 
 
-def make_session(num_envs: int, pool: NativePool | None,
-                 env_id: str = "CartPole-v1") -> tuple[NativeSession, dict]:
+def make_session(num_envs: int, pool: NativePool | None, env_id: str = "CartPole-v1",
+                 max_threads: int | None = None) -> tuple[NativeSession, dict]:
     spec = envd.native.get_spec(env_id)
     mode = AutoresetMode.NEXT_STEP
     buffers = {name: np.zeros(shape, dtype) for name, (shape, dtype)
@@ -32,7 +32,7 @@ def make_session(num_envs: int, pool: NativePool | None,
     buffers["reset_seeds"][...] = np.arange(num_envs, dtype=np.uint64)
     session = NativeSession(spec, num_envs, autoreset_mode=AUTORESET_MODE_CODES[mode],
                             max_episode_steps=500, params=spec.param_values({}, ()),
-                            buffers=buffers, pool=pool)
+                            buffers=buffers, pool=pool, max_threads=max_threads)
     session.seed()
     return session, buffers
 
@@ -301,3 +301,98 @@ def test_the_doorbell_is_held_off_while_the_lock_is_held():
         session.step()                  # the session steps directly again
     finally:
         session.close()
+
+
+# ---- the per-session thread cap (max_threads) ---------------------------------------------
+def capped_trajectory(pool: NativePool, max_threads: int | None, env_id: str, steps: int):
+    """Outputs of sync steps, then of async sends of random halves, of one
+    session under max_threads, every run forced onto the pool (chunk 3);
+    and the session's dispatch stats."""
+    num_envs = 24
+    session, buffers = make_session(num_envs, pool, env_id, max_threads)
+    try:
+        session.set_chunk(3)
+        rng = np.random.default_rng(5)
+        n = session.spec.action_space.n
+        session.reset(False, False)
+        out = [buffers["observations"].tobytes()]
+        for _ in range(steps):
+            buffers["actions"][...] = rng.integers(0, n, num_envs)
+            session.step()
+            out += [buffers[k].tobytes() for k in ("observations", "rewards", "terminations")]
+        session.async_reset(False)
+        session.recv(num_envs)
+        for _ in range(steps):
+            ids = rng.permutation(num_envs)[:num_envs // 2].astype(np.int64)
+            buffers["actions"][ids] = rng.integers(0, n, len(ids))
+            session.send(ids[:6])
+            session.send(ids[6:])  # two batches in flight under one cap
+            got = np.sort(session.recv(len(ids)))
+            assert got.tolist() == sorted(ids.tolist())
+            out += [buffers[k][got].tobytes() for k in ("observations", "rewards")]
+        return out, session.stats()
+    finally:
+        session.close()
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Acrobot-v1"])
+def test_results_are_identical_under_every_thread_cap(env_id):
+    """Seeds are per env, not per thread: a cap of 0, 1, 2 threads or none on
+    a 3-thread pool gives bit-identical outputs, sync and async; cap 0 runs
+    every call inline (no pooled job, even with a forced chunk)."""
+    pool = NativePool(3)
+    try:
+        reference, stats = capped_trajectory(pool, None, env_id, 30)
+        assert stats["pooled_jobs"] > 0
+        for cap in (0, 1, 2, 3):
+            out, stats = capped_trajectory(pool, cap, env_id, 30)
+            assert out == reference, f"{env_id}: max_threads={cap} changed the results"
+            assert (stats["pooled_jobs"] == 0) == (cap == 0), (cap, stats)
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize("bad", [-1, -5, 257])
+def test_a_thread_cap_out_of_range_is_refused(bad):
+    with pytest.raises(InvalidArgumentError, match="max_threads"):
+        make_session(4, None, max_threads=bad)
+
+
+def submitted_step_pooled(session: NativeSession) -> bool:
+    """Submit a step as the daemon's event loop does; whether it went to the pool."""
+    before = session.stats()["pooled_jobs"]
+    finished = session.step_submit()
+    deadline = time.monotonic() + 60
+    while not finished and not session.step_done():
+        assert time.monotonic() < deadline, "a submitted step never finished"
+        time.sleep(0.001)
+    session.step_finish()
+    return session.stats()["pooled_jobs"] > before
+
+
+def test_cap_zero_keeps_costly_runs_off_the_event_loop():
+    """Under a cap of 0 a run for an event loop (step_submit, send with
+    notify) runs inline only when measured cheap (<= 1 ms): one not measured
+    yet, or costlier, goes to one pool thread, so that one session cannot
+    stall the loop serving the others.  Blocking calls stay inline."""
+    pool = NativePool(2)
+    try:
+        cheap, _ = make_session(16, pool, "CartPole-v1", max_threads=0)
+        costly, _ = make_session(4096, pool, "ConnectFour-v0", max_threads=0)  # ~20 us per env
+        try:
+            for session in (cheap, costly):
+                session.reset(False, False)
+            assert submitted_step_pooled(cheap)  # not measured yet
+            assert not any(submitted_step_pooled(cheap) for _ in range(5))
+            for _ in range(3):
+                assert submitted_step_pooled(costly)
+            costly.step()  # blocking: inline whatever it costs
+            assert costly.stats()["cost_ns_per_env"] * 4096 > 1e6
+            pooled = costly.stats()["pooled_jobs"]
+            costly.step()
+            assert costly.stats()["pooled_jobs"] == pooled
+        finally:
+            cheap.close()
+            costly.close()
+    finally:
+        pool.close()

@@ -46,6 +46,7 @@ def lib():
     lib.envd_pool_run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, TASK, ctypes.c_void_p,
                                   ctypes.c_int64, ctypes.c_int64]
     lib.envd_job_done.argtypes = [ctypes.c_void_p]
+    lib.envd_job_set_cap.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
     return lib
 
 
@@ -133,4 +134,32 @@ def test_busy_job_is_refused(lib):
     release.set()
     lib.envd_pool_wait(pool, job)
     assert lib.envd_pool_run(pool, job, task, None, 3, 1) == 0
+    lib.envd_pool_destroy(pool)
+
+
+class Cap(ctypes.Structure):
+    """envd_pool_cap_t."""
+    _fields_ = [("max_workers", ctypes.c_int), ("active", ctypes.c_int)]
+
+
+def test_cap_refused_while_in_flight_and_below_one_worker(lib):
+    pool = make_pool(lib, 2)
+    started, release = threading.Event(), threading.Event()
+
+    def blocking(ctx, begin, end):
+        started.set()
+        release.wait(10)
+
+    task = TASK(blocking)
+    job, cap = Job(), Cap(max_workers=1)
+    assert lib.envd_job_set_cap(job, ctypes.byref(Cap(max_workers=0))) == CODES["ENVD_EINVAL"]
+    assert lib.envd_job_set_cap(job, ctypes.byref(cap)) == 0
+    assert lib.envd_pool_submit(pool, job, task, None, 1, 1, 0) == 0
+    assert started.wait(10)
+    assert cap.active == 1  # the worker running the chunk holds the cap's one slot
+    assert lib.envd_job_set_cap(job, None) == CODES["ENVD_EBUSY"]
+    release.set()
+    lib.envd_pool_wait(pool, job)
+    assert cap.active == 0
+    assert lib.envd_job_set_cap(job, None) == 0
     lib.envd_pool_destroy(pool)

@@ -20,7 +20,11 @@
  *     NOTIFY runs; every documented refusal of a batch submit starts nothing
  *     (a twin vec that never saw it stays identical) and leaves its envs
  *     free; a batch blocked in flight, and failing callbacks inside batches;
- *   - create/destroy in a loop (leaks show up under LeakSanitizer).
+ *   - create/destroy in a loop (leaks show up under LeakSanitizer);
+ *   - a per-vec thread cap (envd_vec_set_max_threads): the determinism and
+ *     async batch runs again on the 4-thread pool under caps of 0 (every run
+ *     inline, even with a forced chunk), 1 and 2, with the same results; the
+ *     setter's refusals.
  */
 #define _GNU_SOURCE
 #include "vec.h"
@@ -184,12 +188,24 @@ static void harness_free(harness_t *h)
     h->vec = NULL;
 }
 
+/* The thread cap every harness_create applies (ENVD_VEC_NO_CAP: none). */
+static int g_max_threads = ENVD_VEC_NO_CAP;
+
 static void harness_create(harness_t *h, envd_pool_t *pool, int64_t chunk)
 {
     h->pool = pool;
     int rc = envd_vec_create(&h->vec, h->def, &h->cfg, &h->bufs, pool);
     CHECK(rc == ENVD_OK, "%s: create: %s", h->def->id, envd_strerror(rc));
     envd_vec_set_chunk(h->vec, chunk);
+    rc = envd_vec_set_max_threads(h->vec, g_max_threads);
+    CHECK(rc == ENVD_OK && envd_vec_max_threads(h->vec) == g_max_threads, "%s: cap %d: %s",
+          h->def->id, g_max_threads, envd_strerror(rc));
+}
+
+/* A forced chunk puts every run on the pool, unless the cap is 0. */
+static bool runs_pooled(envd_pool_t *pool, int64_t chunk)
+{
+    return pool && envd_pool_num_threads(pool) > 0 && chunk > 0 && g_max_threads != 0;
 }
 
 /* Every env seeded with base + i. */
@@ -336,10 +352,13 @@ static void run_trajectory(const envd_env_def_t *def, int64_t n, int mode, envd_
     }
     envd_vec_stats_t st;
     envd_vec_get_stats(h.vec, &st);
-    if (pool && envd_pool_num_threads(pool) > 0 && chunk > 0)
+    if (runs_pooled(pool, chunk))
         CHECK(st.pooled_jobs >= steps && st.last_chunk == chunk,
               "%s: forced chunk %lld not used: pooled_jobs %lld last_chunk %lld", def->id,
               (long long)chunk, (long long)st.pooled_jobs, (long long)st.last_chunk);
+    if (g_max_threads == 0)
+        CHECK(st.pooled_jobs == 0, "%s: cap 0, yet %lld runs went to the pool", def->id,
+              (long long)st.pooled_jobs);
     harness_free(&h);
 }
 
@@ -526,7 +545,7 @@ static void test_split_pair(envd_pool_t *pool, int ea, int eb, int mode_a, int m
     CHECK(counted == expected, "eventfd counted %llu, pooled submits %llu",
           (unsigned long long)counted, (unsigned long long)expected);
     CHECK(drain_eventfd(efd) == 0, "eventfd has extra counts");
-    if (envd_pool_num_threads(pool) > 0 && chunk > 0)
+    if (runs_pooled(pool, chunk))
         CHECK(expected == 2 * (uint64_t)steps, "forced chunk: %llu of %d submits pooled",
               (unsigned long long)expected, 2 * steps);
     harness_free(&a);
@@ -1509,7 +1528,7 @@ static void async_run(const envd_env_def_t *def, int64_t n, int mode, envd_pool_
     harness_init(&a.h, def, n, mode, BATCH_TIME_LIMIT, action_seed(n));
     harness_create(&a.h, pool, chunk);
     harness_reset(&a.h, SEED_BASE);
-    a.forced = threads > 0 && chunk > 0;
+    a.forced = threads > 0 && chunk > 0 && g_max_threads != 0;
     a.r = mix64((uint64_t)n * 1000003u + (uint64_t)mode * 101u + (uint64_t)threads * 13u +
                 (uint64_t)chunk * 3u + (pool != NULL)) | 1;
     a.steps = xcalloc((size_t)n, sizeof *a.steps);
@@ -2107,6 +2126,34 @@ static void test_create_destroy(envd_pool_t *const *pools, int num_pools, int it
     }
 }
 
+/* The determinism and batch runs under caps on a pool of 4 threads; the
+ * setter's refusals (a cap below ENVD_VEC_NO_CAP; any cap while a step is
+ * pending).  The cap itself (at most K threads at once) is pool_stress.c's. */
+static void test_max_threads(envd_pool_t *pool)
+{
+    harness_t h;
+    harness_init(&h, envd_builtin_get(0), 8, 0, TIME_LIMIT, 1);
+    harness_create(&h, pool, 1);
+    CHECK(envd_vec_set_max_threads(h.vec, -2) == ENVD_EINVAL, "cap -2");
+    harness_reset(&h, 1);
+    fill_actions(&h);
+    CHECK(envd_vec_step_submit(h.vec) == ENVD_OK, "submit");
+    CHECK(envd_vec_set_max_threads(h.vec, 1) == ENVD_EBUSY, "cap while a step is pending");
+    const double deadline = now_s() + 30.0;
+    while (!envd_vec_step_done(h.vec))
+        CHECK(now_s() < deadline, "step not done after 30 s");
+    CHECK(envd_vec_step_finish(h.vec) >= 0, "finish");
+    CHECK(envd_vec_set_max_threads(h.vec, 1) == ENVD_OK, "cap after the step");
+    harness_free(&h);
+    static const int caps[] = {0, 1, 2};
+    for (size_t c = 0; c < COUNT(caps); c++) {
+        g_max_threads = caps[c];
+        test_determinism(&pool, 1, scaled(100, 20));
+        test_batches(&pool, 1, scaled(30, 8));
+    }
+    g_max_threads = ENVD_VEC_NO_CAP;
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1)
@@ -2152,6 +2199,7 @@ int main(int argc, char **argv)
     test_split(pools, num_pools, scaled(200, 20));
     test_determinism(pools, num_pools, scaled(300, 40));
     test_batches(pools, num_pools, scaled(60, 16));
+    test_max_threads(pools[num_pools - 1]);
 
     for (int p = 0; p < num_pools; p++)
         envd_pool_destroy(pools[p]);

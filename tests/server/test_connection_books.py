@@ -126,3 +126,25 @@ def test_a_make_that_would_eat_into_the_reserve_is_refused(monkeypatch):
     with pytest.raises(LimitExceededError, match="short of file descriptors") as caught:
         daemon._check_fds(1)  # another make in flight takes it
     assert "--max-connections" in str(caught.value) and "ulimit -n" in str(caught.value)
+
+
+def test_a_hosted_make_counts_its_memfd_and_a_pidfd_per_worker(monkeypatch):
+    """A hosted make of W workers needs its segment's fd, its private memfd,
+    a worker's start pipe and W pidfds (kept by the session); the hosted
+    makes in flight count theirs too."""
+    import pytest
+
+    from envd.errors import LimitExceededError
+    from envd.server import daemon as daemon_module
+    from envd.server.config import Config
+
+    daemon = daemon_module.Daemon(Config(threads=0))
+    daemon.fd_limit, daemon._fd_reserve = 200, 128
+    daemon.connections = Connections(max_connections=8, hello_timeout=60)
+    monkeypatch.setattr(daemon_module, "open_fds", lambda: 200 - 128 - 8 - 6)
+    daemon._check_fds(0, 0, 3)  # 1 + 2 + 3: exactly what is left
+    with pytest.raises(LimitExceededError, match="short of file descriptors"):
+        daemon._check_fds(0, 0, 4)
+    with pytest.raises(LimitExceededError, match="short of file descriptors"):
+        daemon._check_fds(0, 1, 1)  # a hosted make in flight holds 1 + 2 + 1 (at most)
+    daemon._check_fds(1, 0, 0)  # a native make: one fd

@@ -81,11 +81,11 @@ def test_each_limit_refuses_by_name_and_reserves_nothing(limits, open_sessions, 
 def test_the_fd_check_sees_the_makes_in_flight_and_can_refuse():
     books, client = ResourceBooks(config()), ClientRecord(b"a")
     seen: list[int] = []
-    books.reserve(client, SPEC, 2, MODE, 0, fd_check=seen.append)
-    books.reserve(client, SPEC, 2, MODE, 0, fd_check=seen.append)
+    books.reserve(client, SPEC, 2, MODE, 0, fd_check=lambda makes, *_: seen.append(makes))
+    books.reserve(client, SPEC, 2, MODE, 0, fd_check=lambda makes, *_: seen.append(makes))
     assert seen == [0, 1]
 
-    def refuse(in_flight: int) -> None:
+    def refuse(in_flight: int, *_: int) -> None:
         raise LimitExceededError("no fd left")
 
     with pytest.raises(LimitExceededError, match="no fd left"):

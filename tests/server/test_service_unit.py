@@ -26,6 +26,7 @@ from envd.native.native_vec import NativePool
 from envd.server.config import Config
 from envd.server.lifecycle import State
 from envd.server.service import Service
+from envd.server.sessions import Session
 
 DEADLINE = 60.0  # generous: a loaded 2-core machine must not make these flaky
 ALICE, BOB = b"\x00alice", b"\x00bob"
@@ -540,4 +541,25 @@ def test_pool_events_never_wait_for_a_lock_a_reset_on_the_executor_holds(harness
     h.run_jobs()
     assert h.reply(ALICE, reset)["ok"]
     assert session not in stepping._async_sessions and stepping.idle
+    h.assert_each_request_answered_once()
+
+
+def test_a_bug_while_opening_a_made_session_still_answers_and_frees_it(harness, monkeypatch):
+    """An internal error after the build (here: describing the new session
+    raises, as a hosted session lacking a field once did) answers the make
+    with an internal error instead of leaving its client waiting forever, frees
+    the session and releases the reservation: the next make succeeds."""
+    h = harness(threads=2)
+    h.hello(ALICE)
+
+    def broken(self):
+        raise AttributeError("a bug")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Session, "describe", broken)
+        reply = h.call(ALICE, "make", env_id="CartPole-v1", num_envs=8, seed=0)
+    assert not reply["ok"] and reply["code"] == "internal", reply
+    assert h.service.sessions == {}
+    assert h.in_loop(h.service.status)["envs"] == 0
+    h.make(ALICE, "CartPole-v1", 8)  # nothing reserved is left behind
     h.assert_each_request_answered_once()

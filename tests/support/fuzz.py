@@ -227,7 +227,8 @@ def _request(kind: str, ref: st.SearchStrategy) -> st.SearchStrategy:
                                st.lists(st.integers(0, 99), min_size=1, max_size=8)),
              "autoreset_mode": st.sampled_from(["next_step", "same_step", "disabled"]),
              "max_episode_steps": st.one_of(st.none(), st.integers(1, 50)),
-             "env_kwargs": st.just({}), "batch_size": st.one_of(st.none(), st.integers(1, 4))}),
+             "env_kwargs": st.just({}), "batch_size": st.one_of(st.none(), st.integers(1, 4)),
+             "max_threads": st.one_of(st.none(), st.integers(-1, 3))}),  # -1: refused
             no_blobs)
     fills = st.sampled_from([0, 0, 0, 1, 0xff, 0x7f])
     if kind == "reset":

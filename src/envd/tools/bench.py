@@ -1,7 +1,8 @@
 """``envd bench``: the whole performance comparison on this machine, in one command.
 
-Starts two private daemons (ipc endpoints in a temporary directory; threads 1
-and auto, auto being ``--threads``, default the usable CPUs), then measures
+Starts private daemons (ipc endpoints in a temporary directory; threads 1
+and auto, auto being ``--threads``, default the usable CPUs, and two of half
+auto each for the comparison over two daemons), then measures
 CartPole-v1 env steps per second for N in ``--sizes`` (default 1, 64, 1024,
 4096) for:
 
@@ -18,7 +19,10 @@ CartPole-v1 env steps per second for N in ``--sizes`` (default 1, 64, 1024,
 plus the round-trip latency of one step at N=1 (p50/p99), a sweep of
 in-process thread counts 0..CPUs for CartPole-v1 and Acrobot-v1, four
 client processes of 1024 envs stepping at once through one daemon versus one
-client of 4096, and the async-with-learner comparison (bench_learner.py).  It
+client of 4096, a cheap session capped at max_threads=0 next to a CPU-heavy
+one against both uncapped (bench_pair.py), the async-with-learner comparison
+(bench_learner.py) and async mode over two daemons of half the threads each
+versus one daemon (bench_multi.py).  It
 prints the table, ratios and PASS/FAIL/NOT JUDGED target lines, and writes
 results.json, results.csv, report.txt and steps_per_second.png (matplotlib,
 also in the ``bench`` extra) into the output directory.
@@ -54,7 +58,7 @@ from typing import Any, TextIO
 import numpy as np
 
 import envd
-from envd.tools import bench_learner, bench_load
+from envd.tools import bench_learner, bench_load, bench_multi, bench_pair
 from envd.tools.bench_rounds import (NOT_AVAILABLE, interleaved_rounds, judge, paired_ratios,
                                      rate_text, ratio_text, spread, spread_text)
 
@@ -82,7 +86,7 @@ class Settings:
     out: str | None = None         # None: ./envd-bench-<timestamp>
     progress: bool = True
     latency_steps: int = 4000      # timed steps per latency row, over all rounds
-    scaling_seconds: float = 1.0   # per scaling round
+    scaling_seconds: float = 1.0   # per scaling round and capped-pair round
     learner_envs: int = 4096       # N of the async-with-learner comparison (batch N/2)
     learner_seconds: float = 0.5   # per learner measurement (a ConnectFour sync step: ~40 ms)
 
@@ -318,6 +322,8 @@ class Bench:
         self.out = sys.stdout if out is None else out
         self.cpus = usable_cpus()
         self.auto_threads = settings.threads if settings.threads is not None else self.cpus
+        #: the threads of each of the two daemons compared with the auto one (bench_multi.py)
+        self.half_threads = max(1, self.auto_threads // 2)
         self.inprocess_auto = envd.native.vector_env.default_num_threads()
         self.fixed_threads = _sweep_threads(self.cpus)
         self.daemons: dict[str, tuple[subprocess.Popen, str]] = {}
@@ -330,7 +336,8 @@ class Bench:
     def start_daemons(self) -> None:
         self.folder = tempfile.TemporaryDirectory(prefix="envd-bench-suite-")
         procs = {}
-        for label, count in (("1", 1), ("auto", self.auto_threads)):
+        for label, count in (("1", 1), ("auto", self.auto_threads),
+                             ("half-a", self.half_threads), ("half-b", self.half_threads)):
             endpoint = f"ipc://{self.folder.name}/envd-{label}.sock"
             args = [sys.executable, "-m", "envd", "--bind", endpoint,
                     "--log-level", "warning", "--threads", str(count)]
@@ -541,6 +548,18 @@ class Bench:
         return {"steps_per_second": {name: spread(v).median for name, v in rounds.items()},
                 "rounds": rounds, "fast_path": fast_path}
 
+    def measure_pair(self) -> dict[str, Any]:
+        """A cheap session capped at 0 threads next to a CPU-heavy one, against
+        both uncapped (bench_pair.py), through the auto daemon."""
+        s = self.settings
+        self.progress.show("capped pair: starting client processes")
+        return bench_pair.run(self.daemons["auto"][1], s.rounds, s.scaling_seconds,
+                              on_measure=self._pair_progress)
+
+    def _pair_progress(self, label: str) -> None:
+        self.progress.show(f"capped pair {label}")
+        self.progress.advance()
+
     def measure_learner(self) -> dict[str, Any]:
         """The async-with-learner comparison (bench_learner.py) through the
         auto daemon and in-process."""
@@ -552,6 +571,17 @@ class Bench:
                 env_id, s.learner_envs, self.clients["auto"], s.rounds, s.learner_seconds,
                 on_measure=self._learner_progress)
         return results
+
+    def measure_multi(self) -> dict[str, Any]:
+        """Async mode over the two half daemons against the auto daemon (bench_multi.py)."""
+        s = self.settings
+        self.progress.show("async over two daemons: starting")
+        two = envd.connect([self.daemons["half-a"][1], self.daemons["half-b"][1]], timeout=30)
+        try:
+            return bench_multi.measure(self.clients["auto"], two, s.learner_envs, s.rounds,
+                                       s.learner_seconds, on_measure=self._learner_progress)
+        finally:
+            two.close()
 
     def _learner_progress(self, label: str) -> None:
         self.progress.show(f"learner {label}")
@@ -567,7 +597,9 @@ class Bench:
                                                    for n in s.sizes]
         total = sum(len(self.configs(env_id, n)) for env_id, n in groups) * s.rounds
         total += 4 * s.rounds + 2 * s.rounds  # latency rows, scaling groups
+        total += len(bench_pair.CONFIGS) * s.rounds
         total += len(bench_learner.LEARNER_ENVS) * len(bench_learner.SYSTEMS) * 4 * s.rounds
+        total += len(bench_multi.MULTI_ENVS) * len(bench_multi.SYSTEMS) * s.rounds
         self.progress = Progress(total, enabled=s.progress)
         before = bench_load.sample()
         self.progress.show("starting the daemons")
@@ -577,13 +609,16 @@ class Bench:
             groups_done.setdefault(env_id, {})[n] = self.measure_group(env_id, n)
         latency = self.measure_latency()
         scaling = self.measure_scaling()
+        pair = self.measure_pair()
         learner = self.measure_learner()
+        multi = self.measure_multi()
         self.close()  # the daemons exit and are reaped: their CPU time is ours
         after = bench_load.sample()
         machine["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
         machine["load"] = (bench_load.assess(before, after, self.cpus).as_dict()
                            if before and after else None)
-        self.results = assemble(machine, self, groups_done, latency, scaling, learner)
+        self.results = assemble(machine, self, groups_done, latency, scaling, learner, multi,
+                                pair)
         return self.results
 
 
@@ -682,7 +717,8 @@ def _median_or_reason(cell: list[float] | str) -> float | str:
 
 
 def assemble(machine: dict[str, Any], bench: Bench, groups: dict, latency: dict,
-             scaling: dict, learner: dict | None = None) -> dict[str, Any]:
+             scaling: dict, learner: dict | None = None,
+             multi: dict | None = None, pair: dict | None = None) -> dict[str, Any]:
     """The results: each cell the median of its rounds (or why it is not
     measured), with every round's value next to it."""
     s = bench.settings
@@ -707,6 +743,7 @@ def assemble(machine: dict[str, Any], bench: Bench, groups: dict, latency: dict,
         "settings": dataclasses.asdict(s),
         "threads": {"auto_daemon": bench.auto_threads, "auto_in_process": bench.inprocess_auto,
                     "auto_envpool": f"min({bench.cpus}, batch_size)",
+                    "half_daemons": bench.half_threads,
                     "sweep_fixed": bench.fixed_threads},
         "env_id": ENV_ID,
         "sizes": list(s.sizes),
@@ -716,6 +753,8 @@ def assemble(machine: dict[str, Any], bench: Bench, groups: dict, latency: dict,
         "thread_sweep_rounds": sweep_rounds,
         "scaling": scaling,
         "learner": bench_learner.summary(learner) if learner else {},
+        "multi_async": bench_multi.summary(multi) if multi else {},
+        "capped_pair": bench_pair.summary(pair) if pair else {},
     }
     results["targets"] = targets(results)
     return results
@@ -806,7 +845,9 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
         f"client x {SCALING_CLIENTS * SCALING_ENVS}", ratio, ">=", 0.8,
         f"{spread_text(by_group[many])} / {spread_text(by_group[one])} = {ratio_text(ratio)}"
         if ratio else "not measured")
+    found.extend(bench_pair.targets(r.get("capped_pair", {})))
     found.extend(bench_learner.targets(r.get("learner", {})))
+    found.extend(bench_multi.targets(r.get("multi_async", {})))
     return found
 
 
@@ -912,6 +953,10 @@ def report(r: dict[str, Any]) -> str:
         path = "fast path" if sc["fast_path"].get(name) else "socket path"
         values = sc.get("rounds", {}).get(name)
         lines.append(f"  {name:<10} {_cell_text(rate, values):>{CELL}}  ({path})")
+    if r.get("capped_pair"):
+        lines.append("\na cheap session capped at max_threads=0 next to a CPU-heavy one, two "
+                     "client processes at once\nthrough one daemon (T=auto): env steps/s")
+        lines.extend(bench_pair.report_lines(r["capped_pair"]))
     lines.append("\nratios (T=auto; median of per-round ratios ± half their range)")
     rows = {(row["system"], row["threads"]): row.get("rounds", {}) for row in r["table"]}
     inproc = rows[("envd in-process", "auto")]
@@ -927,6 +972,9 @@ def report(r: dict[str, Any]) -> str:
                      "on, T = one envd in-process sync step / N; sleep: time.sleep, busy: a CPU "
                      "loop")
         lines.extend(bench_learner.report_lines(r["learner"]))
+    if r.get("multi_async"):
+        lines.extend(bench_multi.report_lines(r["multi_async"], t["auto_daemon"],
+                                              t.get("half_daemons", 1)))
     lines.append("\ntargets (PASS/FAIL; NOT JUDGED: the spread over rounds is wider than the "
                  "margin to the target)")
     for target in r["targets"]:
@@ -972,6 +1020,14 @@ def write_csv(r: dict[str, Any], path: Path) -> None:
             out.writerow(["scaling", r["env_id"], f"envd daemon, {clients} client(s)", "auto",
                           n, *spread_cells(r["scaling"].get("rounds", {}).get(name)),
                           "aggregate"])
+        pair = r.get("capped_pair") or {}
+        for config, sessions in pair.get("rounds", {}).items():
+            for session, values in sessions.items():
+                out.writerow(["capped_pair", pair[session]["env_id"], f"envd daemon, {session} "
+                              f"session", config, pair[session]["num_envs"],
+                              *spread_cells(values), "next to the other session"])
+            out.writerow(["capped_pair", "-", "envd daemon, pair total", config, "-",
+                          *spread_cells(pair["totals"].get(config)), "sum of both sessions"])
         for env_id, entry in r.get("learner", {}).items():
             for system, learners in entry["rounds"].items():
                 for learner, modes in learners.items():
@@ -982,6 +1038,14 @@ def write_csv(r: dict[str, Any], path: Path) -> None:
             for system, why in entry["missing"].items():
                 out.writerow(["learner", env_id, system, "", entry["num_envs"],
                               "", "", "", "", f"n/a: {why}"])
+        threads = r.get("threads", {})
+        for env_id, entry in r.get("multi_async", {}).items():
+            for system, values in entry["rounds"].items():
+                count = (f"2 x {threads.get('half_daemons', '?')}" if system == "two daemons"
+                         else str(threads.get("auto_daemon", "auto")))
+                out.writerow(["multi_async", env_id, system, count, entry["num_envs"],
+                              *spread_cells(values),
+                              f"batch {entry['batch_size']}, {entry['paths'].get(system, '')}"])
 
 
 def _jsonable(value: Any) -> Any:

@@ -10,6 +10,9 @@
     envd bench [--quick] [--out DIR] [--seconds S] [--rounds R] [--sizes N ...]
                [--learner-envs N]
                               the performance comparison on this machine (envd.tools.bench)
+    envd bench --python [--quick] [--out DIR] [--seconds S] [--rounds R] [--num-envs N]
+                              hosted Python envs against gymnasium, PufferLib and SB3
+                              (envd.tools.bench_python)
 
 ``python -m envd`` runs the same (src/envd/__main__.py).  Output cut short by its
 reader (``envd status --json | head``) ends the command quietly, as Unix tools
@@ -213,6 +216,10 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         parser.error("envd bench: --seconds must be > 0")
     if args.rounds is not None and args.rounds < 1:
         parser.error("envd bench: --rounds must be >= 1")
+    if args.python:
+        return _bench_python(parser, args)
+    if args.num_envs is not None:
+        parser.error("envd bench: --num-envs is an option of --python")
     if args.bench_threads is not None and args.bench_threads < 1:
         parser.error("envd bench: --threads must be >= 1")
     if args.learner_envs is not None and (args.learner_envs < 2 or args.learner_envs % 2):
@@ -236,6 +243,33 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return 130
 
 
+def _bench_python(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """envd bench --python: hosted Python envs against their peers."""
+    from envd.tools import bench_python
+
+    for flag, value in (("--sizes", args.sizes), ("--threads", args.bench_threads),
+                        ("--learner-envs", args.learner_envs)):
+        if value is not None:
+            parser.error(f"envd bench: {flag} does not apply to --python")
+    num_envs = args.num_envs
+    if num_envs is not None:
+        try:
+            bench_python.check_num_envs(num_envs)
+        except ValueError as exc:
+            parser.error(f"envd bench: {exc}")
+    options = {"seconds": args.seconds, "rounds": args.rounds, "num_envs": num_envs,
+               "out": args.out, "progress": not args.no_progress}
+    if args.quick:
+        settings = bench_python.Settings.quick(**options)
+    else:
+        settings = bench_python.Settings(**{k: v for k, v in options.items() if v is not None})
+    try:
+        return bench_python.main(settings)
+    except KeyboardInterrupt:
+        print("envd bench: interrupted", file=sys.stderr)
+        return 130
+
+
 def _count(n: float) -> str:
     """1234567 -> '1.23M'."""
     for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
@@ -252,7 +286,8 @@ def _duration(seconds: float) -> str:
 
 def status_table(status: dict) -> str:
     """The human view of a status reply: a summary line, then one row per
-    session (env steps per second averaged over the session's life)."""
+    session (env steps per second averaged over the session's life; THREADS:
+    its make's max_threads, "all" when uncapped)."""
     uptime = max(status["uptime_s"], 1e-9)
     lines = [
         f"{status['server']}  pid {status['pid']} on {status['hostname']}  "
@@ -271,11 +306,14 @@ def status_table(status: dict) -> str:
     if rows:
         lines.append("")
         lines.append(f"{'SESSION':<10}{'ENV ID':<26}{'NUM_ENVS':>9}{'BATCH':>8}"
-                     f"{'WORKERS':>8}{'STEPS/S':>10}{'AGE':>9}")
+                     f"{'THREADS':>8}{'WORKERS':>8}{'STEPS/S':>10}{'AGE':>9}")
         for row in rows:
             rate = row["env_steps"] / max(row["age_s"], 1e-9)
+            cap = row.get("max_threads")  # (absent from an older daemon's rows)
+            threads = "all" if cap is None else str(cap)
             lines.append(f"{row['session']:<10}{row['env_id'][:25]:<26}{row['num_envs']:>9}"
-                         f"{row['batch_size']:>8}{row.get('workers', 0):>8}{_count(rate):>10}"
+                         f"{row['batch_size']:>8}{threads:>8}{row.get('workers', 0):>8}"
+                         f"{_count(rate):>10}"
                          f"{_duration(row['age_s']):>9}")
     return "\n".join(lines)
 
@@ -336,17 +374,25 @@ def _main(argv: list[str] | None) -> int:
     bench.add_argument("--out", metavar="DIR", help="directory for results.json, results.csv, "
                        "report.txt and steps_per_second.png (default ./envd-bench-<timestamp>)")
     bench.add_argument("--seconds", type=float, metavar="S",
-                       help="seconds per measurement (default 0.3; --quick 0.03)")
+                       help="seconds per measurement (default 0.3; --quick 0.03; with "
+                       "--python 1, --quick 0.1)")
     bench.add_argument("--rounds", type=int, metavar="R",
                        help="rounds per configuration, interleaved; the median and spread "
-                       "are reported (default 7; --quick 2)")
+                       "are reported (default 7; --quick 2; with --python 5)")
     bench.add_argument("--sizes", type=int, nargs="+", metavar="N",
                        help="num_envs values (default 1 64 1024 4096)")
     bench.add_argument("--threads", type=int, metavar="T", dest="bench_threads",
                        help="threads of the benchmark's 'auto' daemon (default: usable CPUs)")
     bench.add_argument("--learner-envs", type=int, metavar="N",
-                       help="N of the async-with-learner comparison, batch N/2 (even; "
-                       "default 4096; --quick 1024)")
+                       help="N of the async-with-learner comparison and of async over two "
+                       "daemons, batch N/2 (even; default 4096; --quick 1024)")
+    bench.add_argument("--python", action="store_true",
+                       help="instead: gymnasium's Python Acrobot-v1 and CartPole-v1 hosted by "
+                       "envd (in-process and through a daemon) against gymnasium's vector "
+                       "envs, PufferLib, SB3 and the machine's parallel ceiling "
+                       "(docs/benchmarks.md)")
+    bench.add_argument("--num-envs", type=int, metavar="N",
+                       help="with --python: envs per system (even; default 16)")
     bench.add_argument("--no-progress", action="store_true",
                        help="no progress bar (it is shown only when stderr is a terminal)")
     args = parser.parse_args(argv)

@@ -1,0 +1,177 @@
+"""Async mode over several daemons through their doorbells (the same-host
+fast path): ShardsAsyncStepper's books, other wires.
+
+Where every shard of an async MultiVecEnv has the fast path, sends and recvs
+go through each session's doorbell instead of messages (no socket round
+trip, no Python on the daemon's side):
+
+- ``send``: each daemon's part is rung as one SEND, answered at once (its
+  refusal is raised by the send itself, naming the daemon); a RECV still
+  rung on that daemon is waited for first (a doorbell takes one request at
+  a time: it is answered as soon as one of that daemon's batches finished);
+- waiting: every daemon with envs in flight and no request rung gets one
+  RECV of the smallest batch it still has in flight (so any batch that
+  finishes answers it; the daemon keeps the rest of a larger one ready for
+  the next RECV), and the trainer sleeps on all their answer words at once
+  (futex_waitv, client/doorbell.py ``wait_any``), in slices of 20 ms between
+  which each daemon's connection monitor is read (a daemon that died is
+  named at once).
+
+Everything else (the books, the ready FIFO, the rows copied into the env's
+buffers, refusals, a lost daemon, async_reset) is ShardsAsyncStepper's.
+"""
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from envd.client.doorbell import RECV, SHUTTING_DOWN, wait_any
+from envd.client.multi_async import IN_FLIGHT, READY, ShardsAsyncStepper, _Shard
+from envd.errors import ConnectionLostError, EnvdError, EnvdTimeoutError, ShuttingDownError
+from envd.vector_base import step_error
+
+if TYPE_CHECKING:
+    from envd.client.multi import MultiVecEnv
+
+#: longest sleep before the daemons' connection monitors are read again
+_SLICE_S = 0.02
+
+
+class ShardsDoorbellStepper(ShardsAsyncStepper):
+    """ShardsAsyncStepper whose sends and recvs ring each daemon's doorbell."""
+
+    def __init__(self, env: "MultiVecEnv"):
+        super().__init__(env)
+        for shard in self._shards:
+            shard.rung = 0  # envs a RECV rung and not answered yet asks for (0: none)
+            shard.remaining = {}  # batch serial -> its envs still in flight there
+        self._serial = 0
+        self._batch_of = np.zeros(env.num_envs, np.int64)  # each env's last batch serial
+
+    # ---- the wire ---------------------------------------------------------------------------
+    def _waiting_anywhere(self) -> bool:
+        return any(shard.rung for shard in self._shards)
+
+    def _post_send(self, k: int, ids: np.ndarray) -> None:
+        shard = self._shards[k]
+        deadline = time.monotonic() + self._timeout
+        while shard.rung:  # the doorbell takes one request at a time
+            self._wait(deadline, "send", only=shard)
+        local = ids - shard.rows.start
+        shard.env.buffers["actions"][local] = self._env._actions[ids]
+        try:
+            shard.stepper._send(local)  # rings SEND: answered once the batch started
+        except ConnectionLostError as exc:
+            raise self._lost(shard, exc) from exc
+        except EnvdTimeoutError:
+            self._async_lost = True  # the batch may have started: its envs' fate is unknown
+            raise
+        except EnvdError as exc:
+            named = self._named(exc, shard)
+            if named is exc:
+                raise
+            raise named from exc
+        self._serial += 1
+        self._batch_of[ids] = self._serial
+        shard.remaining[self._serial] = len(ids)
+        self._state[ids] = IN_FLIGHT
+        shard.in_flight += len(ids)
+
+    def _post_recv(self, k: int) -> None:
+        """Nothing here: a RECV is rung only when the trainer waits (_wait)."""
+
+    def _read(self, k: int) -> None:
+        """Take in daemon k's RECV if it was answered (never waiting)."""
+        shard = self._shards[k]
+        if shard.rung and shard.stepper.doorbell is not None and shard.stepper.doorbell.answered:
+            self._take_answer(shard)
+
+    def _wait(self, deadline: float, call: str, only: _Shard | None = None) -> None:
+        """Ring a RECV on every daemon with envs in flight and none rung
+        (``only``: just that one's answer is awaited), then sleep until an
+        answer comes (or a slice passes) and take in what came."""
+        shards = [only] if only is not None else self._shards
+        for shard in shards:
+            if shard.in_flight and not shard.rung:
+                self._ring_recv(shard)
+        rung = [shard for shard in shards if shard.rung]
+        if not rung:
+            return
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            self._async_lost = True
+            raise EnvdTimeoutError(
+                f"{self._env_id}: no env finished on the daemons at "
+                f"{', '.join(shard.endpoint for shard in rung)} within {self._timeout:g} s "
+                f"(Client timeout) during {call}(); they are stuck or overloaded")
+        bells = [shard.stepper.doorbell for shard in rung]
+        if not any(bell.answered for bell in bells):
+            wait_any(bells, min(remaining, _SLICE_S))
+        for shard in rung:
+            if shard.stepper.doorbell.answered:
+                self._take_answer(shard)
+            else:
+                self._check_alive(shard, call)
+
+    def _ring_recv(self, shard: _Shard) -> None:
+        bell = shard.stepper.doorbell
+        if bell is None or bell.closed:
+            raise self._lost(shard, ConnectionLostError(
+                "the daemon stopped serving the session's doorbell (the session was closed "
+                "or expired, or the daemon stops)"))
+        count = min(min(shard.remaining.values(), default=shard.in_flight), shard.in_flight)
+        bell.ring(RECV, count)
+        shard.rung = count
+
+    def _check_alive(self, shard: _Shard, call: str) -> None:
+        try:
+            shard.channel.check_alive(f"envs in flight ({call})")
+        except ConnectionLostError as exc:
+            raise self._lost(shard, exc) from exc
+        if shard.stepper.doorbell.closed and not shard.stepper.doorbell.answered:
+            raise self._lost(shard, ConnectionLostError(
+                "the daemon stopped serving the session's doorbell (the session was closed "
+                "or expired, or the daemon stops)"))
+
+    def _take_answer(self, shard: _Shard) -> None:
+        count, shard.rung = shard.rung, 0
+        status, result, index = shard.stepper.doorbell.answer()
+        if status == SHUTTING_DOWN:
+            raise self._lost(shard, ShuttingDownError(
+                "the daemon is shutting down and takes no new work"))
+        if status != 0:
+            # an env failed in a batch: the next recv raises it, its envs stay
+            # ready there for the RECV after it
+            if self._failure is None:
+                self._failure = self._named(
+                    step_error(self._env_id, shard.stepper.action_space, status, index,
+                               shard.env.buffers), shard)
+            return
+        local = shard.stepper._ids[:count].copy()
+        self._copy_rows(shard, local)
+        ids = local + shard.rows.start
+        for serial, done in zip(*np.unique(self._batch_of[ids], return_counts=True)):
+            left = shard.remaining.get(int(serial), 0) - int(done)
+            if left > 0:
+                shard.remaining[int(serial)] = left
+            else:
+                shard.remaining.pop(int(serial), None)
+        self._state[ids] = READY
+        self._ready.append(ids)
+        self._num_ready += len(ids)
+        shard.in_flight -= len(ids)
+
+    def _forget(self) -> None:
+        super()._forget()
+        for shard in self._shards:
+            if not shard.in_flight:
+                shard.remaining = {}
+
+    def async_reset(self, with_seeds: bool) -> None:
+        # (the base waits while _waiting_anywhere; then every shard's reset
+        # drops its envs in flight)
+        super().async_reset(with_seeds)
+        for shard in self._shards:
+            shard.remaining = {}

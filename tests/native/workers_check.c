@@ -1,0 +1,143 @@
+/*
+ * workers_check.c -- backend_workers.c on its own (REVIEW_ISSUE17.md items 2,
+ * 4, 5, 9), built with -fsanitize=undefined by test_backend_workers.py:
+ *
+ *   - a reset mask is read as bytes (a client can write 2 or 255; read as C
+ *     bool that is undefined behaviour, which UBSan reports);
+ *   - a Discrete range check with a negative start never overflows (the
+ *     element check of envd_action_check_t);
+ *   - a send naming an env twice is refused with ENVD_EBUSY naming it;
+ *   - a call that waits longer than timeout_ms for a worker that never
+ *     answers SIGKILLs the workers and fails with ENVD_EENV (timed_out set);
+ *   - the worker's acquire fence exists (the weakly ordered CPUs' half of
+ *     the req/inputs handshake; x86 cannot show its absence).
+ *
+ * Prints "workers_check: ok" and exits 0, or names the failed check.
+ */
+#define _GNU_SOURCE
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "backend_workers.h"
+#include "envd.h"
+
+#define N 4
+
+#define CHECK(cond)                                                                  \
+    do {                                                                             \
+        if (!(cond)) {                                                               \
+            fprintf(stderr, "workers_check: %s:%d: %s\n", __FILE__, __LINE__, #cond); \
+            exit(1);                                                                 \
+        }                                                                            \
+    } while (0)
+
+/* The segment's words and buffers, private here (the inline mode steps in
+ * this process; the timeout check's worker never reads them). */
+static uint8_t kind[N], seed_pending[N];
+static uint32_t req[N], ack[N];
+static int32_t status[N];
+static uint64_t seeds[N];
+static int64_t checked_actions[N], actions[N];
+static bool dones[N];
+static envd_worker_ctl_t ctl[1];
+/* Discrete(3, start=-1): the one element of each row in [-1, 1]. */
+static const envd_action_check_t discrete_check = {
+    .offset = 0, .low = -1, .high = 1, .size = sizeof(int64_t), .is_signed = 1};
+
+/* Inline run: answer every request at once (status 0, not done). */
+static int run_inline(void *ctx)
+{
+    (void)ctx;
+    for (int i = 0; i < N; i++) {
+        dones[i] = false;
+        ack[i] = req[i];
+    }
+    return ENVD_OK;
+}
+
+static envd_workers_config_t config(int64_t num_workers, const int *pidfds, int64_t timeout_ms)
+{
+    return (envd_workers_config_t){
+        .num_envs = N, .num_workers = num_workers, .ctl = ctl, .pidfds = pidfds,
+        .kind = kind, .req = req, .ack = ack, .status = status, .seeds = seeds,
+        .seed_pending = seed_pending, .checked_actions = checked_actions, .actions = actions,
+        .action_bytes = sizeof(int64_t), .action_checks = &discrete_check,
+        .num_action_checks = 1,
+        .dones = dones, .spin_ns = 0, .autoreset_mode = ENVD_AUTORESET_NEXT_STEP,
+        .run_inline = num_workers == 0 ? run_inline : NULL, .timeout_ms = timeout_ms};
+}
+
+static void check_mask_bytes_and_actions(void)
+{
+    envd_workers_config_t cfg = config(0, NULL, 0);
+    envd_backend_t *b;
+    CHECK(envd_backend_workers_create(&b, &cfg) == ENVD_OK);
+    const unsigned char mask_bytes[N] = {0, 2, 0, 255};
+    bool mask[N];
+    memcpy(mask, mask_bytes, sizeof mask); /* (what a client's bytes are, as bool) */
+    CHECK(b->ops->reset(b->impl, NULL, mask) == ENVD_OK);
+    CHECK(b->ops->reset_count(b->impl) == 2);
+    CHECK(b->ops->reset(b->impl, NULL, NULL) == ENVD_OK);
+
+    /* Discrete(3, start=-1): only -1, 0, 1; a - start overflowed near INT64_MAX. */
+    const int64_t bad[] = {INT64_MAX, INT64_MIN, 2, -2};
+    for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
+        actions[0] = 0, actions[1] = bad[k], actions[2] = 1, actions[3] = -1;
+        CHECK(b->ops->step(b->impl) == ENVD_ERANGE);
+        CHECK(b->ops->error_index(b->impl) == 1);
+    }
+    actions[1] = 1;
+    CHECK(b->ops->step(b->impl) == 0);
+
+    /* A repeated id: refused whole, naming it; then the ids are free again. */
+    envd_backend_batch_t *batch;
+    CHECK(b->ops->batch_create(b->impl, &batch, N) == ENVD_OK);
+    const int64_t twice[] = {2, 0, 2};
+    CHECK(b->ops->batch_submit(b->impl, batch, twice, 3, 0) == ENVD_EBUSY);
+    CHECK(b->ops->error_index(b->impl) == 2);
+    const int64_t once[] = {2, 0};
+    CHECK(b->ops->batch_submit(b->impl, batch, once, 2, 0) == ENVD_OK);
+    CHECK(b->ops->batch_done(batch));
+    CHECK(b->ops->batch_finish(b->impl, batch) == 0);
+    b->ops->batch_destroy(b->impl, batch);
+    b->ops->destroy(b);
+}
+
+static void check_timeout_kills_a_silent_worker(void)
+{
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) { /* a worker that never answers */
+        for (;;)
+            pause();
+    }
+    int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+    CHECK(pidfd >= 0);
+    memset(ack, 0, sizeof ack), memset(req, 0, sizeof req);
+    envd_workers_config_t cfg = config(1, &pidfd, 200);
+    envd_backend_t *b;
+    CHECK(envd_backend_workers_create(&b, &cfg) == ENVD_OK);
+    CHECK(b->ops->reset(b->impl, NULL, NULL) == ENVD_EENV);
+    CHECK(envd_backend_workers_timed_out(b));
+    CHECK(envd_backend_workers_dead(b) == 0);
+    CHECK(b->ops->reset(b->impl, NULL, NULL) == ENVD_EENV); /* and every call after */
+    int wstatus;
+    CHECK(waitpid(pid, &wstatus, 0) == pid);
+    CHECK(WIFSIGNALED(wstatus) && WTERMSIG(wstatus) == SIGKILL);
+    b->ops->destroy(b);
+    close(pidfd);
+}
+
+int main(void)
+{
+    check_mask_bytes_and_actions();
+    check_timeout_kills_a_silent_worker();
+    envd_worker_acquire(); /* (it links: the worker's fence exists) */
+    puts("workers_check: ok");
+    return 0;
+}
