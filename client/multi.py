@@ -38,7 +38,7 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
-from envd import protocol
+from envd import leaves, protocol
 from envd.client import connection
 from envd.client.discovery import is_dns_url, resolve
 from envd.client.multi_async import ShardsAsyncStepper
@@ -377,6 +377,8 @@ class MultiVecEnv(BatchedVecEnv):
         space = self.single_action_space
         self._discrete = ((space.start, space.start + space.n)
                           if isinstance(space, spaces.Discrete) else None)
+        # (a MultiDiscrete, MultiBinary or Dict/Tuple space with integer leaves)
+        self._range_checked = self._discrete is None and bool(leaves.range_checks(space))
         self._lost: tuple[int, BaseException] | None = None  # (shard, error): a daemon is gone
         self._stepper = self._async_stepper() if is_async else _ShardsStepper(self)
 
@@ -479,6 +481,11 @@ class MultiVecEnv(BatchedVecEnv):
                 k = int(np.flatnonzero((rows < start) | (rows >= stop))[0])
                 raise action_out_of_range(self.env_id, self.single_action_space,
                                           int(rows[k]), int(env_ids[k]))
+        elif self._range_checked and len(rows):
+            k = leaves.first_row_out_of_range(self.single_action_space, rows)
+            if k >= 0:
+                raise InvalidActionError(leaves.action_range_message(
+                    self.env_id, self.single_action_space, rows[k], int(env_ids[k])))
 
     def _rows_text(self, k: int) -> str:
         rows = self.shard_slices[k]
@@ -496,7 +503,8 @@ class MultiVecEnv(BatchedVecEnv):
         the first env (in global order) never reset, done in disabled mode,
         or given a discrete action out of range."""
         disabled = self.metadata["autoreset_mode"] is AutoresetMode.DISABLED
-        if self._all_started and not disabled and self._discrete is None:
+        if (self._all_started and not disabled and self._discrete is None
+                and not self._range_checked):
             return
         bad = ~self._started
         if disabled:
@@ -504,10 +512,18 @@ class MultiVecEnv(BatchedVecEnv):
         if self._discrete is not None:
             start, stop = self._discrete
             bad |= (self._actions < start) | (self._actions >= stop)
+        elif self._range_checked:
+            # (the first row out of range is enough: only the first bad env is raised)
+            k = leaves.first_row_out_of_range(self.single_action_space, self._actions)
+            if k >= 0:
+                bad[k] = True
         if not bad.any():
             return
         i = int(np.argmax(bad))
         if self._started[i] and not (disabled and self._dones[i]):
+            if self._range_checked:
+                raise InvalidActionError(leaves.action_range_message(
+                    self.env_id, self.single_action_space, self._actions[i], i))
             raise action_out_of_range(self.env_id, self.single_action_space,
                                       int(self._actions[i]), i)
         if not self._dones[i]:

@@ -337,7 +337,11 @@ class WorkerReaper:
                 signal.pidfd_send_signal(fd, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            select.select([fd], [], [])  # (a SIGKILLed process exits promptly)
+            # (a SIGKILLed process exits promptly, unless stuck in the kernel,
+            # e.g. uninterruptible I/O: shutdown does not wait for it forever)
+            if not select.select([fd], [], [], CLOSE_GRACE_SECONDS)[0]:
+                log.warning("a hosted worker did not exit %g s after SIGKILL; not waiting "
+                            "for it", CLOSE_GRACE_SECONDS)
             os.close(fd)
         self._waiting.clear()
 

@@ -20,6 +20,7 @@ All of it runs on the event loop thread.
 """
 from __future__ import annotations
 
+import logging
 import math
 import time
 from concurrent.futures import Future
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 import numpy as np
 
 from envd import protocol
-from envd.errors import EnvdError, EnvStateError, LimitExceededError
+from envd.errors import DaemonError, EnvdError, EnvStateError, LimitExceededError
 from envd.vector_base import check_int
 from envd.server.sessions import ClientRecord, Session, async_in_flight
 
@@ -38,6 +39,8 @@ _ON_THE_EXECUTOR = frozenset({"reset", "async_reset", "render"})
 
 if TYPE_CHECKING:
     from envd.server.service import Service
+
+log = logging.getLogger("envd.server")
 
 Handler = Callable[[ClientRecord, dict[str, Any], list[bytes]], "dict | None"]
 
@@ -113,7 +116,7 @@ class SteppingHandlers:
         session.life.begin("async_reset" if is_async else "reset")
         session.segment.bump_step_seq()  # the counters cover resets too
 
-        def done(future: Future) -> None:
+        def reply_of(future: Future) -> dict:
             session.segment.bump_done_seq()
             reply = self.service.result_reply(header["id"], future)
             if not session.life.freed:  # (an async reset's batches were dropped;
@@ -122,8 +125,10 @@ class SteppingHandlers:
                 reply = self.service.revoked_reply(session, header["id"])
             elif inline and reply["ok"] and not is_async:  # (recv carries an async reset's rows)
                 reply.update(session.outputs())
-            session.life.end()
-            self.service.send(client.identity, reply)
+            return reply
+
+        def done(future: Future) -> None:
+            self._answer_operation(client, session, header["id"], lambda: reply_of(future))
 
         if is_async:
             self.service.submit(lambda: session.async_reset(with_seeds), done)
@@ -153,7 +158,7 @@ class SteppingHandlers:
                 f"{limit // (size // shape[0])} envs, or ask the operator to raise the limit")
         session.life.begin("render")
 
-        def done(future: Future) -> None:
+        def reply_of(future: Future) -> dict:
             reply = self.service.result_reply(header["id"], future)
             if session.revoked:
                 reply = self.service.revoked_reply(session, header["id"])
@@ -162,11 +167,27 @@ class SteppingHandlers:
                              _blobs=[memoryview(future.result()).cast("B")])
             if not session.life.freed:  # (pool events skipped it meanwhile)
                 self._track_batches(session)
-            session.life.end()
-            self.service.send(client.identity, reply)
+            return reply
+
+        def done(future: Future) -> None:
+            self._answer_operation(client, session, header["id"], lambda: reply_of(future))
 
         self.service.submit(session.render, done)
         return None
+
+    def _answer_operation(self, client: ClientRecord, session: Session, request_id: int,
+                          reply_of: Callable[[], dict]) -> None:
+        """End the session's operation that ran on the executor and answer it
+        exactly once: with reply_of()'s reply, or, should building it raise (a
+        bug), an internal error; the session is never left busy."""
+        try:
+            reply = reply_of()
+        except Exception:  # noqa: BLE001 -- a bug: still answer, and free the session's turn
+            log.exception("internal error while answering an operation")
+            reply = protocol.error_reply(request_id, DaemonError(
+                "internal error in the daemon; its log has the details"))
+        session.life.end()
+        self.service.send(client.identity, reply)
 
     # ---- sync step (on the pool) --------------------------------------------------------------
     def step(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> dict | None:

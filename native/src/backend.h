@@ -69,7 +69,8 @@ typedef struct envd_backend_ops {
     /* The backend's copy of the actions the last step or send checked. */
     const void *(*checked_actions)(const void *impl);
     void (*set_chunk)(void *impl, int64_t chunk);
-    /* Cap the pool threads stepping these envs (vec.h, envd_vec_set_max_threads). */
+    /* Cap the pool threads stepping these envs (vec.h, envd_vec_set_max_threads);
+     * optional (NULL: no pool to cap, envd_session_set_max_threads refuses). */
     int (*set_max_threads)(void *impl, int max_threads);
     void (*stats)(const void *impl, envd_vec_stats_t *stats);
     /* Free the backend itself (after every batch was finished). */

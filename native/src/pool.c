@@ -432,12 +432,16 @@ static void pool_enqueue(envd_pool_t *pool, envd_job_t *job)
     atomic_fetch_add(&pool->gen, 1);
     int sleepers = atomic_load(&pool->sleepers);
     if (sleepers > 0) {
-        int64_t want = job_num_chunks(job) - atomic_load(&pool->spinners);
+        /* The limits first, then the spinners: a spinning worker takes the
+         * job too, so it counts against them (subtracted first, a helped job
+         * could run on helpers + spinners workers beside its caller). */
+        int64_t want = job_num_chunks(job);
         const int helpers = pool->cpus > 2 ? pool->cpus - 1 : 1;
         if ((job->flags & ENVD_JOB_HELPED) && want > helpers)
             want = helpers;
         if (job->cap && want > job->cap->max_workers)
             want = job->cap->max_workers; /* C3: more could not take it */
+        want -= atomic_load(&pool->spinners);
         if (want > 0)
             futex_wake(&pool->gen, want < sleepers ? (int)want : sleepers);
     }

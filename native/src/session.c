@@ -500,6 +500,9 @@ void envd_session_set_chunk(envd_session_t *s, int64_t chunk)
 
 int envd_session_set_max_threads(envd_session_t *s, int max_threads)
 {
+    if (s->backend->ops->set_max_threads == NULL) /* (an optional op: the workers
+                                                   * backend has no pool to cap) */
+        return ENVD_EINVAL;
     pthread_mutex_lock(&s->mutex);
     int rc = s->backend->ops->set_max_threads(s->backend->impl, max_threads);
     pthread_mutex_unlock(&s->mutex);

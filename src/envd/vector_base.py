@@ -562,7 +562,8 @@ class BatchedVecEnv(VectorEnv):
         try:
             if self._maybe_running:
                 self._check_buffers_free()
-            if (actions.__class__ is np.ndarray and actions.dtype == self._action_dtype
+            if (self._action_leaves is None and actions.__class__ is np.ndarray
+                    and actions.dtype == self._action_dtype
                     and actions.shape == self._action_shape):
                 self._actions[...] = actions
             else:
@@ -607,7 +608,8 @@ class BatchedVecEnv(VectorEnv):
         try:
             ids = self._check_env_ids(env_ids)
             row_ids = self._rows_of(ids)
-            if (actions.__class__ is np.ndarray and actions.dtype == self._action_dtype
+            if (self._action_leaves is None and actions.__class__ is np.ndarray
+                    and actions.dtype == self._action_dtype
                     and actions.shape == (len(row_ids), *self._action_shape[1:])):
                 rows = actions  # the hot path: nothing to convert (copied in below)
             else:

@@ -478,3 +478,33 @@ def test_episode_statistics_equal_in_process(client):
     finally:
         ours.close()
         local.close()
+
+
+def test_an_out_of_range_action_over_two_daemons_steps_no_shard(tmp_path):
+    """A MultiDiscrete env split over two daemons: one action out of range in
+    the second daemon's rows refuses the whole step (and a send) before any
+    daemon steps, as one daemon refuses it; found by review: the multi-daemon
+    env checked Discrete actions only, so the first daemon stepped."""
+    procs = [start(tmp_path / f"d{k}") for k in range(2)]
+    try:
+        with envd.connect([p.endpoint for p in procs], timeout=60) as multi:
+            env_id = "py:envd-test/MultiDiscrete-v0"
+            with multi.make(env_id, 4, seed=0, num_workers=1) as env:
+                assert [s.stop - s.start for s in env.shard_slices] == [2, 2]
+                env.reset()
+                actions = np.tile(np.array([0, 1, 5]), (4, 1))
+                env.step(actions)
+                before = [s["env_steps"] for s in multi.status()]
+                bad = actions.copy()
+                bad[3, 2] = 7  # env 3 (the second daemon's): its third leaf accepts 5..6
+                with pytest.raises(envd.InvalidActionError, match="env 3"):
+                    env.step(bad)
+                assert [s["env_steps"] for s in multi.status()] == before
+            with multi.make(env_id, 4, seed=0, num_workers=1, batch_size=2) as env:
+                env.async_reset()
+                ids = env.recv()[4]["env_id"]
+                with pytest.raises(envd.InvalidActionError):
+                    env.send(np.array([[0, 1, 5], [0, 1, 9]]), ids)
+    finally:
+        for proc in procs:
+            assert proc.stop() == 0, proc.log()
