@@ -141,3 +141,30 @@ def test_bad_input_leaves_daemon_and_sessions_intact(spread_daemon, transport, f
         bystander.close()
     with spread_daemon.connect() as client:  # the daemon still serves
         assert client.status()["sessions"] == 0
+
+
+@pytest.mark.parametrize("env_id", sorted(IDS))
+def test_multi_client_splits_by_env_and_matches_mpe2(spread_daemon, tmp_path, env_id):
+    """A MultiVecEnv over two daemons: shards split by env (never inside one),
+    each env's rows equal mpe2's; async mode over shards is refused clearly."""
+    from support.daemon import DaemonProcess
+    continuous, num_envs, seed, max_cycles = IDS[env_id], 7, 29, 25
+    ref = Reference(num_envs, continuous, 0.5, max_cycles)
+    with DaemonProcess(tmp_path / "second", "--threads", "1") as second:
+        with envd.connect([spread_daemon.endpoint, second.endpoint]) as multi:
+            with multi.make(env_id, num_envs, seed=seed) as env:
+                assert env.num_envs == num_envs * N_AGENTS and env.num_agents == N_AGENTS
+                assert len(env.shards) == 2
+                assert sum(s.num_env_instances for s in env.shards) == num_envs
+                ended = run_equivalence(env, ref, seed, continuous, steps=2 * max_cycles + 5)
+                if not continuous:  # one agent's action out of range: refused, named by row
+                    bad = np.zeros(env.num_envs, np.int64)
+                    bad[13] = 5
+                    with pytest.raises(InvalidActionError, match="env 13"):
+                        env.step(bad)
+                    env.step(np.zeros(env.num_envs, np.int64))
+            with pytest.raises(InvalidArgumentError, match="agents per env"):
+                multi.make(env_id, num_envs, seed=seed, batch_size=2)
+            assert all(status["sessions"] == 0 for status in multi.status())
+    ref.close()
+    assert ended == 2 * num_envs
