@@ -168,3 +168,62 @@ def test_multi_client_splits_by_env_and_matches_mpe2(spread_daemon, tmp_path, en
             assert all(status["sessions"] == 0 for status in multi.status())
     ref.close()
     assert ended == 2 * num_envs
+
+
+@pytest.fixture(scope="module")
+def seek_daemon(tmp_path_factory):
+    """A daemon serving the Seek-v0 test plugin (tests/native/multi_agent.c:
+    3 agents, MultiDiscrete actions, agents that die before their env ends)."""
+    from support.daemon import DaemonProcess, segments_of
+    from support.multi_agent_checks import SOURCE
+    from support.plugin_checks import build_plugin
+    folder = tmp_path_factory.mktemp("seek")
+    library = build_plugin(SOURCE, folder / "libseek.so")
+    with DaemonProcess(folder / "daemon", "--threads", "2", "--lease-timeout", "10",
+                       "--plugin", str(library)) as proc:
+        yield proc
+    assert proc.proc.returncode == 0, proc.log()
+    assert segments_of(proc.pid) == []
+
+
+@pytest.mark.parametrize("transport,fast_path", PATHS)
+def test_plugin_through_the_daemon_matches_reference(seek_daemon, transport, fast_path):
+    """Dead rows, agent_mask, per-row episode statistics and per-env kwargs
+    of a multi-agent plugin through every path, against its Python reference
+    (support/multi_agent_checks.py); async recv/send in whole envs too."""
+    from support.multi_agent_checks import AGENTS, Seek, actions_for, compare
+    speeds = [1, 2, 3, 1, 2, 3, 1]
+    with seek_daemon.connect() as client:
+        with client.make("Seek-v0", 7, seed=3, speed=speeds, transport=transport,
+                         fast_path=fast_path) as env:
+            seen = compare(env, 3, speeds, steps=60)
+        assert seen["dead_rows"] > 0 and seen["ended_rows"] > 0 and seen["env_resets"] > 0
+        with client.make("Seek-v0", 6, seed=9, batch_size=2, transport=transport,
+                         fast_path=fast_path) as env:
+            refs = [Seek(9 + i, 1) for i in range(6)]
+            expected = {i: {"obs": r.reset(), "mask": [True] * AGENTS}
+                        for i, r in enumerate(refs)}
+            env.async_reset()
+            rng = np.random.default_rng(3)
+            for _ in range(80):
+                obs, rewards, _, _, info = env.recv()
+                envs = info["env_id"].tolist()[::AGENTS]
+                assert info["env_id"].tolist() == [i for i in envs for _ in range(AGENTS)]
+                assert obs.tolist() == [row for i in envs for row in expected[i]["obs"]]
+                assert info["agent_mask"].tolist() == [m for i in envs
+                                                       for m in expected[i]["mask"]]
+                if "reward" in expected[envs[0]]:
+                    assert rewards.tolist() == [float(np.float32(x)) for i in envs
+                                                for x in expected[i]["reward"]]
+                actions = actions_for(len(envs) * AGENTS, rng)
+                for k, i in enumerate(envs):
+                    expected[i] = refs[i].step(actions[k * AGENTS:(k + 1) * AGENTS])
+                env.send(actions, info["env_id"])
+            env.recv()
+            bad = actions_for(2 * AGENTS, rng)
+            bad[4, 0] = 3  # agent 1 of the second env sent: out of MultiDiscrete([3 2])
+            ids = np.repeat(env.recv()[4]["env_id"][::AGENTS], AGENTS)
+            with pytest.raises(InvalidActionError):
+                env.send(bad, ids)
+            env.send(actions_for(2 * AGENTS, rng), ids)  # the env is still usable
+            env.recv()
