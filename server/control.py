@@ -75,6 +75,7 @@ class ControlHandlers:
                          "observation_space": protocol.space_to_wire(spec.observation_space),
                          "action_space": protocol.space_to_wire(spec.action_space),
                          "max_episode_steps": spec.max_episode_steps,
+                         "num_agents": spec.num_agents,  # (rows per env)
                          "params": [{"name": p.name, "type": p.type, "default": p.default,
                                      "min": p.min_value, "max": p.max_value, "doc": p.doc}
                                     for p in spec.params],
