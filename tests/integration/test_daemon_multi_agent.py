@@ -227,3 +227,36 @@ def test_plugin_through_the_daemon_matches_reference(seek_daemon, transport, fas
                 env.send(bad, ids)
             env.send(actions_for(2 * AGENTS, rng), ids)  # the env is still usable
             env.recv()
+
+
+def test_status_shows_agents_and_sb3_adapter_steps_the_rows(spread_daemon):
+    """status (and `envd status`'s table) counts a multi-agent session's envs
+    and rows; the SB3 adapter sees every agent row as an env (parameter
+    sharing) and matches the same env stepped in-process."""
+    from envd.tools.cli import status_table
+    with spread_daemon.connect() as client:
+        with client.make("simple_spread_v3", 4, seed=5) as env:
+            status = client.status()
+            [row] = status["session_table"]
+            assert row["num_envs"] == 4 and row["num_agents"] == N_AGENTS
+            assert status["envs"] == 4 and status["rows"] == 4 * N_AGENTS
+            assert "4x3" in status_table(status)
+            assert env.single_action_space.n == 5
+        listed = {e["id"]: e for e in client.describe_envs()}
+        assert listed["simple_spread_v3"]["num_agents"] == N_AGENTS
+        assert listed["CartPole-v1"]["num_agents"] == 1
+        sb3 = pytest.importorskip("envd.integrations.sb3")
+        venv = sb3.EnvdVecEnv.make("simple_spread_v3", 2, client=client, seed=8)
+        local = sb3.EnvdVecEnv.make("simple_spread_v3", 2, seed=8, num_threads=0)
+        try:
+            assert venv.num_envs == 2 * N_AGENTS
+            np.testing.assert_array_equal(venv.reset(), local.reset())
+            rng = np.random.default_rng(0)
+            for _ in range(30):  # across the 25-step episodes' ends
+                actions = rng.integers(0, 5, venv.num_envs)
+                got, want = venv.step(actions), local.step(actions)
+                for a, b in zip(got[:3], want[:3]):
+                    np.testing.assert_array_equal(a, b)
+        finally:
+            venv.close()
+            local.close()
