@@ -441,7 +441,9 @@ class MultiVecEnv(BatchedVecEnv):
 
         def reset_shard(k: int) -> None:
             rows = self.shard_slices[k]
-            options = None if mask is None else {"reset_mask": mask[rows].copy()}
+            # (mask holds one entry per env; a shard takes one per row)
+            options = None if mask is None else {
+                "reset_mask": np.repeat(mask[rows], self.num_agents)}
             self._shards[k].reset(seed=None if seeds is None else seeds[rows], options=options)
             self._copy_results(k)
             if mask is None:
