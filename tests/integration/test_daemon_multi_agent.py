@@ -260,3 +260,30 @@ def test_status_shows_agents_and_sb3_adapter_steps_the_rows(spread_daemon):
         finally:
             venv.close()
             local.close()
+
+
+def test_daemon_refuses_crafted_inline_rows(spread_daemon):
+    """A client bypassing the official one: an inline send whose actions
+    frame holds one row per env instead of num_agents, or an inline step
+    described with the wrong row count, is refused with a clear error; the
+    session and the daemon stay usable."""
+    with spread_daemon.connect() as client:
+        with client.make("simple_spread_v3", 2, seed=1, batch_size=1,
+                         transport="inline") as env:
+            channel, session = env._stepper.channel, env.session
+            env.async_reset()
+            [env_id] = env.recv()[4]["env_id"][::N_AGENTS]
+            ids = np.array([env_id], np.int64)
+            with pytest.raises(InvalidActionError, match="3 row\\(s\\) per env"):
+                channel.request({"type": "send", "session": session, "inline": True},
+                                [ids.tobytes(), np.zeros(1, np.int64).tobytes()])
+            env.send(np.zeros(N_AGENTS, np.int64), np.repeat(ids, N_AGENTS))  # still fine
+            env.recv()
+            env.recv()
+            env.reset(seed=1)
+            with pytest.raises(InvalidActionError, match="inline actions must be described"):
+                channel.request({"type": "step", "session": session, "inline": True,
+                                 "actions": {"dtype": "<i8", "shape": [2]}},
+                                [np.zeros(2, np.int64).tobytes()])
+            obs, rew, *_ = env.step(np.zeros(2 * N_AGENTS, np.int64))
+            assert obs.shape == (6, 18)
