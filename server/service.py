@@ -522,6 +522,7 @@ class Service:
         are averages over the session's life)."""
         now = time.monotonic()
         return [{"session": s.id[:8], "env_id": s.spec.id, "num_envs": s.num_envs,
-                 "num_agents": s.num_agents, "batch_size": s.batch_size, "max_threads": getattr(s, "max_threads", None),
+                 "num_agents": s.num_agents,  # (rows per env)
+                 "batch_size": s.batch_size, "max_threads": getattr(s, "max_threads", None),
                  "env_steps": s.env_steps, "workers": getattr(s, "num_workers", 0),
                  "age_s": round(now - s.created, 3)} for s in self.sessions.values()]
