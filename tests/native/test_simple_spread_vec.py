@@ -23,7 +23,7 @@ import envd
 
 mpe2_spread = pytest.importorskip("mpe2.simple_spread_v3", reason="mpe2 is the reference")
 
-from support.spread_reference import (IDS, N_AGENTS, Reference, assert_same,  # noqa: E402
+from support.spread_reference import (IDS, N_AGENTS, Reference,  # noqa: E402
                                       random_rows, run_equivalence)
 
 
