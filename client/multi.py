@@ -358,21 +358,40 @@ class MultiVecEnv(BatchedVecEnv):
                 executor.shutdown(wait=True)
             raise
         first = shards[0]
+        # a multi-agent env's agents are rows (as envd.make's): num_envs counts
+        # rows; shards split by env, never inside one
+        agents = first.num_agents
+        if is_async and agents > 1:
+            for shard in shards:
+                shard.close()
+            if executor is not None:
+                executor.shutdown(wait=True)
+            raise InvalidArgumentError(
+                f"{first.env_id} has {agents} agents per env: async mode (batch_size < "
+                f"num_envs) of a MultiVecEnv does not take multi-agent envs yet; use "
+                "reset()/step() across the daemons, or send/recv of one daemon's env "
+                "(Client.make)")
         super().__init__(first.env_id, first.single_observation_space, first.single_action_space,
-                         num_envs, mode, first.max_episode_steps, copy, episode_statistics,
-                         batch_size if is_async else None)
+                         num_envs * agents, mode, first.max_episode_steps, copy,
+                         episode_statistics, batch_size if is_async else None)
+        self.num_agents = agents
+        if is_async:
+            self.batch_size = batch_size  # envs, not rows
         self._shards = tuple(shards)
         self._executor = executor
         self.shard_slices = tuple(rows for _, _, rows in plan)
+        #: the rows of shard k's envs in this env's buffers (agents x envs)
+        self._row_slices = tuple(slice(envs.start * agents, envs.stop * agents)
+                                 for envs in self.shard_slices)
         self.shard_endpoints = tuple(endpoints)
-        self._bind_buffers({name: np.zeros((num_envs, *array.shape[1:]), array.dtype)
+        self._bind_buffers({name: np.zeros((num_envs * agents, *array.shape[1:]), array.dtype)
                             for name, array in first.buffers.items()})
         # what the envs write; the inputs (written by the trainer) are never copied back
         self._outputs = protocol.output_arrays(first.buffers)
         # What the native vec checks per env before it steps any (see
         # validate_step in vec.c), checked here over all envs so that a
         # refused step names the global env index and steps no shard.
-        self._started = np.zeros(num_envs, np.bool_)
+        self._started = np.zeros(num_envs, np.bool_)  # per env
         self._all_started = False
         space = self.single_action_space
         self._discrete = ((space.start, space.start + space.n)
@@ -424,7 +443,9 @@ class MultiVecEnv(BatchedVecEnv):
 
         def reset_shard(k: int) -> None:
             rows = self.shard_slices[k]
-            options = None if mask is None else {"reset_mask": mask[rows].copy()}
+            # (mask holds one entry per env; a shard takes one per row)
+            options = None if mask is None else {
+                "reset_mask": np.repeat(mask[rows], self.num_agents)}
             self._shards[k].reset(seed=None if seeds is None else seeds[rows], options=options)
             self._copy_results(k)
             if mask is None:
@@ -445,14 +466,14 @@ class MultiVecEnv(BatchedVecEnv):
         return int(np.count_nonzero(self._dones))
 
     def _step_shard(self, k: int) -> None:
-        self._shards[k].step(self._actions[self.shard_slices[k]])
+        self._shards[k].step(self._actions[self._row_slices[k]])
         self._copy_results(k)
 
     def _copy_results(self, k: int) -> None:
         """Shard k's results (every buffer the envs write) into its rows.
         Read through the shard's buffer dict each time: that dict, not the
         arrays it held at make, is the shard's contract."""
-        rows = self.shard_slices[k]
+        rows = self._row_slices[k]
         theirs = self._shards[k].buffers
         for name in self._outputs:
             np.copyto(self._buffers[name][rows], theirs[name])
@@ -506,7 +527,9 @@ class MultiVecEnv(BatchedVecEnv):
         if (self._all_started and not disabled and self._discrete is None
                 and not self._range_checked):
             return
-        bad = ~self._started
+        started = (self._started if self.num_agents == 1
+                   else np.repeat(self._started, self.num_agents))  # per row
+        bad = ~started
         if disabled:
             bad |= self._dones
         if self._discrete is not None:
@@ -519,8 +542,8 @@ class MultiVecEnv(BatchedVecEnv):
                 bad[k] = True
         if not bad.any():
             return
-        i = int(np.argmax(bad))
-        if self._started[i] and not (disabled and self._dones[i]):
+        i = int(np.argmax(bad))  # (a row: env i // num_agents)
+        if started[i] and not (disabled and self._dones[i]):
             if self._range_checked:
                 raise InvalidActionError(leaves.action_range_message(
                     self.env_id, self.single_action_space, self._actions[i], i))
@@ -528,7 +551,8 @@ class MultiVecEnv(BatchedVecEnv):
                                       int(self._actions[i]), i)
         if not self._dones[i]:
             raise EnvStateError(
-                f"{self.env_id}: env {i} was never reset; call reset() before step()")
+                f"{self.env_id}: env {i // self.num_agents} was never reset; call reset() "
+                "before step()")
         raise EnvStateError(
             f"{self.env_id}: env {i} is done and autoreset_mode is 'disabled'; reset it with "
             f"reset(options={{'reset_mask': mask}}) before stepping it again")

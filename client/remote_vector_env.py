@@ -17,7 +17,7 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
 from envd import leaves, protocol
-from envd.errors import InvalidActionError
+from envd.errors import InvalidActionError, ProtocolError
 from envd.client.transports import open_stepper
 from envd.vector_base import BatchedVecEnv, action_out_of_range
 
@@ -33,17 +33,24 @@ class RemoteVecEnv(BatchedVecEnv):
                  transport: str = "auto", fast_path: bool | None = None):
         self._client = None
         self.session = reply["session"]
+        # a multi-agent env's agents are rows (as envd.make's): num_envs counts
+        # rows, num_env_instances envs; absent from an older daemon's reply
+        agents = reply.get("num_agents", 1)
+        if not isinstance(agents, int) or isinstance(agents, bool) or agents < 1:
+            raise ProtocolError(f"the daemon's make reply has num_agents={agents!r}")
         super().__init__(reply["env_id"], protocol.space_from_wire(reply["observation_space"]),
-                         protocol.space_from_wire(reply["action_space"]), num_envs, mode,
-                         reply["max_episode_steps"], copy, episode_statistics,
+                         protocol.space_from_wire(reply["action_space"]), num_envs * agents,
+                         mode, reply["max_episode_steps"], copy, episode_statistics,
                          reply.get("batch_size"), reply.get("render_mode"),
                          reply.get("render_fps"))
+        self.num_agents = agents
+        self.batch_size = reply.get("batch_size") or num_envs  # envs, not rows
         # (if this raises, Client.make closes the session; checked before the
         # segment is mapped, so that a refusal leaves no mapping behind)
         self._check_episode_statistics_key(reply["shm"]["arrays"])
         self._segment, self._stepper = open_stepper(client, reply, transport, fast_path,
                                                     self.env_id, self.single_action_space,
-                                                    num_envs)
+                                                    num_envs, agents)
         #: how the arrays travel: "shm" or "inline" (see Client.make)
         self.transport = self._stepper.transport
         #: the daemon's cap on the pool threads stepping these envs (None: none; Client.make)
@@ -88,12 +95,17 @@ class RemoteVecEnv(BatchedVecEnv):
             if rows.min() < start or rows.max() >= stop:
                 k = int(np.flatnonzero((rows < start) | (rows >= stop))[0])
                 raise action_out_of_range(self.env_id, self.single_action_space,
-                                          int(rows[k]), int(env_ids[k]))
+                                          int(rows[k]), self._row_id(env_ids, k))
         elif self._range_checked and len(rows):
             k = leaves.first_row_out_of_range(self.single_action_space, rows)
             if k >= 0:
                 raise InvalidActionError(leaves.action_range_message(
-                    self.env_id, self.single_action_space, rows[k], int(env_ids[k])))
+                    self.env_id, self.single_action_space, rows[k], self._row_id(env_ids, k)))
+
+    def _row_id(self, env_ids: np.ndarray, k: int) -> int:
+        """The row (as the in-process vec names it: env * num_agents + agent)
+        of row k of a send to env_ids (one id per env)."""
+        return int(env_ids[k // self.num_agents]) * self.num_agents + k % self.num_agents
 
     def _render_frames(self) -> np.ndarray:
         return self._stepper.frames()

@@ -75,6 +75,7 @@ class ControlHandlers:
                          "observation_space": protocol.space_to_wire(spec.observation_space),
                          "action_space": protocol.space_to_wire(spec.action_space),
                          "max_episode_steps": spec.max_episode_steps,
+                         "num_agents": spec.num_agents,  # (rows per env)
                          "params": [{"name": p.name, "type": p.type, "default": p.default,
                                      "min": p.min_value, "max": p.max_value, "doc": p.doc}
                                     for p in spec.params],
@@ -112,11 +113,13 @@ class ControlHandlers:
                 f"unknown env id of {len(header['env_id'])} characters; known ids: "
                 f"{', '.join(list_envs())}")
         spec = get_spec(header["env_id"])
-        if getattr(spec, "num_agents", 1) > 1:
-            raise InvalidArgumentError(
-                f"{spec.id} has {spec.num_agents} agents per env: the daemon does not serve "
-                "multi-agent envs yet; make it in-process with envd.make")
         num_envs = check_int("num_envs", header["num_envs"], 1, MAX_NUM_ENVS)
+        agents = spec.num_agents
+        if num_envs * agents > MAX_NUM_ENVS:  # (a multi-agent env's agents are rows)
+            raise InvalidArgumentError(
+                f"{spec.id} has {agents} agents per env: {num_envs} envs are "
+                f"{num_envs * agents} rows, more than the {MAX_NUM_ENVS} a session takes; "
+                f"make at most {MAX_NUM_ENVS // agents} envs")
         batch_size = header.get("batch_size")
         if batch_size is not None:
             batch_size = check_int("batch_size", batch_size, 1, num_envs)

@@ -40,8 +40,11 @@ _DOORBELL_CLOSED = 88
 def segment_plan(spec: EnvSpec, num_envs: int, mode: AutoresetMode) -> tuple[dict[str, list], int]:
     """Where a session's arrays lie in its segment, and the segment's size in
     bytes: what Session creates, asked before creating it (--max-shm-bytes)."""
-    layout = buffer_layout(spec.observation_space, spec.action_space, num_envs, mode,
-                           spec.info_fields)
+    # a multi-agent env's agents are rows (envd.h): every array has
+    # num_envs * num_agents of them; the doorbell's ids name envs
+    agents = getattr(spec, "num_agents", 1)  # (hosted specs have none)
+    layout = buffer_layout(spec.observation_space, spec.action_space, num_envs * agents, mode,
+                           spec.info_fields, num_agents=agents)
     layout["doorbell_ids"] = ((num_envs,), np.dtype(np.int64))  # protocol.DOORBELL_ARRAYS
     return plan(layout)
 
@@ -83,7 +86,13 @@ def async_in_flight(call: str) -> EnvStateError:
 class Session:
     """num_envs envs of one spec whose buffers live in a shared-memory segment,
     stepped by one NativeSession (which keeps the async books: env states,
-    ready ids, a failed batch's error) for the socket path and the doorbell."""
+    ready ids, a failed batch's error) for the socket path and the doorbell.
+    A multi-agent env's agents are rows: every array of the segment has
+    num_envs * num_agents rows (agent-major), while env ids (send, recv, the
+    doorbell's ids) name envs."""
+
+    #: agents per env (rows of each env in the arrays); 1 unless the spec says more
+    num_agents = 1
 
     def __init__(self, owner: bytes, spec: EnvSpec, num_envs: int, mode: AutoresetMode,
                  max_episode_steps: int, params: list[float], seeds: np.ndarray,
@@ -97,7 +106,8 @@ class Session:
         self.id = secrets.token_hex(16)
         self.owner = owner
         self.spec = spec
-        self.num_envs = num_envs
+        self.num_envs = num_envs  # envs; each is num_agents rows of the arrays
+        self.num_agents = spec.num_agents
         self.mode = mode
         self.max_episode_steps = max_episode_steps
         self.steps = 0         # whole steps, by every path (for status)
@@ -119,7 +129,7 @@ class Session:
         self._arrays = arrays
         try:
             self.buffers = self.segment.arrays
-            self.buffers["reset_seeds"][...] = seeds
+            self.buffers["reset_seeds"][:num_envs] = seeds  # (one per env, not per row)
             self.native: NativeSession | None = NativeSession(
                 spec, num_envs, autoreset_mode=AUTORESET_MODE_CODES[mode],
                 max_episode_steps=max_episode_steps, params=params, buffers=self.buffers,
@@ -175,7 +185,7 @@ class Session:
 
     def describe(self) -> dict[str, Any]:
         """The make reply: where the arrays are and what the env looks like."""
-        return {"session": self.id, "env_id": self.spec.id,
+        return {"session": self.id, "env_id": self.spec.id, "num_agents": self.num_agents,
                 "shm": {**self.segment.describe(), "arrays": self._arrays},
                 "observation_space": protocol.space_to_wire(self.spec.observation_space),
                 "action_space": protocol.space_to_wire(self.spec.action_space),
@@ -217,24 +227,36 @@ class Session:
         stepping it reads its private copy, taken when the env was sent (the
         segment is client-writable anyway), and send refuses that env."""
         actions = self.buffers["actions"]
-        row_bytes = actions[0].nbytes if self.num_envs else 0
+        row_bytes = actions[0].nbytes * self.num_agents
         if len(blob) != len(env_ids) * row_bytes:
             raise InvalidActionError(
                 f"{self.spec.id}: an inline send of {len(env_ids)} envs needs "
                 f"{len(env_ids) * row_bytes} bytes of actions ({actions.dtype} x "
-                f"{actions.shape[1:]} per env), got {len(blob)}")
+                f"{actions.shape[1:]} per row, {self.num_agents} row(s) per env), "
+                f"got {len(blob)}")
         if env_ids.min() < 0 or env_ids.max() >= self.num_envs:
             return
-        actions[env_ids] = np.frombuffer(blob, actions.dtype).reshape(-1, *actions.shape[1:])
+        actions[self.rows_of(env_ids)] = np.frombuffer(blob, actions.dtype).reshape(
+            -1, *actions.shape[1:])
 
-    def outputs(self, rows: np.ndarray | None = None) -> dict[str, Any]:
+    def rows_of(self, env_ids: np.ndarray) -> np.ndarray:
+        """The rows of envs env_ids in the arrays (a multi-agent env's agents,
+        agent-major: env i is rows i*A .. i*A+A-1), in their order."""
+        if self.num_agents == 1:
+            return env_ids
+        agents = self.num_agents
+        return (env_ids[:, None] * agents + np.arange(agents)).ravel()
+
+    def outputs(self, env_ids: np.ndarray | None = None) -> dict[str, Any]:
         """The inline reply's fields: the output arrays' names and, as blobs,
-        the whole arrays (rows None: views, copied once into the message when
-        it is sent) or the given rows of each."""
+        the whole arrays (env_ids None: views, copied once into the message
+        when it is sent) or the rows of the given envs (a multi-agent env's
+        agents each, agent-major)."""
         names = protocol.output_arrays(self.buffers)
-        if rows is None:
+        if env_ids is None:
             blobs = [memoryview(self.buffers[name]).cast("B") for name in names]
         else:
+            rows = self.rows_of(env_ids)
             blobs = [np.take(self.buffers[name], rows, axis=0) for name in names]
         return {"arrays": names, "_blobs": blobs}
 

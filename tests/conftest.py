@@ -12,7 +12,9 @@ GYMNASIUM_ENV_IDS = ["CartPole-v1", "Pendulum-v1", "MountainCar-v0",
 BUILTIN_ENV_IDS = GYMNASIUM_ENV_IDS + ["Snake-v0", "ConnectFour-v0"]
 # The multi-agent built-ins (agents as rows), checked against mpe2
 # (tests/native/test_simple_spread.py, test_simple_spread_vec.py); apart
-# because the daemon and async mode do not serve multi-agent envs yet.
+# because their actions are rows (num_envs * num_agents of them): a test
+# takes them where it builds its actions per row (the async and daemon
+# trajectory tests do).
 MULTI_AGENT_ENV_IDS = ["simple_spread_v3", "simple_spread_continuous_v3"]
 
 

@@ -32,14 +32,16 @@ __all__ = ["open_stepper", "SocketStepper", "InlineStepper", "DoorbellStepper"]
 
 def open_stepper(client: "Client", reply: dict[str, Any], transport: str,
                  fast_path: bool | None, env_id: str, action_space: spaces.Space,
-                 num_envs: int) -> tuple[Segment, SocketStepper]:
+                 num_envs: int, num_agents: int = 1) -> tuple[Segment, SocketStepper]:
     """The buffers of the session a make reply describes and the stepper
     that drives it: transport "shm", "inline" or "auto" (shm where this
     process can map the segment, else inline); fast_path None (the doorbell
     where the daemon's capabilities offer it), True (required:
-    InvalidArgumentError otherwise) or False."""
+    InvalidArgumentError otherwise) or False.  num_envs counts envs; each is
+    num_agents rows of the arrays (a multi-agent env's agents)."""
     segment, name = _buffers_for(client, reply, transport)
-    args = (client.channel, reply["session"], env_id, action_space, num_envs, segment.arrays)
+    args = (client.channel, reply["session"], env_id, action_space, num_envs, segment.arrays,
+            num_agents)
     reason = doorbell.unavailable()
     if not client.capabilities.fast_path:
         reason = (f"the daemon at {client.endpoint} does not offer the fast path (its hello's "

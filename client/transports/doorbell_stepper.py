@@ -55,6 +55,8 @@ class DoorbellStepper(SocketStepper):
                     if num_done > 0:
                         raise in_flight_error(self.env_id, "step", num_done)
                     raise ready_error(self.env_id, -num_done)
+                if status != 0 and index >= 0:
+                    index = self._row_of(index, status)
                 self._raise_env_failure(status, index)
                 if status != 0:
                     raise step_error(self.env_id, self.action_space, status, index, self.buffers)
@@ -96,6 +98,21 @@ class DoorbellStepper(SocketStepper):
         ids = self._ids[:count].copy()
         self._check_ids_in_range(ids)
         return ids
+
+    def _row_of(self, env: int, status: int) -> int:
+        """The row a step's error names, as the in-process vec and the socket
+        path name it (NativeSession._row_of): the doorbell names envs; a
+        multi-agent env's refused action is its first agent's row outside
+        the space, any other error the env's first row."""
+        rows = range(env * self.num_agents, (env + 1) * self.num_agents)
+        if self.num_agents == 1 or env >= self.num_envs:
+            return env
+        if status == NATIVE_CODES["ERANGE"]:
+            actions = self.buffers["actions"]
+            for row in rows:
+                if not self.action_space.contains(actions[row]):
+                    return row
+        return rows[0]
 
     def _raise_env_failure(self, status: int, index: int) -> None:
         """An env's own failure the daemon words (a hosted Python env raised,

@@ -46,7 +46,7 @@ class InlineStepper(SocketStepper):
 
     def _request_send(self, env_ids: np.ndarray) -> tuple[dict, Sequence]:
         header, blobs = super()._request_send(env_ids)
-        return {**header, "inline": True}, [*blobs, _frame(self.buffers["actions"][env_ids])]
+        return {**header, "inline": True}, [*blobs, _frame(self.buffers["actions"][self.rows_of(env_ids)])]
 
     def _request_recv(self, count: int) -> tuple[dict, Sequence]:
         header, blobs = super()._request_recv(count)
@@ -54,11 +54,13 @@ class InlineStepper(SocketStepper):
 
     def _take_outputs(self, reply: dict[str, Any], blobs: list, rows: np.ndarray | None) -> None:
         """Copy the reply's output arrays into the buffers: whole, or the
-        given rows (a recv's envs, in the order of the blobs' rows)."""
+        given envs' rows (a recv's envs, in the order of the blobs' rows)."""
         if reply.get("arrays") != self._outputs or len(blobs) != len(self._outputs):
             raise ProtocolError(
                 f"the daemon's inline reply carries arrays {reply.get('arrays')!r} in "
                 f"{len(blobs)} frame(s); expected {self._outputs}")
+        if rows is not None:
+            rows = self.rows_of(rows)
         for name, blob in zip(self._outputs, blobs):
             target = self.buffers[name]
             count = len(target) if rows is None else len(rows)

@@ -40,12 +40,15 @@ class SocketStepper:
     transport = "shm"
 
     def __init__(self, channel: Channel, session: str, env_id: str,
-                 action_space: spaces.Space, num_envs: int, buffers: dict[str, np.ndarray]):
+                 action_space: spaces.Space, num_envs: int, buffers: dict[str, np.ndarray],
+                 num_agents: int = 1):
         self.channel = channel
         self.session = session
         self.env_id = env_id
         self.action_space = action_space
-        self.num_envs = num_envs
+        self.num_envs = num_envs  # envs: the ids of send and recv name them
+        #: rows of each env in the buffers (a multi-agent env's agents, agent-major)
+        self.num_agents = num_agents
         self.buffers = buffers
         #: a request timed out: the daemon may still use the buffers until
         #: its late reply (or the doorbell's late answer) says it ended
@@ -176,6 +179,12 @@ class SocketStepper:
         self._check_ids_in_range(ids)
         self._take_outputs(reply, reply["_blobs"][1:], ids)
         return ids
+
+    def rows_of(self, env_ids: np.ndarray) -> np.ndarray:
+        """The buffer rows of envs env_ids, in their order (agent-major)."""
+        if self.num_agents == 1:
+            return env_ids
+        return (env_ids[:, None] * self.num_agents + np.arange(self.num_agents)).ravel()
 
     def _check_ids_in_range(self, ids: np.ndarray) -> None:
         """Refuse a recv answer naming an env that does not exist: the gather

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 TIMEOUT = 300  # a loaded 2-core machine imports torch slowly
 
@@ -29,7 +31,8 @@ def result_fields(stdout: str) -> dict[str, str]:
 def test_examples_run_as_scripts(tmp_path):
     procs = [subprocess.Popen([sys.executable, str(EXAMPLES / name), "--help"], cwd=tmp_path,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for name in ("ppo_cartpole.py", "sb3_ppo_cartpole.py", "sweep.py")]
+             for name in ("ppo_cartpole.py", "sb3_ppo_cartpole.py", "sweep.py",
+                          "ppo_simple_spread.py")]
     for proc in procs:
         out, err = proc.communicate(timeout=TIMEOUT)
         assert proc.returncode == 0 and "--endpoint" in out, err
@@ -79,3 +82,21 @@ def test_sweep_trainers_are_distinct_clients_of_one_daemon(harness, tmp_path):
     logged = set(re.findall(r"event=session_open client=([0-9a-f]{8})", daemon.log()))
     assert clients <= logged, daemon.log()
     assert result_fields(out.stdout)["distinct_clients"] == str(k)
+
+
+def test_ppo_simple_spread_runs_through_the_daemon(harness, tmp_path):
+    """The multi-agent PPO example (parameter sharing over agent rows), short:
+    it runs end to end through a daemon with finite losses and returns (the
+    improvement it states in examples/README.md needs the full budget)."""
+    daemon = harness.daemon("--threads", "1")
+    out = run_example("ppo_simple_spread.py", "--endpoint", daemon.endpoint, "--seed", "1",
+                      "--num-envs", "4", "--total-steps", "2400", "--random-episodes", "2",
+                      "--window", "48", "--log-every", "1", "--no-require-improvement",
+                      cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    result = result_fields(out.stdout)
+    assert result["losses_finite"] == "True"
+    assert int(result["agent_steps"]) == 2400 and int(result["episodes"]) == 2400 // 25
+    for key in ("random_return", "trained_return", "improvement"):
+        assert np.isfinite(float(result[key])), out.stdout
+    assert "4 envs x 3 agents" in out.stdout and "mean return (last 48)" in out.stdout

@@ -9,7 +9,7 @@ import signal
 import numpy as np
 import pytest
 from support.async_steps import async_trajectories, per_env_actions, sync_trajectories
-from conftest import BUILTIN_ENV_IDS
+from conftest import BUILTIN_ENV_IDS, MULTI_AGENT_ENV_IDS
 from support.daemon import DaemonProcess, segments_of, wait_until
 
 import envd
@@ -28,13 +28,14 @@ def served(tmp_path_factory, request):
     assert segments_of(daemon.pid) == []
 
 
-@pytest.mark.parametrize("env_id", BUILTIN_ENV_IDS)
+@pytest.mark.parametrize("env_id", BUILTIN_ENV_IDS + MULTI_AGENT_ENV_IDS)
 @pytest.mark.parametrize("mode", ["next_step", "same_step"])
 def test_per_env_trajectories_equal_sync_mode(served, env_id, mode):
     _, client = served
     num_envs, steps = 10, 40
-    space = envd.native.get_spec(env_id).action_space
-    actions = per_env_actions(space, num_envs, steps, seed=7)
+    spec = envd.native.get_spec(env_id)
+    actions = per_env_actions(spec.action_space, num_envs, steps, seed=7,
+                              num_agents=spec.num_agents)
     reference = sync_trajectories(env_id, num_envs, steps, actions, autoreset_mode=mode)
     rng = np.random.default_rng(3)
     for batch_size in (1, 4, 10):

@@ -11,7 +11,7 @@ import mmap
 
 import numpy as np
 import pytest
-from conftest import BUILTIN_ENV_IDS, random_actions
+from conftest import BUILTIN_ENV_IDS, MULTI_AGENT_ENV_IDS, random_actions
 from support.daemon import DaemonProcess, segments_of, wait_until
 from gymnasium.vector import AutoresetMode
 
@@ -140,12 +140,13 @@ def assert_same_error(call, client, exc_type):
 #: random actions).
 TIME_LIMITS = {"CartPole-v1": None, "Pendulum-v1": 60, "MountainCar-v0": 70,
                "MountainCarContinuous-v0": 80, "Acrobot-v1": 90, "Snake-v0": None,
-               "ConnectFour-v0": None}
+               "ConnectFour-v0": None, "simple_spread_v3": None,
+               "simple_spread_continuous_v3": None}
 STEPS = 240
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("env_id", BUILTIN_ENV_IDS)
+@pytest.mark.parametrize("env_id", BUILTIN_ENV_IDS + MULTI_AGENT_ENV_IDS)
 def test_trajectories_bit_identical_to_in_process(client, env_id, mode):
     num_envs, seed = 6, 17
     remote, local = make_pair(client, env_id, num_envs, seed=seed, autoreset_mode=mode,
@@ -316,7 +317,7 @@ def test_episode_statistics_off(client):
 
 
 # ---- spaces ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("env_id", BUILTIN_ENV_IDS)
+@pytest.mark.parametrize("env_id", BUILTIN_ENV_IDS + MULTI_AGENT_ENV_IDS)
 def test_spaces_and_attributes_match(client, env_id):
     for mode in MODES:
         remote, local = make_pair(client, env_id, 3, autoreset_mode=mode)
@@ -335,7 +336,9 @@ def test_spaces_and_attributes_match(client, env_id):
                     assert (a.n, a.start) == (b.n, b.start)
             assert remote.metadata["autoreset_mode"] is local.metadata["autoreset_mode"] \
                 is AutoresetMode[mode.upper()]
-            assert remote.num_envs == local.num_envs == 3
+            assert remote.num_agents == local.num_agents == envd.native.get_spec(env_id).num_agents
+            assert remote.num_envs == local.num_envs == 3 * local.num_agents  # (rows)
+            assert remote.num_env_instances == local.num_env_instances == 3
             assert remote.env_id == local.env_id == env_id
             assert remote.max_episode_steps == local.max_episode_steps
             assert remote.render_mode is local.render_mode is None

@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import BUILTIN_ENV_IDS, random_actions
+from conftest import BUILTIN_ENV_IDS, MULTI_AGENT_ENV_IDS, random_actions
 from support.daemon import DEADLINE, segments_of, wait_until
 
 import envd
@@ -80,7 +80,7 @@ def test_envd_fast_path_variable_and_the_daemon_flag(harness, monkeypatch):
 
 # ---- the same results and errors as in-process -----------------------------------------------
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("env_id", BUILTIN_ENV_IDS)
+@pytest.mark.parametrize("env_id", BUILTIN_ENV_IDS + MULTI_AGENT_ENV_IDS)
 def test_trajectories_bit_identical_to_in_process(served, env_id, mode):
     _, client = served
     rng = np.random.default_rng(5)
@@ -90,7 +90,7 @@ def test_trajectories_bit_identical_to_in_process(served, env_id, mode):
         assert remote.fast_path
         assert_same(remote.reset()[0], local.reset()[0], "reset")
         for t in range(80):
-            actions = random_actions(local.single_action_space, 9, rng)
+            actions = random_actions(local.single_action_space, local.num_envs, rng)  # (rows)
             r, q = remote.step(actions), local.step(actions)
             for name, a, b in zip(("obs", "rewards", "terminations", "truncations"), r, q):
                 assert_same(a, b, f"{env_id} {mode} step {t} {name}")

@@ -34,7 +34,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import MULTI_AGENT_ENV_IDS
 from support.daemon import (DEADLINE, DaemonProcess, TwinStepper, all_threads_stopped,
                             in_bounds_actions, segments_of, wait_until)
 
@@ -149,8 +148,7 @@ def test_hundred_sigkilled_trainers_are_reclaimed_and_the_bystander_never_notice
     [bystander_segment] = segments_of(daemon.pid)
 
     progress = ctx.RawArray("q", 2 * TRAINERS)
-    # the daemon does not serve multi-agent envs yet (their makes are refused)
-    env_ids = [i for i in envd.list_envs() if i not in MULTI_AGENT_ENV_IDS]
+    env_ids = envd.list_envs()  # (multi-agent ones too: the daemon serves them)
     alive: dict[int, tuple[multiprocessing.Process, float | None, bool]] = {}
     phase_at_kill: list[int] = []
     steps_at_kill: list[int] = []

@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import BUILTIN_ENV_IDS
+from conftest import BUILTIN_ENV_IDS, MULTI_AGENT_ENV_IDS
 from support.daemon import DEADLINE, DaemonProcess, in_bounds_actions, segments_of, wait_until
 from gymnasium.vector import AutoresetMode, VectorEnv
 
@@ -26,7 +26,8 @@ MODES = ["next_step", "same_step", "disabled"]
 #: registered limit; CartPole, Snake and ConnectFour end early under random actions).
 TIME_LIMITS = {"CartPole-v1": None, "Pendulum-v1": 40, "MountainCar-v0": 45,
                "MountainCarContinuous-v0": 50, "Acrobot-v1": 55, "Snake-v0": None,
-               "ConnectFour-v0": None}
+               "ConnectFour-v0": None, "simple_spread_v3": None,
+               "simple_spread_continuous_v3": None}
 STEPS = 120
 NUM_ENVS = 7  # uneven over 2 and 3 daemons
 
@@ -146,7 +147,7 @@ def run_trio(envs, steps, rng, where, reset_done=False):
 # ---- bit identity ---------------------------------------------------------------------------
 @pytest.mark.parametrize("num_daemons", [1, 2, 3])
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("env_id", BUILTIN_ENV_IDS)
+@pytest.mark.parametrize("env_id", BUILTIN_ENV_IDS + MULTI_AGENT_ENV_IDS)
 def test_trajectories_bit_identical_to_one_env(multis, single, env_id, mode, num_daemons):
     envs = make_trio(multis[num_daemons], single, env_id, NUM_ENVS, seed=17,
                      autoreset_mode=mode, max_episode_steps=TIME_LIMITS[env_id])
@@ -225,12 +226,13 @@ def test_results_are_views_and_copy_true_copies(multis):
         assert not np.shares_memory(first[4]["envd_episode"]["r"], second[4]["envd_episode"]["r"])
 
 
-@pytest.mark.parametrize("env_id", BUILTIN_ENV_IDS)
+@pytest.mark.parametrize("env_id", BUILTIN_ENV_IDS + MULTI_AGENT_ENV_IDS)
 def test_spaces_and_attributes_match(multis, env_id):
     for mode in MODES:
         with multis[3].make(env_id, 5, autoreset_mode=mode) as multi, \
                 envd.make(env_id, 5, num_threads=0, autoreset_mode=mode) as local:
-            assert multi.num_envs == local.num_envs == 5
+            assert multi.num_envs == local.num_envs == 5 * local.num_agents  # (rows)
+            assert multi.num_agents == local.num_agents
             assert multi.single_observation_space == local.single_observation_space
             assert multi.single_action_space == local.single_action_space
             assert multi.observation_space == local.observation_space

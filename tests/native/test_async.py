@@ -9,22 +9,24 @@ import pytest
 import envd
 from envd.native._envd_native import lib
 from support.async_steps import async_trajectories, per_env_actions, sync_trajectories
-from conftest import BUILTIN_ENV_IDS
+from conftest import BUILTIN_ENV_IDS, MULTI_AGENT_ENV_IDS
 
 
 # Steps no episode can end within, whatever the actions: CartPole's pole falls
 # in 8 steps at the soonest; Snake's head starts 5 cells from the nearest wall,
 # but after two quick foods it can bite its body on its 3rd move; ConnectFour's
-# agent connects four on its 4th move at the soonest.
-SAFE_STEPS = {"CartPole-v1": 8, "Snake-v0": 2, "ConnectFour-v0": 3}
+# agent connects four on its 4th move at the soonest; simple_spread's
+# max_cycles (25) truncates every agent at once.
+SAFE_STEPS = {"CartPole-v1": 8, "Snake-v0": 2, "ConnectFour-v0": 3,
+              "simple_spread_v3": 24, "simple_spread_continuous_v3": 24}
 
 
-@pytest.mark.parametrize("env_id", BUILTIN_ENV_IDS)
+@pytest.mark.parametrize("env_id", BUILTIN_ENV_IDS + MULTI_AGENT_ENV_IDS)
 @pytest.mark.parametrize("mode", ["next_step", "same_step", "disabled"])
 def test_per_env_trajectories_equal_sync_mode(env_id, mode):
     num_envs, steps = 12, 60
-    space = envd.native.get_spec(env_id).action_space
-    actions = per_env_actions(space, num_envs, steps, seed=5)
+    spec = envd.native.get_spec(env_id)
+    actions = per_env_actions(spec.action_space, num_envs, steps, seed=5, num_agents=spec.num_agents)
     kwargs = {"autoreset_mode": mode}
     if mode == "disabled":
         # Without autoreset a done env may not be stepped again: run no

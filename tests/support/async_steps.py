@@ -1,6 +1,8 @@
 """Drivers shared by the async-mode tests, in-process and through the daemon:
 per-env trajectories of a sync run and of an async run with random send
-orders, to compare env by env."""
+orders, to compare env by env.  A multi-agent env (agents as rows) is driven
+in whole envs: env i's actions are its num_agents rows, and each step's
+result of env i is the bytes of its rows."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,22 +11,37 @@ import envd
 from conftest import random_actions
 
 
-def per_env_actions(space, num_envs: int, steps: int, seed: int) -> np.ndarray:
-    """actions[t, i]: env i's t-th action."""
+def per_env_actions(space, num_envs: int, steps: int, seed: int,
+                    num_agents: int = 1) -> np.ndarray:
+    """actions[t, r]: row r's t-th action (env i's rows: i*A .. i*A+A-1)."""
     rng = np.random.default_rng(seed)
-    return np.stack([random_actions(space, num_envs, rng) for _ in range(steps)])
+    return np.stack([random_actions(space, num_envs * num_agents, rng) for _ in range(steps)])
+
+
+def _env_result(obs, rew, term, trunc, info, k: int, agents: int) -> tuple:
+    """Env k's step result (k: its place in the batch): a single-agent env's
+    row as values, a multi-agent env's rows as bytes."""
+    rows = slice(k * agents, (k + 1) * agents)
+    done = info.get("_final_obs", np.zeros(len(rew), bool))
+    if agents == 1:
+        final = info["final_obs"][k].tobytes() if done[k] else None
+        return obs[k].tobytes(), float(rew[k]), bool(term[k]), bool(trunc[k]), final
+    final = (np.stack(list(info["final_obs"][rows])).tobytes() if done[rows].any() else None)
+    return (obs[rows].tobytes(), rew[rows].tobytes(), term[rows].tobytes(),
+            trunc[rows].tobytes(), final)
 
 
 def sync_trajectories(env_id, num_envs, steps, actions, **kwargs):
     """Per env, its reset observation and then (obs, reward, term, trunc) per step."""
     with envd.make(env_id, num_envs, seed=11, num_threads=0, **kwargs) as env:
+        agents = env.num_agents
         obs, _ = env.reset()
-        runs = [[("reset", obs[i].tobytes())] for i in range(num_envs)]
+        runs = [[("reset", obs[i * agents:(i + 1) * agents].tobytes() if agents > 1
+                  else obs[i].tobytes())] for i in range(num_envs)]
         for t in range(steps):
             obs, rew, term, trunc, info = env.step(actions[t])
             for i in range(num_envs):
-                final = info["final_obs"][i].tobytes() if info.get("_final_obs", np.zeros(num_envs, bool))[i] else None
-                runs[i].append((obs[i].tobytes(), float(rew[i]), bool(term[i]), bool(trunc[i]), final))
+                runs[i].append(_env_result(obs, rew, term, trunc, info, i, agents))
     return runs
 
 
@@ -36,23 +53,32 @@ def async_trajectories(make, num_envs, steps, actions, batch_size, rng, **kwargs
     runs: list[list] = [[] for _ in range(num_envs)]
     received = np.zeros(num_envs, int)
     with make(batch_size=batch_size, **kwargs) as env:
+        agents = env.num_agents
+        # actions[t, i]: env i's rows at its t-th send
+        per_env = actions.reshape(len(actions), num_envs, agents, *actions.shape[2:])
+
+        def send(part: np.ndarray) -> None:
+            rows = per_env[sent[part], part].reshape(-1, *actions.shape[2:])
+            env.send(rows, np.repeat(part, agents))  # (ids per row, as recv gives them)
+            sent[part] += 1
+
         env.async_reset()
         idle: list[int] = []
         outstanding = num_envs  # ready or in flight
         while outstanding >= batch_size:
             obs, rew, term, trunc, info = env.recv()
-            ids = info["env_id"]
-            assert ids.dtype == np.int32 and len(ids) == batch_size
+            row_ids = info["env_id"]
+            assert row_ids.dtype == np.int32 and len(row_ids) == batch_size * agents
+            ids = row_ids[::agents]
+            assert (row_ids == np.repeat(ids, agents)).all()  # each env's rows together
             assert len(np.unique(ids)) == batch_size
             outstanding -= batch_size
             for k, i in enumerate(ids):
                 if received[i] == 0:
-                    runs[i].append(("reset", obs[k].tobytes()))
+                    runs[i].append(("reset", obs[k * agents:(k + 1) * agents].tobytes()
+                                    if agents > 1 else obs[k].tobytes()))
                 else:
-                    final = (info["final_obs"][k].tobytes()
-                             if info.get("_final_obs", np.zeros(batch_size, bool))[k] else None)
-                    runs[i].append((obs[k].tobytes(), float(rew[k]), bool(term[k]),
-                                    bool(trunc[k]), final))
+                    runs[i].append(_env_result(obs, rew, term, trunc, info, k, agents))
                 received[i] += 1
                 if sent[i] < steps:
                     idle.append(int(i))
@@ -62,13 +88,10 @@ def async_trajectories(make, num_envs, steps, actions, batch_size, rng, **kwargs
             idle = idle[len(take):]
             for part in np.array_split(np.array(take, dtype=np.int64), rng.integers(1, 4)):
                 if len(part):
-                    env.send(actions[sent[part], part], part)
-                    sent[part] += 1
+                    send(part)
                     outstanding += len(part)
             if outstanding < batch_size and idle:
-                part = np.array(idle, dtype=np.int64)
-                env.send(actions[sent[part], part], part)
-                sent[part] += 1
-                outstanding += len(part)
+                send(np.array(idle, dtype=np.int64))
+                outstanding += len(idle)
                 idle = []
     return runs, received

@@ -56,7 +56,8 @@ def trainer(endpoint: str, index: int, seed: int, env_ids: list[str], progress, 
                                     autoreset_mode=("next_step", "same_step")[int(rng.integers(2))]))
         progress[2 * index] = MADE
         for env in envs:
-            if env.batch_size < env.num_envs:
+            # (batch_size counts envs; num_envs rows, num_agents per env)
+            if env.batch_size < env.num_env_instances:
                 env.async_reset()
             else:
                 env.reset()
@@ -64,7 +65,7 @@ def trainer(endpoint: str, index: int, seed: int, env_ids: list[str], progress, 
         steps = 0
         while True:
             for env in envs:
-                if env.batch_size < env.num_envs:
+                if env.batch_size < env.num_env_instances:
                     ids = env.recv()[4]["env_id"]
                     env.send(in_bounds_actions(env.single_action_space, len(ids), rng), ids)
                 else:

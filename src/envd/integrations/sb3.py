@@ -114,7 +114,10 @@ class EnvdVecEnv(VecEnv):
                 "SB3 expects the step that ends an episode to return the next episode's "
                 "first observation; use EnvdVecEnv.make(...) or pass "
                 "autoreset_mode='same_step' to make")
-        if getattr(venv, "batch_size", venv.num_envs) != venv.num_envs:
+        # (batch_size counts envs; a multi-agent env has num_agents rows per env,
+        # each an SB3 env: one policy over every agent, i.e. parameter sharing)
+        envs = getattr(venv, "num_env_instances", venv.num_envs)
+        if getattr(venv, "batch_size", envs) != envs:
             raise ValueError("EnvdVecEnv steps every env each step: make the env without "
                              "batch_size (async mode)")
         self.venv = venv

@@ -311,7 +311,9 @@ def status_table(status: dict) -> str:
             rate = row["env_steps"] / max(row["age_s"], 1e-9)
             cap = row.get("max_threads")  # (absent from an older daemon's rows)
             threads = "all" if cap is None else str(cap)
-            lines.append(f"{row['session']:<10}{row['env_id'][:25]:<26}{row['num_envs']:>9}"
+            agents = row.get("num_agents", 1)  # a multi-agent env: envs x agents (its rows)
+            envs = f"{row['num_envs']}x{agents}" if agents > 1 else str(row["num_envs"])
+            lines.append(f"{row['session']:<10}{row['env_id'][:25]:<26}{envs:>9}"
                          f"{row['batch_size']:>8}{threads:>8}{row.get('workers', 0):>8}"
                          f"{_count(rate):>10}"
                          f"{_duration(row['age_s']):>9}")
