@@ -55,23 +55,51 @@ def check_agents(env: Any) -> tuple[list[str], spaces.Space, spaces.Space]:
     obs, act = env.observation_space(agents[0]), env.action_space(agents[0])
     for what, space in (("observation", obs), ("action", act)):
         if not isinstance(space, AGENT_SPACES):
-            raise ValueError(f"agent {agents[0]!r}'s {what} space is {space}; hosted PettingZoo "
+            raise ValueError(f"agent {agents[0]!r} has {what} space {space}; hosted PettingZoo "
                              "agents take Box, Discrete, MultiDiscrete or MultiBinary spaces")
     for agent in agents[1:]:
         for what, first, space in (("observation", obs, env.observation_space(agent)),
                                    ("action", act, env.action_space(agent))):
             if space != first:
-                raise ValueError(f"agent {agent!r}'s {what} space {space} differs from agent "
-                                 f"{agents[0]!r}'s {first}: hosted PettingZoo envs need "
+                raise ValueError(f"agent {agent!r} has {what} space {space}, agent "
+                                 f"{agents[0]!r} {first}: hosted PettingZoo envs need "
                                  "homogeneous agents (one space for all)")
     return agents, obs, act
+
+
+def stack_space(space: spaces.Space, num_agents: int) -> spaces.Space:
+    """num_agents of an agent space stacked on a first axis, of the same kind
+    (a Discrete becomes a MultiDiscrete, whose bounds the hosted backend
+    checks; gymnasium's batch_space would turn a MultiDiscrete into an
+    unchecked Box).  unstack_space inverts it."""
+    a = num_agents
+    if isinstance(space, spaces.Discrete):
+        return spaces.MultiDiscrete(np.full(a, space.n), space.dtype,
+                                    start=np.full(a, space.start))
+    if isinstance(space, spaces.MultiDiscrete):
+        return spaces.MultiDiscrete(np.stack([space.nvec] * a), space.dtype,
+                                    start=np.stack([space.start] * a))
+    if isinstance(space, spaces.MultiBinary):
+        return spaces.MultiBinary((a, *space.shape))
+    return spaces.Box(np.stack([space.low] * a), np.stack([space.high] * a), dtype=space.dtype)
+
+
+def unstack_space(space: spaces.Space) -> spaces.Space:
+    """An agent's space from stack_space(space, A) (its first axis dropped)."""
+    if isinstance(space, spaces.MultiDiscrete):
+        if space.nvec.ndim == 1:  # (stacked Discretes; an agent's MultiDiscrete adds an axis)
+            return spaces.Discrete(int(space.nvec[0]), start=int(space.start[0]))
+        return spaces.MultiDiscrete(space.nvec[0], space.dtype, start=space.start[0])
+    if isinstance(space, spaces.MultiBinary):
+        return spaces.MultiBinary(space.shape[1:] if len(space.shape) > 2 else space.shape[1])
+    return spaces.Box(space.low[0], space.high[0], space.shape[1:], space.dtype)
 
 
 class ParallelAsEnv(gymnasium.Env):
     """One ParallelEnv as a gymnasium env whose observation is a Dict:
     "obs" (A, *agent observation), "reward" (A,) float64, "terminated",
     "truncated" and "live" (A,) MultiBinary; its action the A actions
-    stacked (batch_space of an agent's).  A done agent's later rows are dead
+    stacked (stack_space).  A done agent's later rows are dead
     (zero observation, reward 0, its final flags again, live 0); the episode
     ends (terminated=True) when every agent is done."""
 
@@ -81,11 +109,11 @@ class ParallelAsEnv(gymnasium.Env):
         a = len(self.agents)
         self.agent_observation_space, self.agent_action_space = obs, act
         self.observation_space = spaces.Dict({
-            "obs": batch_space(obs, a),
+            "obs": stack_space(obs, a),
             "reward": spaces.Box(-np.inf, np.inf, (a,), np.float64),
             "terminated": spaces.MultiBinary(a), "truncated": spaces.MultiBinary(a),
             "live": spaces.MultiBinary(a)})
-        self.action_space = batch_space(act, a)
+        self.action_space = stack_space(act, a)
         self._obs = np.zeros(self.observation_space["obs"].shape,
                              self.observation_space["obs"].dtype)
         self._final = np.zeros((2, a), np.int8)  # each agent's final (terminated, truncated)
@@ -284,22 +312,11 @@ def make_pettingzoo(env: str | Callable[[], Any], num_envs: int, *,
         obs_space = inner.single_observation_space["obs"]
         act_space = inner.single_action_space
         num_agents = obs_space.shape[0]
-        agent_obs = _unbatch(obs_space)
-        agent_act = _unbatch(act_space)
+        agent_obs = unstack_space(obs_space)
+        agent_act = unstack_space(act_space)
         return PettingZooVecEnv(inner, name, agent_obs, agent_act, num_agents,
                                 episode_statistics)
     except BaseException:
         inner.close()
         raise
 
-
-def _unbatch(space: spaces.Space) -> spaces.Space:
-    """An agent's space from batch_space(space, A) (the first axis dropped)."""
-    if isinstance(space, spaces.MultiDiscrete) and space.nvec.ndim == 1 and \
-            (space.nvec == space.nvec[0]).all() and (space.start == space.start[0]).all():
-        return spaces.Discrete(int(space.nvec[0]), start=int(space.start[0]))
-    if isinstance(space, spaces.MultiDiscrete):
-        return spaces.MultiDiscrete(space.nvec[0], space.dtype, start=space.start[0])
-    if isinstance(space, spaces.MultiBinary):
-        return spaces.MultiBinary(space.shape[1:] if len(space.shape) > 2 else space.shape[1])
-    return spaces.Box(space.low[0], space.high[0], space.shape[1:], space.dtype)

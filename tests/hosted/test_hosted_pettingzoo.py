@@ -15,9 +15,11 @@ import signal
 
 import numpy as np
 import pytest
+from gymnasium import spaces
 
 import envd
 import pz_envs
+from envd.native.hosted_pettingzoo import stack_space, unstack_space
 
 mpe2_spread = pytest.importorskip("mpe2.simple_spread_v3", reason="mpe2 is the reference")
 
@@ -184,8 +186,8 @@ def test_dying_worker_is_env_error():
 
 
 def test_heterogeneous_agents_are_refused():
-    with pytest.raises(envd.EnvError, match=r"agent 'a1'.s action space Discrete\(4\) differs "
-                                            r"from agent 'a0'.s Discrete\(3\)"):
+    with pytest.raises(envd.EnvError, match=r"agent 'a1' has action space Discrete\(4\), "
+                                            r"agent 'a0' Discrete\(3\)"):
         envd.make_pettingzoo(pz_envs.mixed, 2, num_workers=0)
 
 
@@ -200,3 +202,29 @@ def test_refusals():
         envd.make(SPREAD_ID, 2, autoreset_mode="same_step")
     with pytest.raises(envd.InvalidArgumentError, match="env kwargs"):
         envd.make_pettingzoo(pz_envs.staggered, 2, raise_seed=3)
+
+
+@pytest.mark.parametrize("space", [
+    spaces.Box(-1.0, 2.0, (4,), np.float32), spaces.Box(0, 9, (2, 3), np.int16),
+    spaces.Discrete(5), spaces.Discrete(4, start=-2), spaces.MultiDiscrete([3, 4]),
+    spaces.MultiBinary(3)])
+def test_agent_space_survives_the_stacking(space):
+    # (single_observation_space / single_action_space come back from the
+    # adapter's stacked spaces, of the same kind, so discrete bounds are checked)
+    stacked = stack_space(space, 3)
+    assert type(stacked) is type(space) or isinstance(space, spaces.Discrete)
+    assert stacked.shape[0] == 3
+    assert unstack_space(stacked) == space
+    sample = stacked.sample()
+    assert all(space.contains(row if not isinstance(space, spaces.Discrete) else int(row))
+               for row in sample)
+
+
+def test_out_of_range_action_is_refused():
+    env = envd.make_pettingzoo(pz_envs.staggered, 2, num_workers=0, seed=0)
+    try:
+        env.reset()
+        with pytest.raises(envd.InvalidActionError, match="out of range"):
+            env.step(np.array([0, 0, 0, 0, 3, 0]))
+    finally:
+        env.close()
