@@ -235,6 +235,33 @@ class PettingZooVecEnv(gymnasium.vector.VectorEnv):
         self._reset_rows[selected] = False
         return rows, {"agent_mask": live}
 
+    def _account(self, rows: np.ndarray | slice, rewards: np.ndarray, terms: np.ndarray,
+                 truncs: np.ndarray, live: np.ndarray, all_done: np.ndarray,
+                 info: dict[str, Any]) -> None:
+        """The per-row episode books of rows (a step's or a recv's results):
+        rows whose env was reset for this result (next_step autoreset, or an
+        async reset) start an episode and count nothing; live rows add their
+        reward and a step; rows that end now report their episode in info.
+        all_done: per env of the result, every agent done (the env resets at
+        its next step)."""
+        now = time.perf_counter()
+        restarted = self._reset_rows[rows]
+        returns, lengths, starts = self._return[rows], self._length[rows], self._start[rows]
+        returns[restarted], lengths[restarted], starts[restarted] = 0, 0, now
+        counted = live & ~restarted
+        returns[counted] += rewards[counted]
+        lengths[counted] += 1
+        ended = counted & (terms | truncs)
+        self._return[rows], self._length[rows], self._start[rows] = returns, lengths, starts
+        if self.episode_statistics_key is not None and ended.any():
+            key = self.episode_statistics_key
+            info[key] = {"r": np.where(ended, returns, 0.0), "l": np.where(ended, lengths, 0),
+                         "t": np.where(ended, np.round(now - starts, 6), 0.0)}
+            info["_" + key] = ended
+        # an env whose agents are all done (the adapter's terminated) resets
+        # at its next step (next_step autoreset), its rows' episodes with it
+        self._reset_rows[rows] = np.repeat(np.asarray(all_done, bool), self.num_agents)
+
     def step(self, actions: Any):
         actions = np.asarray(actions)
         if actions.shape[:1] != (self.num_envs,):
@@ -244,25 +271,49 @@ class PettingZooVecEnv(gymnasium.vector.VectorEnv):
             actions.reshape(self.num_env_instances, self.num_agents, *actions.shape[1:]))
         rows, rewards, terms, truncs, live = self._unpack(obs)
         info: dict[str, Any] = {"agent_mask": live}
-        now = time.perf_counter()
-        # rows of envs that autoreset in this step (next_step) start a new episode
-        restarted = self._reset_rows
-        self._return[restarted], self._length[restarted] = 0, 0
-        self._start[restarted] = now
-        counted = live & ~restarted
-        self._return[counted] += rewards[counted]
-        self._length[counted] += 1
-        ended = counted & (terms | truncs)
-        if self.episode_statistics_key is not None and ended.any():
-            key = self.episode_statistics_key
-            info[key] = {"r": np.where(ended, self._return, 0.0),
-                         "l": np.where(ended, self._length, 0),
-                         "t": np.where(ended, np.round(now - self._start, 6), 0.0)}
-            info["_" + key] = ended
-        # an env whose agents are all done (the adapter's terminated) resets
-        # at the next step (next_step autoreset), its rows' episodes with it
-        self._reset_rows = np.repeat(np.asarray(all_done, bool), self.num_agents)
+        self._account(slice(None), rewards, terms, truncs, live, all_done, info)
         return rows, rewards, terms, truncs, info
+
+    # ---- async (whole envs: batch_size counts envs, ids per row) ----------------------
+    @property
+    def batch_size(self) -> int:
+        """Envs per recv (each num_agents rows)."""
+        return self._inner.batch_size
+
+    def async_reset(self, *, seed: int | Sequence[int] | None = None) -> None:
+        """Reset every env (seed: one per env, as reset's); the next recv
+        returns the first batch_size envs' rows."""
+        self._inner.async_reset(seed=seed)
+        self._reset_rows[...] = True  # (their first recv starts their episodes)
+
+    def send(self, actions: Any, env_ids: Any) -> None:
+        """Step the envs of env_ids, given per row as recv's info["env_id"]
+        (each env's id num_agents times in a row), with actions (one row per
+        id)."""
+        ids = np.asarray(env_ids)
+        a = self.num_agents
+        grouped = ids.reshape(-1, a) if ids.ndim == 1 and len(ids) % a == 0 else None
+        if grouped is None or not (grouped == grouped[:, :1]).all():
+            raise InvalidArgumentError(
+                f"{self.env_id}: env_ids are per row, each env's id {a} times in a row (as "
+                f"recv's info['env_id']), got {ids.tolist()[:3 * a]}")
+        actions = np.asarray(actions)
+        if actions.shape[:1] != ids.shape:
+            raise InvalidArgumentError(f"{self.env_id}: actions must have one row per env id "
+                                       f"({len(ids)}), got shape {actions.shape}")
+        self._inner.send(actions.reshape(len(grouped), a, *actions.shape[1:]), grouped[:, 0])
+
+    def recv(self):
+        """batch_size envs' rows: (obs, rewards, terminations, truncations,
+        info) with info["env_id"] (each env's id per row) and
+        info["agent_mask"]."""
+        obs, _, all_done, _, inner_info = self._inner.recv()
+        envs = np.asarray(inner_info["env_id"])
+        rows = (envs[:, None] * self.num_agents + np.arange(self.num_agents)).ravel()
+        obs_rows, rewards, terms, truncs, live = self._unpack(obs)
+        info: dict[str, Any] = {"env_id": np.repeat(envs, self.num_agents), "agent_mask": live}
+        self._account(rows, rewards, terms, truncs, live, all_done, info)
+        return obs_rows, rewards, terms, truncs, info
 
     def close(self, **kwargs: Any) -> None:
         self._inner.close()
@@ -275,7 +326,7 @@ class PettingZooVecEnv(gymnasium.vector.VectorEnv):
 def make_pettingzoo(env: str | Callable[[], Any], num_envs: int, *,
                     num_workers: int | None = None, seed: int | Sequence[int] | None = None,
                     episode_statistics: bool | str = True, copy: bool = False,
-                    **env_kwargs: Any) -> PettingZooVecEnv:
+                    batch_size: int | None = None, **env_kwargs: Any) -> PettingZooVecEnv:
     """num_envs PettingZoo ParallelEnvs hosted in num_workers worker
     processes, their agents as rows (docs/python-envs.md, "PettingZoo").
 
@@ -284,7 +335,8 @@ def make_pettingzoo(env: str | Callable[[], Any], num_envs: int, *,
          callable returning one (sent with cloudpickle; takes no kwargs).
     num_workers, seed, episode_statistics: as envd.make's for "py:" envs
          (seed s seeds env i with s + i: one seed per env).
-    Autoreset is "next_step"; async mode (batch_size) is not supported yet.
+    batch_size: envs per async recv (each num_agents rows), as envd.make's.
+    Autoreset is "next_step".
     """
     from envd.native.hosted_env import make_python
     num_envs = check_int("num_envs", num_envs, 1, 1 << 20)
@@ -307,7 +359,8 @@ def make_pettingzoo(env: str | Callable[[], Any], num_envs: int, *,
         raise InvalidArgumentError(f"env must be a 'pz:<module>:<factory>' id or a callable "
                                    f"returning a PettingZoo ParallelEnv, got {type(env).__name__}")
     inner = make_python(creator, num_envs, num_workers=num_workers, seed=seed,
-                        episode_statistics=False, copy=copy, info_bytes=0, name=name)
+                        episode_statistics=False, copy=copy, info_bytes=0, name=name,
+                        batch_size=batch_size)
     try:
         obs_space = inner.single_observation_space["obs"]
         act_space = inner.single_action_space

@@ -49,32 +49,37 @@ class Reference:
         self.dead[...] = False
         return np.stack(rows)
 
-    def step(self, actions):
-        n = len(self.dead)
+    def step(self, actions, envs=None):
+        """Step envs (default all, in order) with actions (their rows, in
+        that order): their rows' (obs, rewards, terms, truncs, agent_mask)."""
+        envs = range(len(self.envs)) if envs is None else envs
+        n = len(envs) * self.a
         obs = np.zeros((n, *self.obs_shape))
         rew, mask = np.zeros(n), np.ones(n, bool)
         term, trunc = np.zeros(n, bool), np.zeros(n, bool)
-        for i, env in enumerate(self.envs):
+        for j, i in enumerate(envs):
+            env = self.envs[i]
             rows = slice(i * self.a, (i + 1) * self.a)
+            out = slice(j * self.a, (j + 1) * self.a)
             if self.restart[i]:
                 o, _ = env.reset()
-                obs[rows] = [o[a] for a in self.agents]
+                obs[out] = [o[a] for a in self.agents]
                 self.final[:, rows] = False
                 self.dead[rows] = False
                 self.restart[i] = False
                 continue
             live = [a for k, a in enumerate(self.agents) if not self.dead[i * self.a + k]]
-            o, r, te, tr, _ = env.step({a: actions[i * self.a + self.agents.index(a)]
+            o, r, te, tr, _ = env.step({a: actions[j * self.a + self.agents.index(a)]
                                         for a in live})
             for k, a in enumerate(self.agents):
-                row = i * self.a + k
+                row, res = i * self.a + k, j * self.a + k
                 if self.dead[row]:
-                    mask[row] = False
+                    mask[res] = False
                 else:
-                    obs[row], rew[row] = o[a], r[a]
+                    obs[res], rew[res] = o[a], r[a]
                     self.final[:, row] = te[a], tr[a]
                     self.dead[row] = te[a] or tr[a]
-                term[row], trunc[row] = self.final[:, row]
+                term[res], trunc[res] = self.final[:, row]
             self.restart[i] = self.dead[rows].all()
         return obs, rew, term, trunc, mask
 
@@ -118,6 +123,56 @@ def test_dead_rows_flags_and_statistics_equal_reference(num_workers):
     try:
         saw_dead, saw_reset = _compare(env, Reference(pz_envs.staggered, 3, 3), 14, 3, 3)
         assert saw_dead and saw_reset
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("num_workers,batch_size", [(0, 3), (1, 1), (2, 2), (2, 3)])
+def test_async_whole_envs_equal_reference(num_workers, batch_size):
+    env = envd.make_pettingzoo(pz_envs.staggered, 3, num_workers=num_workers, seed=5,
+                               batch_size=batch_size)
+    ref = Reference(pz_envs.staggered, 3, 5)
+    try:
+        env.async_reset()
+        first = ref.reset()
+        rng = np.random.default_rng(1)
+        seen_first, expected = set(), {}
+        saw_dead = False
+        for _ in range(30):
+            obs, rew, term, trunc, info = env.recv()
+            ids = info["env_id"]
+            assert len(ids) == 3 * batch_size
+            envs = list(ids[::3])
+            np.testing.assert_array_equal(ids, np.repeat(envs, 3))
+            for j, i in enumerate(envs):
+                rows = slice(3 * j, 3 * j + 3)
+                if i not in seen_first:  # its reset observations: live, nothing earned
+                    want = [first[3 * i:3 * i + 3], np.zeros(3), np.zeros(3, bool),
+                            np.zeros(3, bool), np.ones(3, bool)]
+                    seen_first.add(i)
+                else:
+                    want = expected[i]
+                for got, wanted in zip((obs, rew, term, trunc, info["agent_mask"]), want):
+                    np.testing.assert_array_equal(got[rows], wanted)
+                saw_dead |= not want[4].all()
+            actions = rng.integers(0, 3, len(ids))
+            env.send(actions, ids)
+            # (each env's results, as the reference steps it with the same actions)
+            results = ref.step(actions, envs)
+            for j, i in enumerate(envs):
+                expected[i] = [f[3 * j:3 * j + 3] for f in results]
+        assert saw_dead
+    finally:
+        env.close()
+
+
+def test_async_send_takes_ids_per_row():
+    env = envd.make_pettingzoo(pz_envs.staggered, 2, num_workers=0, seed=0, batch_size=1)
+    try:
+        env.async_reset()
+        obs, _, _, _, info = env.recv()
+        with pytest.raises(envd.InvalidArgumentError, match="each env's id 3 times in a row"):
+            env.send(np.zeros(3, np.int64), [0, 0, 1])
     finally:
         env.close()
 
@@ -196,8 +251,8 @@ def test_refusals():
         envd.make_pettingzoo("pz:mpe2.simple_spread_v3", 2)
     with pytest.raises(envd.UnknownEnvError, match="no module 'no_such_module'"):
         envd.make("pz:no_such_module:env", 2)
-    with pytest.raises(envd.InvalidArgumentError, match="batch_size"):
-        envd.make(SPREAD_ID, 2, batch_size=1)
+    with pytest.raises(envd.InvalidArgumentError, match="max_episode_steps"):
+        envd.make(SPREAD_ID, 2, max_episode_steps=5)
     with pytest.raises(envd.InvalidArgumentError, match="autoreset_mode"):
         envd.make(SPREAD_ID, 2, autoreset_mode="same_step")
     with pytest.raises(envd.InvalidArgumentError, match="env kwargs"):
@@ -226,5 +281,30 @@ def test_out_of_range_action_is_refused():
         env.reset()
         with pytest.raises(envd.InvalidActionError, match="out of range"):
             env.step(np.array([0, 0, 0, 0, 3, 0]))
+    finally:
+        env.close()
+
+
+def test_async_episode_statistics_per_row():
+    env = envd.make_pettingzoo(pz_envs.staggered, 2, num_workers=1, seed=0, batch_size=1)
+    try:
+        env.async_reset()
+        ended = {0: {}, 1: {}}  # env -> {its step: (mask, returns, lengths)}
+        steps = {0: 0, 1: 0}
+        for _ in range(12):
+            obs, _, _, _, info = env.recv()
+            i = int(info["env_id"][0])
+            if "envd_episode" in info and steps[i] <= 5:
+                ended[i][steps[i]] = (info["_envd_episode"].copy(),
+                                      info["envd_episode"]["r"].copy(),
+                                      info["envd_episode"]["l"].copy())
+            env.send(np.ones(3, np.int64), info["env_id"])
+            steps[i] += 1
+        for i in (0, 1):
+            assert sorted(ended[i]) == [2, 3, 4]  # agent k ends at the env's step k + 2
+            for t, (mask, returns, lengths) in ended[i].items():
+                np.testing.assert_array_equal(np.flatnonzero(mask), [t - 2])
+                np.testing.assert_allclose(returns[mask], (t - 2 + 1.1) * t)
+                np.testing.assert_array_equal(lengths[mask], t)
     finally:
         env.close()
