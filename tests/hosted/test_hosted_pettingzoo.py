@@ -1,4 +1,4 @@
-"""Hosted PettingZoo ParallelEnvs (native/hosted_pettingzoo.py): agents as rows.
+"""Hosted PettingZoo ParallelEnvs (src/envd/hosted_pettingzoo.py): agents as rows.
 
 The reference (``Reference``) steps the same ParallelEnvs directly and lays
 their results out as docs/writing-envs.md ("Multi-agent envs") says: row
@@ -19,7 +19,7 @@ from gymnasium import spaces
 
 import envd
 import pz_envs
-from envd.native.hosted_pettingzoo import stack_space, unstack_space
+from envd.hosted_pettingzoo import stack_space, unstack_space
 
 mpe2_spread = pytest.importorskip("mpe2.simple_spread_v3", reason="mpe2 is the reference")
 

@@ -183,7 +183,9 @@ def _rows(array: np.ndarray) -> np.ndarray:
 
 class PettingZooVecEnv(gymnasium.vector.VectorEnv):
     """num_env_instances ParallelEnvs hosted in worker processes, num_agents
-    rows each (see the module docstring)."""
+    rows each (see the module docstring): a view over the VecEnv of their
+    adapters (in-process: a HostedVecEnv; a daemon's: a RemoteVecEnv).  This
+    module loads no native code, so a client can use it."""
 
     def __init__(self, inner: Any, env_id: str, agent_obs: spaces.Space,
                  agent_act: spaces.Space, num_agents: int, episode_statistics: bool | str):
@@ -204,12 +206,17 @@ class PettingZooVecEnv(gymnasium.vector.VectorEnv):
 
     @property
     def worker_pids(self) -> list[int]:
-        """The worker processes' pids."""
+        """The worker processes' pids (in-process)."""
         return self._inner.worker_pids
 
     @property
-    def num_workers(self) -> int:
-        return self._inner.num_workers
+    def num_workers(self) -> int | None:
+        return getattr(self._inner, "num_workers", None)
+
+    @property
+    def adapter_env(self) -> Any:
+        """The VecEnv of the adapters (one row per env, Dict observations)."""
+        return self._inner
 
     def _unpack(self, obs: dict) -> tuple[np.ndarray, ...]:
         return (_rows(obs["obs"]), obs["reward"].ravel(), obs["terminated"].ravel().astype(bool),
@@ -342,13 +349,7 @@ def make_pettingzoo(env: str | Callable[[], Any], num_envs: int, *,
     num_envs = check_int("num_envs", num_envs, 1, 1 << 20)
     episode_statistics_key(episode_statistics)
     if isinstance(env, str):
-        if not env.startswith(PETTINGZOO_PREFIX) or env.count(":") != 2:
-            raise InvalidArgumentError(f"a PettingZoo env id is 'pz:<module>:<factory>', got "
-                                       f"{env!r}")
-        _, module, factory = env.split(":")
-        if importlib.util.find_spec(module.split(".")[0]) is None:
-            raise UnknownEnvError(f"{env}: no module {module!r}")
-        name, creator = env, _Creator(make_from_id, module, factory, env_kwargs)
+        name, creator = env, creator_of_id(env, env_kwargs)
     elif callable(env):
         if env_kwargs:
             raise InvalidArgumentError(f"env kwargs {sorted(env_kwargs)} are for 'pz:' ids; a "
@@ -361,15 +362,30 @@ def make_pettingzoo(env: str | Callable[[], Any], num_envs: int, *,
     inner = make_python(creator, num_envs, num_workers=num_workers, seed=seed,
                         episode_statistics=False, copy=copy, info_bytes=0, name=name,
                         batch_size=batch_size)
+    return rows_view(inner, name, episode_statistics)
+
+
+def rows_view(inner: Any, name: str, episode_statistics: bool | str) -> PettingZooVecEnv:
+    """The rows of a VecEnv of ParallelAsEnv adapters (closed if this fails)."""
     try:
         obs_space = inner.single_observation_space["obs"]
-        act_space = inner.single_action_space
-        num_agents = obs_space.shape[0]
-        agent_obs = unstack_space(obs_space)
-        agent_act = unstack_space(act_space)
-        return PettingZooVecEnv(inner, name, agent_obs, agent_act, num_agents,
+        return PettingZooVecEnv(inner, name, unstack_space(obs_space),
+                                unstack_space(inner.single_action_space), obs_space.shape[0],
                                 episode_statistics)
     except BaseException:
         inner.close()
         raise
+
+
+def creator_of_id(env_id: str, env_kwargs: dict[str, Any]) -> "_Creator":
+    """The adapter creator of a "pz:<module>:<factory>" id (InvalidArgumentError
+    for a malformed id, UnknownEnvError when its top-level module is missing)."""
+    if not env_id.startswith(PETTINGZOO_PREFIX) or env_id.count(":") != 2 or \
+            not all(env_id.split(":")[1:]):
+        raise InvalidArgumentError(f"a PettingZoo env id is 'pz:<module>:<factory>', got "
+                                   f"{env_id[:200]!r}")
+    _, module, factory = env_id.split(":")
+    if importlib.util.find_spec(module.split(".")[0]) is None:
+        raise UnknownEnvError(f"{env_id}: no module {module!r}")
+    return _Creator(make_from_id, module, factory, env_kwargs)
 
