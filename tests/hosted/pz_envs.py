@@ -68,3 +68,8 @@ def staggered(raise_seed: int | None = None) -> StaggeredEnv:
 
 def mixed() -> MixedSpacesEnv:
     return MixedSpacesEnv()
+
+
+def raising() -> StaggeredEnv:
+    """Raises at step 2 of env 1 when made with seed=0 (a daemon's id takes no kwargs)."""
+    return StaggeredEnv(raise_seed=1)
