@@ -10,6 +10,7 @@ Hosted results must equal it for worker counts 0, 1 and 2.
 """
 from __future__ import annotations
 
+import gc
 import os
 import signal
 
@@ -19,6 +20,7 @@ from gymnasium import spaces
 
 import envd
 import pz_envs
+from envs import alive, open_fds, wait_until
 from envd.hosted_pettingzoo import stack_space, unstack_space
 
 mpe2_spread = pytest.importorskip("mpe2.simple_spread_v3", reason="mpe2 is the reference")
@@ -308,3 +310,19 @@ def test_async_episode_statistics_per_row():
                 np.testing.assert_array_equal(lengths[mask], t)
     finally:
         env.close()
+
+
+def test_close_reaps_workers_and_fds():
+    envd.make(SPREAD_ID, 2, num_workers=1).close()  # the template is up (its fds stay)
+    gc.collect()
+    fds = open_fds()
+    env = envd.make(SPREAD_ID, 2, num_workers=2, seed=0)
+    pids = env.worker_pids
+    assert len(pids) == 2 and all(alive(pid) for pid in pids)
+    results = env.reset()
+    env.step(np.zeros(6, np.int64))
+    env.close()
+    del results, env  # (views keep the mapping, and its descriptor, alive)
+    gc.collect()
+    assert wait_until(lambda: not any(alive(pid) for pid in pids))
+    assert open_fds() == fds  # (the segment's memfd and the workers' pidfds too)
