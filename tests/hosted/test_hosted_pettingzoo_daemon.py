@@ -108,3 +108,12 @@ def test_daemon_refusals_and_env_error(daemon):
         ok = client.make(SPREAD, 1, num_workers=1, seed=0)
         ok.reset()
         ok.close()
+
+
+def test_multi_client_refuses_pettingzoo_ids(daemon):
+    multi = envd.connect([daemon.endpoint], timeout=30)  # (a list: a MultiClient)
+    try:
+        with pytest.raises(envd.InvalidArgumentError, match="served by one daemon"):
+            multi.make(SPREAD, 2)
+    finally:
+        multi.close()
