@@ -184,7 +184,7 @@ def make(env_id: str | Callable[[], Any], num_envs: int, *,
     """Create num_envs instances of env_id stepped in this process.
 
     env_id "pz:<module>:<factory>" hosts a PettingZoo ParallelEnv, its agents
-    as rows (envd.hosted_pettingzoo.make_pettingzoo; a creator callable
+    as rows (envd.native.hosted_pettingzoo.make_pettingzoo; a creator callable
     of one goes to envd.make_pettingzoo).
 
     env_id "py:<gymnasium id>" or a callable returning a gymnasium.Env hosts a
@@ -219,7 +219,7 @@ def make(env_id: str | Callable[[], Any], num_envs: int, *,
     """
     if isinstance(env_id, str) and env_id.startswith("pz:"):
         # a PettingZoo ParallelEnv, its agents as rows (src/envd/hosted_pettingzoo.py)
-        from envd.hosted_pettingzoo import make_pettingzoo
+        from envd.native.hosted_pettingzoo import make_pettingzoo
         extras = {"num_threads": num_threads, "pin_cpus": pin_cpus, "plugin": plugin,
                   "render_mode": render_mode, "max_episode_steps": max_episode_steps}
         given = sorted(name for name, value in extras.items() if value is not None)

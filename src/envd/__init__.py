@@ -26,7 +26,7 @@ def __getattr__(name: str):
         import envd.native
         return getattr(envd.native, name)
     if name == "make_pettingzoo":
-        from envd.hosted_pettingzoo import make_pettingzoo
+        from envd.native.hosted_pettingzoo import make_pettingzoo
         return make_pettingzoo
     if name == "native":
         import envd.native

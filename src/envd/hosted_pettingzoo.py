@@ -1,6 +1,9 @@
 """PettingZoo ParallelEnvs hosted in worker processes, their agents as rows:
 ``envd.make("pz:<module>:<factory>", N, num_workers=K)`` or
-``envd.make_pettingzoo(creator, N, ...)`` (docs/python-envs.md, "PettingZoo").
+``envd.make_pettingzoo(creator, N, ...)`` (native/hosted_pettingzoo.py, the
+in-process maker), or a daemon's ``client.make("pz:...")``
+(docs/python-envs.md, "PettingZoo").  This module is shared with the client:
+it loads no native code.
 
 How: each worker hosts ``ParallelAsEnv`` adapters, gymnasium envs over one
 ParallelEnv each, through the gymnasium hosting path (hosted_env.py): the
@@ -34,7 +37,7 @@ from gymnasium import spaces
 from gymnasium.vector.utils import batch_space
 
 from envd.errors import InvalidArgumentError, UnknownEnvError
-from envd.vector_base import check_int, episode_statistics_key
+from envd.vector_base import episode_statistics_key
 
 #: The id prefix of a PettingZoo ParallelEnv factory: "pz:<module>:<factory>"
 #: (gymnasium's envs are "py:<id>", envd's built-ins bare ids).
@@ -328,41 +331,6 @@ class PettingZooVecEnv(gymnasium.vector.VectorEnv):
     def __repr__(self) -> str:
         return (f"envd.PettingZooVecEnv({self.env_id!r}, num_envs={self.num_envs}, "
                 f"num_agents={self.num_agents}, num_workers={self.num_workers})")
-
-
-def make_pettingzoo(env: str | Callable[[], Any], num_envs: int, *,
-                    num_workers: int | None = None, seed: int | Sequence[int] | None = None,
-                    episode_statistics: bool | str = True, copy: bool = False,
-                    batch_size: int | None = None, **env_kwargs: Any) -> PettingZooVecEnv:
-    """num_envs PettingZoo ParallelEnvs hosted in num_workers worker
-    processes, their agents as rows (docs/python-envs.md, "PettingZoo").
-
-    env: "pz:<module>:<factory>" (module.factory(**env_kwargs) returns a
-         ParallelEnv, e.g. "pz:mpe2.simple_spread_v3:parallel_env"), or a
-         callable returning one (sent with cloudpickle; takes no kwargs).
-    num_workers, seed, episode_statistics: as envd.make's for "py:" envs
-         (seed s seeds env i with s + i: one seed per env).
-    batch_size: envs per async recv (each num_agents rows), as envd.make's.
-    Autoreset is "next_step".
-    """
-    from envd.native.hosted_env import make_python
-    num_envs = check_int("num_envs", num_envs, 1, 1 << 20)
-    episode_statistics_key(episode_statistics)
-    if isinstance(env, str):
-        name, creator = env, creator_of_id(env, env_kwargs)
-    elif callable(env):
-        if env_kwargs:
-            raise InvalidArgumentError(f"env kwargs {sorted(env_kwargs)} are for 'pz:' ids; a "
-                                       "creator takes its own arguments")
-        name = PETTINGZOO_PREFIX + getattr(env, "__qualname__", type(env).__name__)
-        creator = _Creator(make_from_creator, cloudpickle.dumps(env))
-    else:
-        raise InvalidArgumentError(f"env must be a 'pz:<module>:<factory>' id or a callable "
-                                   f"returning a PettingZoo ParallelEnv, got {type(env).__name__}")
-    inner = make_python(creator, num_envs, num_workers=num_workers, seed=seed,
-                        episode_statistics=False, copy=copy, info_bytes=0, name=name,
-                        batch_size=batch_size)
-    return rows_view(inner, name, episode_statistics)
 
 
 def rows_view(inner: Any, name: str, episode_statistics: bool | str) -> PettingZooVecEnv:
