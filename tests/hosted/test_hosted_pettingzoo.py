@@ -129,17 +129,23 @@ def test_dead_rows_flags_and_statistics_equal_reference(num_workers):
         env.close()
 
 
+def _spread5():
+    return mpe2_spread.parallel_env(max_cycles=5)
+
+
+@pytest.mark.parametrize("make,action_n", [(pz_envs.staggered, 3), (_spread5, 5)],
+                         ids=["staggered", "simple_spread"])
 @pytest.mark.parametrize("num_workers,batch_size", [(0, 3), (1, 1), (2, 2), (2, 3)])
-def test_async_whole_envs_equal_reference(num_workers, batch_size):
-    env = envd.make_pettingzoo(pz_envs.staggered, 3, num_workers=num_workers, seed=5,
+def test_async_whole_envs_equal_reference(num_workers, batch_size, make, action_n):
+    env = envd.make_pettingzoo(make, 3, num_workers=num_workers, seed=5,
                                batch_size=batch_size)
-    ref = Reference(pz_envs.staggered, 3, 5)
+    ref = Reference(make, 3, 5)
     try:
         env.async_reset()
         first = ref.reset()
         rng = np.random.default_rng(1)
         seen_first, expected = set(), {}
-        saw_dead = False
+        saw_dead = saw_end = False
         for _ in range(30):
             obs, rew, term, trunc, info = env.recv()
             ids = info["env_id"]
@@ -157,13 +163,14 @@ def test_async_whole_envs_equal_reference(num_workers, batch_size):
                 for got, wanted in zip((obs, rew, term, trunc, info["agent_mask"]), want):
                     np.testing.assert_array_equal(got[rows], wanted)
                 saw_dead |= not want[4].all()
-            actions = rng.integers(0, 3, len(ids))
+                saw_end |= bool(want[2].any() or want[3].any())
+            actions = rng.integers(0, action_n, len(ids))
             env.send(actions, ids)
             # (each env's results, as the reference steps it with the same actions)
             results = ref.step(actions, envs)
             for j, i in enumerate(envs):
                 expected[i] = [f[3 * j:3 * j + 3] for f in results]
-        assert saw_dead
+        assert saw_dead if make is pz_envs.staggered else saw_end
     finally:
         env.close()
 
