@@ -6,11 +6,12 @@ the operator allowed; an env's failure is EnvError and leaves the daemon up."""
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import numpy as np
 import pytest
-from envs import wait_until
+from envs import alive, children, wait_until
 from support.daemon import DaemonProcess, segments_of
 
 import envd
@@ -22,6 +23,17 @@ SPREAD = "pz:mpe2.simple_spread_v3:parallel_env"
 STAGGERED = "pz:pz_envs:staggered"
 RAISING = "pz:pz_envs:raising"
 ENV = {"PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process under pid (the template and the workers)."""
+    out, todo = [], [pid]
+    while todo:
+        for child in children(todo.pop()):
+            if alive(child):
+                out.append(child)
+                todo.append(child)
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -117,3 +129,22 @@ def test_multi_client_refuses_pettingzoo_ids(daemon):
             multi.make(SPREAD, 2)
     finally:
         multi.close()
+
+
+def test_daemon_worker_killed_is_env_error(daemon):
+    with daemon.connect() as client:
+        other = client.make(SPREAD, 1, num_workers=1, seed=0)
+        other.reset()
+        before = set(descendants(daemon.pid))
+        env = client.make(STAGGERED, 4, num_workers=2, seed=0)
+        workers = sorted(set(descendants(daemon.pid)) - before)
+        assert len(workers) == 2, workers
+        env.reset()
+        os.kill(workers[1], signal.SIGKILL)
+        with pytest.raises(envd.EnvError, match=r"worker 1 \(pid \d+, envs 2\.\.3\) died"):
+            for _ in range(1000):  # (a step may finish before the kill lands)
+                env.step(np.zeros(12, np.int64))
+        assert other.step(np.zeros(3, np.int64))[0].shape == (3, 18)  # the others go on
+        env.close()
+        assert wait_until(lambda: not any(map(alive, workers)), 30)
+        other.close()
