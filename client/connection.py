@@ -24,6 +24,7 @@ from envd.client.channel import Channel
 from envd.client.remote_vector_env import RemoteVecEnv
 from envd.errors import (ConnectionLostError, EnvdError, EnvdTimeoutError, EnvStateError,
                          InvalidArgumentError, UnknownSessionError)
+from envd.hosted_pettingzoo import PETTINGZOO_PREFIX, rows_view
 from envd.vector_base import (autoreset_mode_name, check_int, episode_statistics_key,
                               parse_autoreset_mode, seed_list)
 
@@ -146,6 +147,11 @@ class Client:
         they come back in the reply, so their bytes must fit the daemon's
         --max-message-bytes).
 
+        A "pz:<module>:<factory>" id the operator allowed is a PettingZoo
+        ParallelEnv, its agents as rows (docs/python-envs.md): the result is
+        an envd.hosted_pettingzoo.PettingZooVecEnv (next_step autoreset, no
+        max_episode_steps).
+
         num_workers: for a hosted Python env ("py:<id>", one the daemon's
         operator allowed with --python-env), the worker processes its envs are
         spread over (at least 1; None: the daemon picks, as envd.make does but
@@ -166,6 +172,13 @@ class Client:
                 f"unset), got {transport!r}")
         num_envs = check_int("num_envs", num_envs, 1, MAX_NUM_ENVS)
         episode_statistics_key(episode_statistics)  # refused before the daemon makes anything
+        rows_of_agents = env_id.startswith(PETTINGZOO_PREFIX)
+        if rows_of_agents:
+            # a PettingZoo env the operator allowed: the daemon hosts one
+            # adapter per env (one row each); this process views their agents
+            # as rows and keeps the per-row episode books (envd.hosted_pettingzoo)
+            row_statistics, episode_statistics = episode_statistics, False
+            info_bytes = 0 if info_bytes is None else info_bytes
         if seed is not None:
             seed_list(seed, num_envs)
         mode = parse_autoreset_mode(autoreset_mode)
@@ -197,6 +210,8 @@ class Client:
             self.close_session(reply["session"])
             raise
         self._envs.add(env)
+        if rows_of_agents:
+            return rows_view(env, env_id, row_statistics)
         return env
 
     def _check_served(self, async_mode: bool, render: bool, inline: bool,

@@ -221,6 +221,10 @@ class MultiClient:
             raise InvalidArgumentError(f"env_id must be a str, got {type(env_id).__name__}")
         num_envs = check_int("num_envs", num_envs, 1, connection.MAX_NUM_ENVS)
         episode_statistics_key(episode_statistics)  # refused before any daemon makes anything
+        if env_id.startswith("pz:"):  # (envd.hosted_pettingzoo: rows viewed by one client)
+            raise InvalidArgumentError(
+                f"{env_id[:200]}: a hosted PettingZoo env is served by one daemon: make it with "
+                "that daemon's client (envd.connect(...).make)")
         if env_kwargs.get("render_mode") is not None:
             raise InvalidArgumentError(
                 "render_mode is not served across several daemons: make the env to record "

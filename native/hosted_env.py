@@ -142,7 +142,8 @@ def make_python(env: str | Callable[[], gymnasium.Env], num_envs: int, *,
                 autoreset_mode: str | AutoresetMode = "next_step",
                 max_episode_steps: int | None = None, copy: bool = False,
                 episode_statistics: bool | str = True, batch_size: int | None = None,
-                info_bytes: int = DEFAULT_INFO_BYTES, **env_kwargs: Any) -> HostedVecEnv:
+                info_bytes: int = DEFAULT_INFO_BYTES, name: str | None = None,
+                **env_kwargs: Any) -> HostedVecEnv:
     """num_envs instances of a Python env stepped for this process (see
     docs/python-envs.md).
 
@@ -178,16 +179,18 @@ def make_python(env: str | Callable[[], gymnasium.Env], num_envs: int, *,
         except gymnasium.error.Error as exc:
             raise UnknownEnvError(f"{PYTHON_PREFIX}{env_id}: gymnasium knows no such env "
                                   f"({exc})") from None
-        name, maker = PYTHON_PREFIX + env_id, ("id", env_id, max_episode_steps, env_kwargs)
+        default_name = PYTHON_PREFIX + env_id
+        maker = ("id", env_id, max_episode_steps, env_kwargs)
     elif callable(env):
         if env_kwargs:
             raise InvalidArgumentError(f"env kwargs {sorted(env_kwargs)} are for env ids; "
                                        "an env creator takes its own arguments")
-        name = PYTHON_PREFIX + getattr(env, "__qualname__", type(env).__name__)
+        default_name = PYTHON_PREFIX + getattr(env, "__qualname__", type(env).__name__)
         maker = ("creator", cloudpickle.dumps(env), max_episode_steps, {})
     else:
         raise InvalidArgumentError(f"env must be a gymnasium id or a callable returning a "
                                    f"gymnasium.Env, got {type(env).__name__}")
+    name = name or default_name
     # The template describes the env (importing its module there, once) unless
     # it is to run in the caller anyway.
     try:

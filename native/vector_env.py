@@ -183,6 +183,10 @@ def make(env_id: str | Callable[[], Any], num_envs: int, *,
          **env_kwargs: Any) -> VecEnv:
     """Create num_envs instances of env_id stepped in this process.
 
+    env_id "pz:<module>:<factory>" hosts a PettingZoo ParallelEnv, its agents
+    as rows (envd.native.hosted_pettingzoo.make_pettingzoo; a creator callable
+    of one goes to envd.make_pettingzoo).
+
     env_id "py:<gymnasium id>" or a callable returning a gymnasium.Env hosts a
     Python env instead (envd.native.hosted_env.make_python, docs/python-envs.md):
     num_workers worker processes step it (0: the caller, like SyncVectorEnv;
@@ -213,6 +217,19 @@ def make(env_id: str | Callable[[], Any], num_envs: int, *,
            returns one (height, width, 3) uint8 frame per env, drawn in C.
     env_kwargs: the env's parameters (see envd.native.get_spec(env_id).params).
     """
+    if isinstance(env_id, str) and env_id.startswith("pz:"):
+        # a PettingZoo ParallelEnv, its agents as rows (src/envd/hosted_pettingzoo.py)
+        from envd.native.hosted_pettingzoo import make_pettingzoo
+        extras = {"num_threads": num_threads, "pin_cpus": pin_cpus, "plugin": plugin,
+                  "render_mode": render_mode, "max_episode_steps": max_episode_steps}
+        given = sorted(name for name, value in extras.items() if value is not None)
+        if given or parse_autoreset_mode(autoreset_mode) != AutoresetMode.NEXT_STEP:
+            raise InvalidArgumentError(
+                f"{', '.join(given) or 'autoreset_mode'}: not supported for hosted PettingZoo "
+                "envs (next_step autoreset, the env's own max_cycles)")
+        return make_pettingzoo(env_id, num_envs, num_workers=num_workers, seed=seed,
+                               batch_size=batch_size,
+                               copy=copy, episode_statistics=episode_statistics, **env_kwargs)
     if callable(env_id) or (isinstance(env_id, str) and env_id.startswith(PYTHON_PREFIX)):
         extras = {"num_threads": num_threads, "pin_cpus": pin_cpus, "plugin": plugin,
                   "render_mode": render_mode}

@@ -439,7 +439,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "load is logged and skipped, see `envd status`")
     parser.add_argument("--python-env", action="append", metavar="ID", dest="python_envs",
                         help="gymnasium env id clients may make as py:ID (a hosted Python "
-                             "env in worker processes), repeatable (env ENVD_PYTHON_ENVS, ids "
+                             "env in worker processes), or pz:MODULE:FACTORY (a PettingZoo "
+                             "ParallelEnv, its agents as rows), repeatable (env ENVD_PYTHON_ENVS, ids "
                              "separated by ','); see docs/python-envs.md")
     parser.add_argument("--import", action="append", metavar="MODULE", dest="imports",
                         help="Python module to import at startup, whose gymnasium.register "

@@ -15,6 +15,8 @@ import socket
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
+from gymnasium.vector import AutoresetMode
+
 from envd import __version__, protocol
 from envd.errors import (DaemonError, InvalidArgumentError, LimitExceededError,
                          SessionExpiredError, SharedMemoryError, ShuttingDownError,
@@ -22,6 +24,7 @@ from envd.errors import (DaemonError, InvalidArgumentError, LimitExceededError,
 from envd.native.hosted_env import DEFAULT_INFO_BYTES, MAX_INFO_BYTES
 from envd.native.native_vec import MAX_NUM_ENVS
 from envd.native.registry import get_spec, list_envs
+from envd.hosted_pettingzoo import PETTINGZOO_PREFIX
 from envd.native.vector_env import PYTHON_PREFIX, check_max_episode_steps
 from envd.vector_base import check_int, is_int, parse_autoreset_mode, seed_list
 from envd.server.capabilities import hello_capabilities
@@ -98,7 +101,7 @@ class ControlHandlers:
     def make(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> None:
         service = self.service
         service.close_revoked_sessions()  # a truncated session must not count against the limits
-        if header["env_id"].startswith(PYTHON_PREFIX):
+        if header["env_id"].startswith((PYTHON_PREFIX, PETTINGZOO_PREFIX)):
             return self._make_hosted(client, header)
         if header.get("info_bytes") is not None:
             raise InvalidArgumentError(
@@ -191,6 +194,12 @@ class ControlHandlers:
             max_steps = check_int("max_episode_steps", max_steps, 1, 2**62)
         if header.get("render_mode") is not None:
             raise InvalidArgumentError(f"{spec.id}: hosted Python envs do not render yet")
+        if spec.creator is not None and (max_steps is not None
+                                         or mode != AutoresetMode.NEXT_STEP):
+            # (the adapter's time limit or autoreset would not reach its rows)
+            raise InvalidArgumentError(
+                f"{spec.id}: a hosted PettingZoo env takes next_step autoreset and its own "
+                "time limit (no max_episode_steps)")
         if header.get("max_threads") is not None:
             raise InvalidArgumentError(
                 f"{spec.id}: max_threads caps the daemon's pool threads, which do not step "

@@ -33,11 +33,13 @@ import signal
 import time
 from typing import Any, Callable
 
+import cloudpickle
 import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
-from envd.errors import EnvStateError, InvalidArgumentError, UnknownEnvError
+from envd.errors import EnvdError, EnvStateError, InvalidArgumentError, UnknownEnvError
+from envd.hosted_pettingzoo import PETTINGZOO_PREFIX, creator_of_id
 from envd.native import segment_guard
 from envd.native._envd_native import lib
 from envd.native.hosted_env import (DEFAULT_INFO_BYTES, check_space, default_num_workers,
@@ -73,6 +75,16 @@ class HostedEnvSpec:
     params: tuple = ()
     origin: str = "python"
     definition: Any = None
+    #: a "pz:" id's adapter creator, cloudpickled (envd.hosted_pettingzoo);
+    #: None for a gymnasium id
+    creator: bytes | None = None
+
+    def maker(self, max_episode_steps: int | None) -> tuple:
+        """The template's description of how to make one env
+        (native/hosted_template.py)."""
+        if self.creator is not None:
+            return ("creator", self.creator, max_episode_steps, {})
+        return ("id", self.gym_id, max_episode_steps, {})
 
     def default_workers(self, num_envs: int) -> int:
         """num_workers=None: the in-process default, but at least one worker
@@ -127,6 +139,9 @@ class HostedCatalog:
         except RuntimeError as exc:
             raise ValueError(f"--import (ENVD_IMPORTS): {exc}") from None
         for gym_id in python_envs:
+            if gym_id.startswith(PETTINGZOO_PREFIX):  # a PettingZoo factory, agents as rows
+                self.specs[gym_id] = self._describe_pettingzoo(gym_id)
+                continue
             gym_id = gym_id.removeprefix(PYTHON_PREFIX)  # (--python-env py:ID means ID)
             self.specs[PYTHON_PREFIX + gym_id] = self._describe(gym_id)
         log.info("hosted Python envs: %s", ", ".join(self.specs))
@@ -147,6 +162,20 @@ class HostedCatalog:
         return HostedEnvSpec(name, gym_id, described["observation_space"],
                              described["action_space"], described["max_episode_steps"],
                              described["step_seconds"])
+
+    def _describe_pettingzoo(self, env_id: str) -> HostedEnvSpec:
+        """A "pz:<module>:<factory>" id: its ParallelAsEnv adapter, made once in
+        the template (a heterogeneous or broken env stops the startup)."""
+        try:
+            creator = cloudpickle.dumps(creator_of_id(env_id, {}))
+            described = self.template.request(
+                {"op": "describe", "spec": ("creator", creator, None, {})})
+        except (RuntimeError, EnvdError) as exc:
+            raise ValueError(f"--python-env {env_id} (ENVD_PYTHON_ENVS): making the env "
+                             f"failed: {exc}") from None
+        return HostedEnvSpec(env_id, env_id, described["observation_space"],
+                             described["action_space"], None, described["step_seconds"],
+                             creator=creator)
 
     @property
     def template(self) -> Template:
@@ -391,7 +420,7 @@ class HostedServerSession(Session):
                     HostedSpec(spec.id, spec.observation_space, spec.action_space,
                                self.max_episode_steps or None),
                     num_envs, num_workers=num_workers, autoreset_mode=mode,
-                    maker=("id", spec.gym_id, max_episode_steps, {}), segment=private, fd=fd,
+                    maker=spec.maker(max_episode_steps), segment=private, fd=fd,
                     template=template, notify_fd=notify_fd, client_buffers=self.buffers,
                     timeout=timeout)
             except BaseException:

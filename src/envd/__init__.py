@@ -25,13 +25,16 @@ def __getattr__(name: str):
     if name in _NATIVE:
         import envd.native
         return getattr(envd.native, name)
+    if name == "make_pettingzoo":
+        from envd.native.hosted_pettingzoo import make_pettingzoo
+        return make_pettingzoo
     if name == "native":
         import envd.native
         return envd.native
     raise AttributeError(f"module 'envd' has no attribute {name!r}")
 
 
-__all__ = ["make", "list_envs", "load_plugin", "VecEnv", "connect", "Client", "RemoteVecEnv",
+__all__ = ["make", "make_pettingzoo", "list_envs", "load_plugin", "VecEnv", "connect", "Client", "RemoteVecEnv",
            "MultiClient", "MultiVecEnv",
            "EnvdError", "UnknownEnvError", "InvalidArgumentError", "InvalidActionError",
            "EnvStateError", "EnvError", "NativeError", "ProtocolError", "LimitExceededError",

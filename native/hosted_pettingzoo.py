@@ -1,0 +1,49 @@
+"""The in-process maker of hosted PettingZoo envs (envd.make("pz:...") and
+envd.make_pettingzoo): the adapters of envd.hosted_pettingzoo hosted by
+make_python, viewed as rows."""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import cloudpickle
+
+from envd.errors import InvalidArgumentError
+from envd.hosted_pettingzoo import (PETTINGZOO_PREFIX, PettingZooVecEnv, _Creator,
+                                    creator_of_id, make_from_creator, rows_view)
+from envd.native.hosted_env import make_python
+from envd.native.native_vec import MAX_NUM_ENVS
+from envd.vector_base import check_int, episode_statistics_key
+
+
+def make_pettingzoo(env: str | Callable[[], Any], num_envs: int, *,
+                    num_workers: int | None = None, seed: int | Sequence[int] | None = None,
+                    episode_statistics: bool | str = True, copy: bool = False,
+                    batch_size: int | None = None, **env_kwargs: Any) -> PettingZooVecEnv:
+    """num_envs PettingZoo ParallelEnvs hosted in num_workers worker
+    processes, their agents as rows (docs/python-envs.md, "PettingZoo").
+
+    env: "pz:<module>:<factory>" (module.factory(**env_kwargs) returns a
+         ParallelEnv, e.g. "pz:mpe2.simple_spread_v3:parallel_env"), or a
+         callable returning one (sent with cloudpickle; takes no kwargs).
+    num_workers, seed, episode_statistics: as envd.make's for "py:" envs
+         (seed s seeds env i with s + i: one seed per env).
+    batch_size: envs per async recv (each num_agents rows), as envd.make's.
+    Autoreset is "next_step".
+    """
+    num_envs = check_int("num_envs", num_envs, 1, MAX_NUM_ENVS)
+    episode_statistics_key(episode_statistics)
+    if isinstance(env, str):
+        name, creator = env, creator_of_id(env, env_kwargs)
+    elif callable(env):
+        if env_kwargs:
+            raise InvalidArgumentError(f"env kwargs {sorted(env_kwargs)} are for 'pz:' ids; a "
+                                       "creator takes its own arguments")
+        name = PETTINGZOO_PREFIX + getattr(env, "__qualname__", type(env).__name__)
+        creator = _Creator(make_from_creator, cloudpickle.dumps(env))
+    else:
+        raise InvalidArgumentError(f"env must be a 'pz:<module>:<factory>' id or a callable "
+                                   f"returning a PettingZoo ParallelEnv, got {type(env).__name__}")
+    inner = make_python(creator, num_envs, num_workers=num_workers, seed=seed,
+                        episode_statistics=False, copy=copy, info_bytes=0, name=name,
+                        batch_size=batch_size)
+    return rows_view(inner, name, episode_statistics)

@@ -1,0 +1,75 @@
+"""Small PettingZoo ParallelEnvs for tests/hosted/test_hosted_pettingzoo.py
+(a module of their own so that the workers import them by name)."""
+from __future__ import annotations
+
+import numpy as np
+from gymnasium import spaces
+from pettingzoo import ParallelEnv
+
+
+class StaggeredEnv(ParallelEnv):
+    """Three agents; agent k is done after k + 2 steps (agent 2 truncated,
+    the others terminated), so rows die at different steps and the episode
+    ends at step 4.  obs of agent k: (step, k, a draw of the env's RNG, the
+    agent's last action); reward k + 1 + action / 10.  raise_seed: step()
+    raises ValueError at step 2 of an env last reset with that seed (None:
+    never; make's own trial steps do not seed it so)."""
+
+    metadata = {"name": "staggered_v0"}
+
+    def __init__(self, raise_seed: int | None = None):
+        self.possible_agents = ["a0", "a1", "a2"]
+        self.raise_seed, self.seed_ = raise_seed, None
+        self.rng = np.random.default_rng()
+
+    def observation_space(self, agent):
+        return spaces.Box(-1e9, 1e9, (4,), np.float64)
+
+    def action_space(self, agent):
+        return spaces.Discrete(3)
+
+    def _obs(self, agent, action=0.0):
+        k = self.possible_agents.index(agent)
+        return np.array([self.t, k, self.rng.random(), action])
+
+    def reset(self, seed=None, options=None):
+        if seed is not None:
+            self.seed_ = seed
+            self.rng = np.random.default_rng(seed)
+        self.t = 0
+        self.agents = list(self.possible_agents)
+        return {a: self._obs(a) for a in self.agents}, {a: {} for a in self.agents}
+
+    def step(self, actions):
+        self.t += 1
+        if self.t == 2 and self.raise_seed is not None and self.seed_ == self.raise_seed:
+            raise ValueError(f"boom at step {self.t}")
+        obs, rew, term, trunc = {}, {}, {}, {}
+        for a in self.agents:
+            k = self.possible_agents.index(a)
+            obs[a] = self._obs(a, float(actions[a]))
+            rew[a] = k + 1 + float(actions[a]) / 10
+            done = self.t >= k + 2
+            term[a], trunc[a] = done and k < 2, done and k == 2
+        self.agents = [a for a in self.agents if not (term[a] or trunc[a])]
+        return obs, rew, term, trunc, {a: {} for a in obs}
+
+
+class MixedSpacesEnv(StaggeredEnv):
+    """Agent a1's action space differs from a0's: refused at make."""
+
+    def action_space(self, agent):
+        return spaces.Discrete(4 if agent == "a1" else 3)
+
+
+def staggered(raise_seed: int | None = None) -> StaggeredEnv:
+    return StaggeredEnv(raise_seed)
+
+
+def mixed() -> MixedSpacesEnv:
+    return MixedSpacesEnv()
+
+
+def raising() -> StaggeredEnv:
+    """Raises at step 2 of env 1 when made with seed=0 (a daemon's id takes no kwargs)."""
+    return StaggeredEnv(raise_seed=1)

@@ -1,0 +1,335 @@
+"""Hosted PettingZoo ParallelEnvs (src/envd/hosted_pettingzoo.py): agents as rows.
+
+The reference (``Reference``) steps the same ParallelEnvs directly and lays
+their results out as docs/writing-envs.md ("Multi-agent envs") says: row
+i*A + a is agent a of env i; a done agent's later rows are dead (zero
+observation, reward 0, final flags again, agent_mask false); an env resets
+(next_step: on the following step, reward 0, flags false, every row live)
+when all its agents are done; env i seeded s + i, later resets unseeded.
+Hosted results must equal it for worker counts 0, 1 and 2.
+"""
+from __future__ import annotations
+
+import gc
+import os
+import signal
+
+import numpy as np
+import pytest
+from gymnasium import spaces
+
+import envd
+import pz_envs
+from envs import alive, open_fds, wait_until
+from envd.hosted_pettingzoo import stack_space, unstack_space
+
+mpe2_spread = pytest.importorskip("mpe2.simple_spread_v3", reason="mpe2 is the reference")
+
+SPREAD_ID = "pz:mpe2.simple_spread_v3:parallel_env"
+
+
+class Reference:
+    """num_envs ParallelEnvs stepped directly, results as rows."""
+
+    def __init__(self, make, num_envs: int, seed: int):
+        self.envs = [make() for _ in range(num_envs)]
+        self.agents = self.envs[0].possible_agents
+        self.a = len(self.agents)
+        self.seed = seed
+        self.obs_shape = self.envs[0].observation_space(self.agents[0]).shape
+        n = num_envs * self.a
+        self.final = np.zeros((2, n), bool)
+        self.dead = np.zeros(n, bool)
+        self.restart = np.zeros(num_envs, bool)
+
+    def reset(self):
+        rows = []
+        for i, env in enumerate(self.envs):
+            obs, _ = env.reset(seed=self.seed + i)
+            rows += [obs[a] for a in self.agents]
+        self.final[...] = False
+        self.dead[...] = False
+        return np.stack(rows)
+
+    def step(self, actions, envs=None):
+        """Step envs (default all, in order) with actions (their rows, in
+        that order): their rows' (obs, rewards, terms, truncs, agent_mask)."""
+        envs = range(len(self.envs)) if envs is None else envs
+        n = len(envs) * self.a
+        obs = np.zeros((n, *self.obs_shape))
+        rew, mask = np.zeros(n), np.ones(n, bool)
+        term, trunc = np.zeros(n, bool), np.zeros(n, bool)
+        for j, i in enumerate(envs):
+            env = self.envs[i]
+            rows = slice(i * self.a, (i + 1) * self.a)
+            out = slice(j * self.a, (j + 1) * self.a)
+            if self.restart[i]:
+                o, _ = env.reset()
+                obs[out] = [o[a] for a in self.agents]
+                self.final[:, rows] = False
+                self.dead[rows] = False
+                self.restart[i] = False
+                continue
+            live = [a for k, a in enumerate(self.agents) if not self.dead[i * self.a + k]]
+            o, r, te, tr, _ = env.step({a: actions[j * self.a + self.agents.index(a)]
+                                        for a in live})
+            for k, a in enumerate(self.agents):
+                row, res = i * self.a + k, j * self.a + k
+                if self.dead[row]:
+                    mask[res] = False
+                else:
+                    obs[res], rew[res] = o[a], r[a]
+                    self.final[:, row] = te[a], tr[a]
+                    self.dead[row] = te[a] or tr[a]
+                term[res], trunc[res] = self.final[:, row]
+            self.restart[i] = self.dead[rows].all()
+        return obs, rew, term, trunc, mask
+
+
+def _compare(env, ref, steps: int, seed: int, action_n: int):
+    obs, info = env.reset(seed=seed)
+    np.testing.assert_array_equal(obs, ref.reset())
+    assert info["agent_mask"].all()
+    rng = np.random.default_rng(seed)
+    saw_dead = saw_reset = False
+    for _ in range(steps):
+        actions = rng.integers(0, action_n, env.num_envs)
+        obs, rew, term, trunc, info = env.step(actions)
+        r_obs, r_rew, r_term, r_trunc, r_mask = ref.step(actions)
+        np.testing.assert_array_equal(obs, r_obs.astype(obs.dtype))
+        np.testing.assert_array_equal(rew, r_rew)
+        np.testing.assert_array_equal(term, r_term)
+        np.testing.assert_array_equal(trunc, r_trunc)
+        np.testing.assert_array_equal(info["agent_mask"], r_mask)
+        saw_dead |= not r_mask.all()
+        saw_reset |= ref.restart.any()
+    return saw_dead, saw_reset
+
+
+@pytest.mark.parametrize("num_workers", [0, 1, 2])
+def test_simple_spread_equals_direct_mpe2(num_workers):
+    env = envd.make(SPREAD_ID, 3, num_workers=num_workers, seed=11, max_cycles=6)
+    try:
+        assert (env.num_envs, env.num_agents, env.num_env_instances) == (9, 3, 3)
+        assert env.single_action_space == mpe2_spread.parallel_env().action_space("agent_0")
+        ref = Reference(lambda: mpe2_spread.parallel_env(max_cycles=6), 3, 11)
+        _, saw_reset = _compare(env, ref, 20, 11, 5)
+        assert saw_reset  # episodes of 6 cycles: several autoresets in 20 steps
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("num_workers", [0, 1, 2])
+def test_dead_rows_flags_and_statistics_equal_reference(num_workers):
+    env = envd.make_pettingzoo(pz_envs.staggered, 3, num_workers=num_workers, seed=3)
+    try:
+        saw_dead, saw_reset = _compare(env, Reference(pz_envs.staggered, 3, 3), 14, 3, 3)
+        assert saw_dead and saw_reset
+    finally:
+        env.close()
+
+
+def _spread5():
+    return mpe2_spread.parallel_env(max_cycles=5)
+
+
+@pytest.mark.parametrize("make,action_n", [(pz_envs.staggered, 3), (_spread5, 5)],
+                         ids=["staggered", "simple_spread"])
+@pytest.mark.parametrize("num_workers,batch_size", [(0, 3), (1, 1), (2, 2), (2, 3)])
+def test_async_whole_envs_equal_reference(num_workers, batch_size, make, action_n):
+    env = envd.make_pettingzoo(make, 3, num_workers=num_workers, seed=5,
+                               batch_size=batch_size)
+    ref = Reference(make, 3, 5)
+    try:
+        env.async_reset()
+        first = ref.reset()
+        rng = np.random.default_rng(1)
+        seen_first, expected = set(), {}
+        saw_dead = saw_end = False
+        for _ in range(30):
+            obs, rew, term, trunc, info = env.recv()
+            ids = info["env_id"]
+            assert len(ids) == 3 * batch_size
+            envs = list(ids[::3])
+            np.testing.assert_array_equal(ids, np.repeat(envs, 3))
+            for j, i in enumerate(envs):
+                rows = slice(3 * j, 3 * j + 3)
+                if i not in seen_first:  # its reset observations: live, nothing earned
+                    want = [first[3 * i:3 * i + 3], np.zeros(3), np.zeros(3, bool),
+                            np.zeros(3, bool), np.ones(3, bool)]
+                    seen_first.add(i)
+                else:
+                    want = expected[i]
+                for got, wanted in zip((obs, rew, term, trunc, info["agent_mask"]), want):
+                    np.testing.assert_array_equal(got[rows], wanted)
+                saw_dead |= not want[4].all()
+                saw_end |= bool(want[2].any() or want[3].any())
+            actions = rng.integers(0, action_n, len(ids))
+            env.send(actions, ids)
+            # (each env's results, as the reference steps it with the same actions)
+            results = ref.step(actions, envs)
+            for j, i in enumerate(envs):
+                expected[i] = [f[3 * j:3 * j + 3] for f in results]
+        assert saw_dead if make is pz_envs.staggered else saw_end
+    finally:
+        env.close()
+
+
+def test_async_send_takes_ids_per_row():
+    env = envd.make_pettingzoo(pz_envs.staggered, 2, num_workers=0, seed=0, batch_size=1)
+    try:
+        env.async_reset()
+        obs, _, _, _, info = env.recv()
+        with pytest.raises(envd.InvalidArgumentError, match="each env's id 3 times in a row"):
+            env.send(np.zeros(3, np.int64), [0, 0, 1])
+    finally:
+        env.close()
+
+
+def test_episode_statistics_per_row():
+    env = envd.make_pettingzoo(pz_envs.staggered, 2, num_workers=0, seed=0)
+    try:
+        env.reset()
+        ones = np.ones(env.num_envs, np.int64)  # every reward k + 1 + 0.1
+        ended = {}
+        for t in range(1, 6):
+            _, _, _, _, info = env.step(ones)
+            if "envd_episode" in info:
+                ended[t] = (info["_envd_episode"].copy(), info["envd_episode"]["r"].copy(),
+                            info["envd_episode"]["l"].copy())
+        # agent k (rows k and 3 + k) ends at step k + 2 after k + 2 live steps
+        assert sorted(ended) == [2, 3, 4]
+        for t, (mask, returns, lengths) in ended.items():
+            k = t - 2
+            np.testing.assert_array_equal(np.flatnonzero(mask), [k, 3 + k])
+            np.testing.assert_allclose(returns[mask], (k + 1.1) * t)
+            np.testing.assert_array_equal(lengths[mask], t)
+    finally:
+        env.close()
+
+
+def test_reset_mask_and_seed_are_per_env():
+    env = envd.make_pettingzoo(pz_envs.staggered, 2, num_workers=0, seed=0)
+    try:
+        obs, _ = env.reset(seed=7)
+        draws = obs[:, 2].copy()
+        # one RNG stream per env, seeded 7 + i, drawn by its agents in order
+        for i in range(2):
+            np.testing.assert_array_equal(draws[3 * i:3 * i + 3],
+                                          np.random.default_rng(7 + i).random(3))
+        env.step(np.zeros(6, np.int64))
+        obs, _ = env.reset(options={"reset_mask": np.array([0, 1, 0, 0, 0, 0], bool)})
+        assert (obs[:3, 0] == 0).all() and (obs[3:, 0] == 1).all()  # env 0 reset, env 1 not
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_raising_env_is_env_error(num_workers):
+    env = envd.make_pettingzoo(lambda: pz_envs.staggered(raise_seed=1), 2, num_workers=num_workers,
+                               seed=0)
+    try:
+        env.reset()
+        env.step(np.zeros(6, np.int64))
+        with pytest.raises(envd.EnvError, match="env 1 raised ValueError: boom at step 2"):
+            env.step(np.zeros(6, np.int64))
+    finally:
+        env.close()
+
+
+def test_dying_worker_is_env_error():
+    env = envd.make_pettingzoo(pz_envs.staggered, 2, num_workers=2, seed=0)
+    try:
+        env.reset()
+        pid = env.worker_pids[1]
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(envd.EnvError, match=r"worker 1 .* died"):
+            env.step(np.zeros(6, np.int64))
+    finally:
+        env.close()
+
+
+def test_heterogeneous_agents_are_refused():
+    with pytest.raises(envd.EnvError, match=r"agent 'a1' has action space Discrete\(4\), "
+                                            r"agent 'a0' Discrete\(3\)"):
+        envd.make_pettingzoo(pz_envs.mixed, 2, num_workers=0)
+
+
+def test_refusals():
+    with pytest.raises(envd.InvalidArgumentError, match="pz:<module>:<factory>"):
+        envd.make_pettingzoo("pz:mpe2.simple_spread_v3", 2)
+    with pytest.raises(envd.UnknownEnvError, match="no module 'no_such_module'"):
+        envd.make("pz:no_such_module:env", 2)
+    with pytest.raises(envd.InvalidArgumentError, match="max_episode_steps"):
+        envd.make(SPREAD_ID, 2, max_episode_steps=5)
+    with pytest.raises(envd.InvalidArgumentError, match="autoreset_mode"):
+        envd.make(SPREAD_ID, 2, autoreset_mode="same_step")
+    with pytest.raises(envd.InvalidArgumentError, match="env kwargs"):
+        envd.make_pettingzoo(pz_envs.staggered, 2, raise_seed=3)
+
+
+@pytest.mark.parametrize("space", [
+    spaces.Box(-1.0, 2.0, (4,), np.float32), spaces.Box(0, 9, (2, 3), np.int16),
+    spaces.Discrete(5), spaces.Discrete(4, start=-2), spaces.MultiDiscrete([3, 4]),
+    spaces.MultiBinary(3)])
+def test_agent_space_survives_the_stacking(space):
+    # (single_observation_space / single_action_space come back from the
+    # adapter's stacked spaces, of the same kind, so discrete bounds are checked)
+    stacked = stack_space(space, 3)
+    assert type(stacked) is type(space) or isinstance(space, spaces.Discrete)
+    assert stacked.shape[0] == 3
+    assert unstack_space(stacked) == space
+    sample = stacked.sample()
+    assert all(space.contains(row if not isinstance(space, spaces.Discrete) else int(row))
+               for row in sample)
+
+
+def test_out_of_range_action_is_refused():
+    env = envd.make_pettingzoo(pz_envs.staggered, 2, num_workers=0, seed=0)
+    try:
+        env.reset()
+        with pytest.raises(envd.InvalidActionError, match="out of range"):
+            env.step(np.array([0, 0, 0, 0, 3, 0]))
+    finally:
+        env.close()
+
+
+def test_async_episode_statistics_per_row():
+    env = envd.make_pettingzoo(pz_envs.staggered, 2, num_workers=1, seed=0, batch_size=1)
+    try:
+        env.async_reset()
+        ended = {0: {}, 1: {}}  # env -> {its step: (mask, returns, lengths)}
+        steps = {0: 0, 1: 0}
+        for _ in range(12):
+            obs, _, _, _, info = env.recv()
+            i = int(info["env_id"][0])
+            if "envd_episode" in info and steps[i] <= 5:
+                ended[i][steps[i]] = (info["_envd_episode"].copy(),
+                                      info["envd_episode"]["r"].copy(),
+                                      info["envd_episode"]["l"].copy())
+            env.send(np.ones(3, np.int64), info["env_id"])
+            steps[i] += 1
+        for i in (0, 1):
+            assert sorted(ended[i]) == [2, 3, 4]  # agent k ends at the env's step k + 2
+            for t, (mask, returns, lengths) in ended[i].items():
+                np.testing.assert_array_equal(np.flatnonzero(mask), [t - 2])
+                np.testing.assert_allclose(returns[mask], (t - 2 + 1.1) * t)
+                np.testing.assert_array_equal(lengths[mask], t)
+    finally:
+        env.close()
+
+
+def test_close_reaps_workers_and_fds():
+    envd.make(SPREAD_ID, 2, num_workers=1).close()  # the template is up (its fds stay)
+    gc.collect()
+    fds = open_fds()
+    env = envd.make(SPREAD_ID, 2, num_workers=2, seed=0)
+    pids = env.worker_pids
+    assert len(pids) == 2 and all(alive(pid) for pid in pids)
+    results = env.reset()
+    env.step(np.zeros(6, np.int64))
+    env.close()
+    del results, env  # (views keep the mapping, and its descriptor, alive)
+    gc.collect()
+    assert wait_until(lambda: not any(alive(pid) for pid in pids))
+    assert open_fds() == fds  # (the segment's memfd and the workers' pidfds too)

@@ -1,0 +1,150 @@
+"""Hosted PettingZoo envs served by a daemon (--python-env pz:<module>:<factory>):
+the daemon hosts one adapter per env, the client views its agents as rows;
+the same rows as the in-process env (and so as the direct reference of
+test_hosted_pettingzoo.py) over shm and inline, sync and async; only the ids
+the operator allowed; an env's failure is EnvError and leaves the daemon up."""
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+from envs import alive, children, wait_until
+from support.daemon import DaemonProcess, segments_of
+
+import envd
+
+pytest.importorskip("mpe2.simple_spread_v3", reason="mpe2 is the env served")
+
+HERE = Path(__file__).parent
+SPREAD = "pz:mpe2.simple_spread_v3:parallel_env"
+STAGGERED = "pz:pz_envs:staggered"
+RAISING = "pz:pz_envs:raising"
+ENV = {"PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process under pid (the template and the workers)."""
+    out, todo = [], [pid]
+    while todo:
+        for child in children(todo.pop()):
+            if alive(child):
+                out.append(child)
+                todo.append(child)
+    return out
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    proc = DaemonProcess(tmp_path_factory.mktemp("pz") / "daemon", "--threads", "1",
+                         "--python-env", SPREAD, "--python-env", STAGGERED,
+                         "--python-env", RAISING, env=ENV)
+    try:
+        yield proc
+        with proc.connect() as probe:
+            wait_until(lambda: probe.status()["sessions"] == 0)
+            assert probe.status()["sessions"] == 0
+    finally:
+        pid, code = proc.pid, proc.stop()
+    assert code == 0, proc.log()
+    assert segments_of(pid) == []
+
+
+def _run(env, steps: int, seed: int):
+    out = [env.reset(seed=seed)[0].copy()]
+    rng = np.random.default_rng(seed)
+    for _ in range(steps):
+        obs, rew, term, trunc, info = env.step(rng.integers(0, 5, env.num_envs) % 3
+                                               if "staggered" in env.env_id
+                                               else rng.integers(0, 5, env.num_envs))
+        stats = info.get("envd_episode", {}).get("r", np.zeros(env.num_envs))
+        out += [obs.copy(), rew.copy(), term.copy(), trunc.copy(), info["agent_mask"].copy(),
+                np.asarray(stats).copy()]
+    return out
+
+
+@pytest.mark.parametrize("env_id", [SPREAD, STAGGERED])
+@pytest.mark.parametrize("transport", ["shm", "inline"])
+def test_daemon_rows_equal_in_process(daemon, env_id, transport):
+    local = envd.make(env_id, 3, num_workers=1, seed=4)
+    try:
+        want = _run(local, 12, 4)
+    finally:
+        local.close()
+    with daemon.connect() as client:
+        env = client.make(env_id, 3, num_workers=2, seed=4, transport=transport)
+        try:
+            assert (env.num_envs, env.num_agents, env.num_env_instances) == (9, 3, 3)
+            assert env.single_action_space == local.single_action_space
+            got = _run(env, 12, 4)
+        finally:
+            env.close()
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_daemon_async_whole_envs(daemon):
+    with daemon.connect() as client:
+        env = client.make(STAGGERED, 3, num_workers=1, seed=0, batch_size=1)
+        try:
+            env.async_reset()
+            seen = set()
+            for _ in range(9):
+                obs, _, _, _, info = env.recv()
+                assert len(info["env_id"]) == 3 and len(set(info["env_id"])) == 1
+                seen.add(int(info["env_id"][0]))
+                env.send(np.zeros(3, np.int64), info["env_id"])
+            assert seen == {0, 1, 2}
+        finally:
+            env.close()
+
+
+def test_daemon_refusals_and_env_error(daemon):
+    with daemon.connect() as client:
+        with pytest.raises(envd.UnknownEnvError, match="does not host"):
+            client.make("pz:mpe2.simple_spread_v3:raw_env", 2)
+        with pytest.raises(envd.InvalidArgumentError, match="max_episode_steps"):
+            client.make(SPREAD, 2, max_episode_steps=5)
+        env = client.make(RAISING, 2, num_workers=1, seed=0)
+        try:
+            env.reset()
+            env.step(np.zeros(6, np.int64))
+            with pytest.raises(envd.EnvError, match="env 1 raised ValueError: boom at step 2"):
+                env.step(np.zeros(6, np.int64))
+        finally:
+            env.close()
+        # the daemon and other sessions go on
+        ok = client.make(SPREAD, 1, num_workers=1, seed=0)
+        ok.reset()
+        ok.close()
+
+
+def test_multi_client_refuses_pettingzoo_ids(daemon):
+    multi = envd.connect([daemon.endpoint], timeout=30)  # (a list: a MultiClient)
+    try:
+        with pytest.raises(envd.InvalidArgumentError, match="served by one daemon"):
+            multi.make(SPREAD, 2)
+    finally:
+        multi.close()
+
+
+def test_daemon_worker_killed_is_env_error(daemon):
+    with daemon.connect() as client:
+        other = client.make(SPREAD, 1, num_workers=1, seed=0)
+        other.reset()
+        before = set(descendants(daemon.pid))
+        env = client.make(STAGGERED, 4, num_workers=2, seed=0)
+        workers = sorted(set(descendants(daemon.pid)) - before)
+        assert len(workers) == 2, workers
+        env.reset()
+        os.kill(workers[1], signal.SIGKILL)
+        with pytest.raises(envd.EnvError, match=r"worker 1 \(pid \d+, envs 2\.\.3\) died"):
+            for _ in range(1000):  # (a step may finish before the kill lands)
+                env.step(np.zeros(12, np.int64))
+        assert other.step(np.zeros(3, np.int64))[0].shape == (3, 18)  # the others go on
+        env.close()
+        assert wait_until(lambda: not any(map(alive, workers)), 30)
+        other.close()
