@@ -16,7 +16,7 @@ are compared before and after).
 What runs:
 
   - ``--clients`` worker processes, each with its own connection, loop over
-    rounds: a random built-in env (``envd.list_envs()``), num_envs 1..256,
+    rounds: a random single-agent built-in env (``soak_envs()``), num_envs 1..256,
     a random seed, autoreset mode, time limit and env kwargs, copy or views,
     sync mode (``step``, with reseeding resets and, in ``disabled`` mode,
     masked resets) or async mode (random ``batch_size``, random send orders and
@@ -87,6 +87,13 @@ DETAIL_CHARS = 600
 
 
 # ---- small helpers ---------------------------------------------------------------------------
+def soak_envs() -> list[str]:
+    """The built-ins the rounds pick from: the single-agent ones (a round
+    counts one row per env; multi-agent envs, whose agents are rows, have
+    their own daemon tests: tests/integration/test_daemon_multi_agent.py)."""
+    return [env_id for env_id in envd.list_envs() if envd.native.get_spec(env_id).num_agents == 1]
+
+
 def random_actions(space, num_envs: int, rng: np.random.Generator) -> np.ndarray:
     """As tests/conftest.py: box actions go 50% beyond the bounds (clipping is exercised)."""
     if isinstance(space, spaces.Discrete):
@@ -264,7 +271,7 @@ def step_cost(env_id: str, kwargs: dict) -> float:
 
 # ---- a sync round ----------------------------------------------------------------------------
 def sync_round(client, rng, stats: Stats, deadline: float, budget: float) -> None:
-    env_id = str(rng.choice(envd.list_envs()))
+    env_id = str(rng.choice(soak_envs()))
     num_envs, kwargs = random_make(env_id, rng, async_mode=False)
     steps = int(np.clip(budget / (num_envs * step_cost(env_id, kwargs)), 8, 200))
     transport = random_transport(rng)
@@ -448,7 +455,7 @@ def verify_recv(result, twin: SyncTwin, k: np.ndarray, ids: np.ndarray, statisti
 
 def async_round(client, rng, stats: Stats, deadline: float, budget: float, fault: str | None):
     """Returns the client to go on with (a new one after a client_closed_in_flight fault)."""
-    env_id = str(rng.choice(envd.list_envs()))
+    env_id = str(rng.choice(soak_envs()))
     # with a fault: something worth having in flight
     num_envs, kwargs = random_make(env_id, rng, async_mode=True, min_envs=16 if fault else 1)
     batch_size = int(rng.integers(1, num_envs + 1))
@@ -590,7 +597,7 @@ class Stepper:
 
     def __init__(self, client, rng):
         self.rng = rng
-        self.env_id = str(rng.choice(envd.list_envs()))
+        self.env_id = str(rng.choice(soak_envs()))
         self.async_mode = bool(rng.random() < 0.5)
         num_envs, kwargs = random_make(self.env_id, rng, self.async_mode, max_envs=64)
         kwargs["copy"] = True
@@ -1007,7 +1014,7 @@ def warm_up(endpoint: str, rng: np.random.Generator, clients: int) -> None:
     def one_client(index: int) -> None:
         local_rng = np.random.default_rng(index)
         with envd.connect(endpoint, timeout=60) as client:
-            for env_id in envd.list_envs():
+            for env_id in soak_envs():
                 for n in (1, 256):
                     with client.make(env_id, n, seed=0) as env:
                         env.reset()

@@ -193,9 +193,13 @@ def test_envd_failing_is_not_a_result():
 
 
 def test_missing_peers_say_why(monkeypatch):
-    monkeypatch.setitem(sys.modules, "pufferlib", None)  # import raises ImportError
-    monkeypatch.setitem(sys.modules, "pufferlib.vector", None)
-    monkeypatch.setitem(sys.modules, "stable_baselines3", None)
+    # (None in sys.modules: importing it raises ImportError.  Every submodule
+    # an earlier test imported too: "from stable_baselines3.common.vec_env
+    # import ..." finds a loaded submodule without importing its parent.)
+    hidden = ["pufferlib", "pufferlib.vector", "stable_baselines3"]
+    hidden += [name for name in sys.modules if name.startswith(("pufferlib.", "stable_baselines3."))]
+    for name in hidden:
+        monkeypatch.setitem(sys.modules, name, None)
     with pytest.raises(Unavailable, match=r"pufferlib not installed \(pip install"):
         bench_python.PufferRun("CartPole-v1", 4, 2)
     with pytest.raises(Unavailable, match=r"stable-baselines3 not installed \(pip install"):

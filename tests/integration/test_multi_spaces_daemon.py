@@ -119,9 +119,12 @@ def test_sb3_adapter_over_the_daemon(daemon):
             venv.close()
 
 
-def test_daemon_refuses_multi_agent_envs_for_now(daemon):
+def test_daemon_serves_the_multi_agent_plugin_as_rows(daemon):
+    """Seek-v0 (3 agents per env) through the daemon: one row per agent
+    (tests/integration/test_daemon_multi_agent.py checks its results)."""
     with daemon.connect() as client:
-        with pytest.raises(envd.InvalidArgumentError, match="does not serve multi-agent envs yet"):
-            client.make("Seek-v0", 2)
-        with client.make("Lights-v0", 2, seed=0) as env:  # the daemon is fine
-            env.reset()
+        with client.make("Seek-v0", 2, seed=0) as env:
+            agents = env.num_agents
+            assert agents > 1 and env.num_envs == 2 * agents
+            obs, info = env.reset()
+            assert len(obs) == 2 * agents and info["agent_mask"].all()

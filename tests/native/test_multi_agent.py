@@ -53,3 +53,7 @@ def test_multi_agent_and_multi_space_steps_under_sanitizers(library, kind, tmp_p
                   "per_env_kwargs_match_separate_envs"):
         stderr += multi_spaces_checks.run_check(check, spaces, env=env, timeout=600)
     assert not reports_in(stderr), stderr[-8000:]
+
+
+def test_sb3_adapter_sees_each_agent_end_once(library):
+    run_check("sb3_sees_each_agent_end_once", library)

@@ -268,3 +268,26 @@ def async_matches_reference(library: str) -> None:
                 assert "each env's id 3 times in a row" in str(error), error
             else:
                 raise AssertionError("ungrouped ids accepted")
+
+
+def sb3_sees_each_agent_end_once(library: str) -> None:
+    """The SB3 adapter over Seek-v0 (agents end at different steps, then
+    their rows are dead, repeating their final flags) in same_step mode: each
+    row is reported done exactly at the step its agent ended (with its
+    terminal observation), never again while it is dead; found by review:
+    the adapter read a dead row's repeated flag as a new end and failed
+    looking up a final observation that was not there."""
+    import envd
+    from envd.integrations.sb3 import EnvdVecEnv
+    envd.load_plugin(library)
+    with envd.make("Seek-v0", 4, seed=5, autoreset_mode="same_step") as env:
+        vec = EnvdVecEnv(env)
+        vec.reset()
+        rng = np.random.default_rng(1)
+        ends = 0
+        for _ in range(200):
+            obs, rewards, dones, infos = vec.step(actions_for(vec.num_envs, rng))
+            for i in np.flatnonzero(dones):
+                assert "terminal_observation" in infos[i], (i, infos[i])
+            ends += int(dones.sum())
+        assert ends > 20, ends

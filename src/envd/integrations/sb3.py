@@ -182,16 +182,22 @@ class EnvdVecEnv(VecEnv):
         actions, self._actions = self._actions, None
         obs, rewards, terminated, truncated, info = self.venv.step(actions)
         dones = terminated | truncated
+        if "agent_mask" in info:  # a multi-agent env: a dead agent's row repeats its final
+            dones &= info["agent_mask"]  # flags; SB3 sees it done once, at the step it ended
         infos = self._split_info(info)
         time_limit = truncated & ~terminated
         for i, info_i in enumerate(infos):
             info_i["TimeLimit.truncated"] = bool(time_limit[i])
         if dones.any():
-            final_obs = info["final_obs"]  # object array of copies, set where done
+            # object array of copies, set where an env reset; an agent that
+            # ended while its env goes on has none: its row is its final one
+            final_obs = info.get("final_obs")
             episode = info.get(self._episode_key) if self._episode_key else None
             ended = info.get("_" + self._episode_key) if self._episode_key else None
             for i in np.flatnonzero(dones):
-                infos[i]["terminal_observation"] = final_obs[i].reshape(self._obs_shape[1:])
+                final = final_obs[i] if final_obs is not None else None
+                final = np.asarray(obs)[i] if final is None else final
+                infos[i]["terminal_observation"] = final.reshape(self._obs_shape[1:])
                 if episode is not None and ended[i]:
                     infos[i]["episode"] = {"r": float(episode["r"][i]), "l": int(episode["l"][i]),
                                            "t": float(episode["t"][i])}
