@@ -122,7 +122,8 @@ def test_closing_a_session_whose_workers_do_not_exit_stalls_no_one(tmp_path):
                 closed.set()
             closer = threading.Thread(target=close)
             closer.start()
-            time.sleep(0.5)  # the close is under way (or done)
+            # the close is under way: the daemon took the session out of its books
+            assert wait_until(lambda: other_client.status()["sessions"] == 1, 60)
             latencies = []
             for _ in range(10):
                 started = time.monotonic()

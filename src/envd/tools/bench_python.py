@@ -54,8 +54,8 @@ import numpy as np
 
 import envd
 from envd.tools import bench_load
-from envd.tools.bench import (Progress, Unavailable, _die_with_parent, _jsonable, load_text,
-                              machine_info, steps_per_second, usable_cpus)
+from envd.tools.bench import (Progress, SyncRun, Unavailable, _die_with_parent, _jsonable,
+                              load_text, machine_info, steps_per_second, usable_cpus)
 from envd.tools.bench_rounds import (interleaved_rounds, judge, paired_ratios, rate_text,
                                      ratio_text, spread, spread_text)
 
@@ -143,10 +143,10 @@ def env_actions(env_id: str, n: int) -> np.ndarray:
         env.close()
 
 
-class VectorRun:
+class VectorRun(SyncRun):
     """Steps a gymnasium-style VectorEnv it owns (envd's, gymnasium's):
     reset(seed=0), then step(actions) (None: batch_of_actions of its single
-    action space)."""
+    action space); rate, call_times and close are SyncRun's."""
 
     def __init__(self, env: Any, num_envs: int, actions: np.ndarray | None = None,
                  label: str | None = None):
@@ -155,23 +155,6 @@ class VectorRun:
             if actions is None else actions
         env.reset(seed=0)
         self.label = label  # e.g. the worker count the default rule picked
-
-    def rate(self, seconds: float) -> float:
-        step, actions = self.env.step, self.actions
-        return steps_per_second(lambda: step(actions), self.num_envs, seconds)
-
-    def call_times(self, count: int) -> np.ndarray:
-        """Seconds of each of `count` step calls."""
-        samples = np.empty(count)
-        step, actions, clock = self.env.step, self.actions, time.perf_counter
-        for i in range(count):
-            start = clock()
-            step(actions)
-            samples[i] = clock() - start
-        return samples
-
-    def close(self) -> None:
-        self.env.close()
 
 
 class PufferRun:
