@@ -176,11 +176,21 @@ def open_fds() -> set[str]:
     return set(os.listdir("/proc/self/fd"))
 
 
+#: an environment variable naming a file a HangingEnv creates as it starts
+#: to hang: a test waits for that event instead of sleeping "long enough"
+HANG_MARKER_VARIABLE = "ENVD_TEST_HANG_MARKER"
+
+
 class HangingEnv(FailingEnv):
-    """A FailingEnv whose failure is to hang (sleep for an hour)."""
+    """A FailingEnv whose failure is to hang (sleep for an hour).  It first
+    creates the file $ENVD_TEST_HANG_MARKER names, when that is set."""
 
     def _maybe_fail(self) -> None:
         if self.seed_ == self.fail_seed and self.t == self.at_step:
+            marker = os.environ.get(HANG_MARKER_VARIABLE)
+            if marker:
+                with open(marker, "w") as file:
+                    file.write(str(os.getpid()))
             time.sleep(3600)
 
 

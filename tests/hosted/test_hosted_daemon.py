@@ -31,8 +31,9 @@ ENV = {"PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PY
 NUM_ENVS, STEPS = 5, 40
 
 
-def start(folder: Path, *extra: str) -> DaemonProcess:
-    return DaemonProcess(folder, *FLAGS, *extra, env=ENV)
+def start(folder: Path, *extra: str, variables: dict[str, str] | None = None) -> DaemonProcess:
+    """A daemon serving the test envs, with `variables` added to its environment."""
+    return DaemonProcess(folder, *FLAGS, *extra, env={**ENV, **(variables or {})})
 
 
 def descendants(pid: int) -> list[int]:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from envs import alive, wait_until
+from envs import HANG_MARKER_VARIABLE, alive, wait_until
 from support.daemon import segments_of
 from test_hosted_daemon import descendants, start
 
@@ -180,13 +180,26 @@ def test_truncated_segment_on_the_fast_path(daemon):
         other.close()
 
 
-def test_a_hung_fast_path_request_never_stops_the_daemon(daemon):
+@pytest.fixture
+def marked_daemon(tmp_path: Path):
+    """A daemon whose HangingEnvs create the file hang_marker as they hang."""
+    marker = tmp_path / "hung"
+    proc = start(tmp_path / "d", "--lease-timeout", "3",
+                 variables={HANG_MARKER_VARIABLE: str(marker)})
+    try:
+        yield proc, marker
+    finally:
+        assert proc.stop() == 0, proc.log()
+
+
+def test_a_hung_fast_path_request_never_stops_the_daemon(marked_daemon):
     """The doorbell's thread holds a hosted session's lock for the whole
     step it serves, which a hung env never ends: a "fast off" request and
     socket resets of that session are refused as busy (the event loop and
     the executor never wait for that lock), the daemon serves its other
     clients all along, the fast path stays on (no worker killed), and a
     close still frees the session."""
+    daemon, hang_marker = marked_daemon
     with daemon.connect(timeout=60) as c, daemon.connect(timeout=60) as victim:
         before = set(descendants(daemon.pid))
         env = victim.make("py:envd-test/Hanging-v0", 2, seed=0, num_workers=2, fast_path=True)
@@ -197,7 +210,9 @@ def test_a_hung_fast_path_request_never_stops_the_daemon(daemon):
             envd.EnvdError, env.step, np.zeros(2, np.int64)), daemon=True)
         hung.start()  # env 0's second step sleeps an hour
         assert wait_until(lambda: c.status()["sessions"] == 1, 60)
-        time.sleep(0.5)  # (the doorbell's thread surely serves the step now)
+        # env 0's worker got the step, so the doorbell's thread serves it
+        # now, holding the session's lock until the step ends
+        assert wait_until(hang_marker.exists, 60)
         refused_from = time.monotonic()
         with pytest.raises(envd.EnvStateError, match="fast path is serving a request"):
             victim.fast(env.session, enable=False)
