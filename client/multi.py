@@ -148,6 +148,28 @@ def _check_max_threads(max_threads: Any, statuses: list[dict[str, Any]],
                 f"daemon, so 0 <= max_threads <= {smallest}")
 
 
+def _shard_kwargs(env_id: str, kwargs: dict[str, Any], num_envs: int,
+                  rows: slice) -> dict[str, Any]:
+    """A shard's make kwargs: a native env's per-env kwarg (a list, tuple or
+    1-d array of num_envs values, one per env: native/registry.py) gives the
+    shard the values of its envs, so env i keeps its own value wherever it
+    runs; anything else goes to every shard as it is (a hosted "py:" env's
+    kwargs are whole values, never split)."""
+    if env_id.startswith("py:"):
+        return kwargs
+    split = {}
+    for name, value in kwargs.items():
+        if isinstance(value, (list, tuple)) or (isinstance(value, np.ndarray)
+                                                and value.ndim == 1):
+            if len(value) != num_envs:  # (each shard would name its own num_envs)
+                raise InvalidArgumentError(
+                    f"{env_id}: parameter {name!r} has {len(value)} values but "
+                    f"num_envs={num_envs}; give one value per env, or a scalar for all")
+            value = value[rows]
+        split[name] = value
+    return split
+
+
 class MultiClient:
     """Connections to several envd daemons used as one (see envd.connect).
 
@@ -348,7 +370,7 @@ class MultiVecEnv(BatchedVecEnv):
         def make_shard(k: int) -> RemoteVecEnv:
             client, _, rows = plan[k]
             return client.make(env_id, rows.stop - rows.start, seed=seeds[rows], copy=False,
-                               **make_kwargs)
+                               **_shard_kwargs(env_id, make_kwargs, num_envs, rows))
 
         outcomes = _run_all(make_shard, range(len(plan)), executor)
         shards = [shard for _, shard, error in outcomes if error is None]
@@ -365,16 +387,6 @@ class MultiVecEnv(BatchedVecEnv):
         # a multi-agent env's agents are rows (as envd.make's): num_envs counts
         # rows; shards split by env, never inside one
         agents = first.num_agents
-        if is_async and agents > 1:
-            for shard in shards:
-                shard.close()
-            if executor is not None:
-                executor.shutdown(wait=True)
-            raise InvalidArgumentError(
-                f"{first.env_id} has {agents} agents per env: async mode (batch_size < "
-                f"num_envs) of a MultiVecEnv does not take multi-agent envs yet; use "
-                "reset()/step() across the daemons, or send/recv of one daemon's env "
-                "(Client.make)")
         super().__init__(first.env_id, first.single_observation_space, first.single_action_space,
                          num_envs * agents, mode, first.max_episode_steps, copy,
                          episode_statistics, batch_size if is_async else None)
@@ -505,12 +517,17 @@ class MultiVecEnv(BatchedVecEnv):
             if rows.min() < start or rows.max() >= stop:
                 k = int(np.flatnonzero((rows < start) | (rows >= stop))[0])
                 raise action_out_of_range(self.env_id, self.single_action_space,
-                                          int(rows[k]), int(env_ids[k]))
+                                          int(rows[k]), self._row_id(env_ids, k))
         elif self._range_checked and len(rows):
             k = leaves.first_row_out_of_range(self.single_action_space, rows)
             if k >= 0:
                 raise InvalidActionError(leaves.action_range_message(
-                    self.env_id, self.single_action_space, rows[k], int(env_ids[k])))
+                    self.env_id, self.single_action_space, rows[k], self._row_id(env_ids, k)))
+
+    def _row_id(self, env_ids: np.ndarray, k: int) -> int:
+        """The row (as the in-process vec names it: env * num_agents + agent)
+        of row k of a send to env_ids (one id per env)."""
+        return int(env_ids[k // self.num_agents]) * self.num_agents + k % self.num_agents
 
     def _rows_text(self, k: int) -> str:
         rows = self.shard_slices[k]
@@ -523,6 +540,17 @@ class MultiVecEnv(BatchedVecEnv):
                 f"{self.env_id}: the daemon at {self.shard_endpoints[k]}{self._rows_text(k)} "
                 f"of this MultiVecEnv is gone ({error}); close this env and make a new one")
 
+    def _needs_reset(self) -> np.ndarray:
+        """Per row: its env ended and was not reset since (what the native
+        vec refuses to step in disabled mode).  A multi-agent env ends when
+        every agent is done: a dead row repeats its final flags, a live one
+        is not flagged, so all its rows flagged means the env ended (one
+        agent done while the others go on is no reason to refuse)."""
+        if self.num_agents == 1:
+            return self._dones
+        flagged = (self._terminations | self._truncations).reshape(-1, self.num_agents)
+        return np.repeat(flagged.all(axis=1), self.num_agents)
+
     def _validate_step(self) -> None:
         """Refuse the step as the single env would, before any shard steps:
         the first env (in global order) never reset, done in disabled mode,
@@ -534,8 +562,9 @@ class MultiVecEnv(BatchedVecEnv):
         started = (self._started if self.num_agents == 1
                    else np.repeat(self._started, self.num_agents))  # per row
         bad = ~started
+        needs_reset = self._needs_reset() if disabled else None
         if disabled:
-            bad |= self._dones
+            bad |= needs_reset
         if self._discrete is not None:
             start, stop = self._discrete
             bad |= (self._actions < start) | (self._actions >= stop)
@@ -547,15 +576,15 @@ class MultiVecEnv(BatchedVecEnv):
         if not bad.any():
             return
         i = int(np.argmax(bad))  # (a row: env i // num_agents)
-        if started[i] and not (disabled and self._dones[i]):
+        if started[i] and not (disabled and needs_reset[i]):
             if self._range_checked:
                 raise InvalidActionError(leaves.action_range_message(
                     self.env_id, self.single_action_space, self._actions[i], i))
             raise action_out_of_range(self.env_id, self.single_action_space,
                                       int(self._actions[i]), i)
-        if not self._dones[i]:
+        if not started[i]:
             raise EnvStateError(
-                f"{self.env_id}: env {i // self.num_agents} was never reset; call reset() "
+                f"{self.env_id}: env {i} was never reset; call reset() "
                 "before step()")
         raise EnvStateError(
             f"{self.env_id}: env {i} is done and autoreset_mode is 'disabled'; reset it with "

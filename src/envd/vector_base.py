@@ -135,7 +135,11 @@ def step_error(env_id: str, action_space: spaces.Space, code: int, index: int,
     if code == NATIVE_CODES["ERANGE"]:
         return InvalidActionError(leaves.action_range_message(
             env_id, action_space, buffers["actions"][index], index))
-    if code == NATIVE_CODES["ESTATE"] and not buffers["dones"][index]:
+    # (a refused env is done, or never reset: its flags tell which; a
+    # multi-agent env's row, not its dones, which flag only the step an agent
+    # ended in: a dead row repeats its final flags)
+    if code == NATIVE_CODES["ESTATE"] and not (buffers["terminations"][index]
+                                               or buffers["truncations"][index]):
         return EnvStateError(f"{env_id}: env {index} was never reset; call reset() before step()")
     if code == NATIVE_CODES["ESTATE"]:
         return EnvStateError(
