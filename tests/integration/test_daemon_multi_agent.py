@@ -169,6 +169,23 @@ def test_multi_client_splits_by_env_and_matches_mpe2(spread_daemon, tmp_path, en
     assert ended == 2 * num_envs
 
 
+def test_rows_above_the_cap_are_refused_and_the_daemon_serves_on(spread_daemon):
+    """num_envs * num_agents rows above a vec's cap (ENVD_VEC_MAX_ENVS, a
+    row count: native/src/vec.c check_args caps rows too) get a clear error
+    naming the largest num_envs, through the daemon as in-process; the daemon
+    and its other sessions carry on."""
+    limit = envd.native.MAX_NUM_ENVS // N_AGENTS
+    with spread_daemon.connect() as client, \
+            client.make("simple_spread_v3", 2, seed=0) as bystander:
+        bystander.reset()
+        for make in (client.make, envd.make):
+            with pytest.raises(InvalidArgumentError,
+                               match=rf"rows, more than the .*make at most {limit} envs"):
+                make("simple_spread_v3", limit + 1)
+        bystander.step(np.zeros(6, np.int64))
+        assert client.status()["sessions"] == 1
+
+
 @pytest.fixture(scope="module")
 def seek_daemon(tmp_path_factory):
     """A daemon serving the Seek-v0 test plugin (tests/native/multi_agent.c:
