@@ -335,6 +335,13 @@ class PettingZooVecEnv(gymnasium.vector.VectorEnv):
     def close(self, **kwargs: Any) -> None:
         self._inner.close()
 
+    def __enter__(self) -> "PettingZooVecEnv":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        """Close it (a context manager, as every envd VecEnv)."""
+        self.close()
+
     def __repr__(self) -> str:
         return (f"envd.PettingZooVecEnv({self.env_id!r}, num_envs={self.num_envs}, "
                 f"num_agents={self.num_agents}, num_workers={self.num_workers})")
