@@ -50,6 +50,26 @@ def test_daemon_matches_mpe2(spread_daemon, env_id, num_envs, seed, transport, f
     assert ended == 2 * num_envs  # two episodes of every env, across an autoreset
 
 
+@pytest.mark.parametrize("transport,fast_path", [("shm", True), ("inline", False)])
+@pytest.mark.parametrize("max_threads", [0, 1, 2])
+@pytest.mark.parametrize("env_id", sorted(IDS))
+def test_daemon_matches_mpe2_at_every_thread_count(spread_daemon, env_id, max_threads,
+                                                   transport, fast_path):
+    """The daemon's pool (2 threads) stepping the envs serially
+    (max_threads=0: inline on the thread serving the call), on one thread
+    or on both: bit-equal to mpe2 whatever the thread count, as in-process
+    (tests/native/test_simple_spread_vec.py)."""
+    continuous, num_envs, seed, max_cycles = IDS[env_id], 64, 40 + max_threads, 25
+    ref = Reference(num_envs, continuous, 0.5, max_cycles)
+    with spread_daemon.connect() as client:
+        with client.make(env_id, num_envs, seed=seed, max_threads=max_threads,
+                         transport=transport, fast_path=fast_path) as env:
+            assert env.fast_path == fast_path
+            ended = run_equivalence(env, ref, seed, continuous, steps=2 * max_cycles + 5)
+    ref.close()
+    assert ended == 2 * num_envs
+
+
 def _sync_trajectory(env_id: str, num_envs: int, seed: int, actions: np.ndarray) -> list:
     """Per env, the observation rows after reset and after each step of an
     in-process vec (actions[t, i]: env i's rows at step t), with the rewards."""
