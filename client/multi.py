@@ -35,7 +35,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Sequence
 
 import numpy as np
-from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
 from envd import leaves, protocol
@@ -46,8 +45,9 @@ from envd.client.multi_doorbell import ShardsDoorbellStepper
 from envd.client.remote_vector_env import RemoteVecEnv
 from envd.errors import (ConnectionLostError, EnvdError, EnvStateError, InvalidActionError,
                          InvalidArgumentError, NativeError)
-from envd.vector_base import (BatchedVecEnv, action_out_of_range, autoreset_mode_name,
-                              check_int, episode_statistics_key, parse_autoreset_mode, seed_list)
+from envd.vector_base import (BatchedVecEnv, SendRowChecks, action_out_of_range,
+                              autoreset_mode_name, check_int, episode_statistics_key,
+                              parse_autoreset_mode, seed_list)
 
 
 
@@ -340,7 +340,7 @@ class _ShardsStepper:
         """Nothing of its own: the env closes its shards."""
 
 
-class MultiVecEnv(BatchedVecEnv):
+class MultiVecEnv(SendRowChecks, BatchedVecEnv):
     """num_envs envs spread over several daemons, used as one gymnasium
     VectorEnv (see MultiClient.make and the module docstring).
 
@@ -409,11 +409,7 @@ class MultiVecEnv(BatchedVecEnv):
         # refused step names the global env index and steps no shard.
         self._started = np.zeros(num_envs, np.bool_)  # per env
         self._all_started = False
-        space = self.single_action_space
-        self._discrete = ((space.start, space.start + space.n)
-                          if isinstance(space, spaces.Discrete) else None)
-        # (a MultiDiscrete, MultiBinary or Dict/Tuple space with integer leaves)
-        self._range_checked = self._discrete is None and bool(leaves.range_checks(space))
+        self._init_send_row_checks()  # (_validate_step checks steps alike)
         self._lost: tuple[int, BaseException] | None = None  # (shard, error): a daemon is gone
         self._stepper = self._async_stepper() if is_async else _ShardsStepper(self)
 
@@ -508,26 +504,6 @@ class MultiVecEnv(BatchedVecEnv):
         counts; kept without its traceback, whose frames would hold the shards)."""
         if self._lost is None:
             self._lost = (k, ConnectionLostError(str(error)))
-
-    def _check_send_rows(self, rows: np.ndarray, env_ids: np.ndarray) -> None:
-        # a posted send's refusal comes late: check discrete ranges here, with
-        # the single env's message (as RemoteVecEnv does)
-        if self._discrete is not None and len(rows):
-            start, stop = self._discrete
-            if rows.min() < start or rows.max() >= stop:
-                k = int(np.flatnonzero((rows < start) | (rows >= stop))[0])
-                raise action_out_of_range(self.env_id, self.single_action_space,
-                                          int(rows[k]), self._row_id(env_ids, k))
-        elif self._range_checked and len(rows):
-            k = leaves.first_row_out_of_range(self.single_action_space, rows)
-            if k >= 0:
-                raise InvalidActionError(leaves.action_range_message(
-                    self.env_id, self.single_action_space, rows[k], self._row_id(env_ids, k)))
-
-    def _row_id(self, env_ids: np.ndarray, k: int) -> int:
-        """The row (as the in-process vec names it: env * num_agents + agent)
-        of row k of a send to env_ids (one id per env)."""
-        return int(env_ids[k // self.num_agents]) * self.num_agents + k % self.num_agents
 
     def _rows_text(self, k: int) -> str:
         rows = self.shard_slices[k]

@@ -7,33 +7,21 @@ from __future__ import annotations
 
 import os
 import signal
-from pathlib import Path
 
 import numpy as np
 import pytest
-from envs import alive, children, wait_until
+from envs import DAEMON_ENV, alive, descendants, wait_until
 from support.daemon import DaemonProcess, segments_of
 
 import envd
 
 pytest.importorskip("mpe2.simple_spread_v3", reason="mpe2 is the env served")
 
-HERE = Path(__file__).parent
 SPREAD = "pz:mpe2.simple_spread_v3:parallel_env"
 STAGGERED = "pz:pz_envs:staggered"
 RAISING = "pz:pz_envs:raising"
-ENV = {"PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
+ENV = DAEMON_ENV
 
-
-def descendants(pid: int) -> list[int]:
-    """Every live process under pid (the template and the workers)."""
-    out, todo = [], [pid]
-    while todo:
-        for child in children(todo.pop()):
-            if alive(child):
-                out.append(child)
-                todo.append(child)
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ import signal
 import numpy as np
 import pytest
 from support.async_steps import async_trajectories, per_env_actions, sync_trajectories
-from support.daemon import DaemonProcess, segments_of, wait_until
+from support.daemon import daemon_group
 from support.multi_agent_checks import AGENTS, SOURCE, actions_for
 
 import envd
@@ -39,20 +39,9 @@ def daemons(tmp_path_factory):
     from support.plugin_checks import build_plugin
     folder = tmp_path_factory.mktemp("multi-agent-shards")
     library = build_plugin(SOURCE, folder / "libseek.so")
-    procs = []
-    try:
-        for k in range(2):
-            procs.append(DaemonProcess(folder / f"daemon{k}", "--threads", "1",
-                                       "--lease-timeout", "30", "--plugin", str(library)))
+    flags = ("--threads", "1", "--lease-timeout", "30", "--plugin", str(library))
+    with daemon_group(folder, flags, flags) as procs:
         yield procs
-        for proc in procs:
-            with proc.connect() as probe:
-                wait_until(lambda: probe.status()["sessions"] == 0, what="every session closed")
-    finally:
-        codes = [proc.stop() for proc in procs]
-    for proc, code in zip(procs, codes):
-        assert code == 0, proc.log()
-        assert segments_of(proc.pid) == []
 
 
 @pytest.fixture(scope="module", params=PATHS, ids=["shm", "inline", "doorbell"])
