@@ -48,7 +48,7 @@ class ShardsDoorbellStepper(ShardsAsyncStepper):
             shard.rung = 0  # envs a RECV rung and not answered yet asks for (0: none)
             shard.remaining = {}  # batch serial -> its envs still in flight there
         self._serial = 0
-        self._batch_of = np.zeros(env.num_envs, np.int64)  # each env's last batch serial
+        self._batch_of = np.zeros(env.num_env_instances, np.int64)  # each env's last batch serial
 
     # ---- the wire ---------------------------------------------------------------------------
     def _waiting_anywhere(self) -> bool:
@@ -60,7 +60,7 @@ class ShardsDoorbellStepper(ShardsAsyncStepper):
         while shard.rung:  # the doorbell takes one request at a time
             self._wait(deadline, "send", only=shard)
         local = ids - shard.rows.start
-        shard.env.buffers["actions"][local] = self._env._actions[ids]
+        self._copy_actions(shard, ids, local)
         try:
             shard.stepper._send(local)  # rings SEND: answered once the batch started
         except ConnectionLostError as exc:

@@ -148,6 +148,23 @@ def alive(pid: int) -> bool:
         return False
 
 
+#: The environment of a daemon whose --import / --python-env modules live in
+#: this folder (daemon_envs.py, pz_envs.py): they import it by name.
+DAEMON_ENV = {"PYTHONPATH": os.pathsep.join(
+    filter(None, [os.path.dirname(os.path.abspath(__file__)), os.environ.get("PYTHONPATH")]))}
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process under pid (a daemon's template and its workers)."""
+    out, todo = [], [pid]
+    while todo:
+        for child in children(todo.pop()):
+            if alive(child):
+                out.append(child)
+                todo.append(child)
+    return out
+
+
 def children(pid: int) -> list[int]:
     """The pids whose parent is pid (zombies included)."""
     out = []
