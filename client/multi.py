@@ -232,7 +232,8 @@ class MultiClient:
              **env_kwargs: Any) -> "MultiVecEnv":
         """num_envs envs of env_id spread over the daemons in proportion to
         their threads (see split_envs); arguments as Client.make (env_kwargs
-        and other keywords go to every daemon's make).  Env i gets seed + i
+        and other keywords go to every daemon's make, a per-env list split:
+        each daemon gets its own envs' values).  Env i gets seed + i
         (or the i-th seed of a list) wherever it runs, so the env behaves as
         ``envd.make(env_id, num_envs, seed=seed, ...)`` bit for bit.
 

@@ -369,11 +369,7 @@ class ShardsAsyncStepper:
             return
         blobs = reply.get("_blobs", [])
         local = np.frombuffer(blobs[0], np.int64).copy() if blobs else np.empty(0, np.int64)
-        count = shard.rows.stop - shard.rows.start
-        if not 1 <= len(local) <= shard.in_flight or local.min() < 0 or local.max() >= count:
-            raise ProtocolError(f"{shard.where} answered a recv with {len(local)} env ids "
-                                f"(of {shard.in_flight} in flight there, ids within "
-                                f"0..{count - 1} expected)")
+        self._check_answered_ids(shard, local)
         shard.stepper._take_outputs(reply, blobs[1:], local)  # (inline: into its buffers)
         self._copy_rows(shard, local)
         ids = local + shard.rows.start
@@ -381,6 +377,16 @@ class ShardsAsyncStepper:
         self._ready.append(ids)
         self._num_ready += len(ids)
         shard.in_flight -= len(ids)
+
+    @staticmethod
+    def _check_answered_ids(shard: _Shard, local: np.ndarray) -> None:
+        """Refuse a daemon's recv answer whose env ids could not be its own
+        (the rows are copied and the books indexed with them unchecked)."""
+        count = shard.rows.stop - shard.rows.start
+        if not 1 <= len(local) <= shard.in_flight or local.min() < 0 or local.max() >= count:
+            raise ProtocolError(f"{shard.where} answered a recv with {len(local)} env ids "
+                                f"(of {shard.in_flight} in flight there, ids within "
+                                f"0..{count - 1} expected)")
 
     # ---- errors -----------------------------------------------------------------------------
     def _named(self, error: EnvdError, shard: _Shard) -> BaseException:

@@ -29,7 +29,8 @@ import numpy as np
 
 from envd.client.doorbell import RECV, SHUTTING_DOWN, wait_any
 from envd.client.multi_async import IN_FLIGHT, READY, ShardsAsyncStepper, _Shard
-from envd.errors import ConnectionLostError, EnvdError, EnvdTimeoutError, ShuttingDownError
+from envd.errors import (ConnectionLostError, EnvdError, EnvdTimeoutError, ProtocolError,
+                         ShuttingDownError)
 from envd.vector_base import step_error
 
 if TYPE_CHECKING:
@@ -149,7 +150,10 @@ class ShardsDoorbellStepper(ShardsAsyncStepper):
                     step_error(self._env_id, shard.stepper.action_space, status, index,
                                shard.env.buffers), shard)
             return
+        if result != count:  # (a RECV answers exactly count ids)
+            raise ProtocolError(f"{shard.where} answered a RECV of {count} envs with {result}")
         local = shard.stepper._ids[:count].copy()
+        self._check_answered_ids(shard, local)
         self._copy_rows(shard, local)
         ids = local + shard.rows.start
         for serial, done in zip(*np.unique(self._batch_of[ids], return_counts=True)):
