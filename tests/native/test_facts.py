@@ -123,7 +123,8 @@ def test_wire_codes_carry_every_native_code(name):
     reply = protocol.error_reply(1, errors.NativeError("it failed", code))
     back = protocol.error_from_reply(reply)
     assert type(back) is errors.NativeError and back.code == code
-    buffers = {"actions": np.zeros(2, np.int64), "dones": np.ones(2, bool)}
+    buffers = {"actions": np.zeros(2, np.int64), "terminations": np.ones(2, bool),
+               "truncations": np.zeros(2, bool)}
     exc = step_error("CartPole-v1", spaces.Discrete(2), code, 0, buffers)
     assert protocol.ERROR_CODES[exc.error_code] is type(exc)
     if isinstance(exc, errors.NativeError):
