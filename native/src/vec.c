@@ -29,6 +29,13 @@
  * CHUNKS_PER_THREAD chunks per participating thread, which balances load when
  * envs differ in cost or a thread is preempted. */
 #define INLINE_BELOW_NS 40000.0
+/* An async batch's caller (the trainer's thread in-process, the doorbell's
+ * thread a client waits on) wants the send back at once: the batch overlaps
+ * its work only on the pool.  It runs inline only when cheaper than the
+ * submit's own wake-up call (a futex syscall, a few microseconds).  A batch
+ * for an event loop (NOTIFY: the socket path) keeps INLINE_BELOW_NS, which
+ * spares it an eventfd round trip through the loop. */
+#define INLINE_BATCH_BELOW_NS 5000.0
 #define MIN_CHUNK_NS 5000.0
 #define CHUNKS_PER_THREAD 4
 #define COST_EWMA_WEIGHT 0.125
@@ -478,7 +485,8 @@ static int64_t choose_chunk(const envd_vec_t *vec, int64_t n, bool off_caller, b
         return 0;
     double cost = vec->stats.cost_ns_per_env;
     bool unmeasured_notify = cost == 0.0 && off_caller;
-    if (!unmeasured_notify && (cost == 0.0 || cost * (double)n < INLINE_BELOW_NS))
+    double inline_below = off_caller && !for_loop ? INLINE_BATCH_BELOW_NS : INLINE_BELOW_NS;
+    if (!unmeasured_notify && (cost == 0.0 || cost * (double)n < inline_below))
         return 0; /* unmeasured yet, or too cheap to pay for a wake-up */
     int64_t by_cost = unmeasured_notify ? 1 : (int64_t)(MIN_CHUNK_NS / cost) + 1;
     int64_t by_balance = (n + CHUNKS_PER_THREAD * (threads + 1) - 1) /
