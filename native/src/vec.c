@@ -722,6 +722,25 @@ static void unmark(envd_vec_t *vec, const int64_t *ids, int64_t count)
         vec->in_batch[ids[k]] = false;
 }
 
+/* Copy the batch's rows of the actions buffer into the private copy.  A
+ * memcpy of a constant size compiles to a move: a call per 8-byte row was a
+ * visible share of a cheap env's send (docs/benchmarks.md). */
+#define COPY_ROWS_OF(size)                                                        \
+    for (int64_t k = 0; k < count; k++)                                           \
+        memcpy(vec->actions + (size_t)ids[k] * (size),                            \
+               (const unsigned char *)vec->buf.actions + (size_t)ids[k] * (size), (size))
+
+static void copy_action_rows(envd_vec_t *vec, const int64_t *ids, int64_t count)
+{
+    const size_t row = vec->action_bytes;
+    switch (row) {
+    case 1: COPY_ROWS_OF(1); break;
+    case 4: COPY_ROWS_OF(4); break;
+    case 8: COPY_ROWS_OF(8); break;
+    default: COPY_ROWS_OF(row);
+    }
+}
+
 /* Check a batch's ids (the vec's private copy) and mark its envs in flight;
  * then copy their actions into the private copy (only now: until an env is
  * marked, a batch in flight may be reading its row) and check those.  On
@@ -743,10 +762,7 @@ static int claim_batch(envd_vec_t *vec, const int64_t *ids, int64_t count)
         }
         vec->in_batch[i] = true;
     }
-    const size_t row = vec->action_bytes;
-    for (k = 0; k < count; k++)
-        memcpy(vec->actions + (size_t)ids[k] * row,
-               (const unsigned char *)vec->buf.actions + (size_t)ids[k] * row, row);
+    copy_action_rows(vec, ids, count);
     /* As validate_step: an env's block (written by the threads stepping it)
      * is read only when its state may refuse it; integer actions are checked
      * on the private copy. */
