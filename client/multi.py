@@ -35,7 +35,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Sequence
 
 import numpy as np
-from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
 from envd import leaves, protocol
@@ -46,8 +45,9 @@ from envd.client.multi_doorbell import ShardsDoorbellStepper
 from envd.client.remote_vector_env import RemoteVecEnv
 from envd.errors import (ConnectionLostError, EnvdError, EnvStateError, InvalidActionError,
                          InvalidArgumentError, NativeError)
-from envd.vector_base import (BatchedVecEnv, action_out_of_range, autoreset_mode_name,
-                              check_int, episode_statistics_key, parse_autoreset_mode, seed_list)
+from envd.vector_base import (BatchedVecEnv, SendRowChecks, action_out_of_range,
+                              autoreset_mode_name, check_int, episode_statistics_key,
+                              parse_autoreset_mode, seed_list)
 
 
 
@@ -148,6 +148,28 @@ def _check_max_threads(max_threads: Any, statuses: list[dict[str, Any]],
                 f"daemon, so 0 <= max_threads <= {smallest}")
 
 
+def _shard_kwargs(env_id: str, kwargs: dict[str, Any], num_envs: int,
+                  rows: slice) -> dict[str, Any]:
+    """A shard's make kwargs: a native env's per-env kwarg (a list, tuple or
+    1-d array of num_envs values, one per env: native/registry.py) gives the
+    shard the values of its envs, so env i keeps its own value wherever it
+    runs; anything else goes to every shard as it is (a hosted "py:" env's
+    kwargs are whole values, never split)."""
+    if env_id.startswith("py:"):
+        return kwargs
+    split = {}
+    for name, value in kwargs.items():
+        if isinstance(value, (list, tuple)) or (isinstance(value, np.ndarray)
+                                                and value.ndim == 1):
+            if len(value) != num_envs:  # (each shard would name its own num_envs)
+                raise InvalidArgumentError(
+                    f"{env_id}: parameter {name!r} has {len(value)} values but "
+                    f"num_envs={num_envs}; give one value per env, or a scalar for all")
+            value = value[rows]
+        split[name] = value
+    return split
+
+
 class MultiClient:
     """Connections to several envd daemons used as one (see envd.connect).
 
@@ -210,7 +232,8 @@ class MultiClient:
              **env_kwargs: Any) -> "MultiVecEnv":
         """num_envs envs of env_id spread over the daemons in proportion to
         their threads (see split_envs); arguments as Client.make (env_kwargs
-        and other keywords go to every daemon's make).  Env i gets seed + i
+        and other keywords go to every daemon's make, a per-env list split:
+        each daemon gets its own envs' values).  Env i gets seed + i
         (or the i-th seed of a list) wherever it runs, so the env behaves as
         ``envd.make(env_id, num_envs, seed=seed, ...)`` bit for bit.
 
@@ -318,7 +341,7 @@ class _ShardsStepper:
         """Nothing of its own: the env closes its shards."""
 
 
-class MultiVecEnv(BatchedVecEnv):
+class MultiVecEnv(SendRowChecks, BatchedVecEnv):
     """num_envs envs spread over several daemons, used as one gymnasium
     VectorEnv (see MultiClient.make and the module docstring).
 
@@ -348,7 +371,7 @@ class MultiVecEnv(BatchedVecEnv):
         def make_shard(k: int) -> RemoteVecEnv:
             client, _, rows = plan[k]
             return client.make(env_id, rows.stop - rows.start, seed=seeds[rows], copy=False,
-                               **make_kwargs)
+                               **_shard_kwargs(env_id, make_kwargs, num_envs, rows))
 
         outcomes = _run_all(make_shard, range(len(plan)), executor)
         shards = [shard for _, shard, error in outcomes if error is None]
@@ -365,16 +388,6 @@ class MultiVecEnv(BatchedVecEnv):
         # a multi-agent env's agents are rows (as envd.make's): num_envs counts
         # rows; shards split by env, never inside one
         agents = first.num_agents
-        if is_async and agents > 1:
-            for shard in shards:
-                shard.close()
-            if executor is not None:
-                executor.shutdown(wait=True)
-            raise InvalidArgumentError(
-                f"{first.env_id} has {agents} agents per env: async mode (batch_size < "
-                f"num_envs) of a MultiVecEnv does not take multi-agent envs yet; use "
-                "reset()/step() across the daemons, or send/recv of one daemon's env "
-                "(Client.make)")
         super().__init__(first.env_id, first.single_observation_space, first.single_action_space,
                          num_envs * agents, mode, first.max_episode_steps, copy,
                          episode_statistics, batch_size if is_async else None)
@@ -397,11 +410,7 @@ class MultiVecEnv(BatchedVecEnv):
         # refused step names the global env index and steps no shard.
         self._started = np.zeros(num_envs, np.bool_)  # per env
         self._all_started = False
-        space = self.single_action_space
-        self._discrete = ((space.start, space.start + space.n)
-                          if isinstance(space, spaces.Discrete) else None)
-        # (a MultiDiscrete, MultiBinary or Dict/Tuple space with integer leaves)
-        self._range_checked = self._discrete is None and bool(leaves.range_checks(space))
+        self._init_send_row_checks()  # (_validate_step checks steps alike)
         self._lost: tuple[int, BaseException] | None = None  # (shard, error): a daemon is gone
         self._stepper = self._async_stepper() if is_async else _ShardsStepper(self)
 
@@ -497,21 +506,6 @@ class MultiVecEnv(BatchedVecEnv):
         if self._lost is None:
             self._lost = (k, ConnectionLostError(str(error)))
 
-    def _check_send_rows(self, rows: np.ndarray, env_ids: np.ndarray) -> None:
-        # a posted send's refusal comes late: check discrete ranges here, with
-        # the single env's message (as RemoteVecEnv does)
-        if self._discrete is not None and len(rows):
-            start, stop = self._discrete
-            if rows.min() < start or rows.max() >= stop:
-                k = int(np.flatnonzero((rows < start) | (rows >= stop))[0])
-                raise action_out_of_range(self.env_id, self.single_action_space,
-                                          int(rows[k]), int(env_ids[k]))
-        elif self._range_checked and len(rows):
-            k = leaves.first_row_out_of_range(self.single_action_space, rows)
-            if k >= 0:
-                raise InvalidActionError(leaves.action_range_message(
-                    self.env_id, self.single_action_space, rows[k], int(env_ids[k])))
-
     def _rows_text(self, k: int) -> str:
         rows = self.shard_slices[k]
         return f", serving envs {rows.start}..{rows.stop - 1}"
@@ -522,6 +516,17 @@ class MultiVecEnv(BatchedVecEnv):
             raise ConnectionLostError(
                 f"{self.env_id}: the daemon at {self.shard_endpoints[k]}{self._rows_text(k)} "
                 f"of this MultiVecEnv is gone ({error}); close this env and make a new one")
+
+    def _needs_reset(self) -> np.ndarray:
+        """Per row: its env ended and was not reset since (what the native
+        vec refuses to step in disabled mode).  A multi-agent env ends when
+        every agent is done: a dead row repeats its final flags, a live one
+        is not flagged, so all its rows flagged means the env ended (one
+        agent done while the others go on is no reason to refuse)."""
+        if self.num_agents == 1:
+            return self._dones
+        flagged = (self._terminations | self._truncations).reshape(-1, self.num_agents)
+        return np.repeat(flagged.all(axis=1), self.num_agents)
 
     def _validate_step(self) -> None:
         """Refuse the step as the single env would, before any shard steps:
@@ -534,8 +539,9 @@ class MultiVecEnv(BatchedVecEnv):
         started = (self._started if self.num_agents == 1
                    else np.repeat(self._started, self.num_agents))  # per row
         bad = ~started
+        needs_reset = self._needs_reset() if disabled else None
         if disabled:
-            bad |= self._dones
+            bad |= needs_reset
         if self._discrete is not None:
             start, stop = self._discrete
             bad |= (self._actions < start) | (self._actions >= stop)
@@ -547,15 +553,15 @@ class MultiVecEnv(BatchedVecEnv):
         if not bad.any():
             return
         i = int(np.argmax(bad))  # (a row: env i // num_agents)
-        if started[i] and not (disabled and self._dones[i]):
+        if started[i] and not (disabled and needs_reset[i]):
             if self._range_checked:
                 raise InvalidActionError(leaves.action_range_message(
                     self.env_id, self.single_action_space, self._actions[i], i))
             raise action_out_of_range(self.env_id, self.single_action_space,
                                       int(self._actions[i]), i)
-        if not self._dones[i]:
+        if not started[i]:
             raise EnvStateError(
-                f"{self.env_id}: env {i // self.num_agents} was never reset; call reset() "
+                f"{self.env_id}: env {i} was never reset; call reset() "
                 "before step()")
         raise EnvStateError(
             f"{self.env_id}: env {i} is done and autoreset_mode is 'disabled'; reset it with "

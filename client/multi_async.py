@@ -24,6 +24,11 @@ the books across them, EnvPool's rules unchanged (envd.stepping):
 That is the socket wire; client/multi_doorbell.py drives the same books
 through the daemons' doorbells where every shard has the fast path.
 
+A multi-agent env (agents as rows) works in whole envs, as on one daemon:
+the books, the FIFO and every id a shard sends or receives name envs; only
+the copies between the shards' buffers and the MultiVecEnv's move each env's
+num_agents rows (agent-major: env i's rows are i*A .. i*A+A-1).
+
 Refusals keep the one-daemon rules: a send of an env not idle raises at the
 send (the books are here); a send the daemon refuses (a done env in
 ``disabled`` mode) is raised by the next call, naming the daemon, and its
@@ -95,7 +100,8 @@ class ShardsAsyncStepper:
         self._shards = [_Shard(shard, rows, endpoint) for shard, rows, endpoint
                         in zip(env.shards, env.shard_slices, env.shard_endpoints)]
         self._starts = np.array([shard.rows.start for shard in self._shards], np.int64)
-        self._state = np.zeros(env.num_envs, np.int8)
+        self._agents = env.num_agents  # rows per env
+        self._state = np.zeros(env.num_env_instances, np.int8)  # per env, not per row
         self._ready: collections.deque[np.ndarray] = collections.deque()
         self._num_ready = 0
         #: the first refusal of a posted send, read but not raised yet
@@ -136,8 +142,9 @@ class ShardsAsyncStepper:
 
         def reset_shard(k: int) -> None:
             shard = self._shards[k]
-            if with_seeds:
-                shard.env.buffers["reset_seeds"][...] = seeds[shard.rows]
+            count = shard.rows.stop - shard.rows.start
+            if with_seeds:  # (one seed per env: the first count entries)
+                shard.env.buffers["reset_seeds"][:count] = seeds[shard.rows]
             # the daemon waits for the batches in flight and drops them
             shard.stepper.async_reset(with_seeds)
             # every earlier request's reply came before this one's (a daemon
@@ -145,15 +152,14 @@ class ShardsAsyncStepper:
             # send read here must not make envs idle that are ready now
             shard.replies.clear()
             shard.in_flight = 0
-            count = shard.rows.stop - shard.rows.start
             local = shard.stepper.recv(count)  # all of them, in env order
             self._copy_rows(shard, local)
 
         env._dispatch(reset_shard, range(len(self._shards)))
         env._started[:] = True  # (a sync step once all are received: as after reset())
         env._all_started = True
-        self._ready.append(np.arange(env.num_envs, dtype=np.int64))
-        self._num_ready = env.num_envs
+        self._ready.append(np.arange(env.num_env_instances, dtype=np.int64))
+        self._num_ready = env.num_env_instances
         self._state[:] = READY
 
     def step(self) -> int:
@@ -237,18 +243,20 @@ class ShardsAsyncStepper:
     def _copy_rows(self, shard: _Shard, local: np.ndarray) -> None:
         """The shard's output rows of its envs local into the env's buffers
         (one block copy when they are consecutive and ascending, as a batch
-        sent back as received comes back: fancy indexing costs more)."""
+        sent back as received comes back: fancy indexing costs more).  Env
+        j of the shard is rows j*A .. j*A+A-1 there and (start+j)*A .. here."""
         buffers, theirs = self._env._buffers, shard.env.buffers
-        first, count = int(local[0]), len(local)
+        first, count, agents = int(local[0]), len(local), self._agents
+        offset = shard.rows.start * agents
         if int(local[-1]) - first + 1 == count and (count < 2 or (np.diff(local) == 1).all()):
-            rows, at = slice(first, first + count), slice(first + shard.rows.start,
-                                                          first + shard.rows.start + count)
+            rows = slice(first * agents, (first + count) * agents)
+            at = slice(rows.start + offset, rows.stop + offset)
             for name in self._env._outputs:
                 buffers[name][at] = theirs[name][rows]
             return
-        ids = local + shard.rows.start
+        rows = shard.stepper.rows_of(local)
         for name in self._env._outputs:
-            buffers[name][ids] = theirs[name][local]
+            buffers[name][rows + offset] = theirs[name][rows]
 
     # ---- the wire ---------------------------------------------------------------------------
     def _waiting_anywhere(self) -> bool:
@@ -258,13 +266,19 @@ class ShardsAsyncStepper:
     def _post_send(self, k: int, ids: np.ndarray) -> None:
         shard = self._shards[k]
         local = ids - shard.rows.start
-        shard.env.buffers["actions"][local] = self._env._actions[ids]
+        self._copy_actions(shard, ids, local)
         header, blobs = shard.stepper._request_send(local)  # (shm or inline encoding)
         inbox = shard.replies  # (the callback holds the list only: never the shard's
         # segment, should the daemon die and the channel keep the callback)
         self._post(shard, header, blobs, lambda reply: inbox.append(("send", ids, reply)))
         self._state[ids] = IN_FLIGHT
         shard.in_flight += len(ids)
+
+    def _copy_actions(self, shard: _Shard, ids: np.ndarray, local: np.ndarray) -> None:
+        """The action rows of envs ids (global; local on the shard) into the
+        shard's buffers, where its daemon reads them."""
+        shard.env.buffers["actions"][shard.stepper.rows_of(local)] = \
+            self._env._actions[self._env._rows_of(ids)]
 
     def _post_recv(self, k: int) -> None:
         """Let one recv wait on daemon k for its first batch to finish."""
@@ -355,11 +369,7 @@ class ShardsAsyncStepper:
             return
         blobs = reply.get("_blobs", [])
         local = np.frombuffer(blobs[0], np.int64).copy() if blobs else np.empty(0, np.int64)
-        count = shard.rows.stop - shard.rows.start
-        if not 1 <= len(local) <= shard.in_flight or local.min() < 0 or local.max() >= count:
-            raise ProtocolError(f"{shard.where} answered a recv with {len(local)} env ids "
-                                f"(of {shard.in_flight} in flight there, ids within "
-                                f"0..{count - 1} expected)")
+        self._check_answered_ids(shard, local)
         shard.stepper._take_outputs(reply, blobs[1:], local)  # (inline: into its buffers)
         self._copy_rows(shard, local)
         ids = local + shard.rows.start
@@ -367,6 +377,16 @@ class ShardsAsyncStepper:
         self._ready.append(ids)
         self._num_ready += len(ids)
         shard.in_flight -= len(ids)
+
+    @staticmethod
+    def _check_answered_ids(shard: _Shard, local: np.ndarray) -> None:
+        """Refuse a daemon's recv answer whose env ids could not be its own
+        (the rows are copied and the books indexed with them unchecked)."""
+        count = shard.rows.stop - shard.rows.start
+        if not 1 <= len(local) <= shard.in_flight or local.min() < 0 or local.max() >= count:
+            raise ProtocolError(f"{shard.where} answered a recv with {len(local)} env ids "
+                                f"(of {shard.in_flight} in flight there, ids within "
+                                f"0..{count - 1} expected)")
 
     # ---- errors -----------------------------------------------------------------------------
     def _named(self, error: EnvdError, shard: _Shard) -> BaseException:

@@ -29,7 +29,8 @@ import numpy as np
 
 from envd.client.doorbell import RECV, SHUTTING_DOWN, wait_any
 from envd.client.multi_async import IN_FLIGHT, READY, ShardsAsyncStepper, _Shard
-from envd.errors import ConnectionLostError, EnvdError, EnvdTimeoutError, ShuttingDownError
+from envd.errors import (ConnectionLostError, EnvdError, EnvdTimeoutError, ProtocolError,
+                         ShuttingDownError)
 from envd.vector_base import step_error
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ class ShardsDoorbellStepper(ShardsAsyncStepper):
             shard.rung = 0  # envs a RECV rung and not answered yet asks for (0: none)
             shard.remaining = {}  # batch serial -> its envs still in flight there
         self._serial = 0
-        self._batch_of = np.zeros(env.num_envs, np.int64)  # each env's last batch serial
+        self._batch_of = np.zeros(env.num_env_instances, np.int64)  # each env's last batch serial
 
     # ---- the wire ---------------------------------------------------------------------------
     def _waiting_anywhere(self) -> bool:
@@ -60,7 +61,7 @@ class ShardsDoorbellStepper(ShardsAsyncStepper):
         while shard.rung:  # the doorbell takes one request at a time
             self._wait(deadline, "send", only=shard)
         local = ids - shard.rows.start
-        shard.env.buffers["actions"][local] = self._env._actions[ids]
+        self._copy_actions(shard, ids, local)
         try:
             shard.stepper._send(local)  # rings SEND: answered once the batch started
         except ConnectionLostError as exc:
@@ -149,7 +150,10 @@ class ShardsDoorbellStepper(ShardsAsyncStepper):
                     step_error(self._env_id, shard.stepper.action_space, status, index,
                                shard.env.buffers), shard)
             return
+        if result != count:  # (a RECV answers exactly count ids)
+            raise ProtocolError(f"{shard.where} answered a RECV of {count} envs with {result}")
         local = shard.stepper._ids[:count].copy()
+        self._check_answered_ids(shard, local)
         self._copy_rows(shard, local)
         ids = local + shard.rows.start
         for serial, done in zip(*np.unique(self._batch_of[ids], return_counts=True)):

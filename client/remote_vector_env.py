@@ -13,19 +13,18 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
-from envd import leaves, protocol
-from envd.errors import InvalidActionError, ProtocolError
+from envd import protocol
+from envd.errors import ProtocolError
 from envd.client.transports import open_stepper
-from envd.vector_base import BatchedVecEnv, action_out_of_range
+from envd.vector_base import BatchedVecEnv, SendRowChecks
 
 if TYPE_CHECKING:
     from envd.client.connection import Client
 
 
-class RemoteVecEnv(BatchedVecEnv):
+class RemoteVecEnv(SendRowChecks, BatchedVecEnv):
     """num_envs envs stepped by a daemon's pool (see Client.make)."""
 
     def __init__(self, client: "Client", reply: dict[str, Any], num_envs: int,
@@ -57,11 +56,7 @@ class RemoteVecEnv(BatchedVecEnv):
         self.max_threads: int | None = reply.get("max_threads")
         self._bind_buffers(self._segment.arrays)
         self._client = client
-        space = self.single_action_space
-        self._discrete = ((space.start, space.start + space.n)
-                          if isinstance(space, spaces.Discrete) else None)
-        # (a MultiDiscrete, MultiBinary or Dict/Tuple space with integer leaves)
-        self._range_checked = bool(leaves.range_checks(space))
+        self._init_send_row_checks()
 
     @property
     def fast_path(self) -> bool:
@@ -85,27 +80,6 @@ class RemoteVecEnv(BatchedVecEnv):
 
     def _check_buffers_free(self) -> None:
         self._stepper.check_buffers_free()
-
-    def _check_send_rows(self, rows: np.ndarray, env_ids: np.ndarray) -> None:
-        # Over the socket the daemon would refuse an out-of-range action only
-        # after send has returned (sends are posted): check here, with the
-        # in-process message, whatever the transport.
-        if self._discrete is not None and len(rows):
-            start, stop = self._discrete
-            if rows.min() < start or rows.max() >= stop:
-                k = int(np.flatnonzero((rows < start) | (rows >= stop))[0])
-                raise action_out_of_range(self.env_id, self.single_action_space,
-                                          int(rows[k]), self._row_id(env_ids, k))
-        elif self._range_checked and len(rows):
-            k = leaves.first_row_out_of_range(self.single_action_space, rows)
-            if k >= 0:
-                raise InvalidActionError(leaves.action_range_message(
-                    self.env_id, self.single_action_space, rows[k], self._row_id(env_ids, k)))
-
-    def _row_id(self, env_ids: np.ndarray, k: int) -> int:
-        """The row (as the in-process vec names it: env * num_agents + agent)
-        of row k of a send to env_ids (one id per env)."""
-        return int(env_ids[k // self.num_agents]) * self.num_agents + k % self.num_agents
 
     def _render_frames(self) -> np.ndarray:
         return self._stepper.frames()

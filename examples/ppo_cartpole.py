@@ -1,4 +1,4 @@
-"""PPO on CartPole-v1 through an envd daemon, in one file (CleanRL style).
+"""PPO on CartPole-v1 through an envd daemon (CleanRL style; the algorithm is ppo_core.py).
 
 Start a daemon, then train through it:
 
@@ -9,16 +9,13 @@ or without a daemon (the same native envs in this process, same results):
 
     python examples/ppo_cartpole.py --in-process
 
-The algorithm: a 64-64 tanh actor and critic, rollouts of num_steps x num_envs,
-GAE(lambda), advantage normalisation per minibatch, the clipped surrogate
-objective, a clipped value loss, an entropy bonus, Adam with a linearly annealed
-learning rate and gradient clipping.  The envs run in envd's ``same_step``
-autoreset mode: the step that ends an episode already returns the next
-episode's first observation, so each stored transition belongs to one episode,
-and the final observation (``info["final_obs"]``) bootstraps the value of an
-episode cut by the time limit (truncated, not terminated).  Episode returns
-come from envd's own episode statistics (``info["envd_episode"]["r"]`` under the
-mask ``info["_envd_episode"]``).
+The algorithm (ppo_core.py, shared with ppo_simple_spread.py): a 64-64 tanh
+actor and critic, rollouts of num_steps x num_envs, GAE(lambda), the clipped
+surrogate objective, Adam with a linearly annealed learning rate.  The envs run
+in envd's ``same_step`` autoreset mode: the final observation
+(``info["final_obs"]``) bootstraps the value of an episode cut by the time
+limit, and episode returns come from envd's own episode statistics
+(``info["envd_episode"]["r"]`` under the mask ``info["_envd_episode"]``).
 
 "Solved" means: the mean return of the last 20 finished episodes is at least
 475 (``--target``).  Training stops as soon as that holds; the last line says
@@ -41,17 +38,14 @@ bit-identical in and out of the daemon).
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-import numpy as np
 import torch
-from gymnasium.vector import AutoresetMode, VectorEnv
-from torch import nn
+from gymnasium.vector import VectorEnv
+from ppo_core import PPO, Episodes
 
 import envd
 
@@ -90,144 +84,31 @@ class Result:
     returns: list[float] = field(default_factory=list)  # the last `window` episode returns
 
 
-def layer(in_dim: int, out_dim: int, std: float = math.sqrt(2)) -> nn.Linear:
-    """A linear layer with CleanRL's orthogonal init."""
-    lin = nn.Linear(in_dim, out_dim)
-    nn.init.orthogonal_(lin.weight, std)
-    nn.init.constant_(lin.bias, 0.0)
-    return lin
-
-
-class Agent(nn.Module):
-    """Separate actor and critic MLPs (64-64, tanh) for a discrete action space."""
-
-    def __init__(self, obs_dim: int, num_actions: int):
-        super().__init__()
-        self.critic = nn.Sequential(layer(obs_dim, 64), nn.Tanh(), layer(64, 64), nn.Tanh(),
-                                    layer(64, 1, std=1.0))
-        self.actor = nn.Sequential(layer(obs_dim, 64), nn.Tanh(), layer(64, 64), nn.Tanh(),
-                                   layer(64, num_actions, std=0.01))
-
-    def value(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.critic(obs).squeeze(-1)
-
-    def act(self, obs: torch.Tensor, action: torch.Tensor | None = None):
-        """(action, log-prob, entropy, value); samples an action unless given."""
-        dist = torch.distributions.Categorical(logits=self.actor(obs))
-        if action is None:
-            action = dist.sample()
-        return action, dist.log_prob(action), dist.entropy(), self.value(obs)
-
-
 def train(env: VectorEnv, cfg: Config, log: Callable[[str], None] = print) -> Result:
-    """Train PPO on env, a gymnasium VectorEnv from envd made with
-    autoreset_mode="same_step" (in-process or served by a daemon)."""
-    if env.metadata["autoreset_mode"] != AutoresetMode.SAME_STEP:
-        raise ValueError("train() needs an env made with autoreset_mode='same_step'")
-    torch.manual_seed(cfg.seed)
-    n, t_len = env.num_envs, cfg.num_steps
-    obs_dim = env.single_observation_space.shape[0]
-    agent = Agent(obs_dim, int(env.single_action_space.n))
-    optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.learning_rate, eps=1e-5)
-    batch = n * t_len
-    num_updates = max(1, cfg.total_steps // batch)
-    minibatch = batch // cfg.num_minibatches
-
-    obs_buf = torch.zeros((t_len, n, obs_dim))
-    actions = torch.zeros((t_len, n), dtype=torch.long)
-    logprobs = torch.zeros((t_len, n))
-    rewards = torch.zeros((t_len, n))
-    dones = torch.zeros((t_len, n))
-    values = torch.zeros((t_len, n))
-
-    recent: deque[float] = deque(maxlen=cfg.window)
-    episodes, steps, losses_finite = 0, 0, True
+    """Train PPO (ppo_core.py) on env, a gymnasium VectorEnv from envd made
+    with autoreset_mode="same_step" (in-process or served by a daemon),
+    until solved or out of budget."""
+    ppo, finished = PPO(env, cfg), Episodes(cfg.window)
+    steps, solved, mean_return = 0, False, float("nan")
     start = time.perf_counter()
     obs, _ = env.reset(seed=cfg.seed)
     next_obs = torch.tensor(obs)            # copy: envd's arrays are views of its buffers
-    mean_return = float("nan")
-    solved = False
-    for update in range(1, num_updates + 1):
-        for group in optimizer.param_groups:
-            group["lr"] = cfg.learning_rate * (1.0 - (update - 1) / num_updates)
-
-        # ---- rollout ----
-        for t in range(t_len):
-            obs_buf[t] = next_obs
-            with torch.no_grad():
-                action, logprob, _, value = agent.act(next_obs)
-            actions[t], logprobs[t], values[t] = action, logprob, value
-            obs, reward, terminated, truncated, info = env.step(action.numpy())
-            steps += n
-            reward = torch.tensor(reward)
-            if "final_obs" in info:
-                # Bootstrap time-limit cuts: the episode did not end, the
-                # clock did, so add gamma * V(final observation).
-                cut = np.flatnonzero(truncated & ~terminated)
-                if len(cut):
-                    final = torch.tensor(np.stack(info["final_obs"][cut]))
-                    with torch.no_grad():
-                        reward[cut] += cfg.gamma * agent.value(final)
-                ended = info["_envd_episode"]
-                for r in info["envd_episode"]["r"][ended]:
-                    recent.append(float(r))
-                episodes += int(ended.sum())
-            rewards[t] = reward
-            dones[t] = torch.tensor(terminated | truncated, dtype=torch.float32)
-            next_obs = torch.tensor(obs)
-
-        # ---- GAE: dones[t] says the episode ended at step t ----
-        with torch.no_grad():
-            next_value = agent.value(next_obs)
-            advantages = torch.zeros_like(rewards)
-            last = torch.zeros(n)
-            for t in reversed(range(t_len)):
-                nv = next_value if t == t_len - 1 else values[t + 1]
-                live = 1.0 - dones[t]
-                delta = rewards[t] + cfg.gamma * nv * live - values[t]
-                last = delta + cfg.gamma * cfg.gae_lambda * live * last
-                advantages[t] = last
-            returns = advantages + values
-
-        # ---- optimise ----
-        b_obs, b_actions = obs_buf.reshape(batch, obs_dim), actions.reshape(batch)
-        b_logprobs, b_adv = logprobs.reshape(batch), advantages.reshape(batch)
-        b_returns, b_values = returns.reshape(batch), values.reshape(batch)
-        for _ in range(cfg.update_epochs):
-            order = torch.randperm(batch)
-            for lo in range(0, batch, minibatch):
-                idx = order[lo:lo + minibatch]
-                _, newlogprob, entropy, newvalue = agent.act(b_obs[idx], b_actions[idx])
-                ratio = (newlogprob - b_logprobs[idx]).exp()
-                adv = b_adv[idx]
-                adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-                pg_loss = torch.max(-adv * ratio,
-                                    -adv * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)).mean()
-                v_clipped = b_values[idx] + (newvalue - b_values[idx]).clamp(-cfg.clip_coef,
-                                                                            cfg.clip_coef)
-                v_loss = 0.5 * torch.max((newvalue - b_returns[idx]) ** 2,
-                                         (v_clipped - b_returns[idx]) ** 2).mean()
-                loss = pg_loss + cfg.vf_coef * v_loss - cfg.ent_coef * entropy.mean()
-                losses_finite &= bool(torch.isfinite(loss))
-                optimizer.zero_grad()
-                loss.backward()
-                nn.utils.clip_grad_norm_(agent.parameters(), cfg.max_grad_norm)
-                optimizer.step()
-
-        if recent:
-            mean_return = float(np.mean(recent))
-        solved = len(recent) == cfg.window and mean_return >= cfg.target
+    for update in range(1, ppo.num_updates + 1):
+        next_obs, pg_loss, v_loss = ppo.update(update, next_obs, finished.add)
+        steps += env.num_envs * cfg.num_steps
+        mean_return = finished.mean() if finished.recent else mean_return
+        solved = len(finished.recent) == cfg.window and mean_return >= cfg.target
         elapsed = time.perf_counter() - start
-        if cfg.log_every and (update % cfg.log_every == 0 or solved or update == num_updates):
-            log(f"step {steps:>8}  episodes {episodes:>5}  mean return (last {len(recent)}) "
-                f"{mean_return:7.1f}  pg {pg_loss.item():+.4f}  v {v_loss.item():.3f}  "
-                f"{steps / elapsed:,.0f} steps/s")
+        if cfg.log_every and (update % cfg.log_every == 0 or solved or update == ppo.num_updates):
+            log(f"step {steps:>8}  episodes {finished.count:>5}  mean return (last "
+                f"{len(finished.recent)}) {mean_return:7.1f}  pg {pg_loss:+.4f}  "
+                f"v {v_loss:.3f}  {steps / elapsed:,.0f} steps/s")
         if solved:
             break
 
     wall = time.perf_counter() - start
-    return Result(solved, steps, wall, mean_return, episodes, steps / wall, losses_finite,
-                  list(recent))
+    return Result(solved, steps, wall, mean_return, finished.count, steps / wall,
+                  ppo.losses_finite, list(finished.recent))
 
 
 def make_env(endpoint: str | None, in_process: bool, num_envs: int,

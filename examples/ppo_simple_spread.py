@@ -12,9 +12,9 @@ or without a daemon (the same native envs in this process, same results):
 Multi-agent envs are agents as rows: ``make("simple_spread_v3", n)`` is n envs
 of 3 agents, a VectorEnv of 3n rows (row 3i + a is agent a of env i), each row
 with its own observation, reward and episode statistics.  Parameter sharing
-is then nothing more than single-agent PPO over the rows: one actor and one
-critic (ppo_cartpole.py's Agent) act for every agent of every env, and every
-row is one transition stream.  All agents of an env end together here
+is then nothing more than single-agent PPO over the rows (ppo_core.py, shared
+with ppo_cartpole.py): one actor and one critic act for every agent of every
+env, and every row is one transition stream.  All agents of an env end together here
 (max_cycles=25 truncates them), so no row is ever dead.
 
 What it prints: the mean episode return per agent of a uniformly random
@@ -29,17 +29,15 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 import torch
-from gymnasium.vector import AutoresetMode, VectorEnv
-from torch import nn
+from gymnasium.vector import VectorEnv
+from ppo_core import PPO, Episodes, episode_returns
 
 import envd
-from ppo_cartpole import Agent  # the same 64-64 tanh actor and critic
 
 ENV_ID = "simple_spread_v3"
 
@@ -75,13 +73,6 @@ class Result:
     losses_finite: bool
 
 
-def episode_returns(info: dict) -> list[float]:
-    """The returns of the agent-episodes that ended in this step (per row)."""
-    if "envd_episode" not in info:
-        return []
-    return [float(r) for r in info["envd_episode"]["r"][info["_envd_episode"]]]
-
-
 def random_return(env: VectorEnv, episodes: int, seed: int) -> float:
     """Mean agent-episode return of uniformly random actions over `episodes`
     episodes of every row (the baseline the trained policy is compared with)."""
@@ -97,98 +88,24 @@ def random_return(env: VectorEnv, episodes: int, seed: int) -> float:
 
 def train(env: VectorEnv, cfg: Config, log: Callable[[str], None] = print
           ) -> tuple[float, int, int, float, bool]:
-    """PPO over the rows of env (made with autoreset_mode="same_step"):
-    (trained mean return, agent steps, agent-episodes, wall seconds, losses finite)."""
-    if env.metadata["autoreset_mode"] != AutoresetMode.SAME_STEP:
-        raise ValueError("train() needs an env made with autoreset_mode='same_step'")
-    torch.manual_seed(cfg.seed)
-    n, t_len = env.num_envs, cfg.num_steps  # n rows: every agent of every env
-    obs_dim = env.single_observation_space.shape[0]
-    agent = Agent(obs_dim, int(env.single_action_space.n))
-    optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.learning_rate, eps=1e-5)
-    batch = n * t_len
-    num_updates = max(1, cfg.total_steps // batch)
-    minibatch = batch // cfg.num_minibatches
-
-    obs_buf = torch.zeros((t_len, n, obs_dim))
-    actions = torch.zeros((t_len, n), dtype=torch.long)
-    logprobs, rewards = torch.zeros((t_len, n)), torch.zeros((t_len, n))
-    dones, values = torch.zeros((t_len, n)), torch.zeros((t_len, n))
-
-    recent: deque[float] = deque(maxlen=cfg.window)
-    episodes, steps, losses_finite = 0, 0, True
-    start = time.perf_counter()
+    """PPO (ppo_core.py) over the rows of env (made with
+    autoreset_mode="same_step"): (trained mean return, agent steps,
+    agent-episodes, wall seconds, losses finite)."""
+    ppo, finished = PPO(env, cfg), Episodes(cfg.window)  # rows: every agent of every env
+    steps, start = 0, time.perf_counter()
     obs, _ = env.reset(seed=cfg.seed)
     next_obs = torch.tensor(obs)  # copy: envd's arrays are views of its buffers
-    for update in range(1, num_updates + 1):
-        for group in optimizer.param_groups:
-            group["lr"] = cfg.learning_rate * (1.0 - (update - 1) / num_updates)
-        for t in range(t_len):
-            obs_buf[t] = next_obs
-            with torch.no_grad():
-                action, logprob, _, value = agent.act(next_obs)
-            actions[t], logprobs[t], values[t] = action, logprob, value
-            obs, reward, terminated, truncated, info = env.step(action.numpy())
-            steps += n
-            reward = torch.tensor(reward)
-            if "final_obs" in info:
-                # every episode is cut by max_cycles: bootstrap V(final observation)
-                cut = np.flatnonzero(truncated & ~terminated)
-                if len(cut):
-                    final = torch.tensor(np.stack(info["final_obs"][cut]))
-                    with torch.no_grad():
-                        reward[cut] += cfg.gamma * agent.value(final)
-                ended = episode_returns(info)
-                recent.extend(ended)
-                episodes += len(ended)
-            rewards[t] = reward
-            dones[t] = torch.tensor(terminated | truncated, dtype=torch.float32)
-            next_obs = torch.tensor(obs)
-
-        with torch.no_grad():  # GAE; dones[t]: the row's episode ended at step t
-            next_value = agent.value(next_obs)
-            advantages = torch.zeros_like(rewards)
-            last = torch.zeros(n)
-            for t in reversed(range(t_len)):
-                nv = next_value if t == t_len - 1 else values[t + 1]
-                live = 1.0 - dones[t]
-                delta = rewards[t] + cfg.gamma * nv * live - values[t]
-                last = delta + cfg.gamma * cfg.gae_lambda * live * last
-                advantages[t] = last
-            returns = advantages + values
-
-        b_obs, b_actions = obs_buf.reshape(batch, obs_dim), actions.reshape(batch)
-        b_logprobs, b_adv = logprobs.reshape(batch), advantages.reshape(batch)
-        b_returns, b_values = returns.reshape(batch), values.reshape(batch)
-        for _ in range(cfg.update_epochs):
-            order = torch.randperm(batch)
-            for lo in range(0, batch, minibatch):
-                idx = order[lo:lo + minibatch]
-                _, newlogprob, entropy, newvalue = agent.act(b_obs[idx], b_actions[idx])
-                ratio = (newlogprob - b_logprobs[idx]).exp()
-                adv = b_adv[idx]
-                adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-                pg_loss = torch.max(-adv * ratio,
-                                    -adv * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)).mean()
-                v_clipped = b_values[idx] + (newvalue - b_values[idx]).clamp(-cfg.clip_coef,
-                                                                            cfg.clip_coef)
-                v_loss = 0.5 * torch.max((newvalue - b_returns[idx]) ** 2,
-                                         (v_clipped - b_returns[idx]) ** 2).mean()
-                loss = pg_loss + cfg.vf_coef * v_loss - cfg.ent_coef * entropy.mean()
-                losses_finite &= bool(torch.isfinite(loss))
-                optimizer.zero_grad()
-                loss.backward()
-                nn.utils.clip_grad_norm_(agent.parameters(), cfg.max_grad_norm)
-                optimizer.step()
-
-        if cfg.log_every and (update % cfg.log_every == 0 or update == num_updates):
+    for update in range(1, ppo.num_updates + 1):
+        # (every episode is cut by max_cycles: ppo_core bootstraps V(final observation))
+        next_obs, pg_loss, v_loss = ppo.update(update, next_obs, finished.add)
+        steps += env.num_envs * cfg.num_steps
+        if cfg.log_every and (update % cfg.log_every == 0 or update == ppo.num_updates):
             elapsed = time.perf_counter() - start
-            log(f"agent steps {steps:>8}  agent-episodes {episodes:>6}  mean return (last "
-                f"{len(recent)}) {np.mean(recent) if recent else float('nan'):8.2f}  "
-                f"pg {pg_loss.item():+.4f}  v {v_loss.item():.3f}  {steps / elapsed:,.0f} "
-                "agent steps/s")
-    trained = float(np.mean(recent)) if recent else float("nan")
-    return trained, steps, episodes, time.perf_counter() - start, losses_finite
+            log(f"agent steps {steps:>8}  agent-episodes {finished.count:>6}  mean return "
+                f"(last {len(finished.recent)}) {finished.mean():8.2f}  pg {pg_loss:+.4f}  "
+                f"v {v_loss:.3f}  {steps / elapsed:,.0f} agent steps/s")
+    return (finished.mean(), steps, finished.count, time.perf_counter() - start,
+            ppo.losses_finite)
 
 
 def make_env(endpoint: str | None, in_process: bool, num_envs: int,

@@ -221,6 +221,9 @@ class NativeSession:
             state = lib.envd_session_env_state(handle, index)
             if state != lib.ENVD_ENV_IDLE:
                 raise not_idle_error(self.spec.id, index, state == lib.ENVD_ENV_IN_FLIGHT)
+        if (rc in (lib.ENVD_ERANGE, lib.ENVD_ESTATE, lib.ENVD_EENV) and index >= 0
+                and getattr(self.spec, "num_agents", 1) > 1):
+            index = self._row_of(index, rc)  # (as a step's error names it)
         raise send_error(self.spec.id, self.spec.action_space, self.num_envs, rc, index,
                          self._checked)
 

@@ -78,6 +78,9 @@ class HostedEnvSpec:
     #: a "pz:" id's adapter creator, cloudpickled (envd.hosted_pettingzoo);
     #: None for a gymnasium id
     creator: bytes | None = None
+    #: agents per env as the trainer sees them (a "pz:" env's possible
+    #: agents, rows of its client's view; the segment has one adapter row)
+    agents: int = 1
 
     def maker(self, max_episode_steps: int | None) -> tuple:
         """The template's description of how to make one env
@@ -173,9 +176,12 @@ class HostedCatalog:
         except (RuntimeError, EnvdError) as exc:
             raise ValueError(f"--python-env {env_id} (ENVD_PYTHON_ENVS): making the env "
                              f"failed: {exc}") from None
-        return HostedEnvSpec(env_id, env_id, described["observation_space"],
+        observation_space = described["observation_space"]
+        return HostedEnvSpec(env_id, env_id, observation_space,
                              described["action_space"], None, described["step_seconds"],
-                             creator=creator)
+                             creator=creator,
+                             # (ParallelAsEnv: "live" has one entry per agent)
+                             agents=int(observation_space["live"].n))
 
     @property
     def template(self) -> Template:
@@ -378,6 +384,10 @@ class WorkerReaper:
 class HostedServerSession(Session):
     """A session of num_envs envs of an allowed Python env in num_workers
     worker processes (see the module docstring)."""
+
+    @property
+    def agents_per_env(self) -> int:
+        return self.spec.agents
 
     def __init__(self, owner: bytes, spec: HostedEnvSpec, num_envs: int, mode: AutoresetMode,
                  max_episode_steps: int | None, seeds: np.ndarray, num_workers: int,

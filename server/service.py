@@ -505,8 +505,9 @@ class Service:
                 "threads": self.pool.num_threads, "clients": len(self.clients),
                 "sessions": len(self.sessions),
                 "envs": sum(s.num_envs for s in self.sessions.values()),
-                # (a multi-agent env's agents are rows: envs x agents)
-                "rows": sum(s.num_envs * s.num_agents for s in self.sessions.values()),
+                # (a multi-agent env's agents are rows: envs x agents; a hosted
+                # PettingZoo env's too, as its client views them)
+                "rows": sum(s.num_envs * s.agents_per_env for s in self.sessions.values()),
                 # worker processes of hosted Python envs (--max-workers)
                 "workers": self.books.workers_in_use + self.books.reserved_workers,
                 "python_envs": self.hosted.ids(),
@@ -522,7 +523,7 @@ class Service:
         are averages over the session's life)."""
         now = time.monotonic()
         return [{"session": s.id[:8], "env_id": s.spec.id, "num_envs": s.num_envs,
-                 "num_agents": s.num_agents,  # (rows per env)
+                 "num_agents": s.agents_per_env,  # (rows per env, as the trainer sees them)
                  "batch_size": s.batch_size, "max_threads": getattr(s, "max_threads", None),
                  "env_steps": s.env_steps, "workers": getattr(s, "num_workers", 0),
                  "age_s": round(now - s.created, 3)} for s in self.sessions.values()]

@@ -94,6 +94,13 @@ class Session:
     #: agents per env (rows of each env in the arrays); 1 unless the spec says more
     num_agents = 1
 
+    @property
+    def agents_per_env(self) -> int:
+        """Agents per env as the trainer sees them, each a row (for status):
+        num_agents here; a hosted PettingZoo env's agents, whose segment
+        holds one adapter row per env (server/hosted.py)."""
+        return self.num_agents
+
     def __init__(self, owner: bytes, spec: EnvSpec, num_envs: int, mode: AutoresetMode,
                  max_episode_steps: int, params: list[float], seeds: np.ndarray,
                  pool: NativePool | None, segment_prefix: str,

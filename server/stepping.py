@@ -12,8 +12,11 @@ session at most (a session takes one request at a time, server/lifecycle.py):
   - a recv parked until enough sent envs are ready, retried on each pool event
     (sends of its session are served meanwhile: a client driving several
     daemons keeps one recv waiting on each while it sends, client/multi_async.py);
-  - the sessions with async batches in flight (a closing one is freed once
-    they settle).
+  - the sessions the pool events look at: those with async batches in flight
+    (a closing one is freed once they settle) and every one whose recv is
+    parked, until it is answered (see _track_batches: a batch may end between
+    a retry's look and the count of envs in flight, and only its own event,
+    still to come, can answer the recv then).
 Reset (and async reset, which waits for the batches in flight) and render
 run on the Service's executor and reply from its callback.
 All of it runs on the event loop thread.
@@ -79,8 +82,9 @@ class SteppingHandlers:
 
     @property
     def idle(self) -> bool:
-        """No step or async batch is on the pool for a socket request."""
-        return not self._pending_steps and not self._async_sessions
+        """No step or async batch is on the pool for a socket request, and no
+        recv waits for one."""
+        return not self._pending_steps and not self._async_sessions and not self._parked_recvs
 
     @property
     def sessions_stepping(self) -> int:
@@ -247,10 +251,10 @@ class SteppingHandlers:
         # in this batch (run inline) is reported by the next recv, which the
         # client makes for these envs anyway: the send itself succeeded.
         session.native.send(env_ids, notify=True)
-        self._track_batches(session)
         parked = self._parked_recvs.get(session)
         if parked is not None:  # a batch run inline sends no pool event: look now
             self._retry_recv(session, parked)
+        self._track_batches(session)  # (after the retry: it may have answered the recv)
         return protocol.ok_reply(header["id"])
 
     def recv(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> dict | None:
@@ -324,19 +328,27 @@ class SteppingHandlers:
             parked = self._parked_recvs.get(session)
             if parked is not None:
                 self._retry_recv(session, parked)
-            if session.life.freed or not session.native.counts()[0]:
+            if session.life.freed:
                 self._async_sessions.discard(session)
+            else:
+                self._track_batches(session)
             session.life.settle()
 
     def _track_batches(self, session: Session) -> None:
-        """Keep the session among those with batches in flight while it has
-        some (on_pool_event looks at those only).  A fast-path session's
-        batches are its doorbell's (a socket send is refused), and the
-        doorbell's thread may hold its lock as long as a hosted env hangs:
-        its lock is never waited for here, on the event loop."""
+        """Keep the session among those the pool events look at (on_pool_event
+        looks at those only) while it has batches in flight or a parked recv.
+        The recv counts on its own: a pool event retries it and finds too few
+        envs ready, then the last batch ends before the event counts the envs
+        in flight (none, now).  That batch writes the eventfd after its done
+        flag, so its event is still to come, and only that event can answer
+        the recv: were the session dropped here on "nothing in flight", the
+        recv would wait forever.  A fast-path session's batches are its
+        doorbell's (a socket send is refused), and the doorbell's thread may
+        hold its lock as long as a hosted env hangs: its lock is never
+        waited for here, on the event loop."""
         if session.fast:
             self._async_sessions.discard(session)
-        elif session.native.counts()[0]:
+        elif session in self._parked_recvs or session.native.counts()[0]:
             self._async_sessions.add(session)
         else:
             self._async_sessions.discard(session)

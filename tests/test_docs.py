@@ -180,6 +180,9 @@ def test_the_precedence_and_default_endpoint_are_described():
 #: Phrases of error messages the page quotes, each a piece of one string
 #: literal in the source (never spanning a placeholder).
 TROUBLESHOOTING_PHRASES = [
+    # multi-agent envs (native/vector_env.py, server/control.py, client/multi.py)
+    " rows, more than the ",
+    "; give one value per env, or a scalar for all",
     # hosted Python envs (native/hosted_*.py)
     "died; close this env",
     "making the env failed: ",
@@ -327,6 +330,18 @@ def test_quoted_messages_occur_in_the_code_and_the_page(phrase, source_literals)
         f"no string in the source contains {phrase!r}: reworded? update docs/troubleshooting.md"
     assert wanted in _normalized(TROUBLESHOOTING.read_text()), \
         f"docs/troubleshooting.md no longer quotes {phrase!r}"
+
+
+def test_the_multi_agent_plugin_example_is_the_tested_plugin():
+    """docs/writing-envs.md's multi-agent plugin excerpt is verbatim from
+    tests/native/multi_agent.c (the plugin the tests build and check), so the
+    example cannot drift from code that compiles and passes."""
+    page = (ROOT / "docs" / "writing-envs.md").read_text()
+    section = page.split("### A multi-agent plugin", 1)[1]
+    excerpt = section.split("```c\n", 1)[1].split("```", 1)[0]
+    source = (ROOT / "tests" / "native" / "multi_agent.c").read_text()
+    for block in excerpt.strip("\n").split("\n\n"):  # (the step, then the definition)
+        assert block + "\n" in source, block
 
 
 def test_the_pages_are_linked_from_the_readme():

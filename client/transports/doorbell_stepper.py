@@ -76,6 +76,8 @@ class DoorbellStepper(SocketStepper):
         self._raise_env_failure(status, index)
         if status == NATIVE_CODES["EBUSY"] and 0 <= index < self.num_envs and state != _ENV_IDLE:
             raise not_idle_error(self.env_id, index, state == _ENV_IN_FLIGHT)
+        if status in (NATIVE_CODES["ERANGE"], NATIVE_CODES["ESTATE"]) and index >= 0:
+            index = self._row_of(index, status)  # (as a step's error names it)
         if status != 0:
             raise send_error(self.env_id, self.action_space, self.num_envs, status, index,
                              self.buffers)

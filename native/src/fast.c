@@ -188,11 +188,13 @@ static int32_t run(envd_fast_t *fast, uint32_t kind, int64_t *result, int64_t *i
     return ENVD_OK;
 }
 
-/* Run the request seq and answer it; whether to spin for the next one,
- * decided before the answer is published (once the client sees it, it may
- * ring another session's doorbell at once: that one's request must not count
- * against this decision, whose point is requests that run meanwhile). */
-static int answer(envd_fast_t *fast, uint32_t seq)
+/* Run the request and write its answer's fields (not done_seq: publish()
+ * does that, after the session's lock is released); whether to spin for the
+ * next one, decided before the answer is published (once the client sees it,
+ * it may ring another session's doorbell at once: that one's request must
+ * not count against this decision, whose point is requests that run
+ * meanwhile).  Called with the session's lock held. */
+static int answer(envd_fast_t *fast)
 {
     envd_fast_header_t *h = fast->header;
     int32_t status = ENVD_FAST_SHUTTING_DOWN;
@@ -206,15 +208,25 @@ static int answer(envd_fast_t *fast, uint32_t seq)
     atomic_store_explicit(&h->status, status, memory_order_relaxed);
     atomic_store_explicit(&h->result, result, memory_order_relaxed);
     atomic_store_explicit(&h->error_index, index, memory_order_relaxed);
-    if (status == ENVD_EENV)  /* (published with done_seq below) */
+    if (status == ENVD_EENV)  /* (published with done_seq by publish()) */
         envd_session_error_message(fast->session, index, h->message, sizeof h->message);
+    return may_spin;
+}
+
+/* Publish the answer to request seq (its fields written by answer()).
+ * Called after the session's lock is released, so that a client that sees
+ * its answer finds the session free: its next call over the socket (a
+ * reset, "fast off") is never refused as busy because of a request that
+ * has returned.  Nobody else writes the outputs meanwhile: the client, the
+ * only one that acts on this session, is waiting for this answer. */
+static void publish(envd_fast_header_t *h, uint32_t seq)
+{
     /* seq_cst: the store of done_seq is ordered before the load of
      * client_waiting (the client sets that flag, then sleeps only while
      * done_seq is still the old value). */
     atomic_store(&h->done_seq, seq);
     if (atomic_load(&h->client_waiting))
         futex_wake(&h->done_seq);
-    return may_spin;
 }
 
 /* Take the session's lock, or give up once stop is set (0). */
@@ -238,8 +250,9 @@ static void *serve(void *arg)
         uint32_t seq = next_request(fast, may_spin);
         if (atomic_load(&fast->stop) || !lock_unless_stopped(fast))
             break;
-        may_spin = answer(fast, seq);
+        may_spin = answer(fast);
         envd_session_unlock(fast->session);
+        publish(fast->header, seq);
         fast->last = seq;
     }
     atomic_store(&fast->exited, 1);

@@ -957,7 +957,10 @@ static int check_args(const envd_env_def_t *def, const envd_vec_config_t *c,
     int rc = envd_env_def_validate(def);
     if (rc != ENVD_OK)
         return rc;
-    if (c->num_envs < 1 || c->num_envs > ENVD_VEC_MAX_ENVS || c->max_episode_steps < 0)
+    /* rows, not envs, are capped: a multi-agent env's agents are rows of
+     * every buffer (num_agents >= 1 is validated above; no overflow) */
+    if (c->num_envs < 1 || c->num_envs > ENVD_VEC_MAX_ENVS / def->num_agents ||
+        c->max_episode_steps < 0)
         return ENVD_ERANGE;
     if (c->autoreset_mode < ENVD_AUTORESET_NEXT_STEP || c->autoreset_mode > ENVD_AUTORESET_DISABLED)
         return ENVD_EINVAL;

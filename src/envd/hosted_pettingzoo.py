@@ -145,12 +145,19 @@ class ParallelAsEnv(gymnasium.Env):
         live = ~self._done
         actions = {agent: action[k] for k, agent in enumerate(self.agents) if live[k]}
         obs, rewards, terms, truncs, _ = self.env.step(actions)
+        remaining = set(self.env.agents)  # (empty: the episode is over for everyone)
         for k, agent in enumerate(self.agents):
-            if live[k] and (terms.get(agent, False) or truncs.get(agent, False)):
+            if not live[k]:
+                continue
+            if terms.get(agent, False) or truncs.get(agent, False):
                 self._final[:, k] = (bool(terms.get(agent)), bool(truncs.get(agent)))
                 self._done[k] = True
-        if not self.env.agents:  # the env says the episode is over for everyone
-            self._done[...] = True
+            elif agent not in obs or agent not in remaining:
+                # dropped without a flag (absent from the step's observations
+                # or from env.agents): its episode was cut short, truncated,
+                # so that every row that dies says so in its flags
+                self._final[:, k] = (False, True)
+                self._done[k] = True
         result = self._result(obs, rewards, live)
         return result, float(result["reward"].sum()), bool(self._done.all()), False, {}
 
@@ -327,6 +334,13 @@ class PettingZooVecEnv(gymnasium.vector.VectorEnv):
 
     def close(self, **kwargs: Any) -> None:
         self._inner.close()
+
+    def __enter__(self) -> "PettingZooVecEnv":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        """Close it (a context manager, as every envd VecEnv)."""
+        self.close()
 
     def __repr__(self) -> str:
         return (f"envd.PettingZooVecEnv({self.env_id!r}, num_envs={self.num_envs}, "

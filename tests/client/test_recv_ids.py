@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from gymnasium import spaces
 
+from envd.client.multi_async import ShardsAsyncStepper
 from envd.client.transports.over_socket import SocketStepper
 from envd.errors import ProtocolError
 
@@ -43,3 +44,26 @@ def test_a_recv_answer_naming_envs_out_of_range_is_refused(ids):
 
 def test_a_recv_answer_in_range_is_returned():
     assert stepper_answering([3, 0]).recv(2).tolist() == [3, 0]
+
+
+class OneShard:
+    """What ShardsAsyncStepper._check_answered_ids reads of a daemon's part:
+    envs 4..7 of the MultiVecEnv, three of them in flight there."""
+
+    rows = slice(4, 8)
+    in_flight = 3
+    where = "the daemon at ipc:///nowhere, serving envs 4..7"
+
+
+@pytest.mark.parametrize("ids", [[], [0, 1, 2, 3], [-1], [4], [0, 9]])
+def test_a_daemons_recv_answer_over_several_daemons_is_checked(ids):
+    """Over several daemons (socket and doorbell answers alike), a recv answer
+    naming no env, more envs than are in flight there, or a local id outside
+    the daemon's envs is refused before its rows are copied or the books
+    indexed with it."""
+    with pytest.raises(ProtocolError, match="answered a recv with"):
+        ShardsAsyncStepper._check_answered_ids(OneShard(), np.array(ids, np.int64))
+
+
+def test_a_daemons_recv_answer_within_its_envs_is_taken():
+    ShardsAsyncStepper._check_answered_ids(OneShard(), np.array([3, 0, 2], np.int64))

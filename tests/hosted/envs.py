@@ -148,6 +148,23 @@ def alive(pid: int) -> bool:
         return False
 
 
+#: The environment of a daemon whose --import / --python-env modules live in
+#: this folder (daemon_envs.py, pz_envs.py): they import it by name.
+DAEMON_ENV = {"PYTHONPATH": os.pathsep.join(
+    filter(None, [os.path.dirname(os.path.abspath(__file__)), os.environ.get("PYTHONPATH")]))}
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process under pid (a daemon's template and its workers)."""
+    out, todo = [], [pid]
+    while todo:
+        for child in children(todo.pop()):
+            if alive(child):
+                out.append(child)
+                todo.append(child)
+    return out
+
+
 def children(pid: int) -> list[int]:
     """The pids whose parent is pid (zombies included)."""
     out = []
@@ -176,11 +193,21 @@ def open_fds() -> set[str]:
     return set(os.listdir("/proc/self/fd"))
 
 
+#: an environment variable naming a file a HangingEnv creates as it starts
+#: to hang: a test waits for that event instead of sleeping "long enough"
+HANG_MARKER_VARIABLE = "ENVD_TEST_HANG_MARKER"
+
+
 class HangingEnv(FailingEnv):
-    """A FailingEnv whose failure is to hang (sleep for an hour)."""
+    """A FailingEnv whose failure is to hang (sleep for an hour).  It first
+    creates the file $ENVD_TEST_HANG_MARKER names, when that is set."""
 
     def _maybe_fail(self) -> None:
         if self.seed_ == self.fail_seed and self.t == self.at_step:
+            marker = os.environ.get(HANG_MARKER_VARIABLE)
+            if marker:
+                with open(marker, "w") as file:
+                    file.write(str(os.getpid()))
             time.sleep(3600)
 
 

@@ -62,6 +62,38 @@ class MixedSpacesEnv(StaggeredEnv):
         return spaces.Discrete(4 if agent == "a1" else 3)
 
 
+class DroppingEnv(StaggeredEnv):
+    """StaggeredEnv whose agent a1 leaves silently at step 2: absent from
+    that step's dicts (no termination or truncation flag) and from
+    ``agents``; with quit_all, every agent leaves so at step 3 (``agents``
+    emptied, no flags).  PettingZoo's API asks for the flags; envs in the
+    wild do not always give them."""
+
+    def __init__(self, quit_all: bool = False):
+        super().__init__()
+        self.quit_all = quit_all
+
+    def step(self, actions):
+        obs, rew, term, trunc, infos = super().step(actions)
+        if self.t == 2:
+            for d in (obs, rew, term, trunc, infos):
+                d.pop("a1", None)
+            self.agents = [a for a in self.agents if a != "a1"]
+        if self.quit_all and self.t == 3:
+            for d in (term, trunc):
+                d.clear()
+            self.agents = []
+        return obs, rew, term, trunc, infos
+
+
+def dropping() -> DroppingEnv:
+    return DroppingEnv()
+
+
+def quitting() -> DroppingEnv:
+    return DroppingEnv(quit_all=True)
+
+
 def staggered(raise_seed: int | None = None) -> StaggeredEnv:
     return StaggeredEnv(raise_seed)
 

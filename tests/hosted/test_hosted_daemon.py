@@ -14,7 +14,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import daemon_envs  # noqa: F401  (registers the fixtures' ids for the reference envs)
-from envs import alive, children, wait_until
+from envs import DAEMON_ENV, alive, children, descendants, wait_until
 from equivalence import (MODES, assert_same, async_env_runs, compare_runs,
                          per_env_action_batches, sync_env_runs)
 from support.daemon import DaemonProcess, segments_of
@@ -27,23 +27,14 @@ ALLOWED = ("CartPole-v1", "Acrobot-v1", "Pendulum-v1", "envd-test/Raising-v0",
            "envd-test/Exiting-v0", "envd-test/Hanging-v0", *FIXTURES)
 FLAGS = ("--threads", "1", "--lease-timeout", "20", "--import", "daemon_envs",
          *(arg for env_id in ALLOWED for arg in ("--python-env", env_id)))
-ENV = {"PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
+ENV = DAEMON_ENV
 NUM_ENVS, STEPS = 5, 40
 
 
-def start(folder: Path, *extra: str) -> DaemonProcess:
-    return DaemonProcess(folder, *FLAGS, *extra, env=ENV)
+def start(folder: Path, *extra: str, variables: dict[str, str] | None = None) -> DaemonProcess:
+    """A daemon serving the test envs, with `variables` added to its environment."""
+    return DaemonProcess(folder, *FLAGS, *extra, env={**ENV, **(variables or {})})
 
-
-def descendants(pid: int) -> list[int]:
-    """Every live process under pid (its template and the workers)."""
-    out, todo = [], [pid]
-    while todo:
-        for child in children(todo.pop()):
-            if alive(child):
-                out.append(child)
-                todo.append(child)
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -13,15 +13,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from envs import alive, children, wait_until
+from envs import DAEMON_ENV, alive, descendants, wait_until
 from support.daemon import DaemonProcess, segments_of
 
 import envd
 
-HERE = Path(__file__).parent
 ALLOWED = ("CartPole-v1", "envd-test/Hanging-v0", "envd-test/HangingReset-v0",
            "envd-test/HangingMake-v0", "envd-test/SlowClose-v0")
-ENV = {"PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
+ENV = DAEMON_ENV
 
 
 def start(folder: Path, *extra: str) -> DaemonProcess:
@@ -29,16 +28,6 @@ def start(folder: Path, *extra: str) -> DaemonProcess:
                          "daemon_envs", *(a for i in ALLOWED for a in ("--python-env", i)),
                          *extra, env=ENV)
 
-
-def descendants(pid: int) -> list[int]:
-    """Every live process under pid (its template and the workers)."""
-    out, todo = [], [pid]
-    while todo:
-        for child in children(todo.pop()):
-            if alive(child):
-                out.append(child)
-                todo.append(child)
-    return out
 
 
 def test_a_hung_reset_or_make_ends_after_the_hosted_timeout(tmp_path):

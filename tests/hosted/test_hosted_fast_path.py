@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from envs import alive, wait_until
+from envs import HANG_MARKER_VARIABLE, alive, wait_until
 from support.daemon import segments_of
 from test_hosted_daemon import descendants, start
 
@@ -32,15 +32,22 @@ def new_workers(daemon_pid: int, before: set[int]) -> list[int]:
 
 
 @pytest.fixture
-def daemon(tmp_path: Path):
-    proc = start(tmp_path / "d", "--lease-timeout", "3")
+def hang_marker(tmp_path: Path) -> Path:
+    """The file a HangingEnv of the daemon below creates as it starts to hang."""
+    return tmp_path / "hung"
+
+
+@pytest.fixture
+def daemon(tmp_path: Path, hang_marker: Path):
+    proc = start(tmp_path / "d", "--lease-timeout", "3",
+                 variables={HANG_MARKER_VARIABLE: str(hang_marker)})
     try:
         yield proc
     finally:
         assert proc.stop() == 0, proc.log()
 
 
-def test_worker_killed_under_a_pending_fast_path_step(daemon):
+def test_worker_killed_under_a_pending_fast_path_step(daemon, hang_marker: Path):
     """The doorbell's thread waits for a hung env's step; SIGKILL of its
     worker (the OOM killer's way) makes that step raise envd.EnvError naming
     the worker within a second, every later call too, and the daemon serves
@@ -57,8 +64,8 @@ def test_worker_killed_under_a_pending_fast_path_step(daemon):
         env.step(np.zeros(2, np.int64))
         killed_at: list[float] = []
 
-        def kill_worker_0() -> None:  # once the step below is surely waiting
-            time.sleep(0.5)
+        def kill_worker_0() -> None:  # once the step below hangs in env 0
+            assert wait_until(hang_marker.exists, 60)
             os.kill(workers[0], signal.SIGKILL)
             killed_at.append(time.monotonic())
 
@@ -180,7 +187,7 @@ def test_truncated_segment_on_the_fast_path(daemon):
         other.close()
 
 
-def test_a_hung_fast_path_request_never_stops_the_daemon(daemon):
+def test_a_hung_fast_path_request_never_stops_the_daemon(daemon, hang_marker: Path):
     """The doorbell's thread holds a hosted session's lock for the whole
     step it serves, which a hung env never ends: a "fast off" request and
     socket resets of that session are refused as busy (the event loop and
@@ -197,7 +204,9 @@ def test_a_hung_fast_path_request_never_stops_the_daemon(daemon):
             envd.EnvdError, env.step, np.zeros(2, np.int64)), daemon=True)
         hung.start()  # env 0's second step sleeps an hour
         assert wait_until(lambda: c.status()["sessions"] == 1, 60)
-        time.sleep(0.5)  # (the doorbell's thread surely serves the step now)
+        # env 0's worker got the step, so the doorbell's thread serves it
+        # now, holding the session's lock until the step ends
+        assert wait_until(hang_marker.exists, 60)
         refused_from = time.monotonic()
         with pytest.raises(envd.EnvStateError, match="fast path is serving a request"):
             victim.fast(env.session, enable=False)

@@ -208,6 +208,44 @@ def test_episode_statistics_per_row():
         env.close()
 
 
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_an_agent_dropped_without_a_flag_ends_truncated(num_workers):
+    """Review finding L1: an agent the env drops from its dicts and from
+    ``agents`` without a termination or truncation flag ends truncated at
+    that step (its episode statistics with it), then is a dead row that
+    repeats that flag; agents left when the env empties ``agents`` without
+    flags alike; the env then resets as usual."""
+    env = envd.make_pettingzoo(pz_envs.dropping, 2, num_workers=num_workers, seed=0)
+    try:
+        env.reset()
+        ones = np.ones(env.num_envs, np.int64)
+        env.step(ones)
+        obs, rew, term, trunc, info = env.step(ones)  # step 2: a1 (rows 1, 4) dropped
+        np.testing.assert_array_equal(np.flatnonzero(trunc), [1, 4])
+        assert not term[[1, 4]].any()  # a0 (rows 0, 3) terminates at step 2 as flagged
+        np.testing.assert_array_equal(np.flatnonzero(info["_envd_episode"]), [0, 1, 3, 4])
+        np.testing.assert_array_equal(info["envd_episode"]["l"][[1, 4]], [2, 2])
+        assert obs[[1, 4]].tolist() == [[0.0] * 4] * 2 and rew[[1, 4]].tolist() == [0, 0]
+        _, _, term, trunc, info = env.step(ones)  # step 3: a1's rows dead, flags again
+        assert trunc[[1, 4]].all() and not info["agent_mask"][[1, 4]].any()
+    finally:
+        env.close()
+    env = envd.make_pettingzoo(pz_envs.quitting, 1, num_workers=num_workers, seed=0)
+    try:
+        env.reset()
+        ones = np.ones(env.num_envs, np.int64)
+        env.step(ones), env.step(ones)
+        _, _, term, trunc, info = env.step(ones)  # step 3: agents emptied, no flags
+        # a0 terminated at step 2, a1 dropped at 2 (dead rows), a2 cut short now
+        assert term.tolist() == [True, False, False]
+        assert trunc.tolist() == [False, True, True]
+        assert info["_envd_episode"].tolist() == [False, False, True]
+        obs, _, term, trunc, info = env.step(ones)  # next_step: the env resets
+        assert info["agent_mask"].all() and not (term | trunc).any()
+    finally:
+        env.close()
+
+
 def test_reset_mask_and_seed_are_per_env():
     env = envd.make_pettingzoo(pz_envs.staggered, 2, num_workers=0, seed=0)
     try:

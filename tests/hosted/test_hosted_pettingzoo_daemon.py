@@ -7,33 +7,21 @@ from __future__ import annotations
 
 import os
 import signal
-from pathlib import Path
 
 import numpy as np
 import pytest
-from envs import alive, children, wait_until
+from envs import DAEMON_ENV, alive, descendants, wait_until
 from support.daemon import DaemonProcess, segments_of
 
 import envd
 
 pytest.importorskip("mpe2.simple_spread_v3", reason="mpe2 is the env served")
 
-HERE = Path(__file__).parent
 SPREAD = "pz:mpe2.simple_spread_v3:parallel_env"
 STAGGERED = "pz:pz_envs:staggered"
 RAISING = "pz:pz_envs:raising"
-ENV = {"PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
+ENV = DAEMON_ENV
 
-
-def descendants(pid: int) -> list[int]:
-    """Every live process under pid (the template and the workers)."""
-    out, todo = [], [pid]
-    while todo:
-        for child in children(todo.pop()):
-            if alive(child):
-                out.append(child)
-                todo.append(child)
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -120,6 +108,26 @@ def test_daemon_refusals_and_env_error(daemon):
         ok = client.make(SPREAD, 1, num_workers=1, seed=0)
         ok.reset()
         ok.close()
+
+
+def test_status_counts_envs_and_agents_of_pettingzoo_sessions(daemon):
+    """Review finding L4: `envd status` showed a pz: session as num_envs envs
+    of one agent (its segment's adapter rows).  Its row says the agents now,
+    `rows` counts them beside a native multi-agent session's, and the table
+    shows envs x agents."""
+    from envd.tools.cli import status_table
+    with daemon.connect() as client, \
+            client.make(STAGGERED, 4, num_workers=1, seed=0) as hosted, \
+            client.make("simple_spread_v3", 2, seed=0) as native:
+        assert hosted.num_envs == 12 and native.num_envs == 6
+        status = client.status()
+        rows = {row["env_id"]: row for row in status["session_table"]}
+        assert (rows[STAGGERED]["num_envs"], rows[STAGGERED]["num_agents"]) == (4, 3)
+        assert (rows["simple_spread_v3"]["num_envs"],
+                rows["simple_spread_v3"]["num_agents"]) == (2, 3)
+        assert status["envs"] == 6 and status["rows"] == 4 * 3 + 2 * 3
+        table = status_table(status)
+        assert "4x3" in table and "2x3" in table
 
 
 def test_multi_client_refuses_pettingzoo_ids(daemon):

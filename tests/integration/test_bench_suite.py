@@ -197,6 +197,29 @@ def test_the_json_has_numbers_for_envd(run):
     assert (out / "report.txt").read_text().strip()
 
 
+def test_the_readme_section_is_the_runs_figures(run):
+    """readme_table.md (pasted into the README) holds this run's medians and
+    ratios, computed from results.json independently of bench_readme.py."""
+    _, out = run
+    results = json.loads((out / "results.json").read_text())
+    text = (out / "readme_table.md").read_text()
+    assert f"{results['machine']['usable_cpus']} usable CPUs" in text
+    assert f"median of {results['settings']['rounds']} interleaved rounds" in text
+    rows = {(row["system"], row["threads"]): row for row in results["table"]}
+    inproc = rows[("envd in-process", "auto")]
+    line = next(x for x in text.splitlines() if x.startswith("| envd in-process"))
+    cells = [c.strip() for c in line.strip("|").split("|")[1:]]
+    assert cells == [bench_rounds.spread_text(inproc["rounds"][str(n)]) for n in SIZES], line
+    for env_id in bench_learner.LEARNER_ENVS:
+        entry = results["learner"][env_id]
+        sync = entry["rounds"]["envd daemon"]["sleep"]["sync"]
+        asyn = entry["rounds"]["envd daemon"]["sleep"]["async"]
+        ratio = bench_rounds.ratio_text([a / b for a, b in zip(asyn, sync)])
+        line = next(x for x in text.splitlines() if x.startswith(f"| {env_id} | sleep |"))
+        assert line.split("|")[4].strip() == ratio, line
+    assert text.count("\n- ") == len(results["targets"])
+
+
 @pytest.mark.skipif(not HAS_MATPLOTLIB, reason="matplotlib not installed")
 def test_the_plot_is_a_png(run):
     _, out = run

@@ -50,6 +50,26 @@ def test_daemon_matches_mpe2(spread_daemon, env_id, num_envs, seed, transport, f
     assert ended == 2 * num_envs  # two episodes of every env, across an autoreset
 
 
+@pytest.mark.parametrize("transport,fast_path", [("shm", True), ("inline", False)])
+@pytest.mark.parametrize("max_threads", [0, 1, 2])
+@pytest.mark.parametrize("env_id", sorted(IDS))
+def test_daemon_matches_mpe2_at_every_thread_count(spread_daemon, env_id, max_threads,
+                                                   transport, fast_path):
+    """The daemon's pool (2 threads) stepping the envs serially
+    (max_threads=0: inline on the thread serving the call), on one thread
+    or on both: bit-equal to mpe2 whatever the thread count, as in-process
+    (tests/native/test_simple_spread_vec.py)."""
+    continuous, num_envs, seed, max_cycles = IDS[env_id], 64, 40 + max_threads, 25
+    ref = Reference(num_envs, continuous, 0.5, max_cycles)
+    with spread_daemon.connect() as client:
+        with client.make(env_id, num_envs, seed=seed, max_threads=max_threads,
+                         transport=transport, fast_path=fast_path) as env:
+            assert env.fast_path == fast_path
+            ended = run_equivalence(env, ref, seed, continuous, steps=2 * max_cycles + 5)
+    ref.close()
+    assert ended == 2 * num_envs
+
+
 def _sync_trajectory(env_id: str, num_envs: int, seed: int, actions: np.ndarray) -> list:
     """Per env, the observation rows after reset and after each step of an
     in-process vec (actions[t, i]: env i's rows at step t), with the rewards."""
@@ -146,7 +166,8 @@ def test_bad_input_leaves_daemon_and_sessions_intact(spread_daemon, transport, f
 @pytest.mark.parametrize("env_id", sorted(IDS))
 def test_multi_client_splits_by_env_and_matches_mpe2(spread_daemon, tmp_path, env_id):
     """A MultiVecEnv over two daemons: shards split by env (never inside one),
-    each env's rows equal mpe2's; async mode over shards is refused clearly."""
+    each env's rows equal mpe2's (async mode over shards:
+    tests/integration/test_multi_daemon_multi_agent.py)."""
     from support.daemon import DaemonProcess
     continuous, num_envs, seed, max_cycles = IDS[env_id], 7, 29, 25
     ref = Reference(num_envs, continuous, 0.5, max_cycles)
@@ -163,11 +184,26 @@ def test_multi_client_splits_by_env_and_matches_mpe2(spread_daemon, tmp_path, en
                     with pytest.raises(InvalidActionError, match="env 13"):
                         env.step(bad)
                     env.step(np.zeros(env.num_envs, np.int64))
-            with pytest.raises(InvalidArgumentError, match="agents per env"):
-                multi.make(env_id, num_envs, seed=seed, batch_size=2)
             assert all(status["sessions"] == 0 for status in multi.status())
     ref.close()
     assert ended == 2 * num_envs
+
+
+def test_rows_above_the_cap_are_refused_and_the_daemon_serves_on(spread_daemon):
+    """num_envs * num_agents rows above a vec's cap (ENVD_VEC_MAX_ENVS, a
+    row count: native/src/vec.c check_args caps rows too) get a clear error
+    naming the largest num_envs, through the daemon as in-process; the daemon
+    and its other sessions carry on."""
+    limit = envd.native.MAX_NUM_ENVS // N_AGENTS
+    with spread_daemon.connect() as client, \
+            client.make("simple_spread_v3", 2, seed=0) as bystander:
+        bystander.reset()
+        for make in (client.make, envd.make):
+            with pytest.raises(InvalidArgumentError,
+                               match=rf"rows, more than the .*make at most {limit} envs"):
+                make("simple_spread_v3", limit + 1)
+        bystander.step(np.zeros(6, np.int64))
+        assert client.status()["sessions"] == 1
 
 
 @pytest.fixture(scope="module")

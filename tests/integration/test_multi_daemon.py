@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pytest
 from conftest import BUILTIN_ENV_IDS, MULTI_AGENT_ENV_IDS
-from support.daemon import DEADLINE, DaemonProcess, in_bounds_actions, segments_of, wait_until
+from support.daemon import DEADLINE, daemon_group, in_bounds_actions, wait_until
 from gymnasium.vector import AutoresetMode, VectorEnv
 
 import envd
@@ -39,20 +39,9 @@ def daemons(tmp_path_factory):
     7 envs split 2+5 over the first two, 2+3+2 over all three).  At the end
     every session must be closed and each must drain to exit 0 leaving no segment."""
     folder = tmp_path_factory.mktemp("multi")
-    procs = []
-    try:
-        for k, threads in enumerate(["1", "2", "0"]):
-            procs.append(DaemonProcess(folder / f"daemon{k}", "--threads", threads,
-                                       "--lease-timeout", "10"))
+    flags = [("--threads", threads, "--lease-timeout", "10") for threads in ("1", "2", "0")]
+    with daemon_group(folder, *flags) as procs:
         yield procs
-        for proc in procs:
-            with proc.connect() as probe:
-                wait_until(lambda: probe.status()["sessions"] == 0, what="every session closed")
-    finally:
-        codes = [proc.stop() for proc in procs]
-    for proc, code in zip(procs, codes):
-        assert code == 0, proc.log()
-        assert segments_of(proc.pid) == []
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from conftest import BUILTIN_ENV_IDS
 from support.async_steps import async_trajectories, per_env_actions, sync_trajectories
-from support.daemon import DEADLINE, DaemonProcess, segments_of, wait_until
+from support.daemon import DEADLINE, DaemonProcess, daemon_group, segments_of, wait_until
 
 import envd
 
@@ -26,20 +26,8 @@ def daemons(tmp_path_factory):
     """Two daemons of one thread each (so N envs split evenly); at the end
     every session must be closed and each must drain to exit 0, leaving no segment."""
     folder = tmp_path_factory.mktemp("multi-async")
-    procs = []
-    try:
-        for k in range(2):
-            procs.append(DaemonProcess(folder / f"daemon{k}", "--threads", "1",
-                                       "--lease-timeout", "30"))
+    with daemon_group(folder, *[("--threads", "1", "--lease-timeout", "30")] * 2) as procs:
         yield procs
-        for proc in procs:
-            with proc.connect() as probe:
-                wait_until(lambda: probe.status()["sessions"] == 0, what="every session closed")
-    finally:
-        codes = [proc.stop() for proc in procs]
-    for proc, code in zip(procs, codes):
-        assert code == 0, proc.log()
-        assert segments_of(proc.pid) == []
 
 
 @pytest.fixture(scope="module", params=["shm", "inline"])

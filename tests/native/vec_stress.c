@@ -782,6 +782,29 @@ static void test_create_errors(envd_pool_t *pool)
         vec = NOT_NULL;
     }
 
+    /* A multi-agent env's rows (num_envs * num_agents) are capped at
+     * ENVD_VEC_MAX_ENVS: ERANGE above the cap, before any buffer is looked
+     * at; at the cap the size passes (and the missing agent_mask is EINVAL). */
+    const envd_env_def_t *spread = &envd_builtin_simple_spread;
+    const int64_t agents = spread->num_agents;
+    const int64_t rows_over[] = {ENVD_VEC_MAX_ENVS / agents + 1, ENVD_VEC_MAX_ENVS};
+    for (size_t i = 0; i < COUNT(rows_over); i++) {
+        envd_vec_config_t cfg = h.cfg;
+        cfg.num_envs = rows_over[i];
+        int rc = envd_vec_create(&vec, spread, &cfg, &h.bufs, pool);
+        CHECK(rc == ENVD_ERANGE && vec == NULL, "%lld envs of %lld agents: %s",
+              (long long)rows_over[i], (long long)agents, envd_strerror(rc));
+        vec = NOT_NULL;
+    }
+    {
+        envd_vec_config_t cfg = h.cfg;
+        cfg.num_envs = ENVD_VEC_MAX_ENVS / agents;
+        int rc = envd_vec_create(&vec, spread, &cfg, &h.bufs, pool);
+        CHECK(rc == ENVD_EINVAL && vec == NULL, "%lld envs of %lld agents (at the cap): %s",
+              (long long)cfg.num_envs, (long long)agents, envd_strerror(rc));
+        vec = NOT_NULL;
+    }
+
     /* Each required buffer left out in turn (final_observations is required
      * in SAME_STEP mode). */
     for (int i = 0; i < 8; i++) {

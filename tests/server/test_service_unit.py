@@ -403,6 +403,66 @@ def test_a_parked_recv_is_answered_and_a_close_meanwhile_frees_after_it(harness)
     h.assert_each_request_answered_once()
 
 
+def recv_everything(h: Harness, session) -> list[int]:
+    """Receive every env sent and not received yet (as many recvs as it takes)."""
+    received: list[int] = []
+    while sum(session.native.counts()):
+        reply = h.call(ALICE, "recv", session=session.id, count=session.num_envs, min=1)
+        assert reply["ok"], reply
+        received += np.frombuffer(reply["_blobs"][0], np.int64).tolist()
+    return received
+
+
+@pytest.mark.parametrize("least", [64, 1], ids=["count", "min"])
+def test_a_parked_recv_whose_batch_ends_during_its_retry_is_answered_by_the_next_event(
+        harness, monkeypatch, least):
+    """Regression (a recv never answered, seen in CI under load): a pool event
+    retries a parked recv and finds too few envs ready; the batch finishes
+    right after that look, before the handler asks whether envs are still in
+    flight -- none are, then.  The session must stay among those the pool
+    events look at while its recv waits: the batch's own event (written after
+    its done flag, so still to come) answers the recv.  Here the retry's look
+    waits for that event, so the interleaving happens every time."""
+    h = harness(threads=2)
+    h.hello(ALICE)
+    session = h.make(ALICE, "ConnectFour-v0", 64, batch_size=64, env_kwargs={"depth": 4})
+    assert h.call(ALICE, "reset", session=session.id)["ok"]
+    session.native.set_chunk(1)  # on the pool, never inline
+    real_try_recv = session.native.try_recv
+    looked_too_early: list[int] = []
+
+    def batch_ends_right_after_the_look(count: int):
+        ids = real_try_recv(count)
+        if ids is None and not looked_too_early:
+            looked_too_early.append(count)
+            assert select.select([h.pool.eventfd()], [], [], DEADLINE)[0], \
+                "the batch never finished"
+        return ids
+
+    deadline = time.monotonic() + DEADLINE
+    while True:  # until a pool event retries the parked recv before its batch ended
+        assert h.call(ALICE, "send", ids_frame(*range(64)), session=session.id)["ok"]
+        recv = h.request(ALICE, "recv", session=session.id, count=64, min=least)
+        if not h.answered(ALICE, recv):
+            with monkeypatch.context() as patch:
+                patch.setattr(session.native, "try_recv", batch_ends_right_after_the_look)
+                h.pool_event()
+            if looked_too_early:
+                break
+        received = np.frombuffer(h.reply(ALICE, recv)["_blobs"][0], np.int64).tolist()
+        assert sorted(received + recv_everything(h, session)) == list(range(64))
+        assert time.monotonic() < deadline, "every batch finished before its recv was retried"
+    assert not h.answered(ALICE, recv) and session.native.counts() == (0, 64)
+    idle_while_parked = h.service.idle
+    h.pool_event()  # the batch's own event
+    assert h.answered(ALICE, recv), "the parked recv was left out of the pool events"
+    assert not idle_while_parked, "a parked recv is work: a drain must wait for it"
+    reply = h.reply(ALICE, recv)
+    assert reply["ok"] and sorted(np.frombuffer(reply["_blobs"][0], np.int64)) == list(range(64))
+    assert session.life.state is State.OPEN and h.service.idle
+    h.assert_each_request_answered_once()
+
+
 # ---- leases, drain, other clients ---------------------------------------------------------
 def test_lease_expiry_frees_the_sessions_and_later_requests_hear_expired(harness):
     h = harness(lease_timeout=5.0)

@@ -31,9 +31,13 @@ def _env_result(obs, rew, term, trunc, info, k: int, agents: int) -> tuple:
             trunc[rows].tobytes(), final)
 
 
-def sync_trajectories(env_id, num_envs, steps, actions, **kwargs):
-    """Per env, its reset observation and then (obs, reward, term, trunc) per step."""
-    with envd.make(env_id, num_envs, seed=11, num_threads=0, **kwargs) as env:
+def sync_trajectories(env_id, num_envs, steps, actions, make=None, **kwargs):
+    """Per env, its reset observation and then (obs, reward, term, trunc) per
+    step, of envd.make(env_id, num_envs, seed=11, **kwargs) in-process (or of
+    make(**kwargs), an env of the same envs and seed made elsewhere)."""
+    env = (envd.make(env_id, num_envs, seed=11, num_threads=0, **kwargs) if make is None
+           else make(**kwargs))
+    with env:
         agents = env.num_agents
         obs, _ = env.reset()
         runs = [[("reset", obs[i * agents:(i + 1) * agents].tobytes() if agents > 1

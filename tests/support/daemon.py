@@ -7,6 +7,7 @@ shadows the installed package), and logs to a file the failing test prints.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -14,7 +15,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -159,6 +160,27 @@ class DaemonProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+@contextlib.contextmanager
+def daemon_group(folder: Path, *flag_lists: Sequence[str]) -> Iterator[list[DaemonProcess]]:
+    """Daemons started with each of flag_lists (in folder/daemon<k>), for the
+    tests that drive several at once (a MultiClient's).  On leaving, every
+    session must be closed (polled), and each daemon must drain to exit 0
+    leaving no segment."""
+    procs: list[DaemonProcess] = []
+    try:
+        for k, flags in enumerate(flag_lists):
+            procs.append(DaemonProcess(folder / f"daemon{k}", *flags))
+        yield procs
+        for proc in procs:
+            with proc.connect() as probe:
+                wait_until(lambda: probe.status()["sessions"] == 0, what="every session closed")
+    finally:
+        codes = [proc.stop() for proc in procs]
+    for proc, code in zip(procs, codes):
+        assert code == 0, proc.log()
+        assert segments_of(proc.pid) == []
 
 
 def start_daemon(folder: Path, *args: str) -> DaemonProcess:

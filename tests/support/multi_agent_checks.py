@@ -8,12 +8,11 @@ from envd's output; the checks run in a fresh interpreter (run_check).
 """
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
+
+from support.fresh_interpreter import checker
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "tests" / "native" / "multi_agent.c"
@@ -127,17 +126,8 @@ def compare(env, seed: int, speeds, steps: int = 50) -> dict[str, int]:
     return seen
 
 
-def run_check(name: str, *args: str, timeout: float = 120,
-              env: dict[str, str] | None = None) -> str:
-    """Run multi_agent_checks.<name>(*args) in a fresh interpreter (env: extra
-    environment variables, e.g. support.sanitized_build.sanitized_env);
-    return its stderr."""
-    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parents[1])!r}); "
-            f"from support import multi_agent_checks; multi_agent_checks.{name}(*sys.argv[1:])")
-    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
-                          timeout=timeout, cwd="/", env={**os.environ, **(env or {})})
-    assert proc.returncode == 0, f"{name}{args} failed:\n{proc.stdout}\n{proc.stderr}"
-    return proc.stderr
+#: run multi_agent_checks.<name>(*args) in a fresh interpreter (support/fresh_interpreter.py)
+run_check = checker("multi_agent_checks")
 
 
 # ---- checks run in a fresh interpreter ------------------------------------------------

@@ -8,12 +8,11 @@ output: next_step autoreset and the time limit of 12 are modelled here.
 """
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
+
+from support.fresh_interpreter import checker
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "tests" / "native" / "multi_spaces.c"
@@ -97,17 +96,8 @@ def compare(env, seed: int, bonus, switches: bool, steps: int = 60) -> int:
     return ended
 
 
-def run_check(name: str, *args: str, timeout: float = 120,
-              env: dict[str, str] | None = None) -> str:
-    """Run multi_spaces_checks.<name>(*args) in a fresh interpreter (env: extra
-    environment variables, e.g. support.sanitized_build.sanitized_env);
-    return its stderr."""
-    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parents[1])!r}); "
-            f"from support import multi_spaces_checks; multi_spaces_checks.{name}(*sys.argv[1:])")
-    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
-                          timeout=timeout, cwd="/", env={**os.environ, **(env or {})})
-    assert proc.returncode == 0, f"{name}{args} failed:\n{proc.stdout}\n{proc.stderr}"
-    return proc.stderr
+#: run multi_spaces_checks.<name>(*args) in a fresh interpreter (support/fresh_interpreter.py)
+run_check = checker("multi_spaces_checks")
 
 
 # ---- checks run in a fresh interpreter ------------------------------------------------

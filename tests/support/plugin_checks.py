@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from support.fresh_interpreter import checker
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE_SOURCE = ROOT / "examples" / "plugins" / "guess_number.c"
 VARIANTS_SOURCE = ROOT / "tests" / "native" / "plugin_variants.c"
@@ -31,13 +33,8 @@ def build_plugin(source: Path, out: Path, *defines: str) -> Path:
     return out
 
 
-def run_check(name: str, *args: str, timeout: float = 120) -> None:
-    """Run plugin_checks.<name>(*args) in a fresh interpreter; fail with its output."""
-    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parents[1])!r}); "
-            f"from support import plugin_checks; plugin_checks.{name}(*sys.argv[1:])")
-    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
-                          timeout=timeout, cwd="/")
-    assert proc.returncode == 0, f"{name}{args} failed:\n{proc.stdout}\n{proc.stderr}"
+#: run plugin_checks.<name>(*args) in a fresh interpreter (support/fresh_interpreter.py)
+run_check = checker("plugin_checks")
 
 
 class GuessNumber:

@@ -24,7 +24,8 @@ one against both uncapped (bench_pair.py), the async-with-learner comparison
 (bench_learner.py) and async mode over two daemons of half the threads each
 versus one daemon (bench_multi.py).  It
 prints the table, ratios and PASS/FAIL/NOT JUDGED target lines, and writes
-results.json, results.csv, report.txt and steps_per_second.png (matplotlib,
+results.json, results.csv, report.txt, readme_table.md (the README's
+benchmark section, bench_readme.py) and steps_per_second.png (matplotlib,
 also in the ``bench`` extra) into the output directory.
 
 Machines are noisy (bench_rounds.py, bench_load.py): the configurations
@@ -58,7 +59,7 @@ from typing import Any, TextIO
 import numpy as np
 
 import envd
-from envd.tools import bench_learner, bench_load, bench_multi, bench_pair
+from envd.tools import bench_learner, bench_load, bench_multi, bench_pair, bench_readme
 from envd.tools.bench_rounds import (NOT_AVAILABLE, interleaved_rounds, judge, paired_ratios,
                                      rate_text, ratio_text, spread, spread_text)
 
@@ -1094,11 +1095,13 @@ def plot(r: dict[str, Any], path: Path) -> str | None:
 
 
 def write_outputs(r: dict[str, Any], text: str, out: Path) -> list[str]:
-    """results.json, results.csv, report.txt and steps_per_second.png; returns notes."""
+    """results.json, results.csv, report.txt, readme_table.md (the README's
+    benchmark section) and steps_per_second.png; returns notes."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(_jsonable(r), indent=2) + "\n")
     write_csv(r, out / "results.csv")
     (out / "report.txt").write_text(text + "\n")
+    (out / "readme_table.md").write_text(bench_readme.readme_text(r))
     problem = plot(r, out / "steps_per_second.png")
     return [f"no plot: {problem}"] if problem else []
 
@@ -1124,7 +1127,7 @@ def main(settings: Settings, stdout: TextIO | None = None) -> int:
     out = Path(settings.out or default_out())
     for note in write_outputs(results, text, out):
         print(f"\n{note}", file=stdout)  # apart from the target lines above
-    print(f"\nwrote {out}/results.json, results.csv, report.txt"
+    print(f"\nwrote {out}/results.json, results.csv, report.txt, readme_table.md"
           + ("" if not (out / "steps_per_second.png").exists() else ", steps_per_second.png"),
           file=stdout)
     return 0
