@@ -357,6 +357,7 @@ class BatchedVecEnv(VectorEnv):
 
     def _bind_buffers(self, buffers: dict[str, np.ndarray]) -> None:
         self._buffers = buffers
+        self._plans: list[_GatherPlan] | None = None  # recv's, over these buffers (built lazily)
         space = self.single_observation_space
         self._obs_names = leaves.leaf_names("observations", space)
         self._final_obs_names = leaves.leaf_names("final_observations", space)
@@ -775,7 +776,7 @@ class BatchedVecEnv(VectorEnv):
     def _gather_plans(self) -> list["_GatherPlan"]:
         """Two sets of batch_size-row buffers recv alternates between, each
         with the copies that fill it (made once: a recv's hot path)."""
-        plans = getattr(self, "_plans", None)
+        plans = self._plans
         if plans is None:
             names = [*self._obs_names, "rewards", "terminations", "truncations", "dones",
                      *self._EPISODE_STATS]
