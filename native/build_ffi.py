@@ -29,7 +29,7 @@ ENV_SOURCES = sorted(f"src/envs/{p.name}" for p in (HERE / "src" / "envs").glob(
 SOURCES = ["src/errors.c", "src/rng.c", "src/pool.c", "src/vec.c", "src/builtin_envs.c",
            "src/npy_f32_trig.c", *ENV_SOURCES,
            "src/plugin.c", "src/backend_pool.c", "src/backend_workers.c", "src/session.c",
-           "src/fast.c",
+           "src/fast.c", "src/batch_rows.c",
            "src/segment_guard.c", "src/raster.c"]
 
 # Bit-exactness with numpy needs IEEE arithmetic as written: no fused
@@ -258,6 +258,12 @@ const void *envd_session_checked_actions(const envd_session_t *session);
 int64_t envd_session_steps(const envd_session_t *session);
 int64_t envd_session_async_env_steps(const envd_session_t *session);
 int64_t envd_session_spare_capacity(envd_session_t *session);
+
+int envd_batch_ids(const void *ids, int itemsize, int is_signed, int64_t count,
+                   int64_t num_envs, int64_t *out, int64_t *stamp, int64_t stamp_gen,
+                   int64_t *bad);
+void envd_batch_gather(const int64_t *rows, int64_t count, int num_buffers,
+                       const void *const *src, void *const *dst, const uint64_t *row_bytes);
 uint64_t envd_session_books_max_bytes(int64_t num_envs);
 int envd_session_start_doorbell(envd_session_t *session, envd_fast_header_t *header,
                                 int64_t *ids, int64_t spin_ns);
@@ -342,7 +348,7 @@ ffibuilder.set_source(
     "envd.native._envd_native",
     '#include "envd.h"\n#include "pool.h"\n#include "vec.h"\n#include "builtin_envs.h"\n'
     '#include "plugin.h"\n#include "fast.h"\n#include "session.h"\n#include "segment_guard.h"\n'
-    '#include "backend_workers.h"\n',
+    '#include "backend_workers.h"\n#include "batch_rows.h"\n',
     # setuptools wants source paths relative to the project root (the cwd of
     # the build); this file may be executed from anywhere.
     sources=[os.path.relpath(HERE / s) for s in SOURCES],

@@ -19,6 +19,7 @@ from gymnasium.vector import AutoresetMode
 
 from envd.errors import InvalidArgumentError
 from envd.native._envd_native import lib
+from envd.native.batch_rows import IdChecker, row_copier
 from envd.native.native_session import NativeSession
 from envd.native.native_vec import MAX_NUM_ENVS, MAX_THREADS, NativePool
 from envd.native.registry import EnvSpec, get_spec, load_plugin
@@ -98,6 +99,7 @@ class VecEnv(BatchedVecEnv):
         self.batch_size = num_envs if batch_size is None else batch_size  # envs, not rows
         self.envd_spec = spec
         self.num_threads = num_threads
+        self._id_checker = IdChecker(num_envs)  # (a send's ids are per env)
         self._bind_buffers({name: _aligned_zeros(shape, dtype) for name, (shape, dtype)
                             in buffer_layout(spec.observation_space, spec.action_space,
                                              num_envs * agents, mode, spec.info_fields,
@@ -137,6 +139,14 @@ class VecEnv(BatchedVecEnv):
         frames = np.empty((self.num_env_instances,) + self.envd_spec.render_shape, np.uint8)
         self._native.render(frames)
         return frames
+
+    def _checked_ids(self, ids: np.ndarray) -> np.ndarray:
+        # one native call; the numpy check raises the error of ids refused
+        checked = self._id_checker.check(ids)
+        return checked if checked is not None else super()._checked_ids(ids)
+
+    def _row_copier(self, pairs: list[tuple[np.ndarray, np.ndarray]]) -> Any:
+        return row_copier(pairs) or super()._row_copier(pairs)
 
     def _release(self) -> None:
         if self._native is not None:

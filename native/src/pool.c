@@ -276,9 +276,24 @@ static void worker_idle(envd_pool_t *pool, uint32_t seen)
     atomic_fetch_sub(&pool->sleepers, 1);
 }
 
+/* Workers run under SCHED_BATCH (no privilege needed; best effort: a
+ * sandbox may refuse it).  Under SCHED_OTHER a worker woken by a submit
+ * preempts the submitting thread on its CPU (wake-up preemption): an async
+ * send then returned only once the worker had stepped much of the batch
+ * (in-process, 2 CPUs: 138 us of wall time for 28 us of CPU), so the
+ * trainer's learner started late and overlapped nothing.  A batch worker
+ * goes to an idle CPU, or waits for the submitter to block; a blocking step's
+ * caller runs chunks itself meanwhile (docs/benchmarks.md). */
+static void worker_set_batch_policy(void)
+{
+    struct sched_param param = {0};
+    (void)pthread_setschedparam(pthread_self(), SCHED_BATCH, &param);
+}
+
 static void *worker_main(void *arg)
 {
     envd_pool_t *pool = arg;
+    worker_set_batch_policy();
     for (;;) {
         /* W1: read gen before looking at the queue. */
         uint32_t seen = atomic_load(&pool->gen);

@@ -153,13 +153,20 @@ static void to_spares(envd_session_t *s, entry_t *e)
     s->spares = e;
 }
 
+/* The ring's positions wrap by a compare, not a modulo: a division per id
+ * was a measurable share of a cheap env's async batch (docs/benchmarks.md). */
 static void push_ready(envd_session_t *s, const int64_t *ids, int64_t count)
 {
+    int64_t pos = s->ready_head + s->num_ready; /* both < num_envs */
+    if (pos >= s->num_envs)
+        pos -= s->num_envs;
     for (int64_t k = 0; k < count; k++) {
-        s->ready[(s->ready_head + s->num_ready) % s->num_envs] = ids[k];
-        s->num_ready++;
+        s->ready[pos] = ids[k];
+        if (++pos == s->num_envs)
+            pos = 0;
         s->state[ids[k]] = ENVD_ENV_READY;
     }
+    s->num_ready += count;
 }
 
 /* End the batches that finished, in submit order: their envs become ready,
@@ -388,12 +395,15 @@ out:
 static int64_t take_ready(envd_session_t *s, int64_t max_count, int64_t *out)
 {
     const int64_t n = s->num_ready < max_count ? s->num_ready : max_count;
+    int64_t pos = s->ready_head;
     for (int64_t k = 0; k < n; k++) {
-        const int64_t i = s->ready[(s->ready_head + k) % s->num_envs];
+        const int64_t i = s->ready[pos];
+        if (++pos == s->num_envs)
+            pos = 0;
         out[k] = i;
         s->state[i] = ENVD_ENV_IDLE;
     }
-    s->ready_head = (s->ready_head + n) % s->num_envs;
+    s->ready_head = pos;
     s->num_ready -= n;
     return n;
 }

@@ -29,6 +29,13 @@
  * CHUNKS_PER_THREAD chunks per participating thread, which balances load when
  * envs differ in cost or a thread is preempted. */
 #define INLINE_BELOW_NS 40000.0
+/* An async batch's caller (the trainer's thread in-process, the doorbell's
+ * thread a client waits on) wants the send back at once: the batch overlaps
+ * its work only on the pool.  It runs inline only when cheaper than the
+ * submit's own wake-up call (a futex syscall, a few microseconds).  A batch
+ * for an event loop (NOTIFY: the socket path) keeps INLINE_BELOW_NS, which
+ * spares it an eventfd round trip through the loop. */
+#define INLINE_BATCH_BELOW_NS 5000.0
 #define MIN_CHUNK_NS 5000.0
 #define CHUNKS_PER_THREAD 4
 #define COST_EWMA_WEIGHT 0.125
@@ -53,7 +60,6 @@ typedef struct env_slot {
     double episode_start;  /* CLOCK_MONOTONIC seconds (Python's perf_counter) */
     bool started;          /* reset at least once */
     bool needs_reset;      /* done, and not reset yet */
-    bool in_batch;         /* in an async batch in flight (caller thread only) */
 } env_slot_t;
 _Static_assert(sizeof(env_slot_t) % _Alignof(max_align_t) == 0, "state must stay aligned");
 
@@ -108,6 +114,11 @@ struct envd_vec {
     unsigned char *actions;
     uint64_t *seeds;
     bool *mask;
+    /* Caller thread only: env i is in an async batch in flight.  Kept apart
+     * from the env blocks, which the threads stepping them write: a send or
+     * a finish that touched 2048 envs' blocks paid a cross-CPU cache miss per
+     * env (most of a cheap env's send; docs/benchmarks.md). */
+    bool *in_batch;
 
     run_t whole;                /* steps and resets of every env */
     const uint64_t *reset_seeds;
@@ -474,7 +485,8 @@ static int64_t choose_chunk(const envd_vec_t *vec, int64_t n, bool off_caller, b
         return 0;
     double cost = vec->stats.cost_ns_per_env;
     bool unmeasured_notify = cost == 0.0 && off_caller;
-    if (!unmeasured_notify && (cost == 0.0 || cost * (double)n < INLINE_BELOW_NS))
+    double inline_below = off_caller && !for_loop ? INLINE_BATCH_BELOW_NS : INLINE_BELOW_NS;
+    if (!unmeasured_notify && (cost == 0.0 || cost * (double)n < inline_below))
         return 0; /* unmeasured yet, or too cheap to pay for a wake-up */
     int64_t by_cost = unmeasured_notify ? 1 : (int64_t)(MIN_CHUNK_NS / cost) + 1;
     int64_t by_balance = (n + CHUNKS_PER_THREAD * (threads + 1) - 1) /
@@ -541,14 +553,9 @@ static int action_in_space(const envd_space_t *as, const void *action)
     }
 }
 
-static int env_startable(const envd_vec_t *vec, int64_t i)
+/* The private copy of env i's actions: every agent's, dead rows' included. */
+static int actions_in_space(const envd_vec_t *vec, int64_t i)
 {
-    const env_slot_t *slot = slot_of(vec, i);
-    if (!slot->started)
-        return ENVD_ESTATE;
-    if (vec->config.autoreset_mode == ENVD_AUTORESET_DISABLED && slot->needs_reset)
-        return ENVD_ESTATE;
-    /* the private copy: every agent's action, dead rows' included */
     const size_t one = vec->action_bytes / (size_t)vec->agents;
     const unsigned char *actions = vec->actions + (size_t)i * vec->action_bytes;
     for (int64_t a = 0; a < vec->agents; a++) {
@@ -557,6 +564,16 @@ static int env_startable(const envd_vec_t *vec, int64_t i)
             return rc;
     }
     return ENVD_OK;
+}
+
+static int env_startable(const envd_vec_t *vec, int64_t i)
+{
+    const env_slot_t *slot = slot_of(vec, i);
+    if (!slot->started)
+        return ENVD_ESTATE;
+    if (vec->config.autoreset_mode == ENVD_AUTORESET_DISABLED && slot->needs_reset)
+        return ENVD_ESTATE;
+    return actions_in_space(vec, i);
 }
 
 /* The whole batch is checked before any env moves, so a refused step leaves
@@ -702,7 +719,26 @@ void envd_vec_batch_destroy(envd_vec_batch_t *batch)
 static void unmark(envd_vec_t *vec, const int64_t *ids, int64_t count)
 {
     for (int64_t k = 0; k < count; k++)
-        slot_of(vec, ids[k])->in_batch = false;
+        vec->in_batch[ids[k]] = false;
+}
+
+/* Copy the batch's rows of the actions buffer into the private copy.  A
+ * memcpy of a constant size compiles to a move: a call per 8-byte row was a
+ * visible share of a cheap env's send (docs/benchmarks.md). */
+#define COPY_ROWS_OF(size)                                                        \
+    for (int64_t k = 0; k < count; k++)                                           \
+        memcpy(vec->actions + (size_t)ids[k] * (size),                            \
+               (const unsigned char *)vec->buf.actions + (size_t)ids[k] * (size), (size))
+
+static void copy_action_rows(envd_vec_t *vec, const int64_t *ids, int64_t count)
+{
+    const size_t row = vec->action_bytes;
+    switch (row) {
+    case 1: COPY_ROWS_OF(1); break;
+    case 4: COPY_ROWS_OF(4); break;
+    case 8: COPY_ROWS_OF(8); break;
+    default: COPY_ROWS_OF(row);
+    }
 }
 
 /* Check a batch's ids (the vec's private copy) and mark its envs in flight;
@@ -717,21 +753,24 @@ static int claim_batch(envd_vec_t *vec, const int64_t *ids, int64_t count)
         int64_t i = ids[k];
         if (i < 0 || i >= vec->config.num_envs)
             rc = ENVD_EINVAL;
-        else if (slot_of(vec, i)->in_batch)
+        else if (vec->in_batch[i])
             rc = ENVD_EBUSY; /* in flight, or twice in this batch */
         if (rc != ENVD_OK) {
             unmark(vec, ids, k);
             vec->error_index = i;
             return rc;
         }
-        slot_of(vec, i)->in_batch = true;
+        vec->in_batch[i] = true;
     }
-    const size_t row = vec->action_bytes;
-    for (k = 0; k < count; k++)
-        memcpy(vec->actions + (size_t)ids[k] * row,
-               (const unsigned char *)vec->buf.actions + (size_t)ids[k] * row, row);
-    for (k = 0; k < count; k++) {
-        rc = env_startable(vec, ids[k]);
+    copy_action_rows(vec, ids, count);
+    /* As validate_step: an env's block (written by the threads stepping it)
+     * is read only when its state may refuse it; integer actions are checked
+     * on the private copy. */
+    const bool per_env_state = !vec->all_started ||
+                               vec->config.autoreset_mode == ENVD_AUTORESET_DISABLED;
+    const bool per_env_action = vec->def->action_space.kind != ENVD_SPACE_BOX;
+    for (k = 0; (per_env_state || per_env_action) && k < count; k++) {
+        rc = per_env_state ? env_startable(vec, ids[k]) : actions_in_space(vec, ids[k]);
         if (rc != ENVD_OK) {
             unmark(vec, ids, count);
             vec->error_index = ids[k];
@@ -965,13 +1004,14 @@ uint64_t envd_vec_memory_bytes(const envd_env_def_t *def, int64_t num_envs)
 {
     if (envd_env_def_validate(def) != ENVD_OK || num_envs < 1)
         return UINT64_MAX;
-    /* per env: its block, then the private copies of its action, seed and mask */
+    /* per env: its block, the private copies of its action, seed and mask, and
+     * its in-batch flag */
     uint64_t action = mul_add((uint64_t)envd_space_numel(&def->action_space),
                               envd_dtype_size(def->action_space.dtype), 0);
     action = mul_add(action, (uint64_t)def->num_agents, 0);
     uint64_t agents = def->num_agents > 1 ? (uint64_t)def->num_agents * sizeof(agent_t) : 0;
     uint64_t per_env =
-        mul_add(1, action, stride_of(def) + sizeof(uint64_t) + sizeof(bool) + agents);
+        mul_add(1, action, stride_of(def) + sizeof(uint64_t) + 2 * sizeof(bool) + agents);
     return mul_add(per_env, (uint64_t)num_envs, sizeof(envd_vec_t));
 }
 
@@ -981,6 +1021,7 @@ static void free_buffers(envd_vec_t *vec)
     free(vec->actions);
     free(vec->seeds);
     free(vec->mask);
+    free(vec->in_batch);
     free(vec->agent_books);
 }
 
@@ -1018,9 +1059,10 @@ int envd_vec_create(envd_vec_t **out, const envd_env_def_t *def,
     vec->actions = malloc(n * vec->action_bytes);
     vec->seeds = malloc(n * sizeof *vec->seeds);
     vec->mask = malloc(n * sizeof *vec->mask);
+    vec->in_batch = calloc(n, sizeof *vec->in_batch);
     if (vec->agents > 1)
         vec->agent_books = calloc(n * (size_t)vec->agents, sizeof(agent_t));
-    if (!vec->blocks || !vec->actions || !vec->seeds || !vec->mask ||
+    if (!vec->blocks || !vec->actions || !vec->seeds || !vec->mask || !vec->in_batch ||
         (vec->agents > 1 && !vec->agent_books)) {
         free_buffers(vec);
         free(vec);

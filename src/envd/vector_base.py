@@ -259,6 +259,19 @@ class _InfoMerger:
     _add_info = VectorEnv._add_info
 
 
+class _GatherPlan:
+    """One of recv's two sets of batch buffers (slots: name -> array, plus
+    "env_id") and the copies that fill it: copy_always(rows) and, for a
+    batch in which an episode ended, copy_on_done(rows) (the buffers named
+    in on_done_names).  obs: the observation over the slots, as returned."""
+
+    def __init__(self, slots: dict[str, np.ndarray], on_done_names: frozenset[str], obs: Any,
+                 copy_always: Any, copy_on_done: Any):
+        self.slots, self.on_done_names, self.obs = slots, on_done_names, obs
+        self.dones = slots["dones"]
+        self.copy_always, self.copy_on_done = copy_always, copy_on_done
+
+
 class SendRowChecks:
     """Range checks of a send's actions for a VecEnv whose envs a daemon
     steps (RemoteVecEnv, MultiVecEnv): over the socket the daemon would
@@ -344,6 +357,7 @@ class BatchedVecEnv(VectorEnv):
 
     def _bind_buffers(self, buffers: dict[str, np.ndarray]) -> None:
         self._buffers = buffers
+        self._plans: list[_GatherPlan] | None = None  # recv's, over these buffers (built lazily)
         space = self.single_observation_space
         self._obs_names = leaves.leaf_names("observations", space)
         self._final_obs_names = leaves.leaf_names("final_observations", space)
@@ -686,6 +700,12 @@ class BatchedVecEnv(VectorEnv):
                     f"{self.env_id}: env_ids of a multi-agent env are per row, each env's id "
                     f"{self.num_agents} times in a row (as recv's info['env_id'])")
             ids = grouped[:, 0]
+        return self._checked_ids(ids)
+
+    def _checked_ids(self, ids: np.ndarray) -> np.ndarray:
+        """A send's env ids (1-D, integer, one per env) checked for range and
+        repeats, as a new int64 array.  (The in-process env does it in one
+        native call and comes here only to raise.)"""
         envs = self.num_env_instances
         low, high = ids.min(), ids.max()
         if low < 0 or high >= envs:
@@ -724,24 +744,22 @@ class BatchedVecEnv(VectorEnv):
 
     def _gather(self, ids: np.ndarray) -> tuple:
         """Copy the envs' results into the next of two batch buffers."""
-        slots = self._recv_slots()[self._recv_count % 2]
+        plan = self._gather_plans()[self._recv_count % 2]
         self._recv_count += 1
-        buffers = self._buffers
         rows = self._rows_of(ids)
-        # rows come from the stepper's ids, in range: mode="clip" skips numpy's
-        # bounds check, which with out= (mode "raise") copies through a
-        # temporary buffer -- about half of a recv's own time for cheap envs.
-        any_done = buffers["dones"].take(rows, out=slots["dones"], mode="clip").any()
-        out: dict[str, np.ndarray] = {}
-        for name, slot in slots.items():
-            if name == "env_id":
-                slot[...] = rows // self.num_agents  # each row's env
-            elif not any_done and (name in self._ON_DONE
-                                   or name.startswith("final_observations.")):
-                continue  # (no episode ended: the info has no statistics)
-            elif name != "dones":
-                buffers[name].take(rows, axis=0, out=slot, mode="clip")
-            out[name] = slot.copy() if self._copy else slot
+        # (rows come from the stepper's ids: in range)
+        plan.copy_always(rows)
+        any_done = plan.dones.any()
+        if any_done:  # (no episode ended: the info has no statistics)
+            plan.copy_on_done(rows)
+        env_id = plan.slots["env_id"]
+        env_id[...] = rows if self.num_agents == 1 else rows // self.num_agents  # each row's env
+        if self._copy:
+            out = {name: slot.copy() for name, slot in plan.slots.items()
+                   if any_done or name not in plan.on_done_names}
+            obs = self._tree(out, "observations")
+        else:
+            out, obs = plan.slots, plan.obs
         info: dict[str, Any] = {"env_id": out["env_id"]}
         if self._agent_mask is not None:
             info["agent_mask"] = out["agent_mask"]
@@ -753,13 +771,13 @@ class BatchedVecEnv(VectorEnv):
                                            tuple(out[name] for name in self._EPISODE_STATS)))
         if self._info_lengths is not None:
             self._add_env_infos(info, out[INFO_LENGTHS], out[INFO_SLOTS])
-        return (self._tree(out, "observations"), out["rewards"], out["terminations"], out["truncations"],
-                info)
+        return obs, out["rewards"], out["terminations"], out["truncations"], info
 
-    def _recv_slots(self) -> list[dict[str, np.ndarray]]:
-        """Two sets of batch_size-row buffers recv alternates between."""
-        slots = getattr(self, "_slots", None)
-        if slots is None:
+    def _gather_plans(self) -> list["_GatherPlan"]:
+        """Two sets of batch_size-row buffers recv alternates between, each
+        with the copies that fill it (made once: a recv's hot path)."""
+        plans = self._plans
+        if plans is None:
             names = [*self._obs_names, "rewards", "terminations", "truncations", "dones",
                      *self._EPISODE_STATS]
             if self._final_obs is not None:
@@ -770,11 +788,33 @@ class BatchedVecEnv(VectorEnv):
             if self._agent_mask is not None:
                 names.append("agent_mask")
             rows = self.batch_size * self.num_agents  # batch_size counts envs
-            slots = self._slots = [
-                {**{name: np.empty((rows, *self._buffers[name].shape[1:]),
-                                   self._buffers[name].dtype) for name in names},
-                 "env_id": np.empty(rows, np.int32)} for _ in range(2)]
-        return slots
+            plans = self._plans = []
+            for _ in range(2):
+                slots = {**{name: np.empty((rows, *self._buffers[name].shape[1:]),
+                                           self._buffers[name].dtype) for name in names},
+                         "env_id": np.empty(rows, np.int32)}
+                # gathered only for a batch in which an episode ended (only
+                # then in its info; the leaves of a composite space's
+                # final_observations too)
+                on_done = [name for name in names if name in self._ON_DONE
+                           or name.startswith("final_observations.")]
+                always = [name for name in names if name not in on_done]
+                plans.append(_GatherPlan(
+                    slots, frozenset(on_done), self._tree(slots, "observations"),
+                    self._row_copier([(self._buffers[n], slots[n]) for n in always]),
+                    self._row_copier([(self._buffers[n], slots[n]) for n in on_done])))
+        return plans
+
+    def _row_copier(self, pairs: list[tuple[np.ndarray, np.ndarray]]) -> Any:
+        """A function of rows (int64, in range) copying those rows of each
+        (buffer, slot) pair's buffer into its slot, in order."""
+        def copy(rows: np.ndarray) -> None:
+            for buffer, slot in pairs:
+                # mode="clip" skips numpy's bounds check, which with out=
+                # (mode "raise") copies through a temporary buffer -- about
+                # half of a recv's own time for cheap envs.
+                buffer.take(rows, axis=0, out=slot, mode="clip")
+        return copy
 
     def render(self) -> tuple[np.ndarray, ...]:
         """One rgb_array frame per env, as gymnasium's vector envs return them: a

@@ -59,3 +59,30 @@ def test_adaptive_dispatch_runs_cheap_batches_inline():
         stats = env.dispatch_stats()
         assert stats["cost_ns_per_env"] > 0
         assert stats["inline_jobs"] >= 50 and stats["pooled_jobs"] == 0
+
+
+def test_async_batch_between_5_and_40_us_goes_to_the_pool():
+    """A send costing more than a wake-up call (about 5 us) is stepped on the
+    pool, not inline on the trainer's thread (which then overlaps nothing);
+    a whole-vec step of the same cost still runs inline.  The batch size is
+    chosen from the vec's own measured cost, so that a batch is about 12 us
+    of work: inline below 40 us before (native/src/vec.c,
+    INLINE_BATCH_BELOW_NS)."""
+    with envd.make("Acrobot-v1", 64, seed=0, num_threads=1) as env:
+        env.reset()
+        for _ in range(20):
+            env.step(np.zeros(64, np.int64))
+        cost = env.dispatch_stats()["cost_ns_per_env"]
+    batch = min(512, max(1, round(12_000 / cost)))
+    with envd.make("Acrobot-v1", 2 * batch, seed=0, num_threads=1, batch_size=batch) as env:
+        env.async_reset()
+        actions = np.zeros(batch, np.int64)
+        for _ in range(30):
+            env.send(actions, env.recv()[4]["env_id"])
+        env.recv()
+        env.recv()
+        stats = env.dispatch_stats()
+    if stats["cost_ns_per_env"] * batch >= 5000:  # (the pool's rule, on its own estimate)
+        assert stats["inline_jobs"] == 0 and stats["pooled_jobs"] == 30
+    else:  # the estimate fell by half: too cheap for any wake-up, inline is right
+        assert stats["inline_jobs"] > 0

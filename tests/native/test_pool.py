@@ -7,6 +7,7 @@ import ctypes
 import os
 import select
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -163,3 +164,28 @@ def test_cap_refused_while_in_flight_and_below_one_worker(lib):
     assert cap.active == 0
     assert lib.envd_job_set_cap(job, None) == 0
     lib.envd_pool_destroy(pool)
+
+
+def _thread_ids() -> set[int]:
+    return {int(tid) for tid in os.listdir("/proc/self/task")}
+
+
+def test_workers_run_under_sched_batch(lib):
+    """A worker woken by a submit must not preempt the submitting thread
+    (an async send then returned only after the worker had stepped much of
+    its batch): workers run under SCHED_BATCH; the creating thread keeps its
+    policy."""
+    before = _thread_ids()
+    pool = make_pool(lib, 2)
+    try:
+        workers = _thread_ids() - before
+        assert len(workers) == 2
+        # (each worker sets its policy as it starts: wait for them, generously)
+        deadline = time.monotonic() + 30
+        while ({os.sched_getscheduler(tid) for tid in workers} != {os.SCHED_BATCH}
+               and time.monotonic() < deadline):
+            time.sleep(0.01)
+        assert {os.sched_getscheduler(tid) for tid in workers} == {os.SCHED_BATCH}
+        assert os.sched_getscheduler(0) == os.SCHED_OTHER
+    finally:
+        lib.envd_pool_destroy(pool)
