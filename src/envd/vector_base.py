@@ -263,7 +263,10 @@ class _GatherPlan:
     """One of recv's two sets of batch buffers (slots: name -> array, plus
     "env_id") and the copies that fill it: copy_always(rows) and, for a
     batch in which an episode ended, copy_on_done(rows) (the buffers named
-    in on_done_names).  obs: the observation over the slots, as returned."""
+    in on_done_names).  obs: the observation over the slots when it is one
+    array, as returned; None for a composite space, whose dict or tuple is
+    built per recv (a caller may replace its entries: a cached one would
+    hand those back two recvs later)."""
 
     def __init__(self, slots: dict[str, np.ndarray], on_done_names: frozenset[str], obs: Any,
                  copy_always: Any, copy_on_done: Any):
@@ -759,7 +762,8 @@ class BatchedVecEnv(VectorEnv):
                    if any_done or name not in plan.on_done_names}
             obs = self._tree(out, "observations")
         else:
-            out, obs = plan.slots, plan.obs
+            out = plan.slots
+            obs = plan.obs if plan.obs is not None else self._tree(out, "observations")
         info: dict[str, Any] = {"env_id": out["env_id"]}
         if self._agent_mask is not None:
             info["agent_mask"] = out["agent_mask"]
@@ -799,8 +803,9 @@ class BatchedVecEnv(VectorEnv):
                 on_done = [name for name in names if name in self._ON_DONE
                            or name.startswith("final_observations.")]
                 always = [name for name in names if name not in on_done]
+                obs = self._tree(slots, "observations")
                 plans.append(_GatherPlan(
-                    slots, frozenset(on_done), self._tree(slots, "observations"),
+                    slots, frozenset(on_done), obs if isinstance(obs, np.ndarray) else None,
                     self._row_copier([(self._buffers[n], slots[n]) for n in always]),
                     self._row_copier([(self._buffers[n], slots[n]) for n in on_done])))
         return plans

@@ -98,6 +98,27 @@ def test_async_dict_spaces_and_infos_equal_sync(mode, num_workers):
         assert_same(runs[i], expected[i][:len(runs[i])], f"env {i}")
 
 
+def test_a_recvs_dict_observation_is_the_callers_to_change():
+    """Each recv returns a new dict of a Dict space's observation (its arrays
+    are views of recv's two alternating batch buffers, as documented): an
+    entry the caller replaced in one recv's dict is not handed back two recvs
+    later (a cached dict did that: the stale array in place of fresh rows)."""
+    with envd.make("py:daemon_envs:envd-test/DictObs-v0", 4, seed=3, num_workers=0,
+                   batch_size=2, episode_statistics=False) as env:
+        env.async_reset()
+        actions = [np.zeros(2, np.int64), np.array([[1, 0], [0, 1]]), np.zeros((2, 2), np.float32)]
+        dicts = []
+        for k in range(3):
+            obs, *_, info = env.recv()
+            dicts.append(obs)
+            if k == 0:
+                for key in obs:
+                    obs[key] = "replaced by the caller"
+            env.send(tuple(actions), info["env_id"])
+        assert dicts[2] is not dicts[0]
+        assert all(not isinstance(value, str) for value in dicts[2].values()), dicts[2]
+
+
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_recv_infos_are_batch_sized_and_wide_integers_refused(num_workers):
     """An async recv's merged env infos are batch_size long, row k being env
