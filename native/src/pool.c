@@ -286,7 +286,14 @@ static void worker_idle(envd_pool_t *pool, uint32_t seen)
  * caller runs chunks itself meanwhile (docs/benchmarks.md). */
 static void worker_set_batch_policy(void)
 {
+    /* Only from SCHED_OTHER: a worker that inherited SCHED_IDLE or a
+     * real-time policy (the operator's chrt, systemd's CPUSchedulingPolicy)
+     * keeps what the operator asked for. */
+    int policy;
     struct sched_param param = {0};
+    if (pthread_getschedparam(pthread_self(), &policy, &param) != 0 || policy != SCHED_OTHER)
+        return;
+    param.sched_priority = 0;
     (void)pthread_setschedparam(pthread_self(), SCHED_BATCH, &param);
 }
 

@@ -170,22 +170,70 @@ def _thread_ids() -> set[int]:
     return {int(tid) for tid in os.listdir("/proc/self/task")}
 
 
+def _in_a_thread(work):
+    """work()'s result, run on a new thread (a policy set there stays there)."""
+    out = []
+    thread = threading.Thread(target=lambda: out.append(work()))
+    thread.start()
+    thread.join()
+    return out[0]
+
+
+def _may_take(policy: int) -> bool:
+    """Whether this sandbox lets a thread take policy (a throwaway thread tries)."""
+    def attempt() -> bool:
+        try:
+            os.sched_setscheduler(0, policy, os.sched_param(0))
+            return True
+        except OSError:
+            return False
+    return _in_a_thread(attempt)
+
+
+def _worker_policies(workers: set[int], want: int) -> set[int]:
+    # (each worker sets its policy as it starts: wait for them, generously)
+    deadline = time.monotonic() + 30
+    while {os.sched_getscheduler(tid) for tid in workers} != {want} \
+            and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return {os.sched_getscheduler(tid) for tid in workers}
+
+
 def test_workers_run_under_sched_batch(lib):
     """A worker woken by a submit must not preempt the submitting thread
     (an async send then returned only after the worker had stepped much of
     its batch): workers run under SCHED_BATCH; the creating thread keeps its
     policy."""
+    if os.sched_getscheduler(0) != os.SCHED_OTHER or not _may_take(os.SCHED_BATCH):
+        pytest.skip("the workers take SCHED_BATCH only from SCHED_OTHER, where the "
+                    "sandbox allows it (best effort: the pool runs without it)")
     before = _thread_ids()
     pool = make_pool(lib, 2)
     try:
         workers = _thread_ids() - before
         assert len(workers) == 2
-        # (each worker sets its policy as it starts: wait for them, generously)
-        deadline = time.monotonic() + 30
-        while ({os.sched_getscheduler(tid) for tid in workers} != {os.SCHED_BATCH}
-               and time.monotonic() < deadline):
-            time.sleep(0.01)
-        assert {os.sched_getscheduler(tid) for tid in workers} == {os.SCHED_BATCH}
+        assert _worker_policies(workers, os.SCHED_BATCH) == {os.SCHED_BATCH}
         assert os.sched_getscheduler(0) == os.SCHED_OTHER
+    finally:
+        lib.envd_pool_destroy(pool)
+
+
+def test_workers_keep_the_operators_policy(lib):
+    """Workers created by a thread under SCHED_IDLE (chrt -i, systemd's
+    CPUSchedulingPolicy=idle) stay under SCHED_IDLE: SCHED_BATCH replaces
+    SCHED_OTHER only."""
+    if not _may_take(os.SCHED_IDLE):
+        pytest.skip("this sandbox refuses SCHED_IDLE")
+
+    def make_idle_pool() -> tuple[object, set[int]]:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        before = _thread_ids()
+        pool = make_pool(lib, 2)
+        return pool, _thread_ids() - before
+
+    pool, workers = _in_a_thread(make_idle_pool)
+    try:
+        assert len(workers) == 2
+        assert _worker_policies(workers, os.SCHED_IDLE) == {os.SCHED_IDLE}
     finally:
         lib.envd_pool_destroy(pool)
