@@ -47,7 +47,12 @@ class IdChecker:
 def row_copier(pairs: list[tuple[np.ndarray, np.ndarray]]) -> Callable[[np.ndarray], None] | None:
     """A function of rows (int64, each in range) that copies those rows of
     every (buffer, slot) pair's buffer into its slot in one native call, or
-    None if some array is not C-contiguous (the caller copies with numpy)."""
+    None if some array is not C-contiguous (the caller copies with numpy).
+
+    Rows the native copy cannot take as they are (not one C-contiguous,
+    aligned int64 row per slot row) are copied with numpy's take, which
+    raises as the numpy path does for a count that is not the slots' (the
+    native copy would write past the slots)."""
     if not all(a.flags.c_contiguous for pair in pairs for a in pair):
         return None
     if not pairs:
@@ -57,10 +62,19 @@ def row_copier(pairs: list[tuple[np.ndarray, np.ndarray]]) -> Callable[[np.ndarr
     dst = ffi.new("void *[]", [ffi.from_buffer(s) for _, s in pairs])
     row_bytes = ffi.new("uint64_t[]", [b.nbytes // len(b) for b, _ in pairs])
     count = len(pairs)
+    slot_rows = min(len(s) for _, s in pairs)
     gather = lib.envd_batch_gather
+    int64 = np.dtype(np.int64)
 
     def copy(rows: np.ndarray) -> None:
-        gather(ffi.from_buffer("int64_t[]", rows), len(rows), count, src, dst, row_bytes)
+        # (a few attribute reads: the native call reads rows as int64_t[])
+        flags = rows.flags
+        if (rows.dtype != int64 or rows.ndim != 1 or len(rows) != slot_rows
+                or not (flags.c_contiguous and flags.aligned)):
+            for buffer, slot in pairs:
+                buffer.take(rows, axis=0, out=slot, mode="clip")
+            return
+        gather(ffi.from_buffer("int64_t[]", rows), slot_rows, count, src, dst, row_bytes)
 
     copy.arrays = pairs  # type: ignore[attr-defined]  (their memory, while src/dst point at it)
     return copy

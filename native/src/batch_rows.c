@@ -9,14 +9,23 @@
 #include "envd.h"
 
 /* id k of the array, as int64 (a uint64 above INT64_MAX reads negative: out
- * of range all the same). */
+ * of range all the same).  Read with a constant-size memcpy, which compiles
+ * to a load but needs no alignment: a C-contiguous numpy array may start at
+ * any byte (np.frombuffer(..., offset=1)). */
+#define ID_AS(type)                                                                \
+    do {                                                                           \
+        type v;                                                                    \
+        memcpy(&v, (const unsigned char *)ids + (uint64_t)k * sizeof v, sizeof v); \
+        return (int64_t)v;                                                         \
+    } while (0)
+
 static int64_t id_at(const void *ids, int itemsize, int is_signed, int64_t k)
 {
     switch (itemsize) {
-    case 1: return is_signed ? ((const int8_t *)ids)[k] : ((const uint8_t *)ids)[k];
-    case 2: return is_signed ? ((const int16_t *)ids)[k] : ((const uint16_t *)ids)[k];
-    case 4: return is_signed ? ((const int32_t *)ids)[k] : ((const uint32_t *)ids)[k];
-    default: return ((const int64_t *)ids)[k];
+    case 1: if (is_signed) ID_AS(int8_t); else ID_AS(uint8_t);
+    case 2: if (is_signed) ID_AS(int16_t); else ID_AS(uint16_t);
+    case 4: if (is_signed) ID_AS(int32_t); else ID_AS(uint32_t);
+    default: ID_AS(int64_t);
     }
 }
 
@@ -47,28 +56,24 @@ int envd_batch_ids(const void *ids, int itemsize, int is_signed, int64_t count,
     return ENVD_OK;
 }
 
-/* One buffer's rows, by row size: typed copies for the common sizes (a
- * memcpy call per 4-byte row costs more than the row). */
-#define GATHER_AS(type)                                                            \
-    do {                                                                           \
-        const type *s = src;                                                       \
-        type *d = dst;                                                             \
-        for (int64_t k = 0; k < count; k++)                                        \
-            d[k] = s[rows[k]];                                                     \
-    } while (0)
+/* One buffer's rows, by row size.  memcpy of a constant size compiles to a
+ * move (a memcpy call per 4-byte row costs more than the row) and, unlike a
+ * typed load, needs no alignment and reads float rows as bytes (no
+ * strict-aliasing breach); as vec.c's copy_action_rows. */
+#define GATHER_OF(size)                                                            \
+    for (int64_t k = 0; k < count; k++)                                           \
+        memcpy((unsigned char *)dst + (uint64_t)k * (size),                        \
+               (const unsigned char *)src + (uint64_t)rows[k] * (size), (size))
 
 static void gather_one(const int64_t *rows, int64_t count, const void *src, void *dst,
                        uint64_t row_bytes)
 {
     switch (row_bytes) {
-    case 1: GATHER_AS(uint8_t); break;
-    case 2: GATHER_AS(uint16_t); break;
-    case 4: GATHER_AS(uint32_t); break;
-    case 8: GATHER_AS(uint64_t); break;
-    default:
-        for (int64_t k = 0; k < count; k++)
-            memcpy((unsigned char *)dst + (uint64_t)k * row_bytes,
-                   (const unsigned char *)src + (uint64_t)rows[k] * row_bytes, row_bytes);
+    case 1: GATHER_OF(1); break;
+    case 2: GATHER_OF(2); break;
+    case 4: GATHER_OF(4); break;
+    case 8: GATHER_OF(8); break;
+    default: GATHER_OF(row_bytes);
     }
 }
 

@@ -1,7 +1,10 @@
 """native/src/batch_rows.c through envd.native.batch_rows: the in-process
 env's send-id check and recv gather agree with the numpy ones they replace."""
+from pathlib import Path
+
 import numpy as np
 import pytest
+from cbuild import run_stress
 
 import envd
 from envd.errors import InvalidArgumentError
@@ -51,7 +54,60 @@ def test_gather_equals_numpy_take(shape, dtype):
 def test_gather_declines_arrays_not_contiguous():
     buffer = np.zeros((10, 4), np.float32)
     assert row_copier([(buffer[:, :2], np.empty((3, 2), np.float32))]) is None
-    assert row_copier([])(np.arange(3, dtype=np.int64)) is None
+    assert row_copier([(np.zeros((10, 2), np.float32), buffer[:3, :2])]) is None
+    # no pairs: a copier all the same (None would send the caller to numpy)
+    assert callable(row_copier([]))
+
+
+def _unaligned(array: np.ndarray) -> np.ndarray:
+    """A C-contiguous copy of array that starts one byte past an aligned
+    address (as np.frombuffer(..., offset=1) gives)."""
+    raw = np.zeros(array.nbytes + 1, np.uint8)
+    out = np.frombuffer(raw.data, array.dtype, count=array.size, offset=1).reshape(array.shape)
+    out[...] = array
+    assert out.flags.c_contiguous and (out.itemsize == 1 or not out.flags.aligned)
+    return out
+
+
+@pytest.mark.parametrize("dtype", ["int16", "uint32", "int64"])
+def test_unaligned_ids_are_read(dtype):
+    ids = _unaligned(np.array([7, 0, 3], dtype))
+    assert IdChecker(10).check(ids).tolist() == [7, 0, 3]
+
+
+@pytest.mark.parametrize("dtype", [np.int16, np.float32, np.float64])
+def test_gather_of_unaligned_buffers_and_rows_equals_numpy_take(dtype):
+    rng = np.random.default_rng(1)
+    buffer = _unaligned(rng.normal(size=(30,)).astype(dtype))
+    slot = _unaligned(np.zeros(12, dtype))
+    rows = rng.permutation(30)[:12].astype(np.int64)
+    copier = row_copier([(buffer, slot)])
+    copier(rows)
+    np.testing.assert_array_equal(slot, buffer[rows])
+    copier(_unaligned(rows[::-1].copy()))  # (rows the native copy does not read: numpy's)
+    np.testing.assert_array_equal(slot, buffer[rows[::-1]])
+
+
+def test_gather_of_more_rows_than_the_slot_raises_and_writes_nothing_past_it():
+    buffer = np.arange(10, dtype=np.float64)
+    memory = np.full(8, -1.0)
+    slot = memory[:3]  # (the rest of memory: what a copy past the slot would hit)
+    copier = row_copier([(buffer, slot)])
+    with pytest.raises(ValueError):
+        copier(np.arange(5, dtype=np.int64))
+    assert memory[3:].tolist() == [-1.0] * 5
+    copier(np.array([9, 8, 7], np.int64))
+    assert memory.tolist() == [9, 8, 7] + [-1.0] * 5
+
+
+def test_gather_rows_not_int64_or_not_contiguous_are_copied_as_numpy_does():
+    buffer = np.arange(20, dtype=np.int32).reshape(10, 2)
+    slot = np.zeros((3, 2), np.int32)
+    copier = row_copier([(buffer, slot)])
+    copier(np.array([4, 1, 6], np.int32))
+    np.testing.assert_array_equal(slot, buffer[[4, 1, 6]])
+    copier(np.arange(9, dtype=np.int64)[::3])
+    np.testing.assert_array_equal(slot, buffer[[0, 3, 6]])
 
 
 @pytest.mark.parametrize("env_id,mode", [("CartPole-v1", "next_step"),
@@ -94,3 +150,12 @@ def test_bad_send_ids_raise_the_numpy_messages():
         with pytest.raises(InvalidArgumentError, match=r"must be in \[0, 8\), got 8"):
             env.send(actions, np.array([ids[0], 8, ids[1], ids[2]]))
         env.send(actions, ids)  # nothing was sent by the refused calls
+
+
+@pytest.mark.parametrize("kind", ["plain", "asan"])
+def test_batch_rows_c_under_sanitizers(kind):
+    """batch_rows.c on its own (tests/native/batch_rows_check.c), plain and
+    under AddressSanitizer + UBSan: ids and rows at unaligned addresses are
+    read and written without undefined behaviour."""
+    run_stress([Path(__file__).with_name("batch_rows_check.c"), "batch_rows.c"],
+               "batch_rows_check", kind, 1, timeout=120)
