@@ -8,26 +8,23 @@
 
 #include "envd.h"
 
-/* id k of the array, as int64 (a uint64 above INT64_MAX reads negative: out
- * of range all the same).  Read with a constant-size memcpy, which compiles
- * to a load but needs no alignment: a C-contiguous numpy array may start at
- * any byte (np.frombuffer(..., offset=1)). */
-#define ID_AS(type)                                                                \
-    do {                                                                           \
+/* Copy the ids as `type` into out as int64, returning ENVD_ERANGE with *bad
+ * the first one outside [0, num_envs) (a uint64 above INT64_MAX reads
+ * negative: out of range all the same).  Each id is read with a constant-size
+ * memcpy, which compiles to a load but needs no alignment: a C-contiguous
+ * numpy array may start at any byte (np.frombuffer(..., offset=1)).  One
+ * loop per width, so the width is not decided per id. */
+#define IDS_AS(type)                                                               \
+    for (int64_t k = 0; k < count; k++) {                                          \
         type v;                                                                    \
         memcpy(&v, (const unsigned char *)ids + (uint64_t)k * sizeof v, sizeof v); \
-        return (int64_t)v;                                                         \
-    } while (0)
-
-static int64_t id_at(const void *ids, int itemsize, int is_signed, int64_t k)
-{
-    switch (itemsize) {
-    case 1: if (is_signed) ID_AS(int8_t); else ID_AS(uint8_t);
-    case 2: if (is_signed) ID_AS(int16_t); else ID_AS(uint16_t);
-    case 4: if (is_signed) ID_AS(int32_t); else ID_AS(uint32_t);
-    default: ID_AS(int64_t);
+        const int64_t i = (int64_t)v;                                              \
+        if (i < 0 || i >= num_envs) {                                              \
+            *bad = i;                                                              \
+            return ENVD_ERANGE;                                                    \
+        }                                                                          \
+        out[k] = i;                                                                \
     }
-}
 
 int envd_batch_ids(const void *ids, int itemsize, int is_signed, int64_t count,
                    int64_t num_envs, int64_t *out, int64_t *stamp, int64_t stamp_gen,
@@ -38,13 +35,15 @@ int envd_batch_ids(const void *ids, int itemsize, int is_signed, int64_t count,
         return ENVD_EINVAL;
     /* Range first, over every id (the caller's message names the first bad
      * one), then repeats: a repeat report never names an id out of range. */
-    for (int64_t k = 0; k < count; k++) {
-        const int64_t i = id_at(ids, itemsize, is_signed, k);
-        if (i < 0 || i >= num_envs) {
-            *bad = i;
-            return ENVD_ERANGE;
-        }
-        out[k] = i;
+    switch (itemsize * (is_signed ? 1 : -1)) {
+    case 1: IDS_AS(int8_t); break;
+    case -1: IDS_AS(uint8_t); break;
+    case 2: IDS_AS(int16_t); break;
+    case -2: IDS_AS(uint16_t); break;
+    case 4: IDS_AS(int32_t); break;
+    case -4: IDS_AS(uint32_t); break;
+    case 8: IDS_AS(int64_t); break;
+    default: IDS_AS(uint64_t);
     }
     for (int64_t k = 0; k < count; k++) {
         if (stamp[out[k]] == stamp_gen) {
