@@ -4,10 +4,12 @@ and forced chunk sizes {1, 3, all}, and adaptive dispatch as well."""
 from __future__ import annotations
 
 import hashlib
+import re
 
 import numpy as np
 import pytest
 
+import cbuild
 import envd
 from conftest import BUILTIN_ENV_IDS, random_actions
 
@@ -61,10 +63,13 @@ def test_adaptive_dispatch_runs_cheap_batches_inline():
         assert stats["inline_jobs"] >= 50 and stats["pooled_jobs"] == 0
 
 
-# native/src/vec.c's dispatch thresholds: an async batch runs inline below
-# INLINE_BATCH_BELOW_NS of estimated work, a whole-vec step below INLINE_BELOW_NS.
-INLINE_BATCH_BELOW_NS = 5_000
-INLINE_BELOW_NS = 40_000
+# native/src/vec.c's dispatch thresholds (read from it, not copied): an async
+# batch runs inline below INLINE_BATCH_BELOW_NS of estimated work, a whole-vec
+# step below INLINE_BELOW_NS.
+_VEC_C = (cbuild.SRC / "vec.c").read_text()
+INLINE_BATCH_BELOW_NS, INLINE_BELOW_NS = (
+    float(re.search(rf"#define {name} ([0-9.]+)", _VEC_C)[1])
+    for name in ("INLINE_BATCH_BELOW_NS", "INLINE_BELOW_NS"))
 
 
 def _dispatched(env, call) -> tuple[str, float]:
