@@ -18,6 +18,10 @@
  *     agent's reward is -0.1.
  *     Time limit: 8 steps (the host's).
  * The reference is the plain Python of tests/native/test_multi_agent.py.
+ *
+ * Built with -DSEEK_FAILS it is SeekFail-v0: the same env whose step fails
+ * (ENVD_EENV) in every env made with speed 3, for the tests of how errors
+ * name a multi-agent env's rows.
  */
 #include <envd.h>
 
@@ -63,6 +67,10 @@ static int seek_step(void *state, envd_rng_t *rng, const void *action, void *obs
     (void)rng;
     (void)truncated;
     seek_t *s = state;
+#ifdef SEEK_FAILS
+    if (s->speed == 3)
+        return ENVD_EENV;
+#endif
     const int64_t *act = action; /* AGENTS rows of 2, checked by the host */
     bool everyone_ends = false;
     for (int a = 0; a < AGENTS; a++) {
@@ -99,7 +107,11 @@ static const int64_t move_nvec[] = {3, 2};
 
 static const envd_env_def_t seek = {
     .abi_version = ENVD_ABI_VERSION,
+#ifdef SEEK_FAILS
+    .id = "SeekFail-v0",
+#else
     .id = "Seek-v0",
+#endif
     .observation_space = {.kind = ENVD_SPACE_BOX, .dtype = ENVD_DTYPE_FLOAT32, .ndim = 1,
                           .shape = {2}, .low = obs_low, .high = obs_high},
     .action_space = {.kind = ENVD_SPACE_MULTI_DISCRETE, .dtype = ENVD_DTYPE_INT64, .ndim = 1,
