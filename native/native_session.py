@@ -123,7 +123,8 @@ class NativeSession:
                     return row
         return rows[0]
 
-    def _env_error(self, rc: int, env: int, num_envs: int | None = None) -> Exception:
+    def _refused_env_error(self, rc: int, env: int,
+                           num_envs: int | None = None) -> Exception:
         """step_error (send_error given num_envs) of env's failure or refusal:
         the one place the session names it.  Errors name rows: a multi-agent
         env's first row (its refused action's row for ERANGE), as a step's
@@ -148,7 +149,7 @@ class NativeSession:
             return refusal
         index = int(lib.envd_session_error_index(self.handle))
         if rc in (lib.ENVD_ERANGE, lib.ENVD_ESTATE, lib.ENVD_EBUSY, lib.ENVD_EENV):
-            return self._env_error(rc, index)
+            return self._refused_env_error(rc, index)
         return NativeError(f"{self.spec.id}: {call} failed: {strerror(rc)} ({rc})", rc)
 
     # ---- the session's lock ------------------------------------------------------------
@@ -238,7 +239,7 @@ class NativeSession:
             state = lib.envd_session_env_state(handle, index)
             if state != lib.ENVD_ENV_IDLE:
                 raise not_idle_error(self.spec.id, index, state == lib.ENVD_ENV_IN_FLIGHT)
-        raise self._env_error(rc, index, self.num_envs)
+        raise self._refused_env_error(rc, index, self.num_envs)
 
     def _recv(self, count: int, wait: bool) -> np.ndarray | None:
         handle = self._live()
@@ -255,7 +256,7 @@ class NativeSession:
             return None
         if got == lib.ENVD_ESTATE and lib.envd_session_error_index(handle) == -1:
             raise recv_short_error(self.spec.id, count, sum(self.counts()))
-        raise self._env_error(got, int(lib.envd_session_error_index(handle)))
+        raise self._refused_env_error(got, int(lib.envd_session_error_index(handle)))
 
     def recv(self, count: int) -> np.ndarray:
         """Block until count envs are ready; exactly the count oldest ready

@@ -102,7 +102,7 @@ class DoorbellStepper(SocketStepper):
 
     def _row_of(self, env: int, status: int) -> int:
         """The row an answer's failure or refusal names, as the in-process
-        vec and the socket path name it (NativeSession._env_error): the
+        vec and the socket path name it (NativeSession._refused_env_error): the
         doorbell names envs; a multi-agent env's refused action is its first
         agent's row outside the space, any other error (ESTATE, EENV) the
         env's first row.  Other statuses (EBUSY, EINVAL: env ids) and -1
