@@ -29,6 +29,7 @@ the rules).  Each daemon must serve it (its hello's ``recv_min`` capability).
 """
 from __future__ import annotations
 
+import re
 import secrets
 import weakref
 from concurrent.futures import ThreadPoolExecutor
@@ -43,8 +44,8 @@ from envd.client.discovery import is_dns_url, resolve
 from envd.client.multi_async import ShardsAsyncStepper
 from envd.client.multi_doorbell import ShardsDoorbellStepper
 from envd.client.remote_vector_env import RemoteVecEnv
-from envd.errors import (ConnectionLostError, EnvdError, EnvStateError, InvalidActionError,
-                         InvalidArgumentError, NativeError)
+from envd.errors import (ConnectionLostError, EnvdError, EnvError, EnvStateError,
+                         InvalidActionError, InvalidArgumentError, NativeError)
 from envd.vector_base import (BatchedVecEnv, SendRowChecks, action_out_of_range,
                               autoreset_mode_name, check_int, episode_statistics_key,
                               parse_autoreset_mode, seed_list)
@@ -103,18 +104,36 @@ def _run_all(call: Callable[[int], Any], indices: Sequence[int],
     return outcomes
 
 
-def _naming(exc: BaseException, endpoint: str, where: str = "") -> BaseException:
+#: the row a shard's env failure names ("env 4 failed ...", "env 4 raised ...":
+#: step_error's and the hosted workers' words; "env id N" is an id, never a row)
+_ROW_NAMED = re.compile(r"\benv (\d+)\b(?! id)")
+
+
+def _naming(exc: BaseException, endpoint: str, where: str = "",
+            first_row: int = 0) -> BaseException:
     """exc, or the same envd error with a message that names the daemon's
     endpoint (a trainer driving many daemons must know which one failed).
     A refused argument is refused alike by every daemon and by envd.make: it
-    keeps envd.make's message."""
+    keeps envd.make's message.  first_row: the shard's first row in this
+    env's numbering; the row the daemon's message names (its own numbering,
+    from 0) is translated to this env's (the one place a MultiVecEnv maps
+    them; errors name rows, a multi-agent env's first row for its failure,
+    docs/writing-envs.md)."""
     if (not isinstance(exc, EnvdError) or endpoint in str(exc)
             or isinstance(exc, (InvalidArgumentError, InvalidActionError))):
         return exc
-    message = f"{exc} (the daemon at {endpoint}{where})"
+    text = str(exc)
+    if first_row:
+        text = _ROW_NAMED.sub(lambda m: f"env {int(m.group(1)) + first_row}", text, count=1)
+    message = f"{text} (the daemon at {endpoint}{where})"
     try:
-        named = (NativeError(message, exc.code) if isinstance(exc, NativeError)
-                 else type(exc)(message))
+        if isinstance(exc, EnvError):
+            index = exc.env_index + first_row if exc.env_index >= 0 else exc.env_index
+            named = EnvError(message, exc.code, index)
+        elif isinstance(exc, NativeError):
+            named = NativeError(message, exc.code)
+        else:
+            named = type(exc)(message)
     except Exception:  # noqa: BLE001 -- a subclass with another signature: keep it as it is
         return exc
     named.error_code = exc.error_code
@@ -122,10 +141,11 @@ def _naming(exc: BaseException, endpoint: str, where: str = "") -> BaseException
 
 
 def _raise_first(outcomes: list[tuple[int, Any, BaseException | None]],
-                 endpoints: Sequence[str], where: Callable[[int], str] = lambda i: "") -> None:
+                 endpoints: Sequence[str], where: Callable[[int], str] = lambda i: "",
+                 first_row: Callable[[int], int] = lambda i: 0) -> None:
     for i, _, error in outcomes:
         if error is not None:
-            named = _naming(error, endpoints[i], where(i))
+            named = _naming(error, endpoints[i], where(i), first_row(i))
             if named is error:
                 raise error
             raise named from error
@@ -498,7 +518,8 @@ class MultiVecEnv(SendRowChecks, BatchedVecEnv):
         for k, _, error in outcomes:
             if isinstance(error, ConnectionLostError) and self._lost is None:
                 self._lost = (k, error)
-        _raise_first(outcomes, self.shard_endpoints, self._rows_text)
+        _raise_first(outcomes, self.shard_endpoints, self._rows_text,
+                     lambda k: self._row_slices[k].start)
 
     def _mark_lost(self, k: int, error: BaseException) -> None:
         """Shard k's daemon is gone: refuse every later call (the first loss

@@ -392,7 +392,8 @@ class ShardsAsyncStepper:
     def _named(self, error: EnvdError, shard: _Shard) -> BaseException:
         from envd.client.multi import _naming  # (multi imports this module)
         return _naming(error, shard.endpoint, f", serving envs {shard.rows.start}.."
-                                              f"{shard.rows.stop - 1}")
+                                              f"{shard.rows.stop - 1}",
+                       shard.rows.start * self._agents)
 
     def _lost(self, shard: _Shard, error: BaseException) -> ConnectionLostError:
         """Daemon `shard` is gone: the env refuses every call from now on."""

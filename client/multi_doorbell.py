@@ -146,8 +146,9 @@ class ShardsDoorbellStepper(ShardsAsyncStepper):
             # an env failed in a batch: the next recv raises it, its envs stay
             # ready there for the RECV after it
             if self._failure is None:
+                row = shard.stepper._row_of(index, status)  # (the shard's own row)
                 self._failure = self._named(
-                    step_error(self._env_id, shard.stepper.action_space, status, index,
+                    step_error(self._env_id, shard.stepper.action_space, status, row,
                                shard.env.buffers), shard)
             return
         if result != count:  # (a RECV answers exactly count ids)

@@ -13,6 +13,15 @@ the value of an episode cut by the time limit (truncated, not terminated).
 Episode returns come from envd's own episode statistics
 (``info["envd_episode"]["r"]`` under the mask ``info["_envd_episode"]``).
 
+A multi-agent env's agent that is done while its env goes on has a *dead*
+row until the env resets (docs/writing-envs.md, "Multi-agent envs"): a zero
+observation, reward 0 and its final flags repeated every step.
+``info["agent_mask"]`` says which rows are live; only live rows are trained
+on, and only a live row whose episode was just cut by the time limit is
+bootstrapped (a dead row's repeated truncated flag is no new cut).  Envs
+whose agents end together (simple_spread) and single-agent envs have no
+dead rows, and train exactly as without the mask.
+
 The examples keep their own loops (when to log, when to stop) around PPO's
 three phases: ``rollout``, ``advantages``, ``optimise``.
 """
@@ -108,6 +117,9 @@ class PPO:
         self.rewards = torch.zeros((t_len, n))
         self.dones = torch.zeros((t_len, n))
         self.values = torch.zeros((t_len, n))
+        #: 1.0 where the row was live at that step (info["agent_mask"]; all
+        #: 1.0 for single-agent envs): dead rows are left out of the loss
+        self.live = torch.ones((t_len, n), dtype=torch.bool)
         #: every loss of every minibatch so far was finite
         self.losses_finite = True
 
@@ -139,10 +151,16 @@ class PPO:
             self.actions[t], self.logprobs[t], self.values[t] = action, logprob, value
             obs, reward, terminated, truncated, info = self.env.step(action.numpy())
             reward = torch.tensor(reward)
+            live = info.get("agent_mask")  # (multi-agent envs: dead rows are False)
+            self.live[t] = True if live is None else torch.from_numpy(np.array(live, bool))
             if "final_obs" in info:
                 # Bootstrap time-limit cuts: the episode did not end, the
-                # clock did, so add gamma * V(final observation).
-                cut = np.flatnonzero(truncated & ~terminated)
+                # clock did, so add gamma * V(final observation).  Live rows
+                # only: a dead row repeats its old truncated flag every step.
+                cut_rows = truncated & ~terminated
+                if live is not None:
+                    cut_rows = cut_rows & live
+                cut = np.flatnonzero(cut_rows)
                 if len(cut):
                     final = torch.tensor(np.stack(info["final_obs"][cut]))
                     with torch.no_grad():
@@ -176,10 +194,15 @@ class PPO:
         b_obs, b_actions = self.obs.reshape(batch, self.obs_dim), self.actions.reshape(batch)
         b_logprobs, b_adv = self.logprobs.reshape(batch), advantages.reshape(batch)
         b_returns, b_values = returns.reshape(batch), self.values.reshape(batch)
+        b_live = self.live.reshape(batch)
+        pg_loss = v_loss = torch.zeros(())  # (no minibatch had live rows to learn from)
         for _ in range(cfg.update_epochs):
             order = torch.randperm(batch)
             for lo in range(0, batch, self.minibatch):
                 idx = order[lo:lo + self.minibatch]
+                idx = idx[b_live[idx]]  # (dead rows out; unchanged when all are live)
+                if len(idx) < 2:  # (too few live rows to normalise advantages over)
+                    continue
                 _, newlogprob, entropy, newvalue = agent.act(b_obs[idx], b_actions[idx])
                 ratio = (newlogprob - b_logprobs[idx]).exp()
                 adv = b_adv[idx]

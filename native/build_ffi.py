@@ -247,6 +247,7 @@ int64_t envd_session_recv(envd_session_t *session, int64_t min_count, int64_t ma
                           int64_t *out, int wait);
 void envd_session_counts(envd_session_t *session, int64_t *in_flight, int64_t *ready);
 int envd_session_env_state(envd_session_t *session, int64_t index);
+int envd_session_env_started(envd_session_t *session, int64_t index);
 int envd_session_render(envd_session_t *session, uint8_t *out);
 uint64_t envd_session_frame_bytes(envd_session_t *session);
 void envd_session_set_chunk(envd_session_t *session, int64_t chunk);

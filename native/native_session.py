@@ -123,15 +123,33 @@ class NativeSession:
                     return row
         return rows[0]
 
+    def _refused_env_error(self, rc: int, env: int,
+                           num_envs: int | None = None) -> Exception:
+        """step_error (send_error given num_envs) of env's failure or refusal:
+        the one place the session names it.  Errors name rows: a multi-agent
+        env's first row (its refused action's row for ERANGE), as a step's
+        do; ESTATE's wording comes from the backend's own books, never from
+        the flags in the buffers (shared memory a client writes, in the
+        daemon)."""
+        never_reset = None
+        if rc == lib.ENVD_ESTATE and env >= 0:
+            never_reset = lib.envd_session_env_started(self.handle, env) == 0
+        if rc in (lib.ENVD_ERANGE, lib.ENVD_ESTATE, lib.ENVD_EENV) and env >= 0 \
+                and getattr(self.spec, "num_agents", 1) > 1:  # (hosted specs: 1)
+            env = self._row_of(env, rc)
+        if num_envs is not None:
+            return send_error(self.spec.id, self.spec.action_space, num_envs, rc, env,
+                              self._checked, never_reset=never_reset)
+        return step_error(self.spec.id, self.spec.action_space, rc, env, self._checked,
+                          never_reset=never_reset)
+
     def _step_error(self, rc: int, call: str = "step") -> Exception:
         refusal = self._refusal(rc, call)
         if refusal is not None:
             return refusal
         index = int(lib.envd_session_error_index(self.handle))
-        if index >= 0 and getattr(self.spec, "num_agents", 1) > 1:  # (hosted specs: 1)
-            index = self._row_of(index, rc)
         if rc in (lib.ENVD_ERANGE, lib.ENVD_ESTATE, lib.ENVD_EBUSY, lib.ENVD_EENV):
-            return step_error(self.spec.id, self.spec.action_space, rc, index, self._checked)
+            return self._refused_env_error(rc, index)
         return NativeError(f"{self.spec.id}: {call} failed: {strerror(rc)} ({rc})", rc)
 
     # ---- the session's lock ------------------------------------------------------------
@@ -221,11 +239,7 @@ class NativeSession:
             state = lib.envd_session_env_state(handle, index)
             if state != lib.ENVD_ENV_IDLE:
                 raise not_idle_error(self.spec.id, index, state == lib.ENVD_ENV_IN_FLIGHT)
-        if (rc in (lib.ENVD_ERANGE, lib.ENVD_ESTATE, lib.ENVD_EENV) and index >= 0
-                and getattr(self.spec, "num_agents", 1) > 1):
-            index = self._row_of(index, rc)  # (as a step's error names it)
-        raise send_error(self.spec.id, self.spec.action_space, self.num_envs, rc, index,
-                         self._checked)
+        raise self._refused_env_error(rc, index, self.num_envs)
 
     def _recv(self, count: int, wait: bool) -> np.ndarray | None:
         handle = self._live()
@@ -242,8 +256,7 @@ class NativeSession:
             return None
         if got == lib.ENVD_ESTATE and lib.envd_session_error_index(handle) == -1:
             raise recv_short_error(self.spec.id, count, sum(self.counts()))
-        index = int(lib.envd_session_error_index(handle))
-        raise step_error(self.spec.id, self.spec.action_space, got, index, self._checked)
+        raise self._refused_env_error(got, int(lib.envd_session_error_index(handle)))
 
     def recv(self, count: int) -> np.ndarray:
         """Block until count envs are ready; exactly the count oldest ready

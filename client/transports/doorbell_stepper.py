@@ -55,8 +55,7 @@ class DoorbellStepper(SocketStepper):
                     if num_done > 0:
                         raise in_flight_error(self.env_id, "step", num_done)
                     raise ready_error(self.env_id, -num_done)
-                if status != 0 and index >= 0:
-                    index = self._row_of(index, status)
+                index = self._row_of(index, status)
                 self._raise_env_failure(status, index)
                 if status != 0:
                     raise step_error(self.env_id, self.action_space, status, index, self.buffers)
@@ -73,11 +72,10 @@ class DoorbellStepper(SocketStepper):
             self._call({"type": "send", "session": self.session}, [env_ids.tobytes()])
             return
         status, state, index = answer
-        self._raise_env_failure(status, index)
         if status == NATIVE_CODES["EBUSY"] and 0 <= index < self.num_envs and state != _ENV_IDLE:
-            raise not_idle_error(self.env_id, index, state == _ENV_IN_FLIGHT)
-        if status in (NATIVE_CODES["ERANGE"], NATIVE_CODES["ESTATE"]) and index >= 0:
-            index = self._row_of(index, status)  # (as a step's error names it)
+            raise not_idle_error(self.env_id, index, state == _ENV_IN_FLIGHT)  # (an env id)
+        index = self._row_of(index, status)
+        self._raise_env_failure(status, index)
         if status != 0:
             raise send_error(self.env_id, self.action_space, self.num_envs, status, index,
                              self.buffers)
@@ -94,6 +92,7 @@ class DoorbellStepper(SocketStepper):
         status, result, index = answer
         if status == NATIVE_CODES["ESTATE"] and index < 0:
             raise recv_short_error(self.env_id, count, result)
+        index = self._row_of(index, status)
         self._raise_env_failure(status, index)
         if status != 0:
             raise step_error(self.env_id, self.action_space, status, index, self.buffers)
@@ -102,13 +101,16 @@ class DoorbellStepper(SocketStepper):
         return ids
 
     def _row_of(self, env: int, status: int) -> int:
-        """The row a step's error names, as the in-process vec and the socket
-        path name it (NativeSession._row_of): the doorbell names envs; a
-        multi-agent env's refused action is its first agent's row outside
-        the space, any other error the env's first row."""
-        rows = range(env * self.num_agents, (env + 1) * self.num_agents)
-        if self.num_agents == 1 or env >= self.num_envs:
+        """The row an answer's failure or refusal names, as the in-process
+        vec and the socket path name it (NativeSession._refused_env_error): the
+        doorbell names envs; a multi-agent env's refused action is its first
+        agent's row outside the space, any other error (ESTATE, EENV) the
+        env's first row.  Other statuses (EBUSY, EINVAL: env ids) and -1
+        stay as they are.  The one place the fast path maps them."""
+        mapped = (NATIVE_CODES["ERANGE"], NATIVE_CODES["ESTATE"], NATIVE_CODES["EENV"])
+        if self.num_agents == 1 or status not in mapped or not 0 <= env < self.num_envs:
             return env
+        rows = range(env * self.num_agents, (env + 1) * self.num_agents)
         if status == NATIVE_CODES["ERANGE"]:
             actions = self.buffers["actions"]
             for row in rows:

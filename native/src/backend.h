@@ -63,6 +63,9 @@ typedef struct envd_backend_ops {
     uint64_t (*frame_bytes)(const void *impl);
     int (*render)(void *impl, int64_t index, uint8_t *rgb);
     int64_t (*error_index)(const void *impl);
+    /* 1 once env index (in range) was reset, else 0: the backend's own word,
+     * never a client-writable buffer (names a refused step's ENVD_ESTATE). */
+    int (*env_started)(const void *impl, int64_t index);
     /* What failed env index with ENVD_EENV, as text (NUL-terminated, at most
      * size > 0 bytes); NULL: the backend has no more to say than the code. */
     void (*error_message)(const void *impl, int64_t index, char *out, size_t size);

@@ -70,6 +70,10 @@ static int render(void *impl, int64_t index, uint8_t *rgb)
 }
 
 static int64_t error_index(const void *impl) { return envd_vec_error_index(impl); }
+static int env_started(const void *impl, int64_t index)
+{
+    return envd_vec_env_started(impl, index);
+}
 static const void *checked_actions(const void *impl) { return envd_vec_checked_actions(impl); }
 static void set_chunk(void *impl, int64_t chunk) { envd_vec_set_chunk(impl, chunk); }
 static int set_max_threads(void *impl, int max_threads)
@@ -93,7 +97,7 @@ static const envd_backend_ops_t POOL_OPS = {
     .batch_create = batch_create, .batch_destroy = batch_destroy,
     .batch_submit = batch_submit, .batch_done = batch_done, .batch_wait = batch_wait,
     .batch_finish = batch_finish, .frame_bytes = frame_bytes, .render = render,
-    .error_index = error_index, .checked_actions = checked_actions, .set_chunk = set_chunk,
+    .error_index = error_index, .env_started = env_started, .checked_actions = checked_actions, .set_chunk = set_chunk,
     .set_max_threads = set_max_threads, .stats = stats, .destroy = destroy,
 };
 

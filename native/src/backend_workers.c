@@ -508,6 +508,10 @@ static int render(void *impl, int64_t index, uint8_t *rgb)
 }
 
 static int64_t error_index(const void *impl) { return ((const workers_backend_t *)impl)->error_index; }
+static int env_started(const void *impl, int64_t index)
+{
+    return ((const workers_backend_t *)impl)->started[index] ? 1 : 0;
+}
 
 static void error_message(const void *impl, int64_t index, char *out, size_t size)
 {
@@ -581,7 +585,7 @@ static const envd_backend_ops_t WORKERS_OPS = {
     .batch_create = batch_create, .batch_destroy = batch_destroy,
     .batch_submit = batch_submit, .batch_done = batch_done, .batch_wait = batch_wait,
     .batch_finish = batch_finish, .frame_bytes = frame_bytes, .render = render,
-    .error_index = error_index, .error_message = error_message,
+    .error_index = error_index, .env_started = env_started, .error_message = error_message,
     .checked_actions = checked_actions, .set_chunk = set_chunk, .stats = stats,
     .destroy = destroy,
 };

@@ -475,6 +475,16 @@ int envd_session_env_state(envd_session_t *s, int64_t index)
     return state;
 }
 
+int envd_session_env_started(envd_session_t *s, int64_t index)
+{
+    if (index < 0 || index >= s->num_envs)
+        return ENVD_EINVAL;
+    pthread_mutex_lock(&s->mutex);
+    int started = s->backend->ops->env_started(s->backend->impl, index);
+    pthread_mutex_unlock(&s->mutex);
+    return started;
+}
+
 /* ---- other --------------------------------------------------------------------------- */
 int envd_session_render(envd_session_t *s, uint8_t *out)
 {

@@ -100,6 +100,11 @@ void envd_session_counts(envd_session_t *session, int64_t *in_flight, int64_t *r
 
 /* An env's state (ENVD_ENV_*), or ENVD_EINVAL for an index out of range. */
 int envd_session_env_state(envd_session_t *session, int64_t index);
+/* 1 once env index was reset, 0 while it never was (which a refused step's
+ * ENVD_ESTATE means: never reset, or done with autoreset disabled), ENVD_EINVAL
+ * out of range.  The backend's own books: the daemon words its refusals from
+ * this, never from the shared segment's flags a client can write. */
+int envd_session_env_started(envd_session_t *session, int64_t index);
 
 /* ---- other ---- */
 /* Draw every env's frame into out (num_envs * frame_bytes bytes, env order). */

@@ -914,6 +914,13 @@ int envd_vec_render(envd_vec_t *vec, int64_t index, uint8_t *rgb)
 /* ---- queries ------------------------------------------------------------------------ */
 int64_t envd_vec_error_index(const envd_vec_t *vec) { return vec->error_index; }
 
+int envd_vec_env_started(const envd_vec_t *vec, int64_t index)
+{
+    if (index < 0 || index >= vec->config.num_envs)
+        return ENVD_ERANGE;
+    return slot_of(vec, index)->started ? 1 : 0;
+}
+
 const void *envd_vec_checked_actions(const envd_vec_t *vec) { return vec->actions; }
 
 int64_t envd_vec_reset_count(const envd_vec_t *vec) { return vec->reset_count; }

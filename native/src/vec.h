@@ -179,6 +179,9 @@ int64_t envd_vec_error_index(const envd_vec_t *vec);
  * samples; a send's rows only): for error messages that name the refused
  * action as the vec saw it. */
 const void *envd_vec_checked_actions(const envd_vec_t *vec);
+/* 1 once env index was reset (a refused step's ENVD_ESTATE then means "done,
+ * autoreset disabled"), 0 while it never was, ENVD_ERANGE out of range. */
+int envd_vec_env_started(const envd_vec_t *vec, int64_t index);
 /* Envs whose episode ended (terminated or truncated) in the last step. */
 int64_t envd_vec_num_done(const envd_vec_t *vec);
 

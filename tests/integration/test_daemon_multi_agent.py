@@ -214,9 +214,11 @@ def seek_daemon(tmp_path_factory):
     from support.multi_agent_checks import SOURCE
     from support.plugin_checks import build_plugin
     folder = tmp_path_factory.mktemp("seek")
+    from support.multi_agent_checks import FAILING
     library = build_plugin(SOURCE, folder / "libseek.so")
+    failing = build_plugin(SOURCE, folder / "libseekfail.so", FAILING)
     with DaemonProcess(folder / "daemon", "--threads", "2", "--lease-timeout", "10",
-                       "--plugin", str(library)) as proc:
+                       "--plugin", str(library), "--plugin", str(failing)) as proc:
         yield proc
     assert proc.proc.returncode == 0, proc.log()
     assert segments_of(proc.pid) == []
@@ -323,3 +325,22 @@ def test_daemon_refuses_crafted_inline_rows(spread_daemon):
                                 [np.zeros(2, np.int64).tobytes()])
             obs, rew, *_ = env.step(np.zeros(2 * N_AGENTS, np.int64))
             assert obs.shape == (6, 18)
+
+
+@pytest.mark.parametrize("transport,fast_path", PATHS)
+def test_env_failure_names_the_env_first_row(seek_daemon, transport, fast_path):
+    """Review finding: a recv's failure named the env (1) while a step's
+    names its first row (3), over the socket and through the doorbell; both
+    name the row now, as in-process."""
+    from support.multi_agent_checks import check_failure_names_rows, check_step_failure_names_rows
+    with seek_daemon.connect() as client:
+        with client.make("SeekFail-v0", 3, seed=0, speed=[1, 3, 1], transport=transport,
+                         fast_path=fast_path) as env:
+            check_step_failure_names_rows(env, 1)
+        with client.make("SeekFail-v0", 3, seed=0, speed=[1, 3, 1], batch_size=1,
+                         transport=transport, fast_path=fast_path) as env:
+            check_failure_names_rows(env, 1)
+        # the daemon serves on
+        with client.make("Seek-v0", 2, seed=0) as env:
+            env.reset()
+            env.step(np.ones((6, 2), np.int64))

@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 from support.async_steps import async_trajectories, per_env_actions, sync_trajectories
 from support.daemon import daemon_group
-from support.multi_agent_checks import AGENTS, SOURCE, actions_for
+from support.multi_agent_checks import (AGENTS, FAILING, SOURCE, actions_for,
+                                        check_failure_names_rows, check_step_failure_names_rows)
 
 import envd
 from envd.client.multi_async import ShardsAsyncStepper
@@ -39,7 +40,9 @@ def daemons(tmp_path_factory):
     from support.plugin_checks import build_plugin
     folder = tmp_path_factory.mktemp("multi-agent-shards")
     library = build_plugin(SOURCE, folder / "libseek.so")
-    flags = ("--threads", "1", "--lease-timeout", "30", "--plugin", str(library))
+    failing = build_plugin(SOURCE, folder / "libseekfail.so", FAILING)
+    flags = ("--threads", "1", "--lease-timeout", "30", "--plugin", str(library),
+             "--plugin", str(failing))
     with daemon_group(folder, flags, flags) as procs:
         yield procs
 
@@ -299,3 +302,15 @@ def test_disabled_mode_steps_an_env_whose_agents_are_not_all_done(daemons, trans
         for e in (single, env):
             e.reset(options={"reset_mask": flags.all(axis=1).repeat(AGENTS)})
         np.testing.assert_array_equal(single.step(actions)[0].copy(), env.step(actions)[0])
+
+
+def test_env_failure_names_its_global_first_row(multi):
+    """Review finding: a shard's failure named the row in that daemon's
+    numbering.  SeekFail-v0's env 3 of 4 fails (the second daemon's env 1,
+    its rows 3..5): step and recv name this env's row 9, as one daemon does."""
+    speeds = [1, 1, 1, 3]
+    with multi.make("SeekFail-v0", 4, seed=0, speed=speeds) as env:
+        check_step_failure_names_rows(env, 3)
+    with multi.make("SeekFail-v0", 4, seed=0, speed=speeds, batch_size=1) as env:
+        check_stepper(env, multi)
+        check_failure_names_rows(env, 3)

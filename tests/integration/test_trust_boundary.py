@@ -125,3 +125,37 @@ def test_multi_discrete_step_acts_on_the_checked_copy(daemon, fast_path):
         bad[4, 1] = 3
         with pytest.raises(envd.InvalidActionError, match="env 4"):
             env.step(bad)
+
+
+@pytest.mark.parametrize("transport", ["shm", "inline"])
+def test_refused_step_is_worded_from_the_daemon_books(daemon, transport):
+    """Review finding: the daemon chose "never reset" vs "done" for a refused
+    step from the flags in the shared segment, which the client writes.  Flags
+    scribbled before the refused step leave its message right (the socket
+    path: the daemon words it; inline: the daemon's own buffers, as a check
+    that both agree)."""
+    with daemon.connect() as client:
+        with client.make("CartPole-v1", 4, seed=0, autoreset_mode="disabled",
+                         transport=transport, fast_path=False) as env:
+            flags = env._segment.arrays if transport == "shm" else None
+            if flags is not None:  # never reset, yet flagged done
+                flags["terminations"][:] = True
+                flags["truncations"][:] = True
+            with pytest.raises(envd.EnvStateError, match="env 0 was never reset"):
+                env.step(np.zeros(4, np.int64))
+            env.reset()
+            for _ in range(200):  # pushing left: every pole falls within 200 steps
+                _, _, term, trunc, _ = env.step(np.zeros(4, np.int64))
+                if (term | trunc).any():
+                    break
+            done = int(np.argmax(term | trunc))
+            assert (term | trunc)[done]
+            if flags is not None:  # done, yet flagged live
+                flags["terminations"][:] = False
+                flags["truncations"][:] = False
+            with pytest.raises(envd.EnvStateError,
+                               match=f"env {done} is done and autoreset_mode is 'disabled'"):
+                env.step(np.zeros(4, np.int64))
+        with client.make("CartPole-v1", 2, seed=0) as env:  # the daemon serves on
+            env.reset()
+            env.step(np.zeros(2, np.int64))

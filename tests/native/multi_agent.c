@@ -18,6 +18,11 @@
  *     agent's reward is -0.1.
  *     Time limit: 8 steps (the host's).
  * The reference is the plain Python of tests/native/test_multi_agent.py.
+ *
+ * Built with -DSEEK_FAILS it is SeekFail-v0 instead: the same env, whose
+ * step fails (ENVD_EENV) in every env made with speed 3, for the tests of
+ * how errors name a multi-agent env's rows.  (Seek-v0's step and definition
+ * stay as docs/writing-envs.md quotes them.)
  */
 #include <envd.h>
 
@@ -114,7 +119,29 @@ static const envd_env_def_t seek = {
     .step = seek_step,
 };
 
+#ifdef SEEK_FAILS
+static int seek_fail_step(void *state, envd_rng_t *rng, const void *action, void *obs,
+                          double *reward, bool *terminated, bool *truncated)
+{
+    if (((seek_t *)state)->speed == 3)
+        return ENVD_EENV;
+    return seek_step(state, rng, action, obs, reward, terminated, truncated);
+}
+
+static envd_env_def_t seek_fail; /* seek with its id and step replaced, at load */
+static const envd_env_def_t *const envs[] = {&seek_fail};
+static const envd_plugin_t plugin = {ENVD_ABI_VERSION, 1, envs};
+
+const envd_plugin_t *envd_plugin(void)
+{
+    seek_fail = seek;
+    seek_fail.id = "SeekFail-v0";
+    seek_fail.step = seek_fail_step;
+    return &plugin;
+}
+#else
 static const envd_env_def_t *const envs[] = {&seek};
 static const envd_plugin_t plugin = {ENVD_ABI_VERSION, 1, envs};
 
 const envd_plugin_t *envd_plugin(void) { return &plugin; }
+#endif

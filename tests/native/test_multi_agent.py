@@ -57,3 +57,11 @@ def test_multi_agent_and_multi_space_steps_under_sanitizers(library, kind, tmp_p
 
 def test_sb3_adapter_sees_each_agent_end_once(library):
     run_check("sb3_sees_each_agent_end_once", library)
+
+
+def test_env_failures_name_the_env_first_row(tmp_path):
+    """Review finding: a recv's failure named the env (1) while a step's names
+    its first row (3); both name the row now."""
+    from support.multi_agent_checks import FAILING
+    library = str(build_plugin(SOURCE, tmp_path / "libseekfail.so", FAILING))
+    run_check("failures_name_rows", library)

@@ -281,3 +281,56 @@ def sb3_sees_each_agent_end_once(library: str) -> None:
                 assert "terminal_observation" in infos[i], (i, infos[i])
             ends += int(dones.sum())
         assert ends > 20, ends
+
+
+#: the -D define that builds multi_agent.c as SeekFail-v0 (its envs made with
+#: speed 3 fail in every step)
+FAILING = "SEEK_FAILS"
+
+
+def check_failure_names_rows(env, failing_env: int) -> None:
+    """env: SeekFail-v0 with batch_size=1 whose env failing_env fails in
+    every step.  A sync-shaped step is not possible in async mode, so the
+    async path: send the failing env's rows alone; the recv raises, naming
+    the env's first row (failing_env * AGENTS), as a step's error does."""
+    env.async_reset()
+    for _ in range(env.num_envs // AGENTS):
+        env.recv()
+    ids = np.full(AGENTS, failing_env, np.int64)
+    try:
+        env.send(np.ones((AGENTS, 2), np.int64), ids)
+        env.recv()
+    except envd_errors().NativeError as error:
+        assert f"env {failing_env * AGENTS} " in str(error), error
+    else:
+        raise AssertionError("the failing env's recv raised nothing")
+
+
+def check_step_failure_names_rows(env, failing_env: int) -> None:
+    """env: SeekFail-v0 in sync mode: the failing env's step error names its
+    first row."""
+    env.reset()
+    try:
+        env.step(np.ones((env.num_envs, 2), np.int64))
+    except envd_errors().NativeError as error:
+        assert f"env {failing_env * AGENTS} " in str(error), error
+    else:
+        raise AssertionError("the failing env's step raised nothing")
+
+
+def envd_errors():
+    import envd.errors
+    return envd.errors
+
+
+def failures_name_rows(library: str) -> None:
+    """In-process: SeekFail-v0's failing env (env 1 of 3: rows 3..5) is
+    named by its first row, by a step and by a recv alike."""
+    import envd
+    envd.load_plugin(library)
+    for threads in (0, 2):
+        with envd.make("SeekFail-v0", 3, seed=0, speed=[1, 3, 1], num_threads=threads) as env:
+            check_step_failure_names_rows(env, 1)
+        with envd.make("SeekFail-v0", 3, seed=0, speed=[1, 3, 1], batch_size=1,
+                       num_threads=threads) as env:
+            check_failure_names_rows(env, 1)
