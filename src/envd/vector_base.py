@@ -126,8 +126,7 @@ def action_out_of_range(env_id: str, space: spaces.Discrete, action: int,
 
 
 def step_error(env_id: str, action_space: spaces.Space, code: int, index: int,
-               buffers: dict[str, np.ndarray], *, never_reset: bool | None = None,
-               shown: int | None = None) -> EnvdError:
+               buffers: dict[str, np.ndarray], *, never_reset: bool | None = None) -> EnvdError:
     """The error of a step the native vec refused (code, a negative envd.h
     code, naming row index of buffers: an env's first row, or the row of its
     refused action), with the in-process env's message wherever it ran:
@@ -136,30 +135,28 @@ def step_error(env_id: str, action_space: spaces.Space, code: int, index: int,
     never_reset: for ESTATE, whether the env was never reset (else it is done
     with autoreset disabled), from the native session's own books; None reads
     it from the row's flags (a client's own buffers: the daemon, whose flags
-    live in client-writable shared memory, always passes it).  shown: the
-    row the message names when it differs from index (a MultiVecEnv shard's
-    local row -> the env's global row)."""
-    named = index if shown is None else shown
+    live in client-writable shared memory, always passes it).  A MultiVecEnv
+    renumbers a shard's row into its own (client/multi.py _naming)."""
     if code == NATIVE_CODES["ERANGE"] and isinstance(action_space, spaces.Discrete):
-        return action_out_of_range(env_id, action_space, int(buffers["actions"][index]), named)
+        return action_out_of_range(env_id, action_space, int(buffers["actions"][index]), index)
     if code == NATIVE_CODES["ERANGE"]:
         return InvalidActionError(leaves.action_range_message(
-            env_id, action_space, buffers["actions"][index], named))
+            env_id, action_space, buffers["actions"][index], index))
     # (a refused env is done, or never reset: its flags tell which; a
     # multi-agent env's row, not its dones, which flag only the step an agent
     # ended in: a dead row repeats its final flags)
     if code == NATIVE_CODES["ESTATE"] and never_reset is None:
         never_reset = not (buffers["terminations"][index] or buffers["truncations"][index])
     if code == NATIVE_CODES["ESTATE"] and never_reset:
-        return EnvStateError(f"{env_id}: env {named} was never reset; call reset() before step()")
+        return EnvStateError(f"{env_id}: env {index} was never reset; call reset() before step()")
     if code == NATIVE_CODES["ESTATE"]:
         return EnvStateError(
-            f"{env_id}: env {named} is done and autoreset_mode is 'disabled'; reset it with "
+            f"{env_id}: env {index} is done and autoreset_mode is 'disabled'; reset it with "
             f"reset(options={{'reset_mask': mask}}) before stepping it again")
     if code == NATIVE_CODES["EBUSY"]:
         return EnvStateError(f"{env_id}: a step is already in progress on these envs")
     if code == NATIVE_CODES["EENV"]:
-        return NativeError(f"{env_id}: env {named} failed in its reset, step or write_info "
+        return NativeError(f"{env_id}: env {index} failed in its reset, step or write_info "
                            "callback", code)
     return NativeError(f"{env_id}: step failed: {native_strerror(code)}", code)
 
