@@ -17,7 +17,7 @@ import daemon_envs  # noqa: F401  (registers the fixtures' ids for the reference
 from envs import DAEMON_ENV, alive, children, descendants, wait_until
 from equivalence import (MODES, assert_same, async_env_runs, compare_runs,
                          per_env_action_batches, sync_env_runs)
-from support.daemon import DaemonProcess, segments_of
+from support.daemon import DaemonProcess, left_clean
 
 import envd
 
@@ -40,15 +40,8 @@ def start(folder: Path, *extra: str, variables: dict[str, str] | None = None) ->
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory):
     proc = start(tmp_path_factory.mktemp("hosted") / "daemon")
-    try:
+    with left_clean([proc]):
         yield proc
-        with proc.connect() as probe:
-            wait_until(lambda: probe.status()["sessions"] == 0)
-            assert probe.status()["sessions"] == 0
-    finally:
-        pid, code = proc.pid, proc.stop()
-    assert code == 0, proc.log()
-    assert segments_of(pid) == []
 
 
 #: how a client's envs step: the doorbell (the fast path), the socket over

@@ -11,7 +11,7 @@ import signal
 import numpy as np
 import pytest
 from envs import DAEMON_ENV, alive, descendants, wait_until
-from support.daemon import DaemonProcess, segments_of
+from support.daemon import DaemonProcess, left_clean
 
 import envd
 
@@ -29,15 +29,8 @@ def daemon(tmp_path_factory):
     proc = DaemonProcess(tmp_path_factory.mktemp("pz") / "daemon", "--threads", "1",
                          "--python-env", SPREAD, "--python-env", STAGGERED,
                          "--python-env", RAISING, env=ENV)
-    try:
+    with left_clean([proc]):
         yield proc
-        with proc.connect() as probe:
-            wait_until(lambda: probe.status()["sessions"] == 0)
-            assert probe.status()["sessions"] == 0
-    finally:
-        pid, code = proc.pid, proc.stop()
-    assert code == 0, proc.log()
-    assert segments_of(pid) == []
 
 
 def _run(env, steps: int, seed: int):

@@ -163,16 +163,12 @@ class DaemonProcess:
 
 
 @contextlib.contextmanager
-def daemon_group(folder: Path, *flag_lists: Sequence[str]) -> Iterator[list[DaemonProcess]]:
-    """Daemons started with each of flag_lists (in folder/daemon<k>), for the
-    tests that drive several at once (a MultiClient's).  On leaving, every
-    session must be closed (polled), and each daemon must drain to exit 0
-    leaving no segment."""
-    procs: list[DaemonProcess] = []
+def left_clean(procs: Sequence[DaemonProcess]) -> Iterator[None]:
+    """On leaving (procs may grow meanwhile): every session must be closed
+    (polled), then each daemon is stopped whatever happened and must drain
+    to exit 0 leaving no segment."""
     try:
-        for k, flags in enumerate(flag_lists):
-            procs.append(DaemonProcess(folder / f"daemon{k}", *flags))
-        yield procs
+        yield
         for proc in procs:
             with proc.connect() as probe:
                 wait_until(lambda: probe.status()["sessions"] == 0, what="every session closed")
@@ -181,6 +177,17 @@ def daemon_group(folder: Path, *flag_lists: Sequence[str]) -> Iterator[list[Daem
     for proc, code in zip(procs, codes):
         assert code == 0, proc.log()
         assert segments_of(proc.pid) == []
+
+
+@contextlib.contextmanager
+def daemon_group(folder: Path, *flag_lists: Sequence[str]) -> Iterator[list[DaemonProcess]]:
+    """Daemons started with each of flag_lists (in folder/daemon<k>), for the
+    tests that drive several at once (a MultiClient's), left clean (left_clean)."""
+    procs: list[DaemonProcess] = []
+    with left_clean(procs):
+        for k, flags in enumerate(flag_lists):
+            procs.append(DaemonProcess(folder / f"daemon{k}", *flags))
+        yield procs
 
 
 def start_daemon(folder: Path, *args: str) -> DaemonProcess:
