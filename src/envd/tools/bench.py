@@ -226,6 +226,35 @@ class SyncRun:
         self.env.close()
 
 
+def latency_rounds(runs: dict[str, SyncRun], rounds: int, per_round: int,
+                   progress: Progress) -> dict[str, dict[str, Any]]:
+    """Each run's round trip of one call (us) over interleaved rounds of
+    per_round calls (gc paused): {name: {p50, p99, count, p50_rounds,
+    p99_rounds}}, the percentiles over every call and per round."""
+    samples: dict[str, list[np.ndarray]] = {name: [] for name in runs}
+
+    def measure(name: str, round_index: int) -> float:
+        progress.show(f"latency N=1 {name} (round {round_index + 1}/{rounds})")
+        runs[name].call_times(10)  # warm up
+        gc.disable()
+        try:
+            samples[name].append(runs[name].call_times(per_round) * 1e6)
+        finally:
+            gc.enable()
+            progress.advance()
+        return float(np.percentile(samples[name][-1], 50))
+
+    p50_rounds = interleaved_rounds(list(runs), rounds, measure)
+    results = {}
+    for name, parts in samples.items():
+        times = np.concatenate(parts)
+        results[name] = {"p50": float(np.percentile(times, 50)),
+                         "p99": float(np.percentile(times, 99)), "count": int(times.size),
+                         "p50_rounds": p50_rounds[name],
+                         "p99_rounds": [float(np.percentile(p, 99)) for p in parts]}
+    return results
+
+
 class EnvPoolAsyncRun:
     """EnvPool's async loop (batch_size N/2): recv a batch, send it straight back."""
 
@@ -466,29 +495,10 @@ class Bench:
                 except Unavailable as exc:
                     results[name] = f"n/a: {exc}"
             self.progress.advance(s.rounds * (len(factories) - len(runs)))
-            samples: dict[str, list[np.ndarray]] = {name: [] for name in runs}
-
-            def measure(name: str, round_index: int) -> float:
-                self.progress.show(f"latency N=1 {name} (round {round_index + 1}/{s.rounds})")
-                runs[name].call_times(10)  # warm up
-                gc.disable()
-                try:
-                    samples[name].append(runs[name].call_times(per_round) * 1e6)
-                finally:
-                    gc.enable()
-                    self.progress.advance()
-                return float(np.percentile(samples[name][-1], 50))
-
-            p50_rounds = interleaved_rounds(list(runs), s.rounds, measure)
+            results.update(latency_rounds(runs, s.rounds, per_round, self.progress))
         finally:
             for run in runs.values():
                 run.close()
-        for name, parts in samples.items():
-            times = np.concatenate(parts)
-            results[name] = {"p50": float(np.percentile(times, 50)),
-                             "p99": float(np.percentile(times, 99)), "count": int(times.size),
-                             "p50_rounds": p50_rounds[name],
-                             "p99_rounds": [float(np.percentile(p, 99)) for p in parts]}
         return results
 
     def measure_scaling(self) -> dict[str, Any]:

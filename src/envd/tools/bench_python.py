@@ -55,7 +55,8 @@ import numpy as np
 import envd
 from envd.tools import bench_load
 from envd.tools.bench import (Progress, SyncRun, Unavailable, _die_with_parent, _jsonable,
-                              load_text, machine_info, steps_per_second, usable_cpus)
+                              latency_rounds, load_text, machine_info, steps_per_second,
+                              usable_cpus)
 from envd.tools.bench_rounds import (interleaved_rounds, judge, paired_ratios, rate_text,
                                      ratio_text, spread, spread_text)
 
@@ -463,35 +464,15 @@ class PythonBench:
         }
         runs: dict[str, VectorRun] = {}
         per_round = max(10, s.latency_steps // s.rounds)
-        samples: dict[str, list[np.ndarray]] = {name: [] for name in makers}
         try:
             for name, make in makers.items():
                 runs[name] = VectorRun(make(), 1)
-
-            def measure(name: str, round_index: int) -> float:
-                self.progress.show(f"latency N=1 {name} (round {round_index + 1}/{s.rounds})")
-                runs[name].call_times(10)  # warm up
-                gc.disable()
-                try:
-                    samples[name].append(runs[name].call_times(per_round) * 1e6)
-                finally:
-                    gc.enable()
-                    self.progress.advance()
-                return float(np.percentile(samples[name][-1], 50))
-
-            p50_rounds = interleaved_rounds(list(runs), s.rounds, measure)
+            measured = latency_rounds(runs, s.rounds, per_round, self.progress)
             path = getattr(runs[LATENCY_SYSTEMS[0]].env, "fast_path", None)
         finally:
             for run in runs.values():
                 run.close()
-        results: dict[str, Any] = {"env_id": env_id, "daemon_path": _path_name(path)}
-        for name, parts in samples.items():
-            times = np.concatenate(parts)
-            results[name] = {"p50": float(np.percentile(times, 50)),
-                             "p99": float(np.percentile(times, 99)), "count": int(times.size),
-                             "p50_rounds": p50_rounds[name],
-                             "p99_rounds": [float(np.percentile(p, 99)) for p in parts]}
-        return results
+        return {"env_id": env_id, "daemon_path": _path_name(path), **measured}
 
     def run(self) -> dict[str, Any]:
         s = self.settings
