@@ -10,15 +10,22 @@ already in shared memory; write req_count and req_kind, then req_seq + 1
 acquire, sees the inputs, the count and the kind), then FUTEX_WAKE req_seq
 (always: a system call is a full barrier, so the daemon cannot fall asleep
 unseen between our store and its check).  Then wait until done_seq equals
-our req_seq: spin briefly where the step is expected to be short (a cross-CPU
-wake-up costs 20-40 us), else sleep on done_seq's futex with client_waiting
-set, in slices, so that a daemon that died (the socket's monitor says so) or
-a timeout is noticed.
+our req_seq in three stages (Doorbell.wait): spin while the answer is
+expected within microseconds (a step small enough to run on the daemon's
+serving thread alone); then yield the CPU between checks (os.sched_yield)
+while it is expected soon; then sleep on done_seq's futex with
+client_waiting set, in slices, so that a daemon that died (the socket's
+monitor says so) or a timeout is noticed.  Yielding, not sleeping, is what
+keeps a large step close to in-process on a small machine: the client stays
+runnable, so the daemon's pool workers get its CPU while they step (a
+spinning client would keep it from them) and the answer needs no
+cross-CPU wake-up of a sleeping client (20-40 us; docs/benchmarks.md).
 """
 from __future__ import annotations
 
 import ctypes
 import mmap
+import os
 import platform
 import time
 from typing import Callable
@@ -37,11 +44,24 @@ SHUTTING_DOWN = _native_facts.FAST_SHUTTING_DOWN
 _FIELDS = _native_facts.FAST_HEADER_FIELDS
 #: longest sleep on the futex before the client checks the connection
 _SLICE_S = 0.02
-#: spin only while answers come sooner than this (a pooled step of many envs
-#: takes longer: the client's CPU is better left to the daemon's workers)
-_SPIN_LIMIT_S = 100e-6
-#: the longest spin
+#: spin (without yielding) while answers are expected sooner than this: a
+#: step that soon ran on the daemon's serving thread alone, so no worker
+#: needs this CPU; a recv that soon found its envs ready
+_SPIN_LIMIT_S = {STEP: 30e-6, RECV: 100e-6}
+#: the longest such spin
 _SPIN_MAX_S = 150e-6
+#: a send is answered as soon as the daemon started its batch: spin this long
+#: for it (never yield: the workers it woke would keep the CPU for a while)
+_SEND_SPIN_S = 200e-6
+#: a step (the only work in flight: the workers sleep once it is done) then
+#: yields the CPU between checks for up to twice its expected time plus
+#: _YIELD_EXTRA_S, and at most _YIELD_MAX_S, before sleeping on the futex.
+#: Not a recv: a worker given the CPU may go on with a batch sent later.
+_YIELD_EXTRA_S = 100e-6
+_YIELD_MAX_S = 2e-3
+
+
+_sched_yield = os.sched_yield
 
 
 class _Timespec(ctypes.Structure):
@@ -123,12 +143,22 @@ class Doorbell:
         daemon closed the doorbell without answering it; raises what
         check_alive raises; TimeoutError after deadline (time.monotonic)."""
         start = time.perf_counter()
-        expected = self._expected[self._kind]
-        if expected < _SPIN_LIMIT_S:
-            spin_until = start + min(2 * expected + 20e-6, _SPIN_MAX_S)
-            while time.perf_counter() < spin_until:
+        kind = self._kind
+        expected = self._expected[kind]
+        if kind == SEND:
+            spin = _SEND_SPIN_S
+        else:
+            spin = min(2 * expected + 20e-6, _SPIN_MAX_S) if expected < _SPIN_LIMIT_S[kind] else 0
+        spin_until = start + spin
+        while time.perf_counter() < spin_until:
+            if self.answered:
+                return self._answer(start)
+        if kind == STEP:
+            yield_until = start + min(2 * expected + _YIELD_EXTRA_S, _YIELD_MAX_S)
+            while time.perf_counter() < yield_until:
                 if self.answered:
                     return self._answer(start)
+                _sched_yield()
         while not self.answered:
             if self.closed:
                 return self._answer(start) if self.answered else None

@@ -168,7 +168,7 @@ class Config:
     # many at once (0 = off; each holds one thread), and how long such a
     # thread spins for the next request before it sleeps.
     fast_path_sessions: int = 64
-    fast_path_spin_us: int = 50
+    fast_path_spin_us: int = 200
     # CURVE authentication of the tcp endpoints (SECURITY.md): the daemon's
     # .key_secret file and the directory of the public .key files of the
     # clients it admits; both or neither.  ipc endpoints never use CURVE (their

@@ -51,12 +51,19 @@ typedef struct envd_backend_ops {
     int (*batch_create)(void *impl, envd_backend_batch_t **out, int64_t capacity);
     void (*batch_destroy)(void *impl, envd_backend_batch_t *batch);
     /* Start stepping ids[0 .. count) (copied) with their actions; flags:
-     * ENVD_JOB_NOTIFY (the pool's eventfd counts its completion). */
+     * ENVD_JOB_NOTIFY (the pool's eventfd counts its completion),
+     * ENVD_JOB_HELPED (only where batch_help is not NULL). */
     int (*batch_submit)(void *impl, envd_backend_batch_t *batch, const int64_t *ids,
                         int64_t count, int flags);
     int (*batch_done)(const envd_backend_batch_t *batch);
     /* Block until done (the calling thread may run its work meanwhile). */
     void (*batch_wait)(void *impl, envd_backend_batch_t *batch);
+    /* Optional (NULL: the backend's own threads run every batch): help a
+     * batch in flight, as envd_vec_batch_help_ref / _help (vec.h); a batch
+     * submitted with ENVD_JOB_HELPED expects the help. */
+    int (*batch_help_ref)(envd_backend_batch_t *batch);
+    void (*batch_help)(void *impl, envd_backend_batch_t *batch, int (*leave)(void *),
+                       void *arg);
     /* End a done batch: envs whose episode ended, or ENVD_EENV. */
     int (*batch_finish)(void *impl, envd_backend_batch_t *batch);
     /* Bytes of one env's frame (0: the env does not render); draw env index. */

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "envd.h"
+#include "pool.h"
 #include "session.h"
 #include "spin.h"
 
@@ -128,15 +129,18 @@ static uint32_t next_request(envd_fast_t *fast, int may_spin)
         if (seq != fast->last)
             return seq;
     }
+    /* Asleep, this thread leaves its CPU to the pool's spinning workers. */
+    envd_pool_reserve_cpus(-1);
     while (!atomic_load(&fast->stop)) {
         /* The kernel compares req_seq with last atomically: a request rung
          * before this call returns at once, one rung after wakes it. */
         futex_wait(req, fast->last, SLEEP_SLICE_NS);
         seq = atomic_load_explicit(req, memory_order_acquire);
         if (seq != fast->last)
-            return seq;
+            break;
     }
-    return fast->last;
+    envd_pool_reserve_cpus(1);
+    return seq; /* (fast->last when stopping) */
 }
 
 /* Run a request: its status; its result and error index through the pointers. */
@@ -160,7 +164,8 @@ static int32_t run(envd_fast_t *fast, uint32_t kind, int64_t *result, int64_t *i
     case ENVD_FAST_SEND:
         if (count < 1 || count > fast->num_envs)
             return ENVD_EINVAL;  /* (the session's check, without an env to name) */
-        rc = envd_session_send(fast->session, fast->ids, count, 0);
+        /* HELPED: this thread runs the batch too once it has answered (serve) */
+        rc = envd_session_send(fast->session, fast->ids, count, ENVD_JOB_HELPED);
         if (rc < 0)
             *index = envd_session_error_index(fast->session);
         if (rc == ENVD_EBUSY && *index >= 0)  /* the client names the env's state */
@@ -193,17 +198,20 @@ static int32_t run(envd_fast_t *fast, uint32_t kind, int64_t *result, int64_t *i
  * next one, decided before the answer is published (once the client sees it,
  * it may ring another session's doorbell at once: that one's request must
  * not count against this decision, whose point is requests that run
- * meanwhile).  Called with the session's lock held. */
-static int answer(envd_fast_t *fast)
+ * meanwhile).  A send's batch is taken into help, for serve() to run once
+ * the answer is out.  Called with the session's lock held. */
+static int answer(envd_fast_t *fast, envd_session_help_t *help)
 {
     envd_fast_header_t *h = fast->header;
     int32_t status = ENVD_FAST_SHUTTING_DOWN;
     int64_t result = 0, index = -1;
     atomic_fetch_add_explicit(&g_serving, 1, memory_order_relaxed);
+    const uint32_t kind = atomic_load_explicit(&h->req_kind, memory_order_relaxed);
     if (!atomic_load(&fast->draining))
-        status = run(fast, atomic_load_explicit(&h->req_kind, memory_order_relaxed), &result,
-                     &index);
+        status = run(fast, kind, &result, &index);
     atomic_fetch_sub_explicit(&g_serving, 1, memory_order_relaxed);
+    if (kind == ENVD_FAST_SEND && status == ENVD_OK)
+        envd_session_take_help(fast->session, help);
     const int may_spin = !cpus_busy();
     atomic_store_explicit(&h->status, status, memory_order_relaxed);
     atomic_store_explicit(&h->result, result, memory_order_relaxed);
@@ -243,18 +251,39 @@ static int lock_unless_stopped(envd_fast_t *fast)
     return 0;
 }
 
+/* Stop helping a batch: the client rang again (its request comes first:
+ * a recv then waits for the batch and runs it anyway), or stop was set. */
+static int request_waiting(void *arg)
+{
+    envd_fast_t *fast = arg;
+    return atomic_load_explicit(&fast->header->req_seq, memory_order_relaxed) != fast->last ||
+           atomic_load_explicit(&fast->stop, memory_order_relaxed);
+}
+
 static void *serve(void *arg)
 {
     envd_fast_t *fast = arg;
+    /* Awake (serving, or spinning for the next request), this thread keeps
+     * a CPU busy: the pool's idle workers leave it to the client instead of
+     * spinning on it too (pool.h). */
+    envd_pool_reserve_cpus(1);
     for (int may_spin = 1;;) {
         uint32_t seq = next_request(fast, may_spin);
         if (atomic_load(&fast->stop) || !lock_unless_stopped(fast))
             break;
-        may_spin = answer(fast);
+        envd_session_help_t help = {0};
+        may_spin = answer(fast, &help);
         envd_session_unlock(fast->session);
         publish(fast->header, seq);
         fast->last = seq;
+        /* A send's batch: step it here too while the client runs its learner
+         * (as in-process, where the workers and the trainer's CPU share the
+         * machine), rather than spin idle beside the workers and keep one
+         * of them off a CPU.  Without the lock: the session is the client's
+         * again; the help keeps the batch in flight (session.h). */
+        envd_session_help(&help, request_waiting, fast);
     }
+    envd_pool_reserve_cpus(-1);
     atomic_store(&fast->exited, 1);
     return NULL;
 }

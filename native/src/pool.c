@@ -196,9 +196,11 @@ static int job_exhausted(const envd_job_t *job)
  * (is_worker) also stops after a chunk when a job was submitted since it took
  * this one (gen moved past `taken`), and goes back to pool_take_job: so a
  * small job submitted behind a large one waits for a chunk, not for the whole
- * job.  A worker holds a slot of the job's cap, if it has one (C1), and
+ * job.  A helper (envd_pool_help) stops after a chunk once leave(leave_arg)
+ * says so, leaving the rest to the workers.  A worker holds a slot of the job's cap, if it has one (C1), and
  * releases it before its reference (C2); a waiter holds none. */
-static void job_run_chunks(envd_pool_t *pool, envd_job_t *job, int is_worker, uint32_t taken)
+static void job_run_chunks(envd_pool_t *pool, envd_job_t *job, int is_worker, uint32_t taken,
+                           int (*leave)(void *), void *leave_arg)
 {
     const int64_t n = job->n, chunk = job->chunk;
     for (;;) {
@@ -211,7 +213,8 @@ static void job_run_chunks(envd_pool_t *pool, envd_job_t *job, int is_worker, ui
         job->fn(job->ctx, begin, begin + chunk < n ? begin + chunk : n);
         /* Leave only while chunks remain unclaimed: then whoever claims the
          * last one goes on to the claim past n that unlinks the job (J3). */
-        if (is_worker && atomic_load_explicit(&pool->gen, memory_order_relaxed) != taken &&
+        if (((is_worker && atomic_load_explicit(&pool->gen, memory_order_relaxed) != taken) ||
+             (leave && leave(leave_arg))) &&
             atomic_load_explicit(&job->next, memory_order_relaxed) < n)
             break; /* the job stays linked (J1) and takeable (next < n) */
     }
@@ -255,17 +258,28 @@ static envd_job_t *pool_take_job(envd_pool_t *pool)
     return job;
 }
 
-/* Nothing to do: spin (if fewer than max_spinners already do), then sleep
- * until gen moves past `seen` (W1, W2).  Returns on any change of gen, which
- * may be spurious; the caller re-checks. */
+/* Threads of this process outside any pool that keep a CPU busy for a client
+ * in another process (envd_pool_reserve_cpus). */
+static _Atomic int g_reserved_cpus;
+
+void envd_pool_reserve_cpus(int delta)
+{
+    atomic_fetch_add_explicit(&g_reserved_cpus, delta, memory_order_relaxed);
+}
+
+/* Nothing to do: spin (if fewer than max_spinners, less the CPUs reserved,
+ * already do), then sleep until gen moves past `seen` (W1, W2).  Returns on
+ * any change of gen, which may be spurious; the caller re-checks. */
 static void worker_idle(envd_pool_t *pool, uint32_t seen)
 {
+    const int limit = pool->max_spinners -
+                      atomic_load_explicit(&g_reserved_cpus, memory_order_relaxed);
     int s = atomic_load_explicit(&pool->spinners, memory_order_relaxed);
-    while (s < pool->max_spinners &&
+    while (s < limit &&
            !atomic_compare_exchange_weak_explicit(&pool->spinners, &s, s + 1,
                                                   memory_order_relaxed, memory_order_relaxed))
         ;
-    if (s < pool->max_spinners) {
+    if (s < limit) {
         int changed = spin_while_equal(&pool->gen, seen);
         atomic_fetch_sub_explicit(&pool->spinners, 1, memory_order_relaxed);
         if (changed)
@@ -306,7 +320,7 @@ static void *worker_main(void *arg)
         uint32_t seen = atomic_load(&pool->gen);
         envd_job_t *job = pool_take_job(pool);
         if (job) {
-            job_run_chunks(pool, job, 1, seen);
+            job_run_chunks(pool, job, 1, seen, NULL, NULL);
             continue; /* W3 */
         }
         if (atomic_load(&pool->shutdown))
@@ -541,8 +555,18 @@ void envd_pool_wait(envd_pool_t *pool, envd_job_t *job)
     if (!pool || !job || !job->fn)
         return;
     if (job_try_ref(job))
-        job_run_chunks(pool, job, 0, 0);
+        job_run_chunks(pool, job, 0, 0, NULL, NULL);
     job_wait_done(job);
+}
+
+int envd_pool_help_ref(envd_job_t *job)
+{
+    return job && job->fn && job_try_ref(job);
+}
+
+void envd_pool_help(envd_pool_t *pool, envd_job_t *job, int (*leave)(void *), void *arg)
+{
+    job_run_chunks(pool, job, 0, 0, leave, arg);
 }
 
 int envd_pool_run(envd_pool_t *pool, envd_job_t *job, envd_task_fn fn,

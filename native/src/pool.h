@@ -100,6 +100,18 @@ int envd_job_set_cap(envd_job_t *job, envd_pool_cap_t *cap);
  * Returns at once for a zeroed job that was never submitted. */
 void envd_pool_wait(envd_pool_t *pool, envd_job_t *job);
 
+/* Helping a job without waiting for it (the fast path's server thread runs
+ * a batch it started while it waits for its client's next request):
+ * envd_pool_help_ref takes a reference to a job in flight that still has
+ * unclaimed chunks (1; 0 otherwise: nothing to help with).  While it is held
+ * the job cannot complete, so it cannot be resubmitted either; the caller
+ * must not wait for the job meanwhile.  envd_pool_help then runs the job's
+ * chunks until none is left unclaimed, or until leave(arg), asked after each
+ * chunk, returns non-zero, and drops the reference.  Submit such a job with
+ * ENVD_JOB_HELPED: the helper's CPU is not a worker's. */
+int envd_pool_help_ref(envd_job_t *job);
+void envd_pool_help(envd_pool_t *pool, envd_job_t *job, int (*leave)(void *), void *arg);
+
 /* submit + wait: run fn over [0, n) with the caller helping. */
 int envd_pool_run(envd_pool_t *pool, envd_job_t *job, envd_task_fn fn,
                   void *ctx, int64_t n, int64_t chunk);
@@ -114,6 +126,15 @@ int envd_pool_jobs_in_flight(const envd_pool_t *pool);
  * new job had then better run it itself: splitting it buys no parallelism,
  * only wake-ups and chunks preempted midway.  A snapshot, like the above. */
 int envd_pool_saturated(const envd_pool_t *pool);
+
+/* Threads outside the pool that spin for a client in another process (the
+ * fast path's server threads, fast.c) count themselves here (+1 while awake,
+ * -1 as they sleep): idle workers spin only on the CPUs left over, so that
+ * the client -- whose next request a spinning server catches at once -- has a
+ * CPU to run on between requests (a 2-CPU daemon whose worker and server
+ * both spun kept the client waiting 15-20 us for a CPU after every step).
+ * Process-wide, shared by every pool. */
+void envd_pool_reserve_cpus(int delta);
 
 /* Non-zero once the job is complete (acquire ordering: everything the job
  * wrote is visible to the caller after this returns true).  Zero for a job

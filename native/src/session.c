@@ -369,6 +369,8 @@ int envd_session_send(envd_session_t *s, const int64_t *ids, int64_t count, int 
         goto out;
     memcpy(e->ids, ids, (size_t)count * sizeof *e->ids);
     rc = check_send(s, e->ids, count);
+    if (s->backend->ops->batch_help == NULL)
+        flags &= ~ENVD_JOB_HELPED; /* nobody can help: the backend's threads run it */
     if (rc == ENVD_OK)
         rc = s->backend->ops->batch_submit(s->backend->impl, e->batch, e->ids, count, flags);
     if (rc != ENVD_OK) {
@@ -390,6 +392,24 @@ int envd_session_send(envd_session_t *s, const int64_t *ids, int64_t count, int 
 out:
     pthread_mutex_unlock(&s->mutex);
     return rc;
+}
+
+int envd_session_take_help(envd_session_t *s, envd_session_help_t *help)
+{
+    pthread_mutex_lock(&s->mutex);
+    const envd_backend_ops_t *ops = s->backend->ops;
+    help->backend = s->backend;
+    help->batch = s->tail != NULL && ops->batch_help_ref != NULL &&
+                  ops->batch_help_ref(s->tail->batch) ? s->tail->batch : NULL;
+    pthread_mutex_unlock(&s->mutex);
+    return help->batch != NULL;
+}
+
+void envd_session_help(envd_session_help_t *help, int (*leave)(void *), void *arg)
+{
+    if (help->batch != NULL)
+        help->backend->ops->batch_help(help->backend->impl, help->batch, leave, arg);
+    help->batch = NULL;
 }
 
 static int64_t take_ready(envd_session_t *s, int64_t max_count, int64_t *out)

@@ -84,8 +84,24 @@ int envd_session_async_reset(envd_session_t *session, const uint64_t *seeds);
 /* Start stepping ids[0 .. count) (copied before anything reads them: they may
  * lie in memory another process writes) with their rows of the actions
  * buffer; flags: ENVD_JOB_NOTIFY (the pool's eventfd fires when the batch
- * ends).  Finished batches are collected before it returns. */
+ * ends), ENVD_JOB_HELPED (the caller helps: envd_session_take_help).
+ * Finished batches are collected before it returns. */
 int envd_session_send(envd_session_t *session, const int64_t *ids, int64_t count, int flags);
+
+/* Helping the session's newest batch in flight run, without waiting for it
+ * (the fast path's server thread, between a send and its client's next
+ * request): take the help with the session's lock held, right after
+ * envd_session_send with ENVD_JOB_HELPED (1: there is a batch to help, 0:
+ * none -- it ran inline, or the backend's own threads run every batch); then
+ * run it with or without the lock (envd_pool_help: until no chunk is left
+ * or leave(arg) says stop).  Every taken help must be run: it holds the
+ * batch in flight, and nobody may wait for the batch meanwhile. */
+typedef struct envd_session_help {
+    envd_backend_t *backend;
+    envd_backend_batch_t *batch;
+} envd_session_help_t;
+int envd_session_take_help(envd_session_t *session, envd_session_help_t *help);
+void envd_session_help(envd_session_help_t *help, int (*leave)(void *), void *arg);
 
 /* Receive at least min_count and at most max_count of the oldest ready ids
  * into out: how many (>= min_count), or 0 if wait is 0 and fewer than

@@ -786,7 +786,7 @@ int envd_vec_batch_submit(envd_vec_t *vec, envd_vec_batch_t *batch, const int64_
     /* A refusal that names no env must not leave an earlier call's index
      * for the caller to report (claim_batch sets it when an env is named). */
     vec->error_index = -1;
-    if (count < 1 || count > batch->capacity || (flags & ~ENVD_JOB_NOTIFY))
+    if (count < 1 || count > batch->capacity || (flags & ~(ENVD_JOB_NOTIFY | ENVD_JOB_HELPED)))
         return ENVD_EINVAL;
     if (vec->whole.pending != PENDING_NONE || batch->run.pending != PENDING_NONE)
         return ENVD_EBUSY;
@@ -816,6 +816,17 @@ void envd_vec_batch_wait(envd_vec_t *vec, envd_vec_batch_t *batch)
 {
     if (batch->run.pending == PENDING_POOLED)
         envd_pool_wait(vec->pool, &batch->run.job);
+}
+
+int envd_vec_batch_help_ref(envd_vec_batch_t *batch)
+{
+    return batch->run.pending == PENDING_POOLED && envd_pool_help_ref(&batch->run.job);
+}
+
+void envd_vec_batch_help(envd_vec_t *vec, envd_vec_batch_t *batch, int (*leave)(void *),
+                         void *arg)
+{
+    envd_pool_help(vec->pool, &batch->run.job, leave, arg);
 }
 
 int envd_vec_batch_finish(envd_vec_t *vec, envd_vec_batch_t *batch)

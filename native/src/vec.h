@@ -147,7 +147,8 @@ void envd_vec_batch_destroy(envd_vec_batch_t *batch);
 
 /* Validate, then start stepping env_ids[0 .. count) (copied) with their
  * actions from the actions buffer: on the pool (flags ENVD_JOB_NOTIFY: the
- * pool's eventfd counts its completion), or inline when cheap.  Nothing starts
+ * pool's eventfd counts its completion; ENVD_JOB_HELPED: the caller will
+ * help, envd_vec_batch_help), or inline when cheap.  Nothing starts
  * on error: ENVD_EINVAL (count outside [1, capacity], an id outside
  * [0, num_envs)), ENVD_EBUSY (an env already in a batch in flight or twice in
  * this one, a whole-vec step pending, or this batch in flight), ENVD_ESTATE /
@@ -157,6 +158,14 @@ int envd_vec_batch_submit(envd_vec_t *vec, envd_vec_batch_t *batch, const int64_
 int envd_vec_batch_done(const envd_vec_batch_t *batch);
 /* Block until the batch is done; the caller runs its chunks meanwhile. */
 void envd_vec_batch_wait(envd_vec_t *vec, envd_vec_batch_t *batch);
+/* Help a batch in flight without waiting for it (pool.h, envd_pool_help):
+ * _ref takes a reference while its chunks are not all claimed (1, else 0),
+ * with the vec's caller's serialisation (the session's lock) held; _help,
+ * called with or without it, runs chunks until none is left or leave(arg)
+ * says stop, and drops the reference. */
+int envd_vec_batch_help_ref(envd_vec_batch_t *batch);
+void envd_vec_batch_help(envd_vec_t *vec, envd_vec_batch_t *batch, int (*leave)(void *),
+                         void *arg);
 /* Once done: end the batch (its envs may be sent again) and return the number
  * of its envs whose episode ended, or ENVD_EENV (error index: the env).
  * ENVD_EBUSY while not done; ENVD_ESTATE if it is not in flight on vec. */

@@ -2072,6 +2072,18 @@ static void async_stop(envd_pool_t *const *pools, int num_pools)
             releaser_t rl = {.h = d.h, .delay_us = 30000};
             pthread_t releaser;
             if (variant == 2) {
+                /* The server thread helps the batch just sent (fast.c, serve)
+                 * and answers the next request only after its chunk: let that
+                 * batch end before the gate holds any step, so the gated send
+                 * is answered while a pool thread holds its batch. */
+                const double deadline = now_s() + 30.0;
+                for (int64_t in_flight = 1; in_flight > 0;) {
+                    envd_fast_lock(f);
+                    envd_session_counts(h.session, &in_flight, NULL);
+                    envd_fast_unlock(f);
+                    CHECK(now_s() < deadline, "the batch sent never ended");
+                    sched_yield();
+                }
                 gate_reset();
                 atomic_store(&g_gate_armed, 1);
                 a = request_count(&d, ENVD_FAST_SEND,

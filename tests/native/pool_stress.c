@@ -194,6 +194,57 @@ static void test_in_flight(int threads, int rounds)
         rec_free(&recs[j]);
 }
 
+/* ---- helping without waiting (envd_pool_help) ----------------------------------------- */
+typedef struct {
+    int chunks_left; /* leave once this many chunks ran (negative: never) */
+} leave_after_t;
+
+static int leave_after(void *arg)
+{
+    leave_after_t *l = arg;
+    return l->chunks_left >= 0 && l->chunks_left-- == 0;
+}
+
+/* A HELPED job helped by its submitter, who leaves after a random number of
+ * chunks (or never) and only then waits or polls: every item runs exactly
+ * once, the job completes, and a reference is refused for a job that is
+ * complete, never submitted or has every chunk claimed. */
+static void test_help(int threads, int rounds)
+{
+    envd_pool_t *pool;
+    CHECK(envd_pool_create(&pool, threads, NULL) == ENVD_OK, "create");
+    envd_job_t job = {0};
+    CHECK(!envd_pool_help_ref(&job), "a reference to a job never submitted");
+    rec_t r;
+    rec_init(&r, 256);
+    uint64_t s = 0x51ed270b7a3c49f1ull + (uint64_t)threads;
+    for (int k = 0; k < rounds; k++) {
+        int64_t n = 1 + rnd(&s) % 256, chunk = 1 + rnd(&s) % 16;
+        CHECK(submit_rec(pool, &job, &r, n, chunk, ENVD_JOB_HELPED) == ENVD_OK, "submit");
+        if (envd_pool_help_ref(&job)) {
+            leave_after_t l = {(int)(rnd(&s) % 5) - 1};
+            envd_pool_help(pool, &job, leave_after, &l);
+        }
+        if (k % 2)
+            envd_pool_wait(pool, &job);
+        else
+            poll_done(&job);
+        rec_verify(&r, n);
+        CHECK(!envd_pool_help_ref(&job), "a reference to a complete job");
+    }
+    /* Every chunk claimed by a helper that never leaves: nothing left to help. */
+    CHECK(submit_rec(pool, &job, &r, 8, 8, ENVD_JOB_HELPED) == ENVD_OK, "submit");
+    if (envd_pool_help_ref(&job)) {
+        leave_after_t never = {-1};
+        envd_pool_help(pool, &job, leave_after, &never);
+    }
+    CHECK(!envd_pool_help_ref(&job), "a reference to a job with every chunk claimed");
+    envd_pool_wait(pool, &job);
+    rec_verify(&r, 8);
+    envd_pool_destroy(pool);
+    rec_free(&r);
+}
+
 /* ---- capped jobs ---------------------------------------------------------------- */
 /* A recording task that also counts how many threads run chunks of any job
  * under one cap at the same moment, keeping the highest count seen. */
@@ -558,6 +609,7 @@ int main(int argc, char **argv)
         test_tiny_jobs(threads, scaled(200000), 0);
         test_tiny_jobs(threads, scaled(20000), 1);
         test_in_flight(threads, scaled(20000));
+        test_help(threads, scaled(20000));
         test_large(threads, 100000 / g_div + 10, 2);
         test_clients(threads, 3, scaled(20000));
         for (int cap = 1; cap < threads; cap++)

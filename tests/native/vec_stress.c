@@ -1907,7 +1907,7 @@ static void test_batch_errors(envd_pool_t *pool, int64_t chunk, int mode)
         {{0}, 0, 0, ENVD_EINVAL, "count 0"},
         {{0}, -1, 0, ENVD_EINVAL, "count -1"},
         {{0, 1, 2, 3, 4, 5}, CAP + 1, 0, ENVD_EINVAL, "count above capacity"},
-        {{0}, 1, 2, ENVD_EINVAL, "flags 2"},
+        {{0}, 1, 4, ENVD_EINVAL, "flags 4"},
         {{0}, 1, -1, ENVD_EINVAL, "flags -1"},
         {{0}, 1, ENVD_JOB_NOTIFY | 4, ENVD_EINVAL, "flags NOTIFY | 4"},
     };

@@ -1,0 +1,92 @@
+"""How the fast path's client waits for an answer (envd.client.doorbell,
+Doorbell.wait): a step long enough to run on the daemon's pool yields its CPU
+between checks (the workers need it; no wake-up at the end), a send and a
+recv never yield (a worker given the CPU could keep it for a time slice), and
+each ends on the futex sleep.  A doorbell in a private mapping with a thread
+of the test as the daemon; the answers come from events, never from time."""
+from __future__ import annotations
+
+import mmap
+import threading
+import time
+
+import pytest
+
+from envd.client import doorbell as doorbell_module
+from envd.client.doorbell import RECV, SEND, STEP, Doorbell
+
+OFFSET = 128  # native/src/fast.h ENVD_FAST_OFFSET
+DEADLINE_S = 30.0
+
+
+def far_deadline() -> float:
+    return time.monotonic() + DEADLINE_S
+
+
+def answer(bell: Doorbell) -> None:
+    """What the daemon does: publish done_seq = req_seq and wake a sleeper."""
+    bell._done[0] = bell.seq
+    bell._syscall(doorbell_module._SYS_FUTEX, bell._done_addr, doorbell_module._FUTEX_WAKE,
+                  1, None, None, 0)
+
+
+@pytest.fixture
+def bell():
+    # (the mapping is freed with the doorbell's views: they export its buffer)
+    return Doorbell(mmap.mmap(-1, 4096), OFFSET)
+
+
+def test_a_long_step_yields_until_its_answer(bell, monkeypatch):
+    bell._expected[STEP] = 500e-6  # a pooled step: no pure spin, yield
+    yields = []
+
+    def counting_yield():
+        yields.append(1)
+        if len(yields) == 3:
+            answer(bell)  # the daemon answers while the client yields
+
+    monkeypatch.setattr(doorbell_module, "_sched_yield", counting_yield)
+    bell.ring(STEP)
+    assert bell.wait(far_deadline(), lambda: None) == (0, 0, 0)
+    assert len(yields) == 3
+    assert bell._client_waiting[0] == 0
+
+
+@pytest.mark.parametrize("kind", [SEND, RECV])
+def test_a_send_or_a_recv_never_yields_and_ends_asleep(bell, monkeypatch, kind):
+    bell._expected[kind] = 500e-6  # (a send's estimate is ignored: it always spins)
+
+    def forbidden_yield():
+        raise AssertionError("yielded while waiting for a send or a recv")
+
+    monkeypatch.setattr(doorbell_module, "_sched_yield", forbidden_yield)
+    asleep = threading.Event()
+
+    def daemon():
+        # Answer only once the client sleeps on done_seq (client_waiting set).
+        deadline = time.monotonic() + DEADLINE_S
+        while bell._client_waiting[0] == 0 and time.monotonic() < deadline:
+            time.sleep(1e-4)  # poll interval
+        asleep.set()
+        answer(bell)
+
+    thread = threading.Thread(target=daemon)
+    bell.ring(kind, 1)
+    thread.start()
+    try:
+        assert bell.wait(far_deadline(), lambda: None) == (0, 0, 0)
+    finally:
+        thread.join(DEADLINE_S)
+    assert asleep.is_set()
+
+
+def test_a_short_step_spins_without_yielding(bell, monkeypatch):
+    bell._expected[STEP] = 1e-6  # answered on the serving thread alone
+
+    def forbidden_yield():
+        raise AssertionError("yielded while the answer was due within microseconds")
+
+    monkeypatch.setattr(doorbell_module, "_sched_yield", forbidden_yield)
+    bell.ring(STEP)
+    answer(bell)
+    assert bell.wait(far_deadline(), lambda: None) == (0, 0, 0)
