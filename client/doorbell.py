@@ -13,7 +13,8 @@ unseen between our store and its check).  Then wait until done_seq equals
 our req_seq in three stages (Doorbell.wait): spin while the answer is
 expected within microseconds (a step small enough to run on the daemon's
 serving thread alone); then yield the CPU between checks (os.sched_yield)
-while it is expected soon; then sleep on done_seq's futex with
+while it is expected soon and no other trainer's requests run on the
+daemon; then sleep on done_seq's futex with
 client_waiting set, in slices, so that a daemon that died (the socket's
 monitor says so) or a timeout is noticed.  Yielding, not sleeping, is what
 keeps a large step close to in-process on a small machine: the client stays
@@ -55,8 +56,11 @@ _SPIN_MAX_S = 150e-6
 _SEND_SPIN_S = 200e-6
 #: a step (the only work in flight: the workers sleep once it is done) then
 #: yields the CPU between checks for up to twice its expected time plus
-#: _YIELD_EXTRA_S, and at most _YIELD_MAX_S, before sleeping on the futex.
-#: Not a recv: a worker given the CPU may go on with a batch sent later.
+#: _YIELD_EXTRA_S, and at most _YIELD_MAX_S, before sleeping on the futex --
+#: unless the daemon's last answer said other trainers' requests were running
+#: (contended: several yielding trainers would hand the CPUs to each other,
+#: not to the workers).  Not a recv: a worker given the CPU may go on with a
+#: batch sent later.
 _YIELD_EXTRA_S = 100e-6
 _YIELD_MAX_S = 2e-3
 
@@ -94,6 +98,7 @@ class Doorbell:
         self._result = word("result", np.int64)
         self._error_index = word("error_index", np.int64)
         self._closed = word("closed", np.uint32)
+        self._contended = word("contended", np.uint32)
         message_offset, message_size = _FIELDS["message"]
         self._message = np.frombuffer(memory, np.uint8, message_size, offset + message_offset)
         self._req_addr = self._req_seq.ctypes.data
@@ -153,7 +158,7 @@ class Doorbell:
         while time.perf_counter() < spin_until:
             if self.answered:
                 return self._answer(start)
-        if kind == STEP:
+        if kind == STEP and not self._contended[0]:  # (the last answer's word)
             yield_until = start + min(2 * expected + _YIELD_EXTRA_S, _YIELD_MAX_S)
             while time.perf_counter() < yield_until:
                 if self.answered:

@@ -215,6 +215,7 @@ typedef struct envd_fast_header {
     int64_t result;
     int64_t error_index;
     uint32_t closed;
+    uint32_t contended;
     char message[...];
     ...;
 } envd_fast_header_t;

@@ -35,6 +35,7 @@ _Static_assert(offsetof(envd_fast_header_t, status) == 68, "doorbell layout");
 _Static_assert(offsetof(envd_fast_header_t, result) == 72, "doorbell layout");
 _Static_assert(offsetof(envd_fast_header_t, error_index) == 80, "doorbell layout");
 _Static_assert(offsetof(envd_fast_header_t, closed) == 88, "doorbell layout");
+_Static_assert(offsetof(envd_fast_header_t, contended) == 92, "doorbell layout");
 _Static_assert(offsetof(envd_fast_header_t, message) == 96, "doorbell layout");
 _Static_assert(ENVD_FAST_OFFSET + sizeof(envd_fast_header_t) <= 4096,
                "the doorbell fits the header page (envd/shm.py HEADER_SIZE)");
@@ -45,6 +46,11 @@ _Static_assert(ENVD_FAST_OFFSET + sizeof(envd_fast_header_t) <= 4096,
 #define SPIN_CHECK_EVERY 64
 /* How often a server waiting for the session's mutex checks stop. */
 #define LOCK_SLICE_NS 1000000LL
+/* A spin lasts twice the expected gap and this much more (at most spin_ns). */
+#define SPIN_MARGIN_NS 20000LL
+/* A gap sample counts at most this many spin_ns (a trainer that paused for
+ * an evaluation must not keep its thread from spinning for long after). */
+#define GAP_SAMPLE_CAP 8
 
 struct envd_fast {
     envd_session_t *session;
@@ -58,7 +64,12 @@ struct envd_fast {
     _Atomic int exited;     /* set by the server thread as it leaves serve() */
     _Atomic int draining;
     _Atomic int64_t served;
-    uint32_t last;          /* server thread only */
+    /* server thread only: */
+    uint32_t last;          /* the request last answered */
+    uint32_t last_kind;     /* its kind (req_kind: 1..3) */
+    int64_t answered_ns;    /* when its answer was published */
+    int64_t gap_ns[4];      /* per kind answered: a running mean of how long
+                               the client took to ring again (0: not seen) */
 };
 
 static _Atomic int g_spinners;        /* server threads spinning now */
@@ -106,16 +117,44 @@ static int take_spin_slot(void)
     return 0;
 }
 
+/* Until when to spin for the next request: while its client, after this
+ * kind of answer, has been ringing again within spin_ns (twice its mean gap
+ * and a margin, at most spin_ns after the answer); 0 when it has not (after
+ * a send, say, a trainer runs its learner: spinning through that would only
+ * keep a CPU from the workers, or from another daemon's on the same host). */
+static int64_t spin_deadline(const envd_fast_t *fast)
+{
+    const int64_t gap = fast->gap_ns[fast->last_kind & 3];
+    if (gap >= fast->spin_ns)
+        return 0;
+    const int64_t spin = gap == 0 || 2 * gap + SPIN_MARGIN_NS > fast->spin_ns
+                             ? fast->spin_ns : 2 * gap + SPIN_MARGIN_NS;
+    return fast->answered_ns + spin;
+}
+
+/* Count the gap between the last answer and the request that followed it. */
+static void note_gap(envd_fast_t *fast, int64_t now_ns)
+{
+    int64_t sample = now_ns - fast->answered_ns;
+    const int64_t cap = GAP_SAMPLE_CAP * (fast->spin_ns > 0 ? fast->spin_ns : 1);
+    sample = sample < 0 ? 0 : sample > cap ? cap : sample;
+    int64_t *gap = &fast->gap_ns[fast->last_kind & 3];
+    *gap = *gap == 0 ? sample : *gap + (sample - *gap) / 4;
+    if (*gap == 0)
+        *gap = 1; /* (0 means "not seen") */
+}
+
 /* The next request's seq (!= fast->last), or fast->last when stopping;
- * spinning first if may_spin and a spin slot is free. */
+ * spinning first if may_spin, the client's gaps say a request is due soon
+ * (spin_deadline) and a spin slot is free. */
 static uint32_t next_request(envd_fast_t *fast, int may_spin)
 {
     _Atomic uint32_t *req = &fast->header->req_seq;
     uint32_t seq = atomic_load_explicit(req, memory_order_acquire);
     if (seq != fast->last)
         return seq;
-    if (may_spin && take_spin_slot()) {
-        const int64_t deadline = envd_now_ns() + fast->spin_ns;
+    const int64_t deadline = may_spin ? spin_deadline(fast) : 0;
+    if (deadline > envd_now_ns() && take_spin_slot()) {
         do {
             for (int i = 0; i < SPIN_CHECK_EVERY; i++) {
                 seq = atomic_load_explicit(req, memory_order_acquire);
@@ -209,7 +248,9 @@ static int answer(envd_fast_t *fast, envd_session_help_t *help)
     const uint32_t kind = atomic_load_explicit(&h->req_kind, memory_order_relaxed);
     if (!atomic_load(&fast->draining))
         status = run(fast, kind, &result, &index);
-    atomic_fetch_sub_explicit(&g_serving, 1, memory_order_relaxed);
+    const int others = atomic_fetch_sub_explicit(&g_serving, 1, memory_order_relaxed) - 1;
+    atomic_store_explicit(&h->contended, others > 0, memory_order_relaxed);
+    fast->last_kind = kind;
     if (kind == ENVD_FAST_SEND && status == ENVD_OK)
         envd_session_take_help(fast->session, help);
     const int may_spin = !cpus_busy();
@@ -269,12 +310,17 @@ static void *serve(void *arg)
     envd_pool_reserve_cpus(1);
     for (int may_spin = 1;;) {
         uint32_t seq = next_request(fast, may_spin);
-        if (atomic_load(&fast->stop) || !lock_unless_stopped(fast))
+        if (atomic_load(&fast->stop))
+            break;
+        if (fast->answered_ns != 0)
+            note_gap(fast, envd_now_ns());
+        if (!lock_unless_stopped(fast))
             break;
         envd_session_help_t help = {0};
         may_spin = answer(fast, &help);
         envd_session_unlock(fast->session);
         publish(fast->header, seq);
+        fast->answered_ns = envd_now_ns();
         fast->last = seq;
         /* A send's batch: step it here too while the client runs its learner
          * (as in-process, where the workers and the trainer's CPU share the

@@ -90,7 +90,11 @@ typedef struct envd_fast_header {
     _Atomic uint32_t closed;         /* 1 once the server thread stopped for good
                                         (session closed, expired or freed): a
                                         request rung now is never answered here */
-    uint32_t server_pad;
+    _Atomic uint32_t contended;      /* 1 when other fast-path threads of the
+                                        daemon were running requests as this
+                                        answer was written (several trainers
+                                        share the CPUs: the client then sleeps
+                                        rather than yields while it waits) */
     char message[ENVD_FAST_MESSAGE_BYTES]; /* status ENVD_EENV: what failed, as the
                                         backend words it (UTF-8, NUL-terminated;
                                         "" when it has nothing more to say) */

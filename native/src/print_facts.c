@@ -52,6 +52,7 @@ int main(void)
     PRINT_FIELD(result);
     PRINT_FIELD(error_index);
     PRINT_FIELD(closed);
+    PRINT_FIELD(contended);
     PRINT_FIELD(message);
     for (int i = 0; i < envd_builtin_count(); i++)
         printf("env\t%s\n", envd_builtin_get(i)->id);

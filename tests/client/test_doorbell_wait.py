@@ -90,3 +90,29 @@ def test_a_short_step_spins_without_yielding(bell, monkeypatch):
     bell.ring(STEP)
     answer(bell)
     assert bell.wait(far_deadline(), lambda: None) == (0, 0, 0)
+
+
+def test_a_long_step_sleeps_instead_when_the_daemon_is_contended(bell, monkeypatch):
+    """Other trainers' requests ran as the last answer was written: yielding
+    trainers would hand the CPUs to each other, so the step sleeps."""
+    bell._expected[STEP] = 500e-6
+    bell._contended[0] = 1
+
+    def forbidden_yield():
+        raise AssertionError("yielded although the daemon said it was contended")
+
+    monkeypatch.setattr(doorbell_module, "_sched_yield", forbidden_yield)
+
+    def daemon():
+        deadline = time.monotonic() + DEADLINE_S
+        while bell._client_waiting[0] == 0 and time.monotonic() < deadline:
+            time.sleep(1e-4)  # poll interval
+        answer(bell)
+
+    thread = threading.Thread(target=daemon)
+    bell.ring(STEP)
+    thread.start()
+    try:
+        assert bell.wait(far_deadline(), lambda: None) == (0, 0, 0)
+    finally:
+        thread.join(DEADLINE_S)
