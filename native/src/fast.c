@@ -163,6 +163,7 @@ static uint32_t next_request(envd_fast_t *fast, int may_spin)
                 envd_cpu_relax();
             }
         } while (seq == fast->last && !atomic_load_explicit(&fast->stop, memory_order_relaxed)
+                 && !cpus_busy() /* others' requests started: they need the CPUs */
                  && envd_now_ns() < deadline);
         atomic_fetch_sub_explicit(&g_spinners, 1, memory_order_relaxed);
         if (seq != fast->last)
