@@ -12,11 +12,13 @@ acquire, sees the inputs, the count and the kind), then FUTEX_WAKE req_seq
 unseen between our store and its check).  Then wait until done_seq equals
 our req_seq in three stages (Doorbell.wait): spin while the answer is
 expected within microseconds (a step small enough to run on the daemon's
-serving thread alone); then yield the CPU between checks (os.sched_yield)
-while it is expected soon and no other trainer's requests run on the
-daemon; then sleep on done_seq's futex with
-client_waiting set, in slices, so that a daemon that died (the socket's
-monitor says so) or a timeout is noticed.  Yielding, not sleeping, is what
+serving thread alone, a recv whose envs are ready, any send); then, for a
+step, yield the CPU between checks (os.sched_yield) while it is expected
+soon and no other trainer's requests run on the daemon; then sleep on
+done_seq's futex with client_waiting set, in slices, so that a daemon that
+died (the socket's monitor says so) or a timeout is noticed (the first two
+stages, 2 ms at most, do not look: they are noticed that much later).
+Yielding, not sleeping, is what
 keeps a large step close to in-process on a small machine: the client stays
 runnable, so the daemon's pool workers get its CPU while they step (a
 spinning client would keep it from them) and the answer needs no

@@ -66,7 +66,7 @@ struct envd_fast {
     _Atomic int64_t served;
     /* server thread only: */
     uint32_t last;          /* the request last answered */
-    uint32_t last_kind;     /* its kind (req_kind: 1..3) */
+    uint32_t last_kind;     /* its kind (req_kind 1..3; 0 for any other) */
     int64_t answered_ns;    /* when its answer was published */
     int64_t gap_ns[4];      /* per kind answered: a running mean of how long
                                the client took to ring again (0: not seen) */
@@ -124,8 +124,8 @@ static int take_spin_slot(void)
  * keep a CPU from the workers, or from another daemon's on the same host). */
 static int64_t spin_deadline(const envd_fast_t *fast)
 {
-    const int64_t gap = fast->gap_ns[fast->last_kind & 3];
-    if (gap >= fast->spin_ns)
+    const int64_t gap = fast->gap_ns[fast->last_kind];
+    if (fast->answered_ns == 0 || gap >= fast->spin_ns)
         return 0;
     const int64_t spin = gap == 0 || 2 * gap + SPIN_MARGIN_NS > fast->spin_ns
                              ? fast->spin_ns : 2 * gap + SPIN_MARGIN_NS;
@@ -138,7 +138,7 @@ static void note_gap(envd_fast_t *fast, int64_t now_ns)
     int64_t sample = now_ns - fast->answered_ns;
     const int64_t cap = GAP_SAMPLE_CAP * (fast->spin_ns > 0 ? fast->spin_ns : 1);
     sample = sample < 0 ? 0 : sample > cap ? cap : sample;
-    int64_t *gap = &fast->gap_ns[fast->last_kind & 3];
+    int64_t *gap = &fast->gap_ns[fast->last_kind];
     *gap = *gap == 0 ? sample : *gap + (sample - *gap) / 4;
     if (*gap == 0)
         *gap = 1; /* (0 means "not seen") */
@@ -251,7 +251,7 @@ static int answer(envd_fast_t *fast, envd_session_help_t *help)
         status = run(fast, kind, &result, &index);
     const int others = atomic_fetch_sub_explicit(&g_serving, 1, memory_order_relaxed) - 1;
     atomic_store_explicit(&h->contended, others > 0, memory_order_relaxed);
-    fast->last_kind = kind;
+    fast->last_kind = kind <= ENVD_FAST_RECV ? kind : 0; /* (0: a kind refused) */
     if (kind == ENVD_FAST_SEND && status == ENVD_OK)
         envd_session_take_help(fast->session, help);
     const int may_spin = !cpus_busy();

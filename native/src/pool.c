@@ -20,8 +20,9 @@
  *   J1  While a job is linked in pool->queue, the queue holds one reference,
  *       so refs >= 1 and the job cannot complete.
  *   J2  A worker takes a reference only under pool->lock, while the job is
- *       still linked (so J1 keeps it alive while it does).  A waiter takes one
- *       only by incrementing a non-zero refs (refs == 0 is terminal).
+ *       still linked (so J1 keeps it alive while it does).  A waiter (or a
+ *       helper: envd_pool_help_ref) takes one only by incrementing a
+ *       non-zero refs (refs == 0 is terminal).
  *   J3  Claimed offsets are 0, chunk, 2*chunk, ...; the first claim at or
  *       past n lies in [n, n + chunk) and is seen by exactly one thread: that
  *       thread unlinks the job (under pool->lock) and drops the queue's

@@ -34,9 +34,10 @@ typedef struct envd_pool envd_pool_t;
 typedef void (*envd_task_fn)(void *ctx, int64_t begin, int64_t end);
 
 /* NOTIFY: count the job's completion on the eventfd.  HELPED: the submitter
- * runs chunks too (envd_pool_wait right after, as envd_pool_run does): wake
- * at most max(1, CPUs - 1) workers, so that the workers and the helping
- * caller do not outnumber the CPUs (which only preempts chunks midway). */
+ * runs chunks too (envd_pool_wait right after, as envd_pool_run does, or
+ * envd_pool_help): wake at most max(1, CPUs - 1) workers, so that the
+ * workers and the helping caller do not outnumber the CPUs (which only
+ * preempts chunks midway). */
 enum { ENVD_JOB_NOTIFY = 1, ENVD_JOB_HELPED = 2 };
 
 /* A cap on how many workers may run the chunks of a group of jobs at once
@@ -105,7 +106,10 @@ void envd_pool_wait(envd_pool_t *pool, envd_job_t *job);
  * envd_pool_help_ref takes a reference to a job in flight that still has
  * unclaimed chunks (1; 0 otherwise: nothing to help with).  While it is held
  * the job cannot complete, so it cannot be resubmitted either; the caller
- * must not wait for the job meanwhile.  envd_pool_help then runs the job's
+ * must not wait for the job meanwhile.  Taking it races with a resubmit of
+ * the same job struct (a complete job may be reused): the caller keeps
+ * resubmits out meanwhile (the fast path holds the session's lock, under
+ * which every batch is submitted).  envd_pool_help then runs the job's
  * chunks until none is left unclaimed, or until leave(arg), asked after each
  * chunk, returns non-zero, and drops the reference.  Submit such a job with
  * ENVD_JOB_HELPED: the helper's CPU is not a worker's. */

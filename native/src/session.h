@@ -91,8 +91,10 @@ int envd_session_send(envd_session_t *session, const int64_t *ids, int64_t count
 /* Helping the session's newest batch in flight run, without waiting for it
  * (the fast path's server thread, between a send and its client's next
  * request): take the help with the session's lock held, right after
- * envd_session_send with ENVD_JOB_HELPED (1: there is a batch to help, 0:
- * none -- it ran inline, or the backend's own threads run every batch); then
+ * envd_session_send with ENVD_JOB_HELPED (1: there is a batch to help, the
+ * newest in flight -- an older one if this send's ran inline; 0: none, or
+ * the backend's own threads run every batch, or its chunks are long, vec.h);
+ * then
  * run it with or without the lock (envd_pool_help: until no chunk is left
  * or leave(arg) says stop).  Every taken help must be run: it holds the
  * batch in flight, and nobody may wait for the batch meanwhile. */

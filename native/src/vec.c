@@ -37,6 +37,12 @@
  * spares it an eventfd round trip through the loop. */
 #define INLINE_BATCH_BELOW_NS 5000.0
 #define MIN_CHUNK_NS 5000.0
+/* A batch submitted ENVD_JOB_HELPED is helped (envd_vec_batch_help_ref)
+ * only if one of its chunks is measured to take less than this (else it is
+ * submitted without the flag, waking every worker it can use): the helper --
+ * the fast path's serving thread -- leaves only between chunks, so a chunk is
+ * how late its client's next answer (or a stop) can come. */
+#define HELP_CHUNK_MAX_NS 100000.0
 #define CHUNKS_PER_THREAD 4
 #define COST_EWMA_WEIGHT 0.125
 
@@ -82,6 +88,8 @@ typedef struct run {
     const int64_t *ids;
     envd_job_t job;
     pending_t pending;  /* submitted and not finished yet */
+    bool helped;        /* a batch submitted ENVD_JOB_HELPED and kept so
+                           (its chunks are short enough: run_start) */
     int inline_result;  /* PENDING_INLINE: what finish returns */
     _Atomic int first_error;
     _Atomic int64_t error_index;
@@ -615,10 +623,14 @@ static int run_start(envd_vec_t *vec, run_t *run, int64_t n, int job_flags)
         run->pending = PENDING_INLINE;
         return ENVD_OK;
     }
-    /* A blocking step's caller waits in envd_pool_wait and runs chunks too. */
-    const int helped = job_flags == 0 && !batch ? ENVD_JOB_HELPED : 0;
-    int rc = envd_pool_submit(vec->pool, &run->job, timed_step_range, run, n, chunk,
-                              job_flags | helped);
+    /* A blocking step's caller waits in envd_pool_wait and runs chunks too.
+     * A batch's caller offered to help: it may, while its chunks are short. */
+    int flags = job_flags == 0 && !batch ? ENVD_JOB_HELPED : job_flags;
+    const double chunk_ns = vec->stats.cost_ns_per_env * (double)chunk;
+    if (batch && (flags & ENVD_JOB_HELPED) && !(chunk_ns > 0.0 && chunk_ns < HELP_CHUNK_MAX_NS))
+        flags &= ~ENVD_JOB_HELPED; /* nobody will help: wake every worker it can use */
+    run->helped = batch && (flags & ENVD_JOB_HELPED);
+    int rc = envd_pool_submit(vec->pool, &run->job, timed_step_range, run, n, chunk, flags);
     if (rc != ENVD_OK)
         return rc;
     vec->stats.pooled_jobs++;
@@ -820,7 +832,8 @@ void envd_vec_batch_wait(envd_vec_t *vec, envd_vec_batch_t *batch)
 
 int envd_vec_batch_help_ref(envd_vec_batch_t *batch)
 {
-    return batch->run.pending == PENDING_POOLED && envd_pool_help_ref(&batch->run.job);
+    return batch->run.pending == PENDING_POOLED && batch->run.helped &&
+           envd_pool_help_ref(&batch->run.job);
 }
 
 void envd_vec_batch_help(envd_vec_t *vec, envd_vec_batch_t *batch, int (*leave)(void *),

@@ -147,8 +147,9 @@ void envd_vec_batch_destroy(envd_vec_batch_t *batch);
 
 /* Validate, then start stepping env_ids[0 .. count) (copied) with their
  * actions from the actions buffer: on the pool (flags ENVD_JOB_NOTIFY: the
- * pool's eventfd counts its completion; ENVD_JOB_HELPED: the caller will
- * help, envd_vec_batch_help), or inline when cheap.  Nothing starts
+ * pool's eventfd counts its completion; ENVD_JOB_HELPED: the caller offers
+ * to help, envd_vec_batch_help -- kept only while a chunk is measured to take
+ * under 100 us), or inline when cheap.  Nothing starts
  * on error: ENVD_EINVAL (count outside [1, capacity], an id outside
  * [0, num_envs)), ENVD_EBUSY (an env already in a batch in flight or twice in
  * this one, a whole-vec step pending, or this batch in flight), ENVD_ESTATE /
@@ -159,8 +160,11 @@ int envd_vec_batch_done(const envd_vec_batch_t *batch);
 /* Block until the batch is done; the caller runs its chunks meanwhile. */
 void envd_vec_batch_wait(envd_vec_t *vec, envd_vec_batch_t *batch);
 /* Help a batch in flight without waiting for it (pool.h, envd_pool_help):
- * _ref takes a reference while its chunks are not all claimed (1, else 0),
- * with the vec's caller's serialisation (the session's lock) held; _help,
+ * _ref takes a reference while its chunks are not all claimed, if it was
+ * submitted ENVD_JOB_HELPED and kept the flag (a chunk measured to take
+ * under 100 us: a helper leaves only between chunks; else 0), with the
+ * vec's caller's serialisation (the session's lock) held, which keeps the
+ * batch from being resubmitted; _help,
  * called with or without it, runs chunks until none is left or leave(arg)
  * says stop, and drops the reference. */
 int envd_vec_batch_help_ref(envd_vec_batch_t *batch);

@@ -38,6 +38,10 @@ def bell():
 
 def test_a_long_step_yields_until_its_answer(bell, monkeypatch):
     bell._expected[STEP] = 500e-6  # a pooled step: no pure spin, yield
+    # (a window no preemption of this test can outlast: the answer comes
+    # from the third yield, never from the futex sleep)
+    monkeypatch.setattr(doorbell_module, "_YIELD_MAX_S", DEADLINE_S)
+    monkeypatch.setattr(doorbell_module, "_YIELD_EXTRA_S", DEADLINE_S)
     yields = []
 
     def counting_yield():
@@ -86,10 +90,28 @@ def test_a_short_step_spins_without_yielding(bell, monkeypatch):
     def forbidden_yield():
         raise AssertionError("yielded while the answer was due within microseconds")
 
+    class FrozenClock:
+        """time for the doorbell module: perf_counter stands still (the spin
+        never times out) and the daemon answers at its fifth reading, so the
+        answer can only be found by the spin loop."""
+        def __init__(self):
+            self.calls = 0
+
+        def perf_counter(self) -> float:
+            self.calls += 1
+            if self.calls == 5:
+                answer(bell)
+            return 0.0
+
+        monotonic = staticmethod(time.monotonic)
+
+    clock = FrozenClock()
     monkeypatch.setattr(doorbell_module, "_sched_yield", forbidden_yield)
+    monkeypatch.setattr(doorbell_module, "time", clock)
     bell.ring(STEP)
-    answer(bell)
     assert bell.wait(far_deadline(), lambda: None) == (0, 0, 0)
+    assert clock.calls >= 5
+    assert bell._client_waiting[0] == 0  # never went to sleep
 
 
 def test_a_long_step_sleeps_instead_when_the_daemon_is_contended(bell, monkeypatch):

@@ -1417,6 +1417,10 @@ static void test_spinners(void)
     }
     const int settings[] = {0, -5, 1, 2};
     const int want[] = {0, 0, 1, 2};
+    /* On 2 CPUs or fewer a spinning server stops once another starts a
+     * request (cpus_busy in fast.c): the second answer may end the first
+     * one's spin, so two slots may show one spinner. */
+    const int want_at_least[] = {0, 0, 1, envd_usable_cpus() > 2 ? 2 : 1};
     int measured = 0;
     for (size_t i = 0; i < COUNT(settings); i++) {
         envd_fast_set_max_spinners(settings[i]);
@@ -1437,7 +1441,7 @@ static void test_spinners(void)
              * badly loaded machine). */
             measured++;
             bool seen[2] = {false, false};
-            for (int w = 0; w < 3 && seen[0] + seen[1] < want[i]; w++) {
+            for (int w = 0; w < 3 && seen[0] + seen[1] < want_at_least[i]; w++) {
                 double ratio[2], window;
                 const double ref_cpu = spin_ratios(tids, 2, ratio, &window);
                 const int spinning = (ratio[0] > 0.05) + (ratio[1] > 0.05);
@@ -1450,8 +1454,9 @@ static void test_spinners(void)
                 for (int k = 0; k < 2; k++)
                     seen[k] |= ratio[k] > 0.05;
             }
-            CHECK(seen[0] + seen[1] == want[i], "max_spinners %d: %d servers spin, want %d",
-                  settings[i], seen[0] + seen[1], want[i]);
+            CHECK(seen[0] + seen[1] >= want_at_least[i] && seen[0] + seen[1] <= want[i],
+                  "max_spinners %d: %d servers spin, want %d to %d", settings[i],
+                  seen[0] + seen[1], want_at_least[i], want[i]);
         }
         const double t0 = now_s();
         for (int k = 0; k < 2; k++)
