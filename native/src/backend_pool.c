@@ -106,7 +106,8 @@ static const envd_backend_ops_t POOL_OPS = {
     .step_submit = step_submit, .step_done = step_done, .step_finish = step_finish,
     .batch_create = batch_create, .batch_destroy = batch_destroy,
     .batch_submit = batch_submit, .batch_done = batch_done, .batch_wait = batch_wait,
-    .batch_help_ref = batch_help_ref, .batch_help = batch_help, .batch_finish = batch_finish, .frame_bytes = frame_bytes, .render = render,
+    .batch_help_ref = batch_help_ref, .batch_help = batch_help, .batch_finish = batch_finish,
+    .frame_bytes = frame_bytes, .render = render,
     .error_index = error_index, .env_started = env_started, .checked_actions = checked_actions, .set_chunk = set_chunk,
     .set_max_threads = set_max_threads, .stats = stats, .destroy = destroy,
 };

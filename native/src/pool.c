@@ -198,8 +198,9 @@ static int job_exhausted(const envd_job_t *job)
  * this one (gen moved past `taken`), and goes back to pool_take_job: so a
  * small job submitted behind a large one waits for a chunk, not for the whole
  * job.  A helper (envd_pool_help) stops after a chunk once leave(leave_arg)
- * says so, leaving the rest to the workers.  A worker holds a slot of the job's cap, if it has one (C1), and
- * releases it before its reference (C2); a waiter holds none. */
+ * says so, leaving the rest to the workers.  A worker holds a slot of the
+ * job's cap, if it has one (C1), and releases it before its reference (C2);
+ * a waiter or a helper holds none. */
 static void job_run_chunks(envd_pool_t *pool, envd_job_t *job, int is_worker, uint32_t taken,
                            int (*leave)(void *), void *leave_arg)
 {
