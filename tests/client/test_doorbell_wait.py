@@ -30,6 +30,36 @@ def answer(bell: Doorbell) -> None:
                   1, None, None, 0)
 
 
+def forbid_yield(monkeypatch, why: str) -> None:
+    def forbidden_yield():
+        raise AssertionError(f"yielded {why}")
+
+    monkeypatch.setattr(doorbell_module, "_sched_yield", forbidden_yield)
+
+
+def wait_answered_once_asleep(bell: Doorbell, kind: int, count: int = 0) -> bool:
+    """Ring kind and wait, a thread of the test answering only once the
+    client sleeps on done_seq (client_waiting set): whether it saw it asleep."""
+    asleep = threading.Event()
+
+    def daemon():
+        deadline = time.monotonic() + DEADLINE_S
+        while bell._client_waiting[0] == 0 and time.monotonic() < deadline:
+            time.sleep(1e-4)  # poll interval
+        if bell._client_waiting[0]:
+            asleep.set()
+        answer(bell)
+
+    thread = threading.Thread(target=daemon)
+    bell.ring(kind, count)
+    thread.start()
+    try:
+        assert bell.wait(far_deadline(), lambda: None) == (0, 0, 0)
+    finally:
+        thread.join(DEADLINE_S)
+    return asleep.is_set()
+
+
 @pytest.fixture
 def bell():
     # (the mapping is freed with the doorbell's views: they export its buffer)
@@ -59,36 +89,12 @@ def test_a_long_step_yields_until_its_answer(bell, monkeypatch):
 @pytest.mark.parametrize("kind", [SEND, RECV])
 def test_a_send_or_a_recv_never_yields_and_ends_asleep(bell, monkeypatch, kind):
     bell._expected[kind] = 500e-6  # (a send's estimate is ignored: it always spins)
-
-    def forbidden_yield():
-        raise AssertionError("yielded while waiting for a send or a recv")
-
-    monkeypatch.setattr(doorbell_module, "_sched_yield", forbidden_yield)
-    asleep = threading.Event()
-
-    def daemon():
-        # Answer only once the client sleeps on done_seq (client_waiting set).
-        deadline = time.monotonic() + DEADLINE_S
-        while bell._client_waiting[0] == 0 and time.monotonic() < deadline:
-            time.sleep(1e-4)  # poll interval
-        asleep.set()
-        answer(bell)
-
-    thread = threading.Thread(target=daemon)
-    bell.ring(kind, 1)
-    thread.start()
-    try:
-        assert bell.wait(far_deadline(), lambda: None) == (0, 0, 0)
-    finally:
-        thread.join(DEADLINE_S)
-    assert asleep.is_set()
+    forbid_yield(monkeypatch, "while waiting for a send or a recv")
+    assert wait_answered_once_asleep(bell, kind, 1)
 
 
 def test_a_short_step_spins_without_yielding(bell, monkeypatch):
     bell._expected[STEP] = 1e-6  # answered on the serving thread alone
-
-    def forbidden_yield():
-        raise AssertionError("yielded while the answer was due within microseconds")
 
     class FrozenClock:
         """time for the doorbell module: perf_counter stands still (the spin
@@ -106,7 +112,7 @@ def test_a_short_step_spins_without_yielding(bell, monkeypatch):
         monotonic = staticmethod(time.monotonic)
 
     clock = FrozenClock()
-    monkeypatch.setattr(doorbell_module, "_sched_yield", forbidden_yield)
+    forbid_yield(monkeypatch, "while the answer was due within microseconds")
     monkeypatch.setattr(doorbell_module, "time", clock)
     bell.ring(STEP)
     assert bell.wait(far_deadline(), lambda: None) == (0, 0, 0)
@@ -119,22 +125,5 @@ def test_a_long_step_sleeps_instead_when_the_daemon_is_contended(bell, monkeypat
     trainers would hand the CPUs to each other, so the step sleeps."""
     bell._expected[STEP] = 500e-6
     bell._contended[0] = 1
-
-    def forbidden_yield():
-        raise AssertionError("yielded although the daemon said it was contended")
-
-    monkeypatch.setattr(doorbell_module, "_sched_yield", forbidden_yield)
-
-    def daemon():
-        deadline = time.monotonic() + DEADLINE_S
-        while bell._client_waiting[0] == 0 and time.monotonic() < deadline:
-            time.sleep(1e-4)  # poll interval
-        answer(bell)
-
-    thread = threading.Thread(target=daemon)
-    bell.ring(STEP)
-    thread.start()
-    try:
-        assert bell.wait(far_deadline(), lambda: None) == (0, 0, 0)
-    finally:
-        thread.join(DEADLINE_S)
+    forbid_yield(monkeypatch, "although the daemon said it was contended")
+    wait_answered_once_asleep(bell, STEP)
