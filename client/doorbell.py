@@ -42,6 +42,8 @@ _FUTEX_WAIT, _FUTEX_WAKE = 0, 1
 #: the request kinds (req_kind), and the status of a request the daemon
 #: refused because it drains: native/src/fast.h's, generated into envd._native_facts
 STEP, SEND, RECV = _native_facts.FAST_STEP, _native_facts.FAST_SEND, _native_facts.FAST_RECV
+#: a send and then a recv of its count, answered once (client/multi_doorbell.py)
+SENDRECV = _native_facts.FAST_SENDRECV
 SHUTTING_DOWN = _native_facts.FAST_SHUTTING_DOWN
 #: envd_fast_header_t's fields: name -> (byte offset, size)
 _FIELDS = _native_facts.FAST_HEADER_FIELDS
@@ -50,7 +52,7 @@ _SLICE_S = 0.02
 #: spin (without yielding) while answers are expected sooner than this: a
 #: step that soon ran on the daemon's serving thread alone, so no worker
 #: needs this CPU; a recv that soon found its envs ready
-_SPIN_LIMIT_S = {STEP: 30e-6, RECV: 100e-6}
+_SPIN_LIMIT_S = {STEP: 30e-6, RECV: 100e-6, SENDRECV: 100e-6}
 #: the longest such spin
 _SPIN_MAX_S = 150e-6
 #: a send is answered as soon as the daemon started its batch: spin this long
@@ -101,6 +103,7 @@ class Doorbell:
         self._error_index = word("error_index", np.int64)
         self._closed = word("closed", np.uint32)
         self._contended = word("contended", np.uint32)
+        self._sent = word("sent", np.uint32)
         message_offset, message_size = _FIELDS["message"]
         self._message = np.frombuffer(memory, np.uint8, message_size, offset + message_offset)
         self._req_addr = self._req_seq.ctypes.data
@@ -108,7 +111,7 @@ class Doorbell:
         self.seq = int(self._req_seq[0])  # the last request rung
         # running estimate of how long an answer takes, per request kind
         # (a send is answered at once, a recv when its envs are stepped)
-        self._expected = {STEP: 0.0, SEND: 0.0, RECV: 0.0}
+        self._expected = {STEP: 0.0, SEND: 0.0, RECV: 0.0, SENDRECV: 0.0}
         self._kind = STEP
         libc = ctypes.CDLL(None, use_errno=True)
         self._syscall = libc.syscall
@@ -131,13 +134,20 @@ class Doorbell:
         return data[:data.find(b"\0") if b"\0" in data else len(data)].decode("utf-8", "replace")
 
     @property
+    def sent(self) -> bool:
+        """The answered SENDRECV started its batch (its answer is the
+        RECV's); False: its SEND was refused (the answer says why)."""
+        return bool(self._sent[0])
+
+    @property
     def answered(self) -> bool:
         """The last request rung has its answer."""
         return int(self._done[0]) == self.seq
 
     def ring(self, kind: int = STEP, count: int = 0) -> None:
-        """Request kind (STEP, SEND or RECV; count: the env ids sent, or the
-        envs a recv wants) once its inputs are in shared memory."""
+        """Request kind (STEP, SEND, RECV or SENDRECV; count: the env ids
+        sent, or the envs a recv wants, or both) once its inputs are in
+        shared memory."""
         self.seq = (self.seq + 1) & 0xFFFFFFFF
         self._kind = kind
         self._req_count[0] = count

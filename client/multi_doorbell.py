@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from envd.client.doorbell import RECV, SHUTTING_DOWN, wait_any
-from envd.client.multi_async import IN_FLIGHT, READY, ShardsAsyncStepper, _Shard
+from envd.client.doorbell import RECV, SENDRECV, SHUTTING_DOWN, Doorbell, wait_any
+from envd.client.multi_async import IDLE, IN_FLIGHT, READY, ShardsAsyncStepper, _Shard
 from envd.errors import (ConnectionLostError, EnvdError, EnvdTimeoutError, ProtocolError,
                          ShuttingDownError)
 from envd.vector_base import step_error
@@ -47,6 +47,7 @@ class ShardsDoorbellStepper(ShardsAsyncStepper):
         super().__init__(env)
         for shard in self._shards:
             shard.rung = 0  # envs a RECV rung and not answered yet asks for (0: none)
+            shard.sent_ids = None  # the ids of a SENDRECV rung and not answered yet
             shard.remaining = {}  # batch serial -> its envs still in flight there
         self._serial = 0
         self._batch_of = np.zeros(env.num_env_instances, np.int64)  # each env's last batch serial
@@ -62,6 +63,18 @@ class ShardsDoorbellStepper(ShardsAsyncStepper):
             self._wait(deadline, "send", only=shard)
         local = ids - shard.rows.start
         self._copy_actions(shard, ids, local)
+        if shard.in_flight:
+            self._ring_send(shard, local)
+        else:
+            self._ring_sendrecv(shard, ids, local)
+        self._serial += 1
+        self._batch_of[ids] = self._serial
+        shard.remaining[self._serial] = len(ids)
+        self._state[ids] = IN_FLIGHT
+        shard.in_flight += len(ids)
+
+    def _ring_send(self, shard: _Shard, local: np.ndarray) -> None:
+        """A SEND of the shard's envs local, answered once the batch started."""
         try:
             shard.stepper._send(local)  # rings SEND: answered once the batch started
         except ConnectionLostError as exc:
@@ -74,11 +87,16 @@ class ShardsDoorbellStepper(ShardsAsyncStepper):
             if named is exc:
                 raise
             raise named from exc
-        self._serial += 1
-        self._batch_of[ids] = self._serial
-        shard.remaining[self._serial] = len(ids)
-        self._state[ids] = IN_FLIGHT
-        shard.in_flight += len(ids)
+
+    def _ring_sendrecv(self, shard: _Shard, ids: np.ndarray, local: np.ndarray) -> None:
+        """Nothing else in flight on the shard: ring the send and the recv of
+        its envs at once, answered once, when the batch finished
+        (_take_answer); the trainer does not wait for the send, and the
+        daemon's thread wakes once per batch."""
+        bell = self._open_bell(shard)
+        shard.stepper._ids[:len(local)] = local
+        bell.ring(SENDRECV, len(local))
+        shard.rung, shard.sent_ids = len(local), ids
 
     def _post_recv(self, k: int) -> None:
         """Nothing here: a RECV is rung only when the trainer waits (_wait)."""
@@ -116,12 +134,17 @@ class ShardsDoorbellStepper(ShardsAsyncStepper):
             else:
                 self._check_alive(shard, call)
 
-    def _ring_recv(self, shard: _Shard) -> None:
+    def _open_bell(self, shard: _Shard) -> Doorbell:
+        """The shard's doorbell, if the daemon still serves it."""
         bell = shard.stepper.doorbell
         if bell is None or bell.closed:
             raise self._lost(shard, ConnectionLostError(
                 "the daemon stopped serving the session's doorbell (the session was closed "
                 "or expired, or the daemon stops)"))
+        return bell
+
+    def _ring_recv(self, shard: _Shard) -> None:
+        bell = self._open_bell(shard)
         count = min(min(shard.remaining.values(), default=shard.in_flight), shard.in_flight)
         bell.ring(RECV, count)
         shard.rung = count
@@ -138,10 +161,15 @@ class ShardsDoorbellStepper(ShardsAsyncStepper):
 
     def _take_answer(self, shard: _Shard) -> None:
         count, shard.rung = shard.rung, 0
-        status, result, index = shard.stepper.doorbell.answer()
+        sent_ids, shard.sent_ids = shard.sent_ids, None
+        bell = shard.stepper.doorbell
+        status, result, index = bell.answer()
         if status == SHUTTING_DOWN:
             raise self._lost(shard, ShuttingDownError(
                 "the daemon is shutting down and takes no new work"))
+        if sent_ids is not None and not bell.sent:
+            self._take_refused_send(shard, sent_ids, status, result, index)
+            return
         if status != 0:
             # an env failed in a batch: the next recv raises it, its envs stay
             # ready there for the RECV after it
@@ -157,16 +185,33 @@ class ShardsDoorbellStepper(ShardsAsyncStepper):
         self._check_answered_ids(shard, local)
         self._copy_rows(shard, local)
         ids = local + shard.rows.start
-        for serial, done in zip(*np.unique(self._batch_of[ids], return_counts=True)):
-            left = shard.remaining.get(int(serial), 0) - int(done)
-            if left > 0:
-                shard.remaining[int(serial)] = left
-            else:
-                shard.remaining.pop(int(serial), None)
+        if len(shard.remaining) == 1 and shard.remaining.get(int(self._batch_of[ids[0]])) == count:
+            shard.remaining.clear()  # (the common case: the one batch there, all of it)
+        else:
+            for serial, done in zip(*np.unique(self._batch_of[ids], return_counts=True)):
+                left = shard.remaining.get(int(serial), 0) - int(done)
+                if left > 0:
+                    shard.remaining[int(serial)] = left
+                else:
+                    shard.remaining.pop(int(serial), None)
         self._state[ids] = READY
         self._ready.append(ids)
         self._num_ready += len(ids)
         shard.in_flight -= len(ids)
+
+    def _take_refused_send(self, shard: _Shard, ids: np.ndarray, status: int, state: int,
+                           index: int) -> None:
+        """A SENDRECV whose send the daemon refused: no env of it stepped, so
+        they are idle again; the refusal is raised by the next call (as a
+        posted send's over the socket), naming the daemon."""
+        self._state[ids] = IDLE
+        shard.in_flight -= len(ids)
+        shard.remaining.pop(int(self._batch_of[ids[0]]), None)
+        refusal = shard.stepper.send_refusal(status, state, index)
+        if refusal is None:  # (the daemon said it was refused)
+            refusal = ProtocolError(f"{shard.where} refused a send with status 0")
+        if self._refusal is None:
+            self._refusal = self._named(refusal, shard)
 
     def _forget(self) -> None:
         super()._forget()

@@ -71,14 +71,23 @@ class DoorbellStepper(SocketStepper):
         if answer is None:  # closed: the socket says why, at once
             self._call({"type": "send", "session": self.session}, [env_ids.tobytes()])
             return
-        status, state, index = answer
+        refusal = self.send_refusal(*answer)
+        if refusal is not None:
+            raise refusal
+
+    def send_refusal(self, status: int, state: int, index: int) -> Exception | None:
+        """The error of a send the doorbell answered (status, env state,
+        error index), as in-process; None if it was not refused."""
         if status == NATIVE_CODES["EBUSY"] and 0 <= index < self.num_envs and state != _ENV_IDLE:
-            raise not_idle_error(self.env_id, index, state == _ENV_IN_FLIGHT)  # (an env id)
+            return not_idle_error(self.env_id, index, state == _ENV_IN_FLIGHT)  # (an env id)
         index = self._row_of(index, status)
-        self._raise_env_failure(status, index)
+        failure = self._env_failure(status, index)
+        if failure is not None:
+            return failure
         if status != 0:
-            raise send_error(self.env_id, self.action_space, self.num_envs, status, index,
-                             self.buffers)
+            return send_error(self.env_id, self.action_space, self.num_envs, status, index,
+                              self.buffers)
+        return None
 
     def _recv(self, count: int) -> np.ndarray:
         """Exactly count ids, the oldest ready (the daemon's session keeps the
@@ -119,13 +128,19 @@ class DoorbellStepper(SocketStepper):
         return rows[0]
 
     def _raise_env_failure(self, status: int, index: int) -> None:
+        failure = self._env_failure(status, index)
+        if failure is not None:
+            raise failure
+
+    def _env_failure(self, status: int, index: int) -> EnvError | None:
         """An env's own failure the daemon words (a hosted Python env raised,
-        or its worker died: the doorbell's message) raises the EnvError the
-        socket path raises; without words, step_error's NativeError does."""
+        or its worker died: the doorbell's message) is the EnvError the
+        socket path raises; without words, step_error's NativeError is."""
         if status == NATIVE_CODES["EENV"]:
             message = self.doorbell.message() if self.doorbell is not None else ""
             if message:
-                raise EnvError(f"{self.env_id}: {message}", status, index)
+                return EnvError(f"{self.env_id}: {message}", status, index)
+        return None
 
     def _ring(self, kind: int, count: int, what: str) -> tuple[int, int, int] | None:
         """A request through the doorbell (its inputs are in shared memory):

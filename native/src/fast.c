@@ -36,7 +36,8 @@ _Static_assert(offsetof(envd_fast_header_t, result) == 72, "doorbell layout");
 _Static_assert(offsetof(envd_fast_header_t, error_index) == 80, "doorbell layout");
 _Static_assert(offsetof(envd_fast_header_t, closed) == 88, "doorbell layout");
 _Static_assert(offsetof(envd_fast_header_t, contended) == 92, "doorbell layout");
-_Static_assert(offsetof(envd_fast_header_t, message) == 96, "doorbell layout");
+_Static_assert(offsetof(envd_fast_header_t, sent) == 96, "doorbell layout");
+_Static_assert(offsetof(envd_fast_header_t, message) == 100, "doorbell layout");
 _Static_assert(ENVD_FAST_OFFSET + sizeof(envd_fast_header_t) <= 4096,
                "the doorbell fits the header page (envd/shm.py HEADER_SIZE)");
 
@@ -66,9 +67,9 @@ struct envd_fast {
     _Atomic int64_t served;
     /* server thread only: */
     uint32_t last;          /* the request last answered */
-    uint32_t last_kind;     /* its kind (req_kind 1..3; 0 for any other) */
+    uint32_t last_kind;     /* its kind (req_kind 1..4; 0 for any other) */
     int64_t answered_ns;    /* when its answer was published */
-    int64_t gap_ns[4];      /* per kind answered: a running mean of how long
+    int64_t gap_ns[ENVD_FAST_SENDRECV + 1]; /* per kind answered: a running mean of how long
                                the client took to ring again (0: not seen) */
 };
 
@@ -183,10 +184,11 @@ static uint32_t next_request(envd_fast_t *fast, int may_spin)
     return seq; /* (fast->last when stopping) */
 }
 
-/* Run a request: its status; its result and error index through the pointers. */
-static int32_t run(envd_fast_t *fast, uint32_t kind, int64_t *result, int64_t *index)
+/* Run a request of kind (STEP, SEND or RECV) for count envs: its status;
+ * its result and error index through the pointers. */
+static int32_t run(envd_fast_t *fast, uint32_t kind, int64_t count, int64_t *result,
+                   int64_t *index)
 {
-    const int64_t count = atomic_load_explicit(&fast->header->req_count, memory_order_relaxed);
     int64_t rc;
     switch (kind) {
     case ENVD_FAST_STEP:
@@ -233,25 +235,26 @@ static int32_t run(envd_fast_t *fast, uint32_t kind, int64_t *result, int64_t *i
     return ENVD_OK;
 }
 
-/* Run the request and write its answer's fields (not done_seq: publish()
- * does that, after the session's lock is released); whether to spin for the
- * next one, decided before the answer is published (once the client sees it,
- * it may ring another session's doorbell at once: that one's request must
- * not count against this decision, whose point is requests that run
- * meanwhile).  A send's batch is taken into help, for serve() to run once
- * the answer is out.  Called with the session's lock held. */
-static int answer(envd_fast_t *fast, envd_session_help_t *help)
+/* Run a request of kind for count envs, counted in g_serving, and write its
+ * answer's fields (not done_seq: publish() does that, after the session's
+ * lock is released); whether to spin for the next one, decided before the
+ * answer is published (once the client sees it, it may ring another
+ * session's doorbell at once: that one's request must not count against
+ * this decision, whose point is requests that run meanwhile).  A send's
+ * batch is taken into help, for serve() to run.  A draining daemon refuses
+ * the request, unless started (the RECV half of a SENDRECV whose batch it
+ * started).  Called with the session's lock held. */
+static int answer(envd_fast_t *fast, uint32_t kind, int64_t count, int started,
+                  envd_session_help_t *help)
 {
     envd_fast_header_t *h = fast->header;
     int32_t status = ENVD_FAST_SHUTTING_DOWN;
     int64_t result = 0, index = -1;
     atomic_fetch_add_explicit(&g_serving, 1, memory_order_relaxed);
-    const uint32_t kind = atomic_load_explicit(&h->req_kind, memory_order_relaxed);
-    if (!atomic_load(&fast->draining))
-        status = run(fast, kind, &result, &index);
+    if (started || !atomic_load(&fast->draining))
+        status = run(fast, kind, count, &result, &index);
     const int others = atomic_fetch_sub_explicit(&g_serving, 1, memory_order_relaxed) - 1;
     atomic_store_explicit(&h->contended, others > 0, memory_order_relaxed);
-    fast->last_kind = kind <= ENVD_FAST_RECV ? kind : 0; /* (0: a kind refused) */
     if (kind == ENVD_FAST_SEND && status == ENVD_OK)
         envd_session_take_help(fast->session, help);
     const int may_spin = !cpus_busy();
@@ -302,6 +305,29 @@ static int request_waiting(void *arg)
            atomic_load_explicit(&fast->stop, memory_order_relaxed);
 }
 
+/* Stop helping a SENDRECV's batch: only stop can (its client rings nothing
+ * before the answer). */
+static int stopping(void *arg)
+{
+    return atomic_load_explicit(&((envd_fast_t *)arg)->stop, memory_order_relaxed);
+}
+
+/* The RECV half of a SENDRECV whose SEND (answered into the header, not
+ * published) started its batch: step the batch here too, then take the
+ * session's lock again and answer the RECV; 0 when stop came first (the
+ * request is then never answered here: envd_fast_stop closes the doorbell). */
+static int sendrecv_recv(envd_fast_t *fast, int64_t count, envd_session_help_t *help,
+                         int *may_spin)
+{
+    envd_session_unlock(fast->session);
+    envd_session_help(help, stopping, fast);
+    if (!lock_unless_stopped(fast))
+        return 0;
+    envd_session_help_t none = {0};
+    *may_spin = answer(fast, ENVD_FAST_RECV, count, 1, &none);
+    return 1;
+}
+
 static void *serve(void *arg)
 {
     envd_fast_t *fast = arg;
@@ -317,12 +343,24 @@ static void *serve(void *arg)
             note_gap(fast, envd_now_ns());
         if (!lock_unless_stopped(fast))
             break;
+        /* the kind and count read once: the client may write them meanwhile */
+        const uint32_t kind = atomic_load_explicit(&fast->header->req_kind,
+                                                   memory_order_relaxed);
+        const int64_t count = atomic_load_explicit(&fast->header->req_count,
+                                                   memory_order_relaxed);
+        const int sendrecv = kind == ENVD_FAST_SENDRECV;
         envd_session_help_t help = {0};
-        may_spin = answer(fast, &help);
+        may_spin = answer(fast, sendrecv ? ENVD_FAST_SEND : kind, count, 0, &help);
+        const int sent = sendrecv && atomic_load_explicit(&fast->header->status,
+                                                          memory_order_relaxed) == ENVD_OK;
+        atomic_store_explicit(&fast->header->sent, sent, memory_order_relaxed);
+        if (sent && !sendrecv_recv(fast, count, &help, &may_spin))
+            break;
         envd_session_unlock(fast->session);
         publish(fast->header, seq);
         fast->answered_ns = envd_now_ns();
         fast->last = seq;
+        fast->last_kind = kind <= ENVD_FAST_SENDRECV ? kind : 0; /* (0: a kind refused) */
         /* A send's batch: step it here too while the client runs its learner
          * (as in-process, where the workers and the trainer's CPU share the
          * machine), rather than spin idle beside the workers and keep one

@@ -31,6 +31,14 @@
  *         or ready (error index -1; result: how many are).  An env that failed
  *         in a batch makes RECV answer its error; the batch's envs are
  *         returned by the next RECV.
+ *   SENDRECV  a SEND of the req_count ids, then a RECV of req_count, answered
+ *         once (when the RECV is): the trainer rings it and goes on, as after
+ *         a send, and the daemon's thread wakes once per batch, not twice
+ *         (a trainer driving several daemons, client/multi_doorbell.py).  sent
+ *         says which part the answer is: 0, the SEND's refusal (as SEND, no
+ *         env stepped); 1, the RECV's answer, as RECV.  A request rung while
+ *         it is out is not served before it is answered: a client rings one
+ *         at a time.
  * The async books are the session's (session.h), shared with every other
  * caller of the session.
  *
@@ -68,7 +76,8 @@ typedef struct envd_session envd_session_t; /* session.h */
  * these offsets); the client's and the server's words on separate lines. */
 #define ENVD_FAST_OFFSET 128
 
-enum { ENVD_FAST_STEP = 1, ENVD_FAST_SEND = 2, ENVD_FAST_RECV = 3 };  /* req_kind */
+enum { ENVD_FAST_STEP = 1, ENVD_FAST_SEND = 2, ENVD_FAST_RECV = 3,   /* req_kind */
+       ENVD_FAST_SENDRECV = 4 };
 enum { ENVD_FAST_SHUTTING_DOWN = -1000 };     /* status: the daemon drains */
 /* The doorbell's message (a hosted env's exception); it ends well inside the
  * header page (ENVD_FAST_OFFSET + the header < 4096, envd/shm.py). */
@@ -77,9 +86,10 @@ enum { ENVD_FAST_SHUTTING_DOWN = -1000 };     /* status: the daemon drains */
 typedef struct envd_fast_header {
     /* written by the client */
     _Atomic uint32_t req_seq;        /* futex: +1 per request */
-    _Atomic uint32_t req_kind;       /* ENVD_FAST_STEP, _SEND or _RECV */
+    _Atomic uint32_t req_kind;       /* ENVD_FAST_STEP, _SEND, _RECV or _SENDRECV */
     _Atomic uint32_t client_waiting; /* 1 while the client sleeps on done_seq */
-    _Atomic uint32_t req_count;      /* SEND: ids sent; RECV: envs wanted */
+    _Atomic uint32_t req_count;      /* SEND: ids sent; RECV: envs wanted;
+                                        SENDRECV: both */
     uint32_t client_pad[12];
     /* written by the server */
     _Atomic uint32_t done_seq;       /* futex: req_seq of the last request answered */
@@ -95,6 +105,9 @@ typedef struct envd_fast_header {
                                         answer was written (several trainers
                                         share the CPUs: the client then sleeps
                                         rather than yields while it waits) */
+    _Atomic uint32_t sent;           /* SENDRECV: 1 when its batch started (the
+                                        answer is the RECV's), 0 when the SEND
+                                        was refused; 0 for the other kinds */
     char message[ENVD_FAST_MESSAGE_BYTES]; /* status ENVD_EENV: what failed, as the
                                         backend words it (UTF-8, NUL-terminated;
                                         "" when it has nothing more to say) */

@@ -41,6 +41,7 @@ int main(void)
     PRINT_CONST(ENVD_FAST_STEP);
     PRINT_CONST(ENVD_FAST_SEND);
     PRINT_CONST(ENVD_FAST_RECV);
+    PRINT_CONST(ENVD_FAST_SENDRECV);
     PRINT_CONST(ENVD_FAST_SHUTTING_DOWN);
     printf("const\tENVD_FAST_HEADER_SIZE\t%zu\n", sizeof(envd_fast_header_t));
     PRINT_FIELD(req_seq);
@@ -53,6 +54,7 @@ int main(void)
     PRINT_FIELD(error_index);
     PRINT_FIELD(closed);
     PRINT_FIELD(contended);
+    PRINT_FIELD(sent);
     PRINT_FIELD(message);
     for (int i = 0; i < envd_builtin_count(); i++)
         printf("env\t%s\n", envd_builtin_get(i)->id);

@@ -1669,6 +1669,8 @@ static void books_recv(books_t *b, const int64_t *ids, int64_t got, bool in_orde
 static bool refusal_result_ok(const books_t *b, uint32_t kind, int want, int64_t index,
                               int64_t result)
 {
+    if (kind == ENVD_FAST_SENDRECV) /* refused: its SEND's answer */
+        kind = ENVD_FAST_SEND;
     if (kind == ENVD_FAST_SEND && want == ENVD_EBUSY && index >= 0 && index < b->n)
         return b->batch_of[index] >= 0
                    ? result == ENVD_ENV_IN_FLIGHT || result == ENVD_ENV_READY
@@ -1710,6 +1712,27 @@ static int64_t recv_checked(harness_t *h, const harness_t *twin, doorbell_t *d, 
     for (int64_t j = 0; j < a.result; j++)
         CHECK(h->ids[j] == skip || same_row(h, twin, h->ids[j]),
               "%s: env %lld's outputs differ from the twin's", what, (long long)h->ids[j]);
+    return a.result;
+}
+
+/* A SENDRECV of ids[0 .. k) (as send_checked) that must start: answered
+ * once, sent == 1, as a RECV of k (as recv_checked). */
+static int64_t sendrecv_checked(harness_t *h, harness_t *twin, envd_vec_batch_t *tb,
+                                doorbell_t *d, books_t *b, int64_t k, int wait, bool exact,
+                                const char *what)
+{
+    twin_batch(twin, tb, h, h->ids, k, what);
+    books_send(b, h->ids, k);
+    answer_t a = request_count(d, ENVD_FAST_SENDRECV, (uint32_t)k, wait);
+    CHECK(a.status == ENVD_OK && a.index == -1 && a.result == k &&
+              atomic_load(&d->h->sent) == 1,
+          "%s: sendrecv of %lld: status %d result %lld index %lld sent %u", what,
+          (long long)k, a.status, (long long)a.result, (long long)a.index,
+          atomic_load(&d->h->sent));
+    books_recv(b, h->ids, a.result, exact, what);
+    for (int64_t j = 0; j < a.result; j++)
+        CHECK(same_row(h, twin, h->ids[j]), "%s: env %lld's outputs differ from the twin's",
+              what, (long long)h->ids[j]);
     return a.result;
 }
 
@@ -1761,7 +1784,13 @@ static void async_results(envd_pool_t *const *pools, int num_pools, int requests
                         const int64_t k = 1 + (int64_t)(rnd(&s) % (uint64_t)most);
                         pick_idle(&b, h.ids, k, &s);
                         fill_rows(&h, h.ids, k, &s);
-                        send_checked(&h, &twin, tb, &d, &b, k, wait, what);
+                        if (rnd(&s) % 4 == 0) { /* answered as a RECV of k */
+                            envs += sendrecv_checked(&h, &twin, tb, &d, &b, k, wait, exact,
+                                                     what);
+                            recvs++;
+                        } else {
+                            send_checked(&h, &twin, tb, &d, &b, k, wait, what);
+                        }
                         sends++;
                     } else {
                         const int64_t count = 1 + (int64_t)(rnd(&s) % (uint64_t)b.out);
@@ -1832,9 +1861,10 @@ static void async_refused(harness_t *h, const harness_t *twin, envd_fast_t *f, d
 {
     answer_t a = request_count(d, kind, count, wait);
     CHECK(a.status == want && refusal_result_ok(b, kind, want, index, a.result) &&
-              (index == INT64_MIN || a.index == index),
-          "%s: status %d (want %d) index %lld (want %lld) result %lld", what, a.status, want,
-          (long long)a.index, (long long)index, (long long)a.result);
+              (index == INT64_MIN || a.index == index) && atomic_load(&d->h->sent) == 0,
+          "%s: status %d (want %d) index %lld (want %lld) result %lld sent %u", what,
+          a.status, want, (long long)a.index, (long long)index, (long long)a.result,
+          atomic_load(&d->h->sent));
     envd_fast_lock(f);
     CHECK(envd_fast_pending(f) == b->out, "%s: pending %lld, want %lld", what,
           (long long)envd_fast_pending(f), (long long)b->out);
@@ -1895,6 +1925,8 @@ static void async_errors(envd_pool_t *pool, int64_t chunk)
                           ENVD_EINVAL, -1, "send count out of range");
             async_refused(&h, &twin, f, &d, &b, ENVD_FAST_RECV, bad_counts[c], NEXT_WAIT,
                           ENVD_EINVAL, -1, "recv count out of range");
+            async_refused(&h, &twin, f, &d, &b, ENVD_FAST_SENDRECV, bad_counts[c], NEXT_WAIT,
+                          ENVD_EINVAL, -1, "sendrecv count out of range");
         }
         /* An id out of range: EINVAL naming it (also after valid ids). */
         set_ids(&h, (const int64_t[]){1, 5, n}, 3);
@@ -1919,12 +1951,16 @@ static void async_errors(envd_pool_t *pool, int64_t chunk)
         set_ids(&h, (const int64_t[]){3, 1}, 2);
         async_refused(&h, &twin, f, &d, &b, ENVD_FAST_SEND, 2, NEXT_WAIT, ENVD_EBUSY, 1,
                       "send of an env in flight");
+        async_refused(&h, &twin, f, &d, &b, ENVD_FAST_SENDRECV, 2, NEXT_WAIT, ENVD_EBUSY, 1,
+                      "sendrecv of an env in flight");
         /* An action out of range: ERANGE naming the env. */
         const envd_space_t *as = &h.def->action_space;
         ((int64_t *)h.actions)[7] = round % 2 ? as->start + as->n : as->start - 1;
         set_ids(&h, (const int64_t[]){6, 7}, 2);
         async_refused(&h, &twin, f, &d, &b, ENVD_FAST_SEND, 2, NEXT_WAIT, ENVD_ERANGE, 7,
                       "send with an action out of range");
+        async_refused(&h, &twin, f, &d, &b, ENVD_FAST_SENDRECV, 2, NEXT_WAIT, ENVD_ERANGE, 7,
+                      "sendrecv with an action out of range");
         ((int64_t *)h.actions)[7] = as->start;
         /* STEP with envs in flight: EBUSY, nothing stepped, not counted. */
         fill_rows(&h, (const int64_t[]){3, 4, 5, 6, 7, 8}, 6, &s);
@@ -1975,6 +2011,19 @@ static void async_errors(envd_pool_t *pool, int64_t chunk)
         }
         CHECK(had_bad, "%s: the recvs after the failure did not return env %lld", what,
               (long long)bad);
+        /* A SENDRECV whose batch fails: sent, answered ENVD_EENV naming the
+         * env; the next RECV returns the batch. */
+        atomic_store(&g_fail_obs, (uintptr_t)(h.obs + (size_t)bad * h.obs_bytes));
+        fill_rows(&h, (const int64_t[]){bad, 3}, 2, &s);
+        set_ids(&h, (const int64_t[]){3, bad}, 2);
+        twin_batch(&twin, tb, &h, h.ids, 2, what);
+        books_send(&b, h.ids, 2);
+        a = request_count(&d, ENVD_FAST_SENDRECV, 2, NEXT_WAIT);
+        CHECK(a.status == ENVD_EENV && a.index == bad && atomic_load(&d.h->sent) == 1,
+              "%s: sendrecv over a failed env: status %d index %lld sent %u", what, a.status,
+              (long long)a.index, atomic_load(&d.h->sent));
+        atomic_store(&g_fail_obs, 0);
+        recv_checked(&h, &twin, &d, &b, 2, NEXT_WAIT, exact, bad, what);
         /* The failed env is idle: it can be sent again.  (Its state is the
          * wrapper's now: the twin catches up by a masked reset of both.) */
         fill_rows(&h, (const int64_t[]){bad}, 1, &s);
@@ -2182,11 +2231,12 @@ static void async_stop(envd_pool_t *const *pools, int num_pools)
             CHECK(a.status == ENVD_OK, "send: %d", a.status);
             envd_fast_drain(f);
             const uint32_t kinds[] = {ENVD_FAST_SEND, ENVD_FAST_RECV, ENVD_FAST_STEP,
-                                      ENVD_FAST_RECV, ENVD_FAST_SEND};
+                                      ENVD_FAST_RECV, ENVD_FAST_SEND, ENVD_FAST_SENDRECV};
             for (size_t k = 0; k < COUNT(kinds); k++) {
                 set_ids(&h, (const int64_t[]){0, 4}, 2);
                 a = request_count(&d, kinds[k], k % 2 ? 1 : 2, (int)k % 3);
-                CHECK(a.status == ENVD_FAST_SHUTTING_DOWN && a.result == 0 && a.index == -1,
+                CHECK(a.status == ENVD_FAST_SHUTTING_DOWN && a.result == 0 && a.index == -1 &&
+                          atomic_load(&d.h->sent) == 0,
                       "drained request %u: status %d", kinds[k], a.status);
             }
             envd_fast_lock(f);
@@ -2203,8 +2253,54 @@ static void async_stop(envd_pool_t *const *pools, int num_pools)
     }
 }
 
+/* 7d. Stop while a SENDRECV is out, its batch held running by the gate (on
+ * the server thread, which helps it, or a pool thread): stop waits for the
+ * batch, then closes the doorbell; the request is answered in full (the
+ * server took the lock again before it saw stop) or not at all. */
+static void sendrecv_stop(envd_pool_t *pool)
+{
+    uint64_t s = 0x5e4d5ull;
+    g_gated = envd_builtin_cartpole;
+    g_gated.step = gated_step;
+    for (int round = 0; round < 4; round++) {
+        harness_t h;
+        harness_init(&h, &g_gated, 12, ENVD_AUTORESET_SAME_STEP, pool, 1);
+        harness_reset(&h, 70 + (uint64_t)round, NULL);
+        doorbell_t d;
+        doorbell_map(&d);
+        envd_fast_t *f = fast_start(&h, &d, round % 2 ? 20000 : 0);
+        fill_actions(&h, &s);
+        gate_reset();
+        atomic_store(&g_gate_armed, 1);
+        ring_count(&d, ENVD_FAST_SENDRECV, (uint32_t)set_ids(&h, (const int64_t[]){4, 0, 9}, 3));
+        gate_wait_started();
+        releaser_t rl = {.h = d.h, .delay_us = 20000};
+        pthread_t releaser;
+        CHECK(pthread_create(&releaser, NULL, releaser_main, &rl) == 0, "pthread_create");
+        const double t0 = now_s();
+        CHECK(envd_fast_stop(f, NULL) == 0, "sendrecv stop: served");
+        const double took = now_s() - t0;
+        pthread_join(releaser, NULL);
+        gate_reset();
+        CHECK(!atomic_load(&rl.closed_early), "stop closed the doorbell before the batch ended");
+        CHECK(atomic_load(&d.h->closed) == 1, "sendrecv stop: not closed");
+        CHECK(took < 5.0 + rl.delay_us * 1e-6, "sendrecv stop took %.1f ms", took * 1e3);
+        if (is_answered(&d))
+            CHECK(atomic_load(&d.h->status) == ENVD_OK && atomic_load(&d.h->result) == 3 &&
+                      atomic_load(&d.h->sent) == 1,
+                  "sendrecv answered around stop: status %d result %lld sent %u",
+                  atomic_load(&d.h->status), (long long)atomic_load(&d.h->result),
+                  atomic_load(&d.h->sent));
+        fill_actions(&h, &s);
+        CHECK(envd_vec_step(h.vec) >= 0, "the vec is busy after a sendrecv's stop");
+        doorbell_unmap(&d);
+        harness_free(&h);
+    }
+}
+
 static void test_async(envd_pool_t *const *pools, int num_pools, int requests)
 {
+    sendrecv_stop(pools[num_pools - 1]);
     for (int p = 0; p < num_pools; p++)
         async_errors(pools[p], p == 2 ? 2 : 0);
     async_stop(pools, num_pools);

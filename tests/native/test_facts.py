@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 #: the integer constants of the facts module: each is lib.ENVD_<name>
 CONSTANTS = ["ABI_VERSION", "ABI_VERSION_MIN", "ERROR_MIN", "VEC_MAX_ENVS", "POOL_MAX_THREADS",
-             "FAST_OFFSET", "FAST_STEP", "FAST_SEND", "FAST_RECV", "FAST_SHUTTING_DOWN"]
+             "FAST_OFFSET", "FAST_STEP", "FAST_SEND", "FAST_RECV", "FAST_SENDRECV",
+             "FAST_SHUTTING_DOWN"]
 
 
 def load_build_ffi():
@@ -138,8 +139,8 @@ def test_python_mirrors_read_the_generated_facts():
     from envd import gymnasium_registry
     from envd.server import config
     assert protocol.DOORBELL_OFFSET == shm.DOORBELL_OFFSET == lib.ENVD_FAST_OFFSET
-    assert (doorbell.STEP, doorbell.SEND, doorbell.RECV) == \
-        (lib.ENVD_FAST_STEP, lib.ENVD_FAST_SEND, lib.ENVD_FAST_RECV)
+    assert (doorbell.STEP, doorbell.SEND, doorbell.RECV, doorbell.SENDRECV) == \
+        (lib.ENVD_FAST_STEP, lib.ENVD_FAST_SEND, lib.ENVD_FAST_RECV, lib.ENVD_FAST_SENDRECV)
     assert doorbell.SHUTTING_DOWN == lib.ENVD_FAST_SHUTTING_DOWN
     assert connection.MAX_NUM_ENVS == lib.ENVD_VEC_MAX_ENVS
     assert config.MAX_THREADS == lib.ENVD_POOL_MAX_THREADS
