@@ -5,10 +5,17 @@ Where every shard of an async MultiVecEnv has the fast path, sends and recvs
 go through each session's doorbell instead of messages (no socket round
 trip, no Python on the daemon's side):
 
-- ``send``: each daemon's part is rung as one SEND, answered at once (its
-  refusal is raised by the send itself, naming the daemon); a RECV still
-  rung on that daemon is waited for first (a doorbell takes one request at
-  a time: it is answered as soon as one of that daemon's batches finished);
+- ``send``: each daemon's part is rung as one request.  Where that daemon
+  has no other env in flight, a SENDRECV: the send and the recv of its envs,
+  answered once, when the batch finished (the trainer goes on at once, and
+  the daemon's thread, asleep on 2 CPUs while the trainer serves the other
+  daemons, is woken once per batch instead of twice: each wake-up costs the
+  trainer tens of microseconds); its refusal is raised by the next call,
+  naming the daemon, as a posted send's over the socket.  Else a SEND,
+  answered at once (its refusal is raised by the send itself, naming the
+  daemon).  A request still out on that daemon is waited for first (a
+  doorbell takes one request at a time: it is answered as soon as one of
+  that daemon's batches finished);
 - waiting: every daemon with envs in flight and no request rung gets one
   RECV of the smallest batch it still has in flight (so any batch that
   finishes answers it; the daemon keeps the rest of a larger one ready for

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from conftest import BUILTIN_ENV_IDS
 from support.async_steps import async_trajectories, per_env_actions, sync_trajectories
+from support.async_steps import _env_result as env_result
 from support.daemon import DEADLINE, DaemonProcess, daemon_group, segments_of, wait_until
 
 import envd
@@ -172,6 +173,40 @@ def test_recv_through_the_doorbells_returns_the_daemon_that_finished_first(daemo
             got = [int(env.recv()[4]["env_id"][0]) for _ in range(1025)]
             assert sorted(got) == list(range(1025))
         assert got[0] == 1024, got[:3]  # daemon 1's: it finished first
+
+
+def test_a_send_to_a_daemon_with_nothing_in_flight_rings_one_sendrecv(daemons, monkeypatch):
+    """Through the doorbells, EnvPool's loop with each batch one daemon's
+    envs: every send rings one SENDRECV (the send and its recv, answered
+    once: no SEND, no RECV), and the trajectories stay those of sync mode."""
+    from envd.client import doorbell
+    rung = []
+    ring = doorbell.Doorbell.ring
+    monkeypatch.setattr(doorbell.Doorbell, "ring", lambda bell, kind=doorbell.STEP, count=0:
+                        (rung.append(kind), ring(bell, kind, count))[1])
+    num_envs, batches = 8, 24
+    space = envd.native.get_spec("CartPole-v1").action_space
+    # (a daemon may finish twice in a row: an env is received up to `batches` times)
+    actions = per_env_actions(space, num_envs, batches, seed=5)
+    reference = sync_trajectories("CartPole-v1", num_envs, batches, actions)
+    runs = [[] for _ in range(num_envs)]
+    with envd.connect([d.endpoint for d in daemons], timeout=30) as multi, \
+            multi.make("CartPole-v1", num_envs, seed=11, batch_size=4, transport="shm") as env:
+        assert all(shard.fast_path for shard in env.shards)
+        env.async_reset()
+        rung.clear()  # (each daemon's async reset: a RECV of all its envs)
+        for _ in range(batches):
+            obs, rew, term, trunc, info = env.recv()
+            ids = info["env_id"].astype(np.int64)
+            assert ids.tolist() in ([0, 1, 2, 3], [4, 5, 6, 7])  # one daemon's envs
+            for k, i in enumerate(ids):
+                runs[i].append(("reset", obs[k].tobytes()) if not runs[i]
+                               else env_result(obs, rew, term, trunc, info, k, 1))
+            env.send(np.array([actions[len(runs[i]) - 1, i] for i in ids]), ids)
+        env.recv(), env.recv()
+    assert rung and set(rung) == {doorbell.SENDRECV}, sorted(set(rung))
+    for i in range(num_envs):
+        assert runs[i] == reference[i][:len(runs[i])], i
 
 
 def test_a_send_the_daemon_refuses_is_raised_naming_it(multi, daemons):
