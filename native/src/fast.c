@@ -15,6 +15,7 @@
 #include <limits.h>
 #include <linux/futex.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <sys/syscall.h>
@@ -71,6 +72,9 @@ struct envd_fast {
     int64_t answered_ns;    /* when its answer was published */
     int64_t gap_ns[ENVD_FAST_SENDRECV + 1]; /* per kind answered: a running mean of how long
                                the client took to ring again (0: not seen) */
+    int policy_managed;     /* started under SCHED_OTHER: sleeps under SCHED_BATCH
+                               after a SENDRECV (sleep_policy) */
+    int batch_policy;       /* under SCHED_BATCH now */
 };
 
 static _Atomic int g_spinners;        /* server threads spinning now */
@@ -145,6 +149,37 @@ static void note_gap(envd_fast_t *fast, int64_t now_ns)
         *gap = 1; /* (0 means "not seen") */
 }
 
+static int policy_is_other(void)
+{
+    int policy;
+    struct sched_param param;
+    return pthread_getschedparam(pthread_self(), &policy, &param) == 0 &&
+           policy == SCHED_OTHER;
+}
+
+/* The policy to be woken under.  After a SENDRECV, whose trainer rings the
+ * next one and goes on (it drives several daemons, client/multi_doorbell.py),
+ * SCHED_BATCH: woken, this thread does not preempt the trainer that rang (on
+ * 2 CPUs it took the trainer's CPU for about 50 us per ring; the pool's
+ * workers run under it for the same reason, pool.c), but takes an idle CPU
+ * or waits until the trainer blocks.  After any other request, whose trainer
+ * waits for the answer, SCHED_OTHER: a woken thread that waited for a busy
+ * machine's next tick would delay every step it serves (a session capped at
+ * max_threads=0 next to a CPU-heavy one lost 30% so).  Only a thread that
+ * started under SCHED_OTHER switches (the operator's chrt is kept); best
+ * effort, and a system call only when the policy changes. */
+static void sleep_policy(envd_fast_t *fast)
+{
+    const int batch = fast->last_kind == ENVD_FAST_SENDRECV;
+    if (!fast->policy_managed || batch == fast->batch_policy)
+        return;
+    struct sched_param param = {0};
+    if (pthread_setschedparam(pthread_self(), batch ? SCHED_BATCH : SCHED_OTHER, &param) == 0)
+        fast->batch_policy = batch;
+    else
+        fast->policy_managed = 0;  /* refused (a sandbox): stay as we are */
+}
+
 /* The next request's seq (!= fast->last), or fast->last when stopping;
  * spinning first if may_spin, the client's gaps say a request is due soon
  * (spin_deadline) and a spin slot is free. */
@@ -172,6 +207,7 @@ static uint32_t next_request(envd_fast_t *fast, int may_spin)
     }
     /* Asleep, this thread leaves its CPU to the pool's spinning workers. */
     envd_pool_reserve_cpus(-1);
+    sleep_policy(fast);
     while (!atomic_load(&fast->stop)) {
         /* The kernel compares req_seq with last atomically: a request rung
          * before this call returns at once, one rung after wakes it. */
@@ -243,9 +279,10 @@ static int32_t run(envd_fast_t *fast, uint32_t kind, int64_t count, int64_t *res
  * this decision, whose point is requests that run meanwhile).  A send's
  * batch is taken into help, for serve() to run.  A draining daemon refuses
  * the request, unless started (the RECV half of a SENDRECV whose batch it
- * started).  Called with the session's lock held. */
+ * started).  The status also goes to *status_out (never read back from the
+ * header, which the client can write).  Called with the session's lock held. */
 static int answer(envd_fast_t *fast, uint32_t kind, int64_t count, int started,
-                  envd_session_help_t *help)
+                  envd_session_help_t *help, int32_t *status_out)
 {
     envd_fast_header_t *h = fast->header;
     int32_t status = ENVD_FAST_SHUTTING_DOWN;
@@ -263,6 +300,7 @@ static int answer(envd_fast_t *fast, uint32_t kind, int64_t count, int started,
     atomic_store_explicit(&h->error_index, index, memory_order_relaxed);
     if (status == ENVD_EENV)  /* (published with done_seq by publish()) */
         envd_session_error_message(fast->session, index, h->message, sizeof h->message);
+    *status_out = status;
     return may_spin;
 }
 
@@ -324,7 +362,8 @@ static int sendrecv_recv(envd_fast_t *fast, int64_t count, envd_session_help_t *
     if (!lock_unless_stopped(fast))
         return 0;
     envd_session_help_t none = {0};
-    *may_spin = answer(fast, ENVD_FAST_RECV, count, 1, &none);
+    int32_t status;
+    *may_spin = answer(fast, ENVD_FAST_RECV, count, 1, &none, &status);
     return 1;
 }
 
@@ -335,6 +374,7 @@ static void *serve(void *arg)
      * a CPU busy: the pool's idle workers leave it to the client instead of
      * spinning on it too (pool.h). */
     envd_pool_reserve_cpus(1);
+    fast->policy_managed = policy_is_other();
     for (int may_spin = 1;;) {
         uint32_t seq = next_request(fast, may_spin);
         if (atomic_load(&fast->stop))
@@ -350,9 +390,9 @@ static void *serve(void *arg)
                                                    memory_order_relaxed);
         const int sendrecv = kind == ENVD_FAST_SENDRECV;
         envd_session_help_t help = {0};
-        may_spin = answer(fast, sendrecv ? ENVD_FAST_SEND : kind, count, 0, &help);
-        const int sent = sendrecv && atomic_load_explicit(&fast->header->status,
-                                                          memory_order_relaxed) == ENVD_OK;
+        int32_t status;
+        may_spin = answer(fast, sendrecv ? ENVD_FAST_SEND : kind, count, 0, &help, &status);
+        const int sent = sendrecv && status == ENVD_OK;
         atomic_store_explicit(&fast->header->sent, sent, memory_order_relaxed);
         if (sent && !sendrecv_recv(fast, count, &help, &may_spin))
             break;

@@ -23,6 +23,7 @@ from conftest import BUILTIN_ENV_IDS, MULTI_AGENT_ENV_IDS, random_actions
 from support.daemon import DEADLINE, segments_of, wait_until
 
 import envd
+from envd.client import doorbell
 
 MODES = ["next_step", "same_step", "disabled"]
 
@@ -641,6 +642,42 @@ def test_a_timeout_keeps_the_buffers_off_limits_until_the_answer(harness):
         daemon.signal(signal.SIGCONT)
     wait_until(lambda: env._stepper.doorbell.answered, what="the late answer")
     env.step(np.zeros(SLOW["num_envs"], np.int64))  # usable again
+
+
+def _policy_becomes(tid: int, want: int) -> bool:
+    """Whether thread tid's scheduling policy is (or soon becomes) want: it
+    changes it as it falls asleep (poll, generously)."""
+    deadline = time.monotonic() + DEADLINE
+    while os.sched_getscheduler(tid) != want and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return os.sched_getscheduler(tid) == want
+
+
+def test_the_thread_sleeps_under_sched_batch_after_a_sendrecv_only(served):
+    """Woken by a SENDRECV (its trainer goes on after ringing), the thread
+    must not preempt that trainer: it sleeps under SCHED_BATCH after one.
+    After a step (its trainer waits for the answer) it sleeps under
+    SCHED_OTHER, so that a busy machine's next tick does not delay it."""
+    daemon, client = served
+    may_batch = subprocess.run(  # (a throwaway process: the sandbox may refuse it)
+        [sys.executable, "-c", "import os; os.sched_setscheduler(0, os.SCHED_BATCH, "
+                               "os.sched_param(0))"], capture_output=True).returncode == 0
+    if os.sched_getscheduler(daemon.pid) != os.SCHED_OTHER or not may_batch:
+        pytest.skip("the thread switches policy only from SCHED_OTHER, where allowed")
+    before = set(fast_threads(daemon.pid))
+    with client.make("CartPole-v1", 4, seed=0, batch_size=2) as env:
+        env.async_reset()
+        env.recv(), env.recv()
+        [added] = set(fast_threads(daemon.pid)) - before
+        stepper = env._stepper
+        for _ in range(2):
+            stepper._ids[:4] = np.arange(4)
+            stepper.doorbell.ring(doorbell.SENDRECV, 4)
+            status, result, _ = stepper.doorbell.wait(time.monotonic() + DEADLINE, lambda: None)
+            assert (status, result, stepper.doorbell.sent) == (0, 4, True)
+            assert _policy_becomes(added, os.SCHED_BATCH)
+            env.step(np.zeros(4, np.int64))  # (every env received: a sync step)
+            assert _policy_becomes(added, os.SCHED_OTHER)
 
 
 def test_close_stops_the_thread_and_a_later_step_says_closed(served):
