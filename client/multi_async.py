@@ -180,13 +180,20 @@ class ShardsAsyncStepper:
         if states.any():
             k = int(np.flatnonzero(states)[0])
             raise not_idle_error(self._env_id, int(env_ids[k]), states[k] == IN_FLIGHT)
-        owners = np.searchsorted(self._starts, env_ids, side="right") - 1
-        touched = np.flatnonzero(np.bincount(owners, minlength=len(self._shards)))
-        for k in touched:
-            self._post_send(int(k), env_ids[owners == k])
+        first, last = np.searchsorted(self._starts, (env_ids.min(), env_ids.max()),
+                                      side="right") - 1
+        if first == last:  # (the common case: one daemon's envs, as recv returned them)
+            touched, parts = [int(first)], [env_ids]
+        else:
+            owners = np.searchsorted(self._starts, env_ids, side="right") - 1
+            touched = [int(k) for k in
+                       np.flatnonzero(np.bincount(owners, minlength=len(self._shards)))]
+            parts = [env_ids[owners == k] for k in touched]
+        for k, part in zip(touched, parts):
+            self._post_send(k, part)
         for k in touched:
             if not self._shards[k].recv_waiting:
-                self._post_recv(int(k))
+                self._post_recv(k)
 
     def recv(self, count: int) -> np.ndarray:
         self._start_call()
