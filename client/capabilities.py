@@ -50,6 +50,10 @@ class Capabilities:
     recv_min: bool = False
     #: make takes max_threads, a per-session thread cap (optional: absent is False)
     max_threads: bool = False
+    #: the layout of its doorbells (native/src/fast.h ENVD_FAST_LAYOUT; absent:
+    #: 1, the layout of the daemons older than the field); the client rings
+    #: only a doorbell of its own layout
+    doorbell_layout: int = 1
     #: its limits (max_message_bytes, max_sessions, ...: see docs/protocol.md)
     limits: dict[str, int] = field(default_factory=dict)
     #: False: the daemon sent none, these are the fallback's (see the module docstring)
@@ -90,7 +94,12 @@ class Capabilities:
         if not isinstance(recv_min, bool):
             raise ProtocolError(f"the daemon's hello capabilities give 'recv_min' as "
                                 f"{recv_min!r}; expected true or false")
-        return cls(protocol=version, abi=abi, limits=dict(limits), recv_min=recv_min, **flags)
+        layout = wire.get("doorbell_layout", 1)  # (optional: younger than the others)
+        if not _is_int(layout):
+            raise ProtocolError(f"the daemon's hello capabilities give 'doorbell_layout' as "
+                                f"{layout!r}; expected an int")
+        return cls(protocol=version, abi=abi, limits=dict(limits), recv_min=recv_min,
+                   doorbell_layout=layout, **flags)
 
     @classmethod
     def legacy(cls, reply: dict[str, Any]) -> "Capabilities":

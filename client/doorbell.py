@@ -4,7 +4,8 @@ socket round trip.  The daemon's side, and the doorbell's layout, are in
 native/src/fast.h; this module needs only numpy and ctypes (for the futex
 system call), never envd's native code.
 
-A request (a step, a send or a recv): its inputs (actions, env ids) are
+A request (a step, a send, a recv, or a SENDRECV: a send and the recv of
+its envs, answered once -- client/multi_doorbell.py): its inputs (actions, env ids) are
 already in shared memory; write req_count and req_kind, then req_seq + 1
 (x86-64 keeps stores in program order, so the daemon, reading req_seq with
 acquire, sees the inputs, the count and the kind), then FUTEX_WAKE req_seq

@@ -5,17 +5,19 @@ Where every shard of an async MultiVecEnv has the fast path, sends and recvs
 go through each session's doorbell instead of messages (no socket round
 trip, no Python on the daemon's side):
 
-- ``send``: each daemon's part is rung as one request.  Where that daemon
-  has no other env in flight, a SENDRECV: the send and the recv of its envs,
-  answered once, when the batch finished (the trainer goes on at once, and
-  the daemon's thread, asleep on 2 CPUs while the trainer serves the other
-  daemons, is woken once per batch instead of twice: each wake-up costs the
-  trainer tens of microseconds); its refusal is raised by the next call,
-  naming the daemon, as a posted send's over the socket.  Else a SEND,
-  answered at once (its refusal is raised by the send itself, naming the
-  daemon).  A request still out on that daemon is waited for first (a
-  doorbell takes one request at a time: it is answered as soon as one of
-  that daemon's batches finished);
+- ``send``: each daemon's part is rung as one request.  Where the part is
+  all that daemon's envs (EnvPool's loop with a batch per daemon), a
+  SENDRECV: the send and the recv of them all, answered once, when the batch
+  finished.  The trainer goes on at once, and the daemon's thread (asleep
+  on a small machine while the trainer serves the other daemons) is woken
+  once per batch instead of twice: each wake-up costs the trainer tens of
+  microseconds.  Its refusal is raised by the next call, naming the daemon,
+  as a posted send's over the socket.  Any other part: a SEND, answered at
+  once (its refusal is raised by the send itself, naming the daemon); no
+  SENDRECV there, as a send to that daemon before its answer would wait for
+  it.  A request still out on that daemon is waited for first (a doorbell
+  takes one request at a time: it is answered as soon as one of that
+  daemon's batches finished);
 - waiting: every daemon with envs in flight and no request rung gets one
   RECV of the smallest batch it still has in flight (so any batch that
   finishes answers it; the daemon keeps the rest of a larger one ready for
@@ -70,10 +72,11 @@ class ShardsDoorbellStepper(ShardsAsyncStepper):
             self._wait(deadline, "send", only=shard)
         local = ids - shard.rows.start
         self._copy_actions(shard, ids, local)
-        if shard.in_flight:
-            self._ring_send(shard, local)
+        bell = shard.stepper.doorbell
+        if len(ids) == shard.rows.stop - shard.rows.start and bell is not None and not bell.closed:
+            self._ring_sendrecv(shard, bell, ids, local)
         else:
-            self._ring_sendrecv(shard, ids, local)
+            self._ring_send(shard, local)  # (a closed doorbell: the socket says why)
         self._serial += 1
         self._batch_of[ids] = self._serial
         shard.remaining[self._serial] = len(ids)
@@ -95,12 +98,14 @@ class ShardsDoorbellStepper(ShardsAsyncStepper):
                 raise
             raise named from exc
 
-    def _ring_sendrecv(self, shard: _Shard, ids: np.ndarray, local: np.ndarray) -> None:
-        """Nothing else in flight on the shard: ring the send and the recv of
-        its envs at once, answered once, when the batch finished
-        (_take_answer); the trainer does not wait for the send, and the
-        daemon's thread wakes once per batch."""
-        bell = self._open_bell(shard)
+    def _ring_sendrecv(self, shard: _Shard, bell: Doorbell, ids: np.ndarray,
+                       local: np.ndarray) -> None:
+        """A send of all the shard's envs: ring it with the recv of them all,
+        answered once, when the batch finished (_take_answer).  The trainer
+        does not wait for the send, and the daemon's thread wakes once per
+        batch.  Only a whole shard: no env of it can be sent before the
+        answer, and a later send to the shard would wait for it (a doorbell
+        takes one request at a time), where a SEND is answered at once."""
         shard.stepper._ids[:len(local)] = local
         bell.ring(SENDRECV, len(local))
         shard.rung, shard.sent_ids = len(local), ids
@@ -171,12 +176,12 @@ class ShardsDoorbellStepper(ShardsAsyncStepper):
         sent_ids, shard.sent_ids = shard.sent_ids, None
         bell = shard.stepper.doorbell
         status, result, index = bell.answer()
-        if status == SHUTTING_DOWN:
-            raise self._lost(shard, ShuttingDownError(
-                "the daemon is shutting down and takes no new work"))
         if sent_ids is not None and not bell.sent:
             self._take_refused_send(shard, sent_ids, status, result, index)
             return
+        if status == SHUTTING_DOWN:
+            raise self._lost(shard, ShuttingDownError(
+                "the daemon is shutting down and takes no new work"))
         if status != 0:
             # an env failed in a batch: the next recv raises it, its envs stay
             # ready there for the RECV after it
@@ -214,7 +219,11 @@ class ShardsDoorbellStepper(ShardsAsyncStepper):
         self._state[ids] = IDLE
         shard.in_flight -= len(ids)
         shard.remaining.pop(int(self._batch_of[ids[0]]), None)
-        refusal = shard.stepper.send_refusal(status, state, index)
+        if status == SHUTTING_DOWN:  # (as a SEND refused so: the env is not lost)
+            refusal: Exception | None = ShuttingDownError(
+                "the daemon is shutting down and takes no new work")
+        else:
+            refusal = shard.stepper.send_refusal(status, state, index)
         if refusal is None:  # (the daemon said it was refused)
             refusal = ProtocolError(f"{shard.where} refused a send with status 0")
         if self._refusal is None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from envd import protocol
+from envd import _native_facts, protocol
 from envd.native._envd_native import lib
 from envd.server.config import Config
 
@@ -19,7 +19,10 @@ def hello_capabilities(config: Config, limits: dict[str, int]) -> dict[str, Any]
     is 0), and the limits (as the reply's top-level ``limits``).  recv_min:
     recv takes ``min`` and a send is served while a recv waits (what async
     over several daemons needs, client/multi_async.py); max_threads: make
-    takes a per-session thread cap."""
+    takes a per-session thread cap; doorbell_layout: the layout of its
+    doorbells (native/src/fast.h ENVD_FAST_LAYOUT), which a client must share
+    to ring them."""
     return {"protocol": protocol.PROTOCOL_VERSION, "abi": int(lib.envd_abi_version()),
             "fast_path": config.fast_path_sessions > 0, "async": True, "inline": True,
-            "render": True, "recv_min": True, "max_threads": True, "limits": limits}
+            "render": True, "recv_min": True, "max_threads": True,
+            "doorbell_layout": _native_facts.FAST_LAYOUT, "limits": limits}

@@ -292,7 +292,8 @@ class HostedNative:
         hosted = self.hosted
         deadline = time.monotonic() + DOORBELL_STOP_WAIT_SECONDS
         while True:
-            locked = hosted.try_lock()  # (fails while a request runs)
+            locked = hosted.try_lock()  # (fails while a request runs; between a
+            # SENDRECV's halves its envs are in flight: busy below)
             try:
                 busy = not locked or hosted.counts()[0] > 0
                 if not busy or time.monotonic() > deadline:

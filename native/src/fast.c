@@ -165,9 +165,12 @@ static int policy_is_other(void)
  * or waits until the trainer blocks.  After any other request, whose trainer
  * waits for the answer, SCHED_OTHER: a woken thread that waited for a busy
  * machine's next tick would delay every step it serves (a session capped at
- * max_threads=0 next to a CPU-heavy one lost 30% so).  Only a thread that
- * started under SCHED_OTHER switches (the operator's chrt is kept); best
- * effort, and a system call only when the policy changes. */
+ * max_threads=0 next to a CPU-heavy one lost 30% so).  The kind of the
+ * request that wakes it is not known yet: the last one's stands for it (a
+ * trainer keeps its pattern).  Only a thread that started under SCHED_OTHER
+ * switches (the operator's chrt is kept); best effort, and a system call
+ * only when the policy changes.  (Threads an env starts from this thread
+ * inherit the policy it has then.) */
 static void sleep_policy(envd_fast_t *fast)
 {
     const int batch = fast->last_kind == ENVD_FAST_SENDRECV;

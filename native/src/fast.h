@@ -59,8 +59,17 @@
  * Lock: the server holds the session's mutex while it serves a request;
  * every other caller of the session takes it too (envd_fast_lock is
  * envd_session_lock), so a request rung at any time never runs concurrently
- * with them.  Draining: requests after envd_fast_drain are answered with
- * status ENVD_FAST_SHUTTING_DOWN without running.
+ * with them -- except between a SENDRECV's halves: the server lets the lock
+ * go while it steps the batch its SEND started (its envs are in flight
+ * then, which every caller that acts on the session checks).  Draining:
+ * requests after envd_fast_drain are answered with status
+ * ENVD_FAST_SHUTTING_DOWN without running; the RECV half of a SENDRECV whose
+ * batch started is still answered.
+ *
+ * Policy: a server thread that started under SCHED_OTHER sleeps under
+ * SCHED_BATCH after answering a SENDRECV (woken by the next one, it does not
+ * preempt the trainer that rang and went on) and under SCHED_OTHER after any
+ * other request (fast.c, sleep_policy).
  */
 #ifndef ENVD_FAST_H
 #define ENVD_FAST_H
@@ -75,6 +84,11 @@ typedef struct envd_session envd_session_t; /* session.h */
 /* Where the doorbell lies in the segment's header page (envd/shm.py mirrors
  * these offsets); the client's and the server's words on separate lines. */
 #define ENVD_FAST_OFFSET 128
+/* The doorbell's layout and requests, as a number: a daemon's hello says it
+ * (capability doorbell_layout), and a client rings only a doorbell of its own
+ * layout.  1: up to the contended word; 2: SENDRECV and the sent word (the
+ * message moved from offset 96 to 100). */
+#define ENVD_FAST_LAYOUT 2
 
 enum { ENVD_FAST_STEP = 1, ENVD_FAST_SEND = 2, ENVD_FAST_RECV = 3,   /* req_kind */
        ENVD_FAST_SENDRECV = 4 };
@@ -124,7 +138,8 @@ typedef struct envd_fast envd_fast_t;
 int envd_fast_start(envd_fast_t **out, envd_session_t *session, envd_fast_header_t *header,
                     int64_t *ids, int64_t spin_ns);
 
-/* Stop the thread (after the request it serves, if any), drop the envs in
+/* Stop the thread (after the request it serves, if any; a SENDRECV stopped
+ * while it steps its batch is never answered), drop the envs in
  * flight (waiting for them) or ready in the session, mark the doorbell closed
  * (waking a client that waits) and free; returns the steps served in all (0
  * for NULL) and, if batch_envs is not NULL, stores there envd_fast_batch_envs's
@@ -132,7 +147,8 @@ int envd_fast_start(envd_fast_t **out, envd_session_t *session, envd_fast_header
  * returns; the caller may hold the session's lock. */
 int64_t envd_fast_stop(envd_fast_t *fast, int64_t *batch_envs);
 
-/* Hold off the server thread: it finishes the request it serves, then waits;
+/* Hold off the server thread: it finishes the request it serves (or the half
+ * of a SENDRECV), then waits;
  * requests rung meanwhile are served after envd_fast_unlock. */
 void envd_fast_lock(envd_fast_t *fast);
 /* envd_fast_lock if the server is not serving a request now: 1, else 0

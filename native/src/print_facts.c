@@ -42,6 +42,7 @@ int main(void)
     PRINT_CONST(ENVD_FAST_SEND);
     PRINT_CONST(ENVD_FAST_RECV);
     PRINT_CONST(ENVD_FAST_SENDRECV);
+    PRINT_CONST(ENVD_FAST_LAYOUT);
     PRINT_CONST(ENVD_FAST_SHUTTING_DOWN);
     printf("const\tENVD_FAST_HEADER_SIZE\t%zu\n", sizeof(envd_fast_header_t));
     PRINT_FIELD(req_seq);

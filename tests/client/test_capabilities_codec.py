@@ -27,6 +27,8 @@ def test_advertised_capabilities_are_read_as_given():
     assert Capabilities.from_hello(hello(recv_min=True)).recv_min
     assert not caps.max_threads  # optional: a daemon that does not name it does not serve it
     assert Capabilities.from_hello(hello(max_threads=True)).max_threads
+    assert caps.doorbell_layout == 1  # optional: absent is the layout before the field
+    assert Capabilities.from_hello(hello(doorbell_layout=2)).doorbell_layout == 2
 
 
 def test_a_hello_without_capabilities_gets_the_documented_fallback():
@@ -45,6 +47,8 @@ def test_a_hello_without_capabilities_gets_the_documented_fallback():
     (hello(recv_min="yes"), "'recv_min' as 'yes'"),
     (hello(**{"async": None}), "'async' as None"),
     (hello(max_threads="yes"), "'max_threads' as 'yes'"),
+    (hello(doorbell_layout="2"), "'doorbell_layout' as '2'"),
+    (hello(doorbell_layout=True), "'doorbell_layout' as True"),
     (hello(protocol="2"), "protocol '2'"),
     (hello(abi=True), "abi True"),
     (hello(limits={"max_sessions": "many"}), "limits"),

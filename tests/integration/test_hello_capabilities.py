@@ -3,6 +3,7 @@ what it serves and the client decides from that, never by trying a request
 and reading the refusal."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import secrets
 import socket
@@ -15,7 +16,7 @@ import zmq
 from support.daemon import DaemonProcess
 
 import envd
-from envd import protocol
+from envd import _native_facts, protocol
 from envd.shm import Segment, plan
 from envd.vector_base import buffer_layout
 from gymnasium.vector import AutoresetMode
@@ -28,6 +29,7 @@ def test_the_hello_advertises_what_the_daemon_serves(daemon):
         assert wire == {"protocol": protocol.PROTOCOL_VERSION, "abi": lib.envd_abi_version(),
                         "fast_path": True, "async": True, "inline": True, "render": True,
                         "recv_min": True, "max_threads": True,
+                        "doorbell_layout": _native_facts.FAST_LAYOUT,
                         "limits": client.server_info["limits"]}
         caps = client.capabilities
         assert caps.advertised and caps.fast_path and caps.recv_min and caps.max_threads
@@ -50,6 +52,25 @@ def test_a_daemon_without_the_fast_path_is_never_asked_for_it(tmp_path):
             with pytest.raises(envd.InvalidArgumentError, match="does not offer the fast path"):
                 client.make("CartPole-v1", 2, seed=0, fast_path=True)
             assert client.status()["sessions"] == 0  # the refused make's session is closed
+
+
+def test_a_daemon_of_another_doorbell_layout_is_never_asked_for_it(daemon):
+    """A daemon whose doorbells have another layout (another envd version:
+    its hello's doorbell_layout) steps over the socket: the client would
+    misread its answers (its SENDRECV, its message's offset)."""
+    with daemon.connect() as client:
+        client.capabilities = dataclasses.replace(client.capabilities, doorbell_layout=1)
+        sent = []
+        real = client.channel.request
+        client.channel.request = lambda header, *a, **k: (sent.append(header["type"]),
+                                                          real(header, *a, **k))[1]
+        with client.make("CartPole-v1", 2, seed=0) as env:
+            assert not env.fast_path
+            env.reset()
+            env.step(np.zeros(2, np.int64))
+        assert "fast" not in sent, sent
+        with pytest.raises(envd.InvalidArgumentError, match="doorbells of layout 1"):
+            client.make("CartPole-v1", 2, seed=0, fast_path=True)
 
 
 class OldDaemon(threading.Thread):

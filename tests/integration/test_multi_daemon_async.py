@@ -209,9 +209,30 @@ def test_a_send_to_a_daemon_with_nothing_in_flight_rings_one_sendrecv(daemons, m
         assert runs[i] == reference[i][:len(runs[i])], i
 
 
+def test_a_send_of_part_of_a_daemons_envs_rings_a_send(daemons, monkeypatch):
+    """A send of some of a daemon's envs rings SEND, answered at once: a
+    SENDRECV there would make the next send to that daemon (its other envs)
+    wait until the first batch finished."""
+    from envd.client import doorbell
+    rung = []
+    ring = doorbell.Doorbell.ring
+    monkeypatch.setattr(doorbell.Doorbell, "ring", lambda bell, kind=doorbell.STEP, count=0:
+                        (rung.append(kind), ring(bell, kind, count))[1])
+    with envd.connect([d.endpoint for d in daemons], timeout=30) as multi, \
+            multi.make("CartPole-v1", 8, seed=0, batch_size=2, transport="shm") as env:
+        env.async_reset()
+        rung.clear()
+        for _ in range(8):
+            env.send(np.zeros(2, np.int64), env.recv()[4]["env_id"])
+        for _ in range(4):
+            env.recv()
+    assert doorbell.SEND in rung and doorbell.SENDRECV not in rung, sorted(set(rung))
+
+
 def test_a_send_the_daemon_refuses_is_raised_naming_it(multi, daemons):
-    """A done env in disabled mode: the daemon refuses the send (through the
-    doorbell at once; a posted one over the socket: by the next call), naming
+    """A done env in disabled mode: the daemon refuses the send (all daemon
+    1's envs: rung as a SENDRECV through its doorbell, posted over the
+    socket; either raised by the next call), naming
     the daemon's endpoint, and those envs are idle again."""
     with multi.make("CartPole-v1", 4, seed=0, batch_size=2, autoreset_mode="disabled",
                     max_episode_steps=1) as env:
@@ -341,7 +362,7 @@ def test_async_reset_right_after_a_refused_send_keeps_the_books(multi):
             try:
                 env.send(np.zeros(2, np.int64), [2, 3])  # refused by daemon 1
             except envd.EnvStateError:
-                pass  # through the doorbell: at once (over the socket: a reply unread)
+                pass  # (a SENDRECV's answer or a posted send's reply, unread yet)
             env.async_reset()
             with pytest.raises(envd.EnvStateError, match="env 2 is ready"):
                 env.send(np.zeros(1, np.int64), [2])

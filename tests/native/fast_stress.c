@@ -52,10 +52,12 @@
  *     each server thread's CPU measured against a busy reference thread:
  *     with max_spinners 0 (or negative) neither spins, yet both answer; with
  *     1 exactly one spins; with 2 both do (the measurement works);
- *   - async (SEND, RECV): for pools of 0, 1 and 2 threads, CartPole, Acrobot
- *     and ConnectFour, N in {7, 64, 256}, two autoreset modes, the client
- *     keeps a random number of batches in flight: it SENDs random subsets of
- *     the idle envs with random actions and RECVs random counts (<= envs out),
+ *   - async (SEND, RECV, SENDRECV): for pools of 0, 1 and 2 threads, CartPole,
+ *     Acrobot and ConnectFour, N in {7, 64, 256}, two autoreset modes, the
+ *     client keeps a random number of batches in flight: it SENDs random
+ *     subsets of the idle envs with random actions (a quarter of them as
+ *     SENDRECV, answered as a RECV of their count with sent == 1) and RECVs
+ *     random counts (<= envs out),
  *     with a whole-vec STEP now and then when nothing is out, waiting by
  *     spinning, sleeping or both, and calls envd_fast_collect (as a daemon's
  *     statistics do, from another thread) between requests.  Each SEND answers OK, result 0; after each
@@ -68,7 +70,9 @@
  *     ran the same batches serially at send time; at the end every env sent
  *     came back once, envd_fast_pending is 0, the whole buffers match, and
  *     envd_fast_batch_envs and stop's *batch_envs equal the envs received;
- *   - async errors: SEND and RECV counts outside [1, num_envs] (EINVAL,
+ *   - async errors (SENDRECV's too: refused as its SEND, with sent == 0; a
+ *     SENDRECV over a failing env answers ENVD_EENV with sent == 1 and the
+ *     next RECV returns its batch): SEND and RECV counts outside [1, num_envs] (EINVAL,
  *     index -1), an id out of range (EINVAL naming it), an env twice in one
  *     SEND or already in flight (EBUSY naming it), an action out of range
  *     (ERANGE naming the env), a never-reset env and a done env in DISABLED
@@ -85,8 +89,13 @@
  *     promptly, served 0, closed == 1, *batch_envs == envd_fast_batch_envs
  *     (== the envs RECV found, where it is deterministic), no leak; the vec
  *     then steps whole, and a new session sends the envs that were in
- *     flight; drain: SEND, RECV and STEP answer ENVD_FAST_SHUTTING_DOWN and
- *     start or take nothing.
+ *     flight; drain: SEND, RECV, STEP and SENDRECV answer
+ *     ENVD_FAST_SHUTTING_DOWN (sent == 0) and start or take nothing;
+ *   - a SENDRECV held in its batch by a gate: stop waits for the batch and
+ *     closes the doorbell (the request answered in full or not at all); a
+ *     drain then still answers its RECV half (its batch started); a client
+ *     that rewrites req_kind and req_count meanwhile gets the RECV of the
+ *     count it sent.
  */
 #define _GNU_SOURCE
 #include "fast.h"
@@ -2253,16 +2262,23 @@ static void async_stop(envd_pool_t *const *pools, int num_pools)
     }
 }
 
-/* 7d. Stop while a SENDRECV is out, its batch held running by the gate (on
- * the server thread, which helps it, or a pool thread): stop waits for the
- * batch, then closes the doorbell; the request is answered in full (the
- * server took the lock again before it saw stop) or not at all. */
-static void sendrecv_stop(envd_pool_t *pool)
+/* 7d. A SENDRECV out, its batch held running by the gate (on the server
+ * thread, which helps it, or a pool thread), then one of:
+ *   stop: stop waits for the batch, then closes the doorbell; the request
+ *     is answered in full (the server took the lock again before it saw
+ *     stop) or not at all;
+ *   drain: its batch started, so its RECV half is answered in full;
+ *   scribble: the client rewrites req_kind and req_count meanwhile: the
+ *     server read them once, and answers the RECV of the count it sent. */
+static void sendrecv_held(envd_pool_t *pool)
 {
+    enum { STOP, DRAIN, SCRIBBLE, MODES };
+    static const char *const names[] = {"stop", "drain", "scribble"};
     uint64_t s = 0x5e4d5ull;
     g_gated = envd_builtin_cartpole;
     g_gated.step = gated_step;
-    for (int round = 0; round < 4; round++) {
+    for (int round = 0; round < 2 * MODES; round++) {
+        const int mode = round % MODES;
         harness_t h;
         harness_init(&h, &g_gated, 12, ENVD_AUTORESET_SAME_STEP, pool, 1);
         harness_reset(&h, 70 + (uint64_t)round, NULL);
@@ -2273,19 +2289,38 @@ static void sendrecv_stop(envd_pool_t *pool)
         gate_reset();
         atomic_store(&g_gate_armed, 1);
         ring_count(&d, ENVD_FAST_SENDRECV, (uint32_t)set_ids(&h, (const int64_t[]){4, 0, 9}, 3));
-        gate_wait_started();
+        gate_wait_started(); /* (the SEND half has run: its batch steps) */
         releaser_t rl = {.h = d.h, .delay_us = 20000};
         pthread_t releaser;
+        if (mode == DRAIN)
+            envd_fast_drain(f);
+        if (mode == SCRIBBLE) {
+            atomic_store(&d.h->req_kind, ENVD_FAST_STEP);
+            atomic_store(&d.h->req_count, UINT32_MAX);
+        }
         CHECK(pthread_create(&releaser, NULL, releaser_main, &rl) == 0, "pthread_create");
+        if (mode != STOP) {
+            const answer_t a = wait_answer(&d, mode == DRAIN ? WAIT_SLEEP : WAIT_MIXED,
+                                           SLICE_NS);
+            CHECK(a.answered && a.status == ENVD_OK && a.result == 3 &&
+                      atomic_load(&d.h->sent) == 1,
+                  "sendrecv %s: answered %d status %d result %lld sent %u", names[mode],
+                  a.answered, a.status, (long long)a.result, atomic_load(&d.h->sent));
+            static const int64_t sent_ids[] = {4, 0, 9};
+            for (int64_t j = 0; j < 3; j++)
+                CHECK(h.ids[j] == sent_ids[j],
+                      "sendrecv %s: #%lld is env %lld", names[mode], (long long)j,
+                      (long long)h.ids[j]);
+        }
         const double t0 = now_s();
-        CHECK(envd_fast_stop(f, NULL) == 0, "sendrecv stop: served");
+        CHECK(envd_fast_stop(f, NULL) == 0, "sendrecv %s: served", names[mode]);
         const double took = now_s() - t0;
         pthread_join(releaser, NULL);
         gate_reset();
         CHECK(!atomic_load(&rl.closed_early), "stop closed the doorbell before the batch ended");
-        CHECK(atomic_load(&d.h->closed) == 1, "sendrecv stop: not closed");
+        CHECK(atomic_load(&d.h->closed) == 1, "sendrecv %s: not closed", names[mode]);
         CHECK(took < 5.0 + rl.delay_us * 1e-6, "sendrecv stop took %.1f ms", took * 1e3);
-        if (is_answered(&d))
+        if (mode == STOP && is_answered(&d))
             CHECK(atomic_load(&d.h->status) == ENVD_OK && atomic_load(&d.h->result) == 3 &&
                       atomic_load(&d.h->sent) == 1,
                   "sendrecv answered around stop: status %d result %lld sent %u",
@@ -2300,7 +2335,7 @@ static void sendrecv_stop(envd_pool_t *pool)
 
 static void test_async(envd_pool_t *const *pools, int num_pools, int requests)
 {
-    sendrecv_stop(pools[num_pools - 1]);
+    sendrecv_held(pools[num_pools - 1]);
     for (int p = 0; p < num_pools; p++)
         async_errors(pools[p], p == 2 ? 2 : 0);
     async_stop(pools, num_pools);

@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 #: the integer constants of the facts module: each is lib.ENVD_<name>
 CONSTANTS = ["ABI_VERSION", "ABI_VERSION_MIN", "ERROR_MIN", "VEC_MAX_ENVS", "POOL_MAX_THREADS",
              "FAST_OFFSET", "FAST_STEP", "FAST_SEND", "FAST_RECV", "FAST_SENDRECV",
+             "FAST_LAYOUT",
              "FAST_SHUTTING_DOWN"]
 
 
