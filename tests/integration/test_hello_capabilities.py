@@ -36,22 +36,29 @@ def test_the_hello_advertises_what_the_daemon_serves(daemon):
         assert caps.limits["max_message_bytes"] == client.status()["limits"]["max_message_bytes"]
 
 
+def never_asks_for_the_fast_path(client, refusal: str) -> None:
+    """client's envs step over the socket without a ``fast`` request, and
+    make(fast_path=True) raises InvalidArgumentError matching refusal
+    (closing the refused make's session)."""
+    sent = []
+    real = client.channel.request
+    client.channel.request = lambda header, *a, **k: (sent.append(header["type"]),
+                                                      real(header, *a, **k))[1]
+    with client.make("CartPole-v1", 2, seed=0) as env:
+        assert not env.fast_path
+        env.reset()
+        env.step(np.zeros(2, np.int64))
+    assert "fast" not in sent, sent
+    with pytest.raises(envd.InvalidArgumentError, match=refusal):
+        client.make("CartPole-v1", 2, seed=0, fast_path=True)
+    assert client.status()["sessions"] == 0  # the refused make's session is closed
+
+
 def test_a_daemon_without_the_fast_path_is_never_asked_for_it(tmp_path):
     with DaemonProcess(tmp_path, "--threads", "1", "--fast-path-sessions", "0") as daemon:
         with daemon.connect() as client:
             assert not client.capabilities.fast_path
-            sent = []
-            real = client.channel.request
-            client.channel.request = lambda header, *a, **k: (sent.append(header["type"]),
-                                                              real(header, *a, **k))[1]
-            with client.make("CartPole-v1", 2, seed=0) as env:
-                assert not env.fast_path
-                env.reset()
-                env.step(np.zeros(2, np.int64))
-            assert "fast" not in sent, sent
-            with pytest.raises(envd.InvalidArgumentError, match="does not offer the fast path"):
-                client.make("CartPole-v1", 2, seed=0, fast_path=True)
-            assert client.status()["sessions"] == 0  # the refused make's session is closed
+            never_asks_for_the_fast_path(client, "does not offer the fast path")
 
 
 def test_a_daemon_of_another_doorbell_layout_is_never_asked_for_it(daemon):
@@ -60,17 +67,7 @@ def test_a_daemon_of_another_doorbell_layout_is_never_asked_for_it(daemon):
     misread its answers (its SENDRECV, its message's offset)."""
     with daemon.connect() as client:
         client.capabilities = dataclasses.replace(client.capabilities, doorbell_layout=1)
-        sent = []
-        real = client.channel.request
-        client.channel.request = lambda header, *a, **k: (sent.append(header["type"]),
-                                                          real(header, *a, **k))[1]
-        with client.make("CartPole-v1", 2, seed=0) as env:
-            assert not env.fast_path
-            env.reset()
-            env.step(np.zeros(2, np.int64))
-        assert "fast" not in sent, sent
-        with pytest.raises(envd.InvalidArgumentError, match="doorbells of layout 1"):
-            client.make("CartPole-v1", 2, seed=0, fast_path=True)
+        never_asks_for_the_fast_path(client, "doorbells of layout 1")
 
 
 class OldDaemon(threading.Thread):
