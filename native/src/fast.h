@@ -50,7 +50,7 @@
  * barrier), so no flag read can race with the server falling asleep.
  *
  * Spinning: a server thread spins on req_seq for up to spin_ns after each
- * request before it sleeps, but only while it holds one of the process-wide
+ * request (never after a SENDRECV, fast.c spin_deadline) before it sleeps, but only while it holds one of the process-wide
  * spin slots (envd_fast_set_max_spinners; the pool's workers keep the rest of
  * the CPUs), so spinners never outnumber the CPUs -- and only when, as it
  * answers, fewer other server threads run requests than all CPUs but one

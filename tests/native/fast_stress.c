@@ -91,6 +91,8 @@
  *     then steps whole, and a new session sends the envs that were in
  *     flight; drain: SEND, RECV, STEP and SENDRECV answer
  *     ENVD_FAST_SHUTTING_DOWN (sent == 0) and start or take nothing;
+ *   - no spin after a SENDRECV: a client pausing 1 ms between SENDRECVs,
+ *     the spin limit 20 s: the server's CPU stays under half the pauses;
  *   - a SENDRECV held in its batch by a gate: stop waits for the batch and
  *     closes the doorbell (the request answered in full or not at all); a
  *     drain then still answers its RECV half (its batch started); a client
@@ -1517,6 +1519,51 @@ static void test_spin_follows_gaps(void)
     harness_free(&h);
 }
 
+/* After a SENDRECV the server never spins (fast.c, spin_deadline): its
+ * client drives other daemons before it rings again.  A client that pauses
+ * PAUSE_US between SENDRECVs, with a spin limit far longer: the server's CPU
+ * stays well under the pauses' time (a spinning server would use about all
+ * of it wherever it gets a CPU; a loaded machine can only make it use less).
+ * The same with STEPs is printed, to show what the measurement sees. */
+static void test_no_spin_after_sendrecv(void)
+{
+    enum { PAUSE_US = 1000, REQUESTS = 40 };
+    static const uint32_t kinds[] = {ENVD_FAST_STEP, ENVD_FAST_SENDRECV};
+    for (size_t k = 0; k < COUNT(kinds); k++) {
+        harness_t h;
+        doorbell_t d;
+        harness_init(&h, &envd_builtin_cartpole, 3, ENVD_AUTORESET_NEXT_STEP, NULL, 0);
+        harness_reset(&h, 7, NULL);
+        doorbell_map(&d);
+        envd_fast_set_max_spinners(1);
+        envd_fast_t *f;
+        const pid_t tid = start_server(&f, &h, &d, 20LL * 1000000000LL);
+        const double cpu0 = tid != 0 ? clock_s(thread_clock(tid)) : 0.0;
+        for (int r = 0; r < REQUESTS; r++) {
+            for (int64_t i = 0; i < 3; i++)
+                h.ids[i] = i;
+            answer_t a = request_count(&d, kinds[k], kinds[k] == ENVD_FAST_STEP ? 0 : 3,
+                                       WAIT_SLEEP);
+            CHECK(a.status == ENVD_OK, "request %d: status %d", r, a.status);
+            sleep_us(PAUSE_US); /* the client's work elsewhere (another daemon's) */
+        }
+        if (tid != 0) {
+            const double cpu = clock_s(thread_clock(tid)) - cpu0;
+            const double paused = REQUESTS * PAUSE_US * 1e-6;
+            printf("fast_stress: %s every %d us: server's CPU %.1f ms of %.1f ms paused\n",
+                   kinds[k] == ENVD_FAST_STEP ? "steps" : "sendrecvs", PAUSE_US, cpu * 1e3,
+                   paused * 1e3);
+            CHECK(kinds[k] == ENVD_FAST_STEP || cpu < 0.5 * paused,
+                  "a server answering SENDRECVs spun: %.1f ms of CPU over %.1f ms of pauses",
+                  cpu * 1e3, paused * 1e3);
+        }
+        CHECK(envd_fast_stop(f, NULL) == (kinds[k] == ENVD_FAST_STEP ? REQUESTS : 0),
+              "no-spin test: served");
+        doorbell_unmap(&d);
+        harness_free(&h);
+    }
+}
+
 /* ---- 7. async: SEND and RECV ------------------------------------------------------ */
 /* Env i's output rows bit-identical: observation, reward, flags, episode
  * return and length, final observation where kept, info fields. */
@@ -2379,6 +2426,7 @@ int main(int argc, char **argv)
     test_bad_arguments();
     test_spinners();
     test_spin_follows_gaps();
+    test_no_spin_after_sendrecv();
     printf("fast_stress: spinners %.2f s\n", now_s() - t);
     t = now_s();
     for (int p = 0; p < num_pools; p++) {
