@@ -146,17 +146,12 @@ class ShardsDoorbellStepper(ShardsAsyncStepper):
             else:
                 self._check_alive(shard, call)
 
-    def _open_bell(self, shard: _Shard) -> Doorbell:
-        """The shard's doorbell, if the daemon still serves it."""
+    def _ring_recv(self, shard: _Shard) -> None:
         bell = shard.stepper.doorbell
         if bell is None or bell.closed:
             raise self._lost(shard, ConnectionLostError(
                 "the daemon stopped serving the session's doorbell (the session was closed "
                 "or expired, or the daemon stops)"))
-        return bell
-
-    def _ring_recv(self, shard: _Shard) -> None:
-        bell = self._open_bell(shard)
         count = min(min(shard.remaining.values(), default=shard.in_flight), shard.in_flight)
         bell.ring(RECV, count)
         shard.rung = count

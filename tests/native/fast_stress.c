@@ -1484,6 +1484,17 @@ static void test_spinners(void)
     }
 }
 
+/* A CartPole harness of 3 envs (reset with seed) and a server for it that
+ * spins up to 20 s (one spin slot): the thread's id, or 0 if not found. */
+static pid_t start_long_spinner(envd_fast_t **f, harness_t *h, doorbell_t *d, uint64_t seed)
+{
+    harness_init(h, &envd_builtin_cartpole, 3, ENVD_AUTORESET_NEXT_STEP, NULL, 0);
+    harness_reset(h, seed, NULL);
+    doorbell_map(d);
+    envd_fast_set_max_spinners(1);
+    return start_server(f, h, d, 20LL * 1000000000LL);
+}
+
 /* A client that rings every GAP_US spins its server for about twice that
  * after an answer (spin_deadline in fast.c), not for the whole spin_ns: over
  * a window of at least 0.2 s after its last answer the server's CPU stays
@@ -1494,12 +1505,8 @@ static void test_spin_follows_gaps(void)
     enum { GAP_US = 10000, REQUESTS = 6 };
     harness_t h;
     doorbell_t d;
-    harness_init(&h, &envd_builtin_cartpole, 3, ENVD_AUTORESET_NEXT_STEP, NULL, 0);
-    harness_reset(&h, 5, NULL);
-    doorbell_map(&d);
-    envd_fast_set_max_spinners(1);
     envd_fast_t *f;
-    pid_t tid = start_server(&f, &h, &d, 20LL * 1000000000LL);
+    pid_t tid = start_long_spinner(&f, &h, &d, 5);
     for (int r = 0; r < REQUESTS; r++) {
         if (r > 0)
             sleep_us(GAP_US); /* the client's own work between two requests */
@@ -1532,12 +1539,8 @@ static void test_no_spin_after_sendrecv(void)
     for (size_t k = 0; k < COUNT(kinds); k++) {
         harness_t h;
         doorbell_t d;
-        harness_init(&h, &envd_builtin_cartpole, 3, ENVD_AUTORESET_NEXT_STEP, NULL, 0);
-        harness_reset(&h, 7, NULL);
-        doorbell_map(&d);
-        envd_fast_set_max_spinners(1);
         envd_fast_t *f;
-        const pid_t tid = start_server(&f, &h, &d, 20LL * 1000000000LL);
+        const pid_t tid = start_long_spinner(&f, &h, &d, 7);
         const double cpu0 = tid != 0 ? clock_s(thread_clock(tid)) : 0.0;
         for (int r = 0; r < REQUESTS; r++) {
             for (int64_t i = 0; i < 3; i++)
