@@ -283,8 +283,9 @@ static int32_t run(envd_fast_t *fast, uint32_t kind, int64_t count, int64_t *res
  * lock is released); whether to spin for the next one, decided before the
  * answer is published (once the client sees it, it may ring another
  * session's doorbell at once: that one's request must not count against
- * this decision, whose point is requests that run meanwhile).  A send's
- * batch is taken into help, for serve() to run.  A draining daemon refuses
+ * this decision, whose point is requests that run meanwhile).  After a
+ * send or a recv, the session's oldest batches in flight are taken into
+ * help, for serve() to run.  A draining daemon refuses
  * the request, unless started (the RECV half of a SENDRECV whose batch it
  * started).  The status also goes to *status_out (never read back from the
  * header, which the client can write).  Called with the session's lock held. */
@@ -299,7 +300,7 @@ static int answer(envd_fast_t *fast, uint32_t kind, int64_t count, int started,
         status = run(fast, kind, count, &result, &index);
     const int others = atomic_fetch_sub_explicit(&g_serving, 1, memory_order_relaxed) - 1;
     atomic_store_explicit(&h->contended, others > 0, memory_order_relaxed);
-    if (kind == ENVD_FAST_SEND && status == ENVD_OK)
+    if ((kind == ENVD_FAST_SEND || kind == ENVD_FAST_RECV) && status == ENVD_OK)
         envd_session_take_help(fast->session, help);
     const int may_spin = !cpus_busy();
     atomic_store_explicit(&h->status, status, memory_order_relaxed);
@@ -358,8 +359,9 @@ static int stopping(void *arg)
 }
 
 /* The RECV half of a SENDRECV whose SEND (answered into the header, not
- * published) started its batch: step the batch here too, then take the
- * session's lock again and answer the RECV; 0 when stop came first (the
+ * published) started its batch: step the batches in flight here too (help,
+ * taken by the SEND), then take the session's lock again and answer the
+ * RECV, taking help again for serve() to run; 0 when stop came first (the
  * request is then never answered here: envd_fast_stop closes the doorbell). */
 static int sendrecv_recv(envd_fast_t *fast, int64_t count, envd_session_help_t *help,
                          int *may_spin)
@@ -368,9 +370,8 @@ static int sendrecv_recv(envd_fast_t *fast, int64_t count, envd_session_help_t *
     envd_session_help(help, stopping, fast);
     if (!lock_unless_stopped(fast))
         return 0;
-    envd_session_help_t none = {0};
-    int32_t status;
-    *may_spin = answer(fast, ENVD_FAST_RECV, count, 1, &none, &status);
+    int32_t status; /* (help is empty again: the RECV takes what is still in flight) */
+    *may_spin = answer(fast, ENVD_FAST_RECV, count, 1, help, &status);
     return 1;
 }
 
@@ -408,11 +409,16 @@ static void *serve(void *arg)
         fast->answered_ns = envd_now_ns();
         fast->last = seq;
         fast->last_kind = kind <= ENVD_FAST_SENDRECV ? kind : 0; /* (0: a kind refused) */
-        /* A send's batch: step it here too while the client runs its learner
-         * (as in-process, where the workers and the trainer's CPU share the
-         * machine), rather than spin idle beside the workers and keep one
-         * of them off a CPU.  Without the lock: the session is the client's
-         * again; the help keeps the batch in flight (session.h). */
+        /* The session's batches in flight (answer() took their help): step
+         * them here too, the oldest first, until the client rings again.  As
+         * in-process, where the workers and the trainer's CPU share the
+         * machine; spinning idle instead would keep a worker off a CPU, and
+         * a batch left to the workers (under SCHED_BATCH, waiting for a CPU
+         * that the trainer and this thread hold) would make the client's
+         * next recv wait for it: with only a send's own batch helped,
+         * EnvPool's loop on 2 CPUs (CartPole, two batches) waited 23 us per
+         * recv for the older one.  Without the lock: the session is the
+         * client's again; the help keeps its batches in flight (session.h). */
         envd_session_help(&help, request_waiting, fast);
     }
     envd_pool_reserve_cpus(-1);

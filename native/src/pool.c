@@ -568,7 +568,10 @@ int envd_pool_help_ref(envd_job_t *job)
 
 void envd_pool_help(envd_pool_t *pool, envd_job_t *job, int (*leave)(void *), void *arg)
 {
-    job_run_chunks(pool, job, 0, 0, leave, arg);
+    if (leave != NULL && leave(arg))
+        job_unref(pool, job); /* nothing claimed: others claim past n (J3) */
+    else
+        job_run_chunks(pool, job, 0, 0, leave, arg);
 }
 
 int envd_pool_run(envd_pool_t *pool, envd_job_t *job, envd_task_fn fn,

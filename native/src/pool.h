@@ -110,8 +110,8 @@ void envd_pool_wait(envd_pool_t *pool, envd_job_t *job);
  * the same job struct (a complete job may be reused): the caller keeps
  * resubmits out meanwhile (the fast path holds the session's lock, under
  * which every batch is submitted).  envd_pool_help then runs the job's
- * chunks until none is left unclaimed, or until leave(arg), asked after each
- * chunk, returns non-zero, and drops the reference.  Submit such a job with
+ * chunks until none is left unclaimed, or until leave(arg), asked before the
+ * first chunk and after each, returns non-zero, and drops the reference.  Submit such a job with
  * ENVD_JOB_HELPED: the helper's CPU is not a worker's. */
 int envd_pool_help_ref(envd_job_t *job);
 void envd_pool_help(envd_pool_t *pool, envd_job_t *job, int (*leave)(void *), void *arg);

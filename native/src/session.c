@@ -399,17 +399,25 @@ int envd_session_take_help(envd_session_t *s, envd_session_help_t *help)
     pthread_mutex_lock(&s->mutex);
     const envd_backend_ops_t *ops = s->backend->ops;
     help->backend = s->backend;
-    help->batch = s->tail != NULL && ops->batch_help_ref != NULL &&
-                  ops->batch_help_ref(s->tail->batch) ? s->tail->batch : NULL;
+    help->count = 0;
+    /* The oldest first: a recv takes the envs that finished first, so the
+     * oldest batch is the one its client waits for next. */
+    for (entry_t *e = s->head; e != NULL && ops->batch_help_ref != NULL &&
+                               help->count < ENVD_SESSION_MAX_HELP; e = e->next) {
+        if (ops->batch_help_ref(e->batch))
+            help->batches[help->count++] = e->batch;
+    }
     pthread_mutex_unlock(&s->mutex);
-    return help->batch != NULL;
+    return help->count;
 }
 
 void envd_session_help(envd_session_help_t *help, int (*leave)(void *), void *arg)
 {
-    if (help->batch != NULL)
-        help->backend->ops->batch_help(help->backend->impl, help->batch, leave, arg);
-    help->batch = NULL;
+    /* Each one, even once leave(arg) said stop: batch_help then only drops
+     * its reference. */
+    for (int k = 0; k < help->count; k++)
+        help->backend->ops->batch_help(help->backend->impl, help->batches[k], leave, arg);
+    help->count = 0;
 }
 
 static int64_t take_ready(envd_session_t *s, int64_t max_count, int64_t *out)

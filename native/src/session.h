@@ -88,19 +88,22 @@ int envd_session_async_reset(envd_session_t *session, const uint64_t *seeds);
  * Finished batches are collected before it returns. */
 int envd_session_send(envd_session_t *session, const int64_t *ids, int64_t count, int flags);
 
-/* Helping the session's newest batch in flight run, without waiting for it
- * (the fast path's server thread, between a send and its client's next
- * request): take the help with the session's lock held, right after
- * envd_session_send with ENVD_JOB_HELPED (1: there is a batch to help, the
- * newest in flight -- an older one if this send's ran inline; 0: none, or
- * the backend's own threads run every batch, or its chunks are long, vec.h);
- * then
- * run it with or without the lock (envd_pool_help: until no chunk is left
- * or leave(arg) says stop).  Every taken help must be run: it holds the
- * batch in flight, and nobody may wait for the batch meanwhile. */
+/* Helping the session's batches in flight run, without waiting for them
+ * (the fast path's server thread, between an answer and its client's next
+ * request): take the help with the session's lock held (how many batches:
+ * the oldest ENVD_SESSION_MAX_HELP in flight with chunks left that were sent
+ * with ENVD_JOB_HELPED; 0: none, or the backend's own threads run every
+ * batch, or its chunks are long, vec.h); then run it with or without the
+ * lock: each batch in turn, oldest first (envd_pool_help: until no chunk is
+ * left or leave(arg), asked before each chunk, says stop; the batches after
+ * that are only let go).  Every taken help must be run: it holds its batches
+ * in flight, and nobody may wait for them meanwhile.  Only the oldest few:
+ * a recv waits for the oldest, and EnvPool's loop keeps two batches out. */
+#define ENVD_SESSION_MAX_HELP 4
 typedef struct envd_session_help {
     envd_backend_t *backend;
-    envd_backend_batch_t *batch;
+    int count;
+    envd_backend_batch_t *batches[ENVD_SESSION_MAX_HELP];
 } envd_session_help_t;
 int envd_session_take_help(envd_session_t *session, envd_session_help_t *help);
 void envd_session_help(envd_session_help_t *help, int (*leave)(void *), void *arg);

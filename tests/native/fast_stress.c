@@ -907,11 +907,13 @@ static void test_drain(envd_pool_t *pool)
 /* ---- 5. stop ------------------------------------------------------------------- */
 /* CartPole whose step can be held, to stop the server in the middle of one. */
 static _Atomic int g_gate_armed, g_gate_started, g_gate_release;
+static _Atomic int64_t g_gated_steps; /* every gated_step, armed or not */
 static envd_env_def_t g_gated;
 
 static int gated_step(void *state, envd_rng_t *rng, const void *action, void *obs,
                       double *reward, bool *terminated, bool *truncated)
 {
+    atomic_fetch_add(&g_gated_steps, 1);
     if (atomic_load(&g_gate_armed)) {
         atomic_store(&g_gate_started, 1);
         const double deadline = now_s() + 30.0;
@@ -2383,8 +2385,82 @@ static void sendrecv_held(envd_pool_t *pool)
     }
 }
 
+/* Holds a pool's one worker until released, so that only the serving
+ * thread can step a batch. */
+static _Atomic int g_worker_held, g_worker_release;
+
+static void hold_worker(void *ctx, int64_t begin, int64_t end)
+{
+    (void)ctx, (void)begin, (void)end;
+    atomic_store(&g_worker_held, 1);
+    const double deadline = now_s() + 30.0;
+    while (!atomic_load(&g_worker_release)) {
+        CHECK(now_s() < deadline, "the held worker was never released");
+        sched_yield();
+    }
+}
+
+/* 7e. After answering, the serving thread steps every batch in flight, the
+ * oldest first -- not only the batch its last send started: the client's
+ * next recv wants the oldest, and the pool's workers may have no CPU.  Batch
+ * A's first chunk holds the serving thread (the gate) until the client has
+ * rung a send of batch B: the thread then leaves A after that chunk, answers
+ * B, and must step A's remaining chunks as well as B's, with the pool's one
+ * worker held elsewhere. */
+static void help_oldest_first(envd_pool_t *pool)
+{
+    CHECK(envd_pool_num_threads(pool) == 1, "help_oldest_first: a pool of one worker");
+    uint64_t s = 0x01d5ull;
+    g_gated = envd_builtin_cartpole;
+    g_gated.step = gated_step;
+    harness_t h;
+    harness_init(&h, &g_gated, 8, ENVD_AUTORESET_SAME_STEP, pool, 1);
+    harness_reset(&h, 80, NULL);
+    fill_actions(&h, &s);
+    CHECK(envd_vec_step(h.vec) >= 0, "help_oldest_first: a step to measure the cost");
+    doorbell_t d;
+    doorbell_map(&d);
+    envd_fast_t *f = fast_start(&h, &d, 0);
+    envd_job_t held = {0};
+    atomic_store(&g_worker_held, 0);
+    atomic_store(&g_worker_release, 0);
+    CHECK(envd_pool_submit(pool, &held, hold_worker, NULL, 1, 1, 0) == ENVD_OK, "submit");
+    const double deadline = now_s() + 30.0;
+    while (!atomic_load(&g_worker_held)) {
+        CHECK(now_s() < deadline, "the pool's worker never took the holding job");
+        sleep_us(100);
+    }
+    gate_reset();
+    atomic_store(&g_gated_steps, 0);
+    atomic_store(&g_gate_armed, 1);
+    answer_t a = request_count(&d, ENVD_FAST_SEND,
+                               set_ids(&h, (const int64_t[]){0, 1, 2, 3}, 4), WAIT_SPIN);
+    CHECK(a.answered && a.status == ENVD_OK, "send A: status %d", a.status);
+    gate_wait_started(); /* the serving thread is in A's first chunk */
+    ring_count(&d, ENVD_FAST_SEND, (uint32_t)set_ids(&h, (const int64_t[]){4, 5, 6, 7}, 4));
+    atomic_store(&g_gate_release, 1);
+    a = wait_answer(&d, WAIT_MIXED, SLICE_NS);
+    CHECK(a.answered && a.status == ENVD_OK, "send B: status %d", a.status);
+    while (atomic_load(&g_gated_steps) < 8) {
+        CHECK(now_s() < deadline, "help_oldest_first: %lld of the 8 envs sent were stepped "
+              "(batch A's rest left to a worker that has no CPU)",
+              (long long)atomic_load(&g_gated_steps));
+        sleep_us(100);
+    }
+    atomic_store(&g_worker_release, 1);
+    envd_pool_wait(pool, &held);
+    a = request_count(&d, ENVD_FAST_RECV, 8, WAIT_MIXED);
+    CHECK(a.answered && a.status == ENVD_OK && a.result == 8, "recv: status %d result %lld",
+          a.status, (long long)a.result);
+    fast_stop(f, &d, 0); /* (it counts steps) */
+    gate_reset();
+    doorbell_unmap(&d);
+    harness_free(&h);
+}
+
 static void test_async(envd_pool_t *const *pools, int num_pools, int requests)
 {
+    help_oldest_first(pools[1]);
     sendrecv_held(pools[num_pools - 1]);
     for (int p = 0; p < num_pools; p++)
         async_errors(pools[p], p == 2 ? 2 : 0);
