@@ -60,7 +60,7 @@
  * every other caller of the session takes it too (envd_fast_lock is
  * envd_session_lock), so a request rung at any time never runs concurrently
  * with them -- except between a SENDRECV's halves: the server lets the lock
- * go while it steps the batch its SEND started (its envs are in flight
+ * go while it steps the batches in flight (its SEND's envs are in flight
  * then, which every caller that acts on the session checks).  Draining:
  * requests after envd_fast_drain are answered with status
  * ENVD_FAST_SHUTTING_DOWN without running; the RECV half of a SENDRECV whose

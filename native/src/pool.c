@@ -22,7 +22,9 @@
  *   J2  A worker takes a reference only under pool->lock, while the job is
  *       still linked (so J1 keeps it alive while it does).  A waiter (or a
  *       helper: envd_pool_help_ref) takes one only by incrementing a
- *       non-zero refs (refs == 0 is terminal).
+ *       non-zero refs (refs == 0 is terminal).  A helper may drop its
+ *       reference having claimed nothing (envd_pool_help): the thread that
+ *       claims the last chunk still makes the claim past n (J3).
  *   J3  Claimed offsets are 0, chunk, 2*chunk, ...; the first claim at or
  *       past n lies in [n, n + chunk) and is seen by exactly one thread: that
  *       thread unlinks the job (under pool->lock) and drops the queue's
@@ -45,6 +47,8 @@
  *       the sleeper and wakes it, or the sleeper's FUTEX_WAIT sees the new gen.
  *   W3  A worker that took a job goes back to the queue before it sleeps, so
  *       waking fewer workers than the job has chunks never strands a job.
+ *       (An ALONE job wakes none: its submitter runs what no awake worker
+ *       takes, pool.h.)
  *   W4  Submit wakes min(chunks - spinners, sleepers) workers: a spinner needs
  *       no wake-up.  Every counted spinner either read gen before this
  *       submit's bump (it sees the bump, in its spin or in its FUTEX_WAIT) or
@@ -469,7 +473,7 @@ static void pool_enqueue(envd_pool_t *pool, envd_job_t *job)
     pthread_mutex_unlock(&pool->lock);
     atomic_fetch_add(&pool->gen, 1);
     int sleepers = atomic_load(&pool->sleepers);
-    if (sleepers > 0) {
+    if (sleepers > 0 && !(job->flags & ENVD_JOB_ALONE)) {
         /* The limits first, then the spinners: a spinning worker takes the
          * job too, so it counts against them (subtracted first, a helped job
          * could run on helpers + spinners workers beside its caller). */
@@ -489,7 +493,8 @@ int envd_pool_submit(envd_pool_t *pool, envd_job_t *job, envd_task_fn fn,
                      void *ctx, int64_t n, int64_t chunk, int flags)
 {
     if (!pool || !job || !fn || n < 0 || n > POOL_MAX_ITEMS || chunk < 1 ||
-        (flags & ~(ENVD_JOB_NOTIFY | ENVD_JOB_HELPED)))
+        (flags & ~(ENVD_JOB_NOTIFY | ENVD_JOB_HELPED | ENVD_JOB_ALONE)) ||
+        (flags & (ENVD_JOB_HELPED | ENVD_JOB_ALONE)) == ENVD_JOB_ALONE)
         return ENVD_EINVAL;
     /* fn == NULL marks a struct that was never submitted (zeroed). */
     if (job->fn && atomic_load_explicit(&job->done, memory_order_acquire) != JOB_DONE)

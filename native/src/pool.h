@@ -37,8 +37,11 @@ typedef void (*envd_task_fn)(void *ctx, int64_t begin, int64_t end);
  * runs chunks too (envd_pool_wait right after, as envd_pool_run does, or
  * envd_pool_help): wake at most max(1, CPUs - 1) workers, so that the
  * workers and the helping caller do not outnumber the CPUs (which only
- * preempts chunks midway). */
-enum { ENVD_JOB_NOTIFY = 1, ENVD_JOB_HELPED = 2 };
+ * preempts chunks midway).  ALONE (with HELPED): wake no worker, for a job
+ * too short to be worth one; workers awake anyway may take its chunks, and
+ * the submitter must run the rest (help it until it has none left, or wait
+ * for it): nobody else is woken for them. */
+enum { ENVD_JOB_NOTIFY = 1, ENVD_JOB_HELPED = 2, ENVD_JOB_ALONE = 4 };
 
 /* A cap on how many workers may run the chunks of a group of jobs at once
  * (every job of one daemon session: its step and its async batches).  The
@@ -102,16 +105,17 @@ int envd_job_set_cap(envd_job_t *job, envd_pool_cap_t *cap);
 void envd_pool_wait(envd_pool_t *pool, envd_job_t *job);
 
 /* Helping a job without waiting for it (the fast path's server thread runs
- * a batch it started while it waits for its client's next request):
- * envd_pool_help_ref takes a reference to a job in flight that still has
- * unclaimed chunks (1; 0 otherwise: nothing to help with).  While it is held
- * the job cannot complete, so it cannot be resubmitted either; the caller
- * must not wait for the job meanwhile.  Taking it races with a resubmit of
- * the same job struct (a complete job may be reused): the caller keeps
- * resubmits out meanwhile (the fast path holds the session's lock, under
- * which every batch is submitted).  envd_pool_help then runs the job's
- * chunks until none is left unclaimed, or until leave(arg), asked before the
- * first chunk and after each, returns non-zero, and drops the reference.  Submit such a job with
+ * its session's batches in flight while it waits for its client's next
+ * request): envd_pool_help_ref takes a reference to a job in flight that
+ * still has unclaimed chunks (1; 0 otherwise: nothing to help with).  While
+ * it is held the job cannot complete, so it cannot be resubmitted either;
+ * the caller must not wait for the job meanwhile.  Taking it races with a
+ * resubmit of the same job struct (a complete job may be reused): the
+ * caller keeps resubmits out meanwhile (the fast path holds the session's
+ * lock, under which every batch is submitted).  envd_pool_help then runs the
+ * job's chunks until none is left unclaimed, or until leave(arg), asked
+ * before the first chunk and after each, returns non-zero (before the first:
+ * it claims none), and drops the reference.  Submit such a job with
  * ENVD_JOB_HELPED: the helper's CPU is not a worker's. */
 int envd_pool_help_ref(envd_job_t *job);
 void envd_pool_help(envd_pool_t *pool, envd_job_t *job, int (*leave)(void *), void *arg);

@@ -400,12 +400,17 @@ int envd_session_take_help(envd_session_t *s, envd_session_help_t *help)
     const envd_backend_ops_t *ops = s->backend->ops;
     help->backend = s->backend;
     help->count = 0;
-    /* The oldest first: a recv takes the envs that finished first, so the
-     * oldest batch is the one its client waits for next. */
-    for (entry_t *e = s->head; e != NULL && ops->batch_help_ref != NULL &&
-                               help->count < ENVD_SESSION_MAX_HELP; e = e->next) {
-        if (ops->batch_help_ref(e->batch))
-            help->batches[help->count++] = e->batch;
+    if (ops->batch_help_ref != NULL) {
+        /* The oldest first: a recv takes the envs that finished first, so
+         * the oldest batch is the one its client waits for next. */
+        entry_t *e = s->head;
+        for (; e != NULL && help->count < ENVD_SESSION_MAX_HELP - 1; e = e->next)
+            if (ops->batch_help_ref(e->batch))
+                help->batches[help->count++] = e->batch;
+        /* Then the newest, if the walk stopped before it: a send's batch
+         * woke workers for a helped batch only (pool.h). */
+        if (e != NULL && ops->batch_help_ref(s->tail->batch))
+            help->batches[help->count++] = s->tail->batch;
     }
     pthread_mutex_unlock(&s->mutex);
     return help->count;

@@ -90,15 +90,16 @@ int envd_session_send(envd_session_t *session, const int64_t *ids, int64_t count
 
 /* Helping the session's batches in flight run, without waiting for them
  * (the fast path's server thread, between an answer and its client's next
- * request): take the help with the session's lock held (how many batches:
- * the oldest ENVD_SESSION_MAX_HELP in flight with chunks left that were sent
- * with ENVD_JOB_HELPED; 0: none, or the backend's own threads run every
- * batch, or its chunks are long, vec.h); then run it with or without the
- * lock: each batch in turn, oldest first (envd_pool_help: until no chunk is
- * left or leave(arg), asked before each chunk, says stop; the batches after
- * that are only let go).  Every taken help must be run: it holds its batches
- * in flight, and nobody may wait for them meanwhile.  Only the oldest few:
- * a recv waits for the oldest, and EnvPool's loop keeps two batches out. */
+ * request): take the help with the session's lock held (how many batches,
+ * of those in flight with chunks left that were sent with ENVD_JOB_HELPED:
+ * the oldest ENVD_SESSION_MAX_HELP - 1 and the newest; 0: none, or the
+ * backend's own threads run every batch, or its chunks are long, vec.h);
+ * then run it with or without the lock: each batch in turn, in that order
+ * (envd_pool_help: until no chunk is left or leave(arg) says stop -- asked
+ * before the first chunk and after each; the batches after that are only let
+ * go).  Every taken help must be run: it holds its batches in flight, and
+ * nobody may wait for them meanwhile.  Only a few: a recv waits for the
+ * oldest, and EnvPool's loop keeps two batches out. */
 #define ENVD_SESSION_MAX_HELP 4
 typedef struct envd_session_help {
     envd_backend_t *backend;

@@ -41,8 +41,20 @@
  * only if one of its chunks is measured to take less than this (else it is
  * submitted without the flag, waking every worker it can use): the helper --
  * the fast path's serving thread -- leaves only between chunks, so a chunk is
- * how late its client's next answer (or a stop) can come. */
+ * how late its client's next answer (or a stop) can come.  So a helped
+ * batch's chunks are also cut to about HELP_CHUNK_NS (one env at least):
+ * Acrobot's 2048-env batch on 2 threads made chunks of 56 us, and a send
+ * rung while the helper was in one waited 28 us at the median. */
 #define HELP_CHUNK_MAX_NS 100000.0
+#define HELP_CHUNK_NS 10000.0
+/* A helped batch measured to take less than this in all wakes no worker
+ * (ENVD_JOB_ALONE): its helper runs it.  A worker woken for it starts 20-40
+ * us later (a cross-CPU wake-up, docs/benchmarks.md), needs a CPU that the
+ * trainer or another daemon's thread holds, and then steps a small share of
+ * it at best: two daemons' CartPole loop (2048 envs a batch, 2 CPUs) went
+ * 1.18x faster without it; one daemon's, with or without a learner, was
+ * unchanged (0.99-1.04x). */
+#define HELP_ALONE_BELOW_NS 100000.0
 #define CHUNKS_PER_THREAD 4
 #define COST_EWMA_WEIGHT 0.125
 
@@ -626,10 +638,15 @@ static int run_start(envd_vec_t *vec, run_t *run, int64_t n, int job_flags)
     /* A blocking step's caller waits in envd_pool_wait and runs chunks too.
      * A batch's caller offered to help: it may, while its chunks are short. */
     int flags = job_flags == 0 && !batch ? ENVD_JOB_HELPED : job_flags;
-    const double chunk_ns = vec->stats.cost_ns_per_env * (double)chunk;
+    const double cost = vec->stats.cost_ns_per_env;
+    if (batch && (flags & ENVD_JOB_HELPED) && cost * (double)chunk > HELP_CHUNK_NS)
+        chunk = cost < HELP_CHUNK_NS ? (int64_t)(HELP_CHUNK_NS / cost) : 1;
+    const double chunk_ns = cost * (double)chunk;
     if (batch && (flags & ENVD_JOB_HELPED) && !(chunk_ns > 0.0 && chunk_ns < HELP_CHUNK_MAX_NS))
         flags &= ~ENVD_JOB_HELPED; /* nobody will help: wake every worker it can use */
     run->helped = batch && (flags & ENVD_JOB_HELPED);
+    if (run->helped && cost * (double)n < HELP_ALONE_BELOW_NS)
+        flags |= ENVD_JOB_ALONE; /* the helper runs it all: wake no worker */
     int rc = envd_pool_submit(vec->pool, &run->job, timed_step_range, run, n, chunk, flags);
     if (rc != ENVD_OK)
         return rc;

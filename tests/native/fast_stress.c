@@ -907,13 +907,22 @@ static void test_drain(envd_pool_t *pool)
 /* ---- 5. stop ------------------------------------------------------------------- */
 /* CartPole whose step can be held, to stop the server in the middle of one. */
 static _Atomic int g_gate_armed, g_gate_started, g_gate_release;
-static _Atomic int64_t g_gated_steps; /* every gated_step, armed or not */
 static envd_env_def_t g_gated;
+/* The states gated_step stepped, in order, while g_order_on (help_oldest_first). */
+#define ORDER_MAX 64
+static _Atomic int g_order_on, g_order_len;
+static _Atomic int g_order_written; /* entries stored (after g_order_len's claim) */
+static _Atomic(void *) g_order[ORDER_MAX];
 
 static int gated_step(void *state, envd_rng_t *rng, const void *action, void *obs,
                       double *reward, bool *terminated, bool *truncated)
 {
-    atomic_fetch_add(&g_gated_steps, 1);
+    if (atomic_load(&g_order_on)) {
+        const int k = atomic_fetch_add(&g_order_len, 1);
+        if (k < ORDER_MAX)
+            atomic_store(&g_order[k], state);
+        atomic_fetch_add(&g_order_written, 1);
+    }
     if (atomic_load(&g_gate_armed)) {
         atomic_store(&g_gate_started, 1);
         const double deadline = now_s() + 30.0;
@@ -2400,62 +2409,122 @@ static void hold_worker(void *ctx, int64_t begin, int64_t end)
     }
 }
 
-/* 7e. After answering, the serving thread steps every batch in flight, the
- * oldest first -- not only the batch its last send started: the client's
- * next recv wants the oldest, and the pool's workers may have no CPU.  Batch
+/* The env whose state gated_step recorded at g_order[k], by the states of
+ * envs 0..n-1 (states). */
+static int64_t order_env(int k, void *const *states, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (atomic_load(&g_order[k]) == states[i])
+            return i;
+    return -1;
+}
+
+static void wait_order_len(int want, double deadline, const char *what)
+{
+    while (atomic_load(&g_order_written) < want) {
+        CHECK(now_s() < deadline, "help_oldest_first %s: %d of the %d env steps wanted ran "
+              "(a batch left to a worker that has no CPU)", what,
+              atomic_load(&g_order_written), want);
+        sleep_us(100);
+    }
+}
+
+/* 7e. After answering a send or a recv, the serving thread steps the
+ * session's batches in flight, the oldest first -- not only the batch a send
+ * started: the client's next recv wants the oldest, and the pool's workers
+ * may have no CPU (here: the pool's one worker is held elsewhere).  Batch
  * A's first chunk holds the serving thread (the gate) until the client has
- * rung a send of batch B: the thread then leaves A after that chunk, answers
- * B, and must step A's remaining chunks as well as B's, with the pool's one
- * worker held elsewhere. */
+ * rung again: the thread leaves A after that chunk and answers, then must
+ * step A's rest, in order --
+ *   send: the request is a send of batch B; A's rest comes before B;
+ *   recv: the request is a recv of an earlier batch C's ready envs. */
 static void help_oldest_first(envd_pool_t *pool)
 {
     CHECK(envd_pool_num_threads(pool) == 1, "help_oldest_first: a pool of one worker");
+    static const int64_t a_ids[] = {0, 1, 2, 3}, other_ids[] = {4, 5, 6, 7};
     uint64_t s = 0x01d5ull;
     g_gated = envd_builtin_cartpole;
     g_gated.step = gated_step;
-    harness_t h;
-    harness_init(&h, &g_gated, 8, ENVD_AUTORESET_SAME_STEP, pool, 1);
-    harness_reset(&h, 80, NULL);
-    fill_actions(&h, &s);
-    CHECK(envd_vec_step(h.vec) >= 0, "help_oldest_first: a step to measure the cost");
-    doorbell_t d;
-    doorbell_map(&d);
-    envd_fast_t *f = fast_start(&h, &d, 0);
-    envd_job_t held = {0};
-    atomic_store(&g_worker_held, 0);
-    atomic_store(&g_worker_release, 0);
-    CHECK(envd_pool_submit(pool, &held, hold_worker, NULL, 1, 1, 0) == ENVD_OK, "submit");
-    const double deadline = now_s() + 30.0;
-    while (!atomic_load(&g_worker_held)) {
-        CHECK(now_s() < deadline, "the pool's worker never took the holding job");
-        sleep_us(100);
+    for (int recv_case = 0; recv_case < 2; recv_case++) {
+        const char *what = recv_case ? "recv" : "send";
+        harness_t h;
+        harness_init(&h, &g_gated, 8, ENVD_AUTORESET_SAME_STEP, pool, 1);
+        harness_reset(&h, 80 + (uint64_t)recv_case, NULL);
+        envd_job_t held = {0};
+        atomic_store(&g_worker_held, 0);
+        atomic_store(&g_worker_release, 0);
+        CHECK(envd_pool_submit(pool, &held, hold_worker, NULL, 1, 1, 0) == ENVD_OK, "submit");
+        const double deadline = now_s() + 30.0;
+        while (!atomic_load(&g_worker_held)) {
+            CHECK(now_s() < deadline, "the pool's worker never took the holding job");
+            sleep_us(100);
+        }
+        /* Steps until the vec's cost estimate (what a batch is helped by,
+         * vec.h) is short: one preempted chunk can make it look long.  The
+         * last one, run by this thread alone chunk by chunk, maps each env's
+         * state (gated_step's record) to its index. */
+        void *states[8];
+        envd_vec_stats_t stats;
+        do {
+            CHECK(now_s() < deadline, "help_oldest_first: cost estimate never short");
+            fill_actions(&h, &s);
+            atomic_store(&g_order_len, 0);
+            atomic_store(&g_order_written, 0);
+            atomic_store(&g_order_on, 1);
+            CHECK(envd_vec_step(h.vec) >= 0, "help_oldest_first: step");
+            atomic_store(&g_order_on, 0);
+            envd_vec_get_stats(h.vec, &stats);
+        } while (!(stats.cost_ns_per_env > 0.0 && stats.cost_ns_per_env < 20000.0));
+        CHECK(atomic_load(&g_order_len) == 8, "help_oldest_first: the step ran %d envs",
+              atomic_load(&g_order_len));
+        for (int k = 0; k < 8; k++)
+            states[k] = atomic_load(&g_order[k]);
+        doorbell_t d;
+        doorbell_map(&d);
+        envd_fast_t *f = fast_start(&h, &d, 0);
+        gate_reset();
+        atomic_store(&g_order_len, 0);
+        atomic_store(&g_order_written, 0);
+        atomic_store(&g_order_on, 1);
+        answer_t a;
+        if (recv_case) {  /* batch C, stepped by the serving thread alone */
+            a = request_count(&d, ENVD_FAST_SEND, set_ids(&h, other_ids, 4), WAIT_SPIN);
+            CHECK(a.answered && a.status == ENVD_OK, "send C: status %d", a.status);
+            wait_order_len(4, deadline, what);
+        }
+        atomic_store(&g_gate_armed, 1);
+        a = request_count(&d, ENVD_FAST_SEND, set_ids(&h, a_ids, 4), WAIT_SPIN);
+        CHECK(a.answered && a.status == ENVD_OK, "send A: status %d", a.status);
+        gate_wait_started(); /* the serving thread is in A's first chunk */
+        if (recv_case)
+            ring_count(&d, ENVD_FAST_RECV, 4);
+        else
+            ring_count(&d, ENVD_FAST_SEND, (uint32_t)set_ids(&h, other_ids, 4));
+        atomic_store(&g_gate_release, 1);
+        a = wait_answer(&d, WAIT_MIXED, SLICE_NS);
+        CHECK(a.answered && a.status == ENVD_OK && a.result == (recv_case ? 4 : 0),
+              "%s: status %d result %lld", what, a.status, (long long)a.result);
+        for (int64_t j = 0; recv_case && j < 4; j++)
+            CHECK(h.ids[j] == other_ids[j], "recv: #%lld is env %lld", (long long)j,
+                  (long long)h.ids[j]);
+        wait_order_len(8, deadline, what);
+        atomic_store(&g_order_on, 0);
+        for (int k = 0; k < 8; k++) {
+            const int64_t want = recv_case ? (k + 4) % 8 : k;
+            CHECK(order_env(k, states, 8) == want, "help_oldest_first %s: step #%d was env "
+                  "%lld, not env %lld", what, k, (long long)order_env(k, states, 8),
+                  (long long)want);
+        }
+        atomic_store(&g_worker_release, 1);
+        envd_pool_wait(pool, &held);
+        a = request_count(&d, ENVD_FAST_RECV, recv_case ? 4 : 8, WAIT_MIXED);
+        CHECK(a.answered && a.status == ENVD_OK && a.result == (recv_case ? 4 : 8),
+              "last recv: status %d result %lld", a.status, (long long)a.result);
+        fast_stop(f, &d, 0); /* (it counts steps) */
+        gate_reset();
+        doorbell_unmap(&d);
+        harness_free(&h);
     }
-    gate_reset();
-    atomic_store(&g_gated_steps, 0);
-    atomic_store(&g_gate_armed, 1);
-    answer_t a = request_count(&d, ENVD_FAST_SEND,
-                               set_ids(&h, (const int64_t[]){0, 1, 2, 3}, 4), WAIT_SPIN);
-    CHECK(a.answered && a.status == ENVD_OK, "send A: status %d", a.status);
-    gate_wait_started(); /* the serving thread is in A's first chunk */
-    ring_count(&d, ENVD_FAST_SEND, (uint32_t)set_ids(&h, (const int64_t[]){4, 5, 6, 7}, 4));
-    atomic_store(&g_gate_release, 1);
-    a = wait_answer(&d, WAIT_MIXED, SLICE_NS);
-    CHECK(a.answered && a.status == ENVD_OK, "send B: status %d", a.status);
-    while (atomic_load(&g_gated_steps) < 8) {
-        CHECK(now_s() < deadline, "help_oldest_first: %lld of the 8 envs sent were stepped "
-              "(batch A's rest left to a worker that has no CPU)",
-              (long long)atomic_load(&g_gated_steps));
-        sleep_us(100);
-    }
-    atomic_store(&g_worker_release, 1);
-    envd_pool_wait(pool, &held);
-    a = request_count(&d, ENVD_FAST_RECV, 8, WAIT_MIXED);
-    CHECK(a.answered && a.status == ENVD_OK && a.result == 8, "recv: status %d result %lld",
-          a.status, (long long)a.result);
-    fast_stop(f, &d, 0); /* (it counts steps) */
-    gate_reset();
-    doorbell_unmap(&d);
-    harness_free(&h);
 }
 
 static void test_async(envd_pool_t *const *pools, int num_pools, int requests)

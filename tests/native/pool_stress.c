@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -196,7 +197,8 @@ static void test_in_flight(int threads, int rounds)
 
 /* ---- helping without waiting (envd_pool_help) ----------------------------------------- */
 typedef struct {
-    int chunks_left; /* leave once this many chunks ran (negative: never) */
+    int chunks_left; /* leave once this many chunks ran (0: before the first,
+                        claiming none; negative: never) */
 } leave_after_t;
 
 static int leave_after(void *arg)
@@ -243,6 +245,85 @@ static void test_help(int threads, int rounds)
     rec_verify(&r, 8);
     envd_pool_destroy(pool);
     rec_free(&r);
+}
+
+/* ---- a helped job that wakes no worker (ENVD_JOB_ALONE) ------------------------- */
+static pid_t thread_id(void)
+{
+    return (pid_t)syscall(SYS_gettid);
+}
+
+static _Atomic pid_t g_ran_on;
+
+static void note_thread(void *ctx, int64_t begin, int64_t end)
+{
+    (void)ctx, (void)begin, (void)end;
+    atomic_store(&g_ran_on, thread_id());
+}
+
+/* Whether thread tid of this process sleeps in a futex wait now
+ * (/proc/self/task/<tid>/syscall: the syscall it is blocked in, first). */
+static int sleeps_in_futex(pid_t tid)
+{
+    char path[64], text[64] = {0};
+    snprintf(path, sizeof path, "/proc/self/task/%d/syscall", (int)tid);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return 0;
+    const int got = fgets(text, sizeof text, f) != NULL;
+    fclose(f);
+    return got && atol(text) == SYS_futex;
+}
+
+typedef struct {
+    pid_t caller;
+    _Atomic int elsewhere; /* chunks run by another thread */
+} alone_t;
+
+static void alone_fn(void *ctx, int64_t begin, int64_t end)
+{
+    alone_t *a = ctx;
+    (void)begin, (void)end;
+    if (thread_id() != a->caller)
+        atomic_fetch_add(&a->elsewhere, 1);
+    /* Long enough for a woken worker to arrive while chunks are left. */
+    const double until = now_s() + 200e-6;
+    while (now_s() < until)
+        ;
+}
+
+/* A HELPED | ALONE job wakes no worker: with the pool's one worker asleep
+ * on the futex, every chunk runs on the submitter (which waits, running
+ * them).  Then the same job HELPED only, for the record (a worker is woken:
+ * whether it arrives before the chunks run out is the scheduler's). */
+static void test_alone(void)
+{
+    envd_pool_t *pool;
+    CHECK(envd_pool_create(&pool, 1, NULL) == ENVD_OK, "create");
+    envd_job_t job = {0};
+    int woken_took = 0;
+    for (int alone = 1; alone >= 0; alone--) {
+        /* the worker's thread id: a job only it runs */
+        CHECK(envd_pool_submit(pool, &job, note_thread, NULL, 1, 1, 0) == ENVD_OK, "submit");
+        poll_done(&job);
+        const pid_t worker = atomic_load(&g_ran_on);
+        const double deadline = now_s() + 30.0;
+        while (!sleeps_in_futex(worker)) {
+            CHECK(now_s() < deadline, "the pool's worker never went to sleep");
+            usleep(100);
+        }
+        alone_t a = {.caller = thread_id()};
+        const int flags = ENVD_JOB_HELPED | (alone ? ENVD_JOB_ALONE : 0);
+        CHECK(envd_pool_submit(pool, &job, alone_fn, &a, 32, 1, flags) == ENVD_OK, "submit");
+        envd_pool_wait(pool, &job);
+        if (alone)
+            CHECK(atomic_load(&a.elsewhere) == 0, "an ALONE job woke a worker: %d of its 32 "
+                  "chunks ran elsewhere", atomic_load(&a.elsewhere));
+        else
+            woken_took = atomic_load(&a.elsewhere);
+    }
+    printf("pool_stress: alone: none of 32 chunks elsewhere; helped only: %d\n", woken_took);
+    envd_pool_destroy(pool);
 }
 
 /* ---- capped jobs ---------------------------------------------------------------- */
@@ -492,7 +573,9 @@ static void test_bad_args(void)
     CHECK(envd_pool_submit(pool, &job, NULL, &r, 1, 1, 0) == ENVD_EINVAL, "NULL fn");
     CHECK(envd_pool_submit(pool, &job, rec_fn, &r, -1, 1, 0) == ENVD_EINVAL, "n < 0");
     CHECK(envd_pool_submit(pool, &job, rec_fn, &r, 1, 0, 0) == ENVD_EINVAL, "chunk 0");
-    CHECK(envd_pool_submit(pool, &job, rec_fn, &r, 1, 1, 4) == ENVD_EINVAL, "flags");
+    CHECK(envd_pool_submit(pool, &job, rec_fn, &r, 1, 1, 8) == ENVD_EINVAL, "flags");
+    CHECK(envd_pool_submit(pool, &job, rec_fn, &r, 1, 1, ENVD_JOB_ALONE) == ENVD_EINVAL,
+          "ALONE without HELPED");
     CHECK(envd_pool_submit(pool, &job, rec_fn, &r, INT64_MAX, 1, 0) == ENVD_EINVAL, "huge n");
     CHECK(envd_pool_run(pool, &job, rec_fn, &r, 1, -5) == ENVD_EINVAL, "run chunk");
     envd_pool_cap_t no_workers = {.max_workers = 0};
@@ -603,6 +686,7 @@ int main(int argc, char **argv)
     test_inline();
     test_busy_and_overlap();
     test_pinning();
+    test_alone();
     static const int thread_counts[] = {1, 2, 4};
     for (int t = 0; t < 3; t++) {
         int threads = thread_counts[t];
