@@ -253,26 +253,17 @@ class ShardsAsyncStepper:
         sent back as received comes back: fancy indexing costs more).  Env
         j of the shard is rows j*A .. j*A+A-1 there and (start+j)*A .. here."""
         buffers, theirs = self._env._buffers, shard.env.buffers
-        offset = shard.rows.start * self._agents
-        block = self._block_of(local)
-        if block is not None:
-            at = slice(block.start + offset, block.stop + offset)
+        first, count, agents = int(local[0]), len(local), self._agents
+        offset = shard.rows.start * agents
+        if int(local[-1]) - first + 1 == count and (count < 2 or (np.diff(local) == 1).all()):
+            rows = slice(first * agents, (first + count) * agents)
+            at = slice(rows.start + offset, rows.stop + offset)
             for name in self._env._outputs:
-                buffers[name][at] = theirs[name][block]
+                buffers[name][at] = theirs[name][rows]
             return
         rows = shard.stepper.rows_of(local)
         for name in self._env._outputs:
             buffers[name][rows + offset] = theirs[name][rows]
-
-    def _block_of(self, local: np.ndarray) -> slice | None:
-        """The rows of a shard's envs local as one slice when they are
-        consecutive and ascending (as EnvPool's loop sends a batch back as
-        received, and it comes back so): a block copy costs less than fancy
-        indexing.  None otherwise."""
-        first, count, agents = int(local[0]), len(local), self._agents
-        if int(local[-1]) - first + 1 == count and (count < 2 or (np.diff(local) == 1).all()):
-            return slice(first * agents, (first + count) * agents)
-        return None
 
     # ---- the wire ---------------------------------------------------------------------------
     def _waiting_anywhere(self) -> bool:
@@ -293,13 +284,8 @@ class ShardsAsyncStepper:
     def _copy_actions(self, shard: _Shard, ids: np.ndarray, local: np.ndarray) -> None:
         """The action rows of envs ids (global; local on the shard) into the
         shard's buffers, where its daemon reads them."""
-        theirs, ours = shard.env.buffers["actions"], self._env._actions
-        block = self._block_of(local)
-        if block is not None:
-            offset = shard.rows.start * self._agents
-            theirs[block] = ours[block.start + offset:block.stop + offset]
-        else:
-            theirs[shard.stepper.rows_of(local)] = ours[self._env._rows_of(ids)]
+        shard.env.buffers["actions"][shard.stepper.rows_of(local)] = \
+            self._env._actions[self._env._rows_of(ids)]
 
     def _post_recv(self, k: int) -> None:
         """Let one recv wait on daemon k for its first batch to finish."""

@@ -249,7 +249,8 @@ static int32_t run(envd_fast_t *fast, uint32_t kind, int64_t count, int64_t *res
     case ENVD_FAST_SEND:
         if (count < 1 || count > fast->num_envs)
             return ENVD_EINVAL;  /* (the session's check, without an env to name) */
-        /* HELPED: this thread runs the batch too once it has answered (serve) */
+        /* HELPED: this thread runs the batch too once it has answered (serve;
+         * a short one it runs alone: vec.h) */
         rc = envd_session_send(fast->session, fast->ids, count, ENVD_JOB_HELPED);
         if (rc < 0)
             *index = envd_session_error_index(fast->session);
@@ -284,8 +285,8 @@ static int32_t run(envd_fast_t *fast, uint32_t kind, int64_t count, int64_t *res
  * answer is published (once the client sees it, it may ring another
  * session's doorbell at once: that one's request must not count against
  * this decision, whose point is requests that run meanwhile).  After a
- * send or a recv, the session's oldest batches in flight are taken into
- * help, for serve() to run.  A draining daemon refuses
+ * send or a recv, the session's batches in flight (the oldest few and the
+ * newest, session.h) are taken into help, for serve() to run.  A draining daemon refuses
  * the request, unless started (the RECV half of a SENDRECV whose batch it
  * started).  The status also goes to *status_out (never read back from the
  * header, which the client can write).  Called with the session's lock held. */
@@ -342,8 +343,9 @@ static int lock_unless_stopped(envd_fast_t *fast)
     return 0;
 }
 
-/* Stop helping a batch: the client rang again (its request comes first:
- * a recv then waits for the batch and runs it anyway), or stop was set. */
+/* Stop helping: the client rang again (its request comes first; the rest
+ * of the batches is helped after its answer, or run by a recv that waits
+ * for them), or stop was set. */
 static int request_waiting(void *arg)
 {
     envd_fast_t *fast = arg;

@@ -588,6 +588,11 @@ int envd_pool_run(envd_pool_t *pool, envd_job_t *job, envd_task_fn fn,
     return rc;
 }
 
+int envd_pool_cpus(const envd_pool_t *pool)
+{
+    return pool ? pool->cpus : ENVD_EINVAL;
+}
+
 int envd_pool_jobs_in_flight(const envd_pool_t *pool)
 {
     return atomic_load_explicit(&((envd_pool_t *)pool)->in_flight, memory_order_relaxed);

@@ -37,10 +37,10 @@ typedef void (*envd_task_fn)(void *ctx, int64_t begin, int64_t end);
  * runs chunks too (envd_pool_wait right after, as envd_pool_run does, or
  * envd_pool_help): wake at most max(1, CPUs - 1) workers, so that the
  * workers and the helping caller do not outnumber the CPUs (which only
- * preempts chunks midway).  ALONE (with HELPED): wake no worker, for a job
- * too short to be worth one; workers awake anyway may take its chunks, and
- * the submitter must run the rest (help it until it has none left, or wait
- * for it): nobody else is woken for them. */
+ * preempts chunks midway).  ALONE (with HELPED; EINVAL without): wake no
+ * worker, for a job too short to be worth one; workers awake anyway may take
+ * its chunks, and the submitter must eventually run the rest (help it until
+ * none is left, or wait for it): nobody else is woken for them. */
 enum { ENVD_JOB_NOTIFY = 1, ENVD_JOB_HELPED = 2, ENVD_JOB_ALONE = 4 };
 
 /* A cap on how many workers may run the chunks of a group of jobs at once
@@ -89,8 +89,8 @@ int envd_pool_eventfd(const envd_pool_t *pool);
 /* Start a job.  0 <= n <= 2^47, chunk >= 1 (a chunk larger than n is
  * clamped to n).  Returns at once (except with zero workers, where the job
  * runs inline; a job with n == 0 completes at once).  ENVD_EINVAL on bad
- * arguments (fn NULL, flags other than NOTIFY and HELPED), ENVD_EBUSY if this
- * job struct is still in flight. */
+ * arguments (fn NULL, flags other than NOTIFY, HELPED and ALONE, ALONE
+ * without HELPED), ENVD_EBUSY if this job struct is still in flight. */
 int envd_pool_submit(envd_pool_t *pool, envd_job_t *job, envd_task_fn fn,
                      void *ctx, int64_t n, int64_t chunk, int flags);
 
@@ -123,6 +123,10 @@ void envd_pool_help(envd_pool_t *pool, envd_job_t *job, int (*leave)(void *), vo
 /* submit + wait: run fn over [0, n) with the caller helping. */
 int envd_pool_run(envd_pool_t *pool, envd_job_t *job, envd_task_fn fn,
                   void *ctx, int64_t n, int64_t chunk);
+
+/* The CPUs this process could run on when the pool was created; ENVD_EINVAL
+ * for NULL. */
+int envd_pool_cpus(const envd_pool_t *pool);
 
 /* Jobs submitted and not complete yet, by any thread: a snapshot (it may
  * change at once), for dispatch decisions only. */

@@ -408,7 +408,7 @@ int envd_session_take_help(envd_session_t *s, envd_session_help_t *help)
             if (ops->batch_help_ref(e->batch))
                 help->batches[help->count++] = e->batch;
         /* Then the newest, if the walk stopped before it: a send's batch
-         * woke workers for a helped batch only (pool.h). */
+         * woke one worker fewer for its helper, or none (vec.h). */
         if (e != NULL && ops->batch_help_ref(s->tail->batch))
             help->batches[help->count++] = s->tail->batch;
     }

@@ -84,7 +84,8 @@ int envd_session_async_reset(envd_session_t *session, const uint64_t *seeds);
 /* Start stepping ids[0 .. count) (copied before anything reads them: they may
  * lie in memory another process writes) with their rows of the actions
  * buffer; flags: ENVD_JOB_NOTIFY (the pool's eventfd fires when the batch
- * ends), ENVD_JOB_HELPED (the caller helps: envd_session_take_help).
+ * ends), ENVD_JOB_HELPED (the caller helps: envd_session_take_help; it may
+ * be woken no worker, vec.h, so someone must help or wait for it).
  * Finished batches are collected before it returns. */
 int envd_session_send(envd_session_t *session, const int64_t *ids, int64_t count, int flags);
 

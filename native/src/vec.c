@@ -44,17 +44,22 @@
  * how late its client's next answer (or a stop) can come.  So a helped
  * batch's chunks are also cut to about HELP_CHUNK_NS (one env at least):
  * Acrobot's 2048-env batch on 2 threads made chunks of 56 us, and a send
- * rung while the helper was in one waited 28 us at the median. */
+ * rung while the helper was in one waited 28 us at p75 (53 at p90). */
 #define HELP_CHUNK_MAX_NS 100000.0
 #define HELP_CHUNK_NS 10000.0
 /* A helped batch measured to take less than this in all wakes no worker
- * (ENVD_JOB_ALONE): its helper runs it.  A worker woken for it starts 20-40
- * us later (a cross-CPU wake-up, docs/benchmarks.md), needs a CPU that the
- * trainer or another daemon's thread holds, and then steps a small share of
- * it at best: two daemons' CartPole loop (2048 envs a batch, 2 CPUs) went
- * 1.18x faster without it; one daemon's, with or without a learner, was
- * unchanged (0.99-1.04x). */
+ * (ENVD_JOB_ALONE): its helper runs it.  Only on a pool of at most 2 CPUs,
+ * where a worker woken for it starts 20-40 us later (a cross-CPU wake-up,
+ * docs/benchmarks.md), needs a CPU that the trainer or another daemon's
+ * thread holds, and then steps a small share of it at best: two daemons'
+ * CartPole loop (2048 envs a batch) went 1.18x faster without it; one
+ * daemon's, with or without a learner, was unchanged (0.99-1.04x).  (More
+ * CPUs were not measured: there a woken worker keeps an idle CPU busy.)
+ * And only while fewer than ALONE_MAX_IN_FLIGHT other batches are in
+ * flight: the helper takes a few batches at a time (session.h), and a batch
+ * it skips must not wait for its next request with no worker woken. */
 #define HELP_ALONE_BELOW_NS 100000.0
+#define ALONE_MAX_IN_FLIGHT 2
 #define CHUNKS_PER_THREAD 4
 #define COST_EWMA_WEIGHT 0.125
 
@@ -619,6 +624,24 @@ static int validate_step(envd_vec_t *vec)
 /* The front half of every step: refuse while a submitted step is pending (its
  * chunks may still run, and its results are not collected), validate, choose
  * the dispatch.  Returns ENVD_OK and the chunk (0: inline) or a code. */
+/* A batch's caller offered to help (ENVD_JOB_HELPED in *flags): its chunk,
+ * cut to about HELP_CHUNK_NS unless the vec's chunk is forced; the flag is
+ * dropped (and the chunk kept) when even that chunk is not measured under
+ * HELP_CHUNK_MAX_NS: nobody will help, wake every worker it can use. */
+static int64_t helped_chunk(const envd_vec_t *vec, int64_t chunk, int *flags)
+{
+    const double cost = vec->stats.cost_ns_per_env;
+    int64_t cut = chunk;
+    if (vec->forced_chunk == 0 && cost * (double)chunk > HELP_CHUNK_NS)
+        cut = cost < HELP_CHUNK_NS ? (int64_t)(HELP_CHUNK_NS / cost) : 1;
+    const double cut_ns = cost * (double)cut;
+    if (!(cut_ns > 0.0 && cut_ns < HELP_CHUNK_MAX_NS)) {
+        *flags &= ~ENVD_JOB_HELPED;
+        return chunk;
+    }
+    return cut;
+}
+
 /* Start a validated run of n items: inline now (timed for the cost
  * estimate), or on the pool with the given job flags.  On success the run is
  * pending until run_finish. */
@@ -638,14 +661,12 @@ static int run_start(envd_vec_t *vec, run_t *run, int64_t n, int job_flags)
     /* A blocking step's caller waits in envd_pool_wait and runs chunks too.
      * A batch's caller offered to help: it may, while its chunks are short. */
     int flags = job_flags == 0 && !batch ? ENVD_JOB_HELPED : job_flags;
-    const double cost = vec->stats.cost_ns_per_env;
-    if (batch && (flags & ENVD_JOB_HELPED) && cost * (double)chunk > HELP_CHUNK_NS)
-        chunk = cost < HELP_CHUNK_NS ? (int64_t)(HELP_CHUNK_NS / cost) : 1;
-    const double chunk_ns = cost * (double)chunk;
-    if (batch && (flags & ENVD_JOB_HELPED) && !(chunk_ns > 0.0 && chunk_ns < HELP_CHUNK_MAX_NS))
-        flags &= ~ENVD_JOB_HELPED; /* nobody will help: wake every worker it can use */
+    if (batch && (flags & ENVD_JOB_HELPED))
+        chunk = helped_chunk(vec, chunk, &flags);
     run->helped = batch && (flags & ENVD_JOB_HELPED);
-    if (run->helped && cost * (double)n < HELP_ALONE_BELOW_NS)
+    if (run->helped && !(flags & ENVD_JOB_NOTIFY) &&
+        vec->stats.cost_ns_per_env * (double)n < HELP_ALONE_BELOW_NS &&
+        vec->batches_in_flight < ALONE_MAX_IN_FLIGHT && envd_pool_cpus(vec->pool) <= 2)
         flags |= ENVD_JOB_ALONE; /* the helper runs it all: wake no worker */
     int rc = envd_pool_submit(vec->pool, &run->job, timed_step_range, run, n, chunk, flags);
     if (rc != ENVD_OK)

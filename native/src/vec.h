@@ -149,7 +149,10 @@ void envd_vec_batch_destroy(envd_vec_batch_t *batch);
  * actions from the actions buffer: on the pool (flags ENVD_JOB_NOTIFY: the
  * pool's eventfd counts its completion; ENVD_JOB_HELPED: the caller offers
  * to help, envd_vec_batch_help -- kept only while a chunk is measured to take
- * under 100 us), or inline when cheap.  Nothing starts
+ * under 100 us; its chunks are then cut to about 10 us, and a batch measured
+ * under 100 us in all, on a pool of at most 2 CPUs, wakes no worker
+ * (ENVD_JOB_ALONE, pool.h): its caller must eventually help it to the end
+ * or wait for it), or inline when cheap.  Nothing starts
  * on error: ENVD_EINVAL (count outside [1, capacity], an id outside
  * [0, num_envs)), ENVD_EBUSY (an env already in a batch in flight or twice in
  * this one, a whole-vec step pending, or this batch in flight), ENVD_ESTATE /

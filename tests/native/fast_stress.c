@@ -84,7 +84,8 @@
  *     ENVD_EENV naming it, with its batch's envs kept (pending unchanged),
  *     and the next RECV returns them; the failed env can be sent again;
  *   - async stop: with batches in flight, with ready ids not received (after
- *     an env failed), and with a batch held running in a pool thread (stop
+ *     an env failed), and with a batch held running (by the server thread,
+ *     which helps it, or a pool thread; stop
  *     waits for it: the doorbell is not closed before it ends): stop returns
  *     promptly, served 0, closed == 1, *batch_envs == envd_fast_batch_envs
  *     (== the envs RECV found, where it is deterministic), no leak; the vec
@@ -2193,7 +2194,8 @@ static void async_stop(envd_pool_t *const *pools, int num_pools)
         const int threads = envd_pool_num_threads(pools[p]);
         for (int variant = 0; variant < 3; variant++) {
             /* 0: batches in flight; 1: and ready ids after an env failed;
-             * 2: a batch held running by the gate (a pool thread runs it). */
+             * 2: a batch held running by the gate (the server thread, which
+             *    helps it, or a pool thread runs it). */
             if (variant == 2 && threads == 0)
                 continue;
             const envd_env_def_t *def = variant == 2 ? (const envd_env_def_t *)&g_gated
@@ -2235,7 +2237,7 @@ static void async_stop(envd_pool_t *const *pools, int num_pools)
                 /* The server thread helps the batch just sent (fast.c, serve)
                  * and answers the next request only after its chunk: let that
                  * batch end before the gate holds any step, so the gated send
-                 * is answered while a pool thread holds its batch. */
+                 * is answered while a thread holds its batch. */
                 const double deadline = now_s() + 30.0;
                 for (int64_t in_flight = 1; in_flight > 0;) {
                     envd_fast_lock(f);

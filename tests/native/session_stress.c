@@ -304,6 +304,86 @@ static void expect_counts(envd_session_t *s, int64_t in_flight, int64_t ready, c
           (long long)f, (long long)r, (long long)in_flight, (long long)ready);
 }
 
+/* ---- helping the batches in flight (envd_session_take_help) --------------------------- */
+/* Holds a pool's one worker until released: only the test thread then steps. */
+static _Atomic int g_worker_held, g_worker_release;
+
+static void hold_worker(void *ctx, int64_t begin, int64_t end)
+{
+    (void)ctx, (void)begin, (void)end;
+    atomic_store(&g_worker_held, 1);
+    const double deadline = now_s() + 60.0;
+    while (!atomic_load(&g_worker_release)) {
+        CHECK(now_s() < deadline, "the held worker was never released");
+        sched_yield();
+    }
+}
+
+/* A helped batch's chunk is cut to about 10 us of measured cost (vec.c),
+ * unless the session's chunk is forced; take_help takes the oldest
+ * ENVD_SESSION_MAX_HELP - 1 batches in flight and the newest: of five sent
+ * with the pool's one worker held, helping steps the 1st, 2nd, 3rd and 5th
+ * and leaves the 4th. */
+static void test_take_help(envd_pool_t *pool1)
+{
+    enum { BATCHES = 5, PER = 1024, N = 8 * PER };
+    CHECK(ENVD_SESSION_MAX_HELP == 4, "the test's batches assume 3 oldest + the newest");
+    harness_t h;
+    harness_init(&h, &envd_builtin_cartpole, N, pool1, 0);
+    for (int k = 0; k < 3; k++)
+        CHECK(envd_session_step(h.s) >= 0, "take_help: a step to measure the cost");
+    int64_t *ids = xcalloc(N, sizeof *ids), *out = xcalloc(N, sizeof *out);
+    for (int64_t i = 0; i < N; i++)
+        ids[i] = i;
+    envd_vec_stats_t st;
+    for (int forced = 0; forced < 2; forced++) {
+        envd_session_set_chunk(h.s, forced ? 700 : 0);
+        envd_session_stats(h.s, &st);
+        const double cost = st.cost_ns_per_env;
+        CHECK(cost > 0.0 && cost < 1000.0, "take_help: cost %g ns", cost);
+        CHECK(envd_session_send(h.s, ids, N, ENVD_JOB_HELPED) == ENVD_OK, "send all");
+        envd_session_stats(h.s, &st);
+        if (forced)
+            CHECK(st.last_chunk == 700, "a forced chunk of 700 became %lld",
+                  (long long)st.last_chunk);
+        else  /* (uncut: N / 8 envs a chunk, over 10 us at CartPole's cost) */
+            CHECK(st.last_chunk < N / 8 && (double)st.last_chunk * cost <= 10000.0 + cost,
+                  "a helped batch's chunk: %lld envs at %g ns each", (long long)st.last_chunk,
+                  cost);
+        CHECK(envd_session_recv(h.s, N, N, out, 1) == N, "recv all");
+    }
+    envd_session_set_chunk(h.s, 0);
+    envd_job_t held = {0};
+    atomic_store(&g_worker_held, 0);
+    atomic_store(&g_worker_release, 0);
+    CHECK(envd_pool_submit(pool1, &held, hold_worker, NULL, 1, 1, 0) == ENVD_OK, "submit");
+    const double deadline = now_s() + 60.0;
+    while (!atomic_load(&g_worker_held)) {
+        CHECK(now_s() < deadline, "the pool's worker never took the holding job");
+        sched_yield();
+    }
+    for (int b = 0; b < BATCHES; b++)
+        CHECK(envd_session_send(h.s, ids + b * PER, PER, ENVD_JOB_HELPED) == ENVD_OK,
+              "send batch %d", b);
+    envd_session_help_t help;
+    CHECK(envd_session_take_help(h.s, &help) == 4, "take_help took %d batches", help.count);
+    envd_session_help(&help, NULL, NULL);
+    expect_counts(h.s, PER, 4 * PER, "take_help");
+    for (int64_t i = 0; i < BATCHES * PER; i++) {
+        const int want = i / PER == 3 ? ENVD_ENV_IN_FLIGHT : ENVD_ENV_READY;
+        CHECK(envd_session_env_state(h.s, i) == want, "take_help: env %lld (batch %lld) is in "
+              "state %d, not %d", (long long)i, (long long)(i / PER),
+              envd_session_env_state(h.s, i), want);
+    }
+    atomic_store(&g_worker_release, 1);
+    envd_pool_wait(pool1, &held);
+    CHECK(envd_session_recv(h.s, BATCHES * PER, BATCHES * PER, out, 1) == BATCHES * PER,
+          "recv the five");
+    free(ids);
+    free(out);
+    harness_free(&h);
+}
+
 static void test_refusals(envd_pool_t *pool1)
 {
     g_gated = envd_builtin_cartpole;
@@ -540,6 +620,7 @@ int main(int argc, char **argv)
     for (size_t p = 0; p < COUNT(pools); p++)
         test_failure(pools[p], p == 0 ? 0 : 1);
     test_async_reset_in_flight(pools[1]);
+    test_take_help(pools[1]);
     printf("session_stress: refusals, failure, async_reset %.2f s\n", now_s() - t);
     t = now_s();
     for (size_t p = 0; p < COUNT(pools); p++)
