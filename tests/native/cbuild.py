@@ -43,7 +43,9 @@ def build(sources: list[str | Path], flags: list[str] = (), shared: bool = True,
     for p in paths:
         key.update(str(p).encode())
         key.update(p.read_bytes())
-    for h in sorted(INCLUDE.glob("*.h")) + sorted(SRC.rglob("*.h")):
+    # every header a source may include: the library's and the tests' own
+    headers = sorted(INCLUDE.glob("*.h")) + sorted(SRC.rglob("*.h"))
+    for h in headers + sorted(Path(__file__).resolve().parent.glob("*.h")):
         key.update(h.read_bytes())
     key.update(" ".join(list(flags) + [str(shared)]).encode())
     _BUILD_DIR.mkdir(mode=0o700, exist_ok=True)

@@ -122,6 +122,7 @@
 #include "envd.h"
 #include "pool.h"
 #include "spin.h"
+#include "stress_hold.h"
 #include "stress_util.h"
 #include "vec.h"
 
@@ -2396,21 +2397,6 @@ static void sendrecv_held(envd_pool_t *pool)
     }
 }
 
-/* Holds a pool's one worker until released, so that only the serving
- * thread can step a batch. */
-static _Atomic int g_worker_held, g_worker_release;
-
-static void hold_worker(void *ctx, int64_t begin, int64_t end)
-{
-    (void)ctx, (void)begin, (void)end;
-    atomic_store(&g_worker_held, 1);
-    const double deadline = now_s() + 30.0;
-    while (!atomic_load(&g_worker_release)) {
-        CHECK(now_s() < deadline, "the held worker was never released");
-        sched_yield();
-    }
-}
-
 /* The env whose state gated_step recorded at g_order[k], by the states of
  * envs 0..n-1 (states). */
 static int64_t order_env(int k, void *const *states, int64_t n)
@@ -2452,15 +2438,9 @@ static void help_oldest_first(envd_pool_t *pool)
         harness_t h;
         harness_init(&h, &g_gated, 8, ENVD_AUTORESET_SAME_STEP, pool, 1);
         harness_reset(&h, 80 + (uint64_t)recv_case, NULL);
-        envd_job_t held = {0};
-        atomic_store(&g_worker_held, 0);
-        atomic_store(&g_worker_release, 0);
-        CHECK(envd_pool_submit(pool, &held, hold_worker, NULL, 1, 1, 0) == ENVD_OK, "submit");
+        worker_hold_t hold;
+        hold_worker(pool, &hold); /* only this thread and the server step now */
         const double deadline = now_s() + 30.0;
-        while (!atomic_load(&g_worker_held)) {
-            CHECK(now_s() < deadline, "the pool's worker never took the holding job");
-            sleep_us(100);
-        }
         /* Steps until the vec's cost estimate (what a batch is helped by,
          * vec.h) is short: one preempted chunk can make it look long.  The
          * last one, run by this thread alone chunk by chunk, maps each env's
@@ -2517,8 +2497,7 @@ static void help_oldest_first(envd_pool_t *pool)
                   "%lld, not env %lld", what, k, (long long)order_env(k, states, 8),
                   (long long)want);
         }
-        atomic_store(&g_worker_release, 1);
-        envd_pool_wait(pool, &held);
+        release_worker(pool, &hold);
         a = request_count(&d, ENVD_FAST_RECV, recv_case ? 4 : 8, WAIT_MIXED);
         CHECK(a.answered && a.status == ENVD_OK && a.result == (recv_case ? 4 : 8),
               "last recv: status %d result %lld", a.status, (long long)a.result);

@@ -58,6 +58,7 @@
 #include "builtin_envs.h"
 #include "envd.h"
 #include "pool.h"
+#include "stress_hold.h"
 #include "stress_util.h"
 
 enum { TIME_LIMIT = 50 };
@@ -305,20 +306,6 @@ static void expect_counts(envd_session_t *s, int64_t in_flight, int64_t ready, c
 }
 
 /* ---- helping the batches in flight (envd_session_take_help) --------------------------- */
-/* Holds a pool's one worker until released: only the test thread then steps. */
-static _Atomic int g_worker_held, g_worker_release;
-
-static void hold_worker(void *ctx, int64_t begin, int64_t end)
-{
-    (void)ctx, (void)begin, (void)end;
-    atomic_store(&g_worker_held, 1);
-    const double deadline = now_s() + 60.0;
-    while (!atomic_load(&g_worker_release)) {
-        CHECK(now_s() < deadline, "the held worker was never released");
-        sched_yield();
-    }
-}
-
 /* A helped batch's chunk is cut to about 10 us of measured cost (vec.c),
  * unless the session's chunk is forced; take_help takes the oldest
  * ENVD_SESSION_MAX_HELP - 1 batches in flight and the newest: of five sent
@@ -353,15 +340,8 @@ static void test_take_help(envd_pool_t *pool1)
         CHECK(envd_session_recv(h.s, N, N, out, 1) == N, "recv all");
     }
     envd_session_set_chunk(h.s, 0);
-    envd_job_t held = {0};
-    atomic_store(&g_worker_held, 0);
-    atomic_store(&g_worker_release, 0);
-    CHECK(envd_pool_submit(pool1, &held, hold_worker, NULL, 1, 1, 0) == ENVD_OK, "submit");
-    const double deadline = now_s() + 60.0;
-    while (!atomic_load(&g_worker_held)) {
-        CHECK(now_s() < deadline, "the pool's worker never took the holding job");
-        sched_yield();
-    }
+    worker_hold_t hold;
+    hold_worker(pool1, &hold); /* only this thread steps now */
     for (int b = 0; b < BATCHES; b++)
         CHECK(envd_session_send(h.s, ids + b * PER, PER, ENVD_JOB_HELPED) == ENVD_OK,
               "send batch %d", b);
@@ -375,8 +355,7 @@ static void test_take_help(envd_pool_t *pool1)
               "state %d, not %d", (long long)i, (long long)(i / PER),
               envd_session_env_state(h.s, i), want);
     }
-    atomic_store(&g_worker_release, 1);
-    envd_pool_wait(pool1, &held);
+    release_worker(pool1, &hold);
     CHECK(envd_session_recv(h.s, BATCHES * PER, BATCHES * PER, out, 1) == BATCHES * PER,
           "recv the five");
     free(ids);
