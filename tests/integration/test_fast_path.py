@@ -644,13 +644,10 @@ def test_a_timeout_keeps_the_buffers_off_limits_until_the_answer(harness):
     env.step(np.zeros(SLOW["num_envs"], np.int64))  # usable again
 
 
-def _policy_becomes(tid: int, want: int) -> bool:
-    """Whether thread tid's scheduling policy is (or soon becomes) want: it
-    changes it as it falls asleep (poll, generously)."""
-    deadline = time.monotonic() + DEADLINE
-    while os.sched_getscheduler(tid) != want and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return os.sched_getscheduler(tid) == want
+def _policy_becomes(tid: int, want: int) -> None:
+    """Thread tid's scheduling policy is (or soon becomes) want: it changes
+    it as it falls asleep."""
+    wait_until(lambda: os.sched_getscheduler(tid) == want, what=f"thread {tid}'s policy {want}")
 
 
 def test_the_thread_sleeps_under_sched_batch_after_a_sendrecv_only(served):
@@ -675,9 +672,9 @@ def test_the_thread_sleeps_under_sched_batch_after_a_sendrecv_only(served):
             stepper.doorbell.ring(doorbell.SENDRECV, 4)
             status, result, _ = stepper.doorbell.wait(time.monotonic() + DEADLINE, lambda: None)
             assert (status, result, stepper.doorbell.sent) == (0, 4, True)
-            assert _policy_becomes(added, os.SCHED_BATCH)
+            _policy_becomes(added, os.SCHED_BATCH)
             env.step(np.zeros(4, np.int64))  # (every env received: a sync step)
-            assert _policy_becomes(added, os.SCHED_OTHER)
+            _policy_becomes(added, os.SCHED_OTHER)
 
 
 def test_close_stops_the_thread_and_a_later_step_says_closed(served):
