@@ -511,6 +511,22 @@ class MultiVecEnv(SendRowChecks, BatchedVecEnv):
         for name in self._outputs:
             np.copyto(self._buffers[name][rows], theirs[name])
 
+    def _gather_sources(self) -> list[dict[str, np.ndarray]]:
+        # (shard k is source k + 1: ShardsAsyncStepper.batch_source)
+        return [self._buffers, *(shard.buffers for shard in self._shards)]
+
+    def _gather(self, ids: np.ndarray, source: int = 0,
+                source_rows: np.ndarray | None = None) -> tuple:
+        """An async recv's batch: straight from its shard's buffers when it
+        is one shard's envs (EnvPool's loop with a batch per daemon: one
+        copy, not two), else from this env's (ShardsAsyncStepper.recv copied
+        the rows there)."""
+        batch_source = self._stepper.batch_source
+        if batch_source is None:
+            return super()._gather(ids)
+        k, rows = batch_source
+        return super()._gather(ids, k + 1, rows)
+
     def _dispatch(self, call: Callable[[int], None], shards: Sequence[int]) -> None:
         """call(k) for every shard k at once; the first error (in env order)
         is raised, naming its daemon, once every shard's call has returned."""
@@ -599,6 +615,7 @@ class MultiVecEnv(SendRowChecks, BatchedVecEnv):
     def _release(self) -> None:
         if self._stepper is not None:
             self._stepper.close()
+        self._plans = None  # (recv's copies hold views of the shards' buffers)
         shards, self._shards = self._shards, ()
         executor, self._executor = self._executor, None
         try:

@@ -14,12 +14,22 @@ the books across them, EnvPool's rules unchanged (envd.stepping):
 - while a daemon has envs in flight, exactly one ``recv {count: its envs in
   flight, min: 1}`` waits there (the daemon serves sends beside it: the
   ``recv_min`` capability).  The daemon answers it as soon as a batch
-  finished, with every env ready then; the reply's rows are copied into the
-  MultiVecEnv's buffers and its ids appended to one FIFO, in the order the
-  replies were read (within a reply, the daemon's ready order);
+  finished, with every env ready then; the reply's ids are appended to one
+  FIFO (as one entry: its shard and ids), in the order the replies were
+  read (within a reply, the daemon's ready order).  Their rows stay in the
+  shard's buffers: nothing writes them until the env is sent again;
 - ``recv(count)`` returns the oldest count ids of that FIFO: exactly count,
   each env once.  While fewer are ready it waits on every daemon's socket and
-  connection monitor with one zmq.Poller: the trainer's CPU sleeps.
+  connection monitor with one zmq.Poller: the trainer's CPU sleeps.  A batch
+  of one shard's envs (EnvPool's loop with a batch per daemon) is gathered
+  straight from that shard's buffers (``batch_source``: one copy); a batch
+  across shards first has its rows copied into the MultiVecEnv's buffers.
+  Those buffers are therefore behind the shards' after a recv, and are
+  brought up to date before a reset or step reads them (``_sync_buffers``).
+
+Per env, the books keep one state byte; a batch whose ids are one run of
+consecutive envs (in any order: a send's ids are unique, so min and max
+tell) updates them with one slice, not per id.
 
 That is the socket wire; client/multi_doorbell.py drives the same books
 through the daemons' doorbells where every shard has the fast path.
@@ -45,6 +55,7 @@ needed, as after a lost daemon in sync mode.
 """
 from __future__ import annotations
 
+import bisect
 import collections
 import time
 import weakref
@@ -63,18 +74,25 @@ if TYPE_CHECKING:
     from envd.client.remote_vector_env import RemoteVecEnv
 
 IDLE, IN_FLIGHT, READY = 0, 1, 2
+
+
+def _run_of(low: int, high: int, count: int) -> slice | None:
+    """slice(low, high + 1) when count unique ids from low to high fill it."""
+    return slice(low, high + 1) if high - low + 1 == count else None
 #: longest single poll: a lost daemon's monitor event wakes the poll anyway;
 #: this bounds how late a timeout is noticed
 _POLL_SLICE_S = 1.0
 
 
 class _Shard:
-    """One daemon's part of the books: its envs in flight (sent, not yet
-    received back), whether a recv waits there, and the replies read by its
-    channel but not taken in yet (the channel runs reply callbacks under its
-    lock, so they only queue; _take_in does the work)."""
+    """One daemon's part of the books (``index``: its place among the
+    shards): its envs in flight (sent, not yet received back), whether a
+    recv waits there, and the replies read by its channel but not taken in
+    yet (the channel runs reply callbacks under its lock, so they only
+    queue; _take_in does the work)."""
 
-    def __init__(self, env: "RemoteVecEnv", rows: slice, endpoint: str):
+    def __init__(self, index: int, env: "RemoteVecEnv", rows: slice, endpoint: str):
+        self.index = index
         self.env = env
         self.rows = rows
         self.endpoint = endpoint
@@ -97,13 +115,23 @@ class ShardsAsyncStepper:
     def __init__(self, env: "MultiVecEnv"):
         self._env = weakref.proxy(env)
         self._env_id = env.env_id
-        self._shards = [_Shard(shard, rows, endpoint) for shard, rows, endpoint
-                        in zip(env.shards, env.shard_slices, env.shard_endpoints)]
+        self._shards = [_Shard(k, shard, rows, endpoint) for k, (shard, rows, endpoint)
+                        in enumerate(zip(env.shards, env.shard_slices, env.shard_endpoints))]
         self._starts = np.array([shard.rows.start for shard in self._shards], np.int64)
+        self._start_list = self._starts.tolist()  # (bisect: a send's owner in O(log k))
         self._agents = env.num_agents  # rows per env
         self._state = np.zeros(env.num_env_instances, np.int8)  # per env, not per row
-        self._ready: collections.deque[np.ndarray] = collections.deque()
+        #: the FIFO of ready envs: (shard index, their ids there, global ids,
+        #: the slice of global ids they fill or None), one entry per reply
+        self._ready: collections.deque[tuple[int, np.ndarray, np.ndarray, slice | None]] = \
+            collections.deque()
         self._num_ready = 0
+        #: the last recv's batch: (shard index, its rows in that shard's
+        #: buffers) when all its envs are one shard's, else None (its rows
+        #: were copied into the env's buffers); MultiVecEnv._gather reads it
+        self.batch_source: tuple[int, np.ndarray] | None = None
+        #: a recv left the env's buffers behind the shards' (_sync_buffers)
+        self._behind = False
         #: the first refusal of a posted send, read but not raised yet
         self._refusal: EnvdError | None = None
         #: the first env failure a recv reply reported, raised by the next recv
@@ -126,6 +154,7 @@ class ShardsAsyncStepper:
         if in_flight:
             raise in_flight_error(self._env_id, "reset", in_flight)
         self._forget()  # (the ready ones, a refusal, a failure: as one daemon)
+        self._sync_buffers()  # (a masked reset returns the other envs' rows as they are)
         self._env._run_reset(with_seeds, with_mask)
 
     def async_reset(self, with_seeds: bool) -> None:
@@ -140,6 +169,8 @@ class ShardsAsyncStepper:
         env = self._env
         seeds = env._buffers["reset_seeds"]
 
+        received: list[np.ndarray | None] = [None] * len(self._shards)
+
         def reset_shard(k: int) -> None:
             shard = self._shards[k]
             count = shard.rows.stop - shard.rows.start
@@ -152,15 +183,14 @@ class ShardsAsyncStepper:
             # send read here must not make envs idle that are ready now
             shard.replies.clear()
             shard.in_flight = 0
-            local = shard.stepper.recv(count)  # all of them, in env order
-            self._copy_rows(shard, local)
+            received[k] = shard.stepper.recv(count)  # all of them, in env order
 
         env._dispatch(reset_shard, range(len(self._shards)))
         env._started[:] = True  # (a sync step once all are received: as after reset())
         env._all_started = True
-        self._ready.append(np.arange(env.num_env_instances, dtype=np.int64))
-        self._num_ready = env.num_env_instances
-        self._state[:] = READY
+        for shard, local in zip(self._shards, received):  # (env order: shard by shard)
+            self._add_ready(shard, local, shard.rows)
+        self._behind = True
 
     def step(self) -> int:
         self._start_call()
@@ -170,27 +200,30 @@ class ShardsAsyncStepper:
             raise in_flight_error(self._env_id, "step", in_flight)
         if self._num_ready:
             raise ready_error(self._env_id, self._num_ready)
+        self._sync_buffers()  # (the step's checks read the envs' last flags there)
         return self._env._run_step()
 
     def send(self, env_ids: np.ndarray) -> None:
         self._start_call()
         self._check_async_state()
         self._raise_refusal()
-        states = self._state[env_ids]
-        if states.any():
+        low, high = int(env_ids.min()), int(env_ids.max())
+        run = _run_of(low, high, len(env_ids))  # (the ids are unique: BatchedVecEnv checked)
+        if (self._state[run] if run is not None else self._state[env_ids]).any():
+            states = self._state[env_ids]
             k = int(np.flatnonzero(states)[0])
             raise not_idle_error(self._env_id, int(env_ids[k]), states[k] == IN_FLIGHT)
-        first, last = np.searchsorted(self._starts, (env_ids.min(), env_ids.max()),
-                                      side="right") - 1
-        if first == last:  # (the common case: one daemon's envs, as recv returned them)
-            touched, parts = [int(first)], [env_ids]
+        first = bisect.bisect_right(self._start_list, low) - 1
+        if first == bisect.bisect_right(self._start_list, high) - 1:
+            # (the common case: one daemon's envs, as recv returned them)
+            touched, parts = [first], [(env_ids, run)]
         else:
             owners = np.searchsorted(self._starts, env_ids, side="right") - 1
             touched = [int(k) for k in
                        np.flatnonzero(np.bincount(owners, minlength=len(self._shards)))]
-            parts = [env_ids[owners == k] for k in touched]
-        for k, part in zip(touched, parts):
-            self._post_send(k, part)
+            parts = [(env_ids[owners == k], None) for k in touched]
+        for k, (part, part_run) in zip(touched, parts):
+            self._post_send(k, part, part_run)
         for k in touched:
             if not self._shards[k].recv_waiting:
                 self._post_recv(k)
@@ -232,26 +265,52 @@ class ShardsAsyncStepper:
         self._state[:] = IDLE
         self._refusal = self._failure = None
 
+    def _add_ready(self, shard: _Shard, local: np.ndarray, run: slice | None) -> None:
+        """Envs local of the shard (in range) finished: READY, at the FIFO's
+        end.  run: the slice of global ids they fill, if they do."""
+        ids = local + shard.rows.start
+        self._state[run if run is not None else ids] = READY
+        self._ready.append((shard.index, local, ids, run))
+        self._num_ready += len(ids)
+
     def _pop_ready(self, count: int) -> np.ndarray:
-        """The oldest count ready ids (int64, ready order); they are IDLE now."""
+        """The oldest count ready ids (int64, ready order); they are IDLE now.
+        Sets batch_source: where their rows are gathered from."""
         parts, taken = [], 0
         while taken < count:
-            head = self._ready.popleft()
-            if taken + len(head) > count:
-                self._ready.appendleft(head[count - taken:])
-                head = head[:count - taken]
-            parts.append(head)
-            taken += len(head)
-        ids = parts[0] if len(parts) == 1 else np.concatenate(parts)
+            k, local, ids, run = self._ready.popleft()
+            if taken + len(ids) > count:
+                cut = count - taken
+                self._ready.appendleft((k, local[cut:], ids[cut:], None))
+                local, ids, run = local[:cut], ids[:cut], None
+            parts.append((k, local, ids))
+            self._state[run if run is not None else ids] = IDLE
+            taken += len(ids)
         self._num_ready -= count
-        self._state[ids] = IDLE
-        return ids
+        shard = self._shards[parts[0][0]]
+        if all(k == shard.index for k, _, _ in parts):  # (one shard's: gathered from there)
+            local = parts[0][1] if len(parts) == 1 else np.concatenate([p[1] for p in parts])
+            self.batch_source = (shard.index, shard.stepper.rows_of(local))
+            self._behind = True
+        else:
+            for k, local, _ in parts:
+                self._copy_rows(self._shards[k], local)
+            self.batch_source = None
+        return parts[0][2] if len(parts) == 1 else np.concatenate([p[2] for p in parts])
+
+    def _sync_buffers(self) -> None:
+        """Bring the env's buffers up to its shards' (a recv gathered from a
+        shard's buffers leaves them behind) before a reset or step reads them."""
+        if self._behind:
+            for k in range(len(self._shards)):
+                self._env._copy_results(k)
+            self._behind = False
 
     def _copy_rows(self, shard: _Shard, local: np.ndarray) -> None:
         """The shard's output rows of its envs local into the env's buffers
-        (one block copy when they are consecutive and ascending, as a batch
-        sent back as received comes back: fancy indexing costs more).  Env
-        j of the shard is rows j*A .. j*A+A-1 there and (start+j)*A .. here."""
+        (for a batch across shards; one block copy when they are consecutive
+        and ascending: fancy indexing costs more).  Env j of the shard is
+        rows j*A .. j*A+A-1 there and (start+j)*A .. here."""
         buffers, theirs = self._env._buffers, shard.env.buffers
         first, count, agents = int(local[0]), len(local), self._agents
         offset = shard.rows.start * agents
@@ -270,22 +329,31 @@ class ShardsAsyncStepper:
         """A request waits on some daemon for envs to finish."""
         return any(shard.recv_waiting for shard in self._shards)
 
-    def _post_send(self, k: int, ids: np.ndarray) -> None:
+    def _post_send(self, k: int, ids: np.ndarray, run: slice | None) -> None:
+        """Send the shard's part ids (global; run: the slice they fill, or None)."""
         shard = self._shards[k]
         local = ids - shard.rows.start
-        self._copy_actions(shard, ids, local)
+        self._copy_actions(shard, ids, local, run)
         header, blobs = shard.stepper._request_send(local)  # (shm or inline encoding)
         inbox = shard.replies  # (the callback holds the list only: never the shard's
         # segment, should the daemon die and the channel keep the callback)
         self._post(shard, header, blobs, lambda reply: inbox.append(("send", ids, reply)))
-        self._state[ids] = IN_FLIGHT
+        self._state[run if run is not None else ids] = IN_FLIGHT
         shard.in_flight += len(ids)
 
-    def _copy_actions(self, shard: _Shard, ids: np.ndarray, local: np.ndarray) -> None:
-        """The action rows of envs ids (global; local on the shard) into the
-        shard's buffers, where its daemon reads them."""
-        shard.env.buffers["actions"][shard.stepper.rows_of(local)] = \
-            self._env._actions[self._env._rows_of(ids)]
+    def _copy_actions(self, shard: _Shard, ids: np.ndarray, local: np.ndarray,
+                      run: slice | None) -> None:
+        """The action rows of envs ids (global; local on the shard; run: the
+        slice they fill, or None) into the shard's buffers, where its daemon
+        reads them.  Each env's row goes to its own row there, so envs
+        filling a run are copied as one block whatever their order."""
+        theirs, ours, agents = shard.env.buffers["actions"], self._env._actions, self._agents
+        if run is not None:
+            start = shard.rows.start
+            theirs[(run.start - start) * agents:(run.stop - start) * agents] = \
+                ours[run.start * agents:run.stop * agents]
+            return
+        theirs[shard.stepper.rows_of(local)] = ours[self._env._rows_of(ids)]
 
     def _post_recv(self, k: int) -> None:
         """Let one recv wait on daemon k for its first batch to finish."""
@@ -376,24 +444,29 @@ class ShardsAsyncStepper:
             return
         blobs = reply.get("_blobs", [])
         local = np.frombuffer(blobs[0], np.int64).copy() if blobs else np.empty(0, np.int64)
-        self._check_answered_ids(shard, local)
+        run = self._check_answered_ids(shard, local)
         shard.stepper._take_outputs(reply, blobs[1:], local)  # (inline: into its buffers)
-        self._copy_rows(shard, local)
-        ids = local + shard.rows.start
-        self._state[ids] = READY
-        self._ready.append(ids)
-        self._num_ready += len(ids)
-        shard.in_flight -= len(ids)
+        self._add_ready(shard, local, run)
+        shard.in_flight -= len(local)
 
     @staticmethod
-    def _check_answered_ids(shard: _Shard, local: np.ndarray) -> None:
+    def _check_answered_ids(shard: _Shard, local: np.ndarray) -> slice | None:
         """Refuse a daemon's recv answer whose env ids could not be its own
-        (the rows are copied and the books indexed with them unchecked)."""
+        (the rows are gathered and the books indexed with them unchecked).
+        Returns the slice of global ids they fill, if they do (the daemon
+        answers each env in flight once)."""
         count = shard.rows.stop - shard.rows.start
-        if not 1 <= len(local) <= shard.in_flight or local.min() < 0 or local.max() >= count:
+        if not 1 <= len(local) <= shard.in_flight:
+            low = high = -1
+        else:
+            low, high = int(local.min()), int(local.max())
+        if low < 0 or high >= count:
             raise ProtocolError(f"{shard.where} answered a recv with {len(local)} env ids "
                                 f"(of {shard.in_flight} in flight there, ids within "
                                 f"0..{count - 1} expected)")
+        run = _run_of(low, high, len(local))
+        return None if run is None else slice(run.start + shard.rows.start,
+                                              run.stop + shard.rows.start)
 
     # ---- errors -----------------------------------------------------------------------------
     def _named(self, error: EnvdError, shard: _Shard) -> BaseException:

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from envd.client.doorbell import RECV, SENDRECV, SHUTTING_DOWN, Doorbell, wait_any
-from envd.client.multi_async import IDLE, IN_FLIGHT, READY, ShardsAsyncStepper, _Shard
+from envd.client.multi_async import IDLE, IN_FLIGHT, ShardsAsyncStepper, _Shard
 from envd.errors import (ConnectionLostError, EnvdError, EnvdTimeoutError, ProtocolError,
                          ShuttingDownError)
 from envd.vector_base import step_error
@@ -65,22 +65,23 @@ class ShardsDoorbellStepper(ShardsAsyncStepper):
     def _waiting_anywhere(self) -> bool:
         return any(shard.rung for shard in self._shards)
 
-    def _post_send(self, k: int, ids: np.ndarray) -> None:
+    def _post_send(self, k: int, ids: np.ndarray, run: slice | None) -> None:
         shard = self._shards[k]
         deadline = time.monotonic() + self._timeout
         while shard.rung:  # the doorbell takes one request at a time
             self._wait(deadline, "send", only=shard)
         local = ids - shard.rows.start
-        self._copy_actions(shard, ids, local)
+        self._copy_actions(shard, ids, local, run)
         bell = shard.stepper.doorbell
         if len(ids) == shard.rows.stop - shard.rows.start and bell is not None and not bell.closed:
             self._ring_sendrecv(shard, bell, ids, local)
         else:
             self._ring_send(shard, local)  # (a closed doorbell: the socket says why)
         self._serial += 1
-        self._batch_of[ids] = self._serial
+        where = run if run is not None else ids
+        self._batch_of[where] = self._serial
         shard.remaining[self._serial] = len(ids)
-        self._state[ids] = IN_FLIGHT
+        self._state[where] = IN_FLIGHT
         shard.in_flight += len(ids)
 
     def _ring_send(self, shard: _Shard, local: np.ndarray) -> None:
@@ -189,22 +190,21 @@ class ShardsDoorbellStepper(ShardsAsyncStepper):
         if result != count:  # (a RECV answers exactly count ids)
             raise ProtocolError(f"{shard.where} answered a RECV of {count} envs with {result}")
         local = shard.stepper._ids[:count].copy()
-        self._check_answered_ids(shard, local)
-        self._copy_rows(shard, local)
-        ids = local + shard.rows.start
-        if len(shard.remaining) == 1 and shard.remaining.get(int(self._batch_of[ids[0]])) == count:
+        run = self._check_answered_ids(shard, local)
+        start = shard.rows.start
+        if (len(shard.remaining) == 1
+                and shard.remaining.get(int(self._batch_of[start + local[0]])) == count):
             shard.remaining.clear()  # (the common case: the one batch there, all of it)
         else:
-            for serial, done in zip(*np.unique(self._batch_of[ids], return_counts=True)):
+            for serial, done in zip(*np.unique(self._batch_of[local + start],
+                                               return_counts=True)):
                 left = shard.remaining.get(int(serial), 0) - int(done)
                 if left > 0:
                     shard.remaining[int(serial)] = left
                 else:
                     shard.remaining.pop(int(serial), None)
-        self._state[ids] = READY
-        self._ready.append(ids)
-        self._num_ready += len(ids)
-        shard.in_flight -= len(ids)
+        self._add_ready(shard, local, run)
+        shard.in_flight -= count
 
     def _take_refused_send(self, shard: _Shard, ids: np.ndarray, status: int, state: int,
                            index: int) -> None:

@@ -269,18 +269,19 @@ class _InfoMerger:
 
 class _GatherPlan:
     """One of recv's two sets of batch buffers (slots: name -> array, plus
-    "env_id") and the copies that fill it: copy_always(rows) and, for a
-    batch in which an episode ended, copy_on_done(rows) (the buffers named
-    in on_done_names).  obs: the observation over the slots when it is one
-    array, as returned; None for a composite space, whose dict or tuple is
-    built per recv (a caller may replace its entries: a cached one would
-    hand those back two recvs later)."""
+    "env_id") and the copies that fill it, one pair per buffer set it may
+    read from (BatchedVecEnv._gather_sources): copiers[source] is
+    (copy_always(rows), copy_on_done(rows)), the second for a batch in which
+    an episode ended (the buffers named in on_done_names).  obs: the
+    observation over the slots when it is one array, as returned; None for a
+    composite space, whose dict or tuple is built per recv (a caller may
+    replace its entries: a cached one would hand those back two recvs later)."""
 
     def __init__(self, slots: dict[str, np.ndarray], on_done_names: frozenset[str], obs: Any,
-                 copy_always: Any, copy_on_done: Any):
+                 copiers: list[tuple[Any, Any]]):
         self.slots, self.on_done_names, self.obs = slots, on_done_names, obs
         self.dones = slots["dones"]
-        self.copy_always, self.copy_on_done = copy_always, copy_on_done
+        self.copiers = copiers
 
 
 class SendRowChecks:
@@ -753,16 +754,21 @@ class BatchedVecEnv(VectorEnv):
     #: info; the leaves "final_observations.<k>" of a composite space too)
     _ON_DONE = frozenset({*_EPISODE_STATS, "final_observations"})
 
-    def _gather(self, ids: np.ndarray) -> tuple:
-        """Copy the envs' results into the next of two batch buffers."""
+    def _gather(self, ids: np.ndarray, source: int = 0,
+                source_rows: np.ndarray | None = None) -> tuple:
+        """Copy the envs' results into the next of two batch buffers, from
+        buffer set `source` of _gather_sources() (source_rows: the envs'
+        rows there; by default their rows in this env's own buffers)."""
         plan = self._gather_plans()[self._recv_count % 2]
         self._recv_count += 1
         rows = self._rows_of(ids)
         # (rows come from the stepper's ids: in range)
-        plan.copy_always(rows)
+        copy_always, copy_on_done = plan.copiers[source]
+        read = rows if source_rows is None else source_rows
+        copy_always(read)
         any_done = plan.dones.any()
         if any_done:  # (no episode ended: the info has no statistics)
-            plan.copy_on_done(rows)
+            copy_on_done(read)
         env_id = plan.slots["env_id"]
         env_id[...] = rows if self.num_agents == 1 else rows // self.num_agents  # each row's env
         if self._copy:
@@ -812,11 +818,19 @@ class BatchedVecEnv(VectorEnv):
                            or name.startswith("final_observations.")]
                 always = [name for name in names if name not in on_done]
                 obs = self._tree(slots, "observations")
+                copiers = [(self._row_copier([(source[n], slots[n]) for n in always]),
+                            self._row_copier([(source[n], slots[n]) for n in on_done]))
+                           for source in self._gather_sources()]
                 plans.append(_GatherPlan(
                     slots, frozenset(on_done), obs if isinstance(obs, np.ndarray) else None,
-                    self._row_copier([(self._buffers[n], slots[n]) for n in always]),
-                    self._row_copier([(self._buffers[n], slots[n]) for n in on_done])))
+                    copiers))
         return plans
+
+    def _gather_sources(self) -> list[dict[str, np.ndarray]]:
+        """The buffer sets a recv may gather its batch from (name -> array,
+        as this env's own): this env's own (source 0); a MultiVecEnv adds
+        its shards' (a batch of one shard is copied once, from there)."""
+        return [self._buffers]
 
     def _row_copier(self, pairs: list[tuple[np.ndarray, np.ndarray]]) -> Any:
         """A function of rows (int64, in range) copying those rows of each

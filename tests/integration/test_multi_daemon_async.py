@@ -370,3 +370,26 @@ def test_async_reset_right_after_a_refused_send_keeps_the_books(multi):
             assert got == [0, 1, 2, 3]
             with pytest.raises(envd.EnvStateError, match="only 0 are in flight or ready"):
                 env.recv()
+
+
+def test_a_reset_or_step_after_async_sees_every_envs_last_results(multi):
+    """A recv of one daemon's envs is gathered straight from its shard's
+    buffers, leaving the MultiVecEnv's own behind: a step or reset after
+    async must still read every env's last results there.  Envs 2 and 3
+    (daemon 1) end after one step: the step is refused naming env 2 before
+    any daemon steps, and a reset of envs 2 and 3 returns envs 0 and 1 as
+    async_reset left them."""
+    with multi.make("CartPole-v1", 4, seed=0, batch_size=2, autoreset_mode="disabled",
+                    max_episode_steps=1) as env:
+        env.async_reset()
+        obs, _, _, _, info = env.recv()
+        assert info["env_id"].tolist() == [0, 1]
+        first_obs = obs.copy()
+        assert env.recv()[4]["env_id"].tolist() == [2, 3]
+        env.send(np.zeros(2, np.int64), [2, 3])
+        _, _, _, truncations, info = env.recv()
+        assert info["env_id"].tolist() == [2, 3] and truncations.all()
+        with pytest.raises(envd.EnvStateError, match="env 2 is done"):
+            env.step(np.zeros(4, np.int64))
+        obs, _ = env.reset(options={"reset_mask": np.array([False, False, True, True])})
+        np.testing.assert_array_equal(obs[:2], first_obs)
