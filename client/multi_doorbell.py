@@ -21,10 +21,14 @@ trip, no Python on the daemon's side):
 - waiting: every daemon with envs in flight and no request rung gets one
   RECV of the smallest batch it still has in flight (so any batch that
   finishes answers it; the daemon keeps the rest of a larger one ready for
-  the next RECV), and the trainer sleeps on all their answer words at once
-  (futex_waitv, client/doorbell.py ``wait_any``), in slices of 20 ms between
-  which each daemon's connection monitor is read (a daemon that died is
-  named at once).
+  the next RECV).  While an answer is expected within 60 us (each daemon's
+  running estimate of how long after its ring an answer came), the trainer
+  spins on the answer words: a sleeping trainer's wake-up costs it and the
+  daemon tens of microseconds, about a cheap env's batch.  Otherwise it
+  sleeps on all of them at once (futex_waitv, client/doorbell.py
+  ``wait_any``), in slices of 20 ms.  A daemon that did not answer has its
+  connection monitor read once a slice passed without any answer, and at
+  least once a slice (a daemon that died is named then).
 
 Everything else (the books, the ready FIFO, the rows copied into the env's
 buffers, refusals, a lost daemon, async_reset) is ShardsAsyncStepper's.
@@ -47,6 +51,16 @@ if TYPE_CHECKING:
 
 #: longest sleep before the daemons' connection monitors are read again
 _SLICE_S = 0.02
+#: spin (not sleep) while an answer is expected within this: a sleeping
+#: trainer's wake-up costs it and the daemon that wakes it tens of
+#: microseconds, as much as a cheap env's batch (docs/benchmarks.md)
+_SPIN_WITHIN_S = 60e-6
+#: spin up to this long past the expected answer (so at most
+#: _SPIN_WITHIN_S + _SPIN_MARGIN_S in all; an answer overdue by more is
+#: slept for)
+_SPIN_MARGIN_S = 20e-6
+#: weight of the latest answer in each daemon's running estimate
+_EXPECTED_WEIGHT = 0.25
 
 
 class ShardsDoorbellStepper(ShardsAsyncStepper):
@@ -58,6 +72,11 @@ class ShardsDoorbellStepper(ShardsAsyncStepper):
             shard.rung = 0  # envs a RECV rung and not answered yet asks for (0: none)
             shard.sent_ids = None  # the ids of a SENDRECV rung and not answered yet
             shard.remaining = {}  # batch serial -> its envs still in flight there
+            shard.rung_at = 0.0  # when the request out there was rung (perf_counter)
+            # how long after its ring an answer came, as seen by a wait for it
+            # (an estimate: None until a wait saw one)
+            shard.expected = None
+            shard.checked_at = 0.0  # when its connection was last checked (monotonic)
         self._serial = 0
         self._batch_of = np.zeros(env.num_env_instances, np.int64)  # each env's last batch serial
 
@@ -110,6 +129,7 @@ class ShardsDoorbellStepper(ShardsAsyncStepper):
         shard.stepper._ids[:len(local)] = local
         bell.ring(SENDRECV, len(local))
         shard.rung, shard.sent_ids = len(local), ids
+        shard.rung_at = time.perf_counter()
 
     def _post_recv(self, k: int) -> None:
         """Nothing here: a RECV is rung only when the trainer waits (_wait)."""
@@ -122,8 +142,10 @@ class ShardsDoorbellStepper(ShardsAsyncStepper):
 
     def _wait(self, deadline: float, call: str, only: _Shard | None = None) -> None:
         """Ring a RECV on every daemon with envs in flight and none rung
-        (``only``: just that one's answer is awaited), then sleep until an
-        answer comes (or a slice passes) and take in what came."""
+        (``only``: just that one's answer is awaited), then wait until an
+        answer comes (or a slice passes) and take in what came: spinning
+        while one is expected within _SPIN_WITHIN_S (by each daemon's
+        running estimate), else asleep."""
         shards = [only] if only is not None else self._shards
         for shard in shards:
             if shard.in_flight and not shard.rung:
@@ -140,12 +162,43 @@ class ShardsDoorbellStepper(ShardsAsyncStepper):
                 f"(Client timeout) during {call}(); they are stuck or overloaded")
         bells = [shard.stepper.doorbell for shard in rung]
         if not any(bell.answered for bell in bells):
-            wait_any(bells, min(remaining, _SLICE_S))
+            self._spin(rung, bells)
+            if not any(bell.answered for bell in bells):
+                wait_any(bells, min(remaining, _SLICE_S))
+            now = time.perf_counter()
+            for shard in rung:  # (only a wait sees when an answer came)
+                if shard.stepper.doorbell.answered:
+                    took = now - shard.rung_at
+                    shard.expected = took if shard.expected is None else \
+                        shard.expected + (took - shard.expected) * _EXPECTED_WEIGHT
+        any_answered = any(bell.answered for bell in bells)
+        checked = time.monotonic()
         for shard in rung:
             if shard.stepper.doorbell.answered:
                 self._take_answer(shard)
-            else:
+            elif not any_answered or checked - shard.checked_at >= _SLICE_S:
+                # (a daemon that answered is alive; one that did not is
+                # checked once a slice passed without any answer, or every slice)
+                shard.checked_at = checked
                 self._check_alive(shard, call)
+
+    @staticmethod
+    def _spin(rung: list[_Shard], bells: list[Doorbell]) -> None:
+        """Spin on the rung doorbells while the soonest answer is expected
+        within _SPIN_WITHIN_S: until one is answered, or _SPIN_MARGIN_S past it."""
+        expected = [shard.rung_at + shard.expected for shard in rung
+                    if shard.expected is not None]
+        if not expected:
+            return
+        now = time.perf_counter()
+        soonest = min(expected)
+        if soonest - now >= _SPIN_WITHIN_S:
+            return
+        until = soonest + _SPIN_MARGIN_S
+        while time.perf_counter() < until:
+            for bell in bells:
+                if bell.answered:
+                    return
 
     def _ring_recv(self, shard: _Shard) -> None:
         bell = shard.stepper.doorbell
@@ -156,6 +209,7 @@ class ShardsDoorbellStepper(ShardsAsyncStepper):
         count = min(min(shard.remaining.values(), default=shard.in_flight), shard.in_flight)
         bell.ring(RECV, count)
         shard.rung = count
+        shard.rung_at = time.perf_counter()
 
     def _check_alive(self, shard: _Shard, call: str) -> None:
         try:

@@ -66,4 +66,9 @@ def test_a_daemons_recv_answer_over_several_daemons_is_checked(ids):
 
 
 def test_a_daemons_recv_answer_within_its_envs_is_taken():
-    ShardsAsyncStepper._check_answered_ids(OneShard(), np.array([3, 0, 2], np.int64))
+    """Taken, with the slice of global ids the envs fill when they are
+    consecutive (in any order: the books then mark them by slice)."""
+    check = ShardsAsyncStepper._check_answered_ids
+    assert check(OneShard(), np.array([3, 0, 2], np.int64)) is None
+    assert check(OneShard(), np.array([2, 0, 1], np.int64)) == slice(4, 7)
+    assert check(OneShard(), np.array([3], np.int64)) == slice(7, 8)

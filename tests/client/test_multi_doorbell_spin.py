@@ -1,0 +1,73 @@
+"""Waiting on several daemons' doorbells (client/multi_doorbell.py): the
+trainer spins instead of sleeping only while an answer is expected within
+_SPIN_WITHIN_S, and never longer than _SPIN_MARGIN_S past it.  Checked on a fake clock
+(each reading advances it), so no test depends on this machine's speed."""
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from envd.client import multi_doorbell
+from envd.client.multi_doorbell import ShardsDoorbellStepper
+
+STEP_S = 1e-6  # the fake clock's advance per reading
+
+
+class Bell:
+    """A doorbell whose answer comes at the `answer_at`-th look (never: None)."""
+
+    def __init__(self, answer_at: int | None):
+        self.looks, self.answer_at = 0, answer_at
+
+    @property
+    def answered(self) -> bool:
+        self.looks += 1
+        return self.answer_at is not None and self.looks >= self.answer_at
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    now = [100.0]
+
+    def perf_counter() -> float:
+        now[0] += STEP_S
+        return now[0]
+
+    monkeypatch.setattr(multi_doorbell, "time", types.SimpleNamespace(perf_counter=perf_counter))
+    return now
+
+
+def shard(rung_at: float, expected: float | None) -> types.SimpleNamespace:
+    return types.SimpleNamespace(rung_at=rung_at, expected=expected)
+
+
+def test_no_spin_without_an_estimate_or_when_the_answer_is_far(clock):
+    for expected in (None, multi_doorbell._SPIN_WITHIN_S + 50e-6, 1.0):
+        bell = Bell(answer_at=1)
+        ShardsDoorbellStepper._spin([shard(clock[0], expected)], [bell])
+        assert bell.looks == 0, expected
+
+
+def test_spins_until_the_answer_comes(clock):
+    bell = Bell(answer_at=5)
+    ShardsDoorbellStepper._spin([shard(clock[0], 10e-6)], [bell])
+    assert bell.looks == 5
+
+
+def test_the_soonest_daemon_decides_and_any_answer_ends_the_spin(clock):
+    far, near = Bell(answer_at=None), Bell(answer_at=3)
+    ShardsDoorbellStepper._spin([shard(clock[0], 1.0), shard(clock[0], 10e-6)], [far, near])
+    assert near.looks == 3 and far.looks == 3
+
+
+def test_a_spin_is_bounded_when_no_answer_comes(clock):
+    """At most _SPIN_MARGIN_S past the expected answer, so at most
+    _SPIN_WITHIN_S + _SPIN_MARGIN_S in all; an answer overdue by more than
+    the margin is not spun for at all."""
+    within, margin = multi_doorbell._SPIN_WITHIN_S, multi_doorbell._SPIN_MARGIN_S
+    for expected, bound in ((within - 2e-6, within + margin), (0.0, margin), (-1.0, 0.0)):
+        bell = Bell(answer_at=None)
+        ShardsDoorbellStepper._spin([shard(clock[0], expected)], [bell])
+        assert bell.looks <= bound / STEP_S + 1, expected
+        assert (bell.looks > 0) == (bound > 0), expected
