@@ -6,6 +6,7 @@ targets) on made-up inputs.  No timing assertions: the numbers only have to
 exist."""
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import io
 import json
@@ -371,11 +372,13 @@ def test_the_learner_comparison_measures_round_by_round(monkeypatch):
         def sync_step_seconds(self):
             return 0.001
 
-        def sync_rate(self, learner, per_env, seconds):
+        def sync_rate(self, learner, per_env, seconds, slack):
+            assert slack == 42e-6  # the measured overshoot
             calls.append((self.system, learner, "sync"))
             return 100.0
 
-        def async_rate(self, learner, per_env, seconds):
+        def async_rate(self, learner, per_env, seconds, slack):
+            assert slack == 42e-6
             calls.append((self.system, learner, "async"))
             return 150.0 if self.system == "envd in-process" else 120.0
 
@@ -385,7 +388,9 @@ def test_the_learner_comparison_measures_round_by_round(monkeypatch):
     systems = ("envd in-process", "envd daemon", "EnvPool")
     monkeypatch.setattr(bench_learner, "make_pairs", lambda env_id, n, client: (
         {s: FakePair(s) for s in systems}, {}))
+    monkeypatch.setattr(bench_learner, "sleep_overshoot", lambda: 42e-6)
     entry = bench_learner.measure_env("Acrobot-v1", 64, None, rounds=2, seconds=0.01)
+    assert entry["sleep_overshoot_seconds"] == 42e-6
     per_round = len(systems) * len(bench_learner.LEARNERS) * len(bench_learner.MODES)
     measured = [c for c in calls if c[1] != "closed"]
     assert len(measured) == 2 * per_round
@@ -399,6 +404,33 @@ def test_the_learner_comparison_measures_round_by_round(monkeypatch):
     assert mine["status"] == "FAIL" and mine["value"] == 1.5
     ahead = found["Acrobot-v1 sleep learner, envd in-process: async/sync >= EnvPool's async/sync"]
     assert ahead["status"] == "PASS" and ahead["value"] == 1.25
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the timer slack is Linux's")
+def test_the_learner_measures_with_a_fine_timer_slack_and_restores_it():
+    """Inside fine_timer_slack the thread's timer slack is 1 ns (so that a
+    short sleep ends close to when asked, whatever the default); after, it
+    is what it was."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    before = libc.prctl(bench_learner._PR_GET_TIMERSLACK, 0, 0, 0, 0)
+    assert before > 1
+    with bench_learner.fine_timer_slack():
+        assert libc.prctl(bench_learner._PR_GET_TIMERSLACK, 0, 0, 0, 0) == 1
+        assert bench_learner.sleep_overshoot(samples=10) >= 0
+    assert libc.prctl(bench_learner._PR_GET_TIMERSLACK, 0, 0, 0, 0) == before
+
+
+def test_the_sleeping_learner_ends_its_sleep_slack_early():
+    """learn sleeps seconds - slack (the measured overshoot) and spins the
+    rest; with no room for a sleep, it only spins."""
+    slept = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(bench_learner, "time", SimpleNamespace(
+            sleep=slept.append, perf_counter=bench_learner.time.perf_counter))
+        bench_learner.learn(300e-6, "sleep", slack=100e-6)
+        bench_learner.learn(50e-6, "sleep", slack=100e-6)
+        bench_learner.learn(300e-6, "busy", slack=100e-6)
+    assert slept == [pytest.approx(200e-6)]
 
 
 def test_the_comparison_over_two_daemons_measures_round_by_round(monkeypatch):

@@ -30,10 +30,12 @@ daemon, and envd's ratio ahead of EnvPool's own in the same run.
 """
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import gc
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -48,22 +50,59 @@ LEARNERS = ("sleep", "busy")
 MODES = ("sync", "async")
 #: The sleeping learner's async/sync target per env (issue 20).
 TARGETS = {"CartPole-v1": 1.0, "Acrobot-v1": 1.6, "ConnectFour-v0": 1.6}
-#: time.sleep overshoots by about this much on the machines measured; the
-#: sleep is cut short by it and the rest spun, so that learning lasts T.
+#: The sleeping learner cuts its sleep short by how much time.sleep
+#: overshoots (measured by sleep_overshoot before the rounds; this until
+#: then) and spins the rest, so that learning lasts T.
 SLEEP_SLACK = 60e-6
+#: Linux prctl options: the calling thread's timer slack (ns), which delays a
+#: sleep's wake-up by up to 50 us by default
+_PR_SET_TIMERSLACK, _PR_GET_TIMERSLACK = 29, 30
 
 
 class Unavailable(Exception):
     """A system that cannot run here; the message says why."""
 
 
-def learn(seconds: float, kind: str) -> None:
-    """The learner's work: sleep (GPU-bound) or spin (CPU-bound) for `seconds`."""
+def learn(seconds: float, kind: str, slack: float = SLEEP_SLACK) -> None:
+    """The learner's work for `seconds`: sleep (GPU-bound; the sleep ends
+    `slack` early, the rest is spun) or spin (CPU-bound)."""
     end = time.perf_counter() + seconds
-    if kind == "sleep" and seconds > SLEEP_SLACK:
-        time.sleep(seconds - SLEEP_SLACK)
+    if kind == "sleep" and seconds > slack:
+        time.sleep(seconds - slack)
     while time.perf_counter() < end:
         pass
+
+
+@contextlib.contextmanager
+def fine_timer_slack() -> Iterator[None]:
+    """The calling thread's timer slack at 1 ns while inside (Linux; a no-op
+    elsewhere): the default 50 us makes every short sleep overshoot by that
+    much, so a learner of tens of microseconds would sleep past T (twice as
+    often in the async loop as in the sync one) or have to spin instead."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        before = libc.prctl(_PR_GET_TIMERSLACK, 0, 0, 0, 0)
+    except (OSError, AttributeError):
+        before = -1
+    if before < 0:
+        yield
+        return
+    libc.prctl(_PR_SET_TIMERSLACK, ctypes.c_ulong(1), 0, 0, 0)
+    try:
+        yield
+    finally:
+        libc.prctl(_PR_SET_TIMERSLACK, ctypes.c_ulong(before), 0, 0, 0)
+
+
+def sleep_overshoot(samples: int = 100, request: float = 50e-6) -> float:
+    """How much longer than asked time.sleep sleeps here (the 90th
+    percentile of `samples` sleeps of `request`): the learner's slack."""
+    over = []
+    for _ in range(samples):
+        start = time.perf_counter()
+        time.sleep(request)
+        over.append(time.perf_counter() - start - request)
+    return float(np.percentile(over, 90))
 
 
 def _actions(space: Any, n: int, seed: int = 0) -> np.ndarray:
@@ -106,27 +145,29 @@ class LearnerPair:
             times.append(time.perf_counter() - start)
         return float(np.median(times))
 
-    def sync_rate(self, learner: str, per_env: float, seconds: float) -> float:
+    def sync_rate(self, learner: str, per_env: float, seconds: float,
+                  slack: float = SLEEP_SLACK) -> float:
         """Env steps per second of step(N) + learn(N x per_env)."""
         env, actions, n = self.sync_env, self.full, self.num_envs
         self._reset()
         steps, start = 0, time.perf_counter()
         while True:
             env.step(actions)
-            learn(per_env * n, learner)
+            learn(per_env * n, learner, slack)
             steps += n
             now = time.perf_counter()
             if now - start >= seconds:
                 return steps / (now - start)
 
-    def async_rate(self, learner: str, per_env: float, seconds: float) -> float:
+    def async_rate(self, learner: str, per_env: float, seconds: float,
+                   slack: float = SLEEP_SLACK) -> float:
         """Env steps per second of recv(B), send(B), learn(B x per_env)."""
         env, actions, b = self.async_env, self.half, self.batch
         env.async_reset()
         steps, start = 0, time.perf_counter()
         while True:
             env.send(actions, env.recv()[4]["env_id"])
-            learn(per_env * b, learner)
+            learn(per_env * b, learner, slack)
             steps += b
             now = time.perf_counter()
             if now - start >= seconds:
@@ -198,31 +239,34 @@ def _envd_pair(sync_env: Any, make_async: Callable[[], Any], n: int) -> LearnerP
 def measure_env(env_id: str, n: int, client: Any, rounds: int, seconds: float,
                 on_measure: Callable[[str], None] = lambda label: None) -> dict[str, Any]:
     """The comparison for one env: {num_envs, batch_size, learner_seconds_per_env,
-    rounds: {system: {learner: {mode: [env steps/s per round]}}}, missing:
-    {system: why}}."""
+    sleep_overshoot_seconds, rounds: {system: {learner: {mode: [env steps/s
+    per round]}}}, missing: {system: why}}.  Measured with the timer slack at
+    1 ns (fine_timer_slack), the sleeping learner's slack measured first."""
     pairs, missing = make_pairs(env_id, n, client)
     daemon = pairs.get("envd daemon")
     daemon_path = {mode: _path_of(env) for mode, env in
                    (("sync", daemon.sync_env), ("async", daemon.async_env))} if daemon else {}
     try:
-        per_env = pairs["envd in-process"].sync_step_seconds() / n
-        keys = [(system, learner, mode) for system in pairs for learner in LEARNERS
-                for mode in MODES]
+        with fine_timer_slack():
+            slack = sleep_overshoot()
+            per_env = pairs["envd in-process"].sync_step_seconds() / n
+            keys = [(system, learner, mode) for system in pairs for learner in LEARNERS
+                    for mode in MODES]
 
-        def measure(key: tuple[str, str, str], round_index: int) -> float:
-            system, learner, mode = key
-            on_measure(f"{env_id} {system} {mode}, {learner} learner "
-                       f"(round {round_index + 1}/{rounds})")
-            pair = pairs[system]
-            gc.disable()
-            try:
-                if mode == "sync":
-                    return pair.sync_rate(learner, per_env, seconds)
-                return pair.async_rate(learner, per_env, seconds)
-            finally:
-                gc.enable()
+            def measure(key: tuple[str, str, str], round_index: int) -> float:
+                system, learner, mode = key
+                on_measure(f"{env_id} {system} {mode}, {learner} learner "
+                           f"(round {round_index + 1}/{rounds})")
+                pair = pairs[system]
+                gc.disable()
+                try:
+                    if mode == "sync":
+                        return pair.sync_rate(learner, per_env, seconds, slack)
+                    return pair.async_rate(learner, per_env, seconds, slack)
+                finally:
+                    gc.enable()
 
-        values = interleaved_rounds(keys, rounds, measure)
+            values = interleaved_rounds(keys, rounds, measure)
     finally:
         for pair in pairs.values():
             pair.close()
@@ -230,6 +274,7 @@ def measure_env(env_id: str, n: int, client: Any, rounds: int, seconds: float,
     for (system, learner, mode), rates in values.items():
         table.setdefault(system, {}).setdefault(learner, {})[mode] = rates
     return {"num_envs": n, "batch_size": n // 2, "learner_seconds_per_env": per_env,
+            "sleep_overshoot_seconds": slack,
             "rounds": table, "missing": missing, "daemon_path": daemon_path}
 
 
@@ -284,8 +329,11 @@ def report_lines(results: dict[str, dict[str, Any]]) -> list[str]:
         paths = entry.get("daemon_path") or {}
         daemon = (f"; daemon: sync on the {paths['sync']}, async on the {paths['async']}"
                   if paths else "")
+        over = entry.get("sleep_overshoot_seconds")
+        overshoot = f" (time.sleep overshoots {over * 1e6:.0f} us)" if over is not None else ""
         lines.append(f"\n{env_id}: N={entry['num_envs']}, batch {entry['batch_size']}, learner "
-                     f"T = {entry['learner_seconds_per_env'] * 1e9:.0f} ns per env step{daemon}")
+                     f"T = {entry['learner_seconds_per_env'] * 1e9:.0f} ns per env step"
+                     f"{overshoot}{daemon}")
         lines.append(f"  {'system':<18}{'learner':>8}{'sync':>14}{'async':>14}"
                      f"{'async/sync':>16}")
         for system in SYSTEMS:
