@@ -36,8 +36,9 @@ through the daemons' doorbells where every shard has the fast path.
 
 A multi-agent env (agents as rows) works in whole envs, as on one daemon:
 the books, the FIFO and every id a shard sends or receives name envs; only
-the copies between the shards' buffers and the MultiVecEnv's move each env's
-num_agents rows (agent-major: env i's rows are i*A .. i*A+A-1).
+the copies between the shards' buffers and the MultiVecEnv's, and a recv's
+gather from a shard's buffers, move each env's num_agents rows
+(agent-major: env i's rows are i*A .. i*A+A-1).
 
 Refusals keep the one-daemon rules: a send of an env not idle raises at the
 send (the books are here); a send the daemon refuses (a done env in
@@ -190,7 +191,6 @@ class ShardsAsyncStepper:
         env._all_started = True
         for shard, local in zip(self._shards, received):  # (env order: shard by shard)
             self._add_ready(shard, local, shard.rows)
-        self._behind = True
 
     def step(self) -> int:
         self._start_call()
@@ -267,11 +267,17 @@ class ShardsAsyncStepper:
 
     def _add_ready(self, shard: _Shard, local: np.ndarray, run: slice | None) -> None:
         """Envs local of the shard (in range) finished: READY, at the FIFO's
-        end.  run: the slice of global ids they fill, if they do."""
+        end (their rows are in the shard's buffers, so the env's are behind
+        now).  run: the slice of global ids they fill, if they do (trusted
+        only if every env there was in flight: a daemon naming an env twice
+        must not make another ready)."""
         ids = local + shard.rows.start
+        if run is not None and not (self._state[run] == IN_FLIGHT).all():
+            run = None
         self._state[run if run is not None else ids] = READY
         self._ready.append((shard.index, local, ids, run))
         self._num_ready += len(ids)
+        self._behind = True
 
     def _pop_ready(self, count: int) -> np.ndarray:
         """The oldest count ready ids (int64, ready order); they are IDLE now.
@@ -291,7 +297,6 @@ class ShardsAsyncStepper:
         if all(k == shard.index for k, _, _ in parts):  # (one shard's: gathered from there)
             local = parts[0][1] if len(parts) == 1 else np.concatenate([p[1] for p in parts])
             self.batch_source = (shard.index, shard.stepper.rows_of(local))
-            self._behind = True
         else:
             for k, local, _ in parts:
                 self._copy_rows(self._shards[k], local)

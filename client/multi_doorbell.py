@@ -24,14 +24,17 @@ trip, no Python on the daemon's side):
   the next RECV).  While an answer is expected within 60 us (each daemon's
   running estimate of how long after its ring an answer came), the trainer
   spins on the answer words: a sleeping trainer's wake-up costs it and the
-  daemon tens of microseconds, about a cheap env's batch.  Otherwise it
+  daemon tens of microseconds, about a cheap env's batch.  An answer seen
+  only after a sleep looks later than it came (by the wake-up), which could
+  keep the estimate above 60 us for good: so a daemon without an estimate,
+  and every 16th wait, spin up to 60 us whatever it says.  Otherwise it
   sleeps on all of them at once (futex_waitv, client/doorbell.py
   ``wait_any``), in slices of 20 ms.  A daemon that did not answer has its
   connection monitor read once a slice passed without any answer, and at
   least once a slice (a daemon that died is named then).
 
-Everything else (the books, the ready FIFO, the rows copied into the env's
-buffers, refusals, a lost daemon, async_reset) is ShardsAsyncStepper's.
+Everything else (the books, the ready FIFO, where a recv's rows are
+gathered from, refusals, a lost daemon, async_reset) is ShardsAsyncStepper's.
 """
 from __future__ import annotations
 
@@ -61,6 +64,10 @@ _SPIN_WITHIN_S = 60e-6
 _SPIN_MARGIN_S = 20e-6
 #: weight of the latest answer in each daemon's running estimate
 _EXPECTED_WEIGHT = 0.25
+#: every this many waits spin up to _SPIN_WITHIN_S whatever the estimates
+#: say (a probe: an answer seen after a sleep includes the wake-up, so the
+#: estimates only ever fall back below _SPIN_WITHIN_S through a spin)
+_PROBE_EVERY = 16
 
 
 class ShardsDoorbellStepper(ShardsAsyncStepper):
@@ -78,6 +85,7 @@ class ShardsDoorbellStepper(ShardsAsyncStepper):
             shard.expected = None
             shard.checked_at = 0.0  # when its connection was last checked (monotonic)
         self._serial = 0
+        self._waits = 0  # (every _PROBE_EVERY-th spins: _spin)
         self._batch_of = np.zeros(env.num_env_instances, np.int64)  # each env's last batch serial
 
     # ---- the wire ---------------------------------------------------------------------------
@@ -162,7 +170,8 @@ class ShardsDoorbellStepper(ShardsAsyncStepper):
                 f"(Client timeout) during {call}(); they are stuck or overloaded")
         bells = [shard.stepper.doorbell for shard in rung]
         if not any(bell.answered for bell in bells):
-            self._spin(rung, bells)
+            self._waits += 1
+            self._spin(rung, bells, probe=self._waits % _PROBE_EVERY == 0)
             if not any(bell.answered for bell in bells):
                 wait_any(bells, min(remaining, _SLICE_S))
             now = time.perf_counter()
@@ -183,18 +192,22 @@ class ShardsDoorbellStepper(ShardsAsyncStepper):
                 self._check_alive(shard, call)
 
     @staticmethod
-    def _spin(rung: list[_Shard], bells: list[Doorbell]) -> None:
+    def _spin(rung: list[_Shard], bells: list[Doorbell], probe: bool = False) -> None:
         """Spin on the rung doorbells while the soonest answer is expected
-        within _SPIN_WITHIN_S: until one is answered, or _SPIN_MARGIN_S past it."""
+        within _SPIN_WITHIN_S: until one is answered, or _SPIN_MARGIN_S past
+        it.  A probe, or a daemon without an estimate yet: up to
+        _SPIN_WITHIN_S from now, so that an answer that soon is seen when it
+        comes (a sample the estimate can trust)."""
+        now = time.perf_counter()
         expected = [shard.rung_at + shard.expected for shard in rung
                     if shard.expected is not None]
-        if not expected:
-            return
-        now = time.perf_counter()
-        soonest = min(expected)
-        if soonest - now >= _SPIN_WITHIN_S:
-            return
-        until = soonest + _SPIN_MARGIN_S
+        if probe or len(expected) < len(rung):
+            until = now + _SPIN_WITHIN_S
+        else:
+            soonest = min(expected)
+            if soonest - now >= _SPIN_WITHIN_S:
+                return
+            until = soonest + _SPIN_MARGIN_S
         while time.perf_counter() < until:
             for bell in bells:
                 if bell.answered:

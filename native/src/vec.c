@@ -238,6 +238,9 @@ static void reset_range(void *ctx, int64_t begin, int64_t end)
             envd_rng_seed(&slot_of(vec, i)->rng, vec->reset_seeds[i]);
         int rc = reset_env(vec, i, obs + (size_t)i * vec->obs_bytes, &clock);
         for (int64_t row = i * vec->agents; row < (i + 1) * vec->agents; row++) {
+            /* a fresh episode has earned nothing: an async reset's recv
+             * returns these rows as they are (through a daemon too) */
+            vec->buf.rewards[row] = 0.0f;
             vec->buf.terminations[row] = false;
             vec->buf.truncations[row] = false;
             if (vec->buf.dones)

