@@ -75,14 +75,14 @@ if TYPE_CHECKING:
     from envd.client.remote_vector_env import RemoteVecEnv
 
 IDLE, IN_FLIGHT, READY = 0, 1, 2
+#: longest single poll: a lost daemon's monitor event wakes the poll anyway;
+#: this bounds how late a timeout is noticed
+_POLL_SLICE_S = 1.0
 
 
 def _run_of(low: int, high: int, count: int) -> slice | None:
     """slice(low, high + 1) when count unique ids from low to high fill it."""
     return slice(low, high + 1) if high - low + 1 == count else None
-#: longest single poll: a lost daemon's monitor event wakes the poll anyway;
-#: this bounds how late a timeout is noticed
-_POLL_SLICE_S = 1.0
 
 
 class _Shard:
@@ -190,7 +190,7 @@ class ShardsAsyncStepper:
         env._started[:] = True  # (a sync step once all are received: as after reset())
         env._all_started = True
         for shard, local in zip(self._shards, received):  # (env order: shard by shard)
-            self._add_ready(shard, local, shard.rows)
+            self._add_ready(shard, local, None)  # (idle after _forget: marked per id)
 
     def step(self) -> int:
         self._start_call()
@@ -269,8 +269,8 @@ class ShardsAsyncStepper:
         """Envs local of the shard (in range) finished: READY, at the FIFO's
         end (their rows are in the shard's buffers, so the env's are behind
         now).  run: the slice of global ids they fill, if they do (trusted
-        only if every env there was in flight: a daemon naming an env twice
-        must not make another ready)."""
+        only if every env there was in flight, so that a daemon naming an
+        env twice cannot make an idle env ready)."""
         ids = local + shard.rows.start
         if run is not None and not (self._state[run] == IN_FLIGHT).all():
             run = None

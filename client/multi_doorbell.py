@@ -27,7 +27,9 @@ trip, no Python on the daemon's side):
   daemon tens of microseconds, about a cheap env's batch.  An answer seen
   only after a sleep looks later than it came (by the wake-up), which could
   keep the estimate above 60 us for good: so a daemon without an estimate,
-  and every 16th wait, spin up to 60 us whatever it says.  Otherwise it
+  and every 16th wait, spin at least 60 us whatever it says, and an answer
+  seen while spinning replaces the estimate (slept ones are averaged in).
+  Otherwise it
   sleeps on all of them at once (futex_waitv, client/doorbell.py
   ``wait_any``), in slices of 20 ms.  A daemon that did not answer has its
   connection monitor read once a slice passed without any answer, and at
@@ -171,15 +173,13 @@ class ShardsDoorbellStepper(ShardsAsyncStepper):
         bells = [shard.stepper.doorbell for shard in rung]
         if not any(bell.answered for bell in bells):
             self._waits += 1
-            self._spin(rung, bells, probe=self._waits % _PROBE_EVERY == 0)
-            if not any(bell.answered for bell in bells):
+            seen = self._spin(rung, bells, probe=self._waits % _PROBE_EVERY == 0)
+            if not seen:
                 wait_any(bells, min(remaining, _SLICE_S))
             now = time.perf_counter()
             for shard in rung:  # (only a wait sees when an answer came)
                 if shard.stepper.doorbell.answered:
-                    took = now - shard.rung_at
-                    shard.expected = took if shard.expected is None else \
-                        shard.expected + (took - shard.expected) * _EXPECTED_WEIGHT
+                    self._learn(shard, now - shard.rung_at, exact=seen)
         any_answered = any(bell.answered for bell in bells)
         checked = time.monotonic()
         for shard in rung:
@@ -192,26 +192,40 @@ class ShardsDoorbellStepper(ShardsAsyncStepper):
                 self._check_alive(shard, call)
 
     @staticmethod
-    def _spin(rung: list[_Shard], bells: list[Doorbell], probe: bool = False) -> None:
+    def _learn(shard: _Shard, took: float, exact: bool) -> None:
+        """Fold an answer that came `took` after its ring into the shard's
+        estimate.  One seen while spinning is exact and replaces it; one seen
+        after a sleep includes the wake-up and is averaged in (so a probe's
+        exact sample brings an estimate that slept samples held above the
+        window back at once)."""
+        if exact or shard.expected is None:
+            shard.expected = took
+        else:
+            shard.expected += (took - shard.expected) * _EXPECTED_WEIGHT
+
+    @staticmethod
+    def _spin(rung: list[_Shard], bells: list[Doorbell], probe: bool = False) -> bool:
         """Spin on the rung doorbells while the soonest answer is expected
-        within _SPIN_WITHIN_S: until one is answered, or _SPIN_MARGIN_S past
-        it.  A probe, or a daemon without an estimate yet: up to
-        _SPIN_WITHIN_S from now, so that an answer that soon is seen when it
-        comes (a sample the estimate can trust)."""
+        within _SPIN_WITHIN_S: until one is answered (True), or _SPIN_MARGIN_S
+        past it (False).  A probe, or a daemon without an estimate yet: at
+        least _SPIN_WITHIN_S from now, so that an answer that soon is seen
+        when it comes (a sample the estimate can trust)."""
         now = time.perf_counter()
         expected = [shard.rung_at + shard.expected for shard in rung
                     if shard.expected is not None]
+        soonest = min(expected) if expected else now
+        near = soonest - now < _SPIN_WITHIN_S
         if probe or len(expected) < len(rung):
-            until = now + _SPIN_WITHIN_S
+            until = max(now + _SPIN_WITHIN_S, soonest + _SPIN_MARGIN_S if near else now)
+        elif not near:
+            return False
         else:
-            soonest = min(expected)
-            if soonest - now >= _SPIN_WITHIN_S:
-                return
             until = soonest + _SPIN_MARGIN_S
         while time.perf_counter() < until:
             for bell in bells:
                 if bell.answered:
-                    return
+                    return True
+        return False
 
     def _ring_recv(self, shard: _Shard) -> None:
         bell = shard.stepper.doorbell

@@ -221,6 +221,7 @@ class EnvSlice:
         if self._info_lengths is not None:
             self._info_lengths[i] = self._write_info(i, info)
         self._begin_episode(k)
+        self._rewards[i] = 0.0  # (a fresh episode has earned nothing: vec.c reset_range)
         self._terms[i] = self._truncs[i] = self._dones[i] = False
 
     def _step(self, i: int, k: int, action: Any) -> tuple | None:

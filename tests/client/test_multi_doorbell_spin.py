@@ -63,7 +63,7 @@ def test_a_probe_or_a_daemon_without_an_estimate_spins_up_to_the_window(clock):
 
 def test_spins_until_the_answer_comes(clock):
     bell = Bell(answer_at=5)
-    ShardsDoorbellStepper._spin([shard(clock[0], 10e-6)], [bell])
+    assert ShardsDoorbellStepper._spin([shard(clock[0], 10e-6)], [bell]) is True
     assert bell.looks == 5
 
 
@@ -80,6 +80,31 @@ def test_a_spin_is_bounded_when_no_answer_comes(clock):
     within, margin = multi_doorbell._SPIN_WITHIN_S, multi_doorbell._SPIN_MARGIN_S
     for expected, bound in ((within - 2e-6, within + margin), (0.0, margin), (-1.0, 0.0)):
         bell = Bell(answer_at=None)
-        ShardsDoorbellStepper._spin([shard(clock[0], expected)], [bell])
+        assert ShardsDoorbellStepper._spin([shard(clock[0], expected)], [bell]) is False
         assert bell.looks <= bound / STEP_S + 1, expected
         assert (bell.looks > 0) == (bound > 0), expected
+
+
+def test_a_probe_spins_at_least_as_long_as_the_estimate_asks(clock):
+    """An answer expected 50 us from now: a probe spins to 20 us past it,
+    not only the 60 us window from now."""
+    bell = Bell(answer_at=None)
+    ShardsDoorbellStepper._spin([shard(clock[0] - 10e-6, 60e-6 + 10e-6 - 1e-6)], [bell],
+                                probe=True)
+    window = multi_doorbell._SPIN_WITHIN_S / STEP_S
+    assert bell.looks > window + 5
+
+
+def test_an_answer_seen_spinning_replaces_the_estimate_a_slept_one_is_averaged():
+    """A slept sample (answer plus the wake-up) moves the estimate by
+    _EXPECTED_WEIGHT; one seen spinning sets it: after slept samples held it
+    above the window, one probe that sees the answer brings it back."""
+    learn = ShardsDoorbellStepper._learn
+    one = shard(0.0, None)
+    learn(one, 90e-6, exact=False)
+    assert one.expected == pytest.approx(90e-6)  # (the first sample, however seen)
+    learn(one, 110e-6, exact=False)
+    assert one.expected == pytest.approx(90e-6 + 20e-6 * multi_doorbell._EXPECTED_WEIGHT)
+    learn(one, 38e-6, exact=True)
+    assert one.expected == pytest.approx(38e-6)
+    assert one.expected < multi_doorbell._SPIN_WITHIN_S

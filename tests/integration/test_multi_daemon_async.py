@@ -27,7 +27,8 @@ def daemons(tmp_path_factory):
     """Two daemons of one thread each (so N envs split evenly); at the end
     every session must be closed and each must drain to exit 0, leaving no segment."""
     folder = tmp_path_factory.mktemp("multi-async")
-    with daemon_group(folder, *[("--threads", "1", "--lease-timeout", "30")] * 2) as procs:
+    with daemon_group(folder, *[("--threads", "1", "--lease-timeout", "30",
+                                 "--python-env", "CartPole-v1")] * 2) as procs:
         yield procs
 
 
@@ -395,50 +396,52 @@ def test_a_reset_or_step_after_async_sees_every_envs_last_results(multi):
         np.testing.assert_array_equal(obs[:2], first_obs)
 
 
-def test_a_recv_after_a_second_async_reset_returns_zero_rewards(multi):
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "py:CartPole-v1"])
+def test_a_recv_after_a_second_async_reset_returns_zero_rewards(multi, env_id):
     """A fresh episode has earned nothing: the recvs after an async reset
     return rewards 0, as in-process, though the envs had earned 1 before
-    (the daemon's reset zeroes them: recv reads the shard's rows)."""
-    with multi.make("CartPole-v1", 4, seed=0, batch_size=2) as env, \
+    (the daemon's reset zeroes them, a hosted env's worker too: recv reads
+    the shard's rows)."""
+    with multi.make(env_id, 4, seed=0, batch_size=2) as env, \
             envd.make("CartPole-v1", 4, seed=0, batch_size=2) as local:
         for e in (env, local):
             e.async_reset()
             for _ in range(3):
                 e.send(np.zeros(2, np.int64), e.recv()[4]["env_id"])
             assert e.recv()[1].tolist() == [1.0, 1.0]
+            assert e.recv()[1].tolist() == [1.0, 1.0]  # (all received: a hosted
+            # session refuses an async reset with envs out)
             e.async_reset()
             assert e.recv()[1].tolist() == [0.0, 0.0], e
             assert e.recv()[1].tolist() == [0.0, 0.0], e
 
 
 def test_a_masked_reset_after_a_recv_across_daemons_returns_every_envs_state(daemons):
-    """Envs 0 and 2 (one on each daemon) are received together, so their rows
-    are copied into the MultiVecEnv's buffers; then 0, 1 and 2 are sent and
-    only two received: the third is ready, its rows only in its shard's
-    buffers.  A reset of the other daemon's envs must return its current
-    observation, as in-process (over the sockets: their recv keeps waiting
-    on each daemon, so the third env is seen finished without a recv)."""
+    """Envs 1 and 2 (one on each daemon) are received together, so their rows
+    are copied into the MultiVecEnv's buffers; then env 0 is sent and
+    finishes, not received: its rows are only in its shard's buffers.  A
+    reset of the other daemon's envs must return env 0's current
+    observation, as in-process (over the sockets: a recv keeps waiting on
+    each daemon with envs in flight, so env 0 is seen finished without one)."""
     with envd.connect([d.endpoint for d in daemons], timeout=30) as client, \
             client.make("CartPole-v1", 4, seed=0, batch_size=2, transport="inline") as env, \
             envd.make("CartPole-v1", 4, seed=0, batch_size=2) as local:
-        mask, observations = None, []
+        mask = np.array([False, False, True, True])  # daemon 1's envs
+        observations = []
         for e in (env, local):
             e.reset(seed=0)
-            e.send(np.zeros(2, np.int64), [0, 2])
-            assert sorted(e.recv()[4]["env_id"].tolist()) == [0, 2]
-            e.send(np.zeros(3, np.int64), [0, 1, 2])
-            received = e.recv()[4]["env_id"].tolist()
-            if mask is None:  # (the other daemon's envs than the one left; local alike)
-                left = ({0, 1, 2} - set(received)).pop()
-                mask = np.array([left >= 2] * 2 + [left < 2] * 2)
+            e.send(np.zeros(1, np.int64), [1])
+            e.send(np.zeros(1, np.int64), [2])
+            assert sorted(e.recv()[4]["env_id"].tolist()) == [1, 2]  # (across daemons)
+            e.send(np.ones(1, np.int64), [0])
 
             def reset_once_finished(e=e) -> bool:
                 try:
                     observations.append(e.reset(options={"reset_mask": mask})[0].copy())
                     return True
-                except envd.EnvStateError:  # (the third env still in flight)
+                except envd.EnvStateError:  # (env 0 still in flight)
                     return False
 
-            wait_until(reset_once_finished, what="the third env to finish")
+            wait_until(reset_once_finished, what="env 0 to finish")
         mine, theirs = observations
         np.testing.assert_array_equal(mine[~mask], theirs[~mask])
