@@ -8,7 +8,8 @@ import signal
 
 import numpy as np
 import pytest
-from support.async_steps import async_trajectories, per_env_actions, sync_trajectories
+from support.async_steps import (async_trajectories, check_async_reset_zeroes_rewards,
+                                 per_env_actions, sync_trajectories)
 from conftest import BUILTIN_ENV_IDS, MULTI_AGENT_ENV_IDS
 from support.daemon import DaemonProcess, segments_of, wait_until
 
@@ -312,12 +313,4 @@ def test_a_recv_after_a_second_async_reset_returns_zero_rewards(served, env_id):
     with client.make(env_id, 4, seed=0, batch_size=2) as env, \
             envd.make("CartPole-v1", 4, seed=0, batch_size=2) as local:
         for e in (env, local):
-            e.async_reset()
-            for _ in range(3):
-                e.send(np.zeros(2, np.int64), e.recv()[4]["env_id"])
-            assert e.recv()[1].tolist() == [1.0, 1.0]
-            assert e.recv()[1].tolist() == [1.0, 1.0]  # (all received: a hosted
-            # session refuses an async reset with envs out)
-            e.async_reset()
-            assert e.recv()[1].tolist() == [0.0, 0.0], e
-            assert e.recv()[1].tolist() == [0.0, 0.0], e
+            check_async_reset_zeroes_rewards(e)

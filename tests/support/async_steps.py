@@ -99,3 +99,18 @@ def async_trajectories(make, num_envs, steps, actions, batch_size, rng, **kwargs
                 outstanding += len(idle)
                 idle = []
     return runs, received
+
+
+def check_async_reset_zeroes_rewards(env) -> None:
+    """env (4 envs of CartPole, batch 2): after steps in which every env
+    earned 1 and every env was received (a hosted session refuses an async
+    reset with envs out), the recvs after an async reset return rewards 0:
+    a fresh episode has earned nothing."""
+    env.async_reset()
+    for _ in range(3):
+        env.send(np.zeros(2, np.int64), env.recv()[4]["env_id"])
+    assert env.recv()[1].tolist() == [1.0, 1.0]
+    assert env.recv()[1].tolist() == [1.0, 1.0]
+    env.async_reset()
+    assert env.recv()[1].tolist() == [0.0, 0.0], env
+    assert env.recv()[1].tolist() == [0.0, 0.0], env
