@@ -66,7 +66,7 @@ _SPIN_WITHIN_S = 60e-6
 _SPIN_MARGIN_S = 20e-6
 #: weight of the latest answer in each daemon's running estimate
 _EXPECTED_WEIGHT = 0.25
-#: every this many waits spin up to _SPIN_WITHIN_S whatever the estimates
+#: every this many waits spin at least _SPIN_WITHIN_S whatever the estimates
 #: say (a probe: an answer seen after a sleep includes the wake-up, so the
 #: estimates only ever fall back below _SPIN_WITHIN_S through a spin)
 _PROBE_EVERY = 16
