@@ -5,16 +5,24 @@ session's segment, answered by the daemon's native thread without a message
 Resets (async_reset too) and renders still go over the socket (they run on
 the daemon's executor).  Once the daemon stops serving the doorbell (the
 session was closed or expired, or the daemon stops) every call goes over the
-socket, whose reply says which.  A send through the doorbell is answered as
-soon as the daemon started the batch (microseconds), so its refusal (an env
-not idle, ...) is raised by the send itself, as in-process; the books are the
-daemon's native session's, as over the socket.
+socket, whose reply says which.  The books are the daemon's native
+session's, as over the socket.
+
+A send is posted, as over the socket: it rings SEND and returns without
+waiting for the answer (the daemon answers once it started the batch; a
+trainer's learner overlaps that, and it measured 10 us a batch).  The next
+call that uses the session first reads that answer (a doorbell takes one
+request at a time): a refusal (an env not idle, ...) is raised by the next
+send, recv, step or render, before it asks anything, with the in-process
+message; a reset or async_reset forgets it, as over the socket.  (A
+MultiVecEnv's shards send with _send, answered at once: their books need the
+answer.)
 """
 from __future__ import annotations
 
 import mmap
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -36,6 +44,8 @@ class DoorbellStepper(SocketStepper):
         #: None once the daemon closed it (then the socket serves)
         self.doorbell: Doorbell | None = Doorbell(memory, offset)
         self._ids = self.buffers["doorbell_ids"]
+        #: the env ids of a posted SEND whose answer was not read yet
+        self._posted: np.ndarray | None = None
 
     @property
     def fast_path(self) -> bool:
@@ -45,6 +55,40 @@ class DoorbellStepper(SocketStepper):
         if self.maybe_running and self.doorbell is not None and self.doorbell.answered:
             self.maybe_running = False  # the late fast-path step has ended
         super().check_buffers_free()
+
+    def send(self, env_ids: np.ndarray) -> None:
+        """Post the send (see the module docstring)."""
+        self._check_async_state()
+        self._raise_refusal()  # (reads a send posted before this one)
+        bell = self.doorbell
+        if bell is None or bell.closed:
+            self._send(env_ids)  # (the socket: posted there too)
+            return
+        self._ids[:len(env_ids)] = env_ids
+        bell.ring(SEND, len(env_ids))
+        self._posted = env_ids
+
+    def _raise_refusal(self) -> None:
+        self._read_posted()
+        super()._raise_refusal()
+
+    def _read_posted(self) -> None:
+        """Read a posted SEND's answer (waiting for it: the doorbell takes one
+        request at a time); a refusal is kept for _raise_refusal."""
+        ids, self._posted = self._posted, None
+        if ids is None:
+            return
+        answer = self._await(SEND, "send")
+        if answer is None:  # closed before it answered: the socket sends it, or says why
+            self._call({"type": "send", "session": self.session}, [ids.tobytes()])
+            return
+        refusal = self.send_refusal(*answer)
+        if refusal is not None and self._refusal is None:
+            self._refusal = refusal
+
+    def _call(self, header: dict[str, Any], blobs: Sequence = ()) -> dict[str, Any]:
+        self._read_posted()  # (a reset's or render's request after the send's answer)
+        return super()._call(header, blobs)
 
     def _step(self) -> int:
         if self.doorbell is not None:
@@ -147,11 +191,22 @@ class DoorbellStepper(SocketStepper):
         its (status, result, error index), raising ShuttingDownError for the
         daemon's refusal; None once the daemon stopped serving the doorbell
         (the caller then asks over the socket, which says why)."""
+        self._read_posted()
         bell = self.doorbell
-        if bell.closed:
+        if bell is None or bell.closed:
             self.doorbell = None
             return None
         bell.ring(kind, count)
+        answer = self._await(kind, what)
+        if answer is None:
+            return self._ring(kind, count, what)  # closed meanwhile: drops the doorbell
+        return answer
+
+    def _await(self, kind: int, what: str) -> tuple[int, int, int] | None:
+        """The answer to the request of kind rung last (None: the daemon
+        closed the doorbell without answering), raising ShuttingDownError for
+        the daemon's refusal and EnvdTimeoutError after the client's timeout."""
+        bell = self.doorbell
         try:
             answer = bell.wait(time.monotonic() + self.channel.timeout, self.channel.check_alive)
         except TimeoutError:
@@ -161,7 +216,7 @@ class DoorbellStepper(SocketStepper):
                 f"no answer to a fast-path {what} from the daemon at {self.channel.endpoint} "
                 f"within {self.channel.timeout:g} s (Client timeout)") from None
         if answer is None:
-            return self._ring(kind, count, what)  # closed meanwhile: drops the doorbell
+            return None
         status, result, index = answer
         if status == SHUTTING_DOWN:
             raise ShuttingDownError("the daemon is shutting down and takes no new work")

@@ -78,10 +78,11 @@ def test_misuse_is_refused_and_the_env_stays_usable(served):
             ids = e.recv()[4]["env_id"]
             with pytest.raises(envd.EnvStateError, match="env 3 is ready"):
                 e.send(np.zeros(1, np.int64), [3])
-                if e is env and not env.fast_path:
-                    # over the socket the send is posted and the daemon's session
-                    # refuses it: raised by the next call once its reply is read
-                    # (status's reply comes after it), and nothing changed
+                if e is env:
+                    # through the daemon the send is posted and its session
+                    # refuses it: raised by the next call once its answer is
+                    # read (over the socket, status's reply comes after it),
+                    # and nothing changed
                     client.status()
                     e.recv()
             with pytest.raises(envd.InvalidActionError, match="out of range"):

@@ -245,10 +245,11 @@ def assert_same_trajectories(got: dict, want: dict, mode: str, batch_size: int,
             assert sum(not ended(t, rounds) for t in side.values()) < batch_size
 
 
-def test_async_refusals_match_in_process_and_are_raised_by_send(served):
-    """Sending a done env in 'disabled' mode: the daemon's fast path refuses
-    it at once, so send raises as in-process does (over the socket, sends are
-    posted and a later recv reports it); the env stays usable."""
+def test_async_refusals_match_in_process_and_are_raised_by_the_next_call(served):
+    """Sending a done env in 'disabled' mode: the send is posted through the
+    doorbell (as over the socket), so the next call (here a recv) raises the
+    daemon's refusal, with the message in-process send raises; the env stays
+    usable."""
     _, client = served
     kwargs = dict(seed=0, batch_size=2, autoreset_mode="disabled", max_episode_steps=1)
     with client.make("CartPole-v1", 4, **kwargs) as remote, \
@@ -263,6 +264,7 @@ def test_async_refusals_match_in_process_and_are_raised_by_send(served):
             done = env.recv()[4]["env_id"]
             with pytest.raises(envd.EnvStateError) as caught:
                 env.send(np.zeros(1, np.int64), done[:1])
+                env.recv()  # (through the daemon: raised here, before it asks anything)
             messages.append(str(caught.value))
             env.reset(options={"reset_mask": np.ones(4, bool)})  # usable: reset, then step
             env.step(np.zeros(4, np.int64))
@@ -325,12 +327,14 @@ def test_a_doorbell_recv_takes_exactly_count_and_the_session_keeps_the_rest(serv
                 e.step(np.zeros(6, np.int64))
             with pytest.raises(envd.EnvStateError, match="env 2 is ready, not received yet"):
                 e.send(np.zeros(1, np.int64), [2])
+                e.recv()  # (through the daemon the send is posted: the next call raises)
         with pytest.raises(envd.EnvStateError, match="recv them first"):
             client.channel.request({"type": "fast", "session": env.session, "enable": False})
         for e in (env, local):
             e.send(np.zeros(2, np.int64), [0, 1])
             with pytest.raises(envd.EnvStateError, match="env 1 is (in flight|ready)"):
                 e.send(np.zeros(1, np.int64), [1])
+                e.recv()
             got = [e.recv()[4]["env_id"].tolist() for _ in range(3)]
             assert got[:2] == [[2, 3], [4, 5]] and sorted(got[2]) == [0, 1]
             with pytest.raises(envd.EnvStateError, match="only 0 are in flight or ready"):
