@@ -224,12 +224,15 @@ def test_async_reset_over_the_socket_drops_the_envs_in_flight(served):
                                     "mask": True})
 
 
-def test_a_send_refused_over_the_socket_is_raised_by_the_next_call(served):
-    """Over the socket a send is posted and the daemon's session refuses an env
-    that is not idle: the refusal is raised by the first call that starts after
-    its reply was read, and changes nothing; a reset forgets it."""
+@pytest.mark.parametrize("fast_path", [False, None])
+def test_a_refused_send_is_raised_by_the_next_call(served, fast_path):
+    """A send is posted, over the socket and through the doorbell (fast_path
+    None: where the transport has one), and the daemon's session refuses an
+    env that is not idle: the refusal is raised by the first call that
+    starts after its reply was read (through the doorbell: the next call,
+    before it asks anything), and changes nothing; a reset forgets it."""
     _, client = served
-    with client.make("CartPole-v1", 6, seed=0, batch_size=3, fast_path=False) as env:
+    with client.make("CartPole-v1", 6, seed=0, batch_size=3, fast_path=fast_path) as env:
         env.async_reset()
         first = env.recv()[4]["env_id"].tolist()
         assert first == [0, 1, 2]
