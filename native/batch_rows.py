@@ -44,10 +44,13 @@ class IdChecker:
         return out if rc == lib.ENVD_OK else None
 
 
-def row_copier(pairs: list[tuple[np.ndarray, np.ndarray]]) -> Callable[[np.ndarray], None] | None:
-    """A function of rows (int64, each in range) that copies those rows of
-    every (buffer, slot) pair's buffer into its slot in one native call, or
-    None if some array is not C-contiguous (the caller copies with numpy).
+def row_copier(pairs: list[tuple[np.ndarray, np.ndarray]]
+               ) -> Callable[[np.ndarray, slice | None], None] | None:
+    """A function of (rows, run) (rows: int64, each in range) that copies
+    those rows of every (buffer, slot) pair's buffer into its slot in one
+    native call, or None if some array is not C-contiguous (the caller copies
+    with numpy).  run (the rows as a slice, or None: BatchedVecEnv._row_copier)
+    is not used: one native call costs less than a slice copy per buffer.
 
     Rows the native copy cannot take as they are (not one C-contiguous,
     aligned int64 row per slot row) are copied with numpy's take, which
@@ -56,7 +59,7 @@ def row_copier(pairs: list[tuple[np.ndarray, np.ndarray]]) -> Callable[[np.ndarr
     if not all(a.flags.c_contiguous for pair in pairs for a in pair):
         return None
     if not pairs:
-        return lambda rows: None
+        return lambda rows, run: None
     # The arrays outlive the copier (the env owns both); the closure keeps them.
     src = ffi.new("void *[]", [ffi.from_buffer(b) for b, _ in pairs])
     dst = ffi.new("void *[]", [ffi.from_buffer(s) for _, s in pairs])
@@ -66,7 +69,7 @@ def row_copier(pairs: list[tuple[np.ndarray, np.ndarray]]) -> Callable[[np.ndarr
     gather = lib.envd_batch_gather
     int64 = np.dtype(np.int64)
 
-    def copy(rows: np.ndarray) -> None:
+    def copy(rows: np.ndarray, run: slice | None = None) -> None:
         # (a few attribute reads: the native call reads rows as int64_t[])
         flags = rows.flags
         if (rows.dtype != int64 or rows.ndim != 1 or len(rows) != slot_rows

@@ -189,7 +189,8 @@ class SocketStepper:
     def _check_ids_in_range(self, ids: np.ndarray) -> None:
         """Refuse a recv answer naming an env that does not exist: the gather
         (BatchedVecEnv._gather) indexes the buffers with these ids unchecked."""
-        if len(ids) and (ids.min() < 0 or ids.max() >= self.num_envs):
+        # (int64 ids: a negative one is huge as uint64, so one pass, not min and max)
+        if len(ids) and ids.view(np.uint64).max() >= self.num_envs:
             raise ProtocolError(f"the daemon's recv answer names env ids outside "
                                 f"[0, {self.num_envs}): {ids.min()}..{ids.max()}")
 

@@ -271,8 +271,9 @@ class _GatherPlan:
     """One of recv's two sets of batch buffers (slots: name -> array, plus
     "env_id") and the copies that fill it, one pair per buffer set it may
     read from (BatchedVecEnv._gather_sources): copiers[source] is
-    (copy_always(rows), copy_on_done(rows)), the second for a batch in which
-    an episode ended (the buffers named in on_done_names).  obs: the
+    (copy_always(rows, run), copy_on_done(rows, run)) (see _row_copier), the
+    second for a batch in which an episode ended (the buffers named in
+    on_done_names).  obs: the
     observation over the slots when it is one array, as returned; None for a
     composite space, whose dict or tuple is built per recv (a caller may
     replace its entries: a cached one would hand those back two recvs later)."""
@@ -282,6 +283,42 @@ class _GatherPlan:
         self.slots, self.on_done_names, self.obs = slots, on_done_names, obs
         self.dones = slots["dones"]
         self.copiers = copiers
+
+
+def run_of(rows: np.ndarray, positions: np.ndarray) -> slice | None:
+    """rows (int64) as a slice when they are consecutive and increasing (every
+    batch of EnvPool's loop: a batch's envs are sent and finish together),
+    else None.  positions: 0, 1, 2, ... (int64), at least as many as the
+    buffers' rows.  A memcmp against positions, not np.diff: a recv's hot path."""
+    count = len(rows)
+    if count == 0:
+        return None
+    first = int(rows[0])
+    if first < 0 or rows.dtype != positions.dtype:
+        return None
+    if rows.tobytes() != positions[first:first + count].tobytes():
+        return None
+    return slice(first, first + count)
+
+
+class _LastBatch:
+    """The last recv's batch, so that a send of exactly those envs (EnvPool's
+    loop: send(actions, info["env_id"])) skips the id checks (they were
+    checked, or come from the stepper's books) and writes its actions as a
+    slice when they were a run: about 8 us of a cheap env's batch.  A bytes
+    compare tells whether a send's ids are that batch, whoever holds the
+    array (the caller may have changed it in place)."""
+
+    def __init__(self, env_id: np.ndarray, rows: slice | None):
+        self._ids = env_id.tobytes()
+        self._dtype = env_id.dtype
+        #: the batch's rows as a slice (run_of), or None
+        self.rows = rows
+
+    def sends(self, env_ids: Any) -> bool:
+        """env_ids (a send's) are this batch's ids, in its order."""
+        return (env_ids.__class__ is np.ndarray and env_ids.dtype == self._dtype
+                and env_ids.ndim == 1 and env_ids.tobytes() == self._ids)
 
 
 class SendRowChecks:
@@ -363,6 +400,8 @@ class BatchedVecEnv(VectorEnv):
         self._stepper: Stepper | None = None  # set by the subclass
         self._id_stamp = np.zeros(num_envs, np.int64)  # scratch of _check_env_ids
         self._positions = np.arange(num_envs, dtype=np.int64)  # (its 0, 1, 2, ...)
+        #: the last recv's batch, for the send of those envs (see _LastBatch)
+        self._last_batch: _LastBatch | None = None
         self._recv_count = 0
         self._maybe_running = False  # a call timed out: the buffers may be in use
         self._owned: list[Any] = []  # closed after this env (close_along)
@@ -671,8 +710,15 @@ class BatchedVecEnv(VectorEnv):
         with actions (one row per env id); returns at once."""
         self._acquire()
         try:
-            ids = self._check_env_ids(env_ids)
-            row_ids = self._rows_of(ids)
+            last = self._last_batch
+            if last is not None and last.sends(env_ids):
+                # the envs the last recv returned, as it returned them: in
+                # range and each once (a daemon's repeats it refuses itself)
+                ids = row_ids = env_ids.astype(np.int64)
+                target = row_ids if last.rows is None else last.rows
+            else:
+                ids = self._check_env_ids(env_ids)
+                row_ids = target = self._rows_of(ids)
             if (self._action_leaves is None and actions.__class__ is np.ndarray
                     and actions.dtype == self._action_dtype
                     and actions.shape == (len(row_ids), *self._action_shape[1:])):
@@ -685,7 +731,7 @@ class BatchedVecEnv(VectorEnv):
             self._check_send_rows(rows, ids)
             # (the stepper refuses an env not idle before it reads any row;
             # the vec steps from its own copy of the rows it accepted)
-            self._actions[row_ids] = rows
+            self._actions[target] = rows
             self._stepper.send(ids)
         finally:
             self._lock.release()
@@ -765,12 +811,18 @@ class BatchedVecEnv(VectorEnv):
         # (rows come from the stepper's ids: in range)
         copy_always, copy_on_done = plan.copiers[source]
         read = rows if source_rows is None else source_rows
-        copy_always(read)
+        run = run_of(read, self._positions)
+        copy_always(read, run)
         any_done = plan.dones.any()
         if any_done:  # (no episode ended: the info has no statistics)
-            copy_on_done(read)
+            copy_on_done(read, run)
         env_id = plan.slots["env_id"]
-        env_id[...] = rows if self.num_agents == 1 else rows // self.num_agents  # each row's env
+        if self.num_agents == 1:
+            env_id[...] = rows
+            self._last_batch = _LastBatch(env_id, run if source_rows is None else run_of(
+                rows, self._positions))
+        else:
+            env_id[...] = rows // self.num_agents  # each row's env
         if self._copy:
             out = {name: slot.copy() for name, slot in plan.slots.items()
                    if any_done or name not in plan.on_done_names}
@@ -833,9 +885,14 @@ class BatchedVecEnv(VectorEnv):
         return [self._buffers]
 
     def _row_copier(self, pairs: list[tuple[np.ndarray, np.ndarray]]) -> Any:
-        """A function of rows (int64, in range) copying those rows of each
-        (buffer, slot) pair's buffer into its slot, in order."""
-        def copy(rows: np.ndarray) -> None:
+        """A function of (rows, run) copying rows (int64, in range) of each
+        (buffer, slot) pair's buffer into its slot, in order; run: the same
+        rows as a slice (run_of), or None."""
+        def copy(rows: np.ndarray, run: slice | None) -> None:
+            if run is not None:  # (a third of a take's cost)
+                for buffer, slot in pairs:
+                    slot[...] = buffer[run]
+                return
             for buffer, slot in pairs:
                 # mode="clip" skips numpy's bounds check, which with out=
                 # (mode "raise") copies through a temporary buffer -- about

@@ -12,6 +12,7 @@ from gymnasium import spaces
 from envd.client.multi_async import ShardsAsyncStepper
 from envd.client.transports.over_socket import SocketStepper
 from envd.errors import ProtocolError
+from envd.vector_base import run_of
 
 
 class RepliesWith:
@@ -72,3 +73,14 @@ def test_a_daemons_recv_answer_within_its_envs_is_taken():
     assert check(OneShard(), np.array([3, 0, 2], np.int64)) is None
     assert check(OneShard(), np.array([2, 0, 1], np.int64)) == slice(4, 7)
     assert check(OneShard(), np.array([3], np.int64)) == slice(7, 8)
+
+
+def test_a_batch_is_gathered_as_a_slice_only_when_its_rows_are_a_run_in_range():
+    """run_of: the rows a recv copies as one slice per buffer (a run of
+    consecutive, increasing rows within the buffers), else None (a take)."""
+    positions = np.arange(8, dtype=np.int64)
+    assert run_of(np.array([2, 3, 4], np.int64), positions) == slice(2, 5)
+    assert run_of(np.array([7], np.int64), positions) == slice(7, 8)
+    for rows in ([3, 2, 4], [2, 4, 5], [6, 7, 8], [-1, 0, 1], [2, 2, 3], []):
+        assert run_of(np.array(rows, np.int64), positions) is None, rows
+    assert run_of(np.array([2, 3], np.int32), positions) is None  # (compared as int64 bytes)

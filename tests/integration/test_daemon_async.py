@@ -9,7 +9,7 @@ import signal
 import numpy as np
 import pytest
 from support.async_steps import (async_trajectories, check_async_reset_zeroes_rewards,
-                                 per_env_actions, sync_trajectories)
+                                 envpool_loop_trajectories, per_env_actions, sync_trajectories)
 from conftest import BUILTIN_ENV_IDS, MULTI_AGENT_ENV_IDS
 from support.daemon import DaemonProcess, segments_of, wait_until
 
@@ -47,6 +47,56 @@ def test_per_env_trajectories_equal_sync_mode(served, env_id, mode):
         for i in range(num_envs):
             assert runs[i] == reference[i][:len(runs[i])], (env_id, mode, batch_size, i)
         assert received.sum() > num_envs * steps // 2
+
+
+@pytest.mark.parametrize("env_id", BUILTIN_ENV_IDS)
+def test_envpool_loop_trajectories_equal_sync_mode(served, env_id):
+    """EnvPool's loop, each recv's info["env_id"] sent straight back (its ids
+    not checked again; actions and rows copied as slices for a run of envs),
+    steps every env as sync mode does, for batches that are runs and not."""
+    _, client = served
+    num_envs, steps = 10, 30
+    actions = per_env_actions(envd.native.get_spec(env_id).action_space, num_envs, steps, seed=7)
+    reference = sync_trajectories(env_id, num_envs, steps, actions)
+    for batch_size, batches in [(5, "run"), (4, "other")]:
+        runs, received, kinds = envpool_loop_trajectories(
+            lambda **kw: client.make(env_id, num_envs, seed=11, **kw),
+            num_envs, steps, actions, batch_size)
+        for i in range(num_envs):
+            assert runs[i] == reference[i][:len(runs[i])], (env_id, batch_size, i)
+        assert received.min() >= 1 and kinds[batches] > 0, kinds
+
+
+def test_a_recv_batch_changed_in_place_is_checked_as_any_send(served):
+    """recv's own env_id array skips a send's id checks only while it holds
+    the ids recv returned: changed in place, it is checked (repeats, range)
+    and its envs get their own rows, in-process and through the daemon."""
+    _, client = served
+    with client.make("CartPole-v1", 6, seed=0, batch_size=3) as env, \
+            envd.make("CartPole-v1", 6, seed=0, batch_size=3) as local, \
+            envd.make("CartPole-v1", 6, seed=0) as reference:
+        start = reference.reset()[0].copy()
+        for e in (env, local):
+            e.async_reset()
+            ids = e.recv()[4]["env_id"]
+            first = ids.copy()
+            ids[1] = ids[0]
+            with pytest.raises(envd.InvalidArgumentError, match="repeated ids"):
+                e.send(np.zeros(3, np.int64), ids)
+            ids[1] = 6
+            with pytest.raises(envd.InvalidArgumentError, match=r"in \[0, 6\), got 6"):
+                e.send(np.zeros(3, np.int64), ids)
+            ids[:] = first[::-1]  # the same envs, another order: each its own action
+            e.send(np.array([0, 1, 1]), ids)
+            e.recv()  # (the envs async_reset readied and not received)
+            obs, _, _, _, info = e.recv()
+            expected = np.zeros(6, np.int64)
+            expected[first[::-1]] = [0, 1, 1]
+            reference.reset(seed=0)
+            after, *_ = reference.step(expected)
+            assert sorted(info["env_id"].tolist()) == sorted(first.tolist())
+            np.testing.assert_array_equal(obs, after[info["env_id"]])
+    assert not np.array_equal(start[first], after[first])
 
 
 def test_exactly_once_with_many_sends_in_flight(served):

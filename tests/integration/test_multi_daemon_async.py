@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from conftest import BUILTIN_ENV_IDS
 from support.async_steps import (async_trajectories, check_async_reset_zeroes_rewards,
-                                 per_env_actions, sync_trajectories)
+                                 envpool_loop_trajectories, per_env_actions, sync_trajectories)
 from support.async_steps import _env_result as env_result
 from support.daemon import DEADLINE, DaemonProcess, daemon_group, segments_of, wait_until
 
@@ -60,6 +60,23 @@ def test_per_env_trajectories_equal_sync_mode(multi, env_id, mode):
         for i in range(num_envs):
             assert runs[i] == reference[i][:len(runs[i])], (env_id, mode, batch_size, i)
         assert received.sum() > num_envs * steps // 2
+
+
+@pytest.mark.parametrize("env_id", BUILTIN_ENV_IDS)
+def test_envpool_loop_trajectories_equal_sync_mode(multi, env_id):
+    """EnvPool's loop across daemons, each recv's info["env_id"] sent straight
+    back: batches of one daemon's envs (gathered from its buffers, as slices
+    when a run) and batches across both (batch 4 of 5 + 5 envs)."""
+    num_envs, steps = 10, 30
+    actions = per_env_actions(envd.native.get_spec(env_id).action_space, num_envs, steps, seed=7)
+    reference = sync_trajectories(env_id, num_envs, steps, actions)
+    for batch_size, batches in [(5, "run"), (4, "other")]:
+        runs, received, kinds = envpool_loop_trajectories(
+            lambda **kw: multi.make(env_id, num_envs, seed=11, **kw),
+            num_envs, steps, actions, batch_size)
+        for i in range(num_envs):
+            assert runs[i] == reference[i][:len(runs[i])], (env_id, batch_size, i)
+        assert received.min() >= 1 and kinds[batches] > 0, kinds
 
 
 def test_exactly_once_with_many_sends_across_daemons(multi):

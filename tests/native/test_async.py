@@ -8,7 +8,9 @@ import pytest
 
 import envd
 from envd.native._envd_native import lib
-from support.async_steps import async_trajectories, per_env_actions, sync_trajectories
+from envd.vector_base import BatchedVecEnv
+from support.async_steps import (async_trajectories, envpool_loop_trajectories, per_env_actions,
+                                 sync_trajectories)
 from conftest import BUILTIN_ENV_IDS, MULTI_AGENT_ENV_IDS
 
 
@@ -19,6 +21,28 @@ from conftest import BUILTIN_ENV_IDS, MULTI_AGENT_ENV_IDS
 # max_cycles (25) truncates every agent at once.
 SAFE_STEPS = {"CartPole-v1": 8, "Snake-v0": 2, "ConnectFour-v0": 3,
               "simple_spread_v3": 24, "simple_spread_continuous_v3": 24}
+
+
+@pytest.mark.parametrize("env_id", BUILTIN_ENV_IDS + MULTI_AGENT_ENV_IDS)
+@pytest.mark.parametrize("numpy_gather", [False, True])
+def test_envpool_loop_trajectories_equal_sync_mode(env_id, numpy_gather, monkeypatch):
+    """Sending each recv's info["env_id"] straight back (ids not checked
+    again; actions and, with the numpy gather the daemon's client uses, rows
+    copied as slices for a run of envs) steps every env as sync mode does."""
+    if numpy_gather:
+        monkeypatch.setattr(envd.native.vector_env.VecEnv, "_row_copier",
+                            BatchedVecEnv._row_copier)
+    num_envs, steps = 12, 30
+    spec = envd.native.get_spec(env_id)
+    actions = per_env_actions(spec.action_space, num_envs, steps, seed=5, num_agents=spec.num_agents)
+    reference = sync_trajectories(env_id, num_envs, steps, actions)
+    for batch_size, threads, batches in [(6, 2, "run"), (5, 1, "other"), (12, 0, "run")]:
+        runs, received, kinds = envpool_loop_trajectories(
+            lambda **kw: envd.make(env_id, num_envs, seed=11, num_threads=threads, **kw),
+            num_envs, steps, actions, batch_size)
+        for i in range(num_envs):
+            assert runs[i] == reference[i][:len(runs[i])], (env_id, batch_size, threads, i)
+        assert received.min() >= 1 and kinds[batches] > 0, kinds
 
 
 @pytest.mark.parametrize("env_id", BUILTIN_ENV_IDS + MULTI_AGENT_ENV_IDS)

@@ -77,15 +77,8 @@ def async_trajectories(make, num_envs, steps, actions, batch_size, rng, **kwargs
             assert (row_ids == np.repeat(ids, agents)).all()  # each env's rows together
             assert len(np.unique(ids)) == batch_size
             outstanding -= batch_size
-            for k, i in enumerate(ids):
-                if received[i] == 0:
-                    runs[i].append(("reset", obs[k * agents:(k + 1) * agents].tobytes()
-                                    if agents > 1 else obs[k].tobytes()))
-                else:
-                    runs[i].append(_env_result(obs, rew, term, trunc, info, k, agents))
-                received[i] += 1
-                if sent[i] < steps:
-                    idle.append(int(i))
+            _record_batch(runs, received, (obs, rew, term, trunc, info), ids, agents)
+            idle += [int(i) for i in ids if sent[i] < steps]
             rng.shuffle(idle)
             # send a random part of the idle envs, in 1-3 sends
             take = idle[:rng.integers(0, len(idle) + 1)] if outstanding >= batch_size else idle
@@ -99,6 +92,47 @@ def async_trajectories(make, num_envs, steps, actions, batch_size, rng, **kwargs
                 outstanding += len(idle)
                 idle = []
     return runs, received
+
+
+def _record_batch(runs: list[list], received: np.ndarray, result: tuple, ids: np.ndarray,
+                  agents: int) -> None:
+    """Append each env's entry of a recv's result (its reset observation the
+    first time the env is received) to its run."""
+    obs, rew, term, trunc, info = result
+    for k, i in enumerate(ids):
+        if received[i] == 0:
+            runs[i].append(("reset", obs[k * agents:(k + 1) * agents].tobytes()
+                            if agents > 1 else obs[k].tobytes()))
+        else:
+            runs[i].append(_env_result(obs, rew, term, trunc, info, k, agents))
+        received[i] += 1
+
+
+def envpool_loop_trajectories(make, num_envs, steps, actions, batch_size, **kwargs):
+    """As async_trajectories, in EnvPool's loop: every recv's envs are sent
+    straight back with info["env_id"] itself, the array recv returned (the
+    send of the last batch: its ids not checked again, its actions written
+    as a slice when the batch is a run of envs); stops at the first batch
+    holding an env whose `steps` actions were all sent.  Returns the runs,
+    the recvs of each env and how many batches were runs of envs (consecutive,
+    increasing ids) and how many were not."""
+    sent = np.zeros(num_envs, int)
+    runs: list[list] = [[] for _ in range(num_envs)]
+    received = np.zeros(num_envs, int)
+    kinds = {"run": 0, "other": 0}
+    with make(batch_size=batch_size, **kwargs) as env:
+        agents = env.num_agents
+        per_env = actions.reshape(len(actions), num_envs, agents, *actions.shape[2:])
+        env.async_reset()
+        while True:
+            *result, info = env.recv()
+            ids = info["env_id"][::agents]
+            _record_batch(runs, received, (*result, info), ids, agents)
+            kinds["run" if (np.diff(ids) == 1).all() else "other"] += 1
+            if (sent[ids] >= steps).any():
+                return runs, received, kinds
+            env.send(per_env[sent[ids], ids].reshape(-1, *actions.shape[2:]), info["env_id"])
+            sent[ids] += 1
 
 
 def check_async_reset_zeroes_rewards(env) -> None:
