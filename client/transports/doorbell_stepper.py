@@ -95,15 +95,15 @@ class DoorbellStepper(SocketStepper):
             answer = self._ring(STEP, 0, "step")
             if answer is not None:
                 status, num_done, index = answer
+                if status == 0:  # (the hot path: nothing to map or raise)
+                    return num_done
                 if status == NATIVE_CODES["EBUSY"] and index < 0:  # envs out: which (fast.h)
                     if num_done > 0:
                         raise in_flight_error(self.env_id, "step", num_done)
                     raise ready_error(self.env_id, -num_done)
                 index = self._row_of(index, status)
                 self._raise_env_failure(status, index)
-                if status != 0:
-                    raise step_error(self.env_id, self.action_space, status, index, self.buffers)
-                return num_done
+                raise step_error(self.env_id, self.action_space, status, index, self.buffers)
         return super()._step()
 
     def _send(self, env_ids: np.ndarray) -> None:
@@ -143,11 +143,11 @@ class DoorbellStepper(SocketStepper):
         if answer is None:
             return super()._recv(count)
         status, result, index = answer
-        if status == NATIVE_CODES["ESTATE"] and index < 0:
-            raise recv_short_error(self.env_id, count, result)
-        index = self._row_of(index, status)
-        self._raise_env_failure(status, index)
         if status != 0:
+            if status == NATIVE_CODES["ESTATE"] and index < 0:
+                raise recv_short_error(self.env_id, count, result)
+            index = self._row_of(index, status)
+            self._raise_env_failure(status, index)
             raise step_error(self.env_id, self.action_space, status, index, self.buffers)
         ids = self._ids[:count].copy()
         self._check_ids_in_range(ids)
