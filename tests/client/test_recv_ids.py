@@ -56,23 +56,34 @@ class OneShard:
     where = "the daemon at ipc:///nowhere, serving envs 4..7"
 
 
-@pytest.mark.parametrize("ids", [[], [0, 1, 2, 3], [-1], [4], [0, 9]])
+class Books:
+    """What it reads of the stepper: 0, 1, 2, ... as long as the
+    MultiVecEnv's rows (8)."""
+
+    _positions = np.arange(8, dtype=np.int64)
+
+
+def check_answer(ids: list[int]) -> slice | None:
+    return ShardsAsyncStepper._check_answered_ids(Books(), OneShard(), np.array(ids, np.int64))
+
+
+@pytest.mark.parametrize("ids", [[], [0, 1, 2, 3], [-1], [4], [0, 9], [2, 3, 4], [4, 5, 6]])
 def test_a_daemons_recv_answer_over_several_daemons_is_checked(ids):
     """Over several daemons (socket and doorbell answers alike), a recv answer
     naming no env, more envs than are in flight there, or a local id outside
-    the daemon's envs is refused before its rows are copied or the books
-    indexed with it."""
+    the daemon's envs (a sorted run past them too) is refused before its
+    rows are copied or the books indexed with it."""
     with pytest.raises(ProtocolError, match="answered a recv with"):
-        ShardsAsyncStepper._check_answered_ids(OneShard(), np.array(ids, np.int64))
+        check_answer(ids)
 
 
 def test_a_daemons_recv_answer_within_its_envs_is_taken():
     """Taken, with the slice of global ids the envs fill when they are
     consecutive (in any order: the books then mark them by slice)."""
-    check = ShardsAsyncStepper._check_answered_ids
-    assert check(OneShard(), np.array([3, 0, 2], np.int64)) is None
-    assert check(OneShard(), np.array([2, 0, 1], np.int64)) == slice(4, 7)
-    assert check(OneShard(), np.array([3], np.int64)) == slice(7, 8)
+    assert check_answer([3, 0, 2]) is None
+    assert check_answer([2, 0, 1]) == slice(4, 7)
+    assert check_answer([1, 2, 3]) == slice(5, 8)
+    assert check_answer([3]) == slice(7, 8)
 
 
 def test_a_batch_is_gathered_as_a_slice_only_when_its_rows_are_a_run_in_range():
