@@ -68,8 +68,8 @@ import zmq
 from envd import protocol
 from envd.errors import (ConnectionLostError, EnvdError, EnvdTimeoutError, EnvStateError,
                          ProtocolError, SessionExpiredError, UnknownSessionError)
-from envd.vector_base import (in_flight_error, not_idle_error, ready_error, recv_short_error,
-                              run_of)
+from envd.vector_base import (RepeatCheck, in_flight_error, not_idle_error, ready_error,
+                              recv_short_error, run_of)
 
 if TYPE_CHECKING:
     from envd.client.multi import MultiVecEnv
@@ -133,7 +133,8 @@ class ShardsAsyncStepper:
         self._agents = env.num_agents  # rows per env
         self._state = np.zeros(env.num_env_instances, np.int8)  # per env, not per row
         self._all_in_flight = bytes([IN_FLIGHT]) * len(self._state)  # (_add_ready)
-        self._positions = env._positions  # 0, 1, 2, ... (read-only; _span)
+        self._positions = env._positions  # 0, 1, 2, ... (_span, run_of)
+        self._repeat_check = RepeatCheck(env.num_env_instances)  # (_check_answered_ids)
         #: the FIFO of ready envs: (shard index, their ids there, global ids,
         #: the slice of global ids they fill or None), one entry per reply
         self._ready: collections.deque[tuple[int, np.ndarray, np.ndarray, slice | None]] = \
@@ -469,17 +470,24 @@ class ShardsAsyncStepper:
     def _check_answered_ids(self, shard: _Shard, local: np.ndarray) -> slice | None:
         """Refuse a daemon's recv answer whose env ids could not be its own
         (the rows are gathered and the books indexed with them unchecked).
-        Returns the slice of global ids they fill, if they do (the daemon
-        answers each env in flight once)."""
+        Refuses an answer naming an env twice too: the books mark a run by
+        its slice, and a send of the batch straight back skips the id checks
+        (vector_base._LastBatch).  Returns the slice of global ids they fill,
+        if they do."""
         count = shard.rows.stop - shard.rows.start
+        sorted_run = None
         if not 1 <= len(local) <= shard.in_flight:
             low = high = -1
         else:
-            low, high = _span(local, self._positions)
+            sorted_run = run_of(local, self._positions)  # (EnvPool's every batch)
+            low, high = ((sorted_run.start, sorted_run.stop - 1) if sorted_run is not None
+                         else (int(local.min()), int(local.max())))
         if low < 0 or high >= count:
             raise ProtocolError(f"{shard.where} answered a recv with {len(local)} env ids "
                                 f"(of {shard.in_flight} in flight there, ids within "
                                 f"0..{count - 1} expected)")
+        if sorted_run is None and self._repeat_check.repeats(local):
+            raise ProtocolError(f"{shard.where} answered a recv naming an env twice")
         run = _run_of(low, high, len(local))
         return None if run is None else slice(run.start + shard.rows.start,
                                               run.stop + shard.rows.start)

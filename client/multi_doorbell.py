@@ -270,7 +270,7 @@ class ShardsDoorbellStepper(ShardsAsyncStepper):
             return
         if result != count:  # (a RECV answers exactly count ids)
             raise ProtocolError(f"{shard.where} answered a RECV of {count} envs with {result}")
-        local = shard.stepper._ids[:count].copy()
+        local = shard.stepper._ids[:count].astype(np.int64)  # (a copy, int64 whatever the segment)
         run = self._check_answered_ids(shard, local)
         start = shard.rows.start
         if (len(shard.remaining) == 1

@@ -149,8 +149,8 @@ class DoorbellStepper(SocketStepper):
             index = self._row_of(index, status)
             self._raise_env_failure(status, index)
             raise step_error(self.env_id, self.action_space, status, index, self.buffers)
-        ids = self._ids[:count].copy()
-        self._check_ids_in_range(ids)
+        ids = self._ids[:count].astype(np.int64)  # (a copy; int64 whatever the segment says)
+        self._check_answer_ids(ids)
         return ids
 
     def _row_of(self, env: int, status: int) -> int:

@@ -31,6 +31,7 @@ from gymnasium import spaces
 from envd import protocol
 from envd.client.channel import Channel
 from envd.errors import EnvdError, EnvdTimeoutError, EnvStateError, ProtocolError
+from envd.vector_base import RepeatCheck
 
 
 class SocketStepper:
@@ -60,6 +61,7 @@ class SocketStepper:
         #: the first refusal of a posted send, read but not raised yet
         self._refusal: EnvdError | None = None
         self._step_header = {"type": "step", "session": session}
+        self._repeat_check: RepeatCheck | None = None  # (made by the first recv)
 
     @property
     def fast_path(self) -> bool:
@@ -176,7 +178,7 @@ class SocketStepper:
         if len(ids) != count:
             raise ProtocolError(f"the daemon's recv reply holds {len(ids)} env ids, "
                                 f"{count} were asked for")
-        self._check_ids_in_range(ids)
+        self._check_answer_ids(ids)
         self._take_outputs(reply, reply["_blobs"][1:], ids)
         return ids
 
@@ -186,13 +188,19 @@ class SocketStepper:
             return env_ids
         return (env_ids[:, None] * self.num_agents + np.arange(self.num_agents)).ravel()
 
-    def _check_ids_in_range(self, ids: np.ndarray) -> None:
-        """Refuse a recv answer naming an env that does not exist: the gather
-        (BatchedVecEnv._gather) indexes the buffers with these ids unchecked."""
-        # (int64 ids: a negative one is huge as uint64, so one pass, not min and max)
+    def _check_answer_ids(self, ids: np.ndarray) -> None:
+        """Refuse a recv answer (int64 ids) naming an env that does not exist
+        (the gather, BatchedVecEnv._gather, indexes the buffers with these
+        ids unchecked) or an env twice (a send of the batch straight back
+        skips the id checks: vector_base._LastBatch)."""
+        # (a negative id is huge as uint64: one pass, not min and max)
         if len(ids) and ids.view(np.uint64).max() >= self.num_envs:
             raise ProtocolError(f"the daemon's recv answer names env ids outside "
                                 f"[0, {self.num_envs}): {ids.min()}..{ids.max()}")
+        if self._repeat_check is None:
+            self._repeat_check = RepeatCheck(self.num_envs)
+        if self._repeat_check.repeats(ids):
+            raise ProtocolError("the daemon's recv answer names an env twice")
 
     def _raise_refusal(self) -> None:
         """Raise (once) the refusal of a posted send whose reply was read,

@@ -301,10 +301,34 @@ def run_of(rows: np.ndarray, positions: np.ndarray) -> slice | None:
     return slice(first, first + count)
 
 
+class RepeatCheck:
+    """Whether ids (int64, each in [0, size)) name one twice, in O(len(ids))
+    (np.unique sorts or hashes: about 100 ns an id): stamp each id's
+    position; a repeated id keeps only its last one.  For a send's ids and a
+    daemon's recv answer (whose ids the client acts on)."""
+
+    def __init__(self, size: int):
+        self._stamp = np.zeros(size, np.int64)
+        #: 0, 1, 2, ... (run_of's positions too)
+        self.positions = np.arange(size, dtype=np.int64)
+
+    def repeats(self, ids: np.ndarray) -> bool:
+        if len(ids) > len(self._stamp):
+            return True  # (more ids than there are, all in range)
+        if run_of(ids, self.positions) is not None:
+            return False  # (a sorted run: a memcmp, EnvPool's every batch)
+        positions = self.positions[:len(ids)]
+        self._stamp[ids] = positions
+        # (ids are in range: "clip" skips numpy's buffered bounds check)
+        return bool((self._stamp.take(ids, mode="clip") != positions).any())
+
+
 class _LastBatch:
-    """The last recv's batch, so that a send of exactly those envs (EnvPool's
-    loop: send(actions, info["env_id"])) skips the id checks (they were
-    checked, or come from the stepper's books) and writes its actions as a
+    """The last recv's batch (of a single-agent env), so that a send of
+    exactly those envs (EnvPool's loop: send(actions, info["env_id"])) skips
+    the id checks (a recv's ids are in range and each once: the stepper's
+    books say so in-process, and the client refuses a daemon's answer that
+    does not, SocketStepper._check_answer_ids) and writes its actions as a
     slice when they were a run: about 8 us of a cheap env's batch.  A bytes
     compare tells whether a send's ids are that batch, whoever holds the
     array (the caller may have changed it in place)."""
@@ -398,8 +422,8 @@ class BatchedVecEnv(VectorEnv):
         self._episode_statistics = self.episode_statistics_key is not None
         self.batch_size = num_envs if batch_size is None else batch_size
         self._stepper: Stepper | None = None  # set by the subclass
-        self._id_stamp = np.zeros(num_envs, np.int64)  # scratch of _check_env_ids
-        self._positions = np.arange(num_envs, dtype=np.int64)  # (its 0, 1, 2, ...)
+        self._repeat_check = RepeatCheck(num_envs)  # (_checked_ids)
+        self._positions = self._repeat_check.positions  # 0, 1, 2, ... (run_of)
         #: the last recv's batch, for the send of those envs (see _LastBatch)
         self._last_batch: _LastBatch | None = None
         self._recv_count = 0
@@ -713,7 +737,7 @@ class BatchedVecEnv(VectorEnv):
             last = self._last_batch
             if last is not None and last.sends(env_ids):
                 # the envs the last recv returned, as it returned them: in
-                # range and each once (a daemon's repeats it refuses itself)
+                # range and each once (_LastBatch)
                 ids = row_ids = env_ids.astype(np.int64)
                 target = row_ids if last.rows is None else last.rows
             else:
@@ -771,12 +795,7 @@ class BatchedVecEnv(VectorEnv):
                 f"{self.env_id}: env ids must be in [0, {envs}), got "
                 f"{low if low < 0 else high}")
         ids = ids.astype(np.int64)  # (a copy: the caller may reuse its array)
-        # Repeats, in O(len(ids)) (np.unique sorts or hashes: ~100 ns per id):
-        # stamp each id's position; a repeated id keeps only its last one.
-        # (ids are in range now: "clip" skips numpy's buffered bounds check.)
-        positions = self._positions[:len(ids)]
-        self._id_stamp[ids] = positions
-        if (self._id_stamp.take(ids, mode="clip") != positions).any():
+        if self._repeat_check.repeats(ids):
             raise InvalidArgumentError(f"{self.env_id}: env_ids has repeated ids")
         return ids
 

@@ -12,7 +12,7 @@ from gymnasium import spaces
 from envd.client.multi_async import ShardsAsyncStepper
 from envd.client.transports.over_socket import SocketStepper
 from envd.errors import ProtocolError
-from envd.vector_base import run_of
+from envd.vector_base import RepeatCheck, run_of
 
 
 class RepliesWith:
@@ -43,6 +43,14 @@ def test_a_recv_answer_naming_envs_out_of_range_is_refused(ids):
         stepper_answering(ids).recv(2)
 
 
+@pytest.mark.parametrize("ids", [[1, 1], [3, 0, 3]])
+def test_a_recv_answer_naming_an_env_twice_is_refused(ids):
+    """(A send of the batch straight back skips the id checks: the
+    answer's ids must be each once.)"""
+    with pytest.raises(ProtocolError, match="names an env twice"):
+        stepper_answering(ids).recv(len(ids))
+
+
 def test_a_recv_answer_in_range_is_returned():
     assert stepper_answering([3, 0]).recv(2).tolist() == [3, 0]
 
@@ -58,9 +66,10 @@ class OneShard:
 
 class Books:
     """What it reads of the stepper: 0, 1, 2, ... as long as the
-    MultiVecEnv's rows (8)."""
+    MultiVecEnv's rows (8), and its repeat check."""
 
     _positions = np.arange(8, dtype=np.int64)
+    _repeat_check = RepeatCheck(8)
 
 
 def check_answer(ids: list[int]) -> slice | None:
@@ -74,6 +83,14 @@ def test_a_daemons_recv_answer_over_several_daemons_is_checked(ids):
     the daemon's envs (a sorted run past them too) is refused before its
     rows are copied or the books indexed with it."""
     with pytest.raises(ProtocolError, match="answered a recv with"):
+        check_answer(ids)
+
+
+@pytest.mark.parametrize("ids", [[0, 0, 2], [2, 0, 2], [1, 1]])
+def test_a_daemons_recv_answer_naming_an_env_twice_is_refused(ids):
+    """[0, 0, 2] would span 0..2 and pass for the run of envs 4..6, marking
+    env 5 ready though the daemon never answered for it."""
+    with pytest.raises(ProtocolError, match="naming an env twice"):
         check_answer(ids)
 
 

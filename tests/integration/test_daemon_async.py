@@ -50,31 +50,40 @@ def test_per_env_trajectories_equal_sync_mode(served, env_id, mode):
 
 
 @pytest.mark.parametrize("env_id", BUILTIN_ENV_IDS)
-def test_envpool_loop_trajectories_equal_sync_mode(served, env_id):
-    """EnvPool's loop, each recv's info["env_id"] sent straight back (its ids
-    not checked again; actions and rows copied as slices for a run of envs),
-    steps every env as sync mode does, for batches that are runs and not."""
+@pytest.mark.parametrize("copy", [False, True])
+def test_envpool_loop_trajectories_equal_sync_mode(served, env_id, copy):
+    """EnvPool's loop, each recv's info["env_id"] (or, with copy=True, its
+    copy) sent straight back (its ids not checked again; actions and rows
+    copied as slices for a run of envs), steps every env as sync mode does,
+    for batches that are runs and not."""
     _, client = served
     num_envs, steps = 10, 30
     actions = per_env_actions(envd.native.get_spec(env_id).action_space, num_envs, steps, seed=7)
     reference = sync_trajectories(env_id, num_envs, steps, actions)
     for batch_size, batches in [(5, "run"), (4, "other")]:
         runs, received, kinds = envpool_loop_trajectories(
-            lambda **kw: client.make(env_id, num_envs, seed=11, **kw),
+            lambda **kw: client.make(env_id, num_envs, seed=11, copy=copy, **kw),
             num_envs, steps, actions, batch_size)
         for i in range(num_envs):
             assert runs[i] == reference[i][:len(runs[i])], (env_id, batch_size, i)
         assert received.min() >= 1 and kinds[batches] > 0, kinds
 
 
-def test_a_recv_batch_changed_in_place_is_checked_as_any_send(served):
-    """recv's own env_id array skips a send's id checks only while it holds
-    the ids recv returned: changed in place, it is checked (repeats, range)
-    and its envs get their own rows, in-process and through the daemon."""
+def test_a_recv_batch_changed_in_place_is_checked_as_any_send(served, monkeypatch):
+    """recv's own env_id array skips a send's id checks (none is made) only
+    while it holds the ids recv returned: changed in place, it is checked
+    (repeats, range) and its envs get their own rows, in-process and through
+    the daemon."""
     _, client = served
     with client.make("CartPole-v1", 6, seed=0, batch_size=3) as env, \
             envd.make("CartPole-v1", 6, seed=0, batch_size=3) as local, \
             envd.make("CartPole-v1", 6, seed=0) as reference:
+        checks = []
+        for cls in {type(env), type(local)}:
+            def counted(self, ids, checked=cls._checked_ids):
+                checks.append(len(ids))
+                return checked(self, ids)
+            monkeypatch.setattr(cls, "_checked_ids", counted)
         start = reference.reset()[0].copy()
         for e in (env, local):
             e.async_reset()
@@ -96,6 +105,10 @@ def test_a_recv_batch_changed_in_place_is_checked_as_any_send(served):
             after, *_ = reference.step(expected)
             assert sorted(info["env_id"].tolist()) == sorted(first.tolist())
             np.testing.assert_array_equal(obs, after[info["env_id"]])
+            made = len(checks)
+            assert made > 0  # (the three sends above were checked)
+            e.send(np.zeros(3, np.int64), info["env_id"])  # as recv returned it
+            assert len(checks) == made
     assert not np.array_equal(start[first], after[first])
 
 
