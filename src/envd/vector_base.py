@@ -273,10 +273,10 @@ class _GatherPlan:
     read from (BatchedVecEnv._gather_sources): copiers[source] is
     (copy_always(rows, run), copy_on_done(rows, run)) (see _row_copier), the
     second for a batch in which an episode ended (the buffers named in
-    on_done_names).  obs: the
-    observation over the slots when it is one array, as returned; None for a
-    composite space, whose dict or tuple is built per recv (a caller may
-    replace its entries: a cached one would hand those back two recvs later)."""
+    on_done_names).  obs: the observation over the slots when it is one
+    array, as returned; None for a composite space, whose dict or tuple is
+    built per recv (a caller may replace its entries: a cached one would
+    hand those back two recvs later)."""
 
     def __init__(self, slots: dict[str, np.ndarray], on_done_names: frozenset[str], obs: Any,
                  copiers: list[tuple[Any, Any]]):
