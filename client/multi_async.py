@@ -132,7 +132,7 @@ class ShardsAsyncStepper:
         self._start_list = self._starts.tolist()  # (bisect: a send's owner in O(log k))
         self._agents = env.num_agents  # rows per env
         self._state = np.zeros(env.num_env_instances, np.int8)  # per env, not per row
-        self._all_in_flight = bytes([IN_FLIGHT]) * len(self._state)  # (_add_ready)
+        self._all_in_flight = bytes([IN_FLIGHT]) * len(self._state)  # (_check_answered_ids)
         self._positions = env._positions  # 0, 1, 2, ... (_span, run_of)
         self._repeat_check = RepeatCheck(env.num_env_instances)  # (_check_answered_ids)
         #: the FIFO of ready envs: (shard index, their ids there, global ids,
@@ -221,7 +221,9 @@ class ShardsAsyncStepper:
         self._check_async_state()
         self._raise_refusal()
         low, high = _span(env_ids, self._positions)
-        run = _run_of(low, high, len(env_ids))  # (the ids are unique: BatchedVecEnv checked)
+        # (the ids are unique: BatchedVecEnv checked them, or they are the
+        # last recv's, each once: _check_answered_ids)
+        run = _run_of(low, high, len(env_ids))
         if (self._state[run] if run is not None else self._state[env_ids]).any():
             states = self._state[env_ids]
             k = int(np.flatnonzero(states)[0])
@@ -279,13 +281,11 @@ class ShardsAsyncStepper:
         self._refusal = self._failure = None
 
     def _add_ready(self, shard: _Shard, local: np.ndarray, run: slice | None) -> None:
-        """Envs local of the shard (in range) finished: READY, at the FIFO's
-        end (their rows are in the shard's buffers, so the env's are behind
-        now).  run: the slice of global ids they fill, if they do (trusted
-        only if every env there was in flight, so that a daemon naming an
-        env twice cannot make an idle env ready)."""
-        if run is not None and self._state[run].tobytes() != self._all_in_flight[:len(local)]:
-            run = None  # (a bytes compare: a third of (state == IN_FLIGHT).all()'s cost)
+        """Envs local of the shard (in range, each once) finished: READY, at
+        the FIFO's end (their rows are in the shard's buffers, so the env's
+        are behind now).  run: the slice of global ids they fill, if they do
+        (a daemon's answer: _check_answered_ids refused one naming an env
+        not in flight, so the run holds these envs only)."""
         ids = local + shard.rows.start  # (in local's order: a run's may be any)
         self._state[run if run is not None else ids] = READY
         self._ready.append((shard.index, local, ids, run))
@@ -470,10 +470,11 @@ class ShardsAsyncStepper:
     def _check_answered_ids(self, shard: _Shard, local: np.ndarray) -> slice | None:
         """Refuse a daemon's recv answer whose env ids could not be its own
         (the rows are gathered and the books indexed with them unchecked).
-        Refuses an answer naming an env twice too: the books mark a run by
-        its slice, and a send of the batch straight back skips the id checks
-        (vector_base._LastBatch).  Returns the slice of global ids they fill,
-        if they do."""
+        Refuses an answer naming an env twice, or one not in flight (say,
+        answered before) too: the books mark a run by its slice, and a send
+        of a batch straight back skips the id checks (vector_base._LastBatch),
+        so a recv's batch must name each env once.  Returns the slice of
+        global ids they fill, if they do."""
         count = shard.rows.stop - shard.rows.start
         sorted_run = None
         if not 1 <= len(local) <= shard.in_flight:
@@ -488,6 +489,15 @@ class ShardsAsyncStepper:
                                 f"0..{count - 1} expected)")
         if sorted_run is None and self._repeat_check.repeats(local):
             raise ProtocolError(f"{shard.where} answered a recv naming an env twice")
+        start = shard.rows.start
+        if sorted_run is not None:  # (a bytes compare: a third of (... == IN_FLIGHT).all())
+            in_flight = (self._state[low + start:high + 1 + start].tobytes()
+                         == self._all_in_flight[:len(local)])
+        else:
+            in_flight = not (self._state[local + start] != IN_FLIGHT).any()
+        if not in_flight:  # (e.g. an env answered before: it would be received twice)
+            raise ProtocolError(f"{shard.where} answered a recv naming an env not in flight "
+                                "there")
         run = _run_of(low, high, len(local))
         return None if run is None else slice(run.start + shard.rows.start,
                                               run.stop + shard.rows.start)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from gymnasium import spaces
 
-from envd.client.multi_async import ShardsAsyncStepper
+from envd.client.multi_async import IDLE, IN_FLIGHT, READY, ShardsAsyncStepper
 from envd.client.transports.over_socket import SocketStepper
 from envd.errors import ProtocolError
 from envd.vector_base import RepeatCheck, run_of
@@ -66,14 +66,22 @@ class OneShard:
 
 class Books:
     """What it reads of the stepper: 0, 1, 2, ... as long as the
-    MultiVecEnv's rows (8), and its repeat check."""
+    MultiVecEnv's rows (8), its repeat check and its envs' states (all in
+    flight but those in not_in_flight)."""
 
     _positions = np.arange(8, dtype=np.int64)
     _repeat_check = RepeatCheck(8)
+    _all_in_flight = bytes([IN_FLIGHT]) * 8
+
+    def __init__(self, not_in_flight: dict[int, int]):
+        self._state = np.full(8, IN_FLIGHT, np.int8)
+        for env, state in not_in_flight.items():
+            self._state[env] = state
 
 
-def check_answer(ids: list[int]) -> slice | None:
-    return ShardsAsyncStepper._check_answered_ids(Books(), OneShard(), np.array(ids, np.int64))
+def check_answer(ids: list[int], not_in_flight: dict[int, int] | None = None) -> slice | None:
+    return ShardsAsyncStepper._check_answered_ids(Books(not_in_flight or {}), OneShard(),
+                                                  np.array(ids, np.int64))
 
 
 @pytest.mark.parametrize("ids", [[], [0, 1, 2, 3], [-1], [4], [0, 9], [2, 3, 4], [4, 5, 6]])
@@ -92,6 +100,17 @@ def test_a_daemons_recv_answer_naming_an_env_twice_is_refused(ids):
     env 5 ready though the daemon never answered for it."""
     with pytest.raises(ProtocolError, match="naming an env twice"):
         check_answer(ids)
+
+
+@pytest.mark.parametrize("ids", [[0, 1, 2], [2, 1], [1]])
+@pytest.mark.parametrize("state", [IDLE, READY])
+def test_a_daemons_recv_answer_naming_an_env_not_in_flight_is_refused(ids, state):
+    """Env 5 (local 1) idle, or ready (answered before: a second answer
+    naming it would have it received twice, and a send of that batch
+    straight back skips the id checks): refused, run or not."""
+    with pytest.raises(ProtocolError, match="naming an env not in flight"):
+        check_answer(ids, {5: state})
+    assert check_answer([0, 2], {5: state}) is None  # (the others are in flight)
 
 
 def test_a_daemons_recv_answer_within_its_envs_is_taken():
