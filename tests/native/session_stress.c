@@ -327,7 +327,11 @@ static void test_take_help(envd_pool_t *pool1)
         envd_session_set_chunk(h.s, forced ? 700 : 0);
         envd_session_stats(h.s, &st);
         const double cost = st.cost_ns_per_env;
-        CHECK(cost > 0.0 && cost < 1000.0, "take_help: cost %g ns", cost);
+        /* Measured, and far below the 100 us a helped chunk (one env at least)
+         * may take (vec.c HELP_CHUNK_MAX_NS), so the batches below stay helped.
+         * No tighter bound: under TSan on a loaded machine a CartPole step
+         * measured 1.4 us (a CI run failed on a bound of 1 us). */
+        CHECK(cost > 0.0 && cost < 50000.0, "take_help: cost %g ns", cost);
         CHECK(envd_session_send(h.s, ids, N, ENVD_JOB_HELPED) == ENVD_OK, "send all");
         envd_session_stats(h.s, &st);
         if (forced)
