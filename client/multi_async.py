@@ -86,13 +86,14 @@ def _run_of(low: int, high: int, count: int) -> slice | None:
     return slice(low, high + 1) if high - low + 1 == count else None
 
 
-def _span(ids: np.ndarray, positions: np.ndarray) -> tuple[int, int]:
-    """(min, max) of ids (int64, non-empty): the ends of a sorted run (the
-    common case: a memcmp, run_of) or two passes."""
+def _span(ids: np.ndarray, positions: np.ndarray) -> tuple[int, int, bool]:
+    """(min, max, in order) of ids (int64, non-empty): the ends of a run of
+    consecutive ids in increasing order (the common case: a memcmp, run_of;
+    in order True), else two passes (False)."""
     run = run_of(ids, positions)
     if run is not None:
-        return run.start, run.stop - 1
-    return int(ids.min()), int(ids.max())
+        return run.start, run.stop - 1, True
+    return int(ids.min()), int(ids.max()), False
 
 
 class _Shard:
@@ -220,7 +221,7 @@ class ShardsAsyncStepper:
         self._start_call()
         self._check_async_state()
         self._raise_refusal()
-        low, high = _span(env_ids, self._positions)
+        low, high, _ = _span(env_ids, self._positions)
         # (the ids are unique: BatchedVecEnv checked them, or they are the
         # last recv's, each once: _check_answered_ids)
         run = _run_of(low, high, len(env_ids))
@@ -476,21 +477,19 @@ class ShardsAsyncStepper:
         so a recv's batch must name each env once.  Returns the slice of
         global ids they fill, if they do."""
         count = shard.rows.stop - shard.rows.start
-        sorted_run = None
+        in_order = False  # (a run in increasing order: EnvPool's every batch)
         if not 1 <= len(local) <= shard.in_flight:
             low = high = -1
         else:
-            sorted_run = run_of(local, self._positions)  # (EnvPool's every batch)
-            low, high = ((sorted_run.start, sorted_run.stop - 1) if sorted_run is not None
-                         else (int(local.min()), int(local.max())))
+            low, high, in_order = _span(local, self._positions)
         if low < 0 or high >= count:
             raise ProtocolError(f"{shard.where} answered a recv with {len(local)} env ids "
                                 f"(of {shard.in_flight} in flight there, ids within "
                                 f"0..{count - 1} expected)")
-        if sorted_run is None and self._repeat_check.repeats(local):
+        if not in_order and self._repeat_check.repeats(local):
             raise ProtocolError(f"{shard.where} answered a recv naming an env twice")
         start = shard.rows.start
-        if sorted_run is not None:  # (a bytes compare: a third of (... == IN_FLIGHT).all())
+        if in_order:  # (a bytes compare: a third of (... == IN_FLIGHT).all())
             in_flight = (self._state[low + start:high + 1 + start].tobytes()
                          == self._all_in_flight[:len(local)])
         else:

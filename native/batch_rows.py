@@ -59,7 +59,7 @@ def row_copier(pairs: list[tuple[np.ndarray, np.ndarray]]
     if not all(a.flags.c_contiguous for pair in pairs for a in pair):
         return None
     if not pairs:
-        return lambda rows, run: None
+        return lambda rows, run=None: None
     # The arrays outlive the copier (the env owns both); the closure keeps them.
     src = ffi.new("void *[]", [ffi.from_buffer(b) for b, _ in pairs])
     dst = ffi.new("void *[]", [ffi.from_buffer(s) for _, s in pairs])
