@@ -58,6 +58,10 @@ typedef struct envd_backend_ops {
     int (*batch_done)(const envd_backend_batch_t *batch);
     /* Block until done (the calling thread may run its work meanwhile). */
     void (*batch_wait)(void *impl, envd_backend_batch_t *batch);
+    /* Optional (NULL: never): non-zero while the batch is in flight and no
+     * thread has started it, so that batch_wait would run it on the caller's
+     * thread (a snapshot, as envd_vec_batch_unstarted). */
+    int (*batch_unstarted)(const envd_backend_batch_t *batch);
     /* Optional (NULL: the backend's own threads run every batch): help a
      * batch in flight, as envd_vec_batch_help_ref / _help (vec.h); a batch
      * submitted with ENVD_JOB_HELPED expects the help. */

@@ -57,6 +57,11 @@ static void batch_wait(void *impl, envd_backend_batch_t *batch)
     envd_vec_batch_wait(impl, (envd_vec_batch_t *)batch);
 }
 
+static int batch_unstarted(const envd_backend_batch_t *batch)
+{
+    return envd_vec_batch_unstarted((const envd_vec_batch_t *)batch);
+}
+
 static int batch_help_ref(envd_backend_batch_t *batch)
 {
     return envd_vec_batch_help_ref((envd_vec_batch_t *)batch);
@@ -106,7 +111,7 @@ static const envd_backend_ops_t POOL_OPS = {
     .step_submit = step_submit, .step_done = step_done, .step_finish = step_finish,
     .batch_create = batch_create, .batch_destroy = batch_destroy,
     .batch_submit = batch_submit, .batch_done = batch_done, .batch_wait = batch_wait,
-    .batch_help_ref = batch_help_ref, .batch_help = batch_help, .batch_finish = batch_finish,
+    .batch_unstarted = batch_unstarted, .batch_help_ref = batch_help_ref, .batch_help = batch_help, .batch_finish = batch_finish,
     .frame_bytes = frame_bytes, .render = render,
     .error_index = error_index, .env_started = env_started, .checked_actions = checked_actions, .set_chunk = set_chunk,
     .set_max_threads = set_max_threads, .stats = stats, .destroy = destroy,

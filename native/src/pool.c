@@ -608,3 +608,10 @@ int envd_job_done(const envd_job_t *job)
 {
     return job && atomic_load_explicit(&job->done, memory_order_acquire) == JOB_DONE;
 }
+
+int envd_job_unstarted(const envd_job_t *job)
+{
+    /* A job with n == 0 completes at submit, so "in flight" implies n > 0. */
+    return job && job->fn && atomic_load_explicit(&job->done, memory_order_acquire) != JOB_DONE &&
+           atomic_load_explicit(&job->next, memory_order_relaxed) == 0;
+}

@@ -153,4 +153,9 @@ void envd_pool_reserve_cpus(int delta);
  * that was never submitted. */
 int envd_job_done(const envd_job_t *job);
 
+/* Non-zero while the job is in flight and no thread has claimed a chunk of
+ * it yet (nobody runs it: its workers are busy or not scheduled).  A
+ * snapshot, for dispatch decisions only: a worker may claim one at once. */
+int envd_job_unstarted(const envd_job_t *job);
+
 #endif /* ENVD_POOL_H */

@@ -29,6 +29,7 @@ typedef struct entry {
     int64_t capacity;
     int64_t count;     /* ids of the send in flight */
     int64_t *ids;      /* capacity entries, private */
+    int64_t seq;       /* its send's number: later sends have larger ones */
     struct entry *next;
 } entry_t;
 
@@ -41,6 +42,8 @@ struct envd_session {
     entry_t *spares;
     int64_t spare_capacity;  /* ids the spares hold, <= 2 * num_envs */
     int64_t in_flight;
+    int64_t sends;           /* sends taken so far: the next entry's seq - 1 */
+    int64_t newest_finished; /* the largest seq collected (0: none) */
     int64_t *ready;          /* ring of num_envs ids */
     int64_t ready_head, num_ready;
     int error;               /* the first failure found, not reported yet */
@@ -189,6 +192,8 @@ static void collect(envd_session_t *s)
             s->error_index_kept = ops->error_index(s->backend->impl);
         }
         push_ready(s, e->ids, e->count);
+        if (e->seq > s->newest_finished)
+            s->newest_finished = e->seq;
         s->in_flight -= e->count;
         atomic_fetch_add_explicit(&s->async_env_steps, e->count, memory_order_relaxed);
         to_spares(s, e);
@@ -380,6 +385,7 @@ int envd_session_send(envd_session_t *s, const int64_t *ids, int64_t count, int 
         goto out;
     }
     e->count = count;
+    e->seq = ++s->sends;
     if (s->tail == NULL)
         s->head = e;
     else
@@ -441,6 +447,29 @@ static int64_t take_ready(envd_session_t *s, int64_t max_count, int64_t *out)
     return n;
 }
 
+/* Fairness of "ready first": a batch that a later send overtook (a cheap
+ * batch runs inline on its caller's thread) while none of its chunks has
+ * been claimed waits for a worker that is busy or not scheduled -- on 2
+ * CPUs a SCHED_BATCH worker may wait behind a trainer that never blocks,
+ * which then received the inline batch's envs again and again for a
+ * millisecond.  A waiting recv runs such a batch itself before it returns:
+ * the batches that no thread has started are run in send order.  A batch a
+ * worker has started, or one no later send overtook (EnvPool's loop: each
+ * batch finishes in turn), is left to the workers.  Returns whether it ran
+ * one (the books then need collecting again). */
+static int run_overtaken(envd_session_t *s)
+{
+    const envd_backend_ops_t *ops = s->backend->ops;
+    if (ops->batch_unstarted == NULL)
+        return 0;
+    for (entry_t *e = s->head; e != NULL && e->seq < s->newest_finished; e = e->next)
+        if (ops->batch_unstarted(e->batch)) {
+            ops->batch_wait(s->backend->impl, e->batch);
+            return 1;
+        }
+    return 0;
+}
+
 /* The kept failure, reported once (its envs stay ready). */
 static int take_error(envd_session_t *s)
 {
@@ -471,6 +500,8 @@ int64_t envd_session_recv(envd_session_t *s, int64_t min_count, int64_t max_coun
             goto out;
         }
         if (s->num_ready >= min_count) {
+            if (wait && run_overtaken(s))
+                continue;
             rc = take_ready(s, max_count, out);
             goto out;
         }

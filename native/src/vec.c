@@ -871,6 +871,11 @@ void envd_vec_batch_wait(envd_vec_t *vec, envd_vec_batch_t *batch)
         envd_pool_wait(vec->pool, &batch->run.job);
 }
 
+int envd_vec_batch_unstarted(const envd_vec_batch_t *batch)
+{
+    return batch->run.pending == PENDING_POOLED && envd_job_unstarted(&batch->run.job);
+}
+
 int envd_vec_batch_help_ref(envd_vec_batch_t *batch)
 {
     return batch->run.pending == PENDING_POOLED && batch->run.helped &&

@@ -162,6 +162,9 @@ int envd_vec_batch_submit(envd_vec_t *vec, envd_vec_batch_t *batch, const int64_
 int envd_vec_batch_done(const envd_vec_batch_t *batch);
 /* Block until the batch is done; the caller runs its chunks meanwhile. */
 void envd_vec_batch_wait(envd_vec_t *vec, envd_vec_batch_t *batch);
+/* Non-zero while the batch waits in the pool with none of its chunks claimed
+ * (envd_job_unstarted: a snapshot); 0 for an inline or finished batch. */
+int envd_vec_batch_unstarted(const envd_vec_batch_t *batch);
 /* Help a batch in flight without waiting for it (pool.h, envd_pool_help):
  * _ref takes a reference while its chunks are not all claimed, if it was
  * submitted ENVD_JOB_HELPED and kept the flag (a chunk measured to take

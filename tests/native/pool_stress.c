@@ -541,6 +541,39 @@ static void test_busy_and_overlap(void)
     rec_free(&r);
 }
 
+/* envd_job_unstarted: a job never submitted, complete, or with a chunk
+ * claimed is not; one queued behind a job that holds the only worker is,
+ * until a helper claims a chunk of it. */
+static void test_unstarted(void)
+{
+    envd_pool_t *pool;
+    CHECK(envd_pool_create(&pool, 1, NULL) == ENVD_OK, "create");
+    gate_t gate = {0};
+    envd_job_t blocked = {0}, queued = {0};
+    rec_t r;
+    rec_init(&r, 4);
+    CHECK(!envd_job_unstarted(&queued) && !envd_job_unstarted(NULL), "a job never submitted");
+    CHECK(envd_pool_submit(pool, &blocked, gate_fn, &gate, 1, 1, 0) == ENVD_OK, "submit");
+    while (!atomic_load(&gate.started))
+        sched_yield();
+    CHECK(!envd_job_unstarted(&blocked), "a job its worker runs is unstarted");
+    CHECK(submit_rec(pool, &queued, &r, 4, 1, ENVD_JOB_HELPED) == ENVD_OK, "submit queued");
+    CHECK(envd_job_unstarted(&queued), "a job behind the held worker is started");
+    CHECK(envd_pool_help_ref(&queued), "a reference to the queued job");
+    leave_after_t one = {1};
+    envd_pool_help(pool, &queued, leave_after, &one); /* one chunk of four */
+    CHECK(!envd_job_done(&queued) && !envd_job_unstarted(&queued),
+          "a job with one chunk run: done %d, unstarted %d", envd_job_done(&queued),
+          envd_job_unstarted(&queued));
+    envd_pool_wait(pool, &queued); /* this thread runs the rest */
+    rec_verify(&r, 4);
+    CHECK(!envd_job_unstarted(&queued), "a complete job is unstarted");
+    atomic_store(&gate.release, 1);
+    envd_pool_wait(pool, &blocked);
+    envd_pool_destroy(pool);
+    rec_free(&r);
+}
+
 static uint64_t drain_eventfd(envd_pool_t *pool)
 {
     uint64_t value = 0;
@@ -711,6 +744,7 @@ int main(int argc, char **argv)
     test_bad_args();
     test_inline();
     test_busy_and_overlap();
+    test_unstarted();
     test_pinning();
     test_alone();
     static const int thread_counts[] = {1, 2, 4};

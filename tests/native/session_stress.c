@@ -367,6 +367,52 @@ static void test_take_help(envd_pool_t *pool1)
     harness_free(&h);
 }
 
+/* ---- a batch overtaken before any thread started it (session.c run_overtaken) ------- */
+/* With the pool's one worker held, batch B goes to the pool and waits there
+ * while a later batch A runs inline and finishes: a waiting recv then runs B
+ * itself before it returns A (ready first); one that does not wait leaves B
+ * to the worker.  The session is capped at 0 threads, so that A runs inline
+ * whatever its measured cost, and B is sent for an event loop (NOTIFY) while
+ * still unmeasured (a new session each time), so that it goes to the cap's
+ * one pool slot. */
+static void test_overtaken(envd_pool_t *pool1)
+{
+    enum { N = 16, B = 8 };
+    int64_t ids[N], out[N];
+    for (int64_t i = 0; i < N; i++)
+        ids[i] = i;
+    for (int wait = 0; wait < 2; wait++) {
+        harness_t ref, h;
+        harness_init(&ref, &envd_builtin_cartpole, N, NULL, 0);
+        g_max_threads = 0;
+        harness_init(&h, &envd_builtin_cartpole, N, pool1, 0);
+        g_max_threads = ENVD_VEC_NO_CAP;
+        worker_hold_t hold;
+        hold_worker(pool1, &hold);
+        CHECK(envd_session_send(h.s, ids, B, ENVD_JOB_NOTIFY) == ENVD_OK, "send B");
+        expect_counts(h.s, B, 0, "B waits for the held worker");
+        CHECK(envd_session_send(h.s, ids + B, N - B, 0) == ENVD_OK, "send A");
+        expect_counts(h.s, B, N - B, "A ran inline");
+        CHECK(envd_session_recv(h.s, N - B, N - B, out, wait) == N - B, "recv A (wait %d)", wait);
+        for (int64_t k = 0; k < N - B; k++)
+            CHECK(out[k] == B + k, "recv (wait %d) returned env %lld at %lld, not A's %lld",
+                  wait, (long long)out[k], (long long)k, (long long)(B + k));
+        if (wait)
+            expect_counts(h.s, 0, B, "a waiting recv ran the overtaken B");
+        else
+            expect_counts(h.s, B, 0, "a recv without wait left B to the worker");
+        release_worker(pool1, &hold);
+        CHECK(envd_session_recv(h.s, B, B, out, 1) == B, "recv B");
+        for (int64_t k = 0; k < B; k++)
+            CHECK(out[k] == k, "B's recv returned env %lld", (long long)out[k]);
+        CHECK(envd_session_step(ref.s) >= 0, "the reference's step");
+        for (int64_t i = 0; i < N; i++)
+            CHECK(same_row(&ref, &h, i), "env %lld differs from a sync step", (long long)i);
+        harness_free(&h);
+        harness_free(&ref);
+    }
+}
+
 static void test_refusals(envd_pool_t *pool1)
 {
     g_gated = envd_builtin_cartpole;
@@ -604,6 +650,7 @@ int main(int argc, char **argv)
         test_failure(pools[p], p == 0 ? 0 : 1);
     test_async_reset_in_flight(pools[1]);
     test_take_help(pools[1]);
+    test_overtaken(pools[1]);
     printf("session_stress: refusals, failure, async_reset %.2f s\n", now_s() - t);
     t = now_s();
     for (size_t p = 0; p < COUNT(pools); p++)
