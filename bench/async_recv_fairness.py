@@ -10,8 +10,8 @@ keeps coming back.
 
 Prints, per env kind, the longest wait of any env: the most recvs in a row
 that did not return it (1 means the two batches strictly took turns), and
-the fewest and most recvs that returned an env.  It uses only the public API, so it measures whatever envd
-the interpreter imports:
+the fewest and most recvs that returned an env.  It uses only the public
+API, so it measures whatever envd the interpreter imports:
 
     python bench/async_recv_fairness.py [--recvs 3000] [--cpus 1] [--runs 3]
 """

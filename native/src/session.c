@@ -5,12 +5,15 @@
  * Invariants (under the mutex): in_flight is the sum of the counts of the
  * batches from head to tail (submit order); state[i] is IN_FLIGHT for exactly
  * their ids, READY for exactly the num_ready ids of the ready ring (from
- * ready_head, in the order found finished), IDLE otherwise.  A batch entry
- * owns a backend batch and a private copy of its ids; finished entries go to
- * the spares and are reused by later sends that fit (capacity in
- * [count, 2 * count]), so the entries in flight hold at most 2 * num_envs ids,
- * and the spares hold at most 2 * num_envs ids in all (sends of ever larger
- * batches would otherwise keep every size ever sent).  Hence
+ * ready_head, in the order found finished), IDLE otherwise; entries have
+ * increasing seqs (their sends' numbers, from 1), and newest_finished is the
+ * largest seq collected so far (an older entry still in flight was
+ * overtaken: run_overtaken).  A batch entry owns a backend batch and a
+ * private copy of its ids; finished entries go to the spares and are reused
+ * by later sends that fit (capacity in [count, 2 * count]), so the entries
+ * in flight hold at most 2 * num_envs ids, and the spares hold at most
+ * 2 * num_envs ids in all (sends of ever larger batches would otherwise keep
+ * every size ever sent).  Hence
  * envd_session_books_max_bytes: at most num_envs entries in flight (each
  * holds an env) and 2 * num_envs spares, 4 * num_envs ids of capacity in all.
  */
@@ -30,6 +33,8 @@ typedef struct entry {
     int64_t count;     /* ids of the send in flight */
     int64_t *ids;      /* capacity entries, private */
     int64_t seq;       /* its send's number: later sends have larger ones */
+    int passed;        /* a recv returned without it while it was overtaken
+                          and unstarted (run_overtaken) */
     struct entry *next;
 } entry_t;
 
@@ -386,6 +391,7 @@ int envd_session_send(envd_session_t *s, const int64_t *ids, int64_t count, int 
     }
     e->count = count;
     e->seq = ++s->sends;
+    e->passed = 0;
     if (s->tail == NULL)
         s->head = e;
     else
@@ -447,26 +453,34 @@ static int64_t take_ready(envd_session_t *s, int64_t max_count, int64_t *out)
     return n;
 }
 
-/* Fairness of "ready first": a batch that a later send overtook (a cheap
- * batch runs inline on its caller's thread) while none of its chunks has
- * been claimed waits for a worker that is busy or not scheduled -- on 2
- * CPUs a SCHED_BATCH worker may wait behind a trainer that never blocks,
- * which then received the inline batch's envs again and again for a
- * millisecond.  A waiting recv runs such a batch itself before it returns:
- * the batches that no thread has started are run in send order.  A batch a
- * worker has started, or one no later send overtook (EnvPool's loop: each
- * batch finishes in turn), is left to the workers.  Returns whether it ran
- * one (the books then need collecting again). */
+/* Fairness of "ready first".  A batch can be overtaken by a later send (a
+ * cheap batch runs inline and finishes at once) while it waits in the pool
+ * with no chunk claimed: its worker is waking up (20-40 us), busy, or not
+ * scheduled -- on one CPU the pool's SCHED_BATCH worker waited behind a
+ * trainer that never blocks, and recv returned the inline batch's envs
+ * again and again (an env of EnvPool's loop missed up to 171 recvs in a
+ * row).  A waiting recv lets such a batch be passed over once, so that a
+ * worker merely waking up is not raced and a recv with enough envs ready
+ * does not block on a large batch; a batch still overtaken and unstarted at
+ * a later recv has had a whole turn of the trainer to start, and that recv
+ * runs it on its own thread (batch_wait) before it returns.  Batches a
+ * worker started, or that no later batch overtook (EnvPool's loop of equal
+ * batches: each finishes in turn), are left to the workers.  Returns
+ * whether it ran one (the books then need collecting again). */
 static int run_overtaken(envd_session_t *s)
 {
     const envd_backend_ops_t *ops = s->backend->ops;
     if (ops->batch_unstarted == NULL)
         return 0;
-    for (entry_t *e = s->head; e != NULL && e->seq < s->newest_finished; e = e->next)
-        if (ops->batch_unstarted(e->batch)) {
+    for (entry_t *e = s->head; e != NULL && e->seq < s->newest_finished; e = e->next) {
+        if (!ops->batch_unstarted(e->batch))
+            continue;
+        if (e->passed) {
             ops->batch_wait(s->backend->impl, e->batch);
             return 1;
         }
+        e->passed = 1; /* (the recv returns next: run_overtaken found none to run) */
+    }
     return 0;
 }
 

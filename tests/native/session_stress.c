@@ -369,12 +369,14 @@ static void test_take_help(envd_pool_t *pool1)
 
 /* ---- a batch overtaken before any thread started it (session.c run_overtaken) ------- */
 /* With the pool's one worker held, batch B goes to the pool and waits there
- * while a later batch A runs inline and finishes: a waiting recv then runs B
- * itself before it returns A (ready first); one that does not wait leaves B
- * to the worker.  The session is capped at 0 threads, so that A runs inline
- * whatever its measured cost, and B is sent for an event loop (NOTIFY) while
- * still unmeasured (a new session each time), so that it goes to the cap's
- * one pool slot. */
+ * while a later batch A runs inline and finishes.  The first waiting recv
+ * passes B over (a worker may just be waking up for it) and returns A; the
+ * next one, with B still unstarted, runs B itself before it returns A again
+ * (ready first).  Recvs that do not wait leave B to the worker, and a batch
+ * nothing overtook is left too, though envs were ready.  The session is
+ * capped at 0 threads, so that A runs inline whatever its measured cost, and
+ * B is sent for an event loop (NOTIFY) while still unmeasured (a new session
+ * each time), so that it goes to the cap's one pool slot. */
 static void test_overtaken(envd_pool_t *pool1)
 {
     enum { N = 16, B = 8 };
@@ -391,26 +393,49 @@ static void test_overtaken(envd_pool_t *pool1)
         hold_worker(pool1, &hold);
         CHECK(envd_session_send(h.s, ids, B, ENVD_JOB_NOTIFY) == ENVD_OK, "send B");
         expect_counts(h.s, B, 0, "B waits for the held worker");
-        CHECK(envd_session_send(h.s, ids + B, N - B, 0) == ENVD_OK, "send A");
-        expect_counts(h.s, B, N - B, "A ran inline");
-        CHECK(envd_session_recv(h.s, N - B, N - B, out, wait) == N - B, "recv A (wait %d)", wait);
-        for (int64_t k = 0; k < N - B; k++)
-            CHECK(out[k] == B + k, "recv (wait %d) returned env %lld at %lld, not A's %lld",
-                  wait, (long long)out[k], (long long)k, (long long)(B + k));
-        if (wait)
-            expect_counts(h.s, 0, B, "a waiting recv ran the overtaken B");
-        else
-            expect_counts(h.s, B, 0, "a recv without wait left B to the worker");
+        for (int turn = 0; turn < 2; turn++) {
+            CHECK(envd_session_send(h.s, ids + B, N - B, 0) == ENVD_OK, "send A");
+            expect_counts(h.s, B, N - B, "A ran inline");
+            CHECK(envd_session_recv(h.s, N - B, N - B, out, wait) == N - B,
+                  "recv A (wait %d, turn %d)", wait, turn);
+            for (int64_t k = 0; k < N - B; k++)
+                CHECK(out[k] == B + k, "recv (wait %d, turn %d) returned env %lld at %lld, "
+                      "not A's %lld", wait, turn, (long long)out[k], (long long)k,
+                      (long long)(B + k));
+            if (wait && turn == 1)
+                expect_counts(h.s, 0, B, "a waiting recv ran B, passed over before");
+            else
+                expect_counts(h.s, B, 0, "B left to the worker");
+            CHECK(envd_session_step(ref.s) >= 0, "the reference's step");
+        }
         release_worker(pool1, &hold);
         CHECK(envd_session_recv(h.s, B, B, out, 1) == B, "recv B");
         for (int64_t k = 0; k < B; k++)
             CHECK(out[k] == k, "B's recv returned env %lld", (long long)out[k]);
-        CHECK(envd_session_step(ref.s) >= 0, "the reference's step");
+        /* B stepped once, A twice: the reference's second step is A's. */
         for (int64_t i = 0; i < N; i++)
-            CHECK(same_row(&ref, &h, i), "env %lld differs from a sync step", (long long)i);
+            if (i >= B)
+                CHECK(same_row(&ref, &h, i), "env %lld differs from a sync step", (long long)i);
         harness_free(&h);
         harness_free(&ref);
     }
+    /* Nothing overtook B: a waiting recv of the envs ready since the reset
+     * leaves it to the worker. */
+    harness_t h;
+    g_max_threads = 0;
+    harness_init(&h, &envd_builtin_cartpole, N, pool1, 0);
+    g_max_threads = ENVD_VEC_NO_CAP;
+    CHECK(envd_session_async_reset(h.s, NULL) == ENVD_OK, "async_reset: every env ready");
+    worker_hold_t hold;
+    hold_worker(pool1, &hold);
+    CHECK(envd_session_recv(h.s, B, B, out, 1) == B, "recv the first half of the reset's envs");
+    CHECK(envd_session_send(h.s, out, B, ENVD_JOB_NOTIFY) == ENVD_OK, "send B");
+    for (int k = 0; k < 3; k++)
+        CHECK(envd_session_recv(h.s, 1, 1, out, 1) == 1, "recv one of the reset's envs");
+    expect_counts(h.s, B, N - B - 3, "a batch nothing overtook is left to the worker");
+    release_worker(pool1, &hold);
+    CHECK(envd_session_recv(h.s, N - 3, N - 3, out, 1) == N - 3, "recv the rest");
+    harness_free(&h);
 }
 
 static void test_refusals(envd_pool_t *pool1)
