@@ -368,74 +368,104 @@ static void test_take_help(envd_pool_t *pool1)
 }
 
 /* ---- a batch overtaken before any thread started it (session.c run_overtaken) ------- */
-/* With the pool's one worker held, batch B goes to the pool and waits there
- * while a later batch A runs inline and finishes.  The first waiting recv
- * passes B over (a worker may just be waking up for it) and returns A; the
- * next one, with B still unstarted, runs B itself before it returns A again
- * (ready first).  Recvs that do not wait leave B to the worker, and a batch
- * nothing overtook is left too, though envs were ready.  The session is
- * capped at 0 threads, so that A runs inline whatever its measured cost, and
- * B is sent for an event loop (NOTIFY) while still unmeasured (a new session
- * each time), so that it goes to the cap's one pool slot. */
+/* A slow env: each step waits SLOW_STEP_S first (then CartPole's), so that a
+ * NOTIFY batch of 8 costs over the 1 ms that a session capped at 0 threads
+ * runs inline for an event loop (vec.c LOOP_INLINE_MAX_NS): it always goes
+ * to the cap's one pool slot, measured or not, however fast the machine.
+ * Its other batches run inline whatever their cost (the cap of 0). */
+#define SLOW_STEP_S 150e-6
+static envd_env_def_t g_slow;
+
+static int slow_step(void *state, envd_rng_t *rng, const void *action, void *obs,
+                     double *reward, bool *terminated, bool *truncated)
+{
+    const double until = now_s() + SLOW_STEP_S;
+    while (now_s() < until)
+        ;
+    return envd_builtin_cartpole.step(state, rng, action, obs, reward, terminated, truncated);
+}
+
+static void expect_ids(const int64_t *out, int64_t first, int64_t count, const char *what)
+{
+    for (int64_t k = 0; k < count; k++)
+        CHECK(out[k] == first + k, "%s: env %lld at %lld, not %lld", what, (long long)out[k],
+              (long long)k, (long long)(first + k));
+}
+
+/* With the pool's one worker held, batch B (envs [0, 8)) waits in the pool
+ * while a later batch A ([8, 16)) runs inline and finishes.  The first
+ * waiting recv passes B over (a worker may just be waking up for it) and
+ * returns A; the next one, with B still unstarted, runs B itself before it
+ * returns A again (ready first).  Each round reuses the entries of the one
+ * before (the pass is forgotten); recvs that do not wait leave B to the
+ * worker, and so does a waiting recv when B overtook nothing.  Every env's
+ * rows equal those of as many sync steps. */
 static void test_overtaken(envd_pool_t *pool1)
 {
     enum { N = 16, B = 8 };
+    g_slow = envd_builtin_cartpole;
+    g_slow.step = slow_step;
+    harness_t h, ref_a, ref_b;
+    g_max_threads = 0;
+    harness_init(&h, &g_slow, N, pool1, 0);
+    g_max_threads = ENVD_VEC_NO_CAP;
+    CHECK(envd_session_async_reset(h.s, NULL) == ENVD_OK, "async_reset");
     int64_t ids[N], out[N];
     for (int64_t i = 0; i < N; i++)
         ids[i] = i;
-    for (int wait = 0; wait < 2; wait++) {
-        harness_t ref, h;
-        harness_init(&ref, &envd_builtin_cartpole, N, NULL, 0);
-        g_max_threads = 0;
-        harness_init(&h, &envd_builtin_cartpole, N, pool1, 0);
-        g_max_threads = ENVD_VEC_NO_CAP;
-        worker_hold_t hold;
+    CHECK(envd_session_recv(h.s, N, N, out, 1) == N, "recv the reset's envs");
+    int steps_a = 0, steps_b = 0;
+    worker_hold_t hold;
+    for (int round = 0; round < 3; round++) {
+        const int wait = round < 2; /* round 1 reuses round 0's entries */
         hold_worker(pool1, &hold);
         CHECK(envd_session_send(h.s, ids, B, ENVD_JOB_NOTIFY) == ENVD_OK, "send B");
         expect_counts(h.s, B, 0, "B waits for the held worker");
         for (int turn = 0; turn < 2; turn++) {
             CHECK(envd_session_send(h.s, ids + B, N - B, 0) == ENVD_OK, "send A");
+            steps_a++;
             expect_counts(h.s, B, N - B, "A ran inline");
             CHECK(envd_session_recv(h.s, N - B, N - B, out, wait) == N - B,
-                  "recv A (wait %d, turn %d)", wait, turn);
-            for (int64_t k = 0; k < N - B; k++)
-                CHECK(out[k] == B + k, "recv (wait %d, turn %d) returned env %lld at %lld, "
-                      "not A's %lld", wait, turn, (long long)out[k], (long long)k,
-                      (long long)(B + k));
+                  "recv A (round %d, turn %d)", round, turn);
+            expect_ids(out, B, N - B, "a recv of A");
             if (wait && turn == 1)
                 expect_counts(h.s, 0, B, "a waiting recv ran B, passed over before");
             else
                 expect_counts(h.s, B, 0, "B left to the worker");
-            CHECK(envd_session_step(ref.s) >= 0, "the reference's step");
         }
         release_worker(pool1, &hold);
         CHECK(envd_session_recv(h.s, B, B, out, 1) == B, "recv B");
-        for (int64_t k = 0; k < B; k++)
-            CHECK(out[k] == k, "B's recv returned env %lld", (long long)out[k]);
-        /* B stepped once, A twice: the reference's second step is A's. */
-        for (int64_t i = 0; i < N; i++)
-            if (i >= B)
-                CHECK(same_row(&ref, &h, i), "env %lld differs from a sync step", (long long)i);
-        harness_free(&h);
-        harness_free(&ref);
+        steps_b++;
+        expect_ids(out, 0, B, "B's recv");
     }
-    /* Nothing overtook B: a waiting recv of the envs ready since the reset
-     * leaves it to the worker. */
-    harness_t h;
-    g_max_threads = 0;
-    harness_init(&h, &envd_builtin_cartpole, N, pool1, 0);
-    g_max_threads = ENVD_VEC_NO_CAP;
-    CHECK(envd_session_async_reset(h.s, NULL) == ENVD_OK, "async_reset: every env ready");
-    worker_hold_t hold;
+    /* B overtook nothing: A (sent first) finished, B did not start. */
     hold_worker(pool1, &hold);
-    CHECK(envd_session_recv(h.s, B, B, out, 1) == B, "recv the first half of the reset's envs");
-    CHECK(envd_session_send(h.s, out, B, ENVD_JOB_NOTIFY) == ENVD_OK, "send B");
-    for (int k = 0; k < 3; k++)
-        CHECK(envd_session_recv(h.s, 1, 1, out, 1) == 1, "recv one of the reset's envs");
-    expect_counts(h.s, B, N - B - 3, "a batch nothing overtook is left to the worker");
+    CHECK(envd_session_send(h.s, ids + B, N - B, 0) == ENVD_OK, "send A first");
+    steps_a++;
+    CHECK(envd_session_send(h.s, ids, B, ENVD_JOB_NOTIFY) == ENVD_OK, "then B");
+    for (int k = 0; k < 2; k++)
+        CHECK(envd_session_recv(h.s, (N - B) / 2, (N - B) / 2, out, 1) == (N - B) / 2,
+              "recv half of A");
+    expect_counts(h.s, B, 0, "a batch nothing overtook is left to the worker");
     release_worker(pool1, &hold);
-    CHECK(envd_session_recv(h.s, N - 3, N - 3, out, 1) == N - 3, "recv the rest");
+    CHECK(envd_session_recv(h.s, B, B, out, 1) == B, "recv B");
+    steps_b++;
+    harness_init(&ref_a, &envd_builtin_cartpole, N, NULL, 0);
+    harness_init(&ref_b, &envd_builtin_cartpole, N, NULL, 0);
+    for (harness_t *ref = &ref_a; ref; ref = ref == &ref_a ? &ref_b : NULL) {
+        CHECK(envd_session_async_reset(ref->s, NULL) == ENVD_OK, "the reference's async_reset");
+        CHECK(envd_session_recv(ref->s, N, N, out, 1) == N, "the reference's recv");
+    }
+    for (int k = 0; k < steps_a; k++)
+        CHECK(envd_session_step(ref_a.s) >= 0, "the reference's step");
+    for (int k = 0; k < steps_b; k++)
+        CHECK(envd_session_step(ref_b.s) >= 0, "the reference's step");
+    for (int64_t i = 0; i < N; i++)
+        CHECK(same_row(i < B ? &ref_b : &ref_a, &h, i), "env %lld differs from %d sync steps",
+              (long long)i, i < B ? steps_b : steps_a);
     harness_free(&h);
+    harness_free(&ref_a);
+    harness_free(&ref_b);
 }
 
 static void test_refusals(envd_pool_t *pool1)
