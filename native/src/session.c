@@ -13,9 +13,9 @@
  * by later sends that fit (capacity in [count, 2 * count]), so the entries
  * in flight hold at most 2 * num_envs ids, and the spares hold at most
  * 2 * num_envs ids in all (sends of ever larger batches would otherwise keep
- * every size ever sent).  Hence
- * envd_session_books_max_bytes: at most num_envs entries in flight (each
- * holds an env) and 2 * num_envs spares, 4 * num_envs ids of capacity in all.
+ * every size ever sent).  Hence envd_session_books_max_bytes: at most
+ * num_envs entries in flight (each holds an env) and 2 * num_envs spares,
+ * 4 * num_envs ids of capacity in all.
  */
 #define _GNU_SOURCE
 #include "session.h"

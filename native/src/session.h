@@ -116,8 +116,9 @@ void envd_session_help(envd_session_help_t *help, int (*leave)(void *), void *ar
  * runs the oldest batch's work until enough are ready; and, before it
  * returns, runs any batch that a later send overtook and that was already
  * passed over unstarted by an earlier recv (session.c, run_overtaken: a
- * batch no thread started does not wait behind ever-ready cheap ones).  A failure of that batch is
- * then raised by this recv, as any finished batch's. */
+ * batch no thread started does not wait behind ever-ready cheap ones).  A
+ * failure of that batch is then raised by this recv, as any finished
+ * batch's. */
 int64_t envd_session_recv(envd_session_t *session, int64_t min_count, int64_t max_count,
                           int64_t *out, int wait);
 
