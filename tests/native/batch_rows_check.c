@@ -49,7 +49,24 @@ static void check_ids(int itemsize, int is_signed, int64_t *stamp, int64_t *gen)
               (long long)out[k]);
 }
 
-static void check_gather(uint64_t row_bytes)
+/* The rows a gather is checked with (see check_gather). */
+enum rows_kind { SCATTERED, RUN_TO_THE_END, RUN_BUT_LAST, RUN_BUT_FIRST, ONE_ROW, ROWS_KINDS };
+
+static int fill_rows(int64_t *rows, enum rows_kind kind)
+{
+    const int64_t first = NUM_ENVS - COUNT_IDS; /* a run ending at the last row */
+    for (int k = 0; k < COUNT_IDS; k++)
+        rows[k] = kind == SCATTERED ? id_of(COUNT_IDS - 1 - k) : first + k;
+    if (kind == RUN_BUT_LAST)
+        rows[COUNT_IDS - 1] = 0;  /* (copied as one block, it would read first + 15) */
+    if (kind == RUN_BUT_FIRST)
+        rows[0] = first - 1;
+    return kind == ONE_ROW ? 1 : COUNT_IDS;
+}
+
+/* Rows scattered, a run (copied as one block), runs broken at either end,
+ * and a single row: each row equals its source row; nothing past count. */
+static void check_gather(uint64_t row_bytes, enum rows_kind kind)
 {
     unsigned char *src = src_mem + 1, *dst = dst_mem + 1;
     for (size_t i = 0; i < NUM_ENVS * row_bytes; i++)
@@ -57,15 +74,17 @@ static void check_gather(uint64_t row_bytes)
     memset(dst, 0, COUNT_IDS * row_bytes);
     /* the rows: an aligned int64 array (batch_rows.py passes no other) */
     int64_t rows[COUNT_IDS];
-    for (int k = 0; k < COUNT_IDS; k++)
-        rows[k] = id_of(COUNT_IDS - 1 - k);
+    const int count = fill_rows(rows, kind);
     const void *srcs[1] = {src};
     void *dsts[1] = {dst};
-    envd_batch_gather(rows, COUNT_IDS, 1, srcs, dsts, &row_bytes);
-    for (int k = 0; k < COUNT_IDS; k++)
+    envd_batch_gather(rows, count, 1, srcs, dsts, &row_bytes);
+    for (int k = 0; k < count; k++)
         CHECK(memcmp(dst + (size_t)k * row_bytes, src + (size_t)rows[k] * row_bytes,
                      row_bytes) == 0,
-              "row_bytes %llu: row %d", (unsigned long long)row_bytes, k);
+              "row_bytes %llu, rows kind %d: row %d", (unsigned long long)row_bytes, kind, k);
+    for (size_t i = (size_t)count * row_bytes; i < COUNT_IDS * row_bytes; i++)
+        CHECK(dst[i] == 0, "row_bytes %llu, rows kind %d: byte %zu past the rows written",
+              (unsigned long long)row_bytes, kind, i);
 }
 
 /* A negative id of a signed width is refused as that negative value (an
@@ -95,7 +114,8 @@ int main(void)
     }
     static const uint64_t row_sizes[] = {1, 2, 4, 8, 3, 12, MAX_ROW};
     for (size_t s = 0; s < COUNT(row_sizes); s++)
-        check_gather(row_sizes[s]);
+        for (int kind = 0; kind < ROWS_KINDS; kind++)
+            check_gather(row_sizes[s], (enum rows_kind)kind);
     printf("batch_rows_check: ok\n");
     return 0;
 }

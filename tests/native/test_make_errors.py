@@ -130,6 +130,33 @@ def test_discrete_action_out_of_range(value):
         still_usable(env)
 
 
+@pytest.mark.parametrize("row", [0, 7, 14])  # 5 envs x 3 agents: the first, a middle, the last
+@pytest.mark.parametrize("value", [5, -1, 2**62])
+def test_multi_agent_discrete_action_out_of_range(row, value):
+    """A multi-agent env's Discrete actions are checked in one pass over
+    every agent's row (vec.c): one bad agent row anywhere is refused by a
+    step and by a send, named, and nothing moves."""
+    with envd.make("simple_spread_v3", 5, seed=0) as env:
+        obs = env.reset()[0]
+        before = obs.copy()
+        actions = np.zeros(env.num_envs, np.int64)
+        actions[row] = value
+        with pytest.raises(InvalidActionError, match=rf"action {value} of env {row} is out of range"):
+            env.step(actions)
+        assert obs.tobytes() == before.tobytes(), "a rejected step must step no env"
+        env.step(np.zeros(env.num_envs, np.int64))
+    with envd.make("simple_spread_v3", 5, seed=0, batch_size=5) as env:
+        env.async_reset()
+        ids = env.recv()[4]["env_id"]  # (each env's id once per agent row)
+        actions = np.zeros(len(ids), np.int64)
+        actions[row] = value
+        named = int(ids[row]) * 3 + row % 3  # the agent's row of its env
+        with pytest.raises(InvalidActionError, match=rf"action {value} of env {named} is out"):
+            env.send(actions, ids)
+        env.send(np.zeros(len(ids), np.int64), ids)  # nothing was marked in flight
+        assert sorted(env.recv()[4]["env_id"].tolist()) == sorted(ids.tolist())
+
+
 def test_unsigned_actions_beyond_int64_are_out_of_range():
     with envd.make("CartPole-v1", 2, seed=0) as env:
         env.reset()
