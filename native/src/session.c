@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "envd.h"
+#include "ids_run.h"
 
 typedef struct entry {
     envd_backend_batch_t *batch;
@@ -366,6 +367,19 @@ static int check_send(envd_session_t *s, const int64_t *ids, int64_t count)
     return ENVD_OK;
 }
 
+/* check_send for ids that are a run in range (EnvPool's every batch): one
+ * pass over their states; 0 when one is not idle (check_send then names it). */
+static int run_idle(const envd_session_t *s, const int64_t *ids, int64_t count)
+{
+    if (!envd_ids_are_run_within(ids, count, s->num_envs))
+        return 0;
+    const int8_t *state = s->state + ids[0];
+    int8_t busy = 0;
+    for (int64_t k = 0; k < count; k++)
+        busy |= (int8_t)(state[k] != ENVD_ENV_IDLE);
+    return !busy;
+}
+
 int envd_session_send(envd_session_t *s, const int64_t *ids, int64_t count, int flags)
 {
     pthread_mutex_lock(&s->mutex);
@@ -378,7 +392,8 @@ int envd_session_send(envd_session_t *s, const int64_t *ids, int64_t count, int 
     if (e == NULL)
         goto out;
     memcpy(e->ids, ids, (size_t)count * sizeof *e->ids);
-    rc = check_send(s, e->ids, count);
+    const int run = run_idle(s, e->ids, count);
+    rc = run ? ENVD_OK : check_send(s, e->ids, count);
     if (s->backend->ops->batch_help == NULL)
         flags &= ~ENVD_JOB_HELPED; /* nobody can help: the backend's threads run it */
     if (rc == ENVD_OK)
@@ -398,8 +413,11 @@ int envd_session_send(envd_session_t *s, const int64_t *ids, int64_t count, int 
         s->tail->next = e;
     s->tail = e;
     s->in_flight += count;
-    for (int64_t k = 0; k < count; k++)
-        s->state[e->ids[k]] = ENVD_ENV_IN_FLIGHT;
+    if (run)
+        memset(s->state + e->ids[0], ENVD_ENV_IN_FLIGHT, (size_t)count);
+    else
+        for (int64_t k = 0; k < count; k++)
+            s->state[e->ids[k]] = ENVD_ENV_IN_FLIGHT;
     collect(s); /* early finishers (inline batches) keep the ready order */
 out:
     pthread_mutex_unlock(&s->mutex);

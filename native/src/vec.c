@@ -21,6 +21,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "ids_run.h"
+
 #define CACHE_LINE 64
 
 /* Dispatch policy.  A batch cheaper than INLINE_BELOW_NS, about what waking a
@@ -583,7 +585,7 @@ static int action_in_space(const envd_space_t *as, const void *action)
 
 /* Whether the Discrete actions of envs ids[0..count) (ids NULL: envs
  * 0..count-1), every agent's, all lie in the space: one branch-free pass over
- * the private copy (a contiguous one vectorizes).  The common case of
+ * the private copy.  The common case of
  * validate_step and claim_batch: a per-env call cost 5 ns an env, 11 us of a
  * 2048-CartPole async send on a slow 2-CPU host, serial before any worker
  * starts (docs/benchmarks.md).  false sends the caller to the per-env loop,
@@ -592,6 +594,7 @@ static bool discrete_actions_in_space(const envd_vec_t *vec, const int64_t *ids,
 {
     const envd_space_t *as = &vec->def->action_space;
     const int64_t agents = vec->agents;
+    /* (Discrete actions are int64, errors.c: the size test guards the cast) */
     if (as->kind != ENVD_SPACE_DISCRETE || vec->action_bytes != (size_t)agents * sizeof(int64_t))
         return false;
     const int64_t *actions = (const int64_t *)vec->actions;
@@ -828,6 +831,27 @@ static void copy_action_rows(envd_vec_t *vec, const int64_t *ids, int64_t count)
     }
 }
 
+/* A run's envs (envd_ids_are_run_within) marked in flight and their action
+ * rows copied, each as one block; false, with nothing done, when ids are not
+ * a run in range or one of its envs is in flight (the per-env loop then
+ * names it). */
+static bool claim_run(envd_vec_t *vec, const int64_t *ids, int64_t count)
+{
+    if (!envd_ids_are_run_within(ids, count, vec->config.num_envs))
+        return false;
+    bool *marks = vec->in_batch + ids[0];
+    bool any = false;
+    for (int64_t k = 0; k < count; k++)
+        any |= marks[k];
+    if (any)
+        return false;
+    memset(marks, true, (size_t)count * sizeof *marks);
+    const size_t row = vec->action_bytes, offset = (size_t)ids[0] * row;
+    memcpy(vec->actions + offset, (const unsigned char *)vec->buf.actions + offset,
+           (size_t)count * row);
+    return true;
+}
+
 /* Check a batch's ids (the vec's private copy) and mark its envs in flight;
  * then copy their actions into the private copy (only now: until an env is
  * marked, a batch in flight may be reading its row) and check those.  On
@@ -836,7 +860,8 @@ static int claim_batch(envd_vec_t *vec, const int64_t *ids, int64_t count)
 {
     int rc = ENVD_OK;
     int64_t k = 0;
-    for (; k < count; k++) {
+    const bool run = claim_run(vec, ids, count);
+    for (; !run && k < count; k++) {
         int64_t i = ids[k];
         if (i < 0 || i >= vec->config.num_envs)
             rc = ENVD_EINVAL;
@@ -849,13 +874,15 @@ static int claim_batch(envd_vec_t *vec, const int64_t *ids, int64_t count)
         }
         vec->in_batch[i] = true;
     }
-    copy_action_rows(vec, ids, count);
+    if (!run)
+        copy_action_rows(vec, ids, count);
     /* As validate_step: an env's block (written by the threads stepping it)
      * is read only when its state may refuse it; integer actions are checked
      * on the private copy. */
     const bool per_env_state = !vec->all_started ||
                                vec->config.autoreset_mode == ENVD_AUTORESET_DISABLED;
-    const bool per_env_action = vec->def->action_space.kind != ENVD_SPACE_BOX &&
+    const bool per_env_action = !per_env_state &&
+                                vec->def->action_space.kind != ENVD_SPACE_BOX &&
                                 !discrete_actions_in_space(vec, ids, count);
     for (k = 0; (per_env_state || per_env_action) && k < count; k++) {
         rc = per_env_state ? env_startable(vec, ids[k]) : actions_in_space(vec, ids[k]);

@@ -50,7 +50,9 @@ static void check_ids(int itemsize, int is_signed, int64_t *stamp, int64_t *gen)
 }
 
 /* The rows a gather is checked with (see check_gather). */
-enum rows_kind { SCATTERED, RUN_TO_THE_END, RUN_BUT_LAST, RUN_BUT_FIRST, ONE_ROW, ROWS_KINDS };
+enum rows_kind {
+    SCATTERED, RUN_TO_THE_END, RUN_BUT_LAST, RUN_BUT_FIRST, RUN_BUT_SWAPPED, ONE_ROW, ROWS_KINDS
+};
 
 static int fill_rows(int64_t *rows, enum rows_kind kind)
 {
@@ -61,11 +63,16 @@ static int fill_rows(int64_t *rows, enum rows_kind kind)
         rows[COUNT_IDS - 1] = 0;  /* (copied as one block, it would read first + 15) */
     if (kind == RUN_BUT_FIRST)
         rows[0] = first - 1;
+    if (kind == RUN_BUT_SWAPPED) { /* the ends of a run, two rows swapped between them */
+        rows[1] = first + 2;
+        rows[2] = first + 1;
+    }
     return kind == ONE_ROW ? 1 : COUNT_IDS;
 }
 
-/* Rows scattered, a run (copied as one block), runs broken at either end,
- * and a single row: each row equals its source row; nothing past count. */
+/* Rows scattered, a run (copied as one block), runs broken at either end or
+ * in the middle, and a single row: each row equals its source row; nothing
+ * past count. */
 static void check_gather(uint64_t row_bytes, enum rows_kind kind)
 {
     unsigned char *src = src_mem + 1, *dst = dst_mem + 1;

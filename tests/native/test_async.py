@@ -150,6 +150,22 @@ def test_episode_statistics_reach_recv():
     assert len(expected) > 50 and sorted(got) == sorted(expected)
 
 
+@pytest.mark.parametrize("ids,named", [([2, 3, 4, 5], 4), ([1, 2, 3, 4], 4), ([4, 5], 4)])
+def test_a_run_of_ids_over_a_ready_env_is_refused_naming_it(ids, named):
+    """A send whose ids are a run (session.c checks their states in one pass)
+    is refused when one env of the run, anywhere in it, is not idle, naming
+    that env; nothing is marked, and the idle envs can be sent after."""
+    with envd.make("CartPole-v1", 8, seed=0, batch_size=4) as env:
+        env.async_reset()
+        got = env.recv()[4]["env_id"]
+        assert got.tolist() == [0, 1, 2, 3]  # envs 4..7 stay ready
+        with pytest.raises(envd.EnvStateError, match=f"env {named} is ready"):
+            env.send(np.zeros(len(ids), np.int64), np.array(ids))
+        env.send(np.zeros(4, np.int64), got)
+        assert env.recv()[4]["env_id"].tolist() == [4, 5, 6, 7]
+        assert sorted(env.recv()[4]["env_id"].tolist()) == [0, 1, 2, 3]
+
+
 def test_misuse_is_refused_and_the_env_stays_usable():
     with envd.make("CartPole-v1", 6, seed=0, batch_size=3) as env:
         with pytest.raises(envd.EnvStateError, match="only 0 are in flight or ready"):

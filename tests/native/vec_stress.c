@@ -1914,6 +1914,12 @@ static void test_batch_errors(envd_pool_t *pool, int64_t chunk, int mode)
     for (size_t c = 0; c < COUNT(cases); c++)
         expect_batch_rejected(h, b0, true, cases[c].ids, cases[c].count, cases[c].flags,
                               cases[c].want, -1, NULL, cases[c].what);
+    /* runs of ids (claimed as one block when accepted: claim_run) that are
+     * not in range: past num_envs, or a run only in wrapping arithmetic;
+     * the per-env loop names the first bad id */
+    expect_batch_rejected(h, b0, true, IDS(6, 7, 8), 0, ENVD_EINVAL, 8, NULL, "a run past N");
+    expect_batch_rejected(h, b0, true, IDS(INT64_MAX, INT64_MIN), 0, ENVD_EINVAL, INT64_MAX,
+                          NULL, "a run wrapping past INT64_MAX");
     /* discrete actions out of range (test env: start -1, n 3) */
     const int64_t bad_actions[] = {-2, 2, INT64_MIN, INT64_MAX};
     int64_t *act = (int64_t *)h->actions;
@@ -1936,6 +1942,10 @@ static void test_batch_errors(envd_pool_t *pool, int64_t chunk, int mode)
     expect_batch_rejected(h, b1, true, IDS(3, 1), 0, ENVD_EBUSY, -1, flying,
                           "env in a batch in flight");
     expect_batch_rejected(h, b1, true, IDS(3, 3), 0, ENVD_EBUSY, -1, flying, "id twice");
+    expect_batch_rejected(h, b1, true, IDS(2, 3, 4), 0, ENVD_EBUSY, 2, flying,
+                          "a run starting on an env in flight");
+    expect_batch_rejected(h, b1, true, IDS(-1, 0, 1), 0, ENVD_EINVAL, -1, flying,
+                          "a run from -1 over envs in flight");
     expect_batch_rejected(h, b0, false, IDS(4), 0, ENVD_EBUSY, -1, flying, "batch in flight");
     expect_batch_rejected(h, b0, false, IDS(0), ENVD_JOB_NOTIFY, ENVD_EBUSY, -1, flying,
                           "batch in flight, its own env");
@@ -1953,6 +1963,23 @@ static void test_batch_errors(envd_pool_t *pool, int64_t chunk, int mode)
     pair_twin_batch(p, IDS(0, 1, 2), rc0, "first batch");
     pair_twin_batch(p, IDS(4, 3), rc1, "second batch");
     pair_same(p, "after the refusals in flight");
+    pair_settle(p);
+
+    /* a run whose middle or last env is in flight (claim_run looks at every
+     * env of a run; the per-env loop names the one in flight) */
+    bool five[N] = {false};
+    five[5] = true;
+    pair_actions(p, IDS(5));
+    CHECK(envd_vec_batch_submit(h->vec, b0, IDS(5), 0) == ENVD_OK, "submit env 5");
+    expect_batch_rejected(h, b1, true, IDS(3, 4, 5, 6), 0, ENVD_EBUSY, 5, five,
+                          "a run over an env in flight");
+    expect_batch_rejected(h, b1, true, IDS(4, 5), ENVD_JOB_NOTIFY, ENVD_EBUSY, 5, five,
+                          "a run ending on an env in flight");
+    rc0 = batch_wait_finish(h, b0, IDS(5), "env 5");
+    pair_twin_batch(p, IDS(5), rc0, "env 5");
+    pair_same(p, "after the runs refused");
+    pair_settle(p);
+    pair_batch(p, b1, IDS(3, 4, 5, 6), "the run refused");
     pair_settle(p);
 
     /* a whole-vec step pending */
