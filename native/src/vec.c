@@ -585,11 +585,11 @@ static int action_in_space(const envd_space_t *as, const void *action)
 
 /* Whether the Discrete actions of envs ids[0..count) (ids NULL: envs
  * 0..count-1), every agent's, all lie in the space: one branch-free pass over
- * the private copy.  The common case of
- * validate_step and claim_batch: a per-env call cost 5 ns an env, 11 us of a
- * 2048-CartPole async send on a slow 2-CPU host, serial before any worker
- * starts (docs/benchmarks.md).  false sends the caller to the per-env loop,
- * which names the env; so does a space other than Discrete. */
+ * the private copy.  The common case of validate_step and claim_batch, where
+ * a per-env call cost 5 ns an env (11 us of a 2048-CartPole async send on a
+ * slow 2-CPU host, serial before any worker starts; docs/benchmarks.md).
+ * false sends the caller to the per-env loop, which names the env; so does a
+ * space other than Discrete. */
 static bool discrete_actions_in_space(const envd_vec_t *vec, const int64_t *ids, int64_t count)
 {
     const envd_space_t *as = &vec->def->action_space;
