@@ -15,8 +15,10 @@ sudo=""
 
 start=$SECONDS
 # runc: crun refuses these machines' hybrid cgroups.  catatonit: `init: true`.
-# netavark and aardvark-dns: a network whose containers find each other by name.
-packages=(podman runc debootstrap catatonit netavark aardvark-dns)
+# netavark and aardvark-dns: a network whose containers find each other by name;
+# iptables: netavark sets the network up with it (a machine without it failed
+# every networked container with "netavark: No such file or directory").
+packages=(podman runc debootstrap catatonit netavark aardvark-dns iptables)
 missing=()
 for package in "${packages[@]}"; do
     dpkg-query -W -f '${Status}' "$package" 2>/dev/null | grep -q ' installed$' || missing+=("$package")
