@@ -598,20 +598,19 @@ static bool discrete_actions_in_space(const envd_vec_t *vec, const int64_t *ids,
     if (as->kind != ENVD_SPACE_DISCRETE || vec->action_bytes != (size_t)agents * sizeof(int64_t))
         return false;
     const int64_t *actions = (const int64_t *)vec->actions;
-    const int64_t start = as->start;
-    const uint64_t n = (uint64_t)as->n;
-    uint64_t bad = 0;
+    const int64_t start = as->start, n = as->n;
+    bool bad = false;
     if (ids == NULL) {
         for (int64_t k = 0; k < count * agents; k++)
-            bad |= (uint64_t)(actions[k] < start) | ((uint64_t)actions[k] - (uint64_t)start >= n);
+            bad |= !in_discrete_range(actions[k], start, n);
     } else {
         for (int64_t k = 0; k < count; k++) {
             const int64_t *row = actions + ids[k] * agents;
             for (int64_t a = 0; a < agents; a++)
-                bad |= (uint64_t)(row[a] < start) | ((uint64_t)row[a] - (uint64_t)start >= n);
+                bad |= !in_discrete_range(row[a], start, n);
         }
     }
-    return bad == 0;
+    return !bad;
 }
 
 /* The private copy of env i's actions: every agent's, dead rows' included. */
@@ -625,6 +624,13 @@ static int actions_in_space(const envd_vec_t *vec, int64_t i)
             return rc;
     }
     return ENVD_OK;
+}
+
+/* Whether an env's state may refuse a step (an env never reset, or a done
+ * env under autoreset DISABLED): only then is each env's slot read. */
+static bool states_matter(const envd_vec_t *vec)
+{
+    return !vec->all_started || vec->config.autoreset_mode == ENVD_AUTORESET_DISABLED;
 }
 
 static int env_startable(const envd_vec_t *vec, int64_t i)
@@ -644,8 +650,7 @@ static int env_startable(const envd_vec_t *vec, int64_t i)
 static int validate_step(envd_vec_t *vec)
 {
     const int64_t n = vec->config.num_envs;
-    const bool per_env_state = !vec->all_started ||
-                               vec->config.autoreset_mode == ENVD_AUTORESET_DISABLED;
+    const bool per_env_state = states_matter(vec);
     if (!per_env_state && (vec->def->action_space.kind == ENVD_SPACE_BOX ||
                            discrete_actions_in_space(vec, NULL, n)))
         return ENVD_OK;
@@ -879,8 +884,7 @@ static int claim_batch(envd_vec_t *vec, const int64_t *ids, int64_t count)
     /* As validate_step: an env's block (written by the threads stepping it)
      * is read only when its state may refuse it; integer actions are checked
      * on the private copy. */
-    const bool per_env_state = !vec->all_started ||
-                               vec->config.autoreset_mode == ENVD_AUTORESET_DISABLED;
+    const bool per_env_state = states_matter(vec);
     const bool per_env_action = !per_env_state &&
                                 vec->def->action_space.kind != ENVD_SPACE_BOX &&
                                 !discrete_actions_in_space(vec, ids, count);
