@@ -219,6 +219,8 @@ typedef struct envd_fast_header {
     uint32_t closed;
     uint32_t contended;
     uint32_t sent;
+    uint32_t server_asleep;
+    uint32_t missed_rings;
     char message[...];
     ...;
 } envd_fast_header_t;

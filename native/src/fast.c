@@ -38,7 +38,9 @@ _Static_assert(offsetof(envd_fast_header_t, error_index) == 80, "doorbell layout
 _Static_assert(offsetof(envd_fast_header_t, closed) == 88, "doorbell layout");
 _Static_assert(offsetof(envd_fast_header_t, contended) == 92, "doorbell layout");
 _Static_assert(offsetof(envd_fast_header_t, sent) == 96, "doorbell layout");
-_Static_assert(offsetof(envd_fast_header_t, message) == 100, "doorbell layout");
+_Static_assert(offsetof(envd_fast_header_t, server_asleep) == 100, "doorbell layout");
+_Static_assert(offsetof(envd_fast_header_t, missed_rings) == 104, "doorbell layout");
+_Static_assert(offsetof(envd_fast_header_t, message) == 108, "doorbell layout");
 _Static_assert(ENVD_FAST_OFFSET + sizeof(envd_fast_header_t) <= 4096,
                "the doorbell fits the header page (envd/shm.py HEADER_SIZE)");
 
@@ -75,6 +77,7 @@ struct envd_fast {
     int policy_managed;     /* started under SCHED_OTHER: sleeps under SCHED_BATCH
                                after a SENDRECV (sleep_policy) */
     int batch_policy;       /* under SCHED_BATCH now */
+    uint32_t missed_rings;  /* the header's count (never read back from it) */
 };
 
 static _Atomic int g_spinners;        /* server threads spinning now */
@@ -93,10 +96,12 @@ void envd_fast_set_max_spinners(int max_spinners)
     atomic_store(&g_max_spinners, max_spinners < 0 ? 0 : max_spinners);
 }
 
-static void futex_wait(_Atomic uint32_t *word, uint32_t value, int64_t timeout_ns)
+/* 1 when the wait ran out (ETIMEDOUT), else 0 (woken, or the word differed). */
+static int futex_wait(_Atomic uint32_t *word, uint32_t value, int64_t timeout_ns)
 {
     struct timespec ts = {timeout_ns / 1000000000LL, timeout_ns % 1000000000LL};
-    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT, value, &ts, NULL, 0);
+    return syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT, value, &ts, NULL, 0) != 0 &&
+           errno == ETIMEDOUT;
 }
 
 static void futex_wake(_Atomic uint32_t *word)
@@ -215,14 +220,23 @@ static uint32_t next_request(envd_fast_t *fast, int may_spin)
     /* Asleep, this thread leaves its CPU to the pool's spinning workers. */
     envd_pool_reserve_cpus(-1);
     sleep_policy(fast);
+    /* seq_cst (a locked exchange): the flag is visible before the kernel
+     * reads req_seq, so a client that read it as 0 had stored its req_seq
+     * before -- the wait below then returns at once (fast.h, Ordering). */
+    atomic_store(&fast->header->server_asleep, 1);
     while (!atomic_load(&fast->stop)) {
         /* The kernel compares req_seq with last atomically: a request rung
          * before this call returns at once, one rung after wakes it. */
-        futex_wait(req, fast->last, SLEEP_SLICE_NS);
+        const int ran_out = futex_wait(req, fast->last, SLEEP_SLICE_NS);
         seq = atomic_load_explicit(req, memory_order_acquire);
-        if (seq != fast->last)
+        if (seq != fast->last) {
+            if (ran_out)  /* rung, yet nobody woke this thread */
+                atomic_store_explicit(&fast->header->missed_rings,
+                                      ++fast->missed_rings, memory_order_relaxed);
             break;
+        }
     }
+    atomic_store_explicit(&fast->header->server_asleep, 0, memory_order_relaxed);
     envd_pool_reserve_cpus(1);
     return seq; /* (fast->last when stopping) */
 }
@@ -447,6 +461,8 @@ int envd_fast_start(envd_fast_t **out, envd_session_t *session, envd_fast_header
     /* Requests counted before this start are not ours to answer. */
     fast->last = atomic_load(&header->req_seq);
     atomic_store(&header->done_seq, fast->last);
+    atomic_store(&header->server_asleep, 0);  /* (set again before any sleep) */
+    atomic_store(&header->missed_rings, 0);
     atomic_store(&header->closed, 0);
     int err = pthread_create(&fast->thread, NULL, serve, fast);
     if (err == 0)  /* named before start returns: for top -H, ps -L and tests */

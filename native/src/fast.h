@@ -5,8 +5,8 @@
  *
  * The doorbell (envd_fast_header_t) lies in the session's header page.  The
  * client (another process, pure Python) writes the request's inputs in shared
- * memory, writes req_count and req_kind, increments req_seq and wakes
- * req_seq's futex; the server thread (one per fast session) runs the request
+ * memory, writes req_count and req_kind, increments req_seq and, if the
+ * server said it sleeps (server_asleep), wakes req_seq's futex; the server thread (one per fast session) runs the request
  * through the session's own functions (session.h: envd_session_step, _send,
  * _recv), so results and books are those of every other path -- writes
  * status and result, sets done_seq =
@@ -45,9 +45,22 @@
  * Ordering (x86-64, where the client enables the fast path): the client's
  * stores (actions, then req_kind, then req_seq) become visible in order and
  * the server reads req_seq with acquire before anything else; the server
- * publishes done_seq with release after every result.  The client wakes the
- * server with FUTEX_WAKE after every request (a syscall, hence a full
- * barrier), so no flag read can race with the server falling asleep.
+ * publishes done_seq with release after every result.  Waking each other
+ * is a pair of flags, each written before a futex wait and read after the
+ * other side's store, with a full barrier between the store and the read on
+ * both sides, so at least one side sees the other's store:
+ *   - the client sleeps on done_seq: it sets client_waiting, then FUTEX_WAIT
+ *     (the kernel compares done_seq after a barrier); the server stores
+ *     done_seq (seq_cst) and wakes done_seq if client_waiting is set;
+ *   - the server sleeps on req_seq: it sets server_asleep (seq_cst), then
+ *     FUTEX_WAIT; the client stores req_seq, then a full barrier (an atomic
+ *     read-modify-write: client/doorbell.py), then wakes req_seq only if
+ *     server_asleep is set.  A spinning server (the hot case: a trainer
+ *     stepping back to back) is not sent a system call it does not need
+ *     (2 us of the trainer's time per ring on a 2-CPU VM).  The server counts
+ *     in missed_rings every sleep slice that ran out although a request had
+ *     been rung: a client that did not wake it (0 but for a client preempted
+ *     between its store and its read for a whole slice).
  *
  * Spinning: a server thread spins on req_seq for up to spin_ns after each
  * request (never after a SENDRECV, fast.c spin_deadline) before it sleeps, but only while it holds one of the process-wide
@@ -87,8 +100,10 @@ typedef struct envd_session envd_session_t; /* session.h */
 /* The doorbell's layout and requests, as a number: a daemon's hello says it
  * (capability doorbell_layout), and a client rings only a doorbell of its own
  * layout.  1: up to the contended word; 2: SENDRECV and the sent word (the
- * message moved from offset 96 to 100). */
-#define ENVD_FAST_LAYOUT 2
+ * message moved from offset 96 to 100); 3: server_asleep, which the client
+ * reads to skip the wake-up of a spinning server, and missed_rings (the
+ * message moved to 108). */
+#define ENVD_FAST_LAYOUT 3
 
 enum { ENVD_FAST_STEP = 1, ENVD_FAST_SEND = 2, ENVD_FAST_RECV = 3,   /* req_kind */
        ENVD_FAST_SENDRECV = 4 };
@@ -122,6 +137,12 @@ typedef struct envd_fast_header {
     _Atomic uint32_t sent;           /* SENDRECV: 1 when its batch started (the
                                         answer is the RECV's), 0 when the SEND
                                         was refused; 0 for the other kinds */
+    _Atomic uint32_t server_asleep;  /* 1 while the server thread sleeps (or is about
+                                        to) on req_seq: a request rung then needs
+                                        FUTEX_WAKE req_seq */
+    _Atomic uint32_t missed_rings;   /* sleep slices of the server that ran out with
+                                        a request rung (a ring that did not wake a
+                                        sleeping server) */
     char message[ENVD_FAST_MESSAGE_BYTES]; /* status ENVD_EENV: what failed, as the
                                         backend words it (UTF-8, NUL-terminated;
                                         "" when it has nothing more to say) */

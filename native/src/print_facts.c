@@ -56,6 +56,8 @@ int main(void)
     PRINT_FIELD(closed);
     PRINT_FIELD(contended);
     PRINT_FIELD(sent);
+    PRINT_FIELD(server_asleep);
+    PRINT_FIELD(missed_rings);
     PRINT_FIELD(message);
     for (int i = 0; i < envd_builtin_count(); i++)
         printf("env\t%s\n", envd_builtin_get(i)->id);

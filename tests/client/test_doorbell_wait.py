@@ -127,3 +127,36 @@ def test_a_long_step_sleeps_instead_when_the_daemon_is_contended(bell, monkeypat
     bell._contended[0] = 1
     forbid_yield(monkeypatch, "although the daemon said it was contended")
     wait_answered_once_asleep(bell, STEP)
+
+
+# ---- the ring: a FUTEX_WAKE only for a daemon thread that said it sleeps -------------
+
+def counting_wakes(bell: Doorbell) -> list[int]:
+    wakes: list[int] = []
+    bell._wake_server = lambda: wakes.append(bell.seq)
+    return wakes
+
+
+@pytest.mark.parametrize("kind", [STEP, SEND, RECV])
+def test_a_ring_wakes_the_daemon_thread_only_when_it_sleeps(bell, kind):
+    wakes = counting_wakes(bell)
+    bell._server_asleep[0] = 0  # spinning for the next request: it sees req_seq
+    bell.ring(kind, 3)
+    assert wakes == []
+    assert (bell._req_seq[0], bell._req_kind[0], bell._req_count[0]) == (bell.seq, kind, 3)
+    bell._server_asleep[0] = 1  # asleep on req_seq (or about to be)
+    bell.ring(kind, 3)
+    assert wakes == [bell.seq]
+
+
+def test_a_ring_without_its_barrier_wakes_the_daemon_thread_anyway(bell):
+    """The barrier is a lock nobody holds; should it ever be held, the ring
+    cannot order its read of server_asleep after its store, so it wakes."""
+    wakes = counting_wakes(bell)
+    bell._server_asleep[0] = 0
+    bell._barrier.acquire()
+    try:
+        bell.ring(STEP)
+    finally:
+        bell._barrier.release()
+    assert wakes == [bell.seq]

@@ -681,6 +681,37 @@ def test_the_thread_sleeps_under_sched_batch_after_a_sendrecv_only(served):
             _policy_becomes(added, os.SCHED_OTHER)
 
 
+def _sleeps_in_futex(pid: int, tid: int) -> bool:
+    """Thread tid of process pid is blocked in futex(2) (x86-64: 202)."""
+    with open(f"/proc/{pid}/task/{tid}/syscall") as syscall:
+        return syscall.read().split()[0] == "202"
+
+
+def test_a_ring_wakes_the_thread_asleep_on_its_doorbell(served):
+    """The client wakes the daemon's thread only when the thread said it
+    sleeps (server_asleep, native/src/fast.h): the ring of a thread asleep
+    on req_seq wakes it, so the step is answered at once; a ring that did
+    not would be answered only when the thread's 200 ms sleep slice ran out,
+    and the thread counts that in missed_rings.  (Between setting
+    server_asleep and clearing it, the thread blocks on no futex but
+    req_seq's.)"""
+    daemon, client = served
+    before = set(fast_threads(daemon.pid))
+    with client.make("CartPole-v1", 4, seed=0) as env:
+        env.reset(seed=0)
+        [tid] = set(fast_threads(daemon.pid)) - before
+        bell = env._stepper.doorbell
+        wakes = []
+        wake = bell._wake_server
+        bell._wake_server = lambda: (wakes.append(bell.seq), wake())
+        for _ in range(5):
+            wait_until(lambda: bell._server_asleep[0] == 1 and _sleeps_in_futex(daemon.pid, tid),
+                       what="the daemon's thread asleep on its doorbell")
+            env.step(np.zeros(4, np.int64))
+        assert len(wakes) == 5
+        assert bell.missed_rings == 0
+
+
 def test_close_stops_the_thread_and_a_later_step_says_closed(served):
     daemon, client = served
     before = fast_threads(daemon.pid)

@@ -9,7 +9,7 @@
  *
  * The trainer is played by threads of this process that use the doorbell
  * exactly as client/doorbell.py does: write req_count and req_kind, then
- * req_seq + 1, then FUTEX_WAKE req_seq; wait for done_seq == seq by spinning, by sleeping on
+ * req_seq + 1, then (a full barrier) FUTEX_WAKE req_seq if server_asleep is set; wait for done_seq == seq by spinning, by sleeping on
  * done_seq's futex (client_waiting = 1, in slices, checking closed), or both.
  * The header lies in a MAP_SHARED page at ENVD_FAST_OFFSET, as in the daemon,
  * so the shared (not private) futexes are the ones exercised.
@@ -152,6 +152,9 @@ static void futex_wake(_Atomic uint32_t *word, int count)
     syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, count, NULL, NULL, 0);
 }
 
+/* The FUTEX_WAKEs of req_seq the client's rings made (ring_count). */
+static _Atomic int g_ring_wakes;
+
 /* The system call thread tid is blocked in (its first argument in *arg0), -1
  * when it runs, -2 when /proc does not say (then callers fall back to a
  * pause). */
@@ -246,8 +249,11 @@ static void ring_count(doorbell_t *d, uint32_t kind, uint32_t count)
     d->seq++;
     atomic_store(&d->h->req_count, count);
     atomic_store(&d->h->req_kind, kind);
-    atomic_store(&d->h->req_seq, d->seq);
-    futex_wake(&d->h->req_seq, 1);
+    atomic_store(&d->h->req_seq, d->seq); /* (seq_cst: the barrier before the read) */
+    if (atomic_load(&d->h->server_asleep)) {
+        futex_wake(&d->h->req_seq, 1);
+        atomic_fetch_add(&g_ring_wakes, 1);
+    }
 }
 
 static void ring(doorbell_t *d, uint32_t kind)
@@ -501,9 +507,14 @@ static envd_fast_t *fast_start(harness_t *h, doorbell_t *d, int64_t spin_ns)
 }
 
 /* Stops and checks the closed doorbell: served count, closed, done_seq left
- * at the last answer. */
+ * at the last answer, no ring missed (every ring of a sleeping server woke
+ * it: the server's sleeps end in 200 ms slices, so the answers would come,
+ * only late). */
 static void fast_stop(envd_fast_t *f, doorbell_t *d, int64_t want_served)
 {
+    CHECK(atomic_load(&d->h->missed_rings) == 0,
+          "the server slept through %u rings to the end of its slice",
+          atomic_load(&d->h->missed_rings));
     uint32_t done = atomic_load(&d->h->done_seq);
     int64_t served = envd_fast_stop(f, NULL);
     CHECK(served == want_served, "stop returned %lld served, want %lld", (long long)served,
@@ -1539,6 +1550,56 @@ static void test_spin_follows_gaps(void)
     harness_free(&h);
 }
 
+/* server_asleep (fast.h, Ordering): a server asleep on req_seq says so, and
+ * the client's ring wakes it; one that spins for the next request says it
+ * is awake, and the client rings it without a system call; a ring that does
+ * not wake a sleeping server is answered only when its sleep slice (200 ms)
+ * runs out, and counted in missed_rings. */
+static void test_server_asleep(void)
+{
+    harness_t h;
+    doorbell_t d;
+    envd_fast_t *f;
+    const pid_t tid = start_long_spinner(&f, &h, &d, 11);
+    /* Before its first request nothing says one is due: the server sleeps. */
+    bool sure = tid != 0 && wait_asleep(tid, &d.h->req_seq, d.h);
+    CHECK(!sure || atomic_load(&d.h->server_asleep) == 1,
+          "a server asleep on req_seq did not say so");
+    atomic_store(&g_ring_wakes, 0);
+    answer_t a = request(&d, ENVD_FAST_STEP, WAIT_SLEEP);
+    CHECK(a.status == ENVD_OK, "first request: status %d", a.status);
+    CHECK(!sure || atomic_load(&g_ring_wakes) == 1, "the ring of a sleeping server made %d "
+          "wakes", atomic_load(&g_ring_wakes));
+    /* Answered once, with no gap measured yet, the server spins for the
+     * whole spin_ns (20 s): awake, and rung without a system call. */
+    CHECK(atomic_load(&d.h->server_asleep) == 0, "a spinning server said it was asleep");
+    atomic_store(&g_ring_wakes, 0);
+    a = request(&d, ENVD_FAST_STEP, WAIT_SLEEP);
+    CHECK(a.status == ENVD_OK, "second request: status %d", a.status);
+    CHECK(atomic_load(&g_ring_wakes) == 0, "the ring of a spinning server made %d wakes",
+          atomic_load(&g_ring_wakes));
+    /* A request rung with no wake while the server sleeps: answered at the
+     * end of the slice, counted.  (Its gaps are short now: it soon sleeps
+     * again.) */
+    if (tid != 0 && wait_asleep(tid, &d.h->req_seq, d.h)) {
+        d.seq++;
+        atomic_store(&d.h->req_kind, ENVD_FAST_STEP);
+        atomic_store(&d.h->req_seq, d.seq);
+        a = wait_answer(&d, WAIT_SLEEP, SLICE_NS);
+        CHECK(a.answered && a.status == ENVD_OK, "the unwoken request: status %d", a.status);
+        CHECK(atomic_load(&d.h->missed_rings) == 1, "missed_rings %u after one ring that "
+              "woke nobody", atomic_load(&d.h->missed_rings));
+        int64_t served = envd_fast_stop(f, NULL);
+        CHECK(served == 3, "served %lld", (long long)served);
+    } else {
+        printf("fast_stress: server_asleep: /proc cannot tell the server's sleep; the "
+               "unwoken ring is not tried\n");
+        fast_stop(f, &d, 2);
+    }
+    doorbell_unmap(&d);
+    harness_free(&h);
+}
+
 /* After a SENDRECV the server never spins (fast.c, spin_deadline): its
  * client drives other daemons before it rings again.  A client that pauses
  * PAUSE_US between SENDRECVs, with a spin limit far longer: the server's CPU
@@ -2556,6 +2617,7 @@ int main(int argc, char **argv)
     test_spinners();
     test_spin_follows_gaps();
     test_no_spin_after_sendrecv();
+    test_server_asleep();
     printf("fast_stress: spinners %.2f s\n", now_s() - t);
     t = now_s();
     for (int p = 0; p < num_pools; p++) {
