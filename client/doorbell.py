@@ -31,11 +31,11 @@ cross-CPU wake-up of a sleeping client (20-40 us; docs/benchmarks.md).
 """
 from __future__ import annotations
 
+import _thread
 import ctypes
 import mmap
 import os
 import platform
-import threading
 import time
 from typing import Callable
 
@@ -122,7 +122,10 @@ class Doorbell:
         # x86-64: CPython's locks are semaphores or atomic bytes), a full
         # barrier that keeps the read of server_asleep after the store of
         # req_seq -- a plain load could pass the store (x86's one reordering).
-        self._barrier = threading.Lock()
+        # Only CPython's own lock is known to be one (gevent's, patched in,
+        # is not): with any other, every ring wakes.
+        self._barrier = _thread.allocate_lock()
+        self._barrier_is_native = type(self._barrier).__module__ == "_thread"
         message_offset, message_size = _FIELDS["message"]
         self._message = whole[offset + message_offset:offset + message_offset + message_size]
         # the futex words' addresses (the ctypes objects are kept: the
@@ -171,14 +174,16 @@ class Doorbell:
         """Request kind (STEP, SEND, RECV or SENDRECV; count: the env ids
         sent, or the envs a recv wants, or both) once its inputs are in
         shared memory."""
+        self._req_count[0] = count  # (first: a bad count raises before seq moves)
+        self._req_kind[0] = kind
         self.seq = (self.seq + 1) & 0xFFFFFFFF
         self._kind = kind
-        self._req_count[0] = count
-        self._req_kind[0] = kind
         self._req_seq[0] = self.seq
         barrier = self._barrier
-        if not barrier.acquire(False):  # (never: one caller rings at a time) no barrier:
-            self._wake_server()         # wake as if it slept
+        # (acquire fails never: one caller rings at a time) no barrier, no
+        # ordering: wake as if the thread slept
+        if not self._barrier_is_native or not barrier.acquire(False):
+            self._wake_server()
             return
         barrier.release()
         if self._server_asleep[0]:
@@ -189,10 +194,11 @@ class Doorbell:
 
     @property
     def missed_rings(self) -> int:
-        """The daemon's count of its sleeps that ran out although a request
-        had been rung (a ring that did not wake it; 0 unless a client was
-        preempted between ringing and checking server_asleep for a whole
-        sleep slice)."""
+        """The daemon's count of its sleep slices that ran out although a
+        request had been rung: a ring that did not wake it.  0 but for rare
+        races at the end of a slice (a client preempted between its store
+        and its read of server_asleep across it, or a ring landing just as
+        it ran out, which costs nothing)."""
         return self._missed_rings[0]
 
     def wait(self, deadline: float, check_alive: Callable[[], None]) -> tuple[int, int, int] | None:

@@ -6,11 +6,12 @@
  * The doorbell (envd_fast_header_t) lies in the session's header page.  The
  * client (another process, pure Python) writes the request's inputs in shared
  * memory, writes req_count and req_kind, increments req_seq and, if the
- * server said it sleeps (server_asleep), wakes req_seq's futex; the server thread (one per fast session) runs the request
- * through the session's own functions (session.h: envd_session_step, _send,
- * _recv), so results and books are those of every other path -- writes
- * status and result, sets done_seq =
- * req_seq and wakes done_seq's futex when the client said it sleeps there.
+ * server said it sleeps (server_asleep), wakes req_seq's futex; the server
+ * thread (one per fast session) runs the request through the session's own
+ * functions (session.h: envd_session_step, _send, _recv), so results and
+ * books are those of every other path -- writes status and result, sets
+ * done_seq = req_seq and wakes done_seq's futex when the client said it
+ * sleeps there.
  * The futexes are shared (not FUTEX_PRIVATE): the words live in a MAP_SHARED
  * segment of two processes.
  *
@@ -59,8 +60,9 @@
  *     stepping back to back) is not sent a system call it does not need
  *     (2 us of the trainer's time per ring on a 2-CPU VM).  The server counts
  *     in missed_rings every sleep slice that ran out although a request had
- *     been rung: a client that did not wake it (0 but for a client preempted
- *     between its store and its read for a whole slice).
+ *     been rung: a client that did not wake it (0 but for rare races at the
+ *     end of a slice: a client preempted between its store and its read
+ *     across it, or a ring landing as it ran out, which costs nothing).
  *
  * Spinning: a server thread spins on req_seq for up to spin_ns after each
  * request (never after a SENDRECV, fast.c spin_deadline) before it sleeps, but only while it holds one of the process-wide

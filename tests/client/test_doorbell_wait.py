@@ -160,3 +160,46 @@ def test_a_ring_without_its_barrier_wakes_the_daemon_thread_anyway(bell):
     finally:
         bell._barrier.release()
     assert wakes == [bell.seq]
+
+
+def test_a_lock_not_known_to_be_a_barrier_makes_every_ring_wake(bell):
+    """(gevent's patched-in lock is no locked instruction)"""
+    wakes = counting_wakes(bell)
+    bell._server_asleep[0] = 0
+    bell._barrier_is_native = False
+    bell.ring(STEP)
+    assert wakes == [bell.seq]
+
+
+class OrderSpy:
+    """The barrier, checking the ring's order: req_seq stored before it,
+    server_asleep read after it (the spy sets the flag as it passes, so
+    only a read after the barrier sees it set)."""
+
+    def __init__(self, bell: Doorbell):
+        self.bell, self.passed = bell, 0
+
+    def acquire(self, blocking: bool = True) -> bool:
+        assert self.bell._req_seq[0] == self.bell.seq, "the barrier came before the store"
+        return True
+
+    def release(self) -> None:
+        self.bell._server_asleep[0] = 1
+        self.passed += 1
+
+
+def test_the_ring_stores_then_passes_its_barrier_then_reads_the_flag(bell):
+    wakes = counting_wakes(bell)
+    bell._server_asleep[0] = 0
+    bell._barrier = spy = OrderSpy(bell)
+    bell.ring(STEP)
+    assert spy.passed == 1 and wakes == [bell.seq]
+
+
+def test_a_count_refused_by_the_doorbell_leaves_the_ring_unrung(bell):
+    """A count the word cannot hold raises before req_seq or seq move, so
+    the last request's answer still reads as answered."""
+    bell._done[0] = bell.seq  # the last request answered
+    with pytest.raises((ValueError, TypeError, OverflowError)):
+        bell.ring(SEND, -1)
+    assert bell.answered and bell._req_seq[0] == bell.seq

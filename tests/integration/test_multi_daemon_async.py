@@ -223,6 +223,8 @@ def test_a_send_to_a_daemon_with_nothing_in_flight_rings_one_sendrecv(daemons, m
                                else env_result(obs, rew, term, trunc, info, k, 1))
             env.send(np.array([actions[len(runs[i]) - 1, i] for i in ids]), ids)
         env.recv(), env.recv()
+        # a daemon's thread sleeps after every SENDRECV: each ring woke it
+        assert [shard._stepper.doorbell.missed_rings for shard in env.shards] == [0, 0]
     assert rung and set(rung) == {doorbell.SENDRECV}, sorted(set(rung))
     for i in range(num_envs):
         assert runs[i] == reference[i][:len(runs[i])], i

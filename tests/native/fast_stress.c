@@ -506,15 +506,20 @@ static envd_fast_t *fast_start(harness_t *h, doorbell_t *d, int64_t spin_ns)
     return f;
 }
 
-/* Stops and checks the closed doorbell: served count, closed, done_seq left
- * at the last answer, no ring missed (every ring of a sleeping server woke
- * it: the server's sleeps end in 200 ms slices, so the answers would come,
- * only late). */
-static void fast_stop(envd_fast_t *f, doorbell_t *d, int64_t want_served)
+/* Every ring of a sleeping server woke it: none was slept through to the
+ * end of a 200 ms slice (the answer would still come, only late). */
+static void check_no_missed_rings(const doorbell_t *d)
 {
     CHECK(atomic_load(&d->h->missed_rings) == 0,
           "the server slept through %u rings to the end of its slice",
           atomic_load(&d->h->missed_rings));
+}
+
+/* Stops and checks the closed doorbell: served count, closed, done_seq left
+ * at the last answer, no ring missed. */
+static void fast_stop(envd_fast_t *f, doorbell_t *d, int64_t want_served)
+{
+    check_no_missed_rings(d);
     uint32_t done = atomic_load(&d->h->done_seq);
     int64_t served = envd_fast_stop(f, NULL);
     CHECK(served == want_served, "stop returned %lld served, want %lld", (long long)served,
@@ -1634,6 +1639,7 @@ static void test_no_spin_after_sendrecv(void)
                   "a server answering SENDRECVs spun: %.1f ms of CPU over %.1f ms of pauses",
                   cpu * 1e3, paused * 1e3);
         }
+        check_no_missed_rings(&d);
         CHECK(envd_fast_stop(f, NULL) == (kinds[k] == ENVD_FAST_STEP ? REQUESTS : 0),
               "no-spin test: served");
         doorbell_unmap(&d);
@@ -1951,6 +1957,7 @@ static void async_results(envd_pool_t *const *pools, int num_pools, int requests
                 CHECK(same_buffers(&h, &twin), "%s: buffers differ from the twin's", what);
                 envd_fast_unlock(f);
                 int64_t batch_envs = -1;
+                check_no_missed_rings(&d);
                 const int64_t served = envd_fast_stop(f, &batch_envs);
                 CHECK(served == steps && batch_envs == b.received,
                       "%s: stop: served %lld (want %lld), batch_envs %lld (want %lld)", what,
@@ -2180,6 +2187,7 @@ static void async_errors(envd_pool_t *pool, int64_t chunk)
     CHECK(envd_fast_batch_envs(f) == b.received + 3, "batch_envs %lld, want %lld",
           (long long)envd_fast_batch_envs(f), (long long)b.received + 3);
     int64_t batch_envs = -1;
+    check_no_missed_rings(&d);
     CHECK(envd_fast_stop(f, &batch_envs) == steps && batch_envs == b.received + 3,
           "stop: batch_envs %lld", (long long)batch_envs);
     doorbell_unmap(&d);
@@ -2214,6 +2222,7 @@ static void async_errors(envd_pool_t *pool, int64_t chunk)
         refusals++;
     }
     CHECK(refusals == 2, "only %d episodes ended in DISABLED mode", refusals);
+    check_no_missed_rings(&d);
     CHECK(envd_fast_stop(f, NULL) == 0, "stop");
 #undef NEXT_WAIT
     doorbell_unmap(&d);
@@ -2331,6 +2340,7 @@ static void async_stop(envd_pool_t *const *pools, int num_pools)
                   (long long)(threads ? found : sent_inline));
             const double t0 = now_s();
             int64_t batch_envs = -1;
+            check_no_missed_rings(&d);
             const int64_t served = envd_fast_stop(f, &batch_envs);
             const double took = now_s() - t0;
             if (variant == 2) {
@@ -2378,6 +2388,7 @@ static void async_stop(envd_pool_t *const *pools, int num_pools)
             envd_fast_unlock(f);
             /* (the drained batch counts once the session found it finished:
              * at its SEND when inline, else maybe at envd_fast_pending) */
+            check_no_missed_rings(&d);
             CHECK(envd_fast_stop(f, &batch_envs) == 0 &&
                   (batch_envs == 10 || (threads > 0 && batch_envs == 8)),
                   "stop after drain: batch_envs %lld", (long long)batch_envs);
@@ -2438,6 +2449,7 @@ static void sendrecv_held(envd_pool_t *pool)
                       (long long)h.ids[j]);
         }
         const double t0 = now_s();
+        check_no_missed_rings(&d);
         CHECK(envd_fast_stop(f, NULL) == 0, "sendrecv %s: served", names[mode]);
         const double took = now_s() - t0;
         pthread_join(releaser, NULL);
