@@ -180,8 +180,9 @@ class Doorbell:
         self._kind = kind
         self._req_seq[0] = self.seq
         barrier = self._barrier
-        # (acquire fails never: one caller rings at a time) no barrier, no
-        # ordering: wake as if the thread slept
+        # Without the barrier (not CPython's own lock, or this one held,
+        # which one caller ringing at a time never does) the read of the
+        # flag could pass the store: wake as if the thread slept.
         if not self._barrier_is_native or not barrier.acquire(False):
             self._wake_server()
             return

@@ -9,7 +9,8 @@
  *
  * The trainer is played by threads of this process that use the doorbell
  * exactly as client/doorbell.py does: write req_count and req_kind, then
- * req_seq + 1, then (a full barrier) FUTEX_WAKE req_seq if server_asleep is set; wait for done_seq == seq by spinning, by sleeping on
+ * req_seq + 1, then (after a full barrier) FUTEX_WAKE req_seq if
+ * server_asleep is set; wait for done_seq == seq by spinning, by sleeping on
  * done_seq's futex (client_waiting = 1, in slices, checking closed), or both.
  * The header lies in a MAP_SHARED page at ENVD_FAST_OFFSET, as in the daemon,
  * so the shared (not private) futexes are the ones exercised.
