@@ -483,6 +483,14 @@ def test_the_comparison_over_two_daemons_measures_round_by_round(monkeypatch):
     assert bench_multi.summary(results)["CartPole-v1"]["summary"]["two_over_one"]["median"] > 0
 
 
+def test_wide_ratio_cells_stay_apart():
+    """The ratios' cells: '47.34x ±20.19' fills a whole one, yet it still
+    reads apart from the cell before it (a run printed '±9.2647.34x')."""
+    line = benchmark.ratio_cells(["19.38x ±9.26", "47.34x ±20.19", "-"])
+    assert line.split() == ["19.38x", "±9.26", "47.34x", "±20.19", "-"]
+    assert len(benchmark.ratio_cells(["1.00x ±0.01", "-"])) == 2 * benchmark.CELL  # (aligned)
+
+
 def test_spread_and_not_judged():
     s = bench_rounds.spread([3.0, 1.0, 2.0, 10.0])
     assert (s.median, s.low, s.high, s.rounds) == (2.5, 1.0, 10.0, 4)

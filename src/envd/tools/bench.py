@@ -52,7 +52,7 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -975,8 +975,7 @@ def report(r: dict[str, Any]) -> str:
         for base, base_rounds in (("envd in-process", inproc),
                                   ("EnvPool sync", rows[("EnvPool sync", "auto")])):
             ratios = [_ratio(rows[(system, "auto")].get(n), base_rounds.get(n)) for n in sizes]
-            lines.append(f"  {system + ' / ' + base:<44}"
-                         + "".join(f"{x:>{CELL}}" for x in ratios))
+            lines.append(f"  {system + ' / ' + base:<44}" + ratio_cells(ratios))
     if r.get("learner"):
         lines.append("\nasync with a learner: env steps per second, sync (step N, learn N) and "
                      "async (recv B, send B, learn B);\nthe learner takes T per env step learnt "
@@ -993,6 +992,13 @@ def report(r: dict[str, Any]) -> str:
     if "machine" in r and (r["machine"].get("load") or {}).get("reasons"):
         lines.append(f"\n{load_text(r['machine'])}")  # again, next to the verdicts
     return "\n".join(line for line in lines if line != "")
+
+
+def ratio_cells(texts: Sequence[str]) -> str:
+    """Ratio texts as right-aligned cells of CELL characters, each after a
+    space: '47.34x ±20.19' fills a whole cell, and must not run into the
+    cell before it."""
+    return "".join(f" {text:>{CELL - 1}}" for text in texts)
 
 
 def _ratio(a: list[float] | None, b: list[float] | None) -> str:
