@@ -108,7 +108,7 @@ class Client:
                                      "client_name": name})
 
     def make(self, env_id: str, num_envs: int, *, seed: int | Sequence[int] | None = None,
-             autoreset_mode: str | AutoresetMode = "next_step",
+             autoreset_mode: str | AutoresetMode | None = None,
              max_episode_steps: int | None = None, copy: bool = False,
              episode_statistics: bool | str = True, batch_size: int | None = None,
              transport: str | None = None, fast_path: bool | None = None,
@@ -181,15 +181,18 @@ class Client:
             info_bytes = 0 if info_bytes is None else info_bytes
         if seed is not None:
             seed_list(seed, num_envs)
-        mode = parse_autoreset_mode(autoreset_mode)
+        # None: the daemon's default, next_step (and none for an env that
+        # resets itself, which refuses the argument)
+        mode = parse_autoreset_mode("next_step" if autoreset_mode is None else autoreset_mode)
         header = {"type": "make", "env_id": env_id, "num_envs": num_envs,
-                  "autoreset_mode": autoreset_mode_name(mode),
                   "seed": _wire("seed", seed),
                   "max_episode_steps": _wire("max_episode_steps", max_episode_steps),
                   "env_kwargs": _wire("env_kwargs", env_kwargs)}
         self._check_served(batch_size is not None and batch_size != num_envs,
                            render_mode is not None, transport == "inline",
                            max_threads is not None)
+        if autoreset_mode is not None:
+            header["autoreset_mode"] = autoreset_mode_name(mode)
         if batch_size is not None:  # absent unless asked (as the protocol allows)
             header["batch_size"] = _wire("batch_size", batch_size)
         if render_mode is not None:

@@ -44,7 +44,8 @@ def segment_plan(spec: EnvSpec, num_envs: int, mode: AutoresetMode) -> tuple[dic
     # num_envs * num_agents of them; the doorbell's ids name envs
     agents = getattr(spec, "num_agents", 1)  # (hosted specs have none)
     layout = buffer_layout(spec.observation_space, spec.action_space, num_envs * agents, mode,
-                           spec.info_fields, num_agents=agents)
+                           spec.info_fields, num_agents=agents,
+                           episode_fields=getattr(spec, "episode_fields", ()))
     layout["doorbell_ids"] = ((num_envs,), np.dtype(np.int64))  # protocol.DOORBELL_ARRAYS
     return plan(layout)
 
@@ -140,8 +141,7 @@ class Session:
             self.native: NativeSession | None = NativeSession(
                 spec, num_envs, autoreset_mode=AUTORESET_MODE_CODES[mode],
                 max_episode_steps=max_episode_steps, params=params, buffers=self.buffers,
-                pool=pool, max_threads=max_threads)
-            self.native.seed()
+                pool=pool, max_threads=max_threads, seeded=True)
         except BaseException:
             self.segment.unlink()
             raise
@@ -200,7 +200,10 @@ class Session:
                 "batch_size": self.batch_size, "max_threads": self.max_threads,
                 "autoreset_mode": autoreset_mode_name(self.mode),
                 "render_mode": self.render_mode,
-                "render_fps": self.spec.render_fps if self.render_mode else None}
+                "render_fps": self.spec.render_fps if self.render_mode else None,
+                # ABI 5 (absent: none, as from an older daemon)
+                "resets_itself": self.spec.resets_itself,
+                "episode_fields": list(self.spec.episode_fields)}
 
     def write_actions(self, description: dict[str, Any], blob: bytes) -> None:
         """Copy inline actions (a data frame) into the actions buffer; they must
