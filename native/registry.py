@@ -125,6 +125,11 @@ class EnvSpec:
             f"got {render_mode!r:.100}")
 
     @property
+    def described_bytes(self) -> int:
+        """Bytes of the arrays its description holds (0 for a static definition)."""
+        return int(lib.envd_described_bytes(self.keep)) if self.keep is not None else 0
+
+    @property
     def describes(self) -> bool:
         """Its spaces, agents and state size depend on the params (ABI 5 describe)."""
         return self.describing is not None

@@ -59,7 +59,8 @@ def state_plan(spec: EnvSpec, num_envs: int) -> int:
     daemon keeps no books of its own)."""
     n = num_envs
     return (int(lib.envd_vec_memory_bytes(spec.definition, n))
-            + int(lib.envd_session_books_max_bytes(n)))
+            + int(lib.envd_session_books_max_bytes(n))
+            + getattr(spec, "described_bytes", 0))  # (ABI 5: the spaces' arrays)
 
 
 #: The longest an operation on the executor (reset, async reset, render)
@@ -202,8 +203,8 @@ class Session:
                 "render_mode": self.render_mode,
                 "render_fps": self.spec.render_fps if self.render_mode else None,
                 # ABI 5 (absent: none, as from an older daemon)
-                "resets_itself": self.spec.resets_itself,
-                "episode_fields": list(self.spec.episode_fields)}
+                "resets_itself": getattr(self.spec, "resets_itself", False),
+                "episode_fields": list(getattr(self.spec, "episode_fields", ()))}
 
     def write_actions(self, description: dict[str, Any], blob: bytes) -> None:
         """Copy inline actions (a data frame) into the actions buffer; they must

@@ -172,6 +172,11 @@ const envd_env_def_t *envd_described_def(const envd_described_t *described)
     return &described->def;
 }
 
+uint64_t envd_described_bytes(const envd_described_t *described)
+{
+    return described->arena.used;
+}
+
 void envd_described_free(envd_described_t *described)
 {
     if (described == NULL)

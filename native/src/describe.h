@@ -29,6 +29,9 @@ int envd_describe(envd_described_t **out, const envd_env_def_t *def, const doubl
                   int64_t num_rows, char *error, size_t error_size);
 /* The described definition (valid, abi_version 5, describe NULL). */
 const envd_env_def_t *envd_described_def(const envd_described_t *described);
+/* The bytes describe took from its allocator for it (what a daemon counts
+ * against --max-state-bytes besides the vec). */
+uint64_t envd_described_bytes(const envd_described_t *described);
 /* Free it (NULL allowed); no vec may use its definition any more. */
 void envd_described_free(envd_described_t *described);
 

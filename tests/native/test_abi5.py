@@ -50,3 +50,21 @@ def test_the_serial_init_check_catches_overlapping_inits(tmp_path):
     the plugin detects: so the check above can fail."""
     library = build_plugin(SOURCE, tmp_path / "libno_serial.so", "NO_SERIAL")
     run_check("serial_init", str(library), "expect overlap", timeout=300)
+
+
+def test_envd_list_shows_the_description_at_the_defaults(plugin):
+    import json
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-m", "envd", "--plugin", str(plugin), "list"],
+                          capture_output=True, text=True, cwd="/", check=True)
+    text = proc.stdout[proc.stdout.index("Abi5Test-v0"):]
+    assert "max_episode_steps none (the env resets itself)" in text
+    assert "Box(float64, shape (9,))" in text and "MultiDiscrete([4 2])" in text
+    assert "(spaces at the default parameters: they depend on them)" in text
+    assert 'episode_return, episode_length, score (info["envd_log"])' in text
+    proc = subprocess.run([sys.executable, "-m", "envd", "--plugin", str(plugin), "list",
+                           "--json"], capture_output=True, text=True, cwd="/", check=True)
+    env = {e["id"]: e for e in json.loads(proc.stdout)}["Abi5Test-v0"]
+    assert env["describes"] and env["resets_itself"]
+    assert env["episode_fields"] == ["episode_return", "episode_length", "score"]

@@ -119,6 +119,8 @@ def in_process(library: str, threads: str) -> None:
         with envd.make(ENV_ID, 3, seed=10, num_threads=int(threads), size=size,
                        agents=agents, episode_len=3) as env:
             check_spaces(env, size, agents, 3)
+            # the description's arrays: Box low and high, MultiDiscrete nvec
+            assert env.envd_spec.described_bytes == 2 * 8 * (size + 6) + 2 * 8
             check_episodes(env, 10, size, agents, 3)
     with envd.make(ENV_ID, 4, seed=3, num_threads=int(threads), batch_size=2,
                    episode_len=2) as env:
@@ -128,6 +130,12 @@ def in_process(library: str, threads: str) -> None:
         obs, _ = env.reset()
         assert (np.diff(obs[:, SEED]) % 2**32).tolist() == [1.0, 1.0]  # (seeds mod 2^32)
         assert (obs[:, SEED] == obs[:, SEED_AT_INIT]).all()
+    # gymnasium's make_vec of the envd/ id makes the same env
+    import gymnasium
+    with gymnasium.make_vec(f"envd/{ENV_ID}", num_envs=2, seed=10, size=2,
+                            num_threads=int(threads)) as env:
+        check_spaces(env, 2, 1, 2)
+        check_episodes(env, 10, 2, 1, 4)
     # per-env params that describe alike are fine
     with envd.make(ENV_ID, 2, seed=0, size=[4, 4], episode_len=[2, 3]) as env:
         check_spaces(env, 4, 1, 2)

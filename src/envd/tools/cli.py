@@ -117,6 +117,11 @@ def env_description(spec: EnvSpec) -> dict[str, Any]:
                          "doc": f.doc} for f in spec.info_fields],
         "render": ({"modes": spec.render_modes, "shape": list(spec.render_shape),
                     "fps": spec.render_fps} if spec.render_shape else None),
+        # ABI 5: the spaces above are those at the defaults when they depend on
+        # the params; an env that resets itself; its episode log's fields
+        "describes": spec.describes,
+        "resets_itself": spec.resets_itself,
+        "episode_fields": list(spec.episode_fields),
     }
 
 
@@ -146,12 +151,18 @@ def env_lines(spec: EnvSpec) -> list[str]:
     spaces, each parameter and info field, wrapped under their label."""
     source = "built-in" if spec.origin == "builtin" else "plugin"
     limit = spec.max_episode_steps if spec.max_episode_steps is not None else "none"
+    if spec.resets_itself:
+        limit = "none (the env resets itself)"
     agents = f", {spec.num_agents} agents per env" if spec.num_agents > 1 else ""
     rows = [] if spec.origin == "builtin" else [("plugin", spec.origin)]
     for label, space in (("observation", spec.observation_space), ("action", spec.action_space)):
         first, *more = _space_text(space)
         rows += [(label, first)] + [("", line) for line in more]  # bounds under their space
+    if spec.describes:
+        rows.append(("", "(spaces at the default parameters: they depend on them)"))
     rows += [("parameter", p.describe() + (f": {p.doc}" if p.doc else "")) for p in spec.params]
+    if spec.episode_fields:
+        rows.append(("episode log", ", ".join(spec.episode_fields) + ' (info["envd_log"])'))
     rows += [("info", f"{f.name}: {f.dtype.name} {f.shape} per env"
               + (f": {f.doc}" if f.doc else "")) for f in spec.info_fields]
     if spec.render_shape:
