@@ -124,10 +124,15 @@ class ControlHandlers:
         env_kwargs = header.get("env_kwargs", {})
         params = None
         if spec.describes:
-            # (ABI 5: the spaces, which the reservation sizes, come from the
-            # params; a list of num_envs values came in this message)
-            params = spec.param_values(env_kwargs, _MAKE_ARGUMENTS, num_envs)
-            spec = spec.described(params, num_envs)
+            # ABI 5: the spaces, which the reservation sizes, come from the
+            # params.  Scalars: one row describes every env (the envs' rows
+            # are built on the executor, as for any env); a list of num_envs
+            # values came in this message, and each env is described.
+            per_env = any(isinstance(value, (list, tuple)) for value in env_kwargs.values())
+            rows = num_envs if per_env else 1
+            values = spec.param_values(env_kwargs, _MAKE_ARGUMENTS, rows)
+            spec = spec.described(values, rows)
+            params = values if per_env else None
         agents = spec.num_agents
         if num_envs * agents > MAX_NUM_ENVS:  # (a multi-agent env's agents are rows)
             raise InvalidArgumentError(
