@@ -28,7 +28,8 @@ HERE = Path(__file__).resolve().parent
 ENV_SOURCES = sorted(f"src/envs/{p.name}" for p in (HERE / "src" / "envs").glob("*.c"))
 SOURCES = ["src/errors.c", "src/rng.c", "src/pool.c", "src/vec.c", "src/builtin_envs.c",
            "src/npy_f32_trig.c", *ENV_SOURCES,
-           "src/plugin.c", "src/describe.c", "src/backend_pool.c", "src/backend_workers.c", "src/session.c",
+           "src/plugin.c", "src/describe.c", "src/backend_pool.c", "src/backend_workers.c",
+           "src/session.c",
            "src/fast.c", "src/batch_rows.c",
            "src/segment_guard.c", "src/raster.c"]
 
@@ -371,7 +372,8 @@ ffibuilder.cdef(CDEF)
 ffibuilder.set_source(
     "envd.native._envd_native",
     '#include "envd.h"\n#include "pool.h"\n#include "vec.h"\n#include "builtin_envs.h"\n'
-    '#include "plugin.h"\n#include "describe.h"\n#include "fast.h"\n#include "session.h"\n#include "segment_guard.h"\n'
+    '#include "plugin.h"\n#include "describe.h"\n#include "fast.h"\n#include "session.h"\n'
+    '#include "segment_guard.h"\n'
     '#include "backend_workers.h"\n#include "batch_rows.h"\n',
     # setuptools wants source paths relative to the project root (the cwd of
     # the build); this file may be executed from anywhere.

@@ -63,7 +63,6 @@ def check_max_episode_steps(spec: EnvSpec, max_episode_steps: int | None) -> int
     return check_int("max_episode_steps", max_episode_steps, 0, 2**62)
 
 
-
 def check_episode_arguments(spec: EnvSpec, autoreset_mode: Any,
                             max_episode_steps: Any) -> AutoresetMode:
     """make's autoreset mode for spec (None: next_step); refuses both
@@ -78,7 +77,6 @@ def check_episode_arguments(spec: EnvSpec, autoreset_mode: Any,
                 f"time limit of envd's): make it without {' and '.join(given)}")
         return AutoresetMode.NEXT_STEP  # (what the native vec takes for it; see vec.h)
     return parse_autoreset_mode("next_step" if autoreset_mode is None else autoreset_mode)
-
 
 
 class VecEnv(BatchedVecEnv):

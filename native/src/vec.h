@@ -126,7 +126,8 @@ void envd_vec_seed(envd_vec_t *vec, const uint64_t *seeds);
 
 /* Reset the envs selected by mask (NULL: all; any non-zero byte selects).
  * seeds, if not NULL, has num_envs entries and reseeds each selected env's
- * RNG first (and calls the definition's seed callback, ABI 5, with it).  Both are copied before they are read (see "Inputs" above). */
+ * RNG first (and calls the definition's seed callback, ABI 5, with it).
+ * Both are copied before they are read (see "Inputs" above). */
 int envd_vec_reset(envd_vec_t *vec, const uint64_t *seeds, const bool *mask);
 /* How many envs the last envd_vec_reset selected (its copy of the mask):
  * a caller that refuses an empty mask checks this, not its buffer. */
