@@ -46,9 +46,10 @@ from envd.client.multi_doorbell import ShardsDoorbellStepper
 from envd.client.remote_vector_env import RemoteVecEnv
 from envd.errors import (ConnectionLostError, EnvdError, EnvError, EnvStateError,
                          InvalidActionError, InvalidArgumentError, NativeError)
-from envd.vector_base import (BatchedVecEnv, SendRowChecks, action_out_of_range,
-                              autoreset_mode_name, check_int, episode_statistics_key,
-                              parse_autoreset_mode, seed_list)
+from envd.vector_base import (RESETS_ITSELF, BatchedVecEnv, SendRowChecks,
+                              action_out_of_range, autoreset_mode_name, check_int,
+                              episode_statistics_key, mark_resets_itself, parse_autoreset_mode,
+                              seed_list)
 
 
 
@@ -413,6 +414,9 @@ class MultiVecEnv(SendRowChecks, BatchedVecEnv):
                          num_envs * agents, mode, first.max_episode_steps, copy,
                          episode_statistics, batch_size if is_async else None)
         self.num_agents = agents
+        self.episode_fields = first.episode_fields  # (ABI 5: its episode log)
+        if first.metadata.get("envd_autoreset") == RESETS_ITSELF:
+            mark_resets_itself(self)
         if is_async:
             self.batch_size = batch_size  # envs, not rows
         self._shards = tuple(shards)

@@ -63,3 +63,26 @@ def test_refusals_leave_the_daemon_serving(daemon, kwargs, expected):
             client.make(ENV_ID, 2, seed=0, **kwargs)
         with client.make(ENV_ID, 2, seed=0) as env:
             env.reset()
+
+
+@pytest.fixture(scope="module")
+def second_daemon(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("abi5d2")
+    plugin = build_plugin(SOURCE, folder / "libabi5.so")
+    with DaemonProcess(folder / "d", "--threads", "1", "--plugin", str(plugin)) as proc:
+        yield proc
+    assert proc.proc.returncode == 0, proc.log()
+
+
+@pytest.mark.parametrize("batch_size", [None, 2])
+def test_over_two_daemons(daemon, second_daemon, batch_size):
+    """One VecEnv over two daemons: env i is the same wherever it runs."""
+    import envd
+    with envd.connect([daemon.endpoint, second_daemon.endpoint], timeout=30) as client:
+        if batch_size is None:
+            with client.make(ENV_ID, 4, seed=10, size=3, agents=2, episode_len=3) as env:
+                check_spaces(env, 3, 2, 4)
+                check_episodes(env, 10, 3, 2, 3)
+        else:
+            with client.make(ENV_ID, 4, seed=3, batch_size=2, episode_len=2) as env:
+                check_async(env, 2)
