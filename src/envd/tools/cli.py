@@ -34,6 +34,7 @@ import zmq
 from gymnasium import spaces
 
 import envd
+from envd.tools.cli_parser import EnvdArgumentParser
 
 if TYPE_CHECKING:
     from envd.native.registry import EnvSpec
@@ -341,7 +342,7 @@ def _main(argv: list[str] | None) -> int:
     from envd.server import config as server_config  # the daemon's flags
     from envd.server.daemon import run_daemon
 
-    parser = argparse.ArgumentParser(
+    parser = EnvdArgumentParser(
         prog="envd", description="envd: an environment-stepping daemon for reinforcement "
         "learning. Without a command, run the daemon.")
     parser.add_argument("--version", action="version", version=f"envd {envd.__version__}")
