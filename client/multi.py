@@ -412,6 +412,7 @@ class MultiVecEnv(SendRowChecks, BatchedVecEnv):
                          num_envs * agents, mode, first.max_episode_steps, copy,
                          episode_statistics, batch_size if is_async else None)
         self.num_agents = agents
+        self.agent_names = first.agent_names
         if is_async:
             self.batch_size = batch_size  # envs, not rows
         self._shards = tuple(shards)

@@ -106,6 +106,14 @@ def gymnasium_id(env_id: str) -> str:
     return f"{NAMESPACE}/{env_id}"
 
 
+def _gymnasium_reward_threshold(env_id: str) -> float | None:
+    """gymnasium's own reward_threshold for an id it registers too (envd's
+    ports of its envs: CartPole-v1's 475.0 ...), read from its registry; None
+    for the others."""
+    spec = _gym_registration.registry.get(env_id)
+    return None if spec is None else spec.reward_threshold
+
+
 def register_env_ids(env_ids: Iterable[str]) -> list[str]:
     """Register ``envd/<id>`` for each id (idempotent) and return the gymnasium
     ids registered.  envd.load_plugin calls it for a plugin's ids; call it
@@ -122,7 +130,8 @@ def register_env_ids(env_ids: Iterable[str]) -> list[str]:
         if full_id not in _gym_registration.registry:
             gymnasium.register(id=full_id, entry_point=f"{__name__}:make_env",
                                vector_entry_point=f"{__name__}:make_vector_env",
-                               max_episode_steps=None, kwargs={_ID_KWARG: env_id})
+                               max_episode_steps=None, kwargs={_ID_KWARG: env_id},
+                               reward_threshold=_gymnasium_reward_threshold(env_id))
         registered.append(full_id)
     return registered
 
