@@ -75,7 +75,7 @@ def _expect(path: str, key: str, value: Any, kind: Callable[[str], object]) -> A
 
 
 def load(path: str | os.PathLike | None,
-         flags: dict[str, Callable[[str], object]]) -> dict[str, Any]:
+         flags: dict[str, tuple[Callable[[str], object], str]]) -> dict[str, Any]:
     """The Config values of the file at path (none when path is None),
     keyed by Config field.  flags: the typed flags (server/config.py's
     _FLAGS: field -> (type, help)), whose keys and types the file takes,

@@ -46,8 +46,10 @@ Dict observations (a hosted ``py:`` env's, say) reach SB3 as it wants them for
 ``MultiInputPolicy``: a dict of arrays, one per key, each ``(num_envs,
 *shape)`` (a 2-D image entry gets its channel axis as above), and a dict per
 env in ``terminal_observation``.  SB3 takes a flat Dict only: a Tuple, or a
-Dict nested in a Dict, is refused when the adapter is made.  The env's own info fields (e.g. ConnectFour-v0's ``action_mask``) are
-split into the per-env dicts; on a done step they describe the new episode's
+Dict nested in a Dict, is refused when the adapter is made.
+
+The env's own info fields (e.g. ConnectFour-v0's ``action_mask``) are split
+into the per-env dicts; on a done step they describe the new episode's
 first state (envd has reset the env already), unlike DummyVecEnv where they
 describe the final state.  Arrays returned are copies (envd's own are views of
 its buffers, overwritten by the next step; SB3's replay buffers keep them).

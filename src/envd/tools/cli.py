@@ -56,12 +56,16 @@ def _list(plugins: tuple[str, ...], as_json: bool = False) -> int:
         except envd.PluginError as exc:
             print(f"envd list: {exc}", file=sys.stderr)
             status = 1
-    specs = [envd.native.get_spec(env_id) for env_id in envd.list_envs()]
+    _print_envs([envd.native.get_spec(env_id) for env_id in envd.list_envs()], as_json)
+    return status
+
+
+def _print_envs(specs: list[EnvSpec], as_json: bool) -> None:
+    """`envd list`'s output: JSON, or each env's lines (env_lines)."""
     if as_json:
         print(json.dumps([env_description(spec) for spec in specs], indent=2, allow_nan=False))
     else:
         print("\n\n".join("\n".join(env_lines(spec)) for spec in specs))
-    return status
 
 
 def _remote_list(endpoint: str | None, timeout: float, as_json: bool,
@@ -75,11 +79,7 @@ def _remote_list(endpoint: str | None, timeout: float, as_json: bool,
     except envd.EnvdError as exc:
         print(f"envd list: {exc}", file=sys.stderr)
         return 1
-    specs = [spec_from_wire(env) for env in described]
-    if as_json:
-        print(json.dumps([env_description(spec) for spec in specs], indent=2, allow_nan=False))
-    else:
-        print("\n\n".join("\n".join(env_lines(spec)) for spec in specs))
+    _print_envs([spec_from_wire(env) for env in described], as_json)
     return 0
 
 
