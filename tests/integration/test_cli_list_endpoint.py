@@ -51,3 +51,12 @@ def test_integer_bounds_are_written_in_full(tmp_path):
     line = next(line for line in listed.stdout.splitlines() if f" {param.name} (int" in line)
     assert f"in [{int(param.min_value)}, {int(param.max_value)}]" in line
     assert "e+" not in line
+
+
+def test_integer_bounds_are_ints_in_json(tmp_path):
+    param = next(p for p in get_spec("simple_spread_v3").params if p.type == "int")
+    listed = json.loads(run_envd(tmp_path, "list", "--json").stdout)
+    described = next(p for env in listed if env["id"] == "simple_spread_v3"
+                     for p in env["params"] if p["name"] == param.name)
+    assert described["max"] == int(param.max_value) and type(described["max"]) is int
+    assert type(described["min"]) is int

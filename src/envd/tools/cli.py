@@ -110,6 +110,14 @@ def _json_number(value: float | int | bool) -> float | int | bool | None:
     return value
 
 
+def _param_bound(kind: str, value: float) -> float | int | None:
+    """A parameter's bound as JSON has it: an int parameter's as an int
+    (2147483647, not 2147483647.0), null where unbounded."""
+    if kind == "int" and math.isfinite(value):
+        return int(value)
+    return _json_number(value)
+
+
 def _bounds(array: np.ndarray) -> Any:
     """A Box's low or high: one number when every element has it, else the
     nested list; ints for integer dtypes; null where unbounded."""
@@ -158,7 +166,8 @@ def env_description(spec: EnvSpec) -> dict[str, Any]:
         "max_episode_steps": spec.max_episode_steps,
         "num_agents": spec.num_agents,
         "params": [{"name": p.name, "type": p.type, "default": p.default,
-                    "min": _json_number(p.min_value), "max": _json_number(p.max_value),
+                    "min": _param_bound(p.type, p.min_value),
+                    "max": _param_bound(p.type, p.max_value),
                     "doc": p.doc} for p in spec.params],
         "info_fields": [{"name": f.name, "dtype": f.dtype.name, "shape": list(f.shape),
                          "doc": f.doc} for f in spec.info_fields],
