@@ -23,7 +23,7 @@ from envd.client.capabilities import Capabilities
 from envd.client.channel import Channel
 from envd.client.remote_vector_env import RemoteVecEnv
 from envd.errors import (ConnectionLostError, EnvdError, EnvdTimeoutError, EnvStateError,
-                         InvalidArgumentError, UnknownSessionError)
+                         InvalidArgumentError, NoDaemonError, UnknownSessionError)
 from envd.hosted_pettingzoo import PETTINGZOO_PREFIX, rows_view
 from envd.vector_base import (autoreset_mode_name, check_int, episode_statistics_key,
                               parse_autoreset_mode, seed_list)
@@ -54,6 +54,16 @@ def _check_timeout(timeout: float) -> float:
     return float(timeout)
 
 
+#: envd.make's arguments a daemon-served env has no use for, and what to
+#: write instead (an env kwarg of that name would reach the daemon and come
+#: back as "has no parameter", which does not say where to look)
+_IN_PROCESS_ONLY = {
+    "num_threads": "the daemon's one pool (its --threads) steps every session; pass "
+                   "max_threads=K to cap how many of its threads step this session's envs",
+    "pin_cpus": "the daemon's pool threads are pinned by its operator (envd --pin-cpus)",
+}
+
+
 class Client:
     """A connection to one envd daemon (see envd.connect).
 
@@ -79,9 +89,10 @@ class Client:
             self.capabilities = Capabilities.from_hello(self.server_info)
         except EnvdTimeoutError:
             self._teardown()
-            raise ConnectionLostError(
-                f"no envd daemon answered at {self.endpoint} within {self.timeout:g} s; "
-                "start one with `envd --threads N`") from None
+            raise NoDaemonError(
+                f"no envd daemon answered at {self.endpoint}"
+                f"{endpoints.where_from(self.endpoint)} within {self.timeout:g} s; "
+                "start one with `envd --threads N`", self.endpoint) from None
         except BaseException:
             self._teardown()
             raise
@@ -164,6 +175,8 @@ class Client:
         # msgpack would change or cannot carry), with envd.make's messages.
         if not isinstance(env_id, str):
             raise InvalidArgumentError(f"env_id must be a str, got {type(env_id).__name__}")
+        for name in env_kwargs.keys() & _IN_PROCESS_ONLY.keys():
+            raise InvalidArgumentError(f"Client.make takes no {name}: {_IN_PROCESS_ONLY[name]}")
         if transport is None:
             transport = os.environ.get("ENVD_TRANSPORT") or "auto"
         if transport not in protocol.TRANSPORTS:

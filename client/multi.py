@@ -417,6 +417,7 @@ class MultiVecEnv(SendRowChecks, BatchedVecEnv):
         self.episode_fields = first.episode_fields  # (ABI 5: its episode log)
         if first.metadata.get("envd_autoreset") == RESETS_ITSELF:
             mark_resets_itself(self)
+        self.agent_names = first.agent_names
         if is_async:
             self.batch_size = batch_size  # envs, not rows
         self._shards = tuple(shards)

@@ -49,6 +49,10 @@ class RemoteVecEnv(SendRowChecks, BatchedVecEnv):
         self.episode_fields = tuple(fields)  # (ABI 5: the env's own episode log)
         if reply.get("resets_itself"):
             mark_resets_itself(self)
+        names = reply.get("possible_agents") or []  # (a "pz:" env's; absent from older daemons)
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise ProtocolError(f"the daemon's make reply has possible_agents={names!r}")
+        self.agent_names = tuple(names)
         self.batch_size = reply.get("batch_size") or num_envs  # envs, not rows
         # (if this raises, Client.make closes the session; checked before the
         # segment is mapped, so that a refusal leaves no mapping behind)

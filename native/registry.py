@@ -45,8 +45,16 @@ class ParamSpec:
     doc: str
 
     def describe(self) -> str:
-        bounds = "" if self.type == "bool" else f" in [{self.min_value:g}, {self.max_value:g}]"
+        bounds = "" if self.type == "bool" else \
+            f" in [{self._bound(self.min_value)}, {self._bound(self.max_value)}]"
         return f"{self.name} ({self.type}{bounds}, default {self.default!r})"
+
+    def _bound(self, value: float) -> str:
+        """A bound as written: an int parameter's in full (2147483647, not
+        2.14748e+09), a float's in %g."""
+        if self.type == "int" and math.isfinite(value):
+            return str(int(value))
+        return f"{value:g}"
 
     def coerce(self, env_id: str, value: Any) -> float:
         """The value as the double the C init receives, or InvalidArgumentError."""

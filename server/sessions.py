@@ -194,6 +194,7 @@ class Session:
     def describe(self) -> dict[str, Any]:
         """The make reply: where the arrays are and what the env looks like."""
         return {"session": self.id, "env_id": self.spec.id, "num_agents": self.num_agents,
+                "possible_agents": list(getattr(self.spec, "agent_names", ())),
                 "shm": {**self.segment.describe(), "arrays": self._arrays},
                 "observation_space": protocol.space_to_wire(self.spec.observation_space),
                 "action_space": protocol.space_to_wire(self.spec.action_space),
@@ -201,7 +202,9 @@ class Session:
                 "batch_size": self.batch_size, "max_threads": self.max_threads,
                 "autoreset_mode": autoreset_mode_name(self.mode),
                 "render_mode": self.render_mode,
-                "render_fps": self.spec.render_fps if self.render_mode else None,
+                # the env's frame rate whenever it can render (the client's
+                # metadata["render_modes"] lists rgb_array then, rendering or not)
+                "render_fps": self.spec.render_fps,
                 # ABI 5 (absent: none, as from an older daemon)
                 "resets_itself": getattr(self.spec, "resets_itself", False),
                 "episode_fields": list(getattr(self.spec, "episode_fields", ()))}

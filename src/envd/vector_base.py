@@ -403,6 +403,14 @@ class SendRowChecks:
         return int(env_ids[k // self.num_agents]) * self.num_agents + k % self.num_agents
 
 
+def possible_agents(names: Sequence[str], num_agents: int) -> list[str]:
+    """names when there is one per agent, else PettingZoo's (and mpe2's)
+    default names agent_0, agent_1, ..."""
+    if len(names) == num_agents:
+        return list(names)
+    return [f"agent_{i}" for i in range(num_agents)]
+
+
 class BatchedVecEnv(VectorEnv):
     """A gymnasium VectorEnv over batch buffers, stepped through a Stepper.
 
@@ -433,8 +441,14 @@ class BatchedVecEnv(VectorEnv):
         #: the names of the env's own episode log (ABI 5), info["envd_log"]'s
         #: keys; a subclass sets them before binding buffers
         self.episode_fields: tuple[str, ...] = ()
+        #: the agents' names where the env gives them (a PettingZoo env's), else ()
+        self.agent_names: tuple[str, ...] = ()
+        # render_modes: what the env can render, rendering or not (gymnasium's
+        # meaning); an env that renders has a frame rate (render_fps)
         self.metadata = {"autoreset_mode": mode,
-                         "render_modes": [] if render_mode is None else [render_mode]}
+                         "render_modes": ["rgb_array"] if render_fps is not None else []}
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            self.metadata["render_modes"].append(render_mode)
         if render_fps is not None:
             self.metadata["render_fps"] = render_fps
         #: None or "rgb_array" (checked by the subclass against the env's spec)
@@ -607,6 +621,18 @@ class BatchedVecEnv(VectorEnv):
     def num_env_instances(self) -> int:
         """Envs (num_envs counts rows: num_env_instances * num_agents)."""
         return self.num_envs // self.num_agents
+
+    @property
+    def num_agents_per_env(self) -> int:
+        """Agents (rows) per env: num_envs == num_env_instances * num_agents_per_env."""
+        return self.num_agents
+
+    @property
+    def possible_agents(self) -> list[str]:
+        """The names of one env's agents, in row order (PettingZoo's
+        possible_agents): row r is agent possible_agents[r % num_agents_per_env]
+        of env r // num_agents_per_env."""
+        return possible_agents(self.agent_names, self.num_agents)
 
     def _env_info_now(self) -> dict[str, np.ndarray]:
         """The env's info fields after a reset or step (and a multi-agent
