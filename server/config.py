@@ -121,6 +121,10 @@ class Config:
     max_sessions: int = 1024
     max_envs_per_client: int = 1 << 20
     max_message_bytes: int = 64 << 20
+    # A request's header frame (msgpack), refused over this before anything
+    # is decoded; bulk data (arrays, make's per-env lists) travels in blob
+    # frames under max_message_bytes (SECURITY.md: decoding stays bounded).
+    max_header_bytes: int = 64 << 10
     # Resource limits, each refused with LimitExceededError naming the flag:
     #   max_sessions_per_client: sessions one client connection holds at once;
     #   max_shm_bytes: all sessions' shared-memory segments together, checked
@@ -215,6 +219,9 @@ class Config:
                 flag = "--" + name.replace("_", "-")
                 raise ValueError(f"{flag} (ENVD_{name.upper()}) must be >= 1048576 (1 MiB), "
                                  f"got {value}")
+        if self.max_header_bytes < 1024:
+            raise ValueError(f"--max-header-bytes (ENVD_MAX_HEADER_BYTES) must be >= 1024, got "
+                             f"{self.max_header_bytes}")
         if self.max_connections is not None and self.max_connections < 1:
             raise ValueError(f"--max-connections (ENVD_MAX_CONNECTIONS) must be >= 1, got "
                              f"{self.max_connections}")
@@ -316,6 +323,12 @@ class Config:
         return [e for e in self.bind if (h := tcp_host(e)) is not None and not is_loopback_host(h)]
 
     @property
+    def header_bytes(self) -> int:
+        """The cap on a request's header frame: --max-header-bytes, never more
+        than --max-message-bytes."""
+        return min(self.max_header_bytes, self.max_message_bytes)
+
+    @property
     def request_burst(self) -> int:
         """Requests a client may send at once before --max-requests-per-second
         throttles it (the token bucket's size); 0 when unlimited."""
@@ -377,6 +390,9 @@ _FLAGS: dict[str, tuple[Callable[[str], object], str]] = {
     "max_envs_per_client": (int, "envs one client connection may hold over all its sessions"),
     "max_message_bytes": (int, "largest message accepted (all frames together); a single "
                                  "frame over it drops the sender's connection"),
+    "max_header_bytes": (int, "largest header frame (the msgpack part of a request) accepted, "
+                              "refused before it is decoded; arrays and per-env lists travel "
+                              "in data frames"),
     "max_sessions_per_client": (int, "sessions one client connection may hold at once"),
     "max_shm_bytes": (int, "bytes of shared memory all sessions' segments may take together; "
                            "the default is half of /dev/shm's size"),

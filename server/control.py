@@ -98,9 +98,25 @@ class ControlHandlers:
         return protocol.ok_reply(header["id"], **self.service.status())
 
     # ---- make ---------------------------------------------------------------------------------
+    @staticmethod
+    def _take_lists(header: dict[str, Any], blobs: list[bytes]) -> None:
+        """Put make's per-env lists that came as data frames (the seeds, a
+        kwarg's values: protocol.list_to_blob) in place; every frame must be
+        named once."""
+        used: set[int] = set()
+        header["seed"] = protocol.list_from_blob(header.get("seed"), blobs, used)
+        kwargs = header.get("env_kwargs")
+        if kwargs:
+            header["env_kwargs"] = {name: protocol.list_from_blob(value, blobs, used)
+                                    for name, value in kwargs.items()}
+        if len(used) != len(blobs):
+            raise protocol.BadRequest(f"make: got {len(blobs)} data frames, {len(blobs) - len(used)} "
+                                      "of which no per-env list names")
+
     def make(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> None:
         service = self.service
         service.close_revoked_sessions()  # a truncated session must not count against the limits
+        self._take_lists(header, blobs)
         if header["env_id"].startswith((PYTHON_PREFIX, PETTINGZOO_PREFIX)):
             return self._make_hosted(client, header)
         if header.get("info_bytes") is not None:

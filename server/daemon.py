@@ -451,7 +451,7 @@ class Daemon:
         if identity in self.service.clients:
             return True
         try:
-            header = protocol.unpack(frames[1], self.config.max_message_bytes)
+            header = protocol.unpack(frames[1], self.config.header_bytes)
         except (IndexError, protocol.BadRequest):
             return False
         return header.get("type") == "heartbeat" and header.get("client") in self.service.clients

@@ -139,6 +139,7 @@ def read_service(service: "Service") -> dict[str, Any]:
             "sessions_stepping": service.sessions_stepping,
             "lease_expiries": service.lease_expiries,
             "lease_expired_sessions": service.lease_expired_sessions,
+            "refused_headers": service.refused_headers,
             "draining": service.draining,
             "workers": service.books.workers_in_use + service.books.reserved_workers,
             "session_workers": workers}
@@ -195,5 +196,8 @@ class _ServiceCollector:
                 ("envd_lease_expiries", "lease_expiries",
                  "Clients whose lease expired (silent longer than --lease-timeout)"),
                 ("envd_lease_expired_sessions", "lease_expired_sessions",
-                 "Sessions freed because their client's lease expired")):
+                 "Sessions freed because their client's lease expired"),
+                ("envd_refused_headers", "refused_headers",
+                 "Request header frames refused before decoding (over --max-header-bytes, "
+                 "nested too deep or holding too many objects)")):
             yield CounterMetricFamily(name, text, value=state[key])

@@ -74,6 +74,7 @@ class Service:
         self.replies = ReplyBooks(config.reply_bytes_per_client, config.reply_bytes_total)
         self.books = ResourceBooks(config)
         self.dropped_clients = 0  # clients dropped for leaving their replies unread
+        self.refused_headers = 0  # header frames refused before decoding (size, depth, count)
         self.clients: dict[bytes, ClientRecord] = {}
         self.sessions: dict[str, Session] = {}  # open sessions (OPEN or BUSY) by id
         self._alive: set[Session] = set()  # every session not freed yet, making ones included
@@ -113,7 +114,11 @@ class Service:
                 raise LimitExceededError(
                     f"a message of {size} bytes is over the daemon's limit of "
                     f"{self.config.max_message_bytes} (--max-message-bytes)")
-            header = protocol.unpack(frames[0], self.config.max_message_bytes)
+            try:  # bounded before anything is decoded (protocol.unpack)
+                header = protocol.unpack(frames[0], self.config.header_bytes)
+            except protocol.BadRequest:
+                self.refused_headers += 1
+                raise
             if isinstance(header.get("id"), int) and not isinstance(header.get("id"), bool):
                 request_id = header["id"]
             kind = protocol.validate_request(header, len(frames) - 1)
@@ -470,6 +475,7 @@ class Service:
         return {"max_sessions": self.config.max_sessions,
                 "max_envs_per_client": self.config.max_envs_per_client,
                 "max_message_bytes": self.config.max_message_bytes,
+                "max_header_bytes": self.config.header_bytes,
                 "max_sessions_per_client": self.config.max_sessions_per_client,
                 "max_shm_bytes": self.config.max_shm_bytes,
                 "max_state_bytes": self.config.max_state_bytes,
@@ -514,6 +520,7 @@ class Service:
                 "shm_bytes": self.shm_bytes, "state_bytes": self.state_bytes,
                 "unread_reply_bytes": self.replies.total,
                 "dropped_clients": self.dropped_clients,
+                "refused_headers": self.refused_headers,
                 "env_steps": self.env_steps, "draining": self.draining,
                 "lease_timeout": self.config.lease_timeout, "limits": self.limits(),
                 "plugins": self.plugins, "session_table": self._session_table()}
