@@ -163,6 +163,11 @@ class Config:
     imports: tuple[str, ...] = ()
     max_workers: int = 64
     hosted_timeout: float = 60.0
+    # The operation threads (makes, resets, renders) shared fairly
+    # (server/fair_ops.py): how many one client connection runs at once, and
+    # how many more wait in its queue before it is refused limit_exceeded.
+    max_ops_per_client: int = 1
+    max_queued_ops: int = 64
     # Prometheus metrics over HTTP (docs/metrics.md): off unless a port is
     # given (None or 0 = off); on loopback unless metrics_bind says otherwise.
     metrics_port: int | None = None
@@ -219,6 +224,12 @@ class Config:
                 flag = "--" + name.replace("_", "-")
                 raise ValueError(f"{flag} (ENVD_{name.upper()}) must be >= 1048576 (1 MiB), "
                                  f"got {value}")
+        if not 1 <= self.max_ops_per_client <= 2:
+            raise ValueError(f"--max-ops-per-client (ENVD_MAX_OPS_PER_CLIENT) must be 1 or 2 "
+                             f"(the daemon's operation threads), got {self.max_ops_per_client}")
+        if not 1 <= self.max_queued_ops <= 1 << 20:
+            raise ValueError(f"--max-queued-ops (ENVD_MAX_QUEUED_OPS) must be in [1, 1048576], "
+                             f"got {self.max_queued_ops}")
         if self.max_header_bytes < 1024:
             raise ValueError(f"--max-header-bytes (ENVD_MAX_HEADER_BYTES) must be >= 1024, got "
                              f"{self.max_header_bytes}")
@@ -419,6 +430,11 @@ _FLAGS: dict[str, tuple[Callable[[str], object], str]] = {
     "hosted_timeout": (float, "seconds a hosted Python env's make or reset may run in the "
                               "daemon (a hung env): past it the session's workers are killed "
                               "and the call fails with env_error"),
+    "max_ops_per_client": (int, "makes, resets and renders one client connection runs at once "
+                                "on the daemon's 2 operation threads; the rest wait in its "
+                                "queue, served round-robin with the other clients'"),
+    "max_queued_ops": (int, "makes, resets and renders one client connection may have waiting "
+                            "for an operation thread; one more is refused with limit_exceeded"),
     "pin_cpus": (_cpu_list, "comma-separated CPU per worker thread, e.g. 1,2,3"),
     "metrics_port": (int, "serve Prometheus metrics over HTTP at /metrics on this port "
                           "(None or 0 = off; needs prometheus-client, pip install "

@@ -148,6 +148,7 @@ class ControlHandlers:
         max_threads = self._check_max_threads(header.get("max_threads"))
         env_kwargs = header.get("env_kwargs", {})
         seed = header.get("seed")
+        service.check_op_room(client)  # before anything is reserved
         reservation = service.books.reserve(client, spec, num_envs, mode, len(service.sessions),
                                             service.fd_check)
 
@@ -173,7 +174,8 @@ class ControlHandlers:
             self._made(client, header["id"], reservation, future)
 
         try:
-            service.submit(build, done)  # from here done releases the reservation
+            # from here done releases the reservation
+            service.submit(client.identity, build, done)
         except BaseException:
             reservation.release()
             raise
@@ -236,6 +238,7 @@ class ControlHandlers:
         seed = header.get("seed")
         if seed is not None:
             seed_list(seed, num_envs)  # refused before anything is reserved
+        service.check_op_room(client)
         reservation = service.books.reserve(client, spec, num_envs, mode, len(service.sessions),
                                             service.fd_check, num_workers=num_workers,
                                             info_bytes=info_bytes)
@@ -260,7 +263,7 @@ class ControlHandlers:
             self._made(client, header["id"], reservation, future)
 
         try:
-            service.submit(build, done)
+            service.submit(client.identity, build, done)
         except BaseException:
             reservation.release()
             raise

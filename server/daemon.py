@@ -55,6 +55,7 @@ from envd.server.config import Config
 from envd.server.connections import (FDS_PER_HOSTED_MAKE, FDS_PER_MAKE, Connections,
                                      default_max_connections, fd_reserve, make_fds, open_fds,
                                      raise_fd_limit)
+from envd.server.fair_ops import OPERATION_THREADS
 from envd.server.peer_auth import CURVE_DOMAIN, IPC_DOMAIN, PeerAuthenticator
 from envd.server.hosted import HostedCatalog, WorkerReaper
 from envd.server.plugins import load_plugins
@@ -184,7 +185,8 @@ class Daemon:
         # One fast-path thread may spin at a time: the pool lets its workers
         # spin on all CPUs but one, so spinners never outnumber the CPUs.
         set_fast_spinners(1 if len(os.sched_getaffinity(0)) > 1 else 0)
-        self.executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="envd-op")
+        self.executor = ThreadPoolExecutor(max_workers=OPERATION_THREADS,
+                                           thread_name_prefix="envd-op")
         self.context = zmq.Context()
         self._socket_files: list[tuple[str, int]] = []  # (path, inode) of our ipc sockets
         try:

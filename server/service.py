@@ -30,6 +30,7 @@ from envd.native import segment_guard
 from envd.native.native_vec import NativePool
 from envd.server.config import Config
 from envd.server.control import ControlHandlers
+from envd.server.fair_ops import FairOps
 from envd.server.replies import ReplyBooks, is_small
 from envd.server.hosted import HostedCatalog, WorkerReaper
 from envd.server.reservation import ResourceBooks
@@ -88,7 +89,9 @@ class Service:
         self.lease_expired_sessions = 0    # sessions freed by those expiries
         # seconds from a sync step's submit to its reply (a no-op without metrics)
         self.step_latency = step_latency or (lambda seconds: None)
-        self._running_ops = 0        # makes, resets and renders on the executor
+        self._running_ops = 0        # makes, resets and renders queued or on the executor
+        # The operation threads shared fairly between clients (fair_ops.py).
+        self.ops = FairOps(self._start_op, config.max_ops_per_client, config.max_queued_ops)
         self._rate = config.max_requests_per_second  # 0: unlimited
         self._burst = config.request_burst
         self._expired_sessions: collections.OrderedDict[str, None] = collections.OrderedDict()
@@ -265,9 +268,20 @@ class Service:
         return session_id in self._expired_sessions or session_id in self._revoked_sessions
 
     # ---- what the handlers share ------------------------------------------------------------
-    def submit(self, fn: Callable[[], Any], done: Callable[[Future], None]) -> None:
-        """Run fn on the executor; done(future) runs on the event loop thread
-        (then a draining daemon checks whether it is done)."""
+    def check_op_room(self, client: ClientRecord) -> None:
+        """LimitExceededError when the client's queue of operations is full
+        (--max-queued-ops); call it before the request reserves or changes
+        anything, then submit it."""
+        try:
+            self.ops.check_room(client.identity)
+        except LimitExceededError:
+            client.ops_refused += 1
+            raise
+
+    def submit(self, owner: bytes, fn: Callable[[], Any], done: Callable[[Future], None]) -> None:
+        """Run fn on an operation thread in owner's turn (server/fair_ops.py);
+        done(future) runs on the event loop thread (then a draining daemon
+        checks whether it is done)."""
         self._running_ops += 1
 
         def finished(future: Future) -> None:
@@ -277,6 +291,9 @@ class Service:
             finally:
                 self._check_drained()
 
+        self.ops.submit(owner, fn, finished)
+
+    def _start_op(self, fn: Callable[[], Any], finished: Callable[[Future], None]) -> None:
         asyncio.get_running_loop().run_in_executor(self.executor, fn).add_done_callback(finished)
 
     @staticmethod
@@ -523,7 +540,22 @@ class Service:
                 "refused_headers": self.refused_headers,
                 "env_steps": self.env_steps, "draining": self.draining,
                 "lease_timeout": self.config.lease_timeout, "limits": self.limits(),
+                "operations": self._operations(),
                 "plugins": self.plugins, "session_table": self._session_table()}
+
+    def _operations(self) -> dict[str, Any]:
+        """Makes, resets and renders running, waiting and refused (fair_ops.py),
+        over all clients and per client (those with any)."""
+        owners = {*self.ops.owners(), *(i for i, c in self.clients.items() if c.ops_refused)}
+        rows = []
+        for owner in sorted(owners):
+            running, queued = self.ops.waiting(owner)
+            client = self.clients.get(owner)
+            rows.append({"client": owner.hex()[:8], "running": running, "queued": queued,
+                         "refused": client.ops_refused if client is not None else 0})
+        return {"running": self.ops.running, "queued": self.ops.queued,
+                "refused": self.ops.refused, "max_ops_per_client": self.ops.per_client,
+                "max_queued_ops": self.ops.max_queued, "clients": rows}
 
     def _session_table(self) -> list[dict[str, Any]]:
         """One row per open session, for `envd status` (env steps per second
