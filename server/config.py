@@ -168,6 +168,11 @@ class Config:
     # how many more wait in its queue before it is refused limit_exceeded.
     max_ops_per_client: int = 1
     max_queued_ops: int = 64
+    # SIGTERM's drain: how long running work may take before what still runs
+    # in hosted envs (a make, reset or step that hangs) is killed, whatever
+    # hosted_timeout says; the daemon then exits within SHUTDOWN_SECONDS
+    # (server/daemon.py).  Deploy files give it more (tests/deploy).
+    drain_grace: float = 5.0
     # Prometheus metrics over HTTP (docs/metrics.md): off unless a port is
     # given (None or 0 = off); on loopback unless metrics_bind says otherwise.
     metrics_port: int | None = None
@@ -230,6 +235,9 @@ class Config:
         if not 1 <= self.max_queued_ops <= 1 << 20:
             raise ValueError(f"--max-queued-ops (ENVD_MAX_QUEUED_OPS) must be in [1, 1048576], "
                              f"got {self.max_queued_ops}")
+        if not 0 <= self.drain_grace <= 3600:
+            raise ValueError(f"--drain-grace (ENVD_DRAIN_GRACE) must be in [0, 3600] seconds, "
+                             f"got {self.drain_grace}")
         if self.max_header_bytes < 1024:
             raise ValueError(f"--max-header-bytes (ENVD_MAX_HEADER_BYTES) must be >= 1024, got "
                              f"{self.max_header_bytes}")
@@ -435,6 +443,9 @@ _FLAGS: dict[str, tuple[Callable[[str], object], str]] = {
                                 "queue, served round-robin with the other clients'"),
     "max_queued_ops": (int, "makes, resets and renders one client connection may have waiting "
                             "for an operation thread; one more is refused with limit_exceeded"),
+    "drain_grace": (float, "seconds SIGTERM's drain lets running work finish before it kills "
+                           "what still runs in hosted Python envs (whatever --hosted-timeout "
+                           "says); the daemon then exits within 15 s more"),
     "pin_cpus": (_cpu_list, "comma-separated CPU per worker thread, e.g. 1,2,3"),
     "metrics_port": (int, "serve Prometheus metrics over HTTP at /metrics on this port "
                           "(None or 0 = off; needs prometheus-client, pip install "

@@ -72,6 +72,13 @@ _LINGER_MS = 2000
 #: sockets (at most), and how long a socket must stay quiet to be done.
 _QUEUED_READ_S = 2.0
 _QUEUED_QUIET_MS = 50
+#: The longest a daemon takes to exit once SIGTERM's drain grace
+#: (--drain-grace) passed and what still ran in hosted envs was killed: the
+#: queued requests read (_QUEUED_READ_S), the workers of closed sessions
+#: reaped (CLOSE_GRACE_SECONDS, then SIGKILL), the sockets' linger
+#: (_LINGER_MS), and slack for a loaded machine.  Deploy files give a
+#: daemon more than --drain-grace plus this to stop (tests/deploy).
+SHUTDOWN_SECONDS = 15.0
 #: What the connection monitors report (server/connections.py), and how
 #: often the connection thread looks whether it should stop.
 _MONITOR_EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED

@@ -38,7 +38,8 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
-from envd.errors import EnvdError, EnvStateError, InvalidArgumentError, UnknownEnvError
+from envd.errors import (EnvdError, EnvStateError, InvalidArgumentError, ShuttingDownError,
+                         UnknownEnvError)
 from envd.hosted_pettingzoo import PETTINGZOO_PREFIX, creator_of_id
 from envd.native import segment_guard
 from envd.native._envd_native import lib
@@ -130,6 +131,7 @@ class HostedCatalog:
         self.specs: dict[str, HostedEnvSpec] = {}
         self.imports = imports
         self._template: Template | None = None
+        self._killed = False
         if not python_envs:
             if imports:
                 log.warning("--import %s without --python-env: nothing to serve from it",
@@ -186,7 +188,11 @@ class HostedCatalog:
     @property
     def template(self) -> Template:
         """The daemon's template, with the --import modules imported (started
-        again if it died: e.g. the OOM killer)."""
+        again if it died: e.g. the OOM killer); ShuttingDownError once a
+        drain killed it (kill)."""
+        if self._killed:
+            raise ShuttingDownError("the daemon is shutting down: its drain's grace passed "
+                                    "and the hosted envs' processes were killed")
         current = template()
         if current is not self._template:
             if self.imports:
@@ -206,6 +212,13 @@ class HostedCatalog:
                 f"{env_id[:100]}: this daemon does not host that Python env; the ids its "
                 f"operator allowed (--python-env) are: {allowed}")
         return spec
+
+    def kill(self) -> None:
+        """SIGKILL the template (the workers it forked die with it) and start
+        no other: the drain's grace passed (Service._end_grace)."""
+        self._killed = True
+        if self._template is not None:
+            self._template.process.kill()
 
     def close(self) -> None:
         """End the template (the workers of closed sessions are gone already)."""
@@ -507,6 +520,12 @@ class HostedServerSession(Session):
                             CLOSE_GRACE_SECONDS)
                 self.native.hosted._kill_workers()
         asyncio.get_running_loop().call_later(CLOSE_GRACE_SECONDS, kill)
+
+    def kill_workers(self) -> None:
+        """SIGKILL the workers now (the drain's grace passed); the call that
+        waits for them ends with an EnvError."""
+        if not self.life.freed and self.native is not None:
+            self.native.hosted._kill_workers()
 
     def _freed_by_lifecycle(self, orderly: bool) -> None:
         if not orderly:  # at shutdown the loop reaps no more: close waits for them

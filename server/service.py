@@ -445,17 +445,36 @@ class Service:
 
     # ---- draining and shutdown ----------------------------------------------------------
     def start_draining(self) -> None:
+        """SIGTERM: refuse new work, let what runs finish, and after
+        --drain-grace kill what still runs in hosted envs (_end_grace)."""
         self.draining = True
         for session in self.sessions.values():
             if session.fast:
                 session.native.drain()
-            # A hosted env's call may hang (a step's, a batch's: the drain
-            # waits for them): its workers are killed after a grace, so a
-            # SIGTERM always ends.  (A reset or make is bounded by
-            # --hosted-timeout; one running now is killed after the grace too.)
+            # A hosted env's step or batch may hang (the drain waits for
+            # them): its workers are killed after a grace (the close's).
             if hasattr(session, "reclaim_later") and session.busy_or_in_flight():
                 session.reclaim_later("the daemon drains")
+        asyncio.get_running_loop().call_later(self.config.drain_grace, self._end_grace)
         self._check_drained()
+
+    def _end_grace(self) -> None:
+        """The drain's grace passed and work still runs: a hosted make, reset
+        or step that has not ended is killed, whatever --hosted-timeout says
+        (the template dies, and with it every worker: PR_SET_PDEATHSIG; a
+        make waiting for its workers fails at once, and later hosted makes
+        are refused), so that a SIGTERM ends within the grace plus the
+        shutdown's own time (server/daemon.py, SHUTDOWN_SECONDS)."""
+        if self.idle or not self.hosted.specs:
+            return
+        log.warning("the drain's grace of %g s (--drain-grace) passed with %d operation(s) "
+                    "still running: killing the hosted envs' workers and template",
+                    self.config.drain_grace, self._running_ops,
+                    extra={"event": "drain_kill"})
+        self.hosted.kill()
+        for session in list(self._alive):
+            if hasattr(session, "kill_workers"):
+                session.kill_workers()
 
     def _check_drained(self) -> None:
         if self.draining and self.idle and self.on_drained is not None:
