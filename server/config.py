@@ -376,6 +376,12 @@ class Config:
         return self.lease_timeout / 3
 
 
+class StartupError(RuntimeError):
+    """The daemon cannot start (a flag names something that does not work:
+    an env, a module, a plugin): one line naming the flag and its value,
+    which the CLI prints as ``envd: cannot start: ...`` before exiting 1."""
+
+
 def _cpu_list(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in text.replace(",", " ").split())
 
@@ -478,8 +484,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"(env ENVD_BIND, else ENVD_ENDPOINT; default {defaults.bind[0]})")
     parser.add_argument("--plugin", action="append", metavar="PATH", dest="plugins",
                         help="env plugin library to load at startup, repeatable (env "
-                             "ENVD_PLUGINS, paths separated by ':'); one that fails to "
-                             "load is logged and skipped, see `envd status`")
+                             "ENVD_PLUGINS, paths separated by ':'); a path that names no "
+                             "file stops the startup, a library that fails to load is "
+                             "logged and skipped, see `envd status`")
     parser.add_argument("--python-env", action="append", metavar="ID", dest="python_envs",
                         help="gymnasium env id clients may make as py:ID (a hosted Python "
                              "env in worker processes), or pz:MODULE:FACTORY (a PettingZoo "

@@ -185,7 +185,8 @@ class Daemon:
         plugins = load_plugins(self.config.plugins)  # before serving: clients see every env
         # The allowed Python envs, described in the template (started from
         # this thread, which it dies with) before anything is bound.
-        self.hosted = HostedCatalog(self.config.python_envs, self.config.imports)
+        self.hosted = HostedCatalog(self.config.python_envs, self.config.imports,
+                                    self.config.hosted_timeout)
         self.instance = Instance()
         self.pool = NativePool(self.config.threads,
                                list(self.config.pin_cpus) if self.config.pin_cpus else None)
