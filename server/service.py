@@ -44,8 +44,9 @@ log = logging.getLogger("envd.server")
 #: False when that queue is full (the peer reads no replies).
 Send = Callable[[bytes, dict[str, Any]], bool]
 #: How many expired session / client ids the daemon remembers, to answer
-#: "expired" rather than "unknown" (bounded: a long-lived daemon must not grow).
-_EXPIRED_MEMORY = 65536
+#: "expired" rather than "unknown" (bounded: a long-lived daemon must not
+#: grow; each memo about 1 MiB, tests/server/test_memos.py, SECURITY.md).
+_EXPIRED_MEMORY = 8192
 #: Requests a draining daemon still serves.
 _DRAIN_ALLOWED = {"hello", "close", "bye", "heartbeat", "status"}
 #: Requests --max-requests-per-second never refuses: a throttled client can
@@ -557,6 +558,9 @@ class Service:
                 "unread_reply_bytes": self.replies.total,
                 "dropped_clients": self.dropped_clients,
                 "refused_headers": self.refused_headers,
+                # ids of gone connections and sessions remembered (bounded memos)
+                "remembered_ids": (self.replies.remembered_drops + len(self._expired_sessions)
+                                   + len(self._expired_clients) + len(self._revoked_sessions)),
                 "env_steps": self.env_steps, "draining": self.draining,
                 "lease_timeout": self.config.lease_timeout, "limits": self.limits(),
                 "operations": self._operations(),
