@@ -381,6 +381,7 @@ class Daemon:
         self.loop.add_reader(self.pool.eventfd(), self.service.on_pool_event)
         self.service.fd_watch = (self.loop.add_reader, self.loop.remove_reader)
         self.service.reaper = WorkerReaper(self.loop.add_reader, self.loop.remove_reader)
+        self.service.books.reaping = lambda: self.service.reaper.pending
         for signum in (signal.SIGTERM, signal.SIGINT):
             self.loop.add_signal_handler(signum, self._on_signal, signum)
         self._lease_timer()

@@ -396,6 +396,12 @@ class WorkerReaper:
         self._waiting: dict[int, int] = {}
         self._reaps = 0
 
+    @property
+    def pending(self) -> int:
+        """Workers told to exit and not seen exiting yet (--max-workers
+        counts them)."""
+        return len(self._waiting)
+
     def reap(self, pidfds: list[int]) -> None:
         """Take pidfds over (the workers were told to exit)."""
         self._reaps += 1

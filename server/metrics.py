@@ -143,7 +143,7 @@ def read_service(service: "Service") -> dict[str, Any]:
             "ops_running": service.ops.running, "ops_queued": service.ops.queued,
             "ops_refused": service.ops.refused,
             "draining": service.draining,
-            "workers": service.books.workers_in_use + service.books.reserved_workers,
+            "workers": service.books.workers,
             "session_workers": workers}
 
 

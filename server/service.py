@@ -552,7 +552,7 @@ class Service:
                 # PettingZoo env's too, as its client views them)
                 "rows": sum(s.num_envs * s.agents_per_env for s in self.sessions.values()),
                 # worker processes of hosted Python envs (--max-workers)
-                "workers": self.books.workers_in_use + self.books.reserved_workers,
+                "workers": self.books.workers,
                 "python_envs": self.hosted.ids(),
                 "shm_bytes": self.shm_bytes, "state_bytes": self.state_bytes,
                 "unread_reply_bytes": self.replies.total,
