@@ -325,9 +325,17 @@ class Service:
     def collect_fast_steps(self) -> None:
         """Count the env steps the sessions served since last time (for status
         and metrics): the doorbell's and async envs found finished are counted
-        here, at most a lease tick late; socket steps and recvs as they end."""
+        here, at most a lease tick late; socket steps and recvs as they end.
+        A fast-path session that served steps renews its client's lease: the
+        lease counts from the last request on any path (the doorbell's seen
+        here, at most a lease tick late, never early)."""
         for session in self.sessions.values():
+            before = session.steps + session.env_steps
             self.stepping.count_steps(session, collect=True)
+            if session.fast and session.steps + session.env_steps != before:
+                owner = self.clients.get(session.owner)
+                if owner is not None:
+                    owner.touch()
 
     # ---- revoked segments ---------------------------------------------------------------
     def close_revoked_sessions(self) -> None:

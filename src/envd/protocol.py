@@ -155,7 +155,9 @@ nested lists in the box's dtype), ``{"kind": "discrete", "n", "start"}``,
 Sessions and leases
 -------------------
 A session (one ``make``) belongs to the connection that made it.  Any request
-from that connection, or a ``heartbeat`` naming it, renews its lease; after
+from that connection, a ``heartbeat`` naming it, or a request served through
+the doorbell of one of its fast-path sessions (seen at the daemon's lease
+tick) renews its lease; after
 ``lease_timeout`` seconds of silence the daemon frees all its sessions and
 later requests for them get ``session_expired``.
 """
