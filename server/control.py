@@ -109,9 +109,10 @@ class ControlHandlers:
         if kwargs:
             header["env_kwargs"] = {name: protocol.list_from_blob(value, blobs, used)
                                     for name, value in kwargs.items()}
-        if len(used) != len(blobs):
-            raise protocol.BadRequest(f"make: got {len(blobs)} data frames, {len(blobs) - len(used)} "
-                                      "of which no per-env list names")
+        unnamed = len(blobs) - len(used)
+        if unnamed:
+            raise protocol.BadRequest(f"make: got {len(blobs)} data frames, {unnamed} of which "
+                                      "no per-env list names")
 
     def make(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> None:
         service = self.service

@@ -64,7 +64,8 @@ def _request_id(header: dict | bytes) -> int | None:
         return None
     if isinstance(header, bytes):
         try:
-            header = protocol.unpack(header, protocol.DEFAULT_MAX_HEADER_BYTES)  # as the daemon does
+            # as the daemon decodes it
+            header = protocol.unpack(header, protocol.DEFAULT_MAX_HEADER_BYTES)
         except protocol.BadRequest:
             return None
     if isinstance(header, dict) and type(header.get("id")) is int:
