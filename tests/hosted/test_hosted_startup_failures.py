@@ -9,14 +9,13 @@ flag and its value, and exit status 1 (the real CLI, as a subprocess).
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
 import pytest
 from envs import DAEMON_ENV
 from support.daemon import DEADLINE
-
-import os
 
 CASES = {
     "hanging env": (["--import", "daemon_envs", "--python-env",
