@@ -31,8 +31,12 @@ What runs:
       client_sigkilled      a client process SIGKILLed while it steps: its
                             segments must go within the lease (+ slack)
       client_frozen         a client process SIGSTOPped past the lease, then
-                            SIGCONTed: its next call must raise
-                            SessionExpiredError, and it may start over
+                            SIGCONTed: its segments must go, no sooner than
+                            0.9 x the lease after SIGSTOP (the lease counts
+                            from its last request on any path, fast path
+                            included, which it sent just before the stop:
+                            docs/protocol.md, "Leases"), and its next call
+                            must raise SessionExpiredError; it may start over
       hostile_message       malformed/mistyped/out-of-order raw messages on a
                             raw DEALER socket: each must get an error reply
                             with the expected code and no traceback
@@ -944,6 +948,8 @@ class Faults(threading.Thread):
         if not freed:
             self.stats.error("client_frozen", f"segments {segments} not freed {waited:.1f} s after SIGSTOP")
         elif waited < self.lease * 0.9:
+            # (the victim stepped until the stop: its last request, on any
+            # path, renewed the lease at most one step before)
             self.stats.error("client_frozen", f"freed {waited:.1f} s after SIGSTOP, before the lease")
         self.reclaim_seconds.append(waited)
         try:

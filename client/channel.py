@@ -33,7 +33,6 @@ import time
 import weakref
 from typing import Any, Callable, Mapping, Sequence
 
-import msgpack
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
@@ -322,7 +321,7 @@ class Channel:
         blobs = []
         while self._socket.getsockopt(zmq.RCVMORE):  # all of them, whatever the header holds
             blobs.append(self._socket.recv(copy=False).buffer)
-        reply = msgpack.unpackb(header, raw=False)
+        reply = protocol.unpack_reply(header)
         if isinstance(reply.get("token"), int):  # a large reply: acknowledged from now on
             self._ack = reply["token"]
         if reply.get("code") == "connection_lost":  # the daemon dropped this connection

@@ -26,7 +26,7 @@ from envd.errors import (ConnectionLostError, EnvdError, EnvdTimeoutError, EnvSt
                          InvalidArgumentError, NoDaemonError, UnknownSessionError)
 from envd.hosted_pettingzoo import PETTINGZOO_PREFIX, rows_view
 from envd.vector_base import (autoreset_mode_name, check_int, episode_statistics_key,
-                              parse_autoreset_mode, seed_list)
+                              is_int, parse_autoreset_mode, seed_list)
 
 #: The most envs one make may ask for (the native vec's limit, ENVD_VEC_MAX_ENVS).
 MAX_NUM_ENVS = _native_facts.VEC_MAX_ENVS
@@ -216,9 +216,16 @@ class Client:
             header["num_workers"] = _wire("num_workers", num_workers)
         if info_bytes is not None:
             header["info_bytes"] = _wire("info_bytes", info_bytes)
+        # Per-env lists (seeds, kwargs) go in data frames: the daemon caps
+        # header frames at --max-header-bytes (64 KiB by default).
+        blobs: list[bytes] = []
+        if header["seed"] is not None and not is_int(seed):
+            header["seed"] = protocol.list_to_blob(seed_list(seed, num_envs), blobs)
+        header["env_kwargs"] = {name: protocol.list_to_blob(value, blobs)
+                                for name, value in header["env_kwargs"].items()}
         if fast_path is None:
             fast_path = None if os.environ.get("ENVD_FAST_PATH", "1") != "0" else False
-        reply = self.channel.request(header, late=self._late_make)
+        reply = self.channel.request(header, blobs, late=self._late_make)
         try:
             env = RemoteVecEnv(self, reply, num_envs, mode, copy, episode_statistics, transport,
                                fast_path)

@@ -124,6 +124,10 @@ class Config:
     max_sessions: int = 1024
     max_envs_per_client: int = 1 << 20
     max_message_bytes: int = 64 << 20
+    # A request's header frame (msgpack), refused over this before anything
+    # is decoded; bulk data (arrays, make's per-env lists) travels in blob
+    # frames under max_message_bytes (SECURITY.md: decoding stays bounded).
+    max_header_bytes: int = 64 << 10
     # Resource limits, each refused with LimitExceededError naming the flag:
     #   max_sessions_per_client: sessions one client connection holds at once;
     #   max_shm_bytes: all sessions' shared-memory segments together, checked
@@ -162,6 +166,16 @@ class Config:
     imports: tuple[str, ...] = ()
     max_workers: int = 64
     hosted_timeout: float = 60.0
+    # The operation threads (makes, resets, renders) shared fairly
+    # (server/fair_ops.py): how many one client connection runs at once, and
+    # how many more wait in its queue before it is refused limit_exceeded.
+    max_ops_per_client: int = 1
+    max_queued_ops: int = 64
+    # SIGTERM's drain: how long running work may take before what still runs
+    # in hosted envs (a make, reset or step that hangs) is killed, whatever
+    # hosted_timeout says; the daemon then exits within SHUTDOWN_SECONDS
+    # (server/daemon.py).  Deploy files give it more (tests/deploy).
+    drain_grace: float = 5.0
     # Prometheus metrics over HTTP (docs/metrics.md): off unless a port is
     # given (None or 0 = off); on loopback unless metrics_bind says otherwise.
     metrics_port: int | None = None
@@ -218,6 +232,18 @@ class Config:
                 flag = "--" + name.replace("_", "-")
                 raise ValueError(f"{flag} (ENVD_{name.upper()}) must be >= 1048576 (1 MiB), "
                                  f"got {value}")
+        if not 1 <= self.max_ops_per_client <= 2:
+            raise ValueError(f"--max-ops-per-client (ENVD_MAX_OPS_PER_CLIENT) must be 1 or 2 "
+                             f"(the daemon's operation threads), got {self.max_ops_per_client}")
+        if not 1 <= self.max_queued_ops <= 1 << 20:
+            raise ValueError(f"--max-queued-ops (ENVD_MAX_QUEUED_OPS) must be in [1, 1048576], "
+                             f"got {self.max_queued_ops}")
+        if not 0 <= self.drain_grace <= 3600:
+            raise ValueError(f"--drain-grace (ENVD_DRAIN_GRACE) must be in [0, 3600] seconds, "
+                             f"got {self.drain_grace}")
+        if self.max_header_bytes < 1024:
+            raise ValueError(f"--max-header-bytes (ENVD_MAX_HEADER_BYTES) must be >= 1024, got "
+                             f"{self.max_header_bytes}")
         if self.max_connections is not None and self.max_connections < 1:
             raise ValueError(f"--max-connections (ENVD_MAX_CONNECTIONS) must be >= 1, got "
                              f"{self.max_connections}")
@@ -319,6 +345,12 @@ class Config:
         return [e for e in self.bind if (h := tcp_host(e)) is not None and not is_loopback_host(h)]
 
     @property
+    def header_bytes(self) -> int:
+        """The cap on a request's header frame: --max-header-bytes, never more
+        than --max-message-bytes."""
+        return min(self.max_header_bytes, self.max_message_bytes)
+
+    @property
     def request_burst(self) -> int:
         """Requests a client may send at once before --max-requests-per-second
         throttles it (the token bucket's size); 0 when unlimited."""
@@ -345,6 +377,12 @@ class Config:
     def heartbeat_interval(self) -> float:
         """How often clients heartbeat: three chances per lease."""
         return self.lease_timeout / 3
+
+
+class StartupError(RuntimeError):
+    """The daemon cannot start (a flag names something that does not work:
+    an env, a module, a plugin): one line naming the flag and its value,
+    which the CLI prints as ``envd: cannot start: ...`` before exiting 1."""
 
 
 def _cpu_list(text: str) -> tuple[int, ...]:
@@ -380,6 +418,9 @@ _FLAGS: dict[str, tuple[Callable[[str], object], str]] = {
     "max_envs_per_client": (int, "envs one client connection may hold over all its sessions"),
     "max_message_bytes": (int, "largest message accepted (all frames together); a single "
                                  "frame over it drops the sender's connection"),
+    "max_header_bytes": (int, "largest header frame (the msgpack part of a request) accepted, "
+                              "refused before it is decoded; arrays and per-env lists travel "
+                              "in data frames"),
     "max_sessions_per_client": (int, "sessions one client connection may hold at once"),
     "max_shm_bytes": (int, "bytes of shared memory all sessions' segments may take together; "
                            "the default is half of /dev/shm's size"),
@@ -406,6 +447,14 @@ _FLAGS: dict[str, tuple[Callable[[str], object], str]] = {
     "hosted_timeout": (float, "seconds a hosted Python env's make or reset may run in the "
                               "daemon (a hung env): past it the session's workers are killed "
                               "and the call fails with env_error"),
+    "max_ops_per_client": (int, "makes, resets and renders one client connection runs at once "
+                                "on the daemon's 2 operation threads; the rest wait in its "
+                                "queue, served round-robin with the other clients'"),
+    "max_queued_ops": (int, "makes, resets and renders one client connection may have waiting "
+                            "for an operation thread; one more is refused with limit_exceeded"),
+    "drain_grace": (float, "seconds SIGTERM's drain lets running work finish before it kills "
+                           "what still runs in hosted Python envs (whatever --hosted-timeout "
+                           "says); the daemon then exits within 15 s more"),
     "pin_cpus": (_cpu_list, "comma-separated CPU per worker thread, e.g. 1,2,3"),
     "metrics_port": (int, "serve Prometheus metrics over HTTP at /metrics on this port "
                           "(None or 0 = off; needs prometheus-client, pip install "
@@ -438,8 +487,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"(env ENVD_BIND, else ENVD_ENDPOINT; default {defaults.bind[0]})")
     parser.add_argument("--plugin", action="append", metavar="PATH", dest="plugins",
                         help="env plugin library to load at startup, repeatable (env "
-                             "ENVD_PLUGINS, paths separated by ':'); one that fails to "
-                             "load is logged and skipped, see `envd status`")
+                             "ENVD_PLUGINS, paths separated by ':'); a path that names no "
+                             "file stops the startup, a library that fails to load is "
+                             "logged and skipped, see `envd status`")
     parser.add_argument("--python-env", action="append", metavar="ID", dest="python_envs",
                         help="gymnasium env id clients may make as py:ID (a hosted Python "
                              "env in worker processes), or pz:MODULE:FACTORY (a PettingZoo "

@@ -102,9 +102,26 @@ class ControlHandlers:
         return protocol.ok_reply(header["id"], **self.service.status())
 
     # ---- make ---------------------------------------------------------------------------------
+    @staticmethod
+    def _take_lists(header: dict[str, Any], blobs: list[bytes]) -> None:
+        """Put make's per-env lists that came as data frames (the seeds, a
+        kwarg's values: protocol.list_to_blob) in place; every frame must be
+        named once."""
+        used: set[int] = set()
+        header["seed"] = protocol.list_from_blob(header.get("seed"), blobs, used)
+        kwargs = header.get("env_kwargs")
+        if kwargs:
+            header["env_kwargs"] = {name: protocol.list_from_blob(value, blobs, used)
+                                    for name, value in kwargs.items()}
+        unnamed = len(blobs) - len(used)
+        if unnamed:
+            raise protocol.BadRequest(f"make: got {len(blobs)} data frames, {unnamed} of which "
+                                      "no per-env list names")
+
     def make(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> None:
         service = self.service
         service.close_revoked_sessions()  # a truncated session must not count against the limits
+        self._take_lists(header, blobs)
         if header["env_id"].startswith((PYTHON_PREFIX, PETTINGZOO_PREFIX)):
             return self._make_hosted(client, header)
         if header.get("info_bytes") is not None:
@@ -148,6 +165,7 @@ class ControlHandlers:
         render_mode = spec.check_render_mode(header.get("render_mode"))
         max_threads = self._check_max_threads(header.get("max_threads"))
         seed = header.get("seed")
+        service.check_op_room(client)  # before anything is reserved
         reservation = service.books.reserve(client, spec, num_envs, mode, len(service.sessions),
                                             service.fd_check)
 
@@ -174,7 +192,8 @@ class ControlHandlers:
             self._made(client, header["id"], reservation, future)
 
         try:
-            service.submit(build, done)  # from here done releases the reservation
+            # from here done releases the reservation
+            service.submit(client.identity, build, done)
         except BaseException:
             reservation.release()
             raise
@@ -237,6 +256,7 @@ class ControlHandlers:
         seed = header.get("seed")
         if seed is not None:
             seed_list(seed, num_envs)  # refused before anything is reserved
+        service.check_op_room(client)
         reservation = service.books.reserve(client, spec, num_envs, mode, len(service.sessions),
                                             service.fd_check, num_workers=num_workers,
                                             info_bytes=info_bytes)
@@ -261,7 +281,7 @@ class ControlHandlers:
             self._made(client, header["id"], reservation, future)
 
         try:
-            service.submit(build, done)
+            service.submit(client.identity, build, done)
         except BaseException:
             reservation.release()
             raise

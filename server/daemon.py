@@ -55,6 +55,7 @@ from envd.server.config import Config
 from envd.server.connections import (FDS_PER_HOSTED_MAKE, FDS_PER_MAKE, Connections,
                                      default_max_connections, fd_reserve, make_fds, open_fds,
                                      raise_fd_limit)
+from envd.server.fair_ops import OPERATION_THREADS
 from envd.server.peer_auth import CURVE_DOMAIN, IPC_DOMAIN, PeerAuthenticator
 from envd.server.hosted import HostedCatalog, WorkerReaper
 from envd.server.plugins import load_plugins
@@ -71,6 +72,13 @@ _LINGER_MS = 2000
 #: sockets (at most), and how long a socket must stay quiet to be done.
 _QUEUED_READ_S = 2.0
 _QUEUED_QUIET_MS = 50
+#: The longest a daemon takes to exit once SIGTERM's drain grace
+#: (--drain-grace) passed and what still ran in hosted envs was killed: the
+#: queued requests read (_QUEUED_READ_S), the workers of closed sessions
+#: reaped (CLOSE_GRACE_SECONDS, then SIGKILL), the sockets' linger
+#: (_LINGER_MS), and slack for a loaded machine.  Deploy files give a
+#: daemon more than --drain-grace plus this to stop (tests/deploy).
+SHUTDOWN_SECONDS = 15.0
 #: What the connection monitors report (server/connections.py), and how
 #: often the connection thread looks whether it should stop.
 _MONITOR_EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
@@ -177,14 +185,16 @@ class Daemon:
         plugins = load_plugins(self.config.plugins)  # before serving: clients see every env
         # The allowed Python envs, described in the template (started from
         # this thread, which it dies with) before anything is bound.
-        self.hosted = HostedCatalog(self.config.python_envs, self.config.imports)
+        self.hosted = HostedCatalog(self.config.python_envs, self.config.imports,
+                                    self.config.hosted_timeout)
         self.instance = Instance()
         self.pool = NativePool(self.config.threads,
                                list(self.config.pin_cpus) if self.config.pin_cpus else None)
         # One fast-path thread may spin at a time: the pool lets its workers
         # spin on all CPUs but one, so spinners never outnumber the CPUs.
         set_fast_spinners(1 if len(os.sched_getaffinity(0)) > 1 else 0)
-        self.executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="envd-op")
+        self.executor = ThreadPoolExecutor(max_workers=OPERATION_THREADS,
+                                           thread_name_prefix="envd-op")
         self.context = zmq.Context()
         self._socket_files: list[tuple[str, int]] = []  # (path, inode) of our ipc sockets
         try:
@@ -371,6 +381,7 @@ class Daemon:
         self.loop.add_reader(self.pool.eventfd(), self.service.on_pool_event)
         self.service.fd_watch = (self.loop.add_reader, self.loop.remove_reader)
         self.service.reaper = WorkerReaper(self.loop.add_reader, self.loop.remove_reader)
+        self.service.books.reaping = lambda: self.service.reaper.pending
         for signum in (signal.SIGTERM, signal.SIGINT):
             self.loop.add_signal_handler(signum, self._on_signal, signum)
         self._lease_timer()
@@ -451,7 +462,7 @@ class Daemon:
         if identity in self.service.clients:
             return True
         try:
-            header = protocol.unpack(frames[1], self.config.max_message_bytes)
+            header = protocol.unpack(frames[1], self.config.header_bytes)
         except (IndexError, protocol.BadRequest):
             return False
         return header.get("type") == "heartbeat" and header.get("client") in self.service.clients

@@ -30,6 +30,7 @@ import os
 import secrets
 import select
 import signal
+import threading
 import time
 from typing import Any, Callable
 
@@ -38,7 +39,8 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
-from envd.errors import EnvdError, EnvStateError, InvalidArgumentError, UnknownEnvError
+from envd.errors import (EnvdError, EnvStateError, InvalidArgumentError, ShuttingDownError,
+                         UnknownEnvError)
 from envd.hosted_pettingzoo import PETTINGZOO_PREFIX, creator_of_id
 from envd.native import segment_guard
 from envd.native._envd_native import lib
@@ -46,9 +48,11 @@ from envd.native.hosted_env import (DEFAULT_INFO_BYTES, check_space, default_num
                                     hosted_buffer_layout)
 from envd.native.hosted_segment import Segment as PrivateSegment, segment_layout
 from envd.native.hosted_session import CLOSE_GRACE_SECONDS, HostedSession, HostedSpec
+from envd.native import hosted_template
 from envd.native.hosted_template import Template, template
 from envd.native.vector_env import PYTHON_PREFIX
 from envd.shm import Segment
+from envd.server.config import StartupError
 from envd.server.lifecycle import Lifecycle
 from envd.server.sessions import EXECUTOR_LOCK_WAIT_SECONDS, Session, async_in_flight, plan
 
@@ -57,6 +61,11 @@ log = logging.getLogger("envd.server")
 #: How long the event loop waits for a fast-path request of a hosted session
 #: being freed before it kills the session's workers (HostedNative.stop_doorbell).
 DOORBELL_STOP_WAIT_SECONDS = 0.05
+
+
+def _one_line(exc: BaseException) -> str:
+    """An error's message on one line (an env's may span several)."""
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,56 +137,94 @@ def hosted_state_plan(spec: HostedEnvSpec, num_envs: int, num_workers: int,
 class HostedCatalog:
     """The Python envs this daemon's operator allowed, described at startup."""
 
-    def __init__(self, python_envs: tuple[str, ...] = (), imports: tuple[str, ...] = ()):
+    def __init__(self, python_envs: tuple[str, ...] = (), imports: tuple[str, ...] = (),
+                 timeout: float = 60.0):
+        """timeout: --hosted-timeout, the longest the --import modules and
+        each env's description may take at startup.  A failure stops the
+        startup with StartupError, one line naming the flag and its value."""
         self.specs: dict[str, HostedEnvSpec] = {}
         self.imports = imports
+        self.timeout = timeout
         self._template: Template | None = None
-        if not python_envs:
-            if imports:
-                log.warning("--import %s without --python-env: nothing to serve from it",
-                            ", ".join(imports))
+        self._killed = False
+        if not python_envs and not imports:
             return
         # (started from a thread of its own that lives as long as the daemon:
-        # native/hosted_template.py)
-        try:
-            self.template
-        except RuntimeError as exc:
-            raise ValueError(f"--import (ENVD_IMPORTS): {exc}") from None
+        # native/hosted_template.py; the modules imported first, so a typo
+        # stops the startup even without --python-env)
+        self._within(f"--import {','.join(imports)} (ENVD_IMPORTS)", lambda: self.template)
+        if not python_envs:
+            log.warning("--import %s without --python-env: nothing to serve from it",
+                        ", ".join(imports))
         for gym_id in python_envs:
             if gym_id.startswith(PETTINGZOO_PREFIX):  # a PettingZoo factory, agents as rows
                 self.specs[gym_id] = self._describe_pettingzoo(gym_id)
                 continue
             gym_id = gym_id.removeprefix(PYTHON_PREFIX)  # (--python-env py:ID means ID)
             self.specs[PYTHON_PREFIX + gym_id] = self._describe(gym_id)
-        log.info("hosted Python envs: %s", ", ".join(self.specs))
+        if self.specs:
+            log.info("hosted Python envs: %s", ", ".join(self.specs))
+
+    def _within(self, what: str, call: Callable[[], Any]) -> Any:
+        """call() (a request to the template) within --hosted-timeout; a
+        failure, or a call still running then (an import or env that hangs:
+        the template is killed, and with it the child describing the env),
+        is a StartupError naming what."""
+        outcome: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                outcome["ok"] = call()
+            except BaseException as exc:  # noqa: BLE001 -- raised below, on the caller's thread
+                outcome["error"] = exc
+        thread = threading.Thread(target=run, name="envd-startup", daemon=True)
+        thread.start()
+        thread.join(self.timeout)
+        if thread.is_alive():
+            # (the template, whether or not the property handed it out yet:
+            # it hangs in the --import modules otherwise)
+            current = self._template or hosted_template._template
+            if current is not None:
+                current.process.kill()
+            thread.join(self.timeout)
+            raise StartupError(f"{what}: took longer than {self.timeout:g} s (--hosted-timeout) "
+                               "at startup; a module or env that hangs?")
+        error = outcome.get("error")
+        if isinstance(error, (RuntimeError, EnvdError)):
+            raise StartupError(f"{what}: {_one_line(error)}") from None
+        if error is not None:
+            raise error
+        return outcome["ok"]
 
     def _describe(self, gym_id: str) -> HostedEnvSpec:
         name = PYTHON_PREFIX + gym_id
-        try:
-            described = self.template.request(
-                {"op": "describe", "spec": ("id", gym_id, None, {})})
-        except RuntimeError as exc:
-            raise ValueError(f"--python-env {gym_id} (ENVD_PYTHON_ENVS): making the env "
-                             f"failed: {exc}") from None
+        flag = f"--python-env {gym_id} (ENVD_PYTHON_ENVS)"
+        described = self._within(flag, lambda: self._describe_request(("id", gym_id, None, {})))
         try:
             for what in ("observation", "action"):
                 check_space(described[f"{what}_space"], what, name)
         except InvalidArgumentError as exc:
-            raise ValueError(f"--python-env {gym_id}: {exc}") from None
+            raise StartupError(f"--python-env {gym_id}: {_one_line(exc)}") from None
         return HostedEnvSpec(name, gym_id, described["observation_space"],
                              described["action_space"], described["max_episode_steps"],
                              described["step_seconds"])
 
+    def _describe_request(self, spec: tuple) -> dict:
+        try:
+            return self.template.request({"op": "describe", "spec": spec})
+        except RuntimeError as exc:
+            raise RuntimeError(f"making the env failed: {exc}") from None
+
     def _describe_pettingzoo(self, env_id: str) -> HostedEnvSpec:
         """A "pz:<module>:<factory>" id: its ParallelAsEnv adapter, made once in
         the template (a heterogeneous or broken env stops the startup)."""
+        flag = f"--python-env {env_id} (ENVD_PYTHON_ENVS)"
         try:
             creator = cloudpickle.dumps(creator_of_id(env_id, {}))
-            described = self.template.request(
-                {"op": "describe", "spec": ("creator", creator, None, {})})
-        except (RuntimeError, EnvdError) as exc:
-            raise ValueError(f"--python-env {env_id} (ENVD_PYTHON_ENVS): making the env "
-                             f"failed: {exc}") from None
+        except EnvdError as exc:
+            raise StartupError(f"{flag}: making the env failed: {_one_line(exc)}") from None
+        described = self._within(flag, lambda: self._describe_request(
+            ("creator", creator, None, {})))
         observation_space = described["observation_space"]
         return HostedEnvSpec(env_id, env_id, observation_space,
                              described["action_space"], None, described["step_seconds"],
@@ -189,7 +236,11 @@ class HostedCatalog:
     @property
     def template(self) -> Template:
         """The daemon's template, with the --import modules imported (started
-        again if it died: e.g. the OOM killer)."""
+        again if it died: e.g. the OOM killer); ShuttingDownError once a
+        drain killed it (kill)."""
+        if self._killed:
+            raise ShuttingDownError("the daemon is shutting down: its drain's grace passed "
+                                    "and the hosted envs' processes were killed")
         current = template()
         if current is not self._template:
             if self.imports:
@@ -209,6 +260,13 @@ class HostedCatalog:
                 f"{env_id[:100]}: this daemon does not host that Python env; the ids its "
                 f"operator allowed (--python-env) are: {allowed}")
         return spec
+
+    def kill(self) -> None:
+        """SIGKILL the template (the workers it forked die with it) and start
+        no other: the drain's grace passed (Service._end_grace)."""
+        self._killed = True
+        if self._template is not None:
+            self._template.process.kill()
 
     def close(self) -> None:
         """End the template (the workers of closed sessions are gone already)."""
@@ -340,6 +398,12 @@ class WorkerReaper:
         # timer must not kill that later session's workers)
         self._waiting: dict[int, int] = {}
         self._reaps = 0
+
+    @property
+    def pending(self) -> int:
+        """Workers told to exit and not seen exiting yet (--max-workers
+        counts them)."""
+        return len(self._waiting)
 
     def reap(self, pidfds: list[int]) -> None:
         """Take pidfds over (the workers were told to exit)."""
@@ -510,6 +574,12 @@ class HostedServerSession(Session):
                             CLOSE_GRACE_SECONDS)
                 self.native.hosted._kill_workers()
         asyncio.get_running_loop().call_later(CLOSE_GRACE_SECONDS, kill)
+
+    def kill_workers(self) -> None:
+        """SIGKILL the workers now (the drain's grace passed); the call that
+        waits for them ends with an EnvError."""
+        if not self.life.freed and self.native is not None:
+            self.native.hosted._kill_workers()
 
     def _freed_by_lifecycle(self, orderly: bool) -> None:
         if not orderly:  # at shutdown the loop reaps no more: close waits for them

@@ -139,8 +139,11 @@ def read_service(service: "Service") -> dict[str, Any]:
             "sessions_stepping": service.sessions_stepping,
             "lease_expiries": service.lease_expiries,
             "lease_expired_sessions": service.lease_expired_sessions,
+            "refused_headers": service.refused_headers,
+            "ops_running": service.ops.running, "ops_queued": service.ops.queued,
+            "ops_refused": service.ops.refused,
             "draining": service.draining,
-            "workers": service.books.workers_in_use + service.books.reserved_workers,
+            "workers": service.books.workers,
             "session_workers": workers}
 
 
@@ -179,7 +182,12 @@ class _ServiceCollector:
                  "Sessions with a sync step or async batches running on the pool"),
                 ("envd_draining", "draining", "1 while the daemon drains after SIGTERM/SIGINT"),
                 ("envd_workers", "workers", "Worker processes of hosted Python envs, makes in "
-                                            "flight included (what --max-workers limits)")):
+                                            "flight included (what --max-workers limits)"),
+                ("envd_ops_running", "ops_running", "Makes, resets and renders running on the "
+                                                    "daemon's operation threads"),
+                ("envd_ops_queued", "ops_queued", "Makes, resets and renders waiting for an "
+                                                  "operation thread, over all clients (per "
+                                                  "client: envd status)")):
             yield GaugeMetricFamily(name, text, value=int(state[key]))
         per_session = GaugeMetricFamily("envd_session_workers", "Worker processes of each "
                                         "open hosted Python env session",
@@ -195,5 +203,11 @@ class _ServiceCollector:
                 ("envd_lease_expiries", "lease_expiries",
                  "Clients whose lease expired (silent longer than --lease-timeout)"),
                 ("envd_lease_expired_sessions", "lease_expired_sessions",
-                 "Sessions freed because their client's lease expired")):
+                 "Sessions freed because their client's lease expired"),
+                ("envd_ops_refused", "ops_refused",
+                 "Makes, resets and renders refused because their client's queue was full "
+                 "(--max-queued-ops; per client: envd status)"),
+                ("envd_refused_headers", "refused_headers",
+                 "Request header frames refused before decoding (over --max-header-bytes, "
+                 "nested too deep or holding too many objects)")):
             yield CounterMetricFamily(name, text, value=state[key])

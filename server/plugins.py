@@ -1,9 +1,10 @@
 """Loading the daemon's ``--plugin`` libraries.
 
-A plugin that fails to load (missing file, another ABI version, an invalid
-definition, a duplicate env id) is logged and skipped: the daemon serves the
-built-ins and the other plugins, and ``envd status`` lists what failed and why,
-so one broken library never takes a shared daemon down.
+A path that names no file (a typo) stops the startup (StartupError, one
+line).  A library that exists but fails to load (another ABI version, an
+invalid definition, a duplicate env id) is logged and skipped: the daemon
+serves the built-ins and the other plugins, and ``envd status`` lists what
+failed and why, so one broken library never takes a shared daemon down.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any, Iterable
 
 from envd.errors import PluginError
 from envd.native.registry import load_plugin
+from envd.server.config import StartupError
 
 log = logging.getLogger("envd.server")
 
@@ -22,6 +24,8 @@ def load_plugins(paths: Iterable[str]) -> list[dict[str, Any]]:
     {"path", "envs": [ids]} or {"path", "error": message}."""
     report = []
     for path in map(os.path.abspath, paths):
+        if not os.path.isfile(path):
+            raise StartupError(f"--plugin {path} (ENVD_PLUGINS): no such file")
         try:
             ids = load_plugin(path)
         except PluginError as e:

@@ -32,8 +32,9 @@ from typing import Iterator
 from envd import protocol
 
 #: How many dropped routing ids the daemon remembers (bounded: a long-lived
-#: daemon must not grow).
-_DROPPED_MEMORY = 65536
+#: daemon must not grow); with their reasons shared (a handful of distinct
+#: texts), about 1.3 MiB (tests/server/test_memos.py, SECURITY.md).
+DROPPED_MEMORY = 8192
 #: Most large replies one connection may leave unacknowledged (each costs the
 #: daemon a few hundred bytes of books, whatever its size).
 MAX_UNREAD_LARGE_REPLIES = 1024
@@ -82,6 +83,7 @@ class ReplyBooks:
         self.total = 0
         self._ledgers: dict[bytes, Ledger] = {}
         self._dropped: collections.OrderedDict[bytes, str] = collections.OrderedDict()
+        self._reasons: dict[str, str] = {}
 
     def __len__(self) -> int:
         return len(self._ledgers)
@@ -155,9 +157,17 @@ class ReplyBooks:
     def drop(self, identity: bytes, why: str) -> None:
         """Forget the connection's books and refuse it from now on."""
         self.forget(identity)
-        self._dropped[identity] = why
-        while len(self._dropped) > _DROPPED_MEMORY:
+        # (one copy of each distinct reason, however many ids share it)
+        self._dropped[identity] = self._reasons.setdefault(why, why)
+        while len(self._dropped) > DROPPED_MEMORY:
             self._dropped.popitem(last=False)
+        if len(self._reasons) > DROPPED_MEMORY:  # (reasons that vary: bounded too)
+            self._reasons = {reason: reason for reason in self._dropped.values()}
+
+    @property
+    def remembered_drops(self) -> int:
+        """Dropped routing ids remembered now (at most DROPPED_MEMORY)."""
+        return len(self._dropped)
 
     def dropped(self, identity: bytes) -> str | None:
         """Why this routing id was dropped, or None."""

@@ -38,6 +38,9 @@ class ResourceBooks:
         self.state_in_use = 0       # heap bytes of sessions not freed yet
         self.reserved_workers = 0   # worker processes of hosted makes in flight
         self.workers_in_use = 0     # worker processes of hosted sessions not freed yet
+        #: Workers of freed sessions not exited yet (Service sets it to its
+        #: reaper's count): they still count against --max-workers.
+        self.reaping: Callable[[], int] = lambda: 0
         self._held: set[Session] = set()  # sessions whose bytes count as in use
 
     @property
@@ -74,7 +77,7 @@ class ResourceBooks:
                 f"making {num_envs} more envs would give this client {held + num_envs}, over "
                 f"the daemon's limit of {config.max_envs_per_client} envs per client "
                 "(--max-envs-per-client)")
-        workers = self.workers_in_use + self.reserved_workers
+        workers = self.workers
         if num_workers and workers + num_workers > config.max_workers:
             raise LimitExceededError(
                 f"making {num_envs} {spec.id} envs in {num_workers} worker processes would "
@@ -112,6 +115,12 @@ class ResourceBooks:
         if fd_check is not None:  # the session's fds must not eat the daemon's reserve
             fd_check(self.reserved_sessions, self.reserved_workers, num_workers)
         return Reservation(self, client, num_envs, segment_bytes, state_bytes, num_workers)
+
+    @property
+    def workers(self) -> int:
+        """Worker processes alive or to be: those of the hosted sessions, of
+        the hosted makes in flight, and of freed sessions not reaped yet."""
+        return self.workers_in_use + self.reserved_workers + self.reaping()
 
     def give_back(self, session: Session) -> None:
         """A freed session's bytes no longer count (once; nothing if its make

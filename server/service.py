@@ -30,6 +30,7 @@ from envd.native import segment_guard
 from envd.native.native_vec import NativePool
 from envd.server.config import Config
 from envd.server.control import ControlHandlers
+from envd.server.fair_ops import FairOps
 from envd.server.replies import ReplyBooks, is_small
 from envd.server.hosted import HostedCatalog, WorkerReaper
 from envd.server.reservation import ResourceBooks
@@ -43,8 +44,9 @@ log = logging.getLogger("envd.server")
 #: False when that queue is full (the peer reads no replies).
 Send = Callable[[bytes, dict[str, Any]], bool]
 #: How many expired session / client ids the daemon remembers, to answer
-#: "expired" rather than "unknown" (bounded: a long-lived daemon must not grow).
-_EXPIRED_MEMORY = 65536
+#: "expired" rather than "unknown" (bounded: a long-lived daemon must not
+#: grow; each memo about 1 MiB, tests/server/test_memos.py, SECURITY.md).
+_EXPIRED_MEMORY = 8192
 #: Requests a draining daemon still serves.
 _DRAIN_ALLOWED = {"hello", "close", "bye", "heartbeat", "status"}
 #: Requests --max-requests-per-second never refuses: a throttled client can
@@ -74,6 +76,7 @@ class Service:
         self.replies = ReplyBooks(config.reply_bytes_per_client, config.reply_bytes_total)
         self.books = ResourceBooks(config)
         self.dropped_clients = 0  # clients dropped for leaving their replies unread
+        self.refused_headers = 0  # header frames refused before decoding (size, depth, count)
         self.clients: dict[bytes, ClientRecord] = {}
         self.sessions: dict[str, Session] = {}  # open sessions (OPEN or BUSY) by id
         self._alive: set[Session] = set()  # every session not freed yet, making ones included
@@ -87,7 +90,9 @@ class Service:
         self.lease_expired_sessions = 0    # sessions freed by those expiries
         # seconds from a sync step's submit to its reply (a no-op without metrics)
         self.step_latency = step_latency or (lambda seconds: None)
-        self._running_ops = 0        # makes, resets and renders on the executor
+        self._running_ops = 0        # makes, resets and renders queued or on the executor
+        # The operation threads shared fairly between clients (fair_ops.py).
+        self.ops = FairOps(self._start_op, config.max_ops_per_client, config.max_queued_ops)
         self._rate = config.max_requests_per_second  # 0: unlimited
         self._burst = config.request_burst
         self._expired_sessions: collections.OrderedDict[str, None] = collections.OrderedDict()
@@ -113,7 +118,11 @@ class Service:
                 raise LimitExceededError(
                     f"a message of {size} bytes is over the daemon's limit of "
                     f"{self.config.max_message_bytes} (--max-message-bytes)")
-            header = protocol.unpack(frames[0], self.config.max_message_bytes)
+            try:  # bounded before anything is decoded (protocol.unpack)
+                header = protocol.unpack(frames[0], self.config.header_bytes)
+            except protocol.BadRequest:
+                self.refused_headers += 1
+                raise
             if isinstance(header.get("id"), int) and not isinstance(header.get("id"), bool):
                 request_id = header["id"]
             kind = protocol.validate_request(header, len(frames) - 1)
@@ -260,9 +269,20 @@ class Service:
         return session_id in self._expired_sessions or session_id in self._revoked_sessions
 
     # ---- what the handlers share ------------------------------------------------------------
-    def submit(self, fn: Callable[[], Any], done: Callable[[Future], None]) -> None:
-        """Run fn on the executor; done(future) runs on the event loop thread
-        (then a draining daemon checks whether it is done)."""
+    def check_op_room(self, client: ClientRecord) -> None:
+        """LimitExceededError when the client's queue of operations is full
+        (--max-queued-ops); call it before the request reserves or changes
+        anything, then submit it."""
+        try:
+            self.ops.check_room(client.identity)
+        except LimitExceededError:
+            client.ops_refused += 1
+            raise
+
+    def submit(self, owner: bytes, fn: Callable[[], Any], done: Callable[[Future], None]) -> None:
+        """Run fn on an operation thread in owner's turn (server/fair_ops.py);
+        done(future) runs on the event loop thread (then a draining daemon
+        checks whether it is done)."""
         self._running_ops += 1
 
         def finished(future: Future) -> None:
@@ -272,6 +292,9 @@ class Service:
             finally:
                 self._check_drained()
 
+        self.ops.submit(owner, fn, finished)
+
+    def _start_op(self, fn: Callable[[], Any], finished: Callable[[Future], None]) -> None:
         asyncio.get_running_loop().run_in_executor(self.executor, fn).add_done_callback(finished)
 
     @staticmethod
@@ -302,9 +325,17 @@ class Service:
     def collect_fast_steps(self) -> None:
         """Count the env steps the sessions served since last time (for status
         and metrics): the doorbell's and async envs found finished are counted
-        here, at most a lease tick late; socket steps and recvs as they end."""
+        here, at most a lease tick late; socket steps and recvs as they end.
+        A fast-path session that served steps renews its client's lease: the
+        lease counts from the last request on any path (the doorbell's seen
+        here, at most a lease tick late, never early)."""
         for session in self.sessions.values():
+            before = session.steps + session.env_steps
             self.stepping.count_steps(session, collect=True)
+            if session.fast and session.steps + session.env_steps != before:
+                owner = self.clients.get(session.owner)
+                if owner is not None:
+                    owner.touch()
 
     # ---- revoked segments ---------------------------------------------------------------
     def close_revoked_sessions(self) -> None:
@@ -423,17 +454,36 @@ class Service:
 
     # ---- draining and shutdown ----------------------------------------------------------
     def start_draining(self) -> None:
+        """SIGTERM: refuse new work, let what runs finish, and after
+        --drain-grace kill what still runs in hosted envs (_end_grace)."""
         self.draining = True
         for session in self.sessions.values():
             if session.fast:
                 session.native.drain()
-            # A hosted env's call may hang (a step's, a batch's: the drain
-            # waits for them): its workers are killed after a grace, so a
-            # SIGTERM always ends.  (A reset or make is bounded by
-            # --hosted-timeout; one running now is killed after the grace too.)
+            # A hosted env's step or batch may hang (the drain waits for
+            # them): its workers are killed after a grace (the close's).
             if hasattr(session, "reclaim_later") and session.busy_or_in_flight():
                 session.reclaim_later("the daemon drains")
+        asyncio.get_running_loop().call_later(self.config.drain_grace, self._end_grace)
         self._check_drained()
+
+    def _end_grace(self) -> None:
+        """The drain's grace passed and work still runs: a hosted make, reset
+        or step that has not ended is killed, whatever --hosted-timeout says
+        (the template dies, and with it every worker: PR_SET_PDEATHSIG; a
+        make waiting for its workers fails at once, and later hosted makes
+        are refused), so that a SIGTERM ends within the grace plus the
+        shutdown's own time (server/daemon.py, SHUTDOWN_SECONDS)."""
+        if self.idle or not self.hosted.specs:
+            return
+        log.warning("the drain's grace of %g s (--drain-grace) passed with %d operation(s) "
+                    "still running: killing the hosted envs' workers and template",
+                    self.config.drain_grace, self._running_ops,
+                    extra={"event": "drain_kill"})
+        self.hosted.kill()
+        for session in list(self._alive):
+            if hasattr(session, "kill_workers"):
+                session.kill_workers()
 
     def _check_drained(self) -> None:
         if self.draining and self.idle and self.on_drained is not None:
@@ -470,6 +520,7 @@ class Service:
         return {"max_sessions": self.config.max_sessions,
                 "max_envs_per_client": self.config.max_envs_per_client,
                 "max_message_bytes": self.config.max_message_bytes,
+                "max_header_bytes": self.config.header_bytes,
                 "max_sessions_per_client": self.config.max_sessions_per_client,
                 "max_shm_bytes": self.config.max_shm_bytes,
                 "max_state_bytes": self.config.max_state_bytes,
@@ -509,14 +560,33 @@ class Service:
                 # PettingZoo env's too, as its client views them)
                 "rows": sum(s.num_envs * s.agents_per_env for s in self.sessions.values()),
                 # worker processes of hosted Python envs (--max-workers)
-                "workers": self.books.workers_in_use + self.books.reserved_workers,
+                "workers": self.books.workers,
                 "python_envs": self.hosted.ids(),
                 "shm_bytes": self.shm_bytes, "state_bytes": self.state_bytes,
                 "unread_reply_bytes": self.replies.total,
                 "dropped_clients": self.dropped_clients,
+                "refused_headers": self.refused_headers,
+                # ids of gone connections and sessions remembered (bounded memos)
+                "remembered_ids": (self.replies.remembered_drops + len(self._expired_sessions)
+                                   + len(self._expired_clients) + len(self._revoked_sessions)),
                 "env_steps": self.env_steps, "draining": self.draining,
                 "lease_timeout": self.config.lease_timeout, "limits": self.limits(),
+                "operations": self._operations(),
                 "plugins": self.plugins, "session_table": self._session_table()}
+
+    def _operations(self) -> dict[str, Any]:
+        """Makes, resets and renders running, waiting and refused (fair_ops.py),
+        over all clients and per client (those with any)."""
+        owners = {*self.ops.owners(), *(i for i, c in self.clients.items() if c.ops_refused)}
+        rows = []
+        for owner in sorted(owners):
+            running, queued = self.ops.waiting(owner)
+            client = self.clients.get(owner)
+            rows.append({"client": owner.hex()[:8], "running": running, "queued": queued,
+                         "refused": client.ops_refused if client is not None else 0})
+        return {"running": self.ops.running, "queued": self.ops.queued,
+                "refused": self.ops.refused, "max_ops_per_client": self.ops.per_client,
+                "max_queued_ops": self.ops.max_queued, "clients": rows}
 
     def _session_table(self) -> list[dict[str, Any]]:
         """One row per open session, for `envd status` (env steps per second

@@ -374,6 +374,7 @@ class ClientRecord:
     sessions: dict[str, Session] = field(default_factory=dict)
     reserved_envs: int = 0  # envs of makes still running
     reserved_sessions: int = 0  # makes still running
+    ops_refused: int = 0  # makes, resets, renders refused for a full queue (server/fair_ops.py)
     # --max-requests-per-second: a token bucket, full (capped at the burst on
     # first use) when the client arrives; refilled on each request.
     tokens: float = float("inf")

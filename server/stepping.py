@@ -117,6 +117,7 @@ class SteppingHandlers:
             raise protocol.BadRequest("reset: data frames are only taken with inline: true")
         # (a mask selecting no env is refused by the vec, on its private copy;
         # envs in flight by the session; an async reset waits for them)
+        self.service.check_op_room(client)  # (before the session turns busy)
         session.life.begin("async_reset" if is_async else "reset")
         session.segment.bump_step_seq()  # the counters cover resets too
 
@@ -135,9 +136,10 @@ class SteppingHandlers:
             self._answer_operation(client, session, header["id"], lambda: reply_of(future))
 
         if is_async:
-            self.service.submit(lambda: session.async_reset(with_seeds), done)
+            self.service.submit(client.identity, lambda: session.async_reset(with_seeds), done)
         else:
-            self.service.submit(lambda: session.reset(with_seeds, with_mask), done)
+            self.service.submit(client.identity, lambda: session.reset(with_seeds, with_mask),
+                                done)
         return None
 
     def render(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> None:
@@ -160,6 +162,7 @@ class SteppingHandlers:
                 f"frames ({height}x{width}x3 each), over the daemon's message limit of "
                 f"{limit} bytes (--max-message-bytes); render a session of at most "
                 f"{limit // (size // shape[0])} envs, or ask the operator to raise the limit")
+        self.service.check_op_room(client)
         session.life.begin("render")
 
         def reply_of(future: Future) -> dict:
@@ -176,7 +179,7 @@ class SteppingHandlers:
         def done(future: Future) -> None:
             self._answer_operation(client, session, header["id"], lambda: reply_of(future))
 
-        self.service.submit(session.render, done)
+        self.service.submit(client.identity, session.render, done)
         return None
 
     def _answer_operation(self, client: ClientRecord, session: Session, request_id: int,

@@ -320,6 +320,8 @@ TROUBLESHOOTING_PHRASES = [
     "pick another port with --metrics-port",
     "install it with pip install 'envd-rl[metrics]'",
     "envd: cannot start: ",
+    "at startup; a module or env that hangs?",
+    "(ENVD_PLUGINS): no such file",
     "envd status: ",
     "envd list: ",
 ]

@@ -10,7 +10,9 @@ multipart messages::
     daemon sees        [routing id] [header] [blob 0] [blob 1] ...
     daemon -> client   [routing id] [header] [blob 0] ...   (ROUTER strips the id)
 
-``header`` is one msgpack map (binary and str types kept apart, no ext types).
+``header`` is one msgpack map (binary and str types kept apart, no ext types)
+of at most --max-header-bytes, MAX_HEADER_DEPTH deep (checked by scan()
+before anything is decoded).
 ``blob i`` are raw array bytes, only where a message says so (e.g. ``step``
 with inline actions); arrays never travel inside msgpack and nothing is
 pickled.  A frame count the message type does not expect is a bad request.
@@ -28,11 +30,13 @@ does not speak it.  Per type, the fields (``?`` = optional):
     heartbeat  client?:bin          (keeps that client's lease; default: the sender)
     list_envs  -
     status     -
-    make       env_id:str, num_envs:int, seed?:int|[int]|nil, autoreset_mode?:str,
+    make       env_id:str, num_envs:int, seed?:int|[int]|blob|nil, autoreset_mode?:str,
                max_episode_steps?:int|nil, env_kwargs?:map, batch_size?:int|nil,
                render_mode?:str|nil, max_threads?:int|nil, num_workers?:int|nil,
                info_bytes?:int|nil
-               (checked as envd.make checks them; max_threads: at most that
+               (a per-env list, seed or a kwarg's values, may be a blob
+               reference {blob:int, dtype:str}: list_to_blob; checked as
+               envd.make checks them; max_threads: at most that
                many of the daemon's pool threads step the session's envs at
                once, 0 = inline on the thread serving the call, nil or absent
                = no cap; an int in [0, the daemon's --threads], else
@@ -116,7 +120,7 @@ A reply never carries a traceback.  Results:
 
     hello      version, server, pid, hostname, lease_timeout, heartbeat_interval,
                limits: {max_sessions, max_envs_per_client, max_message_bytes,
-                        max_sessions_per_client, max_shm_bytes, max_state_bytes,
+                        max_header_bytes, max_sessions_per_client, max_shm_bytes, max_state_bytes,
                         max_requests_per_second, request_burst}   (0 rate and burst: unthrottled)
                capabilities: {protocol:int, abi:int, fast_path:bool, async:bool,
                               inline:bool, render:bool, limits}   (what the daemon
@@ -154,7 +158,9 @@ nested lists in the box's dtype), ``{"kind": "discrete", "n", "start"}``,
 Sessions and leases
 -------------------
 A session (one ``make``) belongs to the connection that made it.  Any request
-from that connection, or a ``heartbeat`` naming it, renews its lease; after
+from that connection, a ``heartbeat`` naming it, or a request served through
+the doorbell of one of its fast-path sessions (seen at the daemon's lease
+tick) renews its lease; after
 ``lease_timeout`` seconds of silence the daemon frees all its sessions and
 later requests for them get ``session_expired``.
 """
@@ -229,8 +235,12 @@ MESSAGE_FIELDS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     "bye": {},
     "fast": {**_SESSION, "enable": ((bool,), False)},
 }
-#: Number of blobs after the header each type may carry.
-MAX_BLOBS = {"reset": 2, "step": 1, "send": 2}
+#: Number of blobs after the header each type may carry (make: its per-env
+#: lists, see list_to_blob).
+MAX_BLOBS = {"reset": 2, "step": 1, "send": 2, "make": 64}
+#: The dtypes a make's per-env list travels in (a blob frame of one value per
+#: env, C order), so that a make of a million seeds keeps a small header.
+LIST_DTYPES = {"b": "|b1", "i": "<i8", "u": "<u8", "f": "<f8"}
 #: The arrays of a session's layout the client writes (the rest the daemon
 #: writes); the inline transport sends these in requests, the others in replies.
 INPUT_ARRAYS = ("actions", "reset_seeds", "reset_mask")
@@ -276,18 +286,165 @@ def pack(header: dict[str, Any]) -> bytes:
     return msgpack.packb(header, use_bin_type=True)
 
 
-def unpack(frame: bytes, max_size: int) -> dict[str, Any]:
+#: Deepest nesting of containers (maps, arrays) a header may have: a request
+#: needs 4 (make's env_kwargs with a blob reference), a reply's spaces a few
+#: more; deeper headers are refused before msgpack decodes anything.
+MAX_HEADER_DEPTH = 32
+#: The daemon's default cap on a request's header frame (--max-header-bytes):
+#: headers are a few hundred bytes; bulk data travels in blob frames.
+DEFAULT_MAX_HEADER_BYTES = 64 << 10
+#: Bytes of header per object a request header may hold at most (the object
+#: count is bounded by max_bytes // this): with the byte cap it bounds what
+#: decoding allocates (SECURITY.md: under 100 x the header cap).
+HEADER_BYTES_PER_OBJECT = 8
+
+# msgpack's type bytes (the spec's table): fixed sizes of scalars, the width
+# of the length of str/bin, and the (length width, items per entry) of the
+# 16- and 32-bit arrays and maps.  Every other byte over 0xc0 (ext types, the
+# never-used 0xc1) is refused.
+_SCALAR = {0xc0: 1, 0xc2: 1, 0xc3: 1, 0xca: 5, 0xcb: 9, 0xcc: 2, 0xcd: 3, 0xce: 5,
+           0xcf: 9, 0xd0: 2, 0xd1: 3, 0xd2: 5, 0xd3: 9}
+_SIZED = {0xc4: 1, 0xc5: 2, 0xc6: 4, 0xd9: 1, 0xda: 2, 0xdb: 4}
+_CONTAINER = {0xdc: (2, 1), 0xdd: (4, 1), 0xde: (2, 2), 0xdf: (4, 2)}
+#: Every byte that may open a container: a frame with at most max_depth of
+#: them (counted at C speed, str contents included) nests no deeper, and one
+#: of at most max_objects bytes holds no more objects, so the per-object
+#: walk runs only for the rare header that could break a bound.
+_OPENERS = bytes([*range(0x80, 0xa0), *_CONTAINER])
+
+
+def scan(frame: bytes, max_depth: int, max_objects: int) -> None:
+    """Walk msgpack bytes without decoding them: BadRequest unless they hold
+    at most max_objects objects nested at most max_depth containers deep (and
+    no ext type).  Nothing is allocated per object, so a hostile header (a
+    frame of nested empty arrays) is refused before it costs any memory."""
+    view, end, pos, objects = memoryview(frame), len(frame), 0, 0
+    stack: list[int] = []  # items left in each open container
+    left = 1  # items left at the current level
+    while left:
+        if pos >= end:
+            raise BadRequest("the header frame is not valid msgpack (truncated)")
+        byte = view[pos]
+        objects += 1
+        if objects > max_objects:
+            raise BadRequest(f"the header frame holds more than {max_objects} msgpack objects; "
+                             "bulk data goes in data frames (docs/protocol.md)")
+        items, opens = 0, True
+        if byte < 0x80 or byte >= 0xe0:  # fixint
+            pos, opens = pos + 1, False
+        elif byte < 0x90:  # fixmap
+            items, pos = 2 * (byte & 0x0f), pos + 1
+        elif byte < 0xa0:  # fixarray
+            items, pos = byte & 0x0f, pos + 1
+        elif byte < 0xc0:  # fixstr
+            pos, opens = pos + 1 + (byte & 0x1f), False
+        elif byte in _SCALAR:
+            pos, opens = pos + _SCALAR[byte], False
+        elif byte in _SIZED:
+            width, opens = _SIZED[byte], False
+            pos += 1 + width + int.from_bytes(view[pos + 1:pos + 1 + width], "big")
+        elif byte in _CONTAINER:
+            width, per_entry = _CONTAINER[byte]
+            items = per_entry * int.from_bytes(view[pos + 1:pos + 1 + width], "big")
+            pos += 1 + width
+        else:
+            raise BadRequest(f"the header frame is not valid msgpack (type byte 0x{byte:02x} "
+                             "is refused: no ext types)")
+        left -= 1
+        if opens and len(stack) >= max_depth:  # (an empty container counts too)
+            raise BadRequest(f"the header frame nests msgpack containers deeper than "
+                             f"{max_depth}")
+        if items:
+            if items > end - pos:  # every item takes a byte at least
+                raise BadRequest("the header frame is not valid msgpack (truncated)")
+            stack.append(left)
+            left = items
+        while not left and stack:
+            left = stack.pop()
+    if pos > end:  # the last str or bin runs past the frame
+        raise BadRequest("the header frame is not valid msgpack (truncated)")
+
+
+def unpack(frame: bytes, max_bytes: int, max_depth: int = MAX_HEADER_DEPTH,
+           max_objects: int | None = None) -> dict[str, Any]:
     """Decode one header frame; BadRequest unless it is a msgpack map with str keys.
-    max_size bounds every container msgpack may allocate (no memory bombs)."""
+
+    Bounded before anything is decoded: a frame over max_bytes is refused,
+    then scan() bounds its nesting (max_depth) and
+    object count (max_objects, default max_bytes // HEADER_BYTES_PER_OBJECT),
+    and msgpack bounds every container by max_bytes (no memory bombs)."""
+    if len(frame) > max_bytes:
+        raise BadRequest(f"a msgpack header frame of {len(frame)} bytes is over the limit of "
+                         f"{max_bytes} (--max-header-bytes); bulk data goes in data frames")
+    if max_objects is None:
+        max_objects = max(64, max_bytes // HEADER_BYTES_PER_OBJECT)
+    if (len(frame) > max_objects
+            or len(frame) - len(frame.translate(None, _OPENERS)) > max_depth):
+        scan(frame, max_depth, max_objects)
     try:
         header = msgpack.unpackb(frame, raw=False, strict_map_key=True,
-                                 max_bin_len=max_size, max_str_len=max_size,
-                                 max_array_len=max_size, max_map_len=max_size, max_ext_len=0)
+                                 max_bin_len=max_bytes, max_str_len=max_bytes,
+                                 max_array_len=max_bytes, max_map_len=max_bytes, max_ext_len=0)
     except Exception as exc:  # msgpack raises several unrelated types
         raise BadRequest(f"the header frame is not valid msgpack ({type(exc).__name__})") from None
     if not isinstance(header, dict):
         raise BadRequest(f"the header must be a msgpack map, got {type(header).__name__}")
     return header
+
+
+def list_to_blob(value: Any, blobs: list[bytes]) -> Any:
+    """A per-env list of make (a list, tuple or 1-d array of bools, ints or
+    floats, all of one Python type) as a reference ``{"blob": k, "dtype": d}``,
+    its values appended to blobs as blob k; any other value as it is."""
+    if isinstance(value, np.ndarray):
+        array = value if value.ndim == 1 else None
+    elif (isinstance(value, (list, tuple)) and value
+          and len({type(v) for v in value}) == 1 and type(value[0]) in (bool, int, float)):
+        try:
+            array = np.asarray(value)
+        except OverflowError:  # an int beyond 64 bits: the daemon's checks say so
+            return value
+    else:
+        return value
+    if array is None or array.dtype.kind not in LIST_DTYPES:
+        return value
+    dtype = LIST_DTYPES[array.dtype.kind]
+    blobs.append(np.ascontiguousarray(array, dtype).tobytes())
+    return {"blob": len(blobs) - 1, "dtype": dtype}
+
+
+def list_from_blob(value: Any, blobs: list[bytes], used: set[int]) -> Any:
+    """The list a make's blob reference stands for (list_to_blob), its index
+    added to used; any other value as it is.  BadRequest for a reference to
+    no blob, to one already used, of another dtype or of a ragged size."""
+    if not (isinstance(value, dict) and set(value) == {"blob", "dtype"}):
+        return value
+    index, dtype = value["blob"], value["dtype"]
+    if type(index) is not int or not 0 <= index < len(blobs) or index in used:
+        raise BadRequest(f"make: a per-env list names data frame {index!r}, which is not "
+                         "there or is named twice")
+    if dtype not in LIST_DTYPES.values():
+        raise BadRequest(f"make: a per-env list's dtype must be one of "
+                         f"{', '.join(LIST_DTYPES.values())}, got {dtype!r}"[:200])
+    if len(blobs[index]) % np.dtype(dtype).itemsize:
+        raise BadRequest(f"make: data frame {index} of {len(blobs[index])} bytes is not a "
+                         f"whole number of {dtype} values")
+    used.add(index)
+    return np.frombuffer(blobs[index], dtype).tolist()
+
+
+#: The client's bounds on a reply's header frame.  Replies carry spaces (a
+#: Box's bounds as nested lists, an object per element) and status tables, so
+#: objects are bounded by the frame's bytes only, and a Dict space nests three
+#: levels per level: deeper than a request may.
+MAX_REPLY_HEADER_BYTES = 64 << 20
+MAX_REPLY_DEPTH = 64
+
+
+def unpack_reply(frame: bytes) -> dict[str, Any]:
+    """Decode a reply's header frame as the client does: bounded by
+    MAX_REPLY_HEADER_BYTES and MAX_REPLY_DEPTH (ProtocolError otherwise)."""
+    return unpack(frame, MAX_REPLY_HEADER_BYTES, MAX_REPLY_DEPTH, max(64, len(frame)))
 
 
 def _type_names(types: tuple[type, ...]) -> str:

@@ -495,6 +495,41 @@ def test_compose_daemons_stop_gracefully_and_are_hardened():
             assert "healthcheck" in service, name
 
 
+def _drain_grace(process: Process) -> float:
+    """The --drain-grace a deploy file's daemon runs with."""
+    from envd.server.config import Config
+    args = process.args
+    if "--drain-grace" in args:
+        return float(args[args.index("--drain-grace") + 1])
+    return float(process.env.get("ENVD_DRAIN_GRACE") or Config.drain_grace)
+
+
+def test_every_daemon_gets_more_time_to_stop_than_its_drain_takes():
+    """SIGTERM's drain lets running work finish for --drain-grace, kills what
+    still runs in hosted envs, and the daemon exits within SHUTDOWN_SECONDS
+    more (issue 38 N3): the grace period of compose and Kubernetes must be
+    longer, or the daemon is SIGKILLed mid-drain and its segments stay."""
+    from envd.server.daemon import SHUTDOWN_SECONDS
+    graces = {}
+    for name, service in compose_services().items():
+        if _compose_is_daemon(service):
+            graces[f"docker-compose.yml:{name}"] = float(
+                re.fullmatch(r"(\d+)s", service["stop_grace_period"]).group(1))
+    for path, resource in k8s_resources():
+        spec = pod_spec(resource)
+        for container in all_containers(spec) if spec else []:
+            if is_envd_daemon(container):
+                graces[f"{path.relative_to(ROOT)}:{container['name']}"] = float(
+                    spec.get("terminationGracePeriodSeconds", 30))
+    checked = 0
+    for process in daemons():
+        if process.where in graces:
+            needed = _drain_grace(process) + SHUTDOWN_SECONDS
+            assert graces[process.where] > needed, (process, graces[process.where], needed)
+            checked += 1
+    assert checked == len(graces) >= 3, graces
+
+
 # ---- Kubernetes ------------------------------------------------------------------------------
 
 def _workload(path: str) -> dict:

@@ -225,6 +225,14 @@ class HangingMakeEnv(FailingEnv):
             time.sleep(3600)
 
 
+class HangingConstructorEnv(FailingEnv):
+    """Hangs in its constructor, every time (the daemon's startup describes it)."""
+
+    def __init__(self):
+        super().__init__(fail_seed=-1, at_step=-1)
+        time.sleep(3600)
+
+
 class SlowCloseEnv(FailingEnv):
     """A FailingEnv whose close hangs once it was reset with a seed (the
     daemon's startup description resets it unseeded and closes it): its

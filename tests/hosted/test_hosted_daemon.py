@@ -254,7 +254,9 @@ def test_max_workers_limit(tmp_path):
             with pytest.raises(envd.LimitExceededError, match="--max-workers"):
                 c.make("py:CartPole-v1", 4, num_workers=2)
             first.close()
-            c.make("py:CartPole-v1", 4, num_workers=3).close()  # freed workers count no more
+            # a closed session's workers count until they exited (issue 38)
+            assert wait_until(lambda: c.status()["workers"] == 0, 60)
+            c.make("py:CartPole-v1", 4, num_workers=3).close()  # exited workers count no more
     finally:
         assert proc.stop() == 0, proc.log()
 

@@ -129,3 +129,35 @@ def test_closing_a_session_whose_workers_do_not_exit_stalls_no_one(tmp_path):
         pid = proc.pid
         assert proc.stop() == 0, proc.log()
     assert segments_of(pid) == []
+
+
+def test_max_workers_counts_workers_until_they_are_reaped(tmp_path):
+    """Issue 38: a closed session's workers still count against --max-workers
+    until they exited (a worker whose env's close hangs lives on until the
+    reaper's SIGKILL): make/close loops of such an env never hold more
+    workers than the limit."""
+    proc = start(tmp_path / "d", "--max-workers", "2")
+    try:
+        with proc.connect() as c:
+            before = set(descendants(proc.pid))
+            env = c.make("py:envd-test/SlowClose-v0", 2, seed=0, num_workers=2)
+            workers = set(descendants(proc.pid)) - before
+            assert len(workers) == 2
+            env.reset()
+            env.close()  # its workers are told to exit; their env's close hangs
+            try:
+                extra = c.make("py:CartPole-v1", 2, seed=0, num_workers=1)
+            except envd.LimitExceededError as exc:
+                assert "--max-workers" in str(exc)
+                assert c.status()["workers"] == 2
+            else:  # only if the reaper's grace (5 s) passed before the make was served
+                assert not any(alive(pid) for pid in workers), "over --max-workers"
+                extra.close()
+            assert wait_until(lambda: not any(alive(pid) for pid in workers), 60)  # reaped
+            assert wait_until(lambda: c.status()["workers"] == 0, 60)
+            with c.make("py:CartPole-v1", 2, seed=0, num_workers=2) as again:
+                again.reset()
+    finally:
+        pid = proc.pid
+        assert proc.stop() == 0, proc.log()
+    assert segments_of(pid) == []

@@ -58,10 +58,14 @@ def clean_message(message: Any) -> None:
 
 
 def _request_id(header: dict | bytes) -> int | None:
-    """The id the daemon echoes: the int "id" of a header that is a map, else None."""
+    """The id the daemon echoes: the int "id" of a header that is a map (and
+    no larger than the daemon's header cap), else None."""
+    if isinstance(header, dict) and len(protocol.pack(header)) > protocol.DEFAULT_MAX_HEADER_BYTES:
+        return None
     if isinstance(header, bytes):
         try:
-            header = protocol.unpack(header, 1 << 30)  # as the daemon decodes it
+            # as the daemon decodes it
+            header = protocol.unpack(header, protocol.DEFAULT_MAX_HEADER_BYTES)
         except protocol.BadRequest:
             return None
     if isinstance(header, dict) and type(header.get("id")) is int:
@@ -381,9 +385,12 @@ def test_unknown_env(victim, raw, env_id):
 
 def test_unknown_session(victim, raw):
     attacker = raw()
-    for session in ("nope", "", "0" * 32, "x" * 100_000):
+    for session in ("nope", "", "0" * 32, "x" * 60_000):
         for kind in ("reset", "step", "close"):
             attacker.error({"type": kind, "session": session}, "unknown_session")
+    # a header over --max-header-bytes is refused before it is decoded
+    attacker.error({"type": "reset", "session": "x" * 100_000}, "bad_request",
+                   "--max-header-bytes")
     # a session that was closed is unknown afterwards
     session = attacker.make()["session"]
     attacker.ok({"type": "close", "session": session})
@@ -661,9 +668,14 @@ def _header_of_size(size: int) -> bytes:
 
 def test_a_message_bigger_than_the_limit_drops_the_connection(victim, raw):
     attacker = raw()
-    at_limit = _header_of_size(MAX_MESSAGE_BYTES)
-    assert len(at_limit) == MAX_MESSAGE_BYTES
-    attacker.error(at_limit, "bad_request", "unknown fields", "'pad'")  # the limit itself passes
+    # the limits themselves pass: a header of --max-header-bytes, a message
+    # of --max-message-bytes (bulk data in a data frame)
+    at_limit = _header_of_size(protocol.DEFAULT_MAX_HEADER_BYTES)
+    assert len(at_limit) == protocol.DEFAULT_MAX_HEADER_BYTES
+    attacker.error(at_limit, "bad_request", "unknown fields", "'pad'")
+    status = pack({"type": "status", "id": 8})
+    attacker.error(status, "bad_request", "data frames",
+                   blobs=(bytes(MAX_MESSAGE_BYTES - len(status)),))
     session = attacker.make()["session"]
     attacker.ok({"type": "reset", "session": session})
 

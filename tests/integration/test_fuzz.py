@@ -50,6 +50,9 @@ from support.daemon import (DEADLINE, Bystander, rss_bytes, segments_of, start_d
 
 #: --max-message-bytes of the fuzzed daemon: small, so frames over it are cheap.
 LIMIT = 256 << 10
+#: The daemon's cap on a header frame (--max-header-bytes' default): a "big"
+#: header over it is refused before it is decoded, with a nil id.
+HEADER_LIMIT = protocol.DEFAULT_MAX_HEADER_BYTES
 #: Messages a run sends at least (ENVD_FUZZ_MESSAGES may ask for more).
 TARGET = max(100_000, int(os.environ.get("ENVD_FUZZ_MESSAGES", "0")))
 BATCH = 2_000
@@ -100,11 +103,11 @@ def daemon_counts(pid: int) -> dict[str, Any]:
 
 def expected_id(frames: list[bytes]) -> int | None:
     """The id the daemon echoes: nil for a message over the limit or a header
-    it cannot read (decoded as the daemon decodes it)."""
+    it cannot read or refuses to (decoded as the daemon decodes it)."""
     if sum(map(len, frames)) > LIMIT:
         return None
     try:
-        header = protocol.unpack(frames[0], LIMIT)
+        header = protocol.unpack(frames[0], HEADER_LIMIT)
     except protocol.BadRequest:
         return None
     request_id = header.get("id")

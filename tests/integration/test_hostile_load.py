@@ -9,11 +9,19 @@ hostile peers do at once:
   3. a client posts thousands of async sends over the socket (flow-controlled:
      no reply is lost, nothing waits out a timeout);
   5. raw connections flood the socket, over --max-connections, and never say
-     hello (shed at once, or after --hello-timeout).
+     hello (shed at once, or after --hello-timeout);
+  6. a client sends header bombs (issue 38 N2): headers of nested empty
+     arrays over --max-header-bytes, and under it with more objects than it
+     allows (refused before they are decoded);
+  7. a hog posts makes of a hosted env that hangs while it is made (issue 38
+     N1): one runs, --max-queued-ops wait, the rest are refused at once, and
+     meanwhile the bystander makes and resets a new env (first, before the
+     flood may leave makes short of file descriptors; the hog's makes hang
+     through every attack after it).
 Afterwards the daemon is alive, its peak RSS stayed under the bound
 SECURITY.md computes from its flags, its open fds under its open-file limit,
-its segments are the bystander's and the posting client's only, and the
-bystander was bit-exact throughout.
+the dropped client's segments are gone, and the bystander was bit-exact
+throughout.
 """
 from __future__ import annotations
 
@@ -21,9 +29,13 @@ import os
 import socket
 import threading
 import time
+from pathlib import Path
 
+import msgpack
+import zmq
 import numpy as np
 
+import envd
 from envd import protocol
 from support.daemon import (DEADLINE, Bystander, DaemonProcess, peak_rss, segments_of,
                             wait_until)
@@ -41,6 +53,22 @@ STATE_BYTES = 64 * MiB
 #: Replies queued for one peer without a receipt (protocol.REPLY_QUEUE) and
 #: the largest such reply (protocol.SMALL_REPLY_BYTES).
 QUEUE_BYTES = protocol.REPLY_QUEUE * protocol.SMALL_REPLY_BYTES
+#: The hog's env (tests/hosted/daemon_envs.py): a make of two envs in one
+#: worker hangs.  Its makes wait in a queue of QUEUED_OPS.
+HANGING = "envd-test/HangingMake-v0"
+QUEUED_OPS = 4
+HOSTED_TESTS = Path(__file__).resolve().parents[1] / "hosted"
+
+
+def header_bombs() -> list[bytes]:
+    """Header frames built to decode to far more than their size: over the
+    header cap (under the message cap), and under it with too many objects."""
+    big = MESSAGE_BYTES - 64
+    over = b"\x81\xa1x\xdd" + big.to_bytes(4, "big") + b"\x90" * big
+    small = protocol.DEFAULT_MAX_HEADER_BYTES - 64
+    dense = b"\x81\xa1x\xdd" + small.to_bytes(4, "big") + b"\x90" * small
+    deep = b"\x81\xa1x" + b"\x91" * 1000 + b"\x90"
+    return [over, dense, deep]
 
 
 def memory_bound(baseline: int) -> int:
@@ -50,8 +78,9 @@ def memory_bound(baseline: int) -> int:
     connection, plus 32 MiB of allocator slack."""
     per_client, total = 2 * MESSAGE_BYTES, 8 * MESSAGE_BYTES  # the reply budgets' defaults
     replies = min(per_client * MAX_CONNECTIONS, total) + MAX_CONNECTIONS * QUEUE_BYTES
+    decoding = 100 * protocol.DEFAULT_MAX_HEADER_BYTES  # D: one header being decoded
     return (baseline + SHM_BYTES + STATE_BYTES + replies + MAX_CONNECTIONS * MESSAGE_BYTES
-            + 32 * MiB)
+            + decoding + 32 * MiB)
 
 
 class Stepper(threading.Thread):
@@ -85,9 +114,13 @@ def test_a_combined_attack_stays_within_the_documented_bounds(open_folder):
         "--max-message-bytes", str(MESSAGE_BYTES), "--max-shm-bytes", str(SHM_BYTES),
         "--max-state-bytes", str(STATE_BYTES), "--max-connections", str(MAX_CONNECTIONS),
         "--hello-timeout", "3", "--max-sessions-per-client", "64",
-        prefix=("prlimit", f"--nofile={FD_LIMIT}:{FD_LIMIT}"))
+        "--import", "daemon_envs", "--python-env", HANGING, "--hosted-timeout", "600",
+        "--max-queued-ops", str(QUEUED_OPS),
+        prefix=("prlimit", f"--nofile={FD_LIMIT}:{FD_LIMIT}"),
+        env={"PYTHONPATH": os.pathsep.join(filter(None, [str(HOSTED_TESTS),
+                                                         os.environ.get("PYTHONPATH")]))})
     held: list[socket.socket] = []
-    bystander = poster = deaf = None
+    bystander = poster = deaf = bomber = hog = maker = None
     try:
         os.chmod(open_folder / "envd.sock", 0o777)  # the other uid can open it
         bystander = Bystander(daemon)
@@ -99,8 +132,16 @@ def test_a_combined_attack_stays_within_the_documented_bounds(open_folder):
         # 2: the client that never reads, with large-reply sessions
         deaf = Deaf(daemon.endpoint)
         deaf.ok({"type": "hello", "version": protocol.PROTOCOL_VERSION})
-        snakes = [deaf.ok({"type": "make", "env_id": "Snake-v0", "num_envs": 200,
-                           "seed": k})["session"] for k in range(2)]
+        snake_makes = [deaf.ok({"type": "make", "env_id": "Snake-v0", "num_envs": 200,
+                                "seed": k}) for k in range(2)]
+        snakes = [made["session"] for made in snake_makes]
+        deaf_segments = [made["shm"]["name"].lstrip("/") for made in snake_makes]
+        # 6 and 7: raw connections of the daemon's own uid, and the
+        # bystander's second client (connected before the flood takes the slots)
+        bomber, hog = Deaf(daemon.endpoint), Deaf(daemon.endpoint)
+        maker = daemon.connect(timeout=DEADLINE)
+        for raw in (bomber, hog):
+            raw.ok({"type": "hello", "version": protocol.PROTOCOL_VERSION})
         baseline = peak_rss(daemon.pid)
         bound = memory_bound(baseline)
 
@@ -109,6 +150,26 @@ def test_a_combined_attack_stays_within_the_documented_bounds(open_folder):
         stepper = Stepper(bystander)
         stepper.start()
         outcomes: dict[str, object] = {}
+
+        # 7 first (the flood below may leave a make short of file descriptors,
+        # a refusal of its own): the hog's makes hang for the whole attack
+        for _ in range(1 + QUEUED_OPS + 3):
+            hog.post({"type": "make", "env_id": "py:" + HANGING, "num_envs": 2,
+                      "num_workers": 1})
+        refusals = []
+        for _ in range(3):  # the makes beyond the queue are refused at once
+            assert hog.socket.poll(DEADLINE * 1000), "no refusal"
+            refusals.append(msgpack.unpackb(hog.socket.recv(), raw=False))
+        assert [r["code"] for r in refusals] == ["limit_exceeded"] * 3, refusals
+        assert all("--max-queued-ops" in r["message"] for r in refusals), refusals
+        (row,) = [r for r in maker.status()["operations"]["clients"]
+                  if r["client"] == hog.socket.getsockopt(zmq.ROUTING_ID).hex()[:8]]
+        assert (row["running"], row["queued"], row["refused"]) == (1, QUEUED_OPS, 3), row
+        with maker.make("CartPole-v1", 4, seed=7) as env:  # meanwhile, a bystander's make
+            local = envd.make("CartPole-v1", 4, seed=7)
+            assert env.reset()[0].tobytes() == local.reset()[0].tobytes()
+            local.close()
+        assert not hog.socket.poll(0), "the hog's first make ended"
 
         def refused_peer() -> None:  # 1
             done = as_user(uid, other_user_attack(), str(open_folder / "envd.sock"))
@@ -132,8 +193,17 @@ def test_a_combined_attack_stays_within_the_documented_bounds(open_folder):
         def floods() -> None:  # 5
             held.extend(flood(socket.AF_UNIX, daemon.endpoint[len("ipc://"):], 200))
 
+        def bombs() -> None:  # 6
+            codes = []
+            for _ in range(10):
+                for bomb in header_bombs():
+                    bomber.socket.send(bomb)
+                    assert bomber.socket.poll(DEADLINE * 1000), "no reply to a header bomb"
+                    codes.append(msgpack.unpackb(bomber.socket.recv(), raw=False)["code"])
+            outcomes["header bombs"] = codes
+
         attackers = [threading.Thread(target=f, daemon=True)
-                     for f in (refused_peer, never_reads, posts, floods)]
+                     for f in (refused_peer, never_reads, posts, floods, bombs)]
         for attacker in attackers:
             attacker.start()
         for attacker in attackers:
@@ -156,17 +226,18 @@ def test_a_combined_attack_stays_within_the_documented_bounds(open_folder):
         assert steps > 0
         assert outcomes["refused peer"][1] == "True", outcomes  # hung up on
         assert "posting took" in outcomes, "the posting client lost a reply"
+        assert outcomes["header bombs"] == ["bad_request"] * 30, outcomes["header bombs"]
+        assert not hog.socket.poll(0), "the hog's first make ended"  # (it hangs throughout)
         assert peak <= bound, f"peak RSS {peak / MiB:.0f} MiB over the bound {bound / MiB:.0f}"
         assert highest_fds < FD_LIMIT
-        # the deaf client is gone with its sessions: what is left is the
-        # bystander's two and the poster's one
-        wait_until(lambda: len(segments_of(daemon.pid)) == 3,
+        # the deaf client is gone with its sessions
+        wait_until(lambda: not set(deaf_segments) & set(segments_of(daemon.pid)),
                    what="the dropped client's segments to go")
         bystander.check()
     finally:
         for sock in held:
             sock.close()
-        for closer in (deaf, poster, bystander):
+        for closer in (deaf, poster, bystander, bomber, hog, maker):
             if closer is not None:
                 closer.close()
-        daemon.stop()
+        daemon.stop()  # (the hog's hung makes: killed after the drain's grace)

@@ -278,7 +278,9 @@ def test_max_requests_per_second(tmp_path, monkeypatch):
     # took 20 s to serve them (the bucket refills at the rate meanwhile),
     # and the bound checked is computed from the time they really took.
     rate, burst = 5, 100
-    proc = start_daemon(tmp_path / "rate", "--max-requests-per-second", str(rate))
+    # (a queue of operations long enough that only the rate refuses makes)
+    proc = start_daemon(tmp_path / "rate", "--max-requests-per-second", str(rate),
+                        "--max-queued-ops", "256")
     context = zmq.Context()
     attacker, bystander = Raw(context, proc.endpoint), None
     try:

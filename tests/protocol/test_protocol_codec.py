@@ -196,15 +196,127 @@ def test_unpack_rejects_garbage(frame):
     assert "msgpack" in message and "Traceback" not in message
 
 
-def test_unpack_bounds_every_container():
+def test_unpack_bounds_the_frame_and_every_container():
     header = {"type": "status", "id": 1, "x": "a" * 100}
-    assert protocol.unpack(protocol.pack(header), 100) == header
-    with pytest.raises(protocol.BadRequest):
-        protocol.unpack(protocol.pack(header), 99)
+    frame = protocol.pack(header)
+    assert protocol.unpack(frame, len(frame)) == header
+    with pytest.raises(protocol.BadRequest) as info:
+        protocol.unpack(frame, len(frame) - 1)
+    assert info.value.error_code == "bad_request" and "--max-header-bytes" in str(info.value)
     with pytest.raises(protocol.BadRequest):
         protocol.unpack(protocol.pack({"x": list(range(50))}), 49)
     with pytest.raises(protocol.BadRequest):
         protocol.unpack(protocol.pack({"x": b"b" * 50}), 49)
+
+
+def _nested(depth: int) -> bytes:
+    """A map whose value is depth - 1 arrays nested in each other."""
+    return b"\x81\xa1x" + b"\x91" * (depth - 2) + b"\x90"
+
+
+def test_the_scan_bounds_nesting_before_decoding():
+    value = protocol.unpack(_nested(32), BIG)["x"]
+    for _ in range(30):
+        assert len(value) == 1
+        value = value[0]
+    assert value == []
+    with pytest.raises(protocol.BadRequest) as info:
+        protocol.unpack(_nested(33), BIG)
+    assert info.value.error_code == "bad_request" and "deeper than 32" in str(info.value)
+    # 16- and 32-bit arrays and maps count too, and so do maps' values
+    wide = b"\x81\xa1x" + b"\xdc\x00\x01" * 31 + b"\xde\x00\x01\xa1k\x90"
+    with pytest.raises(protocol.BadRequest, match="deeper than 32"):
+        protocol.unpack(wide, BIG)
+    assert protocol.unpack(b"\x81\xa1x" + b"\xdc\x00\x01" * 30 + b"\x90", BIG)
+
+
+def test_the_scan_bounds_the_object_count():
+    frame = protocol.pack({"x": [0] * 1000})
+    assert protocol.unpack(frame, BIG, max_objects=1003)
+    with pytest.raises(protocol.BadRequest, match="more than 1002 msgpack objects"):
+        protocol.unpack(frame, BIG, max_objects=1002)
+    # by default a header holds at most one object per 8 bytes
+    frame = protocol.pack({"x": [None] * 2000})
+    with pytest.raises(protocol.BadRequest, match="objects"):
+        protocol.unpack(frame, 8 * 1000)
+
+
+@pytest.mark.parametrize("frame", [
+    b"\x81\xa1x\xdd\x00\x00\x00\x05\x90",  # claims more items than bytes
+    b"\x81\xa1x\xc7\x01\x01x",  # ext 8
+    b"\x81\xa1x\xd4\x01\x01",  # fixext 1
+    b"\x81\xa1x\xda\xff",  # a str16 whose length is cut
+], ids=lambda f: f.hex())
+def test_the_scan_refuses_what_msgpack_would(frame):
+    with pytest.raises(protocol.BadRequest, match="msgpack"):
+        protocol.unpack(frame, BIG)
+    with pytest.raises(protocol.BadRequest, match="msgpack"):
+        protocol.scan(frame, 32, 1000)
+
+
+#: Units a hostile header repeats: (msgpack bytes, objects in them).
+_UNITS = {"empty arrays": (b"\x90", 1), "empty maps": (b"\x80", 1),
+          "one-entry maps": (b"\x81\xa0\x00", 3), "floats": (b"\xcb" + bytes(8), 1),
+          "short strs": (b"\xa2ab", 1), "ints": (b"\xcd\x10\x00", 1),
+          "one-item arrays": (b"\x91\x90", 2)}
+
+
+def _hostile_headers(cap: int) -> dict[str, bytes]:
+    """Headers of at most cap bytes built to decode to as much as they may:
+    an array of as many units as the bytes and the object count allow."""
+    objects = cap // protocol.HEADER_BYTES_PER_OBJECT - 3  # (the map, its key, the array)
+    frames = {}
+    for name, (unit, count) in _UNITS.items():
+        n = min((cap - 16) // len(unit), objects // count)
+        frames[name] = b"\x81\xa1x\xdd" + n.to_bytes(4, "big") + unit * n
+    frames["nested maps"] = b"\x81\xa1x" + b"\x81\xa0" * 30 + b"\x90"  # 32 deep
+    frames["one str"] = protocol.pack({"x": "y" * (cap - 16)})
+    return frames
+
+
+@pytest.mark.parametrize("name", list(_hostile_headers(1024)))
+def test_what_a_header_at_the_cap_decodes_to_is_bounded(name):
+    """SECURITY.md: decoding a header of at most H bytes allocates under 100 H
+    (whatever it holds: the scan refuses what would be more)."""
+    import tracemalloc
+    cap = protocol.DEFAULT_MAX_HEADER_BYTES
+    frame = _hostile_headers(cap)[name]
+    assert len(frame) <= cap
+    tracemalloc.start()
+    try:
+        header = protocol.unpack(frame, cap)  # within the bounds: decoded
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    del header
+    assert peak <= 100 * cap, f"{name}: {peak} bytes decoded from {len(frame)}"
+
+
+def test_the_client_decodes_what_the_daemon_sends():
+    """Replies carry spaces whose bounds are nested lists (an object per
+    element) and nest deeper than requests: unpack_reply takes them."""
+    space = spaces.Dict({"a": spaces.Dict({"b": spaces.Dict({"c": spaces.Box(
+        0, 255, (84, 84, 3), np.uint8)})})})
+    reply = {"id": 1, "ok": True, "observation_space": protocol.space_to_wire(space)}
+    assert protocol.unpack_reply(protocol.pack(reply)) == reply
+    with pytest.raises(errors.ProtocolError, match="deeper than 64"):
+        protocol.unpack_reply(_nested(65))
+
+
+def test_per_env_lists_round_trip_through_data_frames():
+    blobs: list[bytes] = []
+    values = [[True, False], [1, 2, 3], [2**63, 1], [0.5, 1.5], np.arange(4, dtype=np.int32),
+              np.array([1.25], np.float32), ["a", "b"], [1, 2.0], 7, [], None]
+    refs = [protocol.list_to_blob(v, blobs) for v in values]
+    assert [isinstance(r, dict) for r in refs] == [True] * 6 + [False] * 5
+    assert len(blobs) == 6
+    used: set[int] = set()
+    back = [protocol.list_from_blob(r, blobs, used) for r in refs]
+    assert back[:6] == [[True, False], [1, 2, 3], [2**63, 1], [0.5, 1.5], [0, 1, 2, 3], [1.25]]
+    assert type(back[0][0]) is bool and type(back[1][0]) is int
+    assert back[6:] == [["a", "b"], [1, 2.0], 7, [], None] and used == set(range(6))
+    with pytest.raises(protocol.BadRequest, match="named twice"):
+        protocol.list_from_blob(refs[0], blobs, used)
 
 
 def test_unpack_keeps_str_and_bin_apart():

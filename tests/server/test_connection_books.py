@@ -2,6 +2,7 @@
 connection cap, the hello timeout and the binding of routing ids."""
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -148,3 +149,39 @@ def test_a_hosted_make_counts_its_memfd_and_a_pidfd_per_worker(monkeypatch):
     with pytest.raises(LimitExceededError, match="short of file descriptors"):
         daemon._check_fds(0, 1, 1)  # a hosted make in flight holds 1 + 2 + 1 (at most)
     daemon._check_fds(1, 0, 0)  # a native make: one fd
+
+
+def test_an_admitted_client_on_a_reused_fd_is_never_reaped():
+    """Issue 38 (the short-lived client lost mid-make in test_many_clients):
+    connection X on fd n closes before the monitor reports its accept, and
+    client A gets the same fd number.  X's late ACCEPTED then reads A's
+    socket inode, A's hello admits that peer, and X's DISCONNECTED removed
+    it with the admission; A's own ACCEPTED came in unadmitted, and a client
+    silent on its request socket past --hello-timeout (waiting for a long
+    make; its heartbeats use another connection) was shut down mid-make."""
+    books = Connections(max_connections=8, hello_timeout=0.05)
+    x, x_peer = pair()
+    a, a_peer = pair()
+    fd = x.fileno()
+    try:
+        x.detach()  # X is gone; A's socket takes its fd number, as libzmq's accept would
+        os.close(fd)
+        os.dup2(a.fileno(), fd)
+        books.accepted(fd)                      # X's ACCEPTED, reported late
+        assert books.message(fd, b"\x01client-A")  # A's hello...
+        assert not books.admitted(fd)
+        books.admit(fd)                         # ...admits it
+        books.disconnected(fd)                  # X's DISCONNECTED
+        books.accepted(fd)                      # A's ACCEPTED
+        time.sleep(0.1)                         # past --hello-timeout, A silent (a long make)
+        books.reap()
+        assert books.reaped == 0 and books.admitted(fd)
+        a_peer.settimeout(0.05)
+        try:
+            assert a_peer.recv(1) != b""        # no hang-up
+        except socket.timeout:
+            pass                                # (nothing: the connection is alive)
+    finally:
+        os.close(fd)
+        for sock in (x_peer, a, a_peer):
+            sock.close()
