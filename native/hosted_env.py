@@ -75,12 +75,15 @@ def check_space(space: spaces.Space, what: str, env_name: str) -> None:
 
 
 def hosted_buffer_layout(observation_space: spaces.Space, action_space: spaces.Space,
-                         num_envs: int, mode: AutoresetMode, info_bytes: int
+                         num_envs: int, mode: AutoresetMode, info_bytes: int,
+                         info_columns: Sequence[tuple[str, str]] = ()
                          ) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
     """A hosted session's batch buffers: buffer_layout with float64 rewards
-    (as gymnasium's vector envs) and info slots of info_bytes per env."""
+    (as gymnasium's vector envs), info slots of info_bytes per env and,
+    with info slots, the info columns ((key, dtype str) pairs)."""
     return buffer_layout(observation_space, action_space, num_envs, mode,
-                         reward_dtype=np.float64, info_bytes=info_bytes)
+                         reward_dtype=np.float64, info_bytes=info_bytes,
+                         info_columns=info_columns if info_bytes else ())
 
 
 class HostedVecEnv(BatchedVecEnv):
@@ -97,8 +100,10 @@ class HostedVecEnv(BatchedVecEnv):
                          batch_size)
         self.envd_spec = spec
         self.num_workers = num_workers
+        # (in the caller's process an info is never encoded: no columns)
         buffers = hosted_buffer_layout(spec.observation_space, spec.action_space, num_envs,
-                                       autoreset_mode, info_bytes)
+                                       autoreset_mode, info_bytes,
+                                       spec.info_columns if num_workers else ())
         layout, size = segment_layout(num_envs, num_workers, buffers)
         segment, fd = Segment.create(layout, size)
         try:
@@ -113,6 +118,8 @@ class HostedVecEnv(BatchedVecEnv):
         finally:
             os.close(fd)  # the workers have theirs
         self._stepper = self._session
+        if self._session._slice is not None:
+            self._inline_infos = self._session._slice.inline_infos
         seeds = seed_list(np.random.SeedSequence().entropy % 2**63 if seed is None else seed,
                           num_envs)
         self._buffers["reset_seeds"][...] = seeds
@@ -205,7 +212,8 @@ def make_python(env: str | Callable[[], gymnasium.Env], num_envs: int, *,
     if num_workers is None:
         num_workers = default_num_workers(num_envs, described["step_seconds"])
     spec = HostedSpec(name, described["observation_space"], described["action_space"],
-                      max_episode_steps or described["max_episode_steps"])
+                      max_episode_steps or described["max_episode_steps"],
+                      info_columns=described["info_columns"])
     return HostedVecEnv(spec, num_envs, maker=maker, num_workers=num_workers, seed=seed,
                         autoreset_mode=mode, copy=copy, episode_statistics=episode_statistics,
                         batch_size=batch_size, info_bytes=info_bytes)

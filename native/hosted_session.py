@@ -48,6 +48,9 @@ class HostedSpec:
     action_space: spaces.Space
     max_episode_steps: int | None
     render_shape: tuple[int, ...] | None = None
+    #: the info columns of its workers' segment: (key, dtype str), see
+    #: envd.vector_base.INFO_COLUMN_PREFIX (none: every info is encoded)
+    info_columns: tuple[tuple[str, str], ...] = ()
 
 
 def slice_bounds(num_envs: int, num_workers: int, worker: int) -> tuple[int, int]:
@@ -147,7 +150,8 @@ class HostedSession(NativeSession):
         self._checked = {**buffers, "actions": buffers["checked_actions"]}
         try:
             if num_workers == 0:
-                self._slice = EnvSlice(_maker(maker), 0, num_envs, segment, 0, autoreset_mode)
+                self._slice = EnvSlice(_maker(maker), 0, num_envs, segment, 0, autoreset_mode,
+                                       inline=True)
             else:
                 self._spawn(template, maker, fd, autoreset_mode, notify_fd)
             self._create_backend()

@@ -17,3 +17,5 @@ gymnasium.register("envd-test/HangingReset-v0", entry_point="envs:HangingEnv",
                    kwargs={"fail_seed": 0, "at_step": 0})
 gymnasium.register("envd-test/HangingMake-v0", entry_point="envs:HangingMakeEnv")
 gymnasium.register("envd-test/SlowClose-v0", entry_point="envs:SlowCloseEnv")
+gymnasium.register("envd-test/ColumnInfo-v0", entry_point="envs:ColumnInfoEnv",
+                   max_episode_steps=20)
