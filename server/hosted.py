@@ -81,6 +81,9 @@ class HostedEnvSpec:
     #: agents per env as the trainer sees them (a "pz:" env's possible
     #: agents, rows of its client's view; the segment has one adapter row)
     agents: int = 1
+    #: the info columns its sessions' segments carry (native/hosted_worker.py
+    #: info_columns, as the template's description found them)
+    info_columns: tuple = ()
 
     def maker(self, max_episode_steps: int | None) -> tuple:
         """The template's description of how to make one env
@@ -99,7 +102,7 @@ def private_plan(spec: HostedEnvSpec, num_envs: int, num_workers: int,
                  mode: AutoresetMode, info_bytes: int) -> tuple[dict, int]:
     """The layout and size of a hosted session's private segment."""
     buffers = hosted_buffer_layout(spec.observation_space, spec.action_space, num_envs, mode,
-                                   info_bytes)
+                                   info_bytes, spec.info_columns)
     return segment_layout(num_envs, num_workers, buffers)
 
 
@@ -109,7 +112,7 @@ def public_plan(spec: HostedEnvSpec, num_envs: int, mode: AutoresetMode,
     size (what --max-shm-bytes counts): the hosted buffers (one per
     observation leaf, float64 rewards, the info slots) plus the doorbell ids."""
     layout = hosted_buffer_layout(spec.observation_space, spec.action_space, num_envs, mode,
-                                  info_bytes)
+                                  info_bytes, spec.info_columns)
     layout["doorbell_ids"] = ((num_envs,), np.dtype(np.int64))  # protocol.DOORBELL_ARRAYS
     return plan(layout)
 
@@ -164,7 +167,8 @@ class HostedCatalog:
             raise ValueError(f"--python-env {gym_id}: {exc}") from None
         return HostedEnvSpec(name, gym_id, described["observation_space"],
                              described["action_space"], described["max_episode_steps"],
-                             described["step_seconds"])
+                             described["step_seconds"],
+                             info_columns=described["info_columns"])
 
     def _describe_pettingzoo(self, env_id: str) -> HostedEnvSpec:
         """A "pz:<module>:<factory>" id: its ParallelAsEnv adapter, made once in

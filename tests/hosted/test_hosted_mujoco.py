@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 
 import gymnasium as gym
+import numpy as np
 import pytest
 from equivalence import MODES, compare_runs
 from envs import DAEMON_ENV
@@ -55,3 +56,14 @@ def client(tmp_path_factory):
 def test_through_the_daemon(client, env_id, num_workers, fast_path):
     make = functools.partial(client.make, transport="shm", fast_path=fast_path)
     _run(make, env_id, num_workers, "next_step")
+
+
+def test_the_daemon_carries_the_info_columns(client):
+    """The daemon's sessions carry HalfCheetah's step infos as columns in the
+    client's segment (counted in its size), not as encoded slots."""
+    with client.make("py:HalfCheetah-v5", 2, seed=0, num_workers=1, transport="shm") as env:
+        assert {"info_column.x_position", "info_in_columns"} <= set(env._buffers)
+        env.reset()
+        info = env.step(env.action_space.sample())[4]
+        assert env._buffers["info_in_columns"].all() and not env._buffers["info_lengths"].any()
+        assert info["x_position"].dtype == np.float64 and info["_x_position"].all()
