@@ -12,6 +12,7 @@ worker count.
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any, Callable, Sequence
 
 import cloudpickle
@@ -21,6 +22,7 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
 from envd import leaves
+from envd.cpus import usable_cpus
 from envd.errors import NATIVE_CODES, EnvError, InvalidArgumentError, UnknownEnvError
 from envd.native.hosted_segment import Segment, segment_layout
 from envd.native.hosted_session import HostedSession, HostedSpec
@@ -50,10 +52,10 @@ def default_num_workers(num_envs: int, step_seconds: float, cpus: int | None = N
     costs step_seconds (native/step_cost.py measures one env when it is
     described): 0 (step in the caller) when a step of all of them costs
     under PARALLEL_MIN_STEP_SECONDS, or with one usable CPU (`cpus`, default
-    this process's affinity); else one worker per usable CPU, at most
-    num_envs."""
+    envd.cpus.usable_cpus: the affinity within the cgroup quota); else one
+    worker per usable CPU, at most num_envs."""
     if cpus is None:
-        cpus = len(os.sched_getaffinity(0))
+        cpus = usable_cpus()
     if cpus < 2 or num_envs < 2 or num_envs * step_seconds < PARALLEL_MIN_STEP_SECONDS:
         return 0
     return min(cpus, num_envs)
@@ -100,10 +102,8 @@ class HostedVecEnv(BatchedVecEnv):
                          batch_size)
         self.envd_spec = spec
         self.num_workers = num_workers
-        # (in the caller's process an info is never encoded: no columns)
         buffers = hosted_buffer_layout(spec.observation_space, spec.action_space, num_envs,
-                                       autoreset_mode, info_bytes,
-                                       spec.info_columns if num_workers else ())
+                                       autoreset_mode, info_bytes, spec.info_columns)
         layout, size = segment_layout(num_envs, num_workers, buffers)
         segment, fd = Segment.create(layout, size)
         try:
@@ -211,6 +211,9 @@ def make_python(env: str | Callable[[], gymnasium.Env], num_envs: int, *,
         check_space(described[f"{what}_space"], what, name)
     if num_workers is None:
         num_workers = default_num_workers(num_envs, described["step_seconds"])
+    elif num_workers > (cpus := usable_cpus()):
+        warnings.warn(f"{name}: num_workers={num_workers} is more than the {cpus} CPUs this "
+                      "process may use; the workers will take turns", stacklevel=3)
     spec = HostedSpec(name, described["observation_space"], described["action_space"],
                       max_episode_steps or described["max_episode_steps"],
                       info_columns=described["info_columns"])

@@ -39,6 +39,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from envd import info_codec, leaves
+from envd.cpus import usable_cpus
 from envd.errors import NATIVE_CODES
 from envd.native._envd_native import lib
 from envd.native.hosted_segment import Segment
@@ -56,9 +57,11 @@ SPIN_NS = 1_000
 
 def spin_ns(num_workers: int) -> int:
     """The spin of a session's parent and workers: SPIN_NS while the workers
-    and the parent fit the usable CPUs, else 0 (more spinners than CPUs
-    would take the CPU from the process that has work: DESIGN.md section 6)."""
-    return SPIN_NS if num_workers + 1 <= len(os.sched_getaffinity(0)) else 0
+    and the parent fit the usable CPUs (envd.cpus: affinity and cgroup
+    quota), else 0: they sleep on the futex at once (more spinners than
+    CPUs would take the CPU from the process that has work: DESIGN.md
+    section 6)."""
+    return SPIN_NS if num_workers + 1 <= usable_cpus() else 0
 
 
 #: An int goes in an int64 column only inside its range.
@@ -228,9 +231,10 @@ class EnvSlice:
         """Env i's (the slice's k-th) info (and a SAME_STEP done env's final
         step info) as the outputs after the step's: (slot length[, in
         columns, column values...]).  Its row of the columns when it has
-        exactly their keys with their types (and no final info), else its
-        slot, msgpack-encoded (length 0: nothing to say); in the caller's
-        process the dicts themselves, in inline_infos (length 1: something)."""
+        exactly their keys with their types (and no final info: the merge
+        then batches the columns at once, not env by env), else its slot,
+        msgpack-encoded (length 0: nothing to say); in the caller's process
+        the dicts themselves, in inline_infos (length 1: something)."""
         if self._columns and final_info is None and len(info) == len(self._columns):
             values = [info.get(key) for key, _, _, _ in self._columns]
             if self._fits_columns(values):
