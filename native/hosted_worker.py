@@ -64,6 +64,8 @@ def spin_ns(num_workers: int) -> int:
     return SPIN_NS if num_workers + 1 <= usable_cpus() else 0
 
 
+#: A step's episode statistics when its episode goes on.
+_NO_STATS = (0.0, 0, 0.0)
 #: An int goes in an int64 column only inside its range.
 _INT_BOUND = 1 << 63
 
@@ -207,6 +209,8 @@ class EnvSlice:
             self.close()
             raise
         self._obs = self._leaf_buffers(a, "observations")
+        # (one buffer: written directly, the common case)
+        self._single_obs = self._obs[0] if len(self._obs) == 1 else None
         self._final_obs = (self._leaf_buffers(a, "final_observations")
                            if autoreset_mode is AutoresetMode.SAME_STEP else None)
         self._composite_actions = (self._action_space is not None
@@ -310,7 +314,12 @@ class EnvSlice:
             rows = (slice(stepped[0], stepped[-1] + 1)
                     if stepped[-1] - stepped[0] + 1 == len(stepped) else stepped)
             for buffer, column in zip(self._outputs, zip(*results)):
-                buffer[rows] = column
+                # (a column of one value, most are: zeros of the statistics and
+                # the info lengths, False flags, ...: a fill is 3x cheaper)
+                if buffer.ndim == 1 and column.count(column[0]) == len(column):
+                    buffer[rows] = column[0]
+                else:
+                    buffer[rows] = column
         rows = slice(b + int(pending[0]), b + int(pending[-1]) + 1) \
             if len(pending) == pending[-1] - pending[0] + 1 else ids
         lib.envd_worker_fence()  # the outputs before the acks (backend_workers.h)
@@ -363,7 +372,7 @@ class EnvSlice:
             self._ep_return[k] += float(reward)
             self._ep_length[k] += 1
         done = bool(term or trunc)
-        stats = (0.0, 0, 0.0)
+        stats = _NO_STATS
         final_info = None
         if done:
             stats = (self._ep_return[k], self._ep_length[k],
@@ -374,7 +383,10 @@ class EnvSlice:
                 final_info = info
                 obs, info = env.reset()
                 self._begin_episode(k)
-        self._write_obs(self._obs, i, obs)
+        if self._single_obs is not None:
+            self._single_obs[i] = obs
+        else:
+            self._write_obs(self._obs, i, obs)
         if self._info_lengths is None:
             return (reward, term, trunc, done, *stats)
         return (reward, term, trunc, done, *stats, *self._info_outputs(i, k, info, final_info))

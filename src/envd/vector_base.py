@@ -668,25 +668,60 @@ class BatchedVecEnv(VectorEnv):
             return
         if not lengths.any() and (in_columns is None or not in_columns.any()):
             return
-        rows = np.flatnonzero(lengths if in_columns is None else (lengths != 0) | in_columns)
+        # The envs whose info is not in the columns, merged env by env; then
+        # the columns' envs at once, over them (_merge_columns).
+        slotted = lengths != 0 if in_columns is None else (lengths != 0) & ~in_columns
         merger = _InfoMerger(len(lengths))
         infos: dict[str, Any] = {}
         finals: dict[str, Any] = {}
+        payloads: dict[int, dict] = {}
         inline = self._inline_infos
-        for k in rows.tolist():
-            if in_columns is not None and in_columns[k]:
-                payload = [{key: kind(out[name][k]) for key, name, kind
-                            in self._info_column_types}]
-            elif inline is not None:
+        for k in np.flatnonzero(slotted).tolist():
+            if inline is not None:
                 payload = inline[k if env_ids is None else int(env_ids[k])]
             else:
                 payload = info_codec.decode(out[INFO_SLOTS][k, :int(lengths[k])].tobytes())
+            payloads[k] = payload[0]
             infos = merger._add_info(infos, payload[0], k)
             if len(payload) > 1:
                 finals = merger._add_info(finals, payload[1], k)
+        if in_columns is not None and in_columns.any():
+            self._merge_columns(infos, out, in_columns, payloads)
         if finals:  # (its mask "_final_info", the dones, is set with final_obs)
             info["final_info"] = finals
         info.update(infos)
+
+    def _merge_columns(self, infos: dict[str, Any], out: dict[str, np.ndarray],
+                       rows: np.ndarray, payloads: dict[int, dict]) -> None:
+        """Add the rows (a bool mask) whose info is their columns' to infos,
+        which holds the other envs' (payloads: row -> its info) merged: the
+        same dict as _add_info of every env in row order.  A key's array
+        takes the type of the first env that has it (gymnasium's rule): the
+        column's when that env is a column row, else the other env's, the
+        column values cast into it."""
+        first = int(np.argmax(rows))
+        for key, name, kind in self._info_column_types:
+            column = out[name]
+            mask = infos.get("_" + key)
+            if mask is None or first < int(np.argmax(mask)):
+                array = np.zeros_like(column)
+                array[rows] = column[rows]
+                if mask is not None:  # (the other envs' values, cast as _add_info casts them)
+                    for k in np.flatnonzero(mask).tolist():
+                        array[k] = payloads[k][key]
+                    mask = mask | rows
+                else:
+                    mask = rows.copy()
+            else:
+                array = infos[key]
+                if not isinstance(array, np.ndarray) or array.dtype == object:
+                    # (the values themselves, as _add_info keeps them)
+                    for k in np.flatnonzero(rows).tolist():
+                        array[k] = kind(column[k])
+                else:
+                    array[rows] = column[rows]
+                mask = mask | rows
+            infos[key], infos["_" + key] = array, mask
 
     def _reset_mask(self, options: dict[str, Any] | None) -> np.ndarray | None:
         if options is not None and not isinstance(options, dict):
