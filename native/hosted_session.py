@@ -21,6 +21,7 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
 from envd import leaves
+from envd.cpus import usable_cpus
 from envd.errors import EnvError, InvalidArgumentError, NativeError
 from envd.native._envd_native import ffi, lib
 from envd.native.hosted_segment import WORKER_FAILED, WORKER_READY, Segment
@@ -299,10 +300,16 @@ class HostedSession(NativeSession):
 
     def start_doorbell(self, segment, ids: np.ndarray, spin_ns: int) -> None:
         """As NativeSession's; only with client buffers (the daemon's
-        sessions): the doorbell's segment is the client's."""
+        sessions): the doorbell's segment is the client's.  Its serving
+        thread spins for the next request only while it, the workers and
+        the trainer fit the usable CPUs (envd.cpus), else it sleeps on the
+        futex at once: a spinning serving thread would take the CPU of a
+        worker stepping envs sent earlier."""
         if self._client_buffers is None:
             raise InvalidArgumentError(f"{self.spec.id}: an in-process hosted env has no "
                                        "doorbell")
+        if self.num_workers + 2 > usable_cpus():
+            spin_ns = 0
         super().start_doorbell(segment, ids, spin_ns)
 
     # ---- close ---------------------------------------------------------------------

@@ -67,3 +67,13 @@ def test_the_daemon_carries_the_info_columns(client):
         info = env.step(env.action_space.sample())[4]
         assert env._buffers["info_in_columns"].all() and not env._buffers["info_lengths"].any()
         assert info["x_position"].dtype == np.float64 and info["_x_position"].all()
+
+
+def test_rgb_array_is_refused_clearly():
+    """MuJoCo's rgb_array is not hosted yet: a clear refusal, not a crash."""
+    with pytest.raises(envd.InvalidArgumentError, match="render_mode: for built-in envs only"):
+        envd.make("py:HalfCheetah-v5", 2, render_mode="rgb_array", num_workers=0)
+    with envd.make("py:HalfCheetah-v5", 2, num_workers=0) as env:
+        env.reset()
+        with pytest.raises(envd.EnvStateError, match="made without a render mode"):
+            env.render()
