@@ -180,6 +180,7 @@ class EnvSlice:
                           a[name].dtype, a[name].shape[1:])
                          for name in a if name.startswith(INFO_COLUMN_PREFIX)]
         self._array_columns = any(shape for _, _, _, shape in self._columns)
+        self._int_columns = any(int in types for _, types, _, _ in self._columns)
         # (an env whose info is not in the columns: zeros of each column's row shape)
         self._no_columns = ((False, *(np.zeros(shape, dtype) for _, _, dtype, shape
                                       in self._columns)) if self._columns else ())
@@ -239,7 +240,8 @@ class EnvSlice:
         then batches the columns at once, not env by env), else its slot,
         msgpack-encoded (length 0: nothing to say); in the caller's process
         the dicts themselves, in inline_infos (length 1: something)."""
-        if self._columns and final_info is None and len(info) == len(self._columns):
+        if (self._columns and final_info is None and info.__class__ is dict
+                and len(info) == len(self._columns)):
             values = [info.get(key) for key, _, _, _ in self._columns]
             if self._fits_columns(values):
                 return (0, True, *values)
@@ -273,7 +275,8 @@ class EnvSlice:
         elif not all(type(value) in types
                      for value, (_, types, _, _) in zip(values, self._columns)):
             return False
-        return all(-_INT_BOUND <= value < _INT_BOUND for value in values if type(value) is int)
+        return not self._int_columns or all(-_INT_BOUND <= value < _INT_BOUND
+                                            for value in values if type(value) is int)
 
     def run_pending(self) -> None:
         """Run every requested env of the slice, then ack them.  A step's
