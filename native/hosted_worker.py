@@ -46,6 +46,7 @@ from envd.native.hosted_segment import Segment
 from envd.vector_base import INFO_COLUMN_PREFIX, INFO_IN_COLUMNS
 
 EENV, ESTATE = NATIVE_CODES["EENV"], NATIVE_CODES["ESTATE"]
+RESET = lib.ENVD_HOSTED_RESET
 
 #: How long the parent and the workers spin for each other before they sleep
 #: on the futex, when there is a CPU for every spinner (spin_ns()).  Short:
@@ -184,6 +185,7 @@ class EnvSlice:
         # (an env whose info is not in the columns: zeros of each column's row shape)
         self._no_columns = ((False, *(np.zeros(shape, dtype) for _, _, dtype, shape
                                       in self._columns)) if self._columns else ())
+        self._no_info = (0, *self._no_columns)
         self._outputs = [a[name] for name in (
             "rewards", "terminations", "truncations", "dones", "episode_returns",
             "episode_lengths", "episode_times")]
@@ -246,9 +248,7 @@ class EnvSlice:
             if self._fits_columns(values):
                 return (0, True, *values)
         if not (info or final_info):
-            if self.inline_infos is not None:
-                self.inline_infos[k] = None
-            return (0, *self._no_columns)
+            return self._no_info  # (length 0: an inline env's old dict is never read)
         if self.inline_infos is not None:
             self.inline_infos[k] = [info, final_info] if final_info else [info]
             return (1, *self._no_columns)
@@ -290,19 +290,20 @@ class EnvSlice:
         # The req words above before the inputs below (kind, seeds, actions):
         # the parent wrote those before its release store of req.
         lib.envd_worker_acquire()
-        ids = pending + b
+        # (every env of the slice, a whole step: slices, no index arrays)
+        ids = slice(b, e) if len(pending) == e - b else pending + b
         kinds = self._kind[ids].tolist()
-        actions = self._actions[ids]  # (a copy: rows stay valid for the env)
+        actions = self._actions[ids].copy()  # (rows stay valid for the env)
         if self._composite_actions:  # the leaves of each row, as the env's space has them
             views = leaves.leaf_views(self._action_space, actions)
             actions = [leaves.unflatten(self._action_space, [view[j] for view in views])
-                       for j in range(len(ids))]
+                       for j in range(len(kinds))]
         stepped: list[int] = []
         results: list[tuple] = []  # (reward, term, trunc, done, return, length, time[, info])
         for j, k in enumerate(pending.tolist()):
             i = b + k
             try:
-                if kinds[j] == lib.ENVD_HOSTED_RESET:
+                if kinds[j] == RESET:
                     self._reset(i, k)
                 else:
                     result = self._step(i, k, actions[j])
