@@ -78,11 +78,11 @@ def check_space(space: spaces.Space, what: str, env_name: str) -> None:
 
 def hosted_buffer_layout(observation_space: spaces.Space, action_space: spaces.Space,
                          num_envs: int, mode: AutoresetMode, info_bytes: int,
-                         info_columns: Sequence[tuple[str, str]] = ()
+                         info_columns: Sequence[tuple[str, str, tuple[int, ...]]] = ()
                          ) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
     """A hosted session's batch buffers: buffer_layout with float64 rewards
     (as gymnasium's vector envs), info slots of info_bytes per env and,
-    with info slots, the info columns ((key, dtype str) pairs)."""
+    with info slots, the info columns ((key, dtype str, shape))."""
     return buffer_layout(observation_space, action_space, num_envs, mode,
                          reward_dtype=np.float64, info_bytes=info_bytes,
                          info_columns=info_columns if info_bytes else ())

@@ -49,9 +49,9 @@ class HostedSpec:
     action_space: spaces.Space
     max_episode_steps: int | None
     render_shape: tuple[int, ...] | None = None
-    #: the info columns of its workers' segment: (key, dtype str), see
-    #: envd.vector_base.INFO_COLUMN_PREFIX (none: every info is encoded)
-    info_columns: tuple[tuple[str, str], ...] = ()
+    #: the info columns of its segment: (key, dtype str, shape of a value),
+    #: see envd.vector_base.INFO_COLUMN_PREFIX (none: every info is encoded)
+    info_columns: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
 
 
 def slice_bounds(num_envs: int, num_workers: int, worker: int) -> tuple[int, int]:

@@ -110,7 +110,8 @@ def public_plan(spec: HostedEnvSpec, num_envs: int, mode: AutoresetMode,
                 info_bytes: int) -> tuple[dict[str, list], int]:
     """Where a hosted session's arrays lie in the client's segment, and its
     size (what --max-shm-bytes counts): the hosted buffers (one per
-    observation leaf, float64 rewards, the info slots) plus the doorbell ids."""
+    observation leaf, float64 rewards, the info slots and columns) plus the
+    doorbell ids."""
     layout = hosted_buffer_layout(spec.observation_space, spec.action_space, num_envs, mode,
                                   info_bytes, spec.info_columns)
     layout["doorbell_ids"] = ((num_envs,), np.dtype(np.int64))  # protocol.DOORBELL_ARRAYS

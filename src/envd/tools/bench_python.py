@@ -368,11 +368,15 @@ def _envpool_run(env_id: str, n: int) -> SyncRun:
     try:
         import envpool
     except Exception as exc:  # noqa: BLE001  (ImportError, or a broken build)
-        raise Unavailable(f"envpool not installed (pip install envpool): {exc}") from None
+        raise Unavailable(f"envpool not installed (pip install 'envd-rl[bench]'): "
+                          f"{exc}") from None
     if env_id not in envpool.list_all_envs():
         raise Unavailable(f"envpool {envpool.__version__} has no {env_id}")
-    return SyncRun(envpool.make(env_id, env_type="gymnasium", num_envs=n, batch_size=n,
-                                num_threads=WORKERS, seed=0), n, envpool=True)
+    run = SyncRun(envpool.make(env_id, env_type="gymnasium", num_envs=n, batch_size=n,
+                               num_threads=WORKERS, seed=0), n, envpool=True)
+    # the same actions as every other system's, in EnvPool's action dtype
+    run.actions = env_actions(env_id, n).astype(run.actions.dtype)
+    return run
 
 
 def factories(env_id: str, n: int, client: Any) -> dict[str, Callable[[], Any]]:
