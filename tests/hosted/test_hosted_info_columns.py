@@ -94,3 +94,27 @@ def test_in_the_caller_any_info_is_carried_as_it_is():
         _, info = env.reset()
         assert info["handle"].dtype == object and all(info["_handle"])
         assert all(isinstance(h, ObjectInfoEnv) for h in info["handle"])
+
+
+def test_long_keys_get_no_columns():
+    assert info_columns([{"k" * 129: 1.0}] * 8) == ()
+    assert info_columns([{"k" * 128: 1.0}] * 8) == (("k" * 128, "<f8", ()),)
+
+
+def test_the_daemon_counts_the_columns_in_both_segments():
+    """A daemon session's columns are part of its client segment (what
+    --max-shm-bytes counts) and of its private one (--max-state-bytes)."""
+    import dataclasses
+
+    from gymnasium.vector import AutoresetMode
+
+    from envd.server.hosted import HostedEnvSpec, hosted_state_plan, public_plan
+    plain = HostedEnvSpec("py:X-v0", "X-v0", gym.spaces.Box(-1, 1, (3,)),
+                          gym.spaces.Discrete(2), None, 1e-6)
+    wide = dataclasses.replace(plain, info_columns=(("a", "<f8", (64,)),))
+    mode, n, column = AutoresetMode.NEXT_STEP, 1000, 1000 * 64 * 8
+    assert public_plan(wide, n, mode, 16)[1] >= public_plan(plain, n, mode, 16)[1] + column
+    assert hosted_state_plan(wide, n, 1, mode, 16) >= hosted_state_plan(plain, n, 1, mode, 16) \
+        + column
+    # (no info slots: no columns either)
+    assert public_plan(wide, n, mode, 0)[1] == public_plan(plain, n, mode, 0)[1]
