@@ -12,6 +12,7 @@ worker count.
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any, Callable, Sequence
 
 import cloudpickle
@@ -21,6 +22,7 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
 from envd import leaves
+from envd.cpus import usable_cpus
 from envd.errors import NATIVE_CODES, EnvError, InvalidArgumentError, UnknownEnvError
 from envd.native.hosted_segment import Segment, segment_layout
 from envd.native.hosted_session import HostedSession, HostedSpec
@@ -50,10 +52,10 @@ def default_num_workers(num_envs: int, step_seconds: float, cpus: int | None = N
     costs step_seconds (native/step_cost.py measures one env when it is
     described): 0 (step in the caller) when a step of all of them costs
     under PARALLEL_MIN_STEP_SECONDS, or with one usable CPU (`cpus`, default
-    this process's affinity); else one worker per usable CPU, at most
-    num_envs."""
+    envd.cpus.usable_cpus: the affinity within the cgroup quota); else one
+    worker per usable CPU, at most num_envs."""
     if cpus is None:
-        cpus = len(os.sched_getaffinity(0))
+        cpus = usable_cpus()
     if cpus < 2 or num_envs < 2 or num_envs * step_seconds < PARALLEL_MIN_STEP_SECONDS:
         return 0
     return min(cpus, num_envs)
@@ -75,12 +77,15 @@ def check_space(space: spaces.Space, what: str, env_name: str) -> None:
 
 
 def hosted_buffer_layout(observation_space: spaces.Space, action_space: spaces.Space,
-                         num_envs: int, mode: AutoresetMode, info_bytes: int
+                         num_envs: int, mode: AutoresetMode, info_bytes: int,
+                         info_columns: Sequence[tuple[str, str, tuple[int, ...]]] = ()
                          ) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
     """A hosted session's batch buffers: buffer_layout with float64 rewards
-    (as gymnasium's vector envs) and info slots of info_bytes per env."""
+    (as gymnasium's vector envs), info slots of info_bytes per env and,
+    with info slots, the info columns ((key, dtype str, shape))."""
     return buffer_layout(observation_space, action_space, num_envs, mode,
-                         reward_dtype=np.float64, info_bytes=info_bytes)
+                         reward_dtype=np.float64, info_bytes=info_bytes,
+                         info_columns=info_columns if info_bytes else ())
 
 
 class HostedVecEnv(BatchedVecEnv):
@@ -98,7 +103,7 @@ class HostedVecEnv(BatchedVecEnv):
         self.envd_spec = spec
         self.num_workers = num_workers
         buffers = hosted_buffer_layout(spec.observation_space, spec.action_space, num_envs,
-                                       autoreset_mode, info_bytes)
+                                       autoreset_mode, info_bytes, spec.info_columns)
         layout, size = segment_layout(num_envs, num_workers, buffers)
         segment, fd = Segment.create(layout, size)
         try:
@@ -113,6 +118,8 @@ class HostedVecEnv(BatchedVecEnv):
         finally:
             os.close(fd)  # the workers have theirs
         self._stepper = self._session
+        if self._session._slice is not None:
+            self._inline_infos = self._session._slice.inline_infos
         seeds = seed_list(np.random.SeedSequence().entropy % 2**63 if seed is None else seed,
                           num_envs)
         self._buffers["reset_seeds"][...] = seeds
@@ -204,8 +211,12 @@ def make_python(env: str | Callable[[], gymnasium.Env], num_envs: int, *,
         check_space(described[f"{what}_space"], what, name)
     if num_workers is None:
         num_workers = default_num_workers(num_envs, described["step_seconds"])
+    elif num_workers > (cpus := usable_cpus()):
+        warnings.warn(f"{name}: num_workers={num_workers} is more than the {cpus} CPUs this "
+                      "process may use; the workers will take turns", stacklevel=3)
     spec = HostedSpec(name, described["observation_space"], described["action_space"],
-                      max_episode_steps or described["max_episode_steps"])
+                      max_episode_steps or described["max_episode_steps"],
+                      info_columns=described["info_columns"])
     env = HostedVecEnv(spec, num_envs, maker=maker, num_workers=num_workers, seed=seed,
                        autoreset_mode=mode, copy=copy, episode_statistics=episode_statistics,
                        batch_size=batch_size, info_bytes=info_bytes)

@@ -21,6 +21,7 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
 from envd import leaves
+from envd.cpus import usable_cpus
 from envd.errors import EnvError, InvalidArgumentError, NativeError
 from envd.native._envd_native import ffi, lib
 from envd.native.hosted_segment import WORKER_FAILED, WORKER_READY, Segment
@@ -48,6 +49,9 @@ class HostedSpec:
     action_space: spaces.Space
     max_episode_steps: int | None
     render_shape: tuple[int, ...] | None = None
+    #: the info columns of its segment: (key, dtype str, shape of a value),
+    #: see envd.vector_base.INFO_COLUMN_PREFIX (none: every info is encoded)
+    info_columns: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
 
 
 def slice_bounds(num_envs: int, num_workers: int, worker: int) -> tuple[int, int]:
@@ -147,7 +151,8 @@ class HostedSession(NativeSession):
         self._checked = {**buffers, "actions": buffers["checked_actions"]}
         try:
             if num_workers == 0:
-                self._slice = EnvSlice(_maker(maker), 0, num_envs, segment, 0, autoreset_mode)
+                self._slice = EnvSlice(_maker(maker), 0, num_envs, segment, 0, autoreset_mode,
+                                       inline=True)
             else:
                 self._spawn(template, maker, fd, autoreset_mode, notify_fd)
             self._create_backend()
@@ -295,10 +300,16 @@ class HostedSession(NativeSession):
 
     def start_doorbell(self, segment, ids: np.ndarray, spin_ns: int) -> None:
         """As NativeSession's; only with client buffers (the daemon's
-        sessions): the doorbell's segment is the client's."""
+        sessions): the doorbell's segment is the client's.  Its serving
+        thread spins for the next request only while it, the workers and
+        the trainer fit the usable CPUs (envd.cpus), else it sleeps on the
+        futex at once: a spinning serving thread would take the CPU of a
+        worker stepping envs sent earlier."""
         if self._client_buffers is None:
             raise InvalidArgumentError(f"{self.spec.id}: an in-process hosted env has no "
                                        "doorbell")
+        if self.num_workers + 2 > usable_cpus():
+            spin_ns = 0
         super().start_doorbell(segment, ids, spin_ns)
 
     # ---- close ---------------------------------------------------------------------

@@ -168,18 +168,22 @@ def _describe_in_child(spec: tuple) -> dict[str, Any]:
 
 
 def _describe(spec: tuple) -> dict[str, Any]:
-    """Make one env, read its spaces and time limit, time a few steps."""
+    """Make one env, read its spaces and time limit, time a few steps (and
+    see which of their info keys can be columns)."""
+    from envd.native.hosted_worker import info_columns
     from envd.native.step_cost import measure_step_seconds
     env = _maker(spec)()
     try:
         limit = env.spec.max_episode_steps if env.spec is not None else None
         env.reset()  # (unseeded: the env's own seeding is the workers')
         env.action_space.seed(0)
-        cost = measure_step_seconds(env)
+        infos: list[dict] = []
+        cost = measure_step_seconds(env, infos=infos)
         # a hosted PettingZoo adapter names its agents (envd.hosted_pettingzoo)
         agents = [str(a) for a in getattr(env.unwrapped, "possible_agents", None) or []]
         return {"observation_space": env.observation_space, "action_space": env.action_space,
-                "max_episode_steps": limit, "step_seconds": cost, "possible_agents": agents}
+                "max_episode_steps": limit, "step_seconds": cost, "possible_agents": agents,
+                "info_columns": info_columns(infos)}
     finally:
         env.close()
 

@@ -39,11 +39,14 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from envd import info_codec, leaves
+from envd.cpus import usable_cpus
 from envd.errors import NATIVE_CODES
 from envd.native._envd_native import lib
 from envd.native.hosted_segment import Segment
+from envd.vector_base import INFO_COLUMN_PREFIX, INFO_IN_COLUMNS
 
 EENV, ESTATE = NATIVE_CODES["EENV"], NATIVE_CODES["ESTATE"]
+RESET = lib.ENVD_HOSTED_RESET
 
 #: How long the parent and the workers spin for each other before they sleep
 #: on the futex, when there is a CPU for every spinner (spin_ns()).  Short:
@@ -55,9 +58,77 @@ SPIN_NS = 1_000
 
 def spin_ns(num_workers: int) -> int:
     """The spin of a session's parent and workers: SPIN_NS while the workers
-    and the parent fit the usable CPUs, else 0 (more spinners than CPUs
-    would take the CPU from the process that has work: DESIGN.md section 6)."""
-    return SPIN_NS if num_workers + 1 <= len(os.sched_getaffinity(0)) else 0
+    and the parent fit the usable CPUs (envd.cpus: affinity and cgroup
+    quota), else 0: they sleep on the futex at once (more spinners than
+    CPUs would take the CPU from the process that has work: DESIGN.md
+    section 6)."""
+    return SPIN_NS if num_workers + 1 <= usable_cpus() else 0
+
+
+#: A step's episode statistics when its episode goes on.
+_NO_STATS = (0.0, 0, 0.0)
+#: An int goes in an int64 column only inside its range.
+_INT_BOUND = 1 << 63
+
+
+def _column_types(dtype: np.dtype) -> tuple[type, ...]:
+    """The types of a value that go in a column of dtype: those gymnasium's
+    _add_info batches as that dtype (np.zeros(n, dtype=type(value)))."""
+    if dtype == np.float64:
+        return float, np.float64
+    if dtype == np.int64:
+        return int, np.int64
+    if dtype == np.bool_:
+        return (bool,)  # (a numpy bool makes an object array)
+    return (dtype.type,)
+
+
+#: Info columns need this many steps of an env whose infos agree (the
+#: steps the env's description takes, native/step_cost.py), and are at
+#: most this many, each key at most this long, all of an env's values at
+#: most this many bytes (the columns are part of the session's segment:
+#: SECURITY.md).
+INFO_COLUMN_MIN_STEPS = 8
+MAX_INFO_COLUMNS = 64
+MAX_INFO_COLUMN_KEY = 128
+MAX_INFO_COLUMN_BYTES = 4096
+
+
+def _column_of(value: Any) -> tuple[str, tuple[int, ...]] | None:
+    """(dtype str, shape) of the column a value goes in, or None: Python's
+    bool, int and float, numpy's numbers, numeric numpy arrays (what
+    gymnasium's _add_info batches as a numeric array)."""
+    kind = type(value)
+    if kind in (bool, int, float) or (issubclass(kind, np.number)
+                                      and np.dtype(kind).kind in "iufc"):
+        return np.dtype(kind).str, ()
+    if kind is np.ndarray and value.dtype.kind in "biufc":
+        return value.dtype.str, value.shape
+    return None
+
+
+def info_columns(infos: list[dict]) -> tuple[tuple[str, str, tuple[int, ...]], ...]:
+    """The info columns ((key, dtype str, shape)) of an env whose steps gave
+    infos: none unless every info has the same str keys, each with a value
+    of the same column (_column_of: type, dtype and shape), over at least
+    INFO_COLUMN_MIN_STEPS steps.  A later step of the env whose info
+    deviates from them has it encoded (EnvSlice._info_outputs)."""
+    if len(infos) < INFO_COLUMN_MIN_STEPS or not infos[0] \
+            or len(infos[0]) > MAX_INFO_COLUMNS:
+        return ()
+    first = {key: (type(value), _column_of(value)) for key, value in infos[0].items()}
+    if any(not isinstance(key, str) or len(key) > MAX_INFO_COLUMN_KEY or column is None
+           for key, (_, column) in first.items()):
+        return ()
+    if sum(np.dtype(d).itemsize * int(np.prod(shape)) for _, (d, shape) in first.values()) \
+            > MAX_INFO_COLUMN_BYTES:
+        return ()
+    for info in infos[1:]:
+        if len(info) != len(first) or any(
+                key not in info or type(info[key]) is not kind or _column_of(info[key]) != column
+                for key, (kind, column) in first.items()):
+            return ()
+    return tuple((key, dtype, shape) for key, (_, (dtype, shape)) in first.items())
 
 
 def env_maker(env: str | Callable[[], gymnasium.Env], max_episode_steps: int | None,
@@ -86,7 +157,10 @@ class EnvSlice:
     control block's index, where messages go)."""
 
     def __init__(self, make_env: Callable[[], gymnasium.Env], begin: int, end: int,
-                 segment: Segment, worker: int, autoreset_mode: AutoresetMode):
+                 segment: Segment, worker: int, autoreset_mode: AutoresetMode,
+                 inline: bool = False):
+        """inline: stepped in the caller (num_workers=0): each env's info
+        stays the env's own dict, in inline_infos (nothing is encoded)."""
         self.begin, self.end, self.worker, self.mode = begin, end, worker, autoreset_mode
         self.segment = segment
         a = segment.arrays
@@ -99,6 +173,27 @@ class EnvSlice:
         self._times = a["episode_times"]
         self._slots, self._info_lengths = a.get("infos"), a.get("info_lengths")
         n = end - begin
+        self.inline_infos: list[Any] | None = [None] * n if inline else None
+        # The info columns (vector_base.INFO_COLUMN_PREFIX): (key, the
+        # types a value may have to go in it); the outputs of a step, in the
+        # order _step returns them.
+        self._columns = [(name[len(INFO_COLUMN_PREFIX):], _column_types(a[name].dtype),
+                          a[name].dtype, a[name].shape[1:])
+                         for name in a if name.startswith(INFO_COLUMN_PREFIX)]
+        self._array_columns = any(shape for _, _, _, shape in self._columns)
+        self._int_columns = any(int in types for _, types, _, _ in self._columns)
+        # (an env whose info is not in the columns: zeros of each column's row shape)
+        self._no_columns = ((False, *(np.zeros(shape, dtype) for _, _, dtype, shape
+                                      in self._columns)) if self._columns else ())
+        self._no_info = (0, *self._no_columns)
+        self._outputs = [a[name] for name in (
+            "rewards", "terminations", "truncations", "dones", "episode_returns",
+            "episode_lengths", "episode_times")]
+        if self._info_lengths is not None:
+            self._outputs.append(self._info_lengths)
+            if self._columns:
+                self._outputs += [a[INFO_IN_COLUMNS], *(a[INFO_COLUMN_PREFIX + key]
+                                                        for key, _, _, _ in self._columns)]
         # Per env of the slice (Python lists: a list item costs a third of a
         # numpy scalar access, and a cheap env's step is a few microseconds).
         self._started = [False] * n
@@ -117,6 +212,8 @@ class EnvSlice:
             self.close()
             raise
         self._obs = self._leaf_buffers(a, "observations")
+        # (one buffer: written directly, the common case)
+        self._single_obs = self._obs[0] if len(self._obs) == 1 else None
         self._final_obs = (self._leaf_buffers(a, "final_observations")
                            if autoreset_mode is AutoresetMode.SAME_STEP else None)
         self._composite_actions = (self._action_space is not None
@@ -136,11 +233,25 @@ class EnvSlice:
                                                          ValueError)):
             buffer[i] = value
 
-    def _write_info(self, i: int, info: dict, final_info: dict | None = None) -> int:
-        """Encode env i's info (and a SAME_STEP done env's final step info)
-        into its slot; its length (0: nothing to say)."""
-        if self._slots is None or not (info or final_info):
-            return 0
+    def _info_outputs(self, i: int, k: int, info: dict, final_info: dict | None = None
+                      ) -> tuple:
+        """Env i's (the slice's k-th) info (and a SAME_STEP done env's final
+        step info) as the outputs after the step's: (slot length[, in
+        columns, column values...]).  Its row of the columns when it has
+        exactly their keys with their types (and no final info: the merge
+        then batches the columns at once, not env by env), else its slot,
+        msgpack-encoded (length 0: nothing to say); in the caller's process
+        the dicts themselves, in inline_infos (length 1: something)."""
+        if (self._columns and final_info is None and info.__class__ is dict
+                and len(info) == len(self._columns)):
+            values = [info.get(key) for key, _, _, _ in self._columns]
+            if self._fits_columns(values):
+                return (0, True, *values)
+        if not (info or final_info):
+            return self._no_info  # (length 0: an inline env's old dict is never read)
+        if self.inline_infos is not None:
+            self.inline_infos[k] = [info, final_info] if final_info else [info]
+            return (1, *self._no_columns)
         try:
             data = info_codec.encode([info, final_info] if final_info else [info])
         except TypeError as exc:
@@ -149,7 +260,23 @@ class EnvSlice:
             raise ValueError(f"the info of env {i} is {len(data)} bytes encoded, over its "
                              f"{self._slots.shape[1]}-byte slot (make's info_bytes)")
         self._slots[i, :len(data)] = np.frombuffer(data, np.uint8)
-        return len(data)
+        return (len(data), *self._no_columns)
+
+    def _fits_columns(self, values: list) -> bool:
+        """Whether an info's values (in the columns' order) go in them."""
+        if self._array_columns:
+            for value, (_, types, dtype, shape) in zip(values, self._columns):
+                if shape:
+                    if not (type(value) is np.ndarray and value.dtype == dtype
+                            and value.shape == shape):
+                        return False
+                elif type(value) not in types:
+                    return False
+        elif not all(type(value) in types
+                     for value, (_, types, _, _) in zip(values, self._columns)):
+            return False
+        return not self._int_columns or all(-_INT_BOUND <= value < _INT_BOUND
+                                            for value in values if type(value) is int)
 
     def run_pending(self) -> None:
         """Run every requested env of the slice, then ack them.  A step's
@@ -163,19 +290,20 @@ class EnvSlice:
         # The req words above before the inputs below (kind, seeds, actions):
         # the parent wrote those before its release store of req.
         lib.envd_worker_acquire()
-        ids = pending + b
+        # (every env of the slice, a whole step: slices, no index arrays)
+        ids = slice(b, e) if len(pending) == e - b else pending + b
         kinds = self._kind[ids].tolist()
-        actions = self._actions[ids]  # (a copy: rows stay valid for the env)
+        actions = self._actions[ids].copy()  # (rows stay valid for the env)
         if self._composite_actions:  # the leaves of each row, as the env's space has them
             views = leaves.leaf_views(self._action_space, actions)
             actions = [leaves.unflatten(self._action_space, [view[j] for view in views])
-                       for j in range(len(ids))]
+                       for j in range(len(kinds))]
         stepped: list[int] = []
         results: list[tuple] = []  # (reward, term, trunc, done, return, length, time[, info])
         for j, k in enumerate(pending.tolist()):
             i = b + k
             try:
-                if kinds[j] == lib.ENVD_HOSTED_RESET:
+                if kinds[j] == RESET:
                     self._reset(i, k)
                 else:
                     result = self._step(i, k, actions[j])
@@ -189,10 +317,13 @@ class EnvSlice:
             # (a slice, the whole-step case, assigns several times faster than a list)
             rows = (slice(stepped[0], stepped[-1] + 1)
                     if stepped[-1] - stepped[0] + 1 == len(stepped) else stepped)
-            for buffer, column in zip((self._rewards, self._terms, self._truncs, self._dones,
-                                       self._returns, self._lengths, self._times,
-                                       self._info_lengths), zip(*results)):
-                buffer[rows] = column
+            for buffer, column in zip(self._outputs, zip(*results)):
+                # (a column of one value, most are: zeros of the statistics and
+                # the info lengths, False flags, ...: a fill is 3x cheaper)
+                if buffer.ndim == 1 and column.count(column[0]) == len(column):
+                    buffer[rows] = column[0]
+                else:
+                    buffer[rows] = column
         rows = slice(b + int(pending[0]), b + int(pending[-1]) + 1) \
             if len(pending) == pending[-1] - pending[0] + 1 else ids
         lib.envd_worker_fence()  # the outputs before the acks (backend_workers.h)
@@ -219,7 +350,8 @@ class EnvSlice:
         obs, info = self.envs[k].reset(seed=seed)
         self._write_obs(self._obs, i, obs)
         if self._info_lengths is not None:
-            self._info_lengths[i] = self._write_info(i, info)
+            for buffer, value in zip(self._outputs[7:], self._info_outputs(i, k, info)):
+                buffer[i] = value
         self._begin_episode(k)
         self._rewards[i] = 0.0  # (a fresh episode has earned nothing: vec.c reset_range)
         self._terms[i] = self._truncs[i] = self._dones[i] = False
@@ -244,7 +376,7 @@ class EnvSlice:
             self._ep_return[k] += float(reward)
             self._ep_length[k] += 1
         done = bool(term or trunc)
-        stats = (0.0, 0, 0.0)
+        stats = _NO_STATS
         final_info = None
         if done:
             stats = (self._ep_return[k], self._ep_length[k],
@@ -255,10 +387,13 @@ class EnvSlice:
                 final_info = info
                 obs, info = env.reset()
                 self._begin_episode(k)
-        self._write_obs(self._obs, i, obs)
+        if self._single_obs is not None:
+            self._single_obs[i] = obs
+        else:
+            self._write_obs(self._obs, i, obs)
         if self._info_lengths is None:
             return (reward, term, trunc, done, *stats)
-        return (reward, term, trunc, done, *stats, self._write_info(i, info, final_info))
+        return (reward, term, trunc, done, *stats, *self._info_outputs(i, k, info, final_info))
 
     def close(self) -> None:
         """Close the envs (errors in an env's close are ignored: it is going)."""

@@ -28,11 +28,13 @@ BUDGET_SECONDS = 0.05
 
 def measure_step_seconds(env: Any, *, block_steps: int = BLOCK_STEPS, blocks: int = BLOCKS,
                          budget: float = BUDGET_SECONDS,
-                         clock: Callable[[], float] = time.perf_counter) -> float:
+                         clock: Callable[[], float] = time.perf_counter,
+                         infos: list | None = None) -> float:
     """Seconds one env.step costs: the lowest mean over `blocks` blocks of
     `block_steps` steps.  A slow env stops at `budget` seconds: the blocks
     completed by then count, or, when none is, the steps so far (at least
-    one).  env has been reset; it is reset again when an episode ends."""
+    one).  env has been reset; it is reset again when an episode ends.
+    infos: a list the steps' infos are appended to."""
     space = env.action_space
     actions = [space.sample() for _ in range(block_steps * blocks)]
     means: list[float] = []
@@ -40,8 +42,10 @@ def measure_step_seconds(env: Any, *, block_steps: int = BLOCK_STEPS, blocks: in
     for b in range(blocks):
         steps, start = 0, clock()
         for action in actions[b * block_steps:(b + 1) * block_steps]:
-            _, _, term, trunc, _ = env.step(action)
+            _, _, term, trunc, info = env.step(action)
             steps += 1
+            if infos is not None:
+                infos.append(info)
             if term or trunc:
                 env.reset()
             if clock() > deadline:

@@ -92,6 +92,9 @@ class HostedEnvSpec:
     agents: int = 1
     #: their names (a "pz:" env's possible_agents), empty when unnamed
     agent_names: tuple[str, ...] = ()
+    #: the info columns its sessions' segments carry (native/hosted_worker.py
+    #: info_columns, as the template's description found them)
+    info_columns: tuple = ()
 
     def maker(self, max_episode_steps: int | None) -> tuple:
         """The template's description of how to make one env
@@ -110,7 +113,7 @@ def private_plan(spec: HostedEnvSpec, num_envs: int, num_workers: int,
                  mode: AutoresetMode, info_bytes: int) -> tuple[dict, int]:
     """The layout and size of a hosted session's private segment."""
     buffers = hosted_buffer_layout(spec.observation_space, spec.action_space, num_envs, mode,
-                                   info_bytes)
+                                   info_bytes, spec.info_columns)
     return segment_layout(num_envs, num_workers, buffers)
 
 
@@ -118,9 +121,10 @@ def public_plan(spec: HostedEnvSpec, num_envs: int, mode: AutoresetMode,
                 info_bytes: int) -> tuple[dict[str, list], int]:
     """Where a hosted session's arrays lie in the client's segment, and its
     size (what --max-shm-bytes counts): the hosted buffers (one per
-    observation leaf, float64 rewards, the info slots) plus the doorbell ids."""
+    observation leaf, float64 rewards, the info slots and columns) plus the
+    doorbell ids."""
     layout = hosted_buffer_layout(spec.observation_space, spec.action_space, num_envs, mode,
-                                  info_bytes)
+                                  info_bytes, spec.info_columns)
     layout["doorbell_ids"] = ((num_envs,), np.dtype(np.int64))  # protocol.DOORBELL_ARRAYS
     return plan(layout)
 
@@ -207,7 +211,8 @@ class HostedCatalog:
             raise StartupError(f"--python-env {gym_id}: {_one_line(exc)}") from None
         return HostedEnvSpec(name, gym_id, described["observation_space"],
                              described["action_space"], described["max_episode_steps"],
-                             described["step_seconds"])
+                             described["step_seconds"],
+                             info_columns=described["info_columns"])
 
     def _describe_request(self, spec: tuple) -> dict:
         try:

@@ -15,7 +15,7 @@ which overwrites them in place.  Keep a copy (or pass ``copy=True`` to
 from __future__ import annotations
 
 import threading
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 from gymnasium import spaces
@@ -226,6 +226,22 @@ def recv_short_error(env_id: str, count: int, pending: int) -> EnvStateError:
 #: msgpack-encoded (envd.info_codec), lies in infos[i, :info_lengths[i]]
 #: (length 0: the env gave no info in its last reset or step).
 INFO_SLOTS, INFO_LENGTHS = "infos", "info_lengths"
+#: A hosted env's info columns (docs/python-envs.md, "Infos"): a scalar info
+#: key that kept one type while the env was described gets a buffer
+#: INFO_COLUMN_PREFIX + key of that type, and env i's info of a step is those
+#: columns' row i, without its slot, when info_in_columns[i] is set.
+INFO_COLUMN_PREFIX, INFO_IN_COLUMNS = "info_column.", "info_in_columns"
+
+
+def info_column_type(column: np.ndarray) -> Callable[[Any], Any]:
+    """What makes a column's row the value an env gave, as gymnasium's
+    _add_info batches it (np.zeros(num_envs, dtype=type(value)), or the
+    array's dtype and shape): a copy of an array's row, numpy's scalar type
+    of the dtype, but Python's bool for a bool column (a numpy bool would
+    make an object array)."""
+    if column.ndim > 1:
+        return np.copy
+    return bool if column.dtype == np.bool_ else column.dtype.type
 
 
 #: The buffer of an env's own episode log (ABI 5 episode_fields), and the
@@ -236,7 +252,8 @@ EPISODE_LOG, EPISODE_LOG_KEY = "episode_log", "envd_log"
 def buffer_layout(observation_space: spaces.Space, action_space: spaces.Space, num_envs: int,
                   mode: AutoresetMode, info_fields: Sequence[Any] = (),
                   reward_dtype: Any = np.float32, info_bytes: int = 0, num_agents: int = 1,
-                  episode_fields: Sequence[str] = ()
+                  episode_fields: Sequence[str] = (),
+                  info_columns: Sequence[tuple[str, str, tuple[int, ...]]] = ()
                   ) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
     """name -> (shape, dtype) of every batch buffer of a vec, in a fixed order.
     The native vec reads "actions", "reset_seeds" and "reset_mask" and writes
@@ -245,7 +262,9 @@ def buffer_layout(observation_space: spaces.Space, action_space: spaces.Space, n
     buffer each.  Observations have one buffer per leaf of their space and
     actions one row per env (envd.leaves); hosted envs have float64 rewards
     (as gymnasium's vector envs) and, with info_bytes > 0, info slots of
-    that many bytes per env.  A multi-agent env (num_agents > 1) has num_envs
+    that many bytes per env, and info_columns ((key, dtype str, shape of
+    a value)) a column each (INFO_COLUMN_PREFIX + key) and the flags INFO_IN_COLUMNS.
+    A multi-agent env (num_agents > 1) has num_envs
     rows (envs x agents) and an "agent_mask" buffer; its reset seeds and mask
     use the first num_envs / num_agents entries (one per env).  An env with
     an episode log (ABI 5 episode_fields) has "episode_log": a row of its
@@ -276,6 +295,10 @@ def buffer_layout(observation_space: spaces.Space, action_space: spaces.Space, n
     if info_bytes:
         layout[INFO_SLOTS] = ((n, info_bytes), np.uint8)
         layout[INFO_LENGTHS] = ((n,), np.uint32)
+        if info_columns:
+            layout[INFO_IN_COLUMNS] = ((n,), np.bool_)
+            for key, dtype, shape in info_columns:
+                layout[INFO_COLUMN_PREFIX + key] = ((n, *shape), dtype)
     return {name: (shape, np.dtype(dtype)) for name, (shape, dtype) in layout.items()}
 
 
@@ -469,6 +492,9 @@ class BatchedVecEnv(VectorEnv):
         self._recv_count = 0
         self._maybe_running = False  # a call timed out: the buffers may be in use
         self._owned: list[Any] = []  # closed after this env (close_along)
+        #: a hosted env stepped in this process: each env's last [info] or
+        #: [info, final info], as its env returned them (nothing encoded)
+        self._inline_infos: list[Any] | None = None
 
     def _bind_buffers(self, buffers: dict[str, np.ndarray]) -> None:
         self._buffers = buffers
@@ -483,6 +509,11 @@ class BatchedVecEnv(VectorEnv):
                                if leaves.is_composite(self.single_action_space) else None)
         self._info_slots = buffers.get(INFO_SLOTS)
         self._info_lengths = buffers.get(INFO_LENGTHS)
+        # the info columns: (key, buffer name), and with the type a value has
+        self._info_columns = [(name[len(INFO_COLUMN_PREFIX):], name) for name in buffers
+                              if name.startswith(INFO_COLUMN_PREFIX)]
+        self._info_column_types = [(key, name, info_column_type(buffers[name]))
+                                   for key, name in self._info_columns]
         self._rewards = buffers["rewards"]
         self._terminations = buffers["terminations"]
         self._truncations = buffers["truncations"]
@@ -673,29 +704,86 @@ class BatchedVecEnv(VectorEnv):
             info["_" + key] = dones
         return info
 
-    def _add_env_infos(self, info: dict[str, Any], lengths: np.ndarray,
-                       slots: np.ndarray) -> None:
-        """Merge the envs' own infos (hosted envs: the msgpack slots whose
-        length is not 0, row k being env k of this result) into info, as
-        gymnasium's vector envs merge them (VectorEnv._add_info: info[key]
-        plus the mask info["_" + key], nested dicts alike); a SAME_STEP done
-        env's step info goes under info["final_info"].  Every array is as
-        long as the result (len(lengths): num_envs for a step, the batch for
-        a recv, whose row k is env env_id[k]), as the other results are."""
-        if not lengths.any():  # (the common case: a cheap test per step)
+    def _add_env_infos(self, info: dict[str, Any], out: dict[str, np.ndarray],
+                       mask: np.ndarray | None = None, env_ids: np.ndarray | None = None
+                       ) -> None:
+        """Merge the envs' own infos into info, as gymnasium's vector envs
+        merge them (VectorEnv._add_info: info[key] plus the mask
+        info["_" + key], nested dicts alike); a SAME_STEP done env's step
+        info goes under info["final_info"].  out: the result's buffers (row
+        k is env k of a step, env env_ids[k] of a recv); a row's info is
+        its columns' row (INFO_IN_COLUMNS), its msgpack slot (length not 0)
+        or, stepped in this process, the env's own dict (_inline_infos);
+        mask: the rows that count (a masked reset).  Every array is as long
+        as the result, as the other results are."""
+        lengths = out[INFO_LENGTHS]
+        in_columns = out.get(INFO_IN_COLUMNS)
+        if mask is not None:
+            lengths = lengths * mask
+            if in_columns is not None:
+                in_columns = in_columns & mask
+        if in_columns is not None and in_columns.all():
+            # (the common case: every env's info is its columns' row)
+            for key, name in self._info_columns:
+                info[key] = out[name].copy()
+                info["_" + key] = np.ones(len(in_columns), np.bool_)
             return
-        rows = np.flatnonzero(lengths)
+        if not lengths.any() and (in_columns is None or not in_columns.any()):
+            return
+        # The envs whose info is not in the columns, merged env by env; then
+        # the columns' envs at once, over them (_merge_columns).
+        slotted = lengths != 0 if in_columns is None else (lengths != 0) & ~in_columns
         merger = _InfoMerger(len(lengths))
         infos: dict[str, Any] = {}
         finals: dict[str, Any] = {}
-        for k in rows.tolist():
-            payload = info_codec.decode(slots[k, :int(lengths[k])].tobytes())
+        payloads: dict[int, dict] = {}
+        inline = self._inline_infos
+        for k in np.flatnonzero(slotted).tolist():
+            if inline is not None:
+                payload = inline[k if env_ids is None else int(env_ids[k])]
+            else:
+                payload = info_codec.decode(out[INFO_SLOTS][k, :int(lengths[k])].tobytes())
+            payloads[k] = payload[0]
             infos = merger._add_info(infos, payload[0], k)
             if len(payload) > 1:
                 finals = merger._add_info(finals, payload[1], k)
+        if in_columns is not None and in_columns.any():
+            self._merge_columns(infos, out, in_columns, payloads)
         if finals:  # (its mask "_final_info", the dones, is set with final_obs)
             info["final_info"] = finals
         info.update(infos)
+
+    def _merge_columns(self, infos: dict[str, Any], out: dict[str, np.ndarray],
+                       rows: np.ndarray, payloads: dict[int, dict]) -> None:
+        """Add the rows (a bool mask) whose info is their columns' to infos,
+        which holds the other envs' (payloads: row -> its info) merged: the
+        same dict as _add_info of every env in row order.  A key's array
+        takes the type of the first env that has it (gymnasium's rule): the
+        column's when that env is a column row, else the other env's, the
+        column values cast into it."""
+        first = int(np.argmax(rows))
+        for key, name, kind in self._info_column_types:
+            column = out[name]
+            mask = infos.get("_" + key)
+            if mask is None or first < int(np.argmax(mask)):
+                array = np.zeros_like(column)
+                array[rows] = column[rows]
+                if mask is not None:  # (the other envs' values, cast as _add_info casts them)
+                    for k in np.flatnonzero(mask).tolist():
+                        array[k] = payloads[k][key]
+                    mask = mask | rows
+                else:
+                    mask = rows.copy()
+            else:
+                array = infos[key]
+                if not isinstance(array, np.ndarray) or array.dtype == object:
+                    # (the values themselves, as _add_info keeps them)
+                    for k in np.flatnonzero(rows).tolist():
+                        array[k] = kind(column[k])
+                else:
+                    array[rows] = column[rows]
+                mask = mask | rows
+            infos[key], infos["_" + key] = array, mask
 
     def _reset_mask(self, options: dict[str, Any] | None) -> np.ndarray | None:
         if options is not None and not isinstance(options, dict):
@@ -739,8 +827,7 @@ class BatchedVecEnv(VectorEnv):
             self._stepper.reset(seeds is not None, mask is not None)
             info = self._env_info_now() if self._env_info or self._agent_mask is not None else {}
             if self._info_lengths is not None:
-                lengths = self._info_lengths if mask is None else self._info_lengths * mask
-                self._add_env_infos(info, lengths, self._info_slots)
+                self._add_env_infos(info, self._buffers, mask)
         finally:
             self._lock.release()
         return (leaves.copy_value(self._obs) if self._copy else self._obs), info
@@ -763,7 +850,7 @@ class BatchedVecEnv(VectorEnv):
             if self._env_info or self._agent_mask is not None:
                 info.update(self._env_info_now())
             if self._info_lengths is not None:
-                self._add_env_infos(info, self._info_lengths, self._info_slots)
+                self._add_env_infos(info, self._buffers)
         finally:
             self._lock.release()
         if self._copy:
@@ -922,7 +1009,7 @@ class BatchedVecEnv(VectorEnv):
                                            tuple(out[name] for name in self._EPISODE_STATS),
                                            out.get(EPISODE_LOG)))
         if self._info_lengths is not None:
-            self._add_env_infos(info, out[INFO_LENGTHS], out[INFO_SLOTS])
+            self._add_env_infos(info, out, env_ids=out["env_id"])
         return obs, out["rewards"], out["terminations"], out["truncations"], info
 
     def _gather_plans(self) -> list["_GatherPlan"]:
@@ -936,6 +1023,8 @@ class BatchedVecEnv(VectorEnv):
                 names += self._final_obs_names
             if self._info_lengths is not None:
                 names += [INFO_SLOTS, INFO_LENGTHS]
+                if self._info_columns:
+                    names += [INFO_IN_COLUMNS, *(name for _, name in self._info_columns)]
             names += [INFO_PREFIX + name for name in self._env_info]
             if self._agent_mask is not None:
                 names.append("agent_mask")

@@ -19,3 +19,5 @@ gymnasium.register("envd-test/HangingMake-v0", entry_point="envs:HangingMakeEnv"
 gymnasium.register("envd-test/SlowClose-v0", entry_point="envs:SlowCloseEnv")
 gymnasium.register("envd-test/HangingConstructor-v0", entry_point="envs:HangingConstructorEnv")
 gymnasium.register("envd-test/ExitingConstructor-v0", entry_point="envs:ExitingConstructorEnv")
+gymnasium.register("envd-test/ColumnInfo-v0", entry_point="envs:ColumnInfoEnv",
+                   max_episode_steps=20)

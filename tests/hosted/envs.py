@@ -139,6 +139,46 @@ class MultiDiscreteActionEnv(gymnasium.Env):
         return self._obs(), reward, terminated, False, info
 
 
+class ColumnInfoEnv(gymnasium.Env):
+    """Step infos of every type an info column holds (Python float, int and
+    bool, numpy float32 and int16 scalars, a float32 array), the same keys
+    and types for the env's first 64 steps (its description's, which picks
+    the columns), then now and then not: a key's type changes (int to
+    float, bool to numpy bool, the array's dtype), a key goes or comes.
+    Reset infos have other keys; episodes end at random."""
+    observation_space = spaces.Box(-10, 10, (2,), np.float64)
+    action_space = spaces.Discrete(3)
+
+    def __init__(self):
+        self.total = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.pos = self.np_random.uniform(-1, 1, 2)
+        return self.pos.copy(), {"start": float(self.pos[0])}
+
+    def step(self, action):
+        self.total += 1
+        self.pos = np.clip(self.pos + 0.1 * (int(action) - 1), -10, 10)
+        x = float(self.np_random.normal())
+        info = {"x": x, "n": self.total, "ok": x > 0, "f32": np.float32(x / 3),
+                "i16": np.int16(self.total % 300), "vec": np.array([x, -x], np.float32)}
+        if self.total > 64:
+            how = self.total % 7
+            if how == 1:
+                info["n"] = float(self.total)
+            elif how == 2:
+                del info["ok"]
+            elif how == 3:
+                info["ok"] = np.bool_(x > 0)
+            elif how == 4:
+                info["vec"] = info["vec"].astype(np.float64)
+            elif how == 5:
+                info["extra"] = "words"
+        terminated = bool(self.np_random.random() < 0.06)
+        return self.pos.copy(), x, terminated, False, info
+
+
 def alive(pid: int) -> bool:
     """Whether pid names a process that is not a zombie."""
     try:

@@ -141,3 +141,50 @@ def test_describe_measures_a_stalled_env_as_cheap():
     microseconds, so this bound holds on a loaded machine too."""
     described = _describe(("creator", cloudpickle.dumps(StallingEnv), None, {}))
     assert described["step_seconds"] < 100e-6, described["step_seconds"]
+
+
+# ---- the CPUs counted: affinity within the cgroup quota (envd.cpus) -----------------------
+def _cgroup(tmp_path, proc_lines, files):
+    for rel, text in files.items():
+        path = tmp_path / "fs" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    (tmp_path / "cgroup").write_text("\n".join(proc_lines) + "\n")
+    return str(tmp_path / "fs"), str(tmp_path / "cgroup")
+
+
+@pytest.mark.parametrize("proc_lines, files, expected", [
+    (["0::/"], {"cpu.max": "max 100000\n"}, None),                       # no quota
+    (["0::/a/b"], {"a/b/cpu.max": "150000 100000\n"}, 1.5),              # a container's --cpus
+    (["0::/a/b"], {"a/cpu.max": "100000 100000\n",                       # an ancestor's is tighter
+                   "a/b/cpu.max": "300000 100000\n"}, 1.0),
+    (["0::/a"], {"a/cpu.max": "garbage\n"}, None),                       # unreadable: none
+    (["3:cpu,cpuacct:/k"], {"cpu,cpuacct/k/cpu.cfs_quota_us": "50000\n",  # cgroup v1
+                            "cpu,cpuacct/k/cpu.cfs_period_us": "100000\n"}, 0.5),
+    (["3:cpu,cpuacct:/k"], {"cpu,cpuacct/k/cpu.cfs_quota_us": "-1\n",    # v1, unlimited
+                            "cpu,cpuacct/k/cpu.cfs_period_us": "100000\n"}, None),
+])
+def test_cgroup_cpu_limit(tmp_path, proc_lines, files, expected):
+    from envd.cpus import cgroup_cpu_limit
+    root, proc = _cgroup(tmp_path, proc_lines, files)
+    assert cgroup_cpu_limit(root, proc) == expected
+
+
+def test_usable_cpus_is_the_affinity_within_the_quota(monkeypatch):
+    from envd import cpus
+    monkeypatch.setattr(cpus.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    monkeypatch.setattr(cpus, "cgroup_cpu_limit", lambda: 1.5)
+    assert cpus.usable_cpus() == 2
+    monkeypatch.setattr(cpus, "cgroup_cpu_limit", lambda: None)
+    assert cpus.usable_cpus() == 4
+    monkeypatch.setattr(cpus, "cgroup_cpu_limit", lambda: 0.1)
+    assert cpus.usable_cpus() == 1
+
+
+def test_more_workers_than_cpus_are_honoured_with_a_warning(monkeypatch):
+    import envd
+    monkeypatch.setattr(hosted_env, "usable_cpus", lambda: 1)
+    with pytest.warns(UserWarning, match=r"num_workers=2 is more than the 1 CPUs"):
+        env = envd.make("py:CartPole-v1", 2, num_workers=2)
+    with env:
+        assert env.num_workers == 2 and len(env.worker_pids) == 2

@@ -24,7 +24,7 @@ import envd
 HERE = Path(__file__).parent
 FIXTURES = ("envd-test/DictObs-v0", "envd-test/MultiDiscrete-v0")
 ALLOWED = ("CartPole-v1", "Acrobot-v1", "Pendulum-v1", "envd-test/Raising-v0",
-           "envd-test/Exiting-v0", "envd-test/Hanging-v0", *FIXTURES)
+           "envd-test/Exiting-v0", "envd-test/Hanging-v0", "envd-test/ColumnInfo-v0", *FIXTURES)
 FLAGS = ("--threads", "1", "--lease-timeout", "20", "--import", "daemon_envs",
          *(arg for env_id in ALLOWED for arg in ("--python-env", env_id)))
 ENV = DAEMON_ENV
@@ -75,6 +75,24 @@ def test_equal_to_sync_vector_env(client, env_id, num_workers, mode):
                       autoreset_mode=mode, max_episode_steps=15, episode_statistics=False)
     try:
         compare_runs(env, ref, mode, STEPS, seed=7, action_seed=3, masked_reset_at=20)
+    finally:
+        env.close()
+        ref.close()
+
+
+@pytest.mark.parametrize("num_workers,mode", [(2, "next_step"), (1, "same_step")])
+def test_info_columns_and_deviating_infos_equal_sync(client, num_workers, mode):
+    """An env's infos as columns of the client's segment, and those that
+    deviate from them (past each env's 64th step) as encoded slots, merge
+    as SyncVectorEnv's (tests/hosted/test_hosted_info_columns.py)."""
+    env_id = "envd-test/ColumnInfo-v0"
+    ref = gym.make_vec(env_id, 4, vectorization_mode="sync",
+                       vector_kwargs={"autoreset_mode": MODES[mode]})
+    env = client.make("py:" + env_id, 4, seed=5, num_workers=num_workers, autoreset_mode=mode,
+                      episode_statistics=False)
+    try:
+        assert "info_column.vec" in env._buffers
+        compare_runs(env, ref, mode, 110, seed=5, masked_reset_at=40)
     finally:
         env.close()
         ref.close()

@@ -1,15 +1,21 @@
 """``envd bench --python``: gymnasium's own Python envs hosted by envd, against
 the other ways to step them, side by side in one run.
 
-For Acrobot-v1 (a costly step) and CartPole-v1 (a cheap one), N = 16
-envs (``--num-envs``), every system below steps the env with the same
-pre-drawn actions:
+For Acrobot-v1 (a costly step) and CartPole-v1 (a cheap one), and where
+mujoco is installed (the ``mujoco`` extra) gymnasium's HalfCheetah-v5,
+Hopper-v5 and Humanoid-v5 (physics in C), N = 16 envs (``--num-envs``),
+every system below steps the env with the same pre-drawn actions:
 
   - envd in-process with 2 worker processes (``envd.make("py:<id>", N,
     num_workers=2)``), with none (``num_workers=0``: stepped in the caller)
     and with the default count (``default_num_workers``);
-  - envd through a daemon the benchmark starts (``--python-env`` of both
-    ids), ``client.make("py:<id>", N, num_workers=2)``;
+  - envd in-process with 1 worker, and through a daemon the benchmark
+    starts (``--python-env`` of every id) with 2 workers and with 1
+    (``client.make("py:<id>", N, num_workers=...)``: the daemon with 1
+    worker against in-process with 1 is the like-for-like comparison of a
+    2-CPU machine, DESIGN.md section 14);
+  - EnvPool with 2 threads (its own C++ MuJoCo and classic-control envs,
+    ``pip install envpool``), the native peer of the same CPUs;
   - the machine's parallel ceiling: two independent processes, each stepping
     a gymnasium SyncVectorEnv of N/2 at the same time, their steps/s summed
     (what two CPUs can do with no coordination at all);
@@ -17,6 +23,9 @@ pre-drawn actions:
   - PufferLib's Multiprocessing backend over its gymnasium emulation, 2
     workers (``pip install pufferlib-core``);
   - Stable-Baselines3's SubprocVecEnv (one process per env, its design).
+
+The MuJoCo envs skip the last three (AsyncVectorEnv, PufferLib, SB3: one
+process per env, or not the peer those envs are judged against).
 
 plus the round trip of one step at N=1 through the daemon to a hosted
 CartPole-v1 (p50/p99), next to the same env in-process.  A peer that is not
@@ -38,6 +47,7 @@ import csv
 import dataclasses
 import functools
 import gc
+import importlib.util
 import json
 import multiprocessing
 import os
@@ -60,7 +70,10 @@ from envd.tools.bench import (Progress, SyncRun, Unavailable, _die_with_parent, 
 from envd.tools.bench_rounds import (interleaved_rounds, judge, paired_ratios, rate_text,
                                      ratio_text, spread, spread_text)
 
-ENVS = ("Acrobot-v1", "CartPole-v1")
+CLASSIC_ENVS = ("Acrobot-v1", "CartPole-v1")
+#: gymnasium's MuJoCo envs, measured where mujoco imports
+MUJOCO_ENVS = ("HalfCheetah-v5", "Hopper-v5", "Humanoid-v5")
+ENVS = CLASSIC_ENVS + (MUJOCO_ENVS if importlib.util.find_spec("mujoco") else ())
 NUM_ENVS = 16
 WORKERS = 2
 #: The N=1 round trip is timed on the cheapest env: what is left is envd's cost.
@@ -74,20 +87,30 @@ ROW_WORKERS = f"envd in-process, {WORKERS} workers"
 ROW_SERIAL = "envd in-process, 0 workers"
 ROW_DEFAULT = "envd in-process, default workers"
 ROW_DAEMON = f"envd daemon, {WORKERS} workers"
+ROW_ONE = "envd in-process, 1 worker"
+ROW_DAEMON_ONE = "envd daemon, 1 worker"
+ENVPOOL = f"EnvPool, {WORKERS} threads"
 CEILING = "parallel ceiling"
 GYM_SYNC = "gymnasium SyncVectorEnv"
 GYM_ASYNC = "gymnasium AsyncVectorEnv"
 PUFFER = "PufferLib Multiprocessing"
 SB3 = "SB3 SubprocVecEnv"
 #: The rows of the table, in print order.
-SYSTEMS = (ROW_WORKERS, ROW_SERIAL, ROW_DEFAULT, ROW_DAEMON, CEILING, GYM_SYNC, GYM_ASYNC,
-           PUFFER, SB3)
+SYSTEMS = (ROW_WORKERS, ROW_SERIAL, ROW_DEFAULT, ROW_ONE, ROW_DAEMON, ROW_DAEMON_ONE, ENVPOOL,
+           CEILING, GYM_SYNC, GYM_ASYNC, PUFFER, SB3)
+#: The systems not measured on the MuJoCo envs (their cells say why).
+NOT_ON_MUJOCO = {GYM_ASYNC: "not measured on MuJoCo envs (one process per env)",
+                 PUFFER: "not measured on MuJoCo envs", SB3: "not measured on MuJoCo envs"}
 #: What each row is, for the report and the README.
 DESCRIPTIONS = {
     ROW_WORKERS: f'envd.make("py:<id>", N, num_workers={WORKERS})',
     ROW_SERIAL: 'envd.make("py:<id>", N, num_workers=0): stepped in the caller',
     ROW_DEFAULT: 'envd.make("py:<id>", N): num_workers=None, the default rule',
+    ROW_ONE: 'envd.make("py:<id>", N, num_workers=1)',
     ROW_DAEMON: f'client.make("py:<id>", N, num_workers={WORKERS}), daemon --python-env <id>',
+    ROW_DAEMON_ONE: 'client.make("py:<id>", N, num_workers=1), daemon --python-env <id>',
+    ENVPOOL: f"envpool.make(<id>, 'gymnasium', num_envs=N, num_threads={WORKERS}): its own "
+             "C++ env",
     CEILING: "2 processes, each a SyncVectorEnv of N/2, stepping at once (summed)",
     GYM_SYNC: 'gymnasium.make_vec(<id>, N, vectorization_mode="sync")',
     GYM_ASYNC: "AsyncVectorEnv(shared_memory=True): one process per env",
@@ -330,8 +353,8 @@ def _envd_default(env_id: str, n: int) -> VectorRun:
     return VectorRun(env, n, env_actions(env_id, n), label=f"{env.num_workers} workers")
 
 
-def _daemon_run(client: Any, env_id: str, n: int) -> VectorRun:
-    env = client.make("py:" + env_id, n, seed=0, num_workers=WORKERS)
+def _daemon_run(client: Any, env_id: str, n: int, workers: int = WORKERS) -> VectorRun:
+    env = client.make("py:" + env_id, n, seed=0, num_workers=workers)
     return VectorRun(env, n, env_actions(env_id, n),
                      label=_path_name(getattr(env, "fast_path", None)))
 
@@ -341,21 +364,49 @@ def _path_name(fast_path: bool | None) -> str:
     return {True: "fast path", False: "socket path"}.get(fast_path, "unknown path")
 
 
+def _envpool_run(env_id: str, n: int) -> SyncRun:
+    try:
+        import envpool
+    except Exception as exc:  # noqa: BLE001  (ImportError, or a broken build)
+        raise Unavailable(f"envpool not installed (pip install 'envd-rl[bench]'): "
+                          f"{exc}") from None
+    if env_id not in envpool.list_all_envs():
+        raise Unavailable(f"envpool {envpool.__version__} has no {env_id}")
+    run = SyncRun(envpool.make(env_id, env_type="gymnasium", num_envs=n, batch_size=n,
+                               num_threads=WORKERS, seed=0), n, envpool=True)
+    # the same actions as every other system's, in EnvPool's action dtype
+    run.actions = env_actions(env_id, n).astype(run.actions.dtype)
+    return run
+
+
 def factories(env_id: str, n: int, client: Any) -> dict[str, Callable[[], Any]]:
-    """system -> a factory of its run object, for one env."""
-    return {
+    """system -> a factory of its run object, for one env (a MuJoCo env's
+    leave out NOT_ON_MUJOCO)."""
+    made = {
         ROW_WORKERS: lambda: VectorRun(envd.make("py:" + env_id, n, seed=0,
                                                   num_workers=WORKERS), n, env_actions(env_id, n)),
         ROW_SERIAL: lambda: VectorRun(envd.make("py:" + env_id, n, seed=0, num_workers=0), n,
                                       env_actions(env_id, n)),
         ROW_DEFAULT: lambda: _envd_default(env_id, n),
+        ROW_ONE: lambda: VectorRun(envd.make("py:" + env_id, n, seed=0, num_workers=1), n,
+                                   env_actions(env_id, n)),
         ROW_DAEMON: lambda: _daemon_run(client, env_id, n),
+        ROW_DAEMON_ONE: lambda: _daemon_run(client, env_id, n, 1),
+        ENVPOOL: lambda: _envpool_run(env_id, n),
         CEILING: lambda: CeilingRun(env_id, n),
         GYM_SYNC: lambda: _gym_vector(env_id, n, "sync"),
         GYM_ASYNC: lambda: _gym_vector(env_id, n, "async"),
         PUFFER: lambda: PufferRun(env_id, n, WORKERS),
         SB3: lambda: SB3Run(env_id, n),
     }
+    if env_id in MUJOCO_ENVS:
+        for system, why in NOT_ON_MUJOCO.items():
+            made[system] = functools.partial(_not_measured, why)
+    return made
+
+
+def _not_measured(why: str) -> Any:
+    raise Unavailable(why)
 
 
 # ---- the daemon ---------------------------------------------------------------------------
@@ -500,7 +551,7 @@ def peer_versions() -> dict[str, str | None]:
     """Versions of the peers this comparison uses (None: not installed)."""
     from importlib import metadata
     found: dict[str, str | None] = {}
-    for name in ("pufferlib-core", "stable-baselines3"):
+    for name in ("pufferlib-core", "stable-baselines3", "envpool", "mujoco"):
         try:
             found[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
@@ -511,7 +562,8 @@ def peer_versions() -> dict[str, str | None]:
 def machine_text(m: dict[str, Any], s: Settings) -> str:
     v = m["versions"]
     peers = ", ".join(f"{k} {v.get(k) or 'not installed'}"
-                      for k in ("gymnasium", "pufferlib-core", "stable-baselines3"))
+                      for k in ("gymnasium", "mujoco", "envpool", "pufferlib-core",
+                                "stable-baselines3"))
     load = " ".join(f"{x:.2f}" for x in m["load_average"])
     return (f"envd bench --python  {m['time']}  host {m['hostname']}\n"
             f"CPU: {m['cpu']}, {m['cores']} cores ({m['usable_cpus']} usable), "
@@ -553,11 +605,17 @@ TARGETS = (
     ("Acrobot-v1", ROW_DAEMON, ROW_WORKERS, ">=", 0.8),
     ("CartPole-v1", ROW_DEFAULT, GYM_SYNC, ">=", 0.95),
     ("Acrobot-v1", ROW_DEFAULT, GYM_SYNC, ">=", 0.95),
+    # issue 37: the hosted step loop at the env's own cost, and its peers
+    ("Acrobot-v1", ROW_WORKERS, GYM_SYNC, ">=", 1.6),
+    ("Acrobot-v1", ROW_DAEMON_ONE, ROW_ONE, ">=", 0.9),
+    *((env_id, ROW_SERIAL, GYM_SYNC, ">=", 0.95) for env_id in MUJOCO_ENVS),
+    *((env_id, ROW_WORKERS, ENVPOOL, ">=", 1.0) for env_id in ("HalfCheetah-v5", "Humanoid-v5")),
+    ("HalfCheetah-v5", ROW_DAEMON_ONE, ROW_ONE, ">=", 0.9),
 )
 
 
 def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
-    """The targets of issue 17, each a ratio of two systems of one env taken
+    """The targets of issues 17 and 37, each a ratio of two systems of one env taken
     round by round and judged (PASS, FAIL, NOT JUDGED, N/A with the reason):
     {target, status, value, spread, margin, op, limit, detail}."""
     found = []
