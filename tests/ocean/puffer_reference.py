@@ -79,9 +79,9 @@ def _load(name: str, path: Path) -> types.ModuleType:
     return module
 
 
-def puffer_class(env: str, class_name: str) -> type:
+def puffer_class(env: str, class_name: str, binding: object | None = None) -> type:
     """PufferLib's own class of ``env`` (e.g. "Breakout"), over its reference
-    binding."""
+    binding (or ``binding``, e.g. a recorder wrapping it)."""
     tree = source_tree()
     ocean = ocean_source.ocean_dir(tree)
     if "gym" not in sys.modules:
@@ -103,7 +103,7 @@ def puffer_class(env: str, class_name: str) -> type:
         sys.modules["pufferlib.ocean"] = ocean_pkg
     env_pkg = types.ModuleType(f"pufferlib.ocean.{env}")
     env_pkg.__path__ = [str(ocean / env)]
-    env_pkg.binding = reference_binding(env)
+    env_pkg.binding = reference_binding(env) if binding is None else binding
     sys.modules[f"pufferlib.ocean.{env}"] = env_pkg
     sys.modules[f"pufferlib.ocean.{env}.binding"] = env_pkg.binding
     module = _load(f"pufferlib.ocean.{env}.{env}", ocean / env / f"{env}.py")

@@ -41,7 +41,18 @@ def _envd_run(plugin, seed, kwargs, actions):
 @pytest.mark.parametrize("env", sorted(ocean_cases.EXACT))
 def test_trajectory_equals_pufferlib(env, seed, ocean_builds):
     _, kwargs, act_dtype = ocean_cases.EXACT[env]
-    plugin = plugin_driver.Plugin(ocean_builds(env))
+    _check_exact(ocean_builds(env), env, kwargs, seed, act_dtype)
+
+
+@pytest.mark.parametrize("env,kwargs", [("breakout", {"continuous": True}),
+                                        ("pong", {"continuous": True, "max_score": 3})])
+def test_continuous_trajectory_equals_pufferlib(env, kwargs, ocean_builds):
+    """Box actions, 50% beyond their bounds: clipped as PufferLib's class clips."""
+    _check_exact(ocean_builds(env), env, kwargs, 1, np.float32)
+
+
+def _check_exact(library, env, kwargs, seed, act_dtype):
+    plugin = plugin_driver.Plugin(library)
     desc = plugin.describe(**kwargs)
     actions = ocean_cases.random_actions(desc, STEPS, np.random.default_rng(seed + 100))
     obs, rews, terms, logs = _envd_run(plugin, seed, kwargs, actions)

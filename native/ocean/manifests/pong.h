@@ -1,5 +1,5 @@
 /* pong: pufferlib/ocean/pong (class Pong).  One agent; obs 8 float32 in
- * [0, 1]; Discrete(3), or a Box(-1, 1, ()) when continuous.  binding.c reads
+ * [0, 1]; Discrete(3), or a Box(-1, 1, (1,)) when continuous.  binding.c reads
  * a float action either way. */
 #define ENVD_OCEAN_ENV "pong"
 
@@ -21,7 +21,7 @@ static const envd_param_t ocean_params[] = {
     {"ball_speed_y_increment", ENVD_PARAM_FLOAT, 3, 0, 10, "y speed added per paddle hit"},
     {"max_score", ENVD_PARAM_INT, 21, 1, 100, "points that end a game"},
     {"frameskip", ENVD_PARAM_INT, 1, 1, 8, "physics ticks per step"},
-    {"continuous", ENVD_PARAM_BOOL, 0, 0, 1, "a Box(-1, 1, ()) action instead of Discrete(3)"},
+    {"continuous", ENVD_PARAM_BOOL, 0, 0, 1, "a Box(-1, 1, (1,)) action instead of Discrete(3)"},
 };
 
 static void ocean_ckwargs(const double *p, envd_ocean_dict_t *kw)
@@ -34,7 +34,8 @@ static int ocean_layout(const double *p, envd_ocean_layout_t *l)
     envd_ocean_flat_obs(l, 8, 0, 1);
     if (p[P_CONTINUOUS] != 0) {
         l->act_kind = ENVD_SPACE_BOX;
-        l->act_ndim = 0;
+        l->act_ndim = 1; /* the class's Box(-1, 1) without a shape: gymnasium makes it (1,) */
+        l->act_shape[0] = 1;
         l->act_low = -1;
         l->act_high = 1;
     } else {

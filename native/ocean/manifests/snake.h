@@ -18,7 +18,7 @@ static const envd_param_t ocean_params[] = {
     {"reward_food", ENVD_PARAM_FLOAT, 0.1, -10, 10, "reward per food eaten"},
     {"reward_corpse", ENVD_PARAM_FLOAT, 0.1, -10, 10, "reward per corpse cell eaten"},
     {"reward_death", ENVD_PARAM_FLOAT, -1.0, -10, 10, "reward at death"},
-    {"max_snake_length", ENVD_PARAM_INT, 1024, 2, 1 << 20, "longest snake (cells)"},
+    {"max_snake_length", ENVD_PARAM_INT, 1024, 2, 4096, "longest snake (cells)"},
 };
 
 static void ocean_ckwargs(const double *p, envd_ocean_dict_t *kw)

@@ -1,0 +1,47 @@
+"""The Ocean adapter under ASan and UBSan, at both ends of every kwarg range.
+
+Each env is built by ``envd ocean build``'s own code with
+-fsanitize=address,undefined and driven by a sanitized C program
+(ocean_sanitized_run.c) with every make kwarg at its default, its minimum and
+its maximum: the manifest's ranges are envd's promise that an env runs clean
+anywhere inside them.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import ocean_cases
+import puffer_reference
+from envd.native import ocean_build
+
+FLAGS = ("-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer",
+         "-g")
+ENV = {"ASAN_OPTIONS": "detect_leaks=1:halt_on_error=1",
+       "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1"}
+REPORTS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error")
+STEPS = {"snake": 60, "terraform": 150}
+
+
+@pytest.fixture(scope="module")
+def runner() -> Path:
+    source = Path(__file__).resolve().parent / "ocean_sanitized_run.c"
+    out = puffer_reference.test_cache() / "ocean_sanitized_run"
+    subprocess.run(["gcc", "-O1", *FLAGS, "-I", str(ocean_build.envd_include()), str(source),
+                    "-o", str(out), "-ldl"], check=True)
+    return out
+
+
+@pytest.mark.parametrize("ends", ["defaults", "min", "max"])
+@pytest.mark.parametrize("env", sorted(ocean_cases.ALL))
+def test_env_runs_clean_under_asan(env, ends, runner, ocean_builds):
+    library = ocean_builds(env, FLAGS)
+    proc = subprocess.run([str(runner), str(library), ends, str(STEPS.get(env, 400))],
+                          env={**os.environ, **ENV}, capture_output=True, text=True, timeout=600)
+    report = f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-6000:]}"
+    assert proc.returncode == 0, report
+    assert not any(r in proc.stderr for r in REPORTS), report
+    assert "ocean: ok" in proc.stdout, report
