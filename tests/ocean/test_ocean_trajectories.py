@@ -18,7 +18,7 @@ import plugin_driver
 import puffer_reference
 
 SEEDS = (0, 1, 7)
-STEPS = 1000
+STEPS = 3000
 
 
 def _envd_run(plugin, seed, kwargs, actions):

@@ -13,6 +13,8 @@
     envd bench --python [--quick] [--out DIR] [--seconds S] [--rounds R] [--num-envs N]
                               hosted Python envs against gymnasium, PufferLib and SB3
                               (envd.tools.bench_python)
+    envd ocean build [--source PATH] [--cache DIR] [ENV ...]
+                              build PufferLib's Ocean envs (envd.tools.ocean_cli)
 
 ``python -m envd`` runs the same (src/envd/__main__.py).  Output cut short by its
 reader (``envd status --json | head``) ends the command quietly, as Unix tools
@@ -34,6 +36,7 @@ import zmq
 from gymnasium import spaces
 
 import envd
+from envd.tools import ocean_cli
 
 if TYPE_CHECKING:
     from envd.native.registry import EnvSpec
@@ -346,7 +349,7 @@ def _main(argv: list[str] | None) -> int:
         "learning. Without a command, run the daemon.")
     parser.add_argument("--version", action="version", version=f"envd {envd.__version__}")
     server_config.add_arguments(parser)
-    sub = parser.add_subparsers(dest="command", metavar="{list,status,keygen,bench}")
+    sub = parser.add_subparsers(dest="command", metavar="{list,status,keygen,bench,ocean}")
     listing = sub.add_parser("list", help="list the env ids envd.make and the daemon accept "
                              "(and those of the --plugin libraries given before the command)")
     listing.add_argument("--json", action="store_true", help="print them as JSON: a list of "
@@ -397,7 +400,10 @@ def _main(argv: list[str] | None) -> int:
                        help="with --python: envs per system (even; default 16)")
     bench.add_argument("--no-progress", action="store_true",
                        help="no progress bar (it is shown only when stderr is a terminal)")
+    ocean_cli.add_parser(sub)
     args = parser.parse_args(argv)
+    if args.command == "ocean":
+        return ocean_cli.run(args)
     if args.command == "status":
         return _status(args.endpoint, args.timeout, args.json, args.server_key, args.client_key)
     if args.command == "keygen":
