@@ -23,7 +23,9 @@
  * definition); ABI 4 added values only (num_agents > 1, the MULTI_DISCRETE
  * and MULTI_BINARY space kinds, the INT8 dtype, and the nvec/nvec_start
  * names that share the storage of a space's low/high), which the host accepts
- * only from a definition whose abi_version is 4 or more.  A plugin links against
+ * only from a definition whose abi_version is 4 or more; ABI 5 appended flags,
+ * describe, seed and the episode log (episode_fields, episode_end) after render
+ * (never read from an ABI 2..4 definition).  A plugin links against
  * nothing of envd: what an env calls at run time (the RNG draws) is static
  * inline in this header, so a plugin builds with one line:
  *     cc -shared -fPIC -O2 -I "$(python -m envd.native --include)" myenv.c -o libmyenv.so
@@ -39,7 +41,7 @@
 extern "C" {
 #endif
 
-#define ENVD_ABI_VERSION 4u
+#define ENVD_ABI_VERSION 5u
 /* The oldest ABI this host still loads (see "the env definition" below). */
 #define ENVD_ABI_VERSION_MIN 2u
 
@@ -228,6 +230,44 @@ typedef struct envd_info_field {
     const char *doc;
 } envd_info_field_t;
 
+/* ---- ABI 5: spaces from the params, flags, the env's own episodes -------- */
+/* flags of envd_env_def_t (ABI 5); the host refuses a definition with any
+ * other bit set. */
+/* The env starts its next episode inside step on its own: the host adds no
+ * autoreset and no time limit (make refuses autoreset_mode= and
+ * max_episode_steps=; the definition's max_episode_steps must be 0),
+ * truncated is always false, and the host's episode statistics come from
+ * episode_end, not from terminated flags. */
+#define ENVD_ENV_RESETS_ITSELF (1u << 0)
+/* init of this definition never runs on two threads at once (the host inits
+ * such envs one at a time under one lock per definition: for an init that
+ * writes a global). */
+#define ENVD_ENV_SERIAL_INIT (1u << 1)
+#define ENVD_ENV_FLAGS_KNOWN (ENVD_ENV_RESETS_ITSELF | ENVD_ENV_SERIAL_INIT)
+
+/* Largest num_episode_fields. */
+#define ENVD_MAX_EPISODE_FIELDS 16
+/* The most bytes one describe call may take from alloc, all calls together
+ * (64 MiB: Box bounds of 4M elements); alloc returns NULL past it. */
+#define ENVD_MAX_DESCRIBE_BYTES ((size_t)1 << 26)
+
+/* What describe fills: the spaces, agents and state size of one env made
+ * with given params.  The host pre-fills it with the definition's static
+ * observation_space, action_space, num_agents and state_size. */
+typedef struct envd_description {
+    envd_space_t observation_space;
+    envd_space_t action_space;
+    int32_t num_agents; /* 1..ENVD_MAX_AGENTS */
+    size_t state_size;  /* 1..ENVD_MAX_STATE_SIZE */
+    /* The host's allocator for the arrays the spaces point to (Box low/high,
+     * MultiDiscrete nvec/nvec_start): zeroed memory the host owns and frees
+     * with the vec (describe never frees it).  NULL when out of memory or
+     * past ENVD_MAX_DESCRIBE_BYTES: then return ENVD_ENOMEM.  Call it as
+     * out->alloc(out->host, bytes). */
+    void *(*alloc)(void *host, size_t bytes);
+    void *host;
+} envd_description_t;
+
 /* ---- the env definition --------------------------------------------------- */
 /*
  * init:  called once per instance on zeroed state memory, with the validated
@@ -255,7 +295,36 @@ typedef struct envd_info_field {
  *
  * ABI 2 definitions end before render_width: a host reads the render fields
  * only from a definition whose abi_version is 3 or more, so ABI 2 plugins keep
- * loading (their envs do not render).
+ * loading (their envs do not render).  Likewise the ABI 5 fields (flags to
+ * episode_end) are read only from a definition whose abi_version is 5 or more:
+ * flags: ENVD_ENV_* bits (0 for none).
+ * describe: (may be NULL: the static spaces, num_agents and state_size hold
+ *        for every params) called at make with one env's validated params
+ *        (declaration order, num_params doubles) and *out pre-filled with the
+ *        static values; sets what differs (arrays from out->alloc).  The host
+ *        validates the result as a static definition's; a make whose envs
+ *        get different params must describe every env identically, else
+ *        ENVD_EINVAL.  `envd list` shows the description at the defaults
+ *        (a definition whose describe fails there does not load).  Called on
+ *        the making thread, never concurrently with itself for one make, and
+ *        must not keep pointers to params or out.
+ * seed:  (may be NULL) called with env i's integer seed before init (make's
+ *        seed s: s + i; no seed: the base the host drew, + i, the one its
+ *        envd_rng_t is seeded from) and before every reset given a seed
+ *        (reset(seed=t): t + i); not on a reset without seed, nor on an
+ *        autoreset.  For envs with a random generator of their own.
+ * episode_fields, num_episode_fields (0..ENVD_MAX_EPISODE_FIELDS), episode_end:
+ *        the env's own episode log (e.g. PufferLib's Log: "episode_return",
+ *        "episode_length", "score").  episode_end (required when
+ *        num_episode_fields > 0; only with ENVD_ENV_RESETS_ITSELF) is called
+ *        after every step; it returns how many episodes ended in that step
+ *        (0: none; < 0: an error) and, when > 0, writes num_episode_fields
+ *        values: the mean of each field over those episodes.  The host then
+ *        reports them in info["envd_log"] (field -> float64 per row, mask
+ *        info["_envd_log"]) for every row of the env, and its episode
+ *        statistics take "r" from "episode_return" and "l" from
+ *        "episode_length" when the env has those fields.  A RESETS_ITSELF
+ *        env without episode_end never reports an episode end.
  *
  * Multi-agent envs (ABI 4: num_agents = A in 1..ENVD_MAX_AGENTS; ABI 2 and 3
  * definitions must declare 1).  Agents are rows: a vec of N envs has N*A rows
@@ -280,7 +349,9 @@ typedef struct envd_info_field {
  * Episode statistics are per row: the return and live length of each agent,
  * reported at the step that agent ends.  Seeding is per env, as for A = 1:
  * env i draws from one stream seeded s + i, shared by its agents in the order
- * the env's code draws.  Async batches are whole envs: batch_size and
+ * the env's code draws.  An env that resets itself (ENVD_ENV_RESETS_ITSELF, ABI 5) has no dead
+ * rows: every row takes the env's outputs every step (agent_mask always
+ * true), and an episode end that episode_end reports ends it for every row.  Async batches are whole envs: batch_size and
  * env_ids count envs, a batch of B envs is B*A rows.
  */
 typedef struct envd_env_def {
@@ -307,6 +378,16 @@ typedef struct envd_env_def {
     int32_t render_height; /*   (both 0 when render is NULL) */
     int32_t render_fps;    /* gymnasium's metadata["render_fps"], >= 1 */
     int (*render)(const void *state, uint8_t *rgb);
+    /* ---- since ABI 5 ---- */
+    uint32_t flags; /* ENVD_ENV_* bits */
+    /* may be NULL: the static spaces/num_agents/state_size above hold for all params */
+    int (*describe)(const double *params, envd_description_t *out);
+    /* may be NULL */
+    int (*seed)(void *state, uint64_t seed);
+    /* episode log (may be 0 / NULL) */
+    const char *const *episode_fields;
+    int32_t num_episode_fields; /* 0..ENVD_MAX_EPISODE_FIELDS */
+    int (*episode_end)(void *state, double *values);
 } envd_env_def_t;
 
 /* Largest render_width and render_height. */
@@ -318,6 +399,11 @@ typedef struct envd_env_def {
  * its end.  A host function, like envd_env_def_validate. */
 bool envd_env_def_render_info(const envd_env_def_t *def, int32_t *width, int32_t *height,
                               int32_t *fps);
+
+/* The ABI 5 fields of def, or NULL where def predates ABI 5 (then read it as
+ * flags 0 and every callback NULL): the one place the host reads them, so an
+ * ABI 2..4 definition is never read past its end.  A host function. */
+const envd_env_def_t *envd_env_def_v5(const envd_env_def_t *def);
 
 /* Check a definition for consistency; ENVD_OK or the first problem found. */
 int envd_env_def_validate(const envd_env_def_t *def);

@@ -267,6 +267,46 @@ static const char *render_problem(const envd_env_def_t *def)
     return NULL;
 }
 
+const envd_env_def_t *envd_env_def_v5(const envd_env_def_t *def)
+{
+    /* ABI 2..4 definitions end at render (or before): never read past them. */
+    return def != NULL && def->abi_version >= 5 && abi_loadable(def->abi_version) ? def : NULL;
+}
+
+static const char *episode_fields_problem(const envd_env_def_t *v5)
+{
+    if (v5->num_episode_fields < 0 || v5->num_episode_fields > ENVD_MAX_EPISODE_FIELDS)
+        return "episode_fields: num_episode_fields must be in 0..ENVD_MAX_EPISODE_FIELDS (16)";
+    if (v5->num_episode_fields > 0 && (v5->episode_fields == NULL || v5->episode_end == NULL))
+        return "episode_fields: num_episode_fields > 0 needs episode_fields and episode_end";
+    if (v5->episode_end != NULL && !(v5->flags & ENVD_ENV_RESETS_ITSELF))
+        return "episode_end: only an env with ENVD_ENV_RESETS_ITSELF reports its own episodes";
+    for (int k = 0; k < v5->num_episode_fields; k++) {
+        const char *name = v5->episode_fields[k];
+        if (name == NULL || name[0] == '\0')
+            return "episode_fields: a field has no name";
+        for (int j = 0; j < k; j++)
+            if (strcmp(v5->episode_fields[j], name) == 0)
+                return "episode_fields: two fields share a name";
+    }
+    return NULL;
+}
+
+/* The ABI 5 fields (none before ABI 5). */
+static const char *v5_problem(const envd_env_def_t *def)
+{
+    const envd_env_def_t *v5 = envd_env_def_v5(def);
+    if (v5 == NULL)
+        return NULL;
+    if (v5->flags & ~(uint32_t)ENVD_ENV_FLAGS_KNOWN)
+        return "flags: a bit this host does not know is set (ENVD_ENV_RESETS_ITSELF and "
+               "ENVD_ENV_SERIAL_INIT are the flags)";
+    if ((v5->flags & ENVD_ENV_RESETS_ITSELF) && v5->max_episode_steps != 0)
+        return "max_episode_steps must be 0 for an env with ENVD_ENV_RESETS_ITSELF (the host "
+               "adds no time limit to it)";
+    return episode_fields_problem(v5);
+}
+
 const char *envd_env_def_problem(const envd_env_def_t *def)
 {
     if (def == NULL)
@@ -296,6 +336,8 @@ const char *envd_env_def_problem(const envd_env_def_t *def)
         problem = info_fields_problem(def);
     if (problem == NULL)
         problem = render_problem(def);
+    if (problem == NULL)
+        problem = v5_problem(def);
     return problem;
 }
 

@@ -124,6 +124,10 @@ STEP = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(Rng), ctyp
 CLOSE = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 WRITE_INFO = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p))
 RENDER = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint8))
+SEED = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64)
+EPISODE_END = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_double))
+# (describe's description pointer is opaque here: the C tests fill it)
+DESCRIBE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_double), ctypes.c_void_p)
 
 
 class InfoField(ctypes.Structure):
@@ -142,7 +146,11 @@ class EnvDef(ctypes.Structure):
                 ("write_info", WRITE_INFO),
                 # since ABI 3
                 ("render_width", ctypes.c_int32), ("render_height", ctypes.c_int32),
-                ("render_fps", ctypes.c_int32), ("render", RENDER)]
+                ("render_fps", ctypes.c_int32), ("render", RENDER),
+                # since ABI 5
+                ("flags", ctypes.c_uint32), ("describe", DESCRIBE), ("seed", SEED),
+                ("episode_fields", ctypes.POINTER(ctypes.c_char_p)),
+                ("num_episode_fields", ctypes.c_int32), ("episode_end", EPISODE_END)]
 
 
 def _space_shape(space: Space) -> tuple[int, ...]:

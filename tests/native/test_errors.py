@@ -537,7 +537,7 @@ def test_render_info_of_builtins(lib, symbol):
 def test_abi_2_definitions_load_and_their_render_fields_are_never_read(lib):
     """An ABI 2 definition ends before render_width: whatever bytes follow it
     are neither validated nor used."""
-    assert ABI_VERSION == 4 and ABI_VERSION_MIN == 2
+    assert ABI_VERSION == 5 and ABI_VERSION_MIN == 2
     d = builtin(lib)
     d.abi_version = 2
     d.render_width, d.render_height, d.render_fps = -7, 99999, -1  # invalid if read
@@ -597,3 +597,80 @@ def test_abi_4_values_are_refused_in_older_definitions(lib, abi, which, changes,
     d.abi_version = abi
     assert problem in lib.envd_env_def_problem(ctypes.byref(d)).decode()
     assert validate(lib, d) == EINVAL
+
+
+# ---- ABI 5: flags, describe, seed, the episode log ----------------------------------
+RESETS_ITSELF = int(re.search(r"#define ENVD_ENV_RESETS_ITSELF \(1u << (\d+)\)", HEADER)[1])
+RESETS_ITSELF = 1 << RESETS_ITSELF
+SERIAL_INIT = 1 << int(re.search(r"#define ENVD_ENV_SERIAL_INIT \(1u << (\d+)\)", HEADER)[1])
+MAX_EPISODE_FIELDS = int(re.search(r"#define ENVD_MAX_EPISODE_FIELDS (\d+)", HEADER)[1])
+_EPISODE_END = cbuild.EPISODE_END(lambda state, values: 0)
+
+
+def episode_names(*names: bytes) -> ctypes.Array:
+    return (ctypes.c_char_p * max(1, len(names)))(*names)
+
+
+def resets_itself(lib, *names: bytes):
+    d = builtin(lib)
+    d.max_episode_steps = 0
+    d.flags = RESETS_ITSELF
+    d.episode_end = _EPISODE_END
+    keep = episode_names(*names)
+    d.episode_fields = ctypes.cast(keep, ctypes.POINTER(ctypes.c_char_p))
+    d.num_episode_fields = len(names)
+    return d, keep
+
+
+def test_abi_5_fields_are_valid_when_zero_and_with_both_flags(lib):
+    d = builtin(lib)
+    assert d.abi_version == 5 and d.flags == 0 and validate(lib, d) == OK
+    d.flags = SERIAL_INIT
+    assert validate(lib, d) == OK
+    d, keep = resets_itself(lib, b"episode_return", b"episode_length", b"score")
+    d.flags |= SERIAL_INIT
+    assert validate(lib, d) == OK, lib.envd_env_def_problem(ctypes.byref(d))
+
+
+@pytest.mark.parametrize("abi", [2, 3, 4])
+def test_abi_5_fields_are_never_read_from_older_definitions(lib, abi):
+    """An ABI 2..4 definition ends before flags: whatever bytes follow it are
+    neither validated nor used."""
+    d = builtin(lib)
+    d.flags = 0xFFFF
+    d.num_episode_fields = -3
+    d.abi_version = abi
+    assert validate(lib, d) == OK and lib.envd_env_def_problem(ctypes.byref(d)) is None
+
+
+@pytest.mark.parametrize("change, problem", [
+    (lambda d: setattr(d, "flags", 1 << 2), "flags: a bit this host does not know is set"),
+    (lambda d: setattr(d, "flags", 1 << 31), "flags: a bit this host does not know is set"),
+    (lambda d: setattr(d, "max_episode_steps", 500),
+     "max_episode_steps must be 0 for an env with ENVD_ENV_RESETS_ITSELF"),
+    (lambda d: setattr(d, "num_episode_fields", MAX_EPISODE_FIELDS + 1),
+     "num_episode_fields must be in 0..ENVD_MAX_EPISODE_FIELDS"),
+    (lambda d: setattr(d, "num_episode_fields", -1),
+     "num_episode_fields must be in 0..ENVD_MAX_EPISODE_FIELDS"),
+    (lambda d: setattr(d, "episode_end", cbuild.EPISODE_END()),
+     "num_episode_fields > 0 needs episode_fields and episode_end"),
+    (lambda d: setattr(d, "episode_fields", None),
+     "num_episode_fields > 0 needs episode_fields and episode_end"),
+    (lambda d: setattr(d, "flags", SERIAL_INIT),
+     "episode_end: only an env with ENVD_ENV_RESETS_ITSELF"),
+])
+def test_abi_5_problems_name_the_field(lib, change, problem):
+    d, keep = resets_itself(lib, b"episode_return", b"score")
+    change(d)
+    assert problem in (lib.envd_env_def_problem(ctypes.byref(d)) or b"").decode()
+    assert validate(lib, d) == EINVAL
+
+
+@pytest.mark.parametrize("names, problem", [
+    ((b"score", b""), "episode_fields: a field has no name"),
+    ((b"score", None), "episode_fields: a field has no name"),
+    ((b"score", b"perf", b"score"), "episode_fields: two fields share a name"),
+])
+def test_episode_field_names_are_checked(lib, names, problem):
+    d, keep = resets_itself(lib, *names)
+    assert problem in lib.envd_env_def_problem(ctypes.byref(d)).decode()
