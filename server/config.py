@@ -149,6 +149,11 @@ class Config:
     hello_timeout: float = 10.0
     pin_cpus: tuple[int, ...] | None = None
     plugins: tuple[str, ...] = ()
+    # PufferLib's Ocean envs (docs/ocean.md): the envs served as puffer:<env>
+    # ("all": every build recorded), loaded at startup from the operator's
+    # own Ocean cache (None: ENVD_OCEAN_CACHE, else $XDG_CACHE_HOME/envd/ocean).
+    ocean_envs: tuple[str, ...] = ()
+    ocean_cache: str | None = None
     # Hosted Python envs (docs/python-envs.md): the gymnasium ids clients may
     # make as "py:<id>" (nothing else: a client never makes the daemon import
     # anything), the modules imported at startup to register them, and the
@@ -437,6 +442,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="env plugin library to load at startup, repeatable (env "
                              "ENVD_PLUGINS, paths separated by ':'); one that fails to "
                              "load is logged and skipped, see `envd status`")
+    parser.add_argument("--ocean", action="append", metavar="ENV", dest="ocean_envs",
+                        help="PufferLib Ocean env to serve as puffer:ENV, repeatable or "
+                             "separated by ',' ('all': every env built; env ENVD_OCEAN), "
+                             "loaded from the Ocean cache `envd ocean build` filled; see "
+                             "docs/ocean.md")
+    parser.add_argument("--ocean-cache", metavar="DIR", dest="ocean_cache",
+                        help="the Ocean build cache, a folder of the daemon's user, mode "
+                             "0700 (env ENVD_OCEAN_CACHE; default $XDG_CACHE_HOME/envd/ocean)")
     parser.add_argument("--python-env", action="append", metavar="ID", dest="python_envs",
                         help="gymnasium env id clients may make as py:ID (a hosted Python "
                              "env in worker processes), or pz:MODULE:FACTORY (a PettingZoo "
@@ -481,6 +494,10 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None
     for name in ("python_envs", "imports"):
         given = getattr(args, name, None) or environ.get(f"ENVD_{name.upper()}", "").split(",")
         values[name] = tuple(item.strip() for item in given if item.strip())
+    ocean = getattr(args, "ocean_envs", None) or [environ.get("ENVD_OCEAN", "")]
+    values["ocean_envs"] = tuple(env.strip() for item in ocean for env in item.split(",")
+                                 if env.strip())
+    values["ocean_cache"] = getattr(args, "ocean_cache", None) or environ.get("ENVD_OCEAN_CACHE") or None
     if values.get("pin_cpus") is not None:
         values["pin_cpus"] = tuple(values["pin_cpus"])
     insecure = getattr(args, "insecure", None)

@@ -4,10 +4,11 @@
 #define ENVD_OCEAN_ENV "breakout"
 
 enum { P_FRAMESKIP, P_WIDTH, P_HEIGHT, P_PADDLE_WIDTH, P_PADDLE_HEIGHT, P_BALL_WIDTH,
-       P_BALL_HEIGHT, P_BRICK_WIDTH, P_BRICK_HEIGHT, P_BRICK_ROWS, P_BRICK_COLS, P_CONTINUOUS };
+       P_BALL_HEIGHT, P_BRICK_ROWS, P_BRICK_COLS, P_CONTINUOUS };
 
 /* Geometry stays near the defaults: bricks must fit the screen (18 columns of
- * 32 px fill the 576 px width). */
+ * 32 px fill the 576 px width), so the brick size is no make kwarg (32 x 12,
+ * the class's default). */
 static const envd_param_t ocean_params[] = {
     {"frameskip", ENVD_PARAM_INT, 4, 1, 8, "physics ticks per step"},
     {"width", ENVD_PARAM_INT, 576, 576, 1024, "screen width (px)"},
@@ -16,8 +17,6 @@ static const envd_param_t ocean_params[] = {
     {"paddle_height", ENVD_PARAM_INT, 8, 4, 16, "paddle height (px)"},
     {"ball_width", ENVD_PARAM_INT, 32, 8, 32, "ball width (px)"},
     {"ball_height", ENVD_PARAM_INT, 32, 8, 32, "ball height (px)"},
-    {"brick_width", ENVD_PARAM_INT, 32, 32, 32, "brick width (px)"},
-    {"brick_height", ENVD_PARAM_INT, 12, 12, 12, "brick height (px)"},
     {"brick_rows", ENVD_PARAM_INT, 6, 1, 6, "rows of bricks"},
     {"brick_cols", ENVD_PARAM_INT, 18, 1, 18, "columns of bricks"},
     {"continuous", ENVD_PARAM_BOOL, 0, 0, 1, "a Box(-1, 1, (1,)) action instead of Discrete(3)"},
@@ -26,6 +25,8 @@ static const envd_param_t ocean_params[] = {
 static void ocean_ckwargs(const double *p, envd_ocean_dict_t *kw)
 {
     envd_ocean_same_kwargs(kw, ocean_params, P_CONTINUOUS + 1, p);
+    envd_ocean_dict_set(kw, "brick_width", 32);
+    envd_ocean_dict_set(kw, "brick_height", 12);
 }
 
 static int ocean_layout(const double *p, envd_ocean_layout_t *l)

@@ -48,8 +48,10 @@ LIST_WIDTH = 100
 _BOUNDS_SHOWN = 8
 
 
-def _list(plugins: tuple[str, ...], as_json: bool = False) -> int:
-    """Print every env (after loading plugins); exit 1 when a plugin fails."""
+def _list(plugins: tuple[str, ...], as_json: bool = False, ocean_envs: tuple[str, ...] = (),
+          ocean_cache: str | None = None) -> int:
+    """Print every env (after loading plugins and --ocean envs); exit 1 when
+    one fails."""
     status = 0
     for path in plugins:
         try:
@@ -57,6 +59,12 @@ def _list(plugins: tuple[str, ...], as_json: bool = False) -> int:
         except envd.PluginError as exc:
             print(f"envd list: {exc}", file=sys.stderr)
             status = 1
+    if ocean_envs:
+        from envd.native.ocean_ids import load_for_daemon
+        for entry in load_for_daemon(ocean_envs, ocean_cache):
+            if "error" in entry:
+                print(f"envd list: {entry['error']}", file=sys.stderr)
+                status = 1
     specs = [envd.native.get_spec(env_id) for env_id in envd.list_envs()]
     if as_json:
         print(json.dumps([env_description(spec) for spec in specs], indent=2, allow_nan=False))
@@ -419,7 +427,7 @@ def _main(argv: list[str] | None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     if args.command == "list":
-        return _list(config.plugins, args.json)
+        return _list(config.plugins, args.json, config.ocean_envs, config.ocean_cache)
     try:
         return run_daemon(config)
     except (RuntimeError, OSError, zmq.ZMQError, envd.EnvdError) as exc:  # e.g. the endpoint is taken
