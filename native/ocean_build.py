@@ -42,7 +42,6 @@ from envd.native import ocean_source
 GLUE_DIR = Path(__file__).resolve().parent / "ocean"
 GLUE_FILES = ("env_binding.h", "ocean_python.h", "ocean_layout.h", "ocean_random.h",
               "ocean_glue.h", "python/Python.h")
-INCLUDE_ENV = "ENVD_OCEAN_INCLUDE"  # a folder holding the envd.h to build against
 CACHE_ENV = "ENVD_OCEAN_CACHE"
 CC_ENV = "CC"
 
@@ -53,7 +52,7 @@ PUFFER_FLAGS = ("-O2", "-fwrapv", "-DNDEBUG", "-DPLATFORM_DESKTOP",
                 "-Wno-alloc-size-larger-than", "-Wno-implicit-function-declaration",
                 "-Wno-error=int-conversion", "-Wno-error=incompatible-pointer-types",
                 "-Wno-error=implicit-function-declaration", "-fmax-errors=3")
-ENVD_FLAGS = ("-fPIC", "-ffunction-sections", "-fdata-sections")
+GLUE_FLAGS = ("-fPIC", "-ffunction-sections", "-fdata-sections")
 LINK_FLAGS = ("-shared", "-Wl,--gc-sections", "-Wl,--version-script=exports.map",
               "-Wl,--no-undefined")
 EXPORTS = "ENVD_OCEAN { global: envd_plugin; envd_ocean_ckwargs; local: *; };\n"
@@ -138,9 +137,9 @@ def compiler_version(cc: Sequence[str]) -> str:
 
 
 def envd_include() -> Path:
-    """The folder of the envd.h Ocean plugins build against (the installed
-    package's, or $ENVD_OCEAN_INCLUDE's)."""
-    return Path(os.environ.get(INCLUDE_ENV) or Path(__file__).resolve().parent / "include")
+    """The folder of the envd.h Ocean plugins build against: the installed
+    package's."""
+    return Path(__file__).resolve().parent / "include"
 
 
 def _hash_files(digest: "hashlib._Hash", root: Path, files: Sequence[Path]) -> None:
@@ -235,7 +234,7 @@ def build_env(env: str, tree_root: Path, cache: Path, extra_flags: Sequence[str]
                               f"pufferlib/ocean/{env}/binding.c")
     check_private_dir(cache, create=True)
     cc = find_compiler()
-    flags = [*PUFFER_FLAGS, *ENVD_FLAGS, *extra_flags]
+    flags = [*PUFFER_FLAGS, *GLUE_FLAGS, *extra_flags]
     key = build_key(env, ocean, cc, flags)
     out = cache / "builds" / f"{env}-{key[:24]}"
     build = OceanBuild(env, out / f"libenvd_ocean_{env}.so", key)

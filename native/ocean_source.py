@@ -98,7 +98,11 @@ def download_sdist(downloads: Path) -> Path:
         partial.unlink(missing_ok=True)
         raise OceanSourceError(f"cannot fetch {SDIST_NAME} from the package index: {e}; "
                                "give a PufferLib tree or sdist with --source") from None
-    _verified(partial)
+    try:
+        _verified(partial)
+    except OceanSourceError:
+        partial.unlink(missing_ok=True)
+        raise
     partial.replace(target)
     return target
 
@@ -125,9 +129,12 @@ def extract_sdist(sdist: Path, into: Path) -> Path:
     partial = into / (SDIST_SHA256[:16] + ".part")
     into.mkdir(mode=0o700, parents=True, exist_ok=True)
     with tarfile.open(sdist, "r:gz") as tar:
-        wanted = [f"pufferlib-{PUFFERLIB_VERSION}/pufferlib/ocean/",
-                  f"pufferlib-{PUFFERLIB_VERSION}/raylib-5.5_linux_amd64/include/",
-                  f"pufferlib-{PUFFERLIB_VERSION}/LICENSE"]
+        # the Ocean envs, raylib (its headers for the build; its library and
+        # PufferLib's pufferlib.py and spaces.py for the tests' reference)
+        top_name = f"pufferlib-{PUFFERLIB_VERSION}/"
+        wanted = [top_name + p for p in ("pufferlib/ocean/", "pufferlib/pufferlib.py",
+                                         "pufferlib/spaces.py", "raylib-5.5_linux_amd64/",
+                                         "LICENSE")]
         members = [m for prefix in wanted for m in _safe_members(tar, prefix)]
         if hasattr(tarfile, "data_filter"):  # the members are checked above either way
             tar.extractall(partial, members=members, filter="data")

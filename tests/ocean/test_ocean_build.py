@@ -129,3 +129,40 @@ def test_a_recorded_build_outside_the_cache_is_refused(tmp_path, puffer_tree):
     index.write_text(json.dumps(entries))
     with pytest.raises(ocean_build.OceanBuildError, match="lies outside the cache"):
         ocean_build.installed_builds(cache)
+
+
+def test_the_sdist_is_fetched_from_the_configured_index_and_checked(tmp_path, monkeypatch):
+    """PIP_INDEX_URL's simple JSON API names the file; a download whose sha256
+    is not the pinned one is refused and not kept (a loopback index here)."""
+    import http.server
+    import threading
+
+    body = b"not the sdist"
+    listing = json.dumps({"files": [{"filename": ocean_source.SDIST_NAME,
+                                     "url": f"/files/{ocean_source.SDIST_NAME}"}]}).encode()
+    asked = []
+
+    class Index(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            asked.append(self.path)
+            data = listing if self.path == "/simple/pufferlib/" else body
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Index)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        monkeypatch.setenv("PIP_INDEX_URL", f"http://127.0.0.1:{server.server_port}/simple")
+        downloads = tmp_path / "downloads"
+        with pytest.raises(ocean_source.OceanSourceError, match="refusing to build from it"):
+            ocean_source.download_sdist(downloads)
+    finally:
+        server.shutdown()
+    assert asked == ["/simple/pufferlib/", f"/files/{ocean_source.SDIST_NAME}"]
+    assert list(downloads.iterdir()) == []
