@@ -9,9 +9,11 @@ Every unit is compiled with ``-include ocean_random.h`` (per-env glibc random
 streams and clocks).  The flags are PufferLib's for its C extensions (its
 setup.py: -O2, -fwrapv, -DNDEBUG from Python's own CFLAGS, -DPLATFORM_DESKTOP,
 its -Wno list), never -march=native nor -ffast-math: the trajectories are
-compared bit for bit with PufferLib's own build.  Nothing links raylib: the
-glue never renders, so the linker drops the render code (--gc-sections) and
---no-undefined proves no raylib symbol is left.
+compared bit for bit with PufferLib's own build.  raylib is linked only where
+needed: the glue never renders, so the linker drops the render code
+(--gc-sections) and --no-undefined proves no raylib symbol is left; a unit
+whose c_close still asks raylib (IsWindowReady) gets the sdist's static
+libraylib.a, as PufferLib links it.
 
 The cache (default ``$XDG_CACHE_HOME/envd/ocean``) is a folder of the user's
 own, mode 0700: it is refused when another user owns it or others may write
@@ -153,10 +155,15 @@ def _env_files(ocean: Path, env: str) -> list[Path]:
     return [p for p in folder.rglob("*") if p.is_file() and p.suffix in (".c", ".h")]
 
 
-def build_key(env: str, ocean: Path, cc: Sequence[str], flags: Sequence[str]) -> str:
+def build_key(env: str, ocean: Path, cc: Sequence[str], flags: Sequence[str],
+              raylib: Path | None = None) -> str:
     """What a build depends on, hashed: the env's C files, envd's glue and the
-    env's manifest, envd.h, the compiler's version and every flag."""
+    env's manifest, envd.h, raylib's header and library, the compiler's
+    version and every flag."""
     digest = hashlib.sha256()
+    if raylib is not None:
+        _hash_files(digest, raylib, [p for p in (raylib / "include" / "raylib.h",
+                                                 raylib / "lib" / "libraylib.a") if p.is_file()])
     _hash_files(digest, ocean, _env_files(ocean, env))
     _hash_files(digest, GLUE_DIR, [GLUE_DIR / f for f in GLUE_FILES]
                 + [GLUE_DIR / "manifests" / f"{env}.h"])
@@ -189,24 +196,36 @@ def _stage(tree: Path, ocean: Path, env: str) -> None:
 
 def _compile(tree: Path, cc: Sequence[str], flags: Sequence[str], raylib: Path | None,
              library: str, env: str) -> None:
+    """Compile and link the env's unit.  Linked without raylib first; a unit
+    whose kept code still calls raylib (a c_close that asks IsWindowReady) is
+    linked again with the sdist's static libraylib.a, as PufferLib links it."""
     cmd = [*cc, *flags, "-include", "envd_ocean/ocean_random.h", "-I", "envd_ocean",
            "-I", "envd_ocean/python"]
-    if raylib is not None:  # the units include raylib.h (never linked)
-        cmd += ["-I", str(raylib)]
+    if raylib is not None:  # the units include raylib.h
+        cmd += ["-I", str(raylib / "include")]
     cmd += [f"ocean/{env}/binding.c", "-o", library, *LINK_FLAGS, "-lm"]
-    try:
-        done = subprocess.run(cmd, cwd=tree, capture_output=True, text=True, timeout=600)
-    except OSError as e:
-        raise OceanBuildError(f"the C compiler {shlex.join(cc)} cannot run: {e.strerror}") from None
-    except subprocess.TimeoutExpired:
-        raise OceanBuildError(f"{env}: the compiler ran over 600 s") from None
+    done = _run_compiler(cmd, tree, cc, env)
+    static = raylib / "lib" / "libraylib.a" if raylib is not None else None
+    if done.returncode != 0 and "undefined reference" in done.stderr and static and static.is_file():
+        done = _run_compiler([*cmd, str(static), "-lpthread", "-ldl"], tree, cc, env)
     if done.returncode != 0:
         raise OceanBuildError(f"{env}: does not compile: {_first_error(done.stderr)}")
 
 
-def _raylib_include(tree_root: Path) -> Path | None:
-    for candidate in sorted(tree_root.glob("raylib*/include")) + [tree_root / "raylib" / "include"]:
-        if (candidate / "raylib.h").is_file():
+def _run_compiler(cmd: list[str], tree: Path, cc: Sequence[str],
+                  env: str) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(cmd, cwd=tree, capture_output=True, text=True, timeout=600)
+    except OSError as e:
+        raise OceanBuildError(f"the C compiler {shlex.join(cc)} cannot run: {e.strerror}") from None
+    except subprocess.TimeoutExpired:
+        raise OceanBuildError(f"{env}: the compiler ran over 600 s") from None
+
+
+def _raylib(tree_root: Path) -> Path | None:
+    """The sdist's raylib folder (include/raylib.h, lib/libraylib.a)."""
+    for candidate in sorted(tree_root.glob("raylib*")) + [tree_root / "raylib"]:
+        if (candidate / "include" / "raylib.h").is_file():
             return candidate
     return None
 
@@ -235,7 +254,8 @@ def build_env(env: str, tree_root: Path, cache: Path, extra_flags: Sequence[str]
     check_private_dir(cache, create=True)
     cc = find_compiler()
     flags = [*PUFFER_FLAGS, *GLUE_FLAGS, *extra_flags]
-    key = build_key(env, ocean, cc, flags)
+    raylib = _raylib(ocean.parent.parent)
+    key = build_key(env, ocean, cc, flags, raylib)
     out = cache / "builds" / f"{env}-{key[:24]}"
     build = OceanBuild(env, out / f"libenvd_ocean_{env}.so", key)
     with cache_lock(cache):
@@ -244,8 +264,7 @@ def build_env(env: str, tree_root: Path, cache: Path, extra_flags: Sequence[str]
             with tempfile.TemporaryDirectory(dir=cache / "builds", prefix=f".{env}-") as tmp:
                 tree = Path(tmp)
                 _stage(tree, ocean, env)
-                _compile(tree, cc, flags, _raylib_include(ocean.parent.parent),
-                         build.library.name, env)
+                _compile(tree, cc, flags, raylib, build.library.name, env)
                 staged = tree / "out"
                 staged.mkdir()
                 (tree / build.library.name).replace(staged / build.library.name)

@@ -20,6 +20,10 @@ EXACT = {
     "snake": ("Snake", {"width": 40, "height": 32, "num_snakes": 4, "num_food": 40}, np.int32),
     "connect4": ("Connect4", {}, np.int32),
     "tetris": ("Tetris", {}, np.int32),
+    "cartpole": ("Cartpole", {}, np.float32),
+    "squared": ("Squared", {}, np.int32),
+    "tripletriad": ("TripleTriad", {}, np.int32),
+    "target": ("Target", {"num_agents": 3, "num_goals": 2}, np.int32),
 }
 REPRODUCIBLE = {
     "terraform": ("Terraform", {"num_agents": 2}, np.int32),

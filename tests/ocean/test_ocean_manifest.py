@@ -32,6 +32,10 @@ KWARG_SETS = {
     "tetris": [{}, {"n_cols": 8, "n_rows": 16}, {"deck_size": 5}],
     "terraform": [{}, {"num_agents": 2}, {"num_agents": 5, "reward_scale": 0.1,
                                           "reset_frequency": 1024}],
+    "cartpole": [{}, {"continuous": True}],
+    "squared": [{}, {"size": 5}, {"size": 21}],
+    "tripletriad": [{}],
+    "target": [{}, {"num_agents": 1, "num_goals": 1}, {"num_agents": 16, "num_goals": 6}],
 }
 CASES = [(env, i) for env in sorted(KWARG_SETS) for i in range(len(KWARG_SETS[env]))]
 

@@ -45,7 +45,8 @@ def test_trajectory_equals_pufferlib(env, seed, ocean_builds):
 
 
 @pytest.mark.parametrize("env,kwargs", [("breakout", {"continuous": True}),
-                                        ("pong", {"continuous": True, "max_score": 3})])
+                                        ("pong", {"continuous": True, "max_score": 3}),
+                                        ("cartpole", {"continuous": True})])
 def test_continuous_trajectory_equals_pufferlib(env, kwargs, ocean_builds):
     """Box actions, 50% beyond their bounds: clipped as PufferLib's class clips."""
     _check_exact(ocean_builds(env), env, kwargs, 1, np.float32)
