@@ -1,7 +1,8 @@
 """The Ocean envs the tests step, with their kwargs and C action dtypes.
 
-EXACT envs equal PufferLib's own binding bit for bit; terraform seeds its
-terrain from the clock in PufferLib, so in envd it is only reproducible.
+EXACT envs equal PufferLib's own binding bit for bit; terraform and checkers
+seed their streams from the clock in PufferLib, so in envd they are only
+reproducible.
 The C action dtype is what PufferLib's class hands its binding (breakout and
 pong cast even Discrete actions to float32); test_ocean_manifest.py checks
 it against the class.
@@ -27,6 +28,7 @@ EXACT = {
 }
 REPRODUCIBLE = {
     "terraform": ("Terraform", {"num_agents": 2}, np.int32),
+    "checkers": ("Checkers", {}, np.int32),
 }
 ALL = {**EXACT, **REPRODUCIBLE}
 

@@ -35,6 +35,7 @@ KWARG_SETS = {
     "cartpole": [{}, {"continuous": True}],
     "squared": [{}, {"size": 5}, {"size": 21}],
     "tripletriad": [{}],
+    "checkers": [{}, {"size": 10}, {"size": 12}],
     "target": [{}, {"num_agents": 1, "num_goals": 1}, {"num_agents": 16, "num_goals": 6}],
 }
 CASES = [(env, i) for env in sorted(KWARG_SETS) for i in range(len(KWARG_SETS[env]))]
