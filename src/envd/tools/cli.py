@@ -36,7 +36,6 @@ import zmq
 from gymnasium import spaces
 
 import envd
-from envd.tools import ocean_cli
 
 if TYPE_CHECKING:
     from envd.native.registry import EnvSpec
@@ -408,6 +407,7 @@ def _main(argv: list[str] | None) -> int:
                        help="with --python: envs per system (even; default 16)")
     bench.add_argument("--no-progress", action="store_true",
                        help="no progress bar (it is shown only when stderr is a terminal)")
+    from envd.tools import ocean_cli  # its parser; the build itself imports lazily too
     ocean_cli.add_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "ocean":
