@@ -14,8 +14,10 @@
  *          c_reset;
  *   step   the host's actions converted to the env's C action type, c_step;
  *          rewards float -> double, terminals -> bool, truncations false;
- *   episode_end  the mean of the Log entries the step added (vec_log's
- *          average, per step), then the Log is cleared as vec_log clears it;
+ *   episode_end  when the Log counted episodes in this step (log.n > 0):
+ *          every field divided by n, as vec_log averages, then the Log is
+ *          cleared as vec_log clears it (a step without an episode leaves
+ *          what the env accumulates, e.g. connect4's lengths, for the next);
  *   close  c_close.
  *
  * Every call that can run the env's code selects the env's own random stream
@@ -75,7 +77,10 @@ static size_t ocean_dtype_size(envd_dtype_t dtype)
     return 0;
 }
 
-static size_t ocean_align_up(size_t n) { return (n + alignof(max_align_t) - 1) & ~(alignof(max_align_t) - 1); }
+static size_t ocean_align_up(size_t n)
+{
+    return (n + alignof(max_align_t) - 1) & ~(alignof(max_align_t) - 1);
+}
 
 static int64_t ocean_numel(int32_t ndim, const int64_t *shape)
 {
