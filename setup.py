@@ -1,5 +1,15 @@
 # setuptools has no pyproject key for cffi modules; everything else is in pyproject.toml.
-from setuptools import setup
+import os
+import sys
+
+# One line, before anything is imported or compiled, on a machine that cannot
+# build envd (not Linux, no C compiler, no Python headers): native/build_checks.py.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "native"))
+from build_checks import check_build_machine  # noqa: E402
+
+check_build_machine()
+
+from setuptools import setup  # noqa: E402
 
 # cffi compiles the native core against Python's limited API (the module is
 # _envd_native.abi3.so), so one wheel serves every CPython >= 3.10 (the

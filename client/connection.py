@@ -23,7 +23,7 @@ from envd.client.capabilities import Capabilities
 from envd.client.channel import Channel
 from envd.client.remote_vector_env import RemoteVecEnv
 from envd.errors import (ConnectionLostError, EnvdError, EnvdTimeoutError, EnvStateError,
-                         InvalidArgumentError, UnknownSessionError)
+                         InvalidArgumentError, NoDaemonError, UnknownSessionError)
 from envd.hosted_pettingzoo import PETTINGZOO_PREFIX, rows_view
 from envd.vector_base import (autoreset_mode_name, check_int, episode_statistics_key,
                               parse_autoreset_mode, seed_list)
@@ -54,6 +54,16 @@ def _check_timeout(timeout: float) -> float:
     return float(timeout)
 
 
+#: envd.make's arguments a daemon-served env has no use for, and what to
+#: write instead (an env kwarg of that name would reach the daemon and come
+#: back as "has no parameter", which does not say where to look)
+_IN_PROCESS_ONLY = {
+    "num_threads": "the daemon's one pool (its --threads) steps every session; pass "
+                   "max_threads=K to cap how many of its threads step this session's envs",
+    "pin_cpus": "the daemon's pool threads are pinned by its operator (envd --pin-cpus)",
+}
+
+
 class Client:
     """A connection to one envd daemon (see envd.connect).
 
@@ -79,9 +89,10 @@ class Client:
             self.capabilities = Capabilities.from_hello(self.server_info)
         except EnvdTimeoutError:
             self._teardown()
-            raise ConnectionLostError(
-                f"no envd daemon answered at {self.endpoint} within {self.timeout:g} s; "
-                "start one with `envd --threads N`") from None
+            raise NoDaemonError(
+                f"no envd daemon answered at {self.endpoint}"
+                f"{endpoints.where_from(self.endpoint)} within {self.timeout:g} s; "
+                "start one with `envd --threads N`", self.endpoint) from None
         except BaseException:
             self._teardown()
             raise
@@ -108,7 +119,7 @@ class Client:
                                      "client_name": name})
 
     def make(self, env_id: str, num_envs: int, *, seed: int | Sequence[int] | None = None,
-             autoreset_mode: str | AutoresetMode = "next_step",
+             autoreset_mode: str | AutoresetMode | None = None,
              max_episode_steps: int | None = None, copy: bool = False,
              episode_statistics: bool | str = True, batch_size: int | None = None,
              transport: str | None = None, fast_path: bool | None = None,
@@ -164,6 +175,8 @@ class Client:
         # msgpack would change or cannot carry), with envd.make's messages.
         if not isinstance(env_id, str):
             raise InvalidArgumentError(f"env_id must be a str, got {type(env_id).__name__}")
+        for name in env_kwargs.keys() & _IN_PROCESS_ONLY.keys():
+            raise InvalidArgumentError(f"Client.make takes no {name}: {_IN_PROCESS_ONLY[name]}")
         if transport is None:
             transport = os.environ.get("ENVD_TRANSPORT") or "auto"
         if transport not in protocol.TRANSPORTS:
@@ -181,15 +194,18 @@ class Client:
             info_bytes = 0 if info_bytes is None else info_bytes
         if seed is not None:
             seed_list(seed, num_envs)
-        mode = parse_autoreset_mode(autoreset_mode)
+        # None: the daemon's default, next_step (and none for an env that
+        # resets itself, which refuses the argument)
+        mode = parse_autoreset_mode("next_step" if autoreset_mode is None else autoreset_mode)
         header = {"type": "make", "env_id": env_id, "num_envs": num_envs,
-                  "autoreset_mode": autoreset_mode_name(mode),
                   "seed": _wire("seed", seed),
                   "max_episode_steps": _wire("max_episode_steps", max_episode_steps),
                   "env_kwargs": _wire("env_kwargs", env_kwargs)}
         self._check_served(batch_size is not None and batch_size != num_envs,
                            render_mode is not None, transport == "inline",
                            max_threads is not None)
+        if autoreset_mode is not None:
+            header["autoreset_mode"] = autoreset_mode_name(mode)
         if batch_size is not None:  # absent unless asked (as the protocol allows)
             header["batch_size"] = _wire("batch_size", batch_size)
         if render_mode is not None:

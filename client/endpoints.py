@@ -12,7 +12,8 @@ import socket
 from typing import Any
 
 from envd import ownership, protocol
-from envd.errors import ConnectionLostError, InvalidArgumentError, UntrustedPathError
+from envd.errors import (ConnectionLostError, InvalidArgumentError, NoDaemonError,
+                         UntrustedPathError)
 
 
 def check_endpoint(endpoint: Any, timeout: float) -> str:
@@ -33,9 +34,10 @@ def check_endpoint(endpoint: Any, timeout: float) -> str:
         probe.connect(path)
     except (FileNotFoundError, ConnectionRefusedError) as exc:
         reason = "does not exist" if isinstance(exc, FileNotFoundError) else "has no listener"
-        raise ConnectionLostError(
-            f"no envd daemon at {endpoint}: {path} {reason}; start one with "
-            "`envd --threads N` (or set ENVD_ENDPOINT to the daemon's endpoint)") from None
+        raise NoDaemonError(
+            f"no envd daemon at {endpoint}{where_from(endpoint)}: {path} {reason}; start one "
+            "with `envd --threads N` (or set ENVD_ENDPOINT to the daemon's endpoint)"
+            f"{elsewhere(endpoint)}", endpoint) from None
     except PermissionError:
         raise ConnectionLostError(
             f"permission denied connecting to {path}: the daemon at {endpoint} "
@@ -46,6 +48,49 @@ def check_endpoint(endpoint: Any, timeout: float) -> str:
     finally:
         probe.close()
     return endpoint
+
+
+def where_from(endpoint: str, environ: Any = None) -> str:
+    """Where the endpoint came from, for a message: " (ENVD_ENDPOINT)", the
+    default and the $XDG_RUNTIME_DIR it follows, or "" (the caller's own)."""
+    environ = os.environ if environ is None else environ
+    if environ.get("ENVD_ENDPOINT"):
+        return " (ENVD_ENDPOINT)" if endpoint == environ["ENVD_ENDPOINT"] else ""
+    if endpoint != protocol.default_endpoint(environ):
+        return ""
+    runtime = environ.get("XDG_RUNTIME_DIR")
+    because = f"$XDG_RUNTIME_DIR={runtime}" if endpoint.startswith(f"ipc://{runtime}/") \
+        else "$XDG_RUNTIME_DIR " + ("is not a directory" if runtime else "is unset")
+    return f" (the default endpoint: ENVD_ENDPOINT is unset and {because})"
+
+
+def elsewhere(endpoint: str, environ: Any = None, places: Any = None) -> str:
+    """For the default endpoint with no daemon: the other place the default
+    can be (a shell with or without $XDG_RUNTIME_DIR computes another one;
+    places: the socket paths to try, default /run/user/$UID and
+    /tmp/envd-$UID) when a daemon listens there, as a hint; else ""."""
+    environ = os.environ if environ is None else environ
+    if environ.get("ENVD_ENDPOINT") or endpoint != protocol.default_endpoint(environ):
+        return ""
+    uid = os.getuid()
+    for other in places or (f"/run/user/{uid}/envd.sock", f"/tmp/envd-{uid}/envd.sock"):
+        if f"ipc://{other}" != endpoint and _listens(other):
+            return (f". A daemon listens at ipc://{other}, the default of a shell whose "
+                    f"$XDG_RUNTIME_DIR differs: set ENVD_ENDPOINT=ipc://{other} to reach it")
+    return ""
+
+
+def _listens(path: str) -> bool:
+    """Whether something accepts connections on the unix socket at path."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
 
 
 def check_default_folder(endpoint: str, folder: str) -> None:

@@ -46,9 +46,10 @@ from envd.client.multi_doorbell import ShardsDoorbellStepper
 from envd.client.remote_vector_env import RemoteVecEnv
 from envd.errors import (ConnectionLostError, EnvdError, EnvError, EnvStateError,
                          InvalidActionError, InvalidArgumentError, NativeError)
-from envd.vector_base import (BatchedVecEnv, SendRowChecks, action_out_of_range,
-                              autoreset_mode_name, check_int, episode_statistics_key,
-                              parse_autoreset_mode, seed_list)
+from envd.vector_base import (RESETS_ITSELF, BatchedVecEnv, SendRowChecks,
+                              action_out_of_range, autoreset_mode_name, check_int,
+                              episode_statistics_key, mark_resets_itself, parse_autoreset_mode,
+                              seed_list)
 
 
 
@@ -246,7 +247,7 @@ class MultiClient:
         return [status for _, status, _ in outcomes]
 
     def make(self, env_id: str, num_envs: int, *, seed: int | Sequence[int] | None = None,
-             autoreset_mode: str | AutoresetMode = "next_step",
+             autoreset_mode: str | AutoresetMode | None = None,
              max_episode_steps: int | None = None, copy: bool = False,
              episode_statistics: bool | str = True, batch_size: int | None = None,
              **env_kwargs: Any) -> "MultiVecEnv":
@@ -276,7 +277,7 @@ class MultiClient:
         # seed=None: one random base seed for all daemons, env i then gets
         # base + i as in envd.make (each daemon drawing its own would not).
         seeds = seed_list(secrets.randbelow(2**63) if seed is None else seed, num_envs)
-        mode = parse_autoreset_mode(autoreset_mode)
+        mode = parse_autoreset_mode("next_step" if autoreset_mode is None else autoreset_mode)
         if batch_size is not None:
             batch_size = check_int("batch_size", batch_size, 1, num_envs)
         if batch_size is not None and batch_size < num_envs:
@@ -295,7 +296,8 @@ class MultiClient:
         counts = split_envs(weights, num_envs)
         env = MultiVecEnv(self, counts, env_id, seeds, mode, copy, episode_statistics,
                           batch_size,
-                          {"autoreset_mode": autoreset_mode_name(mode),
+                          {"autoreset_mode": (None if autoreset_mode is None
+                                              else autoreset_mode_name(mode)),
                            "max_episode_steps": max_episode_steps,
                            "episode_statistics": episode_statistics, **env_kwargs})
         self._envs.add(env)
@@ -412,6 +414,10 @@ class MultiVecEnv(SendRowChecks, BatchedVecEnv):
                          num_envs * agents, mode, first.max_episode_steps, copy,
                          episode_statistics, batch_size if is_async else None)
         self.num_agents = agents
+        self.episode_fields = first.episode_fields  # (ABI 5: its episode log)
+        if first.metadata.get("envd_autoreset") == RESETS_ITSELF:
+            mark_resets_itself(self)
+        self.agent_names = first.agent_names
         if is_async:
             self.batch_size = batch_size  # envs, not rows
         self._shards = tuple(shards)

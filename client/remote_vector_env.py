@@ -18,7 +18,7 @@ from gymnasium.vector import AutoresetMode
 from envd import protocol
 from envd.errors import ProtocolError
 from envd.client.transports import open_stepper
-from envd.vector_base import BatchedVecEnv, SendRowChecks
+from envd.vector_base import BatchedVecEnv, SendRowChecks, mark_resets_itself
 
 if TYPE_CHECKING:
     from envd.client.connection import Client
@@ -43,6 +43,16 @@ class RemoteVecEnv(SendRowChecks, BatchedVecEnv):
                          reply.get("batch_size"), reply.get("render_mode"),
                          reply.get("render_fps"))
         self.num_agents = agents
+        fields = reply.get("episode_fields") or []
+        if not (isinstance(fields, list) and all(isinstance(f, str) for f in fields)):
+            raise ProtocolError(f"the daemon's make reply has episode_fields={fields!r:.200}")
+        self.episode_fields = tuple(fields)  # (ABI 5: the env's own episode log)
+        if reply.get("resets_itself"):
+            mark_resets_itself(self)
+        names = reply.get("possible_agents") or []  # (a "pz:" env's; absent from older daemons)
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise ProtocolError(f"the daemon's make reply has possible_agents={names!r}")
+        self.agent_names = tuple(names)
         self.batch_size = reply.get("batch_size") or num_envs  # envs, not rows
         # (if this raises, Client.make closes the session; checked before the
         # segment is mapped, so that a refusal leaves no mapping behind)

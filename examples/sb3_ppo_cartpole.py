@@ -81,10 +81,10 @@ def main(argv: list[str] | None = None) -> int:
         venv.close()
 
         eval_env = EnvdVecEnv.make("CartPole-v1", 1, client=client, seed=args.seed + 10_000)
-        # warn=False: EnvdVecEnv has no Monitor wrapper; the raw rewards
-        # evaluate_policy sums are the episode returns here.
+        # EnvdVecEnv writes Monitor's info["episode"] from envd's statistics and
+        # says so (env_is_wrapped(Monitor)): evaluate_policy reads the returns there.
         eval_mean, eval_std = evaluate_policy(model, eval_env, n_eval_episodes=args.eval_episodes,
-                                              deterministic=True, warn=False)
+                                              deterministic=True)
         eval_env.close()
     finally:
         if client is not None:

@@ -10,7 +10,7 @@ INCLUDE_DIR = Path(__file__).resolve().parent / "include"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m envd.native",
+    parser = argparse.ArgumentParser(prog="python -m envd.native", allow_abbrev=False,
                                      description="Build information for envd plugins.")
     parser.add_argument("--include", action="store_true",
                         help="print the directory that holds envd.h")

@@ -28,7 +28,8 @@ HERE = Path(__file__).resolve().parent
 ENV_SOURCES = sorted(f"src/envs/{p.name}" for p in (HERE / "src" / "envs").glob("*.c"))
 SOURCES = ["src/errors.c", "src/rng.c", "src/pool.c", "src/vec.c", "src/builtin_envs.c",
            "src/npy_f32_trig.c", *ENV_SOURCES,
-           "src/plugin.c", "src/backend_pool.c", "src/backend_workers.c", "src/session.c",
+           "src/plugin.c", "src/describe.c", "src/backend_pool.c", "src/backend_workers.c",
+           "src/session.c",
            "src/fast.c", "src/batch_rows.c",
            "src/segment_guard.c", "src/raster.c"]
 
@@ -108,6 +109,9 @@ typedef struct envd_env_def {
     int32_t num_params;
     const envd_info_field_t *info_fields;
     int32_t num_info_fields;
+    uint32_t flags;
+    const char *const *episode_fields;
+    int32_t num_episode_fields;
     ...;
 } envd_env_def_t;
 
@@ -124,6 +128,18 @@ int envd_env_def_validate(const envd_env_def_t *def);
 bool envd_env_def_render_info(const envd_env_def_t *def, int32_t *width, int32_t *height,
                               int32_t *fps);
 const char *envd_env_def_problem(const envd_env_def_t *def);
+const envd_env_def_t *envd_env_def_v5(const envd_env_def_t *def);
+#define ENVD_ENV_RESETS_ITSELF ...
+#define ENVD_ENV_SERIAL_INIT ...
+#define ENVD_MAX_EPISODE_FIELDS ...
+#define ENVD_MAX_DESCRIBE_BYTES ...
+typedef struct envd_described envd_described_t;
+int envd_describe(envd_described_t **out, const envd_env_def_t *def, const double *params,
+                  int64_t num_rows, char *error, size_t error_size);
+const envd_env_def_t *envd_described_def(const envd_described_t *described);
+void envd_described_free(envd_described_t *described);
+uint64_t envd_described_bytes(const envd_described_t *described);
+int envd_env_def_describes(const envd_env_def_t *def);
 int envd_plugin_open(const char *path, const envd_plugin_t **out, void **handle, char *error,
                      size_t error_size);
 void envd_plugin_unload(void *handle);
@@ -149,6 +165,7 @@ typedef struct envd_vec_buffers {
     bool *dones;
     void *info_fields[8];
     bool *agent_mask;
+    double *episode_log;
 } envd_vec_buffers_t;
 
 typedef struct envd_vec_config {
@@ -157,6 +174,7 @@ typedef struct envd_vec_config {
     int64_t max_episode_steps;
     const double *params;
     bool per_env_params;
+    const uint64_t *seeds;
 } envd_vec_config_t;
 
 typedef struct envd_vec_stats {
@@ -354,7 +372,8 @@ ffibuilder.cdef(CDEF)
 ffibuilder.set_source(
     "envd.native._envd_native",
     '#include "envd.h"\n#include "pool.h"\n#include "vec.h"\n#include "builtin_envs.h"\n'
-    '#include "plugin.h"\n#include "fast.h"\n#include "session.h"\n#include "segment_guard.h"\n'
+    '#include "plugin.h"\n#include "describe.h"\n#include "fast.h"\n#include "session.h"\n'
+    '#include "segment_guard.h"\n'
     '#include "backend_workers.h"\n#include "batch_rows.h"\n',
     # setuptools wants source paths relative to the project root (the cwd of
     # the build); this file may be executed from anywhere.

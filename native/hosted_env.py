@@ -206,6 +206,8 @@ def make_python(env: str | Callable[[], gymnasium.Env], num_envs: int, *,
         num_workers = default_num_workers(num_envs, described["step_seconds"])
     spec = HostedSpec(name, described["observation_space"], described["action_space"],
                       max_episode_steps or described["max_episode_steps"])
-    return HostedVecEnv(spec, num_envs, maker=maker, num_workers=num_workers, seed=seed,
-                        autoreset_mode=mode, copy=copy, episode_statistics=episode_statistics,
-                        batch_size=batch_size, info_bytes=info_bytes)
+    env = HostedVecEnv(spec, num_envs, maker=maker, num_workers=num_workers, seed=seed,
+                       autoreset_mode=mode, copy=copy, episode_statistics=episode_statistics,
+                       batch_size=batch_size, info_bytes=info_bytes)
+    env.agent_names = tuple(described.get("possible_agents", ()))
+    return env

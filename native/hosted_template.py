@@ -176,8 +176,10 @@ def _describe(spec: tuple) -> dict[str, Any]:
         env.reset()  # (unseeded: the env's own seeding is the workers')
         env.action_space.seed(0)
         cost = measure_step_seconds(env)
+        # a hosted PettingZoo adapter names its agents (envd.hosted_pettingzoo)
+        agents = [str(a) for a in getattr(env.unwrapped, "possible_agents", None) or []]
         return {"observation_space": env.observation_space, "action_space": env.action_space,
-                "max_episode_steps": limit, "step_seconds": cost}
+                "max_episode_steps": limit, "step_seconds": cost, "possible_agents": agents}
     finally:
         env.close()
 

@@ -68,6 +68,8 @@ def vec_buffers(spec: EnvSpec, buffers: dict[str, np.ndarray]):
         "dones": ptr(buffers["dones"], "bool *"),
         "info_fields": [ptr(buffers[INFO_PREFIX + field.name]) for field in spec.info_fields],
         "agent_mask": ptr(buffers["agent_mask"], "bool *") if "agent_mask" in buffers else ffi.NULL,
+        "episode_log": (ptr(buffers["episode_log"], "double *") if "episode_log" in buffers
+                        else ffi.NULL),
     })
 
 
@@ -85,12 +87,14 @@ def per_env_params(spec: EnvSpec, num_envs: int, params: list[float] | None) -> 
 
 
 def vec_config(num_envs: int, autoreset_mode: int, max_episode_steps: int, params,
-               per_env: bool = False):
+               per_env: bool = False, seeds=ffi.NULL):
     """The envd_vec_config_t (params: a cffi double array kept alive by the
-    caller; per_env: it holds a row of values per env)."""
+    caller; per_env: it holds a row of values per env; seeds: NULL or env
+    i's seed at [i], for the RNGs and the env's seed callback before init)."""
     return ffi.new("envd_vec_config_t *", {
         "num_envs": num_envs, "autoreset_mode": autoreset_mode,
-        "max_episode_steps": max_episode_steps, "params": params, "per_env_params": per_env})
+        "max_episode_steps": max_episode_steps, "params": params, "per_env_params": per_env,
+        "seeds": seeds})
 
 
 class NativeVec:

@@ -12,7 +12,7 @@ import difflib
 import math
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
 import numpy as np
@@ -45,8 +45,16 @@ class ParamSpec:
     doc: str
 
     def describe(self) -> str:
-        bounds = "" if self.type == "bool" else f" in [{self.min_value:g}, {self.max_value:g}]"
+        bounds = "" if self.type == "bool" else \
+            f" in [{self._bound(self.min_value)}, {self._bound(self.max_value)}]"
         return f"{self.name} ({self.type}{bounds}, default {self.default!r})"
+
+    def _bound(self, value: float) -> str:
+        """A bound as written: an int parameter's in full (2147483647, not
+        2.14748e+09), a float's in %g."""
+        if self.type == "int" and math.isfinite(value):
+            return str(int(value))
+        return f"{value:g}"
 
     def coerce(self, env_id: str, value: Any) -> float:
         """The value as the double the C init receives, or InvalidArgumentError."""
@@ -95,6 +103,17 @@ class EnvSpec:
     #: (height, width, 3) of its rgb_array frames, None when it does not render
     render_shape: tuple[int, int, int] | None = None
     render_fps: int | None = None
+    #: ABI 5: the env starts its next episode inside step (ENVD_ENV_RESETS_ITSELF):
+    #: no autoreset, no time limit, episodes from its own log
+    resets_itself: bool = False
+    #: ABI 5: the names of its episode log (info["envd_log"]), in order
+    episode_fields: tuple[str, ...] = ()
+    #: ABI 5: the definition with a describe callback, whose spaces depend on
+    #: the params (``definition`` is then its description at the defaults, or
+    #: at a make's params: see described); None for a static definition
+    describing: Any = None
+    #: keeps the described definition's memory alive (cdata of envd_described_t)
+    keep: Any = field(default=None, repr=False, compare=False)
 
     @property
     def render_modes(self) -> list[str]:
@@ -112,6 +131,29 @@ class EnvSpec:
         raise InvalidArgumentError(
             f"{self.id}: render_mode must be None or {' or '.join(map(repr, self.render_modes))}, "
             f"got {render_mode!r:.100}")
+
+    @property
+    def described_bytes(self) -> int:
+        """Bytes of the arrays its description holds (0 for a static definition)."""
+        return int(lib.envd_described_bytes(self.keep)) if self.keep is not None else 0
+
+    @property
+    def describes(self) -> bool:
+        """Its spaces, agents and state size depend on the params (ABI 5 describe)."""
+        return self.describing is not None
+
+    def described(self, params: list[float], num_envs: int) -> "EnvSpec":
+        """The spec of a make with these params (param_values' result: one
+        row of values for every env, or num_envs rows): itself for a static
+        definition; else its definition described by C for them, whose
+        memory lives as long as the returned spec (keep it while a vec uses
+        its definition).  InvalidArgumentError when describe fails, gives an
+        invalid description or describes two envs of the make differently."""
+        if self.describing is None:
+            return self
+        width = len(self.params)
+        rows = num_envs if width and len(params) == num_envs * width else 1
+        return _describe(self.describing, params, rows, self.origin)
 
     def param_values(self, kwargs: dict[str, Any], arguments: Iterable[str] = (),
                      num_envs: int = 1) -> list[float]:
@@ -250,9 +292,42 @@ def _render_info(definition) -> tuple[tuple[int, int, int] | None, int | None]:
     return (int(size[1]), int(size[0]), 3), int(size[2])
 
 
+def _describe(definition, params: list[float], rows: int, origin: str) -> EnvSpec:
+    """The spec of a describing definition described for rows rows of params."""
+    out = ffi.new("envd_described_t **")
+    error = ffi.new("char[]", _ERROR_BYTES)
+    values = ffi.new("double[]", list(params) or [0.0])
+    rc = lib.envd_describe(out, definition, values, rows, error, _ERROR_BYTES)
+    if rc != lib.ENVD_OK:
+        # (ENVD_ENOMEM too: describe's allocations are bounded, and the
+        # params that asked for more are the caller's)
+        raise InvalidArgumentError(ffi.string(error).decode(errors="replace")
+                                   or f"describe: {ffi.string(lib.envd_strerror(rc)).decode()}")
+    described = ffi.gc(out[0], lib.envd_described_free)
+    spec = _static_spec(lib.envd_described_def(described), origin)
+    return replace(spec, describing=definition, keep=described)
+
+
 def spec_from_definition(definition, origin: str = "builtin") -> EnvSpec:
-    """Build the EnvSpec of a validated C env definition."""
+    """Build the EnvSpec of a validated C env definition: for one whose
+    spaces depend on its params (ABI 5 describe), the spec of its description
+    at the params' defaults (ValueError when that fails)."""
+    if lib.envd_env_def_describes(definition):
+        defaults = [float(definition.params[i].default_value)
+                    for i in range(definition.num_params)]
+        try:
+            return _describe(definition, defaults, 1, origin)
+        except InvalidArgumentError as e:
+            raise ValueError(f"describe fails at the default params: {e}") from None
+    return _static_spec(definition, origin)
+
+
+def _static_spec(definition, origin: str) -> EnvSpec:
     render_shape, render_fps = _render_info(definition)
+    v5 = lib.envd_env_def_v5(definition)  # NULL before ABI 5: no flags, no log
+    resets_itself = v5 != ffi.NULL and bool(v5.flags & lib.ENVD_ENV_RESETS_ITSELF)
+    episode_fields = () if v5 == ffi.NULL else tuple(
+        ffi.string(v5.episode_fields[k]).decode() for k in range(v5.num_episode_fields))
     return EnvSpec(
         id=ffi.string(definition.id).decode(),
         observation_space=_space(definition.observation_space),
@@ -266,6 +341,8 @@ def spec_from_definition(definition, origin: str = "builtin") -> EnvSpec:
         origin=origin,
         render_shape=render_shape,
         render_fps=render_fps,
+        resets_itself=resets_itself,
+        episode_fields=episode_fields,
     )
 
 

@@ -24,7 +24,7 @@ from envd.native.native_session import NativeSession
 from envd.native.native_vec import MAX_NUM_ENVS, MAX_THREADS, NativePool
 from envd.native.registry import EnvSpec, get_spec, load_plugin
 from envd.vector_base import (BatchedVecEnv, buffer_layout, check_int, episode_statistics_key,
-                              is_int, parse_autoreset_mode, seed_list)
+                              is_int, mark_resets_itself, parse_autoreset_mode, seed_list)
 
 _CACHE_LINE = 64
 
@@ -63,16 +63,34 @@ def check_max_episode_steps(spec: EnvSpec, max_episode_steps: int | None) -> int
     return check_int("max_episode_steps", max_episode_steps, 0, 2**62)
 
 
+def check_episode_arguments(spec: EnvSpec, autoreset_mode: Any,
+                            max_episode_steps: Any) -> AutoresetMode:
+    """make's autoreset mode for spec (None: next_step); refuses both
+    arguments for an env that resets itself, which takes neither."""
+    if spec.resets_itself:
+        given = [name for name, value in (("autoreset_mode", autoreset_mode),
+                                          ("max_episode_steps", max_episode_steps))
+                 if value is not None]
+        if given:
+            raise InvalidArgumentError(
+                f"{spec.id} resets itself (it starts its next episode inside step, and has no "
+                f"time limit of envd's): make it without {' and '.join(given)}")
+        return AutoresetMode.NEXT_STEP  # (what the native vec takes for it; see vec.h)
+    return parse_autoreset_mode("next_step" if autoreset_mode is None else autoreset_mode)
+
+
 class VecEnv(BatchedVecEnv):
     """N instances of one env, stepped in C by a thread pool (see envd.make)."""
 
     def __init__(self, spec: EnvSpec, num_envs: int, *, seed: int | Sequence[int] | None,
-                 num_threads: int | None, autoreset_mode: str | AutoresetMode,
+                 num_threads: int | None, autoreset_mode: str | AutoresetMode | None,
                  max_episode_steps: int | None, copy: bool, episode_statistics: bool | str,
                  pin_cpus: Sequence[int] | None, env_kwargs: dict[str, Any],
                  batch_size: int | None = None, render_mode: str | None = None):
         self._native = self._pool = None
         num_envs = check_int("num_envs", num_envs, 1, MAX_NUM_ENVS)
+        params = spec.param_values(env_kwargs, MAKE_ARGUMENTS, num_envs)
+        spec = spec.described(params, num_envs)  # (ABI 5: spaces from the params)
         agents = spec.num_agents
         if num_envs * agents > MAX_NUM_ENVS:
             raise InvalidArgumentError(
@@ -81,13 +99,12 @@ class VecEnv(BatchedVecEnv):
                 f"at most {MAX_NUM_ENVS // agents} envs")
         if batch_size is not None:  # (counts envs, also of a multi-agent env)
             batch_size = check_int("batch_size", batch_size, 1, num_envs)
-        mode = parse_autoreset_mode(autoreset_mode)
+        mode = check_episode_arguments(spec, autoreset_mode, max_episode_steps)
         max_episode_steps = check_max_episode_steps(spec, max_episode_steps)
         if num_threads is None:
             num_threads = default_num_threads()
         num_threads = check_int("num_threads", num_threads, 0, MAX_THREADS)
         cpus = self._check_pin_cpus(pin_cpus, num_threads)
-        params = spec.param_values(env_kwargs, MAKE_ARGUMENTS, num_envs)
         render_mode = spec.check_render_mode(render_mode)
         # seed=None: a random base seed, env i then gets base + i as for an int seed.
         seeds = seed_list(secrets.randbelow(2**63) if seed is None else seed, num_envs)
@@ -96,6 +113,9 @@ class VecEnv(BatchedVecEnv):
                          mode, max_episode_steps, copy, episode_statistics, batch_size,
                          render_mode, spec.render_fps)
         self.num_agents = agents
+        self.episode_fields = spec.episode_fields
+        if spec.resets_itself:
+            mark_resets_itself(self)
         self.batch_size = num_envs if batch_size is None else batch_size  # envs, not rows
         self.envd_spec = spec
         self.num_threads = num_threads
@@ -103,22 +123,23 @@ class VecEnv(BatchedVecEnv):
         self._bind_buffers({name: _aligned_zeros(shape, dtype) for name, (shape, dtype)
                             in buffer_layout(spec.observation_space, spec.action_space,
                                              num_envs * agents, mode, spec.info_fields,
-                                             num_agents=agents).items()})
+                                             num_agents=agents,
+                                             episode_fields=spec.episode_fields).items()})
+        # Every env owns its generator from the start, so a first reset (even a
+        # masked one) draws from seed + i, as gymnasium's reset(seed=seed) does;
+        # an ABI 5 env's seed callback gets seed + i before its init.
+        self._buffers["reset_seeds"][:num_envs] = seeds
         try:
             if num_threads > 0:
                 self._pool = NativePool(num_threads, cpus)
             self._native = NativeSession(
                 spec, num_envs, autoreset_mode=AUTORESET_MODE_CODES[mode],
                 max_episode_steps=max_episode_steps, params=params, buffers=self._buffers,
-                pool=self._pool)
+                pool=self._pool, seeded=True)
             self._stepper = self._native
         except BaseException:
             self.close()
             raise
-        # Every env owns its generator from the start, so a first reset (even a
-        # masked one) draws from seed + i, as gymnasium's reset(seed=seed) does.
-        self._buffers["reset_seeds"][:num_envs] = seeds
-        self._native.seed()
 
     @staticmethod
     def _check_pin_cpus(pin_cpus: Sequence[int] | None, num_threads: int) -> list[int] | None:
@@ -185,7 +206,7 @@ class VecEnv(BatchedVecEnv):
 
 def make(env_id: str | Callable[[], Any], num_envs: int, *,
          seed: int | Sequence[int] | None = None,
-         num_threads: int | None = None, autoreset_mode: str | AutoresetMode = "next_step",
+         num_threads: int | None = None, autoreset_mode: str | AutoresetMode | None = None,
          max_episode_steps: int | None = None, copy: bool = False,
          episode_statistics: bool | str = True, pin_cpus: Sequence[int] | None = None,
          batch_size: int | None = None, plugin: str | os.PathLike | None = None,
@@ -209,7 +230,10 @@ def make(env_id: str | Callable[[], Any], num_envs: int, *,
     num_threads: worker threads (0 = serial on the calling thread, None = one
            per usable CPU minus one; the caller also runs chunks).  Small batches
            run inline whatever this is, when waking a thread would cost more.
-    autoreset_mode: "next_step" (default), "same_step" or "disabled", as gymnasium.
+    autoreset_mode: "next_step" (None: the default), "same_step" or "disabled", as
+           gymnasium.  An env that resets itself (ABI 5, e.g. PufferLib's Ocean
+           envs) takes neither this nor max_episode_steps: its metadata says
+           "autoreset_mode" SAME_STEP and "envd_autoreset" "the env resets itself".
     max_episode_steps: time limit (default: the env's registered limit).
     copy:  return copies instead of views of the internal buffers.
     episode_statistics: report finished episodes in the shape of gymnasium's
@@ -233,7 +257,7 @@ def make(env_id: str | Callable[[], Any], num_envs: int, *,
         extras = {"num_threads": num_threads, "pin_cpus": pin_cpus, "plugin": plugin,
                   "render_mode": render_mode, "max_episode_steps": max_episode_steps}
         given = sorted(name for name, value in extras.items() if value is not None)
-        if given or parse_autoreset_mode(autoreset_mode) != AutoresetMode.NEXT_STEP:
+        if given or parse_autoreset_mode(autoreset_mode or "next_step") != AutoresetMode.NEXT_STEP:
             raise InvalidArgumentError(
                 f"{', '.join(given) or 'autoreset_mode'}: not supported for hosted PettingZoo "
                 "envs (next_step autoreset, the env's own max_cycles)")
@@ -249,9 +273,10 @@ def make(env_id: str | Callable[[], Any], num_envs: int, *,
                                        "Python env takes num_workers")
         from envd.native.hosted_env import make_python
         return make_python(env_id, num_envs, num_workers=num_workers, seed=seed,
-                           autoreset_mode=autoreset_mode, max_episode_steps=max_episode_steps,
-                           copy=copy, episode_statistics=episode_statistics,
-                           batch_size=batch_size, **env_kwargs)
+                           autoreset_mode=autoreset_mode or "next_step",
+                           max_episode_steps=max_episode_steps, copy=copy,
+                           episode_statistics=episode_statistics, batch_size=batch_size,
+                           **env_kwargs)
     if num_workers is not None:
         raise InvalidArgumentError(
             f"num_workers is for Python envs ('{PYTHON_PREFIX}<gymnasium id>' or an env "

@@ -1,9 +1,11 @@
-"""The daemon's one Config, built from the command line and ``ENVD_*`` variables.
+"""The daemon's one Config, built from the command line, ``ENVD_*`` variables
+and an optional TOML file (``--config``, server/config_file.py).
 
 Every flag has an environment variable (the flag's name upper-cased, dashes to
 underscores, prefixed with ENVD_); a flag on the command line wins over the
-variable, which wins over the default.  ``--bind`` defaults to ENVD_ENDPOINT,
-the variable clients read, so one setting serves both sides.
+variable, which wins over the file, which wins over the default.  ``--bind``
+defaults to ENVD_ENDPOINT, the variable clients read, so one setting serves
+both sides.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from typing import Callable, Mapping
 
 from envd import _native_facts, keys
 from envd.protocol import default_endpoint
+from envd.server import config_file
 
 #: The native pool's limit (ENVD_POOL_MAX_THREADS).
 MAX_THREADS = _native_facts.POOL_MAX_THREADS
@@ -405,6 +408,8 @@ _FLAGS: dict[str, tuple[Callable[[str], object], str]] = {
                              "daemon drops it"),
     "max_workers": (int, "worker processes hosted Python envs (--python-env) may hold at "
                          "once, over all sessions"),
+    "ocean_cache": (str, "the Ocean build cache --ocean loads from, a folder of the daemon's "
+                         "user, mode 0700 (default $XDG_CACHE_HOME/envd/ocean)"),
     "hosted_timeout": (float, "seconds a hosted Python env's make or reset may run in the "
                               "daemon (a hung env): past it the session's workers are killed "
                               "and the call fails with env_error"),
@@ -447,9 +452,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "separated by ',' ('all': every env built; env ENVD_OCEAN), "
                              "loaded from the Ocean cache `envd ocean build` filled; see "
                              "docs/ocean.md")
-    parser.add_argument("--ocean-cache", metavar="DIR", dest="ocean_cache",
-                        help="the Ocean build cache, a folder of the daemon's user, mode "
-                             "0700 (env ENVD_OCEAN_CACHE; default $XDG_CACHE_HOME/envd/ocean)")
     parser.add_argument("--python-env", action="append", metavar="ID", dest="python_envs",
                         help="gymnasium env id clients may make as py:ID (a hosted Python "
                              "env in worker processes), or pz:MODULE:FACTORY (a PettingZoo "
@@ -465,6 +467,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             default = f"the number of usable CPUs, here {default}"
         parser.add_argument("--" + name.replace("_", "-"), type=kind, metavar=name.upper(),
                             help=f"{text} (env ENVD_{name.upper()}; default {default})")
+    parser.add_argument("--config", metavar="FILE",
+                        help="a TOML file of settings, keyed by these flags' names (env "
+                             "ENVD_CONFIG); a flag or its ENVD_* variable wins over the file "
+                             "(docs/configuration.md)")
     parser.add_argument("--insecure", action="store_true", default=None,
                         help="allow tcp endpoints reachable from the network without CURVE "
                              "keys: anyone who reaches them may use the daemon (env "
@@ -472,9 +478,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Config:
-    """The Config of parsed arguments, with ENVD_* variables filling what the
-    command line left out.  ValueError names the bad flag or variable."""
+    """The Config of parsed arguments, with ENVD_* variables, then the
+    --config file (ENVD_CONFIG), filling what the command line left out.
+    ValueError names the bad flag, variable or file key."""
     environ = os.environ if environ is None else environ
+    path = getattr(args, "config", None) or environ.get("ENVD_CONFIG") or None
+    from_file = config_file.load(path, _FLAGS)
     values: dict[str, object] = {}
     for name, (kind, _) in _FLAGS.items():
         given = getattr(args, name, None)
@@ -485,23 +494,41 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None
             except ValueError:
                 raise ValueError(f"{variable}={environ[variable]!r} is not a valid "
                                  f"--{name.replace('_', '-')}") from None
+        if given is None:
+            given = from_file.get(name)
         if given is not None:
             values[name] = given
-    bind = getattr(args, "bind", None) or _endpoints(environ.get("ENVD_BIND", ""))
+    bind = (getattr(args, "bind", None) or _endpoints(environ.get("ENVD_BIND", ""))
+            or from_file.get("bind"))
     values["bind"] = tuple(bind) if bind else (default_endpoint(environ),)
-    plugins = getattr(args, "plugins", None) or environ.get("ENVD_PLUGINS", "").split(os.pathsep)
+    plugins = _listed(args, environ, "plugins", os.pathsep) or from_file.get("plugins", ())
     values["plugins"] = tuple(path for path in plugins if path)
     for name in ("python_envs", "imports"):
-        given = getattr(args, name, None) or environ.get(f"ENVD_{name.upper()}", "").split(",")
+        given = _listed(args, environ, name, ",") or from_file.get(name, ())
         values[name] = tuple(item.strip() for item in given if item.strip())
-    ocean = getattr(args, "ocean_envs", None) or [environ.get("ENVD_OCEAN", "")]
+    ocean = (_listed(args, environ, "ocean_envs", ",", "ENVD_OCEAN")
+             or from_file.get("ocean_envs", ()))
     values["ocean_envs"] = tuple(env.strip() for item in ocean for env in item.split(",")
                                  if env.strip())
-    values["ocean_cache"] = getattr(args, "ocean_cache", None) or environ.get("ENVD_OCEAN_CACHE") or None
     if values.get("pin_cpus") is not None:
         values["pin_cpus"] = tuple(values["pin_cpus"])
     insecure = getattr(args, "insecure", None)
+    if insecure is None and environ.get("ENVD_INSECURE", "").strip():
+        insecure = _boolean("ENVD_INSECURE", environ["ENVD_INSECURE"])
     if insecure is None:
-        insecure = _boolean("ENVD_INSECURE", environ.get("ENVD_INSECURE", ""))
+        insecure = from_file.get("insecure", False)
     values["insecure"] = insecure
     return Config(**values)
+
+
+def _listed(args: argparse.Namespace, environ: Mapping[str, str], name: str,
+            separator: str, variable: str | None = None) -> list[str] | None:
+    """A list setting (plugins, python_envs, imports, ocean_envs) from its
+    repeated flag, else its variable (ENVD_<NAME> unless named; items
+    separated by separator); None when neither gives it (then the --config
+    file's applies)."""
+    given = getattr(args, name, None)
+    if given:
+        return list(given)
+    text = environ.get(variable or f"ENVD_{name.upper()}", "")
+    return text.split(separator) if text.strip() else None

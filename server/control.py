@@ -25,7 +25,8 @@ from envd.native.hosted_env import DEFAULT_INFO_BYTES, MAX_INFO_BYTES
 from envd.native.native_vec import MAX_NUM_ENVS
 from envd.native.registry import get_spec, list_envs
 from envd.hosted_pettingzoo import PETTINGZOO_PREFIX
-from envd.native.vector_env import PYTHON_PREFIX, check_max_episode_steps
+from envd.native.vector_env import (PYTHON_PREFIX, check_episode_arguments,
+                                    check_max_episode_steps)
 from envd.vector_base import check_int, is_int, parse_autoreset_mode, seed_list
 from envd.server.capabilities import hello_capabilities
 from envd.server.hosted import HostedServerSession
@@ -85,6 +86,9 @@ class ControlHandlers:
                          "info_fields": [{"name": f.name, "dtype": f.dtype.name,
                                           "shape": list(f.shape), "doc": f.doc}
                                          for f in spec.info_fields],
+                         # ABI 5: spaces at the defaults when they depend on the params
+                         "describes": spec.describes, "resets_itself": spec.resets_itself,
+                         "episode_fields": list(spec.episode_fields),
                          "origin": spec.origin})
         for spec in map(self.service.hosted.get, self.service.hosted.ids()):
             envs.append({"id": spec.id,
@@ -117,6 +121,18 @@ class ControlHandlers:
                 f"{', '.join(list_envs())}")
         spec = get_spec(header["env_id"])
         num_envs = check_int("num_envs", header["num_envs"], 1, MAX_NUM_ENVS)
+        env_kwargs = header.get("env_kwargs", {})
+        params = None
+        if spec.describes:
+            # ABI 5: the spaces, which the reservation sizes, come from the
+            # params.  Scalars: one row describes every env (the envs' rows
+            # are built on the executor, as for any env); a list of num_envs
+            # values came in this message, and each env is described.
+            per_env = any(isinstance(value, (list, tuple)) for value in env_kwargs.values())
+            rows = num_envs if per_env else 1
+            values = spec.param_values(env_kwargs, _MAKE_ARGUMENTS, rows)
+            spec = spec.described(values, rows)
+            params = values if per_env else None
         agents = spec.num_agents
         if num_envs * agents > MAX_NUM_ENVS:  # (a multi-agent env's agents are rows)
             raise InvalidArgumentError(
@@ -126,20 +142,21 @@ class ControlHandlers:
         batch_size = header.get("batch_size")
         if batch_size is not None:
             batch_size = check_int("batch_size", batch_size, 1, num_envs)
-        mode = parse_autoreset_mode(header.get("autoreset_mode", "next_step"))
+        mode = check_episode_arguments(spec, header.get("autoreset_mode"),
+                                       header.get("max_episode_steps"))
         max_steps = check_max_episode_steps(spec, header.get("max_episode_steps"))
         render_mode = spec.check_render_mode(header.get("render_mode"))
         max_threads = self._check_max_threads(header.get("max_threads"))
-        env_kwargs = header.get("env_kwargs", {})
         seed = header.get("seed")
         reservation = service.books.reserve(client, spec, num_envs, mode, len(service.sessions),
                                             service.fd_check)
 
         def build() -> Session:  # on the executor: seeds and envs of big makes take time
-            params = spec.param_values(env_kwargs, _MAKE_ARGUMENTS, num_envs)
+            values = (params if params is not None
+                      else spec.param_values(env_kwargs, _MAKE_ARGUMENTS, num_envs))
             seeds = seed_list(secrets.randbelow(2**63) if seed is None else seed, num_envs)
             try:
-                session = Session(client.identity, spec, num_envs, mode, max_steps, params,
+                session = Session(client.identity, spec, num_envs, mode, max_steps, values,
                                   seeds, service.pool, service.segment_prefix,
                                   on_free=service.on_session_freed,
                                   max_threads=max_threads)

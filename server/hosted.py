@@ -81,6 +81,8 @@ class HostedEnvSpec:
     #: agents per env as the trainer sees them (a "pz:" env's possible
     #: agents, rows of its client's view; the segment has one adapter row)
     agents: int = 1
+    #: their names (a "pz:" env's possible_agents), empty when unnamed
+    agent_names: tuple[str, ...] = ()
 
     def maker(self, max_episode_steps: int | None) -> tuple:
         """The template's description of how to make one env
@@ -181,7 +183,8 @@ class HostedCatalog:
                              described["action_space"], None, described["step_seconds"],
                              creator=creator,
                              # (ParallelAsEnv: "live" has one entry per agent)
-                             agents=int(observation_space["live"].n))
+                             agents=int(observation_space["live"].n),
+                             agent_names=tuple(described.get("possible_agents", ())))
 
     @property
     def template(self) -> Template:

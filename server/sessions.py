@@ -44,7 +44,8 @@ def segment_plan(spec: EnvSpec, num_envs: int, mode: AutoresetMode) -> tuple[dic
     # num_envs * num_agents of them; the doorbell's ids name envs
     agents = getattr(spec, "num_agents", 1)  # (hosted specs have none)
     layout = buffer_layout(spec.observation_space, spec.action_space, num_envs * agents, mode,
-                           spec.info_fields, num_agents=agents)
+                           spec.info_fields, num_agents=agents,
+                           episode_fields=getattr(spec, "episode_fields", ()))
     layout["doorbell_ids"] = ((num_envs,), np.dtype(np.int64))  # protocol.DOORBELL_ARRAYS
     return plan(layout)
 
@@ -58,7 +59,8 @@ def state_plan(spec: EnvSpec, num_envs: int) -> int:
     daemon keeps no books of its own)."""
     n = num_envs
     return (int(lib.envd_vec_memory_bytes(spec.definition, n))
-            + int(lib.envd_session_books_max_bytes(n)))
+            + int(lib.envd_session_books_max_bytes(n))
+            + getattr(spec, "described_bytes", 0))  # (ABI 5: the spaces' arrays)
 
 
 #: The longest an operation on the executor (reset, async reset, render)
@@ -140,8 +142,7 @@ class Session:
             self.native: NativeSession | None = NativeSession(
                 spec, num_envs, autoreset_mode=AUTORESET_MODE_CODES[mode],
                 max_episode_steps=max_episode_steps, params=params, buffers=self.buffers,
-                pool=pool, max_threads=max_threads)
-            self.native.seed()
+                pool=pool, max_threads=max_threads, seeded=True)
         except BaseException:
             self.segment.unlink()
             raise
@@ -193,6 +194,7 @@ class Session:
     def describe(self) -> dict[str, Any]:
         """The make reply: where the arrays are and what the env looks like."""
         return {"session": self.id, "env_id": self.spec.id, "num_agents": self.num_agents,
+                "possible_agents": list(getattr(self.spec, "agent_names", ())),
                 "shm": {**self.segment.describe(), "arrays": self._arrays},
                 "observation_space": protocol.space_to_wire(self.spec.observation_space),
                 "action_space": protocol.space_to_wire(self.spec.action_space),
@@ -200,7 +202,12 @@ class Session:
                 "batch_size": self.batch_size, "max_threads": self.max_threads,
                 "autoreset_mode": autoreset_mode_name(self.mode),
                 "render_mode": self.render_mode,
-                "render_fps": self.spec.render_fps if self.render_mode else None}
+                # the env's frame rate whenever it can render (the client's
+                # metadata["render_modes"] lists rgb_array then, rendering or not)
+                "render_fps": self.spec.render_fps,
+                # ABI 5 (absent: none, as from an older daemon)
+                "resets_itself": getattr(self.spec, "resets_itself", False),
+                "episode_fields": list(getattr(self.spec, "episode_fields", ()))}
 
     def write_actions(self, description: dict[str, Any], blob: bytes) -> None:
         """Copy inline actions (a data frame) into the actions buffer; they must

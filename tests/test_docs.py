@@ -182,6 +182,13 @@ def test_the_precedence_and_default_endpoint_are_described():
 TROUBLESHOOTING_PHRASES = [
     # multi-agent envs (native/vector_env.py, server/control.py, client/multi.py)
     " rows, more than the ",
+    # ABI 5 envs (native/vector_env.py, native/src/describe.c, native/registry.py)
+    " resets itself (it starts its next episode inside step, and has no ",
+    "time limit of envd's): make it without ",
+    ": envs of one vec must have the same spaces: the params ",
+    "describe other spaces, agents or state size than env 0's",
+    ": describe failed for the params of env ",
+    "describe fails at the default params: ",
     "; give one value per env, or a scalar for all",
     # hosted Python envs (native/hosted_*.py)
     "died; close this env",

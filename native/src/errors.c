@@ -188,7 +188,7 @@ static const char *params_problem(const envd_env_def_t *def)
 static bool is_reserved_info_name(const char *name)
 {
     static const char *const reserved[] = {"env_id", "episode", "final_obs", "final_info",
-                                           "agent_mask"};
+                                           "agent_mask", "envd_log"};
     if (name[0] == '_')
         return true;
     for (size_t i = 0; i < sizeof reserved / sizeof reserved[0]; i++)
@@ -211,7 +211,7 @@ static const char *info_fields_problem(const envd_env_def_t *def)
             return "info_fields: a field has no name";
         if (is_reserved_info_name(f->name))
             return "info_fields: a field name is reserved (env_id, episode, final_obs, "
-                   "final_info, agent_mask, and names starting with '_' are envd's own "
+                   "final_info, agent_mask, envd_log, and names starting with '_' are envd's own "
                    "info keys)";
         if (envd_dtype_size(f->dtype) == 0)
             return "info_fields: a field has an unknown dtype";

@@ -16,6 +16,7 @@
 #include "vec.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -131,6 +132,13 @@ struct envd_vec {
     size_t obs_bytes, action_bytes, stride; /* an env's: all its agents' rows */
     size_t info_bytes[ENVD_MAX_INFO_FIELDS]; /* one env's slots of each info field */
     int64_t agents;        /* def->num_agents: rows per env */
+    /* ABI 5 (all 0/NULL before): the env resets itself, its seed callback,
+     * its episode log (num_log fields; -1 where it lacks the field) */
+    bool resets_itself;
+    int (*seed_env)(void *state, uint64_t seed);
+    int (*episode_end)(void *state, double *values);
+    int num_log;
+    int log_return, log_length;
     agent_t *agent_books;  /* agents > 1: num_envs * agents, row order */
     unsigned char *blocks; /* num_envs blocks of `stride` bytes */
     bool all_started;      /* every env has been reset at least once */
@@ -236,9 +244,14 @@ static void reset_range(void *ctx, int64_t begin, int64_t end)
     for (int64_t i = begin; i < end; i++) {
         if (vec->reset_mask && !vec->reset_mask[i])
             continue;
-        if (vec->reset_seeds)
+        int rc = ENVD_OK;
+        if (vec->reset_seeds) {
             envd_rng_seed(&slot_of(vec, i)->rng, vec->reset_seeds[i]);
-        int rc = reset_env(vec, i, obs + (size_t)i * vec->obs_bytes, &clock);
+            if (vec->seed_env)
+                rc = vec->seed_env(state_of(vec, i), vec->reset_seeds[i]);
+        }
+        if (rc == ENVD_OK)
+            rc = reset_env(vec, i, obs + (size_t)i * vec->obs_bytes, &clock);
         for (int64_t row = i * vec->agents; row < (i + 1) * vec->agents; row++) {
             /* a fresh episode has earned nothing: an async reset's recv
              * returns these rows as they are (through a daemon too) */
@@ -435,6 +448,87 @@ static inline __attribute__((always_inline)) bool step_env(run_t *run, envd_vec_
     return done;
 }
 
+/* A value of the env's episode log as an episode length: rounded, 0 when
+ * not finite or negative, capped at INT64_MAX's neighbourhood. */
+static int64_t as_length(double value)
+{
+    if (!(value >= 0.0))
+        return 0;
+    return value < 9.2e18 ? (int64_t)llround(value) : INT64_C(9200000000000000000);
+}
+
+/* step_env for an env that resets itself (ENVD_ENV_RESETS_ITSELF): no
+ * autoreset, no time limit, truncated false; an episode ended when
+ * episode_end says so, and then for every row of the env (its statistics
+ * from the log's episode_return/episode_length where it has them, else the
+ * host's running sums; the log's values into episode_log).  Returns the rows
+ * whose episode ended. */
+static int64_t step_self_resetting_env(run_t *run, envd_vec_t *vec, int64_t i,
+                                       lazy_clock_t *clock)
+{
+    env_slot_t *slot = slot_of(vec, i);
+    const envd_vec_buffers_t *b = &vec->buf;
+    const int64_t A = vec->agents;
+    void *state = state_of(vec, i);
+    void *obs = (unsigned char *)b->observations + (size_t)i * vec->obs_bytes;
+    /* A <= ENVD_MAX_AGENTS: at most 40 KiB on the stepping thread's stack */
+    double reward[A];
+    bool term[A], trunc[A];
+    memset(reward, 0, sizeof reward);
+    memset(term, 0, sizeof term);
+    memset(trunc, 0, sizeof trunc);
+    const void *action = vec->actions + (size_t)i * vec->action_bytes; /* the checked copy */
+    int rc = vec->def->step(state, &slot->rng, action, obs, reward, term, trunc);
+    if (rc == ENVD_OK)
+        rc = write_info(vec, i);
+    double values[ENVD_MAX_EPISODE_FIELDS] = {0};
+    int ended = 0;
+    if (rc == ENVD_OK && vec->episode_end) {
+        ended = vec->episode_end(state, values);
+        if (ended < 0) {
+            rc = ENVD_EENV;
+            ended = 0;
+        }
+    }
+    const double seconds = ended ? rint((clock_seconds(clock) - slot->episode_start) * 1e6) / 1e6
+                                 : 0.0;
+    for (int64_t a = 0; a < A; a++) {
+        const int64_t row = i * A + a;
+        /* the host's own sums: the env's slot, or the agent's books (A > 1) */
+        double *sum = A > 1 ? &vec->agent_books[row].episode_return : &slot->episode_return;
+        int64_t *length = A > 1 ? &vec->agent_books[row].episode_length : &slot->episode_length;
+        *sum += reward[a];
+        (*length)++;
+        b->rewards[row] = (float)reward[a];
+        b->terminations[row] = term[a];
+        b->truncations[row] = false;
+        if (A > 1)
+            b->agent_mask[row] = true;
+        if (ended) {
+            b->episode_returns[row] = vec->log_return >= 0 ? values[vec->log_return] : *sum;
+            b->episode_lengths[row] =
+                vec->log_length >= 0 ? as_length(values[vec->log_length]) : *length;
+            if (vec->num_log > 0)
+                memcpy(b->episode_log + row * vec->num_log, values,
+                       (size_t)vec->num_log * sizeof *values);
+            *sum = 0.0;
+            *length = 0;
+        } else {
+            b->episode_returns[row] = 0.0;
+            b->episode_lengths[row] = 0;
+        }
+        if (b->episode_times)
+            b->episode_times[row] = seconds;
+        if (b->dones)
+            b->dones[row] = ended > 0;
+    }
+    if (ended)
+        slot->episode_start = clock_seconds(clock);
+    if (rc != ENVD_OK)
+        record_error(run, ENVD_EENV, i);
+    return ended ? A : 0;
+}
+
 /* Items [begin, end) of a run: envs begin..end-1, or those ids of a batch
  * (two loops, so the whole-vec step keeps its plain one). */
 static void step_range(void *ctx, int64_t begin, int64_t end)
@@ -443,7 +537,10 @@ static void step_range(void *ctx, int64_t begin, int64_t end)
     envd_vec_t *vec = run->vec;
     int64_t done = 0;
     lazy_clock_t clock = {0};
-    if (vec->agents > 1)
+    if (vec->resets_itself)
+        for (int64_t k = begin; k < end; k++)
+            done += step_self_resetting_env(run, vec, run->ids ? run->ids[k] : k, &clock);
+    else if (vec->agents > 1)
         for (int64_t k = begin; k < end; k++)
             done += step_multi_agent_env(run, vec, run->ids ? run->ids[k] : k, &clock);
     else if (run->ids)
@@ -1119,7 +1216,54 @@ static int check_args(const envd_env_def_t *def, const envd_vec_config_t *c,
     for (int k = 0; k < def->num_info_fields; k++)
         if (!b->info_fields[k])
             return ENVD_EINVAL;
+    const envd_env_def_t *v5 = envd_env_def_v5(def);
+    if (v5 && (v5->flags & ENVD_ENV_RESETS_ITSELF) &&
+        (c->autoreset_mode != ENVD_AUTORESET_NEXT_STEP || c->max_episode_steps != 0 ||
+         (v5->num_episode_fields > 0 && !b->episode_log)))
+        return ENVD_EINVAL;
     return ENVD_OK;
+}
+
+/* One process-wide lock per init callback of the definitions with
+ * ENVD_ENV_SERIAL_INIT (striped: two inits may share a stripe, which only
+ * serialises them more).  Keyed by the callback, not the definition: a
+ * described definition (describe.h) is a copy whose init is the same. */
+#define INIT_LOCK_STRIPES 16
+static pthread_mutex_t init_locks[INIT_LOCK_STRIPES] = {
+    [0 ... INIT_LOCK_STRIPES - 1] = PTHREAD_MUTEX_INITIALIZER};
+
+static pthread_mutex_t *init_lock_of(const envd_env_def_t *def)
+{
+    uintptr_t key = (uintptr_t)(void *)def->init;
+    return &init_locks[(key >> 4) % INIT_LOCK_STRIPES];
+}
+
+/* Env i's seed callback (with a seed) and init, under its definition's init
+ * lock when it asks for serial inits. */
+static int init_env(envd_vec_t *vec, int64_t i, const double *params, bool serial)
+{
+    const envd_vec_config_t *c = &vec->config;
+    void *state = state_of(vec, i);
+    pthread_mutex_t *lock = serial ? init_lock_of(vec->def) : NULL;
+    if (lock)
+        pthread_mutex_lock(lock);
+    int rc = ENVD_OK;
+    if (c->seeds && vec->seed_env)
+        rc = vec->seed_env(state, vec->seeds[i]);
+    if (rc == ENVD_OK)
+        rc = vec->def->init(state, params);
+    if (lock)
+        pthread_mutex_unlock(lock);
+    return rc;
+}
+
+/* The index of the episode field called name, -1 without one. */
+static int episode_field(const envd_env_def_t *v5, const char *name)
+{
+    for (int k = 0; v5 && k < v5->num_episode_fields; k++)
+        if (strcmp(v5->episode_fields[k], name) == 0)
+            return k;
+    return -1;
 }
 
 static size_t space_bytes(const envd_space_t *space)
@@ -1216,9 +1360,25 @@ int envd_vec_create(envd_vec_t **out, const envd_env_def_t *def,
     vec->error_index = -1;
     vec->max_threads = ENVD_VEC_NO_CAP;
     clear_results(&vec->whole);
+    const envd_env_def_t *v5 = envd_env_def_v5(def);
+    const bool serial = v5 && (v5->flags & ENVD_ENV_SERIAL_INIT);
+    if (v5) {
+        vec->resets_itself = v5->flags & ENVD_ENV_RESETS_ITSELF;
+        vec->seed_env = v5->seed;
+        vec->episode_end = v5->episode_end;
+        vec->num_log = v5->num_episode_fields;
+    }
+    vec->log_return = episode_field(v5, "episode_return");
+    vec->log_length = episode_field(v5, "episode_length");
+    /* the create's seeds are copied (they may lie in shared memory) */
+    if (config->seeds)
+        memcpy(vec->seeds, config->seeds, n * sizeof *vec->seeds);
+    vec->config.seeds = config->seeds ? vec->seeds : NULL;
     for (int64_t i = 0; i < config->num_envs; i++) {
         const size_t row = config->per_env_params ? (size_t)i * (size_t)def->num_params : 0;
-        rc = def->init(state_of(vec, i), config->params + row);
+        if (config->seeds)
+            envd_rng_seed(&slot_of(vec, i)->rng, vec->seeds[i]);
+        rc = init_env(vec, i, config->params + row, serial);
         if (rc != ENVD_OK) {
             /* close the envs that did initialise; env i cleaned up after itself */
             vec->config.num_envs = i;
@@ -1226,6 +1386,7 @@ int envd_vec_create(envd_vec_t **out, const envd_env_def_t *def,
             return ENVD_EENV;
         }
     }
+    vec->config.seeds = NULL; /* (vec->seeds is the resets' copy from now on) */
     *out = vec;
     return ENVD_OK;
 }

@@ -64,6 +64,12 @@ typedef struct envd_vec_buffers {
     void *info_fields[ENVD_MAX_INFO_FIELDS];
     bool *agent_mask; /* per row, required when A > 1 (else unused): the
                          row's agent is live (envd.h "Multi-agent envs") */
+    /* An env that resets itself (ENVD_ENV_RESETS_ITSELF, ABI 5) with F =
+     * def->num_episode_fields > 0: per row F doubles (row r's field k at
+     * [r * F + k]), written with episode_end's values for every row of an env
+     * whose episode ended in the step (dones then marks them) and left as
+     * they are elsewhere; required then, else unused. */
+    double *episode_log;
 } envd_vec_buffers_t;
 
 typedef struct envd_vec_config {
@@ -74,6 +80,11 @@ typedef struct envd_vec_config {
                                   env, or with per_env_params num_envs rows of
                                   them (env i's at params + i * num_params) */
     bool per_env_params;
+    /* Env i's seed (num_envs entries, copied; may be NULL): at create each
+     * env's RNG is seeded with it and the definition's seed callback (ABI 5)
+     * gets it before init.  NULL: no seed callback, RNGs unseeded until
+     * envd_vec_seed. */
+    const uint64_t *seeds;
 } envd_vec_config_t;
 
 typedef struct envd_vec envd_vec_t;
@@ -93,20 +104,30 @@ typedef struct envd_vec envd_vec_t;
  * or the size does not fit 64 bits. */
 uint64_t envd_vec_memory_bytes(const envd_env_def_t *def, int64_t num_envs);
 
-/* pool may be NULL (always serial).  The pool must outlive the vec. */
+/* pool may be NULL (always serial).  The pool must outlive the vec, and so
+ * must def (a described definition too, describe.h).  An env that resets
+ * itself (ENVD_ENV_RESETS_ITSELF) takes autoreset_mode NEXT_STEP and
+ * max_episode_steps 0 only (else ENVD_EINVAL): its vec never resets it nor
+ * truncates it; its step writes the env's terminated flags, truncated false
+ * and, for dones and the episode statistics, the episodes episode_end
+ * reports (every row of the env).  Inits of a definition with
+ * ENVD_ENV_SERIAL_INIT run under one process-wide lock per init callback. */
 int envd_vec_create(envd_vec_t **out, const envd_env_def_t *def,
                     const envd_vec_config_t *config,
                     const envd_vec_buffers_t *buffers, envd_pool_t *pool);
 void envd_vec_destroy(envd_vec_t *vec);
 
-/* Seed every env's RNG (seeds has num_envs entries) without resetting it:
+/* Seed every env's RNG (seeds has num_envs entries) without resetting it
+ * (and without the definition's seed callback, which gets the seeds of
+ * create and of a reset):
  * the next reset draws from the new streams.  Not while a step or a batch is
  * in flight (their workers use the RNGs). */
 void envd_vec_seed(envd_vec_t *vec, const uint64_t *seeds);
 
 /* Reset the envs selected by mask (NULL: all; any non-zero byte selects).
  * seeds, if not NULL, has num_envs entries and reseeds each selected env's
- * RNG first.  Both are copied before they are read (see "Inputs" above). */
+ * RNG first (and calls the definition's seed callback, ABI 5, with it).
+ * Both are copied before they are read (see "Inputs" above). */
 int envd_vec_reset(envd_vec_t *vec, const uint64_t *seeds, const bool *mask);
 /* How many envs the last envd_vec_reset selected (its copy of the mask):
  * a caller that refuses an empty mask checks this, not its buffer. */

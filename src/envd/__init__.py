@@ -11,7 +11,8 @@ __version__ = "0.1.0"
 from envd.client import Client, MultiClient, MultiVecEnv, RemoteVecEnv, connect  # noqa: E402
 from envd.errors import (ConnectionLostError, DaemonError, EnvdError, EnvdTimeoutError,  # noqa: E402
                          EnvError, EnvStateError, InvalidActionError, InvalidArgumentError,
-                         LimitExceededError, NativeError, ProtocolError, SessionExpiredError,
+                         LimitExceededError, NativeError, NoDaemonError, ProtocolError,
+                         SessionExpiredError,
                          PluginError, SharedMemoryError, ShuttingDownError,
                          UnknownEnvError, UnknownSessionError, AuthenticationError,
                          UntrustedPathError, UntrustedSegmentError)
@@ -39,7 +40,7 @@ __all__ = ["make", "make_pettingzoo", "list_envs", "load_plugin", "VecEnv", "con
            "EnvdError", "UnknownEnvError", "InvalidArgumentError", "InvalidActionError",
            "EnvStateError", "EnvError", "NativeError", "ProtocolError", "LimitExceededError",
            "UnknownSessionError", "SessionExpiredError", "DaemonError", "ShuttingDownError",
-           "ConnectionLostError", "AuthenticationError", "EnvdTimeoutError", "SharedMemoryError",
+           "ConnectionLostError", "NoDaemonError", "AuthenticationError", "EnvdTimeoutError", "SharedMemoryError",
            "PluginError", "__version__"]
 
 # gymnasium.make_vec("envd/<id>") and gymnasium.make("envd/<id>"): register

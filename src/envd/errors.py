@@ -131,6 +131,20 @@ class ConnectionLostError(EnvdError, ConnectionError):
     error_code = "connection_lost"
 
 
+class NoDaemonError(ConnectionLostError):
+    """No daemon was ever reached at the endpoint: nothing listens on its ipc
+    socket, or nothing answered the first hello in time.  ``endpoint`` names
+    the endpoint tried (the message says where it came from: an argument,
+    ENVD_ENDPOINT or the default).  A ConnectionLostError too, so code that
+    catches that keeps working.  Raised by the client; never sent on the wire."""
+
+    error_code = "no_daemon"
+
+    def __init__(self, message: str, endpoint: str = ""):
+        super().__init__(message)
+        self.endpoint = endpoint
+
+
 class AuthenticationError(EnvdError, ConnectionError):
     """The CURVE handshake with a daemon's tcp endpoint failed: this client's
     public key is not in the daemon's --curve-allowed-clients directory, the

@@ -16,6 +16,13 @@ own VecEnv, not a SyncVectorEnv of single envs) and an ``entry_point``
 envd's own (registered ``max_episode_steps=None``: gymnasium adds no
 TimeLimit); make_vec's ``max_episode_steps=`` goes to envd.
 
+Copies by default: make_vec takes gymnasium's own ``copy: bool = True`` (the
+name and default of SyncVectorEnv/AsyncVectorEnv), so code written for
+gymnasium's vector envs may keep what step returns (an off-policy loop's ``obs
+= next_obs`` then ``buffer.add(obs, ...)``).  ``copy=False`` returns envd's
+views of its buffers, as envd.make and Client.make do by default (DESIGN
+section 4), for loops that consume each step before the next.
+
 gymnasium's own ids are untouched.  gymnasium resolves ``"module:id"`` by
 importing module and then looking id up, so ``"envd:CartPole-v1"`` would be
 gymnasium's CartPole; envd wraps gymnasium's lookup (``_find_spec``) so that an
@@ -66,16 +73,18 @@ def _open(endpoint: Any) -> tuple[Any, bool]:
 
 
 def make_vector_env(num_envs: int = 1, *, envd_id: str, endpoint: Any = None,
-                    **kwargs: Any) -> VectorEnv:
+                    copy: bool = True, **kwargs: Any) -> VectorEnv:
     """gymnasium.make_vec's entry point: ``envd.make(envd_id, num_envs, **kwargs)``,
     or with ``endpoint`` the daemon-served env ``connect(endpoint).make(...)``
-    (see _open); a connection opened here closes with the env."""
+    (see _open); a connection opened here closes with the env.  ``copy`` is
+    gymnasium's (default True: results are new arrays, safe to keep, as
+    SyncVectorEnv's); ``copy=False`` returns envd's views of its buffers."""
     client, owned = _open(endpoint)
     if client is None:
         import envd.native
-        return envd.native.make(envd_id, num_envs, **kwargs)
+        return envd.native.make(envd_id, num_envs, copy=copy, **kwargs)
     try:
-        env = client.make(envd_id, num_envs, **kwargs)
+        env = client.make(envd_id, num_envs, copy=copy, **kwargs)
     except BaseException:
         if owned:
             client.close()
@@ -97,6 +106,14 @@ def gymnasium_id(env_id: str) -> str:
     return f"{NAMESPACE}/{env_id}"
 
 
+def _gymnasium_reward_threshold(env_id: str) -> float | None:
+    """gymnasium's own reward_threshold for an id it registers too (envd's
+    ports of its envs: CartPole-v1's 475.0 ...), read from its registry; None
+    for the others."""
+    spec = _gym_registration.registry.get(env_id)
+    return None if spec is None else spec.reward_threshold
+
+
 def register_env_ids(env_ids: Iterable[str]) -> list[str]:
     """Register ``envd/<id>`` for each id (idempotent) and return the gymnasium
     ids registered.  envd.load_plugin calls it for a plugin's ids; call it
@@ -113,7 +130,8 @@ def register_env_ids(env_ids: Iterable[str]) -> list[str]:
         if full_id not in _gym_registration.registry:
             gymnasium.register(id=full_id, entry_point=f"{__name__}:make_env",
                                vector_entry_point=f"{__name__}:make_vector_env",
-                               max_episode_steps=None, kwargs={_ID_KWARG: env_id})
+                               max_episode_steps=None, kwargs={_ID_KWARG: env_id},
+                               reward_threshold=_gymnasium_reward_threshold(env_id))
         registered.append(full_id)
     return registered
 

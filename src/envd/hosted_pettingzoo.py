@@ -37,7 +37,7 @@ from gymnasium import spaces
 from gymnasium.vector.utils import batch_space
 
 from envd.errors import InvalidArgumentError, UnknownEnvError
-from envd.vector_base import episode_statistics_key
+from envd.vector_base import episode_statistics_key, possible_agents
 
 #: The id prefix of a PettingZoo ParallelEnv factory: "pz:<module>:<factory>"
 #: (gymnasium's envs are "py:<id>", envd's built-ins bare ids).
@@ -109,6 +109,8 @@ class ParallelAsEnv(gymnasium.Env):
     def __init__(self, env: Any):
         self.env = env
         self.agents, obs, act = check_agents(env)
+        #: the ParallelEnv's agent names, in row order (a trainer's possible_agents)
+        self.possible_agents = list(self.agents)
         a = len(self.agents)
         self.agent_observation_space, self.agent_action_space = obs, act
         self.observation_space = spaces.Dict({
@@ -213,6 +215,17 @@ class PettingZooVecEnv(gymnasium.vector.VectorEnv):
         self._length = np.zeros(self.num_envs, np.int64)
         self._start = np.zeros(self.num_envs)
         self._reset_rows = np.zeros(self.num_envs, bool)  # rows whose env resets next step
+
+    @property
+    def num_agents_per_env(self) -> int:
+        """Agents (rows) per env: num_envs == num_env_instances * num_agents_per_env."""
+        return self.num_agents
+
+    @property
+    def possible_agents(self) -> list[str]:
+        """The ParallelEnv's possible_agents, in row order: row r is agent
+        possible_agents[r % num_agents_per_env] of env r // num_agents_per_env."""
+        return possible_agents(getattr(self._inner, "agent_names", ()), self.num_agents)
 
     @property
     def worker_pids(self) -> list[int]:

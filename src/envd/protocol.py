@@ -124,11 +124,14 @@ A reply never carries a traceback.  Results:
                               docs/protocol.md, "Capabilities")
     heartbeat  -
     list_envs  envs: [{id, observation_space, action_space, max_episode_steps, params,
-                       info_fields: [{name, dtype, shape, doc}], origin}]
+                       info_fields: [{name, dtype, shape, doc}], origin,
+                       describes, resets_itself, episode_fields}]   (ABI 5: spaces
+                       at the defaults when describes)
     status     see envd.server.service.Service.status
     make       session, env_id, shm: {name, size, arrays: {name: [offset, dtype, shape]}},
                observation_space, action_space, max_episode_steps, autoreset_mode,
-               render_mode, render_fps (nil without a render mode)
+               render_mode, render_fps (nil for an env that cannot render),
+               resets_itself, episode_fields (ABI 5; absent from older daemons: false, [])
     reset      - (inline: arrays + blobs)
     step       num_done:int   (envs whose episode ended in this step; inline: arrays + blobs)
     send       -

@@ -47,6 +47,19 @@ def parse_autoreset_mode(mode: str | AutoresetMode) -> AutoresetMode:
     raise InvalidArgumentError(f"unknown autoreset_mode {mode!r}; valid modes: {names}")
 
 
+#: metadata["envd_autoreset"] of an env that resets itself (ABI 5
+#: ENVD_ENV_RESETS_ITSELF); its metadata["autoreset_mode"] is SAME_STEP, the
+#: gymnasium mode it is like (the observation after an episode's last step
+#: is the next episode's first), without final_obs.
+RESETS_ITSELF = "the env resets itself"
+
+
+def mark_resets_itself(env: Any) -> None:
+    """The metadata of a VecEnv of an env that resets itself."""
+    env.metadata["autoreset_mode"] = AutoresetMode.SAME_STEP
+    env.metadata["envd_autoreset"] = RESETS_ITSELF
+
+
 def autoreset_mode_name(mode: AutoresetMode) -> str:
     return next(name for name, value in AUTORESET_MODE_NAMES.items() if value is mode)
 
@@ -95,7 +108,7 @@ INFO_PREFIX = "info."
 #: puts them under gymnasium's key instead (code written for that shape).
 DEFAULT_EPISODE_KEY = "envd_episode"
 #: Info keys envd writes itself: an episode statistics key cannot be one.
-RESERVED_INFO_KEYS = frozenset({"env_id", "final_obs", "final_info"})
+RESERVED_INFO_KEYS = frozenset({"env_id", "final_obs", "final_info", "envd_log"})
 
 
 def episode_statistics_key(value: bool | str) -> str | None:
@@ -215,9 +228,15 @@ def recv_short_error(env_id: str, count: int, pending: int) -> EnvStateError:
 INFO_SLOTS, INFO_LENGTHS = "infos", "info_lengths"
 
 
+#: The buffer of an env's own episode log (ABI 5 episode_fields), and the
+#: info key it is reported under (field -> float64 per row, mask "_envd_log").
+EPISODE_LOG, EPISODE_LOG_KEY = "episode_log", "envd_log"
+
+
 def buffer_layout(observation_space: spaces.Space, action_space: spaces.Space, num_envs: int,
                   mode: AutoresetMode, info_fields: Sequence[Any] = (),
-                  reward_dtype: Any = np.float32, info_bytes: int = 0, num_agents: int = 1
+                  reward_dtype: Any = np.float32, info_bytes: int = 0, num_agents: int = 1,
+                  episode_fields: Sequence[str] = ()
                   ) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
     """name -> (shape, dtype) of every batch buffer of a vec, in a fixed order.
     The native vec reads "actions", "reset_seeds" and "reset_mask" and writes
@@ -228,7 +247,9 @@ def buffer_layout(observation_space: spaces.Space, action_space: spaces.Space, n
     (as gymnasium's vector envs) and, with info_bytes > 0, info slots of
     that many bytes per env.  A multi-agent env (num_agents > 1) has num_envs
     rows (envs x agents) and an "agent_mask" buffer; its reset seeds and mask
-    use the first num_envs / num_agents entries (one per env)."""
+    use the first num_envs / num_agents entries (one per env).  An env with
+    an episode log (ABI 5 episode_fields) has "episode_log": a row of its
+    fields' values per row (info["envd_log"])."""
     n = num_envs
     action_shape, action_dtype = leaves.action_row(action_space)
     layout = {
@@ -250,6 +271,8 @@ def buffer_layout(observation_space: spaces.Space, action_space: spaces.Space, n
         layout[INFO_PREFIX + field.name] = ((n, *field.shape), field.dtype)
     if num_agents > 1:
         layout["agent_mask"] = ((n,), np.bool_)
+    if episode_fields:
+        layout[EPISODE_LOG] = ((n, len(episode_fields)), np.float64)
     if info_bytes:
         layout[INFO_SLOTS] = ((n, info_bytes), np.uint8)
         layout[INFO_LENGTHS] = ((n,), np.uint32)
@@ -380,6 +403,14 @@ class SendRowChecks:
         return int(env_ids[k // self.num_agents]) * self.num_agents + k % self.num_agents
 
 
+def possible_agents(names: Sequence[str], num_agents: int) -> list[str]:
+    """names when there is one per agent, else PettingZoo's (and mpe2's)
+    default names agent_0, agent_1, ..."""
+    if len(names) == num_agents:
+        return list(names)
+    return [f"agent_{i}" for i in range(num_agents)]
+
+
 class BatchedVecEnv(VectorEnv):
     """A gymnasium VectorEnv over batch buffers, stepped through a Stepper.
 
@@ -407,8 +438,17 @@ class BatchedVecEnv(VectorEnv):
         #: agents per env: each env is num_agents rows (a subclass sets it
         #: before binding buffers); num_envs counts rows
         self.num_agents = 1
+        #: the names of the env's own episode log (ABI 5), info["envd_log"]'s
+        #: keys; a subclass sets them before binding buffers
+        self.episode_fields: tuple[str, ...] = ()
+        #: the agents' names where the env gives them (a PettingZoo env's), else ()
+        self.agent_names: tuple[str, ...] = ()
+        # render_modes: what the env can render, rendering or not (gymnasium's
+        # meaning); an env that renders has a frame rate (render_fps)
         self.metadata = {"autoreset_mode": mode,
-                         "render_modes": [] if render_mode is None else [render_mode]}
+                         "render_modes": ["rgb_array"] if render_fps is not None else []}
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            self.metadata["render_modes"].append(render_mode)
         if render_fps is not None:
             self.metadata["render_fps"] = render_fps
         #: None or "rgb_array" (checked by the subclass against the env's spec)
@@ -448,6 +488,7 @@ class BatchedVecEnv(VectorEnv):
         self._truncations = buffers["truncations"]
         self._dones = buffers["dones"]
         self._agent_mask = buffers.get("agent_mask")
+        self._episode_log = buffers.get(EPISODE_LOG)  # (with episode_fields)
         self._final_obs = (self._tree(buffers, "final_observations")
                            if self._final_obs_names[0] in buffers else None)
         # the env's own info fields: info key -> buffer
@@ -574,12 +615,24 @@ class BatchedVecEnv(VectorEnv):
         stats = tuple(self._buffers[name] for name in self._EPISODE_STATS)
         if self._copy and self._episode_statistics:
             stats = tuple(a.copy() for a in stats)
-        return self._episode_info(dones, self._final_obs, stats)
+        return self._episode_info(dones, self._final_obs, stats, self._episode_log)
 
     @property
     def num_env_instances(self) -> int:
         """Envs (num_envs counts rows: num_env_instances * num_agents)."""
         return self.num_envs // self.num_agents
+
+    @property
+    def num_agents_per_env(self) -> int:
+        """Agents (rows) per env: num_envs == num_env_instances * num_agents_per_env."""
+        return self.num_agents
+
+    @property
+    def possible_agents(self) -> list[str]:
+        """The names of one env's agents, in row order (PettingZoo's
+        possible_agents): row r is agent possible_agents[r % num_agents_per_env]
+        of env r // num_agents_per_env."""
+        return possible_agents(self.agent_names, self.num_agents)
 
     def _env_info_now(self) -> dict[str, np.ndarray]:
         """The env's info fields after a reset or step (and a multi-agent
@@ -592,13 +645,22 @@ class BatchedVecEnv(VectorEnv):
         return info
 
     def _episode_info(self, dones: np.ndarray, final_rows: Any,
-                      stats: tuple[np.ndarray, ...]) -> dict[str, Any]:
+                      stats: tuple[np.ndarray, ...],
+                      log: np.ndarray | None = None) -> dict[str, Any]:
         """gymnasium's RecordEpisodeStatistics shape, info[key]["r"|"l"|"t"]
         (stats) with the mask info["_" + key] (dones), key being
         episode_statistics_key ("envd_episode" by default), and for SAME_STEP
         info["final_obs"] (an object array of copies of final_rows) and
-        info["final_info"]."""
+        info["final_info"].  An env with an episode log (log: its rows of
+        episode_fields values) also gets info["envd_log"] (field -> float64
+        per row, 0 where no episode ended) and its mask info["_envd_log"]
+        (gymnasium's _add_info shape), whatever episode_statistics says."""
         info: dict[str, Any] = {}
+        if log is not None and self.episode_fields:
+            values = np.where(dones[:, None], log, 0.0)  # (a copy: C keeps old rows)
+            info[EPISODE_LOG_KEY] = {name: values[:, k]
+                                     for k, name in enumerate(self.episode_fields)}
+            info["_" + EPISODE_LOG_KEY] = dones.copy() if self._copy else dones
         if final_rows is not None:
             final = np.full(len(dones), None, dtype=object)
             for k in np.flatnonzero(dones):
@@ -817,7 +879,7 @@ class BatchedVecEnv(VectorEnv):
 
     #: gathered only for a batch in which an episode ended (only then in its
     #: info; the leaves "final_observations.<k>" of a composite space too)
-    _ON_DONE = frozenset({*_EPISODE_STATS, "final_observations"})
+    _ON_DONE = frozenset({*_EPISODE_STATS, "final_observations", EPISODE_LOG})
 
     def _gather(self, ids: np.ndarray, source: int = 0,
                 source_rows: np.ndarray | None = None) -> tuple:
@@ -857,7 +919,8 @@ class BatchedVecEnv(VectorEnv):
         if any_done:
             final = self._tree(out, "final_observations") if self._final_obs is not None else None
             info.update(self._episode_info(out["dones"], final,
-                                           tuple(out[name] for name in self._EPISODE_STATS)))
+                                           tuple(out[name] for name in self._EPISODE_STATS),
+                                           out.get(EPISODE_LOG)))
         if self._info_lengths is not None:
             self._add_env_infos(info, out[INFO_LENGTHS], out[INFO_SLOTS])
         return obs, out["rewards"], out["terminations"], out["truncations"], info
@@ -876,6 +939,8 @@ class BatchedVecEnv(VectorEnv):
             names += [INFO_PREFIX + name for name in self._env_info]
             if self._agent_mask is not None:
                 names.append("agent_mask")
+            if self._episode_log is not None:
+                names.append(EPISODE_LOG)
             rows = self.batch_size * self.num_agents  # batch_size counts envs
             plans = self._plans = []
             for _ in range(2):

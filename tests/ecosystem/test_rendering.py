@@ -107,7 +107,8 @@ def test_other_builtins_render(env_id):
 
 def test_render_needs_a_render_mode_and_a_reset():
     env = envd.make("CartPole-v1", 2, seed=0)
-    assert env.render_mode is None and env.metadata["render_modes"] == []
+    # render_modes says what the env can render, even when it does not
+    assert env.render_mode is None and env.metadata["render_modes"] == ["rgb_array"]
     with pytest.raises(envd.EnvStateError, match="render_mode='rgb_array'"):
         env.render()
     env.close()

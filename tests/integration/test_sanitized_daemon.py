@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 from conftest import random_actions
 from support.daemon import DEADLINE, DaemonProcess, segments_of, wait_until
+from support import abi5_checks
 from support.plugin_checks import BUILD_LINE, EXAMPLE_SOURCE, check_against_reference
 from support.sanitized_build import SANITIZERS, reports_in, runtime, sanitized_env
 
@@ -46,11 +47,11 @@ def assert_no_report(daemon: DaemonProcess) -> None:
     assert not reports_in(log), log[-20000:]
 
 
-def sanitized_plugin(kind: str, folder: Path) -> Path:
-    """examples/plugins/guess_number.c, built with the documented line plus
-    the sanitizer's flags (its step runs on the pool's workers)."""
-    out = folder / f"libguess_number_{kind}.so"
-    line = BUILD_LINE.format(python=sys.executable, source=EXAMPLE_SOURCE, out=out)
+def sanitized_plugin(kind: str, folder: Path, source: Path = EXAMPLE_SOURCE) -> Path:
+    """examples/plugins/guess_number.c (or source), built with the documented
+    line plus the sanitizer's flags (its step runs on the pool's workers)."""
+    out = folder / f"lib{source.stem}_{kind}.so"
+    line = BUILD_LINE.format(python=sys.executable, source=source, out=out)
     line += " -Wall -Wextra -Werror " + " ".join(SANITIZERS[kind][0])
     proc = subprocess.run(["bash", "-c", line], check=False, capture_output=True, text=True,
                           cwd="/")
@@ -69,8 +70,9 @@ def sanitized(request, tmp_path_factory):
     env = sanitized_env(kind)
     folder = tmp_path_factory.mktemp(kind)
     plugin = sanitized_plugin(kind, folder)
+    abi5 = sanitized_plugin(kind, folder, abi5_checks.SOURCE)
     daemon = DaemonProcess(folder / "d", "--threads", "2", "--lease-timeout", "3",
-                           "--plugin", str(plugin), env=env)
+                           "--plugin", str(plugin), "--plugin", str(abi5), env=env)
     try:
         maps = Path(f"/proc/{daemon.pid}/maps").read_text()
         # the daemon really runs the sanitized extension, under its runtime
@@ -248,6 +250,21 @@ def test_plugin_env_sync_and_async(sanitized):
             for _ in range(20):
                 ids = env.recv()[4]["env_id"]
                 env.send(np.full(len(ids), 50, np.int64), ids)
+    assert_no_report(daemon)
+
+
+def test_abi5_env_sync_and_async(sanitized):
+    """ABI 5 (the described spaces' arena, the seed callback, the
+    self-resetting step and its episode log) in the sanitized daemon."""
+    _, daemon = sanitized
+    with daemon.connect(timeout=DEADLINE) as client:
+        with client.make(abi5_checks.ENV_ID, 5, seed=10, size=5, agents=2,
+                         episode_len=3) as env:
+            abi5_checks.check_episodes(env, 10, 5, 2, 3)
+        with client.make(abi5_checks.ENV_ID, 4, seed=3, batch_size=2, episode_len=2) as env:
+            abi5_checks.check_async(env, 2)
+        with pytest.raises(envd.InvalidArgumentError, match="out of memory"):
+            client.make(abi5_checks.ENV_ID, 2, size=8)  # past the describe bound
     assert_no_report(daemon)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.vector import AutoresetMode
 import pytest
 
 import envd
@@ -214,11 +215,18 @@ def test_valid_kwarg_types_are_accepted():
         env.reset(seed=0)
 
 
-@pytest.mark.parametrize("mode", ["next-step", "NEXT_STEP", "", 0, None])
+@pytest.mark.parametrize("mode", ["next-step", "NEXT_STEP", "", 0])
 def test_unknown_autoreset_mode(mode):
     with pytest.raises(InvalidArgumentError,
                        match="valid modes: 'next_step', 'same_step', 'disabled'"):
         envd.make("CartPole-v1", 2, autoreset_mode=mode)
+
+
+def test_autoreset_mode_none_is_the_default_next_step():
+    """None (make's default since ABI 5: an env that resets itself refuses
+    the argument when given) is next_step."""
+    with envd.make("CartPole-v1", 2, autoreset_mode=None) as env:
+        assert env.metadata["autoreset_mode"] is AutoresetMode.NEXT_STEP
 
 
 @pytest.mark.parametrize("kwargs,match", [

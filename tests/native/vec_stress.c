@@ -24,7 +24,11 @@
  *   - a per-vec thread cap (envd_vec_set_max_threads): the determinism and
  *     async batch runs again on the 4-thread pool under caps of 0 (every run
  *     inline, even with a forced chunk), 1 and 2, with the same results; the
- *     setter's refusals.
+ *     setter's refusals;
+ *   - ABI 5: an env that resets itself (no host reset, no truncation, its
+ *     episodes from episode_end into the statistics and episode_log), its
+ *     seed callback (before init, at seeded resets only), in whole steps and
+ *     async batches on every pool; its refusals; SERIAL_INIT across threads.
  */
 #define _GNU_SOURCE
 #include "vec.h"
@@ -2204,6 +2208,257 @@ static void test_max_threads(envd_pool_t *pool)
     g_max_threads = ENVD_VEC_NO_CAP;
 }
 
+
+/* ---- ABI 5: an env that resets itself, its seed callback and episode log ----------- */
+/* Env i (seeded s_i) ends its episode itself every 2 + s_i % 3 steps, sets
+ * terminated then, and reports it through episode_end: [the episode's summed
+ * reward, its length, the episodes so far].  Its init fails if another init
+ * of it runs at the same time (SERIAL_INIT must prevent that) or if seed did
+ * not come first. */
+typedef struct self_state {
+    uint64_t seed;
+    int64_t seed_calls, steps, episodes, pending;
+    double episode_sum, last_sum;
+} self_state_t;
+
+static _Atomic int g_self_inits_running;
+
+static int self_seed(void *state, uint64_t seed)
+{
+    self_state_t *s = state;
+    s->seed = seed;
+    s->seed_calls++;
+    return ENVD_OK;
+}
+
+static int self_init(void *state, const double *params)
+{
+    (void)params;
+    const self_state_t *s = state;
+    if (atomic_fetch_add(&g_self_inits_running, 1) != 0) {
+        atomic_fetch_sub(&g_self_inits_running, 1);
+        return ENVD_EINVAL;
+    }
+    for (volatile int spin = 0; spin < 2000; spin++)
+        ;
+    int rc = s->seed_calls == 1 ? ENVD_OK : ENVD_ESTATE;
+    atomic_fetch_sub(&g_self_inits_running, 1);
+    return rc;
+}
+
+static void self_obs(const self_state_t *s, float *o)
+{
+    o[0] = (float)(s->seed % 100000);
+    o[1] = (float)s->steps;
+    o[2] = (float)s->episodes;
+    o[3] = (float)s->seed_calls;
+}
+
+static int self_reset(void *state, envd_rng_t *rng, void *obs)
+{
+    (void)rng;
+    self_state_t *s = state;
+    s->steps = 0;
+    s->episodes = 0;
+    s->episode_sum = 0.0;
+    self_obs(s, obs);
+    return ENVD_OK;
+}
+
+static int64_t self_len(uint64_t seed) { return 2 + (int64_t)(seed % 3); }
+
+static int self_step(void *state, envd_rng_t *rng, const void *action, void *obs,
+                     double *reward, bool *terminated, bool *truncated)
+{
+    (void)rng;
+    (void)truncated;
+    self_state_t *s = state;
+    *reward = (double)*(const int64_t *)action + 0.5;
+    s->episode_sum += *reward;
+    if (++s->steps == self_len(s->seed)) {
+        *terminated = true;
+        s->last_sum = s->episode_sum;
+        s->episode_sum = 0.0;
+        s->steps = 0;
+        s->episodes++;
+        s->pending++;
+    }
+    self_obs(s, obs);
+    return ENVD_OK;
+}
+
+static int self_episode_end(void *state, double *values)
+{
+    self_state_t *s = state;
+    int n = (int)s->pending;
+    s->pending = 0;
+    values[0] = s->last_sum;
+    values[1] = (double)self_len(s->seed);
+    values[2] = (double)s->episodes;
+    return n;
+}
+
+static const char *const self_fields[] = {"episode_return", "episode_length", "episodes"};
+
+static const envd_env_def_t self_env = {
+    .abi_version = ENVD_ABI_VERSION,
+    .id = "VecStressSelf-v0",
+    .observation_space = {.kind = ENVD_SPACE_BOX, .dtype = ENVD_DTYPE_FLOAT32, .ndim = 1,
+                          .shape = {4}},
+    .action_space = {.kind = ENVD_SPACE_DISCRETE, .dtype = ENVD_DTYPE_INT64, .n = 3, .start = -1},
+    .state_size = sizeof(self_state_t),
+    .num_agents = 1,
+    .init = self_init,
+    .reset = self_reset,
+    .step = self_step,
+    .flags = ENVD_ENV_RESETS_ITSELF | ENVD_ENV_SERIAL_INIT,
+    .seed = self_seed,
+    .episode_fields = self_fields,
+    .num_episode_fields = 3,
+    .episode_end = self_episode_end,
+};
+
+typedef struct self_vec {
+    harness_t h;
+    uint64_t *seeds;
+    bool *dones;
+    double *log;
+} self_vec_t;
+
+static void self_create(self_vec_t *v, envd_pool_t *pool, int64_t n, int64_t chunk,
+                        uint64_t base)
+{
+    harness_init(&v->h, &self_env, n, ENVD_AUTORESET_NEXT_STEP, 0, 3);
+    v->seeds = xcalloc((size_t)n, sizeof *v->seeds);
+    v->dones = xcalloc((size_t)n, sizeof *v->dones);
+    v->log = xcalloc((size_t)n * 3, sizeof *v->log);
+    for (int64_t i = 0; i < n; i++)
+        v->seeds[i] = base + (uint64_t)i;
+    v->h.cfg.seeds = v->seeds;
+    v->h.bufs.dones = v->dones;
+    v->h.bufs.episode_log = v->log;
+    harness_create(&v->h, pool, chunk);
+}
+
+static void self_free(self_vec_t *v)
+{
+    harness_free(&v->h);
+    free(v->seeds);
+    free(v->dones);
+    free(v->log);
+}
+
+/* Env i's outputs after `steps` steps of action 0 since its episode counter
+ * started (reward 0.5 a step), checked against the model above. */
+static void self_check(const self_vec_t *v, int64_t i, int64_t steps, uint64_t seed,
+                       int64_t seed_calls, const char *what)
+{
+    const float *o = (const float *)v->h.obs + 4 * i;
+    const int64_t len = self_len(seed);
+    const bool ended = steps > 0 && steps % len == 0;
+    CHECK(o[0] == (float)(seed % 100000) && o[3] == (float)seed_calls,
+          "%s: env %lld seed %f calls %f", what, (long long)i, o[0], o[3]);
+    CHECK(o[1] == (float)(steps % len) && o[2] == (float)(steps / len),
+          "%s: env %lld at step %lld shows %f/%f (no host reset may happen)", what,
+          (long long)i, (long long)steps, o[1], o[2]);
+    CHECK(!v->h.truncs[i] && v->h.terms[i] == ended && v->dones[i] == ended,
+          "%s: env %lld flags", what, (long long)i);
+    if (ended) {
+        CHECK(v->h.returns[i] == 0.5 * (double)len && v->h.lengths[i] == len,
+              "%s: env %lld stats %f %lld", what, (long long)i, v->h.returns[i],
+              (long long)v->h.lengths[i]);
+        CHECK(v->log[3 * i + 2] == (double)(steps / len), "%s: env %lld log", what,
+              (long long)i);
+    } else {
+        CHECK(v->h.returns[i] == 0.0 && v->h.lengths[i] == 0, "%s: env %lld stats", what,
+              (long long)i);
+    }
+}
+
+static void *self_create_many(void *arg)
+{
+    envd_pool_t *pool = arg;
+    for (int k = 0; k < scaled(20, 4); k++) {
+        self_vec_t v;
+        self_create(&v, pool, 16, 0, 7);
+        self_free(&v);
+    }
+    return NULL;
+}
+
+/* The vec never resets nor truncates a RESETS_ITSELF env, seeds it before
+ * init and at seeded resets only, reports its episodes from episode_end, in
+ * whole steps and async batches, on every pool; refuses a time limit or
+ * another autoreset mode; inits run one at a time across threads. */
+static void test_resets_itself(envd_pool_t *const *pools, int num_pools)
+{
+    const int64_t n = 23;
+    for (int p = 0; p < num_pools; p++) {
+        for (int64_t chunk = 0; chunk <= 3; chunk += 3) {
+            char what[96];
+            snprintf(what, sizeof what, "self-resetting threads=%d chunk=%lld",
+                     envd_pool_num_threads(pools[p]), (long long)chunk);
+            self_vec_t v;
+            self_create(&v, pools[p], n, chunk, 1000);
+            CHECK(envd_vec_reset(v.h.vec, NULL, NULL) == ENVD_OK, "%s: reset", what);
+            for (int64_t i = 0; i < n; i++)
+                self_check(&v, i, 0, 1000 + (uint64_t)i, 1, what);
+            const int64_t steps = scaled(40, 10);
+            for (int64_t t = 1; t <= steps; t++) {
+                step_ok(&v.h, what);
+                for (int64_t i = 0; i < n; i++)
+                    self_check(&v, i, t, 1000 + (uint64_t)i, 1, what);
+            }
+            /* a seeded reset calls seed, an unseeded one does not */
+            uint64_t seeds[23];
+            for (int64_t i = 0; i < n; i++)
+                seeds[i] = 50 + (uint64_t)i;
+            CHECK(envd_vec_reset(v.h.vec, seeds, NULL) == ENVD_OK, "%s: seeded reset", what);
+            CHECK(envd_vec_reset(v.h.vec, NULL, NULL) == ENVD_OK, "%s: reset", what);
+            /* async batches: the even envs, then the odd ones, several times */
+            int64_t even[12], odd[11];
+            for (int64_t i = 0; i < n; i++)
+                (i % 2 ? odd : even)[i / 2] = i;
+            envd_vec_batch_t *b1, *b2;
+            CHECK(envd_vec_batch_create(&b1, 12) == ENVD_OK &&
+                      envd_vec_batch_create(&b2, 11) == ENVD_OK, "batch create");
+            for (int64_t t = 1; t <= 7; t++) {
+                CHECK(envd_vec_batch_submit(v.h.vec, b1, even, 12, 0) == ENVD_OK &&
+                          envd_vec_batch_submit(v.h.vec, b2, odd, 11, 0) == ENVD_OK,
+                      "%s: submit", what);
+                envd_vec_batch_wait(v.h.vec, b1);
+                envd_vec_batch_wait(v.h.vec, b2);
+                CHECK(envd_vec_batch_finish(v.h.vec, b1) >= 0 &&
+                          envd_vec_batch_finish(v.h.vec, b2) >= 0, "%s: finish", what);
+                for (int64_t i = 0; i < n; i++)
+                    self_check(&v, i, t, 50 + (uint64_t)i, 2, what);
+            }
+            envd_vec_batch_destroy(b1);
+            envd_vec_batch_destroy(b2);
+            self_free(&v);
+        }
+    }
+    /* no time limit and no other autoreset mode for it */
+    for (int mode = 0; mode < 3; mode++) {
+        self_vec_t v;
+        harness_init(&v.h, &self_env, 2, mode, mode == 0 ? 10 : 0, 3);
+        v.h.bufs.episode_log = xcalloc(6, sizeof(double));
+        envd_vec_t *vec = NULL;
+        CHECK(envd_vec_create(&vec, &self_env, &v.h.cfg, &v.h.bufs, NULL) == ENVD_EINVAL &&
+                  vec == NULL, "a RESETS_ITSELF env with mode %d / a time limit was accepted",
+              mode);
+        free(v.h.bufs.episode_log);
+        harness_free(&v.h);
+    }
+    /* inits on several threads at once run one at a time */
+    pthread_t threads[3];
+    for (int k = 0; k < 3; k++)
+        CHECK(pthread_create(&threads[k], NULL, self_create_many, pools[k % num_pools]) == 0,
+              "thread");
+    for (int k = 0; k < 3; k++)
+        pthread_join(threads[k], NULL);
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1)
@@ -2250,6 +2505,7 @@ int main(int argc, char **argv)
     test_determinism(pools, num_pools, scaled(300, 40));
     test_batches(pools, num_pools, scaled(60, 16));
     test_max_threads(pools[num_pools - 1]);
+    test_resets_itself(pools, num_pools);
 
     for (int p = 0; p < num_pools; p++)
         envd_pool_destroy(pools[p]);

@@ -40,8 +40,16 @@ first: ``(1, 84, 84)``, the layout SB3's CNN (PyTorch) consumes directly, so
 SB3 adds no ``VecTransposeImage``; ``image_layout="channels_last"`` gives
 ``(84, 84, 1)`` (gymnasium's and Atari's layout; SB3 then transposes it), and
 ``image_layout=None`` keeps the env's own shape.  The axis is a reshape of the
-same bytes: no transpose, no extra copy.  The env's own info fields (e.g. ConnectFour-v0's ``action_mask``) are
-split into the per-env dicts; on a done step they describe the new episode's
+same bytes: no transpose, no extra copy.
+
+Dict observations (a hosted ``py:`` env's, say) reach SB3 as it wants them for
+``MultiInputPolicy``: a dict of arrays, one per key, each ``(num_envs,
+*shape)`` (a 2-D image entry gets its channel axis as above), and a dict per
+env in ``terminal_observation``.  SB3 takes a flat Dict only: a Tuple, or a
+Dict nested in a Dict, is refused when the adapter is made.
+
+The env's own info fields (e.g. ConnectFour-v0's ``action_mask``) are split
+into the per-env dicts; on a done step they describe the new episode's
 first state (envd has reset the env already), unlike DummyVecEnv where they
 describe the final state.  Arrays returned are copies (envd's own are views of
 its buffers, overwritten by the next step; SB3's replay buffers keep them).
@@ -51,9 +59,10 @@ What a native env has no counterpart for: ``set_attr`` and ``env_method`` raise
 ``make``'s keyword arguments); ``get_attr`` answers ``render_mode`` (None),
 ``observation_space``, ``action_space``, ``env_id`` and ``max_episode_steps``
 (the same for every env of the batch) and raises ``AttributeError`` otherwise;
-``env_is_wrapped`` is False for every wrapper (there are no gymnasium.Env
-objects to wrap; SB3's ``evaluate_policy`` then counts raw rewards, which are the
-episode returns here: pass ``warn=False`` to silence its Monitor warning);
+``env_is_wrapped`` is True for SB3's ``Monitor`` while episode statistics are on
+(the adapter writes Monitor's ``info["episode"]`` itself, so ``evaluate_policy``
+reads the episode returns from it and does not warn) and False for every other
+wrapper (there are no gymnasium.Env objects to wrap);
 ``render`` and ``get_images`` raise ``NotImplementedError``.  ``set_options``
 is not supported: ``reset`` raises if options were set.
 """
@@ -92,13 +101,35 @@ def is_2d_image_space(space: spaces.Space) -> bool:
 
 def image_observation_space(space: spaces.Space, layout: str | None) -> spaces.Space:
     """space as the adapter presents it: a channel axis added to a 2-D image
-    (see the module docstring), anything else unchanged."""
+    (see the module docstring), to each such entry of a Dict, anything else
+    unchanged."""
     if layout not in IMAGE_LAYOUTS:
         raise ValueError(f"image_layout must be one of {IMAGE_LAYOUTS}, got {layout!r}")
+    if isinstance(space, spaces.Dict):
+        return spaces.Dict({key: image_observation_space(sub, layout)
+                            for key, sub in space.spaces.items()})
     if layout is None or not is_2d_image_space(space):
         return space
     shape = (1, *space.shape) if layout == "channels_first" else (*space.shape, 1)
     return spaces.Box(0, 255, shape, np.uint8)
+
+
+def observation_shapes(space: spaces.Space) -> dict[str | None, tuple[int, ...]]:
+    """One env's observation shape as SB3 gets it, by Dict key (None: a space
+    that is not a Dict).  SB3's MultiInputPolicy takes a flat Dict of Box,
+    Discrete, MultiBinary and MultiDiscrete: anything else is refused here."""
+    if not isinstance(space, spaces.Dict):
+        if space.shape is None:
+            raise ValueError(f"SB3 cannot take a {type(space).__name__} observation "
+                             "(a Box, a discrete space, or a flat Dict of those)")
+        return {None: tuple(space.shape)}
+    shapes = {}
+    for key, sub in space.spaces.items():
+        if isinstance(sub, (spaces.Dict, spaces.Tuple)) or sub.shape is None:
+            raise ValueError(f"SB3 takes a flat Dict observation: entry {key!r} is a "
+                             f"{type(sub).__name__}")
+        shapes[key] = tuple(sub.shape)
+    return shapes
 
 
 class EnvdVecEnv(VecEnv):
@@ -125,8 +156,8 @@ class EnvdVecEnv(VecEnv):
         self._action_shape = (venv.num_envs, *self._action_space.shape)
         self._actions: np.ndarray | None = None
         observation_space = image_observation_space(venv.single_observation_space, image_layout)
-        # (num_envs, *shape): the envs' observations as SB3 gets them
-        self._obs_shape = (venv.num_envs, *observation_space.shape)
+        # one env's observation as SB3 gets it, by Dict key (None: not a Dict)
+        self._obs_shapes = observation_shapes(observation_space)
         self._episode_key = getattr(venv, "episode_statistics_key", "episode")
         super().__init__(venv.num_envs, observation_space, venv.single_action_space)
 
@@ -162,7 +193,7 @@ class EnvdVecEnv(VecEnv):
         self.reset_infos = self._split_info(info)
         self._reset_seeds()
         self._reset_options()
-        return np.array(obs).reshape(self._obs_shape)
+        return self._batch(obs)
 
     def step_async(self, actions: np.ndarray) -> None:
         actions = np.asarray(actions)
@@ -196,12 +227,32 @@ class EnvdVecEnv(VecEnv):
             ended = info.get("_" + self._episode_key) if self._episode_key else None
             for i in np.flatnonzero(dones):
                 final = final_obs[i] if final_obs is not None else None
-                final = np.asarray(obs)[i] if final is None else final
-                infos[i]["terminal_observation"] = final.reshape(self._obs_shape[1:])
+                infos[i]["terminal_observation"] = self._row(obs, i) if final is None \
+                    else self._one(final)
                 if episode is not None and ended[i]:
                     infos[i]["episode"] = {"r": float(episode["r"][i]), "l": int(episode["l"][i]),
                                            "t": float(episode["t"][i])}
-        return np.array(obs).reshape(self._obs_shape), np.array(rewards), dones, infos
+        return self._batch(obs), np.array(rewards), dones, infos
+
+    def _batch(self, obs: Any) -> np.ndarray | dict[str, np.ndarray]:
+        """The envs' observations as SB3 wants them: copies, shaped (an image's
+        channel axis), a dict of arrays for a Dict space."""
+        if None in self._obs_shapes:
+            return np.array(obs).reshape(self.num_envs, *self._obs_shapes[None])
+        return {key: np.array(obs[key]).reshape(self.num_envs, *shape)
+                for key, shape in self._obs_shapes.items()}
+
+    def _one(self, obs: Any) -> np.ndarray | dict[str, np.ndarray]:
+        """One env's observation (a final one), shaped as SB3 wants it."""
+        if None in self._obs_shapes:
+            return np.asarray(obs).reshape(self._obs_shapes[None])
+        return {key: np.array(obs[key]).reshape(shape) for key, shape in self._obs_shapes.items()}
+
+    def _row(self, obs: Any, i: int) -> np.ndarray | dict[str, np.ndarray]:
+        """Row i of the batch obs, shaped as SB3 wants it."""
+        if None in self._obs_shapes:
+            return self._one(np.asarray(obs)[i])
+        return self._one({key: np.asarray(obs[key])[i] for key in self._obs_shapes})
 
     def _split_info(self, info: dict[str, Any]) -> list[dict[str, Any]]:
         """The env's own info fields (arrays with one row per env, optionally
@@ -249,9 +300,14 @@ class EnvdVecEnv(VecEnv):
 
     def env_is_wrapped(self, wrapper_class: type[gym.Wrapper],
                        indices: VecEnvIndices = None) -> list[bool]:
-        """False: there are no gymnasium.Env objects to wrap (the episode
-        statistics Monitor would add come from envd itself)."""
-        return [False for _ in self._get_indices(indices)]
+        """Whether each env is wrapped in wrapper_class.  There are no
+        gymnasium.Env objects to wrap, but SB3's Monitor is what envd's
+        episode statistics already do (the adapter writes ``info["episode"]``
+        as Monitor would): True for Monitor while the env reports episodes;
+        False for every other wrapper."""
+        from stable_baselines3.common.monitor import Monitor
+        monitored = bool(self._episode_key) and wrapper_class is Monitor
+        return [monitored for _ in self._get_indices(indices)]
 
     def get_images(self) -> Sequence[np.ndarray | None]:
         raise NotImplementedError("envd's envs do not render")

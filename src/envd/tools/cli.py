@@ -3,6 +3,8 @@
     envd --threads 8          start the daemon (flags: envd --help)
     envd list [--json]        env ids envd.make and the daemon accept (with the
                               daemon's --plugin flags: their envs too)
+    envd list --endpoint [ENDPOINT] [--json] [--timeout S] [--server-key --client-key]
+                              the envs a running daemon can make
     envd status [--endpoint] [--json] [--server-key FILE --client-key FILE]
                               ask a running daemon how it is doing
     envd keygen [--out DIR] [--name NAME]
@@ -64,12 +66,51 @@ def _list(plugins: tuple[str, ...], as_json: bool = False, ocean_envs: tuple[str
             if "error" in entry:
                 print(f"envd list: {entry['error']}", file=sys.stderr)
                 status = 1
-    specs = [envd.native.get_spec(env_id) for env_id in envd.list_envs()]
+    _print_envs([envd.native.get_spec(env_id) for env_id in envd.list_envs()], as_json)
+    return status
+
+
+def _print_envs(specs: list[EnvSpec], as_json: bool) -> None:
+    """`envd list`'s output: JSON, or each env's lines (env_lines)."""
     if as_json:
         print(json.dumps([env_description(spec) for spec in specs], indent=2, allow_nan=False))
     else:
         print("\n\n".join("\n".join(env_lines(spec)) for spec in specs))
-    return status
+
+
+def _remote_list(endpoint: str | None, timeout: float, as_json: bool,
+                 server_key: str | None = None, client_key: str | None = None) -> int:
+    """Print every env a running daemon can make (its built-ins, plugins and
+    allowed Python envs); exit 1 when it does not answer."""
+    try:
+        with envd.connect(endpoint, timeout=timeout, server_key=server_key,
+                          client_key=client_key) as client:
+            described = client.describe_envs()
+    except envd.EnvdError as exc:
+        print(f"envd list: {exc}", file=sys.stderr)
+        return 1
+    _print_envs([spec_from_wire(env) for env in described], as_json)
+    return 0
+
+
+def spec_from_wire(env: dict[str, Any]) -> EnvSpec:
+    """An env of a daemon's list_envs reply as an EnvSpec (no definition)."""
+    from envd import protocol
+    from envd.native.registry import EnvSpec, InfoFieldSpec, ParamSpec
+    return EnvSpec(
+        id=env["id"], observation_space=protocol.space_from_wire(env["observation_space"]),
+        action_space=protocol.space_from_wire(env["action_space"]),
+        max_episode_steps=env.get("max_episode_steps"), num_agents=env.get("num_agents", 1),
+        params=tuple(ParamSpec(p["name"], p["type"], p["default"], p["min"], p["max"], p["doc"])
+                     for p in env.get("params", ())),
+        info_fields=tuple(InfoFieldSpec(f["name"], tuple(f["shape"]), np.dtype(f["dtype"]),
+                                        f["doc"]) for f in env.get("info_fields", ())),
+        definition=None, origin=env.get("origin", "builtin"))
+
+
+def _source(spec: EnvSpec) -> str:
+    """builtin, python (a daemon's hosted Python env) or plugin."""
+    return spec.origin if spec.origin in ("builtin", "python") else "plugin"
 
 
 def _json_number(value: float | int | bool) -> float | int | bool | None:
@@ -77,6 +118,14 @@ def _json_number(value: float | int | bool) -> float | int | bool | None:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+def _param_bound(kind: str, value: float) -> float | int | None:
+    """A parameter's bound as JSON has it: an int parameter's as an int
+    (2147483647, not 2147483647.0), null where unbounded."""
+    if kind == "int" and math.isfinite(value):
+        return int(value)
+    return _json_number(value)
 
 
 def _bounds(array: np.ndarray) -> Any:
@@ -96,7 +145,13 @@ def space_description(space: spaces.Space) -> dict[str, Any]:
     """A space as JSON: {"type": "Discrete", "n", "start"}, {"type": "Box",
     "dtype", "shape", "low", "high"} (see `_bounds`), {"type": "MultiDiscrete",
     "dtype", "nvec", "start"} (nested lists of nvec's shape) or {"type":
-    "MultiBinary", "shape"}."""
+    "MultiBinary", "shape"}; a Dict or Tuple (a hosted Python env's) as
+    {"type": "Dict", "spaces": {key: ...}} or {"type": "Tuple", "spaces": [...]}."""
+    if isinstance(space, spaces.Dict):
+        return {"type": "Dict", "spaces": {key: space_description(sub)
+                                           for key, sub in space.spaces.items()}}
+    if isinstance(space, spaces.Tuple):
+        return {"type": "Tuple", "spaces": [space_description(sub) for sub in space.spaces]}
     if isinstance(space, spaces.Discrete):
         return {"type": "Discrete", "n": int(space.n), "start": int(space.start)}
     if isinstance(space, spaces.MultiDiscrete):
@@ -111,26 +166,35 @@ def space_description(space: spaces.Space) -> dict[str, Any]:
 
 def env_description(spec: EnvSpec) -> dict[str, Any]:
     """What `envd list --json` prints about one env (an envd.native.EnvSpec)."""
-    builtin = spec.origin == "builtin"
+    source = _source(spec)
     return {
         "id": spec.id,
-        "source": "builtin" if builtin else "plugin",
-        "plugin": None if builtin else spec.origin,
+        "source": source,
+        "plugin": spec.origin if source == "plugin" else None,
         "observation_space": space_description(spec.observation_space),
         "action_space": space_description(spec.action_space),
         "max_episode_steps": spec.max_episode_steps,
         "num_agents": spec.num_agents,
         "params": [{"name": p.name, "type": p.type, "default": p.default,
-                    "min": _json_number(p.min_value), "max": _json_number(p.max_value),
+                    "min": _param_bound(p.type, p.min_value),
+                    "max": _param_bound(p.type, p.max_value),
                     "doc": p.doc} for p in spec.params],
         "info_fields": [{"name": f.name, "dtype": f.dtype.name, "shape": list(f.shape),
                          "doc": f.doc} for f in spec.info_fields],
         "render": ({"modes": spec.render_modes, "shape": list(spec.render_shape),
                     "fps": spec.render_fps} if spec.render_shape else None),
+        # ABI 5: the spaces above are those at the defaults when they depend on
+        # the params; an env that resets itself; its episode log's fields
+        "describes": spec.describes,
+        "resets_itself": spec.resets_itself,
+        "episode_fields": list(spec.episode_fields),
     }
 
 
 def _number(value: float) -> str:
+    """A bound as written: an integer in full (2147483647, not 2.14748e+09)."""
+    if isinstance(value, (int, np.integer)):
+        return str(int(value))
     return f"{value:.6g}"
 
 
@@ -154,14 +218,20 @@ def env_lines(spec: EnvSpec) -> list[str]:
     """`envd list`'s lines about one env, none wider than LIST_WIDTH: a heading
     (id, source, time limit), then labelled lines: the plugin's path, the
     spaces, each parameter and info field, wrapped under their label."""
-    source = "built-in" if spec.origin == "builtin" else "plugin"
+    source = {"builtin": "built-in", "python": "hosted Python env"}.get(_source(spec), "plugin")
     limit = spec.max_episode_steps if spec.max_episode_steps is not None else "none"
+    if spec.resets_itself:
+        limit = "none (the env resets itself)"
     agents = f", {spec.num_agents} agents per env" if spec.num_agents > 1 else ""
-    rows = [] if spec.origin == "builtin" else [("plugin", spec.origin)]
+    rows = [("plugin", spec.origin)] if _source(spec) == "plugin" else []
     for label, space in (("observation", spec.observation_space), ("action", spec.action_space)):
         first, *more = _space_text(space)
         rows += [(label, first)] + [("", line) for line in more]  # bounds under their space
+    if spec.describes:
+        rows.append(("", "(spaces at the default parameters: they depend on them)"))
     rows += [("parameter", p.describe() + (f": {p.doc}" if p.doc else "")) for p in spec.params]
+    if spec.episode_fields:
+        rows.append(("episode log", ", ".join(spec.episode_fields) + ' (info["envd_log"])'))
     rows += [("info", f"{f.name}: {f.dtype.name} {f.shape} per env"
               + (f": {f.doc}" if f.doc else "")) for f in spec.info_fields]
     if spec.render_shape:
@@ -347,11 +417,21 @@ def main(argv: list[str] | None = None) -> int:
         return 128 + signal.SIGPIPE
 
 
+def _add_key_arguments(parser: argparse.ArgumentParser) -> None:
+    """A client subcommand's CURVE keys (envd status, envd list --endpoint)."""
+    parser.add_argument("--server-key", metavar="FILE", help="a CURVE daemon's public .key "
+                        "file or its 40-character text (default: ENVD_SERVER_KEY; tcp only)")
+    parser.add_argument("--client-key", metavar="FILE", help="this client's .key_secret file, "
+                        "whose .key is in the daemon's --curve-allowed-clients directory "
+                        "(default: ENVD_CLIENT_KEY; tcp only)")
+
+
 def _main(argv: list[str] | None) -> int:
     from envd.server import config as server_config  # the daemon's flags
     from envd.server.daemon import run_daemon
+    from envd.tools.cli_parser import EnvdArgumentParser  # (no module-level envd.tools import)
 
-    parser = argparse.ArgumentParser(
+    parser = EnvdArgumentParser(
         prog="envd", description="envd: an environment-stepping daemon for reinforcement "
         "learning. Without a command, run the daemon.")
     parser.add_argument("--version", action="version", version=f"envd {envd.__version__}")
@@ -362,17 +442,20 @@ def _main(argv: list[str] | None) -> int:
     listing.add_argument("--json", action="store_true", help="print them as JSON: a list of "
                          "{id, source, plugin, observation_space, action_space, "
                          "max_episode_steps, num_agents, params, info_fields, render}")
+    listing.add_argument("--endpoint", nargs="?", const="", metavar="ENDPOINT",
+                         help="ask a running daemon instead: the envs it can make (its "
+                         "built-ins, plugins and allowed Python envs); without a value the "
+                         "default endpoint (ENVD_ENDPOINT, else the default ipc socket)")
+    listing.add_argument("--timeout", type=float, default=5.0,
+                         help="with --endpoint: seconds to wait (default 5)")
+    _add_key_arguments(listing)
     status = sub.add_parser("status", help="print a running daemon's status (exit 1 if it "
                             "does not answer within the timeout)")
     status.add_argument("--endpoint", help="the daemon's endpoint (default: ENVD_ENDPOINT, "
                         "else the default ipc socket)")
     status.add_argument("--timeout", type=float, default=5.0, help="seconds to wait (default 5)")
     status.add_argument("--json", action="store_true", help="print the status as JSON")
-    status.add_argument("--server-key", metavar="FILE", help="a CURVE daemon's public .key "
-                        "file or its 40-character text (default: ENVD_SERVER_KEY; tcp only)")
-    status.add_argument("--client-key", metavar="FILE", help="this client's .key_secret file, "
-                        "whose .key is in the daemon's --curve-allowed-clients directory "
-                        "(default: ENVD_CLIENT_KEY; tcp only)")
+    _add_key_arguments(status)
     keygen = sub.add_parser("keygen", help="write a CURVE key pair: NAME.key (public) and "
                             "NAME.key_secret (secret), both mode 0600; never overwrites")
     keygen.add_argument("--out", metavar="DIR", default=".",
@@ -418,6 +501,9 @@ def _main(argv: list[str] | None) -> int:
         return _keygen(args.out, args.name)
     if args.command == "bench":
         return _bench(parser, args)
+    if args.command == "list" and args.endpoint is not None:
+        return _remote_list(args.endpoint or None, args.timeout, args.json, args.server_key,
+                            args.client_key)
     if args.command == "list":
         # list binds nothing: a non-loopback ENVD_ENDPOINT (a trainer host's
         # remote daemon) must not stop it for want of CURVE keys.
