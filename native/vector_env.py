@@ -284,6 +284,9 @@ def make(env_id: str | Callable[[], Any], num_envs: int, *,
     episode_statistics_key(episode_statistics)  # a bad value fails before any work
     if plugin is not None:
         load_plugin(plugin)
+    if isinstance(env_id, str) and env_id.startswith("puffer:"):
+        from envd.native.ocean_ids import ensure_loaded  # the user's own Ocean builds
+        ensure_loaded(env_id)
     spec = get_spec(env_id)
     return VecEnv(spec, num_envs, seed=seed, num_threads=num_threads,
                   autoreset_mode=autoreset_mode, max_episode_steps=max_episode_steps,

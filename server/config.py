@@ -156,6 +156,11 @@ class Config:
     hello_timeout: float = 10.0
     pin_cpus: tuple[int, ...] | None = None
     plugins: tuple[str, ...] = ()
+    # PufferLib's Ocean envs (docs/ocean.md): the envs served as puffer:<env>
+    # ("all": every build recorded), loaded at startup from the operator's
+    # own Ocean cache (None: ENVD_OCEAN_CACHE, else $XDG_CACHE_HOME/envd/ocean).
+    ocean_envs: tuple[str, ...] = ()
+    ocean_cache: str | None = None
     # Hosted Python envs (docs/python-envs.md): the gymnasium ids clients may
     # make as "py:<id>" (nothing else: a client never makes the daemon import
     # anything), the modules imported at startup to register them, and the
@@ -444,6 +449,8 @@ _FLAGS: dict[str, tuple[Callable[[str], object], str]] = {
                              "daemon drops it"),
     "max_workers": (int, "worker processes hosted Python envs (--python-env) may hold at "
                          "once, over all sessions"),
+    "ocean_cache": (str, "the Ocean build cache --ocean loads from, a folder of the daemon's "
+                         "user, mode 0700 (default $XDG_CACHE_HOME/envd/ocean)"),
     "hosted_timeout": (float, "seconds a hosted Python env's make or reset may run in the "
                               "daemon (a hung env): past it the session's workers are killed "
                               "and the call fails with env_error"),
@@ -490,6 +497,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "ENVD_PLUGINS, paths separated by ':'); a path that names no "
                              "file stops the startup, a library that fails to load is "
                              "logged and skipped, see `envd status`")
+    parser.add_argument("--ocean", action="append", metavar="ENV", dest="ocean_envs",
+                        help="PufferLib Ocean env to serve as puffer:ENV, repeatable or "
+                             "separated by ',' ('all': every env built; env ENVD_OCEAN), "
+                             "loaded from the Ocean cache `envd ocean build` filled; see "
+                             "docs/ocean.md")
     parser.add_argument("--python-env", action="append", metavar="ID", dest="python_envs",
                         help="gymnasium env id clients may make as py:ID (a hosted Python "
                              "env in worker processes), or pz:MODULE:FACTORY (a PettingZoo "
@@ -544,6 +556,10 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None
     for name in ("python_envs", "imports"):
         given = _listed(args, environ, name, ",") or from_file.get(name, ())
         values[name] = tuple(item.strip() for item in given if item.strip())
+    ocean = (_listed(args, environ, "ocean_envs", ",", "ENVD_OCEAN")
+             or from_file.get("ocean_envs", ()))
+    values["ocean_envs"] = tuple(env.strip() for item in ocean for env in item.split(",")
+                                 if env.strip())
     if values.get("pin_cpus") is not None:
         values["pin_cpus"] = tuple(values["pin_cpus"])
     insecure = getattr(args, "insecure", None)
@@ -556,12 +572,13 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None
 
 
 def _listed(args: argparse.Namespace, environ: Mapping[str, str], name: str,
-            separator: str) -> list[str] | None:
-    """A list setting (plugins, python_envs, imports) from its repeated flag,
-    else its variable (items separated by separator); None when neither
-    gives it (then the --config file's applies)."""
+            separator: str, variable: str | None = None) -> list[str] | None:
+    """A list setting (plugins, python_envs, imports, ocean_envs) from its
+    repeated flag, else its variable (ENVD_<NAME> unless named; items
+    separated by separator); None when neither gives it (then the --config
+    file's applies)."""
     given = getattr(args, name, None)
     if given:
         return list(given)
-    text = environ.get(f"ENVD_{name.upper()}", "")
+    text = environ.get(variable or f"ENVD_{name.upper()}", "")
     return text.split(separator) if text.strip() else None

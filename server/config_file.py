@@ -40,7 +40,7 @@ from envd import ownership
 MAX_BYTES = 1 << 20
 #: Repeatable flags: the file's key (its flag's name) -> Config's field.
 LIST_KEYS = {"bind": "bind", "plugin": "plugins", "python_env": "python_envs",
-             "import": "imports"}
+             "import": "imports", "ocean": "ocean_envs"}
 
 
 def _toml_loads() -> Callable[[str], dict[str, Any]]:

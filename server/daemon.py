@@ -58,6 +58,7 @@ from envd.server.connections import (FDS_PER_HOSTED_MAKE, FDS_PER_MAKE, Connecti
 from envd.server.fair_ops import OPERATION_THREADS
 from envd.server.peer_auth import CURVE_DOMAIN, IPC_DOMAIN, PeerAuthenticator
 from envd.server.hosted import HostedCatalog, WorkerReaper
+from envd.native.ocean_ids import load_for_daemon
 from envd.server.plugins import load_plugins
 from envd.server.service import Service
 from envd.server.stale_segments import Instance, remove_stale_segments
@@ -183,6 +184,8 @@ class Daemon:
         self.connections = Connections(self._max_connections(), self.config.hello_timeout)
         remove_stale_segments()
         plugins = load_plugins(self.config.plugins)  # before serving: clients see every env
+        if self.config.ocean_envs:
+            plugins += load_for_daemon(self.config.ocean_envs, self.config.ocean_cache)
         # The allowed Python envs, described in the template (started from
         # this thread, which it dies with) before anything is bound.
         self.hosted = HostedCatalog(self.config.python_envs, self.config.imports,

@@ -15,6 +15,8 @@
     envd bench --python [--quick] [--out DIR] [--seconds S] [--rounds R] [--num-envs N]
                               hosted Python envs against gymnasium, PufferLib and SB3
                               (envd.tools.bench_python)
+    envd ocean build [--source PATH] [--cache DIR] [ENV ...]
+                              build PufferLib's Ocean envs (envd.tools.ocean_cli)
 
 ``python -m envd`` runs the same (src/envd/__main__.py).  Output cut short by its
 reader (``envd status --json | head``) ends the command quietly, as Unix tools
@@ -47,8 +49,10 @@ LIST_WIDTH = 100
 _BOUNDS_SHOWN = 8
 
 
-def _list(plugins: tuple[str, ...], as_json: bool = False) -> int:
-    """Print every env (after loading plugins); exit 1 when a plugin fails."""
+def _list(plugins: tuple[str, ...], as_json: bool = False, ocean_envs: tuple[str, ...] = (),
+          ocean_cache: str | None = None) -> int:
+    """Print every env (after loading plugins and --ocean envs); exit 1 when
+    one fails."""
     status = 0
     for path in plugins:
         try:
@@ -56,6 +60,12 @@ def _list(plugins: tuple[str, ...], as_json: bool = False) -> int:
         except envd.PluginError as exc:
             print(f"envd list: {exc}", file=sys.stderr)
             status = 1
+    if ocean_envs:
+        from envd.native.ocean_ids import load_for_daemon
+        for entry in load_for_daemon(ocean_envs, ocean_cache):
+            if "error" in entry:
+                print(f"envd list: {entry['error']}", file=sys.stderr)
+                status = 1
     _print_envs([envd.native.get_spec(env_id) for env_id in envd.list_envs()], as_json)
     return status
 
@@ -426,7 +436,7 @@ def _main(argv: list[str] | None) -> int:
         "learning. Without a command, run the daemon.")
     parser.add_argument("--version", action="version", version=f"envd {envd.__version__}")
     server_config.add_arguments(parser)
-    sub = parser.add_subparsers(dest="command", metavar="{list,status,keygen,bench}")
+    sub = parser.add_subparsers(dest="command", metavar="{list,status,keygen,bench,ocean}")
     listing = sub.add_parser("list", help="list the env ids envd.make and the daemon accept "
                              "(and those of the --plugin libraries given before the command)")
     listing.add_argument("--json", action="store_true", help="print them as JSON: a list of "
@@ -480,7 +490,11 @@ def _main(argv: list[str] | None) -> int:
                        help="with --python: envs per system (even; default 16)")
     bench.add_argument("--no-progress", action="store_true",
                        help="no progress bar (it is shown only when stderr is a terminal)")
+    from envd.tools import ocean_cli  # its parser; the build itself imports lazily too
+    ocean_cli.add_parser(sub)
     args = parser.parse_args(argv)
+    if args.command == "ocean":
+        return ocean_cli.run(args)
     if args.command == "status":
         return _status(args.endpoint, args.timeout, args.json, args.server_key, args.client_key)
     if args.command == "keygen":
@@ -499,7 +513,7 @@ def _main(argv: list[str] | None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     if args.command == "list":
-        return _list(config.plugins, args.json)
+        return _list(config.plugins, args.json, config.ocean_envs, config.ocean_cache)
     try:
         return run_daemon(config)
     except (RuntimeError, OSError, zmq.ZMQError, envd.EnvdError) as exc:  # e.g. the endpoint is taken

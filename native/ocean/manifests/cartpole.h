@@ -1,0 +1,30 @@
+/* cartpole: pufferlib/ocean/cartpole (class Cartpole).  One agent; obs 4
+ * float32, unbounded; Discrete(2), or a Box(-1, 1, (1,)) force when
+ * continuous.  binding.c reads a float action either way. */
+#define ENVD_OCEAN_ENV "cartpole"
+
+enum { P_CONTINUOUS };
+
+static const envd_param_t ocean_params[] = {
+    {"continuous", ENVD_PARAM_BOOL, 0, 0, 1, "a Box(-1, 1, (1,)) force instead of Discrete(2)"},
+};
+
+static void ocean_ckwargs(const double *p, envd_ocean_dict_t *kw)
+{
+    envd_ocean_dict_set(kw, "continuous", p[P_CONTINUOUS]);
+}
+
+static int ocean_layout(const double *p, envd_ocean_layout_t *l)
+{
+    envd_ocean_flat_obs(l, 4, -INFINITY, INFINITY);
+    if (p[P_CONTINUOUS] != 0) {
+        l->act_kind = ENVD_SPACE_BOX;
+        l->act_ndim = 1;
+        l->act_shape[0] = 1;
+        l->act_low = -1;
+        l->act_high = 1;
+    } else {
+        envd_ocean_discrete(l, 2);
+    }
+    return ENVD_OK;
+}

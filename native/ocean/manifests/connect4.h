@@ -1,0 +1,19 @@
+/* connect4: pufferlib/ocean/connect4 (class Connect4).  One agent (against
+ * the env's own opponent); obs 42 float32 in [0, 1]; Discrete(7).  No
+ * kwargs. */
+#define ENVD_OCEAN_ENV "connect4"
+#define ENVD_OCEAN_NO_PARAMS
+
+static void ocean_ckwargs(const double *p, envd_ocean_dict_t *kw)
+{
+    (void)p;
+    (void)kw;
+}
+
+static int ocean_layout(const double *p, envd_ocean_layout_t *l)
+{
+    (void)p;
+    envd_ocean_flat_obs(l, 42, 0, 1);
+    envd_ocean_discrete(l, 7);
+    return ENVD_OK;
+}

@@ -1,0 +1,23 @@
+/* squared: pufferlib/ocean/squared (class Squared).  One agent on a
+ * size x size grid; obs size * size uint8 in [0, 1]; Discrete(5). */
+#define ENVD_OCEAN_ENV "squared"
+
+enum { P_SIZE };
+
+static const envd_param_t ocean_params[] = {
+    {"size", ENVD_PARAM_INT, 11, 3, 41, "grid side (cells)"},
+};
+
+static void ocean_ckwargs(const double *p, envd_ocean_dict_t *kw)
+{
+    envd_ocean_dict_set(kw, "size", p[P_SIZE]);
+}
+
+static int ocean_layout(const double *p, envd_ocean_layout_t *l)
+{
+    int64_t size = (int64_t)p[P_SIZE];
+    envd_ocean_flat_obs(l, size * size, 0, 1);
+    l->obs_dtype = ENVD_DTYPE_UINT8;
+    envd_ocean_discrete(l, 5);
+    return ENVD_OK;
+}

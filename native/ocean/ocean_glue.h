@@ -1,0 +1,421 @@
+/*
+ * ocean_glue.h -- one Ocean env as an envd ABI 5 plugin.
+ *
+ * Included last by env_binding.h, in binding.c's translation unit: Env, Log,
+ * c_reset, c_step, c_close, my_init and my_log are the env's own; the
+ * manifest (manifest.h) gave ocean_params, ocean_ckwargs and ocean_layout.
+ * What PufferLib's env_binding.h does per env is done here per envd instance:
+ *
+ *   seed   keeps env i's seed (the host passes s + i) for init and the next
+ *          reset;
+ *   init   srand(seed) then my_init with the C kwargs and the injected `seed`
+ *          kwarg (vec_init's order);
+ *   reset  srand(seed) if a seed came since the last reset (vec_reset), then
+ *          c_reset;
+ *   step   the host's actions converted to the env's C action type, c_step;
+ *          rewards float -> double, terminals -> bool, truncations false;
+ *   episode_end  when the Log counted episodes in this step (log.n > 0):
+ *          every field divided by n, as vec_log averages, then the Log is
+ *          cleared as vec_log clears it (a step without an episode leaves
+ *          what the env accumulates, e.g. connect4's lengths, for the next);
+ *   close  c_close.
+ *
+ * Every call that can run the env's code selects the env's own random stream
+ * and clock for the calling thread (ocean_random.h) and clears it after.  The
+ * env's obs, action, reward and terminal buffers are private to the state
+ * block (some envs write only what changed in their obs): obs is copied to
+ * the host's row after each reset and step.
+ */
+#ifndef ENVD_OCEAN_GLUE_H
+#define ENVD_OCEAN_GLUE_H
+
+#include <math.h>
+#include <pthread.h>
+#include <stdalign.h>
+#include <stddef.h>
+
+#ifndef ENVD_OCEAN_FLAGS
+#define ENVD_OCEAN_FLAGS 0u
+#endif
+
+/* A manifest without make kwargs defines ENVD_OCEAN_NO_PARAMS and no table. */
+#ifdef ENVD_OCEAN_NO_PARAMS
+#define ENVD_OCEAN_NUM_PARAMS 0
+static const envd_param_t *const ocean_param_table = NULL;
+#else
+#define ENVD_OCEAN_NUM_PARAMS ((int32_t)(sizeof(ocean_params) / sizeof(ocean_params[0])))
+static const envd_param_t *const ocean_param_table = ocean_params;
+#endif
+
+typedef __typeof__(*((Env *)0)->observations) ocean_obs_t;
+typedef __typeof__(*((Env *)0)->actions) ocean_act_t;
+typedef __typeof__(*((Env *)0)->rewards) ocean_rew_t;
+typedef __typeof__(*((Env *)0)->terminals) ocean_term_t;
+
+typedef struct ocean_state {
+    Env env;
+    envd_ocean_streams_t streams;
+    uint64_t seed;    /* the last seed the host gave */
+    bool reseed;      /* a seed came since the last reset */
+    bool initialized; /* my_init ran: close runs c_close */
+    int32_t agents;
+    int64_t obs_numel, act_numel; /* per env: every agent's */
+    envd_space_kind_t act_kind;
+    float act_low, act_high;
+    size_t off_obs, off_act, off_rew, off_term;
+    alignas(max_align_t) unsigned char tail[];
+} ocean_state_t;
+
+/* envd_dtype_size is the host's: a plugin links nothing of envd. */
+static size_t ocean_dtype_size(envd_dtype_t dtype)
+{
+    switch (dtype) {
+    case ENVD_DTYPE_FLOAT32: case ENVD_DTYPE_INT32: return 4;
+    case ENVD_DTYPE_FLOAT64: case ENVD_DTYPE_INT64: return 8;
+    case ENVD_DTYPE_UINT8: case ENVD_DTYPE_BOOL: case ENVD_DTYPE_INT8: return 1;
+    }
+    return 0;
+}
+
+static size_t ocean_align_up(size_t n)
+{
+    return (n + alignof(max_align_t) - 1) & ~(alignof(max_align_t) - 1);
+}
+
+static int64_t ocean_numel(int32_t ndim, const int64_t *shape)
+{
+    int64_t n = 1;
+    for (int32_t d = 0; d < ndim; d++)
+        n *= shape[d];
+    return n;
+}
+
+/* The manifest's layout for params, checked against the env's C types. */
+static int ocean_get_layout(const double *params, envd_ocean_layout_t *l)
+{
+    memset(l, 0, sizeof(*l));
+    int rc = ocean_layout(params, l);
+    if (rc != ENVD_OK)
+        return rc;
+    if (l->agents < 1 || l->agents > ENVD_MAX_AGENTS || l->obs_ndim < 1 ||
+        l->obs_ndim > ENVD_MAX_DIMS || ocean_dtype_size(l->obs_dtype) != sizeof(ocean_obs_t))
+        return ENVD_EINVAL;
+    for (int32_t d = 0; d < l->obs_ndim; d++)
+        if (l->obs_shape[d] < 1 || l->obs_shape[d] > ((int64_t)1 << 24))
+            return ENVD_ERANGE;
+    if (l->act_kind == ENVD_SPACE_MULTI_DISCRETE && (l->act_ndim != 1 || l->act_shape[0] < 1 ||
+                                                    l->act_shape[0] > ENVD_OCEAN_MAX_NVEC))
+        return ENVD_EINVAL;
+    if (l->act_kind == ENVD_SPACE_BOX && (l->act_ndim < 0 || l->act_ndim > ENVD_MAX_DIMS))
+        return ENVD_EINVAL;
+    return ENVD_OK;
+}
+
+static int64_t ocean_act_numel(const envd_ocean_layout_t *l)
+{
+    return l->act_kind == ENVD_SPACE_DISCRETE ? 1 : ocean_numel(l->act_ndim, l->act_shape);
+}
+
+/* The private buffers after the state header: obs, actions, rewards,
+ * terminals of all agents.  Returns the state size. */
+static size_t ocean_place(const envd_ocean_layout_t *l, size_t *off_obs, size_t *off_act,
+                          size_t *off_rew, size_t *off_term)
+{
+    size_t agents = (size_t)l->agents;
+    size_t at = 0;
+    *off_obs = at;
+    at = ocean_align_up(at + agents * (size_t)ocean_numel(l->obs_ndim, l->obs_shape) * sizeof(ocean_obs_t));
+    *off_act = at;
+    at = ocean_align_up(at + agents * (size_t)ocean_act_numel(l) * sizeof(ocean_act_t));
+    *off_rew = at;
+    at = ocean_align_up(at + agents * sizeof(ocean_rew_t));
+    *off_term = at;
+    at = ocean_align_up(at + agents * sizeof(ocean_term_t));
+    return sizeof(ocean_state_t) + at;
+}
+
+/* A Box bound array of n copies of v, in host memory. */
+static const double *ocean_bounds(envd_description_t *out, int64_t n, double v)
+{
+    double *b = out->alloc(out->host, (size_t)n * sizeof(double));
+    if (b)
+        for (int64_t k = 0; k < n; k++)
+            b[k] = v;
+    return b;
+}
+
+/* The spaces of l: bounds from alloc (host memory in describe, the heap for
+ * the static definition). */
+static int ocean_spaces(const envd_ocean_layout_t *l, envd_description_t *out)
+{
+    envd_space_t *o = &out->observation_space;
+    memset(o, 0, sizeof(*o));
+    o->kind = ENVD_SPACE_BOX;
+    o->dtype = l->obs_dtype;
+    o->ndim = l->obs_ndim;
+    for (int32_t d = 0; d < l->obs_ndim; d++)
+        o->shape[d] = l->obs_shape[d];
+    int64_t n = ocean_numel(l->obs_ndim, l->obs_shape);
+    o->low = ocean_bounds(out, n, l->obs_low);
+    o->high = ocean_bounds(out, n, l->obs_high);
+    if (!o->low || !o->high)
+        return ENVD_ENOMEM;
+
+    envd_space_t *a = &out->action_space;
+    memset(a, 0, sizeof(*a));
+    a->kind = l->act_kind;
+    if (l->act_kind == ENVD_SPACE_DISCRETE) {
+        a->dtype = ENVD_DTYPE_INT64;
+        a->n = l->act_n;
+    } else if (l->act_kind == ENVD_SPACE_MULTI_DISCRETE) {
+        a->dtype = ENVD_DTYPE_INT64;
+        a->ndim = 1;
+        a->shape[0] = l->act_shape[0];
+        int64_t *nvec = out->alloc(out->host, (size_t)l->act_shape[0] * sizeof(int64_t));
+        if (!nvec)
+            return ENVD_ENOMEM;
+        memcpy(nvec, l->act_nvec, (size_t)l->act_shape[0] * sizeof(int64_t));
+        a->nvec = nvec;
+    } else {
+        a->dtype = ENVD_DTYPE_FLOAT32;
+        a->ndim = l->act_ndim;
+        for (int32_t d = 0; d < l->act_ndim; d++)
+            a->shape[d] = l->act_shape[d];
+        int64_t an = ocean_numel(l->act_ndim, l->act_shape);
+        a->low = ocean_bounds(out, an, l->act_low);
+        a->high = ocean_bounds(out, an, l->act_high);
+        if (!a->low || !a->high)
+            return ENVD_ENOMEM;
+    }
+    out->num_agents = l->agents;
+    size_t a0, a1, a2, a3;
+    out->state_size = ocean_place(l, &a0, &a1, &a2, &a3);
+    return ENVD_OK;
+}
+
+static int ocean_describe(const double *params, envd_description_t *out)
+{
+    envd_ocean_layout_t l;
+    int rc = ocean_get_layout(params, &l);
+    return rc != ENVD_OK ? rc : ocean_spaces(&l, out);
+}
+
+static int ocean_seed(void *state, uint64_t seed)
+{
+    ocean_state_t *st = state;
+    st->seed = seed;
+    st->reseed = true;
+    return ENVD_OK;
+}
+
+/* PufferLib passes seeds as a C int: the low 32 bits, as srand sees them. */
+static unsigned int ocean_srand_seed(const ocean_state_t *st) { return (unsigned int)st->seed; }
+
+/* The C kwargs of params plus the `seed` kwarg vec_init injects.  Returns
+ * ENVD_OK or ENVD_EINVAL with kw->error set. */
+static int ocean_kwargs(const double *params, int64_t seed, envd_ocean_dict_t *kw)
+{
+    memset(kw, 0, sizeof(*kw));
+    ocean_ckwargs(params, kw);
+    envd_ocean_dict_set(kw, "seed", (double)seed);
+    return kw->error[0] ? ENVD_EINVAL : ENVD_OK;
+}
+
+static int ocean_init(void *state, const double *params)
+{
+    ocean_state_t *st = state;
+    envd_ocean_layout_t l;
+    int rc = ocean_get_layout(params, &l);
+    if (rc != ENVD_OK)
+        return rc;
+    ocean_place(&l, &st->off_obs, &st->off_act, &st->off_rew, &st->off_term);
+    st->agents = l.agents;
+    st->obs_numel = (int64_t)l.agents * ocean_numel(l.obs_ndim, l.obs_shape);
+    st->act_numel = (int64_t)l.agents * ocean_act_numel(&l);
+    st->act_kind = l.act_kind;
+    st->act_low = (float)l.act_low;
+    st->act_high = (float)l.act_high;
+    st->env.observations = (ocean_obs_t *)(st->tail + st->off_obs);
+    st->env.actions = (ocean_act_t *)(st->tail + st->off_act);
+    st->env.rewards = (ocean_rew_t *)(st->tail + st->off_rew);
+    st->env.terminals = (ocean_term_t *)(st->tail + st->off_term);
+
+    envd_ocean_dict_t kw, args;
+    rc = ocean_kwargs(params, (int32_t)ocean_srand_seed(st), &kw);
+    if (rc != ENVD_OK)
+        return rc;
+    memset(&args, 0, sizeof(args));
+    envd_ocean_streams_init(&st->streams, ocean_srand_seed(st)); /* vec_init's srand(seed) */
+    envd_ocean_current = &st->streams;
+    my_init(&st->env, &args, &kw);
+    envd_ocean_current = NULL;
+    st->initialized = true;
+    return kw.error[0] ? ENVD_EINVAL : ENVD_OK;
+}
+
+static int ocean_reset(void *state, envd_rng_t *rng, void *obs)
+{
+    (void)rng; /* the env draws from its own glibc stream */
+    ocean_state_t *st = state;
+    if (st->reseed) {
+        envd_ocean_streams_init(&st->streams, ocean_srand_seed(st)); /* vec_reset's srand */
+        st->reseed = false;
+    }
+    envd_ocean_current = &st->streams;
+    c_reset(&st->env);
+    envd_ocean_current = NULL;
+    memcpy(obs, st->env.observations, (size_t)st->obs_numel * sizeof(ocean_obs_t));
+    return ENVD_OK;
+}
+
+static int ocean_step(void *state, envd_rng_t *rng, const void *action, void *obs, double *reward,
+                      bool *terminated, bool *truncated)
+{
+    (void)rng;
+    ocean_state_t *st = state;
+    ocean_act_t *act = st->env.actions;
+    if (st->act_kind == ENVD_SPACE_BOX) {
+        const float *a = action;
+        for (int64_t k = 0; k < st->act_numel; k++) /* PufferLib's np.clip */
+            act[k] = (ocean_act_t)fminf(fmaxf(a[k], st->act_low), st->act_high);
+    } else {
+        const int64_t *a = action;
+        for (int64_t k = 0; k < st->act_numel; k++)
+            act[k] = (ocean_act_t)a[k];
+    }
+    envd_ocean_current = &st->streams;
+    c_step(&st->env);
+    envd_ocean_current = NULL;
+    memcpy(obs, st->env.observations, (size_t)st->obs_numel * sizeof(ocean_obs_t));
+    for (int32_t i = 0; i < st->agents; i++) {
+        reward[i] = (double)st->env.rewards[i];
+        terminated[i] = st->env.terminals[i] != 0;
+        truncated[i] = false;
+    }
+    return ENVD_OK;
+}
+
+/* The Log's field names (my_log's order, without "n"), set once by
+ * envd_plugin. */
+static const char *ocean_episode_names[ENVD_MAX_EPISODE_FIELDS];
+static int32_t ocean_num_episode_fields;
+
+static int ocean_episode_end(void *state, double *values)
+{
+    ocean_state_t *st = state;
+    float n = st->env.log.n;
+    if (!(n > 0.0f))
+        return 0;
+    /* vec_log: every float of the Log divided by n, then my_log */
+    Log mean = st->env.log;
+    for (size_t j = 0; j < sizeof(Log) / sizeof(float); j++)
+        ((float *)&mean)[j] /= n;
+    memset(&st->env.log, 0, sizeof(Log));
+    envd_ocean_dict_t rec;
+    memset(&rec, 0, sizeof(rec));
+    my_log(&rec, &mean);
+    for (int32_t f = 0; f < ocean_num_episode_fields; f++) {
+        const double *v = envd_ocean_dict_find(&rec, ocean_episode_names[f]);
+        values[f] = v ? *v : NAN;
+    }
+    return (int)n;
+}
+
+static void ocean_close(void *state)
+{
+    ocean_state_t *st = state;
+    if (!st->initialized)
+        return;
+    envd_ocean_current = &st->streams;
+    c_close(&st->env);
+    envd_ocean_current = NULL;
+}
+
+/* ---- the definition --------------------------------------------------- */
+static envd_env_def_t ocean_def;
+static const envd_env_def_t *ocean_defs[1] = {&ocean_def};
+static const envd_plugin_t ocean_plugin = {ENVD_ABI_VERSION, 1, ocean_defs};
+static pthread_once_t ocean_once = PTHREAD_ONCE_INIT;
+static bool ocean_ready;
+
+static void *ocean_heap_alloc(void *host, size_t bytes)
+{
+    (void)host;
+    return calloc(1, bytes ? bytes : 1);
+}
+
+static void ocean_fill_def(void)
+{
+    double defaults[ENVD_OCEAN_NUM_PARAMS > 0 ? ENVD_OCEAN_NUM_PARAMS : 1];
+    for (int32_t p = 0; p < ENVD_OCEAN_NUM_PARAMS; p++)
+        defaults[p] = ocean_param_table[p].default_value;
+    envd_ocean_layout_t l;
+    envd_description_t d;
+    memset(&d, 0, sizeof(d));
+    d.alloc = ocean_heap_alloc; /* the static def's bounds: kept while loaded (never unloaded) */
+    if (ocean_get_layout(defaults, &l) != ENVD_OK || ocean_spaces(&l, &d) != ENVD_OK)
+        return;
+
+    /* The Log's fields, by name: my_log on an empty Log. */
+    envd_ocean_dict_t rec;
+    Log empty;
+    memset(&rec, 0, sizeof(rec));
+    memset(&empty, 0, sizeof(empty));
+    my_log(&rec, &empty);
+    for (int32_t i = 0; i < rec.count; i++) {
+        if (strcmp(rec.names[i], "n") == 0)
+            continue;
+        if (ocean_num_episode_fields == ENVD_MAX_EPISODE_FIELDS)
+            return;
+        ocean_episode_names[ocean_num_episode_fields++] = rec.names[i];
+    }
+
+    ocean_def.abi_version = ENVD_ABI_VERSION;
+    ocean_def.id = "puffer:" ENVD_OCEAN_ENV;
+    ocean_def.observation_space = d.observation_space;
+    ocean_def.action_space = d.action_space;
+    ocean_def.state_size = d.state_size;
+    ocean_def.num_agents = d.num_agents;
+    ocean_def.max_episode_steps = 0;
+    ocean_def.params = ocean_param_table;
+    ocean_def.num_params = ENVD_OCEAN_NUM_PARAMS;
+    ocean_def.init = ocean_init;
+    ocean_def.reset = ocean_reset;
+    ocean_def.step = ocean_step;
+    ocean_def.close = ocean_close;
+    ocean_def.flags = ENVD_ENV_RESETS_ITSELF | (ENVD_OCEAN_FLAGS);
+    ocean_def.describe = ocean_describe;
+    ocean_def.seed = ocean_seed;
+    ocean_def.episode_fields = ocean_episode_names;
+    ocean_def.num_episode_fields = ocean_num_episode_fields;
+    ocean_def.episode_end = ocean_episode_end;
+    ocean_ready = true;
+}
+
+__attribute__((visibility("default"))) const envd_plugin_t *envd_plugin(void)
+{
+    pthread_once(&ocean_once, ocean_fill_def);
+    return ocean_ready ? &ocean_plugin : NULL;
+}
+
+/* The C kwargs the manifest derives from params (without `seed`): for tests
+ * and `envd list`, which compare them with the env's Python class.  Returns
+ * the count written (at most cap), or a negative ENVD_E* code. */
+__attribute__((visibility("default"))) int envd_ocean_ckwargs(const double *params,
+                                                              const char **names,
+                                                              double *values, int32_t cap)
+{
+    envd_ocean_dict_t kw;
+    memset(&kw, 0, sizeof(kw));
+    ocean_ckwargs(params, &kw);
+    if (kw.error[0])
+        return ENVD_EINVAL;
+    int32_t n = kw.count < cap ? kw.count : cap;
+    for (int32_t i = 0; i < n; i++) {
+        names[i] = kw.names[i];
+        values[i] = kw.values[i];
+    }
+    return n;
+}
+
+#endif /* ENVD_OCEAN_GLUE_H */

@@ -1,0 +1,65 @@
+"""The ``puffer:<env>`` ids: PufferLib's Ocean envs from the build cache.
+
+``envd.make("puffer:go", ...)`` in a user's own process loads the go build
+recorded in the user's Ocean cache (``envd ocean build`` made it) and makes
+it as any plugin env.  A daemon serves Ocean envs only when its operator
+starts it with ``--ocean`` (``load_for_daemon``): it loads them at startup
+from the operator's cache, checked to be the operator's own (mode 0700), and
+a client can only name an id, never a path.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+from envd.errors import EnvdError, PluginError, UnknownEnvError
+from envd.native import ocean_build
+from envd.native.registry import list_envs, load_plugin
+
+PREFIX = "puffer:"
+
+
+def ensure_loaded(env_id: str, cache: Path | None = None) -> None:
+    """Load ``puffer:<env>``'s build from the cache unless it is loaded;
+    UnknownEnvError saying how to build it when the cache has none."""
+    if env_id in list_envs():
+        return
+    env = env_id[len(PREFIX):]
+    try:
+        builds = ocean_build.installed_builds(cache)
+    except ocean_build.OceanBuildError as e:
+        raise UnknownEnvError(f"{env_id}: {e}") from None
+    if env not in builds:
+        known = ", ".join(ocean_build.manifest_envs())
+        hint = (f"build it with `envd ocean build {env}`" if env in ocean_build.manifest_envs()
+                else f"envd builds the Ocean envs {known}")
+        raise UnknownEnvError(f"unknown env id {env_id!r}: no build of {env!r} in the Ocean "
+                              f"cache {cache or ocean_build.default_cache()}; {hint}")
+    load_plugin(builds[env])
+
+
+def load_for_daemon(envs: Iterable[str], cache: str | os.PathLike | None) -> list[dict[str, Any]]:
+    """The daemon's --ocean: load each env's build from the operator's cache
+    ("all": every recorded build).  One report entry per env, as
+    server/plugins.py's: {"path", "envs"} or {"path", "error"}."""
+    envs = list(envs)
+    root = Path(cache) if cache else None
+    try:
+        builds = ocean_build.installed_builds(root)
+    except EnvdError as e:
+        return [{"path": f"{PREFIX}{env}", "error": str(e)} for env in envs]
+    if envs == ["all"]:
+        envs = sorted(builds)
+    report = []
+    for env in envs:
+        if env not in builds:
+            report.append({"path": f"{PREFIX}{env}", "error": (
+                f"--ocean {env}: no build in the Ocean cache "
+                f"{root or ocean_build.default_cache()} (run `envd ocean build {env}`)")})
+            continue
+        try:
+            report.append({"path": str(builds[env]), "envs": load_plugin(builds[env])})
+        except PluginError as e:
+            report.append({"path": str(builds[env]), "error": str(e)})
+    return report
