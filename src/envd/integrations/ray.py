@@ -78,6 +78,9 @@ __all__ = ["DaemonInfo", "DaemonSet", "start_daemons"]
 #: with many Ray workers starting may take a while to import numpy and zmq).
 _START_TIMEOUT_S = 120.0
 
+#: How long naming_nodes waits for a lost daemon's exit to be recorded.
+_REPORT_GRACE_S = 10.0
+
 #: How long close() waits for a daemon to drain after SIGTERM before SIGKILL.
 _STOP_TIMEOUT_S = 30.0
 
@@ -319,11 +322,18 @@ class DaemonSet:
         except EnvdError as exc:
             if self.closed:
                 raise
-            try:
-                self.check()
-            except DaemonError as dead:
-                raise DaemonError(f"{dead}: {exc}") from exc
-            raise
+            # The trainer may see the connection drop before the keeper has
+            # recorded the daemon's exit: give it a moment.
+            deadline = time.monotonic() + _REPORT_GRACE_S
+            while True:
+                try:
+                    self.check()
+                except DaemonError as dead:
+                    raise DaemonError(f"{dead}: {exc}") from exc
+                if (not isinstance(exc, envd.ConnectionLostError)
+                        or time.monotonic() > deadline):
+                    raise
+                time.sleep(0.1)
 
     def _check_open(self) -> None:
         if self.closed:
