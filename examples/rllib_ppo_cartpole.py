@@ -1,7 +1,7 @@
 """RLlib's PPO (new API stack) on CartPole-v1, its env runners stepping envd's
 envs on the daemon of their own Ray node (envd.integrations.ray and .rllib).
 
-    python examples/rllib_ppo_cartpole.py                  # a local Ray with --nodes simulated nodes
+    python examples/rllib_ppo_cartpole.py                  # a local Ray, --nodes simulated nodes
     python examples/rllib_ppo_cartpole.py --address auto   # an existing cluster
 
 Trains until the mean return of RLlib's recent episodes reaches --target

@@ -71,6 +71,7 @@ import zmq
 
 import envd
 from envd.errors import DaemonError, EnvdError, InvalidArgumentError
+from envd.keys import certificate_text, write_private
 
 __all__ = ["DaemonInfo", "DaemonSet", "start_daemons"]
 
@@ -83,21 +84,6 @@ _REPORT_GRACE_S = 10.0
 
 #: How long close() waits for a daemon to drain after SIGTERM before SIGKILL.
 _STOP_TIMEOUT_S = 30.0
-
-
-def _certificate(public: bytes, secret: bytes | None) -> str:
-    """A key file's text in pyzmq's certificate format (what envd.keys reads)."""
-    text = "metadata\ncurve\n" + f'    public-key = "{public.decode()}"\n'
-    if secret is not None:
-        text += f'    secret-key = "{secret.decode()}"\n'
-    return text
-
-
-def _write_private(path: str, text: str) -> None:
-    """Create path with mode 0600 (never overwrite, never follow a link)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
 
 
 def _free_port(host: str) -> int:
@@ -157,8 +143,8 @@ class _DaemonActor:
         secret_file = os.path.join(folder, "server.key_secret")
         allowed = os.path.join(folder, "clients")
         os.mkdir(allowed, 0o700)
-        _write_private(secret_file, self._server_secret)
-        _write_private(os.path.join(allowed, "trainer.key"), self._client_public)
+        write_private(secret_file, self._server_secret)
+        write_private(os.path.join(allowed, "trainer.key"), self._client_public)
         # The daemon's own folder (socket, pid, status, log; see _ray_keeper)
         # is apart from the key folder, which goes once the daemon has loaded the keys.
         sock_dir = tempfile.mkdtemp(prefix="envd-ray-")
@@ -284,7 +270,7 @@ class DaemonSet:
         written, once per process, into a private folder)."""
         if self._key_dir is None:
             self._key_dir = tempfile.mkdtemp(prefix="envd-ray-trainer-")
-            _write_private(os.path.join(self._key_dir, "trainer.key_secret"), self._client_secret)
+            write_private(os.path.join(self._key_dir, "trainer.key_secret"), self._client_secret)
             weakref.finalize(self, _remove_folder, self._key_dir)
         return {"server_key": self._server_public,
                 "client_key": os.path.join(self._key_dir, "trainer.key_secret")}
@@ -402,8 +388,8 @@ def start_daemons(num_nodes: int, *, threads: int = 1,
         num_cpus=0, resources={},
         scheduling_strategy=PlacementGroupSchedulingStrategy(
             placement_group=pg, placement_group_bundle_index=i)).remote(
-        threads, _certificate(server_public, server_secret),
-        _certificate(client_public, None), list(daemon_args))
+        threads, certificate_text(server_public, server_secret),
+        certificate_text(client_public, None), list(daemon_args))
         for i in range(num_nodes)]
     try:
         infos = ray.get([actor.start.remote() for actor in actors])
@@ -418,4 +404,4 @@ def start_daemons(num_nodes: int, *, threads: int = 1,
             raise DaemonError(str(cause)) from None
         raise
     return DaemonSet(actors, infos, pg, server_public.decode(),
-                     _certificate(client_public, client_secret))
+                     certificate_text(client_public, client_secret))
