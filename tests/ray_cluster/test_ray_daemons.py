@@ -157,6 +157,15 @@ def test_fewer_nodes_than_asked_is_refused_and_leaves_nothing(ray_cluster):
     assert started == []
 
 
+def test_a_daemon_that_cannot_start_is_reported_and_leaves_nothing(ray_cluster):
+    from ray.util import placement_group_table
+    before = set(placement_group_table())
+    with pytest.raises(envd.DaemonError, match=r"did not start: exit status 2.*no-such-flag"):
+        start_daemons(1, threads=1, bundle=BUNDLE, daemon_args=["--no-such-flag"])
+    states = [g["state"] for pg_id, g in placement_group_table().items() if pg_id not in before]
+    assert states and set(states) == {"REMOVED"}
+
+
 def test_a_killed_daemon_is_reported_naming_its_node(ray_cluster):
     with start_daemons(2, threads=1, bundle=BUNDLE) as placed:
         with placed.connect(timeout=60) as client:
@@ -188,6 +197,7 @@ def test_a_killed_actor_takes_its_daemon_along(ray_cluster):
         _wait_until(lambda: not os.path.exists(placed.daemons[0].ipc[len("ipc://"):]),
                     "the socket file is removed")
         assert _segments_of(pid) == []
+        assert [info for info, _ in placed.dead()] == [placed.daemons[0]]
     finally:
         placed.close()
 

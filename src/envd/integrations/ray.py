@@ -216,11 +216,13 @@ class _DaemonActor:
             return None
         if self.poll() is None:
             self._kill(signal.SIGTERM)
-        deadline = time.monotonic() + timeout
+        deadline, killed = time.monotonic() + timeout, False
         while (status := self.poll()) is None:
             if time.monotonic() > deadline:
+                if killed:  # no keeper left to record it (it was killed too)
+                    break
                 self._kill()
-                deadline = time.monotonic() + timeout
+                deadline, killed = time.monotonic() + timeout, True
             time.sleep(0.05)
         shutil.rmtree(self._sock_dir, ignore_errors=True)
         return status
@@ -287,8 +289,16 @@ class DaemonSet:
     def dead(self) -> list[tuple[DaemonInfo, int]]:
         """The daemons that have exited, with their exit status (negative: the signal)."""
         self._check_open()
-        codes = ray.get([actor.poll.remote() for actor in self.actors])
-        return [(info, code) for info, code in zip(self.daemons, codes) if code is not None]
+        refs = [actor.poll.remote() for actor in self.actors]
+        dead = []
+        for info, ref in zip(self.daemons, refs):
+            try:
+                code = ray.get(ref)
+            except ray.exceptions.RayActorError:
+                code = -signal.SIGTERM  # its actor died: the keeper stopped the daemon
+            if code is not None:
+                dead.append((info, code))
+        return dead
 
     def check(self) -> None:
         """Raise DaemonError naming every dead daemon's node; nothing when all run."""
@@ -333,7 +343,7 @@ class DaemonSet:
         try:
             ray.get([actor.stop.remote(timeout) for actor in self.actors])
         except ray.exceptions.RayError:
-            pass  # a dead actor took its daemon with it (the death signal)
+            pass  # a dead actor's keeper has stopped its daemon already
         finally:
             for actor in self.actors:
                 ray.kill(actor)
@@ -379,8 +389,8 @@ def start_daemons(num_nodes: int, *, threads: int = 1,
         raise DaemonError(
             f"start_daemons asked for {num_nodes} daemons on distinct Ray nodes with "
             f"{bundle} each, but Ray could not place them within {timeout:g} s: the cluster "
-            f"has {len(alive)} live node(s) ({', '.join(alive)}) and their free resources; "
-            "add nodes, lower num_nodes, or ask a smaller bundle")
+            f"has {len(alive)} live node(s) ({', '.join(alive)}), too few with that much "
+            "free; add nodes, lower num_nodes, or ask a smaller bundle")
     server_public, server_secret = zmq.curve_keypair()
     client_public, client_secret = zmq.curve_keypair()
     actor_class = ray.remote(_DaemonActor)
