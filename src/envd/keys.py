@@ -82,6 +82,16 @@ def _write_private(path: Path, text: str) -> None:
         raise
 
 
+def certificate_text(public: bytes, secret: bytes | None = None) -> str:
+    """The text of a key file (public, or public and secret) in pyzmq's format."""
+    return _certificate(public, secret)
+
+
+def write_private(path: str | os.PathLike, text: str) -> None:
+    """Create path with mode 0600 and text (never overwrite, never follow a link)."""
+    _write_private(Path(path), text)
+
+
 def generate(out_dir: str | os.PathLike = ".", name: str = "envd") -> tuple[Path, Path]:
     """Write a new key pair as out_dir/name.key (public) and out_dir/name.key_secret
     (secret), both mode 0600; out_dir is created with mode 0700 when missing.
