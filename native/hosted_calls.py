@@ -15,6 +15,7 @@ worker answers an error instead): a frame or a call's result is bounded as
 an info is (SECURITY.md, "Hosted envs").  With num_workers=0 the envs are
 the caller's own and run_op runs on them directly, as SyncVectorEnv does.
 
+    (any request may add "max_bytes": a lower bound on its reply)
     request {"op": "render"}                       -> [frame per env]
             {"op": "call", "name", "args", "kwargs"} -> [result per env]
             {"op": "set_attr", "name", "values"}    -> [None per env]
@@ -70,18 +71,22 @@ def run_op(envs: list[gymnasium.Env], request: dict[str, Any]) -> list[Any]:
 def answer(envs: list[gymnasium.Env], data: bytes) -> bytes:
     """The encoded reply to an encoded request (never raises for the envs'
     doing: their exceptions, a result the codec cannot carry, a reply over
-    MAX_REPLY_BYTES are errors in the reply)."""
+    MAX_REPLY_BYTES, or over the request's "max_bytes" (a daemon's message
+    bound), are errors in the reply)."""
+    bound = MAX_REPLY_BYTES
     try:
-        reply = info_codec.encode({"ok": run_op(envs, info_codec.decode(data))})
+        request = info_codec.decode(data)
+        bound = min(bound, int(request.get("max_bytes") or bound))
+        reply = info_codec.encode({"ok": run_op(envs, request)})
     except Exception as exc:  # the env's own code, or the codec's refusal
         kind = type(exc).__name__
         text = f"{kind}: {exc}"
         if isinstance(exc, TypeError) and str(exc).startswith("a "):  # (info_codec's)
             text = f"TypeError: a result holds {exc}, which msgpack cannot carry"
         return info_codec.encode({"error": text, "type": kind})
-    if len(reply) > MAX_REPLY_BYTES:
+    if len(reply) > bound:
         return info_codec.encode({"error": f"ValueError: the reply is {len(reply)} bytes "
-                                           f"encoded, over the {MAX_REPLY_BYTES}-byte bound",
+                                           f"encoded, over the {bound}-byte bound",
                                   "type": "ValueError"})
     return reply
 

@@ -351,7 +351,8 @@ class HostedSession(NativeSession):
                                      f"{MAX_REQUEST_BYTES}-byte bound")
                 sock.settimeout(self.timeout)
                 calls_send(sock, data)
-            replies = [info_codec.decode(calls_recv(sock, MAX_REPLY_BYTES + 64))
+            bound = min(MAX_REPLY_BYTES, request.get("max_bytes") or MAX_REPLY_BYTES)
+            replies = [info_codec.decode(calls_recv(sock, bound + 4096))  # (+ an error's)
                        for sock in self._calls]
         except (OSError, EOFError) as exc:  # (socket.timeout is an OSError)
             self._kill_workers()

@@ -10,7 +10,7 @@ import time
 import gymnasium
 import numpy as np
 import pytest
-from envs import alive, wait_until
+from envs import HangingCallEnv, alive, wait_until
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
 import envd
@@ -26,17 +26,11 @@ class LateCartPole(CartPoleEnv):
 
 
 class BigFrameEnv(CartPoleEnv):
-    """Renders a frame over the calls' reply bound."""
+    """Renders a frame of over half the calls' reply bound (two are over it;
+    np.zeros maps no memory until it is read)."""
 
     def render(self):
-        return np.zeros(hosted_calls.MAX_REPLY_BYTES + 1, np.uint8)
-
-
-class HangingCallEnv(CartPoleEnv):
-    """Its hang() never returns (an hour)."""
-
-    def hang(self):
-        time.sleep(3600)
+        return np.zeros(hosted_calls.MAX_REPLY_BYTES // 2 + 1, np.uint8)
 
 
 class Opaque:
@@ -116,7 +110,7 @@ def test_render_refusals():
 
 
 def test_a_frame_over_the_bound_is_refused_cleanly():
-    with envd.make(lambda: BigFrameEnv(render_mode="rgb_array"), 2, num_workers=2,
+    with envd.make(lambda: BigFrameEnv(render_mode="rgb_array"), 2, num_workers=1,
                    render_mode="rgb_array") as env:
         env.reset()
         with pytest.raises(ValueError, match="bound"):
@@ -221,3 +215,13 @@ def test_an_id_registered_after_the_template_started_is_found(num_workers):
             ref.close()
     finally:
         gymnasium.registry.pop(late_id)
+
+
+def test_a_built_in_env_refuses_calls_clearly():
+    with envd.make("CartPole-v1", 2) as env:
+        for attempt in (lambda: env.get_attr("gravity"), lambda: env.call("render"),
+                        lambda: env.set_attr("gravity", 1.0)):
+            with pytest.raises(InvalidArgumentError, match="hosted Python envs only"):
+                attempt()
+        assert env.spec is None or env.spec.id  # (what it has instead)
+        assert env.single_observation_space.shape == (4,)
