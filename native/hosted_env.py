@@ -263,6 +263,11 @@ def make_python(env: str | Callable[[], gymnasium.Env], num_envs: int, *,
             f"{name}: render_mode={render_mode!r}, but its env's render_mode is "
             f"{described['render_mode']!r} (an env creator makes its env with the render "
             "mode itself)")
+    if render_mode is not None and described["render_error"]:
+        raise InvalidArgumentError(
+            f"{name}: render_mode={render_mode!r}: its env cannot draw a frame here "
+            f"({described['render_error']:.300}); a MuJoCo env needs an offscreen OpenGL in "
+            "its workers: MUJOCO_GL=egl or MUJOCO_GL=osmesa, with that library installed")
     if num_workers is None:
         num_workers = default_num_workers(num_envs, described["step_seconds"])
     elif num_workers > (cpus := usable_cpus()):

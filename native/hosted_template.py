@@ -179,6 +179,12 @@ def _describe(spec: tuple) -> dict[str, Any]:
     try:
         limit = env.spec.max_episode_steps if env.spec is not None else None
         env.reset()  # (unseeded: the env's own seeding is the workers')
+        render_error = None
+        if env.render_mode == "rgb_array":  # (one frame: can it draw here at all?)
+            try:
+                env.render()
+            except Exception as exc:  # e.g. MuJoCo without an offscreen OpenGL
+                render_error = f"{type(exc).__name__}: {exc}"
         env.action_space.seed(0)
         infos: list[dict] = []
         cost = measure_step_seconds(env, infos=infos)
@@ -188,7 +194,8 @@ def _describe(spec: tuple) -> dict[str, Any]:
         return {"observation_space": env.observation_space, "action_space": env.action_space,
                 "max_episode_steps": limit, "step_seconds": cost, "possible_agents": agents,
                 "info_columns": info_columns(infos), "render_mode": env.render_mode,
-                "render_fps": fps if isinstance(fps, (int, float)) else None}
+                "render_fps": fps if isinstance(fps, (int, float)) else None,
+                "render_error": render_error}
     finally:
         env.close()
 
