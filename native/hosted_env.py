@@ -235,8 +235,11 @@ def make_python(env: str | Callable[[], gymnasium.Env], num_envs: int, *,
             # This process's registration travels with the make: the template
             # (forked from an earlier process state) may not have an id
             # registered since (gymnasium.make takes an EnvSpec as an id).
-            maker = ("spec", cloudpickle.dumps(gymnasium.spec(env_id)), max_episode_steps,
-                     env_kwargs)
+            try:
+                maker = ("spec", cloudpickle.dumps(gymnasium.spec(env_id)), max_episode_steps,
+                         env_kwargs)
+            except Exception:  # (a registration cloudpickle cannot carry: by id, as before)
+                maker = ("id", env_id, max_episode_steps, env_kwargs)
     elif callable(env):
         if env_kwargs:
             raise InvalidArgumentError(f"env kwargs {sorted(env_kwargs)} are for env ids; "
@@ -248,12 +251,15 @@ def make_python(env: str | Callable[[], gymnasium.Env], num_envs: int, *,
                                    f"gymnasium.Env, got {type(env).__name__}")
     name = name or default_name
     # The template describes the env (importing its module there, once) unless
-    # it is to run in the caller anyway.
+    # it is to run in the caller anyway; always when it is to render: the
+    # description draws a frame, which may abort a process (MuJoCo without
+    # an OpenGL, twice), so never in the caller's.
+    in_template = num_workers != 0 or render_mode is not None
     try:
         described = template().request({"op": "describe", "spec": maker}) \
-            if num_workers != 0 else _describe(maker)
+            if in_template else _describe(maker)
     except Exception as exc:  # the env's own code (the template says "Type: message")
-        text = str(exc) if isinstance(exc, RuntimeError) and num_workers != 0 \
+        text = str(exc) if isinstance(exc, RuntimeError) and in_template \
             else f"{type(exc).__name__}: {exc}"
         raise EnvError(f"{name}: making the env failed: {text}", NATIVE_CODES["EENV"]) from None
     for what in ("observation", "action"):

@@ -163,3 +163,30 @@ def test_a_hanging_call_ends_after_the_hosted_timeout(daemon):
         assert other.get_attr("gravity") == (9.8, 9.8)
         env.close()
         other.close()
+
+
+def test_malformed_call_requests_are_refused_and_never_unpickled(client, tmp_path):
+    import pickle
+
+    from envd import info_codec
+    from envd.errors import ProtocolError
+
+    marker = tmp_path / "unpickled"
+
+    class Evil:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    with client.make("py:CartPole-v1", 2, num_workers=1) as env:
+        env.reset()
+        for blob in (b"\xc1", pickle.dumps(Evil()), pickle.dumps({"op": "call"}),
+                     info_codec.encode({"op": "render"}),
+                     info_codec.encode({"op": "call", "name": 3}),
+                     info_codec.encode({"op": "call", "name": "x", "args": {}}),
+                     info_codec.encode({"op": "set_attr", "name": "gravity", "values": [1.0]}),
+                     info_codec.encode([1, 2])):
+            with pytest.raises(ProtocolError):
+                env._stepper.env_call(blob)
+        assert not marker.exists()
+        env.step(np.zeros(2, np.int64))  # the session and the daemon are intact
+        assert env.get_attr("gravity") == (9.8, 9.8)

@@ -6,6 +6,8 @@ Skipped only where mujoco is not installed (the test extra brings it)."""
 from __future__ import annotations
 
 import functools
+import subprocess
+import sys
 
 import gymnasium as gym
 import numpy as np
@@ -70,17 +72,13 @@ def test_the_daemon_carries_the_info_columns(client):
 
 
 def _gymnasium_renders_mujoco() -> bool:
-    """Whether gymnasium itself draws a MuJoCo frame in this process (an
-    offscreen OpenGL: MUJOCO_GL=egl or osmesa with its library)."""
-    probe = gym.make("HalfCheetah-v5", render_mode="rgb_array")
-    try:
-        probe.reset(seed=0)
-        probe.render()
-        return True
-    except Exception:
-        return False
-    finally:
-        probe.close()
+    """Whether gymnasium itself draws a MuJoCo frame here (an offscreen
+    OpenGL: MUJOCO_GL=egl or osmesa with its library), asked in a process of
+    its own (a failed OpenGL context may abort the next try in a process)."""
+    probe = ("import gymnasium; e = gymnasium.make('HalfCheetah-v5', render_mode='rgb_array'); "
+             "e.reset(seed=0); assert e.render().ndim == 3")
+    return subprocess.run([sys.executable, "-c", probe], capture_output=True,
+                          timeout=300).returncode == 0
 
 
 def test_rgb_array_renders_or_is_refused_clearly():
