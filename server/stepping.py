@@ -31,8 +31,7 @@ from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 import numpy as np
 
-from envd import protocol
-from envd import info_codec
+from envd import info_codec, protocol
 from envd.errors import (DaemonError, EnvdError, EnvStateError, InvalidArgumentError,
                          LimitExceededError)
 from envd.vector_base import check_int
@@ -157,41 +156,26 @@ class SteppingHandlers:
                 f"session {session.id} ({session.spec.id}) was made without a render mode; "
                 "make it with render_mode='rgb_array' to render")
         limit = self.config.max_message_bytes
-        if isinstance(session, HostedServerSession):
-            # (its frames' size is known once drawn: the workers' replies and
-            # the frames together are bounded by the limit, HostedServerSession.render)
-            self._run_operation(client, session, header["id"], "render",
-                                lambda: session.render(limit), lambda frames: {
-                                    "frames": {"dtype": "uint8", "shape": list(frames.shape)},
-                                    "_blobs": [memoryview(frames).cast("B")]})
-            return None
-        shape = (session.num_envs,) + session.spec.render_shape
-        size = math.prod(shape)
-        if size > limit:
-            height, width, _ = session.spec.render_shape
-            raise LimitExceededError(
-                f"rendering {session.num_envs} {session.spec.id} envs makes {size} bytes of "
-                f"frames ({height}x{width}x3 each), over the daemon's message limit of "
-                f"{limit} bytes (--max-message-bytes); render a session of at most "
-                f"{limit // (size // shape[0])} envs, or ask the operator to raise the limit")
-        self.service.check_op_room(client)
-        session.life.begin("render")
-
-        def reply_of(future: Future) -> dict:
-            reply = self.service.result_reply(header["id"], future)
-            if session.revoked:
-                reply = self.service.revoked_reply(session, header["id"])
-            elif reply["ok"]:
-                reply.update(frames={"dtype": "uint8", "shape": list(shape)},
-                             _blobs=[memoryview(future.result()).cast("B")])
-            if not session.life.freed:  # (pool events skipped it meanwhile)
-                self._track_batches(session)
-            return reply
-
-        def done(future: Future) -> None:
-            self._answer_operation(client, session, header["id"], lambda: reply_of(future))
-
-        self.service.submit(client.identity, session.render, done)
+        hosted = isinstance(session, HostedServerSession)
+        if not hosted:
+            # (a hosted session's frames' size is known once drawn: the workers'
+            # replies and the frames together are bounded by the limit then,
+            # HostedServerSession.render)
+            shape = (session.num_envs,) + session.spec.render_shape
+            size = math.prod(shape)
+            if size > limit:
+                height, width, _ = session.spec.render_shape
+                raise LimitExceededError(
+                    f"rendering {session.num_envs} {session.spec.id} envs makes {size} bytes "
+                    f"of frames ({height}x{width}x3 each), over the daemon's message limit of "
+                    f"{limit} bytes (--max-message-bytes); render a session of at most "
+                    f"{limit // (size // shape[0])} envs, or ask the operator to raise the "
+                    "limit")
+        self._run_operation(client, session, header["id"], "render",
+                            (lambda: session.render(limit)) if hosted else session.render,
+                            lambda frames: {
+                                "frames": {"dtype": "uint8", "shape": list(frames.shape)},
+                                "_blobs": [memoryview(frames).cast("B")]})
         return None
 
     def env_call(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]
