@@ -10,18 +10,25 @@ ties the three together: the session, its buffers, its stepper.
 """
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-from envd import protocol
-from envd.errors import ProtocolError
+from envd import info_codec, protocol
+from envd.errors import InvalidArgumentError, ProtocolError
 from envd.client.transports import open_stepper
 from envd.vector_base import BatchedVecEnv, SendRowChecks, mark_resets_itself
 
 if TYPE_CHECKING:
     from envd.client.connection import Client
+
+#: The errors of a hosted env's call that gymnasium's vector envs raise as
+#: they are: the daemon's invalid_argument reply names them.
+_CALL_ERRORS = {"AttributeError": AttributeError, "TypeError": TypeError,
+                "ValueError": ValueError}
+_CALL_ERROR = re.compile(r"envs failed: (AttributeError|TypeError|ValueError): ")
 
 
 class RemoteVecEnv(SendRowChecks, BatchedVecEnv):
@@ -93,6 +100,53 @@ class RemoteVecEnv(SendRowChecks, BatchedVecEnv):
 
     def _render_frames(self) -> np.ndarray:
         return self._stepper.frames()
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """Each env's attribute name, called with args and kwargs if it is
+        callable (gymnasium's AsyncVectorEnv.call), run in the daemon's
+        workers of a hosted session: arguments and results travel as
+        envd.info_codec carries them (msgpack, numpy-aware, never pickle;
+        another type is a TypeError).  A built-in env's session refuses it
+        (its VecEnv has spec, metadata and the spaces)."""
+        return self._env_call({"op": "call", "name": name, "args": list(args),
+                               "kwargs": kwargs})
+
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        """Each env's attribute name (call(name): a method is called)."""
+        return self.call(name)
+
+    def set_attr(self, name: str, values: Any) -> None:
+        """Set attribute name of each env: a list or tuple of num_envs
+        values, or one value for every env (gymnasium's set_attr)."""
+        if not isinstance(values, (list, tuple)):
+            values = [values] * self.num_envs
+        if len(values) != self.num_envs:
+            raise ValueError("Values must be a list or tuple with length equal to the number "
+                             f"of environments. Got `{len(values)}` values for "
+                             f"{self.num_envs} environments.")
+        self._env_call({"op": "set_attr", "name": name, "values": list(values)})
+
+    def _env_call(self, request: dict[str, Any]) -> tuple[Any, ...]:
+        try:
+            data = info_codec.encode(request)
+        except TypeError as exc:
+            raise TypeError(f"{self.env_id}: the {request['op']} arguments hold {exc}, which "
+                            "msgpack cannot carry to the daemon (never pickled)") from None
+        self._acquire()
+        try:
+            results = info_codec.decode(self._stepper.env_call(data))
+        except InvalidArgumentError as exc:
+            # the daemon names the type of the envs' error (HostedSession.env_call)
+            found = _CALL_ERROR.search(str(exc))
+            if found is None:
+                raise
+            raise _CALL_ERRORS[found.group(1)](str(exc)) from None
+        finally:
+            self._lock.release()
+        if not isinstance(results, list) or len(results) != self.num_envs:
+            raise ProtocolError(f"the daemon's env_call reply holds {type(results).__name__}, "
+                                f"not {self.num_envs} results")
+        return tuple(results)
 
     def _release(self) -> None:
         client, self._client = self._client, None

@@ -95,11 +95,12 @@ class HostedVecEnv(BatchedVecEnv):
     def __init__(self, spec: HostedSpec, num_envs: int, *, maker: tuple, num_workers: int,
                  seed: int | Sequence[int] | None, autoreset_mode: AutoresetMode,
                  copy: bool, episode_statistics: bool | str, batch_size: int | None,
-                 info_bytes: int = DEFAULT_INFO_BYTES):
+                 info_bytes: int = DEFAULT_INFO_BYTES, render_mode: str | None = None,
+                 render_fps: int | None = None):
         self._session = None
         super().__init__(spec.id, spec.observation_space, spec.action_space, num_envs,
                          autoreset_mode, spec.max_episode_steps, copy, episode_statistics,
-                         batch_size)
+                         batch_size, render_mode=render_mode, render_fps=render_fps)
         self.envd_spec = spec
         self.num_workers = num_workers
         buffers = hosted_buffer_layout(spec.observation_space, spec.action_space, num_envs,
@@ -130,8 +131,41 @@ class HostedVecEnv(BatchedVecEnv):
         """The worker processes' pids (empty with num_workers=0 or once closed)."""
         return list(self._session.pids) if self._session is not None else []
 
-    def _render_frames(self) -> np.ndarray:
-        raise InvalidArgumentError(f"{self.env_id}: hosted Python envs do not render yet")
+    def _render_frames(self) -> list[Any]:
+        # (each env's env.render(), drawn where the env lives: SyncVectorEnv's tuple)
+        return self._session.env_call({"op": "render"})
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """Each env's attribute name, called with args and kwargs if it is
+        callable (gymnasium's AsyncVectorEnv.call): a tuple of num_envs
+        results.  With workers, the arguments and the results travel as
+        envd.info_codec carries them (msgpack, numpy-aware, never pickle):
+        another type is a TypeError; "reset", "step" and "close" are
+        refused (ValueError), a missing attribute is an AttributeError."""
+        return self._env_call({"op": "call", "name": name, "args": list(args),
+                               "kwargs": kwargs})
+
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        """Each env's attribute name (call(name): a method is called)."""
+        return self.call(name)
+
+    def set_attr(self, name: str, values: Any) -> None:
+        """Set attribute name of each env (gymnasium's set_attr): values is a
+        list or tuple of num_envs values, or one value for every env."""
+        if not isinstance(values, (list, tuple)):
+            values = [values] * self.num_envs
+        if len(values) != self.num_envs:
+            raise ValueError("Values must be a list or tuple with length equal to the number "
+                             f"of environments. Got `{len(values)}` values for "
+                             f"{self.num_envs} environments.")
+        self._env_call({"op": "set_attr", "name": name, "values": list(values)})
+
+    def _env_call(self, request: dict[str, Any]) -> Any:
+        self._acquire()
+        try:
+            return tuple(self._session.env_call(request))
+        finally:
+            self._lock.release()
 
     def _release(self) -> None:
         if self._session is not None:
@@ -150,7 +184,7 @@ def make_python(env: str | Callable[[], gymnasium.Env], num_envs: int, *,
                 max_episode_steps: int | None = None, copy: bool = False,
                 episode_statistics: bool | str = True, batch_size: int | None = None,
                 info_bytes: int = DEFAULT_INFO_BYTES, name: str | None = None,
-                **env_kwargs: Any) -> HostedVecEnv:
+                render_mode: str | None = None, **env_kwargs: Any) -> HostedVecEnv:
     """num_envs instances of a Python env stepped for this process (see
     docs/python-envs.md).
 
@@ -163,6 +197,9 @@ def make_python(env: str | Callable[[], gymnasium.Env], num_envs: int, *,
            of every env is cheap (default_num_workers), else one per CPU.
     info_bytes: the bytes of each env's info slot (its msgpack-encoded
            info must fit; 0: the envs' infos are not carried).
+    render_mode: None or "rgb_array": an id is made with it; a creator's
+           env must have it already.  render() then returns each env's
+           frame, drawn in its worker.
     The other arguments are envd.make's; max_episode_steps overrides the
     id's time limit (a creator's env gets a TimeLimit when it is given).
     """
@@ -176,6 +213,9 @@ def make_python(env: str | Callable[[], gymnasium.Env], num_envs: int, *,
         max_episode_steps = check_int("max_episode_steps", max_episode_steps, 1, 2**62)
     if num_workers is not None:
         num_workers = check_int("num_workers", num_workers, 0, num_envs)
+    if render_mode not in (None, "rgb_array"):
+        raise InvalidArgumentError(f"render_mode={render_mode!r}: hosted envs render "
+                                   "'rgb_array' frames (or pass None)")
     if isinstance(env, str):
         env_id = env.removeprefix(PYTHON_PREFIX)
         try:
@@ -187,7 +227,19 @@ def make_python(env: str | Callable[[], gymnasium.Env], num_envs: int, *,
             raise UnknownEnvError(f"{PYTHON_PREFIX}{env_id}: gymnasium knows no such env "
                                   f"({exc})") from None
         default_name = PYTHON_PREFIX + env_id
-        maker = ("id", env_id, max_episode_steps, env_kwargs)
+        if render_mode is not None:
+            env_kwargs = {**env_kwargs, "render_mode": render_mode}
+        if ":" in env_id:
+            maker = ("id", env_id, max_episode_steps, env_kwargs)
+        else:
+            # This process's registration travels with the make: the template
+            # (forked from an earlier process state) may not have an id
+            # registered since (gymnasium.make takes an EnvSpec as an id).
+            try:
+                maker = ("spec", cloudpickle.dumps(gymnasium.spec(env_id)), max_episode_steps,
+                         env_kwargs)
+            except Exception:  # (a registration cloudpickle cannot carry: by id, as before)
+                maker = ("id", env_id, max_episode_steps, env_kwargs)
     elif callable(env):
         if env_kwargs:
             raise InvalidArgumentError(f"env kwargs {sorted(env_kwargs)} are for env ids; "
@@ -199,16 +251,29 @@ def make_python(env: str | Callable[[], gymnasium.Env], num_envs: int, *,
                                    f"gymnasium.Env, got {type(env).__name__}")
     name = name or default_name
     # The template describes the env (importing its module there, once) unless
-    # it is to run in the caller anyway.
+    # it is to run in the caller anyway; always when it is to render: the
+    # description draws a frame, which may abort a process (MuJoCo without
+    # an OpenGL, twice), so never in the caller's.
+    in_template = num_workers != 0 or render_mode is not None
     try:
         described = template().request({"op": "describe", "spec": maker}) \
-            if num_workers != 0 else _describe(maker)
+            if in_template else _describe(maker)
     except Exception as exc:  # the env's own code (the template says "Type: message")
-        text = str(exc) if isinstance(exc, RuntimeError) and num_workers != 0 \
+        text = str(exc) if isinstance(exc, RuntimeError) and in_template \
             else f"{type(exc).__name__}: {exc}"
         raise EnvError(f"{name}: making the env failed: {text}", NATIVE_CODES["EENV"]) from None
     for what in ("observation", "action"):
         check_space(described[f"{what}_space"], what, name)
+    if render_mode is not None and described["render_mode"] != render_mode:
+        raise InvalidArgumentError(
+            f"{name}: render_mode={render_mode!r}, but its env's render_mode is "
+            f"{described['render_mode']!r} (an env creator makes its env with the render "
+            "mode itself)")
+    if render_mode is not None and described["render_error"]:
+        raise InvalidArgumentError(
+            f"{name}: render_mode={render_mode!r}: its env cannot draw a frame here "
+            f"({described['render_error']:.300}); a MuJoCo env needs an offscreen OpenGL in "
+            "its workers: MUJOCO_GL=egl or MUJOCO_GL=osmesa, with that library installed")
     if num_workers is None:
         num_workers = default_num_workers(num_envs, described["step_seconds"])
     elif num_workers > (cpus := usable_cpus()):
@@ -219,6 +284,7 @@ def make_python(env: str | Callable[[], gymnasium.Env], num_envs: int, *,
                       info_columns=described["info_columns"])
     env = HostedVecEnv(spec, num_envs, maker=maker, num_workers=num_workers, seed=seed,
                        autoreset_mode=mode, copy=copy, episode_statistics=episode_statistics,
-                       batch_size=batch_size, info_bytes=info_bytes)
+                       batch_size=batch_size, info_bytes=info_bytes,
+                       render_mode=render_mode, render_fps=described["render_fps"])
     env.agent_names = tuple(described.get("possible_agents", ()))
     return env

@@ -13,6 +13,7 @@ import dataclasses
 import os
 import select
 import signal
+import socket
 import time
 from typing import Any, Callable
 
@@ -20,16 +21,24 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
-from envd import leaves
+from envd import info_codec, leaves
 from envd.cpus import usable_cpus
 from envd.errors import EnvError, InvalidArgumentError, NativeError
 from envd.native._envd_native import ffi, lib
+from envd.native.hosted_calls import MAX_REPLY_BYTES, MAX_REQUEST_BYTES, run_op
+from envd.native.hosted_calls import recv as calls_recv
+from envd.native.hosted_calls import send as calls_send
 from envd.native.hosted_segment import WORKER_FAILED, WORKER_READY, Segment
 from envd.native.hosted_template import Template, _maker
 from envd.native.hosted_worker import EnvSlice, spin_ns
 from envd.native.native_session import NativeSession
 from envd.native.native_vec import ptr
-from envd.vector_base import INFO_LENGTHS, INFO_SLOTS
+from envd.vector_base import INFO_LENGTHS, INFO_SLOTS, in_flight_error
+
+#: A worker's call error of these types is raised as it is (gymnasium's own
+#: vector envs raise them so): the rest as EnvError.
+_CALL_ERRORS = {"AttributeError": AttributeError, "TypeError": TypeError,
+                "ValueError": ValueError}
 
 #: close() waits this long for envs in flight, then for workers to exit, before SIGKILL.
 CLOSE_GRACE_SECONDS = 5.0
@@ -141,6 +150,7 @@ class HostedSession(NativeSession):
         self.pids: list[int] = []
         self._pidfds: list[int] = []
         self._slice: EnvSlice | None = None
+        self._calls: list[socket.socket] = []  # per worker (native/hosted_calls.py)
         self._doorbell_refs = None
         buffers = self._buffers = segment.arrays
         self._client_buffers = client_buffers
@@ -166,11 +176,17 @@ class HostedSession(NativeSession):
         self._notify = notify_fd >= 0
         for w in range(self.num_workers):
             begin, end = slice_bounds(self.num_envs, self.num_workers, w)
-            pid, start = template.spawn(
-                {"spec": maker, "layout": self.segment.layout,
-                 "size": self.segment.size, "worker": w, "begin": begin, "end": end,
-                 "autoreset_mode": mode, "spin_ns": spin_ns(self.num_workers)},
-                (fd, notify_fd) if notify_fd >= 0 else (fd,))
+            mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            self._calls.append(mine)
+            try:
+                pid, start = template.spawn(
+                    {"spec": maker, "layout": self.segment.layout,
+                     "size": self.segment.size, "worker": w, "begin": begin, "end": end,
+                     "autoreset_mode": mode, "spin_ns": spin_ns(self.num_workers)},
+                    (fd, notify_fd, theirs.fileno()) if notify_fd >= 0
+                    else (fd, theirs.fileno()))
+            finally:
+                theirs.close()
             try:
                 # The worker waits on its start pipe: it cannot have exited
                 # (and been reaped) yet, so this pidfd is that worker's.  If
@@ -296,7 +312,71 @@ class HostedSession(NativeSession):
             raise
 
     def render(self, out: np.ndarray) -> None:
-        raise InvalidArgumentError(f"{self.spec.id}: hosted Python envs do not render yet")
+        raise InvalidArgumentError(f"{self.spec.id}: a hosted env's frames come from "
+                                   "env_call({'op': 'render'})")
+
+    def env_call(self, request: dict[str, Any]) -> list[Any]:
+        """A render, call or set_attr request (native/hosted_calls.py) run on
+        every env: the per-env results, in env order.  Refused while envs
+        are in flight or ready (as a built-in env's render).  With workers,
+        each runs it on its slice (set_attr's "values" are split by slice);
+        an env's exception is raised again here as its type when it is an
+        AttributeError, TypeError or ValueError, else as EnvError; a worker
+        that does not answer within self.timeout is killed with the others
+        (EnvError), as a hung step."""
+        self._live()
+        in_flight, ready = self.counts()
+        if in_flight or ready:
+            raise in_flight_error(self.spec.id, request["op"], in_flight + ready)
+        if self._slice is not None:
+            return run_op(self._slice.envs, request)
+        bounds = [slice_bounds(self.num_envs, self.num_workers, w)
+                  for w in range(self.num_workers)]
+        if not self._calls:
+            raise EnvError(f"{self.spec.id}: its workers were lost to an earlier call",
+                           lib.ENVD_EENV)
+        try:
+            for sock, (begin, end) in zip(self._calls, bounds):
+                part = request if request["op"] != "set_attr" else \
+                    {**request, "values": list(request["values"][begin:end])}
+                try:
+                    data = info_codec.encode(part)
+                except TypeError as exc:
+                    raise TypeError(f"{self.spec.id}: the {request['op']} arguments hold "
+                                    f"{exc}, which msgpack cannot carry to the workers "
+                                    "(never pickled)") from None
+                if len(data) > MAX_REQUEST_BYTES:
+                    raise ValueError(f"{self.spec.id}: the {request['op']} request is "
+                                     f"{len(data)} bytes encoded, over the "
+                                     f"{MAX_REQUEST_BYTES}-byte bound")
+                sock.settimeout(self.timeout)
+                calls_send(sock, data)
+            bound = min(MAX_REPLY_BYTES, request.get("max_bytes") or MAX_REPLY_BYTES)
+            replies = [info_codec.decode(calls_recv(sock, bound + 4096))  # (+ an error's)
+                       for sock in self._calls]
+        except (OSError, EOFError) as exc:  # (socket.timeout is an OSError)
+            self._kill_workers()
+            self._drop_calls()
+            what = (f"took longer than {self.timeout:g} s" if isinstance(exc, TimeoutError)
+                    else f"lost its worker ({exc})")
+            raise EnvError(f"{self.spec.id}: {request['op']} {what}; the workers were killed",
+                           lib.ENVD_EENV) from None
+        results: list[Any] = []
+        for w, reply in enumerate(replies):
+            if "error" in reply:
+                kind = _CALL_ERRORS.get(reply.get("type"))
+                text = f"{self.spec.id}: {request['op']} on worker {w}'s envs failed: " \
+                       f"{reply['error']}"
+                if kind is not None:
+                    raise kind(text)
+                raise EnvError(text, lib.ENVD_EENV, bounds[w][0])
+            results += reply["ok"]
+        return results
+
+    def _drop_calls(self) -> None:
+        calls, self._calls = self._calls, []
+        for sock in calls:
+            sock.close()
 
     def start_doorbell(self, segment, ids: np.ndarray, spin_ns: int) -> None:
         """As NativeSession's; only with client buffers (the daemon's
@@ -344,6 +424,7 @@ class HostedSession(NativeSession):
                 time.sleep(0.002)
             if self.counts()[0]:
                 self._kill_workers()
+        self._drop_calls()
         super().close()  # (the backend's destroy tells the workers to exit)
         self._pidfds = []
         if pidfds and reap is not None:

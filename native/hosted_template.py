@@ -29,8 +29,8 @@ as cloudpickle (a lambda works).
     describe(maker)  -> spaces and the env's time limit, and the measured
                         cost of one step (for the default worker count),
                         found by a child forked for it
-    spawn(maker, segment fd[, notify eventfd], layout, worker, begin, end,
-          autoreset mode)
+    spawn(maker, segment fd[, notify eventfd], calls socket, layout, worker,
+          begin, end, autoreset mode)
                      -> the worker's pid, and the write end of its start
                         pipe (SCM_RIGHTS).  The worker waits on that pipe
                         before anything else: the parent opens the worker's
@@ -39,7 +39,9 @@ as cloudpickle (a lambda works).
                         one byte; a parent that could not (or died) closes
                         the pipe and the worker exits.  Then the worker maps
                         the segment, makes its envs, sets its worker_state
-                        and serves (writing the eventfd when the parent asks)
+                        and serves (writing the eventfd when the parent asks),
+                        and render/call/set_attr requests on the calls
+                        socket from a thread (native/hosted_calls.py)
     import(modules)  -> None: the daemon's --import modules, imported once
 """
 from __future__ import annotations
@@ -105,7 +107,7 @@ def _recv(sock: socket.socket) -> tuple[Any, list[int]]:
 def _maker(spec: tuple) -> Any:
     from envd.native.hosted_worker import env_maker
     kind, env, max_episode_steps, env_kwargs = spec
-    if kind == "creator":
+    if kind in ("creator", "spec"):  # (a spec: gymnasium's registration, shipped)
         env = cloudpickle.loads(env)
     return env_maker(env, max_episode_steps, env_kwargs)
 
@@ -125,7 +127,8 @@ def _preload(spec: tuple) -> None:
             return
         import gymnasium
         from gymnasium.envs.registration import load_env_creator
-        entry_point = gymnasium.spec(env).entry_point
+        entry_point = (cloudpickle.loads(env) if kind == "spec"
+                       else gymnasium.spec(env)).entry_point
         if isinstance(entry_point, str):
             load_env_creator(entry_point)
     except Exception:
@@ -176,14 +179,23 @@ def _describe(spec: tuple) -> dict[str, Any]:
     try:
         limit = env.spec.max_episode_steps if env.spec is not None else None
         env.reset()  # (unseeded: the env's own seeding is the workers')
+        render_error = None
+        if env.render_mode == "rgb_array":  # (one frame: can it draw here at all?)
+            try:
+                env.render()
+            except Exception as exc:  # e.g. MuJoCo without an offscreen OpenGL
+                render_error = f"{type(exc).__name__}: {exc}"
         env.action_space.seed(0)
         infos: list[dict] = []
         cost = measure_step_seconds(env, infos=infos)
         # a hosted PettingZoo adapter names its agents (envd.hosted_pettingzoo)
         agents = [str(a) for a in getattr(env.unwrapped, "possible_agents", None) or []]
+        fps = env.metadata.get("render_fps")
         return {"observation_space": env.observation_space, "action_space": env.action_space,
                 "max_episode_steps": limit, "step_seconds": cost, "possible_agents": agents,
-                "info_columns": info_columns(infos)}
+                "info_columns": info_columns(infos), "render_mode": env.render_mode,
+                "render_fps": fps if isinstance(fps, (int, float)) else None,
+                "render_error": render_error}
     finally:
         env.close()
 
@@ -215,7 +227,9 @@ def _worker(sock: socket.socket, request: dict[str, Any], fds: list[int],
         from envd.native.hosted_segment import WORKER_FAILED, WORKER_READY, Segment
         from envd.native.hosted_worker import EnvSlice, serve
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the env's own subprocesses
-        fd, notify_fd = fds[0], (fds[1] if len(fds) > 1 else -1)
+        # fds: the segment's memfd, [the pool's eventfd,] the calls' socket
+        fd, control_fd = fds[0], fds[-1]
+        notify_fd = fds[1] if len(fds) > 2 else -1
         segment = Segment(fd, request["layout"], request["size"])
         os.close(fd)
         w = request["worker"]
@@ -227,6 +241,8 @@ def _worker(sock: socket.socket, request: dict[str, Any], fds: list[int],
             segment.write_message(w, request["begin"], f"{type(exc).__name__}: {exc}")
             state[w] = WORKER_FAILED
             raise
+        from envd.native.hosted_calls import start_serving
+        start_serving(env_slice.envs, control_fd)
         state[w] = WORKER_READY
         serve(env_slice, request["spin_ns"], notify_fd)
         env_slice.close()

@@ -131,12 +131,13 @@ def info_columns(infos: list[dict]) -> tuple[tuple[str, str, tuple[int, ...]], .
     return tuple((key, dtype, shape) for key, (_, (dtype, shape)) in first.items())
 
 
-def env_maker(env: str | Callable[[], gymnasium.Env], max_episode_steps: int | None,
+def env_maker(env: str | gymnasium.envs.registration.EnvSpec | Callable[[], gymnasium.Env],
+              max_episode_steps: int | None,
               env_kwargs: dict[str, Any]) -> Callable[[], gymnasium.Env]:
-    """A function making one env: gymnasium.make(env id) (with the id's time
-    limit, or max_episode_steps), or the creator callable's env (wrapped in a
-    TimeLimit when max_episode_steps is given)."""
-    if isinstance(env, str):
+    """A function making one env: gymnasium.make(env id or EnvSpec) (with the
+    id's time limit, or max_episode_steps), or the creator callable's env
+    (wrapped in a TimeLimit when max_episode_steps is given)."""
+    if isinstance(env, (str, gymnasium.envs.registration.EnvSpec)):
         kwargs = dict(env_kwargs)
         if max_episode_steps is not None:
             kwargs["max_episode_steps"] = max_episode_steps

@@ -222,8 +222,8 @@ def make(env_id: str | Callable[[], Any], num_envs: int, *,
     Python env instead (envd.native.hosted_env.make_python, docs/python-envs.md):
     num_workers worker processes step it (0: the caller, like SyncVectorEnv;
     None: picked from a measured step cost; info_bytes=, the size of each
-    env's info slot, is passed on); num_threads, pin_cpus, plugin and
-    render_mode are for built-in envs.
+    env's info slot, is passed on; render_mode="rgb_array" renders in the
+    workers); num_threads, pin_cpus and plugin are for built-in envs.
 
     seed:  env i is seeded with seed + i at the first reset (or pass a list of
            num_envs seeds); None draws a random base seed.
@@ -265,8 +265,7 @@ def make(env_id: str | Callable[[], Any], num_envs: int, *,
                                batch_size=batch_size,
                                copy=copy, episode_statistics=episode_statistics, **env_kwargs)
     if callable(env_id) or (isinstance(env_id, str) and env_id.startswith(PYTHON_PREFIX)):
-        extras = {"num_threads": num_threads, "pin_cpus": pin_cpus, "plugin": plugin,
-                  "render_mode": render_mode}
+        extras = {"num_threads": num_threads, "pin_cpus": pin_cpus, "plugin": plugin}
         given = sorted(name for name, value in extras.items() if value is not None)
         if given:
             raise InvalidArgumentError(f"{', '.join(given)}: for built-in envs only; a hosted "
@@ -276,7 +275,7 @@ def make(env_id: str | Callable[[], Any], num_envs: int, *,
                            autoreset_mode=autoreset_mode or "next_step",
                            max_episode_steps=max_episode_steps, copy=copy,
                            episode_statistics=episode_statistics, batch_size=batch_size,
-                           **env_kwargs)
+                           render_mode=render_mode, **env_kwargs)
     if num_workers is not None:
         raise InvalidArgumentError(
             f"num_workers is for Python envs ('{PYTHON_PREFIX}<gymnasium id>' or an env "

@@ -228,8 +228,11 @@ class ControlHandlers:
         max_steps = header.get("max_episode_steps")
         if max_steps is not None:
             max_steps = check_int("max_episode_steps", max_steps, 1, 2**62)
-        if header.get("render_mode") is not None:
-            raise InvalidArgumentError(f"{spec.id}: hosted Python envs do not render yet")
+        render_mode = header.get("render_mode")
+        if render_mode is not None and (render_mode != "rgb_array" or spec.creator is not None):
+            raise InvalidArgumentError(
+                f"{spec.id}: render_mode={render_mode!r}: hosted gymnasium envs render "
+                "'rgb_array' frames; hosted PettingZoo envs do not render")
         if spec.creator is not None and (max_steps is not None
                                          or mode != AutoresetMode.NEXT_STEP):
             # (the adapter's time limit or autoreset would not reach its rows)
@@ -268,7 +271,7 @@ class ControlHandlers:
                     client.identity, spec, num_envs, mode, max_steps, seeds, num_workers,
                     service.segment_prefix, service.hosted.template, service.pool.eventfd(),
                     on_free=service.on_session_freed, info_bytes=info_bytes,
-                    timeout=service.config.hosted_timeout)
+                    timeout=service.config.hosted_timeout, render_mode=render_mode)
             except (OSError, MemoryError) as exc:
                 raise LimitExceededError(
                     f"cannot make {num_envs} {spec.id} envs in {num_workers} workers: {exc}"

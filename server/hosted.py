@@ -39,7 +39,9 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
-from envd.errors import (EnvdError, EnvStateError, InvalidArgumentError, ShuttingDownError,
+from envd import info_codec
+from envd.errors import (NATIVE_CODES, EnvdError, EnvError, EnvStateError,
+                         InvalidArgumentError, LimitExceededError, ShuttingDownError,
                          UnknownEnvError)
 from envd.hosted_pettingzoo import PETTINGZOO_PREFIX, creator_of_id
 from envd.native import segment_guard
@@ -96,12 +98,13 @@ class HostedEnvSpec:
     #: info_columns, as the template's description found them)
     info_columns: tuple = ()
 
-    def maker(self, max_episode_steps: int | None) -> tuple:
+    def maker(self, max_episode_steps: int | None, render_mode: str | None = None) -> tuple:
         """The template's description of how to make one env
-        (native/hosted_template.py)."""
+        (native/hosted_template.py); render_mode: a gymnasium id's."""
         if self.creator is not None:
             return ("creator", self.creator, max_episode_steps, {})
-        return ("id", self.gym_id, max_episode_steps, {})
+        kwargs = {} if render_mode is None else {"render_mode": render_mode}
+        return ("id", self.gym_id, max_episode_steps, kwargs)
 
     def default_workers(self, num_envs: int) -> int:
         """num_workers=None: the in-process default, but at least one worker
@@ -212,7 +215,8 @@ class HostedCatalog:
         return HostedEnvSpec(name, gym_id, described["observation_space"],
                              described["action_space"], described["max_episode_steps"],
                              described["step_seconds"],
-                             info_columns=described["info_columns"])
+                             info_columns=described["info_columns"],
+                             render_fps=described["render_fps"])
 
     def _describe_request(self, spec: tuple) -> dict:
         try:
@@ -466,9 +470,11 @@ class HostedServerSession(Session):
                  max_episode_steps: int | None, seeds: np.ndarray, num_workers: int,
                  segment_prefix: str, template: Template, notify_fd: int,
                  on_free: Callable[[Session, bool], None] | None = None,
-                 info_bytes: int = DEFAULT_INFO_BYTES, timeout: float | None = None):
-        """timeout: --hosted-timeout, the longest the make, or a reset, may
-        wait for the workers (HostedSession's timeout)."""
+                 info_bytes: int = DEFAULT_INFO_BYTES, timeout: float | None = None,
+                 render_mode: str | None = None):
+        """timeout: --hosted-timeout, the longest the make, a reset, a render
+        or a call may wait for the workers (HostedSession's timeout).
+        render_mode: None or "rgb_array" (a gymnasium id's envs are made with it)."""
         # (Session.__init__ builds a native vec; this sets the same fields.)
         self.id = secrets.token_hex(16)
         self.owner = owner
@@ -482,7 +488,7 @@ class HostedServerSession(Session):
         self.created = time.monotonic()
         self.batch_size = num_envs
         self.max_threads = None  # (the workers step hosted envs, not the pool: no cap)
-        self.render_mode = None
+        self.render_mode = render_mode
         self.fast = False
         self._counted = (0, 0)
         self._last_stats = {"inline_jobs": 0, "pooled_jobs": 0}
@@ -503,7 +509,7 @@ class HostedServerSession(Session):
                     HostedSpec(spec.id, spec.observation_space, spec.action_space,
                                self.max_episode_steps or None),
                     num_envs, num_workers=num_workers, autoreset_mode=mode,
-                    maker=spec.maker(max_episode_steps), segment=private, fd=fd,
+                    maker=spec.maker(max_episode_steps, render_mode), segment=private, fd=fd,
                     template=template, notify_fd=notify_fd, client_buffers=self.buffers,
                     timeout=timeout)
             except BaseException:
@@ -622,5 +628,50 @@ class HostedServerSession(Session):
         """The session's worker processes (empty once freed)."""
         return list(self.native.hosted.pids) if self.native is not None else []
 
-    def render(self) -> np.ndarray:
-        raise InvalidArgumentError(f"{self.spec.id}: hosted Python envs do not render yet")
+    def render(self, max_bytes: int) -> np.ndarray:
+        """Every env's frame, drawn in the workers (on the executor, the
+        session's lock held: no doorbell step meanwhile), stacked as a
+        built-in session's: (num_envs, height, width, 3) uint8.  Each
+        worker's reply is bounded by max_bytes (--max-message-bytes), and so
+        are the frames together: over it, LimitExceededError."""
+        with self.locked("render", EXECUTOR_LOCK_WAIT_SECONDS):
+            try:
+                frames = self.native.hosted.env_call({"op": "render", "max_bytes": max_bytes})
+            except ValueError as exc:
+                if "-byte bound" not in str(exc):  # (a worker's reply over the bound)
+                    raise
+                raise LimitExceededError(f"{exc} (--max-message-bytes)") from None
+        shapes = {getattr(f, "shape", None) for f in frames}
+        if len(shapes) != 1 or not all(isinstance(f, np.ndarray) and f.dtype == np.uint8
+                                       and f.ndim == 3 and f.shape[2] == 3 for f in frames):
+            raise EnvError(f"{self.spec.id}: its envs' render() returned "
+                           f"{sorted(map(str, shapes))[:3]}, not RGB uint8 frames of one "
+                           "shape", NATIVE_CODES["EENV"])
+        size = sum(f.nbytes for f in frames)
+        if size > max_bytes:
+            raise LimitExceededError(f"rendering {self.num_envs} {self.spec.id} envs makes "
+                                     f"{size} bytes of frames, over the daemon's message limit "
+                                     f"of {max_bytes} bytes (--max-message-bytes)")
+        return np.stack(frames)
+
+    def env_call(self, request: dict[str, Any], max_bytes: int) -> bytes:
+        """A call or set_attr request (native/hosted_calls.py; checked by the
+        caller) run in the workers on the executor, the session's lock held;
+        the per-env results info_codec-encoded (what the reply's blob
+        carries), at most max_bytes (--max-message-bytes): over it,
+        LimitExceededError.  Never pickle: the request came decoded from
+        the client's msgpack."""
+        with self.locked(request["op"], EXECUTOR_LOCK_WAIT_SECONDS):
+            try:
+                results = self.native.hosted.env_call({**request, "max_bytes": max_bytes})
+            except (AttributeError, TypeError, ValueError) as exc:
+                if "-byte bound" in str(exc):
+                    raise LimitExceededError(f"{exc} (--max-message-bytes)") from None
+                # (the worker's words name the type: the client raises that type again)
+                raise InvalidArgumentError(str(exc)) from None
+        data = info_codec.encode(results)
+        if len(data) > max_bytes:
+            raise LimitExceededError(f"{self.spec.id}: the {request['op']} results are "
+                                     f"{len(data)} bytes encoded, over the daemon's message "
+                                     f"limit of {max_bytes} bytes (--max-message-bytes)")
+        return data

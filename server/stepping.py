@@ -31,14 +31,16 @@ from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 import numpy as np
 
-from envd import protocol
-from envd.errors import DaemonError, EnvdError, EnvStateError, LimitExceededError
+from envd import info_codec, protocol
+from envd.errors import (DaemonError, EnvdError, EnvStateError, InvalidArgumentError,
+                         LimitExceededError)
 from envd.vector_base import check_int
+from envd.server.hosted import HostedServerSession
 from envd.server.sessions import ClientRecord, Session, async_in_flight
 
 #: Operations that run on the executor holding the session's lock (the event
 #: loop must not wait for that lock: it would stall every client meanwhile).
-_ON_THE_EXECUTOR = frozenset({"reset", "async_reset", "render"})
+_ON_THE_EXECUTOR = frozenset({"reset", "async_reset", "render", "call", "set_attr"})
 
 if TYPE_CHECKING:
     from envd.server.service import Service
@@ -78,7 +80,8 @@ class SteppingHandlers:
 
     def handlers(self) -> dict[str, Handler]:
         return {"reset": self.reset, "step": self.step, "send": self.send,
-                "recv": self.recv, "fast": self.fast, "render": self.render}
+                "recv": self.recv, "fast": self.fast, "render": self.render,
+                "env_call": self.env_call}
 
     @property
     def idle(self) -> bool:
@@ -152,35 +155,71 @@ class SteppingHandlers:
             raise EnvStateError(
                 f"session {session.id} ({session.spec.id}) was made without a render mode; "
                 "make it with render_mode='rgb_array' to render")
-        shape = (session.num_envs,) + session.spec.render_shape
-        size = math.prod(shape)
         limit = self.config.max_message_bytes
-        if size > limit:
-            height, width, _ = session.spec.render_shape
-            raise LimitExceededError(
-                f"rendering {session.num_envs} {session.spec.id} envs makes {size} bytes of "
-                f"frames ({height}x{width}x3 each), over the daemon's message limit of "
-                f"{limit} bytes (--max-message-bytes); render a session of at most "
-                f"{limit // (size // shape[0])} envs, or ask the operator to raise the limit")
+        hosted = isinstance(session, HostedServerSession)
+        if not hosted:
+            # (a hosted session's frames' size is known once drawn: the workers'
+            # replies and the frames together are bounded by the limit then,
+            # HostedServerSession.render)
+            shape = (session.num_envs,) + session.spec.render_shape
+            size = math.prod(shape)
+            if size > limit:
+                height, width, _ = session.spec.render_shape
+                raise LimitExceededError(
+                    f"rendering {session.num_envs} {session.spec.id} envs makes {size} bytes "
+                    f"of frames ({height}x{width}x3 each), over the daemon's message limit of "
+                    f"{limit} bytes (--max-message-bytes); render a session of at most "
+                    f"{limit // (size // shape[0])} envs, or ask the operator to raise the "
+                    "limit")
+        self._run_operation(client, session, header["id"], "render",
+                            (lambda: session.render(limit)) if hosted else session.render,
+                            lambda frames: {
+                                "frames": {"dtype": "uint8", "shape": list(frames.shape)},
+                                "_blobs": [memoryview(frames).cast("B")]})
+        return None
+
+    def env_call(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]
+                 ) -> None:
+        """call / get_attr / set_attr on a hosted session's envs (blob 0: the
+        request, info_codec-encoded: msgpack, never pickle), run in its
+        workers on the executor like a render; the reply's blob 0 holds the
+        per-env results, encoded the same way."""
+        session = self.service.session_for(client, header)
+        if not isinstance(session, HostedServerSession):
+            raise InvalidArgumentError(
+                f"{session.spec.id}: call, get_attr and set_attr reach hosted Python envs "
+                "only; a built-in env's VecEnv has spec, metadata and the spaces")
+        if len(blobs) != 1:
+            raise protocol.BadRequest(f"env_call: 1 data frame is needed, got {len(blobs)}")
+        request = _env_call_request(blobs[0], session.num_envs)
+        limit = self.config.max_message_bytes
+        self._run_operation(client, session, header["id"], request["op"],
+                            lambda: session.env_call(request, limit),
+                            lambda data: {"_blobs": [data]})
+        return None
+
+    def _run_operation(self, client: ClientRecord, session: Session, request_id: int,
+                       operation: str, run: Callable[[], Any],
+                       result: Callable[[Any], dict]) -> None:
+        """run() on the executor (a fair share: server/fair_ops.py), the
+        session busy meanwhile; answered with result(run's value)'s fields."""
         self.service.check_op_room(client)
-        session.life.begin("render")
+        session.life.begin(operation)
 
         def reply_of(future: Future) -> dict:
-            reply = self.service.result_reply(header["id"], future)
+            reply = self.service.result_reply(request_id, future)
             if session.revoked:
-                reply = self.service.revoked_reply(session, header["id"])
+                reply = self.service.revoked_reply(session, request_id)
             elif reply["ok"]:
-                reply.update(frames={"dtype": "uint8", "shape": list(shape)},
-                             _blobs=[memoryview(future.result()).cast("B")])
+                reply.update(result(future.result()))
             if not session.life.freed:  # (pool events skipped it meanwhile)
                 self._track_batches(session)
             return reply
 
         def done(future: Future) -> None:
-            self._answer_operation(client, session, header["id"], lambda: reply_of(future))
+            self._answer_operation(client, session, request_id, lambda: reply_of(future))
 
-        self.service.submit(client.identity, session.render, done)
-        return None
+        self.service.submit(client.identity, run, done)
 
     def _answer_operation(self, client: ClientRecord, session: Session, request_id: int,
                           reply_of: Callable[[], dict]) -> None:
@@ -415,3 +454,27 @@ class SteppingHandlers:
         if session.fast:
             raise EnvStateError(f"{call} over the socket on session {session.id}, whose steps "
                                 "the fast path serves (its doorbell in shared memory)")
+
+
+def _env_call_request(blob: bytes, num_envs: int) -> dict[str, Any]:
+    """An env_call request's blob, decoded (info_codec: msgpack and numpy
+    arrays, never pickle) and checked: {"op": "call", "name", "args",
+    "kwargs"} or {"op": "set_attr", "name", "values": one per env}."""
+    try:
+        request = info_codec.decode(blob)
+    except Exception as exc:  # noqa: BLE001 -- whatever a malformed blob raises
+        raise protocol.BadRequest(f"env_call: the request does not decode ({exc})") from None
+    if not isinstance(request, dict) or request.get("op") not in ("call", "set_attr") \
+            or not isinstance(request.get("name"), str):
+        raise protocol.BadRequest("env_call: the request is {op: call|set_attr, name: str, ...}")
+    if request["op"] == "call":
+        args, kwargs = request.get("args", []), request.get("kwargs", {})
+        if not isinstance(args, list) or not isinstance(kwargs, dict) \
+                or not all(isinstance(k, str) for k in kwargs):
+            raise protocol.BadRequest("env_call: call's args is a list, kwargs a map of str")
+        return {"op": "call", "name": request["name"], "args": args, "kwargs": kwargs}
+    values = request.get("values")
+    if not isinstance(values, list) or len(values) != num_envs:
+        raise protocol.BadRequest(f"env_call: set_attr's values is a list of {num_envs} "
+                                  "values, one per env")
+    return {"op": "set_attr", "name": request["name"], "values": values}

@@ -109,6 +109,17 @@ class SocketStepper:
                                 f"{len(blobs)} frame(s); expected {self.num_envs} RGB frames")
         return np.frombuffer(blobs[0], np.uint8).reshape(shape).copy()
 
+    def env_call(self, request: bytes) -> bytes:
+        """An env_call request (envd.info_codec-encoded) and its reply's
+        results, still encoded (RemoteVecEnv.call)."""
+        self._raise_refusal()
+        reply = self._call({"type": "env_call", "session": self.session}, [request])
+        blobs = reply.get("_blobs", [])
+        if len(blobs) != 1:
+            raise ProtocolError(f"the daemon's env_call reply has {len(blobs)} data frames, "
+                                "not 1")
+        return blobs[0]
+
     def close(self) -> None:
         """Nothing to free: the env closes the session, the mapping goes with it."""
 

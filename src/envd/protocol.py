@@ -81,6 +81,13 @@ memory: results are bit-identical.
     render     session:str      (a session made with render_mode "rgb_array", no send in
                                 flight: draw every env's frame; refused with
                                 limit_exceeded when the frames are over --max-message-bytes)
+    env_call   session:str      (a hosted session: call, get_attr or set_attr on its envs
+                                in its workers, gymnasium's AsyncVectorEnv methods; blob 0:
+                                the request, envd.info_codec-encoded (msgpack, numpy-aware,
+                                never pickle): {op: "call", name, args: [], kwargs: {}} or
+                                {op: "set_attr", name, values: [one per env]}; no send in
+                                flight; bounded by --hosted-timeout and, the results, by
+                                --max-message-bytes)
     close      session:str
     bye        -                (the client leaves: free all its sessions now)
     fast       session:str, enable?:bool   serve this sync session's steps from the
@@ -143,6 +150,7 @@ A reply never carries a traceback.  Results:
                  blobs after blob 0)
     render     frames: {dtype: "uint8", shape: [num_envs, height, width, 3]};
                blob 0: the frames, C order (a large reply: it carries a token)
+    env_call   blob 0: the per-env results, envd.info_codec-encoded (a list)
     close      -
     bye        -
     fast       doorbell: {offset}   (where the doorbell lies in the header page)
@@ -231,13 +239,14 @@ MESSAGE_FIELDS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     "recv": {**_SESSION, "count": (_INT, True), "min": (_INT, False),
              "inline": ((bool,), False)},
     "render": _SESSION,
+    "env_call": _SESSION,
     "close": _SESSION,
     "bye": {},
     "fast": {**_SESSION, "enable": ((bool,), False)},
 }
 #: Number of blobs after the header each type may carry (make: its per-env
 #: lists, see list_to_blob).
-MAX_BLOBS = {"reset": 2, "step": 1, "send": 2, "make": 64}
+MAX_BLOBS = {"reset": 2, "step": 1, "send": 2, "make": 64, "env_call": 1}
 #: The dtypes a make's per-env list travels in (a blob frame of one value per
 #: env, C order), so that a make of a million seeds keeps a small header.
 LIST_DTYPES = {"b": "|b1", "i": "<i8", "u": "<u8", "f": "<f8"}

@@ -1091,6 +1091,23 @@ class BatchedVecEnv(VectorEnv):
             self._lock.release()
         return tuple(frames)
 
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """gymnasium's per-env call: hosted Python envs have it (HostedVecEnv,
+        RemoteVecEnv); a built-in C env has no per-env Python object, so it
+        is refused (InvalidArgumentError) with where to look instead."""
+        raise InvalidArgumentError(
+            f"{self.env_id}: call, get_attr and set_attr reach hosted Python envs only; a "
+            "built-in env's VecEnv has spec, metadata and the spaces (env.spec, "
+            "env.metadata, env.single_observation_space, ...)")
+
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        """Each env's attribute (call(name)); see call."""
+        return self.call(name)
+
+    def set_attr(self, name: str, values: Any) -> None:
+        """Set each env's attribute; see call."""
+        self.call(name)
+
     def close(self, **kwargs: Any) -> None:
         """Free the envs.  Idempotent; waits for a call in progress on another thread."""
         lock = getattr(self, "_lock", None)

@@ -47,7 +47,9 @@ def test_render_modes_say_what_the_env_can_render_when_not_rendering(daemon):
         assert env.metadata["render_modes"] == ["rgb_array"]
         env.close()
     with envd.make("py:CartPole-v1", 2, num_workers=0) as env:
-        assert env.metadata["render_modes"] == []  # hosted envs do not render (yet)
+        # hosted envs render rgb_array frames (drawn in the workers), at the env's rate
+        assert env.render_mode is None and env.metadata["render_modes"] == ["rgb_array"]
+        assert env.metadata["render_fps"] == gym.make("CartPole-v1").metadata["render_fps"]
 
 
 def test_rows_and_agents_of_a_native_multi_agent_env(daemon):

@@ -21,3 +21,5 @@ gymnasium.register("envd-test/HangingConstructor-v0", entry_point="envs:HangingC
 gymnasium.register("envd-test/ExitingConstructor-v0", entry_point="envs:ExitingConstructorEnv")
 gymnasium.register("envd-test/ColumnInfo-v0", entry_point="envs:ColumnInfoEnv",
                    max_episode_steps=20)
+gymnasium.register("envd-test/HangingCall-v0", entry_point="envs:HangingCallEnv",
+                   max_episode_steps=500)

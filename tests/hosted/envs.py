@@ -9,6 +9,7 @@ import time
 import gymnasium
 import numpy as np
 from gymnasium import spaces
+from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
 
 class FailingEnv(gymnasium.Env):
@@ -315,3 +316,10 @@ class InterruptingEnv(FailingEnv):
         if self.seed_ is not None:
             raise KeyboardInterrupt
         return super().step(action)
+
+
+class HangingCallEnv(CartPoleEnv):
+    """A CartPole whose hang() never returns (an hour): a call that hangs."""
+
+    def hang(self):
+        time.sleep(3600)

@@ -6,6 +6,8 @@ Skipped only where mujoco is not installed (the test extra brings it)."""
 from __future__ import annotations
 
 import functools
+import subprocess
+import sys
 
 import gymnasium as gym
 import numpy as np
@@ -69,10 +71,29 @@ def test_the_daemon_carries_the_info_columns(client):
         assert info["x_position"].dtype == np.float64 and info["_x_position"].all()
 
 
-def test_rgb_array_is_refused_clearly():
-    """MuJoCo's rgb_array is not hosted yet: a clear refusal, not a crash."""
-    with pytest.raises(envd.InvalidArgumentError, match="render_mode: for built-in envs only"):
-        envd.make("py:HalfCheetah-v5", 2, render_mode="rgb_array", num_workers=0)
+def _gymnasium_renders_mujoco() -> bool:
+    """Whether gymnasium itself draws a MuJoCo frame here (an offscreen
+    OpenGL: MUJOCO_GL=egl or osmesa with its library), asked in a process of
+    its own (a failed OpenGL context may abort the next try in a process)."""
+    probe = ("import gymnasium; e = gymnasium.make('HalfCheetah-v5', render_mode='rgb_array'); "
+             "e.reset(seed=0); assert e.render().ndim == 3")
+    return subprocess.run([sys.executable, "-c", probe], capture_output=True,
+                          timeout=300).returncode == 0
+
+
+def test_rgb_array_renders_or_is_refused_clearly():
+    """MuJoCo's rgb_array needs an offscreen OpenGL in the workers: without
+    one, a clear refusal at make (naming MUJOCO_GL), not a crash."""
+    if _gymnasium_renders_mujoco():
+        with envd.make("py:HalfCheetah-v5", 2, render_mode="rgb_array", num_workers=1) as env:
+            env.reset(seed=0)
+            frames = env.render()
+            assert len(frames) == 2 and frames[0].dtype == np.uint8 and frames[0].ndim == 3
+    else:
+        for workers in (0, 1):
+            with pytest.raises(envd.InvalidArgumentError, match="MUJOCO_GL=egl"):
+                envd.make("py:HalfCheetah-v5", 2, render_mode="rgb_array",
+                          num_workers=workers)
     with envd.make("py:HalfCheetah-v5", 2, num_workers=0) as env:
         env.reset()
         with pytest.raises(envd.EnvStateError, match="made without a render mode"):
