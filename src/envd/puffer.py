@@ -180,6 +180,9 @@ class Backend:
             raise InvalidArgumentError(f"recv_tuple must be 7, 8 or None, got {recv_tuple!r}")
         env_id, make_kwargs, per_instance, self.log_interval = _resolve(
             env_creators, env_args, env_kwargs)
+        if endpoint is not None and num_threads is not None:
+            raise InvalidArgumentError("num_threads is the daemon's (envd --threads) when the "
+                                       "backend has an endpoint")
         from envd.gymnasium_registry import _open
         client, owned = _open(endpoint)
         total = int(num_envs) * per_instance
@@ -188,11 +191,6 @@ class Backend:
             env = envd.native.make(env_id, total, seed=0, num_threads=num_threads,
                                    **make_kwargs)
         else:
-            if num_threads is not None:
-                if owned:
-                    client.close()
-                raise InvalidArgumentError("num_threads is the daemon's (envd --threads) "
-                                           "when the backend has an endpoint")
             try:
                 env = client.make(env_id, total, seed=0, **make_kwargs)
             except BaseException:

@@ -151,6 +151,11 @@ def test_bad_input(ocean_cache):
     with pytest.raises(InvalidArgumentError, match="frameskp"):
         vector.make(envd.puffer.creator("breakout", frameskp=2),
                     backend=envd.puffer.Backend, num_envs=1)
+    with pytest.raises(InvalidArgumentError, match="num_threads is the daemon's"):
+        vector.make(creator, backend=envd.puffer.backend(endpoint="ipc:///nonexistent/envd.sock",
+                                                         num_threads=2), num_envs=1)
+    with pytest.raises(InvalidArgumentError, match="unknown argument"):
+        envd.puffer.Backend([creator], [[]], [{}], 1, workers=2)
     vecenv = vector.make(creator, backend=envd.puffer.Backend, num_envs=1)
     with pytest.raises(InvalidArgumentError, match="recv before send"):
         vecenv.recv()
