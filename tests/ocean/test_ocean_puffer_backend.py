@@ -177,3 +177,19 @@ def test_env_not_built_names_the_build_command(tmp_path):
                          env={**os.environ, "ENVD_OCEAN_CACHE": str(empty)}, timeout=120)
     assert run.returncode != 0
     assert "UnknownEnvError" in run.stderr and "envd ocean build breakout" in run.stderr
+
+
+def test_pufferlib_reset_and_step_helpers(ocean_cache):
+    """PufferLib's own vector.reset/vector.step drive the backend (they call
+    async_reset/recv and send/recv, unpacking the installed tuple)."""
+    vecenv = vector.make(envd.puffer.creator("breakout", num_envs=2),
+                         backend=envd.puffer.Backend, num_envs=1)
+    obs, infos = vector.reset(vecenv, seed=6)
+    with envd.make("puffer:breakout", 2, seed=0) as env:
+        assert obs.tobytes() == env.reset(seed=6)[0].tobytes()
+        for a in np.random.default_rng(7).integers(0, 3, size=(20, 2)):
+            o, r, d, t, info = vector.step(vecenv, a)
+            expected = env.step(a)
+            assert o.tobytes() == expected[0].tobytes()
+            assert (r == expected[1].astype(np.float32)).all() and (d == expected[2]).all()
+    vecenv.close()
