@@ -21,8 +21,9 @@ their product; ``num_agents`` counts rows (a multi-agent env's agents).
 envs are made with seed 0, as PufferLib's own backends make them.
 
 The interface is PufferLib's async one: ``send(actions)`` starts envd stepping
-every env and returns at once (envd's async send), ``recv()`` waits and returns
-PufferLib's tuple: ``(obs, rewards, terminals, truncations, infos, env_ids,
+the batch the last recv returned and returns at once (envd's async send),
+``recv()`` waits for the next batch (all envs, or with ``batch_size`` below
+``num_envs`` contiguous batches in turn) and returns PufferLib's tuple: ``(obs, rewards, terminals, truncations, infos, env_ids,
 masks)``, with ``teacher_actions`` after ``truncations`` where the installed
 pufferlib-core's ``vector.reset`` unpacks eight values (3.0.19 and later).
 Rewards are float32 and rows are in agent order, as PufferLib's buffers.
@@ -156,13 +157,31 @@ def _recv_has_teacher_actions() -> bool:
     return names is not None and any("teacher" in n for n in names.co_varnames)
 
 
+class _Block:
+    """One batch of the backend: an envd vec of batch_size instances' envs,
+    its float32 rewards, and its own Log books (its envs step once per recv
+    of this block, as one PufferLib worker's)."""
+
+    def __init__(self, env: Any, first_row: int) -> None:
+        self.env = env
+        self.rows = slice(first_row, first_row + env.num_envs)
+        # each row's env, in row order: what send names (envd's per-row ids)
+        self.row_envs = np.repeat(np.arange(env.num_env_instances), env.num_agents)
+        self.rewards = np.zeros(env.num_envs, dtype=np.float32)
+        self.ticks = 0
+        self.log_sums: dict[str, float] = {}
+        self.log_count = 0
+
+
 class Backend:
     """``pufferlib.vector.make(creator, backend=Backend, ...)``: the envs of
     ``creator`` stepped by envd.  ``backend(endpoint=..., num_threads=...)``
     gives one that steps through a daemon or with a given number of threads.
 
-    ``batch_size`` must be the number of instances (or None): recv returns
-    every env, as PufferLib's Serial and its synchronous Multiprocessing do."""
+    ``batch_size`` (instances per recv, dividing ``num_envs``; default all):
+    below ``num_envs`` the instances form contiguous batches, each its own envd
+    vec, received in turn (batch 0, 1, ..., as PufferLib's Multiprocessing
+    with ``sync_traj``): while the trainer computes on one, the others step."""
 
     def __init__(self, env_creators: Sequence[Callable], env_args: Sequence[Any],
                  env_kwargs: Sequence[dict], num_envs: int, *, endpoint: Any = None,
@@ -172,10 +191,12 @@ class Backend:
         if unknown:
             raise InvalidArgumentError(f"envd's PufferLib backend: unknown argument(s) "
                                        f"{', '.join(unknown)}")
-        if batch_size is not None and batch_size != num_envs:
+        batch_size = num_envs if batch_size is None else batch_size
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
+                or batch_size < 1 or num_envs % batch_size:
             raise InvalidArgumentError(
-                f"envd's PufferLib backend returns every env from recv: batch_size must be "
-                f"num_envs ({num_envs}) or None, got {batch_size!r}")
+                f"envd's PufferLib backend: batch_size must divide num_envs ({num_envs}), "
+                f"got {batch_size!r}")
         if recv_tuple not in (None, 7, 8):
             raise InvalidArgumentError(f"recv_tuple must be 7, 8 or None, got {recv_tuple!r}")
         env_id, make_kwargs, per_instance, self.log_interval = _resolve(
@@ -184,42 +205,43 @@ class Backend:
             raise InvalidArgumentError("num_threads is the daemon's (envd --threads) when the "
                                        "backend has an endpoint")
         from envd.gymnasium_registry import _open
-        client, owned = _open(endpoint)
-        total = int(num_envs) * per_instance
-        if client is None:
-            import envd.native
-            env = envd.native.make(env_id, total, seed=0, num_threads=num_threads,
-                                   **make_kwargs)
-        else:
-            try:
-                env = client.make(env_id, total, seed=0, **make_kwargs)
-            except BaseException:
-                if owned:
-                    client.close()
-                raise
-            if owned:
-                env.close_along(client)
-        self._env = env
+        self._client, self._owned = _open(endpoint)
+        block_envs = int(batch_size) * per_instance
+        self._blocks: list[_Block] = []
+        try:
+            for k in range(int(num_envs) // int(batch_size)):
+                # env j of the whole backend is made with seed j, as one make seeded 0
+                first = self._blocks[-1].rows.stop if self._blocks else 0
+                self._blocks.append(_Block(self._make(env_id, block_envs, k * block_envs,
+                                                      num_threads, make_kwargs), first))
+        except BaseException:
+            self.close()
+            raise
+        env = self._blocks[0].env
         self.env_id = env_id
         self.single_observation_space = env.single_observation_space
         self.single_action_space = env.single_action_space
-        self.num_agents = self.agents_per_batch = env.num_envs  # rows
+        self.num_agents = self._blocks[-1].rows.stop  # rows of every batch
+        self.agents_per_batch = env.num_envs
         self.observation_space = env.observation_space
         self.action_space = env.action_space
         self.emulated = False
         self.agent_ids = np.arange(self.num_agents)
-        self.masks = np.ones(self.num_agents, dtype=bool)
-        self.rewards = np.zeros(self.num_agents, dtype=np.float32)
+        self.masks = np.ones(self.agents_per_batch, dtype=bool)
         self.teacher_actions = np.zeros(env.action_space.shape, dtype=(
             env.action_space.dtype if env.action_space.dtype.kind == "f" else np.int32))
         self._teacher = (_recv_has_teacher_actions() if recv_tuple is None
                          else recv_tuple == 8)
-        # each row's env, in row order: what send names (envd's per-row ids)
-        self._rows = np.repeat(np.arange(env.num_env_instances), env.num_agents)
-        self._sent = False
-        self._ticks = 0
-        self._log_sums: dict[str, float] = {}
-        self._log_count = 0
+        self._ready: list[int] = []    # blocks sent (or reset), in the order recv returns them
+        self._held: int | None = None  # the block the last recv returned, not yet sent
+
+    def _make(self, env_id: str, count: int, seed: int, num_threads: int | None,
+              make_kwargs: dict) -> Any:
+        if self._client is None:
+            import envd.native
+            return envd.native.make(env_id, count, seed=seed, num_threads=num_threads,
+                                    **make_kwargs)
+        return self._client.make(env_id, count, seed=seed, **make_kwargs)
 
     @property
     def num_envs(self) -> int:
@@ -232,58 +254,68 @@ class Backend:
         return self
 
     def async_reset(self, seed: int | None = 42) -> None:
-        """Reset every env (seed: env i gets seed + i; None: no reseed); the next
-        recv returns the first observations."""
-        self._env.async_reset(seed=seed)
-        self._sent = True
-        self._ticks = -1  # the reset's recv is no step (the class's tick is 0 after reset)
-        self._log_sums, self._log_count = {}, 0
+        """Reset every env (seed: env i gets seed + i; None: no reseed); the
+        next recvs return the first observations, batch by batch."""
+        for block in self._blocks:
+            first_env = block.rows.start // block.env.num_agents
+            block.env.async_reset(seed=None if seed is None else seed + first_env)
+            block.ticks = -1  # the reset's recv is no step (the class's tick is 0 after reset)
+            block.log_sums, block.log_count = {}, 0
+        self._ready = list(range(len(self._blocks)))
+        self._held = None
 
     def send(self, actions: Any) -> None:
-        """Start stepping every env with ``actions`` (one row per agent); returns at once."""
-        if self._sent:
-            raise InvalidArgumentError("send before recv: call async_reset (or send) once, "
-                                       "then recv, then send")
-        actions = np.asarray(actions).reshape(self._env.action_space.shape)
-        self._env.send(actions, self._rows)
-        self._sent = True
+        """Start stepping the batch the last recv returned with ``actions`` (one
+        row per agent of it); returns at once."""
+        if self._held is None:
+            raise InvalidArgumentError("send before recv: call async_reset, then recv, "
+                                       "then send what it returned")
+        block = self._blocks[self._held]
+        actions = np.asarray(actions).reshape(block.env.action_space.shape)
+        block.env.send(actions, block.row_envs)
+        self._ready.append(self._held)
+        self._held = None
 
     def recv(self) -> tuple:
-        """Wait for the envs sent and return PufferLib's recv tuple."""
-        if not self._sent:
-            raise InvalidArgumentError("recv before send: call async_reset or send first")
-        obs, rewards, terminals, truncations, info = self._env.recv()
-        self._sent = False
+        """Wait for the next batch and return PufferLib's recv tuple."""
+        if self._held is not None or not self._ready:
+            raise InvalidArgumentError("recv before send: call async_reset, or send the "
+                                       "batch the last recv returned")
+        k = self._ready.pop(0)
+        block = self._blocks[k]
+        obs, rewards, terminals, truncations, info = block.env.recv()
+        self._held = k
         # envd returns envs in the order they finished; PufferLib's rows are
         # in agent order (a multi-agent env's agents stay together, in order)
         env_id = info["env_id"]
-        order = None if (env_id == self._rows).all() else np.argsort(env_id, kind="stable")
-        if order is not None:
+        if not (env_id == block.row_envs).all():
+            order = np.argsort(env_id, kind="stable")
             obs, rewards = obs[order], rewards[order]
             terminals, truncations = terminals[order], truncations[order]
-        self.rewards[:] = rewards
-        infos = self._log(info)
+        block.rewards[:] = rewards
+        infos = self._log(block, info)
+        ids = self.agent_ids[block.rows]
         if self._teacher:
-            return (obs, self.rewards, terminals, truncations, self.teacher_actions, infos,
-                    self.agent_ids, self.masks)
-        return obs, self.rewards, terminals, truncations, infos, self.agent_ids, self.masks
+            return (obs, block.rewards, terminals, truncations, self.teacher_actions, infos,
+                    ids, self.masks)
+        return obs, block.rewards, terminals, truncations, infos, ids, self.masks
 
-    def _log(self, info: dict) -> list[dict[str, float]]:
+    def _log(self, block: _Block, info: dict) -> list[dict[str, float]]:
         """Add this step's episode Logs; every log_interval steps, PufferLib's
         info list: [their mean, with n], or [{}] when no episode ended."""
         log, mask = info.get("envd_log"), info.get("_envd_log")
         if log is not None and mask is not None and mask.any():
             for name, values in log.items():
-                self._log_sums[name] = self._log_sums.get(name, 0.0) + float(values[mask].sum())
-            self._log_count += int(mask.sum())
-        self._ticks += 1
-        if self._ticks == 0 or self._ticks % self.log_interval:
+                block.log_sums[name] = block.log_sums.get(name, 0.0) + float(values[mask].sum())
+            block.log_count += int(mask.sum())
+        block.ticks += 1
+        if block.ticks == 0 or block.ticks % self.log_interval:
             return []
-        if not self._log_count:
+        if not block.log_count:
             return [{}]  # PufferLib's vec_log when no episode ended
-        report = {name: total / self._log_count for name, total in self._log_sums.items()}
-        report["n"] = float(self._log_count)
-        self._log_sums, self._log_count = {}, 0
+        report = {name: total / block.log_count for name, total in block.log_sums.items()}
+        report["n"] = float(block.log_count)
+        block.log_sums, block.log_count = {}, 0
         return [report]
 
     def reset(self, seed: int | None = 42) -> tuple[np.ndarray, list]:
@@ -301,7 +333,13 @@ class Backend:
 
     def close(self) -> None:
         """Close the envs (and a connection the backend opened)."""
-        self._env.close()
+        try:
+            for block in self._blocks:
+                block.env.close()
+        finally:
+            if self._owned and self._client is not None:
+                self._client.close()
+            self._owned = False
 
 
 def backend(*, endpoint: Any = None, num_threads: int | None = None) -> Callable[..., Backend]:

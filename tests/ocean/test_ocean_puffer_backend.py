@@ -97,6 +97,14 @@ def test_creator_through_daemon_equals_in_process(ocean_cache, tmp_path):
                              num_envs=2)
         through_daemon = _run(remote, actions, seed=11)
         remote.close()
+        # batches of one instance each, through the daemon: batch 1 holds rows 3-5
+        batched = vector.make(creator, backend=envd.puffer.backend(endpoint=proc.endpoint),
+                              num_envs=2, num_workers=2, batch_size=1)
+        batched.async_reset(11)
+        assert batched.recv()[0].tobytes() == in_process[0][0, :3].tobytes()
+        batched.send(np.zeros(3, dtype=np.int64))
+        assert batched.recv()[0].tobytes() == in_process[0][0, 3:].tobytes()
+        batched.close()
     assert proc.proc.returncode == 0, proc.log()
     assert segments_of(proc.pid) == []
     for a, b in zip(in_process[:3], through_daemon[:3]):
@@ -135,9 +143,8 @@ def test_bad_input(ocean_cache):
     creator = envd.puffer.creator("breakout")
     with pytest.raises(InvalidArgumentError, match="Ocean classes"):
         vector.make(lambda **kw: None, backend=envd.puffer.Backend, num_envs=1)
-    with pytest.raises(InvalidArgumentError, match="batch_size"):
-        vector.make(creator, backend=envd.puffer.Backend, num_envs=2, num_workers=2,
-                    batch_size=1)
+    with pytest.raises(InvalidArgumentError, match="batch_size must divide"):
+        envd.puffer.Backend([creator] * 3, [[]] * 3, [{}] * 3, 3, batch_size=2)
     with pytest.raises(InvalidArgumentError, match="one creator"):
         vector.make([creator, envd.puffer.creator("breakout", frameskip=2)],
                     env_args=[[], []], env_kwargs=[{}, {}], backend=envd.puffer.Backend,
@@ -192,4 +199,30 @@ def test_pufferlib_reset_and_step_helpers(ocean_cache):
             expected = env.step(a)
             assert o.tobytes() == expected[0].tobytes()
             assert (r == expected[1].astype(np.float32)).all() and (d == expected[2]).all()
+    vecenv.close()
+
+
+def test_batches_received_in_turn(ocean_cache):
+    """batch_size 2 of 4 instances (2 envs each): two batches of rows 0-3 and
+    4-7, received in turn, each stepping while the other is held; every
+    batch's rows equal envd.make's of 8 envs, seed for seed."""
+    vecenv = vector.make(envd.puffer.creator("breakout", num_envs=2),
+                         backend=envd.puffer.backend(num_threads=2), num_envs=4,
+                         num_workers=2, batch_size=2)
+    assert vecenv.num_agents == 8 and vecenv.agents_per_batch == 4
+    actions = np.random.default_rng(8).integers(0, 3, size=(40, 8))
+    with envd.make("puffer:breakout", 8, seed=0) as env:
+        expected = [env.reset(seed=9)[0].copy()]
+        expected += [env.step(a)[0].copy() for a in actions]
+    vecenv.async_reset(9)
+    for t in range(len(actions) + 1):
+        for rows in (slice(0, 4), slice(4, 8)):
+            out = vecenv.recv()
+            assert (out[6] == np.arange(8)[rows]).all()  # env_ids: the batch's agents
+            assert out[0].tobytes() == expected[t][rows].tobytes(), (t, rows)
+            if t == len(actions):
+                break  # (as in PufferLib, a recv is followed by a send before the next)
+            vecenv.send(actions[t, rows])
+    with pytest.raises(InvalidArgumentError, match="recv before send"):
+        vecenv.recv()
     vecenv.close()
