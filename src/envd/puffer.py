@@ -23,8 +23,9 @@ envs are made with seed 0, as PufferLib's own backends make them.
 The interface is PufferLib's async one: ``send(actions)`` starts envd stepping
 the batch the last recv returned and returns at once (envd's async send),
 ``recv()`` waits for the next batch (all envs, or with ``batch_size`` below
-``num_envs`` contiguous batches in turn) and returns PufferLib's tuple: ``(obs, rewards, terminals, truncations, infos, env_ids,
-masks)``, with ``teacher_actions`` after ``truncations`` where the installed
+``num_envs`` contiguous batches in turn) and returns PufferLib's tuple:
+``(obs, rewards, terminals, truncations, infos, env_ids, masks)``, with
+``teacher_actions`` after ``truncations`` where the installed
 pufferlib-core's ``vector.reset`` unpacks eight values (3.0.19 and later).
 Rewards are float32 and rows are in agent order, as PufferLib's buffers.
 
@@ -51,7 +52,7 @@ from envd.errors import InvalidArgumentError
 DEFAULT_LOG_INTERVAL = 128
 #: PufferLib's Ocean class kwargs that are PufferLib's own, not the env's:
 #: the backend reads them and envd's make never sees them.
-_PUFFER_ONLY_KWARGS = ("num_envs", "log_interval", "render_mode", "buf", "seed")
+_PUFFER_ONLY_KWARGS = ("num_envs", "log_interval", "render_mode", "buf")
 #: vector.make's kwargs for its own backends: accepted and meaningless here
 #: (envd's pool replaces the workers; its threads come from num_threads).
 _PUFFER_VEC_KWARGS = ("num_workers", "zero_copy", "sync_traj", "overwork")
@@ -136,6 +137,9 @@ def _resolve(env_creators: Sequence[Any], env_args: Sequence[Any],
     if merged.get("buf") is not None:
         raise InvalidArgumentError("envd's PufferLib backend owns its buffers: buf is not "
                                    "accepted")
+    if "seed" in merged:
+        raise InvalidArgumentError("envd's PufferLib backend is seeded by async_reset(seed), "
+                                   "not by a seed env kwarg")
     per_instance = merged.get("num_envs", 1)
     interval = merged.get("log_interval", interval)
     for name, value in (("num_envs", per_instance), ("log_interval", interval)):

@@ -137,6 +137,10 @@ def test_seven_tuple_and_sync_helpers(ocean_cache):
     assert len(vecenv.recv()) == 7
     assert len(vecenv.step(np.array([2]))) == 5
     vecenv.close()
+    # called, envd's creator makes its envs in this process (outside PufferLib)
+    with envd.puffer.creator("breakout", num_envs=2, log_interval=4, frameskip=2)() as env:
+        with envd.make("puffer:breakout", 2, seed=1, frameskip=2) as ref:
+            assert env.reset(seed=1)[0].tobytes() == ref.reset(seed=1)[0].tobytes()
 
 
 def test_bad_input(ocean_cache):
@@ -152,6 +156,10 @@ def test_bad_input(ocean_cache):
     with pytest.raises(InvalidArgumentError, match="render"):
         vector.make(creator, env_kwargs={"render_mode": "human"},
                     backend=envd.puffer.Backend, num_envs=1)
+    with pytest.raises(InvalidArgumentError, match="async_reset"):
+        vector.make(creator, env_kwargs={"seed": 3}, backend=envd.puffer.Backend, num_envs=1)
+    with pytest.raises(InvalidArgumentError, match="env_kwargs, not env_args"):
+        vector.make(creator, env_args=[4], backend=envd.puffer.Backend, num_envs=1)
     with pytest.raises(InvalidArgumentError, match="num_envs must be a positive int"):
         vector.make(creator, env_kwargs={"num_envs": 0}, backend=envd.puffer.Backend,
                     num_envs=1)
