@@ -206,9 +206,9 @@ def _unrouted_lookup(find_spec) -> str | None:
 def install() -> None:
     """What ``import envd`` does: register the built-ins and the Ocean ids
     (``envd/puffer:<env>``: made, as any make, from the user's build or a
-    daemon's --ocean), and route "envd:<id>" to envd's ids.  Idempotent.  Raises gymnasium.error.Error when envd is
-    imported by a lookup of "envd:<id>" that cannot be routed (see the module
-    docstring)."""
+    daemon's --ocean), and route "envd:<id>" to envd's ids.  Idempotent.
+    Raises gymnasium.error.Error when envd is imported by a lookup of
+    "envd:<id>" that cannot be routed (see the module docstring)."""
     register_env_ids(BUILTIN_ENV_IDS)
     register_env_ids(ocean_env_ids())
     find_spec = getattr(_gym_registration, "_find_spec", None)
