@@ -165,7 +165,8 @@ class PPO:
                     final = torch.tensor(np.stack(info["final_obs"][cut]))
                     with torch.no_grad():
                         reward[cut] += gamma * agent.value(final)
-                on_episodes(episode_returns(info))
+            # (outside: an env that resets itself, such as an Ocean env, has no final_obs)
+            on_episodes(episode_returns(info))
             self.rewards[t] = reward
             self.dones[t] = torch.tensor(terminated | truncated, dtype=torch.float32)
             next_obs = torch.tensor(obs)

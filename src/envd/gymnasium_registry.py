@@ -23,6 +23,13 @@ gymnasium's vector envs may keep what step returns (an off-policy loop's ``obs
 views of its buffers, as envd.make and Client.make do by default (DESIGN
 section 4), for loops that consume each step before the next.
 
+PufferLib's Ocean envs are registered as ``envd/puffer:<env>`` for every env
+envd has a manifest for, built or not: making one loads the user's build
+(``envd ocean build``; an UnknownEnvError naming that command when there is
+none), or with ``endpoint=`` asks a daemon started with ``--ocean``.  gymnasium
+reads the colon as "import this module first"; envd's lookup (below) takes an
+envd id with a colon as it is.
+
 gymnasium's own ids are untouched.  gymnasium resolves ``"module:id"`` by
 importing module and then looking id up, so ``"envd:CartPole-v1"`` would be
 gymnasium's CartPole; envd wraps gymnasium's lookup (``_find_spec``) so that an
@@ -39,7 +46,9 @@ letting gymnasium's env through silently.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import sys
+from pathlib import Path
 from typing import Any, Iterable
 
 import gymnasium
@@ -55,6 +64,8 @@ NAMESPACE = "envd"
 #: it): generated from builtin_envs.h's list at build time;
 #: tests/ecosystem/test_gymnasium.py checks them against envd.list_envs().
 BUILTIN_ENV_IDS = tuple(sorted(_native_facts.BUILTIN_ENV_IDS))
+#: The prefix of PufferLib's Ocean envs' ids (envd ocean build).
+OCEAN_PREFIX = "puffer:"
 #: The spec kwarg naming the envd id (gymnasium passes spec kwargs to the entry points).
 _ID_KWARG = "envd_id"
 
@@ -136,13 +147,41 @@ def register_env_ids(env_ids: Iterable[str]) -> list[str]:
     return registered
 
 
+def ocean_env_ids() -> list[str]:
+    """The ``puffer:<env>`` ids of the Ocean envs envd has a manifest for
+    (``envd ocean build`` builds them), read from the installed manifests'
+    names without importing envd.native (no native core is loaded)."""
+    spec = importlib.util.find_spec("envd.native")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    folder = Path(list(spec.submodule_search_locations)[0]) / "ocean" / "manifests"
+    return sorted(f"{OCEAN_PREFIX}{p.stem}" for p in folder.glob("*.h"))
+
+
+def _colon_spec(env_id: str) -> Any:
+    """The spec of an envd id holding a colon ("envd/puffer:go"), which
+    gymnasium's _find_spec would split into a module to import and an id."""
+    spec = _gym_registration.registry.get(env_id)
+    if spec is None:
+        raise gymnasium.error.Error(
+            f"No registered env with id: {env_id}. envd's Ocean ids are "
+            f"{', '.join(gymnasium_id(i) for i in ocean_env_ids()) or 'none'}; a daemon's "
+            f"plugin ids need envd.gymnasium_registry.register_env_ids first")
+    return spec
+
+
 def _envd_prefix_means_namespace(find_spec):
-    """Wrap gymnasium's _find_spec: "envd:<id>" without a namespace -> "envd:envd/<id>"."""
+    """Wrap gymnasium's _find_spec: "envd:<id>" without a namespace -> "envd:envd/<id>";
+    an envd id with a colon ("envd/puffer:go", "envd:puffer:go") is looked up
+    as it is (gymnasium would import "envd/puffer" as a module)."""
     @functools.wraps(find_spec)
     def find_spec_envd(env_id, *args, **kwargs):
         if isinstance(env_id, str) and env_id.startswith(NAMESPACE + ":") \
                 and "/" not in env_id[len(NAMESPACE) + 1:]:
-            env_id = f"{NAMESPACE}:{gymnasium_id(env_id[len(NAMESPACE) + 1:])}"
+            rest = env_id[len(NAMESPACE) + 1:]
+            env_id = gymnasium_id(rest) if ":" in rest else f"{NAMESPACE}:{gymnasium_id(rest)}"
+        if isinstance(env_id, str) and env_id.startswith(NAMESPACE + "/") and ":" in env_id:
+            return _colon_spec(env_id)
         return find_spec(env_id, *args, **kwargs)
     find_spec_envd.envd_wrapped = True  # type: ignore[attr-defined]
     return find_spec_envd
@@ -165,11 +204,13 @@ def _unrouted_lookup(find_spec) -> str | None:
 
 
 def install() -> None:
-    """What ``import envd`` does: register the built-ins and route "envd:<id>"
-    to envd's ids.  Idempotent.  Raises gymnasium.error.Error when envd is
-    imported by a lookup of "envd:<id>" that cannot be routed (see the module
-    docstring)."""
+    """What ``import envd`` does: register the built-ins and the Ocean ids
+    (``envd/puffer:<env>``: made, as any make, from the user's build or a
+    daemon's --ocean), and route "envd:<id>" to envd's ids.  Idempotent.
+    Raises gymnasium.error.Error when envd is imported by a lookup of
+    "envd:<id>" that cannot be routed (see the module docstring)."""
     register_env_ids(BUILTIN_ENV_IDS)
+    register_env_ids(ocean_env_ids())
     find_spec = getattr(_gym_registration, "_find_spec", None)
     if find_spec is None or getattr(find_spec, "envd_wrapped", False):
         return

@@ -32,7 +32,7 @@ def test_examples_run_as_scripts(tmp_path):
     procs = [subprocess.Popen([sys.executable, str(EXAMPLES / name), "--help"], cwd=tmp_path,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for name in ("ppo_cartpole.py", "sb3_ppo_cartpole.py", "sweep.py",
-                          "ppo_simple_spread.py")]
+                          "ppo_simple_spread.py", "ppo_ocean.py")]
     for proc in procs:
         out, err = proc.communicate(timeout=TIMEOUT)
         assert proc.returncode == 0 and "--endpoint" in out, err
