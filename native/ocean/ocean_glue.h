@@ -418,4 +418,15 @@ __attribute__((visibility("default"))) int envd_ocean_ckwargs(const double *para
     return n;
 }
 
+/* The envd dtype of the env's C action buffer (breakout's and pong's float
+ * even in Discrete mode): for `envd bench --ocean`, which drives PufferLib's
+ * own binding with the same actions. */
+__attribute__((visibility("default"))) int envd_ocean_action_dtype(void)
+{
+    return (int)_Generic((ocean_act_t)0, float: ENVD_DTYPE_FLOAT32, double: ENVD_DTYPE_FLOAT64,
+                         int: ENVD_DTYPE_INT32, unsigned char: ENVD_DTYPE_UINT8,
+                         signed char: ENVD_DTYPE_INT8, char: ENVD_DTYPE_INT8,
+                         default: -1);
+}
+
 #endif /* ENVD_OCEAN_GLUE_H */
