@@ -287,10 +287,10 @@ static int ocean_step(void *state, envd_rng_t *rng, const void *action, void *ob
     c_step(&st->env);
     envd_ocean_current = NULL;
     memcpy(obs, st->env.observations, (size_t)st->obs_numel * sizeof(ocean_obs_t));
+    (void)truncated; /* the host cleared it: Ocean envs never truncate */
     for (int32_t i = 0; i < st->agents; i++) {
         reward[i] = (double)st->env.rewards[i];
         terminated[i] = st->env.terminals[i] != 0;
-        truncated[i] = false;
     }
     return ENVD_OK;
 }

@@ -1,9 +1,10 @@
 """PufferLib's own Ocean code, built and loaded for tests: the reference.
 
-``reference_binding(env)`` compiles (envd.native.ocean_reference) PufferLib's unmodified ``binding.c`` with
+``reference_binding(env)`` compiles PufferLib's unmodified ``binding.c`` with
 the real Python.h, numpy and PufferLib's own ``env_binding.h`` into a Python
 extension (PufferLib's flags, raylib linked as its setup.py links it), in a
-per-user temporary cache.  ``puffer_class(env)`` loads the env's own Python
+per-user temporary cache (envd.native.ocean_reference, which `envd bench
+--ocean` shares).  ``puffer_class(env)`` loads the env's own Python
 class from the same tree with that binding (``pufferlib/pufferlib.py`` and
 ``spaces.py`` loaded as they are; PufferLib's ``__init__`` is not run: it
 symlinks into the working directory and imports torch, and ``gym``, which
@@ -41,7 +42,8 @@ def source_tree() -> Path:
 
 def reference_binding(env: str, extra_flags: tuple[str, ...] = ()) -> types.ModuleType:
     """PufferLib's own binding of ``env`` as a loaded extension module."""
-    return ocean_reference.load(ocean_reference.build(env, source_tree(), test_cache(), extra_flags))
+    path = ocean_reference.build(env, source_tree(), test_cache(), extra_flags)
+    return ocean_reference.load(path)
 
 
 def _load(name: str, path: Path) -> types.ModuleType:

@@ -81,13 +81,14 @@ class Settings:
 
 # ---- what to measure ----------------------------------------------------------------------
 def config_num_envs(tree: Path, env: str) -> int | None:
-    """``[env] num_envs`` of PufferLib's config of env, or None without one."""
-    path = tree / "pufferlib" / "config" / "ocean" / f"{env}.ini"
+    """``[env] num_envs`` of PufferLib's config of env in a PufferLib tree
+    (or its ``pufferlib`` folder), or None without one."""
+    paths = [base / "config" / "ocean" / f"{env}.ini" for base in (tree / "pufferlib", tree)]
     parser = configparser.ConfigParser()
     try:
-        parser.read_string(path.read_text())
+        parser.read_string(next(p for p in paths if p.is_file()).read_text())
         return int(parser["env"]["num_envs"].strip())
-    except (OSError, KeyError, ValueError, configparser.Error):
+    except (StopIteration, OSError, KeyError, ValueError, configparser.Error):
         return None
 
 
@@ -187,11 +188,13 @@ def puffer_multiprocessing_unavailable() -> str:
 
 # ---- the daemon ---------------------------------------------------------------------------
 @contextlib.contextmanager
-def ocean_daemon(envs: Sequence[str]) -> Iterator[Any]:
-    """A private daemon serving envs (``--ocean``), its default threads."""
+def ocean_daemon(envs: Sequence[str], cache: Path) -> Iterator[Any]:
+    """A private daemon serving envs (``--ocean``) from the Ocean cache
+    `cache`, with its default threads."""
     from envd.tools.bench_python import hosting_daemon
 
-    with hosting_daemon((), threads=None, extra_args=("--ocean", ",".join(envs))) as client:
+    args = ("--ocean", ",".join(envs), "--ocean-cache", str(cache))
+    with hosting_daemon((), threads=None, extra_args=args) as client:
         yield client
 
 
@@ -263,7 +266,7 @@ class OceanBench:
         results = []
         with contextlib.ExitStack() as stack:
             try:
-                client = stack.enter_context(ocean_daemon(envs))
+                client = stack.enter_context(ocean_daemon(envs, cache))
             except RuntimeError:
                 client = None
             for env in envs:
