@@ -42,14 +42,14 @@ def test_every_system_is_measured_or_says_why(run):
     assert (entry["env"], entry["num_envs"], entry["rows"]) == ("breakout", NUM_ENVS, NUM_ENVS)
     measured = set(entry["rates"])
     assert measured == set(bench_ocean.SYSTEMS) - set(entry["missing"])
-    for system in (bench_ocean.PUFFER_SERIAL, bench_ocean.ENVD_SERIAL, bench_ocean.ENVD_TWO,
-                   bench_ocean.ENVD_AUTO, bench_ocean.ENVD_DAEMON):
+    for system in (bench_ocean.PUFFER_SERIAL, bench_ocean.SERIAL, bench_ocean.TWO_THREADS,
+                   bench_ocean.AUTO, bench_ocean.DAEMON):
         values = entry["rates"][system]
         assert len(values) == ROUNDS and all(v > 0 for v in values), (system, values)
         assert system in proc.stdout
     for system, why in entry["missing"].items():
         assert f"{system}: n/a: {why}" in proc.stdout
-    assert len(entry["ratios"][bench_ocean.ENVD_AUTO]) == ROUNDS
+    assert len(entry["ratios"][bench_ocean.AUTO]) == ROUNDS
 
 
 def test_the_files_and_targets(run):
@@ -87,7 +87,7 @@ def test_config_size_is_the_env_section(tmp_path):
 def test_targets_name_two_threads_only_for_go_and_enduro_at_config_size():
     def entry(env, n, ratio):
         return {"env": env, "num_envs": n,
-                "ratios": {bench_ocean.ENVD_AUTO: [ratio], bench_ocean.ENVD_TWO: [2 * ratio]}}
+                "ratios": {bench_ocean.AUTO: [ratio], bench_ocean.TWO_THREADS: [2 * ratio]}}
 
     lines = bench_ocean.targets([entry("go", 64, 1.0), entry("go", 1024, 0.5),
                                  entry("breakout", 1024, 1.0)])
@@ -97,3 +97,14 @@ def test_targets_name_two_threads_only_for_go_and_enduro_at_config_size():
                      "breakout N=1024: envd auto / PufferLib serial",
                      "go N=1024: envd 2 threads / PufferLib serial"]
     assert [t["status"] for t in lines] == ["PASS", "FAIL", "PASS", "FAIL"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--ocean", "breakout", "--python"], "--python and --ocean are separate runs"),
+    (["--ocean", "breakout", "--num-envs", "4"], "--num-envs does not apply to --ocean"),
+    (["--ocean", "breakout", "--sizes", "0"], "--sizes must be >= 1"),
+])
+def test_options_it_refuses(args, message):
+    proc = subprocess.run([sys.executable, "-m", "envd", "bench", *args], check=False,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr

@@ -45,13 +45,13 @@ from envd.tools.bench_rounds import (interleaved_rounds, judge, paired_ratios, r
 
 PUFFER_SERIAL = "PufferLib serial"
 PUFFER_MP = "PufferLib Multiprocessing, 2 workers"
-ENVD_SERIAL = "envd serial"
-ENVD_TWO = "envd 2 threads"
-ENVD_AUTO = "envd auto"
-ENVD_DAEMON = "envd daemon"
-SYSTEMS = (PUFFER_SERIAL, PUFFER_MP, ENVD_SERIAL, ENVD_TWO, ENVD_AUTO, ENVD_DAEMON)
+SERIAL = "envd serial"
+TWO_THREADS = "envd 2 threads"
+AUTO = "envd auto"
+DAEMON = "envd daemon"
+SYSTEMS = (PUFFER_SERIAL, PUFFER_MP, SERIAL, TWO_THREADS, AUTO, DAEMON)
 #: The columns given as a ratio to PufferLib serial.
-RATIOS = (ENVD_SERIAL, ENVD_TWO, ENVD_AUTO, ENVD_DAEMON, PUFFER_MP)
+RATIOS = (SERIAL, TWO_THREADS, AUTO, DAEMON, PUFFER_MP)
 #: Distinct batches of actions, cycled.
 ACTION_BATCHES = 8
 SMALL_N = 64
@@ -180,8 +180,8 @@ def puffer_multiprocessing_unavailable() -> str:
     try:
         import pufferlib.vector  # noqa: F401
     except Exception as exc:  # noqa: BLE001  (ImportError, or a broken build)
-        return (f"pufferlib-core is not importable ({type(exc).__name__}); its "
-                "Multiprocessing backend is not measured")
+        return (f"pufferlib-core is not importable ({type(exc).__name__}; pufferlib-core "
+                "3.0.23 requires torch==2.9.0 with CUDA, which would replace a CPU torch)")
     return ("pufferlib-core's Multiprocessing backend needs PufferLib's own Ocean "
             "package built in place; not measured by this benchmark")
 
@@ -222,17 +222,17 @@ class OceanBench:
         try:
             serial = envd.make(env_id, n, seed=0, num_threads=0)
             batches = action_batches(serial.action_space)
-            runs[ENVD_SERIAL] = VecRun(serial, batches)
+            runs[SERIAL] = VecRun(serial, batches)
             rows = serial.num_envs
             runs[PUFFER_SERIAL] = PufferSerialRun(binding, ckwargs, n, rows,
                                                   serial.single_observation_space, act_dtype,
                                                   batches)
-            runs[ENVD_TWO] = VecRun(envd.make(env_id, n, seed=0, num_threads=2), batches)
-            runs[ENVD_AUTO] = VecRun(envd.make(env_id, n, seed=0), batches)
+            runs[TWO_THREADS] = VecRun(envd.make(env_id, n, seed=0, num_threads=2), batches)
+            runs[AUTO] = VecRun(envd.make(env_id, n, seed=0), batches)
             if client is None:
-                missing[ENVD_DAEMON] = "the daemon did not start"
+                missing[DAEMON] = "the daemon did not start"
             else:
-                runs[ENVD_DAEMON] = VecRun(client.make(env_id, n, seed=0), batches)
+                runs[DAEMON] = VecRun(client.make(env_id, n, seed=0), batches)
             values = interleaved_rounds(
                 list(runs), self.settings.rounds,
                 lambda system, _r: runs[system].rate(self.settings.seconds))
@@ -296,7 +296,7 @@ def targets(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     for r in results:
         lines.append({"target": f"{r['env']} N={r['num_envs']}: envd auto / PufferLib serial",
                       "op": ">=", "limit": 0.95,
-                      **judge(r["ratios"].get(ENVD_AUTO), ">=", 0.95)})
+                      **judge(r["ratios"].get(AUTO), ">=", 0.95)})
     largest = {}
     for r in results:
         if r["env"] in TWO_THREAD_ENVS and r["num_envs"] > SMALL_N:
@@ -304,7 +304,7 @@ def targets(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     for env, r in largest.items():
         lines.append({"target": f"{env} N={r['num_envs']}: envd 2 threads / PufferLib serial",
                       "op": ">=", "limit": 1.6,
-                      **judge(r["ratios"].get(ENVD_TWO), ">=", 1.6)})
+                      **judge(r["ratios"].get(TWO_THREADS), ">=", 1.6)})
     return lines
 
 
@@ -317,12 +317,12 @@ def report_text(r: dict[str, Any]) -> str:
              r["load_warning"] or "machine load: quiet", "",
              "agent steps per second (median ±half the min-max range over rounds)"]
     head = f"{'env':<12}{'N':>6}  " + "".join(f"{c:>18}" for c in
-                                              (PUFFER_SERIAL, ENVD_SERIAL, ENVD_TWO,
-                                               ENVD_AUTO, ENVD_DAEMON))
+                                              (PUFFER_SERIAL, SERIAL, TWO_THREADS,
+                                               AUTO, DAEMON))
     lines.append(head)
     for x in r["results"]:
         cells = [spread_text(x["rates"][c]) if c in x["rates"] else "n/a"
-                 for c in (PUFFER_SERIAL, ENVD_SERIAL, ENVD_TWO, ENVD_AUTO, ENVD_DAEMON)]
+                 for c in (PUFFER_SERIAL, SERIAL, TWO_THREADS, AUTO, DAEMON)]
         lines.append(f"{x['env']:<12}{x['num_envs']:>6}  " + "".join(f"{c:>18}" for c in cells))
     lines += ["", "ratio to PufferLib serial (per-round ratios: median ±half range)"]
     lines.append(f"{'env':<12}{'N':>6}  " + "".join(f"{c:>18}" for c in RATIOS[:4]))
@@ -350,8 +350,8 @@ def markdown_table(r: dict[str, Any]) -> str:
         def ratio(c: str) -> str:
             return ratio_text(x["ratios"][c]) if x["ratios"].get(c) else "n/a"
         lines.append(f"| {x['env']} | {x['num_envs']} | {spread_text(x['rates'][PUFFER_SERIAL])} "
-                     f"| {spread_text(x['rates'][ENVD_AUTO])} | {ratio(ENVD_AUTO)} "
-                     f"| {ratio(ENVD_SERIAL)} | {ratio(ENVD_TWO)} | {ratio(ENVD_DAEMON)} |")
+                     f"| {spread_text(x['rates'][AUTO])} | {ratio(AUTO)} "
+                     f"| {ratio(SERIAL)} | {ratio(TWO_THREADS)} | {ratio(DAEMON)} |")
     return "\n".join(lines) + "\n"
 
 
