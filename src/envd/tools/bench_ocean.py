@@ -232,7 +232,10 @@ class OceanBench:
             if client is None:
                 missing[DAEMON] = "the daemon did not start"
             else:
-                runs[DAEMON] = VecRun(client.make(env_id, n, seed=0), batches)
+                try:
+                    runs[DAEMON] = VecRun(client.make(env_id, n, seed=0), batches)
+                except envd.EnvdError as exc:  # e.g. its cache lacks the build
+                    missing[DAEMON] = f"the daemon refused the make: {exc}"
             values = interleaved_rounds(
                 list(runs), self.settings.rounds,
                 lambda system, _r: runs[system].rate(self.settings.seconds))
@@ -272,7 +275,10 @@ class OceanBench:
             for env in envs:
                 ocean_ids.ensure_loaded(f"puffer:{env}")
                 self.log(f"building PufferLib's binding of {env}")
-                binding = ocean_reference.load(ocean_reference.build(env, tree, cache))
+                try:
+                    binding = ocean_reference.load(ocean_reference.build(env, tree, cache))
+                except (RuntimeError, OSError, ImportError) as exc:
+                    raise Unavailable(f"PufferLib's own binding of {env}: {exc}") from None
                 for env_name, n in configs:
                     if env_name != env:
                         continue
@@ -330,9 +336,9 @@ def report_text(r: dict[str, Any]) -> str:
         cells = [ratio_text(x["ratios"][c]) if x["ratios"].get(c) else "n/a"
                  for c in RATIOS[:4]]
         lines.append(f"{x['env']:<12}{x['num_envs']:>6}  " + "".join(f"{c:>18}" for c in cells))
-    for x in r["results"][:1]:
-        for system, why in x["missing"].items():
-            lines.append(f"{system}: n/a: {why}")
+    missing = dict.fromkeys((system, why) for x in r["results"]
+                            for system, why in x["missing"].items())
+    lines += [f"{system}: n/a: {why}" for system, why in missing]
     lines += ["", "targets"]
     for t in r["targets"]:
         value = "n/a" if t["value"] is None else f"{t['value']:.2f}x ±{t['spread']:.2f}"

@@ -429,9 +429,9 @@ def hosting_daemon(env_ids: tuple[str, ...], threads: int | None = 1,
                    quiet: bool = True, extra_args: tuple[str, ...] = ()) -> Iterator[Any]:
     """A private daemon (ipc endpoint in a temporary directory) allowed to
     host env_ids (``--python-env``), with `threads` threads (None: its
-    default) and extra_args on its command line; yields a client of it, and stops the
-    daemon (SIGTERM, then SIGKILL after 30 s) and removes the directory on
-    exit.  The daemon dies with this process (PR_SET_PDEATHSIG) and ignores
+    default) and extra_args on its command line; yields a client of it, and
+    stops the daemon (SIGTERM, then SIGKILL after 30 s) and removes the
+    directory on exit.  The daemon dies with this process (PR_SET_PDEATHSIG) and ignores
     the caller's ENVD_* settings."""
     with tempfile.TemporaryDirectory(prefix="envd-bench-python-") as folder:
         endpoint = f"ipc://{folder}/envd.sock"
