@@ -57,7 +57,8 @@ PUFFER_FLAGS = ("-O2", "-fwrapv", "-DNDEBUG", "-DPLATFORM_DESKTOP",
 GLUE_FLAGS = ("-fPIC", "-ffunction-sections", "-fdata-sections")
 LINK_FLAGS = ("-shared", "-Wl,--gc-sections", "-Wl,--version-script=exports.map",
               "-Wl,--no-undefined")
-EXPORTS = "ENVD_OCEAN { global: envd_plugin; envd_ocean_ckwargs; local: *; };\n"
+EXPORTS = ("ENVD_OCEAN { global: envd_plugin; envd_ocean_ckwargs; envd_ocean_action_dtype; "
+           "local: *; };\n")
 INDEX = "built.json"
 
 
@@ -159,7 +160,7 @@ def build_key(env: str, ocean: Path, cc: Sequence[str], flags: Sequence[str],
               raylib: Path | None = None) -> str:
     """What a build depends on, hashed: the env's C files, envd's glue and the
     env's manifest, envd.h, raylib's header and library, the compiler's
-    version and every flag."""
+    version, every flag and the exported symbols."""
     digest = hashlib.sha256()
     if raylib is not None:
         _hash_files(digest, raylib, [p for p in (raylib / "include" / "raylib.h",
@@ -168,7 +169,7 @@ def build_key(env: str, ocean: Path, cc: Sequence[str], flags: Sequence[str],
     _hash_files(digest, GLUE_DIR, [GLUE_DIR / f for f in GLUE_FILES]
                 + [GLUE_DIR / "manifests" / f"{env}.h"])
     digest.update((envd_include() / "envd.h").read_bytes())
-    digest.update("\0".join([*cc, compiler_version(cc), *flags]).encode())
+    digest.update("\0".join([*cc, compiler_version(cc), *flags, EXPORTS]).encode())
     return digest.hexdigest()
 
 

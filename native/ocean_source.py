@@ -122,19 +122,22 @@ def _safe_members(tar: tarfile.TarFile, prefix: str) -> list[tarfile.TarInfo]:
 def extract_sdist(sdist: Path, into: Path) -> Path:
     """The tree of a verified sdist, extracted once under ``into`` (by hash)."""
     _verified(sdist)
-    root = into / SDIST_SHA256[:16]
+    # (named for what is extracted: a tree extracted without PufferLib's
+    # config files, which `envd bench --ocean` reads, is left alone)
+    root = into / f"{SDIST_SHA256[:16]}-config"
     top = root / f"pufferlib-{PUFFERLIB_VERSION}"
     if (top / "pufferlib" / "ocean" / "env_binding.h").is_file():
         return top
-    partial = into / (SDIST_SHA256[:16] + ".part")
+    partial = into / f"{root.name}.part"
     into.mkdir(mode=0o700, parents=True, exist_ok=True)
     with tarfile.open(sdist, "r:gz") as tar:
         # the Ocean envs, raylib (its headers for the build; its library and
-        # PufferLib's pufferlib.py and spaces.py for the tests' reference)
+        # PufferLib's pufferlib.py and spaces.py for the tests' reference),
+        # the envs' configs (their num_envs: `envd bench --ocean`)
         top_name = f"pufferlib-{PUFFERLIB_VERSION}/"
         wanted = [top_name + p for p in ("pufferlib/ocean/", "pufferlib/pufferlib.py",
-                                         "pufferlib/spaces.py", "raylib-5.5_linux_amd64/",
-                                         "LICENSE")]
+                                         "pufferlib/spaces.py", "pufferlib/config/ocean/",
+                                         "raylib-5.5_linux_amd64/", "LICENSE")]
         members = [m for prefix in wanted for m in _safe_members(tar, prefix)]
         if hasattr(tarfile, "data_filter"):  # the members are checked above either way
             tar.extractall(partial, members=members, filter="data")

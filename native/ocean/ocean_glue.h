@@ -287,10 +287,10 @@ static int ocean_step(void *state, envd_rng_t *rng, const void *action, void *ob
     c_step(&st->env);
     envd_ocean_current = NULL;
     memcpy(obs, st->env.observations, (size_t)st->obs_numel * sizeof(ocean_obs_t));
+    (void)truncated; /* the host cleared it: Ocean envs never truncate */
     for (int32_t i = 0; i < st->agents; i++) {
         reward[i] = (double)st->env.rewards[i];
         terminated[i] = st->env.terminals[i] != 0;
-        truncated[i] = false;
     }
     return ENVD_OK;
 }
@@ -416,6 +416,17 @@ __attribute__((visibility("default"))) int envd_ocean_ckwargs(const double *para
         values[i] = kw.values[i];
     }
     return n;
+}
+
+/* The envd dtype of the env's C action buffer (breakout's and pong's float
+ * even in Discrete mode): for `envd bench --ocean`, which drives PufferLib's
+ * own binding with the same actions. */
+__attribute__((visibility("default"))) int envd_ocean_action_dtype(void)
+{
+    return (int)_Generic((ocean_act_t)0, float: ENVD_DTYPE_FLOAT32, double: ENVD_DTYPE_FLOAT64,
+                         int: ENVD_DTYPE_INT32, unsigned char: ENVD_DTYPE_UINT8,
+                         signed char: ENVD_DTYPE_INT8, char: ENVD_DTYPE_INT8,
+                         default: -1);
 }
 
 #endif /* ENVD_OCEAN_GLUE_H */

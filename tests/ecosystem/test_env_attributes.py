@@ -9,7 +9,7 @@ import gymnasium as gym
 import pytest
 
 import envd
-from conftest import GYMNASIUM_ENV_IDS
+from support.builtin_envs import GYMNASIUM_ENV_IDS
 
 PZ_ID = "pz:pettingzoo.classic.rps_v2:parallel_env"
 

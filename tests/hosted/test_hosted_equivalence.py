@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import envd
-from conftest import random_actions
+from support.builtin_envs import random_actions
 from equivalence import MODES, compare_runs
 
 NUM_ENVS = 5

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from support.async_steps import (async_trajectories, check_async_reset_zeroes_rewards,
                                  envpool_loop_trajectories, per_env_actions, sync_trajectories)
-from conftest import BUILTIN_ENV_IDS, MULTI_AGENT_ENV_IDS
+from support.builtin_envs import BUILTIN_ENV_IDS, MULTI_AGENT_ENV_IDS
 from support.daemon import DaemonProcess, segments_of, wait_until
 
 import envd

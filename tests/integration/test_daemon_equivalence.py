@@ -11,7 +11,7 @@ import mmap
 
 import numpy as np
 import pytest
-from conftest import BUILTIN_ENV_IDS, MULTI_AGENT_ENV_IDS, random_actions
+from support.builtin_envs import BUILTIN_ENV_IDS, MULTI_AGENT_ENV_IDS, random_actions
 from support.daemon import DaemonProcess, segments_of, wait_until
 from gymnasium.vector import AutoresetMode
 

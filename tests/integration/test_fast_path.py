@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import BUILTIN_ENV_IDS, MULTI_AGENT_ENV_IDS, random_actions
+from support.builtin_envs import BUILTIN_ENV_IDS, MULTI_AGENT_ENV_IDS, random_actions
 from support.daemon import DEADLINE, segments_of, wait_until
 
 import envd

@@ -14,7 +14,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import random_actions
+from support.builtin_envs import random_actions
 from support.daemon import DEADLINE, DaemonProcess, segments_of, wait_until
 
 import envd

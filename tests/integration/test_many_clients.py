@@ -23,7 +23,7 @@ if __name__ == "__main__":  # a worker process: find conftest and support/
 
 import numpy as np
 import pytest
-from conftest import random_actions
+from support.builtin_envs import random_actions
 from support.daemon import DEADLINE, DaemonProcess, segments_of, wait_until
 
 import envd

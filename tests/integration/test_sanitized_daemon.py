@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import random_actions
+from support.builtin_envs import random_actions
 from support.daemon import DEADLINE, DaemonProcess, segments_of, wait_until
 from support import abi5_checks
 from support.plugin_checks import BUILD_LINE, EXAMPLE_SOURCE, check_against_reference

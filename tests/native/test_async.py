@@ -11,7 +11,7 @@ from envd.native._envd_native import lib
 from envd.vector_base import BatchedVecEnv
 from support.async_steps import (async_trajectories, envpool_loop_trajectories, per_env_actions,
                                  sync_trajectories)
-from conftest import BUILTIN_ENV_IDS, MULTI_AGENT_ENV_IDS
+from support.builtin_envs import BUILTIN_ENV_IDS, MULTI_AGENT_ENV_IDS
 
 
 # Steps no episode can end within, whatever the actions: CartPole's pole falls

@@ -11,7 +11,7 @@ import pytest
 
 import cbuild
 import envd
-from conftest import BUILTIN_ENV_IDS, random_actions
+from support.builtin_envs import BUILTIN_ENV_IDS, random_actions
 
 NUM_ENVS = 64
 STEPS = 400

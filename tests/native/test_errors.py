@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import cbuild
-from conftest import BUILTIN_ENV_IDS, MULTI_AGENT_ENV_IDS
+from support.builtin_envs import BUILTIN_ENV_IDS, MULTI_AGENT_ENV_IDS
 
 HEADER = (cbuild.INCLUDE / "envd.h").read_text()
 CODES = cbuild.ERROR_CODES

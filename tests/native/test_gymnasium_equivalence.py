@@ -10,7 +10,7 @@ import pytest
 from gymnasium.wrappers.vector import RecordEpisodeStatistics
 
 import envd
-from conftest import GYMNASIUM_ENV_IDS, random_actions
+from support.builtin_envs import GYMNASIUM_ENV_IDS, random_actions
 
 STEPS = 2000
 

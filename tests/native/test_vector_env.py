@@ -12,7 +12,7 @@ import pytest
 from gymnasium.wrappers.vector import NormalizeObservation, RecordEpisodeStatistics
 
 import envd
-from conftest import BUILTIN_ENV_IDS, MULTI_AGENT_ENV_IDS
+from support.builtin_envs import BUILTIN_ENV_IDS, MULTI_AGENT_ENV_IDS
 
 
 def task_count() -> int:

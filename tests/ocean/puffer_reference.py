@@ -3,7 +3,8 @@
 ``reference_binding(env)`` compiles PufferLib's unmodified ``binding.c`` with
 the real Python.h, numpy and PufferLib's own ``env_binding.h`` into a Python
 extension (PufferLib's flags, raylib linked as its setup.py links it), in a
-per-user temporary cache.  ``puffer_class(env)`` loads the env's own Python
+per-user temporary cache (envd.native.ocean_reference, which `envd bench
+--ocean` shares).  ``puffer_class(env)`` loads the env's own Python
 class from the same tree with that binding (``pufferlib/pufferlib.py`` and
 ``spaces.py`` loaded as they are; PufferLib's ``__init__`` is not run: it
 symlinks into the working directory and imports torch, and ``gym``, which
@@ -13,12 +14,9 @@ as envd's env i is specified: ``vec_init(..., 1, s, **ckwargs)``,
 """
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
-import subprocess
 import sys
-import sysconfig
 import tempfile
 import types
 from pathlib import Path
@@ -26,7 +24,7 @@ from pathlib import Path
 import gymnasium
 import numpy as np
 
-from envd.native import ocean_build, ocean_source
+from envd.native import ocean_build, ocean_reference, ocean_source
 
 _CACHE = Path(tempfile.gettempdir()) / f"envd-ocean-tests-{os.getuid()}"
 
@@ -44,31 +42,8 @@ def source_tree() -> Path:
 
 def reference_binding(env: str, extra_flags: tuple[str, ...] = ()) -> types.ModuleType:
     """PufferLib's own binding of ``env`` as a loaded extension module."""
-    tree = source_tree()
-    ocean = ocean_source.ocean_dir(tree)
-    raylib = next(tree.glob("raylib*/lib/libraylib.a"))
-    flags = [*ocean_build.PUFFER_FLAGS, "-DNPY_NO_DEPRECATED_API=NPY_1_7_API_VERSION",
-             "-fPIC", *extra_flags]
-    includes = [sysconfig.get_paths()["include"], np.get_include(), str(raylib.parent.parent / "include")]
-    digest = hashlib.sha256()
-    for path in sorted((ocean / env).glob("*.[ch]")) + [ocean / "env_binding.h"]:
-        digest.update(path.read_bytes())
-    digest.update(" ".join(flags + includes + [sys.version]).encode())
-    suffix = sysconfig.get_config_var("EXT_SUFFIX")
-    out = test_cache() / "reference" / f"{env}-{digest.hexdigest()[:16]}" / f"binding{suffix}"
-    if not out.is_file():
-        out.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        tmp = out.with_name(f".binding-{os.getpid()}{suffix}")
-        cmd = ["gcc", "-shared", *flags, *(f"-I{i}" for i in includes),
-               str(ocean / env / "binding.c"), "-o", str(tmp), str(raylib), "-lm", "-lpthread", "-ldl"]
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise RuntimeError(f"the reference binding of {env} does not build:\n{done.stderr[-3000:]}")
-        tmp.replace(out)
-    spec = importlib.util.spec_from_file_location("binding", out)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    path = ocean_reference.build(env, source_tree(), test_cache(), extra_flags)
+    return ocean_reference.load(path)
 
 
 def _load(name: str, path: Path) -> types.ModuleType:

@@ -428,7 +428,7 @@ def test_spaces_of_every_builtin_env_round_trip(env_id):
 
 
 def test_the_builtin_envs_are_the_expected_ones():
-    from conftest import BUILTIN_ENV_IDS, MULTI_AGENT_ENV_IDS
+    from support.builtin_envs import BUILTIN_ENV_IDS, MULTI_AGENT_ENV_IDS
     assert envd.list_envs() == sorted(BUILTIN_ENV_IDS + MULTI_AGENT_ENV_IDS)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 import envd
-from conftest import random_actions
+from support.builtin_envs import random_actions
 
 
 def per_env_actions(space, num_envs: int, steps: int, seed: int,

@@ -425,17 +425,18 @@ def wait_for_daemon(proc: subprocess.Popen, endpoint: str, seconds: float = 120)
 
 
 @contextlib.contextmanager
-def hosting_daemon(env_ids: tuple[str, ...], threads: int = 1,
-                   quiet: bool = True) -> Iterator[Any]:
+def hosting_daemon(env_ids: tuple[str, ...], threads: int | None = 1,
+                   quiet: bool = True, extra_args: tuple[str, ...] = ()) -> Iterator[Any]:
     """A private daemon (ipc endpoint in a temporary directory) allowed to
-    host env_ids (``--python-env``); yields a client of it, and stops the
-    daemon (SIGTERM, then SIGKILL after 30 s) and removes the directory on
-    exit.  The daemon dies with this process (PR_SET_PDEATHSIG) and ignores
+    host env_ids (``--python-env``), with `threads` threads (None: its
+    default) and extra_args on its command line; yields a client of it, and
+    stops the daemon (SIGTERM, then SIGKILL after 30 s) and removes the
+    directory on exit.  The daemon dies with this process (PR_SET_PDEATHSIG) and ignores
     the caller's ENVD_* settings."""
     with tempfile.TemporaryDirectory(prefix="envd-bench-python-") as folder:
         endpoint = f"ipc://{folder}/envd.sock"
-        args = [sys.executable, "-m", "envd", "--bind", endpoint, "--threads", str(threads),
-                "--log-level", "warning"]
+        args = [sys.executable, "-m", "envd", "--bind", endpoint, "--log-level", "warning",
+                *(() if threads is None else ("--threads", str(threads))), *extra_args]
         for env_id in env_ids:
             args += ["--python-env", env_id]
         environ = {k: v for k, v in os.environ.items() if not k.startswith("ENVD_")}

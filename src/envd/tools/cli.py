@@ -15,6 +15,9 @@
     envd bench --python [--quick] [--out DIR] [--seconds S] [--rounds R] [--num-envs N]
                               hosted Python envs against gymnasium, PufferLib and SB3
                               (envd.tools.bench_python)
+    envd bench --ocean [ENV,ENV] [--quick] [--sizes N ...] [--out DIR]
+                              PufferLib's Ocean envs: envd against PufferLib's
+                              serial loop (envd.tools.bench_ocean)
     envd ocean build [--source PATH] [--cache DIR] [ENV ...]
                               build PufferLib's Ocean envs (envd.tools.ocean_cli)
 
@@ -296,8 +299,12 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         parser.error("envd bench: --seconds must be > 0")
     if args.rounds is not None and args.rounds < 1:
         parser.error("envd bench: --rounds must be >= 1")
+    if args.python and args.ocean is not None:
+        parser.error("envd bench: --python and --ocean are separate runs")
     if args.python:
         return _bench_python(parser, args)
+    if args.ocean is not None:
+        return _bench_ocean(parser, args)
     if args.num_envs is not None:
         parser.error("envd bench: --num-envs is an option of --python")
     if args.bench_threads is not None and args.bench_threads < 1:
@@ -318,6 +325,31 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         settings = benchmark.Settings(**{k: v for k, v in options.items() if v is not None})
     try:
         return benchmark.main(settings)
+    except KeyboardInterrupt:
+        print("envd bench: interrupted", file=sys.stderr)
+        return 130
+
+
+def _bench_ocean(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """envd bench --ocean: PufferLib's Ocean envs, envd against PufferLib's own loop."""
+    from envd.tools import bench_ocean
+
+    for flag, value in (("--threads", args.bench_threads), ("--learner-envs", args.learner_envs),
+                        ("--num-envs", args.num_envs)):
+        if value is not None:
+            parser.error(f"envd bench: {flag} does not apply to --ocean")
+    if args.sizes and min(args.sizes) < 1:
+        parser.error("envd bench: --sizes must be >= 1")
+    envs = tuple(e for e in args.ocean.split(",") if e and e != "all")
+    options = {"seconds": args.seconds, "rounds": args.rounds, "envs": envs,
+               "sizes": tuple(args.sizes or ()), "out": args.out,
+               "progress": not args.no_progress}
+    if args.quick:
+        settings = bench_ocean.Settings.quick(**options)
+    else:
+        settings = bench_ocean.Settings(**{k: v for k, v in options.items() if v is not None})
+    try:
+        return bench_ocean.main(settings)
     except KeyboardInterrupt:
         print("envd bench: interrupted", file=sys.stderr)
         return 130
@@ -486,6 +518,10 @@ def _main(argv: list[str] | None) -> int:
                        "envd (in-process and through a daemon) against gymnasium's vector "
                        "envs, PufferLib, SB3 and the machine's parallel ceiling "
                        "(docs/benchmarks.md)")
+    bench.add_argument("--ocean", nargs="?", const="all", metavar="ENV,ENV",
+                       help="instead: PufferLib's Ocean envs (built by `envd ocean build`; "
+                       "default every build) in envd against PufferLib's own serial loop, "
+                       "at N=64 and the env's config N, or --sizes (docs/benchmarks.md)")
     bench.add_argument("--num-envs", type=int, metavar="N",
                        help="with --python: envs per system (even; default 16)")
     bench.add_argument("--no-progress", action="store_true",
