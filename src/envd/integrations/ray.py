@@ -380,7 +380,8 @@ def start_daemons(num_nodes: int, *, threads: int = 1,
     threads: the daemon's --threads; bundle: the Ray resources each daemon
     holds (default ``{"CPU": threads}``), so Ray schedules nothing else onto
     the CPUs its threads use; daemon_args: more envd flags (e.g.
-    ``["--python-env", "LunarLander-v3"]``).  Ray must be initialised
+    ``["--python-env", "LunarLander-v3"]``, or ``["--ocean", "cartpole"]``
+    after build_ocean_on_nodes).  Ray must be initialised
     (``ray.init``).  DaemonError when Ray cannot place the bundles on
     num_nodes distinct nodes within timeout seconds (nothing is left running)
     or a daemon fails to start."""
