@@ -90,3 +90,16 @@ def test_pufferlib_on_each_node_steps_its_daemon_equal_to_in_process(ocean_daemo
             assert g.dtype == w.dtype and g.tobytes() == w.tobytes()
     # each daemon stepped its node's envs, none else
     assert [a - b for a, b in zip(after, before)] == [STEPS * ROWS] * NUM_NODES
+
+
+def test_a_failed_build_names_each_node_and_env(ocean_daemons):
+    _, cache = ocean_daemons
+    with pytest.raises(envd.DaemonError) as failed:
+        build_ocean_on_nodes(["cartpole", "nosuchenv"],
+                             source=os.environ.get("ENVD_OCEAN_SOURCE"), cache=str(cache))
+    message = str(failed.value)
+    for node in ray.nodes():
+        assert f"Ray node {node['NodeID'][:12]} (127.0.0.1): nosuchenv:" in message
+    assert "cartpole:" not in message  # built (already, in the shared cache)
+    with pytest.raises(envd.InvalidArgumentError, match="list of Ocean env names"):
+        build_ocean_on_nodes("cartpole")
