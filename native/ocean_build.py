@@ -283,7 +283,8 @@ def build(envs: Sequence[str] = (), source: str | os.PathLike | None = None,
     cache = default_cache() if cache is None else Path(cache)
     check_private_dir(cache, create=True)
     compiler_version(find_compiler())  # no compiler: one error, before any download
-    tree_root = ocean_source.resolve(source, cache)
+    with cache_lock(cache):  # builds sharing the cache (Ray nodes on one disk) fetch and
+        tree_root = ocean_source.resolve(source, cache)  # extract the source once, in turn
     done, failed = [], {}
     for env in envs or manifest_envs():
         try:

@@ -44,6 +44,13 @@ inside the block into that message.  ``close()`` stops every daemon (SIGTERM,
 then SIGKILL after a deadline), kills the actors and removes the placement
 group; it is idempotent, and a ``ray.shutdown()`` without it still ends every
 daemon (through the death signal).
+
+PufferLib's Ocean envs (docs/ocean.md): a daemon serves them only from its
+own node's Ocean cache, so build them on every node first, then pass the
+flags on::
+
+    build_ocean_on_nodes(["cartpole"])          # `envd ocean build` on each node
+    daemons = start_daemons(3, daemon_args=["--ocean", "cartpole"])
 """
 from __future__ import annotations
 
@@ -58,12 +65,14 @@ import tempfile
 import time
 import weakref
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 try:
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+    from ray.util.scheduling_strategies import (NodeAffinitySchedulingStrategy,
+                                                PlacementGroupSchedulingStrategy)
 except ImportError as exc:  # pragma: no cover -- depends on the installation
     raise ImportError("envd.integrations.ray needs Ray: pip install 'envd-rl[ray]'") from exc
 
@@ -73,7 +82,7 @@ import envd
 from envd.errors import DaemonError, EnvdError, InvalidArgumentError
 from envd.keys import certificate_text, write_private
 
-__all__ = ["DaemonInfo", "DaemonSet", "start_daemons"]
+__all__ = ["DaemonInfo", "DaemonSet", "build_ocean_on_nodes", "start_daemons"]
 
 #: How long a daemon may take to answer its first status (a loaded machine
 #: with many Ray workers starting may take a while to import numpy and zmq).
@@ -371,7 +380,8 @@ def start_daemons(num_nodes: int, *, threads: int = 1,
     threads: the daemon's --threads; bundle: the Ray resources each daemon
     holds (default ``{"CPU": threads}``), so Ray schedules nothing else onto
     the CPUs its threads use; daemon_args: more envd flags (e.g.
-    ``["--python-env", "LunarLander-v3"]``).  Ray must be initialised
+    ``["--python-env", "LunarLander-v3"]``, or ``["--ocean", "cartpole"]``
+    after build_ocean_on_nodes).  Ray must be initialised
     (``ray.init``).  DaemonError when Ray cannot place the bundles on
     num_nodes distinct nodes within timeout seconds (nothing is left running)
     or a daemon fails to start."""
@@ -415,3 +425,39 @@ def start_daemons(num_nodes: int, *, threads: int = 1,
         raise
     return DaemonSet(actors, infos, pg, server_public.decode(),
                      certificate_text(client_public, client_secret))
+
+
+def _build_ocean(envs: list[str], source: str | None, cache: str | None) -> tuple[str, dict]:
+    """`envd ocean build envs` here (a Ray task): this node's id and the failures."""
+    from envd.native import ocean_build
+    try:
+        _, failed = ocean_build.build(envs, source, None if cache is None else Path(cache))
+    except EnvdError as exc:  # no compiler, no source, a cache not the daemon user's
+        failed = {"all": str(exc)}
+    return ray.get_runtime_context().get_node_id(), failed
+
+
+def build_ocean_on_nodes(envs: Sequence[str], *, source: str | None = None,
+                         cache: str | None = None) -> list[str]:
+    """Build PufferLib's Ocean ``envs`` (``envd ocean build``) on every live
+    Ray node, one task per node, so that daemons started with ``daemon_args=
+    ["--ocean", ...]`` find them in their node's cache.
+
+    source and cache: as ``envd ocean build``'s (None: ENVD_OCEAN_SOURCE, else
+    the pinned sdist from the package index; ENVD_OCEAN_CACHE, else the
+    user's cache), as seen on each node.  Nodes that share a filesystem share
+    the build (the cache's lock orders them).  Returns the ids of the nodes
+    built on; DaemonError naming every node and env that failed."""
+    if isinstance(envs, str) or not envs or not all(isinstance(e, str) for e in envs):
+        raise InvalidArgumentError(f"envs must be a list of Ocean env names, got {envs!r}")
+    if not ray.is_initialized():
+        raise EnvdError("build_ocean_on_nodes needs a running Ray: call ray.init() first")
+    task = ray.remote(num_cpus=0)(_build_ocean)
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    results = ray.get([task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
+        n["NodeID"], soft=False)).remote(list(envs), source, cache) for n in nodes])
+    failures = [f"Ray node {node_id[:12]} ({n.get('NodeManagerAddress')}): {env}: {error}"
+                for n, (node_id, failed) in zip(nodes, results) for env, error in failed.items()]
+    if failures:
+        raise DaemonError("envd ocean build failed on " + "; ".join(failures))
+    return [node_id for node_id, _ in results]
