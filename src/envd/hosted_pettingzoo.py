@@ -132,14 +132,25 @@ class ParallelAsEnv(gymnasium.Env):
         """The ParallelEnv's own render() (its frame, with render_mode "rgb_array")."""
         return self.env.render()
 
+    def _holder(self, name: str) -> Any:
+        # the ParallelEnv, or the env it wraps (PettingZoo's wrappers, e.g.
+        # aec_to_parallel, do not forward attributes: gymnasium's
+        # get_wrapper_attr looks through wrappers likewise)
+        if hasattr(self.env, name):
+            return self.env
+        inner = getattr(self.env, "unwrapped", self.env)
+        return inner if hasattr(inner, name) else self.env
+
     def get_wrapper_attr(self, name: str) -> Any:
-        """The ParallelEnv's attribute name: call/get_attr on a hosted
-        PettingZoo env reach the ParallelEnv, not this adapter."""
-        return getattr(self.env, name)
+        """The ParallelEnv's attribute name (or its unwrapped env's):
+        call/get_attr on a hosted PettingZoo env reach the ParallelEnv, not
+        this adapter."""
+        return getattr(self._holder(name), name)
 
     def set_wrapper_attr(self, name: str, value: Any, *, force: bool = True) -> bool:
-        """Set the ParallelEnv's attribute name (set_attr; see get_wrapper_attr)."""
-        setattr(self.env, name, value)
+        """Set the ParallelEnv's attribute name (where get_wrapper_attr finds
+        it; a new one on the ParallelEnv)."""
+        setattr(self._holder(name), name, value)
         return True
 
     def _result(self, obs: dict, rewards: dict | None, live: np.ndarray) -> dict:

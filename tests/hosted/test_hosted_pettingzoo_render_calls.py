@@ -68,8 +68,10 @@ def test_call_get_attr_set_attr_reach_the_parallel_env(num_workers):
         assert env.get_attr("max_cycles") == (9,) * n
         assert env.call("max_num_agents") == (3,) * n
         assert env.get_attr("possible_agents") == (env.possible_agents,) * n
-        assert env.call("observation_space", "agent_1") == \
-            (mpe2_spread.parallel_env().observation_space("agent_1"),) * n
+        states = env.call("state")  # (a method of the ParallelEnv, called in the workers)
+        assert len(states) == n and all(
+            s.shape == mpe2_spread.parallel_env().state_space.shape for s in states)
+        assert not np.array_equal(states[0], states[1])  # (each env its own)
         env.set_attr("marker", [10, 11, 12])
         assert env.get_attr("marker") == (10, 11, 12)
         env.set_attr("marker", 4)
