@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import envd
-from envd.errors import EnvStateError
+from envd.errors import EnvError, EnvStateError, InvalidArgumentError
 
 mpe2_spread = pytest.importorskip("mpe2.simple_spread_v3", reason="mpe2 is the reference")
 
@@ -57,6 +57,17 @@ def test_render_without_render_mode_is_refused():
         env.reset(seed=0)
         with pytest.raises(EnvStateError, match="render_mode='rgb_array'"):
             env.render()
+
+
+def test_render_mode_an_env_cannot_take_is_refused_at_make():
+    # a factory without a render_mode parameter, and a creator's env made without one
+    with pytest.raises(EnvError, match="unexpected keyword argument 'render_mode'"):
+        envd.make("pz:pz_envs:staggered", 1, num_workers=0, render_mode="rgb_array")
+    with pytest.raises(InvalidArgumentError, match="its env's render_mode is None"):
+        envd.make_pettingzoo(lambda: mpe2_spread.parallel_env(), 1, num_workers=0,
+                             render_mode="rgb_array")
+    with pytest.raises(InvalidArgumentError, match="rgb_array"):
+        envd.make(SPREAD_ID, 1, render_mode="human")
 
 
 @pytest.mark.parametrize("num_workers", WORKERS)
