@@ -282,7 +282,9 @@ class EnvdVecEnv(VecEnv):
         objects in worker processes that call/get_attr/set_attr reach."""
         return str(self.venv.env_id).startswith(("py:", "pz:"))
 
-    def _all_or_refuse(self, indices: VecEnvIndices, what: str) -> list[int]:
+    def _hosted_indices(self, indices: VecEnvIndices, what: str) -> list[int]:
+        """The env indices selected, for a hosted env; NotImplementedError
+        saying so for a built-in one."""
         selected = list(self._get_indices(indices))
         if not self._hosted():
             raise NotImplementedError(
@@ -317,8 +319,8 @@ class EnvdVecEnv(VecEnv):
         env's, through its VecEnv's set_attr: the other envs keep the value
         they have, which they must then have); NotImplementedError for a
         built-in env's."""
-        selected = self._all_or_refuse(indices, f"set {attr_name!r}")
-        if len(selected) == self.num_envs:
+        selected = self._hosted_indices(indices, f"set {attr_name!r}")
+        if set(selected) == set(range(self.num_envs)):
             values = [value] * self.num_envs
         else:
             values = list(self.venv.get_attr(attr_name))
@@ -331,8 +333,8 @@ class EnvdVecEnv(VecEnv):
         """Call method_name of every env of a hosted env (its VecEnv's call);
         a subset of indices is refused (the hosted call runs on every env,
         and a method may change an env), as is a built-in env's."""
-        selected = self._all_or_refuse(indices, f"call {method_name!r}")
-        if len(selected) != self.num_envs or selected != list(range(self.num_envs)):
+        selected = self._hosted_indices(indices, f"call {method_name!r}")
+        if selected != list(range(self.num_envs)):
             raise NotImplementedError(
                 f"env_method({method_name!r}, indices={indices!r}): envd's hosted call runs "
                 "on every env; call it without indices")
