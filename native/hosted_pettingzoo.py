@@ -18,7 +18,8 @@ from envd.vector_base import check_int, episode_statistics_key
 def make_pettingzoo(env: str | Callable[[], Any], num_envs: int, *,
                     num_workers: int | None = None, seed: int | Sequence[int] | None = None,
                     episode_statistics: bool | str = True, copy: bool = False,
-                    batch_size: int | None = None, **env_kwargs: Any) -> PettingZooVecEnv:
+                    batch_size: int | None = None, render_mode: str | None = None,
+                    **env_kwargs: Any) -> PettingZooVecEnv:
     """num_envs PettingZoo ParallelEnvs hosted in num_workers worker
     processes, their agents as rows (docs/python-envs.md, "PettingZoo").
 
@@ -28,11 +29,17 @@ def make_pettingzoo(env: str | Callable[[], Any], num_envs: int, *,
     num_workers, seed, episode_statistics: as envd.make's for "py:" envs
          (seed s seeds env i with s + i: one seed per env).
     batch_size: envs per async recv (each num_agents rows), as envd.make's.
+    render_mode: None or "rgb_array": a "pz:" id's factory is called with
+         it, a creator's ParallelEnv must have it already; render() then
+         returns each env's frame (the ParallelEnv's own render()), drawn in
+         its worker.
     Autoreset is "next_step".
     """
     num_envs = check_int("num_envs", num_envs, 1, MAX_NUM_ENVS)
     episode_statistics_key(episode_statistics)
     if isinstance(env, str):
+        if render_mode is not None:
+            env_kwargs = {**env_kwargs, "render_mode": render_mode}
         name, creator = env, creator_of_id(env, env_kwargs)
     elif callable(env):
         if env_kwargs:
@@ -45,5 +52,5 @@ def make_pettingzoo(env: str | Callable[[], Any], num_envs: int, *,
                                    f"returning a PettingZoo ParallelEnv, got {type(env).__name__}")
     inner = make_python(creator, num_envs, num_workers=num_workers, seed=seed,
                         episode_statistics=False, copy=copy, info_bytes=0, name=name,
-                        batch_size=batch_size)
+                        batch_size=batch_size, render_mode=render_mode)
     return rows_view(inner, name, episode_statistics)

@@ -255,14 +255,14 @@ def make(env_id: str | Callable[[], Any], num_envs: int, *,
         # a PettingZoo ParallelEnv, its agents as rows (src/envd/hosted_pettingzoo.py)
         from envd.native.hosted_pettingzoo import make_pettingzoo
         extras = {"num_threads": num_threads, "pin_cpus": pin_cpus, "plugin": plugin,
-                  "render_mode": render_mode, "max_episode_steps": max_episode_steps}
+                  "max_episode_steps": max_episode_steps}
         given = sorted(name for name, value in extras.items() if value is not None)
         if given or parse_autoreset_mode(autoreset_mode or "next_step") != AutoresetMode.NEXT_STEP:
             raise InvalidArgumentError(
                 f"{', '.join(given) or 'autoreset_mode'}: not supported for hosted PettingZoo "
                 "envs (next_step autoreset, the env's own max_cycles)")
         return make_pettingzoo(env_id, num_envs, num_workers=num_workers, seed=seed,
-                               batch_size=batch_size,
+                               batch_size=batch_size, render_mode=render_mode,
                                copy=copy, episode_statistics=episode_statistics, **env_kwargs)
     if callable(env_id) or (isinstance(env_id, str) and env_id.startswith(PYTHON_PREFIX)):
         extras = {"num_threads": num_threads, "pin_cpus": pin_cpus, "plugin": plugin}

@@ -229,10 +229,10 @@ class ControlHandlers:
         if max_steps is not None:
             max_steps = check_int("max_episode_steps", max_steps, 1, 2**62)
         render_mode = header.get("render_mode")
-        if render_mode is not None and (render_mode != "rgb_array" or spec.creator is not None):
+        if render_mode is not None and render_mode != "rgb_array":
             raise InvalidArgumentError(
-                f"{spec.id}: render_mode={render_mode!r}: hosted gymnasium envs render "
-                "'rgb_array' frames; hosted PettingZoo envs do not render")
+                f"{spec.id}: render_mode={render_mode!r}: hosted Python envs render "
+                "'rgb_array' frames (or pass None)")
         if spec.creator is not None and (max_steps is not None
                                          or mode != AutoresetMode.NEXT_STEP):
             # (the adapter's time limit or autoreset would not reach its rows)

@@ -89,6 +89,8 @@ class HostedEnvSpec:
     #: a "pz:" id's adapter creator, cloudpickled (envd.hosted_pettingzoo);
     #: None for a gymnasium id
     creator: bytes | None = None
+    #: a "pz:" id's adapter creator whose factory takes render_mode="rgb_array"
+    render_creator: bytes | None = None
     #: agents per env as the trainer sees them (a "pz:" env's possible
     #: agents, rows of its client's view; the segment has one adapter row)
     agents: int = 1
@@ -100,9 +102,11 @@ class HostedEnvSpec:
 
     def maker(self, max_episode_steps: int | None, render_mode: str | None = None) -> tuple:
         """The template's description of how to make one env
-        (native/hosted_template.py); render_mode: a gymnasium id's."""
+        (native/hosted_template.py); render_mode: None or "rgb_array" (a
+        gymnasium id's env, or a "pz:" id's factory, is made with it)."""
         if self.creator is not None:
-            return ("creator", self.creator, max_episode_steps, {})
+            creator = self.creator if render_mode is None else self.render_creator
+            return ("creator", creator, max_episode_steps, {})
         kwargs = {} if render_mode is None else {"render_mode": render_mode}
         return ("id", self.gym_id, max_episode_steps, kwargs)
 
@@ -230,6 +234,7 @@ class HostedCatalog:
         flag = f"--python-env {env_id} (ENVD_PYTHON_ENVS)"
         try:
             creator = cloudpickle.dumps(creator_of_id(env_id, {}))
+            render_creator = cloudpickle.dumps(creator_of_id(env_id, {"render_mode": "rgb_array"}))
         except EnvdError as exc:
             raise StartupError(f"{flag}: making the env failed: {_one_line(exc)}") from None
         described = self._within(flag, lambda: self._describe_request(
@@ -237,7 +242,8 @@ class HostedCatalog:
         observation_space = described["observation_space"]
         return HostedEnvSpec(env_id, env_id, observation_space,
                              described["action_space"], None, described["step_seconds"],
-                             creator=creator,
+                             creator=creator, render_creator=render_creator,
+                             render_fps=described["render_fps"],
                              # (ParallelAsEnv: "live" has one entry per agent)
                              agents=int(observation_space["live"].n),
                              agent_names=tuple(described.get("possible_agents", ())))

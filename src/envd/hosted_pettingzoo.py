@@ -123,6 +123,35 @@ class ParallelAsEnv(gymnasium.Env):
                              self.observation_space["obs"].dtype)
         self._final = np.zeros((2, a), np.int8)  # each agent's final (terminated, truncated)
         self._done = np.zeros(a, bool)
+        # rendering is the ParallelEnv's own (render_mode "rgb_array": one
+        # frame of the whole env, all its agents drawn)
+        self.render_mode = getattr(env, "render_mode", None)
+        self.metadata = {"render_fps": getattr(env, "metadata", {}).get("render_fps")}
+
+    def render(self) -> Any:
+        """The ParallelEnv's own render() (its frame, with render_mode "rgb_array")."""
+        return self.env.render()
+
+    def _holder(self, name: str) -> Any:
+        # the ParallelEnv, or the env it wraps (PettingZoo's wrappers, e.g.
+        # aec_to_parallel, do not forward attributes: gymnasium's
+        # get_wrapper_attr looks through wrappers likewise)
+        if hasattr(self.env, name):
+            return self.env
+        inner = getattr(self.env, "unwrapped", self.env)
+        return inner if hasattr(inner, name) else self.env
+
+    def get_wrapper_attr(self, name: str) -> Any:
+        """The ParallelEnv's attribute name (or its unwrapped env's):
+        call/get_attr on a hosted PettingZoo env reach the ParallelEnv, not
+        this adapter."""
+        return getattr(self._holder(name), name)
+
+    def set_wrapper_attr(self, name: str, value: Any, *, force: bool = True) -> bool:
+        """Set the ParallelEnv's attribute name (where get_wrapper_attr finds
+        it; a new one on the ParallelEnv)."""
+        setattr(self._holder(name), name, value)
+        return True
 
     def _result(self, obs: dict, rewards: dict | None, live: np.ndarray) -> dict:
         self._obs[...] = 0
@@ -209,7 +238,10 @@ class PettingZooVecEnv(gymnasium.vector.VectorEnv):
         self.single_observation_space, self.single_action_space = agent_obs, agent_act
         self.observation_space = batch_space(agent_obs, self.num_envs)
         self.action_space = batch_space(agent_act, self.num_envs)
-        self.metadata = {"autoreset_mode": gymnasium.vector.AutoresetMode.NEXT_STEP}
+        self.metadata = {"autoreset_mode": gymnasium.vector.AutoresetMode.NEXT_STEP,
+                         **{key: inner.metadata[key] for key in ("render_modes", "render_fps")
+                            if key in getattr(inner, "metadata", {})}}
+        self.render_mode = getattr(inner, "render_mode", None)
         self.episode_statistics_key = episode_statistics_key(episode_statistics)
         self._return = np.zeros(self.num_envs)
         self._length = np.zeros(self.num_envs, np.int64)
@@ -344,6 +376,29 @@ class PettingZooVecEnv(gymnasium.vector.VectorEnv):
         info: dict[str, Any] = {"env_id": np.repeat(envs, self.num_agents), "agent_mask": live}
         self._account(rows, rewards, terms, truncs, live, all_done, info)
         return obs_rows, rewards, terms, truncs, info
+
+    # ---- the ParallelEnvs themselves (one result per env, not per row) ----------------
+    def render(self) -> tuple[np.ndarray, ...]:
+        """Each env's frame, its ParallelEnv's own render() drawn in its
+        worker (all its agents in one frame): a tuple of num_env_instances
+        (height, width, 3) uint8 arrays.  Needs render_mode="rgb_array" at make."""
+        return self._inner.render()
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """Each ParallelEnv's attribute name, called with args and kwargs if
+        it is callable (gymnasium's VectorEnv.call): a tuple of
+        num_env_instances results, one per env (not per row).  With workers
+        the arguments and results travel as envd.info_codec carries them."""
+        return self._inner.call(name, *args, **kwargs)
+
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        """Each ParallelEnv's attribute name (call(name)), one per env."""
+        return self._inner.get_attr(name)
+
+    def set_attr(self, name: str, values: Any) -> None:
+        """Set attribute name of each ParallelEnv: a list or tuple of
+        num_env_instances values (one per env, not per row), or one value for all."""
+        self._inner.set_attr(name, values)
 
     def close(self, **kwargs: Any) -> None:
         self._inner.close()

@@ -149,3 +149,57 @@ def test_daemon_worker_killed_is_env_error(daemon):
         env.close()
         assert wait_until(lambda: not any(map(alive, workers)), 30)
         other.close()
+
+
+def test_daemon_render_equals_the_parallel_envs_own(daemon):
+    """render_mode="rgb_array": each env's frame, its ParallelEnv's own
+    render() in the daemon's workers, as mpe2's simple_spread_v3 made here."""
+    from mpe2 import simple_spread_v3
+    n, seed = 2, 3
+    refs = [simple_spread_v3.parallel_env(render_mode="rgb_array") for _ in range(n)]
+    with daemon.connect() as client:
+        env = client.make(SPREAD, n, num_workers=2, seed=seed, render_mode="rgb_array")
+        try:
+            assert env.render_mode == "rgb_array"
+            assert env.metadata["render_fps"] == refs[0].metadata["render_fps"]
+            env.reset()
+            for i, ref in enumerate(refs):
+                ref.reset(seed=seed + i)
+            rng = np.random.default_rng(1)
+            for _ in range(4):
+                frames = env.render()
+                assert type(frames) is tuple and len(frames) == n
+                for frame, ref in zip(frames, refs):
+                    np.testing.assert_array_equal(frame, ref.render())
+                actions = rng.integers(0, 5, env.num_envs)
+                env.step(actions)
+                for i, ref in enumerate(refs):
+                    ref.step({agent: int(actions[i * 3 + k])
+                              for k, agent in enumerate(ref.possible_agents)})
+        finally:
+            env.close()
+            for ref in refs:
+                ref.close()
+        with pytest.raises(envd.InvalidArgumentError, match="rgb_array"):
+            client.make(SPREAD, 1, render_mode="human")
+        with client.make(SPREAD, 1, num_workers=1) as plain:
+            plain.reset(seed=0)
+            with pytest.raises(envd.EnvStateError, match="render_mode='rgb_array'"):
+                plain.render()
+
+
+def test_daemon_calls_reach_the_parallel_envs(daemon):
+    with daemon.connect() as client:
+        with client.make(SPREAD, 3, num_workers=2, seed=0) as env:
+            env.reset()
+            assert env.get_attr("max_cycles") == (25,) * 3  # (simple_spread_v3's default)
+            assert env.get_attr("possible_agents") == (env.possible_agents,) * 3
+            states = env.call("state")
+            assert len(states) == 3 and not np.array_equal(states[0], states[1])
+            env.set_attr("marker", [1, 2, 3])
+            assert env.get_attr("marker") == (1, 2, 3)
+            with pytest.raises(ValueError, match="equal to the number of environments"):
+                env.set_attr("marker", [0] * env.num_envs)  # (one per env, not per row)
+            with pytest.raises(AttributeError):
+                env.get_attr("no_such_attribute")
+            env.step(np.zeros(env.num_envs, np.int64))

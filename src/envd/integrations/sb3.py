@@ -54,11 +54,15 @@ first state (envd has reset the env already), unlike DummyVecEnv where they
 describe the final state.  Arrays returned are copies (envd's own are views of
 its buffers, overwritten by the next step; SB3's replay buffers keep them).
 
-What a native env has no counterpart for: ``set_attr`` and ``env_method`` raise
-``NotImplementedError`` (env parameters are fixed at make: pass them as
-``make``'s keyword arguments); ``get_attr`` answers ``render_mode`` (None),
-``observation_space``, ``action_space``, ``env_id`` and ``max_episode_steps``
-(the same for every env of the batch) and raises ``AttributeError`` otherwise;
+``get_attr`` answers ``render_mode`` (None), ``observation_space``,
+``action_space``, ``env_id`` and ``max_episode_steps`` (the same for every env
+of the batch).  A hosted ``py:`` env's envs are gymnasium.Env objects in its
+workers: ``get_attr``, ``set_attr`` and ``env_method`` reach them (its VecEnv's
+``get_attr``/``set_attr``/``call``; ``env_method`` on every env only, as the
+hosted call runs on every env).  A built-in env has no per-env Python object:
+``set_attr`` and ``env_method`` raise ``NotImplementedError`` (env parameters
+are fixed at make: pass them as ``make``'s keyword arguments) and ``get_attr``
+raises ``AttributeError`` for other names;
 ``env_is_wrapped`` is True for SB3's ``Monitor`` while episode statistics are on
 (the adapter writes Monitor's ``info["episode"]`` itself, so ``evaluate_policy``
 reads the episode returns from it and does not warn) and False for every other
@@ -273,30 +277,68 @@ class EnvdVecEnv(VecEnv):
         self.venv.close()
 
     # ---- what SB3's VecEnv also asks for ---------------------------------------------
+    def _hosted(self) -> bool:
+        """Whether the envs are hosted Python envs ("py:"/"pz:"): gymnasium.Env
+        objects in worker processes that call/get_attr/set_attr reach."""
+        return str(self.venv.env_id).startswith(("py:", "pz:"))
+
+    def _hosted_indices(self, indices: VecEnvIndices, what: str) -> list[int]:
+        """The env indices selected, for a hosted env; NotImplementedError
+        saying so for a built-in one."""
+        selected = list(self._get_indices(indices))
+        if not self._hosted():
+            raise NotImplementedError(
+                f"{self.venv.env_id}: envd's built-in envs run in native code and have no "
+                f"per-env Python object: cannot {what}; pass env parameters as keyword "
+                "arguments to make (hosted py: envs have them)")
+        return selected
+
     def get_attr(self, attr_name: str, indices: VecEnvIndices = None) -> list[Any]:
-        """render_mode, observation_space, action_space, env_id or
-        max_episode_steps of each env (the same for all); AttributeError else."""
+        """render_mode (None: the adapter does not render), observation_space,
+        action_space, env_id and max_episode_steps as the adapter sees them
+        (the same for every env); any other attribute of a hosted env's envs
+        (its VecEnv's get_attr); AttributeError for a built-in env's."""
         values = {"render_mode": lambda: None,
                   "observation_space": lambda: self.observation_space,
                   "action_space": lambda: self.venv.single_action_space,
                   "env_id": lambda: self.venv.env_id,
                   "max_episode_steps": lambda: self.venv.max_episode_steps}
-        if attr_name not in values:
+        if attr_name in values:
+            value = values[attr_name]()
+            return [value for _ in self._get_indices(indices)]
+        if not self._hosted():
             raise AttributeError(
                 f"envd's envs run in native code and have no attribute {attr_name!r} "
-                f"(EnvdVecEnv.get_attr knows {', '.join(sorted(values))})")
-        value = values[attr_name]()
-        return [value for _ in self._get_indices(indices)]
+                f"(EnvdVecEnv.get_attr knows {', '.join(sorted(values))}; a hosted env's "
+                "envs have their own)")
+        results = self.venv.get_attr(attr_name)
+        return [results[i] for i in self._get_indices(indices)]
 
     def set_attr(self, attr_name: str, value: Any, indices: VecEnvIndices = None) -> None:
-        raise NotImplementedError(
-            f"envd's envs run in native code: cannot set {attr_name!r}; pass env "
-            "parameters as keyword arguments to make")
+        """Set attribute attr_name of the envs of indices to value (a hosted
+        env's, through its VecEnv's set_attr: the other envs keep the value
+        they have, which they must then have); NotImplementedError for a
+        built-in env's."""
+        selected = self._hosted_indices(indices, f"set {attr_name!r}")
+        if set(selected) == set(range(self.num_envs)):
+            values = [value] * self.num_envs
+        else:
+            values = list(self.venv.get_attr(attr_name))
+            for i in selected:
+                values[i] = value
+        self.venv.set_attr(attr_name, values)
 
     def env_method(self, method_name: str, *method_args: Any, indices: VecEnvIndices = None,
                    **method_kwargs: Any) -> list[Any]:
-        raise NotImplementedError(
-            f"envd's envs run in native code and have no per-env method {method_name!r}")
+        """Call method_name of every env of a hosted env (its VecEnv's call);
+        a subset of indices is refused (the hosted call runs on every env,
+        and a method may change an env), as is a built-in env's."""
+        selected = self._hosted_indices(indices, f"call {method_name!r}")
+        if selected != list(range(self.num_envs)):
+            raise NotImplementedError(
+                f"env_method({method_name!r}, indices={indices!r}): envd's hosted call runs "
+                "on every env; call it without indices")
+        return list(self.venv.call(method_name, *method_args, **method_kwargs))
 
     def env_is_wrapped(self, wrapper_class: type[gym.Wrapper],
                        indices: VecEnvIndices = None) -> list[bool]:
