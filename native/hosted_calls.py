@@ -37,6 +37,10 @@ from envd import info_codec
 MAX_REPLY_BYTES = 256 << 20
 #: The largest encoded request (call arguments, set_attr values).
 MAX_REQUEST_BYTES = 16 << 20
+#: The most objects (containers and their items) the daemon decodes from one
+#: request of a client or one reply of a worker (info_codec.decode's
+#: max_objects): bulk values travel as numpy arrays, one object each.
+MAX_CALL_OBJECTS = 1 << 16
 #: Methods gymnasium's AsyncVectorEnv refuses to call through call().
 NOT_CALLABLE = ("reset", "step", "close", "_setattr", "_check_spaces")
 

@@ -352,7 +352,9 @@ class HostedSession(NativeSession):
                 sock.settimeout(self.timeout)
                 calls_send(sock, data)
             bound = min(MAX_REPLY_BYTES, request.get("max_bytes") or MAX_REPLY_BYTES)
-            replies = [info_codec.decode(calls_recv(sock, bound + 4096))  # (+ an error's)
+            # (a daemon's request bounds the objects it decodes: "max_objects")
+            replies = [info_codec.decode(calls_recv(sock, bound + 4096),  # (+ an error's)
+                                         max_objects=request.get("max_objects"))
                        for sock in self._calls]
         except (OSError, EOFError) as exc:  # (socket.timeout is an OSError)
             self._kill_workers()

@@ -108,10 +108,11 @@ class ControlHandlers:
         kwarg's values: protocol.list_to_blob) in place; every frame must be
         named once."""
         used: set[int] = set()
-        header["seed"] = protocol.list_from_blob(header.get("seed"), blobs, used)
+        header["seed"] = protocol.list_from_blob(header.get("seed"), blobs, used, MAX_NUM_ENVS)
         kwargs = header.get("env_kwargs")
         if kwargs:
-            header["env_kwargs"] = {name: protocol.list_from_blob(value, blobs, used)
+            header["env_kwargs"] = {name: protocol.list_from_blob(value, blobs, used,
+                                                                  MAX_NUM_ENVS)
                                     for name, value in kwargs.items()}
         unnamed = len(blobs) - len(used)
         if unnamed:
@@ -355,6 +356,7 @@ class ControlHandlers:
         return protocol.ok_reply(header["id"])
 
     def bye(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> dict:
+        self.service.cancel_ops(client, "bye")
         for session in list(client.sessions.values()):
             self.service.drop(session)
         del self.service.clients[client.identity]

@@ -24,6 +24,7 @@ runs on the event loop thread.
 from __future__ import annotations
 
 import collections
+import logging
 from concurrent.futures import Future
 from typing import Any, Callable
 
@@ -31,6 +32,8 @@ from envd.errors import LimitExceededError
 
 #: Threads of the daemon's executor (server/daemon.py), which FairOps fills.
 OPERATION_THREADS = 2
+
+log = logging.getLogger(__name__)
 
 #: start(fn, finished): run fn on the executor, then finished(future) on the
 #: event loop thread.
@@ -78,6 +81,26 @@ class FairOps:
             self._order.append(owner)
         queue.append((fn, done))
         self._dispatch()
+
+    def cancel(self, owner: bytes, error: BaseException) -> int:
+        """Fail owner's waiting operations with error, each done(future) run
+        now (so their reservations are released and each request answered
+        once): a client that left (bye, lease expired, dropped) must not keep
+        its queue running for nobody, holding --max-sessions with makes no
+        one reads.  Its running operations finish as they are.  Returns how
+        many were failed."""
+        queue = self._queues.pop(owner, None)
+        if not queue:
+            return 0
+        self._order.remove(owner)  # (a client with a queue is always in the line)
+        for _, done in queue:
+            future: Future = Future()
+            future.set_exception(error)
+            try:
+                done(future)
+            except Exception:  # noqa: BLE001 -- a bug in one done must not skip the others
+                log.exception("internal error while failing a departed client's operation")
+        return len(queue)
 
     def owners(self) -> set[bytes]:
         """The clients with operations running or waiting."""

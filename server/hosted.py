@@ -51,6 +51,7 @@ from envd.native.hosted_env import (DEFAULT_INFO_BYTES, check_space, default_num
 from envd.native.hosted_segment import Segment as PrivateSegment, segment_layout
 from envd.native.hosted_session import CLOSE_GRACE_SECONDS, HostedSession, HostedSpec
 from envd.native import hosted_template
+from envd.native.hosted_calls import MAX_CALL_OBJECTS
 from envd.native.hosted_template import Template, template
 from envd.native.vector_env import PYTHON_PREFIX
 from envd.shm import Segment
@@ -642,7 +643,8 @@ class HostedServerSession(Session):
         are the frames together: over it, LimitExceededError."""
         with self.locked("render", EXECUTOR_LOCK_WAIT_SECONDS):
             try:
-                frames = self.native.hosted.env_call({"op": "render", "max_bytes": max_bytes})
+                frames = self.native.hosted.env_call({"op": "render", "max_bytes": max_bytes,
+                                                      "max_objects": MAX_CALL_OBJECTS})
             except ValueError as exc:
                 if "-byte bound" not in str(exc):  # (a worker's reply over the bound)
                     raise
@@ -669,7 +671,8 @@ class HostedServerSession(Session):
         the client's msgpack."""
         with self.locked(request["op"], EXECUTOR_LOCK_WAIT_SECONDS):
             try:
-                results = self.native.hosted.env_call({**request, "max_bytes": max_bytes})
+                results = self.native.hosted.env_call({**request, "max_bytes": max_bytes,
+                                                       "max_objects": MAX_CALL_OBJECTS})
             except (AttributeError, TypeError, ValueError) as exc:
                 if "-byte bound" in str(exc):
                     raise LimitExceededError(f"{exc} (--max-message-bytes)") from None

@@ -185,6 +185,12 @@ class Service:
         if not self._transmit(identity, reply) and identity in self.clients:
             self.drop_unreadable(self.clients[identity])
 
+    def cancel_ops(self, client: ClientRecord, why: str) -> None:
+        """Fail the client's operations still waiting for a thread (it left:
+        see FairOps.cancel)."""
+        self.ops.cancel(client.identity, ConnectionLostError(
+            f"this connection ended ({why}) before the operation started; it was not run"))
+
     def drop_unreadable(self, client: ClientRecord) -> None:
         """Drop a client that reads no replies: its queue in the daemon is
         full.  Its sessions are freed, its books forgotten, and every later
@@ -200,6 +206,7 @@ class Service:
             f"queue of {protocol.REPLY_QUEUE} replies was full, or its unread replies were "
             "not acknowledged for a lease timeout) and freed its sessions; connect again "
             "and read every reply"))
+        self.cancel_ops(client, "dropped: replies unread")
         for session in list(client.sessions.values()):
             self._remember(self._expired_sessions, session.id)
             self.drop(session, "dropped (replies unread)")
@@ -425,6 +432,7 @@ class Service:
                              "event": "lease_expired", "client": client.identity.hex()[:8]})
             self.lease_expiries += 1
             self.lease_expired_sessions += len(client.sessions)
+            self.cancel_ops(client, "lease expired")
             for session in list(client.sessions.values()):
                 self._remember(self._expired_sessions, session.id)
                 self.drop(session, "expired (lease)")

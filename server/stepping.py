@@ -35,6 +35,7 @@ from envd import info_codec, protocol
 from envd.errors import (DaemonError, EnvdError, EnvStateError, InvalidArgumentError,
                          LimitExceededError)
 from envd.vector_base import check_int
+from envd.native.hosted_calls import MAX_CALL_OBJECTS, MAX_REQUEST_BYTES
 from envd.server.hosted import HostedServerSession
 from envd.server.sessions import ClientRecord, Session, async_in_flight
 
@@ -459,14 +460,25 @@ class SteppingHandlers:
 def _env_call_request(blob: bytes, num_envs: int) -> dict[str, Any]:
     """An env_call request's blob, decoded (info_codec: msgpack and numpy
     arrays, never pickle) and checked: {"op": "call", "name", "args",
-    "kwargs"} or {"op": "set_attr", "name", "values": one per env}."""
+    "kwargs"} or {"op": "set_attr", "name", "values": one per env}.  Its size
+    and the objects it decodes to are bounded before they are built
+    (MAX_REQUEST_BYTES, MAX_CALL_OBJECTS, info_codec.MAX_EXT_DEPTH), and a
+    name with a leading underscore (private and special attributes, e.g.
+    __class__) is refused: a client reaches the envs' public API only."""
+    if len(blob) > MAX_REQUEST_BYTES:
+        raise protocol.BadRequest(f"env_call: the request is {len(blob)} bytes, over the "
+                                  f"{MAX_REQUEST_BYTES}-byte bound")
     try:
-        request = info_codec.decode(blob)
+        request = info_codec.decode(blob, max_objects=MAX_CALL_OBJECTS)
     except Exception as exc:  # noqa: BLE001 -- whatever a malformed blob raises
         raise protocol.BadRequest(f"env_call: the request does not decode ({exc})") from None
     if not isinstance(request, dict) or request.get("op") not in ("call", "set_attr") \
             or not isinstance(request.get("name"), str):
         raise protocol.BadRequest("env_call: the request is {op: call|set_attr, name: str, ...}")
+    if request["name"].startswith("_"):
+        raise protocol.BadRequest(f"env_call: {request['name'][:100]!r} is private to the env "
+                                  "(a leading underscore): the daemon serves public "
+                                  "attributes only")
     if request["op"] == "call":
         args, kwargs = request.get("args", []), request.get("kwargs", {})
         if not isinstance(args, list) or not isinstance(kwargs, dict) \

@@ -16,10 +16,19 @@ with their type, dtype and shape:
     ext 3  tuple         msgpack [items...]
 
 Anything else is refused with a TypeError naming its type.
+
+Bytes from a peer that is not trusted (a client's env_call request, a
+worker's reply to one, in the daemon) are decoded with ``decode(data,
+max_objects=...)``: the ext types nest at most MAX_EXT_DEPTH deep (each level
+is a new msgpack unpacker on the C stack: unbounded, a few hundred levels in
+a frame of a few KB crash the process) and at most max_objects objects
+(containers and their items) are built, each container's length checked
+before it is allocated, so a frame of empty lists cannot decode to ~64x its
+size.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import msgpack
 import numpy as np
@@ -49,18 +58,57 @@ def encode(value: Any) -> bytes:
     return msgpack.packb(value, default=_default, strict_types=True, use_bin_type=True)
 
 
-def _ext_hook(code: int, data: bytes) -> Any:
+#: How deep ext types (tuples, arrays, scalars) may nest in a bounded decode.
+MAX_EXT_DEPTH = 32
+
+
+def _ext_value(code: int, data: bytes, inner: Callable[[bytes], Any]) -> Any:
     if code == EXT_TUPLE:
-        return tuple(decode(data))
+        return tuple(inner(data))
     if code == EXT_NDARRAY:
-        dtype, shape, raw = decode(data)
+        dtype, shape, raw = inner(data)
         return np.frombuffer(raw, np.dtype(dtype)).reshape(shape).copy()
     if code == EXT_SCALAR:
-        dtype, raw = decode(data)
+        dtype, raw = inner(data)
         return np.frombuffer(raw, np.dtype(dtype))[0]
     return msgpack.ExtType(code, data)
 
 
-def decode(data: bytes | memoryview) -> Any:
-    """The value encode encoded."""
-    return msgpack.unpackb(data, ext_hook=_ext_hook, raw=False, strict_map_key=False)
+def _ext_hook(code: int, data: bytes) -> Any:
+    return _ext_value(code, data, decode)
+
+
+def decode(data: bytes | memoryview, *, max_objects: int | None = None) -> Any:
+    """The value encode encoded.  With max_objects (bytes from a peer that is
+    not trusted): ValueError past MAX_EXT_DEPTH nested ext types or past
+    max_objects objects, raised before they are built."""
+    if max_objects is None:
+        return msgpack.unpackb(data, ext_hook=_ext_hook, raw=False, strict_map_key=False)
+    return _BoundedDecode(max_objects).decode(data, 0)
+
+
+class _BoundedDecode:
+    """One bounded decode: a budget of objects shared by every nested ext."""
+
+    def __init__(self, max_objects: int) -> None:
+        self.left = max_objects
+
+    def _spend(self, container: Any) -> Any:
+        self.left -= len(container) + 1
+        if self.left < 0:
+            raise ValueError("the data holds too many objects (send bulk values as "
+                             "numpy arrays)")
+        return container
+
+    def decode(self, data: bytes | memoryview, depth: int) -> Any:
+        if depth > MAX_EXT_DEPTH:
+            raise ValueError(f"the data nests tuples or arrays more than {MAX_EXT_DEPTH} deep")
+        # each container's length is checked against the budget before it is
+        # allocated; the hooks then charge what was built
+        limit = max(self.left, 0)
+        return msgpack.unpackb(
+            data, raw=False, strict_map_key=False,
+            ext_hook=lambda code, inner: _ext_value(
+                code, inner, lambda d: self.decode(d, depth + 1)),
+            list_hook=self._spend, object_hook=self._spend,
+            max_array_len=limit, max_map_len=limit)

@@ -422,10 +422,12 @@ def list_to_blob(value: Any, blobs: list[bytes]) -> Any:
     return {"blob": len(blobs) - 1, "dtype": dtype}
 
 
-def list_from_blob(value: Any, blobs: list[bytes], used: set[int]) -> Any:
+def list_from_blob(value: Any, blobs: list[bytes], used: set[int], max_items: int) -> Any:
     """The list a make's blob reference stands for (list_to_blob), its index
     added to used; any other value as it is.  BadRequest for a reference to
-    no blob, to one already used, of another dtype or of a ragged size."""
+    no blob, to one already used, of another dtype, of a ragged size or of
+    more than max_items values (checked before the list is built: a Python
+    list costs ~8x its packed bytes)."""
     if not (isinstance(value, dict) and set(value) == {"blob", "dtype"}):
         return value
     index, dtype = value["blob"], value["dtype"]
@@ -438,6 +440,10 @@ def list_from_blob(value: Any, blobs: list[bytes], used: set[int]) -> Any:
     if len(blobs[index]) % np.dtype(dtype).itemsize:
         raise BadRequest(f"make: data frame {index} of {len(blobs[index])} bytes is not a "
                          f"whole number of {dtype} values")
+    count = len(blobs[index]) // np.dtype(dtype).itemsize
+    if count > max_items:
+        raise BadRequest(f"make: data frame {index} holds {count} values, more than the "
+                         f"{max_items} envs a session may have")
     used.add(index)
     return np.frombuffer(blobs[index], dtype).tolist()
 

@@ -190,3 +190,52 @@ def test_malformed_call_requests_are_refused_and_never_unpickled(client, tmp_pat
         assert not marker.exists()
         env.step(np.zeros(2, np.int64))  # the session and the daemon are intact
         assert env.get_attr("gravity") == (9.8, 9.8)
+
+
+def _vm_hwm_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmHWM in /proc/PID/status")
+
+
+def _nested_tuples(depth: int) -> bytes:
+    import msgpack
+
+    from envd import info_codec
+    inner = msgpack.packb([])
+    for _ in range(depth):
+        inner = msgpack.packb(msgpack.ExtType(info_codec.EXT_TUPLE, inner))
+    return inner
+
+
+def test_call_request_bombs_are_refused_before_they_are_built(daemon, client):
+    """A call's arguments nested a thousand tuples deep (3.9 KB: each level a
+    msgpack unpacker on the C stack, which crashed the daemon), a frame of
+    empty lists (one byte each, ~64 bytes each decoded), a private name: each
+    refused, the daemon's peak memory flat, the session and daemon intact."""
+    import msgpack
+
+    from envd import info_codec
+    from envd.errors import ProtocolError
+
+    deep = msgpack.packb({"op": "call", "name": "render", "args": [
+        msgpack.ExtType(info_codec.EXT_TUPLE, _nested_tuples(1000))]})
+    lists = msgpack.packb({"op": "call", "name": "render",
+                           "args": [[[] for _ in range(MAX_MESSAGE_BYTES - 4096)]]})
+    many = msgpack.packb({"op": "set_attr", "name": "gravity",
+                          "values": [[[1] * 60_000] * 2, [[1] * 60_000] * 2]})
+    with client.make("py:CartPole-v1", 2, num_workers=1) as env:
+        env.reset()
+        before = _vm_hwm_kib(daemon.pid)
+        for blob, words in ((deep, "more than 32 deep"), (lists, "exceeds max_array_len"),
+                            (many, "too many objects")):
+            with pytest.raises(ProtocolError, match=words):
+                env._stepper.env_call(blob)
+        for private in ("__class__", "_elapsed_steps"):
+            with pytest.raises(ProtocolError, match="private to the env"):
+                env._stepper.env_call(info_codec.encode({"op": "call", "name": private}))
+        # (the frames themselves are copied a few times: 2 MB each)
+        assert _vm_hwm_kib(daemon.pid) - before < 32 << 10
+        env.step(np.zeros(2, np.int64))
+        assert env.get_attr("gravity") == (9.8, 9.8)

@@ -103,3 +103,29 @@ def test_a_hog_never_holds_every_operation_thread(harness):
         assert {first, second}.isdisjoint({reply["id"]})
     finally:
         hog.close()
+
+
+def test_a_client_that_leaves_takes_its_waiting_operations_with_it(harness):
+    """A connection that queued makes and said bye: its waiting makes fail at
+    once (their reservations freed), so they no longer hold --max-sessions
+    for nobody; before, a new client's make was refused (the daemon holds its
+    maximum of sessions) while the gone client's makes ran one by one."""
+    daemon = harness.daemon("--threads", "2", "--lease-timeout", "60", "--import", "daemon_envs",
+                            "--python-env", HANGING[3:], "--hosted-timeout", "600",
+                            "--max-sessions", "3", env=DAEMON_ENV)
+    watcher = harness.connect(daemon, timeout=DEADLINE)
+    hog = Hog(daemon.endpoint)
+    try:
+        for _ in range(3):
+            hog.make()
+        wait_until(lambda: hog_row(watcher.status(), hog).get("queued") == 2,
+                   what="the hog's makes to be taken in")
+        hog.send({"type": "bye"})
+        wait_until(lambda: hog_row(watcher.status(), hog).get("queued", 0) == 0,
+                   what="the gone client's waiting makes to fail")
+        assert hog_row(watcher.status(), hog)["running"] == 1  # (it hangs until killed)
+        newcomer = harness.connect(daemon, timeout=DEADLINE)
+        with newcomer.make("CartPole-v1", 2, seed=1) as env:
+            env.reset()
+    finally:
+        hog.close()

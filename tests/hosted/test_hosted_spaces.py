@@ -71,6 +71,25 @@ def test_info_codec_keeps_types_dtypes_and_shapes():
         info_codec.encode({"x": np.array([object()])})
 
 
+def test_a_bounded_decode_refuses_deep_nesting_and_too_many_objects_before_building_them():
+    import msgpack
+    value = {"a": (1, (2, np.arange(3))), "b": [1, 2], "c": np.float32(2)}
+    back = info_codec.decode(info_codec.encode(value), max_objects=32)
+    assert back["a"][0] == 1 and back["a"][1][0] == 2 and back["c"] == value["c"]
+    assert np.array_equal(back["a"][1][1], np.arange(3)) and back["b"] == [1, 2]
+    inner = msgpack.packb([])
+    for depth in range(info_codec.MAX_EXT_DEPTH + 1):  # one level too many
+        inner = msgpack.packb(msgpack.ExtType(info_codec.EXT_TUPLE, inner))
+    with pytest.raises(ValueError, match="deep"):
+        info_codec.decode(inner, max_objects=1 << 16)
+    assert info_codec.decode(inner) is not None  # (trusted bytes: no bound)
+    with pytest.raises(ValueError, match="max_array_len"):  # refused before it is built
+        info_codec.decode(bytes([0xdd]) + (10**9).to_bytes(4, "big"), max_objects=1 << 16)
+    with pytest.raises(ValueError, match="too many objects"):
+        info_codec.decode(msgpack.packb([[1] * 40] * 40), max_objects=1000)
+    assert len(info_codec.decode(msgpack.packb([[1] * 40] * 20), max_objects=1000)) == 20
+
+
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_discrete_with_negative_start_refuses_a_huge_action(num_workers):
     """Discrete(3, start=-1): INT64_MAX is out of range (the check once

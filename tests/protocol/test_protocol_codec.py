@@ -311,12 +311,20 @@ def test_per_env_lists_round_trip_through_data_frames():
     assert [isinstance(r, dict) for r in refs] == [True] * 6 + [False] * 5
     assert len(blobs) == 6
     used: set[int] = set()
-    back = [protocol.list_from_blob(r, blobs, used) for r in refs]
+    back = [protocol.list_from_blob(r, blobs, used, 8) for r in refs]
     assert back[:6] == [[True, False], [1, 2, 3], [2**63, 1], [0.5, 1.5], [0, 1, 2, 3], [1.25]]
     assert type(back[0][0]) is bool and type(back[1][0]) is int
     assert back[6:] == [["a", "b"], [1, 2.0], 7, [], None] and used == set(range(6))
     with pytest.raises(protocol.BadRequest, match="named twice"):
-        protocol.list_from_blob(refs[0], blobs, used)
+        protocol.list_from_blob(refs[0], blobs, used, 8)
+
+
+def test_a_per_env_list_longer_than_a_session_is_refused_before_it_is_built():
+    blobs: list[bytes] = []
+    ref = protocol.list_to_blob([True] * 9, blobs)
+    with pytest.raises(protocol.BadRequest, match="holds 9 values, more than the 8 envs"):
+        protocol.list_from_blob(ref, blobs, set(), 8)
+    assert protocol.list_from_blob(ref, blobs, set(), 9) == [True] * 9
 
 
 def test_unpack_keeps_str_and_bin_apart():

@@ -62,3 +62,27 @@ def test_a_full_queue_is_refused_at_once():
         ops.check_room(b"hog")
     ops.check_room(b"other")  # other clients have room
     assert ops.refused == 1 and ops.waiting(b"hog") == (2, 2)
+
+
+def test_a_departed_clients_waiting_operations_fail_at_once_and_its_running_one_finishes():
+    threads, done = Threads(), []
+
+    def record(f: Future) -> None:
+        done.append(f.result() if f.exception() is None else repr(f.exception()))
+
+    ops = FairOps(threads.start, per_client=1, max_queued=64)
+    for k in range(3):
+        ops.submit(b"gone", lambda k=k: f"gone{k}", record)
+    ops.submit(b"b", lambda: "b0", record)
+    gone = envd.ConnectionLostError("bye")
+    assert ops.cancel(b"gone", gone) == 2
+    assert done == [repr(gone)] * 2  # failed now, each answered once
+    assert ops.waiting(b"gone") == (1, 0) and ops.queued == 0
+    assert ops.cancel(b"gone", gone) == 0 and ops.cancel(b"never", gone) == 0
+    threads.finish("gone0")
+    threads.finish("b0")
+    assert done[2:] == ["gone0", "b0"]
+    assert (ops.running, ops.queued, ops.owners()) == (0, 0, set())
+    ops.submit(b"b", lambda: "b1", record)  # the line still works
+    threads.finish("b1")
+    assert done[-1] == "b1"
