@@ -29,6 +29,9 @@ touch a disk longer than the daemon's startup (the actor writes them into a
 private folder, the daemon loads them, the folder is removed) except the
 trainer's secret, which ``connect_kwargs()`` writes into a mode-0700 folder of
 the calling process, removed by ``close()`` (or when that process exits).
+They do travel through Ray itself: as the actors' arguments and inside the
+pickled ``DaemonSet``, they sit in Ray's control store and object store (which
+may spill to disk), under Ray's own trust, as any task argument does.
 ``endpoints()`` gives, for the calling process's node, the ipc socket of the
 daemon there and the tcp endpoint of every other daemon; ``envd.connect(
 daemons.endpoints(), **daemons.connect_kwargs())`` reaches them all (ipc
