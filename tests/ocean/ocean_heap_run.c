@@ -6,8 +6,9 @@
  * maximum, then seeds, inits, resets and steps it with random valid
  * actions, reading glibc's heap use (mallinfo2: in-use chunk bytes plus
  * mmapped bytes) after each call, twice (the first round warms up); the
- * driver allocates nothing of its own meanwhile.  Prints "heap: estimate=E measured=M", E the description's
- * heap_bytes, M the most the heap grew over its use before init.
+ * driver allocates nothing of its own meanwhile.  Prints
+ * "heap: estimate=E measured=M": E the description's heap_bytes, M the most
+ * the heap grew over its use before init.
  */
 #include <dlfcn.h>
 #include <malloc.h>

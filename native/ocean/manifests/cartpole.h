@@ -30,7 +30,7 @@ static int ocean_layout(const double *p, envd_ocean_layout_t *l)
 }
 
 /* The bytes one env allocates itself (ocean_layout.h's envd_ocean_chunk):
- * init allocates nothing (its buffers are allocate()'s, which envd replaces with the state block). */
+ * init allocates nothing (allocate's buffers are the state block's). */
 static uint64_t ocean_heap_bytes(const double *p)
 {
     (void)p;
