@@ -139,6 +139,7 @@ int envd_describe(envd_described_t **out, const envd_env_def_t *def, const doubl
 const envd_env_def_t *envd_described_def(const envd_described_t *described);
 void envd_described_free(envd_described_t *described);
 uint64_t envd_described_bytes(const envd_described_t *described);
+uint64_t envd_described_heap_bytes(const envd_described_t *described);
 int envd_env_def_describes(const envd_env_def_t *def);
 int envd_plugin_open(const char *path, const envd_plugin_t **out, void **handle, char *error,
                      size_t error_size);

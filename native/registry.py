@@ -138,6 +138,12 @@ class EnvSpec:
         return int(lib.envd_described_bytes(self.keep)) if self.keep is not None else 0
 
     @property
+    def heap_bytes(self) -> int:
+        """The most bytes one env allocates itself outside its state block
+        (describe's heap_bytes; 0 for a static definition)."""
+        return int(lib.envd_described_heap_bytes(self.keep)) if self.keep is not None else 0
+
+    @property
     def describes(self) -> bool:
         """Its spaces, agents and state size depend on the params (ABI 5 describe)."""
         return self.describing is not None

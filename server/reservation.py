@@ -105,10 +105,12 @@ class ResourceBooks:
         in_use = self.state_bytes
         if in_use + state_bytes > config.max_state_bytes:
             over = in_use + state_bytes - config.max_state_bytes
+            heap = getattr(spec, "heap_bytes", 0)
+            own = f", and up to {heap} bytes its own code allocates per env" if heap else ""
             raise LimitExceededError(
                 f"making {num_envs} {spec.id} envs needs {state_bytes} bytes of env state "
                 f"(state_size {spec.definition.state_size} bytes per env, plus per-env "
-                f"bookkeeping); with the {in_use} bytes the daemon's sessions hold that is "
+                f"bookkeeping{own}); with the {in_use} bytes the daemon's sessions hold that is "
                 f"{in_use + state_bytes}, {over} bytes over its limit of "
                 f"{config.max_state_bytes} bytes (--max-state-bytes); close envs you no "
                 "longer use or make fewer")

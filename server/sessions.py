@@ -56,11 +56,14 @@ def state_plan(spec: EnvSpec, num_envs: int) -> int:
     native vec (env states and slots, the private copies of its inputs; see
     envd_vec_memory_bytes) and the native session's async books at their
     bound (envd_session_books_max_bytes), which every path shares (the
-    daemon keeps no books of its own)."""
+    daemon keeps no books of its own), and with ABI 5 describe the spaces'
+    arrays and every env's own heap (heap_bytes: what its init, reset and
+    step allocate outside the state block, e.g. an Ocean env's grid)."""
     n = num_envs
     return (int(lib.envd_vec_memory_bytes(spec.definition, n))
             + int(lib.envd_session_books_max_bytes(n))
-            + getattr(spec, "described_bytes", 0))  # (ABI 5: the spaces' arrays)
+            + getattr(spec, "described_bytes", 0)
+            + n * getattr(spec, "heap_bytes", 0))
 
 
 #: The longest an operation on the executor (reset, async reset, render)

@@ -259,6 +259,16 @@ typedef struct envd_description {
     envd_space_t action_space;
     int32_t num_agents; /* 1..ENVD_MAX_AGENTS */
     size_t state_size;  /* 1..ENVD_MAX_STATE_SIZE */
+    /* An upper bound of the bytes one env instance made with these params
+     * allocates itself (malloc and friends, chunk overhead included) in
+     * init, reset and step, outside its state block: 0..ENVD_MAX_STATE_SIZE,
+     * 0 for none (the pre-filled value).  The host counts num_envs times it
+     * against its memory bound (a daemon's --max-state-bytes) as it counts
+     * the state blocks, so params a client chooses cannot make an env's
+     * own heap grow past the operator's bound.  A static definition (no
+     * describe) declares none: its own allocations are its author's to
+     * bound (it runs only where an operator installed it). */
+    uint64_t heap_bytes;
     /* The host's allocator for the arrays the spaces point to (Box low/high,
      * MultiDiscrete nvec/nvec_start): zeroed memory the host owns and frees
      * with the vec (describe never frees it).  NULL when out of memory or

@@ -17,6 +17,9 @@
 
 static int my_log(PyObject *dict, Log *log);
 static int my_init(Env *env, PyObject *args, PyObject *kwargs);
+/* Every manifest defines it (the glue's describe reports it as heap_bytes):
+ * without one the plugin does not build. */
+static uint64_t ocean_heap_bytes(const double *params);
 
 #include "manifest.h"
 #include "ocean_glue.h"

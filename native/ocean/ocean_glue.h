@@ -90,6 +90,11 @@ static int64_t ocean_numel(int32_t ndim, const int64_t *shape)
     return n;
 }
 
+/* The largest extent of an observation or Box action dimension, and the
+ * largest observation element count, a manifest's layout may give. */
+#define ENVD_OCEAN_MAX_EXTENT ((int64_t)1 << 24)
+#define ENVD_OCEAN_MAX_NUMEL ((int64_t)1 << 32)
+
 /* The manifest's layout for params, checked against the env's C types. */
 static int ocean_get_layout(const double *params, envd_ocean_layout_t *l)
 {
@@ -100,14 +105,26 @@ static int ocean_get_layout(const double *params, envd_ocean_layout_t *l)
     if (l->agents < 1 || l->agents > ENVD_MAX_AGENTS || l->obs_ndim < 1 ||
         l->obs_ndim > ENVD_MAX_DIMS || ocean_dtype_size(l->obs_dtype) != sizeof(ocean_obs_t))
         return ENVD_EINVAL;
-    for (int32_t d = 0; d < l->obs_ndim; d++)
-        if (l->obs_shape[d] < 1 || l->obs_shape[d] > ((int64_t)1 << 24))
+    /* every extent and the element product bounded before any arithmetic
+       or allocation on them (ocean_bounds allocates 8 bytes an element) */
+    int64_t obs_numel = 1;
+    for (int32_t d = 0; d < l->obs_ndim; d++) {
+        if (l->obs_shape[d] < 1 || l->obs_shape[d] > ENVD_OCEAN_MAX_EXTENT)
             return ENVD_ERANGE;
+        obs_numel *= l->obs_shape[d]; /* < 2^32 * 2^24: no overflow */
+        if (obs_numel > ENVD_OCEAN_MAX_NUMEL)
+            return ENVD_ERANGE;
+    }
     if (l->act_kind == ENVD_SPACE_MULTI_DISCRETE && (l->act_ndim != 1 || l->act_shape[0] < 1 ||
                                                     l->act_shape[0] > ENVD_OCEAN_MAX_NVEC))
         return ENVD_EINVAL;
-    if (l->act_kind == ENVD_SPACE_BOX && (l->act_ndim < 0 || l->act_ndim > ENVD_MAX_DIMS))
-        return ENVD_EINVAL;
+    if (l->act_kind == ENVD_SPACE_BOX) {
+        if (l->act_ndim < 0 || l->act_ndim > ENVD_MAX_DIMS)
+            return ENVD_EINVAL;
+        for (int32_t d = 0; d < l->act_ndim; d++)
+            if (l->act_shape[d] < 1 || l->act_shape[d] > ENVD_OCEAN_MAX_EXTENT)
+                return ENVD_ERANGE;
+    }
     return ENVD_OK;
 }
 
@@ -197,7 +214,10 @@ static int ocean_describe(const double *params, envd_description_t *out)
 {
     envd_ocean_layout_t l;
     int rc = ocean_get_layout(params, &l);
-    return rc != ENVD_OK ? rc : ocean_spaces(&l, out);
+    if (rc != ENVD_OK)
+        return rc;
+    out->heap_bytes = ocean_heap_bytes(params); /* every manifest defines it */
+    return ocean_spaces(&l, out);
 }
 
 static int ocean_seed(void *state, uint64_t seed)
@@ -248,9 +268,16 @@ static int ocean_init(void *state, const double *params)
     envd_ocean_streams_init(&st->streams, ocean_srand_seed(st)); /* vec_init's srand(seed) */
     envd_ocean_current = &st->streams;
     my_init(&st->env, &args, &kw);
+    if (kw.error[0]) {
+        /* a kwarg my_init read was missing: what it allocated goes now
+           (initialized stays false: ocean_close will not close it again) */
+        c_close(&st->env);
+        envd_ocean_current = NULL;
+        return ENVD_EINVAL;
+    }
     envd_ocean_current = NULL;
     st->initialized = true;
-    return kw.error[0] ? ENVD_EINVAL : ENVD_OK;
+    return ENVD_OK;
 }
 
 static int ocean_reset(void *state, envd_rng_t *rng, void *obs)

@@ -59,4 +59,17 @@ static inline void envd_ocean_discrete(envd_ocean_layout_t *l, int64_t n)
     l->act_n = n;
 }
 
+/* What one calloc(count, size) of the env's takes from glibc's heap at most,
+ * for a manifest's ocean_heap_bytes (every manifest defines it: the bytes
+ * one env allocates itself in init, reset and step, from the env's own
+ * code; render-only allocations excluded, envd never renders through
+ * raylib): the bytes plus the chunk's header and rounding (at most 23
+ * bytes, at least a 32-byte chunk), or the page rounding of an mmapped one
+ * (requests of 128 KiB and more may be mmapped). */
+static inline uint64_t envd_ocean_chunk(double count, double size)
+{
+    uint64_t bytes = (uint64_t)count * (uint64_t)size;
+    return bytes < ((uint64_t)1 << 17) ? bytes + 32 : bytes + 16 + 4095;
+}
+
 #endif /* ENVD_OCEAN_LAYOUT_H */

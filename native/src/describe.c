@@ -28,6 +28,7 @@ typedef struct arena {
 struct envd_described {
     envd_env_def_t def;
     arena_t arena;
+    uint64_t heap_bytes; /* the largest any env of the make declared */
 };
 
 static void *arena_alloc(void *host, size_t bytes)
@@ -62,8 +63,9 @@ int envd_env_def_describes(const envd_env_def_t *def)
 
 /* Describe one row into *into (a copy of def with describe's results and no
  * describe), its arrays from arena; then validate it as a static definition. */
-static int describe_row(envd_env_def_t *into, arena_t *arena, const envd_env_def_t *def,
-                        const double *row, int64_t index, char *error, size_t size)
+static int describe_row(envd_env_def_t *into, uint64_t *heap_bytes, arena_t *arena,
+                        const envd_env_def_t *def, const double *row, int64_t index, char *error,
+                        size_t size)
 {
     envd_description_t d = {
         .observation_space = def->observation_space,
@@ -79,6 +81,13 @@ static int describe_row(envd_env_def_t *into, arena_t *arena, const envd_env_def
                  def->id, (long long)index, envd_strerror(rc), rc);
         return rc == ENVD_ENOMEM ? ENVD_ENOMEM : ENVD_EINVAL;
     }
+    if (d.heap_bytes > ENVD_MAX_STATE_SIZE) {
+        snprintf(error, size, "%s: describe gave heap_bytes %llu for the params of env %lld, "
+                 "past ENVD_MAX_STATE_SIZE", def->id, (unsigned long long)d.heap_bytes,
+                 (long long)index);
+        return ENVD_EINVAL;
+    }
+    *heap_bytes = d.heap_bytes;
     *into = *def;
     into->observation_space = d.observation_space;
     into->action_space = d.action_space;
@@ -143,14 +152,18 @@ int envd_describe(envd_described_t **out, const envd_env_def_t *def, const doubl
     if (described == NULL)
         return ENVD_ENOMEM;
     const size_t width = (size_t)def->num_params;
-    int rc = describe_row(&described->def, &described->arena, def, params, 0, error, size);
+    int rc = describe_row(&described->def, &described->heap_bytes, &described->arena, def,
+                          params, 0, error, size);
     for (int64_t i = 1; rc == ENVD_OK && i < num_rows; i++) {
         const double *row = params + (size_t)i * width;
         if (memcmp(row, row - width, width * sizeof *row) == 0)
             continue; /* the same params as env i - 1: the same description */
         envd_env_def_t other;
+        uint64_t heap_bytes = 0;
         arena_t scratch = {0};
-        rc = describe_row(&other, &scratch, def, row, i, error, size);
+        rc = describe_row(&other, &heap_bytes, &scratch, def, row, i, error, size);
+        if (heap_bytes > described->heap_bytes) /* envs may differ here: bound by the largest */
+            described->heap_bytes = heap_bytes;
         if (rc == ENVD_OK && !same_description(&described->def, &other)) {
             snprintf(error, size, "%s: envs of one vec must have the same spaces: the params "
                      "of env %lld describe other spaces, agents or state size than env 0's",
@@ -175,6 +188,11 @@ const envd_env_def_t *envd_described_def(const envd_described_t *described)
 uint64_t envd_described_bytes(const envd_described_t *described)
 {
     return described->arena.used;
+}
+
+uint64_t envd_described_heap_bytes(const envd_described_t *described)
+{
+    return described->heap_bytes;
 }
 
 void envd_described_free(envd_described_t *described)

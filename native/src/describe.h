@@ -32,6 +32,10 @@ const envd_env_def_t *envd_described_def(const envd_described_t *described);
 /* The bytes describe took from its allocator for it (what a daemon counts
  * against --max-state-bytes besides the vec). */
 uint64_t envd_described_bytes(const envd_described_t *described);
+/* The most heap bytes one env of the make allocates itself (describe's
+ * heap_bytes, the largest over the make's rows): a daemon counts num_envs
+ * times it against --max-state-bytes. */
+uint64_t envd_described_heap_bytes(const envd_described_t *described);
 /* Free it (NULL allowed); no vec may use its definition any more. */
 void envd_described_free(envd_described_t *described);
 

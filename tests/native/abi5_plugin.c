@@ -9,6 +9,7 @@
  *   (from the allocator); num_agents = agents; state_size grows with size.
  *   size 7: describe fails (ENVD_EINVAL); size 8: asks the allocator for
  *   more than ENVD_MAX_DESCRIBE_BYTES (must get NULL: returns ENVD_ENOMEM).
+ *   heap_bytes = 1000 * episode_len, ENVD_MAX_STATE_SIZE + 1 at 50 (refused).
  * flags: ENVD_ENV_RESETS_ITSELF | ENVD_ENV_SERIAL_INIT.
  * seed: records the seed and counts its calls.
  * init: fails when another init of this definition is running (it sleeps a
@@ -172,6 +173,10 @@ static int abi5_describe(const double *params, envd_description_t *out)
     out->num_agents = (int32_t)params[1];
 #endif
     out->state_size = sizeof(abi5_state_t) + (size_t)size * 64;
+    /* a declaration only (the env allocates nothing): 1000 per episode step,
+       past ENVD_MAX_STATE_SIZE at episode_len 50 */
+    const int64_t len = (int64_t)params[2];
+    out->heap_bytes = len == 50 ? (uint64_t)ENVD_MAX_STATE_SIZE + 1 : (uint64_t)len * 1000;
     return ENVD_OK;
 }
 

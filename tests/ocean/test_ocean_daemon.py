@@ -112,3 +112,26 @@ def test_ocean_envs_the_cache_lacks_are_reported(tmp_path, ocean_builds):
             with client.make("puffer:pong", 1, seed=0) as env:
                 env.reset()
     assert proc.proc.returncode == 0, proc.log()
+
+
+def test_an_envs_own_heap_counts_against_max_state_bytes(tmp_path, ocean_builds):
+    """A client cannot grow the daemon's memory past --max-state-bytes
+    through kwargs that make the env's init allocate (snake's grid and
+    bodies: ~35 MB per env at these); a small snake is served."""
+    ocean_builds("snake")
+    limit = 64 << 20
+    big = {"width": 1280, "height": 1280, "num_snakes": 1024, "num_food": 64,
+           "max_snake_length": 4096}
+    with DaemonProcess(tmp_path / "heap", "--threads", "1", "--ocean", "snake",
+                       "--ocean-cache", str(puffer_reference.test_cache()),
+                       "--max-state-bytes", str(limit)) as proc:
+        with proc.connect() as client:
+            with pytest.raises(envd.LimitExceededError,
+                               match=r"its own code allocates per env.*--max-state-bytes"):
+                client.make("puffer:snake", 2, **big)
+            with client.make("puffer:snake", 2, seed=0, **ocean_cases.ALL["snake"][1]) as env:
+                env.reset()
+                env.step(np.zeros(env.num_envs, dtype=np.int64))
+                assert 0 < client.status()["state_bytes"] < limit
+            assert client.status()["state_bytes"] == 0
+    assert proc.proc.returncode == 0, proc.log()

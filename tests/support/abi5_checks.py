@@ -139,6 +139,16 @@ def in_process(library: str, threads: str) -> None:
     # per-env params that describe alike are fine
     with envd.make(ENV_ID, 2, seed=0, size=[4, 4], episode_len=[2, 3]) as env:
         check_spaces(env, 4, 1, 2)
+        # heap_bytes may differ per env: the make is bounded by the largest
+        assert env.envd_spec.heap_bytes == 3000
+    from dataclasses import replace
+
+    from envd.server.sessions import state_plan
+    with envd.make(ENV_ID, 2, seed=0, episode_len=5) as env:
+        spec = env.envd_spec
+        assert spec.heap_bytes == 5000
+        assert state_plan(spec, 7) - state_plan(replace(spec, keep=None), 7) \
+            == 7 * 5000 + spec.described_bytes
 
 
 def refusals(library: str) -> None:
@@ -155,6 +165,7 @@ def refusals(library: str) -> None:
         ({"size": [3, 7]}, "describe failed for the params of env 1"),
         ({"size": 8}, "out of memory"),
         ({"size": 9}, "out of range"),
+        ({"episode_len": [3, 50]}, "heap_bytes 4294967297 for the params of env 1, past"),
     ]
     for kwargs, expected in cases:
         try:

@@ -43,3 +43,10 @@ static int ocean_layout(const double *p, envd_ocean_layout_t *l)
     }
     return ENVD_OK;
 }
+
+/* The bytes one env allocates itself (ocean_layout.h's envd_ocean_chunk):
+ * init: brick_x, brick_y, brick_states of brick_rows * brick_cols floats. */
+static uint64_t ocean_heap_bytes(const double *p)
+{
+    return 3 * envd_ocean_chunk(p[P_BRICK_ROWS] * p[P_BRICK_COLS], sizeof(float));
+}

@@ -40,3 +40,15 @@ static int ocean_layout(const double *p, envd_ocean_layout_t *l)
     envd_ocean_discrete(l, g * g + 1);
     return ENVD_OK;
 }
+
+/* The bytes one env allocates itself (ocean_layout.h's envd_ocean_chunk):
+ * init: board_x, board_y of (grid_size - 1)^2 ints; board_states, visited,
+ * previous_board_state, temp_board_states of grid_size^2 ints; capture_count of
+ * 2; groups, temp_groups of grid_size^2 Groups. */
+static uint64_t ocean_heap_bytes(const double *p)
+{
+    double g = p[P_GRID_SIZE];
+    return 2 * envd_ocean_chunk((g - 1) * (g - 1), sizeof(int)) +
+           4 * envd_ocean_chunk(g * g, sizeof(int)) + envd_ocean_chunk(2, sizeof(int)) +
+           2 * envd_ocean_chunk(g * g, sizeof(Group));
+}

@@ -32,3 +32,16 @@ static int ocean_layout(const double *p, envd_ocean_layout_t *l)
     envd_ocean_discrete(l, 4);
     return ENVD_OK;
 }
+
+/* The bytes one env allocates itself (ocean_layout.h's envd_ocean_chunk):
+ * init: game_map of MAP_WIDTH * MAP_HEIGHT Tiles, possible_spawn_pos of
+ * NUM_DOTS Positions, pickup_obs of NUM_DOTS + NUM_POWERUPS floats,
+ * pickup_obs_map of MAP_WIDTH * MAP_HEIGHT pointers. */
+static uint64_t ocean_heap_bytes(const double *p)
+{
+    (void)p;
+    return envd_ocean_chunk(MAP_WIDTH * MAP_HEIGHT, sizeof(Tile)) +
+           envd_ocean_chunk(NUM_DOTS, sizeof(Position)) +
+           envd_ocean_chunk(NUM_DOTS + NUM_POWERUPS, sizeof(float)) +
+           envd_ocean_chunk(MAP_WIDTH * MAP_HEIGHT, sizeof(float *));
+}

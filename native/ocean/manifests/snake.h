@@ -58,3 +58,17 @@ static int ocean_layout(const double *p, envd_ocean_layout_t *l)
     envd_ocean_discrete(l, 4);
     return ENVD_OK;
 }
+
+/* The bytes one env allocates itself (ocean_layout.h's envd_ocean_chunk):
+ * init_csnake: grid of width * height chars, snake of num_snakes * 2 *
+ * max_snake_length ints (the C kwarg: capped at the area), snake_lengths,
+ * snake_ptr, snake_lifetimes, snake_colors of num_snakes ints, snake_logs of
+ * num_snakes Logs. */
+static uint64_t ocean_heap_bytes(const double *p)
+{
+    double area = p[P_WIDTH] * p[P_HEIGHT];
+    double longest = p[P_MAX_SNAKE_LENGTH] < area ? p[P_MAX_SNAKE_LENGTH] : area;
+    double n = p[P_NUM_SNAKES];
+    return envd_ocean_chunk(area, sizeof(char)) + envd_ocean_chunk(n * 2 * longest, sizeof(int)) +
+           4 * envd_ocean_chunk(n, sizeof(int)) + envd_ocean_chunk(n, sizeof(Log));
+}

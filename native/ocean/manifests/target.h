@@ -31,3 +31,11 @@ static int ocean_layout(const double *p, envd_ocean_layout_t *l)
     l->act_nvec[1] = 5;
     return ENVD_OK;
 }
+
+/* The bytes one env allocates itself (ocean_layout.h's envd_ocean_chunk):
+ * init: agents of num_agents Agents, goals of num_goals Goals. */
+static uint64_t ocean_heap_bytes(const double *p)
+{
+    return envd_ocean_chunk(p[P_NUM_AGENTS], sizeof(Agent)) +
+           envd_ocean_chunk(p[P_NUM_GOALS], sizeof(Goal));
+}

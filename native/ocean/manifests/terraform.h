@@ -38,3 +38,22 @@ static int ocean_layout(const double *p, envd_ocean_layout_t *l)
     l->act_nvec[2] = 3;
     return ENVD_OK;
 }
+
+/* The bytes one env allocates itself (ocean_layout.h's envd_ocean_chunk):
+ * init: orig_map, map, target_map of size^2 floats and grid_indices of
+ * size^2 ints; with q = ((size + 10) / 11)^2 quadrants (as init computes it):
+ * quadrant_centroids of 2q floats, five arrays of q, in_progress_quadrants of
+ * q * (num_agents + 1) ints; agent_logs of num_agents Logs, dozers of
+ * num_agents Dozers each with load_indices of (2 * SCOOP_SIZE + 1)^2 ints,
+ * returns and stuck_count of num_agents. */
+static uint64_t ocean_heap_bytes(const double *p)
+{
+    double s = p[P_MAP_SIZE], a = p[P_NUM_AGENTS];
+    double side = (double)(((int64_t)s + 10) / 11), q = side * side;
+    double scoop = (2 * SCOOP_SIZE + 1) * (2 * SCOOP_SIZE + 1);
+    return 4 * envd_ocean_chunk(s * s, sizeof(float)) + envd_ocean_chunk(2 * q, sizeof(float)) +
+           5 * envd_ocean_chunk(q, sizeof(float)) +
+           envd_ocean_chunk(q * (a + 1), sizeof(int)) + envd_ocean_chunk(a, sizeof(Log)) +
+           envd_ocean_chunk(a, sizeof(Dozer)) + (uint64_t)a * envd_ocean_chunk(scoop, sizeof(int)) +
+           2 * envd_ocean_chunk(a, sizeof(float));
+}

@@ -22,3 +22,11 @@ static int ocean_layout(const double *p, envd_ocean_layout_t *l)
     envd_ocean_discrete(l, 7);
     return ENVD_OK;
 }
+
+/* The bytes one env allocates itself (ocean_layout.h's envd_ocean_chunk):
+ * init: grid of n_rows * n_cols ints, tetromino_deck of deck_size ints. */
+static uint64_t ocean_heap_bytes(const double *p)
+{
+    return envd_ocean_chunk(p[P_N_ROWS] * p[P_N_COLS], sizeof(int)) +
+           envd_ocean_chunk(p[P_DECK_SIZE], sizeof(int));
+}

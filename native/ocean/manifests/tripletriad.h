@@ -21,3 +21,19 @@ static int ocean_layout(const double *p, envd_ocean_layout_t *l)
     envd_ocean_discrete(l, 14);
     return ENVD_OK;
 }
+
+/* The bytes one env allocates itself (ocean_layout.h's envd_ocean_chunk):
+ * init_ctripletriad: 9 fixed arrays (board_x, board_y of 9 floats, ...), 2
+ * hands of 5 cards of 4 ints, 3 board rows of 3 ints, 2 card_locations of 5,
+ * 3 rows of 3 card values of 4 ints. */
+static uint64_t ocean_heap_bytes(const double *p)
+{
+    (void)p;
+    return 2 * envd_ocean_chunk(9, sizeof(float)) + envd_ocean_chunk(2, sizeof(int **)) +
+           envd_ocean_chunk(2, sizeof(int)) + envd_ocean_chunk(2, sizeof(int *)) +
+           envd_ocean_chunk(15, sizeof(int)) + envd_ocean_chunk(3, sizeof(int *)) +
+           envd_ocean_chunk(3, sizeof(int **)) + envd_ocean_chunk(2, sizeof(int)) +
+           2 * (envd_ocean_chunk(5, sizeof(int *)) + 5 * envd_ocean_chunk(4, sizeof(int))) +
+           3 * envd_ocean_chunk(3, sizeof(int)) + 2 * envd_ocean_chunk(5, sizeof(int)) +
+           3 * (envd_ocean_chunk(3, sizeof(int *)) + 3 * envd_ocean_chunk(4, sizeof(int)));
+}
