@@ -688,7 +688,7 @@ class BatchedVecEnv(VectorEnv):
         (gymnasium's _add_info shape), whatever episode_statistics says."""
         info: dict[str, Any] = {}
         if log is not None and self.episode_fields:
-            values = np.where(dones[:, None], log, 0.0)  # (a copy: C keeps old rows)
+            values = _ended_rows(log, dones)  # (a copy: C keeps old rows)
             info[EPISODE_LOG_KEY] = {name: values[:, k]
                                      for k, name in enumerate(self.episode_fields)}
             info["_" + EPISODE_LOG_KEY] = dones.copy() if self._copy else dones
@@ -1136,3 +1136,20 @@ class BatchedVecEnv(VectorEnv):
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+#: Rows above which _ended_rows copies the ended rows by index: np.where
+#: costs about 7 ns a row (27 us a step for a 4096-row log of 4 fields), the
+#: indexed copy about 30 ns an ended row (measured, docs/benchmarks.md).
+_WHERE_MAX_ROWS = 256
+
+
+def _ended_rows(log: np.ndarray, dones: np.ndarray) -> np.ndarray:
+    """A copy of log with the rows where dones is False zeroed, as
+    np.where(dones[:, None], log, 0.0), the cheaper way for the log's size."""
+    if len(dones) <= _WHERE_MAX_ROWS:
+        return np.where(dones[:, None], log, 0.0)
+    values = np.zeros(log.shape, log.dtype)
+    ended = np.flatnonzero(dones)
+    values[ended] = log[ended]
+    return values
