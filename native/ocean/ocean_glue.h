@@ -326,7 +326,7 @@ static int ocean_episode_end(void *state, double *values)
     bool by_place = rec.append && rec.count == ocean_log_count;
     for (int32_t f = 0; by_place && f < ocean_num_episode_fields; f++)
         by_place = rec.names[ocean_episode_place[f]] == ocean_episode_names[f];
-    if (!by_place) {
+    if (rec.append && !by_place) { /* not the names of load: as a dict */
         rec.count = 0;
         rec.append = false;
         my_log(&rec, &mean);
