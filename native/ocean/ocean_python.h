@@ -22,6 +22,10 @@
 
 typedef struct envd_ocean_dict {
     int32_t count;
+    /* set: envd_ocean_dict_set appends without looking for the name (the
+     * glue's episode log, whose names it checks were distinct; see
+     * ocean_episode_end) */
+    bool append;
     const char *names[ENVD_OCEAN_DICT_CAP];
     double values[ENVD_OCEAN_DICT_CAP];
     /* the first problem met (a missing kwarg, a full table): "" when none */
@@ -39,7 +43,7 @@ static inline void envd_ocean_dict_fail(envd_ocean_dict_t *d, const char *what, 
 /* Set name to value (replacing an entry of the same name). */
 static inline void envd_ocean_dict_set(envd_ocean_dict_t *d, const char *name, double value)
 {
-    for (int32_t i = 0; i < d->count; i++) {
+    for (int32_t i = 0; !d->append && i < d->count; i++) {
         if (strcmp(d->names[i], name) == 0) {
             d->values[i] = value;
             return;

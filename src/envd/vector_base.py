@@ -688,9 +688,8 @@ class BatchedVecEnv(VectorEnv):
         (gymnasium's _add_info shape), whatever episode_statistics says."""
         info: dict[str, Any] = {}
         if log is not None and self.episode_fields:
-            values = np.where(dones[:, None], log, 0.0)  # (a copy: C keeps old rows)
-            info[EPISODE_LOG_KEY] = {name: values[:, k]
-                                     for k, name in enumerate(self.episode_fields)}
+            columns = _ended_columns(log, dones)  # (a copy: C keeps old rows)
+            info[EPISODE_LOG_KEY] = dict(zip(self.episode_fields, columns))
             info["_" + EPISODE_LOG_KEY] = dones.copy() if self._copy else dones
         if final_rows is not None:
             final = np.full(len(dones), None, dtype=object)
@@ -1136,3 +1135,24 @@ class BatchedVecEnv(VectorEnv):
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+#: np.where costs about 7 ns a row of the log (27 us a step for 4096 rows of
+#: 4 fields), a copy of the ended rows by index about 30 ns an ended row plus
+#: the search for them: _ended_columns takes the index on long logs where few
+#: rows ended (measured for issue 36).
+_WHERE_MAX_ROWS = 256
+_INDEX_MAX_SHARE = 8  # at most 1 row in 8 ended
+
+
+def _ended_columns(log: np.ndarray, dones: np.ndarray) -> np.ndarray:
+    """np.where(dones[:, None], log, 0.0).T: the columns of log (one per
+    field, views of a new array) with the rows where dones is False zeroed,
+    made the cheaper way for the log's size."""
+    if len(dones) > _WHERE_MAX_ROWS:
+        ended = np.flatnonzero(dones)
+        if len(ended) * _INDEX_MAX_SHARE <= len(dones):
+            values = np.zeros(log.shape, log.dtype)
+            values[ended] = log[ended]
+            return values.T
+    return np.where(dones[:, None], log, 0.0).T
