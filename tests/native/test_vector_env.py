@@ -12,7 +12,7 @@ import pytest
 from gymnasium.wrappers.vector import NormalizeObservation, RecordEpisodeStatistics
 
 import envd
-from support.builtin_envs import BUILTIN_ENV_IDS, MULTI_AGENT_ENV_IDS
+from support.builtin_envs import BUILTIN_ENV_IDS, MULTI_AGENT_ENV_IDS, listed_builtins
 
 
 def task_count() -> int:
@@ -20,7 +20,7 @@ def task_count() -> int:
 
 
 def test_list_envs_names_the_builtins():
-    assert envd.list_envs() == sorted(BUILTIN_ENV_IDS + MULTI_AGENT_ENV_IDS)
+    assert listed_builtins() == sorted(BUILTIN_ENV_IDS + MULTI_AGENT_ENV_IDS)
 
 
 def test_is_a_gymnasium_vector_env():

@@ -436,11 +436,8 @@ def test_spaces_of_every_builtin_env_round_trip(env_id):
 
 
 def test_the_builtin_envs_are_the_expected_ones():
-    from support.builtin_envs import BUILTIN_ENV_IDS, MULTI_AGENT_ENV_IDS
-    # (Ocean envs another test made in this process are listed too: envd.make
-    # loads a puffer:<env> build on first use)
-    built_in = [e for e in envd.list_envs() if not e.startswith("puffer:")]
-    assert built_in == sorted(BUILTIN_ENV_IDS + MULTI_AGENT_ENV_IDS)
+    from support.builtin_envs import BUILTIN_ENV_IDS, MULTI_AGENT_ENV_IDS, listed_builtins
+    assert listed_builtins() == sorted(BUILTIN_ENV_IDS + MULTI_AGENT_ENV_IDS)
 
 
 @pytest.mark.parametrize("space", [

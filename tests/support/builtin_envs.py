@@ -29,3 +29,11 @@ def random_actions(space, num_envs: int, rng: np.random.Generator) -> np.ndarray
     low = np.broadcast_to(space.low, space.shape) * 1.5
     high = np.broadcast_to(space.high, space.shape) * 1.5
     return rng.uniform(low, high, size=(num_envs, *space.shape)).astype(space.dtype)
+
+
+def listed_builtins() -> list[str]:
+    """envd.list_envs() less the Ocean envs that other tests of this process
+    made (envd.make loads a puffer:<env> build on first use, and it stays
+    listed): the built-ins, whatever ran before."""
+    import envd
+    return [env_id for env_id in envd.list_envs() if not env_id.startswith("puffer:")]
