@@ -231,10 +231,18 @@ def _raylib(tree_root: Path) -> Path | None:
     return None
 
 
+def header_digest() -> str:
+    """The sha256 of this envd's envd.h: a library built against another
+    header may lay the ABI's structs out otherwise (an unreleased ABI changes
+    within its version), so it is never loaded (installed_builds)."""
+    return hashlib.sha256((envd_include() / "envd.h").read_bytes()).hexdigest()
+
+
 def _record(cache: Path, build: OceanBuild) -> None:
     index = cache / INDEX
     entries = json.loads(index.read_text()) if index.is_file() else {}
-    entries[build.env] = {"library": str(build.library.relative_to(cache)), "key": build.key}
+    entries[build.env] = {"library": str(build.library.relative_to(cache)), "key": build.key,
+                          "envd_h": header_digest()}
     partial = cache / (INDEX + ".part")
     partial.write_text(json.dumps(entries, indent=1, sort_keys=True))
     partial.replace(index)
@@ -296,13 +304,18 @@ def build(envs: Sequence[str] = (), source: str | os.PathLike | None = None,
 
 def installed_builds(cache: Path | None = None) -> dict[str, Path]:
     """The env -> library of the cache's recorded builds, after checking the
-    cache is this user's own (0700) and every library lies inside it."""
+    cache is this user's own (0700) and every library lies inside it.  A
+    build made by another envd (against another envd.h, or of an env envd no
+    longer has a manifest for) is left out, as if not built: loading it
+    could crash the process that loads it; `envd ocean build` makes it anew."""
     cache = check_private_dir(default_cache() if cache is None else Path(cache))
     index = cache / INDEX
     if not index.is_file():
         return {}
-    out = {}
+    out, header, known = {}, header_digest(), set(manifest_envs())
     for env, entry in json.loads(index.read_text()).items():
+        if entry.get("envd_h") != header or env not in known:
+            continue
         library = (cache / entry["library"]).resolve()
         if cache.resolve() not in library.parents or not library.is_file():
             raise OceanBuildError(f"{index}: the build of {env} lies outside the cache")

@@ -42,6 +42,28 @@ def test_build_makes_a_private_cache_and_reuses_it(tmp_path, puffer_tree):
     assert library.stat().st_mtime_ns == stamp  # the same key: not rebuilt
 
 
+def test_a_build_of_another_envd_is_never_loaded(tmp_path, puffer_tree):
+    """A recorded build made against another envd.h (an unreleased ABI's
+    structs may change within its version: such a library crashed a daemon
+    started with --ocean all), or of an env envd has no manifest for, is
+    left out as if not built; a rebuild records it again."""
+    import json
+    cache = tmp_path / "cache"
+    build = ocean_build.build_env("tetris", puffer_tree, cache)
+    index = cache / ocean_build.INDEX
+    entries = json.loads(index.read_text())
+    assert entries["tetris"]["envd_h"] == ocean_build.header_digest()
+    entries["freeway"] = {**entries["tetris"]}  # no manifest any more
+    entries["tetris"]["envd_h"] = "0" * 64  # another envd's header
+    index.write_text(json.dumps(entries))
+    assert ocean_build.installed_builds(cache) == {}
+    del entries["tetris"]["envd_h"]  # a record from before the digest
+    index.write_text(json.dumps(entries))
+    assert ocean_build.installed_builds(cache) == {}
+    ocean_build.build_env("tetris", puffer_tree, cache)
+    assert ocean_build.installed_builds(cache) == {"tetris": build.library.resolve()}
+
+
 def test_concurrent_builds_wait_for_each_other(tmp_path, puffer_tree):
     cache = _cache(tmp_path)
     args = [*ENVD, "ocean", "build", "--source", str(puffer_tree), "--cache", str(cache), "pong"]
