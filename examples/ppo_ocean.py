@@ -42,30 +42,17 @@ from typing import Callable
 
 import torch
 from gymnasium.vector import VectorEnv
+from ppo_cartpole import Config as CartPoleConfig
 from ppo_core import PPO, Episodes
 
 import envd
 
 
 @dataclass
-class Config:
-    """PPO's hyper-parameters (ppo_cartpole.py's, which learn Ocean's CartPole too)."""
-    num_envs: int = 8
-    total_steps: int = 150_000    # env steps (all envs together): the budget
-    seed: int = 1
-    num_steps: int = 64           # steps per env per rollout
-    learning_rate: float = 1e-3   # annealed linearly to 0 over total_steps
-    gamma: float = 0.99
-    gae_lambda: float = 0.95
-    num_minibatches: int = 4
-    update_epochs: int = 10
-    clip_coef: float = 0.2
-    vf_coef: float = 0.5
-    ent_coef: float = 0.0
-    max_grad_norm: float = 0.5
+class Config(CartPoleConfig):
+    """PPO's hyper-parameters: ppo_cartpole.py's, which learn Ocean's CartPole
+    too; the target is Ocean CartPole's (its episodes end at 200 steps)."""
     target: float = 150.0         # mean return of the last `window` episodes
-    window: int = 20
-    log_every: int = 10           # updates between progress lines (0: none)
 
 
 def train(env: VectorEnv, cfg: Config, log: Callable[[str], None] = print) -> dict:
