@@ -29,6 +29,10 @@
  * nothing of envd: what an env calls at run time (the RNG draws) is static
  * inline in this header, so a plugin builds with one line:
  *     cc -shared -fPIC -O2 -I "$(python -m envd.native --include)" myenv.c -o libmyenv.so
+ *
+ * The "cffi:begin" and "cffi:end" comment lines here and in native/src's
+ * headers mark what envd's Python sees: its build declares the text between
+ * them to cffi (native/cdef_from_headers.py).  They mean nothing to C.
  */
 #ifndef ENVD_H
 #define ENVD_H
@@ -41,6 +45,7 @@
 extern "C" {
 #endif
 
+/* cffi:begin */
 #define ENVD_ABI_VERSION 5u
 /* The oldest ABI this host still loads (see "the env definition" below). */
 #define ENVD_ABI_VERSION_MIN 2u
@@ -102,9 +107,11 @@ typedef enum envd_dtype {
     ENVD_DTYPE_INT8 = 6 /* ABI 4: MultiBinary's dtype (gymnasium's np.int8) */
 } envd_dtype_t;
 
+/* cffi:end */
 /* Size in bytes of one element of dtype, or 0 for an unknown dtype. */
 size_t envd_dtype_size(envd_dtype_t dtype);
 
+/* cffi:begin */
 typedef enum envd_space_kind {
     ENVD_SPACE_BOX = 0,            /* gymnasium.spaces.Box */
     ENVD_SPACE_DISCRETE = 1,       /* gymnasium.spaces.Discrete, dtype INT64, shape () */
@@ -154,10 +161,12 @@ typedef struct envd_space {
     int64_t start;
 } envd_space_t;
 
+/* cffi:end */
 /* Number of elements of one sample of the space (1 for DISCRETE, prod(shape)
  * for the others). */
 int64_t envd_space_numel(const envd_space_t *space);
 
+/* cffi:begin */
 /* ---- construction parameters (the kwargs of make) ------------------------ */
 typedef enum envd_param_type {
     ENVD_PARAM_FLOAT = 0,
@@ -181,6 +190,7 @@ typedef struct envd_rng {
     uint64_t inc_hi, inc_lo;
 } envd_rng_t;
 
+/* cffi:end */
 /* Seed like numpy.random.Generator(PCG64(SeedSequence(seed))).  The host
  * seeds; envs only draw. */
 void envd_rng_seed(envd_rng_t *rng, uint64_t seed);
@@ -217,6 +227,7 @@ static inline double envd_rng_uniform(envd_rng_t *rng, double low, double high)
     return low + (high - low) * envd_rng_random(rng);
 }
 
+/* cffi:begin */
 /* ---- extra per-env outputs: the env's own info entries -------------------- */
 /* An env may publish fixed-shape arrays (e.g. an action mask) that the host
  * returns in the info dict under their names, after every reset and step. */
@@ -440,6 +451,7 @@ typedef struct envd_plugin {
 } envd_plugin_t;
 
 typedef const envd_plugin_t *(*envd_plugin_fn)(void);
+/* cffi:end */
 
 #ifdef __cplusplus
 }

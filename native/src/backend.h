@@ -31,8 +31,10 @@
 
 #include "vec.h"
 
+/* cffi:begin */
 typedef struct envd_backend_batch envd_backend_batch_t; /* a backend's async batch */
 typedef struct envd_backend envd_backend_t;
+/* cffi:end */
 
 typedef struct envd_backend_ops {
     /* Seed every env's generator (seeds: num_envs entries), no reset. */
@@ -103,10 +105,12 @@ uint64_t envd_backend_batch_bytes(int64_t capacity);
 
 /* ---- backend_pool.c: a vec on a thread pool ---- */
 
+/* cffi:begin */
 /* A new vec (envd_vec_create's arguments) as a backend that owns it. */
 int envd_backend_pool_create(envd_backend_t **out, const envd_env_def_t *def,
                              const envd_vec_config_t *config,
                              const envd_vec_buffers_t *buffers, envd_pool_t *pool);
+/* cffi:end */
 
 /* A backend over an existing vec of num_envs envs that it does not own
  * (destroy leaves the vec; tests drive one vec directly and through a

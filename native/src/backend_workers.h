@@ -43,6 +43,7 @@
 
 #include "backend.h"
 
+/* cffi:begin */
 #define ENVD_HOSTED_RESET 1
 #define ENVD_HOSTED_STEP 2
 #define ENVD_HOSTED_MESSAGE_BYTES 1024
@@ -163,5 +164,6 @@ void envd_worker_done(envd_worker_ctl_t *ctl);
  * requests, and writes the eventfd after envd_worker_done if it was asked: a
  * request posted after the call bumps cmd_seq again, so it is never lost. */
 int envd_worker_take_notify(envd_worker_ctl_t *ctl);
+/* cffi:end */
 
 #endif /* ENVD_BACKEND_WORKERS_H */

@@ -16,6 +16,7 @@
 
 #include <stdint.h>
 
+/* cffi:begin */
 /* Copy `count` ids of `itemsize` bytes (1, 2, 4 or 8; signed or not) from
  * ids into out as int64, refusing an id outside [0, num_envs) or repeated.
  * stamp (num_envs entries, zeroed before first use) and stamp_gen (a value
@@ -34,5 +35,6 @@ int envd_batch_ids(const void *ids, int itemsize, int is_signed, int64_t count,
  * copied as bytes); rows is an aligned int64_t array. */
 void envd_batch_gather(const int64_t *rows, int64_t count, int num_buffers,
                        const void *const *src, void *const *dst, const uint64_t *row_bytes);
+/* cffi:end */
 
 #endif

@@ -29,8 +29,10 @@
 ENVD_BUILTIN_ENVS(ENVD_BUILTIN_DECLARE)
 #undef ENVD_BUILTIN_DECLARE
 
+/* cffi:begin */
 /* Number of built-in envs, and the i-th one (NULL when out of range). */
 int envd_builtin_count(void);
 const envd_env_def_t *envd_builtin_get(int i);
+/* cffi:end */
 
 #endif /* ENVD_BUILTIN_ENVS_H */

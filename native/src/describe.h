@@ -16,6 +16,7 @@
 
 #include "envd.h"
 
+/* cffi:begin */
 typedef struct envd_described envd_described_t;
 
 /* Describe def for num_rows rows of def->num_params params each (env i's at
@@ -41,5 +42,6 @@ void envd_described_free(envd_described_t *described);
 
 /* Whether def has a describe callback (an ABI 5 definition). */
 int envd_env_def_describes(const envd_env_def_t *def);
+/* cffi:end */
 
 #endif /* ENVD_DESCRIBE_H */

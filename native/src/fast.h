@@ -96,6 +96,7 @@
 
 typedef struct envd_session envd_session_t; /* session.h */
 
+/* cffi:begin */
 /* Where the doorbell lies in the segment's header page (envd/shm.py mirrors
  * these offsets); the client's and the server's words on separate lines. */
 #define ENVD_FAST_OFFSET 128
@@ -150,6 +151,7 @@ typedef struct envd_fast_header {
                                         "" when it has nothing more to say) */
 } envd_fast_header_t;
 
+/* cffi:end */
 typedef struct envd_fast envd_fast_t;
 
 /* Start serving session's requests from the doorbell at header (zeroed or
@@ -197,7 +199,9 @@ void envd_fast_collect(envd_fast_t *fast);
 /* Envs of the session in flight or ready (not yet received). */
 int64_t envd_fast_pending(const envd_fast_t *fast);
 
+/* cffi:begin */
 /* How many server threads of this process may spin at once (>= 0; default 1). */
 void envd_fast_set_max_spinners(int max_spinners);
+/* cffi:end */
 
 #endif /* ENVD_FAST_H */

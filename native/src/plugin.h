@@ -8,6 +8,7 @@
 
 #include "envd.h"
 
+/* cffi:begin */
 /* Load the shared library at path, call its ENVD_PLUGIN_SYMBOL and check the
  * table: ABI version, at least one env, every definition valid.  On success
  * *out is the table and *handle the library's, which stays loaded until
@@ -21,5 +22,6 @@
 int envd_plugin_open(const char *path, const envd_plugin_t **out, void **handle, char *error,
                      size_t error_size);
 void envd_plugin_unload(void *handle);
+/* cffi:end */
 
 #endif /* ENVD_PLUGIN_H */

@@ -28,6 +28,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+/* cffi:begin */
 #define ENVD_POOL_MAX_THREADS 256
 
 typedef struct envd_pool envd_pool_t;
@@ -43,6 +44,7 @@ typedef void (*envd_task_fn)(void *ctx, int64_t begin, int64_t end);
  * none is left, or wait for it): nobody else is woken for them. */
 enum { ENVD_JOB_NOTIFY = 1, ENVD_JOB_HELPED = 2, ENVD_JOB_ALONE = 4 };
 
+/* cffi:end */
 /* A cap on how many workers may run the chunks of a group of jobs at once
  * (every job of one daemon session: its step and its async batches).  The
  * caller owns it, sets max_workers (>= 1) and zeroes active before any job
@@ -70,6 +72,7 @@ typedef struct envd_job {
     envd_pool_cap_t *cap;   /* NULL: any number of workers (envd_job_set_cap) */
 } envd_job_t;
 
+/* cffi:begin */
 /* Create a pool with num_threads workers (0..ENVD_POOL_MAX_THREADS).
  * cpus, if not NULL, has num_threads CPU ids: worker i is pinned to cpus[i].
  * Returns ENVD_OK or ENVD_EINVAL (bad argument or CPU id outside
@@ -86,6 +89,7 @@ int envd_pool_num_threads(const envd_pool_t *pool);
 /* The eventfd (EFD_NONBLOCK) counting completed NOTIFY jobs. */
 int envd_pool_eventfd(const envd_pool_t *pool);
 
+/* cffi:end */
 /* Start a job.  0 <= n <= 2^47, chunk >= 1 (a chunk larger than n is
  * clamped to n).  Returns at once (except with zero workers, where the job
  * runs inline; a job with n == 0 completes at once).  ENVD_EINVAL on bad

@@ -37,6 +37,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* cffi:begin */
 /* Mappings recorded at once; map refuses more (ENVD_ENOMEM). */
 #define ENVD_SEGMENT_GUARD_SLOTS 65536
 
@@ -60,5 +61,6 @@ int envd_segment_revoked(const void *addr);
 
 /* Revocations since the process started (every mapping counted once). */
 int64_t envd_segment_revocations(void);
+/* cffi:end */
 
 #endif

@@ -50,6 +50,7 @@
 #include "backend.h"
 #include "fast.h"
 
+/* cffi:begin */
 typedef struct envd_session envd_session_t;
 
 enum { ENVD_ENV_IDLE = 0, ENVD_ENV_IN_FLIGHT = 1, ENVD_ENV_READY = 2 };
@@ -89,6 +90,7 @@ int envd_session_async_reset(envd_session_t *session, const uint64_t *seeds);
  * Finished batches are collected before it returns. */
 int envd_session_send(envd_session_t *session, const int64_t *ids, int64_t count, int flags);
 
+/* cffi:end */
 /* Helping the session's batches in flight run, without waiting for them
  * (the fast path's server thread, between an answer and its client's next
  * request): take the help with the session's lock held (how many batches,
@@ -110,6 +112,7 @@ typedef struct envd_session_help {
 int envd_session_take_help(envd_session_t *session, envd_session_help_t *help);
 void envd_session_help(envd_session_help_t *help, int (*leave)(void *), void *arg);
 
+/* cffi:begin */
 /* Receive at least min_count and at most max_count of the oldest ready ids
  * into out: how many (>= min_count), or 0 if wait is 0 and fewer than
  * min_count are ready, or a refusal (above).  With wait, the calling thread
@@ -182,6 +185,7 @@ void envd_session_stop_doorbell(envd_session_t *session);
 /* From now on the doorbell answers every request with "shutting down". */
 void envd_session_drain(envd_session_t *session);
 
+/* cffi:end */
 /* Drop every env in flight (waiting for its batch) or ready, and a kept
  * failure: every env is IDLE after it. */
 void envd_session_drop_async(envd_session_t *session);

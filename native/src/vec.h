@@ -25,6 +25,7 @@
 #include "envd.h"
 #include "pool.h"
 
+/* cffi:begin */
 /* envd_vec_set_max_threads: no cap, every pool thread may run the vec's work. */
 #define ENVD_VEC_NO_CAP (-1)
 
@@ -183,6 +184,7 @@ int envd_vec_batch_submit(envd_vec_t *vec, envd_vec_batch_t *batch, const int64_
 int envd_vec_batch_done(const envd_vec_batch_t *batch);
 /* Block until the batch is done; the caller runs its chunks meanwhile. */
 void envd_vec_batch_wait(envd_vec_t *vec, envd_vec_batch_t *batch);
+/* cffi:end */
 /* Non-zero while the batch waits in the pool with none of its chunks claimed
  * (envd_job_unstarted: a snapshot); 0 for an inline or finished batch. */
 int envd_vec_batch_unstarted(const envd_vec_batch_t *batch);
@@ -197,6 +199,7 @@ int envd_vec_batch_unstarted(const envd_vec_batch_t *batch);
 int envd_vec_batch_help_ref(envd_vec_batch_t *batch);
 void envd_vec_batch_help(envd_vec_t *vec, envd_vec_batch_t *batch, int (*leave)(void *),
                          void *arg);
+/* cffi:begin */
 /* Once done: end the batch (its envs may be sent again) and return the number
  * of its envs whose episode ended, or ENVD_EENV (error index: the env).
  * ENVD_EBUSY while not done; ENVD_ESTATE if it is not in flight on vec. */
@@ -219,9 +222,11 @@ int64_t envd_vec_error_index(const envd_vec_t *vec);
  * samples; a send's rows only): for error messages that name the refused
  * action as the vec saw it. */
 const void *envd_vec_checked_actions(const envd_vec_t *vec);
+/* cffi:end */
 /* 1 once env index was reset (a refused step's ENVD_ESTATE then means "done,
  * autoreset disabled"), 0 while it never was, ENVD_ERANGE out of range. */
 int envd_vec_env_started(const envd_vec_t *vec, int64_t index);
+/* cffi:begin */
 /* Envs whose episode ended (terminated or truncated) in the last step. */
 int64_t envd_vec_num_done(const envd_vec_t *vec);
 
@@ -251,5 +256,6 @@ typedef struct envd_vec_stats {
 } envd_vec_stats_t;
 
 void envd_vec_get_stats(const envd_vec_t *vec, envd_vec_stats_t *stats);
+/* cffi:end */
 
 #endif /* ENVD_VEC_H */

@@ -61,7 +61,9 @@ def test_every_generated_constant_is_checked():
 
 def test_doorbell_layout_is_the_compiled_struct():
     struct = ffi.typeof("envd_fast_header_t")
-    compiled = {name: (field.offset, ffi.sizeof(field.type)) for name, field in struct.fields}
+    # every field but the padding that keeps the server's words off the client's line
+    compiled = {name: (field.offset, ffi.sizeof(field.type)) for name, field in struct.fields
+                if name != "client_pad"}
     assert facts.FAST_HEADER_FIELDS == compiled
     for name in facts.FAST_HEADER_FIELDS:
         assert facts.FAST_HEADER_FIELDS[name][0] == ffi.offsetof("envd_fast_header_t", name)

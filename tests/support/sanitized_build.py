@@ -88,7 +88,8 @@ def build(kind: str) -> Path:
     """Compile the extension with `kind`'s sanitizer; return the .so (cached)."""
     cflags, ldflags, _, _ = SANITIZERS[kind]
     key = hashlib.sha256()
-    for p in sorted(NATIVE.rglob("*.[ch]")) + [NATIVE / "build_ffi.py", Path(__file__)]:
+    for p in sorted(NATIVE.rglob("*.[ch]")) + [NATIVE / "build_ffi.py",
+                                                NATIVE / "cdef_from_headers.py", Path(__file__)]:
         key.update(str(p.relative_to(NATIVE.parent)).encode())
         key.update(p.read_bytes())
     key.update(" ".join(cflags + ldflags + [sys.version]).encode())
