@@ -6,13 +6,17 @@ import sys
 # build envd (not Linux, no C compiler, no Python headers): native/build_checks.py.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "native"))
 from build_checks import check_build_machine  # noqa: E402
+from build_warnings import own_warnings_build_ext  # noqa: E402
 
 check_build_machine()
 
 from setuptools import setup  # noqa: E402
+from setuptools.command.build_ext import build_ext  # noqa: E402
 
 # cffi compiles the native core against Python's limited API (the module is
 # _envd_native.abi3.so), so one wheel serves every CPython >= 3.10 (the
-# project's requires-python): tag it cp310-abi3.
+# project's requires-python): tag it cp310-abi3.  envd's own C compiles with
+# warnings as errors (native/build_warnings.py).
 setup(cffi_modules=["native/build_ffi.py:ffibuilder"],
+      cmdclass={"build_ext": own_warnings_build_ext(build_ext)},
       options={"bdist_wheel": {"py_limited_api": "cp310"}})

@@ -40,6 +40,7 @@ def _load(name: str):
 
 
 cdef_from_headers = _load("cdef_from_headers")
+build_warnings = _load("build_warnings")
 # Every file of src/envs/ is a built-in env (listed once, in src/builtin_envs.h).
 ENV_SOURCES = sorted(f"src/envs/{p.name}" for p in (HERE / "src" / "envs").glob("*.c"))
 SOURCES = ["src/errors.c", "src/rng.c", "src/pool.c", "src/vec.c", "src/builtin_envs.c",
@@ -70,6 +71,10 @@ ffibuilder.set_source(
     # the build); this file may be executed from anywhere.
     sources=[os.path.relpath(HERE / s) for s in SOURCES],
     include_dirs=[os.path.relpath(HERE / "include"), os.path.relpath(HERE / "src")],
+    # a header's edit recompiles the sources too (setuptools compares these
+    # with the built module; without them an in-tree rebuild kept stale code)
+    depends=[os.path.relpath(h) for h in sorted(HERE.glob("include/*.h"))
+             + sorted(HERE.glob("src/**/*.h"))],
     extra_compile_args=CFLAGS,
     extra_link_args=["-pthread"],
     libraries=["m", "dl"],
@@ -123,14 +128,17 @@ def print_facts() -> list[list[str]]:
     with tempfile.TemporaryDirectory(prefix="envd-facts-") as tmp:
         program = os.path.join(tmp, "print_facts")
         try:
-            subprocess.run([*compiler, *CFLAGS, "-O0", f"-I{HERE / 'include'}",
+            subprocess.run([*compiler, *CFLAGS, *build_warnings.warning_flags(), "-O0",
+                            f"-I{HERE / 'include'}",
                             f"-I{HERE / 'src'}", str(HERE / "src/print_facts.c"),
                             *(str(HERE / s) for s in SOURCES),
                             "-o", program, "-lm", "-ldl", "-pthread"], check=True)
         except (OSError, subprocess.CalledProcessError) as exc:
             raise RuntimeError(
                 f"envd's build could not compile src/print_facts.c with {compiler[0]!r}: "
-                f"{exc} (installing from source needs a C compiler, e.g. gcc, or set CC)"
+                f"{exc} (installing from source needs a C compiler, e.g. gcc, or set CC; "
+                f"warnings are errors in envd's C: a newer compiler's new warning can be "
+                f"let pass with {build_warnings.NO_WERROR}=1)"
             ) from None
         output = subprocess.run([program], check=True, capture_output=True, text=True).stdout
     return [line.split("\t") for line in output.splitlines()]
