@@ -15,7 +15,8 @@ rewritten, with no C parser and no fake libc headers:
   (``#define``/``#undef``), so that an X-macro table used in a marked region
   (``ENVD_ERRNO_MAP(ENVD_ERROR_ENUM_ENTRY)`` in envd.h) is expanded there;
 * ``#define NAME value`` becomes ``#define NAME ...`` (cffi asks the compiler
-  for the value; a string constant is left out), other directives go;
+  for the value; a string constant is left out), ``#include`` and ``#undef``
+  go, conditional compilation is refused (cffi would see every branch);
 * enums lose their values and end with ``...`` (the compiler's values);
 * structs end with ``...;`` (the compiler's layout: fields may be listed in
   part, and a field whose length is not a plain number gets ``[...]``);
@@ -196,8 +197,12 @@ def generate(native: Path) -> str:
                     pending.append(line)
                     continue
                 # a macro expands with the definitions in force where it is used
-                kept.append(_expand("\n".join(pending), macros))
+                if marked:
+                    kept.append(_expand("\n".join(pending), macros))
                 pending = []
+                if marked and re.match(r"\s*#\s*(if|ifdef|ifndef|elif|else|endif)\b", line):
+                    raise ValueError(f"{path.name}: {line.strip()!r} in a cffi region (cffi "
+                                     f"would see every branch): keep the region out of it")
                 if (d := _DEFINE.match(line.strip())) is not None:
                     if d[2] is not None:  # function-like: an X-macro table or entry
                         macros[d[1]] = ([p.strip() for p in d[3].split(",") if p.strip()],

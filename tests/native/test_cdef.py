@@ -188,6 +188,8 @@ def test_a_declaration_added_to_a_marked_region_reaches_the_cdef(tmp_path):
     ("/* cffi:begin */\n/* cffi:begin */\n/* cffi:end */\n", "inside a marked region"),
     ("/* cffi:begin */\nstatic inline int envd_b(void) { return 0; }\n/* cffi:end */\n",
      "static"),
+    ("/* cffi:begin */\n#ifdef __cplusplus\nint envd_c(void);\n#endif\n/* cffi:end */\n",
+     "every branch"),
 ])
 def test_a_bad_marking_is_refused_with_the_header_named(tmp_path, header, problem):
     native = _copy_headers(tmp_path)
