@@ -41,6 +41,7 @@ def _load(name: str):
 
 cdef_from_headers = _load("cdef_from_headers")
 build_warnings = _load("build_warnings")
+
 # Every file of src/envs/ is a built-in env (listed once, in src/builtin_envs.h).
 ENV_SOURCES = sorted(f"src/envs/{p.name}" for p in (HERE / "src" / "envs").glob("*.c"))
 SOURCES = ["src/errors.c", "src/rng.c", "src/pool.c", "src/vec.c", "src/builtin_envs.c",
