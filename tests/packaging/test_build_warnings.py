@@ -58,8 +58,9 @@ def _build(tmp_path: Path, own: str, other: str) -> None:
     (tmp_path / "own").mkdir(exist_ok=True)
     (tmp_path / "own" / "own.c").write_text(own.format(name="own"))
     (tmp_path / "wrapper.c").write_text(other.format(name="other"))
-    dist = Distribution({"name": "warnings_probe", "ext_modules": [
-        Extension("warnings_probe", [str(tmp_path / "wrapper.c"), str(tmp_path / "own" / "own.c")])]})
+    sources = [str(tmp_path / "wrapper.c"), str(tmp_path / "own" / "own.c")]
+    dist = Distribution({"name": "warnings_probe",
+                         "ext_modules": [Extension("warnings_probe", sources)]})
     command = bw.own_warnings_build_ext(build_ext)(dist)
     command.build_temp = str(tmp_path / "temp")
     command.build_lib = str(tmp_path / "lib")
