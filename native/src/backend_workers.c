@@ -7,7 +7,6 @@
 #include "backend_workers.h"
 
 #include <errno.h>
-#include <linux/futex.h>
 #include <poll.h>
 #include <stdio.h>
 #include <signal.h>
@@ -18,6 +17,7 @@
 #include <unistd.h>
 
 #include "envd.h"
+#include "futex.h"
 #include "pool.h" /* ENVD_JOB_NOTIFY */
 
 struct envd_backend_batch {
@@ -59,17 +59,6 @@ static double now_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
-}
-
-static void futex_wait(_Atomic uint32_t *word, uint32_t value, int64_t timeout_ms)
-{
-    struct timespec ts = {.tv_sec = timeout_ms / 1000, .tv_nsec = (timeout_ms % 1000) * 1000000};
-    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT, value, &ts, NULL, 0);
-}
-
-static void futex_wake(_Atomic uint32_t *word)
-{
-    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, 1, NULL, NULL, 0);
 }
 
 static inline void cpu_relax(void)
@@ -160,7 +149,7 @@ static int wake(workers_backend_t *b, const bool *touched)
         envd_worker_ctl_t *ctl = &b->cfg.ctl[w];
         atomic_fetch_add(&ctl->cmd_seq, 1);
         if (atomic_load(&ctl->worker_sleeping))
-            futex_wake(&ctl->cmd_seq);
+            envd_futex_wake(&ctl->cmd_seq, 1, ENVD_FUTEX_SHARED);
     }
     return ENVD_OK;
 }
@@ -205,7 +194,8 @@ static void wait_envs(workers_backend_t *b, const int64_t *ids, int64_t count)
         uint32_t seen = atomic_load(&ctl->done_seq);
         atomic_store(&ctl->parent_sleeping, 1);
         if (!acked(b, i))
-            futex_wait(&ctl->done_seq, seen, ENVD_HOSTED_POLL_MS);
+            envd_futex_wait(&ctl->done_seq, seen, ENVD_HOSTED_POLL_MS * 1000000LL,
+                            ENVD_FUTEX_SHARED);
         atomic_store(&ctl->parent_sleeping, 0);
         if (!acked(b, i) && worker_dead(b, w))
             return; /* its envs fail at finish */
@@ -564,7 +554,7 @@ static void destroy(envd_backend_t *backend)
         envd_worker_ctl_t *ctl = &b->cfg.ctl[w];
         atomic_store(&ctl->exit, 1);
         atomic_fetch_add(&ctl->cmd_seq, 1);
-        futex_wake(&ctl->cmd_seq);
+        envd_futex_wake(&ctl->cmd_seq, 1, ENVD_FUTEX_SHARED);
     }
     free(b->pidfds);
     free(b->pids);
@@ -716,7 +706,7 @@ uint32_t envd_worker_wait(envd_worker_ctl_t *ctl, uint32_t seen, int64_t spin_ns
         }
         atomic_store(&ctl->worker_sleeping, 1);
         if (atomic_load(&ctl->cmd_seq) == seen)
-            futex_wait(&ctl->cmd_seq, seen, 1000);
+            envd_futex_wait(&ctl->cmd_seq, seen, 1000000000LL, ENVD_FUTEX_SHARED);
         atomic_store(&ctl->worker_sleeping, 0);
     }
 }
@@ -740,5 +730,5 @@ void envd_worker_done(envd_worker_ctl_t *ctl)
 {
     atomic_fetch_add(&ctl->done_seq, 1);
     if (atomic_load(&ctl->parent_sleeping))
-        futex_wake(&ctl->done_seq);
+        envd_futex_wake(&ctl->done_seq, 1, ENVD_FUTEX_SHARED);
 }

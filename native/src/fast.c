@@ -13,16 +13,15 @@
 
 #include <errno.h>
 #include <limits.h>
-#include <linux/futex.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stddef.h>
 #include <stdlib.h>
-#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "envd.h"
+#include "futex.h"
 #include "pool.h"
 #include "session.h"
 #include "spin.h"
@@ -94,19 +93,6 @@ static _Atomic int g_busy_limit = 1;
 void envd_fast_set_max_spinners(int max_spinners)
 {
     atomic_store(&g_max_spinners, max_spinners < 0 ? 0 : max_spinners);
-}
-
-/* 1 when the wait ran out (ETIMEDOUT), else 0 (woken, or the word differed). */
-static int futex_wait(_Atomic uint32_t *word, uint32_t value, int64_t timeout_ns)
-{
-    struct timespec ts = {timeout_ns / 1000000000LL, timeout_ns % 1000000000LL};
-    return syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT, value, &ts, NULL, 0) != 0 &&
-           errno == ETIMEDOUT;
-}
-
-static void futex_wake(_Atomic uint32_t *word)
-{
-    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
 
 /* Others serve enough requests to need every CPU but this one. */
@@ -227,7 +213,7 @@ static uint32_t next_request(envd_fast_t *fast, int may_spin)
     while (!atomic_load(&fast->stop)) {
         /* The kernel compares req_seq with last atomically: a request rung
          * before this call returns at once, one rung after wakes it. */
-        const int ran_out = futex_wait(req, fast->last, SLEEP_SLICE_NS);
+        const int ran_out = envd_futex_wait(req, fast->last, SLEEP_SLICE_NS, ENVD_FUTEX_SHARED);
         seq = atomic_load_explicit(req, memory_order_acquire);
         if (seq != fast->last) {
             if (ran_out)  /* rung, yet nobody woke this thread */
@@ -340,7 +326,7 @@ static void publish(envd_fast_header_t *h, uint32_t seq)
      * done_seq is still the old value). */
     atomic_store(&h->done_seq, seq);
     if (atomic_load(&h->client_waiting))
-        futex_wake(&h->done_seq);
+        envd_futex_wake(&h->done_seq, INT_MAX, ENVD_FUTEX_SHARED);
 }
 
 /* Take the session's lock, or give up once stop is set (0). */
@@ -487,7 +473,7 @@ int64_t envd_fast_stop(envd_fast_t *fast, int64_t *batch_envs)
      * (tests/native/fast_stress.c: about 1 stop in 10 issued right after an
      * answer took 200 ms).  Wake until the thread has left its loop. */
     for (long pause_ns = 20000;; pause_ns = pause_ns < 1000000 ? 2 * pause_ns : pause_ns) {
-        futex_wake(&fast->header->req_seq);
+        envd_futex_wake(&fast->header->req_seq, INT_MAX, ENVD_FUTEX_SHARED);
         if (atomic_load(&fast->exited))
             break;
         nanosleep(&(struct timespec){0, pause_ns}, NULL);
@@ -500,7 +486,7 @@ int64_t envd_fast_stop(envd_fast_t *fast, int64_t *batch_envs)
     /* The client reads closed after waking on done_seq (or before ringing):
      * it then asks the daemon over the socket, which says why. */
     atomic_store(&fast->header->closed, 1);
-    futex_wake(&fast->header->done_seq);
+    envd_futex_wake(&fast->header->done_seq, INT_MAX, ENVD_FUTEX_SHARED);
     int64_t served = atomic_load(&fast->served);
     free(fast);
     return served;

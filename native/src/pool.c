@@ -74,17 +74,16 @@
 
 #include <errno.h>
 #include <limits.h>
-#include <linux/futex.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/eventfd.h>
-#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "envd.h"
+#include "futex.h"
 #include "spin.h"
 
 /* n is capped so that job->next cannot overflow: each thread that holds a
@@ -119,18 +118,6 @@ struct envd_pool {
 };
 
 /* ---- small helpers --------------------------------------------------------- */
-/* Returns on a wake, a signal, or at once if *word != expected; callers
- * re-check their condition in every case. */
-static void futex_wait(_Atomic uint32_t *word, uint32_t expected)
-{
-    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT_PRIVATE, expected, NULL, NULL, 0);
-}
-
-static void futex_wake(_Atomic uint32_t *word, int count)
-{
-    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE_PRIVATE, count, NULL, NULL, 0);
-}
-
 /* Spin for up to SPIN_NS while *word == value; non-zero if it changed. */
 static int spin_while_equal(_Atomic uint32_t *word, uint32_t value)
 {
@@ -156,7 +143,7 @@ static void job_complete(envd_pool_t *pool, envd_job_t *job)
     atomic_fetch_sub_explicit(&pool->in_flight, 1, memory_order_relaxed);
     uint32_t old = atomic_exchange_explicit(&job->done, JOB_DONE, memory_order_acq_rel);
     if (old == JOB_WAITING)
-        futex_wake(&job->done, INT_MAX);
+        envd_futex_wake(&job->done, INT_MAX, ENVD_FUTEX_PRIVATE);
     if (notify) {
         /* After the done store: the event loop reads the eventfd and then
          * polls done, so it must never see the event before the flag.  A
@@ -292,7 +279,7 @@ static void worker_idle(envd_pool_t *pool, uint32_t seen)
             return;
     }
     atomic_fetch_add(&pool->sleepers, 1);
-    futex_wait(&pool->gen, seen);
+    envd_futex_wait(&pool->gen, seen, ENVD_FUTEX_FOREVER, ENVD_FUTEX_PRIVATE);
     atomic_fetch_sub(&pool->sleepers, 1);
 }
 
@@ -342,7 +329,7 @@ static void pool_teardown(envd_pool_t *pool)
 {
     atomic_store(&pool->shutdown, 1);
     atomic_fetch_add(&pool->gen, 1);
-    futex_wake(&pool->gen, INT_MAX);
+    envd_futex_wake(&pool->gen, INT_MAX, ENVD_FUTEX_PRIVATE);
     for (int i = 0; i < pool->num_started; i++)
         pthread_join(pool->threads[i], NULL);
     if (pool->efd >= 0)
@@ -485,7 +472,8 @@ static void pool_enqueue(envd_pool_t *pool, envd_job_t *job)
             want = job->cap->max_workers; /* C3: more could not take it */
         want -= atomic_load(&pool->spinners);
         if (want > 0)
-            futex_wake(&pool->gen, want < sleepers ? (int)want : sleepers);
+            envd_futex_wake(&pool->gen, want < sleepers ? (int)want : sleepers,
+                            ENVD_FUTEX_PRIVATE);
     }
 }
 
@@ -553,7 +541,7 @@ static void job_wait_done(envd_job_t *job)
             !atomic_compare_exchange_strong_explicit(&job->done, &d, JOB_WAITING,
                                                      memory_order_acquire, memory_order_acquire))
             continue;
-        futex_wait(&job->done, JOB_WAITING);
+        envd_futex_wait(&job->done, JOB_WAITING, ENVD_FUTEX_FOREVER, ENVD_FUTEX_PRIVATE);
     }
 }
 
