@@ -8,14 +8,30 @@
 """
 __version__ = "0.1.0"
 
-from envd.client import Client, MultiClient, MultiVecEnv, RemoteVecEnv, connect  # noqa: E402
-from envd.errors import (ConnectionLostError, DaemonError, EnvdError, EnvdTimeoutError,  # noqa: E402
-                         EnvError, EnvStateError, InvalidActionError, InvalidArgumentError,
-                         LimitExceededError, NativeError, NoDaemonError, ProtocolError,
-                         SessionExpiredError,
-                         PluginError, SharedMemoryError, ShuttingDownError,
-                         UnknownEnvError, UnknownSessionError, AuthenticationError,
-                         UntrustedPathError, UntrustedSegmentError)
+from envd.client import Client, MultiClient, MultiVecEnv, RemoteVecEnv, connect
+from envd.errors import (
+    AuthenticationError,
+    ConnectionLostError,
+    DaemonError,
+    EnvdError,
+    EnvdTimeoutError,
+    EnvError,
+    EnvStateError,
+    InvalidActionError,
+    InvalidArgumentError,
+    LimitExceededError,
+    NativeError,
+    NoDaemonError,
+    PluginError,
+    ProtocolError,
+    SessionExpiredError,
+    SharedMemoryError,
+    ShuttingDownError,
+    UnknownEnvError,
+    UnknownSessionError,
+    UntrustedPathError,
+    UntrustedSegmentError,
+)
 
 #: Loaded on first use, so that a trainer that only talks to a daemon
 #: (envd.connect) never loads the native core.

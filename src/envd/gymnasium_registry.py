@@ -48,8 +48,9 @@ from __future__ import annotations
 import functools
 import importlib.util
 import sys
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import gymnasium
 from gymnasium.envs import registration as _gym_registration

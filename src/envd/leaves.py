@@ -25,7 +25,8 @@ daemon and the client, which rebuilds the space from its wire form
 """
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 from gymnasium import spaces

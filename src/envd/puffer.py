@@ -42,7 +42,8 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -253,7 +254,7 @@ class Backend:
         return self.agents_per_batch
 
     @property
-    def driver_env(self) -> "Backend":
+    def driver_env(self) -> Backend:
         """What PufferLib's policies read spaces from (single_*_space)."""
         return self
 

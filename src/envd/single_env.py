@@ -56,7 +56,7 @@ class EnvdEnv(gymnasium.Env):
         self._episode_over = False  # step() refuses until reset()
 
     @classmethod
-    def make(cls, env_id: str, *, endpoint: Any = None, **kwargs: Any) -> "EnvdEnv":
+    def make(cls, env_id: str, *, endpoint: Any = None, **kwargs: Any) -> EnvdEnv:
         """One env of env_id, in this process (endpoint None) or served by a
         daemon (endpoint as envd.gymnasium_registry.make_vector_env); kwargs go
         to envd.make / Client.make (seed, max_episode_steps, env parameters...)."""

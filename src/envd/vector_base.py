@@ -15,7 +15,8 @@ which overwrites them in place.  Keep a copy (or pass ``copy=True`` to
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 from gymnasium import spaces
@@ -23,8 +24,15 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from envd import info_codec, leaves
-from envd.errors import (NATIVE_CODES, EnvdError, EnvStateError, InvalidActionError,
-                         InvalidArgumentError, NativeError, native_strerror)
+from envd.errors import (
+    NATIVE_CODES,
+    EnvdError,
+    EnvStateError,
+    InvalidActionError,
+    InvalidArgumentError,
+    NativeError,
+    native_strerror,
+)
 from envd.stepping import Stepper
 
 SEED_LIMIT = 2**64
@@ -1011,7 +1019,7 @@ class BatchedVecEnv(VectorEnv):
             self._add_env_infos(info, out, env_ids=out["env_id"])
         return obs, out["rewards"], out["terminations"], out["truncations"], info
 
-    def _gather_plans(self) -> list["_GatherPlan"]:
+    def _gather_plans(self) -> list[_GatherPlan]:
         """Two sets of batch_size-row buffers recv alternates between, each
         with the copies that fill it (made once: a recv's hot path)."""
         plans = self._plans
@@ -1130,7 +1138,7 @@ class BatchedVecEnv(VectorEnv):
     def __del__(self) -> None:
         self.close()
 
-    def __enter__(self) -> "BatchedVecEnv":
+    def __enter__(self) -> BatchedVecEnv:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -60,8 +60,16 @@ import numpy as np
 
 import envd
 from envd.tools import bench_learner, bench_load, bench_multi, bench_pair, bench_readme
-from envd.tools.bench_rounds import (NOT_AVAILABLE, interleaved_rounds, judge, paired_ratios,
-                                     rate_text, ratio_text, spread, spread_text)
+from envd.tools.bench_rounds import (
+    NOT_AVAILABLE,
+    interleaved_rounds,
+    judge,
+    paired_ratios,
+    rate_text,
+    ratio_text,
+    spread,
+    spread_text,
+)
 
 ENV_ID = "CartPole-v1"
 SIZES = (1, 64, 1024, 4096)
@@ -377,7 +385,7 @@ class Bench:
             # preexec_fn: this runs before any client (and its threads) exists.
             procs[label] = (subprocess.Popen(
                 args, cwd=self.folder.name, stdin=subprocess.DEVNULL, env=environ,
-                preexec_fn=_die_with_parent), endpoint)  # noqa: PLW1509
+                preexec_fn=_die_with_parent), endpoint)
             self.daemons[label] = procs[label]
         deadline = time.monotonic() + 90
         for label, (proc, endpoint) in procs.items():
@@ -394,7 +402,7 @@ class Bench:
         for client in self.clients.values():
             try:
                 client.close()
-            except Exception:  # noqa: BLE001, S110  (closing what a failed run left: best effort)
+            except Exception:  # noqa: BLE001  (closing what a failed run left: best effort)
                 pass
         self.clients.clear()
         for proc, _ in self.daemons.values():

@@ -24,8 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from envd.tools.bench_rounds import (interleaved_rounds, judge, paired_ratios, ratio_text,
-                                     spread, spread_text)
+from envd.tools.bench_rounds import interleaved_rounds, judge, paired_ratios, ratio_text, spread, spread_text
 
 MULTI_ENVS = ("CartPole-v1", "Acrobot-v1")
 SYSTEMS = ("one daemon", "one daemon socket", "two daemons")

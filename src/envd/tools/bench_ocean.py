@@ -40,8 +40,7 @@ import envd
 from envd.native.registry import get_spec
 from envd.tools import bench_load
 from envd.tools.bench import Unavailable, _jsonable, machine_info, steps_per_second
-from envd.tools.bench_rounds import (interleaved_rounds, judge, paired_ratios, ratio_text,
-                                     spread, spread_text)
+from envd.tools.bench_rounds import interleaved_rounds, judge, paired_ratios, ratio_text, spread, spread_text
 
 PUFFER_SERIAL = "PufferLib serial"
 PUFFER_MP = "PufferLib Multiprocessing, 2 workers"
