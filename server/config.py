@@ -14,8 +14,8 @@ import ipaddress
 import logging
 import os
 import socket
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
 
 from envd import _native_facts, keys
 from envd.protocol import default_endpoint

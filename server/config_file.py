@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import difflib
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from envd import ownership
 

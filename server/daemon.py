@@ -47,18 +47,25 @@ import zmq
 from envd import __version__, protocol
 from envd.errors import LimitExceededError
 from envd.keys import KeyFileError, writable_by_others
-from envd.protocol import default_endpoint
 from envd.native import segment_guard
 from envd.native.native_vec import NativePool, set_fast_spinners
+from envd.native.ocean_ids import load_for_daemon
+from envd.protocol import default_endpoint
 from envd.server import logs
 from envd.server.config import Config
-from envd.server.connections import (FDS_PER_HOSTED_MAKE, FDS_PER_MAKE, Connections,
-                                     default_max_connections, fd_reserve, make_fds, open_fds,
-                                     raise_fd_limit)
+from envd.server.connections import (
+    FDS_PER_HOSTED_MAKE,
+    FDS_PER_MAKE,
+    Connections,
+    default_max_connections,
+    fd_reserve,
+    make_fds,
+    open_fds,
+    raise_fd_limit,
+)
 from envd.server.fair_ops import OPERATION_THREADS
-from envd.server.peer_auth import CURVE_DOMAIN, IPC_DOMAIN, PeerAuthenticator
 from envd.server.hosted import HostedCatalog, WorkerReaper
-from envd.native.ocean_ids import load_for_daemon
+from envd.server.peer_auth import CURVE_DOMAIN, IPC_DOMAIN, PeerAuthenticator
 from envd.server.plugins import load_plugins
 from envd.server.service import Service
 from envd.server.stale_segments import Instance, remove_stale_segments

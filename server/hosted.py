@@ -32,7 +32,8 @@ import select
 import signal
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import cloudpickle
 import numpy as np
@@ -40,24 +41,30 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
 from envd import info_codec
-from envd.errors import (NATIVE_CODES, EnvdError, EnvError, EnvStateError,
-                         InvalidArgumentError, LimitExceededError, ShuttingDownError,
-                         UnknownEnvError)
+from envd.errors import (
+    NATIVE_CODES,
+    EnvdError,
+    EnvError,
+    EnvStateError,
+    InvalidArgumentError,
+    LimitExceededError,
+    ShuttingDownError,
+    UnknownEnvError,
+)
 from envd.hosted_pettingzoo import PETTINGZOO_PREFIX, creator_of_id
-from envd.native import segment_guard
+from envd.native import hosted_template, segment_guard
 from envd.native._envd_native import lib
-from envd.native.hosted_env import (DEFAULT_INFO_BYTES, check_space, default_num_workers,
-                                    hosted_buffer_layout)
-from envd.native.hosted_segment import Segment as PrivateSegment, segment_layout
-from envd.native.hosted_session import CLOSE_GRACE_SECONDS, HostedSession, HostedSpec
-from envd.native import hosted_template
 from envd.native.hosted_calls import MAX_CALL_OBJECTS
+from envd.native.hosted_env import DEFAULT_INFO_BYTES, check_space, default_num_workers, hosted_buffer_layout
+from envd.native.hosted_segment import Segment as PrivateSegment
+from envd.native.hosted_segment import segment_layout
+from envd.native.hosted_session import CLOSE_GRACE_SECONDS, HostedSession, HostedSpec
 from envd.native.hosted_template import Template, template
 from envd.native.vector_env import PYTHON_PREFIX
-from envd.shm import Segment
 from envd.server.config import StartupError
 from envd.server.lifecycle import Lifecycle
 from envd.server.sessions import EXECUTOR_LOCK_WAIT_SECONDS, Session, async_in_flight, plan
+from envd.shm import Segment
 
 log = logging.getLogger("envd.server")
 

@@ -38,7 +38,7 @@ before any transition is tried).
 from __future__ import annotations
 
 import enum
-from typing import Callable
+from collections.abc import Callable
 
 
 class State(enum.Enum):

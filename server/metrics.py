@@ -19,7 +19,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-from typing import TYPE_CHECKING, Any, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -68,7 +69,7 @@ class Metrics:
             child = self._error_children[code] = self._errors.labels(code=str(code))
         child.inc()
 
-    def attach(self, service: "Service", loop: asyncio.AbstractEventLoop) -> None:
+    def attach(self, service: Service, loop: asyncio.AbstractEventLoop) -> None:
         """Scrapes read this service's state on this loop from now on."""
         self._service, self._loop = service, loop
 
@@ -119,7 +120,7 @@ class Metrics:
             return None
 
 
-def read_service(service: "Service") -> dict[str, Any]:
+def read_service(service: Service) -> dict[str, Any]:
     """What a scrape reports of the Service; on the event loop thread."""
     service.collect_fast_steps()  # the fast path's steps, up to now
     inline, pooled = service.closed_session_jobs

@@ -12,7 +12,8 @@ exception does).  ``give_back`` returns a freed session's bytes, once.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from gymnasium.vector import AutoresetMode
 

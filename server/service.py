@@ -19,20 +19,29 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 from concurrent.futures import Executor, Future
-from typing import Any, Callable
+from typing import Any
 
 from envd import __version__, protocol
-from envd.errors import (ConnectionLostError, DaemonError, EnvdError, EnvStateError,
-                         LimitExceededError, SessionExpiredError, SharedMemoryError,
-                         ShuttingDownError, UnknownSessionError)
+from envd.errors import (
+    ConnectionLostError,
+    DaemonError,
+    EnvdError,
+    EnvStateError,
+    LimitExceededError,
+    SessionExpiredError,
+    SharedMemoryError,
+    ShuttingDownError,
+    UnknownSessionError,
+)
 from envd.native import segment_guard
 from envd.native.native_vec import NativePool
 from envd.server.config import Config
 from envd.server.control import ControlHandlers
 from envd.server.fair_ops import FairOps
-from envd.server.replies import ReplyBooks, is_small
 from envd.server.hosted import HostedCatalog, WorkerReaper
+from envd.server.replies import ReplyBooks, is_small
 from envd.server.reservation import ResourceBooks
 from envd.server.sessions import ClientRecord, Session
 from envd.server.stepping import SteppingHandlers
