@@ -4,7 +4,8 @@ Needs only numpy, pyzmq, msgpack and gymnasium; never imports native code.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from envd.client import connection as _connection
 from envd.client.connection import Client

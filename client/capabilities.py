@@ -60,7 +60,7 @@ class Capabilities:
     advertised: bool = True
 
     @classmethod
-    def from_hello(cls, reply: dict[str, Any]) -> "Capabilities":
+    def from_hello(cls, reply: dict[str, Any]) -> Capabilities:
         """The capabilities of a hello reply; the fallback when it has none.
         ProtocolError when they are malformed (a daemon that is not envd)."""
         wire = reply.get("capabilities")
@@ -102,7 +102,7 @@ class Capabilities:
                    doorbell_layout=layout, **flags)
 
     @classmethod
-    def legacy(cls, reply: dict[str, Any]) -> "Capabilities":
+    def legacy(cls, reply: dict[str, Any]) -> Capabilities:
         """What a daemon without the capabilities field is taken to serve."""
         limits = reply.get("limits")
         version = reply.get("version")

@@ -31,7 +31,8 @@ import os
 import threading
 import time
 import weakref
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message

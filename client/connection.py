@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import os
 import weakref
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from gymnasium.vector import AutoresetMode
@@ -22,11 +23,24 @@ from envd.client import endpoints, security
 from envd.client.capabilities import Capabilities
 from envd.client.channel import Channel
 from envd.client.remote_vector_env import RemoteVecEnv
-from envd.errors import (ConnectionLostError, EnvdError, EnvdTimeoutError, EnvStateError,
-                         InvalidArgumentError, NoDaemonError, UnknownSessionError)
+from envd.errors import (
+    ConnectionLostError,
+    EnvdError,
+    EnvdTimeoutError,
+    EnvStateError,
+    InvalidArgumentError,
+    NoDaemonError,
+    UnknownSessionError,
+)
 from envd.hosted_pettingzoo import PETTINGZOO_PREFIX, rows_view
-from envd.vector_base import (autoreset_mode_name, check_int, episode_statistics_key,
-                              is_int, parse_autoreset_mode, seed_list)
+from envd.vector_base import (
+    autoreset_mode_name,
+    check_int,
+    episode_statistics_key,
+    is_int,
+    parse_autoreset_mode,
+    seed_list,
+)
 
 #: The most envs one make may ask for (the native vec's limit, ENVD_VEC_MAX_ENVS).
 MAX_NUM_ENVS = _native_facts.VEC_MAX_ENVS
@@ -316,7 +330,7 @@ class Client:
         self.closed = True
         self.channel.close()
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc: Any) -> None:

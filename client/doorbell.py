@@ -37,7 +37,7 @@ import mmap
 import os
 import platform
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from envd import _native_facts
 

@@ -32,8 +32,9 @@ from __future__ import annotations
 import re
 import secrets
 import weakref
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 from gymnasium.vector import AutoresetMode
@@ -44,13 +45,27 @@ from envd.client.discovery import is_dns_url, resolve
 from envd.client.multi_async import ShardsAsyncStepper
 from envd.client.multi_doorbell import ShardsDoorbellStepper
 from envd.client.remote_vector_env import RemoteVecEnv
-from envd.errors import (ConnectionLostError, EnvdError, EnvError, EnvStateError,
-                         InvalidActionError, InvalidArgumentError, NativeError)
-from envd.vector_base import (RESETS_ITSELF, BatchedVecEnv, SendRowChecks,
-                              action_out_of_range, autoreset_mode_name, check_int,
-                              episode_statistics_key, mark_resets_itself, parse_autoreset_mode,
-                              seed_list)
-
+from envd.errors import (
+    ConnectionLostError,
+    EnvdError,
+    EnvError,
+    EnvStateError,
+    InvalidActionError,
+    InvalidArgumentError,
+    NativeError,
+)
+from envd.vector_base import (
+    RESETS_ITSELF,
+    BatchedVecEnv,
+    SendRowChecks,
+    action_out_of_range,
+    autoreset_mode_name,
+    check_int,
+    episode_statistics_key,
+    mark_resets_itself,
+    parse_autoreset_mode,
+    seed_list,
+)
 
 
 def split_envs(weights: Sequence[int], num_envs: int) -> list[int]:
@@ -250,7 +265,7 @@ class MultiClient:
              autoreset_mode: str | AutoresetMode | None = None,
              max_episode_steps: int | None = None, copy: bool = False,
              episode_statistics: bool | str = True, batch_size: int | None = None,
-             **env_kwargs: Any) -> "MultiVecEnv":
+             **env_kwargs: Any) -> MultiVecEnv:
         """num_envs envs of env_id spread over the daemons in proportion to
         their threads (see split_envs); arguments as Client.make (env_kwargs
         and other keywords go to every daemon's make, a per-env list split:
@@ -320,7 +335,7 @@ class MultiClient:
         finally:
             self._shutdown()
 
-    def __enter__(self) -> "MultiClient":
+    def __enter__(self) -> MultiClient:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -338,7 +353,7 @@ class _ShardsStepper:
     refused.  It
     holds its env weakly, so a dropped env is freed without a cycle."""
 
-    def __init__(self, env: "MultiVecEnv"):
+    def __init__(self, env: MultiVecEnv):
         self._env = weakref.proxy(env)
 
     def reset(self, with_seeds: bool, with_mask: bool) -> None:

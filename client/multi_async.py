@@ -66,10 +66,16 @@ import numpy as np
 import zmq
 
 from envd import protocol
-from envd.errors import (ConnectionLostError, EnvdError, EnvdTimeoutError, EnvStateError,
-                         ProtocolError, SessionExpiredError, UnknownSessionError)
-from envd.vector_base import (RepeatCheck, in_flight_error, not_idle_error, ready_error,
-                              recv_short_error, run_of)
+from envd.errors import (
+    ConnectionLostError,
+    EnvdError,
+    EnvdTimeoutError,
+    EnvStateError,
+    ProtocolError,
+    SessionExpiredError,
+    UnknownSessionError,
+)
+from envd.vector_base import RepeatCheck, in_flight_error, not_idle_error, ready_error, recv_short_error, run_of
 
 if TYPE_CHECKING:
     from envd.client.multi import MultiVecEnv
@@ -103,7 +109,7 @@ class _Shard:
     yet (the channel runs reply callbacks under its lock, so they only
     queue; _take_in does the work)."""
 
-    def __init__(self, index: int, env: "RemoteVecEnv", rows: slice, endpoint: str):
+    def __init__(self, index: int, env: RemoteVecEnv, rows: slice, endpoint: str):
         self.index = index
         self.env = env
         self.rows = rows
@@ -124,7 +130,7 @@ class ShardsAsyncStepper:
     """The envd.stepping.Stepper of an async MultiVecEnv (see the module
     docstring).  Holds its env weakly, so a dropped env is freed without a cycle."""
 
-    def __init__(self, env: "MultiVecEnv"):
+    def __init__(self, env: MultiVecEnv):
         self._env = weakref.proxy(env)
         self._env_id = env.env_id
         self._shards = [_Shard(k, shard, rows, endpoint) for k, (shard, rows, endpoint)

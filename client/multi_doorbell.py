@@ -47,8 +47,7 @@ import numpy as np
 
 from envd.client.doorbell import RECV, SENDRECV, SHUTTING_DOWN, Doorbell, wait_any
 from envd.client.multi_async import IDLE, IN_FLIGHT, ShardsAsyncStepper, _Shard
-from envd.errors import (ConnectionLostError, EnvdError, EnvdTimeoutError, ProtocolError,
-                         ShuttingDownError)
+from envd.errors import ConnectionLostError, EnvdError, EnvdTimeoutError, ProtocolError, ShuttingDownError
 from envd.vector_base import step_error
 
 if TYPE_CHECKING:
@@ -75,7 +74,7 @@ _PROBE_EVERY = 16
 class ShardsDoorbellStepper(ShardsAsyncStepper):
     """ShardsAsyncStepper whose sends and recvs ring each daemon's doorbell."""
 
-    def __init__(self, env: "MultiVecEnv"):
+    def __init__(self, env: MultiVecEnv):
         super().__init__(env)
         for shard in self._shards:
             shard.rung = 0  # envs a RECV rung and not answered yet asks for (0: none)

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import zmq
 
@@ -99,7 +100,7 @@ def daemon_mechanism(endpoint: str, timeout: float) -> bytes | None:
             try:
                 if probe.recv(1) == b"":
                     return None
-            except socket.timeout:
+            except TimeoutError:
                 pass
     except (OSError, ValueError):
         return None
