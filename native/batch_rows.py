@@ -9,7 +9,7 @@ either way (tests/native/test_batch_rows.py compares them).
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

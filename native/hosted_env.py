@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import cloudpickle
 import gymnasium
@@ -29,9 +30,14 @@ from envd.native.hosted_session import HostedSession, HostedSpec
 from envd.native.hosted_template import _describe, template
 from envd.native.native_vec import MAX_NUM_ENVS
 from envd.native.vector_env import PYTHON_PREFIX
-from envd.vector_base import (BatchedVecEnv, buffer_layout, check_int, episode_statistics_key,
-                              parse_autoreset_mode, seed_list)
-
+from envd.vector_base import (
+    BatchedVecEnv,
+    buffer_layout,
+    check_int,
+    episode_statistics_key,
+    parse_autoreset_mode,
+    seed_list,
+)
 
 #: num_workers=None picks workers when a step of all envs costs at least
 #: this long on one CPU (native/step_cost.py measures one env's step, the

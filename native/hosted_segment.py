@@ -76,7 +76,7 @@ class Segment:
             for name, (offset, shape, dtype) in layout.items()}
 
     @classmethod
-    def create(cls, layout: Layout, size: int) -> tuple["Segment", int]:
+    def create(cls, layout: Layout, size: int) -> tuple[Segment, int]:
         """A new zeroed segment and its memfd (close-on-exec; the caller
         closes it once the workers have theirs)."""
         fd = os.memfd_create("envd-hosted", os.MFD_CLOEXEC)

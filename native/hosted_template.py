@@ -47,8 +47,8 @@ as cloudpickle (a lambda works).
 from __future__ import annotations
 
 import atexit
-import importlib
 import ctypes
+import importlib
 import os
 import pickle
 import queue
@@ -302,6 +302,7 @@ def main() -> None:
     # Preload what every worker needs (the point of the template).
     import gymnasium  # noqa: F401
     import numpy  # noqa: F401
+
     import envd.native.hosted_worker  # noqa: F401
     _serve_template(socket.socket(fileno=fd))
 

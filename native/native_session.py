@@ -36,11 +36,9 @@ import numpy as np
 
 from envd.errors import EnvStateError, InvalidArgumentError, NativeError
 from envd.native._envd_native import ffi, lib
-from envd.native.native_vec import (MAX_THREADS, NativePool, per_env_params, ptr, strerror,
-                                   vec_buffers, vec_config)
+from envd.native.native_vec import MAX_THREADS, NativePool, per_env_params, ptr, strerror, vec_buffers, vec_config
 from envd.native.registry import EnvSpec
-from envd.vector_base import (in_flight_error, not_idle_error, ready_error, recv_short_error,
-                              send_error, step_error)
+from envd.vector_base import in_flight_error, not_idle_error, ready_error, recv_short_error, send_error, step_error
 
 
 class NativeSession:

@@ -10,8 +10,9 @@ a client can only name an id, never a path.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from envd.errors import EnvdError, PluginError, UnknownEnvError
 from envd.native import ocean_build

@@ -12,8 +12,9 @@ import difflib
 import math
 import os
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 from gymnasium import spaces
@@ -148,7 +149,7 @@ class EnvSpec:
         """Its spaces, agents and state size depend on the params (ABI 5 describe)."""
         return self.describing is not None
 
-    def described(self, params: list[float], num_envs: int) -> "EnvSpec":
+    def described(self, params: list[float], num_envs: int) -> EnvSpec:
         """The spec of a make with these params (param_values' result: one
         row of values for every env, or num_envs rows): itself for a static
         definition; else its definition described by C for them, whose
@@ -184,7 +185,7 @@ class EnvSpec:
                    else [float(p.default)] * num_envs for p in self.params]
         return [column[i] for i in range(num_envs) for column in columns]
 
-    def _per_env(self, param: "ParamSpec", value: Any, num_envs: int) -> list[float]:
+    def _per_env(self, param: ParamSpec, value: Any, num_envs: int) -> list[float]:
         """num_envs checked doubles of one kwarg: a scalar repeated, or a list
         of exactly num_envs values (EnvPool issue #309)."""
         if isinstance(value, np.ndarray) and value.ndim == 0:

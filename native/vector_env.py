@@ -12,7 +12,8 @@ from __future__ import annotations
 import inspect
 import os
 import secrets
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 from gymnasium.vector import AutoresetMode
@@ -23,8 +24,16 @@ from envd.native.batch_rows import IdChecker, row_copier
 from envd.native.native_session import NativeSession
 from envd.native.native_vec import MAX_NUM_ENVS, MAX_THREADS, NativePool
 from envd.native.registry import EnvSpec, get_spec, load_plugin
-from envd.vector_base import (BatchedVecEnv, buffer_layout, check_int, episode_statistics_key,
-                              is_int, mark_resets_itself, parse_autoreset_mode, seed_list)
+from envd.vector_base import (
+    BatchedVecEnv,
+    buffer_layout,
+    check_int,
+    episode_statistics_key,
+    is_int,
+    mark_resets_itself,
+    parse_autoreset_mode,
+    seed_list,
+)
 
 _CACHE_LINE = 64
 
