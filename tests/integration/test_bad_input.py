@@ -17,11 +17,10 @@ import msgpack
 import numpy as np
 import pytest
 import zmq
+from support.daemon import DEADLINE, Bystander, segments_of, start_daemon, stop_daemon, wait_until
 from zmq.utils.monitor import recv_monitor_message
 
 import envd
-from support.daemon import (DEADLINE, Bystander, segments_of, start_daemon,
-                            stop_daemon, wait_until)
 from envd import protocol
 from envd.shm import Segment
 

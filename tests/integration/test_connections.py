@@ -20,12 +20,12 @@ import numpy as np
 import pytest
 import zmq
 import zmq.auth
+from support.daemon import DEADLINE, Bystander, DaemonProcess, TwinStepper, wait_until
+from test_curve import free_port, keys  # noqa: F401 -- keys is a fixture
 from zmq.utils.monitor import recv_monitor_message
 
 import envd
 from envd import protocol
-from support.daemon import DEADLINE, Bystander, DaemonProcess, TwinStepper, wait_until
-from test_curve import free_port, keys  # noqa: F401 -- keys is a fixture
 
 #: The open-file limit of the flooded daemons, and how many connections flood them.
 FD_LIMIT = 400

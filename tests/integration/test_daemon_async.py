@@ -8,8 +8,13 @@ import signal
 
 import numpy as np
 import pytest
-from support.async_steps import (async_trajectories, check_async_reset_zeroes_rewards,
-                                 envpool_loop_trajectories, per_env_actions, sync_trajectories)
+from support.async_steps import (
+    async_trajectories,
+    check_async_reset_zeroes_rewards,
+    envpool_loop_trajectories,
+    per_env_actions,
+    sync_trajectories,
+)
 from support.builtin_envs import BUILTIN_ENV_IDS, MULTI_AGENT_ENV_IDS
 from support.daemon import DaemonProcess, segments_of, wait_until
 

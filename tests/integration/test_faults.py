@@ -34,8 +34,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support.daemon import (DEADLINE, DaemonProcess, TwinStepper, all_threads_stopped,
-                            in_bounds_actions, segments_of, wait_until)
+from support.daemon import (
+    DEADLINE,
+    DaemonProcess,
+    TwinStepper,
+    all_threads_stopped,
+    in_bounds_actions,
+    segments_of,
+    wait_until,
+)
 
 import envd
 

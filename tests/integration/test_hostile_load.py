@@ -32,17 +32,20 @@ import time
 from pathlib import Path
 
 import msgpack
-import zmq
 import numpy as np
+import zmq
+from support.daemon import DEADLINE, Bystander, DaemonProcess, peak_rss, segments_of, wait_until
+from test_connections import FdWatch, flood
+from test_peer_bounds import (
+    as_user,
+    open_folder,  # noqa: F401 -- a fixture
+    other_uid,
+    other_user_attack,
+)
+from test_unread_replies import DROPPED_LINE, Deaf
 
 import envd
 from envd import protocol
-from support.daemon import (DEADLINE, Bystander, DaemonProcess, peak_rss, segments_of,
-                            wait_until)
-from test_connections import FdWatch, flood
-from test_peer_bounds import open_folder  # noqa: F401 -- a fixture
-from test_peer_bounds import as_user, other_uid, other_user_attack
-from test_unread_replies import DROPPED_LINE, Deaf
 
 MiB = 1 << 20
 FD_LIMIT = 256

@@ -11,8 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import envd
 from support.daemon import DEADLINE, segments_of, wait_until
+
+import envd
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import pytest
-from support.daemon import DaemonProcess, segments_of
 from gymnasium.vector import AutoresetMode
+from support.daemon import DaemonProcess, segments_of
 from support.plugin_checks import build_plugin
 
 import envd

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import ctypes
 
+import cbuild
 import numpy as np
 import pytest
 
-import cbuild
 import envd
 
 G = 12          # grid cells per side

@@ -10,7 +10,6 @@ import time
 
 import numpy as np
 import pytest
-
 from support.ray_cluster import local_cluster, ray  # first: it sets Ray's environment
 
 import envd

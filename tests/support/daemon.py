@@ -14,8 +14,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -155,7 +155,7 @@ class DaemonProcess:
         self._log.close()
         return self.proc.returncode
 
-    def __enter__(self) -> "DaemonProcess":
+    def __enter__(self) -> DaemonProcess:
         return self
 
     def __exit__(self, *exc) -> None:
