@@ -74,7 +74,7 @@ def measure(env_id: str, sizes: list[int], seconds: float,
     for n in sizes:
         systems = make_systems(env_id, n)
         actions = systems["envd threads=0"].action_space.sample()
-        best = {name: 0.0 for name in systems}
+        best = dict.fromkeys(systems, 0.0)
         order = list(systems)
         for _ in range(rounds):
             random.shuffle(order)
