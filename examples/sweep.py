@@ -112,7 +112,7 @@ def table(reports: list[dict[str, Any]]) -> str:
             continue
         lines.append(f"{r['k']:>7}  {r['client']:8}  {r['seed']:>4}  {r['lr']:>8.1e}  "
                      f"{r['steps']:>7}  {r['episodes']:>8}  {r['mean_return']:>11.1f}  "
-                     f"{str(r['solved']):>6}  {r['steps_per_s']:>7.0f}")
+                     f"{r['solved']!s:>6}  {r['steps_per_s']:>7.0f}")
     return "\n".join(lines)
 
 
