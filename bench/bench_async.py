@@ -22,7 +22,7 @@ import os
 import tempfile
 import warnings
 
-from bench_daemon import start_daemon
+from bench_daemon import start_daemon  # same folder
 
 import envd
 from envd.tools import bench_learner, bench_load

@@ -18,7 +18,7 @@ import tempfile
 import time
 
 import numpy as np
-from bench_daemon import start_daemon
+from bench_daemon import start_daemon  # same folder
 
 import envd
 

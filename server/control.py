@@ -310,7 +310,7 @@ class ControlHandlers:
                 session = future.result()
                 try:
                     reply = self._open(client, session, reservation, reply)
-                except Exception:
+                except Exception:  # a bug: answer, leave nothing behind
                     log.exception("internal error while opening a made session")
                     reply = protocol.error_reply(request_id, DaemonError(
                         "internal error in the daemon; its log has the details"))

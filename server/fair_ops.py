@@ -99,7 +99,7 @@ class FairOps:
             future.set_exception(error)
             try:
                 done(future)
-            except Exception:
+            except Exception:  # a bug in one done must not skip the others
                 log.exception("internal error while failing a departed client's operation")
         return len(queue)
 

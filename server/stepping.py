@@ -229,7 +229,7 @@ class SteppingHandlers:
         bug), an internal error; the session is never left busy."""
         try:
             reply = reply_of()
-        except Exception:
+        except Exception:  # a bug: still answer, and free the session's turn
             log.exception("internal error while answering an operation")
             reply = protocol.error_reply(request_id, DaemonError(
                 "internal error in the daemon; its log has the details"))
