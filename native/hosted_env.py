@@ -244,7 +244,7 @@ def make_python(env: str | Callable[[], gymnasium.Env], num_envs: int, *,
             try:
                 maker = ("spec", cloudpickle.dumps(gymnasium.spec(env_id)), max_episode_steps,
                          env_kwargs)
-            except Exception:  # (a registration cloudpickle cannot carry: by id, as before)
+            except Exception:  # noqa: BLE001 -- (a registration cloudpickle cannot carry: by id, as before)
                 maker = ("id", env_id, max_episode_steps, env_kwargs)
     elif callable(env):
         if env_kwargs:
@@ -264,7 +264,7 @@ def make_python(env: str | Callable[[], gymnasium.Env], num_envs: int, *,
     try:
         described = template().request({"op": "describe", "spec": maker}) \
             if in_template else _describe(maker)
-    except Exception as exc:  # the env's own code (the template says "Type: message")
+    except Exception as exc:  # noqa: BLE001 -- the env's own code (the template says "Type: message")
         text = str(exc) if isinstance(exc, RuntimeError) and in_template \
             else f"{type(exc).__name__}: {exc}"
         raise EnvError(f"{name}: making the env failed: {text}", NATIVE_CODES["EENV"]) from None

@@ -78,7 +78,7 @@ def envd_hosted_run_inline(ctx: Any) -> int:
     session = ffi.from_handle(ctx)
     try:
         session._slice.run_pending()
-    except BaseException as exc:
+    except BaseException as exc:  # noqa: BLE001 -- a cffi callback must not raise: re-raised by the caller
         session._interrupted = exc
         return lib.ENVD_EENV
     return lib.ENVD_OK

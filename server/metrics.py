@@ -106,7 +106,7 @@ class Metrics:
         def read() -> None:
             try:
                 result.set_result(read_service(service))
-            except BaseException as exc:  # reported to the scrape, not the loop
+            except BaseException as exc:  # noqa: BLE001 -- reported to the scrape, not the loop
                 result.set_exception(exc)
 
         try:

@@ -395,7 +395,7 @@ def unpack(frame: bytes, max_bytes: int, max_depth: int = MAX_HEADER_DEPTH,
         header = msgpack.unpackb(frame, raw=False, strict_map_key=True,
                                  max_bin_len=max_bytes, max_str_len=max_bytes,
                                  max_array_len=max_bytes, max_map_len=max_bytes, max_ext_len=0)
-    except Exception as exc:  # msgpack raises several unrelated types
+    except Exception as exc:  # noqa: BLE001 -- msgpack raises several unrelated types
         raise BadRequest(f"the header frame is not valid msgpack ({type(exc).__name__})") from None
     if not isinstance(header, dict):
         raise BadRequest(f"the header must be a msgpack map, got {type(header).__name__}")

@@ -156,7 +156,7 @@ def _recv_has_teacher_actions() -> bool:
     (pufferlib-core 3.0.19 on: its ``vector.reset`` unpacks eight values)."""
     try:
         from pufferlib import vector
-    except Exception:  # no pufferlib (or one that fails to import): 3.0.0's tuple
+    except Exception:  # noqa: BLE001 -- no pufferlib (or one that fails to import): 3.0.0's tuple
         return False
     names = getattr(getattr(vector, "reset", None), "__code__", None)
     return names is not None and any("teacher" in n for n in names.co_varnames)

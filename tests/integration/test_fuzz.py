@@ -360,7 +360,7 @@ class Fuzzer:
     def on_reply(self, conn: Conn, frames: list[bytes]) -> None:
         try:
             reply = msgpack.unpackb(frames[0], raw=False)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 -- msgpack raises several unrelated types
             reply = f"{frames[0][:100]!r} ({type(exc).__name__})"
         request_id = reply.get("id", "?") if isinstance(reply, dict) else "?"
         if (not isinstance(reply, dict) or type(reply.get("ok")) is not bool

@@ -98,7 +98,7 @@ class Stepper(threading.Thread):
             while not self.halt.is_set():
                 self.bystander.step_and_compare(1)
                 self.steps += 1
-        except BaseException as exc:  # reported by finish()
+        except BaseException as exc:  # noqa: BLE001 -- reported by finish()
             self.error = exc
 
     def finish(self) -> int:
