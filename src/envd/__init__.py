@@ -57,7 +57,7 @@ __all__ = ["make", "make_pettingzoo", "list_envs", "load_plugin", "VecEnv", "con
            "EnvStateError", "EnvError", "NativeError", "ProtocolError", "LimitExceededError",
            "UnknownSessionError", "SessionExpiredError", "DaemonError", "ShuttingDownError",
            "ConnectionLostError", "NoDaemonError", "AuthenticationError", "EnvdTimeoutError", "SharedMemoryError",
-           "PluginError", "__version__"]
+           "PluginError", "UntrustedPathError", "UntrustedSegmentError", "__version__"]
 
 # gymnasium.make_vec("envd/<id>") and gymnasium.make("envd/<id>"): register
 # envd's ids with gymnasium (no native code loaded; see envd.gymnasium_registry).

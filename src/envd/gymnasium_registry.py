@@ -155,7 +155,7 @@ def ocean_env_ids() -> list[str]:
     spec = importlib.util.find_spec("envd.native")
     if spec is None or not spec.submodule_search_locations:
         return []
-    folder = Path(list(spec.submodule_search_locations)[0]) / "ocean" / "manifests"
+    folder = Path(next(iter(spec.submodule_search_locations))) / "ocean" / "manifests"
     return sorted(f"{OCEAN_PREFIX}{p.stem}" for p in folder.glob("*.h"))
 
 

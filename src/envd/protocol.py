@@ -22,8 +22,8 @@ Requests
 Every request header has ``"type"`` (str) and ``"id"`` (int, chosen by the
 client, echoed in the reply; ids need not be unique: the daemon keeps no
 record of them, and a request sent twice runs twice).  Every request the
-daemon reads gets exactly one reply, also after SIGTERM (``shutting_down``).  ``hello`` must come first on a connection and
-carries ``"version"``; the daemon answers ``unsupported_version`` when it
+daemon reads gets exactly one reply, also after SIGTERM (``shutting_down``).
+``hello`` must come first on a connection and carries ``"version"``; the daemon answers ``unsupported_version`` when it
 does not speak it.  Per type, the fields (``?`` = optional):
 
     hello      version:int, client_name?:str

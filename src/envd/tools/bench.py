@@ -61,7 +61,6 @@ import numpy as np
 import envd
 from envd.tools import bench_learner, bench_load, bench_multi, bench_pair, bench_readme
 from envd.tools.bench_rounds import (
-    NOT_AVAILABLE,
     interleaved_rounds,
     judge,
     paired_ratios,
@@ -530,7 +529,7 @@ class Bench:
                     workers[name].append((proc, parent))
             fast_path = {}
             for name, members in workers.items():
-                for proc, conn in members:
+                for _proc, conn in members:
                     if not conn.poll(120):
                         raise RuntimeError("a scaling client process did not start")
                     kind, value = conn.recv()
@@ -552,7 +551,7 @@ class Bench:
             rounds = interleaved_rounds(list(groups), s.rounds, measure)
         finally:
             for members in workers.values():
-                for proc, conn in members:
+                for _proc, conn in members:
                     try:
                         conn.send(None)
                     except (OSError, ValueError):

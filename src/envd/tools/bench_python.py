@@ -298,7 +298,7 @@ class CeilingRun:
         return sum(steps / (end - began) for steps, began, end in replies)
 
     def close(self) -> None:
-        for proc, conn in self.members:
+        for _proc, conn in self.members:
             with contextlib.suppress(OSError, ValueError):
                 conn.send(None)
         for proc, conn in self.members:
