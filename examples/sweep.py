@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         endpoint = args.endpoint
         if endpoint is None:
             endpoint = f"ipc://{workdir}/envd.sock"
-            log = open(Path(workdir) / "envd.log", "ab")
+            log = open(Path(workdir) / "envd.log", "ab")  # noqa: SIM115 -- the daemon's, while it runs
             # cwd: the sweep's work folder, beside its socket and log.
             daemon = subprocess.Popen([*envd_command(), "--threads", str(args.daemon_threads),
                                        "--bind", endpoint], cwd=workdir, stdout=log,
