@@ -49,7 +49,7 @@ import envd
 TESTS = Path(__file__).resolve().parents[1]
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
-from support import fault_client
+from support import fault_client  # noqa: E402 -- after the sys.path entry above
 
 
 # ---- helpers ---------------------------------------------------------------------------------

@@ -110,7 +110,7 @@ class Stepper(threading.Thread):
         return self.steps
 
 
-def test_a_combined_attack_stays_within_the_documented_bounds(open_folder):
+def test_a_combined_attack_stays_within_the_documented_bounds(open_folder):  # noqa: F811 -- the fixture
     uid = other_uid()
     daemon = DaemonProcess(
         open_folder, "--threads", "1", "--lease-timeout", "20",

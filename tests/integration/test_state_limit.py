@@ -12,7 +12,7 @@ import pytest
 import zmq
 from support.daemon import Bystander, segments_of, start_daemon, stop_daemon, wait_until
 from support.plugin_checks import VARIANTS_SOURCE, build_plugin
-from test_limits import Raw, refused
+from test_limits import Raw
 
 import envd
 from envd.native._envd_native import lib

@@ -569,7 +569,7 @@ def test_create_and_attach_share_memory(segment_name):
         attached = shm.Segment.attach(segment_name, session, arrays, size, where="the test")
         assert attached.size == size
         assert set(attached.arrays) == set(arrays)
-        for name, (offset, dtype, shape) in arrays.items():
+        for name, (_offset, dtype, shape) in arrays.items():
             a, b = created.arrays[name], attached.arrays[name]
             assert a.dtype.str == dtype and list(a.shape) == shape
             assert b.dtype.str == dtype and list(b.shape) == shape

@@ -20,7 +20,7 @@ NUM_ENVS = 4
 
 @pytest.fixture(scope="module")
 def daemons():
-    with local_cluster(NUM_NODES) as cluster:
+    with local_cluster(NUM_NODES):
         with start_daemons(NUM_NODES, threads=1, bundle={"CPU": 0.25}) as placed:
             yield placed
 
