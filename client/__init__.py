@@ -28,9 +28,9 @@ def connect(endpoint: str | Sequence[str] | None = None, **kwargs: Any) -> Clien
     envd.client.connection.connect) go to every Client: each call raises
     envd.EnvdTimeoutError after timeout seconds without a reply, and
     envd.ConnectionLostError at once if a daemon goes away."""
-    if isinstance(endpoint, (list, tuple)):
+    if endpoint is not None and not isinstance(endpoint, str):
         return MultiClient(endpoint, **kwargs)
-    if is_dns_url(endpoint):
+    if endpoint is not None and is_dns_url(endpoint):
         return MultiClient(resolve(endpoint), **kwargs)
     return _connection.connect(endpoint, **kwargs)
 
