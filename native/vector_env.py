@@ -13,7 +13,7 @@ import inspect
 import os
 import secrets
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from gymnasium.vector import AutoresetMode
@@ -34,6 +34,9 @@ from envd.vector_base import (
     parse_autoreset_mode,
     seed_list,
 )
+
+if TYPE_CHECKING:
+    from envd.hosted_pettingzoo import PettingZooVecEnv
 
 _CACHE_LINE = 64
 
@@ -166,8 +169,10 @@ class VecEnv(BatchedVecEnv):
     # ---- BatchedVecEnv hooks --------------------------------------------------------
     def _render_frames(self) -> np.ndarray:
         # one frame per env, not per row: a multi-agent env draws all its agents once
-        frames = np.empty((self.num_env_instances,) + self.envd_spec.render_shape, np.uint8)
-        self._native.render(frames)
+        shape, native = self.envd_spec.render_shape, self._native
+        assert shape is not None and native is not None  # render() checked render_mode, closed
+        frames = np.empty((self.num_env_instances, *shape), np.uint8)
+        native.render(frames)
         return frames
 
     def _checked_ids(self, ids: np.ndarray) -> np.ndarray:
@@ -196,6 +201,7 @@ class VecEnv(BatchedVecEnv):
         """How steps were dispatched: measured cost per env step (ns), inline and
         pooled step counts, and the last chunk size."""
         self._acquire()
+        assert self._native is not None  # _acquire() refuses a closed env
         try:
             return self._native.stats()
         finally:
@@ -207,6 +213,7 @@ class VecEnv(BatchedVecEnv):
         if chunk is not None:
             check_int("chunk", chunk, 1, MAX_NUM_ENVS)
         self._acquire()
+        assert self._native is not None  # _acquire() refuses a closed env
         try:
             self._native.set_chunk(chunk or 0)
         finally:
@@ -218,9 +225,9 @@ def make(env_id: str | Callable[[], Any], num_envs: int, *,
          num_threads: int | None = None, autoreset_mode: str | AutoresetMode | None = None,
          max_episode_steps: int | None = None, copy: bool = False,
          episode_statistics: bool | str = True, pin_cpus: Sequence[int] | None = None,
-         batch_size: int | None = None, plugin: str | os.PathLike | None = None,
+         batch_size: int | None = None, plugin: str | os.PathLike[str] | None = None,
          render_mode: str | None = None, num_workers: int | None = None,
-         **env_kwargs: Any) -> VecEnv:
+         **env_kwargs: Any) -> BatchedVecEnv | PettingZooVecEnv:
     """Create num_envs instances of env_id stepped in this process.
 
     env_id "pz:<module>:<factory>" hosts a PettingZoo ParallelEnv, its agents
