@@ -8,6 +8,8 @@
 """
 __version__ = "0.1.0"
 
+from typing import Any
+
 from envd.client import Client, MultiClient, MultiVecEnv, RemoteVecEnv, connect
 from envd.errors import (
     AuthenticationError,
@@ -38,7 +40,7 @@ from envd.errors import (
 _NATIVE = {"make", "list_envs", "load_plugin", "VecEnv"}
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     if name in _NATIVE:
         import envd.native
         return getattr(envd.native, name)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 from gymnasium import spaces
@@ -72,7 +72,7 @@ def autoreset_mode_name(mode: AutoresetMode) -> str:
     return next(name for name, value in AUTORESET_MODE_NAMES.items() if value is mode)
 
 
-def is_int(value: Any) -> bool:
+def is_int(value: Any) -> TypeGuard[int | np.integer[Any]]:
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
@@ -84,7 +84,7 @@ def check_int(name: str, value: Any, low: int, high: int) -> int:
     return int(value)
 
 
-def seed_list(seed: int | Sequence[int], num_envs: int) -> np.ndarray:
+def seed_list(seed: int | Sequence[int] | np.ndarray, num_envs: int) -> np.ndarray:
     """Per-env seeds: env i gets seed + i, or the i-th of an explicit list."""
     if is_int(seed):
         seed = int(seed)
@@ -822,7 +822,7 @@ class BatchedVecEnv(VectorEnv):
                                                   mask.reshape(envs, self.num_agents).any(1))
 
     # ---- gymnasium API -------------------------------------------------------------
-    def reset(self, *, seed: int | Sequence[int] | None = None,
+    def reset(self, *, seed: int | Sequence[int] | np.ndarray | None = None,
               options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict[str, Any]]:
         """Reset every env (or those in options["reset_mask"]); seed as in make
         (for a multi-agent env: one seed per env, not per row)."""
