@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -45,11 +46,11 @@ LIST_KEYS = {"bind": "bind", "plugin": "plugins", "python_env": "python_envs",
 
 
 def _toml_loads() -> Callable[[str], dict[str, Any]]:
-    try:
+    if sys.version_info >= (3, 11):
         import tomllib
-    except ImportError:  # Python 3.10
+    else:
         try:
-            import tomli as tomllib  # type: ignore[no-redef]
+            import tomli as tomllib
         except ImportError:
             raise ValueError("--config needs Python >= 3.11 (tomllib) or the tomli package "
                              "on Python 3.10: pip install tomli") from None
