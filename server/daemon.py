@@ -457,7 +457,7 @@ class Daemon:
         while sock.getsockopt(zmq.RCVMORE):
             frames.append(sock.recv())
         identity, fd = frames[0], first.get(zmq.SRCFD)
-        if self._routes is not None and not self._route(identity, index):
+        if self._routes is not None and not self._route(self._routes, identity, index):
             return True
         if not self.connections.message(fd, identity):
             return True  # its connection is being shed: it makes no client
@@ -482,7 +482,7 @@ class Daemon:
             self._drain_scheduled[index] = True
             self.loop.call_soon(self._drain_socket, index)
 
-    def _route(self, identity: bytes, index: int) -> bool:
+    def _route(self, routes: dict[bytes, int], identity: bytes, index: int) -> bool:
         """Remember that identity speaks on socket index; False (drop the
         message) when it already speaks on the other socket.  Routing ids are
         unique within one ROUTER socket only, and Service leases sessions to
@@ -490,7 +490,7 @@ class Daemon:
         not reach that client's sessions.  Service's heartbeats name the client
         by its routing id, which is why the ids Service sees are the peers'
         own rather than ids with a socket prefix."""
-        owner = self._routes.setdefault(identity, index)  # type: ignore[union-attr]
+        owner = routes.setdefault(identity, index)
         if owner == index:
             return True
         if identity not in self._misrouted:

@@ -50,6 +50,7 @@ import importlib.util
 import sys
 from collections.abc import Iterable
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import gymnasium
@@ -184,7 +185,7 @@ def _envd_prefix_means_namespace(find_spec):
         if isinstance(env_id, str) and env_id.startswith(NAMESPACE + "/") and ":" in env_id:
             return _colon_spec(env_id)
         return find_spec(env_id, *args, **kwargs)
-    find_spec_envd.envd_wrapped = True  # type: ignore[attr-defined]
+    find_spec_envd.envd_wrapped = True
     return find_spec_envd
 
 
@@ -192,7 +193,7 @@ def _unrouted_lookup(find_spec) -> str | None:
     """The bare id of a gymnasium lookup "envd:<id>" that is importing envd
     right now (the unwrapped find_spec, called before envd was imported), or None."""
     code = getattr(find_spec, "__code__", None)
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         if frame.f_code is code:
             name = frame.f_locals.get("env_name")
