@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import difflib
 import os
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -46,11 +45,11 @@ LIST_KEYS = {"bind": "bind", "plugin": "plugins", "python_env": "python_envs",
 
 
 def _toml_loads() -> Callable[[str], dict[str, Any]]:
-    if sys.version_info >= (3, 11):
+    try:
         import tomllib
-    else:
+    except ImportError:  # Python 3.10
         try:
-            import tomli as tomllib
+            import tomli as tomllib  # (tomllib's API under its 3.10 name)
         except ImportError:
             raise ValueError("--config needs Python >= 3.11 (tomllib) or the tomli package "
                              "on Python 3.10: pip install tomli") from None

@@ -40,7 +40,7 @@ import stat
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
@@ -69,6 +69,9 @@ from envd.server.peer_auth import CURVE_DOMAIN, IPC_DOMAIN, PeerAuthenticator
 from envd.server.plugins import load_plugins
 from envd.server.service import Service
 from envd.server.stale_segments import Instance, remove_stale_segments
+
+if TYPE_CHECKING:  # (prometheus-client: imported only with --metrics-port)
+    from envd.server.metrics import Metrics
 
 log = logging.getLogger("envd.server")
 
@@ -162,8 +165,8 @@ class Daemon:
         # speaks on (None: one socket, nothing to look up).  See _route.
         self._routes: dict[bytes, int] | None = None
         self._misrouted: set[bytes] = set()  # routing ids warned about since the last prune
-        self._authenticator = None  # peer_auth.PeerAuthenticator, with ipc or CURVE endpoints
-        self.metrics = None  # envd.server.metrics.Metrics with --metrics-port
+        self._authenticator: PeerAuthenticator | None = None  # with ipc or CURVE endpoints
+        self.metrics: Metrics | None = None  # with --metrics-port
 
     # ---- startup ---------------------------------------------------------------------
     def startup(self) -> None:
@@ -387,11 +390,11 @@ class Daemon:
                                          daemon=True)
         self._watcher.start()
         for index, sock in enumerate(self.sockets):
-            self.loop.add_reader(sock.getsockopt(zmq.FD), self._drain_socket, index)
+            self.loop.add_reader(int(sock.getsockopt(zmq.FD)), self._drain_socket, index)
         self.loop.add_reader(self.pool.eventfd(), self.service.on_pool_event)
         self.service.fd_watch = (self.loop.add_reader, self.loop.remove_reader)
-        self.service.reaper = WorkerReaper(self.loop.add_reader, self.loop.remove_reader)
-        self.service.books.reaping = lambda: self.service.reaper.pending
+        self.service.reaper = reaper = WorkerReaper(self.loop.add_reader, self.loop.remove_reader)
+        self.service.books.reaping = lambda: reaper.pending
         for signum in (signal.SIGTERM, signal.SIGINT):
             self.loop.add_signal_handler(signum, self._on_signal, signum)
         self._lease_timer()
@@ -542,7 +545,7 @@ class Daemon:
             delivered = False
         except zmq.ZMQError as exc:  # EHOSTUNREACH: the client is gone (its monitor says so)
             log.info("reply %s to %s lost: %s", reply.get("id"), identity.hex()[:8], exc)
-        if sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        if sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:  # type: ignore[arg-type, operator]  # pyzmq's stub: any option's type
             self._schedule_drain(index)
         return delivered
 

@@ -414,7 +414,7 @@ class WorkerReaper:
     exited, and the workers still alive after CLOSE_GRACE_SECONDS are
     SIGKILLed.  Owned by the event loop thread."""
 
-    def __init__(self, add: Callable[..., None], remove: Callable[[int], None]):
+    def __init__(self, add: Callable[..., None], remove: Callable[[int], object]):
         self._add, self._remove = add, remove
         # pidfds of workers not seen exiting yet -> the reap call that took them
         # over (a closed pidfd's number is reused by a later reap: its grace

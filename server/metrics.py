@@ -26,6 +26,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessColl
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 if TYPE_CHECKING:
+    import threading
+    from wsgiref.simple_server import WSGIServer
+
     from envd.server.service import Service
 
 log = logging.getLogger("envd.server")
@@ -56,8 +59,8 @@ class Metrics:
         self.registry.register(_ServiceCollector(self))
         self._service: Service | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._server = None
-        self._thread = None
+        self._server: WSGIServer | None = None
+        self._thread: threading.Thread | None = None
 
     # ---- event points (event loop thread) ---------------------------------------------
     def observe_step(self, seconds: float) -> None:
@@ -92,7 +95,8 @@ class Metrics:
         if server is not None:
             server.shutdown()
             server.server_close()
-            self._thread.join(timeout=5.0)
+            if self._thread is not None:  # (started with the server)
+                self._thread.join(timeout=5.0)
 
     # ---- scrapes (HTTP thread) ---------------------------------------------------------
     def snapshot(self) -> dict[str, Any] | None:
@@ -125,11 +129,12 @@ def read_service(service: Service) -> dict[str, Any]:
     service.collect_fast_steps()  # the fast path's steps, up to now
     inline, pooled = service.closed_session_jobs
     envs = 0
-    workers = {}  # hosted sessions: (session id prefix, env id) -> worker processes
+    workers: dict[tuple[str, str], int] = {}  # hosted: (session id prefix, env id) -> worker processes
     for session in service.sessions.values():
         envs += session.num_envs
-        if getattr(session, "num_workers", 0):
-            workers[(session.id[:8], session.spec.id)] = session.num_workers
+        num_workers = getattr(session, "num_workers", 0)  # (hosted sessions have workers)
+        if num_workers:
+            workers[(session.id[:8], session.spec.id)] = num_workers
         stats = session.job_stats()
         inline += stats["inline_jobs"]
         pooled += stats["pooled_jobs"]

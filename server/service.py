@@ -514,7 +514,7 @@ class Service:
     #: (add, remove) of the event loop's readers, set by the daemon: a hosted
     #: session's worker pidfds are watched, so that a worker's death answers
     #: the step or recv that waits for it (no eventfd comes from a dead worker).
-    fd_watch: tuple[Callable[[int, Callable[[], None]], None], Callable[[int], None]] | None = None
+    fd_watch: tuple[Callable[..., None], Callable[[int], object]] | None = None
     #: Set by the daemon with fd_watch: waits on the event loop for the
     #: workers of freed hosted sessions (server/hosted.py).
     reaper: WorkerReaper | None = None
