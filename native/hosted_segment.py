@@ -69,7 +69,8 @@ class Segment:
 
     def __init__(self, fd: int, layout: Layout, size: int):
         self.layout, self.size = layout, size
-        self._map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        self._map: mmap.mmap | None = mmap.mmap(fd, size, mmap.MAP_SHARED,
+                                                mmap.PROT_READ | mmap.PROT_WRITE)
         self._base = ffi.from_buffer(self._map)
         self.arrays: dict[str, np.ndarray] = {
             name: np.ndarray(shape, np.dtype(dtype), self._map, offset)

@@ -311,6 +311,9 @@ def main() -> None:
 class Template:
     """The parent's handle on its template process."""
 
+    #: the pid of the process that started it (set by template())
+    _owner: int
+
     def __init__(self) -> None:
         parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:

@@ -32,6 +32,8 @@ of envd.vector_base.
 """
 from __future__ import annotations
 
+from typing import Literal, overload
+
 import numpy as np
 
 from envd.errors import EnvStateError, InvalidArgumentError, NativeError
@@ -242,6 +244,11 @@ class NativeSession:
             if state != lib.ENVD_ENV_IDLE:
                 raise not_idle_error(self.spec.id, index, state == lib.ENVD_ENV_IN_FLIGHT)
         raise self._refused_env_error(rc, index, self.num_envs)
+
+    @overload
+    def _recv(self, count: int, wait: Literal[True]) -> np.ndarray: ...
+    @overload
+    def _recv(self, count: int, wait: bool) -> np.ndarray | None: ...
 
     def _recv(self, count: int, wait: bool) -> np.ndarray | None:
         handle = self._live()

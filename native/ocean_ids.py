@@ -52,7 +52,7 @@ def load_for_daemon(envs: Iterable[str], cache: str | os.PathLike | None) -> lis
         return [{"path": f"{PREFIX}{env}", "error": str(e)} for env in envs]
     if envs == ["all"]:
         envs = sorted(builds)
-    report = []
+    report: list[dict[str, Any]] = []
     for env in envs:
         if env not in builds:
             report.append({"path": f"{PREFIX}{env}", "error": (

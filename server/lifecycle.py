@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
+from typing import NoReturn
 
 
 class State(enum.Enum):
@@ -162,5 +163,5 @@ class Lifecycle:
         free(orderly)
 
 
-def _gone(*args: object) -> bool:
+def _gone(*args: object) -> NoReturn:
     raise LifecycleError("a freed session's lifecycle was asked to free it again")
