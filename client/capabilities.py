@@ -18,7 +18,7 @@ a client does not send it to such a daemon, which would ignore the field).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 from envd.errors import ProtocolError
 
@@ -111,5 +111,5 @@ class Capabilities:
                    limits=dict(limits) if isinstance(limits, dict) else {}, advertised=False)
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)

@@ -109,7 +109,7 @@ def daemon_mechanism(endpoint: str, timeout: float) -> bytes | None:
     return greeting[12:32].rstrip(b"\x00")
 
 
-def handshake_error(event: dict[str, Any], endpoint: str, curve: Mapping[int, bytes],
+def handshake_error(event: Mapping[str, Any], endpoint: str, curve: Mapping[int, bytes],
                     timeout: float) -> AuthenticationError | None:
     """The error of a failed handshake the monitor reported, or None for an
     event that says nothing about keys.  What a client sees with libzmq 4.3:
@@ -132,6 +132,7 @@ def handshake_error(event: dict[str, Any], endpoint: str, curve: Mapping[int, by
     if kind not in (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
                     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
         return None
+    mechanism: bytes | None
     if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
         mechanism = b"CURVE" if curve else b"NULL"
     elif value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
