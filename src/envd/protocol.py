@@ -221,7 +221,7 @@ def default_endpoint(environ: Mapping[str, str] | None = None) -> str:
 #: types, required).  bool is never accepted where int is asked for.
 _INT = (int,)
 _ANY = (object,)  # checked by the handler, whose errors match envd.make's
-_SESSION = {"session": ((str,), True)}
+_SESSION: dict[str, tuple[tuple[type, ...], bool]] = {"session": ((str,), True)}
 MESSAGE_FIELDS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     "hello": {"version": (_INT, True), "client_name": ((str,), False)},
     "heartbeat": {"client": ((bytes,), False)},

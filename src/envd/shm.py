@@ -85,7 +85,7 @@ class Segment:
 
     def __init__(self, name: str, buf: mmap.mmap, arrays: dict[str, list]):
         self.name = name
-        self.path = os.path.join(SHM_DIR, name)
+        self.path: str | None = os.path.join(SHM_DIR, name)
         self.size = len(buf)
         self._mmap = buf
         self.arrays: dict[str, np.ndarray] = {
@@ -121,6 +121,8 @@ class Segment:
 
     def unlink(self) -> None:
         """Remove the name; the memory goes once every mapping of it is gone."""
+        if self.path is None:  # private memory (Segment.private): no name
+            return
         try:
             os.unlink(self.path)
         except FileNotFoundError:

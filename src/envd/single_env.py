@@ -18,7 +18,7 @@ libraries and checks that want a gymnasium.Env; for speed, step many envs with
 """
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 import gymnasium
 import numpy as np
@@ -31,7 +31,8 @@ from envd.vector_base import BatchedVecEnv
 class EnvdEnv(gymnasium.Env):
     """A gymnasium.Env over an envd vector env of one env (see the module docstring)."""
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+    # (gymnasium's Env.metadata: __init__ gives each instance its own)
+    metadata: dict[str, Any] = {"render_modes": []}  # noqa: RUF012
 
     def __init__(self, venv: BatchedVecEnv):
         agents = getattr(venv, "num_agents", 1)
