@@ -366,7 +366,7 @@ class PettingZooVecEnv(gymnasium.vector.VectorEnv):
                                        f"({len(ids)}), got shape {actions.shape}")
         self._inner.send(actions.reshape(len(grouped), a, *actions.shape[1:]), grouped[:, 0])
 
-    def recv(self):
+    def recv(self) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """batch_size envs' rows: (obs, rewards, terminations, truncations,
         info) with info["env_id"] (each env's id per row) and
         info["agent_mask"]."""
