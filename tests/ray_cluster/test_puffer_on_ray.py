@@ -8,8 +8,10 @@ import os
 
 import numpy as np
 import pytest
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from support.ray_cluster import local_cluster, ray  # first: it sets Ray's environment
+
+# isort: split
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 import envd
 import envd.puffer
