@@ -546,8 +546,8 @@ class HostedServerSession(Session):
         #: orderly free, so that the event loop never waits for them.
         self.reap: Callable[[list[int]], None] | None = None
 
-    def watch_workers(self, add: Callable[[int, Callable[[], None]], None],
-                      remove: Callable[[int], None], on_exit: Callable[[], None]) -> None:
+    def watch_workers(self, add: Callable[..., None], remove: Callable[[int], object],
+                      on_exit: Callable[[], None]) -> None:
         """Call on_exit (the pool-event handler: the step or recv waiting for
         a dead worker's envs is answered with its EnvError) when a worker
         exits, through the event loop's readers add/remove on its pidfd (a

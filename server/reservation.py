@@ -56,7 +56,7 @@ class ResourceBooks:
 
     def reserve(self, client: ClientRecord, spec: EnvSpec, num_envs: int, mode: AutoresetMode,
                 open_sessions: int,
-                fd_check: Callable[[int], None] | None = None,
+                fd_check: Callable[[int, int, int], None] | None = None,
                 num_workers: int = 0, info_bytes: int = 0) -> Reservation:
         """Check that a make of num_envs envs of spec fits under every limit
         (open_sessions: sessions in the books now) and reserve what it will
