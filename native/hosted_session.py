@@ -16,7 +16,7 @@ import signal
 import socket
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 from gymnasium import spaces
@@ -300,6 +300,11 @@ class HostedSession(NativeSession):
 
     def async_reset(self, with_seeds: bool) -> None:
         self._convert_env_failure(super().async_reset, with_seeds, backend_index=True)
+
+    @overload
+    def _recv(self, count: int, wait: Literal[True]) -> np.ndarray: ...
+    @overload
+    def _recv(self, count: int, wait: bool) -> np.ndarray | None: ...
 
     def _recv(self, count: int, wait: bool) -> np.ndarray | None:
         return self._convert_env_failure(super()._recv, count, wait)
