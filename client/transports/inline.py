@@ -21,7 +21,7 @@ from envd.errors import ProtocolError
 
 def _frame(array: np.ndarray) -> memoryview:
     """An array as one data frame (its bytes, C order, not copied)."""
-    return memoryview(np.ascontiguousarray(array)).cast("B")
+    return np.ascontiguousarray(array).data.cast("B")
 
 
 class InlineStepper(SocketStepper):

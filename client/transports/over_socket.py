@@ -61,7 +61,7 @@ class SocketStepper:
         self.sends_unanswered = 0
         #: the first refusal of a posted send, read but not raised yet
         self._refusal: Exception | None = None
-        self._step_header = {"type": "step", "session": session}
+        self._step_header: dict[str, Any] = {"type": "step", "session": session}
         self._repeat_check: RepeatCheck | None = None  # (made by the first recv)
 
     @property
