@@ -94,7 +94,7 @@ class Service:
         self.env_steps = 0
         # For the metrics (server/metrics.py reads them at scrape time):
         self.env_steps_by_env: collections.Counter[str] = collections.Counter()
-        self.closed_session_jobs = [0, 0]  # inline, pooled step jobs of closed sessions
+        self.closed_session_jobs: list[float] = [0, 0]  # inline, pooled step jobs of closed sessions
         self.lease_expiries = 0            # clients whose lease expired
         self.lease_expired_sessions = 0    # sessions freed by those expiries
         # seconds from a sync step's submit to its reply (a no-op without metrics)
