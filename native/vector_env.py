@@ -201,8 +201,8 @@ class VecEnv(BatchedVecEnv):
         """How steps were dispatched: measured cost per env step (ns), inline and
         pooled step counts, and the last chunk size."""
         self._acquire()
-        assert self._native is not None  # _acquire() refuses a closed env
         try:
+            assert self._native is not None  # _acquire() refuses a closed env
             return self._native.stats()
         finally:
             self._lock.release()
@@ -213,8 +213,8 @@ class VecEnv(BatchedVecEnv):
         if chunk is not None:
             check_int("chunk", chunk, 1, MAX_NUM_ENVS)
         self._acquire()
-        assert self._native is not None  # _acquire() refuses a closed env
         try:
+            assert self._native is not None  # _acquire() refuses a closed env
             self._native.set_chunk(chunk or 0)
         finally:
             self._lock.release()
