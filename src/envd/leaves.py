@@ -103,7 +103,9 @@ def leaf_shape_dtype(leaf: spaces.Space) -> tuple[tuple[int, ...], np.dtype]:
         return (), np.dtype(leaf.dtype)
     if isinstance(leaf, spaces.MultiDiscrete):
         return tuple(leaf.nvec.shape), np.dtype(leaf.dtype)
-    return tuple(leaf.shape), np.dtype(leaf.dtype)
+    shape = leaf.shape
+    assert shape is not None  # (every leaf space has one: Box, MultiBinary)
+    return tuple(shape), np.dtype(leaf.dtype)
 
 
 def observation_buffers(prefix: str, space: spaces.Space, num_envs: int

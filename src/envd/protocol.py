@@ -527,7 +527,8 @@ def error_from_reply(reply: dict[str, Any]) -> errors.EnvdError:
     """The exception an error reply stands for (the class of its code)."""
     code = reply.get("code")
     message = str(reply.get("message", "the daemon gave no message"))
-    cls = ERROR_CODES.get(code, errors.DaemonError)
+    # (a code that is not a string, even an unhashable one, is an unknown code)
+    cls = ERROR_CODES.get(code, errors.DaemonError) if isinstance(code, str) else errors.DaemonError
     if cls is errors.NativeError:
         return errors.NativeError(message, int(reply.get("native_code", -1)))
     if cls is errors.EnvError:
