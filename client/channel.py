@@ -334,6 +334,8 @@ class Channel:
     def _late_reply(self, reply: dict[str, Any]) -> None:
         """A reply to a request nobody waits for: hand it to its callback."""
         request_id = reply.get("id")
+        if not isinstance(request_id, int):  # (not an id this client sent, maybe unhashable)
+            return
         self._posted.discard(request_id)
         callback = self._awaited.pop(request_id, None)
         if callback is not None:
