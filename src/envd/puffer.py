@@ -119,6 +119,7 @@ def _resolve(env_creators: Sequence[Any], env_args: Sequence[Any],
     if args:
         raise InvalidArgumentError("envd's PufferLib backend takes env_kwargs, not env_args "
                                    f"(got {len(args)} positional args)")
+    env: str | None
     if isinstance(first, OceanCreator):
         env, merged, interval = first.env, {**first.kwargs, **kwargs}, DEFAULT_LOG_INTERVAL
     else:
