@@ -5,8 +5,8 @@ import sys
 # One line, before anything is imported or compiled, on a machine that cannot
 # build envd (not Linux, no C compiler, no Python headers): native/build_checks.py.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "native"))
-from build_checks import check_build_machine  # noqa: E402
-from build_warnings import own_warnings_build_ext  # noqa: E402
+from build_checks import check_build_machine
+from build_warnings import own_warnings_build_ext
 
 check_build_machine()
 

@@ -22,8 +22,9 @@ import os
 import tempfile
 import warnings
 
+from bench_daemon import start_daemon  # same folder
+
 import envd
-from bench_daemon import start_daemon  # noqa: E402  (same folder)
 from envd.tools import bench_learner, bench_load
 
 

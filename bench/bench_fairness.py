@@ -18,9 +18,9 @@ import tempfile
 import time
 
 import numpy as np
+from bench_daemon import start_daemon  # same folder
 
 import envd
-from bench_daemon import start_daemon  # noqa: E402  (same folder)
 
 
 def heavy_client(endpoint: str, stop) -> None:

@@ -61,7 +61,7 @@ def make_systems(env_id: str, n: int) -> dict[str, object]:
     try:
         systems["gymnasium numpy vector"] = gym.make_vec(
             env_id, num_envs=n, vectorization_mode="vector_entry_point")
-    except Exception as exc:  # not every env has a numpy vector version
+    except Exception as exc:  # noqa: BLE001 -- not every env has a numpy vector version
         print(f"(gymnasium vector_entry_point unavailable for {env_id}: {exc})")
     for env in systems.values():
         env.reset(seed=0)
@@ -74,7 +74,7 @@ def measure(env_id: str, sizes: list[int], seconds: float,
     for n in sizes:
         systems = make_systems(env_id, n)
         actions = systems["envd threads=0"].action_space.sample()
-        best = {name: 0.0 for name in systems}
+        best = dict.fromkeys(systems, 0.0)
         order = list(systems)
         for _ in range(rounds):
             random.shuffle(order)

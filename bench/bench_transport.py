@@ -88,7 +88,7 @@ class Netns:
         tag = os.getpid() % 100000
         self.name, self.here, self.there = f"envd-bench-{tag}", f"veb{tag}a", f"veb{tag}b"
 
-    def __enter__(self) -> "Netns":
+    def __enter__(self) -> Netns:
         commands = [
             ["ip", "netns", "add", self.name],
             ["ip", "link", "add", self.here, "type", "veth", "peer", "name", self.there],

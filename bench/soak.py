@@ -160,7 +160,8 @@ class Stats:
             self.errors.append("...")
 
     def as_dict(self) -> dict:
-        return {"steps": self.steps, "env_steps": self.env_steps, "by_mode": dict(self.by_mode), "episodes": self.episodes,
+        return {"steps": self.steps, "env_steps": self.env_steps, "by_mode": dict(self.by_mode),
+                "episodes": self.episodes,
                 "mismatches": self.mismatches, "details": self.details,
                 "faults": dict(self.faults), "errors": self.errors}
 
@@ -283,7 +284,7 @@ def sync_round(client, rng, stats: Stats, deadline: float, budget: float) -> Non
     remote = client.make(env_id, num_envs, transport=transport, **kwargs)
     try:
         with envd.make(env_id, num_envs, num_threads=0, **kwargs) as local:
-            r, l = remote.reset(), local.reset()
+            r, l = remote.reset(), local.reset()  # noqa: E741 -- r, l: remote, local
             problems = []
             diff_array(r[0], l[0], "reset obs", problems)
             diff_info(r[1], l[1], "reset", problems)
@@ -300,7 +301,7 @@ def sync_round(client, rng, stats: Stats, deadline: float, budget: float) -> Non
                         mask = rng.random(num_envs) < 0.5
                         mask[rng.integers(num_envs)] = True
                         options = {"reset_mask": mask}
-                    r, l = remote.reset(seed=seed, options=options), local.reset(seed=seed, options=options)
+                    r, l = remote.reset(seed=seed, options=options), local.reset(seed=seed, options=options)  # noqa: E741 -- r, l: remote, local
                     problems = []
                     diff_array(r[0], l[0], "reseed obs", problems)
                     diff_info(r[1], l[1], "reseed", problems)
@@ -318,7 +319,7 @@ def sync_round(client, rng, stats: Stats, deadline: float, budget: float) -> Non
                 if kwargs["autoreset_mode"] == "disabled" and done.any():
                     mask = np.array(done, dtype=bool, copy=True)
                     r = remote.reset(options={"reset_mask": mask})
-                    l = local.reset(options={"reset_mask": mask})
+                    l = local.reset(options={"reset_mask": mask})  # noqa: E741 -- r, l: remote, local
                     problems = []
                     diff_array(r[0], l[0], "masked reset obs", problems)
                     diff_info(r[1], l[1], "masked reset", problems)

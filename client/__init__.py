@@ -4,7 +4,8 @@ Needs only numpy, pyzmq, msgpack and gymnasium; never imports native code.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from envd.client import connection as _connection
 from envd.client.connection import Client
@@ -27,9 +28,9 @@ def connect(endpoint: str | Sequence[str] | None = None, **kwargs: Any) -> Clien
     envd.client.connection.connect) go to every Client: each call raises
     envd.EnvdTimeoutError after timeout seconds without a reply, and
     envd.ConnectionLostError at once if a daemon goes away."""
-    if isinstance(endpoint, (list, tuple)):
+    if endpoint is not None and not isinstance(endpoint, str):
         return MultiClient(endpoint, **kwargs)
-    if is_dns_url(endpoint):
+    if endpoint is not None and is_dns_url(endpoint):
         return MultiClient(resolve(endpoint), **kwargs)
     return _connection.connect(endpoint, **kwargs)
 

@@ -18,7 +18,7 @@ a client does not send it to such a daemon, which would ignore the field).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 from envd.errors import ProtocolError
 
@@ -60,7 +60,7 @@ class Capabilities:
     advertised: bool = True
 
     @classmethod
-    def from_hello(cls, reply: dict[str, Any]) -> "Capabilities":
+    def from_hello(cls, reply: dict[str, Any]) -> Capabilities:
         """The capabilities of a hello reply; the fallback when it has none.
         ProtocolError when they are malformed (a daemon that is not envd)."""
         wire = reply.get("capabilities")
@@ -102,7 +102,7 @@ class Capabilities:
                    doorbell_layout=layout, **flags)
 
     @classmethod
-    def legacy(cls, reply: dict[str, Any]) -> "Capabilities":
+    def legacy(cls, reply: dict[str, Any]) -> Capabilities:
         """What a daemon without the capabilities field is taken to serve."""
         limits = reply.get("limits")
         version = reply.get("version")
@@ -111,5 +111,5 @@ class Capabilities:
                    limits=dict(limits) if isinstance(limits, dict) else {}, advertised=False)
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)

@@ -31,7 +31,8 @@ import os
 import threading
 import time
 import weakref
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
@@ -97,7 +98,7 @@ class Channel:
         self._socket.setsockopt(zmq.LINGER, 0)
         # IPV6: tcp endpoints may name IPv6 addresses (dns+tcp:// resolves AAAA
         # records too); IPv4 addresses work as before.
-        self._socket_options = {zmq.IPV6: 1, **self._curve}
+        self._socket_options: dict[int, int | bytes] = {zmq.IPV6: 1, **self._curve}
         for option, value in self._socket_options.items():
             self._socket.setsockopt(option, value)
         self._monitor = self._socket.get_monitor_socket(security.MONITOR_EVENTS)
@@ -143,7 +144,7 @@ class Channel:
         (timed out, or posted); wait up to `wait` seconds for the first."""
         with self._lock:
             timeout_ms = wait * 1000
-            while not self.closed and self._socket.poll(timeout_ms):
+            while not self.closed and self._socket.poll(int(timeout_ms)):  # (as pyzmq would)
                 self._late_reply(self._recv_reply())
                 timeout_ms = 0
 
@@ -263,7 +264,7 @@ class Channel:
         while len(self._posted) >= protocol.POSTED_WINDOW:
             self._read_monitor()
             remaining = deadline - time.monotonic()
-            if self._socket.poll(max(0.0, min(remaining, 0.1)) * 1000):
+            if self._socket.poll(int(max(0.0, min(remaining, 0.1)) * 1000)):  # (as pyzmq would)
                 self._late_reply(self._recv_reply())
                 continue
             if self._lost:
@@ -286,7 +287,7 @@ class Channel:
                     f"no reply to {kind!r} from the daemon at {self.endpoint} within "
                     f"{timeout:g} s (Client timeout): the daemon is stuck or overloaded, or "
                     "never got the request")
-            events = dict(self._poller.poll(remaining * 1000))
+            events = dict(self._poller.poll(int(remaining * 1000)))  # (as pyzmq would)
             if self._socket in events:
                 # First: a daemon that answered and then exited (a drain) sends
                 # the reply before the disconnect; both may be ready at once.
@@ -333,6 +334,8 @@ class Channel:
     def _late_reply(self, reply: dict[str, Any]) -> None:
         """A reply to a request nobody waits for: hand it to its callback."""
         request_id = reply.get("id")
+        if not isinstance(request_id, int):  # (not an id this client sent, maybe unhashable)
+            return
         self._posted.discard(request_id)
         callback = self._awaited.pop(request_id, None)
         if callback is not None:
@@ -352,7 +355,7 @@ class Channel:
                 self._mark_lost()
                 raise failure
 
-    def _handshake_error(self, event: dict[str, Any]) -> Exception | None:
+    def _handshake_error(self, event: Mapping[str, Any]) -> Exception | None:
         return security.handshake_error(event, self.endpoint, self._curve, self.timeout)
 
     def _mark_lost(self) -> None:

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import os
 import weakref
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from gymnasium.vector import AutoresetMode
@@ -22,11 +23,24 @@ from envd.client import endpoints, security
 from envd.client.capabilities import Capabilities
 from envd.client.channel import Channel
 from envd.client.remote_vector_env import RemoteVecEnv
-from envd.errors import (ConnectionLostError, EnvdError, EnvdTimeoutError, EnvStateError,
-                         InvalidArgumentError, NoDaemonError, UnknownSessionError)
-from envd.hosted_pettingzoo import PETTINGZOO_PREFIX, rows_view
-from envd.vector_base import (autoreset_mode_name, check_int, episode_statistics_key,
-                              is_int, parse_autoreset_mode, seed_list)
+from envd.errors import (
+    ConnectionLostError,
+    EnvdError,
+    EnvdTimeoutError,
+    EnvStateError,
+    InvalidArgumentError,
+    NoDaemonError,
+    UnknownSessionError,
+)
+from envd.hosted_pettingzoo import PETTINGZOO_PREFIX, PettingZooVecEnv, rows_view
+from envd.vector_base import (
+    autoreset_mode_name,
+    check_int,
+    episode_statistics_key,
+    is_int,
+    parse_autoreset_mode,
+    seed_list,
+)
 
 #: The most envs one make may ask for (the native vec's limit, ENVD_VEC_MAX_ENVS).
 MAX_NUM_ENVS = _native_facts.VEC_MAX_ENVS
@@ -48,7 +62,7 @@ def _wire(name: str, value: Any) -> Any:
     raise InvalidArgumentError(f"{name}: a {type(value).__name__} cannot be sent to the daemon")
 
 
-def _check_timeout(timeout: float) -> float:
+def _check_timeout(timeout: object) -> float:
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < 1e7:
         raise InvalidArgumentError(f"timeout must be a positive number of seconds, got {timeout!r}")
     return float(timeout)
@@ -72,14 +86,14 @@ class Client:
     serves."""
 
     def __init__(self, endpoint: str | None = None, *, timeout: float = 30.0,
-                 name: str | None = None, server_key: str | bytes | os.PathLike | None = None,
-                 client_key: str | os.PathLike | None = None):
+                 name: str | None = None, server_key: str | bytes | os.PathLike[str] | None = None,
+                 client_key: str | os.PathLike[str] | None = None):
         self.endpoint = endpoint or protocol.default_endpoint()
         timeout = _check_timeout(timeout)
         self.closed = False
         #: close() is closing the envs: they need not tell the daemon
         self.closing = False
-        self._envs: weakref.WeakSet = weakref.WeakSet()
+        self._envs: weakref.WeakSet[RemoteVecEnv] = weakref.WeakSet()
         self.server_info: dict[str, Any] = {}
         endpoints.check_endpoint(self.endpoint, timeout)
         curve = security.curve_options(self.endpoint, server_key, client_key)
@@ -118,14 +132,14 @@ class Client:
         return self.channel.request({"type": "hello", "version": protocol.PROTOCOL_VERSION,
                                      "client_name": name})
 
-    def make(self, env_id: str, num_envs: int, *, seed: int | Sequence[int] | None = None,
+    def make(self, env_id: str, num_envs: int, *, seed: int | Sequence[int] | np.ndarray | None = None,
              autoreset_mode: str | AutoresetMode | None = None,
              max_episode_steps: int | None = None, copy: bool = False,
              episode_statistics: bool | str = True, batch_size: int | None = None,
              transport: str | None = None, fast_path: bool | None = None,
              render_mode: str | None = None, max_threads: int | None = None,
              num_workers: int | None = None, info_bytes: int | None = None,
-             **env_kwargs: Any) -> RemoteVecEnv:
+             **env_kwargs: Any) -> RemoteVecEnv | PettingZooVecEnv:
         """Make num_envs instances of env_id in the daemon.  Arguments and the
         returned VecEnv are those of the in-process envd.make (without
         num_threads and pin_cpus: the daemon's one pool steps every session).
@@ -219,7 +233,7 @@ class Client:
         # Per-env lists (seeds, kwargs) go in data frames: the daemon caps
         # header frames at --max-header-bytes (64 KiB by default).
         blobs: list[bytes] = []
-        if header["seed"] is not None and not is_int(seed):
+        if seed is not None and not is_int(seed):
             header["seed"] = protocol.list_to_blob(seed_list(seed, num_envs), blobs)
         header["env_kwargs"] = {name: protocol.list_to_blob(value, blobs)
                                 for name, value in header["env_kwargs"].items()}
@@ -261,7 +275,7 @@ class Client:
     def fast(self, session: str, enable: bool = True) -> dict[str, Any]:
         """Ask the daemon to serve session's steps, sends and recvs from its
         doorbell (enable=False: stop); the reply names the doorbell's offset."""
-        header = {"type": "fast", "session": session}
+        header: dict[str, Any] = {"type": "fast", "session": session}
         if not enable:
             header["enable"] = False
         return self.channel.request(header)
@@ -272,7 +286,8 @@ class Client:
 
     def describe_envs(self) -> list[dict[str, Any]]:
         """Every env the daemon can make, with its spaces, time limit and parameters."""
-        return self.channel.request({"type": "list_envs"})["envs"]
+        envs: list[dict[str, Any]] = self.channel.request({"type": "list_envs"})["envs"]
+        return envs
 
     def status(self) -> dict[str, Any]:
         """The daemon's state: version, pid, threads, clients, sessions, envs, limits."""
@@ -316,7 +331,7 @@ class Client:
         self.closed = True
         self.channel.close()
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -328,8 +343,8 @@ class Client:
 
 
 def connect(endpoint: str | None = None, *, timeout: float = 30.0,
-            server_key: str | bytes | os.PathLike | None = None,
-            client_key: str | os.PathLike | None = None) -> Client:
+            server_key: str | bytes | os.PathLike[str] | None = None,
+            client_key: str | os.PathLike[str] | None = None) -> Client:
     """Connect to the envd daemon at endpoint ("ipc:///path" or "tcp://host:port";
     default: ENVD_ENDPOINT, else the default ipc socket).  Every call on the
     client and its envs raises envd.EnvdTimeoutError after timeout seconds

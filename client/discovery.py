@@ -67,7 +67,7 @@ def resolve(url: str) -> list[str]:
         raise ConnectionLostError(
             f"cannot resolve {name!r} (from {url}): {exc.strerror or exc}; no envd daemon "
             "to connect to (is the name right, and are the daemons' pods ready?)") from None
-    addresses = {sockaddr[0] for family, _, _, _, sockaddr in infos
+    addresses = {str(sockaddr[0]) for family, _, _, _, sockaddr in infos
                  if family in (socket.AF_INET, socket.AF_INET6)}
     if not addresses:
         raise ConnectionLostError(

@@ -37,7 +37,8 @@ import mmap
 import os
 import platform
 import time
-from typing import Callable
+from collections.abc import Callable
+from typing import Literal
 
 from envd import _native_facts
 
@@ -94,7 +95,7 @@ class Doorbell:
     def __init__(self, memory: mmap.mmap, offset: int):
         whole = memoryview(memory)
 
-        def word(name: str, code: str) -> memoryview:
+        def word(name: str, code: Literal["I", "i", "q"]) -> memoryview[int]:
             """The field as a one-item memoryview: read and written as
             word[0], an aligned load or store of the whole word, three times
             cheaper than a numpy scalar's (the spin loops read done_seq)."""

@@ -12,8 +12,7 @@ import socket
 from typing import Any
 
 from envd import ownership, protocol
-from envd.errors import (ConnectionLostError, InvalidArgumentError, NoDaemonError,
-                         UntrustedPathError)
+from envd.errors import ConnectionLostError, InvalidArgumentError, NoDaemonError, UntrustedPathError
 
 
 def check_endpoint(endpoint: Any, timeout: float) -> str:

@@ -32,10 +32,12 @@ from __future__ import annotations
 import re
 import secrets
 import weakref
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
+from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
 from envd import leaves, protocol
@@ -44,13 +46,28 @@ from envd.client.discovery import is_dns_url, resolve
 from envd.client.multi_async import ShardsAsyncStepper
 from envd.client.multi_doorbell import ShardsDoorbellStepper
 from envd.client.remote_vector_env import RemoteVecEnv
-from envd.errors import (ConnectionLostError, EnvdError, EnvError, EnvStateError,
-                         InvalidActionError, InvalidArgumentError, NativeError)
-from envd.vector_base import (RESETS_ITSELF, BatchedVecEnv, SendRowChecks,
-                              action_out_of_range, autoreset_mode_name, check_int,
-                              episode_statistics_key, mark_resets_itself, parse_autoreset_mode,
-                              seed_list)
-
+from envd.client.transports import DoorbellStepper
+from envd.errors import (
+    ConnectionLostError,
+    EnvdError,
+    EnvError,
+    EnvStateError,
+    InvalidActionError,
+    InvalidArgumentError,
+    NativeError,
+)
+from envd.vector_base import (
+    RESETS_ITSELF,
+    BatchedVecEnv,
+    SendRowChecks,
+    action_out_of_range,
+    autoreset_mode_name,
+    check_int,
+    episode_statistics_key,
+    mark_resets_itself,
+    parse_autoreset_mode,
+    seed_list,
+)
 
 
 def split_envs(weights: Sequence[int], num_envs: int) -> list[int]:
@@ -91,7 +108,7 @@ def _run_all(call: Callable[[int], Any], indices: Sequence[int],
     indices = list(indices)
     here = indices[:1] if executor is not None else indices
     futures = [(i, executor.submit(call, i)) for i in indices[1:]] if executor is not None else []
-    outcomes = []
+    outcomes: list[tuple[int, Any, BaseException | None]] = []
     for i in here:
         try:
             outcomes.append((i, call(i), None))
@@ -127,6 +144,7 @@ def _naming(exc: BaseException, endpoint: str, where: str = "",
     if first_row:
         text = _ROW_NAMED.sub(lambda m: f"env {int(m.group(1)) + first_row}", text, count=1)
     message = f"{text} (the daemon at {endpoint}{where})"
+    named: EnvdError
     try:
         if isinstance(exc, EnvError):
             index = exc.env_index + first_row if exc.env_index >= 0 else exc.env_index
@@ -203,7 +221,7 @@ class MultiClient:
         go to each envd.connect."""
         self.closed = False
         self.clients: tuple[connection.Client, ...] = ()
-        self._envs: weakref.WeakSet = weakref.WeakSet()
+        self._envs: weakref.WeakSet[MultiVecEnv] = weakref.WeakSet()
         if isinstance(endpoints, str) or not isinstance(endpoints, (list, tuple)):
             raise InvalidArgumentError(
                 f"endpoints must be a list of endpoint strings, got {type(endpoints).__name__}")
@@ -250,7 +268,7 @@ class MultiClient:
              autoreset_mode: str | AutoresetMode | None = None,
              max_episode_steps: int | None = None, copy: bool = False,
              episode_statistics: bool | str = True, batch_size: int | None = None,
-             **env_kwargs: Any) -> "MultiVecEnv":
+             **env_kwargs: Any) -> MultiVecEnv:
         """num_envs envs of env_id spread over the daemons in proportion to
         their threads (see split_envs); arguments as Client.make (env_kwargs
         and other keywords go to every daemon's make, a per-env list split:
@@ -320,7 +338,7 @@ class MultiClient:
         finally:
             self._shutdown()
 
-    def __enter__(self) -> "MultiClient":
+    def __enter__(self) -> MultiClient:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -338,8 +356,8 @@ class _ShardsStepper:
     refused.  It
     holds its env weakly, so a dropped env is freed without a cycle."""
 
-    def __init__(self, env: "MultiVecEnv"):
-        self._env = weakref.proxy(env)
+    def __init__(self, env: MultiVecEnv):
+        self._env: MultiVecEnv = weakref.proxy(env)
 
     def reset(self, with_seeds: bool, with_mask: bool) -> None:
         self._env._run_reset(with_seeds, with_mask)
@@ -392,8 +410,10 @@ class MultiVecEnv(SendRowChecks, BatchedVecEnv):
 
         def make_shard(k: int) -> RemoteVecEnv:
             client, _, rows = plan[k]
-            return client.make(env_id, rows.stop - rows.start, seed=seeds[rows], copy=False,
-                               **_shard_kwargs(env_id, make_kwargs, num_envs, rows))
+            shard = client.make(env_id, rows.stop - rows.start, seed=seeds[rows], copy=False,
+                                **_shard_kwargs(env_id, make_kwargs, num_envs, rows))
+            assert isinstance(shard, RemoteVecEnv)  # (MultiClient.make refuses pz: ids)
+            return shard
 
         outcomes = _run_all(make_shard, range(len(plan)), executor)
         shards = [shard for _, shard, error in outcomes if error is None]
@@ -418,7 +438,7 @@ class MultiVecEnv(SendRowChecks, BatchedVecEnv):
         if first.metadata.get("envd_autoreset") == RESETS_ITSELF:
             mark_resets_itself(self)
         self.agent_names = first.agent_names
-        if is_async:
+        if is_async and batch_size is not None:
             self.batch_size = batch_size  # envs, not rows
         self._shards = tuple(shards)
         self._executor = executor
@@ -448,8 +468,10 @@ class MultiVecEnv(SendRowChecks, BatchedVecEnv):
             return ShardsDoorbellStepper(self)
         for shard in self._shards:
             if shard.fast_path:
-                shard._client.fast(shard.session, enable=False)
-                shard._stepper.doorbell = None
+                client, stepper = shard._client, shard._stepper
+                assert client is not None and isinstance(stepper, DoorbellStepper)  # (fast_path)
+                client.fast(shard.session, enable=False)
+                stepper.doorbell = None
         return ShardsAsyncStepper(self)
 
     @staticmethod
@@ -522,12 +544,14 @@ class MultiVecEnv(SendRowChecks, BatchedVecEnv):
         return [self._buffers, *(shard.buffers for shard in self._shards)]
 
     def _gather(self, ids: np.ndarray, source: int = 0,
-                source_rows: np.ndarray | None = None) -> tuple:
+                source_rows: np.ndarray | None = None) -> tuple[Any, ...]:
         """An async recv's batch: straight from its shard's buffers when it
         is one shard's envs (EnvPool's loop with a batch per daemon: one
         copy, not two), else from this env's (ShardsAsyncStepper.recv copied
         the rows there)."""
-        batch_source = self._stepper.batch_source
+        stepper = self._stepper
+        assert isinstance(stepper, ShardsAsyncStepper)  # (an async recv's batch)
+        batch_source = stepper.batch_source
         if batch_source is None:
             return super()._gather(ids)
         k, rows = batch_source
@@ -583,7 +607,7 @@ class MultiVecEnv(SendRowChecks, BatchedVecEnv):
                    else np.repeat(self._started, self.num_agents))  # per row
         bad = ~started
         needs_reset = self._needs_reset() if disabled else None
-        if disabled:
+        if needs_reset is not None:  # (disabled)
             bad |= needs_reset
         if self._discrete is not None:
             start, stop = self._discrete
@@ -596,12 +620,13 @@ class MultiVecEnv(SendRowChecks, BatchedVecEnv):
         if not bad.any():
             return
         i = int(np.argmax(bad))  # (a row: env i // num_agents)
-        if started[i] and not (disabled and needs_reset[i]):
+        if started[i] and not (needs_reset is not None and needs_reset[i]):
             if self._range_checked:
                 raise InvalidActionError(leaves.action_range_message(
                     self.env_id, self.single_action_space, self._actions[i], i))
-            raise action_out_of_range(self.env_id, self.single_action_space,
-                                      int(self._actions[i]), i)
+            space = self.single_action_space
+            assert isinstance(space, spaces.Discrete)  # (neither range-checked: _discrete)
+            raise action_out_of_range(self.env_id, space, int(self._actions[i]), i)
         if not started[i]:
             raise EnvStateError(
                 f"{self.env_id}: env {i} was never reset; call reset() "

@@ -66,10 +66,15 @@ import numpy as np
 import zmq
 
 from envd import protocol
-from envd.errors import (ConnectionLostError, EnvdError, EnvdTimeoutError, EnvStateError,
-                         ProtocolError, SessionExpiredError, UnknownSessionError)
-from envd.vector_base import (RepeatCheck, in_flight_error, not_idle_error, ready_error,
-                              recv_short_error, run_of)
+from envd.errors import (
+    ConnectionLostError,
+    EnvdTimeoutError,
+    EnvStateError,
+    ProtocolError,
+    SessionExpiredError,
+    UnknownSessionError,
+)
+from envd.vector_base import RepeatCheck, in_flight_error, not_idle_error, ready_error, recv_short_error, run_of
 
 if TYPE_CHECKING:
     from envd.client.multi import MultiVecEnv
@@ -103,7 +108,16 @@ class _Shard:
     yet (the channel runs reply callbacks under its lock, so they only
     queue; _take_in does the work)."""
 
-    def __init__(self, index: int, env: "RemoteVecEnv", rows: slice, endpoint: str):
+    # ShardsDoorbellStepper's books (client/multi_doorbell.py), set on every
+    # shard by its __init__ (declared here for the type checker only)
+    rung: int
+    sent_ids: np.ndarray | None
+    remaining: dict[int, int]
+    rung_at: float
+    expected: float | None
+    checked_at: float
+
+    def __init__(self, index: int, env: RemoteVecEnv, rows: slice, endpoint: str):
         self.index = index
         self.env = env
         self.rows = rows
@@ -124,7 +138,7 @@ class ShardsAsyncStepper:
     """The envd.stepping.Stepper of an async MultiVecEnv (see the module
     docstring).  Holds its env weakly, so a dropped env is freed without a cycle."""
 
-    def __init__(self, env: "MultiVecEnv"):
+    def __init__(self, env: MultiVecEnv):
         self._env = weakref.proxy(env)
         self._env_id = env.env_id
         self._shards = [_Shard(k, shard, rows, endpoint) for k, (shard, rows, endpoint)
@@ -148,9 +162,9 @@ class ShardsAsyncStepper:
         #: a recv left the env's buffers behind the shards' (_sync_buffers)
         self._behind = False
         #: the first refusal of a posted send, read but not raised yet
-        self._refusal: EnvdError | None = None
+        self._refusal: BaseException | None = None
         #: the first env failure a recv reply reported, raised by the next recv
-        self._failure: EnvdError | None = None
+        self._failure: BaseException | None = None
         #: a send or recv timed out: which envs are in flight is unknown
         self._async_lost = False
         self._timeout = max(shard.channel.timeout for shard in self._shards)
@@ -204,6 +218,7 @@ class ShardsAsyncStepper:
         env._started[:] = True  # (a sync step once all are received: as after reset())
         env._all_started = True
         for shard, local in zip(self._shards, received):  # (env order: shard by shard)
+            assert local is not None  # (_dispatch ran reset_shard for every shard)
             self._add_ready(shard, local, None)  # (idle after _forget: marked per id)
 
     def step(self) -> int:
@@ -339,9 +354,9 @@ class ShardsAsyncStepper:
             for name in self._env._outputs:
                 buffers[name][at] = theirs[name][rows]
             return
-        rows = shard.stepper.rows_of(local)
+        row_ids = shard.stepper.rows_of(local)
         for name in self._env._outputs:
-            buffers[name][rows + offset] = theirs[name][rows]
+            buffers[name][row_ids + offset] = theirs[name][row_ids]
 
     # ---- the wire ---------------------------------------------------------------------------
     def _waiting_anywhere(self) -> bool:
@@ -418,7 +433,7 @@ class ShardsAsyncStepper:
                 f"{self._env_id}: no env finished on the daemons at {waiting} within "
                 f"{self._timeout:g} s (Client timeout) during {call}(); they are stuck or "
                 "overloaded")
-        for sock, _ in self._poller.poll(min(remaining, _POLL_SLICE_S) * 1000):
+        for sock, _ in self._poller.poll(int(min(remaining, _POLL_SLICE_S) * 1000)):  # (as pyzmq would)
             k, is_monitor = self._pollables[sock]
             shard = self._shards[k]
             if is_monitor:
@@ -436,6 +451,7 @@ class ShardsAsyncStepper:
         while shard.replies:
             kind, ids, reply = shard.replies.pop(0)
             if kind == "send":
+                assert ids is not None  # (a send's reply comes with its ids)
                 if not reply.get("ok"):  # refused before any env stepped: idle again
                     self._state[ids] = IDLE
                     shard.in_flight -= len(ids)
@@ -502,7 +518,7 @@ class ShardsAsyncStepper:
                                               run.stop + shard.rows.start)
 
     # ---- errors -----------------------------------------------------------------------------
-    def _named(self, error: EnvdError, shard: _Shard) -> BaseException:
+    def _named(self, error: BaseException, shard: _Shard) -> BaseException:
         from envd.client.multi import _naming  # (multi imports this module)
         return _naming(error, shard.endpoint, f", serving envs {shard.rows.start}.."
                                               f"{shard.rows.stop - 1}",

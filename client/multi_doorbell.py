@@ -41,18 +41,18 @@ gathered from, refusals, a lost daemon, async_reset) is ShardsAsyncStepper's.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
 from envd.client.doorbell import RECV, SENDRECV, SHUTTING_DOWN, Doorbell, wait_any
 from envd.client.multi_async import IDLE, IN_FLIGHT, ShardsAsyncStepper, _Shard
-from envd.errors import (ConnectionLostError, EnvdError, EnvdTimeoutError, ProtocolError,
-                         ShuttingDownError)
+from envd.errors import ConnectionLostError, EnvdError, EnvdTimeoutError, ProtocolError, ShuttingDownError
 from envd.vector_base import step_error
 
 if TYPE_CHECKING:
     from envd.client.multi import MultiVecEnv
+    from envd.client.transports import DoorbellStepper
 
 #: longest sleep before the daemons' connection monitors are read again
 _SLICE_S = 0.02
@@ -72,10 +72,24 @@ _EXPECTED_WEIGHT = 0.25
 _PROBE_EVERY = 16
 
 
+def _bell_stepper(shard: _Shard) -> DoorbellStepper:
+    """shard's stepper: a DoorbellStepper wherever this module runs (every
+    shard has the fast path: MultiVecEnv._async_stepper)."""
+    return cast("DoorbellStepper", shard.stepper)
+
+
+def _rung_bell(shard: _Shard) -> Doorbell:
+    """The doorbell of a shard with a request rung (_ring_recv and _post_send
+    ring only a doorbell that is there)."""
+    bell = _bell_stepper(shard).doorbell
+    assert bell is not None
+    return bell
+
+
 class ShardsDoorbellStepper(ShardsAsyncStepper):
     """ShardsAsyncStepper whose sends and recvs ring each daemon's doorbell."""
 
-    def __init__(self, env: "MultiVecEnv"):
+    def __init__(self, env: MultiVecEnv):
         super().__init__(env)
         for shard in self._shards:
             shard.rung = 0  # envs a RECV rung and not answered yet asks for (0: none)
@@ -101,7 +115,7 @@ class ShardsDoorbellStepper(ShardsAsyncStepper):
             self._wait(deadline, "send", only=shard)
         local = ids - shard.rows.start
         self._copy_actions(shard, ids, local, run)
-        bell = shard.stepper.doorbell
+        bell = _bell_stepper(shard).doorbell
         if len(ids) == shard.rows.stop - shard.rows.start and bell is not None and not bell.closed:
             self._ring_sendrecv(shard, bell, ids, local)
         else:
@@ -116,7 +130,7 @@ class ShardsDoorbellStepper(ShardsAsyncStepper):
     def _ring_send(self, shard: _Shard, local: np.ndarray) -> None:
         """A SEND of the shard's envs local, answered once the batch started."""
         try:
-            shard.stepper._send(local)  # rings SEND: answered once the batch started
+            _bell_stepper(shard)._send(local)  # rings SEND: answered once the batch started
         except ConnectionLostError as exc:
             raise self._lost(shard, exc) from exc
         except EnvdTimeoutError:
@@ -136,7 +150,7 @@ class ShardsDoorbellStepper(ShardsAsyncStepper):
         batch.  Only a whole shard: no env of it can be sent before the
         answer, and a later send to the shard would wait for it (a doorbell
         takes one request at a time), where a SEND is answered at once."""
-        shard.stepper._ids[:len(local)] = local
+        _bell_stepper(shard)._ids[:len(local)] = local
         bell.ring(SENDRECV, len(local))
         shard.rung, shard.sent_ids = len(local), ids
         shard.rung_at = time.perf_counter()
@@ -147,7 +161,8 @@ class ShardsDoorbellStepper(ShardsAsyncStepper):
     def _read(self, k: int) -> None:
         """Take in daemon k's RECV if it was answered (never waiting)."""
         shard = self._shards[k]
-        if shard.rung and shard.stepper.doorbell is not None and shard.stepper.doorbell.answered:
+        bell = _bell_stepper(shard).doorbell
+        if shard.rung and bell is not None and bell.answered:
             self._take_answer(shard)
 
     def _wait(self, deadline: float, call: str, only: _Shard | None = None) -> None:
@@ -170,7 +185,7 @@ class ShardsDoorbellStepper(ShardsAsyncStepper):
                 f"{self._env_id}: no env finished on the daemons at "
                 f"{', '.join(shard.endpoint for shard in rung)} within {self._timeout:g} s "
                 f"(Client timeout) during {call}(); they are stuck or overloaded")
-        bells = [shard.stepper.doorbell for shard in rung]
+        bells = [_rung_bell(shard) for shard in rung]
         if not any(bell.answered for bell in bells):
             self._waits += 1
             seen = self._spin(rung, bells, probe=self._waits % _PROBE_EVERY == 0)
@@ -178,12 +193,12 @@ class ShardsDoorbellStepper(ShardsAsyncStepper):
                 wait_any(bells, min(remaining, _SLICE_S))
             now = time.perf_counter()
             for shard in rung:  # (only a wait sees when an answer came)
-                if shard.stepper.doorbell.answered:
+                if _rung_bell(shard).answered:
                     self._learn(shard, now - shard.rung_at, exact=seen)
         any_answered = any(bell.answered for bell in bells)
         checked = time.monotonic()
         for shard in rung:
-            if shard.stepper.doorbell.answered:
+            if _rung_bell(shard).answered:
                 self._take_answer(shard)
             elif not any_answered or checked - shard.checked_at >= _SLICE_S:
                 # (a daemon that answered is alive; one that did not is
@@ -228,7 +243,7 @@ class ShardsDoorbellStepper(ShardsAsyncStepper):
         return False
 
     def _ring_recv(self, shard: _Shard) -> None:
-        bell = shard.stepper.doorbell
+        bell = _bell_stepper(shard).doorbell
         if bell is None or bell.closed:
             raise self._lost(shard, ConnectionLostError(
                 "the daemon stopped serving the session's doorbell (the session was closed "
@@ -243,7 +258,8 @@ class ShardsDoorbellStepper(ShardsAsyncStepper):
             shard.channel.check_alive(f"envs in flight ({call})")
         except ConnectionLostError as exc:
             raise self._lost(shard, exc) from exc
-        if shard.stepper.doorbell.closed and not shard.stepper.doorbell.answered:
+        bell = _rung_bell(shard)
+        if bell.closed and not bell.answered:
             raise self._lost(shard, ConnectionLostError(
                 "the daemon stopped serving the session's doorbell (the session was closed "
                 "or expired, or the daemon stops)"))
@@ -251,7 +267,7 @@ class ShardsDoorbellStepper(ShardsAsyncStepper):
     def _take_answer(self, shard: _Shard) -> None:
         count, shard.rung = shard.rung, 0
         sent_ids, shard.sent_ids = shard.sent_ids, None
-        bell = shard.stepper.doorbell
+        bell = _rung_bell(shard)
         status, result, index = bell.answer()
         if sent_ids is not None and not bell.sent:
             self._take_refused_send(shard, sent_ids, status, result, index)
@@ -263,14 +279,14 @@ class ShardsDoorbellStepper(ShardsAsyncStepper):
             # an env failed in a batch: the next recv raises it, its envs stay
             # ready there for the RECV after it
             if self._failure is None:
-                row = shard.stepper._row_of(index, status)  # (the shard's own row)
+                row = _bell_stepper(shard)._row_of(index, status)  # (the shard's own row)
                 self._failure = self._named(
-                    step_error(self._env_id, shard.stepper.action_space, status, row,
+                    step_error(self._env_id, _bell_stepper(shard).action_space, status, row,
                                shard.env.buffers), shard)
             return
         if result != count:  # (a RECV answers exactly count ids)
             raise ProtocolError(f"{shard.where} answered a RECV of {count} envs with {result}")
-        local = shard.stepper._ids[:count].astype(np.int64)  # (a copy, int64 whatever the segment)
+        local = _bell_stepper(shard)._ids[:count].astype(np.int64)  # (a copy, int64 whatever the segment)
         run = self._check_answered_ids(shard, local)
         start = shard.rows.start
         if (len(shard.remaining) == 1
@@ -299,7 +315,7 @@ class ShardsDoorbellStepper(ShardsAsyncStepper):
             refusal: Exception | None = ShuttingDownError(
                 "the daemon is shutting down and takes no new work")
         else:
-            refusal = shard.stepper.send_refusal(status, state, index)
+            refusal = _bell_stepper(shard).send_refusal(status, state, index)
         if refusal is None:  # (the daemon said it was refused)
             refusal = ProtocolError(f"{shard.where} refused a send with status 0")
         if self._refusal is None:

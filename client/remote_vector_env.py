@@ -17,8 +17,8 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from envd import info_codec, protocol
+from envd.client.transports import SocketStepper, open_stepper
 from envd.errors import InvalidArgumentError, ProtocolError
-from envd.client.transports import open_stepper
 from envd.vector_base import BatchedVecEnv, SendRowChecks, mark_resets_itself
 
 if TYPE_CHECKING:
@@ -34,7 +34,10 @@ _CALL_ERROR = re.compile(r"envs failed: (AttributeError|TypeError|ValueError): "
 class RemoteVecEnv(SendRowChecks, BatchedVecEnv):
     """num_envs envs stepped by a daemon's pool (see Client.make)."""
 
-    def __init__(self, client: "Client", reply: dict[str, Any], num_envs: int,
+    #: set in __init__ (open_stepper), never unset
+    _stepper: SocketStepper
+
+    def __init__(self, client: Client, reply: dict[str, Any], num_envs: int,
                  mode: AutoresetMode, copy: bool, episode_statistics: bool | str,
                  transport: str = "auto", fast_path: bool | None = None):
         self._client = None

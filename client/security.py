@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import zmq
 
@@ -99,7 +100,7 @@ def daemon_mechanism(endpoint: str, timeout: float) -> bytes | None:
             try:
                 if probe.recv(1) == b"":
                     return None
-            except socket.timeout:
+            except TimeoutError:
                 pass
     except (OSError, ValueError):
         return None
@@ -108,7 +109,7 @@ def daemon_mechanism(endpoint: str, timeout: float) -> bytes | None:
     return greeting[12:32].rstrip(b"\x00")
 
 
-def handshake_error(event: dict[str, Any], endpoint: str, curve: Mapping[int, bytes],
+def handshake_error(event: Mapping[str, Any], endpoint: str, curve: Mapping[int, bytes],
                     timeout: float) -> AuthenticationError | None:
     """The error of a failed handshake the monitor reported, or None for an
     event that says nothing about keys.  What a client sees with libzmq 4.3:
@@ -131,6 +132,7 @@ def handshake_error(event: dict[str, Any], endpoint: str, curve: Mapping[int, by
     if kind not in (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
                     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
         return None
+    mechanism: bytes | None
     if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
         mechanism = b"CURVE" if curve else b"NULL"
     elif value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:

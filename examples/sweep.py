@@ -112,7 +112,7 @@ def table(reports: list[dict[str, Any]]) -> str:
             continue
         lines.append(f"{r['k']:>7}  {r['client']:8}  {r['seed']:>4}  {r['lr']:>8.1e}  "
                      f"{r['steps']:>7}  {r['episodes']:>8}  {r['mean_return']:>11.1f}  "
-                     f"{str(r['solved']):>6}  {r['steps_per_s']:>7.0f}")
+                     f"{r['solved']!s:>6}  {r['steps_per_s']:>7.0f}")
     return "\n".join(lines)
 
 
@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         endpoint = args.endpoint
         if endpoint is None:
             endpoint = f"ipc://{workdir}/envd.sock"
-            log = open(Path(workdir) / "envd.log", "ab")
+            log = open(Path(workdir) / "envd.log", "ab")  # noqa: SIM115 -- the daemon's, while it runs
             # cwd: the sweep's work folder, beside its socket and log.
             daemon = subprocess.Popen([*envd_command(), "--threads", str(args.daemon_threads),
                                        "--bind", endpoint], cwd=workdir, stdout=log,

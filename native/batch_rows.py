@@ -9,7 +9,7 @@ either way (tests/native/test_batch_rows.py compares them).
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -59,7 +59,9 @@ def row_copier(pairs: list[tuple[np.ndarray, np.ndarray]]
     if not all(a.flags.c_contiguous for pair in pairs for a in pair):
         return None
     if not pairs:
-        return lambda rows, run=None: None
+        def copy_nothing(rows: np.ndarray, run: slice | None = None) -> None:
+            pass
+        return copy_nothing
     # The arrays outlive the copier (the env owns both); the closure keeps them.
     src = ffi.new("void *[]", [ffi.from_buffer(b) for b, _ in pairs])
     dst = ffi.new("void *[]", [ffi.from_buffer(s) for _, s in pairs])
@@ -79,5 +81,5 @@ def row_copier(pairs: list[tuple[np.ndarray, np.ndarray]]
             return
         gather(ffi.from_buffer("int64_t[]", rows), slot_rows, count, src, dst, row_bytes)
 
-    copy.arrays = pairs  # type: ignore[attr-defined]  (their memory, while src/dst point at it)
+    copy.arrays = pairs  # type: ignore[attr-defined]  # their memory, while src/dst point at it
     return copy

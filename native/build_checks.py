@@ -15,7 +15,7 @@ import shlex
 import shutil
 import sys
 import sysconfig
-from typing import Mapping
+from collections.abc import Mapping
 
 #: The way around a missing compiler: a wheel installs without one (README,
 #: "Packaging and the documentation site").

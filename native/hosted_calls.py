@@ -82,7 +82,7 @@ def answer(envs: list[gymnasium.Env], data: bytes) -> bytes:
         request = info_codec.decode(data)
         bound = min(bound, int(request.get("max_bytes") or bound))
         reply = info_codec.encode({"ok": run_op(envs, request)})
-    except Exception as exc:  # the env's own code, or the codec's refusal
+    except Exception as exc:  # noqa: BLE001 -- the env's own code, or the codec's refusal
         kind = type(exc).__name__
         text = f"{kind}: {exc}"
         if isinstance(exc, TypeError) and str(exc).startswith("a "):  # (info_codec's)

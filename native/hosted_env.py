@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import cloudpickle
 import gymnasium
@@ -29,9 +30,14 @@ from envd.native.hosted_session import HostedSession, HostedSpec
 from envd.native.hosted_template import _describe, template
 from envd.native.native_vec import MAX_NUM_ENVS
 from envd.native.vector_env import PYTHON_PREFIX
-from envd.vector_base import (BatchedVecEnv, buffer_layout, check_int, episode_statistics_key,
-                              parse_autoreset_mode, seed_list)
-
+from envd.vector_base import (
+    BatchedVecEnv,
+    buffer_layout,
+    check_int,
+    episode_statistics_key,
+    parse_autoreset_mode,
+    seed_list,
+)
 
 #: num_workers=None picks workers when a step of all envs costs at least
 #: this long on one CPU (native/step_cost.py measures one env's step, the
@@ -238,7 +244,7 @@ def make_python(env: str | Callable[[], gymnasium.Env], num_envs: int, *,
             try:
                 maker = ("spec", cloudpickle.dumps(gymnasium.spec(env_id)), max_episode_steps,
                          env_kwargs)
-            except Exception:  # (a registration cloudpickle cannot carry: by id, as before)
+            except Exception:  # noqa: BLE001 -- (a registration cloudpickle cannot carry: by id, as before)
                 maker = ("id", env_id, max_episode_steps, env_kwargs)
     elif callable(env):
         if env_kwargs:
@@ -258,7 +264,7 @@ def make_python(env: str | Callable[[], gymnasium.Env], num_envs: int, *,
     try:
         described = template().request({"op": "describe", "spec": maker}) \
             if in_template else _describe(maker)
-    except Exception as exc:  # the env's own code (the template says "Type: message")
+    except Exception as exc:  # noqa: BLE001 -- the env's own code (the template says "Type: message")
         text = str(exc) if isinstance(exc, RuntimeError) and in_template \
             else f"{type(exc).__name__}: {exc}"
         raise EnvError(f"{name}: making the env failed: {text}", NATIVE_CODES["EENV"]) from None

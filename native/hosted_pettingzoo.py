@@ -3,13 +3,20 @@ envd.make_pettingzoo): the adapters of envd.hosted_pettingzoo hosted by
 make_python, viewed as rows."""
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import cloudpickle
 
 from envd.errors import InvalidArgumentError
-from envd.hosted_pettingzoo import (PETTINGZOO_PREFIX, PettingZooVecEnv, _Creator,
-                                    creator_of_id, make_from_creator, rows_view)
+from envd.hosted_pettingzoo import (
+    PETTINGZOO_PREFIX,
+    PettingZooVecEnv,
+    _Creator,
+    creator_of_id,
+    make_from_creator,
+    rows_view,
+)
 from envd.native.hosted_env import make_python
 from envd.native.native_vec import MAX_NUM_ENVS
 from envd.vector_base import check_int, episode_statistics_key

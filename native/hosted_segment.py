@@ -69,14 +69,15 @@ class Segment:
 
     def __init__(self, fd: int, layout: Layout, size: int):
         self.layout, self.size = layout, size
-        self._map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        self._map: mmap.mmap | None = mmap.mmap(fd, size, mmap.MAP_SHARED,
+                                                mmap.PROT_READ | mmap.PROT_WRITE)
         self._base = ffi.from_buffer(self._map)
         self.arrays: dict[str, np.ndarray] = {
             name: np.ndarray(shape, np.dtype(dtype), self._map, offset)
             for name, (offset, shape, dtype) in layout.items()}
 
     @classmethod
-    def create(cls, layout: Layout, size: int) -> tuple["Segment", int]:
+    def create(cls, layout: Layout, size: int) -> tuple[Segment, int]:
         """A new zeroed segment and its memfd (close-on-exec; the caller
         closes it once the workers have theirs)."""
         fd = os.memfd_create("envd-hosted", os.MFD_CLOEXEC)

@@ -15,7 +15,8 @@ import select
 import signal
 import socket
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any, Literal, overload
 
 import numpy as np
 from gymnasium import spaces
@@ -77,7 +78,7 @@ def envd_hosted_run_inline(ctx: Any) -> int:
     session = ffi.from_handle(ctx)
     try:
         session._slice.run_pending()
-    except BaseException as exc:
+    except BaseException as exc:  # noqa: BLE001 -- a cffi callback must not raise: re-raised by the caller
         session._interrupted = exc
         return lib.ENVD_EENV
     return lib.ENVD_OK
@@ -299,6 +300,11 @@ class HostedSession(NativeSession):
 
     def async_reset(self, with_seeds: bool) -> None:
         self._convert_env_failure(super().async_reset, with_seeds, backend_index=True)
+
+    @overload
+    def _recv(self, count: int, wait: Literal[True]) -> np.ndarray: ...
+    @overload
+    def _recv(self, count: int, wait: bool) -> np.ndarray | None: ...
 
     def _recv(self, count: int, wait: bool) -> np.ndarray | None:
         return self._convert_env_failure(super()._recv, count, wait)

@@ -47,8 +47,8 @@ as cloudpickle (a lambda works).
 from __future__ import annotations
 
 import atexit
-import importlib
 import ctypes
+import importlib
 import os
 import pickle
 import queue
@@ -131,7 +131,7 @@ def _preload(spec: tuple) -> None:
                        else gymnasium.spec(env)).entry_point
         if isinstance(entry_point, str):
             load_env_creator(entry_point)
-    except Exception:
+    except Exception:  # noqa: BLE001 -- a warm-up only: making the env reports any failure
         pass
 
 
@@ -151,7 +151,7 @@ def _describe_in_child(spec: tuple) -> dict[str, Any]:
             try:
                 reply: dict[str, Any] = {"ok": _describe(spec)}
                 data = pickle.dumps(reply)
-            except BaseException as exc:  # SystemExit from an env's code too
+            except BaseException as exc:  # noqa: BLE001 -- SystemExit from an env's code too
                 data = pickle.dumps({"error": f"{type(exc).__name__}: {exc}"})
             with os.fdopen(write_end, "wb") as out:
                 out.write(data)
@@ -183,7 +183,7 @@ def _describe(spec: tuple) -> dict[str, Any]:
         if env.render_mode == "rgb_array":  # (one frame: can it draw here at all?)
             try:
                 env.render()
-            except Exception as exc:  # e.g. MuJoCo without an offscreen OpenGL
+            except Exception as exc:  # noqa: BLE001 -- e.g. MuJoCo without an offscreen OpenGL
                 render_error = f"{type(exc).__name__}: {exc}"
         env.action_space.seed(0)
         infos: list[dict] = []
@@ -282,7 +282,7 @@ def _serve_template(sock: socket.socket) -> None:
             reply: dict[str, Any] = {"ok": result}
         except _Failed as exc:
             reply, pass_fd = {"error": str(exc)}, -1
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 -- any failure is the requester's reply, never the template's end
             reply, pass_fd = {"error": f"{type(exc).__name__}: {exc}"}, -1
         for fd in fds:
             os.close(fd)
@@ -302,6 +302,7 @@ def main() -> None:
     # Preload what every worker needs (the point of the template).
     import gymnasium  # noqa: F401
     import numpy  # noqa: F401
+
     import envd.native.hosted_worker  # noqa: F401
     _serve_template(socket.socket(fileno=fd))
 
@@ -309,6 +310,9 @@ def main() -> None:
 # ---- the parent's side --------------------------------------------------------------
 class Template:
     """The parent's handle on its template process."""
+
+    #: the pid of the process that started it (set by template())
+    _owner: int
 
     def __init__(self) -> None:
         parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -401,7 +405,7 @@ def _starter_loop(requests: queue.SimpleQueue) -> None:
         answer = requests.get()
         try:
             answer.put(Template())
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 -- handed to the waiting caller, which raises it
             answer.put(exc)
 
 

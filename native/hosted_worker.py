@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import gymnasium
 import numpy as np
@@ -311,7 +312,7 @@ class EnvSlice:
                     if result is not None:
                         stepped.append(i)
                         results.append(result)
-            except Exception as exc:  # the env's own code: reported, never fatal
+            except Exception as exc:  # noqa: BLE001 -- the env's own code: reported, never fatal
                 self._status[i] = EENV
                 self._report(i, f"{type(exc).__name__}: {exc}")
         if stepped:
@@ -402,7 +403,7 @@ class EnvSlice:
         for env in envs:
             try:
                 env.close()
-            except Exception:
+            except Exception:  # noqa: BLE001 -- closing is best effort: the worker exits anyway
                 pass
 
 

@@ -32,15 +32,15 @@ of envd.vector_base.
 """
 from __future__ import annotations
 
+from typing import Literal, overload
+
 import numpy as np
 
 from envd.errors import EnvStateError, InvalidArgumentError, NativeError
 from envd.native._envd_native import ffi, lib
-from envd.native.native_vec import (MAX_THREADS, NativePool, per_env_params, ptr, strerror,
-                                   vec_buffers, vec_config)
+from envd.native.native_vec import MAX_THREADS, NativePool, per_env_params, ptr, strerror, vec_buffers, vec_config
 from envd.native.registry import EnvSpec
-from envd.vector_base import (in_flight_error, not_idle_error, ready_error, recv_short_error,
-                              send_error, step_error)
+from envd.vector_base import in_flight_error, not_idle_error, ready_error, recv_short_error, send_error, step_error
 
 
 class NativeSession:
@@ -244,6 +244,11 @@ class NativeSession:
             if state != lib.ENVD_ENV_IDLE:
                 raise not_idle_error(self.spec.id, index, state == lib.ENVD_ENV_IN_FLIGHT)
         raise self._refused_env_error(rc, index, self.num_envs)
+
+    @overload
+    def _recv(self, count: int, wait: Literal[True]) -> np.ndarray: ...
+    @overload
+    def _recv(self, count: int, wait: bool) -> np.ndarray | None: ...
 
     def _recv(self, count: int, wait: bool) -> np.ndarray | None:
         handle = self._live()

@@ -33,10 +33,10 @@ import shutil
 import stat
 import subprocess
 import tempfile
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
 
 from envd.errors import EnvdError
 from envd.native import ocean_source
@@ -145,7 +145,7 @@ def envd_include() -> Path:
     return Path(__file__).resolve().parent / "include"
 
 
-def _hash_files(digest: "hashlib._Hash", root: Path, files: Sequence[Path]) -> None:
+def _hash_files(digest: hashlib._Hash, root: Path, files: Sequence[Path]) -> None:
     for path in sorted(files):
         digest.update(str(path.relative_to(root)).encode() + b"\0")
         digest.update(path.read_bytes() + b"\0")

@@ -10,8 +10,9 @@ a client can only name an id, never a path.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from envd.errors import EnvdError, PluginError, UnknownEnvError
 from envd.native import ocean_build
@@ -51,7 +52,7 @@ def load_for_daemon(envs: Iterable[str], cache: str | os.PathLike | None) -> lis
         return [{"path": f"{PREFIX}{env}", "error": str(e)} for env in envs]
     if envs == ["all"]:
         envs = sorted(builds)
-    report = []
+    report: list[dict[str, Any]] = []
     for env in envs:
         if env not in builds:
             report.append({"path": f"{PREFIX}{env}", "error": (

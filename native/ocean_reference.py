@@ -58,6 +58,8 @@ def build(env: str, tree: Path, cache: Path, extra_flags: Sequence[str] = ()) ->
 def load(path: Path) -> types.ModuleType:
     """The extension at path, imported (as PufferLib's ``binding``)."""
     spec = importlib.util.spec_from_file_location("binding", path)
+    if spec is None or spec.loader is None:  # (not a path an extension can have)
+        raise ImportError(f"cannot import {path} as an extension module")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

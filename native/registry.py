@@ -12,8 +12,9 @@ import difflib
 import math
 import os
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 from gymnasium import spaces
@@ -21,7 +22,7 @@ from gymnasium import spaces
 from envd.errors import InvalidArgumentError, PluginError, UnknownEnvError
 from envd.native._envd_native import ffi, lib
 
-DTYPES = {
+DTYPES: dict[int, np.dtype[Any]] = {
     lib.ENVD_DTYPE_FLOAT32: np.dtype(np.float32),
     lib.ENVD_DTYPE_FLOAT64: np.dtype(np.float64),
     lib.ENVD_DTYPE_INT64: np.dtype(np.int64),
@@ -92,8 +93,8 @@ class EnvSpec:
     """A registered env: its spaces, default time limit and parameters."""
 
     id: str
-    observation_space: spaces.Space
-    action_space: spaces.Space
+    observation_space: spaces.Space[Any]
+    action_space: spaces.Space[Any]
     max_episode_steps: int | None
     num_agents: int
     params: tuple[ParamSpec, ...]
@@ -123,7 +124,7 @@ class EnvSpec:
     def check_render_mode(self, render_mode: Any) -> str | None:
         """render_mode as make accepts it: None or "rgb_array" for an env that renders."""
         if render_mode is None or (render_mode == "rgb_array" and self.render_shape):
-            return render_mode
+            return None if render_mode is None else "rgb_array"
         if render_mode == "rgb_array":
             raise InvalidArgumentError(
                 f"{self.id} does not render (its definition has no render callback): "
@@ -148,7 +149,7 @@ class EnvSpec:
         """Its spaces, agents and state size depend on the params (ABI 5 describe)."""
         return self.describing is not None
 
-    def described(self, params: list[float], num_envs: int) -> "EnvSpec":
+    def described(self, params: list[float], num_envs: int) -> EnvSpec:
         """The spec of a make with these params (param_values' result: one
         row of values for every env, or num_envs rows): itself for a static
         definition; else its definition described by C for them, whose
@@ -184,7 +185,7 @@ class EnvSpec:
                    else [float(p.default)] * num_envs for p in self.params]
         return [column[i] for i in range(num_envs) for column in columns]
 
-    def _per_env(self, param: "ParamSpec", value: Any, num_envs: int) -> list[float]:
+    def _per_env(self, param: ParamSpec, value: Any, num_envs: int) -> list[float]:
         """num_envs checked doubles of one kwarg: a scalar repeated, or a list
         of exactly num_envs values (EnvPool issue #309)."""
         if isinstance(value, np.ndarray) and value.ndim == 0:
@@ -237,7 +238,7 @@ def did_you_mean(word: str, choices: Iterable[str]) -> list[str]:
     return [folded[match] for match in difflib.get_close_matches(word.lower(), folded, n=3)]
 
 
-def _unbounded(dtype: np.dtype) -> tuple[float, float]:
+def _unbounded(dtype: np.dtype[Any]) -> tuple[float, float]:
     """The bounds of a Box without bounds (NULL low/high): its dtype's range."""
     if dtype.kind == "f":
         return -np.inf, np.inf
@@ -246,7 +247,7 @@ def _unbounded(dtype: np.dtype) -> tuple[float, float]:
     return np.iinfo(dtype).min, np.iinfo(dtype).max
 
 
-def _space(c_space) -> spaces.Space:
+def _space(c_space: Any) -> spaces.Space[Any]:
     dtype = DTYPES[c_space.dtype]
     if c_space.kind == lib.ENVD_SPACE_DISCRETE:
         return spaces.Discrete(int(c_space.n), start=int(c_space.start))
@@ -268,13 +269,14 @@ def _space(c_space) -> spaces.Space:
     return spaces.Box(low.astype(dtype), high.astype(dtype), shape=shape, dtype=dtype)
 
 
-def _int64s(pointer, count: int) -> np.ndarray:
+def _int64s(pointer: Any, count: int) -> np.ndarray:
     """A copy of count int64 values at a C pointer typed const double *."""
-    return np.frombuffer(ffi.buffer(ffi.cast("const int64_t *", pointer), 8 * count),
-                         np.int64).copy()
+    values: np.ndarray = np.frombuffer(ffi.buffer(ffi.cast("const int64_t *", pointer), 8 * count),
+                                       np.int64).copy()
+    return values
 
 
-def _param(c_param) -> ParamSpec:
+def _param(c_param: Any) -> ParamSpec:
     kind = PARAM_TYPES[c_param.type]
     default = {"float": float, "int": int, "bool": bool}[kind](c_param.default_value)
     doc = ffi.string(c_param.doc).decode() if c_param.doc != ffi.NULL else ""
@@ -282,14 +284,14 @@ def _param(c_param) -> ParamSpec:
                      float(c_param.min_value), float(c_param.max_value), doc)
 
 
-def _info_field(c_field) -> InfoFieldSpec:
+def _info_field(c_field: Any) -> InfoFieldSpec:
     doc = ffi.string(c_field.doc).decode() if c_field.doc != ffi.NULL else ""
     return InfoFieldSpec(ffi.string(c_field.name).decode(),
                          tuple(int(c_field.shape[i]) for i in range(c_field.ndim)),
                          DTYPES[c_field.dtype], doc)
 
 
-def _render_info(definition) -> tuple[tuple[int, int, int] | None, int | None]:
+def _render_info(definition: Any) -> tuple[tuple[int, int, int] | None, int | None]:
     """(frame shape, fps) of a definition that renders, else (None, None).  Asked
     of C, which reads the ABI 3 fields only from ABI 3 definitions."""
     size = ffi.new("int32_t[3]")
@@ -298,7 +300,7 @@ def _render_info(definition) -> tuple[tuple[int, int, int] | None, int | None]:
     return (int(size[1]), int(size[0]), 3), int(size[2])
 
 
-def _describe(definition, params: list[float], rows: int, origin: str) -> EnvSpec:
+def _describe(definition: Any, params: list[float], rows: int, origin: str) -> EnvSpec:
     """The spec of a describing definition described for rows rows of params."""
     out = ffi.new("envd_described_t **")
     error = ffi.new("char[]", _ERROR_BYTES)
@@ -314,7 +316,7 @@ def _describe(definition, params: list[float], rows: int, origin: str) -> EnvSpe
     return replace(spec, describing=definition, keep=described)
 
 
-def spec_from_definition(definition, origin: str = "builtin") -> EnvSpec:
+def spec_from_definition(definition: Any, origin: str = "builtin") -> EnvSpec:
     """Build the EnvSpec of a validated C env definition: for one whose
     spaces depend on its params (ABI 5 describe), the spec of its description
     at the params' defaults (ValueError when that fails)."""
@@ -328,7 +330,7 @@ def spec_from_definition(definition, origin: str = "builtin") -> EnvSpec:
     return _static_spec(definition, origin)
 
 
-def _static_spec(definition, origin: str) -> EnvSpec:
+def _static_spec(definition: Any, origin: str) -> EnvSpec:
     render_shape, render_fps = _render_info(definition)
     v5 = lib.envd_env_def_v5(definition)  # NULL before ABI 5: no flags, no log
     resets_itself = v5 != ffi.NULL and bool(v5.flags & lib.ENVD_ENV_RESETS_ITSELF)
@@ -372,7 +374,7 @@ _PLUGIN_LOCK = threading.Lock()
 _ERROR_BYTES = 512
 
 
-def _plugin_specs(path: str, table) -> list[EnvSpec]:
+def _plugin_specs(path: str, table: Any) -> list[EnvSpec]:
     """The specs of a plugin's table, or PluginError: its ids must be new and
     distinct, and its strings must be text."""
     try:
@@ -393,7 +395,7 @@ def _plugin_specs(path: str, table) -> list[EnvSpec]:
     return specs
 
 
-def load_plugin(path: str | os.PathLike) -> list[str]:
+def load_plugin(path: str | os.PathLike[str]) -> list[str]:
     """Load the envs of a plugin library (see "plugins" in envd.h) into this
     process's registry and return their ids.  All or nothing: a missing file,
     a missing entry symbol, another ABI version, an invalid definition or an

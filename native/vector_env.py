@@ -12,7 +12,8 @@ from __future__ import annotations
 import inspect
 import os
 import secrets
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from gymnasium.vector import AutoresetMode
@@ -23,8 +24,19 @@ from envd.native.batch_rows import IdChecker, row_copier
 from envd.native.native_session import NativeSession
 from envd.native.native_vec import MAX_NUM_ENVS, MAX_THREADS, NativePool
 from envd.native.registry import EnvSpec, get_spec, load_plugin
-from envd.vector_base import (BatchedVecEnv, buffer_layout, check_int, episode_statistics_key,
-                              is_int, mark_resets_itself, parse_autoreset_mode, seed_list)
+from envd.vector_base import (
+    BatchedVecEnv,
+    buffer_layout,
+    check_int,
+    episode_statistics_key,
+    is_int,
+    mark_resets_itself,
+    parse_autoreset_mode,
+    seed_list,
+)
+
+if TYPE_CHECKING:
+    from envd.hosted_pettingzoo import PettingZooVecEnv
 
 _CACHE_LINE = 64
 
@@ -157,8 +169,10 @@ class VecEnv(BatchedVecEnv):
     # ---- BatchedVecEnv hooks --------------------------------------------------------
     def _render_frames(self) -> np.ndarray:
         # one frame per env, not per row: a multi-agent env draws all its agents once
-        frames = np.empty((self.num_env_instances,) + self.envd_spec.render_shape, np.uint8)
-        self._native.render(frames)
+        shape, native = self.envd_spec.render_shape, self._native
+        assert shape is not None and native is not None  # render() checked render_mode, closed
+        frames = np.empty((self.num_env_instances, *shape), np.uint8)
+        native.render(frames)
         return frames
 
     def _checked_ids(self, ids: np.ndarray) -> np.ndarray:
@@ -188,6 +202,7 @@ class VecEnv(BatchedVecEnv):
         pooled step counts, and the last chunk size."""
         self._acquire()
         try:
+            assert self._native is not None  # _acquire() refuses a closed env
             return self._native.stats()
         finally:
             self._lock.release()
@@ -199,6 +214,7 @@ class VecEnv(BatchedVecEnv):
             check_int("chunk", chunk, 1, MAX_NUM_ENVS)
         self._acquire()
         try:
+            assert self._native is not None  # _acquire() refuses a closed env
             self._native.set_chunk(chunk or 0)
         finally:
             self._lock.release()
@@ -209,9 +225,9 @@ def make(env_id: str | Callable[[], Any], num_envs: int, *,
          num_threads: int | None = None, autoreset_mode: str | AutoresetMode | None = None,
          max_episode_steps: int | None = None, copy: bool = False,
          episode_statistics: bool | str = True, pin_cpus: Sequence[int] | None = None,
-         batch_size: int | None = None, plugin: str | os.PathLike | None = None,
+         batch_size: int | None = None, plugin: str | os.PathLike[str] | None = None,
          render_mode: str | None = None, num_workers: int | None = None,
-         **env_kwargs: Any) -> VecEnv:
+         **env_kwargs: Any) -> BatchedVecEnv | PettingZooVecEnv:
     """Create num_envs instances of env_id stepped in this process.
 
     env_id "pz:<module>:<factory>" hosts a PettingZoo ParallelEnv, its agents

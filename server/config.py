@@ -14,8 +14,9 @@ import ipaddress
 import logging
 import os
 import socket
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Any
 
 from envd import _native_facts, keys
 from envd.protocol import default_endpoint
@@ -105,7 +106,7 @@ def is_loopback_host(host: str) -> bool:
     if host == "*" or not host:
         return False
     try:
-        addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
+        addresses = {str(info[4][0]) for info in socket.getaddrinfo(host, None)}
     except (OSError, UnicodeError):
         return False
     return bool(addresses) and all(
@@ -534,7 +535,7 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None
     environ = os.environ if environ is None else environ
     path = getattr(args, "config", None) or environ.get("ENVD_CONFIG") or None
     from_file = config_file.load(path, _FLAGS)
-    values: dict[str, object] = {}
+    values: dict[str, Any] = {}  # (each checked by its flag's parser)
     for name, (kind, _) in _FLAGS.items():
         given = getattr(args, name, None)
         variable = f"ENVD_{name.upper()}"

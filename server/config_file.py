@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import difflib
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from envd import ownership
 
@@ -48,7 +49,7 @@ def _toml_loads() -> Callable[[str], dict[str, Any]]:
         import tomllib
     except ImportError:  # Python 3.10
         try:
-            import tomli as tomllib  # type: ignore[no-redef]
+            import tomli as tomllib  # (tomllib's API under its 3.10 name)
         except ImportError:
             raise ValueError("--config needs Python >= 3.11 (tomllib) or the tomli package "
                              "on Python 3.10: pip install tomli") from None

@@ -207,13 +207,13 @@ class Connections:
             return
         if not peer.shed:
             self.live -= 1
-        if peer.admitted and peer.inode != -1 and _inode(fd) == peer.inode:
-            # The books' peer read its inode late (its ACCEPTED came after its
-            # connection closed and the fd number went to a newer one): the
-            # socket that said hello is the one on fd now.  Its own ACCEPTED
-            # is still to come: admitted then, not reaped for a hello it sent.
-            if len(self._early) < 4096:
-                self._early[fd] = peer.inode
+        # The books' peer read its inode late (its ACCEPTED came after its
+        # connection closed and the fd number went to a newer one): the
+        # socket that said hello is the one on fd now.  Its own ACCEPTED
+        # is still to come: admitted then, not reaped for a hello it sent.
+        if (peer.admitted and peer.inode != -1 and _inode(fd) == peer.inode
+                and len(self._early) < 4096):
+            self._early[fd] = peer.inode
         for identity in peer.identities:
             if self._bound.get(identity) == fd:
                 del self._bound[identity]

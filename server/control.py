@@ -18,19 +18,25 @@ from typing import TYPE_CHECKING, Any
 from gymnasium.vector import AutoresetMode
 
 from envd import __version__, protocol
-from envd.errors import (DaemonError, InvalidArgumentError, LimitExceededError,
-                         SessionExpiredError, SharedMemoryError, ShuttingDownError,
-                         UnknownEnvError, UnknownSessionError)
+from envd.errors import (
+    DaemonError,
+    InvalidArgumentError,
+    LimitExceededError,
+    SessionExpiredError,
+    SharedMemoryError,
+    ShuttingDownError,
+    UnknownEnvError,
+    UnknownSessionError,
+)
+from envd.hosted_pettingzoo import PETTINGZOO_PREFIX
 from envd.native.hosted_env import DEFAULT_INFO_BYTES, MAX_INFO_BYTES
 from envd.native.native_vec import MAX_NUM_ENVS
 from envd.native.registry import get_spec, list_envs
-from envd.hosted_pettingzoo import PETTINGZOO_PREFIX
-from envd.native.vector_env import (PYTHON_PREFIX, check_episode_arguments,
-                                    check_max_episode_steps)
-from envd.vector_base import check_int, is_int, parse_autoreset_mode, seed_list
+from envd.native.vector_env import PYTHON_PREFIX, check_episode_arguments, check_max_episode_steps
 from envd.server.capabilities import hello_capabilities
 from envd.server.hosted import HostedServerSession
 from envd.server.sessions import ClientRecord, Session
+from envd.vector_base import check_int, is_int, parse_autoreset_mode, seed_list
 
 if TYPE_CHECKING:
     from envd.server.reservation import Reservation
@@ -304,7 +310,7 @@ class ControlHandlers:
                 session = future.result()
                 try:
                     reply = self._open(client, session, reservation, reply)
-                except Exception:  # noqa: BLE001 -- a bug: answer, leave nothing behind
+                except Exception:  # a bug: answer, leave nothing behind
                     log.exception("internal error while opening a made session")
                     reply = protocol.error_reply(request_id, DaemonError(
                         "internal error in the daemon; its log has the details"))

@@ -40,28 +40,38 @@ import stat
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
 from envd import __version__, protocol
 from envd.errors import LimitExceededError
 from envd.keys import KeyFileError, writable_by_others
-from envd.protocol import default_endpoint
 from envd.native import segment_guard
 from envd.native.native_vec import NativePool, set_fast_spinners
+from envd.native.ocean_ids import load_for_daemon
+from envd.protocol import default_endpoint
 from envd.server import logs
 from envd.server.config import Config
-from envd.server.connections import (FDS_PER_HOSTED_MAKE, FDS_PER_MAKE, Connections,
-                                     default_max_connections, fd_reserve, make_fds, open_fds,
-                                     raise_fd_limit)
+from envd.server.connections import (
+    FDS_PER_HOSTED_MAKE,
+    FDS_PER_MAKE,
+    Connections,
+    default_max_connections,
+    fd_reserve,
+    make_fds,
+    open_fds,
+    raise_fd_limit,
+)
 from envd.server.fair_ops import OPERATION_THREADS
-from envd.server.peer_auth import CURVE_DOMAIN, IPC_DOMAIN, PeerAuthenticator
 from envd.server.hosted import HostedCatalog, WorkerReaper
-from envd.native.ocean_ids import load_for_daemon
+from envd.server.peer_auth import CURVE_DOMAIN, IPC_DOMAIN, PeerAuthenticator
 from envd.server.plugins import load_plugins
 from envd.server.service import Service
 from envd.server.stale_segments import Instance, remove_stale_segments
+
+if TYPE_CHECKING:  # (prometheus-client: imported only with --metrics-port)
+    from envd.server.metrics import Metrics
 
 log = logging.getLogger("envd.server")
 
@@ -155,8 +165,8 @@ class Daemon:
         # speaks on (None: one socket, nothing to look up).  See _route.
         self._routes: dict[bytes, int] | None = None
         self._misrouted: set[bytes] = set()  # routing ids warned about since the last prune
-        self._authenticator = None  # peer_auth.PeerAuthenticator, with ipc or CURVE endpoints
-        self.metrics = None  # envd.server.metrics.Metrics with --metrics-port
+        self._authenticator: PeerAuthenticator | None = None  # with ipc or CURVE endpoints
+        self.metrics: Metrics | None = None  # with --metrics-port
 
     # ---- startup ---------------------------------------------------------------------
     def startup(self) -> None:
@@ -380,11 +390,11 @@ class Daemon:
                                          daemon=True)
         self._watcher.start()
         for index, sock in enumerate(self.sockets):
-            self.loop.add_reader(sock.getsockopt(zmq.FD), self._drain_socket, index)
+            self.loop.add_reader(int(sock.getsockopt(zmq.FD)), self._drain_socket, index)
         self.loop.add_reader(self.pool.eventfd(), self.service.on_pool_event)
         self.service.fd_watch = (self.loop.add_reader, self.loop.remove_reader)
-        self.service.reaper = WorkerReaper(self.loop.add_reader, self.loop.remove_reader)
-        self.service.books.reaping = lambda: self.service.reaper.pending
+        self.service.reaper = reaper = WorkerReaper(self.loop.add_reader, self.loop.remove_reader)
+        self.service.books.reaping = lambda: reaper.pending
         for signum in (signal.SIGTERM, signal.SIGINT):
             self.loop.add_signal_handler(signum, self._on_signal, signum)
         self._lease_timer()
@@ -450,7 +460,7 @@ class Daemon:
         while sock.getsockopt(zmq.RCVMORE):
             frames.append(sock.recv())
         identity, fd = frames[0], first.get(zmq.SRCFD)
-        if self._routes is not None and not self._route(identity, index):
+        if self._routes is not None and not self._route(self._routes, identity, index):
             return True
         if not self.connections.message(fd, identity):
             return True  # its connection is being shed: it makes no client
@@ -475,7 +485,7 @@ class Daemon:
             self._drain_scheduled[index] = True
             self.loop.call_soon(self._drain_socket, index)
 
-    def _route(self, identity: bytes, index: int) -> bool:
+    def _route(self, routes: dict[bytes, int], identity: bytes, index: int) -> bool:
         """Remember that identity speaks on socket index; False (drop the
         message) when it already speaks on the other socket.  Routing ids are
         unique within one ROUTER socket only, and Service leases sessions to
@@ -483,7 +493,7 @@ class Daemon:
         not reach that client's sessions.  Service's heartbeats name the client
         by its routing id, which is why the ids Service sees are the peers'
         own rather than ids with a socket prefix."""
-        owner = self._routes.setdefault(identity, index)  # type: ignore[union-attr]
+        owner = routes.setdefault(identity, index)
         if owner == index:
             return True
         if identity not in self._misrouted:
@@ -535,7 +545,7 @@ class Daemon:
             delivered = False
         except zmq.ZMQError as exc:  # EHOSTUNREACH: the client is gone (its monitor says so)
             log.info("reply %s to %s lost: %s", reply.get("id"), identity.hex()[:8], exc)
-        if sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        if sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:  # type: ignore[arg-type, operator]  # pyzmq's stub: any option's type
             self._schedule_drain(index)
         return delivered
 

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import collections
 import logging
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, Callable
+from typing import Any
 
 from envd.errors import LimitExceededError
 
@@ -98,7 +99,7 @@ class FairOps:
             future.set_exception(error)
             try:
                 done(future)
-            except Exception:  # noqa: BLE001 -- a bug in one done must not skip the others
+            except Exception:  # a bug in one done must not skip the others
                 log.exception("internal error while failing a departed client's operation")
         return len(queue)
 

@@ -32,7 +32,8 @@ import select
 import signal
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import cloudpickle
 import numpy as np
@@ -40,24 +41,30 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
 from envd import info_codec
-from envd.errors import (NATIVE_CODES, EnvdError, EnvError, EnvStateError,
-                         InvalidArgumentError, LimitExceededError, ShuttingDownError,
-                         UnknownEnvError)
+from envd.errors import (
+    NATIVE_CODES,
+    EnvdError,
+    EnvError,
+    EnvStateError,
+    InvalidArgumentError,
+    LimitExceededError,
+    ShuttingDownError,
+    UnknownEnvError,
+)
 from envd.hosted_pettingzoo import PETTINGZOO_PREFIX, creator_of_id
-from envd.native import segment_guard
+from envd.native import hosted_template, segment_guard
 from envd.native._envd_native import lib
-from envd.native.hosted_env import (DEFAULT_INFO_BYTES, check_space, default_num_workers,
-                                    hosted_buffer_layout)
-from envd.native.hosted_segment import Segment as PrivateSegment, segment_layout
-from envd.native.hosted_session import CLOSE_GRACE_SECONDS, HostedSession, HostedSpec
-from envd.native import hosted_template
 from envd.native.hosted_calls import MAX_CALL_OBJECTS
+from envd.native.hosted_env import DEFAULT_INFO_BYTES, check_space, default_num_workers, hosted_buffer_layout
+from envd.native.hosted_segment import Segment as PrivateSegment
+from envd.native.hosted_segment import segment_layout
+from envd.native.hosted_session import CLOSE_GRACE_SECONDS, HostedSession, HostedSpec
 from envd.native.hosted_template import Template, template
 from envd.native.vector_env import PYTHON_PREFIX
-from envd.shm import Segment
 from envd.server.config import StartupError
 from envd.server.lifecycle import Lifecycle
 from envd.server.sessions import EXECUTOR_LOCK_WAIT_SECONDS, Session, async_in_flight, plan
+from envd.shm import Segment
 
 log = logging.getLogger("envd.server")
 
@@ -407,7 +414,7 @@ class WorkerReaper:
     exited, and the workers still alive after CLOSE_GRACE_SECONDS are
     SIGKILLed.  Owned by the event loop thread."""
 
-    def __init__(self, add: Callable[..., None], remove: Callable[[int], None]):
+    def __init__(self, add: Callable[..., None], remove: Callable[[int], object]):
         self._add, self._remove = add, remove
         # pidfds of workers not seen exiting yet -> the reap call that took them
         # over (a closed pidfd's number is reused by a later reap: its grace
@@ -539,8 +546,8 @@ class HostedServerSession(Session):
         #: orderly free, so that the event loop never waits for them.
         self.reap: Callable[[list[int]], None] | None = None
 
-    def watch_workers(self, add: Callable[[int, Callable[[], None]], None],
-                      remove: Callable[[int], None], on_exit: Callable[[], None]) -> None:
+    def watch_workers(self, add: Callable[..., None], remove: Callable[[int], object],
+                      on_exit: Callable[[], None]) -> None:
         """Call on_exit (the pool-event handler: the step or recv waiting for
         a dead worker's envs is answered with its EnvError) when a worker
         exits, through the event loop's readers add/remove on its pidfd (a

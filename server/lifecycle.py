@@ -38,7 +38,8 @@ before any transition is tried).
 from __future__ import annotations
 
 import enum
-from typing import Callable
+from collections.abc import Callable
+from typing import NoReturn
 
 
 class State(enum.Enum):
@@ -162,5 +163,5 @@ class Lifecycle:
         free(orderly)
 
 
-def _gone(*args: object) -> bool:
+def _gone(*args: object) -> NoReturn:
     raise LifecycleError("a freed session's lifecycle was asked to free it again")

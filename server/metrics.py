@@ -19,12 +19,16 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-from typing import TYPE_CHECKING, Any, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 if TYPE_CHECKING:
+    import threading
+    from wsgiref.simple_server import WSGIServer
+
     from envd.server.service import Service
 
 log = logging.getLogger("envd.server")
@@ -55,8 +59,8 @@ class Metrics:
         self.registry.register(_ServiceCollector(self))
         self._service: Service | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._server = None
-        self._thread = None
+        self._server: WSGIServer | None = None
+        self._thread: threading.Thread | None = None
 
     # ---- event points (event loop thread) ---------------------------------------------
     def observe_step(self, seconds: float) -> None:
@@ -68,7 +72,7 @@ class Metrics:
             child = self._error_children[code] = self._errors.labels(code=str(code))
         child.inc()
 
-    def attach(self, service: "Service", loop: asyncio.AbstractEventLoop) -> None:
+    def attach(self, service: Service, loop: asyncio.AbstractEventLoop) -> None:
         """Scrapes read this service's state on this loop from now on."""
         self._service, self._loop = service, loop
 
@@ -91,7 +95,8 @@ class Metrics:
         if server is not None:
             server.shutdown()
             server.server_close()
-            self._thread.join(timeout=5.0)
+            if self._thread is not None:  # (started with the server)
+                self._thread.join(timeout=5.0)
 
     # ---- scrapes (HTTP thread) ---------------------------------------------------------
     def snapshot(self) -> dict[str, Any] | None:
@@ -105,7 +110,7 @@ class Metrics:
         def read() -> None:
             try:
                 result.set_result(read_service(service))
-            except BaseException as exc:  # reported to the scrape, not the loop
+            except BaseException as exc:  # noqa: BLE001 -- reported to the scrape, not the loop
                 result.set_exception(exc)
 
         try:
@@ -119,16 +124,17 @@ class Metrics:
             return None
 
 
-def read_service(service: "Service") -> dict[str, Any]:
+def read_service(service: Service) -> dict[str, Any]:
     """What a scrape reports of the Service; on the event loop thread."""
     service.collect_fast_steps()  # the fast path's steps, up to now
     inline, pooled = service.closed_session_jobs
     envs = 0
-    workers = {}  # hosted sessions: (session id prefix, env id) -> worker processes
+    workers: dict[tuple[str, str], int] = {}  # hosted: (session id prefix, env id) -> worker processes
     for session in service.sessions.values():
         envs += session.num_envs
-        if getattr(session, "num_workers", 0):
-            workers[(session.id[:8], session.spec.id)] = session.num_workers
+        num_workers = getattr(session, "num_workers", 0)  # (hosted sessions have workers)
+        if num_workers:
+            workers[(session.id[:8], session.spec.id)] = num_workers
         stats = session.job_stats()
         inline += stats["inline_jobs"]
         pooled += stats["pooled_jobs"]

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from envd.errors import PluginError
 from envd.native.registry import load_plugin
@@ -22,7 +23,7 @@ log = logging.getLogger("envd.server")
 def load_plugins(paths: Iterable[str]) -> list[dict[str, Any]]:
     """Load each plugin in order; one entry per path for `envd status`:
     {"path", "envs": [ids]} or {"path", "error": message}."""
-    report = []
+    report: list[dict[str, Any]] = []
     for path in map(os.path.abspath, paths):
         if not os.path.isfile(path):
             raise StartupError(f"--plugin {path} (ENVD_PLUGINS): no such file")

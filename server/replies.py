@@ -27,7 +27,7 @@ from __future__ import annotations
 import collections
 import secrets
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 from envd import protocol
 
@@ -43,7 +43,7 @@ MAX_UNREAD_LARGE_REPLIES = 1024
 class Ledger:
     """The large replies one connection was sent and has not acknowledged, oldest first."""
 
-    __slots__ = ("sizes", "seqs", "first_seq", "bytes", "last_seen")
+    __slots__ = ("bytes", "first_seq", "last_seen", "seqs", "sizes")
 
     def __init__(self) -> None:
         self.sizes: collections.deque[int] = collections.deque()

@@ -12,7 +12,8 @@ exception does).  ``give_back`` returns a freed session's bytes, once.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from gymnasium.vector import AutoresetMode
 
@@ -55,7 +56,7 @@ class ResourceBooks:
 
     def reserve(self, client: ClientRecord, spec: EnvSpec, num_envs: int, mode: AutoresetMode,
                 open_sessions: int,
-                fd_check: Callable[[int], None] | None = None,
+                fd_check: Callable[[int, int, int], None] | None = None,
                 num_workers: int = 0, info_bytes: int = 0) -> Reservation:
         """Check that a make of num_envs envs of spec fits under every limit
         (open_sessions: sessions in the books now) and reserve what it will

@@ -19,20 +19,29 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 from concurrent.futures import Executor, Future
-from typing import Any, Callable
+from typing import Any
 
 from envd import __version__, protocol
-from envd.errors import (ConnectionLostError, DaemonError, EnvdError, EnvStateError,
-                         LimitExceededError, SessionExpiredError, SharedMemoryError,
-                         ShuttingDownError, UnknownSessionError)
+from envd.errors import (
+    ConnectionLostError,
+    DaemonError,
+    EnvdError,
+    EnvStateError,
+    LimitExceededError,
+    SessionExpiredError,
+    SharedMemoryError,
+    ShuttingDownError,
+    UnknownSessionError,
+)
 from envd.native import segment_guard
 from envd.native.native_vec import NativePool
 from envd.server.config import Config
 from envd.server.control import ControlHandlers
 from envd.server.fair_ops import FairOps
-from envd.server.replies import ReplyBooks, is_small
 from envd.server.hosted import HostedCatalog, WorkerReaper
+from envd.server.replies import ReplyBooks, is_small
 from envd.server.reservation import ResourceBooks
 from envd.server.sessions import ClientRecord, Session
 from envd.server.stepping import SteppingHandlers
@@ -85,7 +94,7 @@ class Service:
         self.env_steps = 0
         # For the metrics (server/metrics.py reads them at scrape time):
         self.env_steps_by_env: collections.Counter[str] = collections.Counter()
-        self.closed_session_jobs = [0, 0]  # inline, pooled step jobs of closed sessions
+        self.closed_session_jobs: list[float] = [0, 0]  # inline, pooled step jobs of closed sessions
         self.lease_expiries = 0            # clients whose lease expired
         self.lease_expired_sessions = 0    # sessions freed by those expiries
         # seconds from a sync step's submit to its reply (a no-op without metrics)
@@ -505,7 +514,7 @@ class Service:
     #: (add, remove) of the event loop's readers, set by the daemon: a hosted
     #: session's worker pidfds are watched, so that a worker's death answers
     #: the step or recv that waits for it (no eventfd comes from a dead worker).
-    fd_watch: tuple[Callable[[int, Callable[[], None]], None], Callable[[int], None]] | None = None
+    fd_watch: tuple[Callable[..., None], Callable[[int], object]] | None = None
     #: Set by the daemon with fd_watch: waits on the event loop for the
     #: workers of freed hosted sessions (server/hosted.py).
     reaper: WorkerReaper | None = None

@@ -14,8 +14,9 @@ import os
 import secrets
 import stat
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 from gymnasium.vector import AutoresetMode
@@ -28,10 +29,9 @@ from envd.native.native_session import NativeSession
 from envd.native.native_vec import NativePool
 from envd.native.registry import EnvSpec
 from envd.native.vector_env import AUTORESET_MODE_CODES
+from envd.server.lifecycle import Lifecycle
 from envd.shm import HEADER_SIZE, Segment, plan
 from envd.vector_base import autoreset_mode_name, buffer_layout
-from envd.server.lifecycle import Lifecycle
-
 
 #: Offset of the doorbell's ``closed`` word in it (native/src/fast.h).
 _DOORBELL_CLOSED = 88

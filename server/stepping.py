@@ -26,18 +26,18 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from envd import info_codec, protocol
-from envd.errors import (DaemonError, EnvdError, EnvStateError, InvalidArgumentError,
-                         LimitExceededError)
-from envd.vector_base import check_int
+from envd.errors import DaemonError, EnvdError, EnvStateError, InvalidArgumentError, LimitExceededError
 from envd.native.hosted_calls import MAX_CALL_OBJECTS, MAX_REQUEST_BYTES
 from envd.server.hosted import HostedServerSession
 from envd.server.sessions import ClientRecord, Session, async_in_flight
+from envd.vector_base import check_int
 
 #: Operations that run on the executor holding the session's lock (the event
 #: loop must not wait for that lock: it would stall every client meanwhile).
@@ -229,7 +229,7 @@ class SteppingHandlers:
         bug), an internal error; the session is never left busy."""
         try:
             reply = reply_of()
-        except Exception:  # noqa: BLE001 -- a bug: still answer, and free the session's turn
+        except Exception:  # a bug: still answer, and free the session's turn
             log.exception("internal error while answering an operation")
             reply = protocol.error_reply(request_id, DaemonError(
                 "internal error in the daemon; its log has the details"))

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from envd.tools import cli
 from envd.server import config as server_config
+from envd.tools import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGURATION = ROOT / "docs" / "configuration.md"

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 __all__ = ["open_stepper", "SocketStepper", "InlineStepper", "DoorbellStepper"]
 
 
-def open_stepper(client: "Client", reply: dict[str, Any], transport: str,
+def open_stepper(client: Client, reply: dict[str, Any], transport: str,
                  fast_path: bool | None, env_id: str, action_space: spaces.Space,
                  num_envs: int, num_agents: int = 1) -> tuple[Segment, SocketStepper]:
     """The buffers of the session a make reply describes and the stepper
@@ -65,7 +65,7 @@ def open_stepper(client: "Client", reply: dict[str, Any], transport: str,
     return segment, (InlineStepper if name == "inline" else SocketStepper)(*args)
 
 
-def _buffers_for(client: "Client", reply: dict[str, Any], transport: str) -> tuple[Segment, str]:
+def _buffers_for(client: Client, reply: dict[str, Any], transport: str) -> tuple[Segment, str]:
     """The session's buffers and the transport they need: the daemon's
     segment if this process can map it (asked for or auto), else private
     memory with its layout (inline asked for, or auto and mapping failed)."""

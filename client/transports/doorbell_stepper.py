@@ -22,15 +22,23 @@ from __future__ import annotations
 
 import mmap
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from envd.client.doorbell import RECV, SEND, SHUTTING_DOWN, STEP, Doorbell
 from envd.client.transports.over_socket import SocketStepper
 from envd.errors import EnvdTimeoutError, EnvError, ShuttingDownError
-from envd.vector_base import (NATIVE_CODES, in_flight_error, not_idle_error, ready_error,
-                              recv_short_error, send_error, step_error)
+from envd.vector_base import (
+    NATIVE_CODES,
+    in_flight_error,
+    not_idle_error,
+    ready_error,
+    recv_short_error,
+    send_error,
+    step_error,
+)
 
 _ENV_IDLE, _ENV_IN_FLIGHT = 0, 1  # a refused send's env state (native/src/session.h)
 

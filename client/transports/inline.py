@@ -9,7 +9,8 @@ and results are bit-identical.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -20,7 +21,7 @@ from envd.errors import ProtocolError
 
 def _frame(array: np.ndarray) -> memoryview:
     """An array as one data frame (its bytes, C order, not copied)."""
-    return memoryview(np.ascontiguousarray(array)).cast("B")
+    return np.ascontiguousarray(array).data.cast("B")
 
 
 class InlineStepper(SocketStepper):

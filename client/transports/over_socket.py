@@ -23,14 +23,15 @@ this stepper with other encodings.
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from gymnasium import spaces
 
 from envd import protocol
 from envd.client.channel import Channel
-from envd.errors import EnvdError, EnvdTimeoutError, EnvStateError, ProtocolError
+from envd.errors import EnvdTimeoutError, EnvStateError, ProtocolError
 from envd.vector_base import RepeatCheck
 
 
@@ -59,8 +60,8 @@ class SocketStepper:
         #: posted sends whose reply was not read yet
         self.sends_unanswered = 0
         #: the first refusal of a posted send, read but not raised yet
-        self._refusal: EnvdError | None = None
-        self._step_header = {"type": "step", "session": session}
+        self._refusal: Exception | None = None
+        self._step_header: dict[str, Any] = {"type": "step", "session": session}
         self._repeat_check: RepeatCheck | None = None  # (made by the first recv)
 
     @property

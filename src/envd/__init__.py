@@ -8,21 +8,39 @@
 """
 __version__ = "0.1.0"
 
-from envd.client import Client, MultiClient, MultiVecEnv, RemoteVecEnv, connect  # noqa: E402
-from envd.errors import (ConnectionLostError, DaemonError, EnvdError, EnvdTimeoutError,  # noqa: E402
-                         EnvError, EnvStateError, InvalidActionError, InvalidArgumentError,
-                         LimitExceededError, NativeError, NoDaemonError, ProtocolError,
-                         SessionExpiredError,
-                         PluginError, SharedMemoryError, ShuttingDownError,
-                         UnknownEnvError, UnknownSessionError, AuthenticationError,
-                         UntrustedPathError, UntrustedSegmentError)
+from typing import Any
+
+from envd.client import Client, MultiClient, MultiVecEnv, RemoteVecEnv, connect
+from envd.errors import (
+    AuthenticationError,
+    ConnectionLostError,
+    DaemonError,
+    EnvdError,
+    EnvdTimeoutError,
+    EnvError,
+    EnvStateError,
+    InvalidActionError,
+    InvalidArgumentError,
+    LimitExceededError,
+    NativeError,
+    NoDaemonError,
+    PluginError,
+    ProtocolError,
+    SessionExpiredError,
+    SharedMemoryError,
+    ShuttingDownError,
+    UnknownEnvError,
+    UnknownSessionError,
+    UntrustedPathError,
+    UntrustedSegmentError,
+)
 
 #: Loaded on first use, so that a trainer that only talks to a daemon
 #: (envd.connect) never loads the native core.
 _NATIVE = {"make", "list_envs", "load_plugin", "VecEnv"}
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     if name in _NATIVE:
         import envd.native
         return getattr(envd.native, name)
@@ -41,7 +59,7 @@ __all__ = ["make", "make_pettingzoo", "list_envs", "load_plugin", "VecEnv", "con
            "EnvStateError", "EnvError", "NativeError", "ProtocolError", "LimitExceededError",
            "UnknownSessionError", "SessionExpiredError", "DaemonError", "ShuttingDownError",
            "ConnectionLostError", "NoDaemonError", "AuthenticationError", "EnvdTimeoutError", "SharedMemoryError",
-           "PluginError", "__version__"]
+           "PluginError", "UntrustedPathError", "UntrustedSegmentError", "__version__"]
 
 # gymnasium.make_vec("envd/<id>") and gymnasium.make("envd/<id>"): register
 # envd's ids with gymnasium (no native code loaded; see envd.gymnasium_registry).

@@ -48,8 +48,10 @@ from __future__ import annotations
 import functools
 import importlib.util
 import sys
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from types import FrameType
+from typing import Any
 
 import gymnasium
 from gymnasium.envs import registration as _gym_registration
@@ -154,7 +156,7 @@ def ocean_env_ids() -> list[str]:
     spec = importlib.util.find_spec("envd.native")
     if spec is None or not spec.submodule_search_locations:
         return []
-    folder = Path(list(spec.submodule_search_locations)[0]) / "ocean" / "manifests"
+    folder = Path(next(iter(spec.submodule_search_locations))) / "ocean" / "manifests"
     return sorted(f"{OCEAN_PREFIX}{p.stem}" for p in folder.glob("*.h"))
 
 
@@ -183,7 +185,7 @@ def _envd_prefix_means_namespace(find_spec):
         if isinstance(env_id, str) and env_id.startswith(NAMESPACE + "/") and ":" in env_id:
             return _colon_spec(env_id)
         return find_spec(env_id, *args, **kwargs)
-    find_spec_envd.envd_wrapped = True  # type: ignore[attr-defined]
+    find_spec_envd.envd_wrapped = True
     return find_spec_envd
 
 
@@ -191,7 +193,7 @@ def _unrouted_lookup(find_spec) -> str | None:
     """The bare id of a gymnasium lookup "envd:<id>" that is importing envd
     right now (the unwrapped find_spec, called before envd was imported), or None."""
     code = getattr(find_spec, "__code__", None)
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         if frame.f_code is code:
             name = frame.f_locals.get("env_name")

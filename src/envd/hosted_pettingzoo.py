@@ -28,7 +28,8 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import cloudpickle
 import gymnasium
@@ -365,7 +366,7 @@ class PettingZooVecEnv(gymnasium.vector.VectorEnv):
                                        f"({len(ids)}), got shape {actions.shape}")
         self._inner.send(actions.reshape(len(grouped), a, *actions.shape[1:]), grouped[:, 0])
 
-    def recv(self):
+    def recv(self) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """batch_size envs' rows: (obs, rewards, terminations, truncations,
         info) with info["env_id"] (each env's id per row) and
         info["agent_mask"]."""
@@ -403,7 +404,7 @@ class PettingZooVecEnv(gymnasium.vector.VectorEnv):
     def close(self, **kwargs: Any) -> None:
         self._inner.close()
 
-    def __enter__(self) -> "PettingZooVecEnv":
+    def __enter__(self) -> PettingZooVecEnv:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -427,7 +428,7 @@ def rows_view(inner: Any, name: str, episode_statistics: bool | str) -> PettingZ
         raise
 
 
-def creator_of_id(env_id: str, env_kwargs: dict[str, Any]) -> "_Creator":
+def creator_of_id(env_id: str, env_kwargs: dict[str, Any]) -> _Creator:
     """The adapter creator of a "pz:<module>:<factory>" id (InvalidArgumentError
     for a malformed id, UnknownEnvError when its top-level module is missing)."""
     if not env_id.startswith(PETTINGZOO_PREFIX) or env_id.count(":") != 2 or \

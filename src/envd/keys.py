@@ -138,7 +138,7 @@ def is_z85_key(text: object) -> bool:
         return False
 
 
-def _read_certificate(path: str | os.PathLike, what: str) -> tuple[bytes, bytes | None]:
+def _read_certificate(path: str | os.PathLike[str], what: str) -> tuple[bytes, bytes | None]:
     """(public, secret or None) of a certificate file, both checked to be keys."""
     try:
         info = os.stat(path)
@@ -196,12 +196,13 @@ def load_key_pair(path: str | os.PathLike, what: str) -> KeyPair:
     return KeyPair(public, secret)
 
 
-def load_public_key(value: str | os.PathLike, what: str) -> bytes:
+def load_public_key(value: str | bytes | os.PathLike[str], what: str) -> bytes:
     """A public key given as a certificate file (.key, or a .key_secret whose
     public half is used) or as its 40-character Z85 text."""
     if isinstance(value, (str, bytes)) and is_z85_key(value) and not os.path.exists(value):
         return value.encode("ascii") if isinstance(value, str) else value
-    return _read_certificate(value, what)[0]
+    # (a bytes path as text: the messages name the file, not b'...')
+    return _read_certificate(os.fsdecode(value) if isinstance(value, bytes) else value, what)[0]
 
 
 def load_allowed_clients(folder: str | os.PathLike, what: str) -> list[bytes]:

@@ -25,7 +25,8 @@ daemon and the client, which rebuilds the space from its wire form
 """
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 from gymnasium import spaces
@@ -102,7 +103,9 @@ def leaf_shape_dtype(leaf: spaces.Space) -> tuple[tuple[int, ...], np.dtype]:
         return (), np.dtype(leaf.dtype)
     if isinstance(leaf, spaces.MultiDiscrete):
         return tuple(leaf.nvec.shape), np.dtype(leaf.dtype)
-    return tuple(leaf.shape), np.dtype(leaf.dtype)
+    shape = leaf.shape
+    assert shape is not None  # (every leaf space has one: Box, MultiBinary)
+    return tuple(shape), np.dtype(leaf.dtype)
 
 
 def observation_buffers(prefix: str, space: spaces.Space, num_envs: int

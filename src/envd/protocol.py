@@ -22,8 +22,8 @@ Requests
 Every request header has ``"type"`` (str) and ``"id"`` (int, chosen by the
 client, echoed in the reply; ids need not be unique: the daemon keeps no
 record of them, and a request sent twice runs twice).  Every request the
-daemon reads gets exactly one reply, also after SIGTERM (``shutting_down``).  ``hello`` must come first on a connection and
-carries ``"version"``; the daemon answers ``unsupported_version`` when it
+daemon reads gets exactly one reply, also after SIGTERM (``shutting_down``).
+``hello`` must come first on a connection and carries ``"version"``; the daemon answers ``unsupported_version`` when it
 does not speak it.  Per type, the fields (``?`` = optional):
 
     hello      version:int, client_name?:str
@@ -175,7 +175,8 @@ later requests for them get ``session_expired``.
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -220,7 +221,7 @@ def default_endpoint(environ: Mapping[str, str] | None = None) -> str:
 #: types, required).  bool is never accepted where int is asked for.
 _INT = (int,)
 _ANY = (object,)  # checked by the handler, whose errors match envd.make's
-_SESSION = {"session": ((str,), True)}
+_SESSION: dict[str, tuple[tuple[type, ...], bool]] = {"session": ((str,), True)}
 MESSAGE_FIELDS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     "hello": {"version": (_INT, True), "client_name": ((str,), False)},
     "heartbeat": {"client": ((bytes,), False)},
@@ -394,7 +395,7 @@ def unpack(frame: bytes, max_bytes: int, max_depth: int = MAX_HEADER_DEPTH,
         header = msgpack.unpackb(frame, raw=False, strict_map_key=True,
                                  max_bin_len=max_bytes, max_str_len=max_bytes,
                                  max_array_len=max_bytes, max_map_len=max_bytes, max_ext_len=0)
-    except Exception as exc:  # msgpack raises several unrelated types
+    except Exception as exc:  # noqa: BLE001 -- msgpack raises several unrelated types
         raise BadRequest(f"the header frame is not valid msgpack ({type(exc).__name__})") from None
     if not isinstance(header, dict):
         raise BadRequest(f"the header must be a msgpack map, got {type(header).__name__}")
@@ -526,7 +527,8 @@ def error_from_reply(reply: dict[str, Any]) -> errors.EnvdError:
     """The exception an error reply stands for (the class of its code)."""
     code = reply.get("code")
     message = str(reply.get("message", "the daemon gave no message"))
-    cls = ERROR_CODES.get(code, errors.DaemonError)
+    # (a code that is not a string, even an unhashable one, is an unknown code)
+    cls = ERROR_CODES.get(code, errors.DaemonError) if isinstance(code, str) else errors.DaemonError
     if cls is errors.NativeError:
         return errors.NativeError(message, int(reply.get("native_code", -1)))
     if cls is errors.EnvError:

@@ -42,7 +42,8 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -118,6 +119,7 @@ def _resolve(env_creators: Sequence[Any], env_args: Sequence[Any],
     if args:
         raise InvalidArgumentError("envd's PufferLib backend takes env_kwargs, not env_args "
                                    f"(got {len(args)} positional args)")
+    env: str | None
     if isinstance(first, OceanCreator):
         env, merged, interval = first.env, {**first.kwargs, **kwargs}, DEFAULT_LOG_INTERVAL
     else:
@@ -155,7 +157,7 @@ def _recv_has_teacher_actions() -> bool:
     (pufferlib-core 3.0.19 on: its ``vector.reset`` unpacks eight values)."""
     try:
         from pufferlib import vector
-    except Exception:  # no pufferlib (or one that fails to import): 3.0.0's tuple
+    except Exception:  # noqa: BLE001 -- no pufferlib (or one that fails to import): 3.0.0's tuple
         return False
     names = getattr(getattr(vector, "reset", None), "__code__", None)
     return names is not None and any("teacher" in n for n in names.co_varnames)
@@ -253,7 +255,7 @@ class Backend:
         return self.agents_per_batch
 
     @property
-    def driver_env(self) -> "Backend":
+    def driver_env(self) -> Backend:
         """What PufferLib's policies read spaces from (single_*_space)."""
         return self
 

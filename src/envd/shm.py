@@ -36,7 +36,8 @@ from __future__ import annotations
 import mmap
 import os
 import struct
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -84,7 +85,7 @@ class Segment:
 
     def __init__(self, name: str, buf: mmap.mmap, arrays: dict[str, list]):
         self.name = name
-        self.path = os.path.join(SHM_DIR, name)
+        self.path: str | None = os.path.join(SHM_DIR, name)
         self.size = len(buf)
         self._mmap = buf
         self.arrays: dict[str, np.ndarray] = {
@@ -96,7 +97,7 @@ class Segment:
     # ---- daemon side ---------------------------------------------------------------
     @classmethod
     def create(cls, name: str, session_id: str, arrays: dict[str, list], size: int,
-               mapper: Callable[[int, int], Any] = mmap.mmap) -> "Segment":
+               mapper: Callable[[int, int], Any] = mmap.mmap) -> Segment:
         """Create and map the file (mode 0600, never an existing one) and write
         the header.  The pages are allocated up front, so a full /dev/shm is an
         OSError now rather than a SIGBUS in a worker thread later.  mapper(fd,
@@ -120,6 +121,8 @@ class Segment:
 
     def unlink(self) -> None:
         """Remove the name; the memory goes once every mapping of it is gone."""
+        if self.path is None:  # private memory (Segment.private): no name
+            return
         try:
             os.unlink(self.path)
         except FileNotFoundError:
@@ -128,7 +131,7 @@ class Segment:
     # ---- client side ---------------------------------------------------------------
     @classmethod
     def attach(cls, name: str, session_id: str, arrays: dict[str, list], size: int,
-               where: str) -> "Segment":
+               where: str) -> Segment:
         """Map the daemon's segment; SharedMemoryError (naming ``where``, the
         daemon) when this process cannot see it, UntrustedSegmentError when
         it belongs to another user (not root) or others may write it."""
@@ -170,7 +173,7 @@ class Segment:
         return cls(name, buf, arrays)
 
     @classmethod
-    def private(cls, name: str, arrays: dict[str, list], size: int) -> "Segment":
+    def private(cls, name: str, arrays: dict[str, list], size: int) -> Segment:
         """Private memory laid out like the daemon's segment ``name``: the
         buffers of a session this process cannot map (the inline transport
         copies the arrays between them and the messages)."""

@@ -31,7 +31,8 @@ from envd.vector_base import BatchedVecEnv
 class EnvdEnv(gymnasium.Env):
     """A gymnasium.Env over an envd vector env of one env (see the module docstring)."""
 
-    metadata: dict[str, Any] = {"render_modes": []}
+    # (gymnasium's Env.metadata: __init__ gives each instance its own)
+    metadata: dict[str, Any] = {"render_modes": []}  # noqa: RUF012
 
     def __init__(self, venv: BatchedVecEnv):
         agents = getattr(venv, "num_agents", 1)
@@ -56,7 +57,7 @@ class EnvdEnv(gymnasium.Env):
         self._episode_over = False  # step() refuses until reset()
 
     @classmethod
-    def make(cls, env_id: str, *, endpoint: Any = None, **kwargs: Any) -> "EnvdEnv":
+    def make(cls, env_id: str, *, endpoint: Any = None, **kwargs: Any) -> EnvdEnv:
         """One env of env_id, in this process (endpoint None) or served by a
         daemon (endpoint as envd.gymnasium_registry.make_vector_env); kwargs go
         to envd.make / Client.make (seed, max_episode_steps, env parameters...)."""

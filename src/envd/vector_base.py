@@ -15,7 +15,8 @@ which overwrites them in place.  Keep a copy (or pass ``copy=True`` to
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, TypeGuard
 
 import numpy as np
 from gymnasium import spaces
@@ -23,8 +24,15 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from envd import info_codec, leaves
-from envd.errors import (NATIVE_CODES, EnvdError, EnvStateError, InvalidActionError,
-                         InvalidArgumentError, NativeError, native_strerror)
+from envd.errors import (
+    NATIVE_CODES,
+    EnvdError,
+    EnvStateError,
+    InvalidActionError,
+    InvalidArgumentError,
+    NativeError,
+    native_strerror,
+)
 from envd.stepping import Stepper
 
 SEED_LIMIT = 2**64
@@ -64,7 +72,7 @@ def autoreset_mode_name(mode: AutoresetMode) -> str:
     return next(name for name, value in AUTORESET_MODE_NAMES.items() if value is mode)
 
 
-def is_int(value: Any) -> bool:
+def is_int(value: Any) -> TypeGuard[int | np.integer[Any]]:
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
@@ -76,7 +84,7 @@ def check_int(name: str, value: Any, low: int, high: int) -> int:
     return int(value)
 
 
-def seed_list(seed: int | Sequence[int], num_envs: int) -> np.ndarray:
+def seed_list(seed: int | Sequence[int] | np.ndarray, num_envs: int) -> np.ndarray:
     """Per-env seeds: env i gets seed + i, or the i-th of an explicit list."""
     if is_int(seed):
         seed = int(seed)
@@ -814,7 +822,7 @@ class BatchedVecEnv(VectorEnv):
                                                   mask.reshape(envs, self.num_agents).any(1))
 
     # ---- gymnasium API -------------------------------------------------------------
-    def reset(self, *, seed: int | Sequence[int] | None = None,
+    def reset(self, *, seed: int | Sequence[int] | np.ndarray | None = None,
               options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict[str, Any]]:
         """Reset every env (or those in options["reset_mask"]); seed as in make
         (for a multi-agent env: one seed per env, not per row)."""
@@ -1011,7 +1019,7 @@ class BatchedVecEnv(VectorEnv):
             self._add_env_infos(info, out, env_ids=out["env_id"])
         return obs, out["rewards"], out["terminations"], out["truncations"], info
 
-    def _gather_plans(self) -> list["_GatherPlan"]:
+    def _gather_plans(self) -> list[_GatherPlan]:
         """Two sets of batch_size-row buffers recv alternates between, each
         with the copies that fill it (made once: a recv's hot path)."""
         plans = self._plans
@@ -1130,7 +1138,7 @@ class BatchedVecEnv(VectorEnv):
     def __del__(self) -> None:
         self.close()
 
-    def __enter__(self) -> "BatchedVecEnv":
+    def __enter__(self) -> BatchedVecEnv:
         return self
 
     def __exit__(self, *exc: Any) -> None:

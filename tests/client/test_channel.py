@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import zmq
@@ -157,6 +158,22 @@ def test_a_late_reply_runs_the_timed_out_requests_callback(peer_with):
     peer.release()
     wait_for(lambda: (channel.read_late_replies(wait=0.05), late)[1], "the late reply")
     assert late[0]["ok"] and channel.unanswered == 0
+
+
+def test_a_reply_whose_id_is_not_an_int_is_nobodys(peer_with):
+    """The daemon's reply ids are not trusted: a list (unhashable) answers
+    nothing and breaks nothing (it was a TypeError of the books' lookup)."""
+    def answer(request):
+        if request["type"] == "send":
+            return {"id": [request["id"]], "ok": True}
+        return ok(request)
+
+    peer, channel = peer_with(answer)
+    replies = []
+    channel.post({"type": "send", "session": "s"}, [b"\0" * 8], replies.append)
+    wait_for(lambda: "send" in peer.types(), "the send")
+    assert channel.request({"type": "status"})["ok"]  # read the stray reply first
+    assert replies == [] and channel.unanswered == 1
 
 
 def test_requests_queued_by_a_finalizer_go_before_the_next_request(peer_with):

@@ -124,10 +124,10 @@ class Project:
     """
 
     #: Keys of a service this translates (see container_args); others fail.
-    KNOWN_KEYS = {"build", "image", "user", "init", "read_only", "tmpfs", "cap_drop",
-                  "security_opt", "ipc", "shm_size", "stop_signal", "stop_grace_period",
-                  "restart", "healthcheck", "environment", "volumes", "depends_on",
-                  "entrypoint", "command", "profiles", "ports"}
+    KNOWN_KEYS = frozenset({"build", "image", "user", "init", "read_only", "tmpfs", "cap_drop",
+                            "security_opt", "ipc", "shm_size", "stop_signal", "stop_grace_period",
+                            "restart", "healthcheck", "environment", "volumes", "depends_on",
+                            "entrypoint", "command", "profiles", "ports"})
 
     def __init__(self, podman: Podman, services: dict[str, dict], image: str):
         self.podman = podman

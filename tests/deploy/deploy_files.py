@@ -81,7 +81,7 @@ def load_yaml_text(text: str) -> list:
     return copy.deepcopy(_load_yaml_text(text))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _load_yaml_text(text: str) -> list:
     try:
         import yaml

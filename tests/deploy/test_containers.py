@@ -33,14 +33,14 @@ import shutil
 import time
 from pathlib import Path
 
-import pytest
-
 import base_image
-import envd
+import pytest
+import step_digest
 from compose_on_podman import Podman, Project, build_image
 from deploy_files import ROOT, DockerIgnore, compose_services, in_ci
-import step_digest
 from step_digest import in_process_digest
+
+import envd
 
 pytestmark = pytest.mark.timeout(1200)
 

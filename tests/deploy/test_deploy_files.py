@@ -28,13 +28,37 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from deploy_files import (
-    COMPOSE_FILE, DOCKERFILE, K8S_DIR, ROOT, DockerIgnore, all_containers, compose_environment,
-    compose_mounts, compose_services, compose_size, copy_sources, dockerfile_env,
-    dockerfile_stages, effective_security, env_values, find_tool, is_envd_daemon,
-    k8s_manifests, k8s_resources, load_yaml, load_yaml_text, mounts_by_path, pod_labels,
-    pod_spec, quantity, require_tool, run_tool, volume_at, volumes_by_name)
+    COMPOSE_FILE,
+    DOCKERFILE,
+    K8S_DIR,
+    ROOT,
+    DockerIgnore,
+    all_containers,
+    compose_environment,
+    compose_mounts,
+    compose_services,
+    compose_size,
+    copy_sources,
+    dockerfile_env,
+    dockerfile_stages,
+    effective_security,
+    env_values,
+    find_tool,
+    is_envd_daemon,
+    k8s_manifests,
+    k8s_resources,
+    load_yaml,
+    load_yaml_text,
+    mounts_by_path,
+    pod_labels,
+    pod_spec,
+    quantity,
+    require_tool,
+    run_tool,
+    volume_at,
+    volumes_by_name,
+)
 
 #: The image's user; compose and the manifests run daemon and trainers as it.
 ENVD_UID = 10001

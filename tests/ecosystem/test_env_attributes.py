@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import gymnasium as gym
 import pytest
+from support.builtin_envs import GYMNASIUM_ENV_IDS
 
 import envd
-from support.builtin_envs import GYMNASIUM_ENV_IDS
 
 PZ_ID = "pz:pettingzoo.classic.rps_v2:parallel_env"
 

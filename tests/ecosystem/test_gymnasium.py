@@ -12,10 +12,10 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
-
-import envd
 from support.builtin_envs import MULTI_AGENT_ENV_IDS, random_actions
 from support.daemon import in_bounds_actions, wait_until
+
+import envd
 from envd.gymnasium_registry import BUILTIN_ENV_IDS
 from envd.single_env import EnvdEnv
 

@@ -55,7 +55,7 @@ def test_classic_frames_look_like_gymnasium(env_id):
         ref.reset(seed=seed)
     dtype = env.single_action_space.dtype
     worst = 0.0
-    for step, action in enumerate([None] + actions):
+    for action in [None, *actions]:
         if action is not None:
             env.step(np.array([action] * len(seeds), dtype))
             for ref in refs:

@@ -12,12 +12,12 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import pytest
+import sb3_dict_env
 from stable_baselines3 import PPO
 from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.vec_env import DummyVecEnv
 
-import sb3_dict_env
 from envd.integrations.sb3 import EnvdVecEnv
 
 HOSTED_ID = f"py:sb3_dict_env:{sb3_dict_env.ENV_ID}"

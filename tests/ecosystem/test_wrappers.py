@@ -57,7 +57,7 @@ def run_stack(make, env_id: str, rescale: bool = False) -> int:
     twin.reset(seed=1)
     rng = np.random.default_rng(0)
     episodes = 0
-    for step in range(STEPS):
+    for _ in range(STEPS):
         if continuous:  # beyond the bounds: ClipAction must clip them
             shape = (NUM_ENVS, *env.single_action_space.shape)
             actions = rng.uniform(-1.5, 1.5, shape).astype(np.float32)

@@ -26,7 +26,7 @@ class DeadRowEnv(VectorEnv):
     """Row 0 live, row 1 dead: dead_obs, dead_reward and a final observation
     of ones (V(ones) != 0, so a bootstrap would show) every step."""
 
-    metadata = {"autoreset_mode": AutoresetMode.SAME_STEP}
+    metadata = {"autoreset_mode": AutoresetMode.SAME_STEP}  # noqa: RUF012 -- gymnasium's, read only
 
     def __init__(self, dead_obs: float, dead_reward: float):
         self.num_envs = 2

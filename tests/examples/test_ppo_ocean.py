@@ -7,12 +7,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from envd.native import ocean_build
 from support.daemon import DaemonProcess, segments_of
 from test_examples import result_fields, run_example
 
+from envd.native import ocean_build
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ocean"))
-import puffer_reference  # noqa: E402
+import puffer_reference
 
 
 def test_ppo_learns_ocean_cartpole_through_the_daemon(tmp_path):

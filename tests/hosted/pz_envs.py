@@ -15,7 +15,7 @@ class StaggeredEnv(ParallelEnv):
     raises ValueError at step 2 of an env last reset with that seed (None:
     never; make's own trial steps do not seed it so)."""
 
-    metadata = {"name": "staggered_v0"}
+    metadata = {"name": "staggered_v0"}  # noqa: RUF012 -- PettingZoo's class attribute, read only
 
     def __init__(self, raise_seed: int | None = None):
         self.possible_agents = ["a0", "a1", "a2"]

@@ -90,7 +90,7 @@ def test_a_stall_in_one_block_does_not_count(step_cost):
 def test_costly_steps_of_every_block_count(step_cost):
     """An env with a costly step every 8 steps costs their average."""
     clock = FakeClock()
-    env = ClockedEnv(clock, 10e-6, {i: 170e-6 for i in range(0, 64, 8)})
+    env = ClockedEnv(clock, 10e-6, dict.fromkeys(range(0, 64, 8), 0.00017))
     assert step_cost.measure_step_seconds(env, clock=clock) == pytest.approx(30e-6)
 
 

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import functools
 
+import daemon_envs  # noqa: F401  (registers the envd-test/ ids)
 import gymnasium as gym
 import numpy as np
 import pytest
-from gymnasium.vector import AutoresetMode
-
-import daemon_envs  # noqa: F401  (registers the envd-test/ ids)
-import envd
 from equivalence import MODES, assert_same, async_env_runs, per_env_action_batches, sync_env_runs
+from gymnasium.vector import AutoresetMode
 from support.async_steps import async_trajectories, per_env_actions
+
+import envd
 
 NUM_ENVS, STEPS, BATCH = 6, 40, 2
 

@@ -10,13 +10,12 @@ import os
 import signal
 from pathlib import Path
 
+import daemon_envs  # noqa: F401  (registers the fixtures' ids for the reference envs)
 import gymnasium as gym
 import numpy as np
 import pytest
-import daemon_envs  # noqa: F401  (registers the fixtures' ids for the reference envs)
 from envs import DAEMON_ENV, alive, children, descendants, wait_until
-from equivalence import (MODES, assert_same, async_env_runs, compare_runs,
-                         per_env_action_batches, sync_env_runs)
+from equivalence import MODES, assert_same, async_env_runs, compare_runs, per_env_action_batches, sync_env_runs
 from support.daemon import DaemonProcess, left_clean
 
 import envd

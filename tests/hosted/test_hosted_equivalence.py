@@ -10,10 +10,10 @@ import daemon_envs  # noqa: F401  (registers the envd-test/ ids in this process)
 import gymnasium as gym
 import numpy as np
 import pytest
+from equivalence import MODES, compare_runs
+from support.builtin_envs import random_actions
 
 import envd
-from support.builtin_envs import random_actions
-from equivalence import MODES, compare_runs
 
 NUM_ENVS = 5
 STEPS = 60

@@ -9,9 +9,9 @@ import signal
 
 import numpy as np
 import pytest
+from envs import UnsupportedSpaceEnv, alive, failing_creator, wait_until
 
 import envd
-from envs import UnsupportedSpaceEnv, alive, failing_creator, wait_until
 
 
 @pytest.mark.parametrize("num_workers", [0, 1, 3])

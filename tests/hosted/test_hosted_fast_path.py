@@ -200,8 +200,12 @@ def test_a_hung_fast_path_request_never_stops_the_daemon(daemon, hang_marker: Pa
         workers = new_workers(daemon.pid, before)
         env.reset()
         env.step(np.zeros(2, np.int64))
-        hung = threading.Thread(target=lambda: pytest.raises(
-            envd.EnvdError, env.step, np.zeros(2, np.int64)), daemon=True)
+
+        def step_refused() -> None:
+            with pytest.raises(envd.EnvdError):
+                env.step(np.zeros(2, np.int64))
+
+        hung = threading.Thread(target=step_refused, daemon=True)
         hung.start()  # env 0's second step sleeps an hour
         assert wait_until(lambda: c.status()["sessions"] == 1, 60)
         # env 0's worker got the step, so the doorbell's thread serves it

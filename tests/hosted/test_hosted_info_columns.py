@@ -10,8 +10,7 @@ import daemon_envs  # noqa: F401  (registers the envd-test/ ids in this process)
 import gymnasium as gym
 import numpy as np
 import pytest
-from equivalence import (MODES, assert_same, async_env_runs, compare_runs,
-                         per_env_action_batches, sync_env_runs)
+from equivalence import MODES, assert_same, async_env_runs, compare_runs, per_env_action_batches, sync_env_runs
 
 import envd
 from envd.native.hosted_template import _describe
@@ -38,7 +37,7 @@ def test_columns_only_for_infos_that_agree():
     assert info_columns([{"a": np.bool_(True)}] * 8) == ()  # gymnasium: an object array
     assert info_columns([{"a": {"b": 1.0}}] * 8) == ()  # nested
     assert info_columns([{"a": np.zeros(600)}] * 8) == ()  # over MAX_INFO_COLUMN_BYTES
-    assert info_columns([{k: 1.0 for k in map(str, range(65))}] * 8) == ()  # too many keys
+    assert info_columns([dict.fromkeys(map(str, range(65)), 1.0)] * 8) == ()  # too many keys
 
 
 @pytest.mark.parametrize("num_workers,mode", [(w, "next_step") for w in (0, 1, 2)]

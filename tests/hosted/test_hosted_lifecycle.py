@@ -11,10 +11,10 @@ import sys
 import textwrap
 
 import numpy as np
+from envs import alive, children, open_fds, wait_until
 
 import envd
 from envd.native import hosted_template
-from envs import alive, children, open_fds, wait_until
 
 
 def test_close_leaves_no_process_zombie_or_fd():
@@ -81,8 +81,9 @@ def test_views_outlive_close():
 def test_close_kills_a_hung_worker(monkeypatch):
     """An env that hangs in a step in flight cannot hang close: after the
     grace period its worker is killed, and nothing is left."""
-    from envd.native import hosted_session
     from envs import HangingEnv
+
+    from envd.native import hosted_session
     monkeypatch.setattr(hosted_session, "CLOSE_GRACE_SECONDS", 0.5)
     env = envd.make(lambda: HangingEnv(0, at_step=1), 2, num_workers=2, batch_size=1)
     pids = env.worker_pids

@@ -12,8 +12,8 @@ import sys
 import gymnasium as gym
 import numpy as np
 import pytest
-from equivalence import MODES, compare_runs
 from envs import DAEMON_ENV
+from equivalence import MODES, compare_runs
 from support.daemon import DaemonProcess, left_clean
 
 import envd

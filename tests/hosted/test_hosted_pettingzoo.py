@@ -16,11 +16,11 @@ import signal
 
 import numpy as np
 import pytest
+import pz_envs
+from envs import alive, open_fds, wait_until
 from gymnasium import spaces
 
 import envd
-import pz_envs
-from envs import alive, open_fds, wait_until
 from envd.hosted_pettingzoo import stack_space, unstack_space
 
 mpe2_spread = pytest.importorskip("mpe2.simple_spread_v3", reason="mpe2 is the reference")

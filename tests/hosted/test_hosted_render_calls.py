@@ -50,7 +50,7 @@ def test_rgb_array_frames_equal_gymnasiums_sync_vector_env(num_workers):
         env.reset()
         ref.reset(seed=5)  # (env i seeded with 5 + i, as envd's seed=5)
         rng = np.random.default_rng(0)
-        for t in range(12):
+        for _ in range(12):
             frames, expected = env.render(), ref.render()
             assert type(frames) is type(expected) is tuple and len(frames) == n
             for frame, want in zip(frames, expected):

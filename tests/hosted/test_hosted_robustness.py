@@ -12,14 +12,13 @@ import threading
 import gymnasium
 import numpy as np
 import pytest
+from envs import ExitingConstructorEnv, FailingEnv, InterruptingEnv, PidRecordingEnv, alive, wait_until
 from gymnasium import spaces
 
 import envd
 from envd.native import hosted_template, hosted_worker
 from envd.native.hosted_segment import Segment, segment_layout
 from envd.vector_base import buffer_layout
-from envs import (ExitingConstructorEnv, FailingEnv, InterruptingEnv, PidRecordingEnv, alive,
-                  wait_until)
 
 
 # ---- item 4: a repeated env id in one send ----------------------------------------------

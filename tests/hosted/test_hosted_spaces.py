@@ -78,7 +78,7 @@ def test_a_bounded_decode_refuses_deep_nesting_and_too_many_objects_before_build
     assert back["a"][0] == 1 and back["a"][1][0] == 2 and back["c"] == value["c"]
     assert np.array_equal(back["a"][1][1], np.arange(3)) and back["b"] == [1, 2]
     inner = msgpack.packb([])
-    for depth in range(info_codec.MAX_EXT_DEPTH + 1):  # one level too many
+    for _ in range(info_codec.MAX_EXT_DEPTH + 1):  # one level too many
         inner = msgpack.packb(msgpack.ExtType(info_codec.EXT_TUPLE, inner))
     with pytest.raises(ValueError, match="deep"):
         info_codec.decode(inner, max_objects=1 << 16)

@@ -6,12 +6,11 @@ shows the description at the defaults."""
 from __future__ import annotations
 
 import pytest
-
-from envd.errors import InvalidArgumentError
-from support.abi5_checks import (ENV_ID, FIELDS, SOURCE, check_async, check_episodes,
-                                 check_spaces)
+from support.abi5_checks import ENV_ID, FIELDS, SOURCE, check_async, check_episodes, check_spaces
 from support.daemon import DaemonProcess, segments_of
 from support.plugin_checks import build_plugin
+
+from envd.errors import InvalidArgumentError
 
 
 @pytest.fixture(scope="module")

@@ -17,11 +17,10 @@ import msgpack
 import numpy as np
 import pytest
 import zmq
+from support.daemon import DEADLINE, Bystander, segments_of, start_daemon, stop_daemon, wait_until
 from zmq.utils.monitor import recv_monitor_message
 
 import envd
-from support.daemon import (DEADLINE, Bystander, segments_of, start_daemon,
-                            stop_daemon, wait_until)
 from envd import protocol
 from envd.shm import Segment
 
@@ -460,7 +459,7 @@ def test_inline_actions_of_the_wrong_shape_or_dtype(victim, raw):
             assert attacker.ok({"type": "status"})["env_steps"] >= 0
         # nothing was stepped; correct inline actions still work and match in-process
         rng = np.random.default_rng(3)
-        for i in range(30):
+        for _ in range(30):
             actions = rng.integers(0, 2, 4)
             header, blobs = step({"dtype": "<i8", "shape": [4]}, actions.astype("<i8").tobytes())
             reply = attacker.ok(header, *blobs)
@@ -796,7 +795,7 @@ def test_fuzz_mutated_requests(victim, raw):
 
     resync()
     internal_errors, outcomes = [], {}
-    for i in range(300):
+    for _ in range(300):
         header, blobs = fuzzer.mutated()
         attacker.send(header, *blobs)
         reply = attacker.recv()

@@ -267,8 +267,8 @@ def synthetic(fast_p50: list[float] | str, pool_p50: list[float], daemon: list[f
         if isinstance(values, str):
             return {"system": system, "threads": threads, "cells": {1024: values, 4096: values},
                     "rounds": {}}
-        return {"system": system, "threads": threads, "cells": {n: 0.0 for n in (1024, 4096)},
-                "rounds": {n: values for n in (1024, 4096)}}
+        return {"system": system, "threads": threads, "cells": dict.fromkeys((1024, 4096), 0.0),
+                "rounds": dict.fromkeys((1024, 4096), values)}
     table = [row("envd in-process", "auto", inprocess), row("envd daemon socket", "auto", daemon),
              row("envd fast path", "auto", "n/a: fast path not available: x"),
              row("EnvPool sync", "1", pool), row("EnvPool sync", "auto", [v / 2 for v in pool])]

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.daemon import DEADLINE, DaemonProcess, wait_until
+from support.plugin_checks import EXAMPLE_SOURCE, build_plugin
 
 import envd
 from envd.tools import cli
-from support.daemon import DEADLINE, DaemonProcess, wait_until
-from support.plugin_checks import EXAMPLE_SOURCE, build_plugin
 
 
 def _env() -> dict[str, str]:

@@ -8,8 +8,9 @@ import os
 import subprocess
 import sys
 
-from envd.native import get_spec
 from support.daemon import DEADLINE
+
+from envd.native import get_spec
 
 
 def run_envd(cwd, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

@@ -17,15 +17,14 @@ import time
 
 import msgpack
 import numpy as np
-import pytest
 import zmq
 import zmq.auth
+from support.daemon import DEADLINE, Bystander, DaemonProcess, TwinStepper, wait_until
+from test_curve import free_port, keys  # noqa: F401 -- keys is a fixture
 from zmq.utils.monitor import recv_monitor_message
 
 import envd
 from envd import protocol
-from support.daemon import DEADLINE, Bystander, DaemonProcess, TwinStepper, wait_until
-from test_curve import free_port, keys  # noqa: F401 -- keys is a fixture
 
 #: The open-file limit of the flooded daemons, and how many connections flood them.
 FD_LIMIT = 400
@@ -82,13 +81,13 @@ def flood(family: int, address, count: int) -> list[socket.socket]:
     return held
 
 
-def connect_when_admitted(endpoint: str, **keys) -> envd.Client:
+def connect_when_admitted(endpoint: str, **curve_keys) -> envd.Client:
     """Connect as a user would to a daemon at its connection cap: a refused
     connection raises ConnectionLostError naming the cap; try again."""
     end = time.monotonic() + DEADLINE
     while True:
         try:
-            return envd.connect(endpoint, timeout=DEADLINE, **keys)
+            return envd.connect(endpoint, timeout=DEADLINE, **curve_keys)
         except envd.ConnectionLostError as exc:
             assert "--max-connections" in str(exc), exc
             assert time.monotonic() < end, "never admitted"

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 import zmq
 import zmq.auth
+from support.daemon import DEADLINE, wait_until
 
 import envd
-from support.daemon import DEADLINE, wait_until
 
 #: The client timeout of the rejection tests.  A rejection must come at once:
 #: before this timeout, the one bound that tells an answer from a wait for

@@ -8,8 +8,13 @@ import signal
 
 import numpy as np
 import pytest
-from support.async_steps import (async_trajectories, check_async_reset_zeroes_rewards,
-                                 envpool_loop_trajectories, per_env_actions, sync_trajectories)
+from support.async_steps import (
+    async_trajectories,
+    check_async_reset_zeroes_rewards,
+    envpool_loop_trajectories,
+    per_env_actions,
+    sync_trajectories,
+)
 from support.builtin_envs import BUILTIN_ENV_IDS, MULTI_AGENT_ENV_IDS
 from support.daemon import DaemonProcess, segments_of, wait_until
 
@@ -154,7 +159,7 @@ def test_misuse_is_refused_and_the_env_stays_usable(served):
             with pytest.raises(envd.EnvStateError, match="in flight|wait for recv"):
                 e.step(np.zeros(6, np.int64))
         for _ in range(2):
-            r, l = env.recv(), local.recv()
+            r, l = env.recv(), local.recv()  # noqa: E741 -- r, l: remote, local
             assert r[4]["env_id"].tolist() == l[4]["env_id"].tolist()
             assert r[0].tobytes() == l[0].tobytes()
     # the daemon refuses raw misuse too: a recv of more than was sent (over
@@ -275,7 +280,7 @@ def test_async_reset_over_the_socket_drops_the_envs_in_flight(served):
             env.send(np.ones(3, np.int64), ids)  # in flight (or ready) at the reset
             env.async_reset(seed=5)
         for _ in range(2):
-            r, l = remote.recv(), local.recv()
+            r, l = remote.recv(), local.recv()  # noqa: E741 -- r, l: remote, local
             assert r[4]["env_id"].tolist() == l[4]["env_id"].tolist()
             assert r[0].tobytes() == l[0].tobytes()
         with pytest.raises(envd.EnvStateError, match="only 0 are in flight or ready"):

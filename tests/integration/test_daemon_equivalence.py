@@ -11,9 +11,9 @@ import mmap
 
 import numpy as np
 import pytest
+from gymnasium.vector import AutoresetMode
 from support.builtin_envs import BUILTIN_ENV_IDS, MULTI_AGENT_ENV_IDS, random_actions
 from support.daemon import DaemonProcess, segments_of, wait_until
-from gymnasium.vector import AutoresetMode
 
 import envd
 

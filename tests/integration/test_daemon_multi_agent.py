@@ -15,8 +15,7 @@ from envd.errors import InvalidActionError, InvalidArgumentError
 
 pytest.importorskip("mpe2.simple_spread_v3", reason="mpe2 is the reference")
 
-from support.spread_reference import (IDS, N_AGENTS, Reference, random_rows,  # noqa: E402
-                                      run_equivalence)
+from support.spread_reference import IDS, N_AGENTS, Reference, random_rows, run_equivalence
 
 #: (transport, fast_path) of each path a RemoteVecEnv may step through
 PATHS = [("shm", False), ("inline", False), ("shm", True)]

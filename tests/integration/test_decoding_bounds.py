@@ -13,12 +13,12 @@ import os
 import msgpack
 import numpy as np
 import zmq
-
-import envd
-from envd import protocol
 from support.daemon import DEADLINE, Bystander, peak_rss, rss_bytes, wait_until
 from test_hostile_load import Stepper
 from test_metrics import free_port, scrape, value
+
+import envd
+from envd import protocol
 
 MiB = 1 << 20
 

@@ -10,10 +10,10 @@ import threading
 import msgpack
 import numpy as np
 import zmq
+from support.daemon import DEADLINE
 
 import envd
 from envd import protocol
-from support.daemon import DEADLINE
 
 #: Requests queued while the daemon is stopped, answered across the drain.
 QUEUED = 1000

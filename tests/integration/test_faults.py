@@ -34,15 +34,22 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support.daemon import (DEADLINE, DaemonProcess, TwinStepper, all_threads_stopped,
-                            in_bounds_actions, segments_of, wait_until)
+from support.daemon import (
+    DEADLINE,
+    DaemonProcess,
+    TwinStepper,
+    all_threads_stopped,
+    in_bounds_actions,
+    segments_of,
+    wait_until,
+)
 
 import envd
 
 TESTS = Path(__file__).resolve().parents[1]
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
-from support import fault_client
+from support import fault_client  # noqa: E402 -- after the sys.path entry above
 
 
 # ---- helpers ---------------------------------------------------------------------------------

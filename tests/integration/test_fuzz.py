@@ -42,11 +42,10 @@ import msgpack
 import numpy as np
 import zmq
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
-
 from support import fuzz as fh
+from support.daemon import DEADLINE, Bystander, rss_bytes, segments_of, start_daemon, stop_daemon, wait_until
+
 from envd import protocol
-from support.daemon import (DEADLINE, Bystander, rss_bytes, segments_of, start_daemon,
-                            stop_daemon, wait_until)
 
 #: --max-message-bytes of the fuzzed daemon: small, so frames over it are cheap.
 LIMIT = 256 << 10
@@ -76,7 +75,7 @@ class SessionInfo:
         return np.dtype(self.dtype).itemsize * math.prod(self.shape)
 
     @classmethod
-    def of_make_reply(cls, reply: dict) -> "SessionInfo":
+    def of_make_reply(cls, reply: dict) -> SessionInfo:
         _, dtype, shape = reply["shm"]["arrays"]["actions"]
         return cls(reply["session"], dtype, tuple(shape))
 
@@ -361,7 +360,7 @@ class Fuzzer:
     def on_reply(self, conn: Conn, frames: list[bytes]) -> None:
         try:
             reply = msgpack.unpackb(frames[0], raw=False)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 -- msgpack raises several unrelated types
             reply = f"{frames[0][:100]!r} ({type(exc).__name__})"
         request_id = reply.get("id", "?") if isinstance(reply, dict) else "?"
         if (not isinstance(reply, dict) or type(reply.get("ok")) is not bool

@@ -13,13 +13,13 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import zmq
+from gymnasium.vector import AutoresetMode
 from support.daemon import DaemonProcess
 
 import envd
 from envd import _native_facts, protocol
 from envd.shm import Segment, plan
 from envd.vector_base import buffer_layout
-from gymnasium.vector import AutoresetMode
 
 
 def test_the_hello_advertises_what_the_daemon_serves(daemon):

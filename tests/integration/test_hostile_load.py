@@ -32,17 +32,20 @@ import time
 from pathlib import Path
 
 import msgpack
-import zmq
 import numpy as np
+import zmq
+from support.daemon import DEADLINE, Bystander, DaemonProcess, peak_rss, segments_of, wait_until
+from test_connections import FdWatch, flood
+from test_peer_bounds import (
+    as_user,
+    open_folder,  # noqa: F401 -- a fixture
+    other_uid,
+    other_user_attack,
+)
+from test_unread_replies import DROPPED_LINE, Deaf
 
 import envd
 from envd import protocol
-from support.daemon import (DEADLINE, Bystander, DaemonProcess, peak_rss, segments_of,
-                            wait_until)
-from test_connections import FdWatch, flood
-from test_peer_bounds import open_folder  # noqa: F401 -- a fixture
-from test_peer_bounds import as_user, other_uid, other_user_attack
-from test_unread_replies import DROPPED_LINE, Deaf
 
 MiB = 1 << 20
 FD_LIMIT = 256
@@ -95,7 +98,7 @@ class Stepper(threading.Thread):
             while not self.halt.is_set():
                 self.bystander.step_and_compare(1)
                 self.steps += 1
-        except BaseException as exc:  # reported by finish()
+        except BaseException as exc:  # noqa: BLE001 -- reported by finish()
             self.error = exc
 
     def finish(self) -> int:
@@ -107,7 +110,7 @@ class Stepper(threading.Thread):
         return self.steps
 
 
-def test_a_combined_attack_stays_within_the_documented_bounds(open_folder):
+def test_a_combined_attack_stays_within_the_documented_bounds(open_folder):  # noqa: F811 -- the fixture
     uid = other_uid()
     daemon = DaemonProcess(
         open_folder, "--threads", "1", "--lease-timeout", "20",

@@ -12,9 +12,9 @@ from __future__ import annotations
 import time
 
 import numpy as np
+from support.daemon import wait_until
 
 import envd
-from support.daemon import wait_until
 
 LEASE = 2.0
 

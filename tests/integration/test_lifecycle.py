@@ -95,7 +95,7 @@ def test_drain_answers_the_step_in_flight_then_refuses_work(harness, monkeypatch
     monkeypatch.setenv("ENVD_FAST_PATH", "0")
     # 2**20 Acrobots take most of a second per step on one worker; should a
     # loaded machine still let the step end before the drain starts, start over.
-    for attempt in range(3):
+    for _ in range(3):
         daemon, observer, env, stepper = start_big_step(harness, 1 << 20)
         caught_in_flight, in_flight_step = draining_with_step_in_flight(
             daemon, observer, env, signal.SIGTERM)
@@ -117,7 +117,7 @@ def test_drain_answers_the_step_in_flight_then_refuses_work(harness, monkeypatch
 def test_second_signal_exits_1_at_once_and_frees_every_segment(harness, monkeypatch):
     # Socket path only: it watches a step in flight in the daemon's event loop.
     monkeypatch.setenv("ENVD_FAST_PATH", "0")
-    for attempt in range(3):
+    for _ in range(3):
         daemon, observer, env, stepper = start_big_step(harness, 1 << 20)
         if draining_with_step_in_flight(daemon, observer, env, signal.SIGTERM)[0]:
             assert in_flight(env)

@@ -17,10 +17,9 @@ import numpy as np
 import pytest
 import zmq
 from gymnasium.vector import AutoresetMode
+from support.daemon import DEADLINE, Bystander, segments_of, start_daemon, stop_daemon, wait_until
 
 import envd
-from support.daemon import (DEADLINE, Bystander, segments_of, start_daemon,
-                            stop_daemon, wait_until)
 from envd import protocol
 from envd.native.registry import get_spec
 from envd.server.config import Config

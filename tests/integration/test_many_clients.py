@@ -354,8 +354,13 @@ def _settled(count, still_for: float = 0.5) -> int:
 
 def test_no_leaks_in_the_daemon(daemon):
     pid = daemon.pid
-    fds = lambda: _count(f"/proc/{pid}/fd")
-    tasks = lambda: _count(f"/proc/{pid}/task")
+
+    def fds() -> int:
+        return _count(f"/proc/{pid}/fd")
+
+    def tasks() -> int:
+        return _count(f"/proc/{pid}/task")
+
     for _ in range(5):  # warm-up: lazily created threads, caches
         _cycle(daemon)
     assert segments_of(pid) == []

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from support.builtin_envs import random_actions
 from support.async_steps import async_trajectories, per_env_actions, sync_trajectories
+from support.builtin_envs import random_actions
 from support.daemon import DaemonProcess, segments_of, wait_until
 
 import envd

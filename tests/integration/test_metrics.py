@@ -10,8 +10,8 @@ import urllib.request
 import numpy as np
 import pytest
 import zmq
-from support.daemon import DaemonProcess, stop_daemon, wait_until
 from prometheus_client.parser import text_string_to_metric_families
+from support.daemon import DaemonProcess, stop_daemon, wait_until
 
 import envd
 from envd import protocol

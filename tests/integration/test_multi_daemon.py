@@ -15,9 +15,9 @@ import time
 
 import numpy as np
 import pytest
+from gymnasium.vector import AutoresetMode, VectorEnv
 from support.builtin_envs import BUILTIN_ENV_IDS, MULTI_AGENT_ENV_IDS
 from support.daemon import DEADLINE, daemon_group, in_bounds_actions, wait_until
-from gymnasium.vector import AutoresetMode, VectorEnv
 
 import envd
 

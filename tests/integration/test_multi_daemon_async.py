@@ -14,10 +14,15 @@ import threading
 
 import numpy as np
 import pytest
-from support.builtin_envs import BUILTIN_ENV_IDS
-from support.async_steps import (async_trajectories, check_async_reset_zeroes_rewards,
-                                 envpool_loop_trajectories, per_env_actions, sync_trajectories)
 from support.async_steps import _env_result as env_result
+from support.async_steps import (
+    async_trajectories,
+    check_async_reset_zeroes_rewards,
+    envpool_loop_trajectories,
+    per_env_actions,
+    sync_trajectories,
+)
+from support.builtin_envs import BUILTIN_ENV_IDS
 from support.daemon import DEADLINE, DaemonProcess, daemon_group, segments_of, wait_until
 
 import envd

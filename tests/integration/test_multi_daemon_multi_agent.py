@@ -20,8 +20,14 @@ import numpy as np
 import pytest
 from support.async_steps import async_trajectories, per_env_actions, sync_trajectories
 from support.daemon import daemon_group
-from support.multi_agent_checks import (AGENTS, FAILING, SOURCE, actions_for,
-                                        check_failure_names_rows, check_step_failure_names_rows)
+from support.multi_agent_checks import (
+    AGENTS,
+    FAILING,
+    SOURCE,
+    actions_for,
+    check_failure_names_rows,
+    check_step_failure_names_rows,
+)
 
 import envd
 from envd.client.multi_async import ShardsAsyncStepper

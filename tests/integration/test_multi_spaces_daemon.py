@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-import envd
 from support.daemon import DaemonProcess, segments_of
 from support.multi_agent_checks import SOURCE as SEEK_SOURCE
-from support.multi_spaces_checks import (SOURCE, Lights, compare, env_id, random_actions)
+from support.multi_spaces_checks import SOURCE, Lights, compare, env_id, random_actions
 from support.plugin_checks import build_plugin
+
+import envd
 
 BONUSES = [0.0, 2.0, 4.5, 10.0, 1.0, 3.25]
 PATHS = {"shm-fast": {"transport": "shm", "fast_path": True},

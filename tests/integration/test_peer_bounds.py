@@ -23,11 +23,10 @@ import time
 from pathlib import Path
 
 import pytest
+from support.daemon import DEADLINE, Bystander, DaemonProcess, peak_rss, stop_daemon, wait_until
+from test_curve import free_port, keygen
 
 import envd
-from support.daemon import (DEADLINE, Bystander, DaemonProcess, peak_rss, stop_daemon,
-                            wait_until)
-from test_curve import free_port, keygen
 
 #: What the attacker tries to push in one multi-frame message (the daemon's
 #: limit per frame is 8 MiB below, so every frame alone would pass).
@@ -68,7 +67,7 @@ def push(sock: socket.socket, stream) -> tuple[int, bool]:
             sent += len(chunk)
     except (BrokenPipeError, ConnectionResetError):
         return sent, True
-    except socket.timeout:
+    except TimeoutError:
         pass
     # The stream ended or stalled: has the daemon closed the connection?
     end = time.monotonic() + DEADLINE
@@ -78,7 +77,7 @@ def push(sock: socket.socket, stream) -> tuple[int, bool]:
                 return sent, True
         except (ConnectionResetError, BrokenPipeError):
             return sent, True
-        except socket.timeout:
+        except TimeoutError:
             continue
     return sent, False
 

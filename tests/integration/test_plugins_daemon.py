@@ -5,10 +5,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from support.daemon import DaemonProcess, segments_of
-from support.plugin_checks import (EXAMPLE_SOURCE, VARIANTS_SOURCE, GuessNumber, build_plugin,
-                           check_against_reference, check_async_failure, guesses)
+from support.plugin_checks import (
+    EXAMPLE_SOURCE,
+    VARIANTS_SOURCE,
+    GuessNumber,
+    build_plugin,
+    check_against_reference,
+    check_async_failure,
+    guesses,
+)
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import envd
 from support.daemon import DEADLINE, segments_of, wait_until
+
+import envd
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -37,7 +38,7 @@ def test_quick_start_runs_as_written(tmp_path):
     envd_script = shutil.which("envd", path=os.path.dirname(sys.executable)) or shutil.which("envd")
     assert envd_script, "the envd console script is not installed"
     env = {**os.environ, "ENVD_ENDPOINT": f"ipc://{tmp_path}/envd.sock"}
-    log = open(tmp_path / "envd.log", "wb")
+    log = open(tmp_path / "envd.log", "wb")  # noqa: SIM115 -- the daemon's, while it runs
     daemon = subprocess.Popen([envd_script, *command.split()[1:]], cwd=tmp_path, env=env,
                               stdout=log, stderr=subprocess.STDOUT)
     try:

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support import abi5_checks
 from support.builtin_envs import random_actions
 from support.daemon import DEADLINE, DaemonProcess, segments_of, wait_until
-from support import abi5_checks
 from support.plugin_checks import BUILD_LINE, EXAMPLE_SOURCE, check_against_reference
 from support.sanitized_build import SANITIZERS, reports_in, runtime, sanitized_env
 
@@ -111,8 +111,8 @@ def test_sync_steps_and_resets_of_every_builtin_env(sanitized):
                         assert info["action_mask"].shape == (num_envs, 7)
                     if t == steps // 3:  # a seeded reset mid-run
                         env.reset(seed=t)
-                    elif t == 2 * steps // 3 or kwargs.get("autoreset_mode") == "disabled" \
-                            and (term | trunc).any():  # a masked reset
+                    elif t == 2 * steps // 3 or (kwargs.get("autoreset_mode") == "disabled" \
+                            and (term | trunc).any()):  # a masked reset
                         env.reset(options={"reset_mask": rng.random(num_envs) < 0.5})
                 assert obs.shape[0] == num_envs
     assert_no_report(daemon)

@@ -21,14 +21,13 @@ import time
 import numpy as np
 import pytest
 import zmq
+from support.daemon import DEADLINE, Bystander, DaemonProcess, segments_of, start_daemon, stop_daemon, wait_until
+from test_bad_input import Raw
 
-from support.daemon import (DEADLINE, Bystander, DaemonProcess, segments_of, start_daemon,
-                            stop_daemon, wait_until)
 from envd import protocol
 from envd.client.doorbell import RECV, SEND, STEP, Doorbell
 from envd.errors import SharedMemoryError
 from envd.shm import HEADER_SIZE, SHM_DIR, Segment
-from test_bad_input import Raw
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,6 @@ import stat
 from pathlib import Path
 
 import pytest
-
 from support.daemon import DaemonProcess, segments_of, skip_unless_envd_runs_as
 
 #: Owner of the planted files: another user (nobody).

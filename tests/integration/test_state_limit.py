@@ -8,18 +8,18 @@ from __future__ import annotations
 import argparse
 import re
 
-import zmq
 import pytest
+import zmq
+from support.daemon import Bystander, segments_of, start_daemon, stop_daemon, wait_until
+from support.plugin_checks import VARIANTS_SOURCE, build_plugin
+from test_limits import Raw
 
 import envd
-from support.daemon import Bystander, segments_of, start_daemon, stop_daemon, wait_until
 from envd.native._envd_native import lib
 from envd.native.registry import get_spec
 from envd.server import config as config_module
 from envd.server.config import Config, from_args
 from envd.server.sessions import state_plan
-from support.plugin_checks import VARIANTS_SOURCE, build_plugin
-from test_limits import Raw, refused
 
 BIG_STATE = 16 << 20  # the BigState-v0 plugin's state_size: 16 MiB per env
 

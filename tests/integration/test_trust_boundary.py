@@ -15,8 +15,8 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import pytest
-from support.daemon import DaemonProcess, segments_of
 from gymnasium.vector import AutoresetMode
+from support.daemon import DaemonProcess, segments_of
 from support.plugin_checks import build_plugin
 
 import envd
@@ -89,7 +89,7 @@ def test_send_acts_on_the_checked_copy(daemon, fast_path):
         assert env.fast_path == fast_path
         env.async_reset()
         sent: dict[int, int] = {}  # env id -> the action last sent to it
-        for round_ in range(5):
+        for _ in range(5):
             obs, _, _, _, info = env.recv()
             ids = [int(i) for i in info["env_id"]]
             assert sorted(ids) == list(range(NUM_ENVS))

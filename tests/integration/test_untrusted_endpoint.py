@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from support.daemon import DEADLINE, DaemonProcess, skip_unless_envd_runs_as
 from test_faults import clean_environ, unused_uid
 

@@ -5,7 +5,6 @@ the refusals.  Each check runs in a fresh interpreter (support.abi5_checks)."""
 from __future__ import annotations
 
 import pytest
-
 from support.abi5_checks import SOURCE, run_check
 from support.plugin_checks import EXAMPLE_SOURCE, build_plugin
 from support.plugin_checks import run_check as plugin_check

@@ -1,11 +1,10 @@
 """Acrobot-v1 (native/src/envs/acrobot.c) against gymnasium's AcrobotEnv, bit for bit."""
 import ctypes
 
+import cbuild
 import gymnasium as gym
 import numpy as np
 import pytest
-
-import cbuild
 
 STEPS = 10_000
 

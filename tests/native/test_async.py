@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from support.async_steps import async_trajectories, envpool_loop_trajectories, per_env_actions, sync_trajectories
+from support.builtin_envs import BUILTIN_ENV_IDS, MULTI_AGENT_ENV_IDS
 
 import envd
 from envd.native._envd_native import lib
 from envd.vector_base import BatchedVecEnv
-from support.async_steps import (async_trajectories, envpool_loop_trajectories, per_env_actions,
-                                 sync_trajectories)
-from support.builtin_envs import BUILTIN_ENV_IDS, MULTI_AGENT_ENV_IDS
-
 
 # Steps no episode can end within, whatever the actions: CartPole's pole falls
 # in 8 steps at the soonest; Snake's head starts 5 cells from the nearest wall,

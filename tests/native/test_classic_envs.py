@@ -16,11 +16,10 @@ import ctypes
 import inspect
 import math
 
+import cbuild
 import gymnasium as gym
 import numpy as np
 import pytest
-
-import cbuild
 
 SOURCES = ["rng.c", "raster.c", "envs/pendulum.c", "envs/mountain_car.c",
            "envs/mountain_car_continuous.c"]

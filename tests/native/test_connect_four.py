@@ -19,10 +19,10 @@ import importlib
 import sys
 import types
 
+import cbuild
 import numpy as np
 import pytest
 
-import cbuild
 import envd
 from envd.errors import InvalidArgumentError
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 import hashlib
 import re
 
+import cbuild
 import numpy as np
 import pytest
-
-import cbuild
-import envd
 from support.builtin_envs import BUILTIN_ENV_IDS, random_actions
+
+import envd
 
 NUM_ENVS = 64
 STEPS = 400

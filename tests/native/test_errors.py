@@ -9,10 +9,9 @@ import ctypes
 import math
 import re
 
+import cbuild
 import numpy as np
 import pytest
-
-import cbuild
 from support.builtin_envs import BUILTIN_ENV_IDS, MULTI_AGENT_ENV_IDS
 
 HEADER = (cbuild.INCLUDE / "envd.h").read_text()
@@ -70,7 +69,7 @@ def doubles(*values) -> ctypes.Array:
 def test_header_codes_form_one_table():
     errors = {v for k, v in CODES.items() if k != "ENVD_OK"}
     assert CODES["ENVD_OK"] == 0
-    assert ERROR_MIN == min(errors)
+    assert min(errors) == ERROR_MIN
     assert errors == set(range(ERROR_MIN, 0)), "error codes are not contiguous"
     assert len(errors) == len(CODES) - 1, "two names share a code"
 

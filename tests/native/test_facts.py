@@ -64,10 +64,10 @@ def test_doorbell_layout_is_the_compiled_struct():
     # every field but the padding that keeps the server's words off the client's line
     compiled = {name: (field.offset, ffi.sizeof(field.type)) for name, field in struct.fields
                 if name != "client_pad"}
-    assert facts.FAST_HEADER_FIELDS == compiled
+    assert compiled == facts.FAST_HEADER_FIELDS
     for name in facts.FAST_HEADER_FIELDS:
         assert facts.FAST_HEADER_FIELDS[name][0] == ffi.offsetof("envd_fast_header_t", name)
-    assert facts.FAST_HEADER_SIZE == ffi.sizeof("envd_fast_header_t")
+    assert ffi.sizeof("envd_fast_header_t") == facts.FAST_HEADER_SIZE
 
 
 def test_doorbell_fits_in_the_header_page_with_client_and_server_words_apart():
@@ -108,8 +108,8 @@ def test_error_table_has_distinct_names_codes_and_messages():
 
 
 def test_envd_errors_names_every_native_code_without_native_code():
-    assert errors.NATIVE_CODES == {name[len("ENVD_"):]: getattr(lib, name)
-                                   for name in facts.ERRORS}
+    assert {name[len("ENVD_"):]: getattr(lib, name)
+                                   for name in facts.ERRORS} == errors.NATIVE_CODES
     for name, (code, message) in facts.ERRORS.items():
         assert errors.native_strerror(code) == f"{message} ({name})"
     assert errors.native_strerror(facts.ERROR_MIN - 1) == \

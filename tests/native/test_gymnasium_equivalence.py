@@ -8,9 +8,9 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium.wrappers.vector import RecordEpisodeStatistics
+from support.builtin_envs import GYMNASIUM_ENV_IDS, random_actions
 
 import envd
-from support.builtin_envs import GYMNASIUM_ENV_IDS, random_actions
 
 STEPS = 2000
 

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import gymnasium as gym
 import numpy as np
-from gymnasium.vector import AutoresetMode
 import pytest
+from gymnasium.vector import AutoresetMode
 
 import envd
-from envd import (EnvdError, EnvStateError, InvalidActionError, InvalidArgumentError,
-                  UnknownEnvError)
+from envd import EnvdError, EnvStateError, InvalidActionError, InvalidArgumentError, UnknownEnvError
 
 
 def still_usable(env):

@@ -5,7 +5,6 @@ check runs in a fresh interpreter: a loaded plugin stays in the registry."""
 from __future__ import annotations
 
 import pytest
-
 from support import multi_spaces_checks
 from support.multi_agent_checks import SOURCE, run_check
 from support.plugin_checks import build_plugin

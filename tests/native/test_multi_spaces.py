@@ -5,7 +5,6 @@ in a fresh interpreter: a loaded plugin stays in the process's registry."""
 from __future__ import annotations
 
 import pytest
-
 from support.multi_spaces_checks import SOURCE, run_check
 from support.plugin_checks import build_plugin
 

@@ -7,10 +7,9 @@ must match it bit for bit.
 import ctypes
 import functools
 
+import cbuild
 import numpy as np
 import pytest
-
-import cbuild
 
 N = 2_000_000
 SIN_MAX, COS_MAX = np.float32(117435.992), np.float32(71476.0625)

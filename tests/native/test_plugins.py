@@ -11,7 +11,6 @@ import subprocess
 import sys
 
 import pytest
-
 from support import plugin_checks
 from support.plugin_checks import EXAMPLE_SOURCE, VARIANTS_SOURCE, build_plugin, run_check
 

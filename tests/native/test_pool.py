@@ -10,9 +10,8 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
-
 import cbuild
+import pytest
 
 STRESS = Path(__file__).resolve().parent / "pool_stress.c"
 CODES = cbuild.ERROR_CODES

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import ctypes
 
+import cbuild
 import numpy as np
 import pytest
-
-import cbuild
 
 RED, BLUE = (255, 0, 0), (0, 0, 255)
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 import ctypes
 import re
 
+import cbuild
 import numpy as np
 import pytest
-
-import cbuild
 
 SEEDS = [0, 1, 2, 123, 2**31 - 1, 2**32 - 1, 2**32, 2**40 + 5, 2**63, 2**64 - 1]
 

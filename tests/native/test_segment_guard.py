@@ -7,9 +7,8 @@ races map, unmap and other threads' faults by design.
 """
 from pathlib import Path
 
-import pytest
-
 import cbuild
+import pytest
 
 CHECK = Path(__file__).resolve().parent / "segment_guard_check.c"
 SOURCES = ["segment_guard.c", CHECK]

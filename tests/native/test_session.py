@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 import cbuild
+import pytest
 
 STRESS = Path(__file__).resolve().parent / "session_stress.c"
 SOURCES = (["session.c", "backend_pool.c", "fast.c", "vec.c", "pool.c", "rng.c", "errors.c",

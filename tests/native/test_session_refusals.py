@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_native_session import make_session
 
 import envd
 from envd.errors import EnvStateError
 from envd.native._envd_native import lib
-from test_native_session import make_session
 
 
 def test_a_reset_refused_for_envs_in_flight_that_finished_since_says_so():

@@ -11,10 +11,9 @@ continue one RNG stream (``reset()`` without a seed, as envd's autoreset does).
 import ctypes
 import warnings
 
+import cbuild
 import numpy as np
 import pytest
-
-import cbuild
 
 mpe2_spread = pytest.importorskip("mpe2.simple_spread_v3", reason="mpe2 is the reference")
 
@@ -164,7 +163,7 @@ def test_contact_forces_push_overlapping_agents_apart(lib):
     else:
         pytest.fail("no seed in 0..199 starts with two agents in contact")
     for t in range(5):
-        r_obs, r_rew, _, _, _ = ref.step({a: 0 for a in ref.possible_agents})  # no_action
+        r_obs, r_rew, _, _, _ = ref.step(dict.fromkeys(ref.possible_agents, 0))  # no_action
         obs, rew, _, _ = env.step(np.zeros(N, np.int64))
         assert obs.tobytes() == stacked(ref, r_obs).tobytes(), (t, obs, r_obs)
         assert rew.tobytes() == stacked(ref, r_rew).astype(np.float64).tobytes()
@@ -199,7 +198,7 @@ def test_frames_look_like_mpe2(lib):
         assert np.any(np.all(frame == (70, 70, 170), axis=2))
         assert np.any(np.all(frame == (50, 50, 50), axis=2))
         frames.append(frame.copy())
-        ref.step({a: action for a in ref.possible_agents})
+        ref.step(dict.fromkeys(ref.possible_agents, action))
         env.step(np.full(N, action, np.int64))
     assert different_fraction(frames[0], frames[-1]) > 0.01  # the comparison can fail
     ref.close()

@@ -23,8 +23,7 @@ import envd
 
 mpe2_spread = pytest.importorskip("mpe2.simple_spread_v3", reason="mpe2 is the reference")
 
-from support.spread_reference import (IDS, N_AGENTS, Reference,  # noqa: E402
-                                      random_rows, run_equivalence)
+from support.spread_reference import IDS, N_AGENTS, Reference, random_rows, run_equivalence  # noqa: E402
 
 
 @pytest.mark.parametrize("num_threads", [0, 1, 2])

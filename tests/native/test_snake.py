@@ -19,11 +19,12 @@ ignores the action and reports reward 0, not terminated, not truncated.
 from __future__ import annotations
 
 import ctypes
+import itertools
 
+import cbuild
 import numpy as np
 import pytest
 
-import cbuild
 import envd
 
 G = 12          # grid cells per side
@@ -362,7 +363,7 @@ def hamiltonian_next():
     for r in range(G):
         cols = range(1, G) if r % 2 == 0 else range(G - 1, 0, -1)
         cols = list(cols)
-        for a, b in zip(cols, cols[1:]):
+        for a, b in itertools.pairwise(cols):
             nxt[(r, a)] = (r, b)
         if r + 1 < G:
             nxt[(r, cols[-1])] = (r + 1, cols[-1])

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 import cbuild
+import pytest
 
 STRESS = Path(__file__).resolve().parent / "vec_stress.c"
 SOURCES = (["vec.c", "pool.c", "rng.c", "errors.c", "builtin_envs.c", "npy_f32_trig.c", "raster.c"]

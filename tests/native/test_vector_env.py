@@ -10,9 +10,9 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium.wrappers.vector import NormalizeObservation, RecordEpisodeStatistics
+from support.builtin_envs import BUILTIN_ENV_IDS, MULTI_AGENT_ENV_IDS, listed_builtins
 
 import envd
-from support.builtin_envs import BUILTIN_ENV_IDS, MULTI_AGENT_ENV_IDS, listed_builtins
 
 
 def task_count() -> int:

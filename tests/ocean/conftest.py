@@ -13,8 +13,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from envd.native import ocean_build  # noqa: E402
-import puffer_reference  # noqa: E402
+import puffer_reference
+
+from envd.native import ocean_build
 
 
 @pytest.fixture(scope="session")

@@ -9,9 +9,9 @@ import os
 import subprocess
 import sys
 
+import puffer_reference
 import pytest
 
-import puffer_reference
 from envd.tools import bench_ocean
 
 NUM_ENVS = 4

@@ -165,7 +165,7 @@ def test_the_sdist_is_fetched_from_the_configured_index_and_checked(tmp_path, mo
     asked = []
 
     class Index(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 (http.server's name)
+        def do_GET(self):  # http.server's name
             asked.append(self.path)
             data = listing if self.path == "/simple/pufferlib/" else body
             self.send_response(200)

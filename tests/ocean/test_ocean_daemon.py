@@ -4,12 +4,12 @@ checked against PufferLib in test_ocean_make.py), sync and async."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
-
-import envd
 import ocean_cases
 import puffer_reference
+import pytest
 from support.daemon import DaemonProcess, segments_of
+
+import envd
 
 PATHS = [("shm", False), ("shm", True), ("inline", False)]
 ENVS = ["breakout", "snake", "terraform"]

@@ -9,11 +9,11 @@ import sys
 
 import gymnasium
 import numpy as np
+import puffer_reference
 import pytest
+from support.daemon import DaemonProcess, segments_of
 
 import envd
-import puffer_reference
-from support.daemon import DaemonProcess, segments_of
 
 #: A fresh process: import envd (no Ocean env loaded), make_vec, step with
 #: seeded actions; prints the observations' hex digest.

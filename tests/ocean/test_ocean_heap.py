@@ -13,10 +13,10 @@ import re
 import subprocess
 from pathlib import Path
 
-import pytest
-
 import ocean_cases
 import puffer_reference
+import pytest
+
 from envd.native import ocean_build
 
 STEPS = {"snake": 60, "terraform": 150}

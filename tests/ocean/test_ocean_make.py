@@ -8,12 +8,12 @@ time limit, truncations always False) and reports its own episodes.
 from __future__ import annotations
 
 import numpy as np
-import pytest
-
-import envd
 import ocean_cases
 import plugin_driver
 import puffer_reference
+import pytest
+
+import envd
 
 N = 3
 STEPS = 400

@@ -9,12 +9,11 @@ built plugin).
 from __future__ import annotations
 
 import numpy as np
-import pytest
-from gymnasium import spaces
-
 import ocean_cases
 import plugin_driver
 import puffer_reference
+import pytest
+from gymnasium import spaces
 
 KWARG_SETS = {
     "breakout": [{}, {"continuous": True, "frameskip": 2}, {"brick_rows": 3, "brick_cols": 9,

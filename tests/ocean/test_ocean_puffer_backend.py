@@ -10,13 +10,13 @@ import subprocess
 import sys
 
 import numpy as np
+import puffer_reference
 import pytest
+from support.daemon import DaemonProcess, segments_of
 
 import envd
 import envd.puffer
-import puffer_reference
 from envd.errors import InvalidArgumentError
-from support.daemon import DaemonProcess, segments_of
 
 vector = pytest.importorskip("pufferlib.vector", reason="pufferlib-core (envd's puffer extra)")
 

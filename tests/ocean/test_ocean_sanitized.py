@@ -16,10 +16,10 @@ import os
 import subprocess
 from pathlib import Path
 
-import pytest
-
 import ocean_cases
 import puffer_reference
+import pytest
+
 from envd.native import ocean_build
 
 FLAGS = ("-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer",

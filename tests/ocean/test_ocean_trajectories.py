@@ -11,11 +11,10 @@ from __future__ import annotations
 import threading
 
 import numpy as np
-import pytest
-
 import ocean_cases
 import plugin_driver
 import puffer_reference
+import pytest
 
 SEEDS = (0, 1, 7)
 STEPS = 3000

@@ -357,6 +357,19 @@ def test_the_error_code_table():
         assert protocol.ERROR_CODES[cls.error_code] is cls
 
 
+@pytest.mark.parametrize("code", [[1, 2], {"a": 1}, 7, None, "no_such_code"])
+def test_an_error_reply_with_an_unknown_code_is_a_daemon_error(code):
+    """A reply's code is the daemon's to send: one that is not a code the
+    client knows (not a string at all, even an unhashable list or map) is a
+    DaemonError carrying the message, never a TypeError of the lookup."""
+    exc = protocol.error_from_reply({"id": 1, "ok": False, "code": code, "message": "it broke"})
+    assert type(exc) is errors.DaemonError
+    assert "it broke" in str(exc)
+    known = protocol.error_from_reply({"id": 1, "ok": False, "code": "unknown_session",
+                                       "message": "gone"})
+    assert type(known) is errors.UnknownSessionError
+
+
 @pytest.mark.parametrize("code", sorted(protocol.ERROR_CODES))
 def test_error_reply_and_raise_error_round_trip(code):
     cls = protocol.ERROR_CODES[code]
@@ -569,7 +582,7 @@ def test_create_and_attach_share_memory(segment_name):
         attached = shm.Segment.attach(segment_name, session, arrays, size, where="the test")
         assert attached.size == size
         assert set(attached.arrays) == set(arrays)
-        for name, (offset, dtype, shape) in arrays.items():
+        for name, (_offset, dtype, shape) in arrays.items():
             a, b = created.arrays[name], attached.arrays[name]
             assert a.dtype.str == dtype and list(a.shape) == shape
             assert b.dtype.str == dtype and list(b.shape) == shape

@@ -8,13 +8,14 @@ import os
 
 import numpy as np
 import pytest
-
 from support.ray_cluster import local_cluster, ray  # first: it sets Ray's environment
+
+# isort: split
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 import envd
 import envd.puffer
 from envd.integrations.ray import build_ocean_on_nodes, start_daemons
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 # pufferlib-core (envd's puffer extra) may be missing where Ray is installed.
 pytest.importorskip("pufferlib.vector", reason="pufferlib-core: pip install 'envd-rl[puffer]'")

@@ -7,10 +7,10 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
-
 from support.ray_cluster import local_cluster, ray  # first: it sets Ray's environment
 
 import envd
@@ -143,17 +143,17 @@ def test_async_across_daemons_exactly_once(daemons):
 
 def test_fewer_nodes_than_asked_is_refused_and_leaves_nothing(ray_cluster):
     from ray.util import placement_group_table
-    before = {pid for pid in map(int, filter(str.isdigit, os.listdir("/proc")))}
+    before = set(map(int, filter(str.isdigit, os.listdir("/proc"))))
     with pytest.raises(envd.DaemonError, match=rf"asked for {NUM_NODES + 1} daemons.*"
                        rf"{NUM_NODES} live node"):
         start_daemons(NUM_NODES + 1, threads=1, bundle=BUNDLE, timeout=5)
     states = {g["state"] for g in placement_group_table().values()
               if g["strategy"] == "STRICT_SPREAD" and len(g["bundles"]) == NUM_NODES + 1}
     assert states <= {"REMOVED"}
-    after = {pid for pid in map(int, filter(str.isdigit, os.listdir("/proc")))}
+    after = set(map(int, filter(str.isdigit, os.listdir("/proc"))))
     started = [pid for pid in after - before if _alive(pid)
-               and b"envd" in open(f"/proc/{pid}/cmdline", "rb").read()
-               and b"--curve-secret-key" in open(f"/proc/{pid}/cmdline", "rb").read()]
+               and b"envd" in Path(f"/proc/{pid}/cmdline").read_bytes()
+               and b"--curve-secret-key" in Path(f"/proc/{pid}/cmdline").read_bytes()]
     assert started == []
 
 

@@ -5,15 +5,14 @@ from __future__ import annotations
 import math
 
 import pytest
-
 from support.ray_cluster import local_cluster, ray  # first: it sets Ray's environment
 
 from envd.integrations.ray import start_daemons
 
 pytest.importorskip("ray.rllib", reason="the RLlib test needs the rllib extra")
-from ray.rllib.algorithms.ppo import PPOConfig  # noqa: E402
+from ray.rllib.algorithms.ppo import PPOConfig
 
-from envd.integrations.rllib import use_envd  # noqa: E402
+from envd.integrations.rllib import use_envd
 
 NUM_NODES = 2
 NUM_ENVS = 4
@@ -21,7 +20,7 @@ NUM_ENVS = 4
 
 @pytest.fixture(scope="module")
 def daemons():
-    with local_cluster(NUM_NODES) as cluster:
+    with local_cluster(NUM_NODES):
         with start_daemons(NUM_NODES, threads=1, bundle={"CPU": 0.25}) as placed:
             yield placed
 

@@ -10,10 +10,10 @@ import builtins
 import os
 
 import pytest
+from support.daemon import DaemonProcess
 
 from envd.server import config_file
 from envd.server.config import Config, add_arguments, from_args
-from support.daemon import DaemonProcess
 
 
 @pytest.fixture(autouse=True)

@@ -87,7 +87,7 @@ def test_a_connection_that_says_no_hello_is_reaped():
         try:
             greeted_peer.recv(1)
             raise AssertionError("the greeted connection was shut down")
-        except socket.timeout:
+        except TimeoutError:
             pass
     finally:
         for sock in (quiet, quiet_peer, greeted, greeted_peer):
@@ -179,7 +179,7 @@ def test_an_admitted_client_on_a_reused_fd_is_never_reaped():
         a_peer.settimeout(0.05)
         try:
             assert a_peer.recv(1) != b""        # no hang-up
-        except socket.timeout:
+        except TimeoutError:
             pass                                # (nothing: the connection is alive)
     finally:
         os.close(fd)

@@ -15,8 +15,9 @@ import os
 import secrets
 import select
 import time
+from collections.abc import Callable
 from concurrent.futures import Executor, Future
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pytest

@@ -14,8 +14,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -103,7 +103,7 @@ class DaemonProcess:
         self.folder = folder
         self.endpoint = f"ipc://{folder}/envd.sock"
         self.log_path = folder / "envd.log"
-        self._log = open(self.log_path, "ab")
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 -- the daemon's, closed by close()
         self.proc = subprocess.Popen(
             [*prefix, sys.executable, "-m", "envd", "--bind", self.endpoint, *args],
             cwd=folder, stdout=self._log, stderr=subprocess.STDOUT,
@@ -155,7 +155,7 @@ class DaemonProcess:
         self._log.close()
         return self.proc.returncode
 
-    def __enter__(self) -> "DaemonProcess":
+    def __enter__(self) -> DaemonProcess:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -244,7 +244,7 @@ class Bystander:
         assert status["pid"] == self.daemon.pid and status["sessions"] >= len(self.pairs)
 
     def close(self) -> None:
-        for remote, local in self.pairs:
+        for _remote, local in self.pairs:
             local.close()
         self.client.close()
 

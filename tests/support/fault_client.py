@@ -16,7 +16,6 @@ import os
 import sys
 import time
 import traceback
-
 from pathlib import Path
 
 if __name__ == "__main__":  # run as a script: tests/ on sys.path, for `support`

@@ -7,8 +7,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 #: the tests/ folder, put first on the child's sys.path ("from support import ...")
 TESTS = Path(__file__).resolve().parents[1]

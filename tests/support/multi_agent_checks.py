@@ -133,8 +133,9 @@ run_check = checker("multi_agent_checks")
 # ---- checks run in a fresh interpreter ------------------------------------------------
 
 def rows_and_spaces(library: str) -> None:
-    import envd
     from gymnasium import spaces
+
+    import envd
     assert envd.load_plugin(library) == ["Seek-v0"]
     assert envd.native.get_spec("Seek-v0").num_agents == AGENTS
     with envd.make("Seek-v0", 4, seed=0) as env:

@@ -103,8 +103,9 @@ run_check = checker("multi_spaces_checks")
 # ---- checks run in a fresh interpreter ------------------------------------------------
 
 def spaces_are_gymnasium_spaces(library: str) -> None:
-    import envd
     from gymnasium import spaces
+
+    import envd
     assert envd.load_plugin(library) == ["Lights-v0", "Switches-v0"]
     with envd.make("Lights-v0", 3, seed=0) as env:
         assert env.single_observation_space == spaces.MultiBinary(NUM_LIGHTS)

@@ -263,6 +263,7 @@ def gymnasium_ids_of_plugin(library: str) -> None:
     """A plugin's ids join gymnasium's registry (envd/<id>) when it is loaded,
     and gymnasium.make_vec then makes its envs."""
     import gymnasium
+
     import envd
     assert "envd/GuessNumber-v0" not in gymnasium.registry
     assert envd.load_plugin(library) == ["GuessNumber-v0"]

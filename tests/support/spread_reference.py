@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import warnings
 
-import numpy as np
-
 import mpe2.simple_spread_v3 as mpe2_spread
+import numpy as np
 
 N_AGENTS = 3
 IDS = {"simple_spread_v3": False, "simple_spread_continuous_v3": True}

@@ -67,15 +67,15 @@ import sys
 import tempfile
 import time
 import weakref
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 try:
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
-    from ray.util.scheduling_strategies import (NodeAffinitySchedulingStrategy,
-                                                PlacementGroupSchedulingStrategy)
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 except ImportError as exc:  # pragma: no cover -- depends on the installation
     raise ImportError("envd.integrations.ray needs Ray: pip install 'envd-rl[ray]'") from exc
 
@@ -289,7 +289,7 @@ class DaemonSet:
         return {"server_key": self._server_public,
                 "client_key": os.path.join(self._key_dir, "trainer.key_secret")}
 
-    def connect(self, **kwargs: Any) -> "envd.MultiClient":
+    def connect(self, **kwargs: Any) -> envd.MultiClient:
         """envd.connect over every daemon (kwargs such as timeout go to each Client)."""
         self._check_open()
         return envd.connect(self.endpoints(), **self.connect_kwargs(), **kwargs)
@@ -363,7 +363,7 @@ class DaemonSet:
             if self._key_dir is not None:
                 _remove_folder(self._key_dir)
 
-    def __enter__(self) -> "DaemonSet":
+    def __enter__(self) -> DaemonSet:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -72,7 +72,8 @@ is not supported: ``reset`` raises if options were set.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -168,7 +169,7 @@ class EnvdVecEnv(VecEnv):
     @classmethod
     def make(cls, env_id: str, num_envs: int, *, client: Any = None,
              seed: int | Sequence[int] | None = None,
-             image_layout: str | None = "channels_first", **kwargs: Any) -> "EnvdVecEnv":
+             image_layout: str | None = "channels_first", **kwargs: Any) -> EnvdVecEnv:
         """Make num_envs envs of env_id in autoreset mode ``same_step``: served by
         ``client`` (an ``envd.Client``), or in this process when client is None
         (``envd.make``; kwargs may then include num_threads).  image_layout as

@@ -60,8 +60,15 @@ import numpy as np
 
 import envd
 from envd.tools import bench_learner, bench_load, bench_multi, bench_pair, bench_readme
-from envd.tools.bench_rounds import (NOT_AVAILABLE, interleaved_rounds, judge, paired_ratios,
-                                     rate_text, ratio_text, spread, spread_text)
+from envd.tools.bench_rounds import (
+    interleaved_rounds,
+    judge,
+    paired_ratios,
+    rate_text,
+    ratio_text,
+    spread,
+    spread_text,
+)
 
 ENV_ID = "CartPole-v1"
 SIZES = (1, 64, 1024, 4096)
@@ -377,7 +384,7 @@ class Bench:
             # preexec_fn: this runs before any client (and its threads) exists.
             procs[label] = (subprocess.Popen(
                 args, cwd=self.folder.name, stdin=subprocess.DEVNULL, env=environ,
-                preexec_fn=_die_with_parent), endpoint)  # noqa: PLW1509
+                preexec_fn=_die_with_parent), endpoint)
             self.daemons[label] = procs[label]
         deadline = time.monotonic() + 90
         for label, (proc, endpoint) in procs.items():
@@ -394,7 +401,7 @@ class Bench:
         for client in self.clients.values():
             try:
                 client.close()
-            except Exception:  # noqa: BLE001, S110  (closing what a failed run left: best effort)
+            except Exception:  # noqa: BLE001  (closing what a failed run left: best effort)
                 pass
         self.clients.clear()
         for proc, _ in self.daemons.values():
@@ -522,7 +529,7 @@ class Bench:
                     workers[name].append((proc, parent))
             fast_path = {}
             for name, members in workers.items():
-                for proc, conn in members:
+                for _proc, conn in members:
                     if not conn.poll(120):
                         raise RuntimeError("a scaling client process did not start")
                     kind, value = conn.recv()
@@ -544,7 +551,7 @@ class Bench:
             rounds = interleaved_rounds(list(groups), s.rounds, measure)
         finally:
             for members in workers.values():
-                for proc, conn in members:
+                for _proc, conn in members:
                     try:
                         conn.send(None)
                     except (OSError, ValueError):

@@ -41,8 +41,7 @@ from typing import Any
 import numpy as np
 
 import envd
-from envd.tools.bench_rounds import interleaved_rounds, judge, paired_ratios, ratio_text, \
-    spread, spread_text
+from envd.tools.bench_rounds import interleaved_rounds, judge, paired_ratios, ratio_text, spread, spread_text
 
 LEARNER_ENVS = ("CartPole-v1", "Acrobot-v1", "ConnectFour-v0")
 SYSTEMS = ("envd in-process", "envd daemon", "EnvPool")

@@ -40,8 +40,7 @@ import envd
 from envd.native.registry import get_spec
 from envd.tools import bench_load
 from envd.tools.bench import Unavailable, _jsonable, machine_info, steps_per_second
-from envd.tools.bench_rounds import (interleaved_rounds, judge, paired_ratios, ratio_text,
-                                     spread, spread_text)
+from envd.tools.bench_rounds import interleaved_rounds, judge, paired_ratios, ratio_text, spread_text
 
 PUFFER_SERIAL = "PufferLib serial"
 PUFFER_MP = "PufferLib Multiprocessing, 2 workers"
@@ -354,7 +353,7 @@ def markdown_table(r: dict[str, Any]) -> str:
     lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for x in r["results"]:
         def ratio(c: str) -> str:
-            return ratio_text(x["ratios"][c]) if x["ratios"].get(c) else "n/a"
+            return ratio_text(x["ratios"][c]) if x["ratios"].get(c) else "n/a"  # noqa: B023 -- called below
         lines.append(f"| {x['env']} | {x['num_envs']} | {spread_text(x['rates'][PUFFER_SERIAL])} "
                      f"| {spread_text(x['rates'][AUTO])} | {ratio(AUTO)} "
                      f"| {ratio(SERIAL)} | {ratio(TWO_THREADS)} | {ratio(DAEMON)} |")

@@ -30,8 +30,7 @@ from typing import Any
 import numpy as np
 
 import envd
-from envd.tools.bench_rounds import interleaved_rounds, judge, paired_ratios, ratio_text, \
-    spread, spread_text
+from envd.tools.bench_rounds import interleaved_rounds, judge, paired_ratios, ratio_text, spread, spread_text
 
 #: (env id, num_envs) of the two sessions of a pair.
 CHEAP = ("CartPole-v1", 4096)

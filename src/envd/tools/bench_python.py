@@ -64,11 +64,19 @@ import numpy as np
 
 import envd
 from envd.tools import bench_load
-from envd.tools.bench import (Progress, SyncRun, Unavailable, _die_with_parent, _jsonable,
-                              latency_rounds, load_text, machine_info, steps_per_second,
-                              usable_cpus)
-from envd.tools.bench_rounds import (interleaved_rounds, judge, paired_ratios, rate_text,
-                                     ratio_text, spread, spread_text)
+from envd.tools.bench import (
+    Progress,
+    SyncRun,
+    Unavailable,
+    _die_with_parent,
+    _jsonable,
+    latency_rounds,
+    load_text,
+    machine_info,
+    steps_per_second,
+    usable_cpus,
+)
+from envd.tools.bench_rounds import interleaved_rounds, judge, paired_ratios, rate_text, ratio_text, spread, spread_text
 
 CLASSIC_ENVS = ("Acrobot-v1", "CartPole-v1")
 #: gymnasium's MuJoCo envs, measured where mujoco imports
@@ -290,7 +298,7 @@ class CeilingRun:
         return sum(steps / (end - began) for steps, began, end in replies)
 
     def close(self) -> None:
-        for proc, conn in self.members:
+        for _proc, conn in self.members:
             with contextlib.suppress(OSError, ValueError):
                 conn.send(None)
         for proc, conn in self.members:
@@ -443,7 +451,7 @@ def hosting_daemon(env_ids: tuple[str, ...], threads: int | None = 1,
         sink = subprocess.DEVNULL if quiet else None
         proc = subprocess.Popen(args, cwd=folder, stdin=subprocess.DEVNULL, stdout=sink,
                                 stderr=sink, env=environ,
-                                preexec_fn=_die_with_parent)  # noqa: PLW1509
+                                preexec_fn=_die_with_parent)
         try:
             with wait_for_daemon(proc, endpoint) as client:
                 yield client

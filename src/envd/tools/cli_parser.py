@@ -20,7 +20,8 @@ import argparse
 import difflib
 import re
 import sys
-from typing import Any, NoReturn, Sequence
+from collections.abc import Sequence
+from typing import Any, NoReturn
 
 #: A usage longer than this many lines is replaced by the short form on errors.
 _USAGE_LINES = 2
@@ -54,7 +55,7 @@ class EnvdArgumentParser(argparse.ArgumentParser):
         return super().parse_known_args(argv, namespace)
 
     # ---- what argparse does not do --------------------------------------------------
-    def _commands(self) -> dict[str, "argparse.ArgumentParser"]:
+    def _commands(self) -> dict[str, argparse.ArgumentParser]:
         """Subcommand name -> its parser (empty without subcommands)."""
         for action in self._actions:
             if isinstance(action, argparse._SubParsersAction):
