@@ -24,16 +24,19 @@ import subprocess
 import sysconfig
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from cffi import FFI
 
 HERE = Path(__file__).resolve().parent
 
 
-def _load(name: str):
+def _load(name: str) -> Any:
     """native/<name>.py as a module: setuptools runs this file by path, not as
     a module of a package."""
     spec = importlib.util.spec_from_file_location(f"_envd_build_{name}", HERE / f"{name}.py")
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {HERE / f'{name}.py'}")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -26,6 +26,7 @@ rewritten, with no C parser and no fake libc headers:
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 BEGIN = "/* cffi:begin */"
@@ -148,11 +149,16 @@ def _expand(text: str, macros: dict[str, tuple[list[str], str]], depth: int = 0)
         if len(args) != len(params):
             raise ValueError(f"macro {m[1]} takes {len(params)} arguments, given {len(args)}")
         for param, arg in zip(params, args):
-            body = re.sub(rf"\b{re.escape(param)}\b", lambda _m, a=arg: a, body)
+            body = re.sub(rf"\b{re.escape(param)}\b", _literal(arg), body)
         body = re.sub(r"\s*##\s*", "", body)
         out += text[i:m.start()] + " " + _expand(body, macros, depth + 1) + " "
         i = end + 1
     return out + text[i:]
+
+
+def _literal(text: str) -> Callable[[re.Match[str]], str]:
+    """A re.sub replacement that inserts text as it is (no backslash escapes)."""
+    return lambda _match: text
 
 
 def _remove_attributes(text: str) -> str:
