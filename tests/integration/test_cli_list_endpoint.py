@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -36,6 +37,28 @@ def test_list_endpoint_shows_the_daemons_envs(harness, tmp_path):
     assert text.returncode == 0, text.stderr
     assert "py:Acrobot-v1  hosted Python env, max_episode_steps 500" in text.stdout
     assert "CartPole-v1  built-in" in text.stdout
+
+
+def test_list_and_status_take_a_dns_endpoint_of_several_daemons(harness, tmp_path):
+    """dns+tcp:// stands for every daemon a name resolves to (a MultiClient):
+    list shows what every one of them can make, status each daemon's table."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    tcp = f"tcp://127.0.0.1:{port}"
+    daemon = harness.daemon("--threads", "1", "--python-env", "Acrobot-v1", "--bind", tcp)
+    with daemon.connect() as client:
+        want = client.list_envs()
+    dns = f"dns+tcp://localhost:{port}"
+    listed = run_envd(tmp_path, "list", "--endpoint", dns, "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert [env["id"] for env in json.loads(listed.stdout)] == want
+    status = run_envd(tmp_path, "status", "--endpoint", dns)
+    assert status.returncode == 0, status.stderr
+    assert status.stdout.startswith(f"{tcp}\n")
+    as_json = run_envd(tmp_path, "status", "--endpoint", dns, "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    assert isinstance(json.loads(as_json.stdout), list)
 
 
 def test_list_endpoint_without_a_daemon_fails_in_one_line(tmp_path):

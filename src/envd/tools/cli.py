@@ -88,12 +88,28 @@ def _remote_list(endpoint: str | None, timeout: float, as_json: bool,
     try:
         with envd.connect(endpoint, timeout=timeout, server_key=server_key,
                           client_key=client_key) as client:
-            described = client.describe_envs()
+            if isinstance(client, envd.MultiClient):
+                described = _envs_on_every_daemon(client)
+            else:
+                described = client.describe_envs()
     except envd.EnvdError as exc:
         print(f"envd list: {exc}", file=sys.stderr)
         return 1
     _print_envs([spec_from_wire(env) for env in described], as_json)
     return 0
+
+
+def _envs_on_every_daemon(multi: envd.MultiClient) -> list[dict[str, Any]]:
+    """The envs every daemon of a MultiClient can make (what its make can
+    spread), described as the first daemon describes them; a line on stderr
+    names the envs only some daemons serve."""
+    per_daemon = [client.describe_envs() for client in multi.clients]
+    common = set.intersection(*({env["id"] for env in envs} for envs in per_daemon))
+    partial = sorted({env["id"] for envs in per_daemon for env in envs} - common)
+    if partial:
+        print(f"envd list: not on every one of the {len(per_daemon)} daemons, so left out: "
+              f"{', '.join(partial)}", file=sys.stderr)
+    return [env for env in per_daemon[0] if env["id"] in common]
 
 
 def spec_from_wire(env: dict[str, Any]) -> EnvSpec:
@@ -285,10 +301,17 @@ def _status(endpoint: str | None, timeout: float, as_json: bool,
         with envd.connect(endpoint, timeout=timeout, server_key=server_key,
                           client_key=client_key) as client:
             status = client.status()
+            endpoints = client.endpoints if isinstance(client, envd.MultiClient) else None
     except envd.EnvdError as exc:
         print(f"envd status: {exc}", file=sys.stderr)
         return 1
-    print(json.dumps(status, indent=2) if as_json else status_table(status))
+    if as_json:
+        print(json.dumps(status, indent=2))
+    elif isinstance(status, list):  # several daemons (a list or dns+tcp:// endpoint)
+        print("\n\n".join(f"{where}\n{status_table(one)}"
+                          for where, one in zip(endpoints or (), status)))
+    else:
+        print(status_table(status))
     return 0
 
 
