@@ -1,9 +1,11 @@
-"""`envd bench --ocean`: one short run (--quick, breakout at N=4) against its
-own daemon and PufferLib's own binding, then its report and files are
-checked; the config reader and the targets on made-up inputs.  No timing
-assertions: the numbers only have to exist."""
+"""`envd bench --ocean`: one short run (--quick, pong and go at N=4: the
+pair's two envs) against its own daemons, PufferLib's own binding and
+PufferLib's Multiprocessing backend, then its report and files are checked;
+the config reader and the targets on made-up inputs.  No timing assertions:
+the numbers only have to exist."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -16,17 +18,19 @@ from envd.tools import bench_ocean
 
 NUM_ENVS = 4
 ROUNDS = 2
+ENVS = ("pong", "go")  # bench_ocean.PAIR: the pair is measured too
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, ocean_builds, puffer_tree):
-    """The quick run on breakout, from the tests' Ocean cache."""
-    ocean_builds("breakout")  # built and recorded in the tests' cache
+    """The quick run on pong and go, from the tests' Ocean cache."""
+    for env in ENVS:
+        ocean_builds(env)  # built and recorded in the tests' cache
     out = tmp_path_factory.mktemp("bench-ocean") / "results"
     environ = {**os.environ, "ENVD_OCEAN_CACHE": str(puffer_reference.test_cache()),
                "ENVD_OCEAN_SOURCE": str(puffer_tree)}
     proc = subprocess.run(
-        [sys.executable, "-m", "envd", "bench", "--ocean", "breakout", "--quick", "--out",
+        [sys.executable, "-m", "envd", "bench", "--ocean", ",".join(ENVS), "--quick", "--out",
          str(out), "--sizes", str(NUM_ENVS), "--seconds", "0.02", "--rounds", str(ROUNDS),
          "--no-progress"],
         check=False, capture_output=True, text=True, timeout=900, cwd=out.parent, env=environ)
@@ -38,29 +42,63 @@ def test_every_system_is_measured_or_says_why(run):
     proc, out = run
     assert "load average" in proc.stdout
     result = json.loads((out / "results.json").read_text())
-    (entry,) = result["results"]
-    assert (entry["env"], entry["num_envs"], entry["rows"]) == ("breakout", NUM_ENVS, NUM_ENVS)
-    measured = set(entry["rates"])
-    assert measured == set(bench_ocean.SYSTEMS) - set(entry["missing"])
-    for system in (bench_ocean.PUFFER_SERIAL, bench_ocean.SERIAL, bench_ocean.TWO_THREADS,
-                   bench_ocean.AUTO, bench_ocean.DAEMON):
-        values = entry["rates"][system]
-        assert len(values) == ROUNDS and all(v > 0 for v in values), (system, values)
-        assert system in proc.stdout
-    for system, why in entry["missing"].items():
-        assert f"{system}: n/a: {why}" in proc.stdout
-    assert len(entry["ratios"][bench_ocean.AUTO]) == ROUNDS
+    assert [(e["env"], e["num_envs"], e["rows"]) for e in result["results"]] == [
+        (env, NUM_ENVS, NUM_ENVS) for env in ENVS]
+    # pufferlib-core (the test extra) present: PufferLib's Multiprocessing runs
+    always = [bench_ocean.PUFFER_SERIAL, bench_ocean.SERIAL, bench_ocean.TWO_THREADS,
+              bench_ocean.AUTO, bench_ocean.DAEMON, bench_ocean.DAEMON_ONE]
+    if importlib.util.find_spec("pufferlib") is not None:
+        always.append(bench_ocean.PUFFER_MP)
+    for entry in result["results"]:
+        measured = set(entry["rates"])
+        assert measured == set(bench_ocean.SYSTEMS) - set(entry["missing"])
+        for system in always:
+            values = entry["rates"].get(system)
+            assert values and len(values) == ROUNDS and all(v > 0 for v in values), (
+                system, entry["missing"].get(system))
+        for system, why in entry["missing"].items():
+            assert f"{system}: n/a: {why}" in proc.stdout
+        for name in (bench_ocean.AUTO, *bench_ocean.OTHER_RATIOS):
+            assert len(entry["ratios"].get(name, ())) == ROUNDS, name
+        # what auto ran: its threads, and every step counted inline or pooled
+        auto = entry["auto"]
+        assert auto["num_threads"] == max(0, len(os.sched_getaffinity(0)) - 1)
+        assert auto["inline_steps"] + auto["pooled_steps"] >= ROUNDS
+        assert f"{auto['num_threads']} thread(s), {auto['inline_steps']} inline" in proc.stdout
+    for system in bench_ocean.SYSTEMS[1:]:
+        assert system.removeprefix("PufferLib Multiprocessing") in proc.stdout
+
+
+def test_the_pair_is_measured_in_one_daemon(run):
+    proc, out = run
+    pair = json.loads((out / "results.json").read_text())["pair"]
+    cheap, deep = bench_ocean.PAIR
+    assert pair["cheap"] == {"env_id": f"puffer:{cheap}", "num_envs": NUM_ENVS}
+    assert pair["heavy"] == {"env_id": f"puffer:{deep}", "num_envs": NUM_ENVS}
+    assert pair["cap"] == bench_ocean.PAIR_CAP
+    for config in ("capped", "uncapped"):
+        assert len(pair["totals"][config]) == ROUNDS and all(v > 0 for v in
+                                                              pair["totals"][config])
+    assert f"capped (max_threads={bench_ocean.PAIR_CAP})" in proc.stdout
 
 
 def test_the_files_and_targets(run):
     proc, out = run
     assert (out / "report.txt").read_text() in proc.stdout
     table = (out / "table.md").read_text().splitlines()
-    assert table[0].startswith("| env | N |") and table[2].startswith(f"| breakout | {NUM_ENVS} |")
+    assert table[0].startswith("| env | N |") and "| auto / PufferLib MP |" in table[0]
+    assert table[2].startswith(f"| pong | {NUM_ENVS} |")
+    assert all(row.count("|") == table[0].count("|") for row in table)
     targets = json.loads((out / "results.json").read_text())["targets"]
-    assert [t["target"] for t in targets] == [
-        f"breakout N={NUM_ENVS}: envd auto / PufferLib serial"]
-    assert targets[0]["status"] in ("PASS", "FAIL", "NOT JUDGED")
+    names = [t["target"] for t in targets]
+    assert names[:-1] == [f"{env} N={NUM_ENVS}: {what}" for what in (
+        "envd auto / PufferLib serial", "envd auto / PufferLib Multiprocessing",
+        "envd daemon, 1 thread / envd serial (like for like)") for env in ENVS]
+    assert names[-1].startswith(f"puffer:pong x{NUM_ENVS} capped at max_threads=")
+    assert "pair total >= 1.0x uncapped" in names[-1]
+    assert all(t["status"] in ("PASS", "FAIL", "NOT JUDGED") for t in targets)
+    for t in targets:
+        assert t["target"] in proc.stdout
 
 
 def test_unbuilt_env_is_one_clear_line(tmp_path, ocean_builds):
@@ -91,12 +129,24 @@ def test_targets_name_two_threads_only_for_go_and_enduro_at_config_size():
 
     lines = bench_ocean.targets([entry("go", 64, 1.0), entry("go", 1024, 0.5),
                                  entry("breakout", 1024, 1.0)])
+    lines = [t for t in lines if "Multiprocessing" not in t["target"]
+             and "like for like" not in t["target"]]  # (not measured here: n/a)
     names = [t["target"] for t in lines]
     assert names == ["go N=64: envd auto / PufferLib serial",
                      "go N=1024: envd auto / PufferLib serial",
                      "breakout N=1024: envd auto / PufferLib serial",
                      "go N=1024: envd 2 threads / PufferLib serial"]
     assert [t["status"] for t in lines] == ["PASS", "FAIL", "PASS", "FAIL"]
+
+
+def test_multiprocessing_and_like_for_like_targets_read_their_ratios():
+    ratios = {"auto / PufferLib MP": [1.5, 1.4], "daemon 1 thread / serial": [0.8, 0.85]}
+    lines = bench_ocean.targets([{"env": "go", "num_envs": 64, "ratios": ratios}])
+    status = {t["target"]: (t["status"], t["limit"]) for t in lines}
+    assert status == {
+        "go N=64: envd auto / PufferLib serial": ("N/A", 0.95),  # not measured
+        "go N=64: envd auto / PufferLib Multiprocessing": ("PASS", 1.0),
+        "go N=64: envd daemon, 1 thread / envd serial (like for like)": ("FAIL", 0.9)}
 
 
 @pytest.mark.parametrize("args, message", [
