@@ -58,8 +58,11 @@ def test_every_system_is_measured_or_says_why(run):
                 system, entry["missing"].get(system))
         for system, why in entry["missing"].items():
             assert f"{system}: n/a: {why}" in proc.stdout
-        for name in (bench_ocean.AUTO, *bench_ocean.OTHER_RATIOS):
+        for name in (bench_ocean.AUTO, *bench_ocean.OTHER_RATIOS, *bench_ocean.CPU_RATIOS):
             assert len(entry["ratios"].get(name, ())) == ROUNDS, name
+        # CPU time per agent step: in-process systems only (not the daemon's)
+        assert set(entry["cpu_ns"]) == set(bench_ocean.IN_PROCESS)
+        assert all(len(v) == ROUNDS and min(v) > 0 for v in entry["cpu_ns"].values())
         # what auto ran: its threads, and every step counted inline or pooled
         auto = entry["auto"]
         assert auto["num_threads"] == max(0, len(os.sched_getaffinity(0)) - 1)

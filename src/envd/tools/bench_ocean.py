@@ -67,7 +67,14 @@ RATIOS = (SERIAL, TWO_THREADS, AUTO, DAEMON, PUFFER_MP)
 #: Further per-round ratios: name -> (numerator, denominator).
 OTHER_RATIOS = {"auto / PufferLib MP": (AUTO, PUFFER_MP),
                 "daemon 1 thread / serial": (DAEMON_ONE, SERIAL),
-                "auto / serial": (AUTO, SERIAL)}
+                "auto / serial": (AUTO, SERIAL),
+                "2 threads / serial": (TWO_THREADS, SERIAL)}
+#: Ratios of the CPU time per agent step (all of this process's threads), a
+#: measure of scaling that other processes' load leaves alone: 1.0 is ideal,
+#: spinning or waiting threads raise it.
+CPU_RATIOS = {"CPU 2 threads / serial": (TWO_THREADS, SERIAL),
+              "CPU auto / serial": (AUTO, SERIAL)}
+IN_PROCESS = (PUFFER_SERIAL, SERIAL, TWO_THREADS, AUTO)
 #: Width of a column of the printed tables.
 WIDTH = 26
 #: Distinct batches of actions, cycled.
@@ -139,6 +146,25 @@ def action_batches(space: Any, seed: int = 0) -> list[np.ndarray]:
     return [np.asarray(space.sample()) for _ in range(ACTION_BATCHES)]
 
 
+def timed_rate(step: Callable[[], object], rows: int, seconds: float) -> tuple[float, float]:
+    """Agent steps per second of step() (rows agent steps a call) over about
+    `seconds`, and the CPU time this process spent per agent step (ns, every
+    thread: a pool's spinning or waiting shows here, and other processes' load
+    does not), as bench.steps_per_second measures the rate."""
+    step()  # warm up (and let adaptive dispatch measure itself)
+    calls, batch = 0, 8
+    cpu0, start = time.process_time_ns(), time.perf_counter()
+    deadline = start + seconds
+    while True:
+        for _ in range(batch):
+            step()
+        calls += batch
+        now = time.perf_counter()
+        if now >= deadline:
+            cpu = time.process_time_ns() - cpu0
+            return calls * rows / (now - start), cpu / (calls * rows)
+
+
 class Cycle:
     """step(): one step of a stepping function over the batches in turn."""
 
@@ -156,6 +182,7 @@ class PufferSerialRun:
     def __init__(self, binding: Any, ckwargs: dict[str, float], num_envs: int, rows: int,
                  obs_space: Any, act_dtype: np.dtype, batches: list[np.ndarray]):
         self.binding, self.rows = binding, rows
+        self.cpu_ns: list[float] = []  # per round: CPU time per agent step
         self.obs = np.zeros((rows, *obs_space.shape), obs_space.dtype)
         shape = batches[0].shape
         self.acts = np.zeros(shape if len(shape) > 1 else (rows,), act_dtype)
@@ -174,7 +201,9 @@ class PufferSerialRun:
         self.step = Cycle(step, self.batches)
 
     def rate(self, seconds: float) -> float:
-        return steps_per_second(self.step, self.rows, seconds)
+        rate, cpu = timed_rate(self.step, self.rows, seconds)
+        self.cpu_ns.append(cpu)
+        return rate
 
     def close(self) -> None:
         if self.handle is not None:
@@ -184,15 +213,21 @@ class PufferSerialRun:
 
 class VecRun:
     """An envd vector env (in-process or a daemon's): reset(seed=0), then
-    step(actions) over the pre-drawn batches."""
+    step(actions) over the pre-drawn batches.  In-process, it also records the
+    CPU time per agent step of each round (cpu_ns)."""
 
-    def __init__(self, env: Any, batches: list[np.ndarray]):
-        self.env, self.rows = env, env.num_envs
+    def __init__(self, env: Any, batches: list[np.ndarray], in_process: bool = True):
+        self.env, self.rows, self.in_process = env, env.num_envs, in_process
+        self.cpu_ns: list[float] = []
         env.reset(seed=0)
         self.step = Cycle(env.step, batches)
 
     def rate(self, seconds: float) -> float:
-        return steps_per_second(self.step, self.rows, seconds)
+        if not self.in_process:  # this process's CPU time is not the daemon's
+            return steps_per_second(self.step, self.rows, seconds)
+        rate, cpu = timed_rate(self.step, self.rows, seconds)
+        self.cpu_ns.append(cpu)
+        return rate
 
     def dispatch(self) -> dict[str, Any] | None:
         """An in-process vec's threads and how its steps ran (the native
@@ -270,7 +305,8 @@ class OceanBench:
                     missing[system] = "the daemon did not start"
                     continue
                 try:
-                    runs[system] = VecRun(client.make(env_id, n, seed=0), batches)
+                    runs[system] = VecRun(client.make(env_id, n, seed=0), batches,
+                                          in_process=False)
                 except envd.EnvdError as exc:  # e.g. its cache lacks the build
                     missing[system] = f"the daemon refused the make: {exc}"
             try:
@@ -283,6 +319,7 @@ class OceanBench:
                 list(runs), self.settings.rounds,
                 lambda system, _r: runs[system].rate(self.settings.seconds))
             auto = runs[AUTO].dispatch()
+            cpu = {s: list(run.cpu_ns) for s, run in runs.items() if getattr(run, "cpu_ns", None)}
         finally:
             for run in runs.values():
                 run.close()
@@ -290,7 +327,9 @@ class OceanBench:
                   for s in RATIOS if s in values}
         ratios.update({name: paired_ratios(values[a], values[b])
                        for name, (a, b) in OTHER_RATIOS.items() if a in values and b in values})
-        return {"env": env, "num_envs": n, "rows": rows, "rates": values,
+        ratios.update({name: paired_ratios(cpu[a], cpu[b])
+                       for name, (a, b) in CPU_RATIOS.items() if a in cpu and b in cpu})
+        return {"env": env, "num_envs": n, "rows": rows, "rates": values, "cpu_ns": cpu,
                 "missing": missing, "ratios": ratios, "auto": auto}
 
     def measure_pair(self, daemon: Any, configs: Sequence[tuple[str, int]]) -> dict[str, Any]:
@@ -414,11 +453,19 @@ def report_text(r: dict[str, Any]) -> str:
     table(SYSTEMS, lambda x, c: spread_text(x["rates"][c]) if c in x["rates"] else "n/a",
           [PUFFER_SERIAL, "PufferLib MP, 2 workers", *SYSTEMS[2:]])
     lines += ["", "ratios, per round (median ±half range); to PufferLib serial, and others"]
-    ratio_columns = (*RATIOS, *OTHER_RATIOS)
-    table(ratio_columns,
-          lambda x, c: ratio_text(x["ratios"][c]) if x["ratios"].get(c) else "n/a",
-          [*(f"{c.removeprefix('envd ')} / PufferLib" for c in RATIOS[:4]),
-           "PufferLib MP / PufferLib", *OTHER_RATIOS])
+    def ratio_cell(x: dict[str, Any], c: str) -> str:
+        return ratio_text(x["ratios"][c]) if x["ratios"].get(c) else "n/a"
+
+    table(RATIOS, ratio_cell, [*(f"{c.removeprefix('envd ')} / PufferLib" for c in RATIOS[:4]),
+                               "PufferLib MP / PufferLib"])
+    lines.append("")
+    table(tuple(OTHER_RATIOS), ratio_cell)
+    lines += ["", "CPU time per agent step, ns (all threads of the benchmark's process; "
+                  "in-process systems)"]
+    table((*IN_PROCESS, *CPU_RATIOS),
+          lambda x, c: (ratio_cell(x, c) if c in CPU_RATIOS else
+                        spread_text(x["cpu_ns"][c], lambda v: f"{v:.0f}")
+                        if x.get("cpu_ns", {}).get(c) else "n/a"))
     lines += ["", "what envd auto ran (num_threads=None): threads, steps inline / pooled"]
     for x in r["results"]:
         a = x.get("auto")
