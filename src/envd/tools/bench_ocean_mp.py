@@ -19,12 +19,18 @@ out of the benchmark's own modules (the Ocean tests load a different one
 under that name) and its busy-waiting driver where PufferLib has it: a
 process of its own.  The parent drives it over stdin/stdout, one line each
 way: ``rate SECONDS`` answers agent steps per second; ``close`` ends it.
-The first line the child writes is ``ready ROWS`` or ``error TEXT``.
+The first line the child writes is ``ready ROWS`` or ``error TEXT``.  The
+child and PufferLib's workers form a process group of their own, killed
+whole when the child does not answer within ANSWER_TIMEOUT_S (a worker that
+crashed leaves PufferLib's driver spinning forever) or does not exit.
 """
 from __future__ import annotations
 
 import functools
 import importlib.util
+import os
+import select
+import signal
 import subprocess
 import sys
 import time
@@ -38,6 +44,8 @@ WORKERS = 2
 #: How long a PufferLib worker with nothing to do busy-waits (vector.py's
 #: ``_worker_process``: 0.5 s), with a margin.
 IDLE_SPIN_S = 0.6
+#: How long the parent waits for a line of the child (beyond the measurement).
+ANSWER_TIMEOUT_S = 120.0
 
 
 def _install_binding(ocean: Path, env: str, binding_path: Path) -> None:
@@ -79,11 +87,11 @@ def env_class(ocean: Path, env: str, binding_path: Path) -> type:
     classes = [c for c in vars(module).values() if isinstance(c, type)
                and issubclass(c, pufferlib.PufferEnv) and c is not pufferlib.PufferEnv
                and c.__module__ == name]
+    if not classes:
+        raise RuntimeError(f"{env}.py defines no PufferEnv class")
     # The env's own class is the one named after it (pong.py also defines
     # CythonPong), else the first the file defines.
     named = [c for c in classes if c.__name__.lower() == env.replace("_", "").lower()]
-    if not classes:
-        raise RuntimeError(f"{env}.py defines no PufferEnv class")
     return (named or classes)[0]
 
 
@@ -151,43 +159,56 @@ class PufferMultiprocessingRun:
                  batches: list[np.ndarray], scratch: Path):
         batches_path = scratch / f"mp-actions-{env}-{num_envs}.npy"
         np.save(batches_path, np.stack(batches))
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "envd.tools.bench_ocean_mp", str(ocean), env,
-             str(binding_path), str(num_envs), str(batches_path)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        first = self.proc.stdout.readline().strip()
+        self.stderr_path = scratch / f"mp-stderr-{env}-{num_envs}.txt"
+        with open(self.stderr_path, "w") as stderr:  # a file: a full pipe would block it
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "envd.tools.bench_ocean_mp", str(ocean), env,
+                 str(binding_path), str(num_envs), str(batches_path)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True,
+                start_new_session=True)
+        first = self._line(0.0).strip()
         if not first.startswith("ready "):
             self.close()
             why = first.removeprefix("error ") or self._stderr_tail()
             raise RuntimeError(why or "the child exited without a word")
         self.rows = int(first.split()[1])
 
+    def _line(self, seconds: float) -> str:
+        """The child's next line ("" if it ended or did not answer in time)."""
+        ready, _, _ = select.select([self.proc.stdout], [], [], seconds + ANSWER_TIMEOUT_S)
+        return self.proc.stdout.readline() if ready else ""
+
     def _stderr_tail(self) -> str:
-        try:
-            _, err = self.proc.communicate(timeout=30)
-        except (subprocess.TimeoutExpired, ValueError):
-            return ""
-        lines = [x for x in (err or "").splitlines() if x.strip()]
+        lines = [x for x in self.stderr_path.read_text(errors="replace").splitlines()
+                 if x.strip()]
         return lines[-1] if lines else ""
 
     def rate(self, seconds: float) -> float:
         self.proc.stdin.write(f"rate {seconds}\n")
         self.proc.stdin.flush()
-        answer = self.proc.stdout.readline()
+        answer = self._line(seconds)
         if not answer:
-            raise RuntimeError(f"PufferLib Multiprocessing child died: {self._stderr_tail()}")
+            self.close()
+            raise RuntimeError("PufferLib Multiprocessing child died or hung: "
+                               f"{self._stderr_tail()}")
         return float(answer)
 
     def close(self) -> None:
+        """Ask the child to close its vec and exit; kill its whole group
+        (its PufferLib workers too) if it does not."""
         if self.proc.poll() is None:
             try:
                 self.proc.stdin.write("close\n")
                 self.proc.stdin.close()
                 self.proc.wait(timeout=30)
             except (OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
-                self.proc.wait()
-        for stream in (self.proc.stdout, self.proc.stderr, self.proc.stdin):
+                pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # workers left behind, if any
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+        for stream in (self.proc.stdout, self.proc.stdin):
             if stream is not None and not stream.closed:
                 stream.close()
 

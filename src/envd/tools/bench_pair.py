@@ -74,9 +74,9 @@ def session_client(endpoint: str, env_id: str, n: int, max_threads: int | None,
         client = envd.connect(endpoint, timeout=30)
         env = client.make(env_id, n, seed=0, max_threads=max_threads)
         env.reset(seed=0)
+        env.action_space.seed(0)
         # ConnectFour: env k plays column (k + t) % 7 at step t, so that columns
         # fill evenly and most moves are legal (an illegal one ends the game cheaply)
-        env.action_space.seed(0)
         cycle = ([(np.arange(n) + t) % 7 for t in range(7)] if env_id == HEAVY[0]
                  else [np.asarray(env.action_space.sample()) for _ in range(SAMPLED_BATCHES)])
     except Exception as exc:  # noqa: BLE001  (reported to the parent, which raises)
