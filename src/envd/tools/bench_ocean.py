@@ -490,19 +490,23 @@ def report_text(r: dict[str, Any]) -> str:
 
 def markdown_table(r: dict[str, Any]) -> str:
     """The README's table: rates of PufferLib serial and envd auto, every
-    column's ratio to PufferLib serial, envd auto's to PufferLib
-    Multiprocessing and the daemon's one thread's to envd serial, with spread."""
+    envd column's ratio to PufferLib serial, PufferLib Multiprocessing's rate,
+    envd auto's ratio to it and the daemon's one thread's to envd serial,
+    with spread."""
     head = ("| env | N | PufferLib serial | envd auto | auto / PufferLib | serial / PufferLib "
-            "| 2 threads / PufferLib | daemon / PufferLib | PufferLib MP / PufferLib "
+            "| 2 threads / PufferLib | daemon / PufferLib | PufferLib MP, 2 workers "
             "| auto / PufferLib MP | daemon 1 thread / envd serial |")
     lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for x in r["results"]:
         def ratio(c: str) -> str:
             return ratio_text(x["ratios"][c]) if x["ratios"].get(c) else "n/a"
+
+        def rate(c: str) -> str:
+            return spread_text(x["rates"][c]) if c in x["rates"] else "n/a"
         lines.append(f"| {x['env']} | {x['num_envs']} | {spread_text(x['rates'][PUFFER_SERIAL])} "
                      f"| {spread_text(x['rates'][AUTO])} | {ratio(AUTO)} "
                      f"| {ratio(SERIAL)} | {ratio(TWO_THREADS)} | {ratio(DAEMON)} "
-                     f"| {ratio(PUFFER_MP)} | {ratio('auto / PufferLib MP')} "
+                     f"| {rate(PUFFER_MP)} | {ratio('auto / PufferLib MP')} "
                      f"| {ratio('daemon 1 thread / serial')} |")
     return "\n".join(lines) + "\n"
 
