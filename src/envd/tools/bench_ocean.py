@@ -49,7 +49,8 @@ import numpy as np
 import envd
 from envd.native.registry import get_spec
 from envd.tools import bench_load, bench_pair
-from envd.tools.bench import Unavailable, _jsonable, machine_info, steps_per_second
+from envd.tools.bench import (Unavailable, _jsonable, machine_info, steps_per_second,
+                              timed_steps)
 from envd.tools.bench_ocean_mp import PufferMultiprocessingRun
 from envd.tools.bench_rounds import (interleaved_rounds, judge, paired_ratios, ratio_text,
                                      spread, spread_text)
@@ -146,25 +147,6 @@ def action_batches(space: Any, seed: int = 0) -> list[np.ndarray]:
     return [np.asarray(space.sample()) for _ in range(ACTION_BATCHES)]
 
 
-def timed_rate(step: Callable[[], object], rows: int, seconds: float) -> tuple[float, float]:
-    """Agent steps per second of step() (rows agent steps a call) over about
-    `seconds`, and the CPU time this process spent per agent step (ns, every
-    thread: a pool's spinning or waiting shows here, and other processes' load
-    does not), as bench.steps_per_second measures the rate."""
-    step()  # warm up (and let adaptive dispatch measure itself)
-    calls, batch = 0, 8
-    cpu0, start = time.process_time_ns(), time.perf_counter()
-    deadline = start + seconds
-    while True:
-        for _ in range(batch):
-            step()
-        calls += batch
-        now = time.perf_counter()
-        if now >= deadline:
-            cpu = time.process_time_ns() - cpu0
-            return calls * rows / (now - start), cpu / (calls * rows)
-
-
 class Cycle:
     """step(): one step of a stepping function over the batches in turn."""
 
@@ -201,7 +183,7 @@ class PufferSerialRun:
         self.step = Cycle(step, self.batches)
 
     def rate(self, seconds: float) -> float:
-        rate, cpu = timed_rate(self.step, self.rows, seconds)
+        rate, cpu = timed_steps(self.step, self.rows, seconds)
         self.cpu_ns.append(cpu)
         return rate
 
@@ -225,7 +207,7 @@ class VecRun:
     def rate(self, seconds: float) -> float:
         if not self.in_process:  # this process's CPU time is not the daemon's
             return steps_per_second(self.step, self.rows, seconds)
-        rate, cpu = timed_rate(self.step, self.rows, seconds)
+        rate, cpu = timed_steps(self.step, self.rows, seconds)
         self.cpu_ns.append(cpu)
         return rate
 
