@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import puffer_reference
@@ -163,3 +164,20 @@ def test_options_it_refuses(args, message):
     proc = subprocess.run([sys.executable, "-m", "envd", "bench", *args], check=False,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
+def test_multiprocessing_that_cannot_run_says_why(tmp_path, puffer_tree):
+    """The Multiprocessing column's n/a is the error the child met (here an N
+    that 2 workers cannot split; without pufferlib-core, the import error)."""
+    from envd.native import ocean_reference, ocean_source
+    from envd.tools.bench_ocean_mp import PufferMultiprocessingRun
+
+    built = ocean_reference.build("pong", puffer_tree, puffer_reference.test_cache())
+    batches = [np.zeros(3, np.int32)]
+    with pytest.raises(RuntimeError) as caught:
+        PufferMultiprocessingRun(ocean_source.ocean_dir(puffer_tree), "pong", built, 3, batches,
+                                 tmp_path)
+    if importlib.util.find_spec("pufferlib") is not None:
+        assert "ValueError: N=3 is not a multiple of 2 workers" in str(caught.value)
+    else:
+        assert "No module named 'pufferlib'" in str(caught.value)
