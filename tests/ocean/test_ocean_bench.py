@@ -69,8 +69,9 @@ def test_every_system_is_measured_or_says_why(run):
         assert auto["num_threads"] == max(0, len(os.sched_getaffinity(0)) - 1)
         assert auto["inline_steps"] + auto["pooled_steps"] >= ROUNDS
         assert f"{auto['num_threads']} thread(s), {auto['inline_steps']} inline" in proc.stdout
-    for system in bench_ocean.SYSTEMS[1:]:
-        assert system.removeprefix("PufferLib Multiprocessing") in proc.stdout
+    for system in set(bench_ocean.SYSTEMS) - {bench_ocean.PUFFER_MP}:
+        assert system in proc.stdout
+    assert "PufferLib MP, 2 workers" in proc.stdout  # (the column's short name)
 
 
 def test_the_pair_is_measured_in_one_daemon(run):
@@ -101,7 +102,10 @@ def test_the_files_and_targets(run):
         for env in ENVS]
     assert names[-1].startswith(f"puffer:pong x{NUM_ENVS} capped at max_threads=")
     assert "pair total >= 1.0x uncapped" in names[-1]
-    assert all(t["status"] in ("PASS", "FAIL", "NOT JUDGED") for t in targets)
+    for t in targets:  # N/A only where PufferLib's Multiprocessing cannot run
+        judged = importlib.util.find_spec("pufferlib") or "Multiprocessing" not in t["target"]
+        assert t["status"] in ("PASS", "FAIL", "NOT JUDGED") or (
+            t["status"] == "N/A" and not judged), t
     for t in targets:
         assert t["target"] in proc.stdout
 

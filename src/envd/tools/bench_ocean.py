@@ -425,9 +425,12 @@ def report_text(r: dict[str, Any]) -> str:
              f"{s['rounds']} interleaved rounds of {s['seconds']} s",
              r["load_warning"] or "machine load: quiet", "",
              "agent steps per second (median ±half the min-max range over rounds)"]
+
     def table(columns: Sequence[str], cell: Callable[[dict[str, Any], str], str],
               names: Sequence[str] | None = None) -> None:
-        lines.append(f"{'env':<12}{'N':>6}  " + "".join(f"{c:>{WIDTH}}" for c in names or columns))
+        """A row per result: env, N, then cell(result, column) per column."""
+        lines.append(f"{'env':<12}{'N':>6}  " +
+                     "".join(f"{c:>{WIDTH}}" for c in names or columns))
         for x in r["results"]:
             lines.append(f"{x['env']:<12}{x['num_envs']:>6}  " +
                          "".join(f"{cell(x, c):>{WIDTH}}" for c in columns))
@@ -435,6 +438,7 @@ def report_text(r: dict[str, Any]) -> str:
     table(SYSTEMS, lambda x, c: spread_text(x["rates"][c]) if c in x["rates"] else "n/a",
           [PUFFER_SERIAL, "PufferLib MP, 2 workers", *SYSTEMS[2:]])
     lines += ["", "ratios, per round (median ±half range); to PufferLib serial, and others"]
+
     def ratio_cell(x: dict[str, Any], c: str) -> str:
         return ratio_text(x["ratios"][c]) if x["ratios"].get(c) else "n/a"
 
