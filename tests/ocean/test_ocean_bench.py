@@ -185,3 +185,12 @@ def test_multiprocessing_that_cannot_run_says_why(tmp_path, puffer_tree):
         assert "ValueError: N=3 is not a multiple of 2 workers" in str(caught.value)
     else:
         assert "No module named 'pufferlib'" in str(caught.value)
+
+
+def test_the_pair_says_why_it_was_not_measured():
+    bench = bench_ocean.OceanBench(bench_ocean.Settings(progress=False))
+    cheap, deep = bench_ocean.PAIR
+    assert bench.measure_pair(object(), [("breakout", 64), (deep, 64)]) == {
+        "missing": f"needs {cheap} and {deep} in the run"}
+    assert bench.measure_pair(None, [(cheap, 64), (deep, 64)]) == {
+        "missing": "the daemon did not start"}
