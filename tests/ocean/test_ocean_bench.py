@@ -5,7 +5,6 @@ the config reader and the targets on made-up inputs.  No timing assertions:
 the numbers only have to exist."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -20,6 +19,14 @@ from envd.tools import bench_ocean
 NUM_ENVS = 4
 ROUNDS = 2
 ENVS = ("pong", "go")  # bench_ocean.PAIR: the pair is measured too
+
+
+def puffer_vector_importable() -> bool:
+    """Whether pufferlib-core's vector module imports (in a fresh process:
+    other Ocean tests put a stand-in ``pufferlib`` in this one's modules)."""
+    proc = subprocess.run([sys.executable, "-c", "import pufferlib.vector"], check=False,
+                          capture_output=True, timeout=300)
+    return proc.returncode == 0
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +55,7 @@ def test_every_system_is_measured_or_says_why(run):
     # pufferlib-core (the test extra) present: PufferLib's Multiprocessing runs
     always = [bench_ocean.PUFFER_SERIAL, bench_ocean.SERIAL, bench_ocean.TWO_THREADS,
               bench_ocean.AUTO, bench_ocean.DAEMON, bench_ocean.DAEMON_ONE]
-    if importlib.util.find_spec("pufferlib") is not None:
+    if puffer_vector_importable():
         always.append(bench_ocean.PUFFER_MP)
     for entry in result["results"]:
         measured = set(entry["rates"])
@@ -102,8 +109,9 @@ def test_the_files_and_targets(run):
         for env in ENVS]
     assert names[-1].startswith(f"puffer:pong x{NUM_ENVS} capped at max_threads=")
     assert "pair total >= 1.0x uncapped" in names[-1]
+    importable = puffer_vector_importable()
     for t in targets:  # N/A only where PufferLib's Multiprocessing cannot run
-        judged = importlib.util.find_spec("pufferlib") or "Multiprocessing" not in t["target"]
+        judged = importable or "Multiprocessing" not in t["target"]
         assert t["status"] in ("PASS", "FAIL", "NOT JUDGED") or (
             t["status"] == "N/A" and not judged), t
     for t in targets:
@@ -181,10 +189,10 @@ def test_multiprocessing_that_cannot_run_says_why(tmp_path, puffer_tree):
     with pytest.raises(RuntimeError) as caught:
         PufferMultiprocessingRun(ocean_source.ocean_dir(puffer_tree), "pong", built, 3, batches,
                                  tmp_path)
-    if importlib.util.find_spec("pufferlib") is not None:
+    if puffer_vector_importable():
         assert "ValueError: N=3 is not a multiple of 2 workers" in str(caught.value)
-    else:
-        assert "No module named 'pufferlib'" in str(caught.value)
+    else:  # the import's own error
+        assert "Error" in str(caught.value) and "pufferlib" in str(caught.value)
 
 
 def test_the_pair_says_why_it_was_not_measured():
