@@ -184,12 +184,20 @@ def machine_info() -> dict[str, Any]:
 # ---- measuring ----------------------------------------------------------------------------
 def steps_per_second(step: Callable[[], object], num_envs: int, seconds: float) -> float:
     """Env steps per second of step() (num_envs env steps a call) over about `seconds`."""
+    return timed_steps(step, num_envs, seconds)[0]
+
+
+def timed_steps(step: Callable[[], object], num_envs: int,
+                seconds: float) -> tuple[float, float]:
+    """Env steps per second of step() (num_envs env steps a call) over about
+    `seconds`, and the CPU time this process spent per env step over the same
+    calls (ns; every thread of the process)."""
     start = time.perf_counter()
     step()  # warm up (and let adaptive dispatch measure itself)
     # Read the clock every 8 calls, or every call when calls are slow (so
     # that e.g. AsyncVectorEnv at N=64 does not overrun the time much).
     batch = 8 if time.perf_counter() - start < 1e-3 else 1
-    calls, start = 0, time.perf_counter()
+    calls, cpu, start = 0, time.process_time_ns(), time.perf_counter()
     deadline = start + seconds
     while True:
         for _ in range(batch):
@@ -197,7 +205,8 @@ def steps_per_second(step: Callable[[], object], num_envs: int, seconds: float) 
         calls += batch
         now = time.perf_counter()
         if now >= deadline:
-            return calls * num_envs / (now - start)
+            cpu = time.process_time_ns() - cpu
+            return calls * num_envs / (now - start), cpu / (calls * num_envs)
 
 
 class SyncRun:

@@ -10,25 +10,36 @@ interleaved rounds (bench_rounds), agent steps per second of:
   the same source as PufferLib compiles it (envd.native.ocean_reference):
   ``vec_init`` of N envs, then per step the actions copied into its action
   array and one ``vec_step`` -- the loop PufferLib's Serial backend runs;
-- **PufferLib Multiprocessing** (2 workers) when pufferlib-core is
-  importable, else n/a and why;
+- **PufferLib Multiprocessing** (2 workers): pufferlib-core's
+  ``Multiprocessing`` backend over PufferLib's own env class and binding
+  (bench_ocean_mp.py), else n/a and the error it raised;
 - **envd serial / 2 threads / auto**: ``envd.make("puffer:<env>", N,
   num_threads=0 / 2 / None)`` and ``step(actions)``;
 - **envd daemon**: ``client.make`` on a private daemon started with
-  ``--ocean`` (its default threads), over shared memory.
+  ``--ocean`` (its default threads), over shared memory;
+- **envd daemon, 1 thread**: the same on a second daemon started with
+  ``--threads 1``: against envd serial in-process, the like-for-like
+  comparison of DESIGN §14 (a 2-CPU host has no CPU for more daemon threads
+  next to the daemon's serving thread and the trainer).
 
 Every system steps the same pre-drawn batches of actions (the C action type
 for PufferLib's binding).  A ratio is taken round by round against PufferLib
-serial.  Tests run it in --quick mode and never assert speed.
+serial (the daemon's one thread: against envd serial).  Then the pair: a
+cheap Ocean env next to a CPU-deep one in one daemon (PAIR; bench_pair.py),
+the cheap one capped at ``max_threads=PAIR_CAP`` or not, both stepping at
+once from two client processes.  Tests run it in --quick mode and never
+assert speed.
 """
 from __future__ import annotations
 
 import configparser
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -38,8 +49,9 @@ import numpy as np
 
 import envd
 from envd.native.registry import get_spec
-from envd.tools import bench_load
-from envd.tools.bench import Unavailable, _jsonable, machine_info, steps_per_second
+from envd.tools import bench_load, bench_pair
+from envd.tools.bench import Unavailable, _jsonable, machine_info, steps_per_second, timed_steps
+from envd.tools.bench_ocean_mp import PufferMultiprocessingRun
 from envd.tools.bench_rounds import interleaved_rounds, judge, paired_ratios, ratio_text, spread_text
 
 PUFFER_SERIAL = "PufferLib serial"
@@ -48,14 +60,33 @@ SERIAL = "envd serial"
 TWO_THREADS = "envd 2 threads"
 AUTO = "envd auto"
 DAEMON = "envd daemon"
-SYSTEMS = (PUFFER_SERIAL, PUFFER_MP, SERIAL, TWO_THREADS, AUTO, DAEMON)
+DAEMON_ONE = "envd daemon, 1 thread"
+SYSTEMS = (PUFFER_SERIAL, PUFFER_MP, SERIAL, TWO_THREADS, AUTO, DAEMON, DAEMON_ONE)
 #: The columns given as a ratio to PufferLib serial.
 RATIOS = (SERIAL, TWO_THREADS, AUTO, DAEMON, PUFFER_MP)
+#: Further per-round ratios: name -> (numerator, denominator).
+OTHER_RATIOS = {"auto / PufferLib MP": (AUTO, PUFFER_MP),
+                "daemon 1 thread / serial": (DAEMON_ONE, SERIAL),
+                "auto / serial": (AUTO, SERIAL),
+                "2 threads / serial": (TWO_THREADS, SERIAL)}
+#: Ratios of the CPU time per agent step (all of this process's threads), a
+#: measure of scaling that other processes' load leaves alone: 1.0 is ideal,
+#: spinning or waiting threads raise it.
+CPU_RATIOS = {"CPU 2 threads / serial": (TWO_THREADS, SERIAL),
+              "CPU auto / serial": (AUTO, SERIAL)}
+IN_PROCESS = (PUFFER_SERIAL, SERIAL, TWO_THREADS, AUTO)
+#: Width of a column of the printed tables.
+WIDTH = 26
 #: Distinct batches of actions, cycled.
 ACTION_BATCHES = 8
 SMALL_N = 64
 #: envs the 2-thread target names (issue 36: CPU-deep ones).
 TWO_THREAD_ENVS = ("go", "enduro")
+#: The pair (issue 36): a cheap Ocean env next to a CPU-deep one in one daemon,
+#: the cheap one capped at max_threads=PAIR_CAP (one pool thread, as the
+#: seed's max_num_threads) or uncapped.  Measured when both are in the run.
+PAIR = ("pong", "go")
+PAIR_CAP = 1
 
 
 @dataclasses.dataclass
@@ -132,6 +163,7 @@ class PufferSerialRun:
     def __init__(self, binding: Any, ckwargs: dict[str, float], num_envs: int, rows: int,
                  obs_space: Any, act_dtype: np.dtype, batches: list[np.ndarray]):
         self.binding, self.rows = binding, rows
+        self.cpu_ns: list[float] = []  # per round: CPU time per agent step
         self.obs = np.zeros((rows, *obs_space.shape), obs_space.dtype)
         shape = batches[0].shape
         self.acts = np.zeros(shape if len(shape) > 1 else (rows,), act_dtype)
@@ -150,7 +182,9 @@ class PufferSerialRun:
         self.step = Cycle(step, self.batches)
 
     def rate(self, seconds: float) -> float:
-        return steps_per_second(self.step, self.rows, seconds)
+        rate, cpu = timed_steps(self.step, self.rows, seconds)
+        self.cpu_ns.append(cpu)
+        return rate
 
     def close(self) -> None:
         if self.handle is not None:
@@ -160,41 +194,56 @@ class PufferSerialRun:
 
 class VecRun:
     """An envd vector env (in-process or a daemon's): reset(seed=0), then
-    step(actions) over the pre-drawn batches."""
+    step(actions) over the pre-drawn batches.  In-process, it also records the
+    CPU time per agent step of each round (cpu_ns)."""
 
-    def __init__(self, env: Any, batches: list[np.ndarray]):
-        self.env, self.rows = env, env.num_envs
+    def __init__(self, env: Any, batches: list[np.ndarray], in_process: bool = True):
+        self.env, self.rows, self.in_process = env, env.num_envs, in_process
+        self.cpu_ns: list[float] = []
         env.reset(seed=0)
         self.step = Cycle(env.step, batches)
 
     def rate(self, seconds: float) -> float:
-        return steps_per_second(self.step, self.rows, seconds)
+        if not self.in_process:  # this process's CPU time is not the daemon's
+            return steps_per_second(self.step, self.rows, seconds)
+        rate, cpu = timed_steps(self.step, self.rows, seconds)
+        self.cpu_ns.append(cpu)
+        return rate
+
+    def dispatch(self) -> dict[str, Any] | None:
+        """An in-process vec's threads and how its steps ran (the native
+        vec's counts of inline and pooled steps); None for a daemon's."""
+        stats = getattr(self.env, "dispatch_stats", None)
+        if stats is None:
+            return None
+        found = stats()
+        return {"num_threads": self.env.num_threads, "inline_steps": found["inline_jobs"],
+                "pooled_steps": found["pooled_jobs"]}
 
     def close(self) -> None:
         self.env.close()
 
 
-def puffer_multiprocessing_unavailable() -> str:
-    """Why the PufferLib Multiprocessing column is not measured."""
-    try:
-        import pufferlib.vector  # noqa: F401
-    except Exception as exc:  # noqa: BLE001  (ImportError, or a broken build)
-        return (f"pufferlib-core is not importable ({type(exc).__name__}; pufferlib-core "
-                "3.0.23 requires torch==2.9.0 with CUDA, which would replace a CPU torch)")
-    return ("pufferlib-core's Multiprocessing backend needs PufferLib's own Ocean "
-            "package built in place; not measured by this benchmark")
-
-
-# ---- the daemon ---------------------------------------------------------------------------
+# ---- the daemons --------------------------------------------------------------------------
 @contextlib.contextmanager
-def ocean_daemon(envs: Sequence[str], cache: Path) -> Iterator[Any]:
+def ocean_daemon(envs: Sequence[str], cache: Path, threads: int | None = None) -> Iterator[Any]:
     """A private daemon serving envs (``--ocean``) from the Ocean cache
-    `cache`, with its default threads."""
+    `cache`, with `threads` pool threads (None: its default)."""
     from envd.tools.bench_python import hosting_daemon
 
     args = ("--ocean", ",".join(envs), "--ocean-cache", str(cache))
-    with hosting_daemon((), threads=None, extra_args=args) as client:
+    with hosting_daemon((), threads=threads, extra_args=args) as client:
         yield client
+
+
+def start_daemon(stack: contextlib.ExitStack, envs: Sequence[str], cache: Path,
+                 threads: int | None) -> Any:
+    """A client of ocean_daemon(envs, cache, threads) entered on stack, or
+    None when it does not start (its columns then say so)."""
+    try:
+        return stack.enter_context(ocean_daemon(envs, cache, threads))
+    except RuntimeError:
+        return None
 
 
 # ---- the run ------------------------------------------------------------------------------
@@ -204,19 +253,23 @@ class OceanBench:
     def __init__(self, settings: Settings, out: TextIO | None = None):
         self.settings = settings
         self.out = sys.stdout if out is None else out
+        self.scratch = Path(tempfile.gettempdir())  # run() makes a private one
 
     def log(self, text: str) -> None:
         if self.settings.progress:
             print(text, file=sys.stderr, flush=True)
 
     def measure(self, env: str, n: int, binding: Any, library: Path,
-                client: Any) -> dict[str, Any]:
-        """Every system on env at N=n, interleaved rounds."""
+                clients: dict[str, Any], reference: tuple[Path, Path]) -> dict[str, Any]:
+        """Every system on env at N=n, interleaved rounds.  clients: system
+        (DAEMON, DAEMON_ONE) -> a client of its daemon, or None;
+        reference: the PufferLib tree's ocean dir and the path of the built
+        binding (for the Multiprocessing child)."""
         env_id = f"puffer:{env}"
         spec = get_spec(env_id)
         ckwargs, act_dtype = plugin_facts(library, [p.default for p in spec.params])
         runs: dict[str, Any] = {}
-        missing: dict[str, str] = {PUFFER_MP: puffer_multiprocessing_unavailable()}
+        missing: dict[str, str] = {}
         rows = 0
         try:
             serial = envd.make(env_id, n, seed=0, num_threads=0)
@@ -228,23 +281,55 @@ class OceanBench:
                                                   batches)
             runs[TWO_THREADS] = VecRun(envd.make(env_id, n, seed=0, num_threads=2), batches)
             runs[AUTO] = VecRun(envd.make(env_id, n, seed=0), batches)
-            if client is None:
-                missing[DAEMON] = "the daemon did not start"
-            else:
+            for system, client in clients.items():
+                if client is None:
+                    missing[system] = "the daemon did not start"
+                    continue
                 try:
-                    runs[DAEMON] = VecRun(client.make(env_id, n, seed=0), batches)
+                    runs[system] = VecRun(client.make(env_id, n, seed=0), batches,
+                                          in_process=False)
                 except envd.EnvdError as exc:  # e.g. its cache lacks the build
-                    missing[DAEMON] = f"the daemon refused the make: {exc}"
+                    missing[system] = f"the daemon refused the make: {exc}"
+            try:
+                ocean, built = reference
+                runs[PUFFER_MP] = PufferMultiprocessingRun(ocean, env, built, n, batches,
+                                                           self.scratch)
+            except RuntimeError as exc:
+                missing[PUFFER_MP] = str(exc)
             values = interleaved_rounds(
                 list(runs), self.settings.rounds,
                 lambda system, _r: runs[system].rate(self.settings.seconds))
+            auto = runs[AUTO].dispatch()
+            cpu = {s: list(run.cpu_ns) for s, run in runs.items() if getattr(run, "cpu_ns", None)}
         finally:
             for run in runs.values():
                 run.close()
-        return {"env": env, "num_envs": n, "rows": rows, "rates": values,
-                "missing": missing,
-                "ratios": {s: paired_ratios(values[s], values[PUFFER_SERIAL])
-                           for s in RATIOS if s in values}}
+        ratios = {s: paired_ratios(values[s], values[PUFFER_SERIAL])
+                  for s in RATIOS if s in values}
+        ratios.update({name: paired_ratios(values[a], values[b])
+                       for name, (a, b) in OTHER_RATIOS.items() if a in values and b in values})
+        ratios.update({name: paired_ratios(cpu[a], cpu[b])
+                       for name, (a, b) in CPU_RATIOS.items() if a in cpu and b in cpu})
+        return {"env": env, "num_envs": n, "rows": rows, "rates": values, "cpu_ns": cpu,
+                "missing": missing, "ratios": ratios, "auto": auto}
+
+    def measure_pair(self, daemon: Any, configs: Sequence[tuple[str, int]]) -> dict[str, Any]:
+        """The pair (PAIR) on the daemon at the largest N of each env in the
+        run; {"missing": why} when it cannot be measured."""
+        cheap, deep = PAIR
+        sizes = {env: max((n for e, n in configs if e == env), default=0) for env in PAIR}
+        if not all(sizes.values()):
+            return {"missing": f"needs {cheap} and {deep} in the run"}
+        if daemon is None:
+            return {"missing": "the daemon did not start"}
+        self.log(f"measuring the pair {cheap} x{sizes[cheap]} + {deep} x{sizes[deep]}")
+        pair = bench_pair.Pair(cheap=(f"puffer:{cheap}", sizes[cheap]),
+                               heavy=(f"puffer:{deep}", sizes[deep]), cap=PAIR_CAP)
+        try:
+            return bench_pair.run(daemon.endpoint, self.settings.rounds,
+                                  self.settings.seconds, pair=pair)
+        except RuntimeError as exc:
+            return {"missing": str(exc)}
 
     def run(self) -> dict[str, Any]:
         from envd.native import ocean_build, ocean_ids, ocean_reference, ocean_source
@@ -267,22 +352,26 @@ class OceanBench:
                 configs.append((env, n))
         results = []
         with contextlib.ExitStack() as stack:
-            try:
-                client = stack.enter_context(ocean_daemon(envs, cache))
-            except RuntimeError:
-                client = None
+            self.scratch = Path(stack.enter_context(
+                tempfile.TemporaryDirectory(prefix="envd-bench-ocean-")))
+            clients = {DAEMON: start_daemon(stack, envs, cache, None),
+                       DAEMON_ONE: start_daemon(stack, envs, cache, 1)}
             for env in envs:
                 ocean_ids.ensure_loaded(f"puffer:{env}")
                 self.log(f"building PufferLib's binding of {env}")
                 try:
-                    binding = ocean_reference.load(ocean_reference.build(env, tree, cache))
+                    built = ocean_reference.build(env, tree, cache)
+                    binding = ocean_reference.load(built)
                 except (RuntimeError, OSError, ImportError) as exc:
                     raise Unavailable(f"PufferLib's own binding of {env}: {exc}") from None
+                reference = (ocean_source.ocean_dir(tree), built)
                 for env_name, n in configs:
                     if env_name != env:
                         continue
                     self.log(f"measuring {env} at N={n}")
-                    results.append(self.measure(env, n, binding, builds[env], client))
+                    results.append(self.measure(env, n, binding, builds[env], clients,
+                                                reference))
+            pair = self.measure_pair(clients[DAEMON], configs)
         after = bench_load.sample()
         load = None
         if before is not None and after is not None:
@@ -291,17 +380,31 @@ class OceanBench:
                 "load": None if load is None else dataclasses.asdict(load),
                 "load_warning": None if load is None or not load.loaded
                 else bench_load.warning_text(load.reasons),
-                "targets": targets(results)}
+                "pair": bench_pair.summary(pair) if "missing" not in pair else pair,
+                "targets": targets(results) + bench_pair.targets(
+                    {} if "missing" in pair else pair)}
 
 
 def targets(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Issue 36's lines: envd auto >= 0.95x PufferLib serial everywhere; 2
-    threads >= 1.6x for go and enduro at their config N (the larger N)."""
+    """Issue 36's lines: envd auto >= 0.95x PufferLib serial everywhere;
+    envd auto ahead of PufferLib Multiprocessing everywhere; the daemon's one
+    thread >= 0.9x envd serial in-process everywhere (DESIGN §14); envd auto
+    never slower than envd serial (>= 0.95x: its inline steps are serial's, so
+    equal within the rounds' spread is the expected verdict there); 2 threads
+    >= 1.6x PufferLib serial for go and enduro at their config N (the larger
+    N).  (The pair's line is bench_pair.targets'.)"""
     lines = []
-    for r in results:
-        lines.append({"target": f"{r['env']} N={r['num_envs']}: envd auto / PufferLib serial",
-                      "op": ">=", "limit": 0.95,
-                      **judge(r["ratios"].get(AUTO), ">=", 0.95)})
+    per_row = ((AUTO, "envd auto / PufferLib serial", 0.95),
+               ("auto / PufferLib MP", "envd auto / PufferLib Multiprocessing",
+                1.0),
+               ("daemon 1 thread / serial", "envd daemon, 1 thread / envd serial "
+                "(like for like)", 0.9),
+               ("auto / serial", "envd auto / envd serial", 0.95))
+    for key, name, limit in per_row:
+        for r in results:
+            lines.append({"target": f"{r['env']} N={r['num_envs']}: {name}",
+                          "op": ">=", "limit": limit,
+                          **judge(r["ratios"].get(key), ">=", limit)})
     largest = {}
     for r in results:
         if r["env"] in TWO_THREAD_ENVS and r["num_envs"] > SMALL_N:
@@ -321,42 +424,80 @@ def report_text(r: dict[str, Any]) -> str:
              f"{s['rounds']} interleaved rounds of {s['seconds']} s",
              r["load_warning"] or "machine load: quiet", "",
              "agent steps per second (median ±half the min-max range over rounds)"]
-    head = f"{'env':<12}{'N':>6}  " + "".join(f"{c:>18}" for c in
-                                              (PUFFER_SERIAL, SERIAL, TWO_THREADS,
-                                               AUTO, DAEMON))
-    lines.append(head)
+
+    def table(columns: Sequence[str], cell: Callable[[dict[str, Any], str], str],
+              names: Sequence[str] | None = None) -> None:
+        """A row per result: env, N, then cell(result, column) per column."""
+        lines.append(f"{'env':<12}{'N':>6}  " +
+                     "".join(f"{c:>{WIDTH}}" for c in names or columns))
+        for x in r["results"]:
+            lines.append(f"{x['env']:<12}{x['num_envs']:>6}  " +
+                         "".join(f"{cell(x, c):>{WIDTH}}" for c in columns))
+
+    table(SYSTEMS, lambda x, c: spread_text(x["rates"][c]) if c in x["rates"] else "n/a",
+          [PUFFER_SERIAL, "PufferLib MP, 2 workers", *SYSTEMS[2:]])
+    lines += ["", "ratios, per round (median ±half range); to PufferLib serial, and others"]
+
+    def ratio_cell(x: dict[str, Any], c: str) -> str:
+        return ratio_text(x["ratios"][c]) if x["ratios"].get(c) else "n/a"
+
+    table(RATIOS, ratio_cell, [*(f"{c.removeprefix('envd ')} / PufferLib" for c in RATIOS[:4]),
+                               "PufferLib MP / PufferLib"])
+    lines.append("")
+    table(tuple(OTHER_RATIOS), ratio_cell)
+    lines += ["", "CPU time per agent step, ns (all threads of the benchmark's process; "
+                  "in-process systems)"]
+    table((*IN_PROCESS, *CPU_RATIOS),
+          lambda x, c: (ratio_cell(x, c) if c in CPU_RATIOS else
+                        spread_text(x["cpu_ns"][c], lambda v: f"{v:.0f}")
+                        if x.get("cpu_ns", {}).get(c) else "n/a"))
+    lines += ["", "what envd auto ran (num_threads=None): threads, steps inline / pooled"]
     for x in r["results"]:
-        cells = [spread_text(x["rates"][c]) if c in x["rates"] else "n/a"
-                 for c in (PUFFER_SERIAL, SERIAL, TWO_THREADS, AUTO, DAEMON)]
-        lines.append(f"{x['env']:<12}{x['num_envs']:>6}  " + "".join(f"{c:>18}" for c in cells))
-    lines += ["", "ratio to PufferLib serial (per-round ratios: median ±half range)"]
-    lines.append(f"{'env':<12}{'N':>6}  " + "".join(f"{c:>18}" for c in RATIOS[:4]))
-    for x in r["results"]:
-        cells = [ratio_text(x["ratios"][c]) if x["ratios"].get(c) else "n/a"
-                 for c in RATIOS[:4]]
-        lines.append(f"{x['env']:<12}{x['num_envs']:>6}  " + "".join(f"{c:>18}" for c in cells))
+        a = x.get("auto")
+        lines.append(f"{x['env']:<12}{x['num_envs']:>6}  " + (
+            "n/a" if not a else f"{a['num_threads']} thread(s), {a['inline_steps']} inline "
+                                f"/ {a['pooled_steps']} pooled"))
     missing = dict.fromkeys((system, why) for x in r["results"]
                             for system, why in x["missing"].items())
     lines += [f"{system}: n/a: {why}" for system, why in missing]
+    pair = r.get("pair") or {}
+    lines += ["", f"the pair: {PAIR[0]} next to {PAIR[1]} in one daemon, both stepping at "
+                  "once (env steps/s)"]
+    lines += (bench_pair.report_lines(pair) if "missing" not in pair
+              else [f"  not measured: {pair.get('missing', 'not run')}"])
     lines += ["", "targets"]
     for t in r["targets"]:
-        value = "n/a" if t["value"] is None else f"{t['value']:.2f}x ±{t['spread']:.2f}"
+        value = ("n/a" if t["value"] is None else t["detail"] if "detail" in t
+                 else f"{t['value']:.2f}x ±{t['spread']:.2f}")
         lines.append(f"  {t['status']:<11}{t['target']} {t['op']} {t['limit']}: {value}")
     return "\n".join(lines) + "\n"
 
 
+def _ratio_cell(result: dict[str, Any], column: str) -> str:
+    return ratio_text(result["ratios"][column]) if result["ratios"].get(column) else "n/a"
+
+
+def _rate_cell(result: dict[str, Any], column: str) -> str:
+    return spread_text(result["rates"][column]) if column in result["rates"] else "n/a"
+
+
 def markdown_table(r: dict[str, Any]) -> str:
-    """The README's table: rates of PufferLib serial and envd auto, and every
-    envd column's ratio to PufferLib serial, with spread."""
+    """The README's table: rates of PufferLib serial and envd auto, every
+    envd column's ratio to PufferLib serial, PufferLib Multiprocessing's rate,
+    envd auto's ratio to it and the daemon's one thread's to envd serial,
+    with spread."""
     head = ("| env | N | PufferLib serial | envd auto | auto / PufferLib | serial / PufferLib "
-            "| 2 threads / PufferLib | daemon / PufferLib |")
-    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|"]
+            "| 2 threads / PufferLib | daemon / PufferLib | PufferLib MP, 2 workers "
+            "| auto / PufferLib MP | daemon 1 thread / envd serial |")
+    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for x in r["results"]:
-        def ratio(c: str) -> str:
-            return ratio_text(x["ratios"][c]) if x["ratios"].get(c) else "n/a"  # noqa: B023 -- called below
+        ratio = functools.partial(_ratio_cell, x)
+        rate = functools.partial(_rate_cell, x)
         lines.append(f"| {x['env']} | {x['num_envs']} | {spread_text(x['rates'][PUFFER_SERIAL])} "
                      f"| {spread_text(x['rates'][AUTO])} | {ratio(AUTO)} "
-                     f"| {ratio(SERIAL)} | {ratio(TWO_THREADS)} | {ratio(DAEMON)} |")
+                     f"| {ratio(SERIAL)} | {ratio(TWO_THREADS)} | {ratio(DAEMON)} "
+                     f"| {rate(PUFFER_MP)} | {ratio('auto / PufferLib MP')} "
+                     f"| {ratio('daemon 1 thread / serial')} |")
     return "\n".join(lines) + "\n"
 
 

@@ -18,9 +18,13 @@ session's rate is its steps over the window, and the pair total is the sum of
 the two rates.  The report gives each session's rate and the pair total per
 configuration, and the ratios capped/uncapped taken round by round; the target
 line asks the capped pair total to be at least the uncapped one.
+
+The sessions and the cap are a Pair: ``envd bench --ocean`` measures its own
+(a cheap Ocean env next to a CPU-deep one, bench_ocean.py) the same way.
 """
 from __future__ import annotations
 
+import dataclasses
 import gc
 import multiprocessing
 import time
@@ -38,6 +42,25 @@ HEAVY = ("ConnectFour-v0", 256)
 SESSIONS = ("cheap", "heavy")
 #: configuration -> the cheap session's max_threads (the heavy one is never capped).
 CONFIGS = {"capped": 0, "uncapped": None}
+#: batches of sampled actions a session cycles through (ConnectFour's are its own)
+SAMPLED_BATCHES = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class Pair:
+    """The two sessions, (env id, num_envs) each, and the cheap one's
+    max_threads in the capped configuration (CONFIGS' uncapped is None)."""
+
+    cheap: tuple[str, int] = CHEAP
+    heavy: tuple[str, int] = HEAVY
+    cap: int = CONFIGS["capped"]
+
+    def max_threads(self, config: str) -> int | None:
+        """The cheap session's max_threads in config."""
+        return self.cap if config == "capped" else CONFIGS[config]
+
+
+DEFAULT = Pair()
 
 
 def session_client(endpoint: str, env_id: str, n: int, max_threads: int | None,
@@ -50,10 +73,11 @@ def session_client(endpoint: str, env_id: str, n: int, max_threads: int | None,
         client = envd.connect(endpoint, timeout=30)
         env = client.make(env_id, n, seed=0, max_threads=max_threads)
         env.reset(seed=0)
+        env.action_space.seed(0)
         # ConnectFour: env k plays column (k + t) % 7 at step t, so that columns
         # fill evenly and most moves are legal (an illegal one ends the game cheaply)
         cycle = ([(np.arange(n) + t) % 7 for t in range(7)] if env_id == HEAVY[0]
-                 else [np.asarray(env.action_space.sample())])
+                 else [np.asarray(env.action_space.sample()) for _ in range(SAMPLED_BATCHES)])
     except Exception as exc:  # noqa: BLE001  (reported to the parent, which raises)
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
         return
@@ -84,14 +108,15 @@ def session_client(endpoint: str, env_id: str, n: int, max_threads: int | None,
 class Workers:
     """The client processes of every configuration: config -> {session: (process, pipe)}."""
 
-    def __init__(self, endpoint: str):
+    def __init__(self, endpoint: str, pair: Pair = DEFAULT):
         context = multiprocessing.get_context("forkserver")
         self.members: dict[str, dict[str, tuple[Any, Any]]] = {}
         self.fast_path: dict[str, dict[str, bool]] = {}
         try:
-            for config, cap in CONFIGS.items():
+            for config in CONFIGS:
+                cap = pair.max_threads(config)
                 self.members[config] = {}
-                for session, (env_id, n) in zip(SESSIONS, (CHEAP, HEAVY)):
+                for session, (env_id, n) in zip(SESSIONS, (pair.cheap, pair.heavy)):
                     parent, child = context.Pipe()
                     proc = context.Process(
                         target=session_client, daemon=True,
@@ -138,7 +163,8 @@ class Workers:
 
 
 def measure(workers: Any, rounds: int, seconds: float,
-            on_measure: Callable[[str], None] | None = None) -> dict[str, Any]:
+            on_measure: Callable[[str], None] | None = None,
+            pair: Pair = DEFAULT) -> dict[str, Any]:
     """Every configuration once per round, interleaved: per configuration and
     session, the env steps/s of each round ("rounds"), and the pair totals
     ("totals"); workers is a Workers (or anything with its step_window and
@@ -157,17 +183,18 @@ def measure(workers: Any, rounds: int, seconds: float,
         return total
 
     totals = interleaved_rounds(list(CONFIGS), rounds, measure_one)
-    return {"cheap": {"env_id": CHEAP[0], "num_envs": CHEAP[1]},
-            "heavy": {"env_id": HEAVY[0], "num_envs": HEAVY[1]},
+    return {"cheap": {"env_id": pair.cheap[0], "num_envs": pair.cheap[1]},
+            "heavy": {"env_id": pair.heavy[0], "num_envs": pair.heavy[1]}, "cap": pair.cap,
             "rounds": rates, "totals": totals, "fast_path": workers.fast_path}
 
 
 def run(endpoint: str, rounds: int, seconds: float,
-        on_measure: Callable[[str], None] | None = None) -> dict[str, Any]:
+        on_measure: Callable[[str], None] | None = None,
+        pair: Pair = DEFAULT) -> dict[str, Any]:
     """Start the client processes on the daemon at endpoint, measure, stop them."""
-    workers = Workers(endpoint)
+    workers = Workers(endpoint, pair)
     try:
-        return measure(workers, rounds, seconds, on_measure)
+        return measure(workers, rounds, seconds, on_measure, pair)
     finally:
         workers.close()
 
@@ -191,8 +218,10 @@ def targets(entry: dict[str, Any]) -> list[dict[str, Any]]:
         return []
     found = ratios(entry)
     verdict = judge(found, ">=", 1.0)
-    return [{"target": f"{CHEAP[0]} x{CHEAP[1]} capped at max_threads=0 next to {HEAVY[0]} "
-                       f"x{HEAVY[1]}: pair total >= 1.0x uncapped",
+    cheap, heavy = entry["cheap"], entry["heavy"]
+    return [{"target": f"{cheap['env_id']} x{cheap['num_envs']} capped at "
+                       f"max_threads={entry.get('cap', CONFIGS['capped'])} next to "
+                       f"{heavy['env_id']} x{heavy['num_envs']}: pair total >= 1.0x uncapped",
              "status": verdict["status"], "value": verdict["value"], "op": ">=", "limit": 1.0,
              "detail": (f"{spread_text(entry['totals']['capped'])} / "
                         f"{spread_text(entry['totals']['uncapped'])} = {ratio_text(found)}")
@@ -210,6 +239,8 @@ def report_lines(entry: dict[str, Any]) -> list[str]:
              for c, f in entry["fast_path"].items()}
     lines = [f"  {'cheap session':<26}{cheap:>24}{heavy:>24}{'pair total':>14}"]
     for config, cap in CONFIGS.items():
+        if config == "capped":
+            cap = entry.get("cap", cap)
         label = f"{config} (max_threads={cap})"
         rounds = entry["rounds"][config]
         lines.append(f"  {label:<26}{spread_text(rounds['cheap']):>24}"
