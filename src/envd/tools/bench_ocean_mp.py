@@ -48,6 +48,19 @@ IDLE_SPIN_S = 0.6
 ANSWER_TIMEOUT_S = 120.0
 
 
+
+def _module_from_file(name: str, path: Path, register: bool = False) -> types.ModuleType:
+    """The module name executed from path (in sys.modules first if register:
+    an env's module imports itself by name)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise RuntimeError(f"cannot load {path} as {name}")
+    module = importlib.util.module_from_spec(spec)
+    if register:
+        sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
 def _install_binding(ocean: Path, env: str, binding_path: Path) -> None:
     """Make ``pufferlib.ocean.<env>.binding`` importable: PufferLib's binding
     built at binding_path, under the env's folder of the tree's ocean dir."""
@@ -63,10 +76,8 @@ def _install_binding(ocean: Path, env: str, binding_path: Path) -> None:
         pufferlib.ocean = package
     env_package = types.ModuleType(name)
     env_package.__path__ = [str(ocean / env)]
-    spec = importlib.util.spec_from_file_location(f"{name}.binding", binding_path)
-    binding = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(binding)
-    env_package.binding = binding
+    binding = _module_from_file(f"{name}.binding", binding_path)
+    env_package.binding = binding  # type: ignore[attr-defined]  # a module made here
     sys.modules[name] = env_package
     sys.modules[f"{name}.binding"] = binding
 
@@ -80,10 +91,7 @@ def env_class(ocean: Path, env: str, binding_path: Path) -> type:
     name = f"pufferlib.ocean.{env}.{env}"
     module = sys.modules.get(name)
     if module is None:
-        spec = importlib.util.spec_from_file_location(name, ocean / env / f"{env}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
+        module = _module_from_file(name, ocean / env / f"{env}.py", register=True)
     classes = [c for c in vars(module).values() if isinstance(c, type)
                and issubclass(c, pufferlib.PufferEnv) and c is not pufferlib.PufferEnv
                and c.__module__ == name]
@@ -166,6 +174,9 @@ class PufferMultiprocessingRun:
                  str(binding_path), str(num_envs), str(batches_path)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True,
                 start_new_session=True)
+        if self.proc.stdin is None or self.proc.stdout is None:  # both are PIPE
+            raise RuntimeError("the PufferLib Multiprocessing child has no pipes")
+        self.stdin, self.stdout = self.proc.stdin, self.proc.stdout
         first = self._line(0.0).strip()
         if not first.startswith("ready "):
             self.close()
@@ -175,8 +186,8 @@ class PufferMultiprocessingRun:
 
     def _line(self, seconds: float) -> str:
         """The child's next line ("" if it ended or did not answer in time)."""
-        ready, _, _ = select.select([self.proc.stdout], [], [], seconds + ANSWER_TIMEOUT_S)
-        return self.proc.stdout.readline() if ready else ""
+        ready, _, _ = select.select([self.stdout], [], [], seconds + ANSWER_TIMEOUT_S)
+        return self.stdout.readline() if ready else ""
 
     def _stderr_tail(self) -> str:
         lines = [x for x in self.stderr_path.read_text(errors="replace").splitlines()
@@ -184,8 +195,8 @@ class PufferMultiprocessingRun:
         return lines[-1] if lines else ""
 
     def rate(self, seconds: float) -> float:
-        self.proc.stdin.write(f"rate {seconds}\n")
-        self.proc.stdin.flush()
+        self.stdin.write(f"rate {seconds}\n")
+        self.stdin.flush()
         answer = self._line(seconds)
         if not answer:
             self.close()
@@ -198,8 +209,8 @@ class PufferMultiprocessingRun:
         (its PufferLib workers too) if it does not."""
         if self.proc.poll() is None:
             try:
-                self.proc.stdin.write("close\n")
-                self.proc.stdin.close()
+                self.stdin.write("close\n")
+                self.stdin.close()
                 self.proc.wait(timeout=30)
             except (OSError, subprocess.TimeoutExpired):
                 pass

@@ -53,7 +53,7 @@ class Pair:
 
     cheap: tuple[str, int] = CHEAP
     heavy: tuple[str, int] = HEAVY
-    cap: int = CONFIGS["capped"]
+    cap: int | None = CONFIGS["capped"]
 
     def max_threads(self, config: str) -> int | None:
         """The cheap session's max_threads in config."""
