@@ -346,6 +346,7 @@ typedef struct envd_workers_config {
     const envd_workers_leaf_t *outputs;
     int64_t num_outputs;
     int64_t timeout_ms;
+    int64_t usable_cpus;
 } envd_workers_config_t;
 int envd_backend_workers_create(envd_backend_t **out, const envd_workers_config_t *config);
 int64_t envd_backend_workers_dead(const envd_backend_t *backend);

@@ -514,6 +514,7 @@ class BatchedVecEnv(VectorEnv):
                               if name.startswith(INFO_COLUMN_PREFIX)]
         self._info_column_types = [(key, name, info_column_type(buffers[name]))
                                    for key, name in self._info_columns]
+        self._info_column_masks = [(key, "_" + key, name) for key, name in self._info_columns]
         self._rewards = buffers["rewards"]
         self._terminations = buffers["terminations"]
         self._truncations = buffers["truncations"]
@@ -721,11 +722,13 @@ class BatchedVecEnv(VectorEnv):
             lengths = lengths * mask
             if in_columns is not None:
                 in_columns = in_columns & mask
-        if in_columns is not None and in_columns.all():
-            # (the common case: every env's info is its columns' row)
-            for key, name in self._info_columns:
+        if in_columns is not None and in_columns.tobytes().count(0) == 0:
+            # (the common case: every env's info is its columns' row; the
+            # masks are rows of one array, one allocation for all)
+            masks = np.ones((len(self._info_column_masks), len(in_columns)), np.bool_)
+            for (key, mask_key, name), key_mask in zip(self._info_column_masks, masks):
                 info[key] = out[name].copy()
-                info["_" + key] = np.ones(len(in_columns), np.bool_)
+                info[mask_key] = key_mask
             return
         if not lengths.any() and (in_columns is None or not in_columns.any()):
             return
