@@ -118,7 +118,13 @@ def test_the_json_csv_and_readme_table(run):
     table = (out / "readme_table.md").read_text()
     lines = table.splitlines()
     assert lines[0].startswith(f"| system (N={NUM_ENVS}) | Acrobot-v1 steps/s | x Sync |")
-    assert sum(line.startswith("| ") for line in lines) == 1 + len(bench_python.SYSTEMS)
+    rates, cpu = table.split(f"\n{bench_python.CPU_TITLE}", 1)
+    assert sum(line.startswith("| ") for line in rates.splitlines()) \
+        == 1 + len(bench_python.SYSTEMS)
+    # then the CPU time of the rows whose every process is counted: envd's 4
+    # in-process rows, SyncVectorEnv and EnvPool where installed
+    assert sum(line.startswith("| ") for line in cpu.splitlines()) \
+        == 1 + 5 + HAS[bench_python.ENVPOOL]
     assert "One step of one hosted py:CartPole-v1 (N=1): " in table
     assert (out / "report.txt").read_text().strip()
 
@@ -311,6 +317,7 @@ def test_the_report_and_readme_table_of_made_up_results():
     assert f"| {bench_python.ROW_DEFAULT} (Acrobot-v1: 2 workers) | 1.05k ±5% | 1.00x |" \
         in table
     assert "envd daemon, 1 worker p50 12 us (p99 30 us)" in table
+    assert f"| {bench_python.ROW_WORKERS} | 4.0+35.0 1.26x | - |" in table
     assert "- N/A: Acrobot-v1 N=16: " in table
 
 

@@ -756,21 +756,19 @@ def report(r: dict[str, Any]) -> str:
     return "\n".join(line for line in lines if line != "")
 
 
-def cpu_lines(r: dict[str, Any]) -> list[str]:
-    """The CPU-time section: per system and env, the CPU us per env step of
-    the caller + its workers (median over rounds) and its ratio to
-    SyncVectorEnv's (round by round).  Preemptions do not count in CPU time,
-    so a loaded machine distorts it far less than the rates: workers whose
-    sum is near 1.00x step at the env's own cost, and the caller's share
-    is what envd adds on the step's critical path."""
-    systems = [system for system in r["systems"]
-               if any(system in r["table"][e].get("cpu_us", {}) for e in r["envs"])]
-    if not systems:
-        return []
-    lines = [f"\nCPU time per env step, us (median of rounds): caller + workers = total, "
-             f"x {GYM_SYNC}'s (round by round; rows whose every process is counted)"]
-    for system in systems:
-        cells = []
+def cpu_cells(r: dict[str, Any]) -> dict[str, list[str]]:
+    """The CPU-time cells: per system (the rows whose every process is
+    counted) and env, the CPU us per env step of the caller + its workers
+    (medians over rounds) and the total's ratio to SyncVectorEnv's (round
+    by round), "-" where not measured.  Preemptions do not count in CPU
+    time, so a loaded machine distorts it far less than the rates: workers
+    whose sum is near 1.00x step at the env's own cost, and the caller's
+    share is what envd adds on the step's critical path."""
+    found: dict[str, list[str]] = {}
+    for system in r["systems"]:
+        if not any(system in r["table"][e].get("cpu_us", {}) for e in r["envs"]):
+            continue
+        cells = found[system] = []
         for env_id in r["envs"]:
             cpu = r["table"][env_id].get("cpu_us", {})
             own, base = cpu.get(system), cpu.get(GYM_SYNC)
@@ -784,7 +782,21 @@ def cpu_lines(r: dict[str, Any]) -> list[str]:
                 ratio = np.median([(c + w) / (bc + bw) for (c, w), (bc, bw) in zip(own, base)])
                 text += f" {ratio:.2f}x"
             cells.append(text)
-        lines.append(f"{system:<34}" + "".join(f"{x:>{COLUMN + 6}}" for x in cells))
+    return found
+
+
+CPU_TITLE = "CPU time per env step, us (median of rounds): caller + workers"
+
+
+def cpu_lines(r: dict[str, Any]) -> list[str]:
+    """The report's CPU-time section (cpu_cells)."""
+    cells = cpu_cells(r)
+    if not cells:
+        return []
+    lines = [f"\n{CPU_TITLE}, x {GYM_SYNC}'s total (round by round; the rows whose every "
+             f"process is counted)"]
+    for system, row in cells.items():
+        lines.append(f"{system:<34}" + "".join(f"{x:>{COLUMN + 6}}" for x in row))
     return lines
 
 
@@ -808,6 +820,12 @@ def readme_table(r: dict[str, Any]) -> str:
     lines.append("")
     lines.append(f"One step of one hosted {lat['env_id']} (N=1): " + "; ".join(parts)
                  + f" (the daemon: its {lat['daemon_path']}).")
+    cells = cpu_cells(r)
+    if cells:
+        lines += ["", f"{CPU_TITLE}, x SyncVectorEnv's total:", "",
+                  f"| system (N={r['num_envs']}) | " + " | ".join(r["envs"]) + " |",
+                  "|---" * (1 + len(r["envs"])) + "|"]
+        lines += [f"| {system} | " + " | ".join(row) + " |" for system, row in cells.items()]
     lines.append("")
     lines.extend(f"- {t['status']}: {t['target']} ({t['detail']})" for t in r["targets"])
     return "\n".join(lines) + "\n"
