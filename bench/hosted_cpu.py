@@ -36,19 +36,7 @@ import gymnasium as gym
 import numpy as np
 
 import envd
-from envd.tools.bench_python import batch_of_actions, hosting_daemon
-
-
-def thread_cpu_seconds(pid: int) -> float:
-    """CPU seconds of every thread of pid (0 once it is gone)."""
-    total = 0
-    try:
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            with contextlib.suppress(OSError):
-                total += int((task / "schedstat").read_text().split()[0])
-    except OSError:
-        return 0.0
-    return total / 1e9
+from envd.tools.bench_python import batch_of_actions, hosting_daemon, process_cpu_seconds
 
 
 def children_of(pid: int) -> list[int]:
@@ -90,14 +78,14 @@ class System:
         env.reset(seed=0)
         for i in range(10):
             env.step(actions[i % len(actions)])
-        workers0 = [thread_cpu_seconds(p) for p in self.workers]
-        daemon0 = thread_cpu_seconds(self.daemon) if self.daemon else 0.0
+        workers0 = [process_cpu_seconds(p) for p in self.workers]
+        daemon0 = process_cpu_seconds(self.daemon) if self.daemon else 0.0
         cpu0, wall0 = time.process_time(), time.perf_counter()
         for i in range(steps):
             env.step(actions[i % len(actions)])
         wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
-        daemon = (thread_cpu_seconds(self.daemon) - daemon0) if self.daemon else 0.0
-        workers = sum(thread_cpu_seconds(p) - c for p, c in zip(self.workers, workers0))
+        daemon = (process_cpu_seconds(self.daemon) - daemon0) if self.daemon else 0.0
+        workers = sum(process_cpu_seconds(p) - c for p, c in zip(self.workers, workers0))
         scale = 1e6 / steps
         return {"wall": wall * scale, "parent": cpu * scale, "daemon": daemon * scale,
                 "workers": workers * scale}
