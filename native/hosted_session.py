@@ -252,7 +252,8 @@ class HostedSession(NativeSession):
             "inline_ctx": self._handle_ref, "notify": getattr(self, "_notify", False),
             "pids": self._pids_c, "inputs": self._leaves[0], "num_inputs": len(inputs),
             "outputs": self._leaves[1], "num_outputs": len(outputs),
-            "timeout_ms": 0 if self.timeout is None else max(1, round(self.timeout * 1000))})
+            "timeout_ms": 0 if self.timeout is None else max(1, round(self.timeout * 1000)),
+            "usable_cpus": usable_cpus()})
         backend = ffi.new("envd_backend_t **")
         self._check(lib.envd_backend_workers_create(backend, self._config),
                     "creating the hosted backend")

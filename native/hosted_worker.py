@@ -68,6 +68,9 @@ def spin_ns(num_workers: int) -> int:
 
 #: A step's episode statistics when its episode goes on.
 _NO_STATS = (0.0, 0, 0.0)
+#: The type tuples an EnvSlice remembers as fitting its columns (an env
+#: mixing float and numpy float64 values could otherwise grow the set).
+_MAX_FITTING_TYPES = 16
 #: An int goes in an int64 column only inside its range.
 _INT_BOUND = 1 << 63
 
@@ -184,6 +187,11 @@ class EnvSlice:
                          for name in a if name.startswith(INFO_COLUMN_PREFIX)]
         self._array_columns = any(shape for _, _, _, shape in self._columns)
         self._int_columns = any(int in types for _, types, _, _ in self._columns)
+        self._column_keys = tuple(key for key, _, _, _ in self._columns)
+        # The tuples of value types (in the columns' order) seen to fit the
+        # scalar columns: an env returns the same types step after step, so
+        # a step's check is one tuple lookup (_fits_columns).
+        self._fitting_types: set[tuple[type, ...]] = set()
         # (an env whose info is not in the columns: zeros of each column's row shape)
         self._no_columns = ((False, *(np.zeros(shape, dtype) for _, _, dtype, shape
                                       in self._columns)) if self._columns else ())
@@ -246,7 +254,7 @@ class EnvSlice:
         the dicts themselves, in inline_infos (length 1: something)."""
         if (self._columns and final_info is None and info.__class__ is dict
                 and len(info) == len(self._columns)):
-            values = [info.get(key) for key, _, _, _ in self._columns]
+            values = list(map(info.get, self._column_keys))
             if self._fits_columns(values):
                 return (0, True, *values)
         if not (info or final_info):
@@ -266,7 +274,14 @@ class EnvSlice:
 
     def _fits_columns(self, values: list) -> bool:
         """Whether an info's values (in the columns' order) go in them."""
-        if self._array_columns:
+        if not self._array_columns:
+            kinds = tuple(map(type, values))
+            if kinds not in self._fitting_types:
+                if not all(kind in types for kind, (_, types, _, _) in zip(kinds, self._columns)):
+                    return False
+                if len(self._fitting_types) < _MAX_FITTING_TYPES:
+                    self._fitting_types.add(kinds)
+        else:
             for value, (_, types, dtype, shape) in zip(values, self._columns):
                 if shape:
                     if not (type(value) is np.ndarray and value.dtype == dtype
@@ -274,9 +289,6 @@ class EnvSlice:
                         return False
                 elif type(value) not in types:
                     return False
-        elif not all(type(value) in types
-                     for value, (_, types, _, _) in zip(values, self._columns)):
-            return False
         return not self._int_columns or all(-_INT_BOUND <= value < _INT_BOUND
                                             for value in values if type(value) is int)
 

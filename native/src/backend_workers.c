@@ -166,6 +166,22 @@ static int64_t first_pending(workers_backend_t *b, const int64_t *ids, int64_t c
     return -1;
 }
 
+/* Workers with an env of ids[from..count) not acked yet (an upper bound:
+ * a worker whose envs are not consecutive in ids counts once per run). */
+static int64_t busy_workers(const workers_backend_t *b, const int64_t *ids, int64_t from,
+                            int64_t count)
+{
+    int64_t busy = 0, last = -1;
+    for (int64_t k = from; k < count; k++) {
+        int64_t i = ids ? ids[k] : k;
+        if (b->worker_of[i] != last && !acked(b, i)) {
+            busy++;
+            last = b->worker_of[i];
+        }
+    }
+    return busy;
+}
+
 /* Block until every env of ids is acked or a worker it waits for died.
  * Acked envs stay acked while the caller waits, so one pass over ids does;
  * a worker's pidfd is polled only after a futex wait came back without the
@@ -178,16 +194,35 @@ static void wait_envs(workers_backend_t *b, const int64_t *ids, int64_t count)
         return;
     const double start = now_ns();
     const double deadline = start + (double)b->cfg.timeout_ms * 1e6;
+    double free_spin_end = 0; /* set when a worker first finished */
     double spin_until = start + (double)b->cfg.spin_ns;
+    /* (the workers this wait began with: one that finished since left its CPU) */
+    const int64_t first_busy = b->cfg.usable_cpus > 0 ? busy_workers(b, ids, 0, count) : 0;
     for (int64_t k = 0; k < count;) {
         int64_t i = ids ? ids[k] : k;
         if (acked(b, i)) {
             k++;
             continue;
         }
-        if (now_ns() < spin_until) {
+        double now = now_ns();
+        if (now < spin_until) {
             cpu_relax();
             continue;
+        }
+        /* A worker of this wait finished (and sleeps: the parent, woken by
+         * it, runs on the CPU it left) and the workers still stepping leave
+         * that CPU to the parent: spin on it a while (the last ack then
+         * costs no wake-up on the step's critical path), asking again every
+         * 2 us (the scan is O(count)).  Never before a worker finished: on
+         * a loaded machine a CPU counted free may be another process's. */
+        if (first_busy > 1 && (free_spin_end == 0 || now < free_spin_end)) {
+            const int64_t busy = busy_workers(b, ids, k, count);
+            if (busy < first_busy && busy + 1 <= b->cfg.usable_cpus) {
+                if (free_spin_end == 0)
+                    free_spin_end = now + ENVD_HOSTED_FREE_SPIN_NS;
+                spin_until = now + 2000.0;
+                continue;
+            }
         }
         int64_t w = b->worker_of[i];
         envd_worker_ctl_t *ctl = &b->cfg.ctl[w];

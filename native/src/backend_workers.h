@@ -48,6 +48,7 @@
 #define ENVD_HOSTED_STEP 2
 #define ENVD_HOSTED_MESSAGE_BYTES 1024
 #define ENVD_HOSTED_POLL_MS 100
+#define ENVD_HOSTED_FREE_SPIN_NS 100000
 
 /* One worker's control block in the shared segment (cache-line aligned, so
  * the two sides' words do not share a line with another worker's). */
@@ -118,6 +119,12 @@ typedef struct envd_workers_config {
     int64_t timeout_ms;        /* > 0: a call that waits longer than this for its envs
                                 * (a hung env) SIGKILLs every worker and fails as a dead
                                 * worker's (envd_backend_workers_timed_out); 0: no bound */
+    int64_t usable_cpus;       /* CPUs the parent and its workers may run on (affinity and
+                                * cgroup quota, envd.cpus): once a worker of a wait finished,
+                                * while the workers still stepping leave a CPU to the parent,
+                                * it spins for their acks (at most ENVD_HOSTED_FREE_SPIN_NS a
+                                * wait) instead of sleeping: the last ack costs no wake-up on
+                                * the step's critical path.  0: never */
 } envd_workers_config_t;
 
 /* A backend over the segment config describes (copied; the segment must

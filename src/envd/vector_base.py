@@ -522,6 +522,7 @@ class BatchedVecEnv(VectorEnv):
                               if name.startswith(INFO_COLUMN_PREFIX)]
         self._info_column_types = [(key, name, info_column_type(buffers[name]))
                                    for key, name in self._info_columns]
+        self._info_column_masks = [(key, "_" + key, name) for key, name in self._info_columns]
         self._rewards = buffers["rewards"]
         self._terminations = buffers["terminations"]
         self._truncations = buffers["truncations"]
@@ -729,11 +730,13 @@ class BatchedVecEnv(VectorEnv):
             lengths = lengths * mask
             if in_columns is not None:
                 in_columns = in_columns & mask
-        if in_columns is not None and in_columns.all():
-            # (the common case: every env's info is its columns' row)
-            for key, name in self._info_columns:
+        if in_columns is not None and in_columns.tobytes().count(0) == 0:
+            # (the common case: every env's info is its columns' row; the
+            # masks are rows of one array, one allocation for all)
+            masks = np.ones((len(self._info_column_masks), len(in_columns)), np.bool_)
+            for (key, mask_key, name), key_mask in zip(self._info_column_masks, masks):
                 info[key] = out[name].copy()
-                info["_" + key] = np.ones(len(in_columns), np.bool_)
+                info[mask_key] = key_mask
             return
         if not lengths.any() and (in_columns is None or not in_columns.any()):
             return
@@ -769,12 +772,14 @@ class BatchedVecEnv(VectorEnv):
         column's when that env is a column row, else the other env's, the
         column values cast into it."""
         first = int(np.argmax(rows))
+        others = np.flatnonzero(~rows).tolist()  # (the few rows not in the columns)
         for key, name, kind in self._info_column_types:
             column = out[name]
             mask = infos.get("_" + key)
             if mask is None or first < int(np.argmax(mask)):
-                array = np.zeros_like(column)
-                array[rows] = column[rows]
+                array = column.copy()  # (then zeros where rows is not set)
+                for k in others:
+                    array[k] = 0
                 if mask is not None:  # (the other envs' values, cast as _add_info casts them)
                     for k in np.flatnonzero(mask).tolist():
                         array[k] = payloads[k][key]

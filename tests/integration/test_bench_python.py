@@ -78,6 +78,15 @@ def test_the_report_has_every_system_and_env(run):
         assert line.split()[0] in ("PASS", "FAIL", "NOT", "N/A"), line
     puffer = next(line for line in targets if bench_python.PUFFER in line)
     assert ("N/A" in puffer) == (not HAS[bench_python.PUFFER]), puffer
+    # CPU time per env step: the rows whose every process is counted (not a
+    # daemon's, nor AsyncVectorEnv's), workers apart; SyncVectorEnv 1.00x
+    cpu = stdout.split("\nCPU time per env step", 1)[1].split("\n\n", 1)[0].splitlines()[1:]
+    rows = {line[:34].strip(): line[34:].split() for line in cpu}
+    assert bench_python.ROW_DAEMON not in rows and bench_python.GYM_ASYNC not in rows
+    assert rows[bench_python.GYM_SYNC][1::2] == ["1.00x"] * len(bench_python.ENVS)
+    caller, workers = (float(x) for x in rows[bench_python.ROW_WORKERS][0].split("+"))
+    assert caller > 0 and workers > 0
+    assert "+" not in rows[bench_python.ROW_SERIAL][0]  # (no workers: the caller steps)
 
 
 def test_the_json_csv_and_readme_table(run):
@@ -109,7 +118,13 @@ def test_the_json_csv_and_readme_table(run):
     table = (out / "readme_table.md").read_text()
     lines = table.splitlines()
     assert lines[0].startswith(f"| system (N={NUM_ENVS}) | Acrobot-v1 steps/s | x Sync |")
-    assert sum(line.startswith("| ") for line in lines) == 1 + len(bench_python.SYSTEMS)
+    rates, cpu = table.split(f"\n{bench_python.CPU_TITLE}", 1)
+    assert sum(line.startswith("| ") for line in rates.splitlines()) \
+        == 1 + len(bench_python.SYSTEMS)
+    # then the CPU time of the rows whose every process is counted: envd's 4
+    # in-process rows, SyncVectorEnv and EnvPool where installed
+    assert sum(line.startswith("| ") for line in cpu.splitlines()) \
+        == 1 + 5 + HAS[bench_python.ENVPOOL]
     assert "One step of one hosted py:CartPole-v1 (N=1): " in table
     assert (out / "report.txt").read_text().strip()
 
@@ -286,8 +301,14 @@ def test_the_report_and_readme_table_of_made_up_results():
     for name in bench_python.LATENCY_SYSTEMS:
         r["latency_us"][name] = {"p50": 12.0, "p99": 30.0, "p50_rounds": [12.0, 12.0],
                                  "p99_rounds": [30.0, 30.0]}
+    r["table"]["Acrobot-v1"]["cpu_us"] = {bench_python.GYM_SYNC: [[30.0, 0.0], [32.0, 0.0]],
+                                          bench_python.ROW_WORKERS: [[4.0, 32.0], [4.0, 38.0]]}
     r["targets"] = bench_python.targets(r)
     text = bench_python.report(r)
+    # caller + workers (medians), then the total's ratio to SyncVectorEnv's
+    # round by round (36/30 and 42/32: 1.2 and 1.3125), "-" where not measured
+    assert f"{bench_python.ROW_WORKERS:<34}{'4.0+35.0 1.26x':>22}{'-':>22}" in text
+    assert f"{bench_python.GYM_SYNC:<34}{'31.0 1.00x':>22}{'-':>22}" in text
     assert f"  n/a {bench_python.PUFFER} on CartPole-v1: pufferlib not installed" in text
     assert f"{bench_python.ROW_DEFAULT} on Acrobot-v1: 2 workers" in text
     assert f"{bench_python.GYM_SYNC:<34}" + f"{'1.00x ±0.00':>16}" * 2 in text
@@ -296,6 +317,7 @@ def test_the_report_and_readme_table_of_made_up_results():
     assert f"| {bench_python.ROW_DEFAULT} (Acrobot-v1: 2 workers) | 1.05k ±5% | 1.00x |" \
         in table
     assert "envd daemon, 1 worker p50 12 us (p99 30 us)" in table
+    assert f"| {bench_python.ROW_WORKERS} | 4.0+35.0 1.26x | - |" in table
     assert "- N/A: Acrobot-v1 N=16: " in table
 
 

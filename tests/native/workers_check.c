@@ -10,7 +10,11 @@
  *   - a call that waits longer than timeout_ms for a worker that never
  *     answers SIGKILLs the workers and fails with ENVD_EENV (timed_out set);
  *   - the worker's acquire fence exists (the weakly ordered CPUs' half of
- *     the req/inputs handshake; x86 cannot show its absence).
+ *     the req/inputs handshake; x86 cannot show its absence);
+ *   - with usable_cpus set, the parent that spins for a slow worker once
+ *     another one finished (the free CPU) still sleeps and is woken by the
+ *     slow worker's ack past ENVD_HOSTED_FREE_SPIN_NS, and still notices a
+ *     worker that died mid-call.
  *
  * Prints "workers_check: ok" and exits 0, or names the failed check.
  */
@@ -19,8 +23,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "backend_workers.h"
@@ -133,10 +139,82 @@ static void check_timeout_kills_a_silent_worker(void)
     close(pidfd);
 }
 
+/* The words two forked workers share with the parent (MAP_SHARED). */
+typedef struct shared_words {
+    envd_worker_ctl_t ctl[2];
+    uint8_t kind[N], seed_pending[N];
+    uint32_t req[N], ack[N];
+    int32_t status[N];
+    uint64_t seeds[N];
+    int64_t checked_actions[N], actions[N];
+    bool dones[N];
+} shared_words_t;
+
+/* Worker w of two (envs [2w, 2w+2)): ack every request, the slow one
+ * (w == 1) 20 ms late, until its `calls`-th wake, at which it exits without
+ * acking (a death mid-call). */
+static void two_workers_child(shared_words_t *s, int w, int calls)
+{
+    uint32_t seen = 0;
+    for (int call = 1;; call++) {
+        seen = envd_worker_wait(&s->ctl[w], seen, 0);
+        if (call == calls)
+            _exit(0);
+        envd_worker_acquire();
+        if (w == 1)
+            nanosleep(&(struct timespec){.tv_nsec = 20000000}, NULL);
+        for (int i = 2 * w; i < 2 * w + 2; i++) {
+            s->dones[i] = false;
+            envd_worker_fence();
+            __atomic_store_n(&s->ack[i], s->req[i], __ATOMIC_RELEASE);
+        }
+        envd_worker_done(&s->ctl[w]);
+    }
+}
+
+static void check_free_spin_then_sleep(void)
+{
+    shared_words_t *s = mmap(NULL, sizeof *s, PROT_READ | PROT_WRITE,
+                             MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    CHECK(s != MAP_FAILED);
+    memset(s, 0, sizeof *s);
+    pid_t pids[2];
+    int pidfds[2];
+    for (int w = 0; w < 2; w++) {
+        pids[w] = fork();
+        CHECK(pids[w] >= 0);
+        if (pids[w] == 0)
+            two_workers_child(s, w, w == 1 ? 3 : 1000);
+        pidfds[w] = (int)syscall(SYS_pidfd_open, pids[w], 0);
+        CHECK(pidfds[w] >= 0);
+    }
+    envd_workers_config_t cfg = {
+        .num_envs = N, .num_workers = 2, .ctl = s->ctl, .pidfds = pidfds,
+        .kind = s->kind, .req = s->req, .ack = s->ack, .status = s->status, .seeds = s->seeds,
+        .seed_pending = s->seed_pending, .checked_actions = s->checked_actions,
+        .actions = s->actions, .action_bytes = sizeof(int64_t), .dones = s->dones,
+        .autoreset_mode = ENVD_AUTORESET_NEXT_STEP, .timeout_ms = 0, .usable_cpus = 2};
+    envd_backend_t *b;
+    CHECK(envd_backend_workers_create(&b, &cfg) == ENVD_OK);
+    CHECK(b->ops->reset(b->impl, NULL, NULL) == ENVD_OK); /* worker 1: 20 ms after 0 */
+    CHECK(b->ops->step(b->impl) == 0);
+    CHECK(b->ops->step(b->impl) == ENVD_EENV); /* worker 1 exited on its 3rd wake */
+    CHECK(envd_backend_workers_dead(b) == 1);
+    CHECK(!envd_backend_workers_timed_out(b));
+    b->ops->destroy(b);
+    for (int w = 0; w < 2; w++) {
+        syscall(SYS_pidfd_send_signal, pidfds[w], SIGKILL, NULL, 0);
+        CHECK(waitpid(pids[w], NULL, 0) == pids[w]);
+        close(pidfds[w]);
+    }
+    munmap(s, sizeof *s);
+}
+
 int main(void)
 {
     check_mask_bytes_and_actions();
     check_timeout_kills_a_silent_worker();
+    check_free_spin_then_sleep();
     envd_worker_acquire(); /* (it links: the worker's fence exists) */
     puts("workers_check: ok");
     return 0;

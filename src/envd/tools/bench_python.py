@@ -175,18 +175,68 @@ def env_actions(env_id: str, n: int) -> np.ndarray:
         env.close()
 
 
-class VectorRun(SyncRun):
+def process_cpu_seconds(pid: int) -> float:
+    """CPU seconds of every thread of process pid so far (schedstat's
+    nanoseconds; 0 once it is gone)."""
+    total = 0
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                total += int((task / "schedstat").read_text().split()[0])
+    except OSError:
+        return 0.0
+    return total / 1e9
+
+
+class CpuTimedRun(SyncRun):
+    """A SyncRun whose rate() also records, per round, the CPU time per env
+    step of this process (the caller: its step calls, waits and results;
+    every thread, EnvPool's too) and of the env's worker processes
+    (``worker_pids``, envd in-process), in us: cpu_rounds, [(caller,
+    workers)].  Only where that is all the env's CPU (cpu_complete): not a
+    daemon's env, nor one whose processes are not known."""
+
+    cpu_complete = True
+
+    def __init__(self, env: Any, num_envs: int, envpool: bool = False):
+        super().__init__(env, num_envs, envpool)
+        self.cpu_rounds: list[tuple[float, float]] = []
+
+    def rate(self, seconds: float) -> float:
+        step, actions, clock = self.env.step, self.actions, time.perf_counter
+        step(actions)  # warm up
+        pids = list(getattr(self.env, "worker_pids", None) or ())
+        workers = sum(process_cpu_seconds(pid) for pid in pids)
+        cpu, calls, start = time.process_time(), 0, clock()
+        deadline = start + seconds
+        while True:
+            step(actions)
+            calls += 1
+            now = clock()
+            if now >= deadline:
+                break
+        cpu = time.process_time() - cpu
+        workers = sum(process_cpu_seconds(pid) for pid in pids) - workers
+        per_step = 1e6 / (calls * self.num_envs)
+        self.cpu_rounds.append((cpu * per_step, workers * per_step))
+        return calls * self.num_envs / (now - start)
+
+
+class VectorRun(CpuTimedRun):
     """Steps a gymnasium-style VectorEnv it owns (envd's, gymnasium's):
     reset(seed=0), then step(actions) (None: batch_of_actions of its single
-    action space); rate, call_times and close are SyncRun's."""
+    action space); rate (with its CPU time: cpu_complete says whether it is
+    all of it), call_times and close are CpuTimedRun's."""
 
     def __init__(self, env: Any, num_envs: int, actions: np.ndarray | None = None,
-                 label: str | None = None):
+                 label: str | None = None, cpu_complete: bool = True):
         self.env, self.num_envs = env, num_envs
         self.actions = batch_of_actions(env.single_action_space, num_envs) \
             if actions is None else actions
         env.reset(seed=0)
         self.label = label  # e.g. the worker count the default rule picked
+        self.cpu_complete = cpu_complete
+        self.cpu_rounds = []
 
 
 class PufferRun:
@@ -353,7 +403,7 @@ def _gym_vector(env_id: str, n: int, mode: str) -> VectorRun:
     kwargs = {"vector_kwargs": {"shared_memory": True, "context": "forkserver"}} \
         if mode == "async" else {}
     return VectorRun(gym.make_vec(env_id, num_envs=n, vectorization_mode=mode, **kwargs), n,
-                     env_actions(env_id, n))
+                     env_actions(env_id, n), cpu_complete=mode == "sync")
 
 
 def _envd_default(env_id: str, n: int) -> VectorRun:
@@ -364,7 +414,8 @@ def _envd_default(env_id: str, n: int) -> VectorRun:
 def _daemon_run(client: Any, env_id: str, n: int, workers: int = WORKERS) -> VectorRun:
     env = client.make("py:" + env_id, n, seed=0, num_workers=workers)
     return VectorRun(env, n, env_actions(env_id, n),
-                     label=_path_name(getattr(env, "fast_path", None)))
+                     label=_path_name(getattr(env, "fast_path", None)),
+                     cpu_complete=False)  # (the daemon's CPU is not counted)
 
 
 def _path_name(fast_path: bool | None) -> str:
@@ -380,8 +431,8 @@ def _envpool_run(env_id: str, n: int) -> SyncRun:
                           f"{exc}") from None
     if env_id not in envpool.list_all_envs():
         raise Unavailable(f"envpool {envpool.__version__} has no {env_id}")
-    run = SyncRun(envpool.make(env_id, env_type="gymnasium", num_envs=n, batch_size=n,
-                               num_threads=WORKERS, seed=0), n, envpool=True)
+    run = CpuTimedRun(envpool.make(env_id, env_type="gymnasium", num_envs=n, batch_size=n,
+                                   num_threads=WORKERS, seed=0), n, envpool=True)
     # the same actions as every other system's, in EnvPool's action dtype
     run.actions = env_actions(env_id, n).astype(run.actions.dtype)
     return run
@@ -507,10 +558,12 @@ class PythonBench:
             rounds = interleaved_rounds(list(runs), s.rounds, measure)
             labels = {system: run.label for system, run in runs.items()
                       if getattr(run, "label", None)}
+            cpu = {system: [list(r) for r in run.cpu_rounds] for system, run in runs.items()
+                   if getattr(run, "cpu_complete", False) and run.cpu_rounds}
         finally:
             for run in runs.values():
                 run.close()
-        return {"rounds": rounds, "missing": missing, "labels": labels}
+        return {"rounds": rounds, "missing": missing, "labels": labels, "cpu_us": cpu}
 
     def measure_latency(self, client: Any) -> dict[str, Any]:
         """Round trip of one step of one hosted env (us, p50/p99): through
@@ -598,7 +651,7 @@ def assemble(machine: dict[str, Any], s: Settings, envs: dict[str, dict[str, Any
             else:
                 cells[system] = "n/a: " + entry["missing"].get(system, "not measured")
         table[env_id] = {"cells": cells, "rounds": entry["rounds"],
-                         "labels": entry.get("labels", {})}
+                         "labels": entry.get("labels", {}), "cpu_us": entry.get("cpu_us", {})}
     results = {"machine": machine, "settings": dataclasses.asdict(s), "num_envs": s.num_envs,
                "workers": WORKERS, "envs": list(envs), "systems": list(SYSTEMS),
                "descriptions": DESCRIPTIONS, "table": table, "latency_us": latency}
@@ -691,6 +744,7 @@ def report(r: dict[str, Any]) -> str:
             ratio = paired_ratios(a, b) if a and b else None
             row.append(ratio_text(ratio) if ratio else "-")
         lines.append(f"{system:<34}" + "".join(f"{x:>{COLUMN}}" for x in row))
+    lines.extend(cpu_lines(r))
     lat = r["latency_us"]
     lines.append(f"\nround trip of one step, N=1, hosted {lat['env_id']} (us; the daemon "
                  f"took its {lat['daemon_path']})")
@@ -708,6 +762,50 @@ def report(r: dict[str, Any]) -> str:
     if "machine" in r and (r["machine"].get("load") or {}).get("reasons"):
         lines.append(f"\n{load_text(r['machine'])}")  # again, next to the verdicts
     return "\n".join(line for line in lines if line != "")
+
+
+def cpu_cells(r: dict[str, Any]) -> dict[str, list[str]]:
+    """The CPU-time cells: per system (the rows whose every process is
+    counted) and env, the CPU us per env step of the caller + its workers
+    (medians over rounds) and the total's ratio to SyncVectorEnv's (round
+    by round), "-" where not measured.  Preemptions do not count in CPU
+    time, so a loaded machine distorts it far less than the rates: workers
+    whose sum is near 1.00x step at the env's own cost, and the caller's
+    share is what envd adds on the step's critical path."""
+    found: dict[str, list[str]] = {}
+    for system in r["systems"]:
+        if not any(system in r["table"][e].get("cpu_us", {}) for e in r["envs"]):
+            continue
+        cells = found[system] = []
+        for env_id in r["envs"]:
+            cpu = r["table"][env_id].get("cpu_us", {})
+            own, base = cpu.get(system), cpu.get(GYM_SYNC)
+            if not own:
+                cells.append("-")
+                continue
+            caller = float(np.median([c for c, _ in own]))
+            workers = float(np.median([w for _, w in own]))
+            text = f"{caller:.1f}+{workers:.1f}" if workers else f"{caller:.1f}"
+            if base and len(base) == len(own):
+                ratio = np.median([(c + w) / (bc + bw) for (c, w), (bc, bw) in zip(own, base)])
+                text += f" {ratio:.2f}x"
+            cells.append(text)
+    return found
+
+
+CPU_TITLE = "CPU time per env step, us (median of rounds): caller + workers"
+
+
+def cpu_lines(r: dict[str, Any]) -> list[str]:
+    """The report's CPU-time section (cpu_cells)."""
+    cells = cpu_cells(r)
+    if not cells:
+        return []
+    lines = [f"\n{CPU_TITLE}, x {GYM_SYNC}'s total (round by round; the rows whose every "
+             f"process is counted)"]
+    for system, row in cells.items():
+        lines.append(f"{system:<34}" + "".join(f"{x:>{COLUMN + 6}}" for x in row))
+    return lines
 
 
 def readme_table(r: dict[str, Any]) -> str:
@@ -730,6 +828,12 @@ def readme_table(r: dict[str, Any]) -> str:
     lines.append("")
     lines.append(f"One step of one hosted {lat['env_id']} (N=1): " + "; ".join(parts)
                  + f" (the daemon: its {lat['daemon_path']}).")
+    cells = cpu_cells(r)
+    if cells:
+        lines += ["", f"{CPU_TITLE}, x SyncVectorEnv's total:", "",
+                  f"| system (N={r['num_envs']}) | " + " | ".join(r["envs"]) + " |",
+                  "|---" * (1 + len(r["envs"])) + "|"]
+        lines += [f"| {system} | " + " | ".join(row) + " |" for system, row in cells.items()]
     lines.append("")
     lines.extend(f"- {t['status']}: {t['target']} ({t['detail']})" for t in r["targets"])
     return "\n".join(lines) + "\n"
