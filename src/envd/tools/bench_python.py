@@ -828,12 +828,12 @@ def readme_table(r: dict[str, Any]) -> str:
     lines.append("")
     lines.append(f"One step of one hosted {lat['env_id']} (N=1): " + "; ".join(parts)
                  + f" (the daemon: its {lat['daemon_path']}).")
-    cells = cpu_cells(r)
-    if cells:
+    cpu_rows = cpu_cells(r)
+    if cpu_rows:
         lines += ["", f"{CPU_TITLE}, x SyncVectorEnv's total:", "",
                   f"| system (N={r['num_envs']}) | " + " | ".join(r["envs"]) + " |",
                   "|---" * (1 + len(r["envs"])) + "|"]
-        lines += [f"| {system} | " + " | ".join(row) + " |" for system, row in cells.items()]
+        lines += [f"| {system} | " + " | ".join(row) + " |" for system, row in cpu_rows.items()]
     lines.append("")
     lines.extend(f"- {t['status']}: {t['target']} ({t['detail']})" for t in r["targets"])
     return "\n".join(lines) + "\n"
