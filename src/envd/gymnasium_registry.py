@@ -55,9 +55,10 @@ from typing import Any
 
 import gymnasium
 from gymnasium.envs import registration as _gym_registration
-from gymnasium.vector import VectorEnv
 
 from envd import _native_facts
+from envd.single_env import EnvdEnv
+from envd.vector_make import make_vector_env  # noqa: F401 -- the registered vector_entry_point
 
 #: The namespace of envd's ids in gymnasium's registry.
 NAMESPACE = "envd"
@@ -72,45 +73,9 @@ OCEAN_PREFIX = "puffer:"
 _ID_KWARG = "envd_id"
 
 
-def _open(endpoint: Any) -> tuple[Any, bool]:
-    """(client, owned): endpoint None -> in-process (no client); "default" ->
-    envd.connect() (ENVD_ENDPOINT, else the default ipc socket); a str or list
-    -> envd.connect(endpoint); an object with make() (an envd.Client or
-    MultiClient you opened) -> itself, not owned (you close it)."""
-    if endpoint is None:
-        return None, False
-    if hasattr(endpoint, "make"):
-        return endpoint, False
-    from envd.client import connect
-    return connect(None if endpoint == "default" else endpoint), True
-
-
-def make_vector_env(num_envs: int = 1, *, envd_id: str, endpoint: Any = None,
-                    copy: bool = True, **kwargs: Any) -> VectorEnv:
-    """gymnasium.make_vec's entry point: ``envd.make(envd_id, num_envs, **kwargs)``,
-    or with ``endpoint`` the daemon-served env ``connect(endpoint).make(...)``
-    (see _open); a connection opened here closes with the env.  ``copy`` is
-    gymnasium's (default True: results are new arrays, safe to keep, as
-    SyncVectorEnv's); ``copy=False`` returns envd's views of its buffers."""
-    client, owned = _open(endpoint)
-    if client is None:
-        import envd.native
-        return envd.native.make(envd_id, num_envs, copy=copy, **kwargs)
-    try:
-        env = client.make(envd_id, num_envs, copy=copy, **kwargs)
-    except BaseException:
-        if owned:
-            client.close()
-        raise
-    if owned:
-        env.close_along(client)
-    return env
-
-
 def make_env(*, envd_id: str, endpoint: Any = None, **kwargs: Any) -> gymnasium.Env:
     """gymnasium.make's entry point: one env (envd.single_env.EnvdEnv) over a
     vector env of one, in-process or daemon-served as make_vector_env."""
-    from envd.single_env import EnvdEnv
     return EnvdEnv.make(envd_id, endpoint=endpoint, **kwargs)
 
 

@@ -210,8 +210,8 @@ class Backend:
         if endpoint is not None and num_threads is not None:
             raise InvalidArgumentError("num_threads is the daemon's (envd --threads) when the "
                                        "backend has an endpoint")
-        from envd.gymnasium_registry import _open
-        self._client, self._owned = _open(endpoint)
+        from envd.vector_make import open_endpoint
+        self._client, self._owned = open_endpoint(endpoint)
         block_envs = int(batch_size) * per_instance
         self._blocks: list[_Block] = []
         try:

@@ -26,6 +26,7 @@ from gymnasium.vector import AutoresetMode
 
 from envd.errors import EnvStateError, InvalidArgumentError
 from envd.vector_base import BatchedVecEnv
+from envd.vector_make import make_vector_env
 
 
 class EnvdEnv(gymnasium.Env):
@@ -59,13 +60,12 @@ class EnvdEnv(gymnasium.Env):
     @classmethod
     def make(cls, env_id: str, *, endpoint: Any = None, **kwargs: Any) -> EnvdEnv:
         """One env of env_id, in this process (endpoint None) or served by a
-        daemon (endpoint as envd.gymnasium_registry.make_vector_env); kwargs go
+        daemon (endpoint as envd.vector_make.make_vector_env); kwargs go
         to envd.make / Client.make (seed, max_episode_steps, env parameters...)."""
         for fixed in ("num_envs", "autoreset_mode", "batch_size"):
             if fixed in kwargs:
                 raise InvalidArgumentError(
                     f"a single envd env fixes {fixed}; use gymnasium.make_vec for a batch")
-        from envd.gymnasium_registry import make_vector_env
         venv = make_vector_env(1, envd_id=env_id, endpoint=endpoint,
                                autoreset_mode="disabled", **kwargs)
         try:

@@ -43,15 +43,17 @@ def test_daemon_does_not_import_the_client(path):
 
 
 #: The package's front doors: envd.make / envd.connect (__init__.py), `python -m
-#: envd` (__main__.py), the gymnasium adapters and PufferLib's backend
-#: (envd.puffer: pufferlib.vector.make's backend= over puffer:<env>), which
+#: envd` (__main__.py), the gymnasium adapters, the make they share
+#: (vector_make.py) and PufferLib's backend (envd.puffer:
+#: pufferlib.vector.make's backend= over puffer:<env>), which
 #: reach into the layers above by design.  Every other module of src/envd/ is
 #: the ground floor.
 FRONT_DOORS = {"__init__.py", "__main__.py", "gymnasium_registry.py", "single_env.py",
-               "puffer.py"}
+               "vector_make.py", "puffer.py"}
 GROUND_FLOOR = sorted(p for p in (ROOT / "src" / "envd").glob("*.py") if p.name not in FRONT_DOORS)
 ABOVE_THE_GROUND_FLOOR = ("envd.tools", "envd.server", "envd.client", "envd.native",
-                          "envd.integrations", "envd.gymnasium_registry", "envd.single_env")
+                          "envd.integrations", "envd.gymnasium_registry", "envd.single_env",
+                          "envd.vector_make")
 
 
 def test_the_ground_floor_is_what_the_client_shares():
