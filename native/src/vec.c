@@ -86,6 +86,7 @@ typedef struct env_slot {
     double episode_start;  /* CLOCK_MONOTONIC seconds (Python's perf_counter) */
     bool started;          /* reset at least once */
     bool needs_reset;      /* done, and not reset yet */
+    bool log_written;      /* its rows of episode_log may hold values (not all 0) */
 } env_slot_t;
 _Static_assert(sizeof(env_slot_t) % _Alignof(max_align_t) == 0, "state must stay aligned");
 
@@ -490,8 +491,9 @@ step_self_resetting_env(run_t *run, envd_vec_t *vec, int64_t i, const int64_t A,
     /* Only the env's num_log fields are read: clearing all
      * ENVD_MAX_EPISODE_FIELDS every step was a sixth of this function's time
      * on pong, a cheap env (perf). */
+    const int num_log = vec->num_log;
     double values[ENVD_MAX_EPISODE_FIELDS];
-    for (int f = 0; f < vec->num_log; f++)
+    for (int f = 0; f < num_log; f++)
         values[f] = 0.0;
     int ended = 0;
     if (rc == ENVD_OK && vec->episode_end) {
@@ -519,9 +521,8 @@ step_self_resetting_env(run_t *run, envd_vec_t *vec, int64_t i, const int64_t A,
             b->episode_returns[row] = vec->log_return >= 0 ? values[vec->log_return] : *sum;
             b->episode_lengths[row] =
                 vec->log_length >= 0 ? as_length(values[vec->log_length]) : *length;
-            if (vec->num_log > 0)
-                memcpy(b->episode_log + row * vec->num_log, values,
-                       (size_t)vec->num_log * sizeof *values);
+            if (num_log > 0)
+                memcpy(b->episode_log + row * num_log, values, (size_t)num_log * sizeof *values);
             *sum = 0.0;
             *length = 0;
         } else {
@@ -533,8 +534,15 @@ step_self_resetting_env(run_t *run, envd_vec_t *vec, int64_t i, const int64_t A,
         if (b->dones)
             b->dones[row] = ended > 0;
     }
-    if (ended)
+    if (ended) {
         slot->episode_start = clock_seconds(clock);
+        slot->log_written = num_log > 0;
+    } else if (slot->log_written) {
+        /* the rows of an env whose episode did not end read 0 (vec.h): a
+         * step's whole log is its info, with no pass over the rows */
+        memset(b->episode_log + i * A * num_log, 0, (size_t)(A * num_log) * sizeof(double));
+        slot->log_written = false;
+    }
     if (rc != ENVD_OK)
         record_error(run, ENVD_EENV, i);
     return ended ? A : 0;
@@ -1393,6 +1401,8 @@ int envd_vec_create(envd_vec_t **out, const envd_env_def_t *def,
         const size_t row = config->per_env_params ? (size_t)i * (size_t)def->num_params : 0;
         if (config->seeds)
             envd_rng_seed(&slot_of(vec, i)->rng, vec->seeds[i]);
+        /* whatever the log buffer holds, the first step writes the env's rows */
+        slot_of(vec, i)->log_written = vec->num_log > 0;
         rc = init_env(vec, i, config->params + row, serial);
         if (rc != ENVD_OK) {
             /* close the envs that did initialise; env i cleaned up after itself */
