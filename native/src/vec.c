@@ -138,6 +138,9 @@ struct envd_vec {
     bool resets_itself;
     int (*seed_env)(void *state, uint64_t seed);
     int (*episode_end)(void *state, double *values);
+    int64_t (*step_envs)(void *state, size_t stride, int64_t count, const void *actions,
+                         size_t action_bytes, void *obs, size_t obs_bytes, double *rewards,
+                         bool *terminated, bool *ended);
     int num_log;
     int log_return, log_length;
     agent_t *agent_books;  /* agents > 1: num_envs * agents, row order */
@@ -458,34 +461,24 @@ static int64_t as_length(double value)
     return value < 9.2e18 ? (int64_t)llround(value) : INT64_C(9200000000000000000);
 }
 
-/* step_env for an env that resets itself (ENVD_ENV_RESETS_ITSELF): no
- * autoreset, no time limit, truncated false; an episode ended when
- * episode_end says so, and then for every row of the env (its statistics
- * from the log's episode_return/episode_length where it has them, else the
- * host's running sums; the log's values into episode_log).  Returns the rows
- * whose episode ended.  A is vec->agents, a constant 1 in step_range's loop
- * for single-agent envs: inlined there, the arrays are fixed and the loops
- * over agents gone (the per-row books were most of envd's share of a cheap
- * env's step: perf of puffer:squared). */
+/* What follows an env's step for an env that resets itself
+ * (ENVD_ENV_RESETS_ITSELF): no autoreset, no time limit, truncated false;
+ * an episode ended when episode_end says so (asked only when may_have_ended),
+ * and then for every row of the env (its statistics from the log's
+ * episode_return/episode_length where it has them, else the host's running
+ * sums; the log's values into episode_log, zeros there for an env whose
+ * episode did not end).  reward and term: the env's A agents' outputs; rc:
+ * the step's.  Returns the rows whose episode ended.  A is vec->agents, a
+ * constant 1 in step_range's loops for single-agent envs: inlined there, the
+ * arrays are fixed and the loops over agents gone (the per-row books were
+ * most of envd's share of a cheap env's step: perf of puffer:squared). */
 static inline __attribute__((always_inline)) int64_t
-step_self_resetting_env(run_t *run, envd_vec_t *vec, int64_t i, const int64_t A,
-                        lazy_clock_t *clock)
+finish_self_resetting_env(run_t *run, envd_vec_t *vec, int64_t i, const int64_t A,
+                          const double *reward, const bool *term, bool may_have_ended, int rc,
+                          lazy_clock_t *clock)
 {
     env_slot_t *slot = slot_of(vec, i);
     const envd_vec_buffers_t *b = &vec->buf;
-    void *state = state_of(vec, i);
-    void *obs = (unsigned char *)b->observations + (size_t)i * vec->obs_bytes;
-    /* A <= ENVD_MAX_AGENTS: at most 40 KiB on the stepping thread's stack.
-     * Cleared by a loop, not memset: for the usual A of 1 it is three stores
-     * instead of three calls, a visible share of a cheap env's step. */
-    double reward[A];
-    bool term[A], trunc[A];
-    for (int64_t a = 0; a < A; a++) {
-        reward[a] = 0.0;
-        term[a] = trunc[a] = false;
-    }
-    const void *action = vec->actions + (size_t)i * vec->action_bytes; /* the checked copy */
-    int rc = vec->def->step(state, &slot->rng, action, obs, reward, term, trunc);
     if (rc == ENVD_OK)
         rc = write_info(vec, i);
     /* Only the env's num_log fields are read: clearing all
@@ -496,8 +489,8 @@ step_self_resetting_env(run_t *run, envd_vec_t *vec, int64_t i, const int64_t A,
     for (int f = 0; f < num_log; f++)
         values[f] = 0.0;
     int ended = 0;
-    if (rc == ENVD_OK && vec->episode_end) {
-        ended = vec->episode_end(state, values);
+    if (rc == ENVD_OK && may_have_ended && vec->episode_end) {
+        ended = vec->episode_end(state_of(vec, i), values);
         if (ended < 0) {
             rc = ENVD_EENV;
             ended = 0;
@@ -548,6 +541,79 @@ step_self_resetting_env(run_t *run, envd_vec_t *vec, int64_t i, const int64_t A,
     return ended ? A : 0;
 }
 
+/* One step of env i, an env that resets itself, through its step callback. */
+static inline __attribute__((always_inline)) int64_t
+step_self_resetting_env(run_t *run, envd_vec_t *vec, int64_t i, const int64_t A,
+                        lazy_clock_t *clock)
+{
+    /* A <= ENVD_MAX_AGENTS: at most 40 KiB on the stepping thread's stack.
+     * Cleared by a loop, not memset: for the usual A of 1 it is three stores
+     * instead of three calls, a visible share of a cheap env's step. */
+    double reward[A];
+    bool term[A], trunc[A];
+    for (int64_t a = 0; a < A; a++) {
+        reward[a] = 0.0;
+        term[a] = trunc[a] = false;
+    }
+    const void *action = vec->actions + (size_t)i * vec->action_bytes; /* the checked copy */
+    void *obs = (unsigned char *)vec->buf.observations + (size_t)i * vec->obs_bytes;
+    int rc = vec->def->step(state_of(vec, i), &slot_of(vec, i)->rng, action, obs, reward, term,
+                            trunc);
+    return finish_self_resetting_env(run, vec, i, A, reward, term, true, rc, clock);
+}
+
+/* Rows whose outputs one step_envs call leaves on the stepping thread's
+ * stack for the books after it (as many envs as fit, one at least). */
+#define STEP_ENVS_ROWS 256
+
+/* Envs begin..end-1, envs that reset themselves, through their step_envs
+ * callback: a call steps up to STEP_ENVS_ROWS rows' envs in one loop of the
+ * env's own, then the host's books run over them (finish_self_resetting_env).
+ * A call that returns k < count (env k failed) is resumed after env k; a
+ * return outside 0..count counts as 0.  Returns the rows whose episode ended.
+ * A as in finish_self_resetting_env. */
+static inline __attribute__((always_inline)) int64_t
+step_self_resetting_envs(run_t *run, envd_vec_t *vec, int64_t begin, int64_t end,
+                         const int64_t A, lazy_clock_t *clock)
+{
+    const int64_t per_call = A < STEP_ENVS_ROWS ? STEP_ENVS_ROWS / A : 1;
+    /* per_call * A <= max(STEP_ENVS_ROWS, ENVD_MAX_AGENTS): at most 40 KiB */
+    double reward[per_call * A];
+    bool term[per_call * A], ended[per_call];
+    unsigned char *obs = vec->buf.observations;
+    int64_t done = 0;
+    for (int64_t first = begin; first < end; first += per_call) {
+        const int64_t count = end - first < per_call ? end - first : per_call;
+        for (int64_t r = 0; r < count * A; r++) {
+            reward[r] = 0.0;
+            term[r] = false;
+        }
+        for (int64_t k = 0; k < count;) {
+            const int64_t i = first + k;
+            int64_t got = vec->step_envs(state_of(vec, i), vec->stride, count - k,
+                                         vec->actions + (size_t)i * vec->action_bytes,
+                                         vec->action_bytes, obs + (size_t)i * vec->obs_bytes,
+                                         vec->obs_bytes, reward + k * A, term + k * A, ended + k);
+            if (got < 0 || got > count - k)
+                got = 0;
+            for (int64_t j = k; j < k + got; j++)
+                done += finish_self_resetting_env(run, vec, first + j, A, reward + j * A,
+                                                  term + j * A, ended[j], ENVD_OK, clock);
+            k += got;
+            if (k < count) { /* env first + k failed: its outputs are not the env's */
+                for (int64_t a = 0; a < A; a++) {
+                    reward[k * A + a] = 0.0;
+                    term[k * A + a] = false;
+                }
+                done += finish_self_resetting_env(run, vec, first + k, A, reward + k * A,
+                                                  term + k * A, false, ENVD_EENV, clock);
+                k++;
+            }
+        }
+    }
+    return done;
+}
+
 /* Items [begin, end) of a run: envs begin..end-1, or those ids of a batch
  * (two loops, so the whole-vec step keeps its plain one). */
 static void step_range(void *ctx, int64_t begin, int64_t end)
@@ -556,7 +622,11 @@ static void step_range(void *ctx, int64_t begin, int64_t end)
     envd_vec_t *vec = run->vec;
     int64_t done = 0;
     lazy_clock_t clock = {0};
-    if (vec->resets_itself && vec->agents == 1)
+    if (vec->step_envs && !run->ids)
+        done = vec->agents == 1
+                   ? step_self_resetting_envs(run, vec, begin, end, 1, &clock)
+                   : step_self_resetting_envs(run, vec, begin, end, vec->agents, &clock);
+    else if (vec->resets_itself && vec->agents == 1)
         for (int64_t k = begin; k < end; k++)
             done += step_self_resetting_env(run, vec, run->ids ? run->ids[k] : k, 1, &clock);
     else if (vec->resets_itself)
@@ -1389,6 +1459,7 @@ int envd_vec_create(envd_vec_t **out, const envd_env_def_t *def,
         vec->resets_itself = v5->flags & ENVD_ENV_RESETS_ITSELF;
         vec->seed_env = v5->seed;
         vec->episode_end = v5->episode_end;
+        vec->step_envs = v5->step_envs;
         vec->num_log = v5->num_episode_fields;
     }
     vec->log_return = episode_field(v5, "episode_return");

@@ -2298,6 +2298,20 @@ static int self_episode_end(void *state, double *values)
     return n;
 }
 
+/* self_step for count envs in a row (envd.h's step_envs). */
+static int64_t self_step_envs(void *state, size_t stride, int64_t count, const void *actions,
+                              size_t action_bytes, void *obs, size_t obs_bytes, double *rewards,
+                              bool *terminated, bool *ended)
+{
+    for (int64_t k = 0; k < count; k++) {
+        self_state_t *s = (self_state_t *)((char *)state + (size_t)k * stride);
+        self_step(s, NULL, (const char *)actions + (size_t)k * action_bytes,
+                  (char *)obs + (size_t)k * obs_bytes, &rewards[k], &terminated[k], NULL);
+        ended[k] = s->pending > 0;
+    }
+    return count;
+}
+
 static const char *const self_fields[] = {"episode_return", "episode_length", "episodes"};
 
 static const envd_env_def_t self_env = {
@@ -2318,6 +2332,12 @@ static const envd_env_def_t self_env = {
     .episode_end = self_episode_end,
 };
 
+/* The same env with step_envs (the vec's whole steps go through it). */
+static envd_env_def_t self_env_envs;
+
+/* The definition test_resets_itself makes: self_env, then self_env_envs. */
+static const envd_env_def_t *g_self_def = &self_env;
+
 typedef struct self_vec {
     harness_t h;
     uint64_t *seeds;
@@ -2328,7 +2348,7 @@ typedef struct self_vec {
 static void self_create(self_vec_t *v, envd_pool_t *pool, int64_t n, int64_t chunk,
                         uint64_t base)
 {
-    harness_init(&v->h, &self_env, n, ENVD_AUTORESET_NEXT_STEP, 0, 3);
+    harness_init(&v->h, g_self_def, n, ENVD_AUTORESET_NEXT_STEP, 0, 3);
     v->seeds = xcalloc((size_t)n, sizeof *v->seeds);
     v->dones = xcalloc((size_t)n, sizeof *v->dones);
     v->log = xcalloc((size_t)n * 3, sizeof *v->log);
@@ -2372,6 +2392,10 @@ static void self_check(const self_vec_t *v, int64_t i, int64_t steps, uint64_t s
     } else {
         CHECK(v->h.returns[i] == 0.0 && v->h.lengths[i] == 0, "%s: env %lld stats", what,
               (long long)i);
+        /* (after a step: a reset leaves the log as it is) */
+        CHECK(steps == 0 || (v->log[3 * i] == 0.0 && v->log[3 * i + 1] == 0.0 &&
+                             v->log[3 * i + 2] == 0.0),
+              "%s: env %lld log not 0 without an episode end", what, (long long)i);
     }
 }
 
@@ -2396,7 +2420,8 @@ static void test_resets_itself(envd_pool_t *const *pools, int num_pools)
     for (int p = 0; p < num_pools; p++) {
         for (int64_t chunk = 0; chunk <= 3; chunk += 3) {
             char what[96];
-            snprintf(what, sizeof what, "self-resetting threads=%d chunk=%lld",
+            snprintf(what, sizeof what, "self-resetting%s threads=%d chunk=%lld",
+                     g_self_def->step_envs ? " (step_envs)" : "",
                      envd_pool_num_threads(pools[p]), (long long)chunk);
             self_vec_t v;
             self_create(&v, pools[p], n, chunk, 1000);
@@ -2505,6 +2530,11 @@ int main(int argc, char **argv)
     test_determinism(pools, num_pools, scaled(300, 40));
     test_batches(pools, num_pools, scaled(60, 16));
     test_max_threads(pools[num_pools - 1]);
+    test_resets_itself(pools, num_pools);
+    self_env_envs = self_env;
+    self_env_envs.id = "VecStressSelfEnvs-v0";
+    self_env_envs.step_envs = self_step_envs;
+    g_self_def = &self_env_envs;
     test_resets_itself(pools, num_pools);
 
     for (int p = 0; p < num_pools; p++)

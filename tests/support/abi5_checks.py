@@ -219,6 +219,30 @@ def refusals(library: str) -> None:
         env.reset()
 
 
+def failing_env(library: str, threads: str) -> None:
+    """An env whose step fails (abi5_plugin.c: seeded FAILING_SEED) is named
+    by the step's error; the others stepped, once each; a reseed makes the
+    vec usable again.  With step_envs, the call resumes after the failed env."""
+    import envd
+    envd.load_plugin(library)
+    with envd.make(ENV_ID, 5, seed=999999 - 2, num_threads=int(threads), agents=2) as env:
+        obs, _ = env.reset()  # (a view of the env's buffer: copy=False)
+        actions = np.ones((env.num_envs, 2), np.int64)
+        for _ in range(2):
+            try:
+                env.step(actions)
+            except envd.NativeError as e:
+                assert "env 4 failed in its reset, step or write_info callback" in str(e), e
+            else:
+                raise AssertionError("the failing env's step was not refused")
+        # rows 4 and 5 (env 2's agents) never stepped, every other env twice
+        assert obs[:, STEP].tolist() == [2, 2, 2, 2, 0, 0, 2, 2, 2, 2]
+        obs, _ = env.reset(seed=0)
+        for t in range(1, 3):
+            obs = env.step(actions)[0]
+            assert (obs[:, STEP] == t).all()
+
+
 def serial_init(library: str, expect_overlap: str = "") -> None:
     """Makes on several threads at once: the plugin's init fails if two of
     its inits overlap, so every make succeeds only if the host serialises
