@@ -533,6 +533,9 @@ class BatchedVecEnv(VectorEnv):
                           if name.startswith(INFO_PREFIX)}
         # the fast path of step() compares against these
         self._action_dtype, self._action_shape = self._actions.dtype, self._actions.shape
+        # whether a step's info has more than the episode info (one test a step)
+        self._more_info = (bool(self._env_info) or self._agent_mask is not None
+                           or self._info_lengths is not None)
 
     def _check_episode_statistics_key(self, buffer_names: Any) -> None:
         """Refuse an episode_statistics key that is one of the env's own info
@@ -845,8 +848,14 @@ class BatchedVecEnv(VectorEnv):
 
     def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
         """Step every env; returns (obs, rewards, terminations, truncations, info)."""
-        # The hot path: keep it to a few attribute lookups and one call.
-        self._acquire()
+        # The hot path: keep it to a few attribute lookups and one call
+        # (_acquire's tests inline: a method call is a visible share of it).
+        lock = self._lock
+        if not lock.acquire(False):
+            self._acquire()  # (raises: in use by another thread)
+        elif self.closed:
+            lock.release()
+            self._acquire()  # (raises: closed)
         try:
             if self._maybe_running:
                 self._check_buffers_free()
@@ -858,12 +867,13 @@ class BatchedVecEnv(VectorEnv):
                 self._convert_actions(actions)
             num_done = self._stepper.step()
             info = self._done_info() if num_done else {}
-            if self._env_info or self._agent_mask is not None:
-                info.update(self._env_info_now())
-            if self._info_lengths is not None:
-                self._add_env_infos(info, self._buffers)
+            if self._more_info:
+                if self._env_info or self._agent_mask is not None:
+                    info.update(self._env_info_now())
+                if self._info_lengths is not None:
+                    self._add_env_infos(info, self._buffers)
         finally:
-            self._lock.release()
+            lock.release()
         if self._copy:
             return (leaves.copy_value(self._obs), self._rewards.copy(), self._terminations.copy(),
                     self._truncations.copy(), info)
