@@ -348,8 +348,9 @@ typedef struct envd_description {
  *        for it in this step).  Returns count, or k < count when env k
  *        failed (as step returning an error; envs after it are not stepped:
  *        the host calls again from env k + 1).  The host then does what it
- *        does after each env's step.  Called for whole-vec steps; async
- *        batches use step.  Must step each env exactly as step would.
+ *        does after each env's step.  Called for whole-vec steps and async
+ *        batches of envs in a row (ids k, k + 1, ...); other batches use
+ *        step.  Must step each env exactly as step would.
  *
  * Multi-agent envs (ABI 4: num_agents = A in 1..ENVD_MAX_AGENTS; ABI 2 and 3
  * definitions must declare 1).  Agents are rows: a vec of N envs has N*A rows

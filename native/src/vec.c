@@ -107,6 +107,8 @@ typedef struct agent {
 typedef struct run {
     envd_vec_t *vec;
     const int64_t *ids;
+    int64_t first_id;   /* >= 0: ids are first_id, first_id + 1, ... (a run of
+                           envs in a row: step_envs can step them) */
     envd_job_t job;
     pending_t pending;  /* submitted and not finished yet */
     bool helped;        /* a batch submitted ENVD_JOB_HELPED and kept so
@@ -622,10 +624,12 @@ static void step_range(void *ctx, int64_t begin, int64_t end)
     envd_vec_t *vec = run->vec;
     int64_t done = 0;
     lazy_clock_t clock = {0};
-    if (vec->step_envs && !run->ids)
+    const int64_t base = run->ids ? run->first_id : 0; /* items are envs base + k */
+    if (vec->step_envs && base >= 0)
         done = vec->agents == 1
-                   ? step_self_resetting_envs(run, vec, begin, end, 1, &clock)
-                   : step_self_resetting_envs(run, vec, begin, end, vec->agents, &clock);
+                   ? step_self_resetting_envs(run, vec, base + begin, base + end, 1, &clock)
+                   : step_self_resetting_envs(run, vec, base + begin, base + end, vec->agents,
+                                              &clock);
     else if (vec->resets_itself && vec->agents == 1)
         for (int64_t k = begin; k < end; k++)
             done += step_self_resetting_env(run, vec, run->ids ? run->ids[k] : k, 1, &clock);
@@ -1054,12 +1058,14 @@ static bool claim_run(envd_vec_t *vec, const int64_t *ids, int64_t count)
 /* Check a batch's ids (the vec's private copy) and mark its envs in flight;
  * then copy their actions into the private copy (only now: until an env is
  * marked, a batch in flight may be reading its row) and check those.  On
- * error nothing stays marked and the error index names the env. */
-static int claim_batch(envd_vec_t *vec, const int64_t *ids, int64_t count)
+ * error nothing stays marked and the error index names the env.  *is_run:
+ * the ids are envs in a row (claim_run). */
+static int claim_batch(envd_vec_t *vec, const int64_t *ids, int64_t count, bool *is_run)
 {
     int rc = ENVD_OK;
     int64_t k = 0;
     const bool run = claim_run(vec, ids, count);
+    *is_run = run;
     for (; !run && k < count; k++) {
         int64_t i = ids[k];
         if (i < 0 || i >= vec->config.num_envs)
@@ -1107,12 +1113,14 @@ int envd_vec_batch_submit(envd_vec_t *vec, envd_vec_batch_t *batch, const int64_
     envd_job_set_cap(&batch->run.job, vec->capped ? &vec->cap : NULL);
     /* Copied before anything reads them: env_ids may lie in shared memory. */
     memcpy(batch->ids, env_ids, (size_t)count * sizeof *env_ids);
-    int rc = claim_batch(vec, batch->ids, count);
+    bool is_run;
+    int rc = claim_batch(vec, batch->ids, count, &is_run);
     if (rc != ENVD_OK)
         return rc;
     batch->count = count;
     batch->run.vec = vec;
     batch->run.ids = batch->ids;
+    batch->run.first_id = is_run ? batch->ids[0] : -1;
     clear_results(&batch->run);
     rc = run_start(vec, &batch->run, count, flags);
     if (rc != ENVD_OK) {

@@ -2458,6 +2458,21 @@ static void test_resets_itself(envd_pool_t *const *pools, int num_pools)
                 for (int64_t i = 0; i < n; i++)
                     self_check(&v, i, t, 50 + (uint64_t)i, 2, what);
             }
+            /* and runs of envs in a row (step_envs steps those) */
+            int64_t low[12], high[11];
+            for (int64_t i = 0; i < n; i++)
+                (i < 12 ? low : high)[i < 12 ? i : i - 12] = i;
+            for (int64_t t = 8; t <= 12; t++) {
+                CHECK(envd_vec_batch_submit(v.h.vec, b1, low, 12, 0) == ENVD_OK &&
+                          envd_vec_batch_submit(v.h.vec, b2, high, 11, 0) == ENVD_OK,
+                      "%s: submit runs", what);
+                envd_vec_batch_wait(v.h.vec, b1);
+                envd_vec_batch_wait(v.h.vec, b2);
+                CHECK(envd_vec_batch_finish(v.h.vec, b1) >= 0 &&
+                          envd_vec_batch_finish(v.h.vec, b2) >= 0, "%s: finish runs", what);
+                for (int64_t i = 0; i < n; i++)
+                    self_check(&v, i, t, 50 + (uint64_t)i, 2, what);
+            }
             envd_vec_batch_destroy(b1);
             envd_vec_batch_destroy(b2);
             self_free(&v);
