@@ -86,7 +86,6 @@ typedef struct env_slot {
     double episode_start;  /* CLOCK_MONOTONIC seconds (Python's perf_counter) */
     bool started;          /* reset at least once */
     bool needs_reset;      /* done, and not reset yet */
-    bool log_written;      /* its rows of episode_log may hold values (not all 0) */
 } env_slot_t;
 _Static_assert(sizeof(env_slot_t) % _Alignof(max_align_t) == 0, "state must stay aligned");
 
@@ -145,6 +144,13 @@ struct envd_vec {
                          bool *terminated, bool *ended);
     int num_log;
     int log_return, log_length;
+    /* the host's own episode sums are reported (the log lacks a field);
+       else a self-resetting env's step leaves them, and its slot, alone */
+    bool host_sums;
+    /* num_log > 0: env i's rows of episode_log may hold values (not all 0).
+     * Apart from the slots, like in_batch: read every step of every env,
+     * and a slot's line was a cache miss a step for squared at N=4096. */
+    bool *log_set;
     agent_t *agent_books;  /* agents > 1: num_envs * agents, row order */
     unsigned char *blocks; /* num_envs blocks of `stride` bytes */
     bool all_started;      /* every env has been reset at least once */
@@ -479,8 +485,8 @@ finish_self_resetting_env(run_t *run, envd_vec_t *vec, int64_t i, const int64_t 
                           const double *reward, const bool *term, bool may_have_ended, int rc,
                           lazy_clock_t *clock)
 {
-    env_slot_t *slot = slot_of(vec, i);
     const envd_vec_buffers_t *b = &vec->buf;
+    const bool host_sums = vec->host_sums;
     if (rc == ENVD_OK)
         rc = write_info(vec, i);
     /* Only the env's num_log fields are read: clearing all
@@ -498,6 +504,7 @@ finish_self_resetting_env(run_t *run, envd_vec_t *vec, int64_t i, const int64_t 
             ended = 0;
         }
     }
+    env_slot_t *slot = slot_of(vec, i); /* (read only where an episode ended, or host_sums) */
     const double seconds = ended ? rint((clock_seconds(clock) - slot->episode_start) * 1e6) / 1e6
                                  : 0.0;
     for (int64_t a = 0; a < A; a++) {
@@ -505,8 +512,10 @@ finish_self_resetting_env(run_t *run, envd_vec_t *vec, int64_t i, const int64_t 
         /* the host's own sums: the env's slot, or the agent's books (A > 1) */
         double *sum = A > 1 ? &vec->agent_books[row].episode_return : &slot->episode_return;
         int64_t *length = A > 1 ? &vec->agent_books[row].episode_length : &slot->episode_length;
-        *sum += reward[a];
-        (*length)++;
+        if (host_sums) {
+            *sum += reward[a];
+            (*length)++;
+        }
         b->rewards[row] = (float)reward[a];
         b->terminations[row] = term[a];
         b->truncations[row] = false;
@@ -518,8 +527,10 @@ finish_self_resetting_env(run_t *run, envd_vec_t *vec, int64_t i, const int64_t 
                 vec->log_length >= 0 ? as_length(values[vec->log_length]) : *length;
             if (num_log > 0)
                 memcpy(b->episode_log + row * num_log, values, (size_t)num_log * sizeof *values);
-            *sum = 0.0;
-            *length = 0;
+            if (host_sums) {
+                *sum = 0.0;
+                *length = 0;
+            }
         } else {
             b->episode_returns[row] = 0.0;
             b->episode_lengths[row] = 0;
@@ -531,12 +542,13 @@ finish_self_resetting_env(run_t *run, envd_vec_t *vec, int64_t i, const int64_t 
     }
     if (ended) {
         slot->episode_start = clock_seconds(clock);
-        slot->log_written = num_log > 0;
-    } else if (slot->log_written) {
+        if (num_log > 0)
+            vec->log_set[i] = true;
+    } else if (num_log > 0 && vec->log_set[i]) {
         /* the rows of an env whose episode did not end read 0 (vec.h): a
          * step's whole log is its info, with no pass over the rows */
         memset(b->episode_log + i * A * num_log, 0, (size_t)(A * num_log) * sizeof(double));
-        slot->log_written = false;
+        vec->log_set[i] = false;
     }
     if (rc != ENVD_OK)
         record_error(run, ENVD_EENV, i);
@@ -1396,14 +1408,14 @@ uint64_t envd_vec_memory_bytes(const envd_env_def_t *def, int64_t num_envs)
 {
     if (envd_env_def_validate(def) != ENVD_OK || num_envs < 1)
         return UINT64_MAX;
-    /* per env: its block, the private copies of its action, seed and mask, and
-     * its in-batch flag */
+    /* per env: its block, the private copies of its action, seed and mask, its
+     * in-batch flag and its episode-log flag */
     uint64_t action = mul_add((uint64_t)envd_space_numel(&def->action_space),
                               envd_dtype_size(def->action_space.dtype), 0);
     action = mul_add(action, (uint64_t)def->num_agents, 0);
     uint64_t agents = def->num_agents > 1 ? (uint64_t)def->num_agents * sizeof(agent_t) : 0;
     uint64_t per_env =
-        mul_add(1, action, stride_of(def) + sizeof(uint64_t) + 2 * sizeof(bool) + agents);
+        mul_add(1, action, stride_of(def) + sizeof(uint64_t) + 3 * sizeof(bool) + agents);
     return mul_add(per_env, (uint64_t)num_envs, sizeof(envd_vec_t));
 }
 
@@ -1415,6 +1427,7 @@ static void free_buffers(envd_vec_t *vec)
     free(vec->mask);
     free(vec->in_batch);
     free(vec->agent_books);
+    free(vec->log_set);
 }
 
 int envd_vec_create(envd_vec_t **out, const envd_env_def_t *def,
@@ -1476,6 +1489,17 @@ int envd_vec_create(envd_vec_t **out, const envd_env_def_t *def,
     }
     vec->log_return = episode_field(v5, "episode_return");
     vec->log_length = episode_field(v5, "episode_length");
+    vec->host_sums = vec->log_return < 0 || vec->log_length < 0;
+    if (vec->num_log > 0) {
+        /* whatever the log buffer holds, the first step writes every env's rows */
+        vec->log_set = malloc(n * sizeof *vec->log_set);
+        if (!vec->log_set) {
+            free_buffers(vec);
+            free(vec);
+            return ENVD_ENOMEM;
+        }
+        memset(vec->log_set, true, n * sizeof *vec->log_set);
+    }
     /* the create's seeds are copied (they may lie in shared memory) */
     if (config->seeds)
         memcpy(vec->seeds, config->seeds, n * sizeof *vec->seeds);
@@ -1484,8 +1508,6 @@ int envd_vec_create(envd_vec_t **out, const envd_env_def_t *def,
         const size_t row = config->per_env_params ? (size_t)i * (size_t)def->num_params : 0;
         if (config->seeds)
             envd_rng_seed(&slot_of(vec, i)->rng, vec->seeds[i]);
-        /* whatever the log buffer holds, the first step writes the env's rows */
-        slot_of(vec, i)->log_written = vec->num_log > 0;
         rc = init_env(vec, i, config->params + row, serial);
         if (rc != ENVD_OK) {
             /* close the envs that did initialise; env i cleaned up after itself */

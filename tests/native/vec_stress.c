@@ -2313,6 +2313,8 @@ static int64_t self_step_envs(void *state, size_t stride, int64_t count, const v
 }
 
 static const char *const self_fields[] = {"episode_return", "episode_length", "episodes"};
+/* the same values under other names: the host reports its own sums */
+static const char *const self_fields_renamed[] = {"return", "length", "episodes"};
 
 static const envd_env_def_t self_env = {
     .abi_version = ENVD_ABI_VERSION,
@@ -2332,8 +2334,10 @@ static const envd_env_def_t self_env = {
     .episode_end = self_episode_end,
 };
 
-/* The same env with step_envs (the vec's whole steps go through it). */
-static envd_env_def_t self_env_envs;
+/* The same env with step_envs (the vec's whole steps go through it), and
+ * that one with its log fields renamed: the statistics are the host's sums
+ * then, which self_check expects alike. */
+static envd_env_def_t self_env_envs, self_env_sums;
 
 /* The definition test_resets_itself makes: self_env, then self_env_envs. */
 static const envd_env_def_t *g_self_def = &self_env;
@@ -2420,8 +2424,7 @@ static void test_resets_itself(envd_pool_t *const *pools, int num_pools)
     for (int p = 0; p < num_pools; p++) {
         for (int64_t chunk = 0; chunk <= 3; chunk += 3) {
             char what[96];
-            snprintf(what, sizeof what, "self-resetting%s threads=%d chunk=%lld",
-                     g_self_def->step_envs ? " (step_envs)" : "",
+            snprintf(what, sizeof what, "self-resetting %s threads=%d chunk=%lld", g_self_def->id,
                      envd_pool_num_threads(pools[p]), (long long)chunk);
             self_vec_t v;
             self_create(&v, pools[p], n, chunk, 1000);
@@ -2550,6 +2553,11 @@ int main(int argc, char **argv)
     self_env_envs.id = "VecStressSelfEnvs-v0";
     self_env_envs.step_envs = self_step_envs;
     g_self_def = &self_env_envs;
+    test_resets_itself(pools, num_pools);
+    self_env_sums = self_env_envs;
+    self_env_sums.id = "VecStressSelfSums-v0";
+    self_env_sums.episode_fields = self_fields_renamed;
+    g_self_def = &self_env_sums;
     test_resets_itself(pools, num_pools);
 
     for (int p = 0; p < num_pools; p++)
