@@ -2414,6 +2414,25 @@ static void *self_create_many(void *arg)
     return NULL;
 }
 
+/* Steps from..to of the 23 envs of v as two async batches, ids1 (12 envs)
+ * and ids2 (11), each env checked after each (seeded 50 + i at a reset). */
+static void self_batch_steps(self_vec_t *v, envd_vec_batch_t *b1, const int64_t *ids1,
+                             envd_vec_batch_t *b2, const int64_t *ids2, int64_t from, int64_t to,
+                             const char *what)
+{
+    for (int64_t t = from; t <= to; t++) {
+        CHECK(envd_vec_batch_submit(v->h.vec, b1, ids1, 12, 0) == ENVD_OK &&
+                  envd_vec_batch_submit(v->h.vec, b2, ids2, 11, 0) == ENVD_OK,
+              "%s: submit", what);
+        envd_vec_batch_wait(v->h.vec, b1);
+        envd_vec_batch_wait(v->h.vec, b2);
+        CHECK(envd_vec_batch_finish(v->h.vec, b1) >= 0 &&
+                  envd_vec_batch_finish(v->h.vec, b2) >= 0, "%s: finish", what);
+        for (int64_t i = 0; i < 23; i++)
+            self_check(v, i, t, 50 + (uint64_t)i, 2, what);
+    }
+}
+
 /* The vec never resets nor truncates a RESETS_ITSELF env, seeds it before
  * init and at seeded resets only, reports its episodes from episode_end, in
  * whole steps and async batches, on every pool; refuses a time limit or
@@ -2450,32 +2469,12 @@ static void test_resets_itself(envd_pool_t *const *pools, int num_pools)
             envd_vec_batch_t *b1, *b2;
             CHECK(envd_vec_batch_create(&b1, 12) == ENVD_OK &&
                       envd_vec_batch_create(&b2, 11) == ENVD_OK, "batch create");
-            for (int64_t t = 1; t <= 7; t++) {
-                CHECK(envd_vec_batch_submit(v.h.vec, b1, even, 12, 0) == ENVD_OK &&
-                          envd_vec_batch_submit(v.h.vec, b2, odd, 11, 0) == ENVD_OK,
-                      "%s: submit", what);
-                envd_vec_batch_wait(v.h.vec, b1);
-                envd_vec_batch_wait(v.h.vec, b2);
-                CHECK(envd_vec_batch_finish(v.h.vec, b1) >= 0 &&
-                          envd_vec_batch_finish(v.h.vec, b2) >= 0, "%s: finish", what);
-                for (int64_t i = 0; i < n; i++)
-                    self_check(&v, i, t, 50 + (uint64_t)i, 2, what);
-            }
+            self_batch_steps(&v, b1, even, b2, odd, 1, 7, what);
             /* and runs of envs in a row (step_envs steps those) */
             int64_t low[12], high[11];
             for (int64_t i = 0; i < n; i++)
                 (i < 12 ? low : high)[i < 12 ? i : i - 12] = i;
-            for (int64_t t = 8; t <= 12; t++) {
-                CHECK(envd_vec_batch_submit(v.h.vec, b1, low, 12, 0) == ENVD_OK &&
-                          envd_vec_batch_submit(v.h.vec, b2, high, 11, 0) == ENVD_OK,
-                      "%s: submit runs", what);
-                envd_vec_batch_wait(v.h.vec, b1);
-                envd_vec_batch_wait(v.h.vec, b2);
-                CHECK(envd_vec_batch_finish(v.h.vec, b1) >= 0 &&
-                          envd_vec_batch_finish(v.h.vec, b2) >= 0, "%s: finish runs", what);
-                for (int64_t i = 0; i < n; i++)
-                    self_check(&v, i, t, 50 + (uint64_t)i, 2, what);
-            }
+            self_batch_steps(&v, b1, low, b2, high, 8, 12, what);
             envd_vec_batch_destroy(b1);
             envd_vec_batch_destroy(b2);
             self_free(&v);
