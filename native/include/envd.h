@@ -327,7 +327,8 @@ typedef struct envd_description {
  *        the env's own episode log (e.g. PufferLib's Log: "episode_return",
  *        "episode_length", "score").  episode_end (required when
  *        num_episode_fields > 0; only with ENVD_ENV_RESETS_ITSELF) is called
- *        after every step (after step_envs: for the envs it flags); it returns how many episodes ended in that step
+ *        after every step (after step_envs: for the envs it flags); it
+ *        returns how many episodes ended in that step
  *        (0: none; < 0: an error) and, when > 0, writes num_episode_fields
  *        values: the mean of each field over those episodes.  The host then
  *        reports them in info["envd_log"] (field -> float64 per row, mask

@@ -28,7 +28,8 @@
  * -D variants (refused at load): BAD_FLAGS (an unknown flag bit),
  * TIME_LIMIT (max_episode_steps 10 with RESETS_ITSELF), MANY_FIELDS
  * (17 episode fields), DESCRIBE_DEFAULT_FAILS (describe fails at the
- * defaults), DESCRIBE_BAD (describe returns num_agents 0).  NO_SERIAL (loads):
+ * defaults), DESCRIBE_BAD (describe returns num_agents 0), STEP_ENVS_NO_FLAG
+ * (step_envs without ENVD_ENV_RESETS_ITSELF).  NO_SERIAL (loads):
  * without ENVD_ENV_SERIAL_INIT, to show that the serial-init check can fail.
  */
 #include <envd.h>
@@ -244,6 +245,8 @@ static const envd_env_def_t abi5_env = {
     .flags = ENVD_ENV_RESETS_ITSELF | ENVD_ENV_SERIAL_INIT | (1u << 7),
 #elif defined(NO_SERIAL)
     .flags = ENVD_ENV_RESETS_ITSELF,
+#elif defined(STEP_ENVS_NO_FLAG)
+    .flags = ENVD_ENV_SERIAL_INIT,
 #else
     .flags = ENVD_ENV_RESETS_ITSELF | ENVD_ENV_SERIAL_INIT,
 #endif

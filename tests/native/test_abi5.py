@@ -54,6 +54,7 @@ BROKEN = {
     "MANY_FIELDS": "num_episode_fields must be in 0..ENVD_MAX_EPISODE_FIELDS",
     "DESCRIBE_DEFAULT_FAILS": "describe fails at the default params",
     "DESCRIBE_BAD": "num_agents must be in 1..ENVD_MAX_AGENTS",
+    "STEP_ENVS_NO_FLAG": "step_envs: only an env with ENVD_ENV_RESETS_ITSELF steps envs in a row",
 }
 
 
