@@ -317,7 +317,7 @@ typedef struct envd_description {
  * ABI 2 definitions end before render_width: a host reads the render fields
  * only from a definition whose abi_version is 3 or more, so ABI 2 plugins keep
  * loading (their envs do not render).  Likewise the ABI 5 fields (flags to
- * episode_end) are read only from a definition whose abi_version is 5 or more:
+ * step_envs) are read only from a definition whose abi_version is 5 or more:
  * flags: ENVD_ENV_* bits (0 for none).
  * describe: (may be NULL: the static spaces, num_agents and state_size hold
  *        for every params) called at make with one env's validated params
@@ -338,7 +338,8 @@ typedef struct envd_description {
  *        the env's own episode log (e.g. PufferLib's Log: "episode_return",
  *        "episode_length", "score").  episode_end (required when
  *        num_episode_fields > 0; only with ENVD_ENV_RESETS_ITSELF) is called
- *        after every step; it returns how many episodes ended in that step
+ *        after every step (after step_envs: for the envs it flags); it
+ *        returns how many episodes ended in that step
  *        (0: none; < 0: an error) and, when > 0, writes num_episode_fields
  *        values: the mean of each field over those episodes.  The host then
  *        reports them in info["envd_log"] (field -> float64 per row, mask
@@ -346,6 +347,22 @@ typedef struct envd_description {
  *        statistics take "r" from "episode_return" and "l" from
  *        "episode_length" when the env has those fields.  A RESETS_ITSELF
  *        env without episode_end never reports an episode end.
+ * step_envs: (may be NULL; only with ENVD_ENV_RESETS_ITSELF) what step does,
+ *        for count envs in a row at once, so that a cheap env's steps run as
+ *        one tight loop with no call per env (PufferLib's vec_step).  Env k
+ *        (0 <= k < count): its state at (char *)state + k * stride, its
+ *        actions (every agent's; the host's checked copy) at
+ *        (const char *)actions + k * action_bytes; it writes its
+ *        observations at (char *)obs + k * obs_bytes, its A agents' rewards
+ *        and terminated flags at rewards[k * A] and terminated[k * A] (all
+ *        start 0.0/false), and ended[k]: whether episode_end may report an
+ *        episode end for it now (false: the host does not call episode_end
+ *        for it in this step).  Returns count, or k < count when env k
+ *        failed (as step returning an error; envs after it are not stepped:
+ *        the host calls again from env k + 1).  The host then does what it
+ *        does after each env's step.  Called for whole-vec steps and async
+ *        batches of envs in a row (ids k, k + 1, ...); other batches use
+ *        step.  Must step each env exactly as step would.
  *
  * Multi-agent envs (ABI 4: num_agents = A in 1..ENVD_MAX_AGENTS; ABI 2 and 3
  * definitions must declare 1).  Agents are rows: a vec of N envs has N*A rows
@@ -409,6 +426,10 @@ typedef struct envd_env_def {
     const char *const *episode_fields;
     int32_t num_episode_fields; /* 0..ENVD_MAX_EPISODE_FIELDS */
     int (*episode_end)(void *state, double *values);
+    /* may be NULL (only with ENVD_ENV_RESETS_ITSELF) */
+    int64_t (*step_envs)(void *state, size_t stride, int64_t count, const void *actions,
+                         size_t action_bytes, void *obs, size_t obs_bytes, double *rewards,
+                         bool *terminated, bool *ended);
 } envd_env_def_t;
 
 /* Largest render_width and render_height. */

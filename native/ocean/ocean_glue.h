@@ -14,6 +14,7 @@
  *          c_reset;
  *   step   the host's actions converted to the env's C action type, c_step;
  *          rewards float -> double, terminals -> bool, truncations false;
+ *          step_envs does it for envs in a row, one loop (vec_step's);
  *   episode_end  when the Log counted episodes in this step (log.n > 0):
  *          every field divided by n, as vec_log averages, then the Log is
  *          cleared as vec_log clears it (a step without an episode leaves
@@ -295,11 +296,10 @@ static int ocean_reset(void *state, envd_rng_t *rng, void *obs)
     return ENVD_OK;
 }
 
-static int ocean_step(void *state, envd_rng_t *rng, const void *action, void *obs, double *reward,
-                      bool *terminated, bool *truncated)
+/* The host's actions (the checked copy) into the env's action buffer, as the
+ * env's C action type. */
+static inline void ocean_take_actions(ocean_state_t *st, const void *action)
 {
-    (void)rng;
-    ocean_state_t *st = state;
     ocean_act_t *act = st->env.actions;
     if (st->act_kind == ENVD_SPACE_BOX) {
         const float *a = action;
@@ -310,16 +310,56 @@ static int ocean_step(void *state, envd_rng_t *rng, const void *action, void *ob
         for (int64_t k = 0; k < st->act_numel; k++)
             act[k] = (ocean_act_t)a[k];
     }
-    envd_ocean_current = &st->streams;
-    c_step(&st->env);
-    envd_ocean_current = NULL;
+}
+
+/* The env's outputs after c_step: obs to the host's row, rewards float ->
+ * double, terminals -> bool (truncations: the host's false, Ocean envs
+ * never truncate). */
+static inline void ocean_give_outputs(const ocean_state_t *st, void *obs, double *reward,
+                                      bool *terminated)
+{
     memcpy(obs, st->env.observations, (size_t)st->obs_numel * sizeof(ocean_obs_t));
-    (void)truncated; /* the host cleared it: Ocean envs never truncate */
     for (int32_t i = 0; i < st->agents; i++) {
         reward[i] = (double)st->env.rewards[i];
         terminated[i] = st->env.terminals[i] != 0;
     }
+}
+
+static int ocean_step(void *state, envd_rng_t *rng, const void *action, void *obs, double *reward,
+                      bool *terminated, bool *truncated)
+{
+    (void)rng;
+    (void)truncated;
+    ocean_state_t *st = state;
+    ocean_take_actions(st, action);
+    envd_ocean_current = &st->streams;
+    c_step(&st->env);
+    envd_ocean_current = NULL;
+    ocean_give_outputs(st, obs, reward, terminated);
     return ENVD_OK;
+}
+
+/* ocean_step for count envs in a row: PufferLib's vec_step loop, with each
+ * env's own stream selected around its c_step.  ended[k]: the env's Log
+ * counted an episode (ocean_episode_end's test). */
+static int64_t ocean_step_envs(void *state, size_t stride, int64_t count, const void *actions,
+                               size_t action_bytes, void *obs, size_t obs_bytes, double *rewards,
+                               bool *terminated, bool *ended)
+{
+    unsigned char *states = state;
+    const unsigned char *acts = actions;
+    unsigned char *out = obs;
+    for (int64_t k = 0; k < count; k++) {
+        ocean_state_t *st = (ocean_state_t *)(states + (size_t)k * stride);
+        ocean_take_actions(st, acts + (size_t)k * action_bytes);
+        envd_ocean_current = &st->streams;
+        c_step(&st->env);
+        ocean_give_outputs(st, out + (size_t)k * obs_bytes, rewards + k * st->agents,
+                           terminated + k * st->agents);
+        ended[k] = st->env.log.n > 0.0f;
+    }
+    envd_ocean_current = NULL;
+    return count;
 }
 
 /* The Log's field names (my_log's order, without "n"), set once by
@@ -441,6 +481,7 @@ static void ocean_fill_def(void)
     ocean_def.episode_fields = ocean_episode_names;
     ocean_def.num_episode_fields = ocean_num_episode_fields;
     ocean_def.episode_end = ocean_episode_end;
+    ocean_def.step_envs = ocean_step_envs;
     ocean_ready = true;
 }
 

@@ -304,6 +304,8 @@ static const char *v5_problem(const envd_env_def_t *def)
     if ((v5->flags & ENVD_ENV_RESETS_ITSELF) && v5->max_episode_steps != 0)
         return "max_episode_steps must be 0 for an env with ENVD_ENV_RESETS_ITSELF (the host "
                "adds no time limit to it)";
+    if (v5->step_envs != NULL && !(v5->flags & ENVD_ENV_RESETS_ITSELF))
+        return "step_envs: only an env with ENVD_ENV_RESETS_ITSELF steps envs in a row";
     return episode_fields_problem(v5);
 }
 

@@ -106,6 +106,8 @@ typedef struct agent {
 typedef struct run {
     envd_vec_t *vec;
     const int64_t *ids;
+    int64_t first_id;   /* >= 0: ids are first_id, first_id + 1, ... (a run of
+                           envs in a row: step_envs can step them) */
     envd_job_t job;
     pending_t pending;  /* submitted and not finished yet */
     bool helped;        /* a batch submitted ENVD_JOB_HELPED and kept so
@@ -137,8 +139,18 @@ struct envd_vec {
     bool resets_itself;
     int (*seed_env)(void *state, uint64_t seed);
     int (*episode_end)(void *state, double *values);
+    int64_t (*step_envs)(void *state, size_t stride, int64_t count, const void *actions,
+                         size_t action_bytes, void *obs, size_t obs_bytes, double *rewards,
+                         bool *terminated, bool *ended);
     int num_log;
     int log_return, log_length;
+    /* the host's own episode sums are reported (the log lacks a field);
+       else a self-resetting env's step leaves them, and its slot, alone */
+    bool host_sums;
+    /* num_log > 0: env i's rows of episode_log may hold values (not all 0).
+     * Apart from the slots, like in_batch: read every step of every env,
+     * and a slot's line was a cache miss a step for squared at N=4096. */
+    bool *log_set;
     agent_t *agent_books;  /* agents > 1: num_envs * agents, row order */
     unsigned char *blocks; /* num_envs blocks of `stride` bytes */
     bool all_started;      /* every env has been reset at least once */
@@ -457,23 +469,97 @@ static int64_t as_length(double value)
     return value < 9.2e18 ? (int64_t)llround(value) : INT64_C(9200000000000000000);
 }
 
-/* step_env for an env that resets itself (ENVD_ENV_RESETS_ITSELF): no
- * autoreset, no time limit, truncated false; an episode ended when
- * episode_end says so, and then for every row of the env (its statistics
- * from the log's episode_return/episode_length where it has them, else the
- * host's running sums; the log's values into episode_log).  Returns the rows
- * whose episode ended.  A is vec->agents, a constant 1 in step_range's loop
- * for single-agent envs: inlined there, the arrays are fixed and the loops
- * over agents gone (the per-row books were most of envd's share of a cheap
- * env's step: perf of puffer:squared). */
+/* What follows an env's step for an env that resets itself
+ * (ENVD_ENV_RESETS_ITSELF): no autoreset, no time limit, truncated false;
+ * an episode ended when episode_end says so (asked only when may_have_ended),
+ * and then for every row of the env (its statistics from the log's
+ * episode_return/episode_length where it has them, else the host's running
+ * sums; the log's values into episode_log, zeros there for an env whose
+ * episode did not end).  reward and term: the env's A agents' outputs; rc:
+ * the step's.  Returns the rows whose episode ended.  A is vec->agents, a
+ * constant 1 in step_range's loops for single-agent envs: inlined there, the
+ * arrays are fixed and the loops over agents gone (the per-row books were
+ * most of envd's share of a cheap env's step: perf of puffer:squared). */
+static inline __attribute__((always_inline)) int64_t
+finish_self_resetting_env(run_t *run, envd_vec_t *vec, int64_t i, const int64_t A,
+                          const double *reward, const bool *term, bool may_have_ended, int rc,
+                          lazy_clock_t *clock)
+{
+    const envd_vec_buffers_t *b = &vec->buf;
+    const bool host_sums = vec->host_sums;
+    if (rc == ENVD_OK)
+        rc = write_info(vec, i);
+    /* Only the env's num_log fields are read: clearing all
+     * ENVD_MAX_EPISODE_FIELDS every step was a sixth of this function's time
+     * on pong, a cheap env (perf). */
+    const int num_log = vec->num_log;
+    double values[ENVD_MAX_EPISODE_FIELDS];
+    for (int f = 0; f < num_log; f++)
+        values[f] = 0.0;
+    int ended = 0;
+    if (rc == ENVD_OK && may_have_ended && vec->episode_end) {
+        ended = vec->episode_end(state_of(vec, i), values);
+        if (ended < 0) {
+            rc = ENVD_EENV;
+            ended = 0;
+        }
+    }
+    env_slot_t *slot = slot_of(vec, i); /* (read only where an episode ended, or host_sums) */
+    const double seconds = ended ? rint((clock_seconds(clock) - slot->episode_start) * 1e6) / 1e6
+                                 : 0.0;
+    for (int64_t a = 0; a < A; a++) {
+        const int64_t row = i * A + a;
+        /* the host's own sums: the env's slot, or the agent's books (A > 1) */
+        double *sum = A > 1 ? &vec->agent_books[row].episode_return : &slot->episode_return;
+        int64_t *length = A > 1 ? &vec->agent_books[row].episode_length : &slot->episode_length;
+        if (host_sums) {
+            *sum += reward[a];
+            (*length)++;
+        }
+        b->rewards[row] = (float)reward[a];
+        b->terminations[row] = term[a];
+        b->truncations[row] = false;
+        if (A > 1)
+            b->agent_mask[row] = true;
+        if (ended) {
+            b->episode_returns[row] = vec->log_return >= 0 ? values[vec->log_return] : *sum;
+            b->episode_lengths[row] =
+                vec->log_length >= 0 ? as_length(values[vec->log_length]) : *length;
+            if (num_log > 0)
+                memcpy(b->episode_log + row * num_log, values, (size_t)num_log * sizeof *values);
+            if (host_sums) {
+                *sum = 0.0;
+                *length = 0;
+            }
+        } else {
+            b->episode_returns[row] = 0.0;
+            b->episode_lengths[row] = 0;
+        }
+        if (b->episode_times)
+            b->episode_times[row] = seconds;
+        if (b->dones)
+            b->dones[row] = ended > 0;
+    }
+    if (ended) {
+        slot->episode_start = clock_seconds(clock);
+        if (num_log > 0)
+            vec->log_set[i] = true;
+    } else if (num_log > 0 && vec->log_set[i]) {
+        /* the rows of an env whose episode did not end read 0 (vec.h): a
+         * step's whole log is its info, with no pass over the rows */
+        memset(b->episode_log + i * A * num_log, 0, (size_t)(A * num_log) * sizeof(double));
+        vec->log_set[i] = false;
+    }
+    if (rc != ENVD_OK)
+        record_error(run, ENVD_EENV, i);
+    return ended ? A : 0;
+}
+
+/* One step of env i, an env that resets itself, through its step callback. */
 static inline __attribute__((always_inline)) int64_t
 step_self_resetting_env(run_t *run, envd_vec_t *vec, int64_t i, const int64_t A,
                         lazy_clock_t *clock)
 {
-    env_slot_t *slot = slot_of(vec, i);
-    const envd_vec_buffers_t *b = &vec->buf;
-    void *state = state_of(vec, i);
-    void *obs = (unsigned char *)b->observations + (size_t)i * vec->obs_bytes;
     /* A <= ENVD_MAX_AGENTS: at most 40 KiB on the stepping thread's stack.
      * Cleared by a loop, not memset: for the usual A of 1 it is three stores
      * instead of three calls, a visible share of a cheap env's step. */
@@ -484,60 +570,62 @@ step_self_resetting_env(run_t *run, envd_vec_t *vec, int64_t i, const int64_t A,
         term[a] = trunc[a] = false;
     }
     const void *action = vec->actions + (size_t)i * vec->action_bytes; /* the checked copy */
-    int rc = vec->def->step(state, &slot->rng, action, obs, reward, term, trunc);
-    if (rc == ENVD_OK)
-        rc = write_info(vec, i);
-    /* Only the env's num_log fields are read: clearing all
-     * ENVD_MAX_EPISODE_FIELDS every step was a sixth of this function's time
-     * on pong, a cheap env (perf). */
-    double values[ENVD_MAX_EPISODE_FIELDS];
-    for (int f = 0; f < vec->num_log; f++)
-        values[f] = 0.0;
-    int ended = 0;
-    if (rc == ENVD_OK && vec->episode_end) {
-        ended = vec->episode_end(state, values);
-        if (ended < 0) {
-            rc = ENVD_EENV;
-            ended = 0;
+    void *obs = (unsigned char *)vec->buf.observations + (size_t)i * vec->obs_bytes;
+    int rc = vec->def->step(state_of(vec, i), &slot_of(vec, i)->rng, action, obs, reward, term,
+                            trunc);
+    return finish_self_resetting_env(run, vec, i, A, reward, term, true, rc, clock);
+}
+
+/* Rows whose outputs one step_envs call leaves on the stepping thread's
+ * stack for the books after it (as many envs as fit, one at least). */
+#define STEP_ENVS_ROWS 256
+
+/* Envs begin..end-1, envs that reset themselves, through their step_envs
+ * callback: a call steps up to STEP_ENVS_ROWS rows' envs in one loop of the
+ * env's own, then the host's books run over them (finish_self_resetting_env).
+ * A call that returns k < count (env k failed) is resumed after env k; a
+ * return outside 0..count counts as 0.  Returns the rows whose episode ended.
+ * A as in finish_self_resetting_env. */
+static inline __attribute__((always_inline)) int64_t
+step_self_resetting_envs(run_t *run, envd_vec_t *vec, int64_t begin, int64_t end,
+                         const int64_t A, lazy_clock_t *clock)
+{
+    const int64_t per_call = A < STEP_ENVS_ROWS ? STEP_ENVS_ROWS / A : 1;
+    /* per_call * A <= max(STEP_ENVS_ROWS, ENVD_MAX_AGENTS): at most 40 KiB */
+    double reward[per_call * A];
+    bool term[per_call * A], ended[per_call];
+    unsigned char *obs = vec->buf.observations;
+    int64_t done = 0;
+    for (int64_t first = begin; first < end; first += per_call) {
+        const int64_t count = end - first < per_call ? end - first : per_call;
+        for (int64_t r = 0; r < count * A; r++) {
+            reward[r] = 0.0;
+            term[r] = false;
+        }
+        for (int64_t k = 0; k < count;) {
+            const int64_t i = first + k;
+            int64_t got = vec->step_envs(state_of(vec, i), vec->stride, count - k,
+                                         vec->actions + (size_t)i * vec->action_bytes,
+                                         vec->action_bytes, obs + (size_t)i * vec->obs_bytes,
+                                         vec->obs_bytes, reward + k * A, term + k * A, ended + k);
+            if (got < 0 || got > count - k)
+                got = 0;
+            for (int64_t j = k; j < k + got; j++)
+                done += finish_self_resetting_env(run, vec, first + j, A, reward + j * A,
+                                                  term + j * A, ended[j], ENVD_OK, clock);
+            k += got;
+            if (k < count) { /* env first + k failed: its outputs are not the env's */
+                for (int64_t a = 0; a < A; a++) {
+                    reward[k * A + a] = 0.0;
+                    term[k * A + a] = false;
+                }
+                done += finish_self_resetting_env(run, vec, first + k, A, reward + k * A,
+                                                  term + k * A, false, ENVD_EENV, clock);
+                k++;
+            }
         }
     }
-    const double seconds = ended ? rint((clock_seconds(clock) - slot->episode_start) * 1e6) / 1e6
-                                 : 0.0;
-    for (int64_t a = 0; a < A; a++) {
-        const int64_t row = i * A + a;
-        /* the host's own sums: the env's slot, or the agent's books (A > 1) */
-        double *sum = A > 1 ? &vec->agent_books[row].episode_return : &slot->episode_return;
-        int64_t *length = A > 1 ? &vec->agent_books[row].episode_length : &slot->episode_length;
-        *sum += reward[a];
-        (*length)++;
-        b->rewards[row] = (float)reward[a];
-        b->terminations[row] = term[a];
-        b->truncations[row] = false;
-        if (A > 1)
-            b->agent_mask[row] = true;
-        if (ended) {
-            b->episode_returns[row] = vec->log_return >= 0 ? values[vec->log_return] : *sum;
-            b->episode_lengths[row] =
-                vec->log_length >= 0 ? as_length(values[vec->log_length]) : *length;
-            if (vec->num_log > 0)
-                memcpy(b->episode_log + row * vec->num_log, values,
-                       (size_t)vec->num_log * sizeof *values);
-            *sum = 0.0;
-            *length = 0;
-        } else {
-            b->episode_returns[row] = 0.0;
-            b->episode_lengths[row] = 0;
-        }
-        if (b->episode_times)
-            b->episode_times[row] = seconds;
-        if (b->dones)
-            b->dones[row] = ended > 0;
-    }
-    if (ended)
-        slot->episode_start = clock_seconds(clock);
-    if (rc != ENVD_OK)
-        record_error(run, ENVD_EENV, i);
-    return ended ? A : 0;
+    return done;
 }
 
 /* Items [begin, end) of a run: envs begin..end-1, or those ids of a batch
@@ -548,7 +636,13 @@ static void step_range(void *ctx, int64_t begin, int64_t end)
     envd_vec_t *vec = run->vec;
     int64_t done = 0;
     lazy_clock_t clock = {0};
-    if (vec->resets_itself && vec->agents == 1)
+    const int64_t base = run->ids ? run->first_id : 0; /* items are envs base + k */
+    if (vec->step_envs && base >= 0)
+        done = vec->agents == 1
+                   ? step_self_resetting_envs(run, vec, base + begin, base + end, 1, &clock)
+                   : step_self_resetting_envs(run, vec, base + begin, base + end, vec->agents,
+                                              &clock);
+    else if (vec->resets_itself && vec->agents == 1)
         for (int64_t k = begin; k < end; k++)
             done += step_self_resetting_env(run, vec, run->ids ? run->ids[k] : k, 1, &clock);
     else if (vec->resets_itself)
@@ -637,13 +731,17 @@ static int64_t choose_chunk(const envd_vec_t *vec, int64_t n, bool off_caller, b
     return chunk < n ? chunk : n;
 }
 
+/* Before a run starts: relaxed stores (a seq_cst store is a locked
+ * instruction on x86, five of them a visible share of a cheap env's step);
+ * the pool's submit, or the inline run on this thread, orders them before
+ * any chunk's updates. */
 static void clear_results(run_t *run)
 {
-    atomic_store(&run->first_error, ENVD_OK);
-    atomic_store(&run->error_index, -1);
-    atomic_store(&run->num_done, 0);
-    atomic_store(&run->chunk_ns, 0);
-    atomic_store(&run->chunk_items, 0);
+    atomic_store_explicit(&run->first_error, ENVD_OK, memory_order_relaxed);
+    atomic_store_explicit(&run->error_index, -1, memory_order_relaxed);
+    atomic_store_explicit(&run->num_done, 0, memory_order_relaxed);
+    atomic_store_explicit(&run->chunk_ns, 0, memory_order_relaxed);
+    atomic_store_explicit(&run->chunk_items, 0, memory_order_relaxed);
 }
 
 /* What a step returns: the first error (the vec's error index then names its
@@ -972,12 +1070,14 @@ static bool claim_run(envd_vec_t *vec, const int64_t *ids, int64_t count)
 /* Check a batch's ids (the vec's private copy) and mark its envs in flight;
  * then copy their actions into the private copy (only now: until an env is
  * marked, a batch in flight may be reading its row) and check those.  On
- * error nothing stays marked and the error index names the env. */
-static int claim_batch(envd_vec_t *vec, const int64_t *ids, int64_t count)
+ * error nothing stays marked and the error index names the env.  *is_run:
+ * the ids are envs in a row (claim_run). */
+static int claim_batch(envd_vec_t *vec, const int64_t *ids, int64_t count, bool *is_run)
 {
     int rc = ENVD_OK;
     int64_t k = 0;
     const bool run = claim_run(vec, ids, count);
+    *is_run = run;
     for (; !run && k < count; k++) {
         int64_t i = ids[k];
         if (i < 0 || i >= vec->config.num_envs)
@@ -1025,12 +1125,14 @@ int envd_vec_batch_submit(envd_vec_t *vec, envd_vec_batch_t *batch, const int64_
     envd_job_set_cap(&batch->run.job, vec->capped ? &vec->cap : NULL);
     /* Copied before anything reads them: env_ids may lie in shared memory. */
     memcpy(batch->ids, env_ids, (size_t)count * sizeof *env_ids);
-    int rc = claim_batch(vec, batch->ids, count);
+    bool is_run;
+    int rc = claim_batch(vec, batch->ids, count, &is_run);
     if (rc != ENVD_OK)
         return rc;
     batch->count = count;
     batch->run.vec = vec;
     batch->run.ids = batch->ids;
+    batch->run.first_id = is_run ? batch->ids[0] : -1;
     clear_results(&batch->run);
     rc = run_start(vec, &batch->run, count, flags);
     if (rc != ENVD_OK) {
@@ -1306,14 +1408,14 @@ uint64_t envd_vec_memory_bytes(const envd_env_def_t *def, int64_t num_envs)
 {
     if (envd_env_def_validate(def) != ENVD_OK || num_envs < 1)
         return UINT64_MAX;
-    /* per env: its block, the private copies of its action, seed and mask, and
-     * its in-batch flag */
+    /* per env: its block, the private copies of its action, seed and mask, its
+     * in-batch flag and its episode-log flag */
     uint64_t action = mul_add((uint64_t)envd_space_numel(&def->action_space),
                               envd_dtype_size(def->action_space.dtype), 0);
     action = mul_add(action, (uint64_t)def->num_agents, 0);
     uint64_t agents = def->num_agents > 1 ? (uint64_t)def->num_agents * sizeof(agent_t) : 0;
     uint64_t per_env =
-        mul_add(1, action, stride_of(def) + sizeof(uint64_t) + 2 * sizeof(bool) + agents);
+        mul_add(1, action, stride_of(def) + sizeof(uint64_t) + 3 * sizeof(bool) + agents);
     return mul_add(per_env, (uint64_t)num_envs, sizeof(envd_vec_t));
 }
 
@@ -1325,6 +1427,7 @@ static void free_buffers(envd_vec_t *vec)
     free(vec->mask);
     free(vec->in_batch);
     free(vec->agent_books);
+    free(vec->log_set);
 }
 
 int envd_vec_create(envd_vec_t **out, const envd_env_def_t *def,
@@ -1381,10 +1484,22 @@ int envd_vec_create(envd_vec_t **out, const envd_env_def_t *def,
         vec->resets_itself = v5->flags & ENVD_ENV_RESETS_ITSELF;
         vec->seed_env = v5->seed;
         vec->episode_end = v5->episode_end;
+        vec->step_envs = v5->step_envs;
         vec->num_log = v5->num_episode_fields;
     }
     vec->log_return = episode_field(v5, "episode_return");
     vec->log_length = episode_field(v5, "episode_length");
+    vec->host_sums = vec->log_return < 0 || vec->log_length < 0;
+    if (vec->num_log > 0) {
+        /* whatever the log buffer holds, the first step writes every env's rows */
+        vec->log_set = malloc(n * sizeof *vec->log_set);
+        if (!vec->log_set) {
+            free_buffers(vec);
+            free(vec);
+            return ENVD_ENOMEM;
+        }
+        memset(vec->log_set, true, n * sizeof *vec->log_set);
+    }
     /* the create's seeds are copied (they may lie in shared memory) */
     if (config->seeds)
         memcpy(vec->seeds, config->seeds, n * sizeof *vec->seeds);

@@ -68,8 +68,9 @@ typedef struct envd_vec_buffers {
     /* An env that resets itself (ENVD_ENV_RESETS_ITSELF, ABI 5) with F =
      * def->num_episode_fields > 0: per row F doubles (row r's field k at
      * [r * F + k]), written with episode_end's values for every row of an env
-     * whose episode ended in the step (dones then marks them) and left as
-     * they are elsewhere; required then, else unused. */
+     * whose episode ended in the step (dones then marks them) and 0 for the
+     * other envs it stepped (so a whole-vec step's log needs no mask; a
+     * reset leaves the rows as they are); required then, else unused. */
     double *episode_log;
 } envd_vec_buffers_t;
 

@@ -529,6 +529,11 @@ class BatchedVecEnv(VectorEnv):
         self._dones = buffers["dones"]
         self._agent_mask = buffers.get("agent_mask")
         self._episode_log = buffers.get(EPISODE_LOG)  # (with episode_fields)
+        # a step's info["envd_log"]: field -> its column of the log, a view
+        # (a step writes every row of the log: 0 where no episode ended)
+        self._log_columns = (dict(zip(self.episode_fields, self._episode_log.T))
+                             if self._episode_log is not None and self.episode_fields else None)
+        self._stats = tuple(buffers[name] for name in self._EPISODE_STATS)
         self._final_obs = (self._tree(buffers, "final_observations")
                            if self._final_obs_names[0] in buffers else None)
         # the env's own info fields: info key -> buffer
@@ -537,6 +542,9 @@ class BatchedVecEnv(VectorEnv):
                           if name.startswith(INFO_PREFIX)}
         # the fast path of step() compares against these
         self._action_dtype, self._action_shape = self._actions.dtype, self._actions.shape
+        # whether a step's info has more than the episode info (one test a step)
+        self._more_info = (bool(self._env_info) or self._agent_mask is not None
+                           or self._info_lengths is not None)
 
     def _check_episode_statistics_key(self, buffer_names: Any) -> None:
         """Refuse an episode_statistics key that is one of the env's own info
@@ -650,12 +658,20 @@ class BatchedVecEnv(VectorEnv):
     def _done_info(self) -> dict[str, Any]:
         """The info of a step in which some episode ended (see _episode_info).
         Like the other results, its arrays are views valid until the next step
-        (copies with copy=True)."""
-        dones = self._dones.copy() if self._copy else self._dones
-        stats = tuple(self._buffers[name] for name in self._EPISODE_STATS)
-        if self._copy and self._episode_statistics:
+        (copies with copy=True).  A step wrote every row of the episode log
+        (0 where no episode ended: vec.h), so its columns are the log's own."""
+        # (fixed cost of every step in which an episode ended: no array is
+        # made unless copy=True; cheap Ocean envs end one nearly every step)
+        if not self._copy:
+            return self._episode_info(self._dones, self._final_obs, self._stats,
+                                      self._log_columns)
+        stats = self._stats
+        if self._episode_statistics:
             stats = tuple(a.copy() for a in stats)
-        return self._episode_info(dones, self._final_obs, stats, self._episode_log)
+        columns = self._log_columns
+        if columns is not None:
+            columns = {name: column.copy() for name, column in columns.items()}
+        return self._episode_info(self._dones.copy(), self._final_obs, stats, columns)
 
     @property
     def num_env_instances(self) -> int:
@@ -686,19 +702,18 @@ class BatchedVecEnv(VectorEnv):
 
     def _episode_info(self, dones: np.ndarray, final_rows: Any,
                       stats: tuple[np.ndarray, ...],
-                      log: np.ndarray | None = None) -> dict[str, Any]:
+                      log_columns: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
         """gymnasium's RecordEpisodeStatistics shape, info[key]["r"|"l"|"t"]
         (stats) with the mask info["_" + key] (dones), key being
         episode_statistics_key ("envd_episode" by default), and for SAME_STEP
         info["final_obs"] (an object array of copies of final_rows) and
-        info["final_info"].  An env with an episode log (log: its rows of
-        episode_fields values) also gets info["envd_log"] (field -> float64
-        per row, 0 where no episode ended) and its mask info["_envd_log"]
+        info["final_info"].  An env with an episode log (log_columns: field ->
+        float64 per row, 0 where no episode ended; not kept by info) also
+        gets info["envd_log"] (those columns) and its mask info["_envd_log"]
         (gymnasium's _add_info shape), whatever episode_statistics says."""
         info: dict[str, Any] = {}
-        if log is not None and self.episode_fields:
-            columns = _ended_columns(log, dones)  # (a copy: C keeps old rows)
-            info[EPISODE_LOG_KEY] = dict(zip(self.episode_fields, columns))
+        if log_columns is not None:
+            info[EPISODE_LOG_KEY] = dict(log_columns)  # (a fresh dict per step)
             info["_" + EPISODE_LOG_KEY] = dones.copy() if self._copy else dones
         if final_rows is not None:
             final = np.full(len(dones), None, dtype=object)
@@ -708,7 +723,7 @@ class BatchedVecEnv(VectorEnv):
             info["final_info"], info["_final_info"] = {}, dones
         if self._episode_statistics:
             key = self.episode_statistics_key
-            info[key] = dict(zip("rlt", stats))
+            info[key] = {"r": stats[0], "l": stats[1], "t": stats[2]}
             info["_" + key] = dones
         return info
 
@@ -846,8 +861,14 @@ class BatchedVecEnv(VectorEnv):
 
     def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
         """Step every env; returns (obs, rewards, terminations, truncations, info)."""
-        # The hot path: keep it to a few attribute lookups and one call.
-        self._acquire()
+        # The hot path: keep it to a few attribute lookups and one call
+        # (_acquire's tests inline: a method call is a visible share of it).
+        lock = self._lock
+        if not lock.acquire(False):
+            self._acquire()  # (raises: in use by another thread)
+        elif self.closed:
+            lock.release()
+            self._acquire()  # (raises: closed)
         try:
             if self._maybe_running:
                 self._check_buffers_free()
@@ -859,12 +880,13 @@ class BatchedVecEnv(VectorEnv):
                 self._convert_actions(actions)
             num_done = self._stepper.step()
             info = self._done_info() if num_done else {}
-            if self._env_info or self._agent_mask is not None:
-                info.update(self._env_info_now())
-            if self._info_lengths is not None:
-                self._add_env_infos(info, self._buffers)
+            if self._more_info:
+                if self._env_info or self._agent_mask is not None:
+                    info.update(self._env_info_now())
+                if self._info_lengths is not None:
+                    self._add_env_infos(info, self._buffers)
         finally:
-            self._lock.release()
+            lock.release()
         if self._copy:
             return (leaves.copy_value(self._obs), self._rewards.copy(), self._terminations.copy(),
                     self._truncations.copy(), info)
@@ -1017,9 +1039,14 @@ class BatchedVecEnv(VectorEnv):
             info[name] = out[INFO_PREFIX + name]
         if any_done:
             final = self._tree(out, "final_observations") if self._final_obs is not None else None
+            log = out.get(EPISODE_LOG)
+            # (a copy: the gathered rows of envs reset since their last step
+            # keep the log of that step)
+            columns = (None if log is None or not self.episode_fields else
+                       dict(zip(self.episode_fields, _ended_columns(log, out["dones"]))))
             info.update(self._episode_info(out["dones"], final,
                                            tuple(out[name] for name in self._EPISODE_STATS),
-                                           out.get(EPISODE_LOG)))
+                                           columns))
         if self._info_lengths is not None:
             self._add_env_infos(info, out, env_ids=out["env_id"])
         return obs, out["rewards"], out["terminations"], out["truncations"], info

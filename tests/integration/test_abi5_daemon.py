@@ -6,7 +6,10 @@ shows the description at the defaults."""
 from __future__ import annotations
 
 import pytest
-from support.abi5_checks import ENV_ID, FIELDS, SOURCE, check_async, check_episodes, check_spaces
+
+from envd.errors import InvalidArgumentError
+from support.abi5_checks import (ENV_ID, FIELDS, SOURCE, check_async, check_episodes,
+                                 check_spaces, check_staggered_log)
 from support.daemon import DaemonProcess, segments_of
 from support.plugin_checks import build_plugin
 
@@ -39,6 +42,15 @@ def test_described_seeded_self_resetting_env(daemon, transport, size, agents):
                         transport=transport) as env:
         check_spaces(env, size, agents, 3)
         check_episodes(env, 10, size, agents, 3)
+
+
+@pytest.mark.parametrize("transport, copy", [("shm", False), ("shm", True), ("inline", False)])
+def test_staggered_episode_log(daemon, transport, copy):
+    """Episodes ending at different steps: the log's rows without one read 0."""
+    with daemon.connect() as client, \
+            client.make(ENV_ID, 3, seed=0, episode_len=[2, 3, 5], transport=transport,
+                        copy=copy) as env:
+        check_staggered_log(env, [2, 3, 5], 1, copy)
 
 
 @pytest.mark.parametrize("fast_path", [False, None])

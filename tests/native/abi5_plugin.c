@@ -22,11 +22,14 @@
  *   step back to 0, episodes + 1 (no reset call).
  * episode_end: fields episode_return (the mean over agents of the episode's
  *   summed rewards), episode_length, score (episodes so far).
+ * step_envs: step in a loop (NO_STEP_ENVS: none).  An env last seeded
+ *   FAILING_SEED fails every step, changing nothing.
  *
  * -D variants (refused at load): BAD_FLAGS (an unknown flag bit),
  * TIME_LIMIT (max_episode_steps 10 with RESETS_ITSELF), MANY_FIELDS
  * (17 episode fields), DESCRIBE_DEFAULT_FAILS (describe fails at the
- * defaults), DESCRIBE_BAD (describe returns num_agents 0).  NO_SERIAL (loads):
+ * defaults), DESCRIBE_BAD (describe returns num_agents 0), STEP_ENVS_NO_FLAG
+ * (step_envs without ENVD_ENV_RESETS_ITSELF).  NO_SERIAL (loads):
  * without ENVD_ENV_SERIAL_INIT, to show that the serial-init check can fail.
  */
 #include <envd.h>
@@ -47,6 +50,9 @@ typedef struct abi5_state {
 } abi5_state_t;
 
 static atomic_int inits_running;
+
+/* An env last seeded this fails every step (step and step_envs alike). */
+#define FAILING_SEED 999999u
 
 static int abi5_seed(void *state, uint64_t seed)
 {
@@ -109,6 +115,8 @@ static int abi5_step(void *state, envd_rng_t *rng, const void *action, void *obs
     (void)truncated;
     abi5_state_t *s = state;
     const int64_t *act = action; /* per agent: [choice, flag] */
+    if (s->seed == FAILING_SEED)
+        return ENVD_EENV; /* (nothing changed) */
     s->step++;
     for (int64_t a = 0; a < s->agents; a++) {
         reward[a] = (double)act[2 * a];
@@ -128,6 +136,23 @@ static int abi5_step(void *state, envd_rng_t *rng, const void *action, void *obs
     }
     write_obs(s, obs);
     return ENVD_OK;
+}
+
+/* abi5_step for count envs in a row (envd.h's step_envs). */
+__attribute__((unused)) static int64_t abi5_step_envs(void *state, size_t stride, int64_t count, const void *actions,
+                              size_t action_bytes, void *obs, size_t obs_bytes, double *rewards,
+                              bool *terminated, bool *ended)
+{
+    for (int64_t k = 0; k < count; k++) {
+        abi5_state_t *s = (abi5_state_t *)((char *)state + (size_t)k * stride);
+        int rc = abi5_step(s, NULL, (const char *)actions + (size_t)k * action_bytes,
+                           (char *)obs + (size_t)k * obs_bytes, rewards + k * s->agents,
+                           terminated + k * s->agents, NULL);
+        if (rc != ENVD_OK)
+            return k;
+        ended[k] = s->pending > 0;
+    }
+    return count;
 }
 
 static int abi5_episode_end(void *state, double *values)
@@ -220,6 +245,8 @@ static const envd_env_def_t abi5_env = {
     .flags = ENVD_ENV_RESETS_ITSELF | ENVD_ENV_SERIAL_INIT | (1u << 7),
 #elif defined(NO_SERIAL)
     .flags = ENVD_ENV_RESETS_ITSELF,
+#elif defined(STEP_ENVS_NO_FLAG)
+    .flags = ENVD_ENV_SERIAL_INIT,
 #else
     .flags = ENVD_ENV_RESETS_ITSELF | ENVD_ENV_SERIAL_INIT,
 #endif
@@ -228,6 +255,9 @@ static const envd_env_def_t abi5_env = {
     .episode_fields = fields,
     .num_episode_fields = NUM_FIELDS,
     .episode_end = abi5_episode_end,
+#ifndef NO_STEP_ENVS
+    .step_envs = abi5_step_envs,
+#endif
 };
 
 static const envd_env_def_t *const envs[] = {&abi5_env};

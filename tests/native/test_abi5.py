@@ -20,6 +20,25 @@ def test_described_seeded_self_resetting_env(plugin, threads):
     run_check("in_process", str(plugin), str(threads), timeout=300)
 
 
+@pytest.fixture(scope="module")
+def plugin_without_step_envs(tmp_path_factory):
+    return build_plugin(SOURCE, tmp_path_factory.mktemp("abi5") / "libabi5_one.so",
+                        "NO_STEP_ENVS")
+
+
+def test_env_by_env_steps_as_step_envs(plugin_without_step_envs):
+    """The same checks with only step: what step_envs does is step's."""
+    run_check("in_process", str(plugin_without_step_envs), "0", timeout=300)
+
+
+@pytest.mark.parametrize("threads", [0, 2])
+@pytest.mark.parametrize("variant", ["step_envs", "step"])
+def test_a_failing_env_is_named_and_the_others_step(plugin, plugin_without_step_envs, variant,
+                                                    threads):
+    library = plugin if variant == "step_envs" else plugin_without_step_envs
+    run_check("failing_env", str(library), str(threads), timeout=300)
+
+
 def test_refusals_leave_the_process_usable(plugin):
     run_check("refusals", str(plugin))
 
@@ -34,6 +53,7 @@ BROKEN = {
     "MANY_FIELDS": "num_episode_fields must be in 0..ENVD_MAX_EPISODE_FIELDS",
     "DESCRIBE_DEFAULT_FAILS": "describe fails at the default params",
     "DESCRIBE_BAD": "num_agents must be in 1..ENVD_MAX_AGENTS",
+    "STEP_ENVS_NO_FLAG": "step_envs: only an env with ENVD_ENV_RESETS_ITSELF steps envs in a row",
 }
 
 

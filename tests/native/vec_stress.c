@@ -2298,7 +2298,23 @@ static int self_episode_end(void *state, double *values)
     return n;
 }
 
+/* self_step for count envs in a row (envd.h's step_envs). */
+static int64_t self_step_envs(void *state, size_t stride, int64_t count, const void *actions,
+                              size_t action_bytes, void *obs, size_t obs_bytes, double *rewards,
+                              bool *terminated, bool *ended)
+{
+    for (int64_t k = 0; k < count; k++) {
+        self_state_t *s = (self_state_t *)((char *)state + (size_t)k * stride);
+        self_step(s, NULL, (const char *)actions + (size_t)k * action_bytes,
+                  (char *)obs + (size_t)k * obs_bytes, &rewards[k], &terminated[k], NULL);
+        ended[k] = s->pending > 0;
+    }
+    return count;
+}
+
 static const char *const self_fields[] = {"episode_return", "episode_length", "episodes"};
+/* the same values under other names: the host reports its own sums */
+static const char *const self_fields_renamed[] = {"return", "length", "episodes"};
 
 static const envd_env_def_t self_env = {
     .abi_version = ENVD_ABI_VERSION,
@@ -2318,6 +2334,14 @@ static const envd_env_def_t self_env = {
     .episode_end = self_episode_end,
 };
 
+/* The same env with step_envs (the vec's whole steps go through it), and
+ * that one with its log fields renamed: the statistics are the host's sums
+ * then, which self_check expects alike. */
+static envd_env_def_t self_env_envs, self_env_sums;
+
+/* The definition test_resets_itself makes: self_env, then self_env_envs. */
+static const envd_env_def_t *g_self_def = &self_env;
+
 typedef struct self_vec {
     harness_t h;
     uint64_t *seeds;
@@ -2328,7 +2352,7 @@ typedef struct self_vec {
 static void self_create(self_vec_t *v, envd_pool_t *pool, int64_t n, int64_t chunk,
                         uint64_t base)
 {
-    harness_init(&v->h, &self_env, n, ENVD_AUTORESET_NEXT_STEP, 0, 3);
+    harness_init(&v->h, g_self_def, n, ENVD_AUTORESET_NEXT_STEP, 0, 3);
     v->seeds = xcalloc((size_t)n, sizeof *v->seeds);
     v->dones = xcalloc((size_t)n, sizeof *v->dones);
     v->log = xcalloc((size_t)n * 3, sizeof *v->log);
@@ -2372,6 +2396,10 @@ static void self_check(const self_vec_t *v, int64_t i, int64_t steps, uint64_t s
     } else {
         CHECK(v->h.returns[i] == 0.0 && v->h.lengths[i] == 0, "%s: env %lld stats", what,
               (long long)i);
+        /* (after a step: a reset leaves the log as it is) */
+        CHECK(steps == 0 || (v->log[3 * i] == 0.0 && v->log[3 * i + 1] == 0.0 &&
+                             v->log[3 * i + 2] == 0.0),
+              "%s: env %lld log not 0 without an episode end", what, (long long)i);
     }
 }
 
@@ -2386,6 +2414,25 @@ static void *self_create_many(void *arg)
     return NULL;
 }
 
+/* Steps from..to of the 23 envs of v as two async batches, ids1 (12 envs)
+ * and ids2 (11), each env checked after each (seeded 50 + i at a reset). */
+static void self_batch_steps(self_vec_t *v, envd_vec_batch_t *b1, const int64_t *ids1,
+                             envd_vec_batch_t *b2, const int64_t *ids2, int64_t from, int64_t to,
+                             const char *what)
+{
+    for (int64_t t = from; t <= to; t++) {
+        CHECK(envd_vec_batch_submit(v->h.vec, b1, ids1, 12, 0) == ENVD_OK &&
+                  envd_vec_batch_submit(v->h.vec, b2, ids2, 11, 0) == ENVD_OK,
+              "%s: submit", what);
+        envd_vec_batch_wait(v->h.vec, b1);
+        envd_vec_batch_wait(v->h.vec, b2);
+        CHECK(envd_vec_batch_finish(v->h.vec, b1) >= 0 &&
+                  envd_vec_batch_finish(v->h.vec, b2) >= 0, "%s: finish", what);
+        for (int64_t i = 0; i < 23; i++)
+            self_check(v, i, t, 50 + (uint64_t)i, 2, what);
+    }
+}
+
 /* The vec never resets nor truncates a RESETS_ITSELF env, seeds it before
  * init and at seeded resets only, reports its episodes from episode_end, in
  * whole steps and async batches, on every pool; refuses a time limit or
@@ -2396,7 +2443,7 @@ static void test_resets_itself(envd_pool_t *const *pools, int num_pools)
     for (int p = 0; p < num_pools; p++) {
         for (int64_t chunk = 0; chunk <= 3; chunk += 3) {
             char what[96];
-            snprintf(what, sizeof what, "self-resetting threads=%d chunk=%lld",
+            snprintf(what, sizeof what, "self-resetting %s threads=%d chunk=%lld", g_self_def->id,
                      envd_pool_num_threads(pools[p]), (long long)chunk);
             self_vec_t v;
             self_create(&v, pools[p], n, chunk, 1000);
@@ -2422,17 +2469,12 @@ static void test_resets_itself(envd_pool_t *const *pools, int num_pools)
             envd_vec_batch_t *b1, *b2;
             CHECK(envd_vec_batch_create(&b1, 12) == ENVD_OK &&
                       envd_vec_batch_create(&b2, 11) == ENVD_OK, "batch create");
-            for (int64_t t = 1; t <= 7; t++) {
-                CHECK(envd_vec_batch_submit(v.h.vec, b1, even, 12, 0) == ENVD_OK &&
-                          envd_vec_batch_submit(v.h.vec, b2, odd, 11, 0) == ENVD_OK,
-                      "%s: submit", what);
-                envd_vec_batch_wait(v.h.vec, b1);
-                envd_vec_batch_wait(v.h.vec, b2);
-                CHECK(envd_vec_batch_finish(v.h.vec, b1) >= 0 &&
-                          envd_vec_batch_finish(v.h.vec, b2) >= 0, "%s: finish", what);
-                for (int64_t i = 0; i < n; i++)
-                    self_check(&v, i, t, 50 + (uint64_t)i, 2, what);
-            }
+            self_batch_steps(&v, b1, even, b2, odd, 1, 7, what);
+            /* and runs of envs in a row (step_envs steps those) */
+            int64_t low[12], high[11];
+            for (int64_t i = 0; i < n; i++)
+                (i < 12 ? low : high)[i < 12 ? i : i - 12] = i;
+            self_batch_steps(&v, b1, low, b2, high, 8, 12, what);
             envd_vec_batch_destroy(b1);
             envd_vec_batch_destroy(b2);
             self_free(&v);
@@ -2505,6 +2547,16 @@ int main(int argc, char **argv)
     test_determinism(pools, num_pools, scaled(300, 40));
     test_batches(pools, num_pools, scaled(60, 16));
     test_max_threads(pools[num_pools - 1]);
+    test_resets_itself(pools, num_pools);
+    self_env_envs = self_env;
+    self_env_envs.id = "VecStressSelfEnvs-v0";
+    self_env_envs.step_envs = self_step_envs;
+    g_self_def = &self_env_envs;
+    test_resets_itself(pools, num_pools);
+    self_env_sums = self_env_envs;
+    self_env_sums.id = "VecStressSelfSums-v0";
+    self_env_sums.episode_fields = self_fields_renamed;
+    g_self_def = &self_env_sums;
     test_resets_itself(pools, num_pools);
 
     for (int p = 0; p < num_pools; p++)

@@ -4,8 +4,9 @@
  * Usage: ocean_sanitized_run PLUGIN.so {defaults|min|max} STEPS
  * Loads the plugin, describes, seeds, inits, resets and steps two envs with
  * every make kwarg at its default, its minimum or its maximum, with random
- * valid actions (every Box element also 50% beyond its bounds), reads the
- * episode log after each step and closes them.  Prints "ocean: ok" when
+ * valid actions (every Box element also 50% beyond its bounds; every other
+ * step through step_envs), reads the episode log after each step and closes
+ * them.  Prints "ocean: ok" when
  * done; an ASan/UBSan report ends the run (halt_on_error).
  */
 #include <dlfcn.h>
@@ -108,13 +109,22 @@ int main(int argc, char **argv)
                 else
                     ((float *)actions)[k] = (float)(rand_r(&seed) % 301 - 150) / 100.0f;
             }
-            if (def->step(states[e], &rng, actions, obs, reward, term, trunc) != ENVD_OK) {
+            /* every other step through step_envs (one env a call), which
+               must flag each step after which episode_end reports an end */
+            bool flagged = true;
+            if (t % 2 && def->step_envs) {
+                if (def->step_envs(states[e], 0, 1, actions, 0, obs, 0, reward, term,
+                                   &flagged) != 1) {
+                    fprintf(stderr, "step_envs failed\n");
+                    return 1;
+                }
+            } else if (def->step(states[e], &rng, actions, obs, reward, term, trunc) != ENVD_OK) {
                 fprintf(stderr, "step failed\n");
                 return 1;
             }
             int ended = def->episode_end(states[e], fields);
-            if (ended < 0) {
-                fprintf(stderr, "episode_end failed\n");
+            if (ended < 0 || (ended > 0 && !flagged)) {
+                fprintf(stderr, "episode_end failed or was not flagged by step_envs\n");
                 return 1;
             }
             episodes += ended;

@@ -80,6 +80,40 @@ def check_episodes(env, seed: int, size: int, agents: int, episode_len: int) -> 
         assert (info["envd_episode"]["t"] >= 0).all()
 
 
+def check_staggered_log(env, episode_lens: list[int], agents: int, copy: bool) -> None:
+    """Envs whose episodes end at different steps (per-env episode_len):
+    each step's info["envd_log"] holds the log of the rows that ended in it
+    and exactly 0 in every other row (whatever an earlier step left there);
+    with copy=True the info's arrays are the caller's own (a later step
+    changes none of them)."""
+    rows = env.num_envs
+    lens = np.repeat(episode_lens, agents)  # each row's env's episode_len
+    actions = np.stack([np.arange(rows) % 2 + 1, np.zeros(rows, np.int64)], axis=1)
+    env.reset()
+    kept = []
+    for t in range(1, 2 * int(np.lcm.reduce(episode_lens)) + 1):
+        info = env.step(actions)[4]
+        ended = t % lens == 0
+        if not ended.any():
+            assert "envd_log" not in info
+            continue
+        assert info["_envd_log"].tolist() == ended.tolist() == info["_envd_episode"].tolist()
+        log = info["envd_log"]
+        expected = {"episode_length": np.where(ended, lens, 0),
+                    "score": np.where(ended, t // lens, 0),
+                    # one agent per row here: the row's own summed rewards
+                    "episode_return": np.where(ended, lens * actions[:, 0], 0)}
+        for name in FIELDS if agents == 1 else ("episode_length", "score"):
+            assert log[name].dtype == np.float64 and log[name].shape == (rows,)
+            assert log[name].tolist() == expected[name].tolist(), (t, name, log[name])
+        assert info["envd_episode"]["l"].tolist() == expected["episode_length"].tolist()
+        kept.append((info, {name: log[name].copy() for name in FIELDS}))
+    assert len(kept) > 3
+    for info, values in kept if copy else ():  # (else valid until the next step only)
+        for name in FIELDS:  # unchanged by the steps after it
+            assert info["envd_log"][name].tolist() == values[name].tolist()
+
+
 def check_async(env, episode_len: int) -> None:
     """async_reset/send/recv: the envd_log of an env's episode end comes back
     with that env's recv (batch_size 2 of 4 envs, one agent each)."""
@@ -125,6 +159,13 @@ def in_process(library: str, threads: str) -> None:
     with envd.make(ENV_ID, 4, seed=3, num_threads=int(threads), batch_size=2,
                    episode_len=2) as env:
         check_async(env, 2)
+    for copy in (False, True):
+        with envd.make(ENV_ID, 3, seed=0, num_threads=int(threads), copy=copy,
+                       episode_len=[2, 3, 5]) as env:
+            check_staggered_log(env, [2, 3, 5], 1, copy)
+        with envd.make(ENV_ID, 2, seed=0, num_threads=int(threads), copy=copy, agents=2,
+                       episode_len=[2, 3]) as env:
+            check_staggered_log(env, [2, 3], 2, copy)
     # no seed: the host draws a base, env i gets base + i (before init too)
     with envd.make(ENV_ID, 3, num_threads=int(threads)) as env:
         obs, _ = env.reset()
@@ -176,6 +217,30 @@ def refusals(library: str) -> None:
             raise AssertionError(f"{kwargs} was accepted")
     with envd.make(ENV_ID, 2, seed=0) as env:  # the process is fine
         env.reset()
+
+
+def failing_env(library: str, threads: str) -> None:
+    """An env whose step fails (abi5_plugin.c: seeded FAILING_SEED) is named
+    by the step's error; the others stepped, once each; a reseed makes the
+    vec usable again.  With step_envs, the call resumes after the failed env."""
+    import envd
+    envd.load_plugin(library)
+    with envd.make(ENV_ID, 5, seed=999999 - 2, num_threads=int(threads), agents=2) as env:
+        obs, _ = env.reset()  # (a view of the env's buffer: copy=False)
+        actions = np.ones((env.num_envs, 2), np.int64)
+        for _ in range(2):
+            try:
+                env.step(actions)
+            except envd.NativeError as e:
+                assert "env 4 failed in its reset, step or write_info callback" in str(e), e
+            else:
+                raise AssertionError("the failing env's step was not refused")
+        # rows 4 and 5 (env 2's agents) never stepped, every other env twice
+        assert obs[:, STEP].tolist() == [2, 2, 2, 2, 0, 0, 2, 2, 2, 2]
+        obs, _ = env.reset(seed=0)
+        for t in range(1, 3):
+            obs = env.step(actions)[0]
+            assert (obs[:, STEP] == t).all()
 
 
 def serial_init(library: str, expect_overlap: str = "") -> None:
