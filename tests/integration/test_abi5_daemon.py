@@ -6,10 +6,7 @@ shows the description at the defaults."""
 from __future__ import annotations
 
 import pytest
-
-from envd.errors import InvalidArgumentError
-from support.abi5_checks import (ENV_ID, FIELDS, SOURCE, check_async, check_episodes,
-                                 check_spaces, check_staggered_log)
+from support.abi5_checks import ENV_ID, FIELDS, SOURCE, check_async, check_episodes, check_spaces, check_staggered_log
 from support.daemon import DaemonProcess, segments_of
 from support.plugin_checks import build_plugin
 
