@@ -21,6 +21,9 @@ def test_close_leaves_no_process_zombie_or_fd():
     envd.make("py:Acrobot-v1", 2, num_workers=1).close()  # the template is up
     gc.collect()
     template_pid = hosted_template.template().pid
+    # that make's worker (and earlier tests' in this process) may still be
+    # exiting on a loaded machine: start from a template with no child
+    assert wait_until(lambda: children(template_pid) == [])
     fds = open_fds()
     for _ in range(3):
         env = envd.make("py:Acrobot-v1", 6, num_workers=3)
