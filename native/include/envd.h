@@ -254,7 +254,12 @@ typedef struct envd_info_field {
  * such envs one at a time under one lock per definition: for an init that
  * writes a global). */
 #define ENVD_ENV_SERIAL_INIT (1u << 1)
-#define ENVD_ENV_FLAGS_KNOWN (ENVD_ENV_RESETS_ITSELF | ENVD_ENV_SERIAL_INIT)
+/* The definition has the step_envs field and it is set (only with
+ * ENVD_ENV_RESETS_ITSELF).  The host reads step_envs only under this flag: a
+ * definition built with an ABI 5 header from before step_envs ends before
+ * that field. */
+#define ENVD_ENV_STEP_ENVS (1u << 2)
+#define ENVD_ENV_FLAGS_KNOWN (ENVD_ENV_RESETS_ITSELF | ENVD_ENV_SERIAL_INIT | ENVD_ENV_STEP_ENVS)
 
 /* Largest num_episode_fields. */
 #define ENVD_MAX_EPISODE_FIELDS 16
@@ -347,7 +352,8 @@ typedef struct envd_description {
  *        statistics take "r" from "episode_return" and "l" from
  *        "episode_length" when the env has those fields.  A RESETS_ITSELF
  *        env without episode_end never reports an episode end.
- * step_envs: (may be NULL; only with ENVD_ENV_RESETS_ITSELF) what step does,
+ * step_envs: (read only with ENVD_ENV_STEP_ENVS, which needs
+ *        ENVD_ENV_RESETS_ITSELF and a non-NULL step_envs) what step does,
  *        for count envs in a row at once, so that a cheap env's steps run as
  *        one tight loop with no call per env (PufferLib's vec_step).  Env k
  *        (0 <= k < count): its state at (char *)state + k * stride, its
@@ -362,7 +368,9 @@ typedef struct envd_description {
  *        the host calls again from env k + 1).  The host then does what it
  *        does after each env's step.  Called for whole-vec steps and async
  *        batches of envs in a row (ids k, k + 1, ...); other batches use
- *        step.  Must step each env exactly as step would.
+ *        step.  Must step each env exactly as step would.  It gets no host
+ *        generator (step's rng): for envs whose randomness lives in their
+ *        own state (as the Ocean envs' streams do).
  *
  * Multi-agent envs (ABI 4: num_agents = A in 1..ENVD_MAX_AGENTS; ABI 2 and 3
  * definitions must declare 1).  Agents are rows: a vec of N envs has N*A rows
@@ -426,7 +434,7 @@ typedef struct envd_env_def {
     const char *const *episode_fields;
     int32_t num_episode_fields; /* 0..ENVD_MAX_EPISODE_FIELDS */
     int (*episode_end)(void *state, double *values);
-    /* may be NULL (only with ENVD_ENV_RESETS_ITSELF) */
+    /* read only with ENVD_ENV_STEP_ENVS (see above) */
     int64_t (*step_envs)(void *state, size_t stride, int64_t count, const void *actions,
                          size_t action_bytes, void *obs, size_t obs_bytes, double *rewards,
                          bool *terminated, bool *ended);

@@ -475,7 +475,7 @@ static void ocean_fill_def(void)
     ocean_def.reset = ocean_reset;
     ocean_def.step = ocean_step;
     ocean_def.close = ocean_close;
-    ocean_def.flags = ENVD_ENV_RESETS_ITSELF | (ENVD_OCEAN_FLAGS);
+    ocean_def.flags = ENVD_ENV_RESETS_ITSELF | ENVD_ENV_STEP_ENVS | (ENVD_OCEAN_FLAGS);
     ocean_def.describe = ocean_describe;
     ocean_def.seed = ocean_seed;
     ocean_def.episode_fields = ocean_episode_names;

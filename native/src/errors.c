@@ -299,13 +299,17 @@ static const char *v5_problem(const envd_env_def_t *def)
     if (v5 == NULL)
         return NULL;
     if (v5->flags & ~(uint32_t)ENVD_ENV_FLAGS_KNOWN)
-        return "flags: a bit this host does not know is set (ENVD_ENV_RESETS_ITSELF and "
-               "ENVD_ENV_SERIAL_INIT are the flags)";
+        return "flags: a bit this host does not know is set (ENVD_ENV_RESETS_ITSELF, "
+               "ENVD_ENV_SERIAL_INIT and ENVD_ENV_STEP_ENVS are the flags)";
     if ((v5->flags & ENVD_ENV_RESETS_ITSELF) && v5->max_episode_steps != 0)
         return "max_episode_steps must be 0 for an env with ENVD_ENV_RESETS_ITSELF (the host "
                "adds no time limit to it)";
-    if (v5->step_envs != NULL && !(v5->flags & ENVD_ENV_RESETS_ITSELF))
+    /* step_envs is read only under its flag (an older ABI 5 definition ends
+     * before the field) */
+    if ((v5->flags & ENVD_ENV_STEP_ENVS) && !(v5->flags & ENVD_ENV_RESETS_ITSELF))
         return "step_envs: only an env with ENVD_ENV_RESETS_ITSELF steps envs in a row";
+    if ((v5->flags & ENVD_ENV_STEP_ENVS) && v5->step_envs == NULL)
+        return "flags: ENVD_ENV_STEP_ENVS is set but step_envs is NULL";
     return episode_fields_problem(v5);
 }
 

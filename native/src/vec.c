@@ -584,7 +584,7 @@ step_self_resetting_env(run_t *run, envd_vec_t *vec, int64_t i, const int64_t A,
  * callback: a call steps up to STEP_ENVS_ROWS rows' envs in one loop of the
  * env's own, then the host's books run over them (finish_self_resetting_env).
  * A call that returns k < count (env k failed) is resumed after env k; a
- * return outside 0..count counts as 0.  Returns the rows whose episode ended.
+ * return outside 0..count fails the call's envs not yet finished.  Returns the rows whose episode ended.
  * A as in finish_self_resetting_env. */
 static inline __attribute__((always_inline)) int64_t
 step_self_resetting_envs(run_t *run, envd_vec_t *vec, int64_t begin, int64_t end,
@@ -602,26 +602,32 @@ step_self_resetting_envs(run_t *run, envd_vec_t *vec, int64_t begin, int64_t end
             reward[r] = 0.0;
             term[r] = false;
         }
+        /* an env whose ended[k] the callback left unwritten: episode_end decides */
+        for (int64_t r = 0; r < count; r++)
+            ended[r] = true;
         for (int64_t k = 0; k < count;) {
             const int64_t i = first + k;
             int64_t got = vec->step_envs(state_of(vec, i), vec->stride, count - k,
                                          vec->actions + (size_t)i * vec->action_bytes,
                                          vec->action_bytes, obs + (size_t)i * vec->obs_bytes,
                                          vec->obs_bytes, reward + k * A, term + k * A, ended + k);
-            if (got < 0 || got > count - k)
+            /* A return outside 0..count-k says nothing of which envs it
+             * stepped: every env of the call fails, none is stepped again. */
+            const bool broken = got < 0 || got > count - k;
+            if (broken)
                 got = 0;
             for (int64_t j = k; j < k + got; j++)
                 done += finish_self_resetting_env(run, vec, first + j, A, reward + j * A,
                                                   term + j * A, ended[j], ENVD_OK, clock);
             k += got;
-            if (k < count) { /* env first + k failed: its outputs are not the env's */
+            for (const int64_t last = broken ? count : k + 1; k < count && k < last; k++) {
+                /* env first + k failed: its outputs are not the env's */
                 for (int64_t a = 0; a < A; a++) {
                     reward[k * A + a] = 0.0;
                     term[k * A + a] = false;
                 }
                 done += finish_self_resetting_env(run, vec, first + k, A, reward + k * A,
                                                   term + k * A, false, ENVD_EENV, clock);
-                k++;
             }
         }
     }
@@ -1484,7 +1490,7 @@ int envd_vec_create(envd_vec_t **out, const envd_env_def_t *def,
         vec->resets_itself = v5->flags & ENVD_ENV_RESETS_ITSELF;
         vec->seed_env = v5->seed;
         vec->episode_end = v5->episode_end;
-        vec->step_envs = v5->step_envs;
+        vec->step_envs = (v5->flags & ENVD_ENV_STEP_ENVS) ? v5->step_envs : NULL;
         vec->num_log = v5->num_episode_fields;
     }
     vec->log_return = episode_field(v5, "episode_return");

@@ -29,12 +29,17 @@
  * TIME_LIMIT (max_episode_steps 10 with RESETS_ITSELF), MANY_FIELDS
  * (17 episode fields), DESCRIBE_DEFAULT_FAILS (describe fails at the
  * defaults), DESCRIBE_BAD (describe returns num_agents 0), STEP_ENVS_NO_FLAG
- * (step_envs without ENVD_ENV_RESETS_ITSELF).  NO_SERIAL (loads):
- * without ENVD_ENV_SERIAL_INIT, to show that the serial-init check can fail.
+ * (step_envs without ENVD_ENV_RESETS_ITSELF), STEP_ENVS_NULL
+ * (ENVD_ENV_STEP_ENVS with no step_envs).  NO_SERIAL (loads): without
+ * ENVD_ENV_SERIAL_INIT, to show that the serial-init check can fail.
+ * STEP_ENVS_UNFLAGGED (loads): step_envs set without ENVD_ENV_STEP_ENVS, as
+ * the field's bytes look to a host reading an older ABI 5 definition: the
+ * host must never call it (it aborts).
  */
 #include <envd.h>
 
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <time.h>
 
 typedef struct abi5_state {
@@ -143,6 +148,9 @@ __attribute__((unused)) static int64_t abi5_step_envs(void *state, size_t stride
                               size_t action_bytes, void *obs, size_t obs_bytes, double *rewards,
                               bool *terminated, bool *ended)
 {
+#ifdef STEP_ENVS_UNFLAGGED
+    abort(); /* read without its flag */
+#endif
     for (int64_t k = 0; k < count; k++) {
         abi5_state_t *s = (abi5_state_t *)((char *)state + (size_t)k * stride);
         int rc = abi5_step(s, NULL, (const char *)actions + (size_t)k * action_bytes,
@@ -246,16 +254,20 @@ static const envd_env_def_t abi5_env = {
 #elif defined(NO_SERIAL)
     .flags = ENVD_ENV_RESETS_ITSELF,
 #elif defined(STEP_ENVS_NO_FLAG)
-    .flags = ENVD_ENV_SERIAL_INIT,
-#else
+    .flags = ENVD_ENV_SERIAL_INIT | ENVD_ENV_STEP_ENVS,
+#elif defined(STEP_ENVS_NULL)
+    .flags = ENVD_ENV_RESETS_ITSELF | ENVD_ENV_SERIAL_INIT | ENVD_ENV_STEP_ENVS,
+#elif defined(NO_STEP_ENVS) || defined(STEP_ENVS_UNFLAGGED)
     .flags = ENVD_ENV_RESETS_ITSELF | ENVD_ENV_SERIAL_INIT,
+#else
+    .flags = ENVD_ENV_RESETS_ITSELF | ENVD_ENV_SERIAL_INIT | ENVD_ENV_STEP_ENVS,
 #endif
     .describe = abi5_describe,
     .seed = abi5_seed,
     .episode_fields = fields,
     .num_episode_fields = NUM_FIELDS,
     .episode_end = abi5_episode_end,
-#ifndef NO_STEP_ENVS
+#if !defined(NO_STEP_ENVS) && !defined(STEP_ENVS_NULL)
     .step_envs = abi5_step_envs,
 #endif
 };

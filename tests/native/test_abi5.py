@@ -31,6 +31,14 @@ def test_env_by_env_steps_as_step_envs(plugin_without_step_envs):
     run_check("in_process", str(plugin_without_step_envs), "0", timeout=300)
 
 
+def test_step_envs_is_read_only_under_its_flag(tmp_path):
+    """A definition whose step_envs bytes are set without ENVD_ENV_STEP_ENVS
+    (what a host sees past the end of a definition built with an older ABI 5
+    header) steps env by env: that step_envs aborts if called."""
+    library = build_plugin(SOURCE, tmp_path / "libabi5_unflagged.so", "STEP_ENVS_UNFLAGGED")
+    run_check("in_process", str(library), "2", timeout=300)
+
+
 @pytest.mark.parametrize("threads", [0, 2])
 @pytest.mark.parametrize("variant", ["step_envs", "step"])
 def test_a_failing_env_is_named_and_the_others_step(plugin, plugin_without_step_envs, variant,
@@ -54,6 +62,7 @@ BROKEN = {
     "DESCRIBE_DEFAULT_FAILS": "describe fails at the default params",
     "DESCRIBE_BAD": "num_agents must be in 1..ENVD_MAX_AGENTS",
     "STEP_ENVS_NO_FLAG": "step_envs: only an env with ENVD_ENV_RESETS_ITSELF steps envs in a row",
+    "STEP_ENVS_NULL": "flags: ENVD_ENV_STEP_ENVS is set but step_envs is NULL",
 }
 
 

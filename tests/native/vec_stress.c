@@ -2551,6 +2551,7 @@ int main(int argc, char **argv)
     self_env_envs = self_env;
     self_env_envs.id = "VecStressSelfEnvs-v0";
     self_env_envs.step_envs = self_step_envs;
+    self_env_envs.flags |= ENVD_ENV_STEP_ENVS;
     g_self_def = &self_env_envs;
     test_resets_itself(pools, num_pools);
     self_env_sums = self_env_envs;
