@@ -302,8 +302,12 @@ class OceanBench:
             auto = runs[AUTO].dispatch()
             cpu = {s: list(run.cpu_ns) for s, run in runs.items() if getattr(run, "cpu_ns", None)}
         finally:
-            for run in runs.values():
-                run.close()
+            # every run closed even if one's close raises; the last made
+            # (PufferLib Multiprocessing, whose workers must not outlive the
+            # benchmark) first
+            with contextlib.ExitStack() as closing:
+                for run in runs.values():
+                    closing.callback(run.close)
         ratios = {s: paired_ratios(values[s], values[PUFFER_SERIAL])
                   for s in RATIOS if s in values}
         ratios.update({name: paired_ratios(values[a], values[b])

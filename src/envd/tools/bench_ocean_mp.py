@@ -126,10 +126,16 @@ def _serve(ocean: Path, env: str, binding_path: Path, num_envs: int, batches_pat
     """The child: make the vec, reset it (seed 0), then answer the parent."""
     from envd.tools.bench import steps_per_second
 
+    # The answers go on a private copy of stdout; fd 1 becomes stderr, so
+    # that what the env's C code or PufferLib's workers print never reaches
+    # the parent's parser.
+    answers = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     try:
         vec = make_vec(ocean, env, binding_path, num_envs)
     except Exception as exc:  # noqa: BLE001  (reported to the parent as the column's n/a)
-        print(f"error {type(exc).__name__}: {exc}".replace("\n", " "), flush=True)
+        print(f"error {type(exc).__name__}: {exc}".replace("\n", " "), file=answers)
         return
     try:
         vec.async_reset(0)
@@ -143,7 +149,7 @@ def _serve(ocean: Path, env: str, binding_path: Path, num_envs: int, batches_pat
             vec.recv()
             state["k"] = (state["k"] + 1) % len(batches)
 
-        print(f"ready {vec.num_envs}", flush=True)
+        print(f"ready {vec.num_envs}", file=answers)
         for line in sys.stdin:
             words = line.split()
             if words[:1] != ["rate"]:
@@ -153,7 +159,7 @@ def _serve(ocean: Path, env: str, binding_path: Path, num_envs: int, batches_pat
             # with sleeps: answer once they sleep, so that their spinning never
             # overlaps the benchmark's next measurement.
             time.sleep(IDLE_SPIN_S)
-            print(rate, flush=True)
+            print(rate, file=answers)
     finally:
         vec.close()
 
@@ -174,15 +180,21 @@ class PufferMultiprocessingRun:
                  str(binding_path), str(num_envs), str(batches_path)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True,
                 start_new_session=True)
+        self._closed = False
         if self.proc.stdin is None or self.proc.stdout is None:  # both are PIPE
+            self.proc.kill()
+            self.proc.wait()
             raise RuntimeError("the PufferLib Multiprocessing child has no pipes")
         self.stdin, self.stdout = self.proc.stdin, self.proc.stdout
-        first = self._line(0.0).strip()
-        if not first.startswith("ready "):
+        try:  # the child's whole group goes whatever stops the handshake (^C too)
+            first = self._line(0.0).strip()
+            if not first.startswith("ready "):
+                why = first.removeprefix("error ") or self._stderr_tail()
+                raise RuntimeError(why or "the child exited without a word")
+            self.rows = int(first.split()[1])
+        except BaseException:
             self.close()
-            why = first.removeprefix("error ") or self._stderr_tail()
-            raise RuntimeError(why or "the child exited without a word")
-        self.rows = int(first.split()[1])
+            raise
 
     def _line(self, seconds: float) -> str:
         """The child's next line ("" if it ended or did not answer in time)."""
@@ -206,7 +218,11 @@ class PufferMultiprocessingRun:
 
     def close(self) -> None:
         """Ask the child to close its vec and exit; kill its whole group
-        (its PufferLib workers too) if it does not."""
+        (its PufferLib workers too) if it does not.  Once: the group's id
+        is not the child's after it is reaped."""
+        if self._closed:
+            return
+        self._closed = True
         if self.proc.poll() is None:
             try:
                 self.stdin.write("close\n")

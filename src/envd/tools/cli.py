@@ -104,6 +104,8 @@ def _envs_on_every_daemon(multi: envd.MultiClient) -> list[dict[str, Any]]:
     spread), described as the first daemon describes them; a line on stderr
     names the envs only some daemons serve."""
     per_daemon = [client.describe_envs() for client in multi.clients]
+    if not per_daemon:
+        return []
     common = set.intersection(*({env["id"] for env in envs} for envs in per_daemon))
     partial = sorted({env["id"] for envs in per_daemon for env in envs} - common)
     if partial:
