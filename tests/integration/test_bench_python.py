@@ -6,10 +6,13 @@ to exist.  PufferLib and SB3 are optional (the ``bench`` extra): without
 them their rows must say n/a and why."""
 from __future__ import annotations
 
+import glob
 import importlib.util
 import json
+import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -19,6 +22,8 @@ from envd.tools.bench import Unavailable
 NUM_ENVS = 4
 ROUNDS = 2
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+#: the temporary folders a run makes (its daemon's endpoint lies there)
+BENCH_FOLDERS = os.path.join(tempfile.gettempdir(), "envd-bench-python-*")
 HAS = {bench_python.PUFFER: importlib.util.find_spec("pufferlib") is not None,
        bench_python.SB3: importlib.util.find_spec("stable_baselines3") is not None,
        bench_python.ENVPOOL: importlib.util.find_spec("envpool") is not None}
@@ -33,7 +38,13 @@ HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def folders_before() -> set[str]:
+    """The benchmark's temporary folders already there (other runs')."""
+    return set(glob.glob(BENCH_FOLDERS))
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, folders_before):
     """`envd bench --python --quick --num-envs 4`, stderr a pipe."""
     out = tmp_path_factory.mktemp("bench-python") / "results"
     proc = subprocess.run(
@@ -135,12 +146,10 @@ def test_the_plot_is_a_png(run):
     assert (out / "python_envs.png").read_bytes()[:8] == PNG_MAGIC
 
 
-def test_no_daemon_is_left(run):
+def test_no_daemon_is_left(run, folders_before):
     """The run's daemon (its endpoint lies in a folder named
-    envd-bench-python-*) has exited, and the folder is gone."""
-    import glob
-    import os
-    import tempfile
+    envd-bench-python-*) has exited, and the folder is gone (folders other
+    runs on this machine left are not this run's)."""
     left = []
     for name in os.listdir("/proc"):
         try:
@@ -150,7 +159,7 @@ def test_no_daemon_is_left(run):
         except (OSError, ValueError):
             continue
     assert not left
-    assert not glob.glob(os.path.join(tempfile.gettempdir(), "envd-bench-python-*"))
+    assert set(glob.glob(BENCH_FOLDERS)) <= folders_before
 
 
 # ---- pieces, on made-up inputs -------------------------------------------------------------
@@ -330,3 +339,33 @@ def test_bad_options_are_refused(capsys):
             cli.main(["bench", *argv])
         assert exit_info.value.code == 2, argv
         assert "envd bench:" in capsys.readouterr().err
+
+
+def test_sigterm_stops_the_run_and_leaves_nothing(tmp_path, folders_before):
+    """A run killed with SIGTERM (a CI timeout, `kill`) stops its daemon and
+    removes its temporary folder, as ^C does."""
+    import signal
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "envd", "bench", "--python", "--quick", "--out",
+         str(tmp_path / "results"), "--num-envs", str(NUM_ENVS), "--no-progress"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 300
+        while not set(glob.glob(BENCH_FOLDERS)) - folders_before:  # its daemon is up
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=300) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert set(glob.glob(BENCH_FOLDERS)) <= folders_before
+    for name in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                assert b"/envd-bench-python-" not in f.read(), f"pid {name} left"
+        except OSError:
+            continue
