@@ -31,6 +31,10 @@ from pathlib import Path
 
 BEGIN = "/* cffi:begin */"
 END = "/* cffi:end */"
+#: a comment line that means to be a marker (any spacing or case): one that is
+#: not exactly BEGIN or END is refused, not read as a plain comment that
+#: silently leaves its declarations out of the cdef
+_MARKER_LIKE = re.compile(r"/\*\s*cffi\s*:?\s*(begin|end)\s*\*/", re.I)
 
 # A string or character literal, or a comment (kept apart so that "/*" inside
 # a string is not taken for a comment).
@@ -58,7 +62,7 @@ def headers(native: Path) -> list[Path]:
 
     for name in found:
         visit(name, ())
-    return [p for p in order if BEGIN in p.read_text() or END in p.read_text()]
+    return [p for p in order if _MARKER_LIKE.search(p.read_text())]
 
 
 def _split_marked(path: Path) -> list[tuple[bool, str]]:
@@ -68,6 +72,9 @@ def _split_marked(path: Path) -> list[tuple[bool, str]]:
     marked = False
     for number, raw in enumerate(path.read_text().split("\n"), 1):
         line = raw.strip()
+        if line not in (BEGIN, END) and _MARKER_LIKE.fullmatch(line):
+            raise ValueError(f"{path.name}:{number}: {line!r} is not a marker: write "
+                             f"{BEGIN} or {END} exactly")
         if line in (BEGIN, END):
             if marked and line == BEGIN:
                 raise ValueError(f"{path.name}:{number}: {BEGIN} inside a marked region")

@@ -787,14 +787,13 @@ class BatchedVecEnv(VectorEnv):
         column's when that env is a column row, else the other env's, the
         column values cast into it."""
         first = int(np.argmax(rows))
-        others = np.flatnonzero(~rows).tolist()  # (the few rows not in the columns)
+        others = ~rows
         for key, name, kind in self._info_column_types:
             column = out[name]
             mask = infos.get("_" + key)
             if mask is None or first < int(np.argmax(mask)):
-                array = column.copy()  # (then zeros where rows is not set)
-                for k in others:
-                    array[k] = 0
+                array = column.copy()
+                array[others] = 0  # (zeros where rows is not set)
                 if mask is not None:  # (the other envs' values, cast as _add_info casts them)
                     for k in np.flatnonzero(mask).tolist():
                         array[k] = payloads[k][key]

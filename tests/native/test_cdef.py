@@ -190,6 +190,8 @@ def test_a_declaration_added_to_a_marked_region_reaches_the_cdef(tmp_path):
      "static"),
     ("/* cffi:begin */\n#ifdef __cplusplus\nint envd_c(void);\n#endif\n/* cffi:end */\n",
      "every branch"),
+    ("/* cffi: begin */\nint envd_d(void);\n/* cffi:end */\n", "is not a marker"),
+    ("/*cffi:END*/\n", "is not a marker"),
 ])
 def test_a_bad_marking_is_refused_with_the_header_named(tmp_path, header, problem):
     native = _copy_headers(tmp_path)
