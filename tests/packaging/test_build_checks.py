@@ -7,28 +7,18 @@ compiler taken away, to show the one line comes out of a real build.
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from support.build_scripts import load_build_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def load_build_checks():
-    """native/build_checks.py: a build script of the checkout, not part of the
-    installed package, loaded from its file."""
-    spec = importlib.util.spec_from_file_location("envd_build_checks",
-                                                  ROOT / "native" / "build_checks.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-checks = load_build_checks()
+checks = load_build_script("build_checks")
 
 
 @pytest.mark.parametrize("platform", ["darwin", "win32", "freebsd14", "cygwin"])

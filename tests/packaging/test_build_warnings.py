@@ -7,26 +7,18 @@ envd's own (under the module's OWN_SOURCES, pointed at a temporary folder),
 one not, each with the same warning."""
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 from setuptools import Distribution, Extension
 from setuptools.command.build_ext import build_ext
 from setuptools.errors import CompileError
+from support.build_scripts import load_build_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def load_build_warnings():
-    spec = importlib.util.spec_from_file_location("envd_build_warnings",
-                                                  ROOT / "native" / "build_warnings.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-bw = load_build_warnings()
+bw = load_build_script("build_warnings")
 # an unused variable: -Wall warns about it (-Wunused-variable)
 WARNS = "int envd_test_{name}(void) {{ int unused; return 0; }}\n"
 CLEAN = "int envd_test_{name}(void) {{ return 0; }}\n"
