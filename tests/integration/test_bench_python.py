@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 
 import pytest
 
@@ -22,8 +21,9 @@ from envd.tools.bench import Unavailable
 NUM_ENVS = 4
 ROUNDS = 2
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-#: the temporary folders a run makes (its daemon's endpoint lies there)
-BENCH_FOLDERS = os.path.join(tempfile.gettempdir(), "envd-bench-python-*")
+#: the temporary folders a run makes (its daemon's endpoint lies there), in
+#: the run's own TMPDIR (private_tmp): other runs on the machine are not seen
+BENCH_FOLDERS = "envd-bench-python-*"
 HAS = {bench_python.PUFFER: importlib.util.find_spec("pufferlib") is not None,
        bench_python.SB3: importlib.util.find_spec("stable_baselines3") is not None,
        bench_python.ENVPOOL: importlib.util.find_spec("envpool") is not None}
@@ -37,26 +37,43 @@ def measured(system: str, env_id: str) -> bool:
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 
 
-@pytest.fixture(scope="module")
-def folders_before() -> set[str]:
-    """The benchmark's temporary folders already there (other runs')."""
-    return set(glob.glob(BENCH_FOLDERS))
+def private_tmp(folder) -> dict[str, str]:
+    """The environment of a run whose temporary folders go under folder."""
+    folder.mkdir(exist_ok=True)
+    return {**os.environ, "TMPDIR": str(folder)}
+
+
+def processes_naming(text: str) -> list[int]:
+    """The processes whose command line holds text (a run's daemon names its
+    endpoint, in the run's temporary folder, there)."""
+    found = []
+    for name in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                if text.encode() in f.read():
+                    found.append(int(name))
+        except (OSError, ValueError):
+            continue
+    return found
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory, folders_before):
-    """`envd bench --python --quick --num-envs 4`, stderr a pipe."""
+def run(tmp_path_factory):
+    """`envd bench --python --quick --num-envs 4`, stderr a pipe; its
+    temporary folders under the module's own TMPDIR (run[2])."""
     out = tmp_path_factory.mktemp("bench-python") / "results"
+    tmp = out.parent / "tmp"
     proc = subprocess.run(
         [sys.executable, "-m", "envd", "bench", "--python", "--quick", "--out", str(out),
          "--num-envs", str(NUM_ENVS), "--seconds", "0.05", "--rounds", str(ROUNDS)],
-        check=False, capture_output=True, text=True, timeout=900, cwd=out.parent)
+        check=False, capture_output=True, text=True, timeout=900, cwd=out.parent,
+        env=private_tmp(tmp))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc, out
+    return proc, out, tmp
 
 
 def test_the_report_has_every_system_and_env(run):
-    proc, _ = run
+    proc, _, _ = run
     stdout = proc.stdout
     assert "CPU:" in stdout and "load average" in stdout
     assert "WARNING: the machine was loaded" in stdout or "machine load: quiet" in stdout
@@ -101,7 +118,7 @@ def test_the_report_has_every_system_and_env(run):
 
 
 def test_the_json_csv_and_readme_table(run):
-    _, out = run
+    _, out, _ = run
     r = json.loads((out / "results.json").read_text())
     assert r["num_envs"] == NUM_ENVS and r["envs"] == list(bench_python.ENVS)
     for env_id in bench_python.ENVS:
@@ -142,24 +159,17 @@ def test_the_json_csv_and_readme_table(run):
 
 @pytest.mark.skipif(not HAS_MATPLOTLIB, reason="matplotlib not installed")
 def test_the_plot_is_a_png(run):
-    _, out = run
+    _, out, _ = run
     assert (out / "python_envs.png").read_bytes()[:8] == PNG_MAGIC
 
 
-def test_no_daemon_is_left(run, folders_before):
+def test_no_daemon_is_left(run):
     """The run's daemon (its endpoint lies in a folder named
-    envd-bench-python-*) has exited, and the folder is gone (folders other
-    runs on this machine left are not this run's)."""
-    left = []
-    for name in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                if b"/envd-bench-python-" in f.read():
-                    left.append(int(name))
-        except (OSError, ValueError):
-            continue
-    assert not left
-    assert set(glob.glob(BENCH_FOLDERS)) <= folders_before
+    envd-bench-python-* in the run's TMPDIR) has exited, and the folder is
+    gone."""
+    _, _, tmp = run
+    assert not processes_naming(f"{tmp}/envd-bench-python-")
+    assert not glob.glob(str(tmp / BENCH_FOLDERS))
 
 
 # ---- pieces, on made-up inputs -------------------------------------------------------------
@@ -341,19 +351,21 @@ def test_bad_options_are_refused(capsys):
         assert "envd bench:" in capsys.readouterr().err
 
 
-def test_sigterm_stops_the_run_and_leaves_nothing(tmp_path, folders_before):
+def test_sigterm_stops_the_run_and_leaves_nothing(tmp_path):
     """A run killed with SIGTERM (a CI timeout, `kill`) stops its daemon and
-    removes its temporary folder, as ^C does."""
+    removes its temporary folder (envd.tools.bench_teardown)."""
     import signal
     import time
 
+    tmp = tmp_path / "tmp"
     proc = subprocess.Popen(
         [sys.executable, "-m", "envd", "bench", "--python", "--quick", "--out",
          str(tmp_path / "results"), "--num-envs", str(NUM_ENVS), "--no-progress"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path,
+        env=private_tmp(tmp))
     try:
         deadline = time.monotonic() + 300
-        while not set(glob.glob(BENCH_FOLDERS)) - folders_before:  # its daemon is up
+        while not glob.glob(str(tmp / BENCH_FOLDERS)):  # its daemon is starting
             assert proc.poll() is None and time.monotonic() < deadline
             time.sleep(0.05)
         proc.send_signal(signal.SIGTERM)
@@ -362,10 +374,5 @@ def test_sigterm_stops_the_run_and_leaves_nothing(tmp_path, folders_before):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert set(glob.glob(BENCH_FOLDERS)) <= folders_before
-    for name in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                assert b"/envd-bench-python-" not in f.read(), f"pid {name} left"
-        except OSError:
-            continue
+    assert not glob.glob(str(tmp / BENCH_FOLDERS))
+    assert not processes_naming(f"{tmp}/envd-bench-python-")

@@ -37,6 +37,7 @@ machine meanwhile.
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import ctypes
 import dataclasses
@@ -49,7 +50,6 @@ import platform
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
@@ -59,7 +59,7 @@ from typing import Any, TextIO
 import numpy as np
 
 import envd
-from envd.tools import bench_learner, bench_load, bench_multi, bench_pair, bench_readme
+from envd.tools import bench_learner, bench_load, bench_multi, bench_pair, bench_readme, bench_teardown
 from envd.tools.bench_rounds import (
     interleaved_rounds,
     judge,
@@ -374,17 +374,21 @@ class Bench:
         self.fixed_threads = _sweep_threads(self.cpus)
         self.daemons: dict[str, tuple[subprocess.Popen, str]] = {}
         self.clients: dict[str, Any] = {}
-        self.folder: tempfile.TemporaryDirectory | None = None
+        #: the run's folder (its daemons' sockets) and daemons, registered with
+        #: bench_teardown until close()
+        self.folder: str | None = None
+        self._registered = contextlib.ExitStack()
         self.progress = Progress(0, enabled=False)
         self.results: dict[str, Any] = {}
 
     # -- lifecycle
     def start_daemons(self) -> None:
-        self.folder = tempfile.TemporaryDirectory(prefix="envd-bench-suite-")
+        self.folder = self._registered.enter_context(
+            bench_teardown.temporary_folder("envd-bench-suite-"))
         procs = {}
         for label, count in (("1", 1), ("auto", self.auto_threads),
                              ("half-a", self.half_threads), ("half-b", self.half_threads)):
-            endpoint = f"ipc://{self.folder.name}/envd-{label}.sock"
+            endpoint = f"ipc://{self.folder}/envd-{label}.sock"
             args = [sys.executable, "-m", "envd", "--bind", endpoint,
                     "--log-level", "warning", "--threads", str(count)]
             # The daemons are the benchmark's own: no ENVD_* setting of the
@@ -392,9 +396,10 @@ class Bench:
             environ = {k: v for k, v in os.environ.items() if not k.startswith("ENVD_")}
             # preexec_fn: this runs before any client (and its threads) exists.
             procs[label] = (subprocess.Popen(
-                args, cwd=self.folder.name, stdin=subprocess.DEVNULL, env=environ,
+                args, cwd=self.folder, stdin=subprocess.DEVNULL, env=environ,
                 preexec_fn=_die_with_parent), endpoint)
             self.daemons[label] = procs[label]
+            self._registered.enter_context(bench_teardown.daemon(procs[label][0]))
         deadline = time.monotonic() + 90
         for label, (proc, endpoint) in procs.items():
             while label not in self.clients:
@@ -423,9 +428,8 @@ class Bench:
                 proc.kill()
                 proc.wait()
         self.daemons.clear()
-        if self.folder is not None:
-            self.folder.cleanup()
-            self.folder = None
+        self._registered.close()  # (removes the folder)
+        self.folder = None
         self.progress.close()
 
     # -- what is measured

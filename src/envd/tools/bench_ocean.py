@@ -49,7 +49,7 @@ import numpy as np
 
 import envd
 from envd.native.registry import get_spec
-from envd.tools import bench_load, bench_pair
+from envd.tools import bench_load, bench_pair, bench_teardown
 from envd.tools.bench import Unavailable, _jsonable, machine_info, steps_per_second, timed_steps
 from envd.tools.bench_ocean_mp import PufferMultiprocessingRun
 from envd.tools.bench_rounds import interleaved_rounds, judge, paired_ratios, ratio_text, spread_text
@@ -357,7 +357,7 @@ class OceanBench:
         results = []
         with contextlib.ExitStack() as stack:
             self.scratch = Path(stack.enter_context(
-                tempfile.TemporaryDirectory(prefix="envd-bench-ocean-")))
+                bench_teardown.temporary_folder("envd-bench-ocean-")))
             clients = {DAEMON: start_daemon(stack, envs, cache, None),
                        DAEMON_ONE: start_daemon(stack, envs, cache, 1)}
             for env in envs:

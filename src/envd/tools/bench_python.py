@@ -54,7 +54,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -63,7 +62,7 @@ from typing import Any, TextIO
 import numpy as np
 
 import envd
-from envd.tools import bench_load
+from envd.tools import bench_load, bench_teardown
 from envd.tools.bench import (
     Progress,
     SyncRun,
@@ -492,7 +491,7 @@ def hosting_daemon(env_ids: tuple[str, ...], threads: int | None = 1,
     stops the daemon (SIGTERM, then SIGKILL after 30 s) and removes the
     directory on exit.  The daemon dies with this process (PR_SET_PDEATHSIG) and ignores
     the caller's ENVD_* settings."""
-    with tempfile.TemporaryDirectory(prefix="envd-bench-python-") as folder:
+    with bench_teardown.temporary_folder("envd-bench-python-") as folder:
         endpoint = f"ipc://{folder}/envd.sock"
         args = [sys.executable, "-m", "envd", "--bind", endpoint, "--log-level", "warning",
                 *(() if threads is None else ("--threads", str(threads))), *extra_args]
@@ -504,7 +503,7 @@ def hosting_daemon(env_ids: tuple[str, ...], threads: int | None = 1,
                                 stderr=sink, env=environ,
                                 preexec_fn=_die_with_parent)
         try:
-            with wait_for_daemon(proc, endpoint) as client:
+            with bench_teardown.daemon(proc), wait_for_daemon(proc, endpoint) as client:
                 yield client
         finally:
             if proc.poll() is None:

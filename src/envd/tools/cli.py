@@ -317,16 +317,11 @@ def _status(endpoint: str | None, timeout: float, as_json: bool,
     return 0
 
 
-def _exit_on_sigterm(signum: int, _frame: object) -> None:
-    """SIGTERM as an exit: the benchmark's daemons stop and its temporary
-    folders go, as they do on ^C (a killed run left them behind)."""
-    raise SystemExit(128 + signum)
-
-
 def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from envd.tools import bench as benchmark
+    from envd.tools import bench_teardown
 
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    bench_teardown.install()  # a killed run leaves no daemon, process or folder
     if args.seconds is not None and args.seconds <= 0:
         parser.error("envd bench: --seconds must be > 0")
     if args.rounds is not None and args.rounds < 1:
