@@ -193,6 +193,8 @@ class _DaemonActor:
         return DaemonInfo(node_id, node_ip, ipc, tcp, self._pid)
 
     def _read(self, name: str) -> str | None:
+        if self._sock_dir is None:  # (not started)
+            return None
         try:
             with open(os.path.join(self._sock_dir, name), encoding="ascii") as f:
                 return f.read()
@@ -200,6 +202,8 @@ class _DaemonActor:
             return None
 
     def _log_tail(self) -> str:
+        if self._sock_dir is None:  # (not started)
+            return "(no output)"
         try:
             with open(os.path.join(self._sock_dir, "daemon.log"), "rb") as f:
                 return " / ".join(f.read().decode(errors="replace").strip().splitlines()[-3:])
@@ -292,7 +296,7 @@ class DaemonSet:
     def connect(self, **kwargs: Any) -> envd.MultiClient:
         """envd.connect over every daemon (kwargs such as timeout go to each Client)."""
         self._check_open()
-        return envd.connect(self.endpoints(), **self.connect_kwargs(), **kwargs)
+        return envd.MultiClient(self.endpoints(), **self.connect_kwargs(), **kwargs)
 
     def node_of(self, endpoint: str) -> DaemonInfo | None:
         """The daemon serving endpoint (ipc or tcp), or None."""

@@ -41,6 +41,7 @@ import contextlib
 import csv
 import ctypes
 import dataclasses
+import functools
 import gc
 import inspect
 import json
@@ -52,7 +53,7 @@ import subprocess
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -101,8 +102,9 @@ class Settings:
     @classmethod
     def quick(cls, **overrides: Any) -> Settings:
         """Settings that finish in about a minute on a 2-core machine."""
-        values = {"seconds": 0.03, "rounds": 2, "latency_steps": 400, "scaling_seconds": 0.2,
-                  "learner_envs": 1024, "learner_seconds": 0.05}
+        values: dict[str, Any] = {"seconds": 0.03, "rounds": 2, "latency_steps": 400,
+                                  "scaling_seconds": 0.2, "learner_envs": 1024,
+                                  "learner_seconds": 0.05}
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
 
@@ -242,7 +244,7 @@ class SyncRun:
         self.env.close()
 
 
-def latency_rounds(runs: dict[str, SyncRun], rounds: int, per_round: int,
+def latency_rounds(runs: Mapping[str, SyncRun], rounds: int, per_round: int,
                    progress: Progress) -> dict[str, dict[str, Any]]:
     """Each run's round trip of one call (us) over interleaved rounds of
     per_round calls (gc paused): {name: {p50, p99, count, p50_rounds,
@@ -435,21 +437,27 @@ class Bench:
     # -- what is measured
     def configs(self, env_id: str, n: int) -> dict[tuple[str, str], Callable[[], Any]]:
         """(system, threads) -> a factory of the run object, for one env and N."""
+        def in_process(count: int | None) -> Callable[[], Any]:
+            return lambda: SyncRun(envd.make(env_id, n, seed=0, num_threads=count), n)
+
+        def daemon(threads: str, fast_path: bool) -> Callable[[], Any]:
+            return lambda: SyncRun(remote_env(self.clients[threads], env_id, n, fast_path), n)
+
+        def envpool_sync(threads: str) -> Callable[[], Any]:
+            return lambda: SyncRun(_envpool_make(env_id, n, n, threads), n, envpool=True)
+
         found: dict[tuple[str, str], Callable[[], Any]] = {}
         for threads in [*map(str, self.fixed_threads), "auto"]:
-            count = None if threads == "auto" else int(threads)
-            found[("envd in-process", threads)] = (
-                lambda count=count: SyncRun(envd.make(env_id, n, seed=0, num_threads=count), n))
+            found[("envd in-process", threads)] = in_process(
+                None if threads == "auto" else int(threads))
         if env_id != ENV_ID:
             return found  # the other envs: the thread sweep only
         for threads in ("1", "auto"):
-            found[("envd daemon socket", threads)] = (
-                lambda t=threads: SyncRun(remote_env(self.clients[t], env_id, n, False), n))
-            found[("envd fast path", threads)] = (
-                lambda t=threads: SyncRun(remote_env(self.clients[t], env_id, n, True), n))
-            found[("EnvPool sync", threads)] = (
-                lambda t=threads: SyncRun(_envpool_make(env_id, n, n, t), n, envpool=True))
-            found[("EnvPool async", threads)] = lambda t=threads: _envpool_async(env_id, n, t)
+            found[("envd daemon socket", threads)] = daemon(threads, False)
+            found[("envd fast path", threads)] = daemon(threads, True)
+            found[("EnvPool sync", threads)] = envpool_sync(threads)
+            found[("EnvPool async", threads)] = functools.partial(_envpool_async, env_id, n,
+                                                                  threads)
         found[("gymnasium numpy vector", "-")] = lambda: _gym_vector(env_id, n)
         found[("gymnasium AsyncVectorEnv", "-")] = lambda: _gym_async_run(env_id, n)
         return found
@@ -760,15 +768,16 @@ def assemble(machine: dict[str, Any], bench: Bench, groups: dict, latency: dict,
         rows.append({"system": system, "threads": threads,
                      "cells": {n: _median_or_reason(c) for n, c in measured.items()},
                      "rounds": {n: c for n, c in measured.items() if isinstance(c, list)}})
-    sweep, sweep_rounds = {}, {}
+    sweep: dict[str, Any] = {}
+    sweep_rounds: dict[str, Any] = {}
     for env_id in SWEEP_ENVS:
         keys = [*map(str, bench.fixed_threads), "auto"]
-        measured = {t: {n: groups[env_id][n][("envd in-process", t)] for n in s.sizes}
-                    for t in keys}
+        by_threads = {t: {n: groups[env_id][n][("envd in-process", t)] for n in s.sizes}
+                      for t in keys}
         sweep[env_id] = {t: {n: _median_or_reason(c) for n, c in cells.items()}
-                         for t, cells in measured.items()}
+                         for t, cells in by_threads.items()}
         sweep_rounds[env_id] = {t: {n: c for n, c in cells.items() if isinstance(c, list)}
-                                for t, cells in measured.items()}
+                                for t, cells in by_threads.items()}
     results = {
         "machine": machine,
         "settings": dataclasses.asdict(s),
@@ -821,7 +830,7 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
     ratio = paired_ratios(fast_p50, pool_p50) if fast_p50 and pool_p50 else None
     add("N=1 fast path round trip p50 <= 0.5x EnvPool in-process per call", ratio, "<=", 0.5,
         f"{spread_text(fast_p50, _us)} / {spread_text(pool_p50, _us)} = {ratio_text(ratio)}"
-        if ratio else why(fast, "") or why(pool))
+        if ratio and fast_p50 and pool_p50 else why(fast, "") or why(pool))
 
     def daemon_best(n: int) -> tuple[list[float] | None, str]:
         """The daemon path with the higher median at n, and its rounds."""
@@ -837,7 +846,7 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
     best, which = daemon_best(4096)
     inproc = rounds("envd in-process", "auto", 4096)
     ratio = paired_ratios(best, inproc) if best and inproc else None
-    if ratio:
+    if ratio and best and inproc:
         detail = f"{which} {spread_text(best)} / {spread_text(inproc)} = {ratio_text(ratio)}"
     else:
         detail = "N=4096 not in --sizes" if 4096 not in sizes else "not measured"
@@ -847,7 +856,7 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
     pools = [v for v in (rounds("EnvPool sync", t, 1024) for t in ("1", "auto")) if v]
     pool_best = max(pools, key=lambda v: spread(v).median) if pools else None
     ratio = paired_ratios(best, pool_best) if best and pool_best else None
-    if ratio:
+    if ratio and best and pool_best:
         detail = f"{which} {spread_text(best)} / {spread_text(pool_best)} = {ratio_text(ratio)}"
     elif 1024 not in sizes:
         detail = "N=1024 not in --sizes"
@@ -936,7 +945,7 @@ def report(r: dict[str, Any]) -> str:
     lines = [f"\n{load_text(r['machine'])}" if "machine" in r else "",
              f"\n{r['env_id']}: env steps per second (median of rounds, ± half their range)",
              f"{'system':<26}{'threads':>8}" + "".join(f"{'N=' + str(n):>{CELL}}" for n in sizes)]
-    notes = {}
+    notes: dict[tuple[str, str], list[int]] = {}
     for row in r["table"]:
         threads = row["threads"]
         if threads == "auto":

@@ -311,7 +311,7 @@ def targets(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             if peer:
                 ahead = paired_ratios(mine, peer) if mine else None
                 detail = (f"envd {ratio_text(mine)} / EnvPool {ratio_text(peer)} = "
-                          f"{ratio_text(ahead)}") if ahead else "not measured"
+                          f"{ratio_text(ahead)}") if ahead and mine else "not measured"
             else:
                 ahead = None
                 detail = entry["missing"].get("EnvPool", "EnvPool not measured")

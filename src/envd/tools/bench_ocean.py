@@ -131,12 +131,12 @@ def plugin_facts(library: Path, params: Sequence[float]) -> tuple[dict[str, floa
     ffi = cffi.FFI()
     ffi.cdef("int envd_ocean_ckwargs(const double *params, const char **names, double *values,"
              " int32_t cap); int envd_ocean_action_dtype(void);")
-    lib = ffi.dlopen(str(library))
+    lib: Any = ffi.dlopen(str(library))  # (its functions: the cdef above)
     names, values = ffi.new("const char *[64]"), ffi.new("double[64]")
     n = lib.envd_ocean_ckwargs(ffi.new("double[]", list(params) or [0.0]), names, values, 64)
     if n < 0:
         raise RuntimeError(f"{library}: envd_ocean_ckwargs failed ({n})")
-    ckwargs = {ffi.string(names[i]).decode(): values[i] for i in range(n)}
+    ckwargs = {os.fsdecode(ffi.string(names[i])): values[i] for i in range(n)}
     return ckwargs, np.dtype(DTYPES[lib.envd_ocean_action_dtype()])
 
 
@@ -351,7 +351,7 @@ class OceanBench:
         machine = machine_info()
         configs: list[tuple[str, int]] = []
         for env in envs:
-            sizes = list(s.sizes) or [SMALL_N, config_num_envs(tree, env)]
+            sizes: list[int | None] = list(s.sizes) or [SMALL_N, config_num_envs(tree, env)]
             for n in dict.fromkeys(x for x in sizes if x):
                 configs.append((env, n))
         results = []

@@ -141,7 +141,7 @@ class Settings:
     @classmethod
     def quick(cls, **overrides: Any) -> Settings:
         """Settings that finish in about a minute on a 2-core machine."""
-        values = {"seconds": 0.1, "rounds": 2, "latency_steps": 300}
+        values: dict[str, Any] = {"seconds": 0.1, "rounds": 2, "latency_steps": 300}
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
 
@@ -399,8 +399,9 @@ def ceiling_process(env_id: str, actions: np.ndarray, conn: Any) -> None:
 
 def _gym_vector(env_id: str, n: int, mode: str) -> VectorRun:
     import gymnasium as gym
-    kwargs = {"vector_kwargs": {"shared_memory": True, "context": "forkserver"}} \
-        if mode == "async" else {}
+    kwargs: dict[str, Any] = ({"vector_kwargs": {"shared_memory": True,
+                                                  "context": "forkserver"}}
+                              if mode == "async" else {})
     return VectorRun(gym.make_vec(env_id, num_envs=n, vectorization_mode=mode, **kwargs), n,
                      env_actions(env_id, n), cpu_complete=mode == "sync")
 
@@ -419,7 +420,7 @@ def _daemon_run(client: Any, env_id: str, n: int, workers: int = WORKERS) -> Vec
 
 def _path_name(fast_path: bool | None) -> str:
     """Which way a daemon env's steps go: the report says it."""
-    return {True: "fast path", False: "socket path"}.get(fast_path, "unknown path")
+    return {True: "fast path", False: "socket path", None: "unknown path"}[fast_path]
 
 
 def _envpool_run(env_id: str, n: int) -> SyncRun:

@@ -20,7 +20,7 @@ import argparse
 import difflib
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, NoReturn
 
 #: A usage longer than this many lines is replaced by the short form on errors.
@@ -48,8 +48,8 @@ class EnvdArgumentParser(argparse.ArgumentParser):
         kwargs["allow_abbrev"] = False
         super().__init__(*args, **kwargs)
 
-    def parse_known_args(self, args: Sequence[str] | None = None,
-                         namespace: argparse.Namespace | None = None) -> Any:
+    def parse_known_args(self, args: Iterable[str] | None = None,
+                         namespace: Any = None) -> Any:
         argv = list(sys.argv[1:] if args is None else args)
         self._refuse_unknown_options(argv)
         return super().parse_known_args(argv, namespace)
