@@ -19,7 +19,7 @@ section 2), at the cost of a copy of a few bytes per env per step.  The
 workers write the pool's eventfd when a submitted step or a batch is done
 (ENVD_JOB_NOTIFY), so the stepping handlers serve hosted sessions as any;
 and since the copies are the backend's, the doorbell's thread (the fast
-path, native/src/fast.h) serves them as it serves native sessions.
+path, native/src/doorbell.h) serves them as it serves native sessions.
 """
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ from envd.server.lifecycle import Lifecycle
 from envd.shm import HEADER_SIZE, Segment, plan
 from envd.vector_base import autoreset_mode_name, buffer_layout
 
-#: Offset of the doorbell's ``closed`` word in it (native/src/fast.h).
+#: Offset of the doorbell's ``closed`` word in it (native/src/doorbell.h).
 _DOORBELL_CLOSED = 88
 
 

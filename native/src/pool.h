@@ -144,7 +144,7 @@ int envd_pool_jobs_in_flight(const envd_pool_t *pool);
 int envd_pool_saturated(const envd_pool_t *pool);
 
 /* Threads outside the pool that spin for a client in another process (the
- * fast path's server threads, fast.c) count themselves here (+1 while awake,
+ * fast path's server threads, doorbell.c) count themselves here (+1 while awake,
  * -1 as they sleep): idle workers spin only on the CPUs left over, so that
  * the client -- whose next request a spinning server catches at once -- has a
  * CPU to run on between requests (a 2-CPU daemon whose worker and server

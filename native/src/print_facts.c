@@ -19,7 +19,7 @@
 
 #include "builtin_envs.h"
 #include "envd.h"
-#include "fast.h"
+#include "doorbell.h"
 #include "pool.h"
 #include "vec.h"
 

@@ -1,6 +1,6 @@
 /*
  * session.h -- a native session: one stepping backend (backend.h), the async
- * books of its envs, and the optional doorbell server (fast.h), serving every
+ * books of its envs, and the optional doorbell server (doorbell.h), serving every
  * caller: the in-process VecEnv, the daemon's socket handlers and the
  * doorbell's thread all step the envs through these functions, so every path
  * keeps the same books by construction.
@@ -48,7 +48,7 @@
 #include <stdint.h>
 
 #include "backend.h"
-#include "fast.h"
+#include "doorbell.h"
 
 /* cffi:begin */
 typedef struct envd_session envd_session_t;
@@ -172,7 +172,7 @@ int64_t envd_session_spare_capacity(envd_session_t *session);
  * --max-state-bytes beside the backend's own bytes. */
 uint64_t envd_session_books_max_bytes(int64_t num_envs);
 
-/* ---- the doorbell (fast.h) ---- */
+/* ---- the doorbell (doorbell.h) ---- */
 /* Serve the requests rung at header (ids: the doorbell's num_envs env ids)
  * from a thread of the session.  ENVD_EBUSY if one serves already, else as
  * envd_fast_start. */

@@ -695,7 +695,7 @@ def _sleeps_in_futex(pid: int, tid: int) -> bool:
 
 def test_a_ring_wakes_the_thread_asleep_on_its_doorbell(served):
     """The client wakes the daemon's thread only when the thread said it
-    sleeps (server_asleep, native/src/fast.h): the ring of a thread asleep
+    sleeps (server_asleep, native/src/doorbell.h): the ring of a thread asleep
     on req_seq wakes it, so the step is answered at once; a ring that did
     not would be answered only when the thread's 200 ms sleep slice ran out,
     and the thread counts that in missed_rings.  (Between setting

@@ -620,7 +620,7 @@ static void *ringer_main(void *arg)
     for (int r = 0; r < b->requests; r++) {
         atomic_store(&b->h->req_kind, ENVD_FAST_STEP);
         /* (seq_cst: the barrier between the store and the read of the flag,
-         * as client/doorbell.py's ring: fast.h, Ordering) */
+         * as client/doorbell.py's ring: doorbell.h, Ordering) */
         const uint32_t seq = atomic_fetch_add(&b->h->req_seq, 1) + 1;
         if (atomic_load(&b->h->server_asleep))
             syscall(SYS_futex, (uint32_t *)&b->h->req_seq, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);

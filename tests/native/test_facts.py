@@ -71,7 +71,7 @@ def test_doorbell_layout_is_the_compiled_struct():
 
 
 def test_doorbell_fits_in_the_header_page_with_client_and_server_words_apart():
-    # fast.h: the client's and the server's words lie on separate cache lines.
+    # doorbell.h: the client's and the server's words lie on separate cache lines.
     client = ("req_seq", "req_kind", "client_waiting", "req_count")
     fields = facts.FAST_HEADER_FIELDS
     assert facts.FAST_OFFSET % 64 == 0

@@ -1,9 +1,9 @@
 /*
- * fast_stress.c -- tests of native/src/fast.c (the same-host fast path's
+ * doorbell_stress.c -- tests of native/src/doorbell.c (the same-host fast path's
  * server thread, serving a native session: session.h); exits non-zero on any
  * failure.  Each harness's vec is wrapped in a session (backend_pool.c's
  * envd_backend_pool_wrap), so the twin and the checks can still drive the
- * vec directly, as the doorbell's server drives it through the session.  Usage: fast_stress
+ * vec directly, as the doorbell's server drives it through the session.  Usage: doorbell_stress
  * [divisor]; request and loop counts are divided by divisor (sanitizer builds
  * run slower).
  *
@@ -102,7 +102,7 @@
  *     count it sent.
  */
 #define _GNU_SOURCE
-#include "fast.h"
+#include "doorbell.h"
 #include "session.h"
 
 #include <dirent.h>
@@ -885,7 +885,7 @@ static void test_lock(envd_pool_t *pool, int requests)
     g_slice_ns = SLICE_NS;
     CHECK(atomic_load(&g_late_wakes) == 0, "%d sleeping clients were not woken by their answer",
           atomic_load(&g_late_wakes));
-    printf("fast_stress: lock, %d threads: %d requests, %d locks, %d resets\n",
+    printf("doorbell_stress: lock, %d threads: %d requests, %d locks, %d resets\n",
            pool ? envd_pool_num_threads(pool) : 0, requests, L->locks, L->logged);
     fast_stop(L->f, &L->d, ok);
     doorbell_unmap(&L->d);
@@ -1096,7 +1096,7 @@ static bool stop_during_request(bool raw)
 }
 
 /* Stops over 100 ms allowed in n: a badly loaded machine delays a stop now
- * and then, not in 1 of 25; the lost wake-up that fast.c had (a stop waited
+ * and then, not in 1 of 25; the lost wake-up that doorbell.c had (a stop waited
  * out the server's 200 ms sleep slice) showed in about 1 in 10 stops issued
  * right after an answer. */
 #define SLOW_STOPS_ALLOWED(n) (2 + (n) / 25)
@@ -1158,7 +1158,7 @@ static void test_cycles(envd_pool_t *const *pools, int num_pools, int cycles)
             CHECK(!wait_answer(&d, WAIT_SPIN, SLICE_NS).answered, "closed doorbell answered");
         }
     }
-    printf("fast_stress: %d start/stop cycles (%lld %lld %lld requests), slowest stop %.1f ms, "
+    printf("doorbell_stress: %d start/stop cycles (%lld %lld %lld requests), slowest stop %.1f ms, "
            "%d over 100 ms\n", cycles, (long long)served[0], (long long)served[1],
            (long long)served[2], worst * 1e3, slow);
     /* With no request in service a stop waits only for the server to notice
@@ -1178,7 +1178,7 @@ static void test_cycles(envd_pool_t *const *pools, int num_pools, int cycles)
 /* Stops issued right after an answer, while the server (no spin slot) is on
  * its way to sleep on req_seq.  A wake of req_seq that comes between the
  * server's last look at its stop flag and its FUTEX_WAIT is lost (stop does
- * not change req_seq), and fast.c then waited out the server's 200 ms sleep
+ * not change req_seq), and doorbell.c then waited out the server's 200 ms sleep
  * slice, about once in ten here.  An observer thread looks for exactly that
  * state instead of timing it: the thread in envd_fast_stop asleep (past its
  * store of the flag) while a thread sleeps on req_seq -- only the server does
@@ -1277,7 +1277,7 @@ static void stop_after_answer(int iterations)
     }
     atomic_store(&g_obs.quit, 1);
     pthread_join(observer, NULL);
-    printf("fast_stress: %d stops right after an answer, %d over 100 ms (slowest %.1f ms), %d "
+    printf("doorbell_stress: %d stops right after an answer, %d over 100 ms (slowest %.1f ms), %d "
            "looks at /proc\n", i, slow, worst * 1e3, atomic_load(&g_obs.looks));
     CHECK(atomic_load(&g_obs.lost) == 0, "stop %d: the server slept on req_seq although stop "
           "had begun and its caller slept: a lost wake-up (slowest stop %.1f ms)", i,
@@ -1326,7 +1326,7 @@ static void test_stop(envd_pool_t *const *pools, int num_pools)
         sure += stop_during_request(i % 2 == 0);
     CHECK(sure == 0 || sure == 6, "/proc answered only sometimes");
     if (!sure)
-        printf("fast_stress: /proc/self/task/*/syscall unreadable: stop-order checks loose\n");
+        printf("doorbell_stress: /proc/self/task/*/syscall unreadable: stop-order checks loose\n");
 }
 
 /* ---- 6. spinners ------------------------------------------------------------------ */
@@ -1459,7 +1459,7 @@ static void test_spinners(void)
     const int settings[] = {0, -5, 1, 2};
     const int want[] = {0, 0, 1, 2};
     /* On 2 CPUs or fewer a spinning server stops once another starts a
-     * request (cpus_busy in fast.c): the second answer may end the first
+     * request (cpus_busy in doorbell.c): the second answer may end the first
      * one's spin, so two slots may show one spinner. */
     const int want_at_least[] = {0, 0, 1, envd_usable_cpus() > 2 ? 2 : 1};
     int measured = 0;
@@ -1470,7 +1470,7 @@ static void test_spinners(void)
         for (int k = 0; k < 2; k++)
             tids[k] = start_server(&f[k], &h[k], &d[k], long_spin);
         /* One request each: a server that has not seen its client ring
-         * again yet spins the whole spin_ns (spin_deadline in fast.c). */
+         * again yet spins the whole spin_ns (spin_deadline in doorbell.c). */
         for (int k = 0; k < 2; k++) {
             answer_t a = request(&d[k], ENVD_FAST_STEP, k);
             CHECK(a.status == ENVD_OK, "spinners %d: status %d", settings[i], a.status);
@@ -1486,7 +1486,7 @@ static void test_spinners(void)
                 double ratio[2], window;
                 const double ref_cpu = spin_ratios(tids, 2, ratio, &window);
                 const int spinning = (ratio[0] > 0.05) + (ratio[1] > 0.05);
-                printf("fast_stress: max_spinners %d: servers' CPU %.2f %.2f of a spinning "
+                printf("doorbell_stress: max_spinners %d: servers' CPU %.2f %.2f of a spinning "
                        "thread's\n", settings[i], ratio[0], ratio[1]);
                 CHECK(spinning <= want[i], "max_spinners %d: %d servers spin (CPU %.2f %.2f of "
                       "a spinning thread's %.3f s in %.3f s; tasks %d %d)", settings[i],
@@ -1505,7 +1505,7 @@ static void test_spinners(void)
         CHECK(now_s() - t0 < 5.0, "stopping spinning servers took %.1f s", now_s() - t0);
     }
     if (measured < (int)COUNT(settings))
-        printf("fast_stress: spinning measured in %d of %d rounds (/proc/self/task)\n",
+        printf("doorbell_stress: spinning measured in %d of %d rounds (/proc/self/task)\n",
                measured, (int)COUNT(settings));
     envd_fast_set_max_spinners(1);
     for (int k = 0; k < 2; k++) {
@@ -1526,7 +1526,7 @@ static pid_t start_long_spinner(envd_fast_t **f, harness_t *h, doorbell_t *d, ui
 }
 
 /* A client that rings every GAP_US spins its server for about twice that
- * after an answer (spin_deadline in fast.c), not for the whole spin_ns: over
+ * after an answer (spin_deadline in doorbell.c), not for the whole spin_ns: over
  * a window of at least 0.2 s after its last answer the server's CPU stays
  * well under a spinning thread's (it was all of it before the spin followed
  * the client's gaps). */
@@ -1546,7 +1546,7 @@ static void test_spin_follows_gaps(void)
     if (tid != 0) {
         double ratio, window;
         const double ref_cpu = spin_ratios(&tid, 1, &ratio, &window);
-        printf("fast_stress: gaps of %d us: server's CPU %.2f of a spinning thread's\n",
+        printf("doorbell_stress: gaps of %d us: server's CPU %.2f of a spinning thread's\n",
                GAP_US, ratio);
         CHECK(ratio < 0.5, "a server whose client rings every %d us spun %.2f of a spinning "
               "thread's %.3f s in %.3f s", GAP_US, ratio, ref_cpu, window);
@@ -1556,7 +1556,7 @@ static void test_spin_follows_gaps(void)
     harness_free(&h);
 }
 
-/* server_asleep (fast.h, Ordering): a server asleep on req_seq says so, and
+/* server_asleep (doorbell.h, Ordering): a server asleep on req_seq says so, and
  * the client's ring wakes it; one that spins for the next request says it
  * is awake, and the client rings it without a system call; a ring that does
  * not wake a sleeping server is answered only when its sleep slice (200 ms)
@@ -1598,7 +1598,7 @@ static void test_server_asleep(void)
         int64_t served = envd_fast_stop(f, NULL);
         CHECK(served == 3, "served %lld", (long long)served);
     } else {
-        printf("fast_stress: server_asleep: /proc cannot tell the server's sleep; the "
+        printf("doorbell_stress: server_asleep: /proc cannot tell the server's sleep; the "
                "unwoken ring is not tried\n");
         fast_stop(f, &d, 2);
     }
@@ -1606,7 +1606,7 @@ static void test_server_asleep(void)
     harness_free(&h);
 }
 
-/* After a SENDRECV the server never spins (fast.c, spin_deadline): its
+/* After a SENDRECV the server never spins (doorbell.c, spin_deadline): its
  * client drives other daemons before it rings again.  A client that pauses
  * PAUSE_US between SENDRECVs, with a spin limit far longer: the server's CPU
  * stays well under the pauses' time (a spinning server would use about all
@@ -1633,7 +1633,7 @@ static void test_no_spin_after_sendrecv(void)
         if (tid != 0) {
             const double cpu = clock_s(thread_clock(tid)) - cpu0;
             const double paused = REQUESTS * PAUSE_US * 1e-6;
-            printf("fast_stress: %s every %d us: server's CPU %.1f ms of %.1f ms paused\n",
+            printf("doorbell_stress: %s every %d us: server's CPU %.1f ms of %.1f ms paused\n",
                    kinds[k] == ENVD_FAST_STEP ? "steps" : "sendrecvs", PAUSE_US, cpu * 1e3,
                    paused * 1e3);
             CHECK(kinds[k] == ENVD_FAST_STEP || cpu < 0.5 * paused,
@@ -1803,7 +1803,7 @@ static void books_recv(books_t *b, const int64_t *ids, int64_t got, bool in_orde
     b->received += got;
 }
 
-/* The result a refused request carries (fast.h): a SEND of an env not idle
+/* The result a refused request carries (doorbell.h): a SEND of an env not idle
  * that env's state, a RECV of more than are out how many are, a STEP while
  * envs are out how many are in flight or minus how many are ready; else 0. */
 static bool refusal_result_ok(const books_t *b, uint32_t kind, int want, int64_t index,
@@ -1977,7 +1977,7 @@ static void async_results(envd_pool_t *const *pools, int num_pools, int requests
     g_slice_ns = SLICE_NS;
     CHECK(atomic_load(&g_late_wakes) == 0, "%d sleeping clients were not woken by their answer",
           atomic_load(&g_late_wakes));
-    printf("fast_stress: async: %lld sends, %lld recvs, %lld envs\n", (long long)sends,
+    printf("doorbell_stress: async: %lld sends, %lld recvs, %lld envs\n", (long long)sends,
            (long long)recvs, (long long)envs);
 }
 
@@ -2306,7 +2306,7 @@ static void async_stop(envd_pool_t *const *pools, int num_pools)
             releaser_t rl = {.h = d.h, .delay_us = 30000};
             pthread_t releaser;
             if (variant == 2) {
-                /* The server thread helps the batch just sent (fast.c, serve)
+                /* The server thread helps the batch just sent (doorbell.c, serve)
                  * and answers the next request only after its chunk: let that
                  * batch end before the gate holds any step, so the gated send
                  * is answered while a thread holds its batch. */
@@ -2631,31 +2631,31 @@ int main(int argc, char **argv)
     test_spin_follows_gaps();
     test_no_spin_after_sendrecv();
     test_server_asleep();
-    printf("fast_stress: spinners %.2f s\n", now_s() - t);
+    printf("doorbell_stress: spinners %.2f s\n", now_s() - t);
     t = now_s();
     for (int p = 0; p < num_pools; p++) {
         test_errors(pools[p], p);
         test_drain(pools[p]);
     }
-    printf("fast_stress: errors, drain %.2f s\n", now_s() - t);
+    printf("doorbell_stress: errors, drain %.2f s\n", now_s() - t);
     t = now_s();
     test_stop(pools, num_pools);
     stop_after_answer(scaled(1500, 200));
     test_cycles(pools, num_pools, scaled(400, 60));
-    printf("fast_stress: stop %.2f s\n", now_s() - t);
+    printf("doorbell_stress: stop %.2f s\n", now_s() - t);
     t = now_s();
     for (int p = 0; p < num_pools; p++)
         test_lock(pools[p], scaled(400, 60));
-    printf("fast_stress: lock %.2f s\n", now_s() - t);
+    printf("doorbell_stress: lock %.2f s\n", now_s() - t);
     t = now_s();
     test_results(pools, num_pools, scaled(40, 8));
-    printf("fast_stress: results %.2f s\n", now_s() - t);
+    printf("doorbell_stress: results %.2f s\n", now_s() - t);
     t = now_s();
     test_async(pools, num_pools, scaled(60, 16));
-    printf("fast_stress: async %.2f s\n", now_s() - t);
+    printf("doorbell_stress: async %.2f s\n", now_s() - t);
 
     for (int p = 0; p < num_pools; p++)
         envd_pool_destroy(pools[p]);
-    printf("fast_stress: ok\n");
+    printf("doorbell_stress: ok\n");
     return 0;
 }

@@ -1,5 +1,5 @@
 /*
- * fast.c -- the fast path's server thread (see fast.h for the protocol).
+ * doorbell.c -- the fast path's server thread (see doorbell.h for the protocol).
  *
  * Thread ownership: the server thread reads the client's words and writes
  * the server's; it serves a request holding the session's mutex and calling
@@ -9,7 +9,7 @@
  * slices, checking stop), so a stopper may hold the session's lock.
  */
 #define _GNU_SOURCE
-#include "fast.h"
+#include "doorbell.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -208,7 +208,7 @@ static uint32_t next_request(envd_fast_t *fast, int may_spin)
     sleep_policy(fast);
     /* seq_cst (a locked exchange): the flag is visible before the kernel
      * reads req_seq, so a client that read it as 0 had stored its req_seq
-     * before -- the wait below then returns at once (fast.h, Ordering). */
+     * before -- the wait below then returns at once (doorbell.h, Ordering). */
     atomic_store(&fast->header->server_asleep, 1);
     while (!atomic_load(&fast->stop)) {
         /* The kernel compares req_seq with last atomically: a request rung
@@ -470,7 +470,7 @@ int64_t envd_fast_stop(envd_fast_t *fast, int64_t *batch_envs)
     /* One wake is not enough: the server may have read stop == 0 just before
      * its FUTEX_WAIT on req_seq, and stop leaves req_seq (the word the kernel
      * compares) unchanged, so that wait would sleep a whole SLEEP_SLICE_NS
-     * (tests/native/fast_stress.c: about 1 stop in 10 issued right after an
+     * (tests/native/doorbell_stress.c: about 1 stop in 10 issued right after an
      * answer took 200 ms).  Wake until the thread has left its loop. */
     for (long pause_ns = 20000;; pause_ns = pause_ns < 1000000 ? 2 * pause_ns : pause_ns) {
         envd_futex_wake(&fast->header->req_seq, INT_MAX, ENVD_FUTEX_SHARED);

@@ -1,5 +1,5 @@
 /*
- * fast.h -- the same-host fast path: a session's steps requested through a
+ * doorbell.h -- the same-host fast path: a session's steps requested through a
  * doorbell in its shared-memory header and served by a native thread of the
  * daemon, with no socket round trip and no Python on the way.
  *
@@ -65,7 +65,7 @@
  *     across it, or a ring landing as it ran out, which costs nothing).
  *
  * Spinning: a server thread spins on req_seq for up to spin_ns after each
- * request (never after a SENDRECV, fast.c spin_deadline) before it sleeps, but only while it holds one of the process-wide
+ * request (never after a SENDRECV, doorbell.c spin_deadline) before it sleeps, but only while it holds one of the process-wide
  * spin slots (envd_fast_set_max_spinners; the pool's workers keep the rest of
  * the CPUs), so spinners never outnumber the CPUs -- and only when, as it
  * answers, fewer other server threads run requests than all CPUs but one
@@ -84,7 +84,7 @@
  * Policy: a server thread that started under SCHED_OTHER sleeps under
  * SCHED_BATCH after answering a SENDRECV (woken by the next one, it does not
  * preempt the trainer that rang and went on) and under SCHED_OTHER after any
- * other request (fast.c, sleep_policy).
+ * other request (doorbell.c, sleep_policy).
  */
 #ifndef ENVD_FAST_H
 #define ENVD_FAST_H
