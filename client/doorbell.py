@@ -46,12 +46,12 @@ _SYS_FUTEX = 202  # x86-64
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1
 #: the request kinds (req_kind), and the status of a request the daemon
 #: refused because it drains: native/src/doorbell.h's, generated into envd._native_facts
-STEP, SEND, RECV = _native_facts.FAST_STEP, _native_facts.FAST_SEND, _native_facts.FAST_RECV
+STEP, SEND, RECV = _native_facts.DOORBELL_STEP, _native_facts.DOORBELL_SEND, _native_facts.DOORBELL_RECV
 #: a send and then a recv of its count, answered once (client/multi_doorbell.py)
-SENDRECV = _native_facts.FAST_SENDRECV
-SHUTTING_DOWN = _native_facts.FAST_SHUTTING_DOWN
-#: envd_fast_header_t's fields: name -> (byte offset, size)
-_FIELDS = _native_facts.FAST_HEADER_FIELDS
+SENDRECV = _native_facts.DOORBELL_SENDRECV
+SHUTTING_DOWN = _native_facts.DOORBELL_SHUTTING_DOWN
+#: envd_doorbell_header_t's fields: name -> (byte offset, size)
+_FIELDS = _native_facts.DOORBELL_HEADER_FIELDS
 #: longest sleep on the futex before the client checks the connection
 _SLICE_S = 0.02
 #: spin (without yielding) while answers are expected sooner than this: a

@@ -167,9 +167,9 @@ def facts_source(lines: list[list[str]], digest: str) -> str:
     out += ["", "#: ENVD_ERRNO_MAP of envd.h, in table order:",
             "#: name -> (code, envd_strerror's message)",
             "ERRORS = {", *errors, "}",
-            "#: envd_fast_header_t (the doorbell, at FAST_OFFSET of the header page):",
+            "#: envd_doorbell_header_t (the doorbell, at DOORBELL_OFFSET of the header page):",
             "#: field -> (byte offset, size in bytes)",
-            "FAST_HEADER_FIELDS = {", *fields, "}",
+            "DOORBELL_HEADER_FIELDS = {", *fields, "}",
             "#: ENVD_BUILTIN_ENVS of builtin_envs.h: the built-in env ids, in table order",
             "BUILTIN_ENV_IDS = (", *env_ids, ")", ""]
     return "\n".join(out)

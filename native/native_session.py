@@ -293,7 +293,7 @@ class NativeSession:
         requests use this session's books, like every other call."""
         handle = self._live()
         memory = ffi.from_buffer(segment)
-        header = ffi.cast("envd_fast_header_t *", memory + lib.ENVD_FAST_OFFSET)
+        header = ffi.cast("envd_doorbell_header_t *", memory + lib.ENVD_DOORBELL_OFFSET)
         rc = lib.envd_session_start_doorbell(handle, header, ptr(ids, "int64_t *"), spin_ns)
         if rc == lib.ENVD_EBUSY:
             raise EnvStateError(f"{self.spec.id}: the doorbell is served already")

@@ -55,7 +55,7 @@ struct envd_session {
     int error;               /* the first failure found, not reported yet */
     int64_t error_index_kept;
     int64_t error_index;     /* of the last refusal or failure */
-    envd_fast_t *doorbell;
+    envd_doorbell_t *doorbell;
     _Atomic int64_t steps;
     _Atomic int64_t async_env_steps;
 };
@@ -679,13 +679,13 @@ uint64_t envd_session_books_max_bytes(int64_t num_envs)
 }
 
 /* ---- the doorbell -------------------------------------------------------------------- */
-int envd_session_start_doorbell(envd_session_t *s, envd_fast_header_t *header, int64_t *ids,
+int envd_session_start_doorbell(envd_session_t *s, envd_doorbell_header_t *header, int64_t *ids,
                                 int64_t spin_ns)
 {
     pthread_mutex_lock(&s->mutex);
     int rc = ENVD_EBUSY;
     if (s->doorbell == NULL)
-        rc = envd_fast_start(&s->doorbell, s, header, ids, spin_ns);
+        rc = envd_doorbell_start(&s->doorbell, s, header, ids, spin_ns);
     pthread_mutex_unlock(&s->mutex);
     return rc;
 }
@@ -695,15 +695,15 @@ void envd_session_stop_doorbell(envd_session_t *s)
     /* Not under the mutex: the doorbell thread may be waiting for it (stop
      * waits for that thread).  The doorbell pointer belongs to the callers
      * of start and stop, which do not race (session.h). */
-    envd_fast_t *doorbell = s->doorbell;
+    envd_doorbell_t *doorbell = s->doorbell;
     if (doorbell == NULL)
         return;
     s->doorbell = NULL;
-    envd_fast_stop(doorbell, NULL);
+    envd_doorbell_stop(doorbell, NULL);
 }
 
 void envd_session_drain(envd_session_t *s)
 {
     if (s->doorbell != NULL)
-        envd_fast_drain(s->doorbell);
+        envd_doorbell_drain(s->doorbell);
 }

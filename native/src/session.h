@@ -175,8 +175,8 @@ uint64_t envd_session_books_max_bytes(int64_t num_envs);
 /* ---- the doorbell (doorbell.h) ---- */
 /* Serve the requests rung at header (ids: the doorbell's num_envs env ids)
  * from a thread of the session.  ENVD_EBUSY if one serves already, else as
- * envd_fast_start. */
-int envd_session_start_doorbell(envd_session_t *session, envd_fast_header_t *header,
+ * envd_doorbell_start. */
+int envd_session_start_doorbell(envd_session_t *session, envd_doorbell_header_t *header,
                                 int64_t *ids, int64_t spin_ns);
 /* Stop it (after the request it serves), drop the envs in flight or ready,
  * mark the doorbell closed.  No-op without one.  The caller may hold the

@@ -609,7 +609,7 @@ static void test_async_reset_in_flight(envd_pool_t *pool1)
 
 /* ---- the doorbell served while the lock is taken --------------------------------------- */
 typedef struct bell {
-    envd_fast_header_t *h;
+    envd_doorbell_header_t *h;
     int requests;
     _Atomic int answered_ok;
 } bell_t;
@@ -618,7 +618,7 @@ static void *ringer_main(void *arg)
 {
     bell_t *b = arg;
     for (int r = 0; r < b->requests; r++) {
-        atomic_store(&b->h->req_kind, ENVD_FAST_STEP);
+        atomic_store(&b->h->req_kind, ENVD_DOORBELL_STEP);
         /* (seq_cst: the barrier between the store and the read of the flag,
          * as client/doorbell.py's ring: doorbell.h, Ordering) */
         const uint32_t seq = atomic_fetch_add(&b->h->req_seq, 1) + 1;
@@ -639,7 +639,7 @@ static void test_doorbell_and_lock(envd_pool_t *pool, int requests)
 {
     harness_t h;
     harness_init(&h, &envd_builtin_cartpole, 33, pool, 0);
-    envd_fast_header_t *header = xcalloc(1, sizeof *header);
+    envd_doorbell_header_t *header = xcalloc(1, sizeof *header);
     int64_t *ids = xcalloc(33, sizeof *ids);
     CHECK(envd_session_start_doorbell(h.s, header, ids, 20000) == ENVD_OK, "start");
     CHECK(envd_session_start_doorbell(h.s, header, ids, 0) == ENVD_EBUSY, "a second start");

@@ -2,7 +2,7 @@
 (session.c): the C program
 doorbell_stress.c, in which client threads ring the doorbell as client/doorbell.py
 does and check results against twin vecs stepped serially, the error answers,
-envd_fast_lock and envd_fast_trylock, drain, stop (idle, during a request,
+envd_doorbell_lock and envd_doorbell_trylock, drain, stop (idle, during a request,
 with a request rung after stop began, right after an answer -- where a lost
 wake-up showed -- and start/stop cycles) and the process-wide spinner bound, run
 plain, under ThreadSanitizer and under AddressSanitizer + UBSan (LeakSanitizer
