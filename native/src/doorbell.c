@@ -492,6 +492,37 @@ int64_t envd_doorbell_stop(envd_doorbell_t *bell, int64_t *batch_envs)
     return served;
 }
 
+/* The doorbell as the session's attached server (session.h). */
+static void stop_server(void *bell)
+{
+    envd_doorbell_stop(bell, NULL);
+}
+
+static void drain_server(void *bell)
+{
+    envd_doorbell_drain(bell);
+}
+
+static const envd_session_server_ops_t SERVER_OPS = {.stop = stop_server, .drain = drain_server};
+
+int envd_doorbell_serve(envd_session_t *session, envd_doorbell_header_t *header, int64_t *ids,
+                        int64_t spin_ns)
+{
+    if (session == NULL)
+        return ENVD_EINVAL;
+    /* Under the session's lock, so that no other server attaches between the
+     * check and the attach (the lock is recursive). */
+    envd_session_lock(session);
+    int rc = ENVD_EBUSY;
+    envd_doorbell_t *bell = NULL;
+    if (!envd_session_has_server(session))
+        rc = envd_doorbell_start(&bell, session, header, ids, spin_ns);
+    if (rc == ENVD_OK)
+        rc = envd_session_attach_server(session, &SERVER_OPS, bell);  /* ENVD_OK: checked above */
+    envd_session_unlock(session);
+    return rc;
+}
+
 void envd_doorbell_lock(envd_doorbell_t *bell)
 {
     envd_session_lock(bell->session);

@@ -93,9 +93,8 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "session.h"
 #include "vec.h"
-
-typedef struct envd_session envd_session_t; /* session.h */
 
 /* cffi:begin */
 /* Where the doorbell lies in the segment's header page (envd/shm.py mirrors
@@ -152,6 +151,14 @@ typedef struct envd_doorbell_header {
                                         "" when it has nothing more to say) */
 } envd_doorbell_header_t;
 
+/* Serve session's requests rung at header from a doorbell thread attached
+ * to the session (envd_session_attach_server: envd_session_stop_server stops
+ * it, as envd_doorbell_stop does, envd_session_drain drains it, and
+ * destroying the session stops it first).  ENVD_EBUSY if the session has a
+ * server already, else as envd_doorbell_start. */
+int envd_doorbell_serve(envd_session_t *session, envd_doorbell_header_t *header, int64_t *ids,
+                        int64_t spin_ns);
+
 /* cffi:end */
 typedef struct envd_doorbell envd_doorbell_t;
 
@@ -160,7 +167,8 @@ typedef struct envd_doorbell envd_doorbell_t;
  * the request already counted).  ids: the array of the session's num_envs env
  * ids that SEND and RECV use (in the segment).  spin_ns: how long the thread
  * spins after a request.  ENVD_OK, ENVD_EINVAL, ENVD_ENOMEM or ENVD_ESYS (no
- * thread).  The session's envd_session_start_doorbell calls this. */
+ * thread).  envd_doorbell_serve calls this; a caller of its own stops it
+ * with envd_doorbell_stop. */
 int envd_doorbell_start(envd_doorbell_t **out, envd_session_t *session,
                         envd_doorbell_header_t *header, int64_t *ids, int64_t spin_ns);
 
