@@ -210,5 +210,5 @@ class NativeVec:
 
 
 def set_doorbell_spinners(count: int) -> None:
-    """How many fast-path threads of this process may spin at once."""
+    """How many doorbell threads of this process may spin at once."""
     lib.envd_doorbell_set_max_spinners(count)

@@ -1,5 +1,6 @@
 /*
- * doorbell.c -- the fast path's server thread (see doorbell.h for the protocol).
+ * doorbell.c -- the doorbell's server thread, the mechanism of the fast path
+ * (see doorbell.h for the protocol).
  *
  * Thread ownership: the server thread reads the client's words and writes
  * the server's; it serves a request holding the session's mutex and calling

@@ -1,13 +1,14 @@
 /*
- * doorbell.h -- the same-host fast path: a session's steps requested through a
- * doorbell in its shared-memory header and served by a native thread of the
- * daemon, with no socket round trip and no Python on the way.
+ * doorbell.h -- the doorbell, the mechanism of the same-host fast path: a
+ * session's steps requested through a futex word in its shared-memory header
+ * and served by a native thread of the daemon, with no socket round trip and
+ * no Python on the way.
  *
  * The doorbell (envd_doorbell_header_t) lies in the session's header page.  The
  * client (another process, pure Python) writes the request's inputs in shared
  * memory, writes req_count and req_kind, increments req_seq and, if the
  * server said it sleeps (server_asleep), wakes req_seq's futex; the server
- * thread (one per fast session) runs the request through the session's own
+ * thread (one per fast-path session) runs the request through the session's own
  * functions (session.h: envd_session_step, _send, _recv), so results and
  * books are those of every other path -- writes status and result, sets
  * done_seq = req_seq and wakes done_seq's futex when the client said it
@@ -132,7 +133,7 @@ typedef struct envd_doorbell_header {
     _Atomic uint32_t closed;         /* 1 once the server thread stopped for good
                                         (session closed, expired or freed): a
                                         request rung now is never answered here */
-    _Atomic uint32_t contended;      /* 1 when other fast-path threads of the
+    _Atomic uint32_t contended;      /* 1 when other doorbell threads of the
                                         daemon were running requests as this
                                         answer was written (several trainers
                                         share the CPUs: the client then sleeps
@@ -163,7 +164,7 @@ int envd_doorbell_serve(envd_session_t *session, envd_doorbell_header_t *header,
 typedef struct envd_doorbell envd_doorbell_t;
 
 /* Start serving session's requests from the doorbell at header (zeroed or
- * left by an earlier fast session of the same segment: serving starts after
+ * left by an earlier doorbell of the same segment: serving starts after
  * the request already counted).  ids: the array of the session's num_envs env
  * ids that SEND and RECV use (in the segment).  spin_ns: how long the thread
  * spins after a request.  ENVD_OK, ENVD_EINVAL, ENVD_ENOMEM or ENVD_ESYS (no

@@ -97,7 +97,7 @@ int envd_session_send(envd_session_t *session, const int64_t *ids, int64_t count
 
 /* cffi:end */
 /* Helping the session's batches in flight run, without waiting for them
- * (the fast path's server thread, between an answer and its client's next
+ * (the doorbell's server thread, between an answer and its client's next
  * request): take the help with the session's lock held (how many batches,
  * of those in flight with chunks left that were sent with ENVD_JOB_HELPED:
  * the oldest ENVD_SESSION_MAX_HELP - 1 and the newest; 0: none, or the
