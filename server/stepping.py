@@ -450,7 +450,7 @@ class SteppingHandlers:
     # ---- checks -------------------------------------------------------------------------------
     @staticmethod
     def _check_not_fast_path(session: Session, call: str) -> None:
-        # The fast path's thread steps the vec whenever the doorbell rings: a
+        # The doorbell thread steps the vec whenever the doorbell rings: a
         # step of the event loop beside it would race it.
         if session.fast_path:
             raise EnvStateError(f"{call} over the socket on session {session.id}, whose steps "

@@ -1,4 +1,4 @@
-"""The fast path's server thread (native/src/doorbell.c), serving a native session
+"""The doorbell thread (native/src/doorbell.c), serving a native session
 (session.c): the C program
 doorbell_stress.c, in which client threads ring the doorbell as client/doorbell.py
 does and check results against twin vecs stepped serially, the error answers,
