@@ -50,7 +50,7 @@ class Capabilities:
     recv_min: bool = False
     #: make takes max_threads, a per-session thread cap (optional: absent is False)
     max_threads: bool = False
-    #: the layout of its doorbells (native/src/fast.h ENVD_FAST_LAYOUT; absent:
+    #: the layout of its doorbells (native/src/doorbell.h ENVD_DOORBELL_LAYOUT; absent:
     #: 1, the layout of the daemons older than the field); the client rings
     #: only a doorbell of its own layout
     doorbell_layout: int = 1

@@ -1,7 +1,7 @@
 """The trainer's side of the same-host fast path: ring a session's doorbell
 in shared memory and wait for the daemon's native thread to answer, without a
 socket round trip.  The daemon's side, and the doorbell's layout, are in
-native/src/fast.h; this module needs only ctypes (for the futex system
+native/src/doorbell.h; this module needs only ctypes (for the futex system
 call), never envd's native code.
 
 A request (a step, a send, a recv, or a SENDRECV: a send and the recv of
@@ -11,7 +11,7 @@ already in shared memory; write req_count and req_kind, then req_seq + 1
 acquire, sees the inputs, the count and the kind), then a full barrier, then
 FUTEX_WAKE req_seq only if the daemon's thread said it sleeps there
 (server_asleep: it sets that flag, with a barrier, before it reads req_seq
-and sleeps, so one of the two sees the other's store; native/src/fast.h,
+and sleeps, so one of the two sees the other's store; native/src/doorbell.h,
 Ordering).  A thread that spins for the next request -- a trainer stepping
 back to back -- is spared the system call (2 us of the trainer's own time
 per ring on a 2-CPU VM, on the way to every answer).  Then wait until done_seq equals
@@ -45,13 +45,13 @@ from envd import _native_facts
 _SYS_FUTEX = 202  # x86-64
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1
 #: the request kinds (req_kind), and the status of a request the daemon
-#: refused because it drains: native/src/fast.h's, generated into envd._native_facts
-STEP, SEND, RECV = _native_facts.FAST_STEP, _native_facts.FAST_SEND, _native_facts.FAST_RECV
+#: refused because it drains: native/src/doorbell.h's, generated into envd._native_facts
+STEP, SEND, RECV = _native_facts.DOORBELL_STEP, _native_facts.DOORBELL_SEND, _native_facts.DOORBELL_RECV
 #: a send and then a recv of its count, answered once (client/multi_doorbell.py)
-SENDRECV = _native_facts.FAST_SENDRECV
-SHUTTING_DOWN = _native_facts.FAST_SHUTTING_DOWN
-#: envd_fast_header_t's fields: name -> (byte offset, size)
-_FIELDS = _native_facts.FAST_HEADER_FIELDS
+SENDRECV = _native_facts.DOORBELL_SENDRECV
+SHUTTING_DOWN = _native_facts.DOORBELL_SHUTTING_DOWN
+#: envd_doorbell_header_t's fields: name -> (byte offset, size)
+_FIELDS = _native_facts.DOORBELL_HEADER_FIELDS
 #: longest sleep on the futex before the client checks the connection
 _SLICE_S = 0.02
 #: spin (without yielding) while answers are expected sooner than this: a

@@ -51,7 +51,7 @@ SOURCES = ["src/errors.c", "src/rng.c", "src/pool.c", "src/vec.c", "src/builtin_
            "src/npy_f32_trig.c", *ENV_SOURCES,
            "src/plugin.c", "src/describe.c", "src/backend_pool.c", "src/backend_workers.c",
            "src/session.c",
-           "src/fast.c", "src/batch_rows.c",
+           "src/doorbell.c", "src/batch_rows.c",
            "src/segment_guard.c", "src/raster.c"]
 
 # Bit-exactness with numpy needs IEEE arithmetic as written: no fused
@@ -91,7 +91,7 @@ FACTS_DOC = '''"""Facts of envd's native core for its Python side: the error tab
 the doorbell's layout in a session's segment and the built-in env ids.
 
 GENERATED at build time by native/build_ffi.py (write_facts) from what
-native/src/print_facts.c, compiled against envd.h, builtin_envs.h, fast.h,
+native/src/print_facts.c, compiled against envd.h, builtin_envs.h, doorbell.h,
 pool.h and vec.h, prints: do not edit, change the C headers and reinstall.
 Pure Python, so the client imports it without loading native code;
 tests/native/test_facts.py checks it against the compiled library.
@@ -167,9 +167,9 @@ def facts_source(lines: list[list[str]], digest: str) -> str:
     out += ["", "#: ENVD_ERRNO_MAP of envd.h, in table order:",
             "#: name -> (code, envd_strerror's message)",
             "ERRORS = {", *errors, "}",
-            "#: envd_fast_header_t (the doorbell, at FAST_OFFSET of the header page):",
+            "#: envd_doorbell_header_t (the doorbell, at DOORBELL_OFFSET of the header page):",
             "#: field -> (byte offset, size in bytes)",
-            "FAST_HEADER_FIELDS = {", *fields, "}",
+            "DOORBELL_HEADER_FIELDS = {", *fields, "}",
             "#: ENVD_BUILTIN_ENVS of builtin_envs.h: the built-in env ids, in table order",
             "BUILTIN_ENV_IDS = (", *env_ids, ")", ""]
     return "\n".join(out)

@@ -293,8 +293,8 @@ class NativeSession:
         requests use this session's books, like every other call."""
         handle = self._live()
         memory = ffi.from_buffer(segment)
-        header = ffi.cast("envd_fast_header_t *", memory + lib.ENVD_FAST_OFFSET)
-        rc = lib.envd_session_start_doorbell(handle, header, ptr(ids, "int64_t *"), spin_ns)
+        header = ffi.cast("envd_doorbell_header_t *", memory + lib.ENVD_DOORBELL_OFFSET)
+        rc = lib.envd_doorbell_serve(handle, header, ptr(ids, "int64_t *"), spin_ns)
         if rc == lib.ENVD_EBUSY:
             raise EnvStateError(f"{self.spec.id}: the doorbell is served already")
         self._check(rc, "starting the doorbell")
@@ -304,7 +304,7 @@ class NativeSession:
         """Stop serving the doorbell (after the request it serves), drop the
         envs in flight or ready, and mark it closed.  Idempotent."""
         if self.handle != ffi.NULL:
-            lib.envd_session_stop_doorbell(self.handle)
+            lib.envd_session_stop_server(self.handle)
         self._doorbell_refs = None
 
     def drain(self) -> None:

@@ -209,6 +209,6 @@ class NativeVec:
         self.check(rc, "step")
 
 
-def set_fast_spinners(count: int) -> None:
-    """How many fast-path threads of this process may spin at once."""
-    lib.envd_fast_set_max_spinners(count)
+def set_doorbell_spinners(count: int) -> None:
+    """How many doorbell threads of this process may spin at once."""
+    lib.envd_doorbell_set_max_spinners(count)

@@ -20,9 +20,9 @@ def hello_capabilities(config: Config, limits: dict[str, int]) -> dict[str, Any]
     recv takes ``min`` and a send is served while a recv waits (what async
     over several daemons needs, client/multi_async.py); max_threads: make
     takes a per-session thread cap; doorbell_layout: the layout of its
-    doorbells (native/src/fast.h ENVD_FAST_LAYOUT), which a client must share
+    doorbells (native/src/doorbell.h ENVD_DOORBELL_LAYOUT), which a client must share
     to ring them."""
     return {"protocol": protocol.PROTOCOL_VERSION, "abi": int(lib.envd_abi_version()),
             "fast_path": config.fast_path_sessions > 0, "async": True, "inline": True,
             "render": True, "recv_min": True, "max_threads": True,
-            "doorbell_layout": _native_facts.FAST_LAYOUT, "limits": limits}
+            "doorbell_layout": _native_facts.DOORBELL_LAYOUT, "limits": limits}

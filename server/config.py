@@ -472,7 +472,7 @@ _FLAGS: dict[str, tuple[Callable[[str], object], str]] = {
     "fast_path_sessions": (int, "sessions whose steps a native thread serves from a doorbell "
                                 "in shared memory, without a socket round trip (same-host "
                                 "clients ask for it at make); each holds a thread (0 = off)"),
-    "fast_path_spin_us": (int, "microseconds a fast-path thread spins for the next step "
+    "fast_path_spin_us": (int, "microseconds a doorbell thread spins for the next step "
                                "before it sleeps (spinning threads never outnumber the CPUs)"),
     "curve_secret_key": (str, "the daemon's CURVE .key_secret file (from `envd keygen`, mode "
                               "0600): tcp endpoints then admit only clients whose key is in "

@@ -48,7 +48,7 @@ from envd import __version__, protocol
 from envd.errors import LimitExceededError
 from envd.keys import KeyFileError, writable_by_others
 from envd.native import segment_guard
-from envd.native.native_vec import NativePool, set_fast_spinners
+from envd.native.native_vec import NativePool, set_doorbell_spinners
 from envd.native.ocean_ids import load_for_daemon
 from envd.protocol import default_endpoint
 from envd.server import logs
@@ -203,9 +203,9 @@ class Daemon:
         self.instance = Instance()
         self.pool = NativePool(self.config.threads,
                                list(self.config.pin_cpus) if self.config.pin_cpus else None)
-        # One fast-path thread may spin at a time: the pool lets its workers
+        # One doorbell thread may spin at a time: the pool lets its workers
         # spin on all CPUs but one, so spinners never outnumber the CPUs.
-        set_fast_spinners(1 if len(os.sched_getaffinity(0)) > 1 else 0)
+        set_doorbell_spinners(1 if len(os.sched_getaffinity(0)) > 1 else 0)
         self.executor = ThreadPoolExecutor(max_workers=OPERATION_THREADS,
                                            thread_name_prefix="envd-op")
         self.context = zmq.Context()
@@ -409,7 +409,7 @@ class Daemon:
         # prove a client alive may be waiting in the sockets.
         for index in range(len(self.sockets)):
             self._drain_socket(index)
-        self.service.collect_fast_steps()
+        self.service.collect_doorbell_steps()
         self.service.close_revoked_sessions()
         self.service.expire_silent_clients()
         self._prune_routes()

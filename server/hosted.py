@@ -19,7 +19,7 @@ section 2), at the cost of a copy of a few bytes per env per step.  The
 workers write the pool's eventfd when a submitted step or a batch is done
 (ENVD_JOB_NOTIFY), so the stepping handlers serve hosted sessions as any;
 and since the copies are the backend's, the doorbell's thread (the fast
-path, native/src/fast.h) serves them as it serves native sessions.
+path, native/src/doorbell.h) serves them as it serves native sessions.
 """
 from __future__ import annotations
 
@@ -503,7 +503,7 @@ class HostedServerSession(Session):
         self.batch_size = num_envs
         self.max_threads = None  # (the workers step hosted envs, not the pool: no cap)
         self.render_mode = render_mode
-        self.fast = False
+        self.fast_path = False
         self._counted = (0, 0)
         self._last_stats = {"inline_jobs": 0, "pooled_jobs": 0}
         arrays, size = public_plan(spec, num_envs, mode, info_bytes)
@@ -566,18 +566,18 @@ class HostedServerSession(Session):
             self._watched.remove(fd)
             self._remove_reader(fd)
 
-    def stop_fast(self, freeing: bool = False) -> None:
+    def stop_doorbell(self, freeing: bool = False) -> None:
         """Stop serving the doorbell: see HostedNative.stop_doorbell (a hosted
         env's request may hang; its workers are killed only when freeing)."""
         self.native.stop_doorbell(kill_if_busy=freeing)
-        self.fast = False
+        self.fast_path = False
 
     def async_reset(self, with_seeds: bool) -> None:
         """As Session's, but with the fast path on, refused while envs sent
         through the doorbell are in flight: the reset would wait for them on
         the executor, holding the session's lock, as long as a hung env."""
         with self.locked("async reset", EXECUTOR_LOCK_WAIT_SECONDS):
-            if self.fast and self.native.counts()[0]:
+            if self.fast_path and self.native.counts()[0]:
                 raise async_in_flight("async reset of a hosted session on the fast path")
             self.native.async_reset(with_seeds)
 

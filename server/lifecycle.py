@@ -27,7 +27,7 @@
 - FREED: the envs are destroyed and the segment is removed; final.
 
 Two facts stay apart from the state because they are orthogonal to it: whether
-the session's doorbell (fast path) is served (``Session.fast``), and whether a
+the session's doorbell (fast path) is served (``Session.fast_path``), and whether a
 client truncated its segment (``Session.revoked``, read from the segment guard;
 the Service closes such a session through close() like any other).
 

@@ -126,7 +126,7 @@ class Metrics:
 
 def read_service(service: Service) -> dict[str, Any]:
     """What a scrape reports of the Service; on the event loop thread."""
-    service.collect_fast_steps()  # the fast path's steps, up to now
+    service.collect_doorbell_steps()  # the fast path's steps, up to now
     inline, pooled = service.closed_session_jobs
     envs = 0
     workers: dict[tuple[str, str], int] = {}  # hosted: (session id prefix, env id) -> worker processes

@@ -338,7 +338,7 @@ class Service:
         self.stepping.on_pool_event()
         self._check_drained()
 
-    def collect_fast_steps(self) -> None:
+    def collect_doorbell_steps(self) -> None:
         """Count the env steps the sessions served since last time (for status
         and metrics): the doorbell's and async envs found finished are counted
         here, at most a lease tick late; socket steps and recvs as they end.
@@ -348,7 +348,7 @@ class Service:
         for session in self.sessions.values():
             before = session.steps + session.env_steps
             self.stepping.count_steps(session, collect=True)
-            if session.fast and session.steps + session.env_steps != before:
+            if session.fast_path and session.steps + session.env_steps != before:
                 owner = self.clients.get(session.owner)
                 if owner is not None:
                     owner.touch()
@@ -377,7 +377,7 @@ class Service:
                     "session dropped", session.id[:8], session.segment.path, extra={
                         "event": "segment_revoked", "client": session.owner.hex()[:8],
                         "session": session.id[:8], "env_id": session.spec.id})
-        if session.fast:  # its client waits on the doorbell in its own
+        if session.fast_path:  # its client waits on the doorbell in its own
             session.mark_doorbell_closed()  # mapping of the file (removed by drop)
         self.drop(session, "closed (segment truncated)")
 
@@ -420,8 +420,8 @@ class Service:
         the executor (reset, render) holds the fast path's lock until it ends,
         and stopping it under that operation would destroy the lock it holds."""
         self._alive.discard(session)
-        if session.fast:  # first: its thread steps the vec
-            self.stepping.stop_fast(session, freeing=True)
+        if session.fast_path:  # first: its thread steps the vec
+            self.stepping.stop_doorbell(session, freeing=True)
         if orderly and session.native is not None:  # no step job starts after this
             self.stepping.count_steps(session)
             stats = session.native.stats()
@@ -475,7 +475,7 @@ class Service:
         --drain-grace kill what still runs in hosted envs (_end_grace)."""
         self.draining = True
         for session in self.sessions.values():
-            if session.fast:
+            if session.fast_path:
                 session.native.drain()
             # A hosted env's step or batch may hang (the drain waits for
             # them): its workers are killed after a grace (the close's).
@@ -565,7 +565,7 @@ class Service:
 
     def status(self) -> dict[str, Any]:
         """What `envd status` prints: version, load and limits."""
-        self.collect_fast_steps()  # the fast path's steps, up to now
+        self.collect_doorbell_steps()  # the fast path's steps, up to now
         return {"server": f"envd {__version__}", "pid": os.getpid(),
                 "hostname": socket.gethostname(), "endpoints": list(self.config.bind),
                 "curve": self.config.curve,  # tcp endpoints authenticate clients

@@ -33,7 +33,7 @@ from envd.server.lifecycle import Lifecycle
 from envd.shm import HEADER_SIZE, Segment, plan
 from envd.vector_base import autoreset_mode_name, buffer_layout
 
-#: Offset of the doorbell's ``closed`` word in it (native/src/fast.h).
+#: Offset of the doorbell's ``closed`` word in it (native/src/doorbell.h).
 _DOORBELL_CLOSED = 88
 
 
@@ -130,7 +130,7 @@ class Session:
         self.render_mode: str | None = None  # make's render_mode, checked against the spec
         # Whether the session's doorbell is served (the fast path); what the
         # session had served when its steps were last counted.
-        self.fast = False
+        self.fast_path = False
         self._counted = (0, 0)
         self._last_stats = {"inline_jobs": 0, "pooled_jobs": 0}
         arrays, size = segment_plan(spec, num_envs, mode)
@@ -162,7 +162,7 @@ class Session:
         """Envs sent over the socket are still on the pool (a closing session
         waits for them: freeing would block the event loop until they end).
         The doorbell's are not counted: its stop drops them."""
-        return not self.fast and self.native.counts()[0] > 0
+        return not self.fast_path and self.native.counts()[0] > 0
 
     @property
     def revoked(self) -> bool:
@@ -278,19 +278,19 @@ class Session:
         return {"arrays": names, "_blobs": blobs}
 
     # ---- the fast path, counting, executor operations -------------------------------------
-    def start_fast(self, spin_ns: int) -> None:
+    def start_doorbell(self, spin_ns: int) -> None:
         """Serve this session's steps, sends and recvs from the doorbell in its
         header page."""
         self.native.start_doorbell(self.segment.memory, self.buffers["doorbell_ids"], spin_ns)
-        self.fast = True
+        self.fast_path = True
 
-    def stop_fast(self, freeing: bool = False) -> None:
+    def stop_doorbell(self, freeing: bool = False) -> None:
         """Stop serving the doorbell (after the request it serves: a native
         env's step always ends); the envs sent through it and not received
         are dropped.  freeing: the session is being freed (see the hosted
         session's override, whose requests may hang)."""
         self.native.stop_doorbell()
-        self.fast = False
+        self.fast_path = False
 
     @contextlib.contextmanager
     def locked(self, call: str, wait: float = 0.0):

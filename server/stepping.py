@@ -77,7 +77,7 @@ class SteppingHandlers:
         self._pending_steps: dict[Session, PendingStep] = {}
         self._parked_recvs: dict[Session, ParkedRecv] = {}
         self._async_sessions: set[Session] = set()  # with batches in flight
-        self.fast_sessions = 0  # sessions whose doorbell a fast-path thread serves
+        self.fast_path_sessions = 0  # sessions whose doorbell a doorbell thread serves
 
     def handlers(self) -> dict[str, Handler]:
         return {"reset": self.reset, "step": self.step, "send": self.send,
@@ -239,7 +239,7 @@ class SteppingHandlers:
     # ---- sync step (on the pool) --------------------------------------------------------------
     def step(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> dict | None:
         session = self.service.session_for(client, header)
-        self._check_not_fast(session, "step")
+        self._check_not_fast_path(session, "step")
         if "actions" in header:
             if not blobs:
                 raise protocol.BadRequest("step: 'actions' is given but no data frame follows")
@@ -280,7 +280,7 @@ class SteppingHandlers:
         # (served beside a parked recv: the native session's books take the
         # batch as any other; the recv is retried on the next pool event)
         session = self.service.session_for(client, header, beside="recv")
-        self._check_not_fast(session, "send")
+        self._check_not_fast_path(session, "send")
         inline = header.get("inline", False)
         if (len(blobs) != 1 + inline or not 8 <= len(blobs[0]) <= 8 * session.num_envs
                 or len(blobs[0]) % 8):
@@ -302,7 +302,7 @@ class SteppingHandlers:
 
     def recv(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> dict | None:
         session = self.service.session_for(client, header)
-        self._check_not_fast(session, "recv")
+        self._check_not_fast_path(session, "recv")
         count = check_int("count", header["count"], 1, session.num_envs)
         least = check_int("min", header.get("min", count), 1, count)
         inline = header.get("inline", False)
@@ -389,7 +389,7 @@ class SteppingHandlers:
         doorbell's (a socket send is refused), and the doorbell's thread may
         hold its lock as long as a hosted env hangs: its lock is never
         waited for here, on the event loop."""
-        if session.fast:
+        if session.fast_path:
             self._async_sessions.discard(session)
         elif session in self._parked_recvs or session.native.counts()[0]:
             self._async_sessions.add(session)
@@ -402,7 +402,7 @@ class SteppingHandlers:
         header page (or stop doing so: enable false)."""
         session = self.service.session_for(client, header)
         if not header.get("enable", True):
-            if session.fast:
+            if session.fast_path:
                 # Never waits for the lock on the loop: the doorbell's thread
                 # holds it for the whole request it serves, which a hosted
                 # env may hang forever.  Under the lock no request runs and
@@ -410,9 +410,9 @@ class SteppingHandlers:
                 with session.locked("turning the fast path off"):
                     if any(session.native.counts()):
                         raise async_in_flight("turning the fast path off")
-                    self.stop_fast(session)
+                    self.stop_doorbell(session)
             return protocol.ok_reply(header["id"])
-        if not session.fast:
+        if not session.fast_path:
             # Envs sent over the socket are the event loop's to collect: were
             # the doorbell to serve them, a close would free the session on
             # the loop at once and wait there for their batch (and each pool
@@ -420,23 +420,23 @@ class SteppingHandlers:
             # exists yet and a busy session was refused, so this never blocks.
             if any(session.native.counts()):
                 raise async_in_flight("turning the fast path on")
-            if self.fast_sessions >= self.config.fast_path_sessions:
+            if self.fast_path_sessions >= self.config.fast_path_sessions:
                 raise LimitExceededError(
                     f"the daemon serves its maximum of {self.config.fast_path_sessions} "
                     "fast-path sessions (--fast-path-sessions); this session steps over "
                     "the socket")
-            session.start_fast(self.config.fast_path_spin_us * 1000)
-            self.fast_sessions += 1
+            session.start_doorbell(self.config.fast_path_spin_us * 1000)
+            self.fast_path_sessions += 1
             if self.service.draining:
                 session.native.drain()
         return protocol.ok_reply(header["id"], doorbell={"offset": protocol.DOORBELL_OFFSET})
 
-    def stop_fast(self, session: Session, freeing: bool = False) -> None:
+    def stop_doorbell(self, session: Session, freeing: bool = False) -> None:
         """Stop a session's fast path (after the request it serves) and count
-        its steps.  freeing: the session is being freed (Session.stop_fast)."""
-        session.stop_fast(freeing)
+        its steps.  freeing: the session is being freed (Session.stop_doorbell)."""
+        session.stop_doorbell(freeing)
         self.count_steps(session)
-        self.fast_sessions -= 1
+        self.fast_path_sessions -= 1
 
     def count_steps(self, session: Session, collect: bool = False) -> None:
         """Fold the steps the session served since last time, by every path
@@ -449,10 +449,10 @@ class SteppingHandlers:
 
     # ---- checks -------------------------------------------------------------------------------
     @staticmethod
-    def _check_not_fast(session: Session, call: str) -> None:
-        # The fast path's thread steps the vec whenever the doorbell rings: a
+    def _check_not_fast_path(session: Session, call: str) -> None:
+        # The doorbell thread steps the vec whenever the doorbell rings: a
         # step of the event loop beside it would race it.
-        if session.fast:
+        if session.fast_path:
             raise EnvStateError(f"{call} over the socket on session {session.id}, whose steps "
                                 "the fast path serves (its doorbell in shared memory)")
 

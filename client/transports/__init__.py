@@ -47,10 +47,10 @@ def open_stepper(client: Client, reply: dict[str, Any], transport: str,
     if not client.capabilities.fast_path:
         reason = (f"the daemon at {client.endpoint} does not offer the fast path (its hello's "
                   "capabilities; --fast-path-sessions 0, or an older daemon)")
-    elif client.capabilities.doorbell_layout != _native_facts.FAST_LAYOUT:
+    elif client.capabilities.doorbell_layout != _native_facts.DOORBELL_LAYOUT:
         reason = (f"the daemon at {client.endpoint} has doorbells of layout "
                   f"{client.capabilities.doorbell_layout}, this client rings layout "
-                  f"{_native_facts.FAST_LAYOUT} (another envd version): steps go over the socket")
+                  f"{_native_facts.DOORBELL_LAYOUT} (another envd version): steps go over the socket")
     if name != "shm":
         reason = "the fast path needs the session's shared memory (transport 'shm')"
     if fast_path is not False and reason is None:

@@ -105,7 +105,7 @@ class DoorbellStepper(SocketStepper):
                 status, num_done, index = answer
                 if status == 0:  # (the hot path: nothing to map or raise)
                     return num_done
-                if status == NATIVE_CODES["EBUSY"] and index < 0:  # envs out: which (fast.h)
+                if status == NATIVE_CODES["EBUSY"] and index < 0:  # envs out: which (doorbell.h)
                     if num_done > 0:
                         raise in_flight_error(self.env_id, "step", num_done)
                     raise ready_error(self.env_id, -num_done)

@@ -1,5 +1,5 @@
 /*
- * futex.h -- the futex calls of envd's C (pool.c, fast.c, backend_workers.c),
+ * futex.h -- the futex calls of envd's C (pool.c, doorbell.c, backend_workers.c),
  * written once.
  *
  * A word is private (ENVD_FUTEX_PRIVATE: only this process's threads wait on

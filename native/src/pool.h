@@ -108,14 +108,14 @@ int envd_job_set_cap(envd_job_t *job, envd_pool_cap_t *cap);
  * Returns at once for a zeroed job that was never submitted. */
 void envd_pool_wait(envd_pool_t *pool, envd_job_t *job);
 
-/* Helping a job without waiting for it (the fast path's server thread runs
+/* Helping a job without waiting for it (the doorbell's server thread runs
  * its session's batches in flight while it waits for its client's next
  * request): envd_pool_help_ref takes a reference to a job in flight that
  * still has unclaimed chunks (1; 0 otherwise: nothing to help with).  While
  * it is held the job cannot complete, so it cannot be resubmitted either;
  * the caller must not wait for the job meanwhile.  Taking it races with a
  * resubmit of the same job struct (a complete job may be reused): the
- * caller keeps resubmits out meanwhile (the fast path holds the session's
+ * caller keeps resubmits out meanwhile (the doorbell holds the session's
  * lock, under which every batch is submitted).  envd_pool_help then runs the
  * job's chunks until none is left unclaimed, or until leave(arg), asked
  * before the first chunk and after each, returns non-zero (before the first:
@@ -144,7 +144,7 @@ int envd_pool_jobs_in_flight(const envd_pool_t *pool);
 int envd_pool_saturated(const envd_pool_t *pool);
 
 /* Threads outside the pool that spin for a client in another process (the
- * fast path's server threads, fast.c) count themselves here (+1 while awake,
+ * doorbell's server threads, doorbell.c) count themselves here (+1 while awake,
  * -1 as they sleep): idle workers spin only on the CPUs left over, so that
  * the client -- whose next request a spinning server catches at once -- has a
  * CPU to run on between requests (a 2-CPU daemon whose worker and server

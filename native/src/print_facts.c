@@ -10,7 +10,7 @@
  * One fact per line, fields separated by tabs:
  *   const  NAME  VALUE            an integer constant
  *   error  NAME  VALUE  MESSAGE   a row of ENVD_ERRNO_MAP, in table order
- *   field  NAME  OFFSET  SIZE     a field of envd_fast_header_t (bytes)
+ *   field  NAME  OFFSET  SIZE     a field of envd_doorbell_header_t (bytes)
  *   env    ID                     a built-in env, in envd_builtin_get's order
  */
 #include <inttypes.h>
@@ -19,15 +19,15 @@
 
 #include "builtin_envs.h"
 #include "envd.h"
-#include "fast.h"
+#include "doorbell.h"
 #include "pool.h"
 #include "vec.h"
 
 #define PRINT_CONST(name) printf("const\t%s\t%" PRId64 "\n", #name, (int64_t)(name))
 #define PRINT_ERROR(name, value, message) printf("error\t%s\t%d\t%s\n", #name, (value), message);
 #define PRINT_FIELD(name)                                                                  \
-    printf("field\t%s\t%zu\t%zu\n", #name, offsetof(envd_fast_header_t, name),            \
-           sizeof(((envd_fast_header_t *)0)->name))
+    printf("field\t%s\t%zu\t%zu\n", #name, offsetof(envd_doorbell_header_t, name),            \
+           sizeof(((envd_doorbell_header_t *)0)->name))
 
 int main(void)
 {
@@ -37,14 +37,14 @@ int main(void)
     ENVD_ERRNO_MAP(PRINT_ERROR)
     PRINT_CONST(ENVD_VEC_MAX_ENVS);
     PRINT_CONST(ENVD_POOL_MAX_THREADS);
-    PRINT_CONST(ENVD_FAST_OFFSET);
-    PRINT_CONST(ENVD_FAST_STEP);
-    PRINT_CONST(ENVD_FAST_SEND);
-    PRINT_CONST(ENVD_FAST_RECV);
-    PRINT_CONST(ENVD_FAST_SENDRECV);
-    PRINT_CONST(ENVD_FAST_LAYOUT);
-    PRINT_CONST(ENVD_FAST_SHUTTING_DOWN);
-    printf("const\tENVD_FAST_HEADER_SIZE\t%zu\n", sizeof(envd_fast_header_t));
+    PRINT_CONST(ENVD_DOORBELL_OFFSET);
+    PRINT_CONST(ENVD_DOORBELL_STEP);
+    PRINT_CONST(ENVD_DOORBELL_SEND);
+    PRINT_CONST(ENVD_DOORBELL_RECV);
+    PRINT_CONST(ENVD_DOORBELL_SENDRECV);
+    PRINT_CONST(ENVD_DOORBELL_LAYOUT);
+    PRINT_CONST(ENVD_DOORBELL_SHUTTING_DOWN);
+    printf("const\tENVD_DOORBELL_HEADER_SIZE\t%zu\n", sizeof(envd_doorbell_header_t));
     PRINT_FIELD(req_seq);
     PRINT_FIELD(req_kind);
     PRINT_FIELD(client_waiting);

@@ -5,7 +5,7 @@
  * A session's segment is a file under /dev/shm that its client can open and
  * ftruncate at any moment (same uid).  A shared mapping of a truncated file
  * raises SIGBUS on any access past the new end of file: without a guard, a
- * pool worker stepping the envs, the fast path's thread or the event loop's
+ * pool worker stepping the envs, the doorbell's thread or the event loop's
  * Python would kill the daemon and every other session with it.
  *
  * The guard (the design libwayland-server uses for client wl_shm pools):

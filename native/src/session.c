@@ -1,6 +1,6 @@
 /*
- * session.c -- a native session: the async books over one backend, and its
- * doorbell (see session.h for the rules and threading).
+ * session.c -- a native session: the async books over one backend, and the
+ * server attached to it (see session.h for the rules and threading).
  *
  * Invariants (under the mutex): in_flight is the sum of the counts of the
  * batches from head to tail (submit order); state[i] is IN_FLIGHT for exactly
@@ -55,7 +55,8 @@ struct envd_session {
     int error;               /* the first failure found, not reported yet */
     int64_t error_index_kept;
     int64_t error_index;     /* of the last refusal or failure */
-    envd_fast_t *doorbell;
+    const envd_session_server_ops_t *server_ops;
+    void *server;            /* attached (NULL: none); see envd_session_stop_server */
     _Atomic int64_t steps;
     _Atomic int64_t async_env_steps;
 };
@@ -107,7 +108,7 @@ void envd_session_destroy(envd_session_t *s)
 {
     if (s == NULL)
         return;
-    envd_session_stop_doorbell(s);
+    envd_session_stop_server(s);
     envd_session_drop_async(s);
     free_entries(s, s->spares);
     envd_backend_destroy(s->backend);
@@ -678,32 +679,45 @@ uint64_t envd_session_books_max_bytes(int64_t num_envs)
            4 * n * 2 * sizeof(int64_t);
 }
 
-/* ---- the doorbell -------------------------------------------------------------------- */
-int envd_session_start_doorbell(envd_session_t *s, envd_fast_header_t *header, int64_t *ids,
-                                int64_t spin_ns)
+/* ---- the attached server ------------------------------------------------------------- */
+int envd_session_attach_server(envd_session_t *s, const envd_session_server_ops_t *ops,
+                               void *server)
 {
+    if (ops == NULL || server == NULL)
+        return ENVD_EINVAL;
     pthread_mutex_lock(&s->mutex);
     int rc = ENVD_EBUSY;
-    if (s->doorbell == NULL)
-        rc = envd_fast_start(&s->doorbell, s, header, ids, spin_ns);
+    if (s->server == NULL) {
+        s->server_ops = ops;
+        s->server = server;
+        rc = ENVD_OK;
+    }
     pthread_mutex_unlock(&s->mutex);
     return rc;
 }
 
-void envd_session_stop_doorbell(envd_session_t *s)
+int envd_session_has_server(envd_session_t *s)
 {
-    /* Not under the mutex: the doorbell thread may be waiting for it (stop
-     * waits for that thread).  The doorbell pointer belongs to the callers
-     * of start and stop, which do not race (session.h). */
-    envd_fast_t *doorbell = s->doorbell;
-    if (doorbell == NULL)
+    pthread_mutex_lock(&s->mutex);
+    const int has = s->server != NULL;
+    pthread_mutex_unlock(&s->mutex);
+    return has;
+}
+
+void envd_session_stop_server(envd_session_t *s)
+{
+    /* Not under the mutex: the server's thread may be waiting for it (stop
+     * waits for that thread).  The server pointer belongs to the callers of
+     * attach and stop, which do not race (session.h). */
+    void *server = s->server;
+    if (server == NULL)
         return;
-    s->doorbell = NULL;
-    envd_fast_stop(doorbell, NULL);
+    s->server = NULL;
+    s->server_ops->stop(server);
 }
 
 void envd_session_drain(envd_session_t *s)
 {
-    if (s->doorbell != NULL)
-        envd_fast_drain(s->doorbell);
+    if (s->server != NULL)
+        s->server_ops->drain(s->server);
 }

@@ -1,9 +1,10 @@
 /*
  * session.h -- a native session: one stepping backend (backend.h), the async
- * books of its envs, and the optional doorbell server (fast.h), serving every
- * caller: the in-process VecEnv, the daemon's socket handlers and the
- * doorbell's thread all step the envs through these functions, so every path
- * keeps the same books by construction.
+ * books of its envs, and the server of its own that a front door may attach
+ * (the doorbell, doorbell.h), serving every caller: the in-process VecEnv,
+ * the daemon's socket handlers and the doorbell's thread all step the envs
+ * through these functions, so every path keeps the same books by
+ * construction.
  *
  * Books (EnvPool's async rules): each env is IDLE (the caller holds it),
  * IN_FLIGHT (in a batch being stepped) or READY (its batch finished, its id
@@ -37,8 +38,13 @@
  * async_reset) hold it while they wait: a caller that must never block (an
  * event loop) uses envd_session_trylock first, or the non-waiting calls.
  *
- * Ownership: the session owns its backend (destroyed with it) and its
- * doorbell; the caller owns the buffers, the doorbell's header and ids.
+ * Ownership: the session owns its backend (destroyed with it) and the server
+ * attached to it (stopped with it); the caller owns the buffers (and the
+ * server's own memory: the doorbell's header and ids).
+ *
+ * Layering: the front doors (the doorbell, doorbell.c; the daemon's and the
+ * in-process VecEnv's Python) depend on the session, never the reverse: the
+ * session knows an attached server only by its ops (envd_session_server_ops_t).
  */
 #ifndef ENVD_SESSION_H
 #define ENVD_SESSION_H
@@ -48,7 +54,6 @@
 #include <stdint.h>
 
 #include "backend.h"
-#include "fast.h"
 
 /* cffi:begin */
 typedef struct envd_session envd_session_t;
@@ -59,8 +64,8 @@ enum { ENVD_ENV_IDLE = 0, ENVD_ENV_IN_FLIGHT = 1, ENVD_ENV_READY = 2 };
  * this fails).  ENVD_OK, ENVD_EINVAL or ENVD_ENOMEM. */
 int envd_session_create(envd_session_t **out, envd_backend_t *backend);
 
-/* Stop the doorbell, wait for the batches in flight (their work uses the
- * buffers), drop their results, free the books and the backend.  NULL is
+/* Stop the attached server, wait for the batches in flight (their work uses
+ * the buffers), drop their results, free the books and the backend.  NULL is
  * allowed.  No other thread may use the session meanwhile or after. */
 void envd_session_destroy(envd_session_t *session);
 
@@ -92,7 +97,7 @@ int envd_session_send(envd_session_t *session, const int64_t *ids, int64_t count
 
 /* cffi:end */
 /* Helping the session's batches in flight run, without waiting for them
- * (the fast path's server thread, between an answer and its client's next
+ * (the doorbell's server thread, between an answer and its client's next
  * request): take the help with the session's lock held (how many batches,
  * of those in flight with chunks left that were sent with ENVD_JOB_HELPED:
  * the oldest ENVD_SESSION_MAX_HELP - 1 and the newest; 0: none, or the
@@ -172,20 +177,33 @@ int64_t envd_session_spare_capacity(envd_session_t *session);
  * --max-state-bytes beside the backend's own bytes. */
 uint64_t envd_session_books_max_bytes(int64_t num_envs);
 
-/* ---- the doorbell (fast.h) ---- */
-/* Serve the requests rung at header (ids: the doorbell's num_envs env ids)
- * from a thread of the session.  ENVD_EBUSY if one serves already, else as
- * envd_fast_start. */
-int envd_session_start_doorbell(envd_session_t *session, envd_fast_header_t *header,
-                                int64_t *ids, int64_t spin_ns);
-/* Stop it (after the request it serves), drop the envs in flight or ready,
- * mark the doorbell closed.  No-op without one.  The caller may hold the
- * session's lock. */
-void envd_session_stop_doorbell(envd_session_t *session);
-/* From now on the doorbell answers every request with "shutting down". */
+/* ---- the attached server (the doorbell: envd_doorbell_serve, doorbell.h) ---- */
+/* Stop the attached server (ops->stop) and detach it.  No-op without one.
+ * The caller may hold the session's lock. */
+void envd_session_stop_server(envd_session_t *session);
+/* From now on the attached server answers every request with "shutting down"
+ * (ops->drain).  No-op without one. */
 void envd_session_drain(envd_session_t *session);
 
 /* cffi:end */
+/* What the session calls of a server attached to it. */
+typedef struct envd_session_server_ops {
+    /* Stop serving (after the request it serves, if any), drop the envs in
+     * flight or ready (envd_session_drop_async) and free the server; called
+     * without the session's lock taken by the session (its caller may hold
+     * it). */
+    void (*stop)(void *server);
+    /* Answer every later request with "shutting down"; lock-free. */
+    void (*drain)(void *server);
+} envd_session_server_ops_t;
+/* Attach server (ops outlive it): the session stops it before it is
+ * destroyed.  ENVD_EBUSY if one is attached.  The start and stop of a server
+ * do not race (the daemon serializes them). */
+int envd_session_attach_server(envd_session_t *session, const envd_session_server_ops_t *ops,
+                               void *server);
+/* 1 while a server is attached, else 0. */
+int envd_session_has_server(envd_session_t *session);
+
 /* Drop every env in flight (waiting for its batch) or ready, and a kept
  * failure: every env is IDLE after it. */
 void envd_session_drop_async(envd_session_t *session);

@@ -1,5 +1,5 @@
 /*
- * spin.h -- what spinning threads share (the pool's workers, the fast path's
+ * spin.h -- what spinning threads share (the pool's workers, the doorbell's
  * server threads): a CPU hint for busy-wait loops, a monotonic clock and the
  * number of CPUs to share.  Includers define _GNU_SOURCE (sched_getaffinity).
  */

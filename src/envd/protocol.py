@@ -258,9 +258,9 @@ INPUT_ARRAYS = ("actions", "reset_seeds", "reset_mask")
 #: its sends and recvs): neither input nor output of the inline transport.
 DOORBELL_ARRAYS = ("doorbell_ids",)
 #: Where the fast path's doorbell lies in a session's header page
-#: (ENVD_FAST_OFFSET of native/src/fast.h, which defines its fields; the
+#: (ENVD_DOORBELL_OFFSET of native/src/doorbell.h, which defines its fields; the
 #: client's side: envd.client.doorbell.Doorbell).
-DOORBELL_OFFSET = _native_facts.FAST_OFFSET
+DOORBELL_OFFSET = _native_facts.DOORBELL_OFFSET
 #: Values of make's transport option (Client.make): auto tries shared memory
 #: and falls back to inline.
 TRANSPORTS = ("auto", "shm", "inline")

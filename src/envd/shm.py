@@ -13,8 +13,8 @@ Layout::
                   24  step_seq     u64      steps started (the daemon bumps it at submit)
                   32  done_seq     u64      steps completed (bumped before the reply)
                   64  session id   32 bytes ASCII hex
-                 128  the fast path's doorbell (DOORBELL_OFFSET: ENVD_FAST_OFFSET,
-                      envd_fast_header_t of native/src/fast.h; envd.client.doorbell)
+                 128  the fast path's doorbell (DOORBELL_OFFSET: ENVD_DOORBELL_OFFSET,
+                      envd_doorbell_header_t of native/src/doorbell.h; envd.client.doorbell)
     HEADER_SIZE  the batch arrays, each starting on a 64-byte cache line, in the
                  order of envd.vector_base.buffer_layout; where each one lies is
                  sent to the client in the make reply (name -> offset, dtype, shape).
@@ -23,8 +23,8 @@ The sequence counters count the socket path's steps and resets: step_seq is
 bumped when the daemon submits one, done_seq before its reply, so step_seq >
 done_seq while one is in flight (the fault tests read them to see it).  The
 same-host fast path does not use them: its doorbell lies further in the
-header page (DOORBELL_OFFSET, generated from native/src/fast.h's
-ENVD_FAST_OFFSET; its fields: envd.client.doorbell).
+header page (DOORBELL_OFFSET, generated from native/src/doorbell.h's
+ENVD_DOORBELL_OFFSET; its fields: envd.client.doorbell).
 
 Attaching maps the file with mmap directly rather than through
 multiprocessing.shared_memory, whose resource tracker would unlink the
@@ -54,10 +54,10 @@ ALIGN = 64
 _HEADER = struct.Struct("<8sIIQ")
 _STEP_SEQ, _DONE_SEQ = 24, 32
 _SESSION_OFFSET, _SESSION_LEN = 64, 32
-#: Where the doorbell lies in the header page (generated from native/src/fast.h;
+#: Where the doorbell lies in the header page (generated from native/src/doorbell.h;
 #: tests/native/test_facts.py checks that it fits between the session id and
 #: the arrays).
-DOORBELL_OFFSET = _native_facts.FAST_OFFSET
+DOORBELL_OFFSET = _native_facts.DOORBELL_OFFSET
 
 
 def plan(layout: dict[str, tuple[tuple[int, ...], np.dtype]]) -> tuple[dict[str, list], int]:

@@ -15,7 +15,7 @@ import pytest
 from envd.client import doorbell as doorbell_module
 from envd.client.doorbell import RECV, SEND, STEP, Doorbell
 
-OFFSET = 128  # native/src/fast.h ENVD_FAST_OFFSET
+OFFSET = 128  # native/src/doorbell.h ENVD_DOORBELL_OFFSET
 DEADLINE_S = 30.0
 
 

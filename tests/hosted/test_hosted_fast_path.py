@@ -1,5 +1,5 @@
 """Hosted Python envs on the daemon's fast path (the doorbell served by a
-native thread, native/src/fast.h): a dead worker fails the pending call
+native thread, native/src/doorbell.h): a dead worker fails the pending call
 within a second instead of holding the doorbell's thread, the daemon serves
 its other sessions meanwhile, and a close or a lease expiry with the fast
 path on leaves no worker, segment or descriptor behind.  (Equivalence with

@@ -411,7 +411,7 @@ def sized_slow_async_env(client, batch_s: float = 0.5):
 
 
 def fast_threads(pid: int) -> list[int]:
-    """The daemon's fast-path server threads (named envd-fast)."""
+    """The daemon's doorbell threads (named envd-fast)."""
     tids = []
     for tid in os.listdir(f"/proc/{pid}/task"):
         with open(f"/proc/{pid}/task/{tid}/comm") as comm:
@@ -491,7 +491,7 @@ def test_sigterm_while_a_recv_waits_answers_it_then_refuses(harness):
     # Serving the recv, the thread runs the batch's chunks: once it has run
     # for 2 ms (far more than a spin), the recv is in service, not just rung.
     wait_until(lambda: got or cpu_ns(daemon.pid, server) - before > 2e6,
-               what="the fast-path thread to serve the recv")
+               what="the doorbell thread to serve the recv")
     assert not got, "the batch ended before the SIGTERM: the test did not catch a recv waiting"
     daemon.signal(signal.SIGTERM)
     receiver.join(DEADLINE)
@@ -695,7 +695,7 @@ def _sleeps_in_futex(pid: int, tid: int) -> bool:
 
 def test_a_ring_wakes_the_thread_asleep_on_its_doorbell(served):
     """The client wakes the daemon's thread only when the thread said it
-    sleeps (server_asleep, native/src/fast.h): the ring of a thread asleep
+    sleeps (server_asleep, native/src/doorbell.h): the ring of a thread asleep
     on req_seq wakes it, so the step is answered at once; a ring that did
     not would be answered only when the thread's 200 ms sleep slice ran out,
     and the thread counts that in missed_rings.  (Between setting

@@ -29,7 +29,7 @@ def test_the_hello_advertises_what_the_daemon_serves(daemon):
         assert wire == {"protocol": protocol.PROTOCOL_VERSION, "abi": lib.envd_abi_version(),
                         "fast_path": True, "async": True, "inline": True, "render": True,
                         "recv_min": True, "max_threads": True,
-                        "doorbell_layout": _native_facts.FAST_LAYOUT,
+                        "doorbell_layout": _native_facts.DOORBELL_LAYOUT,
                         "limits": client.server_info["limits"]}
         caps = client.capabilities
         assert caps.advertised and caps.fast_path and caps.recv_min and caps.max_threads

@@ -120,7 +120,7 @@ def test_sync_steps_and_resets_of_every_builtin_env(sanitized):
 
 def test_render_every_builtin_env(sanitized):
     """Frames drawn by the daemon's native core (raster.c, each env's render
-    function) on its executor, beside the fast path's thread of the session."""
+    function) on its executor, beside the doorbell thread of the session."""
     _, daemon = sanitized
     rng = np.random.default_rng(1)
     with daemon.connect(timeout=DEADLINE) as client:

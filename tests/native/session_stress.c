@@ -56,6 +56,7 @@
 #include <unistd.h>
 
 #include "builtin_envs.h"
+#include "doorbell.h"
 #include "envd.h"
 #include "pool.h"
 #include "stress_hold.h"
@@ -609,7 +610,7 @@ static void test_async_reset_in_flight(envd_pool_t *pool1)
 
 /* ---- the doorbell served while the lock is taken --------------------------------------- */
 typedef struct bell {
-    envd_fast_header_t *h;
+    envd_doorbell_header_t *h;
     int requests;
     _Atomic int answered_ok;
 } bell_t;
@@ -618,9 +619,9 @@ static void *ringer_main(void *arg)
 {
     bell_t *b = arg;
     for (int r = 0; r < b->requests; r++) {
-        atomic_store(&b->h->req_kind, ENVD_FAST_STEP);
+        atomic_store(&b->h->req_kind, ENVD_DOORBELL_STEP);
         /* (seq_cst: the barrier between the store and the read of the flag,
-         * as client/doorbell.py's ring: fast.h, Ordering) */
+         * as client/doorbell.py's ring: doorbell.h, Ordering) */
         const uint32_t seq = atomic_fetch_add(&b->h->req_seq, 1) + 1;
         if (atomic_load(&b->h->server_asleep))
             syscall(SYS_futex, (uint32_t *)&b->h->req_seq, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
@@ -639,10 +640,12 @@ static void test_doorbell_and_lock(envd_pool_t *pool, int requests)
 {
     harness_t h;
     harness_init(&h, &envd_builtin_cartpole, 33, pool, 0);
-    envd_fast_header_t *header = xcalloc(1, sizeof *header);
+    envd_doorbell_header_t *header = xcalloc(1, sizeof *header);
     int64_t *ids = xcalloc(33, sizeof *ids);
-    CHECK(envd_session_start_doorbell(h.s, header, ids, 20000) == ENVD_OK, "start");
-    CHECK(envd_session_start_doorbell(h.s, header, ids, 0) == ENVD_EBUSY, "a second start");
+    CHECK(envd_session_has_server(h.s) == 0, "a server before serve");
+    CHECK(envd_doorbell_serve(h.s, header, ids, 20000) == ENVD_OK, "serve");
+    CHECK(envd_session_has_server(h.s) == 1, "no server after serve");
+    CHECK(envd_doorbell_serve(h.s, header, ids, 0) == ENVD_EBUSY, "a second serve");
     bell_t b = {.h = header, .requests = requests};
     pthread_t ringer;
     CHECK(pthread_create(&ringer, NULL, ringer_main, &b) == 0, "pthread_create");
@@ -673,12 +676,19 @@ static void test_doorbell_and_lock(envd_pool_t *pool, int requests)
     CHECK(envd_session_steps(h.s) == requests + own_steps, "steps %lld, want %lld",
           (long long)envd_session_steps(h.s), (long long)(requests + own_steps));
     envd_session_lock(h.s);
-    envd_session_stop_doorbell(h.s);  /* the caller may hold the lock */
+    envd_session_stop_server(h.s);  /* the caller may hold the lock */
     envd_session_unlock(h.s);
     CHECK(atomic_load(&header->closed) == 1, "closed after stop");
-    envd_session_stop_doorbell(h.s);  /* no-op */
+    CHECK(envd_session_has_server(h.s) == 0, "a server after stop");
+    envd_session_stop_server(h.s);  /* no-op */
+    /* Served again, then the session destroyed with the doorbell attached:
+     * destroy stops it first (closed, its thread joined: ASan and TSan see
+     * no use after free of the session). */
+    CHECK(envd_doorbell_serve(h.s, header, ids, 0) == ENVD_OK, "serve again");
+    CHECK(atomic_load(&header->closed) == 0, "closed while served");
     printf("session_stress: doorbell: %d requests, %d locks\n", requests, locks);
     harness_free(&h);
+    CHECK(atomic_load(&header->closed) == 1, "not closed by the session's destroy");
     free(header);
     free(ids);
 }

@@ -1,7 +1,7 @@
 /*
  * stress_hold.h -- hold a pool's one worker in a job until released, so that
- * only the test's own threads (or a fast-path server thread) step batches
- * meanwhile (fast_stress.c, session_stress.c).
+ * only the test's own threads (or a doorbell thread) step batches
+ * meanwhile (doorbell_stress.c, session_stress.c).
  */
 #ifndef ENVD_STRESS_HOLD_H
 #define ENVD_STRESS_HOLD_H

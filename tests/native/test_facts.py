@@ -27,9 +27,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 #: the integer constants of the facts module: each is lib.ENVD_<name>
 CONSTANTS = ["ABI_VERSION", "ABI_VERSION_MIN", "ERROR_MIN", "VEC_MAX_ENVS", "POOL_MAX_THREADS",
-             "FAST_OFFSET", "FAST_STEP", "FAST_SEND", "FAST_RECV", "FAST_SENDRECV",
-             "FAST_LAYOUT",
-             "FAST_SHUTTING_DOWN"]
+             "DOORBELL_OFFSET", "DOORBELL_STEP", "DOORBELL_SEND", "DOORBELL_RECV",
+             "DOORBELL_SENDRECV", "DOORBELL_LAYOUT", "DOORBELL_SHUTTING_DOWN"]
 
 
 def load_build_ffi():
@@ -56,30 +55,30 @@ def test_constant_equals_the_compiled_value(name):
 def test_every_generated_constant_is_checked():
     generated = {name for name, value in vars(facts).items()
                  if name.isupper() and isinstance(value, int)}
-    assert generated == set(CONSTANTS) | {"FAST_HEADER_SIZE"}
+    assert generated == set(CONSTANTS) | {"DOORBELL_HEADER_SIZE"}
 
 
 def test_doorbell_layout_is_the_compiled_struct():
-    struct = ffi.typeof("envd_fast_header_t")
+    struct = ffi.typeof("envd_doorbell_header_t")
     # every field but the padding that keeps the server's words off the client's line
     compiled = {name: (field.offset, ffi.sizeof(field.type)) for name, field in struct.fields
                 if name != "client_pad"}
-    assert compiled == facts.FAST_HEADER_FIELDS
-    for name in facts.FAST_HEADER_FIELDS:
-        assert facts.FAST_HEADER_FIELDS[name][0] == ffi.offsetof("envd_fast_header_t", name)
-    assert ffi.sizeof("envd_fast_header_t") == facts.FAST_HEADER_SIZE
+    assert compiled == facts.DOORBELL_HEADER_FIELDS
+    for name in facts.DOORBELL_HEADER_FIELDS:
+        assert facts.DOORBELL_HEADER_FIELDS[name][0] == ffi.offsetof("envd_doorbell_header_t", name)
+    assert ffi.sizeof("envd_doorbell_header_t") == facts.DOORBELL_HEADER_SIZE
 
 
 def test_doorbell_fits_in_the_header_page_with_client_and_server_words_apart():
-    # fast.h: the client's and the server's words lie on separate cache lines.
+    # doorbell.h: the client's and the server's words lie on separate cache lines.
     client = ("req_seq", "req_kind", "client_waiting", "req_count")
-    fields = facts.FAST_HEADER_FIELDS
-    assert facts.FAST_OFFSET % 64 == 0
+    fields = facts.DOORBELL_HEADER_FIELDS
+    assert facts.DOORBELL_OFFSET % 64 == 0
     assert max(fields[f][0] + fields[f][1] for f in client) <= 64
     assert min(offset for name, (offset, _) in fields.items() if name not in client) >= 64
     # between the session id and the arrays (envd.shm's layout)
-    assert shm._SESSION_OFFSET + shm._SESSION_LEN <= facts.FAST_OFFSET
-    assert facts.FAST_OFFSET + facts.FAST_HEADER_SIZE <= shm.HEADER_SIZE
+    assert shm._SESSION_OFFSET + shm._SESSION_LEN <= facts.DOORBELL_OFFSET
+    assert facts.DOORBELL_OFFSET + facts.DOORBELL_HEADER_SIZE <= shm.HEADER_SIZE
 
 
 def test_builtin_env_ids_are_the_compiled_table():
@@ -141,10 +140,10 @@ def test_wire_codes_carry_every_native_code(name):
 def test_python_mirrors_read_the_generated_facts():
     from envd import gymnasium_registry
     from envd.server import config
-    assert protocol.DOORBELL_OFFSET == shm.DOORBELL_OFFSET == lib.ENVD_FAST_OFFSET
+    assert protocol.DOORBELL_OFFSET == shm.DOORBELL_OFFSET == lib.ENVD_DOORBELL_OFFSET
     assert (doorbell.STEP, doorbell.SEND, doorbell.RECV, doorbell.SENDRECV) == \
-        (lib.ENVD_FAST_STEP, lib.ENVD_FAST_SEND, lib.ENVD_FAST_RECV, lib.ENVD_FAST_SENDRECV)
-    assert doorbell.SHUTTING_DOWN == lib.ENVD_FAST_SHUTTING_DOWN
+        (lib.ENVD_DOORBELL_STEP, lib.ENVD_DOORBELL_SEND, lib.ENVD_DOORBELL_RECV, lib.ENVD_DOORBELL_SENDRECV)
+    assert doorbell.SHUTTING_DOWN == lib.ENVD_DOORBELL_SHUTTING_DOWN
     assert connection.MAX_NUM_ENVS == lib.ENVD_VEC_MAX_ENVS
     assert config.MAX_THREADS == lib.ENVD_POOL_MAX_THREADS
     assert sorted(gymnasium_registry.BUILTIN_ENV_IDS) == sorted(facts.BUILTIN_ENV_IDS)
@@ -154,10 +153,10 @@ def test_client_doorbell_reads_and_writes_the_compiled_struct():
     """The client's Doorbell and the C struct agree field by field: what one
     side writes, the other reads."""
     memory = mmap.mmap(-1, shm.HEADER_SIZE)
-    header = ffi.cast("envd_fast_header_t *", ffi.from_buffer(memory) + facts.FAST_OFFSET)
-    bell = doorbell.Doorbell(memory, facts.FAST_OFFSET)
+    header = ffi.cast("envd_doorbell_header_t *", ffi.from_buffer(memory) + facts.DOORBELL_OFFSET)
+    bell = doorbell.Doorbell(memory, facts.DOORBELL_OFFSET)
     bell.ring(doorbell.SEND, 7)
-    assert (header.req_seq, header.req_kind, header.req_count) == (1, lib.ENVD_FAST_SEND, 7)
+    assert (header.req_seq, header.req_kind, header.req_count) == (1, lib.ENVD_DOORBELL_SEND, 7)
     assert not bell.answered
     header.status, header.result, header.error_index = lib.ENVD_EBUSY, 5, 3
     header.done_seq = 1

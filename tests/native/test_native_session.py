@@ -279,13 +279,13 @@ def test_the_doorbell_is_held_off_while_the_lock_is_held():
     only after unlock (and served counts it)."""
     session, buffers = make_session(4, None)
     segment = bytearray(4096)
-    header = np.frombuffer(segment, np.uint32, 32, lib.ENVD_FAST_OFFSET)
+    header = np.frombuffer(segment, np.uint32, 32, lib.ENVD_DOORBELL_OFFSET)
     ids = np.zeros(4, np.int64)
     try:
         session.reset(False, False)
         session.start_doorbell(segment, ids, 0)
         session.lock()
-        header[1] = lib.ENVD_FAST_STEP  # req_kind
+        header[1] = lib.ENVD_DOORBELL_STEP  # req_kind
         header[0] += 1                  # req_seq (the server wakes within its sleep slice)
         time.sleep(0.3)
         assert header[16] == 0          # done_seq: not served while locked

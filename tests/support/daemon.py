@@ -79,7 +79,7 @@ def process_state(pid: int) -> str:
 def all_threads_stopped(pid: int) -> bool:
     """Every thread of process pid is stopped (state T).  The main thread's
     state alone says too little: a group stop reaches each thread in turn,
-    and a thread running on another CPU (the fast-path server, a pool
+    and a thread running on another CPU (the doorbell thread, a pool
     worker) may still answer a request until its own stop lands."""
     states = []
     for tid in os.listdir(f"/proc/{pid}/task"):

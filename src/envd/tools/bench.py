@@ -822,15 +822,15 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
         return value[5:] if isinstance(value, str) and value.startswith("n/a: ") else default
 
     lat = r["latency_us"]
-    fast, pool = lat.get("envd fast path"), lat.get("EnvPool sync")
-    fast_p50 = fast["p50_rounds"] if isinstance(fast, dict) else None
+    fast_path, pool = lat.get("envd fast path"), lat.get("EnvPool sync")
+    fast_path_p50 = fast_path["p50_rounds"] if isinstance(fast_path, dict) else None
     pool_p50 = pool["p50_rounds"] if isinstance(pool, dict) else None
-    add("N=1 fast path round trip p50 <= 15 us", fast_p50, "<=", 15.0,
-        f"p50 {spread_text(fast_p50, _us)}" if fast_p50 else why(fast))
-    ratio = paired_ratios(fast_p50, pool_p50) if fast_p50 and pool_p50 else None
+    add("N=1 fast path round trip p50 <= 15 us", fast_path_p50, "<=", 15.0,
+        f"p50 {spread_text(fast_path_p50, _us)}" if fast_path_p50 else why(fast_path))
+    ratio = paired_ratios(fast_path_p50, pool_p50) if fast_path_p50 and pool_p50 else None
     add("N=1 fast path round trip p50 <= 0.5x EnvPool in-process per call", ratio, "<=", 0.5,
-        f"{spread_text(fast_p50, _us)} / {spread_text(pool_p50, _us)} = {ratio_text(ratio)}"
-        if ratio and fast_p50 and pool_p50 else why(fast, "") or why(pool))
+        f"{spread_text(fast_path_p50, _us)} / {spread_text(pool_p50, _us)} = {ratio_text(ratio)}"
+        if ratio and fast_path_p50 and pool_p50 else why(fast_path, "") or why(pool))
 
     def daemon_best(n: int) -> tuple[list[float] | None, str]:
         """The daemon path with the higher median at n, and its rounds."""

@@ -1,15 +1,16 @@
 /*
- * fast.c -- the fast path's server thread (see fast.h for the protocol).
+ * doorbell.c -- the doorbell's server thread, the mechanism of the fast path
+ * (see doorbell.h for the protocol).
  *
  * Thread ownership: the server thread reads the client's words and writes
  * the server's; it serves a request holding the session's mutex and calling
  * the session's functions, as every other caller of the session does.
- * fast->last (the request last answered) belongs to the server thread.  Once
+ * bell->last (the request last answered) belongs to the server thread.  Once
  * stop is set the thread never takes the mutex again (it waits for it in
  * slices, checking stop), so a stopper may hold the session's lock.
  */
 #define _GNU_SOURCE
-#include "fast.h"
+#include "doorbell.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -26,24 +27,24 @@
 #include "session.h"
 #include "spin.h"
 
-_Static_assert(offsetof(envd_fast_header_t, req_seq) == 0, "doorbell layout");
-_Static_assert(offsetof(envd_fast_header_t, req_kind) == 4, "doorbell layout");
-_Static_assert(offsetof(envd_fast_header_t, client_waiting) == 8, "doorbell layout");
-_Static_assert(offsetof(envd_fast_header_t, req_count) == 12, "doorbell layout");
-_Static_assert(offsetof(envd_fast_header_t, done_seq) == 64, "doorbell layout");
-_Static_assert(offsetof(envd_fast_header_t, status) == 68, "doorbell layout");
-_Static_assert(offsetof(envd_fast_header_t, result) == 72, "doorbell layout");
-_Static_assert(offsetof(envd_fast_header_t, error_index) == 80, "doorbell layout");
-_Static_assert(offsetof(envd_fast_header_t, closed) == 88, "doorbell layout");
-_Static_assert(offsetof(envd_fast_header_t, contended) == 92, "doorbell layout");
-_Static_assert(offsetof(envd_fast_header_t, sent) == 96, "doorbell layout");
-_Static_assert(offsetof(envd_fast_header_t, server_asleep) == 100, "doorbell layout");
-_Static_assert(offsetof(envd_fast_header_t, missed_rings) == 104, "doorbell layout");
-_Static_assert(offsetof(envd_fast_header_t, message) == 108, "doorbell layout");
-_Static_assert(ENVD_FAST_OFFSET + sizeof(envd_fast_header_t) <= 4096,
+_Static_assert(offsetof(envd_doorbell_header_t, req_seq) == 0, "doorbell layout");
+_Static_assert(offsetof(envd_doorbell_header_t, req_kind) == 4, "doorbell layout");
+_Static_assert(offsetof(envd_doorbell_header_t, client_waiting) == 8, "doorbell layout");
+_Static_assert(offsetof(envd_doorbell_header_t, req_count) == 12, "doorbell layout");
+_Static_assert(offsetof(envd_doorbell_header_t, done_seq) == 64, "doorbell layout");
+_Static_assert(offsetof(envd_doorbell_header_t, status) == 68, "doorbell layout");
+_Static_assert(offsetof(envd_doorbell_header_t, result) == 72, "doorbell layout");
+_Static_assert(offsetof(envd_doorbell_header_t, error_index) == 80, "doorbell layout");
+_Static_assert(offsetof(envd_doorbell_header_t, closed) == 88, "doorbell layout");
+_Static_assert(offsetof(envd_doorbell_header_t, contended) == 92, "doorbell layout");
+_Static_assert(offsetof(envd_doorbell_header_t, sent) == 96, "doorbell layout");
+_Static_assert(offsetof(envd_doorbell_header_t, server_asleep) == 100, "doorbell layout");
+_Static_assert(offsetof(envd_doorbell_header_t, missed_rings) == 104, "doorbell layout");
+_Static_assert(offsetof(envd_doorbell_header_t, message) == 108, "doorbell layout");
+_Static_assert(ENVD_DOORBELL_OFFSET + sizeof(envd_doorbell_header_t) <= 4096,
                "the doorbell fits the header page (envd/shm.py HEADER_SIZE)");
 
-/* A sleeping server wakes this often to notice envd_fast_stop even if no
+/* A sleeping server wakes this often to notice envd_doorbell_stop even if no
  * client rings (stop also wakes it, repeatedly: a safety net only). */
 #define SLEEP_SLICE_NS 200000000LL
 #define SPIN_CHECK_EVERY 64
@@ -55,10 +56,10 @@ _Static_assert(ENVD_FAST_OFFSET + sizeof(envd_fast_header_t) <= 4096,
  * an evaluation must not keep its thread from spinning for long after). */
 #define GAP_SAMPLE_CAP 8
 
-struct envd_fast {
+struct envd_doorbell {
     envd_session_t *session;
     int64_t num_envs;
-    envd_fast_header_t *header;
+    envd_doorbell_header_t *header;
     int64_t *ids;                /* SEND's and RECV's env ids (in the segment) */
     int64_t spin_ns;
     int64_t async_base;          /* the session's async env steps at start */
@@ -71,7 +72,7 @@ struct envd_fast {
     uint32_t last;          /* the request last answered */
     uint32_t last_kind;     /* its kind (req_kind 1..4; 0 for any other) */
     int64_t answered_ns;    /* when its answer was published */
-    int64_t gap_ns[ENVD_FAST_SENDRECV + 1]; /* per kind answered: a running mean of how long
+    int64_t gap_ns[ENVD_DOORBELL_SENDRECV + 1]; /* per kind answered: a running mean of how long
                                the client took to ring again (0: not seen) */
     int policy_managed;     /* started under SCHED_OTHER: sleeps under SCHED_BATCH
                                after a SENDRECV (sleep_policy) */
@@ -90,7 +91,7 @@ static _Atomic int g_max_spinners = 1;
 static _Atomic int g_serving;
 static _Atomic int g_busy_limit = 1;
 
-void envd_fast_set_max_spinners(int max_spinners)
+void envd_doorbell_set_max_spinners(int max_spinners)
 {
     atomic_store(&g_max_spinners, max_spinners < 0 ? 0 : max_spinners);
 }
@@ -122,23 +123,23 @@ static int take_spin_slot(void)
  * here again, and their batches need the CPU; ringing this thread asleep
  * costs that trainer little (sleep_policy).  Two daemons' CartPole loop on
  * 2 CPUs went from 0.74x to 0.92x of one daemon's (docs/benchmarks.md). */
-static int64_t spin_deadline(const envd_fast_t *fast)
+static int64_t spin_deadline(const envd_doorbell_t *bell)
 {
-    const int64_t gap = fast->gap_ns[fast->last_kind];
-    if (fast->answered_ns == 0 || gap >= fast->spin_ns || fast->last_kind == ENVD_FAST_SENDRECV)
+    const int64_t gap = bell->gap_ns[bell->last_kind];
+    if (bell->answered_ns == 0 || gap >= bell->spin_ns || bell->last_kind == ENVD_DOORBELL_SENDRECV)
         return 0;
-    const int64_t spin = gap == 0 || 2 * gap + SPIN_MARGIN_NS > fast->spin_ns
-                             ? fast->spin_ns : 2 * gap + SPIN_MARGIN_NS;
-    return fast->answered_ns + spin;
+    const int64_t spin = gap == 0 || 2 * gap + SPIN_MARGIN_NS > bell->spin_ns
+                             ? bell->spin_ns : 2 * gap + SPIN_MARGIN_NS;
+    return bell->answered_ns + spin;
 }
 
 /* Count the gap between the last answer and the request that followed it. */
-static void note_gap(envd_fast_t *fast, int64_t now_ns)
+static void note_gap(envd_doorbell_t *bell, int64_t now_ns)
 {
-    int64_t sample = now_ns - fast->answered_ns;
-    const int64_t cap = GAP_SAMPLE_CAP * (fast->spin_ns > 0 ? fast->spin_ns : 1);
+    int64_t sample = now_ns - bell->answered_ns;
+    const int64_t cap = GAP_SAMPLE_CAP * (bell->spin_ns > 0 ? bell->spin_ns : 1);
     sample = sample < 0 ? 0 : sample > cap ? cap : sample;
-    int64_t *gap = &fast->gap_ns[fast->last_kind];
+    int64_t *gap = &bell->gap_ns[bell->last_kind];
     *gap = *gap == 0 ? sample : *gap + (sample - *gap) / 4;
     if (*gap == 0)
         *gap = 1; /* (0 means "not seen") */
@@ -166,107 +167,107 @@ static int policy_is_other(void)
  * switches (the operator's chrt is kept); best effort, and a system call
  * only when the policy changes.  (Threads an env starts from this thread
  * inherit the policy it has then.) */
-static void sleep_policy(envd_fast_t *fast)
+static void sleep_policy(envd_doorbell_t *bell)
 {
-    const int batch = fast->last_kind == ENVD_FAST_SENDRECV;
-    if (!fast->policy_managed || batch == fast->batch_policy)
+    const int batch = bell->last_kind == ENVD_DOORBELL_SENDRECV;
+    if (!bell->policy_managed || batch == bell->batch_policy)
         return;
     struct sched_param param = {0};
     if (pthread_setschedparam(pthread_self(), batch ? SCHED_BATCH : SCHED_OTHER, &param) == 0)
-        fast->batch_policy = batch;
+        bell->batch_policy = batch;
     else
-        fast->policy_managed = 0;  /* refused (a sandbox): stay as we are */
+        bell->policy_managed = 0;  /* refused (a sandbox): stay as we are */
 }
 
-/* The next request's seq (!= fast->last), or fast->last when stopping;
+/* The next request's seq (!= bell->last), or bell->last when stopping;
  * spinning first if may_spin, the client's gaps say a request is due soon
  * (spin_deadline) and a spin slot is free. */
-static uint32_t next_request(envd_fast_t *fast, int may_spin)
+static uint32_t next_request(envd_doorbell_t *bell, int may_spin)
 {
-    _Atomic uint32_t *req = &fast->header->req_seq;
+    _Atomic uint32_t *req = &bell->header->req_seq;
     uint32_t seq = atomic_load_explicit(req, memory_order_acquire);
-    if (seq != fast->last)
+    if (seq != bell->last)
         return seq;
-    const int64_t deadline = may_spin ? spin_deadline(fast) : 0;
+    const int64_t deadline = may_spin ? spin_deadline(bell) : 0;
     if (deadline > envd_now_ns() && take_spin_slot()) {
         do {
             for (int i = 0; i < SPIN_CHECK_EVERY; i++) {
                 seq = atomic_load_explicit(req, memory_order_acquire);
-                if (seq != fast->last || atomic_load_explicit(&fast->stop, memory_order_relaxed))
+                if (seq != bell->last || atomic_load_explicit(&bell->stop, memory_order_relaxed))
                     break;
                 envd_cpu_relax();
             }
-        } while (seq == fast->last && !atomic_load_explicit(&fast->stop, memory_order_relaxed)
+        } while (seq == bell->last && !atomic_load_explicit(&bell->stop, memory_order_relaxed)
                  && !cpus_busy() /* others' requests started: they need the CPUs */
                  && envd_now_ns() < deadline);
         atomic_fetch_sub_explicit(&g_spinners, 1, memory_order_relaxed);
-        if (seq != fast->last)
+        if (seq != bell->last)
             return seq;
     }
     /* Asleep, this thread leaves its CPU to the pool's spinning workers. */
     envd_pool_reserve_cpus(-1);
-    sleep_policy(fast);
+    sleep_policy(bell);
     /* seq_cst (a locked exchange): the flag is visible before the kernel
      * reads req_seq, so a client that read it as 0 had stored its req_seq
-     * before -- the wait below then returns at once (fast.h, Ordering). */
-    atomic_store(&fast->header->server_asleep, 1);
-    while (!atomic_load(&fast->stop)) {
+     * before -- the wait below then returns at once (doorbell.h, Ordering). */
+    atomic_store(&bell->header->server_asleep, 1);
+    while (!atomic_load(&bell->stop)) {
         /* The kernel compares req_seq with last atomically: a request rung
          * before this call returns at once, one rung after wakes it. */
-        const int ran_out = envd_futex_wait(req, fast->last, SLEEP_SLICE_NS, ENVD_FUTEX_SHARED);
+        const int ran_out = envd_futex_wait(req, bell->last, SLEEP_SLICE_NS, ENVD_FUTEX_SHARED);
         seq = atomic_load_explicit(req, memory_order_acquire);
-        if (seq != fast->last) {
+        if (seq != bell->last) {
             if (ran_out)  /* rung, yet nobody woke this thread */
-                atomic_store_explicit(&fast->header->missed_rings,
-                                      ++fast->missed_rings, memory_order_relaxed);
+                atomic_store_explicit(&bell->header->missed_rings,
+                                      ++bell->missed_rings, memory_order_relaxed);
             break;
         }
     }
-    atomic_store_explicit(&fast->header->server_asleep, 0, memory_order_relaxed);
+    atomic_store_explicit(&bell->header->server_asleep, 0, memory_order_relaxed);
     envd_pool_reserve_cpus(1);
-    return seq; /* (fast->last when stopping) */
+    return seq; /* (bell->last when stopping) */
 }
 
 /* Run a request of kind (STEP, SEND or RECV) for count envs: its status;
  * its result and error index through the pointers. */
-static int32_t run(envd_fast_t *fast, uint32_t kind, int64_t count, int64_t *result,
+static int32_t run(envd_doorbell_t *bell, uint32_t kind, int64_t count, int64_t *result,
                    int64_t *index)
 {
     int64_t rc;
     switch (kind) {
-    case ENVD_FAST_STEP:
-        rc = envd_session_step(fast->session);
+    case ENVD_DOORBELL_STEP:
+        rc = envd_session_step(bell->session);
         if (rc >= 0) {
-            atomic_fetch_add_explicit(&fast->served, 1, memory_order_relaxed);
+            atomic_fetch_add_explicit(&bell->served, 1, memory_order_relaxed);
         } else if (rc != ENVD_EBUSY) {
-            *index = envd_session_error_index(fast->session);
+            *index = envd_session_error_index(bell->session);
         } else {  /* envs out (no env named): say which, as the other paths do */
             int64_t in_flight = 0, ready = 0;
-            envd_session_counts(fast->session, &in_flight, &ready);
+            envd_session_counts(bell->session, &in_flight, &ready);
             *result = in_flight > 0 ? in_flight : -ready;
         }
         break;
-    case ENVD_FAST_SEND:
-        if (count < 1 || count > fast->num_envs)
+    case ENVD_DOORBELL_SEND:
+        if (count < 1 || count > bell->num_envs)
             return ENVD_EINVAL;  /* (the session's check, without an env to name) */
         /* HELPED: this thread runs the batch too once it has answered (serve;
          * a short one it runs alone: vec.h) */
-        rc = envd_session_send(fast->session, fast->ids, count, ENVD_JOB_HELPED);
+        rc = envd_session_send(bell->session, bell->ids, count, ENVD_JOB_HELPED);
         if (rc < 0)
-            *index = envd_session_error_index(fast->session);
+            *index = envd_session_error_index(bell->session);
         if (rc == ENVD_EBUSY && *index >= 0)  /* the client names the env's state */
-            *result = envd_session_env_state(fast->session, *index);
+            *result = envd_session_env_state(bell->session, *index);
         break;
-    case ENVD_FAST_RECV:
-        if (count < 1 || count > fast->num_envs)
+    case ENVD_DOORBELL_RECV:
+        if (count < 1 || count > bell->num_envs)
             return ENVD_EINVAL;
         /* exactly count ids, as every path: the rest stay ready in the session */
-        rc = envd_session_recv(fast->session, count, count, fast->ids, 1);
+        rc = envd_session_recv(bell->session, count, count, bell->ids, 1);
         if (rc < 0)
-            *index = envd_session_error_index(fast->session);
+            *index = envd_session_error_index(bell->session);
         if (rc == ENVD_ESTATE && *index < 0) {  /* too few sent: say how many are */
             int64_t in_flight = 0, ready = 0;
-            envd_session_counts(fast->session, &in_flight, &ready);
+            envd_session_counts(bell->session, &in_flight, &ready);
             *result = in_flight + ready;
         }
         break;
@@ -290,25 +291,25 @@ static int32_t run(envd_fast_t *fast, uint32_t kind, int64_t count, int64_t *res
  * the request, unless started (the RECV half of a SENDRECV whose batch it
  * started).  The status also goes to *status_out (never read back from the
  * header, which the client can write).  Called with the session's lock held. */
-static int answer(envd_fast_t *fast, uint32_t kind, int64_t count, int started,
+static int answer(envd_doorbell_t *bell, uint32_t kind, int64_t count, int started,
                   envd_session_help_t *help, int32_t *status_out)
 {
-    envd_fast_header_t *h = fast->header;
-    int32_t status = ENVD_FAST_SHUTTING_DOWN;
+    envd_doorbell_header_t *h = bell->header;
+    int32_t status = ENVD_DOORBELL_SHUTTING_DOWN;
     int64_t result = 0, index = -1;
     atomic_fetch_add_explicit(&g_serving, 1, memory_order_relaxed);
-    if (started || !atomic_load(&fast->draining))
-        status = run(fast, kind, count, &result, &index);
+    if (started || !atomic_load(&bell->draining))
+        status = run(bell, kind, count, &result, &index);
     const int others = atomic_fetch_sub_explicit(&g_serving, 1, memory_order_relaxed) - 1;
     atomic_store_explicit(&h->contended, others > 0, memory_order_relaxed);
-    if ((kind == ENVD_FAST_SEND || kind == ENVD_FAST_RECV) && status == ENVD_OK)
-        envd_session_take_help(fast->session, help);
+    if ((kind == ENVD_DOORBELL_SEND || kind == ENVD_DOORBELL_RECV) && status == ENVD_OK)
+        envd_session_take_help(bell->session, help);
     const int may_spin = !cpus_busy();
     atomic_store_explicit(&h->status, status, memory_order_relaxed);
     atomic_store_explicit(&h->result, result, memory_order_relaxed);
     atomic_store_explicit(&h->error_index, index, memory_order_relaxed);
     if (status == ENVD_EENV)  /* (published with done_seq by publish()) */
-        envd_session_error_message(fast->session, index, h->message, sizeof h->message);
+        envd_session_error_message(bell->session, index, h->message, sizeof h->message);
     *status_out = status;
     return may_spin;
 }
@@ -319,7 +320,7 @@ static int answer(envd_fast_t *fast, uint32_t kind, int64_t count, int started,
  * reset, "fast off") is never refused as busy because of a request that
  * has returned.  Nobody else writes the outputs meanwhile: the client, the
  * only one that acts on this session, is waiting for this answer. */
-static void publish(envd_fast_header_t *h, uint32_t seq)
+static void publish(envd_doorbell_header_t *h, uint32_t seq)
 {
     /* seq_cst: the store of done_seq is ordered before the load of
      * client_waiting (the client sets that flag, then sleeps only while
@@ -330,12 +331,12 @@ static void publish(envd_fast_header_t *h, uint32_t seq)
 }
 
 /* Take the session's lock, or give up once stop is set (0). */
-static int lock_unless_stopped(envd_fast_t *fast)
+static int lock_unless_stopped(envd_doorbell_t *bell)
 {
-    if (envd_session_trylock(fast->session))
+    if (envd_session_trylock(bell->session))
         return 1;
-    for (long pause_ns = 1000; !atomic_load(&fast->stop);) {
-        if (envd_session_trylock(fast->session))
+    for (long pause_ns = 1000; !atomic_load(&bell->stop);) {
+        if (envd_session_trylock(bell->session))
             return 1;
         nanosleep(&(struct timespec){0, pause_ns}, NULL);
         pause_ns = pause_ns < LOCK_SLICE_NS ? 2 * pause_ns : LOCK_SLICE_NS;
@@ -348,69 +349,69 @@ static int lock_unless_stopped(envd_fast_t *fast)
  * for them), or stop was set. */
 static int request_waiting(void *arg)
 {
-    envd_fast_t *fast = arg;
-    return atomic_load_explicit(&fast->header->req_seq, memory_order_relaxed) != fast->last ||
-           atomic_load_explicit(&fast->stop, memory_order_relaxed);
+    envd_doorbell_t *bell = arg;
+    return atomic_load_explicit(&bell->header->req_seq, memory_order_relaxed) != bell->last ||
+           atomic_load_explicit(&bell->stop, memory_order_relaxed);
 }
 
 /* Stop helping a SENDRECV's batch: only stop can (its client rings nothing
  * before the answer). */
 static int stopping(void *arg)
 {
-    return atomic_load_explicit(&((envd_fast_t *)arg)->stop, memory_order_relaxed);
+    return atomic_load_explicit(&((envd_doorbell_t *)arg)->stop, memory_order_relaxed);
 }
 
 /* The RECV half of a SENDRECV whose SEND (answered into the header, not
  * published) started its batch: step the batches in flight here too (help,
  * taken by the SEND), then take the session's lock again and answer the
  * RECV, taking help again for serve() to run; 0 when stop came first (the
- * request is then never answered here: envd_fast_stop closes the doorbell). */
-static int sendrecv_recv(envd_fast_t *fast, int64_t count, envd_session_help_t *help,
+ * request is then never answered here: envd_doorbell_stop closes the doorbell). */
+static int sendrecv_recv(envd_doorbell_t *bell, int64_t count, envd_session_help_t *help,
                          int *may_spin)
 {
-    envd_session_unlock(fast->session);
-    envd_session_help(help, stopping, fast);
-    if (!lock_unless_stopped(fast))
+    envd_session_unlock(bell->session);
+    envd_session_help(help, stopping, bell);
+    if (!lock_unless_stopped(bell))
         return 0;
     int32_t status; /* (help is empty again: the RECV takes what is still in flight) */
-    *may_spin = answer(fast, ENVD_FAST_RECV, count, 1, help, &status);
+    *may_spin = answer(bell, ENVD_DOORBELL_RECV, count, 1, help, &status);
     return 1;
 }
 
 static void *serve(void *arg)
 {
-    envd_fast_t *fast = arg;
+    envd_doorbell_t *bell = arg;
     /* Awake (serving, or spinning for the next request), this thread keeps
      * a CPU busy: the pool's idle workers leave it to the client instead of
      * spinning on it too (pool.h). */
     envd_pool_reserve_cpus(1);
-    fast->policy_managed = policy_is_other();
+    bell->policy_managed = policy_is_other();
     for (int may_spin = 1;;) {
-        uint32_t seq = next_request(fast, may_spin);
-        if (atomic_load(&fast->stop))
+        uint32_t seq = next_request(bell, may_spin);
+        if (atomic_load(&bell->stop))
             break;
-        if (fast->answered_ns != 0)
-            note_gap(fast, envd_now_ns());
-        if (!lock_unless_stopped(fast))
+        if (bell->answered_ns != 0)
+            note_gap(bell, envd_now_ns());
+        if (!lock_unless_stopped(bell))
             break;
         /* the kind and count read once: the client may write them meanwhile */
-        const uint32_t kind = atomic_load_explicit(&fast->header->req_kind,
+        const uint32_t kind = atomic_load_explicit(&bell->header->req_kind,
                                                    memory_order_relaxed);
-        const int64_t count = atomic_load_explicit(&fast->header->req_count,
+        const int64_t count = atomic_load_explicit(&bell->header->req_count,
                                                    memory_order_relaxed);
-        const int sendrecv = kind == ENVD_FAST_SENDRECV;
+        const int sendrecv = kind == ENVD_DOORBELL_SENDRECV;
         envd_session_help_t help = {0};
         int32_t status;
-        may_spin = answer(fast, sendrecv ? ENVD_FAST_SEND : kind, count, 0, &help, &status);
+        may_spin = answer(bell, sendrecv ? ENVD_DOORBELL_SEND : kind, count, 0, &help, &status);
         const int sent = sendrecv && status == ENVD_OK;
-        atomic_store_explicit(&fast->header->sent, sent, memory_order_relaxed);
-        if (sent && !sendrecv_recv(fast, count, &help, &may_spin))
+        atomic_store_explicit(&bell->header->sent, sent, memory_order_relaxed);
+        if (sent && !sendrecv_recv(bell, count, &help, &may_spin))
             break;
-        envd_session_unlock(fast->session);
-        publish(fast->header, seq);
-        fast->answered_ns = envd_now_ns();
-        fast->last = seq;
-        fast->last_kind = kind <= ENVD_FAST_SENDRECV ? kind : 0; /* (0: a kind refused) */
+        envd_session_unlock(bell->session);
+        publish(bell->header, seq);
+        bell->answered_ns = envd_now_ns();
+        bell->last = seq;
+        bell->last_kind = kind <= ENVD_DOORBELL_SENDRECV ? kind : 0; /* (0: a kind refused) */
         /* The session's batches in flight (answer() took their help): step
          * them here too, the oldest first, until the client rings again.  As
          * in-process, where the workers and the trainer's CPU share the
@@ -421,118 +422,149 @@ static void *serve(void *arg)
          * EnvPool's loop on 2 CPUs (CartPole, two batches) waited 23 us per
          * recv for the older one.  Without the lock: the session is the
          * client's again; the help keeps its batches in flight (session.h). */
-        envd_session_help(&help, request_waiting, fast);
+        envd_session_help(&help, request_waiting, bell);
     }
     envd_pool_reserve_cpus(-1);
-    atomic_store(&fast->exited, 1);
+    atomic_store(&bell->exited, 1);
     return NULL;
 }
 
-int envd_fast_start(envd_fast_t **out, envd_session_t *session, envd_fast_header_t *header,
-                    int64_t *ids, int64_t spin_ns)
+int envd_doorbell_start(envd_doorbell_t **out, envd_session_t *session,
+                        envd_doorbell_header_t *header, int64_t *ids, int64_t spin_ns)
 {
     if (out == NULL || session == NULL || header == NULL || ids == NULL || spin_ns < 0)
         return ENVD_EINVAL;
-    envd_fast_t *fast = calloc(1, sizeof *fast);
-    if (fast == NULL)
+    envd_doorbell_t *bell = calloc(1, sizeof *bell);
+    if (bell == NULL)
         return ENVD_ENOMEM;
     const int cpus = envd_usable_cpus();
     atomic_store_explicit(&g_busy_limit, cpus > 2 ? cpus - 1 : 1, memory_order_relaxed);
-    fast->session = session;
-    fast->num_envs = envd_session_num_envs(session);
-    fast->async_base = envd_session_async_env_steps(session);
-    fast->header = header;
-    fast->ids = ids;
-    fast->spin_ns = spin_ns;
+    bell->session = session;
+    bell->num_envs = envd_session_num_envs(session);
+    bell->async_base = envd_session_async_env_steps(session);
+    bell->header = header;
+    bell->ids = ids;
+    bell->spin_ns = spin_ns;
     /* Requests counted before this start are not ours to answer. */
-    fast->last = atomic_load(&header->req_seq);
-    atomic_store(&header->done_seq, fast->last);
+    bell->last = atomic_load(&header->req_seq);
+    atomic_store(&header->done_seq, bell->last);
     atomic_store(&header->server_asleep, 0);  /* (set again before any sleep) */
     atomic_store(&header->missed_rings, 0);
     atomic_store(&header->closed, 0);
-    int err = pthread_create(&fast->thread, NULL, serve, fast);
+    int err = pthread_create(&bell->thread, NULL, serve, bell);
     if (err == 0)  /* named before start returns: for top -H, ps -L and tests */
-        pthread_setname_np(fast->thread, "envd-fast");
+        pthread_setname_np(bell->thread, "envd-fast");
     if (err != 0) {
-        free(fast);
+        free(bell);
         errno = err;
         return ENVD_ESYS;
     }
-    *out = fast;
+    *out = bell;
     return ENVD_OK;
 }
 
-int64_t envd_fast_stop(envd_fast_t *fast, int64_t *batch_envs)
+int64_t envd_doorbell_stop(envd_doorbell_t *bell, int64_t *batch_envs)
 {
-    if (fast == NULL)
+    if (bell == NULL)
         return 0;
-    atomic_store(&fast->stop, 1);
+    atomic_store(&bell->stop, 1);
     /* One wake is not enough: the server may have read stop == 0 just before
      * its FUTEX_WAIT on req_seq, and stop leaves req_seq (the word the kernel
      * compares) unchanged, so that wait would sleep a whole SLEEP_SLICE_NS
-     * (tests/native/fast_stress.c: about 1 stop in 10 issued right after an
+     * (tests/native/doorbell_stress.c: about 1 stop in 10 issued right after an
      * answer took 200 ms).  Wake until the thread has left its loop. */
     for (long pause_ns = 20000;; pause_ns = pause_ns < 1000000 ? 2 * pause_ns : pause_ns) {
-        envd_futex_wake(&fast->header->req_seq, INT_MAX, ENVD_FUTEX_SHARED);
-        if (atomic_load(&fast->exited))
+        envd_futex_wake(&bell->header->req_seq, INT_MAX, ENVD_FUTEX_SHARED);
+        if (atomic_load(&bell->exited))
             break;
         nanosleep(&(struct timespec){0, pause_ns}, NULL);
     }
-    pthread_join(fast->thread, NULL);
+    pthread_join(bell->thread, NULL);
     if (batch_envs != NULL)
-        *batch_envs = envd_fast_batch_envs(fast);
-    envd_session_drop_async(fast->session);  /* before closed: the client may
+        *batch_envs = envd_doorbell_batch_envs(bell);
+    envd_session_drop_async(bell->session);  /* before closed: the client may
                                                 then reset or close the session */
     /* The client reads closed after waking on done_seq (or before ringing):
      * it then asks the daemon over the socket, which says why. */
-    atomic_store(&fast->header->closed, 1);
-    envd_futex_wake(&fast->header->done_seq, INT_MAX, ENVD_FUTEX_SHARED);
-    int64_t served = atomic_load(&fast->served);
-    free(fast);
+    atomic_store(&bell->header->closed, 1);
+    envd_futex_wake(&bell->header->done_seq, INT_MAX, ENVD_FUTEX_SHARED);
+    int64_t served = atomic_load(&bell->served);
+    free(bell);
     return served;
 }
 
-void envd_fast_lock(envd_fast_t *fast)
+/* The doorbell as the session's attached server (session.h). */
+static void stop_server(void *bell)
 {
-    envd_session_lock(fast->session);
+    envd_doorbell_stop(bell, NULL);
 }
 
-int envd_fast_trylock(envd_fast_t *fast)
+static void drain_server(void *bell)
 {
-    return envd_session_trylock(fast->session);
+    envd_doorbell_drain(bell);
 }
 
-void envd_fast_unlock(envd_fast_t *fast)
+static const envd_session_server_ops_t SERVER_OPS = {.stop = stop_server, .drain = drain_server};
+
+int envd_doorbell_serve(envd_session_t *session, envd_doorbell_header_t *header, int64_t *ids,
+                        int64_t spin_ns)
 {
-    envd_session_unlock(fast->session);
+    if (session == NULL)
+        return ENVD_EINVAL;
+    /* Under the session's lock, so that no other server attaches between the
+     * check and the attach (the lock is recursive). */
+    envd_session_lock(session);
+    int rc = ENVD_EBUSY;
+    envd_doorbell_t *bell = NULL;
+    if (!envd_session_has_server(session))
+        rc = envd_doorbell_start(&bell, session, header, ids, spin_ns);
+    if (rc == ENVD_OK)
+        rc = envd_session_attach_server(session, &SERVER_OPS, bell);  /* ENVD_OK: checked above */
+    envd_session_unlock(session);
+    return rc;
 }
 
-void envd_fast_drain(envd_fast_t *fast)
+void envd_doorbell_lock(envd_doorbell_t *bell)
 {
-    atomic_store(&fast->draining, 1);
+    envd_session_lock(bell->session);
 }
 
-int64_t envd_fast_served(const envd_fast_t *fast)
+int envd_doorbell_trylock(envd_doorbell_t *bell)
 {
-    return atomic_load_explicit(&((envd_fast_t *)fast)->served, memory_order_relaxed);
+    return envd_session_trylock(bell->session);
 }
 
-int64_t envd_fast_batch_envs(const envd_fast_t *fast)
+void envd_doorbell_unlock(envd_doorbell_t *bell)
 {
-    return envd_session_async_env_steps(fast->session) - fast->async_base;
+    envd_session_unlock(bell->session);
 }
 
-void envd_fast_collect(envd_fast_t *fast)
+void envd_doorbell_drain(envd_doorbell_t *bell)
 {
-    if (!envd_session_trylock(fast->session))
+    atomic_store(&bell->draining, 1);
+}
+
+int64_t envd_doorbell_served(const envd_doorbell_t *bell)
+{
+    return atomic_load_explicit(&((envd_doorbell_t *)bell)->served, memory_order_relaxed);
+}
+
+int64_t envd_doorbell_batch_envs(const envd_doorbell_t *bell)
+{
+    return envd_session_async_env_steps(bell->session) - bell->async_base;
+}
+
+void envd_doorbell_collect(envd_doorbell_t *bell)
+{
+    if (!envd_session_trylock(bell->session))
         return;
-    envd_session_counts(fast->session, NULL, NULL);
-    envd_session_unlock(fast->session);
+    envd_session_counts(bell->session, NULL, NULL);
+    envd_session_unlock(bell->session);
 }
 
-int64_t envd_fast_pending(const envd_fast_t *fast)
+int64_t envd_doorbell_pending(const envd_doorbell_t *bell)
 {
     int64_t in_flight = 0, ready = 0;
-    envd_session_counts(fast->session, &in_flight, &ready);
+    envd_session_counts(bell->session, &in_flight, &ready);
     return in_flight + ready;
 }

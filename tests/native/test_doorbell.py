@@ -1,8 +1,8 @@
-"""The fast path's server thread (native/src/fast.c), serving a native session
+"""The doorbell thread (native/src/doorbell.c), serving a native session
 (session.c): the C program
-fast_stress.c, in which client threads ring the doorbell as client/doorbell.py
+doorbell_stress.c, in which client threads ring the doorbell as client/doorbell.py
 does and check results against twin vecs stepped serially, the error answers,
-envd_fast_lock and envd_fast_trylock, drain, stop (idle, during a request,
+envd_doorbell_lock and envd_doorbell_trylock, drain, stop (idle, during a request,
 with a request rung after stop began, right after an answer -- where a lost
 wake-up showed -- and start/stop cycles) and the process-wide spinner bound, run
 plain, under ThreadSanitizer and under AddressSanitizer + UBSan (LeakSanitizer
@@ -14,8 +14,8 @@ from pathlib import Path
 import cbuild
 import pytest
 
-STRESS = Path(__file__).resolve().parent / "fast_stress.c"
-SOURCES = (["fast.c", "session.c", "backend_pool.c", "vec.c", "pool.c", "rng.c", "errors.c", "builtin_envs.c",
+STRESS = Path(__file__).resolve().parent / "doorbell_stress.c"
+SOURCES = (["doorbell.c", "session.c", "backend_pool.c", "vec.c", "pool.c", "rng.c", "errors.c", "builtin_envs.c",
             "npy_f32_trig.c", "raster.c"]
            + sorted(str(p) for p in (cbuild.SRC / "envs").glob("*.c")) + [STRESS])
 # Loop divisors keep each run within seconds (plain) or tens of seconds
@@ -24,5 +24,5 @@ DIVISORS = {"plain": 1, "tsan": 2, "asan": 1}
 
 
 @pytest.mark.parametrize("kind", list(DIVISORS))
-def test_fast_stress(kind):
-    cbuild.run_stress(SOURCES, "fast_stress", kind, DIVISORS[kind], timeout=300)
+def test_doorbell_stress(kind):
+    cbuild.run_stress(SOURCES, "doorbell_stress", kind, DIVISORS[kind], timeout=300)

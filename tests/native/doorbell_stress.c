@@ -1,9 +1,9 @@
 /*
- * fast_stress.c -- tests of native/src/fast.c (the same-host fast path's
+ * doorbell_stress.c -- tests of native/src/doorbell.c (the same-host fast path's
  * server thread, serving a native session: session.h); exits non-zero on any
  * failure.  Each harness's vec is wrapped in a session (backend_pool.c's
  * envd_backend_pool_wrap), so the twin and the checks can still drive the
- * vec directly, as the doorbell's server drives it through the session.  Usage: fast_stress
+ * vec directly, as the doorbell's server drives it through the session.  Usage: doorbell_stress
  * [divisor]; request and loop counts are divided by divisor (sanitizer builds
  * run slower).
  *
@@ -12,14 +12,14 @@
  * req_seq + 1, then (after a full barrier) FUTEX_WAKE req_seq if
  * server_asleep is set; wait for done_seq == seq by spinning, by sleeping on
  * done_seq's futex (client_waiting = 1, in slices, checking closed), or both.
- * The header lies in a MAP_SHARED page at ENVD_FAST_OFFSET, as in the daemon,
+ * The header lies in a MAP_SHARED page at ENVD_DOORBELL_OFFSET, as in the daemon,
  * so the shared (not private) futexes are the ones exercised.
  *
  * Checks:
  *   - results: for pools of 0, 1 and 2 threads, CartPole, Acrobot and
  *     ConnectFour, N in {1, 7, 256}, two autoreset modes: after every answer
  *     every output buffer is bit-identical to a twin vec stepped serially with
- *     the same actions, status is ENVD_OK, result and envd_fast_served are
+ *     the same actions, status is ENVD_OK, result and envd_doorbell_served are
  *     what envd_vec_step returned / counted; the client spins, sleeps or
  *     both, with pauses shorter and longer than the server's spin, under
  *     max_spinners 0, 1 and 2; a client asleep on done_seq is woken by its
@@ -29,18 +29,18 @@
  *     the env), an unknown req_kind (ENVD_EINVAL), a never-reset vec and a
  *     done env in DISABLED mode (ENVD_ESTATE); nothing is stepped (the twin
  *     that never saw the request stays identical) and served does not count;
- *   - lock: a locker thread takes envd_fast_lock, resets the vec, unlocks,
+ *   - lock: a locker thread takes envd_doorbell_lock, resets the vec, unlocks,
  *     at random times while the client rings: no env step runs while it holds
  *     the lock (the vec's env is CartPole wrapped by a step that checks a flag
  *     the locker sets), no request runs inside the locked region (the served count stays), and
  *     a twin that replays resets and steps in the order the lock imposed
  *     (the locker logs the served count with each reset) stays bit-identical; a
  *     request rung while the lock is held is answered only after unlock;
- *     envd_fast_trylock takes the lock of an idle server and fails while
+ *     envd_doorbell_trylock takes the lock of an idle server and fails while
  *     the lock is held or a request is in service; a client that sees its
  *     answer finds the lock free (the server unlocks before publishing);
- *   - drain: after envd_fast_drain every request (any kind) answers
- *     ENVD_FAST_SHUTTING_DOWN and steps nothing;
+ *   - drain: after envd_doorbell_drain every request (any kind) answers
+ *     ENVD_DOORBELL_SHUTTING_DOWN and steps nothing;
  *   - stop: with nothing pending (served count returned, closed == 1,
  *     done_seq unchanged); during a request in service (it is answered and
  *     counted); with a request rung after stop began while a client sleeps on
@@ -60,7 +60,7 @@
  *     SENDRECV, answered as a RECV of their count with sent == 1) and RECVs
  *     random counts (<= envs out),
  *     with a whole-vec STEP now and then when nothing is out, waiting by
- *     spinning, sleeping or both, and calls envd_fast_collect (as a daemon's
+ *     spinning, sleeping or both, and calls envd_doorbell_collect (as a daemon's
  *     statistics do, from another thread) between requests.  Each SEND answers OK, result 0; after each
  *     RECV: status OK, result in [count, envs out], every id returned was
  *     sent and not returned before, whole batches come back, each contiguous
@@ -69,8 +69,8 @@
  *     returned env's output rows (obs, reward, flags, episode return and
  *     length, final obs, info fields) are bit-identical to a twin vec that
  *     ran the same batches serially at send time; at the end every env sent
- *     came back once, envd_fast_pending is 0, the whole buffers match, and
- *     envd_fast_batch_envs and stop's *batch_envs equal the envs received;
+ *     came back once, envd_doorbell_pending is 0, the whole buffers match, and
+ *     envd_doorbell_batch_envs and stop's *batch_envs equal the envs received;
  *   - async errors (SENDRECV's too: refused as its SEND, with sent == 0; a
  *     SENDRECV over a failing env answers ENVD_EENV with sent == 1 and the
  *     next RECV returns its batch): SEND and RECV counts outside [1, num_envs] (EINVAL,
@@ -78,7 +78,7 @@
  *     SEND or already in flight (EBUSY naming it), an action out of range
  *     (ERANGE naming the env), a never-reset env and a done env in DISABLED
  *     mode (ESTATE naming it), a RECV of more than is out (ESTATE, index -1):
- *     nothing starts or is taken (envd_fast_pending unchanged, no idle env's
+ *     nothing starts or is taken (envd_doorbell_pending unchanged, no idle env's
  *     rows written) and the refused envs can be sent next; a STEP with envs
  *     in flight is EBUSY, steps nothing and is not counted; an env whose
  *     step callback fails makes a RECV that waits for its batch answer
@@ -88,11 +88,11 @@
  *     an env failed), and with a batch held running (by the server thread,
  *     which helps it, or a pool thread; stop
  *     waits for it: the doorbell is not closed before it ends): stop returns
- *     promptly, served 0, closed == 1, *batch_envs == envd_fast_batch_envs
+ *     promptly, served 0, closed == 1, *batch_envs == envd_doorbell_batch_envs
  *     (== the envs RECV found, where it is deterministic), no leak; the vec
  *     then steps whole, and a new session sends the envs that were in
  *     flight; drain: SEND, RECV, STEP and SENDRECV answer
- *     ENVD_FAST_SHUTTING_DOWN (sent == 0) and start or take nothing;
+ *     ENVD_DOORBELL_SHUTTING_DOWN (sent == 0) and start or take nothing;
  *   - no spin after a SENDRECV: a client pausing 1 ms between SENDRECVs,
  *     the spin limit 20 s: the server's CPU stays under half the pauses;
  *   - a SENDRECV held in its batch by a gate: stop waits for the batch and
@@ -102,7 +102,7 @@
  *     count it sent.
  */
 #define _GNU_SOURCE
-#include "fast.h"
+#include "doorbell.h"
 #include "session.h"
 
 #include <dirent.h>
@@ -185,10 +185,10 @@ static bool sleeps_on(long nr, unsigned long arg0, const void *addr)
     return nr == SYS_futex && arg0 == (unsigned long)(uintptr_t)addr;
 }
 
-/* Is the thread in envd_fast_stop asleep past its store of the stop flag: in
+/* Is the thread in envd_doorbell_stop asleep past its store of the stop flag: in
  * a sleep, or in a futex wait that is not one on the doorbell's words (the
  * join)?  Before that store it makes no blocking call. */
-static bool stopping(long nr, unsigned long arg0, const envd_fast_header_t *h)
+static bool stopping(long nr, unsigned long arg0, const envd_doorbell_header_t *h)
 {
     if (nr == SYS_nanosleep || nr == SYS_clock_nanosleep)
         return true;
@@ -199,7 +199,7 @@ static bool stopping(long nr, unsigned long arg0, const envd_fast_header_t *h)
 /* Waits until thread tid is asleep on the doorbell word addr (or, for addr
  * NULL, stopping() on h) in three reads a millisecond apart.  Returns false
  * when /proc cannot tell (after a generous pause instead). */
-static bool wait_asleep(pid_t tid, const void *addr, const envd_fast_header_t *h)
+static bool wait_asleep(pid_t tid, const void *addr, const envd_doorbell_header_t *h)
 {
     const double deadline = now_s() + 30.0;
     for (int streak = 0; streak < 3;) {
@@ -224,7 +224,7 @@ static int list_tasks_once(pid_t *out, int cap);
 /* ---- the doorbell and its client ------------------------------------------------ */
 struct doorbell {
     unsigned char *page; /* MAP_SHARED, as the session's segment */
-    envd_fast_header_t *h;
+    envd_doorbell_header_t *h;
     uint32_t seq;        /* the last request rung */
 };
 
@@ -232,7 +232,7 @@ static void doorbell_map(doorbell_t *d)
 {
     d->page = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     CHECK(d->page != MAP_FAILED, "mmap: %s", strerror(errno));
-    d->h = (envd_fast_header_t *)(d->page + ENVD_FAST_OFFSET);
+    d->h = (envd_doorbell_header_t *)(d->page + ENVD_DOORBELL_OFFSET);
     d->seq = atomic_load(&d->h->req_seq);
 }
 
@@ -495,11 +495,11 @@ static bool same_outputs(const harness_t *a, const harness_t *b)
     return same_buffers(a, b) && envd_vec_num_done(a->vec) == envd_vec_num_done(b->vec);
 }
 
-static envd_fast_t *fast_start(harness_t *h, doorbell_t *d, int64_t spin_ns)
+static envd_doorbell_t *bell_start(harness_t *h, doorbell_t *d, int64_t spin_ns)
 {
-    envd_fast_t *f = NULL;
-    int rc = envd_fast_start(&f, h->session, d->h, h->ids, spin_ns);
-    CHECK(rc == ENVD_OK && f != NULL, "envd_fast_start: %s", envd_strerror(rc));
+    envd_doorbell_t *f = NULL;
+    int rc = envd_doorbell_start(&f, h->session, d->h, h->ids, spin_ns);
+    CHECK(rc == ENVD_OK && f != NULL, "envd_doorbell_start: %s", envd_strerror(rc));
     CHECK(atomic_load(&d->h->closed) == 0, "closed after start");
     CHECK(atomic_load(&d->h->done_seq) == atomic_load(&d->h->req_seq),
           "start: done_seq %u, req_seq %u", atomic_load(&d->h->done_seq),
@@ -518,11 +518,11 @@ static void check_no_missed_rings(const doorbell_t *d)
 
 /* Stops and checks the closed doorbell: served count, closed, done_seq left
  * at the last answer, no ring missed. */
-static void fast_stop(envd_fast_t *f, doorbell_t *d, int64_t want_served)
+static void bell_stop(envd_doorbell_t *f, doorbell_t *d, int64_t want_served)
 {
     check_no_missed_rings(d);
     uint32_t done = atomic_load(&d->h->done_seq);
-    int64_t served = envd_fast_stop(f, NULL);
+    int64_t served = envd_doorbell_stop(f, NULL);
     CHECK(served == want_served, "stop returned %lld served, want %lld", (long long)served,
           (long long)want_served);
     CHECK(atomic_load(&d->h->closed) == 1, "not closed after stop");
@@ -532,11 +532,11 @@ static void fast_stop(envd_fast_t *f, doorbell_t *d, int64_t want_served)
 
 /* A request that must run one step: the twin steps with the same actions,
  * the answer carries its num_done and every buffer matches. */
-static void step_checked(harness_t *h, harness_t *twin, envd_fast_t *f, doorbell_t *d,
+static void step_checked(harness_t *h, harness_t *twin, envd_doorbell_t *f, doorbell_t *d,
                          int mode, int64_t *ok, const char *what)
 {
     copy_actions(twin, h);
-    answer_t a = request(d, ENVD_FAST_STEP, mode);
+    answer_t a = request(d, ENVD_DOORBELL_STEP, mode);
     int rc = envd_vec_step(twin->vec);
     CHECK(rc >= 0, "%s: twin step: %s", what, envd_strerror(rc));
     CHECK(a.status == ENVD_OK && a.result == rc && a.index == -1,
@@ -544,13 +544,13 @@ static void step_checked(harness_t *h, harness_t *twin, envd_fast_t *f, doorbell
           a.status, (long long)a.result, (long long)a.index, rc);
     CHECK(same_outputs(h, twin), "%s: request %u: outputs differ from the twin", what, d->seq);
     ++*ok;
-    CHECK(envd_fast_served(f) == *ok, "%s: served %lld, want %lld", what,
-          (long long)envd_fast_served(f), (long long)*ok);
+    CHECK(envd_doorbell_served(f) == *ok, "%s: served %lld, want %lld", what,
+          (long long)envd_doorbell_served(f), (long long)*ok);
 }
 
 /* A request the server must refuse: the status and index, and nothing
  * stepped (the twin, not stepped, still matches). */
-static void step_refused(harness_t *h, harness_t *twin, envd_fast_t *f, doorbell_t *d,
+static void step_refused(harness_t *h, harness_t *twin, envd_doorbell_t *f, doorbell_t *d,
                          uint32_t kind, int mode, int want, int64_t index, int64_t ok,
                          const char *what)
 {
@@ -559,8 +559,8 @@ static void step_refused(harness_t *h, harness_t *twin, envd_fast_t *f, doorbell
           "%s: status %d (want %d) index %lld (want %lld) result %lld", what, a.status, want,
           (long long)a.index, (long long)index, (long long)a.result);
     CHECK(same_buffers(h, twin), "%s: a refused request wrote outputs", what);
-    CHECK(envd_fast_served(f) == ok, "%s: served %lld, want %lld", what,
-          (long long)envd_fast_served(f), (long long)ok);
+    CHECK(envd_doorbell_served(f) == ok, "%s: served %lld, want %lld", what,
+          (long long)envd_doorbell_served(f), (long long)ok);
 }
 
 static const envd_env_def_t *const g_envs[] = {
@@ -587,7 +587,7 @@ static void test_results(envd_pool_t *const *pools, int num_pools, int requests)
                 const int mode = config % 2 ? ENVD_AUTORESET_SAME_STEP : ENVD_AUTORESET_NEXT_STEP;
                 const int64_t chunk = config % 4 == 1 ? 3 : 0;  /* pooled or adaptive */
                 const int64_t spin_ns = config % 5 == 0 ? 0 : 100000;
-                envd_fast_set_max_spinners(max_spinners);
+                envd_doorbell_set_max_spinners(max_spinners);
                 char what[160];
                 snprintf(what, sizeof what, "%s n=%lld threads=%d spinners=%d wait=%s",
                          g_envs[e]->id, (long long)sizes[si], envd_pool_num_threads(pools[p]),
@@ -597,7 +597,7 @@ static void test_results(envd_pool_t *const *pools, int num_pools, int requests)
                            100 + (uint64_t)config);
                 doorbell_t d;
                 doorbell_map(&d);
-                envd_fast_t *f = fast_start(&h, &d, spin_ns);
+                envd_doorbell_t *f = bell_start(&h, &d, spin_ns);
                 int64_t ok = 0;
                 for (int r = 0; r < requests; r++) {
                     fill_actions(&h, &s);
@@ -607,7 +607,7 @@ static void test_results(envd_pool_t *const *pools, int num_pools, int requests)
                     if (pause)
                         sleep_us(pause);
                 }
-                fast_stop(f, &d, ok);
+                bell_stop(f, &d, ok);
                 CHECK(d.seq == (uint32_t)requests, "%s: %u requests rung", what, d.seq);
                 doorbell_unmap(&d);
                 harness_free(&h);
@@ -615,7 +615,7 @@ static void test_results(envd_pool_t *const *pools, int num_pools, int requests)
             }
         }
     }
-    envd_fast_set_max_spinners(1);
+    envd_doorbell_set_max_spinners(1);
     g_slice_ns = SLICE_NS;
     CHECK(atomic_load(&g_late_wakes) == 0, "%d sleeping clients were not woken by their answer",
           atomic_load(&g_late_wakes));
@@ -634,17 +634,17 @@ static void test_errors(envd_pool_t *pool, int chunk)
         harness_init(&twin, def, n, ENVD_AUTORESET_NEXT_STEP, NULL, 0);
         doorbell_t d;
         doorbell_map(&d);
-        envd_fast_t *f = fast_start(&h, &d, 20000);
+        envd_doorbell_t *f = bell_start(&h, &d, 20000);
         int64_t ok = 0;
 
         /* Never reset: ESTATE naming env 0, for every wait. */
         for (int w = 0; w < 3; w++)
-            step_refused(&h, &twin, f, &d, ENVD_FAST_STEP, w, ENVD_ESTATE, 0, ok,
+            step_refused(&h, &twin, f, &d, ENVD_DOORBELL_STEP, w, ENVD_ESTATE, 0, ok,
                          "step before reset");
         /* A reset under the lock (as the daemon does), then steps. */
-        envd_fast_lock(f);
+        envd_doorbell_lock(f);
         harness_reset(&h, 7, NULL);
-        envd_fast_unlock(f);
+        envd_doorbell_unlock(f);
         harness_reset(&twin, 7, NULL);
         const int64_t bad[] = {as->start - 1, as->start + as->n, INT64_MIN, INT64_MAX};
         const int64_t where[] = {0, n - 1, 4};
@@ -658,14 +658,14 @@ static void test_errors(envd_pool_t *pool, int chunk)
             char what[128];
             snprintf(what, sizeof what, "%s: action %lld at env %lld", def->id, (long long)a[k],
                      (long long)k);
-            step_refused(&h, &twin, f, &d, ENVD_FAST_STEP, round % 3, ENVD_ERANGE, k, ok, what);
+            step_refused(&h, &twin, f, &d, ENVD_DOORBELL_STEP, round % 3, ENVD_ERANGE, k, ok, what);
             a[k] = good;
             snprintf(what, sizeof what, "%s: req_kind %u", def->id, bad_kinds[round % 4]);
             step_refused(&h, &twin, f, &d, bad_kinds[round % 4], (round + 1) % 3, ENVD_EINVAL,
                          -1, ok, what);
             step_checked(&h, &twin, f, &d, (round + 2) % 3, &ok, "step after refusals");
         }
-        fast_stop(f, &d, ok);
+        bell_stop(f, &d, ok);
         doorbell_unmap(&d);
         harness_free(&h);
         harness_free(&twin);
@@ -678,7 +678,7 @@ static void test_errors(envd_pool_t *pool, int chunk)
                40);
     doorbell_t d;
     doorbell_map(&d);
-    envd_fast_t *f = fast_start(&h, &d, 20000);
+    envd_doorbell_t *f = bell_start(&h, &d, 20000);
     int64_t ok = 0;
     int refusals = 0;
     for (int r = 0; r < 200 && refusals < 4; r++) {
@@ -689,21 +689,21 @@ static void test_errors(envd_pool_t *pool, int chunk)
         int64_t first = 0;
         while (!(twin.terms[first] || twin.truncs[first]))
             first++;
-        step_refused(&h, &twin, f, &d, ENVD_FAST_STEP, r % 3, ENVD_ESTATE, first, ok,
+        step_refused(&h, &twin, f, &d, ENVD_DOORBELL_STEP, r % 3, ENVD_ESTATE, first, ok,
                      "step with a done env in DISABLED mode");
         CHECK(envd_vec_step(twin.vec) == ENVD_ESTATE && envd_vec_error_index(twin.vec) == first,
               "the twin disagrees");
         refusals++;
         for (int64_t i = 0; i < twin.n; i++)
             twin.mask[i] = twin.terms[i] || twin.truncs[i];
-        envd_fast_lock(f);
+        envd_doorbell_lock(f);
         harness_reset(&h, 1000 + (uint64_t)r, twin.mask);
-        envd_fast_unlock(f);
+        envd_doorbell_unlock(f);
         harness_reset(&twin, 1000 + (uint64_t)r, twin.mask);
         CHECK(same_outputs(&h, &twin), "masked reset differs");
     }
     CHECK(refusals == 4, "only %d episodes ended in 200 steps", refusals);
-    fast_stop(f, &d, ok);
+    bell_stop(f, &d, ok);
     doorbell_unmap(&d);
     harness_free(&h);
     harness_free(&twin);
@@ -717,20 +717,20 @@ static envd_env_def_t g_guarded;
 static int guarded_step(void *state, envd_rng_t *rng, const void *action, void *obs,
                         double *reward, bool *terminated, bool *truncated)
 {
-    CHECK(!atomic_load(&g_locked), "an env step ran while envd_fast_lock was held");
+    CHECK(!atomic_load(&g_locked), "an env step ran while envd_doorbell_lock was held");
     return envd_builtin_cartpole.step(state, rng, action, obs, reward, terminated, truncated);
 }
 
 typedef struct lock_run {
     harness_t h, twin;
     doorbell_t d;
-    envd_fast_t *f;
+    envd_doorbell_t *f;
     _Atomic int client_done;
     /* Resets in lock order, each with the seq of the last request run
      * before it, as seen inside the lock (the server publishes an answer
      * after it unlocks, so done_seq may lag: the served count, counted
      * while the request runs under the lock, does not).  Written by the
-     * locker and read by the client, both inside envd_fast_lock. */
+     * locker and read by the client, both inside envd_doorbell_lock. */
     struct { uint32_t after; uint64_t seed; } log[4096];
     int logged, applied;
     int locks;
@@ -743,9 +743,9 @@ static void *locker_main(void *arg)
     uint64_t s = 0x10cull;
     while (!atomic_load(&L->client_done)) {
         sleep_us((int64_t)(rnd(&s) % 300));
-        envd_fast_lock(L->f);
+        envd_doorbell_lock(L->f);
         atomic_store(&g_locked, 1);
-        const int64_t served = envd_fast_served(L->f);
+        const int64_t served = envd_doorbell_served(L->f);
         const uint32_t done = (uint32_t)served + L->seq_base;
         if (L->logged < (int)COUNT(L->log) && rnd(&s) % 2) {
             uint64_t seed = rnd(&s) % 100000;
@@ -756,12 +756,12 @@ static void *locker_main(void *arg)
         }
         if (rnd(&s) % 3 == 0)
             sleep_us((int64_t)(rnd(&s) % 500)); /* hold it while the client rings */
-        CHECK(envd_fast_served(L->f) == served,
-              "a request ran while envd_fast_lock was held (%lld -> %lld served)",
-              (long long)served, (long long)envd_fast_served(L->f));
+        CHECK(envd_doorbell_served(L->f) == served,
+              "a request ran while envd_doorbell_lock was held (%lld -> %lld served)",
+              (long long)served, (long long)envd_doorbell_served(L->f));
         L->locks++;
         atomic_store(&g_locked, 0);
-        envd_fast_unlock(L->f);
+        envd_doorbell_unlock(L->f);
     }
     return NULL;
 }
@@ -777,15 +777,15 @@ static void replay_resets(lock_run_t *L, uint32_t after)
 
 static void *trylock_main(void *arg)
 {
-    envd_fast_t *f = arg;
-    const int taken = envd_fast_trylock(f);
+    envd_doorbell_t *f = arg;
+    const int taken = envd_doorbell_trylock(f);
     if (taken)
-        envd_fast_unlock(f);
+        envd_doorbell_unlock(f);
     return (void *)(intptr_t)taken;
 }
 
-/* envd_fast_trylock from another thread (the lock is recursive for its holder). */
-static int trylock_elsewhere(envd_fast_t *f)
+/* envd_doorbell_trylock from another thread (the lock is recursive for its holder). */
+static int trylock_elsewhere(envd_doorbell_t *f)
 {
     pthread_t t;
     void *taken = NULL;
@@ -804,33 +804,34 @@ static void test_lock(envd_pool_t *pool, int requests)
     harness_reset(&L->h, 5, NULL);
     harness_reset(&L->twin, 5, NULL);
     doorbell_map(&L->d);
-    L->f = fast_start(&L->h, &L->d, 50000);
+    L->f = bell_start(&L->h, &L->d, 50000);
     uint64_t s = 0xc11eull;
     g_slice_ns = LONG_SLICE_NS;
     atomic_store(&g_late_wakes, 0);
     int64_t ok = 0;
 
-    /* A request rung while the lock is held (by envd_fast_lock or a
-     * successful envd_fast_trylock) waits for the unlock; trylock fails
+    /* A request rung while the lock is held (by envd_doorbell_lock or a
+     * successful envd_doorbell_trylock) waits for the unlock; trylock fails
      * while it is held. */
     for (int r = 0; r < 6; r++) {
         fill_actions(&L->h, &s);
         copy_actions(&L->twin, &L->h);
         if (r % 2)
-            envd_fast_lock(L->f);
+            envd_doorbell_lock(L->f);
         else  /* (the previous request was answered: the server unlocked before) */
-            CHECK(envd_fast_trylock(L->f) == 1, "envd_fast_trylock fails on an idle server");
+            CHECK(envd_doorbell_trylock(L->f) == 1,
+                  "envd_doorbell_trylock fails on an idle server");
         CHECK(trylock_elsewhere(L->f) == 0,
-              "envd_fast_trylock succeeded on another thread while locked");
+              "envd_doorbell_trylock succeeded on another thread while locked");
         /* The session's lock is recursive: its holder may take it again. */
-        CHECK(envd_fast_trylock(L->f) == 1, "the holder's envd_fast_trylock failed");
-        envd_fast_unlock(L->f);
+        CHECK(envd_doorbell_trylock(L->f) == 1, "the holder's envd_doorbell_trylock failed");
+        envd_doorbell_unlock(L->f);
         atomic_store(&g_locked, 1);
-        ring(&L->d, ENVD_FAST_STEP);
+        ring(&L->d, ENVD_DOORBELL_STEP);
         sleep_us(r % 2 ? 2000 : 200);
-        CHECK(!is_answered(&L->d), "a request was answered while envd_fast_lock was held");
+        CHECK(!is_answered(&L->d), "a request was answered while envd_doorbell_lock was held");
         atomic_store(&g_locked, 0);
-        envd_fast_unlock(L->f);
+        envd_doorbell_unlock(L->f);
         answer_t a = wait_answer(&L->d, r % 3, LONG_SLICE_NS);
         int rc = envd_vec_step(L->twin.vec);
         CHECK(a.answered && a.status == ENVD_OK && a.result == rc, "held request: status %d",
@@ -846,27 +847,27 @@ static void test_lock(envd_pool_t *pool, int requests)
     for (int r = 0; r < 10 * requests; r++) {
         fill_actions(&L->h, &s);
         copy_actions(&L->twin, &L->h);
-        answer_t a = request(&L->d, ENVD_FAST_STEP, 0);  /* spin: see it at once */
+        answer_t a = request(&L->d, ENVD_DOORBELL_STEP, 0);  /* spin: see it at once */
         CHECK(a.status == ENVD_OK, "unlocked answer %d: status %d", r, a.status);
-        CHECK(envd_fast_trylock(L->f) == 1,
+        CHECK(envd_doorbell_trylock(L->f) == 1,
               "request %d was answered while the server still held the session's lock", r);
-        envd_fast_unlock(L->f);
+        envd_doorbell_unlock(L->f);
         CHECK(envd_vec_step(L->twin.vec) == a.result, "unlocked answer %d: result", r);
         ok++;
     }
 
     /* The locker resets at random times while the client rings. */
-    L->seq_base = L->d.seq - (uint32_t)envd_fast_served(L->f);
+    L->seq_base = L->d.seq - (uint32_t)envd_doorbell_served(L->f);
     pthread_t locker;
     CHECK(pthread_create(&locker, NULL, locker_main, L) == 0, "pthread_create");
     for (int r = 0; r < requests; r++) {
         fill_actions(&L->h, &s);
         copy_actions(&L->twin, &L->h);
         const uint32_t seq = L->d.seq + 1;
-        answer_t a = request(&L->d, ENVD_FAST_STEP, (int)(rnd(&s) % 3));
+        answer_t a = request(&L->d, ENVD_DOORBELL_STEP, (int)(rnd(&s) % 3));
         CHECK(a.status == ENVD_OK, "request %u: status %d", seq, a.status);
         ok++;
-        envd_fast_lock(L->f);
+        envd_doorbell_lock(L->f);
         CHECK(atomic_load(&L->d.h->done_seq) == seq, "done_seq moved");
         replay_resets(L, seq - 1); /* the resets between the previous request and this one */
         int rc = envd_vec_step(L->twin.vec);
@@ -874,7 +875,7 @@ static void test_lock(envd_pool_t *pool, int requests)
         replay_resets(L, seq);     /* and those since this one */
         CHECK(L->applied == L->logged, "request %u: a reset logged out of order", seq);
         CHECK(same_outputs(&L->h, &L->twin), "request %u: outputs differ from the twin", seq);
-        envd_fast_unlock(L->f);
+        envd_doorbell_unlock(L->f);
         if (rnd(&s) % 4 == 0)
             sleep_us((int64_t)(rnd(&s) % 200));
     }
@@ -885,9 +886,9 @@ static void test_lock(envd_pool_t *pool, int requests)
     g_slice_ns = SLICE_NS;
     CHECK(atomic_load(&g_late_wakes) == 0, "%d sleeping clients were not woken by their answer",
           atomic_load(&g_late_wakes));
-    printf("fast_stress: lock, %d threads: %d requests, %d locks, %d resets\n",
+    printf("doorbell_stress: lock, %d threads: %d requests, %d locks, %d resets\n",
            pool ? envd_pool_num_threads(pool) : 0, requests, L->locks, L->logged);
-    fast_stop(L->f, &L->d, ok);
+    bell_stop(L->f, &L->d, ok);
     doorbell_unmap(&L->d);
     harness_free(&L->h);
     harness_free(&L->twin);
@@ -903,21 +904,21 @@ static void test_drain(envd_pool_t *pool)
                3);
     doorbell_t d;
     doorbell_map(&d);
-    envd_fast_t *f = fast_start(&h, &d, 20000);
+    envd_doorbell_t *f = bell_start(&h, &d, 20000);
     int64_t ok = 0;
     for (int r = 0; r < 5; r++) {
         fill_actions(&h, &s);
         step_checked(&h, &twin, f, &d, r % 3, &ok, "before drain");
     }
-    envd_fast_drain(f);
+    envd_doorbell_drain(f);
     for (int r = 0; r < 9; r++) {
         fill_actions(&h, &s);
         if (r == 4)
             ((int64_t *)h.actions)[2] = 99; /* drained before validated */
-        step_refused(&h, &twin, f, &d, r % 3 == 2 ? 5 : ENVD_FAST_STEP, r % 3,
-                     ENVD_FAST_SHUTTING_DOWN, -1, ok, "after drain");
+        step_refused(&h, &twin, f, &d, r % 3 == 2 ? 5 : ENVD_DOORBELL_STEP, r % 3,
+                     ENVD_DOORBELL_SHUTTING_DOWN, -1, ok, "after drain");
     }
-    fast_stop(f, &d, ok);
+    bell_stop(f, &d, ok);
     doorbell_unmap(&d);
     harness_free(&h);
     harness_free(&twin);
@@ -970,7 +971,7 @@ static void gate_wait_started(void)
 }
 
 typedef struct stopper {
-    envd_fast_t *f;
+    envd_doorbell_t *f;
     _Atomic pid_t tid;
     int64_t served;
     double took;
@@ -981,7 +982,7 @@ static void *stopper_main(void *arg)
     stopper_t *st = arg;
     atomic_store(&st->tid, thread_id());
     double t0 = now_s();
-    st->served = envd_fast_stop(st->f, NULL);
+    st->served = envd_doorbell_stop(st->f, NULL);
     st->took = now_s() - t0;
     return NULL;
 }
@@ -1011,7 +1012,7 @@ static void *sleeper_main(void *arg)
 {
     sleeper_t *sl = arg;
     doorbell_t *d = sl->d;
-    ring(d, ENVD_FAST_STEP);
+    ring(d, ENVD_DOORBELL_STEP);
     if (sl->raw) {
         uint32_t current = atomic_load(&d->h->done_seq);
         atomic_store(&sl->tid, thread_id());
@@ -1027,7 +1028,7 @@ static void *sleeper_main(void *arg)
 }
 
 /* Stop while a request is in service; a second request is rung once stop has
- * begun (the stopper thread is asleep in envd_fast_stop, past its store of
+ * begun (the stopper thread is asleep in envd_doorbell_stop, past its store of
  * the stop flag), by a client that then sleeps on done_seq: the first is
  * answered and counted, the second never, and the sleeper is woken by the
  * close.  Returns false when /proc could not confirm the order (then only the
@@ -1044,15 +1045,15 @@ static bool stop_during_request(bool raw)
     harness_reset(&twin, 9, NULL);
     doorbell_t d;
     doorbell_map(&d);
-    envd_fast_t *f = fast_start(&h, &d, 10000);
+    envd_doorbell_t *f = bell_start(&h, &d, 10000);
     int64_t ok = 0;
     step_checked(&h, &twin, f, &d, WAIT_SLEEP, &ok, "before the gated request");
 
     atomic_store(&g_gate_armed, 1);
-    ring(&d, ENVD_FAST_STEP);
+    ring(&d, ENVD_DOORBELL_STEP);
     const uint32_t first = d.seq;
     gate_wait_started();
-    CHECK(envd_fast_trylock(f) == 0, "envd_fast_trylock succeeded during a request");
+    CHECK(envd_doorbell_trylock(f) == 0, "envd_doorbell_trylock succeeded during a request");
 
     stopper_t st = {.f = f};
     pthread_t stopper, sleeper_thread;
@@ -1096,7 +1097,7 @@ static bool stop_during_request(bool raw)
 }
 
 /* Stops over 100 ms allowed in n: a badly loaded machine delays a stop now
- * and then, not in 1 of 25; the lost wake-up that fast.c had (a stop waited
+ * and then, not in 1 of 25; the lost wake-up that doorbell.c had (a stop waited
  * out the server's 200 ms sleep slice) showed in about 1 in 10 stops issued
  * right after an answer. */
 #define SLOW_STOPS_ALLOWED(n) (2 + (n) / 25)
@@ -1119,7 +1120,7 @@ static void test_cycles(envd_pool_t *const *pools, int num_pools, int cycles)
     doorbell_t d;
     doorbell_map(&d);
     const uint32_t start_seq = UINT32_MAX - 40;
-    atomic_store(&d.h->req_kind, ENVD_FAST_STEP);
+    atomic_store(&d.h->req_kind, ENVD_DOORBELL_STEP);
     atomic_store(&d.h->req_seq, start_seq);
     atomic_store(&d.h->done_seq, start_seq - 1);
     atomic_store(&d.h->closed, 1);
@@ -1127,16 +1128,16 @@ static void test_cycles(envd_pool_t *const *pools, int num_pools, int cycles)
     double worst = 0.0;
     int slow = 0;
     for (int c = 0; c < cycles; c++) {
-        envd_fast_set_max_spinners((int)(rnd(&s) % 3));
+        envd_doorbell_set_max_spinners((int)(rnd(&s) % 3));
         const int p = (int)(rnd(&s) % (uint64_t)nv);
         const uint32_t before = atomic_load(&d.h->req_seq);
-        envd_fast_t *f = fast_start(&h[p], &d, c % 4 == 0 ? 0 : 30000);
+        envd_doorbell_t *f = bell_start(&h[p], &d, c % 4 == 0 ? 0 : 30000);
         CHECK(before == d.seq, "req_seq");
         const int requests = (int)(rnd(&s) % 4);
         if (c % 3 == 0) {
             /* The request counted before this start is not served. */
             sleep_us(300);
-            CHECK(envd_fast_served(f) == 0 && same_outputs(&h[p], &twin[p]),
+            CHECK(envd_doorbell_served(f) == 0 && same_outputs(&h[p], &twin[p]),
                   "cycle %d: a request rung before start was served", c);
         }
         int64_t ok = 0;
@@ -1147,18 +1148,18 @@ static void test_cycles(envd_pool_t *const *pools, int num_pools, int cycles)
         if (rnd(&s) % 3 == 0)
             sleep_us((int64_t)(rnd(&s) % 400)); /* the server spins or sleeps when stopped */
         const double t0 = now_s();
-        fast_stop(f, &d, ok);
+        bell_stop(f, &d, ok);
         const double took = now_s() - t0;
         worst = took > worst ? took : worst;
         slow += took > 0.1;
         served[p] += ok;
         if (c % 5 == 4) {
             /* A request rung on the closed doorbell: the next start skips it. */
-            ring(&d, ENVD_FAST_STEP);
+            ring(&d, ENVD_DOORBELL_STEP);
             CHECK(!wait_answer(&d, WAIT_SPIN, SLICE_NS).answered, "closed doorbell answered");
         }
     }
-    printf("fast_stress: %d start/stop cycles (%lld %lld %lld requests), slowest stop %.1f ms, "
+    printf("doorbell_stress: %d start/stop cycles (%lld %lld %lld requests), slowest stop %.1f ms, "
            "%d over 100 ms\n", cycles, (long long)served[0], (long long)served[1],
            (long long)served[2], worst * 1e3, slow);
     /* With no request in service a stop waits only for the server to notice
@@ -1167,7 +1168,7 @@ static void test_cycles(envd_pool_t *const *pools, int num_pools, int cycles)
     CHECK(slow <= SLOW_STOPS_ALLOWED(cycles), "%d of %d stops took over 100 ms (slowest "
           "%.1f ms): a lost wake-up", slow, cycles, worst * 1e3);
     CHECK(d.seq < start_seq, "the sequence numbers did not wrap (%u)", d.seq);
-    envd_fast_set_max_spinners(1);
+    envd_doorbell_set_max_spinners(1);
     doorbell_unmap(&d);
     for (int p = 0; p < nv; p++) {
         harness_free(&h[p]);
@@ -1178,20 +1179,20 @@ static void test_cycles(envd_pool_t *const *pools, int num_pools, int cycles)
 /* Stops issued right after an answer, while the server (no spin slot) is on
  * its way to sleep on req_seq.  A wake of req_seq that comes between the
  * server's last look at its stop flag and its FUTEX_WAIT is lost (stop does
- * not change req_seq), and fast.c then waited out the server's 200 ms sleep
+ * not change req_seq), and doorbell.c then waited out the server's 200 ms sleep
  * slice, about once in ten here.  An observer thread looks for exactly that
- * state instead of timing it: the thread in envd_fast_stop asleep (past its
+ * state instead of timing it: the thread in envd_doorbell_stop asleep (past its
  * store of the flag) while a thread sleeps on req_seq -- only the server does
  * -- in three looks 2 ms apart.  A server that looked at its flag after the
  * store does not sleep on req_seq again, and one that missed the wake must be
  * woken again at once; a loaded machine delays both threads but cannot make
  * them sleep so. */
 static struct {
-    _Atomic int in_stop;     /* main is in envd_fast_stop number stop_id */
+    _Atomic int in_stop;     /* main is in envd_doorbell_stop number stop_id */
     _Atomic int stop_id;
     _Atomic int quit;
     pid_t stopper;
-    const envd_fast_header_t *h;
+    const envd_doorbell_header_t *h;
     _Atomic int lost;        /* stops seen in that state */
     _Atomic int looks;       /* looks at /proc */
 } g_obs;
@@ -1240,7 +1241,7 @@ static void *observer_main(void *arg)
 
 static void stop_after_answer(int iterations)
 {
-    envd_fast_set_max_spinners(0);
+    envd_doorbell_set_max_spinners(0);
     harness_t h;
     harness_init(&h, &envd_builtin_cartpole, 1, ENVD_AUTORESET_NEXT_STEP, NULL, 0);
     harness_reset(&h, 4, NULL);
@@ -1259,8 +1260,8 @@ static void stop_after_answer(int iterations)
     int slow = 0, i = 0;
     double worst = 0.0;
     for (; i < iterations && atomic_load(&g_obs.lost) == 0; i++) {
-        envd_fast_t *f = fast_start(&h, &d, 0);
-        answer_t a = request(&d, ENVD_FAST_STEP, i % 2 ? WAIT_SPIN : WAIT_MIXED);
+        envd_doorbell_t *f = bell_start(&h, &d, 0);
+        answer_t a = request(&d, ENVD_DOORBELL_STEP, i % 2 ? WAIT_SPIN : WAIT_MIXED);
         CHECK(a.status == ENVD_OK, "status %d", a.status);
         /* The window is a few hundred ns wide: issue the stop at a sweep of
          * delays after the answer, so that some land in it. */
@@ -1269,7 +1270,7 @@ static void stop_after_answer(int iterations)
         const double t0 = now_s();
         atomic_store_explicit(&g_obs.stop_id, i, memory_order_relaxed);
         atomic_store_explicit(&g_obs.in_stop, 1, memory_order_relaxed);
-        fast_stop(f, &d, 1);
+        bell_stop(f, &d, 1);
         atomic_store_explicit(&g_obs.in_stop, 0, memory_order_relaxed);
         const double took = now_s() - t0;
         worst = took > worst ? took : worst;
@@ -1277,7 +1278,7 @@ static void stop_after_answer(int iterations)
     }
     atomic_store(&g_obs.quit, 1);
     pthread_join(observer, NULL);
-    printf("fast_stress: %d stops right after an answer, %d over 100 ms (slowest %.1f ms), %d "
+    printf("doorbell_stress: %d stops right after an answer, %d over 100 ms (slowest %.1f ms), %d "
            "looks at /proc\n", i, slow, worst * 1e3, atomic_load(&g_obs.looks));
     CHECK(atomic_load(&g_obs.lost) == 0, "stop %d: the server slept on req_seq although stop "
           "had begun and its caller slept: a lost wake-up (slowest stop %.1f ms)", i,
@@ -1285,7 +1286,7 @@ static void stop_after_answer(int iterations)
     if (!can_look) /* /proc cannot tell: times only */
         CHECK(slow <= SLOW_STOPS_ALLOWED(i), "%d of %d stops right after an answer took over "
               "100 ms (slowest %.1f ms): a lost wake-up", slow, i, worst * 1e3);
-    envd_fast_set_max_spinners(1);
+    envd_doorbell_set_max_spinners(1);
     doorbell_unmap(&d);
     harness_free(&h);
 }
@@ -1301,7 +1302,7 @@ static void test_stop(envd_pool_t *const *pools, int num_pools)
                    1);
         doorbell_t d;
         doorbell_map(&d);
-        envd_fast_t *f = fast_start(&h, &d, 20000);
+        envd_doorbell_t *f = bell_start(&h, &d, 20000);
         int64_t ok = 0;
         for (int r = 0; r < 4 + p; r++) {
             fill_actions(&h, &s);
@@ -1309,9 +1310,9 @@ static void test_stop(envd_pool_t *const *pools, int num_pools)
         }
         step_refused(&h, &twin, f, &d, 4, WAIT_SLEEP, ENVD_EINVAL, -1, ok, "not counted");
         sleep_us(p * 1000); /* stop a spinning and a sleeping server */
-        fast_stop(f, &d, ok);
+        bell_stop(f, &d, ok);
         CHECK(atomic_load(&d.h->done_seq) == d.seq, "done_seq");
-        ring(&d, ENVD_FAST_STEP);
+        ring(&d, ENVD_DOORBELL_STEP);
         answer_t a = wait_answer(&d, WAIT_MIXED, SLICE_NS);
         CHECK(!a.answered, "a closed doorbell answered");
         CHECK(same_outputs(&h, &twin), "a closed doorbell stepped the vec");
@@ -1319,21 +1320,21 @@ static void test_stop(envd_pool_t *const *pools, int num_pools)
         harness_free(&h);
         harness_free(&twin);
     }
-    CHECK(envd_fast_stop(NULL, NULL) == 0, "stop(NULL)");
+    CHECK(envd_doorbell_stop(NULL, NULL) == 0, "stop(NULL)");
 
     int sure = 0;
     for (int i = 0; i < 6; i++)
         sure += stop_during_request(i % 2 == 0);
     CHECK(sure == 0 || sure == 6, "/proc answered only sometimes");
     if (!sure)
-        printf("fast_stress: /proc/self/task/*/syscall unreadable: stop-order checks loose\n");
+        printf("doorbell_stress: /proc/self/task/*/syscall unreadable: stop-order checks loose\n");
 }
 
 /* ---- 6. spinners ------------------------------------------------------------------ */
 /* Spinning is measured per server thread, as its CPU time while this thread
  * sleeps, relative to a reference thread that spins all along: about the same
  * share (ratio near 1) when it spins, 0 when it sleeps, however loaded the
- * machine.  A server thread is the task that envd_fast_start adds (the vecs
+ * machine.  A server thread is the task that envd_doorbell_start adds (the vecs
  * here have no pool); its CPU clock is the kernel's per-thread clock id (as
  * pthread_getcpuclockid builds it). */
 static _Atomic int g_ref_stop;
@@ -1400,12 +1401,12 @@ static int list_tasks(pid_t *out, int cap)
     return -1;
 }
 
-/* The task envd_fast_start added, or 0 when it cannot be told. */
-static pid_t start_server(envd_fast_t **f, harness_t *h, doorbell_t *d, int64_t spin_ns)
+/* The task envd_doorbell_start added, or 0 when it cannot be told. */
+static pid_t start_server(envd_doorbell_t **f, harness_t *h, doorbell_t *d, int64_t spin_ns)
 {
     pid_t before[256], after[256];
     int nb = list_tasks(before, 256);
-    *f = fast_start(h, d, spin_ns);
+    *f = bell_start(h, d, spin_ns);
     int na = list_tasks(after, 256);
     if (nb < 0 || na != nb + 1)
         return 0;
@@ -1459,20 +1460,20 @@ static void test_spinners(void)
     const int settings[] = {0, -5, 1, 2};
     const int want[] = {0, 0, 1, 2};
     /* On 2 CPUs or fewer a spinning server stops once another starts a
-     * request (cpus_busy in fast.c): the second answer may end the first
+     * request (cpus_busy in doorbell.c): the second answer may end the first
      * one's spin, so two slots may show one spinner. */
     const int want_at_least[] = {0, 0, 1, envd_usable_cpus() > 2 ? 2 : 1};
     int measured = 0;
     for (size_t i = 0; i < COUNT(settings); i++) {
-        envd_fast_set_max_spinners(settings[i]);
-        envd_fast_t *f[2];
+        envd_doorbell_set_max_spinners(settings[i]);
+        envd_doorbell_t *f[2];
         pid_t tids[2];
         for (int k = 0; k < 2; k++)
             tids[k] = start_server(&f[k], &h[k], &d[k], long_spin);
         /* One request each: a server that has not seen its client ring
-         * again yet spins the whole spin_ns (spin_deadline in fast.c). */
+         * again yet spins the whole spin_ns (spin_deadline in doorbell.c). */
         for (int k = 0; k < 2; k++) {
-            answer_t a = request(&d[k], ENVD_FAST_STEP, k);
+            answer_t a = request(&d[k], ENVD_DOORBELL_STEP, k);
             CHECK(a.status == ENVD_OK, "spinners %d: status %d", settings[i], a.status);
         }
         /* Both servers have answered and would spin for 20 s if allowed. */
@@ -1486,7 +1487,7 @@ static void test_spinners(void)
                 double ratio[2], window;
                 const double ref_cpu = spin_ratios(tids, 2, ratio, &window);
                 const int spinning = (ratio[0] > 0.05) + (ratio[1] > 0.05);
-                printf("fast_stress: max_spinners %d: servers' CPU %.2f %.2f of a spinning "
+                printf("doorbell_stress: max_spinners %d: servers' CPU %.2f %.2f of a spinning "
                        "thread's\n", settings[i], ratio[0], ratio[1]);
                 CHECK(spinning <= want[i], "max_spinners %d: %d servers spin (CPU %.2f %.2f of "
                       "a spinning thread's %.3f s in %.3f s; tasks %d %d)", settings[i],
@@ -1501,13 +1502,13 @@ static void test_spinners(void)
         }
         const double t0 = now_s();
         for (int k = 0; k < 2; k++)
-            fast_stop(f[k], &d[k], 1);
+            bell_stop(f[k], &d[k], 1);
         CHECK(now_s() - t0 < 5.0, "stopping spinning servers took %.1f s", now_s() - t0);
     }
     if (measured < (int)COUNT(settings))
-        printf("fast_stress: spinning measured in %d of %d rounds (/proc/self/task)\n",
+        printf("doorbell_stress: spinning measured in %d of %d rounds (/proc/self/task)\n",
                measured, (int)COUNT(settings));
-    envd_fast_set_max_spinners(1);
+    envd_doorbell_set_max_spinners(1);
     for (int k = 0; k < 2; k++) {
         doorbell_unmap(&d[k]);
         harness_free(&h[k]);
@@ -1516,17 +1517,17 @@ static void test_spinners(void)
 
 /* A CartPole harness of 3 envs (reset with seed) and a server for it that
  * spins up to 20 s (one spin slot): the thread's id, or 0 if not found. */
-static pid_t start_long_spinner(envd_fast_t **f, harness_t *h, doorbell_t *d, uint64_t seed)
+static pid_t start_long_spinner(envd_doorbell_t **f, harness_t *h, doorbell_t *d, uint64_t seed)
 {
     harness_init(h, &envd_builtin_cartpole, 3, ENVD_AUTORESET_NEXT_STEP, NULL, 0);
     harness_reset(h, seed, NULL);
     doorbell_map(d);
-    envd_fast_set_max_spinners(1);
+    envd_doorbell_set_max_spinners(1);
     return start_server(f, h, d, 20LL * 1000000000LL);
 }
 
 /* A client that rings every GAP_US spins its server for about twice that
- * after an answer (spin_deadline in fast.c), not for the whole spin_ns: over
+ * after an answer (spin_deadline in doorbell.c), not for the whole spin_ns: over
  * a window of at least 0.2 s after its last answer the server's CPU stays
  * well under a spinning thread's (it was all of it before the spin followed
  * the client's gaps). */
@@ -1535,28 +1536,28 @@ static void test_spin_follows_gaps(void)
     enum { GAP_US = 10000, REQUESTS = 6 };
     harness_t h;
     doorbell_t d;
-    envd_fast_t *f;
+    envd_doorbell_t *f;
     pid_t tid = start_long_spinner(&f, &h, &d, 5);
     for (int r = 0; r < REQUESTS; r++) {
         if (r > 0)
             sleep_us(GAP_US); /* the client's own work between two requests */
-        answer_t a = request(&d, ENVD_FAST_STEP, WAIT_SLEEP);
+        answer_t a = request(&d, ENVD_DOORBELL_STEP, WAIT_SLEEP);
         CHECK(a.status == ENVD_OK, "request %d: status %d", r, a.status);
     }
     if (tid != 0) {
         double ratio, window;
         const double ref_cpu = spin_ratios(&tid, 1, &ratio, &window);
-        printf("fast_stress: gaps of %d us: server's CPU %.2f of a spinning thread's\n",
+        printf("doorbell_stress: gaps of %d us: server's CPU %.2f of a spinning thread's\n",
                GAP_US, ratio);
         CHECK(ratio < 0.5, "a server whose client rings every %d us spun %.2f of a spinning "
               "thread's %.3f s in %.3f s", GAP_US, ratio, ref_cpu, window);
     }
-    fast_stop(f, &d, REQUESTS);
+    bell_stop(f, &d, REQUESTS);
     doorbell_unmap(&d);
     harness_free(&h);
 }
 
-/* server_asleep (fast.h, Ordering): a server asleep on req_seq says so, and
+/* server_asleep (doorbell.h, Ordering): a server asleep on req_seq says so, and
  * the client's ring wakes it; one that spins for the next request says it
  * is awake, and the client rings it without a system call; a ring that does
  * not wake a sleeping server is answered only when its sleep slice (200 ms)
@@ -1565,14 +1566,14 @@ static void test_server_asleep(void)
 {
     harness_t h;
     doorbell_t d;
-    envd_fast_t *f;
+    envd_doorbell_t *f;
     const pid_t tid = start_long_spinner(&f, &h, &d, 11);
     /* Before its first request nothing says one is due: the server sleeps. */
     bool sure = tid != 0 && wait_asleep(tid, &d.h->req_seq, d.h);
     CHECK(!sure || atomic_load(&d.h->server_asleep) == 1,
           "a server asleep on req_seq did not say so");
     atomic_store(&g_ring_wakes, 0);
-    answer_t a = request(&d, ENVD_FAST_STEP, WAIT_SLEEP);
+    answer_t a = request(&d, ENVD_DOORBELL_STEP, WAIT_SLEEP);
     CHECK(a.status == ENVD_OK, "first request: status %d", a.status);
     CHECK(!sure || atomic_load(&g_ring_wakes) == 1, "the ring of a sleeping server made %d "
           "wakes", atomic_load(&g_ring_wakes));
@@ -1580,7 +1581,7 @@ static void test_server_asleep(void)
      * whole spin_ns (20 s): awake, and rung without a system call. */
     CHECK(atomic_load(&d.h->server_asleep) == 0, "a spinning server said it was asleep");
     atomic_store(&g_ring_wakes, 0);
-    a = request(&d, ENVD_FAST_STEP, WAIT_SLEEP);
+    a = request(&d, ENVD_DOORBELL_STEP, WAIT_SLEEP);
     CHECK(a.status == ENVD_OK, "second request: status %d", a.status);
     CHECK(atomic_load(&g_ring_wakes) == 0, "the ring of a spinning server made %d wakes",
           atomic_load(&g_ring_wakes));
@@ -1589,24 +1590,24 @@ static void test_server_asleep(void)
      * again.) */
     if (tid != 0 && wait_asleep(tid, &d.h->req_seq, d.h)) {
         d.seq++;
-        atomic_store(&d.h->req_kind, ENVD_FAST_STEP);
+        atomic_store(&d.h->req_kind, ENVD_DOORBELL_STEP);
         atomic_store(&d.h->req_seq, d.seq);
         a = wait_answer(&d, WAIT_SLEEP, SLICE_NS);
         CHECK(a.answered && a.status == ENVD_OK, "the unwoken request: status %d", a.status);
         CHECK(atomic_load(&d.h->missed_rings) == 1, "missed_rings %u after one ring that "
               "woke nobody", atomic_load(&d.h->missed_rings));
-        int64_t served = envd_fast_stop(f, NULL);
+        int64_t served = envd_doorbell_stop(f, NULL);
         CHECK(served == 3, "served %lld", (long long)served);
     } else {
-        printf("fast_stress: server_asleep: /proc cannot tell the server's sleep; the "
+        printf("doorbell_stress: server_asleep: /proc cannot tell the server's sleep; the "
                "unwoken ring is not tried\n");
-        fast_stop(f, &d, 2);
+        bell_stop(f, &d, 2);
     }
     doorbell_unmap(&d);
     harness_free(&h);
 }
 
-/* After a SENDRECV the server never spins (fast.c, spin_deadline): its
+/* After a SENDRECV the server never spins (doorbell.c, spin_deadline): its
  * client drives other daemons before it rings again.  A client that pauses
  * PAUSE_US between SENDRECVs, with a spin limit far longer: the server's CPU
  * stays well under the pauses' time (a spinning server would use about all
@@ -1615,17 +1616,17 @@ static void test_server_asleep(void)
 static void test_no_spin_after_sendrecv(void)
 {
     enum { PAUSE_US = 1000, REQUESTS = 40 };
-    static const uint32_t kinds[] = {ENVD_FAST_STEP, ENVD_FAST_SENDRECV};
+    static const uint32_t kinds[] = {ENVD_DOORBELL_STEP, ENVD_DOORBELL_SENDRECV};
     for (size_t k = 0; k < COUNT(kinds); k++) {
         harness_t h;
         doorbell_t d;
-        envd_fast_t *f;
+        envd_doorbell_t *f;
         const pid_t tid = start_long_spinner(&f, &h, &d, 7);
         const double cpu0 = tid != 0 ? clock_s(thread_clock(tid)) : 0.0;
         for (int r = 0; r < REQUESTS; r++) {
             for (int64_t i = 0; i < 3; i++)
                 h.ids[i] = i;
-            answer_t a = request_count(&d, kinds[k], kinds[k] == ENVD_FAST_STEP ? 0 : 3,
+            answer_t a = request_count(&d, kinds[k], kinds[k] == ENVD_DOORBELL_STEP ? 0 : 3,
                                        WAIT_SLEEP);
             CHECK(a.status == ENVD_OK, "request %d: status %d", r, a.status);
             sleep_us(PAUSE_US); /* the client's work elsewhere (another daemon's) */
@@ -1633,15 +1634,15 @@ static void test_no_spin_after_sendrecv(void)
         if (tid != 0) {
             const double cpu = clock_s(thread_clock(tid)) - cpu0;
             const double paused = REQUESTS * PAUSE_US * 1e-6;
-            printf("fast_stress: %s every %d us: server's CPU %.1f ms of %.1f ms paused\n",
-                   kinds[k] == ENVD_FAST_STEP ? "steps" : "sendrecvs", PAUSE_US, cpu * 1e3,
+            printf("doorbell_stress: %s every %d us: server's CPU %.1f ms of %.1f ms paused\n",
+                   kinds[k] == ENVD_DOORBELL_STEP ? "steps" : "sendrecvs", PAUSE_US, cpu * 1e3,
                    paused * 1e3);
-            CHECK(kinds[k] == ENVD_FAST_STEP || cpu < 0.5 * paused,
+            CHECK(kinds[k] == ENVD_DOORBELL_STEP || cpu < 0.5 * paused,
                   "a server answering SENDRECVs spun: %.1f ms of CPU over %.1f ms of pauses",
                   cpu * 1e3, paused * 1e3);
         }
         check_no_missed_rings(&d);
-        CHECK(envd_fast_stop(f, NULL) == (kinds[k] == ENVD_FAST_STEP ? REQUESTS : 0),
+        CHECK(envd_doorbell_stop(f, NULL) == (kinds[k] == ENVD_DOORBELL_STEP ? REQUESTS : 0),
               "no-spin test: served");
         doorbell_unmap(&d);
         harness_free(&h);
@@ -1803,21 +1804,21 @@ static void books_recv(books_t *b, const int64_t *ids, int64_t got, bool in_orde
     b->received += got;
 }
 
-/* The result a refused request carries (fast.h): a SEND of an env not idle
+/* The result a refused request carries (doorbell.h): a SEND of an env not idle
  * that env's state, a RECV of more than are out how many are, a STEP while
  * envs are out how many are in flight or minus how many are ready; else 0. */
 static bool refusal_result_ok(const books_t *b, uint32_t kind, int want, int64_t index,
                               int64_t result)
 {
-    if (kind == ENVD_FAST_SENDRECV) /* refused: its SEND's answer */
-        kind = ENVD_FAST_SEND;
-    if (kind == ENVD_FAST_SEND && want == ENVD_EBUSY && index >= 0 && index < b->n)
+    if (kind == ENVD_DOORBELL_SENDRECV) /* refused: its SEND's answer */
+        kind = ENVD_DOORBELL_SEND;
+    if (kind == ENVD_DOORBELL_SEND && want == ENVD_EBUSY && index >= 0 && index < b->n)
         return b->batch_of[index] >= 0
                    ? result == ENVD_ENV_IN_FLIGHT || result == ENVD_ENV_READY
                    : result == ENVD_ENV_IDLE;
-    if (kind == ENVD_FAST_RECV && want == ENVD_ESTATE && index == -1)
+    if (kind == ENVD_DOORBELL_RECV && want == ENVD_ESTATE && index == -1)
         return result == b->out;
-    if (kind == ENVD_FAST_STEP && want == ENVD_EBUSY)
+    if (kind == ENVD_DOORBELL_STEP && want == ENVD_EBUSY)
         return result > 0 ? result <= b->out : -result == b->out && b->out > 0;
     return result == 0;
 }
@@ -1829,7 +1830,7 @@ static void send_checked(harness_t *h, harness_t *twin, envd_vec_batch_t *tb, do
 {
     twin_batch(twin, tb, h, h->ids, k, what);
     books_send(b, h->ids, k);
-    answer_t a = request_count(d, ENVD_FAST_SEND, (uint32_t)k, wait);
+    answer_t a = request_count(d, ENVD_DOORBELL_SEND, (uint32_t)k, wait);
     CHECK(a.status == ENVD_OK && a.result == 0 && a.index == -1,
           "%s: send of %lld: status %d result %lld index %lld", what, (long long)k, a.status,
           (long long)a.result, (long long)a.index);
@@ -1844,7 +1845,7 @@ static int64_t recv_checked(harness_t *h, const harness_t *twin, doorbell_t *d, 
                             const char *what)
 {
     const int64_t out = b->out;
-    answer_t a = request_count(d, ENVD_FAST_RECV, (uint32_t)count, wait);
+    answer_t a = request_count(d, ENVD_DOORBELL_RECV, (uint32_t)count, wait);
     CHECK(a.status == ENVD_OK && a.index == -1 && a.result == count && count <= out,
           "%s: recv %lld of %lld out: status %d result %lld index %lld", what,
           (long long)count, (long long)out, a.status, (long long)a.result, (long long)a.index);
@@ -1863,7 +1864,7 @@ static int64_t sendrecv_checked(harness_t *h, harness_t *twin, envd_vec_batch_t 
 {
     twin_batch(twin, tb, h, h->ids, k, what);
     books_send(b, h->ids, k);
-    answer_t a = request_count(d, ENVD_FAST_SENDRECV, (uint32_t)k, wait);
+    answer_t a = request_count(d, ENVD_DOORBELL_SENDRECV, (uint32_t)k, wait);
     CHECK(a.status == ENVD_OK && a.index == -1 && a.result == k &&
               atomic_load(&d->h->sent) == 1,
           "%s: sendrecv of %lld: status %d result %lld index %lld sent %u", what,
@@ -1896,7 +1897,7 @@ static void async_results(envd_pool_t *const *pools, int num_pools, int requests
                 const int64_t chunk = config % 4 == 1 ? 3 : 0; /* pooled or adaptive */
                 const int64_t spin_ns = config % 5 == 0 ? 0 : 100000;
                 const int64_t n = sizes[si];
-                envd_fast_set_max_spinners(max_spinners);
+                envd_doorbell_set_max_spinners(max_spinners);
                 char what[160];
                 snprintf(what, sizeof what, "async %s n=%lld threads=%d spinners=%d wait=%s",
                          g_envs[e]->id, (long long)n, envd_pool_num_threads(pools[p]),
@@ -1910,7 +1911,7 @@ static void async_results(envd_pool_t *const *pools, int num_pools, int requests
                 books_init(&b, n);
                 doorbell_t d;
                 doorbell_map(&d);
-                envd_fast_t *f = fast_start(&h, &d, spin_ns);
+                envd_doorbell_t *f = bell_start(&h, &d, spin_ns);
                 int64_t steps = 0;
                 for (int r = 0; r < requests; r++) {
                     const int wait = policy == 2 ? (int)(rnd(&s) % 3) : policy;
@@ -1941,7 +1942,7 @@ static void async_results(envd_pool_t *const *pools, int num_pools, int requests
                     if (pause)
                         sleep_us(pause);
                     if (rnd(&s) % 4 == 0)
-                        envd_fast_collect(f); /* as a daemon's statistics do */
+                        envd_doorbell_collect(f); /* as a daemon's statistics do */
                 }
                 while (b.out > 0) {
                     envs += recv_checked(&h, &twin, &d, &b, b.out, (int)(rnd(&s) % 3), exact,
@@ -1950,16 +1951,17 @@ static void async_results(envd_pool_t *const *pools, int num_pools, int requests
                 }
                 CHECK(b.batches_out == 0 && b.received == b.sent, "%s: sent %lld, received %lld",
                       what, (long long)b.sent, (long long)b.received);
-                CHECK(envd_fast_batch_envs(f) == b.received, "%s: batch_envs %lld, received %lld",
-                      what, (long long)envd_fast_batch_envs(f), (long long)b.received);
-                envd_fast_lock(f);
-                CHECK(envd_fast_pending(f) == 0, "%s: pending %lld after every recv", what,
-                      (long long)envd_fast_pending(f));
+                CHECK(envd_doorbell_batch_envs(f) == b.received,
+                      "%s: batch_envs %lld, received %lld", what,
+                      (long long)envd_doorbell_batch_envs(f), (long long)b.received);
+                envd_doorbell_lock(f);
+                CHECK(envd_doorbell_pending(f) == 0, "%s: pending %lld after every recv", what,
+                      (long long)envd_doorbell_pending(f));
                 CHECK(same_buffers(&h, &twin), "%s: buffers differ from the twin's", what);
-                envd_fast_unlock(f);
+                envd_doorbell_unlock(f);
                 int64_t batch_envs = -1;
                 check_no_missed_rings(&d);
-                const int64_t served = envd_fast_stop(f, &batch_envs);
+                const int64_t served = envd_doorbell_stop(f, &batch_envs);
                 CHECK(served == steps && batch_envs == b.received,
                       "%s: stop: served %lld (want %lld), batch_envs %lld (want %lld)", what,
                       (long long)served, (long long)steps, (long long)batch_envs,
@@ -1973,11 +1975,11 @@ static void async_results(envd_pool_t *const *pools, int num_pools, int requests
             }
         }
     }
-    envd_fast_set_max_spinners(1);
+    envd_doorbell_set_max_spinners(1);
     g_slice_ns = SLICE_NS;
     CHECK(atomic_load(&g_late_wakes) == 0, "%d sleeping clients were not woken by their answer",
           atomic_load(&g_late_wakes));
-    printf("fast_stress: async: %lld sends, %lld recvs, %lld envs\n", (long long)sends,
+    printf("doorbell_stress: async: %lld sends, %lld recvs, %lld envs\n", (long long)sends,
            (long long)recvs, (long long)envs);
 }
 
@@ -1996,7 +1998,7 @@ static int failing_step(void *state, envd_rng_t *rng, const void *action, void *
 
 /* A request that must be refused with status want naming env index: nothing
  * started (pending unchanged) and no idle env's rows written. */
-static void async_refused(harness_t *h, const harness_t *twin, envd_fast_t *f, doorbell_t *d,
+static void async_refused(harness_t *h, const harness_t *twin, envd_doorbell_t *f, doorbell_t *d,
                           const books_t *b, uint32_t kind, uint32_t count, int wait, int want,
                           int64_t index, const char *what)
 {
@@ -2006,10 +2008,10 @@ static void async_refused(harness_t *h, const harness_t *twin, envd_fast_t *f, d
           "%s: status %d (want %d) index %lld (want %lld) result %lld sent %u", what,
           a.status, want, (long long)a.index, (long long)index, (long long)a.result,
           atomic_load(&d->h->sent));
-    envd_fast_lock(f);
-    CHECK(envd_fast_pending(f) == b->out, "%s: pending %lld, want %lld", what,
-          (long long)envd_fast_pending(f), (long long)b->out);
-    envd_fast_unlock(f);
+    envd_doorbell_lock(f);
+    CHECK(envd_doorbell_pending(f) == b->out, "%s: pending %lld, want %lld", what,
+          (long long)envd_doorbell_pending(f), (long long)b->out);
+    envd_doorbell_unlock(f);
     for (int64_t i = 0; i < h->n; i++)
         CHECK(b->batch_of[i] >= 0 || same_row(h, twin, i), "%s: idle env %lld was stepped", what,
               (long long)i);
@@ -2040,7 +2042,7 @@ static void async_errors(envd_pool_t *pool, int64_t chunk)
     books_init(&b, n);
     doorbell_t d;
     doorbell_map(&d);
-    envd_fast_t *f = fast_start(&h, &d, 20000);
+    envd_doorbell_t *f = bell_start(&h, &d, 20000);
     int64_t steps = 0;
     int w = 0;
     char what[160];
@@ -2048,11 +2050,11 @@ static void async_errors(envd_pool_t *pool, int64_t chunk)
 
     /* Never reset: ESTATE naming the env. */
     set_ids(&h, (const int64_t[]){3, 4}, 2);
-    async_refused(&h, &twin, f, &d, &b, ENVD_FAST_SEND, 2, NEXT_WAIT, ENVD_ESTATE, 3,
+    async_refused(&h, &twin, f, &d, &b, ENVD_DOORBELL_SEND, 2, NEXT_WAIT, ENVD_ESTATE, 3,
                   "send before reset");
-    envd_fast_lock(f);
+    envd_doorbell_lock(f);
     harness_reset(&h, 11, NULL);
-    envd_fast_unlock(f);
+    envd_doorbell_unlock(f);
     harness_reset(&twin, 11, NULL);
 
     for (int round = 0; round < 3; round++) {
@@ -2062,26 +2064,26 @@ static void async_errors(envd_pool_t *pool, int64_t chunk)
         const uint32_t bad_counts[] = {0, (uint32_t)n + 1, UINT32_MAX};
         for (size_t c = 0; c < COUNT(bad_counts); c++) {
             set_ids(&h, (const int64_t[]){0, 1, 2, 3, 4, 5, 6, 7, 8}, n);
-            async_refused(&h, &twin, f, &d, &b, ENVD_FAST_SEND, bad_counts[c], NEXT_WAIT,
+            async_refused(&h, &twin, f, &d, &b, ENVD_DOORBELL_SEND, bad_counts[c], NEXT_WAIT,
                           ENVD_EINVAL, -1, "send count out of range");
-            async_refused(&h, &twin, f, &d, &b, ENVD_FAST_RECV, bad_counts[c], NEXT_WAIT,
+            async_refused(&h, &twin, f, &d, &b, ENVD_DOORBELL_RECV, bad_counts[c], NEXT_WAIT,
                           ENVD_EINVAL, -1, "recv count out of range");
-            async_refused(&h, &twin, f, &d, &b, ENVD_FAST_SENDRECV, bad_counts[c], NEXT_WAIT,
+            async_refused(&h, &twin, f, &d, &b, ENVD_DOORBELL_SENDRECV, bad_counts[c], NEXT_WAIT,
                           ENVD_EINVAL, -1, "sendrecv count out of range");
         }
         /* An id out of range: EINVAL naming it (also after valid ids). */
         set_ids(&h, (const int64_t[]){1, 5, n}, 3);
-        async_refused(&h, &twin, f, &d, &b, ENVD_FAST_SEND, 3, NEXT_WAIT, ENVD_EINVAL, n,
+        async_refused(&h, &twin, f, &d, &b, ENVD_DOORBELL_SEND, 3, NEXT_WAIT, ENVD_EINVAL, n,
                       "send of id n");
         set_ids(&h, (const int64_t[]){INT64_MIN}, 1);
-        async_refused(&h, &twin, f, &d, &b, ENVD_FAST_SEND, 1, NEXT_WAIT, ENVD_EINVAL,
+        async_refused(&h, &twin, f, &d, &b, ENVD_DOORBELL_SEND, 1, NEXT_WAIT, ENVD_EINVAL,
                       INT64_MIN, "send of id INT64_MIN");
         /* An env twice in one send: EBUSY naming it. */
         set_ids(&h, (const int64_t[]){4, 2, 4}, 3);
-        async_refused(&h, &twin, f, &d, &b, ENVD_FAST_SEND, 3, NEXT_WAIT, ENVD_EBUSY, 4,
+        async_refused(&h, &twin, f, &d, &b, ENVD_DOORBELL_SEND, 3, NEXT_WAIT, ENVD_EBUSY, 4,
                       "send of env 4 twice");
         /* A RECV with nothing in flight: ESTATE, index -1. */
-        async_refused(&h, &twin, f, &d, &b, ENVD_FAST_RECV, 1, NEXT_WAIT, ENVD_ESTATE, -1,
+        async_refused(&h, &twin, f, &d, &b, ENVD_DOORBELL_RECV, 1, NEXT_WAIT, ENVD_ESTATE, -1,
                       "recv with nothing sent");
 
         /* Batch A in flight. */
@@ -2090,26 +2092,26 @@ static void async_errors(envd_pool_t *pool, int64_t chunk)
                      NEXT_WAIT, what);
         /* An env already in flight: EBUSY naming it. */
         set_ids(&h, (const int64_t[]){3, 1}, 2);
-        async_refused(&h, &twin, f, &d, &b, ENVD_FAST_SEND, 2, NEXT_WAIT, ENVD_EBUSY, 1,
+        async_refused(&h, &twin, f, &d, &b, ENVD_DOORBELL_SEND, 2, NEXT_WAIT, ENVD_EBUSY, 1,
                       "send of an env in flight");
-        async_refused(&h, &twin, f, &d, &b, ENVD_FAST_SENDRECV, 2, NEXT_WAIT, ENVD_EBUSY, 1,
+        async_refused(&h, &twin, f, &d, &b, ENVD_DOORBELL_SENDRECV, 2, NEXT_WAIT, ENVD_EBUSY, 1,
                       "sendrecv of an env in flight");
         /* An action out of range: ERANGE naming the env. */
         const envd_space_t *as = &h.def->action_space;
         ((int64_t *)h.actions)[7] = round % 2 ? as->start + as->n : as->start - 1;
         set_ids(&h, (const int64_t[]){6, 7}, 2);
-        async_refused(&h, &twin, f, &d, &b, ENVD_FAST_SEND, 2, NEXT_WAIT, ENVD_ERANGE, 7,
+        async_refused(&h, &twin, f, &d, &b, ENVD_DOORBELL_SEND, 2, NEXT_WAIT, ENVD_ERANGE, 7,
                       "send with an action out of range");
-        async_refused(&h, &twin, f, &d, &b, ENVD_FAST_SENDRECV, 2, NEXT_WAIT, ENVD_ERANGE, 7,
+        async_refused(&h, &twin, f, &d, &b, ENVD_DOORBELL_SENDRECV, 2, NEXT_WAIT, ENVD_ERANGE, 7,
                       "sendrecv with an action out of range");
         ((int64_t *)h.actions)[7] = as->start;
         /* STEP with envs in flight: EBUSY, nothing stepped, not counted. */
         fill_rows(&h, (const int64_t[]){3, 4, 5, 6, 7, 8}, 6, &s);
-        async_refused(&h, &twin, f, &d, &b, ENVD_FAST_STEP, 0, NEXT_WAIT, ENVD_EBUSY, INT64_MIN,
+        async_refused(&h, &twin, f, &d, &b, ENVD_DOORBELL_STEP, 0, NEXT_WAIT, ENVD_EBUSY, INT64_MIN,
                       "step with envs in flight");
-        CHECK(envd_fast_served(f) == steps, "%s: a refused step was counted", what);
+        CHECK(envd_doorbell_served(f) == steps, "%s: a refused step was counted", what);
         /* A RECV of more than in flight or ready: ESTATE, nothing taken. */
-        async_refused(&h, &twin, f, &d, &b, ENVD_FAST_RECV, 4, NEXT_WAIT, ENVD_ESTATE, -1,
+        async_refused(&h, &twin, f, &d, &b, ENVD_DOORBELL_RECV, 4, NEXT_WAIT, ENVD_ESTATE, -1,
                       "recv of more than sent");
         /* The refused envs are idle: sending them works. */
         send_checked(&h, &twin, tb, &d, &b, set_ids(&h, (const int64_t[]){7, 6, 3}, 3),
@@ -2133,14 +2135,14 @@ static void async_errors(envd_pool_t *pool, int64_t chunk)
         send_checked(&h, &twin, tb, &d, &b, set_ids(&h, (const int64_t[]){8}, 1), NEXT_WAIT,
                      what);
         /* Wanting all 6, the server must find B finished before it answers. */
-        answer_t a = request_count(&d, ENVD_FAST_RECV, 6, NEXT_WAIT);
+        answer_t a = request_count(&d, ENVD_DOORBELL_RECV, 6, NEXT_WAIT);
         CHECK(a.status == ENVD_EENV && a.index == bad && a.result == 0,
               "%s: recv over a failed env: status %d index %lld result %lld", what, a.status,
               (long long)a.index, (long long)a.result);
-        envd_fast_lock(f);
-        CHECK(envd_fast_pending(f) == 6, "%s: pending %lld after the failure", what,
-              (long long)envd_fast_pending(f));
-        envd_fast_unlock(f);
+        envd_doorbell_lock(f);
+        CHECK(envd_doorbell_pending(f) == 6, "%s: pending %lld after the failure", what,
+              (long long)envd_doorbell_pending(f));
+        envd_doorbell_unlock(f);
         atomic_store(&g_fail_obs, 0);
         /* The next RECVs return the failed batch's envs with the others. */
         bool had_bad = false;
@@ -2159,7 +2161,7 @@ static void async_errors(envd_pool_t *pool, int64_t chunk)
         set_ids(&h, (const int64_t[]){3, bad}, 2);
         twin_batch(&twin, tb, &h, h.ids, 2, what);
         books_send(&b, h.ids, 2);
-        a = request_count(&d, ENVD_FAST_SENDRECV, 2, NEXT_WAIT);
+        a = request_count(&d, ENVD_DOORBELL_SENDRECV, 2, NEXT_WAIT);
         CHECK(a.status == ENVD_EENV && a.index == bad && atomic_load(&d.h->sent) == 1,
               "%s: sendrecv over a failed env: status %d index %lld sent %u", what, a.status,
               (long long)a.index, atomic_load(&d.h->sent));
@@ -2168,28 +2170,28 @@ static void async_errors(envd_pool_t *pool, int64_t chunk)
         /* The failed env is idle: it can be sent again.  (Its state is the
          * wrapper's now: the twin catches up by a masked reset of both.) */
         fill_rows(&h, (const int64_t[]){bad}, 1, &s);
-        answer_t sa = request_count(&d, ENVD_FAST_SEND, set_ids(&h, (const int64_t[]){bad}, 1),
+        answer_t sa = request_count(&d, ENVD_DOORBELL_SEND, set_ids(&h, (const int64_t[]){bad}, 1),
                                     NEXT_WAIT);
         CHECK(sa.status == ENVD_OK, "%s: send of the failed env: %d", what, sa.status);
-        answer_t ra = request_count(&d, ENVD_FAST_RECV, 1, NEXT_WAIT);
+        answer_t ra = request_count(&d, ENVD_DOORBELL_RECV, 1, NEXT_WAIT);
         CHECK(ra.status == ENVD_OK && ra.result == 1 && h.ids[0] == bad,
               "%s: recv of the failed env: status %d result %lld", what, ra.status,
               (long long)ra.result);
         for (int64_t i = 0; i < n; i++)
             h.mask[i] = twin.mask[i] = i == bad;
-        envd_fast_lock(f);
+        envd_doorbell_lock(f);
         harness_reset(&h, 500 + (uint64_t)round, h.mask);
-        envd_fast_unlock(f);
+        envd_doorbell_unlock(f);
         harness_reset(&twin, 500 + (uint64_t)round, twin.mask);
         /* With nothing in flight, STEP works again. */
         fill_actions(&h, &s);
         step_checked(&h, &twin, f, &d, NEXT_WAIT, &steps, what);
     }
-    CHECK(envd_fast_batch_envs(f) == b.received + 3, "batch_envs %lld, want %lld",
-          (long long)envd_fast_batch_envs(f), (long long)b.received + 3);
+    CHECK(envd_doorbell_batch_envs(f) == b.received + 3, "batch_envs %lld, want %lld",
+          (long long)envd_doorbell_batch_envs(f), (long long)b.received + 3);
     int64_t batch_envs = -1;
     check_no_missed_rings(&d);
-    CHECK(envd_fast_stop(f, &batch_envs) == steps && batch_envs == b.received + 3,
+    CHECK(envd_doorbell_stop(f, &batch_envs) == steps && batch_envs == b.received + 3,
           "stop: batch_envs %lld", (long long)batch_envs);
     doorbell_unmap(&d);
 
@@ -2201,7 +2203,7 @@ static void async_errors(envd_pool_t *pool, int64_t chunk)
     books_t bd;
     books_init(&bd, 4);
     doorbell_map(&d);
-    f = fast_start(&hd, &d, 20000);
+    f = bell_start(&hd, &d, 20000);
     int refusals = 0;
     for (int r = 0; r < 300 && refusals < 2; r++) {
         const int64_t k = 1 + r % 2;
@@ -2212,19 +2214,19 @@ static void async_errors(envd_pool_t *pool, int64_t chunk)
         if (!(td.terms[k] || td.truncs[k]))
             continue;
         set_ids(&hd, (const int64_t[]){0, k}, 2);
-        async_refused(&hd, &td, f, &d, &bd, ENVD_FAST_SEND, 2, NEXT_WAIT, ENVD_ESTATE, k,
+        async_refused(&hd, &td, f, &d, &bd, ENVD_DOORBELL_SEND, 2, NEXT_WAIT, ENVD_ESTATE, k,
                       "send of a done env in DISABLED mode");
         for (int64_t i = 0; i < 4; i++)
             hd.mask[i] = td.mask[i] = i == k;
-        envd_fast_lock(f);
+        envd_doorbell_lock(f);
         harness_reset(&hd, 900 + (uint64_t)r, hd.mask);
-        envd_fast_unlock(f);
+        envd_doorbell_unlock(f);
         harness_reset(&td, 900 + (uint64_t)r, td.mask);
         refusals++;
     }
     CHECK(refusals == 2, "only %d episodes ended in DISABLED mode", refusals);
     check_no_missed_rings(&d);
-    CHECK(envd_fast_stop(f, NULL) == 0, "stop");
+    CHECK(envd_doorbell_stop(f, NULL) == 0, "stop");
 #undef NEXT_WAIT
     doorbell_unmap(&d);
     books_free(&bd);
@@ -2237,7 +2239,7 @@ static void async_errors(envd_pool_t *pool, int64_t chunk)
 }
 
 typedef struct releaser {
-    const envd_fast_header_t *h;
+    const envd_doorbell_header_t *h;
     int64_t delay_us;
     _Atomic int closed_early;
 } releaser_t;
@@ -2277,27 +2279,27 @@ static void async_stop(envd_pool_t *const *pools, int num_pools)
             harness_reset(&h, 60 + (uint64_t)p, NULL);
             doorbell_t d;
             doorbell_map(&d);
-            envd_fast_t *f = fast_start(&h, &d, 20000);
+            envd_doorbell_t *f = bell_start(&h, &d, 20000);
             int64_t found = 0; /* envs RECV found finished (a lower bound with threads) */
             for (int r = 0; r < 2; r++) {
                 fill_actions(&h, &s);
-                answer_t a = request_count(&d, ENVD_FAST_SEND,
+                answer_t a = request_count(&d, ENVD_DOORBELL_SEND,
                                            set_ids(&h, (const int64_t[]){r, 4 + r}, 2), r % 3);
                 CHECK(a.status == ENVD_OK, "send: %d", a.status);
-                a = request_count(&d, ENVD_FAST_RECV, 2, (r + 1) % 3);
+                a = request_count(&d, ENVD_DOORBELL_RECV, 2, (r + 1) % 3);
                 CHECK(a.status == ENVD_OK && a.result == 2, "recv: %d", a.status);
                 found += 2;
             }
             fill_actions(&h, &s);
-            answer_t a = request_count(&d, ENVD_FAST_SEND,
+            answer_t a = request_count(&d, ENVD_DOORBELL_SEND,
                                        set_ids(&h, (const int64_t[]){3, 2, 9}, 3), WAIT_MIXED);
             CHECK(a.status == ENVD_OK, "send: %d", a.status);
             if (variant == 1) {
                 atomic_store(&g_fail_obs, (uintptr_t)(h.obs + 7 * h.obs_bytes));
-                a = request_count(&d, ENVD_FAST_SEND,
+                a = request_count(&d, ENVD_DOORBELL_SEND,
                                   set_ids(&h, (const int64_t[]){7, 8}, 2), WAIT_SPIN);
                 CHECK(a.status == ENVD_OK, "send: %d", a.status);
-                a = request_count(&d, ENVD_FAST_RECV, 5, WAIT_SLEEP);
+                a = request_count(&d, ENVD_DOORBELL_RECV, 5, WAIT_SLEEP);
                 CHECK(a.status == ENVD_EENV && a.index == 7, "recv: status %d index %lld",
                       a.status, (long long)a.index);
                 atomic_store(&g_fail_obs, 0);
@@ -2306,43 +2308,43 @@ static void async_stop(envd_pool_t *const *pools, int num_pools)
             releaser_t rl = {.h = d.h, .delay_us = 30000};
             pthread_t releaser;
             if (variant == 2) {
-                /* The server thread helps the batch just sent (fast.c, serve)
+                /* The server thread helps the batch just sent (doorbell.c, serve)
                  * and answers the next request only after its chunk: let that
                  * batch end before the gate holds any step, so the gated send
                  * is answered while a thread holds its batch. */
                 const double deadline = now_s() + 30.0;
                 for (int64_t in_flight = 1; in_flight > 0;) {
-                    envd_fast_lock(f);
+                    envd_doorbell_lock(f);
                     envd_session_counts(h.session, &in_flight, NULL);
-                    envd_fast_unlock(f);
+                    envd_doorbell_unlock(f);
                     CHECK(now_s() < deadline, "the batch sent never ended");
                     sched_yield();
                 }
                 gate_reset();
                 atomic_store(&g_gate_armed, 1);
-                a = request_count(&d, ENVD_FAST_SEND,
+                a = request_count(&d, ENVD_DOORBELL_SEND,
                                   set_ids(&h, (const int64_t[]){10, 11, 6}, 3), WAIT_MIXED);
                 CHECK(a.status == ENVD_OK, "send: %d", a.status);
                 gate_wait_started();
                 CHECK(pthread_create(&releaser, NULL, releaser_main, &rl) == 0, "pthread_create");
             }
-            envd_fast_lock(f);
-            const int64_t pending = envd_fast_pending(f);
-            envd_fast_unlock(f);
+            envd_doorbell_lock(f);
+            const int64_t pending = envd_doorbell_pending(f);
+            envd_doorbell_unlock(f);
             const int64_t want_pending[] = {3, 5, 6};
             CHECK(pending == want_pending[variant], "pending %lld before stop, want %lld",
                   (long long)pending, (long long)want_pending[variant]);
             /* With no pool thread every batch runs inline at SEND, where the
              * session finds it finished: all 7 (9) envs sent count. */
             const int64_t sent_inline = variant == 1 ? 9 : 7;
-            const int64_t before = envd_fast_batch_envs(f);
+            const int64_t before = envd_doorbell_batch_envs(f);
             CHECK(threads == 0 ? before == sent_inline : before >= found,
                   "batch_envs %lld, want %s%lld", (long long)before, threads ? ">= " : "",
                   (long long)(threads ? found : sent_inline));
             const double t0 = now_s();
             int64_t batch_envs = -1;
             check_no_missed_rings(&d);
-            const int64_t served = envd_fast_stop(f, &batch_envs);
+            const int64_t served = envd_doorbell_stop(f, &batch_envs);
             const double took = now_s() - t0;
             if (variant == 2) {
                 pthread_join(releaser, NULL);
@@ -2360,37 +2362,39 @@ static void async_stop(envd_pool_t *const *pools, int num_pools)
              * session sends the envs that were in flight. */
             fill_actions(&h, &s);
             CHECK(envd_vec_step(h.vec) >= 0, "the vec is busy after stop");
-            f = fast_start(&h, &d, 0);
-            a = request_count(&d, ENVD_FAST_SEND,
+            f = bell_start(&h, &d, 0);
+            a = request_count(&d, ENVD_DOORBELL_SEND,
                               set_ids(&h, (const int64_t[]){3, 2, 9, 7, 8, 10, 11, 6}, 8),
                               WAIT_MIXED);
             CHECK(a.status == ENVD_OK, "send after restart: %d index %lld", a.status,
                   (long long)a.index);
-            a = request_count(&d, ENVD_FAST_RECV, 8, WAIT_MIXED);
+            a = request_count(&d, ENVD_DOORBELL_RECV, 8, WAIT_MIXED);
             CHECK(a.status == ENVD_OK && a.result == 8, "recv after restart: %d", a.status);
 
             /* Drain with a batch in flight: SEND, RECV and STEP answer
              * SHUTTING_DOWN; nothing starts, nothing is taken. */
-            a = request_count(&d, ENVD_FAST_SEND, set_ids(&h, (const int64_t[]){5, 1}, 2),
+            a = request_count(&d, ENVD_DOORBELL_SEND, set_ids(&h, (const int64_t[]){5, 1}, 2),
                               WAIT_SPIN);
             CHECK(a.status == ENVD_OK, "send: %d", a.status);
-            envd_fast_drain(f);
-            const uint32_t kinds[] = {ENVD_FAST_SEND, ENVD_FAST_RECV, ENVD_FAST_STEP,
-                                      ENVD_FAST_RECV, ENVD_FAST_SEND, ENVD_FAST_SENDRECV};
+            envd_doorbell_drain(f);
+            const uint32_t kinds[] = {ENVD_DOORBELL_SEND, ENVD_DOORBELL_RECV,
+                                      ENVD_DOORBELL_STEP, ENVD_DOORBELL_RECV,
+                                      ENVD_DOORBELL_SEND, ENVD_DOORBELL_SENDRECV};
             for (size_t k = 0; k < COUNT(kinds); k++) {
                 set_ids(&h, (const int64_t[]){0, 4}, 2);
                 a = request_count(&d, kinds[k], k % 2 ? 1 : 2, (int)k % 3);
-                CHECK(a.status == ENVD_FAST_SHUTTING_DOWN && a.result == 0 && a.index == -1 &&
+                CHECK(a.status == ENVD_DOORBELL_SHUTTING_DOWN && a.result == 0 && a.index == -1 &&
                           atomic_load(&d.h->sent) == 0,
                       "drained request %u: status %d", kinds[k], a.status);
             }
-            envd_fast_lock(f);
-            CHECK(envd_fast_pending(f) == 2, "drained: pending %lld", (long long)envd_fast_pending(f));
-            envd_fast_unlock(f);
+            envd_doorbell_lock(f);
+            CHECK(envd_doorbell_pending(f) == 2, "drained: pending %lld",
+                  (long long)envd_doorbell_pending(f));
+            envd_doorbell_unlock(f);
             /* (the drained batch counts once the session found it finished:
-             * at its SEND when inline, else maybe at envd_fast_pending) */
+             * at its SEND when inline, else maybe at envd_doorbell_pending) */
             check_no_missed_rings(&d);
-            CHECK(envd_fast_stop(f, &batch_envs) == 0 &&
+            CHECK(envd_doorbell_stop(f, &batch_envs) == 0 &&
                   (batch_envs == 10 || (threads > 0 && batch_envs == 8)),
                   "stop after drain: batch_envs %lld", (long long)batch_envs);
             doorbell_unmap(&d);
@@ -2421,18 +2425,19 @@ static void sendrecv_held(envd_pool_t *pool)
         harness_reset(&h, 70 + (uint64_t)round, NULL);
         doorbell_t d;
         doorbell_map(&d);
-        envd_fast_t *f = fast_start(&h, &d, round % 2 ? 20000 : 0);
+        envd_doorbell_t *f = bell_start(&h, &d, round % 2 ? 20000 : 0);
         fill_actions(&h, &s);
         gate_reset();
         atomic_store(&g_gate_armed, 1);
-        ring_count(&d, ENVD_FAST_SENDRECV, (uint32_t)set_ids(&h, (const int64_t[]){4, 0, 9}, 3));
+        ring_count(&d, ENVD_DOORBELL_SENDRECV,
+                   (uint32_t)set_ids(&h, (const int64_t[]){4, 0, 9}, 3));
         gate_wait_started(); /* (the SEND half has run: its batch steps) */
         releaser_t rl = {.h = d.h, .delay_us = 20000};
         pthread_t releaser;
         if (mode == DRAIN)
-            envd_fast_drain(f);
+            envd_doorbell_drain(f);
         if (mode == SCRIBBLE) {
-            atomic_store(&d.h->req_kind, ENVD_FAST_STEP);
+            atomic_store(&d.h->req_kind, ENVD_DOORBELL_STEP);
             atomic_store(&d.h->req_count, UINT32_MAX);
         }
         CHECK(pthread_create(&releaser, NULL, releaser_main, &rl) == 0, "pthread_create");
@@ -2451,7 +2456,7 @@ static void sendrecv_held(envd_pool_t *pool)
         }
         const double t0 = now_s();
         check_no_missed_rings(&d);
-        CHECK(envd_fast_stop(f, NULL) == 0, "sendrecv %s: served", names[mode]);
+        CHECK(envd_doorbell_stop(f, NULL) == 0, "sendrecv %s: served", names[mode]);
         const double took = now_s() - t0;
         pthread_join(releaser, NULL);
         gate_reset();
@@ -2537,25 +2542,25 @@ static void help_oldest_first(envd_pool_t *pool)
             states[k] = atomic_load(&g_order[k]);
         doorbell_t d;
         doorbell_map(&d);
-        envd_fast_t *f = fast_start(&h, &d, 0);
+        envd_doorbell_t *f = bell_start(&h, &d, 0);
         gate_reset();
         atomic_store(&g_order_len, 0);
         atomic_store(&g_order_written, 0);
         atomic_store(&g_order_on, 1);
         answer_t a;
         if (recv_case) {  /* batch C, stepped by the serving thread alone */
-            a = request_count(&d, ENVD_FAST_SEND, set_ids(&h, other_ids, 4), WAIT_SPIN);
+            a = request_count(&d, ENVD_DOORBELL_SEND, set_ids(&h, other_ids, 4), WAIT_SPIN);
             CHECK(a.answered && a.status == ENVD_OK, "send C: status %d", a.status);
             wait_order_len(4, deadline, what);
         }
         atomic_store(&g_gate_armed, 1);
-        a = request_count(&d, ENVD_FAST_SEND, set_ids(&h, a_ids, 4), WAIT_SPIN);
+        a = request_count(&d, ENVD_DOORBELL_SEND, set_ids(&h, a_ids, 4), WAIT_SPIN);
         CHECK(a.answered && a.status == ENVD_OK, "send A: status %d", a.status);
         gate_wait_started(); /* the serving thread is in A's first chunk */
         if (recv_case)
-            ring_count(&d, ENVD_FAST_RECV, 4);
+            ring_count(&d, ENVD_DOORBELL_RECV, 4);
         else
-            ring_count(&d, ENVD_FAST_SEND, (uint32_t)set_ids(&h, other_ids, 4));
+            ring_count(&d, ENVD_DOORBELL_SEND, (uint32_t)set_ids(&h, other_ids, 4));
         atomic_store(&g_gate_release, 1);
         a = wait_answer(&d, WAIT_MIXED, SLICE_NS);
         CHECK(a.answered && a.status == ENVD_OK && a.result == (recv_case ? 4 : 0),
@@ -2572,10 +2577,10 @@ static void help_oldest_first(envd_pool_t *pool)
                   (long long)want);
         }
         release_worker(pool, &hold);
-        a = request_count(&d, ENVD_FAST_RECV, recv_case ? 4 : 8, WAIT_MIXED);
+        a = request_count(&d, ENVD_DOORBELL_RECV, recv_case ? 4 : 8, WAIT_MIXED);
         CHECK(a.answered && a.status == ENVD_OK && a.result == (recv_case ? 4 : 8),
               "last recv: status %d result %lld", a.status, (long long)a.result);
-        fast_stop(f, &d, 0); /* (it counts steps) */
+        bell_stop(f, &d, 0); /* (it counts steps) */
         gate_reset();
         doorbell_unmap(&d);
         harness_free(&h);
@@ -2598,15 +2603,15 @@ static void test_bad_arguments(void)
     harness_init(&h, &envd_builtin_cartpole, 1, ENVD_AUTORESET_NEXT_STEP, NULL, 0);
     doorbell_t d;
     doorbell_map(&d);
-    envd_fast_t *f = NULL;
-    CHECK(envd_fast_start(NULL, h.session, d.h, h.ids, 0) == ENVD_EINVAL, "out NULL");
-    CHECK(envd_fast_start(&f, NULL, d.h, h.ids, 0) == ENVD_EINVAL && f == NULL,
+    envd_doorbell_t *f = NULL;
+    CHECK(envd_doorbell_start(NULL, h.session, d.h, h.ids, 0) == ENVD_EINVAL, "out NULL");
+    CHECK(envd_doorbell_start(&f, NULL, d.h, h.ids, 0) == ENVD_EINVAL && f == NULL,
           "session NULL");
-    CHECK(envd_fast_start(&f, h.session, NULL, h.ids, 0) == ENVD_EINVAL && f == NULL,
+    CHECK(envd_doorbell_start(&f, h.session, NULL, h.ids, 0) == ENVD_EINVAL && f == NULL,
           "header NULL");
-    CHECK(envd_fast_start(&f, h.session, d.h, NULL, 0) == ENVD_EINVAL && f == NULL,
+    CHECK(envd_doorbell_start(&f, h.session, d.h, NULL, 0) == ENVD_EINVAL && f == NULL,
           "ids NULL");
-    CHECK(envd_fast_start(&f, h.session, d.h, h.ids, -1) == ENVD_EINVAL && f == NULL,
+    CHECK(envd_doorbell_start(&f, h.session, d.h, h.ids, -1) == ENVD_EINVAL && f == NULL,
           "spin_ns < 0");
     envd_backend_t *b = NULL;
     CHECK(envd_backend_pool_wrap(&b, h.vec, 0) == ENVD_EINVAL && b == NULL, "num_envs 0");
@@ -2631,31 +2636,31 @@ int main(int argc, char **argv)
     test_spin_follows_gaps();
     test_no_spin_after_sendrecv();
     test_server_asleep();
-    printf("fast_stress: spinners %.2f s\n", now_s() - t);
+    printf("doorbell_stress: spinners %.2f s\n", now_s() - t);
     t = now_s();
     for (int p = 0; p < num_pools; p++) {
         test_errors(pools[p], p);
         test_drain(pools[p]);
     }
-    printf("fast_stress: errors, drain %.2f s\n", now_s() - t);
+    printf("doorbell_stress: errors, drain %.2f s\n", now_s() - t);
     t = now_s();
     test_stop(pools, num_pools);
     stop_after_answer(scaled(1500, 200));
     test_cycles(pools, num_pools, scaled(400, 60));
-    printf("fast_stress: stop %.2f s\n", now_s() - t);
+    printf("doorbell_stress: stop %.2f s\n", now_s() - t);
     t = now_s();
     for (int p = 0; p < num_pools; p++)
         test_lock(pools[p], scaled(400, 60));
-    printf("fast_stress: lock %.2f s\n", now_s() - t);
+    printf("doorbell_stress: lock %.2f s\n", now_s() - t);
     t = now_s();
     test_results(pools, num_pools, scaled(40, 8));
-    printf("fast_stress: results %.2f s\n", now_s() - t);
+    printf("doorbell_stress: results %.2f s\n", now_s() - t);
     t = now_s();
     test_async(pools, num_pools, scaled(60, 16));
-    printf("fast_stress: async %.2f s\n", now_s() - t);
+    printf("doorbell_stress: async %.2f s\n", now_s() - t);
 
     for (int p = 0; p < num_pools; p++)
         envd_pool_destroy(pools[p]);
-    printf("fast_stress: ok\n");
+    printf("doorbell_stress: ok\n");
     return 0;
 }
