@@ -23,9 +23,12 @@
  *
  * Every call that can run the env's code selects the env's own random stream
  * and clock for the calling thread (ocean_random.h) and clears it after.  The
- * env's obs, action, reward and terminal buffers are private to the state
- * block (some envs write only what changed in their obs): obs is copied to
- * the host's row after each reset and step.
+ * env's action, reward and terminal buffers are private to the state block.
+ * Its obs buffer is too, and obs is copied to the host's row after each
+ * reset and step, unless the host bound the env to its row (bind_obs: for
+ * the envs whose manifest sets ENVD_ENV_OBS_ROWS, audited in docs/ocean.md):
+ * then env->observations is that row and the env writes it directly
+ * (PufferLib's vec does the same with its own buffer).
  */
 #ifndef ENVD_OCEAN_GLUE_H
 #define ENVD_OCEAN_GLUE_H
@@ -281,6 +284,24 @@ static int ocean_init(void *state, const double *params)
     return ENVD_OK;
 }
 
+/* The env's observations to obs: nothing to do where obs is the row the env
+ * writes directly (bound), a copy otherwise. */
+static inline void ocean_give_obs(const ocean_state_t *st, void *obs)
+{
+    if (obs != (void *)st->env.observations)
+        memcpy(obs, st->env.observations, (size_t)st->obs_numel * sizeof(ocean_obs_t));
+}
+
+/* The host's row for env->observations (after init, before the first reset):
+ * what the private buffer holds goes with it (init may have written it). */
+static int ocean_bind_obs(void *state, void *obs)
+{
+    ocean_state_t *st = state;
+    memcpy(obs, st->env.observations, (size_t)st->obs_numel * sizeof(ocean_obs_t));
+    st->env.observations = obs;
+    return ENVD_OK;
+}
+
 static int ocean_reset(void *state, envd_rng_t *rng, void *obs)
 {
     (void)rng; /* the env draws from its own glibc stream */
@@ -292,7 +313,7 @@ static int ocean_reset(void *state, envd_rng_t *rng, void *obs)
     envd_ocean_current = &st->streams;
     c_reset(&st->env);
     envd_ocean_current = NULL;
-    memcpy(obs, st->env.observations, (size_t)st->obs_numel * sizeof(ocean_obs_t));
+    ocean_give_obs(st, obs);
     return ENVD_OK;
 }
 
@@ -318,7 +339,7 @@ static inline void ocean_take_actions(ocean_state_t *st, const void *action)
 static inline void ocean_give_outputs(const ocean_state_t *st, void *obs, double *reward,
                                       bool *terminated)
 {
-    memcpy(obs, st->env.observations, (size_t)st->obs_numel * sizeof(ocean_obs_t));
+    ocean_give_obs(st, obs);
     for (int32_t i = 0; i < st->agents; i++) {
         reward[i] = (double)st->env.rewards[i];
         terminated[i] = st->env.terminals[i] != 0;
@@ -482,6 +503,7 @@ static void ocean_fill_def(void)
     ocean_def.num_episode_fields = ocean_num_episode_fields;
     ocean_def.episode_end = ocean_episode_end;
     ocean_def.step_envs = ocean_step_envs;
+    ocean_def.bind_obs = ocean_bind_obs; /* read only where the manifest set ENVD_ENV_OBS_ROWS */
     ocean_ready = true;
 }
 
