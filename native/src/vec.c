@@ -1522,9 +1522,12 @@ int envd_vec_create(envd_vec_t **out, const envd_env_def_t *def,
         if (config->seeds)
             envd_rng_seed(&slot_of(vec, i)->rng, vec->seeds[i]);
         rc = init_env(vec, i, config->params + row, serial);
-        if (rc == ENVD_OK && bind_obs)
+        if (rc == ENVD_OK && bind_obs) {
             rc = bind_obs(state_of(vec, i), (unsigned char *)buffers->observations +
                                                 (size_t)i * vec->obs_bytes);
+            if (rc != ENVD_OK && def->close) /* env i did initialise: closed here */
+                def->close(state_of(vec, i));
+        }
         if (rc != ENVD_OK) {
             /* close the envs that did initialise; env i cleaned up after itself */
             vec->config.num_envs = i;

@@ -2527,6 +2527,42 @@ static void test_resets_itself(envd_pool_t *const *pools, int num_pools)
         pthread_join(threads[k], NULL);
 }
 
+/* A bind_obs that fails (for env 2 of 4) fails the create: every env that
+ * initialised is closed once, env 2 too (LeakSanitizer sees the rest). */
+static _Atomic int g_self_closes;
+static void self_close(void *state)
+{
+    (void)state;
+    atomic_fetch_add(&g_self_closes, 1);
+}
+
+static int self_bind_fails(void *state, void *obs)
+{
+    const self_state_t *s = state;
+    (void)obs;
+    return s->seed == 9 ? ENVD_EINVAL : ENVD_OK;
+}
+
+static void test_bind_failure(envd_pool_t *pool)
+{
+    envd_env_def_t def = self_env_rows;
+    def.bind_obs = self_bind_fails;
+    def.close = self_close;
+    self_vec_t v;
+    harness_init(&v.h, &def, 4, ENVD_AUTORESET_NEXT_STEP, 0, 3);
+    uint64_t seeds[4] = {7, 8, 9, 10};
+    double log[12];
+    v.h.cfg.seeds = seeds;
+    v.h.bufs.episode_log = log;
+    atomic_store(&g_self_closes, 0);
+    envd_vec_t *vec = NULL;
+    CHECK(envd_vec_create(&vec, &def, &v.h.cfg, &v.h.bufs, pool) == ENVD_EENV && vec == NULL,
+          "a failing bind_obs did not fail the create");
+    CHECK(atomic_load(&g_self_closes) == 3, "after a failed bind: %d closes (3 expected)",
+          atomic_load(&g_self_closes));
+    harness_free(&v.h);
+}
+
 /* ENVD_ENV_OBS_ROWS_PRIVATE: an env bound only where the config says the rows
  * are private memory; it steps alike either way. */
 static void test_private_rows(envd_pool_t *pool)
@@ -2630,6 +2666,7 @@ int main(int argc, char **argv)
     self_env_private.flags |= ENVD_ENV_OBS_ROWS_PRIVATE;
     for (int p = 0; p < num_pools; p++)
         test_private_rows(pools[p]);
+    test_bind_failure(pools[0]);
     CHECK(!atomic_load(&g_self_wrong_row), "private rows: a wrong row");
 
     for (int p = 0; p < num_pools; p++)
