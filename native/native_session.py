@@ -50,12 +50,14 @@ class NativeSession:
     envs at once (None: no cap; 0: every call inline on the thread serving
     it; see envd_vec_set_max_threads in native/src/vec.h).  seeded: the
     reset_seeds buffer holds each env's seed already, which the envs are
-    created with (their RNGs, and an ABI 5 env's seed callback before init)."""
+    created with (their RNGs, and an ABI 5 env's seed callback before init).
+    private_rows: the buffers are this process's own (in-process), not
+    shared memory a client can write (see vec_config)."""
 
     def __init__(self, spec: EnvSpec, num_envs: int, *, autoreset_mode: int,
                  max_episode_steps: int, params: list[float], buffers: dict[str, np.ndarray],
                  pool: NativePool | None, max_threads: int | None = None,
-                 seeded: bool = False):
+                 seeded: bool = False, private_rows: bool = False):
         if max_threads is not None and not 0 <= max_threads <= MAX_THREADS:
             raise InvalidArgumentError(f"max_threads must be None or in [0, {MAX_THREADS}], "
                                        f"got {max_threads}")
@@ -73,7 +75,7 @@ class NativeSession:
             backend, spec.definition,
             vec_config(num_envs, autoreset_mode, max_episode_steps, self._params,
                        per_env_params(spec, num_envs, params),
-                       self._seeds_ptr if seeded else ffi.NULL),
+                       self._seeds_ptr if seeded else ffi.NULL, private_rows),
             self._c_buffers, ffi.NULL if pool is None else pool.handle)
         self._check(rc, f"creating {num_envs} {spec.id} envs")
         out = ffi.new("envd_session_t **")

@@ -87,14 +87,17 @@ def per_env_params(spec: EnvSpec, num_envs: int, params: list[float] | None) -> 
 
 
 def vec_config(num_envs: int, autoreset_mode: int, max_episode_steps: int, params,
-               per_env: bool = False, seeds=ffi.NULL):
+               per_env: bool = False, seeds=ffi.NULL, private_rows: bool = False):
     """The envd_vec_config_t (params: a cffi double array kept alive by the
     caller; per_env: it holds a row of values per env; seeds: NULL or env
-    i's seed at [i], for the RNGs and the env's seed callback before init)."""
+    i's seed at [i], for the RNGs and the env's seed callback before init;
+    private_rows: the buffers are this process's own memory, which no other
+    process can write, so envs that read their observation rows back may
+    write them directly: never true for a daemon's shared memory)."""
     return ffi.new("envd_vec_config_t *", {
         "num_envs": num_envs, "autoreset_mode": autoreset_mode,
         "max_episode_steps": max_episode_steps, "params": params, "per_env_params": per_env,
-        "seeds": seeds})
+        "seeds": seeds, "private_rows": private_rows})
 
 
 class NativeVec:

@@ -147,7 +147,7 @@ class VecEnv(BatchedVecEnv):
             self._native = NativeSession(
                 spec, num_envs, autoreset_mode=AUTORESET_MODE_CODES[mode],
                 max_episode_steps=max_episode_steps, params=params, buffers=self._buffers,
-                pool=self._pool, seeded=True)
+                pool=self._pool, seeded=True, private_rows=True)  # (numpy arrays of ours)
             self._stepper = self._native
         except BaseException:
             self.close()

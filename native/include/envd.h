@@ -259,7 +259,21 @@ typedef struct envd_info_field {
  * definition built with an ABI 5 header from before step_envs ends before
  * that field. */
 #define ENVD_ENV_STEP_ENVS (1u << 2)
-#define ENVD_ENV_FLAGS_KNOWN (ENVD_ENV_RESETS_ITSELF | ENVD_ENV_SERIAL_INIT | ENVD_ENV_STEP_ENVS)
+/* The definition has the bind_obs field and it is set: the env can write its
+ * observations straight into its rows of the host's observation buffer
+ * instead of a buffer of its own that step then copies (read only under this
+ * flag, as step_envs under its own).  Only for an env that never reads its
+ * observations back: a daemon's rows lie in memory its client can write, and
+ * the env would act on what the client wrote. */
+#define ENVD_ENV_OBS_ROWS (1u << 3)
+/* With ENVD_ENV_OBS_ROWS: the env does read its observations back (they are
+ * part of its state, e.g. a grid it looks up), so the host binds its rows
+ * only where no one else can write them (a vec over the caller's private
+ * memory, never a daemon's shared memory); elsewhere it copies. */
+#define ENVD_ENV_OBS_ROWS_PRIVATE (1u << 4)
+#define ENVD_ENV_FLAGS_KNOWN                                                      \
+    (ENVD_ENV_RESETS_ITSELF | ENVD_ENV_SERIAL_INIT | ENVD_ENV_STEP_ENVS |         \
+     ENVD_ENV_OBS_ROWS | ENVD_ENV_OBS_ROWS_PRIVATE)
 
 /* Largest num_episode_fields. */
 #define ENVD_MAX_EPISODE_FIELDS 16
@@ -371,6 +385,19 @@ typedef struct envd_description {
  *        step.  Must step each env exactly as step would.  It gets no host
  *        generator (step's rng): for envs whose randomness lives in their
  *        own state (as the Ocean envs' streams do).
+ * bind_obs: (read only with ENVD_ENV_OBS_ROWS, which needs a non-NULL
+ *        bind_obs) called once per instance after its init and before its
+ *        first reset, where the host binds (ENVD_ENV_OBS_ROWS_PRIVATE: only
+ *        over private memory), with the env's observation rows (every
+ *        agent's): the address every later reset, step and step_envs of
+ *        this instance passes as its obs, for the instance's life.  The env
+ *        may then write its observations there directly while the host runs
+ *        one of its callbacks (never outside them); a callback whose obs is
+ *        the bound address needs no copy.  Without ENVD_ENV_OBS_ROWS_PRIVATE
+ *        the env must never read the rows (someone else may have written
+ *        them); a row it leaves unwritten in a step keeps what it holds.
+ *        ENVD_OK, or an error code (the make fails).  An instance the host
+ *        does not bind gets obs to write as before.
  *
  * Multi-agent envs (ABI 4: num_agents = A in 1..ENVD_MAX_AGENTS; ABI 2 and 3
  * definitions must declare 1).  Agents are rows: a vec of N envs has N*A rows
@@ -438,6 +465,8 @@ typedef struct envd_env_def {
     int64_t (*step_envs)(void *state, size_t stride, int64_t count, const void *actions,
                          size_t action_bytes, void *obs, size_t obs_bytes, double *rewards,
                          bool *terminated, bool *ended);
+    /* read only with ENVD_ENV_OBS_ROWS (see above) */
+    int (*bind_obs)(void *state, void *obs);
 } envd_env_def_t;
 
 /* Largest render_width and render_height. */

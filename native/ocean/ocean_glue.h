@@ -23,9 +23,12 @@
  *
  * Every call that can run the env's code selects the env's own random stream
  * and clock for the calling thread (ocean_random.h) and clears it after.  The
- * env's obs, action, reward and terminal buffers are private to the state
- * block (some envs write only what changed in their obs): obs is copied to
- * the host's row after each reset and step.
+ * env's action, reward and terminal buffers are private to the state block.
+ * Its obs buffer is too, and obs is copied to the host's row after each
+ * reset and step, unless the host bound the env to its row (bind_obs: for
+ * the envs whose manifest sets ENVD_ENV_OBS_ROWS, audited in docs/ocean.md):
+ * then env->observations is that row and the env writes it directly
+ * (PufferLib's vec does the same with its own buffer).
  */
 #ifndef ENVD_OCEAN_GLUE_H
 #define ENVD_OCEAN_GLUE_H
@@ -53,17 +56,21 @@ typedef __typeof__(*((Env *)0)->actions) ocean_act_t;
 typedef __typeof__(*((Env *)0)->rewards) ocean_rew_t;
 typedef __typeof__(*((Env *)0)->terminals) ocean_term_t;
 
+/* What every step reads comes first (the env, then the fields the glue reads
+ * around c_step), the random streams (read only when the env draws) after:
+ * at large N each env's block is a cache miss a step, and the fewer lines a
+ * step touches the better (perf of squared at N=4096). */
 typedef struct ocean_state {
     Env env;
-    envd_ocean_streams_t streams;
+    int32_t agents;
+    envd_space_kind_t act_kind;
+    int64_t obs_numel, act_numel; /* per env: every agent's */
+    float act_low, act_high;
+    size_t off_obs, off_act, off_rew, off_term;
     uint64_t seed;    /* the last seed the host gave */
     bool reseed;      /* a seed came since the last reset */
     bool initialized; /* my_init ran: close runs c_close */
-    int32_t agents;
-    int64_t obs_numel, act_numel; /* per env: every agent's */
-    envd_space_kind_t act_kind;
-    float act_low, act_high;
-    size_t off_obs, off_act, off_rew, off_term;
+    envd_ocean_streams_t streams;
     alignas(max_align_t) unsigned char tail[];
 } ocean_state_t;
 
@@ -134,21 +141,22 @@ static int64_t ocean_act_numel(const envd_ocean_layout_t *l)
     return l->act_kind == ENVD_SPACE_DISCRETE ? 1 : ocean_numel(l->act_ndim, l->act_shape);
 }
 
-/* The private buffers after the state header: obs, actions, rewards,
- * terminals of all agents.  Returns the state size. */
+/* The private buffers after the state header: actions, rewards, terminals
+ * and obs of all agents (obs last: an env bound to its rows never touches
+ * it, and the others stay on few lines).  Returns the state size. */
 static size_t ocean_place(const envd_ocean_layout_t *l, size_t *off_obs, size_t *off_act,
                           size_t *off_rew, size_t *off_term)
 {
     size_t agents = (size_t)l->agents;
     size_t at = 0;
-    *off_obs = at;
-    at = ocean_align_up(at + agents * (size_t)ocean_numel(l->obs_ndim, l->obs_shape) * sizeof(ocean_obs_t));
     *off_act = at;
     at = ocean_align_up(at + agents * (size_t)ocean_act_numel(l) * sizeof(ocean_act_t));
     *off_rew = at;
     at = ocean_align_up(at + agents * sizeof(ocean_rew_t));
     *off_term = at;
     at = ocean_align_up(at + agents * sizeof(ocean_term_t));
+    *off_obs = at;
+    at = ocean_align_up(at + agents * (size_t)ocean_numel(l->obs_ndim, l->obs_shape) * sizeof(ocean_obs_t));
     return sizeof(ocean_state_t) + at;
 }
 
@@ -281,6 +289,24 @@ static int ocean_init(void *state, const double *params)
     return ENVD_OK;
 }
 
+/* The env's observations to obs: nothing to do where obs is the row the env
+ * writes directly (bound), a copy otherwise. */
+static inline void ocean_give_obs(const ocean_state_t *st, void *obs)
+{
+    if (obs != (void *)st->env.observations)
+        memcpy(obs, st->env.observations, (size_t)st->obs_numel * sizeof(ocean_obs_t));
+}
+
+/* The host's row for env->observations (after init, before the first reset):
+ * what the private buffer holds goes with it (init may have written it). */
+static int ocean_bind_obs(void *state, void *obs)
+{
+    ocean_state_t *st = state;
+    memcpy(obs, st->env.observations, (size_t)st->obs_numel * sizeof(ocean_obs_t));
+    st->env.observations = obs;
+    return ENVD_OK;
+}
+
 static int ocean_reset(void *state, envd_rng_t *rng, void *obs)
 {
     (void)rng; /* the env draws from its own glibc stream */
@@ -292,7 +318,7 @@ static int ocean_reset(void *state, envd_rng_t *rng, void *obs)
     envd_ocean_current = &st->streams;
     c_reset(&st->env);
     envd_ocean_current = NULL;
-    memcpy(obs, st->env.observations, (size_t)st->obs_numel * sizeof(ocean_obs_t));
+    ocean_give_obs(st, obs);
     return ENVD_OK;
 }
 
@@ -318,7 +344,7 @@ static inline void ocean_take_actions(ocean_state_t *st, const void *action)
 static inline void ocean_give_outputs(const ocean_state_t *st, void *obs, double *reward,
                                       bool *terminated)
 {
-    memcpy(obs, st->env.observations, (size_t)st->obs_numel * sizeof(ocean_obs_t));
+    ocean_give_obs(st, obs);
     for (int32_t i = 0; i < st->agents; i++) {
         reward[i] = (double)st->env.rewards[i];
         terminated[i] = st->env.terminals[i] != 0;
@@ -482,6 +508,7 @@ static void ocean_fill_def(void)
     ocean_def.num_episode_fields = ocean_num_episode_fields;
     ocean_def.episode_end = ocean_episode_end;
     ocean_def.step_envs = ocean_step_envs;
+    ocean_def.bind_obs = ocean_bind_obs; /* read only where the manifest set ENVD_ENV_OBS_ROWS */
     ocean_ready = true;
 }
 

@@ -9,6 +9,7 @@
  */
 #include "describe.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,7 +89,13 @@ static int describe_row(envd_env_def_t *into, uint64_t *heap_bytes, arena_t *are
         return ENVD_EINVAL;
     }
     *heap_bytes = d.heap_bytes;
-    *into = *def;
+    /* Only the fields def has: one built with an older ABI 5 header ends
+     * before step_envs or bind_obs, and then has not set their flags. */
+    const size_t have = (def->flags & ENVD_ENV_OBS_ROWS)    ? sizeof *def
+                        : (def->flags & ENVD_ENV_STEP_ENVS) ? offsetof(envd_env_def_t, bind_obs)
+                                                            : offsetof(envd_env_def_t, step_envs);
+    memset(into, 0, sizeof *into);
+    memcpy(into, def, have);
     into->observation_space = d.observation_space;
     into->action_space = d.action_space;
     into->num_agents = d.num_agents;

@@ -300,7 +300,8 @@ static const char *v5_problem(const envd_env_def_t *def)
         return NULL;
     if (v5->flags & ~(uint32_t)ENVD_ENV_FLAGS_KNOWN)
         return "flags: a bit this host does not know is set (ENVD_ENV_RESETS_ITSELF, "
-               "ENVD_ENV_SERIAL_INIT and ENVD_ENV_STEP_ENVS are the flags)";
+               "ENVD_ENV_SERIAL_INIT, ENVD_ENV_STEP_ENVS, ENVD_ENV_OBS_ROWS and "
+               "ENVD_ENV_OBS_ROWS_PRIVATE are the flags)";
     if ((v5->flags & ENVD_ENV_RESETS_ITSELF) && v5->max_episode_steps != 0)
         return "max_episode_steps must be 0 for an env with ENVD_ENV_RESETS_ITSELF (the host "
                "adds no time limit to it)";
@@ -310,6 +311,14 @@ static const char *v5_problem(const envd_env_def_t *def)
         return "step_envs: only an env with ENVD_ENV_RESETS_ITSELF steps envs in a row";
     if ((v5->flags & ENVD_ENV_STEP_ENVS) && v5->step_envs == NULL)
         return "flags: ENVD_ENV_STEP_ENVS is set but step_envs is NULL";
+    /* bind_obs likewise; only a self-resetting env's rows are written by no
+     * one but the env (the host's autoreset and dead rows write them too) */
+    if ((v5->flags & ENVD_ENV_OBS_ROWS) && !(v5->flags & ENVD_ENV_RESETS_ITSELF))
+        return "bind_obs: only an env with ENVD_ENV_RESETS_ITSELF writes its rows directly";
+    if ((v5->flags & ENVD_ENV_OBS_ROWS) && v5->bind_obs == NULL)
+        return "flags: ENVD_ENV_OBS_ROWS is set but bind_obs is NULL";
+    if ((v5->flags & ENVD_ENV_OBS_ROWS_PRIVATE) && !(v5->flags & ENVD_ENV_OBS_ROWS))
+        return "flags: ENVD_ENV_OBS_ROWS_PRIVATE needs ENVD_ENV_OBS_ROWS";
     return episode_fields_problem(v5);
 }
 

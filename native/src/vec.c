@@ -1493,6 +1493,13 @@ int envd_vec_create(envd_vec_t **out, const envd_env_def_t *def,
         vec->step_envs = (v5->flags & ENVD_ENV_STEP_ENVS) ? v5->step_envs : NULL;
         vec->num_log = v5->num_episode_fields;
     }
+    /* Env i's rows never move (row i * A + a is always agent a of env i, in
+     * steps, resets and async batches alike), and a self-resetting env's rows
+     * are written by no one but the env: it may write them directly. */
+    int (*bind_obs)(void *, void *) = NULL;
+    if (v5 && (v5->flags & ENVD_ENV_OBS_ROWS) &&
+        (!(v5->flags & ENVD_ENV_OBS_ROWS_PRIVATE) || config->private_rows))
+        bind_obs = v5->bind_obs;
     vec->log_return = episode_field(v5, "episode_return");
     vec->log_length = episode_field(v5, "episode_length");
     vec->host_sums = vec->log_return < 0 || vec->log_length < 0;
@@ -1515,6 +1522,12 @@ int envd_vec_create(envd_vec_t **out, const envd_env_def_t *def,
         if (config->seeds)
             envd_rng_seed(&slot_of(vec, i)->rng, vec->seeds[i]);
         rc = init_env(vec, i, config->params + row, serial);
+        if (rc == ENVD_OK && bind_obs) {
+            rc = bind_obs(state_of(vec, i), (unsigned char *)buffers->observations +
+                                                (size_t)i * vec->obs_bytes);
+            if (rc != ENVD_OK && def->close) /* env i did initialise: closed here */
+                def->close(state_of(vec, i));
+        }
         if (rc != ENVD_OK) {
             /* close the envs that did initialise; env i cleaned up after itself */
             vec->config.num_envs = i;

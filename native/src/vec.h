@@ -87,6 +87,10 @@ typedef struct envd_vec_config {
      * gets it before init.  NULL: no seed callback, RNGs unseeded until
      * envd_vec_seed. */
     const uint64_t *seeds;
+    /* The observation buffer is the caller's private memory (in-process), not
+     * memory another process can write (a daemon's shared memory): envs with
+     * ENVD_ENV_OBS_ROWS_PRIVATE get their rows bound only then. */
+    bool private_rows;
 } envd_vec_config_t;
 
 typedef struct envd_vec envd_vec_t;

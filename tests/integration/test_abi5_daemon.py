@@ -6,7 +6,7 @@ shows the description at the defaults."""
 from __future__ import annotations
 
 import pytest
-from support.abi5_checks import ENV_ID, FIELDS, SOURCE, check_async, check_episodes, check_spaces, check_staggered_log
+from support.abi5_checks import ENV_ID, FIELDS, SOURCE, check_async, check_bound, check_episodes, check_spaces, check_staggered_log
 from support.daemon import DaemonProcess, segments_of
 from support.plugin_checks import build_plugin
 
@@ -94,3 +94,22 @@ def test_over_two_daemons(daemon, second_daemon, batch_size):
         else:
             with client.make(ENV_ID, 4, seed=3, batch_size=2, episode_len=2) as env:
                 check_async(env, 2)
+
+
+@pytest.mark.parametrize("variant, bound", [("OBS_ROWS", True), ("OBS_ROWS_PRIVATE", False)])
+def test_rows_in_shared_memory_are_bound_only_for_write_only_envs(variant, bound, tmp_path):
+    """A daemon's rows lie in shared memory its client can write: an env that
+    reads its rows back (ENVD_ENV_OBS_ROWS_PRIVATE) is never bound there and
+    copies; a write-only one (ENVD_ENV_OBS_ROWS) is.  Either way it steps as
+    in-process, sync and async, shm and inline."""
+    plugin = build_plugin(SOURCE, tmp_path / f"lib{variant}.so", variant)
+    with DaemonProcess(tmp_path / "d", "--threads", "2", "--plugin", str(plugin)) as proc:
+        with proc.connect() as client:
+            for transport in ("shm", "inline"):
+                with client.make(ENV_ID, 4, seed=0, size=3, agents=2, batch_size=2,
+                                 transport=transport) as env:
+                    check_bound(env, bound, 2)
+                with client.make(ENV_ID, 3, seed=10, size=2, agents=2, episode_len=3,
+                                 transport=transport) as env:
+                    check_episodes(env, 10, 2, 2, 3)
+    assert proc.proc.returncode == 0, proc.log()

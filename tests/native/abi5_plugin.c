@@ -35,6 +35,13 @@
  * STEP_ENVS_UNFLAGGED (loads): step_envs set without ENVD_ENV_STEP_ENVS, as
  * the field's bytes look to a host reading an older ABI 5 definition: the
  * host must never call it (it aborts).
+ * OBS_ROWS, OBS_ROWS_PRIVATE (load): bind_obs with ENVD_ENV_OBS_ROWS (and
+ * ENVD_ENV_OBS_ROWS_PRIVATE).  bind_obs aborts unless it comes once, after
+ * init and before the first reset; reset and step abort when given an obs
+ * other than the bound row; column 7 (where size > 1) says whether the env
+ * was bound.  Refused: OBS_ROWS_NO_RESET (ENVD_ENV_OBS_ROWS without
+ * ENVD_ENV_RESETS_ITSELF), OBS_ROWS_NULL (the flag, no bind_obs),
+ * OBS_PRIVATE_ALONE (ENVD_ENV_OBS_ROWS_PRIVATE without ENVD_ENV_OBS_ROWS).
  */
 #include <envd.h>
 
@@ -51,6 +58,8 @@ typedef struct abi5_state {
     int64_t pending;      /* episodes ended since episode_end last asked */
     double returns[4];    /* per agent, this episode */
     double last_return;
+    void *bound;         /* bind_obs's row, NULL while unbound */
+    int64_t resets;
     unsigned char pad[]; /* state_size grows with size */
 } abi5_state_t;
 
@@ -99,13 +108,33 @@ static void write_obs(const abi5_state_t *s, double *obs)
         row[4] = (double)a;
         row[5] = (double)(s->seed_at_init & 0xFFFFFFFFu);
         row[6] = (double)s->size;
+        if (width > 7)
+            row[7] = s->bound != NULL;
     }
+}
+
+/* A bound env is only ever given its row. */
+static void check_row(const abi5_state_t *s, const void *obs)
+{
+    if (s->bound != NULL && obs != s->bound)
+        abort();
+}
+
+__attribute__((unused)) static int abi5_bind_obs(void *state, void *obs)
+{
+    abi5_state_t *s = state;
+    if (s->size < 1 || s->resets != 0 || s->bound != NULL || obs == NULL)
+        abort(); /* after init, before the first reset, once */
+    s->bound = obs;
+    return ENVD_OK;
 }
 
 static int abi5_reset(void *state, envd_rng_t *rng, void *obs)
 {
     (void)rng;
     abi5_state_t *s = state;
+    check_row(s, obs);
+    s->resets++;
     s->step = 0;
     for (int a = 0; a < 4; a++)
         s->returns[a] = 0.0;
@@ -120,6 +149,7 @@ static int abi5_step(void *state, envd_rng_t *rng, const void *action, void *obs
     (void)truncated;
     abi5_state_t *s = state;
     const int64_t *act = action; /* per agent: [choice, flag] */
+    check_row(s, obs);
     if (s->seed == FAILING_SEED)
         return ENVD_EENV; /* (nothing changed) */
     s->step++;
@@ -257,6 +287,16 @@ static const envd_env_def_t abi5_env = {
     .flags = ENVD_ENV_SERIAL_INIT | ENVD_ENV_STEP_ENVS,
 #elif defined(STEP_ENVS_NULL)
     .flags = ENVD_ENV_RESETS_ITSELF | ENVD_ENV_SERIAL_INIT | ENVD_ENV_STEP_ENVS,
+#elif defined(OBS_ROWS) || defined(OBS_ROWS_NULL)
+    .flags = ENVD_ENV_RESETS_ITSELF | ENVD_ENV_SERIAL_INIT | ENVD_ENV_STEP_ENVS |
+             ENVD_ENV_OBS_ROWS,
+#elif defined(OBS_ROWS_PRIVATE)
+    .flags = ENVD_ENV_RESETS_ITSELF | ENVD_ENV_SERIAL_INIT | ENVD_ENV_STEP_ENVS |
+             ENVD_ENV_OBS_ROWS | ENVD_ENV_OBS_ROWS_PRIVATE,
+#elif defined(OBS_ROWS_NO_RESET)
+    .flags = ENVD_ENV_SERIAL_INIT | ENVD_ENV_OBS_ROWS,
+#elif defined(OBS_PRIVATE_ALONE)
+    .flags = ENVD_ENV_RESETS_ITSELF | ENVD_ENV_SERIAL_INIT | ENVD_ENV_OBS_ROWS_PRIVATE,
 #elif defined(NO_STEP_ENVS) || defined(STEP_ENVS_UNFLAGGED)
     .flags = ENVD_ENV_RESETS_ITSELF | ENVD_ENV_SERIAL_INIT,
 #else
@@ -269,6 +309,9 @@ static const envd_env_def_t abi5_env = {
     .episode_end = abi5_episode_end,
 #if !defined(NO_STEP_ENVS) && !defined(STEP_ENVS_NULL)
     .step_envs = abi5_step_envs,
+#endif
+#if !defined(OBS_ROWS_NULL)
+    .bind_obs = abi5_bind_obs, /* (read only under ENVD_ENV_OBS_ROWS) */
 #endif
 };
 

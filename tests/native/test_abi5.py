@@ -39,6 +39,25 @@ def test_step_envs_is_read_only_under_its_flag(tmp_path):
     run_check("in_process", str(library), "2", timeout=300)
 
 
+@pytest.mark.parametrize("variant", ["OBS_ROWS", "OBS_ROWS_PRIVATE"])
+@pytest.mark.parametrize("threads", [0, 2])
+def test_envs_bound_to_their_rows_step_as_copying_ones(variant, threads, tmp_path):
+    """bind_obs (ENVD_ENV_OBS_ROWS): in-process, with or without
+    ENVD_ENV_OBS_ROWS_PRIVATE, every env is bound once, after init and before
+    its first reset, and is then given only its own rows, in steps, resets,
+    step_envs runs and async batches (the plugin aborts otherwise); the
+    whole in-process check passes as for an env that copies."""
+    library = build_plugin(SOURCE, tmp_path / f"lib{variant}.so", variant)
+    run_check("bound_rows", str(library), str(threads), "1", timeout=300)
+    run_check("in_process", str(library), str(threads), timeout=300)
+
+
+def test_bind_obs_is_read_only_under_its_flag(plugin):
+    """The plain plugin sets bind_obs without ENVD_ENV_OBS_ROWS (what a host
+    sees past the end of an older ABI 5 definition): never bound."""
+    run_check("bound_rows", str(plugin), "2", "0", timeout=300)
+
+
 @pytest.mark.parametrize("threads", [0, 2])
 @pytest.mark.parametrize("variant", ["step_envs", "step"])
 def test_a_failing_env_is_named_and_the_others_step(plugin, plugin_without_step_envs, variant,
@@ -63,6 +82,9 @@ BROKEN = {
     "DESCRIBE_BAD": "num_agents must be in 1..ENVD_MAX_AGENTS",
     "STEP_ENVS_NO_FLAG": "step_envs: only an env with ENVD_ENV_RESETS_ITSELF steps envs in a row",
     "STEP_ENVS_NULL": "flags: ENVD_ENV_STEP_ENVS is set but step_envs is NULL",
+    "OBS_ROWS_NO_RESET": "bind_obs: only an env with ENVD_ENV_RESETS_ITSELF writes its rows",
+    "OBS_ROWS_NULL": "flags: ENVD_ENV_OBS_ROWS is set but bind_obs is NULL",
+    "OBS_PRIVATE_ALONE": "flags: ENVD_ENV_OBS_ROWS_PRIVATE needs ENVD_ENV_OBS_ROWS",
 }
 
 

@@ -643,7 +643,7 @@ def test_abi_5_fields_are_never_read_from_older_definitions(lib, abi):
 
 
 @pytest.mark.parametrize("change, problem", [
-    (lambda d: setattr(d, "flags", 1 << 3), "flags: a bit this host does not know is set"),
+    (lambda d: setattr(d, "flags", 1 << 5), "flags: a bit this host does not know is set"),
     (lambda d: setattr(d, "flags", 1 << 31), "flags: a bit this host does not know is set"),
     (lambda d: setattr(d, "max_episode_steps", 500),
      "max_episode_steps must be 0 for an env with ENVD_ENV_RESETS_ITSELF"),

@@ -28,7 +28,10 @@
  *   - ABI 5: an env that resets itself (no host reset, no truncation, its
  *     episodes from episode_end into the statistics and episode_log), its
  *     seed callback (before init, at seeded resets only), in whole steps and
- *     async batches on every pool; its refusals; SERIAL_INIT across threads.
+ *     async batches on every pool; its refusals; SERIAL_INIT across threads;
+ *     bound to its rows (ENVD_ENV_OBS_ROWS): bound once after init, only ever
+ *     given its own row after; with ENVD_ENV_OBS_ROWS_PRIVATE bound only over
+ *     private rows.
  */
 #define _GNU_SOURCE
 #include "vec.h"
@@ -2219,9 +2222,32 @@ typedef struct self_state {
     uint64_t seed;
     int64_t seed_calls, steps, episodes, pending;
     double episode_sum, last_sum;
+    float *bound; /* bind_obs's row (ENVD_ENV_OBS_ROWS), NULL while unbound */
 } self_state_t;
 
 static _Atomic int g_self_inits_running;
+/* bind_obs calls; a bind out of order or an obs other than the bound row */
+static _Atomic long g_self_binds;
+static _Atomic int g_self_wrong_row;
+
+/* Where env s writes its observation: its bound row (the obs the host
+ * gives it must be that row), else obs. */
+static float *self_row(const self_state_t *s, void *obs)
+{
+    if (s->bound != NULL && (void *)s->bound != obs)
+        atomic_store(&g_self_wrong_row, 1);
+    return s->bound != NULL ? s->bound : obs;
+}
+
+static int self_bind_obs(void *state, void *obs)
+{
+    self_state_t *s = state;
+    if (s->seed_calls != 1 || s->bound != NULL || obs == NULL) /* after init, once */
+        atomic_store(&g_self_wrong_row, 1);
+    s->bound = obs;
+    atomic_fetch_add(&g_self_binds, 1);
+    return ENVD_OK;
+}
 
 static int self_seed(void *state, uint64_t seed)
 {
@@ -2261,7 +2287,7 @@ static int self_reset(void *state, envd_rng_t *rng, void *obs)
     s->steps = 0;
     s->episodes = 0;
     s->episode_sum = 0.0;
-    self_obs(s, obs);
+    self_obs(s, self_row(s, obs));
     return ENVD_OK;
 }
 
@@ -2283,7 +2309,7 @@ static int self_step(void *state, envd_rng_t *rng, const void *action, void *obs
         s->episodes++;
         s->pending++;
     }
-    self_obs(s, obs);
+    self_obs(s, self_row(s, obs));
     return ENVD_OK;
 }
 
@@ -2337,7 +2363,7 @@ static const envd_env_def_t self_env = {
 /* The same env with step_envs (the vec's whole steps go through it), and
  * that one with its log fields renamed: the statistics are the host's sums
  * then, which self_check expects alike. */
-static envd_env_def_t self_env_envs, self_env_sums;
+static envd_env_def_t self_env_envs, self_env_sums, self_env_rows, self_env_private;
 
 /* The definition test_resets_itself makes: self_env, then self_env_envs. */
 static const envd_env_def_t *g_self_def = &self_env;
@@ -2501,6 +2527,72 @@ static void test_resets_itself(envd_pool_t *const *pools, int num_pools)
         pthread_join(threads[k], NULL);
 }
 
+/* A bind_obs that fails (for env 2 of 4) fails the create: every env that
+ * initialised is closed once, env 2 too (LeakSanitizer sees the rest). */
+static _Atomic int g_self_closes;
+static void self_close(void *state)
+{
+    (void)state;
+    atomic_fetch_add(&g_self_closes, 1);
+}
+
+static int self_bind_fails(void *state, void *obs)
+{
+    const self_state_t *s = state;
+    (void)obs;
+    return s->seed == 9 ? ENVD_EINVAL : ENVD_OK;
+}
+
+static void test_bind_failure(envd_pool_t *pool)
+{
+    envd_env_def_t def = self_env_rows;
+    def.bind_obs = self_bind_fails;
+    def.close = self_close;
+    self_vec_t v;
+    harness_init(&v.h, &def, 4, ENVD_AUTORESET_NEXT_STEP, 0, 3);
+    uint64_t seeds[4] = {7, 8, 9, 10};
+    double log[12];
+    v.h.cfg.seeds = seeds;
+    v.h.bufs.episode_log = log;
+    atomic_store(&g_self_closes, 0);
+    envd_vec_t *vec = NULL;
+    CHECK(envd_vec_create(&vec, &def, &v.h.cfg, &v.h.bufs, pool) == ENVD_EENV && vec == NULL,
+          "a failing bind_obs did not fail the create");
+    CHECK(atomic_load(&g_self_closes) == 3, "after a failed bind: %d closes (3 expected)",
+          atomic_load(&g_self_closes));
+    harness_free(&v.h);
+}
+
+/* ENVD_ENV_OBS_ROWS_PRIVATE: an env bound only where the config says the rows
+ * are private memory; it steps alike either way. */
+static void test_private_rows(envd_pool_t *pool)
+{
+    for (int private_rows = 0; private_rows < 2; private_rows++) {
+        const long before = atomic_load(&g_self_binds);
+        self_vec_t v;
+        harness_init(&v.h, &self_env_private, 5, ENVD_AUTORESET_NEXT_STEP, 0, 3);
+        v.seeds = xcalloc(5, sizeof *v.seeds);
+        v.dones = xcalloc(5, sizeof *v.dones);
+        v.log = xcalloc(15, sizeof *v.log);
+        for (int64_t i = 0; i < 5; i++)
+            v.seeds[i] = 7 + (uint64_t)i;
+        v.h.cfg.seeds = v.seeds;
+        v.h.cfg.private_rows = private_rows;
+        v.h.bufs.dones = v.dones;
+        v.h.bufs.episode_log = v.log;
+        harness_create(&v.h, pool, 0);
+        CHECK(atomic_load(&g_self_binds) - before == (private_rows ? 5 : 0),
+              "private_rows=%d: %ld binds", private_rows, atomic_load(&g_self_binds) - before);
+        CHECK(envd_vec_reset(v.h.vec, NULL, NULL) == ENVD_OK, "private rows: reset");
+        for (int64_t t = 1; t <= 6; t++) {
+            step_ok(&v.h, "private rows");
+            for (int64_t i = 0; i < 5; i++)
+                self_check(&v, i, t, 7 + (uint64_t)i, 1, "private rows");
+        }
+        self_free(&v);
+    }
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1)
@@ -2559,6 +2651,23 @@ int main(int argc, char **argv)
     self_env_sums.episode_fields = self_fields_renamed;
     g_self_def = &self_env_sums;
     test_resets_itself(pools, num_pools);
+    self_env_rows = self_env_envs;
+    self_env_rows.id = "VecStressSelfRows-v0";
+    self_env_rows.bind_obs = self_bind_obs;
+    self_env_rows.flags |= ENVD_ENV_OBS_ROWS;
+    CHECK(atomic_load(&g_self_binds) == 0, "an env without ENVD_ENV_OBS_ROWS was bound");
+    g_self_def = &self_env_rows;
+    test_resets_itself(pools, num_pools);
+    CHECK(atomic_load(&g_self_binds) > 0 && !atomic_load(&g_self_wrong_row),
+          "bound rows: %ld binds, a wrong row %d", atomic_load(&g_self_binds),
+          atomic_load(&g_self_wrong_row));
+    self_env_private = self_env_rows;
+    self_env_private.id = "VecStressSelfPrivate-v0";
+    self_env_private.flags |= ENVD_ENV_OBS_ROWS_PRIVATE;
+    for (int p = 0; p < num_pools; p++)
+        test_private_rows(pools[p]);
+    test_bind_failure(pools[0]);
+    CHECK(!atomic_load(&g_self_wrong_row), "private rows: a wrong row");
 
     for (int p = 0; p < num_pools; p++)
         envd_pool_destroy(pools[p]);

@@ -31,6 +31,11 @@ REPRODUCIBLE = {
     "checkers": ("Checkers", {}, np.int32),
 }
 ALL = {**EXACT, **REPRODUCIBLE}
+# The envs whose manifests let them write their observation rows directly
+# (ENVD_ENV_OBS_ROWS), audited in docs/ocean.md -> whether they read their
+# observations back (ENVD_ENV_OBS_ROWS_PRIVATE: bound only in-process).
+OBS_ROWS = {"squared": True, "pong": False, "cartpole": False, "breakout": False,
+            "go": False, "enduro": False}
 
 
 def random_actions(desc: dict, steps: int, rng: np.random.Generator) -> np.ndarray:

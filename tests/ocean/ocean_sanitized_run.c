@@ -6,7 +6,9 @@
  * every make kwarg at its default, its minimum or its maximum, with random
  * valid actions (every Box element also 50% beyond its bounds; every other
  * step through step_envs), reads the episode log after each step and closes
- * them.  Prints "ocean: ok" when
+ * them.  An env with ENVD_ENV_OBS_ROWS is bound (bind_obs) to a row of its
+ * own of exactly its observations' size, which it then writes directly (an
+ * overflow is ASan's).  Prints "ocean: ok" when
  * done; an ASan/UBSan report ends the run (halt_on_error).
  */
 #include <dlfcn.h>
@@ -83,6 +85,16 @@ int main(int argc, char **argv)
     enum { ENVS = 2 };
     void *states[ENVS];
     void *obs = calloc(1, obs_bytes);
+    /* a bound env's row: its observations' exact bytes */
+    const bool bind = def->flags & ENVD_ENV_OBS_ROWS;
+    const size_t row_bytes = (size_t)(numel(&desc.observation_space) * agents) *
+                             (desc.observation_space.dtype == ENVD_DTYPE_FLOAT32 ? 4 : 1);
+    if (bind && desc.observation_space.dtype != ENVD_DTYPE_FLOAT32 &&
+        desc.observation_space.dtype != ENVD_DTYPE_UINT8) {
+        fprintf(stderr, "no row size for this observation dtype\n");
+        return 1;
+    }
+    void *rows[ENVS];
     void *actions = calloc((size_t)act_n, 8);
     double *reward = calloc((size_t)agents, sizeof(double));
     bool *term = calloc((size_t)agents, 1), *trunc = calloc((size_t)agents, 1);
@@ -93,8 +105,10 @@ int main(int argc, char **argv)
     for (int e = 0; e < ENVS; e++) {
         states[e] = aligned_alloc(64, (desc.state_size + 63) & ~(size_t)63);
         memset(states[e], 0, desc.state_size);
+        rows[e] = bind ? calloc(1, row_bytes) : obs;
         if (def->seed(states[e], (uint64_t)e + 3) != ENVD_OK || def->init(states[e], params) != ENVD_OK ||
-            def->reset(states[e], &rng, obs) != ENVD_OK) {
+            (bind && def->bind_obs(states[e], rows[e]) != ENVD_OK) ||
+            def->reset(states[e], &rng, rows[e]) != ENVD_OK) {
             fprintf(stderr, "init/reset failed\n");
             return 1;
         }
@@ -113,12 +127,13 @@ int main(int argc, char **argv)
                must flag each step after which episode_end reports an end */
             bool flagged = true;
             if (t % 2 && def->step_envs) {
-                if (def->step_envs(states[e], 0, 1, actions, 0, obs, 0, reward, term,
+                if (def->step_envs(states[e], 0, 1, actions, 0, rows[e], 0, reward, term,
                                    &flagged) != 1) {
                     fprintf(stderr, "step_envs failed\n");
                     return 1;
                 }
-            } else if (def->step(states[e], &rng, actions, obs, reward, term, trunc) != ENVD_OK) {
+            } else if (def->step(states[e], &rng, actions, rows[e], reward, term, trunc) !=
+                       ENVD_OK) {
                 fprintf(stderr, "step failed\n");
                 return 1;
             }
@@ -133,6 +148,8 @@ int main(int argc, char **argv)
     for (int e = 0; e < ENVS; e++) {
         def->close(states[e]);
         free(states[e]);
+        if (bind)
+            free(rows[e]);
     }
     free(obs);
     free(actions);

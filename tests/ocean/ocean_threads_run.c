@@ -8,7 +8,10 @@
  * before, so consecutive calls of one env come from different threads and
  * envs of one kind step at the same time.  Built with -fsanitize=thread: a
  * race between envs (a global the env's code writes, a shared random
- * stream) is reported.  Prints "ocean threads: ok".
+ * stream) is reported.  An env with ENVD_ENV_OBS_ROWS is bound to its row
+ * of one array of the four envs' rows side by side, as the host binds it, and
+ * writes it directly from whichever thread steps it.  Prints "ocean threads:
+ * ok".
  */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -26,6 +29,12 @@ static void *states[ENVS];
 static long rounds;
 static pthread_barrier_t barrier;
 static int failed;
+/* bound envs' rows: env e's at rows + e * row_bytes */
+static unsigned char *rows;
+static size_t row_bytes;
+
+/* Env e's obs: its bound row, else the caller's buffer. */
+static void *obs_of(int e, void *own) { return rows ? rows + (size_t)e * row_bytes : own; }
 
 static void *host_alloc(void *host, size_t bytes)
 {
@@ -67,7 +76,8 @@ static void *stepper(void *arg)
                 else
                     ((float *)actions)[k] = (float)(rand_r(&seed) % 201 - 100) / 100.0f;
             }
-            if (def->step(states[e], &rng, actions, obs, reward, term, trunc) != ENVD_OK ||
+            if (def->step(states[e], &rng, actions, obs_of(e, obs), reward, term, trunc) !=
+                    ENVD_OK ||
                 def->episode_end(states[e], fields) < 0)
                 __atomic_store_n(&failed, 1, __ATOMIC_RELAXED);
         }
@@ -107,13 +117,19 @@ int main(int argc, char **argv)
     if (def->describe(params, &desc) != ENVD_OK)
         return 1;
     void *obs = calloc((size_t)(numel(&desc.observation_space) * desc.num_agents), 8);
+    if (def->flags & ENVD_ENV_OBS_ROWS) {
+        row_bytes = (size_t)(numel(&desc.observation_space) * desc.num_agents) *
+                    (desc.observation_space.dtype == ENVD_DTYPE_FLOAT32 ? 4 : 1);
+        rows = calloc(ENVS, row_bytes);
+    }
     envd_rng_t rng;
     memset(&rng, 0, sizeof(rng));
     for (int e = 0; e < ENVS; e++) {
         states[e] = aligned_alloc(64, (desc.state_size + 63) & ~(size_t)63);
         memset(states[e], 0, desc.state_size);
         if (def->seed(states[e], (uint64_t)e) != ENVD_OK || def->init(states[e], params) != ENVD_OK ||
-            def->reset(states[e], &rng, obs) != ENVD_OK)
+            (rows && def->bind_obs(states[e], obs_of(e, obs)) != ENVD_OK) ||
+            def->reset(states[e], &rng, obs_of(e, obs)) != ENVD_OK)
             return 1;
     }
     pthread_barrier_init(&barrier, NULL, THREADS);
@@ -128,6 +144,7 @@ int main(int argc, char **argv)
         free(states[e]);
     }
     free(obs);
+    free(rows);
     if (failed)
         return 1;
     printf("ocean threads: ok\n");

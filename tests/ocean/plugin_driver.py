@@ -117,10 +117,24 @@ def _space(s) -> dict:
     return out
 
 
-class Instance:
-    """One env instance of a plugin, stepped by hand (the host's role)."""
+def _flag(name: str) -> int:
+    """An ENVD_ENV_* flag's value, from the header the plugins are built against."""
+    text = (ocean_build.envd_include() / "envd.h").read_text()
+    return 1 << int(re.search(rf"#define {name} \(1u << (\d+)\)", text)[1])
 
-    def __init__(self, plugin: Plugin, seed: int, **kwargs):
+
+OBS_ROWS = _flag("ENVD_ENV_OBS_ROWS")
+OBS_ROWS_PRIVATE = _flag("ENVD_ENV_OBS_ROWS_PRIVATE")
+
+
+class Instance:
+    """One env instance of a plugin, stepped by hand (the host's role).
+    bind: bind the env to its obs buffer after init (bind_obs, as the host
+    does for an env with ENVD_ENV_OBS_ROWS); scribble: then fill that buffer
+    with junk before every step, as a daemon's client can write its rows."""
+
+    def __init__(self, plugin: Plugin, seed: int, bind: bool = False, scribble: bool = False,
+                 **kwargs):
         self.p = plugin
         desc = plugin.describe(**kwargs)
         self.desc = desc
@@ -137,6 +151,10 @@ class Instance:
         assert d.seed(self.state, seed) == 0
         assert d.init(self.state, _FFI.new("double[]", plugin.param_values(**kwargs))) == 0
         self.closed = False
+        if bind:
+            assert d.flags & OBS_ROWS, f"{plugin.env_id} does not write its rows directly"
+            assert d.bind_obs(self.state, self._ptr(self.obs, "void *")) == 0
+        self.scribble = scribble
 
     def _ptr(self, array: np.ndarray, ctype: str):
         return _FFI.cast(ctype, array.ctypes.data)
@@ -149,6 +167,8 @@ class Instance:
 
     def step(self, action: np.ndarray) -> tuple:
         action = np.ascontiguousarray(action)
+        if self.scribble:
+            self.obs.view(np.uint8)[...] = 0x5A
         rc = self.p.d.step(self.state, self.rng, self._ptr(action, "void *"),
                            self._ptr(self.obs, "void *"), self._ptr(self.rewards, "double *"),
                            self._ptr(self.terminated, "bool *"), self._ptr(self.truncated, "bool *"))

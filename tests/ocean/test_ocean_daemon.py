@@ -3,6 +3,8 @@ operator's cache; every transport equals envd.make in-process (itself
 checked against PufferLib in test_ocean_make.py), sync and async."""
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import ocean_cases
 import puffer_reference
@@ -12,7 +14,7 @@ from support.daemon import DaemonProcess, segments_of
 import envd
 
 PATHS = [("shm", False), ("shm", True), ("inline", False)]
-ENVS = ["breakout", "snake", "terraform"]
+ENVS = ["breakout", "snake", "terraform", "squared", "pong"]
 STEPS = 200
 
 
@@ -32,7 +34,7 @@ def ocean_daemon(tmp_path_factory, ocean_builds):
 def _actions(env_id, num_rows, rng, steps):
     if env_id == "puffer:terraform":
         return rng.integers(0, [5, 5, 3], size=(steps, num_rows, 3))
-    n = {"puffer:breakout": 3, "puffer:snake": 4}[env_id]
+    n = {"puffer:breakout": 3, "puffer:snake": 4, "puffer:squared": 5, "puffer:pong": 3}[env_id]
     return rng.integers(0, n, size=(steps, num_rows))
 
 
@@ -65,25 +67,33 @@ def test_daemon_equals_in_process(ocean_daemon, env, transport, fast_path, monke
         assert a.tobytes() == b.tobytes()
 
 
-def test_daemon_async_equals_in_process(ocean_daemon, monkeypatch):
-    """send/recv of half batches: each env's rows as a sync in-process run."""
+@pytest.mark.parametrize("where", ["daemon", "in-process"])
+@pytest.mark.parametrize("env_id", ["puffer:breakout", "puffer:squared"])
+def test_async_equals_sync_in_process(ocean_daemon, env_id, where, monkeypatch):
+    """send/recv of half batches: each env's rows as a sync in-process run
+    (breakout writes its rows directly everywhere, squared only in-process:
+    either way a batch's rows are its envs' own)."""
     monkeypatch.setenv("ENVD_OCEAN_CACHE", str(puffer_reference.test_cache()))
-    with envd.make("puffer:breakout", 4, seed=9, num_threads=0) as local:
-        actions = _actions("puffer:breakout", 4, np.random.default_rng(2), 130)
+    with envd.make(env_id, 4, seed=9, num_threads=0) as local:
+        actions = _actions(env_id, 4, np.random.default_rng(2), 130)
         expected = _run(local, actions)[0]
-    with ocean_daemon.connect() as client:
-        with client.make("puffer:breakout", 4, seed=9, batch_size=2) as env:
-            env.async_reset()
-            steps = [0] * 4
-            seen = {i: [] for i in range(4)}
-            while min(steps) < 100:  # each env's obs after reset and 99 steps
-                obs, _, _, _, info = env.recv()
-                ids = info["env_id"]
-                for row, i in enumerate(ids):
-                    seen[i].append(obs[row].copy())
-                env.send(np.array([actions[steps[i], i] for i in ids]), ids)
-                for i in ids:
-                    steps[i] += 1
+    with contextlib.ExitStack() as stack:
+        if where == "daemon":
+            client = stack.enter_context(ocean_daemon.connect())
+            env = stack.enter_context(client.make(env_id, 4, seed=9, batch_size=2))
+        else:
+            env = stack.enter_context(envd.make(env_id, 4, seed=9, batch_size=2, num_threads=2))
+        env.async_reset()
+        steps = [0] * 4
+        seen = {i: [] for i in range(4)}
+        while min(steps) < 100:  # each env's obs after reset and 99 steps
+            obs, _, _, _, info = env.recv()
+            ids = info["env_id"]
+            for row, i in enumerate(ids):
+                seen[i].append(obs[row].copy())
+            env.send(np.array([actions[steps[i], i] for i in ids]), ids)
+            for i in ids:
+                steps[i] += 1
     for i in range(4):
         assert np.stack(seen[i][:100]).tobytes() == expected[:100, i].tobytes()
 

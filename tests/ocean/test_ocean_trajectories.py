@@ -20,8 +20,8 @@ SEEDS = (0, 1, 7)
 STEPS = 3000
 
 
-def _envd_run(plugin, seed, kwargs, actions):
-    inst = plugin_driver.Instance(plugin, seed, **kwargs)
+def _envd_run(plugin, seed, kwargs, actions, bind=False, scribble=False):
+    inst = plugin_driver.Instance(plugin, seed, bind=bind, scribble=scribble, **kwargs)
     obs, rews, terms, logs = [inst.reset()], [], [], []
     try:
         for a in actions:
@@ -51,11 +51,43 @@ def test_continuous_trajectory_equals_pufferlib(env, kwargs, ocean_builds):
     _check_exact(ocean_builds(env), env, kwargs, 1, np.float32)
 
 
-def _check_exact(library, env, kwargs, seed, act_dtype):
+@pytest.mark.parametrize("env", sorted(ocean_cases.ALL))
+def test_envs_writing_their_rows_are_the_audited_ones(env, ocean_builds):
+    """ENVD_ENV_OBS_ROWS only where docs/ocean.md audited the env's code, and
+    ENVD_ENV_OBS_ROWS_PRIVATE exactly where it reads its observations back."""
+    flags = plugin_driver.Plugin(ocean_builds(env)).d.flags
+    assert bool(flags & plugin_driver.OBS_ROWS) == (env in ocean_cases.OBS_ROWS)
+    assert bool(flags & plugin_driver.OBS_ROWS_PRIVATE) == ocean_cases.OBS_ROWS.get(env, False)
+
+
+@pytest.mark.parametrize("env", sorted(ocean_cases.OBS_ROWS))
+def test_envs_bound_to_their_rows_equal_pufferlib(env, ocean_builds):
+    """Bound to its row (bind_obs), the env writes it directly: the same
+    trajectory as PufferLib's, bit for bit."""
+    _, kwargs, act_dtype = ocean_cases.EXACT[env]
+    _check_exact(ocean_builds(env), env, kwargs, 7, act_dtype, bind=True)
+
+
+@pytest.mark.parametrize("env", sorted(ocean_cases.OBS_ROWS))
+def test_rows_written_by_a_client_change_only_envs_that_read_them(env, ocean_builds):
+    """A client may write its rows in a daemon's shared memory.  An env bound
+    there that never reads them back steps as PufferLib's whatever was
+    written (its rewards, terminals and episode logs; its observations are
+    its own wherever it writes them); squared reads them back, which changes
+    its trajectory: it is bound only in-process."""
+    _, kwargs, act_dtype = ocean_cases.EXACT[env]
+    if ocean_cases.OBS_ROWS[env]:
+        with pytest.raises(AssertionError):
+            _check_exact(ocean_builds(env), env, kwargs, 1, act_dtype, bind=True, scribble=True)
+    else:
+        _check_exact(ocean_builds(env), env, kwargs, 1, act_dtype, bind=True, scribble=True)
+
+
+def _check_exact(library, env, kwargs, seed, act_dtype, bind=False, scribble=False):
     plugin = plugin_driver.Plugin(library)
     desc = plugin.describe(**kwargs)
     actions = ocean_cases.random_actions(desc, STEPS, np.random.default_rng(seed + 100))
-    obs, rews, terms, logs = _envd_run(plugin, seed, kwargs, actions)
+    obs, rews, terms, logs = _envd_run(plugin, seed, kwargs, actions, bind, scribble)
 
     # PufferLib's vec_log (the mean of the Log since its last call) is read
     # where envd reported episodes: it must hold exactly those (its n) with the
@@ -75,7 +107,8 @@ def _check_exact(library, env, kwargs, seed, act_dtype):
     ref = puffer_reference.reference_trajectory(
         binding, plugin.ckwargs(**kwargs), seed, clipped, desc["agents"], desc["obs"]["shape"],
         desc["obs"]["dtype"], act_dtype, after_step=after_step)
-    assert obs.tobytes() == ref["obs"].tobytes()
+    if not scribble:  # (a row the env leaves unwritten in a step keeps the junk)
+        assert obs.tobytes() == ref["obs"].tobytes()
     np.testing.assert_array_equal(rews, ref["rewards"].astype(np.float64))
     np.testing.assert_array_equal(terms, ref["terminals"])
     assert "n" not in ref_logs.get("left", {}), "PufferLib logged episodes envd did not report"

@@ -21,7 +21,7 @@ SOURCE = ROOT / "tests" / "native" / "abi5_plugin.c"
 ENV_ID = "Abi5Test-v0"
 FIELDS = ("episode_return", "episode_length", "score")
 # observation columns (abi5_plugin.c)
-SEED, SEED_CALLS, EPISODES, STEP, AGENT, SEED_AT_INIT, SIZE = range(7)
+SEED, SEED_CALLS, EPISODES, STEP, AGENT, SEED_AT_INIT, SIZE, BOUND = range(8)
 
 #: run abi5_checks.<name>(*args) in a fresh interpreter
 run_check = checker("abi5_checks")
@@ -190,6 +190,38 @@ def in_process(library: str, threads: str) -> None:
         assert spec.heap_bytes == 5000
         assert state_plan(spec, 7) - state_plan(replace(spec, keep=None), 7) \
             == 7 * 5000 + spec.described_bytes
+
+
+def check_bound(env, bound: bool, agents: int = 1) -> None:
+    """Column BOUND of every row, after resets, steps and async batches (the
+    OBS_ROWS variants: whether the host bound each env to its rows; their
+    reset and step abort when given any other obs).  env: made with size > 1
+    and batch_size of half its envs."""
+    obs, _ = env.reset(seed=5)
+    assert (obs[:, BOUND] == bound).all(), obs
+    actions = np.ones((env.num_envs, 2), np.int64)
+    for t in range(1, 4):
+        obs = env.step(actions)[0]
+        assert (obs[:, BOUND] == bound).all() and (obs[:, STEP] == t % 4).all(), obs
+    env.async_reset()
+    for _ in range(6):  # batches of envs in a row and not: the rows never move
+        obs, *_, info = env.recv()
+        assert (obs[:, BOUND] == bound).all()
+        envs = info["env_id"][::agents][::-1]  # (per row: each env's id agents times)
+        env.send(np.ones((len(envs) * agents, 2), np.int64), np.repeat(envs, agents))
+    env.recv()
+
+
+def bound_rows(library: str, threads: str, bound: str) -> None:
+    """In-process (private memory): an OBS_ROWS or OBS_ROWS_PRIVATE env is
+    bound to its rows (bound "1"); an env without ENVD_ENV_OBS_ROWS never is,
+    though its bind_obs is set (bound "0")."""
+    import envd
+    envd.load_plugin(library)
+    for agents in (1, 3):
+        with envd.make(ENV_ID, 4, seed=0, num_threads=int(threads), size=3, agents=agents,
+                       batch_size=2) as env:
+            check_bound(env, bound == "1", agents)
 
 
 def refusals(library: str) -> None:

@@ -2,6 +2,9 @@
  * 10 + brick_rows*brick_cols float32 in [0, 1]; Discrete(3), or a Box(-1, 1,
  * (1,)) when continuous.  binding.c reads a float action either way. */
 #define ENVD_OCEAN_ENV "breakout"
+/* Its obs is only written (compute_observations), never read back: it
+ * writes its row directly, in-process and in a daemon (docs/ocean.md). */
+#define ENVD_OCEAN_FLAGS (ENVD_ENV_OBS_ROWS)
 
 enum { P_FRAMESKIP, P_WIDTH, P_HEIGHT, P_PADDLE_WIDTH, P_PADDLE_HEIGHT, P_BALL_WIDTH,
        P_BALL_HEIGHT, P_BRICK_ROWS, P_BRICK_COLS, P_CONTINUOUS };

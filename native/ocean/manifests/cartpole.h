@@ -2,6 +2,9 @@
  * float32, unbounded; Discrete(2), or a Box(-1, 1, (1,)) force when
  * continuous.  binding.c reads a float action either way. */
 #define ENVD_OCEAN_ENV "cartpole"
+/* Its obs is only written (compute_observations), never read back: it
+ * writes its row directly, in-process and in a daemon (docs/ocean.md). */
+#define ENVD_OCEAN_FLAGS (ENVD_ENV_OBS_ROWS)
 
 enum { P_CONTINUOUS };
 

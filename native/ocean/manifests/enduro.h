@@ -5,6 +5,9 @@
  * game's geometry, fixed at the class's defaults.  Its own rand_r stream
  * starts from the injected seed kwarg. */
 #define ENVD_OCEAN_ENV "enduro"
+/* Its obs is only written (compute_observations), never read back: it
+ * writes its row directly, in-process and in a daemon (docs/ocean.md). */
+#define ENVD_OCEAN_FLAGS (ENVD_ENV_OBS_ROWS)
 
 #define ENVD_OCEAN_NO_PARAMS
 

@@ -6,6 +6,9 @@
  * last_capture_position seed the game's state: they stay at the class's
  * defaults. */
 #define ENVD_OCEAN_ENV "go"
+/* Its obs is only written (compute_observations), never read back: it
+ * writes its row directly, in-process and in a daemon (docs/ocean.md). */
+#define ENVD_OCEAN_FLAGS (ENVD_ENV_OBS_ROWS)
 
 enum { P_GRID_SIZE, P_KOMI, P_REWARD_MOVE_PASS, P_REWARD_MOVE_INVALID, P_REWARD_MOVE_VALID,
        P_REWARD_PLAYER_CAPTURE, P_REWARD_OPPONENT_CAPTURE, P_COUNT };

@@ -1,6 +1,9 @@
 /* squared: pufferlib/ocean/squared (class Squared).  One agent on a
  * size x size grid; obs size * size uint8 in [0, 1]; Discrete(5). */
 #define ENVD_OCEAN_ENV "squared"
+/* Its obs is its grid: c_step reads it back (is the agent's cell the
+ * target?), so it writes its row directly only over private memory. */
+#define ENVD_OCEAN_FLAGS (ENVD_ENV_OBS_ROWS | ENVD_ENV_OBS_ROWS_PRIVATE)
 
 enum { P_SIZE };
 
