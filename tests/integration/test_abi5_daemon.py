@@ -6,7 +6,16 @@ shows the description at the defaults."""
 from __future__ import annotations
 
 import pytest
-from support.abi5_checks import ENV_ID, FIELDS, SOURCE, check_async, check_bound, check_episodes, check_spaces, check_staggered_log
+from support.abi5_checks import (
+    ENV_ID,
+    FIELDS,
+    SOURCE,
+    check_async,
+    check_bound,
+    check_episodes,
+    check_spaces,
+    check_staggered_log,
+)
 from support.daemon import DaemonProcess, segments_of
 from support.plugin_checks import build_plugin
 
