@@ -68,6 +68,10 @@ def spin_ns(num_workers: int) -> int:
 
 #: A step's episode statistics when its episode goes on.
 _NO_STATS = (0.0, 0, 0.0)
+#: The values an output view is filled with (ndarray.fill takes a number as
+#: an assignment does; a 1-element array or list it refuses, where an
+#: assignment broadcasts it).
+_FILLABLE = (bool, int, float, np.number, np.bool_)
 #: The type tuples an EnvSlice remembers as fitting its columns (an env
 #: mixing float and numpy float64 values could otherwise grow the set).
 _MAX_FITTING_TYPES = 16
@@ -208,6 +212,7 @@ class EnvSlice:
             if self._columns:
                 self._outputs += [a[INFO_IN_COLUMNS], *(a[INFO_COLUMN_PREFIX + key]
                                                         for key, _, _, _ in self._columns)]
+        self._output_views = [buffer[begin:end] for buffer in self._outputs]
         # Per env of the slice (Python lists: a list item costs a third of a
         # numpy scalar access, and a cheap env's step is a few microseconds).
         self._started = [False] * n
@@ -355,13 +360,24 @@ class EnvSlice:
             except Exception as exc:  # noqa: BLE001 -- the env's own code: reported, never fatal
                 self._status[i] = EENV
                 self._report(i, f"{type(exc).__name__}: {exc}")
-        if stepped:
-            # (a slice, the whole-step case, assigns several times faster than a list)
+        if len(stepped) == e - b:
+            # The whole slice, the common case: its views of the buffers, a
+            # column of one number (most are: zeros of the statistics and the
+            # info lengths, False flags, ...) filled (half an assignment's
+            # cost); an array or a list assigned, as below.
+            for view, column in zip(self._output_views, zip(*results)):
+                value = column[0]
+                if isinstance(value, _FILLABLE) and view.ndim == 1 \
+                        and column.count(value) == len(column):
+                    view.fill(value)
+                else:
+                    view[:] = column
+        elif stepped:
+            # (a slice assigns several times faster than a list)
             rows = (slice(stepped[0], stepped[-1] + 1)
                     if stepped[-1] - stepped[0] + 1 == len(stepped) else stepped)
             for buffer, column in zip(self._outputs, zip(*results)):
-                # (a column of one value, most are: zeros of the statistics and
-                # the info lengths, False flags, ...: a fill is 3x cheaper)
+                # (a column of one value: a scalar assignment is 3x cheaper)
                 if buffer.ndim == 1 and column.count(column[0]) == len(column):
                     buffer[rows] = column[0]
                 else:
