@@ -68,9 +68,8 @@ def spin_ns(num_workers: int) -> int:
 
 #: A step's episode statistics when its episode goes on.
 _NO_STATS = (0.0, 0, 0.0)
-#: The values an output view is filled with (ndarray.fill takes a number as
-#: an assignment does; a 1-element array or list it refuses, where an
-#: assignment broadcasts it).
+#: The values an output view is filled with: numbers, which ndarray.fill
+#: takes as an assignment does (anything else, a 0-d array say, is assigned).
 _FILLABLE = (bool, int, float, np.number, np.bool_)
 #: The type tuples an EnvSlice remembers as fitting its columns (an env
 #: mixing float and numpy float64 values could otherwise grow the set).
@@ -362,14 +361,16 @@ class EnvSlice:
                 self._report(i, f"{type(exc).__name__}: {exc}")
         if len(stepped) == e - b:
             # The whole slice, the common case: its views of the buffers, a
-            # column of one number (most are: zeros of the statistics and the
-            # info lengths, False flags, ...) filled (half an assignment's
-            # cost); an array or a list assigned, as below.
+            # column of one value (most are: zeros of the statistics and the
+            # info lengths, False flags, ...) written as one, a number with
+            # fill (half an assignment's cost).
             for view, column in zip(self._output_views, zip(*results)):
                 value = column[0]
-                if isinstance(value, _FILLABLE) and view.ndim == 1 \
-                        and column.count(value) == len(column):
-                    view.fill(value)
+                if view.ndim == 1 and column.count(value) == len(column):
+                    if isinstance(value, _FILLABLE):
+                        view.fill(value)
+                    else:
+                        view[:] = value
                 else:
                     view[:] = column
         elif stepped:
