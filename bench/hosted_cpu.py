@@ -43,6 +43,7 @@ import numpy as np
 
 import envd
 from envd.tools.bench_python import batch_of_actions, hosting_daemon, process_cpu_seconds
+from hosted_python import NoopEnv  # (bench/, this script's folder, is on sys.path)
 
 
 def children_of(pid: int) -> list[int]:
@@ -70,19 +71,6 @@ def daemon_pid() -> int | None:
             if b"--bind" in argv and b"envd" in argv:
                 return child
     return None
-
-
-class NoopEnv(gym.Env):
-    """An env whose step costs nothing ("noop")."""
-    observation_space = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
-    action_space = gym.spaces.Discrete(2)
-
-    def reset(self, *, seed: int | None = None, options: dict | None = None):
-        super().reset(seed=seed)
-        return np.zeros(4, np.float32), {}
-
-    def step(self, action: Any):
-        return np.zeros(4, np.float32), 0.0, False, False, {}
 
 
 class System:
