@@ -13,8 +13,11 @@ Workloads (N = 4096 unless said): in-process sync steps of CartPole-v1 and
 Acrobot-v1; in-process async CartPole-v1 (batch 2048, send/recv); the
 daemon's fast path and socket path, CartPole-v1 sync; the daemon's async
 CartPole-v1 (batch 2048), and with 64 envs in batches of 32 over the socket
-and through the doorbell (the per-call cost).  Public API only, so any two
-versions compare.
+and through the doorbell (the per-call cost); hosted Python envs, N = 16:
+a no-op env with 0, 1 and 2 workers (its step costs nothing, so the rate is
+envd's own per-step cost: the worker loop, the wake-ups, the info merge)
+and Acrobot-v1 with 2 workers.  Public API only, so any two versions
+compare.
 """
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ from pathlib import Path
 # Run inside each interpreter: measures every workload once, prints JSON.
 WORKER = r"""
 import json, sys, time
+import gymnasium as gym
 import numpy as np
 import envd
 
@@ -61,7 +65,24 @@ def asynchronous(env, batch):
         env.send(actions, info["env_id"])
     return rate(once, batch)
 
+class NoopEnv(gym.Env):
+    # A hosted env whose step costs nothing (cloudpickled by value from here).
+    observation_space = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(4, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(4, np.float32), 0.0, False, False, {}
+
 out = {}
+for workers in (0, 1, 2):
+    with envd.make(NoopEnv, 16, num_workers=workers) as env:
+        out[f"hosted no-op N=16, {workers} workers"] = sync(env)
+with envd.make("py:Acrobot-v1", 16, num_workers=2) as env:
+    out["hosted Acrobot N=16, 2 workers"] = sync(env)
 with envd.make("CartPole-v1", 4096, seed=0) as env:
     out["in-process CartPole sync"] = sync(env)
 with envd.make("Acrobot-v1", 4096, seed=0) as env:
@@ -86,6 +107,12 @@ with envd.connect(endpoint) as client:
             out["daemon CartPole async B=32 (doorbell)"] = asynchronous(env, 32)
 print(json.dumps(out))
 """
+
+
+def rate_text(rate: float) -> str:
+    """A rate in millions of env steps per second, or thousands below a million
+    (a hosted Python env's)."""
+    return f"{rate / 1e6:.2f}M" if rate >= 1e6 else f"{rate / 1e3:.1f}k"
 
 
 def start_daemon(python: str, folder: Path) -> tuple[subprocess.Popen, str]:
@@ -138,7 +165,7 @@ def main() -> None:
         a = [r[key] for r in results["A"]]
         b = [r[key] for r in results["B"]]
         ratios = [y / x for x, y in zip(a, b)]
-        print(f"{key:40} {statistics.median(a) / 1e6:9.2f}M {statistics.median(b) / 1e6:9.2f}M "
+        print(f"{key:40} {rate_text(statistics.median(a)):>10} {rate_text(statistics.median(b)):>10} "
               f"{statistics.median(ratios):10.2f}x {min(ratios):6.2f}-{max(ratios):.2f}x")
 
 

@@ -2,8 +2,14 @@
 SyncVectorEnv: a measure that a loaded machine distorts far less than
 wall-clock rates (issue 37).
 
-    python bench/hosted_cpu.py [--envs HalfCheetah-v5,Humanoid-v5,Acrobot-v1]
+    python bench/hosted_cpu.py [--envs HalfCheetah-v5,Humanoid-v5,Acrobot-v1,noop]
                                [--num-envs 16] [--steps 500] [--rounds 3] [--no-daemon]
+
+"noop" is an env whose step costs nothing (in-process only): what its
+workers spend is envd's own cost per vector step, the wake-ups and the
+slice's bookkeeping.  Run the script with two installs' interpreters in
+turn to compare them (the CPU time, unlike the rates, stays comparable on a
+loaded machine).
 
 For each env, in interleaved rounds, every system steps the same pre-drawn
 actions for --steps steps, and the CPU time each of its processes spent
@@ -37,6 +43,7 @@ import numpy as np
 
 import envd
 from envd.tools.bench_python import batch_of_actions, hosting_daemon, process_cpu_seconds
+from hosted_python import NoopEnv  # (bench/, this script's folder, is on sys.path)
 
 
 def children_of(pid: int) -> list[int]:
@@ -92,13 +99,15 @@ class System:
 
 
 def measure_env(env_id: str, n: int, steps: int, rounds: int, client: Any) -> None:
-    sync = gym.make_vec(env_id, n, vectorization_mode="sync")
+    noop = env_id == "noop"
+    sync = (gym.vector.SyncVectorEnv([NoopEnv] * n) if noop
+            else gym.make_vec(env_id, n, vectorization_mode="sync"))
     actions = np.stack([batch_of_actions(sync.single_action_space, n, seed) for seed in range(8)])
     systems = {"gymnasium sync": System(sync, [])}
     for workers in (1, 2):
-        env = envd.make("py:" + env_id, n, num_workers=workers)
+        env = envd.make(NoopEnv if noop else "py:" + env_id, n, num_workers=workers)
         systems[f"envd {workers} worker(s)"] = System(env, env.worker_pids)
-    daemon = daemon_pid() if client is not None else None
+    daemon = daemon_pid() if client is not None and not noop else None
     if client is not None and daemon is not None:
         for workers in (1, 2):
             before = set(children_of(daemon))  # (this env's workers: those it adds)
@@ -133,7 +142,9 @@ def main() -> None:
     args = parser.parse_args()
     env_ids = tuple(args.envs.split(","))
     with contextlib.ExitStack() as stack:
-        client = None if args.no_daemon else stack.enter_context(hosting_daemon(env_ids))
+        hosted = tuple(env_id for env_id in env_ids if env_id != "noop")
+        client = None if args.no_daemon or not hosted else stack.enter_context(
+            hosting_daemon(hosted))
         for env_id in env_ids:
             measure_env(env_id, args.num_envs, args.steps, args.rounds, client)
 

@@ -68,6 +68,9 @@ def spin_ns(num_workers: int) -> int:
 
 #: A step's episode statistics when its episode goes on.
 _NO_STATS = (0.0, 0, 0.0)
+#: The values an output view is filled with: numbers, which ndarray.fill
+#: takes as an assignment does (anything else, a 0-d array say, is assigned).
+_FILLABLE = (bool, int, float, np.number, np.bool_)
 #: The type tuples an EnvSlice remembers as fitting its columns (an env
 #: mixing float and numpy float64 values could otherwise grow the set).
 _MAX_FITTING_TYPES = 16
@@ -181,7 +184,7 @@ class EnvSlice:
         self.inline_infos: list[Any] | None = [None] * n if inline else None
         # The info columns (vector_base.INFO_COLUMN_PREFIX): (key, the
         # types a value may have to go in it); the outputs of a step, in the
-        # order _step returns them.
+        # order _step_outputs returns them.
         self._columns = [(name[len(INFO_COLUMN_PREFIX):], _column_types(a[name].dtype),
                           a[name].dtype, a[name].shape[1:])
                          for name in a if name.startswith(INFO_COLUMN_PREFIX)]
@@ -196,6 +199,10 @@ class EnvSlice:
         self._no_columns = ((False, *(np.zeros(shape, dtype) for _, _, dtype, shape
                                       in self._columns)) if self._columns else ())
         self._no_info = (0, *self._no_columns)
+        # The outputs after (reward, term, trunc) of a step whose episode goes
+        # on with an empty info (run_pending's common step).
+        self._going_on = ((False, *_NO_STATS) if self._info_lengths is None
+                          else (False, *_NO_STATS, *self._no_info))
         self._outputs = [a[name] for name in (
             "rewards", "terminations", "truncations", "dones", "episode_returns",
             "episode_lengths", "episode_times")]
@@ -204,6 +211,7 @@ class EnvSlice:
             if self._columns:
                 self._outputs += [a[INFO_IN_COLUMNS], *(a[INFO_COLUMN_PREFIX + key]
                                                         for key, _, _, _ in self._columns)]
+        self._output_views = [buffer[begin:end] for buffer in self._outputs]
         # Per env of the slice (Python lists: a list item costs a third of a
         # numpy scalar access, and a cheap env's step is a few microseconds).
         self._started = [False] * n
@@ -296,52 +304,87 @@ class EnvSlice:
         """Run every requested env of the slice, then ack them.  A step's
         outputs are gathered in lists and written with one numpy assignment
         per buffer (per-env numpy scalar writes cost as much as a cheap
-        env's step)."""
+        env's step).  The common step (a started env, its episode going on,
+        an empty info, one observation buffer) is done in the loop itself:
+        this loop is what a worker pays per env beyond the env's own step,
+        as gymnasium's SyncVectorEnv pays its own."""
         b, e = self.begin, self.end
-        pending = np.flatnonzero(self._req[b:e] != self._ack[b:e])
-        if not len(pending):
+        # (lists: a few short lists cost a fraction of numpy's compare and
+        # flatnonzero, and a worker wakes once per vector step)
+        req = self._req[b:e].tolist()
+        ack = self._ack[b:e].tolist()
+        if req == ack:
             return
+        pending = [k for k, (r, a) in enumerate(zip(req, ack)) if r != a]
         # The req words above before the inputs below (kind, seeds, actions):
         # the parent wrote those before its release store of req.
         lib.envd_worker_acquire()
-        # (every env of the slice, a whole step: slices, no index arrays)
-        ids = slice(b, e) if len(pending) == e - b else pending + b
+        first, last = pending[0], pending[-1]
+        # (consecutive envs, a whole step's among them: a slice, no index array)
+        consecutive = last - first + 1 == len(pending)
+        ids = slice(b + first, b + last + 1) if consecutive else np.array(pending) + b
         kinds = self._kind[ids].tolist()
         actions = self._actions[ids].copy()  # (rows stay valid for the env)
         if self._composite_actions:  # the leaves of each row, as the env's space has them
             views = leaves.leaf_views(self._action_space, actions)
             actions = [leaves.unflatten(self._action_space, [view[j] for view in views])
                        for j in range(len(kinds))]
+        envs, started, needs_reset = self.envs, self._started, self._needs_reset
+        ep_return, ep_length = self._ep_return, self._ep_length
+        single_obs, going_on = self._single_obs, self._going_on
         stepped: list[int] = []
         results: list[tuple] = []  # (reward, term, trunc, done, return, length, time[, info])
-        for j, k in enumerate(pending.tolist()):
+        for j, k in enumerate(pending):
             i = b + k
             try:
                 if kinds[j] == RESET:
                     self._reset(i, k)
+                    continue
+                if started[k] and not needs_reset[k]:
+                    obs, reward, term, trunc, info = envs[k].step(actions[j])
+                    ep_return[k] += float(reward)
+                    ep_length[k] += 1
+                    if (term or trunc or single_obs is None or info.__class__ is not dict
+                            or info):
+                        result = self._step_outputs(i, k, obs, reward, term, trunc, info)
+                    else:
+                        single_obs[i] = obs
+                        result = (reward, term, trunc, *going_on)
                 else:
-                    result = self._step(i, k, actions[j])
-                    if result is not None:
-                        stepped.append(i)
-                        results.append(result)
+                    result = self._step_refused_or_reset(i, k)
+                    if result is None:
+                        continue
+                stepped.append(i)
+                results.append(result)
             except Exception as exc:  # noqa: BLE001 -- the env's own code: reported, never fatal
                 self._status[i] = EENV
                 self._report(i, f"{type(exc).__name__}: {exc}")
-        if stepped:
-            # (a slice, the whole-step case, assigns several times faster than a list)
+        if len(stepped) == e - b:
+            # The whole slice, the common case: its views of the buffers, a
+            # column of one value (most are: zeros of the statistics and the
+            # info lengths, False flags, ...) written as one, a number with
+            # fill (half an assignment's cost).
+            for view, column in zip(self._output_views, zip(*results)):
+                value = column[0]
+                if view.ndim == 1 and column.count(value) == len(column):
+                    if isinstance(value, _FILLABLE):
+                        view.fill(value)
+                    else:
+                        view[:] = value
+                else:
+                    view[:] = column
+        elif stepped:
+            # (a slice assigns several times faster than a list)
             rows = (slice(stepped[0], stepped[-1] + 1)
                     if stepped[-1] - stepped[0] + 1 == len(stepped) else stepped)
             for buffer, column in zip(self._outputs, zip(*results)):
-                # (a column of one value, most are: zeros of the statistics and
-                # the info lengths, False flags, ...: a fill is 3x cheaper)
+                # (a column of one value: a scalar assignment is 3x cheaper)
                 if buffer.ndim == 1 and column.count(column[0]) == len(column):
                     buffer[rows] = column[0]
                 else:
                     buffer[rows] = column
-        rows = slice(b + int(pending[0]), b + int(pending[-1]) + 1) \
-            if len(pending) == pending[-1] - pending[0] + 1 else ids
         lib.envd_worker_fence()  # the outputs before the acks (backend_workers.h)
-        self._ack[rows] = self._req[rows]
+        self._ack[ids] = self._req[ids]
 
     def _report(self, i: int, text: str) -> None:
         # Keep the message of the oldest failure still standing (the parent
@@ -370,25 +413,27 @@ class EnvSlice:
         self._rewards[i] = 0.0  # (a fresh episode has earned nothing: vec.c reset_range)
         self._terms[i] = self._truncs[i] = self._dones[i] = False
 
-    def _step(self, i: int, k: int, action: Any) -> tuple | None:
-        """Step env i (the slice's k-th): its outputs but the observation
-        (written here), or None if it was refused (status set)."""
-        env = self.envs[k]
+    def _step_refused_or_reset(self, i: int, k: int) -> tuple | None:
+        """A step of env i (the slice's k-th) that does not call env.step:
+        refused (status set; None) before the first reset or, in DISABLED
+        mode, after the episode ended; else (NEXT_STEP, the step after a
+        done step) the env's reset, its outputs as _step_outputs'."""
         if not self._started[k]:
             self._status[i] = ESTATE
             self._dones[i] = False  # "never reset"
             return None
-        if self._needs_reset[k]:
-            if self.mode is AutoresetMode.DISABLED:
-                self._status[i] = ESTATE  # dones[i] stays True: "done, reset it"
-                return None
-            obs, info = env.reset()
-            self._begin_episode(k)
-            reward, term, trunc = 0.0, False, False
-        else:
-            obs, reward, term, trunc, info = env.step(action)
-            self._ep_return[k] += float(reward)
-            self._ep_length[k] += 1
+        if self.mode is AutoresetMode.DISABLED:
+            self._status[i] = ESTATE  # dones[i] stays True: "done, reset it"
+            return None
+        obs, info = self.envs[k].reset()
+        self._begin_episode(k)
+        return self._step_outputs(i, k, obs, 0.0, False, False, info)
+
+    def _step_outputs(self, i: int, k: int, obs: Any, reward: Any, term: Any, trunc: Any,
+                      info: Any) -> tuple:
+        """The outputs of env i's (the slice's k-th) step but the observation
+        (written here), its episode's books kept: the statistics and, in
+        SAME_STEP mode, the reset of a done env."""
         done = bool(term or trunc)
         stats = _NO_STATS
         final_info = None
@@ -399,7 +444,7 @@ class EnvSlice:
             if self.mode is AutoresetMode.SAME_STEP:
                 self._write_obs(self._final_obs, i, obs)
                 final_info = info
-                obs, info = env.reset()
+                obs, info = self.envs[k].reset()
                 self._begin_episode(k)
         if self._single_obs is not None:
             self._single_obs[i] = obs
