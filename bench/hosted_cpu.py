@@ -40,10 +40,10 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+from hosted_python import NoopEnv  # (bench/, this script's folder, is on sys.path)
 
 import envd
 from envd.tools.bench_python import batch_of_actions, hosting_daemon, process_cpu_seconds
-from hosted_python import NoopEnv  # (bench/, this script's folder, is on sys.path)
 
 
 def children_of(pid: int) -> list[int]:
