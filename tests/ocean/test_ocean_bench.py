@@ -54,7 +54,8 @@ def test_every_system_is_measured_or_says_why(run):
         (env, NUM_ENVS, NUM_ENVS) for env in ENVS]
     # pufferlib-core (the test extra) present: PufferLib's Multiprocessing runs
     always = [bench_ocean.PUFFER_SERIAL, bench_ocean.SERIAL, bench_ocean.TWO_THREADS,
-              bench_ocean.AUTO, bench_ocean.DAEMON, bench_ocean.DAEMON_ONE]
+              bench_ocean.AUTO, bench_ocean.IN_PLACE, bench_ocean.DAEMON,
+              bench_ocean.DAEMON_ONE]
     if puffer_vector_importable():
         always.append(bench_ocean.PUFFER_MP)
     for entry in result["results"]:
@@ -66,7 +67,8 @@ def test_every_system_is_measured_or_says_why(run):
                 system, entry["missing"].get(system))
         for system, why in entry["missing"].items():
             assert f"{system}: n/a: {why}" in proc.stdout
-        for name in (bench_ocean.AUTO, *bench_ocean.OTHER_RATIOS, *bench_ocean.CPU_RATIOS):
+        for name in (bench_ocean.AUTO, bench_ocean.IN_PLACE, *bench_ocean.OTHER_RATIOS,
+                     *bench_ocean.CPU_RATIOS):
             assert len(entry["ratios"].get(name, ())) == ROUNDS, name
         # CPU time per agent step: in-process systems only (not the daemon's)
         assert set(entry["cpu_ns"]) == set(bench_ocean.IN_PROCESS)
@@ -104,7 +106,8 @@ def test_the_files_and_targets(run):
     targets = json.loads((out / "results.json").read_text())["targets"]
     names = [t["target"] for t in targets]
     assert names[:-1] == [f"{env} N={NUM_ENVS}: {what}" for what in (
-        "envd auto / PufferLib serial", "envd auto / PufferLib Multiprocessing",
+        "envd auto / PufferLib serial", "envd in-place / PufferLib serial",
+        "envd auto / PufferLib Multiprocessing",
         "envd daemon, 1 thread / envd serial (like for like)", "envd auto / envd serial")
         for env in ENVS]
     assert names[-1].startswith(f"puffer:pong x{NUM_ENVS} capped at max_threads=")
