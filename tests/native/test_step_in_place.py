@@ -203,9 +203,11 @@ def test_in_place_through_the_daemon_equals_step_in_process(daemon, transport, f
             assert ended > 0
             remote.reset(seed=3)
             remote.actions[...] = bad
+            before = remote.observations.copy()
             with pytest.raises(InvalidActionError) as in_place:
                 remote.step_in_place()
             assert str(in_place.value) == str(by_step.value)
+            assert np.array_equal(remote.observations, before)  # (no env stepped)
             remote.actions[1] = 0
             remote.step_in_place()  # the session goes on
     for k, (x, y) in enumerate(zip(got, expected)):

@@ -145,7 +145,8 @@ def test_config_size_is_the_env_section(tmp_path):
 def test_targets_name_two_threads_only_for_go_and_enduro_at_config_size():
     def entry(env, n, ratio):
         return {"env": env, "num_envs": n,
-                "ratios": {bench_ocean.AUTO: [ratio], bench_ocean.TWO_THREADS: [2 * ratio]}}
+                "ratios": {bench_ocean.AUTO: [ratio], bench_ocean.IN_PLACE: [1.2 * ratio],
+                           bench_ocean.TWO_THREADS: [2 * ratio]}}
 
     lines = bench_ocean.targets([entry("go", 64, 1.0), entry("go", 1024, 0.5),
                                  entry("breakout", 1024, 1.0)])
@@ -154,8 +155,12 @@ def test_targets_name_two_threads_only_for_go_and_enduro_at_config_size():
     assert names == ["go N=64: envd auto / PufferLib serial",
                      "go N=1024: envd auto / PufferLib serial",
                      "breakout N=1024: envd auto / PufferLib serial",
+                     "go N=64: envd in-place / PufferLib serial",
+                     "go N=1024: envd in-place / PufferLib serial",
+                     "breakout N=1024: envd in-place / PufferLib serial",
                      "go N=1024: envd 2 threads / PufferLib serial"]
-    assert [t["status"] for t in lines] == ["PASS", "FAIL", "PASS", "FAIL"]
+    assert [t["status"] for t in lines] == ["PASS", "FAIL", "PASS", "PASS", "FAIL", "PASS",
+                                            "FAIL"]
 
 
 def test_multiprocessing_and_like_for_like_targets_read_their_ratios():
@@ -165,6 +170,7 @@ def test_multiprocessing_and_like_for_like_targets_read_their_ratios():
     status = {t["target"]: (t["status"], t["limit"]) for t in lines}
     assert status == {
         "go N=64: envd auto / PufferLib serial": ("N/A", 0.95),  # not measured
+        "go N=64: envd in-place / PufferLib serial": ("N/A", 0.95),
         "go N=64: envd auto / PufferLib Multiprocessing": ("PASS", 1.0),
         "go N=64: envd daemon, 1 thread / envd serial (like for like)": ("FAIL", 0.9),
         "go N=64: envd auto / envd serial": ("NOT JUDGED", 0.95)}
