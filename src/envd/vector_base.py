@@ -552,7 +552,8 @@ class BatchedVecEnv(VectorEnv):
         self._check_episode_statistics_key(buffers)
         self._env_info = {name[len(INFO_PREFIX):]: array for name, array in buffers.items()
                           if name.startswith(INFO_PREFIX)}
-        # the fast path of step() compares against these
+        # the fast path of step() compares against these (a builtin dtype is
+        # one object: the identity test spares the slower == per step)
         self._action_dtype, self._action_shape = self._actions.dtype, self._actions.shape
         # whether a step's info has more than the episode info (one test a step)
         self._more_info = (bool(self._env_info) or self._agent_mask is not None
@@ -891,7 +892,8 @@ class BatchedVecEnv(VectorEnv):
             if self._maybe_running:
                 self._check_buffers_free()
             if (self._action_leaves is None and actions.__class__ is np.ndarray
-                    and actions.dtype == self._action_dtype
+                    and (actions.dtype is self._action_dtype
+                         or actions.dtype == self._action_dtype)
                     and actions.shape == self._action_shape):
                 self._actions[...] = actions
             else:
@@ -1029,7 +1031,8 @@ class BatchedVecEnv(VectorEnv):
                 ids = self._check_env_ids(env_ids)
                 row_ids = target = self._rows_of(ids)
             if (self._action_leaves is None and actions.__class__ is np.ndarray
-                    and actions.dtype == self._action_dtype
+                    and (actions.dtype is self._action_dtype
+                         or actions.dtype == self._action_dtype)
                     and actions.shape == (len(row_ids), *self._action_shape[1:])):
                 rows = actions  # the hot path: nothing to convert (copied in below)
             else:

@@ -6,6 +6,7 @@ fast path, inline); the same error as step() for a bad action written into
 the buffer, with no env stepped; the state rules of step()."""
 from __future__ import annotations
 
+import pickle
 import threading
 
 import numpy as np
@@ -212,3 +213,18 @@ def test_in_place_through_the_daemon_equals_step_in_process(daemon, transport, f
             remote.step_in_place()  # the session goes on
     for k, (x, y) in enumerate(zip(got, expected)):
         assert_same(x, y, f"{transport} fast_path={fast_path} step {k}")
+
+
+def test_step_takes_an_equal_dtype_that_is_another_object():
+    """step()'s fast path tests the actions' dtype by identity first: an
+    equal dtype that is another object (an unpickled one) steps as the same."""
+    other = pickle.loads(pickle.dumps(np.dtype(np.int64)))
+    assert np.zeros(1, np.int64).view(other).dtype is not np.dtype(np.int64)
+    assert other == np.dtype(np.int64)
+    with envd.make("CartPole-v1", NUM_ENVS, seed=0) as a, \
+            envd.make("CartPole-v1", NUM_ENVS, seed=0) as b:
+        a.reset(seed=0)
+        b.reset(seed=0)
+        for k in range(20):
+            actions = np.arange(NUM_ENVS, dtype=np.int64) % 2 ^ (k % 2)
+            assert_same(a.step(actions.view(other))[:4], b.step(actions)[:4], f"step {k}")
