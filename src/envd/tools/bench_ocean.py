@@ -75,10 +75,13 @@ OTHER_RATIOS = {"auto / PufferLib MP": (AUTO, PUFFER_MP),
                 "in-place / auto": (IN_PLACE, AUTO),
                 "2 threads / serial": (TWO_THREADS, SERIAL)}
 #: Ratios of the CPU time per agent step (all of this process's threads), a
-#: measure of scaling that other processes' load leaves alone: 1.0 is ideal,
-#: spinning or waiting threads raise it.
+#: measure that other processes' load leaves alone: of scaling (1.0 is ideal,
+#: spinning or waiting threads raise it), and of envd's cost per agent step
+#: against PufferLib serial's where every step runs on the calling thread.
 CPU_RATIOS = {"CPU 2 threads / serial": (TWO_THREADS, SERIAL),
-              "CPU auto / serial": (AUTO, SERIAL)}
+              "CPU auto / serial": (AUTO, SERIAL),
+              "CPU auto / PufferLib": (AUTO, PUFFER_SERIAL),
+              "CPU in-place / PufferLib": (IN_PLACE, PUFFER_SERIAL)}
 IN_PROCESS = (PUFFER_SERIAL, SERIAL, TWO_THREADS, AUTO, IN_PLACE)
 #: Width of a column of the printed tables.
 WIDTH = 26
