@@ -79,7 +79,7 @@ def _actions(env, seed=1):
 
 
 CASES = [("CartPole-v1", {}), ("Pendulum-v1", {}), ("simple_spread_v3", {}),
-         (DictObsEnv, {"num_workers": 0}),
+         (DictObsEnv, {"num_workers": 0}), (DictObsEnv, {"num_workers": 1}),
          ("CartPole-v1", {"copy": True}), ("CartPole-v1", {"autoreset_mode": "same_step"})]
 
 
