@@ -503,6 +503,9 @@ class BatchedVecEnv(VectorEnv):
         #: a hosted env stepped in this process: each env's last [info] or
         #: [info, final info], as its env returned them (nothing encoded)
         self._inline_infos: list[Any] | None = None
+        #: episodes ended in the last step (step_info's), None since a reset
+        #: or async call
+        self._last_num_done: int | None = None
 
     def _bind_buffers(self, buffers: dict[str, np.ndarray]) -> None:
         self._buffers = buffers
@@ -536,11 +539,21 @@ class BatchedVecEnv(VectorEnv):
         self._stats = tuple(buffers[name] for name in self._EPISODE_STATS)
         self._final_obs = (self._tree(buffers, "final_observations")
                            if self._final_obs_names[0] in buffers else None)
+        # _done_info's fast form (copy=False, no final observations): the
+        # info's dicts built once, copied per step (a step's info is the
+        # caller's to change); None where _episode_info builds it
+        self._done_template = (None if self._copy or self._final_obs is not None else
+                               self._episode_info(self._dones, None, self._stats,
+                                                  self._log_columns))
+        self._done_nested = (() if self._done_template is None else
+                             tuple(key for key, value in self._done_template.items()
+                                   if isinstance(value, dict)))
         # the env's own info fields: info key -> buffer
         self._check_episode_statistics_key(buffers)
         self._env_info = {name[len(INFO_PREFIX):]: array for name, array in buffers.items()
                           if name.startswith(INFO_PREFIX)}
-        # the fast path of step() compares against these
+        # the fast path of step() compares against these (a builtin dtype is
+        # one object: the identity test spares the slower == per step)
         self._action_dtype, self._action_shape = self._actions.dtype, self._actions.shape
         # whether a step's info has more than the episode info (one test a step)
         self._more_info = (bool(self._env_info) or self._agent_mask is not None
@@ -662,6 +675,12 @@ class BatchedVecEnv(VectorEnv):
         (0 where no episode ended: vec.h), so its columns are the log's own."""
         # (fixed cost of every step in which an episode ended: no array is
         # made unless copy=True; cheap Ocean envs end one nearly every step)
+        template = self._done_template
+        if template is not None:  # every value a view, each dict a fresh copy
+            info = template.copy()
+            for key in self._done_nested:
+                info[key] = info[key].copy()
+            return info
         if not self._copy:
             return self._episode_info(self._dones, self._final_obs, self._stats,
                                       self._log_columns)
@@ -853,6 +872,7 @@ class BatchedVecEnv(VectorEnv):
         self._acquire()
         try:
             self._write_reset_inputs(seeds, mask)
+            self._last_num_done = None  # (step_info: no step to describe)
             self._stepper.reset(seeds is not None, mask is not None)
             info = self._env_info_now() if self._env_info or self._agent_mask is not None else {}
             if self._info_lengths is not None:
@@ -875,24 +895,108 @@ class BatchedVecEnv(VectorEnv):
             if self._maybe_running:
                 self._check_buffers_free()
             if (self._action_leaves is None and actions.__class__ is np.ndarray
-                    and actions.dtype == self._action_dtype
+                    and (actions.dtype is self._action_dtype
+                         or actions.dtype == self._action_dtype)
                     and actions.shape == self._action_shape):
                 self._actions[...] = actions
             else:
                 self._convert_actions(actions)
-            num_done = self._stepper.step()
+            self._last_num_done = num_done = self._stepper.step()
             info = self._done_info() if num_done else {}
             if self._more_info:
-                if self._env_info or self._agent_mask is not None:
-                    info.update(self._env_info_now())
-                if self._info_lengths is not None:
-                    self._add_env_infos(info, self._buffers)
+                self._add_more_info(info)
         finally:
             lock.release()
         if self._copy:
             return (leaves.copy_value(self._obs), self._rewards.copy(), self._terminations.copy(),
                     self._truncations.copy(), info)
         return self._obs, self._rewards, self._terminations, self._truncations, info
+
+    def _add_more_info(self, info: dict[str, Any]) -> None:
+        """Add a step's info beyond the episode info: the env's own fields
+        and agent mask, and a hosted env's infos."""
+        if self._env_info or self._agent_mask is not None:
+            info.update(self._env_info_now())
+        if self._info_lengths is not None:
+            self._add_env_infos(info, self._buffers)
+
+    # ---- in place (PufferLib's loop: buffers bound once) ---------------------------------
+    # The arrays below are the env's own buffers, the same for its whole life
+    # (a daemon-served env's: its shared memory).  step_in_place() steps
+    # every env on what is in `actions` and leaves the results in the other
+    # four; step() is the same step plus a copy of its actions in and the
+    # info and tuple out.
+
+    @property
+    def actions(self) -> Any:
+        """The action buffer, writable: one row per env (rows of a
+        multi-agent env), the dtype of ``single_action_space`` (a Dict/Tuple
+        space: a dict/tuple of views of its leaves).  Write the actions here,
+        then call ``step_in_place()``.  Values are checked when the envs are
+        stepped, as step()'s are (an out-of-range action is refused there)."""
+        if self._action_leaves is None:
+            return self._actions
+        return leaves.unflatten(self.single_action_space, self._action_leaves)
+
+    @property
+    def observations(self) -> Any:
+        """The observations of the last step or reset (the view step()
+        returns; overwritten in place by the next)."""
+        return self._obs
+
+    @property
+    def rewards(self) -> np.ndarray:
+        """The rewards of the last step (the view step() returns)."""
+        return self._rewards
+
+    @property
+    def terminations(self) -> np.ndarray:
+        """The terminations of the last step (the view step() returns)."""
+        return self._terminations
+
+    @property
+    def truncations(self) -> np.ndarray:
+        """The truncations of the last step (the view step() returns)."""
+        return self._truncations
+
+    def step_in_place(self) -> int:
+        """Step every env on the actions already in ``actions``: PufferLib's
+        ``vec_step``.  The results are in ``observations``, ``rewards``,
+        ``terminations`` and ``truncations`` (step()'s views); returns the
+        number of episodes that ended, and ``step_info()`` builds the info
+        step() would have returned.  The actions get step()'s checks: an
+        action out of range raises step()'s error and steps no env."""
+        lock = self._lock
+        if not lock.acquire(False):
+            self._acquire()  # (raises: in use by another thread)
+        elif self.closed:
+            lock.release()
+            self._acquire()  # (raises: closed)
+        try:
+            if self._maybe_running:
+                self._check_buffers_free()
+            self._last_num_done = num_done = self._stepper.step()
+        finally:
+            lock.release()
+        return num_done
+
+    def step_info(self) -> dict[str, Any]:
+        """The info of the last step (step_in_place's, or step()'s): the dict
+        step() returns, its arrays views valid until the next step or reset
+        (copies with copy=True).  Raises if no step came since the last
+        reset."""
+        self._acquire()
+        try:
+            num_done = self._last_num_done
+            if num_done is None:
+                raise EnvStateError(f"{self.env_id}: step_info() describes a step: none "
+                                    "since the last reset")
+            info = self._done_info() if num_done else {}
+            if self._more_info:
+                self._add_more_info(info)
+            return info
+        finally:
+            self._lock.release()
 
     # ---- async mode (EnvPool's names) ---------------------------------------------------
     # An env is IDLE (the trainer holds it: send it), IN_FLIGHT (being stepped)
@@ -908,6 +1012,7 @@ class BatchedVecEnv(VectorEnv):
         self._acquire()
         try:
             self._write_reset_inputs(seeds, None)
+            self._last_num_done = None  # (step_info: no step to describe)
             self._stepper.async_reset(seeds is not None)
             self._rewards[:] = 0  # a fresh episode has earned nothing
             self._dones[:] = False
@@ -929,7 +1034,8 @@ class BatchedVecEnv(VectorEnv):
                 ids = self._check_env_ids(env_ids)
                 row_ids = target = self._rows_of(ids)
             if (self._action_leaves is None and actions.__class__ is np.ndarray
-                    and actions.dtype == self._action_dtype
+                    and (actions.dtype is self._action_dtype
+                         or actions.dtype == self._action_dtype)
                     and actions.shape == (len(row_ids), *self._action_shape[1:])):
                 rows = actions  # the hot path: nothing to convert (copied in below)
             else:
@@ -941,6 +1047,7 @@ class BatchedVecEnv(VectorEnv):
             # (the stepper refuses an env not idle before it reads any row;
             # the vec steps from its own copy of the rows it accepted)
             self._actions[target] = rows
+            self._last_num_done = None  # (step_info: no step to describe)
             self._stepper.send(ids)
         finally:
             self._lock.release()
@@ -995,6 +1102,7 @@ class BatchedVecEnv(VectorEnv):
         try:
             if self._maybe_running:
                 self._check_buffers_free()
+            self._last_num_done = None  # (step_info: no step to describe)
             ids = self._stepper.recv(self.batch_size)
             return self._gather(ids)
         finally:

@@ -54,7 +54,8 @@ def test_every_system_is_measured_or_says_why(run):
         (env, NUM_ENVS, NUM_ENVS) for env in ENVS]
     # pufferlib-core (the test extra) present: PufferLib's Multiprocessing runs
     always = [bench_ocean.PUFFER_SERIAL, bench_ocean.SERIAL, bench_ocean.TWO_THREADS,
-              bench_ocean.AUTO, bench_ocean.DAEMON, bench_ocean.DAEMON_ONE]
+              bench_ocean.AUTO, bench_ocean.IN_PLACE, bench_ocean.DAEMON,
+              bench_ocean.DAEMON_ONE]
     if puffer_vector_importable():
         always.append(bench_ocean.PUFFER_MP)
     for entry in result["results"]:
@@ -66,7 +67,8 @@ def test_every_system_is_measured_or_says_why(run):
                 system, entry["missing"].get(system))
         for system, why in entry["missing"].items():
             assert f"{system}: n/a: {why}" in proc.stdout
-        for name in (bench_ocean.AUTO, *bench_ocean.OTHER_RATIOS, *bench_ocean.CPU_RATIOS):
+        for name in (bench_ocean.AUTO, bench_ocean.IN_PLACE, *bench_ocean.OTHER_RATIOS,
+                     *bench_ocean.CPU_RATIOS):
             assert len(entry["ratios"].get(name, ())) == ROUNDS, name
         # CPU time per agent step: in-process systems only (not the daemon's)
         assert set(entry["cpu_ns"]) == set(bench_ocean.IN_PROCESS)
@@ -104,7 +106,8 @@ def test_the_files_and_targets(run):
     targets = json.loads((out / "results.json").read_text())["targets"]
     names = [t["target"] for t in targets]
     assert names[:-1] == [f"{env} N={NUM_ENVS}: {what}" for what in (
-        "envd auto / PufferLib serial", "envd auto / PufferLib Multiprocessing",
+        "envd auto / PufferLib serial", "envd in-place / PufferLib serial",
+        "envd auto / PufferLib Multiprocessing",
         "envd daemon, 1 thread / envd serial (like for like)", "envd auto / envd serial")
         for env in ENVS]
     assert names[-1].startswith(f"puffer:pong x{NUM_ENVS} capped at max_threads=")
@@ -142,7 +145,8 @@ def test_config_size_is_the_env_section(tmp_path):
 def test_targets_name_two_threads_only_for_go_and_enduro_at_config_size():
     def entry(env, n, ratio):
         return {"env": env, "num_envs": n,
-                "ratios": {bench_ocean.AUTO: [ratio], bench_ocean.TWO_THREADS: [2 * ratio]}}
+                "ratios": {bench_ocean.AUTO: [ratio], bench_ocean.IN_PLACE: [1.2 * ratio],
+                           bench_ocean.TWO_THREADS: [2 * ratio]}}
 
     lines = bench_ocean.targets([entry("go", 64, 1.0), entry("go", 1024, 0.5),
                                  entry("breakout", 1024, 1.0)])
@@ -151,8 +155,12 @@ def test_targets_name_two_threads_only_for_go_and_enduro_at_config_size():
     assert names == ["go N=64: envd auto / PufferLib serial",
                      "go N=1024: envd auto / PufferLib serial",
                      "breakout N=1024: envd auto / PufferLib serial",
+                     "go N=64: envd in-place / PufferLib serial",
+                     "go N=1024: envd in-place / PufferLib serial",
+                     "breakout N=1024: envd in-place / PufferLib serial",
                      "go N=1024: envd 2 threads / PufferLib serial"]
-    assert [t["status"] for t in lines] == ["PASS", "FAIL", "PASS", "FAIL"]
+    assert [t["status"] for t in lines] == ["PASS", "FAIL", "PASS", "PASS", "FAIL", "PASS",
+                                            "FAIL"]
 
 
 def test_multiprocessing_and_like_for_like_targets_read_their_ratios():
@@ -162,6 +170,7 @@ def test_multiprocessing_and_like_for_like_targets_read_their_ratios():
     status = {t["target"]: (t["status"], t["limit"]) for t in lines}
     assert status == {
         "go N=64: envd auto / PufferLib serial": ("N/A", 0.95),  # not measured
+        "go N=64: envd in-place / PufferLib serial": ("N/A", 0.95),
         "go N=64: envd auto / PufferLib Multiprocessing": ("PASS", 1.0),
         "go N=64: envd daemon, 1 thread / envd serial (like for like)": ("FAIL", 0.9),
         "go N=64: envd auto / envd serial": ("NOT JUDGED", 0.95)}

@@ -145,3 +145,40 @@ def test_an_envs_own_heap_counts_against_max_state_bytes(tmp_path, ocean_builds)
                 assert 0 < client.status()["state_bytes"] < limit
             assert client.status()["state_bytes"] == 0
     assert proc.proc.returncode == 0, proc.log()
+
+
+def _run_in_place(env, actions):
+    """_run's records through PufferLib's loop: actions written into
+    env.actions, step_in_place(), the results read from the env's views."""
+    obs = [env.reset()[0].copy()]
+    rews, terms = [], []
+    for a in actions:
+        env.actions[...] = a
+        env.step_in_place()
+        assert not env.truncations.any()
+        obs.append(env.observations.copy())
+        rews.append(env.rewards.copy())
+        terms.append(env.terminations.copy())
+    return np.stack(obs), np.stack(rews), np.stack(terms)
+
+
+@pytest.mark.parametrize("transport,fast_path", [*PATHS, ("in-process", False)])
+@pytest.mark.parametrize("env", ["breakout", "terraform"])
+def test_in_place_equals_step_in_process(ocean_daemon, env, transport, fast_path,
+                                         monkeypatch):
+    monkeypatch.setenv("ENVD_OCEAN_CACHE", str(puffer_reference.test_cache()))
+    kwargs = ocean_cases.ALL[env][1]
+    env_id = f"puffer:{env}"
+    with envd.make(env_id, 3, seed=5, num_threads=0, **kwargs) as local:
+        actions = _actions(env_id, local.num_envs, np.random.default_rng(1), STEPS)
+        expected = _run(local, actions)
+    if transport == "in-process":
+        with envd.make(env_id, 3, seed=5, **kwargs) as env_:
+            got = _run_in_place(env_, actions)
+    else:
+        with ocean_daemon.connect() as client:
+            with client.make(env_id, 3, seed=5, transport=transport, fast_path=fast_path,
+                             **kwargs) as remote:
+                got = _run_in_place(remote, actions)
+    for a, b in zip(expected, got):
+        assert a.tobytes() == b.tobytes()

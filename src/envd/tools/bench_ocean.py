@@ -15,6 +15,9 @@ interleaved rounds (bench_rounds), agent steps per second of:
   (bench_ocean_mp.py), else n/a and the error it raised;
 - **envd serial / 2 threads / auto**: ``envd.make("puffer:<env>", N,
   num_threads=0 / 2 / None)`` and ``step(actions)``;
+- **envd in-place**: the auto env stepped in PufferLib's shape of call
+  (docs/ocean.md): the actions copied into ``env.actions``, then
+  ``env.step_in_place()`` (no info dict, no tuple);
 - **envd daemon**: ``client.make`` on a private daemon started with
   ``--ocean`` (its default threads), over shared memory;
 - **envd daemon, 1 thread**: the same on a second daemon started with
@@ -59,22 +62,27 @@ PUFFER_MP = "PufferLib Multiprocessing, 2 workers"
 SERIAL = "envd serial"
 TWO_THREADS = "envd 2 threads"
 AUTO = "envd auto"
+IN_PLACE = "envd in-place"
 DAEMON = "envd daemon"
 DAEMON_ONE = "envd daemon, 1 thread"
-SYSTEMS = (PUFFER_SERIAL, PUFFER_MP, SERIAL, TWO_THREADS, AUTO, DAEMON, DAEMON_ONE)
+SYSTEMS = (PUFFER_SERIAL, PUFFER_MP, SERIAL, TWO_THREADS, AUTO, IN_PLACE, DAEMON, DAEMON_ONE)
 #: The columns given as a ratio to PufferLib serial.
-RATIOS = (SERIAL, TWO_THREADS, AUTO, DAEMON, PUFFER_MP)
+RATIOS = (SERIAL, TWO_THREADS, AUTO, IN_PLACE, DAEMON, PUFFER_MP)
 #: Further per-round ratios: name -> (numerator, denominator).
 OTHER_RATIOS = {"auto / PufferLib MP": (AUTO, PUFFER_MP),
                 "daemon 1 thread / serial": (DAEMON_ONE, SERIAL),
                 "auto / serial": (AUTO, SERIAL),
+                "in-place / auto": (IN_PLACE, AUTO),
                 "2 threads / serial": (TWO_THREADS, SERIAL)}
 #: Ratios of the CPU time per agent step (all of this process's threads), a
-#: measure of scaling that other processes' load leaves alone: 1.0 is ideal,
-#: spinning or waiting threads raise it.
+#: measure that other processes' load leaves alone: of scaling (1.0 is ideal,
+#: spinning or waiting threads raise it), and of envd's cost per agent step
+#: against PufferLib serial's where every step runs on the calling thread.
 CPU_RATIOS = {"CPU 2 threads / serial": (TWO_THREADS, SERIAL),
-              "CPU auto / serial": (AUTO, SERIAL)}
-IN_PROCESS = (PUFFER_SERIAL, SERIAL, TWO_THREADS, AUTO)
+              "CPU auto / serial": (AUTO, SERIAL),
+              "CPU auto / PufferLib": (AUTO, PUFFER_SERIAL),
+              "CPU in-place / PufferLib": (IN_PLACE, PUFFER_SERIAL)}
+IN_PROCESS = (PUFFER_SERIAL, SERIAL, TWO_THREADS, AUTO, IN_PLACE)
 #: Width of a column of the printed tables.
 WIDTH = 26
 #: Distinct batches of actions, cycled.
@@ -194,14 +202,26 @@ class PufferSerialRun:
 
 class VecRun:
     """An envd vector env (in-process or a daemon's): reset(seed=0), then
-    step(actions) over the pre-drawn batches.  In-process, it also records the
-    CPU time per agent step of each round (cpu_ns)."""
+    step(actions) over the pre-drawn batches (in_place: each batch copied
+    into env.actions, then env.step_in_place(), PufferLib's loop).
+    In-process, it also records the CPU time per agent step of each round
+    (cpu_ns)."""
 
-    def __init__(self, env: Any, batches: list[np.ndarray], in_process: bool = True):
+    def __init__(self, env: Any, batches: list[np.ndarray], in_process: bool = True,
+                 in_place: bool = False):
         self.env, self.rows, self.in_process = env, env.num_envs, in_process
         self.cpu_ns: list[float] = []
         env.reset(seed=0)
-        self.step = Cycle(env.step, batches)
+        if not in_place:
+            self.step = Cycle(env.step, batches)
+            return
+        buffer, step_in_place = env.actions, env.step_in_place
+
+        def step(actions: np.ndarray) -> None:
+            buffer[...] = actions
+            step_in_place()
+
+        self.step = Cycle(step, batches)
 
     def rate(self, seconds: float) -> float:
         if not self.in_process:  # this process's CPU time is not the daemon's
@@ -281,6 +301,7 @@ class OceanBench:
                                                   batches)
             runs[TWO_THREADS] = VecRun(envd.make(env_id, n, seed=0, num_threads=2), batches)
             runs[AUTO] = VecRun(envd.make(env_id, n, seed=0), batches)
+            runs[IN_PLACE] = VecRun(envd.make(env_id, n, seed=0), batches, in_place=True)
             for system, client in clients.items():
                 if client is None:
                     missing[system] = "the daemon did not start"
@@ -390,7 +411,8 @@ class OceanBench:
 
 
 def targets(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Issue 36's lines: envd auto >= 0.95x PufferLib serial everywhere;
+    """Issue 36's lines: envd auto >= 0.95x PufferLib serial everywhere (and
+    the same line for its in-place step, PufferLib's shape of call);
     envd auto ahead of PufferLib Multiprocessing everywhere; the daemon's one
     thread >= 0.9x envd serial in-process everywhere (DESIGN §14); envd auto
     never slower than envd serial (>= 0.95x: its inline steps are serial's, so
@@ -399,6 +421,7 @@ def targets(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     N).  (The pair's line is bench_pair.targets'.)"""
     lines = []
     per_row = ((AUTO, "envd auto / PufferLib serial", 0.95),
+               (IN_PLACE, "envd in-place / PufferLib serial", 0.95),
                ("auto / PufferLib MP", "envd auto / PufferLib Multiprocessing",
                 1.0),
                ("daemon 1 thread / serial", "envd daemon, 1 thread / envd serial "
@@ -445,7 +468,7 @@ def report_text(r: dict[str, Any]) -> str:
     def ratio_cell(x: dict[str, Any], c: str) -> str:
         return ratio_text(x["ratios"][c]) if x["ratios"].get(c) else "n/a"
 
-    table(RATIOS, ratio_cell, [*(f"{c.removeprefix('envd ')} / PufferLib" for c in RATIOS[:4]),
+    table(RATIOS, ratio_cell, [*(f"{c.removeprefix('envd ')} / PufferLib" for c in RATIOS[:5]),
                                "PufferLib MP / PufferLib"])
     lines.append("")
     table(tuple(OTHER_RATIOS), ratio_cell)
@@ -487,18 +510,19 @@ def _rate_cell(result: dict[str, Any], column: str) -> str:
 
 def markdown_table(r: dict[str, Any]) -> str:
     """The README's table: rates of PufferLib serial and envd auto, every
-    envd column's ratio to PufferLib serial, PufferLib Multiprocessing's rate,
-    envd auto's ratio to it and the daemon's one thread's to envd serial,
-    with spread."""
-    head = ("| env | N | PufferLib serial | envd auto | auto / PufferLib | serial / PufferLib "
+    envd column's ratio to PufferLib serial (the in-place step's too),
+    PufferLib Multiprocessing's rate, envd auto's ratio to it and the
+    daemon's one thread's to envd serial, with spread."""
+    head = ("| env | N | PufferLib serial | envd auto | auto / PufferLib "
+            "| in-place / PufferLib | serial / PufferLib "
             "| 2 threads / PufferLib | daemon / PufferLib | PufferLib MP, 2 workers "
             "| auto / PufferLib MP | daemon 1 thread / envd serial |")
-    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for x in r["results"]:
         ratio = functools.partial(_ratio_cell, x)
         rate = functools.partial(_rate_cell, x)
         lines.append(f"| {x['env']} | {x['num_envs']} | {spread_text(x['rates'][PUFFER_SERIAL])} "
-                     f"| {spread_text(x['rates'][AUTO])} | {ratio(AUTO)} "
+                     f"| {spread_text(x['rates'][AUTO])} | {ratio(AUTO)} | {ratio(IN_PLACE)} "
                      f"| {ratio(SERIAL)} | {ratio(TWO_THREADS)} | {ratio(DAEMON)} "
                      f"| {rate(PUFFER_MP)} | {ratio('auto / PufferLib MP')} "
                      f"| {ratio('daemon 1 thread / serial')} |")
