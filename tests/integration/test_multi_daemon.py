@@ -215,6 +215,45 @@ def test_results_are_views_and_copy_true_copies(multis):
         assert not np.shares_memory(first[4]["envd_episode"]["r"], second[4]["envd_episode"]["r"])
 
 
+def test_in_place_step_equals_step_over_two_daemons(multis):
+    """env.actions written, step_in_place(): the same results and infos as
+    step() of a MultiVecEnv with the same seeds and actions; a bad action
+    written into the buffer gets step()'s error (naming the global env)."""
+    steps, n = 60, 5
+    with multis[2].make("CartPole-v1", n, seed=7, max_episode_steps=20) as by_step, \
+            multis[2].make("CartPole-v1", n, seed=7, max_episode_steps=20) as in_place:
+        by_step.reset(seed=7)
+        in_place.reset(seed=7)
+        rng = np.random.default_rng(0)
+        ended = 0
+        for k in range(steps):
+            actions = rng.integers(0, 2, n)
+            obs, rewards, terminations, truncations, info = by_step.step(actions)
+            in_place.actions[...] = actions
+            ended += in_place.step_in_place()
+            for mine, theirs in ((in_place.observations, obs), (in_place.rewards, rewards),
+                                 (in_place.terminations, terminations),
+                                 (in_place.truncations, truncations)):
+                assert mine.tobytes() == theirs.tobytes(), f"step {k}"
+            got = in_place.step_info()
+            assert got.keys() == info.keys(), f"step {k}"
+            for key, value in info.items():  # (the episodes' "t" is measured: never equal)
+                if isinstance(value, dict):
+                    for name in value.keys() - {"t"}:
+                        assert np.array_equal(got[key][name], value[name]), f"step {k}"
+                else:
+                    assert np.array_equal(got[key], value), f"step {k}"
+        assert ended > 0
+        bad = np.zeros(n, np.int64)
+        bad[3] = 5
+        with pytest.raises(envd.InvalidActionError) as from_step:
+            by_step.step(bad)
+        in_place.actions[...] = bad
+        with pytest.raises(envd.InvalidActionError) as from_buffer:
+            in_place.step_in_place()
+        assert str(from_buffer.value) == str(from_step.value)
+
+
 @pytest.mark.parametrize("env_id", BUILTIN_ENV_IDS + MULTI_AGENT_ENV_IDS)
 def test_spaces_and_attributes_match(multis, env_id):
     for mode in MODES:
