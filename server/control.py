@@ -96,12 +96,12 @@ class ControlHandlers:
                          "describes": spec.describes, "resets_itself": spec.resets_itself,
                          "episode_fields": list(spec.episode_fields),
                          "origin": spec.origin})
-        for spec in map(self.service.hosted.get, self.service.hosted.ids()):
-            envs.append({"id": spec.id,
-                         "observation_space": protocol.space_to_wire(spec.observation_space),
-                         "action_space": protocol.space_to_wire(spec.action_space),
-                         "max_episode_steps": spec.max_episode_steps, "params": [],
-                         "info_fields": [], "origin": spec.origin})
+        for hosted in map(self.service.hosted.get, self.service.hosted.ids()):
+            envs.append({"id": hosted.id,
+                         "observation_space": protocol.space_to_wire(hosted.observation_space),
+                         "action_space": protocol.space_to_wire(hosted.action_space),
+                         "max_episode_steps": hosted.max_episode_steps, "params": [],
+                         "info_fields": [], "origin": hosted.origin})
         return protocol.ok_reply(header["id"], envs=envs)
 
     def status(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> dict:
@@ -211,7 +211,7 @@ class ControlHandlers:
         threads; InvalidArgumentError naming --threads otherwise."""
         if max_threads is None:
             return None
-        threads = self.service.pool.num_threads if self.service.pool is not None else 0
+        threads = self.service.pool.num_threads
         if not is_int(max_threads):
             raise InvalidArgumentError(f"max_threads must be an int or None, got "
                                        f"{type(max_threads).__name__} {max_threads!r}")
@@ -307,7 +307,7 @@ class ControlHandlers:
         with reservation:
             reply = service.result_reply(request_id, future)
             if reply["ok"]:
-                session = future.result()
+                session: Session = future.result()
                 try:
                     reply = self._open(client, session, reservation, reply)
                 except Exception:  # a bug: answer, leave nothing behind

@@ -71,7 +71,7 @@ def _without_blobs(reply: dict[str, Any]) -> dict[str, Any]:
 class Service:
     """Clients, their sessions and the dispatch of every message type."""
 
-    def __init__(self, config: Config, pool: NativePool | None, executor: Executor, send: Send,
+    def __init__(self, config: Config, pool: NativePool, executor: Executor, send: Send,
                  segment_prefix: str, plugins: list[dict[str, Any]] | None = None,
                  step_latency: Callable[[float], None] | None = None,
                  hosted: HostedCatalog | None = None):

@@ -60,7 +60,7 @@ class Harness:
 
     def __init__(self, threads: int = 1, **config: Any):
         self.loop = asyncio.new_event_loop()
-        self.pool = NativePool(threads) if threads else None
+        self.pool = NativePool(threads)
         self.executor = GatedExecutor()
         self.sent: list[tuple[bytes, dict[str, Any]]] = []
         self.drained = 0
@@ -143,8 +143,7 @@ class Harness:
 
     def close(self) -> None:
         self.in_loop(self.service.free_all)
-        if self.pool is not None:
-            self.pool.close()
+        self.pool.close()
         self.loop.close()
 
 
