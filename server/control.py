@@ -12,7 +12,6 @@ import logging
 import os
 import secrets
 import socket
-from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from gymnasium.vector import AutoresetMode
@@ -34,6 +33,7 @@ from envd.native.native_vec import MAX_NUM_ENVS
 from envd.native.registry import get_spec, list_envs
 from envd.native.vector_env import PYTHON_PREFIX, check_episode_arguments, check_max_episode_steps
 from envd.server.capabilities import hello_capabilities
+from envd.server.fair_ops import Done
 from envd.server.hosted import HostedServerSession
 from envd.server.sessions import ClientRecord, Session
 from envd.vector_base import check_int, is_int, parse_autoreset_mode, seed_list
@@ -195,7 +195,7 @@ class ControlHandlers:
             service.made(session)  # (from this thread: shutdown frees it if need be)
             return session
 
-        def done(future: Future) -> None:
+        def done(future: Done) -> None:
             self._made(client, header["id"], reservation, future)
 
         try:
@@ -287,7 +287,7 @@ class ControlHandlers:
             service.made(session)
             return session
 
-        def done(future: Future) -> None:
+        def done(future: Done) -> None:
             self._made(client, header["id"], reservation, future)
 
         try:
@@ -298,7 +298,7 @@ class ControlHandlers:
         return None
 
     def _made(self, client: ClientRecord, request_id: int, reservation: Reservation,
-              future: Future) -> None:
+              future: Done) -> None:
         """A make's build ended on the executor: reply exactly once, with its
         session or its error; the reservation is released exactly once.  A
         bug while opening the session (an internal error) still answers, and

@@ -27,7 +27,6 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -35,6 +34,7 @@ import numpy as np
 from envd import info_codec, protocol
 from envd.errors import DaemonError, EnvdError, EnvStateError, InvalidArgumentError, LimitExceededError
 from envd.native.hosted_calls import MAX_CALL_OBJECTS, MAX_REQUEST_BYTES
+from envd.server.fair_ops import Done
 from envd.server.hosted import HostedServerSession
 from envd.server.sessions import ClientRecord, Session, async_in_flight
 from envd.vector_base import check_int
@@ -125,7 +125,7 @@ class SteppingHandlers:
         session.life.begin("async_reset" if is_async else "reset")
         session.segment.bump_step_seq()  # the counters cover resets too
 
-        def reply_of(future: Future) -> dict:
+        def reply_of(future: Done) -> dict:
             session.segment.bump_done_seq()
             reply = self.service.result_reply(header["id"], future)
             if not session.life.freed:  # (an async reset's batches were dropped;
@@ -136,7 +136,7 @@ class SteppingHandlers:
                 reply.update(session.outputs())
             return reply
 
-        def done(future: Future) -> None:
+        def done(future: Done) -> None:
             self._answer_operation(client, session, header["id"], lambda: reply_of(future))
 
         if is_async:
@@ -207,7 +207,7 @@ class SteppingHandlers:
         self.service.check_op_room(client)
         session.life.begin(operation)
 
-        def reply_of(future: Future) -> dict:
+        def reply_of(future: Done) -> dict:
             reply = self.service.result_reply(request_id, future)
             if session.revoked:
                 reply = self.service.revoked_reply(session, request_id)
@@ -217,7 +217,7 @@ class SteppingHandlers:
                 self._track_batches(session)
             return reply
 
-        def done(future: Future) -> None:
+        def done(future: Done) -> None:
             self._answer_operation(client, session, request_id, lambda: reply_of(future))
 
         self.service.submit(client.identity, run, done)
