@@ -100,19 +100,19 @@ class ResourceBooks:
                 "longer use or make fewer")
         if isinstance(spec, HostedEnvSpec):
             state_bytes = hosted_state_plan(spec, num_envs, num_workers, mode, info_bytes)
-            what = "its workers' private segment, plus per-env bookkeeping"
+            what = "bytes of env state (its workers' private segment, plus per-env bookkeeping)"
         else:
             state_bytes = state_plan(spec, num_envs)  # refused before anything is allocated
             heap = getattr(spec, "heap_bytes", 0)
             own = f", and up to {heap} bytes its own code allocates per env" if heap else ""
-            what = (f"state_size {spec.definition.state_size} bytes per env, plus per-env "
-                    f"bookkeeping{own}")
+            what = (f"bytes of env state (state_size {spec.definition.state_size} bytes per "
+                    f"env, plus per-env bookkeeping{own})")
         in_use = self.state_bytes
         if in_use + state_bytes > config.max_state_bytes:
             over = in_use + state_bytes - config.max_state_bytes
             raise LimitExceededError(
-                f"making {num_envs} {spec.id} envs needs {state_bytes} bytes of env state "
-                f"({what}); with the {in_use} bytes the daemon's sessions hold that is "
+                f"making {num_envs} {spec.id} envs needs {state_bytes} {what}; "
+                f"with the {in_use} bytes the daemon's sessions hold that is "
                 f"{in_use + state_bytes}, {over} bytes over its limit of "
                 f"{config.max_state_bytes} bytes (--max-state-bytes); close envs you no "
                 "longer use or make fewer")
