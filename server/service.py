@@ -423,9 +423,10 @@ class Service:
         self._alive.discard(session)
         if session.fast_path:  # first: its thread steps the vec
             self.stepping.stop_doorbell(session, freeing=True)
-        if orderly and session.native is not None:  # no step job starts after this
+        native = session.native_if_alive
+        if orderly and native is not None:  # no step job starts after this
             self.stepping.count_steps(session)
-            stats = session.native.stats()
+            stats = native.stats()
             self.closed_session_jobs[0] += stats["inline_jobs"]
             self.closed_session_jobs[1] += stats["pooled_jobs"]
         self.books.give_back(session)

@@ -60,10 +60,10 @@ class PendingStep(NamedTuple):
 
 
 class ParkedRecv(NamedTuple):
-    """A recv waiting for least sent envs to be ready (it takes up to count)."""
+    """A recv waiting for least sent envs to be ready (it takes up to most)."""
     identity: bytes
     request_id: int
-    count: int
+    most: int
     least: int
     inline: bool
 
@@ -162,10 +162,11 @@ class SteppingHandlers:
             # (a hosted session's frames' size is known once drawn: the workers'
             # replies and the frames together are bounded by the limit then,
             # HostedServerSession.render)
-            shape = (session.num_envs,) + session.spec.render_shape
+            frame = session.frame_shape()
+            shape = (session.num_envs, *frame)
             size = math.prod(shape)
             if size > limit:
-                height, width, _ = session.spec.render_shape
+                height, width, _ = frame
                 raise LimitExceededError(
                     f"rendering {session.num_envs} {session.spec.id} envs makes {size} bytes "
                     f"of frames ({height}x{width}x3 each), over the daemon's message limit of "
@@ -173,7 +174,7 @@ class SteppingHandlers:
                     f"{limit // (size // shape[0])} envs, or ask the operator to raise the "
                     "limit")
         self._run_operation(client, session, header["id"], "render",
-                            (lambda: session.render(limit)) if hosted else session.render,
+                            lambda: session.render(limit),
                             lambda frames: {
                                 "frames": {"dtype": "uint8", "shape": list(frames.shape)},
                                 "_blobs": [memoryview(frames).cast("B")]})
@@ -319,7 +320,7 @@ class SteppingHandlers:
     def _retry_recv(self, session: Session, parked: ParkedRecv) -> None:
         """Answer a parked recv if enough envs are ready now (or a batch failed)."""
         try:
-            ids = self._try_recv(session, parked.count, parked.least)
+            ids = self._try_recv(session, parked.most, parked.least)
         except EnvdError as exc:  # an env failed: the waiting recv reports it
             reply = protocol.error_reply(parked.request_id, exc)
         else:
