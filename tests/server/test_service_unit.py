@@ -323,6 +323,10 @@ def test_a_close_during_a_step_on_the_pool_frees_the_session_when_it_ends(harnes
     assert h.reply(ALICE, step)["ok"]
     assert session.life.state is State.FREED and books_empty(h.service)
     h.assert_each_request_answered_once()
+    # Freed: the envs are gone, and a use of them is a bug that says so.
+    assert session.native_if_alive is None
+    with pytest.raises(RuntimeError, match=f"session {session.id} .* was freed"):
+        session.native.counts()
 
 
 # ---- async send and recv ------------------------------------------------------------------
