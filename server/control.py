@@ -12,7 +12,6 @@ import logging
 import os
 import secrets
 import socket
-from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from gymnasium.vector import AutoresetMode
@@ -34,6 +33,7 @@ from envd.native.native_vec import MAX_NUM_ENVS
 from envd.native.registry import get_spec, list_envs
 from envd.native.vector_env import PYTHON_PREFIX, check_episode_arguments, check_max_episode_steps
 from envd.server.capabilities import hello_capabilities
+from envd.server.fair_ops import Done
 from envd.server.hosted import HostedServerSession
 from envd.server.sessions import ClientRecord, Session
 from envd.vector_base import check_int, is_int, parse_autoreset_mode, seed_list
@@ -96,12 +96,12 @@ class ControlHandlers:
                          "describes": spec.describes, "resets_itself": spec.resets_itself,
                          "episode_fields": list(spec.episode_fields),
                          "origin": spec.origin})
-        for spec in map(self.service.hosted.get, self.service.hosted.ids()):
-            envs.append({"id": spec.id,
-                         "observation_space": protocol.space_to_wire(spec.observation_space),
-                         "action_space": protocol.space_to_wire(spec.action_space),
-                         "max_episode_steps": spec.max_episode_steps, "params": [],
-                         "info_fields": [], "origin": spec.origin})
+        for hosted in map(self.service.hosted.get, self.service.hosted.ids()):
+            envs.append({"id": hosted.id,
+                         "observation_space": protocol.space_to_wire(hosted.observation_space),
+                         "action_space": protocol.space_to_wire(hosted.action_space),
+                         "max_episode_steps": hosted.max_episode_steps, "params": [],
+                         "info_fields": [], "origin": hosted.origin})
         return protocol.ok_reply(header["id"], envs=envs)
 
     def status(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> dict:
@@ -195,7 +195,7 @@ class ControlHandlers:
             service.made(session)  # (from this thread: shutdown frees it if need be)
             return session
 
-        def done(future: Future) -> None:
+        def done(future: Done) -> None:
             self._made(client, header["id"], reservation, future)
 
         try:
@@ -211,7 +211,7 @@ class ControlHandlers:
         threads; InvalidArgumentError naming --threads otherwise."""
         if max_threads is None:
             return None
-        threads = self.service.pool.num_threads if self.service.pool is not None else 0
+        threads = self.service.pool.num_threads
         if not is_int(max_threads):
             raise InvalidArgumentError(f"max_threads must be an int or None, got "
                                        f"{type(max_threads).__name__} {max_threads!r}")
@@ -287,7 +287,7 @@ class ControlHandlers:
             service.made(session)
             return session
 
-        def done(future: Future) -> None:
+        def done(future: Done) -> None:
             self._made(client, header["id"], reservation, future)
 
         try:
@@ -298,7 +298,7 @@ class ControlHandlers:
         return None
 
     def _made(self, client: ClientRecord, request_id: int, reservation: Reservation,
-              future: Future) -> None:
+              future: Done) -> None:
         """A make's build ended on the executor: reply exactly once, with its
         session or its error; the reservation is released exactly once.  A
         bug while opening the session (an internal error) still answers, and
@@ -307,7 +307,7 @@ class ControlHandlers:
         with reservation:
             reply = service.result_reply(request_id, future)
             if reply["ok"]:
-                session = future.result()
+                session: Session = future.result()
                 try:
                     reply = self._open(client, session, reservation, reply)
                 except Exception:  # a bug: answer, leave nothing behind

@@ -23,6 +23,7 @@ runs on the event loop thread.
 """
 from __future__ import annotations
 
+import asyncio
 import collections
 import logging
 from collections.abc import Callable
@@ -36,9 +37,14 @@ OPERATION_THREADS = 2
 
 log = logging.getLogger(__name__)
 
+#: A finished operation's future: asyncio's (run_in_executor's, Service's
+#: start) or concurrent.futures' (an operation failed before it started:
+#: FairOps.cancel); done callbacks read only its result() and exception().
+Done = Future[Any] | asyncio.Future[Any]
+
 #: start(fn, finished): run fn on the executor, then finished(future) on the
 #: event loop thread.
-Start = Callable[[Callable[[], Any], Callable[[Future], None]], None]
+Start = Callable[[Callable[[], Any], Callable[[Done], None]], None]
 
 
 class FairOps:
@@ -73,7 +79,7 @@ class FairOps:
                 "wait for their replies before sending more")
 
     def submit(self, owner: bytes, fn: Callable[[], Any],
-               done: Callable[[Future], None]) -> None:
+               done: Callable[[Done], None]) -> None:
         """Queue fn for owner; done(future) runs on the event loop thread once
         it ran on an operation thread."""
         queue = self._queues.get(owner)
@@ -138,8 +144,8 @@ class FairOps:
             return owner, item
         return None
 
-    def _finisher(self, owner: bytes, done: Callable[[Future], None]) -> Callable[[Future], None]:
-        def finished(future: Future) -> None:
+    def _finisher(self, owner: bytes, done: Callable[[Done], None]) -> Callable[[Done], None]:
+        def finished(future: Done) -> None:
             self.running -= 1
             self._running[owner] -= 1
             if not self._running[owner]:

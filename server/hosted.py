@@ -404,7 +404,6 @@ class HostedNative:
         """Stop the workers (SIGKILL after the grace period) and free the
         private segment; idempotent.  reap: see HostedSession.close."""
         self.hosted.close(reap)
-        self.private = {}
 
 
 class WorkerReaper:
@@ -476,6 +475,17 @@ class HostedServerSession(Session):
     """A session of num_envs envs of an allowed Python env in num_workers
     worker processes (see the module docstring)."""
 
+    spec: HostedEnvSpec
+    _native: HostedNative | None
+
+    @property
+    def native(self) -> HostedNative:
+        """What steps the envs; RuntimeError once the session was freed (as Session's)."""
+        native = self._native
+        if native is None:
+            raise RuntimeError(f"session {self.id} ({self.spec.id}) was freed: its envs are gone")
+        return native
+
     @property
     def agents_per_env(self) -> int:
         return self.spec.agents
@@ -505,14 +515,14 @@ class HostedServerSession(Session):
         self.render_mode = render_mode
         self.fast_path = False
         self._counted = (0, 0)
-        self._last_stats = {"inline_jobs": 0, "pooled_jobs": 0}
+        self._last_stats: dict[str, float] = {"inline_jobs": 0, "pooled_jobs": 0}
         arrays, size = public_plan(spec, num_envs, mode, info_bytes)
         self.segment_bytes = size
         self.state_bytes = hosted_state_plan(spec, num_envs, num_workers, mode, info_bytes)
         self.segment = Segment.create(segment_prefix + self.id, self.id, arrays, size,
                                       mapper=segment_guard.map_segment)
         self._arrays = arrays
-        self.native = None
+        self._native = None
         try:
             self.buffers = self.segment.arrays
             self.buffers["reset_seeds"][...] = seeds
@@ -531,11 +541,11 @@ class HostedServerSession(Session):
                 raise
             finally:
                 os.close(fd)  # the workers have theirs
-            self.native = HostedNative(hosted)
-            self.native.seed()
+            native = self._native = HostedNative(hosted)
+            native.seed()
         except BaseException:
-            if self.native is not None:
-                self.native.close()
+            if self._native is not None:
+                self._native.close()
             self.segment.unlink()
             raise
         self.life = Lifecycle(self.id, free=self._freed_by_lifecycle,
@@ -593,7 +603,7 @@ class HostedServerSession(Session):
         self._reclaim_armed = True
 
         def kill() -> None:
-            if not self.life.freed and self.native is not None and self.busy_or_in_flight():
+            if not self.life.freed and self._native is not None and self.busy_or_in_flight():
                 log.warning("session %s (%s): %s, but its call still runs after %g s; "
                             "killing its workers", self.id[:8], self.spec.id, why,
                             CLOSE_GRACE_SECONDS)
@@ -603,8 +613,8 @@ class HostedServerSession(Session):
     def kill_workers(self) -> None:
         """SIGKILL the workers now (the drain's grace passed); the call that
         waits for them ends with an EnvError."""
-        if not self.life.freed and self.native is not None:
-            self.native.hosted._kill_workers()
+        if not self.life.freed and self._native is not None:
+            self._native.hosted._kill_workers()
 
     def _freed_by_lifecycle(self, orderly: bool) -> None:
         if not orderly:  # at shutdown the loop reaps no more: close waits for them
@@ -617,14 +627,15 @@ class HostedServerSession(Session):
         executor, a doorbell serving a request) means a call runs."""
         if self.life.busy:
             return True
-        if self.native is None:
+        native = self._native
+        if native is None:
             return False
-        if not self.native.try_lock():
+        if not native.try_lock():
             return True
         try:
-            return self.native.counts()[0] > 0
+            return native.counts()[0] > 0
         finally:
-            self.native.unlock()
+            native.unlock()
 
     def free(self) -> None:
         """Stop watching the workers, then free as any session; the workers'
@@ -632,7 +643,7 @@ class HostedServerSession(Session):
         shutdown are waited for here."""
         for fd in list(getattr(self, "_watched", ())):
             self._unwatch(fd)
-        native = getattr(self, "native", None)
+        native = getattr(self, "_native", None)
         if native is not None and self.reap is not None:
             native.close(self.reap)  # (then super().free's close is a no-op)
         super().free()
@@ -640,7 +651,7 @@ class HostedServerSession(Session):
     @property
     def worker_pids(self) -> list[int]:
         """The session's worker processes (empty once freed)."""
-        return list(self.native.hosted.pids) if self.native is not None else []
+        return list(self._native.hosted.pids) if self._native is not None else []
 
     def render(self, max_bytes: int) -> np.ndarray:
         """Every env's frame, drawn in the workers (on the executor, the

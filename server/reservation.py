@@ -20,6 +20,7 @@ from gymnasium.vector import AutoresetMode
 from envd.errors import LimitExceededError
 from envd.native.registry import EnvSpec
 from envd.server.config import Config
+from envd.server.hosted import HostedEnvSpec, hosted_state_plan, public_plan
 from envd.server.sessions import ClientRecord, segment_plan, state_plan
 
 if TYPE_CHECKING:
@@ -54,8 +55,8 @@ class ResourceBooks:
         """Heap bytes the sessions' env state holds at most, makes in flight included."""
         return self.state_in_use + self.reserved_state
 
-    def reserve(self, client: ClientRecord, spec: EnvSpec, num_envs: int, mode: AutoresetMode,
-                open_sessions: int,
+    def reserve(self, client: ClientRecord, spec: EnvSpec | HostedEnvSpec, num_envs: int,
+                mode: AutoresetMode, open_sessions: int,
                 fd_check: Callable[[int, int, int], None] | None = None,
                 num_workers: int = 0, info_bytes: int = 0) -> Reservation:
         """Check that a make of num_envs envs of spec fits under every limit
@@ -85,8 +86,7 @@ class ResourceBooks:
                 f"give the daemon {workers + num_workers}, over its limit of "
                 f"{config.max_workers} (--max-workers); close hosted envs you no longer use "
                 "or ask for fewer workers (num_workers)")
-        if spec.definition is None:  # a hosted Python env (server/hosted.py)
-            from envd.server.hosted import public_plan
+        if isinstance(spec, HostedEnvSpec):  # a hosted Python env (server/hosted.py)
             segment_bytes = public_plan(spec, num_envs, mode, info_bytes)[1]
         else:
             segment_bytes = segment_plan(spec, num_envs, mode)[1]  # refused before it exists
@@ -98,20 +98,21 @@ class ResourceBooks:
                 f"that is {in_use + segment_bytes}, over its limit of "
                 f"{config.max_shm_bytes} bytes (--max-shm-bytes); close envs you no "
                 "longer use or make fewer")
-        if spec.definition is None:  # a hosted Python env (server/hosted.py)
-            from envd.server.hosted import hosted_state_plan
+        if isinstance(spec, HostedEnvSpec):
             state_bytes = hosted_state_plan(spec, num_envs, num_workers, mode, info_bytes)
+            what = "bytes of env state (its workers' private segment, plus per-env bookkeeping)"
         else:
             state_bytes = state_plan(spec, num_envs)  # refused before anything is allocated
+            heap = getattr(spec, "heap_bytes", 0)
+            own = f", and up to {heap} bytes its own code allocates per env" if heap else ""
+            what = (f"bytes of env state (state_size {spec.definition.state_size} bytes per "
+                    f"env, plus per-env bookkeeping{own})")
         in_use = self.state_bytes
         if in_use + state_bytes > config.max_state_bytes:
             over = in_use + state_bytes - config.max_state_bytes
-            heap = getattr(spec, "heap_bytes", 0)
-            own = f", and up to {heap} bytes its own code allocates per env" if heap else ""
             raise LimitExceededError(
-                f"making {num_envs} {spec.id} envs needs {state_bytes} bytes of env state "
-                f"(state_size {spec.definition.state_size} bytes per env, plus per-env "
-                f"bookkeeping{own}); with the {in_use} bytes the daemon's sessions hold that is "
+                f"making {num_envs} {spec.id} envs needs {state_bytes} {what}; "
+                f"with the {in_use} bytes the daemon's sessions hold that is "
                 f"{in_use + state_bytes}, {over} bytes over its limit of "
                 f"{config.max_state_bytes} bytes (--max-state-bytes); close envs you no "
                 "longer use or make fewer")

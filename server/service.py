@@ -20,7 +20,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from concurrent.futures import Executor, Future
+from concurrent.futures import Executor
 from typing import Any
 
 from envd import __version__, protocol
@@ -39,8 +39,8 @@ from envd.native import segment_guard
 from envd.native.native_vec import NativePool
 from envd.server.config import Config
 from envd.server.control import ControlHandlers
-from envd.server.fair_ops import FairOps
-from envd.server.hosted import HostedCatalog, WorkerReaper
+from envd.server.fair_ops import Done, FairOps
+from envd.server.hosted import HostedCatalog, HostedServerSession, WorkerReaper
 from envd.server.replies import ReplyBooks, is_small
 from envd.server.reservation import ResourceBooks
 from envd.server.sessions import ClientRecord, Session
@@ -71,7 +71,7 @@ def _without_blobs(reply: dict[str, Any]) -> dict[str, Any]:
 class Service:
     """Clients, their sessions and the dispatch of every message type."""
 
-    def __init__(self, config: Config, pool: NativePool | None, executor: Executor, send: Send,
+    def __init__(self, config: Config, pool: NativePool, executor: Executor, send: Send,
                  segment_prefix: str, plugins: list[dict[str, Any]] | None = None,
                  step_latency: Callable[[float], None] | None = None,
                  hosted: HostedCatalog | None = None):
@@ -231,6 +231,7 @@ class Service:
             "bye are never throttled)")
 
     def _client_for(self, identity: bytes, kind: str, header: dict[str, Any]) -> ClientRecord:
+        client: ClientRecord | None
         if kind == "hello":
             if header["version"] != protocol.PROTOCOL_VERSION:
                 raise protocol.BadRequest(
@@ -295,13 +296,13 @@ class Service:
             client.ops_refused += 1
             raise
 
-    def submit(self, owner: bytes, fn: Callable[[], Any], done: Callable[[Future], None]) -> None:
+    def submit(self, owner: bytes, fn: Callable[[], Any], done: Callable[[Done], None]) -> None:
         """Run fn on an operation thread in owner's turn (server/fair_ops.py);
         done(future) runs on the event loop thread (then a draining daemon
         checks whether it is done)."""
         self._running_ops += 1
 
-        def finished(future: Future) -> None:
+        def finished(future: Done) -> None:
             self._running_ops -= 1
             try:
                 done(future)
@@ -310,11 +311,11 @@ class Service:
 
         self.ops.submit(owner, fn, finished)
 
-    def _start_op(self, fn: Callable[[], Any], finished: Callable[[Future], None]) -> None:
+    def _start_op(self, fn: Callable[[], Any], finished: Callable[[Done], None]) -> None:
         asyncio.get_running_loop().run_in_executor(self.executor, fn).add_done_callback(finished)
 
     @staticmethod
-    def result_reply(request_id: int, future: Future) -> dict:
+    def result_reply(request_id: int, future: Done) -> dict:
         """The reply to an operation that ran on the executor: ok, or its error."""
         exc = future.exception()
         if exc is None:
@@ -422,9 +423,10 @@ class Service:
         self._alive.discard(session)
         if session.fast_path:  # first: its thread steps the vec
             self.stepping.stop_doorbell(session, freeing=True)
-        if orderly and session.native is not None:  # no step job starts after this
+        native = session.native_if_alive
+        if orderly and native is not None:  # no step job starts after this
             self.stepping.count_steps(session)
-            stats = session.native.stats()
+            stats = native.stats()
             self.closed_session_jobs[0] += stats["inline_jobs"]
             self.closed_session_jobs[1] += stats["pooled_jobs"]
         self.books.give_back(session)
@@ -479,7 +481,7 @@ class Service:
                 session.native.drain()
             # A hosted env's step or batch may hang (the drain waits for
             # them): its workers are killed after a grace (the close's).
-            if hasattr(session, "reclaim_later") and session.busy_or_in_flight():
+            if isinstance(session, HostedServerSession) and session.busy_or_in_flight():
                 session.reclaim_later("the daemon drains")
         asyncio.get_running_loop().call_later(self.config.drain_grace, self._end_grace)
         self._check_drained()

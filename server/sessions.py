@@ -16,7 +16,7 @@ import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from gymnasium.vector import AutoresetMode
@@ -33,8 +33,34 @@ from envd.server.lifecycle import Lifecycle
 from envd.shm import HEADER_SIZE, Segment, plan
 from envd.vector_base import autoreset_mode_name, buffer_layout
 
+if TYPE_CHECKING:
+    from envd.server.hosted import HostedEnvSpec
+
 #: Offset of the doorbell's ``closed`` word in it (native/src/doorbell.h).
 _DOORBELL_CLOSED = 88
+
+
+class SessionBackend(Protocol):
+    """What a session steps its envs through: a NativeSession (built-in and
+    plugin envs), or a hosted session's HostedNative (server/hosted.py)."""
+
+    def counts(self) -> tuple[int, int]: ...
+    def served(self) -> tuple[int, int]: ...
+    def stats(self) -> dict[str, float]: ...
+    def try_lock(self) -> bool: ...
+    def unlock(self) -> None: ...
+    def reset(self, with_seeds: bool, with_mask: bool) -> None: ...
+    def async_reset(self, with_seeds: bool) -> None: ...
+    def step_submit(self) -> bool: ...
+    def step_done(self) -> bool: ...
+    def step_finish(self) -> int: ...
+    def send(self, env_ids: np.ndarray, notify: bool = False) -> None: ...
+    def try_recv(self, count: int) -> np.ndarray | None: ...
+    def start_doorbell(self, segment: Any, ids: np.ndarray, spin_ns: int) -> None: ...
+    def stop_doorbell(self) -> None: ...
+    def drain(self) -> None: ...
+    def render(self, out: np.ndarray, /) -> None: ...
+    def close(self) -> None: ...
 
 
 def segment_plan(spec: EnvSpec, num_envs: int, mode: AutoresetMode) -> tuple[dict[str, list], int]:
@@ -117,7 +143,7 @@ class Session:
         once (None: none; 0: inline on the thread serving each call)."""
         self.id = secrets.token_hex(16)
         self.owner = owner
-        self.spec = spec
+        self.spec: EnvSpec | HostedEnvSpec = spec  # (a HostedServerSession's: hosted)
         self.num_envs = num_envs  # envs; each is num_agents rows of the arrays
         self.num_agents = spec.num_agents
         self.mode = mode
@@ -132,7 +158,7 @@ class Session:
         # session had served when its steps were last counted.
         self.fast_path = False
         self._counted = (0, 0)
-        self._last_stats = {"inline_jobs": 0, "pooled_jobs": 0}
+        self._last_stats: dict[str, float] = {"inline_jobs": 0, "pooled_jobs": 0}
         arrays, size = segment_plan(spec, num_envs, mode)
         self.segment_bytes = size  # what --max-shm-bytes counts
         self.state_bytes = state_plan(spec, num_envs)  # what --max-state-bytes counts
@@ -142,7 +168,7 @@ class Session:
         try:
             self.buffers = self.segment.arrays
             self.buffers["reset_seeds"][:num_envs] = seeds  # (one per env, not per row)
-            self.native: NativeSession | None = NativeSession(
+            self._native: SessionBackend | None = NativeSession(
                 spec, num_envs, autoreset_mode=AUTORESET_MODE_CODES[mode],
                 max_episode_steps=max_episode_steps, params=params, buffers=self.buffers,
                 pool=pool, max_threads=max_threads, seeded=True)
@@ -152,6 +178,28 @@ class Session:
         self.life = Lifecycle(self.id, free=self._freed_by_lifecycle,
                               outstanding=self.batches_in_flight)
         self._on_free = on_free
+
+    @property
+    def native(self) -> SessionBackend:
+        """What steps the envs; RuntimeError once the session was freed (a
+        bug: every path checks the session's lifecycle first)."""
+        native = self._native
+        if native is None:
+            raise RuntimeError(f"session {self.id} ({self.spec.id}) was freed: its envs are gone")
+        return native
+
+    @property
+    def native_if_alive(self) -> SessionBackend | None:
+        """What steps the envs, None once the session was freed."""
+        return self._native
+
+    def frame_shape(self) -> tuple[int, ...]:
+        """(height, width, 3) of the env's frames; EnvStateError for an env
+        that does not render (make refuses render_mode for it first)."""
+        shape = self.spec.render_shape
+        if shape is None:
+            raise EnvStateError(f"session {self.id} ({self.spec.id}): the env does not render")
+        return tuple(shape)
 
     def _freed_by_lifecycle(self, orderly: bool) -> None:
         if self._on_free is not None:
@@ -177,8 +225,11 @@ class Session:
         the segment's file (if the truncation left that page), so that it
         stops waiting and asks over the socket, which says why.  Mapped
         through the guard too: the client may truncate it again meanwhile."""
+        path = self.segment.path
+        if path is None:  # (never: the daemon made the segment under a name)
+            return
         try:  # the name may be anything of the client's by now: no symlink, no wait
-            fd = os.open(self.segment.path,
+            fd = os.open(path,
                          os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError:
             return
@@ -271,7 +322,8 @@ class Session:
         agents each, agent-major)."""
         names = protocol.output_arrays(self.buffers)
         if env_ids is None:
-            blobs = [memoryview(self.buffers[name]).cast("B") for name in names]
+            blobs: list[memoryview | np.ndarray] = [self.buffers[name].data.cast("B")
+                                                    for name in names]
         else:
             rows = self.rows_of(env_ids)
             blobs = [np.take(self.buffers[name], rows, axis=0) for name in names]
@@ -348,10 +400,12 @@ class Session:
         with self.locked("async reset", EXECUTOR_LOCK_WAIT_SECONDS):
             self.native.async_reset(with_seeds)
 
-    def render(self) -> np.ndarray:
+    def render(self, max_bytes: int) -> np.ndarray:
         """Every env's frame, (num_envs, height, width, 3) uint8, drawn on the
-        executor into private memory (a render request's reply carries it)."""
-        frames = np.empty((self.num_envs,) + self.spec.render_shape, np.uint8)
+        executor into private memory (a render request's reply carries it).
+        max_bytes: --max-message-bytes, which the caller checked the frames'
+        size against already (HostedServerSession's are known once drawn)."""
+        frames = np.empty((self.num_envs, *self.frame_shape()), np.uint8)
         with self.locked("render", EXECUTOR_LOCK_WAIT_SECONDS):
             self.native.render(frames)
         return frames
@@ -359,11 +413,11 @@ class Session:
     def free(self) -> None:
         """Destroy the envs and remove the segment.  Only when not busy and no
         batch is in flight (or at shutdown: then this waits for them)."""
-        native = getattr(self, "native", None)
+        native = getattr(self, "_native", None)
         if native is not None:
             native.close()  # stops the doorbell first, waits for what is in flight
-        self.native = None
-        self.buffers = None
+        self._native = None
+        self.buffers = {}  # (no view of the segment outlives it)
         self.segment.unlink()
 
 

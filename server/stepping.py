@@ -27,7 +27,6 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -35,6 +34,7 @@ import numpy as np
 from envd import info_codec, protocol
 from envd.errors import DaemonError, EnvdError, EnvStateError, InvalidArgumentError, LimitExceededError
 from envd.native.hosted_calls import MAX_CALL_OBJECTS, MAX_REQUEST_BYTES
+from envd.server.fair_ops import Done
 from envd.server.hosted import HostedServerSession
 from envd.server.sessions import ClientRecord, Session, async_in_flight
 from envd.vector_base import check_int
@@ -60,10 +60,10 @@ class PendingStep(NamedTuple):
 
 
 class ParkedRecv(NamedTuple):
-    """A recv waiting for least sent envs to be ready (it takes up to count)."""
+    """A recv waiting for least sent envs to be ready (it takes up to most)."""
     identity: bytes
     request_id: int
-    count: int
+    most: int
     least: int
     inline: bool
 
@@ -125,7 +125,7 @@ class SteppingHandlers:
         session.life.begin("async_reset" if is_async else "reset")
         session.segment.bump_step_seq()  # the counters cover resets too
 
-        def reply_of(future: Future) -> dict:
+        def reply_of(future: Done) -> dict:
             session.segment.bump_done_seq()
             reply = self.service.result_reply(header["id"], future)
             if not session.life.freed:  # (an async reset's batches were dropped;
@@ -136,7 +136,7 @@ class SteppingHandlers:
                 reply.update(session.outputs())
             return reply
 
-        def done(future: Future) -> None:
+        def done(future: Done) -> None:
             self._answer_operation(client, session, header["id"], lambda: reply_of(future))
 
         if is_async:
@@ -162,10 +162,11 @@ class SteppingHandlers:
             # (a hosted session's frames' size is known once drawn: the workers'
             # replies and the frames together are bounded by the limit then,
             # HostedServerSession.render)
-            shape = (session.num_envs,) + session.spec.render_shape
+            frame = session.frame_shape()
+            shape = (session.num_envs, *frame)
             size = math.prod(shape)
             if size > limit:
-                height, width, _ = session.spec.render_shape
+                height, width, _ = frame
                 raise LimitExceededError(
                     f"rendering {session.num_envs} {session.spec.id} envs makes {size} bytes "
                     f"of frames ({height}x{width}x3 each), over the daemon's message limit of "
@@ -173,7 +174,7 @@ class SteppingHandlers:
                     f"{limit // (size // shape[0])} envs, or ask the operator to raise the "
                     "limit")
         self._run_operation(client, session, header["id"], "render",
-                            (lambda: session.render(limit)) if hosted else session.render,
+                            lambda: session.render(limit),
                             lambda frames: {
                                 "frames": {"dtype": "uint8", "shape": list(frames.shape)},
                                 "_blobs": [memoryview(frames).cast("B")]})
@@ -207,7 +208,7 @@ class SteppingHandlers:
         self.service.check_op_room(client)
         session.life.begin(operation)
 
-        def reply_of(future: Future) -> dict:
+        def reply_of(future: Done) -> dict:
             reply = self.service.result_reply(request_id, future)
             if session.revoked:
                 reply = self.service.revoked_reply(session, request_id)
@@ -217,7 +218,7 @@ class SteppingHandlers:
                 self._track_batches(session)
             return reply
 
-        def done(future: Future) -> None:
+        def done(future: Done) -> None:
             self._answer_operation(client, session, request_id, lambda: reply_of(future))
 
         self.service.submit(client.identity, run, done)
@@ -319,7 +320,7 @@ class SteppingHandlers:
     def _retry_recv(self, session: Session, parked: ParkedRecv) -> None:
         """Answer a parked recv if enough envs are ready now (or a batch failed)."""
         try:
-            ids = self._try_recv(session, parked.count, parked.least)
+            ids = self._try_recv(session, parked.most, parked.least)
         except EnvdError as exc:  # an env failed: the waiting recv reports it
             reply = protocol.error_reply(parked.request_id, exc)
         else:

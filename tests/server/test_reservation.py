@@ -2,12 +2,15 @@
 place, a reservation released exactly once, bytes in use given back once."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
+from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
 from envd.errors import LimitExceededError
 from envd.native.registry import get_spec
 from envd.server.config import Config
+from envd.server.hosted import HostedEnvSpec, hosted_state_plan
 from envd.server.reservation import ResourceBooks
 from envd.server.sessions import ClientRecord, segment_plan, state_plan
 
@@ -91,3 +94,18 @@ def test_the_fd_check_sees_the_makes_in_flight_and_can_refuse():
     with pytest.raises(LimitExceededError, match="no fd left"):
         books.reserve(client, SPEC, 2, MODE, 0, fd_check=refuse)
     assert books.reserved_sessions == 2
+
+
+def test_a_hosted_make_over_the_state_limit_is_refused_by_name():
+    """A hosted spec has no native definition (no state_size): the refusal
+    names the limit all the same (it raised AttributeError before)."""
+    spec = HostedEnvSpec("py:CartPole-v1", "CartPole-v1", spaces.Box(-1, 1, (4,), np.float32),
+                         spaces.Discrete(2), 500, step_seconds=1e-5)
+    needs = hosted_state_plan(spec, 64, 2, MODE, 0)
+    books, client = ResourceBooks(config(max_state_bytes=needs - 1)), ClientRecord(b"a")
+    with pytest.raises(LimitExceededError, match="--max-state-bytes") as refused:
+        books.reserve(client, spec, 64, MODE, open_sessions=0, num_workers=2)
+    assert f"needs {needs} bytes" in str(refused.value) and "private segment" in str(refused.value)
+    assert books.reserved_state == books.reserved_workers == client.reserved_envs == 0
+    books = ResourceBooks(config(max_state_bytes=needs))
+    books.reserve(client, spec, 64, MODE, open_sessions=0, num_workers=2).release()  # it fits

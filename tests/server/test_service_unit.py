@@ -60,7 +60,7 @@ class Harness:
 
     def __init__(self, threads: int = 1, **config: Any):
         self.loop = asyncio.new_event_loop()
-        self.pool = NativePool(threads) if threads else None
+        self.pool = NativePool(threads)
         self.executor = GatedExecutor()
         self.sent: list[tuple[bytes, dict[str, Any]]] = []
         self.drained = 0
@@ -143,8 +143,7 @@ class Harness:
 
     def close(self) -> None:
         self.in_loop(self.service.free_all)
-        if self.pool is not None:
-            self.pool.close()
+        self.pool.close()
         self.loop.close()
 
 
@@ -324,6 +323,10 @@ def test_a_close_during_a_step_on_the_pool_frees_the_session_when_it_ends(harnes
     assert h.reply(ALICE, step)["ok"]
     assert session.life.state is State.FREED and books_empty(h.service)
     h.assert_each_request_answered_once()
+    # Freed: the envs are gone, and a use of them is a bug that says so.
+    assert session.native_if_alive is None
+    with pytest.raises(RuntimeError, match=f"session {session.id} .* was freed"):
+        session.native.counts()
 
 
 # ---- async send and recv ------------------------------------------------------------------
