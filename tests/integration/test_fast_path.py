@@ -455,6 +455,9 @@ def test_a_recv_timeout_says_so_and_the_env_refuses_async_calls_after_it(harness
     ids = env.recv()[4]["env_id"]
     env.recv()
     env.send(ids % 7, ids)
+    # The send is posted, not awaited: stopped before it answered the send,
+    # the daemon would time out the send instead (a loaded host did that).
+    wait_until(lambda: env._stepper.doorbell.answered, what="the send's answer")
     # Stopped, the daemon cannot answer however fast the batch steps: the
     # timeout does not depend on how long a batch takes on this machine.
     daemon.signal(signal.SIGSTOP)
