@@ -86,7 +86,9 @@ class DoorbellStepper(SocketStepper):
         ids, self._posted = self._posted, None
         if ids is None:
             return
-        answer = self._await(SEND, "send")
+        bell = self.doorbell
+        assert bell is not None  # (a posted send keeps it: _ring drops it after this read only)
+        answer = self._await(bell, SEND, "send")
         if answer is None:  # closed before it answered: the socket sends it, or says why
             self._call({"type": "send", "session": self.session}, [ids.tobytes()])
             return
@@ -205,16 +207,16 @@ class DoorbellStepper(SocketStepper):
             self.doorbell = None
             return None
         bell.ring(kind, count)
-        answer = self._await(kind, what)
+        answer = self._await(bell, kind, what)
         if answer is None:
             return self._ring(kind, count, what)  # closed meanwhile: drops the doorbell
         return answer
 
-    def _await(self, kind: int, what: str) -> tuple[int, int, int] | None:
-        """The answer to the request of kind rung last (None: the daemon
-        closed the doorbell without answering), raising ShuttingDownError for
-        the daemon's refusal and EnvdTimeoutError after the client's timeout."""
-        bell = self.doorbell
+    def _await(self, bell: Doorbell, kind: int, what: str) -> tuple[int, int, int] | None:
+        """The answer to the request of kind rung last on bell (None: the
+        daemon closed the doorbell without answering), raising
+        ShuttingDownError for the daemon's refusal and EnvdTimeoutError after
+        the client's timeout."""
         try:
             answer = bell.wait(time.monotonic() + self.channel.timeout, self.channel.check_alive)
         except TimeoutError:
