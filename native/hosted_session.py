@@ -24,7 +24,7 @@ from gymnasium.vector import AutoresetMode
 
 from envd import info_codec, leaves
 from envd.cpus import usable_cpus
-from envd.errors import EnvError, InvalidArgumentError, NativeError
+from envd.errors import EnvError, EnvStateError, InvalidArgumentError, NativeError
 from envd.native._envd_native import ffi, lib
 from envd.native.hosted_calls import MAX_REPLY_BYTES, MAX_REQUEST_BYTES, run_op
 from envd.native.hosted_calls import recv as calls_recv
@@ -147,7 +147,7 @@ class HostedSession(NativeSession):
         self.timeout = timeout
         self._interrupted: BaseException | None = None
         self.handle = self._backend = ffi.NULL
-        self.segment = segment
+        self.segment: Segment | None = segment  # (None once closed)
         self.pids: list[int] = []
         self._pidfds: list[int] = []
         self._slice: EnvSlice | None = None
@@ -165,6 +165,7 @@ class HostedSession(NativeSession):
                 self._slice = EnvSlice(_maker(maker), 0, num_envs, segment, 0, autoreset_mode,
                                        inline=True)
             else:
+                assert template is not None  # (the callers give one wherever there are workers)
                 self._spawn(template, maker, fd, autoreset_mode, notify_fd)
             self._create_backend()
         except BaseException:
@@ -175,14 +176,15 @@ class HostedSession(NativeSession):
     def _spawn(self, template: Template, maker: tuple, fd: int, mode: AutoresetMode,
                notify_fd: int) -> None:
         self._notify = notify_fd >= 0
+        segment = self._open_segment()
         for w in range(self.num_workers):
             begin, end = slice_bounds(self.num_envs, self.num_workers, w)
             mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             self._calls.append(mine)
             try:
                 pid, start = template.spawn(
-                    {"spec": maker, "layout": self.segment.layout,
-                     "size": self.segment.size, "worker": w, "begin": begin, "end": end,
+                    {"spec": maker, "layout": segment.layout,
+                     "size": segment.size, "worker": w, "begin": begin, "end": end,
                      "autoreset_mode": mode, "spin_ns": spin_ns(self.num_workers)},
                     (fd, notify_fd, theirs.fileno()) if notify_fd >= 0
                     else (fd, theirs.fileno()))
@@ -203,7 +205,8 @@ class HostedSession(NativeSession):
         """Until every worker made its envs: EnvError if one failed, died, or
         (self.timeout) took too long (close() then kills them all)."""
         deadline = time.monotonic() + (self.timeout or float("inf"))
-        state = self.segment.arrays["worker_state"]
+        segment = self._open_segment()
+        state = segment.arrays["worker_state"]
         while not (state == WORKER_READY).all():
             if time.monotonic() > deadline:
                 slow = [w for w in range(self.num_workers) if state[w] != WORKER_READY]
@@ -212,7 +215,7 @@ class HostedSession(NativeSession):
                                lib.ENVD_EENV)
             for w in range(self.num_workers):
                 if state[w] == WORKER_FAILED:
-                    _, text = self.segment.message(w)
+                    _, text = segment.message(w)
                     raise EnvError(f"{self.spec.id}: making the envs of worker {w} failed: "
                                    f"{text}", lib.ENVD_EENV, slice_bounds(
                                        self.num_envs, self.num_workers, w)[0])
@@ -220,6 +223,12 @@ class HostedSession(NativeSession):
                     raise EnvError(f"{self.spec.id}: worker {w} (pid {self.pids[w]}) died "
                                    "while making its envs", lib.ENVD_EENV)
             time.sleep(0.001)
+
+    def _open_segment(self) -> Segment:
+        """The segment, which close() drops (the setup reads it)."""
+        if self.segment is None:
+            raise EnvStateError(f"{self.spec.id}: this hosted session is closed")
+        return self.segment
 
     def _exited(self, w: int) -> bool:
         return bool(select.select([self._pidfds[w]], [], [], 0)[0])
@@ -238,7 +247,7 @@ class HostedSession(NativeSession):
         self._handle_ref = ffi.new_handle(self)
         self._config = ffi.new("envd_workers_config_t *", {
             "num_envs": self.num_envs, "num_workers": self.num_workers,
-            "ctl": self.segment.ctl(0), "pidfds": self._pidfds_c,
+            "ctl": self._open_segment().ctl(0), "pidfds": self._pidfds_c,
             "kind": ptr(a["kind"], "uint8_t *"), "req": ptr(a["req"], "uint32_t *"),
             "ack": ptr(a["ack"], "uint32_t *"), "status": ptr(a["status"], "int32_t *"),
             "seeds": ptr(a["seeds"], "uint64_t *"),
@@ -444,8 +453,9 @@ class HostedSession(NativeSession):
                 _wait_exited(pidfds, float("inf"))
             for fd in pidfds:
                 os.close(fd)
-        if getattr(self, "_slice", None) is not None:
-            self._slice.close()
+        env_slice = getattr(self, "_slice", None)
+        if env_slice is not None:
+            env_slice.close()
             self._slice = None
         # (the handle is a reference cycle the collector does not see through)
         self._handle_ref = self._config = self._checks_c = None

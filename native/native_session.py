@@ -32,15 +32,31 @@ of envd.vector_base.
 """
 from __future__ import annotations
 
-from typing import Literal, overload
+from typing import Any, Literal, Protocol, overload
 
 import numpy as np
+from gymnasium import spaces
 
 from envd.errors import EnvStateError, InvalidArgumentError, NativeError
 from envd.native._envd_native import ffi, lib
 from envd.native.native_vec import MAX_THREADS, NativePool, per_env_params, ptr, strerror, vec_buffers, vec_config
 from envd.native.registry import EnvSpec
 from envd.vector_base import in_flight_error, not_idle_error, ready_error, recv_short_error, send_error, step_error
+
+
+class SessionSpec(Protocol):
+    """What a session reads of its envs' spec: a native env's EnvSpec, or a
+    hosted env's HostedSpec (native/hosted_session.py), which has no
+    num_agents (one agent)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def action_space(self) -> spaces.Space[Any]: ...
+
+    @property
+    def render_shape(self) -> tuple[int, ...] | None: ...
 
 
 class NativeSession:
@@ -61,7 +77,7 @@ class NativeSession:
         if max_threads is not None and not 0 <= max_threads <= MAX_THREADS:
             raise InvalidArgumentError(f"max_threads must be None or in [0, {MAX_THREADS}], "
                                        f"got {max_threads}")
-        self.spec = spec
+        self.spec: SessionSpec = spec
         self.num_envs = num_envs
         self.handle = ffi.NULL
         self._buffers = buffers  # the memory lives as long as the session
@@ -117,11 +133,11 @@ class NativeSession:
         # find none; it was refused all the same.
         return in_flight_error(self.spec.id, call, in_flight or ready)
 
-    def _row_of(self, env: int, rc: int) -> int:
+    def _row_of(self, env: int, rc: int, num_agents: int) -> int:
         """The row an error of env names (multi-agent envs; C names envs): the
         first row of env whose checked action is outside the space for a
         refused action, else the env's first row."""
-        rows = range(env * self.spec.num_agents, (env + 1) * self.spec.num_agents)
+        rows = range(env * num_agents, (env + 1) * num_agents)
         if rc == lib.ENVD_ERANGE:
             actions = self._checked["actions"]
             for row in rows:
@@ -140,16 +156,16 @@ class NativeSession:
         never_reset = None
         if rc == lib.ENVD_ESTATE and env >= 0:
             never_reset = lib.envd_session_env_started(self.handle, env) == 0
-        if rc in (lib.ENVD_ERANGE, lib.ENVD_ESTATE, lib.ENVD_EENV) and env >= 0 \
-                and getattr(self.spec, "num_agents", 1) > 1:  # (hosted specs: 1)
-            env = self._row_of(env, rc)
+        num_agents: int = getattr(self.spec, "num_agents", 1)  # (hosted specs: 1)
+        if rc in (lib.ENVD_ERANGE, lib.ENVD_ESTATE, lib.ENVD_EENV) and env >= 0 and num_agents > 1:
+            env = self._row_of(env, rc, num_agents)
         if num_envs is not None:
             return send_error(self.spec.id, self.spec.action_space, num_envs, rc, env,
                               self._checked, never_reset=never_reset)
         return step_error(self.spec.id, self.spec.action_space, rc, env, self._checked,
                           never_reset=never_reset)
 
-    def _step_error(self, rc: int, call: str = "step") -> Exception:
+    def _step_error(self, rc: int, call: str = "step") -> BaseException:
         refusal = self._refusal(rc, call)
         if refusal is not None:
             return refusal
