@@ -127,8 +127,11 @@ class HostedVecEnv(BatchedVecEnv):
         self._stepper = self._session
         if self._session._slice is not None:
             self._inline_infos = self._session._slice.inline_infos
-        seeds = seed_list(np.random.SeedSequence().entropy % 2**63 if seed is None else seed,
-                          num_envs)
+        if seed is None:
+            entropy = np.random.SeedSequence().entropy
+            assert isinstance(entropy, int)  # (a SeedSequence made without entropy draws an int)
+            seed = entropy % 2**63
+        seeds = seed_list(seed, num_envs)
         self._buffers["reset_seeds"][...] = seeds
         self._session.seed()
 
@@ -139,6 +142,7 @@ class HostedVecEnv(BatchedVecEnv):
 
     def _render_frames(self) -> list[Any]:
         # (each env's env.render(), drawn where the env lives: SyncVectorEnv's tuple)
+        assert self._session is not None  # render() acquired the env: _acquire() refuses a closed env
         return self._session.env_call({"op": "render"})
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
@@ -169,6 +173,7 @@ class HostedVecEnv(BatchedVecEnv):
     def _env_call(self, request: dict[str, Any]) -> Any:
         self._acquire()
         try:
+            assert self._session is not None  # _acquire() refuses a closed env
             return tuple(self._session.env_call(request))
         finally:
             self._lock.release()
@@ -288,9 +293,9 @@ def make_python(env: str | Callable[[], gymnasium.Env], num_envs: int, *,
     spec = HostedSpec(name, described["observation_space"], described["action_space"],
                       max_episode_steps or described["max_episode_steps"],
                       info_columns=described["info_columns"])
-    env = HostedVecEnv(spec, num_envs, maker=maker, num_workers=num_workers, seed=seed,
+    vec = HostedVecEnv(spec, num_envs, maker=maker, num_workers=num_workers, seed=seed,
                        autoreset_mode=mode, copy=copy, episode_statistics=episode_statistics,
                        batch_size=batch_size, info_bytes=info_bytes,
                        render_mode=render_mode, render_fps=described["render_fps"])
-    env.agent_names = tuple(described.get("possible_agents", ()))
-    return env
+    vec.agent_names = tuple(described.get("possible_agents", ()))
+    return vec

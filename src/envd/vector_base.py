@@ -579,10 +579,11 @@ class BatchedVecEnv(VectorEnv):
     def _release(self) -> None:
         raise NotImplementedError
 
-    def _render_frames(self) -> np.ndarray:
+    def _render_frames(self) -> np.ndarray | list[Any]:
         """A new (num_env_instances, height, width, 3) uint8 array of every env's frame
         (called with the env acquired, only when render_mode is "rgb_array";
-        through the stepper's render, which refuses while envs are out)."""
+        through the stepper's render, which refuses while envs are out); a
+        hosted env's: the list of each env's own render()."""
         raise NotImplementedError
 
     def _check_send_rows(self, rows: np.ndarray, env_ids: np.ndarray) -> None:
