@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, TypeGuard
+from typing import Any, ClassVar, TypeGuard
 
 import numpy as np
 from gymnasium import spaces
@@ -318,7 +318,10 @@ class _InfoMerger:
     def __init__(self, rows: int):
         self.num_envs = rows
 
-    _add_info = VectorEnv._add_info
+    # (gymnasium's method, borrowed: it reads only self.num_envs, which its
+    # self type, a VectorEnv, does not say)
+    _add_info: ClassVar[Callable[[Any, dict[str, Any], dict[str, Any], int], dict[str, Any]]] = (
+        VectorEnv._add_info)
 
 
 class _GatherPlan:
@@ -407,6 +410,11 @@ class SendRowChecks:
     the transport.  The subclass calls _init_send_row_checks() once its
     single_action_space is set; its num_agents names rows in the errors."""
 
+    # (the VecEnv's own attributes, which the mixin reads)
+    env_id: str
+    single_action_space: spaces.Space[Any]
+    num_agents: int
+
     def _init_send_row_checks(self) -> None:
         space = self.single_action_space
         #: (start, stop) of a Discrete action space, else None
@@ -420,7 +428,9 @@ class SendRowChecks:
             start, stop = self._discrete
             if rows.min() < start or rows.max() >= stop:
                 k = int(np.flatnonzero((rows < start) | (rows >= stop))[0])
-                raise action_out_of_range(self.env_id, self.single_action_space,
+                space = self.single_action_space
+                assert isinstance(space, spaces.Discrete)  # (self._discrete: a Discrete's only)
+                raise action_out_of_range(self.env_id, space,
                                           int(rows[k]), self._row_id(env_ids, k))
         elif self._range_checked and len(rows):
             k = leaves.first_row_out_of_range(self.single_action_space, rows)
@@ -737,12 +747,12 @@ class BatchedVecEnv(VectorEnv):
             info["_" + EPISODE_LOG_KEY] = dones.copy() if self._copy else dones
         if final_rows is not None:
             final = np.full(len(dones), None, dtype=object)
-            for k in np.flatnonzero(dones):
+            for k in np.flatnonzero(dones).tolist():
                 final[k] = leaves.row_of(self.single_observation_space, final_rows, k)
             info["final_obs"], info["_final_obs"] = final, dones
             info["final_info"], info["_final_info"] = {}, dones
-        if self._episode_statistics:
-            key = self.episode_statistics_key
+        key = self.episode_statistics_key
+        if key is not None:  # (self._episode_statistics)
             info[key] = {"r": stats[0], "l": stats[1], "t": stats[2]}
             info["_" + key] = dones
         return info
