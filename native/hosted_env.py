@@ -30,6 +30,7 @@ from envd.native.hosted_session import HostedSession, HostedSpec
 from envd.native.hosted_template import _describe, template
 from envd.native.native_vec import MAX_NUM_ENVS
 from envd.native.vector_env import PYTHON_PREFIX
+from envd.stepping import NO_STEPPER
 from envd.vector_base import (
     BatchedVecEnv,
     buffer_layout,
@@ -181,7 +182,7 @@ class HostedVecEnv(BatchedVecEnv):
     def _release(self) -> None:
         if self._session is not None:
             self._session.close()
-            self._session = self._stepper = None
+            self._session, self._stepper = None, NO_STEPPER
 
     def __repr__(self) -> str:
         return (f"envd.HostedVecEnv({self.env_id!r}, num_envs={self.num_envs}, "

@@ -24,6 +24,7 @@ from envd.native.batch_rows import IdChecker, row_copier
 from envd.native.native_session import NativeSession
 from envd.native.native_vec import MAX_NUM_ENVS, MAX_THREADS, NativePool
 from envd.native.registry import EnvSpec, get_spec, load_plugin
+from envd.stepping import NO_STEPPER
 from envd.vector_base import (
     BatchedVecEnv,
     buffer_layout,
@@ -186,7 +187,7 @@ class VecEnv(BatchedVecEnv):
     def _release(self) -> None:
         if self._native is not None:
             self._native.close()
-            self._native = self._stepper = None
+            self._native, self._stepper = None, NO_STEPPER
         if self._pool is not None:
             self._pool.close()
             self._pool = None

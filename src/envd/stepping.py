@@ -25,9 +25,11 @@ raised by the next recv, whose envs stay ready for the recv after it.
 """
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import NoReturn, Protocol, runtime_checkable
 
 import numpy as np
+
+from envd.errors import EnvStateError
 
 
 @runtime_checkable
@@ -63,3 +65,38 @@ class Stepper(Protocol):
 
     def close(self) -> None:
         """Wait for what is in flight, free everything.  Idempotent."""
+
+
+class _NoStepper:
+    """The stepper of a VecEnv that has none: before its subclass set its
+    own, and once closed (which drops it).  BatchedVecEnv._acquire() refuses
+    a closed env before any call gets here, so the VecEnv's step, send and
+    recv read a Stepper, never an Optional, at no cost per call."""
+
+    def _refuse(self) -> NoReturn:
+        raise EnvStateError("this VecEnv has no envs to step (closed, or its making failed)")
+
+    def reset(self, with_seeds: bool, with_mask: bool) -> None:
+        self._refuse()
+
+    def async_reset(self, with_seeds: bool) -> None:
+        self._refuse()
+
+    def step(self) -> int:
+        self._refuse()
+
+    def send(self, env_ids: np.ndarray) -> None:
+        self._refuse()
+
+    def recv(self, count: int) -> np.ndarray:
+        self._refuse()
+
+    def render(self, out: np.ndarray) -> None:
+        self._refuse()
+
+    def close(self) -> None:
+        """Nothing to free."""
+
+
+#: the one _NoStepper
+NO_STEPPER: Stepper = _NoStepper()

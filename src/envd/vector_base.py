@@ -33,7 +33,7 @@ from envd.errors import (
     NativeError,
     native_strerror,
 )
-from envd.stepping import Stepper
+from envd.stepping import NO_STEPPER, Stepper
 
 SEED_LIMIT = 2**64
 
@@ -502,7 +502,7 @@ class BatchedVecEnv(VectorEnv):
         self._copy = bool(copy)
         self._episode_statistics = self.episode_statistics_key is not None
         self.batch_size = num_envs if batch_size is None else batch_size
-        self._stepper: Stepper | None = None  # set by the subclass
+        self._stepper: Stepper = NO_STEPPER  # set by the subclass; NO_STEPPER again once closed
         self._repeat_check = RepeatCheck(num_envs)  # (_checked_ids)
         self._positions = self._repeat_check.positions  # 0, 1, 2, ... (run_of)
         #: the last recv's batch, for the send of those envs (see _LastBatch)

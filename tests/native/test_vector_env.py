@@ -13,6 +13,7 @@ from gymnasium.wrappers.vector import NormalizeObservation, RecordEpisodeStatist
 from support.builtin_envs import BUILTIN_ENV_IDS, MULTI_AGENT_ENV_IDS, listed_builtins
 
 import envd
+from envd.stepping import NO_STEPPER
 
 
 def task_count() -> int:
@@ -159,6 +160,30 @@ def test_threads_are_released_on_close_and_on_garbage_collection():
     del envs  # the last two are closed by garbage collection
     gc.collect()
     assert task_count() == baseline
+
+
+@pytest.mark.parametrize("env_id, num_workers", [("CartPole-v1", None), ("py:CartPole-v1", 1)])
+def test_close_drops_the_stepper_and_every_call_is_refused(env_id, num_workers):
+    """close() drops the VecEnv's session for NO_STEPPER (built-in and hosted
+    envs alike); a closed env refuses every call before reaching it, and
+    NO_STEPPER itself refuses too."""
+    kwargs = {} if num_workers is None else {"num_workers": num_workers}
+    env = envd.make(env_id, 2, seed=0, **kwargs)
+    env.reset()
+    session = env._stepper
+    assert session is not NO_STEPPER
+    env.close()
+    assert env._stepper is NO_STEPPER
+    actions = np.zeros(2, np.int64)
+    for call in (env.reset, lambda: env.step(actions), lambda: env.send(actions, np.arange(2)), env.recv):
+        with pytest.raises(envd.EnvStateError, match="closed"):
+            call()
+    for call in (lambda: NO_STEPPER.reset(False, False), lambda: NO_STEPPER.async_reset(False),
+                 NO_STEPPER.step, lambda: NO_STEPPER.send(np.arange(2)),
+                 lambda: NO_STEPPER.recv(1), lambda: NO_STEPPER.render(np.zeros((2, 1, 1, 3), np.uint8))):
+        with pytest.raises(envd.EnvStateError, match="no envs to step"):
+            call()
+    NO_STEPPER.close()  # (nothing to free: idempotent, as a Stepper's close)
 
 
 def test_envs_step_concurrently_from_python_threads():
