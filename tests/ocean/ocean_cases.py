@@ -34,8 +34,10 @@ ALL = {**EXACT, **REPRODUCIBLE}
 # The envs whose manifests let them write their observation rows directly
 # (ENVD_ENV_OBS_ROWS), audited in docs/ocean.md -> whether they read their
 # observations back (ENVD_ENV_OBS_ROWS_PRIVATE: bound only in-process).
-OBS_ROWS = {"squared": True, "pong": False, "cartpole": False, "breakout": False,
-            "go": False, "enduro": False}
+OBS_ROWS = {"squared": True, "checkers": True, "pong": False, "cartpole": False,
+            "breakout": False, "go": False, "enduro": False, "connect4": False,
+            "pacman": False, "snake": False, "target": False, "terraform": False,
+            "tetris": False, "tripletriad": False}
 
 
 def random_actions(desc: dict, steps: int, rng: np.random.Generator) -> np.ndarray:

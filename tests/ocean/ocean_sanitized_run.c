@@ -90,7 +90,8 @@ int main(int argc, char **argv)
     const size_t row_bytes = (size_t)(numel(&desc.observation_space) * agents) *
                              (desc.observation_space.dtype == ENVD_DTYPE_FLOAT32 ? 4 : 1);
     if (bind && desc.observation_space.dtype != ENVD_DTYPE_FLOAT32 &&
-        desc.observation_space.dtype != ENVD_DTYPE_UINT8) {
+        desc.observation_space.dtype != ENVD_DTYPE_UINT8 &&
+        desc.observation_space.dtype != ENVD_DTYPE_INT8) {
         fprintf(stderr, "no row size for this observation dtype\n");
         return 1;
     }

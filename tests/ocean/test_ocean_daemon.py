@@ -14,7 +14,7 @@ from support.daemon import DaemonProcess, segments_of
 import envd
 
 PATHS = [("shm", False), ("shm", True), ("inline", False)]
-ENVS = ["breakout", "snake", "terraform", "squared", "pong"]
+ENVS = ["breakout", "snake", "terraform", "squared", "pong", "tetris", "checkers"]
 STEPS = 200
 
 
@@ -34,7 +34,8 @@ def ocean_daemon(tmp_path_factory, ocean_builds):
 def _actions(env_id, num_rows, rng, steps):
     if env_id == "puffer:terraform":
         return rng.integers(0, [5, 5, 3], size=(steps, num_rows, 3))
-    n = {"puffer:breakout": 3, "puffer:snake": 4, "puffer:squared": 5, "puffer:pong": 3}[env_id]
+    n = {"puffer:breakout": 3, "puffer:snake": 4, "puffer:squared": 5, "puffer:pong": 3,
+         "puffer:tetris": 7, "puffer:checkers": 8 * 8 * 8}[env_id]
     return rng.integers(0, n, size=(steps, num_rows))
 
 
@@ -68,11 +69,12 @@ def test_daemon_equals_in_process(ocean_daemon, env, transport, fast_path, monke
 
 
 @pytest.mark.parametrize("where", ["daemon", "in-process"])
-@pytest.mark.parametrize("env_id", ["puffer:breakout", "puffer:squared"])
+@pytest.mark.parametrize("env_id", ["puffer:breakout", "puffer:squared", "puffer:tetris",
+                                    "puffer:checkers"])
 def test_async_equals_sync_in_process(ocean_daemon, env_id, where, monkeypatch):
     """send/recv of half batches: each env's rows as a sync in-process run
-    (breakout writes its rows directly everywhere, squared only in-process:
-    either way a batch's rows are its envs' own)."""
+    (breakout and tetris write their rows directly everywhere, squared and
+    checkers only in-process: either way a batch's rows are its envs' own)."""
     monkeypatch.setenv("ENVD_OCEAN_CACHE", str(puffer_reference.test_cache()))
     with envd.make(env_id, 4, seed=9, num_threads=0) as local:
         actions = _actions(env_id, 4, np.random.default_rng(2), 130)

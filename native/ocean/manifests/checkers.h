@@ -4,6 +4,9 @@
  * every move: in PufferLib it is not reproducible; here time() is the env's
  * virtual clock, so a seed gives one game. */
 #define ENVD_OCEAN_ENV "checkers"
+/* Its obs is its board: c_step reads it back (legal moves, captures,
+ * kings), so it writes its row directly only over private memory. */
+#define ENVD_OCEAN_FLAGS (ENVD_ENV_OBS_ROWS | ENVD_ENV_OBS_ROWS_PRIVATE)
 
 enum { P_SIZE };
 

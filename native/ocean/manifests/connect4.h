@@ -2,6 +2,10 @@
  * the env's own opponent); obs 42 float32 in [0, 1]; Discrete(7).  No
  * kwargs. */
 #define ENVD_OCEAN_ENV "connect4"
+/* Its obs is only written (c_reset clears it, compute_observation sets the
+ * occupied cells), never read back: it writes its row directly, in-process
+ * and in a daemon (docs/ocean.md). */
+#define ENVD_OCEAN_FLAGS (ENVD_ENV_OBS_ROWS)
 #define ENVD_OCEAN_NO_PARAMS
 
 static void ocean_ckwargs(const double *p, envd_ocean_dict_t *kw)

@@ -2,6 +2,9 @@
  * 11 + 9 * 4 + 244 float32 in [0, 1] (player, four ghosts, the dots);
  * Discrete(4). */
 #define ENVD_OCEAN_ENV "pacman"
+/* Its obs is only written (compute_observations), never read back: it
+ * writes its row directly, in-process and in a daemon (docs/ocean.md). */
+#define ENVD_OCEAN_FLAGS (ENVD_ENV_OBS_ROWS)
 
 enum { P_RANDOMIZE_STARTING_POSITION, P_MIN_START_TIMEOUT, P_MAX_START_TIMEOUT,
        P_FRIGHTENED_TIME, P_MAX_MODE_CHANGES, P_SCATTER_MODE_LENGTH, P_CHASE_MODE_LENGTH,

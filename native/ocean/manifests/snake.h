@@ -4,6 +4,9 @@
  * max_snake_length capped at width * height, cell_size =
  * ceil(1280 / max(width, height)). */
 #define ENVD_OCEAN_ENV "snake"
+/* Its obs is only written (compute_observations, from its grid), never read back: it
+ * writes its row directly, in-process and in a daemon (docs/ocean.md). */
+#define ENVD_OCEAN_FLAGS (ENVD_ENV_OBS_ROWS)
 
 enum { P_WIDTH, P_HEIGHT, P_NUM_SNAKES, P_NUM_FOOD, P_VISION, P_LEAVE_CORPSE_ON_DEATH,
        P_REWARD_FOOD, P_REWARD_CORPSE, P_REWARD_DEATH, P_MAX_SNAKE_LENGTH };

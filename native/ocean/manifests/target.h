@@ -3,6 +3,9 @@
  * float32 in [0, 1]; MultiDiscrete([9, 5]) read as int32.  The arena's size
  * stays at the class's default (1080 x 720). */
 #define ENVD_OCEAN_ENV "target"
+/* Its obs is only written (compute_observations), never read back: it
+ * writes its row directly, in-process and in a daemon (docs/ocean.md). */
+#define ENVD_OCEAN_FLAGS (ENVD_ENV_OBS_ROWS)
 
 enum { P_NUM_AGENTS, P_NUM_GOALS };
 

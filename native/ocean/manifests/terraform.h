@@ -7,7 +7,10 @@
  * equal to PufferLib's, which is not reproducible).  init writes a global:
  * envd inits terraform envs one at a time. */
 #define ENVD_OCEAN_ENV "terraform"
-#define ENVD_OCEAN_FLAGS ENVD_ENV_SERIAL_INIT
+/* Its obs is only written (c_reset's memset, compute_all_observations),
+ * never read back: it writes its rows directly, in-process and in a daemon
+ * (docs/ocean.md). */
+#define ENVD_OCEAN_FLAGS (ENVD_ENV_SERIAL_INIT | ENVD_ENV_OBS_ROWS)
 
 enum { P_NUM_AGENTS, P_MAP_SIZE, P_RESET_FREQUENCY, P_REWARD_SCALE };
 

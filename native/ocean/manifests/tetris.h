@@ -1,6 +1,9 @@
 /* tetris: pufferlib/ocean/tetris (class Tetris).  One agent; obs
  * n_cols * n_rows + 6 + 7 * (deck_size + 1) float32 in [0, 1]; Discrete(7). */
 #define ENVD_OCEAN_ENV "tetris"
+/* Its obs is only written (compute_observations), never read back: it
+ * writes its row directly, in-process and in a daemon (docs/ocean.md). */
+#define ENVD_OCEAN_FLAGS (ENVD_ENV_OBS_ROWS)
 
 enum { P_N_COLS, P_N_ROWS, P_DECK_SIZE, P_COUNT };
 

@@ -3,6 +3,9 @@
  * No make kwargs: the window and card sizes place the board's cards, fixed
  * at the class's defaults. */
 #define ENVD_OCEAN_ENV "tripletriad"
+/* Its obs is only written (compute_observations), never read back: it
+ * writes its row directly, in-process and in a daemon (docs/ocean.md). */
+#define ENVD_OCEAN_FLAGS (ENVD_ENV_OBS_ROWS)
 #define ENVD_OCEAN_NO_PARAMS
 
 static void ocean_ckwargs(const double *p, envd_ocean_dict_t *kw)
