@@ -81,7 +81,8 @@ class RemoteVecEnv(SendRowChecks, BatchedVecEnv):
     @property
     def fast_path(self) -> bool:
         """Steps, sends and recvs go through the doorbell (see Client.make)."""
-        return self._stepper is not None and self._stepper.fast_path
+        # (False once closed: the stepper is then envd.stepping.NO_STEPPER)
+        return bool(getattr(self._stepper, "fast_path", False))
 
     @property
     def buffers(self) -> dict[str, np.ndarray]:
@@ -92,7 +93,7 @@ class RemoteVecEnv(SendRowChecks, BatchedVecEnv):
     @property
     def _maybe_running(self) -> bool:
         # a call timed out: the stepper knows until when the daemon may use the buffers
-        return self._stepper is not None and self._stepper.maybe_running
+        return bool(getattr(self._stepper, "maybe_running", False))
 
     @_maybe_running.setter
     def _maybe_running(self, value: bool) -> None:

@@ -912,7 +912,11 @@ class BatchedVecEnv(VectorEnv):
                 self._actions[...] = actions
             else:
                 self._convert_actions(actions)
-            self._last_num_done = num_done = self._stepper.step()
+            try:
+                self._last_num_done = num_done = self._stepper.step()
+            except BaseException:  # (envs may have stepped: step_info describes no step)
+                self._last_num_done = None
+                raise
             info = self._done_info() if num_done else {}
             if self._more_info:
                 self._add_more_info(info)
@@ -986,7 +990,11 @@ class BatchedVecEnv(VectorEnv):
         try:
             if self._maybe_running:
                 self._check_buffers_free()
-            self._last_num_done = num_done = self._stepper.step()
+            try:
+                self._last_num_done = num_done = self._stepper.step()
+            except BaseException:  # (envs may have stepped: step_info describes no step)
+                self._last_num_done = None
+                raise
         finally:
             lock.release()
         return num_done

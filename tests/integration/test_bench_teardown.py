@@ -87,6 +87,57 @@ def test_sigterm_ends_a_run_that_swallows_exceptions_and_leaves_nothing(tmp_path
     assert not alive(daemon_pid)
 
 
+#: A run whose main thread waits on its registered daemon (Popen.wait, which
+#: holds that Popen's lock) when SIGTERM comes; the daemon ignores SIGTERM, so
+#: only the teardown's SIGKILL after the grace ends it.
+WAITING_RUN = textwrap.dedent("""
+    import subprocess, sys
+    from envd.tools import bench_teardown
+
+    bench_teardown.install()
+    bench_teardown.DAEMON_GRACE_SECONDS = 0.5
+    daemon = subprocess.Popen([sys.executable, "-c",
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN)\\n"
+        "print(flush=True)\\n"
+        "while True: time.sleep(1)"], stdout=subprocess.PIPE)
+    daemon.stdout.readline()  # SIGTERM is ignored from here on
+    print(daemon.pid, flush=True)
+    with bench_teardown.daemon(daemon):
+        daemon.wait()
+""")
+
+
+def test_sigterm_while_the_run_waits_on_its_daemon_ends_it(tmp_path):
+    """The handler interrupts the main thread inside the daemon's
+    Popen.wait: the teardown must not wait on that Popen (its lock is held)."""
+    proc = subprocess.Popen([sys.executable, "-c", WAITING_RUN], stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        daemon_pid = int(proc.stdout.readline())
+        deadline = time.monotonic() + 60
+        while b"wait" not in _wchan(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)  # (best effort: in its wait, or about to be)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    deadline = time.monotonic() + 60  # SIGKILL is delivered, not awaited: poll
+    while alive(daemon_pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(daemon_pid)
+
+
+def _wchan(pid: int) -> bytes:
+    """Where pid sleeps in the kernel (b"" if unknown)."""
+    try:
+        with open(f"/proc/{pid}/wchan", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
 def test_a_forked_child_dies_as_sigterm_would_and_tears_nothing_down(tmp_path):
     """A peer's multiprocessing worker forked from the run inherits the
     handler; SIGTERM from the peer's own close must not stop the run's

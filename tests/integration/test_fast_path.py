@@ -54,6 +54,7 @@ def test_taken_by_default_for_shared_memory_sessions(served):
         assert env.fast_path  # sends and recvs too
     with client.make("CartPole-v1", 4, seed=0, transport="inline") as env:
         assert not env.fast_path
+    assert env.fast_path is False  # closed: no stepper, no fast path (not an AttributeError)
 
 
 def test_required_but_impossible_says_why_and_leaves_no_session(served):

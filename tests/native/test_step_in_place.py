@@ -11,7 +11,7 @@ import threading
 
 import numpy as np
 import pytest
-from hosted.envs import DictObsEnv
+from hosted.envs import DictObsEnv, failing_creator
 from hosted.equivalence import assert_same, sample_actions
 
 import envd
@@ -228,3 +228,23 @@ def test_step_takes_an_equal_dtype_that_is_another_object():
         for k in range(20):
             actions = np.arange(NUM_ENVS, dtype=np.int64) % 2 ^ (k % 2)
             assert_same(a.step(actions.view(other))[:4], b.step(actions)[:4], f"step {k}")
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_step_info_after_a_step_that_failed_describes_no_step(in_place):
+    """A step that raises after envs may have stepped (an env's own error)
+    leaves step_info() nothing to describe: it refuses, as after a reset,
+    instead of describing the step before over buffers the failed one wrote."""
+    actions = np.zeros(2, np.int64)
+    with envd.make(failing_creator(1, at_step=2), 2, num_workers=0) as env:
+        env.reset(seed=0)  # env 1 gets seed 1: its 2nd step raises
+        env.step(actions)
+        env.step_info()  # (describes that step)
+        with pytest.raises(envd.EnvError, match="boom at step 2"):
+            if in_place:
+                env.actions[...] = actions
+                env.step_in_place()
+            else:
+                env.step(actions)
+        with pytest.raises(EnvStateError, match="step_info"):
+            env.step_info()

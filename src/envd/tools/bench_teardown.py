@@ -87,21 +87,38 @@ def _on_sigterm(signum: int, _frame: Any) -> None:
 
 
 def teardown() -> None:
-    """Steps 1-3 of the module's docstring (the caller exits after)."""
-    daemons = [proc for proc in _daemons if proc.poll() is None]
-    for proc in daemons:
+    """Steps 1-3 of the module's docstring (the caller exits after).
+
+    The daemons are signalled and reaped with os.kill and os.waitpid, never
+    Popen's methods: the handler may interrupt the main thread inside a
+    Popen.wait, which holds that Popen's lock, and a wait here would then
+    block on it for good."""
+    # (returncode: an attribute, no lock; a daemon reaped already is skipped,
+    # its pid may be another process's by now)
+    daemons = [proc.pid for proc in _daemons if proc.returncode is None]
+    for pid in daemons:
         with contextlib.suppress(OSError):
-            proc.send_signal(signal.SIGTERM)
+            os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + DAEMON_GRACE_SECONDS
-    for proc in daemons:
-        try:
-            proc.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    running = set(daemons)
+    while running and time.monotonic() < deadline:
+        running = {pid for pid in running if not _reaped(pid)}
+        if running:
+            time.sleep(0.05)
+    for pid in running:  # (init reaps them once this process exits)
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
     _kill_descendants()
     for folder in _folders:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _reaped(pid: int) -> bool:
+    """Whether child pid has exited (reaped now, or already by someone)."""
+    try:
+        return os.waitpid(pid, os.WNOHANG)[0] == pid
+    except ChildProcessError:  # reaped already (its Popen's wait)
+        return True
 
 
 def descendants(pid: int) -> list[int]:
