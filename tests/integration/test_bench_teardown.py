@@ -64,6 +64,27 @@ def alive(pid: int) -> bool:
     return stat[stat.rindex(b")") + 2:].split()[0] != b"Z"
 
 
+def exit_status_after_sigterm(proc: subprocess.Popen) -> int:
+    """Send proc SIGTERM and return its exit status (killed, and the test
+    failed, if it does not exit within a generous deadline)."""
+    try:
+        proc.send_signal(signal.SIGTERM)
+        return proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def gone(pid: int) -> bool:
+    """Whether pid is gone within a generous deadline (SIGKILL is delivered,
+    not awaited: poll)."""
+    deadline = time.monotonic() + 60
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not alive(pid)
+
+
 def test_sigterm_ends_a_run_that_swallows_exceptions_and_leaves_nothing(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", RUN, str(tmp_path), DAEMON],
                             stdout=subprocess.PIPE, text=True)
@@ -72,18 +93,14 @@ def test_sigterm_ends_a_run_that_swallows_exceptions_and_leaves_nothing(tmp_path
         folder = (tmp_path / "folder").read_text()
         daemon_pid, worker_pid = map(int, (tmp_path / "pids").read_text().split())
         assert os.path.isdir(folder) and alive(daemon_pid) and alive(worker_pid)
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=120) == 128 + signal.SIGTERM
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    assert exit_status_after_sigterm(proc) == 128 + signal.SIGTERM
     assert (tmp_path / "daemon-stopped").exists(), "the daemon was not sent SIGTERM"
     assert not os.path.exists(folder)
-    deadline = time.monotonic() + 60  # SIGKILL is delivered, not awaited: poll
-    while alive(worker_pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not alive(worker_pid), "a descendant outlived the run"
+    assert gone(worker_pid), "a descendant outlived the run"
     assert not alive(daemon_pid)
 
 
@@ -116,17 +133,13 @@ def test_sigterm_while_the_run_waits_on_its_daemon_ends_it(tmp_path):
         daemon_pid = int(proc.stdout.readline())
         deadline = time.monotonic() + 60
         while b"wait" not in _wchan(proc.pid) and time.monotonic() < deadline:
-            time.sleep(0.05)  # (best effort: in its wait, or about to be)
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=120) == 128 + signal.SIGTERM
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    deadline = time.monotonic() + 60  # SIGKILL is delivered, not awaited: poll
-    while alive(daemon_pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not alive(daemon_pid)
+            time.sleep(0.05)  # (polls for the event: the main thread asleep in its wait)
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    assert exit_status_after_sigterm(proc) == 128 + signal.SIGTERM
+    assert gone(daemon_pid)
 
 
 def _wchan(pid: int) -> bytes:
