@@ -19,6 +19,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from envd import __version__, _native_facts, protocol
+from envd.autoreset import autoreset_mode_name, parse_autoreset_mode
 from envd.client import endpoints, security
 from envd.client.capabilities import Capabilities
 from envd.client.channel import Channel
@@ -33,14 +34,8 @@ from envd.errors import (
     UnknownSessionError,
 )
 from envd.hosted_pettingzoo import PETTINGZOO_PREFIX, PettingZooVecEnv, rows_view
-from envd.vector_base import (
-    autoreset_mode_name,
-    check_int,
-    episode_statistics_key,
-    is_int,
-    parse_autoreset_mode,
-    seed_list,
-)
+from envd.int_args import check_int, is_int, seed_list
+from envd.vec_info import episode_statistics_key
 
 #: The most envs one make may ask for (the native vec's limit, ENVD_VEC_MAX_ENVS).
 MAX_NUM_ENVS = _native_facts.VEC_MAX_ENVS

@@ -41,6 +41,7 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
 from envd import leaves, protocol
+from envd.autoreset import RESETS_ITSELF, autoreset_mode_name, mark_resets_itself, parse_autoreset_mode
 from envd.client import connection
 from envd.client.discovery import is_dns_url, resolve
 from envd.client.multi_async import ShardsAsyncStepper
@@ -56,18 +57,11 @@ from envd.errors import (
     InvalidArgumentError,
     NativeError,
 )
-from envd.vector_base import (
-    RESETS_ITSELF,
-    BatchedVecEnv,
-    SendRowChecks,
-    action_out_of_range,
-    autoreset_mode_name,
-    check_int,
-    episode_statistics_key,
-    mark_resets_itself,
-    parse_autoreset_mode,
-    seed_list,
-)
+from envd.int_args import check_int, seed_list
+from envd.send_row_checks import SendRowChecks
+from envd.vec_errors import action_out_of_range
+from envd.vec_info import episode_statistics_key
+from envd.vector_base import BatchedVecEnv
 
 
 def split_envs(weights: Sequence[int], num_envs: int) -> list[int]:

@@ -74,7 +74,8 @@ from envd.errors import (
     SessionExpiredError,
     UnknownSessionError,
 )
-from envd.vector_base import RepeatCheck, in_flight_error, not_idle_error, ready_error, recv_short_error, run_of
+from envd.vec_errors import in_flight_error, not_idle_error, ready_error, recv_short_error
+from envd.vec_rows import RepeatCheck, run_of
 
 if TYPE_CHECKING:
     from envd.client.multi import MultiVecEnv
@@ -489,7 +490,7 @@ class ShardsAsyncStepper:
         (the rows are gathered and the books indexed with them unchecked).
         Refuses an answer naming an env twice, or one not in flight (say,
         answered before) too: the books mark a run by its slice, and a send
-        of a batch straight back skips the id checks (vector_base._LastBatch),
+        of a batch straight back skips the id checks (envd.vec_rows.LastBatch),
         so a recv's batch must name each env once.  Returns the slice of
         global ids they fill, if they do."""
         count = shard.rows.stop - shard.rows.start

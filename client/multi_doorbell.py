@@ -48,7 +48,7 @@ import numpy as np
 from envd.client.doorbell import RECV, SENDRECV, SHUTTING_DOWN, Doorbell, wait_any
 from envd.client.multi_async import IDLE, IN_FLIGHT, ShardsAsyncStepper, _Shard
 from envd.errors import ConnectionLostError, EnvdError, EnvdTimeoutError, ProtocolError, ShuttingDownError
-from envd.vector_base import step_error
+from envd.vec_errors import step_error
 
 if TYPE_CHECKING:
     from envd.client.multi import MultiVecEnv

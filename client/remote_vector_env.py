@@ -17,9 +17,11 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from envd import info_codec, protocol
+from envd.autoreset import mark_resets_itself
 from envd.client.transports import SocketStepper, open_stepper
 from envd.errors import InvalidArgumentError, ProtocolError
-from envd.vector_base import BatchedVecEnv, SendRowChecks, mark_resets_itself
+from envd.send_row_checks import SendRowChecks
+from envd.vector_base import BatchedVecEnv
 
 if TYPE_CHECKING:
     from envd.client.connection import Client
@@ -86,7 +88,7 @@ class RemoteVecEnv(SendRowChecks, BatchedVecEnv):
 
     @property
     def buffers(self) -> dict[str, np.ndarray]:
-        """The session's batch buffers, name -> array (envd.vector_base.buffer_layout)."""
+        """The session's batch buffers, name -> array (envd.buffer_layout)."""
         return self._buffers
 
     # ---- BatchedVecEnv hooks --------------------------------------------------------

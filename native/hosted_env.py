@@ -23,22 +23,19 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
 from envd import leaves
+from envd.autoreset import parse_autoreset_mode
+from envd.buffer_layout import buffer_layout
 from envd.cpus import usable_cpus
 from envd.errors import NATIVE_CODES, EnvError, InvalidArgumentError, UnknownEnvError
+from envd.int_args import check_int, seed_list
 from envd.native.hosted_segment import Segment, segment_layout
 from envd.native.hosted_session import HostedSession, HostedSpec
 from envd.native.hosted_template import _describe, template
 from envd.native.native_vec import MAX_NUM_ENVS
 from envd.native.vector_env import PYTHON_PREFIX
 from envd.stepping import NO_STEPPER
-from envd.vector_base import (
-    BatchedVecEnv,
-    buffer_layout,
-    check_int,
-    episode_statistics_key,
-    parse_autoreset_mode,
-    seed_list,
-)
+from envd.vec_info import episode_statistics_key
+from envd.vector_base import BatchedVecEnv
 
 #: num_workers=None picks workers when a step of all envs costs at least
 #: this long on one CPU (native/step_cost.py measures one env's step, the

@@ -17,9 +17,10 @@ from envd.hosted_pettingzoo import (
     make_from_creator,
     rows_view,
 )
+from envd.int_args import check_int
 from envd.native.hosted_env import make_python
 from envd.native.native_vec import MAX_NUM_ENVS
-from envd.vector_base import check_int, episode_statistics_key
+from envd.vec_info import episode_statistics_key
 
 
 def make_pettingzoo(env: str | Callable[[], Any], num_envs: int, *,

@@ -11,7 +11,7 @@ cache-line aligned, in this order:
                    the per-env request words (backend_workers.h)
     checked_actions
                    the parent's checked copy of the actions the workers act on
-    observations, actions, rewards, ... (envd.vector_base.buffer_layout)
+    observations, actions, rewards, ... (envd.buffer_layout)
                    the session's batch buffers: the VecEnv returns views of them
                    (one per observation leaf; float64 rewards; the info slots)
 

@@ -34,7 +34,8 @@ from envd.native.hosted_template import Template, _maker
 from envd.native.hosted_worker import EnvSlice, spin_ns
 from envd.native.native_session import NativeSession
 from envd.native.native_vec import ptr
-from envd.vector_base import INFO_LENGTHS, INFO_SLOTS, in_flight_error
+from envd.vec_errors import in_flight_error
+from envd.vec_info import INFO_LENGTHS, INFO_SLOTS
 
 #: A worker's call error of these types is raised as it is (gymnasium's own
 #: vector envs raise them so): the rest as EnvError.
@@ -60,7 +61,7 @@ class HostedSpec:
     max_episode_steps: int | None
     render_shape: tuple[int, ...] | None = None
     #: the info columns of its segment: (key, dtype str, shape of a value),
-    #: see envd.vector_base.INFO_COLUMN_PREFIX (none: every info is encoded)
+    #: see envd.vec_info.INFO_COLUMN_PREFIX (none: every info is encoded)
     info_columns: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
 
 

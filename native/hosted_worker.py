@@ -44,7 +44,7 @@ from envd.cpus import usable_cpus
 from envd.errors import NATIVE_CODES
 from envd.native._envd_native import lib
 from envd.native.hosted_segment import Segment
-from envd.vector_base import INFO_COLUMN_PREFIX, INFO_IN_COLUMNS
+from envd.vec_info import INFO_COLUMN_PREFIX, INFO_IN_COLUMNS
 
 EENV, ESTATE = NATIVE_CODES["EENV"], NATIVE_CODES["ESTATE"]
 RESET = lib.ENVD_HOSTED_RESET
@@ -182,7 +182,7 @@ class EnvSlice:
         self._slots, self._info_lengths = a.get("infos"), a.get("info_lengths")
         n = end - begin
         self.inline_infos: list[Any] | None = [None] * n if inline else None
-        # The info columns (vector_base.INFO_COLUMN_PREFIX): (key, the
+        # The info columns (envd.vec_info.INFO_COLUMN_PREFIX): (key, the
         # types a value may have to go in it); the outputs of a step, in the
         # order _step_outputs returns them.
         self._columns = [(name[len(INFO_COLUMN_PREFIX):], _column_types(a[name].dtype),

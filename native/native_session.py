@@ -28,7 +28,7 @@ work and may be held around other calls of the same thread.  Blocking calls
 
 The books and the serving live in C (native/src/session.h); this class is
 its thin cffi wrapper, which turns codes into envd errors with the messages
-of envd.vector_base.
+of envd.vec_errors.
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ from envd.errors import EnvStateError, InvalidArgumentError, NativeError
 from envd.native._envd_native import ffi, lib
 from envd.native.native_vec import MAX_THREADS, NativePool, per_env_params, ptr, strerror, vec_buffers, vec_config
 from envd.native.registry import EnvSpec
-from envd.vector_base import in_flight_error, not_idle_error, ready_error, recv_short_error, send_error, step_error
+from envd.vec_errors import in_flight_error, not_idle_error, ready_error, recv_short_error, send_error, step_error
 
 
 class SessionSpec(Protocol):
@@ -60,7 +60,7 @@ class SessionSpec(Protocol):
 
 
 class NativeSession:
-    """num_envs envs of spec over buffers (envd.vector_base.buffer_layout),
+    """num_envs envs of spec over buffers (envd.buffer_layout),
     stepped on pool (None: serially on the calling thread).  The pool must
     outlive the session.  max_threads caps the pool threads that step these
     envs at once (None: no cap; 0: every call inline on the thread serving

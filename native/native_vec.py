@@ -13,7 +13,8 @@ import numpy as np
 from envd.errors import EnvStateError, InvalidArgumentError, NativeError
 from envd.native._envd_native import ffi, lib
 from envd.native.registry import EnvSpec
-from envd.vector_base import INFO_PREFIX, step_error
+from envd.vec_errors import step_error
+from envd.vec_info import INFO_PREFIX
 
 #: The largest num_envs one vec accepts (1,048,576).
 MAX_NUM_ENVS = int(lib.ENVD_VEC_MAX_ENVS)
@@ -53,7 +54,7 @@ class NativePool:
 
 
 def vec_buffers(spec: EnvSpec, buffers: dict[str, np.ndarray]):
-    """The envd_vec_buffers_t of buffers (as envd.vector_base.buffer_layout);
+    """The envd_vec_buffers_t of buffers (as envd.buffer_layout);
     the caller keeps buffers alive as long as the vec."""
     final = buffers.get("final_observations")
     return ffi.new("envd_vec_buffers_t *", {
@@ -101,7 +102,7 @@ def vec_config(num_envs: int, autoreset_mode: int, max_episode_steps: int, param
 
 
 class NativeVec:
-    """num_envs instances of spec stepped over buffers (see envd.vector_base.buffer_layout)."""
+    """num_envs instances of spec stepped over buffers (see envd.buffer_layout)."""
 
     def __init__(self, spec: EnvSpec, num_envs: int, *, autoreset_mode: int,
                  max_episode_steps: int, params: list[float], buffers: dict[str, np.ndarray],

@@ -18,23 +18,18 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
+from envd.autoreset import mark_resets_itself, parse_autoreset_mode
+from envd.buffer_layout import buffer_layout
 from envd.errors import InvalidArgumentError
+from envd.int_args import check_int, is_int, seed_list
 from envd.native._envd_native import lib
 from envd.native.batch_rows import IdChecker, row_copier
 from envd.native.native_session import NativeSession
 from envd.native.native_vec import MAX_NUM_ENVS, MAX_THREADS, NativePool
 from envd.native.registry import EnvSpec, get_spec, load_plugin
 from envd.stepping import NO_STEPPER
-from envd.vector_base import (
-    BatchedVecEnv,
-    buffer_layout,
-    check_int,
-    episode_statistics_key,
-    is_int,
-    mark_resets_itself,
-    parse_autoreset_mode,
-    seed_list,
-)
+from envd.vec_info import episode_statistics_key
+from envd.vector_base import BatchedVecEnv
 
 if TYPE_CHECKING:
     from envd.hosted_pettingzoo import PettingZooVecEnv

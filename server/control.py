@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from gymnasium.vector import AutoresetMode
 
 from envd import __version__, protocol
+from envd.autoreset import parse_autoreset_mode
 from envd.errors import (
     DaemonError,
     InvalidArgumentError,
@@ -28,6 +29,7 @@ from envd.errors import (
     UnknownSessionError,
 )
 from envd.hosted_pettingzoo import PETTINGZOO_PREFIX
+from envd.int_args import check_int, is_int, seed_list
 from envd.native.hosted_env import DEFAULT_INFO_BYTES, MAX_INFO_BYTES
 from envd.native.native_vec import MAX_NUM_ENVS
 from envd.native.registry import get_spec, list_envs
@@ -36,7 +38,6 @@ from envd.server.capabilities import hello_capabilities
 from envd.server.fair_ops import Done
 from envd.server.hosted import HostedServerSession
 from envd.server.sessions import ClientRecord, Session
-from envd.vector_base import check_int, is_int, parse_autoreset_mode, seed_list
 
 if TYPE_CHECKING:
     from envd.server.reservation import Reservation

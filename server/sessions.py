@@ -22,6 +22,8 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from envd import protocol
+from envd.autoreset import autoreset_mode_name
+from envd.buffer_layout import buffer_layout
 from envd.errors import EnvdError, EnvStateError, InvalidActionError
 from envd.native import segment_guard
 from envd.native._envd_native import lib
@@ -31,7 +33,6 @@ from envd.native.registry import EnvSpec
 from envd.native.vector_env import AUTORESET_MODE_CODES
 from envd.server.lifecycle import Lifecycle
 from envd.shm import HEADER_SIZE, Segment, plan
-from envd.vector_base import autoreset_mode_name, buffer_layout
 
 if TYPE_CHECKING:
     from envd.server.hosted import HostedEnvSpec

@@ -33,11 +33,11 @@ import numpy as np
 
 from envd import info_codec, protocol
 from envd.errors import DaemonError, EnvdError, EnvStateError, InvalidArgumentError, LimitExceededError
+from envd.int_args import check_int
 from envd.native.hosted_calls import MAX_CALL_OBJECTS, MAX_REQUEST_BYTES
 from envd.server.fair_ops import Done
 from envd.server.hosted import HostedServerSession
 from envd.server.sessions import ClientRecord, Session, async_in_flight
-from envd.vector_base import check_int
 
 #: Operations that run on the executor holding the session's lock (the event
 #: loop must not wait for that lock: it would stall every client meanwhile).

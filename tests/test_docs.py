@@ -274,7 +274,8 @@ TROUBLESHOOTING_PHRASES = [
     "(--max-reply-bytes-per-client)",
     "its results were not sent",
     "the daemon dropped this connection because it did not read its replies",
-    # rendering (native/registry.py, src/envd/vector_base.py, native/native_vec.py, server/service.py)
+    # rendering (native/registry.py, src/envd/vector_base.py, src/envd/vec_errors.py, native/native_vec.py,
+    # server/service.py)
     "does not render (its definition has no render callback): make it with render_mode=None",
     "render_mode must be None or",
     "was made without a render mode; make it with render_mode='rgb_array' to render",
@@ -289,7 +290,8 @@ TROUBLESHOOTING_PHRASES = [
     "per-session thread caps (max_threads)",
     "is out of range: this daemon's pool has",
     "max_threads must be an int",
-    # gymnasium (src/envd/vector_base.py, src/envd/gymnasium_registry.py, src/envd/single_env.py)
+    # gymnasium (src/envd/vec_info.py, src/envd/vector_base.py, src/envd/gymnasium_registry.py,
+    # src/envd/single_env.py)
     "episode_statistics must be True (info[",
     "]), False (none) or an info key such as 'episode' (an identifier not starting with '_', "
     "not one of ",

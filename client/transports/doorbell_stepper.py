@@ -29,16 +29,8 @@ import numpy as np
 
 from envd.client.doorbell import RECV, SEND, SHUTTING_DOWN, STEP, Doorbell
 from envd.client.transports.over_socket import SocketStepper
-from envd.errors import EnvdTimeoutError, EnvError, ShuttingDownError
-from envd.vector_base import (
-    NATIVE_CODES,
-    in_flight_error,
-    not_idle_error,
-    ready_error,
-    recv_short_error,
-    send_error,
-    step_error,
-)
+from envd.errors import NATIVE_CODES, EnvdTimeoutError, EnvError, ShuttingDownError
+from envd.vec_errors import in_flight_error, not_idle_error, ready_error, recv_short_error, send_error, step_error
 
 _ENV_IDLE, _ENV_IN_FLIGHT = 0, 1  # a refused send's env state (native/src/session.h)
 

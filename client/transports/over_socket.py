@@ -32,7 +32,7 @@ from gymnasium import spaces
 from envd import protocol
 from envd.client.channel import Channel
 from envd.errors import EnvdTimeoutError, EnvStateError, ProtocolError
-from envd.vector_base import RepeatCheck
+from envd.vec_rows import RepeatCheck
 
 
 class SocketStepper:
@@ -204,7 +204,7 @@ class SocketStepper:
         """Refuse a recv answer (int64 ids) naming an env that does not exist
         (the gather, BatchedVecEnv._gather, indexes the buffers with these
         ids unchecked) or an env twice (a send of the batch straight back
-        skips the id checks: vector_base._LastBatch)."""
+        skips the id checks: envd.vec_rows.LastBatch)."""
         # (a negative id is huge as uint64: one pass, not min and max)
         if len(ids) and ids.view(np.uint64).max() >= self.num_envs:
             raise ProtocolError(f"the daemon's recv answer names env ids outside "

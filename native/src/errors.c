@@ -184,7 +184,7 @@ static const char *params_problem(const envd_env_def_t *def)
     return NULL;
 }
 
-/* Keys envd itself puts in info (envd.vector_base), and gymnasium's "_" masks. */
+/* Keys envd itself puts in info (envd.vec_info), and gymnasium's "_" masks. */
 static bool is_reserved_info_name(const char *name)
 {
     static const char *const reserved[] = {"env_id", "episode", "final_obs", "final_info",

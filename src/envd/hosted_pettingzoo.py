@@ -38,7 +38,8 @@ from gymnasium import spaces
 from gymnasium.vector.utils import batch_space
 
 from envd.errors import InvalidArgumentError, UnknownEnvError
-from envd.vector_base import episode_statistics_key, possible_agents
+from envd.vec_info import episode_statistics_key
+from envd.vector_base import possible_agents
 
 #: The id prefix of a PettingZoo ParallelEnv factory: "pz:<module>:<factory>"
 #: (gymnasium's envs are "py:<id>", envd's built-ins bare ids).

@@ -16,7 +16,7 @@ Layout::
                  128  the fast path's doorbell (DOORBELL_OFFSET: ENVD_DOORBELL_OFFSET,
                       envd_doorbell_header_t of native/src/doorbell.h; envd.client.doorbell)
     HEADER_SIZE  the batch arrays, each starting on a 64-byte cache line, in the
-                 order of envd.vector_base.buffer_layout; where each one lies is
+                 order of envd.buffer_layout; where each one lies is
                  sent to the client in the make reply (name -> offset, dtype, shape).
 
 The sequence counters count the socket path's steps and resets: step_seq is

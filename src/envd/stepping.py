@@ -14,7 +14,7 @@ One stepper per env, called from one thread at a time, under the env's lock.
 Inputs are in the env's buffers before each call: ``actions`` (every row for
 ``step``; the rows of ``env_ids`` for ``send``), ``reset_seeds`` and
 ``reset_mask``.  Errors are envd errors (envd.errors) with the messages of
-envd.vector_base (e.g. ``in_flight_error``), the same whichever stepper
+envd.vec_errors (e.g. ``in_flight_error``), the same whichever stepper
 raised them.
 
 Async books (EnvPool's rules): each env is IDLE (the trainer holds it: it may

@@ -4,7 +4,12 @@ Both are N envs stepped over one set of batch buffers (numpy arrays in the
 process, or views of a session's shared memory); they differ only in who runs
 a reset or a step: the native core in this process, or the daemon.  Keeping
 argument checks, action conversion, the info dict and the view/copy rules
-here makes the two behave the same by construction.
+here makes the two behave the same by construction.  What it shares with the
+client and the daemon beyond this class lies in modules of one idea each:
+the buffers (envd.buffer_layout), the info (envd.vec_info), a batch's rows
+(envd.vec_rows), the errors (envd.vec_errors), a send's range checks
+(envd.send_row_checks), autoreset modes (envd.autoreset) and integer
+arguments (envd.int_args).
 
 Lifetime of returned arrays: the observation, reward, termination and
 truncation arrays returned by ``reset``/``step`` (and the arrays in ``info``)
@@ -15,8 +20,8 @@ which overwrites them in place.  Keep a copy (or pass ``copy=True`` to
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, TypeGuard
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from gymnasium import spaces
@@ -24,424 +29,23 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from envd import info_codec, leaves
-from envd.errors import (
-    NATIVE_CODES,
-    EnvdError,
-    EnvStateError,
-    InvalidActionError,
-    InvalidArgumentError,
-    NativeError,
-    native_strerror,
-)
+from envd.errors import EnvStateError, InvalidActionError, InvalidArgumentError
+from envd.int_args import seed_list
 from envd.stepping import NO_STEPPER, Stepper
-
-SEED_LIMIT = 2**64
-
-AUTORESET_MODE_NAMES = {"next_step": AutoresetMode.NEXT_STEP,
-                        "same_step": AutoresetMode.SAME_STEP,
-                        "disabled": AutoresetMode.DISABLED}
-
-
-def parse_autoreset_mode(mode: str | AutoresetMode) -> AutoresetMode:
-    """"next_step" | "same_step" | "disabled", or a gymnasium AutoresetMode
-    (or its value, e.g. "NextStep")."""
-    if isinstance(mode, AutoresetMode):
-        return mode
-    if isinstance(mode, str) and mode in AUTORESET_MODE_NAMES:
-        return AUTORESET_MODE_NAMES[mode]
-    if isinstance(mode, str) and mode in {m.value for m in AutoresetMode}:
-        return AutoresetMode(mode)
-    names = ", ".join(map(repr, AUTORESET_MODE_NAMES))
-    raise InvalidArgumentError(f"unknown autoreset_mode {mode!r}; valid modes: {names}")
-
-
-#: metadata["envd_autoreset"] of an env that resets itself (ABI 5
-#: ENVD_ENV_RESETS_ITSELF); its metadata["autoreset_mode"] is SAME_STEP, the
-#: gymnasium mode it is like (the observation after an episode's last step
-#: is the next episode's first), without final_obs.
-RESETS_ITSELF = "the env resets itself"
-
-
-def mark_resets_itself(env: Any) -> None:
-    """The metadata of a VecEnv of an env that resets itself."""
-    env.metadata["autoreset_mode"] = AutoresetMode.SAME_STEP
-    env.metadata["envd_autoreset"] = RESETS_ITSELF
-
-
-def autoreset_mode_name(mode: AutoresetMode) -> str:
-    return next(name for name, value in AUTORESET_MODE_NAMES.items() if value is mode)
-
-
-def is_int(value: Any) -> TypeGuard[int | np.integer[Any]]:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
-
-
-def check_int(name: str, value: Any, low: int, high: int) -> int:
-    if not is_int(value):
-        raise InvalidArgumentError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if not low <= value <= high:
-        raise InvalidArgumentError(f"{name}={value} is out of range; expected {low} <= {name} <= {high}")
-    return int(value)
-
-
-def seed_list(seed: int | Sequence[int] | np.ndarray, num_envs: int) -> np.ndarray:
-    """Per-env seeds: env i gets seed + i, or the i-th of an explicit list."""
-    if is_int(seed):
-        seed = int(seed)
-        if not 0 <= seed <= SEED_LIMIT - num_envs:
-            raise InvalidArgumentError(
-                f"seed must be a non-negative int with seed + num_envs <= 2**64, got {seed}")
-        return np.arange(num_envs, dtype=np.uint64) + np.uint64(seed)
-    if isinstance(seed, (list, tuple)) or (isinstance(seed, np.ndarray) and seed.ndim == 1):
-        if len(seed) != num_envs:
-            raise InvalidArgumentError(
-                f"a list of seeds needs num_envs={num_envs} entries, got {len(seed)}")
-        if not all(is_int(s) and 0 <= int(s) < SEED_LIMIT for s in seed):
-            raise InvalidArgumentError("every seed in the list must be an int in [0, 2**64)")
-        return np.array([int(s) for s in seed], dtype=np.uint64)
-    raise InvalidArgumentError(
-        f"seed must be None, an int or a list of num_envs ints, got {type(seed).__name__}")
-
-
-#: Buffers named INFO_PREFIX + name hold the env's own info fields (e.g.
-#: "info.action_mask"); they appear in every reset/step/recv info under name.
-INFO_PREFIX = "info."
-#: envd's own info keys (env_id, episode, final_obs, final_info, and "_" masks)
-#: are refused as field names by the C validation (errors.c).
-
-#: Where envd reports finished episodes by default (make's
-#: episode_statistics=True): a key of its own, so that gymnasium's
-#: RecordEpisodeStatistics wrapper, which refuses an info that already has
-#: its key "episode", works on a default env.  episode_statistics="episode"
-#: puts them under gymnasium's key instead (code written for that shape).
-DEFAULT_EPISODE_KEY = "envd_episode"
-#: Info keys envd writes itself: an episode statistics key cannot be one.
-RESERVED_INFO_KEYS = frozenset({"env_id", "final_obs", "final_info", "envd_log"})
-
-
-def episode_statistics_key(value: bool | str) -> str | None:
-    """The info key of make's episode_statistics: True -> "envd_episode",
-    False -> None (no statistics), a str -> that key (e.g. "episode")."""
-    if value is True or value is False or isinstance(value, np.bool_):
-        return DEFAULT_EPISODE_KEY if value else None
-    if (isinstance(value, str) and value.isidentifier() and not value.startswith("_")
-            and value not in RESERVED_INFO_KEYS):
-        return value
-    raise InvalidArgumentError(
-        f"episode_statistics must be True (info[{DEFAULT_EPISODE_KEY!r}]), False (none) or an "
-        f"info key such as 'episode' (an identifier not starting with '_', not one of "
-        f"{sorted(RESERVED_INFO_KEYS)}), got {value!r}")
-
-
-def action_out_of_range(env_id: str, space: spaces.Discrete, action: int,
-                        index: int) -> InvalidActionError:
-    """The error of a discrete action outside its space (one message for the
-    in-process env and the client, which checks before it posts a send)."""
-    return InvalidActionError(
-        f"{env_id}: action {action} of env {index} is out of range; "
-        f"{space} accepts {space.start}..{space.start + space.n - 1}")
-
-
-# NATIVE_CODES (envd.errors; generated from envd.h's table, so the client,
-# which never loads native code, has them) maps the fast path's statuses too.
-
-
-def step_error(env_id: str, action_space: spaces.Space, code: int, index: int,
-               buffers: dict[str, np.ndarray], *, never_reset: bool | None = None) -> EnvdError:
-    """The error of a step the native vec refused (code, a negative envd.h
-    code, naming row index of buffers: an env's first row, or the row of its
-    refused action), with the in-process env's message wherever it ran:
-    in-process, in the daemon, or through the fast path.
-
-    never_reset: for ESTATE, whether the env was never reset (else it is done
-    with autoreset disabled), from the native session's own books; None reads
-    it from the row's flags (a client's own buffers: the daemon, whose flags
-    live in client-writable shared memory, always passes it).  A MultiVecEnv
-    renumbers a shard's row into its own (client/multi.py _naming)."""
-    if code == NATIVE_CODES["ERANGE"] and isinstance(action_space, spaces.Discrete):
-        return action_out_of_range(env_id, action_space, int(buffers["actions"][index]), index)
-    if code == NATIVE_CODES["ERANGE"]:
-        return InvalidActionError(leaves.action_range_message(
-            env_id, action_space, buffers["actions"][index], index))
-    # (a refused env is done, or never reset: its flags tell which; a
-    # multi-agent env's row, not its dones, which flag only the step an agent
-    # ended in: a dead row repeats its final flags)
-    if code == NATIVE_CODES["ESTATE"] and never_reset is None:
-        never_reset = not (buffers["terminations"][index] or buffers["truncations"][index])
-    if code == NATIVE_CODES["ESTATE"] and never_reset:
-        return EnvStateError(f"{env_id}: env {index} was never reset; call reset() before step()")
-    if code == NATIVE_CODES["ESTATE"]:
-        return EnvStateError(
-            f"{env_id}: env {index} is done and autoreset_mode is 'disabled'; reset it with "
-            f"reset(options={{'reset_mask': mask}}) before stepping it again")
-    if code == NATIVE_CODES["EBUSY"]:
-        return EnvStateError(f"{env_id}: a step is already in progress on these envs")
-    if code == NATIVE_CODES["EENV"]:
-        return NativeError(f"{env_id}: env {index} failed in its reset, step or write_info "
-                           "callback", code)
-    return NativeError(f"{env_id}: step failed: {native_strerror(code)}", code)
-
-
-def send_error(env_id: str, action_space: spaces.Space, num_envs: int, code: int, index: int,
-               buffers: dict[str, np.ndarray], *, never_reset: bool | None = None) -> EnvdError:
-    """The error of a send (an async batch) the native vec refused: as
-    step_error, plus the env-id checks of the batch (one message in-process
-    and through the fast path)."""
-    if code == NATIVE_CODES["EBUSY"] and 0 <= index < num_envs:
-        return EnvStateError(f"{env_id}: env {index} is already in flight (or twice in this "
-                             "send); recv it before sending it again")
-    if code == NATIVE_CODES["EINVAL"] and index >= 0:
-        return InvalidArgumentError(f"{env_id}: env id {index} is out of range [0, {num_envs})")
-    if code == NATIVE_CODES["EINVAL"]:
-        return InvalidArgumentError(f"{env_id}: a send takes 1 to {num_envs} env ids")
-    return step_error(env_id, action_space, code, index, buffers, never_reset=never_reset)
-
-
-def in_flight_error(env_id: str, call: str, num_in_flight: int) -> EnvStateError:
-    """The refusal of reset(), step() or render() while envs sent are in flight
-    (render: or ready, not received yet; see NativeSession.render)."""
-    if call == "render":
-        return EnvStateError(f"{env_id}: render() while envs are in flight or not received yet "
-                             "(send/async_reset); recv() them first (or reset() once none is in "
-                             "flight)")
-    return EnvStateError(f"{env_id}: {call}() while {num_in_flight} envs are in flight "
-                         "(send/recv); recv them first")
-
-
-def ready_error(env_id: str, num_ready: int) -> EnvStateError:
-    """The refusal of step() while envs wait for recv."""
-    return EnvStateError(
-        f"{env_id}: step() while {num_ready} envs wait for recv "
-        "(after async_reset or send); use recv/send, or reset() to go back to step()")
-
-
-def not_idle_error(env_id: str, index: int, in_flight: bool) -> EnvStateError:
-    """The refusal of a send naming an env that is in flight or ready."""
-    where = "in flight" if in_flight else "ready"
-    return EnvStateError(
-        f"{env_id}: env {index} is {where}, not received yet; send an env "
-        "only after recv returned it (or async_reset)")
-
-
-def recv_short_error(env_id: str, count: int, pending: int) -> EnvStateError:
-    """The refusal of a recv of count envs when only pending are in flight or ready."""
-    return EnvStateError(
-        f"{env_id}: recv returns {count} envs but only {pending} are in flight or ready; "
-        "send more first (or async_reset)")
-
-
-#: A hosted env's info slots (docs/python-envs.md, "Infos"): env i's info,
-#: msgpack-encoded (envd.info_codec), lies in infos[i, :info_lengths[i]]
-#: (length 0: the env gave no info in its last reset or step).
-INFO_SLOTS, INFO_LENGTHS = "infos", "info_lengths"
-#: A hosted env's info columns (docs/python-envs.md, "Infos"): a scalar info
-#: key that kept one type while the env was described gets a buffer
-#: INFO_COLUMN_PREFIX + key of that type, and env i's info of a step is those
-#: columns' row i, without its slot, when info_in_columns[i] is set.
-INFO_COLUMN_PREFIX, INFO_IN_COLUMNS = "info_column.", "info_in_columns"
-
-
-def info_column_type(column: np.ndarray) -> Callable[[Any], Any]:
-    """What makes a column's row the value an env gave, as gymnasium's
-    _add_info batches it (np.zeros(num_envs, dtype=type(value)), or the
-    array's dtype and shape): a copy of an array's row, numpy's scalar type
-    of the dtype, but Python's bool for a bool column (a numpy bool would
-    make an object array)."""
-    if column.ndim > 1:
-        return np.copy
-    return bool if column.dtype == np.bool_ else column.dtype.type
-
-
-#: The buffer of an env's own episode log (ABI 5 episode_fields), and the
-#: info key it is reported under (field -> float64 per row, mask "_envd_log").
-EPISODE_LOG, EPISODE_LOG_KEY = "episode_log", "envd_log"
-
-
-def buffer_layout(observation_space: spaces.Space, action_space: spaces.Space, num_envs: int,
-                  mode: AutoresetMode, info_fields: Sequence[Any] = (),
-                  reward_dtype: Any = np.float32, info_bytes: int = 0, num_agents: int = 1,
-                  episode_fields: Sequence[str] = (),
-                  info_columns: Sequence[tuple[str, str, tuple[int, ...]]] = ()
-                  ) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-    """name -> (shape, dtype) of every batch buffer of a vec, in a fixed order.
-    The native vec reads "actions", "reset_seeds" and "reset_mask" and writes
-    the rest; "final_observations" exists in SAME_STEP mode only; info_fields
-    (objects with name, shape and dtype, as EnvSpec.info_fields) add one
-    buffer each.  Observations have one buffer per leaf of their space and
-    actions one row per env (envd.leaves); hosted envs have float64 rewards
-    (as gymnasium's vector envs) and, with info_bytes > 0, info slots of
-    that many bytes per env, and info_columns ((key, dtype str, shape of
-    a value)) a column each (INFO_COLUMN_PREFIX + key) and the flags INFO_IN_COLUMNS.
-    A multi-agent env (num_agents > 1) has num_envs
-    rows (envs x agents) and an "agent_mask" buffer; its reset seeds and mask
-    use the first num_envs / num_agents entries (one per env).  An env with
-    an episode log (ABI 5 episode_fields) has "episode_log": a row of its
-    fields' values per row (info["envd_log"])."""
-    n = num_envs
-    action_shape, action_dtype = leaves.action_row(action_space)
-    layout = {
-        **leaves.observation_buffers("observations", observation_space, n),
-        "actions": ((n, *action_shape), action_dtype),
-        "rewards": ((n,), reward_dtype),
-        "terminations": ((n,), np.bool_),
-        "truncations": ((n,), np.bool_),
-        "episode_returns": ((n,), np.float64),
-        "episode_lengths": ((n,), np.int64),
-        "episode_times": ((n,), np.float64),
-        "dones": ((n,), np.bool_),
-        "reset_seeds": ((n,), np.uint64),
-        "reset_mask": ((n,), np.bool_),
-    }
-    if mode is AutoresetMode.SAME_STEP:
-        layout.update(leaves.observation_buffers("final_observations", observation_space, n))
-    for field in info_fields:
-        layout[INFO_PREFIX + field.name] = ((n, *field.shape), field.dtype)
-    if num_agents > 1:
-        layout["agent_mask"] = ((n,), np.bool_)
-    if episode_fields:
-        layout[EPISODE_LOG] = ((n, len(episode_fields)), np.float64)
-    if info_bytes:
-        layout[INFO_SLOTS] = ((n, info_bytes), np.uint8)
-        layout[INFO_LENGTHS] = ((n,), np.uint32)
-        if info_columns:
-            layout[INFO_IN_COLUMNS] = ((n,), np.bool_)
-            for key, dtype, shape in info_columns:
-                layout[INFO_COLUMN_PREFIX + key] = ((n, *shape), dtype)
-    return {name: (shape, np.dtype(dtype)) for name, (shape, dtype) in layout.items()}
-
-
-class _InfoMerger:
-    """gymnasium's VectorEnv._add_info (its arrays and masks, nested dicts
-    alike) for results of `rows` rows: gymnasium sizes them by num_envs,
-    which an async recv's batch is not."""
-
-    def __init__(self, rows: int):
-        self.num_envs = rows
-
-    # (gymnasium's method, borrowed: it reads only self.num_envs, which its
-    # self type, a VectorEnv, does not say)
-    _add_info: ClassVar[Callable[[Any, dict[str, Any], dict[str, Any], int], dict[str, Any]]] = (
-        VectorEnv._add_info)
-
-
-class _GatherPlan:
-    """One of recv's two sets of batch buffers (slots: name -> array, plus
-    "env_id") and the copies that fill it, one pair per buffer set it may
-    read from (BatchedVecEnv._gather_sources): copiers[source] is
-    (copy_always(rows, run), copy_on_done(rows, run)) (see _row_copier), the
-    second for a batch in which an episode ended (the buffers named in
-    on_done_names).  obs: the observation over the slots when it is one
-    array, as returned; None for a composite space, whose dict or tuple is
-    built per recv (a caller may replace its entries: a cached one would
-    hand those back two recvs later)."""
-
-    def __init__(self, slots: dict[str, np.ndarray], on_done_names: frozenset[str], obs: Any,
-                 copiers: list[tuple[Any, Any]]):
-        self.slots, self.on_done_names, self.obs = slots, on_done_names, obs
-        self.dones = slots["dones"]
-        self.copiers = copiers
-
-
-def run_of(rows: np.ndarray, positions: np.ndarray) -> slice | None:
-    """rows (int64) as a slice when they are consecutive and increasing (every
-    batch of EnvPool's loop: a batch's envs are sent and finish together),
-    else None.  positions: 0, 1, 2, ... (int64), at least as many as the
-    buffers' rows.  A memcmp against positions, not np.diff: a recv's hot path."""
-    count = len(rows)
-    if count == 0:
-        return None
-    first = int(rows[0])
-    if first < 0 or rows.dtype != positions.dtype:
-        return None
-    if rows.tobytes() != positions[first:first + count].tobytes():
-        return None
-    return slice(first, first + count)
-
-
-class RepeatCheck:
-    """Whether ids (int64, each in [0, size)) name one twice, in O(len(ids))
-    (np.unique sorts or hashes: about 100 ns an id): stamp each id's
-    position; a repeated id keeps only its last one.  For a send's ids and a
-    daemon's recv answer (whose ids the client acts on)."""
-
-    def __init__(self, size: int):
-        self._stamp = np.zeros(size, np.int64)
-        #: 0, 1, 2, ... (run_of's positions too)
-        self.positions = np.arange(size, dtype=np.int64)
-
-    def repeats(self, ids: np.ndarray) -> bool:
-        if len(ids) > len(self._stamp):
-            return True  # (more ids than there are, all in range)
-        if run_of(ids, self.positions) is not None:
-            return False  # (a sorted run: a memcmp, EnvPool's every batch)
-        positions = self.positions[:len(ids)]
-        self._stamp[ids] = positions
-        # (ids are in range: "clip" skips numpy's buffered bounds check)
-        return bool((self._stamp.take(ids, mode="clip") != positions).any())
-
-
-class _LastBatch:
-    """The last recv's batch (of a single-agent env), so that a send of
-    exactly those envs (EnvPool's loop: send(actions, info["env_id"])) skips
-    the id checks (a recv's ids are in range and each once: the stepper's
-    books say so in-process, and the client refuses a daemon's answer that
-    does not, SocketStepper._check_answer_ids) and writes its actions as a
-    slice when they were a run: about 8 us of a cheap env's batch.  A bytes
-    compare tells whether a send's ids are that batch, whoever holds the
-    array (the caller may have changed it in place)."""
-
-    def __init__(self, env_id: np.ndarray, rows: slice | None):
-        self._ids = env_id.tobytes()
-        self._dtype = env_id.dtype
-        #: the batch's rows as a slice (run_of), or None
-        self.rows = rows
-
-    def sends(self, env_ids: Any) -> bool:
-        """env_ids (a send's) are this batch's ids, in its order."""
-        return (env_ids.__class__ is np.ndarray and env_ids.dtype == self._dtype
-                and env_ids.ndim == 1 and env_ids.tobytes() == self._ids)
-
-
-class SendRowChecks:
-    """Range checks of a send's actions for a VecEnv whose envs a daemon
-    steps (RemoteVecEnv, MultiVecEnv): over the socket the daemon would
-    refuse an out-of-range action only after send has returned (sends are
-    posted), so they are checked here, with the in-process message, whatever
-    the transport.  The subclass calls _init_send_row_checks() once its
-    single_action_space is set; its num_agents names rows in the errors."""
-
-    # (the VecEnv's own attributes, which the mixin reads)
-    env_id: str
-    single_action_space: spaces.Space[Any]
-    num_agents: int
-
-    def _init_send_row_checks(self) -> None:
-        space = self.single_action_space
-        #: (start, stop) of a Discrete action space, else None
-        self._discrete = ((space.start, space.start + space.n)
-                          if isinstance(space, spaces.Discrete) else None)
-        #: a MultiDiscrete, MultiBinary or Dict/Tuple space with integer leaves
-        self._range_checked = self._discrete is None and bool(leaves.range_checks(space))
-
-    def _check_send_rows(self, rows: np.ndarray, env_ids: np.ndarray) -> None:
-        if self._discrete is not None and len(rows):
-            start, stop = self._discrete
-            if rows.min() < start or rows.max() >= stop:
-                k = int(np.flatnonzero((rows < start) | (rows >= stop))[0])
-                space = self.single_action_space
-                assert isinstance(space, spaces.Discrete)  # (self._discrete: a Discrete's only)
-                raise action_out_of_range(self.env_id, space,
-                                          int(rows[k]), self._row_id(env_ids, k))
-        elif self._range_checked and len(rows):
-            k = leaves.first_row_out_of_range(self.single_action_space, rows)
-            if k >= 0:
-                raise InvalidActionError(leaves.action_range_message(
-                    self.env_id, self.single_action_space, rows[k], self._row_id(env_ids, k)))
-
-    def _row_id(self, env_ids: np.ndarray, k: int) -> int:
-        """The row (as the in-process vec names it: env * num_agents + agent)
-        of row k of a send to env_ids (one id per env)."""
-        return int(env_ids[k // self.num_agents]) * self.num_agents + k % self.num_agents
+from envd.vec_info import (
+    EPISODE_LOG,
+    EPISODE_LOG_KEY,
+    INFO_COLUMN_PREFIX,
+    INFO_IN_COLUMNS,
+    INFO_LENGTHS,
+    INFO_PREFIX,
+    INFO_SLOTS,
+    InfoMerger,
+    ended_columns,
+    episode_statistics_key,
+    info_column_type,
+)
+from envd.vec_rows import GatherPlan, LastBatch, RepeatCheck, run_of
 
 
 def possible_agents(names: Sequence[str], num_agents: int) -> list[str]:
@@ -505,8 +109,8 @@ class BatchedVecEnv(VectorEnv):
         self._stepper: Stepper = NO_STEPPER  # set by the subclass; NO_STEPPER again once closed
         self._repeat_check = RepeatCheck(num_envs)  # (_checked_ids)
         self._positions = self._repeat_check.positions  # 0, 1, 2, ... (run_of)
-        #: the last recv's batch, for the send of those envs (see _LastBatch)
-        self._last_batch: _LastBatch | None = None
+        #: the last recv's batch, for the send of those envs (see LastBatch)
+        self._last_batch: LastBatch | None = None
         self._recv_count = 0
         self._maybe_running = False  # a call timed out: the buffers may be in use
         self._owned: list[Any] = []  # closed after this env (close_along)
@@ -519,7 +123,7 @@ class BatchedVecEnv(VectorEnv):
 
     def _bind_buffers(self, buffers: dict[str, np.ndarray]) -> None:
         self._buffers = buffers
-        self._plans: list[_GatherPlan] | None = None  # recv's, over these buffers (built lazily)
+        self._plans: list[GatherPlan] | None = None  # recv's, over these buffers (built lazily)
         space = self.single_observation_space
         self._obs_names = leaves.leaf_names("observations", space)
         self._final_obs_names = leaves.leaf_names("final_observations", space)
@@ -791,7 +395,7 @@ class BatchedVecEnv(VectorEnv):
         # The envs whose info is not in the columns, merged env by env; then
         # the columns' envs at once, over them (_merge_columns).
         slotted = lengths != 0 if in_columns is None else (lengths != 0) & ~in_columns
-        merger = _InfoMerger(len(lengths))
+        merger = InfoMerger(len(lengths))
         infos: dict[str, Any] = {}
         finals: dict[str, Any] = {}
         payloads: dict[int, dict] = {}
@@ -1046,7 +650,7 @@ class BatchedVecEnv(VectorEnv):
             last = self._last_batch
             if last is not None and last.sends(env_ids):
                 # the envs the last recv returned, as it returned them: in
-                # range and each once (_LastBatch)
+                # range and each once (LastBatch)
                 ids = row_ids = env_ids.astype(np.int64)
                 target = row_ids if last.rows is None else last.rows
             else:
@@ -1150,7 +754,7 @@ class BatchedVecEnv(VectorEnv):
         env_id = plan.slots["env_id"]
         if self.num_agents == 1:
             env_id[...] = rows
-            self._last_batch = _LastBatch(env_id, run if source_rows is None else run_of(
+            self._last_batch = LastBatch(env_id, run if source_rows is None else run_of(
                 rows, self._positions))
         else:
             env_id[...] = rows // self.num_agents  # each row's env
@@ -1172,7 +776,7 @@ class BatchedVecEnv(VectorEnv):
             # (a copy: the gathered rows of envs reset since their last step
             # keep the log of that step)
             columns = (None if log is None or not self.episode_fields else
-                       dict(zip(self.episode_fields, _ended_columns(log, out["dones"]))))
+                       dict(zip(self.episode_fields, ended_columns(log, out["dones"]))))
             info.update(self._episode_info(out["dones"], final,
                                            tuple(out[name] for name in self._EPISODE_STATS),
                                            columns))
@@ -1180,7 +784,7 @@ class BatchedVecEnv(VectorEnv):
             self._add_env_infos(info, out, env_ids=out["env_id"])
         return obs, out["rewards"], out["terminations"], out["truncations"], info
 
-    def _gather_plans(self) -> list[_GatherPlan]:
+    def _gather_plans(self) -> list[GatherPlan]:
         """Two sets of batch_size-row buffers recv alternates between, each
         with the copies that fill it (made once: a recv's hot path)."""
         plans = self._plans
@@ -1214,7 +818,7 @@ class BatchedVecEnv(VectorEnv):
                 copiers = [(self._row_copier([(source[n], slots[n]) for n in always]),
                             self._row_copier([(source[n], slots[n]) for n in on_done]))
                            for source in self._gather_sources()]
-                plans.append(_GatherPlan(
+                plans.append(GatherPlan(
                     slots, frozenset(on_done), obs if isinstance(obs, np.ndarray) else None,
                     copiers))
         return plans
@@ -1304,24 +908,3 @@ class BatchedVecEnv(VectorEnv):
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-#: np.where costs about 7 ns a row of the log (27 us a step for 4096 rows of
-#: 4 fields), a copy of the ended rows by index about 30 ns an ended row plus
-#: the search for them: _ended_columns takes the index on long logs where few
-#: rows ended (measured for issue 36).
-_WHERE_MAX_ROWS = 256
-_INDEX_MAX_SHARE = 8  # at most 1 row in 8 ended
-
-
-def _ended_columns(log: np.ndarray, dones: np.ndarray) -> np.ndarray:
-    """np.where(dones[:, None], log, 0.0).T: the columns of log (one per
-    field, views of a new array) with the rows where dones is False zeroed,
-    made the cheaper way for the log's size."""
-    if len(dones) > _WHERE_MAX_ROWS:
-        ended = np.flatnonzero(dones)
-        if len(ended) * _INDEX_MAX_SHARE <= len(dones):
-            values = np.zeros(log.shape, log.dtype)
-            values[ended] = log[ended]
-            return values.T
-    return np.where(dones[:, None], log, 0.0).T

@@ -12,7 +12,7 @@ from gymnasium import spaces
 from envd.client.multi_async import IDLE, IN_FLIGHT, READY, ShardsAsyncStepper
 from envd.client.transports.over_socket import SocketStepper
 from envd.errors import ProtocolError
-from envd.vector_base import RepeatCheck, run_of
+from envd.vec_rows import RepeatCheck, run_of
 
 
 class RepliesWith:

@@ -16,9 +16,9 @@ from envs import ExitingConstructorEnv, FailingEnv, InterruptingEnv, PidRecordin
 from gymnasium import spaces
 
 import envd
+from envd.buffer_layout import buffer_layout
 from envd.native import hosted_template, hosted_worker
 from envd.native.hosted_segment import Segment, segment_layout
-from envd.vector_base import buffer_layout
 
 
 # ---- item 4: a repeated env id in one send ----------------------------------------------

@@ -18,8 +18,8 @@ from support.daemon import DaemonProcess
 
 import envd
 from envd import _native_facts, protocol
+from envd.buffer_layout import buffer_layout
 from envd.shm import Segment, plan
-from envd.vector_base import buffer_layout
 
 
 def test_the_hello_advertises_what_the_daemon_serves(daemon):

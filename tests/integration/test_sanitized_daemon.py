@@ -316,7 +316,8 @@ def test_the_sanitizer_catches_a_bug_in_the_native_core(kind, tmp_path):
         import envd
         from envd.native.native_vec import NativeVec
         from envd.native.registry import get_spec
-        from envd.vector_base import AutoresetMode, buffer_layout
+        from envd.buffer_layout import buffer_layout
+        from gymnasium.vector import AutoresetMode
         spec, n = get_spec("CartPole-v1"), 4096
         layout = buffer_layout(spec.observation_space, spec.action_space, n,
                                AutoresetMode.NEXT_STEP,

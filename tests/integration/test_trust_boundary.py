@@ -20,8 +20,8 @@ from support.daemon import DaemonProcess, segments_of
 from support.plugin_checks import build_plugin
 
 import envd
+from envd.buffer_layout import buffer_layout
 from envd.shm import plan
-from envd.vector_base import buffer_layout
 
 FLIPPER_SOURCE = Path(__file__).resolve().parents[1] / "native" / "action_flipper.c"
 NUM_ENVS = 6

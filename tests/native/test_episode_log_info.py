@@ -1,13 +1,14 @@
 """info["envd_log"]'s values: the rows of the episode log where an episode
-ended, 0 elsewhere, whichever way vector_base builds them (np.where on short
-logs and where many ended, an indexed copy on long logs where few did)."""
+ended, 0 elsewhere, whichever way envd.vec_info.ended_columns builds them
+(np.where on short logs and where many ended, an indexed copy on long logs
+where few did)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from envd.vector_base import _INDEX_MAX_SHARE, _WHERE_MAX_ROWS, _ended_columns
+from envd.vec_info import _INDEX_MAX_SHARE, _WHERE_MAX_ROWS, ended_columns
 
 
 @pytest.mark.parametrize("rows", [1, 64, _WHERE_MAX_ROWS, _WHERE_MAX_ROWS + 1, 4096])
@@ -20,7 +21,7 @@ def test_ended_columns_equal_np_where(rows, share):
     dones[rng.permutation(rows)[:round(share * rows)]] = True
     expected = np.where(dones[:, None], log, 0.0)
 
-    columns = _ended_columns(log, dones)
+    columns = ended_columns(log, dones)
 
     assert columns.dtype == np.float64 and len(columns) == 5
     for k, column in enumerate(columns):

@@ -121,7 +121,7 @@ def test_wire_codes_carry_every_native_code(name):
     refused step of every code becomes an error with a wire code."""
     from gymnasium import spaces
 
-    from envd.vector_base import step_error
+    from envd.vec_errors import step_error
     code = getattr(lib, name)
     reply = protocol.error_reply(1, errors.NativeError("it failed", code))
     back = protocol.error_from_reply(reply)

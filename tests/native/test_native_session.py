@@ -13,13 +13,13 @@ import pytest
 from gymnasium.vector import AutoresetMode
 
 import envd
+from envd.buffer_layout import buffer_layout
 from envd.errors import EnvStateError, InvalidArgumentError
 from envd.native._envd_native import lib
 from envd.native.native_session import NativeSession
 from envd.native.native_vec import NativePool
 from envd.native.vector_env import AUTORESET_MODE_CODES
 from envd.stepping import Stepper
-from envd.vector_base import buffer_layout
 
 
 def make_session(num_envs: int, pool: NativePool | None, env_id: str = "CartPole-v1",

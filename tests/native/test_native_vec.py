@@ -8,9 +8,9 @@ import pytest
 from gymnasium.vector import AutoresetMode
 
 import envd
+from envd.buffer_layout import buffer_layout
 from envd.native.native_vec import NativePool, NativeVec
 from envd.native.vector_env import AUTORESET_MODE_CODES
-from envd.vector_base import buffer_layout
 
 
 def native_cartpole(num_envs: int, pool: NativePool | None) -> tuple[NativeVec, dict]:

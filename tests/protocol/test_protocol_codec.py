@@ -14,7 +14,7 @@ from gymnasium.vector import AutoresetMode
 
 import envd
 from envd import errors, protocol, shm
-from envd.vector_base import buffer_layout
+from envd.buffer_layout import buffer_layout
 
 BIG = 1 << 20
 
