@@ -33,7 +33,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import gymnasium
 import numpy as np
@@ -127,15 +127,17 @@ def info_columns(infos: list[dict]) -> tuple[tuple[str, str, tuple[int, ...]], .
     if any(not isinstance(key, str) or len(key) > MAX_INFO_COLUMN_KEY or column is None
            for key, (_, column) in first.items()):
         return ()
-    if sum(np.dtype(d).itemsize * int(np.prod(shape)) for _, (d, shape) in first.values()) \
+    # (every key has a column: refused above otherwise)
+    columns = cast("dict[str, tuple[type, tuple[str, tuple[int, ...]]]]", first)
+    if sum(np.dtype(d).itemsize * int(np.prod(shape)) for _, (d, shape) in columns.values()) \
             > MAX_INFO_COLUMN_BYTES:
         return ()
     for info in infos[1:]:
-        if len(info) != len(first) or any(
+        if len(info) != len(columns) or any(
                 key not in info or type(info[key]) is not kind or _column_of(info[key]) != column
-                for key, (kind, column) in first.items()):
+                for key, (kind, column) in columns.items()):
             return ()
-    return tuple((key, dtype, shape) for key, (_, (dtype, shape)) in first.items())
+    return tuple((key, dtype, shape) for key, (_, (dtype, shape)) in columns.items())
 
 
 def env_maker(env: str | gymnasium.envs.registration.EnvSpec | Callable[[], gymnasium.Env],
@@ -246,9 +248,10 @@ class EnvSlice:
         if len(buffers) == 1:
             buffers[0][i] = obs
             return
-        # (an env whose observation does not match its space: a ValueError of the env)
-        for buffer, value in zip(buffers, leaves.flatten(self._obs_space, obs, "its observation",
-                                                         ValueError)):
+        # (an env whose observation does not match its space: a ValueError of the env;
+        # the space is set: a slice with an env to write has a first env)
+        space = cast("gymnasium.spaces.Space[Any]", self._obs_space)
+        for buffer, value in zip(buffers, leaves.flatten(space, obs, "its observation", ValueError)):
             buffer[i] = value
 
     def _info_outputs(self, i: int, k: int, info: dict, final_info: dict | None = None
@@ -274,10 +277,12 @@ class EnvSlice:
             data = info_codec.encode([info, final_info] if final_info else [info])
         except TypeError as exc:
             raise TypeError(f"the info of env {i} holds {exc}") from None
-        if len(data) > self._slots.shape[1]:
+        # (an env with infos has info slots: buffer_layout gives both or neither)
+        slots = cast(np.ndarray, self._slots)
+        if len(data) > slots.shape[1]:
             raise ValueError(f"the info of env {i} is {len(data)} bytes encoded, over its "
-                             f"{self._slots.shape[1]}-byte slot (make's info_bytes)")
-        self._slots[i, :len(data)] = np.frombuffer(data, np.uint8)
+                             f"{slots.shape[1]}-byte slot (make's info_bytes)")
+        slots[i, :len(data)] = np.frombuffer(data, np.uint8)
         return (len(data), *self._no_columns)
 
     def _fits_columns(self, values: list) -> bool:
@@ -326,14 +331,16 @@ class EnvSlice:
         kinds = self._kind[ids].tolist()
         actions = self._actions[ids].copy()  # (rows stay valid for the env)
         if self._composite_actions:  # the leaves of each row, as the env's space has them
-            views = leaves.leaf_views(self._action_space, actions)
-            actions = [leaves.unflatten(self._action_space, [view[j] for view in views])
+            space = cast("gymnasium.spaces.Space[Any]", self._action_space)  # (composite: set)
+            views = leaves.leaf_views(space, actions)
+            actions = [leaves.unflatten(space, [view[j] for view in views])
                        for j in range(len(kinds))]
         envs, started, needs_reset = self.envs, self._started, self._needs_reset
         ep_return, ep_length = self._ep_return, self._ep_length
         single_obs, going_on = self._single_obs, self._going_on
         stepped: list[int] = []
         results: list[tuple] = []  # (reward, term, trunc, done, return, length, time[, info])
+        result: tuple | None  # (None: a refused step)
         for j, k in enumerate(pending):
             i = b + k
             try:
@@ -441,8 +448,8 @@ class EnvSlice:
             stats = (self._ep_return[k], self._ep_length[k],
                      round(time.perf_counter() - self._ep_start[k], 6))
             self._needs_reset[k] = True
-            if self.mode is AutoresetMode.SAME_STEP:
-                self._write_obs(self._final_obs, i, obs)
+            if self.mode is AutoresetMode.SAME_STEP:  # (whose final_observations exist)
+                self._write_obs(cast("list[np.ndarray]", self._final_obs), i, obs)
                 final_info = info
                 obs, info = self.envs[k].reset()
                 self._begin_episode(k)

@@ -86,6 +86,7 @@ def stack_space(space: spaces.Space, num_agents: int) -> spaces.Space:
                                     start=np.stack([space.start] * a))
     if isinstance(space, spaces.MultiBinary):
         return spaces.MultiBinary((a, *space.shape))
+    assert isinstance(space, spaces.Box)  # (check_agents: one of AGENT_SPACES)
     return spaces.Box(np.stack([space.low] * a), np.stack([space.high] * a), dtype=space.dtype)
 
 
@@ -97,6 +98,7 @@ def unstack_space(space: spaces.Space) -> spaces.Space:
         return spaces.MultiDiscrete(space.nvec[0], space.dtype, start=space.start[0])
     if isinstance(space, spaces.MultiBinary):
         return spaces.MultiBinary(space.shape[1:] if len(space.shape) > 2 else space.shape[1])
+    assert isinstance(space, spaces.Box)  # (stack_space's only other kind)
     return spaces.Box(space.low[0], space.high[0], space.shape[1:], space.dtype)
 
 
@@ -121,8 +123,10 @@ class ParallelAsEnv(gymnasium.Env):
             "terminated": spaces.MultiBinary(a), "truncated": spaces.MultiBinary(a),
             "live": spaces.MultiBinary(a)})
         self.action_space = stack_space(act, a)
-        self._obs = np.zeros(self.observation_space["obs"].shape,
-                             self.observation_space["obs"].dtype)
+        stacked = self.observation_space["obs"]
+        # (stack_space's spaces, a Box, MultiDiscrete or MultiBinary, have both)
+        assert stacked.shape is not None and stacked.dtype is not None
+        self._obs = np.zeros(stacked.shape, stacked.dtype)
         self._final = np.zeros((2, a), np.int8)  # each agent's final (terminated, truncated)
         self._done = np.zeros(a, bool)
         # rendering is the ParallelEnv's own (render_mode "rgb_array": one

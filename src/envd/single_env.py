@@ -24,6 +24,7 @@ import gymnasium
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
+from envd import leaves
 from envd.errors import EnvStateError, InvalidArgumentError
 from envd.vector_base import BatchedVecEnv
 from envd.vector_make import make_vector_env
@@ -54,7 +55,10 @@ class EnvdEnv(gymnasium.Env):
         self.render_mode = venv.render_mode
         self.metadata = {key: venv.metadata[key] for key in ("render_modes", "render_fps")
                          if key in venv.metadata}
-        self._action_shape = (1, *self.action_space.shape)
+        # A Dict/Tuple space (no shape): its values go leaf by leaf (_batch_of_one, _row)
+        self._action_shape = (None if self.action_space.shape is None
+                              else (1, *self.action_space.shape))
+        self._composite_obs = leaves.is_composite(self.observation_space)
         self._episode_over = False  # step() refuses until reset()
 
     @classmethod
@@ -69,6 +73,8 @@ class EnvdEnv(gymnasium.Env):
         venv = make_vector_env(1, envd_id=env_id, endpoint=endpoint,
                                autoreset_mode="disabled", **kwargs)
         try:
+            # (make returns a PettingZoo env, its other kind, only without autoreset_mode)
+            assert isinstance(venv, BatchedVecEnv)
             return cls(venv)
         except BaseException:
             venv.close()
@@ -83,34 +89,65 @@ class EnvdEnv(gymnasium.Env):
                                        f"options, got {sorted(options)}")
         obs, info = self.venv.reset(seed=seed)
         self._episode_over = False
-        return obs[0].copy(), self._first_row(info)
+        return self._row(obs), self._first_row(info)
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         """One step: (obs, reward, terminated, truncated, info)."""
         if self._episode_over:
             raise EnvStateError(f"{self.venv.env_id}: the episode has ended (terminated or "
                                 "truncated); call reset() before stepping again")
-        actions = np.asarray(action)
-        if actions.shape == self.action_space.shape:
-            actions = actions.reshape(self._action_shape)  # else the vec's shape error
+        if self._action_shape is None:
+            actions = self._batch_of_one(action)
+        else:
+            actions = np.asarray(action)
+            if actions.shape == self.action_space.shape:
+                actions = actions.reshape(self._action_shape)  # else the vec's shape error
         obs, rewards, terminations, truncations, info = self.venv.step(actions)
         self._episode_over = bool(terminations[0] or truncations[0])
-        return (obs[0].copy(), float(rewards[0]), bool(terminations[0]), bool(truncations[0]),
+        return (self._row(obs), float(rewards[0]), bool(terminations[0]), bool(truncations[0]),
                 self._first_row(info))
+
+    def _batch_of_one(self, action: Any) -> Any:
+        """A Dict/Tuple action as the vec takes it: the same structure, each
+        leaf with a batch axis of one (InvalidActionError for a structure not
+        the space's; the vec checks each leaf's shape and dtype)."""
+        space = self.action_space
+        values = leaves.flatten(space, action, f"{self.venv.env_id}: action")
+        return leaves.unflatten(space, [np.asarray(value)[np.newaxis] for value in values])
+
+    def _row(self, obs: Any) -> Any:
+        """The observation of the batch of one, a copy (a Dict/Tuple: as the
+        env's space has it, each leaf its row)."""
+        if self._composite_obs:
+            return leaves.row_of(self.observation_space, obs, 0)
+        return obs[0].copy()
 
     @staticmethod
     def _first_row(info: dict[str, Any]) -> dict[str, Any]:
-        """The vector info of a batch of one, as one env's: arrays -> their row,
-        dicts of arrays (episode statistics) -> plain numbers; masks dropped."""
+        """The vector info of a batch of one, as one env's: arrays -> their row
+        (a copy; an object array's: the value the env gave), dicts of arrays
+        (episode statistics, a hosted env's nested info) -> their values
+        (_nested_row); the masks ("_" + key) of its own keys dropped."""
         row: dict[str, Any] = {}
         for key, value in info.items():
             if key.startswith("_"):
                 continue
             if isinstance(value, dict):
-                row[key] = {k: v[0].item() for k, v in value.items()}
+                row[key] = {k: EnvdEnv._nested_row(v) for k, v in value.items()}
             elif isinstance(value, np.ndarray):
-                row[key] = value[0].copy()
+                row[key] = value[0] if value.dtype == object else value[0].copy()
         return row
+
+    @staticmethod
+    def _nested_row(value: Any) -> Any:
+        """Row 0 of a value in a dict of the vector info: a plain number from a
+        column of numbers (episode statistics: "r", "l", "t"), a copy of an
+        array's row, an object array's value, a nested dict's rows."""
+        if isinstance(value, dict):
+            return {k: EnvdEnv._nested_row(v) for k, v in value.items()}
+        if value.dtype == object:
+            return value[0]
+        return value[0].item() if value.ndim == 1 else value[0].copy()
 
     def render(self) -> np.ndarray:
         """The env's frame, (height, width, 3) uint8 (needs render_mode="rgb_array")."""

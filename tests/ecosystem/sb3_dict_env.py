@@ -48,3 +48,11 @@ class NestedCueEnv(CueEnv):
     def _obs(self) -> dict:
         obs = super()._obs()
         return {"noise": obs["noise"], "cue": (obs["cue"],)}
+
+
+class TupleActionEnv(CueEnv):
+    """CueEnv whose action is a Tuple (the cue, and a Box), which SB3 cannot take."""
+    action_space = spaces.Tuple((spaces.Discrete(3), spaces.Box(-1, 1, (1,), np.float32)))
+
+    def step(self, action):
+        return super().step(action[0])

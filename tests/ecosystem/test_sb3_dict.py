@@ -58,6 +58,11 @@ def test_nested_observations_are_refused_at_make():
         EnvdVecEnv.make(sb3_dict_env.NestedCueEnv, 2, num_workers=0)
 
 
+def test_composite_actions_are_refused_at_make():
+    with pytest.raises(ValueError, match="SB3 cannot take a Tuple action"):
+        EnvdVecEnv.make(sb3_dict_env.TupleActionEnv, 2, num_workers=0)
+
+
 def test_monitor_is_answered_truthfully():
     """The adapter writes Monitor's info["episode"]: env_is_wrapped(Monitor)
     says so while episode statistics are on, and no other wrapper is claimed."""

@@ -46,7 +46,8 @@ Dict observations (a hosted ``py:`` env's, say) reach SB3 as it wants them for
 ``MultiInputPolicy``: a dict of arrays, one per key, each ``(num_envs,
 *shape)`` (a 2-D image entry gets its channel axis as above), and a dict per
 env in ``terminal_observation``.  SB3 takes a flat Dict only: a Tuple, or a
-Dict nested in a Dict, is refused when the adapter is made.
+Dict nested in a Dict, is refused when the adapter is made, as is a Dict or
+Tuple action space.
 
 The env's own info fields (e.g. ConnectFour-v0's ``action_mask``) are split
 into the per-env dicts; on a done step they describe the new episode's
@@ -73,16 +74,18 @@ is not supported: ``reset`` raises if options were set.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
-from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector import AutoresetMode
+
+from envd.vector_base import BatchedVecEnv
 
 try:
     from stable_baselines3.common.vec_env import VecEnv
-    from stable_baselines3.common.vec_env.base_vec_env import VecEnvIndices, VecEnvStepReturn
+    from stable_baselines3.common.vec_env.base_vec_env import VecEnvIndices, VecEnvObs, VecEnvStepReturn
 except ImportError as exc:  # pragma: no cover -- depends on the installation
     raise ImportError("envd.integrations.sb3 needs Stable-Baselines3: "
                       "pip install 'envd-rl[sb3]'") from exc
@@ -97,7 +100,7 @@ _ENVD_INFO_KEYS = frozenset({"final_obs", "final_info", "env_id"})
 IMAGE_LAYOUTS = ("channels_first", "channels_last", None)
 
 
-def is_2d_image_space(space: spaces.Space) -> bool:
+def is_2d_image_space(space: spaces.Space) -> TypeGuard[spaces.Box]:
     """A 2-D uint8 Box bounded by [0, 255]: an image without a channel axis,
     which SB3's is_image_space refuses (it wants 3-D)."""
     return (isinstance(space, spaces.Box) and space.dtype == np.uint8 and len(space.shape) == 2
@@ -119,15 +122,15 @@ def image_observation_space(space: spaces.Space, layout: str | None) -> spaces.S
     return spaces.Box(0, 255, shape, np.uint8)
 
 
-def observation_shapes(space: spaces.Space) -> dict[str | None, tuple[int, ...]]:
-    """One env's observation shape as SB3 gets it, by Dict key (None: a space
-    that is not a Dict).  SB3's MultiInputPolicy takes a flat Dict of Box,
+def observation_shapes(space: spaces.Space) -> tuple[int, ...] | dict[str, tuple[int, ...]]:
+    """One env's observation shape as SB3 gets it: a Dict's by key, any other
+    space's its own.  SB3's MultiInputPolicy takes a flat Dict of Box,
     Discrete, MultiBinary and MultiDiscrete: anything else is refused here."""
     if not isinstance(space, spaces.Dict):
         if space.shape is None:
             raise ValueError(f"SB3 cannot take a {type(space).__name__} observation "
                              "(a Box, a discrete space, or a flat Dict of those)")
-        return {None: tuple(space.shape)}
+        return tuple(space.shape)
     shapes = {}
     for key, sub in space.spaces.items():
         if isinstance(sub, (spaces.Dict, spaces.Tuple)) or sub.shape is None:
@@ -142,7 +145,7 @@ class EnvdVecEnv(VecEnv):
     module docstring for the conventions.  Closing it closes the envd env
     (not the client it came from)."""
 
-    def __init__(self, venv: VectorEnv, image_layout: str | None = "channels_first"):
+    def __init__(self, venv: BatchedVecEnv, image_layout: str | None = "channels_first"):
         mode = venv.metadata.get("autoreset_mode")
         if mode != AutoresetMode.SAME_STEP:
             raise ValueError(
@@ -158,10 +161,13 @@ class EnvdVecEnv(VecEnv):
                              "batch_size (async mode)")
         self.venv = venv
         self._action_space = venv.single_action_space
+        if self._action_space.shape is None:  # a Dict or Tuple
+            raise ValueError(f"SB3 cannot take a {type(self._action_space).__name__} action "
+                             "(a Box or a discrete space)")
         self._action_shape = (venv.num_envs, *self._action_space.shape)
         self._actions: np.ndarray | None = None
         observation_space = image_observation_space(venv.single_observation_space, image_layout)
-        # one env's observation as SB3 gets it, by Dict key (None: not a Dict)
+        # one env's observation shape as SB3 gets it (a Dict's by key)
         self._obs_shapes = observation_shapes(observation_space)
         self._episode_key = getattr(venv, "episode_statistics_key", "episode")
         super().__init__(venv.num_envs, observation_space, venv.single_action_space)
@@ -183,17 +189,20 @@ class EnvdVecEnv(VecEnv):
         else:
             venv = client.make(env_id, num_envs, seed=seed, autoreset_mode="same_step", **kwargs)
         try:
+            # (make returns a PettingZoo env, its other kind, only without autoreset_mode)
+            assert isinstance(venv, BatchedVecEnv)
             return cls(venv, image_layout)
         except BaseException:
             venv.close()
             raise
 
     # ---- stepping ------------------------------------------------------------------
-    def reset(self) -> np.ndarray:
+    def reset(self) -> VecEnvObs:
         """Reset every env; seeds set by ``seed()`` apply to this reset only."""
         if any(self._options):
             raise NotImplementedError("envd's envs take no reset options (set_options)")
-        seeds = None if any(s is None for s in self._seeds) else [int(s) for s in self._seeds]
+        given = [int(s) for s in self._seeds if s is not None]
+        seeds = given if len(given) == len(self._seeds) else None
         obs, info = self.venv.reset(seed=seeds)
         self.reset_infos = self._split_info(info)
         self._reset_seeds()
@@ -230,11 +239,11 @@ class EnvdVecEnv(VecEnv):
             final_obs = info.get("final_obs")
             episode = info.get(self._episode_key) if self._episode_key else None
             ended = info.get("_" + self._episode_key) if self._episode_key else None
-            for i in np.flatnonzero(dones):
+            for i in np.flatnonzero(dones).tolist():
                 final = final_obs[i] if final_obs is not None else None
                 infos[i]["terminal_observation"] = self._row(obs, i) if final is None \
                     else self._one(final)
-                if episode is not None and ended[i]:
+                if episode is not None and ended is not None and ended[i]:
                     infos[i]["episode"] = {"r": float(episode["r"][i]), "l": int(episode["l"][i]),
                                            "t": float(episode["t"][i])}
         return self._batch(obs), np.array(rewards), dones, infos
@@ -242,20 +251,22 @@ class EnvdVecEnv(VecEnv):
     def _batch(self, obs: Any) -> np.ndarray | dict[str, np.ndarray]:
         """The envs' observations as SB3 wants them: copies, shaped (an image's
         channel axis), a dict of arrays for a Dict space."""
-        if None in self._obs_shapes:
-            return np.array(obs).reshape(self.num_envs, *self._obs_shapes[None])
+        shapes = self._obs_shapes
+        if isinstance(shapes, tuple):
+            return np.array(obs).reshape(self.num_envs, *shapes)
         return {key: np.array(obs[key]).reshape(self.num_envs, *shape)
-                for key, shape in self._obs_shapes.items()}
+                for key, shape in shapes.items()}
 
     def _one(self, obs: Any) -> np.ndarray | dict[str, np.ndarray]:
         """One env's observation (a final one), shaped as SB3 wants it."""
-        if None in self._obs_shapes:
-            return np.asarray(obs).reshape(self._obs_shapes[None])
-        return {key: np.array(obs[key]).reshape(shape) for key, shape in self._obs_shapes.items()}
+        shapes = self._obs_shapes
+        if isinstance(shapes, tuple):
+            return np.asarray(obs).reshape(shapes)
+        return {key: np.array(obs[key]).reshape(shape) for key, shape in shapes.items()}
 
     def _row(self, obs: Any, i: int) -> np.ndarray | dict[str, np.ndarray]:
         """Row i of the batch obs, shaped as SB3 wants it."""
-        if None in self._obs_shapes:
+        if isinstance(self._obs_shapes, tuple):
             return self._one(np.asarray(obs)[i])
         return self._one({key: np.asarray(obs[key])[i] for key in self._obs_shapes})
 
