@@ -8,6 +8,7 @@ from typing import Any
 
 import cloudpickle
 
+from envd import make_options as options
 from envd.errors import InvalidArgumentError
 from envd.hosted_pettingzoo import (
     PETTINGZOO_PREFIX,
@@ -18,8 +19,6 @@ from envd.hosted_pettingzoo import (
     rows_view,
 )
 from envd.native.hosted_env import make_python
-from envd.native.native_vec import MAX_NUM_ENVS
-from envd.vector_base import check_int, episode_statistics_key
 
 
 def make_pettingzoo(env: str | Callable[[], Any], num_envs: int, *,
@@ -42,8 +41,8 @@ def make_pettingzoo(env: str | Callable[[], Any], num_envs: int, *,
          its worker.
     Autoreset is "next_step".
     """
-    num_envs = check_int("num_envs", num_envs, 1, MAX_NUM_ENVS)
-    episode_statistics_key(episode_statistics)
+    num_envs = options.check_num_envs(num_envs)
+    options.check_episode_statistics(episode_statistics)
     if isinstance(env, str):
         if render_mode is not None:
             env_kwargs = {**env_kwargs, "render_mode": render_mode}
