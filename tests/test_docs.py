@@ -180,7 +180,7 @@ def test_the_precedence_and_default_endpoint_are_described():
 #: Phrases of error messages the page quotes, each a piece of one string
 #: literal in the source (never spanning a placeholder).
 TROUBLESHOOTING_PHRASES = [
-    # multi-agent envs (native/vector_env.py, server/control.py, client/multi.py)
+    # multi-agent envs (src/envd/make_options.py)
     " rows, more than the ",
     # ABI 5 envs (native/vector_env.py, native/src/describe.c, native/registry.py)
     " resets itself (it starts its next episode inside step, and has no ",
@@ -195,7 +195,8 @@ TROUBLESHOOTING_PHRASES = [
     "making the env failed: ",
     "hosted Python envs support Box, Discrete, MultiDiscrete, MultiBinary and Dict/Tuple of them",
     "-byte slot (make's info_bytes)",
-    "num_workers is for Python envs ('",
+    # make's options (src/envd/make_options.py)
+    "hosted Python envs ('py:<gymnasium id>' or an env creator)",
     # connecting (client/connection.py, client/discovery.py)
     "; start one with `envd --threads N` (or set ENVD_ENDPOINT to the daemon's endpoint)",
     "has no listener",
@@ -285,9 +286,9 @@ TROUBLESHOOTING_PHRASES = [
     "and freed its sessions; connect again and read every reply",
     "dropped a client that does not read its replies",
     "got no reply within",
-    # per-session thread caps (client/connection.py, server/control.py)
+    # per-session thread caps (src/envd/make_options.py, client/connection.py)
     "per-session thread caps (max_threads)",
-    "is out of range: this daemon's pool has",
+    " threads (--threads), so 0 <= max_threads <= ",
     "max_threads must be an int",
     # gymnasium (src/envd/vector_base.py, src/envd/gymnasium_registry.py, src/envd/single_env.py)
     "episode_statistics must be True (info[",

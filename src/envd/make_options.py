@@ -56,11 +56,12 @@ PYTHON_PREFIX = "py:"
 _ALL_KINDS = frozenset((NATIVE, PYTHON, PETTINGZOO))
 _HOSTED = frozenset((PYTHON, PETTINGZOO))
 
-#: The kinds, as a refusal names them.
+#: The kinds, as a refusal names them (plain literals: docs/troubleshooting.md
+#: quotes them).
 _KIND_NAMES = {
     NATIVE: "C envs (built-in, a plugin's or 'puffer:<env>')",
-    PYTHON: f"hosted Python envs ('{PYTHON_PREFIX}<gymnasium id>' or an env creator)",
-    PETTINGZOO: f"hosted PettingZoo envs ('{PETTINGZOO_PREFIX}<module>:<factory>')",
+    PYTHON: "hosted Python envs ('py:<gymnasium id>' or an env creator)",
+    PETTINGZOO: "hosted PettingZoo envs ('pz:<module>:<factory>')",
 }
 
 # ---- where an option is given ----------------------------------------------------------------

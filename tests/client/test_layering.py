@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CLIENT_SIDE = [*sorted((ROOT / "client").rglob("*.py")),
                *(ROOT / "src" / "envd" / name for name in ("protocol.py", "shm.py", "vector_base.py",
                                                    "errors.py", "keys.py",
-                                                   "hosted_pettingzoo.py"))]
+                                                   "hosted_pettingzoo.py", "make_options.py"))]
 SERVER_SIDE = sorted((ROOT / "server").glob("*.py"))
 
 
