@@ -208,7 +208,8 @@ class Client:
                   "render_mode": render_mode,  # (the daemon knows which envs render)
                   "max_threads": options.check_max_threads(max_threads),  # (the daemon: the top)
                   "num_workers": options.check_num_workers(num_workers, num_envs, DAEMON),
-                  "info_bytes": None if info_bytes is None else options.check_info_bytes(info_bytes)}
+                  "info_bytes": (None if info_bytes is None
+                                 else options.check_info_bytes(kind, info_bytes))}
         self._check_served(batch_size is not None and batch_size != num_envs,
                            render_mode is not None, transport == "inline",
                            max_threads is not None)

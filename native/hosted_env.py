@@ -34,7 +34,6 @@ from envd.stepping import NO_STEPPER
 from envd.vector_base import (
     BatchedVecEnv,
     buffer_layout,
-    parse_autoreset_mode,
     seed_list,
 )
 
@@ -182,7 +181,7 @@ class HostedVecEnv(BatchedVecEnv):
 
 def make_python(env: str | Callable[[], gymnasium.Env], num_envs: int, *,
                 num_workers: int | None = None, seed: int | Sequence[int] | None = None,
-                autoreset_mode: str | AutoresetMode = "next_step",
+                autoreset_mode: str | AutoresetMode | None = None,
                 max_episode_steps: int | None = None, copy: bool = False,
                 episode_statistics: bool | str = True, batch_size: int | None = None,
                 info_bytes: int = DEFAULT_INFO_BYTES, name: str | None = None,
@@ -208,8 +207,8 @@ def make_python(env: str | Callable[[], gymnasium.Env], num_envs: int, *,
     options.check_episode_statistics(episode_statistics)
     num_envs = options.check_num_envs(num_envs)
     batch_size = options.check_batch_size(batch_size, num_envs)
-    mode = parse_autoreset_mode(autoreset_mode)
-    info_bytes = options.check_info_bytes(info_bytes)
+    mode = options.check_autoreset_mode(PYTHON, autoreset_mode) or AutoresetMode.NEXT_STEP
+    info_bytes = options.check_info_bytes(PYTHON, info_bytes)
     max_episode_steps = options.check_max_episode_steps(PYTHON, max_episode_steps)
     num_workers = options.check_num_workers(num_workers, num_envs, IN_PROCESS)
     options.check_render_mode(render_mode)

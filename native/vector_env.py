@@ -9,6 +9,7 @@ daemon-served VecEnv).
 """
 from __future__ import annotations
 
+import importlib
 import inspect
 import os
 import secrets
@@ -20,7 +21,7 @@ from gymnasium.vector import AutoresetMode
 
 from envd import make_options as options
 from envd.errors import InvalidArgumentError
-from envd.make_options import IN_PROCESS, NATIVE, PETTINGZOO, PYTHON
+from envd.make_options import IN_PROCESS, NATIVE
 from envd.native._envd_native import lib
 from envd.native.batch_rows import IdChecker, row_copier
 from envd.native.native_session import NativeSession
@@ -243,24 +244,28 @@ def make(env_id: str | Callable[[], Any], num_envs: int, *,
     env_kwargs: the env's parameters (see envd.native.get_spec(env_id).params).
     """
     kind = options.kind_of(env_id)
+    given = {"seed": seed, "num_threads": num_threads, "autoreset_mode": autoreset_mode,
+             "max_episode_steps": max_episode_steps, "copy": copy,
+             "episode_statistics": episode_statistics, "pin_cpus": pin_cpus,
+             "batch_size": batch_size, "plugin": plugin, "render_mode": render_mode,
+             "num_workers": num_workers}
     # what this kind of env does not take, refused once (envd.make_options)
-    options.check_autoreset_mode(kind, autoreset_mode)
-    options.refuse_unsupported(kind, IN_PROCESS, {
-        "max_episode_steps": max_episode_steps, "num_threads": num_threads,
-        "pin_cpus": pin_cpus, "plugin": plugin, "num_workers": num_workers},
-        env_id if isinstance(env_id, str) else "")
-    if kind == PETTINGZOO:  # its agents as rows (src/envd/hosted_pettingzoo.py)
-        from envd.native.hosted_pettingzoo import make_pettingzoo
-        return make_pettingzoo(env_id, num_envs, num_workers=num_workers, seed=seed,
-                               batch_size=batch_size, render_mode=render_mode,
-                               copy=copy, episode_statistics=episode_statistics, **env_kwargs)
-    if kind == PYTHON:
-        from envd.native.hosted_env import make_python
-        return make_python(env_id, num_envs, num_workers=num_workers, seed=seed,
-                           autoreset_mode=autoreset_mode or "next_step",
-                           max_episode_steps=max_episode_steps, copy=copy,
-                           episode_statistics=episode_statistics, batch_size=batch_size,
-                           render_mode=render_mode, **env_kwargs)
+    options.refuse_unsupported(kind, IN_PROCESS, given, env_id if isinstance(env_id, str) else "")
+    module, _, name = options.KINDS[kind].builder.partition(":")
+    builder = getattr(importlib.import_module(module), name)
+    env: BatchedVecEnv | PettingZooVecEnv = builder(
+        env_id, num_envs, **options.taken(kind, IN_PROCESS, given), **env_kwargs)
+    return env
+
+
+def make_native(env_id: str, num_envs: int, *, seed: int | Sequence[int] | None,
+                num_threads: int | None, autoreset_mode: str | AutoresetMode | None,
+                max_episode_steps: int | None, copy: bool, episode_statistics: bool | str,
+                pin_cpus: Sequence[int] | None, batch_size: int | None,
+                plugin: str | os.PathLike[str] | None, render_mode: str | None,
+                **env_kwargs: Any) -> VecEnv:
+    """envd.make of a C env (built in, a plugin's, or a "puffer:<env>" build):
+    make_options.KINDS' builder of the kind."""
     options.check_episode_statistics(episode_statistics)  # a bad value fails before any work
     if plugin is not None:
         load_plugin(plugin)

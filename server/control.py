@@ -217,7 +217,7 @@ class ControlHandlers:
         num_workers = options.check_num_workers(header.get("num_workers"), num_envs, DAEMON)
         if num_workers is None:
             num_workers = spec.default_workers(num_envs)
-        info_bytes = options.check_info_bytes(header.get("info_bytes"))
+        info_bytes = options.check_info_bytes(kind, header.get("info_bytes"))
         seed = header.get("seed")
         options.check_seed(seed, num_envs)  # refused before anything is reserved
         service.check_op_room(client)

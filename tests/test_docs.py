@@ -374,3 +374,28 @@ def test_the_readme_command_summary_names_every_flag(monkeypatch):
     assert not missing, f"flags missing from README.md's command summary: {missing}"
     for command in _subcommands(main_help):
         assert re.search(rf"^envd (\[.*\]\S* )?{command}\b", summary, re.M), command
+
+
+# ---- make's options (src/envd/make_options.py) ------------------------------------------
+def _make_options_table() -> dict[str, list[str]]:
+    """docs/configuration.md's table of who takes each make option: option -> cells."""
+    section = CONFIGURATION.read_text().split("### Which env kinds take which make options")[1]
+    rows = {}
+    for line in section.split("\n#")[0].splitlines():
+        if line.startswith("| `"):
+            cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+            rows[cells[0].strip("`")] = cells[1:]
+    return rows
+
+
+def test_the_make_options_table_is_the_one_definition():
+    """The table says, per option, the kinds and entry points that take it
+    exactly as envd.make_options.OPTIONS defines them (no option left out)."""
+    from envd import make_options as mo
+    columns = [(mo.NATIVE, None), (mo.PYTHON, None), (mo.PETTINGZOO, None),
+               (None, mo.IN_PROCESS), (None, mo.DAEMON)]
+    expected = {name: ["yes" if (kind in option.kinds if kind else place in option.places)
+                       else "no" for kind, place in columns] + [f"`{option.wire}`" if option.wire
+                                                                 else "-"]
+                for name, option in mo.OPTIONS.items()}
+    assert _make_options_table() == expected

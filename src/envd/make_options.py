@@ -72,12 +72,12 @@ DAEMON = "Client.make"
 
 
 def kind_of(env_id: Any) -> str:
-    """The kind of env an id (or a creator callable) makes."""
-    if isinstance(env_id, str) and env_id.startswith(PETTINGZOO_PREFIX):
-        return PETTINGZOO
-    if callable(env_id) or (isinstance(env_id, str) and env_id.startswith(PYTHON_PREFIX)):
-        return PYTHON
-    return NATIVE
+    """The kind of env an id (KINDS' prefixes) or a creator callable (a
+    gymnasium env's: envd.make_pettingzoo takes a ParallelEnv's) makes."""
+    if isinstance(env_id, str):
+        return next((kind.name for kind in KINDS.values()
+                     if kind.prefix is not None and env_id.startswith(kind.prefix)), NATIVE)
+    return PYTHON if callable(env_id) else NATIVE
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,8 @@ class Option:
     default: str
     #: its type and range, and where the bound comes from
     bound: str
-    #: its field in the make message (None: the caller's own, never sent)
+    #: its field in the make message (None: the caller's own, never sent;
+    #: docs/protocol.md gives the fields' wire types)
     wire: str | None
     kinds: frozenset[str] = _ALL_KINDS
     places: frozenset[str] = frozenset((IN_PROCESS, DAEMON))
@@ -106,10 +107,10 @@ OPTIONS: dict[str, Option] = {option.name: option for option in (
     Option("num_envs", "(required)", f"1 <= num_envs <= {MAX_NUM_ENVS} (ENVD_VEC_MAX_ENVS), "
            "agents' rows included", "num_envs"),
     Option("seed", "a random base seed", "an int with seed + num_envs <= 2**64, or a list of "
-           "num_envs ints in [0, 2**64)", "seed (a list as a data frame: list_to_blob)"),
+           "num_envs ints in [0, 2**64) (sent as a data frame: list_to_blob)", "seed"),
     Option("autoreset_mode", "next_step", "'next_step', 'same_step', 'disabled' (or "
            "gymnasium's AutoresetMode); hosted PettingZoo envs: next_step only",
-           "autoreset_mode (its name)", kinds=frozenset((NATIVE, PYTHON)),
+           "autoreset_mode",
            instead="a hosted PettingZoo env takes next_step autoreset and its own time limit "
                    "(max_cycles)"),
     Option("max_episode_steps", "the env's own time limit",
@@ -150,8 +151,9 @@ OPTIONS: dict[str, Option] = {option.name: option for option in (
            "1 <= num_workers <= num_envs", "num_workers", kinds=_HOSTED,
            instead="a C env is stepped by a thread pool: num_threads in this process, the "
                    "daemon's --threads (and max_threads) in a daemon"),
-    Option("info_bytes", f"{DEFAULT_INFO_BYTES}", f"0 <= info_bytes <= {MAX_INFO_BYTES} "
-           "(0: infos are not carried)", "info_bytes", kinds=_HOSTED,
+    Option("info_bytes", f"{DEFAULT_INFO_BYTES} (hosted PettingZoo envs: 0)",
+           f"0 <= info_bytes <= {MAX_INFO_BYTES} (0: infos are not carried); hosted "
+           "PettingZoo envs: 0 only", "info_bytes", kinds=_HOSTED,
            instead="a C env reports its infos in fixed fields (info columns)"),
     Option("transport", "ENVD_TRANSPORT, else 'auto'", "'auto', 'shm' or 'inline'", None,
            places=frozenset((DAEMON,))),
@@ -163,12 +165,48 @@ OPTIONS: dict[str, Option] = {option.name: option for option in (
 WIRE_FIELDS = tuple(o.name for o in OPTIONS.values() if o.wire is not None and o.name != "num_envs")
 
 
+@dataclass(frozen=True)
+class EnvKind:
+    """One kind of env: the ids it makes, the options it takes (those of
+    OPTIONS whose ``kinds`` name it) and what builds it in this process.
+    (The daemon builds the C kind on its pool, the hosted kinds in worker
+    processes: server/control.py.)"""
+
+    name: str
+    #: the prefix of its ids (None: any other id)
+    prefix: str | None
+    #: envd.make's builder, "module:function" (imported on first use: a
+    #: client never loads the native core); called as
+    #: ``builder(env_id, num_envs, **taken(kind, IN_PROCESS, given), **env_kwargs)``
+    builder: str
+
+    def options(self, place: str) -> list[str]:
+        """The options it takes at place."""
+        return [name for name, option in OPTIONS.items()
+                if self.name in option.kinds and place in option.places]
+
+
+#: The env kinds, by name.
+KINDS = {kind.name: kind for kind in (
+    EnvKind(NATIVE, None, "envd.native.vector_env:make_native"),
+    EnvKind(PYTHON, PYTHON_PREFIX, "envd.native.hosted_env:make_python"),
+    EnvKind(PETTINGZOO, PETTINGZOO_PREFIX, "envd.native.hosted_pettingzoo:make_pettingzoo"),
+)}
+
+
+def taken(kind: str, place: str, given: Mapping[str, Any]) -> dict[str, Any]:
+    """The options of ``given`` an env of kind takes at place (after
+    refuse_unsupported has refused the others that were given)."""
+    names = KINDS[kind].options(place)
+    return {name: value for name, value in given.items() if name in names}
+
+
 def refuse_unsupported(kind: str, place: str, given: Mapping[str, Any],
                        env_id: str = "") -> None:
     """Refuse the first option of ``given`` (None: not given) that an env of
     kind, made at place, does not take: one InvalidArgumentError, written
-    once per option.  A hosted PettingZoo env's autoreset_mode is given
-    only when it is not next_step (``check_autoreset_mode``)."""
+    once per option.  (Values are checked apart: check_autoreset_mode
+    refuses a hosted PettingZoo env's modes but next_step.)"""
     for name, value in given.items():
         if value is None:
             continue
@@ -207,12 +245,13 @@ def check_batch_size(batch_size: Any, num_envs: int) -> int | None:
 
 def check_autoreset_mode(kind: str, mode: Any) -> AutoresetMode | None:
     """The mode asked for (None: not given, the default next_step); a
-    hosted PettingZoo env refuses any other (refuse_unsupported)."""
+    hosted PettingZoo env takes next_step only."""
     if mode is None:
         return None
     parsed = parse_autoreset_mode(mode)
     if kind == PETTINGZOO and parsed != AutoresetMode.NEXT_STEP:
-        refuse_unsupported(kind, DAEMON, {"autoreset_mode": mode})
+        raise InvalidArgumentError(
+            f"autoreset_mode={mode!r:.40}: {OPTIONS['autoreset_mode'].instead}")
     return parsed
 
 
@@ -293,8 +332,15 @@ def check_num_workers(num_workers: Any, num_envs: int, place: str) -> int | None
     return check_int("num_workers", num_workers, 0 if place == IN_PROCESS else 1, num_envs)
 
 
-def check_info_bytes(info_bytes: Any) -> int:
-    """A hosted env's info slot (None: DEFAULT_INFO_BYTES)."""
+def check_info_bytes(kind: str, info_bytes: Any) -> int:
+    """A hosted env's info slot (None: DEFAULT_INFO_BYTES); 0 for a hosted
+    PettingZoo env, whose env infos are not carried (its rows' info is
+    envd's own: agent_mask, episodes)."""
+    if kind == PETTINGZOO:
+        if info_bytes is not None and info_bytes != 0:
+            raise InvalidArgumentError(f"info_bytes={info_bytes!r:.40}: a hosted PettingZoo "
+                                       "env's infos are not carried (info_bytes=0 or None)")
+        return 0
     return check_int("info_bytes", DEFAULT_INFO_BYTES if info_bytes is None else info_bytes,
                      0, MAX_INFO_BYTES)
 
