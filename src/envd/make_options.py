@@ -102,7 +102,10 @@ class Option:
     instead_in_daemon: str = ""
 
 
-#: Every make option, in the order the entry points check them.
+#: Why a hosted PettingZoo env takes no autoreset mode but next_step and no time limit.
+_PETTINGZOO_EPISODES = ("a hosted PettingZoo env takes next_step autoreset and its own time "
+                        "limit (max_cycles)")
+#: Every make option (docs/configuration.md lists them in this order: tests/test_docs.py).
 OPTIONS: dict[str, Option] = {option.name: option for option in (
     Option("num_envs", "(required)", f"1 <= num_envs <= {MAX_NUM_ENVS} (ENVD_VEC_MAX_ENVS), "
            "agents' rows included", "num_envs"),
@@ -110,14 +113,11 @@ OPTIONS: dict[str, Option] = {option.name: option for option in (
            "num_envs ints in [0, 2**64) (sent as a data frame: list_to_blob)", "seed"),
     Option("autoreset_mode", "next_step", "'next_step', 'same_step', 'disabled' (or "
            "gymnasium's AutoresetMode); hosted PettingZoo envs: next_step only",
-           "autoreset_mode",
-           instead="a hosted PettingZoo env takes next_step autoreset and its own time limit "
-                   "(max_cycles)"),
+           "autoreset_mode", instead=_PETTINGZOO_EPISODES),
     Option("max_episode_steps", "the env's own time limit",
            "C envs 0 <= n <= 2**62 (0: none); hosted Python envs 1 <= n <= 2**62",
            "max_episode_steps", kinds=frozenset((NATIVE, PYTHON)),
-           instead="a hosted PettingZoo env takes next_step autoreset and its own time limit "
-                   "(max_cycles)"),
+           instead=_PETTINGZOO_EPISODES),
     Option("copy", "False (envd.make, Client.make); True (gymnasium.make_vec)", "a bool", None),
     Option("episode_statistics", "True (info['envd_episode'])",
            "True, False or an info key", None),
@@ -160,10 +160,6 @@ OPTIONS: dict[str, Option] = {option.name: option for option in (
     Option("fast_path", "taken when the daemon offers it, unless ENVD_FAST_PATH=0",
            "None, True or False", None, places=frozenset((DAEMON,))),
 )}
-
-#: The make message's optional fields, as Client.make sends them.
-WIRE_FIELDS = tuple(o.name for o in OPTIONS.values() if o.wire is not None and o.name != "num_envs")
-
 
 @dataclass(frozen=True)
 class EnvKind:
