@@ -182,10 +182,10 @@ class Client:
         kind = options.kind_of(env_id)
         options.refuse_unsupported(kind, DAEMON, {  # (envd.make's, which land in env_kwargs)
             name: env_kwargs[name] for name in _IN_PROCESS_ONLY & env_kwargs.keys()})
-        mode = options.check_autoreset_mode(kind, autoreset_mode)
         options.refuse_unsupported(kind, DAEMON, {
             "max_episode_steps": max_episode_steps, "max_threads": max_threads,
             "num_workers": num_workers, "info_bytes": info_bytes}, env_id)
+        mode = options.check_autoreset_mode(kind, autoreset_mode)
         if transport is None:
             transport = os.environ.get("ENVD_TRANSPORT") or "auto"
         if transport not in protocol.TRANSPORTS:

@@ -130,7 +130,7 @@ class ControlHandlers:
         self._take_lists(header, blobs)
         env_id = header["env_id"]
         kind = options.kind_of(env_id)
-        options.check_autoreset_mode(kind, header.get("autoreset_mode"))
+        # what this kind of env does not take, refused once (envd.make_options)
         options.refuse_unsupported(kind, DAEMON, {
             name: header.get(name) for name in ("max_episode_steps", "max_threads",
                                                 "num_workers", "info_bytes")}, env_id)
