@@ -185,7 +185,7 @@ def _shard_kwargs(env_id: str, kwargs: dict[str, Any], num_envs: int,
     shard the values of its envs, so env i keeps its own value wherever it
     runs; anything else goes to every shard as it is (a hosted "py:" env's
     kwargs are whole values, never split)."""
-    if env_id.startswith("py:"):
+    if options.kind_of(env_id) == options.PYTHON:
         return kwargs
     split = {}
     for name, value in kwargs.items():
