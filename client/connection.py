@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-from envd import __version__, _native_facts, protocol
-from envd.autoreset import autoreset_mode_name, parse_autoreset_mode
+from envd import __version__, protocol
+from envd import make_options as options
+from envd.autoreset import autoreset_mode_name
 from envd.client import endpoints, security
 from envd.client.capabilities import Capabilities
 from envd.client.channel import Channel
@@ -33,12 +34,9 @@ from envd.errors import (
     NoDaemonError,
     UnknownSessionError,
 )
-from envd.hosted_pettingzoo import PETTINGZOO_PREFIX, PettingZooVecEnv, rows_view
-from envd.int_args import check_int, is_int, seed_list
-from envd.vec_info import episode_statistics_key
-
-#: The most envs one make may ask for (the native vec's limit, ENVD_VEC_MAX_ENVS).
-MAX_NUM_ENVS = _native_facts.VEC_MAX_ENVS
+from envd.hosted_pettingzoo import PettingZooVecEnv, rows_view
+from envd.int_args import is_int, seed_list
+from envd.make_options import DAEMON
 
 
 def _wire(name: str, value: Any) -> Any:
@@ -63,14 +61,11 @@ def _check_timeout(timeout: object) -> float:
     return float(timeout)
 
 
-#: envd.make's arguments a daemon-served env has no use for, and what to
-#: write instead (an env kwarg of that name would reach the daemon and come
-#: back as "has no parameter", which does not say where to look)
-_IN_PROCESS_ONLY = {
-    "num_threads": "the daemon's one pool (its --threads) steps every session; pass "
-                   "max_threads=K to cap how many of its threads step this session's envs",
-    "pin_cpus": "the daemon's pool threads are pinned by its operator (envd --pin-cpus)",
-}
+#: envd.make's arguments a daemon-served env has no use for (an env kwarg of
+#: that name would reach the daemon and come back as "has no parameter",
+#: which does not say where to look): refused with make_options' reason
+_IN_PROCESS_ONLY = {name for name, option in options.OPTIONS.items()
+                    if options.DAEMON not in option.places}
 
 
 class Client:
@@ -180,64 +175,64 @@ class Client:
         info_bytes: for a hosted Python env, the bytes of each env's info slot
         (its msgpack-encoded info must fit; None: the daemon's default, 1024;
         0: infos are not carried); refused for native envs."""
-        # The checks the daemon cannot see as the caller wrote them (types
-        # msgpack would change or cannot carry), with envd.make's messages.
+        # Every option is checked here as the daemon checks it
+        # (envd.make_options), before it makes anything: the daemon cannot see
+        # what msgpack changes or cannot carry, and a refusal costs no round trip.
         if not isinstance(env_id, str):
             raise InvalidArgumentError(f"env_id must be a str, got {type(env_id).__name__}")
-        for name in env_kwargs.keys() & _IN_PROCESS_ONLY.keys():
-            raise InvalidArgumentError(f"Client.make takes no {name}: {_IN_PROCESS_ONLY[name]}")
+        kind = options.kind_of(env_id)
+        options.refuse_unsupported(kind, DAEMON, {  # (envd.make's, which land in env_kwargs)
+            name: env_kwargs[name] for name in _IN_PROCESS_ONLY & env_kwargs.keys()})
+        options.refuse_unsupported(kind, DAEMON, {
+            "max_episode_steps": max_episode_steps, "max_threads": max_threads,
+            "num_workers": num_workers, "info_bytes": info_bytes}, env_id)
+        mode = options.check_autoreset_mode(kind, autoreset_mode)
         if transport is None:
             transport = os.environ.get("ENVD_TRANSPORT") or "auto"
         if transport not in protocol.TRANSPORTS:
             raise InvalidArgumentError(
                 f"transport must be one of {', '.join(protocol.TRANSPORTS)} (or ENVD_TRANSPORT "
                 f"unset), got {transport!r}")
-        num_envs = check_int("num_envs", num_envs, 1, MAX_NUM_ENVS)
-        episode_statistics_key(episode_statistics)  # refused before the daemon makes anything
-        rows_of_agents = env_id.startswith(PETTINGZOO_PREFIX)
+        num_envs = options.check_num_envs(num_envs)
+        options.check_episode_statistics(episode_statistics)
+        options.check_seed(seed, num_envs)
+        rows_of_agents = kind == options.PETTINGZOO
         if rows_of_agents:
             # a PettingZoo env the operator allowed: the daemon hosts one
             # adapter per env (one row each); this process views their agents
             # as rows and keeps the per-row episode books (envd.hosted_pettingzoo)
             row_statistics, episode_statistics = episode_statistics, False
             info_bytes = 0 if info_bytes is None else info_bytes
-        if seed is not None:
-            seed_list(seed, num_envs)
-        # None: the daemon's default, next_step (and none for an env that
-        # resets itself, which refuses the argument)
-        mode = parse_autoreset_mode("next_step" if autoreset_mode is None else autoreset_mode)
-        header = {"type": "make", "env_id": env_id, "num_envs": num_envs,
-                  "seed": _wire("seed", seed),
-                  "max_episode_steps": _wire("max_episode_steps", max_episode_steps),
-                  "env_kwargs": _wire("env_kwargs", env_kwargs)}
+        fields = {"autoreset_mode": None if mode is None else autoreset_mode_name(mode),
+                  "max_episode_steps": options.check_max_episode_steps(kind, max_episode_steps),
+                  "batch_size": options.check_batch_size(batch_size, num_envs),
+                  "render_mode": render_mode,  # (the daemon knows which envs render)
+                  "max_threads": options.check_max_threads(max_threads),  # (the daemon: the top)
+                  "num_workers": options.check_num_workers(num_workers, num_envs, DAEMON),
+                  "info_bytes": (None if info_bytes is None
+                                 else options.check_info_bytes(kind, info_bytes))}
         self._check_served(batch_size is not None and batch_size != num_envs,
                            render_mode is not None, transport == "inline",
                            max_threads is not None)
-        if autoreset_mode is not None:
-            header["autoreset_mode"] = autoreset_mode_name(mode)
-        if batch_size is not None:  # absent unless asked (as the protocol allows)
-            header["batch_size"] = _wire("batch_size", batch_size)
-        if render_mode is not None:
-            header["render_mode"] = _wire("render_mode", render_mode)
-        if max_threads is not None:  # the daemon checks the top against its --threads
-            header["max_threads"] = check_int("max_threads", max_threads, 0, 2**31 - 1)
-        if num_workers is not None:
-            header["num_workers"] = _wire("num_workers", num_workers)
-        if info_bytes is not None:
-            header["info_bytes"] = _wire("info_bytes", info_bytes)
+        # absent unless asked (as the protocol allows): the daemon's defaults
+        header = {"type": "make", "env_id": env_id, "num_envs": num_envs,
+                  "env_kwargs": _wire("env_kwargs", env_kwargs),
+                  **{name: _wire(name, value) for name, value in fields.items()
+                     if value is not None}}
         # Per-env lists (seeds, kwargs) go in data frames: the daemon caps
         # header frames at --max-header-bytes (64 KiB by default).
         blobs: list[bytes] = []
-        if seed is not None and not is_int(seed):
-            header["seed"] = protocol.list_to_blob(seed_list(seed, num_envs), blobs)
+        if seed is not None:
+            header["seed"] = (_wire("seed", seed) if is_int(seed)
+                              else protocol.list_to_blob(seed_list(seed, num_envs), blobs))
         header["env_kwargs"] = {name: protocol.list_to_blob(value, blobs)
                                 for name, value in header["env_kwargs"].items()}
         if fast_path is None:
             fast_path = None if os.environ.get("ENVD_FAST_PATH", "1") != "0" else False
         reply = self.channel.request(header, blobs, late=self._late_make)
         try:
-            env = RemoteVecEnv(self, reply, num_envs, mode, copy, episode_statistics, transport,
-                               fast_path)
+            env = RemoteVecEnv(self, reply, num_envs, mode or AutoresetMode.NEXT_STEP, copy,
+                               episode_statistics, transport, fast_path)
         except BaseException:
             self.close_session(reply["session"])
             raise

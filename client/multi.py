@@ -41,7 +41,8 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
 from envd import leaves, protocol
-from envd.autoreset import RESETS_ITSELF, autoreset_mode_name, mark_resets_itself, parse_autoreset_mode
+from envd import make_options as options
+from envd.autoreset import RESETS_ITSELF, autoreset_mode_name, mark_resets_itself
 from envd.client import connection
 from envd.client.discovery import is_dns_url, resolve
 from envd.client.multi_async import ShardsAsyncStepper
@@ -57,10 +58,9 @@ from envd.errors import (
     InvalidArgumentError,
     NativeError,
 )
-from envd.int_args import check_int, seed_list
+from envd.int_args import seed_list
 from envd.send_row_checks import SendRowChecks
 from envd.vec_errors import action_out_of_range
-from envd.vec_info import episode_statistics_key
 from envd.vector_base import BatchedVecEnv
 
 
@@ -168,17 +168,10 @@ def _check_max_threads(max_threads: Any, statuses: list[dict[str, Any]],
                        endpoints: Sequence[str]) -> None:
     """make's max_threads (None: no cap) against every daemon's pool, before
     any daemon makes anything: the daemons' --threads may differ, so the
-    refusal names the daemon whose pool is too small."""
-    if max_threads is None:
-        return
-    check_int("max_threads", max_threads, 0, 2**31 - 1)
-    smallest = min(int(status["threads"]) for status in statuses)
-    for status, endpoint in zip(statuses, endpoints):
-        if max_threads > status["threads"]:
-            raise InvalidArgumentError(
-                f"max_threads={max_threads} is out of range for the daemon at {endpoint}: its "
-                f"pool has {status['threads']} threads (--threads); the cap applies on every "
-                f"daemon, so 0 <= max_threads <= {smallest}")
+    refusal names the daemon whose pool is smallest (the cap applies on each)."""
+    threads, endpoint = min((int(status["threads"]), endpoint)
+                            for status, endpoint in zip(statuses, endpoints))
+    options.check_max_threads(max_threads, threads, f"the daemon at {endpoint}: its")
 
 
 def _shard_kwargs(env_id: str, kwargs: dict[str, Any], num_envs: int,
@@ -188,7 +181,7 @@ def _shard_kwargs(env_id: str, kwargs: dict[str, Any], num_envs: int,
     shard the values of its envs, so env i keeps its own value wherever it
     runs; anything else goes to every shard as it is (a hosted "py:" env's
     kwargs are whole values, never split)."""
-    if env_id.startswith("py:"):
+    if options.kind_of(env_id) == options.PYTHON:
         return kwargs
     split = {}
     for name, value in kwargs.items():
@@ -275,9 +268,10 @@ class MultiClient:
         self._check_open()
         if not isinstance(env_id, str):
             raise InvalidArgumentError(f"env_id must be a str, got {type(env_id).__name__}")
-        num_envs = check_int("num_envs", num_envs, 1, connection.MAX_NUM_ENVS)
-        episode_statistics_key(episode_statistics)  # refused before any daemon makes anything
-        if env_id.startswith("pz:"):  # (envd.hosted_pettingzoo: rows viewed by one client)
+        num_envs = options.check_num_envs(num_envs)
+        options.check_episode_statistics(episode_statistics)  # before any daemon makes anything
+        kind = options.kind_of(env_id)
+        if kind == options.PETTINGZOO:  # (envd.hosted_pettingzoo: rows viewed by one client)
             raise InvalidArgumentError(
                 f"{env_id[:200]}: a hosted PettingZoo env is served by one daemon: make it with "
                 "that daemon's client (envd.connect(...).make)")
@@ -289,9 +283,8 @@ class MultiClient:
         # seed=None: one random base seed for all daemons, env i then gets
         # base + i as in envd.make (each daemon drawing its own would not).
         seeds = seed_list(secrets.randbelow(2**63) if seed is None else seed, num_envs)
-        mode = parse_autoreset_mode("next_step" if autoreset_mode is None else autoreset_mode)
-        if batch_size is not None:
-            batch_size = check_int("batch_size", batch_size, 1, num_envs)
+        mode = options.check_autoreset_mode(kind, autoreset_mode) or AutoresetMode.NEXT_STEP
+        batch_size = options.check_batch_size(batch_size, num_envs)
         if batch_size is not None and batch_size < num_envs:
             for client in self.clients:
                 caps = client.capabilities

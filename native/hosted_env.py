@@ -23,18 +23,16 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
 from envd import leaves
-from envd.autoreset import parse_autoreset_mode
+from envd import make_options as options
 from envd.buffer_layout import buffer_layout
 from envd.cpus import usable_cpus
 from envd.errors import NATIVE_CODES, EnvError, InvalidArgumentError, UnknownEnvError
-from envd.int_args import check_int, seed_list
+from envd.int_args import seed_list
+from envd.make_options import DEFAULT_INFO_BYTES, IN_PROCESS, PYTHON, PYTHON_PREFIX
 from envd.native.hosted_segment import Segment, segment_layout
 from envd.native.hosted_session import HostedSession, HostedSpec
 from envd.native.hosted_template import _describe, template
-from envd.native.native_vec import MAX_NUM_ENVS
-from envd.native.vector_env import PYTHON_PREFIX
 from envd.stepping import NO_STEPPER
-from envd.vec_info import episode_statistics_key
 from envd.vector_base import BatchedVecEnv
 
 #: num_workers=None picks workers when a step of all envs costs at least
@@ -63,14 +61,6 @@ def default_num_workers(num_envs: int, step_seconds: float, cpus: int | None = N
     if cpus < 2 or num_envs < 2 or num_envs * step_seconds < PARALLEL_MIN_STEP_SECONDS:
         return 0
     return min(cpus, num_envs)
-
-
-#: Bytes of each env's info slot (make's info_bytes; docs/python-envs.md,
-#: "Infos"): an env's msgpack-encoded info must fit it.
-DEFAULT_INFO_BYTES = 1024
-#: The largest info_bytes a make takes (the segment's size is bounded by the
-#: daemon's --max-shm-bytes and --max-state-bytes too).
-MAX_INFO_BYTES = 1 << 20
 
 
 def check_space(space: spaces.Space, what: str, env_name: str) -> None:
@@ -189,7 +179,7 @@ class HostedVecEnv(BatchedVecEnv):
 
 def make_python(env: str | Callable[[], gymnasium.Env], num_envs: int, *,
                 num_workers: int | None = None, seed: int | Sequence[int] | None = None,
-                autoreset_mode: str | AutoresetMode = "next_step",
+                autoreset_mode: str | AutoresetMode | None = None,
                 max_episode_steps: int | None = None, copy: bool = False,
                 episode_statistics: bool | str = True, batch_size: int | None = None,
                 info_bytes: int = DEFAULT_INFO_BYTES, name: str | None = None,
@@ -212,19 +202,14 @@ def make_python(env: str | Callable[[], gymnasium.Env], num_envs: int, *,
     The other arguments are envd.make's; max_episode_steps overrides the
     id's time limit (a creator's env gets a TimeLimit when it is given).
     """
-    episode_statistics_key(episode_statistics)
-    num_envs = check_int("num_envs", num_envs, 1, MAX_NUM_ENVS)
-    if batch_size is not None:
-        batch_size = check_int("batch_size", batch_size, 1, num_envs)
-    mode = parse_autoreset_mode(autoreset_mode)
-    info_bytes = check_int("info_bytes", info_bytes, 0, MAX_INFO_BYTES)
-    if max_episode_steps is not None:
-        max_episode_steps = check_int("max_episode_steps", max_episode_steps, 1, 2**62)
-    if num_workers is not None:
-        num_workers = check_int("num_workers", num_workers, 0, num_envs)
-    if render_mode not in (None, "rgb_array"):
-        raise InvalidArgumentError(f"render_mode={render_mode!r}: hosted envs render "
-                                   "'rgb_array' frames (or pass None)")
+    options.check_episode_statistics(episode_statistics)
+    num_envs = options.check_num_envs(num_envs)
+    batch_size = options.check_batch_size(batch_size, num_envs)
+    mode = options.check_autoreset_mode(PYTHON, autoreset_mode) or AutoresetMode.NEXT_STEP
+    info_bytes = options.check_info_bytes(PYTHON, info_bytes)
+    max_episode_steps = options.check_max_episode_steps(PYTHON, max_episode_steps)
+    num_workers = options.check_num_workers(num_workers, num_envs, IN_PROCESS)
+    options.check_render_mode(render_mode)
     if isinstance(env, str):
         env_id = env.removeprefix(PYTHON_PREFIX)
         try:

@@ -7,7 +7,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import cloudpickle
+from gymnasium.vector import AutoresetMode
 
+from envd import make_options as options
 from envd.errors import InvalidArgumentError
 from envd.hosted_pettingzoo import (
     PETTINGZOO_PREFIX,
@@ -17,17 +19,16 @@ from envd.hosted_pettingzoo import (
     make_from_creator,
     rows_view,
 )
-from envd.int_args import check_int
+from envd.make_options import PETTINGZOO
 from envd.native.hosted_env import make_python
-from envd.native.native_vec import MAX_NUM_ENVS
-from envd.vec_info import episode_statistics_key
 
 
 def make_pettingzoo(env: str | Callable[[], Any], num_envs: int, *,
                     num_workers: int | None = None, seed: int | Sequence[int] | None = None,
                     episode_statistics: bool | str = True, copy: bool = False,
                     batch_size: int | None = None, render_mode: str | None = None,
-                    **env_kwargs: Any) -> PettingZooVecEnv:
+                    autoreset_mode: str | AutoresetMode | None = None,
+                    info_bytes: int | None = None, **env_kwargs: Any) -> PettingZooVecEnv:
     """num_envs PettingZoo ParallelEnvs hosted in num_workers worker
     processes, their agents as rows (docs/python-envs.md, "PettingZoo").
 
@@ -41,10 +42,13 @@ def make_pettingzoo(env: str | Callable[[], Any], num_envs: int, *,
          it, a creator's ParallelEnv must have it already; render() then
          returns each env's frame (the ParallelEnv's own render()), drawn in
          its worker.
-    Autoreset is "next_step".
+    autoreset_mode: "next_step" (None), the only one it takes; info_bytes: 0
+         (None), as its env infos are not carried.
     """
-    num_envs = check_int("num_envs", num_envs, 1, MAX_NUM_ENVS)
-    episode_statistics_key(episode_statistics)
+    options.check_autoreset_mode(PETTINGZOO, autoreset_mode)
+    options.check_info_bytes(PETTINGZOO, info_bytes)
+    num_envs = options.check_num_envs(num_envs)
+    options.check_episode_statistics(episode_statistics)
     if isinstance(env, str):
         if render_mode is not None:
             env_kwargs = {**env_kwargs, "render_mode": render_mode}

@@ -9,6 +9,7 @@ daemon-served VecEnv).
 """
 from __future__ import annotations
 
+import importlib
 import inspect
 import os
 import secrets
@@ -18,28 +19,24 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-from envd.autoreset import mark_resets_itself, parse_autoreset_mode
+from envd import make_options as options
+from envd.autoreset import mark_resets_itself
 from envd.buffer_layout import buffer_layout
 from envd.errors import InvalidArgumentError
 from envd.int_args import check_int, is_int, seed_list
+from envd.make_options import IN_PROCESS, NATIVE
 from envd.native._envd_native import lib
 from envd.native.batch_rows import IdChecker, row_copier
 from envd.native.native_session import NativeSession
-from envd.native.native_vec import MAX_NUM_ENVS, MAX_THREADS, NativePool
+from envd.native.native_vec import MAX_NUM_ENVS, NativePool
 from envd.native.registry import EnvSpec, get_spec, load_plugin
 from envd.stepping import NO_STEPPER
-from envd.vec_info import episode_statistics_key
 from envd.vector_base import BatchedVecEnv
 
 if TYPE_CHECKING:
     from envd.hosted_pettingzoo import PettingZooVecEnv
 
 _CACHE_LINE = 64
-
-#: The prefix of a hosted Python env's id ("py:CartPole-v1", gymnasium's
-#: Python env), never confused with the built-in C env of the same id
-#: (envd.native.hosted_env, imported on first use).
-PYTHON_PREFIX = "py:"
 
 AUTORESET_MODE_CODES = {
     AutoresetMode.NEXT_STEP: lib.ENVD_AUTORESET_NEXT_STEP,
@@ -64,27 +61,14 @@ def _aligned_zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     return raw[offset:offset + nbytes].view(dtype).reshape(shape)
 
 
-def check_max_episode_steps(spec: EnvSpec, max_episode_steps: int | None) -> int:
-    """The time limit to give the native vec: the env's default for None, 0 = none."""
-    if max_episode_steps is None:
-        return spec.max_episode_steps or 0
-    return check_int("max_episode_steps", max_episode_steps, 0, 2**62)
-
-
-def check_episode_arguments(spec: EnvSpec, autoreset_mode: Any,
-                            max_episode_steps: Any) -> AutoresetMode:
-    """make's autoreset mode for spec (None: next_step); refuses both
-    arguments for an env that resets itself, which takes neither."""
-    if spec.resets_itself:
-        given = [name for name, value in (("autoreset_mode", autoreset_mode),
-                                          ("max_episode_steps", max_episode_steps))
-                 if value is not None]
-        if given:
-            raise InvalidArgumentError(
-                f"{spec.id} resets itself (it starts its next episode inside step, and has no "
-                f"time limit of envd's): make it without {' and '.join(given)}")
-        return AutoresetMode.NEXT_STEP  # (what the native vec takes for it; see vec.h)
-    return parse_autoreset_mode("next_step" if autoreset_mode is None else autoreset_mode)
+def check_episode(spec: EnvSpec, autoreset_mode: Any,
+                  max_episode_steps: Any) -> tuple[AutoresetMode, int]:
+    """spec's autoreset mode and time limit (0: none) from make's arguments
+    (envd.make_options.check_episode); the daemon's make checks alike."""
+    mode = options.check_autoreset_mode(NATIVE, autoreset_mode)
+    steps = options.check_max_episode_steps(NATIVE, max_episode_steps)
+    return options.check_episode(spec.id, spec.resets_itself, mode, steps,
+                                 spec.max_episode_steps)
 
 
 class VecEnv(BatchedVecEnv):
@@ -96,22 +80,14 @@ class VecEnv(BatchedVecEnv):
                  pin_cpus: Sequence[int] | None, env_kwargs: dict[str, Any],
                  batch_size: int | None = None, render_mode: str | None = None):
         self._native = self._pool = None
-        num_envs = check_int("num_envs", num_envs, 1, MAX_NUM_ENVS)
+        num_envs = options.check_num_envs(num_envs)
         params = spec.param_values(env_kwargs, MAKE_ARGUMENTS, num_envs)
         spec = spec.described(params, num_envs)  # (ABI 5: spaces from the params)
         agents = spec.num_agents
-        if num_envs * agents > MAX_NUM_ENVS:
-            raise InvalidArgumentError(
-                f"{spec.id} has {agents} agents per env: {num_envs} envs are "
-                f"{num_envs * agents} rows, more than the {MAX_NUM_ENVS} a vec takes; make "
-                f"at most {MAX_NUM_ENVS // agents} envs")
-        if batch_size is not None:  # (counts envs, also of a multi-agent env)
-            batch_size = check_int("batch_size", batch_size, 1, num_envs)
-        mode = check_episode_arguments(spec, autoreset_mode, max_episode_steps)
-        max_episode_steps = check_max_episode_steps(spec, max_episode_steps)
-        if num_threads is None:
-            num_threads = default_num_threads()
-        num_threads = check_int("num_threads", num_threads, 0, MAX_THREADS)
+        options.check_rows(spec.id, num_envs, agents)
+        batch_size = options.check_batch_size(batch_size, num_envs)  # (envs, not rows)
+        mode, max_episode_steps = check_episode(spec, autoreset_mode, max_episode_steps)
+        num_threads = options.check_num_threads(num_threads, default_num_threads())
         cpus = self._check_pin_cpus(pin_cpus, num_threads)
         render_mode = spec.check_render_mode(render_mode)
         # seed=None: a random base seed, env i then gets base + i as for an int seed.
@@ -263,36 +239,30 @@ def make(env_id: str | Callable[[], Any], num_envs: int, *,
            returns one (height, width, 3) uint8 frame per env, drawn in C.
     env_kwargs: the env's parameters (see envd.native.get_spec(env_id).params).
     """
-    if isinstance(env_id, str) and env_id.startswith("pz:"):
-        # a PettingZoo ParallelEnv, its agents as rows (src/envd/hosted_pettingzoo.py)
-        from envd.native.hosted_pettingzoo import make_pettingzoo
-        extras = {"num_threads": num_threads, "pin_cpus": pin_cpus, "plugin": plugin,
-                  "max_episode_steps": max_episode_steps}
-        given = sorted(name for name, value in extras.items() if value is not None)
-        if given or parse_autoreset_mode(autoreset_mode or "next_step") != AutoresetMode.NEXT_STEP:
-            raise InvalidArgumentError(
-                f"{', '.join(given) or 'autoreset_mode'}: not supported for hosted PettingZoo "
-                "envs (next_step autoreset, the env's own max_cycles)")
-        return make_pettingzoo(env_id, num_envs, num_workers=num_workers, seed=seed,
-                               batch_size=batch_size, render_mode=render_mode,
-                               copy=copy, episode_statistics=episode_statistics, **env_kwargs)
-    if callable(env_id) or (isinstance(env_id, str) and env_id.startswith(PYTHON_PREFIX)):
-        extras = {"num_threads": num_threads, "pin_cpus": pin_cpus, "plugin": plugin}
-        given = sorted(name for name, value in extras.items() if value is not None)
-        if given:
-            raise InvalidArgumentError(f"{', '.join(given)}: for built-in envs only; a hosted "
-                                       "Python env takes num_workers")
-        from envd.native.hosted_env import make_python
-        return make_python(env_id, num_envs, num_workers=num_workers, seed=seed,
-                           autoreset_mode=autoreset_mode or "next_step",
-                           max_episode_steps=max_episode_steps, copy=copy,
-                           episode_statistics=episode_statistics, batch_size=batch_size,
-                           render_mode=render_mode, **env_kwargs)
-    if num_workers is not None:
-        raise InvalidArgumentError(
-            f"num_workers is for Python envs ('{PYTHON_PREFIX}<gymnasium id>' or an env "
-            f"creator); the built-in {env_id!r} takes num_threads")
-    episode_statistics_key(episode_statistics)  # a bad value fails before any work
+    kind = options.kind_of(env_id)
+    given = {"seed": seed, "num_threads": num_threads, "autoreset_mode": autoreset_mode,
+             "max_episode_steps": max_episode_steps, "copy": copy,
+             "episode_statistics": episode_statistics, "pin_cpus": pin_cpus,
+             "batch_size": batch_size, "plugin": plugin, "render_mode": render_mode,
+             "num_workers": num_workers}
+    # what this kind of env does not take, refused once (envd.make_options)
+    options.refuse_unsupported(kind, IN_PROCESS, given, env_id if isinstance(env_id, str) else "")
+    module, _, name = options.KINDS[kind].builder.partition(":")
+    builder = getattr(importlib.import_module(module), name)
+    env: BatchedVecEnv | PettingZooVecEnv = builder(
+        env_id, num_envs, **options.taken(kind, IN_PROCESS, given), **env_kwargs)
+    return env
+
+
+def make_native(env_id: str, num_envs: int, *, seed: int | Sequence[int] | None,
+                num_threads: int | None, autoreset_mode: str | AutoresetMode | None,
+                max_episode_steps: int | None, copy: bool, episode_statistics: bool | str,
+                pin_cpus: Sequence[int] | None, batch_size: int | None,
+                plugin: str | os.PathLike[str] | None, render_mode: str | None,
+                **env_kwargs: Any) -> VecEnv:
+    """envd.make of a C env (built in, a plugin's, or a "puffer:<env>" build):
+    make_options.KINDS' builder of the kind."""
+    options.check_episode_statistics(episode_statistics)  # a bad value fails before any work
     if plugin is not None:
         load_plugin(plugin)
     if isinstance(env_id, str) and env_id.startswith("puffer:"):

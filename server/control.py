@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from gymnasium.vector import AutoresetMode
 
 from envd import __version__, protocol
-from envd.autoreset import parse_autoreset_mode
+from envd import make_options as options
 from envd.errors import (
     DaemonError,
     InvalidArgumentError,
@@ -28,12 +28,10 @@ from envd.errors import (
     UnknownEnvError,
     UnknownSessionError,
 )
-from envd.hosted_pettingzoo import PETTINGZOO_PREFIX
-from envd.int_args import check_int, is_int, seed_list
-from envd.native.hosted_env import DEFAULT_INFO_BYTES, MAX_INFO_BYTES
-from envd.native.native_vec import MAX_NUM_ENVS
+from envd.int_args import seed_list
+from envd.make_options import DAEMON, MAX_NUM_ENVS, NATIVE
 from envd.native.registry import get_spec, list_envs
-from envd.native.vector_env import PYTHON_PREFIX, check_episode_arguments, check_max_episode_steps
+from envd.native.vector_env import check_episode
 from envd.server.capabilities import hello_capabilities
 from envd.server.fair_ops import Done
 from envd.server.hosted import HostedServerSession
@@ -130,22 +128,20 @@ class ControlHandlers:
         service = self.service
         service.close_revoked_sessions()  # a truncated session must not count against the limits
         self._take_lists(header, blobs)
-        if header["env_id"].startswith((PYTHON_PREFIX, PETTINGZOO_PREFIX)):
+        env_id = header["env_id"]
+        kind = options.kind_of(env_id)
+        # what this kind of env does not take, refused once (envd.make_options)
+        options.refuse_unsupported(kind, DAEMON, {
+            name: header.get(name) for name in ("max_episode_steps", "max_threads",
+                                                "num_workers", "info_bytes")}, env_id)
+        if kind != NATIVE:
             return self._make_hosted(client, header)
-        if header.get("info_bytes") is not None:
-            raise InvalidArgumentError(
-                f"info_bytes is for hosted Python envs ('{PYTHON_PREFIX}<id>'); "
-                f"{header['env_id'][:_ECHO_LIMIT]} reports its infos in fixed fields")
-        if header.get("num_workers") is not None:
-            raise InvalidArgumentError(
-                f"num_workers is for hosted Python envs ('{PYTHON_PREFIX}<id>'); "
-                f"{header['env_id'][:_ECHO_LIMIT]} is stepped by the daemon's thread pool")
-        if len(header["env_id"]) > _ECHO_LIMIT:
+        if len(env_id) > _ECHO_LIMIT:
             raise UnknownEnvError(
-                f"unknown env id of {len(header['env_id'])} characters; known ids: "
+                f"unknown env id of {len(env_id)} characters; known ids: "
                 f"{', '.join(list_envs())}")
-        spec = get_spec(header["env_id"])
-        num_envs = check_int("num_envs", header["num_envs"], 1, MAX_NUM_ENVS)
+        spec = get_spec(env_id)
+        num_envs = options.check_num_envs(header["num_envs"])
         env_kwargs = header.get("env_kwargs", {})
         params = None
         if spec.describes:
@@ -158,21 +154,15 @@ class ControlHandlers:
             values = spec.param_values(env_kwargs, _MAKE_ARGUMENTS, rows)
             spec = spec.described(values, rows)
             params = values if per_env else None
-        agents = spec.num_agents
-        if num_envs * agents > MAX_NUM_ENVS:  # (a multi-agent env's agents are rows)
-            raise InvalidArgumentError(
-                f"{spec.id} has {agents} agents per env: {num_envs} envs are "
-                f"{num_envs * agents} rows, more than the {MAX_NUM_ENVS} a session takes; "
-                f"make at most {MAX_NUM_ENVS // agents} envs")
-        batch_size = header.get("batch_size")
-        if batch_size is not None:
-            batch_size = check_int("batch_size", batch_size, 1, num_envs)
-        mode = check_episode_arguments(spec, header.get("autoreset_mode"),
-                                       header.get("max_episode_steps"))
-        max_steps = check_max_episode_steps(spec, header.get("max_episode_steps"))
+        options.check_rows(spec.id, num_envs, spec.num_agents)
+        batch_size = options.check_batch_size(header.get("batch_size"), num_envs)
+        mode, max_steps = check_episode(spec, header.get("autoreset_mode"),
+                                        header.get("max_episode_steps"))
         render_mode = spec.check_render_mode(header.get("render_mode"))
-        max_threads = self._check_max_threads(header.get("max_threads"))
+        max_threads = options.check_max_threads(header.get("max_threads"),
+                                                self.service.pool.num_threads)
         seed = header.get("seed")
+        options.check_seed(seed, num_envs)
         service.check_op_room(client)  # before anything is reserved
         reservation = service.books.reserve(client, spec, num_envs, mode, len(service.sessions),
                                             service.fd_check)
@@ -207,66 +197,29 @@ class ControlHandlers:
             raise
         return None
 
-    def _check_max_threads(self, max_threads: Any) -> int | None:
-        """make's max_threads: None (no cap) or an int from 0 to the pool's
-        threads; InvalidArgumentError naming --threads otherwise."""
-        if max_threads is None:
-            return None
-        threads = self.service.pool.num_threads
-        if not is_int(max_threads):
-            raise InvalidArgumentError(f"max_threads must be an int or None, got "
-                                       f"{type(max_threads).__name__} {max_threads!r}")
-        if not 0 <= max_threads <= threads:
-            raise InvalidArgumentError(
-                f"max_threads={max_threads} is out of range: this daemon's pool has {threads} "
-                f"threads (--threads), so 0 <= max_threads <= {threads} (0: inline on the "
-                "thread serving the call; None: no cap)")
-        return int(max_threads)
-
     def _make_hosted(self, client: ClientRecord, header: dict[str, Any]) -> None:
         """make of a Python env the operator allowed (server/hosted.py):
         num_workers worker processes forked from the daemon's template."""
         service = self.service
         spec = service.hosted.get(header["env_id"])
-        num_envs = check_int("num_envs", header["num_envs"], 1, MAX_NUM_ENVS)
-        batch_size = header.get("batch_size")
-        if batch_size is not None:
-            batch_size = check_int("batch_size", batch_size, 1, num_envs)
-        mode = parse_autoreset_mode(header.get("autoreset_mode", "next_step"))
-        max_steps = header.get("max_episode_steps")
-        if max_steps is not None:
-            max_steps = check_int("max_episode_steps", max_steps, 1, 2**62)
-        render_mode = header.get("render_mode")
-        if render_mode is not None and render_mode != "rgb_array":
-            raise InvalidArgumentError(
-                f"{spec.id}: render_mode={render_mode!r}: hosted Python envs render "
-                "'rgb_array' frames (or pass None)")
-        if spec.creator is not None and (max_steps is not None
-                                         or mode != AutoresetMode.NEXT_STEP):
-            # (the adapter's time limit or autoreset would not reach its rows)
-            raise InvalidArgumentError(
-                f"{spec.id}: a hosted PettingZoo env takes next_step autoreset and its own "
-                "time limit (no max_episode_steps)")
-        if header.get("max_threads") is not None:
-            raise InvalidArgumentError(
-                f"{spec.id}: max_threads caps the daemon's pool threads, which do not step "
-                "hosted Python envs: their worker processes do (num_workers)")
+        kind = options.kind_of(spec.id)
+        num_envs = options.check_num_envs(header["num_envs"])
+        batch_size = options.check_batch_size(header.get("batch_size"), num_envs)
+        mode = (options.check_autoreset_mode(kind, header.get("autoreset_mode"))
+                or AutoresetMode.NEXT_STEP)
+        max_steps = options.check_max_episode_steps(kind, header.get("max_episode_steps"))
+        render_mode = options.check_render_mode(header.get("render_mode"), spec.id)
         if header.get("env_kwargs"):
             raise InvalidArgumentError(
                 f"{spec.id}: a daemon-hosted Python env takes no env kwargs (the operator's "
                 "--python-env id fixes the env; register a variant with gymnasium.register "
                 "in an --import module)")
-        num_workers = header.get("num_workers")
+        num_workers = options.check_num_workers(header.get("num_workers"), num_envs, DAEMON)
         if num_workers is None:
             num_workers = spec.default_workers(num_envs)
-        # (0 would step the envs on the event loop thread: the daemon never does)
-        num_workers = check_int("num_workers", num_workers, 1, num_envs)
-        info_bytes = header.get("info_bytes")
-        info_bytes = check_int("info_bytes", DEFAULT_INFO_BYTES if info_bytes is None
-                               else info_bytes, 0, MAX_INFO_BYTES)
+        info_bytes = options.check_info_bytes(kind, header.get("info_bytes"))
         seed = header.get("seed")
-        if seed is not None:
-            seed_list(seed, num_envs)  # refused before anything is reserved
+        options.check_seed(seed, num_envs)  # refused before anything is reserved
         service.check_op_room(client)
         reservation = service.books.reserve(client, spec, num_envs, mode, len(service.sessions),
                                             service.fd_check, num_workers=num_workers,

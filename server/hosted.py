@@ -52,6 +52,7 @@ from envd.errors import (
     UnknownEnvError,
 )
 from envd.hosted_pettingzoo import PETTINGZOO_PREFIX, creator_of_id
+from envd.make_options import PYTHON_PREFIX
 from envd.native import hosted_template, segment_guard
 from envd.native._envd_native import lib
 from envd.native.hosted_calls import MAX_CALL_OBJECTS
@@ -60,7 +61,6 @@ from envd.native.hosted_segment import Segment as PrivateSegment
 from envd.native.hosted_segment import segment_layout
 from envd.native.hosted_session import CLOSE_GRACE_SECONDS, HostedSession, HostedSpec
 from envd.native.hosted_template import Template, template
-from envd.native.vector_env import PYTHON_PREFIX
 from envd.server.config import StartupError
 from envd.server.lifecycle import Lifecycle
 from envd.server.sessions import EXECUTOR_LOCK_WAIT_SECONDS, Session, async_in_flight, plan

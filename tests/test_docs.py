@@ -180,7 +180,7 @@ def test_the_precedence_and_default_endpoint_are_described():
 #: Phrases of error messages the page quotes, each a piece of one string
 #: literal in the source (never spanning a placeholder).
 TROUBLESHOOTING_PHRASES = [
-    # multi-agent envs (native/vector_env.py, server/control.py, client/multi.py)
+    # multi-agent envs (src/envd/make_options.py)
     " rows, more than the ",
     # ABI 5 envs (native/vector_env.py, native/src/describe.c, native/registry.py)
     " resets itself (it starts its next episode inside step, and has no ",
@@ -195,7 +195,8 @@ TROUBLESHOOTING_PHRASES = [
     "making the env failed: ",
     "hosted Python envs support Box, Discrete, MultiDiscrete, MultiBinary and Dict/Tuple of them",
     "-byte slot (make's info_bytes)",
-    "num_workers is for Python envs ('",
+    # make's options (src/envd/make_options.py)
+    "hosted Python envs ('py:<gymnasium id>' or an env creator)",
     # connecting (client/connection.py, client/discovery.py)
     "; start one with `envd --threads N` (or set ENVD_ENDPOINT to the daemon's endpoint)",
     "has no listener",
@@ -286,9 +287,9 @@ TROUBLESHOOTING_PHRASES = [
     "and freed its sessions; connect again and read every reply",
     "dropped a client that does not read its replies",
     "got no reply within",
-    # per-session thread caps (client/connection.py, server/control.py)
+    # per-session thread caps (src/envd/make_options.py, client/connection.py)
     "per-session thread caps (max_threads)",
-    "is out of range: this daemon's pool has",
+    " threads (--threads), so 0 <= max_threads <= ",
     "max_threads must be an int",
     # gymnasium (src/envd/vec_info.py, src/envd/vector_base.py, src/envd/gymnasium_registry.py,
     # src/envd/single_env.py)
@@ -375,3 +376,28 @@ def test_the_readme_command_summary_names_every_flag(monkeypatch):
     assert not missing, f"flags missing from README.md's command summary: {missing}"
     for command in _subcommands(main_help):
         assert re.search(rf"^envd (\[.*\]\S* )?{command}\b", summary, re.M), command
+
+
+# ---- make's options (src/envd/make_options.py) ------------------------------------------
+def _make_options_table() -> dict[str, list[str]]:
+    """docs/configuration.md's table of who takes each make option: option -> cells."""
+    section = CONFIGURATION.read_text().split("### Which env kinds take which make options")[1]
+    rows = {}
+    for line in section.split("\n#")[0].splitlines():
+        if line.startswith("| `"):
+            cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+            rows[cells[0].strip("`")] = cells[1:]
+    return rows
+
+
+def test_the_make_options_table_is_the_one_definition():
+    """The table says, per option, the kinds and entry points that take it
+    exactly as envd.make_options.OPTIONS defines them (no option left out)."""
+    from envd import make_options as mo
+    columns = [(mo.NATIVE, None), (mo.PYTHON, None), (mo.PETTINGZOO, None),
+               (None, mo.IN_PROCESS), (None, mo.DAEMON)]
+    expected = {name: ["yes" if (kind in option.kinds if kind else place in option.places)
+                       else "no" for kind, place in columns] + [f"`{option.wire}`" if option.wire
+                                                                 else "-"]
+                for name, option in mo.OPTIONS.items()}
+    assert list(_make_options_table().items()) == list(expected.items())  # (in order)

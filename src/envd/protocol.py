@@ -35,8 +35,9 @@ does not speak it.  Per type, the fields (``?`` = optional):
                render_mode?:str|nil, max_threads?:int|nil, num_workers?:int|nil,
                info_bytes?:int|nil
                (a per-env list, seed or a kwarg's values, may be a blob
-               reference {blob:int, dtype:str}: list_to_blob; checked as
-               envd.make checks them; max_threads: at most that
+               reference {blob:int, dtype:str}: list_to_blob; each field's
+               bound and the env kinds that take it are defined once in
+               envd.make_options, which the daemon checks them with; max_threads: at most that
                many of the daemon's pool threads step the session's envs at
                once, 0 = inline on the thread serving the call, nil or absent
                = no cap; an int in [0, the daemon's --threads], else

@@ -222,6 +222,31 @@ def test_only_the_allowed_ids_and_arguments(client):
         assert env.reset(seed=0)[0].shape == (2, 4)
 
 
+@pytest.mark.parametrize("env_id,options", [
+    ("CartPole-v1", {"num_workers": 1}),
+    ("CartPole-v1", {"info_bytes": 64}),
+    ("CartPole-v1", {"max_episode_steps": -1}),
+    ("py:CartPole-v1", {"max_threads": 0}),
+    ("py:CartPole-v1", {"max_episode_steps": 0}),
+    ("py:CartPole-v1", {"num_workers": 0}),
+    ("py:CartPole-v1", {"info_bytes": 2**21}),
+    ("py:CartPole-v1", {"autoreset_mode": "sideways"}),
+    ("py:CartPole-v1", {"batch_size": 3}),
+])
+def test_the_daemon_refuses_what_the_client_refuses_with_its_message(daemon, env_id, options):
+    """Each make option is defined once (envd.make_options): a make the
+    client refuses before sending gets, sent raw past the client's checks,
+    the daemon's invalid_argument with the very same message, and nothing
+    is made."""
+    with daemon.connect() as c:
+        with pytest.raises(envd.InvalidArgumentError) as by_client:
+            c.make(env_id, 2, **options)
+        with pytest.raises(envd.InvalidArgumentError) as by_daemon:
+            c.channel.request({"type": "make", "env_id": env_id, "num_envs": 2, **options})
+        assert str(by_daemon.value) == str(by_client.value)
+        assert c.status()["sessions"] == 0
+
+
 def test_raising_env_is_an_env_error_and_the_rest_goes_on(client):
     good = client.make("py:CartPole-v1", 3, seed=0, num_workers=1)
     bad = client.make("py:envd-test/Raising-v0", 4, seed=0, num_workers=2)

@@ -105,7 +105,7 @@ def test_unsupported_space_is_named(num_workers):
 def test_bad_arguments():
     with pytest.raises(envd.UnknownEnvError, match="py:NoSuchEnv-v9"):
         envd.make("py:NoSuchEnv-v9", 2)
-    with pytest.raises(envd.InvalidArgumentError, match="num_workers is for Python envs"):
+    with pytest.raises(envd.InvalidArgumentError, match="num_workers is for hosted Python envs"):
         envd.make("CartPole-v1", 2, num_workers=1)
     with pytest.raises(envd.InvalidArgumentError, match="num_threads"):
         envd.make("py:CartPole-v1", 2, num_threads=1)

@@ -19,8 +19,8 @@ import pytest
 from support.builtin_envs import listed_builtins
 
 from envd import _native_facts as facts
-from envd import errors, protocol, shm
-from envd.client import connection, doorbell
+from envd import errors, make_options, protocol, shm
+from envd.client import doorbell
 from envd.native._envd_native import ffi, lib
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -144,8 +144,8 @@ def test_python_mirrors_read_the_generated_facts():
     assert (doorbell.STEP, doorbell.SEND, doorbell.RECV, doorbell.SENDRECV) == \
         (lib.ENVD_DOORBELL_STEP, lib.ENVD_DOORBELL_SEND, lib.ENVD_DOORBELL_RECV, lib.ENVD_DOORBELL_SENDRECV)
     assert doorbell.SHUTTING_DOWN == lib.ENVD_DOORBELL_SHUTTING_DOWN
-    assert connection.MAX_NUM_ENVS == lib.ENVD_VEC_MAX_ENVS
-    assert config.MAX_THREADS == lib.ENVD_POOL_MAX_THREADS
+    assert make_options.MAX_NUM_ENVS == lib.ENVD_VEC_MAX_ENVS
+    assert config.MAX_THREADS == make_options.MAX_THREADS == lib.ENVD_POOL_MAX_THREADS
     assert sorted(gymnasium_registry.BUILTIN_ENV_IDS) == sorted(facts.BUILTIN_ENV_IDS)
 
 

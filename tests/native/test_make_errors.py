@@ -280,3 +280,34 @@ def test_stepping_a_done_env_in_disabled_mode():
             env.step(np.ones(2, np.int64))
         env.reset(options={"reset_mask": done})
         env.step(np.ones(2, np.int64))
+
+
+@pytest.mark.parametrize("kind", ["native", "py", "pz"])
+def test_each_env_kinds_builder_takes_the_options_the_kind_declares(kind):
+    """envd.make hands a kind's builder (make_options.KINDS) exactly the
+    options the kind takes in-process: each is a keyword of the builder, and
+    every option of envd.make is declared in make_options.OPTIONS."""
+    import importlib
+    import inspect
+
+    from envd import make_options
+    from envd.native.vector_env import MAKE_ARGUMENTS
+    module, _, name = make_options.KINDS[kind].builder.partition(":")
+    parameters = inspect.signature(getattr(importlib.import_module(module), name)).parameters
+    assert set(make_options.KINDS[kind].options(make_options.IN_PROCESS)) - {"num_envs"} \
+        <= {p for p, v in parameters.items() if v.kind is inspect.Parameter.KEYWORD_ONLY}
+    assert set(MAKE_ARGUMENTS) <= set(make_options.OPTIONS)
+
+
+def test_an_option_a_kind_does_not_take_is_refused_before_anything_is_made():
+    with pytest.raises(InvalidArgumentError, match="CartPole-v1: num_workers is for hosted "
+                                                   "Python envs .* a C env is stepped by a thread pool"):
+        envd.make("CartPole-v1", 2, num_workers=1)
+    with pytest.raises(InvalidArgumentError, match="py:CartPole-v1: pin_cpus is for C envs"):
+        envd.make("py:CartPole-v1", 2, pin_cpus=[0])
+    with pytest.raises(InvalidArgumentError, match="pz:m:f: max_episode_steps is for C envs .* "
+                                                   "and hosted Python envs"):
+        envd.make("pz:m:f", 2, max_episode_steps=5)
+    with pytest.raises(InvalidArgumentError, match="autoreset_mode='disabled': a hosted "
+                                                   "PettingZoo env takes next_step"):
+        envd.make("pz:m:f", 2, autoreset_mode="disabled")

@@ -1,0 +1,348 @@
+"""make's options, each defined once: its default, its bound and where the
+bound comes from, its field in the make message, the env kinds that take it
+and the refusal when one does not.
+
+Every entry point checks its arguments here: envd.make in this process
+(native/vector_env.py, which gymnasium.make_vec and envd.single_env reach
+through envd.vector_make), Client.make (client/connection.py),
+MultiClient.make (client/multi.py), and the daemon's make handler
+(server/control.py), which checks every field it receives again with the
+same definitions (it trusts no client).  So each refusal is written once, and
+a client's check and the daemon's say the same thing.
+
+What depends on the env itself (its parameters, agents, render support, its
+own time limit, whether it resets itself) is checked where the env is known:
+``check_rows`` and ``check_episode`` take those facts as arguments.
+
+This module is pure Python (no native core): the client imports it.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gymnasium.vector import AutoresetMode
+
+from envd import _native_facts
+from envd.autoreset import parse_autoreset_mode
+from envd.errors import InvalidArgumentError
+from envd.hosted_pettingzoo import PETTINGZOO_PREFIX
+from envd.int_args import check_int, is_int, seed_list
+from envd.vec_info import episode_statistics_key
+
+#: The most envs one make may ask for, rows of a multi-agent env's agents
+#: included (the native vec's limit, ENVD_VEC_MAX_ENVS).
+MAX_NUM_ENVS = _native_facts.VEC_MAX_ENVS
+#: The most worker threads an in-process pool takes (ENVD_POOL_MAX_THREADS).
+MAX_THREADS = _native_facts.POOL_MAX_THREADS
+#: The longest time limit (a step count the native vec counts in an int64).
+MAX_EPISODE_STEPS = 2**62
+#: Bytes of each hosted env's info slot (make's info_bytes; docs/python-envs.md,
+#: "Infos"): an env's msgpack-encoded info must fit it.
+DEFAULT_INFO_BYTES = 1024
+#: The largest info_bytes a make takes (the segment's size is bounded by the
+#: daemon's --max-shm-bytes and --max-state-bytes too).
+MAX_INFO_BYTES = 1 << 20
+
+# ---- env kinds ------------------------------------------------------------------------------
+#: A C env: built in, a plugin's, or a PufferLib Ocean build ("puffer:<env>").
+NATIVE = "native"
+#: A hosted gymnasium env: "py:<gymnasium id>", or a creator callable in this process.
+PYTHON = "py"
+#: A hosted PettingZoo ParallelEnv, its agents as rows: "pz:<module>:<factory>".
+PETTINGZOO = "pz"
+#: The prefix of a hosted Python env's id ("py:CartPole-v1", gymnasium's
+#: Python env), never confused with the built-in C env of the same id.
+PYTHON_PREFIX = "py:"
+_ALL_KINDS = frozenset((NATIVE, PYTHON, PETTINGZOO))
+_HOSTED = frozenset((PYTHON, PETTINGZOO))
+
+#: The kinds, as a refusal names them (plain literals: docs/troubleshooting.md
+#: quotes them).
+_KIND_NAMES = {
+    NATIVE: "C envs (built-in, a plugin's or 'puffer:<env>')",
+    PYTHON: "hosted Python envs ('py:<gymnasium id>' or an env creator)",
+    PETTINGZOO: "hosted PettingZoo envs ('pz:<module>:<factory>')",
+}
+
+# ---- where an option is given ----------------------------------------------------------------
+#: envd.make: the env is stepped in this process.
+IN_PROCESS = "envd.make"
+#: Client.make and MultiClient.make, and the daemon's make message.
+DAEMON = "Client.make"
+
+
+def kind_of(env_id: Any) -> str:
+    """The kind of env an id (KINDS' prefixes) or a creator callable (a
+    gymnasium env's: envd.make_pettingzoo takes a ParallelEnv's) makes."""
+    if isinstance(env_id, str):
+        return next((kind.name for kind in KINDS.values()
+                     if kind.prefix is not None and env_id.startswith(kind.prefix)), NATIVE)
+    return PYTHON if callable(env_id) else NATIVE
+
+
+@dataclass(frozen=True)
+class Option:
+    """One make option.  ``kinds`` and ``places`` say who takes it; a kind
+    or place that does not is refused with ``instead`` (what to write
+    there)."""
+
+    name: str
+    #: what None (or leaving the option out) means
+    default: str
+    #: its type and range, and where the bound comes from
+    bound: str
+    #: its field in the make message (None: the caller's own, never sent;
+    #: docs/protocol.md gives the fields' wire types)
+    wire: str | None
+    kinds: frozenset[str] = _ALL_KINDS
+    places: frozenset[str] = frozenset((IN_PROCESS, DAEMON))
+    #: why the kinds that do not take it do not, and what they take instead
+    instead: str = ""
+    #: why a daemon-served env does not take it (places without DAEMON)
+    instead_in_daemon: str = ""
+
+
+#: Why a hosted PettingZoo env takes no autoreset mode but next_step and no time limit.
+_PETTINGZOO_EPISODES = ("a hosted PettingZoo env takes next_step autoreset and its own time "
+                        "limit (max_cycles)")
+#: Every make option (docs/configuration.md lists them in this order: tests/test_docs.py).
+OPTIONS: dict[str, Option] = {option.name: option for option in (
+    Option("num_envs", "(required)", f"1 <= num_envs <= {MAX_NUM_ENVS} (ENVD_VEC_MAX_ENVS), "
+           "agents' rows included", "num_envs"),
+    Option("seed", "a random base seed", "an int with seed + num_envs <= 2**64, or a list of "
+           "num_envs ints in [0, 2**64) (sent as a data frame: list_to_blob)", "seed"),
+    Option("autoreset_mode", "next_step", "'next_step', 'same_step', 'disabled' (or "
+           "gymnasium's AutoresetMode); hosted PettingZoo envs: next_step only",
+           "autoreset_mode", instead=_PETTINGZOO_EPISODES),
+    Option("max_episode_steps", "the env's own time limit",
+           "C envs 0 <= n <= 2**62 (0: none); hosted Python envs 1 <= n <= 2**62",
+           "max_episode_steps", kinds=frozenset((NATIVE, PYTHON)),
+           instead=_PETTINGZOO_EPISODES),
+    Option("copy", "False (envd.make, Client.make); True (gymnasium.make_vec)", "a bool", None),
+    Option("episode_statistics", "True (info['envd_episode'])",
+           "True, False or an info key", None),
+    Option("batch_size", "num_envs (sync)", "1 <= batch_size <= num_envs (envs, not rows)",
+           "batch_size"),
+    Option("render_mode", "None (no frames)", "None or 'rgb_array' (C envs: those that "
+           "render)", "render_mode"),
+    Option("num_threads", "one per usable CPU but one",
+           f"0 <= num_threads <= {MAX_THREADS} (ENVD_POOL_MAX_THREADS)", None,
+           kinds=frozenset((NATIVE,)), places=frozenset((IN_PROCESS,)),
+           instead="a hosted Python env takes num_workers",
+           instead_in_daemon="the daemon's one pool (its --threads) steps every session; pass "
+                             "max_threads=K to cap how many of its threads step this "
+                             "session's envs"),
+    Option("pin_cpus", "no pinning", "one CPU per worker thread, each one this process may "
+           "use", None, kinds=frozenset((NATIVE,)), places=frozenset((IN_PROCESS,)),
+           instead="a hosted Python env takes num_workers",
+           instead_in_daemon="the daemon's pool threads are pinned by its operator "
+                             "(envd --pin-cpus)"),
+    Option("plugin", "none", "a plugin library's path", None, kinds=frozenset((NATIVE,)),
+           places=frozenset((IN_PROCESS,)), instead="a hosted Python env takes num_workers",
+           instead_in_daemon="the daemon loads the plugins its operator names "
+                             "(envd --plugin)"),
+    Option("max_threads", "no cap", "0 <= max_threads <= the daemon's --threads "
+           "(0: inline on the thread serving the call)", "max_threads",
+           kinds=frozenset((NATIVE,)), places=frozenset((DAEMON,)),
+           instead="max_threads caps the daemon's pool threads, which do not step hosted "
+                   "Python envs: their worker processes do (num_workers)"),
+    Option("num_workers", "picked from a measured step cost (a daemon: at least 1)",
+           "envd.make 0 <= num_workers <= num_envs (0: the caller steps them); a daemon "
+           "1 <= num_workers <= num_envs", "num_workers", kinds=_HOSTED,
+           instead="a C env is stepped by a thread pool: num_threads in this process, the "
+                   "daemon's --threads (and max_threads) in a daemon"),
+    Option("info_bytes", f"{DEFAULT_INFO_BYTES} (hosted PettingZoo envs: 0)",
+           f"0 <= info_bytes <= {MAX_INFO_BYTES} (0: infos are not carried); hosted "
+           "PettingZoo envs: 0 only", "info_bytes", kinds=_HOSTED,
+           instead="a C env reports its infos in fixed fields (info columns)"),
+    Option("transport", "ENVD_TRANSPORT, else 'auto'", "'auto', 'shm' or 'inline'", None,
+           places=frozenset((DAEMON,))),
+    Option("fast_path", "taken when the daemon offers it, unless ENVD_FAST_PATH=0",
+           "None, True or False", None, places=frozenset((DAEMON,))),
+)}
+
+@dataclass(frozen=True)
+class EnvKind:
+    """One kind of env: the ids it makes, the options it takes (those of
+    OPTIONS whose ``kinds`` name it) and what builds it in this process.
+    (The daemon builds the C kind on its pool, the hosted kinds in worker
+    processes: server/control.py.)"""
+
+    name: str
+    #: the prefix of its ids (None: any other id)
+    prefix: str | None
+    #: envd.make's builder, "module:function" (imported on first use: a
+    #: client never loads the native core); called as
+    #: ``builder(env_id, num_envs, **taken(kind, IN_PROCESS, given), **env_kwargs)``
+    builder: str
+
+    def options(self, place: str) -> list[str]:
+        """The options it takes at place."""
+        return [name for name, option in OPTIONS.items()
+                if self.name in option.kinds and place in option.places]
+
+
+#: The env kinds, by name.
+KINDS = {kind.name: kind for kind in (
+    EnvKind(NATIVE, None, "envd.native.vector_env:make_native"),
+    EnvKind(PYTHON, PYTHON_PREFIX, "envd.native.hosted_env:make_python"),
+    EnvKind(PETTINGZOO, PETTINGZOO_PREFIX, "envd.native.hosted_pettingzoo:make_pettingzoo"),
+)}
+
+
+def taken(kind: str, place: str, given: Mapping[str, Any]) -> dict[str, Any]:
+    """The options of ``given`` an env of kind takes at place (after
+    refuse_unsupported has refused the others that were given)."""
+    names = KINDS[kind].options(place)
+    return {name: value for name, value in given.items() if name in names}
+
+
+def refuse_unsupported(kind: str, place: str, given: Mapping[str, Any],
+                       env_id: str = "") -> None:
+    """Refuse the first option of ``given`` (None: not given) that an env of
+    kind, made at place, does not take: one InvalidArgumentError, written
+    once per option.  (Values are checked apart: check_autoreset_mode
+    refuses a hosted PettingZoo env's modes but next_step.)"""
+    for name, value in given.items():
+        if value is None:
+            continue
+        option = OPTIONS[name]
+        if place not in option.places:
+            raise InvalidArgumentError(f"{place} takes no {name}: {option.instead_in_daemon}")
+        if kind not in option.kinds:
+            takers = " and ".join(_KIND_NAMES[k] for k in sorted(option.kinds))
+            about = f"{env_id:.100}: " if env_id else ""
+            raise InvalidArgumentError(f"{about}{name} is for {takers} only; {option.instead}")
+
+
+def check_num_envs(num_envs: Any) -> int:
+    return check_int("num_envs", num_envs, 1, MAX_NUM_ENVS)
+
+
+def check_rows(env_id: str, num_envs: int, agents: int) -> None:
+    """A multi-agent env's agents are rows: num_envs * agents must fit a vec."""
+    if num_envs * agents > MAX_NUM_ENVS:
+        raise InvalidArgumentError(
+            f"{env_id} has {agents} agents per env: {num_envs} envs are "
+            f"{num_envs * agents} rows, more than the {MAX_NUM_ENVS} a vec takes; make "
+            f"at most {MAX_NUM_ENVS // agents} envs")
+
+
+def check_seed(seed: Any, num_envs: int) -> None:
+    """Refuse a bad seed before anything is made (seed_list draws the seeds)."""
+    if seed is not None:
+        seed_list(seed, num_envs)
+
+
+def check_batch_size(batch_size: Any, num_envs: int) -> int | None:
+    """None (sync: num_envs) or the envs of each async recv."""
+    return None if batch_size is None else check_int("batch_size", batch_size, 1, num_envs)
+
+
+def check_autoreset_mode(kind: str, mode: Any) -> AutoresetMode | None:
+    """The mode asked for (None: not given, the default next_step); a
+    hosted PettingZoo env takes next_step only."""
+    if mode is None:
+        return None
+    parsed = parse_autoreset_mode(mode)
+    if kind == PETTINGZOO and parsed != AutoresetMode.NEXT_STEP:
+        raise InvalidArgumentError(
+            f"autoreset_mode={mode!r:.40}: {OPTIONS['autoreset_mode'].instead}")
+    return parsed
+
+
+def check_max_episode_steps(kind: str, max_episode_steps: Any) -> int | None:
+    """None (the env's own limit) or a time limit: 0 (none) or more for a C
+    env, at least 1 for a hosted Python env."""
+    if max_episode_steps is None:
+        return None
+    low = 0 if kind == NATIVE else 1
+    return check_int("max_episode_steps", max_episode_steps, low, MAX_EPISODE_STEPS)
+
+
+def check_episode(env_id: str, resets_itself: bool, mode: AutoresetMode | None,
+                  max_episode_steps: int | None, default_steps: int | None
+                  ) -> tuple[AutoresetMode, int]:
+    """A C env's autoreset mode and time limit (0: none) from the checked
+    options: None means next_step and the env's own limit; an env that
+    resets itself (ABI 5) takes neither."""
+    if resets_itself:
+        given = [name for name, value in (("autoreset_mode", mode),
+                                          ("max_episode_steps", max_episode_steps))
+                 if value is not None]
+        if given:
+            raise InvalidArgumentError(
+                f"{env_id} resets itself (it starts its next episode inside step, and has no "
+                f"time limit of envd's): make it without {' and '.join(given)}")
+        return AutoresetMode.NEXT_STEP, 0  # (what the native vec takes for it; see vec.h)
+    steps = (default_steps or 0) if max_episode_steps is None else max_episode_steps
+    return mode or AutoresetMode.NEXT_STEP, steps
+
+
+def check_render_mode(render_mode: Any, env_id: str = "") -> str | None:
+    """None or "rgb_array", the one frame kind every env kind draws (whether
+    a C env renders at all is its spec's check_render_mode)."""
+    if render_mode is None or render_mode == "rgb_array":
+        return render_mode
+    about = f"{env_id:.100}: " if env_id else ""
+    raise InvalidArgumentError(f"{about}render_mode={render_mode!r:.100}: hosted envs render "
+                               "'rgb_array' frames (or pass None)")
+
+
+def check_num_threads(num_threads: Any, default: int) -> int:
+    """An in-process pool's worker threads (None: ``default``)."""
+    return check_int("num_threads", default if num_threads is None else num_threads, 0,
+                     MAX_THREADS)
+
+
+def check_max_threads(max_threads: Any, threads: int | None = None,
+                      whose: str = "this daemon's") -> int | None:
+    """A daemon-served session's cap on its pool threads: None (no cap) or
+    an int from 0 to the pool's threads (its --threads; None: not known
+    here, the daemon checks the top).  ``whose`` names the pool in the
+    refusal ("the daemon at E: its" over several daemons)."""
+    if max_threads is None:
+        return None
+    if not is_int(max_threads):
+        raise InvalidArgumentError(f"max_threads must be an int or None, got "
+                                   f"{type(max_threads).__name__} {max_threads!r}")
+    if threads is None:  # (any int the wire carries; the daemon checks its pool)
+        if not 0 <= max_threads <= 2**31 - 1:
+            raise InvalidArgumentError(
+                f"max_threads={max_threads} is out of range; expected 0 <= max_threads "
+                "(0: inline on the thread serving the call; None: no cap)")
+    elif not 0 <= max_threads <= threads:
+        raise InvalidArgumentError(
+            f"max_threads={max_threads} is out of range: {whose} pool has {threads} threads "
+            f"(--threads), so 0 <= max_threads <= {threads} (0: inline on the thread serving "
+            "the call; None: no cap)")
+    return int(max_threads)
+
+
+def check_num_workers(num_workers: Any, num_envs: int, place: str) -> int | None:
+    """A hosted env's worker processes: None (picked), or 1 to num_envs; 0
+    (the caller steps them) in this process only: a daemon never steps envs
+    on its event loop thread."""
+    if num_workers is None:
+        return None
+    return check_int("num_workers", num_workers, 0 if place == IN_PROCESS else 1, num_envs)
+
+
+def check_info_bytes(kind: str, info_bytes: Any) -> int:
+    """A hosted env's info slot (None: DEFAULT_INFO_BYTES); 0 for a hosted
+    PettingZoo env, whose env infos are not carried (its rows' info is
+    envd's own: agent_mask, episodes)."""
+    if kind == PETTINGZOO:
+        if info_bytes is not None and info_bytes != 0:
+            raise InvalidArgumentError(f"info_bytes={info_bytes!r:.40}: a hosted PettingZoo "
+                                       "env's infos are not carried (info_bytes=0 or None)")
+        return 0
+    return check_int("info_bytes", DEFAULT_INFO_BYTES if info_bytes is None else info_bytes,
+                     0, MAX_INFO_BYTES)
+
+
+def check_episode_statistics(value: Any) -> None:
+    """A bad episode_statistics fails before anything is made."""
+    episode_statistics_key(value)

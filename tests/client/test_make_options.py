@@ -1,0 +1,134 @@
+"""envd.make_options: each make option defined once.  Its table agrees with
+the protocol's make fields, every option an env kind or an entry point does
+not take is refused with that option's one message, and the bounds hold at
+their edges (pure Python: no daemon, no native core)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gymnasium.vector import AutoresetMode
+
+from envd import make_options as mo
+from envd import protocol
+from envd.errors import InvalidArgumentError
+
+
+def test_the_wire_fields_are_the_protocols_make_fields():
+    sent = {option.wire for option in mo.OPTIONS.values() if option.wire is not None}
+    assert sent | {"env_id", "env_kwargs"} == set(protocol.MESSAGE_FIELDS["make"])
+    assert all(option.wire == name for name, option in mo.OPTIONS.items() if option.wire)
+
+
+@pytest.mark.parametrize("env_id,kind", [("CartPole-v1", mo.NATIVE), ("puffer:go", mo.NATIVE),
+                                         ("py:CartPole-v1", mo.PYTHON), (lambda: None, mo.PYTHON),
+                                         ("pz:mpe2.simple_spread_v3:parallel_env", mo.PETTINGZOO),
+                                         (7, mo.NATIVE)])
+def test_the_kind_of_an_id(env_id, kind):
+    assert mo.kind_of(env_id) == kind
+
+
+def _refusals():
+    """(kind, place, option) for every option a kind or place does not take."""
+    for name, option in mo.OPTIONS.items():
+        for kind in mo.KINDS:
+            for place in (mo.IN_PROCESS, mo.DAEMON):
+                if kind not in option.kinds or place not in option.places:
+                    yield kind, place, name
+
+
+@pytest.mark.parametrize("kind,place,name", list(_refusals()))
+def test_an_option_not_taken_is_refused_naming_it(kind, place, name):
+    option = mo.OPTIONS[name]
+    with pytest.raises(InvalidArgumentError) as error:
+        mo.refuse_unsupported(kind, place, {"seed": 1, name: 0}, "Some-v0")
+    message = str(error.value)
+    assert name in message
+    assert (option.instead_in_daemon if place not in option.places else option.instead) in message
+
+
+@pytest.mark.parametrize("kind", list(mo.KINDS))
+@pytest.mark.parametrize("place", [mo.IN_PROCESS, mo.DAEMON])
+def test_what_a_kind_takes_passes_and_none_is_never_refused(kind, place):
+    taken = mo.KINDS[kind].options(place)
+    mo.refuse_unsupported(kind, place, dict.fromkeys(taken, 1))
+    mo.refuse_unsupported(kind, place, dict.fromkeys(mo.OPTIONS))
+    assert mo.taken(kind, place, dict.fromkeys(mo.OPTIONS, 1)) == dict.fromkeys(taken, 1)
+
+
+def test_a_pettingzoo_env_takes_next_step_autoreset_only():
+    assert mo.check_autoreset_mode(mo.PETTINGZOO, None) is None
+    assert mo.check_autoreset_mode(mo.PETTINGZOO, "next_step") is AutoresetMode.NEXT_STEP
+    for mode in ("same_step", AutoresetMode.DISABLED):
+        with pytest.raises(InvalidArgumentError, match="takes next_step autoreset"):
+            mo.check_autoreset_mode(mo.PETTINGZOO, mode)
+    assert mo.check_autoreset_mode(mo.NATIVE, "same_step") is AutoresetMode.SAME_STEP
+
+
+@pytest.mark.parametrize("value,threads,message", [
+    (-1, None, r"max_threads=-1 is out of range; expected 0 <= max_threads"),
+    (2**31, None, r"is out of range"),
+    (3, 2, r"max_threads=3 is out of range: this daemon's pool has 2 threads \(--threads\), "
+           r"so 0 <= max_threads <= 2"),
+    (-1, 2, r"max_threads=-1 is out of range: this daemon's"),
+    (1.0, 2, r"max_threads must be an int or None, got float"),
+    (True, None, r"max_threads must be an int or None, got bool"),
+    ("1", 4, r"max_threads must be an int"),
+])
+def test_max_threads_is_checked_once_against_the_daemons_pool(value, threads, message):
+    with pytest.raises(InvalidArgumentError, match=message):
+        mo.check_max_threads(value, threads)
+
+
+def test_max_threads_in_range_passes_as_an_int():
+    assert mo.check_max_threads(None, 2) is None
+    assert mo.check_max_threads(0, 0) == 0
+    assert mo.check_max_threads(np.int64(2), 2) == 2 and mo.check_max_threads(2**31 - 1) == 2**31 - 1
+    with pytest.raises(InvalidArgumentError, match="the daemon at tcp://h:1: its pool has 1"):
+        mo.check_max_threads(2, 1, "the daemon at tcp://h:1: its")
+
+
+def test_the_bounds_at_their_edges():
+    assert mo.check_num_envs(1) == 1 and mo.check_num_envs(mo.MAX_NUM_ENVS) == mo.MAX_NUM_ENVS
+    for bad in (0, mo.MAX_NUM_ENVS + 1, 2.0, True):
+        with pytest.raises(InvalidArgumentError, match="num_envs"):
+            mo.check_num_envs(bad)
+    assert mo.check_batch_size(None, 4) is None and mo.check_batch_size(4, 4) == 4
+    with pytest.raises(InvalidArgumentError, match="batch_size=5 is out of range"):
+        mo.check_batch_size(5, 4)
+    assert mo.check_max_episode_steps(mo.NATIVE, 0) == 0  # (a C env: no limit)
+    with pytest.raises(InvalidArgumentError, match="max_episode_steps=0 is out of range"):
+        mo.check_max_episode_steps(mo.PYTHON, 0)
+    with pytest.raises(InvalidArgumentError, match="max_episode_steps"):
+        mo.check_max_episode_steps(mo.NATIVE, 2**62 + 1)
+    assert mo.check_num_workers(0, 4, mo.IN_PROCESS) == 0
+    with pytest.raises(InvalidArgumentError, match="num_workers=0 is out of range"):
+        mo.check_num_workers(0, 4, mo.DAEMON)  # (a daemon never steps on its loop)
+    assert mo.check_info_bytes(mo.PYTHON, None) == mo.DEFAULT_INFO_BYTES
+    with pytest.raises(InvalidArgumentError, match="info_bytes"):
+        mo.check_info_bytes(mo.PYTHON, mo.MAX_INFO_BYTES + 1)
+    assert mo.check_info_bytes(mo.PETTINGZOO, None) == mo.check_info_bytes(mo.PETTINGZOO, 0) == 0
+    with pytest.raises(InvalidArgumentError, match="PettingZoo env's infos are not carried"):
+        mo.check_info_bytes(mo.PETTINGZOO, 64)
+    assert mo.check_num_threads(None, 3) == 3
+    with pytest.raises(InvalidArgumentError, match="num_threads"):
+        mo.check_num_threads(mo.MAX_THREADS + 1, 3)
+    with pytest.raises(InvalidArgumentError, match="render_mode='human'"):
+        mo.check_render_mode("human")
+
+
+def test_a_multi_agent_env_is_refused_past_the_rows_a_vec_takes():
+    mo.check_rows("Seek-v0", mo.MAX_NUM_ENVS // 3, 3)
+    with pytest.raises(InvalidArgumentError, match="rows, more than the .* a vec takes; make "
+                                                   f"at most {mo.MAX_NUM_ENVS // 3} envs"):
+        mo.check_rows("Seek-v0", mo.MAX_NUM_ENVS // 3 + 1, 3)
+
+
+def test_an_env_that_resets_itself_takes_neither_episode_option():
+    assert mo.check_episode("Go", True, None, None, 99) == (AutoresetMode.NEXT_STEP, 0)
+    with pytest.raises(InvalidArgumentError, match="make it without autoreset_mode and "
+                                                   "max_episode_steps"):
+        mo.check_episode("Go", True, AutoresetMode.SAME_STEP, 5, None)
+    assert mo.check_episode("CartPole-v1", False, None, None, 500) == \
+        (AutoresetMode.NEXT_STEP, 500)
+    assert mo.check_episode("CartPole-v1", False, AutoresetMode.DISABLED, 0, 500) == \
+        (AutoresetMode.DISABLED, 0)
