@@ -17,6 +17,7 @@ import sys
 import pytest
 
 import envd
+from envd.server.stale_segments import Instance
 from envd.shm import Segment, plan
 
 OTHER_UID = 65534
@@ -24,9 +25,12 @@ OTHER_UID = 65534
 
 @pytest.fixture
 def segment_file():
-    """A real segment (as the daemon makes it: mode 0600, this user's)."""
+    """A real segment (as the daemon makes it: mode 0600, this user's), of
+    an instance whose lock the test holds: a daemon starting meanwhile on
+    this machine sweeps a segment without a live instance (stale_segments.py)."""
     arrays, size = plan({"observations": ((4, 2), "<f4")})
-    name = f"envd-999999-0badf00d-{secrets.token_hex(16)}"
+    instance = Instance()
+    name = f"{instance.segment_prefix}{secrets.token_hex(16)}"
     session = secrets.token_hex(16)
     Segment.create(name, session, arrays, size)
     path = f"/dev/shm/{name}"
@@ -34,6 +38,7 @@ def segment_file():
         yield path, lambda: Segment.attach(name, session, arrays, size, where="the test daemon")
     finally:
         os.unlink(path)
+        instance.release()
 
 
 def test_own_segment_is_mapped(segment_file):
