@@ -218,23 +218,6 @@ class NativeSession:
             raise self._step_error(num_done)
         return num_done
 
-    def step_submit(self) -> bool:
-        """Start a step on the pool (the pool's eventfd fires when it ends),
-        or run it inline when cheap: True when it finished already (no eventfd
-        event comes then).  Then step_finish once step_done."""
-        handle = self._live()
-        rc = lib.envd_session_step_submit(handle)
-        if rc < 0:
-            raise self._step_error(rc)
-        return bool(lib.envd_session_step_done(handle))
-
-    def step_done(self) -> bool:
-        return bool(lib.envd_session_step_done(self._live()))
-
-    def step_finish(self) -> int:
-        """End a submitted step once step_done(); as step()."""
-        return self.step_result(lib.envd_session_step_finish(self._live()))
-
     def step_result(self, result: int) -> int:
         """The envs whose episode ended, of a step's result (a request
         engine's completion, envd.native.request_engine), or its error
