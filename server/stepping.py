@@ -67,7 +67,7 @@ class SteppingHandlers:
         self.service = service
         self.config = service.config
         self.engine = RequestEngine()
-        self._waiting: dict[int, Waiting] = {}  # by tag: what to answer (a settle: None)
+        self._waiting: dict[int, Waiting] = {}  # by tag: what to answer when it completes
         self._tags = 0
         self.fast_path_sessions = 0  # sessions whose doorbell a doorbell thread serves
 

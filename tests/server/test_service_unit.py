@@ -467,6 +467,64 @@ def test_a_parked_recv_whose_batch_ends_right_after_a_look_is_answered_by_the_ne
     h.assert_each_request_answered_once()
 
 
+def send_leaving_a_batch_on_the_pool(h: Harness, session) -> None:
+    """Send every env, again and again, until a send's batch is still on the
+    pool when its reply came (the pool may end a batch within microseconds)."""
+    deadline = time.monotonic() + DEADLINE
+    while True:
+        assert h.ask(ALICE, "send", ids_frame(*range(session.num_envs)), session=session.id)["ok"]
+        if session.native.counts()[0]:
+            return
+        assert h.ask(ALICE, "recv", session=session.id, count=session.num_envs)["ok"]
+        assert time.monotonic() < deadline, "every batch finished before the send returned"
+
+
+def test_a_close_with_a_batch_in_flight_frees_the_session_once_it_ends(harness):
+    """Closed while its batch is on the pool (no request running), the session
+    waits as a settle request in the engine, and the pool event of its batch
+    frees it: not before (freeing would wait on the loop), never twice."""
+    h = harness(threads=2)
+    h.hello(ALICE)
+    session = h.make(ALICE, "ConnectFour-v0", 64, batch_size=64, env_kwargs={"depth": 4})
+    assert h.call(ALICE, "reset", session=session.id)["ok"]
+    session.native.set_chunk(1)
+    send_leaving_a_batch_on_the_pool(h, session)
+    assert h.call(ALICE, "close", session=session.id)["ok"]
+    engine = h.service.stepping.engine
+    if session.life.state is State.CLOSING:  # (else the batch ended before the close)
+        assert engine.waiting() == 1 and not h.service.idle
+    deadline = time.monotonic() + DEADLINE
+    while session.life.state is not State.FREED:
+        assert time.monotonic() < deadline, "the closed session was never freed"
+        h.pool_event()
+    assert engine.waiting() == 0 and books_empty(h.service) and h.service.idle
+    h.assert_each_request_answered_once()
+
+
+def test_shutdown_with_a_recv_parked_forgets_it_and_frees_the_session(harness):
+    """At shutdown a parked recv's session is freed (waiting for its batch):
+    the engine forgets the recv, which nothing answers any more."""
+    h = harness(threads=2)
+    h.hello(ALICE)
+    session = h.make(ALICE, "ConnectFour-v0", 64, batch_size=64, env_kwargs={"depth": 4})
+    assert h.call(ALICE, "reset", session=session.id)["ok"]
+    session.native.set_chunk(1)
+    deadline = time.monotonic() + DEADLINE
+    while True:  # until a recv has to wait
+        send_leaving_a_batch_on_the_pool(h, session)
+        recv = h.request(ALICE, "recv", session=session.id, count=64)
+        if not h.answered(ALICE, recv):
+            break
+        assert time.monotonic() < deadline, "every batch finished before the recv came"
+    engine = h.service.stepping.engine
+    assert engine.waiting() == 1
+    h.in_loop(h.service.free_all)
+    assert session.life.state is State.FREED and engine.waiting() == 0
+    h.pool_event()  # nothing left to answer, nothing answered twice
+    assert not h.answered(ALICE, recv)
+    h.assert_each_request_answered_once()
+
+
 # ---- leases, drain, other clients ---------------------------------------------------------
 def test_lease_expiry_frees_the_sessions_and_later_requests_hear_expired(harness):
     h = harness(lease_timeout=5.0)
