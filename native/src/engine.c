@@ -3,8 +3,8 @@
  *
  * Invariants: waiting[0 .. count) holds one entry per session with a request
  * waiting (never two for a session: submit refuses it), each not done at its
- * last look; count <= capacity, and capacity grows by doubling, so it stays
- * below twice the most sessions that ever waited at once.
+ * last look; count <= capacity, and capacity grows by doubling from 16, so
+ * it stays within max(16, twice the most requests that ever waited at once).
  */
 #include "engine.h"
 
