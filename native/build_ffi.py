@@ -50,7 +50,7 @@ ENV_SOURCES = sorted(f"src/envs/{p.name}" for p in (HERE / "src" / "envs").glob(
 SOURCES = ["src/errors.c", "src/rng.c", "src/pool.c", "src/vec.c", "src/builtin_envs.c",
            "src/npy_f32_trig.c", *ENV_SOURCES,
            "src/plugin.c", "src/describe.c", "src/backend_pool.c", "src/backend_workers.c",
-           "src/session.c",
+           "src/session.c", "src/engine.c",
            "src/doorbell.c", "src/batch_rows.c",
            "src/segment_guard.c", "src/raster.c"]
 

@@ -16,7 +16,7 @@ import signal
 import socket
 import time
 from collections.abc import Callable
-from typing import Any, Literal, overload
+from typing import Any
 
 import numpy as np
 from gymnasium import spaces
@@ -312,21 +312,15 @@ class HostedSession(NativeSession):
     def async_reset(self, with_seeds: bool) -> None:
         self._convert_env_failure(super().async_reset, with_seeds, backend_index=True)
 
-    @overload
-    def _recv(self, count: int, wait: Literal[True]) -> np.ndarray: ...
-    @overload
-    def _recv(self, count: int, wait: bool) -> np.ndarray | None: ...
+    def send_error(self, rc: int) -> BaseException:
+        if self._interrupted is not None:  # (inline: what stopped the run)
+            return self._env_error(-1)
+        return super().send_error(rc)
 
-    def _recv(self, count: int, wait: bool) -> np.ndarray | None:
-        return self._convert_env_failure(super()._recv, count, wait)
-
-    def send(self, env_ids: np.ndarray, notify: bool = False) -> None:
-        try:
-            super().send(env_ids, notify)
-        except Exception:
-            if self._interrupted is not None:  # (inline: what stopped the run)
-                raise self._env_error(-1) from None
-            raise
+    def recv_error(self, rc: int, count: int) -> BaseException:
+        if rc == lib.ENVD_EENV:
+            return self._env_error(int(lib.envd_session_error_index(self.handle)))
+        return super().recv_error(rc, count)
 
     def render(self, out: np.ndarray) -> None:
         raise InvalidArgumentError(f"{self.spec.id}: a hosted env's frames come from "

@@ -218,25 +218,13 @@ class NativeSession:
             raise self._step_error(num_done)
         return num_done
 
-    def step_submit(self) -> bool:
-        """Start a step on the pool (the pool's eventfd fires when it ends),
-        or run it inline when cheap: True when it finished already (no eventfd
-        event comes then).  Then step_finish once step_done."""
-        handle = self._live()
-        rc = lib.envd_session_step_submit(handle)
-        if rc < 0:
-            raise self._step_error(rc)
-        return bool(lib.envd_session_step_done(handle))
-
-    def step_done(self) -> bool:
-        return bool(lib.envd_session_step_done(self._live()))
-
-    def step_finish(self) -> int:
-        """End a submitted step once step_done(); as step()."""
-        num_done = lib.envd_session_step_finish(self._live())
-        if num_done < 0:
-            raise self._step_error(num_done)
-        return num_done
+    def step_result(self, result: int) -> int:
+        """The envs whose episode ended, of a step's result (a request
+        engine's completion, envd.native.request_engine), or its error
+        raised: read right after the call that made it, on its thread."""
+        if result < 0:
+            raise self._step_error(result)
+        return result
 
     # ---- async -------------------------------------------------------------------------
     def async_reset(self, with_seeds: bool) -> None:
@@ -254,14 +242,19 @@ class NativeSession:
         handle = self._live()
         rc = lib.envd_session_send(handle, ffi.from_buffer("int64_t[]", ids), len(ids),
                                    lib.ENVD_JOB_NOTIFY if notify else 0)
-        if rc == lib.ENVD_OK:
-            return
+        if rc != lib.ENVD_OK:
+            raise self.send_error(rc)
+
+    def send_error(self, rc: int) -> BaseException:
+        """The error of a send refused with rc (read right after the refusal,
+        on its thread: the session's error index names the env)."""
+        handle = self.handle
         index = int(lib.envd_session_error_index(handle))
         if rc == lib.ENVD_EBUSY and 0 <= index < self.num_envs:
             state = lib.envd_session_env_state(handle, index)
             if state != lib.ENVD_ENV_IDLE:
-                raise not_idle_error(self.spec.id, index, state == lib.ENVD_ENV_IN_FLIGHT)
-        raise self._refused_env_error(rc, index, self.num_envs)
+                return not_idle_error(self.spec.id, index, state == lib.ENVD_ENV_IN_FLIGHT)
+        return self._refused_env_error(rc, index, self.num_envs)
 
     @overload
     def _recv(self, count: int, wait: Literal[True]) -> np.ndarray: ...
@@ -281,9 +274,16 @@ class NativeSession:
             return ids
         if got == 0:
             return None
-        if got == lib.ENVD_ESTATE and lib.envd_session_error_index(handle) == -1:
-            raise recv_short_error(self.spec.id, count, sum(self.counts()))
-        raise self._refused_env_error(got, int(lib.envd_session_error_index(handle)))
+        raise self.recv_error(got, count)
+
+    def recv_error(self, rc: int, count: int) -> BaseException:
+        """The error of a recv of count envs (at least: its min) that failed
+        with rc: too few sent, or the kept failure of a finished batch (read
+        right after the recv, on its thread)."""
+        index = int(lib.envd_session_error_index(self.handle))
+        if rc == lib.ENVD_ESTATE and index == -1:
+            return recv_short_error(self.spec.id, count, sum(self.counts()))
+        return self._refused_env_error(rc, index)
 
     def recv(self, count: int) -> np.ndarray:
         """Block until count envs are ready; exactly the count oldest ready

@@ -319,23 +319,20 @@ class HostedNative:
     def async_reset(self, with_seeds: bool) -> None:
         self.hosted.async_reset(with_seeds)
 
-    def step_submit(self) -> bool:
-        return self.hosted.step_submit()
+    @property
+    def handle(self):
+        """The native session the daemon's request engine steps
+        (envd.native.request_engine)."""
+        return self.hosted.handle
 
-    def step_done(self) -> bool:
-        return self.hosted.step_done()
+    def step_result(self, result: int) -> int:
+        return self.hosted.step_result(result)
 
-    def step_finish(self) -> int:
-        return self.hosted.step_finish()
+    def recv_error(self, rc: int, count: int) -> BaseException:
+        return self.hosted.recv_error(rc, count)
 
-    def send(self, env_ids: np.ndarray, notify: bool = False) -> None:
-        self.hosted.send(env_ids, notify)
-
-    def try_recv(self, count: int) -> np.ndarray | None:
-        return self.hosted.try_recv(count)
-
-    def recv(self, count: int) -> np.ndarray:
-        return self.hosted.recv(count)
+    def send_error(self, rc: int) -> BaseException:
+        return self.hosted.send_error(rc)
 
     # ---- the rest, as NativeSession -------------------------------------------------------
     def counts(self) -> tuple[int, int]:

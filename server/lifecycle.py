@@ -128,8 +128,9 @@ class Lifecycle:
 
     def settle(self) -> None:
         """CLOSING -> FREED once the operation ended and the batches settled;
-        otherwise nothing (it is called again on each pool event).  A no-op in
-        any other state, so the pool event handler may call it on any session."""
+        otherwise nothing (it is called again when they have: the daemon's
+        request engine waits for that, server/stepping.py settle_later).  A
+        no-op in any other state."""
         if (self.state is State.CLOSING and self.operation is None
                 and not self._outstanding()):
             self._enter_freed(orderly=True)

@@ -411,6 +411,7 @@ class Service:
         if owner is not None:
             owner.sessions.pop(session.id, None)
         session.life.close()
+        self.stepping.settle_later(session)  # (batches in flight: freed once they end)
         if not session.life.freed and hasattr(session, "reclaim_later"):
             session.reclaim_later()  # a hosted env may hang: its workers go after a grace
 
@@ -421,6 +422,7 @@ class Service:
         the executor (reset, render) holds the fast path's lock until it ends,
         and stopping it under that operation would destroy the lock it holds."""
         self._alive.discard(session)
+        self.stepping.forget(session)  # (at shutdown a step or recv may still wait)
         if session.fast_path:  # first: its thread steps the vec
             self.stepping.stop_doorbell(session, freeing=True)
         native = session.native_if_alive

@@ -1,24 +1,23 @@
-"""The stepping handlers (reset, async reset, step, send, recv, fast, render)
-and the books of the requests that wait on the pool.
+"""The stepping handlers (reset, async reset, step, send, recv, fast, render):
+a thin front door over the native request engine (envd.native.request_engine).
 
 Each handler checks the request, writes its inputs into the session's buffers
-and makes one call to the session's NativeSession (envd.native.native_session),
-which keeps the async books and refuses what they do not allow (a step while
-envs are in flight or ready, a send of an env not idle, ...); nothing here
-keeps per-env state.  What waits is kept here, one entry per
-session at most (a session takes one request at a time, server/lifecycle.py):
-  - a sync step submitted to the pool, answered when the pool's eventfd says
-    it finished (on_pool_event), or at once when the vec ran it inline;
-  - a recv parked until enough sent envs are ready, retried on each pool event
-    (sends of its session are served meanwhile: a client driving several
-    daemons keeps one recv waiting on each while it sends, client/multi_async.py);
-  - the sessions the pool events look at: those with async batches in flight
-    (a closing one is freed once they settle) and every one whose recv is
-    parked, until it is answered (see _track_batches: a batch may end between
-    a retry's look and the count of envs in flight, and only its own event,
-    still to come, can answer the recv then).
-Reset (and async reset, which waits for the batches in flight) and render
-run on the Service's executor and reply from its callback.
+and submits it to the engine, which keeps what waits, in C, one request per
+session (a session takes one request at a time, server/lifecycle.py) and
+decides each under its session's lock:
+  - a sync step, answered at once when it ran inline, else by the completion
+    a pool event (the pool's eventfd; a hosted worker's pidfd) drains;
+  - a recv, answered at once when enough sent envs are ready, else parked in
+    the engine until they are (sends of its session are served meanwhile: a
+    client driving several daemons keeps one recv waiting on each while it
+    sends, client/multi_async.py; a batch such a send runs inline may
+    complete it at once);
+  - a settle of a closed session whose batches are still in flight: it is
+    freed once they ended.
+What this module keeps is what to answer for each tag (the client, the
+request id, whether the reply carries the outputs): nothing about envs or
+batches.  Reset (and async reset, which waits for the batches in flight)
+and render run on the Service's executor and reply from its callback.
 All of it runs on the event loop thread.
 """
 from __future__ import annotations
@@ -34,14 +33,13 @@ import numpy as np
 from envd import info_codec, protocol
 from envd.errors import DaemonError, EnvdError, EnvStateError, InvalidArgumentError, LimitExceededError
 from envd.int_args import check_int
+from envd.native import request_engine
 from envd.native.hosted_calls import MAX_CALL_OBJECTS, MAX_REQUEST_BYTES
+from envd.native.request_engine import Completion, RequestEngine
 from envd.server.fair_ops import Done
 from envd.server.hosted import HostedServerSession
+from envd.server.lifecycle import State
 from envd.server.sessions import ClientRecord, Session, async_in_flight
-
-#: Operations that run on the executor holding the session's lock (the event
-#: loop must not wait for that lock: it would stall every client meanwhile).
-_ON_THE_EXECUTOR = frozenset({"reset", "async_reset", "render", "call", "set_attr"})
 
 if TYPE_CHECKING:
     from envd.server.service import Service
@@ -51,21 +49,15 @@ log = logging.getLogger("envd.server")
 Handler = Callable[[ClientRecord, dict[str, Any], list[bytes]], "dict | None"]
 
 
-class PendingStep(NamedTuple):
-    """A sync step on the pool, answered when it finishes."""
+class Waiting(NamedTuple):
+    """What to answer when a request the engine keeps completes."""
+    session: Session
     identity: bytes
     request_id: int
-    started: float  # perf_counter at submit (the step latency metric)
-    inline: bool    # the reply carries the outputs as data frames
-
-
-class ParkedRecv(NamedTuple):
-    """A recv waiting for least sent envs to be ready (it takes up to most)."""
-    identity: bytes
-    request_id: int
-    most: int
-    least: int
-    inline: bool
+    inline: bool                # the reply carries the outputs as data frames
+    started: float              # a step's perf_counter at submit (the latency metric)
+    ids: np.ndarray | None      # a recv's ids, written by the engine
+    least: int                  # a recv's min (its refusal's wording)
 
 
 class SteppingHandlers:
@@ -74,9 +66,9 @@ class SteppingHandlers:
     def __init__(self, service: Service):
         self.service = service
         self.config = service.config
-        self._pending_steps: dict[Session, PendingStep] = {}
-        self._parked_recvs: dict[Session, ParkedRecv] = {}
-        self._async_sessions: set[Session] = set()  # with batches in flight
+        self.engine = RequestEngine()
+        self._waiting: dict[int, Waiting] = {}  # by tag: what to answer when it completes
+        self._tags = 0
         self.fast_path_sessions = 0  # sessions whose doorbell a doorbell thread serves
 
     def handlers(self) -> dict[str, Handler]:
@@ -86,20 +78,49 @@ class SteppingHandlers:
 
     @property
     def idle(self) -> bool:
-        """No step or async batch is on the pool for a socket request, and no
-        recv waits for one."""
-        return not self._pending_steps and not self._async_sessions and not self._parked_recvs
+        """No request waits in the engine and no socket session has a batch in
+        flight."""
+        return not self.engine.waiting() and not any(
+            self._in_flight(s) for s in self.service.sessions.values())
 
     @property
     def sessions_stepping(self) -> int:
         """Sessions with a sync step or async batches on the pool now."""
-        return len(self._pending_steps) + len(self._async_sessions)
+        return self.engine.waiting(request_engine.STEP) + sum(
+            self._in_flight(s) for s in self.service.sessions.values())
+
+    @staticmethod
+    def _in_flight(session: Session) -> bool:
+        """Envs sent over the socket are in flight (or, when another thread
+        holds the session's lock, an executor operation runs: busy all the
+        same).  Never waits for the lock."""
+        if session.fast_path or session.life.freed:
+            return False
+        native = session.native
+        if not native.try_lock():
+            return True
+        try:
+            return native.counts()[0] > 0
+        finally:
+            native.unlock()
+
+    def forget(self, session: Session) -> None:
+        """The session is being freed: a request of it that waits in the
+        engine (at shutdown only: a session is freed when none runs) is
+        dropped, never completed."""
+        native = session.native_if_alive
+        if native is not None and self.engine.forget(native.handle):
+            for tag, waiting in list(self._waiting.items()):
+                if waiting.session is session:
+                    del self._waiting[tag]
 
     def forget_all(self) -> None:
         """At shutdown, once every session was freed: nothing waits any more."""
-        self._pending_steps.clear()
-        self._parked_recvs.clear()
-        self._async_sessions.clear()
+        self._waiting.clear()
+
+    def _tag(self) -> int:
+        self._tags += 1
+        return self._tags
 
     # ---- reset and render (on the executor) ---------------------------------------------------
     def reset(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> None:
@@ -128,8 +149,6 @@ class SteppingHandlers:
         def reply_of(future: Done) -> dict:
             session.segment.bump_done_seq()
             reply = self.service.result_reply(header["id"], future)
-            if not session.life.freed:  # (an async reset's batches were dropped;
-                self._track_batches(session)  # pool events skipped it meanwhile)
             if session.revoked:
                 reply = self.service.revoked_reply(session, header["id"])
             elif inline and reply["ok"] and not is_async:  # (recv carries an async reset's rows)
@@ -214,8 +233,6 @@ class SteppingHandlers:
                 reply = self.service.revoked_reply(session, request_id)
             elif reply["ok"]:
                 reply.update(result(future.result()))
-            if not session.life.freed:  # (pool events skipped it meanwhile)
-                self._track_batches(session)
             return reply
 
         def done(future: Done) -> None:
@@ -235,6 +252,7 @@ class SteppingHandlers:
             reply = protocol.error_reply(request_id, DaemonError(
                 "internal error in the daemon; its log has the details"))
         session.life.end()
+        self.settle_later(session)
         self.service.send(client.identity, reply)
 
     # ---- sync step (on the pool) --------------------------------------------------------------
@@ -252,34 +270,38 @@ class SteppingHandlers:
             raise protocol.BadRequest("inline step: the actions must come as a data frame "
                                       "with an 'actions' description")
         started = time.perf_counter()
-        finished = session.native.step_submit()  # refused while envs are in flight or ready
+        tag = self._tag()
+        done = self.engine.step(session.native.handle, tag)
+        if done is not None and done.refused:  # envs in flight or ready, ...: nothing ran
+            session.native.step_result(done.result)
         session.segment.bump_step_seq()
-        if finished:  # ran inline: no eventfd event comes
-            reply = self._finish_step(session, header["id"], inline)
-            self.service.step_latency(time.perf_counter() - started)
-            return reply
+        waiting = Waiting(session, client.identity, header["id"], inline, started, None, 0)
+        if done is not None:  # ran inline: no eventfd event comes
+            return self._step_reply(waiting, done)
         session.life.begin("step")
-        self._pending_steps[session] = PendingStep(client.identity, header["id"], started, inline)
+        self._waiting[tag] = waiting
         return None
 
-    def _finish_step(self, session: Session, request_id: int, inline: bool) -> dict:
+    def _step_reply(self, waiting: Waiting, done: Completion) -> dict:
+        session, request_id = waiting.session, waiting.request_id
         session.segment.bump_done_seq()  # failed or not, the buffers are free again
+        self.service.step_latency(time.perf_counter() - waiting.started)
         try:
-            num_done = session.native.step_finish()
+            num_done = session.native.step_result(done.result)
         except EnvdError as exc:
             return protocol.error_reply(request_id, exc)
         self.count_steps(session)
         if session.revoked:  # its results went to zero pages
             return self.service.revoked_reply(session, request_id)
         reply = protocol.ok_reply(request_id, num_done=num_done)
-        if inline:
+        if waiting.inline:
             reply.update(session.outputs())
         return reply
 
     # ---- async send and recv ------------------------------------------------------------------
     def send(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> dict:
         # (served beside a parked recv: the native session's books take the
-        # batch as any other; the recv is retried on the next pool event)
+        # batch as any other; the engine looks at the recv after it)
         session = self.service.session_for(client, header, beside="recv")
         self._check_not_fast_path(session, "send")
         inline = header.get("inline", False)
@@ -294,11 +316,11 @@ class SteppingHandlers:
         # Validation errors raise before anything is stepped; an env failing
         # in this batch (run inline) is reported by the next recv, which the
         # client makes for these envs anyway: the send itself succeeded.
-        session.native.send(env_ids, notify=True)
-        parked = self._parked_recvs.get(session)
-        if parked is not None:  # a batch run inline sends no pool event: look now
-            self._retry_recv(session, parked)
-        self._track_batches(session)  # (after the retry: it may have answered the recv)
+        rc, done = self.engine.send(session.native.handle, env_ids)
+        if done is not None:  # the batch ran inline and completed the parked recv
+            self._complete(done)
+        if rc != 0:
+            raise session.native.send_error(rc)
         return protocol.ok_reply(header["id"])
 
     def recv(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> dict | None:
@@ -306,47 +328,28 @@ class SteppingHandlers:
         self._check_not_fast_path(session, "recv")
         count = check_int("count", header["count"], 1, session.num_envs)
         least = check_int("min", header.get("min", count), 1, count)
-        inline = header.get("inline", False)
-        ids = self._try_recv(session, count, least)  # raises a batch's env failure, or too few sent
-        if ids is not None:
-            self._track_batches(session)
-            return self._recv_reply(session, header["id"], inline, ids)
+        ids = np.empty(count, np.int64)
+        tag = self._tag()
+        waiting = Waiting(session, client.identity, header["id"], header.get("inline", False),
+                          0.0, ids, least)
+        done = self.engine.recv(session.native.handle, least, count, ids, tag)
+        if done is not None:  # enough ready, or refused (raises: too few sent, an env's failure)
+            return self._recv_reply(waiting, done)
         session.life.begin("recv")
-        self._parked_recvs[session] = ParkedRecv(client.identity, header["id"], count, least,
-                                                 inline)
-        self._async_sessions.add(session)  # (it is: fewer are ready than were sent)
+        self._waiting[tag] = waiting
         return None
 
-    def _retry_recv(self, session: Session, parked: ParkedRecv) -> None:
-        """Answer a parked recv if enough envs are ready now (or a batch failed)."""
-        try:
-            ids = self._try_recv(session, parked.most, parked.least)
-        except EnvdError as exc:  # an env failed: the waiting recv reports it
-            reply = protocol.error_reply(parked.request_id, exc)
-        else:
-            if ids is None:
-                return
-            reply = self._recv_reply(session, parked.request_id, parked.inline, ids)
-        del self._parked_recvs[session]
-        session.life.end()
-        self.service.send(parked.identity, reply)
-
-    @staticmethod
-    def _try_recv(session: Session, count: int, least: int) -> np.ndarray | None:
-        """The oldest ready ids once at least `least` are ready: all of them
-        up to count (None before; raises as NativeSession.try_recv).  Only
-        this thread takes ready envs, so those counted stay ready for the take."""
-        if least < count:
-            ready = session.native.counts()[1]
-            count = min(count, max(ready, least))
-        return session.native.try_recv(count)
-
-    def _recv_reply(self, session: Session, request_id: int, inline: bool,
-                    ids: np.ndarray) -> dict:
+    def _recv_reply(self, waiting: Waiting, done: Completion) -> dict:
+        """The reply to a recv that completed (raises its error)."""
+        session, request_id = waiting.session, waiting.request_id
+        if done.result < 0:
+            raise session.native.recv_error(done.result, waiting.least)
+        assert waiting.ids is not None
+        ids = waiting.ids[:done.result]
         if session.revoked:  # their results went to zero pages
             return self.service.revoked_reply(session, request_id)
         self.count_steps(session)
-        if not inline:
+        if not waiting.inline:
             return protocol.ok_reply(request_id, _blobs=[ids.tobytes()])
         outputs = session.outputs(ids)
         return protocol.ok_reply(request_id, arrays=outputs["arrays"],
@@ -354,48 +357,41 @@ class SteppingHandlers:
 
     # ---- completion ---------------------------------------------------------------------------
     def on_pool_event(self) -> None:
-        """Answer every submitted step that finished and every parked recv
-        that can be; free closing sessions whose batches settled."""
-        for session, pending in list(self._pending_steps.items()):
-            if session.native.step_done():
-                del self._pending_steps[session]
-                reply = self._finish_step(session, pending.request_id, pending.inline)
-                session.life.end()
-                self.service.send(pending.identity, reply)
-                self.service.step_latency(time.perf_counter() - pending.started)
-        for session in list(self._async_sessions):
-            if session.life.operation in _ON_THE_EXECUTOR:
-                # it holds the session's lock on the executor (an async reset
-                # while it waits for these batches; a reset or render while it
-                # runs), so counts() would block the loop; its reply re-tracks
-                continue
-            parked = self._parked_recvs.get(session)
-            if parked is not None:
-                self._retry_recv(session, parked)
-            if session.life.freed:
-                self._async_sessions.discard(session)
-            else:
-                self._track_batches(session)
-            session.life.settle()
+        """Answer every request the engine completed since the last look."""
+        for done in self.engine.poll():
+            self._complete(done)
 
-    def _track_batches(self, session: Session) -> None:
-        """Keep the session among those the pool events look at (on_pool_event
-        looks at those only) while it has batches in flight or a parked recv.
-        The recv counts on its own: a pool event retries it and finds too few
-        envs ready, then the last batch ends before the event counts the envs
-        in flight (none, now).  That batch writes the eventfd after its done
-        flag, so its event is still to come, and only that event can answer
-        the recv: were the session dropped here on "nothing in flight", the
-        recv would wait forever.  A fast-path session's batches are its
-        doorbell's (a socket send is refused), and the doorbell's thread may
-        hold its lock as long as a hosted env hangs: its lock is never
-        waited for here, on the event loop."""
-        if session.fast_path:
-            self._async_sessions.discard(session)
-        elif session in self._parked_recvs or session.native.counts()[0]:
-            self._async_sessions.add(session)
+    def _complete(self, done: Completion) -> None:
+        """Answer a waiting request that completed (exactly once: its tag
+        leaves the books), or free the closed session a settle waited for."""
+        waiting = self._waiting.pop(done.tag)
+        session = waiting.session
+        if done.kind == request_engine.SETTLE:
+            session.life.settle()
+            return
+        try:
+            if done.kind == request_engine.STEP:
+                reply = self._step_reply(waiting, done)
+            else:
+                reply = self._recv_reply(waiting, done)
+        except EnvdError as exc:  # a recv's: an env failed, the parked recv reports it
+            reply = protocol.error_reply(waiting.request_id, exc)
+        session.life.end()
+        self.settle_later(session)
+        self.service.send(waiting.identity, reply)
+
+    def settle_later(self, session: Session) -> None:
+        """A closed session whose batches are still in flight is freed once
+        they ended (freeing would wait for them on the loop): the engine
+        waits for that (a settle request), and its completion frees it."""
+        life = session.life
+        if life.state is not State.CLOSING or life.operation is not None:
+            return
+        tag = self._tag()
+        if self.engine.settle(session.native.handle, tag) is not None:
+            life.settle()
         else:
-            self._async_sessions.discard(session)
+            self._waiting[tag] = Waiting(session, b"", 0, False, 0.0, None, 0)
 
     # ---- the fast path ------------------------------------------------------------------------
     def fast(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> dict:

@@ -80,9 +80,6 @@ void envd_session_seed(envd_session_t *session, const uint64_t *seeds);
 int envd_session_reset(envd_session_t *session, const uint64_t *seeds, const bool *mask);
 int64_t envd_session_reset_count(envd_session_t *session);
 int envd_session_step(envd_session_t *session); /* NULL: ENVD_EINVAL */
-int envd_session_step_submit(envd_session_t *session);
-int envd_session_step_done(envd_session_t *session);
-int envd_session_step_finish(envd_session_t *session);
 
 /* ---- async ---- */
 int envd_session_async_reset(envd_session_t *session, const uint64_t *seeds);
@@ -96,6 +93,13 @@ int envd_session_async_reset(envd_session_t *session, const uint64_t *seeds);
 int envd_session_send(envd_session_t *session, const int64_t *ids, int64_t count, int flags);
 
 /* cffi:end */
+/* step split for a caller that must not block (the request engine,
+ * engine.h, which Python calls instead): submit (ENVD_EBUSY while envs are
+ * in flight or ready), poll done, finish once done (as step's result). */
+int envd_session_step_submit(envd_session_t *session);
+int envd_session_step_done(envd_session_t *session);
+int envd_session_step_finish(envd_session_t *session);
+
 /* Helping the session's batches in flight run, without waiting for them
  * (the doorbell's server thread, between an answer and its client's next
  * request): take the help with the session's lock held (how many batches,

@@ -18,6 +18,7 @@ from envd.errors import EnvStateError, InvalidArgumentError
 from envd.native._envd_native import lib
 from envd.native.native_session import NativeSession
 from envd.native.native_vec import NativePool
+from envd.native.request_engine import RequestEngine
 from envd.native.vector_env import AUTORESET_MODE_CODES
 from envd.stepping import Stepper
 
@@ -138,8 +139,10 @@ def test_step_and_reset_refuse_while_envs_are_out(session):
     session.async_reset(False)
     with pytest.raises(EnvStateError, match=r"step\(\) while 16 envs wait for recv"):
         session.step()
+    refused = RequestEngine().step(session.handle, 1)  # (as the daemon's loop submits it)
+    assert refused is not None and refused.refused
     with pytest.raises(EnvStateError, match=r"step\(\) while 16 envs wait for recv"):
-        session.step_submit()
+        session.step_result(refused.result)
     ids = session.recv(16)
     session.buffers["actions"][:] = 1
     session.send(ids[:3])
@@ -240,10 +243,7 @@ def test_results_equal_the_in_process_env():
 def test_served_counts_steps_and_async_env_steps(session):
     session.reset(False, False)
     session.step()
-    assert session.step_submit() in (True, False)
-    while not session.step_done():
-        pass
-    session.step_finish()
+    engine_step(session)
     session.async_reset(False)
     ids = session.recv(16)
     session.send(ids[:5])
@@ -358,20 +358,29 @@ def test_a_thread_cap_out_of_range_is_refused(bad):
         make_session(4, None, max_threads=bad)
 
 
+def engine_step(session: NativeSession) -> int:
+    """A step submitted to a request engine and polled until it completes,
+    as the daemon's event loop does; the envs whose episode ended."""
+    engine = RequestEngine()
+    done = engine.step(session.handle, 7)
+    deadline = time.monotonic() + 60
+    while done is None:
+        assert time.monotonic() < deadline, "a submitted step never finished"
+        time.sleep(0.001)
+        [done] = engine.poll() or [None]
+    assert done.tag == 7 and not done.refused
+    return session.step_result(done.result)
+
+
 def submitted_step_pooled(session: NativeSession) -> bool:
     """Submit a step as the daemon's event loop does; whether it went to the pool."""
     before = session.stats()["pooled_jobs"]
-    finished = session.step_submit()
-    deadline = time.monotonic() + 60
-    while not finished and not session.step_done():
-        assert time.monotonic() < deadline, "a submitted step never finished"
-        time.sleep(0.001)
-    session.step_finish()
+    engine_step(session)
     return session.stats()["pooled_jobs"] > before
 
 
 def test_cap_zero_keeps_costly_runs_off_the_event_loop():
-    """Under a cap of 0 a run for an event loop (step_submit, send with
+    """Under a cap of 0 a run for an event loop (a step through the engine, send with
     notify) runs inline only when measured cheap (<= 1 ms): one not measured
     yet, or costlier, goes to one pool thread, so that one session cannot
     stall the loop serving the others.  Blocking calls stay inline."""

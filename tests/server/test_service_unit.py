@@ -418,44 +418,44 @@ def recv_everything(h: Harness, session) -> list[int]:
 
 
 @pytest.mark.parametrize("least", [64, 1], ids=["count", "min"])
-def test_a_parked_recv_whose_batch_ends_during_its_retry_is_answered_by_the_next_event(
+def test_a_parked_recv_whose_batch_ends_right_after_a_look_is_answered_by_the_next_event(
         harness, monkeypatch, least):
-    """Regression (a recv never answered, seen in CI under load): a pool event
-    retries a parked recv and finds too few envs ready; the batch finishes
-    right after that look, before the handler asks whether envs are still in
-    flight -- none are, then.  The session must stay among those the pool
-    events look at while its recv waits: the batch's own event (written after
-    its done flag, so still to come) answers the recv.  Here the retry's look
-    waits for that event, so the interleaving happens every time."""
+    """Regression (a recv never answered, seen in CI under load, when the
+    daemon's Python kept the parked recvs): a pool event looks at a parked
+    recv and finds too few envs ready; the batch finishes right after that
+    look.  The recv must stay parked in the request engine: the batch's own
+    event (written after its done flag, so still to come) answers it.  Here
+    the look waits for that event, so the interleaving happens every time."""
     h = harness(threads=2)
     h.hello(ALICE)
     session = h.make(ALICE, "ConnectFour-v0", 64, batch_size=64, env_kwargs={"depth": 4})
     assert h.call(ALICE, "reset", session=session.id)["ok"]
     session.native.set_chunk(1)  # on the pool, never inline
-    real_try_recv = session.native.try_recv
+    engine = h.service.stepping.engine
+    real_poll = engine.poll
     looked_too_early: list[int] = []
 
-    def batch_ends_right_after_the_look(count: int):
-        ids = real_try_recv(count)
-        if ids is None and not looked_too_early:
-            looked_too_early.append(count)
+    def batch_ends_right_after_the_look():
+        done = real_poll()
+        if not done and not looked_too_early:
+            looked_too_early.append(1)
             assert select.select([h.pool.eventfd()], [], [], DEADLINE)[0], \
                 "the batch never finished"
-        return ids
+        return done
 
     deadline = time.monotonic() + DEADLINE
-    while True:  # until a pool event retries the parked recv before its batch ended
+    while True:  # until a pool event looks at the parked recv before its batch ended
         assert h.call(ALICE, "send", ids_frame(*range(64)), session=session.id)["ok"]
         recv = h.request(ALICE, "recv", session=session.id, count=64, min=least)
         if not h.answered(ALICE, recv):
             with monkeypatch.context() as patch:
-                patch.setattr(session.native, "try_recv", batch_ends_right_after_the_look)
+                patch.setattr(engine, "poll", batch_ends_right_after_the_look)
                 h.pool_event()
             if looked_too_early:
                 break
         received = np.frombuffer(h.reply(ALICE, recv)["_blobs"][0], np.int64).tolist()
         assert sorted(received + recv_everything(h, session)) == list(range(64))
-        assert time.monotonic() < deadline, "every batch finished before its recv was retried"
+        assert time.monotonic() < deadline, "every batch finished before its recv was looked at"
     assert not h.answered(ALICE, recv) and session.native.counts() == (0, 64)
     idle_while_parked = h.service.idle
     h.pool_event()  # the batch's own event
@@ -464,6 +464,64 @@ def test_a_parked_recv_whose_batch_ends_during_its_retry_is_answered_by_the_next
     reply = h.reply(ALICE, recv)
     assert reply["ok"] and sorted(np.frombuffer(reply["_blobs"][0], np.int64)) == list(range(64))
     assert session.life.state is State.OPEN and h.service.idle
+    h.assert_each_request_answered_once()
+
+
+def send_leaving_a_batch_on_the_pool(h: Harness, session) -> None:
+    """Send every env, again and again, until a send's batch is still on the
+    pool when its reply came (the pool may end a batch within microseconds)."""
+    deadline = time.monotonic() + DEADLINE
+    while True:
+        assert h.ask(ALICE, "send", ids_frame(*range(session.num_envs)), session=session.id)["ok"]
+        if session.native.counts()[0]:
+            return
+        assert h.ask(ALICE, "recv", session=session.id, count=session.num_envs)["ok"]
+        assert time.monotonic() < deadline, "every batch finished before the send returned"
+
+
+def test_a_close_with_a_batch_in_flight_frees_the_session_once_it_ends(harness):
+    """Closed while its batch is on the pool (no request running), the session
+    waits as a settle request in the engine, and the pool event of its batch
+    frees it: not before (freeing would wait on the loop), never twice."""
+    h = harness(threads=2)
+    h.hello(ALICE)
+    session = h.make(ALICE, "ConnectFour-v0", 64, batch_size=64, env_kwargs={"depth": 4})
+    assert h.call(ALICE, "reset", session=session.id)["ok"]
+    session.native.set_chunk(1)
+    send_leaving_a_batch_on_the_pool(h, session)
+    assert h.call(ALICE, "close", session=session.id)["ok"]
+    engine = h.service.stepping.engine
+    if session.life.state is State.CLOSING:  # (else the batch ended before the close)
+        assert engine.waiting() == 1 and not h.service.idle
+    deadline = time.monotonic() + DEADLINE
+    while session.life.state is not State.FREED:
+        assert time.monotonic() < deadline, "the closed session was never freed"
+        h.pool_event()
+    assert engine.waiting() == 0 and books_empty(h.service) and h.service.idle
+    h.assert_each_request_answered_once()
+
+
+def test_shutdown_with_a_recv_parked_forgets_it_and_frees_the_session(harness):
+    """At shutdown a parked recv's session is freed (waiting for its batch):
+    the engine forgets the recv, which nothing answers any more."""
+    h = harness(threads=2)
+    h.hello(ALICE)
+    session = h.make(ALICE, "ConnectFour-v0", 64, batch_size=64, env_kwargs={"depth": 4})
+    assert h.call(ALICE, "reset", session=session.id)["ok"]
+    session.native.set_chunk(1)
+    deadline = time.monotonic() + DEADLINE
+    while True:  # until a recv has to wait
+        send_leaving_a_batch_on_the_pool(h, session)
+        recv = h.request(ALICE, "recv", session=session.id, count=64)
+        if not h.answered(ALICE, recv):
+            break
+        assert time.monotonic() < deadline, "every batch finished before the recv came"
+    engine = h.service.stepping.engine
+    assert engine.waiting() == 1
+    h.in_loop(h.service.free_all)
+    assert session.life.state is State.FREED and engine.waiting() == 0
+    h.pool_event()  # nothing left to answer, nothing answered twice
+    assert not h.answered(ALICE, recv)
     h.assert_each_request_answered_once()
 
 
@@ -569,7 +627,8 @@ def test_pool_events_never_wait_for_a_lock_a_reset_on_the_executor_holds(harness
     """A batch finished, then a reset started on the executor, which holds the
     session's lock while it runs: the pool event of that batch must not wait
     for the lock (the event loop would stall every client for the reset's
-    length).  It skips the session; the reset's reply settles its books."""
+    length).  The request engine looks only at sessions with a request
+    waiting, and a session running a reset has none."""
     import threading
     h = harness(threads=2)
     h.hello(ALICE)
@@ -577,11 +636,6 @@ def test_pool_events_never_wait_for_a_lock_a_reset_on_the_executor_holds(harness
     assert h.call(ALICE, "reset", session=session.id)["ok"]
     assert h.call(ALICE, "send", ids_frame(0, 1, 2, 3), session=session.id)["ok"]
     stepping = h.service.stepping
-    if session not in stepping._async_sessions:
-        # The pool stepped the batch before send's reply counted it (a quiet
-        # pool wakes within microseconds): the loop tracks it exactly as it
-        # tracks a slower batch, which is the case this test is about.
-        stepping._async_sessions.add(session)
     reset = h.request(ALICE, "reset", session=session.id)  # waits on the gated executor
     held, release = threading.Event(), threading.Event()
 
@@ -604,7 +658,7 @@ def test_pool_events_never_wait_for_a_lock_a_reset_on_the_executor_holds(harness
         holder.join(DEADLINE)
     h.run_jobs()
     assert h.reply(ALICE, reset)["ok"]
-    assert session not in stepping._async_sessions and stepping.idle
+    assert not stepping.engine.waiting() and stepping.idle
     h.assert_each_request_answered_once()
 
 

@@ -1,0 +1,410 @@
+/*
+ * engine_stress.c -- tests of native/src/engine.c (the request engine: the
+ * requests of many sessions that wait, and their completions); exits non-zero
+ * on any failure.  Usage: engine_stress [divisor] (loop counts are divided by
+ * divisor: sanitizer builds run slower).
+ *
+ * Checks:
+ *   - many sessions at once on pools of 0, 1 and 2 threads: the main thread
+ *     (the daemon's loop) submits steps and recvs of random min/max counts,
+ *     sends beside waiting recvs (ENVD_JOB_NOTIFY), and drains completions
+ *     (after the pool's eventfd, or by polling) while the pool's threads end
+ *     batches: every request is completed exactly once (its tag), a recv
+ *     returns between min and max ids, each of them out and received exactly
+ *     once; a step's completion is never refused while nothing is out; at
+ *     the end nothing waits and every env is idle;
+ *   - a waiting recv completed by a failing batch: ENVD_EENV naming the env,
+ *     the batch's envs ready for the next recv;
+ *   - a session closed while its recv waits on a batch in flight (forget,
+ *     then destroy while another thread releases the batch); a settle
+ *     request that waits for a batch and completes once it ends;
+ *   - refusals: a second request of a session (ENVD_EBUSY), bad recvs
+ *     (ENVD_EINVAL), a step while envs are out (completed at once, refused,
+ *     ENVD_EBUSY), a recv of more than is out (ENVD_ESTATE), a refused send
+ *     (no completion).
+ */
+#define _GNU_SOURCE
+#include "engine.h"
+
+#include <poll.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "builtin_envs.h"
+#include "envd.h"
+#include "pool.h"
+#include "stress_harness.h"
+#include "stress_util.h"
+
+/* ---- an env that can be held in its step, or fail ---------------------------------- */
+static _Atomic int g_armed, g_started, g_release;
+static _Atomic uintptr_t g_fail_obs;
+static envd_env_def_t g_def;
+
+static int test_step(void *state, envd_rng_t *rng, const void *action, void *obs,
+                     double *reward, bool *terminated, bool *truncated)
+{
+    if (atomic_load(&g_armed)) {
+        atomic_store(&g_started, 1);
+        while (!atomic_load(&g_release))
+            sched_yield();
+    }
+    if ((uintptr_t)obs == atomic_load(&g_fail_obs))
+        return ENVD_EENV;
+    return envd_builtin_cartpole.step(state, rng, action, obs, reward, terminated, truncated);
+}
+
+static void gate(int armed)
+{
+    atomic_store(&g_started, 0);
+    atomic_store(&g_release, 0);
+    atomic_store(&g_armed, armed);
+}
+
+static void wait_started(void)
+{
+    const double deadline = now_s() + 60.0;
+    while (!atomic_load(&g_started)) {
+        CHECK(now_s() < deadline, "the held batch never started");
+        sched_yield();
+    }
+}
+
+static void *release_later(void *arg)
+{
+    (void)arg;
+    struct timespec ts = {0, 30 * 1000000};
+    nanosleep(&ts, NULL);
+    atomic_store(&g_release, 1);
+    return NULL;
+}
+
+/* Poll until tag completes (other completions are not expected); *out: it. */
+static void poll_for(envd_engine_t *e, uint64_t tag, envd_completion_t *out)
+{
+    const double deadline = now_s() + 60.0;
+    for (;;) {
+        int64_t n = envd_engine_poll(e, out, 1);
+        if (n == 1) {
+            CHECK(out->tag == tag, "completion of tag %llu, expected %llu",
+                  (unsigned long long)out->tag, (unsigned long long)tag);
+            return;
+        }
+        CHECK(now_s() < deadline, "tag %llu never completed", (unsigned long long)tag);
+        sched_yield();
+    }
+}
+
+/* ---- many sessions, concurrent completions ------------------------------------------ */
+enum { SESSIONS = 4, ENVS = 16 };
+
+typedef struct client {
+    harness_t h;
+    int8_t out[ENVS];       /* 1 while sent and not received */
+    int64_t num_out;
+    uint64_t waiting_tag;   /* 0: none */
+    int32_t waiting_kind;
+    int64_t min, max;
+    int64_t ids[ENVS];      /* the waiting recv's out */
+} client_t;
+
+static uint64_t g_completed; /* completions seen */
+
+static void on_completion(client_t *clients, const envd_completion_t *c)
+{
+    client_t *cl = &clients[c->tag >> 32];
+    CHECK(cl->waiting_tag == c->tag && cl->waiting_kind == c->kind,
+          "completion of tag %llu kind %d: not the one waiting (exactly once)",
+          (unsigned long long)c->tag, c->kind);
+    cl->waiting_tag = 0;
+    g_completed++;
+    if (c->kind == ENVD_REQ_STEP) {
+        CHECK(c->result >= 0 && !c->refused, "a step with nothing out: %lld",
+              (long long)c->result);
+        return;
+    }
+    CHECK(c->kind == ENVD_REQ_RECV && !c->refused, "kind %d", c->kind);
+    CHECK(c->result >= cl->min && c->result <= cl->max, "recv of [%lld, %lld] took %lld",
+          (long long)cl->min, (long long)cl->max, (long long)c->result);
+    for (int64_t k = 0; k < c->result; k++) {
+        const int64_t i = cl->ids[k];
+        CHECK(i >= 0 && i < ENVS && cl->out[i], "recv returned env %lld, not out",
+              (long long)i);
+        cl->out[i] = 0;
+        cl->num_out--;
+    }
+}
+
+static void test_concurrent(envd_pool_t *pool, int rounds, uint64_t seed)
+{
+    g_def = envd_builtin_cartpole;
+    g_def.step = test_step;
+    gate(0);
+    client_t *clients = xcalloc(SESSIONS, sizeof *clients);
+    for (int c = 0; c < SESSIONS; c++)
+        harness_init(&clients[c].h, &g_def, ENVS, pool, 1 + c % 3);
+    envd_engine_t *e = NULL;
+    CHECK(envd_engine_create(&e) == ENVD_OK, "engine");
+    const int efd = envd_pool_eventfd(pool);
+    uint64_t serial = 0, submitted = 0;
+    envd_completion_t done[SESSIONS];
+    g_completed = 0;
+    for (int r = 0; r < rounds; r++) {
+        client_t *cl = &clients[rnd(&seed) % SESSIONS];
+        const uint64_t tag = ((uint64_t)(cl - clients) << 32) | (++serial & 0xffffffffu);
+        const uint64_t choice = rnd(&seed) % 4;
+        if (choice <= 1 && cl->num_out < ENVS &&
+            (cl->waiting_tag == 0 || cl->waiting_kind == ENVD_REQ_RECV)) {
+            /* a send of some idle envs (beside a waiting recv, or not) */
+            int64_t ids[ENVS], count = 0;
+            for (int64_t i = 0; i < ENVS; i++)
+                if (!cl->out[i] && rnd(&seed) % 2)
+                    ids[count++] = i;
+            if (count == 0)
+                continue;
+            for (int64_t k = 0; k < count; k++)
+                cl->h.actions[ids[k]] = (int64_t)(rnd(&seed) % 2);
+            envd_completion_t c;
+            CHECK(envd_engine_send(e, cl->h.s, ids, count, ENVD_JOB_NOTIFY, &c) == ENVD_OK,
+                  "send");
+            for (int64_t k = 0; k < count; k++)
+                cl->out[ids[k]] = 1;
+            cl->num_out += count;
+            if (c.kind != 0)
+                on_completion(clients, &c);
+        } else if (cl->waiting_tag == 0) {
+            envd_request_t req = {.tag = tag};
+            if (cl->num_out == 0) {
+                req.kind = ENVD_REQ_STEP;
+                for (int64_t i = 0; i < ENVS; i++)
+                    cl->h.actions[i] = (int64_t)(rnd(&seed) % 2);
+            } else {
+                req.kind = ENVD_REQ_RECV;
+                req.min_count = 1 + (int64_t)(rnd(&seed) % (uint64_t)cl->num_out);
+                req.max_count = req.min_count +
+                                (int64_t)(rnd(&seed) % (uint64_t)(ENVS - req.min_count + 1));
+                req.out = cl->ids;
+                cl->min = req.min_count;
+                cl->max = req.max_count;
+            }
+            envd_completion_t c;
+            const int rc = envd_engine_submit(e, cl->h.s, &req, &c);
+            CHECK(rc == 0 || rc == 1, "submit: %d", rc);
+            submitted++;
+            cl->waiting_tag = tag;
+            cl->waiting_kind = req.kind;
+            if (rc == 1)
+                on_completion(clients, &c);
+            else
+                CHECK(envd_engine_submit(e, cl->h.s, &req, &c) == ENVD_EBUSY,
+                      "a second request of a session");
+        }
+        /* the loop's turn: after the eventfd (briefly waited for), or a plain poll */
+        if (rnd(&seed) % 2) {
+            struct pollfd p = {.fd = efd, .events = POLLIN};
+            if (poll(&p, 1, 0) == 1) {
+                uint64_t v;
+                CHECK(read(efd, &v, sizeof v) == sizeof v, "eventfd read");
+            }
+        }
+        const int64_t n = envd_engine_poll(e, done, 1 + (int64_t)(rnd(&seed) % SESSIONS));
+        for (int64_t k = 0; k < n; k++)
+            on_completion(clients, &done[k]);
+    }
+    /* drain: recv whatever is out, until nothing waits */
+    const double deadline = now_s() + 120.0;
+    for (;;) {
+        int busy = 0;
+        for (int c = 0; c < SESSIONS; c++) {
+            client_t *cl = &clients[c];
+            busy |= cl->waiting_tag != 0 || cl->num_out > 0;
+            if (cl->waiting_tag == 0 && cl->num_out > 0) {
+                envd_request_t req = {.kind = ENVD_REQ_RECV, .min_count = cl->num_out,
+                                      .max_count = cl->num_out, .out = cl->ids,
+                                      .tag = ((uint64_t)c << 32) | (++serial & 0xffffffffu)};
+                cl->min = cl->max = cl->num_out;
+                envd_completion_t d;
+                const int rc = envd_engine_submit(e, cl->h.s, &req, &d);
+                CHECK(rc == 0 || rc == 1, "drain submit: %d", rc);
+                submitted++;
+                cl->waiting_tag = req.tag;
+                cl->waiting_kind = ENVD_REQ_RECV;
+                if (rc == 1)
+                    on_completion(clients, &d);
+            }
+        }
+        if (!busy)
+            break;
+        CHECK(now_s() < deadline, "the drain never ended");
+        const int64_t n = envd_engine_poll(e, done, SESSIONS);
+        for (int64_t k = 0; k < n; k++)
+            on_completion(clients, &done[k]);
+        sched_yield();
+    }
+    CHECK(g_completed == submitted, "%llu requests, %llu completions",
+          (unsigned long long)submitted, (unsigned long long)g_completed);
+    CHECK(envd_engine_waiting(e, 0) == 0, "nothing waits");
+    for (int c = 0; c < SESSIONS; c++) {
+        for (int64_t i = 0; i < ENVS; i++)
+            CHECK(envd_session_env_state(clients[c].h.s, i) == ENVD_ENV_IDLE, "env idle");
+        harness_free(&clients[c].h);
+    }
+    envd_engine_destroy(e);
+    free(clients);
+}
+
+/* ---- a waiting recv completed by a failing batch ------------------------------------ */
+static void test_failing_batch(envd_pool_t *pool1)
+{
+    g_def = envd_builtin_cartpole;
+    g_def.step = test_step;
+    harness_t h;
+    harness_init(&h, &g_def, 8, pool1, 1);
+    envd_engine_t *e = NULL;
+    CHECK(envd_engine_create(&e) == ENVD_OK, "engine");
+    int64_t ids[3] = {6, 2, 4}, got[8];
+    envd_completion_t c;
+    gate(1);
+    atomic_store(&g_fail_obs, (uintptr_t)(h.obs + 4 * 2));
+    CHECK(envd_engine_send(e, h.s, ids, 3, ENVD_JOB_NOTIFY, &c) == ENVD_OK && c.kind == 0,
+          "send");
+    wait_started();
+    envd_request_t req = {.kind = ENVD_REQ_RECV, .min_count = 3, .max_count = 8, .out = got,
+                          .tag = 7};
+    CHECK(envd_engine_submit(e, h.s, &req, &c) == 0, "the recv waits");
+    CHECK(envd_engine_poll(e, &c, 1) == 0, "still waits");
+    atomic_store(&g_release, 1);
+    poll_for(e, 7, &c);
+    CHECK(c.kind == ENVD_REQ_RECV && c.result == ENVD_EENV && c.error_index == 2,
+          "the failure names env 2: %lld %lld", (long long)c.result, (long long)c.error_index);
+    gate(0);
+    atomic_store(&g_fail_obs, 0);
+    req.tag = 8;
+    CHECK(envd_engine_submit(e, h.s, &req, &c) == 1 && c.result == 3 && got[0] == 6 &&
+              got[1] == 2 && got[2] == 4,
+          "the failed batch's envs are ready, in order");
+    harness_free(&h);
+    envd_engine_destroy(e);
+}
+
+/* ---- a close while a recv waits; settle ---------------------------------------------- */
+static void test_close_and_settle(envd_pool_t *pool1)
+{
+    g_def = envd_builtin_cartpole;
+    g_def.step = test_step;
+    envd_engine_t *e = NULL;
+    CHECK(envd_engine_create(&e) == ENVD_OK, "engine");
+    int64_t ids[4] = {0, 1, 2, 3}, got[4];
+    envd_completion_t c;
+
+    harness_t h;
+    harness_init(&h, &g_def, 4, pool1, 1);
+    gate(1);
+    CHECK(envd_engine_send(e, h.s, ids, 4, ENVD_JOB_NOTIFY, &c) == ENVD_OK, "send");
+    wait_started();
+    envd_request_t req = {.kind = ENVD_REQ_RECV, .min_count = 4, .max_count = 4, .out = got,
+                          .tag = 1};
+    CHECK(envd_engine_submit(e, h.s, &req, &c) == 0, "the recv waits");
+    CHECK(envd_engine_forget(e, h.s) == 1 && envd_engine_forget(e, h.s) == 0, "forget once");
+    CHECK(envd_engine_waiting(e, 0) == 0, "nothing waits");
+    pthread_t releaser;
+    CHECK(pthread_create(&releaser, NULL, release_later, NULL) == 0, "pthread_create");
+    harness_free(&h); /* waits for the held batch */
+    pthread_join(releaser, NULL);
+    CHECK(envd_engine_poll(e, &c, 1) == 0, "no completion of a forgotten request");
+
+    harness_init(&h, &g_def, 4, pool1, 1);
+    envd_request_t settle = {.kind = ENVD_REQ_SETTLE, .tag = 2};
+    CHECK(envd_engine_submit(e, h.s, &settle, &c) == 1 && c.result == ENVD_OK,
+          "nothing in flight: settled at once");
+    gate(1);
+    CHECK(envd_engine_send(e, h.s, ids, 2, ENVD_JOB_NOTIFY, &c) == ENVD_OK, "send");
+    wait_started();
+    CHECK(envd_engine_submit(e, h.s, &settle, &c) == 0, "settle waits");
+    CHECK(envd_engine_waiting(e, ENVD_REQ_SETTLE) == 1 && envd_engine_waiting(e, 0) == 1,
+          "one settle waits");
+    CHECK(envd_engine_submit(e, h.s, &req, &c) == ENVD_EBUSY, "one request per session");
+    atomic_store(&g_release, 1);
+    poll_for(e, 2, &c);
+    CHECK(c.kind == ENVD_REQ_SETTLE && c.result == ENVD_OK, "settled");
+    gate(0);
+    harness_free(&h);
+    envd_engine_destroy(e);
+}
+
+/* ---- refusals ------------------------------------------------------------------------ */
+static void test_refusals(envd_pool_t *pool1)
+{
+    harness_t h;
+    harness_init(&h, &envd_builtin_cartpole, 4, pool1, 1);
+    envd_engine_t *e = NULL;
+    CHECK(envd_engine_create(&e) == ENVD_OK, "engine");
+    int64_t ids[4] = {0, 1, 2, 3}, got[4];
+    envd_completion_t c;
+    envd_request_t bad = {.kind = ENVD_REQ_RECV, .min_count = 2, .max_count = 1, .out = got};
+    CHECK(envd_engine_submit(e, h.s, &bad, &c) == ENVD_EINVAL, "max < min");
+    bad.max_count = 5;
+    CHECK(envd_engine_submit(e, h.s, &bad, &c) == ENVD_EINVAL, "max > num_envs");
+    bad.max_count = 2;
+    bad.out = NULL;
+    CHECK(envd_engine_submit(e, h.s, &bad, &c) == ENVD_EINVAL, "no out");
+    bad.kind = 99;
+    CHECK(envd_engine_submit(e, h.s, &bad, &c) == ENVD_EINVAL, "unknown kind");
+    envd_request_t recv = {.kind = ENVD_REQ_RECV, .min_count = 1, .max_count = 1, .out = got,
+                           .tag = 5};
+    CHECK(envd_engine_submit(e, h.s, &recv, &c) == 1 && c.result == ENVD_ESTATE &&
+              c.error_index == -1 && c.tag == 5,
+          "a recv with nothing out: ESTATE at once");
+    CHECK(envd_engine_send(e, h.s, ids, 2, 0, &c) == ENVD_OK, "send");
+    envd_request_t step = {.kind = ENVD_REQ_STEP, .tag = 6};
+    CHECK(envd_engine_submit(e, h.s, &step, &c) == 1 && c.refused && c.result == ENVD_EBUSY,
+          "a step while envs are out: refused at once");
+    recv.min_count = recv.max_count = 3;
+    CHECK(envd_engine_submit(e, h.s, &recv, &c) == 1 && c.result == ENVD_ESTATE,
+          "a recv of more than is out");
+    recv.min_count = recv.max_count = 2;
+    recv.tag = 9;
+    const int rc = envd_engine_submit(e, h.s, &recv, &c);
+    CHECK(rc == 0 || rc == 1, "recv: %d", rc);
+    if (rc == 0) /* (it waits for the pool's thread) */
+        poll_for(e, 9, &c);
+    CHECK(c.result == 2 && got[0] == 0 && got[1] == 1, "recv of the two sent");
+    CHECK(envd_engine_send(e, h.s, ids, 1, 0, &c) == ENVD_OK, "send env 0");
+    CHECK(envd_engine_send(e, h.s, ids, 1, 0, &c) == ENVD_EBUSY && c.kind == 0 &&
+              envd_session_error_index(h.s) == 0,
+          "a refused send names its env and completes nothing");
+    CHECK(envd_engine_waiting(e, 0) == 0, "nothing waits");
+    harness_free(&h);
+    envd_engine_destroy(e);
+    envd_engine_destroy(NULL);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1)
+        g_div = atoi(argv[1]) > 0 ? atoi(argv[1]) : 1;
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    static const int thread_counts[] = {0, 1, 2};
+    envd_pool_t *pools[COUNT(thread_counts)];
+    for (size_t i = 0; i < COUNT(thread_counts); i++)
+        CHECK(envd_pool_create(&pools[i], thread_counts[i], NULL) == ENVD_OK, "pool create");
+    double t = now_s();
+    for (size_t p = 0; p < COUNT(pools); p++)
+        test_concurrent(pools[p], scaled(20000, 2000), 0x9e3779b97f4a7c15ull + p);
+    printf("engine_stress: concurrent %.2f s\n", now_s() - t);
+    test_failing_batch(pools[1]);
+    test_close_and_settle(pools[1]);
+    test_refusals(pools[1]);
+    for (size_t i = 0; i < COUNT(pools); i++)
+        envd_pool_destroy(pools[i]);
+    printf("engine_stress: ok\n");
+    return 0;
+}
