@@ -375,7 +375,9 @@ class NativeSession:
         stats = ffi.new("envd_vec_stats_t *")
         lib.envd_session_stats(self._live(), stats)
         return {"cost_ns_per_env": stats.cost_ns_per_env, "inline_jobs": stats.inline_jobs,
-                "pooled_jobs": stats.pooled_jobs, "last_chunk": stats.last_chunk}
+                "pooled_jobs": stats.pooled_jobs, "last_chunk": stats.last_chunk,
+                "inline_step_ns_per_env": stats.inline_step_ns_per_env,
+                "pooled_step_ns_per_env": stats.pooled_step_ns_per_env}
 
     def set_chunk(self, chunk: int) -> None:
         """Force a chunk size (>= 1) or return to adaptive dispatch (0)."""
