@@ -371,7 +371,8 @@ class NativeSession:
 
     def stats(self) -> dict[str, float]:
         """The backend's dispatch statistics: cost per env step (ns), inline
-        and pooled jobs, last chunk."""
+        and pooled jobs, last chunk, a blocking step's wall time per env
+        inline and pooled (ns)."""
         stats = ffi.new("envd_vec_stats_t *")
         lib.envd_session_stats(self._live(), stats)
         return {"cost_ns_per_env": stats.cost_ns_per_env, "inline_jobs": stats.inline_jobs,

@@ -18,8 +18,8 @@
  * it wakes a sleeping worker, or moves the envs' state back to one cache,
  * which a run of steps that way does not pay each step.  A probe that
  * confirms the choice doubles the steps before the next one (up to
- * PROBE_PERIOD_MAX), so a settled vec spends a share below 1/2000 of its
- * steps probing.
+ * PROBE_PERIOD_MAX), so a settled vec spends about 1/1000 of its steps
+ * probing (8 in 8192).
  *
  * Pure bookkeeping, no clock and no threads: the caller passes each step's
  * time (the vec's caller thread only; tests/native/step_choice_check.c
