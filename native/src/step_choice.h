@@ -141,10 +141,10 @@ static inline void envd_choice_record(envd_step_choice_t *c, envd_way_t way, dou
          * waits longer for the next one, one that changed it restarts */
         c->probing = ENVD_WAY_NONE;
         const bool changed = envd_choice_better(c) == way;
-        const int64_t longer = c->period * 2;
-        c->period = changed ? ENVD_CHOICE_PROBE_PERIOD
-                            : (longer < ENVD_CHOICE_PROBE_PERIOD_MAX ? longer
-                                                                     : ENVD_CHOICE_PROBE_PERIOD_MAX);
+        const int64_t longer = c->period * 2 < ENVD_CHOICE_PROBE_PERIOD_MAX
+                                   ? c->period * 2
+                                   : ENVD_CHOICE_PROBE_PERIOD_MAX;
+        c->period = changed ? ENVD_CHOICE_PROBE_PERIOD : longer;
     }
 }
 
