@@ -47,6 +47,8 @@ typedef enum envd_way { ENVD_WAY_NONE = 0, ENVD_WAY_INLINE, ENVD_WAY_POOLED } en
 typedef struct envd_way_estimate {
     double ns;       /* wall time of a step, per env; 0 before any sample */
     int64_t samples; /* since the estimate was last restarted (capped) */
+    bool restart;    /* a probe began: its first sample replaces the estimate
+                        (kept until then: a probe may end before it samples) */
 } envd_way_estimate_t;
 
 typedef struct envd_step_choice {
@@ -56,6 +58,7 @@ typedef struct envd_step_choice {
     int64_t period;      /* steps the chosen way before the next probe */
     int probe_left;      /* steps of the probe in progress still to run */
     envd_way_t probing;  /* the way a probe in progress runs */
+    bool pool_tried;     /* a probe of the pool began */
 } envd_step_choice_t;
 
 static inline void envd_choice_init(envd_step_choice_t *c)
@@ -70,6 +73,10 @@ static inline envd_way_estimate_t *envd_choice_estimate(envd_step_choice_t *c, e
 
 static inline void envd_choice_sample(envd_way_estimate_t *e, double sample)
 {
+    if (e->restart) {
+        e->samples = 0;
+        e->restart = false;
+    }
     if (e->samples > 0) {
         if (sample > e->ns * ENVD_CHOICE_CLAMP)
             sample = e->ns * ENVD_CHOICE_CLAMP;
@@ -97,7 +104,9 @@ static inline envd_way_t envd_choice_start_probe(envd_step_choice_t *c, envd_way
     c->streak = 0;
     c->probing = way;
     c->probe_left = ENVD_CHOICE_PROBE_STEPS - 1;
-    envd_choice_estimate(c, way)->samples = 0; /* restarts from the probe's samples */
+    envd_choice_estimate(c, way)->restart = true;
+    if (way == ENVD_WAY_POOLED)
+        c->pool_tried = true;
     return way;
 }
 
@@ -116,9 +125,15 @@ static inline envd_way_t envd_choice_pick(envd_step_choice_t *c, bool over_thres
         c->probe_left--;
         return c->probing;
     }
+    if (c->pooled_ns.samples == 0) {
+        /* the pool not measured yet: a probe (a run of steps, not one cold
+         * one) at once the first time; a probe that ended under the
+         * threshold before it sampled is tried again only after a period */
+        if (!c->pool_tried || ++c->streak >= c->period)
+            return envd_choice_start_probe(c, ENVD_WAY_POOLED);
+        return ENVD_WAY_INLINE;
+    }
     const envd_way_t best = envd_choice_better(c);
-    if (best == ENVD_WAY_POOLED && c->pooled_ns.samples == 0)
-        return envd_choice_start_probe(c, ENVD_WAY_POOLED); /* a run of steps, not one cold one */
     if (best == c->last && ++c->streak >= c->period)
         return envd_choice_start_probe(c, best == ENVD_WAY_POOLED ? ENVD_WAY_INLINE
                                                                   : ENVD_WAY_POOLED);

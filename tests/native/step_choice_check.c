@@ -144,6 +144,29 @@ static void under_the_threshold_is_inline(void)
     CHECK(s.choice.probe_left == 0 && s.choice.probing == ENVD_WAY_NONE, "a probe left open");
 }
 
+/* Steps that cross the threshold one at a time (pong on a loaded host: its
+ * estimate near 40 us) end each probe after its first, cold step, before it
+ * samples: the pool stays unmeasured, and is probed again only after a
+ * period, not at every crossing; a way's estimate outlives a probe that
+ * ends before it samples. */
+static void probes_ended_under_the_threshold_are_rare(int64_t steps)
+{
+    sim_t s;
+    sim_init(&s);
+    for (int64_t k = 0; k < steps; k++)
+        sim_step(&s, 25000.0, 47000.0, k % 2 == 1);
+    CHECK(s.choice.pooled_ns.samples == 0, "the pool was sampled");
+    CHECK(s.pooled_steps <= 1 + steps / 2 / ENVD_CHOICE_PROBE_PERIOD, "%lld of %lld steps pooled",
+          (long long)s.pooled_steps, (long long)steps);
+    sim_init(&s);
+    sim_run(&s, 25000.0, 47000.0, 1000);
+    const double pooled = s.choice.pooled_ns.ns;
+    for (int64_t k = 0; k < steps; k++)
+        sim_step(&s, 25000.0, 47000.0, k % 2 == 1);
+    CHECK(s.choice.pooled_ns.samples > 0 && s.choice.pooled_ns.ns == pooled,
+          "the pool's estimate was lost: %g, was %g", s.choice.pooled_ns.ns, pooled);
+}
+
 /* Settled, the probes' share falls: the period doubles up to its maximum. */
 static void probes_become_rare(void)
 {
@@ -168,6 +191,7 @@ int main(int argc, char **argv)
     follows_a_change();
     outliers_do_not_flip();
     under_the_threshold_is_inline();
+    probes_ended_under_the_threshold_are_rare(steps);
     probes_become_rare();
     printf("step_choice_check: ok\n");
     return 0;
