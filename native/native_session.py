@@ -371,11 +371,14 @@ class NativeSession:
 
     def stats(self) -> dict[str, float]:
         """The backend's dispatch statistics: cost per env step (ns), inline
-        and pooled jobs, last chunk."""
+        and pooled jobs, last chunk, a blocking step's wall time per env
+        inline and pooled (ns)."""
         stats = ffi.new("envd_vec_stats_t *")
         lib.envd_session_stats(self._live(), stats)
         return {"cost_ns_per_env": stats.cost_ns_per_env, "inline_jobs": stats.inline_jobs,
-                "pooled_jobs": stats.pooled_jobs, "last_chunk": stats.last_chunk}
+                "pooled_jobs": stats.pooled_jobs, "last_chunk": stats.last_chunk,
+                "inline_step_ns_per_env": stats.inline_step_ns_per_env,
+                "pooled_step_ns_per_env": stats.pooled_step_ns_per_env}
 
     def set_chunk(self, chunk: int) -> None:
         """Force a chunk size (>= 1) or return to adaptive dispatch (0)."""

@@ -199,7 +199,9 @@ class NativeVec:
         stats = ffi.new("envd_vec_stats_t *")
         lib.envd_vec_get_stats(self.handle, stats)
         return {"cost_ns_per_env": stats.cost_ns_per_env, "inline_jobs": stats.inline_jobs,
-                "pooled_jobs": stats.pooled_jobs, "last_chunk": stats.last_chunk}
+                "pooled_jobs": stats.pooled_jobs, "last_chunk": stats.last_chunk,
+                "inline_step_ns_per_env": stats.inline_step_ns_per_env,
+                "pooled_step_ns_per_env": stats.pooled_step_ns_per_env}
 
     # ---- errors ------------------------------------------------------------------------------
     def check(self, rc: int, what: str) -> None:

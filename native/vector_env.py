@@ -171,7 +171,9 @@ class VecEnv(BatchedVecEnv):
     # ---- envd extras -------------------------------------------------------------------
     def dispatch_stats(self) -> dict[str, float]:
         """How steps were dispatched: measured cost per env step (ns), inline and
-        pooled step counts, and the last chunk size."""
+        pooled step counts, the last chunk size, and a blocking step's wall
+        time per env as run inline and as pooled (ns; 0 until measured: the
+        choice between them, docs/architecture.md)."""
         self._acquire()
         try:
             assert self._native is not None  # _acquire() refuses a closed env

@@ -23,6 +23,7 @@
 #include <time.h>
 
 #include "ids_run.h"
+#include "step_choice.h"
 
 #define CACHE_LINE 64
 
@@ -117,6 +118,7 @@ typedef struct run {
     _Atomic int64_t error_index;
     _Atomic int64_t num_done;
     _Atomic int64_t chunk_ns, chunk_items;
+    double submitted_ns; /* a blocking step's submit to the pool (step_choice.h) */
 } run_t;
 
 struct envd_vec_batch {
@@ -179,6 +181,7 @@ struct envd_vec {
     int max_threads;            /* pool threads a run may use: ENVD_VEC_NO_CAP, 0 (inline), ... */
     envd_pool_cap_t cap;        /* every run's job is under it while capped */
     bool capped;                /* a cap below the pool's threads (0 keeps one slot) */
+    envd_step_choice_t choice;  /* inline or pooled, for a blocking step over the threshold */
     envd_vec_stats_t stats;
 };
 
@@ -705,11 +708,14 @@ static void update_cost(envd_vec_t *vec, double ns, int64_t items)
  * unmeasured vec runs its first step inline to measure it -- except when the
  * caller must not run an unknown amount of env work (off_caller: a step for an
  * event loop, an async batch): that one goes to the pool in balanced chunks.
+ * A blocking step over the inline threshold runs the way its steps were
+ * measured faster, pooled or inline (step_choice.h); the threshold alone
+ * decides the others.
  * A blocking step (envd_vec_step: the caller waits, and helps) also runs
  * inline while the pool is saturated by other jobs (envd_pool_saturated:
  * e.g. several daemon sessions stepping at once on a small machine; see
  * docs/architecture.md, "Dispatch").  Results never depend on the dispatch. */
-static int64_t choose_chunk(const envd_vec_t *vec, int64_t n, bool off_caller, bool blocking,
+static int64_t choose_chunk(envd_vec_t *vec, int64_t n, bool off_caller, bool blocking,
                             bool for_loop)
 {
     int threads = vec->pool ? envd_pool_num_threads(vec->pool) : 0;
@@ -728,9 +734,12 @@ static int64_t choose_chunk(const envd_vec_t *vec, int64_t n, bool off_caller, b
     double cost = vec->stats.cost_ns_per_env;
     bool unmeasured_notify = cost == 0.0 && off_caller;
     double inline_below = off_caller && !for_loop ? INLINE_BATCH_BELOW_NS : INLINE_BELOW_NS;
-    if (!unmeasured_notify && (cost == 0.0 || cost * (double)n < inline_below))
-        return 0; /* unmeasured yet, or too cheap to pay for a wake-up */
-    int64_t by_cost = unmeasured_notify ? 1 : (int64_t)(MIN_CHUNK_NS / cost) + 1;
+    /* unmeasured yet, or too cheap to pay for a wake-up */
+    const bool under = !unmeasured_notify && (cost == 0.0 || cost * (double)n < inline_below);
+    if (blocking ? envd_choice_pick(&vec->choice, !under) == ENVD_WAY_INLINE : under)
+        return 0;
+    /* (cost is 0 here only for an unmeasured NOTIFY run) */
+    int64_t by_cost = cost == 0.0 ? 1 : (int64_t)(MIN_CHUNK_NS / cost) + 1;
     int64_t by_balance = (n + CHUNKS_PER_THREAD * (threads + 1) - 1) /
                          (CHUNKS_PER_THREAD * (threads + 1));
     int64_t chunk = by_cost > by_balance ? by_cost : by_balance;
@@ -909,13 +918,17 @@ static int64_t helped_chunk(const envd_vec_t *vec, int64_t chunk, int *flags)
 static int run_start(envd_vec_t *vec, run_t *run, int64_t n, int job_flags)
 {
     const bool batch = run->ids != NULL;
-    int64_t chunk = choose_chunk(vec, n, (job_flags & ENVD_JOB_NOTIFY) || batch,
-                                 job_flags == 0 && !batch, job_flags & ENVD_JOB_NOTIFY);
+    const bool blocking = job_flags == 0 && !batch; /* envd_vec_step */
+    int64_t chunk = choose_chunk(vec, n, (job_flags & ENVD_JOB_NOTIFY) || batch, blocking,
+                                 job_flags & ENVD_JOB_NOTIFY);
     if (chunk == 0) {
         vec->stats.inline_jobs++;
         double t0 = now_ns();
         step_range(run, 0, n);
-        update_cost(vec, now_ns() - t0, n);
+        const double ns = now_ns() - t0;
+        update_cost(vec, ns, n);
+        if (blocking)
+            envd_choice_record(&vec->choice, ENVD_WAY_INLINE, ns, n);
         run->pending = PENDING_INLINE;
         return ENVD_OK;
     }
@@ -929,6 +942,8 @@ static int run_start(envd_vec_t *vec, run_t *run, int64_t n, int job_flags)
         vec->stats.cost_ns_per_env * (double)n < HELP_ALONE_BELOW_NS &&
         vec->batches_in_flight < ALONE_MAX_IN_FLIGHT && envd_pool_cpus(vec->pool) <= 2)
         flags |= ENVD_JOB_ALONE; /* the helper runs it all: wake no worker */
+    if (blocking)
+        run->submitted_ns = now_ns();
     int rc = envd_pool_submit(vec->pool, &run->job, timed_step_range, run, n, chunk, flags);
     if (rc != ENVD_OK)
         return rc;
@@ -984,8 +999,11 @@ int envd_vec_step(envd_vec_t *vec)
     int rc = step_start(vec, 0);
     if (rc != ENVD_OK)
         return rc;
-    if (vec->whole.pending == PENDING_POOLED)
+    if (vec->whole.pending == PENDING_POOLED) {
         envd_pool_wait(vec->pool, &vec->whole.job); /* the calling thread runs chunks too */
+        envd_choice_record(&vec->choice, ENVD_WAY_POOLED, now_ns() - vec->whole.submitted_ns,
+                           vec->config.num_envs);
+    }
     return run_finish(vec, &vec->whole);
 }
 
@@ -1306,12 +1324,18 @@ int envd_vec_set_max_threads(envd_vec_t *vec, int max_threads)
         return rc;
     vec->max_threads = max_threads;
     vec->capped = capped;
+    envd_choice_init(&vec->choice); /* the times measured were the old cap's */
     return ENVD_OK;
 }
 
 int envd_vec_max_threads(const envd_vec_t *vec) { return vec->max_threads; }
 
-void envd_vec_get_stats(const envd_vec_t *vec, envd_vec_stats_t *stats) { *stats = vec->stats; }
+void envd_vec_get_stats(const envd_vec_t *vec, envd_vec_stats_t *stats)
+{
+    *stats = vec->stats;
+    stats->inline_step_ns_per_env = vec->choice.inline_ns.ns;
+    stats->pooled_step_ns_per_env = vec->choice.pooled_ns.ns;
+}
 
 /* ---- lifecycle ---------------------------------------------------------------------- */
 static int check_args(const envd_env_def_t *def, const envd_vec_config_t *c,
@@ -1483,6 +1507,7 @@ int envd_vec_create(envd_vec_t **out, const envd_env_def_t *def,
     vec->whole.vec = vec;
     vec->error_index = -1;
     vec->max_threads = ENVD_VEC_NO_CAP;
+    envd_choice_init(&vec->choice);
     clear_results(&vec->whole);
     const envd_env_def_t *v5 = envd_env_def_v5(def);
     const bool serial = v5 && (v5->flags & ENVD_ENV_SERIAL_INIT);

@@ -258,6 +258,10 @@ typedef struct envd_vec_stats {
     int64_t inline_jobs;    /* steps run on the calling thread */
     int64_t pooled_jobs;    /* steps split over the pool */
     int64_t last_chunk;     /* chunk size of the last pooled step */
+    /* a blocking step's wall time per env, as run inline and as pooled
+     * (envd_vec_step's choice between them, step_choice.h); 0 before any */
+    double inline_step_ns_per_env;
+    double pooled_step_ns_per_env;
 } envd_vec_stats_t;
 
 void envd_vec_get_stats(const envd_vec_t *vec, envd_vec_stats_t *stats);

@@ -78,6 +78,10 @@ def test_every_system_is_measured_or_says_why(run):
         assert auto["num_threads"] == max(0, len(os.sched_getaffinity(0)) - 1)
         assert auto["inline_steps"] + auto["pooled_steps"] >= ROUNDS
         assert f"{auto['num_threads']} thread(s), {auto['inline_steps']} inline" in proc.stdout
+        # and the step times it chose between (0 for a way never sampled)
+        assert auto["inline_step_ns"] >= 0 and auto["pooled_step_ns"] >= 0
+        assert (f"pooled; {auto['inline_step_ns']:.1f} / {auto['pooled_step_ns']:.1f} ns"
+                in proc.stdout)
     for system in set(bench_ocean.SYSTEMS) - {bench_ocean.PUFFER_MP}:
         assert system in proc.stdout
     assert "PufferLib MP, 2 workers" in proc.stdout  # (the column's short name)

@@ -232,13 +232,17 @@ class VecRun:
 
     def dispatch(self) -> dict[str, Any] | None:
         """An in-process vec's threads and how its steps ran (the native
-        vec's counts of inline and pooled steps); None for a daemon's."""
+        vec's counts of inline and pooled steps, and the wall time per env of
+        a step each way that it chose between, ns: 0 for a way never
+        measured); None for a daemon's."""
         stats = getattr(self.env, "dispatch_stats", None)
         if stats is None:
             return None
         found = stats()
         return {"num_threads": self.env.num_threads, "inline_steps": found["inline_jobs"],
-                "pooled_steps": found["pooled_jobs"]}
+                "pooled_steps": found["pooled_jobs"],
+                "inline_step_ns": found["inline_step_ns_per_env"],
+                "pooled_step_ns": found["pooled_step_ns_per_env"]}
 
     def close(self) -> None:
         self.env.close()
@@ -478,12 +482,14 @@ def report_text(r: dict[str, Any]) -> str:
           lambda x, c: (ratio_cell(x, c) if c in CPU_RATIOS else
                         spread_text(x["cpu_ns"][c], lambda v: f"{v:.0f}")
                         if x.get("cpu_ns", {}).get(c) else "n/a"))
-    lines += ["", "what envd auto ran (num_threads=None): threads, steps inline / pooled"]
+    lines += ["", "what envd auto ran (num_threads=None): threads, steps inline / pooled; "
+                  "a step's wall time per env as last measured inline / pooled (ns; 0: never)"]
     for x in r["results"]:
         a = x.get("auto")
         lines.append(f"{x['env']:<12}{x['num_envs']:>6}  " + (
             "n/a" if not a else f"{a['num_threads']} thread(s), {a['inline_steps']} inline "
-                                f"/ {a['pooled_steps']} pooled"))
+                                f"/ {a['pooled_steps']} pooled; {a['inline_step_ns']:.1f} "
+                                f"/ {a['pooled_step_ns']:.1f} ns"))
     missing = dict.fromkeys((system, why) for x in r["results"]
                             for system, why in x["missing"].items())
     lines += [f"{system}: n/a: {why}" for system, why in missing]

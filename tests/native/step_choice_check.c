@@ -1,0 +1,198 @@
+/*
+ * step_choice_check.c -- native/src/step_choice.h on its own, with made-up
+ * step times (no clock): built plain and with -fsanitize=address,undefined
+ * by test_step_choice.py.
+ *
+ * A simulated vec steps N_ENVS envs per step; each way's step takes the time
+ * its scenario gives, and the first step after a change of way pays an extra
+ * COLD_NS (a sleeping worker's wake-up, the envs' state moving caches), as on
+ * a real pool.  Checked: a vec whose pooled steps are slower than inline ones
+ * stays inline but for its probes, however close it is to the threshold; one
+ * whose pooled steps are faster stays pooled; the choice follows a change of
+ * the times within a probe period; a preempted step or a cold first step does
+ * not flip it; steps under the threshold always run inline; the share of
+ * steps spent probing shrinks once settled.
+ *
+ * Prints "step_choice_check: ok" and exits 0, or names the failed check.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "step_choice.h"
+#include "stress_check.h"
+
+#define N_ENVS 1024
+#define COLD_NS 80000.0
+
+typedef struct sim {
+    envd_step_choice_t choice;
+    envd_way_t last;
+    int64_t inline_steps, pooled_steps, longest_pooled_run, pooled_run;
+} sim_t;
+
+static void sim_init(sim_t *s)
+{
+    *s = (sim_t){0};
+    envd_choice_init(&s->choice);
+}
+
+/* One blocking step over the threshold (or not): pick, "run", record. */
+static envd_way_t sim_step(sim_t *s, double inline_ns, double pooled_ns, bool over)
+{
+    const envd_way_t way = envd_choice_pick(&s->choice, over);
+    double ns = way == ENVD_WAY_POOLED ? pooled_ns : inline_ns;
+    if (s->last != ENVD_WAY_NONE && way != s->last)
+        ns += COLD_NS;
+    s->last = way;
+    envd_choice_record(&s->choice, way, ns, N_ENVS);
+    if (way == ENVD_WAY_POOLED) {
+        s->pooled_steps++;
+        if (++s->pooled_run > s->longest_pooled_run)
+            s->longest_pooled_run = s->pooled_run;
+    } else {
+        s->inline_steps++;
+        s->pooled_run = 0;
+    }
+    return way;
+}
+
+/* Steps until the choice settles, then `steps` more counted from zero. */
+static void sim_run(sim_t *s, double inline_ns, double pooled_ns, int64_t steps)
+{
+    for (int k = 0; k < 64; k++)
+        sim_step(s, inline_ns, pooled_ns, true);
+    s->inline_steps = s->pooled_steps = s->longest_pooled_run = 0;
+    for (int64_t k = 0; k < steps; k++)
+        sim_step(s, inline_ns, pooled_ns, true);
+}
+
+/* pong at N=1024 on 2 CPUs: 25 us inline, 47 us pooled, over the threshold
+ * (its pooled chunks' sum kept it there): inline but for probes. */
+static void slower_pool_stays_inline(int64_t steps)
+{
+    sim_t s;
+    sim_init(&s);
+    sim_run(&s, 25000.0, 47000.0, steps);
+    CHECK(s.longest_pooled_run <= ENVD_CHOICE_PROBE_STEPS, "a pooled run of %lld steps",
+          (long long)s.longest_pooled_run);
+    CHECK(s.pooled_steps * 100 <= steps, "%lld of %lld steps pooled", (long long)s.pooled_steps,
+          (long long)steps);
+    CHECK(s.choice.pooled_ns.ns > s.choice.inline_ns.ns, "estimates %g %g",
+          s.choice.pooled_ns.ns, s.choice.inline_ns.ns);
+}
+
+/* go at N=1024: 400 us inline, 210 us pooled: pooled but for probes. */
+static void faster_pool_stays_pooled(int64_t steps)
+{
+    sim_t s;
+    sim_init(&s);
+    sim_run(&s, 400000.0, 210000.0, steps);
+    CHECK(s.inline_steps * 100 <= steps, "%lld of %lld steps inline", (long long)s.inline_steps,
+          (long long)steps);
+}
+
+/* The times change (another process takes the second CPU): the choice
+ * follows within the longest probe period, both ways. */
+static void follows_a_change(void)
+{
+    sim_t s;
+    sim_init(&s);
+    sim_run(&s, 400000.0, 210000.0, 20000); /* settled on the pool: long periods */
+    int64_t k;
+    for (k = 0; envd_choice_better(&s.choice) != ENVD_WAY_INLINE; k++) {
+        CHECK(k <= ENVD_CHOICE_PROBE_PERIOD_MAX + ENVD_CHOICE_PROBE_STEPS,
+              "still pooled after %lld steps", (long long)k);
+        sim_step(&s, 400000.0, 600000.0, true);
+    }
+    for (k = 0; k < 1000; k++)
+        sim_step(&s, 400000.0, 600000.0, true);
+    for (k = 0; envd_choice_better(&s.choice) != ENVD_WAY_POOLED; k++) {
+        CHECK(k <= ENVD_CHOICE_PROBE_PERIOD_MAX + ENVD_CHOICE_PROBE_STEPS,
+              "still inline after %lld steps", (long long)k);
+        sim_step(&s, 400000.0, 210000.0, true);
+    }
+}
+
+/* One preempted step (4 ms) among pooled ones, and a cold first step after
+ * every probe, leave a pooled choice pooled. */
+static void outliers_do_not_flip(void)
+{
+    sim_t s;
+    sim_init(&s);
+    sim_run(&s, 400000.0, 300000.0, 1000);
+    for (int k = 0; k < 5; k++) {
+        CHECK(sim_step(&s, 400000.0, 300000.0, true) == ENVD_WAY_POOLED || s.choice.probe_left > 0,
+              "left the pool");
+        s.last = ENVD_WAY_POOLED;
+        envd_choice_record(&s.choice, ENVD_WAY_POOLED, 4e6, N_ENVS);
+        CHECK(envd_choice_better(&s.choice) == ENVD_WAY_POOLED, "one preempted step flipped it");
+        for (int j = 0; j < 20; j++)
+            sim_step(&s, 400000.0, 300000.0, true);
+    }
+}
+
+/* Under the threshold every step runs inline, a probe in progress ends, and
+ * nothing is probed. */
+static void under_the_threshold_is_inline(void)
+{
+    sim_t s;
+    sim_init(&s);
+    CHECK(sim_step(&s, 25000.0, 47000.0, true) == ENVD_WAY_POOLED, "an unmeasured pool is probed");
+    for (int k = 0; k < 10000; k++)
+        CHECK(sim_step(&s, 25000.0, 10000.0, false) == ENVD_WAY_INLINE, "step %d pooled", k);
+    CHECK(s.choice.probe_left == 0 && s.choice.probing == ENVD_WAY_NONE, "a probe left open");
+}
+
+/* Steps that cross the threshold one at a time (pong on a loaded host: its
+ * estimate near 40 us) end each probe after its first, cold step, before it
+ * samples: the pool stays unmeasured, and is probed again only after a
+ * period, not at every crossing; a way's estimate outlives a probe that
+ * ends before it samples. */
+static void probes_ended_under_the_threshold_are_rare(int64_t steps)
+{
+    sim_t s;
+    sim_init(&s);
+    for (int64_t k = 0; k < steps; k++)
+        sim_step(&s, 25000.0, 47000.0, k % 2 == 1);
+    CHECK(s.choice.pooled_ns.samples == 0, "the pool was sampled");
+    CHECK(s.pooled_steps <= 1 + steps / 2 / ENVD_CHOICE_PROBE_PERIOD, "%lld of %lld steps pooled",
+          (long long)s.pooled_steps, (long long)steps);
+    sim_init(&s);
+    sim_run(&s, 25000.0, 47000.0, 1000);
+    const double pooled = s.choice.pooled_ns.ns;
+    for (int64_t k = 0; k < steps; k++)
+        sim_step(&s, 25000.0, 47000.0, k % 2 == 1);
+    CHECK(s.choice.pooled_ns.samples > 0 && s.choice.pooled_ns.ns == pooled,
+          "the pool's estimate was lost: %g, was %g", s.choice.pooled_ns.ns, pooled);
+}
+
+/* Settled, the probes' share falls: the period doubles up to its maximum. */
+static void probes_become_rare(void)
+{
+    sim_t s;
+    sim_init(&s);
+    sim_run(&s, 25000.0, 47000.0, 4 * ENVD_CHOICE_PROBE_PERIOD_MAX);
+    CHECK(s.choice.period == ENVD_CHOICE_PROBE_PERIOD_MAX, "period %lld",
+          (long long)s.choice.period);
+    s.pooled_steps = 0;
+    for (int64_t k = 0; k < 4 * ENVD_CHOICE_PROBE_PERIOD_MAX; k++)
+        sim_step(&s, 25000.0, 47000.0, true);
+    CHECK(s.pooled_steps <= 4 * ENVD_CHOICE_PROBE_STEPS, "%lld pooled steps",
+          (long long)s.pooled_steps);
+}
+
+int main(int argc, char **argv)
+{
+    const int64_t divisor = argc > 1 ? atoll(argv[1]) : 1;
+    const int64_t steps = 100000 / (divisor > 0 ? divisor : 1);
+    slower_pool_stays_inline(steps);
+    faster_pool_stays_pooled(steps);
+    follows_a_change();
+    outliers_do_not_flip();
+    under_the_threshold_is_inline();
+    probes_ended_under_the_threshold_are_rare(steps);
+    probes_become_rare();
+    printf("step_choice_check: ok\n");
+    return 0;
+}
