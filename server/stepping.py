@@ -359,7 +359,12 @@ class SteppingHandlers:
     def on_pool_event(self) -> None:
         """Answer every request the engine completed since the last look."""
         for done in self.engine.poll():
-            self._complete(done)
+            # The engine hands each completion over once: one that fails to
+            # be answered (a bug) must not cost the ones after it theirs.
+            try:
+                self._complete(done)
+            except Exception:  # noqa: BLE001 -- logged; the loop goes on
+                log.exception("internal error while answering a completed request")
 
     def _complete(self, done: Completion) -> None:
         """Answer a waiting request that completed (exactly once: its tag
@@ -376,6 +381,10 @@ class SteppingHandlers:
                 reply = self._recv_reply(waiting, done)
         except EnvdError as exc:  # a recv's: an env failed, the parked recv reports it
             reply = protocol.error_reply(waiting.request_id, exc)
+        except Exception:  # a bug: still answer, and free the session's turn
+            log.exception("internal error while answering a completed request")
+            reply = protocol.error_reply(waiting.request_id, DaemonError(
+                "internal error in the daemon; its log has the details"))
         session.life.end()
         self.settle_later(session)
         self.service.send(waiting.identity, reply)

@@ -138,6 +138,8 @@ int envd_engine_submit(envd_engine_t *e, envd_session_t *s, const envd_request_t
 int envd_engine_send(envd_engine_t *e, envd_session_t *s, const int64_t *ids, int64_t count,
                      int flags, envd_completion_t *done)
 {
+    if (e == NULL || s == NULL || done == NULL)
+        return ENVD_EINVAL;
     done->kind = 0;
     const int rc = envd_session_send(s, ids, count, flags);
     const int64_t k = find(e, s);

@@ -60,8 +60,8 @@ typedef struct envd_request {
 typedef struct envd_completion {
     uint64_t tag;
     int32_t kind;
-    int32_t refused;        /* 1: refused before anything started (a step's
-                               inputs were not read) */
+    int32_t refused;        /* 1: refused before anything started (nothing
+                               was stepped) */
     int64_t result;         /* >= 0 as the kind says, or an ENVD_E* code */
     int64_t error_index;    /* envd_session_error_index right after the call */
 } envd_completion_t;

@@ -681,3 +681,35 @@ def test_a_bug_while_opening_a_made_session_still_answers_and_frees_it(harness, 
     assert h.in_loop(h.service.status)["envs"] == 0
     h.make(ALICE, "CartPole-v1", 8)  # nothing reserved is left behind
     h.assert_each_request_answered_once()
+
+
+def test_a_bug_while_answering_a_completion_still_answers_it_and_the_others(
+        harness, monkeypatch):
+    """The engine hands each completion over once: a reply that fails to be
+    built (a bug, not an env's error) is answered with an internal error and
+    frees the session's turn, and the completions polled with it are still
+    answered."""
+    from envd.server.stepping import SteppingHandlers
+
+    h = harness(threads=2)
+    h.hello(ALICE)
+    broken_session = h.make(ALICE, "ConnectFour-v0", 64, env_kwargs={"depth": 4})
+    other = h.make(ALICE, "ConnectFour-v0", 64, env_kwargs={"depth": 4})
+    for session in (broken_session, other):
+        assert h.call(ALICE, "reset", session=session.id)["ok"]
+    original = SteppingHandlers._step_reply
+
+    def step_reply(self, waiting, done):
+        if waiting.session is broken_session:
+            raise AttributeError("a bug")
+        return original(self, waiting, done)
+
+    monkeypatch.setattr(SteppingHandlers, "_step_reply", step_reply)
+    steps = [pending_step(h, session) for session in (broken_session, other)]
+    broken, answered = (h.reply(ALICE, step) for step in steps)
+    assert not broken["ok"] and broken["code"] == "internal", broken
+    assert answered["ok"], answered
+    assert broken_session.life.state is other.life.state is State.OPEN
+    monkeypatch.undo()
+    assert h.reply(ALICE, pending_step(h, broken_session))["ok"]  # its turn was freed
+    h.assert_each_request_answered_once()
