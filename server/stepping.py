@@ -363,7 +363,7 @@ class SteppingHandlers:
             # be answered (a bug) must not cost the ones after it theirs.
             try:
                 self._complete(done)
-            except Exception:  # noqa: BLE001 -- logged; the loop goes on
+            except Exception:  # logged; the loop goes on
                 log.exception("internal error while answering a completed request")
 
     def _complete(self, done: Completion) -> None:
