@@ -16,7 +16,9 @@ CartPole-v1 (batch 2048), and with 64 envs in batches of 32 over the socket
 and through the doorbell (the per-call cost); hosted Python envs, N = 16:
 a no-op env with 0, 1 and 2 workers (its step costs nothing, so the rate is
 envd's own per-step cost: the worker loop, the wake-ups, the info merge)
-and Acrobot-v1 with 2 workers.  Public API only, so any two versions
+and Acrobot-v1 with 2 workers; over two daemons (envd.connect([a, b])),
+CartPole-v1 sync and async (batch 2048), and 64 envs in batches of 32 over
+the sockets and through the doorbells.  Public API only, so any two versions
 compare.
 """
 from __future__ import annotations
@@ -39,7 +41,7 @@ import gymnasium as gym
 import numpy as np
 import envd
 
-endpoint, seconds = sys.argv[1], float(sys.argv[2])
+endpoint, second_endpoint, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
 
 def rate(call, envs_per_call):
     call()  # warm up
@@ -105,6 +107,17 @@ with envd.connect(endpoint) as client:
     if fast:
         with client.make("CartPole-v1", 64, seed=0, batch_size=32, fast_path=True) as env:
             out["daemon CartPole async B=32 (doorbell)"] = asynchronous(env, 32)
+# two daemons as one env: the multi-daemon client's own cost
+with envd.connect([endpoint, second_endpoint]) as multi:
+    with multi.make("CartPole-v1", 4096, seed=0) as env:
+        out["2 daemons CartPole sync"] = sync(env)
+    with multi.make("CartPole-v1", 4096, seed=0, batch_size=2048) as env:
+        out["2 daemons CartPole async"] = asynchronous(env, 2048)
+    with multi.make("CartPole-v1", 64, seed=0, batch_size=32, fast_path=False) as env:
+        out["2 daemons CartPole async B=32 (socket)"] = asynchronous(env, 32)
+    if fast:
+        with multi.make("CartPole-v1", 64, seed=0, batch_size=32, fast_path=True) as env:
+            out["2 daemons CartPole async B=32 (doorbell)"] = asynchronous(env, 32)
 print(json.dumps(out))
 """
 
@@ -116,6 +129,7 @@ def rate_text(rate: float) -> str:
 
 
 def start_daemon(python: str, folder: Path) -> tuple[subprocess.Popen, str]:
+    folder.mkdir()
     endpoint = f"ipc://{folder}/envd.sock"
     proc = subprocess.Popen([python, "-m", "envd", "--threads", "2", "--bind", endpoint],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -138,23 +152,26 @@ def main() -> None:
     pythons = {"A": args.python_a, "B": args.python_b}
     results: dict[str, list[dict[str, float]]] = {"A": [], "B": []}
     with tempfile.TemporaryDirectory() as tmp:
-        daemons = {}
+        # two daemons per install (the multi-daemon rows use both; the
+        # second idles through the one-daemon rows)
+        daemons: dict[str, list[tuple[subprocess.Popen, str]]] = {name: [] for name in pythons}
         try:
             for name, python in pythons.items():
-                folder = Path(tmp) / name
-                folder.mkdir()
-                daemons[name] = start_daemon(python, folder)
+                for k in range(2):
+                    daemons[name].append(start_daemon(python, Path(tmp) / f"{name}{k}"))
             for round_index in range(args.rounds):
                 order = ["A", "B"] if round_index % 2 == 0 else ["B", "A"]
                 for name in order:
                     run = subprocess.run(
-                        [pythons[name], "-c", WORKER, daemons[name][1], str(args.seconds)],
+                        [pythons[name], "-c", WORKER, daemons[name][0][1], daemons[name][1][1],
+                         str(args.seconds)],
                         capture_output=True, text=True, cwd=tmp, check=True)
                     results[name].append(json.loads(run.stdout))
                 print(f"round {round_index + 1}/{args.rounds} done", file=sys.stderr)
         finally:
-            for proc, _ in daemons.values():
+            for proc, _ in [daemon for pair in daemons.values() for daemon in pair]:
                 proc.send_signal(signal.SIGTERM)
+            for proc, _ in [daemon for pair in daemons.values() for daemon in pair]:
                 proc.wait(timeout=60)
     print(f"A = {args.python_a}\nB = {args.python_b}\n"
           f"{args.rounds} rounds, alternating; env steps per second, median over rounds; "
