@@ -7,7 +7,7 @@ the B/A ratio of each round (median and range).  Each interpreter has its own
 daemon, started at the beginning and idle while the other one measures.
 
     python bench/ab_installs.py /path/to/venv-a/bin/python /path/to/venv-b/bin/python \
-        [--rounds 7] [--seconds 0.5]
+        [--rounds 7] [--seconds 0.5] [--only "2 daemons"]
 
 Workloads (N = 4096 unless said): in-process sync steps of CartPole-v1 and
 Acrobot-v1; in-process async CartPole-v1 (batch 2048, send/recv); the
@@ -41,7 +41,7 @@ import gymnasium as gym
 import numpy as np
 import envd
 
-endpoint, second_endpoint, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
+endpoint, second_endpoint, seconds, only = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
 
 def rate(call, envs_per_call):
     call()  # warm up
@@ -80,44 +80,55 @@ class NoopEnv(gym.Env):
         return np.zeros(4, np.float32), 0.0, False, False, {}
 
 out = {}
+
+def measure(name, make, run):
+    # run(env) of the env make() returns, as workload name (unless --only leaves it out)
+    if only in name:
+        with make() as env:
+            out[name] = run(env)
+
 for workers in (0, 1, 2):
-    with envd.make(NoopEnv, 16, num_workers=workers) as env:
-        out[f"hosted no-op N=16, {workers} workers"] = sync(env)
-with envd.make("py:Acrobot-v1", 16, num_workers=2) as env:
-    out["hosted Acrobot N=16, 2 workers"] = sync(env)
-with envd.make("CartPole-v1", 4096, seed=0) as env:
-    out["in-process CartPole sync"] = sync(env)
-with envd.make("Acrobot-v1", 4096, seed=0) as env:
-    out["in-process Acrobot sync"] = sync(env)
-with envd.make("CartPole-v1", 4096, seed=0, batch_size=2048) as env:
-    out["in-process CartPole async"] = asynchronous(env, 2048)
+    measure(f"hosted no-op N=16, {workers} workers",
+            lambda: envd.make(NoopEnv, 16, num_workers=workers), sync)
+measure("hosted Acrobot N=16, 2 workers",
+        lambda: envd.make("py:Acrobot-v1", 16, num_workers=2), sync)
+measure("in-process CartPole sync", lambda: envd.make("CartPole-v1", 4096, seed=0), sync)
+measure("in-process Acrobot sync", lambda: envd.make("Acrobot-v1", 4096, seed=0), sync)
+measure("in-process CartPole async",
+        lambda: envd.make("CartPole-v1", 4096, seed=0, batch_size=2048),
+        lambda env: asynchronous(env, 2048))
 with envd.connect(endpoint) as client:
-    with client.make("CartPole-v1", 4096, seed=0) as env:
-        out["daemon CartPole sync (default path)"] = sync(env)
-    with client.make("CartPole-v1", 4096, seed=0, fast_path=False) as env:
-        out["daemon CartPole sync (socket)"] = sync(env)
-    with client.make("CartPole-v1", 4096, seed=0, batch_size=2048) as env:
-        out["daemon CartPole async"] = asynchronous(env, 2048)
-    # small batches: the per-call cost of the async path (a posted send and a
-    # recv over the socket, or two doorbell rings) dominates
-    with client.make("CartPole-v1", 64, seed=0, batch_size=32, fast_path=False) as env:
-        out["daemon CartPole async B=32 (socket)"] = asynchronous(env, 32)
     with client.make("CartPole-v1", 1) as probe:
         fast = probe.fast_path  # (where the daemon offers it and this host can)
+    measure("daemon CartPole sync (default path)",
+            lambda: client.make("CartPole-v1", 4096, seed=0), sync)
+    measure("daemon CartPole sync (socket)",
+            lambda: client.make("CartPole-v1", 4096, seed=0, fast_path=False), sync)
+    measure("daemon CartPole async",
+            lambda: client.make("CartPole-v1", 4096, seed=0, batch_size=2048),
+            lambda env: asynchronous(env, 2048))
+    # small batches: the per-call cost of the async path (a posted send and a
+    # recv over the socket, or two doorbell rings) dominates
+    measure("daemon CartPole async B=32 (socket)",
+            lambda: client.make("CartPole-v1", 64, seed=0, batch_size=32, fast_path=False),
+            lambda env: asynchronous(env, 32))
     if fast:
-        with client.make("CartPole-v1", 64, seed=0, batch_size=32, fast_path=True) as env:
-            out["daemon CartPole async B=32 (doorbell)"] = asynchronous(env, 32)
+        measure("daemon CartPole async B=32 (doorbell)",
+                lambda: client.make("CartPole-v1", 64, seed=0, batch_size=32, fast_path=True),
+                lambda env: asynchronous(env, 32))
 # two daemons as one env: the multi-daemon client's own cost
 with envd.connect([endpoint, second_endpoint]) as multi:
-    with multi.make("CartPole-v1", 4096, seed=0) as env:
-        out["2 daemons CartPole sync"] = sync(env)
-    with multi.make("CartPole-v1", 4096, seed=0, batch_size=2048) as env:
-        out["2 daemons CartPole async"] = asynchronous(env, 2048)
-    with multi.make("CartPole-v1", 64, seed=0, batch_size=32, fast_path=False) as env:
-        out["2 daemons CartPole async B=32 (socket)"] = asynchronous(env, 32)
+    measure("2 daemons CartPole sync", lambda: multi.make("CartPole-v1", 4096, seed=0), sync)
+    measure("2 daemons CartPole async",
+            lambda: multi.make("CartPole-v1", 4096, seed=0, batch_size=2048),
+            lambda env: asynchronous(env, 2048))
+    measure("2 daemons CartPole async B=32 (socket)",
+            lambda: multi.make("CartPole-v1", 64, seed=0, batch_size=32, fast_path=False),
+            lambda env: asynchronous(env, 32))
     if fast:
-        with multi.make("CartPole-v1", 64, seed=0, batch_size=32, fast_path=True) as env:
-            out["2 daemons CartPole async B=32 (doorbell)"] = asynchronous(env, 32)
+        measure("2 daemons CartPole async B=32 (doorbell)",
+                lambda: multi.make("CartPole-v1", 64, seed=0, batch_size=32, fast_path=True),
+                lambda env: asynchronous(env, 32))
 print(json.dumps(out))
 """
 
@@ -148,6 +159,8 @@ def main() -> None:
     parser.add_argument("python_b")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--seconds", type=float, default=0.5)
+    parser.add_argument("--only", default="",
+                        help="measure only the workloads whose name contains this")
     args = parser.parse_args()
     pythons = {"A": args.python_a, "B": args.python_b}
     results: dict[str, list[dict[str, float]]] = {"A": [], "B": []}
@@ -164,7 +177,7 @@ def main() -> None:
                 for name in order:
                     run = subprocess.run(
                         [pythons[name], "-c", WORKER, daemons[name][0][1], daemons[name][1][1],
-                         str(args.seconds)],
+                         str(args.seconds), args.only],
                         capture_output=True, text=True, cwd=tmp, check=True)
                     results[name].append(json.loads(run.stdout))
                 print(f"round {round_index + 1}/{args.rounds} done", file=sys.stderr)

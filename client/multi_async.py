@@ -410,13 +410,14 @@ class ShardsAsyncStepper:
             ticket = shard.stepper.post_send(local)
         except EnvdError as exc:
             self._raise_failed(shard, exc)
+        if ticket.done and ticket.error is not None:
+            # refused at once (a doorbell's SEND): raised by the send itself,
+            # none of its envs stepped
+            self._raise_failed(shard, ticket.error)
         self._state[run if run is not None else ids] = IN_FLIGHT
         shard.in_flight += len(ids)
-        shard.sends.append((ticket, ids))
-        if ticket.done and ticket.error is not None:
-            # answered at once (a doorbell's SEND): raised by the send itself
-            self._take_in(shard)
-            self._raise_refusal()
+        if not ticket.done:
+            shard.sends.append((ticket, ids))
 
     def _post_recv(self, shard: _Shard) -> None:
         """Let one recv wait on the shard's daemon for its first batch to finish."""
@@ -549,7 +550,7 @@ class ShardsAsyncStepper:
                                               run.stop + shard.rows.start)
 
     # ---- errors -----------------------------------------------------------------------------
-    def _raise_failed(self, shard: _Shard | None, error: EnvdError) -> NoReturn:
+    def _raise_failed(self, shard: _Shard | None, error: BaseException) -> NoReturn:
         """Raise for a call on a shard's stepper (None: the waiter's) that
         raised error: its daemon gone marks the env lost and names it; a
         timeout loses the async books (the fate of the envs out is

@@ -148,6 +148,8 @@ class DoorbellStepper(SocketStepper):
         return ticket
 
     def post_recv(self, in_flight: int) -> Ticket:
+        if self.doorbell is None:
+            return super().post_recv(in_flight)  # (stopped: the socket serves)
         if self._rung is not None and not self._rung[1].done and self._rung[0] is not None:
             return self._rung[1]  # (the SENDRECV's)
         ticket = Ticket("recv", posted=False)
@@ -164,13 +166,13 @@ class DoorbellStepper(SocketStepper):
     def waitables(self, ticket: Ticket) -> tuple[Any, ...]:
         """The doorbell a caller sleeps on (client/doorbell.py wait_any),
         ringing the recv's RECV first if it waits to be rung."""
+        if self.doorbell is None:
+            return super().waitables(ticket)  # (stopped: the socket serves)
         if ticket.done:
             return ()
         if ticket is self._unrung:
             self._ring_recv(ticket)
-        if ticket.done or self.doorbell is None:
-            return ()
-        return (self.doorbell,)
+        return () if ticket.done else (self.doorbell,)
 
     def check_alive(self, waiting_for: str) -> None:
         super().check_alive(waiting_for)

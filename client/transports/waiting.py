@@ -113,13 +113,16 @@ class DoorbellWaiter:
         ready: list[int] = []
         for k, stepper, ticket in pending:
             found = stepper.waitables(ticket)  # (rings a RECV waiting to be rung)
-            if found:
+            if found and isinstance(found[0], Doorbell):
                 assert isinstance(stepper, DoorbellStepper)  # (waiter_for)
                 rung.append((k, stepper, found[0]))
             else:
-                ready.append(k)  # (done meanwhile: e.g. its doorbell closed)
+                # done meanwhile (its doorbell closed), or the daemon stopped
+                # serving the doorbell (a socket's waitables): poll it, and
+                # check the daemon
+                ready.append(k)
         if ready or not rung:
-            return ready, []
+            return ready, list(ready)
         bells = [bell for _, _, bell in rung]
         if not any(bell.answered for bell in bells):
             self._waits += 1
