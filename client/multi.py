@@ -43,7 +43,7 @@ from gymnasium.vector import AutoresetMode
 from envd import leaves, protocol
 from envd.client import connection
 from envd.client.discovery import is_dns_url, resolve
-from envd.client.multi_async import ShardPart, ShardsAsyncStepper, ShardsHost
+from envd.client.multi_async import LostDaemon, ShardPart, ShardsAsyncStepper, ShardsHost
 from envd.client.remote_vector_env import RemoteVecEnv
 from envd.client.transports import DoorbellStepper
 from envd.errors import (
@@ -365,7 +365,7 @@ def _weakly(method: Callable[..., Any]) -> Callable[..., Any]:
 
 class _ShardsStepper:
     """The stepper (envd.stepping.Stepper) of a sync MultiVecEnv: a reset or a
-    step goes to every shard at once (MultiVecEnv._run_reset, _run_step);
+    step goes to every shard at once (the calls its env hands it);
     async calls (made without batch_size < num_envs) and rendering are
     refused.  It holds its env's calls weakly, so a dropped env is freed
     without a cycle."""
@@ -472,7 +472,7 @@ class MultiVecEnv(SendRowChecks, BatchedVecEnv):
         self._started = np.zeros(num_envs, np.bool_)  # per env
         self._all_started = False
         self._init_send_row_checks()  # (_validate_step checks steps alike)
-        self._lost: tuple[int, BaseException] | None = None  # (shard, error): a daemon is gone
+        self._lost = LostDaemon()  # (shared with the async stepper, which reads it per call)
         self._stepper = (self._async_stepper() if is_async else _ShardsStepper(
             _weakly(self._run_reset), _weakly(self._run_step), _weakly(self._no_async)))
 
@@ -493,8 +493,8 @@ class MultiVecEnv(SendRowChecks, BatchedVecEnv):
             run_reset=_weakly(self._run_reset), run_step=_weakly(self._run_step),
             copy_results=_weakly(self._copy_results), dispatch=_weakly(self._dispatch),
             mark_all_started=_weakly(self._mark_all_started),
-            check_not_lost=_weakly(self._check_not_lost), mark_lost=_weakly(self._mark_lost),
-            named=_weakly(self._named))
+            lost=self._lost, check_not_lost=_weakly(self._check_not_lost),
+            mark_lost=_weakly(self._mark_lost), named=_weakly(self._named))
         return ShardsAsyncStepper(host, [
             ShardPart(shard.stepper, shard.buffers, rows, endpoint, shard.stepper.channel.timeout)
             for shard, rows, endpoint in zip(self._shards, self.shard_slices,
@@ -597,24 +597,23 @@ class MultiVecEnv(SendRowChecks, BatchedVecEnv):
         is raised, naming its daemon, once every shard's call has returned."""
         outcomes = _run_all(call, list(shards), self._executor)
         for k, _, error in outcomes:
-            if isinstance(error, ConnectionLostError) and self._lost is None:
-                self._lost = (k, error)
+            if isinstance(error, ConnectionLostError):
+                self._lost.record(k, error)
         _raise_first(outcomes, self.shard_endpoints, self._rows_text,
                      lambda k: self._row_slices[k].start)
 
     def _mark_lost(self, k: int, error: BaseException) -> None:
         """Shard k's daemon is gone: refuse every later call (the first loss
         counts; kept without its traceback, whose frames would hold the shards)."""
-        if self._lost is None:
-            self._lost = (k, ConnectionLostError(str(error)))
+        self._lost.record(k, ConnectionLostError(str(error)))
 
     def _rows_text(self, k: int) -> str:
         rows = self.shard_slices[k]
         return f", serving envs {rows.start}..{rows.stop - 1}"
 
     def _check_not_lost(self) -> None:
-        if self._lost is not None:
-            k, error = self._lost
+        if self._lost.error is not None:
+            k, error = self._lost.shard, self._lost.error
             raise ConnectionLostError(
                 f"{self.env_id}: the daemon at {self.shard_endpoints[k]}{self._rows_text(k)} "
                 f"of this MultiVecEnv is gone ({error}); close this env and make a new one")

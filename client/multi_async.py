@@ -5,14 +5,13 @@ Global env i lives on shard k (a RemoteVecEnv on daemon k holding the
 consecutive envs ``shard_slices[k]``) as its local env ``i - start_k``.  Each
 daemon's native session keeps the books of its own envs; the order in which
 envs of *different* daemons finished exists only here, so this stepper keeps
-the books across them, EnvPool's rules unchanged (envd.stepping):
-
-- every env is IDLE, IN_FLIGHT or READY (one int8 per env);
-It drives each shard through its transport's public non-blocking half only
+the books across them, EnvPool's rules unchanged (envd.stepping).  It
+drives each shard through its transport's public non-blocking half only
 (envd.stepping.PostingStepper: post a send or a recv, get a ticket, poll,
 the waitables), over any transport (shm or inline over the socket, the
 doorbell: client/transports/), and keeps no wire of its own:
 
+- every env is IDLE, IN_FLIGHT or READY (one int8 per env);
 - ``send(ids)`` posts each shard its part (``post_send``, after writing the
   action rows into that shard's buffers): the daemons step their parts at
   once, in parallel, and the trainer does not wait;
@@ -26,8 +25,8 @@ doorbell: client/transports/), and keeps no wire of its own:
   each env once.  While fewer are ready it waits on every daemon with envs
   in flight at once (client/transports/waiting.py: one zmq.Poller over the
   sockets, or spinning and sleeping on the doorbells where every shard has
-  the fast path).  A batch
-  of one shard's envs (EnvPool's loop with a batch per daemon) is gathered
+  the fast path).  A batch of one shard's envs (EnvPool's loop with a
+  batch per daemon) is gathered
   straight from that shard's buffers (``batch_source``: one copy); a batch
   across shards first has its rows copied into the MultiVecEnv's buffers.
   Those buffers are therefore behind the shards' after a recv, and are
@@ -45,7 +44,8 @@ gather from a shard's buffers, move each env's num_agents rows
 
 Refusals keep the one-daemon rules: a send of an env not idle raises at the
 send (the books are here); a send the daemon refuses (a done env in
-``disabled`` mode) is raised by the next call, naming the daemon, and its
+``disabled`` mode) is raised by the next call (by the send itself where the
+refusal is answered at once: a doorbell's SEND), naming the daemon, and its
 envs are idle again; a recv of more than are in flight or ready raises at
 once; an env failing in a batch makes the next recv raise and the one after
 it return the batch's envs.
@@ -100,6 +100,23 @@ def _span(ids: np.ndarray, positions: np.ndarray) -> tuple[int, int, bool]:
     return int(ids.min()), int(ids.max()), False
 
 
+class LostDaemon:
+    """Which daemon of a MultiVecEnv is gone (its shard's index and the
+    error that said so), once one is; the first loss counts.  Shared by the
+    env and its stepper, which reads it on every call (an attribute, not a
+    call on the env)."""
+
+    __slots__ = ("error", "shard")
+
+    def __init__(self) -> None:
+        self.shard = -1
+        self.error: BaseException | None = None
+
+    def record(self, shard: int, error: BaseException) -> None:
+        if self.error is None:
+            self.shard, self.error = shard, error
+
+
 @dataclass(frozen=True)
 class ShardPart:
     """What the stepper is given of one daemon's part: its transport's
@@ -134,7 +151,9 @@ class ShardsHost:
     dispatch: Callable[[Callable[[int], None], Sequence[int]], None]
     #: every env was reset (an async reset's)
     mark_all_started: Callable[[], None]
-    #: raise if a daemon is lost; record shard k's daemon lost
+    #: the env's record of a lost daemon; raise (naming it) if there is
+    #: one; record shard k's daemon lost
+    lost: LostDaemon
     check_not_lost: Callable[[], None]
     mark_lost: Callable[[int, BaseException], None]
     #: name an error after shard k's daemon and envs (client/multi.py _naming)
@@ -172,6 +191,7 @@ class ShardsAsyncStepper:
 
     def __init__(self, host: ShardsHost, parts: Sequence[ShardPart]):
         self._host = host
+        self._lost_daemon = host.lost
         self._env_id = host.env_id
         self._shards = [_Shard(k, part) for k, part in enumerate(parts)]
         num_envs = self._shards[-1].rows.stop
@@ -428,7 +448,8 @@ class ShardsAsyncStepper:
 
     def _start_call(self) -> None:
         """Every call first: refuse a lost env; take in the answers that came."""
-        self._host.check_not_lost()
+        if self._lost_daemon.error is not None:
+            self._host.check_not_lost()
         for shard in self._shards:
             self._poll(shard)
 
@@ -439,10 +460,11 @@ class ShardsAsyncStepper:
         if ticket is None:
             return
         try:
-            shard.stepper.poll(ticket)
+            done = shard.stepper.poll(ticket)
         except EnvdError as exc:
             self._raise_failed(shard, exc)
-        self._take_in(shard)
+        if done or shard.sends:
+            self._take_in(shard)
 
     def _wait(self, deadline: float, call: str) -> None:
         """Sleep until some daemon with envs in flight has news (or

@@ -127,7 +127,8 @@ class DoorbellStepper(SocketStepper):
         bell = self.doorbell
         if bell is None or bell.closed:
             return super().post_send(env_ids)  # (the socket says why)
-        self._settle("send")
+        if self._rung is not None:
+            self._settle("send")
         count = len(env_ids)
         self._ids[:count] = env_ids
         ticket = Ticket("send")
@@ -161,7 +162,7 @@ class DoorbellStepper(SocketStepper):
         rung = self._rung
         if rung is not None and self.doorbell is not None and self.doorbell.answered:
             self._take_answer()
-        return super().poll(ticket)
+        return super().poll(ticket) if self._tickets_out else ticket.done
 
     def waitables(self, ticket: Ticket) -> tuple[Any, ...]:
         """The doorbell a caller sleeps on (client/doorbell.py wait_any),
@@ -189,14 +190,13 @@ class DoorbellStepper(SocketStepper):
 
     def _add_batch(self, env_ids: np.ndarray) -> int:
         self._serial += 1
-        self._batch_of[env_ids] = self._serial
+        # (all the envs: a slice, not a gather -- EnvPool's loop with a batch per daemon)
+        self._batch_of[slice(None) if len(env_ids) == self.num_envs else env_ids] = self._serial
         self._remaining[self._serial] = len(env_ids)
         return self._serial
 
     def _settle(self, call: str) -> None:
         """Wait for the answer of the request rung (it answers its tickets)."""
-        if self._rung is None:
-            return
         bell = self.doorbell
         assert bell is not None  # (rung on it: dropped only once answered)
         if self._await(bell, RECV, call) is not None or bell.answered:
@@ -260,10 +260,12 @@ class DoorbellStepper(SocketStepper):
         """Take received envs off their batches' counts (ids out of range
         are left to the caller's books to refuse)."""
         remaining = self._remaining
-        if len(ids) and ids.view(np.uint64).max() >= self.num_envs:
-            return
-        if len(remaining) == 1 and remaining.get(int(self._batch_of[ids[0]])) == len(ids):
+        first = int(ids[0]) if len(ids) else -1
+        if (len(remaining) == 1 and 0 <= first < self.num_envs
+                and remaining.get(int(self._batch_of[first])) == len(ids)):
             remaining.clear()  # (the common case: the one batch there, all of it)
+            return
+        if not len(ids) or ids.view(np.uint64).max() >= self.num_envs:
             return
         for serial, done in zip(*np.unique(self._batch_of[ids], return_counts=True)):
             left = remaining.get(int(serial), 0) - int(done)
@@ -309,17 +311,13 @@ class DoorbellStepper(SocketStepper):
         return super()._step()
 
     def _send(self, env_ids: np.ndarray) -> None:
-        if self.doorbell is None:
-            super()._send(env_ids)
-            return
-        self._ids[:len(env_ids)] = env_ids
-        answer = self._ring(SEND, len(env_ids), "send")
-        if answer is None:  # closed: the socket says why, at once
+        """send's once the doorbell is gone, or closed (send rings an open
+        one itself): the socket serves from now on, and says why at once."""
+        if self.doorbell is not None:  # (closed)
+            self.doorbell = None
             self._call({"type": "send", "session": self.session}, [env_ids.tobytes()])
             return
-        refusal = self.send_refusal(*answer)
-        if refusal is not None:
-            raise refusal
+        super()._send(env_ids)
 
     def send_refusal(self, status: int, state: int, index: int) -> Exception | None:
         """The error of a send the doorbell answered (status, env state,

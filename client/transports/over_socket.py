@@ -51,6 +51,8 @@ class SocketStepper:
 
     #: the transport's name (RemoteVecEnv.transport)
     transport = "shm"
+    #: replies carry the output arrays (_take_outputs copies them in)
+    outputs_in_replies = False
 
     def __init__(self, channel: Channel, session: str, env_id: str,
                  action_space: spaces.Space, num_envs: int, buffers: dict[str, np.ndarray],
@@ -199,7 +201,7 @@ class SocketStepper:
             return
         blobs = reply.get("_blobs", [])
         ids = np.frombuffer(blobs[0], np.int64).copy() if blobs else np.empty(0, np.int64)
-        if len(ids) and ids.view(np.uint64).max() < self.num_envs:
+        if self.outputs_in_replies and len(ids) and ids.view(np.uint64).max() < self.num_envs:
             # (ids it cannot index: refused by the caller's books, rows untouched)
             self._take_outputs(reply, blobs[1:], ids)
         ticket.finish(ids)

@@ -27,7 +27,7 @@ The non-blocking half (``PostingStepper``, a daemon session's transports):
 post a send or a recv and get a ``Ticket``; ``poll`` takes in the answers
 that came (never waiting) and says whether a ticket is done; ``waitables``
 names what a caller driving several steppers sleeps on (zmq sockets or
-doorbells: client/transports/waiting.py waits on any mix of one kind).  It
+doorbells: client/transports/waiting.py waits on several of one kind).  It
 keeps no books of its own beyond what its wire needs: the caller (the
 multi-daemon client, client/multi_async.py) keeps the async books across
 steppers and takes each ticket in once.
