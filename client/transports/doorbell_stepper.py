@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from envd.client.doorbell import RECV, SEND, SENDRECV, SHUTTING_DOWN, STEP, Doorbell
-from envd.client.transports.over_socket import SocketStepper
+from envd.client.transports.over_socket import NO_IDS, SocketStepper
 from envd.errors import ConnectionLostError, EnvdTimeoutError, EnvError, ProtocolError, ShuttingDownError
 from envd.stepping import Ticket
 from envd.vector_base import (
@@ -136,7 +136,10 @@ class DoorbellStepper(SocketStepper):
             bell.ring(SENDRECV, count)
             self.rung_at = time.perf_counter()
             self._rung = (ticket, Ticket("recv"))
-            ticket.wire = self._add_batch(env_ids)
+            # (its envs' batch is marked only if a RECV must count them: _take_answer)
+            self._serial += 1
+            self._remaining[self._serial] = count
+            ticket.wire = self._serial
             return ticket
         bell.ring(SEND, count)
         answer = self._await(bell, SEND, "send")
@@ -188,12 +191,10 @@ class DoorbellStepper(SocketStepper):
         self._remaining.clear()
         self._rung = self._unrung = None
 
-    def _add_batch(self, env_ids: np.ndarray) -> int:
+    def _add_batch(self, env_ids: np.ndarray) -> None:
         self._serial += 1
-        # (all the envs: a slice, not a gather -- EnvPool's loop with a batch per daemon)
-        self._batch_of[slice(None) if len(env_ids) == self.num_envs else env_ids] = self._serial
+        self._batch_of[env_ids] = self._serial
         self._remaining[self._serial] = len(env_ids)
-        return self._serial
 
     def _settle(self, call: str) -> None:
         """Wait for the answer of the request rung (it answers its tickets)."""
@@ -208,7 +209,7 @@ class DoorbellStepper(SocketStepper):
         self._unrung = None
         bell = self.doorbell
         if bell is None or bell.closed:
-            ticket.finish(np.empty(0, np.int64), ConnectionLostError(_DOORBELL_GONE), lost=True)
+            ticket.finish(NO_IDS, ConnectionLostError(_DOORBELL_GONE), lost=True)
             return
         count = min(min(self._remaining.values(), default=ticket.wire), ticket.wire)
         bell.ring(RECV, count)
@@ -224,7 +225,6 @@ class DoorbellStepper(SocketStepper):
         sent, received = rung
         bell = self.doorbell
         status, result, index = bell.answer()
-        empty = np.empty(0, np.int64)
         if sent is not None:
             if not bell.sent:  # refused: none of its envs stepped
                 self._remaining.pop(sent.wire, None)
@@ -234,19 +234,24 @@ class DoorbellStepper(SocketStepper):
                     refusal = ProtocolError(f"the daemon at {self.channel.endpoint} refused a "
                                             "send with status 0")
                 sent.finish(error=refusal)
-                received.finish(empty)
+                received.finish(NO_IDS)
                 return
             sent.finish()
             count = self.num_envs
+            if status == 0 and result == count:  # (the common case: all of them back)
+                self._remaining.pop(sent.wire, None)
+                received.finish(self._ids[:count].astype(np.int64))
+                return
+            self._batch_of[:] = sent.wire  # (the batch: RECVs will count its envs)
         else:
             count = received.wire
         if status == SHUTTING_DOWN:
-            received.finish(empty, ShuttingDownError(
+            received.finish(NO_IDS, ShuttingDownError(
                 "the daemon is shutting down and takes no new work"), lost=True)
             return
         if status != 0:
             # an env failed in a batch: its envs stay ready there for the RECV after it
-            received.finish(empty, step_error(self.env_id, self.action_space, status,
+            received.finish(NO_IDS, step_error(self.env_id, self.action_space, status,
                                               self._row_of(index, status), self.buffers))
             return
         if result != count:  # (a RECV answers exactly count ids)

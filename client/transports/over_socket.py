@@ -44,6 +44,9 @@ from envd.vector_base import RepeatCheck
 
 #: a recv's errors that say the session (or its daemon) is gone
 LOST_ERRORS = (SessionExpiredError, UnknownSessionError, ConnectionLostError)
+#: the ids of a ticket that received none (read-only, shared)
+NO_IDS = np.empty(0, np.int64)
+NO_IDS.flags.writeable = False
 
 
 class SocketStepper:
@@ -194,13 +197,13 @@ class SocketStepper:
         self._tickets_out -= 1
         if not reply.get("ok"):
             error = protocol.error_from_reply(reply)
-            ticket.finish(np.empty(0, np.int64), error, isinstance(error, LOST_ERRORS))
+            ticket.finish(NO_IDS, error, isinstance(error, LOST_ERRORS))
             return
         if ticket.kind == "send":
             ticket.finish()
             return
         blobs = reply.get("_blobs", [])
-        ids = np.frombuffer(blobs[0], np.int64).copy() if blobs else np.empty(0, np.int64)
+        ids = np.frombuffer(blobs[0], np.int64).copy() if blobs else NO_IDS
         if self.outputs_in_replies and len(ids) and ids.view(np.uint64).max() < self.num_envs:
             # (ids it cannot index: refused by the caller's books, rows untouched)
             self._take_outputs(reply, blobs[1:], ids)
