@@ -7,7 +7,7 @@ the B/A ratio of each round (median and range).  Each interpreter has its own
 daemon, started at the beginning and idle while the other one measures.
 
     python bench/ab_installs.py /path/to/venv-a/bin/python /path/to/venv-b/bin/python \
-        [--rounds 7] [--seconds 0.5]
+        [--rounds 7] [--seconds 0.5] [--only "2 daemons"]
 
 Workloads (N = 4096 unless said): in-process sync steps of CartPole-v1 and
 Acrobot-v1; in-process async CartPole-v1 (batch 2048, send/recv); the
@@ -16,7 +16,9 @@ CartPole-v1 (batch 2048), and with 64 envs in batches of 32 over the socket
 and through the doorbell (the per-call cost); hosted Python envs, N = 16:
 a no-op env with 0, 1 and 2 workers (its step costs nothing, so the rate is
 envd's own per-step cost: the worker loop, the wake-ups, the info merge)
-and Acrobot-v1 with 2 workers.  Public API only, so any two versions
+and Acrobot-v1 with 2 workers; over two daemons (envd.connect([a, b])),
+CartPole-v1 sync and async (batch 2048), and 64 envs in batches of 32 over
+the sockets and through the doorbells.  Public API only, so any two versions
 compare.
 """
 from __future__ import annotations
@@ -39,7 +41,7 @@ import gymnasium as gym
 import numpy as np
 import envd
 
-endpoint, seconds = sys.argv[1], float(sys.argv[2])
+endpoint, second_endpoint, seconds, only = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
 
 def rate(call, envs_per_call):
     call()  # warm up
@@ -78,33 +80,55 @@ class NoopEnv(gym.Env):
         return np.zeros(4, np.float32), 0.0, False, False, {}
 
 out = {}
+
+def measure(name, make, run):
+    # run(env) of the env make() returns, as workload name (unless --only leaves it out)
+    if only in name:
+        with make() as env:
+            out[name] = run(env)
+
 for workers in (0, 1, 2):
-    with envd.make(NoopEnv, 16, num_workers=workers) as env:
-        out[f"hosted no-op N=16, {workers} workers"] = sync(env)
-with envd.make("py:Acrobot-v1", 16, num_workers=2) as env:
-    out["hosted Acrobot N=16, 2 workers"] = sync(env)
-with envd.make("CartPole-v1", 4096, seed=0) as env:
-    out["in-process CartPole sync"] = sync(env)
-with envd.make("Acrobot-v1", 4096, seed=0) as env:
-    out["in-process Acrobot sync"] = sync(env)
-with envd.make("CartPole-v1", 4096, seed=0, batch_size=2048) as env:
-    out["in-process CartPole async"] = asynchronous(env, 2048)
+    measure(f"hosted no-op N=16, {workers} workers",
+            lambda: envd.make(NoopEnv, 16, num_workers=workers), sync)
+measure("hosted Acrobot N=16, 2 workers",
+        lambda: envd.make("py:Acrobot-v1", 16, num_workers=2), sync)
+measure("in-process CartPole sync", lambda: envd.make("CartPole-v1", 4096, seed=0), sync)
+measure("in-process Acrobot sync", lambda: envd.make("Acrobot-v1", 4096, seed=0), sync)
+measure("in-process CartPole async",
+        lambda: envd.make("CartPole-v1", 4096, seed=0, batch_size=2048),
+        lambda env: asynchronous(env, 2048))
 with envd.connect(endpoint) as client:
-    with client.make("CartPole-v1", 4096, seed=0) as env:
-        out["daemon CartPole sync (default path)"] = sync(env)
-    with client.make("CartPole-v1", 4096, seed=0, fast_path=False) as env:
-        out["daemon CartPole sync (socket)"] = sync(env)
-    with client.make("CartPole-v1", 4096, seed=0, batch_size=2048) as env:
-        out["daemon CartPole async"] = asynchronous(env, 2048)
-    # small batches: the per-call cost of the async path (a posted send and a
-    # recv over the socket, or two doorbell rings) dominates
-    with client.make("CartPole-v1", 64, seed=0, batch_size=32, fast_path=False) as env:
-        out["daemon CartPole async B=32 (socket)"] = asynchronous(env, 32)
     with client.make("CartPole-v1", 1) as probe:
         fast = probe.fast_path  # (where the daemon offers it and this host can)
+    measure("daemon CartPole sync (default path)",
+            lambda: client.make("CartPole-v1", 4096, seed=0), sync)
+    measure("daemon CartPole sync (socket)",
+            lambda: client.make("CartPole-v1", 4096, seed=0, fast_path=False), sync)
+    measure("daemon CartPole async",
+            lambda: client.make("CartPole-v1", 4096, seed=0, batch_size=2048),
+            lambda env: asynchronous(env, 2048))
+    # small batches: the per-call cost of the async path (a posted send and a
+    # recv over the socket, or two doorbell rings) dominates
+    measure("daemon CartPole async B=32 (socket)",
+            lambda: client.make("CartPole-v1", 64, seed=0, batch_size=32, fast_path=False),
+            lambda env: asynchronous(env, 32))
     if fast:
-        with client.make("CartPole-v1", 64, seed=0, batch_size=32, fast_path=True) as env:
-            out["daemon CartPole async B=32 (doorbell)"] = asynchronous(env, 32)
+        measure("daemon CartPole async B=32 (doorbell)",
+                lambda: client.make("CartPole-v1", 64, seed=0, batch_size=32, fast_path=True),
+                lambda env: asynchronous(env, 32))
+# two daemons as one env: the multi-daemon client's own cost
+with envd.connect([endpoint, second_endpoint]) as multi:
+    measure("2 daemons CartPole sync", lambda: multi.make("CartPole-v1", 4096, seed=0), sync)
+    measure("2 daemons CartPole async",
+            lambda: multi.make("CartPole-v1", 4096, seed=0, batch_size=2048),
+            lambda env: asynchronous(env, 2048))
+    measure("2 daemons CartPole async B=32 (socket)",
+            lambda: multi.make("CartPole-v1", 64, seed=0, batch_size=32, fast_path=False),
+            lambda env: asynchronous(env, 32))
+    if fast:
+        measure("2 daemons CartPole async B=32 (doorbell)",
+                lambda: multi.make("CartPole-v1", 64, seed=0, batch_size=32, fast_path=True),
+                lambda env: asynchronous(env, 32))
 print(json.dumps(out))
 """
 
@@ -116,6 +140,7 @@ def rate_text(rate: float) -> str:
 
 
 def start_daemon(python: str, folder: Path) -> tuple[subprocess.Popen, str]:
+    folder.mkdir()
     endpoint = f"ipc://{folder}/envd.sock"
     proc = subprocess.Popen([python, "-m", "envd", "--threads", "2", "--bind", endpoint],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -134,27 +159,32 @@ def main() -> None:
     parser.add_argument("python_b")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--seconds", type=float, default=0.5)
+    parser.add_argument("--only", default="",
+                        help="measure only the workloads whose name contains this")
     args = parser.parse_args()
     pythons = {"A": args.python_a, "B": args.python_b}
     results: dict[str, list[dict[str, float]]] = {"A": [], "B": []}
     with tempfile.TemporaryDirectory() as tmp:
-        daemons = {}
+        # two daemons per install (the multi-daemon rows use both; the
+        # second idles through the one-daemon rows)
+        daemons: dict[str, list[tuple[subprocess.Popen, str]]] = {name: [] for name in pythons}
         try:
             for name, python in pythons.items():
-                folder = Path(tmp) / name
-                folder.mkdir()
-                daemons[name] = start_daemon(python, folder)
+                for k in range(2):
+                    daemons[name].append(start_daemon(python, Path(tmp) / f"{name}{k}"))
             for round_index in range(args.rounds):
                 order = ["A", "B"] if round_index % 2 == 0 else ["B", "A"]
                 for name in order:
                     run = subprocess.run(
-                        [pythons[name], "-c", WORKER, daemons[name][1], str(args.seconds)],
+                        [pythons[name], "-c", WORKER, daemons[name][0][1], daemons[name][1][1],
+                         str(args.seconds), args.only],
                         capture_output=True, text=True, cwd=tmp, check=True)
                     results[name].append(json.loads(run.stdout))
                 print(f"round {round_index + 1}/{args.rounds} done", file=sys.stderr)
         finally:
-            for proc, _ in daemons.values():
+            for proc, _ in [daemon for pair in daemons.values() for daemon in pair]:
                 proc.send_signal(signal.SIGTERM)
+            for proc, _ in [daemon for pair in daemons.values() for daemon in pair]:
                 proc.wait(timeout=60)
     print(f"A = {args.python_a}\nB = {args.python_b}\n"
           f"{args.rounds} rounds, alternating; env steps per second, median over rounds; "

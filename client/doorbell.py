@@ -5,8 +5,8 @@ native/src/doorbell.h; this module needs only ctypes (for the futex system
 call), never envd's native code.
 
 A request (a step, a send, a recv, or a SENDRECV: a send and the recv of
-its envs, answered once -- client/multi_doorbell.py): its inputs (actions, env ids) are
-already in shared memory; write req_count and req_kind, then req_seq + 1
+its envs, answered once -- client/transports/doorbell_stepper.py): its
+inputs (actions, env ids) are already in shared memory; write req_count and req_kind, then req_seq + 1
 (x86-64 keeps stores in program order, so the daemon, reading req_seq with
 acquire, sees the inputs, the count and the kind), then a full barrier, then
 FUTEX_WAKE req_seq only if the daemon's thread said it sleeps there
@@ -47,7 +47,7 @@ _FUTEX_WAIT, _FUTEX_WAKE = 0, 1
 #: the request kinds (req_kind), and the status of a request the daemon
 #: refused because it drains: native/src/doorbell.h's, generated into envd._native_facts
 STEP, SEND, RECV = _native_facts.DOORBELL_STEP, _native_facts.DOORBELL_SEND, _native_facts.DOORBELL_RECV
-#: a send and then a recv of its count, answered once (client/multi_doorbell.py)
+#: a send and then a recv of its count, answered once (client/transports/doorbell_stepper.py)
 SENDRECV = _native_facts.DOORBELL_SENDRECV
 SHUTTING_DOWN = _native_facts.DOORBELL_SHUTTING_DOWN
 #: envd_doorbell_header_t's fields: name -> (byte offset, size)

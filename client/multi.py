@@ -20,9 +20,9 @@ statistics, ``final_obs``/``final_info`` and their masks, the env's own
 info fields) without a merge of dicts that could drift from it.
 
 Async mode (``make(..., batch_size=B)`` with B < num_envs) steps through
-client/multi_async.py's ShardsAsyncStepper instead (over the sockets), or its
-doorbell variant client/multi_doorbell.py where every shard has the fast
-path: send gives each daemon its part, the trainer waits on every daemon
+client/multi_async.py's ShardsAsyncStepper instead, over each shard's
+transport (the sockets, or the doorbells where every shard has the fast
+path): send gives each daemon its part, the trainer waits on every daemon
 with envs in flight at once, and recv returns exactly B envs in the order
 they were found finished across the daemons (multi_async.py's docstring has
 the rules).  Each daemon must serve it (its hello's ``recv_min`` capability).
@@ -45,8 +45,7 @@ from envd import make_options as options
 from envd.autoreset import RESETS_ITSELF, autoreset_mode_name, mark_resets_itself
 from envd.client import connection
 from envd.client.discovery import is_dns_url, resolve
-from envd.client.multi_async import ShardsAsyncStepper
-from envd.client.multi_doorbell import ShardsDoorbellStepper
+from envd.client.multi_async import LostDaemon, ShardPart, ShardsAsyncStepper, ShardsHost
 from envd.client.remote_vector_env import RemoteVecEnv
 from envd.client.transports import DoorbellStepper
 from envd.errors import (
@@ -336,30 +335,46 @@ class MultiClient:
         return f"envd.MultiClient({list(self.endpoints)!r}, {state})"
 
 
+def _weakly(method: Callable[..., Any]) -> Callable[..., Any]:
+    """method (bound), called through a weak reference to its object (a
+    stepper holding it keeps no cycle with its env; the env, once dropped,
+    is never called: its stepper is dropped with it)."""
+    ref = weakref.WeakMethod(method)
+
+    def call(*args: Any) -> Any:
+        bound = ref()
+        if bound is None:
+            raise EnvStateError("this MultiVecEnv is gone")
+        return bound(*args)
+
+    return call
+
+
 class _ShardsStepper:
     """The stepper (envd.stepping.Stepper) of a sync MultiVecEnv: a reset or a
-    step goes to every shard at once (MultiVecEnv._run_reset, _run_step);
+    step goes to every shard at once (the calls its env hands it);
     async calls (made without batch_size < num_envs) and rendering are
-    refused.  It
-    holds its env weakly, so a dropped env is freed without a cycle."""
+    refused.  It holds its env's calls weakly, so a dropped env is freed
+    without a cycle."""
 
-    def __init__(self, env: MultiVecEnv):
-        self._env: MultiVecEnv = weakref.proxy(env)
+    def __init__(self, run_reset: Callable[[bool, bool], None], run_step: Callable[[], int],
+                 no_async: Callable[[str], EnvStateError]):
+        self._run_reset, self._run_step, self._no_async = run_reset, run_step, no_async
 
     def reset(self, with_seeds: bool, with_mask: bool) -> None:
-        self._env._run_reset(with_seeds, with_mask)
+        self._run_reset(with_seeds, with_mask)
 
     def step(self) -> int:
-        return self._env._run_step()
+        return self._run_step()
 
     def async_reset(self, with_seeds: bool) -> None:
-        raise self._env._no_async("async_reset")
+        raise self._no_async("async_reset")
 
     def send(self, env_ids: np.ndarray) -> None:
-        raise self._env._no_async("send")
+        raise self._no_async("send")
 
     def recv(self, count: int) -> np.ndarray:
-        raise self._env._no_async("recv")
+        raise self._no_async("recv")
 
     def render(self, out: np.ndarray) -> None:
         raise EnvStateError("a MultiVecEnv does not render: make the env to record on one daemon")
@@ -444,22 +459,42 @@ class MultiVecEnv(SendRowChecks, BatchedVecEnv):
         self._started = np.zeros(num_envs, np.bool_)  # per env
         self._all_started = False
         self._init_send_row_checks()  # (_validate_step checks steps alike)
-        self._lost: tuple[int, BaseException] | None = None  # (shard, error): a daemon is gone
-        self._stepper = self._async_stepper() if is_async else _ShardsStepper(self)
+        self._lost = LostDaemon()  # (shared with the async stepper, which reads it per call)
+        self._stepper = (self._async_stepper() if is_async else _ShardsStepper(
+            _weakly(self._run_reset), _weakly(self._run_step), _weakly(self._no_async)))
 
     def _async_stepper(self) -> ShardsAsyncStepper:
-        """Through the doorbells where every shard has the fast path, else
-        over the sockets (a shard's doorbell then stops: socket sends and
-        recvs are refused for a session the doorbell serves)."""
-        if all(shard.fast_path for shard in self._shards):
-            return ShardsDoorbellStepper(self)
-        for shard in self._shards:
-            if shard.fast_path:
-                client, stepper = shard._client, shard._stepper
-                assert client is not None and isinstance(stepper, DoorbellStepper)  # (fast_path)
-                client.fast(shard.session, enable=False)
-                stepper.doorbell = None
-        return ShardsAsyncStepper(self)
+        """Over the shards' transports: through the doorbells where every
+        shard has the fast path, else over the sockets (a shard's doorbell
+        then stops: socket sends and recvs are refused for a session the
+        doorbell serves).  The stepper holds this env weakly, so a dropped
+        env is freed without a cycle."""
+        if not all(shard.fast_path for shard in self._shards):
+            for shard in self._shards:
+                if shard.fast_path:
+                    stepper = shard.stepper
+                    assert isinstance(stepper, DoorbellStepper)  # (fast_path)
+                    stepper.stop_fast_path()
+        host = ShardsHost(
+            self.env_id, self.num_agents, self._buffers, tuple(self._outputs),
+            run_reset=_weakly(self._run_reset), run_step=_weakly(self._run_step),
+            copy_results=_weakly(self._copy_results), dispatch=_weakly(self._dispatch),
+            mark_all_started=_weakly(self._mark_all_started),
+            lost=self._lost, check_not_lost=_weakly(self._check_not_lost),
+            mark_lost=_weakly(self._mark_lost), named=_weakly(self._named))
+        return ShardsAsyncStepper(host, [
+            ShardPart(shard.stepper, shard.buffers, rows, endpoint, shard.stepper.channel.timeout)
+            for shard, rows, endpoint in zip(self._shards, self.shard_slices,
+                                             self.shard_endpoints)])
+
+    def _mark_all_started(self) -> None:
+        self._started[:] = True
+        self._all_started = True
+
+    def _named(self, error: BaseException, k: int) -> BaseException:
+        """error naming shard k's daemon and envs, its row in this env's numbering."""
+        return _naming(error, self.shard_endpoints[k], self._rows_text(k),
+                       self._row_slices[k].start)
 
     @staticmethod
     def _check_alike(shards: list[RemoteVecEnv], endpoints: list[str]) -> None:
@@ -549,24 +584,23 @@ class MultiVecEnv(SendRowChecks, BatchedVecEnv):
         is raised, naming its daemon, once every shard's call has returned."""
         outcomes = _run_all(call, list(shards), self._executor)
         for k, _, error in outcomes:
-            if isinstance(error, ConnectionLostError) and self._lost is None:
-                self._lost = (k, error)
+            if isinstance(error, ConnectionLostError):
+                self._lost.record(k, error)
         _raise_first(outcomes, self.shard_endpoints, self._rows_text,
                      lambda k: self._row_slices[k].start)
 
     def _mark_lost(self, k: int, error: BaseException) -> None:
         """Shard k's daemon is gone: refuse every later call (the first loss
         counts; kept without its traceback, whose frames would hold the shards)."""
-        if self._lost is None:
-            self._lost = (k, ConnectionLostError(str(error)))
+        self._lost.record(k, ConnectionLostError(str(error)))
 
     def _rows_text(self, k: int) -> str:
         rows = self.shard_slices[k]
         return f", serving envs {rows.start}..{rows.stop - 1}"
 
     def _check_not_lost(self) -> None:
-        if self._lost is not None:
-            k, error = self._lost
+        if self._lost.error is not None:
+            k, error = self._lost.shard, self._lost.error
             raise ConnectionLostError(
                 f"{self.env_id}: the daemon at {self.shard_endpoints[k]}{self._rows_text(k)} "
                 f"of this MultiVecEnv is gone ({error}); close this env and make a new one")

@@ -5,23 +5,28 @@ Global env i lives on shard k (a RemoteVecEnv on daemon k holding the
 consecutive envs ``shard_slices[k]``) as its local env ``i - start_k``.  Each
 daemon's native session keeps the books of its own envs; the order in which
 envs of *different* daemons finished exists only here, so this stepper keeps
-the books across them, EnvPool's rules unchanged (envd.stepping):
+the books across them, EnvPool's rules unchanged (envd.stepping).  It
+drives each shard through its transport's public non-blocking half only
+(envd.stepping.PostingStepper: post a send or a recv, get a ticket, poll,
+the waitables), over any transport (shm or inline over the socket, the
+doorbell: client/transports/), and keeps no wire of its own:
 
 - every env is IDLE, IN_FLIGHT or READY (one int8 per env);
-- ``send(ids)`` posts each shard its part (one ``send`` message per daemon,
-  after writing the action rows into that shard's buffers): the daemons step
-  their parts at once, in parallel, and the trainer does not wait;
-- while a daemon has envs in flight, exactly one ``recv {count: its envs in
-  flight, min: 1}`` waits there (the daemon serves sends beside it: the
-  ``recv_min`` capability).  The daemon answers it as soon as a batch
-  finished, with every env ready then; the reply's ids are appended to one
-  FIFO (as one entry: its shard and ids), in the order the replies were
-  read (within a reply, the daemon's ready order).  Their rows stay in the
-  shard's buffers: nothing writes them until the env is sent again;
+- ``send(ids)`` posts each shard its part (``post_send``, after writing the
+  action rows into that shard's buffers): the daemons step their parts at
+  once, in parallel, and the trainer does not wait;
+- while a daemon has envs in flight, exactly one recv ticket is out there
+  (``post_recv``: answered once a batch finished, with at least one env).
+  The envs a done recv ticket names are appended to one FIFO (as one entry:
+  its shard and ids), in the order the tickets were taken in (within one,
+  the daemon's ready order).  Their rows stay in the shard's buffers:
+  nothing writes them until the env is sent again;
 - ``recv(count)`` returns the oldest count ids of that FIFO: exactly count,
-  each env once.  While fewer are ready it waits on every daemon's socket and
-  connection monitor with one zmq.Poller: the trainer's CPU sleeps.  A batch
-  of one shard's envs (EnvPool's loop with a batch per daemon) is gathered
+  each env once.  While fewer are ready it waits on every daemon with envs
+  in flight at once (client/transports/waiting.py: one zmq.Poller over the
+  sockets, or spinning and sleeping on the doorbells where every shard has
+  the fast path).  A batch of one shard's envs (EnvPool's loop with a
+  batch per daemon) is gathered
   straight from that shard's buffers (``batch_source``: one copy); a batch
   across shards first has its rows copied into the MultiVecEnv's buffers.
   Those buffers are therefore behind the shards' after a recv, and are
@@ -31,9 +36,6 @@ Per env, the books keep one state byte; a batch whose ids are one run of
 consecutive envs (in any order: a send's ids are unique, so min and max
 tell) updates them with one slice, not per id.
 
-That is the socket wire; client/multi_doorbell.py drives the same books
-through the daemons' doorbells where every shard has the fast path.
-
 A multi-agent env (agents as rows) works in whole envs, as on one daemon:
 the books, the FIFO and every id a shard sends or receives name envs; only
 the copies between the shards' buffers and the MultiVecEnv's, and a recv's
@@ -42,7 +44,8 @@ gather from a shard's buffers, move each env's num_agents rows
 
 Refusals keep the one-daemon rules: a send of an env not idle raises at the
 send (the books are here); a send the daemon refuses (a done env in
-``disabled`` mode) is raised by the next call, naming the daemon, and its
+``disabled`` mode) is raised by the next call (by the send itself where the
+refusal is answered at once: a doorbell's SEND), naming the daemon, and its
 envs are idle again; a recv of more than are in flight or ready raises at
 once; an env failing in a batch makes the next recv raise and the one after
 it return the batch's envs.
@@ -59,30 +62,26 @@ from __future__ import annotations
 import bisect
 import collections
 import time
-import weakref
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import NoReturn
 
 import numpy as np
-import zmq
 
-from envd import protocol
+from envd.client.transports.waiting import waiter_for
 from envd.errors import (
     ConnectionLostError,
+    EnvdError,
     EnvdTimeoutError,
     EnvStateError,
     ProtocolError,
-    SessionExpiredError,
-    UnknownSessionError,
 )
+from envd.stepping import PostingStepper, Ticket
 from envd.vec_errors import in_flight_error, not_idle_error, ready_error, recv_short_error
 from envd.vec_rows import RepeatCheck, run_of
 
-if TYPE_CHECKING:
-    from envd.client.multi import MultiVecEnv
-    from envd.client.remote_vector_env import RemoteVecEnv
-
 IDLE, IN_FLIGHT, READY = 0, 1, 2
-#: longest single poll: a lost daemon's monitor event wakes the poll anyway;
+#: longest single wait: a lost daemon's monitor event wakes the wait anyway;
 #: this bounds how late a timeout is noticed
 _POLL_SLICE_S = 1.0
 
@@ -102,57 +101,110 @@ def _span(ids: np.ndarray, positions: np.ndarray) -> tuple[int, int, bool]:
     return int(ids.min()), int(ids.max()), False
 
 
+class LostDaemon:
+    """Which daemon of a MultiVecEnv is gone (its shard's index and the
+    error that said so), once one is; the first loss counts.  Shared by the
+    env and its stepper, which reads it on every call (an attribute, not a
+    call on the env)."""
+
+    __slots__ = ("error", "shard")
+
+    def __init__(self) -> None:
+        self.shard = -1
+        self.error: BaseException | None = None
+
+    def record(self, shard: int, error: BaseException) -> None:
+        if self.error is None:
+            self.shard, self.error = shard, error
+
+
+@dataclass(frozen=True)
+class ShardPart:
+    """What the stepper is given of one daemon's part: its transport's
+    stepper, the buffers it steps in, the consecutive envs it holds (global
+    ids) and its daemon's endpoint."""
+
+    stepper: PostingStepper
+    buffers: dict[str, np.ndarray]
+    rows: slice
+    endpoint: str
+    #: its client's timeout (the longest decides how long a recv waits)
+    timeout: float
+
+
+@dataclass(frozen=True)
+class ShardsHost:
+    """What the stepper is given of its MultiVecEnv (handed over at make,
+    holding the env weakly: client/multi.py): its buffers (num_envs *
+    num_agents rows), the output buffers' names, and the calls it makes
+    on the env."""
+
+    env_id: str
+    num_agents: int
+    buffers: dict[str, np.ndarray]
+    outputs: tuple[str, ...]
+    #: the sync reset and step of every shard (MultiVecEnv's)
+    run_reset: Callable[[bool, bool], None]
+    run_step: Callable[[], int]
+    #: shard k's outputs into the env's rows
+    copy_results: Callable[[int], None]
+    #: call(k) for every shard k given at once, raising the first error named
+    dispatch: Callable[[Callable[[int], None], Sequence[int]], None]
+    #: every env was reset (an async reset's)
+    mark_all_started: Callable[[], None]
+    #: the env's record of a lost daemon; raise (naming it) if there is
+    #: one; record shard k's daemon lost
+    lost: LostDaemon
+    check_not_lost: Callable[[], None]
+    mark_lost: Callable[[int, BaseException], None]
+    #: name an error after shard k's daemon and envs (client/multi.py _naming)
+    named: Callable[[BaseException, int], BaseException]
+
+
 class _Shard:
     """One daemon's part of the books (``index``: its place among the
-    shards): its envs in flight (sent, not yet received back), whether a
-    recv waits there, and the replies read by its channel but not taken in
-    yet (the channel runs reply callbacks under its lock, so they only
-    queue; _take_in does the work)."""
+    shards): its envs in flight (sent, not yet received back), the recv
+    ticket out there, and its send tickets not answered yet (with their
+    global ids)."""
 
-    # ShardsDoorbellStepper's books (client/multi_doorbell.py), set on every
-    # shard by its __init__ (declared here for the type checker only)
-    rung: int
-    sent_ids: np.ndarray | None
-    remaining: dict[int, int]
-    rung_at: float
-    expected: float | None
-    checked_at: float
-
-    def __init__(self, index: int, env: RemoteVecEnv, rows: slice, endpoint: str):
+    def __init__(self, index: int, part: ShardPart):
         self.index = index
-        self.env = env
-        self.rows = rows
-        self.endpoint = endpoint
-        # the shard's stepper: its request encodings (shm or inline) and outputs
-        self.stepper = env._stepper
-        self.channel = self.stepper.channel
+        self.stepper = part.stepper
+        self.buffers = part.buffers
+        self.rows = part.rows
+        self.endpoint = part.endpoint
         self.in_flight = 0
-        self.recv_waiting = False
-        self.replies: list[tuple[str, np.ndarray | None, dict[str, Any]]] = []
+        self.recv: Ticket | None = None
+        self.sends: list[tuple[Ticket, np.ndarray]] = []
 
     @property
     def where(self) -> str:
         return f"the daemon at {self.endpoint}, serving envs {self.rows.start}..{self.rows.stop - 1}"
 
+    def rows_of(self, local: np.ndarray) -> np.ndarray:
+        """The buffer rows of its envs local (agent-major)."""
+        return self.stepper.rows_of(local)
+
 
 class ShardsAsyncStepper:
     """The envd.stepping.Stepper of an async MultiVecEnv (see the module
-    docstring).  Holds its env weakly, so a dropped env is freed without a cycle."""
+    docstring), over the shards' PostingSteppers."""
 
-    def __init__(self, env: MultiVecEnv):
-        self._env = weakref.proxy(env)
-        self._env_id = env.env_id
-        self._shards = [_Shard(k, shard, rows, endpoint) for k, (shard, rows, endpoint)
-                        in enumerate(zip(env.shards, env.shard_slices, env.shard_endpoints))]
+    def __init__(self, host: ShardsHost, parts: Sequence[ShardPart]):
+        self._host = host
+        self._lost_daemon = host.lost
+        self._env_id = host.env_id
+        self._shards = [_Shard(k, part) for k, part in enumerate(parts)]
+        num_envs = self._shards[-1].rows.stop
         self._starts = np.array([shard.rows.start for shard in self._shards], np.int64)
         self._start_list = self._starts.tolist()  # (bisect: a send's owner in O(log k))
-        self._agents = env.num_agents  # rows per env
-        self._state = np.zeros(env.num_env_instances, np.int8)  # per env, not per row
+        self._agents = host.num_agents  # rows per env
+        self._state = np.zeros(num_envs, np.int8)  # per env, not per row
         self._all_in_flight = bytes([IN_FLIGHT]) * len(self._state)  # (_check_answered_ids)
-        self._positions = env._positions  # 0, 1, 2, ... (_span, run_of)
-        self._repeat_check = RepeatCheck(env.num_env_instances)  # (_check_answered_ids)
+        self._repeat_check = RepeatCheck(num_envs)  # (_check_answered_ids)
+        self._positions = self._repeat_check.positions  # 0, 1, 2, ... (_span, run_of)
         #: the FIFO of ready envs: (shard index, their ids there, global ids,
-        #: the slice of global ids they fill or None), one entry per reply
+        #: the slice of global ids they fill or None), one entry per ticket
         self._ready: collections.deque[tuple[int, np.ndarray, np.ndarray, slice | None]] = \
             collections.deque()
         self._num_ready = 0
@@ -164,18 +216,12 @@ class ShardsAsyncStepper:
         self._behind = False
         #: the first refusal of a posted send, read but not raised yet
         self._refusal: BaseException | None = None
-        #: the first env failure a recv reply reported, raised by the next recv
+        #: the first env failure a recv ticket reported, raised by the next recv
         self._failure: BaseException | None = None
         #: a send or recv timed out: which envs are in flight is unknown
         self._async_lost = False
-        self._timeout = max(shard.channel.timeout for shard in self._shards)
-        self._poller = zmq.Poller()
-        self._pollables: dict[zmq.Socket, tuple[int, bool]] = {}  # socket -> (shard, monitor?)
-        for k, shard in enumerate(self._shards):
-            socket, monitor = shard.channel.pollables()
-            for sock, is_monitor in ((socket, False), (monitor, True)):
-                self._poller.register(sock, zmq.POLLIN)
-                self._pollables[sock] = (k, is_monitor)
+        self._timeout = max(part.timeout for part in parts)
+        self._waiter = waiter_for([shard.stepper for shard in self._shards])
 
     # ---- the Stepper protocol ------------------------------------------------------------
     def reset(self, with_seeds: bool, with_mask: bool) -> None:
@@ -185,7 +231,7 @@ class ShardsAsyncStepper:
             raise in_flight_error(self._env_id, "reset", in_flight)
         self._forget()  # (the ready ones, a refusal, a failure: as one daemon)
         self._sync_buffers()  # (a masked reset returns the other envs' rows as they are)
-        self._env._run_reset(with_seeds, with_mask)
+        self._host.run_reset(with_seeds, with_mask)
 
     def async_reset(self, with_seeds: bool) -> None:
         """Every shard's async reset at once, then all envs READY in env order."""
@@ -196,30 +242,28 @@ class ShardsAsyncStepper:
         while self._waiting_anywhere():
             self._wait(deadline, "async_reset")
         self._forget()
-        env = self._env
-        seeds = env._buffers["reset_seeds"]
-
+        seeds = self._host.buffers["reset_seeds"]
         received: list[np.ndarray | None] = [None] * len(self._shards)
 
         def reset_shard(k: int) -> None:
             shard = self._shards[k]
             count = shard.rows.stop - shard.rows.start
             if with_seeds:  # (one seed per env: the first count entries)
-                shard.env.buffers["reset_seeds"][:count] = seeds[shard.rows]
+                shard.buffers["reset_seeds"][:count] = seeds[shard.rows]
             # the daemon waits for the batches in flight and drops them
             shard.stepper.async_reset(with_seeds)
-            # every earlier request's reply came before this one's (a daemon
+            # every earlier request's answer came before this one's (a daemon
             # answers a send at once, and no recv waits there now): a refused
-            # send read here must not make envs idle that are ready now
-            shard.replies.clear()
+            # send read later must not make envs idle that are ready now
+            shard.sends.clear()
+            shard.recv = None
             shard.in_flight = 0
             received[k] = shard.stepper.recv(count)  # all of them, in env order
 
-        env._dispatch(reset_shard, range(len(self._shards)))
-        env._started[:] = True  # (a sync step once all are received: as after reset())
-        env._all_started = True
+        self._host.dispatch(reset_shard, range(len(self._shards)))
+        self._host.mark_all_started()  # (a sync step once all are received: as after reset())
         for shard, local in zip(self._shards, received):  # (env order: shard by shard)
-            assert local is not None  # (_dispatch ran reset_shard for every shard)
+            assert local is not None  # (dispatch ran reset_shard for every shard)
             self._add_ready(shard, local, None)  # (idle after _forget: marked per id)
 
     def step(self) -> int:
@@ -231,7 +275,7 @@ class ShardsAsyncStepper:
         if self._num_ready:
             raise ready_error(self._env_id, self._num_ready)
         self._sync_buffers()  # (the step's checks read the envs' last flags there)
-        return self._env._run_step()
+        return self._host.run_step()
 
     def send(self, env_ids: np.ndarray) -> None:
         self._start_call()
@@ -257,8 +301,9 @@ class ShardsAsyncStepper:
         for k, (part, part_run) in zip(touched, parts):
             self._post_send(k, part, part_run)
         for k in touched:
-            if not self._shards[k].recv_waiting:
-                self._post_recv(k)
+            shard = self._shards[k]
+            if shard.recv is None and shard.in_flight:
+                self._post_recv(shard)
 
     def recv(self, count: int) -> np.ndarray:
         self._start_call()
@@ -282,9 +327,7 @@ class ShardsAsyncStepper:
         recv still waiting once a batch of the closed session finishes, and
         its reply is read as a late one).  Idempotent."""
         self._forget()
-        for sock in self._pollables:
-            self._poller.unregister(sock)
-        self._pollables.clear()
+        self._waiter.close()
         self._shards = []  # (their segments' mappings go with the shards)
 
     # ---- books ----------------------------------------------------------------------------
@@ -326,7 +369,7 @@ class ShardsAsyncStepper:
         shard = self._shards[parts[0][0]]
         if all(k == shard.index for k, _, _ in parts):  # (one shard's: gathered from there)
             local = parts[0][1] if len(parts) == 1 else np.concatenate([p[1] for p in parts])
-            self.batch_source = (shard.index, shard.stepper.rows_of(local))
+            self.batch_source = (shard.index, shard.rows_of(local))
         else:
             for k, local, _ in parts:
                 self._copy_rows(self._shards[k], local)
@@ -338,7 +381,7 @@ class ShardsAsyncStepper:
         shard's buffers leaves them behind) before a reset or step reads them."""
         if self._behind:
             for k in range(len(self._shards)):
-                self._env._copy_results(k)
+                self._host.copy_results(k)
             self._behind = False
 
     def _copy_rows(self, shard: _Shard, local: np.ndarray) -> None:
@@ -346,35 +389,18 @@ class ShardsAsyncStepper:
         (for a batch across shards; one block copy when they are consecutive
         and ascending: fancy indexing costs more).  Env j of the shard is
         rows j*A .. j*A+A-1 there and (start+j)*A .. here."""
-        buffers, theirs = self._env._buffers, shard.env.buffers
+        buffers, theirs = self._host.buffers, shard.buffers
         first, count, agents = int(local[0]), len(local), self._agents
         offset = shard.rows.start * agents
         if int(local[-1]) - first + 1 == count and (count < 2 or (np.diff(local) == 1).all()):
             rows = slice(first * agents, (first + count) * agents)
             at = slice(rows.start + offset, rows.stop + offset)
-            for name in self._env._outputs:
+            for name in self._host.outputs:
                 buffers[name][at] = theirs[name][rows]
             return
-        row_ids = shard.stepper.rows_of(local)
-        for name in self._env._outputs:
+        row_ids = shard.rows_of(local)
+        for name in self._host.outputs:
             buffers[name][row_ids + offset] = theirs[name][row_ids]
-
-    # ---- the wire ---------------------------------------------------------------------------
-    def _waiting_anywhere(self) -> bool:
-        """A request waits on some daemon for envs to finish."""
-        return any(shard.recv_waiting for shard in self._shards)
-
-    def _post_send(self, k: int, ids: np.ndarray, run: slice | None) -> None:
-        """Send the shard's part ids (global; run: the slice they fill, or None)."""
-        shard = self._shards[k]
-        local = ids - shard.rows.start
-        self._copy_actions(shard, ids, local, run)
-        header, blobs = shard.stepper._request_send(local)  # (shm or inline encoding)
-        inbox = shard.replies  # (the callback holds the list only: never the shard's
-        # segment, should the daemon die and the channel keep the callback)
-        self._post(shard, header, blobs, lambda reply: inbox.append(("send", ids, reply)))
-        self._state[run if run is not None else ids] = IN_FLIGHT
-        shard.in_flight += len(ids)
 
     def _copy_actions(self, shard: _Shard, ids: np.ndarray, local: np.ndarray,
                       run: slice | None) -> None:
@@ -382,106 +408,134 @@ class ShardsAsyncStepper:
         slice they fill, or None) into the shard's buffers, where its daemon
         reads them.  Each env's row goes to its own row there, so envs
         filling a run are copied as one block whatever their order."""
-        theirs, ours, agents = shard.env.buffers["actions"], self._env._actions, self._agents
+        theirs, ours, agents = shard.buffers["actions"], self._host.buffers["actions"], self._agents
         if run is not None:
             start = shard.rows.start
             theirs[(run.start - start) * agents:(run.stop - start) * agents] = \
                 ours[run.start * agents:run.stop * agents]
             return
-        theirs[shard.stepper.rows_of(local)] = ours[self._env._rows_of(ids)]
+        theirs[shard.rows_of(local)] = ours[shard.rows_of(ids)]
 
-    def _post_recv(self, k: int) -> None:
-        """Let one recv wait on daemon k for its first batch to finish."""
+    # ---- the shards' tickets --------------------------------------------------------------
+    def _waiting_anywhere(self) -> bool:
+        """A recv is out at some daemon (which refuses a reset then)."""
+        return any(shard.recv is not None and shard.recv.posted and not shard.recv.done
+                   for shard in self._shards)
+
+    def _post_send(self, k: int, ids: np.ndarray, run: slice | None) -> None:
+        """Send the shard's part ids (global; run: the slice they fill, or None)."""
         shard = self._shards[k]
-        header, blobs = shard.stepper._request_recv(shard.in_flight)
-        header["min"] = 1
-        inbox = shard.replies
-        self._post(shard, header, blobs, lambda reply: inbox.append(("recv", None, reply)))
-        shard.recv_waiting = True
-
-    def _post(self, shard: _Shard, header: dict[str, Any], blobs: Any, on_reply: Any) -> None:
+        local = ids - shard.rows.start
+        self._copy_actions(shard, ids, local, run)
         try:
-            shard.channel.post(header, blobs, on_reply)
-        except EnvdTimeoutError:
-            self._async_lost = True  # earlier replies never came: their fate is unknown
-            raise
-        except ConnectionLostError as exc:
-            raise self._lost(shard, exc) from exc
+            ticket = shard.stepper.post_send(local)
+        except EnvdError as exc:
+            self._raise_failed(shard, exc)
+        if ticket.done and ticket.error is not None:
+            # refused at once (a doorbell's SEND): raised by the send itself,
+            # none of its envs stepped
+            self._raise_failed(shard, ticket.error)
+        self._state[run if run is not None else ids] = IN_FLIGHT
+        shard.in_flight += len(ids)
+        if not ticket.done:
+            shard.sends.append((ticket, ids))
+
+    def _post_recv(self, shard: _Shard) -> None:
+        """Let one recv wait on the shard's daemon for its first batch to finish."""
+        try:
+            shard.recv = shard.stepper.post_recv(shard.in_flight)
+        except EnvdError as exc:
+            self._raise_failed(shard, exc)
 
     def _start_call(self) -> None:
-        """Every call first: refuse a lost env; take in the replies that came."""
-        self._env._check_not_lost()
-        for k in range(len(self._shards)):
-            self._read(k)
+        """Every call first: refuse a lost env; take in the answers that came."""
+        if self._lost_daemon.error is not None:
+            self._host.check_not_lost()
+        for shard in self._shards:
+            self._poll(shard)
 
-    def _read(self, k: int) -> None:
-        """Read daemon k's replies that came (never waiting) and take them in."""
-        shard = self._shards[k]
+    def _poll(self, shard: _Shard) -> None:
+        """Take in the shard's answers that came (never waiting)."""
+        ticket = shard.recv if shard.recv is not None else (
+            shard.sends[0][0] if shard.sends else None)
+        if ticket is None:
+            return
         try:
-            shard.channel.read_late_replies()
-        except ConnectionLostError as exc:
-            raise self._lost(shard, exc) from exc
-        self._take_in(k)
+            done = shard.stepper.poll(ticket)
+        except EnvdError as exc:
+            self._raise_failed(shard, exc)
+        if done or shard.sends:
+            self._take_in(shard)
 
     def _wait(self, deadline: float, call: str) -> None:
-        """Sleep until some daemon's socket or connection monitor has news
-        (or deadline: EnvdTimeoutError), then take it in."""
+        """Sleep until some daemon with envs in flight has news (or
+        deadline: EnvdTimeoutError), then take it in."""
+        pending = []
+        for shard in self._shards:
+            if shard.in_flight and shard.recv is None and not self._async_lost:
+                self._post_recv(shard)
+            if shard.recv is not None and not shard.recv.done:
+                pending.append((shard.index, shard.stepper, shard.recv))
+        if not pending:
+            return
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            self._async_lost = True  # the late replies' ids would be lost to us
-            waiting = ", ".join(shard.endpoint for shard in self._shards if shard.recv_waiting)
+            self._async_lost = True  # the late answers' ids would be lost to us
+            waiting = ", ".join(self._shards[k].endpoint for k, _, _ in pending)
             raise EnvdTimeoutError(
                 f"{self._env_id}: no env finished on the daemons at {waiting} within "
                 f"{self._timeout:g} s (Client timeout) during {call}(); they are stuck or "
                 "overloaded")
-        for sock, _ in self._poller.poll(int(min(remaining, _POLL_SLICE_S) * 1000)):  # (as pyzmq would)
-            k, is_monitor = self._pollables[sock]
+        try:
+            ready, check = self._waiter.wait(pending, min(remaining, _POLL_SLICE_S))
+        except EnvdError as exc:
+            self._raise_failed(None, exc)
+        for k in check:
             shard = self._shards[k]
-            if is_monitor:
-                try:
-                    shard.channel.check_alive(f"envs in flight ({call})")
-                except ConnectionLostError as exc:
-                    raise self._lost(shard, exc) from exc
-            else:
-                self._read(k)
+            try:
+                shard.stepper.check_alive(f"envs in flight ({call})")
+            except EnvdError as exc:
+                self._raise_failed(shard, exc)
+        for k in ready:
+            self._poll(self._shards[k])
 
-    def _take_in(self, k: int) -> None:
-        """Act on daemon k's replies read so far, in the order they came;
-        then let a recv wait there again while envs are in flight."""
-        shard = self._shards[k]
-        while shard.replies:
-            kind, ids, reply = shard.replies.pop(0)
-            if kind == "send":
-                assert ids is not None  # (a send's reply comes with its ids)
-                if not reply.get("ok"):  # refused before any env stepped: idle again
-                    self._state[ids] = IDLE
-                    shard.in_flight -= len(ids)
-                    if self._refusal is None:
-                        self._refusal = self._named(protocol.error_from_reply(reply), shard)
-            else:
-                shard.recv_waiting = False
-                self._take_recv(shard, reply)
-        if shard.in_flight and not shard.recv_waiting and not self._async_lost:
-            self._post_recv(k)
+    def _take_in(self, shard: _Shard) -> None:
+        """Act on the shard's tickets done so far: its sends' (in the order
+        they were posted), then its recv's; then let a recv wait there
+        again while envs are in flight."""
+        while shard.sends and shard.sends[0][0].done:
+            ticket, ids = shard.sends.pop(0)
+            if ticket.error is not None:  # refused before any env stepped: idle again
+                self._state[ids] = IDLE
+                shard.in_flight -= len(ids)
+                if self._refusal is None:
+                    self._refusal = self._named(ticket.error, shard)
+        received = shard.recv
+        if received is None or not received.done:
+            return
+        shard.recv = None
+        self._take_recv(shard, received)
+        if shard.in_flight and not self._async_lost:
+            self._post_recv(shard)
 
-    def _take_recv(self, shard: _Shard, reply: dict[str, Any]) -> None:
-        if not reply.get("ok"):
-            error = protocol.error_from_reply(reply)
-            if isinstance(error, (SessionExpiredError, UnknownSessionError,
-                                  ConnectionLostError)):
-                raise self._lost(shard, error)
+    def _take_recv(self, shard: _Shard, ticket: Ticket) -> None:
+        if ticket.lost:
+            assert ticket.error is not None
+            raise self._lost(shard, ticket.error)
+        if ticket.error is not None:
             # EnvStateError: refused for want of envs, which only a send
             # refused before it causes (its refusal says why, raised once,
             # and in_flight was corrected; a reset may have forgotten it).
             # Else an env failed in a batch: the next recv raises it, and
-            # the batch's envs come with the recv waiting there next.
-            if not isinstance(error, EnvStateError) and self._failure is None:
-                self._failure = self._named(error, shard)
+            # the batch's envs come with the recv after it.
+            if not isinstance(ticket.error, EnvStateError) and self._failure is None:
+                self._failure = self._named(ticket.error, shard)
             return
-        blobs = reply.get("_blobs", [])
-        local = np.frombuffer(blobs[0], np.int64).copy() if blobs else np.empty(0, np.int64)
+        local = ticket.ids
+        assert local is not None  # (a recv done without an error names its envs)
+        if not len(local) and not shard.in_flight:
+            return  # (a refused SENDRECV's recv: nothing was in flight)
         run = self._check_answered_ids(shard, local)
-        shard.stepper._take_outputs(reply, blobs[1:], local)  # (inline: into its buffers)
         self._add_ready(shard, local, run)
         shard.in_flight -= len(local)
 
@@ -519,15 +573,28 @@ class ShardsAsyncStepper:
                                               run.stop + shard.rows.start)
 
     # ---- errors -----------------------------------------------------------------------------
+    def _raise_failed(self, shard: _Shard | None, error: BaseException) -> NoReturn:
+        """Raise for a call on a shard's stepper (None: the waiter's) that
+        raised error: its daemon gone marks the env lost and names it; a
+        timeout loses the async books (the fate of the envs out is
+        unknown); any other envd error is named after the daemon."""
+        named: BaseException = error
+        if isinstance(error, EnvdTimeoutError):
+            self._async_lost = True
+        elif shard is not None and isinstance(error, ConnectionLostError):
+            named = self._lost(shard, error)
+        elif shard is not None:
+            named = self._named(error, shard)
+        if named is error:
+            raise error
+        raise named from error
+
     def _named(self, error: BaseException, shard: _Shard) -> BaseException:
-        from envd.client.multi import _naming  # (multi imports this module)
-        return _naming(error, shard.endpoint, f", serving envs {shard.rows.start}.."
-                                              f"{shard.rows.stop - 1}",
-                       shard.rows.start * self._agents)
+        return self._host.named(error, shard.index)
 
     def _lost(self, shard: _Shard, error: BaseException) -> ConnectionLostError:
         """Daemon `shard` is gone: the env refuses every call from now on."""
-        self._env._mark_lost(self._shards.index(shard), error)
+        self._host.mark_lost(shard.index, error)
         return ConnectionLostError(
             f"{self._env_id}: lost {shard.where} while envs were out (async mode): {error}; "
             "the other daemons' sessions stay open until close(); close this env and make "
@@ -548,3 +615,4 @@ class ShardsAsyncStepper:
             raise EnvStateError(
                 f"a send or recv on this {self._env_id} env timed out, so which envs are in "
                 "flight is unknown; close it and make a new env")
+

@@ -87,6 +87,12 @@ class RemoteVecEnv(SendRowChecks, BatchedVecEnv):
         return bool(getattr(self._stepper, "fast_path", False))
 
     @property
+    def stepper(self) -> SocketStepper:
+        """The transport stepper that drives the session (client/transports:
+        its non-blocking half is what several daemons' async mode drives)."""
+        return self._stepper
+
+    @property
     def buffers(self) -> dict[str, np.ndarray]:
         """The session's batch buffers, name -> array (envd.buffer_layout)."""
         return self._buffers

@@ -14,9 +14,25 @@ trainer's learner overlaps that, and it measured 10 us a batch).  The next
 call that uses the session first reads that answer (a doorbell takes one
 request at a time): a refusal (an env not idle, ...) is raised by the next
 send, recv, step or render, before it asks anything, with the in-process
-message; a reset or async_reset forgets it, as over the socket.  (A
-MultiVecEnv's shards send with _send, answered at once: their books need the
-answer.)
+message; a reset or async_reset forgets it, as over the socket.
+
+The non-blocking half (envd.stepping.PostingStepper, what several daemons'
+async MultiVecEnv drives, client/multi_async.py):
+
+- ``post_send``: where the envs are all the session's (EnvPool's loop with a
+  batch per daemon), a SENDRECV: the send and the recv of them all,
+  answered once, when the batch finished; the trainer goes on at once, and
+  the daemon's thread (asleep on a small machine while the trainer serves
+  the other daemons) is woken once per batch instead of twice.  Its refusal
+  finishes the send's ticket.  Any other envs: a SEND, answered at once
+  (its ticket is done when post_send returns); no SENDRECV there, as a send
+  before its answer would wait for it.  A request still out on the doorbell
+  is waited for first (a doorbell takes one request at a time);
+- ``post_recv``: the recv a SENDRECV rang, or a RECV rung only once a
+  caller waits for it (``waitables``), of the smallest batch still in flight
+  (so any batch that finishes answers it; the daemon keeps the rest of a
+  larger one ready for the next RECV): the doorbell stays free for sends
+  until then.  The batches are this stepper's only books.
 """
 from __future__ import annotations
 
@@ -27,12 +43,15 @@ from typing import Any
 
 import numpy as np
 
-from envd.client.doorbell import RECV, SEND, SHUTTING_DOWN, STEP, Doorbell
-from envd.client.transports.over_socket import SocketStepper
-from envd.errors import NATIVE_CODES, EnvdTimeoutError, EnvError, ShuttingDownError
+from envd.client.doorbell import RECV, SEND, SENDRECV, SHUTTING_DOWN, STEP, Doorbell
+from envd.client.transports.over_socket import NO_IDS, SocketStepper
+from envd.errors import NATIVE_CODES, ConnectionLostError, EnvdTimeoutError, EnvError, ProtocolError, ShuttingDownError
+from envd.stepping import Ticket
 from envd.vec_errors import in_flight_error, not_idle_error, ready_error, recv_short_error, send_error, step_error
 
 _ENV_IDLE, _ENV_IN_FLIGHT = 0, 1  # a refused send's env state (native/src/session.h)
+_DOORBELL_GONE = ("the daemon stopped serving the session's doorbell (the session was closed "
+                  "or expired, or the daemon stops)")
 
 
 class DoorbellStepper(SocketStepper):
@@ -46,10 +65,33 @@ class DoorbellStepper(SocketStepper):
         self._ids = self.buffers["doorbell_ids"]
         #: the env ids of a posted SEND whose answer was not read yet
         self._posted: np.ndarray | None = None
+        # ---- the non-blocking half's books
+        #: the ticket a SENDRECV or RECV rung and not answered yet answers
+        #: (the send's, None for a RECV; and the recv's)
+        self._rung: tuple[Ticket | None, Ticket] | None = None
+        #: a recv posted but not rung yet (waitables rings it)
+        self._unrung: Ticket | None = None
+        #: batches in flight: serial -> its envs not received yet
+        self._remaining: dict[int, int] = {}
+        self._batch_of = np.zeros(self.num_envs, np.int64)  # each env's last batch serial
+        self._serial = 0
+        #: when the request out there was rung (perf_counter), and how long
+        #: after its ring an answer came as seen by a wait for it (an
+        #: estimate, None until a wait saw one): client/transports/waiting.py
+        self.rung_at = 0.0
+        self.expected: float | None = None
 
     @property
     def fast_path(self) -> bool:
         return self.doorbell is not None
+
+    def stop_fast_path(self) -> None:
+        """Ask the daemon to stop serving the doorbell: every call goes over
+        the socket from now on (which a session the doorbell serves refuses
+        for sends and recvs)."""
+        if self.doorbell is not None:
+            self._call({"type": "fast", "session": self.session, "enable": False})
+            self.doorbell = None
 
     def check_buffers_free(self) -> None:
         if self.maybe_running and self.doorbell is not None and self.doorbell.answered:
@@ -71,6 +113,163 @@ class DoorbellStepper(SocketStepper):
     def _raise_refusal(self) -> None:
         self._read_posted()
         super()._raise_refusal()
+
+    # ---- the non-blocking half (see the module docstring) --------------------------------
+    def post_send(self, env_ids: np.ndarray) -> Ticket:
+        bell = self.doorbell
+        if bell is None or bell.closed:
+            return super().post_send(env_ids)  # (the socket says why)
+        if self._rung is not None:
+            self._settle("send")
+        count = len(env_ids)
+        self._ids[:count] = env_ids
+        ticket = Ticket("send")
+        if count == self.num_envs:
+            bell.ring(SENDRECV, count)
+            self.rung_at = time.perf_counter()
+            self._rung = (ticket, Ticket("recv"))
+            # (its envs' batch is marked only if a RECV must count them: _take_answer)
+            self._serial += 1
+            self._remaining[self._serial] = count
+            ticket.wire = self._serial
+            return ticket
+        bell.ring(SEND, count)
+        answer = self._await(bell, SEND, "send")
+        if answer is None:  # closed before it answered: the socket sends it, or says why
+            return super().post_send(env_ids)
+        refusal = self.send_refusal(*answer)
+        if refusal is None:
+            self._add_batch(env_ids)
+        ticket.finish(error=refusal)
+        return ticket
+
+    def post_recv(self, in_flight: int) -> Ticket:
+        if self.doorbell is None:
+            return super().post_recv(in_flight)  # (stopped: the socket serves)
+        if self._rung is not None and not self._rung[1].done and self._rung[0] is not None:
+            return self._rung[1]  # (the SENDRECV's)
+        ticket = Ticket("recv", posted=False)
+        ticket.wire = in_flight
+        self._unrung = ticket
+        return ticket
+
+    def poll(self, ticket: Ticket) -> bool:
+        rung = self._rung
+        if rung is not None and self.doorbell is not None and self.doorbell.answered:
+            self._take_answer()
+        return super().poll(ticket) if self._tickets_out else ticket.done
+
+    def waitables(self, ticket: Ticket) -> tuple[Any, ...]:
+        """The doorbell a caller sleeps on (client/doorbell.py wait_any),
+        ringing the recv's RECV first if it waits to be rung."""
+        if self.doorbell is None:
+            return super().waitables(ticket)  # (stopped: the socket serves)
+        if ticket.done:
+            return ()
+        if ticket is self._unrung:
+            self._ring_recv(ticket)
+        return () if ticket.done else (self.doorbell,)
+
+    def check_alive(self, waiting_for: str) -> None:
+        super().check_alive(waiting_for)
+        bell = self.doorbell
+        if self._rung is not None and bell is not None and bell.closed and not bell.answered:
+            raise ConnectionLostError(_DOORBELL_GONE)
+
+    def async_reset(self, with_seeds: bool) -> None:
+        """(The caller waited for every request rung: the daemon drops the
+        batches in flight, and so do the books.)"""
+        super().async_reset(with_seeds)
+        self._remaining.clear()
+        self._rung = self._unrung = None
+
+    def _add_batch(self, env_ids: np.ndarray) -> None:
+        self._serial += 1
+        self._batch_of[env_ids] = self._serial
+        self._remaining[self._serial] = len(env_ids)
+
+    def _settle(self, call: str) -> None:
+        """Wait for the answer of the request rung (it answers its tickets)."""
+        bell = self.doorbell
+        assert bell is not None  # (rung on it: dropped only once answered)
+        if self._await(bell, RECV, call) is not None or bell.answered:
+            self._take_answer()
+        else:
+            raise ConnectionLostError(_DOORBELL_GONE)
+
+    def _ring_recv(self, ticket: Ticket) -> None:
+        self._unrung = None
+        bell = self.doorbell
+        if bell is None or bell.closed:
+            ticket.finish(NO_IDS, ConnectionLostError(_DOORBELL_GONE), lost=True)
+            return
+        count = min(min(self._remaining.values(), default=ticket.wire), ticket.wire)
+        bell.ring(RECV, count)
+        self.rung_at = time.perf_counter()
+        ticket.posted = True
+        ticket.wire = count
+        self._rung = (None, ticket)
+
+    def _take_answer(self) -> None:
+        """The rung request's answer (it is in) into its tickets."""
+        rung, self._rung = self._rung, None
+        assert rung is not None and self.doorbell is not None
+        sent, received = rung
+        bell = self.doorbell
+        status, result, index = bell.answer()
+        if sent is not None:
+            if not bell.sent:  # refused: none of its envs stepped
+                self._remaining.pop(sent.wire, None)
+                refusal = (ShuttingDownError("the daemon is shutting down and takes no new work")
+                           if status == SHUTTING_DOWN else self.send_refusal(status, result, index))
+                if refusal is None:  # (the daemon said it was refused)
+                    refusal = ProtocolError(f"the daemon at {self.channel.endpoint} refused a "
+                                            "send with status 0")
+                sent.finish(error=refusal)
+                received.finish(NO_IDS)
+                return
+            sent.finish()
+            count = self.num_envs
+            if status == 0 and result == count:  # (the common case: all of them back)
+                self._remaining.pop(sent.wire, None)
+                received.finish(self._ids[:count].astype(np.int64))
+                return
+            self._batch_of[:] = sent.wire  # (the batch: RECVs will count its envs)
+        else:
+            count = received.wire
+        if status == SHUTTING_DOWN:
+            received.finish(NO_IDS, ShuttingDownError(
+                "the daemon is shutting down and takes no new work"), lost=True)
+            return
+        if status != 0:
+            # an env failed in a batch: its envs stay ready there for the RECV after it
+            received.finish(NO_IDS, step_error(self.env_id, self.action_space, status,
+                                              self._row_of(index, status), self.buffers))
+            return
+        if result != count:  # (a RECV answers exactly count ids)
+            raise ProtocolError(f"the daemon at {self.channel.endpoint} answered a RECV of "
+                                f"{count} envs with {result}")
+        ids = self._ids[:count].astype(np.int64)  # (a copy, int64 whatever the segment)
+        self._count_received(ids)
+        received.finish(ids)
+
+    def _count_received(self, ids: np.ndarray) -> None:
+        """Take received envs off their batches' counts (ids out of range
+        are left to the caller's books to refuse)."""
+        remaining = self._remaining
+        first = int(ids[0]) if len(ids) else -1
+        if (len(remaining) == 1 and 0 <= first < self.num_envs
+                and remaining.get(int(self._batch_of[first])) == len(ids)):
+            remaining.clear()  # (the common case: the one batch there, all of it)
+            return
+        if not len(ids) or ids.view(np.uint64).max() >= self.num_envs:
+            return
+        for serial, done in zip(*np.unique(self._batch_of[ids], return_counts=True)):
+            left = remaining.get(int(serial), 0) - int(done)
+            if left > 0:
+                remaining[int(serial)] = left
+            else:
+                remaining.pop(int(serial), None)
 
     def _read_posted(self) -> None:
         """Read a posted SEND's answer (waiting for it: the doorbell takes one
@@ -109,17 +308,13 @@ class DoorbellStepper(SocketStepper):
         return super()._step()
 
     def _send(self, env_ids: np.ndarray) -> None:
-        if self.doorbell is None:
-            super()._send(env_ids)
-            return
-        self._ids[:len(env_ids)] = env_ids
-        answer = self._ring(SEND, len(env_ids), "send")
-        if answer is None:  # closed: the socket says why, at once
+        """send's once the doorbell is gone, or closed (send rings an open
+        one itself): the socket serves from now on, and says why at once."""
+        if self.doorbell is not None:  # (closed)
+            self.doorbell = None
             self._call({"type": "send", "session": self.session}, [env_ids.tobytes()])
             return
-        refusal = self.send_refusal(*answer)
-        if refusal is not None:
-            raise refusal
+        super()._send(env_ids)
 
     def send_refusal(self, status: int, state: int, index: int) -> Exception | None:
         """The error of a send the doorbell answered (status, env state,

@@ -28,6 +28,7 @@ class InlineStepper(SocketStepper):
     """SocketStepper whose messages carry the arrays."""
 
     transport = "inline"
+    outputs_in_replies = True
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)

@@ -31,8 +31,22 @@ from gymnasium import spaces
 
 from envd import protocol
 from envd.client.channel import Channel
-from envd.errors import EnvdTimeoutError, EnvStateError, ProtocolError
+from envd.errors import (
+    ConnectionLostError,
+    EnvdTimeoutError,
+    EnvStateError,
+    ProtocolError,
+    SessionExpiredError,
+    UnknownSessionError,
+)
+from envd.stepping import Ticket
 from envd.vec_rows import RepeatCheck
+
+#: a recv's errors that say the session (or its daemon) is gone
+LOST_ERRORS = (SessionExpiredError, UnknownSessionError, ConnectionLostError)
+#: the ids of a ticket that received none (read-only, shared)
+NO_IDS = np.empty(0, np.int64)
+NO_IDS.flags.writeable = False
 
 
 class SocketStepper:
@@ -40,6 +54,8 @@ class SocketStepper:
 
     #: the transport's name (RemoteVecEnv.transport)
     transport = "shm"
+    #: replies carry the output arrays (_take_outputs copies them in)
+    outputs_in_replies = False
 
     def __init__(self, channel: Channel, session: str, env_id: str,
                  action_space: spaces.Space, num_envs: int, buffers: dict[str, np.ndarray],
@@ -63,6 +79,11 @@ class SocketStepper:
         self._refusal: Exception | None = None
         self._step_header: dict[str, Any] = {"type": "step", "session": session}
         self._repeat_check: RepeatCheck | None = None  # (made by the first recv)
+        #: the non-blocking half's posted tickets and their replies, read
+        #: but not taken in yet (the channel runs reply callbacks under its
+        #: lock, so they only queue; poll takes them in)
+        self._inbox: list[tuple[Ticket, dict[str, Any]]] = []
+        self._tickets_out = 0
 
     @property
     def fast_path(self) -> bool:
@@ -132,6 +153,61 @@ class SocketStepper:
                 f"a call on this {self.env_id} env timed out and the daemon has not "
                 "answered it yet: it may still use the env's buffers; retry later (or "
                 "make a new env)")
+
+    # ---- the non-blocking half (envd.stepping.PostingStepper) ----------------------------
+    def post_send(self, env_ids: np.ndarray) -> Ticket:
+        """Post the send (see PostingStepper); its reply finishes the ticket."""
+        return self._post_ticket(Ticket("send"), *self._request_send(env_ids))
+
+    def post_recv(self, in_flight: int) -> Ticket:
+        """A recv of the in_flight envs that waits at the daemon until a
+        batch finished and is answered with every env ready then (``min``
+        1: the daemon's recv_min capability)."""
+        header, blobs = self._request_recv(in_flight)
+        header["min"] = 1
+        ticket = self._post_ticket(Ticket("recv"), header, blobs)
+        ticket.wire = in_flight
+        return ticket
+
+    def poll(self, ticket: Ticket) -> bool:
+        """Read the replies that came (never waiting) and take in every
+        posted ticket's; ticket.done."""
+        if self._tickets_out:
+            self.channel.read_late_replies()
+            while self._inbox:
+                self._take_reply(*self._inbox.pop(0))
+        return ticket.done
+
+    def waitables(self, ticket: Ticket) -> tuple[Any, ...]:
+        """The channel's socket and its connection monitor (zmq sockets):
+        once the socket is readable, poll; once the monitor is, check_alive."""
+        return self.channel.pollables()
+
+    def check_alive(self, waiting_for: str) -> None:
+        self.channel.check_alive(waiting_for)
+
+    def _post_ticket(self, ticket: Ticket, header: dict[str, Any], blobs: Sequence) -> Ticket:
+        inbox = self._inbox  # (the callback holds the list only: never the segment's
+        # views, should the daemon die and the channel keep the callback)
+        self.channel.post(header, blobs, lambda reply: inbox.append((ticket, reply)))
+        self._tickets_out += 1
+        return ticket
+
+    def _take_reply(self, ticket: Ticket, reply: dict[str, Any]) -> None:
+        self._tickets_out -= 1
+        if not reply.get("ok"):
+            error = protocol.error_from_reply(reply)
+            ticket.finish(NO_IDS, error, isinstance(error, LOST_ERRORS))
+            return
+        if ticket.kind == "send":
+            ticket.finish()
+            return
+        blobs = reply.get("_blobs", [])
+        ids = np.frombuffer(blobs[0], np.int64).copy() if blobs else NO_IDS
+        if self.outputs_in_replies and len(ids) and ids.view(np.uint64).max() < self.num_envs:
+            # (ids it cannot index: refused by the caller's books, rows untouched)
+            self._take_outputs(reply, blobs[1:], ids)
+        ticket.finish(ids)
 
     # ---- the wire: what a transport changes --------------------------------------------
     def _request_reset(self, with_seeds: bool, with_mask: bool) -> tuple[dict, Sequence]:

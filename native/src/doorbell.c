@@ -154,7 +154,7 @@ static int policy_is_other(void)
 }
 
 /* The policy to be woken under.  After a SENDRECV, whose trainer rings the
- * next one and goes on (it drives several daemons, client/multi_doorbell.py),
+ * next one and goes on (it drives several daemons, client/multi_async.py),
  * SCHED_BATCH: woken, this thread does not preempt the trainer that rang (on
  * 2 CPUs it took the trainer's CPU for about 50 us per ring; the pool's
  * workers run under it for the same reason, pool.c), but takes an idle CPU

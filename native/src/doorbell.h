@@ -36,7 +36,7 @@
  *   SENDRECV  a SEND of the req_count ids, then a RECV of req_count, answered
  *         once (when the RECV is): the trainer rings it and goes on, as after
  *         a send, and the daemon's thread wakes once per batch, not twice
- *         (a trainer driving several daemons, client/multi_doorbell.py).  sent
+ *         (a trainer driving several daemons, client/multi_async.py).  sent
  *         says which part the answer is: 0, the SEND's refusal (as SEND, no
  *         env stepped); 1, the RECV's answer, as RECV.  A request rung while
  *         it is out is not served before it is answered: a client rings one

@@ -22,10 +22,19 @@ be sent), IN_FLIGHT (being stepped) or READY (stepped, waiting for recv).
 Ready envs queue in the order their batches were found finished (batches
 checked in submit order); the first failure of an env in a finished batch is
 raised by the next recv, whose envs stay ready for the recv after it.
+
+The non-blocking half (``PostingStepper``, a daemon session's transports):
+post a send or a recv and get a ``Ticket``; ``poll`` takes in the answers
+that came (never waiting) and says whether a ticket is done; ``waitables``
+names what a caller driving several steppers sleeps on (zmq sockets or
+doorbells: client/transports/waiting.py waits on several of one kind).  It
+keeps no books of its own beyond what its wire needs: the caller (the
+multi-daemon client, client/multi_async.py) keeps the async books across
+steppers and takes each ticket in once.
 """
 from __future__ import annotations
 
-from typing import NoReturn, Protocol, runtime_checkable
+from typing import Any, NoReturn, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -65,6 +74,63 @@ class Stepper(Protocol):
 
     def close(self) -> None:
         """Wait for what is in flight, free everything.  Idempotent."""
+
+
+class Ticket:
+    """One posted request of a PostingStepper, done once its answer was
+    taken in (by ``poll``, or by a later post that had to read it first).
+
+    A send's answer: ``error`` None (its envs are stepping), or the refusal
+    (none of them stepped: they are idle again).  A recv's: ``ids``, the
+    local ids of the envs it received (int64, the daemon's ready order; their
+    output rows are in the stepper's buffers), or ``error``: an env failed in
+    a batch (its batch's envs come with a later recv), or the session or
+    daemon is gone (``lost``).  ``posted``: the request is out at the daemon
+    (a doorbell's recv is rung only once a caller waits for it)."""
+
+    __slots__ = ("done", "error", "ids", "kind", "lost", "posted", "wire")
+
+    def __init__(self, kind: str, posted: bool = True):
+        self.kind = kind
+        self.done = False
+        self.posted = posted
+        self.ids: np.ndarray | None = None
+        self.error: BaseException | None = None
+        self.lost = False
+        #: the transport's own state of the request (never read by a caller)
+        self.wire: Any = None
+
+    def finish(self, ids: np.ndarray | None = None, error: BaseException | None = None,
+               lost: bool = False) -> None:
+        """Record the answer (the transport's side)."""
+        self.done, self.ids, self.error, self.lost = True, ids, error, lost
+
+
+@runtime_checkable
+class PostingStepper(Stepper, Protocol):
+    """A Stepper with a non-blocking half (see the module docstring)."""
+
+    def post_send(self, env_ids: np.ndarray) -> Ticket:
+        """Start stepping env_ids (int64, each idle, no repeats) with their
+        rows of the actions buffer; never waits for the envs."""
+
+    def post_recv(self, in_flight: int) -> Ticket:
+        """Receive the envs of the next batch(es) to finish here (at least
+        one, at most in_flight: the envs sent and not received yet)."""
+
+    def poll(self, ticket: Ticket) -> bool:
+        """Take in the answers that came (never waiting); ticket.done."""
+
+    def waitables(self, ticket: Ticket) -> tuple[Any, ...]:
+        """What a caller about to wait for ticket sleeps on (posting a
+        request that waits to be posted first)."""
+
+    def check_alive(self, waiting_for: str) -> None:
+        """Raise ConnectionLostError if the daemon or its session is gone."""
+
+    def rows_of(self, env_ids: np.ndarray) -> np.ndarray:
+        """The buffer rows of envs env_ids, in their order (a multi-agent
+        env's agents, agent-major)."""
 
 
 class _NoStepper:

@@ -461,3 +461,27 @@ def test_a_masked_reset_after_a_recv_across_daemons_returns_every_envs_state(dae
             wait_until(reset_once_finished, what="env 0 to finish")
         mine, theirs = observations
         np.testing.assert_array_equal(mine[~mask], theirs[~mask])
+
+
+def test_a_daemon_without_the_fast_path_turns_the_others_doorbells_off(tmp_path):
+    """Daemon 1 serves no fast path (--fast-path-sessions 0): daemon 0's
+    doorbell is stopped and every shard steps over its socket; the
+    trajectories stay those of sync mode."""
+    num_envs, steps = 8, 20
+    space = envd.native.get_spec("CartPole-v1").action_space
+    actions = per_env_actions(space, num_envs, steps, seed=2)
+    reference = sync_trajectories("CartPole-v1", num_envs, steps, actions)
+    with daemon_group(tmp_path, ("--threads", "1"),
+                      ("--threads", "1", "--fast-path-sessions", "0")) as procs, \
+            envd.connect([d.endpoint for d in procs], timeout=30) as multi:
+
+        def make(**kwargs):
+            env = multi.make("CartPole-v1", num_envs, seed=11, **kwargs)
+            assert [shard.fast_path for shard in env.shards] == [False, False]
+            return env
+
+        for batch_size in (3, 4):
+            runs, _ = async_trajectories(make, num_envs, steps, actions, batch_size,
+                                         np.random.default_rng(batch_size))
+            for i in range(num_envs):
+                assert runs[i] == reference[i][:len(runs[i])], (batch_size, i)

@@ -2,7 +2,7 @@
 ``envd.connect([ep1, ep2]).make("simple_spread_v3", N, batch_size=B)``.
 
 Async mode works in whole envs as on one daemon (client/multi_async.py,
-client/multi_doorbell.py): per-env trajectories equal sync stepping of the
+client/transports/): per-env trajectories equal sync stepping of the
 same seeds, each env received exactly once with its num_agents rows together
 (info["env_id"] each env's id per row), recv returns the envs of the daemon
 that finished first, misuse refused with the one-daemon messages; over the
@@ -31,7 +31,7 @@ from support.multi_agent_checks import (
 
 import envd
 from envd.client.multi_async import ShardsAsyncStepper
-from envd.client.multi_doorbell import ShardsDoorbellStepper
+from envd.client.transports.waiting import DoorbellWaiter, SocketWaiter
 
 #: (transport, fast_path) of the shards: over the sockets with the arrays in
 #: shared memory or in the messages, and through the doorbells
@@ -67,7 +67,8 @@ def check_stepper(env, multi) -> None:
     """The async MultiVecEnv steps through the path the fixture asks for."""
     doorbell = multi.path[1]
     assert all(shard.fast_path == doorbell for shard in env.shards)
-    assert type(env._stepper) is (ShardsDoorbellStepper if doorbell else ShardsAsyncStepper)
+    assert type(env._stepper) is ShardsAsyncStepper
+    assert type(env._stepper._waiter) is (DoorbellWaiter if doorbell else SocketWaiter)
 
 
 def one_daemon_make(daemon, path):

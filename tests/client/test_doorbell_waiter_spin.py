@@ -1,4 +1,4 @@
-"""Waiting on several daemons' doorbells (client/multi_doorbell.py): the
+"""Waiting on several daemons' doorbells (client/transports/waiting.py): the
 trainer spins instead of sleeping only while an answer is expected within
 _SPIN_WITHIN_S, and never longer than _SPIN_MARGIN_S past it; a probe, or a
 daemon without an estimate, spins up to _SPIN_WITHIN_S.  Checked on a fake clock
@@ -9,8 +9,7 @@ import types
 
 import pytest
 
-from envd.client import multi_doorbell
-from envd.client.multi_doorbell import ShardsDoorbellStepper
+from envd.client.transports import waiting
 
 STEP_S = 1e-6  # the fake clock's advance per reading
 
@@ -35,41 +34,47 @@ def clock(monkeypatch):
         now[0] += STEP_S
         return now[0]
 
-    monkeypatch.setattr(multi_doorbell, "time", types.SimpleNamespace(perf_counter=perf_counter))
+    monkeypatch.setattr(waiting, "time", types.SimpleNamespace(perf_counter=perf_counter))
     return now
 
 
 def shard(rung_at: float, expected: float | None) -> types.SimpleNamespace:
+    """What the waiter reads of a doorbell stepper: its ring's time and estimate."""
     return types.SimpleNamespace(rung_at=rung_at, expected=expected)
 
 
+def spin(shards: list, bells: list, probe: bool = False) -> bool:
+    return waiting._spin([(k, one, bell) for k, (one, bell) in enumerate(zip(shards, bells))],
+                         probe=probe)
+
+
 def test_no_spin_when_the_answer_is_far(clock):
-    for expected in (multi_doorbell._SPIN_WITHIN_S + 50e-6, 1.0):
+    for expected in (waiting._SPIN_WITHIN_S + 50e-6, 1.0):
         bell = Bell(answer_at=1)
-        ShardsDoorbellStepper._spin([shard(clock[0], expected)], [bell])
+        spin([shard(clock[0], expected)], [bell])
         assert bell.looks == 0, expected
 
 
 def test_a_probe_or_a_daemon_without_an_estimate_spins_up_to_the_window(clock):
     """So that an answer within _SPIN_WITHIN_S is seen when it comes: the
     estimate, once above the window by a slept sample, can come back."""
-    window = multi_doorbell._SPIN_WITHIN_S / STEP_S
+    window = waiting._SPIN_WITHIN_S / STEP_S
     for expected, probe in ((None, False), (1.0, True)):
         late, soon = Bell(answer_at=None), Bell(answer_at=7)
-        ShardsDoorbellStepper._spin([shard(clock[0], expected)], [late], probe=probe)
-        ShardsDoorbellStepper._spin([shard(clock[0], expected)], [soon], probe=probe)
+        spin([shard(clock[0], expected)], [late], probe=probe)
+        spin([shard(clock[0], expected)], [soon], probe=probe)
         assert window / 2 <= late.looks <= window + 1 and soon.looks == 7, (expected, probe)
 
 
 def test_spins_until_the_answer_comes(clock):
     bell = Bell(answer_at=5)
-    assert ShardsDoorbellStepper._spin([shard(clock[0], 10e-6)], [bell]) is True
+    assert spin([shard(clock[0], 10e-6)], [bell]) is True
     assert bell.looks == 5
 
 
 def test_the_soonest_daemon_decides_and_any_answer_ends_the_spin(clock):
     far, near = Bell(answer_at=None), Bell(answer_at=3)
-    ShardsDoorbellStepper._spin([shard(clock[0], 1.0), shard(clock[0], 10e-6)], [far, near])
+    spin([shard(clock[0], 1.0), shard(clock[0], 10e-6)], [far, near])
     assert near.looks == 3 and far.looks == 3
 
 
@@ -77,10 +82,10 @@ def test_a_spin_is_bounded_when_no_answer_comes(clock):
     """At most _SPIN_MARGIN_S past the expected answer, so at most
     _SPIN_WITHIN_S + _SPIN_MARGIN_S in all; an answer overdue by more than
     the margin is not spun for at all."""
-    within, margin = multi_doorbell._SPIN_WITHIN_S, multi_doorbell._SPIN_MARGIN_S
+    within, margin = waiting._SPIN_WITHIN_S, waiting._SPIN_MARGIN_S
     for expected, bound in ((within - 2e-6, within + margin), (0.0, margin), (-1.0, 0.0)):
         bell = Bell(answer_at=None)
-        assert ShardsDoorbellStepper._spin([shard(clock[0], expected)], [bell]) is False
+        assert spin([shard(clock[0], expected)], [bell]) is False
         assert bell.looks <= bound / STEP_S + 1, expected
         assert (bell.looks > 0) == (bound > 0), expected
 
@@ -89,9 +94,9 @@ def test_a_probe_spins_at_least_as_long_as_the_estimate_asks(clock):
     """An answer expected 50 us from now: a probe spins to 20 us past it,
     not only the 60 us window from now."""
     bell = Bell(answer_at=None)
-    ShardsDoorbellStepper._spin([shard(clock[0] - 10e-6, 60e-6 + 10e-6 - 1e-6)], [bell],
+    spin([shard(clock[0] - 10e-6, 60e-6 + 10e-6 - 1e-6)], [bell],
                                 probe=True)
-    window = multi_doorbell._SPIN_WITHIN_S / STEP_S
+    window = waiting._SPIN_WITHIN_S / STEP_S
     assert bell.looks > window + 5
 
 
@@ -99,12 +104,12 @@ def test_an_answer_seen_spinning_replaces_the_estimate_a_slept_one_is_averaged()
     """A slept sample (answer plus the wake-up) moves the estimate by
     _EXPECTED_WEIGHT; one seen spinning sets it: after slept samples held it
     above the window, one probe that sees the answer brings it back."""
-    learn = ShardsDoorbellStepper._learn
+    learn = waiting._learn
     one = shard(0.0, None)
     learn(one, 90e-6, exact=False)
     assert one.expected == pytest.approx(90e-6)  # (the first sample, however seen)
     learn(one, 110e-6, exact=False)
-    assert one.expected == pytest.approx(90e-6 + 20e-6 * multi_doorbell._EXPECTED_WEIGHT)
+    assert one.expected == pytest.approx(90e-6 + 20e-6 * waiting._EXPECTED_WEIGHT)
     learn(one, 38e-6, exact=True)
     assert one.expected == pytest.approx(38e-6)
-    assert one.expected < multi_doorbell._SPIN_WITHIN_S
+    assert one.expected < waiting._SPIN_WITHIN_S
