@@ -56,32 +56,22 @@ typedef __typeof__(*((Env *)0)->actions) ocean_act_t;
 typedef __typeof__(*((Env *)0)->rewards) ocean_rew_t;
 typedef __typeof__(*((Env *)0)->terminals) ocean_term_t;
 
-/* What a step reads rarely or never: after the small buffers (ocean_place). */
-typedef struct ocean_cold {
-    int64_t obs_numel;       /* per env, every agent's: the copy of an unbound env */
-    float act_low, act_high; /* Box actions only */
-    envd_ocean_streams_t streams; /* read only when the env draws */
-} ocean_cold_t;
-
-/* A state block: this header, then (ocean_place) the env's action, reward and
- * terminal buffers packed right after it, the cold fields, and its own
- * observation buffer last (an env bound to its rows never touches it).  What
- * every step reads comes first and is kept small: at large N each env's
- * first lines are a cache miss a step, and the fewer lines a step touches
- * the better (the host starts each state on a cache line; squared's step
- * touches 2 of them, its env of 80 bytes, these 32 and 9 of buffers: 4-5
- * lines before, perf at N=1024).  seed and reseed lie here because seed runs
- * before init, where the layout is not known yet. */
+/* What every step reads comes first (the env, then the fields the glue reads
+ * around c_step), the random streams (read only when the env draws) after:
+ * at large N each env's block is a cache miss a step, and the fewer lines a
+ * step touches the better (perf of squared at N=4096). */
 typedef struct ocean_state {
     Env env;
     int32_t agents;
     envd_space_kind_t act_kind;
-    int64_t act_numel;  /* per env: every agent's */
-    ocean_cold_t *cold; /* in this block */
-    uint32_t seed;      /* the last seed the host gave (srand's 32 bits) */
-    bool reseed;        /* a seed came since the last reset */
-    bool initialized;   /* my_init ran: close runs c_close */
-    unsigned char tail[];
+    int64_t obs_numel, act_numel; /* per env: every agent's */
+    float act_low, act_high;
+    size_t off_obs, off_act, off_rew, off_term;
+    uint64_t seed;    /* the last seed the host gave */
+    bool reseed;      /* a seed came since the last reset */
+    bool initialized; /* my_init ran: close runs c_close */
+    envd_ocean_streams_t streams;
+    alignas(max_align_t) unsigned char tail[];
 } ocean_state_t;
 
 /* envd_dtype_size is the host's: a plugin links nothing of envd. */
@@ -151,32 +141,23 @@ static int64_t ocean_act_numel(const envd_ocean_layout_t *l)
     return l->act_kind == ENVD_SPACE_DISCRETE ? 1 : ocean_numel(l->act_ndim, l->act_shape);
 }
 
-/* n rounded up to a multiple of align (a power of two). */
-static size_t ocean_align_to(size_t n, size_t align) { return (n + align - 1) & ~(align - 1); }
-
-/* Where the parts after the state header lie, as offsets from the state's
- * start (ocean_state_t's comment): actions, rewards and terminals of all
- * agents packed, each aligned only as its type needs, then the cold fields,
- * then the obs of all agents.  Returns the state size. */
-typedef struct ocean_offsets {
-    size_t act, rew, term, cold, obs;
-} ocean_offsets_t;
-
-static size_t ocean_place(const envd_ocean_layout_t *l, ocean_offsets_t *off)
+/* The private buffers after the state header: actions, rewards, terminals
+ * and obs of all agents (obs last: an env bound to its rows never touches
+ * it, and the others stay on few lines).  Returns the state size. */
+static size_t ocean_place(const envd_ocean_layout_t *l, size_t *off_obs, size_t *off_act,
+                          size_t *off_rew, size_t *off_term)
 {
     size_t agents = (size_t)l->agents;
-    size_t at = sizeof(ocean_state_t);
-    off->act = at = ocean_align_to(at, alignof(ocean_act_t));
-    at += agents * (size_t)ocean_act_numel(l) * sizeof(ocean_act_t);
-    off->rew = at = ocean_align_to(at, alignof(ocean_rew_t));
-    at += agents * sizeof(ocean_rew_t);
-    off->term = at = ocean_align_to(at, alignof(ocean_term_t));
-    at += agents * sizeof(ocean_term_t);
-    off->cold = at = ocean_align_to(at, alignof(ocean_cold_t));
-    at += sizeof(ocean_cold_t);
-    off->obs = at = ocean_align_up(at);
-    at += agents * (size_t)ocean_numel(l->obs_ndim, l->obs_shape) * sizeof(ocean_obs_t);
-    return ocean_align_up(at);
+    size_t at = 0;
+    *off_act = at;
+    at = ocean_align_up(at + agents * (size_t)ocean_act_numel(l) * sizeof(ocean_act_t));
+    *off_rew = at;
+    at = ocean_align_up(at + agents * sizeof(ocean_rew_t));
+    *off_term = at;
+    at = ocean_align_up(at + agents * sizeof(ocean_term_t));
+    *off_obs = at;
+    at = ocean_align_up(at + agents * (size_t)ocean_numel(l->obs_ndim, l->obs_shape) * sizeof(ocean_obs_t));
+    return sizeof(ocean_state_t) + at;
 }
 
 /* A Box bound array of n copies of v, in host memory. */
@@ -233,8 +214,8 @@ static int ocean_spaces(const envd_ocean_layout_t *l, envd_description_t *out)
             return ENVD_ENOMEM;
     }
     out->num_agents = l->agents;
-    ocean_offsets_t off;
-    out->state_size = ocean_place(l, &off);
+    size_t a0, a1, a2, a3;
+    out->state_size = ocean_place(l, &a0, &a1, &a2, &a3);
     return ENVD_OK;
 }
 
@@ -251,13 +232,13 @@ static int ocean_describe(const double *params, envd_description_t *out)
 static int ocean_seed(void *state, uint64_t seed)
 {
     ocean_state_t *st = state;
-    st->seed = (uint32_t)seed;
+    st->seed = seed;
     st->reseed = true;
     return ENVD_OK;
 }
 
 /* PufferLib passes seeds as a C int: the low 32 bits, as srand sees them. */
-static unsigned int ocean_srand_seed(const ocean_state_t *st) { return st->seed; }
+static unsigned int ocean_srand_seed(const ocean_state_t *st) { return (unsigned int)st->seed; }
 
 /* The C kwargs of params plus the `seed` kwarg vec_init injects.  Returns
  * ENVD_OK or ENVD_EINVAL with kw->error set. */
@@ -276,28 +257,25 @@ static int ocean_init(void *state, const double *params)
     int rc = ocean_get_layout(params, &l);
     if (rc != ENVD_OK)
         return rc;
-    ocean_offsets_t off;
-    ocean_place(&l, &off);
-    unsigned char *base = state;
-    ocean_cold_t *cold = st->cold = (ocean_cold_t *)(base + off.cold);
+    ocean_place(&l, &st->off_obs, &st->off_act, &st->off_rew, &st->off_term);
     st->agents = l.agents;
+    st->obs_numel = (int64_t)l.agents * ocean_numel(l.obs_ndim, l.obs_shape);
     st->act_numel = (int64_t)l.agents * ocean_act_numel(&l);
     st->act_kind = l.act_kind;
-    cold->obs_numel = (int64_t)l.agents * ocean_numel(l.obs_ndim, l.obs_shape);
-    cold->act_low = (float)l.act_low;
-    cold->act_high = (float)l.act_high;
-    st->env.observations = (ocean_obs_t *)(base + off.obs);
-    st->env.actions = (ocean_act_t *)(base + off.act);
-    st->env.rewards = (ocean_rew_t *)(base + off.rew);
-    st->env.terminals = (ocean_term_t *)(base + off.term);
+    st->act_low = (float)l.act_low;
+    st->act_high = (float)l.act_high;
+    st->env.observations = (ocean_obs_t *)(st->tail + st->off_obs);
+    st->env.actions = (ocean_act_t *)(st->tail + st->off_act);
+    st->env.rewards = (ocean_rew_t *)(st->tail + st->off_rew);
+    st->env.terminals = (ocean_term_t *)(st->tail + st->off_term);
 
     envd_ocean_dict_t kw, args;
     rc = ocean_kwargs(params, (int32_t)ocean_srand_seed(st), &kw);
     if (rc != ENVD_OK)
         return rc;
     memset(&args, 0, sizeof(args));
-    envd_ocean_streams_init(&cold->streams, ocean_srand_seed(st)); /* vec_init's srand(seed) */
-    envd_ocean_current = &cold->streams;
+    envd_ocean_streams_init(&st->streams, ocean_srand_seed(st)); /* vec_init's srand(seed) */
+    envd_ocean_current = &st->streams;
     my_init(&st->env, &args, &kw);
     if (kw.error[0]) {
         /* a kwarg my_init read was missing: what it allocated goes now
@@ -316,7 +294,7 @@ static int ocean_init(void *state, const double *params)
 static inline void ocean_give_obs(const ocean_state_t *st, void *obs)
 {
     if (obs != (void *)st->env.observations)
-        memcpy(obs, st->env.observations, (size_t)st->cold->obs_numel * sizeof(ocean_obs_t));
+        memcpy(obs, st->env.observations, (size_t)st->obs_numel * sizeof(ocean_obs_t));
 }
 
 /* The host's row for env->observations (after init, before the first reset):
@@ -324,7 +302,7 @@ static inline void ocean_give_obs(const ocean_state_t *st, void *obs)
 static int ocean_bind_obs(void *state, void *obs)
 {
     ocean_state_t *st = state;
-    memcpy(obs, st->env.observations, (size_t)st->cold->obs_numel * sizeof(ocean_obs_t));
+    memcpy(obs, st->env.observations, (size_t)st->obs_numel * sizeof(ocean_obs_t));
     st->env.observations = obs;
     return ENVD_OK;
 }
@@ -334,10 +312,10 @@ static int ocean_reset(void *state, envd_rng_t *rng, void *obs)
     (void)rng; /* the env draws from its own glibc stream */
     ocean_state_t *st = state;
     if (st->reseed) {
-        envd_ocean_streams_init(&st->cold->streams, ocean_srand_seed(st)); /* vec_reset's srand */
+        envd_ocean_streams_init(&st->streams, ocean_srand_seed(st)); /* vec_reset's srand */
         st->reseed = false;
     }
-    envd_ocean_current = &st->cold->streams;
+    envd_ocean_current = &st->streams;
     c_reset(&st->env);
     envd_ocean_current = NULL;
     ocean_give_obs(st, obs);
@@ -351,9 +329,8 @@ static inline void ocean_take_actions(ocean_state_t *st, const void *action)
     ocean_act_t *act = st->env.actions;
     if (st->act_kind == ENVD_SPACE_BOX) {
         const float *a = action;
-        const float low = st->cold->act_low, high = st->cold->act_high;
         for (int64_t k = 0; k < st->act_numel; k++) /* PufferLib's np.clip */
-            act[k] = (ocean_act_t)fminf(fmaxf(a[k], low), high);
+            act[k] = (ocean_act_t)fminf(fmaxf(a[k], st->act_low), st->act_high);
     } else {
         const int64_t *a = action;
         for (int64_t k = 0; k < st->act_numel; k++)
@@ -381,7 +358,7 @@ static int ocean_step(void *state, envd_rng_t *rng, const void *action, void *ob
     (void)truncated;
     ocean_state_t *st = state;
     ocean_take_actions(st, action);
-    envd_ocean_current = &st->cold->streams;
+    envd_ocean_current = &st->streams;
     c_step(&st->env);
     envd_ocean_current = NULL;
     ocean_give_outputs(st, obs, reward, terminated);
@@ -407,7 +384,7 @@ static int64_t ocean_step_envs(void *state, size_t stride, int64_t count, const 
     for (int64_t k = 0; k < count; k++) {
         ocean_state_t *st = (ocean_state_t *)(states + (size_t)k * stride);
         ocean_take_actions(st, acts + (size_t)k * action_bytes);
-        *current = &st->cold->streams;
+        *current = &st->streams;
         c_step(&st->env);
         ocean_give_outputs(st, out + (size_t)k * obs_bytes, rewards + k * st->agents,
                            terminated + k * st->agents);
@@ -466,7 +443,7 @@ static void ocean_close(void *state)
     ocean_state_t *st = state;
     if (!st->initialized)
         return;
-    envd_ocean_current = &st->cold->streams;
+    envd_ocean_current = &st->streams;
     c_close(&st->env);
     envd_ocean_current = NULL;
 }

@@ -75,14 +75,9 @@
 /* A step submitted with envd_vec_step_submit and not yet finished. */
 typedef enum pending { PENDING_NONE = 0, PENDING_INLINE, PENDING_POOLED } pending_t;
 
-/* An env's block is its state, then its slot (at slot_offset: the state's
- * size rounded up to max_align_t's).  Blocks are cache-line aligned, so the
- * state is aligned for any type an env may keep in it (envd.h promises), and
- * its first bytes begin a cache line: an env whose step touches only the
- * start of its state (a cheap Ocean env's step: the env, the glue's fields,
- * its small buffers) touches as few lines as its size allows, and the slot,
- * which an env that resets itself reads only when an episode ends, none of
- * them (with the slot first, squared's step touched 4-5 lines an env). */
+/* An env's block is its slot, then its state.  The slot's alignment makes its
+ * size a multiple of max_align_t's, so the state (blocks are cache-line
+ * aligned) is aligned for any type an env may keep in it (envd.h promises). */
 typedef struct env_slot {
     _Alignas(max_align_t) envd_rng_t rng;
     double episode_return;
@@ -92,7 +87,7 @@ typedef struct env_slot {
     bool started;          /* reset at least once */
     bool needs_reset;      /* done, and not reset yet */
 } env_slot_t;
-_Static_assert(_Alignof(env_slot_t) == _Alignof(max_align_t), "the slot follows any state");
+_Static_assert(sizeof(env_slot_t) % _Alignof(max_align_t) == 0, "state must stay aligned");
 
 /* The books of one agent of a multi-agent env (row order), touched only by
  * the thread stepping its env, like the env's slot. */
@@ -137,7 +132,6 @@ struct envd_vec {
     envd_vec_buffers_t buf;
     envd_pool_t *pool;
     size_t obs_bytes, action_bytes, stride; /* an env's: all its agents' rows */
-    size_t slot_offset;                     /* of an env's slot in its block */
     size_t info_bytes[ENVD_MAX_INFO_FIELDS]; /* one env's slots of each info field */
     int64_t agents;        /* def->num_agents: rows per env */
     /* ABI 5 (all 0/NULL before): the env resets itself, its seed callback,
@@ -216,12 +210,12 @@ static double clock_seconds(lazy_clock_t *clock)
 
 static env_slot_t *slot_of(const envd_vec_t *vec, int64_t i)
 {
-    return (env_slot_t *)(vec->blocks + (size_t)i * vec->stride + vec->slot_offset);
+    return (env_slot_t *)(vec->blocks + (size_t)i * vec->stride);
 }
 
 static void *state_of(const envd_vec_t *vec, int64_t i)
 {
-    return vec->blocks + (size_t)i * vec->stride;
+    return vec->blocks + (size_t)i * vec->stride + sizeof(env_slot_t);
 }
 
 static void record_error(run_t *run, int rc, int64_t i)
@@ -606,12 +600,13 @@ step_self_resetting_env(run_t *run, envd_vec_t *vec, int64_t i, const int64_t A,
 /* finish_self_resetting_env for the envs first..first+count-1 that a
  * step_envs call stepped without error: the host's sums (host_sums) and the
  * rows of the envs whose episode did not end (nearly all, most steps) are
- * written array by array, one pass each, and only the
- * envs step_envs flagged (ended), those with info fields to write and those
- * whose log rows still hold values go through finish_self_resetting_env,
- * which rewrites their rows.  Env by env, the books were a third of envd's
- * own cost per env of a cheap env's step (perf of pong and squared at
- * N=1024: about 3.5 ns of 10).  Returns the rows whose episode ended. */
+ * written array by array, one pass each; only the envs step_envs flagged
+ * (ended) and those with info fields to write go through
+ * finish_self_resetting_env, which rewrites their rows, and the log rows of
+ * an env whose episode ended in its last step are cleared.  Env by env, the
+ * books were a third of envd's own cost per env of a cheap env's step (perf
+ * of pong at N=1024: about 3.5 ns of 10).  Returns the rows whose episode
+ * ended. */
 static inline __attribute__((always_inline)) int64_t
 finish_self_resetting_rows(run_t *run, envd_vec_t *vec, int64_t first, int64_t count,
                            const int64_t A, const double *reward, const bool *term,
@@ -667,16 +662,24 @@ finish_self_resetting_rows(run_t *run, envd_vec_t *vec, int64_t first, int64_t c
                 continue;
             }
         }
-        if (ended[k] || info || (log_set && log_set[k]))
+        if (ended[k] || info) {
             done += finish_self_resetting_env(run, vec, first + k, A, reward + k * A,
                                               term + k * A, ended[k], ENVD_OK, true, clock);
+        } else if (log_set && log_set[k]) {
+            /* the step after an episode end: its rows are written above but
+             * for its log rows (finish_self_resetting_env's clear) */
+            const int num_log = vec->num_log;
+            memset(b->episode_log + (first + k) * A * num_log, 0,
+                   (size_t)(A * num_log) * sizeof(double));
+            vec->log_set[first + k] = false;
+        }
     }
     return done;
 }
 
 /* Envs begin..end-1, envs that reset themselves, through their step_envs
  * callback: a call steps up to STEP_ENVS_ROWS rows' envs in one loop of the
- * env's own, then the host's books run over them (finish_self_resetting_env).
+ * env's own, then the host's books run over them (finish_self_resetting_rows).
  * A call that returns k < count (env k failed) is resumed after env k; a
  * return outside 0..count fails the call's envs not yet finished.  Returns the rows whose episode ended.
  * A as in finish_self_resetting_env. */
@@ -1495,17 +1498,10 @@ static size_t space_bytes(const envd_space_t *space)
     return (size_t)envd_space_numel(space) * envd_dtype_size(space->dtype);
 }
 
-/* Where an env's slot lies in its block: after its state, aligned as the slot. */
-static size_t slot_offset_of(const envd_env_def_t *def)
-{
-    return (def->state_size + _Alignof(env_slot_t) - 1) / _Alignof(env_slot_t) *
-           _Alignof(env_slot_t);
-}
-
-/* The bytes of one env's block: its state and slot, cache-line aligned. */
+/* The bytes of one env's block: its slot and state, cache-line aligned. */
 static size_t stride_of(const envd_env_def_t *def)
 {
-    size_t block = slot_offset_of(def) + sizeof(env_slot_t);
+    size_t block = sizeof(env_slot_t) + def->state_size;
     return (block + CACHE_LINE - 1) / CACHE_LINE * CACHE_LINE;
 }
 
@@ -1576,7 +1572,6 @@ int envd_vec_create(envd_vec_t **out, const envd_env_def_t *def,
         vec->info_bytes[k] = n * envd_dtype_size(f->dtype);
     }
     vec->stride = stride_of(def);
-    vec->slot_offset = slot_offset_of(def);
     const size_t n = (size_t)config->num_envs;
     size_t total = vec->stride * n;
     vec->blocks = aligned_alloc(CACHE_LINE, total);
