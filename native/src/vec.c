@@ -615,27 +615,15 @@ finish_self_resetting_rows(run_t *run, envd_vec_t *vec, int64_t first, int64_t c
     const envd_vec_buffers_t *b = &vec->buf;
     const int64_t r0 = first * A;
     const size_t rows = (size_t)(count * A);
-    {
-        /* distinct arrays (the stack's and the host's): restrict lets gcc
-         * vectorize the copy, a scalar loop was a fifth of these books */
-        float *restrict rewards = b->rewards + r0;
-        bool *restrict terminations = b->terminations + r0;
-        const double *restrict rs = reward;
-        const bool *restrict ts = term;
-        for (size_t r = 0; r < rows; r++) {
-            rewards[r] = (float)rs[r];
-            terminations[r] = ts[r];
-        }
+    for (size_t r = 0; r < rows; r++) {
+        b->rewards[r0 + (int64_t)r] = (float)reward[r];
+        b->terminations[r0 + (int64_t)r] = term[r];
     }
-    if (vec->host_sums) {
-        double *restrict sums = vec->sum_returns + r0;
-        int64_t *restrict lengths = vec->sum_lengths + r0;
-        const double *restrict rs = reward;
+    if (vec->host_sums)
         for (size_t r = 0; r < rows; r++) {
-            sums[r] += rs[r];
-            lengths[r]++;
+            vec->sum_returns[r0 + (int64_t)r] += reward[r];
+            vec->sum_lengths[r0 + (int64_t)r]++;
         }
-    }
     memset(b->truncations + r0, 0, rows * sizeof *b->truncations);
     memset(b->episode_returns + r0, 0, rows * sizeof *b->episode_returns);
     memset(b->episode_lengths + r0, 0, rows * sizeof *b->episode_lengths);
