@@ -375,16 +375,22 @@ static int64_t ocean_step_envs(void *state, size_t stride, int64_t count, const 
     unsigned char *states = state;
     const unsigned char *acts = actions;
     unsigned char *out = obs;
+    /* The thread's slot, looked up once: in a shared object each access of a
+     * thread-local variable is a call (__tls_get_addr), and gcc recomputes
+     * the address after every c_step rather than keep it; the empty asm
+     * makes it a value gcc cannot recompute. */
+    envd_ocean_streams_t **current = &envd_ocean_current;
+    __asm__("" : "+r"(current));
     for (int64_t k = 0; k < count; k++) {
         ocean_state_t *st = (ocean_state_t *)(states + (size_t)k * stride);
         ocean_take_actions(st, acts + (size_t)k * action_bytes);
-        envd_ocean_current = &st->streams;
+        *current = &st->streams;
         c_step(&st->env);
         ocean_give_outputs(st, out + (size_t)k * obs_bytes, rewards + k * st->agents,
                            terminated + k * st->agents);
         ended[k] = st->env.log.n > 0.0f;
     }
-    envd_ocean_current = NULL;
+    *current = NULL;
     return count;
 }
 
