@@ -622,17 +622,7 @@ class HostedServerSession(Session):
         """A call runs (step, reset, make...) or envs are in flight.  Never
         blocks: a session lock held by someone else (a reset on the
         executor, a doorbell serving a request) means a call runs."""
-        if self.life.busy:
-            return True
-        native = self._native
-        if native is None:
-            return False
-        if not native.try_lock():
-            return True
-        try:
-            return native.counts()[0] > 0
-        finally:
-            native.unlock()
+        return self.life.busy or self.in_flight_or_held()
 
     def free(self) -> None:
         """Stop watching the workers, then free as any session; the workers'

@@ -194,6 +194,20 @@ class Session:
         """What steps the envs, None once the session was freed."""
         return self._native
 
+    def in_flight_or_held(self) -> bool:
+        """Envs are in flight, or another thread holds the session's lock (an
+        operation on the executor, a doorbell serving a request: busy all the
+        same).  Never waits for the lock; False once the session was freed."""
+        native = self._native
+        if native is None:
+            return False
+        if not native.try_lock():
+            return True
+        try:
+            return native.counts()[0] > 0
+        finally:
+            native.unlock()
+
     def frame_shape(self) -> tuple[int, ...]:
         """(height, width, 3) of the env's frames; EnvStateError for an env
         that does not render (make refuses render_mode for it first)."""

@@ -94,15 +94,7 @@ class SteppingHandlers:
         """Envs sent over the socket are in flight (or, when another thread
         holds the session's lock, an executor operation runs: busy all the
         same).  Never waits for the lock."""
-        if session.fast_path or session.life.freed:
-            return False
-        native = session.native
-        if not native.try_lock():
-            return True
-        try:
-            return native.counts()[0] > 0
-        finally:
-            native.unlock()
+        return not session.fast_path and not session.life.freed and session.in_flight_or_held()
 
     def forget(self, session: Session) -> None:
         """The session is being freed: a request of it that waits in the

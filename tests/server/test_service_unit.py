@@ -704,8 +704,10 @@ def test_a_bug_while_answering_a_completion_still_answers_it_and_the_others(
             raise AttributeError("a bug")
         return original(self, waiting, done)
 
-    monkeypatch.setattr(SteppingHandlers, "_step_reply", step_reply)
+    # Both steps wait in the engine first (a step answered at once is
+    # answered outside the poll); the test's pool events then poll both.
     steps = [pending_step(h, session) for session in (broken_session, other)]
+    monkeypatch.setattr(SteppingHandlers, "_step_reply", step_reply)
     broken, answered = (h.reply(ALICE, step) for step in steps)
     assert not broken["ok"] and broken["code"] == "internal", broken
     assert answered["ok"], answered
