@@ -97,9 +97,9 @@ def test_a_refused_send_finishes_its_ticket_with_the_refusal(remote):
     np.testing.assert_array_equal(stepper.buffers["observations"][1], in_process_step(actions)[1])
 
 
+@pytest.mark.parametrize("remote", ["doorbell"], indirect=True)  # (the doorbell's wire)
 def test_the_doorbell_rings_a_send_of_all_its_envs_with_their_recv(remote):
-    if not remote.fast_path:
-        pytest.skip("the doorbell's wire (SENDRECV, a RECV rung when waited for)")
+    assert remote.fast_path
     stepper = remote.stepper
     stepper.buffers["actions"][:] = 0
     stepper.post_send(np.arange(NUM_ENVS, dtype=np.int64))
