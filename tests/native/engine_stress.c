@@ -44,47 +44,17 @@
 #include "stress_harness.h"
 #include "stress_util.h"
 
-/* ---- an env that can be held in its step, or fail ---------------------------------- */
-static _Atomic int g_armed, g_started, g_release;
+/* ---- an env that can be held in its step (the harness's gate), or fail ------------- */
 static _Atomic uintptr_t g_fail_obs;
 static envd_env_def_t g_def;
 
 static int test_step(void *state, envd_rng_t *rng, const void *action, void *obs,
                      double *reward, bool *terminated, bool *truncated)
 {
-    if (atomic_load(&g_armed)) {
-        atomic_store(&g_started, 1);
-        while (!atomic_load(&g_release))
-            sched_yield();
-    }
+    gate_hold();
     if ((uintptr_t)obs == atomic_load(&g_fail_obs))
         return ENVD_EENV;
     return envd_builtin_cartpole.step(state, rng, action, obs, reward, terminated, truncated);
-}
-
-static void gate(int armed)
-{
-    atomic_store(&g_started, 0);
-    atomic_store(&g_release, 0);
-    atomic_store(&g_armed, armed);
-}
-
-static void wait_started(void)
-{
-    const double deadline = now_s() + 60.0;
-    while (!atomic_load(&g_started)) {
-        CHECK(now_s() < deadline, "the held batch never started");
-        sched_yield();
-    }
-}
-
-static void *release_later(void *arg)
-{
-    (void)arg;
-    struct timespec ts = {0, 30 * 1000000};
-    nanosleep(&ts, NULL);
-    atomic_store(&g_release, 1);
-    return NULL;
 }
 
 /* Poll until tag completes (other completions are not expected); *out: it. */
@@ -276,12 +246,12 @@ static void test_failing_batch(envd_pool_t *pool1)
     atomic_store(&g_fail_obs, (uintptr_t)(h.obs + 4 * 2));
     CHECK(envd_engine_send(e, h.s, ids, 3, ENVD_JOB_NOTIFY, &c) == ENVD_OK && c.kind == 0,
           "send");
-    wait_started();
+    gate_wait_started();
     envd_request_t req = {.kind = ENVD_REQ_RECV, .min_count = 3, .max_count = 8, .out = got,
                           .tag = 7};
     CHECK(envd_engine_submit(e, h.s, &req, &c) == 0, "the recv waits");
     CHECK(envd_engine_poll(e, &c, 1) == 0, "still waits");
-    atomic_store(&g_release, 1);
+    atomic_store(&g_gate_release, 1);
     poll_for(e, 7, &c);
     CHECK(c.kind == ENVD_REQ_RECV && c.result == ENVD_EENV && c.error_index == 2,
           "the failure names env 2: %lld %lld", (long long)c.result, (long long)c.error_index);
@@ -309,14 +279,14 @@ static void test_close_and_settle(envd_pool_t *pool1)
     harness_init(&h, &g_def, 4, pool1, 1);
     gate(1);
     CHECK(envd_engine_send(e, h.s, ids, 4, ENVD_JOB_NOTIFY, &c) == ENVD_OK, "send");
-    wait_started();
+    gate_wait_started();
     envd_request_t req = {.kind = ENVD_REQ_RECV, .min_count = 4, .max_count = 4, .out = got,
                           .tag = 1};
     CHECK(envd_engine_submit(e, h.s, &req, &c) == 0, "the recv waits");
     CHECK(envd_engine_forget(e, h.s) == 1 && envd_engine_forget(e, h.s) == 0, "forget once");
     CHECK(envd_engine_waiting(e, 0) == 0, "nothing waits");
     pthread_t releaser;
-    CHECK(pthread_create(&releaser, NULL, release_later, NULL) == 0, "pthread_create");
+    CHECK(pthread_create(&releaser, NULL, gate_release_later, NULL) == 0, "pthread_create");
     harness_free(&h); /* waits for the held batch */
     pthread_join(releaser, NULL);
     CHECK(envd_engine_poll(e, &c, 1) == 0, "no completion of a forgotten request");
@@ -327,12 +297,12 @@ static void test_close_and_settle(envd_pool_t *pool1)
           "nothing in flight: settled at once");
     gate(1);
     CHECK(envd_engine_send(e, h.s, ids, 2, ENVD_JOB_NOTIFY, &c) == ENVD_OK, "send");
-    wait_started();
+    gate_wait_started();
     CHECK(envd_engine_submit(e, h.s, &settle, &c) == 0, "settle waits");
     CHECK(envd_engine_waiting(e, ENVD_REQ_SETTLE) == 1 && envd_engine_waiting(e, 0) == 1,
           "one settle waits");
     CHECK(envd_engine_submit(e, h.s, &req, &c) == ENVD_EBUSY, "one request per session");
-    atomic_store(&g_release, 1);
+    atomic_store(&g_gate_release, 1);
     poll_for(e, 2, &c);
     CHECK(c.kind == ENVD_REQ_SETTLE && c.result == ENVD_OK, "settled");
     gate(0);

@@ -75,45 +75,8 @@ static bool same_row(const harness_t *a, const harness_t *b, int64_t i)
            a->truncs[i] == b->truncs[i] && a->lengths[i] == b->lengths[i];
 }
 
-/* ---- a gated env: its step blocks while the gate is armed ---------------------------- */
-static _Atomic int g_gate_armed, g_gate_started, g_gate_release;
+/* (the gated env: stress_harness.h) */
 static envd_env_def_t g_gated;
-
-static int gated_step(void *state, envd_rng_t *rng, const void *action, void *obs,
-                      double *reward, bool *terminated, bool *truncated)
-{
-    if (atomic_load(&g_gate_armed)) {
-        atomic_store(&g_gate_started, 1);
-        while (!atomic_load(&g_gate_release))
-            sched_yield();
-    }
-    return envd_builtin_cartpole.step(state, rng, action, obs, reward, terminated, truncated);
-}
-
-static void gate_reset(void)
-{
-    atomic_store(&g_gate_armed, 0);
-    atomic_store(&g_gate_started, 0);
-    atomic_store(&g_gate_release, 0);
-}
-
-static void gate_wait_started(void)
-{
-    const double deadline = now_s() + 60.0;
-    while (!atomic_load(&g_gate_started)) {
-        CHECK(now_s() < deadline, "the gated batch never started");
-        sched_yield();
-    }
-}
-
-static void *release_later(void *arg)
-{
-    (void)arg;
-    struct timespec ts = {0, 30 * 1000000};
-    nanosleep(&ts, NULL);
-    atomic_store(&g_gate_release, 1);
-    return NULL;
-}
 
 /* ---- a failing env: its step fails for one observation row --------------------------- */
 static _Atomic uintptr_t g_fail_obs;
@@ -402,7 +365,7 @@ static void test_refusals(envd_pool_t *pool1)
 {
     g_gated = envd_builtin_cartpole;
     g_gated.step = gated_step;
-    gate_reset();
+    gate(0);
     harness_t h;
     harness_init(&h, &g_gated, 8, pool1, 1);  /* chunk 1: every batch on the pool */
     envd_session_t *s = h.s;
@@ -456,7 +419,7 @@ static void test_refusals(envd_pool_t *pool1)
 
     atomic_store(&g_gate_release, 1);
     CHECK(envd_session_recv(s, 1, 1, got, 1) == 1 && got[0] == 2, "recv of the held env");
-    gate_reset();
+    gate(0);
     CHECK(envd_session_step(s) >= 0, "step with nothing out");
     ids[0] = 6;
     CHECK(envd_session_send(s, ids, 1, 0) == ENVD_OK, "send 6");
@@ -515,7 +478,7 @@ static void test_async_reset_in_flight(envd_pool_t *pool1)
 {
     g_gated = envd_builtin_cartpole;
     g_gated.step = gated_step;
-    gate_reset();
+    gate(0);
     harness_t h;
     harness_init(&h, &g_gated, 16, pool1, 1);
     int64_t ids[16], got[16];
@@ -525,10 +488,10 @@ static void test_async_reset_in_flight(envd_pool_t *pool1)
     CHECK(envd_session_send(h.s, ids, 16, 0) == ENVD_OK, "send");
     gate_wait_started();
     pthread_t releaser;
-    CHECK(pthread_create(&releaser, NULL, release_later, NULL) == 0, "pthread_create");
+    CHECK(pthread_create(&releaser, NULL, gate_release_later, NULL) == 0, "pthread_create");
     CHECK(envd_session_async_reset(h.s, NULL) == ENVD_OK, "async_reset");
     pthread_join(releaser, NULL);
-    gate_reset();
+    gate(0);
     expect_counts(h.s, 0, 16, "after async_reset");
     CHECK(envd_session_recv(h.s, 16, 16, got, 1) == 16, "recv");
     for (int64_t i = 0; i < 16; i++)

@@ -1,15 +1,20 @@
 /*
  * stress_harness.h -- a CartPole-like session over private buffers, reset
- * with fixed seeds (session_stress.c, engine_stress.c).
+ * with fixed seeds, and a gate that holds an env's step until released
+ * (session_stress.c, engine_stress.c).
  */
 #ifndef ENVD_STRESS_HARNESS_H
 #define ENVD_STRESS_HARNESS_H
 
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "backend.h"
+#include "builtin_envs.h"
 #include "envd.h"
 #include "session.h"
 #include "stress_util.h"
@@ -84,6 +89,54 @@ static void harness_free(harness_t *h)
     free(h->returns);
     free(h->times);
     free(h->lengths);
+}
+
+/* ---- a gated env: its step blocks while the gate is armed ---------------------------- */
+static _Atomic int g_gate_armed, g_gate_started, g_gate_release;
+
+/* In an env's step: while the gate is armed, say so and wait for the release. */
+static inline void gate_hold(void)
+{
+    if (atomic_load(&g_gate_armed)) {
+        atomic_store(&g_gate_started, 1);
+        while (!atomic_load(&g_gate_release))
+            sched_yield();
+    }
+}
+
+/* CartPole's step behind the gate. */
+static inline int gated_step(void *state, envd_rng_t *rng, const void *action, void *obs,
+                             double *reward, bool *terminated, bool *truncated)
+{
+    gate_hold();
+    return envd_builtin_cartpole.step(state, rng, action, obs, reward, terminated, truncated);
+}
+
+/* Close the gate (armed 1) or open it (armed 0), nothing started or released. */
+static inline void gate(int armed)
+{
+    atomic_store(&g_gate_started, 0);
+    atomic_store(&g_gate_release, 0);
+    atomic_store(&g_gate_armed, armed);
+}
+
+static inline void gate_wait_started(void)
+{
+    const double deadline = now_s() + 60.0;
+    while (!atomic_load(&g_gate_started)) {
+        CHECK(now_s() < deadline, "the gated batch never started");
+        sched_yield();
+    }
+}
+
+/* A thread's body: release the gate a little later (while the test waits). */
+static inline void *gate_release_later(void *arg)
+{
+    (void)arg;
+    struct timespec ts = {0, 30 * 1000000};
+    nanosleep(&ts, NULL);
+    atomic_store(&g_gate_release, 1);
+    return NULL;
 }
 
 #endif /* ENVD_STRESS_HARNESS_H */
