@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -34,7 +34,7 @@ from envd.errors import (
     NoDaemonError,
     UnknownSessionError,
 )
-from envd.hosted_pettingzoo import PettingZooVecEnv, rows_view
+from envd.hosted_pettingzoo import PettingZooVecEnv
 from envd.int_args import is_int, seed_list
 from envd.make_options import DAEMON
 
@@ -180,13 +180,14 @@ class Client:
         # what msgpack changes or cannot carry, and a refusal costs no round trip.
         if not isinstance(env_id, str):
             raise InvalidArgumentError(f"env_id must be a str, got {type(env_id).__name__}")
-        kind = options.kind_of(env_id)
-        options.refuse_unsupported(kind, DAEMON, {  # (envd.make's, which land in env_kwargs)
-            name: env_kwargs[name] for name in _IN_PROCESS_ONLY & env_kwargs.keys()})
-        options.refuse_unsupported(kind, DAEMON, {
+        kind = options.env_kind(env_id)
+        kind.refuse_place(DAEMON, env_id)
+        options.refuse_unsupported(kind.name, DAEMON, {
+            **{name: env_kwargs[name]  # (envd.make's, which land in env_kwargs)
+               for name in _IN_PROCESS_ONLY & env_kwargs.keys()},
             "max_episode_steps": max_episode_steps, "max_threads": max_threads,
             "num_workers": num_workers, "info_bytes": info_bytes}, env_id)
-        mode = options.check_autoreset_mode(kind, autoreset_mode)
+        mode = options.check_autoreset_mode(kind.name, autoreset_mode)
         if transport is None:
             transport = os.environ.get("ENVD_TRANSPORT") or "auto"
         if transport not in protocol.TRANSPORTS:
@@ -196,21 +197,24 @@ class Client:
         num_envs = options.check_num_envs(num_envs)
         options.check_episode_statistics(episode_statistics)
         options.check_seed(seed, num_envs)
-        rows_of_agents = kind == options.PETTINGZOO
-        if rows_of_agents:
-            # a PettingZoo env the operator allowed: the daemon hosts one
-            # adapter per env (one row each); this process views their agents
-            # as rows and keeps the per-row episode books (envd.hosted_pettingzoo)
-            row_statistics, episode_statistics = episode_statistics, False
-            info_bytes = 0 if info_bytes is None else info_bytes
+        view: Callable[..., PettingZooVecEnv] | None = (
+            None if kind.client_view is None else options.load(kind.client_view))
+        if view is not None:
+            # e.g. a PettingZoo env the operator allowed: the daemon hosts one
+            # adapter per env (one row each, infos not carried); this process
+            # views their agents as rows and keeps the per-row episode books
+            # (envd.hosted_pettingzoo.rows_view)
+            view_statistics, episode_statistics = episode_statistics, False
+            info_bytes = options.check_info_bytes(kind.name, info_bytes)
         fields = {"autoreset_mode": None if mode is None else autoreset_mode_name(mode),
-                  "max_episode_steps": options.check_max_episode_steps(kind, max_episode_steps),
+                  "max_episode_steps": options.check_max_episode_steps(kind.name,
+                                                                       max_episode_steps),
                   "batch_size": options.check_batch_size(batch_size, num_envs),
                   "render_mode": render_mode,  # (the daemon knows which envs render)
                   "max_threads": options.check_max_threads(max_threads),  # (the daemon: the top)
                   "num_workers": options.check_num_workers(num_workers, num_envs, DAEMON),
                   "info_bytes": (None if info_bytes is None
-                                 else options.check_info_bytes(kind, info_bytes))}
+                                 else options.check_info_bytes(kind.name, info_bytes))}
         self._check_served(batch_size is not None and batch_size != num_envs,
                            render_mode is not None, transport == "inline",
                            max_threads is not None)
@@ -237,9 +241,7 @@ class Client:
             self.close_session(reply["session"])
             raise
         self._envs.add(env)
-        if rows_of_agents:
-            return rows_view(env, env_id, row_statistics)
-        return env
+        return env if view is None else view(env, env_id, view_statistics)
 
     def _check_served(self, async_mode: bool, render: bool, inline: bool,
                       max_threads: bool = False) -> None:

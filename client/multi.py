@@ -175,12 +175,12 @@ def _check_max_threads(max_threads: Any, statuses: list[dict[str, Any]],
 
 def _shard_kwargs(env_id: str, kwargs: dict[str, Any], num_envs: int,
                   rows: slice) -> dict[str, Any]:
-    """A shard's make kwargs: a native env's per-env kwarg (a list, tuple or
+    """A shard's make kwargs: a C env's per-env kwarg (a list, tuple or
     1-d array of num_envs values, one per env: native/registry.py) gives the
     shard the values of its envs, so env i keeps its own value wherever it
-    runs; anything else goes to every shard as it is (a hosted "py:" env's
-    kwargs are whole values, never split)."""
-    if options.kind_of(env_id) == options.PYTHON:
+    runs; anything else goes to every shard as it is (a kind without
+    per_env_kwargs, e.g. a hosted "py:" env, takes whole values, never split)."""
+    if not options.env_kind(env_id).per_env_kwargs:
         return kwargs
     split = {}
     for name, value in kwargs.items():
@@ -269,11 +269,8 @@ class MultiClient:
             raise InvalidArgumentError(f"env_id must be a str, got {type(env_id).__name__}")
         num_envs = options.check_num_envs(num_envs)
         options.check_episode_statistics(episode_statistics)  # before any daemon makes anything
-        kind = options.kind_of(env_id)
-        if kind == options.PETTINGZOO:  # (envd.hosted_pettingzoo: rows viewed by one client)
-            raise InvalidArgumentError(
-                f"{env_id[:200]}: a hosted PettingZoo env is served by one daemon: make it with "
-                "that daemon's client (envd.connect(...).make)")
+        kind = options.env_kind(env_id)
+        kind.refuse_place(options.MULTI_DAEMON, env_id)
         if env_kwargs.get("render_mode") is not None:
             raise InvalidArgumentError(
                 "render_mode is not served across several daemons: make the env to record "
@@ -282,7 +279,7 @@ class MultiClient:
         # seed=None: one random base seed for all daemons, env i then gets
         # base + i as in envd.make (each daemon drawing its own would not).
         seeds = seed_list(secrets.randbelow(2**63) if seed is None else seed, num_envs)
-        mode = options.check_autoreset_mode(kind, autoreset_mode) or AutoresetMode.NEXT_STEP
+        mode = options.check_autoreset_mode(kind.name, autoreset_mode) or AutoresetMode.NEXT_STEP
         batch_size = options.check_batch_size(batch_size, num_envs)
         if batch_size is not None and batch_size < num_envs:
             for client in self.clients:
@@ -414,7 +411,7 @@ class MultiVecEnv(SendRowChecks, BatchedVecEnv):
             client, _, rows = plan[k]
             shard = client.make(env_id, rows.stop - rows.start, seed=seeds[rows], copy=False,
                                 **_shard_kwargs(env_id, make_kwargs, num_envs, rows))
-            assert isinstance(shard, RemoteVecEnv)  # (MultiClient.make refuses pz: ids)
+            assert isinstance(shard, RemoteVecEnv)  # (MultiClient.make refuses client views)
             return shard
 
         outcomes = _run_all(make_shard, range(len(plan)), executor)

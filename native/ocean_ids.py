@@ -10,15 +10,18 @@ a client can only name an id, never a path.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from gymnasium.vector import AutoresetMode
+
 from envd.errors import EnvdError, PluginError, UnknownEnvError
+from envd.make_options import PUFFER_PREFIX as PREFIX
+from envd.make_options import check_episode_statistics
 from envd.native import ocean_build
 from envd.native.registry import list_envs, load_plugin
-
-PREFIX = "puffer:"
+from envd.native.vector_env import VecEnv, make_native
 
 
 def ensure_loaded(env_id: str, cache: Path | None = None) -> None:
@@ -38,6 +41,26 @@ def ensure_loaded(env_id: str, cache: Path | None = None) -> None:
         raise UnknownEnvError(f"unknown env id {env_id!r}: no build of {env!r} in the Ocean "
                               f"cache {cache or ocean_build.default_cache()}; {hint}")
     load_plugin(builds[env])
+
+
+def make_puffer(env_id: str, num_envs: int, *, seed: int | Sequence[int] | None,
+                num_threads: int | None, autoreset_mode: str | AutoresetMode | None,
+                max_episode_steps: int | None, copy: bool, episode_statistics: bool | str,
+                pin_cpus: Sequence[int] | None, batch_size: int | None,
+                plugin: str | os.PathLike[str] | None, render_mode: str | None,
+                **env_kwargs: Any) -> VecEnv:
+    """envd.make of ``puffer:<env>`` (make_options.KINDS' builder of the
+    kind): its build loaded from the user's Ocean cache (unless a plugin,
+    given or loaded before, defines the id), then made as any C env."""
+    check_episode_statistics(episode_statistics)  # a bad value fails before any work
+    if plugin is not None:
+        load_plugin(plugin)
+    ensure_loaded(env_id)
+    return make_native(env_id, num_envs, seed=seed, num_threads=num_threads,
+                       autoreset_mode=autoreset_mode, max_episode_steps=max_episode_steps,
+                       copy=copy, episode_statistics=episode_statistics, pin_cpus=pin_cpus,
+                       batch_size=batch_size, plugin=None, render_mode=render_mode,
+                       **env_kwargs)
 
 
 def load_for_daemon(envs: Iterable[str], cache: str | os.PathLike | None) -> list[dict[str, Any]]:

@@ -9,7 +9,6 @@ daemon-served VecEnv).
 """
 from __future__ import annotations
 
-import importlib
 import inspect
 import os
 import secrets
@@ -241,18 +240,17 @@ def make(env_id: str | Callable[[], Any], num_envs: int, *,
            returns one (height, width, 3) uint8 frame per env, drawn in C.
     env_kwargs: the env's parameters (see envd.native.get_spec(env_id).params).
     """
-    kind = options.kind_of(env_id)
+    kind = options.env_kind(env_id)
     given = {"seed": seed, "num_threads": num_threads, "autoreset_mode": autoreset_mode,
              "max_episode_steps": max_episode_steps, "copy": copy,
              "episode_statistics": episode_statistics, "pin_cpus": pin_cpus,
              "batch_size": batch_size, "plugin": plugin, "render_mode": render_mode,
              "num_workers": num_workers}
     # what this kind of env does not take, refused once (envd.make_options)
-    options.refuse_unsupported(kind, IN_PROCESS, given, env_id if isinstance(env_id, str) else "")
-    module, _, name = options.KINDS[kind].builder.partition(":")
-    builder = getattr(importlib.import_module(module), name)
-    env: BatchedVecEnv | PettingZooVecEnv = builder(
-        env_id, num_envs, **options.taken(kind, IN_PROCESS, given), **env_kwargs)
+    options.refuse_unsupported(kind.name, IN_PROCESS, given,
+                               env_id if isinstance(env_id, str) else "")
+    env: BatchedVecEnv | PettingZooVecEnv = options.load(kind.builder)(
+        env_id, num_envs, **options.taken(kind.name, IN_PROCESS, given), **env_kwargs)
     return env
 
 
@@ -262,14 +260,12 @@ def make_native(env_id: str, num_envs: int, *, seed: int | Sequence[int] | None,
                 pin_cpus: Sequence[int] | None, batch_size: int | None,
                 plugin: str | os.PathLike[str] | None, render_mode: str | None,
                 **env_kwargs: Any) -> VecEnv:
-    """envd.make of a C env (built in, a plugin's, or a "puffer:<env>" build):
-    make_options.KINDS' builder of the kind."""
+    """envd.make of a C env (built in, a plugin's, or a "puffer:<env>" build,
+    which envd.native.ocean_ids.make_puffer loads first): make_options.KINDS'
+    builder of the kind."""
     options.check_episode_statistics(episode_statistics)  # a bad value fails before any work
     if plugin is not None:
         load_plugin(plugin)
-    if isinstance(env_id, str) and env_id.startswith("puffer:"):
-        from envd.native.ocean_ids import ensure_loaded  # the user's own Ocean builds
-        ensure_loaded(env_id)
     spec = get_spec(env_id)
     return VecEnv(spec, num_envs, seed=seed, num_threads=num_threads,
                   autoreset_mode=autoreset_mode, max_episode_steps=max_episode_steps,

@@ -1,40 +1,35 @@
 """The control handlers: hello, heartbeat, list_envs, status, make, close, bye.
 
-None of them steps an env.  ``make`` is the one that takes time: it reserves
-what the session will hold (server/reservation.py), builds the session on the
-Service's executor, and from the executor's callback either opens it (the
-reply names it) or discards it (the client left or the daemon drains
-meanwhile, or its segment was truncated).  The rest answer at once.
+None of them steps an env.  ``make`` is the one that takes time: the env
+kind's daemon builder (envd.make_options.KINDS, server/make_builders.py)
+checks the message and reserves what the session will hold
+(server/reservation.py), the session is built on the Service's executor,
+and the executor's callback either opens it (the reply names it) or
+discards it (the client left or the daemon drains meanwhile, or its segment
+was truncated).  The rest answer at once.
 """
 from __future__ import annotations
 
 import logging
 import os
-import secrets
 import socket
 from typing import TYPE_CHECKING, Any
-
-from gymnasium.vector import AutoresetMode
 
 from envd import __version__, protocol
 from envd import make_options as options
 from envd.errors import (
     DaemonError,
-    InvalidArgumentError,
-    LimitExceededError,
     SessionExpiredError,
     SharedMemoryError,
     ShuttingDownError,
-    UnknownEnvError,
     UnknownSessionError,
 )
-from envd.int_args import seed_list
-from envd.make_options import DAEMON, MAX_NUM_ENVS, NATIVE
+from envd.make_options import DAEMON, MAX_NUM_ENVS
 from envd.native.registry import get_spec, list_envs
-from envd.native.vector_env import check_episode
 from envd.server.capabilities import hello_capabilities
 from envd.server.fair_ops import Done
 from envd.server.hosted import HostedServerSession
+from envd.server.make_builders import DaemonBuilder
 from envd.server.sessions import ClientRecord, Session
 
 if TYPE_CHECKING:
@@ -43,12 +38,6 @@ if TYPE_CHECKING:
     from envd.server.stepping import Handler
 
 log = logging.getLogger("envd.server")
-
-#: Longest env id echoed back in an error message.
-_ECHO_LIMIT = 100
-#: A make request's fields besides the env kwargs: a kwarg close to one of
-#: them (sed=0) is suggested as that argument in the error.
-_MAKE_ARGUMENTS = tuple(f for f in protocol.MESSAGE_FIELDS["make"] if f != "env_kwargs")
 
 
 class ControlHandlers:
@@ -125,126 +114,25 @@ class ControlHandlers:
                                       "no per-env list names")
 
     def make(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> None:
+        """Build the session of the env kind's daemon builder
+        (envd.make_options.KINDS, server/make_builders.py) on the executor;
+        _made replies."""
         service = self.service
         service.close_revoked_sessions()  # a truncated session must not count against the limits
         self._take_lists(header, blobs)
-        env_id = header["env_id"]
-        kind = options.kind_of(env_id)
+        kind = options.env_kind(header["env_id"])
+        kind.refuse_place(DAEMON, header["env_id"])
         # what this kind of env does not take, refused once (envd.make_options)
-        options.refuse_unsupported(kind, DAEMON, {
-            name: header.get(name) for name in ("max_episode_steps", "max_threads",
-                                                "num_workers", "info_bytes")}, env_id)
-        if kind != NATIVE:
-            return self._make_hosted(client, header)
-        if len(env_id) > _ECHO_LIMIT:
-            raise UnknownEnvError(
-                f"unknown env id of {len(env_id)} characters; known ids: "
-                f"{', '.join(list_envs())}")
-        spec = get_spec(env_id)
-        num_envs = options.check_num_envs(header["num_envs"])
-        env_kwargs = header.get("env_kwargs", {})
-        params = None
-        if spec.describes:
-            # ABI 5: the spaces, which the reservation sizes, come from the
-            # params.  Scalars: one row describes every env (the envs' rows
-            # are built on the executor, as for any env); a list of num_envs
-            # values came in this message, and each env is described.
-            per_env = any(isinstance(value, (list, tuple)) for value in env_kwargs.values())
-            rows = num_envs if per_env else 1
-            values = spec.param_values(env_kwargs, _MAKE_ARGUMENTS, rows)
-            spec = spec.described(values, rows)
-            params = values if per_env else None
-        options.check_rows(spec.id, num_envs, spec.num_agents)
-        batch_size = options.check_batch_size(header.get("batch_size"), num_envs)
-        mode, max_steps = check_episode(spec, header.get("autoreset_mode"),
-                                        header.get("max_episode_steps"))
-        render_mode = spec.check_render_mode(header.get("render_mode"))
-        max_threads = options.check_max_threads(header.get("max_threads"),
-                                                self.service.pool.num_threads)
-        seed = header.get("seed")
-        options.check_seed(seed, num_envs)
-        service.check_op_room(client)  # before anything is reserved
-        reservation = service.books.reserve(client, spec, num_envs, mode, len(service.sessions),
-                                            service.fd_check)
-
-        def build() -> Session:  # on the executor: seeds and envs of big makes take time
-            values = (params if params is not None
-                      else spec.param_values(env_kwargs, _MAKE_ARGUMENTS, num_envs))
-            seeds = seed_list(secrets.randbelow(2**63) if seed is None else seed, num_envs)
-            try:
-                session = Session(client.identity, spec, num_envs, mode, max_steps, values,
-                                  seeds, service.pool, service.segment_prefix,
-                                  on_free=service.on_session_freed,
-                                  max_threads=max_threads)
-            except (OSError, MemoryError) as exc:  # /dev/shm or the heap is full
-                raise LimitExceededError(
-                    f"cannot allocate {num_envs} {spec.id} envs: {exc}; the host's shared "
-                    "memory (/dev/shm; in a container see --shm-size) or memory is exhausted"
-                ) from None
-            session.batch_size = batch_size or num_envs
-            session.render_mode = render_mode
-            service.made(session)  # (from this thread: shutdown frees it if need be)
-            return session
+        options.refuse_unsupported(kind.name, DAEMON, options.wire_options(header),
+                                   header["env_id"])
+        builder: DaemonBuilder = options.load(kind.daemon_builder)
+        reservation, build = builder(service, client, header, kind)
 
         def done(future: Done) -> None:
             self._made(client, header["id"], reservation, future)
 
         try:
             # from here done releases the reservation
-            service.submit(client.identity, build, done)
-        except BaseException:
-            reservation.release()
-            raise
-        return None
-
-    def _make_hosted(self, client: ClientRecord, header: dict[str, Any]) -> None:
-        """make of a Python env the operator allowed (server/hosted.py):
-        num_workers worker processes forked from the daemon's template."""
-        service = self.service
-        spec = service.hosted.get(header["env_id"])
-        kind = options.kind_of(spec.id)
-        num_envs = options.check_num_envs(header["num_envs"])
-        batch_size = options.check_batch_size(header.get("batch_size"), num_envs)
-        mode = (options.check_autoreset_mode(kind, header.get("autoreset_mode"))
-                or AutoresetMode.NEXT_STEP)
-        max_steps = options.check_max_episode_steps(kind, header.get("max_episode_steps"))
-        render_mode = options.check_render_mode(header.get("render_mode"), spec.id)
-        if header.get("env_kwargs"):
-            raise InvalidArgumentError(
-                f"{spec.id}: a daemon-hosted Python env takes no env kwargs (the operator's "
-                "--python-env id fixes the env; register a variant with gymnasium.register "
-                "in an --import module)")
-        num_workers = options.check_num_workers(header.get("num_workers"), num_envs, DAEMON)
-        if num_workers is None:
-            num_workers = spec.default_workers(num_envs)
-        info_bytes = options.check_info_bytes(kind, header.get("info_bytes"))
-        seed = header.get("seed")
-        options.check_seed(seed, num_envs)  # refused before anything is reserved
-        service.check_op_room(client)
-        reservation = service.books.reserve(client, spec, num_envs, mode, len(service.sessions),
-                                            service.fd_check, num_workers=num_workers,
-                                            info_bytes=info_bytes)
-
-        def build() -> Session:  # on the executor: forking and making the envs takes time
-            seeds = seed_list(secrets.randbelow(2**63) if seed is None else seed, num_envs)
-            try:
-                session = HostedServerSession(
-                    client.identity, spec, num_envs, mode, max_steps, seeds, num_workers,
-                    service.segment_prefix, service.hosted.template, service.pool.eventfd(),
-                    on_free=service.on_session_freed, info_bytes=info_bytes,
-                    timeout=service.config.hosted_timeout, render_mode=render_mode)
-            except (OSError, MemoryError) as exc:
-                raise LimitExceededError(
-                    f"cannot make {num_envs} {spec.id} envs in {num_workers} workers: {exc}"
-                ) from None
-            session.batch_size = batch_size or num_envs
-            service.made(session)
-            return session
-
-        def done(future: Done) -> None:
-            self._made(client, header["id"], reservation, future)
-
-        try:
             service.submit(client.identity, build, done)
         except BaseException:
             reservation.release()

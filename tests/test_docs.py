@@ -390,11 +390,31 @@ def _make_options_table() -> dict[str, list[str]]:
     return rows
 
 
+def test_the_env_kinds_table_is_the_registry():
+    """docs/configuration.md's table of env kinds says, per kind, the entry
+    points that make it and the daemon flag that names its ids exactly as
+    envd.make_options.KINDS declares them (no kind left out)."""
+    from envd import make_options as mo
+    section = CONFIGURATION.read_text().split("### The env kinds")[1].split("\n#")[0]
+    rows = [[cell.strip() for cell in line.strip().strip("|").split("|")]
+            for line in section.splitlines() if line.startswith("| ")][1:]
+    titles = {"C envs": mo.NATIVE, "Ocean envs": mo.PUFFER, "hosted Python envs": mo.PYTHON,
+              "hosted PettingZoo envs": mo.PETTINGZOO}
+    got = {titles[row[0]]: row[2:6] for row in rows if not row[0].startswith("---")}
+    expected = {name: ["yes" if place in kind.places else "no"
+                       for place in (mo.IN_PROCESS, mo.DAEMON, mo.MULTI_DAEMON)]
+                + [f"`{kind.daemon_flag}`" if kind.daemon_flag else "built in, `--plugin`"]
+                for name, kind in mo.KINDS.items()}
+    assert got == expected
+    for kind in mo.KINDS.values():  # (the ids column names each prefix)
+        assert kind.prefix is None or f"`{kind.prefix}" in section
+
+
 def test_the_make_options_table_is_the_one_definition():
     """The table says, per option, the kinds and entry points that take it
     exactly as envd.make_options.OPTIONS defines them (no option left out)."""
     from envd import make_options as mo
-    columns = [(mo.NATIVE, None), (mo.PYTHON, None), (mo.PETTINGZOO, None),
+    columns = [(mo.NATIVE, None), (mo.PUFFER, None), (mo.PYTHON, None), (mo.PETTINGZOO, None),
                (None, mo.IN_PROCESS), (None, mo.DAEMON)]
     expected = {name: ["yes" if (kind in option.kinds if kind else place in option.places)
                        else "no" for kind, place in columns] + [f"`{option.wire}`" if option.wire

@@ -18,6 +18,7 @@ This module is pure Python (no native core): the client imports it.
 """
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -46,8 +47,10 @@ DEFAULT_INFO_BYTES = 1024
 MAX_INFO_BYTES = 1 << 20
 
 # ---- env kinds ------------------------------------------------------------------------------
-#: A C env: built in, a plugin's, or a PufferLib Ocean build ("puffer:<env>").
+#: A C env: built in or a plugin's.
 NATIVE = "native"
+#: A PufferLib Ocean env built by envd ("puffer:<env>", docs/ocean.md): a C env too.
+PUFFER = "puffer"
 #: A hosted gymnasium env: "py:<gymnasium id>", or a creator callable in this process.
 PYTHON = "py"
 #: A hosted PettingZoo ParallelEnv, its agents as rows: "pz:<module>:<factory>".
@@ -55,22 +58,22 @@ PETTINGZOO = "pz"
 #: The prefix of a hosted Python env's id ("py:CartPole-v1", gymnasium's
 #: Python env), never confused with the built-in C env of the same id.
 PYTHON_PREFIX = "py:"
-_ALL_KINDS = frozenset((NATIVE, PYTHON, PETTINGZOO))
+#: The prefix of an Ocean env's id (DESIGN.md section 14: gymnasium's id
+#: parser takes "envd/puffer:go", not "envd/puffer/go").
+PUFFER_PREFIX = "puffer:"
+#: The kinds stepped in C: they take the same options (their spec says the rest).
+_C_ENVS = frozenset((NATIVE, PUFFER))
 _HOSTED = frozenset((PYTHON, PETTINGZOO))
-
-#: The kinds, as a refusal names them (plain literals: docs/troubleshooting.md
-#: quotes them).
-_KIND_NAMES = {
-    NATIVE: "C envs (built-in, a plugin's or 'puffer:<env>')",
-    PYTHON: "hosted Python envs ('py:<gymnasium id>' or an env creator)",
-    PETTINGZOO: "hosted PettingZoo envs ('pz:<module>:<factory>')",
-}
+_ALL_KINDS = _C_ENVS | _HOSTED
 
 # ---- where an option is given ----------------------------------------------------------------
 #: envd.make: the env is stepped in this process.
 IN_PROCESS = "envd.make"
-#: Client.make and MultiClient.make, and the daemon's make message.
+#: Client.make and the daemon's make message (and, for an option,
+#: MultiClient.make, which hands its options to each daemon's Client.make).
 DAEMON = "Client.make"
+#: MultiClient.make: one env over several daemons (client/multi.py).
+MULTI_DAEMON = "MultiClient.make"
 
 
 def kind_of(env_id: Any) -> str:
@@ -118,7 +121,7 @@ OPTIONS: dict[str, Option] = {option.name: option for option in (
            "autoreset_mode", instead=_PETTINGZOO_EPISODES),
     Option("max_episode_steps", "the env's own time limit",
            "C envs 0 <= n <= 2**62 (0: none); hosted Python envs 1 <= n <= 2**62",
-           "max_episode_steps", kinds=frozenset((NATIVE, PYTHON)),
+           "max_episode_steps", kinds=_C_ENVS | {PYTHON},
            instead=_PETTINGZOO_EPISODES),
     Option("copy", "False (envd.make, Client.make); True (gymnasium.make_vec)", "a bool", None),
     Option("episode_statistics", "True (info['envd_episode'])",
@@ -129,23 +132,23 @@ OPTIONS: dict[str, Option] = {option.name: option for option in (
            "render)", "render_mode"),
     Option("num_threads", "one per usable CPU but one",
            f"0 <= num_threads <= {MAX_THREADS} (ENVD_POOL_MAX_THREADS)", None,
-           kinds=frozenset((NATIVE,)), places=frozenset((IN_PROCESS,)),
+           kinds=_C_ENVS, places=frozenset((IN_PROCESS,)),
            instead="a hosted Python env takes num_workers",
            instead_in_daemon="the daemon's one pool (its --threads) steps every session; pass "
                              "max_threads=K to cap how many of its threads step this "
                              "session's envs"),
     Option("pin_cpus", "no pinning", "one CPU per worker thread, each one this process may "
-           "use", None, kinds=frozenset((NATIVE,)), places=frozenset((IN_PROCESS,)),
+           "use", None, kinds=_C_ENVS, places=frozenset((IN_PROCESS,)),
            instead="a hosted Python env takes num_workers",
            instead_in_daemon="the daemon's pool threads are pinned by its operator "
                              "(envd --pin-cpus)"),
-    Option("plugin", "none", "a plugin library's path", None, kinds=frozenset((NATIVE,)),
+    Option("plugin", "none", "a plugin library's path", None, kinds=_C_ENVS,
            places=frozenset((IN_PROCESS,)), instead="a hosted Python env takes num_workers",
            instead_in_daemon="the daemon loads the plugins its operator names "
                              "(envd --plugin)"),
     Option("max_threads", "no cap", "0 <= max_threads <= the daemon's --threads "
            "(0: inline on the thread serving the call)", "max_threads",
-           kinds=frozenset((NATIVE,)), places=frozenset((DAEMON,)),
+           kinds=_C_ENVS, places=frozenset((DAEMON,)),
            instead="max_threads caps the daemon's pool threads, which do not step hosted "
                    "Python envs: their worker processes do (num_workers)"),
     Option("num_workers", "picked from a measured step cost (a daemon: at least 1)",
@@ -163,33 +166,91 @@ OPTIONS: dict[str, Option] = {option.name: option for option in (
            "None, True or False", None, places=frozenset((DAEMON,))),
 )}
 
+#: The entry points that make an env (an env kind's places).
+_EVERYWHERE = frozenset((IN_PROCESS, DAEMON, MULTI_DAEMON))
+
+
 @dataclass(frozen=True)
 class EnvKind:
     """One kind of env: the ids it makes, the options it takes (those of
-    OPTIONS whose ``kinds`` name it) and what builds it in this process.
-    (The daemon builds the C kind on its pool, the hosted kinds in worker
-    processes: server/control.py.)"""
+    OPTIONS whose ``kinds`` name it), the entry points that make it, and
+    what builds its session at each: in this process (``builder``) and in a
+    daemon (``daemon_builder``).  The entry points ask this record, never
+    an id's prefix."""
 
     name: str
     #: the prefix of its ids (None: any other id)
     prefix: str | None
+    #: how a refusal names the kind (plain literals: docs/troubleshooting.md
+    #: quotes them; the C kinds share theirs)
+    title: str
     #: envd.make's builder, "module:function" (imported on first use: a
     #: client never loads the native core); called as
     #: ``builder(env_id, num_envs, **taken(kind, IN_PROCESS, given), **env_kwargs)``
     builder: str
+    #: the daemon's builder of its session, "module:function" in
+    #: envd.server.make_builders (the pool session, or hosted workers);
+    #: called as ``builder(service, client, header, kind)`` from the make
+    #: handler once refuse_unsupported passed the message's fields
+    daemon_builder: str
+    #: the daemon flag that names the envs of this kind a daemon serves
+    #: (None: built in, or a --plugin's, which list_envs shows)
+    daemon_flag: str | None = None
+    #: a list-valued env kwarg holds one value per env (a C env's
+    #: parameters), which a multi-daemon env splits over its shards;
+    #: otherwise env kwargs are whole values
+    per_env_kwargs: bool = False
+    #: "module:function" that wraps a daemon-served env in the view this
+    #: process steps (called as ``view(env, env_id, episode_statistics)``;
+    #: the served env then keeps no episode statistics of its own); None:
+    #: the served env itself
+    client_view: str | None = None
+    #: the entry points that make it
+    places: frozenset[str] = _EVERYWHERE
+    #: why the entry points not in places do not, and where to make it
+    instead: str = ""
 
     def options(self, place: str) -> list[str]:
         """The options it takes at place."""
         return [name for name, option in OPTIONS.items()
                 if self.name in option.kinds and place in option.places]
 
+    def refuse_place(self, place: str, env_id: str) -> None:
+        """InvalidArgumentError when the entry point ``place`` does not make it."""
+        if place not in self.places:
+            raise InvalidArgumentError(f"{env_id:.200}: {self.instead}")
 
-#: The env kinds, by name.
+
+def load(name: str) -> Any:
+    """The object a registry entry names, "module:attribute" (imported now)."""
+    module, _, attribute = name.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+_C_TITLE = "C envs (built-in, a plugin's or 'puffer:<env>')"
+_POOL_SESSION = "envd.server.make_builders:pool_session"
+_HOSTED_SESSION = "envd.server.make_builders:hosted_session"
+#: The env kinds, by name (kind_of tries the prefixes in this order).
 KINDS = {kind.name: kind for kind in (
-    EnvKind(NATIVE, None, "envd.native.vector_env:make_native"),
-    EnvKind(PYTHON, PYTHON_PREFIX, "envd.native.hosted_env:make_python"),
-    EnvKind(PETTINGZOO, PETTINGZOO_PREFIX, "envd.native.hosted_pettingzoo:make_pettingzoo"),
+    EnvKind(NATIVE, None, _C_TITLE, "envd.native.vector_env:make_native", _POOL_SESSION,
+            per_env_kwargs=True),
+    EnvKind(PUFFER, PUFFER_PREFIX, _C_TITLE, "envd.native.ocean_ids:make_puffer",
+            _POOL_SESSION, daemon_flag="--ocean", per_env_kwargs=True),
+    EnvKind(PYTHON, PYTHON_PREFIX, "hosted Python envs ('py:<gymnasium id>' or an env creator)",
+            "envd.native.hosted_env:make_python", _HOSTED_SESSION, daemon_flag="--python-env"),
+    EnvKind(PETTINGZOO, PETTINGZOO_PREFIX,
+            "hosted PettingZoo envs ('pz:<module>:<factory>')",
+            "envd.native.hosted_pettingzoo:make_pettingzoo", _HOSTED_SESSION,
+            daemon_flag="--python-env", client_view="envd.hosted_pettingzoo:rows_view",
+            places=frozenset((IN_PROCESS, DAEMON)),
+            instead="a hosted PettingZoo env is served by one daemon: make it with that "
+                    "daemon's client (envd.connect(...).make)"),
 )}
+
+
+def env_kind(env_id: Any) -> EnvKind:
+    """The registry's record of the kind of env_id (see kind_of)."""
+    return KINDS[kind_of(env_id)]
 
 
 def taken(kind: str, place: str, given: Mapping[str, Any]) -> dict[str, Any]:
@@ -197,6 +258,11 @@ def taken(kind: str, place: str, given: Mapping[str, Any]) -> dict[str, Any]:
     refuse_unsupported has refused the others that were given)."""
     names = KINDS[kind].options(place)
     return {name: value for name, value in given.items() if name in names}
+
+
+def wire_options(header: Mapping[str, Any]) -> dict[str, Any]:
+    """A make message's options, by option name (None: absent)."""
+    return {name: header.get(option.wire) for name, option in OPTIONS.items() if option.wire}
 
 
 def refuse_unsupported(kind: str, place: str, given: Mapping[str, Any],
@@ -212,7 +278,8 @@ def refuse_unsupported(kind: str, place: str, given: Mapping[str, Any],
         if place not in option.places:
             raise InvalidArgumentError(f"{place} takes no {name}: {option.instead_in_daemon}")
         if kind not in option.kinds:
-            takers = " and ".join(_KIND_NAMES[k] for k in sorted(option.kinds))
+            # (one title per kind the option names: the C kinds share theirs)
+            takers = " and ".join(dict.fromkeys(KINDS[k].title for k in sorted(option.kinds)))
             about = f"{env_id:.100}: " if env_id else ""
             raise InvalidArgumentError(f"{about}{name} is for {takers} only; {option.instead}")
 
@@ -258,7 +325,7 @@ def check_max_episode_steps(kind: str, max_episode_steps: Any) -> int | None:
     env, at least 1 for a hosted Python env."""
     if max_episode_steps is None:
         return None
-    low = 0 if kind == NATIVE else 1
+    low = 0 if kind in _C_ENVS else 1
     return check_int("max_episode_steps", max_episode_steps, low, MAX_EPISODE_STEPS)
 
 

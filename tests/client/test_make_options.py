@@ -19,12 +19,40 @@ def test_the_wire_fields_are_the_protocols_make_fields():
     assert all(option.wire == name for name, option in mo.OPTIONS.items() if option.wire)
 
 
-@pytest.mark.parametrize("env_id,kind", [("CartPole-v1", mo.NATIVE), ("puffer:go", mo.NATIVE),
+@pytest.mark.parametrize("env_id,kind", [("CartPole-v1", mo.NATIVE), ("puffer:go", mo.PUFFER),
                                          ("py:CartPole-v1", mo.PYTHON), (lambda: None, mo.PYTHON),
                                          ("pz:mpe2.simple_spread_v3:parallel_env", mo.PETTINGZOO),
                                          (7, mo.NATIVE)])
 def test_the_kind_of_an_id(env_id, kind):
     assert mo.kind_of(env_id) == kind
+
+
+def test_the_registry_names_every_kind_and_what_builds_it_at_each_place():
+    """Each kind has a distinct prefix (but the C kind's, which takes every
+    other id), an in-process and a daemon builder in the modules that build
+    there, and a refusal for each entry point that does not make it.  A kind
+    whose daemon-served env is viewed through client_view is made by one
+    daemon only (MultiClient.make's shards are plain served envs)."""
+    assert set(mo.KINDS) == {mo.NATIVE, mo.PUFFER, mo.PYTHON, mo.PETTINGZOO}
+    prefixes = [kind.prefix for kind in mo.KINDS.values() if kind.prefix is not None]
+    assert len(set(prefixes)) == len(prefixes) == len(mo.KINDS) - 1
+    assert not any(a != b and a.startswith(b) for a in prefixes for b in prefixes)
+    for kind in mo.KINDS.values():
+        assert kind.prefix is None or mo.kind_of(kind.prefix + "x") == kind.name
+        assert kind.builder.startswith("envd.native.")
+        assert kind.daemon_builder.startswith("envd.server.make_builders:")
+        assert kind.places <= {mo.IN_PROCESS, mo.DAEMON, mo.MULTI_DAEMON}
+        assert kind.places == {mo.IN_PROCESS, mo.DAEMON, mo.MULTI_DAEMON} or kind.instead
+        assert kind.client_view is None or mo.MULTI_DAEMON not in kind.places
+        for place in {mo.IN_PROCESS, mo.DAEMON, mo.MULTI_DAEMON} - kind.places:
+            with pytest.raises(InvalidArgumentError) as error:
+                kind.refuse_place(place, "Some-v0")
+            assert str(error.value) == f"Some-v0: {kind.instead}"
+        for place in kind.places:
+            kind.refuse_place(place, "Some-v0")
+    # the C kinds take the same options (each env's spec says the rest)
+    for place in (mo.IN_PROCESS, mo.DAEMON):
+        assert mo.KINDS[mo.NATIVE].options(place) == mo.KINDS[mo.PUFFER].options(place)
 
 
 def _refusals():

@@ -282,7 +282,7 @@ def test_stepping_a_done_env_in_disabled_mode():
         env.step(np.ones(2, np.int64))
 
 
-@pytest.mark.parametrize("kind", ["native", "py", "pz"])
+@pytest.mark.parametrize("kind", ["native", "puffer", "py", "pz"])
 def test_each_env_kinds_builder_takes_the_options_the_kind_declares(kind):
     """envd.make hands a kind's builder (make_options.KINDS) exactly the
     options the kind takes in-process: each is a keyword of the builder, and
