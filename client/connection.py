@@ -205,7 +205,8 @@ class Client:
             # views their agents as rows and keeps the per-row episode books
             # (envd.hosted_pettingzoo.rows_view)
             view_statistics, episode_statistics = episode_statistics, False
-            info_bytes = options.check_info_bytes(kind.name, info_bytes)
+            if info_bytes is None:  # (sent: the view's rows carry none)
+                info_bytes = options.check_info_bytes(kind.name, None)
         fields = {"autoreset_mode": None if mode is None else autoreset_mode_name(mode),
                   "max_episode_steps": options.check_max_episode_steps(kind.name,
                                                                        max_episode_steps),

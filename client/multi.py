@@ -411,7 +411,7 @@ class MultiVecEnv(SendRowChecks, BatchedVecEnv):
             client, _, rows = plan[k]
             shard = client.make(env_id, rows.stop - rows.start, seed=seeds[rows], copy=False,
                                 **_shard_kwargs(env_id, make_kwargs, num_envs, rows))
-            assert isinstance(shard, RemoteVecEnv)  # (MultiClient.make refuses client views)
+            assert isinstance(shard, RemoteVecEnv)  # (a kind with a client view: one daemon)
             return shard
 
         outcomes = _run_all(make_shard, range(len(plan)), executor)

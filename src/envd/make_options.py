@@ -1,6 +1,8 @@
 """make's options, each defined once: its default, its bound and where the
 bound comes from, its field in the make message, the env kinds that take it
-and the refusal when one does not.
+and the refusal when one does not; and the registry of env kinds (KINDS: C,
+``puffer:``, ``py:``, ``pz:``), each with the entry points that make it and
+what builds its session in this process and in a daemon.
 
 Every entry point checks its arguments here: envd.make in this process
 (native/vector_env.py, which gymnasium.make_vec and envd.single_env reach
@@ -9,6 +11,9 @@ MultiClient.make (client/multi.py), and the daemon's make handler
 (server/control.py), which checks every field it receives again with the
 same definitions (it trusts no client).  So each refusal is written once, and
 a client's check and the daemon's say the same thing.
+
+No entry point compares an id's prefix: each asks ``env_kind(env_id)`` for
+its kind's record and calls what the record names.
 
 What depends on the env itself (its parameters, agents, render support, its
 own time limit, whether it resets itself) is checked where the env is known:
