@@ -246,9 +246,11 @@ def make(env_id: str | Callable[[], Any], num_envs: int, *,
              "episode_statistics": episode_statistics, "pin_cpus": pin_cpus,
              "batch_size": batch_size, "plugin": plugin, "render_mode": render_mode,
              "num_workers": num_workers}
-    # what this kind of env does not take, refused once (envd.make_options)
-    options.refuse_unsupported(kind.name, IN_PROCESS, given,
-                               env_id if isinstance(env_id, str) else "")
+    # where this kind is not made, and what it does not take, refused once
+    # (envd.make_options)
+    about = env_id if isinstance(env_id, str) else ""
+    kind.refuse_place(IN_PROCESS, about)
+    options.refuse_unsupported(kind.name, IN_PROCESS, given, about)
     env: BatchedVecEnv | PettingZooVecEnv = options.load(kind.builder)(
         env_id, num_envs, **options.taken(kind.name, IN_PROCESS, given), **env_kwargs)
     return env

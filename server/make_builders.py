@@ -58,11 +58,13 @@ def pool_session(service: Service, client: ClientRecord, header: dict[str, Any],
     if len(env_id) > _ECHO_LIMIT:
         raise UnknownEnvError(
             f"unknown env id of {len(env_id)} characters; known ids: {', '.join(list_envs())}")
-    if kind.daemon_flag is not None and env_id not in list_envs():
+    served = list_envs()
+    if kind.daemon_flag is not None and not any(i.startswith(str(kind.prefix)) for i in served):
+        # none of the kind at all: name the flag (with some, get_spec's
+        # "did you mean" serves a typo better)
         raise UnknownEnvError(
-            f"unknown env id {env_id!r}: a daemon serves the {kind.prefix}<env> ids its "
-            f"operator names with {kind.daemon_flag} only; this one's ids: "
-            f"{', '.join(list_envs())}")
+            f"unknown env id {env_id!r}: this daemon serves no {kind.prefix}<env> ids; its "
+            f"operator names them with {kind.daemon_flag}; its ids: {', '.join(served)}")
     spec = get_spec(env_id)
     num_envs = options.check_num_envs(header["num_envs"])
     env_kwargs = header.get("env_kwargs", {})

@@ -105,3 +105,12 @@ def test_a_daemon_without_the_kinds_flag_refuses_its_ids_naming_the_flag(tmp_pat
             assert IDS[kind] in str(error.value)
             assert mo.KINDS[kind].daemon_flag in str(error.value)
     assert proc.proc.returncode == 0, proc.log()
+
+
+def test_a_daemon_serving_some_ocean_ids_answers_a_typo_with_the_closest(daemons):
+    """With --ocean pong, 'puffer:pongg' is a typo, not a missing flag."""
+    with envd.connect(daemons[0].endpoint) as client:
+        with pytest.raises(envd.UnknownEnvError) as error:
+            client.make("puffer:pongg", 1)
+    assert "did you mean 'puffer:pong'" in str(error.value)
+    assert "--ocean" not in str(error.value)

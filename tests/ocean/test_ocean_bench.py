@@ -75,6 +75,8 @@ def test_every_system_is_measured_or_says_why(run):
         for name, systems in pairs.items():
             if measured.issuperset(systems):
                 assert len(entry["ratios"].get(name, ())) == ROUNDS, name
+            else:
+                assert name not in entry["ratios"], name
         # CPU time per agent step: in-process systems only (not the daemon's)
         assert set(entry["cpu_ns"]) == set(bench_ocean.IN_PROCESS)
         assert all(len(v) == ROUNDS and min(v) > 0 for v in entry["cpu_ns"].values())
