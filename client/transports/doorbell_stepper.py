@@ -99,10 +99,11 @@ class DoorbellStepper(SocketStepper):
         super().check_buffers_free()
 
     def step(self) -> int:
-        # A trainer's hot call: with no send posted and no refusal or late
-        # reply to read first, SocketStepper.step's _raise_refusal would find
-        # nothing; straight to the ring (a cheap env's step through the
-        # daemon costs a few microseconds, each call layer a tenth of one).
+        """SocketStepper.step, straight to the ring when no send is posted
+        and no refusal or late reply waits to be read (its _raise_refusal
+        would find nothing): a trainer's hot call, where a cheap env's step
+        through the daemon costs a few microseconds and each call layer a
+        tenth of one."""
         if self._posted is None and self._refusal is None and not self.sends_unanswered:
             return self._step()
         return super().step()

@@ -59,9 +59,9 @@ _Static_assert(ENVD_DOORBELL_OFFSET + sizeof(envd_doorbell_header_t) <= 4096,
  * the whole spin, which keeps the spin at spin_ns -- a 200 us stall per
  * step (docs/benchmarks.md, "The daemon like for like at N=64").  Before
  * this, the trainer of a cheap env on its own CPU rings again (1-3 us): no
- * system call on its way.  A request rung while the thread yielded says its
- * client shares this CPU: the next spin yields from its start
- * (client_alongside; a request rung during a plain check clears it). */
+ * system call on its way.  A request first seen right after a yield says
+ * its client likely shares this CPU: the next spin yields from its start
+ * (client_alongside; a request seen before any yield clears it). */
 #define SPIN_ALONE_NS 4000LL
 /* A gap sample counts at most this many spin_ns (a trainer that paused for
  * an evaluation must not keep its thread from spinning for long after). */
@@ -89,8 +89,8 @@ struct envd_doorbell {
                                after a SENDRECV (sleep_policy) */
     int batch_policy;       /* under SCHED_BATCH now */
     uint32_t missed_rings;  /* the header's count (never read back from it) */
-    int client_alongside;   /* the last request spun for was rung while this thread
-                               yielded: its client likely shares this CPU, so the
+    int client_alongside;   /* the last request spun for was first seen right after
+                               a yield: its client likely shares this CPU, so the
                                next spin yields from its start (SPIN_ALONE_NS) */
 };
 
@@ -206,7 +206,7 @@ static uint32_t next_request(envd_doorbell_t *bell, int may_spin)
     if (deadline > envd_now_ns() && take_spin_slot()) {
         const int64_t alone_until =
             bell->answered_ns + (bell->client_alongside ? 0 : SPIN_ALONE_NS);
-        int yielded = 0;  /* the check before this one followed a yield */
+        int yielded = 0;  /* the checks now running follow a yield */
         for (;;) {
             for (int i = 0; i < SPIN_CHECK_EVERY; i++) {
                 seq = atomic_load_explicit(req, memory_order_acquire);
