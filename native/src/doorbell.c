@@ -52,6 +52,17 @@ _Static_assert(ENVD_DOORBELL_OFFSET + sizeof(envd_doorbell_header_t) <= 4096,
 #define LOCK_SLICE_NS 1000000LL
 /* A spin lasts twice the expected gap and this much more (at most spin_ns). */
 #define SPIN_MARGIN_NS 20000LL
+/* A spin yields its CPU between checks once this long past the answer: a
+ * thread runnable on this CPU runs at once instead of after the spin.  On a
+ * busy host the trainer itself may be that thread (its CPU taken by other
+ * work): it cannot ring until this thread lets it run, its gaps then grow to
+ * the whole spin, which keeps the spin at spin_ns -- a 200 us stall per
+ * step (docs/benchmarks.md, "The daemon like for like at N=64").  Before
+ * this, the trainer of a cheap env on its own CPU rings again (1-3 us): no
+ * system call on its way.  A request first seen right after a yield says
+ * its client likely shares this CPU: the next spin yields from its start
+ * (client_alongside; a request seen before any yield clears it). */
+#define SPIN_ALONE_NS 4000LL
 /* A gap sample counts at most this many spin_ns (a trainer that paused for
  * an evaluation must not keep its thread from spinning for long after). */
 #define GAP_SAMPLE_CAP 8
@@ -78,6 +89,9 @@ struct envd_doorbell {
                                after a SENDRECV (sleep_policy) */
     int batch_policy;       /* under SCHED_BATCH now */
     uint32_t missed_rings;  /* the header's count (never read back from it) */
+    int client_alongside;   /* the last request spun for was first seen right after
+                               a yield: its client likely shares this CPU, so the
+                               next spin yields from its start (SPIN_ALONE_NS) */
 };
 
 static _Atomic int g_spinners;        /* server threads spinning now */
@@ -190,16 +204,30 @@ static uint32_t next_request(envd_doorbell_t *bell, int may_spin)
         return seq;
     const int64_t deadline = may_spin ? spin_deadline(bell) : 0;
     if (deadline > envd_now_ns() && take_spin_slot()) {
-        do {
+        const int64_t alone_until =
+            bell->answered_ns + (bell->client_alongside ? 0 : SPIN_ALONE_NS);
+        int yielded = 0;  /* the checks now running follow a yield */
+        for (;;) {
             for (int i = 0; i < SPIN_CHECK_EVERY; i++) {
                 seq = atomic_load_explicit(req, memory_order_acquire);
                 if (seq != bell->last || atomic_load_explicit(&bell->stop, memory_order_relaxed))
                     break;
                 envd_cpu_relax();
             }
-        } while (seq == bell->last && !atomic_load_explicit(&bell->stop, memory_order_relaxed)
-                 && !cpus_busy() /* others' requests started: they need the CPUs */
-                 && envd_now_ns() < deadline);
+            if (seq != bell->last) {
+                bell->client_alongside = yielded;
+                break;
+            }
+            if (atomic_load_explicit(&bell->stop, memory_order_relaxed)
+                || cpus_busy() /* others' requests started: they need the CPUs */)
+                break;
+            const int64_t now = envd_now_ns();
+            if (now >= deadline)
+                break;
+            yielded = now >= alone_until;
+            if (yielded)
+                sched_yield();
+        }
         atomic_fetch_sub_explicit(&g_spinners, 1, memory_order_relaxed);
         if (seq != bell->last)
             return seq;

@@ -67,7 +67,9 @@
  *
  * Spinning: a server thread spins on req_seq for up to spin_ns after each
  * request (never after a SENDRECV, doorbell.c spin_deadline) before it
- * sleeps, but only while it holds one of the process-wide spin slots
+ * sleeps, yielding its CPU between checks after the first microseconds (a
+ * client that shares its CPU rings without waiting for the spin's end:
+ * doorbell.c SPIN_ALONE_NS), but only while it holds one of the process-wide spin slots
  * (envd_doorbell_set_max_spinners; the pool's workers keep the rest of the
  * CPUs), so spinners never outnumber the CPUs -- and only when, as it
  * answers, fewer other server threads run requests than all CPUs but one

@@ -114,6 +114,7 @@ def test_a_short_step_spins_without_yielding(bell, monkeypatch):
     clock = FrozenClock()
     forbid_yield(monkeypatch, "while the answer was due within microseconds")
     monkeypatch.setattr(doorbell_module, "time", clock)
+    monkeypatch.setattr(doorbell_module, "_perf_counter", clock.perf_counter)
     bell.ring(STEP)
     assert bell.wait(far_deadline(), lambda: None) == (0, 0, 0)
     assert clock.calls >= 5
@@ -203,3 +204,28 @@ def test_a_count_refused_by_the_doorbell_leaves_the_ring_unrung(bell):
     with pytest.raises((ValueError, TypeError, OverflowError)):
         bell.ring(SEND, -1)
     assert bell.answered and bell._req_seq[0] == bell.seq
+
+
+def test_a_quick_answer_is_read_before_wait(bell):
+    """quick_answer: an answer published by the time it looks is returned
+    (the status, result and index the daemon wrote), and counts as a quick
+    sample in wait's estimate; one still out after its turns is None."""
+    bell._expected[STEP] = 4e-6
+    bell.ring(STEP)
+    assert bell.quick_answer() is None  # nobody answers here
+    bell._status[0], bell._result[0], bell._error_index[0] = -3, 7, 5
+    answer(bell)
+    assert bell.quick_answer() == (-3, 7, 5)
+    assert bell._expected[STEP] < 4e-6
+
+
+def test_no_quick_answer_where_answers_take_longer(bell, monkeypatch):
+    """A kind answered later than _QUICK_WITHIN_S (a large step, or a client
+    sharing its CPU with the daemon's thread) goes straight to wait: no spin
+    on done_seq, even for an answer already there."""
+    bell._expected[STEP] = doorbell_module._QUICK_WITHIN_S
+    monkeypatch.setattr(doorbell_module, "_QUICK_TURNS", None)  # (iterating it would raise)
+    bell.ring(STEP)
+    answer(bell)
+    assert bell.quick_answer() is None
+    assert bell.wait(far_deadline(), lambda: None) == (0, 0, 0)
