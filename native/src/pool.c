@@ -607,6 +607,11 @@ int envd_pool_cpus(const envd_pool_t *pool)
     return pool ? pool->cpus : ENVD_EINVAL;
 }
 
+int envd_pool_helped_workers(const envd_pool_t *pool)
+{
+    return pool ? pool->helped_workers : ENVD_EINVAL;
+}
+
 int envd_pool_jobs_in_flight(const envd_pool_t *pool)
 {
     return atomic_load_explicit(&((envd_pool_t *)pool)->in_flight, memory_order_relaxed);

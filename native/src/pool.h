@@ -134,6 +134,11 @@ int envd_pool_run(envd_pool_t *pool, envd_job_t *job, envd_task_fn fn,
  * for NULL. */
 int envd_pool_cpus(const envd_pool_t *pool);
 
+/* The most workers that run a HELPED job at once: max(1, CPUs - 1) (pool.h,
+ * ENVD_JOB_HELPED), whatever num_threads; a caller splitting such a job
+ * counts these workers and itself. */
+int envd_pool_helped_workers(const envd_pool_t *pool);
+
 /* Jobs submitted and not complete yet, by any thread: a snapshot (it may
  * change at once), for dispatch decisions only. */
 int envd_pool_jobs_in_flight(const envd_pool_t *pool);
