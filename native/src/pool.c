@@ -228,23 +228,28 @@ static void job_run_chunks(envd_pool_t *pool, envd_job_t *job, int is_worker, ui
 
 /* ---- workers ----------------------------------------------------------------- */
 
-/* C1, H1: whether a worker may hold the job now (under pool->lock): room
- * under its cap, and under the helped limit for a HELPED job. */
-static int job_has_room(const envd_pool_t *pool, const envd_job_t *job)
+/* C1: whether a worker may take a slot of the job's cap now (under pool->lock). */
+static int cap_has_room(const envd_job_t *job)
 {
-    if ((job->flags & ENVD_JOB_HELPED) &&
-        atomic_load_explicit(&job->workers, memory_order_relaxed) >= pool->helped_workers)
-        return 0;
     return !job->cap ||
            atomic_load_explicit(&job->cap->active, memory_order_relaxed) < job->cap->max_workers;
 }
 
-/* J2: the queued job with unclaimed chunks and room under its cap that has
- * been served least (fewest items claimed; the oldest among equals), with a
- * reference and a slot of its cap taken (C1).  Jobs therefore share the
- * workers chunk by chunk, and a session's small step is not starved by
- * another's large one.  *crowded: a HELPED job with chunks left was passed
- * over for its limit (H1): its workers and its helping caller fill the CPUs. */
+/* H1: whether a HELPED job already has all the workers it may have (under
+ * pool->lock). */
+static int helped_full(const envd_pool_t *pool, const envd_job_t *job)
+{
+    return (job->flags & ENVD_JOB_HELPED) &&
+           atomic_load_explicit(&job->workers, memory_order_relaxed) >= pool->helped_workers;
+}
+
+/* J2: the queued job with unclaimed chunks and room under its cap and its
+ * helped limit that has been served least (fewest items claimed; the oldest
+ * among equals), with a reference, a slot of its cap (C1) and a hold (H1)
+ * taken.  Jobs therefore share the workers chunk by chunk, and a session's
+ * small step is not starved by another's large one.  *crowded: a HELPED job
+ * with chunks left was passed over for its limit (H1): its workers and its
+ * helping caller fill the CPUs. */
 static envd_job_t *pool_take_job(envd_pool_t *pool, int *crowded)
 {
     pthread_mutex_lock(&pool->lock);
@@ -255,9 +260,9 @@ static envd_job_t *pool_take_job(envd_pool_t *pool, int *crowded)
         int64_t claimed = atomic_load_explicit(&j->next, memory_order_relaxed);
         if (claimed >= j->n)
             continue;
-        if (!job_has_room(pool, j))
-            *crowded |= (j->flags & ENVD_JOB_HELPED) != 0;
-        else if (claimed < least) {
+        if (helped_full(pool, j))
+            *crowded = 1;
+        else if (claimed < least && cap_has_room(j)) {
             job = j;
             least = claimed;
         }

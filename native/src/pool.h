@@ -39,10 +39,11 @@ typedef void (*envd_task_fn)(void *ctx, int64_t begin, int64_t end);
  * envd_pool_help): at most max(1, CPUs - 1) workers run its chunks at once
  * (and no more are woken for it), so that the workers and the helping caller
  * do not outnumber the CPUs, whatever the pool's size: a third runner on two
- * CPUs only preempts one holding a chunk, and the job waits for that chunk.  ALONE (with HELPED; EINVAL without): wake no
- * worker, for a job too short to be worth one; workers awake anyway may take
- * its chunks, and the submitter must eventually run the rest (help it until
- * none is left, or wait for it): nobody else is woken for them. */
+ * CPUs only preempts one holding a chunk, and the job waits for that chunk.
+ * ALONE (with HELPED; EINVAL without): wake no worker, for a job too short
+ * to be worth one; workers awake anyway may take its chunks, and the
+ * submitter must eventually run the rest (help it until none is left, or
+ * wait for it): nobody else is woken for them. */
 enum { ENVD_JOB_NOTIFY = 1, ENVD_JOB_HELPED = 2, ENVD_JOB_ALONE = 4 };
 
 /* cffi:end */
