@@ -68,6 +68,12 @@
  *       holder goes back to the queue after releasing (W3) before it may
  *       sleep: a capped job with chunks left is never stranded.  Submit wakes
  *       at most max_workers workers for a capped job (W4 otherwise).
+ *
+ * Helped jobs (H1): a HELPED job is held by at most pool->helped_workers
+ * workers at once (job->workers, taken and released as a cap's slot: C1-C3
+ * hold for it word for word), so that its workers and its helping caller do
+ * not outnumber the CPUs.  A worker's hold ends before its reference (C2),
+ * and a job skipped for it has a holder that goes back to the queue (C3).
  */
 #define _GNU_SOURCE
 #include "pool.h"
@@ -105,6 +111,7 @@ struct envd_pool {
     int num_threads;
     int num_started;  /* workers actually created (create's error path) */
     int max_spinners; /* idle workers allowed to spin at once */
+    int helped_workers; /* workers a HELPED job may have at once (H1) */
     int cpus;         /* CPUs this process may run on, at create */
     int efd;
     pthread_t *threads;
@@ -211,8 +218,11 @@ static void job_run_chunks(envd_pool_t *pool, envd_job_t *job, int is_worker, ui
             atomic_load_explicit(&job->next, memory_order_relaxed) < n)
             break; /* the job stays linked (J1) and takeable (next < n) */
     }
-    if (is_worker && job->cap)
-        atomic_fetch_sub_explicit(&job->cap->active, 1, memory_order_relaxed);
+    if (is_worker) {
+        atomic_fetch_sub_explicit(&job->workers, 1, memory_order_relaxed);
+        if (job->cap)
+            atomic_fetch_sub_explicit(&job->cap->active, 1, memory_order_relaxed);
+    }
     job_unref(pool, job);
 }
 
@@ -225,25 +235,41 @@ static int cap_has_room(const envd_job_t *job)
            atomic_load_explicit(&job->cap->active, memory_order_relaxed) < job->cap->max_workers;
 }
 
-/* J2: the queued job with unclaimed chunks and room under its cap that has
- * been served least (fewest items claimed; the oldest among equals), with a
- * reference and a slot of its cap taken (C1).  Jobs therefore share the
- * workers chunk by chunk, and a session's small step is not starved by
- * another's large one. */
-static envd_job_t *pool_take_job(envd_pool_t *pool)
+/* H1: whether a HELPED job already has all the workers it may have (under
+ * pool->lock). */
+static int helped_full(const envd_pool_t *pool, const envd_job_t *job)
+{
+    return (job->flags & ENVD_JOB_HELPED) &&
+           atomic_load_explicit(&job->workers, memory_order_relaxed) >= pool->helped_workers;
+}
+
+/* J2: the queued job with unclaimed chunks and room under its cap and its
+ * helped limit that has been served least (fewest items claimed; the oldest
+ * among equals), with a reference, a slot of its cap (C1) and a hold (H1)
+ * taken.  Jobs therefore share the workers chunk by chunk, and a session's
+ * small step is not starved by another's large one.  *crowded: a HELPED job
+ * with chunks left was passed over for its limit (H1): its workers and its
+ * helping caller fill the CPUs. */
+static envd_job_t *pool_take_job(envd_pool_t *pool, int *crowded)
 {
     pthread_mutex_lock(&pool->lock);
     envd_job_t *job = NULL;
     int64_t least = INT64_MAX;
+    *crowded = 0;
     for (envd_job_t *j = pool->head; j; j = j->queue_next) {
         int64_t claimed = atomic_load_explicit(&j->next, memory_order_relaxed);
-        if (claimed < j->n && claimed < least && cap_has_room(j)) {
+        if (claimed >= j->n)
+            continue;
+        if (helped_full(pool, j))
+            *crowded = 1;
+        else if (claimed < least && cap_has_room(j)) {
             job = j;
             least = claimed;
         }
     }
     if (job) {
         atomic_fetch_add_explicit(&job->refs, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&job->workers, 1, memory_order_relaxed);
         if (job->cap)
             atomic_fetch_add_explicit(&job->cap->active, 1, memory_order_relaxed);
     }
@@ -261,12 +287,15 @@ void envd_pool_reserve_cpus(int delta)
 }
 
 /* Nothing to do: spin (if fewer than max_spinners, less the CPUs reserved,
- * already do), then sleep until gen moves past `seen` (W1, W2).  Returns on
- * any change of gen, which may be spurious; the caller re-checks. */
-static void worker_idle(envd_pool_t *pool, uint32_t seen)
+ * already do, and not `crowded`: a spinner would take a CPU from a HELPED
+ * job's runners, pool_take_job), then sleep until gen moves past `seen` (W1,
+ * W2).  Returns on any change of gen, which may be spurious; the caller
+ * re-checks. */
+static void worker_idle(envd_pool_t *pool, uint32_t seen, int crowded)
 {
-    const int limit = pool->max_spinners -
-                      atomic_load_explicit(&g_reserved_cpus, memory_order_relaxed);
+    const int limit = crowded ? 0
+                              : pool->max_spinners -
+                                    atomic_load_explicit(&g_reserved_cpus, memory_order_relaxed);
     int s = atomic_load_explicit(&pool->spinners, memory_order_relaxed);
     while (s < limit &&
            !atomic_compare_exchange_weak_explicit(&pool->spinners, &s, s + 1,
@@ -311,14 +340,15 @@ static void *worker_main(void *arg)
     for (;;) {
         /* W1: read gen before looking at the queue. */
         uint32_t seen = atomic_load(&pool->gen);
-        envd_job_t *job = pool_take_job(pool);
+        int crowded;
+        envd_job_t *job = pool_take_job(pool, &crowded);
         if (job) {
             job_run_chunks(pool, job, 1, seen, NULL, NULL);
             continue; /* W3 */
         }
         if (atomic_load(&pool->shutdown))
             return NULL;
-        worker_idle(pool, seen);
+        worker_idle(pool, seen, crowded);
     }
 }
 
@@ -399,6 +429,7 @@ int envd_pool_create(envd_pool_t **out, int num_threads, const int *cpus)
     pool->max_spinners = pool->cpus - 1;
     if (pool->max_spinners < 0)
         pool->max_spinners = 0;
+    pool->helped_workers = pool->cpus > 2 ? pool->cpus - 1 : 1;
     pool->threads = calloc(num_threads > 0 ? (size_t)num_threads : 1, sizeof *pool->threads);
     pool->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     pthread_mutex_init(&pool->lock, NULL);
@@ -462,12 +493,11 @@ static void pool_enqueue(envd_pool_t *pool, envd_job_t *job)
     int sleepers = atomic_load(&pool->sleepers);
     if (sleepers > 0 && !(job->flags & ENVD_JOB_ALONE)) {
         /* The limits first, then the spinners: a spinning worker takes the
-         * job too, so it counts against them (subtracted first, a helped job
-         * could run on helpers + spinners workers beside its caller). */
+         * job too, so it counts against them (were they subtracted first, a
+         * helped job would wake helped_workers sleepers on top of them). */
         int64_t want = job_num_chunks(job);
-        const int helpers = pool->cpus > 2 ? pool->cpus - 1 : 1;
-        if ((job->flags & ENVD_JOB_HELPED) && want > helpers)
-            want = helpers;
+        if ((job->flags & ENVD_JOB_HELPED) && want > pool->helped_workers)
+            want = pool->helped_workers; /* H1: more could not take it */
         if (job->cap && want > job->cap->max_workers)
             want = job->cap->max_workers; /* C3: more could not take it */
         want -= atomic_load(&pool->spinners);
@@ -495,6 +525,7 @@ int envd_pool_submit(envd_pool_t *pool, envd_job_t *job, envd_task_fn fn,
     job->queue_next = NULL;
     atomic_store_explicit(&job->next, 0, memory_order_relaxed);
     atomic_store_explicit(&job->refs, 1, memory_order_relaxed);
+    atomic_store_explicit(&job->workers, 0, memory_order_relaxed);
     atomic_store_explicit(&job->done, JOB_RUNNING, memory_order_relaxed);
     atomic_fetch_add_explicit(&pool->in_flight, 1, memory_order_relaxed);
     if (pool->num_threads == 0 || n == 0)
@@ -579,6 +610,11 @@ int envd_pool_run(envd_pool_t *pool, envd_job_t *job, envd_task_fn fn,
 int envd_pool_cpus(const envd_pool_t *pool)
 {
     return pool ? pool->cpus : ENVD_EINVAL;
+}
+
+int envd_pool_helped_workers(const envd_pool_t *pool)
+{
+    return pool ? pool->helped_workers : ENVD_EINVAL;
 }
 
 int envd_pool_jobs_in_flight(const envd_pool_t *pool)

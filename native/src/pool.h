@@ -36,12 +36,14 @@ typedef void (*envd_task_fn)(void *ctx, int64_t begin, int64_t end);
 
 /* NOTIFY: count the job's completion on the eventfd.  HELPED: the submitter
  * runs chunks too (envd_pool_wait right after, as envd_pool_run does, or
- * envd_pool_help): wake at most max(1, CPUs - 1) workers, so that the
- * workers and the helping caller do not outnumber the CPUs (which only
- * preempts chunks midway).  ALONE (with HELPED; EINVAL without): wake no
- * worker, for a job too short to be worth one; workers awake anyway may take
- * its chunks, and the submitter must eventually run the rest (help it until
- * none is left, or wait for it): nobody else is woken for them. */
+ * envd_pool_help): at most max(1, CPUs - 1) workers run its chunks at once
+ * (and no more are woken for it), so that the workers and the helping caller
+ * do not outnumber the CPUs, whatever the pool's size: a third runner on two
+ * CPUs only preempts one holding a chunk, and the job waits for that chunk.
+ * ALONE (with HELPED; EINVAL without): wake no worker, for a job too short
+ * to be worth one; workers awake anyway may take its chunks, and the
+ * submitter must eventually run the rest (help it until none is left, or
+ * wait for it): nobody else is woken for them. */
 enum { ENVD_JOB_NOTIFY = 1, ENVD_JOB_HELPED = 2, ENVD_JOB_ALONE = 4 };
 
 /* cffi:end */
@@ -69,6 +71,7 @@ typedef struct envd_job {
     _Atomic uint32_t done;  /* futex word: 1 when complete; 0 while in flight,
                                2 while in flight with a waiter asleep on it */
     struct envd_job *queue_next;
+    _Atomic int workers;    /* workers holding the job (a HELPED job's limit) */
     envd_pool_cap_t *cap;   /* NULL: any number of workers (envd_job_set_cap) */
 } envd_job_t;
 
@@ -131,6 +134,11 @@ int envd_pool_run(envd_pool_t *pool, envd_job_t *job, envd_task_fn fn,
 /* The CPUs this process could run on when the pool was created; ENVD_EINVAL
  * for NULL. */
 int envd_pool_cpus(const envd_pool_t *pool);
+
+/* The most workers that run a HELPED job at once: max(1, CPUs - 1) (pool.h,
+ * ENVD_JOB_HELPED), whatever num_threads; a caller splitting such a job
+ * counts these workers and itself. */
+int envd_pool_helped_workers(const envd_pool_t *pool);
 
 /* Jobs submitted and not complete yet, by any thread: a snapshot (it may
  * change at once), for dispatch decisions only. */

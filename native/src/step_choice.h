@@ -37,8 +37,10 @@
 #define ENVD_CHOICE_PROBE_PERIOD 256
 #define ENVD_CHOICE_PROBE_PERIOD_MAX 8192
 /* An estimate is the mean of its first ENVD_CHOICE_MEAN_OF samples, then an
- * EWMA of that weight; a sample is clamped to within this factor of the
- * estimate (a preempted step cannot flip the choice on its own). */
+ * EWMA of that weight; a sample is clamped to within this factor of a
+ * positive estimate (a preempted step cannot flip the choice on its own).
+ * An estimate of 0 (a step shorter than the clock's tick) is not clamped
+ * around: that range is [0, 0], and the estimate would stay 0 for good. */
 #define ENVD_CHOICE_MEAN_OF 8
 #define ENVD_CHOICE_CLAMP 2.0
 
@@ -77,7 +79,7 @@ static inline void envd_choice_sample(envd_way_estimate_t *e, double sample)
         e->samples = 0;
         e->restart = false;
     }
-    if (e->samples > 0) {
+    if (e->samples > 0 && e->ns > 0.0) {
         if (sample > e->ns * ENVD_CHOICE_CLAMP)
             sample = e->ns * ENVD_CHOICE_CLAMP;
         if (sample < e->ns / ENVD_CHOICE_CLAMP)

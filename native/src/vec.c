@@ -811,6 +811,11 @@ static int64_t choose_chunk(envd_vec_t *vec, int64_t n, bool off_caller, bool bl
     }
     if (threads == 0)
         return 0;
+    /* A job its caller helps (a blocking step, a reset) runs on at most the
+     * pool's helped workers beside the caller (pool.h): split it for those,
+     * so that num_threads=2 on 2 CPUs splits as auto's one thread does. */
+    if (!off_caller && threads > envd_pool_helped_workers(vec->pool))
+        threads = envd_pool_helped_workers(vec->pool);
     if (vec->forced_chunk > 0)
         return vec->forced_chunk;
     if (blocking && envd_pool_saturated(vec->pool))

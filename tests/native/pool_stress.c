@@ -425,6 +425,70 @@ static void test_capped(int threads, int max_workers, int rounds)
         rec_free(&tasks[j].rec);
 }
 
+/* ---- helped jobs ---------------------------------------------------------------- */
+static _Thread_local int t_submitter; /* set on the thread that submits and helps */
+
+/* A recording task that counts the pool threads (not the helping submitter)
+ * running its chunks at the same moment, keeping the highest count seen. */
+static void helped_fn(void *ctx, int64_t begin, int64_t end)
+{
+    capped_t *c = ctx;
+    if (t_submitter) {
+        rec_fn(&c->rec, begin, end);
+        return;
+    }
+    int now = atomic_fetch_add(c->running, 1) + 1;
+    int most = atomic_load(c->most);
+    while (now > most && !atomic_compare_exchange_weak(c->most, &most, now))
+        ;
+    for (volatile int spin = 0; spin < 2000; spin++) /* widen the window for overlaps */
+        ;
+    rec_fn(&c->rec, begin, end);
+    atomic_fetch_sub(c->running, 1);
+}
+
+/* H1: a HELPED job is run by at most max(1, CPUs - 1) pool threads at once,
+ * whatever the pool's size, also while every worker is awake (an unhelped
+ * job in flight beside it keeps them taking chunks, and each returns to the
+ * queue when a job is submitted).  Every third round its submitter does not
+ * help but polls: the limited workers still complete it (not stranded). */
+static void test_helped_limit(int rounds)
+{
+    envd_pool_t *pool;
+    CHECK(envd_pool_create(&pool, 8, NULL) == ENVD_OK, "create"); /* more than the limit here */
+    const int cpus = envd_pool_cpus(pool);
+    const int limit = cpus > 2 ? cpus - 1 : 1;
+    _Atomic int running = 0, most = 0, other_running = 0, other_most = 0;
+    envd_job_t helped = {0}, other = {0};
+    capped_t task = {.running = &running, .most = &most};
+    capped_t other_task = {.running = &other_running, .most = &other_most};
+    rec_init(&task.rec, 512);
+    rec_init(&other_task.rec, 512);
+    uint64_t s = 0x6a09e667f3bcc908ull;
+    t_submitter = 1;
+    for (int k = 0; k < rounds; k++) {
+        const int64_t n = 64 + rnd(&s) % 448, other_n = 64 + rnd(&s) % 448;
+        CHECK(submit_rec(pool, &other, &other_task.rec, other_n, 1, 0) == ENVD_OK, "submit");
+        task.rec.seq++;
+        task.rec.chunk = 1 + rnd(&s) % 8;
+        CHECK(envd_pool_submit(pool, &helped, helped_fn, &task, n, task.rec.chunk,
+                               ENVD_JOB_HELPED) == ENVD_OK, "submit helped");
+        if (k % 3 == 2)
+            poll_done(&helped);
+        else
+            envd_pool_wait(pool, &helped);
+        rec_verify(&task.rec, n);
+        poll_done(&other);
+        rec_verify(&other_task.rec, other_n);
+        CHECK(atomic_load(&most) <= limit, "%d pool threads ran a HELPED job at once (limit %d)",
+              atomic_load(&most), limit);
+    }
+    t_submitter = 0;
+    envd_pool_destroy(pool);
+    rec_free(&task.rec);
+    rec_free(&other_task.rec);
+}
+
 /* Large jobs with many chunks, waited with and without helping. */
 static void test_large(int threads, int64_t n, int reps)
 {
@@ -747,6 +811,7 @@ int main(int argc, char **argv)
     test_unstarted();
     test_pinning();
     test_alone();
+    test_helped_limit(scaled(4000));
     static const int thread_counts[] = {1, 2, 4};
     for (int t = 0; t < 3; t++) {
         int threads = thread_counts[t];

@@ -10,8 +10,9 @@
  * stays inline but for its probes, however close it is to the threshold; one
  * whose pooled steps are faster stays pooled; the choice follows a change of
  * the times within a probe period; a preempted step or a cold first step does
- * not flip it; steps under the threshold always run inline; the share of
- * steps spent probing shrinks once settled.
+ * not flip it; an estimate of 0 ns follows later samples; steps under the
+ * threshold always run inline; the share of steps spent probing shrinks once
+ * settled.
  *
  * Prints "step_choice_check: ok" and exits 0, or names the failed check.
  */
@@ -132,6 +133,34 @@ static void outliers_do_not_flip(void)
     }
 }
 
+/* An estimate of exactly 0 ns (a clock too coarse for a step, a step of
+ * nothing) follows the next samples: the clamp bounds a sample only around a
+ * positive estimate, else [0, 0] would keep it at 0 for good -- and a pooled
+ * estimate of 0 would keep every later step on the pool, however slow. */
+static void a_zero_estimate_does_not_stick(void)
+{
+    envd_way_estimate_t e = {0};
+    envd_choice_sample(&e, 0.0);
+    envd_choice_sample(&e, 0.0);
+    CHECK(e.ns == 0.0 && e.samples == 2, "estimate %g after %lld zero samples", e.ns,
+          (long long)e.samples);
+    for (int k = 0; k < 64; k++)
+        envd_choice_sample(&e, 500.0);
+    CHECK(e.ns > 250.0 && e.ns <= 500.0, "estimate %g after 64 samples of 500", e.ns);
+
+    sim_t s;
+    sim_init(&s);
+    for (int k = 0; k < 64; k++) /* the pool's first steps measured at 0 ns */
+        sim_step(&s, 25000.0, 0.0, true);
+    int64_t k;
+    for (k = 0; envd_choice_better(&s.choice) != ENVD_WAY_INLINE; k++) {
+        CHECK(k <= ENVD_CHOICE_PROBE_PERIOD_MAX + ENVD_CHOICE_PROBE_STEPS,
+              "still pooled after %lld steps (pooled estimate %g)", (long long)k,
+              s.choice.pooled_ns.ns);
+        sim_step(&s, 25000.0, 47000.0, true);
+    }
+}
+
 /* Under the threshold every step runs inline, a probe in progress ends, and
  * nothing is probed. */
 static void under_the_threshold_is_inline(void)
@@ -191,6 +220,7 @@ int main(int argc, char **argv)
     follows_a_change();
     outliers_do_not_flip();
     under_the_threshold_is_inline();
+    a_zero_estimate_does_not_stick();
     probes_ended_under_the_threshold_are_rare(steps);
     probes_become_rare();
     printf("step_choice_check: ok\n");

@@ -3,6 +3,7 @@ threshold runs pooled or inline, driven by tests/native/step_choice_check.c
 with made-up step times (no clock, no threads), plain and under
 AddressSanitizer + UBSan; and through a real vec, the choice's estimates
 reported by its stats."""
+import os
 from pathlib import Path
 
 import numpy as np
@@ -34,3 +35,25 @@ def test_a_vec_reports_both_ways_once_it_has_stepped_both():
         stats = env.dispatch_stats()
     assert stats["inline_step_ns_per_env"] > 0 and stats["pooled_step_ns_per_env"] > 0, stats
     assert stats["inline_jobs"] + stats["pooled_jobs"] == 40, stats
+
+
+def test_a_pool_larger_than_the_cpus_splits_a_step_as_auto_does():
+    """A blocking step or a reset runs on at most max(1, CPUs - 1) workers
+    beside its caller (pool.h, ENVD_JOB_HELPED), so a pool with more threads
+    splits it for those, as auto's pool does: the same chunks (num_threads=2
+    on 2 CPUs is auto's split there).  A reset of a measured costly vec
+    (ConnectFour, 512 envs: milliseconds) always goes to the pool."""
+    cpus = len(os.sched_getaffinity(0))
+    helped = max(1, cpus - 1)
+
+    def reset_chunk(num_threads):
+        with envd.make("ConnectFour-v0", 512, seed=0, num_threads=num_threads) as env:
+            env.reset()
+            for _ in range(3):  # measures the cost per env
+                env.step(np.zeros(512, np.int64))
+            env.reset()
+            stats = env.dispatch_stats()
+        assert stats["pooled_jobs"] >= 1, stats
+        return stats["last_chunk"]
+
+    assert reset_chunk(helped + 2) == reset_chunk(helped)

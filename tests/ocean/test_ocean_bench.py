@@ -89,6 +89,12 @@ def test_every_system_is_measured_or_says_why(run):
         assert auto["inline_step_ns"] >= 0 and auto["pooled_step_ns"] >= 0
         assert (f"pooled; {auto['inline_step_ns']:.1f} / {auto['pooled_step_ns']:.1f} ns"
                 in proc.stdout)
+        # and what the 2-thread column ran (a column that stepped inline is serial)
+        two = entry["two_threads"]
+        assert two["num_threads"] == 2
+        assert two["inline_steps"] + two["pooled_steps"] >= ROUNDS
+        assert (f"2 thread(s), {two['inline_steps']} inline / {two['pooled_steps']} pooled; "
+                f"{two['inline_step_ns']:.1f} / {two['pooled_step_ns']:.1f} ns" in proc.stdout)
     for system in set(bench_ocean.SYSTEMS) - {bench_ocean.PUFFER_MP}:
         assert system in proc.stdout
     assert "PufferLib MP, 2 workers" in proc.stdout  # (the column's short name)

@@ -61,6 +61,11 @@ def test_make_equals_pufferlib_per_env(env, threads, ocean_cache, ocean_builds):
     rows, per_env = _rows_actions(desc, np.random.default_rng(threads), STEPS)
     vec = envd.make(f"puffer:{env}", N, seed=7, num_threads=threads, **kwargs)
     try:
+        if threads:
+            # on the pool with chunks of one env (N envs are too few to leave
+            # the caller otherwise): each env on whichever thread claims it
+            # first, in no fixed order
+            vec.set_chunk_size(1)
         assert vec.num_envs == N * agents
         obs, _ = vec.reset()
         got_obs, got_rew, got_term = [obs.copy()], [], []

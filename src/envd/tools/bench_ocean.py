@@ -325,6 +325,7 @@ class OceanBench:
                 list(runs), self.settings.rounds,
                 lambda system, _r: runs[system].rate(self.settings.seconds))
             auto = runs[AUTO].dispatch()
+            two_threads = runs[TWO_THREADS].dispatch()
             cpu = {s: list(run.cpu_ns) for s, run in runs.items() if getattr(run, "cpu_ns", None)}
         finally:
             # every run closed even if one's close raises; the last made
@@ -340,7 +341,7 @@ class OceanBench:
         ratios.update({name: paired_ratios(cpu[a], cpu[b])
                        for name, (a, b) in CPU_RATIOS.items() if a in cpu and b in cpu})
         return {"env": env, "num_envs": n, "rows": rows, "rates": values, "cpu_ns": cpu,
-                "missing": missing, "ratios": ratios, "auto": auto}
+                "missing": missing, "ratios": ratios, "auto": auto, "two_threads": two_threads}
 
     def measure_pair(self, daemon: Any, configs: Sequence[tuple[str, int]]) -> dict[str, Any]:
         """The pair (PAIR) on the daemon at the largest N of each env in the
@@ -482,14 +483,16 @@ def report_text(r: dict[str, Any]) -> str:
           lambda x, c: (ratio_cell(x, c) if c in CPU_RATIOS else
                         spread_text(x["cpu_ns"][c], lambda v: f"{v:.0f}")
                         if x.get("cpu_ns", {}).get(c) else "n/a"))
-    lines += ["", "what envd auto ran (num_threads=None): threads, steps inline / pooled; "
-                  "a step's wall time per env as last measured inline / pooled (ns; 0: never)"]
-    for x in r["results"]:
-        a = x.get("auto")
-        lines.append(f"{x['env']:<12}{x['num_envs']:>6}  " + (
-            "n/a" if not a else f"{a['num_threads']} thread(s), {a['inline_steps']} inline "
-                                f"/ {a['pooled_steps']} pooled; {a['inline_step_ns']:.1f} "
-                                f"/ {a['pooled_step_ns']:.1f} ns"))
+    for key, system in (("auto", "envd auto (num_threads=None)"),
+                        ("two_threads", "envd 2 threads (num_threads=2)")):
+        lines += ["", f"what {system} ran: threads, steps inline / pooled; a step's wall "
+                      "time per env as last measured inline / pooled (ns; 0: never)"]
+        for x in r["results"]:
+            a = x.get(key)
+            lines.append(f"{x['env']:<12}{x['num_envs']:>6}  " + (
+                "n/a" if not a else f"{a['num_threads']} thread(s), {a['inline_steps']} inline "
+                                    f"/ {a['pooled_steps']} pooled; {a['inline_step_ns']:.1f} "
+                                    f"/ {a['pooled_step_ns']:.1f} ns"))
     missing = dict.fromkeys((system, why) for x in r["results"]
                             for system, why in x["missing"].items())
     lines += [f"{system}: n/a: {why}" for system, why in missing]
