@@ -256,9 +256,10 @@ def test_step_info_after_a_step_that_failed_describes_no_step(in_place):
                                             ("CartPole-v1", {"num_threads": 1}),
                                             ("py:CartPole-v1", {"num_workers": 0})])
 def test_a_dropped_env_is_freed_at_once(env_id, kwargs):
-    """The step paths' bound call (the native step bound to its session)
-    holds no reference back to the env: an env dropped without close() is
-    freed at once, its envs and threads with it, with no garbage collector."""
+    """The step paths' step function and its argument (the native step and
+    the session's handle) hold no reference back to the env: an env dropped
+    without close() is freed at once, its envs and threads with it, with no
+    garbage collector."""
     gc.disable()
     try:
         env = envd.make(env_id, NUM_ENVS, seed=0, **kwargs)

@@ -252,6 +252,27 @@ def test_max_episode_steps_zero_means_no_time_limit():
             assert not (term | trunc).any()
 
 
+def test_close_waits_until_the_call_in_progress_gives_the_env_back():
+    """close() from another thread returns only once the call holding the
+    env gives it back (here the test holds it, as a call would), then every
+    call says closed."""
+    env = envd.make("CartPole-v1", 4, seed=0)
+    env.reset(seed=0)
+    env._claim.pop()  # a call in progress
+    closer = threading.Thread(target=env.close)
+    try:
+        closer.start()
+        closer.join(timeout=0.2)
+        assert closer.is_alive() and not env.closed  # (it cannot end while the env is held)
+        assert env._native is not None  # (nothing freed under the holder)
+    finally:
+        env._claim.append(True)
+    closer.join(timeout=60)
+    assert not closer.is_alive() and env.closed
+    with pytest.raises(envd.EnvStateError, match="closed"):
+        env.step_in_place()
+
+
 @pytest.mark.parametrize("in_place", [False, True])
 def test_a_second_thread_gets_a_clear_error_and_close_waits(in_place):
     """One call at a time: a step racing another thread's step raises
