@@ -457,7 +457,7 @@ class MultiVecEnv(SendRowChecks, BatchedVecEnv):
         self._all_started = False
         self._init_send_row_checks()  # (_validate_step checks steps alike)
         self._lost = LostDaemon()  # (shared with the async stepper, which reads it per call)
-        self._stepper = (self._async_stepper() if is_async else _ShardsStepper(
+        self._use_stepper(self._async_stepper() if is_async else _ShardsStepper(
             _weakly(self._run_reset), _weakly(self._run_step), _weakly(self._no_async)))
 
     def _async_stepper(self) -> ShardsAsyncStepper:

@@ -69,9 +69,10 @@ class RemoteVecEnv(SendRowChecks, BatchedVecEnv):
         # (if this raises, Client.make closes the session; checked before the
         # segment is mapped, so that a refusal leaves no mapping behind)
         self._check_episode_statistics_key(reply["shm"]["arrays"])
-        self._segment, self._stepper = open_stepper(client, reply, transport, fast_path,
-                                                    self.env_id, self.single_action_space,
-                                                    num_envs, agents)
+        self._segment, stepper = open_stepper(client, reply, transport, fast_path,
+                                              self.env_id, self.single_action_space,
+                                              num_envs, agents)
+        self._use_stepper(stepper)
         #: how the arrays travel: "shm" or "inline" (see Client.make)
         self.transport = self._stepper.transport
         #: the daemon's cap on the pool threads stepping these envs (None: none; Client.make)
@@ -154,7 +155,7 @@ class RemoteVecEnv(SendRowChecks, BatchedVecEnv):
                 raise
             raise _CALL_ERRORS[found.group(1)](str(exc)) from None
         finally:
-            self._lock.release()
+            self._claim.append(True)
         if not isinstance(results, list) or len(results) != self.num_envs:
             raise ProtocolError(f"the daemon's env_call reply holds {type(results).__name__}, "
                                 f"not {self.num_envs} results")

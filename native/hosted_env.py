@@ -112,7 +112,7 @@ class HostedVecEnv(BatchedVecEnv):
             raise
         finally:
             os.close(fd)  # the workers have theirs
-        self._stepper = self._session
+        self._use_stepper(self._session)
         if self._session._slice is not None:
             self._inline_infos = self._session._slice.inline_infos
         if seed is None:
@@ -164,7 +164,7 @@ class HostedVecEnv(BatchedVecEnv):
             assert self._session is not None  # _acquire() refuses a closed env
             return tuple(self._session.env_call(request))
         finally:
-            self._lock.release()
+            self._claim.append(True)
 
     def _release(self) -> None:
         if self._session is not None:

@@ -32,6 +32,7 @@ of envd.vec_errors.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal, Protocol, overload
 
 import numpy as np
@@ -217,6 +218,14 @@ class NativeSession:
             self._live()
             raise self._step_error(num_done)
         return num_done
+
+    def bare_step(self) -> tuple[Callable[[Any], int], Any]:
+        """step() as one bare call, for a caller whose every step counts
+        (BatchedVecEnv's step paths): the cffi function and its argument,
+        this session's handle.  function(argument) returns the episodes that
+        ended or a negative code, which step_result(code) turns into step()'s
+        error.  Valid until close(): its caller drops it first."""
+        return lib.envd_session_step, self._live()
 
     def step_result(self, result: int) -> int:
         """The envs whose episode ended, of a step's result (a request

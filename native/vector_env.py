@@ -119,7 +119,9 @@ class VecEnv(BatchedVecEnv):
                 spec, num_envs, autoreset_mode=AUTORESET_MODE_CODES[mode],
                 max_episode_steps=max_episode_steps, params=params, buffers=self._buffers,
                 pool=self._pool, seeded=True, private_rows=True)  # (numpy arrays of ours)
-            self._stepper = self._native
+            # (its step bound once: step_in_place's call is the bare cffi call)
+            self._use_stepper(self._native, self._native.bare_step(),
+                              self._native.step_result)
         except BaseException:
             self.close()
             raise
@@ -178,7 +180,7 @@ class VecEnv(BatchedVecEnv):
             assert self._native is not None  # _acquire() refuses a closed env
             return self._native.stats()
         finally:
-            self._lock.release()
+            self._claim.append(True)
 
     def set_chunk_size(self, chunk: int | None) -> None:
         """Force every step onto the pool with this chunk size (tests, benchmarks);
@@ -190,7 +192,7 @@ class VecEnv(BatchedVecEnv):
             assert self._native is not None  # _acquire() refuses a closed env
             self._native.set_chunk(chunk or 0)
         finally:
-            self._lock.release()
+            self._claim.append(True)
 
 
 def make(env_id: str | Callable[[], Any], num_envs: int, *,

@@ -19,8 +19,8 @@ which overwrites them in place.  Keep a copy (or pass ``copy=True`` to
 """
 from __future__ import annotations
 
-import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -29,7 +29,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from envd import info_codec, leaves
-from envd.errors import EnvStateError, InvalidActionError, InvalidArgumentError
+from envd.errors import EnvStateError, InvalidActionError, InvalidArgumentError, NativeError
 from envd.int_args import seed_list
 from envd.stepping import NO_STEPPER, Stepper
 from envd.vec_info import (
@@ -56,12 +56,27 @@ def possible_agents(names: Sequence[str], num_agents: int) -> list[str]:
     return [f"agent_{i}" for i in range(num_agents)]
 
 
+#: how often close() looks whether another thread's call gave the env back
+_CLOSE_POLL_S = 0.001
+
+
+def _refuse_closed(env_id: str) -> int:
+    """The step function of a closed env (BatchedVecEnv._step_fn)."""
+    raise EnvStateError(f"this {env_id} VecEnv is closed")
+
+
+def _unexpected_step_result(code: int) -> None:
+    """The step error of a stepper without a bare step, which raises its
+    errors instead of returning a negative code."""
+    raise NativeError(f"a step returned {code}", code)
+
+
 class BatchedVecEnv(VectorEnv):
     """A gymnasium VectorEnv over batch buffers, stepped through a Stepper.
 
     Subclasses bind the buffers (``_bind_buffers``, arrays as in
-    buffer_layout), set ``self._stepper`` (envd.stepping.Stepper: it runs the
-    envs and keeps the async books) and implement ``_render_frames()`` and
+    buffer_layout), give their stepper to ``_use_stepper`` (envd.stepping.Stepper:
+    it runs the envs and keeps the async books) and implement ``_render_frames()`` and
     ``_release()`` (free everything; idempotent).  This class keeps no async
     books: it checks what needs no state, writes the inputs, calls the
     stepper and gathers the outputs and infos.
@@ -76,8 +91,13 @@ class BatchedVecEnv(VectorEnv):
         #: (see episode_statistics_key); checked first so a bad value fails early
         self.episode_statistics_key = episode_statistics_key(episode_statistics)
         # One call at a time; a second Python thread gets a clear error instead
-        # of corrupting a step in flight.
-        self._lock = threading.Lock()
+        # of corrupting a step in flight.  The claim is a list holding one
+        # token: a call takes it (pop: IndexError while another call holds
+        # it) and gives it back (append).  Each is one C call that keeps the
+        # GIL (atomic; a free-threaded build locks the list), and the pair
+        # costs a step about a third of threading.Lock's acquire(False) and
+        # release (docs/benchmarks.md, "The Python layer of a step").
+        self._claim = [True]
         self.env_id = env_id
         self.num_envs = num_envs
         #: agents per env: each env is num_agents rows (a subclass sets it
@@ -107,6 +127,13 @@ class BatchedVecEnv(VectorEnv):
         self._episode_statistics = self.episode_statistics_key is not None
         self.batch_size = num_envs if batch_size is None else batch_size
         self._stepper: Stepper = NO_STEPPER  # set by the subclass; NO_STEPPER again once closed
+        # The step paths' step: _step_fn(_step_arg) (see _use_stepper); once
+        # closed, the closed error: step_in_place tests no flag for it.  (No
+        # bound method of self: a cycle would keep a dropped env's envs alive
+        # until the garbage collector runs.)
+        self._step_fn: Callable[[Any], int] = type(NO_STEPPER).step
+        self._step_arg: Any = NO_STEPPER
+        self._step_failed: Callable[[int], object] = _unexpected_step_result
         self._repeat_check = RepeatCheck(num_envs)  # (_checked_ids)
         self._positions = self._repeat_check.positions  # 0, 1, 2, ... (run_of)
         #: the last recv's batch, for the send of those envs (see LastBatch)
@@ -172,6 +199,21 @@ class BatchedVecEnv(VectorEnv):
         # whether a step's info has more than the episode info (one test a step)
         self._more_info = (bool(self._env_info) or self._agent_mask is not None
                            or self._info_lengths is not None)
+
+    def _use_stepper(self, stepper: Stepper,
+                     bare_step: tuple[Callable[[Any], int], Any] | None = None,
+                     step_failed: Callable[[int], object] | None = None) -> None:
+        """Step through stepper from now on.  bare_step: its step as a
+        function and its one argument, which returns a negative code instead
+        of raising (the in-process session's cffi function and handle:
+        NativeSession.bare_step), whose error step_failed(code) raises; the
+        step paths then call it directly, else stepper.step."""
+        self._stepper = stepper
+        if bare_step is None:
+            bare_step = (type(stepper).step, stepper)
+        self._step_fn, self._step_arg = bare_step
+        if step_failed is not None:
+            self._step_failed = step_failed
 
     def _check_episode_statistics_key(self, buffer_names: Any) -> None:
         """Refuse an episode_statistics key that is one of the env's own info
@@ -272,14 +314,17 @@ class BatchedVecEnv(VectorEnv):
             f"range; {space} accepts {low}..{high}")
 
     def _acquire(self) -> None:
-        """Take the env for one call, or raise if it is closed or in use."""
-        if not self._lock.acquire(False):  # positional: the hot path
+        """Take the env for one call (give it back with
+        ``self._claim.append(True)``), or raise if it is closed or in use."""
+        try:
+            self._claim.pop()
+        except IndexError:
             raise EnvStateError(
                 f"this {self.env_id} VecEnv is being used by another thread; "
-                "a VecEnv takes one call at a time")
+                "a VecEnv takes one call at a time") from None
         if self.closed:
-            self._lock.release()
-            raise EnvStateError(f"this {self.env_id} VecEnv is closed")
+            self._claim.append(True)
+            _refuse_closed(self.env_id)
 
     _EPISODE_STATS = ("episode_returns", "episode_lengths", "episode_times")
 
@@ -493,18 +538,20 @@ class BatchedVecEnv(VectorEnv):
             if self._info_lengths is not None:
                 self._add_env_infos(info, self._buffers, mask)
         finally:
-            self._lock.release()
+            self._claim.append(True)
         return (leaves.copy_value(self._obs) if self._copy else self._obs), info
 
     def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
         """Step every env; returns (obs, rewards, terminations, truncations, info)."""
         # The hot path: keep it to a few attribute lookups and one call
         # (_acquire's tests inline: a method call is a visible share of it).
-        lock = self._lock
-        if not lock.acquire(False):
+        claim = self._claim
+        try:
+            claim.pop()
+        except IndexError:
             self._acquire()  # (raises: in use by another thread)
-        elif self.closed:
-            lock.release()
+        if self.closed:  # (before the actions are written)
+            claim.append(True)
             self._acquire()  # (raises: closed)
         try:
             if self._maybe_running:
@@ -517,15 +564,18 @@ class BatchedVecEnv(VectorEnv):
             else:
                 self._convert_actions(actions)
             try:
-                self._last_num_done = num_done = self._stepper.step()
+                num_done = self._step_fn(self._step_arg)
+                if num_done < 0:
+                    self._step_failed(num_done)
             except BaseException:  # (envs may have stepped: step_info describes no step)
                 self._last_num_done = None
                 raise
+            self._last_num_done = num_done
             info = self._done_info() if num_done else {}
             if self._more_info:
                 self._add_more_info(info)
         finally:
-            lock.release()
+            claim.append(True)
         if self._copy:
             return (leaves.copy_value(self._obs), self._rewards.copy(), self._terminations.copy(),
                     self._truncations.copy(), info)
@@ -585,22 +635,28 @@ class BatchedVecEnv(VectorEnv):
         number of episodes that ended, and ``step_info()`` builds the info
         step() would have returned.  The actions get step()'s checks: an
         action out of range raises step()'s error and steps no env."""
-        lock = self._lock
-        if not lock.acquire(False):
-            self._acquire()  # (raises: in use by another thread)
-        elif self.closed:
-            lock.release()
-            self._acquire()  # (raises: closed)
+        # The hot path of PufferLib's loop: the bare native call (in process:
+        # NativeSession.bare_step) between taking the env and giving it back.
+        # A closed env's _step_fn raises that it is closed: nothing was
+        # written before it, so the test of `closed` can wait until then.
+        claim = self._claim
         try:
-            if self._maybe_running:
+            claim.pop()
+        except IndexError:
+            self._acquire()  # (raises: in use by another thread)
+        try:
+            if self._maybe_running and not self.closed:
                 self._check_buffers_free()
             try:
-                self._last_num_done = num_done = self._stepper.step()
+                num_done = self._step_fn(self._step_arg)
+                if num_done < 0:
+                    self._step_failed(num_done)
             except BaseException:  # (envs may have stepped: step_info describes no step)
                 self._last_num_done = None
                 raise
+            self._last_num_done = num_done
         finally:
-            lock.release()
+            claim.append(True)
         return num_done
 
     def step_info(self) -> dict[str, Any]:
@@ -619,7 +675,7 @@ class BatchedVecEnv(VectorEnv):
                 self._add_more_info(info)
             return info
         finally:
-            self._lock.release()
+            self._claim.append(True)
 
     # ---- async mode (EnvPool's names) ---------------------------------------------------
     # An env is IDLE (the trainer holds it: send it), IN_FLIGHT (being stepped)
@@ -640,7 +696,7 @@ class BatchedVecEnv(VectorEnv):
             self._rewards[:] = 0  # a fresh episode has earned nothing
             self._dones[:] = False
         finally:
-            self._lock.release()
+            self._claim.append(True)
 
     def send(self, actions: Any, env_ids: Any) -> None:
         """Start stepping the envs env_ids (each idle: received, not sent since)
@@ -673,7 +729,7 @@ class BatchedVecEnv(VectorEnv):
             self._last_num_done = None  # (step_info: no step to describe)
             self._stepper.send(ids)
         finally:
-            self._lock.release()
+            self._claim.append(True)
 
     def _rows_of(self, ids: np.ndarray) -> np.ndarray:
         """The rows of envs ids (a multi-agent env's agents, agent-major)."""
@@ -729,7 +785,7 @@ class BatchedVecEnv(VectorEnv):
             ids = self._stepper.recv(self.batch_size)
             return self._gather(ids)
         finally:
-            self._lock.release()
+            self._claim.append(True)
 
     #: gathered only for a batch in which an episode ended (only then in its
     #: info; the leaves "final_observations.<k>" of a composite space too)
@@ -860,7 +916,7 @@ class BatchedVecEnv(VectorEnv):
         try:
             frames = self._render_frames()
         finally:
-            self._lock.release()
+            self._claim.append(True)
         return tuple(frames)
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
@@ -882,12 +938,23 @@ class BatchedVecEnv(VectorEnv):
 
     def close(self, **kwargs: Any) -> None:
         """Free the envs.  Idempotent; waits for a call in progress on another thread."""
-        lock = getattr(self, "_lock", None)
-        if lock is None:  # __init__ failed before creating anything
+        claim = getattr(self, "_claim", None)
+        if claim is None:  # __init__ failed before creating anything
             return
-        with lock:
+        while True:  # (a call holds the env for as long as it runs)
+            try:
+                claim.pop()
+                break
+            except IndexError:
+                time.sleep(_CLOSE_POLL_S)
+        try:
+            # (before what they call is freed)
+            self._step_fn, self._step_arg = _refuse_closed, self.env_id
+            self._step_failed = _unexpected_step_result
             self._release()
             self.closed = True
+        finally:
+            claim.append(True)
         # taken before closing them: an owned client closes this env back
         owned, self._owned = self._owned, []
         for resource in owned:

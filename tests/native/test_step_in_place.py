@@ -6,8 +6,10 @@ fast path, inline); the same error as step() for a bad action written into
 the buffer, with no env stepped; the state rules of step()."""
 from __future__ import annotations
 
+import gc
 import pickle
 import threading
+import weakref
 
 import numpy as np
 import pytest
@@ -155,7 +157,7 @@ def test_step_info_needs_a_step_and_a_closed_or_busy_env_refuses():
     env.reset()
     with pytest.raises(EnvStateError, match="none since the last reset"):
         env.step_info()
-    env._lock.acquire()  # another thread's call in progress
+    env._claim.pop()  # another thread's call in progress
     try:
         failed = []
         thread = threading.Thread(target=lambda: failed.append(_raises(env.step_in_place)))
@@ -163,7 +165,7 @@ def test_step_info_needs_a_step_and_a_closed_or_busy_env_refuses():
         thread.join()
         assert failed == [EnvStateError]
     finally:
-        env._lock.release()
+        env._claim.append(True)
     env.close()
     with pytest.raises(EnvStateError, match="closed"):
         env.step_in_place()
@@ -248,3 +250,57 @@ def test_step_info_after_a_step_that_failed_describes_no_step(in_place):
                 env.step(actions)
         with pytest.raises(EnvStateError, match="step_info"):
             env.step_info()
+
+
+@pytest.mark.parametrize("env_id, kwargs", [("CartPole-v1", {"num_threads": 0}),
+                                            ("CartPole-v1", {"num_threads": 1}),
+                                            ("py:CartPole-v1", {"num_workers": 0})])
+def test_a_dropped_env_is_freed_at_once(env_id, kwargs):
+    """The step paths' step function and its argument (the native step and
+    the session's handle) hold no reference back to the env: an env dropped
+    without close() is freed at once, its envs and threads with it, with no
+    garbage collector."""
+    gc.disable()
+    try:
+        env = envd.make(env_id, NUM_ENVS, seed=0, **kwargs)
+        env.reset(seed=0)
+        env.step_in_place()
+        env.step(env.actions.copy())
+        env.close()  # (closing binds the closed error: no reference back either)
+        alive = weakref.ref(env)
+        del env
+        assert alive() is None
+        env = envd.make(env_id, NUM_ENVS, seed=0, **kwargs)
+        env.reset(seed=0)
+        env.step_in_place()
+        alive = weakref.ref(env)
+        del env
+        assert alive() is None
+    finally:
+        gc.enable()
+
+
+def test_a_refused_in_place_step_gives_the_env_back():
+    """Every way step_in_place() is refused (in flight, a bad action, another
+    thread's call) leaves the env usable at once by the next call."""
+    with envd.make("CartPole-v1", NUM_ENVS, seed=0, num_threads=1) as env:
+        env.async_reset(seed=0)
+        with pytest.raises(EnvStateError, match="wait for recv"):
+            env.step_in_place()
+        env.recv()  # (the env was given back: recv is not "in use")
+        env.reset(seed=0)
+        env.actions[...] = 0
+        env.actions[1] = 9
+        with pytest.raises(InvalidActionError):
+            env.step_in_place()
+        env.actions[1] = 1
+        assert env.step_in_place() == 0
+        env._claim.pop()  # another thread's call in progress
+        try:
+            with pytest.raises(EnvStateError, match="another thread"):
+                env.step_in_place()
+            with pytest.raises(EnvStateError, match="another thread"):
+                env.step(env.actions.copy())
+        finally:
+            env._claim.append(True)
+        assert env.step_in_place() == 0

@@ -175,7 +175,9 @@ def test_close_drops_the_stepper_and_every_call_is_refused(env_id, num_workers):
     env.close()
     assert env._stepper is NO_STEPPER
     actions = np.zeros(2, np.int64)
-    for call in (env.reset, lambda: env.step(actions), lambda: env.send(actions, np.arange(2)), env.recv):
+    bad = np.full(2, 7, np.int64)  # (closed is said first, before any action is looked at)
+    for call in (env.reset, lambda: env.step(actions), lambda: env.step(bad),
+                 env.step_in_place, lambda: env.send(actions, np.arange(2)), env.recv):
         with pytest.raises(envd.EnvStateError, match="closed"):
             call()
     for call in (lambda: NO_STEPPER.reset(False, False), lambda: NO_STEPPER.async_reset(False),
@@ -250,10 +252,33 @@ def test_max_episode_steps_zero_means_no_time_limit():
             assert not (term | trunc).any()
 
 
-def test_a_second_thread_gets_a_clear_error_and_close_waits():
+def test_close_waits_until_the_call_in_progress_gives_the_env_back():
+    """close() from another thread returns only once the call holding the
+    env gives it back (here the test holds it, as a call would), then every
+    call says closed."""
+    env = envd.make("CartPole-v1", 4, seed=0)
+    env.reset(seed=0)
+    env._claim.pop()  # a call in progress
+    closer = threading.Thread(target=env.close)
+    try:
+        closer.start()
+        closer.join(timeout=0.2)
+        assert closer.is_alive() and not env.closed  # (it cannot end while the env is held)
+        assert env._native is not None  # (nothing freed under the holder)
+    finally:
+        env._claim.append(True)
+    closer.join(timeout=60)
+    assert not closer.is_alive() and env.closed
+    with pytest.raises(envd.EnvStateError, match="closed"):
+        env.step_in_place()
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_a_second_thread_gets_a_clear_error_and_close_waits(in_place):
     """One call at a time: a step racing another thread's step raises
     EnvStateError; close() from another thread waits for the step in progress
-    instead of freeing memory under it."""
+    (step(), or step_in_place(): the bare native call) instead of freeing
+    memory under it."""
     env = envd.make("Acrobot-v1", 200_000, seed=0, num_threads=1)
     env.reset()
     actions = np.zeros(env.num_envs, np.int64)
@@ -263,7 +288,10 @@ def test_a_second_thread_gets_a_clear_error_and_close_waits():
         started.set()
         try:
             for _ in range(3):
-                env.step(actions)
+                if in_place:
+                    env.step_in_place()
+                else:
+                    env.step(actions)
         except envd.EnvStateError as exc:  # in use, or closed under us
             errors.append(exc)
 
