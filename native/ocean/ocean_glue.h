@@ -365,6 +365,30 @@ static int ocean_step(void *state, envd_rng_t *rng, const void *action, void *ob
     return ENVD_OK;
 }
 
+/* ocean_step_envs for one agent and one integer action per env (the usual
+ * Ocean env): the same steps with the generic loop's per-env reads of the
+ * state's layout gone (agents, action kind and count, the bound test's
+ * loads), which were twice PufferLib's whole loop per env around a cheap
+ * c_step (callgrind of squared at N=64: 57 instructions an env against 8). */
+static inline int64_t ocean_step_envs_one(unsigned char *states, size_t stride, int64_t count,
+                                          const unsigned char *acts, size_t action_bytes,
+                                          unsigned char *out, size_t obs_bytes, double *rewards,
+                                          bool *terminated, bool *ended,
+                                          envd_ocean_streams_t **current)
+{
+    for (int64_t k = 0; k < count; k++) {
+        ocean_state_t *st = (ocean_state_t *)(states + (size_t)k * stride);
+        *st->env.actions = (ocean_act_t)*(const int64_t *)(acts + (size_t)k * action_bytes);
+        *current = &st->streams;
+        c_step(&st->env);
+        ocean_give_obs(st, out + (size_t)k * obs_bytes);
+        rewards[k] = (double)*st->env.rewards;
+        terminated[k] = *st->env.terminals != 0;
+        ended[k] = st->env.log.n > 0.0f;
+    }
+    return count;
+}
+
 /* ocean_step for count envs in a row: PufferLib's vec_step loop, with each
  * env's own stream selected around its c_step.  ended[k]: the env's Log
  * counted an episode (ocean_episode_end's test). */
@@ -381,6 +405,16 @@ static int64_t ocean_step_envs(void *state, size_t stride, int64_t count, const 
      * makes it a value gcc cannot recompute. */
     envd_ocean_streams_t **current = &envd_ocean_current;
     __asm__("" : "+r"(current));
+    /* Every env of a vec has the same layout (the host describes them alike):
+     * the first env's says which loop steps them all. */
+    const ocean_state_t *first = state;
+    if (count > 0 && first->agents == 1 && first->act_kind != ENVD_SPACE_BOX &&
+        first->act_numel == 1) {
+        ocean_step_envs_one(states, stride, count, acts, action_bytes, out, obs_bytes, rewards,
+                            terminated, ended, current);
+        *current = NULL;
+        return count;
+    }
     for (int64_t k = 0; k < count; k++) {
         ocean_state_t *st = (ocean_state_t *)(states + (size_t)k * stride);
         ocean_take_actions(st, acts + (size_t)k * action_bytes);
@@ -408,10 +442,12 @@ static int ocean_episode_end(void *state, double *values)
     float n = st->env.log.n;
     if (!(n > 0.0f))
         return 0;
-    /* vec_log: every float of the Log divided by n, then my_log */
+    /* vec_log: every float of the Log divided by n, then my_log (n is
+     * nearly always 1, by which a division changes no float) */
     Log mean = st->env.log;
-    for (size_t j = 0; j < sizeof(Log) / sizeof(float); j++)
-        ((float *)&mean)[j] /= n;
+    if (n != 1.0f)
+        for (size_t j = 0; j < sizeof(Log) / sizeof(float); j++)
+            ((float *)&mean)[j] /= n;
     memset(&st->env.log, 0, sizeof(Log));
     /* Only the header is cleared: the records are written before they are
      * read.  Appended without the by-name search, and read by place when

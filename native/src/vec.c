@@ -65,6 +65,14 @@
 #define HELP_ALONE_BELOW_NS 100000.0
 #define ALONE_MAX_IN_FLIGHT 2
 #define CHUNKS_PER_THREAD 4
+/* A blocking step estimated under UNTIMED_BELOW_NS runs inline and only one
+ * in TIMED_EVERY is timed: its estimate decides nothing but that (an 8-fold
+ * rise is needed to reach the threshold, and the estimate follows within a
+ * few dozen steps), and the two clock reads of a timed step (20-50 ns each
+ * on a VM) were a sixth of a cheap env's whole native step at N=64
+ * (puffer:squared). */
+#define UNTIMED_BELOW_NS (INLINE_BELOW_NS / 8)
+#define TIMED_EVERY 8
 #define COST_EWMA_WEIGHT 0.125
 
 /* The most work a run for an event loop (a NOTIFY run: the daemon's socket
@@ -199,7 +207,8 @@ static double now_ns(void)
     return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
 }
 
-/* The clock read once per chunk, and only if the chunk needs it. */
+/* The clock read once per chunk, and only if the chunk needs it (a step's
+ * chunk: read as it started, step_range). */
 typedef struct lazy_clock {
     double seconds; /* 0 until read */
 } lazy_clock_t;
@@ -488,91 +497,103 @@ static int64_t as_length(double value)
     return value < 9.2e18 ? (int64_t)llround(value) : INT64_C(9200000000000000000);
 }
 
-/* What follows an env's step for an env that resets itself
- * (ENVD_ENV_RESETS_ITSELF): no autoreset, no time limit, truncated false;
- * an episode ended when episode_end says so (asked only when may_have_ended),
- * and then for every row of the env (its statistics from the log's
- * episode_return/episode_length where it has them, else the host's running
- * sums; the log's values into episode_log, zeros there for an env whose
- * episode did not end).  reward and term: the env's A agents' outputs; rc:
- * the step's; summed: the caller already added reward to the host's sums.
- * Returns the rows whose episode ended.  A is vec->agents, a
- * constant 1 in step_range's loops for single-agent envs: inlined there, the
- * arrays are fixed and the loops over agents gone (the per-row books were
- * most of envd's share of a cheap env's step: perf of puffer:squared). */
+/* The books of env i, an env that resets itself (ENVD_ENV_RESETS_ITSELF),
+ * after its step, beyond its rows' plain outputs (the caller wrote those:
+ * reward, terminated, truncated false, episode statistics 0): its info
+ * fields, and whether its episode ended (episode_end says so, asked only
+ * when may_have_ended).  An ended episode gives every row of the env its
+ * statistics (from the log's episode_return/episode_length where it has
+ * them, else the host's running sums, this step's reward included) and the
+ * log's values in episode_log; an env whose episode did not end has zeros
+ * there.  rc: the step's.  Returns the rows whose episode ended.  A is
+ * vec->agents, a constant 1 in step_range's loops for single-agent envs:
+ * inlined there, the loops over agents are gone. */
 static inline __attribute__((always_inline)) int64_t
-finish_self_resetting_env(run_t *run, envd_vec_t *vec, int64_t i, const int64_t A,
-                          const double *reward, const bool *term, bool may_have_ended, int rc,
-                          bool summed, lazy_clock_t *clock)
+finish_flagged_env(run_t *run, envd_vec_t *vec, int64_t i, const int64_t A, bool may_have_ended,
+                   int rc, lazy_clock_t *clock)
 {
     const envd_vec_buffers_t *b = &vec->buf;
-    const bool host_sums = vec->host_sums;
+    const int num_log = vec->num_log;
     if (rc == ENVD_OK)
         rc = write_info(vec, i);
-    /* Only the env's num_log fields are read: clearing all
-     * ENVD_MAX_EPISODE_FIELDS every step was a sixth of this function's time
-     * on pong, a cheap env (perf). */
-    const int num_log = vec->num_log;
-    double values[ENVD_MAX_EPISODE_FIELDS];
-    for (int f = 0; f < num_log; f++)
-        values[f] = 0.0;
     int ended = 0;
+    /* Only the env's num_log fields; cleared so that a log that writes fewer
+     * leaks no stack into the rows. */
+    double values[ENVD_MAX_EPISODE_FIELDS];
     if (rc == ENVD_OK && may_have_ended && vec->episode_end) {
+        for (int f = 0; f < num_log; f++)
+            values[f] = 0.0;
         ended = vec->episode_end(state_of(vec, i), values);
         if (ended < 0) {
             rc = ENVD_EENV;
             ended = 0;
         }
     }
-    env_slot_t *slot = slot_of(vec, i); /* (read only where an episode ended) */
-    const double seconds = ended ? rint((clock_seconds(clock) - slot->episode_start) * 1e6) / 1e6
-                                 : 0.0;
+    if (ended) {
+        env_slot_t *slot = slot_of(vec, i);
+        const double now = clock_seconds(clock);
+        const double seconds = rint((now - slot->episode_start) * 1e6) / 1e6;
+        for (int64_t a = 0; a < A; a++) {
+            const int64_t row = i * A + a;
+            b->episode_returns[row] =
+                vec->log_return >= 0 ? values[vec->log_return] : vec->sum_returns[row];
+            b->episode_lengths[row] = vec->log_length >= 0 ? as_length(values[vec->log_length])
+                                                           : vec->sum_lengths[row];
+            for (int f = 0; f < num_log; f++)
+                b->episode_log[row * num_log + f] = values[f];
+            if (vec->host_sums) {
+                vec->sum_returns[row] = 0.0;
+                vec->sum_lengths[row] = 0;
+            }
+            if (b->episode_times)
+                b->episode_times[row] = seconds;
+            if (b->dones)
+                b->dones[row] = true;
+        }
+        slot->episode_start = now;
+        if (num_log > 0)
+            vec->log_set[i] = true;
+    } else if (num_log > 0 && vec->log_set[i]) {
+        /* the rows of an env whose episode did not end read 0 (vec.h): a
+         * step's whole log is its info, with no pass over the rows */
+        double *log = b->episode_log + i * A * num_log;
+        for (int64_t f = 0; f < A * num_log; f++)
+            log[f] = 0.0;
+        vec->log_set[i] = false;
+    }
+    if (rc != ENVD_OK)
+        record_error(run, ENVD_EENV, i);
+    return ended ? A : 0;
+}
+
+/* What follows an env's step for an env that resets itself: no autoreset,
+ * no time limit, truncated false; its rows' outputs from reward and term
+ * (the env's A agents'), the host's sums, then finish_flagged_env. */
+static inline __attribute__((always_inline)) int64_t
+finish_self_resetting_env(run_t *run, envd_vec_t *vec, int64_t i, const int64_t A,
+                          const double *reward, const bool *term, bool may_have_ended, int rc,
+                          lazy_clock_t *clock)
+{
+    const envd_vec_buffers_t *b = &vec->buf;
     for (int64_t a = 0; a < A; a++) {
         const int64_t row = i * A + a;
-        /* the host's own sums (only with host_sums) */
-        double *sum = host_sums ? &vec->sum_returns[row] : NULL;
-        int64_t *length = host_sums ? &vec->sum_lengths[row] : NULL;
-        if (host_sums && !summed) {
-            *sum += reward[a];
-            (*length)++;
+        if (vec->host_sums) {
+            vec->sum_returns[row] += reward[a];
+            vec->sum_lengths[row]++;
         }
         b->rewards[row] = (float)reward[a];
         b->terminations[row] = term[a];
         b->truncations[row] = false;
         if (A > 1)
             b->agent_mask[row] = true;
-        if (ended) {
-            b->episode_returns[row] = vec->log_return >= 0 ? values[vec->log_return] : *sum;
-            b->episode_lengths[row] =
-                vec->log_length >= 0 ? as_length(values[vec->log_length]) : *length;
-            if (num_log > 0)
-                memcpy(b->episode_log + row * num_log, values, (size_t)num_log * sizeof *values);
-            if (host_sums) {
-                *sum = 0.0;
-                *length = 0;
-            }
-        } else {
-            b->episode_returns[row] = 0.0;
-            b->episode_lengths[row] = 0;
-        }
+        b->episode_returns[row] = 0.0;
+        b->episode_lengths[row] = 0;
         if (b->episode_times)
-            b->episode_times[row] = seconds;
+            b->episode_times[row] = 0.0;
         if (b->dones)
-            b->dones[row] = ended > 0;
+            b->dones[row] = false;
     }
-    if (ended) {
-        slot->episode_start = clock_seconds(clock);
-        if (num_log > 0)
-            vec->log_set[i] = true;
-    } else if (num_log > 0 && vec->log_set[i]) {
-        /* the rows of an env whose episode did not end read 0 (vec.h): a
-         * step's whole log is its info, with no pass over the rows */
-        memset(b->episode_log + i * A * num_log, 0, (size_t)(A * num_log) * sizeof(double));
-        vec->log_set[i] = false;
-    }
-    if (rc != ENVD_OK)
-        record_error(run, ENVD_EENV, i);
-    return ended ? A : 0;
+    return finish_flagged_env(run, vec, i, A, may_have_ended, rc, clock);
 }
 
 /* One step of env i, an env that resets itself, through its step callback. */
@@ -593,35 +614,60 @@ step_self_resetting_env(run_t *run, envd_vec_t *vec, int64_t i, const int64_t A,
     void *obs = (unsigned char *)vec->buf.observations + (size_t)i * vec->obs_bytes;
     int rc = vec->def->step(state_of(vec, i), &slot_of(vec, i)->rng, action, obs, reward, term,
                             trunc);
-    return finish_self_resetting_env(run, vec, i, A, reward, term, true, rc, false, clock);
+    return finish_self_resetting_env(run, vec, i, A, reward, term, true, rc, clock);
 }
 
-/* Rows whose outputs one step_envs call leaves on the stepping thread's
+/* Rows whose rewards one step_envs call leaves on the stepping thread's
  * stack for the books after it (as many envs as fit, one at least). */
 #define STEP_ENVS_ROWS 256
 
-/* finish_self_resetting_env for the envs first..first+count-1 that a
- * step_envs call stepped without error: the host's sums (host_sums) and the
- * rows of the envs whose episode did not end (nearly all, most steps) are
- * written array by array, one pass each; only the envs step_envs flagged
- * (ended) and those with info fields to write go through
- * finish_self_resetting_env, which rewrites their rows, and the log rows of
- * an env whose episode ended in its last step are cleared.  Env by env, the
- * books were a third of envd's own cost per env of a cheap env's step (perf
- * of pong at N=1024: about 3.5 ns of 10).  Returns the rows whose episode
- * ended. */
+/* Eight bools read as one word: the mask of flag j, and the first flag set
+ * (w != 0), whatever the byte order. */
+static inline uint64_t flag_mask(int j)
+{
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    return (uint64_t)0xff << (56 - 8 * j);
+#else
+    return (uint64_t)0xff << (8 * j);
+#endif
+}
+
+static inline int first_flag(uint64_t w)
+{
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    return __builtin_clzll(w) >> 3;
+#else
+    return __builtin_ctzll(w) >> 3;
+#endif
+}
+
+/* The books of the envs first..first+count-1 that a step_envs call stepped
+ * without error (their terminated flags are already in their rows): the
+ * rewards and the host's sums, then the rows of every env as if its episode
+ * did not end, array by array, one pass each; then only the envs step_envs
+ * flagged (ended) and those whose log rows hold the values of an episode
+ * that ended in their last step go through finish_flagged_env (every env
+ * where the env has info fields), found eight flags at a time.  Env by env,
+ * the books were a third of envd's own cost per env of a cheap env's step
+ * (perf of pong at N=1024: about 3.5 ns of 10).  Returns the rows whose
+ * episode ended. */
 static inline __attribute__((always_inline)) int64_t
 finish_self_resetting_rows(run_t *run, envd_vec_t *vec, int64_t first, int64_t count,
-                           const int64_t A, const double *reward, const bool *term,
-                           const bool *ended, lazy_clock_t *clock)
+                           const int64_t A, const double *reward, const bool *ended,
+                           lazy_clock_t *clock)
 {
     const envd_vec_buffers_t *b = &vec->buf;
     const int64_t r0 = first * A;
     const size_t rows = (size_t)(count * A);
-    for (size_t r = 0; r < rows; r++) {
-        b->rewards[r0 + (int64_t)r] = (float)reward[r];
-        b->terminations[r0 + (int64_t)r] = term[r];
-    }
+    /* eight at a time: a loop of a known count, which gcc vectorizes at -O2
+     * (a loop of unknown count it leaves scalar: 6 instructions a row) */
+    float *rewards = b->rewards + r0;
+    size_t r = 0;
+    for (; r + 8 <= rows; r += 8)
+        for (size_t j = 0; j < 8; j++)
+            rewards[r + j] = (float)reward[r + j];
+    for (; r < rows; r++)
+        rewards[r] = (float)reward[r];
     if (vec->host_sums)
         for (size_t r = 0; r < rows; r++) {
             vec->sum_returns[r0 + (int64_t)r] += reward[r];
@@ -636,85 +682,81 @@ finish_self_resetting_rows(run_t *run, envd_vec_t *vec, int64_t first, int64_t c
         memset(b->dones + r0, 0, rows * sizeof *b->dones);
     if (A > 1)
         memset(b->agent_mask + r0, true, rows * sizeof *b->agent_mask);
-    const bool info = vec->def->num_info_fields > 0;
-    const bool *log_set = vec->num_log > 0 ? vec->log_set + first : NULL;
     int64_t done = 0;
-    for (int64_t k = 0; k < count; k++) {
-        /* eight envs at a time while none is flagged (most steps of most
-         * envs): a test per env was a fifth of these books */
-        _Static_assert(sizeof(bool) == 1, "eight flags are a uint64_t");
-        if (!info && k + 8 <= count) {
-            uint64_t flags, logs = 0;
-            memcpy(&flags, ended + k, sizeof flags);
-            if (log_set)
-                memcpy(&logs, log_set + k, sizeof logs);
-            if ((flags | logs) == 0) {
-                k += 7;
-                continue;
-            }
-        }
-        if (ended[k] || info) {
-            done += finish_self_resetting_env(run, vec, first + k, A, reward + k * A,
-                                              term + k * A, ended[k], ENVD_OK, true, clock);
-        } else if (log_set && log_set[k]) {
-            /* the step after an episode end: its rows are written above but
-             * for its log rows (finish_self_resetting_env's clear) */
-            const int num_log = vec->num_log;
-            memset(b->episode_log + (first + k) * A * num_log, 0,
-                   (size_t)(A * num_log) * sizeof(double));
-            vec->log_set[first + k] = false;
+    if (vec->def->num_info_fields > 0) {
+        for (int64_t k = 0; k < count; k++)
+            done += finish_flagged_env(run, vec, first + k, A, ended[k], ENVD_OK, clock);
+        return done;
+    }
+    const bool *log_set = vec->num_log > 0 ? vec->log_set + first : NULL;
+    int64_t k = 0;
+    _Static_assert(sizeof(bool) == 1, "eight flags are a uint64_t");
+    for (; k + 8 <= count; k += 8) {
+        uint64_t flags, logs = 0;
+        memcpy(&flags, ended + k, sizeof flags);
+        if (log_set)
+            memcpy(&logs, log_set + k, sizeof logs);
+        for (flags |= logs; flags != 0;) {
+            const int j = first_flag(flags);
+            flags &= ~flag_mask(j);
+            done += finish_flagged_env(run, vec, first + k + j, A, ended[k + j], ENVD_OK, clock);
         }
     }
+    for (; k < count; k++)
+        if (ended[k] || (log_set && log_set[k]))
+            done += finish_flagged_env(run, vec, first + k, A, ended[k], ENVD_OK, clock);
     return done;
 }
 
 /* Envs begin..end-1, envs that reset themselves, through their step_envs
  * callback: a call steps up to STEP_ENVS_ROWS rows' envs in one loop of the
- * env's own, then the host's books run over them (finish_self_resetting_rows).
- * A call that returns k < count (env k failed) is resumed after env k; a
- * return outside 0..count fails the call's envs not yet finished.  Returns the rows whose episode ended.
- * A as in finish_self_resetting_env. */
+ * env's own, writing their terminated flags straight into their rows
+ * (cleared first: the callback's flags start false), then the host's books
+ * run over them (finish_self_resetting_rows).  A call that returns k < count
+ * (env k failed) is resumed after env k; a return outside 0..count fails the
+ * call's envs not yet finished.  Returns the rows whose episode ended.  A as
+ * in finish_flagged_env. */
 static inline __attribute__((always_inline)) int64_t
 step_self_resetting_envs(run_t *run, envd_vec_t *vec, int64_t begin, int64_t end,
                          const int64_t A, lazy_clock_t *clock)
 {
     const int64_t per_call = A < STEP_ENVS_ROWS ? STEP_ENVS_ROWS / A : 1;
-    /* per_call * A <= max(STEP_ENVS_ROWS, ENVD_MAX_AGENTS): at most 40 KiB */
+    /* per_call * A <= max(STEP_ENVS_ROWS, ENVD_MAX_AGENTS): at most 32 KiB */
     double reward[per_call * A];
-    bool term[per_call * A], ended[per_call];
+    bool ended[per_call];
+    bool *terms = vec->buf.terminations;
     unsigned char *obs = vec->buf.observations;
     int64_t done = 0;
     for (int64_t first = begin; first < end; first += per_call) {
         const int64_t count = end - first < per_call ? end - first : per_call;
-        for (int64_t r = 0; r < count * A; r++) {
-            reward[r] = 0.0;
-            term[r] = false;
-        }
+        memset(reward, 0, (size_t)(count * A) * sizeof *reward);
+        memset(terms + first * A, 0, (size_t)(count * A) * sizeof *terms);
         /* an env whose ended[k] the callback left unwritten: episode_end decides */
-        for (int64_t r = 0; r < count; r++)
-            ended[r] = true;
+        memset(ended, true, (size_t)count * sizeof *ended);
         for (int64_t k = 0; k < count;) {
             const int64_t i = first + k;
             int64_t got = vec->step_envs(state_of(vec, i), vec->stride, count - k,
                                          vec->actions + (size_t)i * vec->action_bytes,
                                          vec->action_bytes, obs + (size_t)i * vec->obs_bytes,
-                                         vec->obs_bytes, reward + k * A, term + k * A, ended + k);
+                                         vec->obs_bytes, reward + k * A, terms + i * A,
+                                         ended + k);
             /* A return outside 0..count-k says nothing of which envs it
              * stepped: every env of the call fails, none is stepped again. */
             const bool broken = got < 0 || got > count - k;
             if (broken)
                 got = 0;
-            done += finish_self_resetting_rows(run, vec, first + k, got, A, reward + k * A,
-                                               term + k * A, ended + k, clock);
+            done += finish_self_resetting_rows(run, vec, i, got, A, reward + k * A, ended + k,
+                                               clock);
             k += got;
             for (const int64_t last = broken ? count : k + 1; k < count && k < last; k++) {
                 /* env first + k failed: its outputs are not the env's */
+                bool no_terms[A];
                 for (int64_t a = 0; a < A; a++) {
                     reward[k * A + a] = 0.0;
-                    term[k * A + a] = false;
+                    no_terms[a] = false;
                 }
                 done += finish_self_resetting_env(run, vec, first + k, A, reward + k * A,
-                                                  term + k * A, false, ENVD_EENV, false, clock);
+                                                  no_terms, false, ENVD_EENV, clock);
             }
         }
     }
@@ -722,13 +764,18 @@ step_self_resetting_envs(run_t *run, envd_vec_t *vec, int64_t begin, int64_t end
 }
 
 /* Items [begin, end) of a run: envs begin..end-1, or those ids of a batch
- * (two loops, so the whole-vec step keeps its plain one). */
-static void step_range(void *ctx, int64_t begin, int64_t end)
+ * (two loops, so the whole-vec step keeps its plain one); returns the rows
+ * whose episode ended (a pooled chunk adds them to the run's count, an
+ * inline run stores them: no locked add on the inline path).  started_ns: the
+ * clock read as the range started (its caller times it), which is the
+ * range's episode clock: a read more in a step of a cheap env that ends an
+ * episode was about a tenth of the step (a clock read costs 20-50 ns on a
+ * VM; squared at N=64). */
+static int64_t step_range(run_t *run, int64_t begin, int64_t end, double started_ns)
 {
-    run_t *run = ctx;
     envd_vec_t *vec = run->vec;
     int64_t done = 0;
-    lazy_clock_t clock = {0};
+    lazy_clock_t clock = {started_ns * 1e-9};
     const int64_t base = run->ids ? run->first_id : 0; /* items are envs base + k */
     if (vec->step_envs && base >= 0)
         done = vec->agents == 1
@@ -751,8 +798,7 @@ static void step_range(void *ctx, int64_t begin, int64_t end)
     else
         for (int64_t i = begin; i < end; i++)
             done += step_env(run, vec, i, &clock);
-    if (done)
-        atomic_fetch_add(&run->num_done, done);
+    return done;
 }
 
 /* A pooled chunk also measures itself, feeding the cost estimate. */
@@ -760,7 +806,9 @@ static void timed_step_range(void *ctx, int64_t begin, int64_t end)
 {
     run_t *run = ctx;
     double t0 = now_ns();
-    step_range(ctx, begin, end);
+    const int64_t done = step_range(run, begin, end, t0);
+    if (done)
+        atomic_fetch_add(&run->num_done, done);
     atomic_fetch_add_explicit(&run->chunk_ns, (int64_t)(now_ns() - t0), memory_order_relaxed);
     atomic_fetch_add_explicit(&run->chunk_items, end - begin, memory_order_relaxed);
 }
@@ -1007,8 +1055,16 @@ static int run_start(envd_vec_t *vec, run_t *run, int64_t n, int job_flags)
                                  job_flags & ENVD_JOB_NOTIFY);
     if (chunk == 0) {
         vec->stats.inline_jobs++;
+        const double cost = vec->stats.cost_ns_per_env;
+        if (blocking && cost > 0.0 && cost * (double)n < UNTIMED_BELOW_NS &&
+            vec->stats.inline_jobs % TIMED_EVERY != 0) {
+            atomic_store_explicit(&run->num_done, step_range(run, 0, n, 0.0),
+                                  memory_order_relaxed);
+            run->pending = PENDING_INLINE;
+            return ENVD_OK;
+        }
         double t0 = now_ns();
-        step_range(run, 0, n);
+        atomic_store_explicit(&run->num_done, step_range(run, 0, n, t0), memory_order_relaxed);
         const double ns = now_ns() - t0;
         update_cost(vec, ns, n);
         if (blocking)
