@@ -56,17 +56,24 @@ typedef __typeof__(*((Env *)0)->actions) ocean_act_t;
 typedef __typeof__(*((Env *)0)->rewards) ocean_rew_t;
 typedef __typeof__(*((Env *)0)->terminals) ocean_term_t;
 
-/* What every step reads comes first (the env, then the fields the glue reads
- * around c_step), the random streams (read only when the env draws) after:
- * at large N each env's block is a cache miss a step, and the fewer lines a
- * step touches the better (perf of squared at N=4096). */
+/* Bytes right after the env for its action, reward and terminal buffers
+ * where they fit (ocean_place). */
+#define ENVD_OCEAN_NEAR_BYTES 48
+
+/* What every step reads comes first (the env, its small buffers, then the
+ * fields the glue reads around c_step), the random streams (read only when
+ * the env draws) after: at large N each env's block is a cache miss a step,
+ * and the fewer lines a step touches the better (perf of squared at N=4096;
+ * with its buffers after the streams, squared's step at N=64 stalled on
+ * their line: perf). */
 typedef struct ocean_state {
     Env env;
+    alignas(max_align_t) unsigned char near[ENVD_OCEAN_NEAR_BYTES];
     int32_t agents;
     envd_space_kind_t act_kind;
     int64_t obs_numel, act_numel; /* per env: every agent's */
     float act_low, act_high;
-    size_t off_obs, off_act, off_rew, off_term;
+    size_t off_obs, off_act, off_rew, off_term; /* from the state's start */
     uint64_t seed;    /* the last seed the host gave */
     bool reseed;      /* a seed came since the last reset */
     bool initialized; /* my_init ran: close runs c_close */
@@ -141,21 +148,36 @@ static int64_t ocean_act_numel(const envd_ocean_layout_t *l)
     return l->act_kind == ENVD_SPACE_DISCRETE ? 1 : ocean_numel(l->act_ndim, l->act_shape);
 }
 
-/* The private buffers after the state header: actions, rewards, terminals
- * and obs of all agents (obs last: an env bound to its rows never touches
- * it, and the others stay on few lines).  Returns the state size. */
+static size_t ocean_align_to(size_t n, size_t align) { return (n + align - 1) & ~(align - 1); }
+
+/* The private buffers: actions, rewards and terminals of all agents packed
+ * in `near` where they fit (one agent's usually do), else after the state
+ * header with the obs of all agents (obs last: an env bound to its rows
+ * never touches it).  Offsets from the state's start; returns the state
+ * size. */
 static size_t ocean_place(const envd_ocean_layout_t *l, size_t *off_obs, size_t *off_act,
                           size_t *off_rew, size_t *off_term)
 {
     size_t agents = (size_t)l->agents;
+    size_t act = agents * (size_t)ocean_act_numel(l) * sizeof(ocean_act_t);
+    size_t rew_at = ocean_align_to(act, alignof(ocean_rew_t));
+    size_t term_at = ocean_align_to(rew_at + agents * sizeof(ocean_rew_t), alignof(ocean_term_t));
+    size_t tail = offsetof(ocean_state_t, tail);
     size_t at = 0;
-    *off_act = at;
-    at = ocean_align_up(at + agents * (size_t)ocean_act_numel(l) * sizeof(ocean_act_t));
-    *off_rew = at;
-    at = ocean_align_up(at + agents * sizeof(ocean_rew_t));
-    *off_term = at;
-    at = ocean_align_up(at + agents * sizeof(ocean_term_t));
-    *off_obs = at;
+    if (term_at + agents * sizeof(ocean_term_t) <= ENVD_OCEAN_NEAR_BYTES) {
+        size_t near = offsetof(ocean_state_t, near);
+        *off_act = near;
+        *off_rew = near + rew_at;
+        *off_term = near + term_at;
+    } else {
+        *off_act = tail + at;
+        at = ocean_align_up(at + act);
+        *off_rew = tail + at;
+        at = ocean_align_up(at + agents * sizeof(ocean_rew_t));
+        *off_term = tail + at;
+        at = ocean_align_up(at + agents * sizeof(ocean_term_t));
+    }
+    *off_obs = tail + at;
     at = ocean_align_up(at + agents * (size_t)ocean_numel(l->obs_ndim, l->obs_shape) * sizeof(ocean_obs_t));
     return sizeof(ocean_state_t) + at;
 }
@@ -264,10 +286,11 @@ static int ocean_init(void *state, const double *params)
     st->act_kind = l.act_kind;
     st->act_low = (float)l.act_low;
     st->act_high = (float)l.act_high;
-    st->env.observations = (ocean_obs_t *)(st->tail + st->off_obs);
-    st->env.actions = (ocean_act_t *)(st->tail + st->off_act);
-    st->env.rewards = (ocean_rew_t *)(st->tail + st->off_rew);
-    st->env.terminals = (ocean_term_t *)(st->tail + st->off_term);
+    unsigned char *base = state;
+    st->env.observations = (ocean_obs_t *)(base + st->off_obs);
+    st->env.actions = (ocean_act_t *)(base + st->off_act);
+    st->env.rewards = (ocean_rew_t *)(base + st->off_rew);
+    st->env.terminals = (ocean_term_t *)(base + st->off_term);
 
     envd_ocean_dict_t kw, args;
     rc = ocean_kwargs(params, (int32_t)ocean_srand_seed(st), &kw);
