@@ -92,7 +92,6 @@ typedef struct env_slot {
     double episode_return;
     int64_t episode_length;
     int64_t elapsed_steps; /* for the time limit */
-    double episode_start;  /* CLOCK_MONOTONIC seconds (Python's perf_counter) */
     bool started;          /* reset at least once */
     bool needs_reset;      /* done, and not reset yet */
 } env_slot_t;
@@ -168,6 +167,11 @@ struct envd_vec {
      * env per step: cartpole, whose Log has no episode_return, perf). */
     double *sum_returns;
     int64_t *sum_lengths;
+    /* Per env: when its episode started, CLOCK_MONOTONIC seconds (Python's
+     * perf_counter).  Apart from the slots: an episode end of a cheap env
+     * that reads nothing else of its slot stalled on the slot's line
+     * (perf of puffer:squared at N=64). */
+    double *episode_starts;
     agent_t *agent_books;  /* agents > 1: num_envs * agents, row order */
     unsigned char *blocks; /* num_envs blocks of `stride` bytes */
     bool all_started;      /* every env has been reset at least once */
@@ -237,6 +241,41 @@ static void record_error(run_t *run, int rc, int64_t i)
         atomic_store(&run->error_index, i);
 }
 
+/* memset(to, byte, n) for the few rows a step writes, as plain stores: gcc
+ * inlines a memset of a variable size over a double array as `rep stos`,
+ * whose start-up cost tens of cycles (a fifth of the host's books of
+ * puffer:squared at N=64, perf), and calls memset for the others; a memset
+ * of a constant size is a few stores. */
+static inline void fill_bytes(void *to, int byte, size_t n)
+{
+    unsigned char *p = to;
+    size_t b = 0;
+    for (; b + 64 <= n; b += 64)
+        memset(p + b, byte, 64);
+    if (n - b >= 32) {
+        memset(p + b, byte, 32);
+        b += 32;
+    }
+    if (n - b >= 16) {
+        memset(p + b, byte, 16);
+        b += 16;
+    }
+    if (n - b >= 8) {
+        memset(p + b, byte, 8);
+        b += 8;
+    }
+    if (n - b >= 4) {
+        memset(p + b, byte, 4);
+        b += 4;
+    }
+    if (n - b >= 2) {
+        memset(p + b, byte, 2);
+        b += 2;
+    }
+    if (n - b >= 1)
+        p[b] = (unsigned char)byte;
+}
+
 /* ---- per-env work ---------------------------------------------------------- */
 /* The env's info fields of env i, written into its slot of each field buffer
  * (write_info_fields: only for envs that have some). */
@@ -262,7 +301,7 @@ static int reset_env(envd_vec_t *vec, int64_t i, void *obs, lazy_clock_t *clock)
     slot->elapsed_steps = 0;
     slot->episode_return = 0.0;
     slot->episode_length = 0;
-    slot->episode_start = clock_seconds(clock);
+    vec->episode_starts[i] = clock_seconds(clock);
     slot->started = true;
     slot->needs_reset = false;
     if (vec->agent_books)
@@ -318,7 +357,7 @@ static void write_episode_stats(envd_vec_t *vec, int64_t i, bool done, lazy_cloc
     b->episode_lengths[i] = done ? slot->episode_length : 0;
     if (b->episode_times)
         b->episode_times[i] =
-            done ? rint((clock_seconds(clock) - slot->episode_start) * 1e6) / 1e6 : 0.0;
+            done ? rint((clock_seconds(clock) - vec->episode_starts[i]) * 1e6) / 1e6 : 0.0;
     if (b->dones)
         b->dones[i] = done;
 }
@@ -350,7 +389,7 @@ static int64_t finish_agent_rows(envd_vec_t *vec, int64_t i, const double *rewar
     const int64_t A = vec->agents;
     const size_t one_obs = vec->obs_bytes / (size_t)A;
     unsigned char *obs = (unsigned char *)b->observations + (size_t)i * vec->obs_bytes;
-    const double episode_start = slot_of(vec, i)->episode_start;
+    const double episode_start = vec->episode_starts[i];
     int64_t ended_rows = 0;
     *all_done = true;
     for (int64_t a = 0; a < A; a++) {
@@ -521,8 +560,7 @@ finish_flagged_env(run_t *run, envd_vec_t *vec, int64_t i, const int64_t A, bool
      * leaks no stack into the rows. */
     double values[ENVD_MAX_EPISODE_FIELDS];
     if (rc == ENVD_OK && may_have_ended && vec->episode_end) {
-        for (int f = 0; f < num_log; f++)
-            values[f] = 0.0;
+        fill_bytes(values, 0, (size_t)num_log * sizeof *values);
         ended = vec->episode_end(state_of(vec, i), values);
         if (ended < 0) {
             rc = ENVD_EENV;
@@ -530,9 +568,8 @@ finish_flagged_env(run_t *run, envd_vec_t *vec, int64_t i, const int64_t A, bool
         }
     }
     if (ended) {
-        env_slot_t *slot = slot_of(vec, i);
         const double now = clock_seconds(clock);
-        const double seconds = rint((now - slot->episode_start) * 1e6) / 1e6;
+        const double seconds = rint((now - vec->episode_starts[i]) * 1e6) / 1e6;
         for (int64_t a = 0; a < A; a++) {
             const int64_t row = i * A + a;
             b->episode_returns[row] =
@@ -550,15 +587,13 @@ finish_flagged_env(run_t *run, envd_vec_t *vec, int64_t i, const int64_t A, bool
             if (b->dones)
                 b->dones[row] = true;
         }
-        slot->episode_start = now;
+        vec->episode_starts[i] = now;
         if (num_log > 0)
             vec->log_set[i] = true;
     } else if (num_log > 0 && vec->log_set[i]) {
         /* the rows of an env whose episode did not end read 0 (vec.h): a
          * step's whole log is its info, with no pass over the rows */
-        double *log = b->episode_log + i * A * num_log;
-        for (int64_t f = 0; f < A * num_log; f++)
-            log[f] = 0.0;
+        fill_bytes(b->episode_log + i * A * num_log, 0, (size_t)(A * num_log) * sizeof(double));
         vec->log_set[i] = false;
     }
     if (rc != ENVD_OK)
@@ -673,15 +708,15 @@ finish_self_resetting_rows(run_t *run, envd_vec_t *vec, int64_t first, int64_t c
             vec->sum_returns[r0 + (int64_t)r] += reward[r];
             vec->sum_lengths[r0 + (int64_t)r]++;
         }
-    memset(b->truncations + r0, 0, rows * sizeof *b->truncations);
-    memset(b->episode_returns + r0, 0, rows * sizeof *b->episode_returns);
-    memset(b->episode_lengths + r0, 0, rows * sizeof *b->episode_lengths);
+    fill_bytes(b->truncations + r0, 0, rows * sizeof *b->truncations);
+    fill_bytes(b->episode_returns + r0, 0, rows * sizeof *b->episode_returns);
+    fill_bytes(b->episode_lengths + r0, 0, rows * sizeof *b->episode_lengths);
     if (b->episode_times)
-        memset(b->episode_times + r0, 0, rows * sizeof *b->episode_times);
+        fill_bytes(b->episode_times + r0, 0, rows * sizeof *b->episode_times);
     if (b->dones)
-        memset(b->dones + r0, 0, rows * sizeof *b->dones);
+        fill_bytes(b->dones + r0, 0, rows * sizeof *b->dones);
     if (A > 1)
-        memset(b->agent_mask + r0, true, rows * sizeof *b->agent_mask);
+        fill_bytes(b->agent_mask + r0, true, rows * sizeof *b->agent_mask);
     int64_t done = 0;
     if (vec->def->num_info_fields > 0) {
         for (int64_t k = 0; k < count; k++)
@@ -729,10 +764,10 @@ step_self_resetting_envs(run_t *run, envd_vec_t *vec, int64_t begin, int64_t end
     int64_t done = 0;
     for (int64_t first = begin; first < end; first += per_call) {
         const int64_t count = end - first < per_call ? end - first : per_call;
-        memset(reward, 0, (size_t)(count * A) * sizeof *reward);
-        memset(terms + first * A, 0, (size_t)(count * A) * sizeof *terms);
+        fill_bytes(reward, 0, (size_t)(count * A) * sizeof *reward);
+        fill_bytes(terms + first * A, 0, (size_t)(count * A) * sizeof *terms);
         /* an env whose ended[k] the callback left unwritten: episode_end decides */
-        memset(ended, true, (size_t)count * sizeof *ended);
+        fill_bytes(ended, true, (size_t)count * sizeof *ended);
         for (int64_t k = 0; k < count;) {
             const int64_t i = first + k;
             int64_t got = vec->step_envs(state_of(vec, i), vec->stride, count - k,
@@ -1587,7 +1622,8 @@ uint64_t envd_vec_memory_bytes(const envd_env_def_t *def, int64_t num_envs)
     if (envd_env_def_validate(def) != ENVD_OK || num_envs < 1)
         return UINT64_MAX;
     /* per env: its block, the private copies of its action, seed and mask, its
-     * in-batch flag, its episode-log flag and its rows' books (agents, sums) */
+     * in-batch flag, its episode-log flag, its episode's start and its rows'
+     * books (agents, sums) */
     uint64_t action = mul_add((uint64_t)envd_space_numel(&def->action_space),
                               envd_dtype_size(def->action_space.dtype), 0);
     action = mul_add(action, (uint64_t)def->num_agents, 0);
@@ -1595,7 +1631,8 @@ uint64_t envd_vec_memory_bytes(const envd_env_def_t *def, int64_t num_envs)
     if (keeps_sums(envd_env_def_v5(def)))
         books += (uint64_t)def->num_agents * (sizeof(double) + sizeof(int64_t));
     uint64_t per_env =
-        mul_add(1, action, stride_of(def) + sizeof(uint64_t) + 3 * sizeof(bool) + books);
+        mul_add(1, action, stride_of(def) + sizeof(uint64_t) + 3 * sizeof(bool) + sizeof(double) +
+                               books);
     return mul_add(per_env, (uint64_t)num_envs, sizeof(envd_vec_t));
 }
 
@@ -1610,6 +1647,7 @@ static void free_buffers(envd_vec_t *vec)
     free(vec->log_set);
     free(vec->sum_returns);
     free(vec->sum_lengths);
+    free(vec->episode_starts);
 }
 
 int envd_vec_create(envd_vec_t **out, const envd_env_def_t *def,
@@ -1647,10 +1685,11 @@ int envd_vec_create(envd_vec_t **out, const envd_env_def_t *def,
     vec->seeds = malloc(n * sizeof *vec->seeds);
     vec->mask = malloc(n * sizeof *vec->mask);
     vec->in_batch = calloc(n, sizeof *vec->in_batch);
+    vec->episode_starts = calloc(n, sizeof *vec->episode_starts);
     if (vec->agents > 1)
         vec->agent_books = calloc(n * (size_t)vec->agents, sizeof(agent_t));
     if (!vec->blocks || !vec->actions || !vec->seeds || !vec->mask || !vec->in_batch ||
-        (vec->agents > 1 && !vec->agent_books)) {
+        !vec->episode_starts || (vec->agents > 1 && !vec->agent_books)) {
         free_buffers(vec);
         free(vec);
         return ENVD_ENOMEM;
