@@ -157,10 +157,16 @@ struct envd_vec {
        episode sums (sum_returns, sum_lengths) are reported; else its step
        leaves its slot alone */
     bool host_sums;
-    /* num_log > 0: env i's rows of episode_log may hold values (not all 0).
-     * Apart from the slots, like in_batch: read every step of every env,
-     * and a slot's line was a cache miss a step for squared at N=4096. */
-    bool *log_set;
+    /* An env that resets itself: env i's rows of the books (truncations,
+     * episode statistics, dones, episode_log, agent_mask) may hold other
+     * values than those of a step whose episode did not end (false, 0,
+     * true): written by the step that ended its episode, or before the vec
+     * (set for every env at create); its next step clears them.  So a step
+     * writes the books of the few flagged envs, not every row: the vec is
+     * the only writer of its output rows.  Apart from the slots, like
+     * in_batch: read every step of every env, and a slot's line was a cache
+     * miss a step for squared at N=4096. */
+    bool *rows_set;
     /* host_sums of an env that resets itself: per row, the running return
      * and length of its episode.  Dense, apart from the slots, so a step adds
      * a whole chunk's rewards in one pass (in the slots they were a line per
@@ -537,22 +543,40 @@ static int64_t as_length(double value)
 }
 
 /* The books of env i, an env that resets itself (ENVD_ENV_RESETS_ITSELF),
- * after its step, beyond its rows' plain outputs (the caller wrote those:
- * reward, terminated, truncated false, episode statistics 0): its info
+ * after its step, beyond its rewards and terminated flags (the caller wrote
+ * those, and added the rewards to the host's sums): its rows as of a step
+ * whose episode did not end if they held other values (rows_set), its info
  * fields, and whether its episode ended (episode_end says so, asked only
  * when may_have_ended).  An ended episode gives every row of the env its
  * statistics (from the log's episode_return/episode_length where it has
- * them, else the host's running sums, this step's reward included) and the
- * log's values in episode_log; an env whose episode did not end has zeros
- * there.  rc: the step's.  Returns the rows whose episode ended.  A is
- * vec->agents, a constant 1 in step_range's loops for single-agent envs:
- * inlined there, the loops over agents are gone. */
+ * them, else the host's running sums, this step's reward included), dones
+ * and the log's values in episode_log.  rc: the step's.  Returns the rows
+ * whose episode ended.  A is vec->agents, a constant 1 in step_range's loops
+ * for single-agent envs: inlined there, the loops over agents are gone. */
 static inline __attribute__((always_inline)) int64_t
 finish_flagged_env(run_t *run, envd_vec_t *vec, int64_t i, const int64_t A, bool may_have_ended,
                    int rc, lazy_clock_t *clock)
 {
     const envd_vec_buffers_t *b = &vec->buf;
     const int num_log = vec->num_log;
+    if (vec->rows_set[i]) {
+        for (int64_t a = 0; a < A; a++) {
+            const int64_t row = i * A + a;
+            b->truncations[row] = false;
+            if (A > 1)
+                b->agent_mask[row] = true;
+            b->episode_returns[row] = 0.0;
+            b->episode_lengths[row] = 0;
+            if (b->episode_times)
+                b->episode_times[row] = 0.0;
+            if (b->dones)
+                b->dones[row] = false;
+        }
+        if (num_log > 0)
+            fill_bytes(b->episode_log + i * A * num_log, 0,
+                       (size_t)(A * num_log) * sizeof(double));
+        vec->rows_set[i] = false;
+    }
     if (rc == ENVD_OK)
         rc = write_info(vec, i);
     int ended = 0;
@@ -588,13 +612,7 @@ finish_flagged_env(run_t *run, envd_vec_t *vec, int64_t i, const int64_t A, bool
                 b->dones[row] = true;
         }
         vec->episode_starts[i] = now;
-        if (num_log > 0)
-            vec->log_set[i] = true;
-    } else if (num_log > 0 && vec->log_set[i]) {
-        /* the rows of an env whose episode did not end read 0 (vec.h): a
-         * step's whole log is its info, with no pass over the rows */
-        fill_bytes(b->episode_log + i * A * num_log, 0, (size_t)(A * num_log) * sizeof(double));
-        vec->log_set[i] = false;
+        vec->rows_set[i] = true;
     }
     if (rc != ENVD_OK)
         record_error(run, ENVD_EENV, i);
@@ -602,8 +620,9 @@ finish_flagged_env(run_t *run, envd_vec_t *vec, int64_t i, const int64_t A, bool
 }
 
 /* What follows an env's step for an env that resets itself: no autoreset,
- * no time limit, truncated false; its rows' outputs from reward and term
- * (the env's A agents'), the host's sums, then finish_flagged_env. */
+ * no time limit, truncated false; its rewards and terminated flags from
+ * reward and term (the env's A agents'), the host's sums, then
+ * finish_flagged_env. */
 static inline __attribute__((always_inline)) int64_t
 finish_self_resetting_env(run_t *run, envd_vec_t *vec, int64_t i, const int64_t A,
                           const double *reward, const bool *term, bool may_have_ended, int rc,
@@ -618,15 +637,6 @@ finish_self_resetting_env(run_t *run, envd_vec_t *vec, int64_t i, const int64_t 
         }
         b->rewards[row] = (float)reward[a];
         b->terminations[row] = term[a];
-        b->truncations[row] = false;
-        if (A > 1)
-            b->agent_mask[row] = true;
-        b->episode_returns[row] = 0.0;
-        b->episode_lengths[row] = 0;
-        if (b->episode_times)
-            b->episode_times[row] = 0.0;
-        if (b->dones)
-            b->dones[row] = false;
     }
     return finish_flagged_env(run, vec, i, A, may_have_ended, rc, clock);
 }
@@ -678,25 +688,24 @@ static inline int first_flag(uint64_t w)
 
 /* The books of the envs first..first+count-1 that a step_envs call stepped
  * without error (their terminated flags are already in their rows): the
- * rewards and the host's sums, then the rows of every env as if its episode
- * did not end, array by array, one pass each; then only the envs step_envs
- * flagged (ended) and those whose log rows hold the values of an episode
- * that ended in their last step go through finish_flagged_env (every env
- * where the env has info fields), found eight flags at a time.  Env by env,
- * the books were a third of envd's own cost per env of a cheap env's step
- * (perf of pong at N=1024: about 3.5 ns of 10).  Returns the rows whose
- * episode ended. */
+ * rewards and the host's sums array by array, one pass each; then only the
+ * envs step_envs flagged (ended) and those whose rows hold an ended
+ * episode's books (rows_set) go through finish_flagged_env (every env where
+ * the env has info fields), found eight flags at a time.  The rows of the
+ * others already read as a step whose episode did not end: clearing every
+ * row of the books each step (six arrays) cost about 2% of cartpole's step
+ * at N=1024 and the rows' stores (perf).  Returns the rows whose episode
+ * ended. */
 static inline __attribute__((always_inline)) int64_t
 finish_self_resetting_rows(run_t *run, envd_vec_t *vec, int64_t first, int64_t count,
                            const int64_t A, const double *reward, const bool *ended,
                            lazy_clock_t *clock)
 {
-    const envd_vec_buffers_t *b = &vec->buf;
     const int64_t r0 = first * A;
     const size_t rows = (size_t)(count * A);
     /* eight at a time: a loop of a known count, which gcc vectorizes at -O2
      * (a loop of unknown count it leaves scalar: 6 instructions a row) */
-    float *rewards = b->rewards + r0;
+    float *rewards = vec->buf.rewards + r0;
     size_t r = 0;
     for (; r + 8 <= rows; r += 8)
         for (size_t j = 0; j < 8; j++)
@@ -704,41 +713,31 @@ finish_self_resetting_rows(run_t *run, envd_vec_t *vec, int64_t first, int64_t c
     for (; r < rows; r++)
         rewards[r] = (float)reward[r];
     if (vec->host_sums)
-        for (size_t r = 0; r < rows; r++) {
+        for (r = 0; r < rows; r++) {
             vec->sum_returns[r0 + (int64_t)r] += reward[r];
             vec->sum_lengths[r0 + (int64_t)r]++;
         }
-    fill_bytes(b->truncations + r0, 0, rows * sizeof *b->truncations);
-    fill_bytes(b->episode_returns + r0, 0, rows * sizeof *b->episode_returns);
-    fill_bytes(b->episode_lengths + r0, 0, rows * sizeof *b->episode_lengths);
-    if (b->episode_times)
-        fill_bytes(b->episode_times + r0, 0, rows * sizeof *b->episode_times);
-    if (b->dones)
-        fill_bytes(b->dones + r0, 0, rows * sizeof *b->dones);
-    if (A > 1)
-        fill_bytes(b->agent_mask + r0, true, rows * sizeof *b->agent_mask);
     int64_t done = 0;
     if (vec->def->num_info_fields > 0) {
         for (int64_t k = 0; k < count; k++)
             done += finish_flagged_env(run, vec, first + k, A, ended[k], ENVD_OK, clock);
         return done;
     }
-    const bool *log_set = vec->num_log > 0 ? vec->log_set + first : NULL;
+    const bool *rows_set = vec->rows_set + first;
     int64_t k = 0;
     _Static_assert(sizeof(bool) == 1, "eight flags are a uint64_t");
     for (; k + 8 <= count; k += 8) {
-        uint64_t flags, logs = 0;
+        uint64_t flags, set;
         memcpy(&flags, ended + k, sizeof flags);
-        if (log_set)
-            memcpy(&logs, log_set + k, sizeof logs);
-        for (flags |= logs; flags != 0;) {
+        memcpy(&set, rows_set + k, sizeof set);
+        for (flags |= set; flags != 0;) {
             const int j = first_flag(flags);
             flags &= ~flag_mask(j);
             done += finish_flagged_env(run, vec, first + k + j, A, ended[k + j], ENVD_OK, clock);
         }
     }
     for (; k < count; k++)
-        if (ended[k] || (log_set && log_set[k]))
+        if (ended[k] || rows_set[k])
             done += finish_flagged_env(run, vec, first + k, A, ended[k], ENVD_OK, clock);
     return done;
 }
@@ -1644,7 +1643,7 @@ static void free_buffers(envd_vec_t *vec)
     free(vec->mask);
     free(vec->in_batch);
     free(vec->agent_books);
-    free(vec->log_set);
+    free(vec->rows_set);
     free(vec->sum_returns);
     free(vec->sum_lengths);
     free(vec->episode_starts);
@@ -1728,15 +1727,15 @@ int envd_vec_create(envd_vec_t **out, const envd_env_def_t *def,
             return ENVD_ENOMEM;
         }
     }
-    if (vec->num_log > 0) {
-        /* whatever the log buffer holds, the first step writes every env's rows */
-        vec->log_set = malloc(n * sizeof *vec->log_set);
-        if (!vec->log_set) {
+    if (vec->resets_itself) {
+        /* whatever the buffers hold, the first step writes every env's books */
+        vec->rows_set = malloc(n * sizeof *vec->rows_set);
+        if (!vec->rows_set) {
             free_buffers(vec);
             free(vec);
             return ENVD_ENOMEM;
         }
-        memset(vec->log_set, true, n * sizeof *vec->log_set);
+        memset(vec->rows_set, true, n * sizeof *vec->rows_set);
     }
     /* the create's seeds are copied (they may lie in shared memory) */
     if (config->seeds)
