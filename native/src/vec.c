@@ -163,7 +163,10 @@ struct envd_vec {
      * true): written by the step that ended its episode, or before the vec
      * (set for every env at create); its next step clears them.  So a step
      * writes the books of the few flagged envs, not every row: the vec is
-     * the only writer of its output rows.  Apart from the slots, like
+     * the only writer of its output rows (a daemon's client that writes its
+     * own rows in shared memory reads what it wrote there until the env's
+     * next episode end, as episode_log always did; the daemon acts on none
+     * of them).  Apart from the slots, like
      * in_batch: read every step of every env, and a slot's line was a cache
      * miss a step for squared at N=4096. */
     bool *rows_set;
@@ -249,7 +252,7 @@ static void record_error(run_t *run, int rc, int64_t i)
 
 /* memset(to, byte, n) for the few rows a step writes, as plain stores: gcc
  * inlines a memset of a variable size over a double array as `rep stos`,
- * whose start-up cost tens of cycles (a fifth of the host's books of
+ * whose start-up costs tens of cycles (a fifth of the host's books of
  * puffer:squared at N=64, perf), and calls memset for the others; a memset
  * of a constant size is a few stores. */
 static inline void fill_bytes(void *to, int byte, size_t n)
