@@ -287,8 +287,11 @@ int64_t envd_session_reset_count(envd_session_t *s)
 
 static int finish_step(envd_session_t *s, int rc)
 {
+    /* (a load and a store, not a locked add: every writer holds the mutex,
+       and readers only load) */
     if (rc >= 0)
-        atomic_fetch_add_explicit(&s->steps, 1, memory_order_relaxed);
+        atomic_store_explicit(&s->steps, atomic_load_explicit(&s->steps, memory_order_relaxed) + 1,
+                              memory_order_relaxed);
     else
         s->error_index = s->backend->ops->error_index(s->backend->impl);
     return rc;

@@ -65,6 +65,14 @@
 #define HELP_ALONE_BELOW_NS 100000.0
 #define ALONE_MAX_IN_FLIGHT 2
 #define CHUNKS_PER_THREAD 4
+/* A blocking step estimated under UNTIMED_BELOW_NS runs inline and only one
+ * in TIMED_EVERY is timed: its estimate decides nothing but that (an 8-fold
+ * rise is needed to reach the threshold, and the estimate follows within a
+ * few dozen steps), and the two clock reads of a timed step (20-50 ns each
+ * on a VM) were a sixth of a cheap env's whole native step at N=64
+ * (puffer:squared). */
+#define UNTIMED_BELOW_NS (INLINE_BELOW_NS / 8)
+#define TIMED_EVERY 8
 #define COST_EWMA_WEIGHT 0.125
 
 /* The most work a run for an event loop (a NOTIFY run: the daemon's socket
@@ -84,7 +92,6 @@ typedef struct env_slot {
     double episode_return;
     int64_t episode_length;
     int64_t elapsed_steps; /* for the time limit */
-    double episode_start;  /* CLOCK_MONOTONIC seconds (Python's perf_counter) */
     bool started;          /* reset at least once */
     bool needs_reset;      /* done, and not reset yet */
 } env_slot_t;
@@ -150,16 +157,30 @@ struct envd_vec {
        episode sums (sum_returns, sum_lengths) are reported; else its step
        leaves its slot alone */
     bool host_sums;
-    /* num_log > 0: env i's rows of episode_log may hold values (not all 0).
-     * Apart from the slots, like in_batch: read every step of every env,
-     * and a slot's line was a cache miss a step for squared at N=4096. */
-    bool *log_set;
+    /* An env that resets itself: env i's rows of the books (truncations,
+     * episode statistics, dones, episode_log, agent_mask) may hold other
+     * values than those of a step whose episode did not end (false, 0,
+     * true): written by the step that ended its episode, or before the vec
+     * (set for every env at create); its next step clears them.  So a step
+     * writes the books of the few flagged envs, not every row: the vec is
+     * the only writer of its output rows (a daemon's client that writes its
+     * own rows in shared memory reads what it wrote there until the env's
+     * next episode end, as episode_log always did; the daemon acts on none
+     * of them).  Apart from the slots, like
+     * in_batch: read every step of every env, and a slot's line was a cache
+     * miss a step for squared at N=4096. */
+    bool *rows_set;
     /* host_sums of an env that resets itself: per row, the running return
      * and length of its episode.  Dense, apart from the slots, so a step adds
      * a whole chunk's rewards in one pass (in the slots they were a line per
      * env per step: cartpole, whose Log has no episode_return, perf). */
     double *sum_returns;
     int64_t *sum_lengths;
+    /* Per env: when its episode started, CLOCK_MONOTONIC seconds (Python's
+     * perf_counter).  Apart from the slots: an episode end of a cheap env
+     * that reads nothing else of its slot stalled on the slot's line
+     * (perf of puffer:squared at N=64). */
+    double *episode_starts;
     agent_t *agent_books;  /* agents > 1: num_envs * agents, row order */
     unsigned char *blocks; /* num_envs blocks of `stride` bytes */
     bool all_started;      /* every env has been reset at least once */
@@ -199,7 +220,8 @@ static double now_ns(void)
     return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
 }
 
-/* The clock read once per chunk, and only if the chunk needs it. */
+/* The clock read once per chunk, and only if the chunk needs it (a step's
+ * chunk: read as it started, step_range). */
 typedef struct lazy_clock {
     double seconds; /* 0 until read */
 } lazy_clock_t;
@@ -228,6 +250,41 @@ static void record_error(run_t *run, int rc, int64_t i)
         atomic_store(&run->error_index, i);
 }
 
+/* memset(to, byte, n) for the few rows a step writes, as plain stores: gcc
+ * inlines a memset of a variable size over a double array as `rep stos`,
+ * whose start-up costs tens of cycles (a fifth of the host's books of
+ * puffer:squared at N=64, perf), and calls memset for the others; a memset
+ * of a constant size is a few stores. */
+static inline void fill_bytes(void *to, int byte, size_t n)
+{
+    unsigned char *p = to;
+    size_t b = 0;
+    for (; b + 64 <= n; b += 64)
+        memset(p + b, byte, 64);
+    if (n - b >= 32) {
+        memset(p + b, byte, 32);
+        b += 32;
+    }
+    if (n - b >= 16) {
+        memset(p + b, byte, 16);
+        b += 16;
+    }
+    if (n - b >= 8) {
+        memset(p + b, byte, 8);
+        b += 8;
+    }
+    if (n - b >= 4) {
+        memset(p + b, byte, 4);
+        b += 4;
+    }
+    if (n - b >= 2) {
+        memset(p + b, byte, 2);
+        b += 2;
+    }
+    if (n - b >= 1)
+        p[b] = (unsigned char)byte;
+}
+
 /* ---- per-env work ---------------------------------------------------------- */
 /* The env's info fields of env i, written into its slot of each field buffer
  * (write_info_fields: only for envs that have some). */
@@ -253,7 +310,7 @@ static int reset_env(envd_vec_t *vec, int64_t i, void *obs, lazy_clock_t *clock)
     slot->elapsed_steps = 0;
     slot->episode_return = 0.0;
     slot->episode_length = 0;
-    slot->episode_start = clock_seconds(clock);
+    vec->episode_starts[i] = clock_seconds(clock);
     slot->started = true;
     slot->needs_reset = false;
     if (vec->agent_books)
@@ -309,7 +366,7 @@ static void write_episode_stats(envd_vec_t *vec, int64_t i, bool done, lazy_cloc
     b->episode_lengths[i] = done ? slot->episode_length : 0;
     if (b->episode_times)
         b->episode_times[i] =
-            done ? rint((clock_seconds(clock) - slot->episode_start) * 1e6) / 1e6 : 0.0;
+            done ? rint((clock_seconds(clock) - vec->episode_starts[i]) * 1e6) / 1e6 : 0.0;
     if (b->dones)
         b->dones[i] = done;
 }
@@ -341,7 +398,7 @@ static int64_t finish_agent_rows(envd_vec_t *vec, int64_t i, const double *rewar
     const int64_t A = vec->agents;
     const size_t one_obs = vec->obs_bytes / (size_t)A;
     unsigned char *obs = (unsigned char *)b->observations + (size_t)i * vec->obs_bytes;
-    const double episode_start = slot_of(vec, i)->episode_start;
+    const double episode_start = vec->episode_starts[i];
     int64_t ended_rows = 0;
     *all_done = true;
     for (int64_t a = 0; a < A; a++) {
@@ -488,91 +545,103 @@ static int64_t as_length(double value)
     return value < 9.2e18 ? (int64_t)llround(value) : INT64_C(9200000000000000000);
 }
 
-/* What follows an env's step for an env that resets itself
- * (ENVD_ENV_RESETS_ITSELF): no autoreset, no time limit, truncated false;
- * an episode ended when episode_end says so (asked only when may_have_ended),
- * and then for every row of the env (its statistics from the log's
- * episode_return/episode_length where it has them, else the host's running
- * sums; the log's values into episode_log, zeros there for an env whose
- * episode did not end).  reward and term: the env's A agents' outputs; rc:
- * the step's; summed: the caller already added reward to the host's sums.
- * Returns the rows whose episode ended.  A is vec->agents, a
- * constant 1 in step_range's loops for single-agent envs: inlined there, the
- * arrays are fixed and the loops over agents gone (the per-row books were
- * most of envd's share of a cheap env's step: perf of puffer:squared). */
+/* The books of env i, an env that resets itself (ENVD_ENV_RESETS_ITSELF),
+ * after its step, beyond its rewards and terminated flags (the caller wrote
+ * those, and added the rewards to the host's sums): its rows as of a step
+ * whose episode did not end if they held other values (rows_set), its info
+ * fields, and whether its episode ended (episode_end says so, asked only
+ * when may_have_ended).  An ended episode gives every row of the env its
+ * statistics (from the log's episode_return/episode_length where it has
+ * them, else the host's running sums, this step's reward included), dones
+ * and the log's values in episode_log.  rc: the step's.  Returns the rows
+ * whose episode ended.  A is vec->agents, a constant 1 in step_range's loops
+ * for single-agent envs: inlined there, the loops over agents are gone. */
 static inline __attribute__((always_inline)) int64_t
-finish_self_resetting_env(run_t *run, envd_vec_t *vec, int64_t i, const int64_t A,
-                          const double *reward, const bool *term, bool may_have_ended, int rc,
-                          bool summed, lazy_clock_t *clock)
+finish_flagged_env(run_t *run, envd_vec_t *vec, int64_t i, const int64_t A, bool may_have_ended,
+                   int rc, lazy_clock_t *clock)
 {
     const envd_vec_buffers_t *b = &vec->buf;
-    const bool host_sums = vec->host_sums;
+    const int num_log = vec->num_log;
+    if (vec->rows_set[i]) {
+        for (int64_t a = 0; a < A; a++) {
+            const int64_t row = i * A + a;
+            b->truncations[row] = false;
+            if (A > 1)
+                b->agent_mask[row] = true;
+            b->episode_returns[row] = 0.0;
+            b->episode_lengths[row] = 0;
+            if (b->episode_times)
+                b->episode_times[row] = 0.0;
+            if (b->dones)
+                b->dones[row] = false;
+        }
+        if (num_log > 0)
+            fill_bytes(b->episode_log + i * A * num_log, 0,
+                       (size_t)(A * num_log) * sizeof(double));
+        vec->rows_set[i] = false;
+    }
     if (rc == ENVD_OK)
         rc = write_info(vec, i);
-    /* Only the env's num_log fields are read: clearing all
-     * ENVD_MAX_EPISODE_FIELDS every step was a sixth of this function's time
-     * on pong, a cheap env (perf). */
-    const int num_log = vec->num_log;
-    double values[ENVD_MAX_EPISODE_FIELDS];
-    for (int f = 0; f < num_log; f++)
-        values[f] = 0.0;
     int ended = 0;
+    /* Only the env's num_log fields; cleared so that a log that writes fewer
+     * leaks no stack into the rows. */
+    double values[ENVD_MAX_EPISODE_FIELDS];
     if (rc == ENVD_OK && may_have_ended && vec->episode_end) {
+        fill_bytes(values, 0, (size_t)num_log * sizeof *values);
         ended = vec->episode_end(state_of(vec, i), values);
         if (ended < 0) {
             rc = ENVD_EENV;
             ended = 0;
         }
     }
-    env_slot_t *slot = slot_of(vec, i); /* (read only where an episode ended) */
-    const double seconds = ended ? rint((clock_seconds(clock) - slot->episode_start) * 1e6) / 1e6
-                                 : 0.0;
-    for (int64_t a = 0; a < A; a++) {
-        const int64_t row = i * A + a;
-        /* the host's own sums (only with host_sums) */
-        double *sum = host_sums ? &vec->sum_returns[row] : NULL;
-        int64_t *length = host_sums ? &vec->sum_lengths[row] : NULL;
-        if (host_sums && !summed) {
-            *sum += reward[a];
-            (*length)++;
-        }
-        b->rewards[row] = (float)reward[a];
-        b->terminations[row] = term[a];
-        b->truncations[row] = false;
-        if (A > 1)
-            b->agent_mask[row] = true;
-        if (ended) {
-            b->episode_returns[row] = vec->log_return >= 0 ? values[vec->log_return] : *sum;
-            b->episode_lengths[row] =
-                vec->log_length >= 0 ? as_length(values[vec->log_length]) : *length;
-            if (num_log > 0)
-                memcpy(b->episode_log + row * num_log, values, (size_t)num_log * sizeof *values);
-            if (host_sums) {
-                *sum = 0.0;
-                *length = 0;
-            }
-        } else {
-            b->episode_returns[row] = 0.0;
-            b->episode_lengths[row] = 0;
-        }
-        if (b->episode_times)
-            b->episode_times[row] = seconds;
-        if (b->dones)
-            b->dones[row] = ended > 0;
-    }
     if (ended) {
-        slot->episode_start = clock_seconds(clock);
-        if (num_log > 0)
-            vec->log_set[i] = true;
-    } else if (num_log > 0 && vec->log_set[i]) {
-        /* the rows of an env whose episode did not end read 0 (vec.h): a
-         * step's whole log is its info, with no pass over the rows */
-        memset(b->episode_log + i * A * num_log, 0, (size_t)(A * num_log) * sizeof(double));
-        vec->log_set[i] = false;
+        const double now = clock_seconds(clock);
+        const double seconds = rint((now - vec->episode_starts[i]) * 1e6) / 1e6;
+        for (int64_t a = 0; a < A; a++) {
+            const int64_t row = i * A + a;
+            b->episode_returns[row] =
+                vec->log_return >= 0 ? values[vec->log_return] : vec->sum_returns[row];
+            b->episode_lengths[row] = vec->log_length >= 0 ? as_length(values[vec->log_length])
+                                                           : vec->sum_lengths[row];
+            for (int f = 0; f < num_log; f++)
+                b->episode_log[row * num_log + f] = values[f];
+            if (vec->host_sums) {
+                vec->sum_returns[row] = 0.0;
+                vec->sum_lengths[row] = 0;
+            }
+            if (b->episode_times)
+                b->episode_times[row] = seconds;
+            if (b->dones)
+                b->dones[row] = true;
+        }
+        vec->episode_starts[i] = now;
+        vec->rows_set[i] = true;
     }
     if (rc != ENVD_OK)
         record_error(run, ENVD_EENV, i);
     return ended ? A : 0;
+}
+
+/* What follows an env's step for an env that resets itself: no autoreset,
+ * no time limit, truncated false; its rewards and terminated flags from
+ * reward and term (the env's A agents'), the host's sums, then
+ * finish_flagged_env. */
+static inline __attribute__((always_inline)) int64_t
+finish_self_resetting_env(run_t *run, envd_vec_t *vec, int64_t i, const int64_t A,
+                          const double *reward, const bool *term, bool may_have_ended, int rc,
+                          lazy_clock_t *clock)
+{
+    const envd_vec_buffers_t *b = &vec->buf;
+    for (int64_t a = 0; a < A; a++) {
+        const int64_t row = i * A + a;
+        if (vec->host_sums) {
+            vec->sum_returns[row] += reward[a];
+            vec->sum_lengths[row]++;
+        }
+        b->rewards[row] = (float)reward[a];
+        b->terminations[row] = term[a];
+    }
+    return finish_flagged_env(run, vec, i, A, may_have_ended, rc, clock);
 }
 
 /* One step of env i, an env that resets itself, through its step callback. */
@@ -593,128 +662,138 @@ step_self_resetting_env(run_t *run, envd_vec_t *vec, int64_t i, const int64_t A,
     void *obs = (unsigned char *)vec->buf.observations + (size_t)i * vec->obs_bytes;
     int rc = vec->def->step(state_of(vec, i), &slot_of(vec, i)->rng, action, obs, reward, term,
                             trunc);
-    return finish_self_resetting_env(run, vec, i, A, reward, term, true, rc, false, clock);
+    return finish_self_resetting_env(run, vec, i, A, reward, term, true, rc, clock);
 }
 
-/* Rows whose outputs one step_envs call leaves on the stepping thread's
+/* Rows whose rewards one step_envs call leaves on the stepping thread's
  * stack for the books after it (as many envs as fit, one at least). */
 #define STEP_ENVS_ROWS 256
 
-/* finish_self_resetting_env for the envs first..first+count-1 that a
- * step_envs call stepped without error: the host's sums (host_sums) and the
- * rows of the envs whose episode did not end (nearly all, most steps) are
- * written array by array, one pass each; only the envs step_envs flagged
- * (ended) and those with info fields to write go through
- * finish_self_resetting_env, which rewrites their rows, and the log rows of
- * an env whose episode ended in its last step are cleared.  Env by env, the
- * books were a third of envd's own cost per env of a cheap env's step (perf
- * of pong at N=1024: about 3.5 ns of 10).  Returns the rows whose episode
+/* Eight bools read as one word: the mask of flag j, and the first flag set
+ * (w != 0), whatever the byte order. */
+static inline uint64_t flag_mask(int j)
+{
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    return (uint64_t)0xff << (56 - 8 * j);
+#else
+    return (uint64_t)0xff << (8 * j);
+#endif
+}
+
+static inline int first_flag(uint64_t w)
+{
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    return __builtin_clzll(w) >> 3;
+#else
+    return __builtin_ctzll(w) >> 3;
+#endif
+}
+
+/* The books of the envs first..first+count-1 that a step_envs call stepped
+ * without error (their terminated flags are already in their rows): the
+ * rewards and the host's sums array by array, one pass each; then only the
+ * envs step_envs flagged (ended) and those whose rows hold an ended
+ * episode's books (rows_set) go through finish_flagged_env (every env where
+ * the env has info fields), found eight flags at a time.  The rows of the
+ * others already read as a step whose episode did not end: clearing every
+ * row of the books each step (six arrays) cost about 2% of cartpole's step
+ * at N=1024 and the rows' stores (perf).  Returns the rows whose episode
  * ended. */
 static inline __attribute__((always_inline)) int64_t
 finish_self_resetting_rows(run_t *run, envd_vec_t *vec, int64_t first, int64_t count,
-                           const int64_t A, const double *reward, const bool *term,
-                           const bool *ended, lazy_clock_t *clock)
+                           const int64_t A, const double *reward, const bool *ended,
+                           lazy_clock_t *clock)
 {
-    const envd_vec_buffers_t *b = &vec->buf;
     const int64_t r0 = first * A;
     const size_t rows = (size_t)(count * A);
-    for (size_t r = 0; r < rows; r++) {
-        b->rewards[r0 + (int64_t)r] = (float)reward[r];
-        b->terminations[r0 + (int64_t)r] = term[r];
-    }
+    /* eight at a time: a loop of a known count, which gcc vectorizes at -O2
+     * (a loop of unknown count it leaves scalar: 6 instructions a row) */
+    float *rewards = vec->buf.rewards + r0;
+    size_t r = 0;
+    for (; r + 8 <= rows; r += 8)
+        for (size_t j = 0; j < 8; j++)
+            rewards[r + j] = (float)reward[r + j];
+    for (; r < rows; r++)
+        rewards[r] = (float)reward[r];
     if (vec->host_sums)
-        for (size_t r = 0; r < rows; r++) {
+        for (r = 0; r < rows; r++) {
             vec->sum_returns[r0 + (int64_t)r] += reward[r];
             vec->sum_lengths[r0 + (int64_t)r]++;
         }
-    memset(b->truncations + r0, 0, rows * sizeof *b->truncations);
-    memset(b->episode_returns + r0, 0, rows * sizeof *b->episode_returns);
-    memset(b->episode_lengths + r0, 0, rows * sizeof *b->episode_lengths);
-    if (b->episode_times)
-        memset(b->episode_times + r0, 0, rows * sizeof *b->episode_times);
-    if (b->dones)
-        memset(b->dones + r0, 0, rows * sizeof *b->dones);
-    if (A > 1)
-        memset(b->agent_mask + r0, true, rows * sizeof *b->agent_mask);
-    const bool info = vec->def->num_info_fields > 0;
-    const bool *log_set = vec->num_log > 0 ? vec->log_set + first : NULL;
     int64_t done = 0;
-    for (int64_t k = 0; k < count; k++) {
-        /* eight envs at a time while none is flagged (most steps of most
-         * envs): a test per env was a fifth of these books */
-        _Static_assert(sizeof(bool) == 1, "eight flags are a uint64_t");
-        if (!info && k + 8 <= count) {
-            uint64_t flags, logs = 0;
-            memcpy(&flags, ended + k, sizeof flags);
-            if (log_set)
-                memcpy(&logs, log_set + k, sizeof logs);
-            if ((flags | logs) == 0) {
-                k += 7;
-                continue;
-            }
-        }
-        if (ended[k] || info) {
-            done += finish_self_resetting_env(run, vec, first + k, A, reward + k * A,
-                                              term + k * A, ended[k], ENVD_OK, true, clock);
-        } else if (log_set && log_set[k]) {
-            /* the step after an episode end: its rows are written above but
-             * for its log rows (finish_self_resetting_env's clear) */
-            const int num_log = vec->num_log;
-            memset(b->episode_log + (first + k) * A * num_log, 0,
-                   (size_t)(A * num_log) * sizeof(double));
-            vec->log_set[first + k] = false;
+    if (vec->def->num_info_fields > 0) {
+        for (int64_t k = 0; k < count; k++)
+            done += finish_flagged_env(run, vec, first + k, A, ended[k], ENVD_OK, clock);
+        return done;
+    }
+    const bool *rows_set = vec->rows_set + first;
+    int64_t k = 0;
+    _Static_assert(sizeof(bool) == 1, "eight flags are a uint64_t");
+    for (; k + 8 <= count; k += 8) {
+        uint64_t flags, set;
+        memcpy(&flags, ended + k, sizeof flags);
+        memcpy(&set, rows_set + k, sizeof set);
+        for (flags |= set; flags != 0;) {
+            const int j = first_flag(flags);
+            flags &= ~flag_mask(j);
+            done += finish_flagged_env(run, vec, first + k + j, A, ended[k + j], ENVD_OK, clock);
         }
     }
+    for (; k < count; k++)
+        if (ended[k] || rows_set[k])
+            done += finish_flagged_env(run, vec, first + k, A, ended[k], ENVD_OK, clock);
     return done;
 }
 
 /* Envs begin..end-1, envs that reset themselves, through their step_envs
  * callback: a call steps up to STEP_ENVS_ROWS rows' envs in one loop of the
- * env's own, then the host's books run over them (finish_self_resetting_rows).
- * A call that returns k < count (env k failed) is resumed after env k; a
- * return outside 0..count fails the call's envs not yet finished.  Returns the rows whose episode ended.
- * A as in finish_self_resetting_env. */
+ * env's own, writing their terminated flags straight into their rows
+ * (cleared first: the callback's flags start false), then the host's books
+ * run over them (finish_self_resetting_rows).  A call that returns k < count
+ * (env k failed) is resumed after env k; a return outside 0..count fails the
+ * call's envs not yet finished.  Returns the rows whose episode ended.  A as
+ * in finish_flagged_env. */
 static inline __attribute__((always_inline)) int64_t
 step_self_resetting_envs(run_t *run, envd_vec_t *vec, int64_t begin, int64_t end,
                          const int64_t A, lazy_clock_t *clock)
 {
     const int64_t per_call = A < STEP_ENVS_ROWS ? STEP_ENVS_ROWS / A : 1;
-    /* per_call * A <= max(STEP_ENVS_ROWS, ENVD_MAX_AGENTS): at most 40 KiB */
+    /* per_call * A <= max(STEP_ENVS_ROWS, ENVD_MAX_AGENTS): at most 32 KiB */
     double reward[per_call * A];
-    bool term[per_call * A], ended[per_call];
+    bool ended[per_call];
+    bool *terms = vec->buf.terminations;
     unsigned char *obs = vec->buf.observations;
     int64_t done = 0;
     for (int64_t first = begin; first < end; first += per_call) {
         const int64_t count = end - first < per_call ? end - first : per_call;
-        for (int64_t r = 0; r < count * A; r++) {
-            reward[r] = 0.0;
-            term[r] = false;
-        }
+        fill_bytes(reward, 0, (size_t)(count * A) * sizeof *reward);
+        fill_bytes(terms + first * A, 0, (size_t)(count * A) * sizeof *terms);
         /* an env whose ended[k] the callback left unwritten: episode_end decides */
-        for (int64_t r = 0; r < count; r++)
-            ended[r] = true;
+        fill_bytes(ended, true, (size_t)count * sizeof *ended);
         for (int64_t k = 0; k < count;) {
             const int64_t i = first + k;
             int64_t got = vec->step_envs(state_of(vec, i), vec->stride, count - k,
                                          vec->actions + (size_t)i * vec->action_bytes,
                                          vec->action_bytes, obs + (size_t)i * vec->obs_bytes,
-                                         vec->obs_bytes, reward + k * A, term + k * A, ended + k);
+                                         vec->obs_bytes, reward + k * A, terms + i * A,
+                                         ended + k);
             /* A return outside 0..count-k says nothing of which envs it
              * stepped: every env of the call fails, none is stepped again. */
             const bool broken = got < 0 || got > count - k;
             if (broken)
                 got = 0;
-            done += finish_self_resetting_rows(run, vec, first + k, got, A, reward + k * A,
-                                               term + k * A, ended + k, clock);
+            done += finish_self_resetting_rows(run, vec, i, got, A, reward + k * A, ended + k,
+                                               clock);
             k += got;
             for (const int64_t last = broken ? count : k + 1; k < count && k < last; k++) {
                 /* env first + k failed: its outputs are not the env's */
+                bool no_terms[A];
                 for (int64_t a = 0; a < A; a++) {
                     reward[k * A + a] = 0.0;
-                    term[k * A + a] = false;
+                    no_terms[a] = false;
                 }
                 done += finish_self_resetting_env(run, vec, first + k, A, reward + k * A,
-                                                  term + k * A, false, ENVD_EENV, false, clock);
+                                                  no_terms, false, ENVD_EENV, clock);
             }
         }
     }
@@ -722,13 +801,18 @@ step_self_resetting_envs(run_t *run, envd_vec_t *vec, int64_t begin, int64_t end
 }
 
 /* Items [begin, end) of a run: envs begin..end-1, or those ids of a batch
- * (two loops, so the whole-vec step keeps its plain one). */
-static void step_range(void *ctx, int64_t begin, int64_t end)
+ * (two loops, so the whole-vec step keeps its plain one); returns the rows
+ * whose episode ended (a pooled chunk adds them to the run's count, an
+ * inline run stores them: no locked add on the inline path).  started_ns: the
+ * clock read as the range started (its caller times it), which is the
+ * range's episode clock: a read more in a step of a cheap env that ends an
+ * episode was about a tenth of the step (a clock read costs 20-50 ns on a
+ * VM; squared at N=64). */
+static int64_t step_range(run_t *run, int64_t begin, int64_t end, double started_ns)
 {
-    run_t *run = ctx;
     envd_vec_t *vec = run->vec;
     int64_t done = 0;
-    lazy_clock_t clock = {0};
+    lazy_clock_t clock = {started_ns * 1e-9};
     const int64_t base = run->ids ? run->first_id : 0; /* items are envs base + k */
     if (vec->step_envs && base >= 0)
         done = vec->agents == 1
@@ -751,8 +835,7 @@ static void step_range(void *ctx, int64_t begin, int64_t end)
     else
         for (int64_t i = begin; i < end; i++)
             done += step_env(run, vec, i, &clock);
-    if (done)
-        atomic_fetch_add(&run->num_done, done);
+    return done;
 }
 
 /* A pooled chunk also measures itself, feeding the cost estimate. */
@@ -760,7 +843,9 @@ static void timed_step_range(void *ctx, int64_t begin, int64_t end)
 {
     run_t *run = ctx;
     double t0 = now_ns();
-    step_range(ctx, begin, end);
+    const int64_t done = step_range(run, begin, end, t0);
+    if (done)
+        atomic_fetch_add(&run->num_done, done);
     atomic_fetch_add_explicit(&run->chunk_ns, (int64_t)(now_ns() - t0), memory_order_relaxed);
     atomic_fetch_add_explicit(&run->chunk_items, end - begin, memory_order_relaxed);
 }
@@ -1012,8 +1097,16 @@ static int run_start(envd_vec_t *vec, run_t *run, int64_t n, int job_flags)
                                  job_flags & ENVD_JOB_NOTIFY);
     if (chunk == 0) {
         vec->stats.inline_jobs++;
+        const double cost = vec->stats.cost_ns_per_env;
+        if (blocking && cost > 0.0 && cost * (double)n < UNTIMED_BELOW_NS &&
+            vec->stats.inline_jobs % TIMED_EVERY != 0) {
+            atomic_store_explicit(&run->num_done, step_range(run, 0, n, 0.0),
+                                  memory_order_relaxed);
+            run->pending = PENDING_INLINE;
+            return ENVD_OK;
+        }
         double t0 = now_ns();
-        step_range(run, 0, n);
+        atomic_store_explicit(&run->num_done, step_range(run, 0, n, t0), memory_order_relaxed);
         const double ns = now_ns() - t0;
         update_cost(vec, ns, n);
         if (blocking)
@@ -1536,7 +1629,8 @@ uint64_t envd_vec_memory_bytes(const envd_env_def_t *def, int64_t num_envs)
     if (envd_env_def_validate(def) != ENVD_OK || num_envs < 1)
         return UINT64_MAX;
     /* per env: its block, the private copies of its action, seed and mask, its
-     * in-batch flag, its episode-log flag and its rows' books (agents, sums) */
+     * in-batch flag, its episode-log flag, its episode's start and its rows'
+     * books (agents, sums) */
     uint64_t action = mul_add((uint64_t)envd_space_numel(&def->action_space),
                               envd_dtype_size(def->action_space.dtype), 0);
     action = mul_add(action, (uint64_t)def->num_agents, 0);
@@ -1544,7 +1638,8 @@ uint64_t envd_vec_memory_bytes(const envd_env_def_t *def, int64_t num_envs)
     if (keeps_sums(envd_env_def_v5(def)))
         books += (uint64_t)def->num_agents * (sizeof(double) + sizeof(int64_t));
     uint64_t per_env =
-        mul_add(1, action, stride_of(def) + sizeof(uint64_t) + 3 * sizeof(bool) + books);
+        mul_add(1, action, stride_of(def) + sizeof(uint64_t) + 3 * sizeof(bool) + sizeof(double) +
+                               books);
     return mul_add(per_env, (uint64_t)num_envs, sizeof(envd_vec_t));
 }
 
@@ -1556,9 +1651,10 @@ static void free_buffers(envd_vec_t *vec)
     free(vec->mask);
     free(vec->in_batch);
     free(vec->agent_books);
-    free(vec->log_set);
+    free(vec->rows_set);
     free(vec->sum_returns);
     free(vec->sum_lengths);
+    free(vec->episode_starts);
 }
 
 int envd_vec_create(envd_vec_t **out, const envd_env_def_t *def,
@@ -1596,10 +1692,11 @@ int envd_vec_create(envd_vec_t **out, const envd_env_def_t *def,
     vec->seeds = malloc(n * sizeof *vec->seeds);
     vec->mask = malloc(n * sizeof *vec->mask);
     vec->in_batch = calloc(n, sizeof *vec->in_batch);
+    vec->episode_starts = calloc(n, sizeof *vec->episode_starts);
     if (vec->agents > 1)
         vec->agent_books = calloc(n * (size_t)vec->agents, sizeof(agent_t));
     if (!vec->blocks || !vec->actions || !vec->seeds || !vec->mask || !vec->in_batch ||
-        (vec->agents > 1 && !vec->agent_books)) {
+        !vec->episode_starts || (vec->agents > 1 && !vec->agent_books)) {
         free_buffers(vec);
         free(vec);
         return ENVD_ENOMEM;
@@ -1638,15 +1735,15 @@ int envd_vec_create(envd_vec_t **out, const envd_env_def_t *def,
             return ENVD_ENOMEM;
         }
     }
-    if (vec->num_log > 0) {
-        /* whatever the log buffer holds, the first step writes every env's rows */
-        vec->log_set = malloc(n * sizeof *vec->log_set);
-        if (!vec->log_set) {
+    if (vec->resets_itself) {
+        /* whatever the buffers hold, the first step writes every env's books */
+        vec->rows_set = malloc(n * sizeof *vec->rows_set);
+        if (!vec->rows_set) {
             free_buffers(vec);
             free(vec);
             return ENVD_ENOMEM;
         }
-        memset(vec->log_set, true, n * sizeof *vec->log_set);
+        memset(vec->rows_set, true, n * sizeof *vec->rows_set);
     }
     /* the create's seeds are copied (they may lie in shared memory) */
     if (config->seeds)

@@ -80,6 +80,21 @@ def check_episodes(env, seed: int, size: int, agents: int, episode_len: int) -> 
         assert (info["envd_episode"]["t"] >= 0).all()
 
 
+def check_raw_books(buffers: dict[str, np.ndarray], ended: np.ndarray) -> None:
+    """The books as the vec writes them (native/src/vec.h), before the info
+    masks them: dones on the rows whose episode ended in the step, and no
+    truncation, statistic or log value on the others (a step clears only the
+    rows an earlier episode end wrote: vec.c's rows_set)."""
+    assert buffers["dones"].tolist() == ended.tolist()
+    assert not buffers["truncations"].any()
+    for name in ("episode_returns", "episode_lengths", "episode_times"):
+        assert (buffers[name][~ended] == 0).all(), (name, buffers[name])
+    assert (buffers["episode_log"][~ended] == 0).all(), buffers["episode_log"]
+    assert (buffers["episode_lengths"][ended] > 0).all()
+    if "agent_mask" in buffers:
+        assert buffers["agent_mask"].all()
+
+
 def check_staggered_log(env, episode_lens: list[int], agents: int, copy: bool) -> None:
     """Envs whose episodes end at different steps (per-env episode_len):
     each step's info["envd_log"] holds the log of the rows that ended in it
@@ -94,6 +109,7 @@ def check_staggered_log(env, episode_lens: list[int], agents: int, copy: bool) -
     for t in range(1, 2 * int(np.lcm.reduce(episode_lens)) + 1):
         info = env.step(actions)[4]
         ended = t % lens == 0
+        check_raw_books(env._buffers, ended)
         if not ended.any():
             assert "envd_log" not in info
             continue
