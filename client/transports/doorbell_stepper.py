@@ -113,9 +113,11 @@ class DoorbellStepper(SocketStepper):
 
     # ---- the non-blocking half (see the module docstring) --------------------------------
     def post_step(self) -> Ticket:
-        bell = self._bell()
-        if bell is None:
-            return super().post_step()
+        bell = self.doorbell
+        if self._rung is not None or bell is None or bell.closed or self._broken is not None:
+            bell = self._bell()
+            if bell is None:
+                return super().post_step()
         ticket = Ticket("step")
         bell.ring(STEP, 0)
         self._rung = (STEP, ticket, None)
@@ -153,7 +155,10 @@ class DoorbellStepper(SocketStepper):
             return super().post_recv(count, exact)  # (stopped: the socket serves)
         ticket = Ticket("recv", posted=False)
         ticket.wire = (count, exact)
-        self._unrung = ticket
+        if exact:  # (the blocking recv's: waited for at once)
+            self._ring_recv(ticket)
+        else:
+            self._unrung = ticket
         return ticket
 
     def poll(self, ticket: Ticket) -> bool:
@@ -171,13 +176,13 @@ class DoorbellStepper(SocketStepper):
     def wait(self, ticket: Ticket) -> None:
         """Ring the recv if it waits to be rung, then wait for the doorbell's
         answer (Doorbell.wait), or for the socket's reply."""
-        if self._broken is not None:
-            raise self._broken
         if ticket is self._unrung:
             self._ring_recv(ticket)
         rung = self._rung
-        if rung is not None and not ticket.done and (ticket is rung[1] or ticket is rung[2]):
+        if rung is not None and (ticket is rung[1] or ticket is rung[2]):
             self._await_rung()
+        elif self._broken is not None:  # (nothing is rung once it is)
+            raise self._broken
         if not ticket.done:  # (over the socket)
             super().wait(ticket)
 
@@ -215,9 +220,11 @@ class DoorbellStepper(SocketStepper):
     def _post_send(self, env_ids: np.ndarray, serial: int = 0) -> Ticket:
         """A SEND of env_ids (serial: post_send's batch, 0 for the blocking
         send's, which keeps no books), answered by the next call."""
-        bell = self._bell()
-        if bell is None:
-            return super()._post_send(env_ids)
+        bell = self.doorbell
+        if self._rung is not None or bell is None or bell.closed or self._broken is not None:
+            bell = self._bell()
+            if bell is None:
+                return super()._post_send(env_ids)
         count = len(env_ids)
         self._ids[:count] = env_ids
         ticket = Ticket("send")
@@ -229,9 +236,12 @@ class DoorbellStepper(SocketStepper):
     def _ring_recv(self, ticket: Ticket) -> None:
         """Ring a recv posted (its count: a posted one's, the smallest batch
         in flight; an exact one's as asked)."""
-        self._unrung = None
+        if ticket is self._unrung:
+            self._unrung = None
         count, exact = ticket.wire
-        bell = self._bell()
+        bell = self.doorbell
+        if self._rung is not None or bell is None or bell.closed or self._broken is not None:
+            bell = self._bell()
         if bell is None:
             if exact:
                 self._post_ticket(ticket, *self._request_recv(count))
@@ -279,10 +289,13 @@ class DoorbellStepper(SocketStepper):
         status, result, index = answer
         if kind == STEP:
             if status == 0:  # (the hot path: nothing to map or raise)
-                ticket.finish(result=result)
+                ticket.done, ticket.result = True, result
             else:
                 ticket.finish(error=self._step_refusal(status, result, index))
         elif kind == SEND:
+            if status == 0:  # (the hot path: started)
+                ticket.done = True
+                return
             refusal = self._send_refusal(status, result, index)
             if refusal is not None:  # none of its envs stepped
                 self._remaining.pop(ticket.wire[1], None)
@@ -318,7 +331,12 @@ class DoorbellStepper(SocketStepper):
 
     def _take_recv(self, ticket: Ticket, status: int, result: int, index: int) -> None:
         count, exact = ticket.wire
-        if status == SHUTTING_DOWN:
+        if status == 0 and result == count:  # (the hot path)
+            ids = self._ids[:count].astype(np.int64)  # (a copy, int64 whatever the segment)
+            if not exact:
+                self._count_received(ids)
+            ticket.done, ticket.ids = True, ids
+        elif status == SHUTTING_DOWN:
             ticket.finish(NO_IDS, ShuttingDownError(
                 "the daemon is shutting down and takes no new work"), lost=True)
         elif status == NATIVE_CODES["ESTATE"] and index < 0:  # fewer in flight or ready
@@ -328,15 +346,10 @@ class DoorbellStepper(SocketStepper):
             index = self._row_of(index, status)
             ticket.finish(NO_IDS, self._env_failure(status, index) or step_error(
                 self.env_id, self.action_space, status, index, self.buffers))
-        elif result != count:  # (a RECV answers exactly count ids)
+        else:  # (a RECV answers exactly count ids)
             self._broken = ProtocolError(f"the daemon at {self.channel.endpoint} answered a "
                                          f"RECV of {count} envs with {result}")
             ticket.finish(NO_IDS, self._broken)
-        else:
-            ids = self._ids[:count].astype(np.int64)  # (a copy, int64 whatever the segment)
-            if not exact:
-                self._count_received(ids)
-            ticket.finish(ids)
 
     def _unanswered(self, kind: int, ticket: Ticket, received: Ticket | None) -> None:
         """The daemon closed the doorbell without answering the request
@@ -357,7 +370,7 @@ class DoorbellStepper(SocketStepper):
     def _raise_refusal(self) -> None:
         if self._rung is not None:
             self._await_rung()  # (a blocking send's answer, before this call asks anything)
-        super()._raise_refusal()
+        SocketStepper._raise_refusal(self)
 
     def _call(self, header: dict[str, Any], blobs: Sequence = ()) -> dict[str, Any]:
         if self._rung is not None and self._broken is None:

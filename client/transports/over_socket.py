@@ -110,13 +110,20 @@ class SocketStepper:
         self._forget_refusals()
 
     def step(self) -> int:
-        self._raise_refusal()
-        return self._answered(self.post_step()).result
+        if self._sends or self._refusal is not None:
+            self._raise_refusal()
+        ticket = self.post_step()
+        self.wait(ticket)
+        if ticket.error is not None:
+            raise ticket.error
+        return ticket.result
 
     def send(self, env_ids: np.ndarray) -> None:
         """Post the send (see the module docstring)."""
-        self._check_async_state()
-        self._raise_refusal()
+        if self.async_lost:
+            self._refuse_async()
+        if self._sends or self._refusal is not None:
+            self._raise_refusal()
         try:
             self._sends.append(self._post_send(env_ids))  # waits while the window is full
         except EnvdTimeoutError:
@@ -125,13 +132,18 @@ class SocketStepper:
 
     def recv(self, count: int) -> np.ndarray:
         """Exactly count ids, the oldest ready (the daemon's session keeps the rest)."""
-        self._check_async_state()
-        self._raise_refusal()
+        if self.async_lost:
+            self._refuse_async()
+        if self._sends or self._refusal is not None:
+            self._raise_refusal()
         ticket = self.post_recv(count, exact=True)
         self.wait(ticket)
-        if isinstance(ticket.error, EnvStateError):
-            self._raise_refusal()  # too few out because a send was refused: say why
-        ids = self._answered(ticket).ids
+        error = ticket.error
+        if error is not None:
+            if isinstance(error, EnvStateError):
+                self._raise_refusal()  # too few out because a send was refused: say why
+            raise error
+        ids = ticket.ids
         assert ids is not None  # (a recv answered without an error names its envs)
         if len(ids) != count:
             raise ProtocolError(f"the daemon's recv reply holds {len(ids)} env ids, "
@@ -297,13 +309,6 @@ class SocketStepper:
             return env_ids
         return (env_ids[:, None] * self.num_agents + np.arange(self.num_agents)).ravel()
 
-    def _answered(self, ticket: Ticket) -> Ticket:
-        """The ticket once done (waiting for it), raising its error."""
-        self.wait(ticket)
-        if ticket.error is not None:
-            raise ticket.error
-        return ticket
-
     def _check_answer_ids(self, ids: np.ndarray) -> None:
         """Refuse a recv answer (int64 ids) naming an env that does not exist
         (the gather, BatchedVecEnv._gather, indexes the buffers with these
@@ -323,7 +328,8 @@ class SocketStepper:
         came, taking in the replies that came already (never waiting)."""
         sends = self._sends
         if sends:
-            self.poll(sends[-1])
+            if not sends[-1].done:
+                self.poll(sends[-1])
             while sends and sends[0].done:
                 error = sends.pop(0).error
                 if error is not None and self._refusal is None:
@@ -338,9 +344,8 @@ class SocketStepper:
         self._sends = [ticket for ticket in self._sends if not ticket.done]  # (none: a reply lost)
         self._refusal = None
 
-    def _check_async_state(self) -> None:
-        if self.async_lost:
-            raise EnvStateError(
+    def _refuse_async(self) -> None:
+        raise EnvStateError(
                 f"a send or recv on this {self.env_id} env timed out, so which envs are in "
                 "flight is unknown; close it and make a new env")
 

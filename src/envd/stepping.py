@@ -93,18 +93,21 @@ class Ticket:
     daemon is gone (``lost``).  ``posted``: the request is out at the daemon
     (a doorbell's recv is rung only once a caller waits for it)."""
 
-    __slots__ = ("done", "error", "ids", "kind", "lost", "posted", "result", "wire")
+    # (class-level defaults, no __slots__: a ticket per blocking call is made
+    # with one store, and an answer sets only what it says)
+    done = False
+    posted = True
+    ids: np.ndarray | None = None
+    error: BaseException | None = None
+    lost = False
+    result = 0
+    #: the transport's own state of the request (never read by a caller)
+    wire: Any = None
 
     def __init__(self, kind: str, posted: bool = True):
         self.kind = kind
-        self.done = False
-        self.posted = posted
-        self.ids: np.ndarray | None = None
-        self.error: BaseException | None = None
-        self.lost = False
-        self.result = 0
-        #: the transport's own state of the request (never read by a caller)
-        self.wire: Any = None
+        if not posted:
+            self.posted = False
 
     def finish(self, ids: np.ndarray | None = None, error: BaseException | None = None,
                lost: bool = False, result: int = 0) -> None:
