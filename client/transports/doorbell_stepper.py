@@ -113,18 +113,17 @@ class DoorbellStepper(SocketStepper):
 
     # ---- the non-blocking half (see the module docstring) --------------------------------
     def post_step(self) -> Ticket:
-        bell = self.doorbell
-        if self._rung is not None or bell is None or bell.closed or self._broken is not None:
-            bell = self._bell()
-            if bell is None:
-                return super().post_step()
+        bell = self._bell()
+        if bell is None:
+            return super().post_step()
         ticket = Ticket("step")
         bell.ring(STEP, 0)
         self._rung = (STEP, ticket, None)
         return ticket
 
     def post_send(self, env_ids: np.ndarray) -> Ticket:
-        if self._bell() is None:
+        bell = self._bell()
+        if bell is None:
             return super().post_send(env_ids)  # (the socket says why)
         count = len(env_ids)
         self._serial += 1
@@ -137,8 +136,6 @@ class DoorbellStepper(SocketStepper):
         ticket.wire = (env_ids, self._serial)
         received = Ticket("recv")
         received.wire = (count, False)
-        bell = self.doorbell
-        assert bell is not None  # (_bell)
         bell.ring(SENDRECV, count)
         self.rung_at = time.perf_counter()
         # (its envs' batch is marked only if a RECV must count them: _take_answer)
@@ -208,11 +205,14 @@ class DoorbellStepper(SocketStepper):
     def _bell(self) -> Doorbell | None:
         """The doorbell, free (the request rung is answered first), or None
         once the daemon closed it (the socket serves then)."""
+        bell = self.doorbell
+        if self._rung is None and bell is not None and self._broken is None and not bell.closed:
+            return bell  # (the hot path)
         if self._broken is not None:
             raise self._broken
         if self._rung is not None:
             self._await_rung()
-        bell = self.doorbell
+            bell = self.doorbell
         if bell is not None and bell.closed:
             self.doorbell = bell = None
         return bell
@@ -220,11 +220,9 @@ class DoorbellStepper(SocketStepper):
     def _post_send(self, env_ids: np.ndarray, serial: int = 0) -> Ticket:
         """A SEND of env_ids (serial: post_send's batch, 0 for the blocking
         send's, which keeps no books), answered by the next call."""
-        bell = self.doorbell
-        if self._rung is not None or bell is None or bell.closed or self._broken is not None:
-            bell = self._bell()
-            if bell is None:
-                return super()._post_send(env_ids)
+        bell = self._bell()
+        if bell is None:
+            return super()._post_send(env_ids)
         count = len(env_ids)
         self._ids[:count] = env_ids
         ticket = Ticket("send")
@@ -239,9 +237,7 @@ class DoorbellStepper(SocketStepper):
         if ticket is self._unrung:
             self._unrung = None
         count, exact = ticket.wire
-        bell = self.doorbell
-        if self._rung is not None or bell is None or bell.closed or self._broken is not None:
-            bell = self._bell()
+        bell = self._bell()
         if bell is None:
             if exact:
                 self._post_ticket(ticket, *self._request_recv(count))
