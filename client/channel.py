@@ -280,6 +280,8 @@ class Channel:
         """Read replies until fewer than POSTED_WINDOW posted requests wait
         for theirs (lock held): the daemon queues only so many replies for a
         client that does not read them, and drops it beyond."""
+        if len(self._posted) < protocol.POSTED_WINDOW:
+            return  # (the hot path: room)
         deadline = time.monotonic() + self.timeout
         while len(self._posted) >= protocol.POSTED_WINDOW:
             self._read_monitor()

@@ -33,8 +33,8 @@ The non-blocking half as several daemons' async MultiVecEnv drives it
   answered once, when the batch finished; the trainer goes on at once, and
   the daemon's thread (asleep on a small machine while the trainer serves
   the other daemons) is woken once per batch instead of twice.  Its refusal
-  finishes the send's ticket.  Any other envs: a SEND (no SENDRECV there,
-  as a send before its answer would wait for it), answered at once;
+  finishes the send's ticket.  Any other envs: a SEND, as a blocking send's
+  (no SENDRECV there, as a send before its answer would wait for it);
 - ``post_recv``: the recv a SENDRECV rang, or a RECV rung only once a
   caller waits for it (``waitables`` or ``wait``), of the smallest batch still
   in flight (so any batch that finishes answers it; the daemon keeps the

@@ -272,12 +272,12 @@ class SocketStepper:
             ticket.finish(NO_IDS, error, isinstance(error, LOST_ERRORS))
             return
         if kind == "send":
-            ticket.finish()
+            ticket.done = True
             return
         blobs = reply.get("_blobs", [])
         if kind == "step":
             self._take_outputs(reply, blobs, None)
-            ticket.finish(result=reply["num_done"])
+            ticket.done, ticket.result = True, reply["num_done"]
             return
         ids = np.frombuffer(blobs[0], np.int64).copy() if blobs else NO_IDS
         if self.outputs_in_replies and len(ids) and ids.view(np.uint64).max() < self.num_envs:
