@@ -328,6 +328,7 @@ class SocketStepper:
         came, taking in the replies that came already (never waiting)."""
         sends = self._sends
         if sends:
+            self._take_inbox()  # (replies read while an earlier call waited)
             if not sends[-1].done:
                 self.poll(sends[-1])
             while sends and sends[0].done:
