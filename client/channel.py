@@ -12,7 +12,8 @@ nobody waits for.  Callers (Client, the transports) see three calls:
     most ``timeout`` seconds), return it or raise its error;
   - ``post(header, blobs, on_reply)``: send without waiting; ``on_reply`` runs
     when the reply is read (at the latest while a later request waits: the
-    daemon reads a connection's requests in order and answers a send at once);
+    daemon reads a connection's requests in order and answers a send at once),
+    unless ``wait_posted`` waits for that reply and takes it itself;
   - ``read_late_replies()``: read what arrived for requests nobody waits for.
 
 A Channel may be shared by threads; requests are serialised.
@@ -44,6 +45,8 @@ from envd.errors import ConnectionLostError, EnvdTimeoutError, EnvStateError, Li
 
 #: What runs when a reply nobody waits for is read (with the reply).
 OnReply = Callable[[dict[str, Any]], None]
+#: longest wait of check_alive for the lock a request on another thread holds
+_LOCK_BACKOFF_S = 0.02
 
 
 class _Resources:
@@ -129,8 +132,8 @@ class Channel:
                 self._awaited[request_id] = late
                 raise
 
-    def post(self, header: dict[str, Any], blobs: Sequence[Any], on_reply: OnReply) -> None:
-        """Send one request without waiting for its reply: on_reply(reply)
+    def post(self, header: dict[str, Any], blobs: Sequence[Any], on_reply: OnReply) -> int:
+        """Send one request without waiting for its reply (its id): on_reply(reply)
         runs when the reply is read.  Waits (at most timeout) while
         POSTED_WINDOW posted requests wait for theirs."""
         with self._lock:
@@ -138,6 +141,21 @@ class Channel:
             request_id = self._send(header, blobs)
             self._awaited[request_id] = on_reply
             self._posted.add(request_id)
+            return request_id
+
+    def wait_posted(self, request_id: int, kind: str) -> dict[str, Any] | None:
+        """Wait (at most timeout) for the reply of the posted request
+        request_id, as ``request`` waits, and return it, ok or not: its
+        on_reply does not run.  None if it was read already (on_reply ran).
+        Raises EnvdTimeoutError (on_reply runs when the reply comes after
+        all) or ConnectionLostError."""
+        with self._lock:  # (a thread holding it reads our reply meanwhile: on_reply)
+            if request_id not in self._awaited:
+                return None
+            reply = self._wait_reply(request_id, kind, self.timeout, raise_errors=False)
+            del self._awaited[request_id]
+            self._posted.discard(request_id)
+            return reply
 
     def read_late_replies(self, wait: float = 0.0) -> None:
         """Handle the replies that arrived for requests nobody waits for
@@ -180,11 +198,13 @@ class Channel:
         return self._socket, self._monitor
 
     def check_alive(self, waiting_for: str = "a fast-path request") -> None:
-        """Raise ConnectionLostError if the monitor reported the daemon gone,
-        without waiting (for callers that wait elsewhere: the doorbell, a
-        poller over several channels).  A request in progress on another
-        thread reads the monitor itself."""
-        if not self._lost and self._lock.acquire(blocking=False):
+        """Raise ConnectionLostError if the monitor reported the daemon gone
+        (for callers that wait elsewhere: the doorbell, a poller over several
+        channels).  A request in progress on another thread reads the
+        monitor itself: while one holds the lock this waits up to
+        _LOCK_BACKOFF_S for it, so that a caller polling the monitor sleeps
+        instead of finding the event unread again at once."""
+        if not self._lost and self._lock.acquire(timeout=_LOCK_BACKOFF_S):
             try:
                 if not self.closed:
                     self._read_monitor()
@@ -260,6 +280,8 @@ class Channel:
         """Read replies until fewer than POSTED_WINDOW posted requests wait
         for theirs (lock held): the daemon queues only so many replies for a
         client that does not read them, and drops it beyond."""
+        if len(self._posted) < protocol.POSTED_WINDOW:
+            return  # (the hot path: room)
         deadline = time.monotonic() + self.timeout
         while len(self._posted) >= protocol.POSTED_WINDOW:
             self._read_monitor()
@@ -278,7 +300,8 @@ class Channel:
                     f"got no reply within {self.timeout:g} s (Client timeout), so this "
                     f"{kind!r} was not sent: the daemon is stuck or overloaded")
 
-    def _wait_reply(self, request_id: int, kind: str, timeout: float) -> dict[str, Any]:
+    def _wait_reply(self, request_id: int, kind: str, timeout: float,
+                    raise_errors: bool = True) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         while True:
             remaining = deadline - time.monotonic()
@@ -295,7 +318,7 @@ class Channel:
                 if reply.get("id") != request_id:
                     self._late_reply(reply)
                     continue
-                if reply.get("ok"):
+                if reply.get("ok") or not raise_errors:
                     return reply
                 protocol.raise_error(reply)
             event = recv_monitor_message(self._monitor) if self._monitor in events else None

@@ -44,9 +44,9 @@ gather from a shard's buffers, move each env's num_agents rows
 
 Refusals keep the one-daemon rules: a send of an env not idle raises at the
 send (the books are here); a send the daemon refuses (a done env in
-``disabled`` mode) is raised by the next call (by the send itself where the
-refusal is answered at once: a doorbell's SEND), naming the daemon, and its
-envs are idle again; a recv of more than are in flight or ready raises at
+``disabled`` mode) is raised by the next call (by the send itself where a
+transport answers it at once), naming the daemon, and its envs are idle
+again; a recv of more than are in flight or ready raises at
 once; an env failing in a batch makes the next recv raise and the one after
 it return the batch's envs.
 
@@ -432,8 +432,8 @@ class ShardsAsyncStepper:
         except EnvdError as exc:
             self._raise_failed(shard, exc)
         if ticket.done and ticket.error is not None:
-            # refused at once (a doorbell's SEND): raised by the send itself,
-            # none of its envs stepped
+            # refused at once (a transport that answers a send at once):
+            # raised by the send itself, none of its envs stepped
             self._raise_failed(shard, ticket.error)
         self._state[run if run is not None else ids] = IN_FLIGHT
         shard.in_flight += len(ids)

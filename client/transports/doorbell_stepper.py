@@ -8,31 +8,39 @@ session was closed or expired, or the daemon stops) every call goes over the
 socket, whose reply says which.  The books are the daemon's native
 session's, as over the socket.
 
-A send is posted, as over the socket: it rings SEND and returns without
-waiting for the answer (the daemon answers once it started the batch; a
-trainer's learner overlaps that, and it measured 10 us a batch).  The next
-call that uses the session first reads that answer (a doorbell takes one
-request at a time): a refusal (an env not idle, ...) is raised by the next
+A doorbell takes one request at a time: the one rung and not answered yet
+(``_rung``: its kind and tickets) is waited for before the next ring, or
+before a request over the socket.  Every call is posted (a ticket the
+answer finishes, in one place: ``_take_answer``); the blocking step and recv
+are a post and a ``wait`` (Doorbell.wait: spin, yield, futex sleep), and a
+blocking send is a post only: it rings SEND and returns without waiting for
+the answer (the daemon answers once it started the batch; a trainer's
+learner overlaps that, and it measured 10 us a batch).  The next call reads
+that answer first: a refusal (an env not idle, ...) is raised by the next
 send, recv, step or render, before it asks anything, with the in-process
-message; a reset or async_reset forgets it, as over the socket.
+message; a reset or async_reset forgets it, as over the socket.  A request
+the doorbell closed on without an answer goes over the socket (which
+answers it, or says why), but a posted recv (its batch went with the
+doorbell: ConnectionLostError).  An answer no daemon could give (a RECV
+answered with another count) fails its ticket and every later call with
+the same ProtocolError.
 
-The non-blocking half (envd.stepping.PostingStepper, what several daemons'
-async MultiVecEnv drives, client/multi_async.py):
+The non-blocking half as several daemons' async MultiVecEnv drives it
+(client/multi_async.py):
 
 - ``post_send``: where the envs are all the session's (EnvPool's loop with a
   batch per daemon), a SENDRECV: the send and the recv of them all,
   answered once, when the batch finished; the trainer goes on at once, and
   the daemon's thread (asleep on a small machine while the trainer serves
   the other daemons) is woken once per batch instead of twice.  Its refusal
-  finishes the send's ticket.  Any other envs: a SEND, answered at once
-  (its ticket is done when post_send returns); no SENDRECV there, as a send
-  before its answer would wait for it.  A request still out on the doorbell
-  is waited for first (a doorbell takes one request at a time);
+  finishes the send's ticket.  Any other envs: a SEND, as a blocking send's
+  (no SENDRECV there, as a send before its answer would wait for it);
 - ``post_recv``: the recv a SENDRECV rang, or a RECV rung only once a
-  caller waits for it (``waitables``), of the smallest batch still in flight
-  (so any batch that finishes answers it; the daemon keeps the rest of a
-  larger one ready for the next RECV): the doorbell stays free for sends
-  until then.  The batches are this stepper's only books.
+  caller waits for it (``waitables`` or ``wait``), of the smallest batch still
+  in flight (so any batch that finishes answers it; the daemon keeps the
+  rest of a larger one ready for the next RECV): the doorbell stays free for
+  sends until then.  The batches posted are this stepper's only books (the
+  blocking calls keep none: their recv asks its exact count).
 """
 from __future__ import annotations
 
@@ -63,15 +71,14 @@ class DoorbellStepper(SocketStepper):
         #: None once the daemon closed it (then the socket serves)
         self.doorbell: Doorbell | None = Doorbell(memory, offset)
         self._ids = self.buffers["doorbell_ids"]
-        #: the env ids of a posted SEND whose answer was not read yet
-        self._posted: np.ndarray | None = None
-        # ---- the non-blocking half's books
-        #: the ticket a SENDRECV or RECV rung and not answered yet answers
-        #: (the send's, None for a RECV; and the recv's)
-        self._rung: tuple[Ticket | None, Ticket] | None = None
-        #: a recv posted but not rung yet (waitables rings it)
+        #: the request rung and not answered yet: (its kind, its ticket, a
+        #: SENDRECV's recv ticket or None); never set without a doorbell
+        self._rung: tuple[int, Ticket, Ticket | None] | None = None
+        #: a recv posted but not rung yet (wait or waitables rings it)
         self._unrung: Ticket | None = None
-        #: batches in flight: serial -> its envs not received yet
+        #: an answer no daemon could give: every call raises it from then on
+        self._broken: ProtocolError | None = None
+        #: batches posted (post_send) in flight: serial -> its envs not received yet
         self._remaining: dict[int, int] = {}
         self._batch_of = np.zeros(self.num_envs, np.int64)  # each env's last batch serial
         self._serial = 0
@@ -98,171 +105,279 @@ class DoorbellStepper(SocketStepper):
             self.maybe_running = False  # the late fast-path step has ended
         super().check_buffers_free()
 
-    def step(self) -> int:
-        """SocketStepper.step, straight to the ring when no send is posted
-        and no refusal or late reply waits to be read (its _raise_refusal
-        would find nothing): a trainer's hot call, where a cheap env's step
-        through the daemon costs a few microseconds and each call layer a
-        tenth of one."""
-        if self._posted is None and self._refusal is None and not self.sends_unanswered:
-            return self._step()
-        return super().step()
-
-    def send(self, env_ids: np.ndarray) -> None:
-        """Post the send (see the module docstring)."""
-        self._check_async_state()
-        self._raise_refusal()  # (reads a send posted before this one)
-        bell = self.doorbell
-        if bell is None or bell.closed:
-            self._send(env_ids)  # (the socket: posted there too)
-            return
-        self._ids[:len(env_ids)] = env_ids
-        bell.ring(SEND, len(env_ids))
-        self._posted = env_ids
-
-    def _raise_refusal(self) -> None:
-        self._read_posted()
-        super()._raise_refusal()
+    def async_reset(self, with_seeds: bool) -> None:
+        """(The daemon drops the batches in flight, and so do the books.)"""
+        super().async_reset(with_seeds)
+        self._remaining.clear()
+        self._unrung = None
 
     # ---- the non-blocking half (see the module docstring) --------------------------------
-    def post_send(self, env_ids: np.ndarray) -> Ticket:
-        bell = self.doorbell
-        if bell is None or bell.closed:
-            return super().post_send(env_ids)  # (the socket says why)
-        if self._rung is not None:
-            self._settle("send")
-        count = len(env_ids)
-        self._ids[:count] = env_ids
-        ticket = Ticket("send")
-        if count == self.num_envs:
-            bell.ring(SENDRECV, count)
-            self.rung_at = time.perf_counter()
-            self._rung = (ticket, Ticket("recv"))
-            # (its envs' batch is marked only if a RECV must count them: _take_answer)
-            self._serial += 1
-            self._remaining[self._serial] = count
-            ticket.wire = self._serial
-            return ticket
-        bell.ring(SEND, count)
-        answer = self._await(bell, SEND, "send")
-        if answer is None:  # closed before it answered: the socket sends it, or says why
-            return super().post_send(env_ids)
-        refusal = self.send_refusal(*answer)
-        if refusal is None:
-            self._add_batch(env_ids)
-        ticket.finish(error=refusal)
+    def post_step(self) -> Ticket:
+        bell = self._bell()
+        if bell is None:
+            return super().post_step()
+        ticket = Ticket("step")
+        bell.ring(STEP, 0)
+        self._rung = (STEP, ticket, None)
         return ticket
 
-    def post_recv(self, in_flight: int) -> Ticket:
+    def post_send(self, env_ids: np.ndarray) -> Ticket:
+        bell = self._bell()
+        if bell is None:
+            return super().post_send(env_ids)  # (the socket says why)
+        count = len(env_ids)
+        self._serial += 1
+        self._remaining[self._serial] = count
+        if count < self.num_envs:
+            self._batch_of[env_ids] = self._serial
+            return self._post_send(env_ids, self._serial)
+        self._ids[:count] = env_ids
+        ticket = Ticket("send")
+        ticket.wire = (env_ids, self._serial)
+        received = Ticket("recv")
+        received.wire = (count, False)
+        bell.ring(SENDRECV, count)
+        self.rung_at = time.perf_counter()
+        # (its envs' batch is marked only if a RECV must count them: _take_answer)
+        self._rung = (SENDRECV, ticket, received)
+        return ticket
+
+    def post_recv(self, count: int, exact: bool = False) -> Ticket:
+        rung = self._rung
+        if not exact and rung is not None and rung[2] is not None:
+            return rung[2]  # (the SENDRECV's)
+        if self._broken is not None:
+            raise self._broken
         if self.doorbell is None:
-            return super().post_recv(in_flight)  # (stopped: the socket serves)
-        if self._rung is not None and not self._rung[1].done and self._rung[0] is not None:
-            return self._rung[1]  # (the SENDRECV's)
+            return super().post_recv(count, exact)  # (stopped: the socket serves)
         ticket = Ticket("recv", posted=False)
-        ticket.wire = in_flight
-        self._unrung = ticket
+        ticket.wire = (count, exact)
+        if exact:  # (the blocking recv's: waited for at once)
+            self._ring_recv(ticket)
+        else:
+            self._unrung = ticket
         return ticket
 
     def poll(self, ticket: Ticket) -> bool:
-        rung = self._rung
-        if rung is not None and self.doorbell is not None and self.doorbell.answered:
-            self._take_answer()
+        if self._broken is not None:
+            raise self._broken
+        if self._rung is not None:
+            bell = self.doorbell
+            assert bell is not None  # (_rung)
+            if bell.answered:
+                self._take_answer(bell.answer())
+            elif bell.closed:  # (it answers before it closes: read answered again)
+                self._take_answer(bell.answer() if bell.answered else None)
         return super().poll(ticket) if self._tickets_out else ticket.done
+
+    def wait(self, ticket: Ticket) -> None:
+        """Ring the recv if it waits to be rung, then wait for the doorbell's
+        answer (Doorbell.wait), or for the socket's reply."""
+        if ticket is self._unrung:
+            self._ring_recv(ticket)
+        rung = self._rung
+        if rung is not None and (ticket is rung[1] or ticket is rung[2]):
+            self._await_rung()
+        elif self._broken is not None:  # (nothing is rung once it is)
+            raise self._broken
+        if not ticket.done:  # (over the socket)
+            super().wait(ticket)
 
     def waitables(self, ticket: Ticket) -> tuple[Any, ...]:
         """The doorbell a caller sleeps on (client/doorbell.py wait_any),
-        ringing the recv's RECV first if it waits to be rung."""
-        if self.doorbell is None:
-            return super().waitables(ticket)  # (stopped: the socket serves)
-        if ticket.done:
-            return ()
+        ringing the recv's RECV first if it waits to be rung; none once the
+        ticket is done (a doorbell found closed settles it at once); the
+        socket's once the socket serves it."""
+        if self._broken is not None:
+            raise self._broken
         if ticket is self._unrung:
             self._ring_recv(ticket)
-        return () if ticket.done else (self.doorbell,)
+        rung = self._rung
+        if rung is not None and (ticket is rung[1] or ticket is rung[2]):
+            bell = self.doorbell
+            assert bell is not None  # (_rung)
+            if not bell.closed:
+                return (bell,)
+            self.poll(ticket)  # (answered, or a posted recv lost, or over the socket now)
+        return () if ticket.done else super().waitables(ticket)
 
-    def check_alive(self, waiting_for: str) -> None:
-        super().check_alive(waiting_for)
+    # ---- the doorbell's one request ------------------------------------------------------
+    def _bell(self) -> Doorbell | None:
+        """The doorbell, free (the request rung is answered first), or None
+        once the daemon closed it (the socket serves then)."""
         bell = self.doorbell
-        if self._rung is not None and bell is not None and bell.closed and not bell.answered:
-            raise ConnectionLostError(_DOORBELL_GONE)
+        if self._rung is None and bell is not None and self._broken is None and not bell.closed:
+            return bell  # (the hot path)
+        if self._broken is not None:
+            raise self._broken
+        if self._rung is not None:
+            self._await_rung()
+            bell = self.doorbell
+        if bell is not None and bell.closed:
+            self.doorbell = bell = None
+        return bell
 
-    def async_reset(self, with_seeds: bool) -> None:
-        """(The caller waited for every request rung: the daemon drops the
-        batches in flight, and so do the books.)"""
-        super().async_reset(with_seeds)
-        self._remaining.clear()
-        self._rung = self._unrung = None
-
-    def _add_batch(self, env_ids: np.ndarray) -> None:
-        self._serial += 1
-        self._batch_of[env_ids] = self._serial
-        self._remaining[self._serial] = len(env_ids)
-
-    def _settle(self, call: str) -> None:
-        """Wait for the answer of the request rung (it answers its tickets)."""
-        bell = self.doorbell
-        assert bell is not None  # (rung on it: dropped only once answered)
-        if self._await(bell, RECV, call) is not None or bell.answered:
-            self._take_answer()
-        else:
-            raise ConnectionLostError(_DOORBELL_GONE)
+    def _post_send(self, env_ids: np.ndarray, serial: int = 0) -> Ticket:
+        """A SEND of env_ids (serial: post_send's batch, 0 for the blocking
+        send's, which keeps no books), answered by the next call."""
+        bell = self._bell()
+        if bell is None:
+            return super()._post_send(env_ids)
+        count = len(env_ids)
+        self._ids[:count] = env_ids
+        ticket = Ticket("send")
+        ticket.wire = (env_ids, serial)
+        bell.ring(SEND, count)
+        self._rung = (SEND, ticket, None)
+        return ticket
 
     def _ring_recv(self, ticket: Ticket) -> None:
-        self._unrung = None
-        bell = self.doorbell
-        if bell is None or bell.closed:
-            ticket.finish(NO_IDS, ConnectionLostError(_DOORBELL_GONE), lost=True)
+        """Ring a recv posted (its count: a posted one's, the smallest batch
+        in flight; an exact one's as asked)."""
+        if ticket is self._unrung:
+            self._unrung = None
+        count, exact = ticket.wire
+        bell = self._bell()
+        if bell is None:
+            if exact:
+                self._post_ticket(ticket, *self._request_recv(count))
+            else:  # (its batch went with the doorbell)
+                ticket.finish(NO_IDS, ConnectionLostError(_DOORBELL_GONE), lost=True)
             return
-        count = min(min(self._remaining.values(), default=ticket.wire), ticket.wire)
+        if not exact:
+            count = min(min(self._remaining.values(), default=count), count)
         bell.ring(RECV, count)
         self.rung_at = time.perf_counter()
         ticket.posted = True
-        ticket.wire = count
-        self._rung = (None, ticket)
+        ticket.wire = (count, exact)
+        self._rung = (RECV, ticket, None)
 
-    def _take_answer(self) -> None:
-        """The rung request's answer (it is in) into its tickets."""
+    def _await_rung(self) -> None:
+        """Wait for the answer to the request rung (Doorbell.wait: the spin,
+        the yield and the futex sleep tuned per kind) and take it in."""
+        assert self._rung is not None and self.doorbell is not None
+        kind, ticket, _ = self._rung
+        answer = self.doorbell.quick_answer()  # (a cheap env's whole step at N=64)
+        if answer is not None:
+            self._take_answer(answer)
+            return
+        try:
+            answer = self.doorbell.wait(time.monotonic() + self.channel.timeout,
+                                        self.channel.check_alive)
+        except TimeoutError:
+            if kind == STEP:
+                self.maybe_running = True  # until the answer comes: see check_buffers_free
+            else:
+                self.async_lost = True  # the envs of a late send or recv are lost to us
+            raise EnvdTimeoutError(
+                f"no answer to a fast-path {ticket.kind} from the daemon at "
+                f"{self.channel.endpoint} within {self.channel.timeout:g} s (Client timeout)"
+            ) from None
+        self._take_answer(answer)
+
+    def _take_answer(self, answer: tuple[int, int, int] | None) -> None:
+        """The rung request's answer into its tickets (the one place the
+        doorbell's answers are read); None: the daemon closed the doorbell
+        without answering (the socket serves from now on)."""
         rung, self._rung = self._rung, None
-        assert rung is not None and self.doorbell is not None
-        sent, received = rung
-        bell = self.doorbell
-        status, result, index = bell.answer()
-        if sent is not None:
-            if not bell.sent:  # refused: none of its envs stepped
-                self._remaining.pop(sent.wire, None)
-                refusal = (ShuttingDownError("the daemon is shutting down and takes no new work")
-                           if status == SHUTTING_DOWN else self.send_refusal(status, result, index))
-                if refusal is None:  # (the daemon said it was refused)
-                    refusal = ProtocolError(f"the daemon at {self.channel.endpoint} refused a "
-                                            "send with status 0")
-                sent.finish(error=refusal)
-                received.finish(NO_IDS)
+        assert rung is not None
+        kind, ticket, received = rung
+        if answer is None:
+            self.doorbell = None
+            self._unanswered(kind, ticket, received)
+            return
+        status, result, index = answer
+        if kind == STEP:
+            if status == 0:  # (the hot path: nothing to map or raise)
+                ticket.done, ticket.result = True, result
+            else:
+                ticket.finish(error=self._step_refusal(status, result, index))
+        elif kind == SEND:
+            if status == 0:  # (the hot path: started)
+                ticket.done = True
                 return
-            sent.finish()
-            count = self.num_envs
-            if status == 0 and result == count:  # (the common case: all of them back)
-                self._remaining.pop(sent.wire, None)
-                received.finish(self._ids[:count].astype(np.int64))
-                return
-            self._batch_of[:] = sent.wire  # (the batch: RECVs will count its envs)
+            refusal = self._send_refusal(status, result, index)
+            if refusal is not None:  # none of its envs stepped
+                self._remaining.pop(ticket.wire[1], None)
+            ticket.finish(error=refusal)
+        elif kind == SENDRECV:
+            assert received is not None
+            self._take_sendrecv(ticket, received, status, result, index)
         else:
-            count = received.wire
-        if status == SHUTTING_DOWN:
-            received.finish(NO_IDS, ShuttingDownError(
-                "the daemon is shutting down and takes no new work"), lost=True)
-            return
-        if status != 0:
-            # an env failed in a batch: its envs stay ready there for the RECV after it
-            received.finish(NO_IDS, step_error(self.env_id, self.action_space, status,
-                                              self._row_of(index, status), self.buffers))
-            return
-        if result != count:  # (a RECV answers exactly count ids)
-            raise ProtocolError(f"the daemon at {self.channel.endpoint} answered a RECV of "
-                                f"{count} envs with {result}")
-        ids = self._ids[:count].astype(np.int64)  # (a copy, int64 whatever the segment)
-        self._count_received(ids)
-        received.finish(ids)
+            self._take_recv(ticket, status, result, index)
 
+    def _take_sendrecv(self, sent: Ticket, received: Ticket, status: int, result: int,
+                       index: int) -> None:
+        bell = self.doorbell
+        assert bell is not None  # (rung on it)
+        serial = sent.wire[1]
+        if not bell.sent:  # refused: none of its envs stepped
+            self._remaining.pop(serial, None)
+            refusal = self._send_refusal(status, result, index)
+            if refusal is None:  # (the daemon said it was refused)
+                refusal = ProtocolError(f"the daemon at {self.channel.endpoint} refused a "
+                                        "send with status 0")
+            sent.finish(error=refusal)
+            received.finish(NO_IDS)
+            return
+        sent.finish()
+        count = self.num_envs
+        if status == 0 and result == count:  # (the common case: all of them back)
+            self._remaining.pop(serial, None)
+            received.finish(self._ids[:count].astype(np.int64))
+            return
+        self._batch_of[:] = serial  # (the batch: RECVs will count its envs)
+        self._take_recv(received, status, result, index)
+
+    def _take_recv(self, ticket: Ticket, status: int, result: int, index: int) -> None:
+        count, exact = ticket.wire
+        if status == 0 and result == count:  # (the hot path)
+            ids = self._ids[:count].astype(np.int64)  # (a copy, int64 whatever the segment)
+            if not exact:
+                self._count_received(ids)
+            ticket.done, ticket.ids = True, ids
+        elif status == SHUTTING_DOWN:
+            ticket.finish(NO_IDS, ShuttingDownError(
+                "the daemon is shutting down and takes no new work"), lost=True)
+        elif status == NATIVE_CODES["ESTATE"] and index < 0:  # fewer in flight or ready
+            ticket.finish(NO_IDS, recv_short_error(self.env_id, count, result))
+        elif status != 0:
+            # an env failed in a batch: its envs stay ready there for the recv after it
+            index = self._row_of(index, status)
+            ticket.finish(NO_IDS, self._env_failure(status, index) or step_error(
+                self.env_id, self.action_space, status, index, self.buffers))
+        else:  # (a RECV answers exactly count ids)
+            self._broken = ProtocolError(f"the daemon at {self.channel.endpoint} answered a "
+                                         f"RECV of {count} envs with {result}")
+            ticket.finish(NO_IDS, self._broken)
+
+    def _unanswered(self, kind: int, ticket: Ticket, received: Ticket | None) -> None:
+        """The daemon closed the doorbell without answering the request
+        rung: the socket serves it (and says why), but a posted recv, whose
+        batch went with the doorbell."""
+        if kind == STEP:
+            self._post_ticket(ticket, *self._request_step())
+        elif kind == SEND:
+            self._post_ticket(ticket, *self._request_send(ticket.wire[0]))
+        elif received is not None:  # (a SENDRECV: whether its send stepped is unknown)
+            ticket.finish()
+            received.finish(NO_IDS, ConnectionLostError(_DOORBELL_GONE), lost=True)
+        elif ticket.wire[1]:  # (an exact recv)
+            self._post_ticket(ticket, *self._request_recv(ticket.wire[0]))
+        else:
+            ticket.finish(NO_IDS, ConnectionLostError(_DOORBELL_GONE), lost=True)
+
+    def _raise_refusal(self) -> None:
+        if self._rung is not None:
+            self._await_rung()  # (a blocking send's answer, before this call asks anything)
+        SocketStepper._raise_refusal(self)
+
+    def _call(self, header: dict[str, Any], blobs: Sequence = ()) -> dict[str, Any]:
+        if self._rung is not None and self._broken is None:
+            self._await_rung()  # (a reset's or render's request after the send's answer)
+        return super()._call(header, blobs)
+
+    # ---- the books of posted batches --------------------------------------------------------
     def _count_received(self, ids: np.ndarray) -> None:
         """Take received envs off their batches' counts (ids out of range
         are left to the caller's books to refuse)."""
@@ -281,54 +396,24 @@ class DoorbellStepper(SocketStepper):
             else:
                 remaining.pop(int(serial), None)
 
-    def _read_posted(self) -> None:
-        """Read a posted SEND's answer (waiting for it: the doorbell takes one
-        request at a time); a refusal is kept for _raise_refusal."""
-        ids, self._posted = self._posted, None
-        if ids is None:
-            return
-        bell = self.doorbell
-        assert bell is not None  # (a posted send keeps it: _ring drops it after this read only)
-        answer = self._await(bell, SEND, "send")
-        if answer is None:  # closed before it answered: the socket sends it, or says why
-            self._call({"type": "send", "session": self.session}, [ids.tobytes()])
-            return
-        refusal = self.send_refusal(*answer)
-        if refusal is not None and self._refusal is None:
-            self._refusal = refusal
+    # ---- the answers' errors, as in-process ---------------------------------------------------
+    def _step_refusal(self, status: int, result: int, index: int) -> Exception:
+        """The error of a step the doorbell answered with status (not 0)."""
+        if status == SHUTTING_DOWN:
+            return ShuttingDownError("the daemon is shutting down and takes no new work")
+        if status == NATIVE_CODES["EBUSY"] and index < 0:  # envs out: which (doorbell.h)
+            if result > 0:
+                return in_flight_error(self.env_id, "step", result)
+            return ready_error(self.env_id, -result)
+        index = self._row_of(index, status)
+        return self._env_failure(status, index) or step_error(
+            self.env_id, self.action_space, status, index, self.buffers)
 
-    def _call(self, header: dict[str, Any], blobs: Sequence = ()) -> dict[str, Any]:
-        self._read_posted()  # (a reset's or render's request after the send's answer)
-        return super()._call(header, blobs)
-
-    def _step(self) -> int:
-        if self.doorbell is not None:
-            answer = self._ring(STEP, 0, "step")
-            if answer is not None:
-                status, num_done, index = answer
-                if status == 0:  # (the hot path: nothing to map or raise)
-                    return num_done
-                if status == NATIVE_CODES["EBUSY"] and index < 0:  # envs out: which (doorbell.h)
-                    if num_done > 0:
-                        raise in_flight_error(self.env_id, "step", num_done)
-                    raise ready_error(self.env_id, -num_done)
-                index = self._row_of(index, status)
-                self._raise_env_failure(status, index)
-                raise step_error(self.env_id, self.action_space, status, index, self.buffers)
-        return super()._step()
-
-    def _send(self, env_ids: np.ndarray) -> None:
-        """send's once the doorbell is gone, or closed (send rings an open
-        one itself): the socket serves from now on, and says why at once."""
-        if self.doorbell is not None:  # (closed)
-            self.doorbell = None
-            self._call({"type": "send", "session": self.session}, [env_ids.tobytes()])
-            return
-        super()._send(env_ids)
-
-    def send_refusal(self, status: int, state: int, index: int) -> Exception | None:
+    def _send_refusal(self, status: int, state: int, index: int) -> Exception | None:
         """The error of a send the doorbell answered (status, env state,
         error index), as in-process; None if it was not refused."""
+        if status == SHUTTING_DOWN:
+            return ShuttingDownError("the daemon is shutting down and takes no new work")
         if status == NATIVE_CODES["EBUSY"] and 0 <= index < self.num_envs and state != _ENV_IDLE:
             return not_idle_error(self.env_id, index, state == _ENV_IN_FLIGHT)  # (an env id)
         index = self._row_of(index, status)
@@ -339,26 +424,6 @@ class DoorbellStepper(SocketStepper):
             return send_error(self.env_id, self.action_space, self.num_envs, status, index,
                               self.buffers)
         return None
-
-    def _recv(self, count: int) -> np.ndarray:
-        """Exactly count ids, the oldest ready (the daemon's session keeps the
-        rest); an env failed in a batch raises as in-process (its batch's
-        envs stay ready for the next recv)."""
-        if self.doorbell is None:
-            return super()._recv(count)
-        answer = self._ring(RECV, count, "recv")
-        if answer is None:
-            return super()._recv(count)
-        status, result, index = answer
-        if status != 0:
-            if status == NATIVE_CODES["ESTATE"] and index < 0:
-                raise recv_short_error(self.env_id, count, result)
-            index = self._row_of(index, status)
-            self._raise_env_failure(status, index)
-            raise step_error(self.env_id, self.action_space, status, index, self.buffers)
-        ids = self._ids[:count].astype(np.int64)  # (a copy; int64 whatever the segment says)
-        self._check_answer_ids(ids)
-        return ids
 
     def _row_of(self, env: int, status: int) -> int:
         """The row an answer's failure or refusal names, as the in-process
@@ -378,11 +443,6 @@ class DoorbellStepper(SocketStepper):
                     return row
         return rows[0]
 
-    def _raise_env_failure(self, status: int, index: int) -> None:
-        failure = self._env_failure(status, index)
-        if failure is not None:
-            raise failure
-
     def _env_failure(self, status: int, index: int) -> EnvError | None:
         """An env's own failure the daemon words (a hosted Python env raised,
         or its worker died: the doorbell's message) is the EnvError the
@@ -392,43 +452,3 @@ class DoorbellStepper(SocketStepper):
             if message:
                 return EnvError(f"{self.env_id}: {message}", status, index)
         return None
-
-    def _ring(self, kind: int, count: int, what: str) -> tuple[int, int, int] | None:
-        """A request through the doorbell (its inputs are in shared memory):
-        its (status, result, error index), raising ShuttingDownError for the
-        daemon's refusal; None once the daemon stopped serving the doorbell
-        (the caller then asks over the socket, which says why)."""
-        self._read_posted()
-        bell = self.doorbell
-        if bell is None or bell.closed:
-            self.doorbell = None
-            return None
-        bell.ring(kind, count)
-        answer = bell.quick_answer()
-        if answer is None:
-            answer = self._await(bell, kind, what)
-            if answer is None:
-                return self._ring(kind, count, what)  # closed meanwhile: drops the doorbell
-        elif answer[0] == SHUTTING_DOWN:
-            raise ShuttingDownError("the daemon is shutting down and takes no new work")
-        return answer
-
-    def _await(self, bell: Doorbell, kind: int, what: str) -> tuple[int, int, int] | None:
-        """The answer to the request of kind rung last on bell (None: the
-        daemon closed the doorbell without answering), raising
-        ShuttingDownError for the daemon's refusal and EnvdTimeoutError after
-        the client's timeout."""
-        try:
-            answer = bell.wait(time.monotonic() + self.channel.timeout, self.channel.check_alive)
-        except TimeoutError:
-            self.maybe_running = True  # until the answer comes: see check_buffers_free
-            self.async_lost = kind != STEP  # the envs of a late send or recv are lost to us
-            raise EnvdTimeoutError(
-                f"no answer to a fast-path {what} from the daemon at {self.channel.endpoint} "
-                f"within {self.channel.timeout:g} s (Client timeout)") from None
-        if answer is None:
-            return None
-        status, result, index = answer
-        if status == SHUTTING_DOWN:
-            raise ShuttingDownError("the daemon is shutting down and takes no new work")
-        return status, result, index

@@ -8,15 +8,18 @@ header crosses the socket.  The async books are the daemon's native session's
 out, a send of an env not idle, a recv of more than are out, and answers a
 recv with exactly count ids; ``reset`` with ``async: true`` is async_reset.
 
-A send is posted (no round trip: the trainer goes on while the daemon
-steps).  The daemon refuses a send only before stepping any of it and
+Every request is posted (envd.stepping.PostingStepper: a ticket its reply
+finishes, once); the blocking step and recv are a post and a ``wait``, the
+channel's zmq poll on the socket and its monitor (Channel.wait_posted), and
+a blocking send is a post only (no round trip: the trainer goes on while the
+daemon steps).  The daemon refuses a send only before stepping any of it and
 answers a send at once, so its reply is in before the reply of the next
 request.  A refusal is raised by the first call that starts after its reply
 was read (a send, recv, step or render; a reset or async_reset forgets it, as
 it forgets a failed batch); a call whose request went out before the reply
 was read returns its result, and the call after it raises the refusal --
 except a recv the daemon refuses for want of envs, which the refusal
-explains better.  Routing those replies is the only async state kept here.
+explains better.  Those send tickets are the only async state kept here.
 The inline transport (inline.py) and the doorbell (doorbell_stepper.py) are
 this stepper with other encodings.
 """
@@ -50,7 +53,7 @@ NO_IDS.flags.writeable = False
 
 
 class SocketStepper:
-    """An envd.stepping.Stepper for one daemon session, over its channel."""
+    """An envd.stepping.PostingStepper for one daemon session, over its channel."""
 
     #: the transport's name (RemoteVecEnv.transport)
     transport = "shm"
@@ -73,15 +76,15 @@ class SocketStepper:
         self.maybe_running = False
         #: a send or recv timed out: which envs are in flight is unknown
         self.async_lost = False
-        #: posted sends whose reply was not read yet
-        self.sends_unanswered = 0
-        #: the first refusal of a posted send, read but not raised yet
-        self._refusal: Exception | None = None
+        #: the blocking sends' tickets whose refusal (if any) was not raised yet
+        self._sends: list[Ticket] = []
+        #: the first refusal of a blocking send, taken in but not raised yet
+        self._refusal: BaseException | None = None
         self._step_header: dict[str, Any] = {"type": "step", "session": session}
         self._repeat_check: RepeatCheck | None = None  # (made by the first recv)
-        #: the non-blocking half's posted tickets and their replies, read
-        #: but not taken in yet (the channel runs reply callbacks under its
-        #: lock, so they only queue; poll takes them in)
+        #: posted tickets and their replies, read but not taken in yet (the
+        #: channel runs reply callbacks under its lock, so they only queue;
+        #: poll takes them in)
         self._inbox: list[tuple[Ticket, dict[str, Any]]] = []
         self._tickets_out = 0
 
@@ -90,29 +93,63 @@ class SocketStepper:
         """Steps, sends and recvs go through a doorbell (doorbell_stepper.py)."""
         return False
 
-    # ---- the Stepper protocol ---------------------------------------------------------
+    @property
+    def sends_unanswered(self) -> int:
+        """Blocking sends whose reply was not taken in yet."""
+        return sum(not ticket.done for ticket in self._sends)
+
+    # ---- the Stepper protocol: the blocking calls, each a post and a wait --------------
     def reset(self, with_seeds: bool, with_mask: bool) -> None:
-        self._reset(with_seeds, with_mask)
-        self._refusal = None  # (read by now: its reply came before the reset's)
+        reply = self._call(*self._request_reset(with_seeds, with_mask))
+        self._take_outputs(reply, reply.get("_blobs", []), None)
+        self._forget_refusals()  # (read by now: their replies came before the reset's)
 
     def async_reset(self, with_seeds: bool) -> None:
         request, blobs = self._request_reset(with_seeds, False)
         self._call({**request, "async": True}, blobs)  # (no outputs: recv carries the rows)
-        self._refusal = None
+        self._forget_refusals()
 
     def step(self) -> int:
-        self._raise_refusal()
-        return self._step()
+        if self._sends or self._refusal is not None:
+            self._raise_refusal()
+        ticket = self.post_step()
+        self.wait(ticket)
+        if ticket.error is not None:
+            raise ticket.error
+        return ticket.result
 
     def send(self, env_ids: np.ndarray) -> None:
-        self._check_async_state()
-        self._raise_refusal()
-        self._send(env_ids)
+        """Post the send (see the module docstring)."""
+        if self.async_lost:
+            self._refuse_async()
+        if self._sends or self._refusal is not None:
+            self._raise_refusal()
+        try:
+            self._sends.append(self._post_send(env_ids))  # waits while the window is full
+        except EnvdTimeoutError:
+            self.async_lost = True  # earlier sends' replies never came: their fate is unknown
+            raise
 
     def recv(self, count: int) -> np.ndarray:
-        self._check_async_state()
-        self._raise_refusal()
-        return self._recv(count)
+        """Exactly count ids, the oldest ready (the daemon's session keeps the rest)."""
+        if self.async_lost:
+            self._refuse_async()
+        if self._sends or self._refusal is not None:
+            self._raise_refusal()
+        ticket = self.post_recv(count, exact=True)
+        self.wait(ticket)
+        error = ticket.error
+        if error is not None:
+            if isinstance(error, EnvStateError):
+                self._raise_refusal()  # too few out because a send was refused: say why
+            raise error
+        ids = ticket.ids
+        assert ids is not None  # (a recv answered without an error names its envs)
+        if len(ids) != count:
+            raise ProtocolError(f"the daemon's recv reply holds {len(ids)} env ids, "
+                                f"{count} were asked for")
+        self._check_answer_ids(ids)
+        return ids
 
     def render(self, out: np.ndarray) -> None:
         out[...] = self.frames()
@@ -148,6 +185,7 @@ class SocketStepper:
     def check_buffers_free(self) -> None:
         """Raise while a call that timed out may still use the buffers."""
         self.channel.read_late_replies()
+        self._take_inbox()  # (a timed-out step's late reply clears maybe_running)
         if self.maybe_running:
             raise EnvStateError(
                 f"a call on this {self.env_id} env timed out and the daemon has not "
@@ -155,28 +193,48 @@ class SocketStepper:
                 "make a new env)")
 
     # ---- the non-blocking half (envd.stepping.PostingStepper) ----------------------------
+    def post_step(self) -> Ticket:
+        """Post the step; its reply finishes the ticket (its result)."""
+        return self._post_ticket(Ticket("step"), *self._request_step())
+
     def post_send(self, env_ids: np.ndarray) -> Ticket:
         """Post the send (see PostingStepper); its reply finishes the ticket."""
-        return self._post_ticket(Ticket("send"), *self._request_send(env_ids))
+        return self._post_send(env_ids)
 
-    def post_recv(self, in_flight: int) -> Ticket:
-        """A recv of the in_flight envs that waits at the daemon until a
-        batch finished and is answered with every env ready then (``min``
-        1: the daemon's recv_min capability)."""
-        header, blobs = self._request_recv(in_flight)
-        header["min"] = 1
-        ticket = self._post_ticket(Ticket("recv"), header, blobs)
-        ticket.wire = in_flight
-        return ticket
+    def post_recv(self, count: int, exact: bool = False) -> Ticket:
+        """A recv of count envs; not exact: one that waits at the daemon
+        until a batch finished and is answered with every env ready then
+        (``min`` 1: the daemon's recv_min capability)."""
+        header, blobs = self._request_recv(count)
+        if not exact:
+            header["min"] = 1
+        return self._post_ticket(Ticket("recv"), header, blobs)
 
     def poll(self, ticket: Ticket) -> bool:
         """Read the replies that came (never waiting) and take in every
         posted ticket's; ticket.done."""
         if self._tickets_out:
             self.channel.read_late_replies()
-            while self._inbox:
-                self._take_reply(*self._inbox.pop(0))
+            self._take_inbox()
         return ticket.done
+
+    def wait(self, ticket: Ticket) -> None:
+        """Wait for the ticket's reply on the channel (the zmq poll of its
+        socket and monitor) and take it in."""
+        if ticket.done:
+            return
+        try:
+            reply = self.channel.wait_posted(ticket.wire, ticket.kind)
+        except EnvdTimeoutError:
+            if ticket.kind == "step":
+                self.maybe_running = True  # until its late reply: see check_buffers_free
+            else:
+                self.async_lost = True  # the envs of a late send or recv are lost to us
+            raise
+        if reply is None:  # read meanwhile (by another call on the channel)
+            self._take_inbox()
+        else:
+            self._take_reply(ticket, reply)
 
     def waitables(self, ticket: Ticket) -> tuple[Any, ...]:
         """The channel's socket and its connection monitor (zmq sockets):
@@ -186,26 +244,44 @@ class SocketStepper:
     def check_alive(self, waiting_for: str) -> None:
         self.channel.check_alive(waiting_for)
 
+    def _post_send(self, env_ids: np.ndarray) -> Ticket:
+        """A send of env_ids (the blocking send's and post_send's)."""
+        return self._post_ticket(Ticket("send"), *self._request_send(env_ids))
+
     def _post_ticket(self, ticket: Ticket, header: dict[str, Any], blobs: Sequence) -> Ticket:
         inbox = self._inbox  # (the callback holds the list only: never the segment's
         # views, should the daemon die and the channel keep the callback)
-        self.channel.post(header, blobs, lambda reply: inbox.append((ticket, reply)))
+        ticket.wire = self.channel.post(header, blobs, lambda reply: inbox.append((ticket, reply)))
+        ticket.posted = True
         self._tickets_out += 1
         return ticket
 
+    def _take_inbox(self) -> None:
+        while self._inbox:
+            self._take_reply(*self._inbox.pop(0))
+
     def _take_reply(self, ticket: Ticket, reply: dict[str, Any]) -> None:
+        """A posted ticket's reply into the ticket (the one place replies
+        to steps, sends and recvs are read)."""
         self._tickets_out -= 1
+        kind = ticket.kind
+        if kind == "step":
+            self.maybe_running = False  # (a late one: the daemon is done with the buffers)
         if not reply.get("ok"):
             error = protocol.error_from_reply(reply)
             ticket.finish(NO_IDS, error, isinstance(error, LOST_ERRORS))
             return
-        if ticket.kind == "send":
-            ticket.finish()
+        if kind == "send":
+            ticket.done = True
             return
         blobs = reply.get("_blobs", [])
+        if kind == "step":
+            self._take_outputs(reply, blobs, None)
+            ticket.done, ticket.result = True, reply["num_done"]
+            return
         ids = np.frombuffer(blobs[0], np.int64).copy() if blobs else NO_IDS
         if self.outputs_in_replies and len(ids) and ids.view(np.uint64).max() < self.num_envs:
-            # (ids it cannot index: refused by the caller's books, rows untouched)
+            # (ids it cannot index: refused by the caller's checks, rows untouched)
             self._take_outputs(reply, blobs[1:], ids)
         ticket.finish(ids)
 
@@ -226,50 +302,7 @@ class SocketStepper:
     def _take_outputs(self, reply: dict[str, Any], blobs: list, rows: np.ndarray | None) -> None:
         """The outputs a reply carries (none here: they are in shared memory)."""
 
-    # ---- requests -----------------------------------------------------------------------
-    def _reset(self, with_seeds: bool, with_mask: bool) -> None:
-        reply = self._call(*self._request_reset(with_seeds, with_mask))
-        self._take_outputs(reply, reply.get("_blobs", []), None)
-
-    def _step(self) -> int:
-        reply = self._call(*self._request_step())
-        self._take_outputs(reply, reply.get("_blobs", []), None)
-        return reply["num_done"]
-
-    def _send(self, env_ids: np.ndarray) -> None:
-        """Post the send: returns without a round trip."""
-
-        def on_reply(reply: dict[str, Any]) -> None:
-            self.sends_unanswered -= 1
-            if not reply.get("ok") and self._refusal is None:
-                self._refusal = protocol.error_from_reply(reply)
-
-        header, blobs = self._request_send(env_ids)
-        try:
-            self.channel.post(header, blobs, on_reply)  # waits while the window is full
-        except EnvdTimeoutError:
-            self.async_lost = True  # earlier sends' replies never came: their fate is unknown
-            raise
-        self.sends_unanswered += 1
-
-    def _recv(self, count: int) -> np.ndarray:
-        """The daemon's recv: exactly count ids, the oldest ready."""
-        try:
-            reply = self._call(*self._request_recv(count))
-        except EnvdTimeoutError:
-            self.async_lost = True  # the late reply's ids would be lost to us
-            raise
-        except EnvStateError:
-            self._raise_refusal()  # too few out because a send was refused: say why
-            raise
-        ids = np.frombuffer(reply["_blobs"][0], np.int64).copy()
-        if len(ids) != count:
-            raise ProtocolError(f"the daemon's recv reply holds {len(ids)} env ids, "
-                                f"{count} were asked for")
-        self._check_answer_ids(ids)
-        self._take_outputs(reply, reply["_blobs"][1:], ids)
-        return ids
-
+    # ---- helpers ------------------------------------------------------------------------
     def rows_of(self, env_ids: np.ndarray) -> np.ndarray:
         """The buffer rows of envs env_ids, in their order (agent-major)."""
         if self.num_agents == 1:
@@ -291,21 +324,34 @@ class SocketStepper:
             raise ProtocolError("the daemon's recv answer names an env twice")
 
     def _raise_refusal(self) -> None:
-        """Raise (once) the refusal of a posted send whose reply was read,
-        reading the replies that came already (never waiting for one)."""
-        if self.sends_unanswered:
-            self.channel.read_late_replies()
+        """Raise (once) the first refusal of the blocking sends whose replies
+        came, taking in the replies that came already (never waiting)."""
+        sends = self._sends
+        if sends:
+            self._take_inbox()  # (replies read while an earlier call waited)
+            if not sends[-1].done:
+                self.poll(sends[-1])
+            while sends and sends[0].done:
+                error = sends.pop(0).error
+                if error is not None and self._refusal is None:
+                    self._refusal = error
         if self._refusal is not None:
             refusal, self._refusal = self._refusal, None
             raise refusal
 
-    def _check_async_state(self) -> None:
-        if self.async_lost:
-            raise EnvStateError(
+    def _forget_refusals(self) -> None:
+        """A reset forgets the sends' refusals (their replies came before its own)."""
+        self._take_inbox()
+        self._sends = [ticket for ticket in self._sends if not ticket.done]  # (none: a reply lost)
+        self._refusal = None
+
+    def _refuse_async(self) -> None:
+        raise EnvStateError(
                 f"a send or recv on this {self.env_id} env timed out, so which envs are in "
                 "flight is unknown; close it and make a new env")
 
     def _call(self, header: dict[str, Any], blobs: Sequence = ()) -> dict[str, Any]:
+        """A request that waits for its reply (reset, render, env_call)."""
         try:
             return self.channel.request(header, blobs, late=self._late_reply_came)
         except EnvdTimeoutError:

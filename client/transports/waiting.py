@@ -16,7 +16,11 @@ half, envd.stepping.PostingStepper): what a caller driving several daemons
   averaged in).  Otherwise it sleeps on all of them at once (futex_waitv,
   client/doorbell.py ``wait_any``), in slices of 20 ms.  A daemon that did
   not answer has its liveness checked once a slice passed without any
-  answer, and at least once a slice (a daemon that died is named then).
+  answer, and at least once a slice (a daemon that died is named then).  A
+  doorbell found closed settles its ticket at once (the stepper's
+  waitables: lost, or over the socket now); tickets over the socket (a
+  doorbell gone) are slept on with a zmq.Poller, as by ``SocketWaiter``,
+  never polled in a busy loop.
 
 A waiter's ``wait`` returns which steppers to poll and which to check
 alive; the caller does both (and names the daemon that is gone).
@@ -38,6 +42,9 @@ Pending = Sequence[tuple[int, PostingStepper, Ticket]]
 
 #: longest sleep on the doorbells before the daemons' liveness is checked again
 _SLICE_S = 0.02
+#: longest sleep on the doorbells while tickets over a socket are pending too
+#: (the sockets are looked at between the sleeps)
+_MIXED_SLICE_S = 1e-3
 #: spin (not sleep) while an answer is expected within this: a sleeping
 #: trainer's wake-up costs it and the daemon that wakes it tens of
 #: microseconds, as much as a cheap env's batch (docs/benchmarks.md)
@@ -107,22 +114,28 @@ class DoorbellWaiter:
     def __init__(self) -> None:
         self._waits = 0  # (every _PROBE_EVERY-th spins: _spin)
         self._checked_at: dict[int, float] = {}  # index -> its liveness last checked (monotonic)
+        self._sockets = SocketWaiter()  # (tickets of steppers whose doorbell is gone)
 
     def wait(self, pending: Pending, seconds: float) -> tuple[list[int], list[int]]:
         rung: list[tuple[int, DoorbellStepper, Doorbell]] = []
         ready: list[int] = []
+        over_sockets = []
         for k, stepper, ticket in pending:
             found = stepper.waitables(ticket)  # (rings a RECV waiting to be rung)
-            if found and isinstance(found[0], Doorbell):
+            if not found:  # done meanwhile (e.g. its doorbell closed): poll it
+                ready.append(k)
+            elif isinstance(found[0], Doorbell):
                 assert isinstance(stepper, DoorbellStepper)  # (waiter_for)
                 rung.append((k, stepper, found[0]))
-            else:
-                # done meanwhile (its doorbell closed), or the daemon stopped
-                # serving the doorbell (a socket's waitables): poll it, and
-                # check the daemon
-                ready.append(k)
-        if ready or not rung:
+            else:  # the daemon stopped serving the doorbell: the socket serves
+                over_sockets.append((k, stepper, ticket))
+        if ready:
             return ready, list(ready)
+        if over_sockets:
+            found_ready, found_check = self._sockets.wait(over_sockets, 0.0 if rung else seconds)
+            if found_ready or found_check or not rung:
+                return found_ready, found_check
+            seconds = min(seconds, _MIXED_SLICE_S)
         bells = [bell for _, _, bell in rung]
         if not any(bell.answered for bell in bells):
             self._waits += 1
@@ -147,7 +160,7 @@ class DoorbellWaiter:
         return ready, check
 
     def close(self) -> None:
-        """Nothing held."""
+        self._sockets.close()
 
 
 def _learn(stepper: DoorbellStepper, took: float, exact: bool) -> None:

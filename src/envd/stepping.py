@@ -24,13 +24,16 @@ checked in submit order); the first failure of an env in a finished batch is
 raised by the next recv, whose envs stay ready for the recv after it.
 
 The non-blocking half (``PostingStepper``, a daemon session's transports):
-post a send or a recv and get a ``Ticket``; ``poll`` takes in the answers
-that came (never waiting) and says whether a ticket is done; ``waitables``
+post a step, a send or a recv and get a ``Ticket``; ``poll`` takes in the
+answers that came (never waiting) and says whether a ticket is done;
+``wait`` blocks until one is (the transport's own tuned wait: the zmq poll
+of the socket, the doorbell's spin, yield and futex sleep); ``waitables``
 names what a caller driving several steppers sleeps on (zmq sockets or
-doorbells: client/transports/waiting.py waits on several of one kind).  It
+doorbells: client/transports/waiting.py waits on several at once).  It
 keeps no books of its own beyond what its wire needs: the caller (the
 multi-daemon client, client/multi_async.py) keeps the async books across
-steppers and takes each ticket in once.
+steppers and takes each ticket in once.  The transports' blocking calls are
+that half's post then wait: each request's wire and answer exist once.
 """
 from __future__ import annotations
 
@@ -78,9 +81,11 @@ class Stepper(Protocol):
 
 class Ticket:
     """One posted request of a PostingStepper, done once its answer was
-    taken in (by ``poll``, or by a later post that had to read it first).
+    taken in (by ``poll`` or ``wait``, or by a later post that had to read
+    it first).
 
-    A send's answer: ``error`` None (its envs are stepping), or the refusal
+    A step's answer: ``result``, the number of episodes that ended, or
+    ``error``.  A send's: ``error`` None (its envs are stepping), or the refusal
     (none of them stepped: they are idle again).  A recv's: ``ids``, the
     local ids of the envs it received (int64, the daemon's ready order; their
     output rows are in the stepper's buffers), or ``error``: an env failed in
@@ -88,38 +93,51 @@ class Ticket:
     daemon is gone (``lost``).  ``posted``: the request is out at the daemon
     (a doorbell's recv is rung only once a caller waits for it)."""
 
-    __slots__ = ("done", "error", "ids", "kind", "lost", "posted", "wire")
+    # (class-level defaults, no __slots__: a ticket per blocking call is made
+    # with one store, and an answer sets only what it says)
+    done = False
+    posted = True
+    ids: np.ndarray | None = None
+    error: BaseException | None = None
+    lost = False
+    result = 0
+    #: the transport's own state of the request (never read by a caller)
+    wire: Any = None
 
     def __init__(self, kind: str, posted: bool = True):
         self.kind = kind
-        self.done = False
-        self.posted = posted
-        self.ids: np.ndarray | None = None
-        self.error: BaseException | None = None
-        self.lost = False
-        #: the transport's own state of the request (never read by a caller)
-        self.wire: Any = None
+        if not posted:
+            self.posted = False
 
     def finish(self, ids: np.ndarray | None = None, error: BaseException | None = None,
-               lost: bool = False) -> None:
+               lost: bool = False, result: int = 0) -> None:
         """Record the answer (the transport's side)."""
-        self.done, self.ids, self.error, self.lost = True, ids, error, lost
+        self.done, self.ids, self.error, self.lost, self.result = True, ids, error, lost, result
 
 
 @runtime_checkable
 class PostingStepper(Stepper, Protocol):
     """A Stepper with a non-blocking half (see the module docstring)."""
 
+    def post_step(self) -> Ticket:
+        """Step every env with the actions buffer (its ``result``: the
+        episodes that ended)."""
+
     def post_send(self, env_ids: np.ndarray) -> Ticket:
         """Start stepping env_ids (int64, each idle, no repeats) with their
         rows of the actions buffer; never waits for the envs."""
 
-    def post_recv(self, in_flight: int) -> Ticket:
+    def post_recv(self, count: int, exact: bool = False) -> Ticket:
         """Receive the envs of the next batch(es) to finish here (at least
-        one, at most in_flight: the envs sent and not received yet)."""
+        one, at most count: the envs sent and not received yet); exact:
+        exactly count, the oldest ready (the blocking recv's)."""
 
     def poll(self, ticket: Ticket) -> bool:
         """Take in the answers that came (never waiting); ticket.done."""
+
+    def wait(self, ticket: Ticket) -> None:
+        """Block until ticket is done (at most the client's timeout:
+        EnvdTimeoutError); its own error is left in it."""
 
     def waitables(self, ticket: Ticket) -> tuple[Any, ...]:
         """What a caller about to wait for ticket sleeps on (posting a

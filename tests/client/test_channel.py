@@ -1,11 +1,13 @@
 """The client's Channel (client/channel.py) against a scripted peer: request
-ids, acks of large replies, posted requests and their window, late replies,
-requests queued from finalizers, the size limit.  No daemon: a ROUTER socket
-in a thread answers as the test says."""
+ids, acks of large replies, posted requests and their window, a wait for a
+posted reply, late replies, requests queued from finalizers, the size limit,
+a liveness check while another thread holds the channel.  No daemon: a
+ROUTER socket in a thread answers as the test says."""
 from __future__ import annotations
 
 import threading
 import time
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -13,8 +15,16 @@ import pytest
 import zmq
 
 from envd import protocol
+from envd.client import channel as channel_module
 from envd.client.channel import Channel
-from envd.errors import EnvdTimeoutError, LimitExceededError, UnknownSessionError
+from envd.client.transports.waiting import SocketWaiter
+from envd.errors import (
+    ConnectionLostError,
+    EnvdTimeoutError,
+    EnvStateError,
+    LimitExceededError,
+    UnknownSessionError,
+)
 
 Answer = Callable[[dict[str, Any]], "dict[str, Any] | None"]
 
@@ -148,6 +158,21 @@ def test_a_posted_reply_reaches_its_callback_and_the_window_bounds_posts(peer_wi
     assert channel.unanswered == 0
 
 
+def test_a_wait_for_a_posted_reply_returns_it_and_its_callback_never_runs(peer_with):
+    """Error replies too (the caller reads them); a reply another request
+    read first went to the callback, and the wait says so (None)."""
+    peer, channel = peer_with(lambda request: (ok(request) if request["type"] != "recv" else
+                                               protocol.error_reply(request["id"],
+                                                                    EnvStateError("too few"))))
+    called = []
+    step = channel.post({"type": "step", "session": "s"}, [], called.append)
+    recv = channel.post({"type": "recv", "session": "s"}, [], called.append)
+    reply = channel.wait_posted(recv, "recv")  # (the step's reply came first: its callback)
+    assert isinstance(protocol.error_from_reply(reply), EnvStateError)
+    assert [reply["id"] for reply in called] == [step] and channel.wait_posted(step, "step") is None
+    assert channel.unanswered == 0
+
+
 def test_a_late_reply_runs_the_timed_out_requests_callback(peer_with):
     peer, channel = peer_with(lambda request: None if request["type"] == "step" else ok(request))
     channel.timeout = 0.2  # only waited out while the peer holds the step's reply (an event)
@@ -192,3 +217,37 @@ def test_a_message_over_the_limit_is_refused_before_sending(peer_with):
         channel.request({"type": "step", "session": "s"}, [b"\0" * 2000])
     channel.request({"type": "status"})
     assert peer.types() == ["status"]
+
+
+def test_a_liveness_check_waits_for_a_lock_held_elsewhere_instead_of_spinning(peer_with):
+    """The daemon went (its disconnect unread on the monitor) while another
+    thread holds the channel without reading the monitor (a read of late
+    replies with a wait): a caller waiting on the channel's sockets finds
+    the monitor readable each time; its liveness check waits for the lock
+    (a bounded while), so its loop sleeps instead of spinning, and names the
+    lost daemon once the lock is free."""
+    peer, channel = peer_with(ok)
+    channel.request({"type": "status"})  # (connected: the peer's going is a disconnect)
+    peer.stop()
+    monitor = channel.pollables()[1]
+    wait_for(lambda: monitor.poll(0), "the disconnect reported on the monitor")
+    holder = threading.Thread(target=channel.read_late_replies, kwargs={"wait": 1.5})
+    holder.start()
+    wait_for(lambda: channel.busy, "the other thread holding the channel")
+    stepper = types.SimpleNamespace(waitables=lambda ticket: channel.pollables())
+    waiter, rounds, lost = SocketWaiter(), 0, False
+    started = time.monotonic()
+    while time.monotonic() - started < 0.3 and not lost:
+        ready, check = waiter.wait([(0, stepper, None)], 1.0)
+        rounds += 1
+        try:
+            for _ in check:
+                channel.check_alive("a test's recv")
+        except ConnectionLostError:
+            lost = True  # (this machine let the holder finish first)
+    elapsed = time.monotonic() - started
+    waiter.close()
+    holder.join(30)
+    assert rounds <= elapsed / channel_module._LOCK_BACKOFF_S + 2, (rounds, elapsed)
+    with pytest.raises(ConnectionLostError, match="while waiting for a test's recv"):
+        channel.check_alive("a test's recv")

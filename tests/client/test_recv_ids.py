@@ -16,7 +16,8 @@ from envd.vec_rows import RepeatCheck, run_of
 
 
 class RepliesWith:
-    """A channel whose every request gets one canned reply."""
+    """A channel whose every posted request gets one canned reply, read by
+    the wait for it."""
 
     endpoint = "ipc:///nowhere"
     timeout = 1.0
@@ -24,7 +25,10 @@ class RepliesWith:
     def __init__(self, reply: dict[str, Any]):
         self.reply = reply
 
-    def request(self, header: dict[str, Any], blobs: Any = (), late: Any = None) -> dict:
+    def post(self, header: dict[str, Any], blobs: Any, on_reply: Any) -> int:
+        return 1
+
+    def wait_posted(self, request_id: int, kind: str) -> dict:
         return self.reply
 
     def read_late_replies(self) -> None:

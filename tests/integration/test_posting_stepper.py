@@ -4,8 +4,10 @@ inline, the doorbell): a posted send and recv finish their tickets with the
 envs' results in the buffers, equal to the same envs stepped in-process; a
 refused send finishes its ticket with the refusal and steps nothing; the
 doorbell rings a send of all its envs with their recv (SENDRECV) and any
-other recv only once a caller waits for it; a daemon killed under a posted
-recv is reported by check_alive."""
+other recv only once a caller waits for it; a RECV answered with another
+count than asked (a misbehaving daemon) fails its ticket at once and every
+later call with the same error; a daemon killed under a posted recv is
+reported by check_alive."""
 from __future__ import annotations
 
 import signal
@@ -111,6 +113,37 @@ def test_the_doorbell_rings_a_send_of_all_its_envs_with_their_recv(remote):
     assert not recv.posted  # (the doorbell stays free for sends until a caller waits)
     assert stepper.waitables(recv) == (stepper.doorbell,) and recv.posted
     assert sorted(received(stepper, recv, 2)) == [0, 3]
+
+
+class OneMore:
+    """A doorbell's result word as a misbehaving daemon would answer: one more."""
+
+    def __init__(self, word):
+        self.word = word
+
+    def __getitem__(self, index: int) -> int:
+        return self.word[index] + 1
+
+
+@pytest.mark.parametrize("remote", ["doorbell"], indirect=True)  # (the doorbell's answer)
+def test_a_recv_answered_with_another_count_fails_its_ticket_and_every_later_call(remote):
+    stepper = remote.stepper
+    bell = stepper.doorbell
+    stepper.buffers["actions"][:] = 0
+    stepper.post_send(np.array([0, 3], np.int64))  # (a SEND: its answer's state is 1 now, harmless)
+    recv = stepper.post_recv(2)
+    bell._result = OneMore(bell._result)
+    assert stepper.waitables(recv) == (bell,)  # (rings its RECV of 2)
+    wait_until(lambda: bell.answered, what="the RECV's answer")
+    assert stepper.poll(recv) and isinstance(recv.error, envd.ProtocolError)
+    assert "RECV of 2 envs with 3" in str(recv.error)
+    for call in (lambda: stepper.poll(recv), lambda: stepper.wait(recv),
+                 lambda: stepper.post_recv(2), stepper.post_step,
+                 lambda: stepper.post_send(np.array([1], np.int64)),
+                 lambda: remote.step(np.zeros(NUM_ENVS, np.int64)), remote.recv):
+        with pytest.raises(envd.ProtocolError) as raised:
+            call()
+        assert raised.value is recv.error
 
 
 def test_a_waiter_of_the_transports_kind(remote):
