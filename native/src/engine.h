@@ -43,8 +43,8 @@
  *
  * Threading: the engine's own calls are made by one thread (the front door's);
  * the sessions' batches end on any thread meanwhile.  envd_engine_call needs
- * no engine and may be called by any thread holding the session's lock.  The session of a
- * waiting request must stay alive until the request completes or is
+ * no engine and may be called by any thread holding the session's lock.  The
+ * session of a waiting request must stay alive until the request completes or is
  * forgotten (envd_engine_forget), and nobody else may wait on it meanwhile
  * (poll takes the session's lock; the daemon runs no other operation on a
  * session with a waiting request, and serves no fast path for it).
@@ -87,8 +87,9 @@ void envd_engine_destroy(envd_engine_t *engine);
 
 /* Submit session's request.  1: answered now, *done holds its completion;
  * 0: it waits (a later poll completes it); ENVD_EINVAL (a bad request: kind,
- * counts or out), ENVD_EBUSY (the session has a request waiting already) or
- * ENVD_ENOMEM: nothing was submitted (no completion comes). */
+ * counts or out), ENVD_EBUSY (the session's request is taken: one waiting in
+ * this engine, or a doorbell's SENDRECV helping its batch) or ENVD_ENOMEM:
+ * nothing was submitted (no completion comes). */
 int envd_engine_submit(envd_engine_t *engine, envd_session_t *session,
                        const envd_request_t *request, envd_completion_t *done);
 
