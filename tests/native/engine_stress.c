@@ -23,7 +23,8 @@
  *     loop's waiting recv the other door's step and recv are refused
  *     (ENVD_EBUSY, nothing stepped, no env named) and its send is served;
  *     beside a waiting settle every request of either door is refused, sends
- *     too; then the loop's steps, sends and recvs race the other door's steps
+ *     too; beside the other door's claimed recv the loop's step and recv are
+ *     refused (nothing submitted) and its send is served; then the loop's steps, sends and recvs race the other door's steps
  *     on pools of 0, 1 and 2 threads: each answered once, a refusal steps
  *     nothing, the loop's are served in turn, never refused;
  *   - refusals: a second request of a session (ENVD_EBUSY), bad recvs
@@ -453,6 +454,24 @@ static void test_front_door_rules(envd_pool_t *pool1)
     envd_session_lock(h.s);
     CHECK(envd_engine_call(h.s, &settle, &c) == ENVD_EINVAL, "a settle is the loop's only");
     envd_session_unlock(h.s);
+
+    /* The other way: the other door's recv claimed across a gap in its lock
+     * (a doorbell's SENDRECV helping its batch): the loop's requests are
+     * refused (nothing submitted), its send is served beside it. */
+    CHECK(envd_session_claim(h.s, ENVD_REQ_RECV) == ENVD_OK, "claim");
+    CHECK(envd_session_claim(h.s, ENVD_REQ_STEP) == ENVD_EBUSY, "one claim at a time");
+    CHECK(envd_engine_submit(e, h.s, &step, &c) == ENVD_EBUSY && envd_engine_waiting(e, 0) == 0,
+          "the loop's step beside the other door's recv");
+    CHECK(envd_session_steps(h.s) == steps + 1, "the refused step stepped");
+    recv.tag = 3;
+    CHECK(envd_engine_submit(e, h.s, &recv, &c) == ENVD_EBUSY, "the loop's recv beside it");
+    CHECK(envd_engine_send(e, h.s, ids + 3, 1, ENVD_JOB_NOTIFY, &c) == ENVD_OK && c.kind == 0,
+          "the loop's send beside the other door's recv");
+    envd_session_release(h.s);
+    c = call(h.s, (envd_request_t){.kind = ENVD_REQ_RECV, .min_count = 1, .max_count = 1,
+                                   .out = got, .tag = 17});
+    CHECK(c.result == 1 && got[0] == 3, "the other door's recv takes the loop's send");
+    CHECK(envd_session_claimed(h.s) == 0, "released");
     harness_free(&h);
     envd_engine_destroy(e);
 }
