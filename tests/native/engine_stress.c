@@ -24,9 +24,10 @@
  *     (ENVD_EBUSY, nothing stepped, no env named) and its send is served;
  *     beside a waiting settle every request of either door is refused, sends
  *     too; beside the other door's claimed recv the loop's step and recv are
- *     refused (nothing submitted) and its send is served; then the loop's steps, sends and recvs race the other door's steps
- *     on pools of 0, 1 and 2 threads: each answered once, a refusal steps
- *     nothing, the loop's are served in turn, never refused;
+ *     refused (nothing submitted) and its send is served; then the loop's
+ *     steps, sends and recvs race the other door's steps on pools of 0, 1
+ *     and 2 threads: each answered once, a refusal steps nothing, the loop's
+ *     are served in turn, never refused;
  *   - refusals: a second request of a session (ENVD_EBUSY), bad recvs
  *     (ENVD_EINVAL), a step while envs are out (completed at once, refused,
  *     ENVD_EBUSY), a recv of more than is out (ENVD_ESTATE), a refused send
