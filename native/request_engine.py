@@ -8,7 +8,10 @@ enough envs ready, a refusal) or from a later poll(), which the front door
 calls when the pool's eventfd fires.  The engine keeps what waits, one
 request per session, in C, and decides each under its session's lock; the
 front door only remembers what to answer for each tag.  A send is served
-beside a waiting recv (send()), which may complete it.
+beside a waiting recv (send()), which may complete it.  The doorbell thread is
+the engine's other front door (envd_engine_call, in C, which waits for its
+request): a session's one request is claimed in the session itself, so a
+request by either door while the other's waits is refused the same way.
 
 The completion's result is the C call's: the session that made it turns a
 negative one into its error (NativeSession.step_result, recv_error,

@@ -21,6 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "engine.h"
 #include "envd.h"
 #include "futex.h"
 #include "pool.h"
@@ -89,6 +90,8 @@ struct envd_doorbell {
                                after a SENDRECV (sleep_policy) */
     int batch_policy;       /* under SCHED_BATCH now */
     uint32_t missed_rings;  /* the header's count (never read back from it) */
+    int claim_left;         /* stopped in a SENDRECV with its RECV claimed (the
+                               stopper releases it, after the join) */
     int client_alongside;   /* the last request spun for was first seen right after
                                a yield: its client likely shares this CPU, so the
                                next spin yields from its start (SPIN_ALONE_NS) */
@@ -256,56 +259,60 @@ static uint32_t next_request(envd_doorbell_t *bell, int may_spin)
     return seq; /* (bell->last when stopping) */
 }
 
-/* Run a request of kind (STEP, SEND or RECV) for count envs: its status;
- * its result and error index through the pointers. */
+/* Run a request of kind (STEP, SEND or RECV) for count envs through the
+ * request engine (envd_engine_call: the same rules as the daemon's loop):
+ * its status; its result and error index through the pointers, worded from
+ * the completion for the client. */
 static int32_t run(envd_doorbell_t *bell, uint32_t kind, int64_t count, int64_t *result,
                    int64_t *index)
 {
-    int64_t rc;
+    envd_request_t req;
     switch (kind) {
     case ENVD_DOORBELL_STEP:
-        rc = envd_session_step(bell->session);
-        if (rc >= 0) {
-            atomic_fetch_add_explicit(&bell->served, 1, memory_order_relaxed);
-        } else if (rc != ENVD_EBUSY) {
-            *index = envd_session_error_index(bell->session);
-        } else {  /* envs out (no env named): say which, as the other paths do */
-            int64_t in_flight = 0, ready = 0;
-            envd_session_counts(bell->session, &in_flight, &ready);
-            *result = in_flight > 0 ? in_flight : -ready;
-        }
+        req.kind = ENVD_REQ_STEP;
         break;
     case ENVD_DOORBELL_SEND:
         if (count < 1 || count > bell->num_envs)
             return ENVD_EINVAL;  /* (the session's check, without an env to name) */
         /* HELPED: this thread runs the batch too once it has answered (serve;
          * a short one it runs alone: vec.h) */
-        rc = envd_session_send(bell->session, bell->ids, count, ENVD_JOB_HELPED);
-        if (rc < 0)
-            *index = envd_session_error_index(bell->session);
-        if (rc == ENVD_EBUSY && *index >= 0)  /* the client names the env's state */
-            *result = envd_session_env_state(bell->session, *index);
+        req = (envd_request_t){.kind = ENVD_REQ_SEND, .max_count = count, .ids = bell->ids,
+                               .flags = ENVD_JOB_HELPED};
         break;
     case ENVD_DOORBELL_RECV:
         if (count < 1 || count > bell->num_envs)
             return ENVD_EINVAL;
         /* exactly count ids, as every path: the rest stay ready in the session */
-        rc = envd_session_recv(bell->session, count, count, bell->ids, 1);
-        if (rc < 0)
-            *index = envd_session_error_index(bell->session);
-        if (rc == ENVD_ESTATE && *index < 0) {  /* too few sent: say how many are */
-            int64_t in_flight = 0, ready = 0;
-            envd_session_counts(bell->session, &in_flight, &ready);
-            *result = in_flight + ready;
-        }
+        req = (envd_request_t){.kind = ENVD_REQ_RECV, .min_count = count, .max_count = count,
+                               .out = bell->ids};
         break;
     default:
         return ENVD_EINVAL;
     }
-    if (rc < 0)
-        return (int32_t)rc;
-    *result = rc;
-    return ENVD_OK;
+    envd_completion_t done;
+    envd_engine_call(bell->session, &req, &done);
+    const int64_t rc = done.result;
+    if (rc >= 0) {
+        if (kind == ENVD_DOORBELL_STEP)
+            atomic_fetch_add_explicit(&bell->served, 1, memory_order_relaxed);
+        *result = rc;
+        return ENVD_OK;
+    }
+    *index = done.error_index;
+    if (kind == ENVD_DOORBELL_STEP && rc == ENVD_EBUSY) {
+        /* envs out (no env named): say which, as the other paths do */
+        int64_t in_flight = 0, ready = 0;
+        envd_session_counts(bell->session, &in_flight, &ready);
+        *result = in_flight > 0 ? in_flight : -ready;
+    } else if (kind == ENVD_DOORBELL_SEND && rc == ENVD_EBUSY && *index >= 0) {
+        *result = envd_session_env_state(bell->session, *index);  /* the client names it */
+    } else if (kind == ENVD_DOORBELL_RECV && rc == ENVD_ESTATE && *index < 0) {
+        /* too few sent: say how many are */
+        int64_t in_flight = 0, ready = 0;
+        envd_session_counts(bell->session, &in_flight, &ready);
+        *result = in_flight + ready;
+    }
+    return (int32_t)rc;
 }
 
 /* Run a request of kind for count envs, counted in g_serving, and write its
@@ -397,10 +404,20 @@ static int stopping(void *arg)
 static int sendrecv_recv(envd_doorbell_t *bell, int64_t count, envd_session_help_t *help,
                          int *may_spin)
 {
+    /* The RECV half is this front door's request while the lock is let go:
+     * claimed in the engine's book (the session), so that another front door
+     * finds the session busy meanwhile, as while the lock is held. */
+    const int claimed = envd_session_claim(bell->session, ENVD_REQ_RECV) == ENVD_OK;
     envd_session_unlock(bell->session);
     envd_session_help(help, stopping, bell);
-    if (!lock_unless_stopped(bell))
+    if (!lock_unless_stopped(bell)) {
+        /* (not released here: the stopper may hold the lock; it releases
+         * the claim once this thread has left, envd_doorbell_stop) */
+        bell->claim_left = claimed;
         return 0;
+    }
+    if (claimed)
+        envd_session_release(bell->session);
     int32_t status; /* (help is empty again: the RECV takes what is still in flight) */
     *may_spin = answer(bell, ENVD_DOORBELL_RECV, count, 1, help, &status);
     return 1;
@@ -508,6 +525,8 @@ int64_t envd_doorbell_stop(envd_doorbell_t *bell, int64_t *batch_envs)
         nanosleep(&(struct timespec){0, pause_ns}, NULL);
     }
     pthread_join(bell->thread, NULL);
+    if (bell->claim_left)
+        envd_session_release(bell->session);
     if (batch_envs != NULL)
         *batch_envs = envd_doorbell_batch_envs(bell);
     envd_session_drop_async(bell->session);  /* before closed: the client may

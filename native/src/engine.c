@@ -104,6 +104,20 @@ static int add(envd_engine_t *e, envd_session_t *s, const envd_request_t *req)
     return ENVD_OK;
 }
 
+/* A send, beside the session's request if that is a recv waiting (async over
+ * several daemons: the client sends while its recv waits), refused
+ * ENVD_EBUSY beside any other (a step running, a settle); the recv's front
+ * door may be another thread's (the loop's, a doorbell's send): the batch
+ * then writes the eventfd too, for the loop's poll to find it.  Called with
+ * the session's lock held. */
+static int send_beside(envd_session_t *s, const int64_t *ids, int64_t count, int flags)
+{
+    const int claimed = envd_session_claimed(s);
+    if (claimed != 0 && claimed != ENVD_REQ_RECV)
+        return ENVD_EBUSY;
+    return envd_session_send(s, ids, count, claimed != 0 ? flags | ENVD_JOB_NOTIFY : flags);
+}
+
 int envd_engine_submit(envd_engine_t *e, envd_session_t *s, const envd_request_t *req,
                        envd_completion_t *done)
 {
@@ -115,22 +129,25 @@ int envd_engine_submit(envd_engine_t *e, envd_session_t *s, const envd_request_t
         return ENVD_EINVAL;
     if (req->kind != ENVD_REQ_STEP && req->kind != ENVD_REQ_RECV && req->kind != ENVD_REQ_SETTLE)
         return ENVD_EINVAL;
-    if (find(e, s) >= 0)
-        return ENVD_EBUSY;
     /* Room first: a request taken (a step submitted) must be able to wait. */
     int rc = add(e, s, req);
     if (rc != ENVD_OK)
         return rc;
     e->count--; /* (kept only if it waits, below) */
+    if (envd_session_claim(s, req->kind) != ENVD_OK)
+        return ENVD_EBUSY; /* (the session's one request: this front door's or another's) */
     if (req->kind == ENVD_REQ_STEP) {
         rc = envd_session_step_submit(s);
         if (rc < 0) {
             completion(done, s, req, rc, 1);
+            envd_session_release(s);
             return 1;
         }
     }
-    if (look(s, req, done))
+    if (look(s, req, done)) {
+        envd_session_release(s);
         return 1;
+    }
     e->count++;
     return 0;
 }
@@ -141,14 +158,55 @@ int envd_engine_send(envd_engine_t *e, envd_session_t *s, const int64_t *ids, in
     if (e == NULL || s == NULL || done == NULL)
         return ENVD_EINVAL;
     done->kind = 0;
-    const int rc = envd_session_send(s, ids, count, flags);
+    envd_session_lock(s); /* (the claim looked at and the send, in one holding) */
+    const int rc = send_beside(s, ids, count, flags);
+    const int claimed = envd_session_claimed(s);
+    done->error_index = rc < 0 && claimed != 0 && claimed != ENVD_REQ_RECV
+                            ? -1 : envd_session_error_index(s);
     const int64_t k = find(e, s);
     /* (a refused send changed nothing: the recv is not looked at, and the
      * session's error_index still names the refused env) */
     if (k >= 0 && e->waiting[k].request.kind == ENVD_REQ_RECV && rc == ENVD_OK &&
-        look(s, &e->waiting[k].request, done))
+        look(s, &e->waiting[k].request, done)) {
         remove_at(e, k);
+        envd_session_release(s);
+    }
+    envd_session_unlock(s);
     return rc;
+}
+
+int envd_engine_call(envd_session_t *s, const envd_request_t *req, envd_completion_t *done)
+{
+    /* The session's lock is held from the decision to the completion (the
+     * caller's; the waits below keep holding it, helping the batches), so no
+     * other front door finds the session between them: only a request that
+     * another one keeps (the loop's, waiting) is looked at. */
+    const int claimed = envd_session_claimed(s);
+    /* refused for another's request: nothing started, no env named */
+    const int busy = claimed != 0 && !(req->kind == ENVD_REQ_SEND && claimed == ENVD_REQ_RECV);
+    int64_t rc = ENVD_EBUSY;
+    switch (req->kind) {
+    case ENVD_REQ_STEP:
+        if (!busy)
+            rc = envd_session_step(s);
+        break;
+    case ENVD_REQ_RECV:
+        if (!busy)
+            rc = envd_session_recv(s, req->min_count, req->max_count, req->out, 1);
+        break;
+    case ENVD_REQ_SEND:
+        if (!busy)
+            rc = send_beside(s, req->ids, req->max_count, req->flags);
+        break;
+    default:
+        return ENVD_EINVAL;
+    }
+    done->tag = req->tag;
+    done->kind = req->kind;
+    done->result = rc;
+    done->refused = busy || (rc < 0 && req->kind == ENVD_REQ_SEND);
+    done->error_index = rc >= 0 || busy ? -1 : envd_session_error_index(s);
+    return 1;
 }
 
 int64_t envd_engine_poll(envd_engine_t *e, envd_completion_t *out, int64_t max)
@@ -158,6 +216,7 @@ int64_t envd_engine_poll(envd_engine_t *e, envd_completion_t *out, int64_t max)
         waiting_t *w = &e->waiting[k];
         if (look(w->session, &w->request, &out[n])) {
             n++;
+            envd_session_release(w->session);
             remove_at(e, k); /* (the last entry moved here: look at k again) */
         } else {
             k++;
@@ -172,6 +231,7 @@ int envd_engine_forget(envd_engine_t *e, envd_session_t *s)
     if (k < 0)
         return 0;
     remove_at(e, k);
+    envd_session_release(s);
     return 1;
 }
 

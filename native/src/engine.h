@@ -23,16 +23,28 @@
  *                    failure of a finished batch, ENVD_ESTATE: fewer than
  *                    min_count sent);
  *   ENVD_REQ_SETTLE  complete once no env of the session is in flight (a
- *                    closed session is freed then; result ENVD_OK).
+ *                    closed session is freed then; result ENVD_OK);
+ *   ENVD_REQ_SEND    (envd_engine_call only: a send is answered at once, and
+ *                    served beside a waiting recv) send max_count ids from
+ *                    ids with flags (envd_session_send); result ENVD_OK or
+ *                    its refusal.
  * Each is decided under its session's lock (envd_session_recv takes the ids
  * and checks the count in one holding): no batch can end between a look at
  * the ready envs and a count of those in flight.  A waiting request stays
  * until it completes: a batch ending after a poll looked at its session
  * writes the eventfd after its done flag, so the next poll finds it.
  *
+ * One book for every front door: the session's request (one at most) is
+ * claimed in the session itself (envd_session_claim, under its lock), so the
+ * daemon's loop (submit) and a blocking front door (envd_engine_call: the
+ * doorbell thread) see the same rule -- a second request is refused
+ * ENVD_EBUSY, a send is served beside a waiting recv, refused beside any
+ * other request.
+ *
  * Threading: the engine's own calls are made by one thread (the front door's);
- * the sessions' batches end on any thread meanwhile.  The session of a
- * waiting request must stay alive until the request completes or is
+ * the sessions' batches end on any thread meanwhile.  envd_engine_call needs
+ * no engine and may be called by any thread holding the session's lock.  The
+ * session of a waiting request must stay alive until the request completes or is
  * forgotten (envd_engine_forget), and nobody else may wait on it meanwhile
  * (poll takes the session's lock; the daemon runs no other operation on a
  * session with a waiting request, and serves no fast path for it).
@@ -47,13 +59,15 @@
 /* cffi:begin */
 typedef struct envd_engine envd_engine_t;
 
-enum { ENVD_REQ_STEP = 1, ENVD_REQ_RECV = 2, ENVD_REQ_SETTLE = 3 };
+enum { ENVD_REQ_STEP = 1, ENVD_REQ_RECV = 2, ENVD_REQ_SETTLE = 3, ENVD_REQ_SEND = 4 };
 
 typedef struct envd_request {
     int32_t kind;           /* ENVD_REQ_* */
     int64_t min_count;      /* RECV */
-    int64_t max_count;      /* RECV */
+    int64_t max_count;      /* RECV; SEND: the count of ids */
     int64_t *out;           /* RECV: max_count ids */
+    const int64_t *ids;     /* SEND: max_count ids (copied before they are read) */
+    int32_t flags;          /* SEND: ENVD_JOB_* */
     uint64_t tag;           /* the front door's, handed back in the completion */
 } envd_request_t;
 
@@ -73,18 +87,31 @@ void envd_engine_destroy(envd_engine_t *engine);
 
 /* Submit session's request.  1: answered now, *done holds its completion;
  * 0: it waits (a later poll completes it); ENVD_EINVAL (a bad request: kind,
- * counts or out), ENVD_EBUSY (the session has a request waiting already) or
- * ENVD_ENOMEM: nothing was submitted (no completion comes). */
+ * counts or out), ENVD_EBUSY (the session's request is taken: one waiting in
+ * this engine, or a doorbell's SENDRECV helping its batch) or ENVD_ENOMEM:
+ * nothing was submitted (no completion comes). */
 int envd_engine_submit(envd_engine_t *engine, envd_session_t *session,
                        const envd_request_t *request, envd_completion_t *done);
 
 /* envd_session_send(session, ids, count, flags), then the session's waiting
  * recv (if any) is looked at: a batch run inline writes no eventfd.  Returns
- * the send's code (its refusal: envd_session_error_index names the env);
+ * the send's code (its refusal: done->error_index names the env; ENVD_EBUSY
+ * with -1 beside a request other than a recv);
  * done->kind is 0, or, when the send was taken and the recv completed, the
  * recv's kind (*done: its completion). */
 int envd_engine_send(envd_engine_t *engine, envd_session_t *session, const int64_t *ids,
                      int64_t count, int flags, envd_completion_t *done);
+
+/* A front door that blocks (the doorbell thread) runs session's request
+ * (STEP, RECV: exactly as submit decides it, but waiting for its batches
+ * and helping them, as envd_session_step and envd_session_recv with wait do;
+ * SEND), with the session's lock held by the caller from before the call to
+ * after it has read the completion, into *done: 1, or ENVD_EINVAL for another
+ * kind (no completion).  Refused ENVD_EBUSY (refused, error_index -1) while
+ * another front door's request waits on the session (a send beside a waiting
+ * recv is served, its batch writing the eventfd too). */
+int envd_engine_call(envd_session_t *session, const envd_request_t *request,
+                     envd_completion_t *done);
 
 /* Look at the waiting requests (each under its session's lock, never waiting
  * for a batch) and write the completions of up to max of them that are done

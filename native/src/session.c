@@ -57,6 +57,7 @@ struct envd_session {
     int64_t error_index;     /* of the last refusal or failure */
     const envd_session_server_ops_t *server_ops;
     void *server;            /* attached (NULL: none); see envd_session_stop_server */
+    int claimed;             /* the engine's request taken for it (ENVD_REQ_*, 0: none) */
     _Atomic int64_t steps;
     _Atomic int64_t async_env_steps;
 };
@@ -681,6 +682,26 @@ uint64_t envd_session_books_max_bytes(int64_t num_envs)
     return sizeof(envd_session_t) + n * (sizeof(int8_t) + sizeof(int64_t)) + 3 * n * per_entry +
            4 * n * 2 * sizeof(int64_t);
 }
+
+/* ---- the engine's book ---------------------------------------------------------------- */
+int envd_session_claim(envd_session_t *s, int kind)
+{
+    pthread_mutex_lock(&s->mutex);
+    const int rc = s->claimed != 0 ? ENVD_EBUSY : ENVD_OK;
+    if (rc == ENVD_OK)
+        s->claimed = kind;
+    pthread_mutex_unlock(&s->mutex);
+    return rc;
+}
+
+void envd_session_release(envd_session_t *s)
+{
+    pthread_mutex_lock(&s->mutex);
+    s->claimed = 0;
+    pthread_mutex_unlock(&s->mutex);
+}
+
+int envd_session_claimed(const envd_session_t *s) { return s->claimed; }
 
 /* ---- the attached server ------------------------------------------------------------- */
 int envd_session_attach_server(envd_session_t *s, const envd_session_server_ops_t *ops,

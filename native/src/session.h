@@ -208,6 +208,17 @@ int envd_session_attach_server(envd_session_t *session, const envd_session_serve
 /* 1 while a server is attached, else 0. */
 int envd_session_has_server(envd_session_t *session);
 
+/* The request engine's book of this session (engine.h): the kind (ENVD_REQ_*)
+ * of the request a front door of the engine took for it and has not
+ * completed, 0 for none.  The session only keeps it, under its lock, so that
+ * every front door (the daemon's loop, the doorbell thread) sees the same
+ * one: claim records kind, or refuses ENVD_EBUSY while one is held (and
+ * keeps it); release clears it; claimed reads it (the caller holds the
+ * session's lock, or reads a hint). */
+int envd_session_claim(envd_session_t *session, int kind);
+void envd_session_release(envd_session_t *session);
+int envd_session_claimed(const envd_session_t *session);
+
 /* Drop every env in flight (waiting for its batch) or ready, and a kept
  * failure: every env is IDLE after it. */
 void envd_session_drop_async(envd_session_t *session);

@@ -96,7 +96,8 @@
  *   - no spin after a SENDRECV: a client pausing 1 ms between SENDRECVs,
  *     the spin limit 20 s: the server's CPU stays under half the pauses;
  *   - a SENDRECV held in its batch by a gate: stop waits for the batch and
- *     closes the doorbell (the request answered in full or not at all); a
+ *     closes the doorbell (the request answered in full or not at all), and
+ *     the RECV half's claim in the engine's book (the session) is released; a
  *     drain then still answers its RECV half (its batch started); a client
  *     that rewrites req_kind and req_count meanwhile gets the RECV of the
  *     count it sent.
@@ -2516,6 +2517,12 @@ static void sendrecv_held(envd_pool_t *pool)
                   "sendrecv answered around stop: status %d result %lld sent %u",
                   atomic_load(&d.h->status), (long long)atomic_load(&d.h->result),
                   atomic_load(&d.h->sent));
+        /* (a stop while the RECV half waited for its batch, its lock let go:
+         * the request it claimed in the engine's book is released) */
+        envd_session_lock(h.session);
+        CHECK(envd_session_claimed(h.session) == 0,
+              "sendrecv %s: the session's request still claimed after stop", names[mode]);
+        envd_session_unlock(h.session);
         fill_actions(&h, &s);
         CHECK(envd_vec_step(h.vec) >= 0, "the vec is busy after a sendrecv's stop");
         doorbell_unmap(&d);

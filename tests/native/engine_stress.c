@@ -18,6 +18,16 @@
  *   - a session closed while its recv waits on a batch in flight (forget,
  *     then destroy while another thread releases the batch); a settle
  *     request that waits for a batch and completes once it ends;
+ *   - two front doors on one session (the loop's submit, and envd_engine_call
+ *     under the session's lock, as the doorbell thread makes it): beside the
+ *     loop's waiting recv the other door's step and recv are refused
+ *     (ENVD_EBUSY, nothing stepped, no env named) and its send is served;
+ *     beside a waiting settle every request of either door is refused, sends
+ *     too; beside the other door's claimed recv the loop's step and recv are
+ *     refused (nothing submitted) and its send is served; then the loop's
+ *     steps, sends and recvs race the other door's steps on pools of 0, 1
+ *     and 2 threads: each answered once, a refusal steps nothing, the loop's
+ *     are served in turn, never refused;
  *   - refusals: a second request of a session (ENVD_EBUSY), bad recvs
  *     (ENVD_EINVAL), a step while envs are out (completed at once, refused,
  *     ENVD_EBUSY), a recv of more than is out (ENVD_ESTATE), a refused send
@@ -357,6 +367,201 @@ static void test_refusals(envd_pool_t *pool1)
     envd_engine_destroy(NULL);
 }
 
+/* ---- two front doors on one session: the loop's submit and a blocking call ---------- */
+/* A blocking front door's request (the doorbell thread's): envd_engine_call
+ * with the session's lock held around it, as doorbell.c does. */
+static envd_completion_t call(envd_session_t *s, envd_request_t req)
+{
+    envd_completion_t c;
+    memset(&c, 0xab, sizeof c);
+    envd_session_lock(s);
+    CHECK(envd_engine_call(s, &req, &c) == 1, "call kind %d", req.kind);
+    envd_session_unlock(s);
+    return c;
+}
+
+static void test_front_door_rules(envd_pool_t *pool1)
+{
+    g_def = envd_builtin_cartpole;
+    g_def.step = test_step;
+    harness_t h;
+    harness_init(&h, &g_def, 4, pool1, 1);
+    envd_engine_t *e = NULL;
+    CHECK(envd_engine_create(&e) == ENVD_OK, "engine");
+    int64_t ids[4] = {0, 1, 2, 3}, got[4];
+    envd_completion_t c;
+    const envd_request_t step = {.kind = ENVD_REQ_STEP, .tag = 11};
+
+    /* The loop's recv waits: the other door's step and recv are refused, its
+     * send is served beside it (and its batch writes the eventfd). */
+    gate(1);
+    CHECK(envd_engine_send(e, h.s, ids, 2, ENVD_JOB_NOTIFY, &c) == ENVD_OK, "send");
+    gate_wait_started();
+    envd_request_t recv = {.kind = ENVD_REQ_RECV, .min_count = 2, .max_count = 2, .out = got,
+                           .tag = 1};
+    CHECK(envd_engine_submit(e, h.s, &recv, &c) == 0, "the loop's recv waits");
+    const int64_t steps = envd_session_steps(h.s);
+    c = call(h.s, step);
+    CHECK(c.result == ENVD_EBUSY && c.refused && c.error_index == -1 && c.tag == 11 &&
+              c.kind == ENVD_REQ_STEP,
+          "a step beside the loop's recv: %lld refused %d index %lld", (long long)c.result,
+          c.refused, (long long)c.error_index);
+    CHECK(envd_session_steps(h.s) == steps, "the refused step stepped");
+    c = call(h.s, (envd_request_t){.kind = ENVD_REQ_RECV, .min_count = 1, .max_count = 1,
+                                   .out = got + 2, .tag = 12});
+    CHECK(c.result == ENVD_EBUSY && c.refused && c.error_index == -1, "a second recv");
+    pthread_t releaser;
+    CHECK(pthread_create(&releaser, NULL, gate_release_later, NULL) == 0, "pthread_create");
+    c = call(h.s, (envd_request_t){.kind = ENVD_REQ_SEND, .ids = ids + 2, .max_count = 1,
+                                   .flags = ENVD_JOB_HELPED, .tag = 13});
+    CHECK(c.result == ENVD_OK && !c.refused && c.error_index == -1 && c.tag == 13,
+          "a send beside the loop's recv: %lld", (long long)c.result);
+    pthread_join(releaser, NULL);
+    poll_for(e, 1, &c);
+    CHECK(c.result == 2, "the loop's recv: %lld", (long long)c.result);
+    gate(0);
+    c = call(h.s, (envd_request_t){.kind = ENVD_REQ_RECV, .min_count = 1, .max_count = 1,
+                                   .out = got + 2, .tag = 14});
+    /* (the send's batch may have run inline, ahead of the held one: any order) */
+    CHECK(c.result == 1 && (1 << got[0] | 1 << got[1] | 1 << got[2]) == 7,
+          "each env sent by either door came back once: %lld %lld %lld", (long long)got[0],
+          (long long)got[1], (long long)got[2]);
+
+    /* A settle waits: every request of the other door is refused, a send too
+     * (beside a request that is not a recv), and the loop's own send. */
+    gate(1);
+    CHECK(envd_engine_send(e, h.s, ids, 1, ENVD_JOB_NOTIFY, &c) == ENVD_OK, "send");
+    gate_wait_started();
+    const envd_request_t settle = {.kind = ENVD_REQ_SETTLE, .tag = 2};
+    CHECK(envd_engine_submit(e, h.s, &settle, &c) == 0, "settle waits");
+    c = call(h.s, (envd_request_t){.kind = ENVD_REQ_SEND, .ids = ids + 1, .max_count = 1,
+                                   .tag = 15});
+    CHECK(c.result == ENVD_EBUSY && c.refused && c.error_index == -1, "a send beside a settle");
+    CHECK(envd_session_env_state(h.s, 1) == ENVD_ENV_IDLE, "the refused send took env 1");
+    CHECK(envd_engine_send(e, h.s, ids + 1, 1, ENVD_JOB_NOTIFY, &c) == ENVD_EBUSY &&
+              c.kind == 0 && c.error_index == -1,
+          "the loop's send beside its settle");
+    c = call(h.s, step);
+    CHECK(c.result == ENVD_EBUSY && c.refused, "a step beside a settle");
+    atomic_store(&g_gate_release, 1);
+    poll_for(e, 2, &c);
+    gate(0);
+    c = call(h.s, (envd_request_t){.kind = ENVD_REQ_RECV, .min_count = 1, .max_count = 1,
+                                   .out = got, .tag = 16});
+    CHECK(c.result == 1 && got[0] == 0, "env 0 back");
+    c = call(h.s, step);
+    CHECK(c.result >= 0 && !c.refused && envd_session_steps(h.s) == steps + 1,
+          "nothing waits: the other door's step runs");
+    envd_session_lock(h.s);
+    CHECK(envd_engine_call(h.s, &settle, &c) == ENVD_EINVAL, "a settle is the loop's only");
+    envd_session_unlock(h.s);
+
+    /* The other way: the other door's recv claimed across a gap in its lock
+     * (a doorbell's SENDRECV helping its batch): the loop's requests are
+     * refused (nothing submitted), its send is served beside it. */
+    CHECK(envd_session_claim(h.s, ENVD_REQ_RECV) == ENVD_OK, "claim");
+    CHECK(envd_session_claim(h.s, ENVD_REQ_STEP) == ENVD_EBUSY, "one claim at a time");
+    CHECK(envd_engine_submit(e, h.s, &step, &c) == ENVD_EBUSY && envd_engine_waiting(e, 0) == 0,
+          "the loop's step beside the other door's recv");
+    CHECK(envd_session_steps(h.s) == steps + 1, "the refused step stepped");
+    recv.tag = 3;
+    CHECK(envd_engine_submit(e, h.s, &recv, &c) == ENVD_EBUSY, "the loop's recv beside it");
+    CHECK(envd_engine_send(e, h.s, ids + 3, 1, ENVD_JOB_NOTIFY, &c) == ENVD_OK && c.kind == 0,
+          "the loop's send beside the other door's recv");
+    envd_session_release(h.s);
+    c = call(h.s, (envd_request_t){.kind = ENVD_REQ_RECV, .min_count = 1, .max_count = 1,
+                                   .out = got, .tag = 17});
+    CHECK(c.result == 1 && got[0] == 3, "the other door's recv takes the loop's send");
+    CHECK(envd_session_claimed(h.s) == 0, "released");
+    harness_free(&h);
+    envd_engine_destroy(e);
+}
+
+/* The other door (the doorbell thread's part): whole steps through
+ * envd_engine_call until told to stop, counting those run and refused. */
+typedef struct door {
+    envd_session_t *s;
+    _Atomic int stop;
+    int64_t ran, refused;
+} door_t;
+
+static void *door_main(void *arg)
+{
+    door_t *d = arg;
+    while (!atomic_load(&d->stop)) {
+        const envd_completion_t c = call(d->s, (envd_request_t){.kind = ENVD_REQ_STEP});
+        CHECK(c.kind == ENVD_REQ_STEP && (c.result >= 0 || c.result == ENVD_EBUSY),
+              "the door's step: %lld", (long long)c.result);
+        if (c.result >= 0)
+            d->ran++;
+        else
+            d->refused++;
+        if ((d->ran + d->refused) % 8 == 0)
+            sched_yield();
+    }
+    return NULL;
+}
+
+/* The loop's steps, sends and recvs race the other door's steps on one
+ * session: each request of either door is answered once, a refused one
+ * steps nothing (the session's steps count exactly the steps run), the
+ * loop's own requests are never refused for the other door's (which holds
+ * the session's lock for all of its request: they are served in turn), and
+ * every env comes back. */
+static void test_front_door_race(envd_pool_t *pool, int rounds)
+{
+    harness_t h;
+    harness_init(&h, &envd_builtin_cartpole, 16, pool, 4);
+    envd_engine_t *e = NULL;
+    CHECK(envd_engine_create(&e) == ENVD_OK, "engine");
+    door_t d = {.s = h.s};
+    pthread_t door;
+    CHECK(pthread_create(&door, NULL, door_main, &d) == 0, "pthread_create");
+    int64_t ids[16], got[16], loop_steps = 0, received = 0, sent = 0;
+    for (int64_t i = 0; i < 16; i++)
+        ids[i] = i;
+    envd_completion_t c;
+    for (int r = 0; r < rounds; r++) {
+        if (r % 4 == 0)  /* (a gap with no request of the loop: the door's turn) */
+            nanosleep(&(struct timespec){0, 50000}, NULL);
+        if (r % 3 != 2) {
+            const envd_request_t step = {.kind = ENVD_REQ_STEP, .tag = (uint64_t)r};
+            const int rc = envd_engine_submit(e, h.s, &step, &c);
+            CHECK(rc == 0 || rc == 1, "the loop's step: %d", rc);
+            if (rc == 0)
+                poll_for(e, (uint64_t)r, &c);
+            CHECK(c.tag == (uint64_t)r && c.result >= 0 && !c.refused,
+                  "the loop's step refused: %lld", (long long)c.result);
+            loop_steps++;
+            continue;
+        }
+        const int64_t k = 1 + r % 16;
+        CHECK(envd_engine_send(e, h.s, ids, k, ENVD_JOB_NOTIFY, &c) == ENVD_OK, "send");
+        sent += k;
+        const envd_request_t recv = {.kind = ENVD_REQ_RECV, .min_count = k, .max_count = k,
+                                     .out = got, .tag = (uint64_t)r};
+        const int rc = envd_engine_submit(e, h.s, &recv, &c);
+        CHECK(rc == 0 || rc == 1, "the loop's recv: %d", rc);
+        if (rc == 0)
+            poll_for(e, (uint64_t)r, &c);
+        CHECK(c.result == k, "the loop's recv: %lld of %lld", (long long)c.result, (long long)k);
+        received += k;
+    }
+    atomic_store(&d.stop, 1);
+    pthread_join(door, NULL);
+    CHECK(received == sent, "every env back");
+    CHECK(d.ran > 0, "the door never ran a step in the loop's gaps (refused %lld)",
+          (long long)d.refused);
+    CHECK(envd_session_steps(h.s) == loop_steps + d.ran,
+          "steps %lld, want the loop's %lld and the door's %lld",
+          (long long)envd_session_steps(h.s), (long long)loop_steps, (long long)d.ran);
+    CHECK(envd_engine_waiting(e, 0) == 0 && envd_session_claimed(h.s) == 0, "nothing waits");
+    printf("engine_stress: front doors: the door ran %lld, refused %lld; the loop %lld steps\n",
+           (long long)d.ran, (long long)d.refused, (long long)loop_steps);
+    harness_free(&h);
+    envd_engine_destroy(e);
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1)
@@ -373,6 +578,9 @@ int main(int argc, char **argv)
     test_failing_batch(pools[1]);
     test_close_and_settle(pools[1]);
     test_refusals(pools[1]);
+    test_front_door_rules(pools[1]);
+    for (size_t p = 0; p < COUNT(pools); p++)
+        test_front_door_race(pools[p], scaled(3000, 300));
     for (size_t i = 0; i < COUNT(pools); i++)
         envd_pool_destroy(pools[i]);
     printf("engine_stress: ok\n");
