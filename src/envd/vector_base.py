@@ -65,6 +65,19 @@ def _refuse_closed(env_id: str) -> int:
     raise EnvStateError(f"this {env_id} VecEnv is closed")
 
 
+class _RefuseClosing:
+    """The step function of an env that close() is closing: it refuses
+    whatever argument it is called with (a call may read the new function
+    with the argument of before), so that a thread stepping in a loop gives
+    the env back to close() at its next call."""
+
+    def __init__(self, env_id: str):
+        self.env_id = env_id
+
+    def __call__(self, _arg: Any) -> int:
+        return _refuse_closed(self.env_id)
+
+
 def _unexpected_step_result(code: int) -> None:
     """The step error of a stepper without a bare step, which raises its
     errors instead of returning a negative code."""
@@ -87,6 +100,8 @@ class BatchedVecEnv(VectorEnv):
                  copy: bool, episode_statistics: bool | str, batch_size: int | None = None,
                  render_mode: str | None = None, render_fps: int | None = None):
         self.closed = False
+        #: close() has begun (then closed): every call from now on refuses
+        self._closing = False
         #: the info key of envd's episode statistics, None when they are off
         #: (see episode_statistics_key); checked first so a bad value fails early
         self.episode_statistics_key = episode_statistics_key(episode_statistics)
@@ -322,7 +337,7 @@ class BatchedVecEnv(VectorEnv):
             raise EnvStateError(
                 f"this {self.env_id} VecEnv is being used by another thread; "
                 "a VecEnv takes one call at a time") from None
-        if self.closed:
+        if self._closing:
             self._claim.append(True)
             _refuse_closed(self.env_id)
 
@@ -550,7 +565,7 @@ class BatchedVecEnv(VectorEnv):
             claim.pop()
         except IndexError:
             self._acquire()  # (raises: in use by another thread)
-        if self.closed:  # (before the actions are written)
+        if self._closing:  # (before the actions are written)
             claim.append(True)
             self._acquire()  # (raises: closed)
         try:
@@ -645,7 +660,7 @@ class BatchedVecEnv(VectorEnv):
         except IndexError:
             self._acquire()  # (raises: in use by another thread)
         try:
-            if self._maybe_running and not self.closed:
+            if self._maybe_running and not self._closing:
                 self._check_buffers_free()
             try:
                 num_done = self._step_fn(self._step_arg)
@@ -941,6 +956,11 @@ class BatchedVecEnv(VectorEnv):
         claim = getattr(self, "_claim", None)
         if claim is None:  # __init__ failed before creating anything
             return
+        # Refuse every call from now on, first: a thread stepping in a loop
+        # takes the env back between two calls without letting this thread
+        # run (the GIL), so close() must not wait for a moment between calls.
+        self._closing = True
+        self._step_fn = _RefuseClosing(self.env_id)
         while True:  # (a call holds the env for as long as it runs)
             try:
                 claim.pop()

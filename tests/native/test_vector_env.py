@@ -274,6 +274,57 @@ def test_close_waits_until_the_call_in_progress_gives_the_env_back():
 
 
 @pytest.mark.parametrize("in_place", [False, True])
+def test_close_ends_threads_stepping_in_a_loop(in_place):
+    """Threads stepping back to back give the env back between two calls
+    without letting another thread run (the GIL): close() from a third
+    thread must not wait for such a moment.  It makes every later call
+    refuse, so each loop ends at its next call with the closed error: a
+    step or two at most once close() began (the one in progress), not the
+    thousands a close() that waits for a gap between calls lets through."""
+    env = envd.make("CartPole-v1", 64, seed=0, num_threads=1)
+    env.reset(seed=0)
+    actions = np.zeros(env.num_envs, np.int64)
+    closing = threading.Event()
+    steps, after_close_began, errors = [0, 0], [0, 0], []
+
+    def loop(k):
+        while True:
+            try:
+                if in_place:
+                    env.step_in_place()
+                else:
+                    env.step(actions)
+            except envd.EnvStateError as exc:  # in use by the other, or closed
+                if "closed" in str(exc):
+                    errors.append(exc)
+                    return
+                assert "another thread" in str(exc)
+                continue
+            steps[k] += 1
+            if closing.is_set():
+                after_close_began[k] += 1
+
+    def close():
+        closing.set()
+        env.close()
+
+    threads = [threading.Thread(target=loop, args=(k,), daemon=True) for k in range(2)]
+    for thread in threads:
+        thread.start()
+    while min(steps) < 50:  # both loops running
+        threading.Event().wait(0.01)
+    closer = threading.Thread(target=close, daemon=True)
+    closer.start()
+    closer.join(timeout=120)
+    assert not closer.is_alive() and env.closed
+    for thread in threads:
+        thread.join(timeout=60)
+        assert not thread.is_alive()
+    assert len(errors) == 2  # each loop ended by the closed error
+    assert sum(after_close_began) <= 10, after_close_began
+
+
+@pytest.mark.parametrize("in_place", [False, True])
 def test_a_second_thread_gets_a_clear_error_and_close_waits(in_place):
     """One call at a time: a step racing another thread's step raises
     EnvStateError; close() from another thread waits for the step in progress
