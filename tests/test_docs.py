@@ -198,7 +198,7 @@ TROUBLESHOOTING_PHRASES = [
     # make's options (src/envd/make_options.py)
     "hosted Python envs ('py:<gymnasium id>' or an env creator)",
     # a kind's ids a daemon serves only with its flag (server/make_builders.py)
-    " ids its operator names with ",
+    " ids; its operator names them with ",
     # connecting (client/connection.py, client/discovery.py)
     "; start one with `envd --threads N` (or set ENVD_ENDPOINT to the daemon's endpoint)",
     "has no listener",
