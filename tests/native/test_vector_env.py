@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from gymnasium.wrappers.vector import NormalizeObservation, RecordEpisodeStatistics
 from support.builtin_envs import BUILTIN_ENV_IDS, MULTI_AGENT_ENV_IDS, listed_builtins
+from support.daemon import wait_until
 
 import envd
 from envd.stepping import NO_STEPPER
@@ -285,10 +286,11 @@ def test_close_ends_threads_stepping_in_a_loop(in_place):
     env.reset(seed=0)
     actions = np.zeros(env.num_envs, np.int64)
     closing = threading.Event()
-    steps, after_close_began, errors = [0, 0], [0, 0], []
+    calls, after_close_began, errors = [0, 0], [0, 0], []
 
     def loop(k):
         while True:
+            calls[k] += 1
             try:
                 if in_place:
                     env.step_in_place()
@@ -300,7 +302,6 @@ def test_close_ends_threads_stepping_in_a_loop(in_place):
                     return
                 assert "another thread" in str(exc)
                 continue
-            steps[k] += 1
             if closing.is_set():
                 after_close_began[k] += 1
 
@@ -311,8 +312,9 @@ def test_close_ends_threads_stepping_in_a_loop(in_place):
     threads = [threading.Thread(target=loop, args=(k,), daemon=True) for k in range(2)]
     for thread in threads:
         thread.start()
-    while min(steps) < 50:  # both loops running
-        threading.Event().wait(0.01)
+    # both loops running (one may only ever find the env in use: the other
+    # takes it back between its calls)
+    wait_until(lambda: min(calls) >= 50, what="both loops calling")
     closer = threading.Thread(target=close, daemon=True)
     closer.start()
     closer.join(timeout=120)
