@@ -263,7 +263,7 @@ def test_close_waits_until_the_call_in_progress_gives_the_env_back():
     closer = threading.Thread(target=env.close)
     try:
         closer.start()
-        closer.join(timeout=0.2)
+        wait_until(lambda: env._closing, what="close() began")  # (an event, not a duration)
         assert closer.is_alive() and not env.closed  # (it cannot end while the env is held)
         assert env._native is not None  # (nothing freed under the holder)
     finally:
