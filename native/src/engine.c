@@ -60,7 +60,7 @@ static int look(envd_session_t *s, const envd_request_t *req, envd_completion_t 
         completion(done, s, req, envd_session_step_finish(s), 0);
         return 1;
     case ENVD_REQ_RECV: {
-        const int64_t got = envd_session_recv(s, req->min_count, req->max_count, req->out, 0);
+        const int64_t got = envd_session_recv_claimed(s, req->min_count, req->max_count, req->out);
         if (got == 0)
             return 0;
         completion(done, s, req, got, 0);
@@ -104,20 +104,6 @@ static int add(envd_engine_t *e, envd_session_t *s, const envd_request_t *req)
     return ENVD_OK;
 }
 
-/* A send, beside the session's request if that is a recv waiting (async over
- * several daemons: the client sends while its recv waits), refused
- * ENVD_EBUSY beside any other (a step running, a settle); the recv's front
- * door may be another thread's (the loop's, a doorbell's send): the batch
- * then writes the eventfd too, for the loop's poll to find it.  Called with
- * the session's lock held. */
-static int send_beside(envd_session_t *s, const int64_t *ids, int64_t count, int flags)
-{
-    const int claimed = envd_session_claimed(s);
-    if (claimed != 0 && claimed != ENVD_REQ_RECV)
-        return ENVD_EBUSY;
-    return envd_session_send(s, ids, count, claimed != 0 ? flags | ENVD_JOB_NOTIFY : flags);
-}
-
 int envd_engine_submit(envd_engine_t *e, envd_session_t *s, const envd_request_t *req,
                        envd_completion_t *done)
 {
@@ -134,22 +120,24 @@ int envd_engine_submit(envd_engine_t *e, envd_session_t *s, const envd_request_t
     if (rc != ENVD_OK)
         return rc;
     e->count--; /* (kept only if it waits, below) */
-    if (envd_session_claim(s, req->kind) != ENVD_OK)
-        return ENVD_EBUSY; /* (the session's one request: this front door's or another's) */
-    if (req->kind == ENVD_REQ_STEP) {
-        rc = envd_session_step_submit(s);
-        if (rc < 0) {
-            completion(done, s, req, rc, 1);
-            envd_session_release(s);
-            return 1;
-        }
-    }
-    if (look(s, req, done)) {
+    /* The claim, the start and the first look in one holding of the lock:
+     * a completion reads the error index another door's request may set. */
+    envd_session_lock(s);
+    if (envd_session_claim(s, req->kind) != ENVD_OK) {
+        rc = ENVD_EBUSY; /* (the session's one request: this front door's or another's) */
+    } else if (req->kind == ENVD_REQ_STEP && (rc = envd_session_step_submit(s)) < 0) {
+        completion(done, s, req, rc, 1);
         envd_session_release(s);
-        return 1;
+        rc = 1;
+    } else if (look(s, req, done)) {
+        envd_session_release(s);
+        rc = 1;
+    } else {
+        e->count++;
+        rc = 0;
     }
-    e->count++;
-    return 0;
+    envd_session_unlock(s);
+    return rc;
 }
 
 int envd_engine_send(envd_engine_t *e, envd_session_t *s, const int64_t *ids, int64_t count,
@@ -158,11 +146,11 @@ int envd_engine_send(envd_engine_t *e, envd_session_t *s, const int64_t *ids, in
     if (e == NULL || s == NULL || done == NULL)
         return ENVD_EINVAL;
     done->kind = 0;
-    envd_session_lock(s); /* (the claim looked at and the send, in one holding) */
-    const int rc = send_beside(s, ids, count, flags);
-    const int claimed = envd_session_claimed(s);
-    done->error_index = rc < 0 && claimed != 0 && claimed != ENVD_REQ_RECV
-                            ? -1 : envd_session_error_index(s);
+    envd_session_lock(s); /* (the send and the look at the recv, in one holding) */
+    /* (beside the session's waiting recv: async over several daemons, the
+     * client sends while its recv waits) */
+    const int rc = envd_session_send(s, ids, count, flags);
+    done->error_index = envd_session_error_index(s);
     const int64_t k = find(e, s);
     /* (a refused send changed nothing: the recv is not looked at, and the
      * session's error_index still names the refused env) */
@@ -180,23 +168,20 @@ int envd_engine_call(envd_session_t *s, const envd_request_t *req, envd_completi
     /* The session's lock is held from the decision to the completion (the
      * caller's; the waits below keep holding it, helping the batches), so no
      * other front door finds the session between them: only a request that
-     * another one keeps (the loop's, waiting) is looked at. */
-    const int claimed = envd_session_claimed(s);
-    /* refused for another's request: nothing started, no env named */
-    const int busy = claimed != 0 && !(req->kind == ENVD_REQ_SEND && claimed == ENVD_REQ_RECV);
-    int64_t rc = ENVD_EBUSY;
+     * another one keeps (the loop's, waiting) is looked at.  The session's
+     * calls below ask its rule themselves; asked here too, for the
+     * completion's word that nothing started (no env named). */
+    const int busy = envd_session_admit(s, req->kind) != ENVD_OK;
+    int64_t rc;
     switch (req->kind) {
     case ENVD_REQ_STEP:
-        if (!busy)
-            rc = envd_session_step(s);
+        rc = envd_session_step(s);
         break;
     case ENVD_REQ_RECV:
-        if (!busy)
-            rc = envd_session_recv(s, req->min_count, req->max_count, req->out, 1);
+        rc = envd_session_recv(s, req->min_count, req->max_count, req->out, 1);
         break;
     case ENVD_REQ_SEND:
-        if (!busy)
-            rc = send_beside(s, req->ids, req->max_count, req->flags);
+        rc = envd_session_send(s, req->ids, req->max_count, req->flags);
         break;
     default:
         return ENVD_EINVAL;
@@ -214,9 +199,14 @@ int64_t envd_engine_poll(envd_engine_t *e, envd_completion_t *out, int64_t max)
     int64_t n = 0;
     for (int64_t k = 0; k < e->count && n < max;) {
         waiting_t *w = &e->waiting[k];
-        if (look(w->session, &w->request, &out[n])) {
+        envd_session_t *s = w->session;
+        envd_session_lock(s); /* (the look and its completion in one holding) */
+        const int found = look(s, &w->request, &out[n]);
+        if (found)
+            envd_session_release(s);
+        envd_session_unlock(s);
+        if (found) {
             n++;
-            envd_session_release(w->session);
             remove_at(e, k); /* (the last entry moved here: look at k again) */
         } else {
             k++;

@@ -13,7 +13,7 @@
  * waiting recv, envd_engine_send), so the pending requests are bounded by the
  * sessions.
  *
- * Kinds:
+ * Kinds (ENVD_REQ_*, defined in session.h: the session's book records them):
  *   ENVD_REQ_STEP    step every env (envd_session_step_submit ... _finish);
  *                    result: the envs whose episode ended, or the error;
  *   ENVD_REQ_RECV    receive at least min_count and at most max_count of the
@@ -34,12 +34,18 @@
  * until it completes: a batch ending after a poll looked at its session
  * writes the eventfd after its done flag, so the next poll finds it.
  *
- * One book for every front door: the session's request (one at most) is
- * claimed in the session itself (envd_session_claim, under its lock), so the
- * daemon's loop (submit) and a blocking front door (envd_engine_call: the
- * doorbell thread) see the same rule -- a second request is refused
- * ENVD_EBUSY, a send is served beside a waiting recv, refused beside any
- * other request.
+ * Three front doors, one book: the daemon's loop (submit, send, poll), the
+ * doorbell thread (envd_engine_call) and the in-process calls (the session's
+ * own step, send and recv, with or without wait: envd_engine_call's STEP,
+ * SEND and RECV are those calls, made with the lock held).  The session's
+ * request (one at most) is kept in the session itself, under its lock: a
+ * request that waits across a gap in the lock (the loop's; a doorbell's
+ * SENDRECV helping its batch) is claimed there (envd_session_claim), and a
+ * request made in one holding of the lock is decided there by the same rule
+ * (envd_session_admit, which the session's step, send and recv ask) -- a
+ * second request is refused ENVD_EBUSY (nothing started, no env named), a
+ * send is served beside a waiting recv (its batch writing the pool's
+ * eventfd), refused beside any other request.
  *
  * Threading: the engine's own calls are made by one thread (the front door's);
  * the sessions' batches end on any thread meanwhile.  envd_engine_call needs
@@ -58,8 +64,6 @@
 
 /* cffi:begin */
 typedef struct envd_engine envd_engine_t;
-
-enum { ENVD_REQ_STEP = 1, ENVD_REQ_RECV = 2, ENVD_REQ_SETTLE = 3, ENVD_REQ_SEND = 4 };
 
 typedef struct envd_request {
     int32_t kind;           /* ENVD_REQ_* */
@@ -102,7 +106,8 @@ int envd_engine_submit(envd_engine_t *engine, envd_session_t *session,
 int envd_engine_send(envd_engine_t *engine, envd_session_t *session, const int64_t *ids,
                      int64_t count, int flags, envd_completion_t *done);
 
-/* A front door that blocks (the doorbell thread) runs session's request
+/* A front door that blocks (the doorbell thread; the in-process calls are
+ * the same session calls, each holding the lock itself) runs session's request
  * (STEP, RECV: exactly as submit decides it, but waiting for its batches
  * and helping them, as envd_session_step and envd_session_recv with wait do;
  * SEND), with the session's lock held by the caller from before the call to

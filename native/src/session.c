@@ -236,6 +236,16 @@ void envd_session_drop_async(envd_session_t *s)
     pthread_mutex_unlock(&s->mutex);
 }
 
+/* A front door's request of kind beside the one claimed (session.h,
+ * envd_session_admit): every request starts here, naming no env yet. */
+static inline int admit(envd_session_t *s, int kind)
+{
+    s->error_index = -1;
+    const int claimed = s->claimed;
+    return claimed == 0 || (kind == ENVD_REQ_SEND && claimed == ENVD_REQ_RECV) ? ENVD_OK
+                                                                               : ENVD_EBUSY;
+}
+
 /* ENVD_OK when no env is in flight (and, unless ready_ok, none ready), else
  * ENVD_EBUSY (as the vec answers a whole-vec call beside a batch). */
 static int check_idle(envd_session_t *s, int ready_ok)
@@ -303,7 +313,9 @@ int envd_session_step(envd_session_t *s)
     if (s == NULL)  /* (a closed Python wrapper's handle: refused, not a crash) */
         return ENVD_EINVAL;
     pthread_mutex_lock(&s->mutex);
-    int rc = check_idle(s, 0);
+    int rc = admit(s, ENVD_REQ_STEP);
+    if (rc == ENVD_OK)
+        rc = check_idle(s, 0);
     if (rc == ENVD_OK)
         rc = finish_step(s, s->backend->ops->step(s->backend->impl));
     pthread_mutex_unlock(&s->mutex);
@@ -388,8 +400,12 @@ static int run_idle(const envd_session_t *s, const int64_t *ids, int64_t count)
 int envd_session_send(envd_session_t *s, const int64_t *ids, int64_t count, int flags)
 {
     pthread_mutex_lock(&s->mutex);
-    s->error_index = -1;
-    int rc = ENVD_EINVAL;
+    int rc = admit(s, ENVD_REQ_SEND);
+    if (rc != ENVD_OK)
+        goto out;
+    if (s->claimed != 0)  /* (a recv: its door may wait on the pool's eventfd) */
+        flags |= ENVD_JOB_NOTIFY;
+    rc = ENVD_EINVAL;
     if (ids == NULL || count < 1 || count > s->num_envs)
         goto out;
     entry_t *e = entry_for(s, count);
@@ -460,7 +476,7 @@ void envd_session_help(envd_session_help_t *help, int (*leave)(void *), void *ar
     help->count = 0;
 }
 
-static int64_t take_ready(envd_session_t *s, int64_t max_count, int64_t *out)
+static inline int64_t take_ready(envd_session_t *s, int64_t max_count, int64_t *out)
 {
     const int64_t n = s->num_ready < max_count ? s->num_ready : max_count;
     int64_t pos = s->ready_head;
@@ -516,11 +532,10 @@ static int take_error(envd_session_t *s)
     return rc;
 }
 
-int64_t envd_session_recv(envd_session_t *s, int64_t min_count, int64_t max_count,
-                          int64_t *out, int wait)
+/* envd_session_recv's work, admitted (the lock held). */
+static inline int64_t recv_ids(envd_session_t *s, int64_t min_count, int64_t max_count,
+                               int64_t *out, int wait)
 {
-    pthread_mutex_lock(&s->mutex);
-    s->error_index = -1;
     int64_t rc;
     if (out == NULL || min_count < 1 || min_count > s->num_envs || max_count < min_count) {
         rc = ENVD_EINVAL;
@@ -550,6 +565,26 @@ int64_t envd_session_recv(envd_session_t *s, int64_t min_count, int64_t max_coun
             s->backend->ops->batch_wait(s->backend->impl, s->head->batch);
     }
 out:
+    return rc;
+}
+
+int64_t envd_session_recv(envd_session_t *s, int64_t min_count, int64_t max_count,
+                          int64_t *out, int wait)
+{
+    pthread_mutex_lock(&s->mutex);
+    int64_t rc = admit(s, ENVD_REQ_RECV);
+    if (rc == ENVD_OK)
+        rc = recv_ids(s, min_count, max_count, out, wait);
+    pthread_mutex_unlock(&s->mutex);
+    return rc;
+}
+
+int64_t envd_session_recv_claimed(envd_session_t *s, int64_t min_count, int64_t max_count,
+                                  int64_t *out)
+{
+    pthread_mutex_lock(&s->mutex);
+    s->error_index = -1;
+    const int64_t rc = recv_ids(s, min_count, max_count, out, 0);
     pthread_mutex_unlock(&s->mutex);
     return rc;
 }
@@ -702,6 +737,8 @@ void envd_session_release(envd_session_t *s)
 }
 
 int envd_session_claimed(const envd_session_t *s) { return s->claimed; }
+
+int envd_session_admit(envd_session_t *s, int kind) { return admit(s, kind); }
 
 /* ---- the attached server ------------------------------------------------------------- */
 int envd_session_attach_server(envd_session_t *s, const envd_session_server_ops_t *ops,

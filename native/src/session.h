@@ -30,6 +30,15 @@
  * async_reset waits for the envs in flight, drops their results (and a kept
  * failure), resets every env and makes them all READY in env order.
  *
+ * Front doors (engine.h): the in-process VecEnv's calls, the daemon's loop
+ * (the request engine) and the doorbell's thread.  A request of any of them
+ * (a step, a send, a recv) is decided by one rule, kept with the session's
+ * book of the request a front door took and has not completed
+ * (envd_session_claim): the calls below that make one (step, send, recv)
+ * refuse it ENVD_EBUSY (naming no env, nothing started) beside another
+ * door's request, but serve a send beside a recv (its batch then writes the
+ * pool's eventfd, for the loop).
+ *
  * Threading: one recursive mutex per session.  Every function below takes it
  * (except the counters marked lock-free), so any thread may call them; the
  * doorbell thread holds it while it serves a request.  envd_session_lock
@@ -60,6 +69,10 @@ typedef struct envd_session envd_session_t;
 
 enum { ENVD_ENV_IDLE = 0, ENVD_ENV_IN_FLIGHT = 1, ENVD_ENV_READY = 2 };
 
+/* The kinds of request a front door makes (engine.h), as the session's book
+ * records the one taken (envd_session_claim). */
+enum { ENVD_REQ_STEP = 1, ENVD_REQ_RECV = 2, ENVD_REQ_SETTLE = 3, ENVD_REQ_SEND = 4 };
+
 /* A session over backend (taken over: destroyed with the session, also when
  * this fails).  ENVD_OK, ENVD_EINVAL or ENVD_ENOMEM. */
 int envd_session_create(envd_session_t **out, envd_backend_t *backend);
@@ -79,7 +92,9 @@ void envd_session_unlock(envd_session_t *session);
 void envd_session_seed(envd_session_t *session, const uint64_t *seeds);
 int envd_session_reset(envd_session_t *session, const uint64_t *seeds, const bool *mask);
 int64_t envd_session_reset_count(envd_session_t *session);
-int envd_session_step(envd_session_t *session); /* NULL: ENVD_EINVAL */
+/* Step every env (NULL: ENVD_EINVAL): the in-process step, and the doorbell's
+ * (envd_engine_call). */
+int envd_session_step(envd_session_t *session);
 
 /* ---- async ---- */
 int envd_session_async_reset(envd_session_t *session, const uint64_t *seeds);
@@ -89,7 +104,8 @@ int envd_session_async_reset(envd_session_t *session, const uint64_t *seeds);
  * buffer; flags: ENVD_JOB_NOTIFY (the pool's eventfd fires when the batch
  * ends), ENVD_JOB_HELPED (the caller helps: envd_session_take_help; it may
  * be woken no worker, vec.h, so someone must help or wait for it).
- * Finished batches are collected before it returns. */
+ * Finished batches are collected before it returns.  Beside another door's
+ * recv it adds ENVD_JOB_NOTIFY (that door may wait on the pool's eventfd). */
 int envd_session_send(envd_session_t *session, const int64_t *ids, int64_t count, int flags);
 
 /* cffi:end */
@@ -158,7 +174,9 @@ void envd_session_set_chunk(envd_session_t *session, int64_t chunk);
 int envd_session_set_max_threads(envd_session_t *session, int max_threads);
 void envd_session_stats(envd_session_t *session, envd_vec_stats_t *stats);
 /* The env the last refusal or failure names (-1: none).  Lock-free: read it
- * right after the failed call, on the same thread. */
+ * right after the failed call, on the same thread (with the session's lock
+ * held around both where another front door may make a request meanwhile:
+ * every request sets it). */
 int64_t envd_session_error_index(const envd_session_t *session);
 /* What failed env index with ENVD_EENV, as the backend words it
  * (NUL-terminated, at most size bytes; "" when it has no more to say than the
@@ -209,15 +227,26 @@ int envd_session_attach_server(envd_session_t *session, const envd_session_serve
 int envd_session_has_server(envd_session_t *session);
 
 /* The request engine's book of this session (engine.h): the kind (ENVD_REQ_*)
- * of the request a front door of the engine took for it and has not
- * completed, 0 for none.  The session only keeps it, under its lock, so that
- * every front door (the daemon's loop, the doorbell thread) sees the same
- * one: claim records kind, or refuses ENVD_EBUSY while one is held (and
- * keeps it); release clears it; claimed reads it (the caller holds the
- * session's lock, or reads a hint). */
+ * of the request a front door took for it across a gap in the session's
+ * lock (the loop's waiting request, a doorbell's SENDRECV helping its batch)
+ * and has not completed, 0 for none.  Kept under the session's lock, so that
+ * every front door (the in-process calls, the daemon's loop, the doorbell
+ * thread) sees the same one: claim records kind, or refuses ENVD_EBUSY while
+ * one is held (and keeps it); release clears it; claimed reads it (the
+ * caller holds the session's lock, or reads a hint). */
 int envd_session_claim(envd_session_t *session, int kind);
 void envd_session_release(envd_session_t *session);
 int envd_session_claimed(const envd_session_t *session);
+/* The one rule of a request made under one holding of the lock (step, send,
+ * recv: each of them asks it), beside the claimed one: ENVD_OK when none is
+ * claimed, or for a send beside a recv; else ENVD_EBUSY, naming no env (the
+ * error index is -1).  The caller holds the lock for the decision and the
+ * request it admits. */
+int envd_session_admit(envd_session_t *session, int kind);
+/* The claimed recv's own look (the engine's waiting request, engine.c): as
+ * envd_session_recv without waiting, not refused for its own claim. */
+int64_t envd_session_recv_claimed(envd_session_t *session, int64_t min_count,
+                                  int64_t max_count, int64_t *out);
 
 /* Drop every env in flight (waiting for its batch) or ready, and a kept
  * failure: every env is IDLE after it. */

@@ -562,6 +562,319 @@ static void test_front_door_race(envd_pool_t *pool, int rounds)
     envd_engine_destroy(e);
 }
 
+/* ---- the third front door: the in-process calls -------------------------------------- */
+/* Whether the pool's eventfd is readable within a deadline (a batch sent with
+ * ENVD_JOB_NOTIFY ended); then drained. */
+static int eventfd_fired(envd_pool_t *pool)
+{
+    struct pollfd p = {.fd = envd_pool_eventfd(pool), .events = POLLIN};
+    if (poll(&p, 1, 60000) != 1)
+        return 0;
+    uint64_t count;
+    return read(p.fd, &count, sizeof count) == (ssize_t)sizeof count;
+}
+
+static void drain_eventfd(envd_pool_t *pool)
+{
+    struct pollfd p = {.fd = envd_pool_eventfd(pool), .events = POLLIN};
+    uint64_t count;
+    while (poll(&p, 1, 0) == 1)
+        CHECK(read(p.fd, &count, sizeof count) == (ssize_t)sizeof count, "drain the eventfd");
+}
+
+/* The in-process calls (envd_session_step, _send, _recv with and without
+ * wait: the in-process VecEnv's) decided by the rule of the other doors:
+ * beside the loop's waiting recv, or a doorbell's claimed recv, a step and a
+ * recv are refused (ENVD_EBUSY, nothing stepped or taken, no env named) and a
+ * send is served, its batch writing the pool's eventfd for the loop; beside a
+ * settle a send is refused too. */
+static void test_in_process_rules(envd_pool_t *pool1)
+{
+    g_def = envd_builtin_cartpole;
+    g_def.step = test_step;
+    harness_t h;
+    harness_init(&h, &g_def, 4, pool1, 1);
+    envd_engine_t *e = NULL;
+    CHECK(envd_engine_create(&e) == ENVD_OK, "engine");
+    int64_t ids[4] = {0, 1, 2, 3}, got[4];
+    envd_completion_t c;
+    const int64_t steps = envd_session_steps(h.s);
+
+    /* (the loop's send without ENVD_JOB_NOTIFY, polled: the eventfd written
+     * below is the in-process send's) */
+    gate(1);
+    CHECK(envd_engine_send(e, h.s, ids, 2, 0, &c) == ENVD_OK, "the loop's send");
+    gate_wait_started();
+    envd_request_t recv = {.kind = ENVD_REQ_RECV, .min_count = 2, .max_count = 2, .out = got,
+                           .tag = 1};
+    CHECK(envd_engine_submit(e, h.s, &recv, &c) == 0, "the loop's recv waits");
+    CHECK(envd_session_send(h.s, ids, 1, 0) == ENVD_EBUSY && envd_session_error_index(h.s) == 0,
+          "an in-process send of an env in flight: admitted beside the recv, refused naming it");
+    CHECK(envd_session_step(h.s) == ENVD_EBUSY && envd_session_error_index(h.s) == -1,
+          "an in-process step beside the loop's recv (naming no env)");
+    CHECK(envd_session_steps(h.s) == steps, "the refused step stepped");
+    CHECK(envd_session_recv(h.s, 1, 1, got + 2, 1) == ENVD_EBUSY &&
+              envd_session_error_index(h.s) == -1,
+          "an in-process recv beside the loop's recv (it would wait for the loop's envs)");
+    CHECK(envd_session_recv(h.s, 1, 1, got + 2, 0) == ENVD_EBUSY, "an in-process try_recv");
+    drain_eventfd(pool1);
+    /* (the gate held: the batch of env 2 waits behind the held one on the
+     * pool's one thread -- the harness forces chunks, no batch runs inline
+     * -- and the recv's two ids are the loop's to find) */
+    pthread_t releaser;
+    CHECK(pthread_create(&releaser, NULL, gate_release_later, NULL) == 0, "pthread_create");
+    CHECK(envd_session_send(h.s, ids + 2, 1, 0) == ENVD_OK,
+          "an in-process send beside the loop's recv is served");
+    CHECK(envd_session_env_state(h.s, 2) != ENVD_ENV_IDLE, "env 2 went");
+    pthread_join(releaser, NULL);
+    CHECK(eventfd_fired(pool1), "the in-process send's batch wrote the eventfd for the loop");
+    poll_for(e, 1, &c);
+    CHECK(c.result == 2, "the loop's recv: %lld", (long long)c.result);
+    gate(0);
+    CHECK(envd_session_recv(h.s, 1, 1, got + 2, 1) == 1, "the in-process recv once free");
+    CHECK((1 << got[0] | 1 << got[1] | 1 << got[2]) == 7,
+          "each env sent by either door came back once: %lld %lld %lld", (long long)got[0],
+          (long long)got[1], (long long)got[2]);
+
+    /* Beside a settle every in-process request is refused, sends too. */
+    gate(1);
+    CHECK(envd_engine_send(e, h.s, ids, 1, ENVD_JOB_NOTIFY, &c) == ENVD_OK, "send");
+    gate_wait_started();
+    const envd_request_t settle = {.kind = ENVD_REQ_SETTLE, .tag = 2};
+    CHECK(envd_engine_submit(e, h.s, &settle, &c) == 0, "settle waits");
+    CHECK(envd_session_send(h.s, ids + 1, 1, 0) == ENVD_EBUSY &&
+              envd_session_error_index(h.s) == -1 &&
+              envd_session_env_state(h.s, 1) == ENVD_ENV_IDLE,
+          "an in-process send beside a settle: refused, env 1 not taken");
+    CHECK(envd_session_step(h.s) == ENVD_EBUSY, "an in-process step beside a settle");
+    atomic_store(&g_gate_release, 1);
+    poll_for(e, 2, &c);
+    gate(0);
+    CHECK(envd_session_recv(h.s, 1, 1, got, 0) == 1 && got[0] == 0, "env 0 back");
+    CHECK(envd_session_step(h.s) >= 0 && envd_session_steps(h.s) == steps + 1,
+          "nothing waits: the in-process step runs");
+
+    /* Beside a doorbell's claimed recv (a SENDRECV helping its batch). */
+    CHECK(envd_session_claim(h.s, ENVD_REQ_RECV) == ENVD_OK, "claim");
+    CHECK(envd_session_step(h.s) == ENVD_EBUSY && envd_session_steps(h.s) == steps + 1,
+          "an in-process step beside the doorbell's recv");
+    CHECK(envd_session_send(h.s, ids + 3, 1, 0) == ENVD_OK, "an in-process send beside it");
+    CHECK(envd_session_recv(h.s, 1, 1, got, 1) == ENVD_EBUSY &&
+              envd_session_env_state(h.s, 3) != ENVD_ENV_IDLE,
+          "an in-process recv beside it: refused, env 3 not taken");
+    envd_session_release(h.s);
+    CHECK(envd_session_recv(h.s, 1, 1, got, 1) == 1 && got[0] == 3, "env 3 back");
+    CHECK(envd_engine_waiting(e, 0) == 0 && envd_session_claimed(h.s) == 0, "nothing waits");
+    harness_free(&h);
+    envd_engine_destroy(e);
+}
+
+/* An in-process thread (the VecEnv's: sends, blocking recvs of its own sends,
+ * whole steps) racing the loop's steps and the doorbell thread's steps on one
+ * session: every call of each door is answered once (a recv with exactly the
+ * ids its own send took, as the only sender), a refusal steps nothing (the
+ * session's steps count exactly those run), and every env comes back. */
+typedef struct in_process {
+    envd_session_t *s;
+    int rounds;
+    int64_t ran, refused, sent, received;
+} in_process_t;
+
+static void *in_process_main(void *arg)
+{
+    in_process_t *p = arg;
+    int64_t ids[16], got[16];
+    for (int64_t i = 0; i < 16; i++)
+        ids[i] = 15 - i;
+    for (int r = 0; r < p->rounds; r++) {
+        /* (the lock held around a call and its error index: other doors'
+         * requests set the session's index too, session.h) */
+        if (r % 2 == 0) {
+            envd_session_lock(p->s);
+            const int rc = envd_session_step(p->s);
+            const int64_t index = envd_session_error_index(p->s);
+            envd_session_unlock(p->s);
+            CHECK(rc >= 0 || (rc == ENVD_EBUSY && index == -1), "the in-process step: %d", rc);
+            if (rc >= 0)
+                p->ran++;
+            else
+                p->refused++;
+            continue;
+        }
+        const int64_t k = 1 + r % 16;
+        int rc;
+        for (;;) {
+            envd_session_lock(p->s);
+            rc = envd_session_send(p->s, ids, k, 0);
+            const int64_t index = envd_session_error_index(p->s);
+            envd_session_unlock(p->s);
+            if (rc != ENVD_EBUSY)
+                break;
+            /* (beside the loop's step, which holds the session's request) */
+            CHECK(index == -1, "a refused send named env %lld", (long long)index);
+            p->refused++;
+            sched_yield();
+        }
+        CHECK(rc == ENVD_OK, "the in-process send: %d", rc);
+        p->sent += k;
+        int64_t n;
+        while ((n = envd_session_recv(p->s, k, k, got, r % 4 == 1)) == 0 || n == ENVD_EBUSY)
+            sched_yield();
+        CHECK(n == k, "the in-process recv: %lld of %lld", (long long)n, (long long)k);
+        int64_t seen = 0;
+        for (int64_t j = 0; j < k; j++) {
+            CHECK(got[j] >= 16 - k && got[j] < 16 && !(seen & 1ll << got[j]),
+                  "the in-process recv returned env %lld, not one of its send",
+                  (long long)got[j]);
+            seen |= 1ll << got[j];
+        }
+        p->received += k;
+    }
+    return NULL;
+}
+
+static void test_in_process_race(envd_pool_t *pool, int rounds)
+{
+    harness_t h;
+    harness_init(&h, &envd_builtin_cartpole, 16, pool, 4);
+    envd_engine_t *e = NULL;
+    CHECK(envd_engine_create(&e) == ENVD_OK, "engine");
+    door_t d = {.s = h.s};
+    in_process_t p = {.s = h.s, .rounds = rounds};
+    pthread_t door, in_process;
+    CHECK(pthread_create(&door, NULL, door_main, &d) == 0, "pthread_create");
+    CHECK(pthread_create(&in_process, NULL, in_process_main, &p) == 0, "pthread_create");
+    int64_t loop_ran = 0, loop_refused = 0;
+    envd_completion_t c;
+    for (int r = 0; r < rounds; r++) {
+        if (r % 4 == 0)
+            nanosleep(&(struct timespec){0, 50000}, NULL);
+        const envd_request_t step = {.kind = ENVD_REQ_STEP, .tag = (uint64_t)r};
+        const int rc = envd_engine_submit(e, h.s, &step, &c);
+        CHECK(rc == 0 || rc == 1, "the loop's step: %d", rc);
+        if (rc == 0)
+            poll_for(e, (uint64_t)r, &c);
+        CHECK(c.tag == (uint64_t)r, "the loop's step answered once");
+        if (c.result >= 0) {
+            loop_ran++;
+        } else {
+            /* (the in-process envs out: refused before it started) */
+            CHECK(c.result == ENVD_EBUSY && c.refused, "the loop's step: %lld",
+                  (long long)c.result);
+            loop_refused++;
+        }
+    }
+    pthread_join(in_process, NULL);
+    atomic_store(&d.stop, 1);
+    pthread_join(door, NULL);
+    CHECK(p.received == p.sent, "every env back");
+    CHECK(envd_session_steps(h.s) == loop_ran + d.ran + p.ran,
+          "steps %lld, want the loop's %lld, the door's %lld and the in-process %lld",
+          (long long)envd_session_steps(h.s), (long long)loop_ran, (long long)d.ran,
+          (long long)p.ran);
+    int64_t in_flight = -1, ready = -1;
+    envd_session_counts(h.s, &in_flight, &ready);
+    CHECK(in_flight == 0 && ready == 0, "envs left out: %lld %lld", (long long)in_flight,
+          (long long)ready);
+    CHECK(envd_engine_waiting(e, 0) == 0 && envd_session_claimed(h.s) == 0, "nothing waits");
+    printf("engine_stress: in-process door: ran %lld, refused %lld, %lld envs; the loop ran "
+           "%lld, refused %lld; the doorbell's ran %lld, refused %lld\n",
+           (long long)p.ran, (long long)p.refused, (long long)p.received, (long long)loop_ran,
+           (long long)loop_refused, (long long)d.ran, (long long)d.refused);
+    harness_free(&h);
+    envd_engine_destroy(e);
+}
+
+/* A close while an in-process recv waits (the daemon's closing of a session:
+ * its server stopped, what is out dropped, envd_session_stop_server): the
+ * close waits for the recv (the session's lock), which is answered once with
+ * its envs; then nothing is out. */
+typedef struct waiter {
+    envd_session_t *s;
+    int64_t got[4];
+    _Atomic int64_t result;
+    _Atomic int started;
+} waiter_t;
+
+static void *waiter_main(void *arg)
+{
+    waiter_t *w = arg;
+    atomic_store(&w->started, 1);
+    atomic_store(&w->result, envd_session_recv(w->s, 2, 2, w->got, 1));
+    return NULL;
+}
+
+static _Atomic int g_stops;
+
+static void stop_dropping(void *server)
+{
+    atomic_fetch_add(&g_stops, 1);
+    envd_session_drop_async(server);
+}
+
+static void drain_nothing(void *server) { (void)server; }
+
+typedef struct closer {
+    envd_session_t *s;
+    _Atomic int done;
+} closer_t;
+
+static void *closer_main(void *arg)
+{
+    closer_t *cl = arg;
+    envd_session_stop_server(cl->s);
+    atomic_store(&cl->done, 1);
+    return NULL;
+}
+
+static void test_close_while_in_process_waits(envd_pool_t *pool1)
+{
+    g_def = envd_builtin_cartpole;
+    g_def.step = test_step;
+    harness_t h;
+    harness_init(&h, &g_def, 4, pool1, 1);
+    static const envd_session_server_ops_t ops = {.stop = stop_dropping, .drain = drain_nothing};
+    CHECK(envd_session_attach_server(h.s, &ops, h.s) == ENVD_OK, "attach");
+    int64_t ids[4] = {0, 1, 2, 3};
+    gate(1);
+    CHECK(envd_session_send(h.s, ids, 2, 0) == ENVD_OK && envd_session_send(h.s, ids + 2, 2, 0) ==
+                                                               ENVD_OK,
+          "two sends");
+    gate_wait_started();
+    waiter_t w = {.s = h.s, .result = 1};
+    pthread_t waiter, closer;
+    CHECK(pthread_create(&waiter, NULL, waiter_main, &w) == 0, "pthread_create");
+    while (!atomic_load(&w.started))
+        sched_yield();
+    /* (the recv holds the session's lock while it waits: the close starts
+     * while it waits, or before it if this thread runs first -- both are a
+     * close racing the in-process recv) */
+    nanosleep(&(struct timespec){0, 2000000}, NULL);
+    closer_t cl = {.s = h.s};
+    atomic_store(&g_stops, 0);
+    CHECK(pthread_create(&closer, NULL, closer_main, &cl) == 0, "pthread_create");
+    nanosleep(&(struct timespec){0, 2000000}, NULL);
+    CHECK(atomic_load(&w.result) == 1, "the recv returned while its batch is held");
+    atomic_store(&g_gate_release, 1);
+    pthread_join(waiter, NULL);
+    pthread_join(closer, NULL);
+    gate(0);
+    const int64_t got = atomic_load(&w.result);
+    CHECK(got == 2 || got == ENVD_ESTATE,
+          "the in-process recv: %lld (its envs, or none left once closed)", (long long)got);
+    if (got == 2)
+        CHECK((w.got[0] == 0 && w.got[1] == 1) || (w.got[0] == 2 && w.got[1] == 3),
+              "the recv returned one send's envs: %lld %lld", (long long)w.got[0],
+              (long long)w.got[1]);
+    CHECK(atomic_load(&cl.done) && atomic_load(&g_stops) == 1 && !envd_session_has_server(h.s),
+          "the close stopped the server once");
+    int64_t in_flight = -1, ready = -1;
+    envd_session_counts(h.s, &in_flight, &ready);
+    CHECK(in_flight == 0 && ready == 0, "left out after the close: %lld %lld",
+          (long long)in_flight, (long long)ready);
+    harness_free(&h);
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1)
@@ -581,6 +894,10 @@ int main(int argc, char **argv)
     test_front_door_rules(pools[1]);
     for (size_t p = 0; p < COUNT(pools); p++)
         test_front_door_race(pools[p], scaled(3000, 300));
+    test_in_process_rules(pools[1]);
+    for (size_t p = 0; p < COUNT(pools); p++)
+        test_in_process_race(pools[p], scaled(3000, 300));
+    test_close_while_in_process_waits(pools[1]);
     for (size_t i = 0; i < COUNT(pools); i++)
         envd_pool_destroy(pools[i]);
     printf("engine_stress: ok\n");
