@@ -26,6 +26,14 @@ against the doorbell; ``lock()`` holds the doorbell off for a caller's own
 work and may be held around other calls of the same thread.  Blocking calls
 (reset, step, recv, async_reset, close) release the GIL while they wait.
 
+Front doors: step, send and recv/try_recv are the in-process front door of the
+request engine (native/src/engine.h), beside the daemon's loop and the
+doorbell thread: the session keeps the one request of all three doors, so
+beside another door's request a step or recv is refused (EnvStateError, the
+envs busy) and a send is served beside a waiting recv, refused beside any
+other.  In-process, no other door shares the session: the rule is the
+engine's, and costs the step a load and a branch.
+
 The books and the serving live in C (native/src/session.h); this class is
 its thin cffi wrapper, which turns codes into envd errors with the messages
 of envd.vec_errors.

@@ -8,10 +8,11 @@ enough envs ready, a refusal) or from a later poll(), which the front door
 calls when the pool's eventfd fires.  The engine keeps what waits, one
 request per session, in C, and decides each under its session's lock; the
 front door only remembers what to answer for each tag.  A send is served
-beside a waiting recv (send()), which may complete it.  The doorbell thread is
-the engine's other front door (envd_engine_call, in C, which waits for its
-request): a session's one request is claimed in the session itself, so a
-request by either door while the other's waits is refused the same way.
+beside a waiting recv (send()), which may complete it.  The engine has two
+other front doors: the doorbell thread (envd_engine_call, in C, which waits
+for its request) and the in-process calls (NativeSession's step, send and
+recv).  A session's one request is kept in the session itself, so a request
+by any door while another's waits is refused the same way.
 
 The completion's result is the C call's: the session that made it turns a
 negative one into its error (NativeSession.step_result, recv_error,
