@@ -28,8 +28,8 @@
  *                    served beside a waiting recv) send max_count ids from
  *                    ids with flags (envd_session_send); result ENVD_OK or
  *                    its refusal.
- * Each is decided under its session's lock (envd_session_recv takes the ids
- * and checks the count in one holding): no batch can end between a look at
+ * Each is decided under its session's lock (a recv takes the ids and checks
+ * the count in one holding, envd_session_recv_claimed): no batch can end between a look at
  * the ready envs and a count of those in flight.  A waiting request stays
  * until it completes: a batch ending after a poll looked at its session
  * writes the eventfd after its done flag, so the next poll finds it.

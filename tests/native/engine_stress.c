@@ -28,6 +28,17 @@
  *     steps, sends and recvs race the other door's steps on pools of 0, 1
  *     and 2 threads: each answered once, a refusal steps nothing, the loop's
  *     are served in turn, never refused;
+ *   - the third front door, the in-process calls (envd_session_step, _send,
+ *     _recv with and without wait): beside the loop's waiting recv a step
+ *     and a recv are refused (ENVD_EBUSY, nothing stepped or taken, no env
+ *     named), a send is served and its batch writes the pool's eventfd;
+ *     beside a settle a send is refused too; beside a doorbell's claimed
+ *     recv the same; then an in-process thread's sends, recvs and steps race
+ *     the loop's steps and the doorbell door's steps on pools of 0, 1 and 2
+ *     threads: each answered once, a recv returns its own send's envs, a
+ *     refusal steps nothing, every env comes back; a close (the server
+ *     stopped, what is out dropped) while an in-process recv waits: the recv
+ *     answered once, the close after it, nothing left out;
  *   - refusals: a second request of a session (ENVD_EBUSY), bad recvs
  *     (ENVD_EINVAL), a step while envs are out (completed at once, refused,
  *     ENVD_EBUSY), a recv of more than is out (ENVD_ESTATE), a refused send

@@ -3,10 +3,12 @@ which drives several sessions' steps, sends and recvs through one engine
 while the pool's threads end batches (every request completed exactly once,
 recv counts within their bounds, every env back), a waiting recv completed
 by a failing batch, a session closed while its recv waits, settle requests
-and the refusals, and two front doors on one session (the loop's submit
-and envd_engine_call, the doorbell thread's: the same rules, racing) -- run
-plain, under ThreadSanitizer and under AddressSanitizer + UBSan
-(LeakSanitizer included)."""
+and the refusals, two front doors on one session (the loop's submit
+and envd_engine_call, the doorbell thread's: the same rules, racing), and
+the third, the in-process calls (the session's step, send and recv: the
+same rules beside the loop's and a doorbell's requests, racing both; a
+close while an in-process recv waits) -- run plain, under ThreadSanitizer
+and under AddressSanitizer + UBSan (LeakSanitizer included)."""
 from __future__ import annotations
 
 from pathlib import Path
