@@ -111,7 +111,14 @@ class BatchedVecEnv(VectorEnv):
         # it) and gives it back (append).  Each is one C call that keeps the
         # GIL (atomic; a free-threaded build locks the list), and the pair
         # costs a step about a third of threading.Lock's acquire(False) and
-        # release (docs/benchmarks.md, "The Python layer of a step").
+        # release (docs/benchmarks.md, "The Python layer of a step").  Ctrl-C
+        # must not lose the token (close() would then wait forever): CPython
+        # raises a signal handler's exception (KeyboardInterrupt) only at a
+        # function's start, a backward jump or right after a call returns, so
+        # one raised inside ``try: claim.pop()`` (list.pop raises IndexError
+        # only) came after the pop took the token, and its handler gives the
+        # token back; from the next line on, a ``finally`` does.  (Handlers
+        # cost nothing until run: the step's path is unchanged.)
         self._claim = [True]
         self.env_id = env_id
         self.num_envs = num_envs
@@ -331,12 +338,16 @@ class BatchedVecEnv(VectorEnv):
     def _acquire(self) -> None:
         """Take the env for one call (give it back with
         ``self._claim.append(True)``), or raise if it is closed or in use."""
+        claim = self._claim
         try:
-            self._claim.pop()
+            claim.pop()
         except IndexError:
             raise EnvStateError(
                 f"this {self.env_id} VecEnv is being used by another thread; "
                 "a VecEnv takes one call at a time") from None
+        except BaseException:  # (an interrupt as the pop returned: the claim's note)
+            claim.append(True)
+            raise
         if self._closing:
             self._claim.append(True)
             _refuse_closed(self.env_id)
@@ -565,6 +576,9 @@ class BatchedVecEnv(VectorEnv):
             claim.pop()
         except IndexError:
             self._acquire()  # (raises: in use by another thread)
+        except BaseException:  # (an interrupt as the pop returned: the claim's note)
+            claim.append(True)
+            raise
         if self._closing:  # (before the actions are written)
             claim.append(True)
             self._acquire()  # (raises: closed)
@@ -659,6 +673,9 @@ class BatchedVecEnv(VectorEnv):
             claim.pop()
         except IndexError:
             self._acquire()  # (raises: in use by another thread)
+        except BaseException:  # (an interrupt as the pop returned: the claim's note)
+            claim.append(True)
+            raise
         try:
             if self._maybe_running and not self._closing:
                 self._check_buffers_free()
@@ -967,6 +984,9 @@ class BatchedVecEnv(VectorEnv):
                 break
             except IndexError:
                 time.sleep(_CLOSE_POLL_S)
+            except BaseException:  # (an interrupt as the pop returned: the claim's note)
+                claim.append(True)
+                raise
         try:
             # (before what they call is freed)
             self._step_fn, self._step_arg = _refuse_closed, self.env_id
