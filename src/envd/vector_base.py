@@ -19,6 +19,7 @@ which overwrites them in place.  Keep a copy (or pass ``copy=True`` to
 """
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -58,6 +59,13 @@ def possible_agents(names: Sequence[str], num_agents: int) -> list[str]:
 
 #: how often close() looks whether another thread's call gave the env back
 _CLOSE_POLL_S = 0.001
+#: CPython 3.11 on raises a signal handler's exception (KeyboardInterrupt)
+#: only at a function's start, a backward jump or right after a call
+#: returns: one raised inside ``try: claim.pop()`` came after the pop took
+#: the token (BatchedVecEnv's claim).  3.10 may raise it before any opcode,
+#: the pop's included: there the token is not given back (a second one
+#: would let two calls in at once).
+_INTERRUPTED_AFTER_POP = sys.implementation.name == "cpython" and sys.version_info >= (3, 11)
 
 
 def _refuse_closed(env_id: str) -> int:
@@ -112,13 +120,12 @@ class BatchedVecEnv(VectorEnv):
         # GIL (atomic; a free-threaded build locks the list), and the pair
         # costs a step about a third of threading.Lock's acquire(False) and
         # release (docs/benchmarks.md, "The Python layer of a step").  Ctrl-C
-        # must not lose the token (close() would then wait forever): CPython
-        # raises a signal handler's exception (KeyboardInterrupt) only at a
-        # function's start, a backward jump or right after a call returns, so
-        # one raised inside ``try: claim.pop()`` (list.pop raises IndexError
-        # only) came after the pop took the token, and its handler gives the
-        # token back; from the next line on, a ``finally`` does.  (Handlers
-        # cost nothing until run: the step's path is unchanged.)
+        # must not lose the token (close() would then wait forever): an
+        # exception other than IndexError inside ``try: claim.pop()`` is an
+        # interrupt that came after the pop (_INTERRUPTED_AFTER_POP), and its
+        # handler gives the token back; past that block each path reaches a
+        # ``finally`` (or gives it back itself) before any other call.
+        # (Handlers cost nothing until run: the step's path is unchanged.)
         self._claim = [True]
         self.env_id = env_id
         self.num_envs = num_envs
@@ -346,7 +353,8 @@ class BatchedVecEnv(VectorEnv):
                 f"this {self.env_id} VecEnv is being used by another thread; "
                 "a VecEnv takes one call at a time") from None
         except BaseException:  # (an interrupt as the pop returned: the claim's note)
-            claim.append(True)
+            if _INTERRUPTED_AFTER_POP:
+                claim.append(True)
             raise
         if self._closing:
             self._claim.append(True)
@@ -577,7 +585,8 @@ class BatchedVecEnv(VectorEnv):
         except IndexError:
             self._acquire()  # (raises: in use by another thread)
         except BaseException:  # (an interrupt as the pop returned: the claim's note)
-            claim.append(True)
+            if _INTERRUPTED_AFTER_POP:
+                claim.append(True)
             raise
         if self._closing:  # (before the actions are written)
             claim.append(True)
@@ -674,7 +683,8 @@ class BatchedVecEnv(VectorEnv):
         except IndexError:
             self._acquire()  # (raises: in use by another thread)
         except BaseException:  # (an interrupt as the pop returned: the claim's note)
-            claim.append(True)
+            if _INTERRUPTED_AFTER_POP:
+                claim.append(True)
             raise
         try:
             if self._maybe_running and not self._closing:
@@ -985,7 +995,8 @@ class BatchedVecEnv(VectorEnv):
             except IndexError:
                 time.sleep(_CLOSE_POLL_S)
             except BaseException:  # (an interrupt as the pop returned: the claim's note)
-                claim.append(True)
+                if _INTERRUPTED_AFTER_POP:
+                    claim.append(True)
                 raise
         try:
             # (before what they call is freed)

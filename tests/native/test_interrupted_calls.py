@@ -12,6 +12,7 @@ import signal
 import time
 
 import numpy as np
+import pytest
 
 import envd
 from envd import vector_base
@@ -26,6 +27,9 @@ def _interrupt_the_env(signum, frame):
         raise KeyboardInterrupt
 
 
+@pytest.mark.skipif(not vector_base._INTERRUPTED_AFTER_POP,
+                    reason="CPython 3.10 may raise the interrupt before the pop too: there "
+                           "the token cannot be given back safely (vector_base.py)")
 def test_interrupted_calls_never_lose_or_double_the_token():
     env = envd.make("CartPole-v1", 4, seed=0, num_threads=0)
     actions = np.zeros(4, dtype=np.int64)
