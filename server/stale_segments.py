@@ -171,10 +171,10 @@ _NAMED_SKIPS = 20
 def remove_stale_segments(shm_dir: str = SHM_DIR, namespace: str = "") -> list[str]:
     """Unlink our user's envd segments (and lock files) of daemons of
     namespace ("": none) that are gone; return the segment names removed.
-    Entries that only look like
-    envd's -- another user's, a symlink, one we cannot remove -- are left in
-    place and named in one warning: anyone can create files in /dev/shm, and
-    such a file must never stop the daemon from starting."""
+    Entries that only look like envd's -- another user's, a symlink, one we
+    cannot remove -- are left in place and named in one warning: anyone can
+    create files in /dev/shm, and such a file must never stop the daemon
+    from starting."""
     removed: list[str] = []
     skipped: list[str] = []
     try:
