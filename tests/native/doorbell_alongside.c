@@ -24,7 +24,6 @@
  * none again after ELSEWHERE ones.
  */
 #define _GNU_SOURCE
-#include <dirent.h>
 #include <errno.h>
 #include <linux/futex.h>
 #include <sched.h>
@@ -44,6 +43,7 @@
 #include "envd.h"
 #include "stress_check.h"
 #include "stress_harness.h"
+#include "stress_tasks.h"
 #include "stress_util.h"
 
 #define STEP_NS 250      /* the server's clock per read */
@@ -133,31 +133,10 @@ int sched_yield(void)
     return 0;
 }
 
-/* The task envd_doorbell_start adds: the one listed after that is not before. */
-static int list_tasks(pid_t *out, int cap)
-{
-    DIR *dir = opendir("/proc/self/task");
-    CHECK(dir != NULL, "opendir /proc/self/task: %s", strerror(errno));
-    int n = 0;
-    for (struct dirent *e; (e = readdir(dir)) != NULL;)
-        if (e->d_name[0] != '.' && n < cap)
-            out[n++] = (pid_t)atoi(e->d_name);
-    closedir(dir);
-    return n;
-}
-
 static void sleep_us(int us)
 {
     struct timespec t = {.tv_sec = 0, .tv_nsec = (long)us * 1000};
     nanosleep(&t, NULL);
-}
-
-static bool listed(const pid_t *tasks, int n, pid_t tid)
-{
-    for (int i = 0; i < n; i++)
-        if (tasks[i] == tid)
-            return true;
-    return false;
 }
 
 int main(int argc, char **argv)
@@ -174,15 +153,17 @@ int main(int argc, char **argv)
     int64_t ids[2] = {0, 1};
     envd_doorbell_set_max_spinners(1);
     pid_t before[64], after[64];
-    const int nb = list_tasks(before, 64);
+    const int nb = list_tasks_once(before, 64);
+    CHECK(nb >= 0, "/proc/self/task is not listed");
     envd_doorbell_t *bell = NULL;
     /* A spin limit no spin here reaches (the clock advances per read). */
     CHECK(envd_doorbell_start(&bell, h.s, g_header, ids, 1000000000LL) == ENVD_OK, "start");
     pid_t server = 0;
     for (double deadline = now_s() + 30.0; server == 0; sleep_us(1000)) {
-        const int na = list_tasks(after, 64);
+        /* the task envd_doorbell_start added: listed now, not before */
+        const int na = list_tasks_once(after, 64);
         for (int i = 0; i < na; i++)
-            if (!listed(before, nb, after[i]))
+            if (!has_task(before, nb, after[i]))
                 server = after[i];
         CHECK(server != 0 || now_s() < deadline, "the server thread is not listed");
     }

@@ -125,6 +125,7 @@
 #include "pool.h"
 #include "spin.h"
 #include "stress_hold.h"
+#include "stress_tasks.h"
 #include "stress_util.h"
 #include "vec.h"
 
@@ -220,7 +221,6 @@ static bool wait_asleep(pid_t tid, const void *addr, const envd_doorbell_header_
 
 typedef struct harness harness_t;
 typedef struct doorbell doorbell_t;
-static int list_tasks_once(pid_t *out, int cap);
 
 /* ---- the doorbell and its client ------------------------------------------------ */
 struct doorbell {
@@ -1367,28 +1367,6 @@ static double clock_s(clockid_t clock)
 static clockid_t thread_clock(pid_t tid)
 {
     return (clockid_t)((~(unsigned)tid << 3) | 6); /* CPUCLOCK_SCHED | PERTHREAD */
-}
-
-/* The tasks of this process, or -1 when /proc does not list them. */
-static int list_tasks_once(pid_t *out, int cap)
-{
-    DIR *dir = opendir("/proc/self/task");
-    if (dir == NULL)
-        return -1;
-    int n = 0;
-    for (struct dirent *e; (e = readdir(dir)) != NULL;)
-        if (e->d_name[0] != '.' && n < cap)
-            out[n++] = (pid_t)atoi(e->d_name);
-    closedir(dir);
-    return n;
-}
-
-static bool has_task(const pid_t *tasks, int n, pid_t tid)
-{
-    for (int i = 0; i < n; i++)
-        if (tasks[i] == tid)
-            return true;
-    return false;
 }
 
 /* A listing that two reads in a row agree on: a thread joined a moment ago
