@@ -6,7 +6,8 @@ envd_doorbell_lock and envd_doorbell_trylock, drain, stop (idle, during a reques
 with a request rung after stop began, right after an answer -- where a lost
 wake-up showed -- and start/stop cycles) and the process-wide spinner bound, run
 plain, under ThreadSanitizer and under AddressSanitizer + UBSan (LeakSanitizer
-included)."""
+included); and doorbell_alongside.c, when a spin yields from its start, run the
+same three ways."""
 from __future__ import annotations
 
 from pathlib import Path
