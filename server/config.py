@@ -21,6 +21,7 @@ from typing import Any
 from envd import _native_facts, keys
 from envd.protocol import default_endpoint
 from envd.server import config_file
+from envd.server.stale_segments import check_namespace
 
 #: The native pool's limit (ENVD_POOL_MAX_THREADS).
 MAX_THREADS = _native_facts.POOL_MAX_THREADS
@@ -156,6 +157,10 @@ class Config:
     max_connections: int | None = None
     hello_timeout: float = 10.0
     pin_cpus: tuple[int, ...] | None = None
+    # The daemon's shared-memory namespace (server/stale_segments.py): its
+    # segments' names carry it, and its startup sweep removes only the dead
+    # daemons' segments of the same namespace (None or "": none).
+    shm_namespace: str | None = None
     plugins: tuple[str, ...] = ()
     # PufferLib's Ocean envs (docs/ocean.md): the envs served as puffer:<env>
     # ("all": every build recorded), loaded at startup from the operator's
@@ -273,6 +278,7 @@ class Config:
         if self.pin_cpus is not None and len(self.pin_cpus) != self.threads:
             raise ValueError(f"--pin-cpus (ENVD_PIN_CPUS) needs one CPU per thread ({self.threads}), "
                              f"got {list(self.pin_cpus)}")
+        check_namespace(self.shm_namespace or "")
         self.ipc_uids()  # raises ValueError on a bad list
         self._check_curve()
 
@@ -464,6 +470,9 @@ _FLAGS: dict[str, tuple[Callable[[str], object], str]] = {
                            "what still runs in hosted Python envs (whatever --hosted-timeout "
                            "says); the daemon then exits within 15 s more"),
     "pin_cpus": (_cpu_list, "comma-separated CPU per worker thread, e.g. 1,2,3"),
+    "shm_namespace": (str, "a name carried by this daemon's shared-memory segments: its startup "
+                           "sweep removes only the dead daemons' segments of the same namespace "
+                           "(a lowercase letter and up to 15 lowercase letters or digits)"),
     "metrics_port": (int, "serve Prometheus metrics over HTTP at /metrics on this port "
                           "(None or 0 = off; needs prometheus-client, pip install "
                           "'envd-rl[metrics]'; see docs/metrics.md)"),

@@ -192,7 +192,7 @@ class Daemon:
         self.fd_limit = raise_fd_limit()
         self._fd_reserve = fd_reserve(self.fd_limit)
         self.connections = Connections(self._max_connections(), self.config.hello_timeout)
-        remove_stale_segments()
+        remove_stale_segments(namespace=self.config.shm_namespace or "")
         plugins = load_plugins(self.config.plugins)  # before serving: clients see every env
         if self.config.ocean_envs:
             plugins += load_for_daemon(self.config.ocean_envs, self.config.ocean_cache)
@@ -200,7 +200,7 @@ class Daemon:
         # this thread, which it dies with) before anything is bound.
         self.hosted = HostedCatalog(self.config.python_envs, self.config.imports,
                                     self.config.hosted_timeout)
-        self.instance = Instance()
+        self.instance = Instance(namespace=self.config.shm_namespace or "")
         self.pool = NativePool(self.config.threads,
                                list(self.config.pin_cpus) if self.config.pin_cpus else None)
         # One doorbell thread may spin at a time: the pool lets its workers

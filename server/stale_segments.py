@@ -7,18 +7,45 @@ drops the lock when the process dies, however it dies, so a segment is stale
 exactly when its instance's lock file is missing or can be locked.  This
 holds across PID namespaces (containers sharing /dev/shm, a daemon that is
 PID 1 again after a restart), where a pid says nothing.
+
+A daemon given a namespace (--shm-namespace N) names its instance
+``N-<pid>-<nonce>``, and its startup sweep looks at namespace N's entries
+only, as a daemon without one looks at those without one: daemons of
+different namespaces never remove each other's dead daemons' segments (a
+test that plants or leaves segments for its own next daemon to sweep is not
+raced by every other daemon starting on the host).  A namespace is a
+lowercase letter and up to 15 more lowercase letters or digits, so its
+entries never parse as another namespace's, nor as a pid's.
 """
 from __future__ import annotations
 
 import fcntl
 import logging
 import os
+import re
 import secrets
 import stat
 
 from envd.shm import NAME_PREFIX, SHM_DIR
 
 log = logging.getLogger("envd.server")
+
+
+#: What --shm-namespace takes (its bound: SECURITY.md).
+NAMESPACE = re.compile(r"[a-z][a-z0-9]{0,15}")
+
+
+def check_namespace(namespace: str) -> str:
+    """namespace if it is one ("" is none), else ValueError."""
+    if namespace and NAMESPACE.fullmatch(namespace) is None:
+        raise ValueError(f"--shm-namespace (ENVD_SHM_NAMESPACE) must be a lowercase letter and up "
+                         f"to 15 more lowercase letters or digits, got {namespace[:40]!r}")
+    return namespace
+
+
+def _prefix(namespace: str) -> str:
+    """The names of namespace's segments start with this ("": none)."""
+    return f"{NAME_PREFIX}{namespace}-" if namespace else NAME_PREFIX
 
 
 def _lock_path(instance: str, shm_dir: str) -> str:
@@ -28,8 +55,9 @@ def _lock_path(instance: str, shm_dir: str) -> str:
 class Instance:
     """This daemon's name and the lock that marks its segments as alive."""
 
-    def __init__(self, shm_dir: str = SHM_DIR):
-        self.name = f"{os.getpid()}-{secrets.token_hex(4)}"
+    def __init__(self, shm_dir: str = SHM_DIR, namespace: str = ""):
+        namespace = check_namespace(namespace)
+        self.name = (f"{namespace}-" if namespace else "") + f"{os.getpid()}-{secrets.token_hex(4)}"
         self.segment_prefix = f"{NAME_PREFIX}{self.name}-"
         self.shm_dir = shm_dir
         self.lock_path = _lock_path(self.name, shm_dir)
@@ -61,14 +89,17 @@ class Instance:
             self._fd = -1
 
 
-def _instance_of(name: str) -> str | None:
-    """'<pid>-<nonce>' of a segment or lock file name, else None."""
-    if name.startswith("." + NAME_PREFIX) and name.endswith(".lock"):
-        parts = name[len(NAME_PREFIX) + 1:-len(".lock")].split("-")
-        return "-".join(parts) if len(parts) == 2 else None
-    if name.startswith(NAME_PREFIX):
-        parts = name[len(NAME_PREFIX):].split("-")
-        return "-".join(parts[:2]) if len(parts) == 3 else None
+def _instance_of(name: str, namespace: str) -> str | None:
+    """The instance ('<pid>-<nonce>', after '<namespace>-' if any) of a
+    segment or lock file name of namespace, else None."""
+    prefix = _prefix(namespace)
+    before = f"{namespace}-" if namespace else ""
+    if name.startswith("." + prefix) and name.endswith(".lock"):
+        parts = name[len(prefix) + 1:-len(".lock")].split("-")
+        return before + "-".join(parts) if len(parts) == 2 else None
+    if name.startswith(prefix):
+        parts = name[len(prefix):].split("-")
+        return before + "-".join(parts[:2]) if len(parts) == 3 else None
     return None
 
 
@@ -137,12 +168,13 @@ def _unlink(path: str, skipped: list[str]) -> bool:
 _NAMED_SKIPS = 20
 
 
-def remove_stale_segments(shm_dir: str = SHM_DIR) -> list[str]:
-    """Unlink our user's envd segments (and lock files) of daemons that are
-    gone; return the segment names removed.  Entries that only look like
-    envd's -- another user's, a symlink, one we cannot remove -- are left in
-    place and named in one warning: anyone can create files in /dev/shm, and
-    such a file must never stop the daemon from starting."""
+def remove_stale_segments(shm_dir: str = SHM_DIR, namespace: str = "") -> list[str]:
+    """Unlink our user's envd segments (and lock files) of daemons of
+    namespace ("": none) that are gone; return the segment names removed.
+    Entries that only look like envd's -- another user's, a symlink, one we
+    cannot remove -- are left in place and named in one warning: anyone can
+    create files in /dev/shm, and such a file must never stop the daemon
+    from starting."""
     removed: list[str] = []
     skipped: list[str] = []
     try:
@@ -150,10 +182,11 @@ def remove_stale_segments(shm_dir: str = SHM_DIR) -> list[str]:
     except FileNotFoundError:
         return removed
     verdicts: dict[str, tuple[bool, int]] = {}
+    prefix = _prefix(check_namespace(namespace))
     for name in names:
-        if not name.startswith((NAME_PREFIX, "." + NAME_PREFIX)):
+        if not name.startswith((prefix, "." + prefix)):
             continue
-        instance = _instance_of(name)
+        instance = _instance_of(name, namespace)
         if instance is None:
             continue  # not named by a daemon: not ours to remove
         if instance not in verdicts:

@@ -60,10 +60,18 @@ _Static_assert(ENVD_DOORBELL_OFFSET + sizeof(envd_doorbell_header_t) <= 4096,
  * the whole spin, which keeps the spin at spin_ns -- a 200 us stall per
  * step (docs/benchmarks.md, "The daemon like for like at N=64").  Before
  * this, the trainer of a cheap env on its own CPU rings again (1-3 us): no
- * system call on its way.  A request first seen right after a yield says
- * its client likely shares this CPU: the next spin yields from its start
- * (client_alongside; a request seen before any yield clears it). */
+ * system call on its way.  A request first seen right after a yield that
+ * let another thread run here says its client likely shares this CPU: the
+ * next spin yields from its start (client_alongside).  Any other request
+ * clears it -- one seen before any yield, or right after a yield that gave
+ * the CPU to nobody (its client rang from elsewhere; e.g. a spin that began
+ * late, after helping a batch, yields at once, which must not keep it set). */
 #define SPIN_ALONE_NS 4000LL
+/* A yield that took this long let another thread run on this CPU: a bare
+ * sched_yield is a system call (about 1.4 us on a VM), while a thread that
+ * runs takes the CPU until it blocks or its slice ends (a trainer ringing
+ * in between: its Python alone is several us). */
+#define YIELD_RAN_OTHER_NS 5000LL
 /* A gap sample counts at most this many spin_ns (a trainer that paused for
  * an evaluation must not keep its thread from spinning for long after). */
 #define GAP_SAMPLE_CAP 8
@@ -93,8 +101,9 @@ struct envd_doorbell {
     int claim_left;         /* stopped in a SENDRECV with its RECV claimed (the
                                stopper releases it, after the join) */
     int client_alongside;   /* the last request spun for was first seen right after
-                               a yield: its client likely shares this CPU, so the
-                               next spin yields from its start (SPIN_ALONE_NS) */
+                               a yield that let another thread run here: its client
+                               likely shares this CPU, so the next spin yields from
+                               its start (SPIN_ALONE_NS) */
 };
 
 static _Atomic int g_spinners;        /* server threads spinning now */
@@ -209,7 +218,7 @@ static uint32_t next_request(envd_doorbell_t *bell, int may_spin)
     if (deadline > envd_now_ns() && take_spin_slot()) {
         const int64_t alone_until =
             bell->answered_ns + (bell->client_alongside ? 0 : SPIN_ALONE_NS);
-        int yielded = 0;  /* the checks now running follow a yield */
+        int yielded = 0;  /* the checks now running follow a yield that let another run */
         for (;;) {
             for (int i = 0; i < SPIN_CHECK_EVERY; i++) {
                 seq = atomic_load_explicit(req, memory_order_acquire);
@@ -227,9 +236,11 @@ static uint32_t next_request(envd_doorbell_t *bell, int may_spin)
             const int64_t now = envd_now_ns();
             if (now >= deadline)
                 break;
-            yielded = now >= alone_until;
-            if (yielded)
+            yielded = 0;
+            if (now >= alone_until) {
                 sched_yield();
+                yielded = envd_now_ns() - now >= YIELD_RAN_OTHER_NS;
+            }
         }
         atomic_fetch_sub_explicit(&g_spinners, 1, memory_order_relaxed);
         if (seq != bell->last)

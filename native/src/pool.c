@@ -112,7 +112,7 @@ struct envd_pool {
     int num_started;  /* workers actually created (create's error path) */
     int max_spinners; /* idle workers allowed to spin at once */
     int helped_workers; /* workers a HELPED job may have at once (H1) */
-    int cpus;         /* CPUs this process may run on, at create */
+    int cpus;         /* CPUs the workers run on: the pin set's, else the process's at create */
     int efd;
     pthread_t *threads;
     pthread_mutex_t lock;
@@ -411,6 +411,21 @@ static int pool_start_workers(envd_pool_t *pool, const int *cpus)
     return rc;
 }
 
+/* The CPUs the workers will run on: the distinct ones pinned to when pins
+ * are given (the creator's own mask says nothing of them: `taskset -c 0
+ * envd --threads 4 --pin-cpus 4,5,6,7` runs its workers on four), else the
+ * ones this process may run on. */
+static int worker_cpus(int num_threads, const int *cpus)
+{
+    if (cpus == NULL || num_threads == 0)
+        return envd_usable_cpus();
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (int i = 0; i < num_threads; i++)
+        CPU_SET((size_t)cpus[i], &set);
+    return CPU_COUNT(&set);
+}
+
 int envd_pool_create(envd_pool_t **out, int num_threads, const int *cpus)
 {
     if (!out || num_threads < 0 || num_threads > ENVD_POOL_MAX_THREADS)
@@ -425,7 +440,7 @@ int envd_pool_create(envd_pool_t **out, int num_threads, const int *cpus)
     pool->num_threads = num_threads;
     /* The submitting thread keeps one CPU busy; more spinners than the
      * remaining CPUs would only steal time from the threads doing work. */
-    pool->cpus = envd_usable_cpus();
+    pool->cpus = worker_cpus(num_threads, cpus);
     pool->max_spinners = pool->cpus - 1;
     if (pool->max_spinners < 0)
         pool->max_spinners = 0;

@@ -131,8 +131,9 @@ void envd_pool_help(envd_pool_t *pool, envd_job_t *job, int (*leave)(void *), vo
 int envd_pool_run(envd_pool_t *pool, envd_job_t *job, envd_task_fn fn,
                   void *ctx, int64_t n, int64_t chunk);
 
-/* The CPUs this process could run on when the pool was created; ENVD_EINVAL
- * for NULL. */
+/* The CPUs the pool's workers run on: the distinct CPUs of the pin set when
+ * the pool was created with one, else those this process could run on then;
+ * ENVD_EINVAL for NULL. */
 int envd_pool_cpus(const envd_pool_t *pool);
 
 /* The most workers that run a HELPED job at once: max(1, CPUs - 1) (pool.h,

@@ -57,6 +57,7 @@ import gymnasium
 from gymnasium.envs import registration as _gym_registration
 
 from envd import _native_facts
+from envd.make_options import PUFFER_PREFIX
 from envd.single_env import EnvdEnv
 from envd.vector_make import make_vector_env  # noqa: F401 -- the registered vector_entry_point
 
@@ -67,8 +68,6 @@ NAMESPACE = "envd"
 #: it): generated from builtin_envs.h's list at build time;
 #: tests/ecosystem/test_gymnasium.py checks them against envd.list_envs().
 BUILTIN_ENV_IDS = tuple(sorted(_native_facts.BUILTIN_ENV_IDS))
-#: The prefix of PufferLib's Ocean envs' ids (envd ocean build).
-OCEAN_PREFIX = "puffer:"
 #: The spec kwarg naming the envd id (gymnasium passes spec kwargs to the entry points).
 _ID_KWARG = "envd_id"
 
@@ -122,7 +121,7 @@ def ocean_env_ids() -> list[str]:
     if spec is None or not spec.submodule_search_locations:
         return []
     folder = Path(next(iter(spec.submodule_search_locations))) / "ocean" / "manifests"
-    return sorted(f"{OCEAN_PREFIX}{p.stem}" for p in folder.glob("*.h"))
+    return sorted(f"{PUFFER_PREFIX}{p.stem}" for p in folder.glob("*.h"))
 
 
 def _colon_spec(env_id: str) -> Any:

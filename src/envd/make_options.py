@@ -77,8 +77,16 @@ IN_PROCESS = "envd.make"
 #: Client.make and the daemon's make message (and, for an option,
 #: MultiClient.make, which hands its options to each daemon's Client.make).
 DAEMON = "Client.make"
-#: MultiClient.make: one env over several daemons (client/multi.py).
+#: MultiClient.make: one env over several daemons (client/multi.py).  It
+#: hands its options to each daemon's Client.make, so it takes the options
+#: DAEMON does: an option's places name DAEMON for both (_option_place).
 MULTI_DAEMON = "MultiClient.make"
+
+
+def _option_place(place: str) -> str:
+    """The place whose options ``place`` takes (OPTIONS' places name DAEMON
+    for MULTI_DAEMON too)."""
+    return DAEMON if place == MULTI_DAEMON else place
 
 
 def kind_of(env_id: Any) -> str:
@@ -105,6 +113,7 @@ class Option:
     #: docs/protocol.md gives the fields' wire types)
     wire: str | None
     kinds: frozenset[str] = _ALL_KINDS
+    #: IN_PROCESS and DAEMON (which stands for MULTI_DAEMON too)
     places: frozenset[str] = frozenset((IN_PROCESS, DAEMON))
     #: why the kinds that do not take it do not, and what they take instead
     instead: str = ""
@@ -218,7 +227,7 @@ class EnvKind:
     def options(self, place: str) -> list[str]:
         """The options it takes at place."""
         return [name for name, option in OPTIONS.items()
-                if self.name in option.kinds and place in option.places]
+                if self.name in option.kinds and _option_place(place) in option.places]
 
     def refuse_place(self, place: str, env_id: str) -> None:
         """InvalidArgumentError when the entry point ``place`` does not make it."""
@@ -280,7 +289,7 @@ def refuse_unsupported(kind: str, place: str, given: Mapping[str, Any],
         if value is None:
             continue
         option = OPTIONS[name]
-        if place not in option.places:
+        if _option_place(place) not in option.places:
             raise InvalidArgumentError(f"{place} takes no {name}: {option.instead_in_daemon}")
         if kind not in option.kinds:
             # (one title per kind the option names: the C kinds share theirs)

@@ -19,6 +19,7 @@ which overwrites them in place.  Keep a copy (or pass ``copy=True`` to
 """
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -58,6 +59,13 @@ def possible_agents(names: Sequence[str], num_agents: int) -> list[str]:
 
 #: how often close() looks whether another thread's call gave the env back
 _CLOSE_POLL_S = 0.001
+#: CPython 3.11 on raises a signal handler's exception (KeyboardInterrupt)
+#: only at a function's start, a backward jump or right after a call
+#: returns: one raised inside ``try: claim.pop()`` came after the pop took
+#: the token (BatchedVecEnv's claim).  3.10 may raise it before any opcode,
+#: the pop's included: there the token is not given back (a second one
+#: would let two calls in at once).
+_INTERRUPTED_AFTER_POP = sys.implementation.name == "cpython" and sys.version_info >= (3, 11)
 
 
 def _refuse_closed(env_id: str) -> int:
@@ -111,7 +119,13 @@ class BatchedVecEnv(VectorEnv):
         # it) and gives it back (append).  Each is one C call that keeps the
         # GIL (atomic; a free-threaded build locks the list), and the pair
         # costs a step about a third of threading.Lock's acquire(False) and
-        # release (docs/benchmarks.md, "The Python layer of a step").
+        # release (docs/benchmarks.md, "The Python layer of a step").  Ctrl-C
+        # must not lose the token (close() would then wait forever): an
+        # exception other than IndexError inside ``try: claim.pop()`` is an
+        # interrupt that came after the pop (_INTERRUPTED_AFTER_POP), and its
+        # handler gives the token back; past that block each path reaches a
+        # ``finally`` (or gives it back itself) before any other call.
+        # (Handlers cost nothing until run: the step's path is unchanged.)
         self._claim = [True]
         self.env_id = env_id
         self.num_envs = num_envs
@@ -331,12 +345,17 @@ class BatchedVecEnv(VectorEnv):
     def _acquire(self) -> None:
         """Take the env for one call (give it back with
         ``self._claim.append(True)``), or raise if it is closed or in use."""
+        claim = self._claim
         try:
-            self._claim.pop()
+            claim.pop()
         except IndexError:
             raise EnvStateError(
                 f"this {self.env_id} VecEnv is being used by another thread; "
                 "a VecEnv takes one call at a time") from None
+        except BaseException:  # (an interrupt as the pop returned: the claim's note)
+            if _INTERRUPTED_AFTER_POP:
+                claim.append(True)
+            raise
         if self._closing:
             self._claim.append(True)
             _refuse_closed(self.env_id)
@@ -565,6 +584,10 @@ class BatchedVecEnv(VectorEnv):
             claim.pop()
         except IndexError:
             self._acquire()  # (raises: in use by another thread)
+        except BaseException:  # (an interrupt as the pop returned: the claim's note)
+            if _INTERRUPTED_AFTER_POP:
+                claim.append(True)
+            raise
         if self._closing:  # (before the actions are written)
             claim.append(True)
             self._acquire()  # (raises: closed)
@@ -659,6 +682,10 @@ class BatchedVecEnv(VectorEnv):
             claim.pop()
         except IndexError:
             self._acquire()  # (raises: in use by another thread)
+        except BaseException:  # (an interrupt as the pop returned: the claim's note)
+            if _INTERRUPTED_AFTER_POP:
+                claim.append(True)
+            raise
         try:
             if self._maybe_running and not self._closing:
                 self._check_buffers_free()
@@ -967,6 +994,10 @@ class BatchedVecEnv(VectorEnv):
                 break
             except IndexError:
                 time.sleep(_CLOSE_POLL_S)
+            except BaseException:  # (an interrupt as the pop returned: the claim's note)
+                if _INTERRUPTED_AFTER_POP:
+                    claim.append(True)
+                raise
         try:
             # (before what they call is freed)
             self._step_fn, self._step_arg = _refuse_closed, self.env_id

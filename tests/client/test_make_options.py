@@ -160,3 +160,30 @@ def test_an_env_that_resets_itself_takes_neither_episode_option():
         (AutoresetMode.NEXT_STEP, 500)
     assert mo.check_episode("CartPole-v1", False, AutoresetMode.DISABLED, 0, 500) == \
         (AutoresetMode.DISABLED, 0)
+
+
+def test_several_daemons_take_the_options_one_daemon_takes():
+    """MultiClient.make hands its options to each daemon's Client.make: at
+    MULTI_DAEMON an env kind takes (and refuses) exactly what it does at
+    DAEMON, with DAEMON's refusal."""
+    given = {"seed": 3, "max_threads": 1, "batch_size": 2, "transport": "shm"}
+    for kind in mo.KINDS:
+        assert mo.KINDS[kind].options(mo.MULTI_DAEMON) == mo.KINDS[kind].options(mo.DAEMON)
+    assert mo.taken(mo.NATIVE, mo.MULTI_DAEMON, given) == given
+    mo.refuse_unsupported(mo.NATIVE, mo.MULTI_DAEMON, given)
+    for name in ("num_threads", "pin_cpus"):
+        with pytest.raises(InvalidArgumentError, match=f"takes no {name}: the daemon"):
+            mo.refuse_unsupported(mo.NATIVE, mo.MULTI_DAEMON, {name: 1})
+
+
+def test_the_ocean_prefix_is_defined_once():
+    """The id prefix of the Ocean envs is make_options.PUFFER_PREFIX; no other
+    module of the package spells it as a constant of its own."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    spelled = [str(path.relative_to(root))
+               for folder in ("src/envd", "client", "server", "native")
+               for path in sorted((root / folder).rglob("*.py"))
+               if '= "puffer:"' in path.read_text()]
+    assert spelled == ["src/envd/make_options.py"]

@@ -40,6 +40,7 @@ from support.daemon import (
     TwinStepper,
     all_threads_stopped,
     in_bounds_actions,
+    private_namespace,
     segments_of,
     wait_until,
 )
@@ -94,7 +95,8 @@ def shm_mappings(pid: int) -> int:
 
 
 def lock_files_of(pid: int) -> list[str]:
-    return sorted(n for n in os.listdir("/dev/shm") if n.startswith(f".envd-{pid}-"))
+    mine = re.compile(rf"\.envd-(?:[a-z][a-z0-9]*-)?{pid}-")  # (its --shm-namespace's, if any)
+    return sorted(n for n in os.listdir("/dev/shm") if mine.match(n))
 
 
 def warm_up(daemon: DaemonProcess, clients: int = 4, rounds: int = 3) -> None:
@@ -258,7 +260,11 @@ def test_daemon_sigkilled_and_restarted_under_connected_clients(harness, tmp_pat
     # Socket path only: it watches steps in flight in the daemon's event loop.
     monkeypatch.setenv("ENVD_FAST_PATH", "0")
     folder = tmp_path / "same-endpoint"
-    old = harness.daemon("--threads", "2", "--lease-timeout", "30", folder=folder)
+    # A namespace of this test's: the new daemon, not another test's starting
+    # meanwhile, sweeps the old one's segments (and names them in its log).
+    ns = private_namespace()
+    old = harness.daemon("--threads", "2", "--lease-timeout", "30", "--shm-namespace", ns,
+                         folder=folder)
     timeout = 20.0
     idle_client, stepping_client, async_client, down_client = (
         harness.connect(old, timeout=timeout) for _ in range(4))
@@ -301,7 +307,8 @@ def test_daemon_sigkilled_and_restarted_under_connected_clients(harness, tmp_pat
         down_env.step(np.zeros(4, np.int64))
     assert time.monotonic() - start < timeout
 
-    new = harness.daemon("--threads", "2", "--lease-timeout", "30", folder=folder)
+    new = harness.daemon("--threads", "2", "--lease-timeout", "30", "--shm-namespace", ns,
+                         folder=folder)
     assert new.endpoint == old.endpoint
     assert segments_of(old.pid) == [], "the dead daemon's segments outlived the restart"
     assert lock_files_of(old.pid) == []

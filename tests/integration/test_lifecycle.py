@@ -13,7 +13,7 @@ import threading
 
 import numpy as np
 import pytest
-from support.daemon import DEADLINE, segments_of, wait_until
+from support.daemon import DEADLINE, private_namespace, segments_of, wait_until
 
 import envd
 
@@ -147,28 +147,35 @@ def fake_segment(harness, instance: str) -> str:
 
 
 def test_startup_removes_segments_of_dead_daemons_only(harness, tmp_path):
-    old = harness.daemon("--threads", "1", "--lease-timeout", "30")
+    # Both daemons in a namespace of this test's: any other daemon starting
+    # meanwhile (another test's) sweeps its own namespace, never these dead
+    # daemons' segments, which the new daemon must find and name.
+    ns = private_namespace()
+    old = harness.daemon("--threads", "1", "--lease-timeout", "30", "--shm-namespace", ns)
     client = harness.connect(old)
     env = client.make("CartPole-v1", 4, seed=0)
     env.reset()
     [live_daemon_segment] = [f"/dev/shm/{name}" for name in segments_of(old.pid)]
     old_instance = live_daemon_segment.split("/")[-1].rsplit("-", 1)[0][len("envd-"):]
+    assert old_instance.startswith(f"{ns}-{old.pid}-")
     assert os.path.exists(f"/dev/shm/.envd-{old_instance}.lock")
     of_old = fake_segment(harness, old_instance)
     # A daemon that died: no lock file, or a lock file nobody holds.
-    of_no_lock = fake_segment(harness, "999999-0badf00d")
-    unheld_lock = "/dev/shm/.envd-999998-0badf00d.lock"
+    of_no_lock = fake_segment(harness, f"{ns}-999999-0badf00d")
+    unheld_lock = f"/dev/shm/.envd-{ns}-999998-0badf00d.lock"
     harness.files.append(unheld_lock)
     open(unheld_lock, "w").close()
-    of_unheld_lock = fake_segment(harness, "999998-0badf00d")
+    of_unheld_lock = fake_segment(harness, f"{ns}-999998-0badf00d")
     not_ours = "/dev/shm/envd-not-a-daemon-name-at-all"  # another naming: left alone
     harness.files.append(not_ours)
     open(not_ours, "w").close()
-    new = harness.daemon("--threads", "1", "--lease-timeout", "30")
+    # A dead daemon of another namespace: its own namespace's next daemon sweeps it.
+    of_other_namespace = fake_segment(harness, f"{ns}x-999999-0badf00d")
+    new = harness.daemon("--threads", "1", "--lease-timeout", "30", "--shm-namespace", ns)
     assert not os.path.exists(of_no_lock)
     assert not os.path.exists(of_unheld_lock) and not os.path.exists(unheld_lock)
     assert os.path.exists(of_old) and os.path.exists(live_daemon_segment)
-    assert os.path.exists(not_ours)
+    assert os.path.exists(not_ours) and os.path.exists(of_other_namespace)
     assert "left behind by dead daemons" in new.log()
     # The live daemon's session still works.
     with envd.make("CartPole-v1", 4, seed=0) as local:
@@ -179,7 +186,9 @@ def test_startup_removes_segments_of_dead_daemons_only(harness, tmp_path):
 
 def test_restart_after_sigkill_removes_the_dead_daemons_segments(harness, tmp_path):
     folder = tmp_path / "same-endpoint"
-    old = harness.daemon("--threads", "1", "--lease-timeout", "30", folder=folder)
+    ns = private_namespace()  # (the new daemon must be the one that sweeps: see above)
+    old = harness.daemon("--threads", "1", "--lease-timeout", "30", "--shm-namespace", ns,
+                         folder=folder)
     client = harness.connect(old, timeout=DEADLINE)
     envs = [client.make("CartPole-v1", 4, seed=seed) for seed in range(2)]
     for env in envs:
@@ -190,7 +199,8 @@ def test_restart_after_sigkill_removes_the_dead_daemons_segments(harness, tmp_pa
     assert len(left) == 2
     harness.files.extend(f"/dev/shm/{name}" for name in left)
     assert os.path.exists(folder / "envd.sock")  # the dead daemon's socket file too
-    new = harness.daemon("--threads", "1", "--lease-timeout", "30", folder=folder)
+    new = harness.daemon("--threads", "1", "--lease-timeout", "30", "--shm-namespace", ns,
+                         folder=folder)
     assert segments_of(old.pid) == []
     for name in left:
         assert name in new.log()

@@ -747,6 +747,40 @@ static void test_pinning(void)
         CHECK(envd_pool_create(&pool, 2, cpus) == ENVD_ESYS, "pin to absent cpu");
 }
 
+/* The pool counts the CPUs its workers are pinned to, not those its creator
+ * may run on (`taskset -c 0 envd --threads 4 --pin-cpus 4,5,6,7`): created
+ * from a thread confined to one CPU, a pool pinned to two counts two (and
+ * its limits follow: pool.c, H1); pinned to one CPU three times, one. */
+static void test_pinned_cpus(void)
+{
+    cpu_set_t all, one;
+    CHECK(sched_getaffinity(0, sizeof all, &all) == 0, "sched_getaffinity");
+    int allowed[2], n = 0;
+    for (int c = 0; c < CPU_SETSIZE && n < 2; c++)
+        if (CPU_ISSET(c, &all))
+            allowed[n++] = c;
+    if (n < 2) {
+        printf("pool_stress: one CPU: pinned CPU count not tried\n");
+        return;
+    }
+    CPU_ZERO(&one);
+    CPU_SET((size_t)allowed[0], &one);
+    CHECK(sched_setaffinity(0, sizeof one, &one) == 0, "confine to CPU %d", allowed[0]);
+    envd_pool_t *pool;
+    CHECK(envd_pool_create(&pool, 2, allowed) == ENVD_OK, "create pinned to two CPUs");
+    CHECK(envd_pool_cpus(pool) == 2, "a pool pinned to CPUs %d and %d, created on one, counts %d",
+          allowed[0], allowed[1], envd_pool_cpus(pool));
+    envd_pool_destroy(pool);
+    CHECK(sched_setaffinity(0, sizeof all, &all) == 0, "unconfine");
+    const int same[3] = {allowed[1], allowed[1], allowed[1]};
+    CHECK(envd_pool_create(&pool, 3, same) == ENVD_OK, "create pinned to one CPU");
+    CHECK(envd_pool_cpus(pool) == 1, "a pool pinned to CPU %d only counts %d", allowed[1],
+          envd_pool_cpus(pool));
+    CHECK(envd_pool_helped_workers(pool) == 1, "helped workers %d on one CPU",
+          envd_pool_helped_workers(pool));
+    envd_pool_destroy(pool);
+}
+
 static int count_tasks(void)
 {
     DIR *d = opendir("/proc/self/task");
@@ -810,6 +844,7 @@ int main(int argc, char **argv)
     test_busy_and_overlap();
     test_unstarted();
     test_pinning();
+    test_pinned_cpus();
     test_alone();
     test_helped_limit(scaled(4000));
     static const int thread_counts[] = {1, 2, 4};

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -35,8 +37,17 @@ def wait_until(condition: Callable[[], bool], timeout: float = DEADLINE, what: s
 
 
 def segments_of(pid: int) -> list[str]:
-    """The shared-memory segments of the daemon with this pid."""
-    return sorted(n for n in os.listdir("/dev/shm") if n.startswith(f"envd-{pid}-"))
+    """The shared-memory segments of the daemon with this pid (in its
+    --shm-namespace, if it has one)."""
+    mine = re.compile(rf"envd-(?:[a-z][a-z0-9]*-)?{pid}-")
+    return sorted(n for n in os.listdir("/dev/shm") if mine.match(n))
+
+
+def private_namespace() -> str:
+    """A --shm-namespace no other test's daemon has: a test whose daemon must
+    sweep what an earlier one left is not raced by other daemons starting on
+    the machine (each sweeps its own namespace only)."""
+    return "t" + secrets.token_hex(6)
 
 
 def status_bytes(pid: int, field: str) -> int:
