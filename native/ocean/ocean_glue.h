@@ -16,9 +16,11 @@
  *          rewards float -> double, terminals -> bool, truncations false;
  *          step_envs does it for envs in a row, one loop (vec_step's);
  *   episode_end  when the Log counted episodes in this step (log.n > 0):
- *          every field divided by n, as vec_log averages, then the Log is
- *          cleared as vec_log clears it (a step without an episode leaves
- *          what the env accumulates, e.g. connect4's lengths, for the next);
+ *          every field divided by n, as vec_log averages, then my_log's
+ *          records (read straight from the Log where my_log only copies its
+ *          floats: ocean_find_copies), then the Log is cleared as vec_log
+ *          clears it (a step without an episode leaves what the env
+ *          accumulates, e.g. connect4's lengths, for the next);
  *   close  c_close.
  *
  * Every call that can run the env's code selects the env's own random stream
@@ -412,11 +414,12 @@ _Static_assert(_Generic(((Env *)0)->log.n, float: 1, default: 0), "the Log's n i
 /* ocean_step_envs for envs that ocean_is_one (the usual Ocean env), their
  * actions 8 bytes apart (one int64 each): the same steps with every
  * per-env read of the state's layout gone (agents, action kind and count,
- * the buffers' addresses: fixed offsets in the state), which were twice
- * PufferLib's whole loop per env around a cheap c_step (callgrind of
- * squared at N=64: 57 instructions an env against 8).  ended[k] is the
- * Log's n as bits, nonzero: every n > 0, and -0.0 or a NaN, which
- * ocean_episode_end refuses (the host asks it only where ended[k] is set). */
+ * the buffers' addresses: fixed offsets in the state), which were most of
+ * the glue's cost per env around a cheap c_step (callgrind of squared at
+ * N=64: 57, then 33, now 25 instructions an env; PufferLib's loop 8).
+ * ended[k] is the Log's n as bits, nonzero: every n > 0, and -0.0 or a NaN,
+ * which ocean_episode_end refuses (the host asks it only where ended[k] is
+ * set; two instructions fewer than a float compare). */
 static inline int64_t ocean_step_envs_one(unsigned char *states, size_t stride, int64_t count,
                                           const int64_t *acts, unsigned char *out,
                                           size_t obs_bytes, double *rewards, bool *terminated,
@@ -541,10 +544,12 @@ static int ocean_episode_end(void *state, double *values)
      * no float).  my_log, its records and the Log's copy were two thirds of
      * an episode end's instructions (callgrind, squared). */
     const float *log = (const float *)&st->env.log;
-    for (int32_t f = 0; f < ocean_num_episode_fields; f++) {
-        float v = log[ocean_episode_from[f]];
-        values[f] = (double)(n == 1.0f ? v : v / n);
-    }
+    if (n == 1.0f)
+        for (int32_t f = 0; f < ocean_num_episode_fields; f++)
+            values[f] = (double)log[ocean_episode_from[f]];
+    else
+        for (int32_t f = 0; f < ocean_num_episode_fields; f++)
+            values[f] = (double)(log[ocean_episode_from[f]] / n);
     memset(&st->env.log, 0, sizeof(Log));
     return (int)n;
 }
