@@ -559,8 +559,8 @@ static int ocean_episode_end(void *state, double *values)
  * does), and which: my_log on probe Logs whose floats are all distinct, of
  * both signs and far apart in magnitude; a field must be the same float in
  * every probe.  A record that offsets, scales, clamps, takes the absolute
- * value of or combines floats, or a constant, is none of a probe's floats
- * in one of the probes (or another one in each): my_log stays in use.
+ * value of or combines floats, or a constant, is in some probe none of its
+ * floats, or a float other than in the other probes: my_log stays in use.
  * Needs ocean_log_count (the names recorded once each, at their places). */
 static bool ocean_find_copies(void)
 {

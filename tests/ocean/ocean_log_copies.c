@@ -74,12 +74,12 @@ static int my_log(PyObject *dict, Log *log)
     return 0;
 }
 
-#define CHECK(cond)                                                       \
-    do {                                                                  \
-        if (!(cond)) {                                                    \
+#define CHECK(cond)                                                              \
+    do {                                                                         \
+        if (!(cond)) {                                                           \
             fprintf(stderr, "LOG_KIND %d line %d: %s\n", LOG_KIND, __LINE__, #cond); \
-            return 1;                                                     \
-        }                                                                 \
+            return 1;                                                            \
+        }                                                                        \
     } while (0)
 
 int main(void)
