@@ -16,9 +16,11 @@
  *          rewards float -> double, terminals -> bool, truncations false;
  *          step_envs does it for envs in a row, one loop (vec_step's);
  *   episode_end  when the Log counted episodes in this step (log.n > 0):
- *          every field divided by n, as vec_log averages, then the Log is
- *          cleared as vec_log clears it (a step without an episode leaves
- *          what the env accumulates, e.g. connect4's lengths, for the next);
+ *          every field divided by n, as vec_log averages, then my_log's
+ *          records (read straight from the Log where my_log only copies its
+ *          floats: ocean_find_copies), then the Log is cleared as vec_log
+ *          clears it (a step without an episode leaves what the env
+ *          accumulates, e.g. connect4's lengths, for the next);
  *   close  c_close.
  *
  * Every call that can run the env's code selects the env's own random stream
@@ -388,26 +390,53 @@ static int ocean_step(void *state, envd_rng_t *rng, const void *action, void *ob
     return ENVD_OK;
 }
 
-/* ocean_step_envs for one agent and one integer action per env (the usual
- * Ocean env): the same steps with the generic loop's per-env reads of the
- * state's layout gone (agents, action kind and count, the bound test's
- * loads), which were twice PufferLib's whole loop per env around a cheap
- * c_step (callgrind of squared at N=64: 57 instructions an env against 8). */
+/* One agent's action, reward and terminal flag in `near`, where ocean_place
+ * puts them (one agent's always fit): C lays a struct out as ocean_place
+ * packs, each member at the next multiple of its alignment. */
+typedef struct ocean_one {
+    ocean_act_t act;
+    ocean_rew_t rew;
+    ocean_term_t term;
+} ocean_one_t;
+
+/* Whether st's buffers are one agent's in `near` (ocean_one_t's layout), with
+ * one integer action a step: what ocean_step_envs_one assumes. */
+static bool ocean_is_one(const ocean_state_t *st)
+{
+    const ocean_one_t *one = (const ocean_one_t *)st->near;
+    return st->agents == 1 && st->act_kind != ENVD_SPACE_BOX && st->act_numel == 1 &&
+           st->env.actions == &one->act && st->env.rewards == &one->rew &&
+           st->env.terminals == &one->term;
+}
+
+_Static_assert(_Generic(((Env *)0)->log.n, float: 1, default: 0), "the Log's n is a float");
+
+/* ocean_step_envs for envs that ocean_is_one (the usual Ocean env), their
+ * actions 8 bytes apart (one int64 each): the same steps with every
+ * per-env read of the state's layout gone (agents, action kind and count,
+ * the buffers' addresses: fixed offsets in the state), which were most of
+ * the glue's cost per env around a cheap c_step (callgrind of squared at
+ * N=64: 57, then 33, now 25 instructions an env; PufferLib's loop 8).
+ * ended[k] is the Log's n as bits, nonzero: every n > 0, and -0.0 or a NaN,
+ * which ocean_episode_end refuses (the host asks it only where ended[k] is
+ * set; two instructions fewer than a float compare). */
 static inline int64_t ocean_step_envs_one(unsigned char *states, size_t stride, int64_t count,
-                                          const unsigned char *acts, size_t action_bytes,
-                                          unsigned char *out, size_t obs_bytes, double *rewards,
-                                          bool *terminated, bool *ended,
-                                          envd_ocean_streams_t **current)
+                                          const int64_t *acts, unsigned char *out,
+                                          size_t obs_bytes, double *rewards, bool *terminated,
+                                          bool *ended, envd_ocean_streams_t **current)
 {
     for (int64_t k = 0; k < count; k++) {
         ocean_state_t *st = (ocean_state_t *)(states + (size_t)k * stride);
-        *st->env.actions = (ocean_act_t)*(const int64_t *)(acts + (size_t)k * action_bytes);
+        ocean_one_t *one = (ocean_one_t *)st->near;
+        one->act = (ocean_act_t)acts[k];
         *current = &st->streams;
         c_step(&st->env);
         ocean_give_obs(st, out + (size_t)k * obs_bytes);
-        rewards[k] = (double)*st->env.rewards;
-        terminated[k] = *st->env.terminals != 0;
-        ended[k] = st->env.log.n > 0.0f;
+        rewards[k] = (double)one->rew;
+        terminated[k] = one->term != 0;
+        uint32_t n_bits;
+        memcpy(&n_bits, &st->env.log.n, sizeof n_bits);
+        ended[k] = n_bits != 0;
     }
     return count;
 }
@@ -430,11 +459,9 @@ static int64_t ocean_step_envs(void *state, size_t stride, int64_t count, const 
     __asm__("" : "+r"(current));
     /* Every env of a vec has the same layout (the host describes them alike):
      * the first env's says which loop steps them all. */
-    const ocean_state_t *first = state;
-    if (count > 0 && first->agents == 1 && first->act_kind != ENVD_SPACE_BOX &&
-        first->act_numel == 1) {
-        ocean_step_envs_one(states, stride, count, acts, action_bytes, out, obs_bytes, rewards,
-                            terminated, ended, current);
+    if (count > 0 && ocean_is_one(state) && action_bytes == sizeof(int64_t)) {
+        ocean_step_envs_one(states, stride, count, actions, out, obs_bytes, rewards, terminated,
+                            ended, current);
         *current = NULL;
         return count;
     }
@@ -453,23 +480,30 @@ static int64_t ocean_step_envs(void *state, size_t stride, int64_t count, const 
 
 /* The Log's field names (my_log's order, without "n"), set once by
  * envd_plugin; where my_log names each field once, also each field's place
- * among my_log's records (ocean_log_count of them). */
+ * among my_log's records (ocean_log_count of them); where my_log records
+ * each field as one float of the Log, unchanged, also that float's index
+ * (ocean_log_copies). */
 static const char *ocean_episode_names[ENVD_MAX_EPISODE_FIELDS];
 static int32_t ocean_num_episode_fields;
 static int32_t ocean_episode_place[ENVD_MAX_EPISODE_FIELDS];
 static int32_t ocean_log_count; /* 0: my_log repeats a name, look names up */
+static int32_t ocean_episode_from[ENVD_MAX_EPISODE_FIELDS];
+static bool ocean_log_copies;
 
-static int ocean_episode_end(void *state, double *values)
+#define ENVD_OCEAN_LOG_FLOATS (sizeof(Log) / sizeof(float))
+
+/* ocean_episode_end through my_log: vec_log's mean of the Log, my_log's
+ * records of it, the fields read from them.  Out of line: its frame (the
+ * records, 1 KiB) and saved registers cost every episode end when inlined
+ * (ocean_log_copies's path). */
+static __attribute__((noinline)) int ocean_episode_end_logged(ocean_state_t *st, float n,
+                                                              double *values)
 {
-    ocean_state_t *st = state;
-    float n = st->env.log.n;
-    if (!(n > 0.0f))
-        return 0;
     /* vec_log: every float of the Log divided by n, then my_log (n is
      * nearly always 1, by which a division changes no float) */
     Log mean = st->env.log;
     if (n != 1.0f)
-        for (size_t j = 0; j < sizeof(Log) / sizeof(float); j++)
+        for (size_t j = 0; j < ENVD_OCEAN_LOG_FLOATS; j++)
             ((float *)&mean)[j] /= n;
     memset(&st->env.log, 0, sizeof(Log));
     /* Only the header is cleared: the records are written before they are
@@ -495,6 +529,69 @@ static int ocean_episode_end(void *state, double *values)
         values[f] = v ? *v : NAN;
     }
     return (int)n;
+}
+
+static int ocean_episode_end(void *state, double *values)
+{
+    ocean_state_t *st = state;
+    float n = st->env.log.n;
+    if (!(n > 0.0f))
+        return 0;
+    if (!ocean_log_copies)
+        return ocean_episode_end_logged(st, n, values);
+    /* my_log's records without my_log: each field's float, divided by n as
+     * vec_log divides it (n is nearly always 1, by which a division changes
+     * no float).  my_log, its records and the Log's copy were two thirds of
+     * an episode end's instructions (callgrind, squared). */
+    const float *log = (const float *)&st->env.log;
+    if (n == 1.0f)
+        for (int32_t f = 0; f < ocean_num_episode_fields; f++)
+            values[f] = (double)log[ocean_episode_from[f]];
+    else
+        for (int32_t f = 0; f < ocean_num_episode_fields; f++)
+            values[f] = (double)(log[ocean_episode_from[f]] / n);
+    memset(&st->env.log, 0, sizeof(Log));
+    return (int)n;
+}
+
+/* Whether my_log records every field as one float of the Log, unchanged
+ * (`assign_to_dict(dict, "score", log->score)`, as every binding envd builds
+ * does), and which: my_log on probe Logs whose floats are all distinct, of
+ * both signs and far apart in magnitude; a field must be the same float in
+ * every probe.  A record that offsets, scales, clamps, takes the absolute
+ * value of or combines floats, or a constant, is in some probe none of its
+ * floats, or a float other than in the other probes: my_log stays in use.
+ * Needs ocean_log_count (the names recorded once each, at their places). */
+static bool ocean_find_copies(void)
+{
+    static const float scale[] = {1.0f, -3.0f, 1.0e20f, -7.0e-20f};
+    if (ocean_log_count == 0)
+        return false;
+    for (size_t p = 0; p < sizeof(scale) / sizeof(scale[0]); p++) {
+        Log probe;
+        float *floats = (float *)&probe;
+        for (size_t j = 0; j < ENVD_OCEAN_LOG_FLOATS; j++)
+            floats[j] = scale[p] * ((float)j + 1.5f); /* exact: distinct, nonzero */
+        envd_ocean_dict_t rec;
+        memset(&rec, 0, sizeof(rec));
+        rec.append = true;
+        my_log(&rec, &probe);
+        if (rec.count != ocean_log_count || rec.error[0])
+            return false;
+        for (int32_t f = 0; f < ocean_num_episode_fields; f++) {
+            int32_t place = ocean_episode_place[f];
+            if (rec.names[place] != ocean_episode_names[f])
+                return false;
+            int32_t from = -1;
+            for (size_t j = 0; j < ENVD_OCEAN_LOG_FLOATS && from < 0; j++)
+                if (rec.values[place] == (double)floats[j])
+                    from = (int32_t)j;
+            if (from < 0 || (p > 0 && from != ocean_episode_from[f]))
+                return false;
+            ocean_episode_from[f] = from;
+        }
+    }
+    return true;
 }
 
 static void ocean_close(void *state)
@@ -552,6 +649,7 @@ static void ocean_fill_def(void)
     all.append = true;
     my_log(&all, &empty);
     ocean_log_count = all.count == rec.count && !rec.error[0] ? rec.count : 0;
+    ocean_log_copies = ocean_find_copies();
 
     ocean_def.abi_version = ENVD_ABI_VERSION;
     ocean_def.id = "puffer:" ENVD_OCEAN_ENV;

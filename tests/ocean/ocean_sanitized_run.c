@@ -97,6 +97,7 @@ int main(int argc, char **argv)
     }
     void *rows[ENVS];
     void *actions = calloc((size_t)act_n, 8);
+    const size_t action_bytes = (size_t)act_n * (act->kind == ENVD_SPACE_BOX ? 4 : 8);
     double *reward = calloc((size_t)agents, sizeof(double));
     bool *term = calloc((size_t)agents, 1), *trunc = calloc((size_t)agents, 1);
     double fields[ENVD_MAX_EPISODE_FIELDS];
@@ -124,12 +125,14 @@ int main(int argc, char **argv)
                 else
                     ((float *)actions)[k] = (float)(rand_r(&seed) % 301 - 150) / 100.0f;
             }
-            /* every other step through step_envs (one env a call), which
-               must flag each step after which episode_end reports an end */
+            /* every other step through step_envs (one env a call, with
+               the host's action_bytes: the one-agent Discrete loop runs
+               under the sanitizers too), which must flag each step after
+               which episode_end reports an end */
             bool flagged = true;
             if (t % 2 && def->step_envs) {
-                if (def->step_envs(states[e], 0, 1, actions, 0, rows[e], 0, reward, term,
-                                   &flagged) != 1) {
+                if (def->step_envs(states[e], 0, 1, actions, action_bytes, rows[e], 0,
+                                   reward, term, &flagged) != 1) {
                     fprintf(stderr, "step_envs failed\n");
                     return 1;
                 }
