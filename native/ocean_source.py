@@ -152,7 +152,9 @@ def resolve(source: str | os.PathLike | None, cache: Path) -> Path:
     else ``$ENVD_OCEAN_SOURCE``, else the pinned sdist from the index."""
     given = source if source is not None else os.environ.get(SOURCE_ENV) or None
     if given is not None:
-        path = Path(given).expanduser()
+        # (absolute: the compiler runs inside each env's build tree, where a
+        # relative path to the source's raylib headers would not resolve)
+        path = Path(given).expanduser().resolve()
         if path.is_dir():
             ocean_dir(path)
             return path

@@ -42,6 +42,18 @@ def test_build_makes_a_private_cache_and_reuses_it(tmp_path, puffer_tree):
     assert library.stat().st_mtime_ns == stamp  # the same key: not rebuilt
 
 
+def test_a_relative_source_path_builds_an_env_that_includes_raylib(tmp_path, puffer_tree):
+    """--source given relative to the working directory: pong includes
+    raylib.h from the source tree, and the compiler runs in the env's own
+    build tree, where the relative path would name nothing."""
+    cache = _cache(tmp_path)
+    relative = os.path.relpath(puffer_tree, tmp_path)
+    proc = subprocess.run([*ENVD, "ocean", "build", "--source", relative, "--cache", str(cache),
+                           "pong"], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("pong: built ")
+
+
 def test_a_build_of_another_envd_is_never_loaded(tmp_path, puffer_tree):
     """A recorded build made against another envd.h (an unreleased ABI's
     structs may change within its version: such a library crashed a daemon
