@@ -2,16 +2,17 @@
  * bound_call.c -- envd.native._envd_call: a native call `int fn(void *arg)`
  * bound to its argument, called from Python without cffi's GIL dance.
  *
- * Why: a cffi call always releases the GIL and takes it back, about 1,000
- * instructions a call; a cheap env's whole native step at N=64 costs a few
- * thousand (puffer:squared: 8,500), and PufferLib's own binding keeps the
- * GIL through its vec_step.  So a bound call asks a second native function,
- * `int is_short(void *arg)`, whether the call is short: then it runs with the
- * GIL held, else with the GIL released (a long step, or one that waits for
- * other threads, must not stall the program's other Python threads).  For
- * envd's sessions these are envd_session_step and envd_session_step_is_short
- * (session.h), their addresses handed over by cffi (native_session.py), so
- * this module links nothing of envd.
+ * Why: a cffi call always releases the GIL and takes it back; its wrapper
+ * costs about 600 instructions a call (callgrind), this call about 190 with
+ * the question below; a cheap env's whole in-place step at N=64 costs about
+ * 11,500 (puffer:squared; docs/benchmarks.md), and PufferLib's own binding
+ * keeps the GIL through its vec_step.  So a bound call asks a second native
+ * function, `int is_short(void *arg)`, whether the call is short: then it
+ * runs with the GIL held, else with the GIL released (a long step, or one
+ * that waits for other threads, must not stall the program's other Python
+ * threads).  For envd's sessions these are envd_session_step and
+ * envd_session_step_is_short (session.h), their addresses handed over by
+ * cffi (native_session.py), so this module links nothing of envd.
  *
  * Bound(fn, arg, is_short): three addresses (integers; is_short may be 0:
  * always release the GIL).  call(bound): fn(arg) as an int.  bound.clear():
@@ -176,9 +177,7 @@ PyMODINIT_FUNC PyInit__envd_call(void)
             return NULL;
         }
     }
-    Py_INCREF(bound_type);
-    if (PyModule_AddObject(module, "Bound", (PyObject *)bound_type) < 0) {
-        Py_DECREF(bound_type);
+    if (PyModule_AddObjectRef(module, "Bound", (PyObject *)bound_type) < 0) {
         Py_DECREF(module);
         return NULL;
     }

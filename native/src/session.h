@@ -200,8 +200,9 @@ void envd_session_drain(envd_session_t *session);
  * thread; 1 also for a NULL session (its step is refused at once).  0 before
  * any step was measured, for a longer step, and for a backend that measures
  * none (the workers backend).  A Python caller holds the GIL through a short
- * step (releasing and taking it back costs about 1,000 instructions, a third
- * of a cheap env's whole step at N=64) and releases it for any other, so that
+ * step (cffi's call, which releases and retakes it, cost about 420
+ * instructions more than the bound call, 3.5% of puffer:squared's in-place
+ * step at N=64: docs/benchmarks.md) and releases it for any other, so that
  * its other threads never stall behind a long step or a pool wait. */
 int envd_session_step_is_short(envd_session_t *session);
 
