@@ -59,8 +59,8 @@ def test_trajectories_equal_cffis_call(env_id, num_envs, num_threads):
                                               err_msg=f"{name} at step {t}")
         # The first step is unmeasured: released.  A step of LONG_N envs is
         # never short (20 us is under half a nanosecond an env); one of a
-        # single env always is, once measured (its cost is a few hundred ns:
-        # a thousandfold margin for a loaded machine).  Between them it
+        # single env always is, once measured (a few hundred ns at most: a
+        # fiftyfold margin for a loaded machine).  Between them it
         # depends on the machine: either way gives the same trajectory.
         assert False in ways
         if num_envs == LONG_N:
