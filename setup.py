@@ -10,13 +10,19 @@ from build_warnings import own_warnings_build_ext
 
 check_build_machine()
 
-from setuptools import setup  # noqa: E402
+from setuptools import Extension, setup  # noqa: E402
 from setuptools.command.build_ext import build_ext  # noqa: E402
 
 # cffi compiles the native core against Python's limited API (the module is
 # _envd_native.abi3.so), so one wheel serves every CPython >= 3.10 (the
 # project's requires-python): tag it cp310-abi3.  envd's own C compiles with
-# warnings as errors (native/build_warnings.py).
+# warnings as errors (native/build_warnings.py).  envd.native._envd_call
+# (native/capi/bound_call.c) is a small CPython extension on the same limited
+# API: the in-process step's call without cffi's GIL release; it links
+# nothing of envd (cffi hands it the functions' addresses).
+BOUND_CALL = Extension("envd.native._envd_call", ["native/capi/bound_call.c"],
+                       define_macros=[("Py_LIMITED_API", "0x030A0000")], py_limited_api=True)
 setup(cffi_modules=["native/build_ffi.py:ffibuilder"],
+      ext_modules=[BOUND_CALL],
       cmdclass={"build_ext": own_warnings_build_ext(build_ext)},
       options={"bdist_wheel": {"py_limited_api": "cp310"}})

@@ -1,6 +1,7 @@
 """Warnings are errors in envd's own C, in every build of it.
 
-The package build (setup.py, through cffi) compiles native/src's C files with
+The package build (setup.py, through cffi) compiles native/src's C files (and
+native/capi's CPython extension) with
 the warning set of the test builds (tests/native/cbuild.py): ``-Wall -Wextra
 -Werror``, so a warning fails ``pip install .`` as it fails the tests.  Not
 covered: the wrapper cffi generates (its code is cffi's and Python's headers',
@@ -20,8 +21,8 @@ from pathlib import Path
 
 #: the environment variable that turns the errors back into warnings
 NO_WERROR = "ENVD_NO_WERROR"
-#: envd's own C files: every file under native/src
-OWN_SOURCES = Path(__file__).resolve().parent / "src"
+#: envd's own C files: every file under native/src and native/capi
+OWN_SOURCES = (Path(__file__).resolve().parent / "src", Path(__file__).resolve().parent / "capi")
 
 
 def warning_flags() -> list[str]:
@@ -34,7 +35,8 @@ def warning_flags() -> list[str]:
 
 def is_own_source(path: str | os.PathLike) -> bool:
     """Whether path is one of envd's own C files."""
-    return Path(path).resolve().is_relative_to(OWN_SOURCES)
+    resolved = Path(path).resolve()
+    return any(resolved.is_relative_to(folder) for folder in OWN_SOURCES)
 
 
 def own_warnings_build_ext(base: type) -> type:

@@ -47,10 +47,21 @@ import numpy as np
 from gymnasium import spaces
 
 from envd.errors import EnvStateError, InvalidArgumentError, NativeError
+from envd.native._envd_call import Bound, call
 from envd.native._envd_native import ffi, lib
 from envd.native.native_vec import MAX_THREADS, NativePool, per_env_params, ptr, strerror, vec_buffers, vec_config
 from envd.native.registry import EnvSpec
 from envd.vec_errors import in_flight_error, not_idle_error, ready_error, recv_short_error, send_error, step_error
+
+
+def _address(cdata: Any) -> int:
+    """A cffi pointer (a function's or a handle) as an integer."""
+    return int(ffi.cast("uintptr_t", cdata))
+
+
+#: the addresses envd.native._envd_call binds (bare_step)
+_STEP = _address(ffi.addressof(lib, "envd_session_step"))
+_STEP_IS_SHORT = _address(ffi.addressof(lib, "envd_session_step_is_short"))
 
 
 class SessionSpec(Protocol):
@@ -106,6 +117,8 @@ class NativeSession:
         out = ffi.new("envd_session_t **")
         self._check(lib.envd_session_create(out, backend[0]), "creating the session")
         self.handle = out[0]
+        # step() as one bound native call (bare_step), cleared by close()
+        self._bound_step = Bound(_STEP, _address(self.handle), _STEP_IS_SHORT)
         self.max_threads = max_threads
         if max_threads is not None:  # nothing is in flight yet: it cannot be busy
             self._check(lib.envd_session_set_max_threads(self.handle, max_threads),
@@ -229,11 +242,17 @@ class NativeSession:
 
     def bare_step(self) -> tuple[Callable[[Any], int], Any]:
         """step() as one bare call, for a caller whose every step counts
-        (BatchedVecEnv's step paths): the cffi function and its argument,
-        this session's handle.  function(argument) returns the episodes that
+        (BatchedVecEnv's step paths): a function and its argument,
+        envd.native._envd_call's call and this session's envd_session_step
+        bound to its handle.  function(argument) returns the episodes that
         ended or a negative code, which step_result(code) turns into step()'s
-        error.  Valid until close(): its caller drops it first."""
-        return lib.envd_session_step, self._live()
+        error.  It keeps the GIL through a step measured short and releases
+        it for any other (envd_session_step_is_short, session.h), where a
+        cffi call always releases it.  After close() it is refused
+        (ENVD_EINVAL); a call must not race close() (no other thread may use
+        the session meanwhile: BatchedVecEnv's claim)."""
+        self._live()
+        return call, self._bound_step
 
     def step_result(self, result: int) -> int:
         """The envs whose episode ended, of a step's result (a request
@@ -407,6 +426,9 @@ class NativeSession:
         handle = getattr(self, "handle", ffi.NULL)
         if handle != ffi.NULL:
             self.handle = ffi.NULL
+            bound = getattr(self, "_bound_step", None)
+            if bound is not None:  # (before the session is freed)
+                bound.clear()
             lib.envd_session_destroy(handle)
             self._doorbell_refs = None
 

@@ -119,7 +119,7 @@ class VecEnv(BatchedVecEnv):
                 spec, num_envs, autoreset_mode=AUTORESET_MODE_CODES[mode],
                 max_episode_steps=max_episode_steps, params=params, buffers=self._buffers,
                 pool=self._pool, seeded=True, private_rows=True)  # (numpy arrays of ours)
-            # (its step bound once: step_in_place's call is the bare cffi call)
+            # (its step bound once: step_in_place's call is the bound native call)
             self._use_stepper(self._native, self._native.bare_step(),
                               self._native.step_result)
         except BaseException:

@@ -782,3 +782,13 @@ void envd_session_drain(envd_session_t *s)
     if (s->server != NULL)
         s->server_ops->drain(s->server);
 }
+
+int envd_session_step_is_short(envd_session_t *s)
+{
+    if (s == NULL)
+        return 1;
+    envd_vec_stats_t stats = {0};
+    envd_session_stats(s, &stats);
+    const double ns = stats.cost_ns_per_env * (double)s->backend->num_envs;
+    return ns > 0.0 && ns < (double)ENVD_SESSION_SHORT_STEP_NS;
+}

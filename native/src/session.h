@@ -207,6 +207,23 @@ void envd_session_stop_server(envd_session_t *session);
  * (ops->drain).  No-op without one. */
 void envd_session_drain(envd_session_t *session);
 
+/* ---- the caller's choice of lock (native/capi/bound_call.c) ---- */
+/* A whole-vec step estimated to take less than this holds its Python
+ * caller's GIL (see envd_session_step_is_short). */
+#define ENVD_SESSION_SHORT_STEP_NS 20000
+/* 1 when the next envd_session_step is measured short: its envs' estimated
+ * cost (the backend's stats) is above 0 and under ENVD_SESSION_SHORT_STEP_NS
+ * in all, half the vec's inline threshold (vec.c's INLINE_BELOW_NS, 40 us),
+ * so the step runs inline on the caller's thread and never waits for a pool
+ * thread; 1 also for a NULL session (its step is refused at once).  0 before
+ * any step was measured, for a longer step, and for a backend that measures
+ * none (the workers backend).  A Python caller holds the GIL through a short
+ * step (cffi's call, which releases and retakes it, cost about 420
+ * instructions more than the bound call, 3.5% of puffer:squared's in-place
+ * step at N=64: docs/benchmarks.md) and releases it for any other, so that
+ * its other threads never stall behind a long step or a pool wait. */
+int envd_session_step_is_short(envd_session_t *session);
+
 /* cffi:end */
 /* What the session calls of a server attached to it. */
 typedef struct envd_session_server_ops {

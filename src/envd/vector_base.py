@@ -234,7 +234,7 @@ class BatchedVecEnv(VectorEnv):
                      step_failed: Callable[[int], object] | None = None) -> None:
         """Step through stepper from now on.  bare_step: its step as a
         function and its one argument, which returns a negative code instead
-        of raising (the in-process session's cffi function and handle:
+        of raising (the in-process session's _envd_call.call and its Bound step:
         NativeSession.bare_step), whose error step_failed(code) raises; the
         step paths then call it directly, else stepper.step."""
         self._stepper = stepper

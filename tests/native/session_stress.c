@@ -559,6 +559,9 @@ static void test_doorbell_and_lock(envd_pool_t *pool, int requests)
               "a request ran while the lock was held (%lld -> %lld steps served)",
               (long long)served, (long long)(envd_session_steps(h.s) - own_steps));
         envd_session_unlock(h.s);
+        /* the GIL question of a Python caller (bound_call.c) while the
+         * doorbell steps: the stats it reads are the session's, under its lock */
+        (void)envd_session_step_is_short(h.s);
         for (int k = 0; k < (int)(rnd(&s) % 400); k++)
             sched_yield();
     }
@@ -619,6 +622,7 @@ int main(int argc, char **argv)
         test_doorbell_and_lock(pools[p], scaled(2000, 200));
     printf("session_stress: doorbell %.2f s\n", now_s() - t);
     CHECK(envd_session_create(NULL, NULL) == ENVD_EINVAL, "create(NULL)");
+    CHECK(envd_session_step_is_short(NULL) == 1, "a NULL session's refusal is short");
     envd_session_destroy(NULL);
     for (size_t i = 0; i < COUNT(pools); i++)
         envd_pool_destroy(pools[i]);

@@ -62,7 +62,7 @@ def _build(tmp_path: Path, own: str, other: str) -> None:
 
 @pytest.fixture
 def own_sources(tmp_path, monkeypatch):
-    monkeypatch.setattr(bw, "OWN_SOURCES", tmp_path / "own")
+    monkeypatch.setattr(bw, "OWN_SOURCES", (tmp_path / "own",))
     monkeypatch.delenv(bw.NO_WERROR, raising=False)
     return tmp_path
 

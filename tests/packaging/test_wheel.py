@@ -50,6 +50,8 @@ def test_wheel_carries_the_package_the_native_core_and_py_typed(wheel: Path):
     assert "envd/_native_facts.py" in names, "the wheel lacks the generated envd/_native_facts.py"
     assert any(re.fullmatch(r"envd/native/_envd_native\..*\.so", n) for n in names), \
         "no compiled native core in the wheel"
+    # the in-process step's bound call (native/capi/bound_call.c), on the same limited API
+    assert "envd/native/_envd_call.abi3.so" in names, "the wheel lacks envd/native/_envd_call"
     assert not [n for n in names if n.endswith(".c")], "C sources belong in the sdist only"
     for package in ("envd", "envd/client", "envd/server", "envd/native", "envd/integrations",
                     "envd/tools"):
