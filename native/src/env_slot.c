@@ -173,11 +173,13 @@ void envd_slot_autoreset_agent_rows(const envd_slot_books_t *books, int64_t i,
     }
 }
 
-int64_t envd_slot_finish_agent_rows(const envd_slot_books_t *books, int64_t i,
-                                    unsigned char *obs, size_t one_obs, const double *reward,
-                                    const bool *term, const bool *trunc, bool time_limit,
+int64_t envd_slot_finish_agent_rows(const envd_slot_books_t *books, envd_env_slot_t *slot,
+                                    int64_t i, unsigned char *obs, size_t one_obs,
+                                    const double *reward, const bool *term, const bool *trunc,
                                     bool *all_done, envd_slot_clock_t *clock)
 {
+    const bool time_limit = envd_slot_last_step(books, slot);
+    slot->elapsed_steps++;
     const envd_slot_rows_t *r = &books->rows;
     const int64_t A = books->agents;
     const double episode_start = books->episode_starts[i];
@@ -212,6 +214,8 @@ int64_t envd_slot_finish_agent_rows(const envd_slot_books_t *books, int64_t i,
         ended_rows += ended;
         *all_done = *all_done && agent->done;
     }
+    if (*all_done)
+        slot->needs_reset = true;
     return ended_rows;
 }
 

@@ -38,12 +38,16 @@
  *     reward, terminated, truncated as the env returned them (and, in
  *     SAME_STEP mode, the final observation and info), then acks.
  *  4. As the acks come in, the parent's C applies the rules to each acked
- *     env: after a reset envd_slot_begin_episode and envd_slot_reset_rows;
- *     after a step envd_slot_account_step (time limit, return, length) and
- *     envd_slot_write_row (the rows, the statistics, needs_reset); with a
- *     reset at once envd_slot_begin_episode again.  A PettingZoo env's
- *     agents are rows: envd_slot_finish_agent_rows with the raw per-agent
- *     outputs, as the vec does for a C multi-agent env.
+ *     env: after a reset request envd_slot_begin_episode and
+ *     envd_slot_reset_rows; after NEXT_STEP's autoreset (kind RESET within a
+ *     step) envd_slot_begin_episode and envd_slot_write_row with reward 0,
+ *     not done; after a step envd_slot_account_step (time limit, return,
+ *     length) and envd_slot_write_row (the rows, the statistics,
+ *     needs_reset), then, if the worker reset at once (SAME_STEP and done),
+ *     envd_slot_begin_episode.  A PettingZoo env's agents are rows:
+ *     envd_slot_finish_agent_rows with the raw per-agent outputs, as the
+ *     vec does for a C multi-agent env.  The episode times are the parent's
+ *     clock (envd_slot_clock_t), read once per batch of acks.
  *  5. client/multi.py's _needs_reset/_validate_step stay the one Python
  *     mirror of envd_slot_next's refusals (the multi-daemon pre-check),
  *     tested against C.
@@ -68,19 +72,15 @@ typedef enum envd_autoreset_mode {
 } envd_autoreset_mode_t;
 /* cffi:end */
 
-/* An env's own books.  The vec keeps it at the head of the env's block, before
- * the env's state: its alignment makes its size a multiple of max_align_t's,
- * so the state after it is aligned for any type (envd.h promises). */
+/* An env's own books (not its RNG: whoever runs the env keeps that).  The
+ * vec keeps it beside the env's RNG at the head of the env's block. */
 typedef struct envd_env_slot {
-    _Alignas(max_align_t) envd_rng_t rng;
     double episode_return;
     int64_t episode_length;
     int64_t elapsed_steps; /* for the time limit */
     bool started;          /* reset at least once */
     bool needs_reset;      /* done, and not reset yet */
 } envd_env_slot_t;
-_Static_assert(sizeof(envd_env_slot_t) % _Alignof(max_align_t) == 0,
-               "the state after a slot must stay aligned");
 
 /* The books of one agent of a multi-agent env (row order). */
 typedef struct envd_agent_books {
@@ -357,15 +357,15 @@ static inline bool envd_slot_resets_at_once(const envd_slot_books_t *books)
  * actions ignored): every row live again with reward 0, not done. */
 void envd_slot_autoreset_agent_rows(const envd_slot_books_t *books, int64_t i,
                                     envd_slot_clock_t *clock);
-/* The rows of env i after its step with the agents' raw outputs (A each):
- * live rows take the step's results (and end when flagged or at the time
- * limit, time_limit), dead rows are overwritten (their observation obs +
- * a * one_obs zeroed, reward 0, their final flags again; envd.h).  Returns
- * the rows that ended in this step; *all_done: every agent is done (the env
- * then needs a reset, which the caller marks). */
-int64_t envd_slot_finish_agent_rows(const envd_slot_books_t *books, int64_t i,
-                                    unsigned char *obs, size_t one_obs, const double *reward,
-                                    const bool *term, const bool *trunc, bool time_limit,
+/* Env i's books and rows after its step with the agents' raw outputs (A
+ * each): the step counts towards the time limit; live rows take the step's
+ * results (and end when flagged or at the time limit), dead rows are
+ * overwritten (their observation obs + a * one_obs zeroed, reward 0, their
+ * final flags again; envd.h).  Returns the rows that ended in this step;
+ * *all_done: every agent is done, and the env needs a reset from now on. */
+int64_t envd_slot_finish_agent_rows(const envd_slot_books_t *books, envd_env_slot_t *slot,
+                                    int64_t i, unsigned char *obs, size_t one_obs,
+                                    const double *reward, const bool *term, const bool *trunc,
                                     bool *all_done, envd_slot_clock_t *clock);
 /* Env i's rows live (a reset within the done step starts the next episode). */
 void envd_slot_live_rows(const envd_slot_books_t *books, int64_t i);

@@ -1,8 +1,8 @@
 /*
  * vec.c -- N env instances over caller buffers; see vec.h.
  *
- * Memory layout: one cache-line aligned block per env holding its slot
- * (RNG, time limit and episode counters) followed by its state, so a chunk of
+ * Memory layout: one cache-line aligned block per env holding its RNG and
+ * slot (env_slot.h: time limit and episode counters) followed by its state, so a chunk of
  * envs touches contiguous memory and two chunks never share a cache line.
  *
  * Trust boundary: the caller's input buffers (actions, reset seeds and mask)
@@ -85,6 +85,16 @@
 /* A step submitted with envd_vec_step_submit and not yet finished. */
 typedef enum pending { PENDING_NONE = 0, PENDING_INLINE, PENDING_POOLED } pending_t;
 
+/* An env's block is its head (its RNG, its slot of env_slot.h), then its
+ * state.  The head's alignment makes its size a multiple of max_align_t's,
+ * so the state (blocks are cache-line aligned) is aligned for any type an
+ * env may keep in it (envd.h promises). */
+typedef struct env_head {
+    _Alignas(max_align_t) envd_rng_t rng;
+    envd_env_slot_t slot;
+} env_head_t;
+_Static_assert(sizeof(env_head_t) % _Alignof(max_align_t) == 0, "state must stay aligned");
+
 /* One run over envs: the whole vec (ids == NULL: env k is index k) or an
  * async batch (env k is ids[k]).  Written by the caller before dispatch, read
  * by the threads running chunks; the pool's done handshake orders both.  The
@@ -164,14 +174,18 @@ struct envd_vec {
 
 static double now_ns(void) { return envd_slot_now_ns(); }
 
-static envd_env_slot_t *slot_of(const envd_vec_t *vec, int64_t i)
+static env_head_t *head_of(const envd_vec_t *vec, int64_t i)
 {
-    return (envd_env_slot_t *)(vec->blocks + (size_t)i * vec->stride);
+    return (env_head_t *)(vec->blocks + (size_t)i * vec->stride);
 }
+
+static envd_env_slot_t *slot_of(const envd_vec_t *vec, int64_t i) { return &head_of(vec, i)->slot; }
+
+static envd_rng_t *rng_of(const envd_vec_t *vec, int64_t i) { return &head_of(vec, i)->rng; }
 
 static void *state_of(const envd_vec_t *vec, int64_t i)
 {
-    return vec->blocks + (size_t)i * vec->stride + sizeof(envd_env_slot_t);
+    return vec->blocks + (size_t)i * vec->stride + sizeof(env_head_t);
 }
 
 static void record_error(run_t *run, int rc, int64_t i)
@@ -206,7 +220,7 @@ static int reset_env(envd_vec_t *vec, int64_t i, void *obs, envd_slot_clock_t *c
 {
     envd_env_slot_t *slot = slot_of(vec, i);
     envd_slot_begin_episode(&vec->books, slot, i, clock);
-    int rc = vec->def->reset(state_of(vec, i), &slot->rng, obs);
+    int rc = vec->def->reset(state_of(vec, i), rng_of(vec, i), obs);
     return rc == ENVD_OK ? write_info(vec, i) : rc;
 }
 
@@ -221,7 +235,7 @@ static void reset_range(void *ctx, int64_t begin, int64_t end)
             continue;
         int rc = ENVD_OK;
         if (vec->reset_seeds) {
-            envd_rng_seed(&slot_of(vec, i)->rng, vec->reset_seeds[i]);
+            envd_rng_seed(rng_of(vec, i), vec->reset_seeds[i]);
             if (vec->seed_env)
                 rc = vec->seed_env(state_of(vec, i), vec->reset_seeds[i]);
         }
@@ -258,23 +272,18 @@ static int64_t step_multi_agent_env(run_t *run, envd_vec_t *vec, int64_t i,
     memset(term, 0, sizeof term);
     memset(trunc, 0, sizeof trunc);
     const void *action = vec->actions + (size_t)i * vec->action_bytes; /* the checked copy */
-    const bool time_limit = envd_slot_last_step(&vec->books, slot);
-    rc = vec->def->step(state_of(vec, i), &slot->rng, action, obs, reward, term, trunc);
+    rc = vec->def->step(state_of(vec, i), rng_of(vec, i), action, obs, reward, term, trunc);
     if (rc == ENVD_OK)
         rc = write_info(vec, i);
-    slot->elapsed_steps++;
     bool all_done;
-    int64_t ended = envd_slot_finish_agent_rows(&vec->books, i, obs, vec->obs_bytes / (size_t)A,
-                                                reward, term, trunc, time_limit, &all_done,
-                                                clock);
-    if (all_done) {
-        slot->needs_reset = true;
-        if (envd_slot_resets_at_once(&vec->books) && rc == ENVD_OK) {
-            memcpy((unsigned char *)b->final_observations + (size_t)i * vec->obs_bytes, obs,
-                   vec->obs_bytes);
-            rc = reset_env(vec, i, obs, clock);
-            envd_slot_live_rows(&vec->books, i); /* the reset's rows are the next episode's */
-        }
+    int64_t ended = envd_slot_finish_agent_rows(&vec->books, slot, i, obs,
+                                                vec->obs_bytes / (size_t)A, reward, term, trunc,
+                                                &all_done, clock);
+    if (all_done && envd_slot_resets_at_once(&vec->books) && rc == ENVD_OK) {
+        memcpy((unsigned char *)b->final_observations + (size_t)i * vec->obs_bytes, obs,
+               vec->obs_bytes);
+        rc = reset_env(vec, i, obs, clock);
+        envd_slot_live_rows(&vec->books, i); /* the reset's rows are the next episode's */
     }
     if (rc != ENVD_OK)
         record_error(run, ENVD_EENV, i);
@@ -301,7 +310,7 @@ static inline __attribute__((always_inline)) bool step_env(run_t *run, envd_vec_
         rc = reset_env(vec, i, obs, clock);
     } else {
         const void *action = vec->actions + (size_t)i * vec->action_bytes; /* the checked copy */
-        rc = vec->def->step(state_of(vec, i), &slot->rng, action, obs, &reward, &term, &trunc);
+        rc = vec->def->step(state_of(vec, i), rng_of(vec, i), action, obs, &reward, &term, &trunc);
         if (rc == ENVD_OK)
             rc = write_info(vec, i);
         done = envd_slot_account_step(&vec->books, slot, reward, term, &trunc);
@@ -378,7 +387,7 @@ step_self_resetting_env(run_t *run, envd_vec_t *vec, int64_t i, const int64_t A,
     }
     const void *action = vec->actions + (size_t)i * vec->action_bytes; /* the checked copy */
     void *obs = (unsigned char *)vec->buf.observations + (size_t)i * vec->obs_bytes;
-    int rc = vec->def->step(state_of(vec, i), &slot_of(vec, i)->rng, action, obs, reward, term,
+    int rc = vec->def->step(state_of(vec, i), rng_of(vec, i), action, obs, reward, term,
                             trunc);
     return finish_self_resetting_env(run, vec, i, A, reward, term, true, rc, clock);
 }
@@ -1057,7 +1066,7 @@ int64_t envd_vec_batch_size(const envd_vec_batch_t *batch) { return batch->count
 void envd_vec_seed(envd_vec_t *vec, const uint64_t *seeds)
 {
     for (int64_t i = 0; i < vec->config.num_envs; i++)
-        envd_rng_seed(&slot_of(vec, i)->rng, seeds[i]);
+        envd_rng_seed(rng_of(vec, i), seeds[i]);
 }
 
 /* Copy a reset's mask into the private copy, each entry read once as a byte
@@ -1259,7 +1268,7 @@ static size_t space_bytes(const envd_space_t *space)
 /* The bytes of one env's block: its slot and state, cache-line aligned. */
 static size_t stride_of(const envd_env_def_t *def)
 {
-    size_t block = sizeof(envd_env_slot_t) + def->state_size;
+    size_t block = sizeof(env_head_t) + def->state_size;
     return (block + CACHE_LINE - 1) / CACHE_LINE * CACHE_LINE;
 }
 
@@ -1377,7 +1386,7 @@ int envd_vec_create(envd_vec_t **out, const envd_env_def_t *def,
     for (int64_t i = 0; i < config->num_envs; i++) {
         const size_t row = config->per_env_params ? (size_t)i * (size_t)def->num_params : 0;
         if (config->seeds)
-            envd_rng_seed(&slot_of(vec, i)->rng, vec->seeds[i]);
+            envd_rng_seed(rng_of(vec, i), vec->seeds[i]);
         rc = init_env(vec, i, config->params + row, serial);
         if (rc == ENVD_OK && bind_obs) {
             rc = bind_obs(state_of(vec, i), (unsigned char *)buffers->observations +

@@ -222,14 +222,13 @@ static void check_agents(void)
         CHECK(f.store.agent_mask[r] && !f.store.dones[r], "a reset's rows are live");
     unsigned char obs[3 * 2];
     memset(obs, 7, sizeof obs);
-    bool all_done;
+    bool all_done, limit;
     /* step 1: agent 0 terminates, agent 2 is truncated by the env */
     double reward[3] = {1.0, 2.0, 4.0};
     bool term[3] = {true, false, false}, trunc[3] = {false, false, true};
-    bool limit = envd_slot_last_step(&f.books, &f.slot[1]);
-    f.slot[1].elapsed_steps++;
-    int64_t ended = envd_slot_finish_agent_rows(&f.books, 1, obs, 2, reward, term, trunc, limit,
-                                                &all_done, &clock);
+    limit = envd_slot_last_step(&f.books, &f.slot[1]);
+    int64_t ended = envd_slot_finish_agent_rows(&f.books, &f.slot[1], 1, obs, 2, reward, term,
+                                                trunc, &all_done, &clock);
     CHECK(!limit && ended == 2 && !all_done, "step 1: two agents end");
     CHECK(f.store.dones[3] && !f.store.dones[4] && f.store.dones[5], "step 1 dones");
     CHECK(f.store.episode_returns[3] == 1.0 && f.store.episode_lengths[3] == 1 &&
@@ -239,8 +238,7 @@ static void check_agents(void)
     double reward2[3] = {9.0, 0.5, 9.0};
     bool none[3] = {false, false, false}, all[3] = {true, false, true};
     limit = envd_slot_last_step(&f.books, &f.slot[1]);
-    f.slot[1].elapsed_steps++;
-    ended = envd_slot_finish_agent_rows(&f.books, 1, obs, 2, reward2, all, none, limit,
+    ended = envd_slot_finish_agent_rows(&f.books, &f.slot[1], 1, obs, 2, reward2, all, none,
                                         &all_done, &clock);
     CHECK(!limit && ended == 0 && !all_done, "step 2: nobody ends");
     CHECK(obs[0] == 0 && obs[1] == 0 && obs[2] == 7 && obs[4] == 0 && obs[5] == 0,
@@ -255,14 +253,15 @@ static void check_agents(void)
           "live row 1");
     /* step 3: the time limit truncates the last live agent: the env is done */
     limit = envd_slot_last_step(&f.books, &f.slot[1]);
-    f.slot[1].elapsed_steps++;
-    ended = envd_slot_finish_agent_rows(&f.books, 1, obs, 2, reward2, none, none, limit,
+    ended = envd_slot_finish_agent_rows(&f.books, &f.slot[1], 1, obs, 2, reward2, none, none,
                                         &all_done, &clock);
     CHECK(limit && ended == 1 && all_done, "step 3: the time limit ends agent 1");
     CHECK(f.store.truncations[4] && f.store.dones[4] && f.store.episode_returns[4] == 3.0 &&
               f.store.episode_lengths[4] == 3,
           "agent 1's episode: 2 + 0.5 + 0.5 over 3 steps (%g, %lld)",
           f.store.episode_returns[4], (long long)f.store.episode_lengths[4]);
+    CHECK(f.slot[1].needs_reset && envd_slot_next(&f.books, &f.slot[1]) == ENVD_SLOT_RESET,
+          "every agent done: the env needs its autoreset");
     /* NEXT_STEP's autoreset of the env: every row live, reward 0 */
     envd_slot_begin_episode(&f.books, &f.slot[1], 1, &clock);
     envd_slot_autoreset_agent_rows(&f.books, 1, &clock);
