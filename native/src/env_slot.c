@@ -7,54 +7,61 @@
 #include <stdlib.h>
 
 /* The index of the episode field called name, -1 without one. */
-static int episode_field(const envd_env_def_t *v5, const char *name)
+static int episode_field(const envd_slot_config_t *c, const char *name)
 {
-    for (int k = 0; v5 && k < v5->num_episode_fields; k++)
-        if (strcmp(v5->episode_fields[k], name) == 0)
+    for (int k = 0; k < c->num_episode_fields; k++)
+        if (strcmp(c->episode_fields[k], name) == 0)
             return k;
     return -1;
 }
 
-static bool resets_itself(const envd_env_def_t *v5)
-{
-    return v5 && (v5->flags & ENVD_ENV_RESETS_ITSELF);
-}
-
 /* An env that resets itself and whose log lacks its return or its length:
  * the host keeps running sums of its rows' episodes (books->host_sums). */
-static bool keeps_sums(const envd_env_def_t *v5)
+static bool keeps_sums(const envd_slot_config_t *c)
 {
-    return resets_itself(v5) &&
-           (episode_field(v5, "episode_return") < 0 || episode_field(v5, "episode_length") < 0);
+    return c->resets_itself &&
+           (episode_field(c, "episode_return") < 0 || episode_field(c, "episode_length") < 0);
 }
 
-uint64_t envd_slot_books_bytes_per_env(const envd_env_def_t *def)
-{
-    /* its episode's start, its rows_set flag, its rows' books (agents, sums) */
-    uint64_t bytes = sizeof(double) + sizeof(bool);
-    if (def->num_agents > 1)
-        bytes += (uint64_t)def->num_agents * sizeof(envd_agent_books_t);
-    if (keeps_sums(envd_env_def_v5(def)))
-        bytes += (uint64_t)def->num_agents * (sizeof(double) + sizeof(int64_t));
-    return bytes;
-}
-
-int envd_slot_books_init(envd_slot_books_t *books, const envd_env_def_t *def,
-                         const envd_slot_rows_t *rows, int autoreset_mode,
-                         int64_t max_episode_steps, int64_t num_envs)
+envd_slot_config_t envd_slot_config_of(const envd_env_def_t *def, int autoreset_mode,
+                                       int64_t max_episode_steps)
 {
     const envd_env_def_t *v5 = envd_env_def_v5(def);
-    const size_t n = (size_t)num_envs, A = (size_t)def->num_agents;
-    *books = (envd_slot_books_t){
-        .rows = *rows,
+    return (envd_slot_config_t){
         .autoreset_mode = autoreset_mode,
         .max_episode_steps = max_episode_steps,
         .agents = def->num_agents,
-        .resets_itself = resets_itself(v5),
-        .host_sums = keeps_sums(v5),
-        .num_log = v5 ? v5->num_episode_fields : 0,
-        .log_return = episode_field(v5, "episode_return"),
-        .log_length = episode_field(v5, "episode_length"),
+        .resets_itself = v5 && (v5->flags & ENVD_ENV_RESETS_ITSELF),
+        .episode_fields = v5 ? v5->episode_fields : NULL,
+        .num_episode_fields = v5 ? v5->num_episode_fields : 0,
+    };
+}
+
+uint64_t envd_slot_books_bytes_per_env(const envd_slot_config_t *config)
+{
+    /* its episode's start, its rows_set flag, its rows' books (agents, sums) */
+    uint64_t bytes = sizeof(double) + sizeof(bool);
+    if (config->agents > 1)
+        bytes += (uint64_t)config->agents * sizeof(envd_agent_books_t);
+    if (keeps_sums(config))
+        bytes += (uint64_t)config->agents * (sizeof(double) + sizeof(int64_t));
+    return bytes;
+}
+
+int envd_slot_books_init(envd_slot_books_t *books, const envd_slot_config_t *config,
+                         const envd_slot_rows_t *rows, int64_t num_envs)
+{
+    const size_t n = (size_t)num_envs, A = (size_t)config->agents;
+    *books = (envd_slot_books_t){
+        .rows = *rows,
+        .autoreset_mode = config->autoreset_mode,
+        .max_episode_steps = config->max_episode_steps,
+        .agents = config->agents,
+        .resets_itself = config->resets_itself,
+        .host_sums = keeps_sums(config),
+        .num_log = config->num_episode_fields,
+        .log_return = episode_field(config, "episode_return"),
+        .log_length = episode_field(config, "episode_length"),
     };
     books->episode_starts = calloc(n, sizeof *books->episode_starts);
     if (!books->episode_starts)

@@ -147,15 +147,29 @@ typedef struct envd_slot_books {
     int64_t *sum_lengths;
 } envd_slot_books_t;
 
-/* Set up books for num_envs envs of def (valid), their rows and rules (the
- * vec's config, checked by the caller); everything is allocated here and
- * freed by envd_slot_books_free (also after a failed init).  ENVD_ENOMEM. */
-int envd_slot_books_init(envd_slot_books_t *books, const envd_env_def_t *def,
-                         const envd_slot_rows_t *rows, int autoreset_mode,
-                         int64_t max_episode_steps, int64_t num_envs);
+/* What the rules need to know of an env kind: no env definition, so that
+ * a backend whose envs are not C definitions (hosted Python envs) can keep
+ * books too. */
+typedef struct envd_slot_config {
+    int autoreset_mode;        /* envd_autoreset_mode_t */
+    int64_t max_episode_steps; /* 0: no time limit */
+    int64_t agents;            /* rows per env, >= 1 */
+    bool resets_itself;        /* ENVD_ENV_RESETS_ITSELF (ABI 5) */
+    const char *const *episode_fields; /* its episode log's names (may be NULL) */
+    int num_episode_fields;
+} envd_slot_config_t;
+
+/* The config of def's envs (a valid definition) under these rules. */
+envd_slot_config_t envd_slot_config_of(const envd_env_def_t *def, int autoreset_mode,
+                                       int64_t max_episode_steps);
+/* Set up books for num_envs envs over rows (the config checked by the
+ * caller); everything is allocated here and freed by envd_slot_books_free
+ * (also after a failed init).  ENVD_ENOMEM. */
+int envd_slot_books_init(envd_slot_books_t *books, const envd_slot_config_t *config,
+                         const envd_slot_rows_t *rows, int64_t num_envs);
 void envd_slot_books_free(envd_slot_books_t *books);
-/* The bytes the books allocate per env of def (valid). */
-uint64_t envd_slot_books_bytes_per_env(const envd_env_def_t *def);
+/* The bytes the books allocate per env. */
+uint64_t envd_slot_books_bytes_per_env(const envd_slot_config_t *config);
 
 /* ---- the clock of the episode times ---- */
 static inline double envd_slot_now_ns(void)

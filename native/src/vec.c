@@ -1290,8 +1290,9 @@ uint64_t envd_vec_memory_bytes(const envd_env_def_t *def, int64_t num_envs)
     uint64_t action = mul_add((uint64_t)envd_space_numel(&def->action_space),
                               envd_dtype_size(def->action_space.dtype), 0);
     action = mul_add(action, (uint64_t)def->num_agents, 0);
+    const envd_slot_config_t rules = envd_slot_config_of(def, ENVD_AUTORESET_NEXT_STEP, 0);
     uint64_t per_env = mul_add(1, action, stride_of(def) + sizeof(uint64_t) + 2 * sizeof(bool) +
-                                              envd_slot_books_bytes_per_env(def));
+                                              envd_slot_books_bytes_per_env(&rules));
     return mul_add(per_env, (uint64_t)num_envs, sizeof(envd_vec_t));
 }
 
@@ -1351,8 +1352,9 @@ int envd_vec_create(envd_vec_t **out, const envd_env_def_t *def,
         .agent_mask = buffers->agent_mask,
         .episode_log = buffers->episode_log,
     };
-    rc = envd_slot_books_init(&vec->books, def, &rows, config->autoreset_mode,
-                              config->max_episode_steps, config->num_envs);
+    const envd_slot_config_t rules =
+        envd_slot_config_of(def, config->autoreset_mode, config->max_episode_steps);
+    rc = envd_slot_books_init(&vec->books, &rules, &rows, config->num_envs);
     if (rc != ENVD_OK || !vec->blocks || !vec->actions || !vec->seeds || !vec->mask ||
         !vec->in_batch) {
         free_buffers(vec);

@@ -52,24 +52,16 @@ static envd_slot_rows_t rows_of(rows_store_t *s)
                               s->episode_log};
 }
 
-/* A definition valid enough for the books: agents, and ABI 5's flags and
- * episode fields. */
-static envd_env_def_t def_of(int32_t agents, uint32_t flags, const char *const *fields,
-                             int32_t num_fields)
+/* The rules' config of an env kind. */
+static envd_slot_config_t config_of(int64_t agents, int mode, int64_t max_steps,
+                                    bool resets_itself, const char *const *fields,
+                                    int num_fields)
 {
-    envd_env_def_t d;
-    memset(&d, 0, sizeof d);
-    d.abi_version = ENVD_ABI_VERSION;
-    d.num_agents = agents;
-    d.flags = flags;
-    d.episode_fields = fields;
-    d.num_episode_fields = num_fields;
-    return d;
+    return (envd_slot_config_t){mode, max_steps, agents, resets_itself, fields, num_fields};
 }
 
 typedef struct fixture {
     rows_store_t store;
-    envd_env_def_t def;
     envd_slot_books_t books;
     envd_env_slot_t slot[ROWS];
 } fixture_t;
@@ -77,10 +69,9 @@ typedef struct fixture {
 static void setup(fixture_t *f, int32_t agents, int mode, int64_t max_steps, int64_t num_envs)
 {
     memset(f->slot, 0, sizeof f->slot);
-    f->def = def_of(agents, 0, NULL, 0);
+    const envd_slot_config_t config = config_of(agents, mode, max_steps, false, NULL, 0);
     envd_slot_rows_t rows = rows_of(&f->store);
-    CHECK(envd_slot_books_init(&f->books, &f->def, &rows, mode, max_steps, num_envs) == ENVD_OK,
-          "books init");
+    CHECK(envd_slot_books_init(&f->books, &config, &rows, num_envs) == ENVD_OK, "books init");
 }
 
 /* One single-agent step of env i as the vec runs it (rules only): returns
@@ -279,15 +270,15 @@ static void check_self_resetting(void)
     /* a log with the length but no return: the host sums returns */
     static const char *const fields[] = {"score", "episode_length"};
     rows_store_t store;
-    envd_env_def_t def = def_of(1, ENVD_ENV_RESETS_ITSELF, fields, 2);
+    const envd_slot_config_t config =
+        config_of(1, ENVD_AUTORESET_NEXT_STEP, 0, true, fields, 2);
     envd_slot_rows_t rows = rows_of(&store);
     envd_slot_books_t books;
-    CHECK(envd_slot_books_init(&books, &def, &rows, ENVD_AUTORESET_NEXT_STEP, 0, 3) == ENVD_OK,
-          "books");
+    CHECK(envd_slot_books_init(&books, &config, &rows, 3) == ENVD_OK, "books");
     CHECK(books.resets_itself && books.host_sums && books.num_log == 2 &&
               books.log_return == -1 && books.log_length == 1,
           "the log's fields");
-    CHECK(envd_slot_books_bytes_per_env(&def) ==
+    CHECK(envd_slot_books_bytes_per_env(&config) ==
               sizeof(double) + sizeof(bool) + sizeof(double) + sizeof(int64_t),
           "bytes per env");
     envd_slot_clock_t clock = {3.0};
@@ -381,8 +372,35 @@ static void check_actions(void)
     CHECK(envd_slot_action_in_space(&box, &any) == ENVD_OK, "a Box action is passed as given");
 }
 
+/* A definition's config: ABI 5's fields read only from an ABI 5 definition. */
+static void check_config_of(void)
+{
+    static const char *const fields[] = {"episode_return", "episode_length", "score"};
+    envd_env_def_t def;
+    memset(&def, 0, sizeof def);
+    def.abi_version = 5;
+    def.num_agents = 2;
+    def.flags = ENVD_ENV_RESETS_ITSELF;
+    def.episode_fields = fields;
+    def.num_episode_fields = 3;
+    envd_slot_config_t c = envd_slot_config_of(&def, ENVD_AUTORESET_NEXT_STEP, 0);
+    CHECK(c.agents == 2 && c.resets_itself && c.num_episode_fields == 3 &&
+              c.episode_fields == fields && c.autoreset_mode == ENVD_AUTORESET_NEXT_STEP,
+          "an ABI 5 definition");
+    /* its log has both: no host sums, so no sum arrays counted */
+    CHECK(envd_slot_books_bytes_per_env(&c) ==
+              sizeof(double) + sizeof(bool) + 2 * sizeof(envd_agent_books_t),
+          "bytes of an env whose log has its return and length");
+    def.abi_version = 4; /* the ABI 5 fields are not there to read */
+    c = envd_slot_config_of(&def, ENVD_AUTORESET_SAME_STEP, 7);
+    CHECK(!c.resets_itself && c.num_episode_fields == 0 && c.episode_fields == NULL &&
+              c.max_episode_steps == 7 && c.autoreset_mode == ENVD_AUTORESET_SAME_STEP,
+          "an ABI 4 definition");
+}
+
 int main(void)
 {
+    check_config_of();
     check_refusals_and_kinds();
     check_time_limit_and_stats();
     check_same_step();
