@@ -47,8 +47,8 @@ build_warnings = _load("build_warnings")
 
 # Every file of src/envs/ is a built-in env (listed once, in src/builtin_envs.h).
 ENV_SOURCES = sorted(f"src/envs/{p.name}" for p in (HERE / "src" / "envs").glob("*.c"))
-SOURCES = ["src/errors.c", "src/rng.c", "src/pool.c", "src/vec.c", "src/builtin_envs.c",
-           "src/npy_f32_trig.c", *ENV_SOURCES,
+SOURCES = ["src/errors.c", "src/rng.c", "src/pool.c", "src/vec.c", "src/env_slot.c",
+           "src/builtin_envs.c", "src/npy_f32_trig.c", *ENV_SOURCES,
            "src/plugin.c", "src/describe.c", "src/backend_pool.c", "src/backend_workers.c",
            "src/session.c", "src/engine.c",
            "src/doorbell.c", "src/batch_rows.c",

@@ -1,8 +1,8 @@
 /*
  * vec.c -- N env instances over caller buffers; see vec.h.
  *
- * Memory layout: one cache-line aligned block per env holding its slot
- * (RNG, time limit and episode counters) followed by its state, so a chunk of
+ * Memory layout: one cache-line aligned block per env holding its RNG and
+ * slot (env_slot.h: time limit and episode counters) followed by its state, so a chunk of
  * envs touches contiguous memory and two chunks never share a cache line.
  *
  * Trust boundary: the caller's input buffers (actions, reset seeds and mask)
@@ -22,6 +22,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "env_slot.h"
 #include "ids_run.h"
 #include "step_choice.h"
 
@@ -84,28 +85,15 @@
 /* A step submitted with envd_vec_step_submit and not yet finished. */
 typedef enum pending { PENDING_NONE = 0, PENDING_INLINE, PENDING_POOLED } pending_t;
 
-/* An env's block is its slot, then its state.  The slot's alignment makes its
- * size a multiple of max_align_t's, so the state (blocks are cache-line
- * aligned) is aligned for any type an env may keep in it (envd.h promises). */
-typedef struct env_slot {
+/* An env's block is its head (its RNG, its slot of env_slot.h), then its
+ * state.  The head's alignment makes its size a multiple of max_align_t's,
+ * so the state (blocks are cache-line aligned) is aligned for any type an
+ * env may keep in it (envd.h promises). */
+typedef struct env_head {
     _Alignas(max_align_t) envd_rng_t rng;
-    double episode_return;
-    int64_t episode_length;
-    int64_t elapsed_steps; /* for the time limit */
-    bool started;          /* reset at least once */
-    bool needs_reset;      /* done, and not reset yet */
-} env_slot_t;
-_Static_assert(sizeof(env_slot_t) % _Alignof(max_align_t) == 0, "state must stay aligned");
-
-/* The books of one agent of a multi-agent env (row order), touched only by
- * the thread stepping its env, like the env's slot. */
-typedef struct agent {
-    double episode_return;
-    int64_t episode_length;
-    bool done;        /* ended earlier in this episode: its row is dead */
-    bool final_term;  /* the flags it ended with, repeated on its dead row */
-    bool final_trunc;
-} agent_t;
+    envd_env_slot_t slot;
+} env_head_t;
+_Static_assert(sizeof(env_head_t) % _Alignof(max_align_t) == 0, "state must stay aligned");
 
 /* One run over envs: the whole vec (ids == NULL: env k is index k) or an
  * async batch (env k is ids[k]).  Written by the caller before dispatch, read
@@ -143,45 +131,16 @@ struct envd_vec {
     size_t obs_bytes, action_bytes, stride; /* an env's: all its agents' rows */
     size_t info_bytes[ENVD_MAX_INFO_FIELDS]; /* one env's slots of each info field */
     int64_t agents;        /* def->num_agents: rows per env */
-    /* ABI 5 (all 0/NULL before): the env resets itself, its seed callback,
-     * its episode log (num_log fields; -1 where it lacks the field) */
-    bool resets_itself;
+    /* ABI 5 (all NULL before): its seed callback, its episode log, its loop
+     * of steps */
     int (*seed_env)(void *state, uint64_t seed);
     int (*episode_end)(void *state, double *values);
     int64_t (*step_envs)(void *state, size_t stride, int64_t count, const void *actions,
                          size_t action_bytes, void *obs, size_t obs_bytes, double *rewards,
                          bool *terminated, bool *ended);
-    int num_log;
-    int log_return, log_length;
-    /* an env that resets itself and whose log lacks a field: the host's own
-       episode sums (sum_returns, sum_lengths) are reported; else its step
-       leaves its slot alone */
-    bool host_sums;
-    /* An env that resets itself: env i's rows of the books (truncations,
-     * episode statistics, dones, episode_log, agent_mask) may hold other
-     * values than those of a step whose episode did not end (false, 0,
-     * true): written by the step that ended its episode, or before the vec
-     * (set for every env at create); its next step clears them.  So a step
-     * writes the books of the few flagged envs, not every row: the vec is
-     * the only writer of its output rows (a daemon's client that writes its
-     * own rows in shared memory reads what it wrote there until the env's
-     * next episode end, as episode_log always did; the daemon acts on none
-     * of them).  Apart from the slots, like
-     * in_batch: read every step of every env, and a slot's line was a cache
-     * miss a step for squared at N=4096. */
-    bool *rows_set;
-    /* host_sums of an env that resets itself: per row, the running return
-     * and length of its episode.  Dense, apart from the slots, so a step adds
-     * a whole chunk's rewards in one pass (in the slots they were a line per
-     * env per step: cartpole, whose Log has no episode_return, perf). */
-    double *sum_returns;
-    int64_t *sum_lengths;
-    /* Per env: when its episode started, CLOCK_MONOTONIC seconds (Python's
-     * perf_counter).  Apart from the slots: an episode end of a cheap env
-     * that reads nothing else of its slot stalled on the slot's line
-     * (perf of puffer:squared at N=64). */
-    double *episode_starts;
-    agent_t *agent_books;  /* agents > 1: num_envs * agents, row order */
+    /* The per-env rules' settings and books beyond the slots (env_slot.h),
+     * over the output rows of buf. */
+    envd_slot_books_t books;
     unsigned char *blocks; /* num_envs blocks of `stride` bytes */
     bool all_started;      /* every env has been reset at least once */
 
@@ -213,34 +172,20 @@ struct envd_vec {
     envd_vec_stats_t stats;
 };
 
-static double now_ns(void)
+static double now_ns(void) { return envd_slot_now_ns(); }
+
+static env_head_t *head_of(const envd_vec_t *vec, int64_t i)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+    return (env_head_t *)(vec->blocks + (size_t)i * vec->stride);
 }
 
-/* The clock read once per chunk, and only if the chunk needs it (a step's
- * chunk: read as it started, step_range). */
-typedef struct lazy_clock {
-    double seconds; /* 0 until read */
-} lazy_clock_t;
+static envd_env_slot_t *slot_of(const envd_vec_t *vec, int64_t i) { return &head_of(vec, i)->slot; }
 
-static double clock_seconds(lazy_clock_t *clock)
-{
-    if (clock->seconds == 0.0)
-        clock->seconds = now_ns() * 1e-9;
-    return clock->seconds;
-}
-
-static env_slot_t *slot_of(const envd_vec_t *vec, int64_t i)
-{
-    return (env_slot_t *)(vec->blocks + (size_t)i * vec->stride);
-}
+static envd_rng_t *rng_of(const envd_vec_t *vec, int64_t i) { return &head_of(vec, i)->rng; }
 
 static void *state_of(const envd_vec_t *vec, int64_t i)
 {
-    return vec->blocks + (size_t)i * vec->stride + sizeof(env_slot_t);
+    return vec->blocks + (size_t)i * vec->stride + sizeof(env_head_t);
 }
 
 static void record_error(run_t *run, int rc, int64_t i)
@@ -250,42 +195,9 @@ static void record_error(run_t *run, int rc, int64_t i)
         atomic_store(&run->error_index, i);
 }
 
-/* memset(to, byte, n) for the few rows a step writes, as plain stores: gcc
- * inlines a memset of a variable size over a double array as `rep stos`,
- * whose start-up costs tens of cycles (a fifth of the host's books of
- * puffer:squared at N=64, perf), and calls memset for the others; a memset
- * of a constant size is a few stores. */
-static inline void fill_bytes(void *to, int byte, size_t n)
-{
-    unsigned char *p = to;
-    size_t b = 0;
-    for (; b + 64 <= n; b += 64)
-        memset(p + b, byte, 64);
-    if (n - b >= 32) {
-        memset(p + b, byte, 32);
-        b += 32;
-    }
-    if (n - b >= 16) {
-        memset(p + b, byte, 16);
-        b += 16;
-    }
-    if (n - b >= 8) {
-        memset(p + b, byte, 8);
-        b += 8;
-    }
-    if (n - b >= 4) {
-        memset(p + b, byte, 4);
-        b += 4;
-    }
-    if (n - b >= 2) {
-        memset(p + b, byte, 2);
-        b += 2;
-    }
-    if (n - b >= 1)
-        p[b] = (unsigned char)byte;
-}
-
-/* ---- per-env work ---------------------------------------------------------- */
+/* ---- per-env work ----------------------------------------------------------
+ * The rules are env_slot.h's; here the env's callbacks are called and their
+ * failures recorded. */
 /* The env's info fields of env i, written into its slot of each field buffer
  * (write_info_fields: only for envs that have some). */
 static int write_info_fields(const envd_vec_t *vec, int64_t i)
@@ -304,22 +216,11 @@ static inline int write_info(const envd_vec_t *vec, int64_t i)
     return vec->def->num_info_fields == 0 ? ENVD_OK : write_info_fields(vec, i);
 }
 
-static int reset_env(envd_vec_t *vec, int64_t i, void *obs, lazy_clock_t *clock)
+static int reset_env(envd_vec_t *vec, int64_t i, void *obs, envd_slot_clock_t *clock)
 {
-    env_slot_t *slot = slot_of(vec, i);
-    slot->elapsed_steps = 0;
-    slot->episode_return = 0.0;
-    slot->episode_length = 0;
-    vec->episode_starts[i] = clock_seconds(clock);
-    slot->started = true;
-    slot->needs_reset = false;
-    if (vec->agent_books)
-        memset(vec->agent_books + i * vec->agents, 0, (size_t)vec->agents * sizeof(agent_t));
-    if (vec->sum_returns) {
-        memset(vec->sum_returns + i * vec->agents, 0, (size_t)vec->agents * sizeof(double));
-        memset(vec->sum_lengths + i * vec->agents, 0, (size_t)vec->agents * sizeof(int64_t));
-    }
-    int rc = vec->def->reset(state_of(vec, i), &slot->rng, obs);
+    envd_env_slot_t *slot = slot_of(vec, i);
+    envd_slot_begin_episode(&vec->books, slot, i, clock);
+    int rc = vec->def->reset(state_of(vec, i), rng_of(vec, i), obs);
     return rc == ENVD_OK ? write_info(vec, i) : rc;
 }
 
@@ -328,131 +229,38 @@ static void reset_range(void *ctx, int64_t begin, int64_t end)
     run_t *run = ctx;
     envd_vec_t *vec = run->vec;
     unsigned char *obs = vec->buf.observations;
-    lazy_clock_t clock = {0};
+    envd_slot_clock_t clock = {0};
     for (int64_t i = begin; i < end; i++) {
         if (vec->reset_mask && !vec->reset_mask[i])
             continue;
         int rc = ENVD_OK;
         if (vec->reset_seeds) {
-            envd_rng_seed(&slot_of(vec, i)->rng, vec->reset_seeds[i]);
+            envd_rng_seed(rng_of(vec, i), vec->reset_seeds[i]);
             if (vec->seed_env)
                 rc = vec->seed_env(state_of(vec, i), vec->reset_seeds[i]);
         }
         if (rc == ENVD_OK)
             rc = reset_env(vec, i, obs + (size_t)i * vec->obs_bytes, &clock);
-        for (int64_t row = i * vec->agents; row < (i + 1) * vec->agents; row++) {
-            /* a fresh episode has earned nothing: an async reset's recv
-             * returns these rows as they are (through a daemon too) */
-            vec->buf.rewards[row] = 0.0f;
-            vec->buf.terminations[row] = false;
-            vec->buf.truncations[row] = false;
-            if (vec->buf.dones)
-                vec->buf.dones[row] = false;
-            if (vec->agent_books)
-                vec->buf.agent_mask[row] = true;
-        }
+        envd_slot_reset_rows(&vec->books, i);
         if (rc != ENVD_OK)
             record_error(run, ENVD_EENV, i);
     }
 }
 
-/* Episode statistics of env i for this step: its return, length and time
- * if its episode ended, zeros otherwise (gymnasium's np.where(dones, ...)). */
-static void write_episode_stats(envd_vec_t *vec, int64_t i, bool done, lazy_clock_t *clock)
-{
-    const envd_vec_buffers_t *b = &vec->buf;
-    const env_slot_t *slot = slot_of(vec, i);
-    b->episode_returns[i] = done ? slot->episode_return : 0.0;
-    b->episode_lengths[i] = done ? slot->episode_length : 0;
-    if (b->episode_times)
-        b->episode_times[i] =
-            done ? rint((clock_seconds(clock) - vec->episode_starts[i]) * 1e6) / 1e6 : 0.0;
-    if (b->dones)
-        b->dones[i] = done;
-}
-
-/* Episode statistics of one agent's row (multi-agent envs): its return and
- * live length if it ended in this step, zeros otherwise. */
-static void write_agent_stats(envd_vec_t *vec, int64_t row, const agent_t *agent, bool ended,
-                              double episode_start, lazy_clock_t *clock)
-{
-    const envd_vec_buffers_t *b = &vec->buf;
-    b->episode_returns[row] = ended ? agent->episode_return : 0.0;
-    b->episode_lengths[row] = ended ? agent->episode_length : 0;
-    if (b->episode_times)
-        b->episode_times[row] =
-            ended ? rint((clock_seconds(clock) - episode_start) * 1e6) / 1e6 : 0.0;
-    if (b->dones)
-        b->dones[row] = ended;
-}
-
-/* The rows of env i after its env-level outcome: live rows take the step's
- * results (and end when flagged or at the time limit), dead rows are
- * overwritten (zero obs, reward 0, their final flags again; envd.h).
- * Returns the rows that ended in this step; *all_done: every agent is done. */
-static int64_t finish_agent_rows(envd_vec_t *vec, int64_t i, const double *reward,
-                                 const bool *term, const bool *trunc, bool time_limit,
-                                 bool *all_done, lazy_clock_t *clock)
-{
-    const envd_vec_buffers_t *b = &vec->buf;
-    const int64_t A = vec->agents;
-    const size_t one_obs = vec->obs_bytes / (size_t)A;
-    unsigned char *obs = (unsigned char *)b->observations + (size_t)i * vec->obs_bytes;
-    const double episode_start = vec->episode_starts[i];
-    int64_t ended_rows = 0;
-    *all_done = true;
-    for (int64_t a = 0; a < A; a++) {
-        const int64_t row = i * A + a;
-        agent_t *agent = &vec->agent_books[row];
-        bool ended = false;
-        if (agent->done) {
-            memset(obs + (size_t)a * one_obs, 0, one_obs);
-            b->rewards[row] = 0.0f;
-            b->terminations[row] = agent->final_term;
-            b->truncations[row] = agent->final_trunc;
-            b->agent_mask[row] = false;
-        } else {
-            const bool t = term[a], u = trunc[a] || time_limit;
-            agent->episode_return += reward[a];
-            agent->episode_length++;
-            b->rewards[row] = (float)reward[a];
-            b->terminations[row] = t;
-            b->truncations[row] = u;
-            b->agent_mask[row] = true;
-            ended = t || u;
-            if (ended) {
-                agent->done = true;
-                agent->final_term = t;
-                agent->final_trunc = u;
-            }
-        }
-        write_agent_stats(vec, row, agent, ended, episode_start, clock);
-        ended_rows += ended;
-        *all_done = *all_done && agent->done;
-    }
-    return ended_rows;
-}
-
 /* step_env for an env of A > 1 agents (rows i*A .. i*A + A - 1).  Returns the
  * rows whose agent ended in this step. */
 static int64_t step_multi_agent_env(run_t *run, envd_vec_t *vec, int64_t i,
-                                    lazy_clock_t *clock)
+                                    envd_slot_clock_t *clock)
 {
-    env_slot_t *slot = slot_of(vec, i);
+    envd_env_slot_t *slot = slot_of(vec, i);
     const envd_vec_buffers_t *b = &vec->buf;
     const int64_t A = vec->agents;
     void *obs = (unsigned char *)b->observations + (size_t)i * vec->obs_bytes;
     int rc;
     if (slot->needs_reset) {
-        /* NEXT_STEP autoreset of the whole env: actions ignored, every row
-         * live again with reward 0, not done */
+        /* NEXT_STEP autoreset of the whole env: actions ignored */
         rc = reset_env(vec, i, obs, clock);
-        for (int64_t row = i * A; row < (i + 1) * A; row++) {
-            b->rewards[row] = 0.0f;
-            b->terminations[row] = b->truncations[row] = false;
-            b->agent_mask[row] = true;
-            write_agent_stats(vec, row, &vec->agent_books[row], false, 0.0, clock);
-        }
+        envd_slot_autoreset_agent_rows(&vec->books, i, clock);
         if (rc != ENVD_OK)
             record_error(run, ENVD_EENV, i);
         return 0;
@@ -464,24 +272,18 @@ static int64_t step_multi_agent_env(run_t *run, envd_vec_t *vec, int64_t i,
     memset(term, 0, sizeof term);
     memset(trunc, 0, sizeof trunc);
     const void *action = vec->actions + (size_t)i * vec->action_bytes; /* the checked copy */
-    rc = vec->def->step(state_of(vec, i), &slot->rng, action, obs, reward, term, trunc);
+    rc = vec->def->step(state_of(vec, i), rng_of(vec, i), action, obs, reward, term, trunc);
     if (rc == ENVD_OK)
         rc = write_info(vec, i);
-    slot->elapsed_steps++;
-    const bool time_limit = vec->config.max_episode_steps > 0 &&
-                            slot->elapsed_steps >= vec->config.max_episode_steps;
     bool all_done;
-    int64_t ended = finish_agent_rows(vec, i, reward, term, trunc, time_limit, &all_done, clock);
-    if (all_done) {
-        slot->needs_reset = true;
-        if (vec->config.autoreset_mode == ENVD_AUTORESET_SAME_STEP && rc == ENVD_OK) {
-            memcpy((unsigned char *)b->final_observations + (size_t)i * vec->obs_bytes, obs,
-                   vec->obs_bytes);
-            rc = reset_env(vec, i, obs, clock);
-            /* the reset's rows are the next episode's: live */
-            for (int64_t row = i * A; row < (i + 1) * A; row++)
-                b->agent_mask[row] = true;
-        }
+    int64_t ended = envd_slot_finish_agent_rows(&vec->books, slot, i, obs,
+                                                vec->obs_bytes / (size_t)A, reward, term, trunc,
+                                                &all_done, clock);
+    if (all_done && envd_slot_resets_at_once(&vec->books) && rc == ENVD_OK) {
+        memcpy((unsigned char *)b->final_observations + (size_t)i * vec->obs_bytes, obs,
+               vec->obs_bytes);
+        rc = reset_env(vec, i, obs, clock);
+        envd_slot_live_rows(&vec->books, i); /* the reset's rows are the next episode's */
     }
     if (rc != ENVD_OK)
         record_error(run, ENVD_EENV, i);
@@ -493,9 +295,9 @@ static int64_t step_multi_agent_env(run_t *run, envd_vec_t *vec, int64_t i,
  * out of line, and the call is a measurable share of a cheap env's step
  * (docs/benchmarks.md). */
 static inline __attribute__((always_inline)) bool step_env(run_t *run, envd_vec_t *vec,
-                                                           int64_t i, lazy_clock_t *clock)
+                                                           int64_t i, envd_slot_clock_t *clock)
 {
-    env_slot_t *slot = slot_of(vec, i);
+    envd_env_slot_t *slot = slot_of(vec, i);
     const envd_vec_buffers_t *b = &vec->buf;
     void *obs = (unsigned char *)b->observations + (size_t)i * vec->obs_bytes;
     double reward = 0.0;
@@ -508,78 +310,36 @@ static inline __attribute__((always_inline)) bool step_env(run_t *run, envd_vec_
         rc = reset_env(vec, i, obs, clock);
     } else {
         const void *action = vec->actions + (size_t)i * vec->action_bytes; /* the checked copy */
-        rc = vec->def->step(state_of(vec, i), &slot->rng, action, obs, &reward, &term, &trunc);
+        rc = vec->def->step(state_of(vec, i), rng_of(vec, i), action, obs, &reward, &term, &trunc);
         if (rc == ENVD_OK)
             rc = write_info(vec, i);
-        slot->elapsed_steps++;
-        if (vec->config.max_episode_steps > 0 &&
-            slot->elapsed_steps >= vec->config.max_episode_steps)
-            trunc = true;
-        slot->episode_return += reward;
-        slot->episode_length++;
-        done = term || trunc;
+        done = envd_slot_account_step(&vec->books, slot, reward, term, &trunc);
     }
-    b->rewards[i] = (float)reward;
-    b->terminations[i] = term;
-    b->truncations[i] = trunc;
-    write_episode_stats(vec, i, done, clock);
-    if (done) {
-        slot->needs_reset = true;
-        if (vec->config.autoreset_mode == ENVD_AUTORESET_SAME_STEP && rc == ENVD_OK) {
-            memcpy((unsigned char *)b->final_observations + (size_t)i * vec->obs_bytes, obs,
-                   vec->obs_bytes);
-            rc = reset_env(vec, i, obs, clock);
-        }
+    envd_slot_write_row(&vec->books, slot, i, reward, term, trunc, done, clock);
+    if (done && envd_slot_resets_at_once(&vec->books) && rc == ENVD_OK) {
+        memcpy((unsigned char *)b->final_observations + (size_t)i * vec->obs_bytes, obs,
+               vec->obs_bytes);
+        rc = reset_env(vec, i, obs, clock);
     }
     if (rc != ENVD_OK)
         record_error(run, ENVD_EENV, i);
     return done;
 }
 
-/* A value of the env's episode log as an episode length: rounded, 0 when
- * not finite or negative, capped at INT64_MAX's neighbourhood. */
-static int64_t as_length(double value)
-{
-    if (!(value >= 0.0))
-        return 0;
-    return value < 9.2e18 ? (int64_t)llround(value) : INT64_C(9200000000000000000);
-}
-
 /* The books of env i, an env that resets itself (ENVD_ENV_RESETS_ITSELF),
  * after its step, beyond its rewards and terminated flags (the caller wrote
  * those, and added the rewards to the host's sums): its rows as of a step
- * whose episode did not end if they held other values (rows_set), its info
- * fields, and whether its episode ended (episode_end says so, asked only
- * when may_have_ended).  An ended episode gives every row of the env its
- * statistics (from the log's episode_return/episode_length where it has
- * them, else the host's running sums, this step's reward included), dones
- * and the log's values in episode_log.  rc: the step's.  Returns the rows
- * whose episode ended.  A is vec->agents, a constant 1 in step_range's loops
- * for single-agent envs: inlined there, the loops over agents are gone. */
+ * whose episode did not end if they held other values, its info fields, and
+ * whether its episode ended (episode_end says so, asked only when
+ * may_have_ended; env_slot.h then writes the episode's books).  rc: the
+ * step's.  Returns the rows whose episode ended.  A is vec->agents, a
+ * constant 1 in step_range's loops for single-agent envs: inlined there,
+ * the loops over agents are gone. */
 static inline __attribute__((always_inline)) int64_t
 finish_flagged_env(run_t *run, envd_vec_t *vec, int64_t i, const int64_t A, bool may_have_ended,
-                   int rc, lazy_clock_t *clock)
+                   int rc, envd_slot_clock_t *clock)
 {
-    const envd_vec_buffers_t *b = &vec->buf;
-    const int num_log = vec->num_log;
-    if (vec->rows_set[i]) {
-        for (int64_t a = 0; a < A; a++) {
-            const int64_t row = i * A + a;
-            b->truncations[row] = false;
-            if (A > 1)
-                b->agent_mask[row] = true;
-            b->episode_returns[row] = 0.0;
-            b->episode_lengths[row] = 0;
-            if (b->episode_times)
-                b->episode_times[row] = 0.0;
-            if (b->dones)
-                b->dones[row] = false;
-        }
-        if (num_log > 0)
-            fill_bytes(b->episode_log + i * A * num_log, 0,
-                       (size_t)(A * num_log) * sizeof(double));
-        vec->rows_set[i] = false;
-    }
+    envd_slot_self_reset_clear(&vec->books, i, A);
     if (rc == ENVD_OK)
         rc = write_info(vec, i);
     int ended = 0;
@@ -587,67 +347,34 @@ finish_flagged_env(run_t *run, envd_vec_t *vec, int64_t i, const int64_t A, bool
      * leaks no stack into the rows. */
     double values[ENVD_MAX_EPISODE_FIELDS];
     if (rc == ENVD_OK && may_have_ended && vec->episode_end) {
-        fill_bytes(values, 0, (size_t)num_log * sizeof *values);
+        envd_fill_bytes(values, 0, (size_t)vec->books.num_log * sizeof *values);
         ended = vec->episode_end(state_of(vec, i), values);
         if (ended < 0) {
             rc = ENVD_EENV;
             ended = 0;
         }
     }
-    if (ended) {
-        const double now = clock_seconds(clock);
-        const double seconds = rint((now - vec->episode_starts[i]) * 1e6) / 1e6;
-        for (int64_t a = 0; a < A; a++) {
-            const int64_t row = i * A + a;
-            b->episode_returns[row] =
-                vec->log_return >= 0 ? values[vec->log_return] : vec->sum_returns[row];
-            b->episode_lengths[row] = vec->log_length >= 0 ? as_length(values[vec->log_length])
-                                                           : vec->sum_lengths[row];
-            for (int f = 0; f < num_log; f++)
-                b->episode_log[row * num_log + f] = values[f];
-            if (vec->host_sums) {
-                vec->sum_returns[row] = 0.0;
-                vec->sum_lengths[row] = 0;
-            }
-            if (b->episode_times)
-                b->episode_times[row] = seconds;
-            if (b->dones)
-                b->dones[row] = true;
-        }
-        vec->episode_starts[i] = now;
-        vec->rows_set[i] = true;
-    }
+    int64_t rows = ended ? envd_slot_self_reset_ended(&vec->books, i, A, values, clock) : 0;
     if (rc != ENVD_OK)
         record_error(run, ENVD_EENV, i);
-    return ended ? A : 0;
+    return rows;
 }
 
-/* What follows an env's step for an env that resets itself: no autoreset,
- * no time limit, truncated false; its rewards and terminated flags from
- * reward and term (the env's A agents'), the host's sums, then
- * finish_flagged_env. */
+/* What follows an env's step for an env that resets itself: its raw
+ * outputs into its rows (env_slot.h), then finish_flagged_env. */
 static inline __attribute__((always_inline)) int64_t
 finish_self_resetting_env(run_t *run, envd_vec_t *vec, int64_t i, const int64_t A,
                           const double *reward, const bool *term, bool may_have_ended, int rc,
-                          lazy_clock_t *clock)
+                          envd_slot_clock_t *clock)
 {
-    const envd_vec_buffers_t *b = &vec->buf;
-    for (int64_t a = 0; a < A; a++) {
-        const int64_t row = i * A + a;
-        if (vec->host_sums) {
-            vec->sum_returns[row] += reward[a];
-            vec->sum_lengths[row]++;
-        }
-        b->rewards[row] = (float)reward[a];
-        b->terminations[row] = term[a];
-    }
+    envd_slot_self_reset_outputs(&vec->books, i, A, reward, term);
     return finish_flagged_env(run, vec, i, A, may_have_ended, rc, clock);
 }
 
 /* One step of env i, an env that resets itself, through its step callback. */
 static inline __attribute__((always_inline)) int64_t
 step_self_resetting_env(run_t *run, envd_vec_t *vec, int64_t i, const int64_t A,
-                        lazy_clock_t *clock)
+                        envd_slot_clock_t *clock)
 {
     /* A <= ENVD_MAX_AGENTS: at most 40 KiB on the stepping thread's stack.
      * Cleared by a loop, not memset: for the usual A of 1 it is three stores
@@ -660,7 +387,7 @@ step_self_resetting_env(run_t *run, envd_vec_t *vec, int64_t i, const int64_t A,
     }
     const void *action = vec->actions + (size_t)i * vec->action_bytes; /* the checked copy */
     void *obs = (unsigned char *)vec->buf.observations + (size_t)i * vec->obs_bytes;
-    int rc = vec->def->step(state_of(vec, i), &slot_of(vec, i)->rng, action, obs, reward, term,
+    int rc = vec->def->step(state_of(vec, i), rng_of(vec, i), action, obs, reward, term,
                             trunc);
     return finish_self_resetting_env(run, vec, i, A, reward, term, true, rc, clock);
 }
@@ -702,31 +429,16 @@ static inline int first_flag(uint64_t w)
 static inline __attribute__((always_inline)) int64_t
 finish_self_resetting_rows(run_t *run, envd_vec_t *vec, int64_t first, int64_t count,
                            const int64_t A, const double *reward, const bool *ended,
-                           lazy_clock_t *clock)
+                           envd_slot_clock_t *clock)
 {
-    const int64_t r0 = first * A;
-    const size_t rows = (size_t)(count * A);
-    /* eight at a time: a loop of a known count, which gcc vectorizes at -O2
-     * (a loop of unknown count it leaves scalar: 6 instructions a row) */
-    float *rewards = vec->buf.rewards + r0;
-    size_t r = 0;
-    for (; r + 8 <= rows; r += 8)
-        for (size_t j = 0; j < 8; j++)
-            rewards[r + j] = (float)reward[r + j];
-    for (; r < rows; r++)
-        rewards[r] = (float)reward[r];
-    if (vec->host_sums)
-        for (r = 0; r < rows; r++) {
-            vec->sum_returns[r0 + (int64_t)r] += reward[r];
-            vec->sum_lengths[r0 + (int64_t)r]++;
-        }
+    envd_slot_self_reset_rewards(&vec->books, first * A, (size_t)(count * A), reward);
     int64_t done = 0;
     if (vec->def->num_info_fields > 0) {
         for (int64_t k = 0; k < count; k++)
             done += finish_flagged_env(run, vec, first + k, A, ended[k], ENVD_OK, clock);
         return done;
     }
-    const bool *rows_set = vec->rows_set + first;
+    const bool *rows_set = vec->books.rows_set + first;
     int64_t k = 0;
     _Static_assert(sizeof(bool) == 1, "eight flags are a uint64_t");
     for (; k + 8 <= count; k += 8) {
@@ -755,7 +467,7 @@ finish_self_resetting_rows(run_t *run, envd_vec_t *vec, int64_t first, int64_t c
  * in finish_flagged_env. */
 static inline __attribute__((always_inline)) int64_t
 step_self_resetting_envs(run_t *run, envd_vec_t *vec, int64_t begin, int64_t end,
-                         const int64_t A, lazy_clock_t *clock)
+                         const int64_t A, envd_slot_clock_t *clock)
 {
     const int64_t per_call = A < STEP_ENVS_ROWS ? STEP_ENVS_ROWS / A : 1;
     /* per_call * A <= max(STEP_ENVS_ROWS, ENVD_MAX_AGENTS): at most 32 KiB */
@@ -766,10 +478,10 @@ step_self_resetting_envs(run_t *run, envd_vec_t *vec, int64_t begin, int64_t end
     int64_t done = 0;
     for (int64_t first = begin; first < end; first += per_call) {
         const int64_t count = end - first < per_call ? end - first : per_call;
-        fill_bytes(reward, 0, (size_t)(count * A) * sizeof *reward);
-        fill_bytes(terms + first * A, 0, (size_t)(count * A) * sizeof *terms);
+        envd_fill_bytes(reward, 0, (size_t)(count * A) * sizeof *reward);
+        envd_fill_bytes(terms + first * A, 0, (size_t)(count * A) * sizeof *terms);
         /* an env whose ended[k] the callback left unwritten: episode_end decides */
-        fill_bytes(ended, true, (size_t)count * sizeof *ended);
+        envd_fill_bytes(ended, true, (size_t)count * sizeof *ended);
         for (int64_t k = 0; k < count;) {
             const int64_t i = first + k;
             int64_t got = vec->step_envs(state_of(vec, i), vec->stride, count - k,
@@ -812,17 +524,17 @@ static int64_t step_range(run_t *run, int64_t begin, int64_t end, double started
 {
     envd_vec_t *vec = run->vec;
     int64_t done = 0;
-    lazy_clock_t clock = {started_ns * 1e-9};
+    envd_slot_clock_t clock = {started_ns * 1e-9};
     const int64_t base = run->ids ? run->first_id : 0; /* items are envs base + k */
     if (vec->step_envs && base >= 0)
         done = vec->agents == 1
                    ? step_self_resetting_envs(run, vec, base + begin, base + end, 1, &clock)
                    : step_self_resetting_envs(run, vec, base + begin, base + end, vec->agents,
                                               &clock);
-    else if (vec->resets_itself && vec->agents == 1)
+    else if (vec->books.resets_itself && vec->agents == 1)
         for (int64_t k = begin; k < end; k++)
             done += step_self_resetting_env(run, vec, run->ids ? run->ids[k] : k, 1, &clock);
-    else if (vec->resets_itself)
+    else if (vec->books.resets_itself)
         for (int64_t k = begin; k < end; k++)
             done += step_self_resetting_env(run, vec, run->ids ? run->ids[k] : k, vec->agents,
                                             &clock);
@@ -946,49 +658,6 @@ static int run_result(envd_vec_t *vec, run_t *run)
 }
 
 /* ---- validation ---------------------------------------------------------------- */
-/* v's unsigned distance above start: v is one of start, ..., start + n - 1
- * exactly when it is under n, for every int64 v, given n >= 1 and start +
- * n - 1 within int64 (errors.c refuses other spaces): a v under start wraps
- * to at least 2^64 + INT64_MIN - start = 2^63 - start >= n. */
-static inline uint64_t discrete_offset(int64_t v, int64_t start)
-{
-    return (uint64_t)v - (uint64_t)start;
-}
-
-static inline bool in_discrete_range(int64_t v, int64_t start, int64_t n)
-{
-    return discrete_offset(v, start) < (uint64_t)n;
-}
-
-/* ENVD_OK if every element of the action (the private copy) lies in its
- * space: Discrete, MultiDiscrete (element k in nvec_start[k] .. + nvec[k] - 1),
- * MultiBinary (0 or 1).  Box actions are passed as given. */
-static int action_in_space(const envd_space_t *as, const void *action)
-{
-    switch (as->kind) {
-    case ENVD_SPACE_DISCRETE:
-        return in_discrete_range(*(const int64_t *)action, as->start, as->n) ? ENVD_OK
-                                                                             : ENVD_ERANGE;
-    case ENVD_SPACE_MULTI_DISCRETE: {
-        const int64_t *a = action;
-        int64_t numel = envd_space_numel(as);
-        for (int64_t k = 0; k < numel; k++)
-            if (!in_discrete_range(a[k], as->nvec_start ? as->nvec_start[k] : 0, as->nvec[k]))
-                return ENVD_ERANGE;
-        return ENVD_OK;
-    }
-    case ENVD_SPACE_MULTI_BINARY: {
-        const int8_t *a = action;
-        int64_t numel = envd_space_numel(as);
-        for (int64_t k = 0; k < numel; k++)
-            if (a[k] != 0 && a[k] != 1)
-                return ENVD_ERANGE;
-        return ENVD_OK;
-    }
-    default: return ENVD_OK;
-    }
-}
-
 /* Whether the Discrete actions of envs ids[0..count) (ids NULL: envs
  * 0..count-1), every agent's, all lie in the space: one branch-free pass over
  * the private copy.  The common case of validate_step and claim_batch, where
@@ -1013,7 +682,7 @@ static bool discrete_actions_in_space(const envd_vec_t *vec, const int64_t *ids,
         uint64_t worst = 0;
 #pragma GCC unroll 8
         for (int64_t k = 0; k < count * agents; k++) {
-            const uint64_t d = discrete_offset(actions[k], start);
+            const uint64_t d = envd_discrete_offset(actions[k], start);
             worst = d > worst ? d : worst;
         }
         bad = worst >= (uint64_t)n;
@@ -1021,7 +690,7 @@ static bool discrete_actions_in_space(const envd_vec_t *vec, const int64_t *ids,
         for (int64_t k = 0; k < count; k++) {
             const int64_t *row = actions + ids[k] * agents;
             for (int64_t a = 0; a < agents; a++)
-                bad |= !in_discrete_range(row[a], start, n);
+                bad |= !envd_in_discrete_range(row[a], start, n);
         }
     }
     return !bad;
@@ -1030,31 +699,21 @@ static bool discrete_actions_in_space(const envd_vec_t *vec, const int64_t *ids,
 /* The private copy of env i's actions: every agent's, dead rows' included. */
 static int actions_in_space(const envd_vec_t *vec, int64_t i)
 {
-    const size_t one = vec->action_bytes / (size_t)vec->agents;
-    const unsigned char *actions = vec->actions + (size_t)i * vec->action_bytes;
-    for (int64_t a = 0; a < vec->agents; a++) {
-        int rc = action_in_space(&vec->def->action_space, actions + (size_t)a * one);
-        if (rc != ENVD_OK)
-            return rc;
-    }
-    return ENVD_OK;
+    return envd_slot_actions_in_space(&vec->def->action_space, vec->agents, vec->action_bytes,
+                                      vec->actions + (size_t)i * vec->action_bytes);
 }
 
-/* Whether an env's state may refuse a step (an env never reset, or a done
- * env under autoreset DISABLED): only then is each env's slot read. */
+/* Whether an env's state may refuse a step: only then is each env's slot
+ * read. */
 static bool states_matter(const envd_vec_t *vec)
 {
-    return !vec->all_started || vec->config.autoreset_mode == ENVD_AUTORESET_DISABLED;
+    return envd_slot_states_matter(&vec->books, vec->all_started);
 }
 
 static int env_startable(const envd_vec_t *vec, int64_t i)
 {
-    const env_slot_t *slot = slot_of(vec, i);
-    if (!slot->started)
-        return ENVD_ESTATE;
-    if (vec->config.autoreset_mode == ENVD_AUTORESET_DISABLED && slot->needs_reset)
-        return ENVD_ESTATE;
-    return actions_in_space(vec, i);
+    int rc = envd_slot_startable(&vec->books, slot_of(vec, i));
+    return rc != ENVD_OK ? rc : actions_in_space(vec, i);
 }
 
 /* The whole batch is checked before any env moves, so a refused step leaves
@@ -1407,7 +1066,7 @@ int64_t envd_vec_batch_size(const envd_vec_batch_t *batch) { return batch->count
 void envd_vec_seed(envd_vec_t *vec, const uint64_t *seeds)
 {
     for (int64_t i = 0; i < vec->config.num_envs; i++)
-        envd_rng_seed(&slot_of(vec, i)->rng, seeds[i]);
+        envd_rng_seed(rng_of(vec, i), seeds[i]);
 }
 
 /* Copy a reset's mask into the private copy, each entry read once as a byte
@@ -1601,23 +1260,6 @@ static int init_env(envd_vec_t *vec, int64_t i, const double *params, bool seria
     return rc;
 }
 
-/* The index of the episode field called name, -1 without one. */
-static int episode_field(const envd_env_def_t *v5, const char *name)
-{
-    for (int k = 0; v5 && k < v5->num_episode_fields; k++)
-        if (strcmp(v5->episode_fields[k], name) == 0)
-            return k;
-    return -1;
-}
-
-/* An env that resets itself and whose log lacks its return or its length:
- * the host keeps running sums of its rows' episodes (vec->host_sums). */
-static bool keeps_sums(const envd_env_def_t *v5)
-{
-    return v5 && (v5->flags & ENVD_ENV_RESETS_ITSELF) &&
-           (episode_field(v5, "episode_return") < 0 || episode_field(v5, "episode_length") < 0);
-}
-
 static size_t space_bytes(const envd_space_t *space)
 {
     return (size_t)envd_space_numel(space) * envd_dtype_size(space->dtype);
@@ -1626,7 +1268,7 @@ static size_t space_bytes(const envd_space_t *space)
 /* The bytes of one env's block: its slot and state, cache-line aligned. */
 static size_t stride_of(const envd_env_def_t *def)
 {
-    size_t block = sizeof(env_slot_t) + def->state_size;
+    size_t block = sizeof(env_head_t) + def->state_size;
     return (block + CACHE_LINE - 1) / CACHE_LINE * CACHE_LINE;
 }
 
@@ -1644,17 +1286,13 @@ uint64_t envd_vec_memory_bytes(const envd_env_def_t *def, int64_t num_envs)
     if (envd_env_def_validate(def) != ENVD_OK || num_envs < 1)
         return UINT64_MAX;
     /* per env: its block, the private copies of its action, seed and mask, its
-     * in-batch flag, its episode-log flag, its episode's start and its rows'
-     * books (agents, sums) */
+     * in-batch flag, and the books of the rules beyond its slot */
     uint64_t action = mul_add((uint64_t)envd_space_numel(&def->action_space),
                               envd_dtype_size(def->action_space.dtype), 0);
     action = mul_add(action, (uint64_t)def->num_agents, 0);
-    uint64_t books = def->num_agents > 1 ? (uint64_t)def->num_agents * sizeof(agent_t) : 0;
-    if (keeps_sums(envd_env_def_v5(def)))
-        books += (uint64_t)def->num_agents * (sizeof(double) + sizeof(int64_t));
-    uint64_t per_env =
-        mul_add(1, action, stride_of(def) + sizeof(uint64_t) + 3 * sizeof(bool) + sizeof(double) +
-                               books);
+    const envd_slot_config_t rules = envd_slot_config_of(def, ENVD_AUTORESET_NEXT_STEP, 0);
+    uint64_t per_env = mul_add(1, action, stride_of(def) + sizeof(uint64_t) + 2 * sizeof(bool) +
+                                              envd_slot_books_bytes_per_env(&rules));
     return mul_add(per_env, (uint64_t)num_envs, sizeof(envd_vec_t));
 }
 
@@ -1665,11 +1303,7 @@ static void free_buffers(envd_vec_t *vec)
     free(vec->seeds);
     free(vec->mask);
     free(vec->in_batch);
-    free(vec->agent_books);
-    free(vec->rows_set);
-    free(vec->sum_returns);
-    free(vec->sum_lengths);
-    free(vec->episode_starts);
+    envd_slot_books_free(&vec->books);
 }
 
 int envd_vec_create(envd_vec_t **out, const envd_env_def_t *def,
@@ -1707,11 +1341,22 @@ int envd_vec_create(envd_vec_t **out, const envd_env_def_t *def,
     vec->seeds = malloc(n * sizeof *vec->seeds);
     vec->mask = malloc(n * sizeof *vec->mask);
     vec->in_batch = calloc(n, sizeof *vec->in_batch);
-    vec->episode_starts = calloc(n, sizeof *vec->episode_starts);
-    if (vec->agents > 1)
-        vec->agent_books = calloc(n * (size_t)vec->agents, sizeof(agent_t));
-    if (!vec->blocks || !vec->actions || !vec->seeds || !vec->mask || !vec->in_batch ||
-        !vec->episode_starts || (vec->agents > 1 && !vec->agent_books)) {
+    const envd_slot_rows_t rows = {
+        .rewards = buffers->rewards,
+        .terminations = buffers->terminations,
+        .truncations = buffers->truncations,
+        .episode_returns = buffers->episode_returns,
+        .episode_lengths = buffers->episode_lengths,
+        .episode_times = buffers->episode_times,
+        .dones = buffers->dones,
+        .agent_mask = buffers->agent_mask,
+        .episode_log = buffers->episode_log,
+    };
+    const envd_slot_config_t rules =
+        envd_slot_config_of(def, config->autoreset_mode, config->max_episode_steps);
+    rc = envd_slot_books_init(&vec->books, &rules, &rows, config->num_envs);
+    if (rc != ENVD_OK || !vec->blocks || !vec->actions || !vec->seeds || !vec->mask ||
+        !vec->in_batch) {
         free_buffers(vec);
         free(vec);
         return ENVD_ENOMEM;
@@ -1725,11 +1370,9 @@ int envd_vec_create(envd_vec_t **out, const envd_env_def_t *def,
     const envd_env_def_t *v5 = envd_env_def_v5(def);
     const bool serial = v5 && (v5->flags & ENVD_ENV_SERIAL_INIT);
     if (v5) {
-        vec->resets_itself = v5->flags & ENVD_ENV_RESETS_ITSELF;
         vec->seed_env = v5->seed;
         vec->episode_end = v5->episode_end;
         vec->step_envs = (v5->flags & ENVD_ENV_STEP_ENVS) ? v5->step_envs : NULL;
-        vec->num_log = v5->num_episode_fields;
     }
     /* Env i's rows never move (row i * A + a is always agent a of env i, in
      * steps, resets and async batches alike), and a self-resetting env's rows
@@ -1738,28 +1381,6 @@ int envd_vec_create(envd_vec_t **out, const envd_env_def_t *def,
     if (v5 && (v5->flags & ENVD_ENV_OBS_ROWS) &&
         (!(v5->flags & ENVD_ENV_OBS_ROWS_PRIVATE) || config->private_rows))
         bind_obs = v5->bind_obs;
-    vec->log_return = episode_field(v5, "episode_return");
-    vec->log_length = episode_field(v5, "episode_length");
-    vec->host_sums = keeps_sums(v5);
-    if (vec->host_sums) {
-        vec->sum_returns = calloc(n * (size_t)vec->agents, sizeof *vec->sum_returns);
-        vec->sum_lengths = calloc(n * (size_t)vec->agents, sizeof *vec->sum_lengths);
-        if (!vec->sum_returns || !vec->sum_lengths) {
-            free_buffers(vec);
-            free(vec);
-            return ENVD_ENOMEM;
-        }
-    }
-    if (vec->resets_itself) {
-        /* whatever the buffers hold, the first step writes every env's books */
-        vec->rows_set = malloc(n * sizeof *vec->rows_set);
-        if (!vec->rows_set) {
-            free_buffers(vec);
-            free(vec);
-            return ENVD_ENOMEM;
-        }
-        memset(vec->rows_set, true, n * sizeof *vec->rows_set);
-    }
     /* the create's seeds are copied (they may lie in shared memory) */
     if (config->seeds)
         memcpy(vec->seeds, config->seeds, n * sizeof *vec->seeds);
@@ -1767,7 +1388,7 @@ int envd_vec_create(envd_vec_t **out, const envd_env_def_t *def,
     for (int64_t i = 0; i < config->num_envs; i++) {
         const size_t row = config->per_env_params ? (size_t)i * (size_t)def->num_params : 0;
         if (config->seeds)
-            envd_rng_seed(&slot_of(vec, i)->rng, vec->seeds[i]);
+            envd_rng_seed(rng_of(vec, i), vec->seeds[i]);
         rc = init_env(vec, i, config->params + row, serial);
         if (rc == ENVD_OK && bind_obs) {
             rc = bind_obs(state_of(vec, i), (unsigned char *)buffers->observations +

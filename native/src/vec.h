@@ -22,6 +22,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "env_slot.h" /* envd_autoreset_mode_t */
 #include "envd.h"
 #include "pool.h"
 
@@ -32,12 +33,6 @@
 /* Largest num_envs a vec accepts (buffers stay well inside 64-bit sizes and a
  * host's memory; a daemon applies its own, lower, per-client limit). */
 #define ENVD_VEC_MAX_ENVS (INT64_C(1) << 20)
-
-typedef enum envd_autoreset_mode {
-    ENVD_AUTORESET_NEXT_STEP = 0, /* the step after a done resets, ignoring the action */
-    ENVD_AUTORESET_SAME_STEP = 1, /* reset inside the done step; final obs kept */
-    ENVD_AUTORESET_DISABLED = 2   /* the caller resets done envs (reset with a mask) */
-} envd_autoreset_mode_t;
 
 /* Rows: an env of def->num_agents = A agents has A rows in every per-row
  * buffer, agent-major (row i * A + a is agent a of env i; envd.h "Multi-agent

@@ -17,7 +17,7 @@ import cbuild
 import pytest
 
 STRESS = Path(__file__).resolve().parent / "engine_stress.c"
-SOURCES = (["engine.c", "session.c", "backend_pool.c", "vec.c", "pool.c", "rng.c", "errors.c",
+SOURCES = (["engine.c", "session.c", "backend_pool.c", "vec.c", "env_slot.c", "pool.c", "rng.c", "errors.c",
             "builtin_envs.c", "npy_f32_trig.c", "raster.c"]
            + sorted(str(p) for p in (cbuild.SRC / "envs").glob("*.c")) + [STRESS])
 # Loop divisors keep each run within seconds (plain) or tens of seconds

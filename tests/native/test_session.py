@@ -13,8 +13,8 @@ import cbuild
 import pytest
 
 STRESS = Path(__file__).resolve().parent / "session_stress.c"
-SOURCES = (["session.c", "backend_pool.c", "doorbell.c", "engine.c", "vec.c", "pool.c", "rng.c", "errors.c",
-            "builtin_envs.c", "npy_f32_trig.c", "raster.c"]
+SOURCES = (["session.c", "backend_pool.c", "doorbell.c", "engine.c", "vec.c", "env_slot.c", "pool.c",
+            "rng.c", "errors.c", "builtin_envs.c", "npy_f32_trig.c", "raster.c"]
            + sorted(str(p) for p in (cbuild.SRC / "envs").glob("*.c")) + [STRESS])
 # Loop divisors keep each run within seconds (plain) or tens of seconds
 # (sanitizers) on a loaded 2-core machine.

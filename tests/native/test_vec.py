@@ -11,7 +11,7 @@ import cbuild
 import pytest
 
 STRESS = Path(__file__).resolve().parent / "vec_stress.c"
-SOURCES = (["vec.c", "pool.c", "rng.c", "errors.c", "builtin_envs.c", "npy_f32_trig.c", "raster.c"]
+SOURCES = (["vec.c", "env_slot.c", "pool.c", "rng.c", "errors.c", "builtin_envs.c", "npy_f32_trig.c", "raster.c"]
            + sorted(str(p) for p in (cbuild.SRC / "envs").glob("*.c")) + [STRESS])
 # Loop divisors keep each run within tens of seconds on a loaded 2-core
 # machine; TSAN is the slowest per step.

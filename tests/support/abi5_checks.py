@@ -84,7 +84,7 @@ def check_raw_books(buffers: dict[str, np.ndarray], ended: np.ndarray) -> None:
     """The books as the vec writes them (native/src/vec.h), before the info
     masks them: dones on the rows whose episode ended in the step, and no
     truncation, statistic or log value on the others (a step clears only the
-    rows an earlier episode end wrote: vec.c's rows_set)."""
+    rows an earlier episode end wrote: env_slot.h's rows_set)."""
     assert buffers["dones"].tolist() == ended.tolist()
     assert not buffers["truncations"].any()
     for name in ("episode_returns", "episode_lengths", "episode_times"):
