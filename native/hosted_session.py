@@ -289,10 +289,10 @@ class HostedSession(NativeSession):
         return EnvError(f"{self.spec.id}: {ffi.string(text).decode('utf-8', 'replace')}",
                         lib.ENVD_EENV, index)
 
-    def _step_error(self, rc: int, call: str = "step") -> BaseException:
+    def _step_error(self, rc: int, call: str = "step", index: int | None = None) -> BaseException:
         if rc == lib.ENVD_EENV:
-            return self._env_error(int(lib.envd_session_error_index(self.handle)))
-        return super()._step_error(rc, call)
+            return self._env_error(self._index(index))
+        return super()._step_error(rc, call, index)
 
     def _convert_env_failure(self, call, *args, backend_index: bool = False) -> Any:
         """call(*args), its ENVD_EENV NativeError turned into an EnvError."""
@@ -312,15 +312,15 @@ class HostedSession(NativeSession):
     def async_reset(self, with_seeds: bool) -> None:
         self._convert_env_failure(super().async_reset, with_seeds, backend_index=True)
 
-    def send_error(self, rc: int) -> BaseException:
+    def send_error(self, rc: int, index: int | None = None) -> BaseException:
         if self._interrupted is not None:  # (inline: what stopped the run)
             return self._env_error(-1)
-        return super().send_error(rc)
+        return super().send_error(rc, index)
 
-    def recv_error(self, rc: int, count: int) -> BaseException:
+    def recv_error(self, rc: int, count: int, index: int | None = None) -> BaseException:
         if rc == lib.ENVD_EENV:
-            return self._env_error(int(lib.envd_session_error_index(self.handle)))
-        return super().recv_error(rc, count)
+            return self._env_error(self._index(index))
+        return super().recv_error(rc, count, index)
 
     def render(self, out: np.ndarray) -> None:
         raise InvalidArgumentError(f"{self.spec.id}: a hosted env's frames come from "

@@ -140,10 +140,15 @@ class NativeSession:
             raise EnvStateError(f"{self.spec.id}: this native session is closed")
         return self.handle
 
-    def _refusal(self, rc: int, call: str) -> Exception | None:
+    def _index(self, index: int | None) -> int:
+        """index, the env an error names as a completion recorded it; None:
+        the session's, read now (right after the call, on its thread)."""
+        return int(lib.envd_session_error_index(self.handle)) if index is None else index
+
+    def _refusal(self, rc: int, call: str, index: int | None = None) -> Exception | None:
         """The error of a whole-vec call the session refused for its async
         envs (index -1), else None."""
-        if lib.envd_session_error_index(self.handle) != -1:
+        if self._index(index) != -1:
             return None
         in_flight, ready = self.counts()
         if rc != lib.ENVD_EBUSY or not (in_flight or ready):
@@ -187,11 +192,11 @@ class NativeSession:
         return step_error(self.spec.id, self.spec.action_space, rc, env, self._checked,
                           never_reset=never_reset)
 
-    def _step_error(self, rc: int, call: str = "step") -> BaseException:
-        refusal = self._refusal(rc, call)
+    def _step_error(self, rc: int, call: str = "step", index: int | None = None) -> BaseException:
+        refusal = self._refusal(rc, call, index)
         if refusal is not None:
             return refusal
-        index = int(lib.envd_session_error_index(self.handle))
+        index = self._index(index)
         if rc in (lib.ENVD_ERANGE, lib.ENVD_ESTATE, lib.ENVD_EBUSY, lib.ENVD_EENV):
             return self._refused_env_error(rc, index)
         return NativeError(f"{self.spec.id}: {call} failed: {strerror(rc)} ({rc})", rc)
@@ -254,12 +259,13 @@ class NativeSession:
         self._live()
         return call, self._bound_step
 
-    def step_result(self, result: int) -> int:
+    def step_result(self, result: int, index: int | None = None) -> int:
         """The envs whose episode ended, of a step's result (a request
-        engine's completion, envd.native.request_engine), or its error
-        raised: read right after the call that made it, on its thread."""
+        engine's completion, envd.native.request_engine, and the env its
+        error names: index), or its error raised: without index, read right
+        after the call that made it, on its thread."""
         if result < 0:
-            raise self._step_error(result)
+            raise self._step_error(result, index=index)
         return result
 
     # ---- async -------------------------------------------------------------------------
@@ -281,11 +287,11 @@ class NativeSession:
         if rc != lib.ENVD_OK:
             raise self.send_error(rc)
 
-    def send_error(self, rc: int) -> BaseException:
-        """The error of a send refused with rc (read right after the refusal,
-        on its thread: the session's error index names the env)."""
+    def send_error(self, rc: int, index: int | None = None) -> BaseException:
+        """The error of a send refused with rc, naming env index (None: the
+        session's, read right after the refusal, on its thread)."""
         handle = self.handle
-        index = int(lib.envd_session_error_index(handle))
+        index = self._index(index)
         if rc == lib.ENVD_EBUSY and 0 <= index < self.num_envs:
             state = lib.envd_session_env_state(handle, index)
             if state != lib.ENVD_ENV_IDLE:
@@ -312,11 +318,12 @@ class NativeSession:
             return None
         raise self.recv_error(got, count)
 
-    def recv_error(self, rc: int, count: int) -> BaseException:
+    def recv_error(self, rc: int, count: int, index: int | None = None) -> BaseException:
         """The error of a recv of count envs (at least: its min) that failed
-        with rc: too few sent, or the kept failure of a finished batch (read
-        right after the recv, on its thread)."""
-        index = int(lib.envd_session_error_index(self.handle))
+        with rc: too few sent, or the kept failure of a finished batch, naming
+        env index (None: the session's, read right after the recv, on its
+        thread)."""
+        index = self._index(index)
         if rc == lib.ENVD_ESTATE and index == -1:
             return recv_short_error(self.spec.id, count, sum(self.counts()))
         return self._refused_env_error(rc, index)

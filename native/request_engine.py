@@ -14,9 +14,11 @@ for its request) and the in-process calls (NativeSession's step, send and
 recv).  A session's one request is kept in the session itself, so a request
 by any door while another's waits is refused the same way.
 
-The completion's result is the C call's: the session that made it turns a
-negative one into its error (NativeSession.step_result, recv_error,
-send_error), right after, on the same thread.
+The completion's result is the C call's, and its error_index the env the
+session named right after it, under the session's lock: the session that made
+it turns a negative result into its error (NativeSession.step_result,
+recv_error, send_error, given that index: the session's live one may name
+another env by then, a batch of a later send having failed meanwhile).
 """
 from __future__ import annotations
 
@@ -37,15 +39,18 @@ _POLL_BATCH = 64
 class Completion(NamedTuple):
     """A request's end: its tag and kind, whether it was refused before
     anything started (a step: its inputs were not read), and the result
-    (a step's envs done, a recv's count of ids, or an ENVD_E* code)."""
+    (a step's envs done, a recv's count of ids, or an ENVD_E* code) and
+    the env an error names (-1: none)."""
     tag: int
     kind: int
     refused: bool
     result: int
+    error_index: int
 
 
 def _completion(record) -> Completion:
-    return Completion(int(record.tag), int(record.kind), bool(record.refused), int(record.result))
+    return Completion(int(record.tag), int(record.kind), bool(record.refused), int(record.result),
+                      int(record.error_index))
 
 
 class RequestEngine:
@@ -88,12 +93,17 @@ class RequestEngine:
         """Submit a request that completes once no env of session is in flight."""
         return self._submit(session, SETTLE, tag)
 
-    def send(self, session, ids: np.ndarray, notify: bool = True) -> tuple[int, Completion | None]:
-        """Send ids (int64, contiguous): the send's code, and the completion of
-        the session's waiting recv if the batch (run inline) completed it."""
+    def send(self, session, ids: np.ndarray,
+             notify: bool = True) -> tuple[int, int, Completion | None]:
+        """Send ids (int64, contiguous): the send's code, the env its refusal
+        names (-1: none), and the completion of the session's waiting recv if
+        the batch (run inline) completed it."""
+        done = self._done
         rc = lib.envd_engine_send(self.handle, session, ffi.from_buffer("int64_t[]", ids),
-                                  len(ids), lib.ENVD_JOB_NOTIFY if notify else 0, self._done)
-        return int(rc), (_completion(self._done) if self._done.kind else None)
+                                  len(ids), lib.ENVD_JOB_NOTIFY if notify else 0, done)
+        # (a refused send completes no recv: the record names the send's env)
+        return int(rc), int(done.error_index) if rc else -1, (_completion(done) if done.kind
+                                                              else None)
 
     def poll(self) -> list[Completion]:
         """The completions of the waiting requests that are done now."""

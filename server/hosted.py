@@ -325,14 +325,14 @@ class HostedNative:
         (envd.native.request_engine)."""
         return self.hosted.handle
 
-    def step_result(self, result: int) -> int:
-        return self.hosted.step_result(result)
+    def step_result(self, result: int, index: int | None = None) -> int:
+        return self.hosted.step_result(result, index)
 
-    def recv_error(self, rc: int, count: int) -> BaseException:
-        return self.hosted.recv_error(rc, count)
+    def recv_error(self, rc: int, count: int, index: int | None = None) -> BaseException:
+        return self.hosted.recv_error(rc, count, index)
 
-    def send_error(self, rc: int) -> BaseException:
-        return self.hosted.send_error(rc)
+    def send_error(self, rc: int, index: int | None = None) -> BaseException:
+        return self.hosted.send_error(rc, index)
 
     # ---- the rest, as NativeSession -------------------------------------------------------
     def counts(self) -> tuple[int, int]:

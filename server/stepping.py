@@ -265,7 +265,7 @@ class SteppingHandlers:
         tag = self._tag()
         done = self.engine.step(session.native.handle, tag)
         if done is not None and done.refused:  # envs in flight or ready, ...: nothing ran
-            session.native.step_result(done.result)
+            session.native.step_result(done.result, done.error_index)
         session.segment.bump_step_seq()
         waiting = Waiting(session, client.identity, header["id"], inline, started, None, 0)
         if done is not None:  # ran inline: no eventfd event comes
@@ -279,7 +279,7 @@ class SteppingHandlers:
         session.segment.bump_done_seq()  # failed or not, the buffers are free again
         self.service.step_latency(time.perf_counter() - waiting.started)
         try:
-            num_done = session.native.step_result(done.result)
+            num_done = session.native.step_result(done.result, done.error_index)
         except EnvdError as exc:
             return protocol.error_reply(request_id, exc)
         self.count_steps(session)
@@ -308,11 +308,11 @@ class SteppingHandlers:
         # Validation errors raise before anything is stepped; an env failing
         # in this batch (run inline) is reported by the next recv, which the
         # client makes for these envs anyway: the send itself succeeded.
-        rc, done = self.engine.send(session.native.handle, env_ids)
+        rc, index, done = self.engine.send(session.native.handle, env_ids)
         if done is not None:  # the batch ran inline and completed the parked recv
             self._complete(done)
         if rc != 0:
-            raise session.native.send_error(rc)
+            raise session.native.send_error(rc, index)
         return protocol.ok_reply(header["id"])
 
     def recv(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> dict | None:
@@ -335,7 +335,7 @@ class SteppingHandlers:
         """The reply to a recv that completed (raises its error)."""
         session, request_id = waiting.session, waiting.request_id
         if done.result < 0:
-            raise session.native.recv_error(done.result, waiting.least)
+            raise session.native.recv_error(done.result, waiting.least, done.error_index)
         assert waiting.ids is not None
         ids = waiting.ids[:done.result]
         if session.revoked:  # their results went to zero pages

@@ -159,6 +159,12 @@ static int64_t spin_deadline(const envd_doorbell_t *bell)
     return bell->answered_ns + spin;
 }
 
+int64_t envd_doorbell_spin_ns(const envd_doorbell_t *bell)
+{
+    const int64_t deadline = spin_deadline(bell);
+    return deadline == 0 ? 0 : deadline - bell->answered_ns;
+}
+
 /* Count the gap between the last answer and the request that followed it. */
 static void note_gap(envd_doorbell_t *bell, int64_t now_ns)
 {

@@ -211,6 +211,13 @@ void envd_doorbell_collect(envd_doorbell_t *bell);
 /* Envs of the session in flight or ready (not yet received). */
 int64_t envd_doorbell_pending(const envd_doorbell_t *bell);
 
+/* How long past its last answer the server spins for the next request, as
+ * its client's gaps decide (ns; 0: it does not spin), whether or not a spin
+ * slot and the CPUs then let it spin.  The server thread's own books: read
+ * only while it cannot write them, asleep (server_asleep read as 1, which
+ * orders its writes before the read) and rung by nobody.  For tests. */
+int64_t envd_doorbell_spin_ns(const envd_doorbell_t *bell);
+
 /* cffi:begin */
 /* How many server threads of this process may spin at once (>= 0; default 1). */
 void envd_doorbell_set_max_spinners(int max_spinners);

@@ -19,8 +19,10 @@ which overwrites them in place.  Keep a copy (or pass ``copy=True`` to
 """
 from __future__ import annotations
 
+import dis
 import sys
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -59,6 +61,14 @@ def possible_agents(names: Sequence[str], num_agents: int) -> list[str]:
 
 #: how often close() looks whether another thread's call gave the env back
 _CLOSE_POLL_S = 0.001
+#: how long close() waits for a call in progress before it leaks the env's
+#: native session instead of freeing it (never free what a call may still be
+#: in).  A call gives the env back when it ends; a daemon-served call ends at
+#: its client's timeout at the latest (30 s by default), so twice that lets
+#: every call with the default timeout end, while a token lost to an
+#: interrupt under a tracer (the claim's note) costs close() a minute, not
+#: forever.
+_CLOSE_WAIT_S = 60.0
 #: CPython 3.11 on raises a signal handler's exception (KeyboardInterrupt)
 #: only at a function's start, a backward jump or right after a call
 #: returns: one raised inside ``try: claim.pop()`` came after the pop took
@@ -66,6 +76,17 @@ _CLOSE_POLL_S = 0.001
 #: the pop's included: there the token is not given back (a second one
 #: would let two calls in at once).
 _INTERRUPTED_AFTER_POP = sys.implementation.name == "cpython" and sys.version_info >= (3, 11)
+#: the opcodes of the pop's call (3.11: PRECALL, CALL; 3.12 on: CALL), at
+#: which alone CPython 3.11 on raises a signal's exception in the claim's
+#: ``try`` (after the call returned): an exception raised at another
+#: instruction came from a tracer (pdb, IDE debuggers, coverage: its line
+#: event runs before the pop), and the token is not given back.  Empty where
+#: the interrupt may come before any opcode (3.10, other implementations).
+_POP_CALLED = (frozenset(dis.opmap[name] for name in ("PRECALL", "CALL") if name in dis.opmap)
+               if _INTERRUPTED_AFTER_POP else frozenset())
+#: the envs whose close() gave up waiting for a call: kept alive, with their
+#: native sessions, so that nothing frees memory the call may still be in
+_LEAKED: list[Any] = []
 
 
 def _refuse_closed(env_id: str) -> int:
@@ -120,11 +141,20 @@ class BatchedVecEnv(VectorEnv):
         # GIL (atomic; a free-threaded build locks the list), and the pair
         # costs a step about a third of threading.Lock's acquire(False) and
         # release (docs/benchmarks.md, "The Python layer of a step").  Ctrl-C
-        # must not lose the token (close() would then wait forever): an
-        # exception other than IndexError inside ``try: claim.pop()`` is an
-        # interrupt that came after the pop (_INTERRUPTED_AFTER_POP), and its
-        # handler gives the token back; past that block each path reaches a
-        # ``finally`` (or gives it back itself) before any other call.
+        # must not lose the token: an exception other than IndexError inside
+        # ``try: claim.pop()`` is an interrupt, and its handler gives the
+        # token back when it surely came after the pop: the token is gone
+        # (one still there proves the pop did not run) and it was raised at
+        # the pop's call (_POP_CALLED; a tracer's line event raises before).
+        # The handler makes no call before the append: each call's return
+        # may raise a second interrupt.  Past that block each path reaches a
+        # ``finally`` (or gives it back itself) before any other call.  Under
+        # a tracer a token may still be lost (say, an interrupt as _acquire()
+        # returns): close() waits for it at most _CLOSE_WAIT_S, then leaks the
+        # native session (never frees it).  A token is doubled only where a
+        # tracer's opcode event or a profiler's or sys.monitoring's call event
+        # is interrupted at the pop's call while another thread's call holds
+        # the env (a use refused anyway).
         # (Handlers cost nothing until run: the step's path is unchanged.)
         self._claim = [True]
         self.env_id = env_id
@@ -352,8 +382,9 @@ class BatchedVecEnv(VectorEnv):
             raise EnvStateError(
                 f"this {self.env_id} VecEnv is being used by another thread; "
                 "a VecEnv takes one call at a time") from None
-        except BaseException:  # (an interrupt as the pop returned: the claim's note)
-            if _INTERRUPTED_AFTER_POP:
+        except BaseException as interrupt:  # (the claim's note: no call before the append)
+            where = interrupt.__traceback__
+            if not claim and where and where.tb_frame.f_code.co_code[where.tb_lasti] in _POP_CALLED:
                 claim.append(True)
             raise
         if self._closing:
@@ -584,8 +615,9 @@ class BatchedVecEnv(VectorEnv):
             claim.pop()
         except IndexError:
             self._acquire()  # (raises: in use by another thread)
-        except BaseException:  # (an interrupt as the pop returned: the claim's note)
-            if _INTERRUPTED_AFTER_POP:
+        except BaseException as interrupt:  # (the claim's note: no call before the append)
+            where = interrupt.__traceback__
+            if not claim and where and where.tb_frame.f_code.co_code[where.tb_lasti] in _POP_CALLED:
                 claim.append(True)
             raise
         if self._closing:  # (before the actions are written)
@@ -682,8 +714,9 @@ class BatchedVecEnv(VectorEnv):
             claim.pop()
         except IndexError:
             self._acquire()  # (raises: in use by another thread)
-        except BaseException:  # (an interrupt as the pop returned: the claim's note)
-            if _INTERRUPTED_AFTER_POP:
+        except BaseException as interrupt:  # (the claim's note: no call before the append)
+            where = interrupt.__traceback__
+            if not claim and where and where.tb_frame.f_code.co_code[where.tb_lasti] in _POP_CALLED:
                 claim.append(True)
             raise
         try:
@@ -979,23 +1012,40 @@ class BatchedVecEnv(VectorEnv):
         self.call(name)
 
     def close(self, **kwargs: Any) -> None:
-        """Free the envs.  Idempotent; waits for a call in progress on another thread."""
+        """Free the envs.  Idempotent; waits for a call in progress on another
+        thread, at most _CLOSE_WAIT_S: then it warns and leaks the env's
+        native session instead of freeing memory the call may still be in."""
+        self._close(wait=True)
+
+    def _close(self, wait: bool) -> None:
+        """close(); wait=False (garbage collection) frees the envs even when
+        the token is gone: no call runs, since its frame would hold self."""
         claim = getattr(self, "_claim", None)
         if claim is None:  # __init__ failed before creating anything
+            return
+        if self.closed and not claim:  # (closed, or leaked by _leak: nothing to wait for)
             return
         # Refuse every call from now on, first: a thread stepping in a loop
         # takes the env back between two calls without letting this thread
         # run (the GIL), so close() must not wait for a moment between calls.
         self._closing = True
         self._step_fn = _RefuseClosing(self.env_id)
+        deadline = time.monotonic() + _CLOSE_WAIT_S
         while True:  # (a call holds the env for as long as it runs)
             try:
                 claim.pop()
                 break
             except IndexError:
+                if not wait:  # (the token was lost: given back below)
+                    break
+                if time.monotonic() >= deadline:
+                    if not self.closed:
+                        self._leak()
+                    return
                 time.sleep(_CLOSE_POLL_S)
-            except BaseException:  # (an interrupt as the pop returned: the claim's note)
-                if _INTERRUPTED_AFTER_POP:
+            except BaseException as interrupt:  # (the claim's note: no call before the append)
+                where = interrupt.__traceback__
+                if not claim and where and where.tb_frame.f_code.co_code[where.tb_lasti] in _POP_CALLED:
                     claim.append(True)
                 raise
         try:
@@ -1011,6 +1061,20 @@ class BatchedVecEnv(VectorEnv):
         for resource in owned:
             resource.close()
 
+    def _leak(self) -> None:
+        """close() after _CLOSE_WAIT_S without the env back: a call still
+        runs (or an interrupt under a tracer lost the token): keep the env
+        and its native session alive for good, closed to every new call."""
+        self._step_fn, self._step_arg = _refuse_closed, self.env_id
+        self.closed = True
+        _LEAKED.append(self)
+        warnings.warn(
+            f"{self!r}: close() waited {_CLOSE_WAIT_S:g} s for a call in progress on "
+            "another thread (or for the env's one-call token, lost to an interrupt "
+            "under a debugger, profiler or coverage tool); the env's native session "
+            "is leaked, not freed, since the call may still use it", RuntimeWarning,
+            stacklevel=4)
+
     def close_along(self, resource: Any) -> None:
         """Close resource (anything with close(), e.g. the envd.Client this
         env was made through) when this env closes: for an env whose maker
@@ -1019,7 +1083,7 @@ class BatchedVecEnv(VectorEnv):
         self._owned.append(resource)
 
     def __del__(self) -> None:
-        self.close()
+        self._close(wait=False)
 
     def __enter__(self) -> BatchedVecEnv:
         return self

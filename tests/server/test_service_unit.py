@@ -23,6 +23,8 @@ import numpy as np
 import pytest
 
 from envd import protocol
+from envd.native import native_session
+from envd.native._envd_native import lib as _lib
 from envd.native.native_vec import NativePool
 from envd.server.config import Config
 from envd.server.lifecycle import State
@@ -714,4 +716,40 @@ def test_a_bug_while_answering_a_completion_still_answers_it_and_the_others(
     assert broken_session.life.state is other.life.state is State.OPEN
     monkeypatch.undo()
     assert h.reply(ALICE, pending_step(h, broken_session))["ok"]  # its turn was freed
+    h.assert_each_request_answered_once()
+
+
+class _LiveIndexElsewhere:
+    """native_session's lib, except that the session's live error index
+    names env 7: as when a batch of another env failed after the engine
+    recorded a completion, before its reply was made."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(_lib, name)
+
+    @staticmethod
+    def envd_session_error_index(handle: Any) -> int:
+        return 7
+
+
+def test_an_error_reply_names_the_env_of_its_completion_not_the_live_index(harness,
+                                                                         monkeypatch):
+    """The env an error names comes from the engine's completion record
+    (taken under the session's lock), never from the session read later."""
+    h = harness(threads=2)
+    h.hello(ALICE)
+    session = h.make(ALICE, "CartPole-v1", 8, batch_size=4)
+    assert h.call(ALICE, "reset", session=session.id)["ok"]
+    description, blob = action_frame(session)
+    actions = np.frombuffer(blob, session.buffers["actions"].dtype).copy()
+    actions[5] = 9  # (CartPole takes 0 or 1)
+    monkeypatch.setattr(native_session, "lib", _LiveIndexElsewhere())
+    reply = h.call(ALICE, "step", actions.tobytes(), session=session.id, actions=description)
+    assert reply["code"] == "invalid_action" and "env 5" in reply["message"], reply
+    assert "env 7" not in reply["message"]
+    reply = h.call(ALICE, "recv", session=session.id, count=1)  # nothing sent: no env named
+    assert reply["code"] == "env_state" and "send more first" in reply["message"], reply
+    assert h.call(ALICE, "send", ids_frame(0, 1), session=session.id)["ok"]
+    reply = h.call(ALICE, "send", ids_frame(1), session=session.id)  # env 1 is out already
+    assert not reply["ok"] and "env 1" in reply["message"] and "env 7" not in reply["message"]
     h.assert_each_request_answered_once()

@@ -10,8 +10,9 @@ PR_SET_PDEATHSIG) and waits on both the owner (the actor's process, through a
 pidfd) and the daemon.  When the owner goes, the daemon gets SIGTERM (it
 drains and removes its socket and segments), SIGKILL after a deadline; when
 the daemon goes, however it died, the keeper removes its socket file and the
-segments of dead daemons, and writes the exit status for the actor.  With the
-owner gone it also removes FOLDER.
+segments of dead daemons of its shared-memory namespace (shm_namespace), and
+writes the exit status for the actor.  With the owner gone it also removes
+FOLDER.
 
 FOLDER holds: ``envd.sock`` (the daemon's ipc socket), ``daemon.pid`` (written
 once the daemon runs), ``status`` (its exit status, negative for a signal),
@@ -19,6 +20,7 @@ once the daemon runs), ``status`` (its exit status, negative for a signal),
 """
 from __future__ import annotations
 
+import argparse
 import ctypes
 import os
 import select
@@ -26,6 +28,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Mapping
 
 #: prctl's option number (linux/prctl.h): the signal a child gets when its parent dies.
 _PR_SET_PDEATHSIG = 1
@@ -70,10 +73,29 @@ def _keep(owner_pid: int, folder: str, argv: list[str]) -> None:
         os.unlink(with_socket)
     if code != 0:
         from envd.server.stale_segments import remove_stale_segments
-        remove_stale_segments()
+        remove_stale_segments(namespace=shm_namespace(argv, os.environ))
     _write(os.path.join(folder, "status"), str(code))
     if owner_gone or _gone(owner):
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def shm_namespace(argv: list[str], environ: Mapping[str, str]) -> str:
+    """The shared-memory namespace of the daemon that argv runs (``python -m
+    envd FLAGS...``, or the ``envd`` script) in environ, read as the daemon
+    reads it (server/config.py: --shm-namespace, else ENVD_SHM_NAMESPACE,
+    else its --config file's); "" when none.  "" too when its settings do
+    not parse: the daemon then refused to start before making a segment."""
+    from envd.server import config, stale_segments
+
+    flags = argv[3:] if argv[1:3] == ["-m", "envd"] else argv[1:]
+    parser = argparse.ArgumentParser(add_help=False)
+    config.add_arguments(parser)
+    try:
+        args, _ = parser.parse_known_args(flags)  # (a daemon subcommand's own flags: unknown)
+        namespace = config.from_args(args, environ).shm_namespace or ""
+        return stale_segments.check_namespace(namespace)
+    except (SystemExit, ValueError, OSError):  # (argparse's errors exit)
+        return ""
 
 
 def _gone(pidfd: int) -> bool:
