@@ -640,7 +640,7 @@ static bool ocean_find_copies(void)
         for (size_t j = 0; j < ENVD_OCEAN_LOG_FLOATS; j++)
             for (size_t k = 0; k < j; k++)
                 if (floats[j] == floats[k])
-                    return false; /* (never, for these bits: a guard) */
+                    return false; /* (two equal by chance: no copy found) */
         given = probe;
         envd_ocean_dict_t rec;
         memset(&rec, 0, sizeof(rec));
