@@ -271,6 +271,9 @@ class HostedSession(NativeSession):
         rc = lib.envd_session_create(out, backend[0])  # (takes the backend over)
         self._check(rc, "creating the session")
         self._backend, self.handle = backend[0], out[0]
+        # bare_step's call always releases the GIL: a hosted step waits for
+        # worker processes or runs Python envs (its backend measures no cost)
+        self._bind_step(may_hold_gil=False)
 
     # ---- errors ----------------------------------------------------------------------
     def _env_error(self, index: int) -> BaseException:

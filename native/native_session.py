@@ -61,7 +61,7 @@ def _address(cdata: Any) -> int:
 
 #: the addresses envd.native._envd_call binds (bare_step)
 _STEP = _address(ffi.addressof(lib, "envd_session_step"))
-_STEP_IS_SHORT = _address(ffi.addressof(lib, "envd_session_step_is_short"))
+_STEP_IF_SHORT = _address(ffi.addressof(lib, "envd_session_step_if_short"))
 
 
 class SessionSpec(Protocol):
@@ -117,8 +117,7 @@ class NativeSession:
         out = ffi.new("envd_session_t **")
         self._check(lib.envd_session_create(out, backend[0]), "creating the session")
         self.handle = out[0]
-        # step() as one bound native call (bare_step), cleared by close()
-        self._bound_step = Bound(_STEP, _address(self.handle), _STEP_IS_SHORT)
+        self._bind_step(may_hold_gil=True)
         self.max_threads = max_threads
         if max_threads is not None:  # nothing is in flight yet: it cannot be busy
             self._check(lib.envd_session_set_max_threads(self.handle, max_threads),
@@ -245,15 +244,23 @@ class NativeSession:
             raise self._step_error(num_done)
         return num_done
 
+    def _bind_step(self, may_hold_gil: bool) -> None:
+        """step() as one bound native call (bare_step), cleared by close();
+        may_hold_gil: a short step keeps the GIL (envd_session_step_if_short),
+        else every step releases it."""
+        self._bound_step = Bound(_STEP, _address(self.handle),
+                                 _STEP_IF_SHORT if may_hold_gil else 0)
+
     def bare_step(self) -> tuple[Callable[[Any], int], Any]:
         """step() as one bare call, for a caller whose every step counts
         (BatchedVecEnv's step paths): a function and its argument,
         envd.native._envd_call's call and this session's envd_session_step
         bound to its handle.  function(argument) returns the episodes that
         ended or a negative code, which step_result(code) turns into step()'s
-        error.  It keeps the GIL through a step measured short and releases
-        it for any other (envd_session_step_is_short, session.h), where a
-        cffi call always releases it.  After close() it is refused
+        error.  It keeps the GIL through a step measured short whose lock
+        is free and releases it for any other (envd_session_step_if_short,
+        session.h), where a cffi call always releases it; a hosted
+        session's always releases it.  After close() it is refused
         (ENVD_EINVAL); a call must not race close() (no other thread may use
         the session meanwhile: BatchedVecEnv's claim)."""
         self._live()

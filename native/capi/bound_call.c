@@ -6,15 +6,19 @@
  * costs about 600 instructions a call (callgrind), this call about 190 with
  * the question below; a cheap env's whole in-place step at N=64 costs about
  * 11,500 (puffer:squared; docs/benchmarks.md), and PufferLib's own binding
- * keeps the GIL through its vec_step.  So a bound call asks a second native
- * function, `int is_short(void *arg)`, whether the call is short: then it
- * runs with the GIL held, else with the GIL released (a long step, or one
- * that waits for other threads, must not stall the program's other Python
- * threads).  For envd's sessions these are envd_session_step and
- * envd_session_step_is_short (session.h), their addresses handed over by
- * cffi (native_session.py), so this module links nothing of envd.
+ * keeps the GIL through its vec_step.  So a bound call first calls a second
+ * native function, `int if_short(void *arg)`, with the GIL held: it runs the
+ * call itself when the call is short and waits for nothing (no lock another
+ * thread holds, no pool thread), returning its result, or returns
+ * BOUND_NOT_RUN having done nothing; then fn(arg) runs with the GIL released
+ * (a long step, or one that waits for other threads, must not stall the
+ * program's other Python threads, and a thread that holds a lock fn takes
+ * may be waiting for the GIL).  For envd's sessions these are
+ * envd_session_step and envd_session_step_if_short (session.h), their
+ * addresses handed over by cffi (native_session.py), so this module links
+ * nothing of envd.
  *
- * Bound(fn, arg, is_short): three addresses (integers; is_short may be 0:
+ * Bound(fn, arg, if_short): three addresses (integers; if_short may be 0:
  * always release the GIL).  call(bound): fn(arg) as an int.  bound.clear():
  * arg is NULL from now on, and stays NULL (envd's functions refuse a NULL
  * session with ENVD_EINVAL): the owner clears it before it frees arg.
@@ -27,14 +31,18 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <limits.h>
 #include <stdint.h>
 
 typedef int (*bound_fn_t)(void *);
 
+/* if_short's "not run" (session.h's ENVD_SESSION_NOT_RUN). */
+#define BOUND_NOT_RUN INT_MIN
+
 typedef struct {
     PyObject_HEAD
     bound_fn_t fn;
-    bound_fn_t is_short; /* NULL: never short */
+    bound_fn_t if_short; /* NULL: never short */
     void *arg;
 } bound_t;
 
@@ -52,7 +60,7 @@ static void *address(PyObject *value, const char *what)
 
 static PyObject *bound_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
-    static char *names[] = {"fn", "arg", "is_short", NULL};
+    static char *names[] = {"fn", "arg", "if_short", NULL};
     PyObject *fn_obj, *arg_obj, *short_obj;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO:Bound", names, &fn_obj, &arg_obj,
                                      &short_obj))
@@ -63,8 +71,8 @@ static PyObject *bound_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     void *arg = address(arg_obj, NULL); /* (NULL allowed: a refusing call) */
     if (arg == NULL && PyErr_Occurred())
         return NULL;
-    void *is_short = address(short_obj, NULL);
-    if (is_short == NULL && PyErr_Occurred())
+    void *if_short = address(short_obj, NULL);
+    if (if_short == NULL && PyErr_Occurred())
         return NULL;
     allocfunc alloc = (allocfunc)PyType_GetSlot(type, Py_tp_alloc);
     bound_t *self = (bound_t *)alloc(type, 0);
@@ -73,7 +81,7 @@ static PyObject *bound_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     /* Function pointers from integers: the addresses cffi took of functions
      * (conversion through uintptr_t, as POSIX's dlsym results are used). */
     self->fn = (bound_fn_t)(uintptr_t)fn;
-    self->is_short = (bound_fn_t)(uintptr_t)is_short;
+    self->if_short = (bound_fn_t)(uintptr_t)if_short;
     self->arg = arg;
     return (PyObject *)self;
 }
@@ -111,8 +119,9 @@ static PyGetSetDef bound_getset[] = {
 };
 
 static PyType_Slot bound_slots[] = {
-    {Py_tp_doc, (void *)"Bound(fn, arg, is_short): int fn(void *) bound to arg (addresses); "
-                        "call(bound) runs it, holding the GIL while is_short(arg) says so."},
+    {Py_tp_doc, (void *)"Bound(fn, arg, if_short): int fn(void *) bound to arg (addresses); "
+                        "call(bound) runs if_short(arg) holding the GIL, and fn(arg) with "
+                        "the GIL released where if_short did not run it."},
     {Py_tp_new, (void *)bound_new},
     {Py_tp_dealloc, (void *)bound_dealloc},
     {Py_tp_methods, bound_methods},
@@ -138,10 +147,8 @@ static PyObject *call(PyObject *module, PyObject *obj)
     const bound_t *b = (const bound_t *)obj;
     void *arg = b->arg; /* read under the GIL: see the top of the file */
     const bound_fn_t fn = b->fn;
-    int rc;
-    if (b->is_short != NULL && b->is_short(arg)) {
-        rc = fn(arg);
-    } else {
+    int rc = b->if_short != NULL ? b->if_short(arg) : BOUND_NOT_RUN;
+    if (rc == BOUND_NOT_RUN) {
         Py_BEGIN_ALLOW_THREADS
         rc = fn(arg);
         Py_END_ALLOW_THREADS
@@ -151,8 +158,8 @@ static PyObject *call(PyObject *module, PyObject *obj)
 
 static PyMethodDef module_methods[] = {
     {"call", call, METH_O,
-     "call(bound) -> int: bound's fn(arg); the GIL held while is_short(arg) is non-zero, "
-     "else released for the call."},
+     "call(bound) -> int: bound's fn(arg), run by if_short(arg) with the GIL held where "
+     "short, else with the GIL released."},
     {NULL, NULL, 0, NULL},
 };
 

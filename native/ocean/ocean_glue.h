@@ -35,6 +35,7 @@
 #ifndef ENVD_OCEAN_GLUE_H
 #define ENVD_OCEAN_GLUE_H
 
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdalign.h>
@@ -492,6 +493,18 @@ static bool ocean_log_copies;
 
 #define ENVD_OCEAN_LOG_FLOATS (sizeof(Log) / sizeof(float))
 
+/* The count ocean_episode_end returns for a Log's n > 0 (the host reads it
+ * only as "an episode ended"): PufferLib's vec_log logs every n != 0 as a
+ * float, so a fraction of one (0 < n < 1: an env that counts halves) is an
+ * episode end, 1; n at or above INT_MAX, or inf, is INT_MAX (a float to int
+ * conversion out of int's range is undefined). */
+static inline int ocean_episode_count(float n)
+{
+    if (n < 1.0f)
+        return 1;
+    return n < 2147483648.0f ? (int)n : INT_MAX;
+}
+
 /* ocean_episode_end through my_log: vec_log's mean of the Log, my_log's
  * records of it, the fields read from them.  Out of line: its frame (the
  * records, 1 KiB) and saved registers cost every episode end when inlined
@@ -509,28 +522,33 @@ static __attribute__((noinline)) int ocean_episode_end_logged(ocean_state_t *st,
     /* Only the header is cleared: the records are written before they are
      * read.  Appended without the by-name search, and read by place when
      * my_log wrote the same names as at load (the same literals): the search
-     * and the 1 KiB clear were most of an episode end's cost (perf, squared). */
+     * and the 1 KiB clear were most of an episode end's cost (perf, squared).
+     * my_log gets a copy of the mean each time: it may write into its Log. */
     envd_ocean_dict_t rec;
     rec.count = 0;
     rec.append = ocean_log_count > 0;
     rec.error[0] = '\0';
-    my_log(&rec, &mean);
+    Log arg = mean;
+    my_log(&rec, &arg);
     bool by_place = rec.append && rec.count == ocean_log_count;
     for (int32_t f = 0; by_place && f < ocean_num_episode_fields; f++)
         by_place = rec.names[ocean_episode_place[f]] == ocean_episode_names[f];
     if (rec.append && !by_place) { /* not the names of load: as a dict */
         rec.count = 0;
         rec.append = false;
-        my_log(&rec, &mean);
+        arg = mean;
+        my_log(&rec, &arg);
     }
     for (int32_t f = 0; f < ocean_num_episode_fields; f++) {
         const double *v = by_place ? &rec.values[ocean_episode_place[f]]
                                    : envd_ocean_dict_find(&rec, ocean_episode_names[f]);
         values[f] = v ? *v : NAN;
     }
-    return (int)n;
+    return ocean_episode_count(n);
 }
 
+/* An episode ended when the Log's n > 0 (ocean_episode_count); n <= 0 or a
+ * NaN (no env counts so) is no episode end, and the Log is left as it is. */
 static int ocean_episode_end(void *state, double *values)
 {
     ocean_state_t *st = state;
@@ -551,32 +569,85 @@ static int ocean_episode_end(void *state, double *values)
         for (int32_t f = 0; f < ocean_num_episode_fields; f++)
             values[f] = (double)(log[ocean_episode_from[f]] / n);
     memset(&st->env.log, 0, sizeof(Log));
-    return (int)n;
+    return ocean_episode_count(n);
+}
+
+/* splitmix64: the probes' bits (any fixed well-mixed sequence would do). */
+static inline uint64_t ocean_probe_bits(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9e3779b97f4a7c15u);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
+    return z ^ (z >> 31);
+}
+
+#define ENVD_OCEAN_PROBES 6
+
+/* Probe p's Log.  n is 1, as in every Log my_log gets from vec_log (the
+ * mean: n / n).  Every other float has a full pseudo-random mantissa, so
+ * that no combination of other floats (a * 3, (a + e) / 2, a + d - b, ...)
+ * equals it in every probe but by a chance of about 2^-23 a probe; its
+ * magnitude lies in [2^-4, 2^21), a range a real Log holds (rates below 1,
+ * lengths and returns up to a few million; a my_log that converts a field
+ * to int, e.g. for a loop bound, gets a defined, bounded int); and its sign
+ * and binade vary by probe: all positive, all negative, all in the top
+ * binade of each sign (so that a clamp under 2^20 shows), all in the
+ * bottom binade, then mixed, so that an absolute value, a clamp or a record
+ * only of some signs changes some probe's record. */
+static void ocean_probe_log(int p, Log *probe)
+{
+    float *floats = (float *)probe;
+    uint64_t state = 0x656e7664u + (uint64_t)p; /* "envd" */
+    for (size_t j = 0; j < ENVD_OCEAN_LOG_FLOATS; j++) {
+        const uint64_t bits = ocean_probe_bits(&state);
+        int binade = (int)((bits >> 23) % 25u) - 4; /* [-4, 20] */
+        bool negative = (bits >> 40) & 1u;
+        switch (p) {
+        case 0: negative = false; break;
+        case 1: negative = true; break;
+        case 2: binade = 20; negative = false; break;
+        case 3: binade = 20; negative = true; break;
+        case 4: binade = -4; break;
+        default: break;
+        }
+        /* the float's bits: sign, biased exponent, the 23 mantissa bits */
+        const uint32_t word = (negative ? 0x80000000u : 0u) | (uint32_t)(127 + binade) << 23 |
+                              (uint32_t)(bits & 0x7fffffu);
+        memcpy(&floats[j], &word, sizeof word);
+    }
+    probe->n = 1.0f;
 }
 
 /* Whether my_log records every field as one float of the Log, unchanged
  * (`assign_to_dict(dict, "score", log->score)`, as every binding envd builds
- * does), and which: my_log on probe Logs whose floats are all distinct, of
- * both signs and far apart in magnitude; a field must be the same float in
- * every probe.  A record that offsets, scales, clamps, takes the absolute
- * value of or combines floats, or a constant, is in some probe none of its
- * floats, or a float other than in the other probes: my_log stays in use.
- * Needs ocean_log_count (the names recorded once each, at their places). */
+ * does), and which: my_log on probe Logs (ocean_probe_log) whose floats are
+ * all distinct; a field must be the same float in every probe.  A record
+ * that offsets, scales, clamps, takes the absolute value of or combines
+ * floats, or a constant, is in some probe none of its floats, or a float
+ * other than in the other probes; a my_log that writes into its Log (say a
+ * rate computed into a field, then recorded) is no copy either, whatever it
+ * records: my_log stays in use.  The records are compared with an untouched
+ * copy of the probe.  Needs ocean_log_count (the names recorded once each,
+ * at their places). */
 static bool ocean_find_copies(void)
 {
-    static const float scale[] = {1.0f, -3.0f, 1.0e20f, -7.0e-20f};
     if (ocean_log_count == 0)
         return false;
-    for (size_t p = 0; p < sizeof(scale) / sizeof(scale[0]); p++) {
-        Log probe;
-        float *floats = (float *)&probe;
+    for (int p = 0; p < ENVD_OCEAN_PROBES; p++) {
+        Log probe, given;
+        ocean_probe_log(p, &probe);
+        const float *floats = (const float *)&probe;
         for (size_t j = 0; j < ENVD_OCEAN_LOG_FLOATS; j++)
-            floats[j] = scale[p] * ((float)j + 1.5f); /* exact: distinct, nonzero */
+            for (size_t k = 0; k < j; k++)
+                if (floats[j] == floats[k])
+                    return false; /* (two equal by chance: no copy found) */
+        given = probe;
         envd_ocean_dict_t rec;
         memset(&rec, 0, sizeof(rec));
         rec.append = true;
-        my_log(&rec, &probe);
-        if (rec.count != ocean_log_count || rec.error[0])
+        my_log(&rec, &given);
+        if (rec.count != ocean_log_count || rec.error[0] ||
+            memcmp(&given, &probe, sizeof(Log)) != 0)
             return false;
         for (int32_t f = 0; f < ocean_num_episode_fields; f++) {
             int32_t place = ocean_episode_place[f];

@@ -85,6 +85,9 @@ typedef struct envd_backend_ops {
     /* The backend's copy of the actions the last step or send checked. */
     const void *(*checked_actions)(const void *impl);
     void (*set_chunk)(void *impl, int64_t chunk);
+    /* Optional (NULL: never forced): the chunk set_chunk forced, 0 for none
+     * (a forced chunk sends every step to the pool, envd_vec_forced_chunk). */
+    int64_t (*forced_chunk)(const void *impl);
     /* Cap the pool threads stepping these envs (vec.h, envd_vec_set_max_threads);
      * optional (NULL: no pool to cap, envd_session_set_max_threads refuses). */
     int (*set_max_threads)(void *impl, int max_threads);

@@ -60,6 +60,11 @@ struct envd_session {
     int claimed;             /* the engine's request taken for it (ENVD_REQ_*, 0: none) */
     _Atomic int64_t steps;
     _Atomic int64_t async_env_steps;
+    /* envd_session_step_is_short's answer: stored under the mutex after
+     * whatever changes the backend's measured cost or its dispatch (publish_short),
+     * loaded without it (the caller may hold its GIL, and a thread holding
+     * the mutex may wait for that GIL) */
+    _Atomic int short_step;
 };
 
 /* ---- creation ------------------------------------------------------------------------ */
@@ -182,10 +187,27 @@ static void push_ready(envd_session_t *s, const int64_t *ids, int64_t count)
 
 /* End the batches that finished, in submit order: their envs become ready,
  * the first failure is kept. */
+/* Publish whether the next envd_session_step is short (under the mutex):
+ * its envs' measured cost above 0 and under ENVD_SESSION_SHORT_STEP_NS in
+ * all, half the vec's inline threshold, so that the vec runs it inline
+ * (step_choice.h: under the threshold a blocking step is never pooled),
+ * and no chunk forced (a forced chunk sends every step to the pool). */
+static void publish_short(envd_session_t *s)
+{
+    const envd_backend_ops_t *ops = s->backend->ops;
+    envd_vec_stats_t stats;
+    ops->stats(s->backend->impl, &stats);
+    const double ns = stats.cost_ns_per_env * (double)s->backend->num_envs;
+    const int is_short = ns > 0.0 && ns < (double)ENVD_SESSION_SHORT_STEP_NS &&
+                         (ops->forced_chunk == NULL || ops->forced_chunk(s->backend->impl) == 0);
+    atomic_store_explicit(&s->short_step, is_short, memory_order_relaxed);
+}
+
 static void collect(envd_session_t *s)
 {
     const envd_backend_ops_t *ops = s->backend->ops;
     entry_t **link = &s->head, *last = NULL;
+    bool finished = false;
     while (*link != NULL) {
         entry_t *e = *link;
         if (!ops->batch_done(e->batch)) {
@@ -194,6 +216,7 @@ static void collect(envd_session_t *s)
             continue;
         }
         *link = e->next;
+        finished = true;
         int rc = ops->batch_finish(s->backend->impl, e->batch);
         if (rc < 0 && s->error == 0) {
             s->error = rc;
@@ -207,6 +230,8 @@ static void collect(envd_session_t *s)
         to_spares(s, e);
     }
     s->tail = last;
+    if (finished) /* (a batch's envs update the measured cost) */
+        publish_short(s);
 }
 
 static int any_done(const envd_session_t *s)
@@ -283,6 +308,7 @@ int envd_session_reset(envd_session_t *s, const uint64_t *seeds, const bool *mas
     if (rc == ENVD_OK) {
         forget_ready(s);
         rc = s->backend->ops->reset(s->backend->impl, seeds, mask);
+        publish_short(s);
     }
     pthread_mutex_unlock(&s->mutex);
     return rc;
@@ -298,6 +324,7 @@ int64_t envd_session_reset_count(envd_session_t *s)
 
 static int finish_step(envd_session_t *s, int rc)
 {
+    publish_short(s); /* (a failed step measured its envs too) */
     /* (a load and a store, not a locked add: every writer holds the mutex,
        and readers only load) */
     if (rc >= 0)
@@ -308,11 +335,9 @@ static int finish_step(envd_session_t *s, int rc)
     return rc;
 }
 
-int envd_session_step(envd_session_t *s)
+/* envd_session_step's work, the mutex held (and released here). */
+static int step_and_unlock(envd_session_t *s)
 {
-    if (s == NULL)  /* (a closed Python wrapper's handle: refused, not a crash) */
-        return ENVD_EINVAL;
-    pthread_mutex_lock(&s->mutex);
     int rc = admit(s, ENVD_REQ_STEP);
     if (rc == ENVD_OK)
         rc = check_idle(s, 0);
@@ -320,6 +345,24 @@ int envd_session_step(envd_session_t *s)
         rc = finish_step(s, s->backend->ops->step(s->backend->impl));
     pthread_mutex_unlock(&s->mutex);
     return rc;
+}
+
+int envd_session_step(envd_session_t *s)
+{
+    if (s == NULL)  /* (a closed Python wrapper's handle: refused, not a crash) */
+        return ENVD_EINVAL;
+    pthread_mutex_lock(&s->mutex);
+    return step_and_unlock(s);
+}
+
+int envd_session_step_if_short(envd_session_t *s)
+{
+    if (s == NULL)
+        return ENVD_EINVAL;
+    if (!atomic_load_explicit(&s->short_step, memory_order_relaxed) ||
+        pthread_mutex_trylock(&s->mutex) != 0)
+        return ENVD_SESSION_NOT_RUN;
+    return step_and_unlock(s);
 }
 
 int envd_session_step_submit(envd_session_t *s)
@@ -358,6 +401,7 @@ int envd_session_async_reset(envd_session_t *s, const uint64_t *seeds)
     envd_session_drop_async(s);
     s->error_index = -1;
     int rc = s->backend->ops->reset(s->backend->impl, seeds, NULL);
+    publish_short(s);
     if (rc == ENVD_OK) {
         for (int64_t i = 0; i < s->num_envs; i++)
             s->ready[i] = i;
@@ -651,6 +695,7 @@ void envd_session_set_chunk(envd_session_t *s, int64_t chunk)
 {
     pthread_mutex_lock(&s->mutex);
     s->backend->ops->set_chunk(s->backend->impl, chunk);
+    publish_short(s);
     pthread_mutex_unlock(&s->mutex);
 }
 
@@ -661,6 +706,7 @@ int envd_session_set_max_threads(envd_session_t *s, int max_threads)
         return ENVD_EINVAL;
     pthread_mutex_lock(&s->mutex);
     int rc = s->backend->ops->set_max_threads(s->backend->impl, max_threads);
+    publish_short(s);
     pthread_mutex_unlock(&s->mutex);
     return rc;
 }
@@ -787,8 +833,5 @@ int envd_session_step_is_short(envd_session_t *s)
 {
     if (s == NULL)
         return 1;
-    envd_vec_stats_t stats = {0};
-    envd_session_stats(s, &stats);
-    const double ns = stats.cost_ns_per_env * (double)s->backend->num_envs;
-    return ns > 0.0 && ns < (double)ENVD_SESSION_SHORT_STEP_NS;
+    return atomic_load_explicit(&s->short_step, memory_order_relaxed);
 }

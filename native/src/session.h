@@ -58,6 +58,7 @@
 #ifndef ENVD_SESSION_H
 #define ENVD_SESSION_H
 
+#include <limits.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -214,17 +215,36 @@ void envd_session_drain(envd_session_t *session);
 /* 1 when the next envd_session_step is measured short: its envs' estimated
  * cost (the backend's stats) is above 0 and under ENVD_SESSION_SHORT_STEP_NS
  * in all, half the vec's inline threshold (vec.c's INLINE_BELOW_NS, 40 us),
- * so the step runs inline on the caller's thread and never waits for a pool
- * thread; 1 also for a NULL session (its step is refused at once).  0 before
- * any step was measured, for a longer step, and for a backend that measures
- * none (the workers backend).  A Python caller holds the GIL through a short
- * step (cffi's call, which releases and retakes it, cost about 420
- * instructions more than the bound call, 3.5% of puffer:squared's in-place
- * step at N=64: docs/benchmarks.md) and releases it for any other, so that
- * its other threads never stall behind a long step or a pool wait. */
+ * and no chunk is forced (envd_session_set_chunk), so the step runs inline
+ * on the caller's thread and never waits for a pool thread; 1 also for a
+ * NULL session (its step is refused at once).  0 before any step was
+ * measured, for a longer step, with a forced chunk, and for a backend that
+ * measures none (the workers backend).  Lock-free: the session publishes the
+ * answer (a relaxed atomic) after every step, reset, finished async batch,
+ * chunk or cap change, so that a caller holding its GIL never waits for the
+ * session's lock (a thread holding that lock may wait for the GIL).  A
+ * Python caller holds the GIL through a short step (cffi's call, which
+ * releases and retakes it, cost about 420 instructions more than the bound
+ * call, 3.5% of puffer:squared's in-place step at N=64: docs/benchmarks.md)
+ * and releases it for any other, so that its other threads never stall
+ * behind a long step or a pool wait. */
 int envd_session_step_is_short(envd_session_t *session);
+/* envd_session_step when it is short (envd_session_step_is_short) and the
+ * session's lock is free at once (a try-lock); else ENVD_SESSION_NOT_RUN,
+ * having done nothing.  ENVD_EINVAL for a NULL session.  For a caller that
+ * holds a lock another thread may wait for while it holds the session's
+ * lock (a Python caller's GIL: bound_call.c): it never waits for the
+ * session's lock, and runs the step itself only where the step never waits
+ * for the pool; on ENVD_SESSION_NOT_RUN it releases its own lock and calls
+ * envd_session_step. */
+int envd_session_step_if_short(envd_session_t *session);
 
 /* cffi:end */
+/* envd_session_step_if_short's "not run": no code envd_session_step returns
+ * (episode counts >= 0, ENVD_E* codes small negatives); bound_call.c's
+ * BOUND_NOT_RUN, the same value. */
+#define ENVD_SESSION_NOT_RUN INT_MIN
+
 /* What the session calls of a server attached to it. */
 typedef struct envd_session_server_ops {
     /* Stop serving (after the request it serves, if any), drop the envs in

@@ -1422,3 +1422,7 @@ void envd_vec_destroy(envd_vec_t *vec)
     free_buffers(vec);
     free(vec);
 }
+
+/* (read by the session, which publishes whether its next step is short:
+ * a forced chunk sends every step to the pool) */
+int64_t envd_vec_forced_chunk(const envd_vec_t *vec) { return vec->forced_chunk; }

@@ -3,10 +3,15 @@ NativeSession.bare_step): the same trajectories as cffi's call of
 envd_session_step; the GIL held through a step measured short and released
 for a long one (another Python thread progresses meanwhile); refused after
 close, also when close() races threads stepping in a loop; bad arguments
-refused."""
+refused.  A short step never waits for the session's lock holding the GIL (a
+thread holding that lock across a GIL release), and a forced chunk (every
+step on the pool) releases it; a hosted session's bare step releases it
+always."""
 from __future__ import annotations
 
+import subprocess
 import sys
+import textwrap
 import threading
 import time
 
@@ -22,6 +27,8 @@ STEPS = 120
 #: envs whose whole step is far above ENVD_SESSION_SHORT_STEP_NS (20 us) on
 #: any machine: CartPole costs tens of ns an env
 LONG_N = 50_000
+#: envd_session_step_if_short's "not run" (session.h's ENVD_SESSION_NOT_RUN, INT_MIN)
+NOT_RUN = -2**31
 
 
 def _short(env) -> bool:
@@ -81,6 +88,7 @@ def test_is_short_follows_the_measured_cost():
                 env.step(np.zeros(env.num_envs, np.int64))
         assert _short(small) and not _short(large)
     assert lib.envd_session_step_is_short(ffi.NULL) == 1
+    assert lib.envd_session_step_if_short(ffi.NULL) == lib.ENVD_EINVAL
 
 
 def _progress_during_steps(env, steps: int, until_progress: bool) -> int:
@@ -203,3 +211,94 @@ def test_bad_arguments_are_refused():
         Bound("step", 0, 0)
     with pytest.raises(TypeError):
         type("Sub", (Bound,), {})  # (call's exact type test relies on it)
+
+
+#: A thread takes the session's lock (as server/sessions.py's locked() does)
+#: and releases the GIL while holding it; the main thread then steps in
+#: place, short.  A short step that waited for the lock holding the GIL would
+#: deadlock both: the holder needs the GIL to unlock.  faulthandler ends a
+#: deadlocked run (the test's subprocess) with its stacks.
+_LOCK_HOLDER = textwrap.dedent("""
+    import faulthandler, threading, time, envd
+    from envd.native._envd_native import lib
+    env = envd.make("CartPole-v1", 4, seed=0, num_threads=0)
+    env.reset(seed=0)
+    for _ in range(20):
+        env.step_in_place()
+    assert lib.envd_session_step_is_short(env._native.handle)
+    session, held = env._native, threading.Event()
+    def holder():
+        session.lock()
+        held.set()
+        time.sleep(0.5)  # (releases the GIL, the session's lock held)
+        session.unlock()
+    thread = threading.Thread(target=holder)
+    thread.start()
+    held.wait()
+    faulthandler.dump_traceback_later(60, exit=True)
+    before = lib.envd_session_steps(session.handle)
+    env.step_in_place()
+    assert lib.envd_session_steps(session.handle) == before + 1
+    thread.join()
+    faulthandler.cancel_dump_traceback_later()
+    env.close()
+    print("stepped")
+""")
+
+
+def test_a_short_step_never_waits_for_the_lock_holding_the_gil():
+    proc = subprocess.run([sys.executable, "-c", _LOCK_HOLDER], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0 and "stepped" in proc.stdout, proc.stderr[-4000:]
+
+
+def test_a_forced_chunk_releases_the_gil():
+    """With a forced chunk every step runs on the pool: never short, so the
+    bound call's first half (envd_session_step_if_short, which runs a short
+    step holding the GIL) runs nothing and the step runs with the GIL
+    released; back to adaptive dispatch, short again.  (The GIL's release
+    itself is not observed here: a pooled step of 4 CartPoles is too quick
+    for another thread to take the GIL meanwhile, which is what
+    test_a_long_step_releases_the_gil observes.)"""
+    with envd.make("CartPole-v1", 4, seed=0, num_threads=1) as env:
+        handle = env._native.handle
+        env.reset(seed=0)
+        for _ in range(20):
+            env.step_in_place()
+        assert _short(env)
+        env.set_chunk_size(1)
+        pooled = env.dispatch_stats()["pooled_jobs"]
+        for _ in range(20):
+            assert not _short(env)
+            steps = lib.envd_session_steps(handle)
+            assert lib.envd_session_step_if_short(handle) == NOT_RUN
+            assert lib.envd_session_steps(handle) == steps
+            env.step_in_place()
+        assert env.dispatch_stats()["pooled_jobs"] == pooled + 20
+        env.set_chunk_size(None)
+        for _ in range(20):
+            env.step_in_place()
+        assert _short(env)
+        steps = lib.envd_session_steps(handle)
+        assert lib.envd_session_step_if_short(handle) >= 0
+        assert lib.envd_session_steps(handle) == steps + 1
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_a_hosted_sessions_bare_step(num_workers):
+    """A hosted session's bare step (its envs are Python's: always released):
+    the episodes that ended, the same trajectory as step(); refused after
+    close."""
+    with envd.make("py:CartPole-v1", 2, seed=3, num_workers=num_workers) as a, \
+            envd.make("py:CartPole-v1", 2, seed=3, num_workers=num_workers) as b:
+        a.reset(seed=3)
+        b.reset(seed=3)
+        fn, bound = a._session.bare_step()  # (HostedVecEnv's session)
+        assert fn is call and isinstance(bound, Bound)
+        for _ in range(30):
+            a.actions[...] = 1
+            b.step(np.ones(2, np.int64))
+            assert fn(bound) >= 0
+            np.testing.assert_array_equal(a.observations, b.observations)
+        a.close()
+        assert bound.cleared and fn(bound) == lib.ENVD_EINVAL

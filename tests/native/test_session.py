@@ -2,8 +2,9 @@
 which checks the async books (exact recv counts, exactly-once, ready order,
 bit-identity with a serial twin, the bound on reusable batches), the
 refusals with a batch held in flight, a failing env, async_reset dropping
-what is in flight, and the doorbell served while other callers take the
-session's lock -- run plain, under ThreadSanitizer and under AddressSanitizer
+what is in flight, the doorbell served while other callers take the
+session's lock, and a bound call's short step that never waits (for that
+lock, or for the pool under a forced chunk) -- run plain, under ThreadSanitizer and under AddressSanitizer
 + UBSan (LeakSanitizer included)."""
 from __future__ import annotations
 

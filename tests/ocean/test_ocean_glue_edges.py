@@ -19,7 +19,7 @@ GLUE = Path(ocean_build.__file__).resolve().parent / "ocean"
 def _run_sanitized(source: str, out: Path, *defines: str) -> str:
     """source compiled with the glue as envd ocean build compiles a unit, under
     ASan and UBSan, and run; its stdout."""
-    subprocess.run(["gcc", "-O1", "-g", "-fsanitize=address,undefined",
+    subprocess.run(["gcc", "-O1", "-g", "-fsanitize=address,undefined,float-cast-overflow",
                     "-fno-sanitize-recover=all", *defines,
                     "-include", str(GLUE / "ocean_random.h"),
                     "-I", str(HERE / "glue_edges"), "-I", str(GLUE), "-I", str(GLUE / "python"),
@@ -37,8 +37,10 @@ def test_the_glue_refuses_huge_layouts_and_frees_a_failed_init(tmp_path):
 
 # 0: my_log copies the Log's floats (read without my_log); 1-7: it scales,
 # offsets, takes the absolute value, clamps, adds, records a constant, or
-# records a field only for some values (my_log kept)
-@pytest.mark.parametrize("kind", range(8))
+# records a field only for some values; 8-11: it combines fields with small
+# integer coefficients; 12: it writes a rate into the Log, then records it
+# (my_log kept); every kind also with n in (0, 1), beyond 2^31, inf, <= 0, NaN
+@pytest.mark.parametrize("kind", range(13))
 def test_episode_ends_equal_vec_log_with_and_without_my_log(kind, tmp_path):
     out = _run_sanitized("ocean_log_copies.c", tmp_path / "log_copies", f"-DLOG_KIND={kind}")
     assert "log copies: ok" in out
