@@ -55,11 +55,14 @@ def assert_same(got, expected, where):
 
 
 def operations(rng: np.random.Generator):
-    """A step before any reset, a reset of env 0 alone, then OPERATIONS random
-    operations: ("reset", a mask with at least one True) or ("step", actions
-    0 or 1, now and then a 2, which is out of range)."""
+    """A step before any reset, a reset of env 0 alone, a step with env 0's
+    action out of range (named before env 1, never reset: each env's state,
+    then its action, env by env), then OPERATIONS random operations:
+    ("reset", a mask with at least one True) or ("step", actions 0 or 1, now
+    and then a 2, which is out of range)."""
     yield "step", np.zeros(NUM_ENVS, np.int64)
     yield "reset", np.arange(NUM_ENVS) == 0
+    yield "step", np.where(np.arange(NUM_ENVS) == 0, 2, 0)
     for _ in range(OPERATIONS):
         if rng.random() < 0.25:
             mask = rng.random(NUM_ENVS) < 0.5
