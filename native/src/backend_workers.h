@@ -7,9 +7,10 @@
  * workers share lies in one shared-memory segment the caller maps (a memfd):
  * one control block per worker and per-env words:
  *
- *   kind[i]   what env i is asked to do: ENVD_HOSTED_RESET, or ENVD_HOSTED_STEP
- *             with env_slot.h's flags (ENVD_SLOT_RESET_IF_DONE: SAME_STEP's
- *             reset at once if the step ends the episode)
+ *   kind[i]   what env i is asked to do: ENVD_HOSTED_RESET (a reset, or
+ *             NEXT_STEP's autoreset), or ENVD_HOSTED_STEP, with the flag
+ *             ENVD_HOSTED_RESET_IF_DONE in SAME_STEP mode (reset at once if
+ *             the step ends the episode)
  *   req[i]    bumped by the parent for every request of env i
  *   ack[i]    set to req[i] by the worker once env i's results are written
  *   status[i] 0, or the ENVD_E* code of env i's last request (ENVD_EENV: the
