@@ -256,6 +256,13 @@ class HostedSession(NativeSession):
             "checked_actions": ptr(a["checked_actions"]), "actions": ptr(a["actions"]),
             "action_bytes": a["actions"][0].nbytes,
             "action_checks": self._checks_c, "num_action_checks": len(checks),
+            # (the rows the rules keep, env_slot.h: the workers write the raw outputs)
+            "rewards": ptr(a["rewards"], "double *"),
+            "terminations": ptr(a["terminations"], "bool *"),
+            "truncations": ptr(a["truncations"], "bool *"),
+            "episode_returns": ptr(a["episode_returns"], "double *"),
+            "episode_lengths": ptr(a["episode_lengths"], "int64_t *"),
+            "episode_times": ptr(a["episode_times"], "double *"),
             "dones": ptr(a["dones"], "bool *"), "spin_ns": spin_ns(self.num_workers),
             "autoreset_mode": AUTORESET_CODES[self.autoreset_mode],
             "run_inline": lib.envd_hosted_run_inline if self.num_workers == 0 else ffi.NULL,

@@ -1,24 +1,23 @@
 """The worker side of a hosted session: a slice of Python envs stepped over
 the shared segment (native/hosted_segment.py), gymnasium's SyncVectorEnv
-loop with envd's books.
+loop without books.
 
-``EnvSlice.run_pending`` steps every env of its slice whose request word
-differs from its ack (backend_workers.h), reading its action from the
-parent's checked copy and writing observation, reward, flags and episode
-statistics in place, then acks it.  It runs in a worker process
-(``serve``, woken through the futex words of its control block) or, with
-num_workers=0, in the caller itself (the backend's inline callback).
+``EnvSlice.run_pending`` runs every env of its slice whose request word
+differs from its ack (backend_workers.h) as its kind word says, reading a
+step's action from the parent's checked copy and writing the observation,
+the raw reward, terminated and truncated flags the env returned (0, False,
+False for a reset) and the info in place, then acks it.  It runs in a
+worker process (``serve``, woken through the futex words of its control
+block) or, with num_workers=0, in the caller itself (the backend's inline
+callback).
 
-Semantics (as the native vec, envd/native/src/vec.c, and gymnasium's
-SyncVectorEnv): NEXT_STEP resets an env the step after its episode ended
-(reward 0, not done, action ignored); SAME_STEP resets inside the done
-step, the final observation in final_observations; DISABLED refuses to
-step a done env (ENVD_ESTATE) until a masked reset.  A step before the
-first reset is refused (ENVD_ESTATE).  Episode statistics as
-RecordEpisodeStatistics: return, length and time (s, rounded to us) of an
-episode in the step it ends, zeros elsewhere.  An exception in reset or
-step marks the env ENVD_EENV and leaves "ExcType: message" in the worker's
-control block.
+The rules are the parent's (native/src/env_slot.h, applied by
+backend_workers.c as the acks come in): the refusals, the autoreset modes
+(a NEXT_STEP autoreset arrives as a reset request; a SAME_STEP step has
+the RESET_IF_DONE flag, and the worker then writes a done step's final
+observation and resets the env at once), the episode statistics and dones.
+An exception in reset or step marks the env ENVD_EENV and leaves
+"ExcType: message" in the worker's control block.
 
 Spaces and infos (envd.leaves, envd.info_codec): an observation is written
 leaf by leaf into its buffers, an action is read from the checked copy's
@@ -31,7 +30,6 @@ msgpack cannot carry fails the env's call like an exception of the env.
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -46,8 +44,8 @@ from envd.native._envd_native import lib
 from envd.native.hosted_segment import Segment
 from envd.vec_info import INFO_COLUMN_PREFIX, INFO_IN_COLUMNS
 
-EENV, ESTATE = NATIVE_CODES["EENV"], NATIVE_CODES["ESTATE"]
-RESET = lib.ENVD_HOSTED_RESET
+EENV = NATIVE_CODES["EENV"]
+RESET, RESET_IF_DONE = lib.ENVD_HOSTED_RESET, lib.ENVD_HOSTED_RESET_IF_DONE
 
 #: How long the parent and the workers spin for each other before they sleep
 #: on the futex, when there is a CPU for every spinner (spin_ns()).  Short:
@@ -66,8 +64,6 @@ def spin_ns(num_workers: int) -> int:
     return SPIN_NS if num_workers + 1 <= usable_cpus() else 0
 
 
-#: A step's episode statistics when its episode goes on.
-_NO_STATS = (0.0, 0, 0.0)
 #: The values an output view is filled with: numbers, which ndarray.fill
 #: takes as an assignment does (anything else, a 0-d array say, is assigned).
 _FILLABLE = (bool, int, float, np.number, np.bool_)
@@ -171,16 +167,12 @@ class EnvSlice:
                  inline: bool = False):
         """inline: stepped in the caller (num_workers=0): each env's info
         stays the env's own dict, in inline_infos (nothing is encoded)."""
-        self.begin, self.end, self.worker, self.mode = begin, end, worker, autoreset_mode
+        self.begin, self.end, self.worker = begin, end, worker
         self.segment = segment
         a = segment.arrays
         self._kind, self._req, self._ack, self._status = a["kind"], a["req"], a["ack"], a["status"]
         self._seeds, self._seed_pending = a["seeds"], a["seed_pending"]
         self._actions = a["checked_actions"]
-        self._rewards, self._terms, self._truncs = a["rewards"], a["terminations"], a["truncations"]
-        self._dones = a["dones"]
-        self._returns, self._lengths = a["episode_returns"], a["episode_lengths"]
-        self._times = a["episode_times"]
         self._slots, self._info_lengths = a.get("infos"), a.get("info_lengths")
         n = end - begin
         self.inline_infos: list[Any] | None = [None] * n if inline else None
@@ -201,26 +193,17 @@ class EnvSlice:
         self._no_columns = ((False, *(np.zeros(shape, dtype) for _, _, dtype, shape
                                       in self._columns)) if self._columns else ())
         self._no_info = (0, *self._no_columns)
-        # The outputs after (reward, term, trunc) of a step whose episode goes
-        # on with an empty info (run_pending's common step).
-        self._going_on = ((False, *_NO_STATS) if self._info_lengths is None
-                          else (False, *_NO_STATS, *self._no_info))
-        self._outputs = [a[name] for name in (
-            "rewards", "terminations", "truncations", "dones", "episode_returns",
-            "episode_lengths", "episode_times")]
+        # The outputs after (reward, term, trunc) of a step with an empty
+        # info (run_pending's common step).
+        self._empty_info = () if self._info_lengths is None else self._no_info
+        # (the raw outputs: the parent writes the rest of the rows, env_slot.h)
+        self._outputs = [a[name] for name in ("rewards", "terminations", "truncations")]
         if self._info_lengths is not None:
             self._outputs.append(self._info_lengths)
             if self._columns:
                 self._outputs += [a[INFO_IN_COLUMNS], *(a[INFO_COLUMN_PREFIX + key]
                                                         for key, _, _, _ in self._columns)]
         self._output_views = [buffer[begin:end] for buffer in self._outputs]
-        # Per env of the slice (Python lists: a list item costs a third of a
-        # numpy scalar access, and a cheap env's step is a few microseconds).
-        self._started = [False] * n
-        self._needs_reset = [False] * n  # its episode ended (autoreset pending)
-        self._ep_return = [0.0] * n
-        self._ep_length = [0] * n
-        self._ep_start = [0.0] * n
         self.envs: list[gymnasium.Env] = []
         try:
             for _ in range(n):
@@ -234,6 +217,7 @@ class EnvSlice:
         self._obs = self._leaf_buffers(a, "observations")
         # (one buffer: written directly, the common case)
         self._single_obs = self._obs[0] if len(self._obs) == 1 else None
+        # (SAME_STEP's done steps: the only mode with final observations)
         self._final_obs = (self._leaf_buffers(a, "final_observations")
                            if autoreset_mode is AutoresetMode.SAME_STEP else None)
         self._composite_actions = (self._action_space is not None
@@ -306,13 +290,13 @@ class EnvSlice:
                                             for value in values if type(value) is int)
 
     def run_pending(self) -> None:
-        """Run every requested env of the slice, then ack them.  A step's
-        outputs are gathered in lists and written with one numpy assignment
-        per buffer (per-env numpy scalar writes cost as much as a cheap
-        env's step).  The common step (a started env, its episode going on,
-        an empty info, one observation buffer) is done in the loop itself:
-        this loop is what a worker pays per env beyond the env's own step,
-        as gymnasium's SyncVectorEnv pays its own."""
+        """Run every requested env of the slice, then ack them.  The outputs
+        are gathered in lists and written with one numpy assignment per
+        buffer (per-env numpy scalar writes cost as much as a cheap env's
+        step).  The common step (an empty info, not done, one observation
+        buffer) is done in the loop itself: this loop is what a worker pays
+        per env beyond the env's own step, as gymnasium's SyncVectorEnv pays
+        its own."""
         b, e = self.begin, self.end
         # (lists: a few short lists cost a fraction of numpy's compare and
         # flatnonzero, and a worker wakes once per vector step)
@@ -335,32 +319,25 @@ class EnvSlice:
             views = leaves.leaf_views(space, actions)
             actions = [leaves.unflatten(space, [view[j] for view in views])
                        for j in range(len(kinds))]
-        envs, started, needs_reset = self.envs, self._started, self._needs_reset
-        ep_return, ep_length = self._ep_return, self._ep_length
-        single_obs, going_on = self._single_obs, self._going_on
+        envs, single_obs, empty_info = self.envs, self._single_obs, self._empty_info
         stepped: list[int] = []
-        results: list[tuple] = []  # (reward, term, trunc, done, return, length, time[, info])
-        result: tuple | None  # (None: a refused step)
+        results: list[tuple] = []  # (reward, term, trunc[, info outputs])
         for j, k in enumerate(pending):
             i = b + k
+            kind = kinds[j]
             try:
-                if kinds[j] == RESET:
-                    self._reset(i, k)
-                    continue
-                if started[k] and not needs_reset[k]:
+                if kind == RESET:
+                    result = self._reset(i, k)
+                else:
                     obs, reward, term, trunc, info = envs[k].step(actions[j])
-                    ep_return[k] += float(reward)
-                    ep_length[k] += 1
+                    # (a number here: a reward numpy cannot store fails this env, not the loop)
+                    reward = float(reward)
                     if (term or trunc or single_obs is None or info.__class__ is not dict
                             or info):
-                        result = self._step_outputs(i, k, obs, reward, term, trunc, info)
+                        result = self._step_outputs(i, k, kind, obs, reward, term, trunc, info)
                     else:
                         single_obs[i] = obs
-                        result = (reward, term, trunc, *going_on)
-                else:
-                    result = self._step_refused_or_reset(i, k)
-                    if result is None:
-                        continue
+                        result = (reward, term, trunc, *empty_info)
                 stepped.append(i)
                 results.append(result)
             except Exception as exc:  # noqa: BLE001 -- the env's own code: reported, never fatal
@@ -368,9 +345,9 @@ class EnvSlice:
                 self._report(i, f"{type(exc).__name__}: {exc}")
         if len(stepped) == e - b:
             # The whole slice, the common case: its views of the buffers, a
-            # column of one value (most are: zeros of the statistics and the
-            # info lengths, False flags, ...) written as one, a number with
-            # fill (half an assignment's cost).
+            # column of one value (most are: the info lengths, False flags,
+            # CartPole's rewards, ...) written as one, a number with fill
+            # (half an assignment's cost).
             for view, column in zip(self._output_views, zip(*results)):
                 value = column[0]
                 if view.ndim == 1 and column.count(value) == len(column):
@@ -400,66 +377,39 @@ class EnvSlice:
         if previous < 0 or previous == i or self._status[previous] == 0 or previous > i:
             self.segment.write_message(self.worker, i, text)
 
-    def _begin_episode(self, k: int) -> None:
-        self._started[k] = True
-        self._needs_reset[k] = False
-        self._ep_return[k] = 0.0
-        self._ep_length[k] = 0
-        self._ep_start[k] = time.perf_counter()
-
-    def _reset(self, i: int, k: int) -> None:
+    def _reset(self, i: int, k: int) -> tuple:
+        """Reset env i (the slice's k-th), with its seed if one is pending (a
+        reset request, or NEXT_STEP's autoreset: a seed is pending only
+        before an env's first reset, which is never an autoreset); its
+        observation written, its outputs as _step_outputs' (a fresh episode
+        has earned nothing)."""
         seed = None
         if self._seed_pending[i]:
             seed, self._seed_pending[i] = int(self._seeds[i]), 0
         obs, info = self.envs[k].reset(seed=seed)
         self._write_obs(self._obs, i, obs)
-        if self._info_lengths is not None:
-            for buffer, value in zip(self._outputs[7:], self._info_outputs(i, k, info)):
-                buffer[i] = value
-        self._begin_episode(k)
-        self._rewards[i] = 0.0  # (a fresh episode has earned nothing: vec.c reset_range)
-        self._terms[i] = self._truncs[i] = self._dones[i] = False
+        if self._info_lengths is None:
+            return (0.0, False, False)
+        return (0.0, False, False, *self._info_outputs(i, k, info))
 
-    def _step_refused_or_reset(self, i: int, k: int) -> tuple | None:
-        """A step of env i (the slice's k-th) that does not call env.step:
-        refused (status set; None) before the first reset or, in DISABLED
-        mode, after the episode ended; else (NEXT_STEP, the step after a
-        done step) the env's reset, its outputs as _step_outputs'."""
-        if not self._started[k]:
-            self._status[i] = ESTATE
-            self._dones[i] = False  # "never reset"
-            return None
-        if self.mode is AutoresetMode.DISABLED:
-            self._status[i] = ESTATE  # dones[i] stays True: "done, reset it"
-            return None
-        obs, info = self.envs[k].reset()
-        self._begin_episode(k)
-        return self._step_outputs(i, k, obs, 0.0, False, False, info)
-
-    def _step_outputs(self, i: int, k: int, obs: Any, reward: Any, term: Any, trunc: Any,
-                      info: Any) -> tuple:
-        """The outputs of env i's (the slice's k-th) step but the observation
-        (written here), its episode's books kept: the statistics and, in
-        SAME_STEP mode, the reset of a done env."""
-        done = bool(term or trunc)
-        stats = _NO_STATS
+    def _step_outputs(self, i: int, k: int, kind: int, obs: Any, reward: float, term: Any,
+                      trunc: Any, info: Any) -> tuple:
+        """The outputs of env i's (the slice's k-th) step, whose kind word
+        was kind, but the observation (written here): with RESET_IF_DONE
+        (SAME_STEP) a step that ends the episode writes the final
+        observation and resets the env at once."""
         final_info = None
-        if done:
-            stats = (self._ep_return[k], self._ep_length[k],
-                     round(time.perf_counter() - self._ep_start[k], 6))
-            self._needs_reset[k] = True
-            if self.mode is AutoresetMode.SAME_STEP:  # (whose final_observations exist)
-                self._write_obs(cast("list[np.ndarray]", self._final_obs), i, obs)
-                final_info = info
-                obs, info = self.envs[k].reset()
-                self._begin_episode(k)
+        if kind & RESET_IF_DONE and (term or trunc):
+            self._write_obs(cast("list[np.ndarray]", self._final_obs), i, obs)
+            final_info = info
+            obs, info = self.envs[k].reset()
         if self._single_obs is not None:
             self._single_obs[i] = obs
         else:
             self._write_obs(self._obs, i, obs)
         if self._info_lengths is None:
-            return (reward, term, trunc, done, *stats)
-        return (reward, term, trunc, done, *stats, *self._info_outputs(i, k, info, final_info))
+            return (reward, term, trunc)
+        return (reward, term, trunc, *self._info_outputs(i, k, info, final_info))
 
     def close(self) -> None:
         """Close the envs (errors in an env's close are ignored: it is going)."""

@@ -1,7 +1,8 @@
 /*
  * backend_workers.c -- the worker-process backend (see backend_workers.h for
  * the shared-memory protocol).  The parent side: copy and check the inputs,
- * post requests, wake workers, wait for acks, notice dead workers.
+ * post requests, wake workers, wait for acks, notice dead workers, and keep
+ * the envs' books by the rules of env_slot.h.
  */
 #define _GNU_SOURCE
 #include "backend_workers.h"
@@ -16,9 +17,15 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "env_slot.h"
 #include "envd.h"
 #include "futex.h"
 #include "pool.h" /* ENVD_JOB_NOTIFY */
+
+/* The kind words are envd_slot_next's answers (what the workers read). */
+_Static_assert(ENVD_HOSTED_RESET == ENVD_SLOT_RESET, "a reset's kind word");
+_Static_assert(ENVD_HOSTED_STEP == ENVD_SLOT_STEP, "a step's kind word");
+_Static_assert(ENVD_HOSTED_RESET_IF_DONE == ENVD_SLOT_RESET_IF_DONE, "same step's flag");
 
 struct envd_backend_batch {
     struct workers_backend *backend; /* (batch_done gets only the batch) */
@@ -35,10 +42,13 @@ typedef struct workers_backend {
     envd_workers_leaf_t *leaves; /* private copy: cfg.num_inputs inputs, then outputs */
     int64_t *worker_of; /* env -> worker */
     bool *mask;         /* private copy of the last reset's mask */
-    /* The books a step is checked against before anything is asked (so that
-     * a refused step changes nothing, as the pool vec's): */
-    bool *started;      /* reset at least once */
-    bool *ended;        /* its episode ended in its last step (not reset since) */
+    /* The envs' books (env_slot.h), the parent's alone: a step is checked
+     * against them before anything is asked (a refused step changes
+     * nothing, as the pool vec's), and only the acks of a reset or step
+     * change them.  No time limit: a hosted env's is its own (gymnasium's
+     * TimeLimit wrapper truncates inside env.step, as SyncVectorEnv's envs). */
+    envd_env_slot_t *slots;
+    envd_slot_books_t books;
     bool *touched;      /* scratch: the workers a call asks something of */
     envd_action_check_t *checks; /* private copy of cfg.action_checks */
     bool *in_batch;     /* scratch: the envs of the send being checked (all false between calls) */
@@ -241,51 +251,67 @@ static void wait_envs(workers_backend_t *b, const int64_t *ids, int64_t count)
     }
 }
 
+/* Env i's books and rows after its worker acked a reset (step false) or a
+ * step of it without a failure: the rules of env_slot.h over the raw
+ * outputs the worker wrote.  What the step was is what envd_slot_next says
+ * now (it asked the same when the step was submitted, and only an ack
+ * changes the slot).  Returns whether its episode ended. */
+static bool apply_rules(workers_backend_t *b, int64_t i, bool step, envd_slot_clock_t *clock)
+{
+    const envd_slot_books_t *books = &b->books;
+    envd_env_slot_t *slot = &b->slots[i];
+    if (!step) {
+        envd_slot_begin_episode(books, slot, i, clock);
+        envd_slot_reset_rows(books, i);
+        return false;
+    }
+    if (envd_slot_next(books, slot) == ENVD_SLOT_RESET) { /* NEXT_STEP's autoreset */
+        envd_slot_begin_episode(books, slot, i, clock);
+        envd_slot_write_outcome(books, slot, i, false, false, false, clock);
+        return false;
+    }
+    /* Each read once, the flags as bytes (numpy wrote them). */
+    const double reward = ((const volatile double *)b->cfg.rewards)[i];
+    const bool term = ((const volatile unsigned char *)b->cfg.terminations)[i] != 0;
+    bool trunc = ((const volatile unsigned char *)b->cfg.truncations)[i] != 0;
+    const bool done = envd_slot_account_step(books, slot, reward, term, &trunc);
+    envd_slot_write_outcome(books, slot, i, term, trunc, done, clock);
+    if (done && envd_slot_resets_at_once(books)) /* the worker reset it at once */
+        envd_slot_begin_episode(books, slot, i, clock);
+    return done;
+}
+
 /* After a wait: ENVD_EENV naming the first failed env of ids (or the first
  * env of a dead worker), else the number of envs of ids whose episode ended.
- * Keeps the books of every env of ids either way. */
+ * Keeps the books of every acked env of ids (steps: a step's; else the
+ * masked envs of a reset): an env whose call failed keeps its books as they
+ * were, but a failed reset leaves its env never reset. */
 static int finish_envs(workers_backend_t *b, const int64_t *ids, int64_t count, bool steps)
 {
     int done = 0, rc = ENVD_OK;
+    envd_slot_clock_t clock = {0};
     for (int64_t k = 0; k < count; k++) {
         int64_t i = ids ? ids[k] : k;
-        /* One read of the dones buffer per env: it lies in the segment, so
-         * the books and the count take the same private copy. */
-        const bool ended = steps && *(const volatile bool *)&b->cfg.dones[i];
-        if (steps) {
-            b->ended[i] = ended;
-        } else if (b->mask[i]) {
-            b->started[i] = b->cfg.status[i] == 0;
-            b->ended[i] = false;
-        }
-        if (b->cfg.status[i] != 0 && rc == ENVD_OK) {
+        if (!steps && !b->mask[i])
+            continue;
+        const int32_t status = b->cfg.status[i];
+        if (status != 0 && rc == ENVD_OK) {
             b->error_index = i;
-            rc = b->cfg.status[i];
+            rc = status;
         }
-        if ((steps || b->mask[i]) && acked(b, i))
-            copy_outputs(b, i);
-        done += ended;
+        if (!acked(b, i))
+            continue; /* (its worker died) */
+        if (status == 0)
+            done += apply_rules(b, i, steps, &clock);
+        else if (!steps)
+            b->slots[i].started = false;
+        copy_outputs(b, i);
     }
     if (b->dead >= 0) {
         b->error_index = slice_begin(b, b->dead);
         return ENVD_EENV;
     }
     return rc != ENVD_OK ? rc : done;
-}
-
-/* Refuse (ENVD_ESTATE, naming it) the first env of ids that may not step:
- * never reset, or done in DISABLED mode. */
-static int check_steppable(workers_backend_t *b, const int64_t *ids, int64_t count)
-{
-    for (int64_t k = 0; k < count; k++) {
-        int64_t i = ids ? ids[k] : k;
-        if (!b->started[i] ||
-            (b->cfg.autoreset_mode == ENVD_AUTORESET_DISABLED && b->ended[i])) {
-            b->error_index = i;
-            return ENVD_ESTATE;
-        }
-    }
-    return ENVD_OK;
 }
 
 /* Does the element check c names lie in its bounds?  (Read from the
@@ -313,14 +339,20 @@ static bool action_in_range(const unsigned char *row, const envd_action_check_t 
     return v >= c->low && v <= c->high;
 }
 
-/* Copy the inputs, then the actions, of ids (NULL: all) into the segment,
- * then check the copies' integer elements (ENVD_ERANGE naming the first env
- * out of range). */
-static int copy_actions(workers_backend_t *b, const int64_t *ids, int64_t count)
+/* For each env of ids (NULL: all) in turn, as the pool vec checks them:
+ * refuse it (ENVD_ESTATE) if its state refuses a step (never reset, or done
+ * in DISABLED mode), else copy its inputs, then its actions, into the
+ * segment and check the copy's integer elements (ENVD_ERANGE); the first
+ * refused env is named. */
+static int take_inputs(workers_backend_t *b, const int64_t *ids, int64_t count)
 {
     const size_t row = (size_t)b->cfg.action_bytes;
     for (int64_t k = 0; k < count; k++) {
         int64_t i = ids ? ids[k] : k;
+        if (envd_slot_startable(&b->books, &b->slots[i]) != ENVD_OK) {
+            b->error_index = i;
+            return ENVD_ESTATE;
+        }
         copy_inputs(b, i);
         unsigned char *dst = (unsigned char *)b->cfg.checked_actions + (size_t)i * row;
         memcpy(dst, (const unsigned char *)b->cfg.actions + (size_t)i * row, row);
@@ -334,23 +366,22 @@ static int copy_actions(workers_backend_t *b, const int64_t *ids, int64_t count)
     return ENVD_OK;
 }
 
-/* Post a step of ids (NULL: all) and wake their workers; notify: they write
- * the notify eventfd once done. */
+/* Post a step of ids (NULL: all), each env's kind word what envd_slot_next
+ * says, and wake their workers; notify: they write the notify eventfd once
+ * done. */
 static int submit_steps(workers_backend_t *b, const int64_t *ids, int64_t count, bool notify)
 {
     b->error_index = -1;
     if (b->dead >= 0)
         return finish_envs(b, NULL, 0, false);
-    int rc = check_steppable(b, ids, count);
-    if (rc == ENVD_OK)
-        rc = copy_actions(b, ids, count);
+    int rc = take_inputs(b, ids, count);
     if (rc != ENVD_OK)
         return rc;
     bool *touched = b->touched;
     memset(touched, 0, (size_t)(b->cfg.num_workers + 1) * sizeof *touched);
     for (int64_t k = 0; k < count; k++) {
         int64_t i = ids ? ids[k] : k;
-        request(b, i, ENVD_HOSTED_STEP);
+        request(b, i, (uint8_t)envd_slot_next(&b->books, &b->slots[i]));
         touched[b->worker_of[i]] = true;
     }
     if (notify) /* before wake's cmd_seq bump: the worker takes it when it wakes */
@@ -535,7 +566,7 @@ static int render(void *impl, int64_t index, uint8_t *rgb)
 static int64_t error_index(const void *impl) { return ((const workers_backend_t *)impl)->error_index; }
 static int env_started(const void *impl, int64_t index)
 {
-    return ((const workers_backend_t *)impl)->started[index] ? 1 : 0;
+    return ((const workers_backend_t *)impl)->slots[index].started ? 1 : 0;
 }
 
 static void error_message(const void *impl, int64_t index, char *out, size_t size)
@@ -582,6 +613,22 @@ static void stats(const void *impl, envd_vec_stats_t *out)
     memset(out, 0, sizeof *out);
 }
 
+/* Everything b allocated, and b (whatever of it was allocated). */
+static void free_backend(workers_backend_t *b)
+{
+    free(b->pidfds);
+    free(b->pids);
+    free(b->leaves);
+    free(b->worker_of);
+    free(b->mask);
+    free(b->slots);
+    envd_slot_books_free(&b->books);
+    free(b->touched);
+    free(b->checks);
+    free(b->in_batch);
+    free(b);
+}
+
 static void destroy(envd_backend_t *backend)
 {
     workers_backend_t *b = (workers_backend_t *)backend;
@@ -591,17 +638,7 @@ static void destroy(envd_backend_t *backend)
         atomic_fetch_add(&ctl->cmd_seq, 1);
         envd_futex_wake(&ctl->cmd_seq, 1, ENVD_FUTEX_SHARED);
     }
-    free(b->pidfds);
-    free(b->pids);
-    free(b->leaves);
-    free(b->worker_of);
-    free(b->mask);
-    free(b->started);
-    free(b->ended);
-    free(b->touched);
-    free(b->checks);
-    free(b->in_batch);
-    free(b);
+    free_backend(b);
 }
 
 static const envd_backend_ops_t WORKERS_OPS = {
@@ -652,7 +689,11 @@ int envd_backend_workers_create(envd_backend_t **out, const envd_workers_config_
         !action_checks_valid(config) ||
         !leaves_valid(config->inputs, config->num_inputs) ||
         !leaves_valid(config->outputs, config->num_outputs) ||
-        config->timeout_ms < 0)
+        config->timeout_ms < 0 || config->autoreset_mode < ENVD_AUTORESET_NEXT_STEP ||
+        config->autoreset_mode > ENVD_AUTORESET_DISABLED || config->rewards == NULL ||
+        config->terminations == NULL || config->truncations == NULL ||
+        config->episode_returns == NULL || config->episode_lengths == NULL ||
+        config->dones == NULL)
         return ENVD_EINVAL;
     workers_backend_t *b = calloc(1, sizeof *b);
     const int64_t n = config->num_envs, workers = config->num_workers;
@@ -664,17 +705,21 @@ int envd_backend_workers_create(envd_backend_t **out, const envd_workers_config_
     b->leaves = malloc((size_t)(num_leaves + 1) * sizeof *b->leaves);
     b->worker_of = malloc((size_t)n * sizeof *b->worker_of);
     b->mask = malloc((size_t)n * sizeof *b->mask);
-    b->started = calloc((size_t)n, sizeof *b->started);
-    b->ended = calloc((size_t)n, sizeof *b->ended);
+    b->slots = calloc((size_t)n, sizeof *b->slots);
     b->touched = calloc((size_t)(workers + 1), sizeof *b->touched);
     b->checks = malloc((size_t)(config->num_action_checks + 1) * sizeof *b->checks);
     b->in_batch = calloc((size_t)n, sizeof *b->in_batch);
+    /* One agent a row; the rewards are the envs' own (the workers write
+     * them, float64: the rules read them); no time limit (above). */
+    const envd_slot_config_t rules = {.autoreset_mode = config->autoreset_mode, .agents = 1};
+    const envd_slot_rows_t rows = {
+        .terminations = config->terminations, .truncations = config->truncations,
+        .episode_returns = config->episode_returns, .episode_lengths = config->episode_lengths,
+        .episode_times = config->episode_times, .dones = config->dones};
     if (b->pidfds == NULL || b->pids == NULL || b->leaves == NULL || b->worker_of == NULL ||
-        b->mask == NULL || b->started == NULL || b->ended == NULL || b->touched == NULL ||
-        b->checks == NULL || b->in_batch == NULL) {
-        free(b->pidfds), free(b->pids), free(b->leaves), free(b->worker_of), free(b->mask);
-        free(b->started), free(b->ended), free(b->touched), free(b->checks), free(b->in_batch);
-        free(b);
+        b->mask == NULL || b->slots == NULL || b->touched == NULL || b->checks == NULL ||
+        b->in_batch == NULL || envd_slot_books_init(&b->books, &rules, &rows, n) != ENVD_OK) {
+        free_backend(b);
         return ENVD_ENOMEM;
     }
     b->cfg = *config;

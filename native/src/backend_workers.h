@@ -7,7 +7,10 @@
  * workers share lies in one shared-memory segment the caller maps (a memfd):
  * one control block per worker and per-env words:
  *
- *   kind[i]   what env i is asked to do (ENVD_HOSTED_RESET / _STEP)
+ *   kind[i]   what env i is asked to do: ENVD_HOSTED_RESET (a reset, or
+ *             NEXT_STEP's autoreset), or ENVD_HOSTED_STEP, with the flag
+ *             ENVD_HOSTED_RESET_IF_DONE in SAME_STEP mode (reset at once if
+ *             the step ends the episode)
  *   req[i]    bumped by the parent for every request of env i
  *   ack[i]    set to req[i] by the worker once env i's results are written
  *   status[i] 0, or the ENVD_E* code of env i's last request (ENVD_EENV: the
@@ -20,6 +23,16 @@
  * then sleep on the futex; the parent's sleeps time out every
  * ENVD_HOSTED_POLL_MS so that it notices a dead worker (its pidfd polls
  * readable) within a second, never a pipe or a message per step.
+ *
+ * The per-env rules are the parent's (env_slot.h: the refusals, the
+ * autoreset modes, the episode statistics), as the pool vec's: it keeps an
+ * env slot per env, asks envd_slot_next what a step of env i means before
+ * it writes kind[i] (a refused env: nothing is asked), and, as it collects
+ * the acks, applies the rules to the raw outputs the worker wrote: reward
+ * (float64), terminated and truncated, which the env returned (0, false,
+ * false for a reset).  The worker only runs env.reset / env.step and writes
+ * the observation, those outputs and the info; in SAME_STEP mode it also
+ * writes a done step's final observation and resets the env at once.
  *
  * Inline (num_workers == 0): the caller's own run_inline callback steps the
  * requested envs before submit returns (the Python loop of SyncVectorEnv).
@@ -44,8 +57,9 @@
 #include "backend.h"
 
 /* cffi:begin */
-#define ENVD_HOSTED_RESET 1
-#define ENVD_HOSTED_STEP 2
+#define ENVD_HOSTED_RESET 1       /* = ENVD_SLOT_RESET: reset (seeds[i] if seed_pending[i]) */
+#define ENVD_HOSTED_STEP 2        /* = ENVD_SLOT_STEP: step with the checked action */
+#define ENVD_HOSTED_RESET_IF_DONE 8 /* = ENVD_SLOT_RESET_IF_DONE, a flag of a step */
 #define ENVD_HOSTED_MESSAGE_BYTES 1024
 #define ENVD_HOSTED_POLL_MS 100
 #define ENVD_HOSTED_FREE_SPIN_NS 100000
@@ -102,9 +116,20 @@ typedef struct envd_workers_config {
     int64_t action_bytes;      /* bytes of one action row */
     const envd_action_check_t *action_checks; /* the row's integer elements (copied) */
     int64_t num_action_checks;
-    const bool *dones;         /* the dones buffer the workers write */
+    /* The output rows the rules read and write (num_envs each, in the
+     * segment; env_slot.h): a worker writes an env's raw reward, terminated
+     * and truncated flags, the parent the flags again (read as bytes), the
+     * episode statistics and dones as it collects the acks.  episode_times
+     * may be NULL. */
+    const double *rewards;
+    bool *terminations;
+    bool *truncations;
+    double *episode_returns;
+    int64_t *episode_lengths;
+    double *episode_times;
+    bool *dones;
     int64_t spin_ns;           /* the parent's spin before it sleeps */
-    int autoreset_mode;        /* envd_autoreset_mode_t: DISABLED refuses a done env */
+    int autoreset_mode;        /* envd_autoreset_mode_t */
     int (*run_inline)(void *ctx);  /* inline mode: step the requested envs */
     void *inline_ctx;
     bool notify;               /* the workers hold the daemon pool's eventfd: step_submit

@@ -141,7 +141,8 @@ void envd_slot_reset_rows(const envd_slot_books_t *books, int64_t i)
 {
     const envd_slot_rows_t *r = &books->rows;
     for (int64_t row = i * books->agents; row < (i + 1) * books->agents; row++) {
-        r->rewards[row] = 0.0f;
+        if (r->rewards)
+            r->rewards[row] = 0.0f;
         r->terminations[row] = false;
         r->truncations[row] = false;
         if (r->dones)

@@ -14,44 +14,35 @@
  * The functions here never call an env: they take what the env returned
  * (its reward, terminated and truncated flags as the env wrote them: its RAW
  * outputs) and write the books and the rows.  The caller runs the env's
- * callbacks and records their failures.  vec.c (the pool backend) is the
- * caller today; the hot ones are static inline and forced inline, so the
- * vec's loops run no more instructions than with the rules inline in
- * vec.c (callgrind, docs/benchmarks.md).
+ * callbacks and records their failures.  Two callers:
+ *  - vec.c (the pool backend) steps C envs through them; the hot ones are
+ *    static inline and forced inline, so the vec's loops run no more
+ *    instructions than with the rules inline in vec.c (callgrind,
+ *    docs/benchmarks.md).
+ *  - backend_workers.c (hosted Python envs) keeps an env slot per env on
+ *    the parent's side: before a step it asks envd_slot_next per env
+ *    (REFUSED: the request is refused, nothing sent) and writes the answer
+ *    as the env's kind word (ENVD_SLOT_RESET: NEXT_STEP's autoreset;
+ *    ENVD_SLOT_STEP, with ENVD_SLOT_RESET_IF_DONE in SAME_STEP mode); the
+ *    worker runs env.reset / env.step only and writes the raw outputs (and,
+ *    for a done step with RESET_IF_DONE, the final observation, then resets
+ *    at once); as the acks come in the parent applies the rules to each
+ *    env (envd_slot_begin_episode, envd_slot_reset_rows,
+ *    envd_slot_account_step, envd_slot_write_outcome), the episode times
+ *    on its own clock.  Its books have no time limit: a hosted env's is
+ *    the env's own gymnasium TimeLimit wrapper, which truncates inside
+ *    env.step as SyncVectorEnv's envs do (so ENVD_SLOT_LAST_STEP is never
+ *    asked of a worker), and its rewards are float64, the env's own
+ *    (rows.rewards NULL).
+ * Hosted PettingZoo envs (src/envd/hosted_pettingzoo.py) still keep their
+ * agents' rows in Python: envd_slot_finish_agent_rows is the C side they
+ * would go through (issue 39).  client/multi.py's _needs_reset and
+ * _validate_step are the one Python mirror of envd_slot_next's refusals
+ * (the multi-daemon pre-check; tests/integration/test_refusal_mirror.py).
  *
  * Threading: env i's slot, its agents' books and its rows are touched by the
- * one thread that steps env i (vec.h).
- *
- * ---- The workers backend through this module (issue 39, step 3) ----------
- * Plan: hosted Python envs keep no rules of their own (today EnvSlice in
- * native/hosted_worker.py and PettingZooVecEnv write them again).
- *  1. The parent (backend_workers.c) keeps an envd_env_slot_t per env and
- *     an envd_slot_books_t over the segment's output rows, as the vec does.
- *  2. Before a step it asks envd_slot_next(books, slot) per env: REFUSED
- *     refuses the request (ENVD_ESTATE, nothing sent); else it writes the
- *     env's kind word: ENVD_SLOT_RESET (NEXT_STEP's autoreset: reset, the
- *     action ignored) or ENVD_SLOT_STEP with ENVD_SLOT_RESET_IF_DONE
- *     (SAME_STEP: reset at once if the step ends the episode, after writing
- *     the final observation and info) and ENVD_SLOT_LAST_STEP (the time
- *     limit truncates this step: the parent knows the episode's length; the
- *     worker passes it to the env's reset-at-once decision) as flags.
- *  3. The worker runs env.step / env.reset only and writes the RAW outputs:
- *     reward, terminated, truncated as the env returned them (and, in
- *     SAME_STEP mode, the final observation and info), then acks.
- *  4. As the acks come in, the parent's C applies the rules to each acked
- *     env: after a reset request envd_slot_begin_episode and
- *     envd_slot_reset_rows; after NEXT_STEP's autoreset (kind RESET within a
- *     step) envd_slot_begin_episode and envd_slot_write_row with reward 0,
- *     not done; after a step envd_slot_account_step (time limit, return,
- *     length) and envd_slot_write_row (the rows, the statistics,
- *     needs_reset), then, if the worker reset at once (SAME_STEP and done),
- *     envd_slot_begin_episode.  A PettingZoo env's agents are rows:
- *     envd_slot_finish_agent_rows with the raw per-agent outputs, as the
- *     vec does for a C multi-agent env.  The episode times are the parent's
- *     clock (envd_slot_clock_t), read once per batch of acks.
- *  5. client/multi.py's _needs_reset/_validate_step stay the one Python
- *     mirror of envd_slot_next's refusals (the multi-daemon pre-check),
- *     tested against C.
+ * one thread that steps env i (vec.h), or that collects its acks (the
+ * workers backend's caller, under its session's mutex).
  */
 #ifndef ENVD_ENV_SLOT_H
 #define ENVD_ENV_SLOT_H
@@ -94,7 +85,11 @@ typedef struct envd_agent_books {
 
 /* The output rows the rules write, per row (envd_vec_buffers_t says what
  * each holds; episode_times, dones may be NULL; agent_mask is used when
- * agents > 1, episode_log by an env that resets itself with a log). */
+ * agents > 1, episode_log by an env that resets itself with a log).
+ * rewards may be NULL for envs of one agent whose rewards are their own,
+ * written where the env ran and only read by the rules (a hosted env's
+ * float64 rewards: backend_workers.c calls envd_slot_write_outcome, not
+ * envd_slot_write_row). */
 typedef struct envd_slot_rows {
     float *rewards;
     bool *terminations;
@@ -228,8 +223,9 @@ static inline void envd_fill_bytes(void *to, int byte, size_t n)
 }
 
 /* ---- refusals and what a step request means ---- */
-/* What a step request of an env means (the kind word of step 3's workers:
- * ENVD_SLOT_RESET and ENVD_SLOT_STEP equal ENVD_HOSTED_RESET and _STEP). */
+/* What a step request of an env means (the workers backend's kind word:
+ * backend_workers.h's ENVD_HOSTED_RESET, _STEP and _RESET_IF_DONE equal
+ * ENVD_SLOT_RESET, _STEP and _RESET_IF_DONE). */
 #define ENVD_SLOT_REFUSED 0       /* never reset, or done under DISABLED: ENVD_ESTATE */
 #define ENVD_SLOT_RESET 1         /* NEXT_STEP's autoreset: reset, the action ignored */
 #define ENVD_SLOT_STEP 2          /* step the env with its action; flags: */
@@ -346,19 +342,29 @@ envd_slot_write_stats(const envd_slot_books_t *books, const envd_env_slot_t *slo
         r->dones[i] = done;
 }
 
-/* Env i's row after a step (the flags after envd_slot_account_step) or
- * after NEXT_STEP's autoreset (reward 0, flags false, done false): reward,
- * flags, statistics; a done env needs a reset from now on. */
+/* Env i's row but its reward after a step (the flags after
+ * envd_slot_account_step) or after NEXT_STEP's autoreset (flags false, done
+ * false): flags, statistics; a done env needs a reset from now on.  Alone:
+ * rows whose rewards are the env's own (rows.rewards NULL, below). */
 static inline __attribute__((always_inline)) void
-envd_slot_write_row(const envd_slot_books_t *books, envd_env_slot_t *slot, int64_t i,
-                    double reward, bool term, bool trunc, bool done, envd_slot_clock_t *clock)
+envd_slot_write_outcome(const envd_slot_books_t *books, envd_env_slot_t *slot, int64_t i,
+                        bool term, bool trunc, bool done, envd_slot_clock_t *clock)
 {
-    books->rows.rewards[i] = (float)reward;
     books->rows.terminations[i] = term;
     books->rows.truncations[i] = trunc;
     envd_slot_write_stats(books, slot, i, done, clock);
     if (done)
         slot->needs_reset = true;
+}
+
+/* Env i's row after a step or after NEXT_STEP's autoreset (reward 0):
+ * reward, flags, statistics (envd_slot_write_outcome). */
+static inline __attribute__((always_inline)) void
+envd_slot_write_row(const envd_slot_books_t *books, envd_env_slot_t *slot, int64_t i,
+                    double reward, bool term, bool trunc, bool done, envd_slot_clock_t *clock)
+{
+    books->rows.rewards[i] = (float)reward;
+    envd_slot_write_outcome(books, slot, i, term, trunc, done, clock);
 }
 
 /* Whether a done env resets within its done step (SAME_STEP). */

@@ -14,7 +14,13 @@
  *   - with usable_cpus set, the parent that spins for a slow worker once
  *     another one finished (the free CPU) still sleeps and is woken by the
  *     slow worker's ack past ENVD_HOSTED_FREE_SPIN_NS, and still notices a
- *     worker that died mid-call.
+ *     worker that died mid-call;
+ *   - the parent keeps the books by env_slot.h's rules over the raw outputs
+ *     its (inline) worker writes (issue 39): the kind word of each step
+ *     (NEXT_STEP's autoreset, SAME_STEP's flag), refusals before anything is
+ *     asked and in the pool vec's order (per env: state, then action), the
+ *     episode statistics and dones, flags written as any non-zero byte, a
+ *     failed reset leaving its env never reset.
  *
  * Prints "workers_check: ok" and exits 0, or names the failed check.
  */
@@ -49,18 +55,35 @@ static uint32_t req[N], ack[N];
 static int32_t status[N];
 static uint64_t seeds[N];
 static int64_t checked_actions[N], actions[N];
-static bool dones[N];
+static double rewards[N], returns[N], times[N];
+static int64_t lengths[N];
+static bool terms[N], truncs[N], dones[N];
 static envd_worker_ctl_t ctl[1];
+/* What the inline worker answers a step of env i with (a reset: 0, false,
+ * and next_status), and the kind words it was last asked. */
+static double next_reward[N];
+static unsigned char next_term[N];
+static int32_t next_status[N];
+static uint8_t asked[N];
 /* Discrete(3, start=-1): the one element of each row in [-1, 1]. */
 static const envd_action_check_t discrete_check = {
     .offset = 0, .low = -1, .high = 1, .size = sizeof(int64_t), .is_signed = 1};
 
-/* Inline run: answer every request at once (status 0, not done). */
+/* Inline run: answer every request at once, as a worker: the raw outputs
+ * of a step as next_* say (a reset's: 0, not terminated), status
+ * next_status[i]; never truncated. */
 static int run_inline(void *ctx)
 {
     (void)ctx;
     for (int i = 0; i < N; i++) {
-        dones[i] = false;
+        if (ack[i] == req[i])
+            continue;
+        asked[i] = kind[i];
+        const bool reset = kind[i] == ENVD_HOSTED_RESET;
+        rewards[i] = reset ? 0.0 : next_reward[i];
+        memset(&terms[i], reset ? 0 : next_term[i], 1); /* (any byte: numpy's, or not) */
+        truncs[i] = false;
+        status[i] = next_status[i];
         ack[i] = req[i];
     }
     return ENVD_OK;
@@ -73,8 +96,10 @@ static envd_workers_config_t config(int64_t num_workers, const int *pidfds, int6
         .kind = kind, .req = req, .ack = ack, .status = status, .seeds = seeds,
         .seed_pending = seed_pending, .checked_actions = checked_actions, .actions = actions,
         .action_bytes = sizeof(int64_t), .action_checks = &discrete_check,
-        .num_action_checks = 1,
-        .dones = dones, .spin_ns = 0, .autoreset_mode = ENVD_AUTORESET_NEXT_STEP,
+        .num_action_checks = 1, .rewards = rewards, .terminations = terms,
+        .truncations = truncs, .episode_returns = returns, .episode_lengths = lengths,
+        .episode_times = times, .dones = dones, .spin_ns = 0,
+        .autoreset_mode = ENVD_AUTORESET_NEXT_STEP,
         .run_inline = num_workers == 0 ? run_inline : NULL, .timeout_ms = timeout_ms};
 }
 
@@ -114,6 +139,81 @@ static void check_mask_bytes_and_actions(void)
     b->ops->destroy(b);
 }
 
+/* A step of every env whose outputs say env `ends` terminates (-1: none),
+ * each env's reward 0.5; returns the step's code. */
+static int step_all(envd_backend_t *b, int ends)
+{
+    for (int i = 0; i < N; i++) {
+        next_reward[i] = 0.5;
+        next_term[i] = i == ends ? 2 : 0; /* (2: a flag byte need not be 1) */
+        actions[i] = 0;
+    }
+    return b->ops->step(b->impl);
+}
+
+static void check_rules(int mode)
+{
+    memset(next_status, 0, sizeof next_status);
+    envd_workers_config_t cfg = config(0, NULL, 0);
+    cfg.autoreset_mode = mode;
+    envd_backend_t *b;
+    CHECK(envd_backend_workers_create(&b, &cfg) == ENVD_OK);
+    uint32_t before[N];
+    memcpy(before, req, sizeof before);
+    /* A step before any reset: refused, nothing asked. */
+    CHECK(step_all(b, -1) == ENVD_ESTATE);
+    CHECK(b->ops->error_index(b->impl) == 0 && !b->ops->env_started(b->impl, 0));
+    CHECK(memcmp(before, req, sizeof before) == 0);
+    const bool first_two[N] = {true, true, false, false};
+    CHECK(b->ops->reset(b->impl, NULL, first_two) == ENVD_OK);
+    /* The vec's order, env by env, its state then its action: env 1's
+     * action out of range is named before env 2, never reset. */
+    actions[1] = 5;
+    CHECK(b->ops->step(b->impl) == ENVD_ERANGE && b->ops->error_index(b->impl) == 1);
+    actions[1] = 0;
+    CHECK(b->ops->step(b->impl) == ENVD_ESTATE && b->ops->error_index(b->impl) == 2);
+    CHECK(memcmp(before, req, sizeof before) != 0); /* (the reset asked envs 0 and 1) */
+    /* A failed reset: its env stays never reset, the others start. */
+    next_status[3] = ENVD_EENV;
+    CHECK(b->ops->reset(b->impl, NULL, NULL) == ENVD_EENV);
+    CHECK(b->ops->error_index(b->impl) == 3 && !b->ops->env_started(b->impl, 3));
+    CHECK(b->ops->env_started(b->impl, 2));
+    next_status[3] = 0;
+    CHECK(b->ops->reset(b->impl, NULL, NULL) == ENVD_OK);
+    for (int i = 0; i < N; i++)
+        CHECK(rewards[i] == 0.0 && !terms[i] && !dones[i]);
+    /* Three steps, env 1 terminating in the third. */
+    const uint8_t step_kind =
+        ENVD_HOSTED_STEP | (mode == ENVD_AUTORESET_SAME_STEP ? ENVD_HOSTED_RESET_IF_DONE : 0);
+    CHECK(step_all(b, -1) == 0 && step_all(b, -1) == 0);
+    CHECK(step_all(b, 1) == 1);
+    for (int i = 0; i < N; i++) {
+        CHECK(asked[i] == step_kind);
+        CHECK(dones[i] == (i == 1) && terms[i] == (i == 1) && !truncs[i]);
+        CHECK(returns[i] == (i == 1 ? 1.5 : 0.0) && lengths[i] == (i == 1 ? 3 : 0));
+        CHECK(i == 1 ? times[i] >= 0.0 : times[i] == 0.0);
+        CHECK(rewards[i] == 0.5);
+    }
+    if (mode == ENVD_AUTORESET_DISABLED) {
+        CHECK(step_all(b, -1) == ENVD_ESTATE && b->ops->error_index(b->impl) == 1);
+        const bool only_one[N] = {false, true, false, false};
+        CHECK(b->ops->reset(b->impl, NULL, only_one) == ENVD_OK);
+    }
+    /* The next step: NEXT_STEP resets env 1 (reward 0, not done); SAME_STEP
+     * (reset at once) and DISABLED (reset above) step it, its new episode's
+     * first step. */
+    CHECK(step_all(b, -1) == 0);
+    CHECK(asked[1] == (mode == ENVD_AUTORESET_NEXT_STEP ? ENVD_HOSTED_RESET : step_kind));
+    CHECK(asked[0] == step_kind && !dones[1] && returns[1] == 0.0 && lengths[1] == 0);
+    CHECK(rewards[1] == (mode == ENVD_AUTORESET_NEXT_STEP ? 0.0 : 0.5));
+    /* Env 1's next episode ends with its return and length counted from its
+     * start: NEXT_STEP's autoreset step counts nothing. */
+    const bool next_step = mode == ENVD_AUTORESET_NEXT_STEP;
+    CHECK(step_all(b, 1) == 1);
+    CHECK(dones[1] && lengths[1] == (next_step ? 1 : 2) && returns[1] == (next_step ? 0.5 : 1.0));
+    b->ops->destroy(b);
+}
+
 static void check_timeout_kills_a_silent_worker(void)
 {
     pid_t pid = fork();
@@ -147,7 +247,9 @@ typedef struct shared_words {
     int32_t status[N];
     uint64_t seeds[N];
     int64_t checked_actions[N], actions[N];
-    bool dones[N];
+    double rewards[N], returns[N], times[N];
+    int64_t lengths[N];
+    bool terms[N], truncs[N], dones[N];
 } shared_words_t;
 
 /* Worker w of two (envs [2w, 2w+2)): ack every request, the slow one
@@ -164,7 +266,8 @@ static void two_workers_child(shared_words_t *s, int w, int calls)
         if (w == 1)
             nanosleep(&(struct timespec){.tv_nsec = 20000000}, NULL);
         for (int i = 2 * w; i < 2 * w + 2; i++) {
-            s->dones[i] = false;
+            s->rewards[i] = 0.0;
+            s->terms[i] = s->truncs[i] = false;
             envd_worker_fence();
             __atomic_store_n(&s->ack[i], s->req[i], __ATOMIC_RELEASE);
         }
@@ -192,7 +295,9 @@ static void check_free_spin_then_sleep(void)
         .num_envs = N, .num_workers = 2, .ctl = s->ctl, .pidfds = pidfds,
         .kind = s->kind, .req = s->req, .ack = s->ack, .status = s->status, .seeds = s->seeds,
         .seed_pending = s->seed_pending, .checked_actions = s->checked_actions,
-        .actions = s->actions, .action_bytes = sizeof(int64_t), .dones = s->dones,
+        .actions = s->actions, .action_bytes = sizeof(int64_t), .rewards = s->rewards,
+        .terminations = s->terms, .truncations = s->truncs, .episode_returns = s->returns,
+        .episode_lengths = s->lengths, .episode_times = s->times, .dones = s->dones,
         .autoreset_mode = ENVD_AUTORESET_NEXT_STEP, .timeout_ms = 0, .usable_cpus = 2};
     envd_backend_t *b;
     CHECK(envd_backend_workers_create(&b, &cfg) == ENVD_OK);
@@ -213,6 +318,9 @@ static void check_free_spin_then_sleep(void)
 int main(void)
 {
     check_mask_bytes_and_actions();
+    check_rules(ENVD_AUTORESET_NEXT_STEP);
+    check_rules(ENVD_AUTORESET_SAME_STEP);
+    check_rules(ENVD_AUTORESET_DISABLED);
     check_timeout_kills_a_silent_worker();
     check_free_spin_then_sleep();
     envd_worker_acquire(); /* (it links: the worker's fence exists) */
