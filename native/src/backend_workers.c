@@ -284,8 +284,12 @@ static bool apply_rules(workers_backend_t *b, int64_t i, bool step, envd_slot_cl
 /* After a wait: ENVD_EENV naming the first failed env of ids (or the first
  * env of a dead worker), else the number of envs of ids whose episode ended.
  * Keeps the books of every acked env of ids (steps: a step's; else the
- * masked envs of a reset): an env whose call failed keeps its books as they
- * were, but a failed reset leaves its env never reset. */
+ * masked envs of a reset).  A failed reset leaves its env never reset; a
+ * failed step leaves its env needing a reset (the worker may have failed
+ * after env.step ended the episode -- a same-step reset that raised, an
+ * info too big -- and an env that raised is in no known state), so the
+ * next step autoresets it, or is refused under DISABLED until a reset, as
+ * the pool's books do. */
 static int finish_envs(workers_backend_t *b, const int64_t *ids, int64_t count, bool steps)
 {
     int done = 0, rc = ENVD_OK;
@@ -294,16 +298,21 @@ static int finish_envs(workers_backend_t *b, const int64_t *ids, int64_t count, 
         int64_t i = ids ? ids[k] : k;
         if (!steps && !b->mask[i])
             continue;
-        const int32_t status = b->cfg.status[i];
-        if (status != 0 && rc == ENVD_OK) {
-            b->error_index = i;
-            rc = status;
-        }
         if (!acked(b, i))
-            continue; /* (its worker died) */
-        if (status == 0)
+            continue; /* (its worker died: ENVD_EENV below) */
+        /* Read once, after the ack's acquire; the worker (the env's own
+         * Python) may have written any word there: whatever is not 0 is the
+         * env's failure, never a count or another code to pass on. */
+        const bool failed = ((const volatile int32_t *)b->cfg.status)[i] != 0;
+        if (failed && rc == ENVD_OK) {
+            b->error_index = i;
+            rc = ENVD_EENV;
+        }
+        if (!failed)
             done += apply_rules(b, i, steps, &clock);
-        else if (!steps)
+        else if (steps)
+            b->slots[i].needs_reset = true;
+        else
             b->slots[i].started = false;
         copy_outputs(b, i);
     }

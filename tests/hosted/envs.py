@@ -51,6 +51,41 @@ def failing_creator(fail_seed: int, at_step: int, how: str = "raise"):
     return lambda: FailingEnv(fail_seed, at_step, how)
 
 
+class FailsAfterDoneEnv(gymnasium.Env):
+    """Episodes of 3 steps, reward 1 each.  Once `armed` (a file) exists, the
+    worker fails right after env.step ends an episode: the reset that
+    follows the done step raises (in SAME_STEP mode: the reset at once), or
+    (big_info) the done step's info is too big for its slot (a worker's
+    info_bytes); the file goes.  (A file: make's probe of the env steps and
+    resets it before the test arms it, in another process.)  obs: (step in
+    the episode, 0)."""
+    observation_space = spaces.Box(-1e9, 1e9, (2,), np.float64)
+    action_space = spaces.Discrete(2)
+
+    def __init__(self, armed: str, big_info: bool = False):
+        self.armed, self.big_info, self.t = armed, big_info, 0
+
+    def _fire(self) -> bool:
+        try:
+            os.unlink(self.armed)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        if not self.big_info and self.t == 3 and self._fire():
+            raise ValueError("reset boom")
+        self.t = 0
+        return np.array([self.t, 0], np.float64), {}
+
+    def step(self, action):
+        self.t += 1
+        done = self.t == 3
+        info = {"x": "y" * 100_000} if self.big_info and done and self._fire() else {}
+        return np.array([self.t, 0], np.float64), 1.0, done, False, info
+
+
 class UnsupportedSpaceEnv(gymnasium.Env):
     """A Dict observation with a Text leaf deep inside: refused at make, naming
     the space and its path."""

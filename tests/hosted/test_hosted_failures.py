@@ -9,7 +9,7 @@ import signal
 
 import numpy as np
 import pytest
-from envs import UnsupportedSpaceEnv, alive, failing_creator, wait_until
+from envs import FailsAfterDoneEnv, UnsupportedSpaceEnv, alive, failing_creator, wait_until
 
 import envd
 
@@ -133,3 +133,45 @@ def test_refused_steps_change_nothing(num_workers):
         assert np.array_equal(env.step.__self__._obs, before)  # nothing stepped
         env.reset(options={"reset_mask": done})
         env.step(np.ones(3, np.int64))
+
+
+@pytest.mark.parametrize("num_workers, mode, big_info", [
+    (0, "same_step", False), (1, "same_step", False),  # the reset at once raised
+    (1, "next_step", True), (1, "same_step", True), (1, "disabled", True)])  # the info (a slot)
+def test_a_step_that_fails_after_ending_the_episode_leaves_the_env_needing_a_reset(
+        num_workers, mode, big_info, tmp_path):
+    """env.step ended the episode, then the worker failed (the same-step
+    reset raised, or the info was too big to write): the step raises, and
+    the env needs a reset -- the next step autoresets it (its episode
+    counted from 0: return 3 over 3 steps, never two episodes merged), or
+    under DISABLED is refused until a reset."""
+    armed = str(tmp_path / "armed")
+    env = envd.make(lambda: FailsAfterDoneEnv(armed, big_info), 1, num_workers=num_workers,
+                    autoreset_mode=mode, episode_statistics=True)
+    action = np.zeros(1, np.int64)
+    try:
+        env.reset(seed=0)
+        open(armed, "w").close()
+        env.step(action)
+        env.step(action)
+        with pytest.raises(envd.EnvError):
+            env.step(action)
+        if mode == "disabled":
+            with pytest.raises(envd.EnvStateError):
+                env.step(action)
+            env.reset()
+        elif mode == "next_step":
+            obs, reward, term, trunc, _ = env.step(action)  # the autoreset step
+            assert obs[0, 0] == 0 and reward[0] == 0 and not term[0]
+        else:  # same_step: a reset the next step asks for (the failed one did not count)
+            obs, reward, term, trunc, _ = env.step(action)
+            assert obs[0, 0] == 0 and reward[0] == 0 and not term[0]
+        episode = None
+        for _ in range(3):
+            obs, reward, term, trunc, info = env.step(action)
+            episode = info.get("envd_episode", episode)
+        assert term[0]
+        assert episode is not None
+        assert float(episode["r"][0]) == 3.0 and int(episode["l"][0]) == 3
+    finally:
+        env.close()
