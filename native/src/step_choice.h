@@ -30,9 +30,11 @@
  * 73-79 us, inline ones 84 us (the worker's CPU had been idle: its chunks
  * ran 2-4x slower than settled, and it started its first chunk 10-90 us
  * after the submit); the mean of the seven sampled steps, 121 us, kept the
- * vec inline.  Steps that are slower the other way (other load on
- * the second CPU) stay slower at their best: the probe ends after its 8
- * steps and changes nothing.  A chosen way's estimate stays a mean: a probe
+ * vec inline.  A probe runs on one step for each step that lowered its best
+ * by over 10%, so by at most log(first / settled) / log(1 / 0.9) steps: 7
+ * for a first sampled step at twice the settled cost.  Steps that are slower the
+ * other way (other load on the second CPU) stay slower at their best: the
+ * probe changes nothing.  A chosen way's estimate stays a mean: a probe
  * that wins on its best step and then runs slower than the other way loses
  * the choice again within a few steps.
  *
