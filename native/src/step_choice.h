@@ -32,11 +32,11 @@
  * after the submit); the mean of the seven sampled steps, 121 us, kept the
  * vec inline.  A probe runs on one step for each step that lowered its best
  * by over 10%, so by at most log(first / settled) / log(1 / 0.9) steps: 7
- * for a first sampled step at twice the settled cost.  Steps that are slower the
- * other way (other load on the second CPU) stay slower at their best: the
- * probe changes nothing.  A chosen way's estimate stays a mean: a probe
- * that wins on its best step and then runs slower than the other way loses
- * the choice again within a few steps.
+ * for a first sampled step at twice the settled cost.  Steps that are
+ * slower the other way (other load on the second CPU) stay slower at their
+ * best: the probe changes nothing.  A chosen way's estimate stays a mean: a
+ * probe that wins on its best step and then runs slower than the other way
+ * loses the choice again within a few steps.
  *
  * Pure bookkeeping, no clock and no threads: the caller passes each step's
  * time (the vec's caller thread only; tests/native/step_choice_check.c
