@@ -21,6 +21,23 @@
  * PROBE_PERIOD_MAX), so a settled vec spends about 1/1000 of its steps
  * probing (8 in 8192).
  *
+ * A probe's estimate is its fastest sampled step, and a probe whose steps
+ * are still getting faster runs on (up to PROBE_STEPS_MAX): after a long
+ * inline stretch the pool's first several steps, not only its first, cost
+ * more than its settled ones.  squared at N=4096 on a 2-CPU VM (issue 36),
+ * the pool's first steps after 2000 inline steps of another vec: 162, 245,
+ * 122, 122, 106, 93, 79, 78 us (medians over 7 such probes), settled ones
+ * 73-79 us, inline ones 84 us (the worker's CPU had been idle: its chunks
+ * ran 2-4x slower than settled, and it started its first chunk 10-90 us
+ * after the submit); the mean of the seven sampled steps, 121 us, kept the
+ * vec inline.  A probe runs on one step for each step that lowered its best
+ * by over 10%, so by at most log(first / settled) / log(1 / 0.9) steps: 7
+ * for a first sampled step at twice the settled cost.  Steps that are
+ * slower the other way (other load on the second CPU) stay slower at their
+ * best: the probe changes nothing.  A chosen way's estimate stays a mean: a
+ * probe that wins on its best step and then runs slower than the other way
+ * loses the choice again within a few steps.
+ *
  * Pure bookkeeping, no clock and no threads: the caller passes each step's
  * time (the vec's caller thread only; tests/native/step_choice_check.c
  * drives it with made-up times).
@@ -33,6 +50,10 @@
 
 /* Steps the other way in a probe; the first is not sampled (see above). */
 #define ENVD_CHOICE_PROBE_STEPS 8
+/* A probe runs on while its last step was faster than its best before by
+ * more than ENVD_CHOICE_SETTLE (not settled yet), up to this many steps. */
+#define ENVD_CHOICE_PROBE_STEPS_MAX 32
+#define ENVD_CHOICE_SETTLE 0.9
 /* Steps one way before the first probe, and the most between two probes. */
 #define ENVD_CHOICE_PROBE_PERIOD 256
 #define ENVD_CHOICE_PROBE_PERIOD_MAX 8192
@@ -59,6 +80,7 @@ typedef struct envd_step_choice {
     int64_t streak;      /* steps the chosen way since the last probe */
     int64_t period;      /* steps the chosen way before the next probe */
     int probe_left;      /* steps of the probe in progress still to run */
+    int probe_steps;     /* steps the probe in progress has run */
     envd_way_t probing;  /* the way a probe in progress runs */
     bool pool_tried;     /* a probe of the pool began */
 } envd_step_choice_t;
@@ -101,11 +123,36 @@ static inline envd_way_t envd_choice_better(const envd_step_choice_t *c)
     return c->pooled_ns.ns < c->inline_ns.ns ? ENVD_WAY_POOLED : ENVD_WAY_INLINE;
 }
 
+/* A probe's sample (see above): the estimate is the probe's fastest step;
+ * a step still faster than that by more than the settle factor runs the
+ * probe one step longer.  The clamp still bounds a sample below (a clock
+ * glitch cannot make a way look free). */
+static inline void envd_choice_probe_sample(envd_step_choice_t *c, envd_way_estimate_t *e,
+                                            double sample)
+{
+    if (e->restart) {
+        e->restart = false;
+        e->samples = 1;
+        e->ns = sample;
+        return;
+    }
+    if (e->ns > 0.0 && sample < e->ns / ENVD_CHOICE_CLAMP)
+        sample = e->ns / ENVD_CHOICE_CLAMP;
+    if (sample < e->ns * ENVD_CHOICE_SETTLE &&
+        c->probe_steps + c->probe_left < ENVD_CHOICE_PROBE_STEPS_MAX)
+        c->probe_left++;
+    if (sample < e->ns)
+        e->ns = sample;
+    if (e->samples < ENVD_CHOICE_MEAN_OF)
+        e->samples++;
+}
+
 static inline envd_way_t envd_choice_start_probe(envd_step_choice_t *c, envd_way_t way)
 {
     c->streak = 0;
     c->probing = way;
     c->probe_left = ENVD_CHOICE_PROBE_STEPS - 1;
+    c->probe_steps = 1;
     envd_choice_estimate(c, way)->restart = true;
     if (way == ENVD_WAY_POOLED)
         c->pool_tried = true;
@@ -125,6 +172,7 @@ static inline envd_way_t envd_choice_pick(envd_step_choice_t *c, bool over_thres
     }
     if (c->probe_left > 0) {
         c->probe_left--;
+        c->probe_steps++;
         return c->probing;
     }
     if (c->pooled_ns.samples == 0) {
@@ -149,7 +197,9 @@ static inline void envd_choice_record(envd_step_choice_t *c, envd_way_t way, dou
 {
     const envd_way_t before = c->last;
     c->last = way;
-    if (before == way && n > 0)
+    if (before == way && n > 0 && c->probing == way)
+        envd_choice_probe_sample(c, envd_choice_estimate(c, way), ns / (double)n);
+    else if (before == way && n > 0)
         envd_choice_sample(envd_choice_estimate(c, way), ns / (double)n);
     else
         c->streak = 0;

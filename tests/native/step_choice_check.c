@@ -30,6 +30,7 @@ typedef struct sim {
     envd_step_choice_t choice;
     envd_way_t last;
     int64_t inline_steps, pooled_steps, longest_pooled_run, pooled_run;
+    int64_t inline_run, inline_run_before; /* inline steps in a row; before this pooled run */
 } sim_t;
 
 static void sim_init(sim_t *s)
@@ -49,10 +50,14 @@ static envd_way_t sim_step(sim_t *s, double inline_ns, double pooled_ns, bool ov
     envd_choice_record(&s->choice, way, ns, N_ENVS);
     if (way == ENVD_WAY_POOLED) {
         s->pooled_steps++;
+        if (s->pooled_run == 0)
+            s->inline_run_before = s->inline_run;
+        s->inline_run = 0;
         if (++s->pooled_run > s->longest_pooled_run)
             s->longest_pooled_run = s->pooled_run;
     } else {
         s->inline_steps++;
+        s->inline_run++;
         s->pooled_run = 0;
     }
     return way;
@@ -211,6 +216,76 @@ static void probes_become_rare(void)
           (long long)s.pooled_steps);
 }
 
+/* Issue 36: after a long inline stretch the pool's first steps cost more
+ * than its settled ones, for several steps (squared at N=4096 on 2 CPUs,
+ * step_choice.h): a pooled step's cost here is WARM_US[k] for the k-th
+ * pooled step after a run of at least a probe period of inline steps, then
+ * decays by `decay` a step to settled_us (an inline probe's 8 steps leave
+ * the worker's CPU warm: the settled cost at once).  A pool that is faster
+ * settled wins the choice at a probe and keeps it; a warm-up that lasts
+ * longer than a probe's 8 steps runs the probe on until it settles. */
+static const double WARM_US[] = {162, 245, 122, 122, 106, 93, 79, 78};
+#define N_WARM ((int)(sizeof WARM_US / sizeof WARM_US[0]))
+
+static double warming_pool_ns(const sim_t *s, double settled_us, double decay)
+{
+    const int64_t inline_before = s->pooled_run == 0 ? s->inline_run : s->inline_run_before;
+    if (inline_before < ENVD_CHOICE_PROBE_PERIOD)
+        return settled_us * 1000.0;
+    if (s->pooled_run < N_WARM) /* pooled_run: the pooled steps in a row so far */
+        return WARM_US[s->pooled_run] * 1000.0;
+    double us = WARM_US[N_WARM - 1];
+    for (int64_t k = N_WARM; k <= s->pooled_run && us * decay > settled_us; k++)
+        us *= decay;
+    return (us > settled_us ? us : settled_us) * 1000.0;
+}
+
+static void a_warming_pool_is_measured_settled(int64_t steps, double inline_us, double decay,
+                                               double settled_us)
+{
+    const double inline_ns = inline_us * 1000.0;
+    sim_t s;
+    sim_init(&s);
+    /* a long inline stretch: steps under the threshold */
+    for (int k = 0; k < ENVD_CHOICE_PROBE_PERIOD; k++)
+        sim_step(&s, inline_ns, inline_ns, false);
+    int64_t pooled_after_first = 0, longest_probe = 0;
+    for (int64_t k = 0; k < steps; k++) {
+        const envd_way_t way =
+            sim_step(&s, inline_ns, warming_pool_ns(&s, settled_us, decay), true);
+        if (s.choice.probe_steps > longest_probe) /* (kept after a probe ends) */
+            longest_probe = s.choice.probe_steps;
+        if (k >= 2 * ENVD_CHOICE_PROBE_STEPS_MAX)
+            pooled_after_first += way == ENVD_WAY_POOLED;
+    }
+    CHECK(envd_choice_better(&s.choice) == ENVD_WAY_POOLED,
+          "inline chosen: estimates inline %g pooled %g", s.choice.inline_ns.ns,
+          s.choice.pooled_ns.ns);
+    CHECK(pooled_after_first * 100 >= (steps - 2 * ENVD_CHOICE_PROBE_STEPS_MAX) * 95,
+          "%lld of %lld steps pooled", (long long)pooled_after_first, (long long)steps);
+    CHECK(longest_probe <= ENVD_CHOICE_PROBE_STEPS_MAX, "a probe of %lld steps",
+          (long long)longest_probe);
+}
+
+/* A pool whose steps are fast now and then but slower on average (another
+ * process shares the second CPU: alternately 50 and 130 us, inline 84): a
+ * probe may pick it on its best step, but the chosen way's mean gives the
+ * choice back within a few steps, so the vec is never measurably slower
+ * than inline all along. */
+static void a_pool_fast_at_best_but_slower_on_average_stays_inline(int64_t steps)
+{
+    sim_t s;
+    sim_init(&s);
+    double total_ns = 0.0;
+    for (int64_t k = 0; k < steps; k++) {
+        const double pooled = k % 2 ? 130000.0 : 50000.0;
+        const envd_way_t way = sim_step(&s, 84000.0, pooled, true);
+        total_ns += way == ENVD_WAY_POOLED ? pooled : 84000.0;
+    }
+    CHECK(total_ns <= 84000.0 * (double)steps * 1.05, "%.1f us a step on average, inline 84",
+          total_ns / (double)steps / 1000.0);
+}
+
 int main(int argc, char **argv)
 {
     const int64_t divisor = argc > 1 ? atoll(argv[1]) : 1;
@@ -223,6 +298,10 @@ int main(int argc, char **argv)
     a_zero_estimate_does_not_stick();
     probes_ended_under_the_threshold_are_rare(steps);
     probes_become_rare();
+    a_warming_pool_is_measured_settled(steps, 84.0, 1.0, 75.0);
+    /* every step of the first 8 slower than inline, settled after 14 more */
+    a_warming_pool_is_measured_settled(steps, 70.0, 0.88, 40.0);
+    a_pool_fast_at_best_but_slower_on_average_stays_inline(steps);
     printf("step_choice_check: ok\n");
     return 0;
 }
