@@ -9,7 +9,8 @@ Every unit is compiled with ``-include ocean_random.h`` (per-env glibc random
 streams and clocks).  The flags are PufferLib's for its C extensions (its
 setup.py: -O2, -fwrapv, -DNDEBUG from Python's own CFLAGS, -DPLATFORM_DESKTOP,
 its -Wno list), never -march=native nor -ffast-math: the trajectories are
-compared bit for bit with PufferLib's own build.  raylib is linked only where
+compared bit for bit with PufferLib's own build; envd adds only flags that
+place code (PLACEMENT_FLAGS).  raylib is linked only where
 needed: the glue never renders, so the linker drops the render code
 (--gc-sections) and --no-undefined proves no raylib symbol is left; a unit
 whose c_close still asks raylib (IsWindowReady) gets the sdist's static
