@@ -10,9 +10,9 @@ streams and clocks).  The flags are PufferLib's for its C extensions (its
 setup.py: -O2, -fwrapv, -DNDEBUG from Python's own CFLAGS, -DPLATFORM_DESKTOP,
 its -Wno list), never -march=native nor -ffast-math: the trajectories are
 compared bit for bit with PufferLib's own build; envd adds only flags that
-place code (PLACEMENT_FLAGS).  raylib is linked only where
-needed: the glue never renders, so the linker drops the render code
-(--gc-sections) and --no-undefined proves no raylib symbol is left; a unit
+place code (PLACEMENT_FLAGS).  raylib is linked only where needed: the glue
+never renders, so the linker drops the render code (--gc-sections) and
+--no-undefined proves no raylib symbol is left; a unit
 whose c_close still asks raylib (IsWindowReady) gets the sdist's static
 libraylib.a, as PufferLib links it.
 
@@ -68,7 +68,7 @@ GLUE_FLAGS = ("-fPIC", "-ffunction-sections", "-fdata-sections")
 #   stream slot (ocean_random.h), which in a shared object is a call of
 #   __tls_get_addr per read by default, and a load once the loader placed the
 #   slot in static TLS (glibc does for descriptors where room is left, else
-#   the call); enduro draws about ten a step.
+#   the call); enduro draws about seven a step.
 PLACEMENT_FLAGS = ("-falign-loops=32", "-mtls-dialect=gnu2")
 LINK_FLAGS = ("-shared", "-Wl,--gc-sections", "-Wl,--version-script=exports.map",
               "-Wl,--no-undefined")
