@@ -9,9 +9,10 @@ Every unit is compiled with ``-include ocean_random.h`` (per-env glibc random
 streams and clocks).  The flags are PufferLib's for its C extensions (its
 setup.py: -O2, -fwrapv, -DNDEBUG from Python's own CFLAGS, -DPLATFORM_DESKTOP,
 its -Wno list), never -march=native nor -ffast-math: the trajectories are
-compared bit for bit with PufferLib's own build.  raylib is linked only where
-needed: the glue never renders, so the linker drops the render code
-(--gc-sections) and --no-undefined proves no raylib symbol is left; a unit
+compared bit for bit with PufferLib's own build; envd adds only flags that
+place code (PLACEMENT_FLAGS).  raylib is linked only where needed: the glue
+never renders, so the linker drops the render code (--gc-sections) and
+--no-undefined proves no raylib symbol is left; a unit
 whose c_close still asks raylib (IsWindowReady) gets the sdist's static
 libraylib.a, as PufferLib links it.
 
@@ -55,6 +56,20 @@ PUFFER_FLAGS = ("-O2", "-fwrapv", "-DNDEBUG", "-DPLATFORM_DESKTOP",
                 "-Wno-error=int-conversion", "-Wno-error=incompatible-pointer-types",
                 "-Wno-error=implicit-function-declaration", "-fmax-errors=3")
 GLUE_FLAGS = ("-fPIC", "-ffunction-sections", "-fdata-sections")
+# Code placement only (no flag here changes a float; the trajectory tests
+# compare bit for bit), each kept where the compiler accepts it
+# (placement_flags):
+# - loops aligned to 32 bytes, so that a short inner loop never straddles a
+#   64-byte fetch block: where the glue's code moved breakout's brick loop in
+#   compute_observations across one, envd's step cost 11% more CPU than
+#   PufferLib's at N=64 with the same instructions (perf's samples on the
+#   loop; docs/benchmarks.md, "Ocean code placement");
+# - TLS descriptors on x86-64: every rand() of an env reads the thread's
+#   stream slot (ocean_random.h), which in a shared object is a call of
+#   __tls_get_addr per read by default, and a load once the loader placed the
+#   slot in static TLS (glibc does for descriptors where room is left, else
+#   the call); enduro draws about seven a step.
+PLACEMENT_FLAGS = ("-falign-loops=32", "-mtls-dialect=gnu2")
 LINK_FLAGS = ("-shared", "-Wl,--gc-sections", "-Wl,--version-script=exports.map",
               "-Wl,--no-undefined")
 EXPORTS = ("ENVD_OCEAN { global: envd_plugin; envd_ocean_ckwargs; envd_ocean_action_dtype; "
@@ -137,6 +152,30 @@ def compiler_version(cc: Sequence[str]) -> str:
     except OSError as e:
         raise OceanBuildError(f"the C compiler {shlex.join(cc)} cannot run: {e.strerror}") from None
     return (out.stdout or out.stderr).splitlines()[0] if (out.stdout or out.stderr) else "?"
+
+
+_accepted: dict[tuple[str, ...], tuple[str, ...]] = {}
+
+
+def placement_flags(cc: Sequence[str]) -> tuple[str, ...]:
+    """The PLACEMENT_FLAGS ``cc`` compiles a unit with, without a warning
+    (an unknown one, or gnu2 off x86-64, is left out: the build goes on as
+    before it), probed once per process and compiler."""
+    key = tuple(cc)
+    if key not in _accepted:
+        ok = []
+        for flag in PLACEMENT_FLAGS:
+            try:
+                done = subprocess.run([*cc, "-Werror", flag, "-fPIC", "-x", "c", "-c", "-o",
+                                       os.devnull, "-"], input="__thread int x;\nint f(void)"
+                                      " { return x; }\n", capture_output=True, text=True,
+                                      timeout=60)
+            except (OSError, subprocess.TimeoutExpired):
+                continue
+            if done.returncode == 0:
+                ok.append(flag)
+        _accepted[key] = tuple(ok)
+    return _accepted[key]
 
 
 def envd_include() -> Path:
@@ -262,7 +301,7 @@ def build_env(env: str, tree_root: Path, cache: Path, extra_flags: Sequence[str]
                               f"pufferlib/ocean/{env}/binding.c")
     check_private_dir(cache, create=True)
     cc = find_compiler()
-    flags = [*PUFFER_FLAGS, *GLUE_FLAGS, *extra_flags]
+    flags = [*PUFFER_FLAGS, *GLUE_FLAGS, *placement_flags(cc), *extra_flags]
     raylib = _raylib(ocean.parent.parent)
     key = build_key(env, ocean, cc, flags, raylib)
     out = cache / "builds" / f"{env}-{key[:24]}"

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -52,6 +53,31 @@ def test_a_relative_source_path_builds_an_env_that_includes_raylib(tmp_path, puf
                            "pong"], capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("pong: built ")
+
+
+def test_placement_flags_keep_what_the_compiler_accepts(monkeypatch):
+    """A placement flag the compiler warns about or rejects is left out, the
+    others kept; a compiler that cannot run gets none (the build then says
+    why, as without them)."""
+    monkeypatch.setattr(ocean_build, "_accepted", {})
+    monkeypatch.setattr(ocean_build, "PLACEMENT_FLAGS",
+                        ("-falign-loops=32", "-fenvd-no-such-flag", "-Wenvd-no-such-warning"))
+    cc = ocean_build.find_compiler()
+    assert ocean_build.placement_flags(cc) == ("-falign-loops=32",)
+    assert ocean_build.placement_flags(["/nonexistent/envd-cc"]) == ()
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64" or not shutil.which("readelf"),
+                    reason="TLS descriptors are the x86-64 build's (readelf reads them)")
+def test_an_env_that_draws_reads_its_stream_slot_by_descriptor(ocean_builds):
+    """On x86-64 the streams' thread-local slot is reached by TLS descriptor,
+    never by a call of __tls_get_addr per rand() (ocean_build's
+    PLACEMENT_FLAGS)."""
+    library = ocean_builds("enduro")
+    relocs = subprocess.run(["readelf", "-rW", str(library)], capture_output=True, text=True,
+                            timeout=60).stdout
+    assert "R_X86_64_TLSDESC" in relocs
+    assert "__tls_get_addr" not in relocs
 
 
 def test_a_build_of_another_envd_is_never_loaded(tmp_path, puffer_tree):
