@@ -20,8 +20,11 @@ from setuptools.command.build_ext import build_ext  # noqa: E402
 # (native/capi/bound_call.c) is a small CPython extension on the same limited
 # API: the in-process step's call without cffi's GIL release; it links
 # nothing of envd (cffi hands it the functions' addresses).
+# (linked to libc although it calls none of it: the linker drops an unused
+# libc, and auditwheel then cannot tell which libc the wheel is for)
 BOUND_CALL = Extension("envd.native._envd_call", ["native/capi/bound_call.c"],
-                       define_macros=[("Py_LIMITED_API", "0x030A0000")], py_limited_api=True)
+                       define_macros=[("Py_LIMITED_API", "0x030A0000")], py_limited_api=True,
+                       extra_link_args=["-Wl,--no-as-needed", "-lc"])
 setup(cffi_modules=["native/build_ffi.py:ffibuilder"],
       ext_modules=[BOUND_CALL],
       cmdclass={"build_ext": own_warnings_build_ext(build_ext)},
