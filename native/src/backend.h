@@ -85,9 +85,11 @@ typedef struct envd_backend_ops {
     /* The backend's copy of the actions the last step or send checked. */
     const void *(*checked_actions)(const void *impl);
     void (*set_chunk)(void *impl, int64_t chunk);
-    /* Optional (NULL: never forced): the chunk set_chunk forced, 0 for none
-     * (a forced chunk sends every step to the pool, envd_vec_forced_chunk). */
-    int64_t (*forced_chunk)(const void *impl);
+    /* Optional (NULL: never short): the wall time a blocking step is
+     * measured to take, ns; 0 while unmeasured or while a forced chunk sends
+     * every step to the pool (envd_vec_step_estimate_ns).  Read after every
+     * step (session.c publish_short): one load or two, no copy. */
+    double (*step_estimate_ns)(const void *impl);
     /* Cap the pool threads stepping these envs (vec.h, envd_vec_set_max_threads);
      * optional (NULL: no pool to cap, envd_session_set_max_threads refuses). */
     int (*set_max_threads)(void *impl, int max_threads);

@@ -91,7 +91,7 @@ static int env_started(const void *impl, int64_t index)
 }
 static const void *checked_actions(const void *impl) { return envd_vec_checked_actions(impl); }
 static void set_chunk(void *impl, int64_t chunk) { envd_vec_set_chunk(impl, chunk); }
-static int64_t forced_chunk(const void *impl) { return envd_vec_forced_chunk(impl); }
+static double step_estimate_ns(const void *impl) { return envd_vec_step_estimate_ns(impl); }
 static int set_max_threads(void *impl, int max_threads)
 {
     return envd_vec_set_max_threads(impl, max_threads);
@@ -116,7 +116,7 @@ static const envd_backend_ops_t POOL_OPS = {
     .batch_help = batch_help, .batch_finish = batch_finish,
     .frame_bytes = frame_bytes, .render = render,
     .error_index = error_index, .env_started = env_started, .checked_actions = checked_actions, .set_chunk = set_chunk,
-    .forced_chunk = forced_chunk, .set_max_threads = set_max_threads, .stats = stats,
+    .step_estimate_ns = step_estimate_ns, .set_max_threads = set_max_threads, .stats = stats,
     .destroy = destroy,
 };
 

@@ -195,11 +195,8 @@ static void push_ready(envd_session_t *s, const int64_t *ids, int64_t count)
 static void publish_short(envd_session_t *s)
 {
     const envd_backend_ops_t *ops = s->backend->ops;
-    envd_vec_stats_t stats;
-    ops->stats(s->backend->impl, &stats);
-    const double ns = stats.cost_ns_per_env * (double)s->backend->num_envs;
-    const int is_short = ns > 0.0 && ns < (double)ENVD_SESSION_SHORT_STEP_NS &&
-                         (ops->forced_chunk == NULL || ops->forced_chunk(s->backend->impl) == 0);
+    const double ns = ops->step_estimate_ns ? ops->step_estimate_ns(s->backend->impl) : 0.0;
+    const int is_short = ns > 0.0 && ns < (double)ENVD_SESSION_SHORT_STEP_NS;
     atomic_store_explicit(&s->short_step, is_short, memory_order_relaxed);
 }
 

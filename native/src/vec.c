@@ -1423,6 +1423,9 @@ void envd_vec_destroy(envd_vec_t *vec)
     free(vec);
 }
 
-/* (read by the session, which publishes whether its next step is short:
- * a forced chunk sends every step to the pool) */
-int64_t envd_vec_forced_chunk(const envd_vec_t *vec) { return vec->forced_chunk; }
+/* (read by the session after every step, which publishes whether its next
+ * step is short: a forced chunk sends every step to the pool) */
+double envd_vec_step_estimate_ns(const envd_vec_t *vec)
+{
+    return vec->forced_chunk > 0 ? 0.0 : vec->stats.cost_ns_per_env * (double)vec->config.num_envs;
+}

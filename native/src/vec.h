@@ -233,8 +233,10 @@ int64_t envd_vec_num_done(const envd_vec_t *vec);
 /* Force a chunk size (>= 1: always dispatch to the pool with that chunk, for
  * tests) or return to adaptive dispatch (0). */
 void envd_vec_set_chunk(envd_vec_t *vec, int64_t chunk);
-/* The chunk size set_chunk forced (0: adaptive dispatch). */
-int64_t envd_vec_forced_chunk(const envd_vec_t *vec);
+/* A blocking step's measured wall time, ns (its cost per env times the
+ * envs); 0 while unmeasured, or while a forced chunk (set_chunk) sends
+ * every step to the pool. */
+double envd_vec_step_estimate_ns(const envd_vec_t *vec);
 
 /* Cap the pool threads that step this vec's envs at once, over its whole-vec
  * steps, resets and async batches together: ENVD_VEC_NO_CAP (the default,
