@@ -10,17 +10,21 @@ however many daemons serve the envs.
 
 How that holds by construction: a MultiVecEnv is itself a BatchedVecEnv over
 batch buffers of num_envs rows in this process.  A step checks the actions
-(with global env indices, so errors read as the single env's), sends every
-shard its slice of the actions (all shards at once, from a small persistent
-thread pool with one worker per daemon but one; pyzmq releases the GIL while
-it waits), and copies each shard's batch buffers into its rows.  The info dict
+(with global env indices, so errors read as the single env's), posts every
+shard a step with its slice of the actions and waits for all of them, on the
+calling thread (client/multi_async.py's ShardsStepper, over each shard's
+transport's non-blocking half: the daemons step at once), and copies each
+shard's batch buffers into its rows.  Calls without a non-blocking half
+(connect, make, reset, close) go to every daemon at once from a small
+persistent thread pool (one worker per daemon but one; pyzmq releases the
+GIL while it waits).  The info dict
 is then built from the merged buffers by the same code as for one env, so it
 is the single env's info (arrays along axis 0 in env order, the episode
 statistics, ``final_obs``/``final_info`` and their masks, the env's own
 info fields) without a merge of dicts that could drift from it.
 
 Async mode (``make(..., batch_size=B)`` with B < num_envs) steps through
-client/multi_async.py's ShardsAsyncStepper instead, over each shard's
+the same ShardsStepper, over each shard's
 transport (the sockets, or the doorbells where every shard has the fast
 path): send gives each daemon its part, the trainer waits on every daemon
 with envs in flight at once, and recv returns exactly B envs in the order
@@ -45,7 +49,7 @@ from envd import make_options as options
 from envd.autoreset import RESETS_ITSELF, autoreset_mode_name, mark_resets_itself
 from envd.client import connection
 from envd.client.discovery import is_dns_url, resolve
-from envd.client.multi_async import LostDaemon, ShardPart, ShardsAsyncStepper, ShardsHost
+from envd.client.multi_async import LostDaemon, ShardPart, ShardsHost, ShardsStepper
 from envd.client.remote_vector_env import RemoteVecEnv
 from envd.client.transports import DoorbellStepper
 from envd.errors import (
@@ -347,39 +351,6 @@ def _weakly(method: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
-class _ShardsStepper:
-    """The stepper (envd.stepping.Stepper) of a sync MultiVecEnv: a reset or a
-    step goes to every shard at once (the calls its env hands it);
-    async calls (made without batch_size < num_envs) and rendering are
-    refused.  It holds its env's calls weakly, so a dropped env is freed
-    without a cycle."""
-
-    def __init__(self, run_reset: Callable[[bool, bool], None], run_step: Callable[[], int],
-                 no_async: Callable[[str], EnvStateError]):
-        self._run_reset, self._run_step, self._no_async = run_reset, run_step, no_async
-
-    def reset(self, with_seeds: bool, with_mask: bool) -> None:
-        self._run_reset(with_seeds, with_mask)
-
-    def step(self) -> int:
-        return self._run_step()
-
-    def async_reset(self, with_seeds: bool) -> None:
-        raise self._no_async("async_reset")
-
-    def send(self, env_ids: np.ndarray) -> None:
-        raise self._no_async("send")
-
-    def recv(self, count: int) -> np.ndarray:
-        raise self._no_async("recv")
-
-    def render(self, out: np.ndarray) -> None:
-        raise EnvStateError("a MultiVecEnv does not render: make the env to record on one daemon")
-
-    def close(self) -> None:
-        """Nothing of its own: the env closes its shards."""
-
-
 class MultiVecEnv(SendRowChecks, BatchedVecEnv):
     """num_envs envs spread over several daemons, used as one gymnasium
     VectorEnv (see MultiClient.make and the module docstring).
@@ -457,16 +428,16 @@ class MultiVecEnv(SendRowChecks, BatchedVecEnv):
         self._all_started = False
         self._init_send_row_checks()  # (_validate_step checks steps alike)
         self._lost = LostDaemon()  # (shared with the async stepper, which reads it per call)
-        self._use_stepper(self._async_stepper() if is_async else _ShardsStepper(
-            _weakly(self._run_reset), _weakly(self._run_step), _weakly(self._no_async)))
+        self._use_stepper(self._shards_stepper(is_async))
 
-    def _async_stepper(self) -> ShardsAsyncStepper:
-        """Over the shards' transports: through the doorbells where every
-        shard has the fast path, else over the sockets (a shard's doorbell
-        then stops: socket sends and recvs are refused for a session the
-        doorbell serves).  The stepper holds this env weakly, so a dropped
-        env is freed without a cycle."""
-        if not all(shard.fast_path for shard in self._shards):
+    def _shards_stepper(self, is_async: bool) -> ShardsStepper:
+        """Over the shards' transports.  Async mode: through the doorbells
+        where every shard has the fast path, else over the sockets (a
+        shard's doorbell then stops: socket sends and recvs are refused for
+        a session the doorbell serves; a sync step waits on each shard's
+        own transport, whichever it is).  The stepper holds this env
+        weakly, so a dropped env is freed without a cycle."""
+        if is_async and not all(shard.fast_path for shard in self._shards):
             for shard in self._shards:
                 if shard.fast_path:
                     stepper = shard.stepper
@@ -474,15 +445,17 @@ class MultiVecEnv(SendRowChecks, BatchedVecEnv):
                     stepper.stop_fast_path()
         host = ShardsHost(
             self.env_id, self.num_agents, self._buffers, tuple(self._outputs),
-            run_reset=_weakly(self._run_reset), run_step=_weakly(self._run_step),
+            run_reset=_weakly(self._run_reset), check_step=_weakly(self._check_step),
+            count_done=_weakly(self._count_done),
             copy_results=_weakly(self._copy_results), dispatch=_weakly(self._dispatch),
             mark_all_started=_weakly(self._mark_all_started),
             lost=self._lost, check_not_lost=_weakly(self._check_not_lost),
-            mark_lost=_weakly(self._mark_lost), named=_weakly(self._named))
-        return ShardsAsyncStepper(host, [
+            mark_lost=_weakly(self._mark_lost), named=_weakly(self._named),
+            no_async=_weakly(self._no_async))
+        return ShardsStepper(host, [
             ShardPart(shard.stepper, shard.buffers, rows, endpoint, shard.stepper.channel.timeout)
             for shard, rows, endpoint in zip(self._shards, self.shard_slices,
-                                             self.shard_endpoints)])
+                                             self.shard_endpoints)], is_async)
 
     def _mark_all_started(self) -> None:
         self._started[:] = True
@@ -539,15 +512,13 @@ class MultiVecEnv(SendRowChecks, BatchedVecEnv):
         self._dispatch(reset_shard, todo)
         self._all_started = bool(self._started.all())
 
-    def _run_step(self) -> int:
+    def _check_step(self) -> None:
+        """Refuse a step before any shard steps (see _validate_step)."""
         self._check_not_lost()
         self._validate_step()
-        self._dispatch(self._step_shard, range(len(self._shards)))
-        return int(np.count_nonzero(self._dones))
 
-    def _step_shard(self, k: int) -> None:
-        self._shards[k].step(self._actions[self._row_slices[k]])
-        self._copy_results(k)
+    def _count_done(self) -> int:
+        return int(np.count_nonzero(self._dones))
 
     def _copy_results(self, k: int) -> None:
         """Shard k's results (every buffer the envs write) into its rows.
@@ -559,17 +530,17 @@ class MultiVecEnv(SendRowChecks, BatchedVecEnv):
             np.copyto(self._buffers[name][rows], theirs[name])
 
     def _gather_sources(self) -> list[dict[str, np.ndarray]]:
-        # (shard k is source k + 1: ShardsAsyncStepper.batch_source)
+        # (shard k is source k + 1: ShardsStepper.batch_source)
         return [self._buffers, *(shard.buffers for shard in self._shards)]
 
     def _gather(self, ids: np.ndarray, source: int = 0,
                 source_rows: np.ndarray | None = None) -> tuple[Any, ...]:
         """An async recv's batch: straight from its shard's buffers when it
         is one shard's envs (EnvPool's loop with a batch per daemon: one
-        copy, not two), else from this env's (ShardsAsyncStepper.recv copied
+        copy, not two), else from this env's (ShardsStepper.recv copied
         the rows there)."""
         stepper = self._stepper
-        assert isinstance(stepper, ShardsAsyncStepper)  # (an async recv's batch)
+        assert isinstance(stepper, ShardsStepper)  # (an async recv's batch)
         batch_source = stepper.batch_source
         if batch_source is None:
             return super()._gather(ids)

@@ -1,5 +1,17 @@
-"""Async mode over several daemons: the stepper of a MultiVecEnv made with
-batch_size < num_envs (``envd.connect([ep1, ep2]).make(id, N, batch_size=B)``).
+"""The one stepper of a MultiVecEnv (several daemons used as one), sync or
+async mode (made with batch_size < num_envs: ``envd.connect([ep1,
+ep2]).make(id, N, batch_size=B)``), over each shard's transport.
+
+A sync step (either mode's ``step``) posts a step on every shard
+(``post_step``, after writing its rows of the actions into its buffers),
+then waits for each in turn on the calling thread (the transport's own
+wait: the zmq poll of the socket, the doorbell's spin and sleep): the
+daemons step at once, and no other thread touches a shard.  The shards that
+stepped have their outputs copied into the MultiVecEnv's rows; the first
+error in env order is raised, named after its daemon, once every shard's
+step returned.  A reset goes to every shard through the MultiVecEnv's
+``dispatch`` (a reset has no non-blocking half).  The rest of this
+docstring is async mode's.
 
 Global env i lives on shard k (a RemoteVecEnv on daemon k holding the
 consecutive envs ``shard_slices[k]``) as its local env ``i - start_k``.  Each
@@ -143,9 +155,13 @@ class ShardsHost:
     num_agents: int
     buffers: dict[str, np.ndarray]
     outputs: tuple[str, ...]
-    #: the sync reset and step of every shard (MultiVecEnv's)
+    #: the sync reset of every shard (MultiVecEnv's)
     run_reset: Callable[[bool, bool], None]
-    run_step: Callable[[], int]
+    #: refuse a sync step as the single env would (a lost daemon, an env
+    #: never reset, an action out of range), before any shard steps
+    check_step: Callable[[], None]
+    #: the episodes that ended in the env's buffers (a sync step's result)
+    count_done: Callable[[], int]
     #: shard k's outputs into the env's rows
     copy_results: Callable[[int], None]
     #: call(k) for every shard k given at once, raising the first error named
@@ -159,6 +175,8 @@ class ShardsHost:
     mark_lost: Callable[[int, BaseException], None]
     #: name an error after shard k's daemon and envs (client/multi.py _naming)
     named: Callable[[BaseException, int], BaseException]
+    #: the refusal of an async call (named) by an env made without async mode
+    no_async: Callable[[str], EnvStateError]
 
 
 class _Shard:
@@ -167,11 +185,13 @@ class _Shard:
     ticket out there, and its send tickets not answered yet (with their
     global ids)."""
 
-    def __init__(self, index: int, part: ShardPart):
+    def __init__(self, index: int, part: ShardPart, agents: int):
         self.index = index
         self.stepper = part.stepper
         self.buffers = part.buffers
         self.rows = part.rows
+        #: its rows in the env's buffers (agents x envs)
+        self.row_span = slice(part.rows.start * agents, part.rows.stop * agents)
         self.endpoint = part.endpoint
         self.in_flight = 0
         self.recv: Ticket | None = None
@@ -186,15 +206,17 @@ class _Shard:
         return self.stepper.rows_of(local)
 
 
-class ShardsAsyncStepper:
-    """The envd.stepping.Stepper of an async MultiVecEnv (see the module
-    docstring), over the shards' PostingSteppers."""
+class ShardsStepper:
+    """The envd.stepping.Stepper of a MultiVecEnv (see the module
+    docstring), over the shards' PostingSteppers; is_async: made with
+    batch_size < num_envs (else async calls are refused)."""
 
-    def __init__(self, host: ShardsHost, parts: Sequence[ShardPart]):
+    def __init__(self, host: ShardsHost, parts: Sequence[ShardPart], is_async: bool):
         self._host = host
+        self._async = is_async
         self._lost_daemon = host.lost
         self._env_id = host.env_id
-        self._shards = [_Shard(k, part) for k, part in enumerate(parts)]
+        self._shards = [_Shard(k, part, host.num_agents) for k, part in enumerate(parts)]
         num_envs = self._shards[-1].rows.stop
         self._starts = np.array([shard.rows.start for shard in self._shards], np.int64)
         self._start_list = self._starts.tolist()  # (bisect: a send's owner in O(log k))
@@ -235,6 +257,8 @@ class ShardsAsyncStepper:
 
     def async_reset(self, with_seeds: bool) -> None:
         """Every shard's async reset at once, then all envs READY in env order."""
+        if not self._async:
+            raise self._host.no_async("async_reset")
         self._start_call()
         # a daemon refuses a reset while a recv of the session waits: let
         # those recvs be answered (their envs are dropped with the rest)
@@ -267,17 +291,21 @@ class ShardsAsyncStepper:
             self._add_ready(shard, local, None)  # (idle after _forget: marked per id)
 
     def step(self) -> int:
-        self._start_call()
-        self._raise_refusal()
-        in_flight = self._in_flight()
-        if in_flight:
-            raise in_flight_error(self._env_id, "step", in_flight)
-        if self._num_ready:
-            raise ready_error(self._env_id, self._num_ready)
-        self._sync_buffers()  # (the step's checks read the envs' last flags there)
-        return self._host.run_step()
+        if self._async:
+            self._start_call()
+            self._raise_refusal()
+            in_flight = self._in_flight()
+            if in_flight:
+                raise in_flight_error(self._env_id, "step", in_flight)
+            if self._num_ready:
+                raise ready_error(self._env_id, self._num_ready)
+            self._sync_buffers()  # (the step's checks read the envs' last flags there)
+        self._host.check_step()
+        return self._step_shards()
 
     def send(self, env_ids: np.ndarray) -> None:
+        if not self._async:
+            raise self._host.no_async("send")
         self._start_call()
         self._check_async_state()
         self._raise_refusal()
@@ -306,6 +334,8 @@ class ShardsAsyncStepper:
                 self._post_recv(shard)
 
     def recv(self, count: int) -> np.ndarray:
+        if not self._async:
+            raise self._host.no_async("recv")
         self._start_call()
         self._check_async_state()
         self._raise_refusal()
@@ -329,6 +359,52 @@ class ShardsAsyncStepper:
         self._forget()
         self._waiter.close()
         self._shards = []  # (their segments' mappings go with the shards)
+
+    # ---- the sync step ------------------------------------------------------------------------
+    def _step_shards(self) -> int:
+        """Post a step on every shard (its rows of the actions written into
+        its buffers first), then wait for each in turn, on this thread:
+        the daemons step at once while the first is waited for.  Each shard
+        that stepped has its outputs copied into the env's rows; the first
+        error in env order is raised, named after its daemon, once every
+        shard's step returned (a daemon gone is recorded: the env refuses
+        every later call)."""
+        actions = self._host.buffers["actions"]
+        posted: list[Ticket | BaseException] = []
+        for shard in self._shards:
+            stepper = shard.stepper
+            try:
+                if stepper.maybe_running:  # (a step that timed out may still use them)
+                    stepper.check_buffers_free()
+                shard.buffers["actions"][...] = actions[shard.row_span]
+                posted.append(stepper.post_step())
+            except BaseException as exc:  # noqa: BLE001 -- raised once every shard returned
+                posted.append(exc)
+        failed: tuple[_Shard, BaseException] | None = None
+        for shard, ticket in zip(self._shards, posted):
+            if isinstance(ticket, Ticket):
+                try:
+                    shard.stepper.wait(ticket)
+                except BaseException as exc:  # noqa: BLE001 -- as above
+                    error: BaseException | None = exc
+                else:
+                    error = ticket.error
+                if error is None:
+                    self._host.copy_results(shard.index)
+                    continue
+            else:
+                error = ticket
+            if isinstance(error, ConnectionLostError):
+                self._host.mark_lost(shard.index, error)
+            if failed is None:
+                failed = (shard, error)
+        if failed is not None:
+            shard, error = failed
+            named = self._named(error, shard)
+            if named is error:
+                raise error
+            raise named from error
+        return self._host.count_done()
 
     # ---- books ----------------------------------------------------------------------------
     def _in_flight(self) -> int:

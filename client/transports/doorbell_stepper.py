@@ -58,6 +58,8 @@ from envd.stepping import Ticket
 from envd.vec_errors import in_flight_error, not_idle_error, ready_error, recv_short_error, send_error, step_error
 
 _ENV_IDLE, _ENV_IN_FLIGHT = 0, 1  # a refused send's env state (native/src/session.h)
+#: weight of the latest answer in the running estimate (learn_answer_time)
+_EXPECTED_WEIGHT = 0.25
 _DOORBELL_GONE = ("the daemon stopped serving the session's doorbell (the session was closed "
                   "or expired, or the daemon stops)")
 
@@ -91,6 +93,18 @@ class DoorbellStepper(SocketStepper):
     @property
     def fast_path(self) -> bool:
         return self.doorbell is not None
+
+    def learn_answer_time(self, took: float, exact: bool) -> None:
+        """Fold an answer that came `took` after its ring into ``expected``
+        (a waiter on several doorbells: client/transports/waiting.py).  One
+        seen while spinning is exact and replaces it; one seen after a
+        sleep includes the wake-up and is averaged in (so a probe's exact
+        sample brings an estimate that slept samples held above the spin
+        window back at once)."""
+        if exact or self.expected is None:
+            self.expected = took
+        else:
+            self.expected += (took - self.expected) * _EXPECTED_WEIGHT
 
     def stop_fast_path(self) -> None:
         """Ask the daemon to stop serving the doorbell: every call goes over

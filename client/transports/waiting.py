@@ -53,8 +53,6 @@ _SPIN_WITHIN_S = 60e-6
 #: _SPIN_WITHIN_S + _SPIN_MARGIN_S in all; an answer overdue by more is
 #: slept for)
 _SPIN_MARGIN_S = 20e-6
-#: weight of the latest answer in each stepper's running estimate
-_EXPECTED_WEIGHT = 0.25
 #: every this many waits spin at least _SPIN_WITHIN_S whatever the estimates
 #: say (a probe: an answer seen after a sleep includes the wake-up, so the
 #: estimates only ever fall back below _SPIN_WITHIN_S through a spin)
@@ -145,7 +143,7 @@ class DoorbellWaiter:
             now = time.perf_counter()
             for _, stepper, bell in rung:  # (only a wait sees when an answer came)
                 if bell.answered:
-                    _learn(stepper, now - stepper.rung_at, exact=seen)
+                    stepper.learn_answer_time(now - stepper.rung_at, exact=seen)
         any_answered = any(bell.answered for bell in bells)
         checked = time.monotonic()
         check: list[int] = []
@@ -161,18 +159,6 @@ class DoorbellWaiter:
 
     def close(self) -> None:
         self._sockets.close()
-
-
-def _learn(stepper: DoorbellStepper, took: float, exact: bool) -> None:
-    """Fold an answer that came `took` after its ring into the stepper's
-    estimate.  One seen while spinning is exact and replaces it; one seen
-    after a sleep includes the wake-up and is averaged in (so a probe's
-    exact sample brings an estimate that slept samples held above the
-    window back at once)."""
-    if exact or stepper.expected is None:
-        stepper.expected = took
-    else:
-        stepper.expected += (took - stepper.expected) * _EXPECTED_WEIGHT
 
 
 def _spin(rung: list[tuple[int, DoorbellStepper, Doorbell]], probe: bool = False) -> bool:

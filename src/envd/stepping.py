@@ -31,8 +31,8 @@ of the socket, the doorbell's spin, yield and futex sleep); ``waitables``
 names what a caller driving several steppers sleeps on (zmq sockets or
 doorbells: client/transports/waiting.py waits on several at once).  It
 keeps no books of its own beyond what its wire needs: the caller (the
-multi-daemon client, client/multi_async.py) keeps the async books across
-steppers and takes each ticket in once.  The transports' blocking calls are
+multi-daemon client, client/multi_async.py, sync and async) keeps the async
+books across steppers and takes each ticket in once.  The transports' blocking calls are
 that half's post then wait: each request's wire and answer exist once.
 """
 from __future__ import annotations
@@ -118,6 +118,14 @@ class Ticket:
 @runtime_checkable
 class PostingStepper(Stepper, Protocol):
     """A Stepper with a non-blocking half (see the module docstring)."""
+
+    #: a request timed out: the daemon may still use the buffers until its
+    #: late answer says it ended (check_buffers_free)
+    maybe_running: bool
+
+    def check_buffers_free(self) -> None:
+        """Raise EnvStateError while a request that timed out may still use
+        the buffers (taking in a late answer that says it ended first)."""
 
     def post_step(self) -> Ticket:
         """Step every env with the actions buffer (its ``result``: the

@@ -9,7 +9,8 @@ import types
 
 import pytest
 
-from envd.client.transports import waiting
+from envd.client.transports import doorbell_stepper, waiting
+from envd.client.transports.doorbell_stepper import DoorbellStepper
 
 STEP_S = 1e-6  # the fake clock's advance per reading
 
@@ -104,12 +105,12 @@ def test_an_answer_seen_spinning_replaces_the_estimate_a_slept_one_is_averaged()
     """A slept sample (answer plus the wake-up) moves the estimate by
     _EXPECTED_WEIGHT; one seen spinning sets it: after slept samples held it
     above the window, one probe that sees the answer brings it back."""
-    learn = waiting._learn
+    learn = DoorbellStepper.learn_answer_time  # (on the fake: what it reads and writes)
     one = shard(0.0, None)
     learn(one, 90e-6, exact=False)
     assert one.expected == pytest.approx(90e-6)  # (the first sample, however seen)
     learn(one, 110e-6, exact=False)
-    assert one.expected == pytest.approx(90e-6 + 20e-6 * waiting._EXPECTED_WEIGHT)
+    assert one.expected == pytest.approx(90e-6 + 20e-6 * doorbell_stepper._EXPECTED_WEIGHT)
     learn(one, 38e-6, exact=True)
     assert one.expected == pytest.approx(38e-6)
     assert one.expected < waiting._SPIN_WITHIN_S

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from gymnasium import spaces
 
-from envd.client.multi_async import IDLE, IN_FLIGHT, READY, ShardsAsyncStepper
+from envd.client.multi_async import IDLE, IN_FLIGHT, READY, ShardsStepper
 from envd.client.transports.over_socket import SocketStepper
 from envd.errors import ProtocolError
 from envd.vec_rows import RepeatCheck, run_of
@@ -60,7 +60,7 @@ def test_a_recv_answer_in_range_is_returned():
 
 
 class OneShard:
-    """What ShardsAsyncStepper._check_answered_ids reads of a daemon's part:
+    """What ShardsStepper._check_answered_ids reads of a daemon's part:
     envs 4..7 of the MultiVecEnv, three of them in flight there."""
 
     rows = slice(4, 8)
@@ -84,7 +84,7 @@ class Books:
 
 
 def check_answer(ids: list[int], not_in_flight: dict[int, int] | None = None) -> slice | None:
-    return ShardsAsyncStepper._check_answered_ids(Books(not_in_flight or {}), OneShard(),
+    return ShardsStepper._check_answered_ids(Books(not_in_flight or {}), OneShard(),
                                                   np.array(ids, np.int64))
 
 

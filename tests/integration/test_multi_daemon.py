@@ -434,6 +434,31 @@ def envd_threads() -> set[threading.Thread]:
     return {t for t in threading.enumerate() if t.name.startswith("envd-multi")}
 
 
+@pytest.mark.parametrize("path", [{"fast_path": True}, {"fast_path": False},
+                                  {"transport": "inline"}], ids=["doorbell", "shm", "inline"])
+def test_a_sync_step_steps_every_shard_on_the_callers_thread(multis, path):
+    """A sync step posts a step on every shard through its transport's
+    non-blocking half, then waits for them, all on the caller's thread: no
+    pool thread touches a shard's stepper (nor its socket or doorbell), and
+    every daemon is asked before the first answer is waited for (so they
+    step at once)."""
+    calls: list[tuple[str, int, int]] = []
+    with multis[3].make("CartPole-v1", NUM_ENVS, seed=3, **path) as env:
+        env.reset()
+        for k, shard in enumerate(env.shards):
+            stepper = shard.stepper
+            for name in ("step", "post_step", "wait"):
+                def spy(*args, _call=getattr(stepper, name), _name=name, _k=k):
+                    calls.append((_name, _k, threading.get_ident()))
+                    return _call(*args)
+                setattr(stepper, name, spy)  # (the instance's: what a call on it finds)
+        for _ in range(3):
+            env.step(np.zeros(NUM_ENVS, np.int64))
+    assert {thread for _, _, thread in calls} == {threading.get_ident()}
+    one_step = [("post_step", k) for k in range(3)] + [("wait", k) for k in range(3)]
+    assert [(name, k) for name, k, _ in calls] == one_step * 3
+
+
 def test_a_killed_daemon_is_named_and_the_rest_closes_cleanly(harness):
     threads_before = envd_threads()
     first, second = harness.daemon("--threads", "1"), harness.daemon("--threads", "1")

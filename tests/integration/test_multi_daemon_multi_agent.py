@@ -30,7 +30,7 @@ from support.multi_agent_checks import (
 )
 
 import envd
-from envd.client.multi_async import ShardsAsyncStepper
+from envd.client.multi_async import ShardsStepper
 from envd.client.transports.waiting import DoorbellWaiter, SocketWaiter
 
 #: (transport, fast_path) of the shards: over the sockets with the arrays in
@@ -67,7 +67,7 @@ def check_stepper(env, multi) -> None:
     """The async MultiVecEnv steps through the path the fixture asks for."""
     doorbell = multi.path[1]
     assert all(shard.fast_path == doorbell for shard in env.shards)
-    assert type(env._stepper) is ShardsAsyncStepper
+    assert type(env._stepper) is ShardsStepper
     assert type(env._stepper._waiter) is (DoorbellWaiter if doorbell else SocketWaiter)
 
 
