@@ -17,7 +17,7 @@ and through the doorbell (the per-call cost); hosted Python envs, N = 16:
 a no-op env with 0, 1 and 2 workers (its step costs nothing, so the rate is
 envd's own per-step cost: the worker loop, the wake-ups, the info merge)
 and Acrobot-v1 with 2 workers; over two daemons (envd.connect([a, b])),
-CartPole-v1 sync and async (batch 2048), and 64 envs in batches of 32 over
+CartPole-v1 sync (N = 4096 and 64) and async (batch 2048), and 64 envs in batches of 32 over
 the sockets and through the doorbells.  Public API only, so any two versions
 compare.
 """
@@ -119,6 +119,8 @@ with envd.connect(endpoint) as client:
 # two daemons as one env: the multi-daemon client's own cost
 with envd.connect([endpoint, second_endpoint]) as multi:
     measure("2 daemons CartPole sync", lambda: multi.make("CartPole-v1", 4096, seed=0), sync)
+    # few envs: the per-step cost of driving two daemons (posts and waits)
+    measure("2 daemons CartPole sync N=64", lambda: multi.make("CartPole-v1", 64, seed=0), sync)
     measure("2 daemons CartPole async",
             lambda: multi.make("CartPole-v1", 4096, seed=0, batch_size=2048),
             lambda env: asynchronous(env, 2048))
