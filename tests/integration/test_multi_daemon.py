@@ -443,15 +443,21 @@ def test_a_sync_step_steps_every_shard_on_the_callers_thread(multis, path):
     every daemon is asked before the first answer is waited for (so they
     step at once)."""
     calls: list[tuple[str, int, int]] = []
+
+    def spy_on(call, name, k):
+        """call, recording its name, shard and calling thread first (set on
+        the instance: what a call on it finds)."""
+        def spy(*args):
+            calls.append((name, k, threading.get_ident()))
+            return call(*args)
+        return spy
+
     with multis[3].make("CartPole-v1", NUM_ENVS, seed=3, **path) as env:
         env.reset()
         for k, shard in enumerate(env.shards):
             stepper = shard.stepper
             for name in ("step", "post_step", "wait"):
-                def spy(*args, _call=getattr(stepper, name), _name=name, _k=k):
-                    calls.append((_name, _k, threading.get_ident()))
-                    return _call(*args)
-                setattr(stepper, name, spy)  # (the instance's: what a call on it finds)
+                setattr(stepper, name, spy_on(getattr(stepper, name), name, k))
         for _ in range(3):
             env.step(np.zeros(NUM_ENVS, np.int64))
     assert {thread for _, _, thread in calls} == {threading.get_ident()}
