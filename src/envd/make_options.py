@@ -229,6 +229,12 @@ class EnvKind:
     #: why the entry points not in places do not, and where to make it
     instead: str = ""
 
+    @property
+    def hosted(self) -> bool:
+        """Whether its envs are Python objects (gymnasium or PettingZoo envs)
+        in worker processes, not C envs."""
+        return self.name in _HOSTED
+
     def options(self, place: str) -> list[str]:
         """The options it takes at place."""
         return [name for name, option in OPTIONS.items()

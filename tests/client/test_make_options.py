@@ -215,3 +215,11 @@ def test_the_ocean_prefix_is_defined_once():
                for path in sorted((root / folder).rglob("*.py"))
                if '= "puffer:"' in path.read_text()]
     assert spelled == ["src/envd/make_options.py"]
+
+
+def test_the_hosted_kinds_are_the_python_ones():
+    """EnvKind.hosted: the kinds whose envs are Python objects in worker
+    processes (what SB3's adapter's env_method and get_attr reach)."""
+    hosted = {"py:CartPole-v1": True, "pz:m:f": True, "CartPole-v1": False,
+              "puffer:go": False, "envd/CartPole-v1": False}
+    assert {env_id: mo.env_kind(env_id).hosted for env_id in hosted} == hosted
