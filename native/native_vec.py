@@ -7,6 +7,8 @@ bare vec (tests/support/native_vec.py) builds its vec from these too.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from envd.errors import NativeError
@@ -19,12 +21,16 @@ MAX_NUM_ENVS = int(lib.ENVD_VEC_MAX_ENVS)
 MAX_THREADS = int(lib.ENVD_POOL_MAX_THREADS)
 
 
-def ptr(array: np.ndarray, ctype: str = "void *"):
+def ptr(array: np.ndarray, ctype: str = "void *") -> Any:
+    """A cffi pointer of type ctype to array's data (cffi's cdata: Any,
+    the compiled core's ffi has no type information); the caller keeps
+    array alive as long as the pointer is used."""
     return ffi.cast(ctype, array.ctypes.data)
 
 
 def strerror(rc: int) -> str:
-    return ffi.string(lib.envd_strerror(rc)).decode()
+    """The native core's message for an ENVD_E* code."""
+    return bytes(ffi.string(lib.envd_strerror(rc))).decode()
 
 
 class NativePool:
@@ -51,7 +57,7 @@ class NativePool:
             self.handle = ffi.NULL
 
 
-def vec_buffers(spec: EnvSpec, buffers: dict[str, np.ndarray]):
+def vec_buffers(spec: EnvSpec, buffers: dict[str, np.ndarray]) -> Any:
     """The envd_vec_buffers_t of buffers (as envd.buffer_layout);
     the caller keeps buffers alive as long as the vec."""
     final = buffers.get("final_observations")
@@ -85,8 +91,8 @@ def per_env_params(spec: EnvSpec, num_envs: int, params: list[float] | None) -> 
     return False
 
 
-def vec_config(num_envs: int, autoreset_mode: int, max_episode_steps: int, params,
-               per_env: bool = False, seeds=ffi.NULL, private_rows: bool = False):
+def vec_config(num_envs: int, autoreset_mode: int, max_episode_steps: int, params: Any,
+               per_env: bool = False, seeds: Any = ffi.NULL, private_rows: bool = False) -> Any:
     """The envd_vec_config_t (params: a cffi double array kept alive by the
     caller; per_env: it holds a row of values per env; seeds: NULL or env
     i's seed at [i], for the RNGs and the env's seed callback before init;
