@@ -18,7 +18,6 @@ from envd.vec_info import INFO_PREFIX
 
 #: The largest num_envs one vec accepts (1,048,576).
 MAX_NUM_ENVS = int(lib.ENVD_VEC_MAX_ENVS)
-MAX_THREADS = int(lib.ENVD_POOL_MAX_THREADS)
 
 
 def ptr(array: np.ndarray, ctype: str = "void *") -> Any:
