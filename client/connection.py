@@ -188,12 +188,8 @@ class Client:
             "max_episode_steps": max_episode_steps, "max_threads": max_threads,
             "num_workers": num_workers, "info_bytes": info_bytes}, env_id)
         mode = options.check_autoreset_mode(kind.name, autoreset_mode)
-        if transport is None:
-            transport = os.environ.get("ENVD_TRANSPORT") or "auto"
-        if transport not in protocol.TRANSPORTS:
-            raise InvalidArgumentError(
-                f"transport must be one of {', '.join(protocol.TRANSPORTS)} (or ENVD_TRANSPORT "
-                f"unset), got {transport!r}")
+        transport = options.check_transport(transport)
+        fast_path = options.check_fast_path(fast_path)
         num_envs = options.check_num_envs(num_envs)
         options.check_episode_statistics(episode_statistics)
         options.check_seed(seed, num_envs)
@@ -232,8 +228,6 @@ class Client:
                               else protocol.list_to_blob(seed_list(seed, num_envs), blobs))
         header["env_kwargs"] = {name: protocol.list_to_blob(value, blobs)
                                 for name, value in header["env_kwargs"].items()}
-        if fast_path is None:
-            fast_path = None if os.environ.get("ENVD_FAST_PATH", "1") != "0" else False
         reply = self.channel.request(header, blobs, late=self._late_make)
         try:
             env = RemoteVecEnv(self, reply, num_envs, mode or AutoresetMode.NEXT_STEP, copy,

@@ -46,10 +46,11 @@ from typing import Any, Literal, Protocol, overload
 import numpy as np
 from gymnasium import spaces
 
+from envd import make_options as options
 from envd.errors import EnvStateError, InvalidArgumentError, NativeError
 from envd.native._envd_call import Bound, call
 from envd.native._envd_native import ffi, lib
-from envd.native.native_vec import MAX_THREADS, NativePool, per_env_params, ptr, strerror, vec_buffers, vec_config
+from envd.native.native_vec import NativePool, per_env_params, ptr, strerror, vec_buffers, vec_config
 from envd.native.registry import EnvSpec
 from envd.vec_errors import in_flight_error, not_idle_error, ready_error, recv_short_error, send_error, step_error
 
@@ -84,7 +85,8 @@ class NativeSession:
     stepped on pool (None: serially on the calling thread).  The pool must
     outlive the session.  max_threads caps the pool threads that step these
     envs at once (None: no cap; 0: every call inline on the thread serving
-    it; see envd_vec_set_max_threads in native/src/vec.h).  seeded: the
+    it; at most the pool's threads, make_options.check_max_threads; see
+    envd_vec_set_max_threads in native/src/vec.h).  seeded: the
     reset_seeds buffer holds each env's seed already, which the envs are
     created with (their RNGs, and an ABI 5 env's seed callback before init).
     private_rows: the buffers are this process's own (in-process), not
@@ -94,9 +96,10 @@ class NativeSession:
                  max_episode_steps: int, params: list[float], buffers: dict[str, np.ndarray],
                  pool: NativePool | None, max_threads: int | None = None,
                  seeded: bool = False, private_rows: bool = False):
-        if max_threads is not None and not 0 <= max_threads <= MAX_THREADS:
-            raise InvalidArgumentError(f"max_threads must be None or in [0, {MAX_THREADS}], "
-                                       f"got {max_threads}")
+        # (make's option, a daemon's only: the daemon's make checked it already
+        # against this pool; checked again as the options define it)
+        max_threads = options.check_max_threads(max_threads,
+                                                0 if pool is None else pool.num_threads)
         self.spec: SessionSpec = spec
         self.num_envs = num_envs
         self.handle = ffi.NULL

@@ -24,6 +24,7 @@ This module is pure Python (no native core): the client imports it.
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -50,6 +51,9 @@ DEFAULT_INFO_BYTES = 1024
 #: The largest info_bytes a make takes (the segment's size is bounded by the
 #: daemon's --max-shm-bytes and --max-state-bytes too).
 MAX_INFO_BYTES = 1 << 20
+#: Values of Client.make's transport option: auto tries shared memory and
+#: falls back to inline.
+TRANSPORTS = ("auto", "shm", "inline")
 
 # ---- env kinds ------------------------------------------------------------------------------
 #: A C env: built in or a plugin's.
@@ -174,7 +178,8 @@ OPTIONS: dict[str, Option] = {option.name: option for option in (
            f"0 <= info_bytes <= {MAX_INFO_BYTES} (0: infos are not carried); hosted "
            "PettingZoo envs: 0 only", "info_bytes", kinds=_HOSTED,
            instead="a C env reports its infos in fixed fields (info columns)"),
-    Option("transport", "ENVD_TRANSPORT, else 'auto'", "'auto', 'shm' or 'inline'", None,
+    Option("transport", "ENVD_TRANSPORT, else 'auto'",
+           f"{', '.join(map(repr, TRANSPORTS[:-1]))} or {TRANSPORTS[-1]!r}", None,
            places=frozenset((DAEMON,))),
     Option("fast_path", "taken when the daemon offers it, unless ENVD_FAST_PATH=0",
            "None, True or False", None, places=frozenset((DAEMON,))),
@@ -223,6 +228,12 @@ class EnvKind:
     places: frozenset[str] = _EVERYWHERE
     #: why the entry points not in places do not, and where to make it
     instead: str = ""
+
+    @property
+    def hosted(self) -> bool:
+        """Whether its envs are Python objects (gymnasium or PettingZoo envs)
+        in worker processes, not C envs."""
+        return self.name in _HOSTED
 
     def options(self, place: str) -> list[str]:
         """The options it takes at place."""
@@ -427,3 +438,27 @@ def check_info_bytes(kind: str, info_bytes: Any) -> int:
 def check_episode_statistics(value: Any) -> None:
     """A bad episode_statistics fails before anything is made."""
     episode_statistics_key(value)
+
+
+def check_transport(transport: Any) -> str:
+    """How a daemon-served env's arrays travel: "auto", "shm" or "inline"
+    (None: ENVD_TRANSPORT, else "auto")."""
+    if transport is None:
+        transport = os.environ.get("ENVD_TRANSPORT") or "auto"
+    if not isinstance(transport, str) or transport not in TRANSPORTS:
+        raise InvalidArgumentError(
+            f"transport must be one of {', '.join(TRANSPORTS)} (or ENVD_TRANSPORT unset), "
+            f"got {transport!r:.100}")
+    return transport
+
+
+def check_fast_path(fast_path: Any) -> bool | None:
+    """Whether a daemon-served env steps through the doorbell: True
+    (required), False (never) or None (taken when the daemon offers it);
+    None becomes False when ENVD_FAST_PATH is "0"."""
+    if fast_path is None:
+        return False if os.environ.get("ENVD_FAST_PATH", "1") == "0" else None
+    if not isinstance(fast_path, bool):
+        raise InvalidArgumentError(f"fast_path must be None, True or False, got "
+                                   f"{type(fast_path).__name__} {fast_path!r:.100}")
+    return fast_path

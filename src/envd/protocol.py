@@ -262,9 +262,6 @@ DOORBELL_ARRAYS = ("doorbell_ids",)
 #: (ENVD_DOORBELL_OFFSET of native/src/doorbell.h, which defines its fields; the
 #: client's side: envd.client.doorbell.Doorbell).
 DOORBELL_OFFSET = _native_facts.DOORBELL_OFFSET
-#: Values of make's transport option (Client.make): auto tries shared memory
-#: and falls back to inline.
-TRANSPORTS = ("auto", "shm", "inline")
 
 
 def output_arrays(layout: Mapping[str, Any]) -> list[str]:

@@ -767,9 +767,10 @@ class BatchedVecEnv(VectorEnv):
         try:
             self._write_reset_inputs(seeds, None)
             self._last_num_done = None  # (step_info: no step to describe)
+            # (the backend's reset writes each env's rows: reward 0, the
+            # flags False: env_slot.c envd_slot_reset_rows, a hosted
+            # worker's reset outputs; a remote env's recv carries them)
             self._stepper.async_reset(seeds is not None)
-            self._rewards[:] = 0  # a fresh episode has earned nothing
-            self._dones[:] = False
         finally:
             self._claim.append(True)
 

@@ -115,6 +115,34 @@ def test_max_threads_in_range_passes_as_an_int():
         mo.check_max_threads(2, 1, "the daemon at tcp://h:1: its")
 
 
+def test_transport_defaults_to_envd_transport_then_auto(monkeypatch):
+    monkeypatch.delenv("ENVD_TRANSPORT", raising=False)
+    assert mo.check_transport(None) == "auto"
+    monkeypatch.setenv("ENVD_TRANSPORT", "")  # (set but empty: unset)
+    assert mo.check_transport(None) == "auto"
+    monkeypatch.setenv("ENVD_TRANSPORT", "inline")
+    assert mo.check_transport(None) == "inline"
+    assert [mo.check_transport(name) for name in mo.TRANSPORTS] == ["auto", "shm", "inline"]
+    monkeypatch.setenv("ENVD_TRANSPORT", "carrier-pigeon")
+    for bad in (None, "SHM", b"shm", 1, ["shm"]):
+        with pytest.raises(InvalidArgumentError, match="transport must be one of auto, shm, "
+                                                       "inline .or ENVD_TRANSPORT unset., got"):
+            mo.check_transport(bad)
+
+
+def test_fast_path_defaults_to_taken_unless_envd_fast_path_is_0(monkeypatch):
+    monkeypatch.delenv("ENVD_FAST_PATH", raising=False)
+    assert mo.check_fast_path(None) is None
+    monkeypatch.setenv("ENVD_FAST_PATH", "1")
+    assert mo.check_fast_path(None) is None
+    monkeypatch.setenv("ENVD_FAST_PATH", "0")
+    assert mo.check_fast_path(None) is False
+    assert mo.check_fast_path(True) is True and mo.check_fast_path(False) is False
+    for bad in (1, 0, "yes", np.bool_(True)):
+        with pytest.raises(InvalidArgumentError, match="fast_path must be None, True or False"):
+            mo.check_fast_path(bad)
+
+
 def test_the_bounds_at_their_edges():
     assert mo.check_num_envs(1) == 1 and mo.check_num_envs(mo.MAX_NUM_ENVS) == mo.MAX_NUM_ENVS
     for bad in (0, mo.MAX_NUM_ENVS + 1, 2.0, True):
@@ -187,3 +215,11 @@ def test_the_ocean_prefix_is_defined_once():
                for path in sorted((root / folder).rglob("*.py"))
                if '= "puffer:"' in path.read_text()]
     assert spelled == ["src/envd/make_options.py"]
+
+
+def test_the_hosted_kinds_are_the_python_ones():
+    """EnvKind.hosted: the kinds whose envs are Python objects in worker
+    processes (what SB3's adapter's env_method and get_attr reach)."""
+    hosted = {"py:CartPole-v1": True, "pz:m:f": True, "CartPole-v1": False,
+              "puffer:go": False, "envd/CartPole-v1": False}
+    assert {env_id: mo.env_kind(env_id).hosted for env_id in hosted} == hosted

@@ -314,7 +314,8 @@ def test_the_sanitizer_catches_a_bug_in_the_native_core(kind, tmp_path):
     code = textwrap.dedent("""
         import sys, threading, numpy as np
         import envd
-        from envd.native.native_vec import NativeVec
+        sys.path.insert(0, sys.argv[2])  # (tests/: the tests' bare vec)
+        from support.native_vec import NativeVec
         from envd.native.registry import get_spec
         from envd.buffer_layout import buffer_layout
         from gymnasium.vector import AutoresetMode
@@ -336,7 +337,8 @@ def test_the_sanitizer_catches_a_bug_in_the_native_core(kind, tmp_path):
         for t in threads: t.join()
         print("no report")
     """)
-    proc = subprocess.run([sys.executable, "-c", code, kind], check=False, capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", code, kind, str(Path(__file__).parents[1])],
+                          check=False, capture_output=True,
                           text=True,
                           cwd=tmp_path, env={**os.environ, **sanitized_env(kind)},
                           timeout=120)

@@ -198,6 +198,26 @@ def test_misuse_is_refused_and_the_env_stays_usable():
         env.step(np.zeros(6, np.int64))
 
 
+@pytest.mark.parametrize("env_id,kwargs", [("CartPole-v1", {"num_threads": 1}),
+                                            ("py:CartPole-v1", {"num_workers": 1})])
+def test_async_reset_leaves_every_row_a_fresh_episodes(env_id, kwargs):
+    """After an async reset every env's rows are a fresh episode's (reward
+    0, no flags), written by the backend's reset itself (the pool's vec, or
+    the workers backend and its workers): the env adds nothing in Python."""
+    with envd.make(env_id, 4, seed=0, batch_size=2, **kwargs) as env:
+        env.reset()
+        for _ in range(200):  # (pushing left ends CartPole's episode within ~10 steps)
+            env.step(np.zeros(4, np.int64))
+            if env._dones.any():
+                break
+        assert env.rewards.tolist() == [1.0] * 4 and env._dones.any(), env._dones
+        env.async_reset()
+        assert env.rewards.tolist() == [0.0] * 4
+        for flags in (env.terminations, env.truncations, env._dones):
+            assert not flags.any(), flags
+        assert env.recv()[1].tolist() == [0.0, 0.0]
+
+
 def test_batch_size_is_checked():
     for bad in (0, 7, 2.0, True):
         with pytest.raises(envd.InvalidArgumentError, match="batch_size"):

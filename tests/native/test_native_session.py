@@ -352,10 +352,24 @@ def test_results_are_identical_under_every_thread_cap(env_id):
         pool.close()
 
 
-@pytest.mark.parametrize("bad", [-1, -5, 257])
+@pytest.mark.parametrize("bad", [-1, -5, 1, 257, 1.0])
 def test_a_thread_cap_out_of_range_is_refused(bad):
     with pytest.raises(InvalidArgumentError, match="max_threads"):
         make_session(4, None, max_threads=bad)
+
+
+def test_a_thread_cap_is_bounded_by_the_pools_threads():
+    """The session checks the cap as make's options do
+    (make_options.check_max_threads): at most the threads of its pool."""
+    pool = NativePool(2)
+    try:
+        with pytest.raises(InvalidArgumentError, match=r"pool has 2 threads .*<= 2"):
+            make_session(4, pool, max_threads=3)
+        session, _ = make_session(4, pool, max_threads=2)
+        assert session.max_threads == 2
+        session.close()
+    finally:
+        pool.close()
 
 
 def engine_step(session: NativeSession) -> int:

@@ -1,15 +1,17 @@
-"""native/native_vec.py: the vec and pool wrappers both front ends use, and
-the dispatch rule the daemon relies on: a step submitted for an event loop
-never runs on the submitting thread before its cost is known."""
+"""native/native_vec.py: the pool wrapper and the vec's structs (through the
+tests' bare vec, support.native_vec), and the dispatch rule the daemon
+relies on: a step submitted for an event loop never runs on the submitting
+thread before its cost is known."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode
+from support.native_vec import NativeVec
 
 import envd
 from envd.buffer_layout import buffer_layout
-from envd.native.native_vec import NativePool, NativeVec
+from envd.native.native_vec import NativePool
 from envd.native.vector_env import AUTORESET_MODE_CODES
 
 

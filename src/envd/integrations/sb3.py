@@ -81,6 +81,7 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
+from envd.make_options import env_kind
 from envd.vector_base import BatchedVecEnv
 
 try:
@@ -290,9 +291,10 @@ class EnvdVecEnv(VecEnv):
 
     # ---- what SB3's VecEnv also asks for ---------------------------------------------
     def _hosted(self) -> bool:
-        """Whether the envs are hosted Python envs ("py:"/"pz:"): gymnasium.Env
-        objects in worker processes that call/get_attr/set_attr reach."""
-        return str(self.venv.env_id).startswith(("py:", "pz:"))
+        """Whether the envs are hosted Python envs (the kinds registry's
+        hosted kinds): gymnasium.Env objects in worker processes that
+        call/get_attr/set_attr reach."""
+        return env_kind(str(self.venv.env_id)).hosted
 
     def _hosted_indices(self, indices: VecEnvIndices, what: str) -> list[int]:
         """The env indices selected, for a hosted env; NotImplementedError
