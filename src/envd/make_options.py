@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from envd import _native_facts
@@ -458,7 +459,7 @@ def check_fast_path(fast_path: Any) -> bool | None:
     None becomes False when ENVD_FAST_PATH is "0"."""
     if fast_path is None:
         return False if os.environ.get("ENVD_FAST_PATH", "1") == "0" else None
-    if not isinstance(fast_path, bool):
+    if not isinstance(fast_path, (bool, np.bool_)):  # (numpy's from a config array)
         raise InvalidArgumentError(f"fast_path must be None, True or False, got "
                                    f"{type(fast_path).__name__} {fast_path!r:.100}")
-    return fast_path
+    return bool(fast_path)

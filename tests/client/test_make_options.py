@@ -138,7 +138,8 @@ def test_fast_path_defaults_to_taken_unless_envd_fast_path_is_0(monkeypatch):
     monkeypatch.setenv("ENVD_FAST_PATH", "0")
     assert mo.check_fast_path(None) is False
     assert mo.check_fast_path(True) is True and mo.check_fast_path(False) is False
-    for bad in (1, 0, "yes", np.bool_(True)):
+    assert mo.check_fast_path(np.bool_(True)) is True  # (a plain bool: it goes on the wire)
+    for bad in (1, 0, "yes", np.array([True])):
         with pytest.raises(InvalidArgumentError, match="fast_path must be None, True or False"):
             mo.check_fast_path(bad)
 
