@@ -18,7 +18,8 @@ in flight (it forgets the ready ones), ``render`` while envs are in flight
 or ready (whether a batch sent has finished depends on the threads; that
 every env was received does not);
 ``async_reset`` waits for the envs in flight, drops their results, resets
-every env and makes them all READY in env order.
+every env and makes them all READY in env order; ``seed`` refuses while envs
+are in flight.
 
 Threading: every call takes the session's lock (the doorbell thread holds it
 while it serves a request), so callers on several threads are serialised
@@ -31,8 +32,10 @@ request engine (native/src/engine.h), beside the daemon's loop and the
 doorbell thread: the session keeps the one request of all three doors, so
 beside another door's request a step or recv is refused (EnvStateError, the
 envs busy) and a send is served beside a waiting recv, refused beside any
-other.  In-process, no other door shares the session: the rule is the
-engine's, and costs the step a load and a branch.
+other.  The whole-vec calls (seed, reset, async_reset, render) ask the same
+rule: beside another door's request they are refused (EnvStateError naming
+that request, nothing changed).  In-process, no other door shares the
+session: the rule is the engine's, and costs the step a load and a branch.
 
 The books and the serving live in C (native/src/session.h); this class is
 its thin cffi wrapper, which turns codes into envd errors with the messages
@@ -52,13 +55,28 @@ from envd.native._envd_call import Bound, call
 from envd.native._envd_native import ffi, lib
 from envd.native.native_vec import NativePool, per_env_params, ptr, strerror, vec_buffers, vec_config
 from envd.native.registry import EnvSpec
-from envd.vec_errors import in_flight_error, not_idle_error, ready_error, recv_short_error, send_error, step_error
+from envd.vec_errors import (
+    claimed_error,
+    in_flight_error,
+    not_idle_error,
+    ready_error,
+    recv_short_error,
+    send_error,
+    step_error,
+)
 
 
 def _address(cdata: Any) -> int:
     """A cffi pointer (a function's or a handle) as an integer."""
     return int(ffi.cast("uintptr_t", cdata))
 
+
+#: the kinds of request a front door claims (envd_session_claimed), as a
+#: refusal names them
+_REQUEST_NAMES = {int(lib.ENVD_REQ_STEP): "step", int(lib.ENVD_REQ_RECV): "recv",
+                  int(lib.ENVD_REQ_SETTLE): "settle", int(lib.ENVD_REQ_SEND): "send"}
+#: the whole-vec calls the session refuses beside another front door's request
+_WHOLE_VEC_CALLS = frozenset({"reset", "async_reset", "render", "seed"})
 
 #: the addresses envd.native._envd_call binds (bare_step)
 _STEP = _address(ffi.addressof(lib, "envd_session_step"))
@@ -152,6 +170,13 @@ class NativeSession:
         envs (index -1), else None."""
         if self._index(index) != -1:
             return None
+        if rc == lib.ENVD_EBUSY and call in _WHOLE_VEC_CALLS:
+            # (read after the refusal: a claim released meanwhile falls back
+            # to the counts below)
+            claimed = int(lib.envd_session_claimed(self.handle))
+            if claimed:
+                return claimed_error(self.spec.id, call,
+                                     _REQUEST_NAMES.get(claimed, "request"))
         in_flight, ready = self.counts()
         if rc != lib.ENVD_EBUSY or not (in_flight or ready):
             return None
@@ -219,8 +244,13 @@ class NativeSession:
 
     # ---- whole-vec calls ---------------------------------------------------------------
     def seed(self) -> None:
-        """Seed every env's generator from the reset_seeds buffer (no reset)."""
-        lib.envd_session_seed(self._live(), self._seeds_ptr)
+        """Seed every env's generator from the reset_seeds buffer (no reset).
+        Refused while envs are in flight (their batches use the generators),
+        or beside another front door's request."""
+        rc = lib.envd_session_seed(self._live(), self._seeds_ptr)
+        if rc != lib.ENVD_OK:
+            raise self._refusal(rc, "seed") or NativeError(
+                f"{self.spec.id}: seed failed: {strerror(rc)} ({rc})", rc)
 
     def reset(self, with_seeds: bool, with_mask: bool) -> None:
         """Reset (the envs in reset_mask, or all), reseeding from reset_seeds
@@ -284,7 +314,9 @@ class NativeSession:
         and make them all READY in env order."""
         rc = lib.envd_session_async_reset(self._live(),
                                           self._seeds_ptr if with_seeds else ffi.NULL)
-        self._check(rc, "async_reset")
+        if rc != lib.ENVD_OK:
+            raise self._refusal(rc, "async_reset") or NativeError(
+                f"{self.spec.id}: async_reset failed: {strerror(rc)} ({rc})", rc)
 
     def send(self, env_ids: np.ndarray, notify: bool = False) -> None:
         """Start stepping env_ids (int64) with their rows of the actions

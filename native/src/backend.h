@@ -58,6 +58,11 @@ typedef struct envd_backend_ops {
     int (*batch_submit)(void *impl, envd_backend_batch_t *batch, const int64_t *ids,
                         int64_t count, int flags);
     int (*batch_done)(const envd_backend_batch_t *batch);
+    /* Optional (NULL: every batch sent with ENVD_JOB_NOTIFY writes the
+     * eventfd itself when it ends): count one event on the eventfd a NOTIFY
+     * batch writes, for a NOTIFY batch that ended before batch_submit
+     * returned (run inline: it wrote none), once it is done. */
+    void (*notify)(void *impl);
     /* Block until done (the calling thread may run its work meanwhile). */
     void (*batch_wait)(void *impl, envd_backend_batch_t *batch);
     /* Optional (NULL: never): non-zero while the batch is in flight and no

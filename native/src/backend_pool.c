@@ -98,6 +98,7 @@ static int set_max_threads(void *impl, int max_threads)
 }
 
 static void stats(const void *impl, envd_vec_stats_t *out) { envd_vec_get_stats(impl, out); }
+static void notify(void *impl) { envd_vec_notify(impl); }
 
 static void destroy(envd_backend_t *backend)
 {
@@ -111,8 +112,8 @@ static const envd_backend_ops_t POOL_OPS = {
     .seed = seed, .reset = reset, .reset_count = reset_count, .step = step,
     .step_submit = step_submit, .step_done = step_done, .step_finish = step_finish,
     .batch_create = batch_create, .batch_destroy = batch_destroy,
-    .batch_submit = batch_submit, .batch_done = batch_done, .batch_wait = batch_wait,
-    .batch_unstarted = batch_unstarted, .batch_help_ref = batch_help_ref,
+    .batch_submit = batch_submit, .batch_done = batch_done, .notify = notify,
+    .batch_wait = batch_wait, .batch_unstarted = batch_unstarted, .batch_help_ref = batch_help_ref,
     .batch_help = batch_help, .batch_finish = batch_finish,
     .frame_bytes = frame_bytes, .render = render,
     .error_index = error_index, .env_started = env_started, .checked_actions = checked_actions, .set_chunk = set_chunk,

@@ -42,10 +42,11 @@
  * request that waits across a gap in the lock (the loop's; a doorbell's
  * SENDRECV helping its batch) is claimed there (envd_session_claim), and a
  * request made in one holding of the lock is decided there by the same rule
- * (envd_session_admit, which the session's step, send and recv ask) -- a
- * second request is refused ENVD_EBUSY (nothing started, no env named), a
- * send is served beside a waiting recv (its batch writing the pool's
- * eventfd), refused beside any other request.
+ * (envd_session_admit, which the session's step, send and recv ask, and
+ * its whole-vec seed, reset, async_reset and render) -- a second request is
+ * refused ENVD_EBUSY (nothing started, no env named), a send is served
+ * beside a waiting recv (its batch writing the pool's eventfd, also when it
+ * runs inline), refused beside any other request.
  *
  * Threading: the engine's own calls are made by one thread (the front door's);
  * the sessions' batches end on any thread meanwhile.  envd_engine_call needs

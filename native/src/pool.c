@@ -151,15 +151,8 @@ static void job_complete(envd_pool_t *pool, envd_job_t *job)
     uint32_t old = atomic_exchange_explicit(&job->done, JOB_DONE, memory_order_acq_rel);
     if (old == JOB_WAITING)
         envd_futex_wake(&job->done, INT_MAX, ENVD_FUTEX_PRIVATE);
-    if (notify) {
-        /* After the done store: the event loop reads the eventfd and then
-         * polls done, so it must never see the event before the flag.  A
-         * write can only fail if the counter is about to overflow, in which
-         * case the fd is readable anyway. */
-        const uint64_t one = 1;
-        while (write(pool->efd, &one, sizeof one) < 0 && errno == EINTR)
-            ;
-    }
+    if (notify) /* (after the done store: see envd_pool_notify) */
+        envd_pool_notify(pool);
 }
 
 static void job_unref(envd_pool_t *pool, envd_job_t *job)
@@ -475,6 +468,17 @@ int envd_pool_num_threads(const envd_pool_t *pool)
 int envd_pool_eventfd(const envd_pool_t *pool)
 {
     return pool ? pool->efd : ENVD_EINVAL;
+}
+
+void envd_pool_notify(envd_pool_t *pool)
+{
+    /* The caller wrote what the event announces first: the event loop reads
+     * the eventfd and then polls done, so it must never see the event before
+     * the flag.  A write can only fail if the counter is about to overflow,
+     * in which case the fd is readable anyway. */
+    const uint64_t one = 1;
+    while (write(pool->efd, &one, sizeof one) < 0 && errno == EINTR)
+        ;
 }
 
 /* ---- jobs ------------------------------------------------------------------- */

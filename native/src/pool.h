@@ -93,6 +93,11 @@ int envd_pool_num_threads(const envd_pool_t *pool);
 int envd_pool_eventfd(const envd_pool_t *pool);
 
 /* cffi:end */
+/* Count one event on the eventfd, as a NOTIFY job's end does: for work
+ * announced to the event loop that ran without a job (a NOTIFY batch the vec
+ * ran inline, envd_vec_notify).  After the work's done flag is written. */
+void envd_pool_notify(envd_pool_t *pool);
+
 /* Start a job.  0 <= n <= 2^47, chunk >= 1 (a chunk larger than n is
  * clamped to n).  Returns at once (except with zero workers, where the job
  * runs inline; a job with n == 0 completes at once).  ENVD_EINVAL on bad

@@ -291,17 +291,28 @@ static void forget_ready(envd_session_t *s)
 }
 
 /* ---- whole-vec calls ----------------------------------------------------------------- */
-void envd_session_seed(envd_session_t *s, const uint64_t *seeds)
+/* A whole-vec call (seed, reset, async_reset, render) is decided as a step:
+ * refused beside any request another front door claimed (admit), whatever
+ * the envs' states -- it reads or rewrites every env, the claimed request's
+ * among them. */
+int envd_session_seed(envd_session_t *s, const uint64_t *seeds)
 {
     pthread_mutex_lock(&s->mutex);
-    s->backend->ops->seed(s->backend->impl, seeds);
+    int rc = admit(s, ENVD_REQ_STEP);
+    if (rc == ENVD_OK)
+        rc = check_idle(s, 1); /* (a batch in flight reads its envs' generators) */
+    if (rc == ENVD_OK)
+        s->backend->ops->seed(s->backend->impl, seeds);
     pthread_mutex_unlock(&s->mutex);
+    return rc;
 }
 
 int envd_session_reset(envd_session_t *s, const uint64_t *seeds, const bool *mask)
 {
     pthread_mutex_lock(&s->mutex);
-    int rc = check_idle(s, 1);
+    int rc = admit(s, ENVD_REQ_STEP);
+    if (rc == ENVD_OK)
+        rc = check_idle(s, 1);
     if (rc == ENVD_OK) {
         forget_ready(s);
         rc = s->backend->ops->reset(s->backend->impl, seeds, mask);
@@ -395,9 +406,13 @@ int envd_session_step_finish(envd_session_t *s)
 int envd_session_async_reset(envd_session_t *s, const uint64_t *seeds)
 {
     pthread_mutex_lock(&s->mutex);
+    /* (before anything is dropped: beside another door's request, its envs
+     * and a kept failure stay its own) */
+    int rc = admit(s, ENVD_REQ_STEP);
+    if (rc != ENVD_OK)
+        goto out;
     envd_session_drop_async(s);
-    s->error_index = -1;
-    int rc = s->backend->ops->reset(s->backend->impl, seeds, NULL);
+    rc = s->backend->ops->reset(s->backend->impl, seeds, NULL);
     publish_short(s);
     if (rc == ENVD_OK) {
         for (int64_t i = 0; i < s->num_envs; i++)
@@ -405,6 +420,7 @@ int envd_session_async_reset(envd_session_t *s, const uint64_t *seeds)
         s->num_ready = s->num_envs;
         memset(s->state, ENVD_ENV_READY, (size_t)s->num_envs);
     }
+out:
     pthread_mutex_unlock(&s->mutex);
     return rc;
 }
@@ -444,7 +460,12 @@ int envd_session_send(envd_session_t *s, const int64_t *ids, int64_t count, int 
     int rc = admit(s, ENVD_REQ_SEND);
     if (rc != ENVD_OK)
         goto out;
-    if (s->claimed != 0)  /* (a recv: its door may wait on the pool's eventfd) */
+    /* Beside a claimed recv (admitted: the claim is a recv), whose door may
+     * wait on the pool's eventfd: the batch writes it, also when it runs
+     * inline (below).  A caller that asked NOTIFY itself looks at an inline
+     * batch itself (envd_engine_send). */
+    const int announce = s->claimed != 0 && !(flags & ENVD_JOB_NOTIFY);
+    if (announce)
         flags |= ENVD_JOB_NOTIFY;
     rc = ENVD_EINVAL;
     if (ids == NULL || count < 1 || count > s->num_envs)
@@ -460,6 +481,12 @@ int envd_session_send(envd_session_t *s, const int64_t *ids, int64_t count, int 
         flags &= ~ENVD_JOB_HELPED; /* nobody can help: the backend's threads run it */
     if (rc == ENVD_OK)
         rc = s->backend->ops->batch_submit(s->backend->impl, e->batch, e->ids, count, flags);
+    /* (done already: run inline, no eventfd written; or, rarely, a pool
+     * thread ended it and wrote one too -- a spare event, which the loop's
+     * poll finds nothing new for) */
+    if (rc == ENVD_OK && announce && s->backend->ops->notify != NULL &&
+        s->backend->ops->batch_done(e->batch))
+        s->backend->ops->notify(s->backend->impl);
     if (rc != ENVD_OK) {
         if (s->error_index == -1)
             s->error_index = s->backend->ops->error_index(s->backend->impl);
@@ -670,7 +697,9 @@ int envd_session_render(envd_session_t *s, uint8_t *out)
     /* Not while envs are ready either: whether a batch sent has finished by
      * now depends on the threads, so "in flight" alone would refuse the same
      * calls at random; ready envs' states are results not received yet. */
-    int rc = check_idle(s, 0);
+    int rc = admit(s, ENVD_REQ_STEP);
+    if (rc == ENVD_OK)
+        rc = check_idle(s, 0);
     const uint64_t frame = ops->frame_bytes(s->backend->impl);
     if (rc == ENVD_OK && (frame == 0 || out == NULL))
         rc = ENVD_EINVAL;

@@ -26,9 +26,15 @@
  *          threads, every env received does not); reset forgets the ready
  *          ones (and a failure not reported yet);
  *   recv   ENVD_EINVAL (count outside [1, num_envs]), ENVD_ESTATE (fewer
- *          than count in flight or ready, -1), or the kept failure.
+ *          than count in flight or ready, -1), or the kept failure;
+ *   seed   ENVD_EBUSY while envs are in flight (-1: their batches read
+ *          their envs' generators).
  * async_reset waits for the envs in flight, drops their results (and a kept
  * failure), resets every env and makes them all READY in env order.
+ * Every call above that reads or rewrites envs (step, send, recv; the
+ * whole-vec seed, reset, async_reset and render) is also refused
+ * ENVD_EBUSY (-1, nothing changed) beside another front door's request
+ * (below).
  *
  * Front doors (engine.h): the in-process VecEnv's calls, the daemon's loop
  * (the request engine) and the doorbell's thread.  A request of any of them
@@ -37,7 +43,16 @@
  * (envd_session_claim): the calls below that make one (step, send, recv)
  * refuse it ENVD_EBUSY (naming no env, nothing started) beside another
  * door's request, but serve a send beside a recv (its batch then writes the
- * pool's eventfd, for the loop).
+ * pool's eventfd, for the loop, also when it runs inline).  The whole-vec
+ * calls that read or rewrite envs (seed, reset, async_reset, render) ask
+ * the same rule, decided as a step: refused beside any claimed request
+ * (async_reset drops nothing then: the claimed request's envs stay its own).
+ * set_chunk and set_max_threads do not ask it: they tune how later runs are
+ * dispatched, not what any env holds (and the cap is refused while a run is
+ * in flight, whoever sent it).  The daemon's loop runs no whole-vec call
+ * beside its own waiting request (a session takes one request at a time,
+ * server/lifecycle.py), so only another door's claim refuses its reset or
+ * render (a doorbell's SENDRECV helping its batch).
  *
  * Threading: one recursive mutex per session.  Every function below takes it
  * (except the counters marked lock-free), so any thread may call them; the
@@ -90,7 +105,8 @@ int envd_session_trylock(envd_session_t *session); /* 1: taken, 0: held elsewher
 void envd_session_unlock(envd_session_t *session);
 
 /* ---- whole-vec calls ---- */
-void envd_session_seed(envd_session_t *session, const uint64_t *seeds);
+/* Seed every env's generator, no reset: ENVD_OK, or ENVD_EBUSY (above). */
+int envd_session_seed(envd_session_t *session, const uint64_t *seeds);
 int envd_session_reset(envd_session_t *session, const uint64_t *seeds, const bool *mask);
 int64_t envd_session_reset_count(envd_session_t *session);
 /* Step every env (NULL: ENVD_EINVAL): the in-process step, and the doorbell's
@@ -106,7 +122,9 @@ int envd_session_async_reset(envd_session_t *session, const uint64_t *seeds);
  * ends), ENVD_JOB_HELPED (the caller helps: envd_session_take_help; it may
  * be woken no worker, vec.h, so someone must help or wait for it).
  * Finished batches are collected before it returns.  Beside another door's
- * recv it adds ENVD_JOB_NOTIFY (that door may wait on the pool's eventfd). */
+ * claimed recv it adds ENVD_JOB_NOTIFY (that door may wait on the pool's
+ * eventfd), and when the batch ran inline (no eventfd written) it counts
+ * the event itself (the backend's notify) before it returns. */
 int envd_session_send(envd_session_t *session, const int64_t *ids, int64_t count, int flags);
 
 /* cffi:end */
@@ -273,12 +291,15 @@ int envd_session_has_server(envd_session_t *session);
  * caller holds the session's lock, or reads a hint). */
 int envd_session_claim(envd_session_t *session, int kind);
 void envd_session_release(envd_session_t *session);
+/* cffi:begin */
 int envd_session_claimed(const envd_session_t *session);
+/* cffi:end */
 /* The one rule of a request made under one holding of the lock (step, send,
- * recv: each of them asks it), beside the claimed one: ENVD_OK when none is
- * claimed, or for a send beside a recv; else ENVD_EBUSY, naming no env (the
- * error index is -1).  The caller holds the lock for the decision and the
- * request it admits. */
+ * recv, and the whole-vec seed, reset, async_reset and render, decided as
+ * a step: each of them asks it), beside the claimed one: ENVD_OK when none
+ * is claimed, or for a send beside a recv; else ENVD_EBUSY, naming no env
+ * (the error index is -1).  The caller holds the lock for the decision and
+ * the request it admits. */
 int envd_session_admit(envd_session_t *session, int kind);
 /* The claimed recv's own look (the engine's waiting request, engine.c): as
  * envd_session_recv without waiting, not refused for its own claim. */

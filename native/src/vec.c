@@ -1159,6 +1159,12 @@ int64_t envd_vec_num_done(const envd_vec_t *vec) { return atomic_load(&vec->whol
 
 void envd_vec_set_chunk(envd_vec_t *vec, int64_t chunk) { vec->forced_chunk = chunk > 0 ? chunk : 0; }
 
+void envd_vec_notify(envd_vec_t *vec)
+{
+    if (vec->pool != NULL)
+        envd_pool_notify(vec->pool);
+}
+
 /* The cap is shared by the vec's whole-vec job and its batches' jobs (set at
  * each batch submit), so it bounds the pool threads on all of them together.
  * Changed only while no run is in flight: then no worker holds a slot (C2 of

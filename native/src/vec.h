@@ -233,6 +233,11 @@ int64_t envd_vec_num_done(const envd_vec_t *vec);
 /* Force a chunk size (>= 1: always dispatch to the pool with that chunk, for
  * tests) or return to adaptive dispatch (0). */
 void envd_vec_set_chunk(envd_vec_t *vec, int64_t chunk);
+/* Count one event on the pool's eventfd, as a NOTIFY batch's end on the pool
+ * does (envd_pool_notify): for a NOTIFY batch run inline, which writes none
+ * (its caller looks at it instead), when the caller must announce it after
+ * all.  No pool: nothing. */
+void envd_vec_notify(envd_vec_t *vec);
 /* A blocking step's measured wall time, ns (its cost per env times the
  * envs); 0 while unmeasured, or while a forced chunk (set_chunk) sends
  * every step to the pool. */

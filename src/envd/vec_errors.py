@@ -93,6 +93,17 @@ def in_flight_error(env_id: str, call: str, num_in_flight: int) -> EnvStateError
                          "(send/recv); recv them first")
 
 
+def claimed_error(env_id: str, call: str, request: str) -> EnvStateError:
+    """The refusal of a whole-vec call (reset, async_reset, render, seed)
+    beside the request another front door holds on the same envs (request:
+    "step", "recv", ...; the daemon's loop, or the doorbell thread): nothing
+    changed."""
+    return EnvStateError(
+        f"{env_id}: {call}() while a {request} of another caller waits on these envs "
+        "(the daemon's loop or the fast path serves it); nothing was changed: call "
+        f"{call}() once that {request} is answered")
+
+
 def ready_error(env_id: str, num_ready: int) -> EnvStateError:
     """The refusal of step() while envs wait for recv."""
     return EnvStateError(

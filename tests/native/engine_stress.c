@@ -39,6 +39,14 @@
  *     refusal steps nothing, every env comes back; a close (the server
  *     stopped, what is out dropped) while an in-process recv waits: the recv
  *     answered once, the close after it, nothing left out;
+ *   - the whole-vec calls (reset, async_reset, render, seed) made on another
+ *     thread beside the loop's waiting recv (its batch in flight, then
+ *     ended but not looked at) and beside a doorbell's claimed recv: each
+ *     refused ENVD_EBUSY naming no env, every env's state unchanged; the
+ *     recv then completes with its envs; each runs once nothing is claimed;
+ *   - a send of another door beside the loop's waiting recv whose batch runs
+ *     inline writes the pool's eventfd before it returns (none with nothing
+ *     claimed), and the loop's recv takes its env;
  *   - refusals: a second request of a session (ENVD_EBUSY), bad recvs
  *     (ENVD_EINVAL), a step while envs are out (completed at once, refused,
  *     ENVD_EBUSY), a recv of more than is out (ENVD_ESTATE), a refused send
@@ -886,6 +894,194 @@ static void test_close_while_in_process_waits(envd_pool_t *pool1)
     harness_free(&h);
 }
 
+/* ---- the whole-vec calls decided by the same rule ------------------------------------ */
+/* A whole-vec call made on a thread of its own (the in-process VecEnv's, or
+ * the daemon's executor: another front door than the claimed request's). */
+typedef struct whole_call {
+    envd_session_t *s;
+    int which;           /* WHOLE_* */
+    uint8_t *frames;     /* render's */
+    int rc;
+    int64_t index;       /* envd_session_error_index right after the call */
+} whole_call_t;
+
+enum { WHOLE_RESET, WHOLE_ASYNC_RESET, WHOLE_RENDER, WHOLE_SEED, WHOLE_CALLS };
+static const char *const WHOLE_NAMES[] = {"reset", "async_reset", "render", "seed"};
+
+static void *whole_call_main(void *arg)
+{
+    whole_call_t *w = arg;
+    static const uint64_t seeds[4] = {7, 8, 9, 10};
+    envd_session_lock(w->s); /* (around the call and its error index) */
+    switch (w->which) {
+    case WHOLE_RESET:
+        w->rc = envd_session_reset(w->s, NULL, NULL);
+        break;
+    case WHOLE_ASYNC_RESET:
+        w->rc = envd_session_async_reset(w->s, NULL);
+        break;
+    case WHOLE_RENDER:
+        w->rc = envd_session_render(w->s, w->frames);
+        break;
+    default:
+        w->rc = envd_session_seed(w->s, seeds);
+        break;
+    }
+    w->index = envd_session_error_index(w->s);
+    envd_session_unlock(w->s);
+    return NULL;
+}
+
+static int whole_call(envd_session_t *s, int which, uint8_t *frames, int64_t *index)
+{
+    whole_call_t w = {.s = s, .which = which, .frames = frames};
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, whole_call_main, &w) == 0, "pthread_create");
+    pthread_join(t, NULL);
+    *index = w.index;
+    return w.rc;
+}
+
+/* Every whole-vec call is refused ENVD_EBUSY (no env named) and changes
+ * nothing: each env's state is still want[i]. */
+static void check_whole_refused(harness_t *h, uint8_t *frames, const int8_t *want,
+                                const char *beside)
+{
+    for (int which = 0; which < WHOLE_CALLS; which++) {
+        int64_t index = 0;
+        const int rc = whole_call(h->s, which, frames, &index);
+        CHECK(rc == ENVD_EBUSY && index == -1, "%s beside %s: %d (index %lld)",
+              WHOLE_NAMES[which], beside, rc, (long long)index);
+        for (int64_t i = 0; i < h->n; i++)
+            CHECK(envd_session_env_state(h->s, i) == want[i],
+                  "%s beside %s changed env %lld's state: %d, want %d", WHOLE_NAMES[which],
+                  beside, (long long)i, envd_session_env_state(h->s, i), want[i]);
+    }
+}
+
+/* The whole-vec calls (reset, async_reset, render, seed) ask the rule of the
+ * requests: beside the loop's waiting recv (its batch in flight, then done
+ * but not yet looked at) and beside a doorbell's claimed recv (nothing out),
+ * each made on another thread is refused ENVD_EBUSY naming no env, the
+ * books intact; the waiting recv then completes with its envs, and once
+ * nothing is claimed every call runs. */
+static void test_whole_vec_rules(envd_pool_t *pool1)
+{
+    g_def = envd_builtin_cartpole;
+    g_def.step = test_step;
+    harness_t h;
+    harness_init(&h, &g_def, 4, pool1, 1);
+    const uint64_t frame = envd_session_frame_bytes(h.s);
+    CHECK(frame > 0, "cartpole renders");
+    uint8_t *frames = xcalloc(4, frame);
+    envd_engine_t *e = NULL;
+    CHECK(envd_engine_create(&e) == ENVD_OK, "engine");
+    int64_t ids[4] = {0, 1, 2, 3}, got[4], index;
+    envd_completion_t c;
+
+    /* The loop's recv waits for its batch, held in flight. */
+    gate(1);
+    CHECK(envd_engine_send(e, h.s, ids, 2, ENVD_JOB_NOTIFY, &c) == ENVD_OK, "send");
+    gate_wait_started();
+    const envd_request_t recv = {.kind = ENVD_REQ_RECV, .min_count = 2, .max_count = 2,
+                                 .out = got, .tag = 1};
+    CHECK(envd_engine_submit(e, h.s, &recv, &c) == 0, "the loop's recv waits");
+    const int8_t in_flight[4] = {ENVD_ENV_IN_FLIGHT, ENVD_ENV_IN_FLIGHT, ENVD_ENV_IDLE,
+                                 ENVD_ENV_IDLE};
+    check_whole_refused(&h, frames, in_flight, "the loop's recv, its batch in flight");
+    /* Its batch ends; the loop has not looked yet (no poll): its envs are
+     * ready, and still the recv's. */
+    atomic_store(&g_gate_release, 1);
+    const double deadline = now_s() + 60.0;
+    for (int64_t flying = 1, done = 0; flying > 0 || done < 2;) {
+        envd_session_counts(h.s, &flying, &done);
+        CHECK(now_s() < deadline, "the held batch never ended");
+        sched_yield();
+    }
+    gate(0);
+    const int8_t ready[4] = {ENVD_ENV_READY, ENVD_ENV_READY, ENVD_ENV_IDLE, ENVD_ENV_IDLE};
+    check_whole_refused(&h, frames, ready, "the loop's recv, its envs ready");
+    poll_for(e, 1, &c);
+    CHECK(c.kind == ENVD_REQ_RECV && c.result == 2 && got[0] == 0 && got[1] == 1,
+          "the loop's recv completes with its envs: %lld (%lld %lld)", (long long)c.result,
+          (long long)got[0], (long long)got[1]);
+
+    /* A doorbell's claimed recv (its SENDRECV helping a batch), nothing out. */
+    CHECK(envd_session_claim(h.s, ENVD_REQ_RECV) == ENVD_OK, "claim");
+    const int8_t idle[4] = {ENVD_ENV_IDLE, ENVD_ENV_IDLE, ENVD_ENV_IDLE, ENVD_ENV_IDLE};
+    check_whole_refused(&h, frames, idle, "a doorbell's claimed recv");
+    CHECK(envd_session_claimed(h.s) == ENVD_REQ_RECV, "the claim kept");
+    envd_session_release(h.s);
+
+    /* Nothing claimed: every call runs (async_reset last: its envs are ready
+     * then, which render refuses). */
+    static const int order[WHOLE_CALLS] = {WHOLE_RESET, WHOLE_RENDER, WHOLE_SEED,
+                                           WHOLE_ASYNC_RESET};
+    for (int k = 0; k < WHOLE_CALLS; k++)
+        CHECK(whole_call(h.s, order[k], frames, &index) == ENVD_OK, "%s with nothing claimed",
+              WHOLE_NAMES[order[k]]);
+    CHECK(envd_session_recv(h.s, 4, 4, got, 1) == 4, "the async reset's envs");
+    CHECK(envd_session_reset(h.s, NULL, NULL) == ENVD_OK, "reset");
+    CHECK(envd_engine_waiting(e, 0) == 0 && envd_session_claimed(h.s) == 0, "nothing waits");
+    free(frames);
+    harness_free(&h);
+    envd_engine_destroy(e);
+}
+
+/* A send of another door beside the loop's waiting recv whose batch runs
+ * inline (cheap, measured, no chunk forced) wrote no eventfd (a NOTIFY batch
+ * on the pool writes it when it ends): the loop, waiting on the eventfd,
+ * never looked at its recv, which those envs may complete.  The session
+ * counts the event itself before the send returns. */
+static void test_inline_notify(envd_pool_t *pool1)
+{
+    g_def = envd_builtin_cartpole;
+    g_def.step = test_step;
+    gate(0);
+    harness_t h;
+    harness_init(&h, &g_def, 4, pool1, 0);  /* (adaptive: cheap runs go inline) */
+    for (int k = 0; k < 20; k++)
+        CHECK(envd_session_step(h.s) >= 0, "a measuring step");
+    envd_engine_t *e = NULL;
+    CHECK(envd_engine_create(&e) == ENVD_OK, "engine");
+    int64_t ids[4] = {0, 1, 2, 3}, got[4];
+    envd_completion_t c;
+    /* The loop's recv waits for env 0, held on the pool's thread. */
+    envd_session_set_chunk(h.s, 1);
+    gate(1);
+    CHECK(envd_engine_send(e, h.s, ids, 1, ENVD_JOB_NOTIFY, &c) == ENVD_OK, "send");
+    gate_wait_started();
+    const envd_request_t recv = {.kind = ENVD_REQ_RECV, .min_count = 1, .max_count = 1,
+                                 .out = got, .tag = 1};
+    CHECK(envd_engine_submit(e, h.s, &recv, &c) == 0, "the loop's recv waits");
+    atomic_store(&g_gate_armed, 0);  /* (env 0 stays held: its release is not given) */
+    envd_session_set_chunk(h.s, 0);
+    drain_eventfd(pool1);
+    CHECK(envd_session_send(h.s, ids + 1, 1, 0) == ENVD_OK, "an in-process send beside it");
+    CHECK(envd_session_env_state(h.s, 1) == ENVD_ENV_READY,
+          "the cheap send's batch ran inline (the case under test)");
+    struct pollfd p = {.fd = envd_pool_eventfd(pool1), .events = POLLIN};
+    CHECK(poll(&p, 1, 0) == 1, "the inline batch beside the loop's recv wrote the eventfd");
+    drain_eventfd(pool1);
+    poll_for(e, 1, &c);
+    CHECK(c.result == 1 && got[0] == 1, "the loop's recv took the inline batch's env: %lld %lld",
+          (long long)c.result, (long long)got[0]);
+    atomic_store(&g_gate_release, 1);
+    CHECK(envd_session_recv(h.s, 1, 1, got, 1) == 1 && got[0] == 0, "env 0 back");
+    /* (its batch's own event: the pool thread writes it after the done flag
+     * the recv saw, so it may come after the recv) */
+    CHECK(eventfd_fired(pool1), "the loop's batch wrote the eventfd");
+    gate(0);
+    /* Nothing claimed: an inline batch sent without NOTIFY writes nothing. */
+    CHECK(envd_session_send(h.s, ids + 2, 1, 0) == ENVD_OK &&
+              envd_session_env_state(h.s, 2) == ENVD_ENV_READY,
+          "an inline send with nothing claimed");
+    CHECK(poll(&p, 1, 0) == 0, "an inline batch with nothing claimed wrote the eventfd");
+    CHECK(envd_session_recv(h.s, 1, 1, got, 1) == 1 && got[0] == 2, "env 2 back");
+    harness_free(&h);
+    envd_engine_destroy(e);
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1)
@@ -909,6 +1105,8 @@ int main(int argc, char **argv)
     for (size_t p = 0; p < COUNT(pools); p++)
         test_in_process_race(pools[p], scaled(3000, 300));
     test_close_while_in_process_waits(pools[1]);
+    test_whole_vec_rules(pools[1]);
+    test_inline_notify(pools[1]);
     for (size_t i = 0; i < COUNT(pools); i++)
         envd_pool_destroy(pools[i]);
     printf("engine_stress: ok\n");

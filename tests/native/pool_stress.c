@@ -646,7 +646,8 @@ static uint64_t drain_eventfd(envd_pool_t *pool)
     return value;
 }
 
-/* num_threads == 0 runs inline; n == 0 completes at once. */
+/* num_threads == 0 runs inline; n == 0 completes at once; envd_pool_notify
+ * counts one event. */
 static void test_inline(void)
 {
     envd_pool_t *pool;
@@ -673,6 +674,11 @@ static void test_inline(void)
     CHECK(submit_rec(pool, &job, &r, 0, 1, ENVD_JOB_NOTIFY) == ENVD_OK, "submit n=0");
     CHECK(envd_job_done(&job), "n=0 job not done");
     CHECK(drain_eventfd(pool) == 1, "eventfd n=0");
+    /* work announced without a job (envd_pool_notify): one count each */
+    envd_pool_notify(pool);
+    envd_pool_notify(pool);
+    CHECK(drain_eventfd(pool) == 2, "envd_pool_notify counts one event a call");
+    CHECK(drain_eventfd(pool) == 0, "envd_pool_notify counted more");
     envd_pool_destroy(pool);
     rec_free(&r);
 }

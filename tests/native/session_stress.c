@@ -20,9 +20,9 @@
  *     (deterministic): a send of an env in flight or ready is ENVD_EBUSY
  *     naming it (envd_session_env_state tells which), of an id out of range
  *     ENVD_EINVAL naming it, of count 0 ENVD_EINVAL (-1), of an env twice
- *     ENVD_EBUSY naming it (still idle); step, step_submit, reset and render
- *     are ENVD_EBUSY (-1) while envs are in flight, step and render also
- *     while envs are ready; a recv of more than is out is ENVD_ESTATE (-1), of 0 envs
+ *     ENVD_EBUSY naming it (still idle); step, step_submit, reset, render
+ *     and seed are ENVD_EBUSY (-1) while envs are in flight, step and render
+ *     also while envs are ready (seed is not); a recv of more than is out is ENVD_ESTATE (-1), of 0 envs
  *     ENVD_EINVAL; a non-waiting recv of more than is ready returns 0; none
  *     of these changes the books; a reset with envs ready forgets them;
  *   - a failing env: the recv that finds its batch answers ENVD_EENV naming
@@ -409,6 +409,9 @@ static void test_refusals(envd_pool_t *pool1)
     CHECK(envd_session_step_submit(s) == ENVD_EBUSY, "step_submit");
     CHECK(envd_session_reset(s, NULL, NULL) == ENVD_EBUSY, "reset with envs in flight");
     CHECK(envd_session_render(s, frame) == ENVD_EBUSY, "render with envs in flight");
+    static const uint64_t seeds[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    CHECK(envd_session_seed(s, seeds) == ENVD_EBUSY && envd_session_error_index(s) == -1,
+          "seed with envs in flight (their batches read the generators)");
     CHECK(envd_session_recv(s, 3, 3, got, 1) == ENVD_ESTATE && envd_session_error_index(s) == -1,
           "recv of 3 with 2 out");
     CHECK(envd_session_recv(s, 0, 0, got, 1) == ENVD_EINVAL, "recv of 0");
@@ -432,6 +435,7 @@ static void test_refusals(envd_pool_t *pool1)
     } while (in_flight > 0);
     CHECK(envd_session_step(s) == ENVD_EBUSY, "step with an env ready");
     CHECK(envd_session_render(s, frame) == ENVD_EBUSY, "render with an env ready");
+    CHECK(envd_session_seed(s, seeds) == ENVD_OK, "seed with an env ready (none in flight)");
     CHECK(envd_session_reset(s, NULL, NULL) == ENVD_OK, "reset with an env ready");
     expect_counts(s, 0, 0, "the reset forgot it");
     CHECK(envd_session_env_state(s, 7) == ENVD_ENV_IDLE, "env 7 idle after the reset");

@@ -419,3 +419,92 @@ def test_cap_zero_keeps_costly_runs_off_the_event_loop():
             costly.close()
     finally:
         pool.close()
+
+
+WHOLE_VEC_CLAIMED = r"while a recv of another caller waits on these envs"
+
+
+def test_whole_vec_calls_are_refused_beside_the_loops_waiting_recv():
+    """Beside a recv the daemon's loop parked in the request engine (another
+    front door's request), reset, async_reset and seed are refused
+    (EnvStateError naming that recv, as a step beside it is refused), render
+    too (its envs are out); nothing changes, and the recv then completes with
+    every env it waited for.  (A pooled batch of 4096 Acrobots is long enough
+    that the recv submitted right after its send waits, at least once in 20
+    tries, on any machine.)"""
+    pool = NativePool(1)
+    session, _ = make_session(4096, pool, "Acrobot-v1")
+    engine = RequestEngine()
+    try:
+        session.set_chunk(64)  # every batch on the pool
+        session.reset(False, False)
+        ids = np.arange(4096, dtype=np.int64)
+        out = np.empty(4096, np.int64)
+        parked = 0
+        for tag in range(1, 21):
+            rc, _, done = engine.send(session.handle, ids)
+            assert rc == 0 and done is None
+            done = engine.recv(session.handle, 4096, 4096, out, tag)
+            if done is None:  # it waits: the engine claimed it
+                parked += 1
+                for call in (lambda: session.reset(False, False),
+                             lambda: session.async_reset(False), session.seed):
+                    with pytest.raises(EnvStateError, match=WHOLE_VEC_CLAIMED):
+                        call()
+                with pytest.raises(EnvStateError):
+                    session.step()  # (as a step beside it is)
+                with pytest.raises(EnvStateError, match=RENDER_REFUSED):
+                    session.render(np.zeros(1, np.uint8))  # (refused before its size)
+                assert sum(session.counts()) == 4096  # no env dropped or made ready
+                deadline = time.monotonic() + 60
+                while done is None:
+                    assert time.monotonic() < deadline, "the waiting recv never completed"
+                    time.sleep(0.001)
+                    [done] = engine.poll() or [None]
+            assert done.tag == tag and done.result == 4096, done
+            assert sorted(out.tolist()) == list(range(4096))
+            assert session.counts() == (0, 0)
+        assert parked
+        assert engine.waiting() == 0
+        session.seed()  # nothing claimed: every call runs again
+        session.async_reset(False)
+        assert session.recv(4096).tolist() == list(range(4096))
+    finally:
+        engine.close()
+        session.close()
+        pool.close()
+
+
+def test_an_in_process_reset_beside_a_waiting_recv_gets_the_step_error():
+    """In-process, a VecEnv takes one call at a time: a reset (or a step) from
+    a second thread while recv() waits in the first is refused with the same
+    EnvStateError, and the recv completes."""
+    with envd.make("CartPole-v1", 8, seed=3, num_threads=1) as env:
+        env.async_reset()
+        env.recv()
+        env.send(np.zeros(8, np.int64), np.arange(8))
+        stepper = env._stepper
+        real_recv = stepper.recv
+        inside, release = threading.Event(), threading.Event()
+
+        def held_recv(count):  # (the recv waits here: deterministically inside it)
+            inside.set()
+            assert release.wait(60)
+            return real_recv(count)
+
+        stepper.recv = held_recv
+        result: list = []
+        waiter = threading.Thread(target=lambda: result.append(env.recv()))
+        waiter.start()
+        try:
+            assert inside.wait(60)
+            errors = []
+            for call in (env.reset, lambda: env.step(np.zeros(8, np.int64))):
+                with pytest.raises(EnvStateError) as refused:
+                    call()
+                errors.append(str(refused.value))
+            assert errors[0] == errors[1] and "used by another thread" in errors[0]
+        finally:
+            release.set()
+            waiter.join(60)
+        assert result and sorted(result[0][4]["env_id"].tolist()) == list(range(8))
