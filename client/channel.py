@@ -47,6 +47,12 @@ from envd.errors import ConnectionLostError, EnvdTimeoutError, EnvStateError, Li
 OnReply = Callable[[dict[str, Any]], None]
 #: longest wait of check_alive for the lock a request on another thread holds
 _LOCK_BACKOFF_S = 0.02
+#: past its deadline, a wait still reads what came by then (a reply that is
+#: in is never timed out: a caller waiting for several daemons in turn may
+#: get to the last one at its deadline), up to this many messages (the
+#: replies that may be queued before it), so a daemon that keeps sending
+#: cannot hold the wait past its deadline
+_READS_PAST_DEADLINE = protocol.POSTED_WINDOW + 2
 
 
 class _Resources:
@@ -143,16 +149,19 @@ class Channel:
             self._posted.add(request_id)
             return request_id
 
-    def wait_posted(self, request_id: int, kind: str) -> dict[str, Any] | None:
-        """Wait (at most timeout) for the reply of the posted request
-        request_id, as ``request`` waits, and return it, ok or not: its
-        on_reply does not run.  None if it was read already (on_reply ran).
-        Raises EnvdTimeoutError (on_reply runs when the reply comes after
-        all) or ConnectionLostError."""
+    def wait_posted(self, request_id: int, kind: str,
+                    deadline: float | None = None) -> dict[str, Any] | None:
+        """Wait (at most timeout, and not past deadline, time.monotonic()
+        seconds, if given) for the reply of the posted request request_id,
+        as ``request`` waits, and return it, ok or not: its on_reply does
+        not run.  None if it was read already (on_reply ran).  Raises
+        EnvdTimeoutError (on_reply runs when the reply comes after all) or
+        ConnectionLostError."""
         with self._lock:  # (a thread holding it reads our reply meanwhile: on_reply)
             if request_id not in self._awaited:
                 return None
-            reply = self._wait_reply(request_id, kind, self.timeout, raise_errors=False)
+            reply = self._wait_reply(request_id, kind, self.timeout, raise_errors=False,
+                                     deadline=deadline)
             del self._awaited[request_id]
             self._posted.discard(request_id)
             return reply
@@ -301,16 +310,30 @@ class Channel:
                     f"{kind!r} was not sent: the daemon is stuck or overloaded")
 
     def _wait_reply(self, request_id: int, kind: str, timeout: float,
-                    raise_errors: bool = True) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
+                    raise_errors: bool = True, deadline: float | None = None) -> dict[str, Any]:
+        """The reply to request_id, waited for at most timeout from now and
+        not past deadline (time.monotonic() seconds) if given: a caller
+        waiting for several daemons in turn gives each the same one, so
+        that one timeout bounds its call.  What came by then is read even
+        once deadline passed (a reply in is never timed out); the error
+        names timeout, the Client's."""
+        end = time.monotonic() + timeout
+        if deadline is not None and deadline < end:
+            end = deadline
+        reads_past = 0  # (messages read past end: _READS_PAST_DEADLINE at most)
         while True:
-            remaining = deadline - time.monotonic()
+            remaining = end - time.monotonic()
             if remaining <= 0:
-                raise EnvdTimeoutError(
-                    f"no reply to {kind!r} from the daemon at {self.endpoint} within "
-                    f"{timeout:g} s (Client timeout): the daemon is stuck or overloaded, or "
-                    "never got the request")
-            events = dict(self._poller.poll(int(remaining * 1000)))  # (as pyzmq would)
+                reads_past += 1
+            events = (dict(self._poller.poll(max(0, int(remaining * 1000))))  # (as pyzmq would)
+                      if reads_past <= _READS_PAST_DEADLINE else {})
+            if not events:
+                if remaining <= 0:
+                    raise EnvdTimeoutError(
+                        f"no reply to {kind!r} from the daemon at {self.endpoint} within "
+                        f"{timeout:g} s (Client timeout): the daemon is stuck or overloaded, "
+                        "or never got the request")
+                continue
             if self._socket in events:
                 # First: a daemon that answered and then exited (a drain) sends
                 # the reply before the disconnect; both may be ready at once.

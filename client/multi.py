@@ -48,6 +48,7 @@ from envd import leaves, protocol
 from envd import make_options as options
 from envd.autoreset import RESETS_ITSELF, autoreset_mode_name, mark_resets_itself
 from envd.client import connection
+from envd.client.channel import Channel
 from envd.client.discovery import is_dns_url, resolve
 from envd.client.multi_async import LostDaemon, ShardPart, ShardsHost, ShardsStepper
 from envd.client.remote_vector_env import RemoteVecEnv
@@ -336,6 +337,12 @@ class MultiClient:
         return f"envd.MultiClient({list(self.endpoints)!r}, {state})"
 
 
+def _timeout_of(channel: Channel) -> Callable[[], float]:
+    """The channel's timeout when called: its Client's, which may change
+    after make."""
+    return lambda: channel.timeout
+
+
 def _weakly(method: Callable[..., Any]) -> Callable[..., Any]:
     """method (bound), called through a weak reference to its object (a
     stepper holding it keeps no cycle with its env; the env, once dropped,
@@ -453,7 +460,8 @@ class MultiVecEnv(SendRowChecks, BatchedVecEnv):
             mark_lost=_weakly(self._mark_lost), named=_weakly(self._named),
             no_async=_weakly(self._no_async))
         return ShardsStepper(host, [
-            ShardPart(shard.stepper, shard.buffers, rows, endpoint, shard.stepper.channel.timeout)
+            ShardPart(shard.stepper, shard.buffers, rows, endpoint,
+                      _timeout_of(shard.stepper.channel))
             for shard, rows, endpoint in zip(self._shards, self.shard_slices,
                                              self.shard_endpoints)], is_async)
 

@@ -140,8 +140,9 @@ class ShardPart:
     buffers: dict[str, np.ndarray]
     rows: slice
     endpoint: str
-    #: its client's timeout (the longest decides how long a recv waits)
-    timeout: float
+    #: its client's timeout now (a Client's may change after make; the
+    #: longest decides how long a call waits in all)
+    timeout: Callable[[], float]
 
 
 @dataclass(frozen=True)
@@ -193,6 +194,7 @@ class _Shard:
         #: its rows in the env's buffers (agents x envs)
         self.row_span = slice(part.rows.start * agents, part.rows.stop * agents)
         self.endpoint = part.endpoint
+        self.timeout = part.timeout
         self.in_flight = 0
         self.recv: Ticket | None = None
         self.sends: list[tuple[Ticket, np.ndarray]] = []
@@ -242,7 +244,6 @@ class ShardsStepper:
         self._failure: BaseException | None = None
         #: a send or recv timed out: which envs are in flight is unknown
         self._async_lost = False
-        self._timeout = max(part.timeout for part in parts)
         self._waiter = waiter_for([shard.stepper for shard in self._shards])
 
     # ---- the Stepper protocol ------------------------------------------------------------
@@ -262,7 +263,7 @@ class ShardsStepper:
         self._start_call()
         # a daemon refuses a reset while a recv of the session waits: let
         # those recvs be answered (their envs are dropped with the rest)
-        deadline = time.monotonic() + self._timeout
+        deadline = time.monotonic() + self._timeout()
         while self._waiting_anywhere():
             self._wait(deadline, "async_reset")
         self._forget()
@@ -340,7 +341,7 @@ class ShardsStepper:
         self._check_async_state()
         self._raise_refusal()
         self._raise_failure()
-        deadline = time.monotonic() + self._timeout
+        deadline = time.monotonic() + self._timeout()
         while self._num_ready < count:
             if self._num_ready + self._in_flight() < count:
                 self._raise_refusal()  # too few out because a send was refused: say why
@@ -364,7 +365,10 @@ class ShardsStepper:
     def _step_shards(self) -> int:
         """Post a step on every shard (its rows of the actions written into
         its buffers first), then wait for each in turn, on this thread:
-        the daemons step at once while the first is waited for.  Each shard
+        the daemons step at once while the first is waited for.  The waits
+        share one deadline, the Client timeout from the first: daemons that
+        all hang cost one timeout, not one each (a shard whose step timed
+        out may still be stepping: its stepper's maybe_running).  Each shard
         that stepped has its outputs copied into the env's rows; the first
         error in env order is raised, named after its daemon, once every
         shard's step returned (a daemon gone is recorded: the env refuses
@@ -381,10 +385,11 @@ class ShardsStepper:
             except BaseException as exc:  # noqa: BLE001 -- raised once every shard returned
                 posted.append(exc)
         failed: tuple[_Shard, BaseException] | None = None
+        deadline = time.monotonic() + self._timeout()
         for shard, ticket in zip(self._shards, posted):
             if isinstance(ticket, Ticket):
                 try:
-                    shard.stepper.wait(ticket)
+                    shard.stepper.wait(ticket, deadline)
                 except BaseException as exc:  # noqa: BLE001 -- as above
                     error: BaseException | None = exc
                 else:
@@ -407,6 +412,11 @@ class ShardsStepper:
         return self._host.count_done()
 
     # ---- books ----------------------------------------------------------------------------
+    def _timeout(self) -> float:
+        """How long a call may wait in all: the longest of the shards'
+        clients' timeouts now."""
+        return max([shard.timeout() for shard in self._shards])
+
     def _in_flight(self) -> int:
         return sum(shard.in_flight for shard in self._shards)
 
@@ -560,7 +570,7 @@ class ShardsStepper:
             waiting = ", ".join(self._shards[k].endpoint for k, _, _ in pending)
             raise EnvdTimeoutError(
                 f"{self._env_id}: no env finished on the daemons at {waiting} within "
-                f"{self._timeout:g} s (Client timeout) during {call}(); they are stuck or "
+                f"{self._timeout():g} s (Client timeout) during {call}(); they are stuck or "
                 "overloaded")
         try:
             ready, check = self._waiter.wait(pending, min(remaining, _POLL_SLICE_S))

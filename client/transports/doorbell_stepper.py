@@ -184,18 +184,19 @@ class DoorbellStepper(SocketStepper):
                 self._take_answer(bell.answer() if bell.answered else None)
         return super().poll(ticket) if self._tickets_out else ticket.done
 
-    def wait(self, ticket: Ticket) -> None:
+    def wait(self, ticket: Ticket, deadline: float | None = None) -> None:
         """Ring the recv if it waits to be rung, then wait for the doorbell's
-        answer (Doorbell.wait), or for the socket's reply."""
+        answer (Doorbell.wait), or for the socket's reply (not past
+        deadline: see PostingStepper.wait)."""
         if ticket is self._unrung:
             self._ring_recv(ticket)
         rung = self._rung
         if rung is not None and (ticket is rung[1] or ticket is rung[2]):
-            self._await_rung()
+            self._await_rung(deadline)
         elif self._broken is not None:  # (nothing is rung once it is)
             raise self._broken
         if not ticket.done:  # (over the socket)
-            super().wait(ticket)
+            super().wait(ticket, deadline)
 
     def waitables(self, ticket: Ticket) -> tuple[Any, ...]:
         """The doorbell a caller sleeps on (client/doorbell.py wait_any),
@@ -266,18 +267,22 @@ class DoorbellStepper(SocketStepper):
         ticket.wire = (count, exact)
         self._rung = (RECV, ticket, None)
 
-    def _await_rung(self) -> None:
+    def _await_rung(self, deadline: float | None = None) -> None:
         """Wait for the answer to the request rung (Doorbell.wait: the spin,
-        the yield and the futex sleep tuned per kind) and take it in."""
+        the yield and the futex sleep tuned per kind), at most the client's
+        timeout and not past deadline (time.monotonic()) if given, and take
+        it in (an answer in is taken even past deadline)."""
         assert self._rung is not None and self.doorbell is not None
         kind, ticket, _ = self._rung
         answer = self.doorbell.quick_answer()  # (a cheap env's whole step at N=64)
         if answer is not None:
             self._take_answer(answer)
             return
+        end = time.monotonic() + self.channel.timeout
+        if deadline is not None and deadline < end:
+            end = deadline
         try:
-            answer = self.doorbell.wait(time.monotonic() + self.channel.timeout,
-                                        self.channel.check_alive)
+            answer = self.doorbell.wait(end, self.channel.check_alive)
         except TimeoutError:
             if kind == STEP:
                 self.maybe_running = True  # until the answer comes: see check_buffers_free

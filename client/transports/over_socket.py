@@ -218,13 +218,14 @@ class SocketStepper:
             self._take_inbox()
         return ticket.done
 
-    def wait(self, ticket: Ticket) -> None:
+    def wait(self, ticket: Ticket, deadline: float | None = None) -> None:
         """Wait for the ticket's reply on the channel (the zmq poll of its
-        socket and monitor) and take it in."""
+        socket and monitor; not past deadline, see PostingStepper.wait) and
+        take it in."""
         if ticket.done:
             return
         try:
-            reply = self.channel.wait_posted(ticket.wire, ticket.kind)
+            reply = self.channel.wait_posted(ticket.wire, ticket.kind, deadline)
         except EnvdTimeoutError:
             if ticket.kind == "step":
                 self.maybe_running = True  # until its late reply: see check_buffers_free

@@ -27,7 +27,9 @@ The non-blocking half (``PostingStepper``, a daemon session's transports):
 post a step, a send or a recv and get a ``Ticket``; ``poll`` takes in the
 answers that came (never waiting) and says whether a ticket is done;
 ``wait`` blocks until one is (the transport's own tuned wait: the zmq poll
-of the socket, the doorbell's spin, yield and futex sleep); ``waitables``
+of the socket, the doorbell's spin, yield and futex sleep), until a
+deadline if given (a caller waiting for several tickets in turn gives each
+the same one, so that the client's timeout bounds the whole call); ``waitables``
 names what a caller driving several steppers sleeps on (zmq sockets or
 doorbells: client/transports/waiting.py waits on several at once).  It
 keeps no books of its own beyond what its wire needs: the caller (the
@@ -143,9 +145,12 @@ class PostingStepper(Stepper, Protocol):
     def poll(self, ticket: Ticket) -> bool:
         """Take in the answers that came (never waiting); ticket.done."""
 
-    def wait(self, ticket: Ticket) -> None:
-        """Block until ticket is done (at most the client's timeout:
-        EnvdTimeoutError); its own error is left in it."""
+    def wait(self, ticket: Ticket, deadline: float | None = None) -> None:
+        """Block until ticket is done, at most until deadline
+        (time.monotonic() seconds; None: the client's timeout from now) and
+        never past the client's timeout from now: EnvdTimeoutError, naming
+        that timeout; its own error is left in it.  An answer that came is
+        taken in even once deadline passed."""
 
     def waitables(self, ticket: Ticket) -> tuple[Any, ...]:
         """What a caller about to wait for ticket sleeps on (posting a

@@ -173,6 +173,36 @@ def test_a_wait_for_a_posted_reply_returns_it_and_its_callback_never_runs(peer_w
     assert channel.unanswered == 0
 
 
+def test_a_wait_for_a_posted_reply_ends_at_its_deadline(peer_with):
+    """A deadline sooner than the timeout ends the wait (the error still
+    names the Client timeout: a caller waiting for several daemons shares
+    one deadline); a reply that is in is read even once it passed."""
+    peer, channel = peer_with(lambda request: None if request["type"] == "step" else ok(request))
+    step = channel.post({"type": "step", "session": "s"}, [], lambda reply: None)
+    started = time.monotonic()
+    with pytest.raises(EnvdTimeoutError, match=r"'step'.* within 30 s \(Client timeout\)"):
+        channel.wait_posted(step, "step", started + 0.2)
+    assert time.monotonic() - started < 15  # (the deadline, not the 30 s timeout)
+    status = channel.post({"type": "status"}, [], lambda reply: None)
+    wait_for(lambda: channel.pollables()[0].poll(0), "the status reply")
+    reply = channel.wait_posted(status, "status", time.monotonic() - 1.0)
+    assert reply is not None and reply["ok"] and reply["id"] == status
+
+
+def test_past_its_deadline_a_wait_reads_only_so_many_replies(peer_with, monkeypatch):
+    """A daemon that keeps sending cannot hold a wait past its deadline:
+    it reads at most _READS_PAST_DEADLINE messages of what came."""
+    monkeypatch.setattr(channel_module, "_READS_PAST_DEADLINE", 3)
+    peer, channel = peer_with(lambda request: None if request["type"] == "step" else ok(request))
+    for _ in range(5):
+        channel.post({"type": "status"}, [], lambda reply: None)
+    step = channel.post({"type": "step", "session": "s"}, [], lambda reply: None)
+    wait_for(lambda: "step" in peer.types(), "the step (the status replies are out before it)")
+    with pytest.raises(EnvdTimeoutError, match="'step'"):
+        channel.wait_posted(step, "step", time.monotonic() - 1.0)
+    assert channel.unanswered >= 1 + 5 - 3  # (the step's, and the status replies not read)
+
+
 def test_a_late_reply_runs_the_timed_out_requests_callback(peer_with):
     peer, channel = peer_with(lambda request: None if request["type"] == "step" else ok(request))
     channel.timeout = 0.2  # only waited out while the peer holds the step's reply (an event)

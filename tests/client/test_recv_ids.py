@@ -28,7 +28,7 @@ class RepliesWith:
     def post(self, header: dict[str, Any], blobs: Any, on_reply: Any) -> int:
         return 1
 
-    def wait_posted(self, request_id: int, kind: str) -> dict:
+    def wait_posted(self, request_id: int, kind: str, deadline: float | None = None) -> dict:
         return self.reply
 
     def read_late_replies(self) -> None:

@@ -520,6 +520,57 @@ def test_a_daemon_that_stops_answering_is_named(harness):
     assert envd_threads() <= threads_before
 
 
+@pytest.mark.parametrize("fast_path", [True, False], ids=["doorbell", "shm"])
+def test_a_step_on_daemons_that_all_hang_takes_one_timeout(harness, fast_path):
+    """Both daemons stop answering: the sync step raises EnvdTimeoutError
+    after one Client timeout in all (one deadline for the step, shared by
+    every shard's wait), not one per daemon, naming the first daemon; both
+    steps may still run, so the env refuses a step until their late answers
+    came, then steps again."""
+    timeout = 3.0  # (one per daemon would be >= 6 s: the bound below has 2.5 s of margin)
+    threads_before = envd_threads()
+    daemons = [harness.daemon("--threads", "1"), harness.daemon("--threads", "1")]
+    multi = envd.connect([d.endpoint for d in daemons], timeout=DEADLINE)
+    try:
+        env = multi.make("CartPole-v1", 4, seed=1, fast_path=fast_path)
+        assert [shard.fast_path for shard in env.shards] == [fast_path, fast_path]
+        env.reset()
+        env.step(np.zeros(4, np.int64))
+        for daemon in daemons:
+            daemon.signal(signal.SIGSTOP)  # (returns once it is stopped)
+        for client in multi.clients:  # short only while the daemons cannot answer
+            client.timeout = timeout
+        try:
+            started = time.monotonic()
+            with pytest.raises(envd.EnvdTimeoutError) as info:
+                env.step(np.zeros(4, np.int64))
+            elapsed = time.monotonic() - started
+        finally:
+            for daemon in daemons:
+                daemon.proc.send_signal(signal.SIGCONT)
+        assert timeout <= elapsed < 2 * timeout - 0.5, f"the step took {elapsed:.2f} s"
+        message = str(info.value)
+        assert daemons[0].endpoint in message and daemons[1].endpoint not in message
+        assert f"within {timeout:g} s (Client timeout)" in message
+        for client in multi.clients:
+            client.timeout = DEADLINE
+
+        def steps() -> bool:
+            """A step, once both late answers came (refused until then)."""
+            try:
+                env.step(np.zeros(4, np.int64))
+            except envd.EnvStateError as exc:
+                assert "timed out" in str(exc)
+                return False
+            return True
+
+        wait_until(steps, what="a step once the late answers came")
+        env.close()
+    finally:
+        multi.close()
+    assert envd_threads() <= threads_before
+
+
 def test_connect_fails_naming_the_missing_daemon_and_closes_the_others(harness, tmp_path):
     threads_before = envd_threads()
     daemon = harness.daemon("--threads", "1")

@@ -11,6 +11,7 @@ import gc
 import os
 import signal
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -348,6 +349,44 @@ def test_a_daemon_killed_while_a_recv_waits_on_it_is_named(tmp_path, doorbell):
             assert segments_of(victim.pid) == []
     assert survivor.proc.returncode == 0, survivor.log()
     assert segments_of(survivor.pid) == []
+
+
+@pytest.mark.parametrize("doorbell", [False, True])
+def test_a_recv_waiting_on_daemons_that_all_hang_takes_one_timeout(tmp_path, doorbell):
+    """Both daemons stopped with envs in flight: recv raises EnvdTimeoutError
+    after one Client timeout in all (one deadline per call, over every
+    daemon's wait; the timeout as set after make), naming both; the env then
+    refuses async calls until it is closed."""
+    timeout = 3.0  # (the bound below has 2.5 s of margin over one timeout per daemon)
+    with daemon_group(tmp_path, ("--threads", "1"), ("--threads", "1")) as daemons, \
+            envd.connect([d.endpoint for d in daemons], timeout=30) as multi:
+        env = multi.make("CartPole-v1", 8, seed=0, batch_size=4,
+                         fast_path=None if doorbell else False)
+        assert all(shard.fast_path == doorbell for shard in env.shards)
+        env.async_reset()
+        env.recv(), env.recv()
+        for daemon in daemons:  # (before the send: no batch may finish)
+            daemon.signal(signal.SIGSTOP)
+        try:
+            env.send(np.zeros(8, np.int64), np.arange(8))  # (waits for no answer)
+            for client in multi.clients:
+                client.timeout = timeout
+            started = time.monotonic()
+            with pytest.raises(envd.EnvdTimeoutError) as info:
+                env.recv()
+            elapsed = time.monotonic() - started
+        finally:
+            for daemon in daemons:
+                daemon.proc.send_signal(signal.SIGCONT)
+        assert timeout <= elapsed < 2 * timeout - 0.5, f"the recv took {elapsed:.2f} s"
+        message = str(info.value)
+        assert all(d.endpoint in message for d in daemons)
+        assert f"within {timeout:g} s (Client timeout)" in message
+        with pytest.raises(envd.EnvStateError, match="timed out"):
+            env.recv()
+        for client in multi.clients:
+            client.timeout = 30
+        env.close()
 
 
 def test_make_refuses_async_where_a_daemon_does_not_serve_it(multi, monkeypatch):
