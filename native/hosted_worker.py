@@ -136,6 +136,23 @@ def info_columns(infos: list[dict]) -> tuple[tuple[str, str, tuple[int, ...]], .
     return tuple((key, dtype, shape) for key, (_, (dtype, shape)) in columns.items())
 
 
+#: The types of a flag an env may return (bool of it is the flag): a numpy
+#: bool or a number, as gymnasium's envs do.
+_FLAG_TYPES = (bool, int, float, np.bool_, np.number)
+
+
+def env_flag(value: Any, name: str) -> bool:
+    """An env's terminated or truncated flag (name: "its terminated", ...)
+    as the bool the parent reads (the byte numpy stores): a scalar's truth;
+    anything else (a list, an array, a string, an object of its own) is the
+    env's TypeError, never a truth Python and numpy could disagree on
+    (``[0]`` is true to Python, stored as False), nor a value numpy fails to
+    store outside the env's call."""
+    if not isinstance(value, _FLAG_TYPES):
+        raise TypeError(f"{name} flag is a {type(value).__name__}, not a bool")
+    return bool(value)
+
+
 def env_maker(env: str | gymnasium.envs.registration.EnvSpec | Callable[[], gymnasium.Env],
               max_episode_steps: int | None,
               env_kwargs: dict[str, Any]) -> Callable[[], gymnasium.Env]:
@@ -332,6 +349,12 @@ class EnvSlice:
                     obs, reward, term, trunc, info = envs[k].step(actions[j])
                     # (a number here: a reward numpy cannot store fails this env, not the loop)
                     reward = float(reward)
+                    # (the flags as the bytes the parent reads, once: a SAME_STEP reset is
+                    # decided from them, and an odd flag fails this env, not the loop)
+                    if term.__class__ is not bool:
+                        term = env_flag(term, "its terminated")
+                    if trunc.__class__ is not bool:
+                        trunc = env_flag(trunc, "its truncated")
                     if (term or trunc or single_obs is None or info.__class__ is not dict
                             or info):
                         result = self._step_outputs(i, k, kind, obs, reward, term, trunc, info)
@@ -371,11 +394,7 @@ class EnvSlice:
         self._ack[ids] = self._req[ids]
 
     def _report(self, i: int, text: str) -> None:
-        # Keep the message of the oldest failure still standing (the parent
-        # reports the first failed env of a call).
-        previous, _ = self.segment.message(self.worker)
-        if previous < 0 or previous == i or self._status[previous] == 0 or previous > i:
-            self.segment.write_message(self.worker, i, text)
+        report(self.segment, self.worker, i, text)
 
     def _reset(self, i: int, k: int) -> tuple:
         """Reset env i (the slice's k-th), with its seed if one is pending (a
@@ -392,8 +411,8 @@ class EnvSlice:
             return (0.0, False, False)
         return (0.0, False, False, *self._info_outputs(i, k, info))
 
-    def _step_outputs(self, i: int, k: int, kind: int, obs: Any, reward: float, term: Any,
-                      trunc: Any, info: Any) -> tuple:
+    def _step_outputs(self, i: int, k: int, kind: int, obs: Any, reward: float, term: bool,
+                      trunc: bool, info: Any) -> tuple:
         """The outputs of env i's (the slice's k-th) step, whose kind word
         was kind, but the observation (written here): with RESET_IF_DONE
         (SAME_STEP) a step that ends the episode writes the final
@@ -421,7 +440,16 @@ class EnvSlice:
                 pass
 
 
-def serve(env_slice: EnvSlice, spin: int, notify_fd: int = -1) -> None:
+def report(segment: Segment, worker: int, i: int, text: str) -> None:
+    """Leave env i's failure message in worker's control block, keeping
+    the message of the oldest failure still standing (the parent reports
+    the first failed env of a call)."""
+    previous, _ = segment.message(worker)
+    if previous < 0 or previous == i or segment.arrays["status"][previous] == 0 or previous > i:
+        segment.write_message(worker, i, text)
+
+
+def serve(env_slice: Any, spin: int, notify_fd: int = -1) -> None:
     """A worker's loop: wait for requests (spin ns, then sleep on the futex,
     GIL released), run them, publish; until the parent sets exit.
     notify_fd: the daemon pool's eventfd, written after the acks when the
