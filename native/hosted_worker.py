@@ -315,16 +315,9 @@ class EnvSlice:
         per env beyond the env's own step, as gymnasium's SyncVectorEnv pays
         its own."""
         b, e = self.begin, self.end
-        # (lists: a few short lists cost a fraction of numpy's compare and
-        # flatnonzero, and a worker wakes once per vector step)
-        req = self._req[b:e].tolist()
-        ack = self._ack[b:e].tolist()
-        if req == ack:
+        pending = pending_requests(self._req[b:e], self._ack[b:e])
+        if not pending:
             return
-        pending = [k for k, (r, a) in enumerate(zip(req, ack)) if r != a]
-        # The req words above before the inputs below (kind, seeds, actions):
-        # the parent wrote those before its release store of req.
-        lib.envd_worker_acquire()
         first, last = pending[0], pending[-1]
         # (consecutive envs, a whole step's among them: a slice, no index array)
         consecutive = last - first + 1 == len(pending)
@@ -433,11 +426,32 @@ class EnvSlice:
     def close(self) -> None:
         """Close the envs (errors in an env's close are ignored: it is going)."""
         envs, self.envs = self.envs, []
-        for env in envs:
-            try:
-                env.close()
-            except Exception:  # noqa: BLE001 -- closing is best effort: the worker exits anyway
-                pass
+        close_envs(envs)
+
+
+def pending_requests(req: np.ndarray, ack: np.ndarray) -> list[int]:
+    """The envs of a slice (indices into its views of the req and ack
+    words) asked something not acked yet; once there are some, after the
+    acquire fence that orders their inputs (kind, seeds, actions) after
+    the req words read here: the parent wrote those before its release
+    store of req."""
+    # (lists: a few short lists cost a fraction of numpy's compare and
+    # flatnonzero, and a worker wakes once per vector step)
+    asked, acked = req.tolist(), ack.tolist()
+    if asked == acked:
+        return []
+    pending = [k for k, (r, a) in enumerate(zip(asked, acked)) if r != a]
+    lib.envd_worker_acquire()
+    return pending
+
+
+def close_envs(envs: list[Any]) -> None:
+    """Close envs (errors in an env's close are ignored: it is going)."""
+    for env in envs:
+        try:
+            env.close()
+        except Exception:  # noqa: BLE001 -- closing is best effort: the worker exits anyway
+            pass
 
 
 def report(segment: Segment, worker: int, i: int, text: str) -> None:

@@ -85,7 +85,7 @@ class ScalarFlagEnv(gymnasium.Env):
 
     def step(self, action):
         self.t += 1
-        return np.array([float(self.t)]), 1.0, np.bool_(self.t == 3), int(0), {}
+        return np.array([float(self.t)]), 1.0, np.bool_(self.t == 3), 0, {}
 
 
 @pytest.mark.parametrize("num_workers", [0, 1])
