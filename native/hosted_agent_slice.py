@@ -38,8 +38,8 @@ from envd.native.hosted_worker import (
 
 
 class ParallelRows:
-    """One ParallelEnv as its worker steps it (native/hosted_agent_slice.py):
-    its agents' raw outputs as rows, agent k of possible_agents in row k.
+    """One ParallelEnv as its worker steps it (AgentSlice, below): its
+    agents' raw outputs as rows, agent k of possible_agents in row k.
     The per-row rules (dead rows, episode statistics, autoreset) are the
     parent's, in C (native/src/env_slot.h); this adapter only runs the env:
     a reset's observations, a step's observations, rewards (float64) and

@@ -143,10 +143,11 @@ class HostedVecEnv(BatchedVecEnv):
         """Each env's attribute name, called with args and kwargs if it is
         callable (gymnasium's AsyncVectorEnv.call): a tuple of
         num_env_instances results (one per env, not per row: a PettingZoo
-        env's attributes are its ParallelEnv's).  With workers, the arguments and the results travel as
-        envd.info_codec carries them (msgpack, numpy-aware, never pickle):
-        another type is a TypeError; "reset", "step" and "close" are
-        refused (ValueError), a missing attribute is an AttributeError."""
+        env's attributes are its ParallelEnv's).  With workers, the
+        arguments and the results travel as envd.info_codec carries them
+        (msgpack, numpy-aware, never pickle): another type is a TypeError;
+        "reset", "step" and "close" are refused (ValueError), a missing
+        attribute is an AttributeError."""
         return self._env_call({"op": "call", "name": name, "args": list(args),
                                "kwargs": kwargs})
 

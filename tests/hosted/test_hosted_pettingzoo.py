@@ -451,7 +451,7 @@ def test_agent_spaces_are_the_rows_spaces(space):
             actions[4][1] = space.nvec[1]
         else:
             actions[4][2] = 2
-        with pytest.raises(envd.InvalidActionError, match="out of range|row 4|\\[4\\]"):
+        with pytest.raises(envd.InvalidActionError, match="of env 4 is out of range"):
             env.step(actions)
 
 
@@ -459,7 +459,7 @@ def test_out_of_range_action_is_refused():
     env = envd.make_pettingzoo(pz_envs.staggered, 2, num_workers=0, seed=0)
     try:
         env.reset()
-        with pytest.raises(envd.InvalidActionError, match="out of range"):
+        with pytest.raises(envd.InvalidActionError, match="action 3 of env 4 is out of range"):
             env.step(np.array([0, 0, 0, 0, 3, 0]))
     finally:
         env.close()
