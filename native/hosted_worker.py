@@ -344,9 +344,8 @@ class EnvSlice:
                     reward = float(reward)
                     # (the flags as the bytes the parent reads, once: a SAME_STEP reset is
                     # decided from them, and an odd flag fails this env, not the loop)
-                    if term.__class__ is not bool:
+                    if term.__class__ is not bool or trunc.__class__ is not bool:
                         term = env_flag(term, "its terminated")
-                    if trunc.__class__ is not bool:
                         trunc = env_flag(trunc, "its truncated")
                     if (term or trunc or single_obs is None or info.__class__ is not dict
                             or info):
