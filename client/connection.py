@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -34,7 +34,6 @@ from envd.errors import (
     NoDaemonError,
     UnknownSessionError,
 )
-from envd.hosted_pettingzoo import PettingZooVecEnv
 from envd.int_args import is_int, seed_list
 from envd.make_options import DAEMON
 
@@ -129,7 +128,7 @@ class Client:
              transport: str | None = None, fast_path: bool | None = None,
              render_mode: str | None = None, max_threads: int | None = None,
              num_workers: int | None = None, info_bytes: int | None = None,
-             **env_kwargs: Any) -> RemoteVecEnv | PettingZooVecEnv:
+             **env_kwargs: Any) -> RemoteVecEnv:
         """Make num_envs instances of env_id in the daemon.  Arguments and the
         returned VecEnv are those of the in-process envd.make (without
         num_threads and pin_cpus: the daemon's one pool steps every session).
@@ -163,9 +162,8 @@ class Client:
         --max-message-bytes).
 
         A "pz:<module>:<factory>" id the operator allowed is a PettingZoo
-        ParallelEnv, its agents as rows (docs/python-envs.md): the result is
-        an envd.hosted_pettingzoo.PettingZooVecEnv (next_step autoreset, no
-        max_episode_steps).
+        ParallelEnv, its agents as rows (docs/python-envs.md), as a C
+        multi-agent env's (no max_episode_steps: the env's own limit).
 
         num_workers: for a hosted Python env ("py:<id>", one the daemon's
         operator allowed with --python-env), the worker processes its envs are
@@ -187,22 +185,12 @@ class Client:
                for name in _IN_PROCESS_ONLY & env_kwargs.keys()},
             "max_episode_steps": max_episode_steps, "max_threads": max_threads,
             "num_workers": num_workers, "info_bytes": info_bytes}, env_id)
-        mode = options.check_autoreset_mode(kind.name, autoreset_mode)
+        mode = options.check_autoreset_mode(autoreset_mode)
         transport = options.check_transport(transport)
         fast_path = options.check_fast_path(fast_path)
         num_envs = options.check_num_envs(num_envs)
         options.check_episode_statistics(episode_statistics)
         options.check_seed(seed, num_envs)
-        view: Callable[..., PettingZooVecEnv] | None = (
-            None if kind.client_view is None else options.load(kind.client_view))
-        if view is not None:
-            # e.g. a PettingZoo env the operator allowed: the daemon hosts one
-            # adapter per env (one row each, infos not carried); this process
-            # views their agents as rows and keeps the per-row episode books
-            # (envd.hosted_pettingzoo.rows_view)
-            view_statistics, episode_statistics = episode_statistics, False
-            if info_bytes is None:  # (sent: the view's rows carry none)
-                info_bytes = options.check_info_bytes(kind.name, None)
         fields = {"autoreset_mode": None if mode is None else autoreset_mode_name(mode),
                   "max_episode_steps": options.check_max_episode_steps(kind.name,
                                                                        max_episode_steps),
@@ -236,7 +224,7 @@ class Client:
             self.close_session(reply["session"])
             raise
         self._envs.add(env)
-        return env if view is None else view(env, env_id, view_statistics)
+        return env
 
     def _check_served(self, async_mode: bool, render: bool, inline: bool,
                       max_threads: bool = False) -> None:

@@ -284,7 +284,7 @@ class MultiClient:
         # seed=None: one random base seed for all daemons, env i then gets
         # base + i as in envd.make (each daemon drawing its own would not).
         seeds = seed_list(secrets.randbelow(2**63) if seed is None else seed, num_envs)
-        mode = options.check_autoreset_mode(kind.name, autoreset_mode) or AutoresetMode.NEXT_STEP
+        mode = options.check_autoreset_mode(autoreset_mode) or AutoresetMode.NEXT_STEP
         batch_size = options.check_batch_size(batch_size, num_envs)
         if batch_size is not None and batch_size < num_envs:
             for client in self.clients:

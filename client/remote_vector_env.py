@@ -117,7 +117,9 @@ class RemoteVecEnv(SendRowChecks, BatchedVecEnv):
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """Each env's attribute name, called with args and kwargs if it is
         callable (gymnasium's AsyncVectorEnv.call), run in the daemon's
-        workers of a hosted session: arguments and results travel as
+        workers of a hosted session: one result per env (num_env_instances,
+        not per row: a PettingZoo env's are its ParallelEnv's); arguments
+        and results travel as
         envd.info_codec carries them (msgpack, numpy-aware, never pickle;
         another type is a TypeError).  A built-in env's session refuses it
         (its VecEnv has spec, metadata and the spaces)."""
@@ -129,14 +131,16 @@ class RemoteVecEnv(SendRowChecks, BatchedVecEnv):
         return self.call(name)
 
     def set_attr(self, name: str, values: Any) -> None:
-        """Set attribute name of each env: a list or tuple of num_envs
-        values, or one value for every env (gymnasium's set_attr)."""
+        """Set attribute name of each env: a list or tuple of
+        num_env_instances values (one per env, not per row), or one value for
+        every env (gymnasium's set_attr)."""
+        envs = self.num_env_instances
         if not isinstance(values, (list, tuple)):
-            values = [values] * self.num_envs
-        if len(values) != self.num_envs:
+            values = [values] * envs
+        if len(values) != envs:
             raise ValueError("Values must be a list or tuple with length equal to the number "
                              f"of environments. Got `{len(values)}` values for "
-                             f"{self.num_envs} environments.")
+                             f"{envs} environments.")
         self._env_call({"op": "set_attr", "name": name, "values": list(values)})
 
     def _env_call(self, request: dict[str, Any]) -> tuple[Any, ...]:
@@ -156,9 +160,9 @@ class RemoteVecEnv(SendRowChecks, BatchedVecEnv):
             raise _CALL_ERRORS[found.group(1)](str(exc)) from None
         finally:
             self._claim.append(True)
-        if not isinstance(results, list) or len(results) != self.num_envs:
+        if not isinstance(results, list) or len(results) != self.num_env_instances:
             raise ProtocolError(f"the daemon's env_call reply holds {type(results).__name__}, "
-                                f"not {self.num_envs} results")
+                                f"not {self.num_env_instances} results")
         return tuple(results)
 
     def _release(self) -> None:

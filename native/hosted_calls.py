@@ -26,9 +26,8 @@ from __future__ import annotations
 import socket
 import struct
 import threading
+from collections.abc import Sequence
 from typing import Any
-
-import gymnasium
 
 from envd import info_codec
 
@@ -47,8 +46,10 @@ NOT_CALLABLE = ("reset", "step", "close", "_setattr", "_check_spaces")
 _HEADER = struct.Struct("<Q")
 
 
-def run_op(envs: list[gymnasium.Env], request: dict[str, Any]) -> list[Any]:
-    """The request's result per env, as SyncVectorEnv computes it."""
+def run_op(envs: Sequence[Any], request: dict[str, Any]) -> list[Any]:
+    """The request's result per env, as SyncVectorEnv computes it (envs:
+    gymnasium envs, or a PettingZoo env's ParallelRows adapters, whose
+    render, get_wrapper_attr and set_wrapper_attr reach the ParallelEnv)."""
     op = request["op"]
     if op == "render":
         return [env.render() for env in envs]
@@ -72,7 +73,7 @@ def run_op(envs: list[gymnasium.Env], request: dict[str, Any]) -> list[Any]:
     raise ValueError(f"unknown hosted-env operation {op!r}")
 
 
-def answer(envs: list[gymnasium.Env], data: bytes) -> bytes:
+def answer(envs: Sequence[Any], data: bytes) -> bytes:
     """The encoded reply to an encoded request (never raises for the envs'
     doing: their exceptions, a result the codec cannot carry, a reply over
     MAX_REPLY_BYTES, or over the request's "max_bytes" (a daemon's message
@@ -120,7 +121,7 @@ def recv(sock: socket.socket, max_bytes: int) -> bytes:
     return _recv_exact(sock, size)
 
 
-def _serve(envs: list[gymnasium.Env], sock: socket.socket) -> None:
+def _serve(envs: Sequence[Any], sock: socket.socket) -> None:
     try:
         while True:
             send(sock, answer(envs, recv(sock, MAX_REQUEST_BYTES)))
@@ -130,7 +131,7 @@ def _serve(envs: list[gymnasium.Env], sock: socket.socket) -> None:
         sock.close()
 
 
-def start_serving(envs: list[gymnasium.Env], fd: int) -> None:
+def start_serving(envs: Sequence[Any], fd: int) -> None:
     """Serve the parent's requests on socket fd from a thread of the worker."""
     sock = socket.socket(fileno=fd)
     threading.Thread(target=_serve, args=(envs, sock), daemon=True,

@@ -72,13 +72,15 @@ def check_space(space: spaces.Space, what: str, env_name: str) -> None:
 
 def hosted_buffer_layout(observation_space: spaces.Space, action_space: spaces.Space,
                          num_envs: int, mode: AutoresetMode, info_bytes: int,
-                         info_columns: Sequence[tuple[str, str, tuple[int, ...]]] = ()
-                         ) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+                         info_columns: Sequence[tuple[str, str, tuple[int, ...]]] = (),
+                         num_agents: int = 1) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
     """A hosted session's batch buffers: buffer_layout with float64 rewards
     (as gymnasium's vector envs), info slots of info_bytes per env and,
-    with info slots, the info columns ((key, dtype str, shape))."""
-    return buffer_layout(observation_space, action_space, num_envs, mode,
-                         reward_dtype=np.float64, info_bytes=info_bytes,
+    with info slots, the info columns ((key, dtype str, shape)); a
+    PettingZoo env's num_agents rows per env (num_envs envs: num_envs *
+    num_agents rows, with "agent_mask")."""
+    return buffer_layout(observation_space, action_space, num_envs * num_agents, mode,
+                         reward_dtype=np.float64, info_bytes=info_bytes, num_agents=num_agents,
                          info_columns=info_columns if info_bytes else ())
 
 
@@ -92,13 +94,17 @@ class HostedVecEnv(BatchedVecEnv):
                  info_bytes: int = DEFAULT_INFO_BYTES, render_mode: str | None = None,
                  render_fps: int | None = None):
         self._session = None
-        super().__init__(spec.id, spec.observation_space, spec.action_space, num_envs,
+        agents = spec.num_agents
+        # (a PettingZoo env's agents are rows, as a C multi-agent env's)
+        super().__init__(spec.id, spec.observation_space, spec.action_space, num_envs * agents,
                          autoreset_mode, spec.max_episode_steps, copy, episode_statistics,
                          batch_size, render_mode=render_mode, render_fps=render_fps)
+        self.num_agents = agents
+        self.batch_size = num_envs if batch_size is None else batch_size  # envs, not rows
         self.envd_spec = spec
         self.num_workers = num_workers
         buffers = hosted_buffer_layout(spec.observation_space, spec.action_space, num_envs,
-                                       autoreset_mode, info_bytes, spec.info_columns)
+                                       autoreset_mode, info_bytes, spec.info_columns, agents)
         layout, size = segment_layout(num_envs, num_workers, buffers)
         segment, fd = Segment.create(layout, size)
         try:
@@ -120,7 +126,7 @@ class HostedVecEnv(BatchedVecEnv):
             assert isinstance(entropy, int)  # (a SeedSequence made without entropy draws an int)
             seed = entropy % 2**63
         seeds = seed_list(seed, num_envs)
-        self._buffers["reset_seeds"][...] = seeds
+        self._buffers["reset_seeds"][:num_envs] = seeds
         self._session.seed()
 
     @property
@@ -135,11 +141,13 @@ class HostedVecEnv(BatchedVecEnv):
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """Each env's attribute name, called with args and kwargs if it is
-        callable (gymnasium's AsyncVectorEnv.call): a tuple of num_envs
-        results.  With workers, the arguments and the results travel as
-        envd.info_codec carries them (msgpack, numpy-aware, never pickle):
-        another type is a TypeError; "reset", "step" and "close" are
-        refused (ValueError), a missing attribute is an AttributeError."""
+        callable (gymnasium's AsyncVectorEnv.call): a tuple of
+        num_env_instances results (one per env, not per row: a PettingZoo
+        env's attributes are its ParallelEnv's).  With workers, the
+        arguments and the results travel as envd.info_codec carries them
+        (msgpack, numpy-aware, never pickle): another type is a TypeError;
+        "reset", "step" and "close" are refused (ValueError), a missing
+        attribute is an AttributeError."""
         return self._env_call({"op": "call", "name": name, "args": list(args),
                                "kwargs": kwargs})
 
@@ -149,13 +157,15 @@ class HostedVecEnv(BatchedVecEnv):
 
     def set_attr(self, name: str, values: Any) -> None:
         """Set attribute name of each env (gymnasium's set_attr): values is a
-        list or tuple of num_envs values, or one value for every env."""
+        list or tuple of num_env_instances values (one per env, not per
+        row), or one value for every env."""
+        envs = self.num_env_instances
         if not isinstance(values, (list, tuple)):
-            values = [values] * self.num_envs
-        if len(values) != self.num_envs:
+            values = [values] * envs
+        if len(values) != envs:
             raise ValueError("Values must be a list or tuple with length equal to the number "
                              f"of environments. Got `{len(values)}` values for "
-                             f"{self.num_envs} environments.")
+                             f"{envs} environments.")
         self._env_call({"op": "set_attr", "name": name, "values": list(values)})
 
     def _env_call(self, request: dict[str, Any]) -> Any:
@@ -205,7 +215,7 @@ def make_python(env: str | Callable[[], gymnasium.Env], num_envs: int, *,
     options.check_episode_statistics(episode_statistics)
     num_envs = options.check_num_envs(num_envs)
     batch_size = options.check_batch_size(batch_size, num_envs)
-    mode = options.check_autoreset_mode(PYTHON, autoreset_mode) or AutoresetMode.NEXT_STEP
+    mode = options.check_autoreset_mode(autoreset_mode) or AutoresetMode.NEXT_STEP
     info_bytes = options.check_info_bytes(PYTHON, info_bytes)
     max_episode_steps = options.check_max_episode_steps(PYTHON, max_episode_steps)
     num_workers = options.check_num_workers(num_workers, num_envs, IN_PROCESS)
@@ -243,7 +253,21 @@ def make_python(env: str | Callable[[], gymnasium.Env], num_envs: int, *,
     else:
         raise InvalidArgumentError(f"env must be a gymnasium id or a callable returning a "
                                    f"gymnasium.Env, got {type(env).__name__}")
-    name = name or default_name
+    return make_hosted(maker, name or default_name, num_envs, num_workers=num_workers,
+                       seed=seed, autoreset_mode=mode, max_episode_steps=max_episode_steps,
+                       copy=copy, episode_statistics=episode_statistics, batch_size=batch_size,
+                       info_bytes=info_bytes, render_mode=render_mode)
+
+
+def make_hosted(maker: tuple, name: str, num_envs: int, *, num_workers: int | None,
+                seed: int | Sequence[int] | None, autoreset_mode: AutoresetMode,
+                max_episode_steps: int | None, copy: bool, episode_statistics: bool | str,
+                batch_size: int | None, info_bytes: int,
+                render_mode: str | None) -> HostedVecEnv:
+    """The HostedVecEnv of num_envs envs of maker (native/hosted_template.py's
+    description: a gymnasium env's, or a PettingZoo env's, "parallel", whose
+    agents are rows), the arguments checked by the caller: the env
+    described (in the template unless it runs here), its spaces checked."""
     # The template describes the env (importing its module there, once) unless
     # it is to run in the caller anyway; always when it is to render: the
     # description draws a frame, which may abort a process (MuJoCo without
@@ -258,6 +282,7 @@ def make_python(env: str | Callable[[], gymnasium.Env], num_envs: int, *,
         raise EnvError(f"{name}: making the env failed: {text}", NATIVE_CODES["EENV"]) from None
     for what in ("observation", "action"):
         check_space(described[f"{what}_space"], what, name)
+    options.check_rows(name, num_envs, described["num_agents"])  # (a PettingZoo env's agents)
     if render_mode is not None and described["render_mode"] != render_mode:
         raise InvalidArgumentError(
             f"{name}: render_mode={render_mode!r}, but its env's render_mode is "
@@ -272,13 +297,15 @@ def make_python(env: str | Callable[[], gymnasium.Env], num_envs: int, *,
         num_workers = default_num_workers(num_envs, described["step_seconds"])
     elif num_workers > (cpus := usable_cpus()):
         warnings.warn(f"{name}: num_workers={num_workers} is more than the {cpus} CPUs this "
-                      "process may use; the workers will take turns", stacklevel=3)
+                      "process may use; the workers will take turns", stacklevel=4)
     spec = HostedSpec(name, described["observation_space"], described["action_space"],
                       max_episode_steps or described["max_episode_steps"],
-                      info_columns=described["info_columns"])
+                      info_columns=described["info_columns"],
+                      num_agents=described["num_agents"])
     vec = HostedVecEnv(spec, num_envs, maker=maker, num_workers=num_workers, seed=seed,
-                       autoreset_mode=mode, copy=copy, episode_statistics=episode_statistics,
-                       batch_size=batch_size, info_bytes=info_bytes,
+                       autoreset_mode=autoreset_mode, copy=copy,
+                       episode_statistics=episode_statistics, batch_size=batch_size,
+                       info_bytes=info_bytes,
                        render_mode=render_mode, render_fps=described["render_fps"])
     vec.agent_names = tuple(described.get("possible_agents", ()))
     return vec

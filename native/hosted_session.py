@@ -26,11 +26,12 @@ from envd import info_codec, leaves
 from envd.cpus import usable_cpus
 from envd.errors import EnvError, EnvStateError, InvalidArgumentError, NativeError
 from envd.native._envd_native import ffi, lib
+from envd.native.hosted_agent_slice import AgentSlice
 from envd.native.hosted_calls import MAX_REPLY_BYTES, MAX_REQUEST_BYTES, run_op
 from envd.native.hosted_calls import recv as calls_recv
 from envd.native.hosted_calls import send as calls_send
 from envd.native.hosted_segment import WORKER_FAILED, WORKER_READY, Segment
-from envd.native.hosted_template import Template, _maker
+from envd.native.hosted_template import Template, _maker, slice_class
 from envd.native.hosted_worker import EnvSlice, spin_ns
 from envd.native.native_session import NativeSession
 from envd.native.native_vec import ptr
@@ -63,6 +64,9 @@ class HostedSpec:
     #: the info columns of its segment: (key, dtype str, shape of a value),
     #: see envd.vec_info.INFO_COLUMN_PREFIX (none: every info is encoded)
     info_columns: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
+    #: rows per env (a PettingZoo env's agents: its spaces are an agent's,
+    #: every output buffer and the actions have num_envs * num_agents rows)
+    num_agents: int = 1
 
 
 def slice_bounds(num_envs: int, num_workers: int, worker: int) -> tuple[int, int]:
@@ -92,13 +96,14 @@ USED_BYTES = {INFO_SLOTS: INFO_LENGTHS}
 
 
 def client_leaves(segment: dict[str, np.ndarray], client: dict[str, np.ndarray] | None,
-                  num_envs: int) -> tuple[list[tuple], list[tuple]]:
+                  num_envs: int, num_agents: int = 1) -> tuple[list[tuple], list[tuple]]:
     """The (segment rows, client rows, row bytes) of every step input
     (envd.protocol.INPUT_ARRAYS but the reset's seeds and mask, which the
     backend copies whole) and every output array (envd.protocol.output_arrays)
     of client's layout, whatever their names: what the backend copies per env
-    row between the segment and the client's buffers.  ([], []) without
-    client buffers.  Every array's first axis is the env's (num_envs rows)."""
+    between the segment and the client's buffers (an env's row: its
+    num_agents rows, consecutive).  ([], []) without client buffers.  Every
+    array's first axis is the rows' (num_envs * num_agents rows)."""
     if client is None:
         return [], []
     from envd import protocol  # (the layout's names; no import cycle at module load)
@@ -109,14 +114,14 @@ def client_leaves(segment: dict[str, np.ndarray], client: dict[str, np.ndarray] 
         for name in names:
             mine, theirs = segment.get(name), client[name]
             if (mine is None or mine.shape != theirs.shape or mine.dtype != theirs.dtype
-                    or mine.ndim < 1 or mine.shape[0] != num_envs
+                    or mine.ndim < 1 or mine.shape[0] != num_envs * num_agents
                     or not (mine.flags.c_contiguous and theirs.flags.c_contiguous)):
                 # a layout mismatch is a bug, not a client's doing
                 raise RuntimeError(f"hosted session: the segment's {name} does not match the "
                                    "client's")
             if mine[0].nbytes:  # (an empty row has nothing to copy)
                 used = segment.get(USED_BYTES.get(name, ""))
-                leaves[side].append((ptr(mine), ptr(theirs), mine[0].nbytes,
+                leaves[side].append((ptr(mine), ptr(theirs), mine[0].nbytes * num_agents,
                                      ffi.NULL if used is None or side == 0
                                      else ptr(used, "uint32_t *")))
     return leaves[0], leaves[1]
@@ -151,7 +156,7 @@ class HostedSession(NativeSession):
         self.segment: Segment | None = segment  # (None once closed)
         self.pids: list[int] = []
         self._pidfds: list[int] = []
-        self._slice: EnvSlice | None = None
+        self._slice: EnvSlice | AgentSlice | None = None
         self._calls: list[socket.socket] = []  # per worker (native/hosted_calls.py)
         self._doorbell_refs = None
         buffers = self._buffers = segment.arrays
@@ -163,8 +168,8 @@ class HostedSession(NativeSession):
         self._checked = {**buffers, "actions": buffers["checked_actions"]}
         try:
             if num_workers == 0:
-                self._slice = EnvSlice(_maker(maker), 0, num_envs, segment, 0, autoreset_mode,
-                                       inline=True)
+                self._slice = slice_class(maker)(_maker(maker), 0, num_envs, segment, 0,
+                                                 autoreset_mode, inline=True)
             else:
                 assert template is not None  # (the callers give one wherever there are workers)
                 self._spawn(template, maker, fd, autoreset_mode, notify_fd)
@@ -236,13 +241,17 @@ class HostedSession(NativeSession):
 
     def _create_backend(self) -> None:
         a = self._buffers
-        checks = leaves.range_checks(self.spec.action_space)
+        agents = self.spec.num_agents
+        # (an env's actions: its agents' rows, each checked as the first's)
+        row_bytes = a["actions"][0].nbytes
+        checks = [(offset + k * row_bytes, *check) for k in range(agents)
+                  for offset, *check in leaves.range_checks(self.spec.action_space)]
         self._checks_c = ffi.new("envd_action_check_t[]", [
             {"offset": offset, "size": size, "is_signed": signed, "low": low, "high": high}
             for offset, size, signed, low, high in checks] or 1)
         self._pidfds_c = ffi.new("int[]", self._pidfds or [0])
         self._pids_c = ffi.new("int[]", self.pids or [0])
-        inputs, outputs = client_leaves(a, self._client_buffers, self.num_envs)
+        inputs, outputs = client_leaves(a, self._client_buffers, self.num_envs, agents)
         self._leaves = (ffi.new("envd_workers_leaf_t[]", inputs or 1),
                         ffi.new("envd_workers_leaf_t[]", outputs or 1))
         self._handle_ref = ffi.new_handle(self)
@@ -254,16 +263,22 @@ class HostedSession(NativeSession):
             "seeds": ptr(a["seeds"], "uint64_t *"),
             "seed_pending": ptr(a["seed_pending"], "uint8_t *"),
             "checked_actions": ptr(a["checked_actions"]), "actions": ptr(a["actions"]),
-            "action_bytes": a["actions"][0].nbytes,
+            "action_bytes": row_bytes * agents,
             "action_checks": self._checks_c, "num_action_checks": len(checks),
             # (the rows the rules keep, env_slot.h: the workers write the raw outputs)
-            "rewards": ptr(a["rewards"], "double *"),
-            "terminations": ptr(a["terminations"], "bool *"),
-            "truncations": ptr(a["truncations"], "bool *"),
-            "episode_returns": ptr(a["episode_returns"], "double *"),
-            "episode_lengths": ptr(a["episode_lengths"], "int64_t *"),
-            "episode_times": ptr(a["episode_times"], "double *"),
-            "dones": ptr(a["dones"], "bool *"), "spin_ns": spin_ns(self.num_workers),
+            "agents": agents, "rewards": ptr(a["rewards"], "double *"),
+            "rows": {"terminations": ptr(a["terminations"], "bool *"),
+                     "truncations": ptr(a["truncations"], "bool *"),
+                     "episode_returns": ptr(a["episode_returns"], "double *"),
+                     "episode_lengths": ptr(a["episode_lengths"], "int64_t *"),
+                     "episode_times": ptr(a["episode_times"], "double *"),
+                     "dones": ptr(a["dones"], "bool *"),
+                     "agent_mask": ptr(a["agent_mask"], "bool *") if agents > 1 else ffi.NULL},
+            # (a multi-agent env's one observation leaf, whose dead rows the parent zeroes)
+            **({"observations": ptr(a["observations"]), "obs_bytes": a["observations"][0].nbytes,
+                "final_observations": ptr(a["final_observations"])
+                if "final_observations" in a else ffi.NULL} if agents > 1 else {}),
+            "spin_ns": spin_ns(self.num_workers),
             "autoreset_mode": AUTORESET_CODES[self.autoreset_mode],
             "run_inline": lib.envd_hosted_run_inline if self.num_workers == 0 else ffi.NULL,
             "inline_ctx": self._handle_ref, "notify": getattr(self, "_notify", False),

@@ -105,11 +105,27 @@ def _recv(sock: socket.socket) -> tuple[Any, list[int]]:
 
 # ---- the template's side ------------------------------------------------------------
 def _maker(spec: tuple) -> Any:
+    """The function making one env of a maker description: ("id", gymnasium
+    id, max_episode_steps, kwargs), ("spec", an EnvSpec pickled, ...),
+    ("creator", a creator pickled, ...) or ("parallel", a PettingZoo
+    adapter creator pickled, None, {}: native/hosted_agent_slice.py)."""
     from envd.native.hosted_worker import env_maker
     kind, env, max_episode_steps, env_kwargs = spec
+    if kind == "parallel":
+        return cloudpickle.loads(env)
     if kind in ("creator", "spec"):  # (a spec: gymnasium's registration, shipped)
         env = cloudpickle.loads(env)
     return env_maker(env, max_episode_steps, env_kwargs)
+
+
+def slice_class(spec: tuple) -> Any:
+    """The class stepping a slice of the envs spec makes: AgentSlice for a
+    PettingZoo env's ("parallel"), else EnvSlice."""
+    if spec[0] == "parallel":
+        from envd.native.hosted_agent_slice import AgentSlice
+        return AgentSlice
+    from envd.native.hosted_worker import EnvSlice
+    return EnvSlice
 
 
 class _Failed(Exception):
@@ -176,6 +192,8 @@ def _describe(spec: tuple) -> dict[str, Any]:
     from envd.native.hosted_worker import info_columns
     from envd.native.step_cost import measure_step_seconds
     env = _maker(spec)()
+    if spec[0] == "parallel":
+        return _describe_parallel(env)
     try:
         limit = env.spec.max_episode_steps if env.spec is not None else None
         env.reset()  # (unseeded: the env's own seeding is the workers')
@@ -188,16 +206,64 @@ def _describe(spec: tuple) -> dict[str, Any]:
         env.action_space.seed(0)
         infos: list[dict] = []
         cost = measure_step_seconds(env, infos=infos)
-        # a hosted PettingZoo adapter names its agents (envd.hosted_pettingzoo)
-        agents = [str(a) for a in getattr(env.unwrapped, "possible_agents", None) or []]
-        fps = env.metadata.get("render_fps")
         return {"observation_space": env.observation_space, "action_space": env.action_space,
-                "max_episode_steps": limit, "step_seconds": cost, "possible_agents": agents,
-                "info_columns": info_columns(infos), "render_mode": env.render_mode,
-                "render_fps": fps if isinstance(fps, (int, float)) else None,
+                "max_episode_steps": limit, "step_seconds": cost, "num_agents": 1,
+                "possible_agents": [], "info_columns": info_columns(infos),
+                "render_mode": env.render_mode, "render_fps": _fps(env.metadata),
                 "render_error": render_error}
     finally:
         env.close()
+
+
+def _fps(metadata: dict) -> float | None:
+    fps = metadata.get("render_fps")
+    return fps if isinstance(fps, (int, float)) else None
+
+
+def _describe_parallel(env: Any) -> dict[str, Any]:
+    """_describe of a PettingZoo env (a ParallelRows adapter): its agents'
+    spaces and names, one step's cost with every agent's action sampled."""
+    from envd.native._envd_native import lib
+    from envd.native.step_cost import measure_step_seconds
+    try:
+        if env.num_agents > lib.ENVD_MAX_AGENTS:  # (SECURITY.md: the rows of an env)
+            raise ValueError(f"{env.num_agents} possible agents, over the "
+                             f"{lib.ENVD_MAX_AGENTS} an env may have")
+        env.reset()
+        render_error = None
+        if env.render_mode == "rgb_array":
+            try:
+                env.render()
+            except Exception as exc:  # noqa: BLE001 -- the env's own drawing
+                render_error = f"{type(exc).__name__}: {exc}"
+        env.action_space.seed(0)
+        cost = measure_step_seconds(_Timed(env))
+        return {"observation_space": env.observation_space, "action_space": env.action_space,
+                "max_episode_steps": None, "step_seconds": cost, "num_agents": env.num_agents,
+                "possible_agents": [str(a) for a in env.possible_agents], "info_columns": (),
+                "render_mode": env.render_mode, "render_fps": _fps(env.metadata),
+                "render_error": render_error}
+    finally:
+        env.close()
+
+
+class _Timed:
+    """A ParallelRows adapter as measure_step_seconds steps an env: every
+    agent's action sampled, its episode over when every agent's is."""
+
+    def __init__(self, env: Any):
+        self.env = env
+        self.action_space = self  # (sample() below)
+
+    def sample(self) -> list:
+        return [self.env.action_space.sample() for _ in range(self.env.num_agents)]
+
+    def reset(self) -> None:
+        self.env.reset()
+
+    def step(self, actions: list) -> tuple:
+        done = self.env.step(actions)[4]
+        return None, 0.0, done, False, {}
 
 
 def _spawn(sock: socket.socket, request: dict[str, Any], fds: list[int]) -> tuple[int, int]:
@@ -225,7 +291,7 @@ def _worker(sock: socket.socket, request: dict[str, Any], fds: list[int],
             return
         os.close(start_fd)
         from envd.native.hosted_segment import WORKER_FAILED, WORKER_READY, Segment
-        from envd.native.hosted_worker import EnvSlice, serve
+        from envd.native.hosted_worker import serve
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the env's own subprocesses
         # fds: the segment's memfd, [the pool's eventfd,] the calls' socket
         fd, control_fd = fds[0], fds[-1]
@@ -235,8 +301,9 @@ def _worker(sock: socket.socket, request: dict[str, Any], fds: list[int],
         w = request["worker"]
         state = segment.arrays["worker_state"]
         try:
-            env_slice = EnvSlice(_maker(request["spec"]), request["begin"], request["end"],
-                                 segment, w, request["autoreset_mode"])
+            env_slice = slice_class(request["spec"])(
+                _maker(request["spec"]), request["begin"], request["end"], segment, w,
+                request["autoreset_mode"])
         except BaseException as exc:
             segment.write_message(w, request["begin"], f"{type(exc).__name__}: {exc}")
             state[w] = WORKER_FAILED

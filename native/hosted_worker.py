@@ -136,6 +136,23 @@ def info_columns(infos: list[dict]) -> tuple[tuple[str, str, tuple[int, ...]], .
     return tuple((key, dtype, shape) for key, (_, (dtype, shape)) in columns.items())
 
 
+#: The types of a flag an env may return (bool of it is the flag): a numpy
+#: bool or a number, as gymnasium's envs do.
+_FLAG_TYPES = (bool, int, float, np.bool_, np.number)
+
+
+def env_flag(value: Any, name: str) -> bool:
+    """An env's terminated or truncated flag (name: "its terminated", ...)
+    as the bool the parent reads (the byte numpy stores): a scalar's truth;
+    anything else (a list, an array, a string, an object of its own) is the
+    env's TypeError, never a truth Python and numpy could disagree on
+    (``[0]`` is true to Python, stored as False), nor a value numpy fails to
+    store outside the env's call."""
+    if not isinstance(value, _FLAG_TYPES):
+        raise TypeError(f"{name} flag is a {type(value).__name__}, not a bool")
+    return bool(value)
+
+
 def env_maker(env: str | gymnasium.envs.registration.EnvSpec | Callable[[], gymnasium.Env],
               max_episode_steps: int | None,
               env_kwargs: dict[str, Any]) -> Callable[[], gymnasium.Env]:
@@ -298,16 +315,9 @@ class EnvSlice:
         per env beyond the env's own step, as gymnasium's SyncVectorEnv pays
         its own."""
         b, e = self.begin, self.end
-        # (lists: a few short lists cost a fraction of numpy's compare and
-        # flatnonzero, and a worker wakes once per vector step)
-        req = self._req[b:e].tolist()
-        ack = self._ack[b:e].tolist()
-        if req == ack:
+        pending = pending_requests(self._req[b:e], self._ack[b:e])
+        if not pending:
             return
-        pending = [k for k, (r, a) in enumerate(zip(req, ack)) if r != a]
-        # The req words above before the inputs below (kind, seeds, actions):
-        # the parent wrote those before its release store of req.
-        lib.envd_worker_acquire()
         first, last = pending[0], pending[-1]
         # (consecutive envs, a whole step's among them: a slice, no index array)
         consecutive = last - first + 1 == len(pending)
@@ -332,6 +342,11 @@ class EnvSlice:
                     obs, reward, term, trunc, info = envs[k].step(actions[j])
                     # (a number here: a reward numpy cannot store fails this env, not the loop)
                     reward = float(reward)
+                    # (the flags as the bytes the parent reads, once: a SAME_STEP reset is
+                    # decided from them, and an odd flag fails this env, not the loop)
+                    if term.__class__ is not bool or trunc.__class__ is not bool:
+                        term = env_flag(term, "its terminated")
+                        trunc = env_flag(trunc, "its truncated")
                     if (term or trunc or single_obs is None or info.__class__ is not dict
                             or info):
                         result = self._step_outputs(i, k, kind, obs, reward, term, trunc, info)
@@ -371,11 +386,7 @@ class EnvSlice:
         self._ack[ids] = self._req[ids]
 
     def _report(self, i: int, text: str) -> None:
-        # Keep the message of the oldest failure still standing (the parent
-        # reports the first failed env of a call).
-        previous, _ = self.segment.message(self.worker)
-        if previous < 0 or previous == i or self._status[previous] == 0 or previous > i:
-            self.segment.write_message(self.worker, i, text)
+        report(self.segment, self.worker, i, text)
 
     def _reset(self, i: int, k: int) -> tuple:
         """Reset env i (the slice's k-th), with its seed if one is pending (a
@@ -392,8 +403,8 @@ class EnvSlice:
             return (0.0, False, False)
         return (0.0, False, False, *self._info_outputs(i, k, info))
 
-    def _step_outputs(self, i: int, k: int, kind: int, obs: Any, reward: float, term: Any,
-                      trunc: Any, info: Any) -> tuple:
+    def _step_outputs(self, i: int, k: int, kind: int, obs: Any, reward: float, term: bool,
+                      trunc: bool, info: Any) -> tuple:
         """The outputs of env i's (the slice's k-th) step, whose kind word
         was kind, but the observation (written here): with RESET_IF_DONE
         (SAME_STEP) a step that ends the episode writes the final
@@ -414,14 +425,44 @@ class EnvSlice:
     def close(self) -> None:
         """Close the envs (errors in an env's close are ignored: it is going)."""
         envs, self.envs = self.envs, []
-        for env in envs:
-            try:
-                env.close()
-            except Exception:  # noqa: BLE001 -- closing is best effort: the worker exits anyway
-                pass
+        close_envs(envs)
 
 
-def serve(env_slice: EnvSlice, spin: int, notify_fd: int = -1) -> None:
+def pending_requests(req: np.ndarray, ack: np.ndarray) -> list[int]:
+    """The envs of a slice (indices into its views of the req and ack
+    words) asked something not acked yet; once there are some, after the
+    acquire fence that orders their inputs (kind, seeds, actions) after
+    the req words read here: the parent wrote those before its release
+    store of req."""
+    # (lists: a few short lists cost a fraction of numpy's compare and
+    # flatnonzero, and a worker wakes once per vector step)
+    asked, acked = req.tolist(), ack.tolist()
+    if asked == acked:
+        return []
+    pending = [k for k, (r, a) in enumerate(zip(asked, acked)) if r != a]
+    lib.envd_worker_acquire()
+    return pending
+
+
+def close_envs(envs: list[Any]) -> None:
+    """Close envs (errors in an env's close are ignored: it is going)."""
+    for env in envs:
+        try:
+            env.close()
+        except Exception:  # noqa: BLE001 -- closing is best effort: the worker exits anyway
+            pass
+
+
+def report(segment: Segment, worker: int, i: int, text: str) -> None:
+    """Leave env i's failure message in worker's control block, keeping
+    the message of the oldest failure still standing (the parent reports
+    the first failed env of a call)."""
+    previous, _ = segment.message(worker)
+    if previous < 0 or previous == i or segment.arrays["status"][previous] == 0 or previous > i:
+        segment.write_message(worker, i, text)
+
+
+def serve(env_slice: Any, spin: int, notify_fd: int = -1) -> None:
     """A worker's loop: wait for requests (spin ns, then sleep on the futex,
     GIL released), run them, publish; until the parent sets exit.
     notify_fd: the daemon pool's eventfd, written after the acks when the

@@ -85,11 +85,13 @@ _STEP_IF_SHORT = _address(ffi.addressof(lib, "envd_session_step_if_short"))
 
 class SessionSpec(Protocol):
     """What a session reads of its envs' spec: a native env's EnvSpec, or a
-    hosted env's HostedSpec (native/hosted_session.py), which has no
-    num_agents (one agent)."""
+    hosted env's HostedSpec (native/hosted_session.py)."""
 
     @property
     def id(self) -> str: ...
+
+    @property
+    def num_agents(self) -> int: ...
 
     @property
     def action_space(self) -> spaces.Space[Any]: ...
@@ -210,7 +212,7 @@ class NativeSession:
         never_reset = None
         if rc == lib.ENVD_ESTATE and env >= 0:
             never_reset = lib.envd_session_env_started(self.handle, env) == 0
-        num_agents: int = getattr(self.spec, "num_agents", 1)  # (hosted specs: 1)
+        num_agents = self.spec.num_agents
         if rc in (lib.ENVD_ERANGE, lib.ENVD_ESTATE, lib.ENVD_EENV) and env >= 0 and num_agents > 1:
             env = self._row_of(env, rc, num_agents)
         if num_envs is not None:

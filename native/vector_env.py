@@ -13,7 +13,7 @@ import inspect
 import os
 import secrets
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from gymnasium.vector import AutoresetMode
@@ -31,9 +31,6 @@ from envd.native.native_vec import MAX_NUM_ENVS, NativePool
 from envd.native.registry import EnvSpec, get_spec, load_plugin
 from envd.stepping import NO_STEPPER
 from envd.vector_base import BatchedVecEnv
-
-if TYPE_CHECKING:
-    from envd.hosted_pettingzoo import PettingZooVecEnv
 
 _CACHE_LINE = 64
 
@@ -64,7 +61,7 @@ def check_episode(spec: EnvSpec, autoreset_mode: Any,
                   max_episode_steps: Any) -> tuple[AutoresetMode, int]:
     """spec's autoreset mode and time limit (0: none) from make's arguments
     (envd.make_options.check_episode); the daemon's make checks alike."""
-    mode = options.check_autoreset_mode(NATIVE, autoreset_mode)
+    mode = options.check_autoreset_mode(autoreset_mode)
     steps = options.check_max_episode_steps(NATIVE, max_episode_steps)
     return options.check_episode(spec.id, spec.resets_itself, mode, steps,
                                  spec.max_episode_steps)
@@ -202,7 +199,7 @@ def make(env_id: str | Callable[[], Any], num_envs: int, *,
          episode_statistics: bool | str = True, pin_cpus: Sequence[int] | None = None,
          batch_size: int | None = None, plugin: str | os.PathLike[str] | None = None,
          render_mode: str | None = None, num_workers: int | None = None,
-         **env_kwargs: Any) -> BatchedVecEnv | PettingZooVecEnv:
+         **env_kwargs: Any) -> BatchedVecEnv:
     """Create num_envs instances of env_id stepped in this process.
 
     env_id "pz:<module>:<factory>" hosts a PettingZoo ParallelEnv, its agents
@@ -253,7 +250,7 @@ def make(env_id: str | Callable[[], Any], num_envs: int, *,
     about = env_id if isinstance(env_id, str) else ""
     kind.refuse_place(IN_PROCESS, about)
     options.refuse_unsupported(kind.name, IN_PROCESS, given, about)
-    env: BatchedVecEnv | PettingZooVecEnv = options.load(kind.builder)(
+    env: BatchedVecEnv = options.load(kind.builder)(
         env_id, num_envs, **options.taken(kind.name, IN_PROCESS, given), **env_kwargs)
     return env
 

@@ -88,8 +88,9 @@ class ControlHandlers:
             envs.append({"id": hosted.id,
                          "observation_space": protocol.space_to_wire(hosted.observation_space),
                          "action_space": protocol.space_to_wire(hosted.action_space),
-                         "max_episode_steps": hosted.max_episode_steps, "params": [],
-                         "info_fields": [], "origin": hosted.origin})
+                         "max_episode_steps": hosted.max_episode_steps,
+                         "num_agents": hosted.num_agents,  # (a "pz:" env's agents: rows)
+                         "params": [], "info_fields": [], "origin": hosted.origin})
         return protocol.ok_reply(header["id"], envs=envs)
 
     def status(self, client: ClientRecord, header: dict[str, Any], blobs: list[bytes]) -> dict:

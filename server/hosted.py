@@ -51,12 +51,13 @@ from envd.errors import (
     ShuttingDownError,
     UnknownEnvError,
 )
-from envd.hosted_pettingzoo import PETTINGZOO_PREFIX, creator_of_id
+from envd.hosted_pettingzoo import PETTINGZOO_PREFIX
 from envd.make_options import PYTHON_PREFIX
 from envd.native import hosted_template, segment_guard
 from envd.native._envd_native import lib
 from envd.native.hosted_calls import MAX_CALL_OBJECTS
 from envd.native.hosted_env import DEFAULT_INFO_BYTES, check_space, default_num_workers, hosted_buffer_layout
+from envd.native.hosted_pettingzoo import creator_of_id
 from envd.native.hosted_segment import Segment as PrivateSegment
 from envd.native.hosted_segment import segment_layout
 from envd.native.hosted_session import CLOSE_GRACE_SECONDS, HostedSession, HostedSpec
@@ -94,14 +95,14 @@ class HostedEnvSpec:
     params: tuple = ()
     origin: str = "python"
     definition: Any = None
-    #: a "pz:" id's adapter creator, cloudpickled (envd.hosted_pettingzoo);
-    #: None for a gymnasium id
+    #: a "pz:" id's adapter creator, cloudpickled
+    #: (native/hosted_agent_slice.py); None for a gymnasium id
     creator: bytes | None = None
     #: a "pz:" id's adapter creator whose factory takes render_mode="rgb_array"
     render_creator: bytes | None = None
-    #: agents per env as the trainer sees them (a "pz:" env's possible
-    #: agents, rows of its client's view; the segment has one adapter row)
-    agents: int = 1
+    #: rows per env (a "pz:" env's possible agents, as a C multi-agent env's:
+    #: every array has num_envs * num_agents rows; its spaces are an agent's)
+    num_agents: int = 1
     #: their names (a "pz:" env's possible_agents), empty when unnamed
     agent_names: tuple[str, ...] = ()
     #: the info columns its sessions' segments carry (native/hosted_worker.py
@@ -114,7 +115,7 @@ class HostedEnvSpec:
         gymnasium id's env, or a "pz:" id's factory, is made with it)."""
         if self.creator is not None:
             creator = self.creator if render_mode is None else self.render_creator
-            return ("creator", creator, max_episode_steps, {})
+            return ("parallel", creator, None, {})
         kwargs = {} if render_mode is None else {"render_mode": render_mode}
         return ("id", self.gym_id, max_episode_steps, kwargs)
 
@@ -128,7 +129,7 @@ def private_plan(spec: HostedEnvSpec, num_envs: int, num_workers: int,
                  mode: AutoresetMode, info_bytes: int) -> tuple[dict, int]:
     """The layout and size of a hosted session's private segment."""
     buffers = hosted_buffer_layout(spec.observation_space, spec.action_space, num_envs, mode,
-                                   info_bytes, spec.info_columns)
+                                   info_bytes, spec.info_columns, spec.num_agents)
     return segment_layout(num_envs, num_workers, buffers)
 
 
@@ -139,7 +140,7 @@ def public_plan(spec: HostedEnvSpec, num_envs: int, mode: AutoresetMode,
     observation leaf, float64 rewards, the info slots and columns) plus the
     doorbell ids."""
     layout = hosted_buffer_layout(spec.observation_space, spec.action_space, num_envs, mode,
-                                  info_bytes, spec.info_columns)
+                                  info_bytes, spec.info_columns, spec.num_agents)
     layout["doorbell_ids"] = ((num_envs,), np.dtype(np.int64))  # protocol.DOORBELL_ARRAYS
     return plan(layout)
 
@@ -237,8 +238,8 @@ class HostedCatalog:
             raise RuntimeError(f"making the env failed: {exc}") from None
 
     def _describe_pettingzoo(self, env_id: str) -> HostedEnvSpec:
-        """A "pz:<module>:<factory>" id: its ParallelAsEnv adapter, made once in
-        the template (a heterogeneous or broken env stops the startup)."""
+        """A "pz:<module>:<factory>" id: its ParallelEnv, made once in the
+        template (a heterogeneous or broken env stops the startup)."""
         flag = f"--python-env {env_id} (ENVD_PYTHON_ENVS)"
         try:
             creator = cloudpickle.dumps(creator_of_id(env_id, {}))
@@ -246,15 +247,13 @@ class HostedCatalog:
         except EnvdError as exc:
             raise StartupError(f"{flag}: making the env failed: {_one_line(exc)}") from None
         described = self._within(flag, lambda: self._describe_request(
-            ("creator", creator, None, {})))
-        observation_space = described["observation_space"]
-        return HostedEnvSpec(env_id, env_id, observation_space,
+            ("parallel", creator, None, {})))
+        return HostedEnvSpec(env_id, env_id, described["observation_space"],
                              described["action_space"], None, described["step_seconds"],
                              creator=creator, render_creator=render_creator,
                              render_fps=described["render_fps"],
-                             # (ParallelAsEnv: "live" has one entry per agent)
-                             agents=int(observation_space["live"].n),
-                             agent_names=tuple(described.get("possible_agents", ())))
+                             num_agents=described["num_agents"],
+                             agent_names=tuple(described["possible_agents"]))
 
     @property
     def template(self) -> Template:
@@ -483,10 +482,6 @@ class HostedServerSession(Session):
             raise RuntimeError(f"session {self.id} ({self.spec.id}) was freed: its envs are gone")
         return native
 
-    @property
-    def agents_per_env(self) -> int:
-        return self.spec.agents
-
     def __init__(self, owner: bytes, spec: HostedEnvSpec, num_envs: int, mode: AutoresetMode,
                  max_episode_steps: int | None, seeds: np.ndarray, num_workers: int,
                  segment_prefix: str, template: Template, notify_fd: int,
@@ -501,6 +496,7 @@ class HostedServerSession(Session):
         self.owner = owner
         self.spec = spec
         self.num_envs = num_envs
+        self.num_agents = spec.num_agents
         self.num_workers = num_workers
         self.mode = mode
         self.max_episode_steps = max_episode_steps or spec.max_episode_steps or 0
@@ -522,13 +518,13 @@ class HostedServerSession(Session):
         self._native = None
         try:
             self.buffers = self.segment.arrays
-            self.buffers["reset_seeds"][...] = seeds
+            self.buffers["reset_seeds"][:num_envs] = seeds  # (one per env, not per row)
             layout, private_size = private_plan(spec, num_envs, num_workers, mode, info_bytes)
             private, fd = PrivateSegment.create(layout, private_size)
             try:
                 hosted = HostedSession(
                     HostedSpec(spec.id, spec.observation_space, spec.action_space,
-                               self.max_episode_steps or None),
+                               self.max_episode_steps or None, num_agents=spec.num_agents),
                     num_envs, num_workers=num_workers, autoreset_mode=mode,
                     maker=spec.maker(max_episode_steps, render_mode), segment=private, fd=fd,
                     template=template, notify_fd=notify_fd, client_buffers=self.buffers,

@@ -119,7 +119,7 @@ def hosted_session(service: Service, client: ClientRecord, header: dict[str, Any
     spec = service.hosted.get(header["env_id"])
     num_envs = options.check_num_envs(header["num_envs"])
     batch_size = options.check_batch_size(header.get("batch_size"), num_envs)
-    mode = (options.check_autoreset_mode(kind.name, header.get("autoreset_mode"))
+    mode = (options.check_autoreset_mode(header.get("autoreset_mode"))
             or AutoresetMode.NEXT_STEP)
     max_steps = options.check_max_episode_steps(kind.name, header.get("max_episode_steps"))
     render_mode = options.check_render_mode(header.get("render_mode"), spec.id)
@@ -128,6 +128,7 @@ def hosted_session(service: Service, client: ClientRecord, header: dict[str, Any
             f"{spec.id}: a daemon-hosted Python env takes no env kwargs (the operator's "
             "--python-env id fixes the env; register a variant with gymnasium.register "
             "in an --import module)")
+    options.check_rows(spec.id, num_envs, spec.num_agents)
     num_workers = options.check_num_workers(header.get("num_workers"), num_envs, DAEMON)
     if num_workers is None:
         num_workers = spec.default_workers(num_envs)

@@ -128,9 +128,8 @@ class Session:
 
     @property
     def agents_per_env(self) -> int:
-        """Agents per env as the trainer sees them, each a row (for status):
-        num_agents here; a hosted PettingZoo env's agents, whose segment
-        holds one adapter row per env (server/hosted.py)."""
+        """Agents per env, each a row (for status): a C multi-agent env's, or
+        a hosted PettingZoo env's (server/hosted.py)."""
         return self.num_agents
 
     def __init__(self, owner: bytes, spec: EnvSpec, num_envs: int, mode: AutoresetMode,

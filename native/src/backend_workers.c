@@ -251,29 +251,80 @@ static void wait_envs(workers_backend_t *b, const int64_t *ids, int64_t count)
     }
 }
 
+/* The rows of env i (A > 1 agents) after a step its worker acked: the
+ * rules of a multi-agent env over the raw outputs of its A rows, as vec.c's
+ * step_multi_agent_env (dead rows' observations and rewards zeroed, their
+ * final flags again).  Returns the rows whose agent ended in this step. */
+static int64_t apply_agent_rules(workers_backend_t *b, int64_t i, envd_slot_clock_t *clock)
+{
+    const envd_slot_books_t *books = &b->books;
+    envd_env_slot_t *slot = &b->slots[i];
+    const int64_t A = b->cfg.agents;
+    const size_t one_obs = (size_t)b->cfg.obs_bytes;
+    /* A <= ENVD_MAX_AGENTS: at most 40 KiB on the caller's stack.  Each
+     * read once, the flags as bytes (numpy wrote them). */
+    double reward[A];
+    bool term[A], trunc[A];
+    for (int64_t a = 0; a < A; a++) {
+        const int64_t row = i * A + a;
+        reward[a] = ((const volatile double *)b->cfg.rewards)[row];
+        term[a] = ((const volatile unsigned char *)books->rows.terminations)[row] != 0;
+        trunc[a] = ((const volatile unsigned char *)books->rows.truncations)[row] != 0;
+    }
+    /* A SAME_STEP step that ends the env's episode (every agent ended
+     * before or in it: the worker decides by the same rule, over the same
+     * flag bytes) was reset at once by the worker: the observation leaf
+     * holds the next episode's, and the dead rows to zero are those of the
+     * final observation (vec.c zeroes them before it copies the final
+     * observation and resets). */
+    bool reset_at_once = envd_slot_resets_at_once(books);
+    for (int64_t a = 0; a < A && reset_at_once; a++)
+        reset_at_once = books->agent_books[i * A + a].done || term[a] || trunc[a];
+    unsigned char *obs = reset_at_once ? b->cfg.final_observations : b->cfg.observations;
+    bool all_done;
+    const int64_t ended =
+        envd_slot_finish_agent_rows(books, slot, i, obs + (size_t)(i * A) * one_obs, one_obs,
+                                    reward, term, trunc, &all_done, clock);
+    for (int64_t row = i * A; row < (i + 1) * A; row++)
+        if (!books->rows.agent_mask[row])
+            b->cfg.rewards[row] = 0.0;
+    if (reset_at_once) {
+        envd_slot_begin_episode(books, slot, i, clock);
+        envd_slot_live_rows(books, i); /* the reset's rows are the next episode's */
+    }
+    return ended;
+}
+
 /* Env i's books and rows after its worker acked a reset (step false) or a
  * step of it without a failure: the rules of env_slot.h over the raw
  * outputs the worker wrote.  What the step was is what envd_slot_next says
  * now (it asked the same when the step was submitted, and only an ack
- * changes the slot).  Returns whether its episode ended. */
-static bool apply_rules(workers_backend_t *b, int64_t i, bool step, envd_slot_clock_t *clock)
+ * changes the slot).  Returns the rows whose episode ended (an env of one
+ * agent: whether its episode ended). */
+static int64_t apply_rules(workers_backend_t *b, int64_t i, bool step, envd_slot_clock_t *clock)
 {
     const envd_slot_books_t *books = &b->books;
     envd_env_slot_t *slot = &b->slots[i];
+    const bool agents = b->cfg.agents > 1;
     if (!step) {
         envd_slot_begin_episode(books, slot, i, clock);
         envd_slot_reset_rows(books, i);
-        return false;
+        return 0;
     }
     if (envd_slot_next(books, slot) == ENVD_SLOT_RESET) { /* NEXT_STEP's autoreset */
         envd_slot_begin_episode(books, slot, i, clock);
-        envd_slot_write_outcome(books, slot, i, false, false, false, clock);
-        return false;
+        if (agents)
+            envd_slot_autoreset_agent_rows(books, i, clock);
+        else
+            envd_slot_write_outcome(books, slot, i, false, false, false, clock);
+        return 0;
     }
+    if (agents)
+        return apply_agent_rules(b, i, clock);
     /* Each read once, the flags as bytes (numpy wrote them). */
     const double reward = ((const volatile double *)b->cfg.rewards)[i];
-    const bool term = ((const volatile unsigned char *)b->cfg.terminations)[i] != 0;
-    bool trunc = ((const volatile unsigned char *)b->cfg.truncations)[i] != 0;
+    const bool term = ((const volatile unsigned char *)books->rows.terminations)[i] != 0;
+    bool trunc = ((const volatile unsigned char *)books->rows.truncations)[i] != 0;
     const bool done = envd_slot_account_step(books, slot, reward, term, &trunc);
     envd_slot_write_outcome(books, slot, i, term, trunc, done, clock);
     if (done && envd_slot_resets_at_once(books)) /* the worker reset it at once */
@@ -282,7 +333,8 @@ static bool apply_rules(workers_backend_t *b, int64_t i, bool step, envd_slot_cl
 }
 
 /* After a wait: ENVD_EENV naming the first failed env of ids (or the first
- * env of a dead worker), else the number of envs of ids whose episode ended.
+ * env of a dead worker), else the number of rows of ids' envs whose episode
+ * ended (an env of one agent: a row).
  * Keeps the books of every acked env of ids (steps: a step's; else the
  * masked envs of a reset).  A failed reset leaves its env never reset; a
  * failed step leaves its env needing a reset (the worker may have failed
@@ -292,7 +344,8 @@ static bool apply_rules(workers_backend_t *b, int64_t i, bool step, envd_slot_cl
  * the pool's books do. */
 static int finish_envs(workers_backend_t *b, const int64_t *ids, int64_t count, bool steps)
 {
-    int done = 0, rc = ENVD_OK;
+    int64_t done = 0;
+    int rc = ENVD_OK;
     envd_slot_clock_t clock = {0};
     for (int64_t k = 0; k < count; k++) {
         int64_t i = ids ? ids[k] : k;
@@ -320,7 +373,7 @@ static int finish_envs(workers_backend_t *b, const int64_t *ids, int64_t count, 
         b->error_index = slice_begin(b, b->dead);
         return ENVD_EENV;
     }
-    return rc != ENVD_OK ? rc : done;
+    return rc != ENVD_OK ? rc : (int)done;
 }
 
 /* Does the element check c names lie in its bounds?  (Read from the
@@ -688,6 +741,25 @@ static bool leaves_valid(const envd_workers_leaf_t *leaves, int64_t count)
     return true;
 }
 
+/* The output rows: agents in 1..ENVD_MAX_AGENTS, num_envs * agents rows
+ * within the vec's bound; the rows the rules write given (rows.rewards and
+ * rows.episode_log NULL: above); a multi-agent env's agent_mask and
+ * observation leaf (and SAME_STEP's final one). */
+static bool rows_valid(const envd_workers_config_t *c)
+{
+    const envd_slot_rows_t *r = &c->rows;
+    if (c->agents < 1 || c->agents > ENVD_MAX_AGENTS ||
+        c->num_envs > ENVD_VEC_MAX_ENVS / c->agents || c->rewards == NULL ||
+        r->rewards != NULL || r->episode_log != NULL || r->terminations == NULL ||
+        r->truncations == NULL || r->episode_returns == NULL || r->episode_lengths == NULL ||
+        r->dones == NULL)
+        return false;
+    if (c->agents == 1)
+        return true;
+    return r->agent_mask != NULL && c->observations != NULL && c->obs_bytes >= 1 &&
+           (c->autoreset_mode != ENVD_AUTORESET_SAME_STEP || c->final_observations != NULL);
+}
+
 int envd_backend_workers_create(envd_backend_t **out, const envd_workers_config_t *config)
 {
     if (out == NULL || config == NULL || config->num_envs < 1 ||
@@ -699,10 +771,7 @@ int envd_backend_workers_create(envd_backend_t **out, const envd_workers_config_
         !leaves_valid(config->inputs, config->num_inputs) ||
         !leaves_valid(config->outputs, config->num_outputs) ||
         config->timeout_ms < 0 || config->autoreset_mode < ENVD_AUTORESET_NEXT_STEP ||
-        config->autoreset_mode > ENVD_AUTORESET_DISABLED || config->rewards == NULL ||
-        config->terminations == NULL || config->truncations == NULL ||
-        config->episode_returns == NULL || config->episode_lengths == NULL ||
-        config->dones == NULL)
+        config->autoreset_mode > ENVD_AUTORESET_DISABLED || !rows_valid(config))
         return ENVD_EINVAL;
     workers_backend_t *b = calloc(1, sizeof *b);
     const int64_t n = config->num_envs, workers = config->num_workers;
@@ -718,16 +787,13 @@ int envd_backend_workers_create(envd_backend_t **out, const envd_workers_config_
     b->touched = calloc((size_t)(workers + 1), sizeof *b->touched);
     b->checks = malloc((size_t)(config->num_action_checks + 1) * sizeof *b->checks);
     b->in_batch = calloc((size_t)n, sizeof *b->in_batch);
-    /* One agent a row; the rewards are the envs' own (the workers write
-     * them, float64: the rules read them); no time limit (above). */
-    const envd_slot_config_t rules = {.autoreset_mode = config->autoreset_mode, .agents = 1};
-    const envd_slot_rows_t rows = {
-        .terminations = config->terminations, .truncations = config->truncations,
-        .episode_returns = config->episode_returns, .episode_lengths = config->episode_lengths,
-        .episode_times = config->episode_times, .dones = config->dones};
+    /* The rewards are the envs' own (the workers write them, float64: the
+     * rules read them); no time limit (above). */
+    const envd_slot_config_t rules = {.autoreset_mode = config->autoreset_mode,
+                                      .agents = config->agents};
     if (b->pidfds == NULL || b->pids == NULL || b->leaves == NULL || b->worker_of == NULL ||
         b->mask == NULL || b->slots == NULL || b->touched == NULL || b->checks == NULL ||
-        b->in_batch == NULL || envd_slot_books_init(&b->books, &rules, &rows, n) != ENVD_OK) {
+        b->in_batch == NULL || envd_slot_books_init(&b->books, &rules, &config->rows, n) != ENVD_OK) {
         free_backend(b);
         return ENVD_ENOMEM;
     }

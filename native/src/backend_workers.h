@@ -34,6 +34,16 @@
  * the observation, those outputs and the info; in SAME_STEP mode it also
  * writes a done step's final observation and resets the env at once.
  *
+ * A multi-agent env (config agents = A > 1, a PettingZoo env hosted by
+ * native/hosted_worker.py) has A output rows per env, rows i*A .. i*A + A - 1
+ * (the per-env words above stay per env): its worker writes each agent's
+ * raw outputs in its row, and the parent keeps them as the pool vec keeps a
+ * C multi-agent env's (env_slot.h: a dead agent's row masked, its
+ * observation and reward zeroed, its final flags repeated; the env done
+ * once every agent is).  In SAME_STEP mode the worker resets the env at
+ * once when every agent ended, before or in this step (its flags, as the
+ * bytes it wrote), the rule the parent applies to the same bytes.
+ *
  * Inline (num_workers == 0): the caller's own run_inline callback steps the
  * requested envs before submit returns (the Python loop of SyncVectorEnv).
  *
@@ -55,6 +65,7 @@
 #include <stdint.h>
 
 #include "backend.h"
+#include "env_slot.h"
 
 /* cffi:begin */
 #define ENVD_HOSTED_RESET 1       /* = ENVD_SLOT_RESET: reset (seeds[i] if seed_pending[i]) */
@@ -89,7 +100,8 @@ typedef struct envd_action_check {
     int32_t size;      /* 1, 2, 4 or 8 bytes, native byte order */
     int32_t is_signed;
 } envd_action_check_t;
-/* One array of the layout held twice: num_envs rows of row_bytes each. */
+/* One array of the layout held twice: num_envs rows of row_bytes each (an
+ * env's row: all its agents' rows, which are consecutive). */
 typedef struct envd_workers_leaf {
     void *segment;             /* the rows in the segment (the workers' side) */
     void *client;              /* the rows in the client's shared memory */
@@ -102,6 +114,7 @@ typedef struct envd_workers_leaf {
 
 typedef struct envd_workers_config {
     int64_t num_envs;
+    int64_t agents;            /* rows per env of the output rows (env_slot.h), >= 1 */
     int64_t num_workers;       /* 0: inline, run_inline steps them */
     envd_worker_ctl_t *ctl;    /* max(1, num_workers) blocks (inline: messages in ctl[0]) */
     const int *pidfds;         /* num_workers pidfds of the workers (copied) */
@@ -113,21 +126,26 @@ typedef struct envd_workers_config {
     uint8_t *seed_pending;
     void *checked_actions;     /* in the segment: the rows the workers act on */
     const void *actions;       /* the caller's actions buffer (num_envs rows) */
-    int64_t action_bytes;      /* bytes of one action row */
+    int64_t action_bytes;      /* bytes of one env's actions (its agents' rows) */
     const envd_action_check_t *action_checks; /* the row's integer elements (copied) */
     int64_t num_action_checks;
-    /* The output rows the rules read and write (num_envs each, in the
-     * segment; env_slot.h): a worker writes an env's raw reward, terminated
-     * and truncated flags, the parent the flags again (read as bytes), the
-     * episode statistics and dones as it collects the acks.  episode_times
-     * may be NULL. */
-    const double *rewards;
-    bool *terminations;
-    bool *truncations;
-    double *episode_returns;
-    int64_t *episode_lengths;
-    double *episode_times;
-    bool *dones;
+    /* The output rows (num_envs * agents each, in the segment; env_slot.h):
+     * a worker writes an env's raw rewards (float64, here: the env's own,
+     * so rows.rewards is NULL), terminated and truncated flags; the parent
+     * reads them as bytes and writes the flags again, the episode
+     * statistics, dones and (agents > 1) agent_mask as it collects the
+     * acks, and zeroes a dead agent's reward.  rows.episode_times may be
+     * NULL; rows.episode_log is NULL (no hosted env resets itself). */
+    double *rewards;
+    envd_slot_rows_t rows;
+    /* agents > 1 (a multi-agent env, rows i*A .. i*A + A - 1): its one
+     * observation leaf in the segment, obs_bytes a row (an agent's), whose
+     * dead rows the parent zeroes, as the pool vec does; and in SAME_STEP
+     * mode its final observation leaf (else NULL), whose rows of agents
+     * dead before the done step are zeroed too. */
+    void *observations;
+    void *final_observations;
+    int64_t obs_bytes;
     int64_t spin_ns;           /* the parent's spin before it sleeps */
     int autoreset_mode;        /* envd_autoreset_mode_t */
     int (*run_inline)(void *ctx);  /* inline mode: step the requested envs */

@@ -174,7 +174,8 @@ void envd_slot_autoreset_agent_rows(const envd_slot_books_t *books, int64_t i,
     const envd_slot_rows_t *r = &books->rows;
     const int64_t A = books->agents;
     for (int64_t row = i * A; row < (i + 1) * A; row++) {
-        r->rewards[row] = 0.0f;
+        if (r->rewards)
+            r->rewards[row] = 0.0f;
         r->terminations[row] = r->truncations[row] = false;
         r->agent_mask[row] = true;
         write_agent_stats(books, row, &books->agent_books[row], false, 0.0, clock);
@@ -199,7 +200,8 @@ int64_t envd_slot_finish_agent_rows(const envd_slot_books_t *books, envd_env_slo
         bool ended = false;
         if (agent->done) {
             memset(obs + (size_t)a * one_obs, 0, one_obs);
-            r->rewards[row] = 0.0f;
+            if (r->rewards)
+                r->rewards[row] = 0.0f;
             r->terminations[row] = agent->final_term;
             r->truncations[row] = agent->final_trunc;
             r->agent_mask[row] = false;
@@ -207,7 +209,8 @@ int64_t envd_slot_finish_agent_rows(const envd_slot_books_t *books, envd_env_slo
             const bool t = term[a], u = trunc[a] || time_limit;
             agent->episode_return += reward[a];
             agent->episode_length++;
-            r->rewards[row] = (float)reward[a];
+            if (r->rewards)
+                r->rewards[row] = (float)reward[a];
             r->terminations[row] = t;
             r->truncations[row] = u;
             r->agent_mask[row] = true;

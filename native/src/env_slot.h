@@ -34,9 +34,9 @@
  *    env.step as SyncVectorEnv's envs do (so ENVD_SLOT_LAST_STEP is never
  *    asked of a worker), and its rewards are float64, the env's own
  *    (rows.rewards NULL).
- * Hosted PettingZoo envs (src/envd/hosted_pettingzoo.py) still keep their
- * agents' rows in Python: envd_slot_finish_agent_rows is the C side they
- * would go through (issue 39).  client/multi.py's _needs_reset and
+ * backend_workers.c keeps the agents' rows of a multi-agent hosted env
+ * (agents > 1) as vec.c does, through envd_slot_finish_agent_rows,
+ * envd_slot_autoreset_agent_rows and envd_slot_live_rows.  client/multi.py's _needs_reset and
  * _validate_step are the one Python mirror of envd_slot_next's refusals
  * (the multi-daemon pre-check; tests/integration/test_refusal_mirror.py).
  *
@@ -86,10 +86,12 @@ typedef struct envd_agent_books {
 /* The output rows the rules write, per row (envd_vec_buffers_t says what
  * each holds; episode_times, dones may be NULL; agent_mask is used when
  * agents > 1, episode_log by an env that resets itself with a log).
- * rewards may be NULL for envs of one agent whose rewards are their own,
- * written where the env ran and only read by the rules (a hosted env's
- * float64 rewards: backend_workers.c calls envd_slot_write_outcome, not
- * envd_slot_write_row). */
+ * rewards may be NULL for envs whose rewards are their own, written where
+ * the env ran and only read by the rules (a hosted env's float64 rewards:
+ * backend_workers.c calls envd_slot_write_outcome, not envd_slot_write_row,
+ * and zeroes a dead agent's reward itself).  (Python fills one in for the
+ * workers backend's config: marked for cffi.) */
+/* cffi:begin */
 typedef struct envd_slot_rows {
     float *rewards;
     bool *terminations;
@@ -101,6 +103,7 @@ typedef struct envd_slot_rows {
     bool *agent_mask;
     double *episode_log;
 } envd_slot_rows_t;
+/* cffi:end */
 
 /* The rules' settings and the books of num_envs envs beyond their slots,
  * in dense arrays apart from the slots (below: why each). */
@@ -375,14 +378,16 @@ static inline bool envd_slot_resets_at_once(const envd_slot_books_t *books)
 
 /* ---- steps of a multi-agent env (rows i*A .. i*A + A - 1) ---- */
 /* The rows of env i after NEXT_STEP's autoreset of the whole env (the
- * actions ignored): every row live again with reward 0, not done. */
+ * actions ignored): every row live again with reward 0 (rows.rewards NULL:
+ * the caller's), not done. */
 void envd_slot_autoreset_agent_rows(const envd_slot_books_t *books, int64_t i,
                                     envd_slot_clock_t *clock);
 /* Env i's books and rows after its step with the agents' raw outputs (A
  * each): the step counts towards the time limit; live rows take the step's
  * results (and end when flagged or at the time limit), dead rows are
- * overwritten (their observation obs + a * one_obs zeroed, reward 0, their
- * final flags again; envd.h).  Returns the rows that ended in this step;
+ * overwritten (their observation obs + a * one_obs zeroed, reward 0 (rows.
+ * rewards NULL: the caller zeroes its own), their final flags again;
+ * envd.h).  Returns the rows that ended in this step;
  * *all_done: every agent is done, and the env needs a reset from now on. */
 int64_t envd_slot_finish_agent_rows(const envd_slot_books_t *books, envd_env_slot_t *slot,
                                     int64_t i, unsigned char *obs, size_t one_obs,

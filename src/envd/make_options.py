@@ -126,9 +126,8 @@ class Option:
     instead_in_daemon: str = ""
 
 
-#: Why a hosted PettingZoo env takes no autoreset mode but next_step and no time limit.
-_PETTINGZOO_EPISODES = ("a hosted PettingZoo env takes next_step autoreset and its own time "
-                        "limit (max_cycles)")
+#: Why a hosted PettingZoo env takes no time limit.
+_PETTINGZOO_EPISODES = "a hosted PettingZoo env takes its own time limit (max_cycles)"
 #: Every make option (docs/configuration.md lists them in this order: tests/test_docs.py).
 OPTIONS: dict[str, Option] = {option.name: option for option in (
     Option("num_envs", "(required)", f"1 <= num_envs <= {MAX_NUM_ENVS} (ENVD_VEC_MAX_ENVS), "
@@ -136,8 +135,7 @@ OPTIONS: dict[str, Option] = {option.name: option for option in (
     Option("seed", "a random base seed", "an int with seed + num_envs <= 2**64, or a list of "
            "num_envs ints in [0, 2**64) (sent as a data frame: list_to_blob)", "seed"),
     Option("autoreset_mode", "next_step", "'next_step', 'same_step', 'disabled' (or "
-           "gymnasium's AutoresetMode); hosted PettingZoo envs: next_step only",
-           "autoreset_mode", instead=_PETTINGZOO_EPISODES),
+           "gymnasium's AutoresetMode)", "autoreset_mode"),
     Option("max_episode_steps", "the env's own time limit",
            "C envs 0 <= n <= 2**62 (0: none); hosted Python envs 1 <= n <= 2**62",
            "max_episode_steps", kinds=_C_ENVS | {PYTHON},
@@ -220,11 +218,6 @@ class EnvKind:
     #: parameters), which a multi-daemon env splits over its shards;
     #: otherwise env kwargs are whole values
     per_env_kwargs: bool = False
-    #: "module:function" that wraps a daemon-served env in the view this
-    #: process steps (called as ``view(env, env_id, episode_statistics)``;
-    #: the served env then keeps no episode statistics of its own); None:
-    #: the served env itself
-    client_view: str | None = None
     #: the entry points that make it
     places: frozenset[str] = _EVERYWHERE
     #: why the entry points not in places do not, and where to make it
@@ -267,8 +260,7 @@ KINDS = {kind.name: kind for kind in (
     EnvKind(PETTINGZOO, PETTINGZOO_PREFIX,
             "hosted PettingZoo envs ('pz:<module>:<factory>')",
             "envd.native.hosted_pettingzoo:make_pettingzoo", _HOSTED_SESSION,
-            daemon_flag="--python-env", client_view="envd.hosted_pettingzoo:rows_view",
-            places=frozenset((IN_PROCESS, DAEMON)),
+            daemon_flag="--python-env", places=frozenset((IN_PROCESS, DAEMON)),
             instead="a hosted PettingZoo env is served by one daemon: make it with that "
                     "daemon's client (envd.connect(...).make)"),
 )}
@@ -334,16 +326,13 @@ def check_batch_size(batch_size: Any, num_envs: int) -> int | None:
     return None if batch_size is None else check_int("batch_size", batch_size, 1, num_envs)
 
 
-def check_autoreset_mode(kind: str, mode: Any) -> AutoresetMode | None:
-    """The mode asked for (None: not given, the default next_step); a
-    hosted PettingZoo env takes next_step only."""
+def check_autoreset_mode(mode: Any) -> AutoresetMode | None:
+    """The mode asked for (None: not given, the default next_step); every
+    kind takes each (a hosted PettingZoo env's rows follow a C multi-agent
+    env's rules in each)."""
     if mode is None:
         return None
-    parsed = parse_autoreset_mode(mode)
-    if kind == PETTINGZOO and parsed != AutoresetMode.NEXT_STEP:
-        raise InvalidArgumentError(
-            f"autoreset_mode={mode!r:.40}: {OPTIONS['autoreset_mode'].instead}")
-    return parsed
+    return parse_autoreset_mode(mode)
 
 
 def check_max_episode_steps(kind: str, max_episode_steps: Any) -> int | None:

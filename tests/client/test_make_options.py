@@ -30,9 +30,7 @@ def test_the_kind_of_an_id(env_id, kind):
 def test_the_registry_names_every_kind_and_what_builds_it_at_each_place():
     """Each kind has a distinct prefix (but the C kind's, which takes every
     other id), an in-process and a daemon builder in the modules that build
-    there, and a refusal for each entry point that does not make it.  A kind
-    whose daemon-served env is viewed through client_view is made by one
-    daemon only (MultiClient.make's shards are plain served envs)."""
+    there, and a refusal for each entry point that does not make it."""
     assert set(mo.KINDS) == {mo.NATIVE, mo.PUFFER, mo.PYTHON, mo.PETTINGZOO}
     prefixes = [kind.prefix for kind in mo.KINDS.values() if kind.prefix is not None]
     assert len(set(prefixes)) == len(prefixes) == len(mo.KINDS) - 1
@@ -43,7 +41,6 @@ def test_the_registry_names_every_kind_and_what_builds_it_at_each_place():
         assert kind.daemon_builder.startswith("envd.server.make_builders:")
         assert kind.places <= {mo.IN_PROCESS, mo.DAEMON, mo.MULTI_DAEMON}
         assert kind.places == {mo.IN_PROCESS, mo.DAEMON, mo.MULTI_DAEMON} or kind.instead
-        assert kind.client_view is None or mo.MULTI_DAEMON not in kind.places
         for place in {mo.IN_PROCESS, mo.DAEMON, mo.MULTI_DAEMON} - kind.places:
             with pytest.raises(InvalidArgumentError) as error:
                 kind.refuse_place(place, "Some-v0")
@@ -83,13 +80,12 @@ def test_what_a_kind_takes_passes_and_none_is_never_refused(kind, place):
     assert mo.taken(kind, place, dict.fromkeys(mo.OPTIONS, 1)) == dict.fromkeys(taken, 1)
 
 
-def test_a_pettingzoo_env_takes_next_step_autoreset_only():
-    assert mo.check_autoreset_mode(mo.PETTINGZOO, None) is None
-    assert mo.check_autoreset_mode(mo.PETTINGZOO, "next_step") is AutoresetMode.NEXT_STEP
-    for mode in ("same_step", AutoresetMode.DISABLED):
-        with pytest.raises(InvalidArgumentError, match="takes next_step autoreset"):
-            mo.check_autoreset_mode(mo.PETTINGZOO, mode)
-    assert mo.check_autoreset_mode(mo.NATIVE, "same_step") is AutoresetMode.SAME_STEP
+def test_every_kind_takes_every_autoreset_mode():
+    assert mo.check_autoreset_mode(None) is None
+    for mode in AutoresetMode:
+        assert mo.check_autoreset_mode(mode.value) is mode
+    with pytest.raises(InvalidArgumentError):
+        mo.check_autoreset_mode("sometimes")
 
 
 @pytest.mark.parametrize("value,threads,message", [

@@ -86,6 +86,24 @@ class DroppingEnv(StaggeredEnv):
         return obs, rew, term, trunc, infos
 
 
+class LingeringEnv(StaggeredEnv):
+    """StaggeredEnv whose done agents linger: every step's dicts hold every
+    possible agent, a done one with an observation of its own and reward 99
+    (flags false), as some envs in the wild do; its row is dead all the
+    same, zeroed by the parent whatever the env says of it."""
+
+    def step(self, actions):
+        obs, rew, term, trunc, infos = super().step(actions)
+        for a in self.possible_agents:
+            if a not in obs:
+                obs[a], rew[a], term[a], trunc[a] = self._obs(a, 7.0), 99.0, False, False
+        return obs, rew, term, trunc, infos
+
+
+def lingering() -> LingeringEnv:
+    return LingeringEnv()
+
+
 def dropping() -> DroppingEnv:
     return DroppingEnv()
 

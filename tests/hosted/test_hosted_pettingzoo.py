@@ -21,7 +21,6 @@ from envs import alive, open_fds, wait_until
 from gymnasium import spaces
 
 import envd
-from envd.hosted_pettingzoo import stack_space, unstack_space
 
 mpe2_spread = pytest.importorskip("mpe2.simple_spread_v3", reason="mpe2 is the reference")
 
@@ -29,27 +28,41 @@ SPREAD_ID = "pz:mpe2.simple_spread_v3:parallel_env"
 
 
 class Reference:
-    """num_envs ParallelEnvs stepped directly, results as rows."""
+    """num_envs ParallelEnvs stepped directly, results as rows, in an
+    autoreset mode: next_step (an env whose agents are all done resets at
+    its next step, actions ignored), same_step (it resets within the done
+    step: the step's observations are its final ones, the reset's returned,
+    every row live again) or disabled (it is stepped no more until reset)."""
 
-    def __init__(self, make, num_envs: int, seed: int):
+    def __init__(self, make, num_envs: int, seed: int, mode: str = "next_step"):
         self.envs = [make() for _ in range(num_envs)]
         self.agents = self.envs[0].possible_agents
         self.a = len(self.agents)
         self.seed = seed
+        self.mode = mode
         self.obs_shape = self.envs[0].observation_space(self.agents[0]).shape
         n = num_envs * self.a
         self.final = np.zeros((2, n), bool)
         self.dead = np.zeros(n, bool)
-        self.restart = np.zeros(num_envs, bool)
+        self.restart = np.zeros(num_envs, bool)  # next_step: resets at its next step
+        self.over = np.zeros(num_envs, bool)  # disabled: done, not reset yet
+        self.final_obs = {}  # same_step: env -> its last done step's final observations
 
-    def reset(self):
+    def reset(self, envs=None):
+        """Reset envs (default all, seeded seed + i; a masked reset of some
+        unseeded): their rows' observations."""
         rows = []
-        for i, env in enumerate(self.envs):
-            obs, _ = env.reset(seed=self.seed + i)
+        for i in range(len(self.envs)) if envs is None else envs:
+            obs, _ = self.envs[i].reset(seed=self.seed + i if envs is None else None)
             rows += [obs[a] for a in self.agents]
-        self.final[...] = False
-        self.dead[...] = False
+            self._live(i)
         return np.stack(rows)
+
+    def _live(self, i):
+        rows = slice(i * self.a, (i + 1) * self.a)
+        self.final[:, rows] = False
+        self.dead[rows] = False
+        self.restart[i] = self.over[i] = False
 
     def step(self, actions, envs=None):
         """Step envs (default all, in order) with actions (their rows, in
@@ -59,16 +72,16 @@ class Reference:
         obs = np.zeros((n, *self.obs_shape))
         rew, mask = np.zeros(n), np.ones(n, bool)
         term, trunc = np.zeros(n, bool), np.zeros(n, bool)
+        self.final_obs = {}
         for j, i in enumerate(envs):
+            assert not self.over[i], "a done env stepped under disabled autoreset"
             env = self.envs[i]
             rows = slice(i * self.a, (i + 1) * self.a)
             out = slice(j * self.a, (j + 1) * self.a)
             if self.restart[i]:
                 o, _ = env.reset()
                 obs[out] = [o[a] for a in self.agents]
-                self.final[:, rows] = False
-                self.dead[rows] = False
-                self.restart[i] = False
+                self._live(i)
                 continue
             live = [a for k, a in enumerate(self.agents) if not self.dead[i * self.a + k]]
             o, r, te, tr, _ = env.step({a: actions[j * self.a + self.agents.index(a)]
@@ -82,7 +95,18 @@ class Reference:
                     self.final[:, row] = te[a], tr[a]
                     self.dead[row] = te[a] or tr[a]
                 term[res], trunc[res] = self.final[:, row]
-            self.restart[i] = self.dead[rows].all()
+            if not self.dead[rows].all():
+                continue
+            if self.mode == "next_step":
+                self.restart[i] = True
+            elif self.mode == "same_step":
+                self.final_obs[i] = obs[out].copy()
+                o, _ = env.reset()
+                obs[out] = [o[a] for a in self.agents]
+                mask[out] = True
+                self._live(i)
+            else:
+                self.over[i] = True
         return obs, rew, term, trunc, mask
 
 
@@ -92,7 +116,17 @@ def _compare(env, ref, steps: int, seed: int, action_n: int):
     assert info["agent_mask"].all()
     rng = np.random.default_rng(seed)
     saw_dead = saw_reset = False
+    a = ref.a
     for _ in range(steps):
+        if ref.over.any():  # disabled: a done env is refused, then reset with a mask
+            with pytest.raises(envd.EnvStateError):
+                env.step(np.zeros(env.num_envs, np.int64))
+            over = np.flatnonzero(ref.over)
+            obs, info = env.reset(options={"reset_mask": np.repeat(ref.over, a)})
+            rows = np.concatenate([np.arange(i * a, (i + 1) * a) for i in over])
+            np.testing.assert_array_equal(obs[rows], ref.reset(over).astype(obs.dtype))
+            assert info["agent_mask"].all()
+            saw_reset = True
         actions = rng.integers(0, action_n, env.num_envs)
         obs, rew, term, trunc, info = env.step(actions)
         r_obs, r_rew, r_term, r_trunc, r_mask = ref.step(actions)
@@ -101,8 +135,13 @@ def _compare(env, ref, steps: int, seed: int, action_n: int):
         np.testing.assert_array_equal(term, r_term)
         np.testing.assert_array_equal(trunc, r_trunc)
         np.testing.assert_array_equal(info["agent_mask"], r_mask)
+        for i, final in ref.final_obs.items():  # same_step: the rows that ended in it
+            for k in range(a):
+                if info["_final_obs"][i * a + k]:
+                    np.testing.assert_array_equal(info["final_obs"][i * a + k],
+                                                  final[k].astype(obs.dtype))
         saw_dead |= not r_mask.all()
-        saw_reset |= ref.restart.any()
+        saw_reset |= bool(ref.restart.any() or ref.final_obs)
     return saw_dead, saw_reset
 
 
@@ -127,6 +166,48 @@ def test_dead_rows_flags_and_statistics_equal_reference(num_workers):
         assert saw_dead and saw_reset
     finally:
         env.close()
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_a_dead_agents_row_is_zeroed_whatever_the_env_reports(num_workers):
+    """The parent zeroes a dead row's observation (and reward) in the
+    observation leaf, as the pool does a C multi-agent env's: an env whose
+    done agents linger in its dicts (pz_envs.LingeringEnv) equals the
+    reference, which reads only live agents."""
+    direct = pz_envs.lingering()
+    direct.reset(seed=0)
+    for _ in range(3):
+        obs, rew, _, _, _ = direct.step(dict.fromkeys(direct.agents, 1))
+    assert obs["a0"].any() and rew["a0"] == 99.0  # (a0 ended at step 2)
+    env = envd.make_pettingzoo(pz_envs.lingering, 2, num_workers=num_workers, seed=4)
+    try:
+        saw_dead, _ = _compare(env, Reference(pz_envs.lingering, 2, 4), 9, 4, 3)
+        assert saw_dead
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("num_workers", [0, 1, 2])
+@pytest.mark.parametrize("mode", ["next_step", "same_step", "disabled"])
+def test_every_autoreset_mode_equals_reference(mode, num_workers):
+    """Each autoreset mode, as a C multi-agent env takes it: same_step resets
+    an env within the step that ends its last agent (its final observations
+    in info["final_obs"], the rows of agents dead before it zeroed, every
+    row live again); disabled refuses a done env's step until a masked reset
+    (one row selects its env)."""
+    env = envd.make_pettingzoo(pz_envs.staggered, 3, num_workers=num_workers, seed=6,
+                               autoreset_mode=mode)
+    try:
+        assert env.metadata["autoreset_mode"].name.lower() == mode
+        saw_dead, saw_reset = _compare(env, Reference(pz_envs.staggered, 3, 6, mode), 14, 6, 3)
+        assert saw_dead and saw_reset
+    finally:
+        env.close()
+    if mode == "same_step":  # mpe2 too: every agent truncated at once by max_cycles
+        with envd.make(SPREAD_ID, 2, num_workers=num_workers, seed=2, max_cycles=4,
+                       autoreset_mode=mode) as env:
+            ref = Reference(lambda: mpe2_spread.parallel_env(max_cycles=4), 2, 2, mode)
+            assert _compare(env, ref, 10, 2, 5)[1]
 
 
 def _spread5():
@@ -300,33 +381,85 @@ def test_refusals():
         envd.make("pz:no_such_module:env", 2)
     with pytest.raises(envd.InvalidArgumentError, match="max_episode_steps"):
         envd.make(SPREAD_ID, 2, max_episode_steps=5)
-    with pytest.raises(envd.InvalidArgumentError, match="autoreset_mode"):
-        envd.make(SPREAD_ID, 2, autoreset_mode="same_step")
     with pytest.raises(envd.InvalidArgumentError, match="env kwargs"):
         envd.make_pettingzoo(pz_envs.staggered, 2, raise_seed=3)
+
+
+class CrowdEnv(pz_envs.StaggeredEnv):
+    def __init__(self, agents: int):
+        super().__init__()
+        self.possible_agents = [f"a{k}" for k in range(agents)]
+
+
+def test_agents_are_rows_within_their_bounds():
+    """SECURITY.md: at most ENVD_MAX_AGENTS agents per env, and envs times
+    agents within the rows a session takes, each refused at make."""
+    with pytest.raises(envd.EnvError, match="4097 possible agents, over the 4096"):
+        envd.make_pettingzoo(lambda: CrowdEnv(4097), 1, num_workers=0)
+    with pytest.raises(envd.InvalidArgumentError, match="has 3 agents per env: 400000 envs"):
+        envd.make_pettingzoo(pz_envs.staggered, 400_000, num_workers=0)
+
+
+class OneSpaceEnv(pz_envs.StaggeredEnv):
+    """Three agents of one space (observation and action), stepped with
+    actions in it; every agent truncated at step 3."""
+
+    def __init__(self, space):
+        super().__init__()
+        self.space = space
+
+    def observation_space(self, agent):
+        return self.space
+
+    def action_space(self, agent):
+        return self.space
+
+    def _obs(self, agent, action=0.0):
+        return self.space.sample()
+
+    def step(self, actions):
+        self.t += 1
+        assert all(self.space.contains(np.asarray(actions[a], self.space.dtype).reshape(
+            self.space.shape)) for a in self.agents)
+        obs = {a: self.space.sample() for a in self.agents}
+        trunc = dict.fromkeys(self.agents, self.t >= 3)
+        rew = dict.fromkeys(self.agents, 0.0)
+        if self.t >= 3:
+            self.agents = []
+        return obs, rew, dict.fromkeys(obs, False), trunc, {a: {} for a in obs}
 
 
 @pytest.mark.parametrize("space", [
     spaces.Box(-1.0, 2.0, (4,), np.float32), spaces.Box(0, 9, (2, 3), np.int16),
     spaces.Discrete(5), spaces.Discrete(4, start=-2), spaces.MultiDiscrete([3, 4]),
     spaces.MultiBinary(3)])
-def test_agent_space_survives_the_stacking(space):
-    # (single_observation_space / single_action_space come back from the
-    # adapter's stacked spaces, of the same kind, so discrete bounds are checked)
-    stacked = stack_space(space, 3)
-    assert type(stacked) is type(space) or isinstance(space, spaces.Discrete)
-    assert stacked.shape[0] == 3
-    assert unstack_space(stacked) == space
-    sample = stacked.sample()
-    assert all(space.contains(row if not isinstance(space, spaces.Discrete) else int(row))
-               for row in sample)
+def test_agent_spaces_are_the_rows_spaces(space):
+    """The agents' spaces are the VecEnv's single spaces (one row each), and
+    every agent's row of a discrete action is checked against its bounds."""
+    with envd.make_pettingzoo(lambda: OneSpaceEnv(space), 2, num_workers=0, seed=0) as env:
+        assert env.single_observation_space == space and env.single_action_space == space
+        obs, _ = env.reset()
+        assert obs.shape == (6, *space.shape) and obs.dtype == space.dtype
+        for _ in range(4):
+            env.step(env.action_space.sample())
+        if isinstance(space, spaces.Box):
+            return
+        actions = env.action_space.sample()
+        if isinstance(space, spaces.Discrete):
+            actions[4] = space.start + space.n
+        elif isinstance(space, spaces.MultiDiscrete):
+            actions[4][1] = space.nvec[1]
+        else:
+            actions[4][2] = 2
+        with pytest.raises(envd.InvalidActionError, match="of env 4 is out of range"):
+            env.step(actions)
 
 
 def test_out_of_range_action_is_refused():
     env = envd.make_pettingzoo(pz_envs.staggered, 2, num_workers=0, seed=0)
     try:
         env.reset()
-        with pytest.raises(envd.InvalidActionError, match="out of range"):
+        with pytest.raises(envd.InvalidActionError, match="action 3 of env 4 is out of range"):
             env.step(np.array([0, 0, 0, 0, 3, 0]))
     finally:
         env.close()

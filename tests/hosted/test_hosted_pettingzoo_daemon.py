@@ -1,6 +1,6 @@
 """Hosted PettingZoo envs served by a daemon (--python-env pz:<module>:<factory>):
-the daemon hosts one adapter per env, the client views its agents as rows;
-the same rows as the in-process env (and so as the direct reference of
+the daemon hosts the ParallelEnvs, their agents rows of the client's
+RemoteVecEnv as a C multi-agent env's; the same rows as the in-process env (and so as the direct reference of
 test_hosted_pettingzoo.py) over shm and inline, sync and async; only the ids
 the operator allowed; an env's failure is EnvError and leaves the daemon up."""
 from __future__ import annotations
@@ -43,19 +43,24 @@ def _run(env, steps: int, seed: int):
         stats = info.get("envd_episode", {}).get("r", np.zeros(env.num_envs))
         out += [obs.copy(), rew.copy(), term.copy(), trunc.copy(), info["agent_mask"].copy(),
                 np.asarray(stats).copy()]
+        if "final_obs" in info:  # (same_step: the final observations of the rows that ended)
+            ended = info["_final_obs"]
+            out += [ended.copy(), *(info["final_obs"][k].copy() for k in np.flatnonzero(ended))]
     return out
 
 
 @pytest.mark.parametrize("env_id", [SPREAD, STAGGERED])
-@pytest.mark.parametrize("transport", ["shm", "inline"])
-def test_daemon_rows_equal_in_process(daemon, env_id, transport):
-    local = envd.make(env_id, 3, num_workers=1, seed=4)
+@pytest.mark.parametrize("transport,mode", [("shm", "next_step"), ("inline", "next_step"),
+                                            ("shm", "same_step")])
+def test_daemon_rows_equal_in_process(daemon, env_id, transport, mode):
+    local = envd.make(env_id, 3, num_workers=1, seed=4, autoreset_mode=mode)
     try:
         want = _run(local, 12, 4)
     finally:
         local.close()
     with daemon.connect() as client:
-        env = client.make(env_id, 3, num_workers=2, seed=4, transport=transport)
+        env = client.make(env_id, 3, num_workers=2, seed=4, transport=transport,
+                          autoreset_mode=mode)
         try:
             assert (env.num_envs, env.num_agents, env.num_env_instances) == (9, 3, 3)
             assert env.single_action_space == local.single_action_space

@@ -135,7 +135,7 @@ def test_backend_validates_its_checks_table():
     bad = ffi.new("envd_action_check_t[]", [{"offset": 7, "size": 2, "is_signed": 1,
                                              "low": 0, "high": 1}])
     config = ffi.new("envd_workers_config_t *", {
-        "num_envs": 1, "num_workers": 0, "ctl": ffi.cast("envd_worker_ctl_t *", 1),
+        "num_envs": 1, "agents": 1, "num_workers": 0, "ctl": ffi.cast("envd_worker_ctl_t *", 1),
         "run_inline": lib.envd_hosted_run_inline, "action_bytes": 8,
         "action_checks": bad, "num_action_checks": 1})
     out = ffi.new("envd_backend_t **")

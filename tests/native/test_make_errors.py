@@ -308,6 +308,3 @@ def test_an_option_a_kind_does_not_take_is_refused_before_anything_is_made():
     with pytest.raises(InvalidArgumentError, match="pz:m:f: max_episode_steps is for C envs .* "
                                                    "and hosted Python envs"):
         envd.make("pz:m:f", 2, max_episode_steps=5)
-    with pytest.raises(InvalidArgumentError, match="autoreset_mode='disabled': a hosted "
-                                                   "PettingZoo env takes next_step"):
-        envd.make("pz:m:f", 2, autoreset_mode="disabled")

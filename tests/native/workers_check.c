@@ -20,7 +20,13 @@
  *     (NEXT_STEP's autoreset, SAME_STEP's flag), refusals before anything is
  *     asked and in the pool vec's order (per env: state, then action), the
  *     episode statistics and dones, flags written as any non-zero byte, a
- *     failed reset leaving its env never reset.
+ *     failed reset leaving its env never reset;
+ *   - a multi-agent env's rows (agents > 1, rows i*A .. i*A + A - 1) kept as
+ *     the pool vec keeps a C multi-agent env's (issue 39): a dead agent's
+ *     row masked, its observation and reward zeroed and its final flags
+ *     repeated; the env done once every agent is; NEXT_STEP's autoreset of
+ *     the whole env, SAME_STEP's final observation (the rows of agents dead
+ *     before the done step zeroed) and live rows after its reset.
  *
  * Prints "workers_check: ok" and exits 0, or names the failed check.
  */
@@ -96,9 +102,10 @@ static envd_workers_config_t config(int64_t num_workers, const int *pidfds, int6
         .kind = kind, .req = req, .ack = ack, .status = status, .seeds = seeds,
         .seed_pending = seed_pending, .checked_actions = checked_actions, .actions = actions,
         .action_bytes = sizeof(int64_t), .action_checks = &discrete_check,
-        .num_action_checks = 1, .rewards = rewards, .terminations = terms,
-        .truncations = truncs, .episode_returns = returns, .episode_lengths = lengths,
-        .episode_times = times, .dones = dones, .spin_ns = 0,
+        .num_action_checks = 1, .agents = 1, .rewards = rewards,
+        .rows = {.terminations = terms, .truncations = truncs, .episode_returns = returns,
+                 .episode_lengths = lengths, .episode_times = times, .dones = dones},
+        .spin_ns = 0,
         .autoreset_mode = ENVD_AUTORESET_NEXT_STEP,
         .run_inline = num_workers == 0 ? run_inline : NULL, .timeout_ms = timeout_ms};
 }
@@ -295,9 +302,11 @@ static void check_free_spin_then_sleep(void)
         .num_envs = N, .num_workers = 2, .ctl = s->ctl, .pidfds = pidfds,
         .kind = s->kind, .req = s->req, .ack = s->ack, .status = s->status, .seeds = s->seeds,
         .seed_pending = s->seed_pending, .checked_actions = s->checked_actions,
-        .actions = s->actions, .action_bytes = sizeof(int64_t), .rewards = s->rewards,
-        .terminations = s->terms, .truncations = s->truncs, .episode_returns = s->returns,
-        .episode_lengths = s->lengths, .episode_times = s->times, .dones = s->dones,
+        .actions = s->actions, .action_bytes = sizeof(int64_t), .agents = 1,
+        .rewards = s->rewards,
+        .rows = {.terminations = s->terms, .truncations = s->truncs,
+                 .episode_returns = s->returns, .episode_lengths = s->lengths,
+                 .episode_times = s->times, .dones = s->dones},
         .autoreset_mode = ENVD_AUTORESET_NEXT_STEP, .timeout_ms = 0, .usable_cpus = 2};
     envd_backend_t *b;
     CHECK(envd_backend_workers_create(&b, &cfg) == ENVD_OK);
@@ -315,6 +324,140 @@ static void check_free_spin_then_sleep(void)
     munmap(s, sizeof *s);
 }
 
+/* ---- a multi-agent env: MA_N envs of MA_A agents, an agent's observation
+ * two doubles ---- */
+#define MA_N 2
+#define MA_A 3
+#define MA_ROWS (MA_N * MA_A)
+static uint8_t ma_kind[MA_N], ma_seed_pending[MA_N];
+static uint32_t ma_req[MA_N], ma_ack[MA_N];
+static int32_t ma_status[MA_N];
+static uint64_t ma_seeds[MA_N];
+static int64_t ma_checked[MA_ROWS], ma_actions[MA_ROWS];
+static double ma_rewards[MA_ROWS], ma_returns[MA_ROWS], ma_times[MA_ROWS];
+static int64_t ma_lengths[MA_ROWS];
+static bool ma_terms[MA_ROWS], ma_truncs[MA_ROWS], ma_dones[MA_ROWS], ma_mask[MA_ROWS];
+static double ma_obs[MA_ROWS][2], ma_final[MA_ROWS][2];
+/* What the inline worker answers a step with, per row (as a worker hosting
+ * a PettingZoo env writes every row it is asked: a dead agent's too, here,
+ * so that the parent's zeroing shows), and the kind words it was asked. */
+static unsigned char ma_next_term[MA_ROWS], ma_next_trunc[MA_ROWS];
+static uint8_t ma_asked[MA_N];
+static int ma_same_step;
+
+static int run_inline_agents(void *ctx)
+{
+    (void)ctx;
+    for (int i = 0; i < MA_N; i++) {
+        if (ma_ack[i] == ma_req[i])
+            continue;
+        ma_asked[i] = ma_kind[i];
+        const bool reset = ma_kind[i] == ENVD_HOSTED_RESET;
+        bool done = !reset;
+        for (int a = 0; a < MA_A; a++)
+            done = done && (ma_next_term[i * MA_A + a] || ma_next_trunc[i * MA_A + a]);
+        for (int a = 0; a < MA_A; a++) {
+            const int row = i * MA_A + a;
+            ma_rewards[row] = reset ? 0.0 : 0.5;
+            memset(&ma_terms[row], reset ? 0 : ma_next_term[row], 1);
+            memset(&ma_truncs[row], reset ? 0 : ma_next_trunc[row], 1);
+            ma_obs[row][0] = ma_obs[row][1] = 1.0 + row;
+            if (done && ma_same_step && (ma_kind[i] & ENVD_HOSTED_RESET_IF_DONE)) {
+                ma_final[row][0] = ma_final[row][1] = 1.0 + row; /* then reset at once */
+                ma_obs[row][0] = ma_obs[row][1] = 100.0 + row;
+            }
+        }
+        ma_status[i] = 0;
+        ma_ack[i] = ma_req[i];
+    }
+    return ENVD_OK;
+}
+
+static envd_workers_config_t agents_config(int mode)
+{
+    return (envd_workers_config_t){
+        .num_envs = MA_N, .agents = MA_A, .num_workers = 0, .ctl = ctl, .kind = ma_kind,
+        .req = ma_req, .ack = ma_ack, .status = ma_status, .seeds = ma_seeds,
+        .seed_pending = ma_seed_pending, .checked_actions = ma_checked, .actions = ma_actions,
+        .action_bytes = MA_A * sizeof(int64_t), .rewards = ma_rewards,
+        .rows = {.terminations = ma_terms, .truncations = ma_truncs,
+                 .episode_returns = ma_returns, .episode_lengths = ma_lengths,
+                 .episode_times = ma_times, .dones = ma_dones, .agent_mask = ma_mask},
+        .observations = ma_obs, .final_observations = ma_final, .obs_bytes = sizeof ma_obs[0],
+        .autoreset_mode = mode, .run_inline = run_inline_agents};
+}
+
+/* A step whose raw outputs flag (term, trunc) for these rows (0: none). */
+static int agents_step(envd_backend_t *b, const unsigned char *term, const unsigned char *trunc)
+{
+    memcpy(ma_next_term, term, sizeof ma_next_term);
+    memcpy(ma_next_trunc, trunc, sizeof ma_next_trunc);
+    return b->ops->step(b->impl);
+}
+
+static void check_agent_rows(int mode)
+{
+    ma_same_step = mode == ENVD_AUTORESET_SAME_STEP;
+    envd_workers_config_t cfg = agents_config(mode);
+    envd_backend_t *b;
+    /* a multi-agent env needs its mask and its observation leaf */
+    cfg.rows.agent_mask = NULL;
+    CHECK(envd_backend_workers_create(&b, &cfg) == ENVD_EINVAL);
+    cfg = agents_config(mode);
+    cfg.observations = NULL;
+    CHECK(envd_backend_workers_create(&b, &cfg) == ENVD_EINVAL);
+    cfg = agents_config(mode);
+    cfg.agents = 0;
+    CHECK(envd_backend_workers_create(&b, &cfg) == ENVD_EINVAL);
+    cfg = agents_config(mode);
+    CHECK(envd_backend_workers_create(&b, &cfg) == ENVD_OK);
+    CHECK(b->ops->reset(b->impl, NULL, NULL) == ENVD_OK);
+    for (int row = 0; row < MA_ROWS; row++)
+        CHECK(ma_mask[row] && !ma_terms[row] && !ma_dones[row]);
+    const unsigned char none[MA_ROWS] = {0};
+    const unsigned char first[MA_ROWS] = {2}; /* env 0's agent 0 terminates (any byte) */
+    CHECK(agents_step(b, none, none) == 0);
+    CHECK(agents_step(b, first, none) == 1);
+    CHECK(ma_terms[0] && ma_dones[0] && ma_mask[0] && ma_returns[0] == 1.0);
+    CHECK(ma_lengths[0] == 2 && ma_rewards[0] == 0.5 && ma_obs[0][0] == 1.0);
+    for (int row = 1; row < MA_ROWS; row++)
+        CHECK(!ma_terms[row] && !ma_dones[row] && ma_mask[row] && ma_returns[row] == 0.0);
+    /* its row is dead from now on: masked, observation and reward zeroed,
+     * its final flags again, whatever the worker wrote there */
+    CHECK(agents_step(b, none, none) == 0);
+    CHECK(!ma_mask[0] && ma_terms[0] && !ma_truncs[0] && !ma_dones[0]);
+    CHECK(ma_rewards[0] == 0.0 && ma_obs[0][0] == 0.0 && ma_obs[0][1] == 0.0);
+    CHECK(ma_returns[0] == 0.0 && ma_lengths[0] == 0);
+    CHECK(ma_mask[1] && ma_rewards[1] == 0.5 && ma_obs[1][0] == 2.0);
+    const uint8_t step_kind =
+        ENVD_HOSTED_STEP | (ma_same_step ? ENVD_HOSTED_RESET_IF_DONE : 0);
+    CHECK(ma_asked[0] == step_kind);
+    /* the others of env 0 truncate (the dead row's raw flags say done too,
+     * as a worker's dropped agent's): env 0 is done, env 1 is not */
+    const unsigned char rest[MA_ROWS] = {1, 1, 1};
+    CHECK(agents_step(b, none, rest) == 2);
+    CHECK(ma_truncs[1] && ma_truncs[2] && ma_dones[1] && ma_dones[2] && !ma_dones[0]);
+    CHECK(ma_returns[1] == 2.0 && ma_lengths[1] == 4 && !ma_truncs[0] && ma_terms[0]);
+    if (ma_same_step) {
+        /* reset at once: the final observation as the pool's (the agent dead
+         * before the step zeroed), every row live in the next episode */
+        CHECK(ma_final[0][0] == 0.0 && ma_final[0][1] == 0.0 && ma_final[1][0] == 2.0);
+        CHECK(ma_mask[0] && ma_mask[1] && ma_mask[2] && ma_obs[0][0] == 100.0);
+        CHECK(agents_step(b, none, none) == 0);
+        CHECK(ma_asked[0] == step_kind && ma_mask[0] && ma_rewards[0] == 0.5);
+    } else {
+        CHECK(!ma_mask[0] && ma_mask[1] && ma_obs[0][0] == 0.0);
+        CHECK(agents_step(b, none, none) == 0); /* NEXT_STEP: the whole env resets */
+        CHECK(ma_asked[0] == ENVD_HOSTED_RESET && ma_asked[1] == step_kind);
+        for (int row = 0; row < MA_A; row++)
+            CHECK(ma_mask[row] && ma_rewards[row] == 0.0 && !ma_terms[row] &&
+                  !ma_truncs[row] && !ma_dones[row] && ma_obs[row][0] == 1.0 + row);
+        CHECK(agents_step(b, first, none) == 1);
+        CHECK(ma_dones[0] && ma_lengths[0] == 1 && ma_returns[0] == 0.5);
+    }
+    b->ops->destroy(b);
+}
+
 int main(void)
 {
     check_mask_bytes_and_actions();
@@ -323,6 +466,8 @@ int main(void)
     check_rules(ENVD_AUTORESET_DISABLED);
     check_timeout_kills_a_silent_worker();
     check_free_spin_then_sleep();
+    check_agent_rows(ENVD_AUTORESET_NEXT_STEP);
+    check_agent_rows(ENVD_AUTORESET_SAME_STEP);
     envd_worker_acquire(); /* (it links: the worker's fence exists) */
     puts("workers_check: ok");
     return 0;

@@ -190,8 +190,7 @@ class EnvdVecEnv(VecEnv):
         else:
             venv = client.make(env_id, num_envs, seed=seed, autoreset_mode="same_step", **kwargs)
         try:
-            # (make returns a PettingZoo env, its other kind, only without autoreset_mode)
-            assert isinstance(venv, BatchedVecEnv)
+            assert isinstance(venv, BatchedVecEnv)  # (every kind's, a PettingZoo env's too)
             return cls(venv, image_layout)
         except BaseException:
             venv.close()
