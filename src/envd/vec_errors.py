@@ -99,9 +99,9 @@ def claimed_error(env_id: str, call: str, request: str) -> EnvStateError:
     "step", "recv", ...; the daemon's loop, or the doorbell thread): nothing
     changed."""
     return EnvStateError(
-        f"{env_id}: {call}() while a {request} of another caller waits on these envs "
-        "(the daemon's loop or the fast path serves it); nothing was changed: call "
-        f"{call}() once that {request} is answered")
+        f"{env_id}: {call}() while a {request} is still being served on these envs "
+        "(the daemon's loop's, or one sent through the fast path, yours included after "
+        f"a timeout); nothing was changed: call {call}() once that {request} is answered")
 
 
 def ready_error(env_id: str, num_ready: int) -> EnvStateError:

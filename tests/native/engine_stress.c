@@ -937,7 +937,14 @@ static int whole_call(envd_session_t *s, int which, uint8_t *frames, int64_t *in
     whole_call_t w = {.s = s, .which = which, .frames = frames};
     pthread_t t;
     CHECK(pthread_create(&t, NULL, whole_call_main, &w) == 0, "pthread_create");
-    pthread_join(t, NULL);
+    /* (a deadline: a call the rule fails to refuse may wait for the batch
+     * held at the gate, which this thread releases only later: a failure,
+     * not a hang) */
+    struct timespec deadline;
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    deadline.tv_sec += 120;
+    CHECK(pthread_timedjoin_np(t, NULL, &deadline) == 0, "%s never returned (waits beside a "
+          "claimed request instead of being refused)", WHOLE_NAMES[which]);
     *index = w.index;
     return w.rc;
 }
@@ -1005,6 +1012,9 @@ static void test_whole_vec_rules(envd_pool_t *pool1)
     CHECK(c.kind == ENVD_REQ_RECV && c.result == 2 && got[0] == 0 && got[1] == 1,
           "the loop's recv completes with its envs: %lld (%lld %lld)", (long long)c.result,
           (long long)got[0], (long long)got[1]);
+    /* (its batch's own event, which the pool thread writes after the done
+     * flag the recv saw: taken here, so that no later check reads it) */
+    CHECK(eventfd_fired(pool1), "the loop's batch wrote the eventfd");
 
     /* A doorbell's claimed recv (its SENDRECV helping a batch), nothing out. */
     CHECK(envd_session_claim(h.s, ENVD_REQ_RECV) == ENVD_OK, "claim");

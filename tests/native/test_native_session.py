@@ -421,7 +421,7 @@ def test_cap_zero_keeps_costly_runs_off_the_event_loop():
         pool.close()
 
 
-WHOLE_VEC_CLAIMED = r"while a recv of another caller waits on these envs"
+WHOLE_VEC_CLAIMED = r"while a recv is still being served on these envs"
 
 
 def test_whole_vec_calls_are_refused_beside_the_loops_waiting_recv():
