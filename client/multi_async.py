@@ -9,9 +9,13 @@ wait: the zmq poll of the socket, the doorbell's spin and sleep): the
 daemons step at once, and no other thread touches a shard.  The shards that
 stepped have their outputs copied into the MultiVecEnv's rows; the first
 error in env order is raised, named after its daemon, once every shard's
-step returned.  A reset goes to every shard through the MultiVecEnv's
-``dispatch`` (a reset has no non-blocking half).  The rest of this
-docstring is async mode's.
+step returned; an interrupt (KeyboardInterrupt) is raised at once, every
+shard posted and not answered yet marked as may still be running, as one
+that timed out.  While some shard may still be running, a step, send or
+reset is refused before anything is written to or posted on any shard (a
+refused step moves no shard).  A reset goes to every shard through the
+MultiVecEnv's ``dispatch`` (a reset has no non-blocking half).  The rest of
+this docstring is async mode's.
 
 Global env i lives on shard k (a RemoteVecEnv on daemon k holding the
 consecutive envs ``shard_slices[k]``) as its local env ``i - start_k``.  Each

@@ -18,7 +18,6 @@ from envd import protocol
 from envd.client.transports.over_socket import SocketStepper
 from envd.errors import ProtocolError
 
-
 #: the outputs a reset gives every row of its envs (env_slot.c envd_slot_reset_rows)
 _FRESH_ROWS = (("rewards", 0), ("terminations", False), ("truncations", False),
                ("dones", False), ("agent_mask", True))

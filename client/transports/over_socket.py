@@ -71,8 +71,9 @@ class SocketStepper:
         #: rows of each env in the buffers (a multi-agent env's agents, agent-major)
         self.num_agents = num_agents
         self.buffers = buffers
-        #: a request timed out: the daemon may still use the buffers until
-        #: its late reply (or the doorbell's late answer) says it ended
+        #: a request timed out, or a step's wait was interrupted: the daemon
+        #: may still use the buffers until its late reply (or the doorbell's
+        #: late answer) says it ended (_gave_up_on, check_buffers_free)
         self.maybe_running = False
         #: a send or recv timed out: which envs are in flight is unknown
         self.async_lost = False
