@@ -172,7 +172,7 @@ def test_a_step_refused_for_one_daemon_moves_no_daemon(harness, fast_path):
         daemons[1].signal(signal.SIGSTOP)  # (returns once it is stopped)
         try:
             for client in multi.clients:  # short only while the daemon cannot answer
-                client.timeout = 1.0
+                client.timeout = 2.0
             with pytest.raises(envd.EnvdTimeoutError, match=daemons[1].endpoint):
                 env.step(zeros)
             first = env.shards[0]
