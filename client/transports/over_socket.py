@@ -190,8 +190,8 @@ class SocketStepper:
         if self.maybe_running:
             raise EnvStateError(
                 f"a call on this {self.env_id} env timed out or was interrupted and the "
-                "daemon has not answered it yet: it may still use the env's buffers; retry later (or "
-                "make a new env)")
+                "daemon has not answered it yet: it may still use the env's buffers; retry "
+                "later (or make a new env)")
 
     # ---- the non-blocking half (envd.stepping.PostingStepper) ----------------------------
     def post_step(self) -> Ticket:
