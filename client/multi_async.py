@@ -9,9 +9,13 @@ wait: the zmq poll of the socket, the doorbell's spin and sleep): the
 daemons step at once, and no other thread touches a shard.  The shards that
 stepped have their outputs copied into the MultiVecEnv's rows; the first
 error in env order is raised, named after its daemon, once every shard's
-step returned.  A reset goes to every shard through the MultiVecEnv's
-``dispatch`` (a reset has no non-blocking half).  The rest of this
-docstring is async mode's.
+step returned; an interrupt (KeyboardInterrupt) is raised at once, every
+shard posted and not answered yet marked as may still be running, as one
+that timed out.  While some shard may still be running, a step, send or
+reset is refused before anything is written to or posted on any shard (a
+refused step moves no shard).  A reset goes to every shard through the
+MultiVecEnv's ``dispatch`` (a reset has no non-blocking half).  The rest of
+this docstring is async mode's.
 
 Global env i lives on shard k (a RemoteVecEnv on daemon k holding the
 consecutive envs ``shard_slices[k]``) as its local env ``i - start_k``.  Each
@@ -252,6 +256,7 @@ class ShardsStepper:
         in_flight = self._in_flight()
         if in_flight:
             raise in_flight_error(self._env_id, "reset", in_flight)
+        self._check_shards_free()  # (a refused reset resets no shard)
         self._forget()  # (the ready ones, a refusal, a failure: as one daemon)
         self._sync_buffers()  # (a masked reset returns the other envs' rows as they are)
         self._host.run_reset(with_seeds, with_mask)
@@ -261,6 +266,7 @@ class ShardsStepper:
         if not self._async:
             raise self._host.no_async("async_reset")
         self._start_call()
+        self._check_shards_free()  # (a refused reset resets no shard)
         # a daemon refuses a reset while a recv of the session waits: let
         # those recvs be answered (their envs are dropped with the rest)
         deadline = time.monotonic() + self._timeout()
@@ -290,6 +296,9 @@ class ShardsStepper:
         for shard, local in zip(self._shards, received):  # (env order: shard by shard)
             assert local is not None  # (dispatch ran reset_shard for every shard)
             self._add_ready(shard, local, None)  # (idle after _forget: marked per id)
+        # every row of the env's own buffers a fresh episode's, as the
+        # shards' (and as one env's after async_reset: reward 0, no flags)
+        self._sync_buffers()
 
     def step(self) -> int:
         if self._async:
@@ -308,6 +317,7 @@ class ShardsStepper:
         if not self._async:
             raise self._host.no_async("send")
         self._start_call()
+        self._check_shards_free()  # (after a sync step that timed out or was interrupted)
         self._check_async_state()
         self._raise_refusal()
         low, high, _ = _span(env_ids, self._positions)
@@ -367,49 +377,85 @@ class ShardsStepper:
         its buffers first), then wait for each in turn, on this thread:
         the daemons step at once while the first is waited for.  The waits
         share one deadline, the Client timeout from the first: daemons that
-        all hang cost one timeout, not one each (a shard whose step timed
-        out may still be stepping: its stepper's maybe_running).  Each shard
-        that stepped has its outputs copied into the env's rows; the first
-        error in env order is raised, named after its daemon, once every
-        shard's step returned (a daemon gone is recorded: the env refuses
-        every later call)."""
+        all hang cost one timeout, not one each.  Each shard that stepped
+        has its outputs copied into the env's rows; the first error in env
+        order is raised, named after its daemon, once every shard's step
+        returned (a daemon gone is recorded: the env refuses every later
+        call).  A step is refused before any shard is written to or posted
+        while some shard's daemon may still be stepping (_check_shards_free):
+        a refused step moves no shard.  An interrupt (KeyboardInterrupt,
+        not an Exception) is raised at once, every shard posted and not
+        answered yet marked as may still be running (its stepper's
+        maybe_running): the next step or reset refuses, or takes the late
+        answer in first."""
+        self._check_shards_free()
         actions = self._host.buffers["actions"]
-        posted: list[Ticket | BaseException] = []
-        for shard in self._shards:
-            stepper = shard.stepper
-            try:
-                if stepper.maybe_running:  # (a step that timed out may still use them)
-                    stepper.check_buffers_free()
-                shard.buffers["actions"][...] = actions[shard.row_span]
-                posted.append(stepper.post_step())
-            except BaseException as exc:  # noqa: BLE001 -- raised once every shard returned
-                posted.append(exc)
+        posted: list[Ticket | Exception] = []
+        waiting = 0  # (the first shard not waited for yet)
         failed: tuple[_Shard, BaseException] | None = None
-        deadline = time.monotonic() + self._timeout()
-        for shard, ticket in zip(self._shards, posted):
-            if isinstance(ticket, Ticket):
+        try:
+            for shard in self._shards:
                 try:
-                    shard.stepper.wait(ticket, deadline)
-                except BaseException as exc:  # noqa: BLE001 -- as above
-                    error: BaseException | None = exc
+                    shard.buffers["actions"][...] = actions[shard.row_span]
+                    posted.append(shard.stepper.post_step())
+                except Exception as exc:  # noqa: BLE001 -- raised once every shard returned
+                    posted.append(exc)
+            deadline = time.monotonic() + self._timeout()
+            for shard, ticket in zip(self._shards, posted):
+                error: BaseException | None
+                if isinstance(ticket, Ticket):
+                    try:
+                        shard.stepper.wait(ticket, deadline)
+                    except Exception as exc:  # noqa: BLE001 -- as above
+                        error = exc
+                    else:
+                        error = ticket.error
+                    if error is None:
+                        self._host.copy_results(shard.index)
+                        waiting += 1
+                        continue
                 else:
-                    error = ticket.error
-                if error is None:
-                    self._host.copy_results(shard.index)
-                    continue
-            else:
-                error = ticket
-            if isinstance(error, ConnectionLostError):
-                self._host.mark_lost(shard.index, error)
-            if failed is None:
-                failed = (shard, error)
+                    error = ticket
+                waiting += 1
+                if isinstance(error, ConnectionLostError):
+                    self._host.mark_lost(shard.index, error)
+                if failed is None:
+                    failed = (shard, error)
+        except BaseException:
+            for shard, ticket in zip(self._shards[waiting:], posted[waiting:]):
+                if isinstance(ticket, Ticket) and not ticket.done:
+                    shard.stepper.maybe_running = True  # (until its late answer came)
+            raise
         if failed is not None:
-            shard, error = failed
-            named = self._named(error, shard)
-            if named is error:
-                raise error
-            raise named from error
+            self._raise_named(*failed)
         return self._host.count_done()
+
+    def _check_shards_free(self) -> None:
+        """Refuse a step or reset, before anything is written to or posted
+        on any shard, while some shard's daemon may still use its buffers (a
+        step there timed out or was interrupted and its late answer has not
+        come: check_buffers_free takes it in if it came).  Every shard's
+        late answer is taken in first; the first refusal in env order is
+        raised, named after its daemon."""
+        failed: tuple[_Shard, BaseException] | None = None
+        for shard in self._shards:
+            if not shard.stepper.maybe_running:
+                continue
+            try:
+                shard.stepper.check_buffers_free()
+            except Exception as exc:  # noqa: BLE001 -- the first is raised below
+                if isinstance(exc, ConnectionLostError):
+                    self._host.mark_lost(shard.index, exc)
+                if failed is None:
+                    failed = (shard, exc)
+        if failed is not None:
+            self._raise_named(*failed)
+
+    def _raise_named(self, shard: _Shard, error: BaseException) -> NoReturn:
+        named = self._named(error, shard)
+        if named is error:
+            raise error
+        raise named from error
 
     # ---- books ----------------------------------------------------------------------------
     def _timeout(self) -> float:

@@ -273,7 +273,7 @@ class DoorbellStepper(SocketStepper):
         timeout and not past deadline (time.monotonic()) if given, and take
         it in (an answer in is taken even past deadline)."""
         assert self._rung is not None and self.doorbell is not None
-        kind, ticket, _ = self._rung
+        _, ticket, _ = self._rung
         answer = self.doorbell.quick_answer()  # (a cheap env's whole step at N=64)
         if answer is not None:
             self._take_answer(answer)
@@ -284,14 +284,14 @@ class DoorbellStepper(SocketStepper):
         try:
             answer = self.doorbell.wait(end, self.channel.check_alive)
         except TimeoutError:
-            if kind == STEP:
-                self.maybe_running = True  # until the answer comes: see check_buffers_free
-            else:
-                self.async_lost = True  # the envs of a late send or recv are lost to us
-            raise EnvdTimeoutError(
+            error = EnvdTimeoutError(
                 f"no answer to a fast-path {ticket.kind} from the daemon at "
-                f"{self.channel.endpoint} within {self.channel.timeout:g} s (Client timeout)"
-            ) from None
+                f"{self.channel.endpoint} within {self.channel.timeout:g} s (Client timeout)")
+            self._gave_up_on(ticket, error)  # (a step: until the answer comes)
+            raise error from None
+        except BaseException as exc:  # (an interrupt: Ctrl-C; the daemon gone)
+            self._gave_up_on(ticket, exc)  # (the request stays rung: its answer is read later)
+            raise
         self._take_answer(answer)
 
     def _take_answer(self, answer: tuple[int, int, int] | None) -> None:

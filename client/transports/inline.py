@@ -18,6 +18,10 @@ from envd import protocol
 from envd.client.transports.over_socket import SocketStepper
 from envd.errors import ProtocolError
 
+#: the outputs a reset gives every row of its envs (env_slot.c envd_slot_reset_rows)
+_FRESH_ROWS = (("rewards", 0), ("terminations", False), ("truncations", False),
+               ("dones", False), ("agent_mask", True))
+
 
 def _frame(array: np.ndarray) -> memoryview:
     """An array as one data frame (its bytes, C order, not copied)."""
@@ -36,6 +40,17 @@ class InlineStepper(SocketStepper):
         self._step_header.update(
             inline=True, actions={"dtype": actions.dtype.str, "shape": list(actions.shape)})
         self._outputs = protocol.output_arrays(self.buffers)
+
+    def async_reset(self, with_seeds: bool) -> None:
+        """(Its reply carries no outputs: the recvs carry each env's rows.)
+        Every env's rows here become a fresh episode's as the daemon's reset
+        wrote them in its segment (env_slot.c envd_slot_reset_rows): reward
+        0, the flags False, every agent alive; the observations stay as
+        they were until a recv brings them."""
+        super().async_reset(with_seeds)
+        for name, fresh in _FRESH_ROWS:
+            if name in self.buffers:
+                self.buffers[name][...] = fresh
 
     def _request_reset(self, with_seeds: bool, with_mask: bool) -> tuple[dict, Sequence]:
         header, _ = super()._request_reset(with_seeds, with_mask)

@@ -71,8 +71,9 @@ class SocketStepper:
         #: rows of each env in the buffers (a multi-agent env's agents, agent-major)
         self.num_agents = num_agents
         self.buffers = buffers
-        #: a request timed out: the daemon may still use the buffers until
-        #: its late reply (or the doorbell's late answer) says it ended
+        #: a request timed out, or a step's wait was interrupted: the daemon
+        #: may still use the buffers until its late reply (or the doorbell's
+        #: late answer) says it ended (_gave_up_on, check_buffers_free)
         self.maybe_running = False
         #: a send or recv timed out: which envs are in flight is unknown
         self.async_lost = False
@@ -188,9 +189,9 @@ class SocketStepper:
         self._take_inbox()  # (a timed-out step's late reply clears maybe_running)
         if self.maybe_running:
             raise EnvStateError(
-                f"a call on this {self.env_id} env timed out and the daemon has not "
-                "answered it yet: it may still use the env's buffers; retry later (or "
-                "make a new env)")
+                f"a call on this {self.env_id} env timed out or was interrupted and the "
+                "daemon has not answered it yet: it may still use the env's buffers; retry "
+                "later (or make a new env)")
 
     # ---- the non-blocking half (envd.stepping.PostingStepper) ----------------------------
     def post_step(self) -> Ticket:
@@ -226,16 +227,28 @@ class SocketStepper:
             return
         try:
             reply = self.channel.wait_posted(ticket.wire, ticket.kind, deadline)
-        except EnvdTimeoutError:
-            if ticket.kind == "step":
-                self.maybe_running = True  # until its late reply: see check_buffers_free
-            else:
-                self.async_lost = True  # the envs of a late send or recv are lost to us
+        except BaseException as exc:  # (a timeout, or an interrupt: Ctrl-C in a notebook)
+            self._gave_up_on(ticket, exc)
             raise
         if reply is None:  # read meanwhile (by another call on the channel)
             self._take_inbox()
         else:
             self._take_reply(ticket, reply)
+
+    def _gave_up_on(self, ticket: Ticket, error: BaseException) -> None:
+        """A wait for ticket ended by error before its answer came.  A step
+        (timed out, or interrupted: KeyboardInterrupt) may still be running
+        on the buffers: every later call refuses until its late answer came
+        (check_buffers_free), so that nothing writes inputs the daemon may
+        still read, and the late answer is taken in (a step's outputs) before
+        a later call's own (a reset's).  A timed-out send or recv loses the
+        async books.  A daemon gone (ConnectionLostError) runs nothing."""
+        if ticket.done or isinstance(error, ConnectionLostError):
+            return
+        if ticket.kind == "step":
+            self.maybe_running = True
+        elif isinstance(error, EnvdTimeoutError):
+            self.async_lost = True  # the envs of a late send or recv are lost to us
 
     def waitables(self, ticket: Ticket) -> tuple[Any, ...]:
         """The channel's socket and its connection monitor (zmq sockets):

@@ -121,8 +121,10 @@ class Ticket:
 class PostingStepper(Stepper, Protocol):
     """A Stepper with a non-blocking half (see the module docstring)."""
 
-    #: a request timed out: the daemon may still use the buffers until its
-    #: late answer says it ended (check_buffers_free)
+    #: a request timed out, or a wait for a step's answer ended by any
+    #: other exception (KeyboardInterrupt): the daemon may still use the
+    #: buffers until its late answer says it ended (check_buffers_free);
+    #: a caller that posted a step and never waited for it sets it too
     maybe_running: bool
 
     def check_buffers_free(self) -> None:
@@ -150,7 +152,9 @@ class PostingStepper(Stepper, Protocol):
         (time.monotonic() seconds; None: the client's timeout from now) and
         never past the client's timeout from now: EnvdTimeoutError, naming
         that timeout; its own error is left in it.  An answer that came is
-        taken in even once deadline passed."""
+        taken in even once deadline passed.  A step's wait that raises
+        (a timeout, an interrupt; not the daemon gone) leaves
+        maybe_running set."""
 
     def waitables(self, ticket: Ticket) -> tuple[Any, ...]:
         """What a caller about to wait for ticket sleeps on (posting a

@@ -769,7 +769,8 @@ class BatchedVecEnv(VectorEnv):
             self._last_num_done = None  # (step_info: no step to describe)
             # (the backend's reset writes each env's rows: reward 0, the
             # flags False: env_slot.c envd_slot_reset_rows, a hosted
-            # worker's reset outputs; a remote env's recv carries them)
+            # worker's reset outputs; the inline transport writes its
+            # private copies alike, a MultiVecEnv copies its shards')
             self._stepper.async_reset(seeds is not None)
         finally:
             self._claim.append(True)

@@ -1,0 +1,221 @@
+"""A daemon-served env whose step was cut short (Ctrl-C while waiting for a
+daemon's answer, a daemon that stopped answering) and async_reset's rows,
+over one daemon (a RemoteVecEnv) and two (a MultiVecEnv):
+
+- a step interrupted while waiting (KeyboardInterrupt, injected once into
+  the transport's wait, or into a MultiVecEnv's copy of a shard's results
+  with another shard not waited for yet) marks every step still unanswered
+  as may still be running: the next step refuses until the late answer
+  came, then steps as the in-process env would (the cut step ran on every
+  daemon), and a later reset's outputs are the reset's, never the late
+  step's;
+- a step refused because one daemon's last step may still be running moves
+  no daemon's envs (retrying does not run the healthy ones ahead);
+- after async_reset every row of the env's buffers is a fresh episode's
+  (reward 0, no flags), as in-process (tests/native/test_async.py).
+
+The reference is the in-process env of the same seed (envd.make), which
+tests/integration/test_multi_daemon.py shows bit-identical to the served
+ones when nothing is cut short."""
+from __future__ import annotations
+
+import dataclasses
+import signal
+
+import numpy as np
+import pytest
+from support.daemon import DEADLINE, daemon_group, wait_until
+
+import envd
+
+NUM_ENVS = 4
+#: (transport, fast_path) of the served env
+TRANSPORTS = {"inline": ("inline", None), "shm": ("shm", False), "doorbell": ("shm", True)}
+
+
+@pytest.fixture(scope="module")
+def daemons(tmp_path_factory):
+    """Two daemons for the module; at the end every session must be closed
+    and each must drain to exit 0 leaving no segment."""
+    folder = tmp_path_factory.mktemp("sync_step")
+    flags = ("--threads", "1", "--lease-timeout", "10")
+    with daemon_group(folder, flags, flags) as procs:
+        yield procs
+
+
+@pytest.fixture(scope="module")
+def clients(daemons):
+    """A MultiClient over both daemons and a Client of the second."""
+    multi = envd.connect([d.endpoint for d in daemons], timeout=DEADLINE)
+    single = daemons[1].connect(timeout=DEADLINE)
+    try:
+        yield multi, single
+    finally:
+        single.close()
+        multi.close()
+
+
+def make_served(clients, kind: str, transport: str, **kwargs):
+    """A CartPole env of NUM_ENVS envs on both daemons (kind "multi") or on
+    the second (kind "single"), and its steppers that a cut step reaches last
+    (the second daemon's)."""
+    multi, single = clients
+    name, fast_path = TRANSPORTS[transport]
+    options = {"transport": name, "fast_path": fast_path, **kwargs}
+    env = (multi if kind == "multi" else single).make("CartPole-v1", NUM_ENVS, seed=1, **options)
+    for shard in env.shards if kind == "multi" else [env]:
+        assert shard.transport == name and shard.fast_path == bool(fast_path)
+    return env, (env.shards[-1].stepper if kind == "multi" else env.stepper)
+
+
+def interrupt_wait_once(monkeypatch, stepper) -> None:
+    """The stepper's next wait for an answer raises KeyboardInterrupt (as
+    Ctrl-C there would), once: its request is out, its answer not read."""
+    def interrupt(*args, **kwargs):
+        monkeypatch.undo()
+        raise KeyboardInterrupt
+
+    if stepper.fast_path:  # (the doorbell's wait, past its quick look at the answer)
+        monkeypatch.setattr(stepper.doorbell, "quick_answer", lambda: None)
+        monkeypatch.setattr(stepper.doorbell, "wait", interrupt)
+    else:  # (the channel's wait for the posted step's reply)
+        monkeypatch.setattr(stepper.channel, "wait_posted", interrupt)
+
+
+def interrupt_copy_once(monkeypatch, env) -> None:
+    """The MultiVecEnv's next copy of a shard's results (the first shard's,
+    the second's step posted and not waited for yet) raises
+    KeyboardInterrupt, once."""
+    stepper = env._stepper
+    host = stepper._host
+
+    def interrupt(k: int) -> None:
+        monkeypatch.undo()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(stepper, "_host", dataclasses.replace(host, copy_results=interrupt))
+
+
+def outputs(result) -> list[np.ndarray]:
+    """A step's or reset's arrays, copied (the env's are views)."""
+    if len(result) == 2:
+        return [np.array(result[0])]
+    return [np.array(array) for array in result[:4]]
+
+
+def assert_same(got, want, what: str) -> None:
+    for a, b in zip(outputs(got), outputs(want)):
+        np.testing.assert_array_equal(a, b, err_msg=what)
+
+
+def step_once_free(env, actions) -> tuple:
+    """env.step(actions), retried while it is refused because the cut
+    step's late answer has not come (a refused step moves no envs)."""
+    results = []
+
+    def steps() -> bool:
+        try:
+            results.append(env.step(actions))
+        except envd.EnvStateError as exc:
+            assert "timed out or was interrupted" in str(exc), exc
+            return False
+        return True
+
+    wait_until(steps, what="a step once the cut step's late answer came")
+    return results[0]
+
+
+@pytest.mark.parametrize("kind,transport,where", [
+    ("single", "inline", "wait"), ("single", "doorbell", "wait"), ("single", "shm", "wait"),
+    ("multi", "inline", "wait"), ("multi", "doorbell", "wait"), ("multi", "shm", "wait"),
+    ("multi", "inline", "copy"), ("multi", "doorbell", "copy")])
+def test_an_interrupted_step_is_waited_for_before_the_next_call(clients, monkeypatch, kind,
+                                                                transport, where):
+    zeros, ones = np.zeros(NUM_ENVS, np.int64), np.ones(NUM_ENVS, np.int64)
+    reference = envd.make("CartPole-v1", NUM_ENVS, seed=1)
+    env, last = make_served(clients, kind, transport)
+    try:
+        assert_same(env.reset(seed=3), reference.reset(seed=3), "the first reset")
+        if where == "wait":
+            interrupt_wait_once(monkeypatch, last)
+        else:
+            interrupt_copy_once(monkeypatch, env)
+        with pytest.raises(KeyboardInterrupt):
+            env.step(zeros)
+        # the step was posted and its answer not read: it may still run
+        assert last.maybe_running
+        reference.step(zeros)  # (the cut step ran on every daemon)
+        assert_same(step_once_free(env, ones), reference.step(ones), "the step after")
+        assert not last.maybe_running
+        # the late answer was taken in before: the reset's outputs are the reset's
+        assert_same(env.reset(seed=5), reference.reset(seed=5), "the reset after")
+        assert_same(env.step(zeros), reference.step(zeros), "a step after the reset")
+    finally:
+        env.close()
+        reference.close()
+
+
+@pytest.mark.parametrize("fast_path", [True, False], ids=["doorbell", "shm"])
+def test_a_step_refused_for_one_daemon_moves_no_daemon(harness, fast_path):
+    """The second daemon stops answering: the step times out naming it (the
+    first daemon's envs stepped); while its late answer cannot come, every
+    retried step is refused naming it and leaves the first daemon's envs
+    where they are; once it answers, the env steps on as in-process (the
+    timed-out step ran on both)."""
+    zeros, ones = np.zeros(NUM_ENVS, np.int64), np.ones(NUM_ENVS, np.int64)
+    daemons = [harness.daemon("--threads", "1"), harness.daemon("--threads", "1")]
+    multi = envd.connect([d.endpoint for d in daemons], timeout=DEADLINE)
+    reference = envd.make("CartPole-v1", NUM_ENVS, seed=1)
+    try:
+        env = multi.make("CartPole-v1", NUM_ENVS, seed=1, fast_path=fast_path)
+        assert_same(env.reset(seed=3), reference.reset(seed=3), "the first reset")
+        daemons[1].signal(signal.SIGSTOP)  # (returns once it is stopped)
+        try:
+            for client in multi.clients:  # short only while the daemon cannot answer
+                client.timeout = 2.0
+            with pytest.raises(envd.EnvdTimeoutError, match=daemons[1].endpoint):
+                env.step(zeros)
+            first = env.shards[0]
+            stepped = [np.array(first.observations), np.array(first.rewards)]
+            for _ in range(3):
+                with pytest.raises(envd.EnvStateError, match="timed out") as info:
+                    env.step(ones)
+                assert daemons[1].endpoint in str(info.value)
+                assert daemons[0].endpoint not in str(info.value)
+                np.testing.assert_array_equal(first.observations, stepped[0])
+                np.testing.assert_array_equal(first.rewards, stepped[1])
+            with pytest.raises(envd.EnvStateError, match="timed out"):
+                env.reset(seed=4)  # (no shard resets either)
+            np.testing.assert_array_equal(first.observations, stepped[0])
+        finally:
+            daemons[1].proc.send_signal(signal.SIGCONT)
+        for client in multi.clients:
+            client.timeout = DEADLINE
+        reference.step(zeros)
+        assert_same(step_once_free(env, ones), reference.step(ones), "the step after")
+        env.close()
+    finally:
+        reference.close()
+        multi.close()
+
+
+@pytest.mark.parametrize("kind,transport", [("single", "inline"), ("single", "shm"),
+                                            ("multi", "inline"), ("multi", "shm")])
+def test_async_reset_leaves_every_row_a_fresh_episodes(clients, kind, transport):
+    """tests/native/test_async.py's, served: the env's own buffers (an
+    inline env's private copies, a MultiVecEnv's rows) too."""
+    env, _ = make_served(clients, kind, transport, batch_size=2)
+    try:
+        env.reset()
+        for _ in range(200):  # (pushing left ends CartPole's episode within ~10 steps)
+            env.step(np.zeros(NUM_ENVS, np.int64))
+            if env._dones.any():
+                break
+        assert env.rewards.tolist() == [1.0] * NUM_ENVS and env._dones.any(), env._dones
+        env.async_reset()
+        assert env.rewards.tolist() == [0.0] * NUM_ENVS
+        for flags in (env.terminations, env.truncations, env._dones):
+            assert not flags.any(), flags
+        assert env.recv()[1].tolist() == [0.0, 0.0]
+    finally:
+        env.close()
