@@ -161,7 +161,7 @@ class InfoBuilder:
         # caller's to change); None where _episode_info builds it
         self._done_template = (None if copy or self._final_obs is not None else
                                self._episode_info(self._dones, None, self._stats,
-                                                 self._log_columns))
+                                                  self._log_columns))
         self._done_nested = (() if self._done_template is None else
                              tuple(key for key, value in self._done_template.items()
                                    if isinstance(value, dict)))
@@ -208,7 +208,7 @@ class InfoBuilder:
             return info
         if not self._copy:
             return self._episode_info(self._dones, self._final_obs, self._stats,
-                                     self._log_columns)
+                                      self._log_columns)
         stats = self._stats
         if self._key is not None:
             stats = tuple(a.copy() for a in stats)
