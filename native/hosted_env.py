@@ -120,7 +120,7 @@ class HostedVecEnv(BatchedVecEnv):
             os.close(fd)  # the workers have theirs
         self._use_stepper(self._session)
         if self._session._slice is not None:
-            self._inline_infos = self._session._slice.inline_infos
+            self._infos.inline_infos = self._session._slice.inline_infos
         if seed is None:
             entropy = np.random.SeedSequence().entropy
             assert isinstance(entropy, int)  # (a SeedSequence made without entropy draws an int)

@@ -4,12 +4,14 @@ Both are N envs stepped over one set of batch buffers (numpy arrays in the
 process, or views of a session's shared memory); they differ only in who runs
 a reset or a step: the native core in this process, or the daemon.  Keeping
 argument checks, action conversion, the info dict and the view/copy rules
-here makes the two behave the same by construction.  What it shares with the
-client and the daemon beyond this class lies in modules of one idea each:
-the buffers (envd.buffer_layout), the info (envd.vec_info), a batch's rows
-(envd.vec_rows), the errors (envd.vec_errors), a send's range checks
-(envd.send_row_checks), autoreset modes (envd.autoreset) and integer
-arguments (envd.int_args).
+here makes the two behave the same by construction.  The class itself holds
+the calls (argument checks, action conversion, the one-call claim, close);
+what it composes or shares with the client and the daemon lies in modules of
+one idea each: the buffers (envd.buffer_layout), the info and its assembly
+(envd.vec_info.InfoBuilder, one per bound set of buffers), a batch's rows and
+recv's gather plans (envd.vec_rows), the errors (envd.vec_errors), a send's
+range checks (envd.send_row_checks), autoreset modes (envd.autoreset) and
+integer arguments (envd.int_args).
 
 Lifetime of returned arrays: the observation, reward, termination and
 truncation arrays returned by ``reset``/``step`` (and the arrays in ``info``)
@@ -31,24 +33,20 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from envd import info_codec, leaves
+from envd import leaves
 from envd.errors import EnvStateError, InvalidActionError, InvalidArgumentError, NativeError
 from envd.int_args import seed_list
 from envd.stepping import NO_STEPPER, Stepper
-from envd.vec_info import (
-    EPISODE_LOG,
-    EPISODE_LOG_KEY,
-    INFO_COLUMN_PREFIX,
-    INFO_IN_COLUMNS,
-    INFO_LENGTHS,
-    INFO_PREFIX,
-    INFO_SLOTS,
-    InfoMerger,
-    ended_columns,
-    episode_statistics_key,
-    info_column_type,
+from envd.vec_info import INFO_PREFIX, InfoBuilder, episode_statistics_key, gathered_on_done
+from envd.vec_rows import (
+    GatherPlan,
+    LastBatch,
+    RepeatCheck,
+    RowCopy,
+    gather_plans,
+    numpy_row_copier,
+    run_of,
 )
-from envd.vec_rows import GatherPlan, LastBatch, RepeatCheck, run_of
 
 
 def possible_agents(names: Sequence[str], num_agents: int) -> list[str]:
@@ -183,7 +181,6 @@ class BatchedVecEnv(VectorEnv):
         self.action_space = batch_space(action_space, num_envs)
         self.max_episode_steps = max_episode_steps or None
         self._copy = bool(copy)
-        self._episode_statistics = self.episode_statistics_key is not None
         self.batch_size = num_envs if batch_size is None else batch_size
         self._stepper: Stepper = NO_STEPPER  # set by the subclass; NO_STEPPER again once closed
         # The step paths' step: _step_fn(_step_arg) (see _use_stepper); once
@@ -200,9 +197,6 @@ class BatchedVecEnv(VectorEnv):
         self._recv_count = 0
         self._maybe_running = False  # a call timed out: the buffers may be in use
         self._owned: list[Any] = []  # closed after this env (close_along)
-        #: a hosted env stepped in this process: each env's last [info] or
-        #: [info, final info], as its env returned them (nothing encoded)
-        self._inline_infos: list[Any] | None = None
         #: episodes ended in the last step (step_info's), None since a reset
         #: or async call
         self._last_num_done: int | None = None
@@ -212,52 +206,25 @@ class BatchedVecEnv(VectorEnv):
         self._plans: list[GatherPlan] | None = None  # recv's, over these buffers (built lazily)
         space = self.single_observation_space
         self._obs_names = leaves.leaf_names("observations", space)
-        self._final_obs_names = leaves.leaf_names("final_observations", space)
         self._obs = self._tree(buffers, "observations")
         self._actions = buffers["actions"]
         # a Dict/Tuple action space: its leaves, views of the packed rows
         self._action_leaves = (leaves.leaf_views(self.single_action_space, self._actions)
                                if leaves.is_composite(self.single_action_space) else None)
-        self._info_slots = buffers.get(INFO_SLOTS)
-        self._info_lengths = buffers.get(INFO_LENGTHS)
-        # the info columns: (key, buffer name), and with the type a value has
-        self._info_columns = [(name[len(INFO_COLUMN_PREFIX):], name) for name in buffers
-                              if name.startswith(INFO_COLUMN_PREFIX)]
-        self._info_column_types = [(key, name, info_column_type(buffers[name]))
-                                   for key, name in self._info_columns]
-        self._info_column_masks = [(key, "_" + key, name) for key, name in self._info_columns]
         self._rewards = buffers["rewards"]
         self._terminations = buffers["terminations"]
         self._truncations = buffers["truncations"]
         self._dones = buffers["dones"]
-        self._agent_mask = buffers.get("agent_mask")
-        self._episode_log = buffers.get(EPISODE_LOG)  # (with episode_fields)
-        # a step's info["envd_log"]: field -> its column of the log, a view
-        # (a step writes every row of the log: 0 where no episode ended)
-        self._log_columns = (dict(zip(self.episode_fields, self._episode_log.T))
-                             if self._episode_log is not None and self.episode_fields else None)
-        self._stats = tuple(buffers[name] for name in self._EPISODE_STATS)
-        self._final_obs = (self._tree(buffers, "final_observations")
-                           if self._final_obs_names[0] in buffers else None)
-        # _done_info's fast form (copy=False, no final observations): the
-        # info's dicts built once, copied per step (a step's info is the
-        # caller's to change); None where _episode_info builds it
-        self._done_template = (None if self._copy or self._final_obs is not None else
-                               self._episode_info(self._dones, None, self._stats,
-                                                  self._log_columns))
-        self._done_nested = (() if self._done_template is None else
-                             tuple(key for key, value in self._done_template.items()
-                                   if isinstance(value, dict)))
-        # the env's own info fields: info key -> buffer
         self._check_episode_statistics_key(buffers)
-        self._env_info = {name[len(INFO_PREFIX):]: array for name, array in buffers.items()
-                          if name.startswith(INFO_PREFIX)}
+        #: the infos of the results (a hosted env stepped in this process
+        #: sets its inline_infos)
+        self._infos = InfoBuilder(buffers, space, self.episode_statistics_key,
+                                  self.episode_fields, self._copy)
         # the fast path of step() compares against these (a builtin dtype is
         # one object: the identity test spares the slower == per step)
         self._action_dtype, self._action_shape = self._actions.dtype, self._actions.shape
         # whether a step's info has more than the episode info (one test a step)
-        self._more_info = (bool(self._env_info) or self._agent_mask is not None
-                           or self._info_lengths is not None)
+        self._more_info = self._infos.more_info
 
     def _use_stepper(self, stepper: Stepper,
                      bare_step: tuple[Callable[[Any], int], Any] | None = None,
@@ -391,32 +358,6 @@ class BatchedVecEnv(VectorEnv):
             self._claim.append(True)
             _refuse_closed(self.env_id)
 
-    _EPISODE_STATS = ("episode_returns", "episode_lengths", "episode_times")
-
-    def _done_info(self) -> dict[str, Any]:
-        """The info of a step in which some episode ended (see _episode_info).
-        Like the other results, its arrays are views valid until the next step
-        (copies with copy=True).  A step wrote every row of the episode log
-        (0 where no episode ended: vec.h), so its columns are the log's own."""
-        # (fixed cost of every step in which an episode ended: no array is
-        # made unless copy=True; cheap Ocean envs end one nearly every step)
-        template = self._done_template
-        if template is not None:  # every value a view, each dict a fresh copy
-            info = template.copy()
-            for key in self._done_nested:
-                info[key] = info[key].copy()
-            return info
-        if not self._copy:
-            return self._episode_info(self._dones, self._final_obs, self._stats,
-                                      self._log_columns)
-        stats = self._stats
-        if self._episode_statistics:
-            stats = tuple(a.copy() for a in stats)
-        columns = self._log_columns
-        if columns is not None:
-            columns = {name: column.copy() for name, column in columns.items()}
-        return self._episode_info(self._dones.copy(), self._final_obs, stats, columns)
-
     @property
     def num_env_instances(self) -> int:
         """Envs (num_envs counts rows: num_env_instances * num_agents)."""
@@ -433,130 +374,6 @@ class BatchedVecEnv(VectorEnv):
         possible_agents): row r is agent possible_agents[r % num_agents_per_env]
         of env r // num_agents_per_env."""
         return possible_agents(self.agent_names, self.num_agents)
-
-    def _env_info_now(self) -> dict[str, np.ndarray]:
-        """The env's info fields after a reset or step (and a multi-agent
-        env's "agent_mask"): views, or copies with copy=True."""
-        info = dict(self._env_info)
-        if self._agent_mask is not None:
-            info["agent_mask"] = self._agent_mask
-        if self._copy:
-            return {name: array.copy() for name, array in info.items()}
-        return info
-
-    def _episode_info(self, dones: np.ndarray, final_rows: Any,
-                      stats: tuple[np.ndarray, ...],
-                      log_columns: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
-        """gymnasium's RecordEpisodeStatistics shape, info[key]["r"|"l"|"t"]
-        (stats) with the mask info["_" + key] (dones), key being
-        episode_statistics_key ("envd_episode" by default), and for SAME_STEP
-        info["final_obs"] (an object array of copies of final_rows) and
-        info["final_info"].  An env with an episode log (log_columns: field ->
-        float64 per row, 0 where no episode ended; not kept by info) also
-        gets info["envd_log"] (those columns) and its mask info["_envd_log"]
-        (gymnasium's _add_info shape), whatever episode_statistics says."""
-        info: dict[str, Any] = {}
-        if log_columns is not None:
-            info[EPISODE_LOG_KEY] = dict(log_columns)  # (a fresh dict per step)
-            info["_" + EPISODE_LOG_KEY] = dones.copy() if self._copy else dones
-        if final_rows is not None:
-            final = np.full(len(dones), None, dtype=object)
-            for k in np.flatnonzero(dones).tolist():
-                final[k] = leaves.row_of(self.single_observation_space, final_rows, k)
-            info["final_obs"], info["_final_obs"] = final, dones
-            info["final_info"], info["_final_info"] = {}, dones
-        key = self.episode_statistics_key
-        if key is not None:  # (self._episode_statistics)
-            info[key] = {"r": stats[0], "l": stats[1], "t": stats[2]}
-            info["_" + key] = dones
-        return info
-
-    def _add_env_infos(self, info: dict[str, Any], out: dict[str, np.ndarray],
-                       mask: np.ndarray | None = None, env_ids: np.ndarray | None = None
-                       ) -> None:
-        """Merge the envs' own infos into info, as gymnasium's vector envs
-        merge them (VectorEnv._add_info: info[key] plus the mask
-        info["_" + key], nested dicts alike); a SAME_STEP done env's step
-        info goes under info["final_info"].  out: the result's buffers (row
-        k is env k of a step, env env_ids[k] of a recv); a row's info is
-        its columns' row (INFO_IN_COLUMNS), its msgpack slot (length not 0)
-        or, stepped in this process, the env's own dict (_inline_infos);
-        mask: the rows that count (a masked reset).  Every array is as long
-        as the result, as the other results are."""
-        lengths = out[INFO_LENGTHS]
-        in_columns = out.get(INFO_IN_COLUMNS)
-        if mask is not None:
-            lengths = lengths * mask
-            if in_columns is not None:
-                in_columns = in_columns & mask
-        if in_columns is not None and in_columns.tobytes().count(0) == 0:
-            # (the common case: every env's info is its columns' row; the
-            # masks are rows of one array, one allocation for all)
-            masks = np.ones((len(self._info_column_masks), len(in_columns)), np.bool_)
-            for (key, mask_key, name), key_mask in zip(self._info_column_masks, masks):
-                info[key] = out[name].copy()
-                info[mask_key] = key_mask
-            return
-        # (no info at all, the other common case: zero bytes counted, a
-        # fraction of a numpy reduction's cost on the step's critical path)
-        if lengths.tobytes().count(0) == lengths.nbytes and (
-                in_columns is None or in_columns.tobytes().count(0) == in_columns.nbytes):
-            return
-        # The envs whose info is not in the columns, merged env by env; then
-        # the columns' envs at once, over them (_merge_columns).
-        slotted = lengths != 0 if in_columns is None else (lengths != 0) & ~in_columns
-        merger = InfoMerger(len(lengths))
-        infos: dict[str, Any] = {}
-        finals: dict[str, Any] = {}
-        payloads: dict[int, dict] = {}
-        inline = self._inline_infos
-        for k in np.flatnonzero(slotted).tolist():
-            if inline is not None:
-                payload = inline[k if env_ids is None else int(env_ids[k])]
-            else:
-                payload = info_codec.decode(out[INFO_SLOTS][k, :int(lengths[k])].tobytes())
-            payloads[k] = payload[0]
-            infos = merger._add_info(infos, payload[0], k)
-            if len(payload) > 1:
-                finals = merger._add_info(finals, payload[1], k)
-        if in_columns is not None and in_columns.any():
-            self._merge_columns(infos, out, in_columns, payloads)
-        if finals:  # (its mask "_final_info", the dones, is set with final_obs)
-            info["final_info"] = finals
-        info.update(infos)
-
-    def _merge_columns(self, infos: dict[str, Any], out: dict[str, np.ndarray],
-                       rows: np.ndarray, payloads: dict[int, dict]) -> None:
-        """Add the rows (a bool mask) whose info is their columns' to infos,
-        which holds the other envs' (payloads: row -> its info) merged: the
-        same dict as _add_info of every env in row order.  A key's array
-        takes the type of the first env that has it (gymnasium's rule): the
-        column's when that env is a column row, else the other env's, the
-        column values cast into it."""
-        first = int(np.argmax(rows))
-        others = ~rows
-        for key, name, kind in self._info_column_types:
-            column = out[name]
-            mask = infos.get("_" + key)
-            if mask is None or first < int(np.argmax(mask)):
-                array = column.copy()
-                array[others] = 0  # (zeros where rows is not set)
-                if mask is not None:  # (the other envs' values, cast as _add_info casts them)
-                    for k in np.flatnonzero(mask).tolist():
-                        array[k] = payloads[k][key]
-                    mask = mask | rows
-                else:
-                    mask = rows.copy()
-            else:
-                array = infos[key]
-                if not isinstance(array, np.ndarray) or array.dtype == object:
-                    # (the values themselves, as _add_info keeps them)
-                    for k in np.flatnonzero(rows).tolist():
-                        array[k] = kind(column[k])
-                else:
-                    array[rows] = column[rows]
-                mask = mask | rows
-            infos[key], infos["_" + key] = array, mask
 
     def _reset_mask(self, options: dict[str, Any] | None) -> np.ndarray | None:
         if options is not None and not isinstance(options, dict):
@@ -599,9 +416,7 @@ class BatchedVecEnv(VectorEnv):
             self._write_reset_inputs(seeds, mask)
             self._last_num_done = None  # (step_info: no step to describe)
             self._stepper.reset(seeds is not None, mask is not None)
-            info = self._env_info_now() if self._env_info or self._agent_mask is not None else {}
-            if self._info_lengths is not None:
-                self._add_env_infos(info, self._buffers, mask)
+            info = self._infos.reset_info(mask)
         finally:
             self._claim.append(True)
         return (leaves.copy_value(self._obs) if self._copy else self._obs), info
@@ -641,23 +456,15 @@ class BatchedVecEnv(VectorEnv):
                 self._last_num_done = None
                 raise
             self._last_num_done = num_done
-            info = self._done_info() if num_done else {}
+            info = self._infos.done_info() if num_done else {}
             if self._more_info:
-                self._add_more_info(info)
+                self._infos.add_more_info(info)
         finally:
             claim.append(True)
         if self._copy:
             return (leaves.copy_value(self._obs), self._rewards.copy(), self._terminations.copy(),
                     self._truncations.copy(), info)
         return self._obs, self._rewards, self._terminations, self._truncations, info
-
-    def _add_more_info(self, info: dict[str, Any]) -> None:
-        """Add a step's info beyond the episode info: the env's own fields
-        and agent mask, and a hosted env's infos."""
-        if self._env_info or self._agent_mask is not None:
-            info.update(self._env_info_now())
-        if self._info_lengths is not None:
-            self._add_env_infos(info, self._buffers)
 
     # ---- in place (PufferLib's loop: buffers bound once) ---------------------------------
     # The arrays below are the env's own buffers, the same for its whole life
@@ -745,9 +552,9 @@ class BatchedVecEnv(VectorEnv):
             if num_done is None:
                 raise EnvStateError(f"{self.env_id}: step_info() describes a step: none "
                                     "since the last reset")
-            info = self._done_info() if num_done else {}
+            info = self._infos.done_info() if num_done else {}
             if self._more_info:
-                self._add_more_info(info)
+                self._infos.add_more_info(info)
             return info
         finally:
             self._claim.append(True)
@@ -864,10 +671,6 @@ class BatchedVecEnv(VectorEnv):
         finally:
             self._claim.append(True)
 
-    #: gathered only for a batch in which an episode ended (only then in its
-    #: info; the leaves "final_observations.<k>" of a composite space too)
-    _ON_DONE = frozenset({*_EPISODE_STATS, "final_observations", EPISODE_LOG})
-
     def _gather(self, ids: np.ndarray, source: int = 0,
                 source_rows: np.ndarray | None = None) -> tuple:
         """Copy the envs' results into the next of two batch buffers, from
@@ -877,44 +680,14 @@ class BatchedVecEnv(VectorEnv):
         self._recv_count += 1
         rows = self._rows_of(ids)
         # (rows come from the stepper's ids: in range)
-        copy_always, copy_on_done = plan.copiers[source]
-        read = rows if source_rows is None else source_rows
-        run = run_of(read, self._positions)
-        copy_always(read, run)
-        any_done = plan.dones.any()
-        if any_done:  # (no episode ended: the info has no statistics)
-            copy_on_done(read, run)
-        env_id = plan.slots["env_id"]
+        out, any_done, run = plan.fill(rows, source, rows if source_rows is None else source_rows,
+                                       self._positions, self.num_agents, self._copy)
         if self.num_agents == 1:
-            env_id[...] = rows
-            self._last_batch = LastBatch(env_id, run if source_rows is None else run_of(
+            self._last_batch = LastBatch(out["env_id"], run if source_rows is None else run_of(
                 rows, self._positions))
-        else:
-            env_id[...] = rows // self.num_agents  # each row's env
-        if self._copy:
-            out = {name: slot.copy() for name, slot in plan.slots.items()
-                   if any_done or name not in plan.on_done_names}
-            obs = self._tree(out, "observations")
-        else:
-            out = plan.slots
-            obs = plan.obs if plan.obs is not None else self._tree(out, "observations")
-        info: dict[str, Any] = {"env_id": out["env_id"]}
-        if self._agent_mask is not None:
-            info["agent_mask"] = out["agent_mask"]
-        for name in self._env_info:
-            info[name] = out[INFO_PREFIX + name]
-        if any_done:
-            final = self._tree(out, "final_observations") if self._final_obs is not None else None
-            log = out.get(EPISODE_LOG)
-            # (a copy: the gathered rows of envs reset since their last step
-            # keep the log of that step)
-            columns = (None if log is None or not self.episode_fields else
-                       dict(zip(self.episode_fields, ended_columns(log, out["dones"]))))
-            info.update(self._episode_info(out["dones"], final,
-                                           tuple(out[name] for name in self._EPISODE_STATS),
-                                           columns))
-        if self._info_lengths is not None:
-            self._add_env_infos(info, out, env_ids=out["env_id"])
+        obs = (plan.obs if plan.obs is not None and not self._copy else
+               self._tree(out, "observations"))
+        info = self._infos.recv_info(out, any_done)
         return obs, out["rewards"], out["terminations"], out["truncations"], info
 
     def _gather_plans(self) -> list[GatherPlan]:
@@ -923,37 +696,12 @@ class BatchedVecEnv(VectorEnv):
         plans = self._plans
         if plans is None:
             names = [*self._obs_names, "rewards", "terminations", "truncations", "dones",
-                     *self._EPISODE_STATS]
-            if self._final_obs is not None:
-                names += self._final_obs_names
-            if self._info_lengths is not None:
-                names += [INFO_SLOTS, INFO_LENGTHS]
-                if self._info_columns:
-                    names += [INFO_IN_COLUMNS, *(name for _, name in self._info_columns)]
-            names += [INFO_PREFIX + name for name in self._env_info]
-            if self._agent_mask is not None:
-                names.append("agent_mask")
-            if self._episode_log is not None:
-                names.append(EPISODE_LOG)
-            rows = self.batch_size * self.num_agents  # batch_size counts envs
-            plans = self._plans = []
-            for _ in range(2):
-                slots = {**{name: np.empty((rows, *self._buffers[name].shape[1:]),
-                                           self._buffers[name].dtype) for name in names},
-                         "env_id": np.empty(rows, np.int32)}
-                # gathered only for a batch in which an episode ended (only
-                # then in its info; the leaves of a composite space's
-                # final_observations too)
-                on_done = [name for name in names if name in self._ON_DONE
-                           or name.startswith("final_observations.")]
-                always = [name for name in names if name not in on_done]
-                obs = self._tree(slots, "observations")
-                copiers = [(self._row_copier([(source[n], slots[n]) for n in always]),
-                            self._row_copier([(source[n], slots[n]) for n in on_done]))
-                           for source in self._gather_sources()]
-                plans.append(GatherPlan(
-                    slots, frozenset(on_done), obs if isinstance(obs, np.ndarray) else None,
-                    copiers))
+                     *self._infos.gathered_names()]
+            plans = self._plans = gather_plans(
+                self._buffers, names, gathered_on_done,
+                self.batch_size * self.num_agents,  # (batch_size counts envs)
+                self._gather_sources(), self._row_copier,
+                lambda slots: self._tree(slots, "observations"))
         return plans
 
     def _gather_sources(self) -> list[dict[str, np.ndarray]]:
@@ -962,21 +710,11 @@ class BatchedVecEnv(VectorEnv):
         its shards' (a batch of one shard is copied once, from there)."""
         return [self._buffers]
 
-    def _row_copier(self, pairs: list[tuple[np.ndarray, np.ndarray]]) -> Any:
-        """A function of (rows, run) copying rows (int64, in range) of each
-        (buffer, slot) pair's buffer into its slot, in order; run: the same
-        rows as a slice (run_of), or None."""
-        def copy(rows: np.ndarray, run: slice | None) -> None:
-            if run is not None:  # (a third of a take's cost)
-                for buffer, slot in pairs:
-                    slot[...] = buffer[run]
-                return
-            for buffer, slot in pairs:
-                # mode="clip" skips numpy's bounds check, which with out=
-                # (mode "raise") copies through a temporary buffer -- about
-                # half of a recv's own time for cheap envs.
-                buffer.take(rows, axis=0, out=slot, mode="clip")
-        return copy
+    def _row_copier(self, pairs: list[tuple[np.ndarray, np.ndarray]]) -> RowCopy:
+        """The copy of rows of each (buffer, slot) pair's buffer into its
+        slot that recv's plans use (numpy_row_copier; the in-process env's
+        is native)."""
+        return numpy_row_copier(pairs)
 
     def render(self) -> tuple[np.ndarray, ...]:
         """One rgb_array frame per env, as gymnasium's vector envs return them: a
