@@ -72,6 +72,14 @@ class HostedSpec:
     agent_names: tuple[str, ...] = ()
 
 
+def slice_args(spec: HostedSpec, maker: tuple) -> dict[str, Any]:
+    """The slice class's own arguments: a PettingZoo env's description,
+    which each of its envs must match (AgentSlice's described)."""
+    if maker[0] != "parallel":
+        return {}
+    return {"described": (spec.agent_names, spec.observation_space, spec.action_space)}
+
+
 def slice_bounds(num_envs: int, num_workers: int, worker: int) -> tuple[int, int]:
     """Envs [begin, end) of worker (contiguous slices, as backend_workers.c)."""
     return worker * num_envs // num_workers, (worker + 1) * num_envs // num_workers
@@ -154,6 +162,7 @@ class HostedSession(NativeSession):
         self.spec, self.num_envs, self.num_workers = spec, num_envs, num_workers
         self.autoreset_mode = autoreset_mode
         self.timeout = timeout
+        self._slice_args = slice_args(spec, maker)
         self._interrupted: BaseException | None = None
         self.handle = self._backend = ffi.NULL
         self.segment: Segment | None = segment  # (None once closed)
@@ -173,7 +182,7 @@ class HostedSession(NativeSession):
             if num_workers == 0:
                 self._slice = slice_class(maker)(_maker(maker), 0, num_envs, segment, 0,
                                                  autoreset_mode, inline=True,
-                                                 **self._slice_args(maker))
+                                                 **self._slice_args)
             else:
                 assert template is not None  # (the callers give one wherever there are workers)
                 self._spawn(template, maker, fd, autoreset_mode, notify_fd)
@@ -183,14 +192,6 @@ class HostedSession(NativeSession):
             raise
 
     # ---- setup ---------------------------------------------------------------------
-    def _slice_args(self, maker: tuple) -> dict[str, Any]:
-        """The slice class's own arguments: a PettingZoo env's description,
-        which each of its envs must match (AgentSlice's described)."""
-        if maker[0] != "parallel":
-            return {}
-        spec = self.spec
-        return {"described": (spec.agent_names, spec.observation_space, spec.action_space)}
-
     def _spawn(self, template: Template, maker: tuple, fd: int, mode: AutoresetMode,
                notify_fd: int) -> None:
         self._notify = notify_fd >= 0
@@ -204,7 +205,7 @@ class HostedSession(NativeSession):
                     {"spec": maker, "layout": segment.layout,
                      "size": segment.size, "worker": w, "begin": begin, "end": end,
                      "autoreset_mode": mode, "spin_ns": spin_ns(self.num_workers),
-                     "slice_args": self._slice_args(maker)},
+                     "slice_args": self._slice_args},
                     (fd, notify_fd, theirs.fileno()) if notify_fd >= 0
                     else (fd, theirs.fileno()))
             finally:
