@@ -251,8 +251,8 @@ static void wait_envs(workers_backend_t *b, const int64_t *ids, int64_t count)
     }
 }
 
-/* Env i's rows (A > 1 agents) as its reset (of any kind) leaves them: live,
- * but those of agents its worker found absent from the reset. */
+/* Env i's agent rows (A > 1, or agent_rows) as its reset (of any kind)
+ * leaves them: live, but those of agents its worker found absent from it. */
 static void start_agent_rows(workers_backend_t *b, int64_t i)
 {
     const int64_t A = b->cfg.agents;
@@ -260,10 +260,11 @@ static void start_agent_rows(workers_backend_t *b, int64_t i)
         envd_slot_live_rows(&b->books, i);
         return;
     }
-    envd_slot_start_agent_rows(&b->books, i, (const volatile unsigned char *)b->cfg.absent + i * A,
-                               (unsigned char *)b->cfg.observations +
-                                   (size_t)(i * A) * (size_t)b->cfg.obs_bytes,
-                               (size_t)b->cfg.obs_bytes);
+    const size_t one_obs = (size_t)b->cfg.obs_bytes;
+    envd_slot_start_agent_rows(&b->books, i,
+                               (const volatile unsigned char *)b->cfg.absent + i * A,
+                               (unsigned char *)b->cfg.observations + (size_t)(i * A) * one_obs,
+                               one_obs);
 }
 
 /* The rows of env i (A > 1 agents) after a step its worker acked: the

@@ -185,9 +185,9 @@ int envd_backend_workers_create(envd_backend_t **out, const envd_workers_config_
 
 /* The most bytes envd_backend_workers_create allocates for a config of
  * num_envs envs of agents rows each (agent_rows: the config's) on
- * num_workers workers, num_leaves
- * leaves (inputs and outputs) and num_action_checks checks (what
- * --max-state-bytes counts of a hosted session beside its segment). */
+ * num_workers workers, num_leaves leaves (inputs and outputs) and
+ * num_action_checks checks (what --max-state-bytes counts of a hosted
+ * session beside its segment). */
 uint64_t envd_backend_workers_bytes(int64_t num_envs, int64_t num_workers, int64_t agents,
                                     bool agent_rows, int64_t num_leaves,
                                     int64_t num_action_checks);

@@ -359,7 +359,8 @@ static int run_inline_agents(void *ctx)
         bool done = !reset;
         for (int a = 0; a < MA_A; a++)
             done = done && (ma_next_term[i * MA_A + a] || ma_next_trunc[i * MA_A + a]);
-        const bool reset_at_once = done && ma_same_step && (ma_kind[i] & ENVD_HOSTED_RESET_IF_DONE);
+        const bool reset_at_once =
+            done && ma_same_step && (ma_kind[i] & ENVD_HOSTED_RESET_IF_DONE);
         for (int a = 0; a < MA_A; a++) {
             const int row = i * MA_A + a;
             if (reset || reset_at_once)
@@ -415,6 +416,16 @@ static void check_agent_rows(int mode)
     cfg = agents_config(mode);
     cfg.agents = 0;
     CHECK(envd_backend_workers_create(&b, &cfg) == ENVD_EINVAL);
+    /* one agent kept as agent rows (a PettingZoo env's) needs them too */
+    cfg = agents_config(mode);
+    cfg.agents = 1;
+    cfg.agent_rows = true;
+    cfg.action_bytes = sizeof(int64_t);
+    cfg.rows.agent_mask = NULL;
+    CHECK(envd_backend_workers_create(&b, &cfg) == ENVD_EINVAL);
+    cfg.rows.agent_mask = ma_mask;
+    CHECK(envd_backend_workers_create(&b, &cfg) == ENVD_OK);
+    b->ops->destroy(b);
     cfg = agents_config(mode);
     CHECK(envd_backend_workers_create(&b, &cfg) == ENVD_OK);
     CHECK(b->ops->reset(b->impl, NULL, NULL) == ENVD_OK);
