@@ -44,9 +44,12 @@ class ParallelRows:
     parent's, in C (native/src/env_slot.h); this adapter only runs the env:
     a reset's observations, a step's observations, rewards (float64) and
     flags of the agents it still steps, each agent's actions given to it
-    while it lives.  An agent that leaves without a flag (absent from the
-    step's observations or from ``env.agents``) ends truncated; an agent's
-    row it does not fill (an agent that is not in the step) holds zeros."""
+    while it lives and is in ``env.agents``.  An agent absent from a reset
+    (from its observations or from ``env.agents``) is dead for the episode
+    (``absent``: the parent's C marks its row so); an agent that leaves
+    without a flag (absent from the step's observations or from
+    ``env.agents``) ends truncated; an agent's row it does not fill (an
+    agent that is not in the step) holds zeros."""
 
     def __init__(self, env: Any):
         self.env = env
@@ -57,7 +60,8 @@ class ParallelRows:
         self._obs = np.zeros((a, *shape), dtype)
         self._rewards = np.zeros(a)
         self._flags = np.zeros((2, a), bool)  # (terminated, truncated)
-        self._ended = [False] * a  # ended in this episode (a flag, or left)
+        self._ended = [False] * a  # ended in this episode (a flag, left, or absent)
+        self.absent = np.zeros(a, np.uint8)  # per agent: absent from the last reset
         # rendering is the ParallelEnv's own (render_mode "rgb_array": one
         # frame of the whole env, all its agents drawn)
         self.render_mode = getattr(env, "render_mode", None)
@@ -95,9 +99,14 @@ class ParallelRows:
         return self._obs
 
     def reset(self, seed: int | None = None) -> np.ndarray:
-        """Reset the env: its agents' observations, (A, *obs shape)."""
+        """Reset the env: its agents' observations, (A, *obs shape); an
+        agent absent from them or from ``env.agents`` is dead for the
+        episode (``absent``)."""
         obs, _ = self.env.reset(seed=seed)
-        self._ended = [False] * self.num_agents
+        present = set(self.env.agents)
+        self._ended = [agent not in obs or agent not in present
+                       for agent in self.possible_agents]
+        self.absent[...] = self._ended
         return self._observe(obs)
 
     def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]:
@@ -106,7 +115,9 @@ class ParallelRows:
         truncated, whether every agent has now ended)."""
         agents = self.possible_agents
         live = [k for k in range(self.num_agents) if not self._ended[k]]
-        obs, rewards, terms, truncs, _ = self.env.step({agents[k]: actions[k] for k in live})
+        present = set(self.env.agents)  # (a live agent not in it leaves in this step)
+        obs, rewards, terms, truncs, _ = self.env.step(
+            {agents[k]: actions[k] for k in live if agents[k] in present})
         remaining = set(self.env.agents)  # (empty: the episode is over for everyone)
         self._rewards[...] = 0.0
         self._flags[...] = False
@@ -138,6 +149,23 @@ def make_from_creator(creator: bytes) -> ParallelRows:
     return ParallelRows(cloudpickle.loads(creator)())
 
 
+def check_described(env: ParallelRows, i: int, described: tuple) -> None:
+    """ValueError unless env (env i of its session) has the described
+    possible agents (names, in order) and agent spaces: its agents' rows are
+    the session's, laid out by the description."""
+    names, observation_space, action_space = described
+    mine = [str(agent) for agent in env.possible_agents]
+    if mine != list(names):
+        raise ValueError(f"env {i} has possible_agents {mine}, but the session was made for "
+                         f"{list(names)} (as described by its first env): every env must "
+                         "have the same agents, in the same order")
+    for what, space, theirs in (("observation", env.observation_space, observation_space),
+                                ("action", env.action_space, action_space)):
+        if space != theirs:
+            raise ValueError(f"env {i}'s agents have {what} space {space}, but the session "
+                             f"was made for {theirs} (as described by its first env)")
+
+
 class _Creator:
     """A picklable adapter creator (a "parallel" maker of
     native/hosted_template.py)."""
@@ -156,14 +184,18 @@ class AgentSlice:
 
     def __init__(self, make_env: Callable[[], ParallelRows], begin: int, end: int,
                  segment: Segment, worker: int, autoreset_mode: AutoresetMode,
-                 inline: bool = False):
-        """inline: stepped in the caller (num_workers=0; no infos either way)."""
+                 inline: bool = False, described: tuple | None = None):
+        """inline: stepped in the caller (num_workers=0; no infos either way).
+        described: the session's (possible agents' names, an agent's
+        observation space, its action space), as the description found
+        them; every env made must have them (its rows are laid out by
+        them), else ValueError naming the env."""
         self.begin, self.end, self.worker = begin, end, worker
         self.segment = segment
         a = segment.arrays
         self._kind, self._req, self._ack, self._status = a["kind"], a["req"], a["ack"], a["status"]
         self._seeds, self._seed_pending = a["seeds"], a["seed_pending"]
-        self._actions = a["checked_actions"]
+        self._actions, self._absent = a["checked_actions"], a["absent"]
         # (one observation leaf: check_agents)
         self._obs, self._rewards = a["observations"], a["rewards"]
         self._terms, self._truncs = a["terminations"], a["truncations"]
@@ -172,8 +204,10 @@ class AgentSlice:
         self.inline_infos: list[Any] | None = None  # (HostedSession reads it: no infos)
         self.envs: list[ParallelRows] = []
         try:
-            for _ in range(end - begin):
+            for i in range(begin, end):
                 self.envs.append(make_env())
+                if described is not None:
+                    check_described(self.envs[-1], i, described)
         except BaseException:
             self.close()
             raise
@@ -197,6 +231,7 @@ class AgentSlice:
                     if self._seed_pending[i]:
                         seed, self._seed_pending[i] = int(self._seeds[i]), 0
                     self._obs[rows] = env.reset(seed)
+                    self._absent[rows] = env.absent
                     self._rewards[rows], self._terms[rows], self._truncs[rows] = 0.0, False, False
                     continue
                 obs, rewards, terms, truncs, done = env.step(self._actions[rows].copy())
@@ -204,6 +239,7 @@ class AgentSlice:
                     assert self._final is not None  # (RESET_IF_DONE: SAME_STEP mode)
                     self._final[rows] = obs
                     obs = env.reset()
+                    self._absent[rows] = env.absent
                 self._obs[rows] = obs
                 self._rewards[rows], self._terms[rows], self._truncs[rows] = rewards, terms, truncs
             except Exception as exc:  # noqa: BLE001 -- the env's own code: reported, never fatal

@@ -73,15 +73,17 @@ def check_space(space: spaces.Space, what: str, env_name: str) -> None:
 def hosted_buffer_layout(observation_space: spaces.Space, action_space: spaces.Space,
                          num_envs: int, mode: AutoresetMode, info_bytes: int,
                          info_columns: Sequence[tuple[str, str, tuple[int, ...]]] = (),
-                         num_agents: int = 1) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+                         num_agents: int = 1, agent_rows: bool = False
+                         ) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
     """A hosted session's batch buffers: buffer_layout with float64 rewards
     (as gymnasium's vector envs), info slots of info_bytes per env and,
     with info slots, the info columns ((key, dtype str, shape)); a
-    PettingZoo env's num_agents rows per env (num_envs envs: num_envs *
-    num_agents rows, with "agent_mask")."""
+    PettingZoo env's (agent_rows) num_agents rows per env (num_envs envs:
+    num_envs * num_agents rows, with "agent_mask" whatever num_agents)."""
     return buffer_layout(observation_space, action_space, num_envs * num_agents, mode,
                          reward_dtype=np.float64, info_bytes=info_bytes, num_agents=num_agents,
-                         info_columns=info_columns if info_bytes else ())
+                         info_columns=info_columns if info_bytes else (),
+                         agent_rows=agent_rows)
 
 
 class HostedVecEnv(BatchedVecEnv):
@@ -104,7 +106,8 @@ class HostedVecEnv(BatchedVecEnv):
         self.envd_spec = spec
         self.num_workers = num_workers
         buffers = hosted_buffer_layout(spec.observation_space, spec.action_space, num_envs,
-                                       autoreset_mode, info_bytes, spec.info_columns, agents)
+                                       autoreset_mode, info_bytes, spec.info_columns, agents,
+                                       agent_rows=bool(spec.agent_names))
         layout, size = segment_layout(num_envs, num_workers, buffers)
         segment, fd = Segment.create(layout, size)
         try:
@@ -301,7 +304,8 @@ def make_hosted(maker: tuple, name: str, num_envs: int, *, num_workers: int | No
     spec = HostedSpec(name, described["observation_space"], described["action_space"],
                       max_episode_steps or described["max_episode_steps"],
                       info_columns=described["info_columns"],
-                      num_agents=described["num_agents"])
+                      num_agents=described["num_agents"],
+                      agent_names=tuple(described["possible_agents"]))
     vec = HostedVecEnv(spec, num_envs, maker=maker, num_workers=num_workers, seed=seed,
                        autoreset_mode=autoreset_mode, copy=copy,
                        episode_statistics=episode_statistics, batch_size=batch_size,

@@ -51,6 +51,10 @@ def segment_layout(num_envs: int, num_workers: int,
         *((name, (num_envs,), np.dtype(dtype)) for name, dtype in _ENV_WORDS),
         ("checked_actions", *buffers["actions"]),
         *((name, tuple(shape), np.dtype(dtype)) for name, (shape, dtype) in buffers.items()),
+        # a multi-agent env's (one with agent_mask): per row, absent from
+        # its env's last reset (backend_workers.h's absent)
+        *((("absent", tuple(buffers["agent_mask"][0]), np.dtype(np.uint8)),)
+          if "agent_mask" in buffers else ()),
     ]
     layout: Layout = {}
     offset = 0

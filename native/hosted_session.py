@@ -67,6 +67,17 @@ class HostedSpec:
     #: rows per env (a PettingZoo env's agents: its spaces are an agent's,
     #: every output buffer and the actions have num_envs * num_agents rows)
     num_agents: int = 1
+    #: their names (a PettingZoo env's possible_agents, as described), which
+    #: every env of its sessions must have (native/hosted_agent_slice.py)
+    agent_names: tuple[str, ...] = ()
+
+
+def slice_args(spec: HostedSpec, maker: tuple) -> dict[str, Any]:
+    """The slice class's own arguments: a PettingZoo env's description,
+    which each of its envs must match (AgentSlice's described)."""
+    if maker[0] != "parallel":
+        return {}
+    return {"described": (spec.agent_names, spec.observation_space, spec.action_space)}
 
 
 def slice_bounds(num_envs: int, num_workers: int, worker: int) -> tuple[int, int]:
@@ -151,6 +162,7 @@ class HostedSession(NativeSession):
         self.spec, self.num_envs, self.num_workers = spec, num_envs, num_workers
         self.autoreset_mode = autoreset_mode
         self.timeout = timeout
+        self._slice_args = slice_args(spec, maker)
         self._interrupted: BaseException | None = None
         self.handle = self._backend = ffi.NULL
         self.segment: Segment | None = segment  # (None once closed)
@@ -169,7 +181,8 @@ class HostedSession(NativeSession):
         try:
             if num_workers == 0:
                 self._slice = slice_class(maker)(_maker(maker), 0, num_envs, segment, 0,
-                                                 autoreset_mode, inline=True)
+                                                 autoreset_mode, inline=True,
+                                                 **self._slice_args)
             else:
                 assert template is not None  # (the callers give one wherever there are workers)
                 self._spawn(template, maker, fd, autoreset_mode, notify_fd)
@@ -191,7 +204,8 @@ class HostedSession(NativeSession):
                 pid, start = template.spawn(
                     {"spec": maker, "layout": segment.layout,
                      "size": segment.size, "worker": w, "begin": begin, "end": end,
-                     "autoreset_mode": mode, "spin_ns": spin_ns(self.num_workers)},
+                     "autoreset_mode": mode, "spin_ns": spin_ns(self.num_workers),
+                     "slice_args": self._slice_args},
                     (fd, notify_fd, theirs.fileno()) if notify_fd >= 0
                     else (fd, theirs.fileno()))
             finally:
@@ -242,6 +256,7 @@ class HostedSession(NativeSession):
     def _create_backend(self) -> None:
         a = self._buffers
         agents = self.spec.num_agents
+        agent_rows = "agent_mask" in a  # (a PettingZoo env's, whatever its agents)
         # (an env's actions: its agents' rows, each checked as the first's)
         row_bytes = a["actions"][0].nbytes
         checks = [(offset + k * row_bytes, *check) for k in range(agents)
@@ -266,18 +281,20 @@ class HostedSession(NativeSession):
             "action_bytes": row_bytes * agents,
             "action_checks": self._checks_c, "num_action_checks": len(checks),
             # (the rows the rules keep, env_slot.h: the workers write the raw outputs)
-            "agents": agents, "rewards": ptr(a["rewards"], "double *"),
+            "agents": agents, "agent_rows": agent_rows,
+            "rewards": ptr(a["rewards"], "double *"),
             "rows": {"terminations": ptr(a["terminations"], "bool *"),
                      "truncations": ptr(a["truncations"], "bool *"),
                      "episode_returns": ptr(a["episode_returns"], "double *"),
                      "episode_lengths": ptr(a["episode_lengths"], "int64_t *"),
                      "episode_times": ptr(a["episode_times"], "double *"),
                      "dones": ptr(a["dones"], "bool *"),
-                     "agent_mask": ptr(a["agent_mask"], "bool *") if agents > 1 else ffi.NULL},
+                     "agent_mask": ptr(a["agent_mask"], "bool *") if agent_rows else ffi.NULL},
             # (a multi-agent env's one observation leaf, whose dead rows the parent zeroes)
             **({"observations": ptr(a["observations"]), "obs_bytes": a["observations"][0].nbytes,
                 "final_observations": ptr(a["final_observations"])
-                if "final_observations" in a else ffi.NULL} if agents > 1 else {}),
+                if "final_observations" in a else ffi.NULL,
+                "absent": ptr(a["absent"], "uint8_t *")} if agent_rows else {}),
             "spin_ns": spin_ns(self.num_workers),
             "autoreset_mode": AUTORESET_CODES[self.autoreset_mode],
             "run_inline": lib.envd_hosted_run_inline if self.num_workers == 0 else ffi.NULL,

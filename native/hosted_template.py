@@ -303,7 +303,7 @@ def _worker(sock: socket.socket, request: dict[str, Any], fds: list[int],
         try:
             env_slice = slice_class(request["spec"])(
                 _maker(request["spec"]), request["begin"], request["end"], segment, w,
-                request["autoreset_mode"])
+                request["autoreset_mode"], **request["slice_args"])
         except BaseException as exc:
             segment.write_message(w, request["begin"], f"{type(exc).__name__}: {exc}")
             state[w] = WORKER_FAILED

@@ -40,7 +40,7 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
-from envd import info_codec
+from envd import info_codec, leaves
 from envd.errors import (
     NATIVE_CODES,
     EnvdError,
@@ -129,7 +129,8 @@ def private_plan(spec: HostedEnvSpec, num_envs: int, num_workers: int,
                  mode: AutoresetMode, info_bytes: int) -> tuple[dict, int]:
     """The layout and size of a hosted session's private segment."""
     buffers = hosted_buffer_layout(spec.observation_space, spec.action_space, num_envs, mode,
-                                   info_bytes, spec.info_columns, spec.num_agents)
+                                   info_bytes, spec.info_columns, spec.num_agents,
+                                   agent_rows=bool(spec.agent_names))
     return segment_layout(num_envs, num_workers, buffers)
 
 
@@ -140,7 +141,8 @@ def public_plan(spec: HostedEnvSpec, num_envs: int, mode: AutoresetMode,
     observation leaf, float64 rewards, the info slots and columns) plus the
     doorbell ids."""
     layout = hosted_buffer_layout(spec.observation_space, spec.action_space, num_envs, mode,
-                                  info_bytes, spec.info_columns, spec.num_agents)
+                                  info_bytes, spec.info_columns, spec.num_agents,
+                                  agent_rows=bool(spec.agent_names))
     layout["doorbell_ids"] = ((num_envs,), np.dtype(np.int64))  # protocol.DOORBELL_ARRAYS
     return plan(layout)
 
@@ -148,10 +150,15 @@ def public_plan(spec: HostedEnvSpec, num_envs: int, mode: AutoresetMode,
 def hosted_state_plan(spec: HostedEnvSpec, num_envs: int, num_workers: int,
                       mode: AutoresetMode, info_bytes: int) -> int:
     """What --max-state-bytes counts for a hosted session: its private
-    segment and the native session's books at their bound (the workers' own
-    memory is theirs, bounded by --max-workers)."""
-    return (private_plan(spec, num_envs, num_workers, mode, info_bytes)[1]
-            + int(lib.envd_session_books_max_bytes(num_envs)))
+    segment, the native session's books at their bound and its backend's
+    (backend_workers.c: per env its slot and its agents' books, per agent
+    the action row's checks; envd_backend_workers_bytes).  The workers' own
+    memory is theirs, bounded by --max-workers."""
+    layout, size = private_plan(spec, num_envs, num_workers, mode, info_bytes)
+    checks = len(leaves.range_checks(spec.action_space)) * spec.num_agents
+    return (size + int(lib.envd_session_books_max_bytes(num_envs))
+            + int(lib.envd_backend_workers_bytes(num_envs, num_workers, spec.num_agents,
+                                                 bool(spec.agent_names), len(layout), checks)))
 
 
 class HostedCatalog:
@@ -524,7 +531,8 @@ class HostedServerSession(Session):
             try:
                 hosted = HostedSession(
                     HostedSpec(spec.id, spec.observation_space, spec.action_space,
-                               self.max_episode_steps or None, num_agents=spec.num_agents),
+                               self.max_episode_steps or None, num_agents=spec.num_agents,
+                               agent_names=spec.agent_names),
                     num_envs, num_workers=num_workers, autoreset_mode=mode,
                     maker=spec.maker(max_episode_steps, render_mode), segment=private, fd=fd,
                     template=template, notify_fd=notify_fd, client_buffers=self.buffers,

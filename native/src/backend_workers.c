@@ -251,6 +251,22 @@ static void wait_envs(workers_backend_t *b, const int64_t *ids, int64_t count)
     }
 }
 
+/* Env i's agent rows (A > 1, or agent_rows) as its reset (of any kind)
+ * leaves them: live, but those of agents its worker found absent from it. */
+static void start_agent_rows(workers_backend_t *b, int64_t i)
+{
+    const int64_t A = b->cfg.agents;
+    if (b->cfg.absent == NULL) {
+        envd_slot_live_rows(&b->books, i);
+        return;
+    }
+    const size_t one_obs = (size_t)b->cfg.obs_bytes;
+    envd_slot_start_agent_rows(&b->books, i,
+                               (const volatile unsigned char *)b->cfg.absent + i * A,
+                               (unsigned char *)b->cfg.observations + (size_t)(i * A) * one_obs,
+                               one_obs);
+}
+
 /* The rows of env i (A > 1 agents) after a step its worker acked: the
  * rules of a multi-agent env over the raw outputs of its A rows, as vec.c's
  * step_multi_agent_env (dead rows' observations and rewards zeroed, their
@@ -290,7 +306,7 @@ static int64_t apply_agent_rules(workers_backend_t *b, int64_t i, envd_slot_cloc
             b->cfg.rewards[row] = 0.0;
     if (reset_at_once) {
         envd_slot_begin_episode(books, slot, i, clock);
-        envd_slot_live_rows(books, i); /* the reset's rows are the next episode's */
+        start_agent_rows(b, i); /* the reset's rows are the next episode's */
     }
     return ended;
 }
@@ -305,18 +321,22 @@ static int64_t apply_rules(workers_backend_t *b, int64_t i, bool step, envd_slot
 {
     const envd_slot_books_t *books = &b->books;
     envd_env_slot_t *slot = &b->slots[i];
-    const bool agents = b->cfg.agents > 1;
+    const bool agents = books->agent_books != NULL; /* (agents > 1, or agent_rows) */
     if (!step) {
         envd_slot_begin_episode(books, slot, i, clock);
         envd_slot_reset_rows(books, i);
+        if (agents)
+            start_agent_rows(b, i);
         return 0;
     }
     if (envd_slot_next(books, slot) == ENVD_SLOT_RESET) { /* NEXT_STEP's autoreset */
         envd_slot_begin_episode(books, slot, i, clock);
-        if (agents)
+        if (agents) {
             envd_slot_autoreset_agent_rows(books, i, clock);
-        else
+            start_agent_rows(b, i);
+        } else {
             envd_slot_write_outcome(books, slot, i, false, false, false, clock);
+        }
         return 0;
     }
     if (agents)
@@ -754,10 +774,23 @@ static bool rows_valid(const envd_workers_config_t *c)
         r->truncations == NULL || r->episode_returns == NULL || r->episode_lengths == NULL ||
         r->dones == NULL)
         return false;
-    if (c->agents == 1)
+    if (c->agents == 1 && !c->agent_rows)
         return true;
     return r->agent_mask != NULL && c->observations != NULL && c->obs_bytes >= 1 &&
            (c->autoreset_mode != ENVD_AUTORESET_SAME_STEP || c->final_observations != NULL);
+}
+
+uint64_t envd_backend_workers_bytes(int64_t num_envs, int64_t num_workers, int64_t agents,
+                                    bool agent_rows, int64_t num_leaves,
+                                    int64_t num_action_checks)
+{
+    const uint64_t n = (uint64_t)num_envs, workers = (uint64_t)num_workers + 1;
+    const envd_slot_config_t rules = {.agents = agents, .agent_rows = agent_rows};
+    return sizeof(workers_backend_t) + workers * (2 * sizeof(int) + sizeof(bool)) +
+           ((uint64_t)num_leaves + 1) * sizeof(envd_workers_leaf_t) +
+           ((uint64_t)num_action_checks + 1) * sizeof(envd_action_check_t) +
+           n * (sizeof(int64_t) + 2 * sizeof(bool) + sizeof(envd_env_slot_t) +
+                envd_slot_books_bytes_per_env(&rules));
 }
 
 int envd_backend_workers_create(envd_backend_t **out, const envd_workers_config_t *config)
@@ -790,7 +823,8 @@ int envd_backend_workers_create(envd_backend_t **out, const envd_workers_config_
     /* The rewards are the envs' own (the workers write them, float64: the
      * rules read them); no time limit (above). */
     const envd_slot_config_t rules = {.autoreset_mode = config->autoreset_mode,
-                                      .agents = config->agents};
+                                      .agents = config->agents,
+                                      .agent_rows = config->agent_rows};
     if (b->pidfds == NULL || b->pids == NULL || b->leaves == NULL || b->worker_of == NULL ||
         b->mask == NULL || b->slots == NULL || b->touched == NULL || b->checks == NULL ||
         b->in_batch == NULL || envd_slot_books_init(&b->books, &rules, &config->rows, n) != ENVD_OK) {

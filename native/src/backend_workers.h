@@ -115,6 +115,9 @@ typedef struct envd_workers_leaf {
 typedef struct envd_workers_config {
     int64_t num_envs;
     int64_t agents;            /* rows per env of the output rows (env_slot.h), >= 1 */
+    bool agent_rows;           /* agents == 1 kept as a multi-agent env's (a PettingZoo
+                                * env of one agent: agent_mask, dead rows); below,
+                                * "agents > 1" reads "agents > 1 or agent_rows" */
     int64_t num_workers;       /* 0: inline, run_inline steps them */
     envd_worker_ctl_t *ctl;    /* max(1, num_workers) blocks (inline: messages in ctl[0]) */
     const int *pidfds;         /* num_workers pidfds of the workers (copied) */
@@ -146,6 +149,12 @@ typedef struct envd_workers_config {
     void *observations;
     void *final_observations;
     int64_t obs_bytes;
+    /* agents > 1: per row, in the segment, a byte the worker writes with
+     * every reset of the env (a reset, NEXT_STEP's autoreset, SAME_STEP's
+     * reset within the done step): not 0 when the agent is absent from the
+     * reset (envd_slot_start_agent_rows: dead for the episode); NULL: every
+     * agent is present at every reset. */
+    const uint8_t *absent;
     int64_t spin_ns;           /* the parent's spin before it sleeps */
     int autoreset_mode;        /* envd_autoreset_mode_t */
     int (*run_inline)(void *ctx);  /* inline mode: step the requested envs */
@@ -173,6 +182,15 @@ typedef struct envd_workers_config {
 /* A backend over the segment config describes (copied; the segment must
  * outlive the backend).  ENVD_EINVAL, ENVD_ENOMEM. */
 int envd_backend_workers_create(envd_backend_t **out, const envd_workers_config_t *config);
+
+/* The most bytes envd_backend_workers_create allocates for a config of
+ * num_envs envs of agents rows each (agent_rows: the config's) on
+ * num_workers workers, num_leaves leaves (inputs and outputs) and
+ * num_action_checks checks (what --max-state-bytes counts of a hosted
+ * session beside its segment). */
+uint64_t envd_backend_workers_bytes(int64_t num_envs, int64_t num_workers, int64_t agents,
+                                    bool agent_rows, int64_t num_leaves,
+                                    int64_t num_action_checks);
 
 /* The worker whose death failed the last call (-1: none died).  The backend
  * refuses every later call with ENVD_EENV once a worker died. */

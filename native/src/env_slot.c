@@ -41,7 +41,7 @@ uint64_t envd_slot_books_bytes_per_env(const envd_slot_config_t *config)
 {
     /* its episode's start, its rows_set flag, its rows' books (agents, sums) */
     uint64_t bytes = sizeof(double) + sizeof(bool);
-    if (config->agents > 1)
+    if (config->agents > 1 || config->agent_rows)
         bytes += (uint64_t)config->agents * sizeof(envd_agent_books_t);
     if (keeps_sums(config))
         bytes += (uint64_t)config->agents * (sizeof(double) + sizeof(int64_t));
@@ -66,7 +66,8 @@ int envd_slot_books_init(envd_slot_books_t *books, const envd_slot_config_t *con
     books->episode_starts = calloc(n, sizeof *books->episode_starts);
     if (!books->episode_starts)
         return ENVD_ENOMEM;
-    if (A > 1 && !(books->agent_books = calloc(n * A, sizeof *books->agent_books)))
+    if ((A > 1 || config->agent_rows) &&
+        !(books->agent_books = calloc(n * A, sizeof *books->agent_books)))
         return ENVD_ENOMEM;
     if (books->host_sums) {
         books->sum_returns = calloc(n * A, sizeof *books->sum_returns);
@@ -234,4 +235,22 @@ void envd_slot_live_rows(const envd_slot_books_t *books, int64_t i)
 {
     for (int64_t row = i * books->agents; row < (i + 1) * books->agents; row++)
         books->rows.agent_mask[row] = true;
+}
+
+void envd_slot_start_agent_rows(const envd_slot_books_t *books, int64_t i,
+                                const volatile unsigned char *absent, unsigned char *obs,
+                                size_t one_obs)
+{
+    const int64_t A = books->agents;
+    for (int64_t a = 0; a < A; a++) {
+        const int64_t row = i * A + a;
+        const bool gone = absent[a] != 0;
+        books->rows.agent_mask[row] = !gone;
+        if (!gone)
+            continue;
+        envd_agent_books_t *agent = &books->agent_books[row];
+        agent->done = true;
+        agent->final_term = agent->final_trunc = false;
+        memset(obs + (size_t)a * one_obs, 0, one_obs);
+    }
 }

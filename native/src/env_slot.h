@@ -35,7 +35,8 @@
  *    asked of a worker), and its rewards are float64, the env's own
  *    (rows.rewards NULL).
  * backend_workers.c keeps the agents' rows of a multi-agent hosted env
- * (agents > 1) as vec.c does, through envd_slot_finish_agent_rows,
+ * (agents > 1, or agent_rows: a PettingZoo env of one agent) as vec.c
+ * does, through envd_slot_finish_agent_rows,
  * envd_slot_autoreset_agent_rows and envd_slot_live_rows.  client/multi.py's _needs_reset and
  * _validate_step are the one Python mirror of envd_slot_next's refusals
  * (the multi-daemon pre-check; tests/integration/test_refusal_mirror.py).
@@ -85,7 +86,8 @@ typedef struct envd_agent_books {
 
 /* The output rows the rules write, per row (envd_vec_buffers_t says what
  * each holds; episode_times, dones may be NULL; agent_mask is used when
- * agents > 1, episode_log by an env that resets itself with a log).
+ * the books keep agent rows, episode_log by an env that resets itself
+ * with a log).
  * rewards may be NULL for envs whose rewards are their own, written where
  * the env ran and only read by the rules (a hosted env's float64 rewards:
  * backend_workers.c calls envd_slot_write_outcome, not envd_slot_write_row,
@@ -124,7 +126,8 @@ typedef struct envd_slot_books {
      * that reads nothing else of its slot stalled on the slot's line (perf
      * of puffer:squared at N=64). */
     double *episode_starts;
-    envd_agent_books_t *agent_books; /* agents > 1: num_envs * agents, row order */
+    envd_agent_books_t *agent_books; /* agents > 1 (or config agent_rows): num_envs *
+                                      * agents, row order; NULL otherwise */
     /* An env that resets itself: env i's rows (truncations, episode
      * statistics, dones, episode_log, agent_mask) may hold other values than
      * those of a step whose episode did not end (false, 0, true): written by
@@ -156,6 +159,9 @@ typedef struct envd_slot_config {
     bool resets_itself;        /* ENVD_ENV_RESETS_ITSELF (ABI 5) */
     const char *const *episode_fields; /* its episode log's names (may be NULL) */
     int num_episode_fields;
+    bool agent_rows;           /* agents == 1 kept as a multi-agent env's rows (agent
+                                * books, agent_mask): a hosted PettingZoo env of one
+                                * agent; agents > 1 always are */
 } envd_slot_config_t;
 
 /* The config of def's envs (a valid definition) under these rules. */
@@ -395,6 +401,16 @@ int64_t envd_slot_finish_agent_rows(const envd_slot_books_t *books, envd_env_slo
                                     bool *all_done, envd_slot_clock_t *clock);
 /* Env i's rows live (a reset within the done step starts the next episode). */
 void envd_slot_live_rows(const envd_slot_books_t *books, int64_t i);
+/* Env i's rows as a reset of a multi-agent env whose agents may be absent
+ * at reset leaves them (backend_workers.c's hosted PettingZoo envs; a C
+ * multi-agent env has every agent at reset and never calls this), after
+ * the reset's other rules: agent a's row is live unless absent[a] != 0
+ * (each byte read once), else dead for the whole episode (its books done
+ * with final flags false, its row masked, its observation obs + a * one_obs
+ * zeroed): no statistics, no action passed, as the old adapter's. */
+void envd_slot_start_agent_rows(const envd_slot_books_t *books, int64_t i,
+                                const volatile unsigned char *absent, unsigned char *obs,
+                                size_t one_obs);
 
 /* ---- an env that resets itself (ENVD_ENV_RESETS_ITSELF) ----
  * No autoreset, no time limit, truncated false; its episode ends are those

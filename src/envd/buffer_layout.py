@@ -24,8 +24,8 @@ def buffer_layout(observation_space: spaces.Space, action_space: spaces.Space, n
                   mode: AutoresetMode, info_fields: Sequence[Any] = (),
                   reward_dtype: Any = np.float32, info_bytes: int = 0, num_agents: int = 1,
                   episode_fields: Sequence[str] = (),
-                  info_columns: Sequence[tuple[str, str, tuple[int, ...]]] = ()
-                  ) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+                  info_columns: Sequence[tuple[str, str, tuple[int, ...]]] = (),
+                  agent_rows: bool = False) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
     """name -> (shape, dtype) of every batch buffer of a vec, in a fixed order.
     The native vec reads "actions", "reset_seeds" and "reset_mask" and writes
     the rest; "final_observations" exists in SAME_STEP mode only; info_fields
@@ -35,7 +35,8 @@ def buffer_layout(observation_space: spaces.Space, action_space: spaces.Space, n
     (as gymnasium's vector envs) and, with info_bytes > 0, info slots of
     that many bytes per env, and info_columns ((key, dtype str, shape of
     a value)) a column each (INFO_COLUMN_PREFIX + key) and the flags INFO_IN_COLUMNS.
-    A multi-agent env (num_agents > 1) has num_envs
+    A multi-agent env (num_agents > 1, or agent_rows: a PettingZoo env of
+    one agent) has num_envs
     rows (envs x agents) and an "agent_mask" buffer; its reset seeds and mask
     use the first num_envs / num_agents entries (one per env).  An env with
     an episode log (ABI 5 episode_fields) has "episode_log": a row of its
@@ -59,7 +60,7 @@ def buffer_layout(observation_space: spaces.Space, action_space: spaces.Space, n
         layout.update(leaves.observation_buffers("final_observations", observation_space, n))
     for field in info_fields:
         layout[INFO_PREFIX + field.name] = ((n, *field.shape), field.dtype)
-    if num_agents > 1:
+    if num_agents > 1 or agent_rows:
         layout["agent_mask"] = ((n,), np.bool_)
     if episode_fields:
         layout[EPISODE_LOG] = ((n, len(episode_fields)), np.float64)

@@ -123,3 +123,66 @@ def mixed() -> MixedSpacesEnv:
 def raising() -> StaggeredEnv:
     """Raises at step 2 of env 1 when made with seed=0 (a daemon's id takes no kwargs)."""
     return StaggeredEnv(raise_seed=1)
+
+
+class LateEnv(StaggeredEnv):
+    """StaggeredEnv whose agent a2 is absent from every other reset (the
+    first included: from its observations and from ``agents``), so it is
+    dead for that episode, which ends at step 3; step() refuses actions for
+    agents not in ``agents``, as PettingZoo envs may (AssertionError)."""
+
+    def __init__(self):
+        super().__init__()
+        self.episodes = 0
+
+    def reset(self, seed=None, options=None):
+        obs, infos = super().reset(seed, options)
+        self.episodes += 1
+        if self.episodes % 2:
+            self.agents = ["a0", "a1"]
+            obs.pop("a2"), infos.pop("a2")
+        return obs, infos
+
+    def step(self, actions):
+        strangers = set(actions) - set(self.agents)
+        assert not strangers, f"actions for agents not in agents: {sorted(strangers)}"
+        return super().step(actions)
+
+
+def late() -> LateEnv:
+    return LateEnv()
+
+
+class CountedEnv(StaggeredEnv):
+    """StaggeredEnv whose instances after the first `same` ones (counted in
+    the file at path, across processes) differ as `kind` says: "order"
+    (possible_agents reversed), "count" (a fourth agent) or "space" (a
+    wider observation space)."""
+
+    def __init__(self, path: str, kind: str, same: int):
+        super().__init__()
+        with open(path, "a+") as f:
+            f.seek(0)
+            made = len(f.read())
+            f.write("x")
+        self.differs = made >= same
+        if self.differs and kind == "order":
+            self.possible_agents = self.possible_agents[::-1]
+        elif self.differs and kind == "count":
+            self.possible_agents = [*self.possible_agents, "a3"]
+        self.wide = self.differs and kind == "space"
+
+    def observation_space(self, agent):
+        return spaces.Box(-1e9, 1e9, (5 if self.wide else 4,), np.float64)
+
+
+class SoloEnv(StaggeredEnv):
+    """StaggeredEnv of one agent, a0 (terminated at step 2)."""
+
+    def __init__(self):
+        super().__init__()
+        self.possible_agents = ["a0"]
+
+
+def solo() -> SoloEnv:
+    return SoloEnv()

@@ -5,7 +5,9 @@ their results out as docs/writing-envs.md ("Multi-agent envs") says: row
 i*A + a is agent a of env i; a done agent's later rows are dead (zero
 observation, reward 0, final flags again, agent_mask false); an env resets
 (next_step: on the following step, reward 0, flags false, every row live)
-when all its agents are done; env i seeded s + i, later resets unseeded.
+when all its agents are done; env i seeded s + i, later resets unseeded;
+an agent absent from a reset is dead for that episode (zero observation,
+flags false, agent_mask false, no action passed, no statistics).
 Hosted results must equal it for worker counts 0, 1 and 2.
 """
 from __future__ import annotations
@@ -54,15 +56,17 @@ class Reference:
         rows = []
         for i in range(len(self.envs)) if envs is None else envs:
             obs, _ = self.envs[i].reset(seed=self.seed + i if envs is None else None)
-            rows += [obs[a] for a in self.agents]
-            self._live(i)
+            rows += self._live(i, obs)
         return np.stack(rows)
 
-    def _live(self, i):
+    def _live(self, i, obs):
+        """Env i's rows as its reset with obs leaves them: live but those
+        of agents absent from it; their observations."""
         rows = slice(i * self.a, (i + 1) * self.a)
         self.final[:, rows] = False
-        self.dead[rows] = False
+        self.dead[rows] = [a not in obs for a in self.agents]
         self.restart[i] = self.over[i] = False
+        return [obs.get(a, np.zeros(self.obs_shape)) for a in self.agents]
 
     def step(self, actions, envs=None):
         """Step envs (default all, in order) with actions (their rows, in
@@ -80,8 +84,8 @@ class Reference:
             out = slice(j * self.a, (j + 1) * self.a)
             if self.restart[i]:
                 o, _ = env.reset()
-                obs[out] = [o[a] for a in self.agents]
-                self._live(i)
+                obs[out] = self._live(i, o)
+                mask[out] = ~self.dead[rows]
                 continue
             live = [a for k, a in enumerate(self.agents) if not self.dead[i * self.a + k]]
             o, r, te, tr, _ = env.step({a: actions[j * self.a + self.agents.index(a)]
@@ -102,9 +106,8 @@ class Reference:
             elif self.mode == "same_step":
                 self.final_obs[i] = obs[out].copy()
                 o, _ = env.reset()
-                obs[out] = [o[a] for a in self.agents]
-                mask[out] = True
-                self._live(i)
+                obs[out] = self._live(i, o)
+                mask[out] = ~self.dead[rows]
             else:
                 self.over[i] = True
         return obs, rew, term, trunc, mask
@@ -113,7 +116,7 @@ class Reference:
 def _compare(env, ref, steps: int, seed: int, action_n: int):
     obs, info = env.reset(seed=seed)
     np.testing.assert_array_equal(obs, ref.reset())
-    assert info["agent_mask"].all()
+    np.testing.assert_array_equal(info["agent_mask"], ~ref.dead)
     rng = np.random.default_rng(seed)
     saw_dead = saw_reset = False
     a = ref.a
@@ -125,7 +128,7 @@ def _compare(env, ref, steps: int, seed: int, action_n: int):
             obs, info = env.reset(options={"reset_mask": np.repeat(ref.over, a)})
             rows = np.concatenate([np.arange(i * a, (i + 1) * a) for i in over])
             np.testing.assert_array_equal(obs[rows], ref.reset(over).astype(obs.dtype))
-            assert info["agent_mask"].all()
+            np.testing.assert_array_equal(info["agent_mask"][rows], ~ref.dead[rows])
             saw_reset = True
         actions = rng.integers(0, action_n, env.num_envs)
         obs, rew, term, trunc, info = env.step(actions)
@@ -325,6 +328,74 @@ def test_an_agent_dropped_without_a_flag_ends_truncated(num_workers):
         assert info["agent_mask"].all() and not (term | trunc).any()
     finally:
         env.close()
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("mode", ["next_step", "same_step", "disabled"])
+def test_an_agent_absent_at_reset_is_dead_for_its_episode(mode, num_workers):
+    """Review finding M2: an agent absent from a reset (pz_envs.LateEnv's a2,
+    every other episode) is dead for that episode, as it was before the env
+    slots: its row masked from the reset on, zero observation, reward 0,
+    flags false, no action passed (LateEnv asserts it: make's own timed
+    steps too), no episode statistics; present again at a later reset (every
+    autoreset mode), it lives then."""
+    env = envd.make_pettingzoo(pz_envs.late, 2, num_workers=num_workers, seed=5,
+                               autoreset_mode=mode)
+    try:
+        saw_dead, saw_reset = _compare(env, Reference(pz_envs.late, 2, 5, mode), 16, 5, 3)
+        assert saw_dead and saw_reset
+    finally:
+        env.close()
+    with envd.make_pettingzoo(pz_envs.late, 2, num_workers=num_workers, seed=5,
+                              autoreset_mode=mode) as env:
+        _, info = env.reset()
+        assert info["agent_mask"].tolist() == [True, True, False] * 2
+        ended = np.zeros(env.num_envs, int)
+        for t in range(3):  # the first episode: a0 ends at step 2, a1 at 3, a2 never lived
+            obs, rew, term, trunc, info = env.step(np.ones(env.num_envs, np.int64))
+            ended += info.get("_envd_episode", np.zeros(env.num_envs, bool))
+            if t == 2:  # (same_step: the rows of step 3 are the next episode's, a2 there)
+                break
+            assert not info["agent_mask"][[2, 5]].any()
+            assert not (obs[[2, 5]].any() or rew[[2, 5]].any() or term[[2, 5]].any()
+                        or trunc[[2, 5]].any())
+        assert ended.tolist() == [1, 1, 0] * 2  # a statistic per agent that lived
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+@pytest.mark.parametrize("mode", ["next_step", "same_step", "disabled"])
+def test_an_env_of_one_agent_keeps_agent_rows(mode, num_workers):
+    """Review finding L1: a PettingZoo env of one agent is rows as any
+    other's (its env's agent_mask, its dead rows), as envd.make_pettingzoo's
+    envs always were: info["agent_mask"] in every reset and step."""
+    env = envd.make_pettingzoo(pz_envs.solo, 3, num_workers=num_workers, seed=2,
+                               autoreset_mode=mode)
+    try:
+        assert (env.num_envs, env.num_agents, env.possible_agents) == (3, 1, ["a0"])
+        _, saw_reset = _compare(env, Reference(pz_envs.solo, 3, 2, mode), 7, 2, 3)
+        assert saw_reset
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+@pytest.mark.parametrize("kind", ["order", "count", "space"])
+def test_every_env_must_have_the_described_agents(kind, num_workers, tmp_path):
+    """Review finding M1: a creator whose instances differ from the one the
+    session was described with (agents in another order, another number of
+    them, another agent space) is refused at make, naming the env, instead
+    of writing its rows into other envs' rows."""
+    import functools
+    # (instances 0 and 1: the description's and env 0; env 1 on differs)
+    creator = functools.partial(pz_envs.CountedEnv, str(tmp_path / "made"), kind, 2)
+    with pytest.raises((ValueError, envd.EnvError), match="env 1") as refused:
+        envd.make_pettingzoo(creator, 3, num_workers=num_workers)
+    text = str(refused.value)
+    what = {"order": "['a2', 'a1', 'a0']", "count": "'a3'", "space": "(5,)"}[kind]
+    assert what in text and "session was made for" in text
+    same = functools.partial(pz_envs.CountedEnv, str(tmp_path / "same"), kind, 99)
+    with envd.make_pettingzoo(same, 3, num_workers=num_workers) as env:  # all alike: made
+        assert env.num_envs == 9
 
 
 def test_reset_mask_and_seed_are_per_env():

@@ -20,6 +20,8 @@ pytest.importorskip("mpe2.simple_spread_v3", reason="mpe2 is the env served")
 SPREAD = "pz:mpe2.simple_spread_v3:parallel_env"
 STAGGERED = "pz:pz_envs:staggered"
 RAISING = "pz:pz_envs:raising"
+SOLO = "pz:pz_envs:solo"  # one agent: agent_mask all the same
+LATE = "pz:pz_envs:late"  # an agent absent from every other reset
 ENV = DAEMON_ENV
 
 
@@ -28,7 +30,8 @@ ENV = DAEMON_ENV
 def daemon(tmp_path_factory):
     proc = DaemonProcess(tmp_path_factory.mktemp("pz") / "daemon", "--threads", "1",
                          "--python-env", SPREAD, "--python-env", STAGGERED,
-                         "--python-env", RAISING, env=ENV)
+                         "--python-env", RAISING, "--python-env", SOLO,
+                         "--python-env", LATE, env=ENV)
     with left_clean([proc]):
         yield proc
 
@@ -38,7 +41,7 @@ def _run(env, steps: int, seed: int):
     rng = np.random.default_rng(seed)
     for _ in range(steps):
         obs, rew, term, trunc, info = env.step(rng.integers(0, 5, env.num_envs) % 3
-                                               if "staggered" in env.env_id
+                                               if "spread" not in env.env_id
                                                else rng.integers(0, 5, env.num_envs))
         stats = info.get("envd_episode", {}).get("r", np.zeros(env.num_envs))
         out += [obs.copy(), rew.copy(), term.copy(), trunc.copy(), info["agent_mask"].copy(),
@@ -49,7 +52,7 @@ def _run(env, steps: int, seed: int):
     return out
 
 
-@pytest.mark.parametrize("env_id", [SPREAD, STAGGERED])
+@pytest.mark.parametrize("env_id", [SPREAD, STAGGERED, SOLO, LATE])
 @pytest.mark.parametrize("transport,mode", [("shm", "next_step"), ("inline", "next_step"),
                                             ("shm", "same_step")])
 def test_daemon_rows_equal_in_process(daemon, env_id, transport, mode):
@@ -62,7 +65,9 @@ def test_daemon_rows_equal_in_process(daemon, env_id, transport, mode):
         env = client.make(env_id, 3, num_workers=2, seed=4, transport=transport,
                           autoreset_mode=mode)
         try:
-            assert (env.num_envs, env.num_agents, env.num_env_instances) == (9, 3, 3)
+            agents = local.num_agents  # (SOLO: one)
+            assert (env.num_envs, env.num_agents, env.num_env_instances) == (3 * agents, agents, 3)
+            assert env.possible_agents == local.possible_agents
             assert env.single_action_space == local.single_action_space
             got = _run(env, 12, 4)
         finally:

@@ -57,7 +57,7 @@ static envd_slot_config_t config_of(int64_t agents, int mode, int64_t max_steps,
                                     bool resets_itself, const char *const *fields,
                                     int num_fields)
 {
-    return (envd_slot_config_t){mode, max_steps, agents, resets_itself, fields, num_fields};
+    return (envd_slot_config_t){mode, max_steps, agents, resets_itself, fields, num_fields, false};
 }
 
 typedef struct fixture {
@@ -265,6 +265,64 @@ static void check_agents(void)
     envd_slot_books_free(&f.books);
 }
 
+/* Agents absent at a reset (envd_slot_start_agent_rows, the workers
+ * backend's): dead for the episode from the reset on, flags false, no
+ * statistics; the env done once the others are.  And agent_rows: one agent
+ * kept as a multi-agent env's rows (agent books, agent_mask). */
+static void check_absent_agents(void)
+{
+    fixture_t f;
+    setup(&f, 3, ENVD_AUTORESET_NEXT_STEP, 0, 2);
+    envd_slot_clock_t clock = {60.0};
+    envd_slot_begin_episode(&f.books, &f.slot[1], 1, &clock);
+    envd_slot_reset_rows(&f.books, 1);
+    unsigned char obs[3 * 2];
+    memset(obs, 7, sizeof obs);
+    const volatile unsigned char absent[3] = {0, 9, 0}; /* agent 1 (any byte) */
+    envd_slot_start_agent_rows(&f.books, 1, absent, obs, 2);
+    CHECK(f.store.agent_mask[3] && !f.store.agent_mask[4] && f.store.agent_mask[5],
+          "the absent agent's row is masked from the reset on");
+    CHECK(obs[0] == 7 && obs[2] == 0 && obs[3] == 0 && obs[4] == 7, "its observation zeroed");
+    CHECK(!f.store.terminations[4] && !f.store.truncations[4], "its flags false");
+    bool all_done;
+    double reward[3] = {1.0, 5.0, 2.0};
+    bool term[3] = {true, true, false}, none[3] = {false, false, false};
+    int64_t ended = envd_slot_finish_agent_rows(&f.books, &f.slot[1], 1, obs, 2, reward, term,
+                                                none, &all_done, &clock);
+    CHECK(ended == 1 && !all_done, "agent 0 ends; the absent one does not (%lld)",
+          (long long)ended);
+    CHECK(!f.store.agent_mask[4] && !f.store.terminations[4] && !f.store.truncations[4] &&
+              !f.store.dones[4] && f.store.episode_returns[4] == 0.0 &&
+              f.store.rewards[4] == 0.0f,
+          "the absent row stays dead: flags false, reward 0, no statistics");
+    bool last[3] = {false, false, true};
+    ended = envd_slot_finish_agent_rows(&f.books, &f.slot[1], 1, obs, 2, reward, none, last,
+                                        &all_done, &clock);
+    CHECK(ended == 1 && all_done && f.slot[1].needs_reset,
+          "the env is done once its present agents are");
+    CHECK(!f.store.dones[4] && !f.store.terminations[4] && !f.store.truncations[4],
+          "the absent row never ends");
+    envd_slot_books_free(&f.books);
+    /* one agent with agent_rows: its books and mask as a multi-agent env's */
+    envd_slot_config_t config = config_of(1, ENVD_AUTORESET_NEXT_STEP, 0, false, NULL, 0);
+    const uint64_t without = envd_slot_books_bytes_per_env(&config);
+    config.agent_rows = true;
+    CHECK(envd_slot_books_bytes_per_env(&config) == without + sizeof(envd_agent_books_t),
+          "agent_rows counts one agent's books");
+    envd_slot_rows_t rows = rows_of(&f.store);
+    memset(f.slot, 0, sizeof f.slot);
+    CHECK(envd_slot_books_init(&f.books, &config, &rows, 2) == ENVD_OK, "books init");
+    CHECK(f.books.agent_books != NULL, "one agent's books with agent_rows");
+    envd_slot_begin_episode(&f.books, &f.slot[0], 0, &clock);
+    envd_slot_reset_rows(&f.books, 0);
+    bool one_term[1] = {true}, one_none[1] = {false};
+    ended = envd_slot_finish_agent_rows(&f.books, &f.slot[0], 0, obs, 2, reward, one_term,
+                                        one_none, &all_done, &clock);
+    CHECK(ended == 1 && all_done && f.store.agent_mask[0] && f.store.dones[0],
+          "its only agent ends the env");
+    envd_slot_books_free(&f.books);
+}
+
 static void check_self_resetting(void)
 {
     /* a log with the length but no return: the host sums returns */
@@ -407,6 +465,7 @@ int main(void)
     check_time_limit_and_stats();
     check_same_step();
     check_agents();
+    check_absent_agents();
     check_self_resetting();
     check_actions();
     printf("env_slot_check: ok\n");

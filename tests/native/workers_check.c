@@ -344,6 +344,9 @@ static double ma_obs[MA_ROWS][2], ma_final[MA_ROWS][2];
 static unsigned char ma_next_term[MA_ROWS], ma_next_trunc[MA_ROWS];
 static uint8_t ma_asked[MA_N];
 static int ma_same_step;
+/* The absent bytes (config absent) and what the inline worker writes there
+ * with each reset it runs, per row (an agent absent from that reset). */
+static uint8_t ma_absent[MA_ROWS], ma_next_absent[MA_ROWS];
 
 static int run_inline_agents(void *ctx)
 {
@@ -356,8 +359,12 @@ static int run_inline_agents(void *ctx)
         bool done = !reset;
         for (int a = 0; a < MA_A; a++)
             done = done && (ma_next_term[i * MA_A + a] || ma_next_trunc[i * MA_A + a]);
+        const bool reset_at_once =
+            done && ma_same_step && (ma_kind[i] & ENVD_HOSTED_RESET_IF_DONE);
         for (int a = 0; a < MA_A; a++) {
             const int row = i * MA_A + a;
+            if (reset || reset_at_once)
+                ma_absent[row] = ma_next_absent[row];
             ma_rewards[row] = reset ? 0.0 : 0.5;
             memset(&ma_terms[row], reset ? 0 : ma_next_term[row], 1);
             memset(&ma_truncs[row], reset ? 0 : ma_next_trunc[row], 1);
@@ -409,6 +416,16 @@ static void check_agent_rows(int mode)
     cfg = agents_config(mode);
     cfg.agents = 0;
     CHECK(envd_backend_workers_create(&b, &cfg) == ENVD_EINVAL);
+    /* one agent kept as agent rows (a PettingZoo env's) needs them too */
+    cfg = agents_config(mode);
+    cfg.agents = 1;
+    cfg.agent_rows = true;
+    cfg.action_bytes = sizeof(int64_t);
+    cfg.rows.agent_mask = NULL;
+    CHECK(envd_backend_workers_create(&b, &cfg) == ENVD_EINVAL);
+    cfg.rows.agent_mask = ma_mask;
+    CHECK(envd_backend_workers_create(&b, &cfg) == ENVD_OK);
+    b->ops->destroy(b);
     cfg = agents_config(mode);
     CHECK(envd_backend_workers_create(&b, &cfg) == ENVD_OK);
     CHECK(b->ops->reset(b->impl, NULL, NULL) == ENVD_OK);
@@ -458,6 +475,59 @@ static void check_agent_rows(int mode)
     b->ops->destroy(b);
 }
 
+/* Agents absent at reset (config absent, the bytes a worker writes with
+ * every reset): dead for the whole episode from the reset on (masked,
+ * observation zeroed whatever the worker wrote, reward 0, flags false, no
+ * statistics), the env done once the others are; live again at a reset
+ * that finds them. */
+static void check_absent_rows(int mode)
+{
+    ma_same_step = mode == ENVD_AUTORESET_SAME_STEP;
+    envd_workers_config_t cfg = agents_config(mode);
+    cfg.absent = ma_absent;
+    envd_backend_t *b;
+    CHECK(envd_backend_workers_create(&b, &cfg) == ENVD_OK);
+    memset(ma_next_absent, 0, sizeof ma_next_absent);
+    ma_next_absent[2] = 7; /* env 0's agent 2 (any byte) */
+    CHECK(b->ops->reset(b->impl, NULL, NULL) == ENVD_OK);
+    CHECK(ma_mask[0] && ma_mask[1] && !ma_mask[2] && ma_mask[3] && ma_mask[4] && ma_mask[5]);
+    CHECK(ma_obs[2][0] == 0.0 && ma_obs[2][1] == 0.0 && ma_obs[3][0] == 4.0);
+    const unsigned char none[MA_ROWS] = {0};
+    /* the worker writes the absent row's raw outputs (even a done flag):
+     * the parent's books say dead, flags false */
+    const unsigned char stray[MA_ROWS] = {0, 0, 1};
+    CHECK(agents_step(b, none, stray) == 0);
+    CHECK(!ma_mask[2] && !ma_terms[2] && !ma_truncs[2] && !ma_dones[2]);
+    CHECK(ma_rewards[2] == 0.0 && ma_obs[2][0] == 0.0 && ma_rewards[1] == 0.5);
+    /* env 0's present agents end: the env is done, 2 rows ended, not 3 */
+    memset(ma_next_absent, 0, sizeof ma_next_absent);
+    ma_next_absent[1] = 1; /* the next reset of env 0 misses agent 1 instead */
+    const unsigned char ends[MA_ROWS] = {1, 1, 1};
+    CHECK(agents_step(b, ends, none) == 2);
+    CHECK(ma_dones[0] && ma_dones[1] && !ma_dones[2] && ma_returns[0] == 1.0);
+    CHECK(!ma_terms[2] && !ma_truncs[2] && ma_returns[2] == 0.0 && ma_lengths[2] == 0);
+    if (ma_same_step) {
+        /* reset at once: the step's rows are the next episode's, agent 1 dead */
+        CHECK(ma_mask[0] && !ma_mask[1] && ma_mask[2]);
+        CHECK(ma_obs[1][0] == 0.0 && ma_obs[2][0] == 102.0 && ma_final[1][0] == 2.0);
+        CHECK(ma_final[2][0] == 0.0);
+    } else {
+        if (mode == ENVD_AUTORESET_NEXT_STEP) {
+            CHECK(agents_step(b, none, none) == 0); /* the whole env resets */
+        } else { /* DISABLED: refused until the caller resets env 0 */
+            CHECK(agents_step(b, none, none) == ENVD_ESTATE);
+            const bool env0[MA_N] = {true, false};
+            CHECK(b->ops->reset(b->impl, NULL, env0) == ENVD_OK);
+        }
+        CHECK(ma_asked[0] == ENVD_HOSTED_RESET);
+        CHECK(ma_mask[0] && !ma_mask[1] && ma_mask[2] && ma_obs[1][0] == 0.0);
+    }
+    CHECK(agents_step(b, none, none) == 0);
+    CHECK(!ma_mask[1] && ma_mask[2] && ma_rewards[1] == 0.0 && ma_rewards[2] == 0.5);
+    memset(ma_next_absent, 0, sizeof ma_next_absent);
+    b->ops->destroy(b);
+}
+
 int main(void)
 {
     check_mask_bytes_and_actions();
@@ -468,6 +538,9 @@ int main(void)
     check_free_spin_then_sleep();
     check_agent_rows(ENVD_AUTORESET_NEXT_STEP);
     check_agent_rows(ENVD_AUTORESET_SAME_STEP);
+    check_absent_rows(ENVD_AUTORESET_NEXT_STEP);
+    check_absent_rows(ENVD_AUTORESET_SAME_STEP);
+    check_absent_rows(ENVD_AUTORESET_DISABLED);
     envd_worker_acquire(); /* (it links: the worker's fence exists) */
     puts("workers_check: ok");
     return 0;

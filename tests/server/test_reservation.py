@@ -8,6 +8,7 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
 from envd.errors import LimitExceededError
+from envd.native._envd_native import lib
 from envd.native.registry import get_spec
 from envd.server.config import Config
 from envd.server.hosted import HostedEnvSpec, hosted_state_plan
@@ -109,3 +110,31 @@ def test_a_hosted_make_over_the_state_limit_is_refused_by_name():
     assert books.reserved_state == books.reserved_workers == client.reserved_envs == 0
     books = ResourceBooks(config(max_state_bytes=needs))
     books.reserve(client, spec, 64, MODE, open_sessions=0, num_workers=2).release()  # it fits
+
+
+def test_a_hosted_multi_agent_make_counts_its_agents_books_and_checks():
+    """Review finding L2: --max-state-bytes counts a hosted PettingZoo
+    session's backend (backend_workers.c) too: per env its slot and its A
+    agents' books (envd_agent_books_t: a double, an int64 and three bools,
+    24 bytes), per agent its action row's checks (envd_action_check_t: three
+    int64 and two int32, 32 bytes; a MultiDiscrete of 6 elements: 6 checks
+    an agent).  A limit of what the segment and the session's books alone
+    need (the old count) refuses the make; the full count fits."""
+    from envd.server.hosted import private_plan
+
+    agents, n, workers = 64, 512, 2
+    spec = HostedEnvSpec("pz:wide", "", spaces.Box(-1, 1, (2,), np.float32),
+                         spaces.MultiDiscrete([3] * 6), None, step_seconds=1e-5,
+                         creator=b"", num_agents=agents,
+                         agent_names=tuple(f"a{k}" for k in range(agents)))
+    needs = hosted_state_plan(spec, n, workers, MODE, 0)
+    old = (private_plan(spec, n, workers, MODE, 0)[1]
+           + int(lib.envd_session_books_max_bytes(n)))
+    assert needs - old >= n * agents * 24 + agents * 6 * 32
+    for limit in (old, needs - 1):
+        books, client = ResourceBooks(config(max_state_bytes=limit)), ClientRecord(b"a")
+        with pytest.raises(LimitExceededError, match="--max-state-bytes"):
+            books.reserve(client, spec, n, MODE, open_sessions=0, num_workers=workers)
+        assert books.reserved_state == client.reserved_envs == 0
+    books = ResourceBooks(config(max_state_bytes=needs))
+    books.reserve(client, spec, n, MODE, open_sessions=0, num_workers=workers).release()
