@@ -252,8 +252,10 @@ static void wait_envs(workers_backend_t *b, const int64_t *ids, int64_t count)
 }
 
 /* Env i's agent rows (A > 1, or agent_rows) as its reset (of any kind)
- * leaves them: live, but those of agents its worker found absent from it. */
-static void start_agent_rows(workers_backend_t *b, int64_t i)
+ * leaves them: live, but those of agents its worker found absent from it;
+ * in_done_step: SAME_STEP's reset within the step that ended the episode
+ * (envd_slot_start_agent_rows). */
+static void start_agent_rows(workers_backend_t *b, int64_t i, bool in_done_step)
 {
     const int64_t A = b->cfg.agents;
     if (b->cfg.absent == NULL) {
@@ -264,7 +266,7 @@ static void start_agent_rows(workers_backend_t *b, int64_t i)
     envd_slot_start_agent_rows(&b->books, i,
                                (const volatile unsigned char *)b->cfg.absent + i * A,
                                (unsigned char *)b->cfg.observations + (size_t)(i * A) * one_obs,
-                               one_obs);
+                               one_obs, in_done_step);
 }
 
 /* The rows of env i (A > 1 agents) after a step its worker acked: the
@@ -306,7 +308,7 @@ static int64_t apply_agent_rules(workers_backend_t *b, int64_t i, envd_slot_cloc
             b->cfg.rewards[row] = 0.0;
     if (reset_at_once) {
         envd_slot_begin_episode(books, slot, i, clock);
-        start_agent_rows(b, i); /* the reset's rows are the next episode's */
+        start_agent_rows(b, i, true); /* the reset's rows are the next episode's */
     }
     return ended;
 }
@@ -326,14 +328,14 @@ static int64_t apply_rules(workers_backend_t *b, int64_t i, bool step, envd_slot
         envd_slot_begin_episode(books, slot, i, clock);
         envd_slot_reset_rows(books, i);
         if (agents)
-            start_agent_rows(b, i);
+            start_agent_rows(b, i, false);
         return 0;
     }
     if (envd_slot_next(books, slot) == ENVD_SLOT_RESET) { /* NEXT_STEP's autoreset */
         envd_slot_begin_episode(books, slot, i, clock);
         if (agents) {
             envd_slot_autoreset_agent_rows(books, i, clock);
-            start_agent_rows(b, i);
+            start_agent_rows(b, i, false);
         } else {
             envd_slot_write_outcome(books, slot, i, false, false, false, clock);
         }

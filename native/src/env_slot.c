@@ -239,18 +239,25 @@ void envd_slot_live_rows(const envd_slot_books_t *books, int64_t i)
 
 void envd_slot_start_agent_rows(const envd_slot_books_t *books, int64_t i,
                                 const volatile unsigned char *absent, unsigned char *obs,
-                                size_t one_obs)
+                                size_t one_obs, bool in_done_step)
 {
     const int64_t A = books->agents;
     for (int64_t a = 0; a < A; a++) {
         const int64_t row = i * A + a;
         const bool gone = absent[a] != 0;
-        books->rows.agent_mask[row] = !gone;
+        /* (in the done step a row whose agent ended in it stays unmasked:
+         * that step's transition is the learner's, whatever the next
+         * episode holds for the agent) */
+        books->rows.agent_mask[row] = !gone || (in_done_step && books->rows.agent_mask[row]);
         if (!gone)
             continue;
         envd_agent_books_t *agent = &books->agent_books[row];
         agent->done = true;
-        agent->final_term = agent->final_trunc = false;
+        /* truncated: a dead row repeats its final flags, and every row that
+         * dies says so in them (an env is done when all its rows are
+         * flagged, as for an agent the env dropped without a flag) */
+        agent->final_term = false;
+        agent->final_trunc = true;
         memset(obs + (size_t)a * one_obs, 0, one_obs);
     }
 }

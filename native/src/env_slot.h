@@ -406,11 +406,14 @@ void envd_slot_live_rows(const envd_slot_books_t *books, int64_t i);
  * multi-agent env has every agent at reset and never calls this), after
  * the reset's other rules: agent a's row is live unless absent[a] != 0
  * (each byte read once), else dead for the whole episode (its books done
- * with final flags false, its row masked, its observation obs + a * one_obs
- * zeroed): no statistics, no action passed, as the old adapter's. */
+ * with final flags terminated false, truncated true, which its dead rows
+ * repeat from its first step on; its row masked, its observation obs + a *
+ * one_obs zeroed): no statistics, no action passed.  in_done_step: a
+ * SAME_STEP reset within the step that ended the episode, whose rows keep
+ * the mask of that step where their agent ended in it. */
 void envd_slot_start_agent_rows(const envd_slot_books_t *books, int64_t i,
                                 const volatile unsigned char *absent, unsigned char *obs,
-                                size_t one_obs);
+                                size_t one_obs, bool in_done_step);
 
 /* ---- an env that resets itself (ENVD_ENV_RESETS_ITSELF) ----
  * No autoreset, no time limit, truncated false; its episode ends are those

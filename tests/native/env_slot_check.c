@@ -266,8 +266,10 @@ static void check_agents(void)
 }
 
 /* Agents absent at a reset (envd_slot_start_agent_rows, the workers
- * backend's): dead for the episode from the reset on, flags false, no
- * statistics; the env done once the others are.  And agent_rows: one agent
+ * backend's): dead for the episode from the reset on, truncated from its
+ * first step (a dead row's final flags), no statistics; the env done once
+ * the others are; in the done step of a reset within it, a row whose agent
+ * ended in that step keeps its mask.  And agent_rows: one agent
  * kept as a multi-agent env's rows (agent books, agent_mask). */
 static void check_absent_agents(void)
 {
@@ -279,7 +281,7 @@ static void check_absent_agents(void)
     unsigned char obs[3 * 2];
     memset(obs, 7, sizeof obs);
     const volatile unsigned char absent[3] = {0, 9, 0}; /* agent 1 (any byte) */
-    envd_slot_start_agent_rows(&f.books, 1, absent, obs, 2);
+    envd_slot_start_agent_rows(&f.books, 1, absent, obs, 2, false);
     CHECK(f.store.agent_mask[3] && !f.store.agent_mask[4] && f.store.agent_mask[5],
           "the absent agent's row is masked from the reset on");
     CHECK(obs[0] == 7 && obs[2] == 0 && obs[3] == 0 && obs[4] == 7, "its observation zeroed");
@@ -291,17 +293,26 @@ static void check_absent_agents(void)
                                                 none, &all_done, &clock);
     CHECK(ended == 1 && !all_done, "agent 0 ends; the absent one does not (%lld)",
           (long long)ended);
-    CHECK(!f.store.agent_mask[4] && !f.store.terminations[4] && !f.store.truncations[4] &&
+    CHECK(!f.store.agent_mask[4] && !f.store.terminations[4] && f.store.truncations[4] &&
               !f.store.dones[4] && f.store.episode_returns[4] == 0.0 &&
               f.store.rewards[4] == 0.0f,
-          "the absent row stays dead: flags false, reward 0, no statistics");
+          "the absent row stays dead: truncated, reward 0, no statistics");
     bool last[3] = {false, false, true};
     ended = envd_slot_finish_agent_rows(&f.books, &f.slot[1], 1, obs, 2, reward, none, last,
                                         &all_done, &clock);
     CHECK(ended == 1 && all_done && f.slot[1].needs_reset,
           "the env is done once its present agents are");
-    CHECK(!f.store.dones[4] && !f.store.terminations[4] && !f.store.truncations[4],
-          "the absent row never ends");
+    CHECK(!f.store.dones[4] && !f.store.terminations[4] && f.store.truncations[4],
+          "the absent row never ends an episode (truncated, no statistics)");
+    /* a reset within this done step (SAME_STEP) that misses agent 0, which
+     * ended in an earlier step, and agent 2, which ended in this one: agent
+     * 2's row keeps this step's mask, agent 0's (dead before) stays masked,
+     * and the agent present again (1) is live */
+    const volatile unsigned char next_absent[3] = {1, 0, 1};
+    envd_slot_begin_episode(&f.books, &f.slot[1], 1, &clock);
+    envd_slot_start_agent_rows(&f.books, 1, next_absent, obs, 2, true);
+    CHECK(!f.store.agent_mask[3] && f.store.agent_mask[4] && f.store.agent_mask[5],
+          "the done step's mask kept for the row that ended in it");
     envd_slot_books_free(&f.books);
     /* one agent with agent_rows: its books and mask as a multi-agent env's */
     envd_slot_config_t config = config_of(1, ENVD_AUTORESET_NEXT_STEP, 0, false, NULL, 0);

@@ -477,7 +477,7 @@ static void check_agent_rows(int mode)
 
 /* Agents absent at reset (config absent, the bytes a worker writes with
  * every reset): dead for the whole episode from the reset on (masked,
- * observation zeroed whatever the worker wrote, reward 0, flags false, no
+ * observation zeroed whatever the worker wrote, reward 0, truncated, no
  * statistics), the env done once the others are; live again at a reset
  * that finds them. */
 static void check_absent_rows(int mode)
@@ -494,10 +494,10 @@ static void check_absent_rows(int mode)
     CHECK(ma_obs[2][0] == 0.0 && ma_obs[2][1] == 0.0 && ma_obs[3][0] == 4.0);
     const unsigned char none[MA_ROWS] = {0};
     /* the worker writes the absent row's raw outputs (even a done flag):
-     * the parent's books say dead, flags false */
+     * the parent's books say dead, truncated (its final flags) */
     const unsigned char stray[MA_ROWS] = {0, 0, 1};
     CHECK(agents_step(b, none, stray) == 0);
-    CHECK(!ma_mask[2] && !ma_terms[2] && !ma_truncs[2] && !ma_dones[2]);
+    CHECK(!ma_mask[2] && !ma_terms[2] && ma_truncs[2] && !ma_dones[2]);
     CHECK(ma_rewards[2] == 0.0 && ma_obs[2][0] == 0.0 && ma_rewards[1] == 0.5);
     /* env 0's present agents end: the env is done, 2 rows ended, not 3 */
     memset(ma_next_absent, 0, sizeof ma_next_absent);
@@ -505,10 +505,11 @@ static void check_absent_rows(int mode)
     const unsigned char ends[MA_ROWS] = {1, 1, 1};
     CHECK(agents_step(b, ends, none) == 2);
     CHECK(ma_dones[0] && ma_dones[1] && !ma_dones[2] && ma_returns[0] == 1.0);
-    CHECK(!ma_terms[2] && !ma_truncs[2] && ma_returns[2] == 0.0 && ma_lengths[2] == 0);
+    CHECK(!ma_terms[2] && ma_truncs[2] && ma_returns[2] == 0.0 && ma_lengths[2] == 0);
     if (ma_same_step) {
-        /* reset at once: the step's rows are the next episode's, agent 1 dead */
-        CHECK(ma_mask[0] && !ma_mask[1] && ma_mask[2]);
+        /* reset at once: the step's rows are the next episode's, agent 1
+         * dead in it; its row keeps this step's mask (it ended in it) */
+        CHECK(ma_mask[0] && ma_mask[1] && ma_mask[2]);
         CHECK(ma_obs[1][0] == 0.0 && ma_obs[2][0] == 102.0 && ma_final[1][0] == 2.0);
         CHECK(ma_final[2][0] == 0.0);
     } else {
