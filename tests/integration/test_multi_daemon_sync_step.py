@@ -286,6 +286,15 @@ def test_a_step_interrupted_after_its_answer_was_read_does_not_wedge(
         reference.close()
 
 
+def own_daemons(harness, kind: str):
+    """Daemons of the test's own (two for kind "multi", else one) and a
+    client of them (a MultiClient, or a Client)."""
+    daemons = [harness.daemon("--threads", "1") for _ in range(2 if kind == "multi" else 1)]
+    if kind == "multi":
+        return daemons, envd.connect([d.endpoint for d in daemons], timeout=DEADLINE)
+    return daemons, harness.connect(daemons[0], timeout=DEADLINE)
+
+
 @pytest.mark.parametrize("kind,transport", [
     ("single", "inline"), ("single", "shm"), ("single", "doorbell"), ("multi", "shm"),
     ("multi", "doorbell")])
@@ -296,9 +305,7 @@ def test_a_step_interrupted_while_the_daemon_steps_is_waited_for(harness, monkey
     step's late answer (at most the client's timeout) instead of refusing
     at once."""
     name, fast_path = TRANSPORTS[transport]
-    daemons = [harness.daemon("--threads", "1") for _ in range(2 if kind == "multi" else 1)]
-    client = (envd.connect([d.endpoint for d in daemons], timeout=DEADLINE)
-              if kind == "multi" else harness.connect(daemons[0], timeout=DEADLINE))
+    daemons, client = own_daemons(harness, kind)
     try:
         env = client.make("ConnectFour-v0", 64, seed=0, depth=8, transport=name,
                           fast_path=fast_path)
@@ -326,9 +333,7 @@ def test_a_daemon_gone_while_a_step_may_run_is_a_lost_connection(harness, kind, 
     calls raise ConnectionLostError (a MultiVecEnv's names the daemon and
     refuses every later call), never "retry later" forever."""
     name, fast_path = TRANSPORTS[transport]
-    daemons = [harness.daemon("--threads", "1") for _ in range(2 if kind == "multi" else 1)]
-    client = (envd.connect([d.endpoint for d in daemons], timeout=DEADLINE)
-              if kind == "multi" else harness.connect(daemons[0], timeout=DEADLINE))
+    daemons, client = own_daemons(harness, kind)
     zeros = np.zeros(NUM_ENVS, np.int64)
     try:
         env = client.make("CartPole-v1", NUM_ENVS, seed=1, transport=name, fast_path=fast_path)
