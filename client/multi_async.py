@@ -10,10 +10,11 @@ daemons step at once, and no other thread touches a shard.  The shards that
 stepped have their outputs copied into the MultiVecEnv's rows; the first
 error in env order is raised, named after its daemon, once every shard's
 step returned; an interrupt (KeyboardInterrupt) is raised at once, every
-shard posted and not answered yet marked as may still be running, as one
-that timed out.  While some shard may still be running, a step, send or
-reset is refused before anything is written to or posted on any shard (a
-refused step moves no shard).  A reset goes to every shard through the
+shard posted whose answer can still come marked as may still be running,
+as one that timed out (the next call waits for those answers first, one
+client timeout for all).  While some shard may still be running, a step,
+send or reset is refused before anything is written to or posted on any
+shard (a refused step moves no shard).  A reset goes to every shard through the
 MultiVecEnv's ``dispatch`` (a reset has no non-blocking half).  The rest of
 this docstring is async mode's.
 

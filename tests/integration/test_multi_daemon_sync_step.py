@@ -9,6 +9,16 @@ over one daemon (a RemoteVecEnv) and two (a MultiVecEnv):
   came, then steps as the in-process env would (the cut step ran on every
   daemon), and a later reset's outputs are the reset's, never the late
   step's;
+- a step interrupted once its answer was read (while it was taken in: an
+  inline env's arrays half copied; or in the channel's wait just after the
+  read) never wedges the env: the next step or reset takes the cut step's
+  answer in whole, then returns its own, as in-process;
+- after an interrupt (not a timeout) the next step waits for the late
+  answer instead of refusing at once; a daemon that died while a step may
+  still run gives ConnectionLostError, never "retry later" forever; a
+  doorbell env's timed-out reset is not taken as ended by the doorbell's
+  last answer; an interrupted blocking recv makes the next recv refuse
+  (the async books are lost);
 - a step refused because one daemon's last step may still be running moves
   no daemon's envs (retrying does not run the healthy ones ahead);
 - after async_reset every row of the env's buffers is a fresh episode's
