@@ -96,6 +96,9 @@ class Channel:
         # requests whose replies nobody waits for (timed out, posted): id -> on reply
         self._awaited: dict[int, OnReply | None] = {}
         self._posted: set[int] = set()  # ids of posted requests whose replies are unread
+        #: the reply wait_posted read, until it returned it (an interrupt
+        #: in between hands it to its on_reply)
+        self._taken: dict[str, Any] | None = None
         # requests queued by threads that must not touch the socket (a
         # finalizer); sent before the next request, their replies read as late ones
         self._later: collections.deque[dict[str, Any]] = collections.deque()
@@ -160,11 +163,24 @@ class Channel:
         with self._lock:  # (a thread holding it reads our reply meanwhile: on_reply)
             if request_id not in self._awaited:
                 return None
-            reply = self._wait_reply(request_id, kind, self.timeout, raise_errors=False,
-                                     deadline=deadline)
-            del self._awaited[request_id]
-            self._posted.discard(request_id)
-            return reply
+            on_reply = self._awaited[request_id]
+            try:
+                return self._wait_reply(request_id, kind, self.timeout, raise_errors=False,
+                                        deadline=deadline, posted=True)
+            except BaseException:
+                # an interrupt (Ctrl-C) once the reply was read: on_reply
+                # takes it in, as a late one (it can come no other way)
+                taken, self._taken = self._taken, None
+                if taken is not None and on_reply is not None:
+                    on_reply(taken)
+                raise
+            finally:
+                self._taken = None
+
+    def awaits(self, request_id: int) -> bool:
+        """The reply of request request_id (posted, or timed out) was not
+        read yet: it may still come."""
+        return request_id in self._awaited
 
     def read_late_replies(self, wait: float = 0.0) -> None:
         """Handle the replies that arrived for requests nobody waits for
@@ -310,13 +326,16 @@ class Channel:
                     f"{kind!r} was not sent: the daemon is stuck or overloaded")
 
     def _wait_reply(self, request_id: int, kind: str, timeout: float,
-                    raise_errors: bool = True, deadline: float | None = None) -> dict[str, Any]:
+                    raise_errors: bool = True, deadline: float | None = None,
+                    posted: bool = False) -> dict[str, Any]:
         """The reply to request_id, waited for at most timeout from now and
         not past deadline (time.monotonic() seconds) if given: a caller
         waiting for several daemons in turn gives each the same one, so
         that one timeout bounds its call.  What came by then is read even
         once deadline passed (a reply in is never timed out); the error
-        names timeout, the Client's."""
+        names timeout, the Client's.  posted: request_id was posted (its
+        reply, once read, is no longer awaited, and is kept in _taken until
+        wait_posted returns it)."""
         end = time.monotonic() + timeout
         if deadline is not None and deadline < end:
             end = deadline
@@ -337,7 +356,7 @@ class Channel:
             if self._socket in events:
                 # First: a daemon that answered and then exited (a drain) sends
                 # the reply before the disconnect; both may be ready at once.
-                reply = self._recv_reply()
+                reply = self._recv_reply(request_id if posted else None)
                 if reply.get("id") != request_id:
                     self._late_reply(reply)
                     continue
@@ -360,10 +379,12 @@ class Channel:
                 self._mark_lost()
                 raise failure
 
-    def _recv_reply(self) -> dict[str, Any]:
+    def _recv_reply(self, posted: int | None = None) -> dict[str, Any]:
         """One reply: its header, with its data frames (if any) under "_blobs"
         as memoryviews of the received frames (not copied: the inline
-        transport's arrays can be large)."""
+        transport's arrays can be large).  The reply of request posted (a
+        posted one wait_posted waits for) is no longer awaited from here
+        on, and kept in _taken (wait_posted's, should an interrupt come)."""
         header = self._socket.recv()
         blobs = []
         while self._socket.getsockopt(zmq.RCVMORE):  # all of them, whatever the header holds
@@ -375,6 +396,10 @@ class Channel:
             self._mark_lost()
         if blobs:
             reply["_blobs"] = blobs
+        if posted is not None and reply.get("id") == posted:
+            self._taken = reply
+            del self._awaited[posted]
+            self._posted.discard(posted)
         return reply
 
     def _late_reply(self, reply: dict[str, Any]) -> None:

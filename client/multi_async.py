@@ -10,10 +10,11 @@ daemons step at once, and no other thread touches a shard.  The shards that
 stepped have their outputs copied into the MultiVecEnv's rows; the first
 error in env order is raised, named after its daemon, once every shard's
 step returned; an interrupt (KeyboardInterrupt) is raised at once, every
-shard posted and not answered yet marked as may still be running, as one
-that timed out.  While some shard may still be running, a step, send or
-reset is refused before anything is written to or posted on any shard (a
-refused step moves no shard).  A reset goes to every shard through the
+shard posted whose answer can still come marked as may still be running,
+as one that timed out (the next call waits for those answers first, one
+client timeout for all).  While some shard may still be running, a step,
+send or reset is refused before anything is written to or posted on any
+shard (a refused step moves no shard).  A reset goes to every shard through the
 MultiVecEnv's ``dispatch`` (a reset has no non-blocking half).  The rest of
 this docstring is async mode's.
 
@@ -309,7 +310,8 @@ class ShardsStepper:
                 raise in_flight_error(self._env_id, "step", in_flight)
             if self._num_ready:
                 raise ready_error(self._env_id, self._num_ready)
-            self._sync_buffers()  # (the step's checks read the envs' last flags there)
+        self._check_shards_free()  # (before anything is written: a refused step moves nothing)
+        self._sync_buffers()  # (the step's checks read the envs' last flags there)
         self._host.check_step()
         return self._step_shards()
 
@@ -382,13 +384,14 @@ class ShardsStepper:
         order is raised, named after its daemon, once every shard's step
         returned (a daemon gone is recorded: the env refuses every later
         call).  A step is refused before any shard is written to or posted
-        while some shard's daemon may still be stepping (_check_shards_free):
-        a refused step moves no shard.  An interrupt (KeyboardInterrupt,
-        not an Exception) is raised at once, every shard posted and not
-        answered yet marked as may still be running (its stepper's
-        maybe_running): the next step or reset refuses, or takes the late
-        answer in first."""
-        self._check_shards_free()
+        while some shard's daemon may still be stepping (step() checks it:
+        _check_shards_free): a refused step moves no shard.  An interrupt (KeyboardInterrupt,
+        not an Exception) is raised at once, every shard posted whose answer
+        may still come given up on (its stepper's give_up: maybe_running),
+        and the env's rows marked behind the shards' (a copy it cut short, a
+        late answer): the next step or reset waits for the late answers
+        (check_buffers_free), refuses while one may still come, and copies
+        every shard's rows in before it reads them (_sync_buffers)."""
         actions = self._host.buffers["actions"]
         posted: list[Ticket | Exception] = []
         waiting = 0  # (the first shard not waited for yet)
@@ -421,10 +424,11 @@ class ShardsStepper:
                     self._host.mark_lost(shard.index, error)
                 if failed is None:
                     failed = (shard, error)
-        except BaseException:
+        except BaseException as exc:
+            self._behind = True
             for shard, ticket in zip(self._shards[waiting:], posted[waiting:]):
-                if isinstance(ticket, Ticket) and not ticket.done:
-                    shard.stepper.maybe_running = True  # (until its late answer came)
+                if isinstance(ticket, Ticket):
+                    shard.stepper.give_up(ticket, exc)  # (until its late answer came)
             raise
         if failed is not None:
             self._raise_named(*failed)
@@ -438,11 +442,14 @@ class ShardsStepper:
         late answer is taken in first; the first refusal in env order is
         raised, named after its daemon."""
         failed: tuple[_Shard, BaseException] | None = None
+        deadline: float | None = None  # (one wait for all: the late answers come at once)
         for shard in self._shards:
             if not shard.stepper.maybe_running:
                 continue
+            if deadline is None:
+                deadline = time.monotonic() + self._timeout()
             try:
-                shard.stepper.check_buffers_free()
+                shard.stepper.check_buffers_free(deadline)
             except Exception as exc:  # noqa: BLE001 -- the first is raised below
                 if isinstance(exc, ConnectionLostError):
                     self._host.mark_lost(shard.index, exc)

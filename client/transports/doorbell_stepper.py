@@ -114,10 +114,20 @@ class DoorbellStepper(SocketStepper):
             self._call({"type": "fast", "session": self.session, "enable": False})
             self.doorbell = None
 
-    def check_buffers_free(self) -> None:
-        if self.maybe_running and self.doorbell is not None and self.doorbell.answered:
-            self.maybe_running = False  # the late fast-path step has ended
-        super().check_buffers_free()
+    def check_buffers_free(self, deadline: float | None = None) -> None:
+        """(A late fast-path step's answer is taken in first; a doorbell
+        closed without answering it hands the step to the socket, whose
+        reply or monitor says what became of it.)"""
+        rung = self._rung
+        if self.maybe_running and rung is not None and rung[0] == STEP:
+            self.poll(rung[1])
+        super().check_buffers_free(deadline)
+
+    def _answer_pending(self, ticket: Ticket) -> bool:
+        rung = self._rung
+        if rung is not None and (ticket is rung[1] or ticket is rung[2]):
+            return True  # (the doorbell answers it, or the socket once it closed)
+        return super()._answer_pending(ticket)
 
     def async_reset(self, with_seeds: bool) -> None:
         """(The daemon drops the batches in flight, and so do the books.)"""
@@ -287,10 +297,10 @@ class DoorbellStepper(SocketStepper):
             error = EnvdTimeoutError(
                 f"no answer to a fast-path {ticket.kind} from the daemon at "
                 f"{self.channel.endpoint} within {self.channel.timeout:g} s (Client timeout)")
-            self._gave_up_on(ticket, error)  # (a step: until the answer comes)
+            self.give_up(ticket, error)  # (a step: until the answer comes)
             raise error from None
         except BaseException as exc:  # (an interrupt: Ctrl-C; the daemon gone)
-            self._gave_up_on(ticket, exc)  # (the request stays rung: its answer is read later)
+            self.give_up(ticket, exc)  # (the request stays rung: its answer is read later)
             raise
         self._take_answer(answer)
 

@@ -73,9 +73,13 @@ class SocketStepper:
         self.buffers = buffers
         #: a request timed out, or a step's wait was interrupted: the daemon
         #: may still use the buffers until its late reply (or the doorbell's
-        #: late answer) says it ended (_gave_up_on, check_buffers_free)
+        #: late answer) says it ended (give_up, check_buffers_free)
         self.maybe_running = False
-        #: a send or recv timed out: which envs are in flight is unknown
+        #: the step given up on (give_up) whose answer may still come, and
+        #: whether an interrupt (not a timeout) ended its wait
+        self._late: Ticket | None = None
+        self._late_interrupted = False
+        #: a send or recv timed out or was interrupted: which envs are in flight is unknown
         self.async_lost = False
         #: the blocking sends' tickets whose refusal (if any) was not raised yet
         self._sends: list[Ticket] = []
@@ -183,15 +187,34 @@ class SocketStepper:
     def close(self) -> None:
         """Nothing to free: the env closes the session, the mapping goes with it."""
 
-    def check_buffers_free(self) -> None:
-        """Raise while a call that timed out may still use the buffers."""
+    def check_buffers_free(self, deadline: float | None = None) -> None:
+        """Raise while a call that timed out or was interrupted may still
+        use the buffers (maybe_running), taking in the late answers that
+        came first.  After an interrupted step (Ctrl-C: the daemon is
+        likely healthy) its late answer is first waited for, at most the
+        client's timeout and not past deadline (time.monotonic()), once.
+        A step whose answer can no longer come (read, or dropped with the
+        reply an interrupt cut short) runs no more.  A daemon gone raises
+        ConnectionLostError instead of the refusal."""
+        late = self._late
+        if late is not None and self._late_interrupted and self._answer_pending(late):
+            self._late_interrupted = False  # (once: after a timeout here, refuse at once)
+            try:
+                self.wait(late, deadline)
+            except EnvdTimeoutError:
+                pass  # (refused below, as after a step that timed out)
         self.channel.read_late_replies()
-        self._take_inbox()  # (a timed-out step's late reply clears maybe_running)
-        if self.maybe_running:
-            raise EnvStateError(
-                f"a call on this {self.env_id} env timed out or was interrupted and the "
-                "daemon has not answered it yet: it may still use the env's buffers; retry "
-                "later (or make a new env)")
+        self._take_inbox()  # (a late step reply clears maybe_running)
+        if late is not None and (late.done or not self._answer_pending(late)):
+            self.maybe_running = False  # (no answer can come: the daemon ran it to the end)
+        if not self.maybe_running:
+            self._late = None
+            return
+        self.check_alive("the answer of a call that timed out or was interrupted")
+        raise EnvStateError(
+            f"a call on this {self.env_id} env timed out or was interrupted and the "
+            "daemon has not answered it yet: it may still use the env's buffers; retry "
+            "later (or make a new env)")
 
     # ---- the non-blocking half (envd.stepping.PostingStepper) ----------------------------
     def post_step(self) -> Ticket:
@@ -227,28 +250,45 @@ class SocketStepper:
             return
         try:
             reply = self.channel.wait_posted(ticket.wire, ticket.kind, deadline)
+            if reply is None:  # read meanwhile (by another call on the channel)
+                self._take_inbox()
+            else:
+                self._take_reply(ticket, reply)
         except BaseException as exc:  # (a timeout, or an interrupt: Ctrl-C in a notebook)
-            self._gave_up_on(ticket, exc)
+            self.give_up(ticket, exc)
             raise
-        if reply is None:  # read meanwhile (by another call on the channel)
-            self._take_inbox()
-        else:
-            self._take_reply(ticket, reply)
 
-    def _gave_up_on(self, ticket: Ticket, error: BaseException) -> None:
-        """A wait for ticket ended by error before its answer came.  A step
-        (timed out, or interrupted: KeyboardInterrupt) may still be running
-        on the buffers: every later call refuses until its late answer came
-        (check_buffers_free), so that nothing writes inputs the daemon may
-        still read, and the late answer is taken in (a step's outputs) before
-        a later call's own (a reset's).  A timed-out send or recv loses the
-        async books.  A daemon gone (ConnectionLostError) runs nothing."""
+    def give_up(self, ticket: Ticket, error: BaseException) -> None:
+        """A wait for ticket ended by error before its answer was taken in.
+        A step whose answer can still come (_answer_pending: timed out, or
+        interrupted: KeyboardInterrupt) may still be running on the
+        buffers: every later call refuses until its late answer came
+        (check_buffers_free; after an interrupt it waits for it first), so
+        that nothing writes inputs the daemon may still read, and the late
+        answer is taken in (a step's outputs) before a later call's own (a
+        reset's).  A step whose answer cannot come (read already) marks
+        nothing.  A recv that timed out or was interrupted loses the async
+        books (its ids would go to a ticket nobody reads), and so does a
+        send that timed out (an interrupted one's answer is still taken in:
+        its ticket is kept).  A daemon gone (ConnectionLostError) runs
+        nothing."""
         if ticket.done or isinstance(error, ConnectionLostError):
             return
         if ticket.kind == "step":
-            self.maybe_running = True
-        elif isinstance(error, EnvdTimeoutError):
+            if self._answer_pending(ticket):
+                self.maybe_running = True
+                self._late = ticket
+                self._late_interrupted = not isinstance(error, EnvdTimeoutError)
+        elif isinstance(error, EnvdTimeoutError) or (
+                ticket.kind == "recv" and not isinstance(error, Exception)):
             self.async_lost = True  # the envs of a late send or recv are lost to us
+
+    def _answer_pending(self, ticket: Ticket) -> bool:
+        """Ticket's answer may still be taken in: its reply is queued here,
+        or the channel still awaits it."""
+        if any(queued is ticket for queued, _ in self._inbox):
+            return True
+        return isinstance(ticket.wire, int) and self.channel.awaits(ticket.wire)
 
     def waitables(self, ticket: Ticket) -> tuple[Any, ...]:
         """The channel's socket and its connection monitor (zmq sockets):
@@ -276,8 +316,22 @@ class SocketStepper:
 
     def _take_reply(self, ticket: Ticket, reply: dict[str, Any]) -> None:
         """A posted ticket's reply into the ticket (the one place replies
-        to steps, sends and recvs are read)."""
+        to steps, sends and recvs are read).  An interrupt (Ctrl-C) while
+        it is taken in (an inline reply's arrays half copied) queues the
+        reply again: the next call takes it in whole (check_buffers_free,
+        poll), and until then the step counts as may still be running."""
         self._tickets_out -= 1
+        try:
+            self._read_reply(ticket, reply)
+        except BaseException as exc:
+            if not isinstance(exc, Exception) and not ticket.done:
+                self._tickets_out += 1
+                self._inbox.insert(0, (ticket, reply))
+                if ticket.kind == "step":
+                    self.maybe_running = True
+            raise
+
+    def _read_reply(self, ticket: Ticket, reply: dict[str, Any]) -> None:
         kind = ticket.kind
         if kind == "step":
             self.maybe_running = False  # (a late one: the daemon is done with the buffers)
@@ -361,15 +415,16 @@ class SocketStepper:
 
     def _refuse_async(self) -> None:
         raise EnvStateError(
-                f"a send or recv on this {self.env_id} env timed out, so which envs are in "
-                "flight is unknown; close it and make a new env")
+                f"a send or recv on this {self.env_id} env timed out or was interrupted, so "
+                "which envs are in flight is unknown; close it and make a new env")
 
     def _call(self, header: dict[str, Any], blobs: Sequence = ()) -> dict[str, Any]:
         """A request that waits for its reply (reset, render, env_call)."""
         try:
             return self.channel.request(header, blobs, late=self._late_reply_came)
         except EnvdTimeoutError:
-            self.maybe_running = True
+            self.maybe_running = True  # (until its late reply: _late_reply_came)
+            self._late = None
             raise
 
     def _late_reply_came(self, reply: dict[str, Any]) -> None:

@@ -122,14 +122,22 @@ class PostingStepper(Stepper, Protocol):
     """A Stepper with a non-blocking half (see the module docstring)."""
 
     #: a request timed out, or a wait for a step's answer ended by any
-    #: other exception (KeyboardInterrupt): the daemon may still use the
-    #: buffers until its late answer says it ended (check_buffers_free);
-    #: a caller that posted a step and never waited for it sets it too
+    #: other exception (KeyboardInterrupt) while that answer could still
+    #: come: the daemon may still use the buffers until its late answer
+    #: says it ended (check_buffers_free); give_up sets it too
     maybe_running: bool
 
-    def check_buffers_free(self) -> None:
-        """Raise EnvStateError while a request that timed out may still use
-        the buffers (taking in a late answer that says it ended first)."""
+    def check_buffers_free(self, deadline: float | None = None) -> None:
+        """Raise EnvStateError while a request that timed out or was
+        interrupted may still use the buffers (taking in a late answer that
+        says it ended first; after an interrupted step, waiting for it at
+        most the client's timeout, not past deadline), ConnectionLostError
+        if the daemon is gone meanwhile."""
+
+    def give_up(self, ticket: Ticket, error: BaseException) -> None:
+        """A caller stops waiting for ticket (posted, not done) because of
+        error: a step whose answer can still come sets maybe_running (not
+        one whose answer was read already; not the daemon gone)."""
 
     def post_step(self) -> Ticket:
         """Step every env with the actions buffer (its ``result``: the

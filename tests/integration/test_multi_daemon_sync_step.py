@@ -9,6 +9,16 @@ over one daemon (a RemoteVecEnv) and two (a MultiVecEnv):
   came, then steps as the in-process env would (the cut step ran on every
   daemon), and a later reset's outputs are the reset's, never the late
   step's;
+- a step interrupted once its answer was read (while it was taken in: an
+  inline env's arrays half copied; or in the channel's wait just after the
+  read) never wedges the env: the next step or reset takes the cut step's
+  answer in whole, then returns its own, as in-process;
+- after an interrupt (not a timeout) the next step waits for the late
+  answer instead of refusing at once; a daemon that died while a step may
+  still run gives ConnectionLostError, never "retry later" forever; a
+  doorbell env's timed-out reset is not taken as ended by the doorbell's
+  last answer; an interrupted blocking recv makes the next recv refuse
+  (the async books are lost);
 - a step refused because one daemon's last step may still be running moves
   no daemon's envs (retrying does not run the healthy ones ahead);
 - after async_reset every row of the env's buffers is a fresh episode's
@@ -217,5 +227,203 @@ def test_async_reset_leaves_every_row_a_fresh_episodes(clients, kind, transport)
         for flags in (env.terminations, env.truncations, env._dones):
             assert not flags.any(), flags
         assert env.recv()[1].tolist() == [0.0, 0.0]
+    finally:
+        env.close()
+
+
+def interrupt_after_read_once(monkeypatch, stepper, where: str) -> None:
+    """The stepper's next step answer is read and then cut short by
+    KeyboardInterrupt, once: "take" while its outputs are taken in (an
+    inline env's arrays half copied: every output array scribbled over
+    first), "recv" inside the channel's wait just after the reply was read
+    off the socket (the channel no longer awaits it)."""
+    if where == "take":
+        def take(reply, blobs, rows):
+            monkeypatch.undo()
+            for name in stepper._outputs if stepper.outputs_in_replies else ():
+                stepper.buffers[name][...] = 1  # (half copied: not the step's outputs)
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(stepper, "_take_outputs", take)
+        return
+    channel = stepper.channel
+    recv_reply = channel._recv_reply
+
+    def recv(*args):
+        reply = recv_reply(*args)
+        if "num_done" in reply:  # (a step's reply)
+            monkeypatch.undo()
+            raise KeyboardInterrupt
+        return reply
+
+    monkeypatch.setattr(channel, "_recv_reply", recv)
+
+
+@pytest.mark.parametrize("then", ["step", "reset"])
+@pytest.mark.parametrize("kind,transport,where", [
+    ("single", "inline", "take"), ("single", "shm", "take"), ("single", "inline", "recv"),
+    ("single", "shm", "recv"), ("multi", "inline", "take"), ("multi", "shm", "take"),
+    ("multi", "inline", "recv"), ("multi", "shm", "recv")])
+def test_a_step_interrupted_after_its_answer_was_read_does_not_wedge(
+        clients, monkeypatch, kind, transport, where, then):
+    """Ctrl-C once the step's reply was read (for a MultiVecEnv: the first
+    daemon's, the second's not waited for yet): no late reply can come for
+    it, so the next call must not be refused for want of one; it takes the
+    cut step's outputs in whole (never the half-copied rows) and then
+    returns its own, as in-process."""
+    zeros, ones = np.zeros(NUM_ENVS, np.int64), np.ones(NUM_ENVS, np.int64)
+    reference = envd.make("CartPole-v1", NUM_ENVS, seed=1)
+    env, _ = make_served(clients, kind, transport)
+    first = env.shards[0].stepper if kind == "multi" else env.stepper
+    try:
+        assert_same(env.reset(seed=3), reference.reset(seed=3), "the first reset")
+        interrupt_after_read_once(monkeypatch, first, where)
+        with pytest.raises(KeyboardInterrupt):
+            env.step(zeros)
+        if where == "take":  # (outputs half taken in: not claimed done until taken in whole)
+            assert first.maybe_running
+        reference.step(zeros)  # (the cut step ran on every daemon)
+        if then == "step":
+            assert_same(env.step(ones), reference.step(ones), "the step after")
+        else:  # (a reset while the cut step's answer is unread or half taken in)
+            assert_same(env.reset(seed=5), reference.reset(seed=5), "the reset after")
+        stepped = env.step(zeros)
+        assert_same(stepped, reference.step(zeros), "a step after that")
+        for shard in env.shards if kind == "multi" else [env]:
+            assert not shard.stepper.maybe_running
+    finally:
+        env.close()
+        reference.close()
+
+
+def own_daemons(harness, kind: str):
+    """Daemons of the test's own (two for kind "multi", else one) and a
+    client of them (a MultiClient, or a Client)."""
+    daemons = [harness.daemon("--threads", "1") for _ in range(2 if kind == "multi" else 1)]
+    if kind == "multi":
+        return daemons, envd.connect([d.endpoint for d in daemons], timeout=DEADLINE)
+    return daemons, harness.connect(daemons[0], timeout=DEADLINE)
+
+
+@pytest.mark.parametrize("kind,transport", [
+    ("single", "inline"), ("single", "shm"), ("single", "doorbell"), ("multi", "shm"),
+    ("multi", "doorbell")])
+def test_a_step_interrupted_while_the_daemon_steps_is_waited_for(harness, monkeypatch, kind,
+                                                                  transport):
+    """Ctrl-C while a slow step runs (tests/integration/test_fast_path.py's
+    slow env): the daemon is healthy, so the next step waits for the cut
+    step's late answer (at most the client's timeout) instead of refusing
+    at once."""
+    name, fast_path = TRANSPORTS[transport]
+    daemons, client = own_daemons(harness, kind)
+    try:
+        env = client.make("ConnectFour-v0", 64, seed=0, depth=8, transport=name,
+                          fast_path=fast_path)
+        env.reset()
+        actions = np.full(64, 3, np.int64)
+        # (a MultiVecEnv's first: the second daemon's step is not waited for at all)
+        first = env.shards[0].stepper if kind == "multi" else env.stepper
+        interrupt_wait_once(monkeypatch, first)
+        with pytest.raises(KeyboardInterrupt):
+            env.step(actions)
+        assert first.maybe_running
+        env.step(actions)  # (not refused: it waited for the late answer)
+        for shard in env.shards if kind == "multi" else [env]:
+            assert not shard.stepper.maybe_running
+        env.close()
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("kind,transport", [
+    ("single", "inline"), ("single", "shm"), ("single", "doorbell"), ("multi", "shm"),
+    ("multi", "doorbell")])
+def test_a_daemon_gone_while_a_step_may_run_is_a_lost_connection(harness, kind, transport):
+    """A step times out (its daemon stopped), then the daemon dies: the next
+    calls raise ConnectionLostError (a MultiVecEnv's names the daemon and
+    refuses every later call), never "retry later" forever."""
+    name, fast_path = TRANSPORTS[transport]
+    daemons, client = own_daemons(harness, kind)
+    zeros = np.zeros(NUM_ENVS, np.int64)
+    try:
+        env = client.make("CartPole-v1", NUM_ENVS, seed=1, transport=name, fast_path=fast_path)
+        env.reset(seed=3)
+        daemons[-1].signal(signal.SIGSTOP)
+        for each in getattr(client, "clients", [client]):
+            each.timeout = 1.0
+        with pytest.raises(envd.EnvdTimeoutError):
+            env.step(zeros)
+        daemons[-1].proc.kill()
+        daemons[-1].proc.wait()
+        lost = []
+
+        def refused_as_lost() -> bool:
+            try:
+                env.step(zeros)
+            except envd.ConnectionLostError as exc:
+                lost.append(exc)
+                return True
+            except envd.EnvStateError as exc:
+                assert "timed out or was interrupted" in str(exc), exc
+                return False
+            raise AssertionError("a step went through on a dead daemon")
+
+        wait_until(refused_as_lost, timeout=DEADLINE / 2, what="the daemon's loss to be noticed")
+        if kind == "multi":
+            assert daemons[-1].endpoint in str(lost[0])
+        with pytest.raises(envd.ConnectionLostError):
+            env.step(zeros)
+        env.close()
+    finally:
+        client.close()
+
+
+def test_a_socket_resets_timeout_is_not_cleared_by_the_doorbells_last_answer(harness):
+    """A doorbell env's reset (over the socket) times out: the doorbell's
+    answer to the step before it says nothing of the reset, so the next
+    step is refused until the reset's late reply came, then steps on as
+    in-process (the reset ran)."""
+    zeros = np.zeros(NUM_ENVS, np.int64)
+    daemon = harness.daemon("--threads", "1")
+    client = harness.connect(daemon, timeout=DEADLINE)
+    reference = envd.make("CartPole-v1", NUM_ENVS, seed=1)
+    try:
+        env = client.make("CartPole-v1", NUM_ENVS, seed=1, fast_path=True)
+        assert env.fast_path
+        assert_same(env.reset(seed=3), reference.reset(seed=3), "the first reset")
+        assert_same(env.step(zeros), reference.step(zeros), "a step")
+        daemon.signal(signal.SIGSTOP)
+        try:
+            client.timeout = 1.0
+            with pytest.raises(envd.EnvdTimeoutError):
+                env.reset(seed=4)
+            with pytest.raises(envd.EnvStateError, match="timed out or was interrupted"):
+                env.step(zeros)
+        finally:
+            daemon.proc.send_signal(signal.SIGCONT)
+        client.timeout = DEADLINE
+        reference.reset(seed=4)
+        assert_same(step_once_free(env, zeros), reference.step(zeros), "the step after")
+        env.close()
+    finally:
+        reference.close()
+
+
+@pytest.mark.parametrize("transport", ["inline", "shm", "doorbell"])
+def test_an_interrupted_recv_loses_the_async_books(clients, monkeypatch, transport):
+    """Ctrl-C in a blocking recv's wait: the envs its late answer names
+    would be received by nobody, so the next send or recv refuses, saying
+    so, instead of losing them silently."""
+    env, stepper = make_served(clients, "single", transport, batch_size=2)
+    try:
+        env.async_reset()
+        ids = env.recv()[4]["env_id"].copy()
+        env.send(np.zeros(2, np.int64), ids)
+        env.recv()  # (the other two)
+        interrupt_wait_once(monkeypatch, stepper)
+        with pytest.raises(KeyboardInterrupt):
+            env.recv()
+        with pytest.raises(envd.EnvStateError, match="timed out or was interrupted, so which"):
+            env.recv()
     finally:
         env.close()
