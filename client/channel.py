@@ -116,9 +116,10 @@ class Channel:
         self._monitor = self._socket.get_monitor_socket(security.MONITOR_EVENTS)
         self._resources = _Resources(context, self._socket, self._monitor)
         self._release = weakref.finalize(self, self._resources.release)
-        self._poller = zmq.Poller()
-        self._poller.register(self._socket, zmq.POLLIN)
-        self._poller.register(self._monitor, zmq.POLLIN)
+        # zmq_poll's items (what a zmq.Poller holds, without its Python layer):
+        # the socket and its monitor (a wait), the monitor alone (_read_monitor's check)
+        self._wait_pollin = [(self._socket, zmq.POLLIN), (self._monitor, zmq.POLLIN)]
+        self._monitor_pollin = [(self._monitor, zmq.POLLIN)]
         try:
             self._socket.connect(endpoint)
         except BaseException:
@@ -146,7 +147,8 @@ class Channel:
         runs when the reply is read.  Waits (at most timeout) while
         POSTED_WINDOW posted requests wait for theirs."""
         with self._lock:
-            self._make_room(header["type"])
+            if len(self._posted) >= protocol.POSTED_WINDOW:  # (the hot path: room)
+                self._make_room(header["type"])
             request_id = self._send(header, blobs)
             self._awaited[request_id] = on_reply
             self._posted.add(request_id)
@@ -262,23 +264,32 @@ class Channel:
         """Put one request on the socket (lock held); its id."""
         if self.closed:
             raise EnvStateError(f"this client of {self.endpoint} is closed")
-        self._read_monitor()
+        # (the hot path is one branch each: nothing reported, nothing
+        # queued, no blobs; a call a branch would skip is not made)
+        if zmq.zmq_poll(self._monitor_pollin, 0):
+            self._read_monitor()
         if self._lost and header["type"] == "hello":
             raise self._closed_before_hello()
         if self._lost:
             raise ConnectionLostError(
                 f"the connection to the daemon at {self.endpoint} was lost and its sessions "
                 "with it; connect again")
-        self._send_later()
+        if self._later:
+            self._send_later()
         request_id = header["id"] = next(self._ids)
         if self._ack is not None:
             header["ack"] = self._ack
         packed = protocol.pack(header)
-        self._check_size(len(packed) + sum(map(len, blobs)), header["type"])
+        limit = self.max_message_bytes
         if blobs:
+            size = len(packed) + sum(map(len, blobs))
+            if limit is not None and size > limit:
+                raise self._too_large(size, header["type"])
             self._socket.send_multipart([packed, *blobs], copy=False)
-        else:  # the hot path: one small frame, copied (cheaper than zero-copy here)
-            self._socket.send(packed)
+            return request_id
+        if limit is not None and len(packed) > limit:
+            raise self._too_large(len(packed), header["type"])
+        self._socket.send(packed)  # (one small frame, copied: cheaper than zero-copy here)
         return request_id
 
     def _send_later(self) -> None:
@@ -293,20 +304,16 @@ class Channel:
             self._awaited[request_id] = None
             self._posted.add(request_id)
 
-    def _check_size(self, size: int, kind: str) -> None:
-        """Refuse what the daemon would drop the connection for."""
-        limit = self.max_message_bytes
-        if limit is not None and size > limit:
-            raise LimitExceededError(
-                f"a {kind!r} message of {size} bytes is over the daemon's limit of {limit} "
-                "(--max-message-bytes)")
+    def _too_large(self, size: int, kind: str) -> LimitExceededError:
+        """The refusal of what the daemon would drop the connection for."""
+        return LimitExceededError(
+            f"a {kind!r} message of {size} bytes is over the daemon's limit of "
+            f"{self.max_message_bytes} (--max-message-bytes)")
 
     def _make_room(self, kind: str) -> None:
         """Read replies until fewer than POSTED_WINDOW posted requests wait
         for theirs (lock held): the daemon queues only so many replies for a
         client that does not read them, and drops it beyond."""
-        if len(self._posted) < protocol.POSTED_WINDOW:
-            return  # (the hot path: room)
         deadline = time.monotonic() + self.timeout
         while len(self._posted) >= protocol.POSTED_WINDOW:
             self._read_monitor()
@@ -336,15 +343,19 @@ class Channel:
         names timeout, the Client's.  posted: request_id was posted (its
         reply, once read, is no longer awaited, and is kept in _taken until
         wait_posted returns it)."""
-        end = time.monotonic() + timeout
+        start = time.monotonic()
+        end = start + timeout
         if deadline is not None and deadline < end:
             end = deadline
+        now: float | None = start
         reads_past = 0  # (messages read past end: _READS_PAST_DEADLINE at most)
         while True:
-            remaining = end - time.monotonic()
+            remaining = end - (time.monotonic() if now is None else now)
+            now = None  # (the first pass reads the clock once; every later one again)
             if remaining <= 0:
                 reads_past += 1
-            events = (dict(self._poller.poll(max(0, int(remaining * 1000))))  # (as pyzmq would)
+            timeout_ms = int(remaining * 1000)  # (as pyzmq would)
+            events = (dict(zmq.zmq_poll(self._wait_pollin, timeout_ms if timeout_ms > 0 else 0))
                       if reads_past <= _READS_PAST_DEADLINE else {})
             if not events:
                 if remaining <= 0:
@@ -385,11 +396,16 @@ class Channel:
         transport's arrays can be large).  The reply of request posted (a
         posted one wait_posted waits for) is no longer awaited from here
         on, and kept in _taken (wait_posted's, should an interrupt come)."""
-        header = self._socket.recv()
+        # (each frame says whether more follow: Frame.more, read by recv; a
+        # getsockopt(RCVMORE) per message would cost more than the recv)
+        frame = self._socket.recv(copy=False)
         blobs = []
-        while self._socket.getsockopt(zmq.RCVMORE):  # all of them, whatever the header holds
-            blobs.append(self._socket.recv(copy=False).buffer)
-        reply = protocol.unpack_reply(header)
+        more = frame.more
+        while more:  # all of them, whatever the header holds
+            part = self._socket.recv(copy=False)
+            blobs.append(part.buffer)
+            more = part.more
+        reply = protocol.unpack_reply(frame.bytes)
         if isinstance(reply.get("token"), int):  # a large reply: acknowledged from now on
             self._ack = reply["token"]
         if reply.get("code") == "connection_lost":  # the daemon dropped this connection
@@ -416,7 +432,7 @@ class Channel:
         """Take in what the monitor reported since the last request (lock
         held): a disconnect means the daemon is gone (a new one at the same
         endpoint would otherwise get this request); a failed handshake raises."""
-        while self._monitor.poll(0):
+        while zmq.zmq_poll(self._monitor_pollin, 0):  # (Socket.poll, less its Poller)
             event = recv_monitor_message(self._monitor)
             if event["event"] == zmq.EVENT_DISCONNECTED:
                 self._mark_lost()

@@ -321,37 +321,34 @@ class SocketStepper:
         reply again: the next call takes it in whole (check_buffers_free,
         poll), and until then the step counts as may still be running."""
         self._tickets_out -= 1
+        kind = ticket.kind
         try:
-            self._read_reply(ticket, reply)
+            if kind == "step":
+                self.maybe_running = False  # (a late one: the daemon is done with the buffers)
+            if not reply.get("ok"):
+                error = protocol.error_from_reply(reply)
+                ticket.finish(NO_IDS, error, isinstance(error, LOST_ERRORS))
+                return
+            if kind == "send":
+                ticket.done = True
+                return
+            blobs = reply.get("_blobs", [])
+            if kind == "step":
+                self._take_outputs(reply, blobs, None)
+                ticket.done, ticket.result = True, reply["num_done"]
+                return
+            ids = np.frombuffer(blobs[0], np.int64).copy() if blobs else NO_IDS
+            if self.outputs_in_replies and len(ids) and ids.view(np.uint64).max() < self.num_envs:
+                # (ids it cannot index: refused by the caller's checks, rows untouched)
+                self._take_outputs(reply, blobs[1:], ids)
+            ticket.finish(ids)
         except BaseException as exc:
             if not isinstance(exc, Exception) and not ticket.done:
                 self._tickets_out += 1
                 self._inbox.insert(0, (ticket, reply))
-                if ticket.kind == "step":
+                if kind == "step":
                     self.maybe_running = True
             raise
-
-    def _read_reply(self, ticket: Ticket, reply: dict[str, Any]) -> None:
-        kind = ticket.kind
-        if kind == "step":
-            self.maybe_running = False  # (a late one: the daemon is done with the buffers)
-        if not reply.get("ok"):
-            error = protocol.error_from_reply(reply)
-            ticket.finish(NO_IDS, error, isinstance(error, LOST_ERRORS))
-            return
-        if kind == "send":
-            ticket.done = True
-            return
-        blobs = reply.get("_blobs", [])
-        if kind == "step":
-            self._take_outputs(reply, blobs, None)
-            ticket.done, ticket.result = True, reply["num_done"]
-            return
-        ids = np.frombuffer(blobs[0], np.int64).copy() if blobs else NO_IDS
-        if self.outputs_in_replies and len(ids) and ids.view(np.uint64).max() < self.num_envs:
-            # (ids it cannot index: refused by the caller's checks, rows untouched)
-            self._take_outputs(reply, blobs[1:], ids)
-        ticket.finish(ids)
 
     # ---- the wire: what a transport changes --------------------------------------------
     def _request_reset(self, with_seeds: bool, with_mask: bool) -> tuple[dict, Sequence]:
