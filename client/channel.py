@@ -181,8 +181,12 @@ class Channel:
 
     def awaits(self, request_id: int) -> bool:
         """The reply of request request_id (posted, or timed out) was not
-        read yet: it may still come."""
-        return request_id in self._awaited
+        read yet: it may still come.  Under the lock: a reader on another
+        thread takes a reply off the books and hands it to its callback in
+        one holding of it, so a caller that asks this first, then looks for
+        the reply where its callback puts it, misses no reply."""
+        with self._lock:
+            return request_id in self._awaited
 
     def read_late_replies(self, wait: float = 0.0) -> None:
         """Handle the replies that arrived for requests nobody waits for

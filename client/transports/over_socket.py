@@ -142,7 +142,12 @@ class SocketStepper:
         if self._sends or self._refusal is not None:
             self._raise_refusal()
         ticket = self.post_recv(count, exact=True)
-        self.wait(ticket)
+        try:
+            self.wait(ticket)
+        except BaseException as exc:
+            if not isinstance(exc, Exception):  # (an interrupt: its ids go to no ticket held)
+                self.async_lost = True
+            raise
         error = ticket.error
         if error is not None:
             if isinstance(error, EnvStateError):
@@ -267,11 +272,12 @@ class SocketStepper:
         that nothing writes inputs the daemon may still read, and the late
         answer is taken in (a step's outputs) before a later call's own (a
         reset's).  A step whose answer cannot come (read already) marks
-        nothing.  A recv that timed out or was interrupted loses the async
-        books (its ids would go to a ticket nobody reads), and so does a
-        send that timed out (an interrupted one's answer is still taken in:
-        its ticket is kept).  A daemon gone (ConnectionLostError) runs
-        nothing."""
+        nothing.  A send or recv that timed out loses the async books (its
+        ids would go to a ticket nobody reads); an interrupted one's ticket
+        is kept and its answer still taken in by whoever holds it (the
+        multi-daemon stepper's books), but the blocking recv() drops its
+        ticket, so an interrupt there loses them too (recv).  A daemon gone
+        (ConnectionLostError) runs nothing."""
         if ticket.done or isinstance(error, ConnectionLostError):
             return
         if ticket.kind == "step":
@@ -279,16 +285,17 @@ class SocketStepper:
                 self.maybe_running = True
                 self._late = ticket
                 self._late_interrupted = not isinstance(error, EnvdTimeoutError)
-        elif isinstance(error, EnvdTimeoutError) or (
-                ticket.kind == "recv" and not isinstance(error, Exception)):
+        elif isinstance(error, EnvdTimeoutError):
             self.async_lost = True  # the envs of a late send or recv are lost to us
 
     def _answer_pending(self, ticket: Ticket) -> bool:
         """Ticket's answer may still be taken in: its reply is queued here,
         or the channel still awaits it."""
-        if any(queued is ticket for queued, _ in self._inbox):
+        # (the channel first: a reply it stops awaiting is in the inbox by
+        # the time awaits answers, Channel.awaits)
+        if isinstance(ticket.wire, int) and self.channel.awaits(ticket.wire):
             return True
-        return isinstance(ticket.wire, int) and self.channel.awaits(ticket.wire)
+        return any(queued is ticket for queued, _ in self._inbox)
 
     def waitables(self, ticket: Ticket) -> tuple[Any, ...]:
         """The channel's socket and its connection monitor (zmq sockets):

@@ -427,3 +427,32 @@ def test_an_interrupted_recv_loses_the_async_books(clients, monkeypatch, transpo
             env.recv()
     finally:
         env.close()
+
+
+@pytest.mark.parametrize("transport", ["inline", "shm"])
+def test_an_interrupted_wait_for_a_kept_recv_ticket_keeps_the_async_books(clients, monkeypatch,
+                                                                        transport):
+    """Ctrl-C in a wait for a recv ticket its poster keeps (the multi-daemon
+    stepper's books hold its tickets, and wait again): the ticket's answer
+    is still taken in, so nothing is lost and the stepper goes on (only the
+    blocking recv(), which drops its ticket, loses the books).  The
+    doorbell's interrupted wait hands its ticket to the same give_up; which
+    of its requests a posted send and recv ring (a SEND, a SENDRECV) depends
+    on when the daemon answers, so the socket's tickets show the rule."""
+    env, stepper = make_served(clients, "single", transport, batch_size=2)
+    try:
+        env.async_reset()
+        env.recv(), env.recv()  # (every env received: none in flight)
+        env.actions[:2] = 0
+        sent = stepper.post_send(np.array([0, 1]))
+        ticket = stepper.post_recv(2)
+        interrupt_wait_once(monkeypatch, stepper)
+        with pytest.raises(KeyboardInterrupt):
+            stepper.wait(ticket)
+        assert not stepper.async_lost
+        stepper.wait(ticket)
+        assert ticket.done and ticket.error is None and sorted(ticket.ids.tolist()) == [0, 1]
+        stepper.wait(sent)  # (a socket's send reply: taken in when waited for)
+        assert sent.done and sent.error is None
+    finally:
+        env.close()
