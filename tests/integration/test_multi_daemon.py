@@ -17,7 +17,13 @@ import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode, VectorEnv
 from support.builtin_envs import BUILTIN_ENV_IDS, MULTI_AGENT_ENV_IDS
-from support.daemon import DEADLINE, daemon_group, in_bounds_actions, wait_until
+from support.daemon import (
+    DEADLINE,
+    daemon_group,
+    in_bounds_actions,
+    seconds_to_time_out,
+    wait_until,
+)
 
 import envd
 
@@ -536,24 +542,12 @@ def test_a_step_on_daemons_that_all_hang_takes_one_timeout(harness, fast_path):
         assert [shard.fast_path for shard in env.shards] == [fast_path, fast_path]
         env.reset()
         env.step(np.zeros(4, np.int64))
-        for daemon in daemons:
-            daemon.signal(signal.SIGSTOP)  # (returns once it is stopped)
-        for client in multi.clients:  # short only while the daemons cannot answer
-            client.timeout = timeout
-        try:
-            started = time.monotonic()
-            with pytest.raises(envd.EnvdTimeoutError) as info:
-                env.step(np.zeros(4, np.int64))
-            elapsed = time.monotonic() - started
-        finally:
-            for daemon in daemons:
-                daemon.proc.send_signal(signal.SIGCONT)
+        elapsed, error = seconds_to_time_out(daemons, multi.clients, timeout,
+                                             lambda: env.step(np.zeros(4, np.int64)))
         assert timeout <= elapsed < 2 * timeout - 0.5, f"the step took {elapsed:.2f} s"
-        message = str(info.value)
+        message = str(error)
         assert daemons[0].endpoint in message and daemons[1].endpoint not in message
         assert f"within {timeout:g} s (Client timeout)" in message
-        for client in multi.clients:
-            client.timeout = DEADLINE
 
         def steps() -> bool:
             """A step, once both late answers came (refused until then)."""

@@ -11,7 +11,6 @@ import gc
 import os
 import signal
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -24,7 +23,14 @@ from support.async_steps import (
     sync_trajectories,
 )
 from support.builtin_envs import BUILTIN_ENV_IDS
-from support.daemon import DEADLINE, DaemonProcess, daemon_group, segments_of, wait_until
+from support.daemon import (
+    DEADLINE,
+    DaemonProcess,
+    daemon_group,
+    seconds_to_time_out,
+    segments_of,
+    wait_until,
+)
 
 import envd
 
@@ -365,27 +371,18 @@ def test_a_recv_waiting_on_daemons_that_all_hang_takes_one_timeout(tmp_path, doo
         assert all(shard.fast_path == doorbell for shard in env.shards)
         env.async_reset()
         env.recv(), env.recv()
-        for daemon in daemons:  # (before the send: no batch may finish)
-            daemon.signal(signal.SIGSTOP)
-        try:
+
+        def send_then_recv() -> None:  # (the daemons stopped before the send: no batch ends)
             env.send(np.zeros(8, np.int64), np.arange(8))  # (waits for no answer)
-            for client in multi.clients:
-                client.timeout = timeout
-            started = time.monotonic()
-            with pytest.raises(envd.EnvdTimeoutError) as info:
-                env.recv()
-            elapsed = time.monotonic() - started
-        finally:
-            for daemon in daemons:
-                daemon.proc.send_signal(signal.SIGCONT)
+            env.recv()
+
+        elapsed, error = seconds_to_time_out(daemons, multi.clients, timeout, send_then_recv)
         assert timeout <= elapsed < 2 * timeout - 0.5, f"the recv took {elapsed:.2f} s"
-        message = str(info.value)
+        message = str(error)
         assert all(d.endpoint in message for d in daemons)
         assert f"within {timeout:g} s (Client timeout)" in message
         with pytest.raises(envd.EnvStateError, match="timed out"):
             env.recv()
-        for client in multi.clients:
-            client.timeout = 30
         env.close()
 
 

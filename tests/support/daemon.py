@@ -173,6 +173,31 @@ class DaemonProcess:
         self.stop()
 
 
+def seconds_to_time_out(daemons: Sequence[DaemonProcess], clients: Sequence, timeout: float,
+                        call: Callable[[], object]) -> tuple[float, BaseException]:
+    """With every daemon stopped (SIGSTOP) and the clients' timeout set to
+    timeout: the seconds call() took to raise EnvdTimeoutError, and the
+    error.  The daemons are continued and the clients' timeouts put back
+    afterwards, whatever call() did."""
+    for daemon in daemons:
+        daemon.signal(signal.SIGSTOP)
+    before = [client.timeout for client in clients]
+    try:
+        for client in clients:
+            client.timeout = timeout
+        started = time.monotonic()
+        try:
+            call()
+        except envd.EnvdTimeoutError as error:
+            return time.monotonic() - started, error
+        raise AssertionError("the call did not time out")
+    finally:
+        for daemon in daemons:
+            daemon.proc.send_signal(signal.SIGCONT)
+        for client, seconds in zip(clients, before):
+            client.timeout = seconds
+
+
 @contextlib.contextmanager
 def left_clean(procs: Sequence[DaemonProcess]) -> Iterator[None]:
     """On leaving (procs may grow meanwhile): every session must be closed
