@@ -601,6 +601,20 @@ static void drain_eventfd(envd_pool_t *pool)
         CHECK(read(p.fd, &count, sizeof count) == (ssize_t)sizeof count, "drain the eventfd");
 }
 
+/* The loop's recv (tag 1) of the count envs ids it sent (with flags),
+ * waiting in the engine while their batch is held at the gate on the
+ * pool's thread. */
+static void park_loop_recv(envd_engine_t *e, harness_t *h, int64_t *ids, int64_t count,
+                           int flags, int64_t *got, envd_completion_t *c)
+{
+    gate(1);
+    CHECK(envd_engine_send(e, h->s, ids, count, flags, c) == ENVD_OK, "the loop's send");
+    gate_wait_started();
+    const envd_request_t recv = {.kind = ENVD_REQ_RECV, .min_count = count, .max_count = count,
+                                 .out = got, .tag = 1};
+    CHECK(envd_engine_submit(e, h->s, &recv, c) == 0, "the loop's recv waits");
+}
+
 /* The in-process calls (envd_session_step, _send, _recv with and without
  * wait: the in-process VecEnv's) decided by the rule of the other doors:
  * beside the loop's waiting recv, or a doorbell's claimed recv, a step and a
@@ -621,12 +635,7 @@ static void test_in_process_rules(envd_pool_t *pool1)
 
     /* (the loop's send without ENVD_JOB_NOTIFY, polled: the eventfd written
      * below is the in-process send's) */
-    gate(1);
-    CHECK(envd_engine_send(e, h.s, ids, 2, 0, &c) == ENVD_OK, "the loop's send");
-    gate_wait_started();
-    envd_request_t recv = {.kind = ENVD_REQ_RECV, .min_count = 2, .max_count = 2, .out = got,
-                           .tag = 1};
-    CHECK(envd_engine_submit(e, h.s, &recv, &c) == 0, "the loop's recv waits");
+    park_loop_recv(e, &h, ids, 2, 0, got, &c);
     CHECK(envd_session_send(h.s, ids, 1, 0) == ENVD_EBUSY && envd_session_error_index(h.s) == 0,
           "an in-process send of an env in flight: admitted beside the recv, refused naming it");
     CHECK(envd_session_step(h.s) == ENVD_EBUSY && envd_session_error_index(h.s) == -1,
@@ -987,12 +996,7 @@ static void test_whole_vec_rules(envd_pool_t *pool1)
     envd_completion_t c;
 
     /* The loop's recv waits for its batch, held in flight. */
-    gate(1);
-    CHECK(envd_engine_send(e, h.s, ids, 2, ENVD_JOB_NOTIFY, &c) == ENVD_OK, "send");
-    gate_wait_started();
-    const envd_request_t recv = {.kind = ENVD_REQ_RECV, .min_count = 2, .max_count = 2,
-                                 .out = got, .tag = 1};
-    CHECK(envd_engine_submit(e, h.s, &recv, &c) == 0, "the loop's recv waits");
+    park_loop_recv(e, &h, ids, 2, ENVD_JOB_NOTIFY, got, &c);
     const int8_t in_flight[4] = {ENVD_ENV_IN_FLIGHT, ENVD_ENV_IN_FLIGHT, ENVD_ENV_IDLE,
                                  ENVD_ENV_IDLE};
     check_whole_refused(&h, frames, in_flight, "the loop's recv, its batch in flight");
@@ -1058,12 +1062,7 @@ static void test_inline_notify(envd_pool_t *pool1)
     envd_completion_t c;
     /* The loop's recv waits for env 0, held on the pool's thread. */
     envd_session_set_chunk(h.s, 1);
-    gate(1);
-    CHECK(envd_engine_send(e, h.s, ids, 1, ENVD_JOB_NOTIFY, &c) == ENVD_OK, "send");
-    gate_wait_started();
-    const envd_request_t recv = {.kind = ENVD_REQ_RECV, .min_count = 1, .max_count = 1,
-                                 .out = got, .tag = 1};
-    CHECK(envd_engine_submit(e, h.s, &recv, &c) == 0, "the loop's recv waits");
+    park_loop_recv(e, &h, ids, 1, ENVD_JOB_NOTIFY, got, &c);
     atomic_store(&g_gate_armed, 0);  /* (env 0 stays held: its release is not given) */
     envd_session_set_chunk(h.s, 0);
     drain_eventfd(pool1);

@@ -369,7 +369,7 @@ static int run_inline_agents(void *ctx)
             memset(&ma_terms[row], reset ? 0 : ma_next_term[row], 1);
             memset(&ma_truncs[row], reset ? 0 : ma_next_trunc[row], 1);
             ma_obs[row][0] = ma_obs[row][1] = 1.0 + row;
-            if (done && ma_same_step && (ma_kind[i] & ENVD_HOSTED_RESET_IF_DONE)) {
+            if (reset_at_once) {
                 ma_final[row][0] = ma_final[row][1] = 1.0 + row; /* then reset at once */
                 ma_obs[row][0] = ma_obs[row][1] = 100.0 + row;
             }
