@@ -84,19 +84,28 @@ POP_LINES = {number for number, line in enumerate(
     Path(vector_base.__file__).read_text().splitlines(), start=1) if line.strip() == "claim.pop()"}
 
 
-def _interrupt_at_the_pops(frame, event, arg):
+def _interrupt_at_the_pops_of(env):
     """A tracer (as pdb's or coverage's) whose code is interrupted by Ctrl-C
-    at the line event of a ``claim.pop()``: before the pop runs."""
-    if frame.f_code.co_filename != vector_base.__file__:
-        return None
-    if event == "line" and frame.f_lineno in POP_LINES:
-        raise KeyboardInterrupt
-    return _interrupt_at_the_pops
+    at the line event of one of ``env``'s ``claim.pop()``: before the pop runs.
+
+    Only ``env``'s own frames are cut: another env collected by the garbage
+    collector during the call runs the same lines in its ``__del__``, and an
+    interrupt there would be swallowed as unraisable -- and a tracer that
+    raises is removed, so the call under test would then run untraced."""
+    def tracer(frame, event, arg):
+        if frame.f_code.co_filename != vector_base.__file__:
+            return None
+        if frame.f_locals.get("self") is not env:
+            return None
+        if event == "line" and frame.f_lineno in POP_LINES:
+            raise KeyboardInterrupt
+        return tracer
+    return tracer
 
 
-def _interrupted_under_the_tracer(call) -> None:
+def _interrupted_under_the_tracer(env, call) -> None:
     previous = sys.gettrace()
-    sys.settrace(_interrupt_at_the_pops)
+    sys.settrace(_interrupt_at_the_pops_of(env))
     try:
         with pytest.raises(KeyboardInterrupt):
             call()
@@ -112,7 +121,7 @@ def test_an_interrupt_before_the_pop_under_a_tracer_never_doubles_the_token():
     try:
         for name, call in {"step": lambda: env.step(actions), "step_in_place": env.step_in_place,
                            "reset": env.reset, "close": env.close}.items():
-            _interrupted_under_the_tracer(call)
+            _interrupted_under_the_tracer(env, call)
             assert len(env._claim) == 1, f"{name}: {len(env._claim)} tokens after the interrupt"
             if name != "close":
                 env.step(actions)  # (still usable)
@@ -121,6 +130,27 @@ def test_an_interrupt_before_the_pop_under_a_tracer_never_doubles_the_token():
         del env._claim[1:]  # (so that close() frees it once)
         env.close()
     assert env.closed and env._native is None
+
+
+def test_the_tracer_cuts_only_its_env_when_another_is_collected_during_the_call():
+    """The flake this guards against: a cyclic garbage env collected during
+    the traced call ran ``claim.pop()`` in its ``__del__``; the interrupt there
+    was swallowed and removed the tracer, so the call did not raise."""
+    env = envd.make("CartPole-v1", 4, seed=0, num_threads=0)
+    env.reset(seed=0)
+    garbage = envd.make("CartPole-v1", 4, seed=0, num_threads=0)
+    garbage.cycle = garbage  # (only the collector frees it)
+    del garbage
+
+    def step_after_a_collection() -> None:
+        gc.collect()
+        env.step(np.zeros(4, dtype=np.int64))
+
+    try:
+        _interrupted_under_the_tracer(env, step_after_a_collection)
+        assert len(env._claim) == 1
+    finally:
+        env.close()
 
 
 def test_close_gives_up_on_a_lost_token_and_leaks_instead_of_freeing(monkeypatch):
