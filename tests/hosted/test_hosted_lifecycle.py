@@ -36,7 +36,9 @@ def test_close_leaves_no_process_zombie_or_fd():
         gc.collect()
         assert wait_until(lambda: not any(alive(p) for p in pids))
         assert wait_until(lambda: children(template_pid) == [])  # no zombie either
-    assert open_fds() == fds
+    # (at most the baseline's: a finalizer on another thread may close an
+    # earlier test's descriptor meanwhile; a leak keeps one open)
+    assert wait_until(lambda: open_fds() <= fds), sorted(open_fds() - fds)
     assert hosted_template.template().pid == template_pid  # one template, reused
 
 

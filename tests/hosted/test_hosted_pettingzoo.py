@@ -578,4 +578,6 @@ def test_close_reaps_workers_and_fds():
     del results, env  # (views keep the mapping, and its descriptor, alive)
     gc.collect()
     assert wait_until(lambda: not any(alive(pid) for pid in pids))
-    assert open_fds() == fds  # (the segment's memfd and the workers' pidfds too)
+    # (the segment's memfd and the workers' pidfds too; at most the
+    # baseline's: another thread's finalizer may close an earlier one)
+    assert wait_until(lambda: open_fds() <= fds), sorted(open_fds() - fds)

@@ -58,7 +58,8 @@ STEPPING_CLIENT = textwrap.dedent("""
 
 
 def test_sigkilled_client_loses_its_sessions_and_others_never_notice(harness, tmp_path):
-    daemon = harness.daemon("--threads", "2", "--lease-timeout", "2")
+    # (3 s: a heartbeat thread a loaded machine holds back 1 s keeps its lease)
+    daemon = harness.daemon("--threads", "2", "--lease-timeout", "3")
     observer = harness.connect(daemon)
     stepper = TwinStepper(harness.connect(daemon), "CartPole-v1", 16, seed=3)
     stepper.start()

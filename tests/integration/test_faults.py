@@ -23,6 +23,7 @@ import multiprocessing
 import os
 import random
 import re
+import secrets
 import shutil
 import signal
 import stat
@@ -576,7 +577,10 @@ def test_default_socket_folder_segments_and_lock_are_private(tmp_path):
 
 
 def unused_uid() -> int:
-    for uid in range(61000, 62000):
+    """A uid no account has and no /tmp/envd-<uid> folder names, from a
+    random start: two test runs on one machine seldom pick the same one."""
+    start = secrets.randbelow(900)
+    for uid in (61000 + (start + k) % 1000 for k in range(1000)):
         if not os.path.exists(f"/tmp/envd-{uid}"):
             try:
                 import pwd

@@ -121,7 +121,8 @@ def test_the_counters_move_as_stepping_happens(metered, monkeypatch):
 
 def test_an_expired_lease_is_counted(tmp_path):
     port = free_port()
-    with DaemonProcess(tmp_path / "d", "--threads", "1", "--lease-timeout", "0.5",
+    # (a lease a loaded machine's stall between hello and make cannot outlast)
+    with DaemonProcess(tmp_path / "d", "--threads", "1", "--lease-timeout", "2",
                        "--metrics-port", str(port)) as daemon:
         # a raw client (no heartbeat thread) that says hello, makes an env and goes silent
         context = zmq.Context()

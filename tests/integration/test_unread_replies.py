@@ -45,15 +45,24 @@ class Deaf:
         self.socket.connect(endpoint)
         self.ids = iter(range(1, 1 << 30))
 
-    def post(self, header: dict, *blobs: bytes) -> None:
-        header = {**header, "id": next(self.ids)}
+    def post(self, header: dict, *blobs: bytes) -> int:
+        request_id = next(self.ids)
+        header = {**header, "id": request_id}
         self.socket.send_multipart([msgpack.packb(header, use_bin_type=True), *blobs])
+        return request_id
 
     def ask(self, header: dict, *blobs: bytes) -> tuple[dict, list[bytes]]:
-        self.post(header, *blobs)
-        assert self.socket.poll(DEADLINE * 1000), f"no reply to {header}"
-        frames = self.socket.recv_multipart()
-        return msgpack.unpackb(frames[0], raw=False), frames[1:]
+        """The reply to header; earlier replies still queued (a stalled
+        daemon sends them after a drain gave up on them) are skipped."""
+        request_id = self.post(header, *blobs)
+        end = time.monotonic() + DEADLINE
+        while True:
+            remaining_ms = max(0, int((end - time.monotonic()) * 1000))
+            assert self.socket.poll(remaining_ms), f"no reply to {header}"
+            frames = self.socket.recv_multipart()
+            reply = msgpack.unpackb(frames[0], raw=False)
+            if reply.get("id") == request_id:
+                return reply, frames[1:]
 
     def ok(self, header: dict, *blobs: bytes) -> dict:
         reply, _ = self.ask(header, *blobs)
